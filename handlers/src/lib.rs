@@ -1,0 +1,152 @@
+//! rm-handlers: the serverless-style handlers. Each event module is a pure function from a
+//! delivery (its event name, its exact body and the time it arrived) to the changes the journal
+//! applies in the same transaction that records the delivery. No I/O and no clock live here, so
+//! every rule about duplicate and out-of-order deliveries is a unit test.
+//!
+//! [`handle`] is the only entry point: it looks the event up in [`HANDLERS`], and events without
+//! a handler are `ignored`. A body a handler cannot read is `rejected` with the reason; the
+//! journal keeps it so it can be replayed after a fix.
+
+mod change;
+mod installation;
+mod installation_repositories;
+mod job_state;
+mod ping;
+mod workflow_job;
+
+pub use change::{Change, Installation, JobObservation, Repository};
+pub use job_state::{JobMerge, JobState, merge_job};
+
+use serde::Deserialize;
+
+/// Where a delivery entered rm. Recorded with the delivery and on the jobs it touches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Straight from GitHub to this host's receiver.
+    Webhook,
+    /// Through an `rm-relay` subscription.
+    Relay,
+    /// Found by the REST polling fallback.
+    Poll,
+    /// A failed delivery that the agent asked GitHub to send again.
+    Redelivery,
+}
+
+impl Source {
+    /// The stable name used in the journal and in `--json` output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Webhook => "webhook",
+            Self::Relay => "relay",
+            Self::Poll => "poll",
+            Self::Redelivery => "redelivery",
+        }
+    }
+
+    /// The inverse of [`Source::as_str`].
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::Webhook, Self::Relay, Self::Poll, Self::Redelivery]
+            .into_iter()
+            .find(|s| s.as_str() == name)
+    }
+}
+
+/// One webhook delivery as a handler sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery<'a> {
+    /// `X-GitHub-Delivery`.
+    pub guid: &'a str,
+    /// `X-GitHub-Event`.
+    pub event: &'a str,
+    /// The exact body bytes GitHub signed.
+    pub body: &'a [u8],
+    /// When the delivery arrived, in milliseconds since the Unix epoch (handlers have no clock).
+    pub received_at_ms: i64,
+    /// How it arrived.
+    pub source: Source,
+}
+
+/// What a handler decided about one delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Changes to apply (possibly none, as for `ping`), with a note for the journal.
+    Apply {
+        action: Option<String>,
+        changes: Vec<Change>,
+        note: Option<String>,
+    },
+    /// An event or action rm does not use. Journalled, nothing changes.
+    Ignore {
+        action: Option<String>,
+        reason: String,
+    },
+    /// A body the handler could not read. Journalled with its body for a later replay.
+    Reject {
+        action: Option<String>,
+        reason: String,
+    },
+}
+
+impl Verdict {
+    /// The delivery's `action` field, when it had one.
+    pub fn action(&self) -> Option<&str> {
+        match self {
+            Self::Apply { action, .. } | Self::Ignore { action, .. } | Self::Reject { action, .. } => {
+                action.as_deref()
+            }
+        }
+    }
+}
+
+/// A handler: a pure function from a delivery to a verdict.
+pub type Handler = fn(&Delivery<'_>) -> Verdict;
+
+/// The table that maps event names to handlers. Every other event is ignored.
+pub const HANDLERS: &[(&str, Handler)] = &[
+    ("workflow_job", workflow_job::handle),
+    ("ping", ping::handle),
+    ("installation", installation::handle),
+    ("installation_repositories", installation_repositories::handle),
+];
+
+/// Runs the handler for the delivery's event, or ignores an event rm has no handler for.
+pub fn handle(delivery: &Delivery<'_>) -> Verdict {
+    match HANDLERS.iter().find(|(event, _)| *event == delivery.event) {
+        Some((_, handler)) => handler(delivery),
+        None => Verdict::Ignore {
+            action: action_of(delivery.body),
+            reason: format!("no handler for event `{}`", delivery.event),
+        },
+    }
+}
+
+/// The top-level `action` of a body, when it is JSON that has one.
+fn action_of(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct ActionOnly {
+        action: Option<String>,
+    }
+    serde_json::from_slice::<ActionOnly>(body)
+        .ok()
+        .and_then(|a| a.action)
+}
+
+/// Parses a body into a handler's payload type, turning a serde error into a rejection that
+/// names the field that was wrong.
+fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Verdict> {
+    serde_json::from_slice(body).map_err(|err| Verdict::Reject {
+        action: action_of(body),
+        reason: format!("unreadable payload: {err}"),
+    })
+}
+
+/// The verdict for an action a handler does not act on.
+fn ignore_action(event: &str, action: String) -> Verdict {
+    Verdict::Ignore {
+        reason: format!("`{event}` action `{action}` is not used"),
+        action: Some(action),
+    }
+}
+
+#[cfg(test)]
+mod tests;

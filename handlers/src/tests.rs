@@ -1,0 +1,320 @@
+//! Handler tests on GitHub's real example payloads (`tests/fixtures/webhooks/`), with the
+//! `installation` object an App delivery carries added where the example lacks it, plus
+//! arbitrary JSON thrown at every handler.
+
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::*;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/webhooks");
+const INSTALLATION_ID: i64 = 4242;
+
+/// A fixture's bytes, as an App delivery: with an `installation` object.
+fn fixture(name: &str) -> Vec<u8> {
+    let path = format!("{FIXTURES}/{name}.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut value: Value = serde_json::from_str(&text).unwrap();
+    let object = value.as_object_mut().unwrap();
+    object
+        .entry("installation")
+        .or_insert_with(|| json!({"id": INSTALLATION_ID, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uNDI0Mg=="}));
+    serde_json::to_vec(&value).unwrap()
+}
+
+fn deliver(event: &str, body: &[u8]) -> Verdict {
+    handle(&Delivery {
+        guid: "72d3162e-cc78-11e3-81ab-4c9367dc0958",
+        event,
+        body,
+        received_at_ms: 1_700_000_000_000,
+        source: Source::Webhook,
+    })
+}
+
+fn only_job(verdict: Verdict) -> JobObservation {
+    match verdict {
+        Verdict::Apply { changes, .. } => match changes.as_slice() {
+            [Change::Job(job)] => job.clone(),
+            other => panic!("expected one job change, got {other:?}"),
+        },
+        other => panic!("expected Apply, got {other:?}"),
+    }
+}
+
+#[test]
+fn queued_job_becomes_a_queued_observation_without_a_runner() {
+    let job = only_job(deliver("workflow_job", &fixture("workflow_job.queued.5")));
+    assert_eq!(job.job_id, 289_782_451);
+    assert_eq!(job.run_id, 2_202_229_078);
+    assert_eq!(job.run_attempt, 1);
+    assert_eq!(job.repository, "Codertocat/Hello-World");
+    assert_eq!(job.installation_id, Some(3_456_996), "the example carries its own installation");
+    assert_eq!(job.labels, vec!["ubuntu-latest"]);
+    assert_eq!(job.state, JobState::Queued);
+    // The example names a runner while queued; rm must not believe it.
+    assert_eq!(job.runner_name, None);
+    assert_eq!(job.runner_id, None);
+    assert_eq!(job.observed_at_ms, 1_700_000_000_000);
+    assert_eq!(job.source, Source::Webhook);
+}
+
+#[test]
+fn the_action_decides_the_state_not_the_status_field() {
+    // GitHub's example `queued` delivery carries `status: waiting`.
+    let job = only_job(deliver("workflow_job", &fixture("workflow_job.queued.6")));
+    assert_eq!(job.state, JobState::Queued);
+    assert_eq!(job.labels, vec!["self-hosted", "k8s"]);
+    let job = only_job(deliver("workflow_job", &fixture("workflow_job.waiting.7")));
+    assert_eq!(job.state, JobState::Waiting);
+}
+
+#[test]
+fn in_progress_and_completed_name_the_runner() {
+    let job = only_job(deliver("workflow_job", &fixture("workflow_job.in_progress.0")));
+    assert_eq!(job.state, JobState::InProgress);
+    assert_eq!(job.runner_name.as_deref(), Some("my runner"));
+    assert_eq!(job.labels, vec!["gpu", "db-app", "dc-03"]);
+    let job = only_job(deliver("workflow_job", &fixture("workflow_job.completed.1")));
+    assert_eq!(job.state, JobState::Completed);
+    assert_eq!(job.conclusion.as_deref(), Some("failure"));
+    assert_eq!(job.runner_name.as_deref(), Some("GitHub Actions 5"));
+}
+
+#[test]
+fn every_workflow_job_fixture_applies() {
+    for name in [
+        "workflow_job.completed.1",
+        "workflow_job.completed.2",
+        "workflow_job.in_progress.0",
+        "workflow_job.in_progress.3",
+        "workflow_job.in_progress.4",
+        "workflow_job.queued.5",
+        "workflow_job.queued.6",
+        "workflow_job.waiting.7",
+    ] {
+        let job = only_job(deliver("workflow_job", &fixture(name)));
+        let action = name.split('.').nth(1).unwrap();
+        assert_eq!(job.state.as_str(), action, "{name}");
+    }
+}
+
+#[test]
+fn an_unknown_workflow_job_action_is_ignored() {
+    let mut body: Value = serde_json::from_slice(&fixture("workflow_job.queued.5")).unwrap();
+    body["action"] = json!("requested");
+    let verdict = deliver("workflow_job", &serde_json::to_vec(&body).unwrap());
+    assert!(matches!(verdict, Verdict::Ignore { ref action, .. } if action.as_deref() == Some("requested")));
+}
+
+#[test]
+fn a_workflow_job_without_an_id_is_rejected_with_the_field() {
+    let mut body: Value = serde_json::from_slice(&fixture("workflow_job.queued.5")).unwrap();
+    body["workflow_job"].as_object_mut().unwrap().remove("id");
+    match deliver("workflow_job", &serde_json::to_vec(&body).unwrap()) {
+        Verdict::Reject { action, reason } => {
+            assert_eq!(action.as_deref(), Some("queued"));
+            assert!(reason.contains("missing field `id`"), "{reason}");
+        }
+        other => panic!("expected Reject, got {other:?}"),
+    }
+    body["workflow_job"]["id"] = json!(-5);
+    assert!(matches!(
+        deliver("workflow_job", &serde_json::to_vec(&body).unwrap()),
+        Verdict::Reject { .. }
+    ));
+}
+
+#[test]
+fn ping_notes_the_hook() {
+    for n in 0..4 {
+        match deliver("ping", &fixture(&format!("ping.none.{n}"))) {
+            Verdict::Apply { changes, note, .. } => {
+                assert!(changes.is_empty());
+                assert!(note.unwrap().starts_with("ping from hook "));
+            }
+            other => panic!("expected Apply, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn installation_created_keeps_account_and_repositories() {
+    match deliver("installation", &fixture("installation.created.1")) {
+        Verdict::Apply { action, changes, .. } => {
+            assert_eq!(action.as_deref(), Some("created"));
+            let [Change::InstallationUpsert(installation)] = changes.as_slice() else {
+                panic!("{changes:?}");
+            };
+            assert_eq!(installation.account.as_deref(), Some("Codertocat"));
+            assert!(!installation.suspended);
+            let repos = installation.repositories.as_ref().unwrap();
+            assert_eq!(repos[0].full_name, "Codertocat/Hello-World");
+        }
+        other => panic!("expected Apply, got {other:?}"),
+    }
+}
+
+#[test]
+fn installation_lifecycle_actions() {
+    let change = |name: &str| match deliver("installation", &fixture(name)) {
+        Verdict::Apply { changes, .. } => changes.into_iter().next().unwrap(),
+        other => panic!("{name}: expected Apply, got {other:?}"),
+    };
+    assert!(matches!(change("installation.deleted.0"), Change::InstallationRemoved { .. }));
+    assert!(matches!(
+        change("installation.suspend.5"),
+        Change::InstallationSuspended { suspended: true, .. }
+    ));
+    match change("installation.unsuspend.6") {
+        Change::InstallationUpsert(installation) => assert!(!installation.suspended),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        change("installation.new_permissions_accepted.4"),
+        Change::InstallationUpsert(_)
+    ));
+}
+
+#[test]
+fn installation_repositories_added_and_removed() {
+    match deliver("installation_repositories", &fixture("installation_repositories.added.0")) {
+        Verdict::Apply { changes, .. } => {
+            let [Change::RepositoriesAdded { repositories, .. }] = changes.as_slice() else {
+                panic!("{changes:?}");
+            };
+            assert_eq!(repositories[0].full_name, "Codertocat/Space");
+        }
+        other => panic!("{other:?}"),
+    }
+    match deliver("installation_repositories", &fixture("installation_repositories.removed.2")) {
+        Verdict::Apply { changes, .. } => {
+            assert!(
+                changes.iter().any(|c| matches!(c, Change::RepositoriesRemoved { .. })),
+                "{changes:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn events_without_a_handler_are_ignored_with_their_action() {
+    match deliver("workflow_run", &fixture("workflow_run.completed.0")) {
+        Verdict::Ignore { action, reason } => {
+            assert_eq!(action.as_deref(), Some("completed"));
+            assert!(reason.contains("workflow_run"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn sources_round_trip() {
+    for source in [Source::Webhook, Source::Relay, Source::Poll, Source::Redelivery] {
+        assert_eq!(Source::parse(source.as_str()), Some(source));
+    }
+}
+
+/// Any JSON value, nested a few levels, with keys that the handlers look for mixed in so that
+/// generated documents reach past the first field check.
+fn arbitrary_json() -> impl Strategy<Value = Value> {
+    let key = prop_oneof![
+        Just("action".to_owned()),
+        Just("workflow_job".to_owned()),
+        Just("installation".to_owned()),
+        Just("repository".to_owned()),
+        Just("id".to_owned()),
+        Just("labels".to_owned()),
+        Just("full_name".to_owned()),
+        "[a-z_]{1,12}",
+    ];
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_map(|f| json!(f)),
+        prop_oneof![Just("queued".to_owned()), Just("created".to_owned()), ".{0,20}"]
+            .prop_map(Value::from),
+    ];
+    leaf.prop_recursive(4, 64, 8, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map(key.clone(), inner, 0..8)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// A real payload with one field somewhere replaced by arbitrary JSON.
+fn mutated_fixture() -> impl Strategy<Value = (String, Value)> {
+    let names = prop_oneof![
+        Just(("workflow_job", "workflow_job.queued.5")),
+        Just(("workflow_job", "workflow_job.in_progress.0")),
+        Just(("workflow_job", "workflow_job.completed.1")),
+        Just(("installation", "installation.created.1")),
+        Just(("installation_repositories", "installation_repositories.removed.2")),
+        Just(("ping", "ping.none.0")),
+    ];
+    (names, any::<prop::sample::Index>(), arbitrary_json()).prop_map(|((event, name), at, replacement)| {
+        let mut value: Value = serde_json::from_slice(&fixture(name)).unwrap();
+        let mut paths = Vec::new();
+        collect_paths(&value, String::new(), &mut paths);
+        let path = at.get(&paths).clone();
+        if let Some(slot) = value.pointer_mut(&path) {
+            *slot = replacement;
+        }
+        (event.to_owned(), value)
+    })
+}
+
+fn collect_paths(value: &Value, here: String, out: &mut Vec<String>) {
+    out.push(here.clone());
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                collect_paths(v, format!("{here}/{}", k.replace('~', "~0").replace('/', "~1")), out);
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                collect_paths(v, format!("{here}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn no_handler_panics_on_arbitrary_json(value in arbitrary_json()) {
+        let body = serde_json::to_vec(&value).unwrap();
+        for (event, _) in HANDLERS {
+            let _ = deliver(event, &body);
+        }
+        let _ = deliver("check_run", &body);
+    }
+
+    #[test]
+    fn no_handler_panics_on_arbitrary_bytes(body in prop::collection::vec(any::<u8>(), 0..256)) {
+        for (event, _) in HANDLERS {
+            let _ = deliver(event, &body);
+        }
+    }
+
+    #[test]
+    fn a_mutated_real_payload_is_applied_ignored_or_rejected_never_a_panic(
+        (event, value) in mutated_fixture()
+    ) {
+        let verdict = deliver(&event, &serde_json::to_vec(&value).unwrap());
+        if let Verdict::Apply { changes, .. } = verdict {
+            for change in changes {
+                if let Change::Job(job) = change {
+                    prop_assert!(job.job_id > 0 && job.run_id > 0);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Opening the SQLite file with the settings every guarantee rests on: WAL so readers never
+//! block the writer, `synchronous=FULL` so a commit is on disk before anyone is told so.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+use crate::JournalError;
+use crate::schema;
+
+/// The journal's file name inside the data directory.
+pub const JOURNAL_FILE: &str = "journal.sqlite3";
+
+/// How long a writer waits for another process's write lock (a `deliveries replay` beside a
+/// running agent) before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens (creating if needed) the journal for writing and brings its schema up to date.
+pub(crate) fn open_writer(path: &Path) -> Result<Connection, JournalError> {
+    let open = |source| JournalError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    let mut conn = Connection::open(path).map_err(open)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(open)?;
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(open)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(open(rusqlite::Error::InvalidParameterName(format!(
+            "journal_mode is {mode}, WAL is required"
+        ))));
+    }
+    conn.pragma_update(None, "synchronous", "FULL").map_err(open)?;
+    conn.pragma_update(None, "foreign_keys", "ON").map_err(open)?;
+    schema::migrate(&mut conn, path)?;
+    Ok(conn)
+}
+
+/// Opens an existing journal read-only. A journal that does not exist is an error that names the
+/// path, so a wrong `--data-dir` is noticed instead of showing an empty list.
+pub(crate) fn open_reader(path: &Path) -> Result<Connection, JournalError> {
+    if !path.exists() {
+        return Err(JournalError::Missing(path.to_owned()));
+    }
+    let open = |source| JournalError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(open)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(open)?;
+    schema::check_readable(&conn, path)?;
+    Ok(conn)
+}

@@ -1,0 +1,42 @@
+//! rm-journal: the only owner of rm's SQLite file. It holds every webhook delivery (exact body,
+//! the headers that matter, what became of it), one row per `workflow_job`, and the App's
+//! installations with their repository scope.
+//!
+//! Writes go through one writer thread that commits in groups ([`Journal`]): every delivery
+//! that arrived while the previous commit was in flight is committed in the next transaction,
+//! and each caller is answered only after the commit that holds its delivery. Reads go through
+//! [`Reader`], a separate read-only connection (WAL lets readers run beside the writer).
+//!
+//! Every state change is compare-and-set (`UPDATE ... WHERE state_rank < ?`) so that two writers
+//! (the agent's writer and a `deliveries replay` from the CLI) can never both win.
+
+mod apply;
+mod connection;
+mod error;
+mod metrics;
+mod read;
+mod replay;
+mod retention;
+mod schema;
+mod types;
+mod writer;
+
+pub use connection::JOURNAL_FILE;
+pub use error::JournalError;
+pub use metrics::JournalMetrics;
+pub use read::Reader;
+pub use replay::replay;
+pub use retention::Retention;
+pub use schema::SCHEMA_VERSION;
+pub use types::{DeliveryRow, Incoming, InstallationRow, JobRow, Outcome, Recorded, StoredDelivery};
+pub use writer::Journal;
+
+/// Milliseconds since the Unix epoch, the journal's unit of time.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests;

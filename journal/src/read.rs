@@ -1,0 +1,184 @@
+//! Read-only queries for the CLI, `/metrics` and (later) the agent's demand loop. A [`Reader`] is
+//! its own connection, so it never waits for the writer.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension, Row};
+
+use crate::{
+    DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, StoredDelivery, connection,
+};
+
+/// A read-only view of the journal.
+pub struct Reader {
+    conn: Connection,
+}
+
+const JOB_COLUMNS: &str = "job_id, run_id, run_attempt, repository, installation_id, labels, \
+     state, conclusion, runner_name, runner_id, workflow_name, job_name, source, first_seen_at, \
+     updated_at";
+
+const DELIVERY_COLUMNS: &str =
+    "guid, event, action, source, received_at, outcome, reason, replayed_at, body IS NOT NULL";
+
+impl Reader {
+    /// Opens an existing journal read-only.
+    pub fn open(path: &Path) -> Result<Reader, JournalError> {
+        Ok(Reader {
+            conn: connection::open_reader(path)?,
+        })
+    }
+
+    /// Jobs, most recently changed first, at most `limit`.
+    pub fn jobs(&self, limit: usize) -> Result<Vec<JobRow>, JournalError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs ORDER BY updated_at DESC, job_id DESC LIMIT ?1"
+        ))?;
+        let rows = stmt.query_map([limit_param(limit)], job_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// One job by its `workflow_job.id`.
+    pub fn job(&self, job_id: i64) -> Result<Option<JobRow>, JournalError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = ?1"))?;
+        Ok(stmt.query_row([job_id], job_row).optional()?)
+    }
+
+    /// How many jobs are in each state.
+    pub fn job_counts(&self) -> Result<Vec<(String, i64)>, JournalError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state ORDER BY state")?;
+        let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Deliveries, newest first, at most `limit`.
+    pub fn deliveries(&self, limit: usize) -> Result<Vec<DeliveryRow>, JournalError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries ORDER BY received_at DESC, id DESC LIMIT ?1"
+        ))?;
+        let rows = stmt.query_map([limit_param(limit)], delivery_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// How many deliveries the journal holds.
+    pub fn delivery_count(&self) -> Result<i64, JournalError> {
+        Ok(self
+            .conn
+            .query_row("SELECT COUNT(*) FROM deliveries", [], |row| row.get(0))?)
+    }
+
+    /// One delivery with its headers and body.
+    pub fn delivery(&self, guid: &str) -> Result<Option<StoredDelivery>, JournalError> {
+        stored_delivery(&self.conn, guid)
+    }
+
+    /// Installations and the repositories in their scope.
+    pub fn installations(&self) -> Result<Vec<InstallationRow>, JournalError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, account, account_type, repository_selection, suspended, removed
+             FROM installations ORDER BY id",
+        )?;
+        let mut installations: Vec<InstallationRow> = stmt
+            .query_map([], |row| {
+                Ok(InstallationRow {
+                    id: row.get(0)?,
+                    account: row.get(1)?,
+                    account_type: row.get(2)?,
+                    repository_selection: row.get(3)?,
+                    suspended: row.get(4)?,
+                    removed: row.get(5)?,
+                    repositories: Vec::new(),
+                })
+            })?
+            .collect::<Result<_, _>>()?;
+        let mut repos = self.conn.prepare_cached(
+            "SELECT full_name FROM installation_repositories WHERE installation_id = ?1
+             ORDER BY full_name",
+        )?;
+        for installation in &mut installations {
+            installation.repositories = repos
+                .query_map([installation.id], |row| row.get(0))?
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(installations)
+    }
+
+    /// The outcome of `PRAGMA integrity_check`: `["ok"]` for a sound file.
+    pub fn integrity_check(&self) -> Result<Vec<String>, JournalError> {
+        let mut stmt = self.conn.prepare("PRAGMA integrity_check")?;
+        let rows = stmt.query_map([], |row| row.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+/// SQLite takes `-1` as "no limit".
+fn limit_param(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(-1)
+}
+
+fn job_row(row: &Row<'_>) -> rusqlite::Result<JobRow> {
+    let labels: String = row.get(5)?;
+    Ok(JobRow {
+        job_id: row.get(0)?,
+        run_id: row.get(1)?,
+        run_attempt: row.get(2)?,
+        repository: row.get(3)?,
+        installation_id: row.get(4)?,
+        labels: serde_json::from_str(&labels).unwrap_or_default(),
+        state: row.get(6)?,
+        conclusion: row.get(7)?,
+        runner_name: row.get(8)?,
+        runner_id: row.get(9)?,
+        workflow_name: row.get(10)?,
+        job_name: row.get(11)?,
+        source: row.get(12)?,
+        first_seen_at_ms: row.get(13)?,
+        updated_at_ms: row.get(14)?,
+    })
+}
+
+fn delivery_row(row: &Row<'_>) -> rusqlite::Result<DeliveryRow> {
+    let outcome: String = row.get(5)?;
+    Ok(DeliveryRow {
+        guid: row.get(0)?,
+        event: row.get(1)?,
+        action: row.get(2)?,
+        source: row.get(3)?,
+        received_at_ms: row.get(4)?,
+        // The schema's CHECK constraint admits only known outcomes.
+        outcome: Outcome::parse(&outcome).unwrap_or(Outcome::Rejected),
+        reason: row.get(6)?,
+        replayed_at_ms: row.get(7)?,
+        body_kept: row.get(8)?,
+    })
+}
+
+pub(crate) fn stored_delivery(
+    conn: &Connection,
+    guid: &str,
+) -> Result<Option<StoredDelivery>, JournalError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {DELIVERY_COLUMNS}, headers, body FROM deliveries WHERE guid = ?1"
+    ))?;
+    let found = stmt
+        .query_row([guid], |row| {
+            let headers: String = row.get(9)?;
+            Ok(StoredDelivery {
+                row: delivery_row(row)?,
+                headers: serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(
+                    &headers,
+                )
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_owned()))
+                .collect(),
+                body: row.get(10)?,
+            })
+        })
+        .optional()?;
+    Ok(found)
+}

@@ -1,0 +1,59 @@
+//! `rm-agent deliveries replay GUID`: runs a journalled delivery's handler again (after a fix or
+//! an upgrade) and applies what it says, through the same code as the writer. Changes only move
+//! forward, so replaying a delivery that was already applied changes nothing.
+
+use std::path::Path;
+
+use rm_handlers::{Delivery, Source};
+use rusqlite::{TransactionBehavior, params};
+
+use crate::apply::apply_verdict;
+use crate::read::stored_delivery;
+use crate::{JournalError, Outcome, connection};
+
+/// Replays the delivery `guid` and returns its new outcome and reason.
+pub fn replay(
+    path: &Path,
+    guid: &str,
+    now_ms: i64,
+) -> Result<(Outcome, Option<String>), JournalError> {
+    if !path.exists() {
+        return Err(JournalError::Missing(path.to_owned()));
+    }
+    let mut conn = connection::open_writer(path)?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let stored =
+        stored_delivery(&tx, guid)?.ok_or_else(|| JournalError::UnknownDelivery(guid.to_owned()))?;
+    let body = stored
+        .body
+        .ok_or_else(|| JournalError::BodyPruned(guid.to_owned()))?;
+    let delivery = Delivery {
+        guid,
+        event: &stored.row.event,
+        body: &body,
+        // Handlers have no clock: the replay is when the journal learns what the body says.
+        received_at_ms: now_ms,
+        source: Source::parse(&stored.row.source).unwrap_or(Source::Webhook),
+    };
+    let verdict = std::panic::catch_unwind(|| rm_handlers::handle(&delivery)).unwrap_or_else(|_| {
+        rm_handlers::Verdict::Reject {
+            action: stored.row.action.clone(),
+            reason: format!("the `{}` handler panicked again", stored.row.event),
+        }
+    });
+    let applied = apply_verdict(&tx, &verdict, now_ms)?;
+    tx.execute(
+        "UPDATE deliveries SET outcome = ?2, reason = ?3, action = COALESCE(?4, action),
+             replayed_at = ?5
+         WHERE guid = ?1",
+        params![
+            guid,
+            applied.outcome.as_str(),
+            applied.reason,
+            verdict.action(),
+            now_ms
+        ],
+    )?;
+    tx.commit()?;
+    Ok((applied.outcome, applied.reason))
+}

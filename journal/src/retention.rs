@@ -1,0 +1,70 @@
+//! Bounded retention: delivery bodies, old delivery rows and finished jobs are removed in small
+//! steps so the file does not grow without end and no step holds the writer for long.
+
+use std::time::Duration;
+
+use rusqlite::{Connection, params};
+
+/// How often a retention pass starts.
+pub(crate) const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// The most rows one prune step touches per table.
+const PRUNE_STEP_ROWS: i64 = 1000;
+
+/// How long the journal keeps what it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Delivery bodies are dropped after this (the row, with its outcome, stays). GitHub lets an
+    /// App redeliver for 3 days, so this is what `deliveries replay` can reach back.
+    pub delivery_bodies: Duration,
+    /// Delivery rows are removed after this. Must cover GitHub's redelivery window, since a
+    /// removed GUID would be accepted as new again.
+    pub delivery_rows: Duration,
+    /// Completed jobs are removed after this.
+    pub finished_jobs: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        const DAY: u64 = 24 * 3600;
+        Retention {
+            delivery_bodies: Duration::from_secs(7 * DAY),
+            delivery_rows: Duration::from_secs(30 * DAY),
+            finished_jobs: Duration::from_secs(7 * DAY),
+        }
+    }
+}
+
+fn cutoff(now_ms: i64, keep: Duration) -> i64 {
+    now_ms.saturating_sub(i64::try_from(keep.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Runs one bounded step of retention. Returns `true` when there is more to remove.
+pub(crate) fn prune_step(
+    conn: &mut Connection,
+    retention: &Retention,
+    now_ms: i64,
+) -> rusqlite::Result<bool> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let bodies = tx.execute(
+        "UPDATE deliveries SET body = NULL WHERE id IN (
+             SELECT id FROM deliveries WHERE received_at < ?1 AND body IS NOT NULL LIMIT ?2)",
+        params![cutoff(now_ms, retention.delivery_bodies), PRUNE_STEP_ROWS],
+    )?;
+    let rows = tx.execute(
+        "DELETE FROM deliveries WHERE id IN (
+             SELECT id FROM deliveries WHERE received_at < ?1 LIMIT ?2)",
+        params![cutoff(now_ms, retention.delivery_rows), PRUNE_STEP_ROWS],
+    )?;
+    let jobs = tx.execute(
+        "DELETE FROM jobs WHERE job_id IN (
+             SELECT job_id FROM jobs WHERE state = 'completed' AND updated_at < ?1 LIMIT ?2)",
+        params![cutoff(now_ms, retention.finished_jobs), PRUNE_STEP_ROWS],
+    )?;
+    tx.commit()?;
+    if bodies + rows + jobs > 0 {
+        tracing::debug!(bodies, rows, jobs, "journal retention step");
+    }
+    let step = usize::try_from(PRUNE_STEP_ROWS).unwrap_or(usize::MAX);
+    Ok(bodies == step || rows == step || jobs == step)
+}

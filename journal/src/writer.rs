@@ -1,0 +1,293 @@
+//! The group-commit writer: one thread owns the write connection. It takes every request that
+//! queued up while the previous commit was in flight, commits them in one transaction, and only
+//! then answers each caller, so throughput grows with load instead of collapsing to one fsync per
+//! delivery, and a 2xx always means "on disk".
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rm_handlers::{Delivery, Verdict};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use tokio::sync::oneshot;
+
+use crate::apply::apply_verdict;
+use crate::metrics::JournalMetrics;
+use crate::retention::{PRUNE_INTERVAL, Retention, prune_step};
+use crate::{Incoming, JournalError, Outcome, Recorded, connection, now_ms};
+
+/// The most deliveries one transaction takes. Bounds the time any one commit holds its callers.
+const MAX_BATCH: usize = 1024;
+
+/// How long the writer sleeps when idle before it looks at retention again.
+const IDLE_WAKEUP: Duration = Duration::from_secs(60);
+
+type Reply = oneshot::Sender<Result<Recorded, JournalError>>;
+
+enum Request {
+    Record {
+        incoming: Incoming,
+        verdict: Verdict,
+        reply: Reply,
+    },
+    /// Proves the writer is alive and can take the write lock (`/healthz`).
+    Probe(oneshot::Sender<Result<(), JournalError>>),
+}
+
+/// A cheap, cloneable handle to the journal's writer thread.
+#[derive(Clone)]
+pub struct Journal {
+    tx: mpsc::Sender<Request>,
+    path: Arc<PathBuf>,
+    metrics: JournalMetrics,
+}
+
+impl Journal {
+    /// Opens (creating and migrating if needed) the journal file and starts its writer thread.
+    /// The thread stops when the last handle is dropped, after answering everything queued.
+    pub fn open(path: &Path, retention: Retention) -> Result<Journal, JournalError> {
+        let conn = connection::open_writer(path)?;
+        let (tx, rx) = mpsc::channel();
+        let metrics = JournalMetrics::default();
+        let writer = Writer {
+            conn,
+            retention,
+            metrics: metrics.clone(),
+            next_prune: Instant::now(),
+        };
+        thread::Builder::new()
+            .name("rm-journal-writer".to_owned())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| JournalError::Commit(format!("cannot start the writer thread: {e}")))?;
+        Ok(Journal {
+            tx,
+            path: Arc::new(path.to_owned()),
+            metrics,
+        })
+    }
+
+    /// The file this journal writes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The writer's metrics, for `/metrics`.
+    pub fn metrics(&self) -> &JournalMetrics {
+        &self.metrics
+    }
+
+    /// Records a delivery. The handler runs here, on the caller's thread, so parsing scales with
+    /// the callers and the writer thread only does SQL; its changes are applied in the same
+    /// transaction that records the delivery. Returns once that transaction is committed.
+    pub async fn record(&self, incoming: Incoming) -> Result<Recorded, JournalError> {
+        let verdict = run_handler(&incoming);
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Request::Record {
+                incoming,
+                verdict,
+                reply,
+            })
+            .map_err(|_| JournalError::WriterStopped)?;
+        answer.await.map_err(|_| JournalError::WriterStopped)?
+    }
+
+    /// Succeeds when the writer is alive and can take the write lock.
+    pub async fn probe(&self) -> Result<(), JournalError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Request::Probe(reply))
+            .map_err(|_| JournalError::WriterStopped)?;
+        answer.await.map_err(|_| JournalError::WriterStopped)?
+    }
+}
+
+/// Runs the event's handler. A handler that panics must not lose the delivery: it is recorded
+/// as rejected with the reason, to be replayed once the handler is fixed.
+fn run_handler(incoming: &Incoming) -> Verdict {
+    let delivery = Delivery {
+        guid: &incoming.guid,
+        event: &incoming.event,
+        body: &incoming.body,
+        received_at_ms: incoming.received_at_ms,
+        source: incoming.source,
+    };
+    std::panic::catch_unwind(|| rm_handlers::handle(&delivery)).unwrap_or_else(|_| {
+        Verdict::Reject {
+            action: None,
+            reason: format!("the `{}` handler panicked; replay after upgrading", incoming.event),
+        }
+    })
+}
+
+struct Writer {
+    conn: Connection,
+    retention: Retention,
+    metrics: JournalMetrics,
+    next_prune: Instant,
+}
+
+impl Writer {
+    fn run(mut self, rx: mpsc::Receiver<Request>) {
+        loop {
+            let first = match rx.recv_timeout(IDLE_WAKEUP) {
+                Ok(request) => request,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.maybe_prune();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(request) => batch.push(request),
+                    Err(_) => break,
+                }
+            }
+            self.commit(batch);
+            self.maybe_prune();
+        }
+        tracing::debug!("journal writer stopped");
+    }
+
+    /// Commits one batch and answers every request in it.
+    fn commit(&mut self, batch: Vec<Request>) {
+        let started = Instant::now();
+        let size = batch.len();
+        let result = self.write(&batch);
+        self.metrics.observe_commit(started.elapsed(), size, result.is_ok());
+        match result {
+            Ok(answers) => {
+                for (request, answer) in batch.into_iter().zip(answers) {
+                    match request {
+                        Request::Record { reply, .. } => {
+                            let _ = reply.send(Ok(answer));
+                        }
+                        Request::Probe(reply) => {
+                            let _ = reply.send(Ok(()));
+                        }
+                    }
+                }
+            }
+            Err(err) => {
+                tracing::error!(error = %err, deliveries = size, "journal commit failed");
+                let message = err.to_string();
+                for request in batch {
+                    match request {
+                        Request::Record { reply, .. } => {
+                            let _ = reply.send(Err(JournalError::Commit(message.clone())));
+                        }
+                        Request::Probe(reply) => {
+                            let _ = reply.send(Err(JournalError::Commit(message.clone())));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes a batch in one transaction; one answer per request, in order.
+    fn write(&mut self, batch: &[Request]) -> rusqlite::Result<Vec<Recorded>> {
+        let mut tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut answers = Vec::with_capacity(batch.len());
+        for request in batch {
+            let answer = match request {
+                Request::Record {
+                    incoming, verdict, ..
+                } => record_one(&mut tx, incoming, verdict)?,
+                // Placeholder answer; a probe only needs the commit to succeed.
+                Request::Probe(_) => Recorded::AlreadyJournalled,
+            };
+            answers.push(answer);
+        }
+        tx.commit()?;
+        Ok(answers)
+    }
+
+    fn maybe_prune(&mut self) {
+        if Instant::now() < self.next_prune {
+            return;
+        }
+        match prune_step(&mut self.conn, &self.retention, now_ms()) {
+            // More to do: come back after the next batch, so pruning never holds deliveries up
+            // for more than one small step.
+            Ok(true) => {}
+            Ok(false) => self.next_prune = Instant::now() + PRUNE_INTERVAL,
+            Err(err) => {
+                tracing::warn!(error = %err, "journal retention pass failed; retrying later");
+                self.next_prune = Instant::now() + PRUNE_INTERVAL;
+            }
+        }
+    }
+}
+
+/// Records one delivery inside the batch's transaction. A GUID already in the journal (committed
+/// earlier or earlier in this batch) is answered as such and not written again.
+fn record_one(
+    tx: &mut rusqlite::Transaction<'_>,
+    incoming: &Incoming,
+    verdict: &Verdict,
+) -> rusqlite::Result<Recorded> {
+    let known: Option<i64> = tx
+        .prepare_cached("SELECT id FROM deliveries WHERE guid = ?1")?
+        .query_row([&incoming.guid], |row| row.get(0))
+        .optional()?;
+    if known.is_some() {
+        return Ok(Recorded::AlreadyJournalled);
+    }
+    // The changes run in a savepoint: if applying them fails, they are undone and the delivery
+    // is still journalled, as rejected with the reason, so nothing GitHub sent is lost.
+    let applied = {
+        let savepoint = tx.savepoint()?;
+        match apply_verdict(&savepoint, verdict, incoming.received_at_ms) {
+            Ok(applied) => {
+                savepoint.commit()?;
+                Ok(applied)
+            }
+            Err(err) => Err(err),
+        }
+    };
+    let (outcome, reason) = match applied {
+        Ok(applied) => (applied.outcome, applied.reason),
+        Err(err) => (
+            Outcome::Rejected,
+            Some(format!("the journal could not apply this delivery: {err}")),
+        ),
+    };
+    insert_delivery(tx, incoming, verdict.action(), outcome, reason.as_deref())?;
+    Ok(Recorded::New(outcome))
+}
+
+fn insert_delivery(
+    conn: &Connection,
+    incoming: &Incoming,
+    action: Option<&str>,
+    outcome: Outcome,
+    reason: Option<&str>,
+) -> rusqlite::Result<()> {
+    let headers: serde_json::Map<String, serde_json::Value> = incoming
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    conn.prepare_cached(
+        "INSERT INTO deliveries (guid, event, action, source, received_at, headers, body,
+             outcome, reason)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    )?
+    .execute(params![
+        incoming.guid,
+        incoming.event,
+        action,
+        incoming.source.as_str(),
+        incoming.received_at_ms,
+        serde_json::Value::Object(headers).to_string(),
+        incoming.body,
+        outcome.as_str(),
+        reason,
+    ])?;
+    Ok(())
+}
