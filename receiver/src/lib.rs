@@ -1,0 +1,16 @@
+//! rm-receiver: the HTTP intake for GitHub App webhook deliveries, and nothing else. It streams a
+//! body in under a cap, checks the signature against every secret, hands the delivery to the
+//! journal and answers only after the journal's commit: a 2xx means the delivery is on disk. It
+//! knows nothing about jobs; the handlers and the journal do.
+//!
+//! Routes: `POST <path>` (CONTRACT §4), `GET /healthz`, `GET /metrics`.
+
+mod metrics;
+mod server;
+mod signature;
+
+pub use server::{Receiver, ReceiverConfig};
+pub use signature::{WebhookSecrets, sign};
+
+/// GitHub does not deliver payloads over 25 MB, so anything larger is not from GitHub.
+pub const MAX_BODY_BYTES: usize = 25 * 1024 * 1024;

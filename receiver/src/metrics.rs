@@ -1,0 +1,101 @@
+//! The receiver's Prometheus metrics, and the rendering of `/metrics` (which also reports what
+//! the journal holds, read at scrape time).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use rm_journal::{Journal, Reader};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeliveryLabels {
+    event: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    status: u16,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+/// Counters the request path updates; gauges refreshed from the journal at scrape time.
+pub(crate) struct Metrics {
+    registry: Registry,
+    deliveries: Family<DeliveryLabels, Counter>,
+    refused: Family<RefusedLabels, Counter>,
+    jobs: Family<StateLabels, Gauge>,
+}
+
+impl Metrics {
+    pub(crate) fn new(journal: &Journal) -> Self {
+        let mut registry = Registry::default();
+        let deliveries = Family::<DeliveryLabels, Counter>::default();
+        let refused = Family::<RefusedLabels, Counter>::default();
+        let jobs = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "rm_deliveries",
+            "Webhook deliveries journalled, by event and outcome (already_journalled: a GUID seen before)",
+            deliveries.clone(),
+        );
+        registry.register(
+            "rm_receiver_refused",
+            "Requests refused with nothing journalled, by status and reason",
+            refused.clone(),
+        );
+        registry.register(
+            "rm_jobs",
+            "Journalled workflow jobs by state",
+            jobs.clone(),
+        );
+        journal.metrics().register(&mut registry);
+        Metrics {
+            registry,
+            deliveries,
+            refused,
+            jobs,
+        }
+    }
+
+    pub(crate) fn delivery(&self, event: &str, outcome: &str) {
+        self.deliveries
+            .get_or_create(&DeliveryLabels {
+                event: event.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn refused(&self, status: u16, reason: &'static str) {
+        self.refused
+            .get_or_create(&RefusedLabels { status, reason })
+            .inc();
+    }
+
+    /// Renders the text exposition, after refreshing the gauges from `reader` when it opened.
+    pub(crate) fn render(&self, reader: Option<&Reader>) -> String {
+        if let Some(reader) = reader {
+            match reader.job_counts() {
+                Ok(counts) => {
+                    self.jobs.clear();
+                    for (state, count) in counts {
+                        self.jobs.get_or_create(&StateLabels { state }).set(count);
+                    }
+                }
+                Err(err) => tracing::warn!(error = %err, "cannot read job counts for /metrics"),
+            }
+        }
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            tracing::warn!("cannot encode /metrics");
+        }
+        out
+    }
+}

@@ -1,0 +1,301 @@
+//! The HTTP server: accepts connections, routes requests, and turns each webhook request into
+//! either a refusal (nothing journalled) or a committed delivery.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming as Body;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use rm_handlers::Source;
+use rm_journal::{Incoming, Journal, Reader, Recorded};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::WebhookSecrets;
+use crate::metrics::Metrics;
+
+/// A client that has not sent its headers by then is cut off.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// GitHub gives up on a delivery after 10 s; a body that takes longer is not GitHub's.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections served at once; further ones wait in the kernel's accept queue.
+const MAX_CONNECTIONS: usize = 1024;
+/// How long a shutdown waits for requests in flight to be answered.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// `/healthz` answers 503 when the journal cannot take its write lock this fast.
+const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// GitHub's delivery GUIDs are 36 characters; anything much longer is not one.
+const MAX_GUID_LEN: usize = 128;
+/// Event names are short snake_case words.
+const MAX_EVENT_LEN: usize = 64;
+
+/// The headers journalled with each delivery: enough to verify it again and to relay it
+/// byte-exact, nothing a proxy might have added.
+const KEPT_HEADERS: &[&str] = &[
+    "content-type",
+    "user-agent",
+    "x-github-event",
+    "x-github-delivery",
+    "x-github-hook-id",
+    "x-github-hook-installation-target-type",
+    "x-github-hook-installation-target-id",
+    "x-github-enterprise-version",
+    "x-github-enterprise-host",
+    "x-hub-signature-256",
+];
+
+/// How the receiver is set up.
+pub struct ReceiverConfig {
+    /// The webhook path, e.g. `/webhook`.
+    pub path: String,
+    pub secrets: WebhookSecrets,
+    /// Bodies over this are refused with 413 while they stream in.
+    pub max_body_bytes: usize,
+}
+
+/// The receiver: configuration, the journal it writes and its metrics.
+pub struct Receiver {
+    config: ReceiverConfig,
+    journal: Journal,
+    metrics: Metrics,
+}
+
+type Reply = Response<Full<Bytes>>;
+
+impl Receiver {
+    pub fn new(config: ReceiverConfig, journal: Journal) -> Arc<Self> {
+        let metrics = Metrics::new(&journal);
+        Arc::new(Receiver {
+            config,
+            journal,
+            metrics,
+        })
+    }
+
+    /// Serves connections from `listener` until `shutdown` completes, then stops accepting and
+    /// waits (up to a bound) for the requests in flight to be answered.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
+        let graceful = GracefulShutdown::new();
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let permit = tokio::select! {
+                permit = slots.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
+                () = &mut shutdown => break,
+            };
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(err) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(error = %err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            // Every answer is one small write; do not let Nagle hold it back.
+            let _ = stream.set_nodelay(true);
+            let this = self.clone();
+            let service = service_fn(move |req| {
+                let this = this.clone();
+                async move { Ok::<_, Infallible>(this.route(req).await) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(err) = conn.await {
+                    tracing::debug!(%peer, error = %err, "connection ended with an error");
+                }
+                drop(permit);
+            });
+        }
+        drop(listener);
+        if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
+            tracing::warn!("requests still in flight after the drain timeout");
+        }
+        Ok(())
+    }
+
+    async fn route(&self, req: Request<Body>) -> Reply {
+        let path = req.uri().path();
+        match (req.method(), path) {
+            (&Method::POST, p) if p == self.config.path => self.webhook(req).await,
+            (&Method::GET, "/healthz") => self.healthz().await,
+            (&Method::GET, "/metrics") => self.render_metrics().await,
+            (_, p) if p == self.config.path || p == "/healthz" || p == "/metrics" => {
+                text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
+            }
+            _ => text(StatusCode::NOT_FOUND, "not found\n"),
+        }
+    }
+
+    async fn webhook(&self, req: Request<Body>) -> Reply {
+        let received_at_ms = rm_journal::now_ms();
+        let headers = req.headers();
+        if !is_json(headers) {
+            return self.refuse(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "content_type",
+                "Content-Type must be application/json (set the App's webhook content type to JSON)",
+            );
+        }
+        let Some(event) = header_str(headers, "x-github-event")
+            .filter(|e| e.len() <= MAX_EVENT_LEN && e.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+            .map(str::to_owned)
+        else {
+            return self.refuse(StatusCode::BAD_REQUEST, "event_header", "X-GitHub-Event missing or malformed");
+        };
+        let Some(guid) = header_str(headers, "x-github-delivery")
+            .filter(|g| g.len() <= MAX_GUID_LEN && g.bytes().all(|b| b.is_ascii_graphic()))
+            .map(str::to_owned)
+        else {
+            return self.refuse(StatusCode::BAD_REQUEST, "delivery_header", "X-GitHub-Delivery missing or malformed");
+        };
+        let Some(signature) = headers.get("x-hub-signature-256").cloned() else {
+            return self.refuse(StatusCode::UNAUTHORIZED, "signature_missing", "X-Hub-Signature-256 missing");
+        };
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > self.config.max_body_bytes as u64) {
+            return self.too_large();
+        }
+        let kept = kept_headers(headers);
+
+        let limited = Limited::new(req.into_body(), self.config.max_body_bytes);
+        let body = match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
+            Err(_) => {
+                return self.refuse(StatusCode::REQUEST_TIMEOUT, "body_timeout", "the body took too long to arrive");
+            }
+            Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => return self.too_large(),
+            Ok(Err(_)) => {
+                return self.refuse(StatusCode::BAD_REQUEST, "body_read", "the body could not be read");
+            }
+            Ok(Ok(collected)) => collected.to_bytes(),
+        };
+        if !self.config.secrets.verify(signature.as_bytes(), &body) {
+            tracing::warn!(%guid, %event, "refused a delivery whose signature matches no configured secret");
+            return self.refuse(StatusCode::UNAUTHORIZED, "signature_mismatch", "signature does not match");
+        }
+        if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err() {
+            return self.refuse(StatusCode::BAD_REQUEST, "not_json", "the body is not JSON");
+        }
+
+        let incoming = Incoming {
+            guid: guid.clone(),
+            event: event.clone(),
+            headers: kept,
+            body: body.to_vec(),
+            received_at_ms,
+            source: Source::Webhook,
+        };
+        match self.journal.record(incoming).await {
+            Ok(Recorded::New(outcome)) => {
+                self.metrics.delivery(&event, outcome.as_str());
+                tracing::debug!(%guid, %event, outcome = outcome.as_str(), "delivery journalled");
+                text(StatusCode::ACCEPTED, "accepted\n")
+            }
+            Ok(Recorded::AlreadyJournalled) => {
+                self.metrics.delivery(&event, "already_journalled");
+                tracing::debug!(%guid, %event, "delivery already journalled");
+                text(StatusCode::OK, "already journalled\n")
+            }
+            Err(err) => {
+                // GitHub counts this delivery as failed; the agent's redelivery recovers it.
+                tracing::error!(%guid, %event, error = %err, "delivery not journalled");
+                self.refuse(StatusCode::SERVICE_UNAVAILABLE, "journal", "the journal cannot take deliveries now")
+            }
+        }
+    }
+
+    fn too_large(&self) -> Reply {
+        let mut reply = self.refuse(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "body over 25 MiB");
+        // The rest of the body is never read: close instead of draining it.
+        reply
+            .headers_mut()
+            .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        reply
+    }
+
+    fn refuse(&self, status: StatusCode, reason: &'static str, detail: &str) -> Reply {
+        self.metrics.refused(status.as_u16(), reason);
+        tracing::debug!(status = status.as_u16(), reason, "request refused");
+        text(status, &format!("{detail}\n"))
+    }
+
+    async fn healthz(&self) -> Reply {
+        match tokio::time::timeout(HEALTH_PROBE_TIMEOUT, self.journal.probe()).await {
+            Ok(Ok(())) => text(StatusCode::OK, "ok\n"),
+            Ok(Err(err)) => text(StatusCode::SERVICE_UNAVAILABLE, &format!("journal not writable: {err}\n")),
+            Err(_) => text(StatusCode::SERVICE_UNAVAILABLE, "journal not writable: probe timed out\n"),
+        }
+    }
+
+    async fn render_metrics(self: &Self) -> Reply {
+        let path = self.journal.path().to_owned();
+        let reader = tokio::task::spawn_blocking(move || Reader::open(&path).ok())
+            .await
+            .ok()
+            .flatten();
+        let body = self.metrics.render(reader.as_ref());
+        let mut reply = Response::new(Full::new(Bytes::from(body)));
+        reply.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        );
+        reply
+    }
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    header_str(headers, "content-type").is_some_and(|ct| {
+        ct.split(';')
+            .next()
+            .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+    })
+}
+
+fn kept_headers(headers: &HeaderMap) -> Vec<(String, String)> {
+    KEPT_HEADERS
+        .iter()
+        .filter_map(|name| header_str(headers, name).map(|v| ((*name).to_owned(), v.to_owned())))
+        .collect()
+}
+
+fn text(status: StatusCode, body: &str) -> Reply {
+    let mut reply = Response::new(Full::new(Bytes::from(body.to_owned())));
+    *reply.status_mut() = status;
+    reply.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    reply
+}

@@ -1,0 +1,298 @@
+//! The receiver over real HTTP on loopback, with a real journal file: every status code of
+//! CONTRACT §4, duplicates, rotation, the body cap while streaming, health and metrics.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rm_journal::{JOURNAL_FILE, Journal, Outcome, Reader, Retention};
+use rm_receiver::{MAX_BODY_BYTES, Receiver, ReceiverConfig, WebhookSecrets, sign};
+use secrecy::SecretString;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SECRET: &str = "It's a Secret to Everybody";
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/webhooks");
+
+struct TestReceiver {
+    addr: SocketAddr,
+    journal_path: PathBuf,
+    _dir: tempfile::TempDir,
+    _stop: tokio::sync::oneshot::Sender<()>,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+async fn start(secrets: &[&str]) -> TestReceiver {
+    let dir = tempfile::tempdir().unwrap();
+    let journal_path = dir.path().join(JOURNAL_FILE);
+    let journal = Journal::open(&journal_path, Retention::default()).unwrap();
+    let secrets =
+        WebhookSecrets::new(secrets.iter().map(|s| SecretString::from(*s)).collect()).unwrap();
+    let receiver = Receiver::new(
+        ReceiverConfig {
+            path: "/webhook".to_owned(),
+            secrets,
+            max_body_bytes: MAX_BODY_BYTES,
+        },
+        journal,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(receiver.serve(listener, async move {
+        let _ = stopped.await;
+    }));
+    TestReceiver {
+        addr,
+        journal_path,
+        _dir: dir,
+        _stop: stop,
+        client: Client::builder(TokioExecutor::new()).build_http(),
+    }
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    let mut value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURES}/{name}.json")).unwrap())
+            .unwrap();
+    value["installation"] = serde_json::json!({"id": 99});
+    serde_json::to_vec(&value).unwrap()
+}
+
+struct Delivery {
+    event: Option<&'static str>,
+    guid: Option<String>,
+    signature: Option<String>,
+    content_type: &'static str,
+    body: Vec<u8>,
+}
+
+impl Delivery {
+    fn signed(event: &'static str, body: Vec<u8>) -> Self {
+        Delivery {
+            event: Some(event),
+            guid: Some(uuid::Uuid::new_v4().to_string()),
+            signature: Some(sign(SECRET.as_bytes(), &body)),
+            content_type: "application/json",
+            body,
+        }
+    }
+}
+
+impl TestReceiver {
+    async fn send(&self, d: &Delivery) -> (u16, String) {
+        let mut req = http::Request::post(format!("http://{}/webhook", self.addr))
+            .header("content-type", d.content_type)
+            .header("user-agent", "GitHub-Hookshot/test");
+        if let Some(event) = d.event {
+            req = req.header("x-github-event", event);
+        }
+        if let Some(guid) = &d.guid {
+            req = req.header("x-github-delivery", guid);
+        }
+        if let Some(sig) = &d.signature {
+            req = req.header("x-hub-signature-256", sig);
+        }
+        self.request(req.body(Full::new(Bytes::from(d.body.clone()))).unwrap())
+            .await
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        let req = http::Request::get(format!("http://{}{path}", self.addr))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        self.request(req).await
+    }
+
+    async fn request(&self, req: http::Request<Full<Bytes>>) -> (u16, String) {
+        let res = self.client.request(req).await.unwrap();
+        let status = res.status().as_u16();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    fn delivery_count(&self) -> i64 {
+        Reader::open(&self.journal_path).unwrap().delivery_count().unwrap()
+    }
+}
+
+#[tokio::test]
+async fn a_signed_delivery_is_committed_before_202_and_its_guid_answered_200_after() {
+    let rx = start(&[SECRET]).await;
+    let delivery = Delivery::signed("workflow_job", fixture("workflow_job.queued.5"));
+    let (status, _) = rx.send(&delivery).await;
+    assert_eq!(status, 202);
+    // Committed before the answer: a fresh reader sees it now.
+    let reader = Reader::open(&rx.journal_path).unwrap();
+    let stored = reader.delivery(delivery.guid.as_deref().unwrap()).unwrap().unwrap();
+    assert_eq!(stored.row.outcome, Outcome::Applied);
+    assert_eq!(stored.body.as_deref(), Some(delivery.body.as_slice()));
+    assert!(stored.headers.iter().any(|(k, v)| k == "x-hub-signature-256" && v.starts_with("sha256=")));
+    assert_eq!(reader.job(289_782_451).unwrap().unwrap().state, "queued");
+
+    let (status, _) = rx.send(&delivery).await;
+    assert_eq!(status, 200, "GitHub's redelivery reuses the GUID");
+    assert_eq!(rx.delivery_count(), 1);
+}
+
+#[tokio::test]
+async fn refusals_journal_nothing() {
+    let rx = start(&[SECRET]).await;
+    let body = fixture("workflow_job.queued.5");
+    let cases: Vec<(Delivery, u16)> = vec![
+        (Delivery { signature: None, ..Delivery::signed("workflow_job", body.clone()) }, 401),
+        (
+            Delivery {
+                signature: Some(sign(b"wrong secret", &body)),
+                ..Delivery::signed("workflow_job", body.clone())
+            },
+            401,
+        ),
+        (
+            Delivery {
+                signature: Some("sha256=zz".to_owned()),
+                ..Delivery::signed("workflow_job", body.clone())
+            },
+            401,
+        ),
+        (Delivery { event: None, ..Delivery::signed("workflow_job", body.clone()) }, 400),
+        (Delivery { guid: None, ..Delivery::signed("workflow_job", body.clone()) }, 400),
+        (Delivery { event: Some("bad event"), ..Delivery::signed("workflow_job", body.clone()) }, 400),
+        (Delivery::signed("workflow_job", b"payload=%7B%7D".to_vec()), 400),
+        (
+            Delivery {
+                content_type: "application/x-www-form-urlencoded",
+                ..Delivery::signed("workflow_job", body.clone())
+            },
+            415,
+        ),
+    ];
+    for (delivery, expected) in &cases {
+        let (status, text) = rx.send(delivery).await;
+        assert_eq!(status, *expected, "{text}");
+    }
+    assert_eq!(rx.delivery_count(), 0);
+}
+
+#[tokio::test]
+async fn every_configured_secret_is_accepted() {
+    let rx = start(&["old-secret", SECRET]).await;
+    let body = fixture("ping.none.0");
+    let old = Delivery {
+        signature: Some(sign(b"old-secret", &body)),
+        ..Delivery::signed("ping", body.clone())
+    };
+    assert_eq!(rx.send(&old).await.0, 202);
+    assert_eq!(rx.send(&Delivery::signed("ping", body)).await.0, 202);
+    assert_eq!(rx.delivery_count(), 2);
+}
+
+#[tokio::test]
+async fn unused_events_are_ignored_and_unreadable_ones_rejected_but_both_kept() {
+    let rx = start(&[SECRET]).await;
+    let ignored = Delivery::signed("workflow_run", fixture("workflow_run.completed.0"));
+    let rejected = Delivery::signed("workflow_job", br#"{"action":"queued"}"#.to_vec());
+    assert_eq!(rx.send(&ignored).await.0, 202);
+    assert_eq!(rx.send(&rejected).await.0, 202, "GitHub cannot fix it by retrying");
+    let reader = Reader::open(&rx.journal_path).unwrap();
+    let row = |d: &Delivery| reader.delivery(d.guid.as_deref().unwrap()).unwrap().unwrap();
+    assert_eq!(row(&ignored).row.outcome, Outcome::Ignored);
+    let stored = row(&rejected);
+    assert_eq!(stored.row.outcome, Outcome::Rejected);
+    assert!(stored.row.reason.unwrap().contains("workflow_job"));
+    assert_eq!(stored.body.as_deref(), Some(rejected.body.as_slice()));
+}
+
+#[tokio::test]
+async fn a_declared_oversize_body_is_refused_before_it_is_read() {
+    let rx = start(&[SECRET]).await;
+    let mut stream = TcpStream::connect(rx.addr).await.unwrap();
+    let head = format!(
+        "POST /webhook HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         x-github-event: workflow_job\r\nx-github-delivery: big-1\r\n\
+         x-hub-signature-256: sha256={}\r\ncontent-length: {}\r\n\r\n",
+        "0".repeat(64),
+        2u64 << 30
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0; 1024];
+    let n = stream.read(&mut answer).await.unwrap();
+    assert!(String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 413"));
+    assert_eq!(rx.delivery_count(), 0);
+}
+
+/// A 2 GiB chunked upload (no Content-Length) is cut off once it passes the cap: the receiver
+/// answers 413 and closes, long before the client could send it all.
+#[tokio::test]
+async fn a_streamed_oversize_body_is_cut_off_at_the_cap() {
+    let rx = start(&[SECRET]).await;
+    let stream = TcpStream::connect(rx.addr).await.unwrap();
+    let (mut read, mut write) = stream.into_split();
+    let sender = tokio::spawn(async move {
+        let head = format!(
+            "POST /webhook HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             x-github-event: workflow_job\r\nx-github-delivery: big-2\r\n\
+             x-hub-signature-256: sha256={}\r\ntransfer-encoding: chunked\r\n\r\n",
+            "0".repeat(64)
+        );
+        write.write_all(head.as_bytes()).await?;
+        let chunk = vec![b' '; 1 << 20];
+        let framed = [format!("{:x}\r\n", chunk.len()).into_bytes(), chunk, b"\r\n".to_vec()].concat();
+        let mut sent: u64 = 0;
+        while sent < (2u64 << 30) {
+            write.write_all(&framed).await?;
+            sent += 1 << 20;
+        }
+        Ok::<u64, std::io::Error>(sent)
+    });
+    let mut answer = Vec::new();
+    let _ = read.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    let sent = sender.await.unwrap();
+    assert!(sent.is_err(), "the receiver read the whole 2 GiB: {sent:?}");
+    assert_eq!(rx.delivery_count(), 0);
+}
+
+#[tokio::test]
+async fn health_metrics_and_unknown_routes() {
+    let rx = start(&[SECRET]).await;
+    assert_eq!(rx.get("/healthz").await, (200, "ok\n".to_owned()));
+    rx.send(&Delivery::signed("workflow_job", fixture("workflow_job.queued.5"))).await;
+    rx.send(&Delivery { signature: None, ..Delivery::signed("ping", b"{}".to_vec()) }).await;
+    let (status, metrics) = rx.get("/metrics").await;
+    assert_eq!(status, 200);
+    for expected in [
+        r#"rm_deliveries_total{event="workflow_job",outcome="applied"} 1"#,
+        r#"rm_receiver_refused_total{status="401",reason="signature_missing"} 1"#,
+        r#"rm_jobs{state="queued"} 1"#,
+        "rm_journal_commit_seconds_count",
+    ] {
+        assert!(metrics.contains(expected), "{expected} not in\n{metrics}");
+    }
+    assert_eq!(rx.get("/nothing").await.0, 404);
+    assert_eq!(rx.get("/webhook").await.0, 405);
+}
+
+#[tokio::test]
+async fn concurrent_deliveries_are_all_committed() {
+    let rx = Arc::new(start(&[SECRET]).await);
+    let body = fixture("workflow_job.queued.5");
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let rx = rx.clone();
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            rx.send(&Delivery::signed("workflow_job", body)).await.0
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), 202);
+    }
+    assert_eq!(rx.delivery_count(), 64);
+}
