@@ -50,11 +50,7 @@ impl Metrics {
             "Requests refused with nothing journalled, by status and reason",
             refused.clone(),
         );
-        registry.register(
-            "rm_jobs",
-            "Journalled workflow jobs by state",
-            jobs.clone(),
-        );
+        registry.register("rm_jobs", "Journalled workflow jobs by state", jobs.clone());
         journal.metrics().register(&mut registry);
         Metrics {
             registry,

@@ -130,7 +130,10 @@ impl Receiver {
             });
         }
         drop(listener);
-        if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
+        if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
+            .await
+            .is_err()
+        {
             tracing::warn!("requests still in flight after the drain timeout");
         }
         Ok(())
@@ -160,19 +163,34 @@ impl Receiver {
             );
         }
         let Some(event) = header_str(headers, "x-github-event")
-            .filter(|e| e.len() <= MAX_EVENT_LEN && e.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+            .filter(|e| {
+                e.len() <= MAX_EVENT_LEN
+                    && e.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            })
             .map(str::to_owned)
         else {
-            return self.refuse(StatusCode::BAD_REQUEST, "event_header", "X-GitHub-Event missing or malformed");
+            return self.refuse(
+                StatusCode::BAD_REQUEST,
+                "event_header",
+                "X-GitHub-Event missing or malformed",
+            );
         };
         let Some(guid) = header_str(headers, "x-github-delivery")
             .filter(|g| g.len() <= MAX_GUID_LEN && g.bytes().all(|b| b.is_ascii_graphic()))
             .map(str::to_owned)
         else {
-            return self.refuse(StatusCode::BAD_REQUEST, "delivery_header", "X-GitHub-Delivery missing or malformed");
+            return self.refuse(
+                StatusCode::BAD_REQUEST,
+                "delivery_header",
+                "X-GitHub-Delivery missing or malformed",
+            );
         };
         let Some(signature) = headers.get("x-hub-signature-256").cloned() else {
-            return self.refuse(StatusCode::UNAUTHORIZED, "signature_missing", "X-Hub-Signature-256 missing");
+            return self.refuse(
+                StatusCode::UNAUTHORIZED,
+                "signature_missing",
+                "X-Hub-Signature-256 missing",
+            );
         };
         let declared = headers
             .get(header::CONTENT_LENGTH)
@@ -186,17 +204,31 @@ impl Receiver {
         let limited = Limited::new(req.into_body(), self.config.max_body_bytes);
         let body = match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
             Err(_) => {
-                return self.refuse(StatusCode::REQUEST_TIMEOUT, "body_timeout", "the body took too long to arrive");
+                return self.refuse(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    "the body took too long to arrive",
+                );
             }
-            Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => return self.too_large(),
+            Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
+                return self.too_large();
+            }
             Ok(Err(_)) => {
-                return self.refuse(StatusCode::BAD_REQUEST, "body_read", "the body could not be read");
+                return self.refuse(
+                    StatusCode::BAD_REQUEST,
+                    "body_read",
+                    "the body could not be read",
+                );
             }
             Ok(Ok(collected)) => collected.to_bytes(),
         };
         if !self.config.secrets.verify(signature.as_bytes(), &body) {
             tracing::warn!(%guid, %event, "refused a delivery whose signature matches no configured secret");
-            return self.refuse(StatusCode::UNAUTHORIZED, "signature_mismatch", "signature does not match");
+            return self.refuse(
+                StatusCode::UNAUTHORIZED,
+                "signature_mismatch",
+                "signature does not match",
+            );
         }
         if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err() {
             return self.refuse(StatusCode::BAD_REQUEST, "not_json", "the body is not JSON");
@@ -224,17 +256,26 @@ impl Receiver {
             Err(err) => {
                 // GitHub counts this delivery as failed; the agent's redelivery recovers it.
                 tracing::error!(%guid, %event, error = %err, "delivery not journalled");
-                self.refuse(StatusCode::SERVICE_UNAVAILABLE, "journal", "the journal cannot take deliveries now")
+                self.refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "journal",
+                    "the journal cannot take deliveries now",
+                )
             }
         }
     }
 
     fn too_large(&self) -> Reply {
-        let mut reply = self.refuse(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "body over 25 MiB");
+        let mut reply = self.refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "body over 25 MiB",
+        );
         // The rest of the body is never read: close instead of draining it.
-        reply
-            .headers_mut()
-            .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        reply.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
         reply
     }
 
@@ -247,12 +288,18 @@ impl Receiver {
     async fn healthz(&self) -> Reply {
         match tokio::time::timeout(HEALTH_PROBE_TIMEOUT, self.journal.probe()).await {
             Ok(Ok(())) => text(StatusCode::OK, "ok\n"),
-            Ok(Err(err)) => text(StatusCode::SERVICE_UNAVAILABLE, &format!("journal not writable: {err}\n")),
-            Err(_) => text(StatusCode::SERVICE_UNAVAILABLE, "journal not writable: probe timed out\n"),
+            Ok(Err(err)) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("journal not writable: {err}\n"),
+            ),
+            Err(_) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "journal not writable: probe timed out\n",
+            ),
         }
     }
 
-    async fn render_metrics(self: &Self) -> Reply {
+    async fn render_metrics(&self) -> Reply {
         let path = self.journal.path().to_owned();
         let reader = tokio::task::spawn_blocking(move || Reader::open(&path).ok())
             .await
@@ -262,7 +309,9 @@ impl Receiver {
         let mut reply = Response::new(Full::new(Bytes::from(body)));
         reply.headers_mut().insert(
             header::CONTENT_TYPE,
-            header::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            header::HeaderValue::from_static(
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            ),
         );
         reply
     }

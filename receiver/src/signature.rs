@@ -70,7 +70,10 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
         Err(_) => return String::new(),
     };
     mac.update(body);
-    format!("{SIGNATURE_PREFIX}{}", hex::encode(mac.finalize().into_bytes()))
+    format!(
+        "{SIGNATURE_PREFIX}{}",
+        hex::encode(mac.finalize().into_bytes())
+    )
 }
 
 #[cfg(test)]
@@ -85,7 +88,10 @@ mod tests {
     #[test]
     fn githubs_test_vector() {
         let header = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
-        assert_eq!(sign(b"It's a Secret to Everybody", b"Hello, World!"), header);
+        assert_eq!(
+            sign(b"It's a Secret to Everybody", b"Hello, World!"),
+            header
+        );
         let s = secrets(&["It's a Secret to Everybody"]);
         assert!(s.verify(header.as_bytes(), b"Hello, World!"));
         assert!(!s.verify(header.as_bytes(), b"Hello, World?"));

@@ -1,6 +1,11 @@
 //! The receiver over real HTTP on loopback, with a real journal file: every status code of
 //! CONTRACT §4, duplicates, rotation, the body cap while streaming, health and metrics.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "tests: a failed step should fail the test loudly"
+)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -117,7 +122,10 @@ impl TestReceiver {
     }
 
     fn delivery_count(&self) -> i64 {
-        Reader::open(&self.journal_path).unwrap().delivery_count().unwrap()
+        Reader::open(&self.journal_path)
+            .unwrap()
+            .delivery_count()
+            .unwrap()
     }
 }
 
@@ -129,10 +137,18 @@ async fn a_signed_delivery_is_committed_before_202_and_its_guid_answered_200_aft
     assert_eq!(status, 202);
     // Committed before the answer: a fresh reader sees it now.
     let reader = Reader::open(&rx.journal_path).unwrap();
-    let stored = reader.delivery(delivery.guid.as_deref().unwrap()).unwrap().unwrap();
+    let stored = reader
+        .delivery(delivery.guid.as_deref().unwrap())
+        .unwrap()
+        .unwrap();
     assert_eq!(stored.row.outcome, Outcome::Applied);
     assert_eq!(stored.body.as_deref(), Some(delivery.body.as_slice()));
-    assert!(stored.headers.iter().any(|(k, v)| k == "x-hub-signature-256" && v.starts_with("sha256=")));
+    assert!(
+        stored
+            .headers
+            .iter()
+            .any(|(k, v)| k == "x-hub-signature-256" && v.starts_with("sha256="))
+    );
     assert_eq!(reader.job(289_782_451).unwrap().unwrap().state, "queued");
 
     let (status, _) = rx.send(&delivery).await;
@@ -145,7 +161,13 @@ async fn refusals_journal_nothing() {
     let rx = start(&[SECRET]).await;
     let body = fixture("workflow_job.queued.5");
     let cases: Vec<(Delivery, u16)> = vec![
-        (Delivery { signature: None, ..Delivery::signed("workflow_job", body.clone()) }, 401),
+        (
+            Delivery {
+                signature: None,
+                ..Delivery::signed("workflow_job", body.clone())
+            },
+            401,
+        ),
         (
             Delivery {
                 signature: Some(sign(b"wrong secret", &body)),
@@ -160,10 +182,31 @@ async fn refusals_journal_nothing() {
             },
             401,
         ),
-        (Delivery { event: None, ..Delivery::signed("workflow_job", body.clone()) }, 400),
-        (Delivery { guid: None, ..Delivery::signed("workflow_job", body.clone()) }, 400),
-        (Delivery { event: Some("bad event"), ..Delivery::signed("workflow_job", body.clone()) }, 400),
-        (Delivery::signed("workflow_job", b"payload=%7B%7D".to_vec()), 400),
+        (
+            Delivery {
+                event: None,
+                ..Delivery::signed("workflow_job", body.clone())
+            },
+            400,
+        ),
+        (
+            Delivery {
+                guid: None,
+                ..Delivery::signed("workflow_job", body.clone())
+            },
+            400,
+        ),
+        (
+            Delivery {
+                event: Some("bad event"),
+                ..Delivery::signed("workflow_job", body.clone())
+            },
+            400,
+        ),
+        (
+            Delivery::signed("workflow_job", b"payload=%7B%7D".to_vec()),
+            400,
+        ),
         (
             Delivery {
                 content_type: "application/x-www-form-urlencoded",
@@ -198,9 +241,18 @@ async fn unused_events_are_ignored_and_unreadable_ones_rejected_but_both_kept() 
     let ignored = Delivery::signed("workflow_run", fixture("workflow_run.completed.0"));
     let rejected = Delivery::signed("workflow_job", br#"{"action":"queued"}"#.to_vec());
     assert_eq!(rx.send(&ignored).await.0, 202);
-    assert_eq!(rx.send(&rejected).await.0, 202, "GitHub cannot fix it by retrying");
+    assert_eq!(
+        rx.send(&rejected).await.0,
+        202,
+        "GitHub cannot fix it by retrying"
+    );
     let reader = Reader::open(&rx.journal_path).unwrap();
-    let row = |d: &Delivery| reader.delivery(d.guid.as_deref().unwrap()).unwrap().unwrap();
+    let row = |d: &Delivery| {
+        reader
+            .delivery(d.guid.as_deref().unwrap())
+            .unwrap()
+            .unwrap()
+    };
     assert_eq!(row(&ignored).row.outcome, Outcome::Ignored);
     let stored = row(&rejected);
     assert_eq!(stored.row.outcome, Outcome::Rejected);
@@ -242,7 +294,12 @@ async fn a_streamed_oversize_body_is_cut_off_at_the_cap() {
         );
         write.write_all(head.as_bytes()).await?;
         let chunk = vec![b' '; 1 << 20];
-        let framed = [format!("{:x}\r\n", chunk.len()).into_bytes(), chunk, b"\r\n".to_vec()].concat();
+        let framed = [
+            format!("{:x}\r\n", chunk.len()).into_bytes(),
+            chunk,
+            b"\r\n".to_vec(),
+        ]
+        .concat();
         let mut sent: u64 = 0;
         while sent < (2u64 << 30) {
             write.write_all(&framed).await?;
@@ -263,8 +320,16 @@ async fn a_streamed_oversize_body_is_cut_off_at_the_cap() {
 async fn health_metrics_and_unknown_routes() {
     let rx = start(&[SECRET]).await;
     assert_eq!(rx.get("/healthz").await, (200, "ok\n".to_owned()));
-    rx.send(&Delivery::signed("workflow_job", fixture("workflow_job.queued.5"))).await;
-    rx.send(&Delivery { signature: None, ..Delivery::signed("ping", b"{}".to_vec()) }).await;
+    rx.send(&Delivery::signed(
+        "workflow_job",
+        fixture("workflow_job.queued.5"),
+    ))
+    .await;
+    rx.send(&Delivery {
+        signature: None,
+        ..Delivery::signed("ping", b"{}".to_vec())
+    })
+    .await;
     let (status, metrics) = rx.get("/metrics").await;
     assert_eq!(status, 200);
     for expected in [

@@ -1,0 +1,297 @@
+//! The agent's configuration (CONTRACT §2): the TOML file's shape, and the validation that turns
+//! it into a [`Config`] or into one error naming the file, the key, what is wrong and what would
+//! be right. Unknown keys, wrong types and out-of-range values are all refused at start.
+
+mod duration;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rm_journal::Retention;
+use serde::Deserialize;
+
+pub use duration::ConfigDuration;
+
+/// Where the configuration is looked for when neither `--config` nor `$RM_CONFIG` names it.
+pub const DEFAULT_CONFIG_FILE: &str = "rm-agent.toml";
+/// The data directory when neither the file, `--data-dir` nor `$RM_DATA_DIR` names one.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/rm-agent";
+/// GitHub.com's REST API.
+pub const DEFAULT_API_URL: &str = "https://api.github.com";
+/// The receiver's default webhook path.
+pub const DEFAULT_WEBHOOK_PATH: &str = "/webhook";
+
+/// A configuration mistake: which file, which key, and what would be right.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: `{key}`: {problem}")]
+pub struct ConfigError {
+    pub file: String,
+    pub key: String,
+    pub problem: String,
+}
+
+/// The file as written. Every table refuses keys it does not know.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub data_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub github: GithubSection,
+    pub receiver: Option<ReceiverSection>,
+    pub relay: Option<RelaySection>,
+    #[serde(default)]
+    pub host: HostSection,
+    #[serde(default)]
+    pub runner: RunnerSection,
+    #[serde(default)]
+    pub polling: PollingSection,
+    #[serde(default)]
+    pub notifications: NotificationsSection,
+    #[serde(default)]
+    pub journal: JournalSection,
+    #[serde(default, rename = "policy")]
+    pub policies: Vec<PolicySection>,
+}
+
+/// `[github]`: the App and where GitHub's API is.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GithubSection {
+    pub api_url: Option<String>,
+    pub app_id: Option<u64>,
+    pub private_key_file: Option<PathBuf>,
+    pub webhook_secret_file: Option<PathBuf>,
+}
+
+/// `[receiver]`: inbound webhooks. Without the table there is no inbound HTTP at all.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiverSection {
+    pub listen: String,
+    pub path: Option<String>,
+}
+
+/// `[relay]`: a subscription to an `rm-relay` channel.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelaySection {
+    pub url: String,
+    pub token_file: Option<PathBuf>,
+}
+
+/// `[host]`: this machine.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSection {
+    pub name: Option<String>,
+    pub max_runners: Option<u32>,
+    pub runner_root: Option<PathBuf>,
+}
+
+/// `[runner]`: the runner package and its timeouts.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunnerSection {
+    pub package_dir: Option<PathBuf>,
+    pub version: Option<String>,
+    pub idle_timeout: Option<ConfigDuration>,
+    pub registration_timeout: Option<ConfigDuration>,
+}
+
+/// `[polling]`: the REST fallback's pace.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PollingSection {
+    pub interval: Option<ConfigDuration>,
+    pub idle_interval: Option<ConfigDuration>,
+}
+
+/// `[notifications]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotificationsSection {
+    pub desktop: Option<bool>,
+}
+
+/// `[journal]`: how long the journal keeps what it holds.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournalSection {
+    pub body_retention: Option<ConfigDuration>,
+    pub delivery_retention: Option<ConfigDuration>,
+    pub job_retention: Option<ConfigDuration>,
+}
+
+/// One `[[policy]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySection {
+    pub name: String,
+    pub target: String,
+    pub labels: Vec<String>,
+    pub runner_group_id: Option<u64>,
+    pub max_runners: Option<u32>,
+    pub min_runners: Option<u32>,
+    pub workspace: Option<String>,
+}
+
+/// The validated configuration.
+#[derive(Debug)]
+pub struct Config {
+    /// The file it came from, when there was one.
+    pub source: Option<PathBuf>,
+    pub data_dir: PathBuf,
+    pub github: Github,
+    pub receiver: Option<ReceiverSettings>,
+    pub relay: Option<RelaySettings>,
+    pub host: Host,
+    pub runner: Runner,
+    pub polling: Polling,
+    pub desktop_notifications: bool,
+    pub retention: Retention,
+    pub policies: Vec<Policy>,
+}
+
+#[derive(Debug)]
+pub struct Github {
+    pub api_url: String,
+    pub app_id: Option<u64>,
+    pub private_key_file: Option<PathBuf>,
+    pub webhook_secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug)]
+pub struct ReceiverSettings {
+    pub listen: SocketAddr,
+    pub path: String,
+}
+
+#[derive(Debug)]
+pub struct RelaySettings {
+    pub url: String,
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug)]
+pub struct Host {
+    pub name: String,
+    pub max_runners: u32,
+    pub runner_root: PathBuf,
+}
+
+#[derive(Debug)]
+pub struct Runner {
+    pub package_dir: Option<PathBuf>,
+    pub version: Option<String>,
+    pub idle_timeout: Duration,
+    pub registration_timeout: Duration,
+}
+
+#[derive(Debug)]
+pub struct Polling {
+    pub interval: Duration,
+    pub idle_interval: Duration,
+}
+
+/// What a policy targets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Organization(String),
+    Repository { owner: String, name: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workspace {
+    Ephemeral,
+    Persistent,
+}
+
+#[derive(Debug)]
+pub struct Policy {
+    pub name: String,
+    pub target: Target,
+    pub labels: Vec<String>,
+    pub runner_group_id: u64,
+    pub max_runners: u32,
+    pub min_runners: u32,
+    pub workspace: Workspace,
+}
+
+/// Where the configuration comes from, after the command line and the environment had a say.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    /// `--config` or `$RM_CONFIG`: must exist.
+    pub explicit_file: Option<PathBuf>,
+    /// `--data-dir` or `$RM_DATA_DIR`: wins over the file's `data_dir`.
+    pub data_dir: Option<PathBuf>,
+}
+
+/// Loads and validates the configuration. A file named explicitly must exist; the default
+/// `./rm-agent.toml` may be absent, and then every key takes its default.
+pub fn load(sources: &Sources) -> Result<Config, ConfigError> {
+    let (path, text) = match &sources.explicit_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|err| ConfigError {
+                file: path.display().to_string(),
+                key: "--config".to_owned(),
+                problem: format!(
+                    "cannot read the configuration file ({err}); pass an existing file with --config or $RM_CONFIG"
+                ),
+            })?;
+            (Some(path.clone()), text)
+        }
+        None => match std::fs::read_to_string(DEFAULT_CONFIG_FILE) {
+            Ok(text) => (Some(PathBuf::from(DEFAULT_CONFIG_FILE)), text),
+            Err(_) => (None, String::new()),
+        },
+    };
+    let file = parse(path.as_deref(), &text)?;
+    validate::validate(file, path, sources.data_dir.clone())
+}
+
+/// Parses the TOML text, naming the key path of any mistake.
+pub fn parse(path: Option<&Path>, text: &str) -> Result<FileConfig, ConfigError> {
+    let file_name = display_file(path);
+    let deserializer = toml::de::Deserializer::parse(text).map_err(|err| ConfigError {
+        file: file_name.clone(),
+        key: "(syntax)".to_owned(),
+        problem: toml_problem(text, &err),
+    })?;
+    serde_path_to_error::deserialize(deserializer).map_err(|err| {
+        let key = err.path().to_string();
+        ConfigError {
+            file: file_name,
+            key: if key == "." {
+                "(top level)".to_owned()
+            } else {
+                key
+            },
+            problem: toml_problem(text, err.inner()),
+        }
+    })
+}
+
+/// The file name as errors show it.
+pub fn display_file(path: Option<&Path>) -> String {
+    path.map_or_else(
+        || "(no configuration file)".to_owned(),
+        |p| p.display().to_string(),
+    )
+}
+
+/// A TOML error as one line with its line number.
+fn toml_problem(text: &str, err: &toml::de::Error) -> String {
+    let message = err.message().trim().replace('\n', " ");
+    match err.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("{message} (line {line})")
+        }
+        None => message,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,215 @@
+//! Configuration parsing and validation: the contract's example, defaults, and every refusal
+//! naming its key.
+
+use super::*;
+
+const CONTRACT_EXAMPLE: &str = r#"
+data_dir = "/var/lib/rm-agent"
+
+[github]
+api_url = "https://api.github.com"
+app_id = 123456
+private_key_file = "/etc/rm-agent/app.pem"
+webhook_secret_file = "/etc/rm-agent/webhook-secret"
+
+[receiver]
+listen = "0.0.0.0:8080"
+path = "/webhook"
+
+[relay]
+url = "https://relay.example.net/subscribe/CHANNEL"
+token_file = "/etc/rm-agent/relay-token"
+
+[host]
+name = "builder-01"
+max_runners = 4
+runner_root = "/var/lib/rm-agent/runners"
+
+[runner]
+package_dir = "/opt/actions-runner"
+idle_timeout = "10m"
+registration_timeout = "5m"
+
+[polling]
+interval = "60s"
+idle_interval = "10s"
+
+[notifications]
+desktop = false
+
+[[policy]]
+name = "linux"
+target = "acme"
+labels = ["self-hosted", "linux", "x64"]
+runner_group_id = 1
+max_runners = 4
+min_runners = 0
+workspace = "ephemeral"
+"#;
+
+fn load_text(text: &str) -> Result<Config, ConfigError> {
+    let path = Path::new("rm-agent.toml");
+    validate::validate(parse(Some(path), text)?, Some(path.to_owned()), None)
+}
+
+fn refusal(text: &str) -> ConfigError {
+    match load_text(text) {
+        Ok(config) => panic!("accepted: {config:?}"),
+        Err(err) => err,
+    }
+}
+
+#[test]
+fn the_contract_example_loads() {
+    let config = load_text(CONTRACT_EXAMPLE).unwrap();
+    assert_eq!(config.data_dir, PathBuf::from("/var/lib/rm-agent"));
+    assert_eq!(config.github.app_id, Some(123_456));
+    let receiver = config.receiver.unwrap();
+    assert_eq!(receiver.listen.port(), 8080);
+    assert_eq!(receiver.path, "/webhook");
+    assert_eq!(config.host.name, "builder-01");
+    assert_eq!(config.host.max_runners, 4);
+    assert_eq!(config.runner.idle_timeout, Duration::from_secs(600));
+    assert_eq!(config.polling.interval, Duration::from_secs(60));
+    let policy = &config.policies[0];
+    assert_eq!(policy.target, Target::Organization("acme".to_owned()));
+    assert_eq!(policy.workspace, Workspace::Ephemeral);
+    assert_eq!(config.retention, Retention::default());
+}
+
+#[test]
+fn an_empty_file_takes_every_default() {
+    let config = load_text("").unwrap();
+    assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+    assert_eq!(config.github.api_url, DEFAULT_API_URL);
+    assert!(config.receiver.is_none());
+    assert_eq!(
+        config.host.runner_root,
+        PathBuf::from(DEFAULT_DATA_DIR).join("runners")
+    );
+    assert_eq!(config.polling.idle_interval, Duration::from_secs(10));
+    assert!(!config.desktop_notifications);
+}
+
+#[test]
+fn the_data_dir_flag_wins_over_the_file() {
+    let file = parse(None, "data_dir = \"/from/file\"").unwrap();
+    let config = validate::validate(file, None, Some(PathBuf::from("/from/flag"))).unwrap();
+    assert_eq!(config.data_dir, PathBuf::from("/from/flag"));
+}
+
+#[test]
+fn unknown_keys_and_wrong_types_name_the_key() {
+    let err = refusal("[receiver]\nlisten = \"127.0.0.1:1\"\nport = 8080\n");
+    assert_eq!(err.file, "rm-agent.toml");
+    assert!(err.problem.contains("unknown field `port`"), "{err}");
+    assert!(err.problem.contains("line 3"), "{err}");
+
+    let err = refusal("[host]\nmax_runners = \"four\"\n");
+    assert_eq!(err.key, "host.max_runners");
+
+    let err = refusal("[polling]\ninterval = \"soon\"\n");
+    assert_eq!(err.key, "polling.interval");
+    assert!(err.problem.contains("\"30s\""), "{err}");
+
+    let err = refusal("colour = \"blue\"\n");
+    assert!(err.problem.contains("unknown field `colour`"), "{err}");
+
+    let err = refusal("[github\n");
+    assert_eq!(err.key, "(syntax)");
+}
+
+#[test]
+fn out_of_range_values_are_refused_with_the_remedy() {
+    let cases = [
+        ("[polling]\ninterval = \"10s\"\n", "polling.interval", "30s"),
+        (
+            "[polling]\nidle_interval = \"1s\"\n",
+            "polling.idle_interval",
+            "5s",
+        ),
+        (
+            "[polling]\ninterval = \"30s\"\nidle_interval = \"45s\"\n",
+            "polling.idle_interval",
+            "interval",
+        ),
+        (
+            "[receiver]\nlisten = \"8080\"\n",
+            "receiver.listen",
+            "0.0.0.0:8080",
+        ),
+        (
+            "[receiver]\nlisten = \"127.0.0.1:1\"\npath = \"hook\"\n",
+            "receiver.path",
+            "/webhook",
+        ),
+        (
+            "[host]\nmax_runners = 0\n",
+            "host.max_runners",
+            "at least 1",
+        ),
+        ("[host]\nname = \"my host\"\n", "host.name", "letters"),
+        (
+            "[github]\napi_url = \"api.github.com\"\n",
+            "github.api_url",
+            "https://",
+        ),
+        (
+            "[runner]\npackage_dir = \"/x\"\nversion = \"2.330.0\"\n",
+            "runner.version",
+            "not both",
+        ),
+        (
+            "[runner]\nidle_timeout = \"0s\"\n",
+            "runner.idle_timeout",
+            "zero",
+        ),
+        (
+            "[journal]\ndelivery_retention = \"1d\"\n",
+            "journal.delivery_retention",
+            "3d",
+        ),
+    ];
+    for (text, key, hint) in cases {
+        let err = refusal(text);
+        assert_eq!(err.key, key, "{text}");
+        assert!(err.problem.contains(hint), "{text}: {err}");
+    }
+}
+
+#[test]
+fn policies_are_checked_one_by_one() {
+    let policy = |extra: &str| {
+        format!(
+            "[[policy]]\nname = \"p\"\ntarget = \"acme/widgets\"\nlabels = [\"self-hosted\"]\n{extra}"
+        )
+    };
+    let cases = [
+        (policy("max_runners = 1\nmin_runners = 2\n"), "policy[0].min_runners"),
+        (policy("workspace = \"shared\"\n"), "policy[0].workspace"),
+        (policy("runner_group_id = 0\n"), "policy[0].runner_group_id"),
+        (format!("{}{}", policy(""), policy("")), "policy[1].name"),
+        (
+            "[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"x\"]\nworkspace = \"persistent\"\n".to_owned(),
+            "policy[0].workspace",
+        ),
+        ("[[policy]]\nname = \"p\"\ntarget = \"a/b/c\"\nlabels = [\"x\"]\n".to_owned(), "policy[0].target"),
+        ("[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = []\n".to_owned(), "policy[0].labels"),
+        ("[[policy]]\nname = \"../p\"\ntarget = \"acme\"\nlabels = [\"x\"]\n".to_owned(), "policy[0].name"),
+    ];
+    for (text, key) in cases {
+        assert_eq!(refusal(&text).key, key, "{text}");
+    }
+    let config = load_text(&policy("workspace = \"persistent\"\n")).unwrap();
+    assert_eq!(
+        config.policies[0].target,
+        Target::Repository {
+            owner: "acme".to_owned(),
+            name: "widgets".to_owned()
+        }
+    );
+    assert_eq!(
+        config.policies[0].max_runners, 1,
+        "defaults to the host's ceiling"
+    );
+}

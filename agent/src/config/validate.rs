@@ -1,0 +1,387 @@
+//! Turning the file's values into a [`Config`]: defaults, ranges and the rules that tie keys
+//! together. Pure: it reads no files and no clock, so every rule is a unit test.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rm_journal::Retention;
+
+use super::*;
+
+/// The active polling interval's floor: faster polling spends the shared request budget.
+const POLLING_INTERVAL_FLOOR: Duration = Duration::from_secs(30);
+/// The idle interval's floor. A conditional request answered 304 is free, so it may be short.
+const POLLING_IDLE_FLOOR: Duration = Duration::from_secs(5);
+const DEFAULT_POLLING_INTERVAL: Duration = Duration::from_secs(60);
+const DEFAULT_POLLING_IDLE: Duration = Duration::from_secs(10);
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+const DEFAULT_REGISTRATION_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// GitHub lets an App redeliver for 3 days; forgetting a GUID sooner would let a redelivery in
+/// twice.
+const MIN_DELIVERY_RETENTION: Duration = Duration::from_secs(3 * 24 * 3600);
+/// The Default runner group.
+const DEFAULT_RUNNER_GROUP: u64 = 1;
+/// Runner names are `rm-<host>-<12 hex>`; GitHub caps runner names at 64 characters.
+const MAX_HOST_NAME_LEN: usize = 40;
+
+pub(super) fn validate(
+    file: FileConfig,
+    source: Option<PathBuf>,
+    data_dir_override: Option<PathBuf>,
+) -> Result<Config, ConfigError> {
+    let file_name = display_file(source.as_deref());
+    let err = |key: &str, problem: String| ConfigError {
+        file: file_name.clone(),
+        key: key.to_owned(),
+        problem,
+    };
+
+    let data_dir = data_dir_override
+        .or(file.data_dir)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+
+    let api_url = file
+        .github
+        .api_url
+        .unwrap_or_else(|| DEFAULT_API_URL.to_owned());
+    if !(api_url.starts_with("https://") || api_url.starts_with("http://")) {
+        return Err(err(
+            "github.api_url",
+            format!(
+                "`{api_url}` is not an http(s) URL; use \"https://api.github.com\" or your GHES \"https://HOST/api/v3\""
+            ),
+        ));
+    }
+    if file.github.app_id == Some(0) {
+        return Err(err(
+            "github.app_id",
+            "must be the App's id, a positive number".to_owned(),
+        ));
+    }
+    let github = Github {
+        api_url: api_url.trim_end_matches('/').to_owned(),
+        app_id: file.github.app_id,
+        private_key_file: file.github.private_key_file,
+        webhook_secret_file: file.github.webhook_secret_file,
+    };
+
+    let receiver = match file.receiver {
+        None => None,
+        Some(section) => {
+            let listen: SocketAddr = section.listen.parse().map_err(|_| {
+                err(
+                    "receiver.listen",
+                    format!(
+                        "`{}` is not an address and port; write it like \"0.0.0.0:8080\"",
+                        section.listen
+                    ),
+                )
+            })?;
+            let path = section
+                .path
+                .unwrap_or_else(|| DEFAULT_WEBHOOK_PATH.to_owned());
+            if !path.starts_with('/') || path == "/healthz" || path == "/metrics" {
+                return Err(err(
+                    "receiver.path",
+                    format!(
+                        "`{path}` must start with `/` and not be /healthz or /metrics; the default is \"/webhook\""
+                    ),
+                ));
+            }
+            Some(ReceiverSettings { listen, path })
+        }
+    };
+
+    let relay = match file.relay {
+        None => None,
+        Some(section) => {
+            if !(section.url.starts_with("https://") || section.url.starts_with("http://")) {
+                return Err(err(
+                    "relay.url",
+                    format!(
+                        "`{}` is not an http(s) URL; use the subscribe URL `rm-relay channel add` printed",
+                        section.url
+                    ),
+                ));
+            }
+            Some(RelaySettings {
+                url: section.url,
+                token_file: section.token_file,
+            })
+        }
+    };
+
+    let host_name = match file.host.name {
+        Some(name) => name,
+        None => default_host_name(),
+    };
+    if host_name.is_empty()
+        || host_name.len() > MAX_HOST_NAME_LEN
+        || !host_name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err(err(
+            "host.name",
+            format!(
+                "`{host_name}` must be 1 to {MAX_HOST_NAME_LEN} letters, digits or `-` (it is part of every runner name); set [host] name"
+            ),
+        ));
+    }
+    let max_runners = file.host.max_runners.unwrap_or(1);
+    if max_runners == 0 {
+        return Err(err("host.max_runners", "must be at least 1".to_owned()));
+    }
+    let host = Host {
+        name: host_name,
+        max_runners,
+        runner_root: file
+            .host
+            .runner_root
+            .unwrap_or_else(|| data_dir.join("runners")),
+    };
+
+    if file.runner.package_dir.is_some() && file.runner.version.is_some() {
+        return Err(err(
+            "runner.version",
+            "set either `package_dir` (an unpacked runner) or `version` (downloaded), not both"
+                .to_owned(),
+        ));
+    }
+    let positive = |key: &str, d: Option<ConfigDuration>, default: Duration| {
+        let d = d.map_or(default, |d| d.0);
+        if d.is_zero() {
+            Err(err(key, "must be longer than zero".to_owned()))
+        } else {
+            Ok(d)
+        }
+    };
+    let runner = Runner {
+        package_dir: file.runner.package_dir,
+        version: file.runner.version,
+        idle_timeout: positive(
+            "runner.idle_timeout",
+            file.runner.idle_timeout,
+            DEFAULT_IDLE_TIMEOUT,
+        )?,
+        registration_timeout: positive(
+            "runner.registration_timeout",
+            file.runner.registration_timeout,
+            DEFAULT_REGISTRATION_TIMEOUT,
+        )?,
+    };
+
+    let interval = file
+        .polling
+        .interval
+        .map_or(DEFAULT_POLLING_INTERVAL, |d| d.0);
+    if interval < POLLING_INTERVAL_FLOOR {
+        return Err(err(
+            "polling.interval",
+            format!(
+                "{} is below the floor of 30s, which keeps the shared request budget safe; use \"30s\" or more",
+                humantime::format_duration(interval)
+            ),
+        ));
+    }
+    let idle_interval = file
+        .polling
+        .idle_interval
+        .map_or(DEFAULT_POLLING_IDLE.min(interval), |d| d.0);
+    if idle_interval < POLLING_IDLE_FLOOR {
+        return Err(err(
+            "polling.idle_interval",
+            format!(
+                "{} is below the floor of 5s; use \"5s\" or more",
+                humantime::format_duration(idle_interval)
+            ),
+        ));
+    }
+    if idle_interval > interval {
+        return Err(err(
+            "polling.idle_interval",
+            format!(
+                "{} is above `interval` ({}); the idle interval may not be slower than the active one",
+                humantime::format_duration(idle_interval),
+                humantime::format_duration(interval)
+            ),
+        ));
+    }
+
+    let defaults = Retention::default();
+    let retention = Retention {
+        delivery_bodies: file
+            .journal
+            .body_retention
+            .map_or(defaults.delivery_bodies, |d| d.0),
+        delivery_rows: file
+            .journal
+            .delivery_retention
+            .map_or(defaults.delivery_rows, |d| d.0),
+        finished_jobs: file
+            .journal
+            .job_retention
+            .map_or(defaults.finished_jobs, |d| d.0),
+    };
+    if retention.delivery_rows < MIN_DELIVERY_RETENTION {
+        return Err(err(
+            "journal.delivery_retention",
+            "must be at least \"3d\", GitHub's redelivery window, or a redelivered GUID would be taken as new".to_owned(),
+        ));
+    }
+    if retention.delivery_bodies > retention.delivery_rows {
+        return Err(err(
+            "journal.body_retention",
+            "may not be longer than `delivery_retention` (a body is kept with its row)".to_owned(),
+        ));
+    }
+
+    let mut names = HashSet::new();
+    let mut policies = Vec::with_capacity(file.policies.len());
+    for (index, section) in file.policies.into_iter().enumerate() {
+        let key = |field: &str| format!("policy[{index}].{field}");
+        let policy = validate_policy(section, max_runners)
+            .map_err(|(field, problem)| err(&key(field), problem))?;
+        if !names.insert(policy.name.clone()) {
+            return Err(err(
+                &key("name"),
+                format!(
+                    "`{}` is used by another policy; names must be unique",
+                    policy.name
+                ),
+            ));
+        }
+        policies.push(policy);
+    }
+
+    Ok(Config {
+        source,
+        data_dir,
+        github,
+        receiver,
+        relay,
+        host,
+        runner,
+        polling: Polling {
+            interval,
+            idle_interval,
+        },
+        desktop_notifications: file.notifications.desktop.unwrap_or(false),
+        retention,
+        policies,
+    })
+}
+
+/// Validates one policy; the error names the field and the problem.
+fn validate_policy(
+    section: PolicySection,
+    host_max: u32,
+) -> Result<Policy, (&'static str, String)> {
+    if section.name.is_empty()
+        || !section
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err((
+            "name",
+            format!(
+                "`{}` must be letters, digits, `-` or `_` (it names a directory)",
+                section.name
+            ),
+        ));
+    }
+    let target = parse_target(&section.target).ok_or_else(|| {
+        (
+            "target",
+            format!(
+                "`{}` is neither an organization (\"acme\") nor a repository (\"acme/widgets\")",
+                section.target
+            ),
+        )
+    })?;
+    if section.labels.is_empty() || section.labels.iter().any(|l| l.trim().is_empty()) {
+        return Err((
+            "labels",
+            "must list the labels this policy's runners carry, e.g. [\"self-hosted\", \"linux\", \"x64\"]".to_owned(),
+        ));
+    }
+    let max_runners = section.max_runners.unwrap_or(host_max);
+    let min_runners = section.min_runners.unwrap_or(0);
+    if max_runners == 0 {
+        return Err(("max_runners", "must be at least 1".to_owned()));
+    }
+    if min_runners > max_runners {
+        return Err((
+            "min_runners",
+            format!("{min_runners} is above max_runners ({max_runners})"),
+        ));
+    }
+    let workspace = match section.workspace.as_deref() {
+        None | Some("ephemeral") => Workspace::Ephemeral,
+        Some("persistent") => Workspace::Persistent,
+        Some(other) => {
+            return Err((
+                "workspace",
+                format!("`{other}` is not a workspace kind; use \"ephemeral\" or \"persistent\""),
+            ));
+        }
+    };
+    if workspace == Workspace::Persistent && matches!(target, Target::Organization(_)) {
+        return Err((
+            "workspace",
+            "\"persistent\" is for repository targets only: a slot's _work must not be shared across repositories".to_owned(),
+        ));
+    }
+    if section.runner_group_id == Some(0) {
+        return Err((
+            "runner_group_id",
+            "must be a runner group id; the Default group is 1".to_owned(),
+        ));
+    }
+    Ok(Policy {
+        name: section.name,
+        target,
+        labels: section.labels,
+        runner_group_id: section.runner_group_id.unwrap_or(DEFAULT_RUNNER_GROUP),
+        max_runners,
+        min_runners,
+        workspace,
+    })
+}
+
+/// `acme` is an organization, `acme/widgets` a repository.
+fn parse_target(target: &str) -> Option<Target> {
+    let valid = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+    };
+    match target.split_once('/') {
+        None if valid(target) => Some(Target::Organization(target.to_owned())),
+        Some((owner, name)) if valid(owner) && valid(name) => Some(Target::Repository {
+            owner: owner.to_owned(),
+            name: name.to_owned(),
+        }),
+        _ => None,
+    }
+}
+
+/// This machine's short host name, reduced to what a runner name may carry.
+fn default_host_name() -> String {
+    let raw = gethostname::gethostname().to_string_lossy().into_owned();
+    let short = raw.split('.').next().unwrap_or_default();
+    short
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(MAX_HOST_NAME_LEN)
+        .collect()
+}

@@ -1,0 +1,148 @@
+//! `rm-agent`: the host agent's command line (CONTRACT §3). Parses arguments, loads the
+//! configuration, runs one command and maps its result to CONTRACT §1's exit codes, printing any
+//! failure as one sentence on stderr.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use rm_agent::exit::Exit;
+use rm_agent::{commands, config};
+
+/// How many rows the listing commands show unless told otherwise.
+const DEFAULT_LIMIT: usize = 100;
+
+#[derive(Parser)]
+#[command(
+    name = "rm-agent",
+    version,
+    about = "rm's host agent: ephemeral, just-in-time GitHub Actions runners driven by webhooks",
+    after_help = "Examples:\n  rm-agent --config /etc/rm-agent/rm-agent.toml receive\n  rm-agent --data-dir /var/lib/rm-agent jobs --json\n  rm-agent deliveries replay 72d3162e-cc78-11e3-81ab-4c9367dc0958"
+)]
+struct Cli {
+    /// The configuration file (TOML). Default: ./rm-agent.toml when it exists.
+    #[arg(long, global = true, env = "RM_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// The data directory (journal, runner roots); wins over the file's `data_dir`.
+    #[arg(long, global = true, env = "RM_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the webhook receiver alone: verify each delivery, journal it, answer.
+    #[command(
+        after_help = "Example:\n  RM_WEBHOOK_SECRET=... rm-agent --config rm-agent.toml receive --log-format json"
+    )]
+    Receive {
+        /// Log lines as text for people or JSON for log collectors.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
+    },
+    /// List the journalled workflow jobs and their states, most recently changed first.
+    #[command(
+        after_help = "Example:\n  rm-agent jobs --json | jq '.[] | select(.state == \"queued\")'"
+    )]
+    Jobs {
+        /// One JSON document on stdout instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Show at most this many jobs.
+        #[arg(long, default_value_t = DEFAULT_LIMIT)]
+        limit: usize,
+    },
+    /// List the journalled webhook deliveries, newest first; or replay one.
+    #[command(
+        after_help = "Examples:\n  rm-agent deliveries --json\n  rm-agent deliveries replay 72d3162e-cc78-11e3-81ab-4c9367dc0958"
+    )]
+    Deliveries {
+        /// One JSON document on stdout instead of a table.
+        #[arg(long, global = true)]
+        json: bool,
+        /// Show at most this many deliveries.
+        #[arg(long, default_value_t = DEFAULT_LIMIT)]
+        limit: usize,
+        #[command(subcommand)]
+        action: Option<DeliveriesAction>,
+    },
+}
+
+#[derive(Subcommand)]
+enum DeliveriesAction {
+    /// Run a journalled delivery's handler again and apply what it says (changes only move
+    /// forward, so a replay of an applied delivery changes nothing).
+    Replay {
+        /// The delivery's GUID (its X-GitHub-Delivery header).
+        guid: String,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(exit) => {
+            eprintln!("rm-agent: {exit}");
+            ExitCode::from(exit.code)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), Exit> {
+    let sources = config::Sources {
+        explicit_file: cli.config,
+        data_dir: cli.data_dir,
+    };
+    let config = config::load(&sources)?;
+    match cli.command {
+        Command::Receive { log_format } => {
+            init_logging(log_format, "info");
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(Exit::runtime)?;
+            runtime.block_on(commands::receive::run(&config))
+        }
+        Command::Jobs { json, limit } => {
+            init_logging(LogFormat::Text, "warn");
+            commands::jobs::run(&config, json, limit)
+        }
+        Command::Deliveries {
+            json,
+            limit,
+            action,
+        } => {
+            init_logging(LogFormat::Text, "warn");
+            match action {
+                None => commands::deliveries::list(&config, json, limit),
+                Some(DeliveriesAction::Replay { guid }) => {
+                    commands::deliveries::replay(&config, &guid, json)
+                }
+            }
+        }
+    }
+}
+
+/// Logs go to stderr; `$RM_LOG` (tracing's filter syntax) overrides the level.
+fn init_logging(format: LogFormat, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

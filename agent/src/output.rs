@@ -1,0 +1,41 @@
+//! Output for people (aligned tables) and for scripts (one JSON document on stdout).
+
+use std::time::{Duration, UNIX_EPOCH};
+
+/// A journal timestamp (ms since the epoch) as RFC 3339 in UTC.
+pub fn rfc3339(ms: i64) -> String {
+    let since_epoch = Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(UNIX_EPOCH + since_epoch).to_string()
+}
+
+/// Prints `rows` under `header` with columns padded to their widest cell.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+/// Prints a value as one JSON document.
+pub fn print_json(value: &serde_json::Value) {
+    println!("{value}");
+}
+
+/// `-` for an absent value in a table.
+pub fn or_dash(value: Option<&str>) -> String {
+    value.unwrap_or("-").to_owned()
+}

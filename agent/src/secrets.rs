@@ -1,0 +1,72 @@
+//! Loading the agent's secrets from their files or environment variables, into `secrecy` values
+//! that never reach a log, an error message or a child process.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use rm_receiver::WebhookSecrets;
+use secrecy::SecretString;
+
+use crate::config::Config;
+use crate::exit::Exit;
+
+/// Comma-separated webhook secrets; wins over `github.webhook_secret_file`.
+pub const WEBHOOK_SECRET_ENV: &str = "RM_WEBHOOK_SECRET";
+
+/// The webhook secrets: `$RM_WEBHOOK_SECRET` (comma-separated) if set, else the file named by
+/// `github.webhook_secret_file` (one secret per line). Every one is accepted, for rotation.
+pub fn webhook_secrets(config: &Config) -> Result<WebhookSecrets, Exit> {
+    let (secrets, from) = match std::env::var(WEBHOOK_SECRET_ENV) {
+        Ok(value) if !value.trim().is_empty() => {
+            (split(&value, ','), format!("${WEBHOOK_SECRET_ENV}"))
+        }
+        _ => match &config.github.webhook_secret_file {
+            Some(path) => (
+                split(&read_secret_file(path, "github.webhook_secret_file")?, '\n'),
+                path.display().to_string(),
+            ),
+            None => {
+                return Err(Exit::usage(format!(
+                    "no webhook secret: set `github.webhook_secret_file` in {} or ${WEBHOOK_SECRET_ENV}; the receiver refuses to accept unsigned deliveries",
+                    crate::config::display_file(config.source.as_deref())
+                )));
+            }
+        },
+    };
+    WebhookSecrets::new(secrets).ok_or_else(|| {
+        Exit::usage(format!(
+            "{from} holds no webhook secret; put the App's webhook secret there"
+        ))
+    })
+}
+
+fn split(text: &str, separator: char) -> Vec<SecretString> {
+    text.split(separator)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(SecretString::from)
+        .collect()
+}
+
+/// Reads a secret file, refusing one that every user on the host can read.
+fn read_secret_file(path: &Path, key: &str) -> Result<String, Exit> {
+    let metadata = std::fs::metadata(path).map_err(|err| {
+        Exit::usage(format!(
+            "{key}: cannot read {} ({err}); create it or fix the path",
+            path.display()
+        ))
+    })?;
+    if metadata.permissions().mode() & 0o004 != 0 {
+        return Err(Exit::usage(format!(
+            "{key}: {} is readable by every user on this host; run `chmod 600 {}`",
+            path.display(),
+            path.display()
+        )));
+    }
+    std::fs::read_to_string(path).map_err(|err| {
+        Exit::usage(format!(
+            "{key}: cannot read {} ({err}); check its owner and permissions",
+            path.display()
+        ))
+    })
+}

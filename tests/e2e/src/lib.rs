@@ -1,0 +1,251 @@
+//! The harness for end-to-end tests: runs the real `rm-agent` binary in a temporary data
+//! directory, plays GitHub's part (signed deliveries from the real example payloads) and reads
+//! what the binary leaves behind.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test harness: a failed step should fail the test loudly"
+)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// The webhook secret every test receiver accepts. Tests check it never appears in output.
+pub const SECRET: &str = "e2e-webhook-secret-0f3c9a";
+
+/// How long a started binary may take to answer `/healthz`.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/webhooks");
+
+/// A workspace binary next to this test executable (`cargo test --workspace` builds them all).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let mut dir = exe.parent().unwrap().to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (`cargo build --workspace`; `cargo test --workspace` does it)",
+        path.display()
+    );
+    path
+}
+
+/// A port on loopback that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A data directory and configuration for one agent.
+pub struct Setup {
+    pub dir: tempfile::TempDir,
+    pub addr: SocketAddr,
+}
+
+impl Setup {
+    pub fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        std::fs::write(
+            dir.path().join("rm-agent.toml"),
+            format!(
+                "data_dir = \"{}\"\n\n[receiver]\nlisten = \"{addr}\"\npath = \"/webhook\"\n",
+                dir.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        Setup { dir, addr }
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.dir.path().join("rm-agent.toml")
+    }
+
+    pub fn journal(&self) -> PathBuf {
+        self.dir.path().join("data").join(rm_journal::JOURNAL_FILE)
+    }
+
+    /// `rm-agent --config <this config> ARGS`, with the secret in the environment.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(binary("rm-agent"));
+        cmd.arg("--config").arg(self.config()).args(args);
+        cmd.env("RM_WEBHOOK_SECRET", SECRET)
+            .env_remove("RM_DATA_DIR")
+            .env_remove("RM_CONFIG");
+        cmd
+    }
+
+    /// Runs a short command to completion.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    /// Starts `rm-agent receive` and waits until it answers `/healthz`.
+    pub async fn start_receiver(&self) -> Agent {
+        let log = std::fs::File::create(self.dir.path().join(format!(
+            "receiver-{}.log",
+            Instant::now().elapsed().as_nanos()
+        )))
+        .unwrap();
+        let child = self
+            .command(&["receive"])
+            .env("RM_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let agent = Agent {
+            child,
+            addr: self.addr,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        };
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Ok((200, _)) = agent.get("/healthz").await {
+                return agent;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "rm-agent receive did not become healthy"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Everything the agents of this setup logged.
+    pub fn logs(&self) -> String {
+        let mut all = String::new();
+        for entry in std::fs::read_dir(self.dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "log") {
+                all.push_str(&std::fs::read_to_string(path).unwrap());
+            }
+        }
+        all
+    }
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup::new()
+    }
+}
+
+/// A running `rm-agent` process.
+pub struct Agent {
+    pub child: Child,
+    pub addr: SocketAddr,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Agent {
+    pub async fn get(&self, path: &str) -> Result<(u16, String), String> {
+        let req = http::Request::get(format!("http://{}{path}", self.addr))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        self.send(req).await
+    }
+
+    /// Posts one signed delivery; the status, or the transport error.
+    pub async fn deliver(&self, delivery: &Delivery) -> Result<u16, String> {
+        let req = http::Request::post(format!("http://{}/webhook", self.addr))
+            .header("content-type", "application/json")
+            .header("user-agent", "GitHub-Hookshot/e2e")
+            .header("x-github-event", &delivery.event)
+            .header("x-github-delivery", &delivery.guid)
+            .header(
+                "x-hub-signature-256",
+                rm_receiver::sign(SECRET.as_bytes(), &delivery.body),
+            )
+            .body(Full::new(Bytes::from(delivery.body.clone())))
+            .unwrap();
+        self.send(req).await.map(|(status, _)| status)
+    }
+
+    async fn send(&self, req: http::Request<Full<Bytes>>) -> Result<(u16, String), String> {
+        let res = self.client.request(req).await.map_err(|e| e.to_string())?;
+        let status = res.status().as_u16();
+        let body = res
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    /// SIGKILL: no chance to flush or clean anything.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, then wait for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A delivery as GitHub would send it.
+#[derive(Clone)]
+pub struct Delivery {
+    pub event: String,
+    pub guid: String,
+    pub body: Vec<u8>,
+}
+
+/// GitHub's example payload `name` (e.g. `workflow_job.queued.5`), with an App installation and,
+/// for `workflow_job`, the given job id.
+pub fn delivery(name: &str, job_id: Option<i64>) -> Delivery {
+    let path = Path::new(FIXTURES).join(format!("{name}.json"));
+    let mut value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    value["installation"] = serde_json::json!({"id": 4242});
+    if let Some(id) = job_id {
+        value["workflow_job"]["id"] = serde_json::json!(id);
+    }
+    Delivery {
+        event: name.split('.').next().unwrap().to_owned(),
+        guid: uuid::Uuid::new_v4().to_string(),
+        body: serde_json::to_vec(&value).unwrap(),
+    }
+}
+
+/// Parses a command's stdout as one JSON document.
+pub fn json_stdout(output: &Output) -> serde_json::Value {
+    assert!(
+        output.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON document ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}

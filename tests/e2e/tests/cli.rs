@@ -1,0 +1,209 @@
+//! The `rm-agent` command line through the real binary: `--json` shapes of CONTRACT §3, exit
+//! codes of CONTRACT §1, replay, and no secret in any output.
+
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+use rm_e2e::{SECRET, Setup, delivery, json_stdout};
+
+#[tokio::test]
+async fn jobs_and_deliveries_json_follow_the_contract() {
+    let setup = Setup::new();
+    let agent = setup.start_receiver().await;
+    let queued = delivery("workflow_job.queued.6", Some(501));
+    let started = delivery("workflow_job.in_progress.4", Some(501));
+    let ping = delivery("ping.none.0", None);
+    let run = delivery("workflow_run.completed.0", None);
+    for d in [&started, &queued, &ping, &run] {
+        assert_eq!(agent.deliver(d).await, Ok(202));
+    }
+
+    let jobs = json_stdout(&setup.run(&["jobs", "--json"]));
+    let job = &jobs.as_array().unwrap()[0];
+    for key in [
+        "job_id",
+        "run_id",
+        "run_attempt",
+        "repository",
+        "labels",
+        "state",
+        "conclusion",
+        "runner_name",
+        "source",
+        "updated_at",
+    ] {
+        assert!(job.get(key).is_some(), "jobs --json lacks {key}: {job}");
+    }
+    assert_eq!(job["job_id"], 501);
+    assert_eq!(
+        job["state"], "in_progress",
+        "the late `queued` did not move it back"
+    );
+    assert_eq!(job["runner_name"], "GitHub Actions 6");
+    assert_eq!(job["source"], "webhook");
+    assert!(job["updated_at"].as_str().unwrap().ends_with('Z'));
+
+    let deliveries = json_stdout(&setup.run(&["deliveries", "--json"]));
+    let deliveries = deliveries.as_array().unwrap();
+    assert_eq!(deliveries.len(), 4);
+    for d in deliveries {
+        for key in [
+            "guid",
+            "event",
+            "action",
+            "received_at",
+            "outcome",
+            "reason",
+        ] {
+            assert!(d.get(key).is_some(), "deliveries --json lacks {key}: {d}");
+        }
+    }
+    let outcome = |guid: &str| {
+        deliveries.iter().find(|d| d["guid"] == guid).unwrap()["outcome"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(outcome(&started.guid), "applied");
+    assert_eq!(outcome(&queued.guid), "duplicate");
+    assert_eq!(outcome(&ping.guid), "applied");
+    assert_eq!(outcome(&run.guid), "ignored");
+
+    // The human tables carry the same rows.
+    let table = String::from_utf8(setup.run(&["jobs"]).stdout).unwrap();
+    assert!(table.starts_with("JOB"), "{table}");
+    assert!(table.contains("in_progress"));
+
+    // Nothing secret in anything the agent printed or wrote.
+    drop(agent);
+    let journal = std::fs::read(setup.journal()).unwrap();
+    assert!(!setup.logs().contains(SECRET));
+    assert!(
+        !journal
+            .windows(SECRET.len())
+            .any(|w| w == SECRET.as_bytes())
+    );
+}
+
+#[tokio::test]
+async fn a_rejected_delivery_is_kept_and_replay_reports_it() {
+    let setup = Setup::new();
+    let agent = setup.start_receiver().await;
+    let mut bad = delivery("workflow_job.queued.6", Some(7));
+    bad.body = br#"{"action":"queued","workflow_job":{"id":7}}"#.to_vec();
+    assert_eq!(agent.deliver(&bad).await, Ok(202));
+    let out = setup.run(&["deliveries", "replay", &bad.guid]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("still rejected"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one sentence: {stderr}");
+
+    let good = delivery("workflow_job.queued.6", Some(8));
+    assert_eq!(agent.deliver(&good).await, Ok(202));
+    let replayed = json_stdout(&setup.run(&["deliveries", "replay", &good.guid, "--json"]));
+    assert_eq!(replayed["outcome"], "duplicate");
+
+    let unknown = setup.run(&["deliveries", "replay", "no-such-guid"]);
+    assert_eq!(unknown.status.code(), Some(1));
+}
+
+#[tokio::test]
+async fn a_second_receiver_on_the_same_data_directory_exits_3() {
+    let setup = Setup::new();
+    let _agent = setup.start_receiver().await;
+    let out = setup.run(&["receive"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        String::from_utf8(out.stderr)
+            .unwrap()
+            .contains("owns the data directory")
+    );
+}
+
+#[tokio::test]
+async fn sigterm_stops_the_receiver_cleanly() {
+    let setup = Setup::new();
+    let agent = setup.start_receiver().await;
+    assert_eq!(agent.deliver(&delivery("ping.none.1", None)).await, Ok(202));
+    let status = agent.terminate();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn configuration_mistakes_exit_2_naming_file_and_key() {
+    let setup = Setup::new();
+    let cases = [
+        (
+            "[receiver]\nlisten = \"127.0.0.1:1\"\nbogus = 1\n",
+            "unknown field `bogus`",
+        ),
+        ("[polling]\ninterval = \"5s\"\n", "`polling.interval`"),
+        ("[host]\nmax_runners = -1\n", "`host.max_runners`"),
+    ];
+    for (text, expected) in cases {
+        std::fs::write(setup.config(), text).unwrap();
+        let out = setup.run(&["jobs"]);
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(stderr.contains("rm-agent.toml"), "{stderr}");
+        assert!(stderr.contains(expected), "{expected} not in {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let missing = setup
+        .command(&["jobs"])
+        .arg("--config")
+        .arg("/nonexistent.toml")
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+
+    // A receiver without a secret is refused at start.
+    std::fs::write(setup.config(), "[receiver]\nlisten = \"127.0.0.1:1\"\n").unwrap();
+    let out = setup
+        .command(&["receive"])
+        .env_remove("RM_WEBHOOK_SECRET")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8(out.stderr)
+            .unwrap()
+            .contains("no webhook secret")
+    );
+}
+
+#[test]
+fn a_world_readable_secret_file_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let setup = Setup::new();
+    let secret_file = setup.dir.path().join("webhook-secret");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(
+        setup.config(),
+        format!(
+            "[github]\nwebhook_secret_file = \"{}\"\n[receiver]\nlisten = \"{}\"\n",
+            secret_file.display(),
+            setup.addr
+        ),
+    )
+    .unwrap();
+    let out = setup
+        .command(&["receive"])
+        .env_remove("RM_WEBHOOK_SECRET")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("chmod 600"), "{stderr}");
+    assert!(!stderr.contains(SECRET));
+}
+
+#[test]
+fn help_names_every_command_with_an_example() {
+    let setup = Setup::new();
+    let out = setup.run(&["--help"]);
+    let help = String::from_utf8(out.stdout).unwrap();
+    for command in ["receive", "jobs", "deliveries", "Examples:"] {
+        assert!(help.contains(command), "{command} not in {help}");
+    }
+}
