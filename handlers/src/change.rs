@@ -11,7 +11,10 @@ pub enum Change {
     /// The App was installed on an account, or an installation became usable again.
     InstallationUpsert(Installation),
     /// An installation was suspended (`true`) or unsuspended (`false`).
-    InstallationSuspended { installation_id: i64, suspended: bool },
+    InstallationSuspended {
+        installation_id: i64,
+        suspended: bool,
+    },
     /// The App was uninstalled: the installation and its repository scope are gone.
     InstallationRemoved { installation_id: i64 },
     /// Repositories joined an installation's scope.

@@ -78,7 +78,11 @@ mod tests {
                 } else {
                     JobMerge::Stale
                 };
-                assert_eq!(merge_job(Some(current), seen), expected, "{current:?} <- {seen:?}");
+                assert_eq!(
+                    merge_job(Some(current), seen),
+                    expected,
+                    "{current:?} <- {seen:?}"
+                );
             }
         }
     }

@@ -91,9 +91,9 @@ impl Verdict {
     /// The delivery's `action` field, when it had one.
     pub fn action(&self) -> Option<&str> {
         match self {
-            Self::Apply { action, .. } | Self::Ignore { action, .. } | Self::Reject { action, .. } => {
-                action.as_deref()
-            }
+            Self::Apply { action, .. }
+            | Self::Ignore { action, .. }
+            | Self::Reject { action, .. } => action.as_deref(),
         }
     }
 }
@@ -106,7 +106,10 @@ pub const HANDLERS: &[(&str, Handler)] = &[
     ("workflow_job", workflow_job::handle),
     ("ping", ping::handle),
     ("installation", installation::handle),
-    ("installation_repositories", installation_repositories::handle),
+    (
+        "installation_repositories",
+        installation_repositories::handle,
+    ),
 ];
 
 /// Runs the handler for the delivery's event, or ignores an event rm has no handler for.

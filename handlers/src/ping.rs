@@ -24,7 +24,9 @@ pub(crate) fn handle(delivery: &Delivery<'_>) -> Verdict {
         Ok(payload) => payload,
         Err(rejection) => return rejection,
     };
-    let hook_id = payload.hook_id.map_or_else(|| "?".to_owned(), |id| id.to_string());
+    let hook_id = payload
+        .hook_id
+        .map_or_else(|| "?".to_owned(), |id| id.to_string());
     let mut note = format!("ping from hook {hook_id}");
     if let Some(hook) = payload.hook {
         if let Some(app_id) = hook.app_id {

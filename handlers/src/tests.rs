@@ -49,7 +49,11 @@ fn queued_job_becomes_a_queued_observation_without_a_runner() {
     assert_eq!(job.run_id, 2_202_229_078);
     assert_eq!(job.run_attempt, 1);
     assert_eq!(job.repository, "Codertocat/Hello-World");
-    assert_eq!(job.installation_id, Some(3_456_996), "the example carries its own installation");
+    assert_eq!(
+        job.installation_id,
+        Some(3_456_996),
+        "the example carries its own installation"
+    );
     assert_eq!(job.labels, vec!["ubuntu-latest"]);
     assert_eq!(job.state, JobState::Queued);
     // The example names a runner while queued; rm must not believe it.
@@ -71,11 +75,17 @@ fn the_action_decides_the_state_not_the_status_field() {
 
 #[test]
 fn in_progress_and_completed_name_the_runner() {
-    let job = only_job(deliver("workflow_job", &fixture("workflow_job.in_progress.0")));
+    let job = only_job(deliver(
+        "workflow_job",
+        &fixture("workflow_job.in_progress.0"),
+    ));
     assert_eq!(job.state, JobState::InProgress);
     assert_eq!(job.runner_name.as_deref(), Some("my runner"));
     assert_eq!(job.labels, vec!["gpu", "db-app", "dc-03"]);
-    let job = only_job(deliver("workflow_job", &fixture("workflow_job.completed.1")));
+    let job = only_job(deliver(
+        "workflow_job",
+        &fixture("workflow_job.completed.1"),
+    ));
     assert_eq!(job.state, JobState::Completed);
     assert_eq!(job.conclusion.as_deref(), Some("failure"));
     assert_eq!(job.runner_name.as_deref(), Some("GitHub Actions 5"));
@@ -104,7 +114,9 @@ fn an_unknown_workflow_job_action_is_ignored() {
     let mut body: Value = serde_json::from_slice(&fixture("workflow_job.queued.5")).unwrap();
     body["action"] = json!("requested");
     let verdict = deliver("workflow_job", &serde_json::to_vec(&body).unwrap());
-    assert!(matches!(verdict, Verdict::Ignore { ref action, .. } if action.as_deref() == Some("requested")));
+    assert!(
+        matches!(verdict, Verdict::Ignore { ref action, .. } if action.as_deref() == Some("requested"))
+    );
 }
 
 #[test]
@@ -141,7 +153,9 @@ fn ping_notes_the_hook() {
 #[test]
 fn installation_created_keeps_account_and_repositories() {
     match deliver("installation", &fixture("installation.created.1")) {
-        Verdict::Apply { action, changes, .. } => {
+        Verdict::Apply {
+            action, changes, ..
+        } => {
             assert_eq!(action.as_deref(), Some("created"));
             let [Change::InstallationUpsert(installation)] = changes.as_slice() else {
                 panic!("{changes:?}");
@@ -161,10 +175,16 @@ fn installation_lifecycle_actions() {
         Verdict::Apply { changes, .. } => changes.into_iter().next().unwrap(),
         other => panic!("{name}: expected Apply, got {other:?}"),
     };
-    assert!(matches!(change("installation.deleted.0"), Change::InstallationRemoved { .. }));
+    assert!(matches!(
+        change("installation.deleted.0"),
+        Change::InstallationRemoved { .. }
+    ));
     assert!(matches!(
         change("installation.suspend.5"),
-        Change::InstallationSuspended { suspended: true, .. }
+        Change::InstallationSuspended {
+            suspended: true,
+            ..
+        }
     ));
     match change("installation.unsuspend.6") {
         Change::InstallationUpsert(installation) => assert!(!installation.suspended),
@@ -178,7 +198,10 @@ fn installation_lifecycle_actions() {
 
 #[test]
 fn installation_repositories_added_and_removed() {
-    match deliver("installation_repositories", &fixture("installation_repositories.added.0")) {
+    match deliver(
+        "installation_repositories",
+        &fixture("installation_repositories.added.0"),
+    ) {
         Verdict::Apply { changes, .. } => {
             let [Change::RepositoriesAdded { repositories, .. }] = changes.as_slice() else {
                 panic!("{changes:?}");
@@ -187,10 +210,15 @@ fn installation_repositories_added_and_removed() {
         }
         other => panic!("{other:?}"),
     }
-    match deliver("installation_repositories", &fixture("installation_repositories.removed.2")) {
+    match deliver(
+        "installation_repositories",
+        &fixture("installation_repositories.removed.2"),
+    ) {
         Verdict::Apply { changes, .. } => {
             assert!(
-                changes.iter().any(|c| matches!(c, Change::RepositoriesRemoved { .. })),
+                changes
+                    .iter()
+                    .any(|c| matches!(c, Change::RepositoriesRemoved { .. })),
                 "{changes:?}"
             );
         }
@@ -211,7 +239,12 @@ fn events_without_a_handler_are_ignored_with_their_action() {
 
 #[test]
 fn sources_round_trip() {
-    for source in [Source::Webhook, Source::Relay, Source::Poll, Source::Redelivery] {
+    for source in [
+        Source::Webhook,
+        Source::Relay,
+        Source::Poll,
+        Source::Redelivery,
+    ] {
         assert_eq!(Source::parse(source.as_str()), Some(source));
     }
 }
@@ -234,8 +267,12 @@ fn arbitrary_json() -> impl Strategy<Value = Value> {
         any::<bool>().prop_map(Value::from),
         any::<i64>().prop_map(Value::from),
         any::<f64>().prop_map(|f| json!(f)),
-        prop_oneof![Just("queued".to_owned()), Just("created".to_owned()), ".{0,20}"]
-            .prop_map(Value::from),
+        prop_oneof![
+            Just("queued".to_owned()),
+            Just("created".to_owned()),
+            ".{0,20}"
+        ]
+        .prop_map(Value::from),
     ];
     leaf.prop_recursive(4, 64, 8, move |inner| {
         prop_oneof![
@@ -253,19 +290,24 @@ fn mutated_fixture() -> impl Strategy<Value = (String, Value)> {
         Just(("workflow_job", "workflow_job.in_progress.0")),
         Just(("workflow_job", "workflow_job.completed.1")),
         Just(("installation", "installation.created.1")),
-        Just(("installation_repositories", "installation_repositories.removed.2")),
+        Just((
+            "installation_repositories",
+            "installation_repositories.removed.2"
+        )),
         Just(("ping", "ping.none.0")),
     ];
-    (names, any::<prop::sample::Index>(), arbitrary_json()).prop_map(|((event, name), at, replacement)| {
-        let mut value: Value = serde_json::from_slice(&fixture(name)).unwrap();
-        let mut paths = Vec::new();
-        collect_paths(&value, String::new(), &mut paths);
-        let path = at.get(&paths).clone();
-        if let Some(slot) = value.pointer_mut(&path) {
-            *slot = replacement;
-        }
-        (event.to_owned(), value)
-    })
+    (names, any::<prop::sample::Index>(), arbitrary_json()).prop_map(
+        |((event, name), at, replacement)| {
+            let mut value: Value = serde_json::from_slice(&fixture(name)).unwrap();
+            let mut paths = Vec::new();
+            collect_paths(&value, String::new(), &mut paths);
+            let path = at.get(&paths).clone();
+            if let Some(slot) = value.pointer_mut(&path) {
+                *slot = replacement;
+            }
+            (event.to_owned(), value)
+        },
+    )
 }
 
 fn collect_paths(value: &Value, here: String, out: &mut Vec<String>) {
@@ -273,7 +315,11 @@ fn collect_paths(value: &Value, here: String, out: &mut Vec<String>) {
     match value {
         Value::Object(map) => {
             for (k, v) in map {
-                collect_paths(v, format!("{here}/{}", k.replace('~', "~0").replace('/', "~1")), out);
+                collect_paths(
+                    v,
+                    format!("{here}/{}", k.replace('~', "~0").replace('/', "~1")),
+                    out,
+                );
             }
         }
         Value::Array(items) => {

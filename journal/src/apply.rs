@@ -52,7 +52,11 @@ pub(crate) fn apply_verdict(
 }
 
 /// Applies one change; `Some(why)` when it changed nothing.
-fn apply_change(conn: &Connection, change: &Change, at_ms: i64) -> rusqlite::Result<Option<String>> {
+fn apply_change(
+    conn: &Connection,
+    change: &Change,
+    at_ms: i64,
+) -> rusqlite::Result<Option<String>> {
     let changed = match change {
         Change::Job(job) => return apply_job(conn, job),
         Change::InstallationUpsert(installation) => upsert_installation(conn, installation, at_ms)?,

@@ -32,8 +32,10 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection, JournalError> {
             "journal_mode is {mode}, WAL is required"
         ))));
     }
-    conn.pragma_update(None, "synchronous", "FULL").map_err(open)?;
-    conn.pragma_update(None, "foreign_keys", "ON").map_err(open)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(open)?;
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(open)?;
     schema::migrate(&mut conn, path)?;
     Ok(conn)
 }

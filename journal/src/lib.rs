@@ -28,7 +28,9 @@ pub use read::Reader;
 pub use replay::replay;
 pub use retention::Retention;
 pub use schema::SCHEMA_VERSION;
-pub use types::{DeliveryRow, Incoming, InstallationRow, JobRow, Outcome, Recorded, StoredDelivery};
+pub use types::{
+    DeliveryRow, Incoming, InstallationRow, JobRow, Outcome, Recorded, StoredDelivery,
+};
 pub use writer::Journal;
 
 /// Milliseconds since the Unix epoch, the journal's unit of time.

@@ -22,8 +22,8 @@ pub fn replay(
     }
     let mut conn = connection::open_writer(path)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let stored =
-        stored_delivery(&tx, guid)?.ok_or_else(|| JournalError::UnknownDelivery(guid.to_owned()))?;
+    let stored = stored_delivery(&tx, guid)?
+        .ok_or_else(|| JournalError::UnknownDelivery(guid.to_owned()))?;
     let body = stored
         .body
         .ok_or_else(|| JournalError::BodyPruned(guid.to_owned()))?;
@@ -35,12 +35,13 @@ pub fn replay(
         received_at_ms: now_ms,
         source: Source::parse(&stored.row.source).unwrap_or(Source::Webhook),
     };
-    let verdict = std::panic::catch_unwind(|| rm_handlers::handle(&delivery)).unwrap_or_else(|_| {
-        rm_handlers::Verdict::Reject {
-            action: stored.row.action.clone(),
-            reason: format!("the `{}` handler panicked again", stored.row.event),
-        }
-    });
+    let verdict =
+        std::panic::catch_unwind(|| rm_handlers::handle(&delivery)).unwrap_or_else(|_| {
+            rm_handlers::Verdict::Reject {
+                action: stored.row.action.clone(),
+                reason: format!("the `{}` handler panicked again", stored.row.event),
+            }
+        });
     let applied = apply_verdict(&tx, &verdict, now_ms)?;
     tx.execute(
         "UPDATE deliveries SET outcome = ?2, reason = ?3, action = COALESCE(?4, action),

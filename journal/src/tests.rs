@@ -46,7 +46,12 @@ fn job_delivery(guid: &str, job_id: i64, action: &str, at_ms: i64) -> Incoming {
     body["action"] = json!(action);
     body["workflow_job"]["id"] = json!(job_id);
     body["installation"] = json!({"id": 7});
-    incoming(guid, "workflow_job", serde_json::to_vec(&body).unwrap(), at_ms)
+    incoming(
+        guid,
+        "workflow_job",
+        serde_json::to_vec(&body).unwrap(),
+        at_ms,
+    )
 }
 
 fn incoming(guid: &str, event: &str, body: Vec<u8>, at_ms: i64) -> Incoming {
@@ -68,9 +73,15 @@ fn state_of(path: &Path, job_id: i64) -> Option<JobRow> {
 async fn a_new_delivery_is_applied_and_its_guid_is_answered_once() {
     let (_dir, path) = temp_journal();
     let journal = Journal::open(&path, keep_all()).unwrap();
-    let first = journal.record(job_delivery("g-1", 11, "queued", 1_000)).await.unwrap();
+    let first = journal
+        .record(job_delivery("g-1", 11, "queued", 1_000))
+        .await
+        .unwrap();
     assert_eq!(first, Recorded::New(Outcome::Applied));
-    let again = journal.record(job_delivery("g-1", 11, "queued", 2_000)).await.unwrap();
+    let again = journal
+        .record(job_delivery("g-1", 11, "queued", 2_000))
+        .await
+        .unwrap();
     assert_eq!(again, Recorded::AlreadyJournalled);
 
     let reader = Reader::open(&path).unwrap();
@@ -84,7 +95,10 @@ async fn a_new_delivery_is_applied_and_its_guid_is_answered_once() {
     let stored = reader.delivery("g-1").unwrap().unwrap();
     assert_eq!(stored.row.outcome, Outcome::Applied);
     assert_eq!(stored.row.action.as_deref(), Some("queued"));
-    assert_eq!(stored.headers, vec![("x-github-event".to_owned(), "workflow_job".to_owned())]);
+    assert_eq!(
+        stored.headers,
+        vec![("x-github-event".to_owned(), "workflow_job".to_owned())]
+    );
     assert!(stored.body.is_some());
 }
 
@@ -93,27 +107,48 @@ async fn a_job_never_moves_backwards() {
     let (_dir, path) = temp_journal();
     let journal = Journal::open(&path, keep_all()).unwrap();
     // `in_progress` before its `queued`.
-    let started = journal.record(job_delivery("a", 5, "in_progress", 10)).await.unwrap();
+    let started = journal
+        .record(job_delivery("a", 5, "in_progress", 10))
+        .await
+        .unwrap();
     assert_eq!(started, Recorded::New(Outcome::Applied));
-    let late_queue = journal.record(job_delivery("b", 5, "queued", 20)).await.unwrap();
+    let late_queue = journal
+        .record(job_delivery("b", 5, "queued", 20))
+        .await
+        .unwrap();
     assert_eq!(late_queue, Recorded::New(Outcome::Duplicate));
     let job = state_of(&path, 5).unwrap();
     assert_eq!(job.state, "in_progress");
     assert_eq!(job.runner_name.as_deref(), Some("GitHub Actions 6"));
     assert_eq!(job.updated_at_ms, 10);
 
-    journal.record(job_delivery("c", 5, "completed", 30)).await.unwrap();
+    journal
+        .record(job_delivery("c", 5, "completed", 30))
+        .await
+        .unwrap();
     // A re-sent old `completed` (new GUID) and an old `in_progress` change nothing.
-    let resent = journal.record(job_delivery("d", 5, "completed", 40)).await.unwrap();
+    let resent = journal
+        .record(job_delivery("d", 5, "completed", 40))
+        .await
+        .unwrap();
     assert_eq!(resent, Recorded::New(Outcome::Duplicate));
-    let old = journal.record(job_delivery("e", 5, "in_progress", 50)).await.unwrap();
+    let old = journal
+        .record(job_delivery("e", 5, "in_progress", 50))
+        .await
+        .unwrap();
     assert_eq!(old, Recorded::New(Outcome::Duplicate));
     let job = state_of(&path, 5).unwrap();
     assert_eq!(job.state, "completed");
     assert_eq!(job.conclusion.as_deref(), Some("failure"));
     assert_eq!(job.updated_at_ms, 30);
 
-    let reason = Reader::open(&path).unwrap().delivery("e").unwrap().unwrap().row.reason;
+    let reason = Reader::open(&path)
+        .unwrap()
+        .delivery("e")
+        .unwrap()
+        .unwrap()
+        .row
+        .reason;
     assert!(reason.unwrap().contains("already completed"));
 }
 
@@ -121,9 +156,15 @@ async fn a_job_never_moves_backwards() {
 async fn waiting_then_queued_moves_forward_and_a_queued_sighting_names_no_runner() {
     let (_dir, path) = temp_journal();
     let journal = Journal::open(&path, keep_all()).unwrap();
-    journal.record(job_delivery("w", 9, "waiting", 1)).await.unwrap();
+    journal
+        .record(job_delivery("w", 9, "waiting", 1))
+        .await
+        .unwrap();
     assert_eq!(state_of(&path, 9).unwrap().state, "waiting");
-    journal.record(job_delivery("q", 9, "queued", 2)).await.unwrap();
+    journal
+        .record(job_delivery("q", 9, "queued", 2))
+        .await
+        .unwrap();
     let job = state_of(&path, 9).unwrap();
     assert_eq!(job.state, "queued");
     assert_eq!(job.runner_name, None);
@@ -157,7 +198,10 @@ async fn concurrent_deliveries_are_committed_in_groups() {
     assert_eq!(reader.delivery_count().unwrap(), N);
     assert_eq!(reader.job_counts().unwrap(), vec![("queued".to_owned(), N)]);
     let commits = journal.metrics().commits();
-    assert!(commits < N as u64, "{commits} commits for {N} deliveries: no grouping");
+    assert!(
+        commits < N as u64,
+        "{commits} commits for {N} deliveries: no grouping"
+    );
 }
 
 #[tokio::test]
@@ -166,12 +210,18 @@ async fn unknown_events_are_ignored_and_unreadable_ones_rejected_with_their_body
     let journal = Journal::open(&path, keep_all()).unwrap();
     let run = serde_json::to_vec(&fixture("workflow_run.completed.0")).unwrap();
     assert_eq!(
-        journal.record(incoming("r", "workflow_run", run, 1)).await.unwrap(),
+        journal
+            .record(incoming("r", "workflow_run", run, 1))
+            .await
+            .unwrap(),
         Recorded::New(Outcome::Ignored)
     );
     let bad = br#"{"action":"queued","workflow_job":{"id":"not a number"}}"#.to_vec();
     assert_eq!(
-        journal.record(incoming("x", "workflow_job", bad.clone(), 2)).await.unwrap(),
+        journal
+            .record(incoming("x", "workflow_job", bad.clone(), 2))
+            .await
+            .unwrap(),
         Recorded::New(Outcome::Rejected)
     );
     let stored = Reader::open(&path).unwrap().delivery("x").unwrap().unwrap();
@@ -183,7 +233,10 @@ async fn unknown_events_are_ignored_and_unreadable_ones_rejected_with_their_body
 async fn replay_applies_a_delivery_that_an_older_rm_rejected() {
     let (_dir, path) = temp_journal();
     let journal = Journal::open(&path, keep_all()).unwrap();
-    journal.record(job_delivery("ok", 77, "queued", 5)).await.unwrap();
+    journal
+        .record(job_delivery("ok", 77, "queued", 5))
+        .await
+        .unwrap();
     drop(journal);
     // What an older rm, whose handler could not read this payload, would have left behind.
     let conn = Connection::open(&path).unwrap();
@@ -199,11 +252,22 @@ async fn replay_applies_a_delivery_that_an_older_rm_rejected() {
     assert_eq!(outcome, Outcome::Applied);
     let job = state_of(&path, 77).unwrap();
     assert_eq!((job.state.as_str(), job.updated_at_ms), ("queued", 99));
-    let row = Reader::open(&path).unwrap().delivery("ok").unwrap().unwrap().row;
-    assert_eq!((row.outcome, row.replayed_at_ms), (Outcome::Applied, Some(99)));
+    let row = Reader::open(&path)
+        .unwrap()
+        .delivery("ok")
+        .unwrap()
+        .unwrap()
+        .row;
+    assert_eq!(
+        (row.outcome, row.replayed_at_ms),
+        (Outcome::Applied, Some(99))
+    );
     // A second replay finds everything already there.
     assert_eq!(replay(&path, "ok", 100).unwrap().0, Outcome::Duplicate);
-    assert!(matches!(replay(&path, "nope", 1), Err(JournalError::UnknownDelivery(_))));
+    assert!(matches!(
+        replay(&path, "nope", 1),
+        Err(JournalError::UnknownDelivery(_))
+    ));
 }
 
 #[tokio::test]
@@ -212,10 +276,22 @@ async fn retention_drops_old_bodies_rows_and_finished_jobs() {
     let journal = Journal::open(&path, keep_all()).unwrap();
     const DAY: i64 = 24 * 3600 * 1000;
     let now = 100 * DAY;
-    journal.record(job_delivery("ancient", 1, "completed", now - 40 * DAY)).await.unwrap();
-    journal.record(job_delivery("old", 2, "completed", now - 8 * DAY)).await.unwrap();
-    journal.record(job_delivery("old-queued", 3, "queued", now - 8 * DAY)).await.unwrap();
-    journal.record(job_delivery("fresh", 4, "completed", now - DAY)).await.unwrap();
+    journal
+        .record(job_delivery("ancient", 1, "completed", now - 40 * DAY))
+        .await
+        .unwrap();
+    journal
+        .record(job_delivery("old", 2, "completed", now - 8 * DAY))
+        .await
+        .unwrap();
+    journal
+        .record(job_delivery("old-queued", 3, "queued", now - 8 * DAY))
+        .await
+        .unwrap();
+    journal
+        .record(job_delivery("fresh", 4, "completed", now - DAY))
+        .await
+        .unwrap();
     drop(journal);
 
     let mut conn = crate::connection::open_writer(&path).unwrap();
@@ -224,7 +300,10 @@ async fn retention_drops_old_bodies_rows_and_finished_jobs() {
     assert!(reader.delivery("ancient").unwrap().is_none());
     assert!(reader.delivery("old").unwrap().unwrap().body.is_none());
     assert!(reader.delivery("fresh").unwrap().unwrap().body.is_some());
-    assert!(matches!(replay(&path, "old", now), Err(JournalError::BodyPruned(_))));
+    assert!(matches!(
+        replay(&path, "old", now),
+        Err(JournalError::BodyPruned(_))
+    ));
     let mut jobs: Vec<i64> = reader.jobs(100).unwrap().iter().map(|j| j.job_id).collect();
     jobs.sort_unstable();
     // Finished jobs past retention go; a queued job stays however old it is.
@@ -237,26 +316,49 @@ async fn installations_keep_their_repository_scope() {
     let journal = Journal::open(&path, keep_all()).unwrap();
     let body = |name: &str| serde_json::to_vec(&fixture(name)).unwrap();
     journal
-        .record(incoming("i1", "installation", body("installation.created.1"), 1))
+        .record(incoming(
+            "i1",
+            "installation",
+            body("installation.created.1"),
+            1,
+        ))
         .await
         .unwrap();
     let mut added = fixture("installation_repositories.added.0");
     let id = fixture("installation.created.1")["installation"]["id"].clone();
     added["installation"]["id"] = id.clone();
     journal
-        .record(incoming("i2", "installation_repositories", serde_json::to_vec(&added).unwrap(), 2))
+        .record(incoming(
+            "i2",
+            "installation_repositories",
+            serde_json::to_vec(&added).unwrap(),
+            2,
+        ))
         .await
         .unwrap();
     let installations = Reader::open(&path).unwrap().installations().unwrap();
     let installation = installations.iter().find(|i| json!(i.id) == id).unwrap();
     assert_eq!(installation.account.as_deref(), Some("Codertocat"));
-    assert!(installation.repositories.contains(&"Codertocat/Hello-World".to_owned()));
-    assert!(installation.repositories.contains(&"Codertocat/Space".to_owned()));
+    assert!(
+        installation
+            .repositories
+            .contains(&"Codertocat/Hello-World".to_owned())
+    );
+    assert!(
+        installation
+            .repositories
+            .contains(&"Codertocat/Space".to_owned())
+    );
 
     let mut deleted = fixture("installation.deleted.0");
     deleted["installation"]["id"] = id.clone();
     journal
-        .record(incoming("i3", "installation", serde_json::to_vec(&deleted).unwrap(), 3))
+        .record(incoming(
+            "i3",
+            "installation",
+            serde_json::to_vec(&deleted).unwrap(),
+            3,
+        ))
         .await
         .unwrap();
     let installations = Reader::open(&path).unwrap().installations().unwrap();
@@ -289,7 +391,9 @@ fn migrations_run_from_every_earlier_version() {
         drop(conn);
 
         let conn = crate::connection::open_writer(&path).unwrap();
-        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
         assert_eq!(version, SCHEMA_VERSION, "from v{start}");
         let reader = Reader::open(&path).unwrap();
         assert_eq!(reader.integrity_check().unwrap(), vec!["ok"]);
@@ -305,22 +409,33 @@ fn a_journal_from_a_newer_rm_is_refused_and_a_missing_one_named() {
     let (_dir, path) = temp_journal();
     drop(crate::connection::open_writer(&path).unwrap());
     let conn = Connection::open(&path).unwrap();
-    conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .unwrap();
     drop(conn);
     assert!(matches!(
         Journal::open(&path, Retention::default()),
         Err(JournalError::TooNew { .. })
     ));
-    assert!(matches!(Reader::open(&path), Err(JournalError::TooNew { .. })));
+    assert!(matches!(
+        Reader::open(&path),
+        Err(JournalError::TooNew { .. })
+    ));
     let missing = path.with_file_name("nothing-here.sqlite3");
-    assert!(matches!(Reader::open(&missing), Err(JournalError::Missing(_))));
+    assert!(matches!(
+        Reader::open(&missing),
+        Err(JournalError::Missing(_))
+    ));
 }
 
 #[test]
 fn the_file_is_wal_with_full_sync() {
     let (_dir, path) = temp_journal();
     let conn = crate::connection::open_writer(&path).unwrap();
-    let mode: String = conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).unwrap();
-    let sync: i64 = conn.pragma_query_value(None, "synchronous", |r| r.get(0)).unwrap();
+    let mode: String = conn
+        .pragma_query_value(None, "journal_mode", |r| r.get(0))
+        .unwrap();
+    let sync: i64 = conn
+        .pragma_query_value(None, "synchronous", |r| r.get(0))
+        .unwrap();
     assert_eq!((mode.as_str(), sync), ("wal", 2));
 }

@@ -44,9 +44,14 @@ impl Outcome {
     }
 
     pub(crate) fn parse(name: &str) -> Option<Self> {
-        [Self::Applied, Self::Duplicate, Self::Ignored, Self::Rejected]
-            .into_iter()
-            .find(|o| o.as_str() == name)
+        [
+            Self::Applied,
+            Self::Duplicate,
+            Self::Ignored,
+            Self::Rejected,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == name)
     }
 }
 

@@ -117,7 +117,10 @@ fn run_handler(incoming: &Incoming) -> Verdict {
     std::panic::catch_unwind(|| rm_handlers::handle(&delivery)).unwrap_or_else(|_| {
         Verdict::Reject {
             action: None,
-            reason: format!("the `{}` handler panicked; replay after upgrading", incoming.event),
+            reason: format!(
+                "the `{}` handler panicked; replay after upgrading",
+                incoming.event
+            ),
         }
     })
 }
@@ -158,7 +161,8 @@ impl Writer {
         let started = Instant::now();
         let size = batch.len();
         let result = self.write(&batch);
-        self.metrics.observe_commit(started.elapsed(), size, result.is_ok());
+        self.metrics
+            .observe_commit(started.elapsed(), size, result.is_ok());
         match result {
             Ok(answers) => {
                 for (request, answer) in batch.into_iter().zip(answers) {
@@ -191,7 +195,9 @@ impl Writer {
 
     /// Writes a batch in one transaction; one answer per request, in order.
     fn write(&mut self, batch: &[Request]) -> rusqlite::Result<Vec<Recorded>> {
-        let mut tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let mut answers = Vec::with_capacity(batch.len());
         for request in batch {
             let answer = match request {
