@@ -213,3 +213,45 @@ fn policies_are_checked_one_by_one() {
         "defaults to the host's ceiling"
     );
 }
+
+const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+const CONFIGURATION_DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md");
+
+#[test]
+fn every_example_configuration_in_deploy_loads() {
+    let mut seen = 0;
+    for entry in std::fs::read_dir(DEPLOY).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let file = parse(Some(&path), &text).unwrap_or_else(|e| panic!("{e}"));
+            validate::validate(file, Some(path.clone()), None).unwrap_or_else(|e| panic!("{e}"));
+            seen += 1;
+        }
+    }
+    assert!(seen >= 2, "deploy/ should hold the quickstart and the full example");
+}
+
+/// Every key the full example uses is documented in docs/configuration.md.
+#[test]
+fn the_configuration_reference_documents_every_key() {
+    let doc = std::fs::read_to_string(CONFIGURATION_DOC).unwrap();
+    let example = std::fs::read_to_string(format!("{DEPLOY}/rm-agent.example.toml")).unwrap();
+    let table: toml::Table = example.parse().unwrap();
+    let mut keys = Vec::new();
+    for (key, value) in &table {
+        match value {
+            toml::Value::Table(section) => keys.extend(section.keys().map(|k| format!("{key}.{k}"))),
+            toml::Value::Array(items) => {
+                for item in items.iter().filter_map(toml::Value::as_table) {
+                    keys.extend(item.keys().map(|k| format!("{key}.{k}")));
+                }
+            }
+            _ => keys.push(key.clone()),
+        }
+    }
+    assert!(keys.len() > 20, "{keys:?}");
+    for key in keys {
+        assert!(doc.contains(&format!("`{key}`")), "docs/configuration.md does not document `{key}`");
+    }
+}
