@@ -439,3 +439,63 @@ fn the_file_is_wal_with_full_sync() {
         .unwrap();
     assert_eq!((mode.as_str(), sync), ("wal", 2));
 }
+
+/// A second connection holding the write lock stands for a slow disk: the caller must not be
+/// answered until its delivery is committed.
+#[tokio::test]
+async fn record_is_answered_only_after_the_commit() {
+    let (_dir, path) = temp_journal();
+    let journal = Journal::open(&path, keep_all()).unwrap();
+    let blocker = Connection::open(&path).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+
+    let pending = tokio::spawn({
+        let journal = journal.clone();
+        async move { journal.record(job_delivery("held", 1, "queued", 1)).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !pending.is_finished(),
+        "answered while the commit could not happen"
+    );
+
+    blocker.execute_batch("COMMIT").unwrap();
+    assert_eq!(
+        pending.await.unwrap().unwrap(),
+        Recorded::New(Outcome::Applied)
+    );
+    assert!(
+        Reader::open(&path)
+            .unwrap()
+            .delivery("held")
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// When a commit fails, every caller in the group gets the error (the receiver answers 503 and
+/// GitHub records a failed delivery), nothing is half-written, and the writer goes on.
+#[tokio::test]
+async fn a_failed_commit_fails_the_whole_group_and_the_writer_recovers() {
+    let (_dir, path) = temp_journal();
+    let journal = Journal::open(&path, keep_all()).unwrap();
+    let blocker = Connection::open(&path).unwrap();
+    // Held past the writer's busy timeout.
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let result = journal.record(job_delivery("lost", 1, "queued", 1)).await;
+    assert!(matches!(result, Err(JournalError::Commit(_))), "{result:?}");
+    blocker.execute_batch("COMMIT").unwrap();
+
+    assert!(
+        Reader::open(&path)
+            .unwrap()
+            .delivery("lost")
+            .unwrap()
+            .is_none()
+    );
+    let retried = journal
+        .record(job_delivery("lost", 1, "queued", 2))
+        .await
+        .unwrap();
+    assert_eq!(retried, Recorded::New(Outcome::Applied));
+}

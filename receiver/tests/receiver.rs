@@ -361,3 +361,27 @@ async fn concurrent_deliveries_are_all_committed() {
     }
     assert_eq!(rx.delivery_count(), 64);
 }
+
+/// With the journal's write lock held elsewhere (a slow disk), no answer leaves before the
+/// commit: the request waits, then gets its 202 once the delivery is on disk.
+#[tokio::test]
+async fn no_answer_before_the_commit() {
+    let rx = Arc::new(start(&[SECRET]).await);
+    let blocker = rusqlite::Connection::open(&rx.journal_path).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let delivery = Delivery::signed("workflow_job", fixture("workflow_job.queued.5"));
+    let guid = delivery.guid.clone().unwrap();
+    let pending = tokio::spawn({
+        let rx = rx.clone();
+        async move { rx.send(&delivery).await.0 }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !pending.is_finished(),
+        "answered before the delivery could be committed"
+    );
+    blocker.execute_batch("COMMIT").unwrap();
+    assert_eq!(pending.await.unwrap(), 202);
+    let reader = Reader::open(&rx.journal_path).unwrap();
+    assert!(reader.delivery(&guid).unwrap().is_some());
+}
