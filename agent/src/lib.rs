@@ -1,8 +1,10 @@
 //! rm-agent's library: configuration, secrets, the data-directory lock and the commands. The
 //! binary (`main.rs`) is only the command line on top.
 
+pub mod allocation;
 pub mod commands;
 pub mod config;
+pub mod demand;
 pub mod exit;
 pub mod lock;
 pub mod output;

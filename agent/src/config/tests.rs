@@ -229,7 +229,10 @@ fn every_example_configuration_in_deploy_loads() {
             seen += 1;
         }
     }
-    assert!(seen >= 2, "deploy/ should hold the quickstart and the full example");
+    assert!(
+        seen >= 2,
+        "deploy/ should hold the quickstart and the full example"
+    );
 }
 
 /// Every key the full example uses is documented in docs/configuration.md.
@@ -241,7 +244,9 @@ fn the_configuration_reference_documents_every_key() {
     let mut keys = Vec::new();
     for (key, value) in &table {
         match value {
-            toml::Value::Table(section) => keys.extend(section.keys().map(|k| format!("{key}.{k}"))),
+            toml::Value::Table(section) => {
+                keys.extend(section.keys().map(|k| format!("{key}.{k}")))
+            }
             toml::Value::Array(items) => {
                 for item in items.iter().filter_map(toml::Value::as_table) {
                     keys.extend(item.keys().map(|k| format!("{key}.{k}")));
@@ -252,6 +257,9 @@ fn the_configuration_reference_documents_every_key() {
     }
     assert!(keys.len() > 20, "{keys:?}");
     for key in keys {
-        assert!(doc.contains(&format!("`{key}`")), "docs/configuration.md does not document `{key}`");
+        assert!(
+            doc.contains(&format!("`{key}`")),
+            "docs/configuration.md does not document `{key}`"
+        );
     }
 }

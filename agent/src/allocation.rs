@@ -1,0 +1,148 @@
+//! How many runners a policy starts now. Pure arithmetic over values read under the host-wide
+//! allocation lock, following the predecessor's rule (it came from real incidents):
+//!
+//! `to_start = min(clamp(demand, min, max) - starting and not yet busy, host headroom)`
+//!
+//! Busy runners do not offset demand (they took a job; the queued ones still need runners), and
+//! runners still starting or idle do (they will take the queued jobs), so a job that stays
+//! `queued` while its runner starts never causes a second runner. Demand is advisory: a surplus
+//! runner exits on its idle timeout and counts as an idle exit, not a failure.
+
+/// The inputs of one allocation, all read under the allocation lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocationInput {
+    /// Queued jobs routed to this policy.
+    pub demand: u32,
+    pub min_runners: u32,
+    pub max_runners: u32,
+    /// This policy's runners that are allocated, starting or idle: live but not busy.
+    pub unassigned_in_flight: u32,
+    /// Live runners of every policy on this host (allocated, starting, idle or busy).
+    pub host_live: u32,
+    pub host_max: u32,
+}
+
+/// Why the allocation is what it is, for `status` and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// Demand (or its absence) decided.
+    Demand,
+    /// `min_runners` raised the target above demand.
+    MinRunners,
+    /// `max_runners` capped the target.
+    MaxRunners,
+    /// The host's ceiling left no more room.
+    HostCapacity,
+}
+
+/// The decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    pub desired: u32,
+    pub headroom: u32,
+    pub to_start: u32,
+    pub limit: Limit,
+}
+
+/// Decides how many runners to start.
+pub fn allocate(input: AllocationInput) -> Allocation {
+    let max = input.max_runners.max(input.min_runners);
+    let desired = input.demand.clamp(input.min_runners, max);
+    let wanted = desired.saturating_sub(input.unassigned_in_flight);
+    let headroom = input.host_max.saturating_sub(input.host_live);
+    let to_start = wanted.min(headroom);
+    let limit = if to_start < wanted {
+        Limit::HostCapacity
+    } else if input.demand > max {
+        Limit::MaxRunners
+    } else if input.demand < input.min_runners {
+        Limit::MinRunners
+    } else {
+        Limit::Demand
+    };
+    Allocation {
+        desired,
+        headroom,
+        to_start,
+        limit,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(demand: u32, in_flight: u32, host_live: u32) -> AllocationInput {
+        AllocationInput {
+            demand,
+            min_runners: 0,
+            max_runners: 4,
+            unassigned_in_flight: in_flight,
+            host_live,
+            host_max: 4,
+        }
+    }
+
+    #[test]
+    fn busy_runners_do_not_offset_demand_but_starting_ones_do() {
+        // One busy (host_live counts it), one starting, two queued: start one more.
+        let a = allocate(input(2, 1, 2));
+        assert_eq!(a.to_start, 1);
+        assert_eq!(a.limit, Limit::Demand);
+    }
+
+    #[test]
+    fn a_job_still_queued_while_its_runner_starts_starts_nothing_more() {
+        assert_eq!(allocate(input(1, 1, 1)).to_start, 0);
+    }
+
+    #[test]
+    fn an_eight_job_matrix_on_a_four_runner_host_starts_four() {
+        let a = allocate(input(8, 0, 0));
+        assert_eq!((a.desired, a.to_start, a.limit), (4, 4, Limit::MaxRunners));
+        // Four busy: the next four jobs still queued get nothing until one finishes.
+        let a = allocate(input(4, 0, 4));
+        assert_eq!((a.to_start, a.limit), (0, Limit::HostCapacity));
+        // One finished and cleaned.
+        assert_eq!(allocate(input(4, 0, 3)).to_start, 1);
+    }
+
+    #[test]
+    fn min_runners_start_without_demand() {
+        let a = allocate(AllocationInput {
+            min_runners: 2,
+            ..input(0, 0, 0)
+        });
+        assert_eq!((a.to_start, a.limit), (2, Limit::MinRunners));
+    }
+
+    #[test]
+    fn the_host_ceiling_caps_every_policy() {
+        let a = allocate(AllocationInput {
+            max_runners: 10,
+            ..input(10, 0, 3)
+        });
+        assert_eq!(
+            (a.headroom, a.to_start, a.limit),
+            (1, 1, Limit::HostCapacity)
+        );
+        // Over the ceiling (a lowered host.max_runners): nothing, never an underflow.
+        assert_eq!(allocate(input(4, 0, 9)).to_start, 0);
+    }
+
+    #[test]
+    fn never_more_than_the_host_allows_for_any_input() {
+        for demand in 0..10 {
+            for in_flight in 0..6 {
+                for live in in_flight..8 {
+                    let a = allocate(input(demand, in_flight, live));
+                    assert!(
+                        live + a.to_start <= 4 || a.to_start == 0,
+                        "{demand} {in_flight} {live}: {a:?}"
+                    );
+                    assert!(a.to_start + in_flight <= 4.max(in_flight));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Demand: which journalled jobs each policy of this host should serve. Pure: it takes the
+//! policies and the queued jobs as values and reports, per policy, the jobs it matches, plus the
+//! jobs no policy can count (unresolvable labels) and the jobs two policies both match (refused,
+//! since whichever runner came up first would take the job and the other would idle).
+//!
+//! A policy matches a job when the job is `queued` in the policy's target and every one of the
+//! job's labels is carried by the policy, compared case-insensitively as GitHub does. `waiting`
+//! jobs (held by an environment) are not demand.
+
+use std::collections::BTreeMap;
+
+use crate::config::{Policy, Target};
+
+/// The part of a journalled job that demand looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedJob {
+    pub job_id: i64,
+    /// `owner/name`.
+    pub repository: String,
+    pub labels: Vec<String>,
+}
+
+/// What demand found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Demand {
+    /// Per policy name, the jobs it alone matches.
+    pub per_policy: BTreeMap<String, Vec<i64>>,
+    /// Jobs with a label that is an unevaluated expression (`${{ ... }}`): reported, never
+    /// counted, never dropped.
+    pub unresolvable: Vec<i64>,
+    /// Jobs matched by more than one policy, with the policies: they start nothing.
+    pub overlapping: Vec<(i64, Vec<String>)>,
+}
+
+impl Demand {
+    /// How many jobs `policy` should serve.
+    pub fn of(&self, policy: &str) -> usize {
+        self.per_policy.get(policy).map_or(0, Vec::len)
+    }
+}
+
+/// Routes each queued job to the one policy that matches it.
+pub fn route(policies: &[Policy], jobs: &[QueuedJob]) -> Demand {
+    let mut demand = Demand::default();
+    for policy in policies {
+        demand.per_policy.entry(policy.name.clone()).or_default();
+    }
+    for job in jobs {
+        if job.labels.iter().any(|l| is_expression(l)) {
+            demand.unresolvable.push(job.job_id);
+            continue;
+        }
+        let matching: Vec<&Policy> = policies.iter().filter(|p| matches(p, job)).collect();
+        match matching.as_slice() {
+            [] => {}
+            [policy] => demand
+                .per_policy
+                .entry(policy.name.clone())
+                .or_default()
+                .push(job.job_id),
+            many => demand
+                .overlapping
+                .push((job.job_id, many.iter().map(|p| p.name.clone()).collect())),
+        }
+    }
+    demand
+}
+
+/// Whether `policy` would serve `job`.
+pub fn matches(policy: &Policy, job: &QueuedJob) -> bool {
+    in_target(&policy.target, &job.repository)
+        && job.labels.iter().all(|label| {
+            policy
+                .labels
+                .iter()
+                .any(|carried| carried.eq_ignore_ascii_case(label))
+        })
+}
+
+fn in_target(target: &Target, repository: &str) -> bool {
+    let (owner, name) = repository.split_once('/').unwrap_or((repository, ""));
+    match target {
+        Target::Organization(org) => owner.eq_ignore_ascii_case(org),
+        Target::Repository { owner: o, name: n } => {
+            owner.eq_ignore_ascii_case(o) && name.eq_ignore_ascii_case(n)
+        }
+    }
+}
+
+/// A label GitHub did not evaluate: `runs-on: ${{ matrix.os }}` sent verbatim.
+fn is_expression(label: &str) -> bool {
+    label.contains("${{")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Workspace;
+
+    fn policy(name: &str, target: &str, labels: &[&str]) -> Policy {
+        let target = match target.split_once('/') {
+            Some((owner, name)) => Target::Repository {
+                owner: owner.to_owned(),
+                name: name.to_owned(),
+            },
+            None => Target::Organization(target.to_owned()),
+        };
+        Policy {
+            name: name.to_owned(),
+            target,
+            labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+            runner_group_id: 1,
+            max_runners: 4,
+            min_runners: 0,
+            workspace: Workspace::Ephemeral,
+        }
+    }
+
+    fn job(id: i64, repo: &str, labels: &[&str]) -> QueuedJob {
+        QueuedJob {
+            job_id: id,
+            repository: repo.to_owned(),
+            labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_job_matches_when_all_its_labels_are_carried_case_insensitively() {
+        let linux = policy("linux", "acme", &["self-hosted", "Linux", "x64"]);
+        assert!(matches(
+            &linux,
+            &job(1, "acme/widgets", &["self-hosted", "linux"])
+        ));
+        assert!(matches(
+            &linux,
+            &job(1, "ACME/widgets", &["SELF-HOSTED", "X64"])
+        ));
+        assert!(!matches(
+            &linux,
+            &job(1, "acme/widgets", &["self-hosted", "gpu"])
+        ));
+        assert!(!matches(&linux, &job(1, "other/widgets", &["self-hosted"])));
+    }
+
+    #[test]
+    fn repository_targets_match_one_repository() {
+        let p = policy("w", "acme/widgets", &["self-hosted"]);
+        assert!(matches(&p, &job(1, "acme/Widgets", &["self-hosted"])));
+        assert!(!matches(&p, &job(1, "acme/gadgets", &["self-hosted"])));
+    }
+
+    #[test]
+    fn demand_is_counted_per_policy_and_overlaps_are_refused() {
+        let policies = [
+            policy("linux", "acme", &["self-hosted", "linux"]),
+            policy("gpu", "acme", &["self-hosted", "linux", "gpu"]),
+        ];
+        let jobs = [
+            job(1, "acme/a", &["self-hosted", "linux", "gpu"]),
+            job(2, "acme/a", &["self-hosted", "linux"]),
+            job(3, "acme/a", &["windows"]),
+            job(4, "acme/a", &["self-hosted", "${{ matrix.os }}"]),
+        ];
+        let demand = route(&policies, &jobs);
+        // Job 2 is carried by both policies' labels: both match, so it is refused.
+        assert_eq!(demand.of("gpu"), 1);
+        assert_eq!(demand.per_policy["gpu"], vec![1]);
+        assert_eq!(demand.of("linux"), 0);
+        assert_eq!(
+            demand.overlapping,
+            vec![(2, vec!["linux".to_owned(), "gpu".to_owned()])]
+        );
+        assert_eq!(demand.unresolvable, vec![4]);
+    }
+
+    #[test]
+    fn policies_with_no_demand_are_listed_with_zero() {
+        let demand = route(&[policy("idle", "acme", &["x"])], &[]);
+        assert_eq!(demand.per_policy.get("idle"), Some(&vec![]));
+    }
+}
