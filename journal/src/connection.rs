@@ -16,6 +16,9 @@ pub const JOURNAL_FILE: &str = "journal.sqlite3";
 /// running agent) before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The group writer's page cache, in KiB.
+const WRITER_CACHE_KIB: i64 = 64 * 1024;
+
 /// Opens (creating if needed) the journal for writing and brings its schema up to date.
 pub(crate) fn open_writer(path: &Path) -> Result<Connection, JournalError> {
     let open = |source| JournalError::Open {
@@ -37,6 +40,40 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection, JournalError> {
     conn.pragma_update(None, "foreign_keys", "ON")
         .map_err(open)?;
     schema::migrate(&mut conn, path)?;
+    Ok(conn)
+}
+
+/// Opens the group writer's connection: a writer connection that leaves checkpoints to the
+/// checkpoint thread, so no commit ever waits for one.
+pub(crate) fn open_group_writer(path: &Path) -> Result<Connection, JournalError> {
+    let open = |source| JournalError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    let conn = open_writer(path)?;
+    conn.pragma_update(None, "wal_autocheckpoint", 0)
+        .map_err(open)?;
+    // Delivery GUIDs are random, so each insert lands on a random page of their index; keeping
+    // the index in memory spares the writer a read per delivery.
+    conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)
+        .map_err(open)?;
+    Ok(conn)
+}
+
+/// Opens the checkpoint thread's connection to an existing journal.
+pub(crate) fn open_checkpointer(path: &Path) -> Result<Connection, JournalError> {
+    let open = |source| JournalError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(open)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(open)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(open)?;
     Ok(conn)
 }
 

@@ -11,6 +11,7 @@
 //! (the agent's writer and a `deliveries replay` from the CLI) can never both win.
 
 mod apply;
+mod checkpoint;
 mod connection;
 mod error;
 mod metrics;

@@ -14,6 +14,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
 use crate::apply::apply_verdict;
+use crate::checkpoint;
 use crate::metrics::JournalMetrics;
 use crate::retention::{PRUNE_INTERVAL, Retention, prune_step};
 use crate::{Incoming, JournalError, Outcome, Recorded, connection, now_ms};
@@ -48,7 +49,9 @@ impl Journal {
     /// Opens (creating and migrating if needed) the journal file and starts its writer thread.
     /// The thread stops when the last handle is dropped, after answering everything queued.
     pub fn open(path: &Path, retention: Retention) -> Result<Journal, JournalError> {
-        let conn = connection::open_writer(path)?;
+        let conn = connection::open_group_writer(path)?;
+        let (stop_checkpoints, checkpoints_stopped) = mpsc::channel();
+        checkpoint::spawn(path, checkpoints_stopped)?;
         let (tx, rx) = mpsc::channel();
         let metrics = JournalMetrics::default();
         let writer = Writer {
@@ -56,6 +59,7 @@ impl Journal {
             retention,
             metrics: metrics.clone(),
             next_prune: Instant::now(),
+            _stop_checkpoints: stop_checkpoints,
         };
         thread::Builder::new()
             .name("rm-journal-writer".to_owned())
@@ -130,6 +134,8 @@ struct Writer {
     retention: Retention,
     metrics: JournalMetrics,
     next_prune: Instant,
+    /// Dropped with the writer: the checkpoint thread then makes a last checkpoint and stops.
+    _stop_checkpoints: mpsc::Sender<()>,
 }
 
 impl Writer {
@@ -195,7 +201,7 @@ impl Writer {
 
     /// Writes a batch in one transaction; one answer per request, in order.
     fn write(&mut self, batch: &[Request]) -> rusqlite::Result<Vec<Recorded>> {
-        let mut tx = self
+        let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let mut answers = Vec::with_capacity(batch.len());
@@ -203,7 +209,7 @@ impl Writer {
             let answer = match request {
                 Request::Record {
                     incoming, verdict, ..
-                } => record_one(&mut tx, incoming, verdict)?,
+                } => record_one(&tx, incoming, verdict)?,
                 // Placeholder answer; a probe only needs the commit to succeed.
                 Request::Probe(_) => Recorded::AlreadyJournalled,
             };
@@ -233,7 +239,7 @@ impl Writer {
 /// Records one delivery inside the batch's transaction. A GUID already in the journal (committed
 /// earlier or earlier in this batch) is answered as such and not written again.
 fn record_one(
-    tx: &mut rusqlite::Transaction<'_>,
+    tx: &rusqlite::Transaction<'_>,
     incoming: &Incoming,
     verdict: &Verdict,
 ) -> rusqlite::Result<Recorded> {
@@ -245,15 +251,18 @@ fn record_one(
         return Ok(Recorded::AlreadyJournalled);
     }
     // The changes run in a savepoint: if applying them fails, they are undone and the delivery
-    // is still journalled, as rejected with the reason, so nothing GitHub sent is lost.
-    let applied = {
-        let savepoint = tx.savepoint()?;
-        match apply_verdict(&savepoint, verdict, incoming.received_at_ms) {
-            Ok(applied) => {
-                savepoint.commit()?;
-                Ok(applied)
-            }
-            Err(err) => Err(err),
+    // is still journalled, as rejected with the reason, so nothing GitHub sent is lost. The
+    // savepoint statements are prepared once, not parsed again for every delivery.
+    tx.prepare_cached("SAVEPOINT delivery")?.execute([])?;
+    let applied = match apply_verdict(tx, verdict, incoming.received_at_ms) {
+        Ok(applied) => {
+            tx.prepare_cached("RELEASE delivery")?.execute([])?;
+            Ok(applied)
+        }
+        Err(err) => {
+            tx.prepare_cached("ROLLBACK TO delivery")?.execute([])?;
+            tx.prepare_cached("RELEASE delivery")?.execute([])?;
+            Err(err)
         }
     };
     let (outcome, reason) = match applied {
