@@ -1,0 +1,510 @@
+//! The REST client: one octocrab transport, the App's credentials, the token cache, the shared
+//! budget and the ETag cache, and every endpoint rm calls. Each request passes the budget
+//! before it leaves, and its answer (headers, status) goes back into the budget before the
+//! caller sees it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode, header};
+use http_body_util::BodyExt;
+use octocrab::Octocrab;
+use secrecy::{ExposeSecret, SecretString};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::auth::{AppCredentials, InstallationToken, TokenCache};
+use crate::budget::{Budget, BudgetSnapshot, Scope};
+use crate::clock::{Clock, SystemClock};
+use crate::error::{GithubError, RateHeaders, classify};
+use crate::etag::EtagCache;
+use crate::stats::{Contact, Stats};
+use crate::target::Target;
+use crate::wire::parse_rfc3339;
+
+/// How long one request may take, from sending to the last byte of the answer.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Items per page for every list (GitHub's maximum).
+pub const PER_PAGE: usize = 100;
+/// Most pages read from one list in one call; beyond it the list is truncated.
+pub const MAX_PAGES: u32 = 10;
+/// The REST API version rm is written against.
+pub const API_VERSION: &str = "2022-11-28";
+
+/// What the client needs to know.
+#[derive(Clone)]
+pub struct ClientConfig {
+    /// `https://api.github.com`, or a GHES base such as `https://ghe.example.com/api/v3`.
+    pub api_url: String,
+    pub app_id: u64,
+    pub private_key_pem: SecretString,
+    pub request_timeout: Duration,
+    /// Least time between two mutating requests of one installation (GitHub asks for a second;
+    /// tests and the demo against the fake may go faster).
+    pub mutation_spacing: Duration,
+}
+
+impl ClientConfig {
+    /// A configuration with GitHub's defaults for the timeout and the mutation spacing.
+    pub fn new(api_url: impl Into<String>, app_id: u64, private_key_pem: SecretString) -> Self {
+        Self {
+            api_url: api_url.into(),
+            app_id,
+            private_key_pem,
+            request_timeout: REQUEST_TIMEOUT,
+            mutation_spacing: crate::budget::MUTATION_SPACING,
+        }
+    }
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("api_url", &self.api_url)
+            .field("app_id", &self.app_id)
+            .field("private_key_pem", &"<redacted>")
+            .field("request_timeout", &self.request_timeout)
+            .field("mutation_spacing", &self.mutation_spacing)
+            .finish()
+    }
+}
+
+/// A polled list, and whether GitHub said it had not changed since the last poll (a `304` that
+/// cost no quota; the value is then the cached one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Polled<T> {
+    pub value: T,
+    pub not_modified: bool,
+}
+
+/// Who a request speaks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Auth {
+    App,
+    Installation(u64),
+}
+
+impl Auth {
+    fn scope(self) -> Scope {
+        match self {
+            Auth::App => Scope::App,
+            Auth::Installation(id) => Scope::Installation(id),
+        }
+    }
+}
+
+/// One request to make.
+pub(crate) struct Call {
+    pub(crate) endpoint: &'static str,
+    pub(crate) method: Method,
+    pub(crate) path: String,
+    pub(crate) body: Option<Value>,
+    pub(crate) auth: Auth,
+    /// Send `If-None-Match` and answer a `304` from the cache.
+    pub(crate) conditional: bool,
+    /// Whether GitHub counts this request against the primary limit.
+    pub(crate) charged: bool,
+}
+
+impl Call {
+    pub(crate) fn get(endpoint: &'static str, auth: Auth, path: String) -> Self {
+        Call {
+            endpoint,
+            method: Method::GET,
+            path,
+            body: None,
+            auth,
+            conditional: false,
+            charged: true,
+        }
+    }
+}
+
+/// A successful answer.
+pub(crate) struct Answer {
+    pub(crate) headers: http::HeaderMap,
+    pub(crate) body: Bytes,
+    pub(crate) not_modified: bool,
+}
+
+pub(crate) struct Inner {
+    pub(crate) octo: Octocrab,
+    pub(crate) creds: AppCredentials,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) tokens: TokenCache,
+    /// Held while an installation token is minted.
+    pub(crate) minting: tokio::sync::Mutex<()>,
+    pub(crate) installations: Mutex<HashMap<Target, u64>>,
+    pub(crate) budget: Budget,
+    pub(crate) etags: EtagCache,
+    pub(crate) stats: Stats,
+    pub(crate) timeout: Duration,
+}
+
+/// The GitHub client. Cloning shares everything: the budget, tokens and ETags are per process.
+#[derive(Clone)]
+pub struct GithubClient {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for GithubClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GithubClient")
+            .field("app_id", &self.inner.creds.app_id())
+            .finish_non_exhaustive()
+    }
+}
+
+fn join_err(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+impl GithubClient {
+    /// A client on the real clock.
+    pub fn new(config: ClientConfig) -> anyhow::Result<Self> {
+        Self::with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// A client reading the time from `clock` (tests pass a [`crate::ManualClock`]).
+    pub fn with_clock(config: ClientConfig, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let creds = AppCredentials::new(config.app_id, &config.private_key_pem)?;
+        let base = config.api_url.trim_end_matches('/').to_owned();
+        let octo = Octocrab::builder()
+            .base_uri(base.as_str())
+            .map_err(join_err)
+            .with_context(|| format!("github.api_url {base:?} is not a URL"))?
+            .build()
+            .map_err(join_err)
+            .context("cannot build the HTTP client")?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                octo,
+                creds,
+                clock,
+                tokens: TokenCache::default(),
+                minting: tokio::sync::Mutex::new(()),
+                installations: Mutex::new(HashMap::new()),
+                budget: Budget::new(config.mutation_spacing),
+                etags: EtagCache::default(),
+                stats: Stats::default(),
+                timeout: config.request_timeout,
+            }),
+        })
+    }
+
+    /// Whether GitHub answers, and when it last did.
+    pub fn contact(&self) -> Contact {
+        self.inner.stats.contact()
+    }
+
+    /// Requests so far by endpoint name and status (`0`: no answer), for `/metrics`.
+    pub fn request_counts(&self) -> Vec<(&'static str, u16, u64)> {
+        self.inner.stats.requests()
+    }
+
+    /// The budget's view of every scope and resource, for `status` and `/metrics`.
+    pub fn budget(&self) -> Vec<BudgetSnapshot> {
+        self.inner.budget.snapshot(self.inner.clock.now())
+    }
+
+    async fn authorization(&self, auth: Auth, fresh: bool) -> Result<SecretString, GithubError> {
+        let now = self.inner.clock.now();
+        match auth {
+            Auth::App => self
+                .inner
+                .creds
+                .jwt(now)
+                .map_err(|e| GithubError::Unauthorized {
+                    message: e.to_string(),
+                }),
+            Auth::Installation(id) => {
+                if !fresh && let Some(token) = self.inner.tokens.get(id, now) {
+                    return Ok(token);
+                }
+                // One mint at a time: callers that queued here find the new token cached.
+                let _minting = self.inner.minting.lock().await;
+                if !fresh && let Some(token) = self.inner.tokens.get(id, self.inner.clock.now()) {
+                    return Ok(token);
+                }
+                // Boxed: minting a token is itself a (JWT) request through `send`.
+                match Box::pin(self.create_installation_token(id)).await {
+                    Ok(token) => {
+                        self.inner.tokens.put(id, token.clone());
+                        Ok(token.token)
+                    }
+                    Err(e @ GithubError::NotFound { .. }) => {
+                        // The App was uninstalled (perhaps reinstalled under a new id): look the
+                        // installation up again next time.
+                        self.forget_installation(id);
+                        Err(e)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// `POST /app/installations/{id}/access_tokens`: a new token (bypassing the cache).
+    pub async fn create_installation_token(
+        &self,
+        installation: u64,
+    ) -> Result<InstallationToken, GithubError> {
+        #[derive(serde::Deserialize)]
+        struct Token {
+            token: SecretString,
+            expires_at: String,
+        }
+        let call = Call {
+            endpoint: "app.access_tokens",
+            method: Method::POST,
+            path: format!("/app/installations/{installation}/access_tokens"),
+            body: None,
+            auth: Auth::App,
+            conditional: false,
+            charged: true,
+        };
+        let answer = self.send(&call, false).await?;
+        let t: Token = decode(call.endpoint, &answer.body)?;
+        let expires_at = parse_rfc3339(&t.expires_at).ok_or_else(|| GithubError::Unexpected {
+            endpoint: call.endpoint,
+            status: 201,
+            message: format!("expires_at {:?} is not a timestamp", t.expires_at),
+        })?;
+        Ok(InstallationToken {
+            token: t.token,
+            expires_at,
+        })
+    }
+
+    /// Sends a call; an installation token GitHub refuses is dropped and replaced once.
+    pub(crate) async fn run(&self, call: &Call) -> Result<Answer, GithubError> {
+        match self.send(call, false).await {
+            Err(GithubError::Unauthorized { .. }) if matches!(call.auth, Auth::Installation(_)) => {
+                if let Auth::Installation(id) = call.auth {
+                    self.inner.tokens.invalidate(id);
+                }
+                self.send(call, true).await
+            }
+            other => other,
+        }
+    }
+
+    async fn send(&self, call: &Call, fresh_token: bool) -> Result<Answer, GithubError> {
+        let inner = &self.inner;
+        let scope = call.auth.scope();
+        // A request that cannot leave must not spend a token request either.
+        inner
+            .budget
+            .check(scope, call.endpoint, inner.clock.now())?;
+        let credential = self.authorization(call.auth, fresh_token).await?;
+        let mutating = call.method != Method::GET;
+        let permit = inner
+            .budget
+            .acquire(scope, call.endpoint, mutating, inner.clock.now())
+            .await?;
+
+        let mut bearer = HeaderValue::from_str(&format!("Bearer {}", credential.expose_secret()))
+            .map_err(|_| GithubError::Unauthorized {
+            message: "the credential is not a valid header value".into(),
+        })?;
+        bearer.set_sensitive(true);
+        let mut builder = http::Request::builder()
+            .method(call.method.clone())
+            .uri(call.path.as_str())
+            .header(header::AUTHORIZATION, bearer)
+            .header(header::ACCEPT, "application/vnd.github+json");
+        let cached_etag = call
+            .conditional
+            .then(|| inner.etags.etag(scope, &call.path))
+            .flatten();
+        if let Some(etag) = &cached_etag {
+            builder = builder.header(header::IF_NONE_MATCH, etag.as_str());
+        }
+        let unreachable = |reason: String| GithubError::Unreachable {
+            endpoint: call.endpoint,
+            reason,
+        };
+        let request = inner
+            .octo
+            .build_request(builder, call.body.as_ref())
+            .map_err(|e| unreachable(format!("cannot build the request: {e}")))?;
+
+        let exchange = async {
+            let response = inner
+                .octo
+                .execute(request)
+                .await
+                .map_err(|e| e.to_string())?;
+            let (parts, body) = response.into_parts();
+            let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+            Ok::<_, String>((parts, body))
+        };
+        let (parts, body) = match tokio::time::timeout(inner.timeout, exchange).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(reason)) => {
+                inner.stats.unanswered(call.endpoint);
+                return Err(unreachable(reason));
+            }
+            Err(_) => {
+                inner.stats.unanswered(call.endpoint);
+                return Err(unreachable(format!("no answer within {:?}", inner.timeout)));
+            }
+        };
+
+        let now = inner.clock.now();
+        let rate = RateHeaders::parse(&parts.headers);
+        let status = parts.status;
+        inner.stats.answered(call.endpoint, status.as_u16(), now);
+        // Endpoint names and numbers only: paths can carry names, never credentials, but the
+        // log has no need for them.
+        tracing::debug!(
+            endpoint = call.endpoint,
+            status = status.as_u16(),
+            remaining = rate.remaining,
+            resource = rate.resource.as_deref(),
+            "github request"
+        );
+        if status == StatusCode::NOT_MODIFIED
+            && let Some(cached) = inner.etags.body(scope, &call.path)
+        {
+            inner.budget.record(permit, false, &rate, None, now);
+            return Ok(Answer {
+                headers: parts.headers,
+                body: cached,
+                not_modified: true,
+            });
+        }
+        if status.is_success() {
+            inner.budget.record(permit, call.charged, &rate, None, now);
+            if call.conditional
+                && let Some(etag) = parts
+                    .headers
+                    .get(header::ETAG)
+                    .and_then(|v| v.to_str().ok())
+            {
+                inner
+                    .etags
+                    .store(scope, &call.path, etag.to_owned(), body.clone());
+            }
+            return Ok(Answer {
+                headers: parts.headers,
+                body,
+                not_modified: false,
+            });
+        }
+        let message = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_default();
+        let error = classify(call.endpoint, status, &parts.headers, &message, now);
+        let limited = match &error {
+            GithubError::RateLimited { kind, retry_at, .. } => {
+                tracing::warn!(endpoint = call.endpoint, %kind, "GitHub rate limit: holding requests");
+                Some((*kind, *retry_at))
+            }
+            _ => None,
+        };
+        inner
+            .budget
+            .record(permit, call.charged, &rate, limited, now);
+        Err(error)
+    }
+
+    pub(crate) async fn get_json<T: DeserializeOwned>(&self, call: Call) -> Result<T, GithubError> {
+        let answer = self.run(&call).await?;
+        decode(call.endpoint, &answer.body)
+    }
+
+    /// Reads every page (up to [`MAX_PAGES`]) of a list whose items sit under `field`.
+    pub(crate) async fn list<T: DeserializeOwned>(
+        &self,
+        endpoint: &'static str,
+        auth: Auth,
+        path: &str,
+        query: &str,
+        field: &str,
+    ) -> Result<Polled<Vec<T>>, GithubError> {
+        let mut items = Vec::new();
+        let mut not_modified = true;
+        for page in 1..=MAX_PAGES {
+            let sep = if query.is_empty() { "" } else { "&" };
+            let call = Call {
+                conditional: true,
+                ..Call::get(
+                    endpoint,
+                    auth,
+                    format!("{path}?{query}{sep}per_page={PER_PAGE}&page={page}"),
+                )
+            };
+            let answer = self.run(&call).await?;
+            not_modified &= answer.not_modified;
+            let mut value: Value = decode(endpoint, &answer.body)?;
+            let batch: Vec<T> = decode_value(endpoint, value.get_mut(field).map(Value::take))?;
+            let full = batch.len() == PER_PAGE;
+            items.extend(batch);
+            if !full {
+                break;
+            }
+        }
+        Ok(Polled {
+            value: items,
+            not_modified,
+        })
+    }
+
+    /// Forgets which targets `installation` covers, so the next call looks them up again.
+    pub fn forget_installation(&self, installation: u64) {
+        self.inner
+            .installations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, id| *id != installation);
+        self.inner.tokens.invalidate(installation);
+    }
+
+    pub(crate) async fn installation_of(&self, target: &Target) -> Result<Auth, GithubError> {
+        self.installation_for(target).await.map(Auth::Installation)
+    }
+}
+
+pub(crate) fn decode<T: DeserializeOwned>(
+    endpoint: &'static str,
+    body: &[u8],
+) -> Result<T, GithubError> {
+    serde_json::from_slice(body).map_err(|e| GithubError::Unexpected {
+        endpoint,
+        status: 200,
+        message: format!("cannot read the answer: {e}"),
+    })
+}
+
+pub(crate) fn decode_value<T: DeserializeOwned>(
+    endpoint: &'static str,
+    value: Option<Value>,
+) -> Result<T, GithubError> {
+    serde_json::from_value(value.unwrap_or(Value::Null)).map_err(|e| GithubError::Unexpected {
+        endpoint,
+        status: 200,
+        message: format!("cannot read the answer: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_debug_hides_the_key() {
+        let c = ClientConfig {
+            api_url: "http://x".into(),
+            app_id: 1,
+            private_key_pem: SecretString::from("-----BEGIN KEY-----secret"),
+            request_timeout: REQUEST_TIMEOUT,
+            mutation_spacing: crate::budget::MUTATION_SPACING,
+        };
+        assert!(!format!("{c:?}").contains("secret"));
+    }
+}

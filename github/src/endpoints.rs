@@ -1,0 +1,288 @@
+//! The endpoints rm calls, one method each, on top of the transport in [`crate::client`]: App
+//! endpoints signed with the JWT, installation endpoints with the installation's token.
+
+use std::sync::PoisonError;
+
+use http::{Method, header};
+
+use crate::budget::Scope;
+use crate::client::{Auth, Call, GithubClient, PER_PAGE, Polled, decode};
+use crate::error::GithubError;
+use crate::target::Target;
+use crate::types::*;
+use crate::wire::{next_cursor, percent_encode};
+
+impl GithubClient {
+    // ---- App endpoints (JWT) ----
+
+    /// `GET /app`: the App the key belongs to.
+    pub async fn app(&self) -> Result<App, GithubError> {
+        self.get_json(Call::get("app.get", Auth::App, "/app".into()))
+            .await
+    }
+
+    /// `GET /app/installations`.
+    pub async fn list_installations(&self) -> Result<Vec<Installation>, GithubError> {
+        let path = format!("/app/installations?per_page={PER_PAGE}");
+        self.get_json(Call::get("app.installations", Auth::App, path))
+            .await
+    }
+
+    /// The installation covering `target`, from `GET /orgs/{org}/installation` or
+    /// `GET /repos/{owner}/{repo}/installation`, remembered for the life of the client.
+    pub async fn installation_for(&self, target: &Target) -> Result<u64, GithubError> {
+        let known = {
+            let map = self
+                .inner
+                .installations
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            map.get(target).copied()
+        };
+        if let Some(id) = known {
+            return Ok(id);
+        }
+        let endpoint = match target {
+            Target::Org(_) => "app.orgs.installation",
+            Target::Repo { .. } => "app.repos.installation",
+        };
+        let installation: Installation = self
+            .get_json(Call::get(endpoint, Auth::App, target.installation_path()))
+            .await?;
+        self.inner
+            .installations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(target.clone(), installation.id);
+        Ok(installation.id)
+    }
+
+    /// `GET /app/hook/deliveries`: one page, newest first, and the cursor of the next.
+    pub async fn list_hook_deliveries(
+        &self,
+        cursor: Option<&str>,
+    ) -> Result<DeliveryPage, GithubError> {
+        let mut path = format!("/app/hook/deliveries?per_page={PER_PAGE}");
+        if let Some(cursor) = cursor {
+            path.push_str("&cursor=");
+            path.push_str(&percent_encode(cursor));
+        }
+        let answer = self
+            .run(&Call::get("app.hook_deliveries", Auth::App, path))
+            .await?;
+        let next_cursor = answer
+            .headers
+            .get(header::LINK)
+            .and_then(|v| v.to_str().ok())
+            .and_then(next_cursor);
+        Ok(DeliveryPage {
+            deliveries: decode("app.hook_deliveries", &answer.body)?,
+            next_cursor,
+        })
+    }
+
+    /// `POST /app/hook/deliveries/{id}/attempts`: GitHub sends the delivery again, same GUID.
+    pub async fn redeliver(&self, delivery_id: u64) -> Result<(), GithubError> {
+        let call = Call {
+            method: Method::POST,
+            ..Call::get(
+                "app.hook_redeliver",
+                Auth::App,
+                format!("/app/hook/deliveries/{delivery_id}/attempts"),
+            )
+        };
+        self.run(&call).await.map(|_| ())
+    }
+
+    // ---- Installation endpoints ----
+
+    /// `POST .../actions/runners/generate-jitconfig` for an organization or a repository.
+    pub async fn generate_jitconfig(
+        &self,
+        target: &Target,
+        request: &JitRequest,
+    ) -> Result<JitConfig, GithubError> {
+        let auth = self.installation_of(target).await?;
+        let endpoint = match target {
+            Target::Org(_) => "orgs.runners.jit",
+            Target::Repo { .. } => "repos.runners.jit",
+        };
+        let body = serde_json::to_value(request).map_err(|e| GithubError::Unexpected {
+            endpoint,
+            status: 0,
+            message: e.to_string(),
+        })?;
+        let call = Call {
+            method: Method::POST,
+            body: Some(body),
+            ..Call::get(
+                endpoint,
+                auth,
+                format!("{}/generate-jitconfig", target.runners_path()),
+            )
+        };
+        self.get_json(call).await
+    }
+
+    /// `GET .../actions/runners`: the target's self-hosted runners (conditional).
+    pub async fn list_runners(&self, target: &Target) -> Result<Polled<Vec<Runner>>, GithubError> {
+        let auth = self.installation_of(target).await?;
+        let endpoint = match target {
+            Target::Org(_) => "orgs.runners.list",
+            Target::Repo { .. } => "repos.runners.list",
+        };
+        self.list(endpoint, auth, &target.runners_path(), "", "runners")
+            .await
+    }
+
+    /// The runner called `name` on `target`, if any (`GET .../actions/runners?name=`): after a
+    /// 409 from `generate-jitconfig`, this finds the registration a crashed attempt left.
+    pub async fn find_runner_by_name(
+        &self,
+        target: &Target,
+        name: &str,
+    ) -> Result<Option<Runner>, GithubError> {
+        let auth = self.installation_of(target).await?;
+        let endpoint = match target {
+            Target::Org(_) => "orgs.runners.by_name",
+            Target::Repo { .. } => "repos.runners.by_name",
+        };
+        let path = format!("{}?name={}", target.runners_path(), percent_encode(name));
+        let mut value: serde_json::Value = self.get_json(Call::get(endpoint, auth, path)).await?;
+        let runners: Vec<Runner> = crate::client::decode_value(
+            endpoint,
+            value.get_mut("runners").map(serde_json::Value::take),
+        )?;
+        Ok(runners.into_iter().find(|r| r.name == name))
+    }
+
+    /// `GET .../actions/runners/{id}`.
+    pub async fn get_runner(&self, target: &Target, runner_id: u64) -> Result<Runner, GithubError> {
+        let auth = self.installation_of(target).await?;
+        let endpoint = match target {
+            Target::Org(_) => "orgs.runners.get",
+            Target::Repo { .. } => "repos.runners.get",
+        };
+        let path = format!("{}/{runner_id}", target.runners_path());
+        self.get_json(Call::get(endpoint, auth, path)).await
+    }
+
+    /// `DELETE .../actions/runners/{id}`.
+    pub async fn delete_runner(&self, target: &Target, runner_id: u64) -> Result<(), GithubError> {
+        let auth = self.installation_of(target).await?;
+        let endpoint = match target {
+            Target::Org(_) => "orgs.runners.delete",
+            Target::Repo { .. } => "repos.runners.delete",
+        };
+        let call = Call {
+            method: Method::DELETE,
+            ..Call::get(
+                endpoint,
+                auth,
+                format!("{}/{runner_id}", target.runners_path()),
+            )
+        };
+        self.run(&call).await.map(|_| ())
+    }
+
+    /// `GET /orgs/{org}/actions/runner-groups`.
+    pub async fn list_runner_groups(&self, org: &str) -> Result<Vec<RunnerGroup>, GithubError> {
+        let auth = self.installation_of(&Target::Org(org.to_owned())).await?;
+        let path = format!("/orgs/{org}/actions/runner-groups");
+        Ok(self
+            .list("orgs.runner_groups.list", auth, &path, "", "runner_groups")
+            .await?
+            .value)
+    }
+
+    /// `GET /repos/{owner}/{repo}/actions/runs?status=...` (conditional).
+    pub async fn list_workflow_runs(
+        &self,
+        owner: &str,
+        repo: &str,
+        status: &str,
+    ) -> Result<Polled<Vec<WorkflowRun>>, GithubError> {
+        let target = Target::Repo {
+            owner: owner.to_owned(),
+            repo: repo.to_owned(),
+        };
+        let auth = self.installation_of(&target).await?;
+        let path = format!("/repos/{owner}/{repo}/actions/runs");
+        let query = format!("status={}", percent_encode(status));
+        self.list("repos.actions.runs", auth, &path, &query, "workflow_runs")
+            .await
+    }
+
+    /// `GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs` (conditional).
+    pub async fn list_run_jobs(
+        &self,
+        owner: &str,
+        repo: &str,
+        run_id: u64,
+    ) -> Result<Polled<Vec<WorkflowJob>>, GithubError> {
+        let target = Target::Repo {
+            owner: owner.to_owned(),
+            repo: repo.to_owned(),
+        };
+        let auth = self.installation_of(&target).await?;
+        let path = format!("/repos/{owner}/{repo}/actions/runs/{run_id}/jobs");
+        self.list("repos.actions.jobs", auth, &path, "", "jobs")
+            .await
+    }
+
+    /// `GET /repos/{owner}/{repo}/actions/jobs/{job_id}`.
+    pub async fn get_job(
+        &self,
+        owner: &str,
+        repo: &str,
+        job_id: u64,
+    ) -> Result<WorkflowJob, GithubError> {
+        let target = Target::Repo {
+            owner: owner.to_owned(),
+            repo: repo.to_owned(),
+        };
+        let auth = self.installation_of(&target).await?;
+        let path = format!("/repos/{owner}/{repo}/actions/jobs/{job_id}");
+        self.get_json(Call::get("repos.actions.job", auth, path))
+            .await
+    }
+
+    /// `GET /installation/repositories` for one installation (conditional).
+    pub async fn list_installation_repositories(
+        &self,
+        installation: u64,
+    ) -> Result<Polled<Vec<Repository>>, GithubError> {
+        self.list(
+            "installation.repositories",
+            Auth::Installation(installation),
+            "/installation/repositories",
+            "",
+            "repositories",
+        )
+        .await
+    }
+
+    /// `GET /rate_limit` with an installation's token; costs no quota. What it says about every
+    /// resource goes into the budget, so a fresh process starts from GitHub's numbers.
+    pub async fn rate_limit(&self, installation: u64) -> Result<RateLimitOverview, GithubError> {
+        let call = Call {
+            charged: false,
+            ..Call::get(
+                "rate_limit",
+                Auth::Installation(installation),
+                "/rate_limit".into(),
+            )
+        };
+        let overview: RateLimitOverview = self.get_json(call).await?;
+        for (resource, e) in &overview.resources {
+            self.inner.budget.seed(
+                Scope::Installation(installation),
+                resource,
+                e.limit,
+                e.remaining,
+                e.reset,
+            );
+        }
+        Ok(overview)
+    }
+}

@@ -1,0 +1,42 @@
+//! rm-github: everything rm says to GitHub's REST API.
+//!
+//! It owns the App JWT and the installation tokens ([`auth`]), the request budget shared by
+//! every caller in the process ([`budget`]), conditional requests ([`etag`]), the error classes
+//! callers act on ([`error`]), the transport ([`client`]) and the endpoints on it (`endpoints`,
+//! methods of [`GithubClient`]). It knows nothing about policies, the journal or runners'
+//! processes.
+//!
+//! ```no_run
+//! # async fn demo(pem: secrecy::SecretString) -> anyhow::Result<()> {
+//! use rm_github::{ClientConfig, GithubClient, Target, types::JitRequest};
+//! let client = GithubClient::new(ClientConfig::new("https://api.github.com", 123456, pem))?;
+//! let target: Target = "acme".parse()?;
+//! let jit = client
+//!     .generate_jitconfig(&target, &JitRequest {
+//!         name: "rm-builder-01-0123456789ab".into(),
+//!         runner_group_id: 1,
+//!         labels: vec!["self-hosted".into(), "linux".into()],
+//!         work_folder: "_work".into(),
+//!     })
+//!     .await?;
+//! # let _ = jit; Ok(()) }
+//! ```
+
+pub mod auth;
+pub mod budget;
+pub mod client;
+pub mod clock;
+mod endpoints;
+pub mod error;
+pub mod etag;
+pub mod stats;
+pub mod target;
+pub mod types;
+pub mod wire;
+
+pub use auth::AppCredentials;
+pub use budget::{BudgetSnapshot, Scope};
+pub use client::{ClientConfig, GithubClient, Polled};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{GithubError, LimitKind};
+pub use target::Target;

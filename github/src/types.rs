@@ -1,0 +1,175 @@
+//! The slices of GitHub's REST objects that rm reads. Fields rm does not use are left out (serde
+//! ignores them), so GitHub adding fields never breaks a poll.
+
+use std::collections::BTreeMap;
+
+use secrecy::SecretString;
+use serde::{Deserialize, Serialize};
+
+/// `GET /app`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct App {
+    pub id: u64,
+    pub slug: Option<String>,
+    pub name: String,
+}
+
+/// The account an installation belongs to.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Account {
+    pub id: u64,
+    pub login: String,
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+}
+
+/// An App installation.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Installation {
+    pub id: u64,
+    pub app_id: u64,
+    pub target_type: String,
+    pub account: Option<Account>,
+    #[serde(default)]
+    pub permissions: BTreeMap<String, String>,
+    pub suspended_at: Option<String>,
+}
+
+/// A label on a self-hosted runner.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct RunnerLabel {
+    pub id: Option<u64>,
+    pub name: String,
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+}
+
+/// A self-hosted runner as GitHub lists it.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Runner {
+    pub id: u64,
+    pub name: String,
+    pub os: String,
+    /// `online` or `offline`.
+    pub status: String,
+    pub busy: bool,
+    pub labels: Vec<RunnerLabel>,
+    pub runner_group_id: Option<u64>,
+}
+
+/// The body of `generate-jitconfig`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct JitRequest {
+    pub name: String,
+    pub runner_group_id: u64,
+    pub labels: Vec<String>,
+    pub work_folder: String,
+}
+
+/// The answer of `generate-jitconfig`: the runner GitHub reserved, and the encoded configuration
+/// the runner process needs. The configuration is a credential: it only ever goes into the
+/// runner's environment.
+#[derive(Debug, Clone, Deserialize)]
+pub struct JitConfig {
+    pub runner: Runner,
+    pub encoded_jit_config: SecretString,
+}
+
+/// A workflow run.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct WorkflowRun {
+    pub id: u64,
+    pub run_attempt: Option<u64>,
+    pub status: Option<String>,
+    pub conclusion: Option<String>,
+    pub head_sha: String,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// A workflow job.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct WorkflowJob {
+    pub id: u64,
+    pub run_id: u64,
+    pub run_attempt: Option<u64>,
+    pub name: String,
+    pub workflow_name: Option<String>,
+    pub head_sha: String,
+    /// `queued`, `in_progress`, `completed`, `waiting`, `requested` or `pending`.
+    pub status: String,
+    pub conclusion: Option<String>,
+    pub labels: Vec<String>,
+    pub runner_id: Option<u64>,
+    pub runner_name: Option<String>,
+    pub runner_group_id: Option<u64>,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub completed_at: Option<String>,
+}
+
+/// The owner of a repository.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Owner {
+    pub login: String,
+    pub id: u64,
+}
+
+/// A repository an installation can reach.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Repository {
+    pub id: u64,
+    pub name: String,
+    pub full_name: String,
+    pub owner: Owner,
+    pub private: bool,
+}
+
+/// One attempt to deliver a webhook, as `GET /app/hook/deliveries` lists it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct HookDelivery {
+    pub id: u64,
+    pub guid: String,
+    pub delivered_at: String,
+    pub redelivery: bool,
+    pub duration: f64,
+    /// `OK` for a delivery the receiver accepted.
+    pub status: String,
+    pub status_code: u16,
+    pub event: String,
+    pub action: Option<String>,
+    pub installation_id: Option<u64>,
+    pub repository_id: Option<u64>,
+}
+
+/// A page of hook deliveries and the cursor of the next one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeliveryPage {
+    pub deliveries: Vec<HookDelivery>,
+    pub next_cursor: Option<String>,
+}
+
+/// A runner group of an organization.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct RunnerGroup {
+    pub id: u64,
+    pub name: String,
+    pub visibility: String,
+    pub default: bool,
+}
+
+/// One resource of `GET /rate_limit`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+pub struct RateLimitEntry {
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset: u64,
+    pub used: u64,
+}
+
+/// `GET /rate_limit`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct RateLimitOverview {
+    pub resources: BTreeMap<String, RateLimitEntry>,
+    pub rate: RateLimitEntry,
+}

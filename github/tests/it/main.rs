@@ -1,0 +1,8 @@
+//! The client against the fake GitHub, in one test binary: endpoints, credentials, the budget,
+//! and conformance of both sides to GitHub's own description.
+
+mod common;
+mod conformance;
+mod credentials;
+mod endpoints;
+mod limits;

@@ -1,0 +1,133 @@
+//! The fake's own encoded JIT configuration and the small protocol its runners speak. Real
+//! GitHub's `encoded_jit_config` is opaque to rm; the fake's is base64 of a JSON document that
+//! carries what the fake runner needs to find the fake again and prove who it is.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use serde::{Deserialize, Serialize};
+
+/// Path prefix of the runner protocol on the fake's server (outside the REST API).
+pub const RUNNER_PROTOCOL_PREFIX: &str = "/_fake/runner";
+
+/// What `ACTIONS_RUNNER_INPUT_JITCONFIG` decodes to.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FakeJitConfig {
+    /// The fake's server root (no API base path), e.g. `http://127.0.0.1:4711`.
+    pub server_url: String,
+    pub runner_id: u64,
+    pub runner_name: String,
+    /// The runner's credential towards the fake.
+    pub token: String,
+    pub work_folder: String,
+}
+
+impl FakeJitConfig {
+    pub fn encode(&self) -> String {
+        STANDARD.encode(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    pub fn decode(encoded: &str) -> anyhow::Result<Self> {
+        let bytes = STANDARD.decode(encoded.trim())?;
+        Ok(serde_json::from_slice(&bytes)?)
+    }
+}
+
+/// Where a runner crashes, when told to.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CrashPoint {
+    /// Right after registering, before asking for a job.
+    AfterRegister,
+    /// After taking a job, before finishing it.
+    DuringJob,
+}
+
+/// How a fake runner behaves; the fake hands it out when the runner registers, so a test can
+/// set it any time before the runner starts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RunnerBehavior {
+    /// How long to wait for a job before exiting idle.
+    pub idle_timeout_ms: u64,
+    /// How long a job takes.
+    pub job_duration_ms: u64,
+    /// `success`, `failure`, `cancelled`, ...
+    pub conclusion: String,
+    pub crash: Option<CrashPoint>,
+    /// Never exit (after registering): for tests of timeouts and kills.
+    pub hang: bool,
+    /// Start a background process that outlives the runner (for process-group cleanup tests).
+    pub fork_background: bool,
+    /// Plant `_work/planted-link` pointing here (for cleanup tests that must not follow links).
+    pub plant_symlink: Option<String>,
+}
+
+impl Default for RunnerBehavior {
+    fn default() -> Self {
+        Self {
+            idle_timeout_ms: 2_000,
+            job_duration_ms: 100,
+            conclusion: "success".into(),
+            crash: None,
+            hang: false,
+            fork_background: false,
+            plant_symlink: None,
+        }
+    }
+}
+
+/// A runner's request to the fake: who it is.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunnerHello {
+    pub runner_id: u64,
+    pub token: String,
+}
+
+/// The answer to registering.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Registered {
+    pub behavior: RunnerBehavior,
+}
+
+/// A job handed to a runner.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AssignedJob {
+    pub job_id: u64,
+    pub run_id: u64,
+    pub name: String,
+    /// `owner/name`.
+    pub repository: String,
+}
+
+/// The answer to asking for a job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Acquired {
+    pub job: Option<AssignedJob>,
+}
+
+/// A runner reporting a finished job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobDone {
+    pub runner_id: u64,
+    pub token: String,
+    pub job_id: u64,
+    pub conclusion: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jit_config_round_trips_and_rejects_garbage() {
+        let c = FakeJitConfig {
+            server_url: "http://127.0.0.1:1".into(),
+            runner_id: 7,
+            runner_name: "rm-h-abc".into(),
+            token: "t".into(),
+            work_folder: "_work".into(),
+        };
+        assert_eq!(FakeJitConfig::decode(&c.encode()).ok(), Some(c));
+        assert!(FakeJitConfig::decode("!!!").is_err());
+        assert!(FakeJitConfig::decode(&STANDARD.encode(b"{}")).is_err());
+    }
+}

@@ -1,0 +1,424 @@
+//! rm-fake-github: a fake GitHub on loopback, faithful enough to test rm against, and the
+//! simulated GitHub of `rm-agent demo`.
+//!
+//! It serves the REST subset rm uses (shaped as GitHub's own OpenAPI description says), checks
+//! App JWTs and installation tokens, sends rate-limit headers from budgets a test controls,
+//! answers conditional requests with `304`, holds repositories, runs, jobs and runners, and
+//! sends signed `workflow_job` webhooks as jobs move. Runners registered through its JIT
+//! configurations (see [`jit`]) take its queued jobs.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions};
+//! let key = AppKeyPair::generate()?;
+//! let fake = FakeGithub::start(FakeOptions::new(42, key.public_pem.clone())).await?;
+//! fake.add_repo("acme/widgets");
+//! let job = fake.queue_job("acme/widgets", "build", &["self-hosted", "linux"])?;
+//! // point a client at fake.api_url() with app id 42 and key.private_pem
+//! # Ok(()) }
+//! ```
+
+pub mod auth;
+pub mod jit;
+pub mod keys;
+pub mod model;
+pub mod render;
+pub mod routes;
+pub mod runner_client;
+pub mod server;
+pub mod state;
+pub mod time;
+pub mod webhook;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use secrecy::SecretString;
+use tokio::task::JoinHandle;
+
+pub use jit::{CrashPoint, FakeJitConfig, RunnerBehavior};
+pub use keys::AppKeyPair;
+pub use model::{Delivery, Job, JobStatus, RequestRecord, Runner};
+pub use state::{FaultAction, signature};
+
+use server::Shared;
+use state::{Fault, Secondary, State, WebhookTarget};
+
+/// How long [`FakeGithub::settle`] waits for pending deliveries at most.
+pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
+/// How often [`FakeGithub::settle`] looks.
+const SETTLE_POLL: Duration = Duration::from_millis(10);
+
+/// How to start the fake.
+#[derive(Debug, Clone)]
+pub struct FakeOptions {
+    pub app_id: u64,
+    /// The App's public key (PEM); JWTs must be signed by its private half.
+    pub public_key_pem: String,
+    /// Where the API lives below the server root: `""` like api.github.com, `"/api/v3"` like GHES.
+    pub base_path: String,
+}
+
+impl FakeOptions {
+    pub fn new(app_id: u64, public_key_pem: String) -> Self {
+        Self {
+            app_id,
+            public_key_pem,
+            base_path: String::new(),
+        }
+    }
+}
+
+/// A running fake GitHub. Dropping it stops the server and the webhook sender.
+pub struct FakeGithub {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for FakeGithub {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for FakeGithub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeGithub")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FakeGithub {
+    /// Starts the fake on an ephemeral loopback port.
+    pub async fn start(options: FakeOptions) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("cannot bind the fake GitHub to a loopback port")?;
+        let addr = listener.local_addr()?;
+        let base_path = options.base_path.trim_end_matches('/').to_owned();
+        let state = State::new(
+            options.app_id,
+            options.public_key_pem,
+            format!("http://{addr}"),
+            base_path,
+        );
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            outbox: tx,
+        });
+        let tasks = vec![
+            tokio::spawn(server::serve(listener, shared.clone())),
+            tokio::spawn(webhook::sender(shared.clone(), rx)),
+        ];
+        Ok(Self {
+            shared,
+            addr,
+            tasks,
+        })
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        self.shared.with(f)
+    }
+
+    /// The API root to give a client (`github.api_url`).
+    pub fn api_url(&self) -> String {
+        self.with(|s| s.api_url.clone())
+    }
+
+    /// The server root, without the API base path.
+    pub fn server_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    // ---- accounts ----
+
+    /// An organization with the App installed; returns the installation id.
+    pub fn add_org(&self, login: &str) -> u64 {
+        self.with(|s| s.ensure_installation(login, "Organization"))
+    }
+
+    /// A user account with the App installed; returns the installation id.
+    pub fn add_user(&self, login: &str) -> u64 {
+        self.with(|s| s.ensure_installation(login, "User"))
+    }
+
+    /// A repository `owner/name` (its owner becomes an organization if unknown); returns its id.
+    pub fn add_repo(&self, full_name: &str) -> u64 {
+        let (owner, name) = full_name.split_once('/').unwrap_or((full_name, full_name));
+        self.with(|s| {
+            let kind = s.owner_type(owner);
+            let kind = if s.installation_by_login(owner).is_some() {
+                kind
+            } else {
+                "Organization".into()
+            };
+            s.add_repo(owner, name, &kind)
+        })
+    }
+
+    /// Adds a runner group to an organization; returns its id.
+    pub fn add_runner_group(&self, org: &str, name: &str) -> u64 {
+        self.with(|s| {
+            let id = s.next_id();
+            s.runner_groups
+                .entry(org.to_owned())
+                .or_default()
+                .push(model::RunnerGroup {
+                    id,
+                    name: name.to_owned(),
+                    default: false,
+                });
+            id
+        })
+    }
+
+    /// Replaces an installation's permissions (e.g. to make runner endpoints answer 403).
+    pub fn set_permissions(&self, installation: u64, permissions: &[(&str, &str)]) {
+        self.with(|s| {
+            if let Some(i) = s.installations.get_mut(&installation) {
+                i.permissions = permissions
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect();
+            }
+        })
+    }
+
+    // ---- credentials and time ----
+
+    /// How long new installation tokens live.
+    pub fn set_token_ttl(&self, ttl: Duration) {
+        self.with(|s| s.token_ttl = ttl)
+    }
+
+    /// Forgets every installation token issued so far (they answer 401 from now on).
+    pub fn revoke_tokens(&self) {
+        self.with(|s| s.tokens.clear())
+    }
+
+    /// Moves the fake's clock forward (token expiry, JWT checks, rate-limit windows).
+    pub fn advance_clock(&self, by: Duration) {
+        self.with(|s| s.clock_offset += by)
+    }
+
+    // ---- rate limits ----
+
+    /// Sets the primary quota of every scope and resource to a fresh window of `limit`.
+    pub fn set_rate_limit(&self, limit: u64) {
+        self.with(|s| {
+            s.default_limit = limit;
+            s.quotas.clear();
+        })
+    }
+
+    /// Spends every primary quota until `reset_in` from now (on the fake's clock).
+    pub fn exhaust_rate_limit(&self, reset_in: Duration) {
+        self.with(|s| {
+            let until = s.now() + reset_in;
+            s.exhausted.push((None, until));
+        })
+    }
+
+    /// Spends one resource's quota (every scope) until `reset_in` from now.
+    pub fn exhaust_resource(&self, resource: &str, reset_in: Duration) {
+        self.with(|s| {
+            let until = s.now() + reset_in;
+            s.exhausted.push((Some(resource.to_owned()), until));
+        })
+    }
+
+    /// Which `x-ratelimit-resource` `generate-jitconfig` spends (default `core`; GitHub staff
+    /// have named `actions_runner_registration`).
+    pub fn set_jit_resource(&self, resource: &str) {
+        self.with(|s| s.jit_resource = resource.to_owned())
+    }
+
+    /// Answers every API request with a secondary limit (`status` 403 or 429) for `duration`,
+    /// with `retry-after` if `send_retry_after`.
+    pub fn secondary_limit(&self, duration: Duration, status: u16, send_retry_after: bool) {
+        self.with(|s| {
+            s.secondary = Some(Secondary {
+                until: s.now() + duration,
+                status,
+                send_retry_after,
+            })
+        })
+    }
+
+    // ---- faults ----
+
+    /// The next `times` requests whose path (below the API base) contains `path_contains` (and
+    /// whose method is `method`, if given) get `action` instead of an answer.
+    pub fn inject_fault(
+        &self,
+        method: Option<&str>,
+        path_contains: &str,
+        action: FaultAction,
+        times: usize,
+    ) {
+        self.with(|s| {
+            s.faults.push(Fault {
+                method: method.map(str::to_owned),
+                path_contains: path_contains.to_owned(),
+                action,
+                times,
+            })
+        })
+    }
+
+    // ---- webhooks ----
+
+    /// Where to send deliveries, and the secret to sign them with.
+    pub fn set_webhook(&self, url: &str, secret: SecretString) {
+        self.with(|s| {
+            s.webhook = Some(WebhookTarget {
+                url: url.to_owned(),
+                secret,
+            })
+        })
+    }
+
+    /// The next `n` deliveries fail without reaching the receiver (missed webhooks).
+    pub fn fail_next_deliveries(&self, n: usize) {
+        self.with(|s| s.fail_deliveries += n)
+    }
+
+    /// Every delivery attempt so far, oldest first.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.with(|s| s.deliveries.clone())
+    }
+
+    /// Waits until no delivery is pending (bounded by [`SETTLE_TIMEOUT`]).
+    pub async fn settle(&self) -> anyhow::Result<()> {
+        let wait = async {
+            while self.with(|s| s.deliveries.iter().any(|d| d.status == "pending")) {
+                tokio::time::sleep(SETTLE_POLL).await;
+            }
+        };
+        tokio::time::timeout(SETTLE_TIMEOUT, wait)
+            .await
+            .context("deliveries still pending")
+    }
+
+    // ---- jobs and runners ----
+
+    /// Queues a job (in a new workflow run) in `owner/name`; sends its `queued` webhook.
+    pub fn queue_job(&self, repo: &str, name: &str, labels: &[&str]) -> anyhow::Result<u64> {
+        let (owner, repo_name) = repo
+            .split_once('/')
+            .context("repository must be owner/name")?;
+        let labels: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
+        self.with(|s| {
+            let id = s.repo_by_name(owner, repo_name).map(|r| r.id)?;
+            s.queue_job(id, name, &labels)
+        })
+        .with_context(|| format!("no repository {repo} in the fake"))
+    }
+
+    /// Like [`Self::queue_job`], but the job waits for approval (an environment's protection
+    /// rules) and sends a `waiting` webhook; [`Self::approve_job`] queues it.
+    pub fn queue_waiting_job(
+        &self,
+        repo: &str,
+        name: &str,
+        labels: &[&str],
+    ) -> anyhow::Result<u64> {
+        let (owner, repo_name) = repo
+            .split_once('/')
+            .context("repository must be owner/name")?;
+        let labels: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
+        self.with(|s| {
+            let id = s.repo_by_name(owner, repo_name).map(|r| r.id)?;
+            s.queue_waiting_job(id, name, &labels)
+        })
+        .with_context(|| format!("no repository {repo} in the fake"))
+    }
+
+    /// Approves a waiting job: it becomes `queued` and sends a `queued` webhook.
+    pub fn approve_job(&self, job_id: u64) -> bool {
+        self.with(|s| s.approve(job_id))
+    }
+
+    /// Completes a job (whatever its state); sends its `completed` webhook.
+    pub fn complete_job(&self, job_id: u64, conclusion: &str) -> bool {
+        self.with(|s| s.complete(job_id, conclusion))
+    }
+
+    pub fn job(&self, job_id: u64) -> Option<Job> {
+        self.with(|s| s.jobs.get(&job_id).cloned())
+    }
+
+    pub fn jobs(&self) -> Vec<Job> {
+        self.with(|s| s.jobs.values().cloned().collect())
+    }
+
+    /// The runner inventory (JIT-configured, registered or not).
+    pub fn runners(&self) -> Vec<Runner> {
+        self.with(|s| s.runners.values().cloned().collect())
+    }
+
+    /// Creates a JIT runner the way `generate-jitconfig` does (for `target` "org" or
+    /// "owner/repo", default runner group) and returns its encoded configuration: for tests
+    /// and the demo that start a runner without going through a client.
+    pub fn generate_jitconfig(
+        &self,
+        target: &str,
+        name: &str,
+        labels: &[&str],
+    ) -> anyhow::Result<String> {
+        let scope = match target.split_once('/') {
+            Some((o, r)) => routes::Scope::Repo(o.to_owned(), r.to_owned()),
+            None => routes::Scope::Org(target.to_owned()),
+        };
+        let body = serde_json::json!({"name": name, "runner_group_id": 1, "labels": labels});
+        let reply = self.with(|s| {
+            routes::answer(
+                s,
+                auth::Caller::App,
+                &routes::Route::Jit(scope),
+                "",
+                Some(&body),
+            )
+        });
+        match (reply.status, reply.body) {
+            (201, Some(b)) => b["encoded_jit_config"]
+                .as_str()
+                .map(str::to_owned)
+                .context("no encoded_jit_config in the answer"),
+            (status, b) => {
+                anyhow::bail!("generate-jitconfig for {target} answered {status}: {b:?}")
+            }
+        }
+    }
+
+    /// The behaviour runners get when they register, unless named in
+    /// [`Self::set_runner_behavior_for`].
+    pub fn set_runner_behavior(&self, behavior: RunnerBehavior) {
+        self.with(|s| s.default_behavior = behavior)
+    }
+
+    pub fn set_runner_behavior_for(&self, runner_name: &str, behavior: RunnerBehavior) {
+        self.with(|s| {
+            s.behavior_by_name.insert(runner_name.to_owned(), behavior);
+        })
+    }
+
+    // ---- inspection ----
+
+    /// Every request answered (or faulted) so far, oldest first.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        self.with(|s| s.requests.clone())
+    }
+
+    pub fn clear_requests(&self) {
+        self.with(|s| s.requests.clear())
+    }
+}

@@ -1,0 +1,178 @@
+//! What the fake GitHub holds: installations, repositories, runner groups, runners, workflow
+//! runs and jobs, tokens, deliveries and the requests it has seen. Plain data; the operations
+//! that change it live in [`crate::state`].
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use crate::jit::RunnerBehavior;
+
+/// An App installation on an account.
+#[derive(Debug, Clone)]
+pub struct Installation {
+    pub id: u64,
+    pub account_login: String,
+    pub account_id: u64,
+    /// `Organization` or `User`.
+    pub account_type: String,
+    pub permissions: BTreeMap<String, String>,
+    pub created_at: SystemTime,
+}
+
+/// The permissions a fresh installation gets: everything rm needs.
+pub fn default_permissions() -> BTreeMap<String, String> {
+    [
+        ("actions", "read"),
+        ("administration", "write"),
+        ("metadata", "read"),
+        ("organization_self_hosted_runners", "write"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+#[derive(Debug, Clone)]
+pub struct Repo {
+    pub id: u64,
+    pub owner: String,
+    pub owner_id: u64,
+    pub name: String,
+    pub private: bool,
+    pub installation_id: u64,
+    pub created_at: SystemTime,
+}
+
+impl Repo {
+    pub fn full_name(&self) -> String {
+        format!("{}/{}", self.owner, self.name)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunnerGroup {
+    pub id: u64,
+    pub name: String,
+    pub default: bool,
+}
+
+/// Where a runner is registered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunnerScope {
+    Org(String),
+    Repo(u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct Runner {
+    pub id: u64,
+    pub name: String,
+    pub scope: RunnerScope,
+    pub labels: Vec<String>,
+    pub group_id: u64,
+    /// True once the runner process has registered (it is then `online`).
+    pub online: bool,
+    pub busy: bool,
+    /// The runner's credential in the fake's runner protocol.
+    pub token: String,
+    pub behavior: Option<RunnerBehavior>,
+}
+
+/// A job's status, as GitHub names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobStatus {
+    /// Held by an environment's protection rules until approved.
+    Waiting,
+    Queued,
+    InProgress,
+    Completed,
+}
+
+impl JobStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Waiting => "waiting",
+            JobStatus::Queued => "queued",
+            JobStatus::InProgress => "in_progress",
+            JobStatus::Completed => "completed",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub id: u64,
+    pub repo_id: u64,
+    pub run_number: u64,
+    pub run_attempt: u64,
+    pub workflow_name: String,
+    pub head_sha: String,
+    pub head_branch: String,
+    pub created_at: SystemTime,
+    pub updated_at: SystemTime,
+}
+
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub id: u64,
+    pub run_id: u64,
+    pub name: String,
+    pub labels: Vec<String>,
+    pub status: JobStatus,
+    pub conclusion: Option<String>,
+    pub runner_id: Option<u64>,
+    pub runner_name: Option<String>,
+    pub runner_group_id: Option<u64>,
+    pub runner_group_name: Option<String>,
+    pub created_at: SystemTime,
+    pub started_at: Option<SystemTime>,
+    pub completed_at: Option<SystemTime>,
+}
+
+/// One attempt to deliver a webhook.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub id: u64,
+    pub guid: String,
+    pub event: String,
+    pub action: Option<String>,
+    pub installation_id: Option<u64>,
+    pub repository_id: Option<u64>,
+    pub redelivery: bool,
+    pub delivered_at: SystemTime,
+    /// The exact body sent.
+    pub body: bytes::Bytes,
+    /// The headers sent (signature included).
+    pub headers: Vec<(String, String)>,
+    /// Filled in when the attempt is over: `OK`, or what went wrong.
+    pub status: String,
+    /// The receiver's status code, 0 while pending or when there was no answer.
+    pub status_code: u16,
+    pub duration_ms: u64,
+    pub response_body: String,
+}
+
+/// One request the fake answered.
+#[derive(Debug, Clone)]
+pub struct RequestRecord {
+    pub method: String,
+    /// The path below the API base (the runner protocol keeps its own prefix).
+    pub path: String,
+    pub query: String,
+    pub status: u16,
+    /// Request headers; the credential of `authorization` is replaced by `<redacted>`.
+    pub headers: Vec<(String, String)>,
+    /// The request's JSON body, if it had one.
+    pub body: Option<serde_json::Value>,
+    /// The JSON body of the answer, if it had one.
+    pub response_body: Option<serde_json::Value>,
+}
+
+impl RequestRecord {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}

@@ -1,0 +1,400 @@
+//! The fake's HTTP side: accepting connections, injected faults, authentication, the rate-limit
+//! headers and limits, ETags, the request log, and the runner protocol. The endpoints' answers
+//! come from [`crate::routes`].
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::auth::{Caller, bearer, verify_jwt};
+use crate::jit::{Acquired, JobDone, RUNNER_PROTOCOL_PREFIX, Registered, RunnerHello};
+use crate::model::RequestRecord;
+use crate::routes::{Reply, Route, answer};
+use crate::state::{FaultAction, State};
+
+/// Largest request body the fake reads.
+pub const MAX_BODY: usize = 1024 * 1024;
+
+/// State shared by the server, the webhook sender and the test's handle.
+pub struct Shared {
+    pub state: Mutex<State>,
+    /// New delivery ids go here, to the sender.
+    pub outbox: UnboundedSender<u64>,
+}
+
+impl Shared {
+    /// Runs `f` on the state, then hands every delivery it added to the sender.
+    pub fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let (out, new_ids) = {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let before = state.deliveries.len();
+            let out = f(&mut state);
+            let ids: Vec<u64> = state.deliveries[before..].iter().map(|d| d.id).collect();
+            (out, ids)
+        };
+        for id in new_ids {
+            // The sender only stops when the fake is dropped; nothing to deliver then.
+            let _ = self.outbox.send(id);
+        }
+        out
+    }
+}
+
+/// What to do with a request.
+enum Action {
+    /// An answer and its extra headers.
+    Reply(Reply, Vec<(String, String)>),
+    Hang,
+    Drop,
+}
+
+/// Error that makes hyper close the connection without an answer.
+#[derive(Debug)]
+struct Dropped;
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection dropped on purpose")
+    }
+}
+
+impl std::error::Error for Dropped {}
+
+/// Accepts connections until the task is aborted.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| handle(shared.clone(), req));
+            // A dropped or reset connection is the client's business (or a fault we injected).
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Dropped> {
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return Ok(plain(413, "body too large")),
+    };
+    let method = parts.method.as_str().to_owned();
+    let path = parts.uri.path().to_owned();
+    let query = parts.uri.query().unwrap_or("").to_owned();
+    let json_body: Option<Value> = serde_json::from_slice(&body).ok();
+    let action = shared.with(|state| {
+        let base = state.base_path.clone();
+        let (rel, action) = if let Some(rest) = path.strip_prefix(RUNNER_PROTOCOL_PREFIX) {
+            (
+                path.clone(),
+                Action::Reply(
+                    runner_protocol(state, &method, rest, json_body.as_ref()),
+                    Vec::new(),
+                ),
+            )
+        } else if let Some(rel) = path.strip_prefix(&base).filter(|r| r.starts_with('/')) {
+            let rel = rel.to_owned();
+            let action = respond(
+                state,
+                &method,
+                &rel,
+                &query,
+                &parts.headers,
+                json_body.as_ref(),
+            );
+            (rel, action)
+        } else {
+            (
+                path.clone(),
+                Action::Reply(Reply::error(404, "Not Found"), Vec::new()),
+            )
+        };
+        let (status, response_body) = match &action {
+            Action::Reply(r, _) => (r.status, r.body.clone()),
+            Action::Hang | Action::Drop => (0, None),
+        };
+        // The runner protocol's credential stays out of the log, like every other one.
+        let mut body = json_body.clone();
+        if let Some(token) = body.as_mut().and_then(|b| b.get_mut("token")) {
+            *token = Value::String("<redacted>".into());
+        }
+        state.requests.push(RequestRecord {
+            method: method.clone(),
+            path: rel,
+            query: query.clone(),
+            status,
+            headers: redacted(&parts.headers),
+            body,
+            response_body,
+        });
+        action
+    });
+    match action {
+        Action::Reply(r, extra) => Ok(to_response(r, &extra)),
+        Action::Drop => Err(Dropped),
+        Action::Hang => std::future::pending().await,
+    }
+}
+
+fn redacted(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(k, v)| {
+            let v = v.to_str().unwrap_or("<binary>");
+            let v = if k == http::header::AUTHORIZATION {
+                let scheme = v.split(' ').next().unwrap_or("");
+                format!("{scheme} <redacted>")
+            } else {
+                v.to_owned()
+            };
+            (k.as_str().to_owned(), v)
+        })
+        .collect()
+}
+
+fn plain(status: u16, msg: &str) -> Response<Full<Bytes>> {
+    to_response(Reply::error(status, msg), &[])
+}
+
+fn to_response(reply: Reply, extra: &[(String, String)]) -> Response<Full<Bytes>> {
+    let body = reply
+        .body
+        .as_ref()
+        .map(|v| Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
+        .unwrap_or_default();
+    let mut builder = Response::builder()
+        .status(StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(
+            "x-github-request-id",
+            uuid::Uuid::new_v4().simple().to_string(),
+        );
+    if reply.body.is_some() {
+        builder = builder.header("content-type", "application/json; charset=utf-8");
+    }
+    for (k, v) in reply.headers.iter().chain(extra) {
+        builder = builder.header(k.as_str(), v.as_str());
+    }
+    builder
+        .body(Full::new(body))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// A weak ETag over the answer's body, like GitHub's.
+pub fn etag_of(body: &Value) -> String {
+    let digest = Sha256::digest(serde_json::to_vec(body).unwrap_or_default());
+    format!("W/\"{}\"", &hex::encode(digest)[..32])
+}
+
+fn rate_headers(
+    limit: u64,
+    remaining: u64,
+    reset: SystemTime,
+    resource: &str,
+) -> Vec<(String, String)> {
+    vec![
+        ("x-ratelimit-limit".into(), limit.to_string()),
+        ("x-ratelimit-remaining".into(), remaining.to_string()),
+        (
+            "x-ratelimit-used".into(),
+            (limit - remaining.min(limit)).to_string(),
+        ),
+        (
+            "x-ratelimit-reset".into(),
+            crate::time::unix(reset).to_string(),
+        ),
+        ("x-ratelimit-resource".into(), resource.into()),
+    ]
+}
+
+fn respond(
+    state: &mut State,
+    method: &str,
+    rel: &str,
+    query: &str,
+    headers: &HeaderMap,
+    body: Option<&Value>,
+) -> Action {
+    if let Some(fault) = state.faults.iter_mut().find(|f| {
+        f.times > 0
+            && f.method.as_deref().is_none_or(|m| m == method)
+            && rel.contains(&f.path_contains)
+    }) {
+        fault.times -= 1;
+        return match fault.action {
+            FaultAction::Status(s) => Action::Reply(Reply::error(s, "Server Error"), Vec::new()),
+            FaultAction::Hang => Action::Hang,
+            FaultAction::Drop => Action::Drop,
+        };
+    }
+    let Some(route) = Route::parse(method, rel) else {
+        return Action::Reply(Reply::error(404, "Not Found"), Vec::new());
+    };
+    let now = state.now();
+    let credential = bearer(
+        headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let caller = if route.wants_jwt() {
+        match credential.map(|c| {
+            verify_jwt(
+                c,
+                &state.public_key_pem,
+                state.app_id,
+                crate::time::unix(now),
+            )
+        }) {
+            Some(Ok(())) => Caller::App,
+            Some(Err(msg)) => return Action::Reply(Reply::error(401, &msg), Vec::new()),
+            None => {
+                return Action::Reply(
+                    Reply::error(401, "A JSON web token could not be decoded"),
+                    Vec::new(),
+                );
+            }
+        }
+    } else {
+        match credential.and_then(|c| state.tokens.get(c).copied()) {
+            Some((inst, expires)) if expires > now => Caller::Installation(inst),
+            _ => return Action::Reply(Reply::error(401, "Bad credentials"), Vec::new()),
+        }
+    };
+    let scope = match caller {
+        Caller::App => "app".to_owned(),
+        Caller::Installation(i) => i.to_string(),
+    };
+    let resource = match route {
+        Route::Jit(_) => state.jit_resource.clone(),
+        _ => route.resource().to_owned(),
+    };
+    let resource = resource.as_str();
+    let mut quota = *state.quota(&scope, resource);
+    if let Some(until) = state.exhausted_until(resource) {
+        quota.remaining = 0;
+        quota.reset = until;
+    }
+    let limits = rate_headers(quota.limit, quota.remaining, quota.reset, resource);
+    if let Some(sec) = state.secondary.filter(|s| s.until > now) {
+        let mut extra = limits.clone();
+        if sec.send_retry_after {
+            let secs = sec
+                .until
+                .duration_since(now)
+                .unwrap_or(Duration::ZERO)
+                .as_secs()
+                + 1;
+            extra.push(("retry-after".into(), secs.to_string()));
+        }
+        let msg = "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.";
+        return Action::Reply(Reply::error(sec.status, msg), extra);
+    }
+    if !route.free() && quota.remaining == 0 {
+        let msg = match caller {
+            Caller::App => "API rate limit exceeded for app.".to_owned(),
+            Caller::Installation(i) => format!("API rate limit exceeded for installation ID {i}."),
+        };
+        return Action::Reply(Reply::error(403, &msg), limits);
+    }
+    let mut reply = answer(state, caller, &route, query, body);
+    let mut charged = !route.free();
+    if method == "GET"
+        && reply.status == 200
+        && let Some(b) = &reply.body
+    {
+        let etag = etag_of(b);
+        let matches = headers
+            .get(http::header::IF_NONE_MATCH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+        if matches {
+            reply = Reply::empty(304);
+            charged = false;
+        }
+        reply.headers.push(("etag".into(), etag));
+    }
+    if charged {
+        let q = state.quota(&scope, resource);
+        q.remaining = q.remaining.saturating_sub(1);
+        quota.remaining = quota.remaining.saturating_sub(1);
+    }
+    let limits = rate_headers(quota.limit, quota.remaining, quota.reset, resource);
+    Action::Reply(reply, limits)
+}
+
+fn runner_protocol(state: &mut State, method: &str, rest: &str, body: Option<&Value>) -> Reply {
+    if method != "POST" {
+        return Reply::error(405, "POST only");
+    }
+    let hello: Option<RunnerHello> = body.and_then(|b| serde_json::from_value(b.clone()).ok());
+    let Some(hello) = hello else {
+        return Reply::error(400, "expected runner_id and token");
+    };
+    let known = state
+        .runners
+        .get(&hello.runner_id)
+        .is_some_and(|r| r.token == hello.token);
+    if !known {
+        return Reply::error(401, "unknown runner or bad token");
+    }
+    match rest {
+        "/register" => {
+            let name = state
+                .runners
+                .get(&hello.runner_id)
+                .map(|r| r.name.clone())
+                .unwrap_or_default();
+            let behavior = state.behavior_for(&name);
+            if let Some(r) = state.runners.get_mut(&hello.runner_id) {
+                r.online = true;
+                r.behavior = Some(behavior.clone());
+            }
+            Reply::json(200, json!(Registered { behavior }))
+        }
+        "/acquire" => Reply::json(
+            200,
+            json!(Acquired {
+                job: state.assign(hello.runner_id)
+            }),
+        ),
+        "/complete" => {
+            let done: Option<JobDone> = body.and_then(|b| serde_json::from_value(b.clone()).ok());
+            match done {
+                Some(d)
+                    if state
+                        .jobs
+                        .get(&d.job_id)
+                        .is_some_and(|j| j.runner_id == Some(d.runner_id)) =>
+                {
+                    state.complete(d.job_id, &d.conclusion);
+                    Reply::json(200, json!({}))
+                }
+                _ => Reply::error(422, "not this runner's job"),
+            }
+        }
+        "/exit" => {
+            if let Some(r) = state.runners.get_mut(&hello.runner_id) {
+                r.online = false;
+                r.busy = false;
+            }
+            Reply::json(200, json!({}))
+        }
+        _ => Reply::error(404, "Not Found"),
+    }
+}

@@ -1,0 +1,763 @@
+//! The fake's mutable state and the operations on it: setting up accounts, issuing tokens,
+//! moving jobs through their states, assigning them to runners, and recording each change as a
+//! signed webhook delivery. Everything here runs under one lock; nothing here does I/O.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use hmac::{Hmac, Mac};
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::json;
+use sha2::Sha256;
+
+use crate::jit::{AssignedJob, RunnerBehavior};
+use crate::model::*;
+use crate::render::{self, Ctx};
+
+/// How long an installation token lives unless a test says otherwise (GitHub: one hour).
+pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(3600);
+/// The primary quota per scope and resource unless a test says otherwise (GitHub: 5,000/h).
+pub const DEFAULT_LIMIT: u64 = 5000;
+/// The length of a primary rate-limit window.
+pub const RATE_WINDOW: Duration = Duration::from_secs(3600);
+
+/// A primary quota of one scope and resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset: SystemTime,
+}
+
+/// A secondary limit in force.
+#[derive(Debug, Clone, Copy)]
+pub struct Secondary {
+    pub until: SystemTime,
+    /// 403 or 429.
+    pub status: u16,
+    /// Whether to send `retry-after` (GitHub sometimes does not).
+    pub send_retry_after: bool,
+}
+
+/// What to do to requests that match, instead of answering them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Answer with this status and a GitHub-style error body.
+    Status(u16),
+    /// Never answer.
+    Hang,
+    /// Close the connection without an answer.
+    Drop,
+}
+
+#[derive(Debug, Clone)]
+pub struct Fault {
+    pub method: Option<String>,
+    /// Matches when the path (below the API base) contains this.
+    pub path_contains: String,
+    pub action: FaultAction,
+    /// How many requests it still applies to.
+    pub times: usize,
+}
+
+/// Where deliveries go.
+pub struct WebhookTarget {
+    pub url: String,
+    pub secret: SecretString,
+}
+
+pub struct State {
+    pub app_id: u64,
+    pub app_slug: String,
+    pub hook_id: u64,
+    pub public_key_pem: String,
+    /// API root URL (server root + base path).
+    pub api_url: String,
+    pub server_url: String,
+    pub base_path: String,
+    pub clock_offset: Duration,
+    next_id: u64,
+    pub installations: BTreeMap<u64, Installation>,
+    pub repos: BTreeMap<u64, Repo>,
+    pub runner_groups: BTreeMap<String, Vec<RunnerGroup>>,
+    pub runners: BTreeMap<u64, Runner>,
+    pub runs: BTreeMap<u64, Run>,
+    pub jobs: BTreeMap<u64, Job>,
+    /// Installation tokens: token → (installation, expiry).
+    pub tokens: HashMap<String, (u64, SystemTime)>,
+    pub token_ttl: Duration,
+    /// Quotas by (scope, resource); scope is `app` or the installation id.
+    pub quotas: HashMap<(String, String), Quota>,
+    pub default_limit: u64,
+    /// Primary limits forced by a test: resource (`None`: all) → until when.
+    pub exhausted: Vec<(Option<String>, SystemTime)>,
+    /// The resource `generate-jitconfig` spends.
+    pub jit_resource: String,
+    pub secondary: Option<Secondary>,
+    pub faults: Vec<Fault>,
+    pub requests: Vec<RequestRecord>,
+    pub deliveries: Vec<Delivery>,
+    pub webhook: Option<WebhookTarget>,
+    /// Deliveries still to be failed without sending (to simulate missed webhooks).
+    pub fail_deliveries: usize,
+    pub default_behavior: RunnerBehavior,
+    pub behavior_by_name: HashMap<String, RunnerBehavior>,
+}
+
+/// `sha256=` + hex HMAC-SHA256 of the exact body, as GitHub signs deliveries.
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    // HMAC takes keys of any length, so this cannot fail.
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret)
+        .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut out = String::new();
+    while out.len() < bytes * 2 {
+        out.push_str(&uuid::Uuid::new_v4().simple().to_string());
+    }
+    out.truncate(bytes * 2);
+    out
+}
+
+impl State {
+    pub fn new(app_id: u64, public_key_pem: String, server_url: String, base_path: String) -> Self {
+        Self {
+            app_id,
+            app_slug: "rm-fake-app".into(),
+            hook_id: 400_000_000 + app_id,
+            public_key_pem,
+            api_url: format!("{server_url}{base_path}"),
+            server_url,
+            base_path,
+            clock_offset: Duration::ZERO,
+            next_id: 1000,
+            installations: BTreeMap::new(),
+            repos: BTreeMap::new(),
+            runner_groups: BTreeMap::new(),
+            runners: BTreeMap::new(),
+            runs: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            tokens: HashMap::new(),
+            token_ttl: DEFAULT_TOKEN_TTL,
+            quotas: HashMap::new(),
+            default_limit: DEFAULT_LIMIT,
+            exhausted: Vec::new(),
+            jit_resource: "core".into(),
+            secondary: None,
+            faults: Vec::new(),
+            requests: Vec::new(),
+            deliveries: Vec::new(),
+            webhook: None,
+            fail_deliveries: 0,
+            default_behavior: RunnerBehavior::default(),
+            behavior_by_name: HashMap::new(),
+        }
+    }
+
+    pub fn now(&self) -> SystemTime {
+        crate::time::shifted(self.clock_offset)
+    }
+
+    pub fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    pub fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            api: &self.api_url,
+            web: &self.server_url,
+            app_id: self.app_id,
+            app_slug: &self.app_slug,
+        }
+    }
+
+    // ---- accounts ----
+
+    /// The installation on `login`, created (as an organization's) if there is none.
+    pub fn ensure_installation(&mut self, login: &str, account_type: &str) -> u64 {
+        if let Some(i) = self
+            .installations
+            .values()
+            .find(|i| i.account_login == login)
+        {
+            return i.id;
+        }
+        let id = self.next_id();
+        let account_id = self.next_id();
+        let now = self.now();
+        self.installations.insert(
+            id,
+            Installation {
+                id,
+                account_login: login.to_owned(),
+                account_id,
+                account_type: account_type.to_owned(),
+                permissions: default_permissions(),
+                created_at: now,
+            },
+        );
+        if account_type == "Organization" {
+            self.runner_groups.insert(
+                login.to_owned(),
+                vec![RunnerGroup {
+                    id: 1,
+                    name: "Default".into(),
+                    default: true,
+                }],
+            );
+        }
+        id
+    }
+
+    pub fn installation_by_login(&self, login: &str) -> Option<&Installation> {
+        self.installations
+            .values()
+            .find(|i| i.account_login == login)
+    }
+
+    pub fn repo_by_name(&self, owner: &str, name: &str) -> Option<&Repo> {
+        self.repos
+            .values()
+            .find(|r| r.owner == owner && r.name == name)
+    }
+
+    pub fn add_repo(&mut self, owner: &str, name: &str, account_type: &str) -> u64 {
+        if let Some(r) = self.repo_by_name(owner, name) {
+            return r.id;
+        }
+        let installation_id = self.ensure_installation(owner, account_type);
+        let owner_id = self
+            .installations
+            .get(&installation_id)
+            .map(|i| i.account_id)
+            .unwrap_or_default();
+        let id = self.next_id();
+        let now = self.now();
+        self.repos.insert(
+            id,
+            Repo {
+                id,
+                owner: owner.to_owned(),
+                owner_id,
+                name: name.to_owned(),
+                private: true,
+                installation_id,
+                created_at: now,
+            },
+        );
+        id
+    }
+
+    pub fn owner_type(&self, login: &str) -> String {
+        self.installation_by_login(login)
+            .map(|i| i.account_type.clone())
+            .unwrap_or_else(|| "User".into())
+    }
+
+    pub fn repo_json(&self, repo: &Repo) -> serde_json::Value {
+        render::repository(&self.ctx(), repo, &self.owner_type(&repo.owner))
+    }
+
+    // ---- tokens ----
+
+    pub fn issue_token(&mut self, installation: u64) -> (String, SystemTime) {
+        let token = format!("ghs_{}", random_hex(18));
+        let expires = self.now() + self.token_ttl;
+        self.tokens.insert(token.clone(), (installation, expires));
+        (token, expires)
+    }
+
+    // ---- rate limits ----
+
+    /// The quota of a scope and resource, refilled if its window has passed.
+    pub fn quota(&mut self, scope: &str, resource: &str) -> &mut Quota {
+        let now = self.now();
+        let limit = self.default_limit;
+        let q = self
+            .quotas
+            .entry((scope.to_owned(), resource.to_owned()))
+            .or_insert(Quota {
+                limit,
+                remaining: limit,
+                reset: now + RATE_WINDOW,
+            });
+        if q.reset <= now {
+            q.remaining = q.limit;
+            q.reset = now + RATE_WINDOW;
+        }
+        q
+    }
+
+    /// Until when a test has spent `resource`'s quota, if it has and that is still ahead.
+    pub fn exhausted_until(&self, resource: &str) -> Option<SystemTime> {
+        let now = self.now();
+        self.exhausted
+            .iter()
+            .filter(|(r, until)| r.as_deref().is_none_or(|r| r == resource) && *until > now)
+            .map(|(_, until)| *until)
+            .max()
+    }
+
+    // ---- jobs ----
+
+    /// Queues a job in a new workflow run of `repo_id` and records its `queued` delivery.
+    pub fn queue_job(&mut self, repo_id: u64, name: &str, labels: &[String]) -> Option<u64> {
+        self.create_job(repo_id, name, labels, JobStatus::Queued)
+    }
+
+    /// Creates a job held for approval (`waiting`), as an environment-protected job is.
+    pub fn queue_waiting_job(
+        &mut self,
+        repo_id: u64,
+        name: &str,
+        labels: &[String],
+    ) -> Option<u64> {
+        self.create_job(repo_id, name, labels, JobStatus::Waiting)
+    }
+
+    /// Approves a waiting job: it becomes `queued` (and says so in a delivery).
+    pub fn approve(&mut self, job_id: u64) -> bool {
+        let Some(job) = self
+            .jobs
+            .get_mut(&job_id)
+            .filter(|j| j.status == JobStatus::Waiting)
+        else {
+            return false;
+        };
+        job.status = JobStatus::Queued;
+        let run_id = job.run_id;
+        self.touch_run(run_id);
+        self.record_job_event(job_id, "queued");
+        true
+    }
+
+    fn create_job(
+        &mut self,
+        repo_id: u64,
+        name: &str,
+        labels: &[String],
+        status: JobStatus,
+    ) -> Option<u64> {
+        self.repos.get(&repo_id)?;
+        let run_id = self.next_id();
+        let job_id = self.next_id();
+        let now = self.now();
+        self.runs.insert(
+            run_id,
+            Run {
+                id: run_id,
+                repo_id,
+                run_number: run_id - 1000,
+                run_attempt: 1,
+                workflow_name: "CI".into(),
+                head_sha: random_hex(20),
+                head_branch: "main".into(),
+                created_at: now,
+                updated_at: now,
+            },
+        );
+        self.jobs.insert(
+            job_id,
+            Job {
+                id: job_id,
+                run_id,
+                name: name.to_owned(),
+                labels: labels.to_vec(),
+                status,
+                conclusion: None,
+                runner_id: None,
+                runner_name: None,
+                runner_group_id: None,
+                runner_group_name: None,
+                created_at: now,
+                started_at: None,
+                completed_at: None,
+            },
+        );
+        self.record_job_event(job_id, status.as_str());
+        Some(job_id)
+    }
+
+    /// The run's status, from its jobs.
+    pub fn run_status(&self, run_id: u64) -> (&'static str, Option<String>) {
+        let jobs: Vec<&Job> = self.jobs.values().filter(|j| j.run_id == run_id).collect();
+        if jobs.iter().all(|j| j.status == JobStatus::Completed) {
+            let failed = jobs
+                .iter()
+                .find(|j| j.conclusion.as_deref() != Some("success"));
+            let conclusion = failed
+                .and_then(|j| j.conclusion.clone())
+                .unwrap_or_else(|| "success".into());
+            ("completed", Some(conclusion))
+        } else if jobs.iter().any(|j| j.status == JobStatus::Waiting) {
+            ("waiting", None)
+        } else if jobs.iter().all(|j| j.status == JobStatus::Queued) {
+            ("queued", None)
+        } else {
+            ("in_progress", None)
+        }
+    }
+
+    fn repo_of_run(&self, run_id: u64) -> Option<&Repo> {
+        self.runs
+            .get(&run_id)
+            .and_then(|r| self.repos.get(&r.repo_id))
+    }
+
+    /// Whether `runner` may take `job`: same repository or organization, and every label the
+    /// job asks for is one of the runner's (case-insensitively, as GitHub matches).
+    pub fn runner_fits(&self, runner: &Runner, job: &Job) -> bool {
+        let Some(repo) = self.repo_of_run(job.run_id) else {
+            return false;
+        };
+        let scope_ok = match &runner.scope {
+            RunnerScope::Org(org) => *org == repo.owner,
+            RunnerScope::Repo(id) => *id == repo.id,
+        };
+        scope_ok
+            && job
+                .labels
+                .iter()
+                .all(|l| runner.labels.iter().any(|r| r.eq_ignore_ascii_case(l)))
+    }
+
+    /// Gives the oldest fitting queued job to a registered, idle runner.
+    pub fn assign(&mut self, runner_id: u64) -> Option<AssignedJob> {
+        let runner = self.runners.get(&runner_id)?.clone();
+        if !runner.online || runner.busy {
+            return None;
+        }
+        let job_id = self
+            .jobs
+            .values()
+            .find(|j| j.status == JobStatus::Queued && self.runner_fits(&runner, j))?
+            .id;
+        let group_name = self.group_name(&runner);
+        let now = self.now();
+        let job = self.jobs.get_mut(&job_id)?;
+        job.status = JobStatus::InProgress;
+        job.started_at = Some(now);
+        job.runner_id = Some(runner.id);
+        job.runner_name = Some(runner.name.clone());
+        job.runner_group_id = Some(runner.group_id);
+        job.runner_group_name = Some(group_name);
+        let (run_id, name) = (job.run_id, job.name.clone());
+        if let Some(r) = self.runners.get_mut(&runner_id) {
+            r.busy = true;
+        }
+        self.touch_run(run_id);
+        self.record_job_event(job_id, "in_progress");
+        let repository = self.repo_of_run(run_id)?.full_name();
+        Some(AssignedJob {
+            job_id,
+            run_id,
+            name,
+            repository,
+        })
+    }
+
+    fn group_name(&self, runner: &Runner) -> String {
+        let org = match &runner.scope {
+            RunnerScope::Org(org) => Some(org.clone()),
+            RunnerScope::Repo(id) => self.repos.get(id).map(|r| r.owner.clone()),
+        };
+        org.and_then(|o| self.runner_groups.get(&o))
+            .and_then(|gs| gs.iter().find(|g| g.id == runner.group_id))
+            .map(|g| g.name.clone())
+            .unwrap_or_else(|| "Default".into())
+    }
+
+    fn touch_run(&mut self, run_id: u64) {
+        let now = self.now();
+        if let Some(run) = self.runs.get_mut(&run_id) {
+            run.updated_at = now;
+        }
+    }
+
+    /// Completes a job; an ephemeral runner that ran it leaves the inventory, as on GitHub.
+    pub fn complete(&mut self, job_id: u64, conclusion: &str) -> bool {
+        let now = self.now();
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return false;
+        };
+        if job.status == JobStatus::Completed {
+            return false;
+        }
+        job.status = JobStatus::Completed;
+        job.conclusion = Some(conclusion.to_owned());
+        job.completed_at = Some(now);
+        if job.started_at.is_none() {
+            job.started_at = Some(now);
+        }
+        let (run_id, runner_id) = (job.run_id, job.runner_id);
+        if let Some(id) = runner_id {
+            self.runners.remove(&id);
+        }
+        self.touch_run(run_id);
+        self.record_job_event(job_id, "completed");
+        true
+    }
+
+    // ---- deliveries ----
+
+    /// Records a `workflow_job` delivery for the job's current state; returns its id.
+    pub fn record_job_event(&mut self, job_id: u64, action: &str) -> Option<u64> {
+        let job = self.jobs.get(&job_id)?.clone();
+        let run = self.runs.get(&job.run_id)?.clone();
+        let repo = self.repos.get(&run.repo_id)?.clone();
+        let ctx = self.ctx();
+        let mut payload = json!({
+            "action": action,
+            "workflow_job": render::job(&ctx, &job, &run, &repo.full_name()),
+            "repository": self.repo_json(&repo),
+            "sender": render::user(&ctx, "fake-user", 1, "User"),
+            "installation": {"id": repo.installation_id, "node_id": format!("I_{}", repo.installation_id)},
+        });
+        if self.owner_type(&repo.owner) == "Organization"
+            && let Some(map) = payload.as_object_mut()
+        {
+            map.insert(
+                "organization".into(),
+                json!({"login": repo.owner, "id": repo.owner_id, "node_id": format!("O_{}", repo.owner_id)}),
+            );
+        }
+        let body = Bytes::from(serde_json::to_vec(&payload).ok()?);
+        let guid = uuid::Uuid::new_v4().to_string();
+        Some(self.record_delivery(
+            guid,
+            "workflow_job",
+            Some(action.to_owned()),
+            Some(repo.installation_id),
+            Some(repo.id),
+            body,
+            false,
+        ))
+    }
+
+    /// Adds a delivery (signed with the current secret) to the log; returns its id.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "a delivery's fields, named at each call"
+    )]
+    pub fn record_delivery(
+        &mut self,
+        guid: String,
+        event: &str,
+        action: Option<String>,
+        installation_id: Option<u64>,
+        repository_id: Option<u64>,
+        body: Bytes,
+        redelivery: bool,
+    ) -> u64 {
+        let id = self.next_id() + 90_000_000_000;
+        let mut headers = vec![
+            ("Accept".to_owned(), "*/*".to_owned()),
+            ("Content-Type".to_owned(), "application/json".to_owned()),
+            (
+                "User-Agent".to_owned(),
+                "GitHub-Hookshot/fake0001".to_owned(),
+            ),
+            ("X-GitHub-Delivery".to_owned(), guid.clone()),
+            ("X-GitHub-Event".to_owned(), event.to_owned()),
+            ("X-GitHub-Hook-ID".to_owned(), self.hook_id.to_string()),
+            (
+                "X-GitHub-Hook-Installation-Target-ID".to_owned(),
+                self.app_id.to_string(),
+            ),
+            (
+                "X-GitHub-Hook-Installation-Target-Type".to_owned(),
+                "integration".to_owned(),
+            ),
+        ];
+        if let Some(target) = &self.webhook {
+            headers.push((
+                "X-Hub-Signature-256".to_owned(),
+                signature(target.secret.expose_secret().as_bytes(), &body),
+            ));
+        }
+        let now = self.now();
+        self.deliveries.push(Delivery {
+            id,
+            guid,
+            event: event.to_owned(),
+            action,
+            installation_id,
+            repository_id,
+            redelivery,
+            delivered_at: now,
+            body,
+            headers,
+            status: "pending".into(),
+            status_code: 0,
+            duration_ms: 0,
+            response_body: String::new(),
+        });
+        id
+    }
+
+    /// A new attempt of an earlier delivery: same GUID and body, re-signed.
+    pub fn redeliver(&mut self, delivery_id: u64) -> Option<u64> {
+        let d = self
+            .deliveries
+            .iter()
+            .find(|d| d.id == delivery_id)?
+            .clone();
+        Some(self.record_delivery(
+            d.guid,
+            &d.event,
+            d.action,
+            d.installation_id,
+            d.repository_id,
+            d.body,
+            true,
+        ))
+    }
+
+    pub fn delivery_mut(&mut self, id: u64) -> Option<&mut Delivery> {
+        self.deliveries.iter_mut().find(|d| d.id == id)
+    }
+
+    /// The behaviour a runner gets when it registers.
+    pub fn behavior_for(&self, name: &str) -> RunnerBehavior {
+        self.behavior_by_name
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| self.default_behavior.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> State {
+        State::new(1, String::new(), "http://x".into(), String::new())
+    }
+
+    fn online_runner(s: &mut State, scope: RunnerScope, labels: &[&str]) -> u64 {
+        let id = s.next_id();
+        s.runners.insert(
+            id,
+            Runner {
+                id,
+                name: format!("r{id}"),
+                scope,
+                labels: labels.iter().map(|l| l.to_string()).collect(),
+                group_id: 1,
+                online: true,
+                busy: false,
+                token: "t".into(),
+                behavior: None,
+            },
+        );
+        id
+    }
+
+    #[test]
+    fn signature_matches_githubs_test_vector() {
+        assert_eq!(
+            signature(b"It's a Secret to Everybody", b"Hello, World!"),
+            "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
+        );
+    }
+
+    #[test]
+    fn jobs_go_to_runners_whose_labels_cover_them_and_move_forward() {
+        let mut s = state();
+        let repo = s.add_repo("acme", "w", "Organization");
+        let labels = vec!["self-hosted".to_owned(), "Linux".to_owned()];
+        let job = s.queue_job(repo, "build", &labels).unwrap_or_default();
+        let other_org = online_runner(
+            &mut s,
+            RunnerScope::Org("else".into()),
+            &["self-hosted", "linux"],
+        );
+        let too_few = online_runner(&mut s, RunnerScope::Org("acme".into()), &["self-hosted"]);
+        assert!(s.assign(other_org).is_none());
+        assert!(s.assign(too_few).is_none());
+        let good = online_runner(
+            &mut s,
+            RunnerScope::Repo(repo),
+            &["self-hosted", "linux", "x64"],
+        );
+        let assigned = s.assign(good).map(|a| a.job_id);
+        assert_eq!(assigned, Some(job));
+        assert_eq!(s.run_status(s.jobs[&job].run_id).0, "in_progress");
+        assert!(s.complete(job, "success"));
+        assert!(!s.complete(job, "failure"), "completed is final");
+        assert!(
+            !s.runners.contains_key(&good),
+            "an ephemeral runner leaves after its job"
+        );
+        assert_eq!(
+            s.run_status(s.jobs[&job].run_id),
+            ("completed", Some("success".into()))
+        );
+        let actions: Vec<_> = s
+            .deliveries
+            .iter()
+            .filter_map(|d| d.action.clone())
+            .collect();
+        assert_eq!(actions, ["queued", "in_progress", "completed"]);
+    }
+
+    #[test]
+    fn waiting_jobs_are_not_handed_out_until_approved() {
+        let mut s = state();
+        let repo = s.add_repo("acme", "w", "Organization");
+        let job = s
+            .queue_waiting_job(repo, "deploy", &["self-hosted".into()])
+            .unwrap_or_default();
+        let runner = online_runner(&mut s, RunnerScope::Org("acme".into()), &["self-hosted"]);
+        assert!(s.assign(runner).is_none());
+        assert_eq!(s.run_status(s.jobs[&job].run_id).0, "waiting");
+        assert!(s.approve(job));
+        assert!(!s.approve(job), "only a waiting job is approved");
+        assert_eq!(s.assign(runner).map(|a| a.job_id), Some(job));
+        let actions: Vec<_> = s
+            .deliveries
+            .iter()
+            .filter_map(|d| d.action.clone())
+            .collect();
+        assert_eq!(actions, ["waiting", "queued", "in_progress"]);
+    }
+
+    #[test]
+    fn quotas_refill_after_their_window() {
+        let mut s = state();
+        s.quota("app", "core").remaining = 0;
+        assert_eq!(s.quota("app", "core").remaining, 0);
+        s.clock_offset = RATE_WINDOW + Duration::from_secs(1);
+        assert_eq!(s.quota("app", "core").remaining, DEFAULT_LIMIT);
+    }
+
+    #[test]
+    fn redelivery_keeps_the_guid_and_body() {
+        let mut s = state();
+        let repo = s.add_repo("alice", "tool", "User");
+        s.queue_job(repo, "j", &["self-hosted".into()]);
+        let first = s.deliveries[0].clone();
+        let again = s.redeliver(first.id).unwrap_or_default();
+        let second = s.deliveries.iter().find(|d| d.id == again).cloned();
+        let second = second.unwrap_or_else(|| panic!("no redelivery"));
+        assert_eq!(
+            (second.guid, second.body, second.redelivery),
+            (first.guid, first.body, true)
+        );
+        let payload: serde_json::Value =
+            serde_json::from_slice(&s.deliveries[0].body).unwrap_or_default();
+        assert_eq!(
+            payload["installation"]["id"],
+            s.repos[&repo].installation_id
+        );
+        assert!(
+            payload.get("organization").is_none(),
+            "a user's repo has no organization"
+        );
+    }
+}

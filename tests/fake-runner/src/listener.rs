@@ -1,0 +1,181 @@
+//! The fake runner's `Runner.Listener`: what rm sees of GitHub's runner. Started as
+//! `Runner.Listener run` in the runtime directory with the JIT configuration in
+//! `ACTIONS_RUNNER_INPUT_JITCONFIG`, it registers with the fake GitHub, takes one job if one is
+//! assigned (writing into `_work/` and `_diag/Worker_*.log`) or gives up after its idle time
+//! (writing only `_diag/Runner_*.log`), and exits. The fake tells it at registration whether to
+//! crash, hang, leave a background process behind or plant a symlink.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use rm_fake_github::jit::{AssignedJob, CrashPoint, FakeJitConfig, RunnerBehavior};
+use rm_fake_github::runner_client::RunnerSession;
+
+/// The environment variable GitHub's runner reads its JIT configuration from.
+const JIT_ENV: &str = "ACTIONS_RUNNER_INPUT_JITCONFIG";
+/// How often an idle runner asks for a job.
+const ACQUIRE_POLL: Duration = Duration::from_millis(100);
+/// Exit status of a deliberate crash.
+const CRASH_EXIT: u8 = 3;
+/// How long the background process left behind lives.
+const BACKGROUND_SECS: &str = "300";
+
+/// Runs the listener with the process's arguments and environment; returns its exit status.
+/// Any binary can be the package's `bin/Runner.Listener` by calling this (e.g. `rm-agent demo`
+/// copying itself and dispatching on its own file name).
+pub fn listener_main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args != ["run"] {
+        eprintln!("usage: Runner.Listener run (got {args:?})");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("Runner.Listener failed: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn stamp() -> String {
+    // Real runners name logs by UTC start time; the fake's formatting is good enough for tests.
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    format!("{secs}-utc")
+}
+
+struct Log {
+    path: std::path::PathBuf,
+}
+
+impl Log {
+    fn open(dir: &Path, prefix: &str) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let path = dir.join(format!("{prefix}_{}.log", stamp()));
+        std::fs::write(&path, "")?;
+        Ok(Self { path })
+    }
+
+    fn line(&self, text: &str) {
+        use std::io::Write as _;
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&self.path) {
+            let _ = writeln!(f, "[{}] {text}", stamp());
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<u8> {
+    let encoded = std::env::var(JIT_ENV).with_context(|| format!("{JIT_ENV} is not set"))?;
+    let config =
+        FakeJitConfig::decode(&encoded).context("the JIT configuration is not the fake's")?;
+    let cwd = std::env::current_dir()?;
+    let diag = Log::open(&cwd.join("_diag"), "Runner")?;
+    diag.line(&format!(
+        "runner {} (id {}) starting",
+        config.runner_name, config.runner_id
+    ));
+    let work = cwd.join(&config.work_folder);
+    let session = RunnerSession::new(config);
+    let behavior = session.register().await?;
+    diag.line("registered; listening for jobs");
+    side_effects(&behavior, &work, &cwd, &diag)?;
+    if behavior.hang {
+        diag.line("hanging on purpose");
+        std::future::pending::<()>().await;
+    }
+    if behavior.crash == Some(CrashPoint::AfterRegister) {
+        diag.line("crashing on purpose after registering");
+        return Ok(CRASH_EXIT);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(behavior.idle_timeout_ms);
+    loop {
+        if let Some(job) = session.acquire().await? {
+            return run_job(&session, &behavior, job, &work, &cwd, &diag).await;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            diag.line("no job within the idle time; exiting");
+            session.exit().await?;
+            return Ok(0);
+        }
+        tokio::time::sleep(ACQUIRE_POLL).await;
+    }
+}
+
+fn side_effects(
+    behavior: &RunnerBehavior,
+    work: &Path,
+    cwd: &Path,
+    diag: &Log,
+) -> anyhow::Result<()> {
+    if behavior.fork_background {
+        let child = std::process::Command::new("sleep")
+            .arg(BACKGROUND_SECS)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("cannot start the background process")?;
+        std::fs::write(
+            cwd.join("_diag").join("background.pid"),
+            child.id().to_string(),
+        )?;
+        diag.line(&format!("left background process {} running", child.id()));
+    }
+    if let Some(target) = &behavior.plant_symlink {
+        std::fs::create_dir_all(work)?;
+        let link = work.join("planted-link");
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(target, &link)
+            .with_context(|| format!("cannot plant {}", link.display()))?;
+        #[cfg(not(unix))]
+        bail!("symlinks are only planted on unix (wanted {target})");
+        diag.line("planted a symlink in the work folder");
+    }
+    Ok(())
+}
+
+async fn run_job(
+    session: &RunnerSession,
+    behavior: &RunnerBehavior,
+    job: AssignedJob,
+    work: &Path,
+    cwd: &Path,
+    diag: &Log,
+) -> anyhow::Result<u8> {
+    diag.line(&format!("running job {} ({})", job.job_id, job.name));
+    let worker = Log::open(&cwd.join("_diag"), "Worker")?;
+    worker.line(&format!(
+        "job {} of run {} in {}",
+        job.job_id, job.run_id, job.repository
+    ));
+    let Some((_, repo)) = job.repository.split_once('/') else {
+        bail!("job repository {:?} is not owner/name", job.repository);
+    };
+    let checkout = work.join(repo).join(repo);
+    std::fs::create_dir_all(&checkout)?;
+    std::fs::write(checkout.join("job.txt"), format!("job {}\n", job.job_id))?;
+    if behavior.crash == Some(CrashPoint::DuringJob) {
+        worker.line("crashing on purpose during the job");
+        return Ok(CRASH_EXIT);
+    }
+    tokio::time::sleep(Duration::from_millis(behavior.job_duration_ms)).await;
+    session.complete(job.job_id, &behavior.conclusion).await?;
+    worker.line(&format!("job finished: {}", behavior.conclusion));
+    diag.line("job done; exiting (ephemeral)");
+    Ok(0)
+}
