@@ -112,26 +112,45 @@ pub const HANDLERS: &[(&str, Handler)] = &[
     ),
 ];
 
-/// Runs the handler for the delivery's event, or ignores an event rm has no handler for.
+/// Runs the handler for the delivery's event, or ignores an event rm has no handler for. An
+/// `Apply` or `Ignore` verdict means the whole body was read as JSON; a `Reject` may be for a
+/// body that is not JSON at all ([`is_json`] tells).
 pub fn handle(delivery: &Delivery<'_>) -> Verdict {
     match HANDLERS.iter().find(|(event, _)| *event == delivery.event) {
         Some((_, handler)) => handler(delivery),
-        None => Verdict::Ignore {
-            action: action_of(delivery.body),
-            reason: format!("no handler for event `{}`", delivery.event),
+        // Ignored events are still read whole, so that what is journalled is JSON.
+        None => match action_of_json(delivery.body) {
+            Ok(action) => Verdict::Ignore {
+                action,
+                reason: format!("no handler for event `{}`", delivery.event),
+            },
+            Err(err) => Verdict::Reject {
+                action: None,
+                reason: format!("unreadable payload: {err}"),
+            },
         },
     }
 }
 
-/// The top-level `action` of a body, when it is JSON that has one.
+/// The top-level `action` of a body, when it is JSON that has one as a string.
 fn action_of(body: &[u8]) -> Option<String> {
+    action_of_json(body).ok().flatten()
+}
+
+/// Reads a whole body as JSON for its top-level `action`: an error means it is not JSON.
+fn action_of_json(body: &[u8]) -> serde_json::Result<Option<String>> {
     #[derive(Deserialize)]
     struct ActionOnly {
-        action: Option<String>,
+        action: Option<serde_json::Value>,
     }
     serde_json::from_slice::<ActionOnly>(body)
-        .ok()
-        .and_then(|a| a.action)
+        .map(|a| a.action.and_then(|v| v.as_str().map(str::to_owned)))
+}
+
+/// Whether `body` is one JSON document. Only needed when a handler rejected a body: a verdict of
+/// `Apply` or `Ignore` means the whole body was parsed, so it is JSON.
+pub fn is_json(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
 }
 
 /// Parses a body into a handler's payload type, turning a serde error into a rejection that

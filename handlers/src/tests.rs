@@ -364,3 +364,33 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_body_that_is_not_json_is_never_applied_or_ignored() {
+    for body in [
+        &b"payload=%7B%7D"[..],
+        b"{\"action\":\"queued\"",
+        b"{} trailing",
+        b"",
+    ] {
+        for event in [
+            "workflow_job",
+            "ping",
+            "installation",
+            "installation_repositories",
+            "check_run",
+        ] {
+            assert!(
+                matches!(deliver(event, body), Verdict::Reject { .. }),
+                "{event}: {body:?}"
+            );
+        }
+        assert!(!is_json(body));
+    }
+    assert!(is_json(br#"{"action": 5}"#));
+    // An ignored event whose `action` is not a string is still JSON, and still ignored.
+    assert!(matches!(
+        deliver("check_run", br#"{"action": 5}"#),
+        Verdict::Ignore { action: None, .. }
+    ));
+}

@@ -36,6 +36,8 @@ pub enum JournalError {
     Sqlite(#[from] rusqlite::Error),
     #[error("the journal could not commit: {0}")]
     Commit(String),
+    #[error("the body is not JSON")]
+    NotJson,
     #[error("the journal writer has stopped")]
     WriterStopped,
     #[error("no delivery {0} in the journal")]

@@ -85,8 +85,15 @@ impl Journal {
     /// Records a delivery. The handler runs here, on the caller's thread, so parsing scales with
     /// the callers and the writer thread only does SQL; its changes are applied in the same
     /// transaction that records the delivery. Returns once that transaction is committed.
+    ///
+    /// A body that is not JSON at all is refused with [`JournalError::NotJson`] and nothing is
+    /// written: the handler's parse is the only one on the hot path, and only a rejected body is
+    /// read a second time to tell "not JSON" from "JSON a handler cannot use".
     pub async fn record(&self, incoming: Incoming) -> Result<Recorded, JournalError> {
         let verdict = run_handler(&incoming);
+        if matches!(verdict, Verdict::Reject { .. }) && !rm_handlers::is_json(&incoming.body) {
+            return Err(JournalError::NotJson);
+        }
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Request::Record {
