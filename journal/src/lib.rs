@@ -1,6 +1,6 @@
 //! rm-journal: the only owner of rm's SQLite file. It holds every webhook delivery (exact body,
 //! the headers that matter, what became of it), one row per `workflow_job`, and the App's
-//! installations with their repository scope.
+//! installations with their repository scope, and every runner attempt ([`Attempts`]).
 //!
 //! Writes go through one writer thread that commits in groups ([`Journal`]): every delivery
 //! that arrived while the previous commit was in flight is committed in the next transaction,
@@ -8,9 +8,13 @@
 //! [`Reader`], a separate read-only connection (WAL lets readers run beside the writer).
 //!
 //! Every state change is compare-and-set (`UPDATE ... WHERE state_rank < ?`) so that two writers
-//! (the agent's writer and a `deliveries replay` from the CLI) can never both win.
+//! (the agent's writer and a `deliveries replay` from the CLI) can never both win. Runner
+//! attempts are written synchronously on the agent's own connection ([`Attempts`]), each
+//! transition compare-and-set over the lifecycle's graph ([`AttemptState`]).
 
 mod apply;
+mod attempts;
+mod body;
 mod checkpoint;
 mod connection;
 mod error;
@@ -22,6 +26,10 @@ mod schema;
 mod types;
 mod writer;
 
+pub use attempts::{
+    ATTEMPT_ID_LEN, ATTEMPT_SHORT_LEN, AttemptError, AttemptId, AttemptOutcome, AttemptRecord,
+    AttemptState, Attempts, LiveCounts, NewAttempt, PolicyLive, Scope, StopIntent, WorkspaceKind,
+};
 pub use connection::JOURNAL_FILE;
 pub use error::JournalError;
 pub use metrics::JournalMetrics;
@@ -41,5 +49,7 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+#[cfg(test)]
+mod attempt_tests;
 #[cfg(test)]
 mod tests;

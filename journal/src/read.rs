@@ -1,12 +1,14 @@
-//! Read-only queries for the CLI, `/metrics` and (later) the agent's demand loop. A [`Reader`] is
+//! Read-only queries for the CLI, `/metrics` and the agent's demand loop. A [`Reader`] is
 //! its own connection, so it never waits for the writer.
 
 use std::path::Path;
 
 use rusqlite::{Connection, OptionalExtension, Row};
 
+use crate::attempts::{ATTEMPT_COLUMNS, attempt_row};
 use crate::{
-    DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, StoredDelivery, connection,
+    AttemptRecord, DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, StoredDelivery,
+    connection,
 };
 
 /// A read-only view of the journal.
@@ -107,6 +109,25 @@ impl Reader {
         Ok(installations)
     }
 
+    /// Runner attempts, most recently allocated first, at most `limit` (`rm-agent runners`).
+    pub fn attempts(&self, limit: usize) -> Result<Vec<AttemptRecord>, JournalError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts
+             ORDER BY created_at DESC, attempt_id DESC LIMIT ?1"
+        ))?;
+        let rows = stmt.query_map([limit_param(limit)], attempt_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// How many attempts are in each state (`/metrics`, `status`).
+    pub fn attempt_counts(&self) -> Result<Vec<(String, i64)>, JournalError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT state, COUNT(*) FROM attempts GROUP BY state ORDER BY state")?;
+        let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// The outcome of `PRAGMA integrity_check`: `["ok"]` for a sound file.
     pub fn integrity_check(&self) -> Result<Vec<String>, JournalError> {
         let mut stmt = self.conn.prepare("PRAGMA integrity_check")?;
@@ -176,7 +197,17 @@ pub(crate) fn stored_delivery(
                 .into_iter()
                 .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_owned()))
                 .collect(),
-                body: row.get(10)?,
+                body: row
+                    .get::<_, Option<Vec<u8>>>(10)?
+                    .map(|stored| crate::body::decode(&stored))
+                    .transpose()
+                    .map_err(|err| {
+                        rusqlite::Error::FromSqlConversionFailure(
+                            10,
+                            rusqlite::types::Type::Blob,
+                            Box::new(err),
+                        )
+                    })?,
             })
         })
         .optional()?;

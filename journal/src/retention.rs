@@ -1,5 +1,6 @@
-//! Bounded retention: delivery bodies, old delivery rows and finished jobs are removed in small
-//! steps so the file does not grow without end and no step holds the writer for long.
+//! Bounded retention: delivery bodies, old delivery rows, finished jobs and cleaned runner
+//! attempts are removed in small steps so the file does not grow without end and no step holds
+//! the writer for long.
 
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ pub struct Retention {
     /// Delivery rows are removed after this. Must cover GitHub's redelivery window, since a
     /// removed GUID would be accepted as new again.
     pub delivery_rows: Duration,
-    /// Completed jobs are removed after this.
+    /// Completed jobs, and runner attempts cleaned this long ago, are removed after this.
     pub finished_jobs: Duration,
 }
 
@@ -61,10 +62,17 @@ pub(crate) fn prune_step(
              SELECT job_id FROM jobs WHERE state = 'completed' AND updated_at < ?1 LIMIT ?2)",
         params![cutoff(now_ms, retention.finished_jobs), PRUNE_STEP_ROWS],
     )?;
+    // Only cleaned attempts: a live or concluded one still has a runner or a workspace behind it.
+    let attempts = tx.execute(
+        "DELETE FROM attempts WHERE attempt_id IN (
+             SELECT attempt_id FROM attempts
+             WHERE state = 'cleaned' AND state_changed_at < ?1 LIMIT ?2)",
+        params![cutoff(now_ms, retention.finished_jobs), PRUNE_STEP_ROWS],
+    )?;
     tx.commit()?;
-    if bodies + rows + jobs > 0 {
-        tracing::debug!(bodies, rows, jobs, "journal retention step");
+    if bodies + rows + jobs + attempts > 0 {
+        tracing::debug!(bodies, rows, jobs, attempts, "journal retention step");
     }
     let step = usize::try_from(PRUNE_STEP_ROWS).unwrap_or(usize::MAX);
-    Ok(bodies == step || rows == step || jobs == step)
+    Ok(bodies == step || rows == step || jobs == step || attempts == step)
 }

@@ -26,7 +26,9 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         replayed_at   INTEGER
     );
     CREATE INDEX deliveries_received_at ON deliveries (received_at);
-    CREATE INDEX deliveries_outcome ON deliveries (outcome, received_at);
+    -- Only rejected deliveries are looked up by outcome (status, replay); a partial index
+    -- costs nothing on the hot path, where nearly every delivery is applied.
+    CREATE INDEX deliveries_rejected ON deliveries (received_at) WHERE outcome = 'rejected';
 
     CREATE TABLE jobs (
         job_id          INTEGER PRIMARY KEY,      -- workflow_job.id
@@ -65,6 +67,53 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (installation_id, repository_id)
     );
     "#,
+    // v2: runner attempts, one row per runner this host starts, written before any effect
+    // outside the process (ARCHITECTURE guarantee 3). The JIT configuration is never stored.
+    // `stop_intent` and `reason` are closed sets in Rust but carry no CHECK, so a new kind needs
+    // no table rebuild; `state` and `outcome` are the lifecycle itself and are checked here.
+    r#"
+    CREATE TABLE attempts (
+        attempt_id       TEXT PRIMARY KEY NOT NULL      -- 32 lowercase hex
+                         CHECK (length(attempt_id) = 32 AND attempt_id NOT GLOB '*[^0-9a-f]*'),
+        policy           TEXT NOT NULL,                 -- [[policy]] name when allocated
+        runner_name      TEXT NOT NULL UNIQUE           -- rm-<host>-<first 12 hex of the id>
+                         CHECK (runner_name GLOB ('rm-?*-' || substr(attempt_id, 1, 12))),
+        workspace        TEXT NOT NULL CHECK (workspace IN ('ephemeral', 'persistent')),
+        runtime_dir      TEXT NOT NULL,                 -- what cleanup removes or scrubs
+        state            TEXT NOT NULL CHECK (state IN ('allocated', 'jit_received', 'starting',
+                             'idle', 'busy', 'finished', 'failed', 'orphaned', 'cleaned')),
+        state_changed_at INTEGER NOT NULL,              -- when `state` was entered: the timers
+        outcome          TEXT CHECK (outcome IN ('completed_job', 'idle_exit', 'failed',
+                             'orphaned')),
+        reason           TEXT,                          -- failure kind, snake_case
+        detail           TEXT,                          -- one sentence for the operator
+        runner_id        INTEGER,                       -- GitHub's id, from the JIT response
+        job_id           INTEGER,                       -- workflow_job.id it took
+        pid              INTEGER,                       -- Runner.Listener
+        pid_start_time   INTEGER,                       -- /proc stat field 22: pid reuse check
+        stop_intent      TEXT,                          -- why it is being stopped
+        stop_intent_at   INTEGER,
+        created_at       INTEGER NOT NULL,              -- ms since the Unix epoch
+        updated_at       INTEGER NOT NULL,
+        CHECK ((outcome IS NULL) =
+               (state IN ('allocated', 'jit_received', 'starting', 'idle', 'busy'))),
+        CHECK (state != 'finished' OR outcome IN ('completed_job', 'idle_exit')),
+        CHECK (state != 'failed' OR outcome = 'failed'),
+        CHECK (state != 'orphaned' OR outcome = 'orphaned'),
+        CHECK ((pid IS NULL) = (pid_start_time IS NULL)),
+        CHECK ((stop_intent IS NULL) = (stop_intent_at IS NULL))
+    );
+    -- Capacity: live attempts per policy and host-wide (allocation reads it under its lock).
+    CREATE INDEX attempts_live ON attempts (policy, state)
+        WHERE state IN ('allocated', 'jit_received', 'starting', 'idle', 'busy');
+    -- The workspace fence: two attempts never share a runtime directory (or persistent slot)
+    -- until the earlier one is cleaned. Also what supervision walks (everything not cleaned).
+    CREATE UNIQUE INDEX attempts_uncleaned_runtime ON attempts (runtime_dir)
+        WHERE state != 'cleaned';
+    CREATE INDEX attempts_created ON attempts (created_at);
+    CREATE INDEX attempts_cleaned ON attempts (state_changed_at) WHERE state = 'cleaned';
+    CREATE INDEX attempts_job ON attempts (job_id) WHERE job_id IS NOT NULL;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -99,6 +148,11 @@ pub(crate) fn migrate_to(
             continue;
         }
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        // Another connection (the group writer and the agent's attempt connection open the same
+        // file) may have migrated between our read and our write lock.
+        if user_version(&tx)? >= version {
+            continue;
+        }
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", version)?;
         tx.commit()?;

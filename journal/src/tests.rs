@@ -379,6 +379,19 @@ fn seed(conn: &Connection, version: i64) {
         )
         .unwrap();
     }
+    if version >= 2 {
+        conn.execute_batch(
+            "INSERT INTO attempts (attempt_id, policy, runner_name, workspace, runtime_dir, state,
+                 state_changed_at, runner_id, pid, pid_start_time, created_at, updated_at)
+                 VALUES ('0123456789abcdef0123456789abcdef', 'linux', 'rm-h-0123456789ab',
+                     'ephemeral', '/r/0123456789ab', 'busy', 5, 42, 4242, 77, 1, 5);
+             INSERT INTO attempts (attempt_id, policy, runner_name, workspace, runtime_dir, state,
+                 state_changed_at, outcome, reason, created_at, updated_at)
+                 VALUES ('fedcba9876543210fedcba9876543210', 'linux', 'rm-h-fedcba987654',
+                     'persistent', '/r/linux/s1', 'cleaned', 9, 'failed', 'jit_expired', 2, 9);",
+        )
+        .unwrap();
+    }
 }
 
 #[test]
@@ -400,6 +413,21 @@ fn migrations_run_from_every_earlier_version() {
         if start >= 1 {
             assert_eq!(reader.delivery_count().unwrap(), 1, "from v{start}");
             assert_eq!(reader.job(1).unwrap().unwrap().labels, vec!["self-hosted"]);
+        }
+        let attempts = reader.attempts(10).unwrap();
+        if start >= 2 {
+            let states: Vec<_> = attempts.iter().map(|a| a.state).collect();
+            assert_eq!(
+                states,
+                vec![AttemptState::Cleaned, AttemptState::Busy],
+                "from v{start}"
+            );
+            assert_eq!(attempts[1].pid, Some(4242));
+            assert_eq!(attempts[1].pid_start_time, Some(77));
+            assert_eq!(attempts[0].outcome, Some(AttemptOutcome::Failed));
+        } else {
+            // The table exists (the reader would fail otherwise) and starts empty.
+            assert!(attempts.is_empty(), "from v{start}");
         }
     }
 }

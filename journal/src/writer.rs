@@ -14,6 +14,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
 use crate::apply::apply_verdict;
+use crate::body;
 use crate::checkpoint;
 use crate::metrics::JournalMetrics;
 use crate::retention::{PRUNE_INTERVAL, Retention, prune_step};
@@ -27,10 +28,16 @@ const IDLE_WAKEUP: Duration = Duration::from_secs(60);
 
 type Reply = oneshot::Sender<Result<Recorded, JournalError>>;
 
+#[expect(
+    clippy::large_enum_variant,
+    reason = "nearly every request is a Record; boxing it would add an allocation per delivery"
+)]
 enum Request {
     Record {
         incoming: Incoming,
         verdict: Verdict,
+        /// The body as stored (compressed on the caller's thread).
+        stored_body: Vec<u8>,
         reply: Reply,
     },
     /// Proves the writer is alive and can take the write lock (`/healthz`).
@@ -94,11 +101,14 @@ impl Journal {
         if matches!(verdict, Verdict::Reject { .. }) && !rm_handlers::is_json(&incoming.body) {
             return Err(JournalError::NotJson);
         }
+        let stored_body = body::encode(&incoming.body)
+            .map_err(|err| JournalError::Commit(format!("cannot compress the body: {err}")))?;
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Request::Record {
                 incoming,
                 verdict,
+                stored_body,
                 reply,
             })
             .map_err(|_| JournalError::WriterStopped)?;
@@ -215,8 +225,11 @@ impl Writer {
         for request in batch {
             let answer = match request {
                 Request::Record {
-                    incoming, verdict, ..
-                } => record_one(&tx, incoming, verdict)?,
+                    incoming,
+                    verdict,
+                    stored_body,
+                    ..
+                } => record_one(&tx, incoming, verdict, stored_body)?,
                 // Placeholder answer; a probe only needs the commit to succeed.
                 Request::Probe(_) => Recorded::AlreadyJournalled,
             };
@@ -249,6 +262,7 @@ fn record_one(
     tx: &rusqlite::Transaction<'_>,
     incoming: &Incoming,
     verdict: &Verdict,
+    stored_body: &[u8],
 ) -> rusqlite::Result<Recorded> {
     let known: Option<i64> = tx
         .prepare_cached("SELECT id FROM deliveries WHERE guid = ?1")?
@@ -279,13 +293,21 @@ fn record_one(
             Some(format!("the journal could not apply this delivery: {err}")),
         ),
     };
-    insert_delivery(tx, incoming, verdict.action(), outcome, reason.as_deref())?;
+    insert_delivery(
+        tx,
+        incoming,
+        stored_body,
+        verdict.action(),
+        outcome,
+        reason.as_deref(),
+    )?;
     Ok(Recorded::New(outcome))
 }
 
 fn insert_delivery(
     conn: &Connection,
     incoming: &Incoming,
+    stored_body: &[u8],
     action: Option<&str>,
     outcome: Outcome,
     reason: Option<&str>,
@@ -307,7 +329,7 @@ fn insert_delivery(
         incoming.source.as_str(),
         incoming.received_at_ms,
         serde_json::Value::Object(headers).to_string(),
-        incoming.body,
+        stored_body,
         outcome.as_str(),
         reason,
     ])?;

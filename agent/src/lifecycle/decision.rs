@@ -1,0 +1,388 @@
+//! `recovery_decision`: what to do with one attempt, given what the process adapter, GitHub and
+//! the runner's own `_diag` logs say about it now. Pure: no clock (the caller passes `now`), no
+//! I/O, so every branch is a table row below.
+//!
+//! The rules that shape it (prior art, from real incidents):
+//! - A process is only ever signalled when the adapter proved it is ours (pid and start identity
+//!   match: [`ProcessObservation::Running`]); a recycled pid is [`ProcessObservation::Gone`] and
+//!   is never touched. A busy runner is never stopped.
+//! - Stopping is intent first: [`Decision::Terminate`] carries the intent the caller journals
+//!   (compare-and-set on the state it was decided from) before the signal.
+//! - An idle exit is not a failure and is not replaced.
+//! - Without GitHub nothing live is decided ([`Decision::Defer`]): a runner that looks idle may
+//!   have taken a job, a dead one may have finished its job.
+//! - Evidence beats intent: a runner whose `_diag` shows a `Worker_*.log` ran a job, whatever
+//!   the agent meant to do with it.
+
+use std::time::Duration;
+
+use rm_journal::{AttemptOutcome, AttemptRecord, AttemptState, StopIntent};
+
+/// How long an attempt may stay `allocated` or `jit_received` while this agent runs before
+/// supervision treats its launch as abandoned. A launch concludes its own failures; this only
+/// catches a launch that never did. JIT retries, the package copy and the spawn fit well inside.
+pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+/// How long a concluded attempt's process may keep running (uploading its last logs) before it
+/// is stopped so its workspace can go.
+pub const EXIT_GRACE: Duration = Duration::from_secs(60);
+
+/// Why an attempt failed: the journal's `reason`, a closed set of snake_case kinds that logs and
+/// metrics can carry (GitHub's own messages go to `detail`, never to a log field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureReason {
+    /// GitHub did not issue a JIT configuration (after bounded retries, or a terminal 403).
+    JitRequestFailed,
+    /// A JIT configuration was issued but no runner was recorded starting with it.
+    JitExpired,
+    /// The agent stopped between journalling the attempt and asking GitHub for a JIT.
+    LaunchInterrupted,
+    /// The runner package could not be prepared or the process could not be spawned.
+    ProcessStartFailed,
+    /// The process died before it registered, or while idle, without a word about a job.
+    ProcessExitedUnexpectedly,
+    /// It never registered within `runner.registration_timeout` and was stopped.
+    TerminatedAfterRegistrationTimeout,
+    /// The runner package did not verify against its published checksum.
+    RunnerPackageUnverified,
+    /// GitHub refused the runner's version.
+    RunnerVersionRejected,
+}
+
+impl FailureReason {
+    pub const ALL: [FailureReason; 8] = [
+        FailureReason::JitRequestFailed,
+        FailureReason::JitExpired,
+        FailureReason::LaunchInterrupted,
+        FailureReason::ProcessStartFailed,
+        FailureReason::ProcessExitedUnexpectedly,
+        FailureReason::TerminatedAfterRegistrationTimeout,
+        FailureReason::RunnerPackageUnverified,
+        FailureReason::RunnerVersionRejected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::JitRequestFailed => "jit_request_failed",
+            FailureReason::JitExpired => "jit_expired",
+            FailureReason::LaunchInterrupted => "launch_interrupted",
+            FailureReason::ProcessStartFailed => "process_start_failed",
+            FailureReason::ProcessExitedUnexpectedly => "process_exited_unexpectedly",
+            FailureReason::TerminatedAfterRegistrationTimeout => {
+                "terminated_after_registration_timeout"
+            }
+            FailureReason::RunnerPackageUnverified => "runner_package_unverified",
+            FailureReason::RunnerVersionRejected => "runner_version_rejected",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<FailureReason> {
+        Self::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+}
+
+/// How an attempt ends: the journal's outcome and reason together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Conclusion {
+    CompletedJob,
+    /// Never a failure, never replaced.
+    IdleExit,
+    Failed(FailureReason),
+    Orphaned,
+}
+
+impl Conclusion {
+    pub fn outcome(self) -> AttemptOutcome {
+        match self {
+            Conclusion::CompletedJob => AttemptOutcome::CompletedJob,
+            Conclusion::IdleExit => AttemptOutcome::IdleExit,
+            Conclusion::Failed(_) => AttemptOutcome::Failed,
+            Conclusion::Orphaned => AttemptOutcome::Orphaned,
+        }
+    }
+
+    /// The journal's `reason`: the failure kind, for failures only.
+    pub fn reason(self) -> Option<&'static str> {
+        match self {
+            Conclusion::Failed(reason) => Some(reason.as_str()),
+            _ => None,
+        }
+    }
+
+    pub fn is_failure(self) -> bool {
+        self.outcome().is_failure()
+    }
+}
+
+/// What the process adapter found for the journalled identity (pid and start time); the same
+/// three answers as `crate::runner::process::ProcessState`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessObservation {
+    /// Alive, and its start time matches the journal's: it is our runner.
+    Running,
+    /// Our runner ended (a zombie with its identity, not yet reaped).
+    Exited,
+    /// No process has this identity: reaped, or the pid now belongs to another process
+    /// (recycled), or no identity was ever journalled. Dead to us, and never signalled.
+    Gone,
+}
+
+/// What GitHub's runner list says about the runner's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GithubObservation {
+    Registered {
+        busy: bool,
+    },
+    NotRegistered,
+    /// The list could not be read: decide nothing that depends on it.
+    Unreachable,
+}
+
+/// What the runner's `_diag` folder says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobEvidence {
+    /// A `Worker_*.log`: a job ran (or is running).
+    RanAJob,
+    /// Only `Runner_*.log`: the listener ran and no job was ever handed to it.
+    NoJob,
+    /// No `_diag`, or it could not be read in time.
+    Unknown,
+}
+
+/// One observation of an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observation {
+    pub process: ProcessObservation,
+    pub github: GithubObservation,
+    pub evidence: JobEvidence,
+}
+
+/// The part of a journalled attempt the decision reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptFacts {
+    pub state: AttemptState,
+    /// When the current state was entered, in ms since the Unix epoch.
+    pub state_changed_at_ms: i64,
+    pub stop_intent: Option<StopIntent>,
+}
+
+impl AttemptFacts {
+    /// Time spent in the current state; zero if the clock went backwards.
+    fn in_state(&self, now_ms: i64) -> Duration {
+        let ms = now_ms.saturating_sub(self.state_changed_at_ms).max(0);
+        Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    }
+
+    /// Whether the journalled stop intent was meant for the state the attempt is in now. An
+    /// intent from an earlier state is stale: the runner outlived that signal and moved on.
+    fn intent_for_now(&self) -> Option<StopIntent> {
+        self.stop_intent
+            .filter(|intent| intent.applies_to().contains(&self.state))
+    }
+}
+
+impl From<&AttemptRecord> for AttemptFacts {
+    fn from(record: &AttemptRecord) -> Self {
+        AttemptFacts {
+            state: record.state,
+            state_changed_at_ms: record.state_changed_at_ms,
+            stop_intent: record.stop_intent,
+        }
+    }
+}
+
+/// The timers the decision applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// `runner.registration_timeout`: spawned, not registered by then → stopped (a failure).
+    pub registration: Duration,
+    /// `runner.idle_timeout`: registered, no job by then → stopped (an idle exit).
+    pub idle: Duration,
+    /// How long `allocated`/`jit_received` may last before the launch counts as abandoned.
+    pub launch: Duration,
+    /// How long a concluded attempt's process may keep running.
+    pub exit_grace: Duration,
+}
+
+impl Timeouts {
+    /// The timers for supervision while this agent runs and may have launches in flight.
+    pub fn supervision(registration: Duration, idle: Duration) -> Timeouts {
+        Timeouts {
+            registration,
+            idle,
+            launch: LAUNCH_TIMEOUT,
+            exit_grace: EXIT_GRACE,
+        }
+    }
+
+    /// The same at startup: no launch of this process can own an attempt yet, so an attempt
+    /// left `allocated` or `jit_received` by the previous run is decided at once.
+    pub fn at_startup(self) -> Timeouts {
+        Timeouts {
+            launch: Duration::ZERO,
+            ..self
+        }
+    }
+}
+
+/// What to do with the attempt now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Cleaned: nothing is left to do.
+    Nothing,
+    /// Nothing yet: a launch may still own it, or a concluded process is in its exit grace.
+    Wait,
+    /// GitHub could not be asked; decide nothing. At startup this keeps recovery incomplete.
+    Defer,
+    /// Alive and ours: keep supervising it as it is. A `jit_received` attempt first records
+    /// `starting` with the identity the process adapter recovered.
+    Adopt,
+    /// It moved: record `idle` (`Attempts::mark_idle` from the current state) or `busy`
+    /// (`Attempts::mark_busy`). Losing that compare-and-set means someone else moved it first.
+    Observe(AttemptState),
+    /// Journal this stop intent (compare-and-set on the current state), then, only if that won,
+    /// signal the process; conclude once it is seen dead.
+    Terminate(StopIntent),
+    /// Deregister if GitHub still lists it (best effort, never blocking), conclude from the
+    /// current state (`Attempts::conclude`), then clean.
+    Conclude(Conclusion),
+    /// Concluded and its process is gone: deregister if listed, remove or scrub the workspace,
+    /// mark it cleaned.
+    Clean,
+}
+
+/// Decides what supervision (or startup recovery) does with one attempt.
+pub fn recovery_decision(
+    attempt: &AttemptFacts,
+    observation: &Observation,
+    timeouts: &Timeouts,
+    now_ms: i64,
+) -> Decision {
+    use AttemptState::*;
+    let in_state = attempt.in_state(now_ms);
+    // An allocated attempt has started no process: whatever the adapter reports is not its
+    // runner, so it is never adopted or signalled.
+    let running = observation.process == ProcessObservation::Running && attempt.state != Allocated;
+    match attempt.state {
+        Cleaned => Decision::Nothing,
+        Finished | Failed | Orphaned => {
+            if !running {
+                Decision::Clean
+            } else if attempt.intent_for_now() == Some(StopIntent::Concluded)
+                || in_state >= timeouts.exit_grace
+            {
+                Decision::Terminate(StopIntent::Concluded)
+            } else {
+                Decision::Wait
+            }
+        }
+        Allocated | JitReceived => {
+            if in_state < timeouts.launch {
+                Decision::Wait
+            } else if observation.github == GithubObservation::Unreachable {
+                Decision::Defer
+            } else if running {
+                Decision::Adopt
+            } else {
+                Decision::Conclude(abandoned_launch(attempt.state, observation))
+            }
+        }
+        Starting | Idle | Busy => {
+            if observation.github == GithubObservation::Unreachable {
+                Decision::Defer
+            } else if running {
+                alive(attempt, observation, timeouts, in_state)
+            } else {
+                Decision::Conclude(dead(attempt, observation))
+            }
+        }
+    }
+}
+
+/// An `allocated` or `jit_received` attempt with no live runner, past the launch window.
+fn abandoned_launch(state: AttemptState, observation: &Observation) -> Conclusion {
+    match (state, observation.evidence, observation.github) {
+        // Spawned just before a crash, and it ran its job before anyone recorded the start.
+        (AttemptState::JitReceived, JobEvidence::RanAJob, _) => Conclusion::CompletedJob,
+        (AttemptState::JitReceived, _, _) => Conclusion::Failed(FailureReason::JitExpired),
+        // The JIT was issued but the crash came before it was journalled.
+        (_, _, GithubObservation::Registered { .. }) => {
+            Conclusion::Failed(FailureReason::JitExpired)
+        }
+        _ => Conclusion::Failed(FailureReason::LaunchInterrupted),
+    }
+}
+
+/// A live runner (`starting`, `idle`, `busy`) whose process is ours and alive; GitHub answered.
+fn alive(
+    attempt: &AttemptFacts,
+    observation: &Observation,
+    timeouts: &Timeouts,
+    in_state: Duration,
+) -> Decision {
+    use AttemptState::*;
+    let github_busy = observation.github == GithubObservation::Registered { busy: true };
+    let has_job = github_busy || observation.evidence == JobEvidence::RanAJob;
+    match attempt.state {
+        Busy => {
+            // GitHub withdrew the assignment and no worker ever started: back to idle (the idle
+            // timer starts again). Otherwise a busy runner is left alone, whatever GitHub says:
+            // an ephemeral runner is unlisted as soon as its job is done, while it still exits.
+            if observation.github == (GithubObservation::Registered { busy: false })
+                && observation.evidence == JobEvidence::NoJob
+            {
+                Decision::Observe(Idle)
+            } else {
+                Decision::Adopt
+            }
+        }
+        Starting | Idle if has_job => Decision::Observe(Busy),
+        Starting if observation.github == (GithubObservation::Registered { busy: false }) => {
+            Decision::Observe(Idle)
+        }
+        state => {
+            // Signalled already, and still alive: signal again (the adapter escalates).
+            if let Some(intent) = attempt.intent_for_now() {
+                return Decision::Terminate(intent);
+            }
+            let (limit, intent) = if state == Starting {
+                (timeouts.registration, StopIntent::RegistrationTimeout)
+            } else {
+                (timeouts.idle, StopIntent::IdleTimeout)
+            };
+            if in_state >= limit {
+                Decision::Terminate(intent)
+            } else {
+                Decision::Adopt
+            }
+        }
+    }
+}
+
+/// A live runner (`starting`, `idle`, `busy`) whose process is dead or not ours; GitHub answered.
+fn dead(attempt: &AttemptFacts, observation: &Observation) -> Conclusion {
+    use AttemptState::*;
+    if observation.evidence == JobEvidence::RanAJob {
+        return Conclusion::CompletedJob;
+    }
+    match attempt.intent_for_now() {
+        Some(StopIntent::IdleTimeout) => return Conclusion::IdleExit,
+        Some(StopIntent::RegistrationTimeout) => {
+            return Conclusion::Failed(FailureReason::TerminatedAfterRegistrationTimeout);
+        }
+        Some(StopIntent::Concluded) | None => {}
+    }
+    let github_busy = observation.github == GithubObservation::Registered { busy: true };
+    match (attempt.state, observation.evidence) {
+        (Starting, JobEvidence::NoJob) => {
+            Conclusion::Failed(FailureReason::ProcessExitedUnexpectedly)
+        }
+        (_, JobEvidence::NoJob) => Conclusion::IdleExit,
+        (Busy, _) => Conclusion::Orphaned,
+        _ if github_busy => Conclusion::Orphaned,
+        _ => Conclusion::Failed(FailureReason::ProcessExitedUnexpectedly),
+    }
+}
+
+#[cfg(test)]
+mod tests;

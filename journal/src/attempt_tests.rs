@@ -1,0 +1,777 @@
+//! Runner attempt tests on a real SQLite file: the state graph, every compare-and-set, the
+//! workspace fence, the counts allocation reads, the CLI listing and retention.
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::Connection;
+
+use crate::*;
+
+fn temp_journal() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(JOURNAL_FILE);
+    (dir, path)
+}
+
+fn id(n: u8) -> AttemptId {
+    AttemptId::parse(&format!("{n:02x}{}", "0".repeat(30))).unwrap()
+}
+
+/// Creates an ephemeral attempt of `policy` with a workspace named after its id.
+fn create(attempts: &Attempts, id: &AttemptId, policy: &str, at_ms: i64) -> AttemptRecord {
+    let dir = PathBuf::from(format!("/runners/{}", id.short()));
+    attempts
+        .create(&NewAttempt {
+            attempt_id: id,
+            policy,
+            runner_name: &id.runner_name("host"),
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: &dir,
+            created_at_ms: at_ms,
+        })
+        .unwrap()
+}
+
+/// Walks an attempt to `state` along the main line.
+fn walk_to(attempts: &Attempts, id: &AttemptId, state: AttemptState) {
+    use AttemptState::*;
+    let steps: &[AttemptState] = match state {
+        Allocated => &[],
+        JitReceived => &[JitReceived],
+        Starting => &[JitReceived, Starting],
+        Idle => &[JitReceived, Starting, Idle],
+        Busy => &[JitReceived, Starting, Idle, Busy],
+        Finished | Failed | Orphaned => &[JitReceived, Starting, Idle, Busy, state],
+        Cleaned => &[JitReceived, Starting, Idle, Busy, Finished, Cleaned],
+    };
+    for (i, step) in steps.iter().enumerate() {
+        let at = 100 + i as i64;
+        let won = match step {
+            JitReceived => attempts.jit_received(id, 7, at),
+            Starting => attempts.started(id, 4242, 1234, at),
+            Idle => attempts.mark_idle(id, Starting, at),
+            Busy => attempts.mark_busy(id, None, at),
+            Finished => attempts.conclude(id, Busy, AttemptOutcome::CompletedJob, None, None, at),
+            Failed => attempts.conclude(
+                id,
+                Busy,
+                AttemptOutcome::Failed,
+                Some("process_exited_unexpectedly"),
+                None,
+                at,
+            ),
+            Orphaned => attempts.conclude(id, Busy, AttemptOutcome::Orphaned, None, None, at),
+            Cleaned => attempts.mark_cleaned(id, at),
+            Allocated => unreachable!(),
+        }
+        .unwrap();
+        assert!(won, "{step:?}");
+    }
+    assert_eq!(attempts.get(id).unwrap().unwrap().state, state);
+}
+
+#[test]
+fn the_state_graph_is_exactly_the_lifecycle() {
+    use AttemptState::*;
+    // Row: from; columns: to, in `AttemptState::ALL` order.
+    let expected: [(AttemptState, [u8; 9]); 9] = [
+        //            al ji st id bu fi fa or cl
+        (Allocated, [0, 1, 0, 0, 0, 0, 1, 1, 0]),
+        (JitReceived, [0, 0, 1, 0, 0, 1, 1, 1, 0]),
+        (Starting, [0, 0, 0, 1, 1, 1, 1, 1, 0]),
+        (Idle, [0, 0, 0, 0, 1, 1, 1, 1, 0]),
+        (Busy, [0, 0, 0, 1, 0, 1, 1, 1, 0]),
+        (Finished, [0, 0, 0, 0, 0, 0, 0, 0, 1]),
+        (Failed, [0, 0, 0, 0, 0, 0, 0, 0, 1]),
+        (Orphaned, [0, 0, 0, 0, 0, 0, 0, 0, 1]),
+        (Cleaned, [0, 0, 0, 0, 0, 0, 0, 0, 0]),
+    ];
+    for (from, row) in expected {
+        for (to, allowed) in AttemptState::ALL.into_iter().zip(row) {
+            assert_eq!(
+                AttemptState::can_move(from, to),
+                allowed == 1,
+                "{from:?} -> {to:?}"
+            );
+        }
+    }
+    // Failure and orphaning end any live state; cleaning only follows a conclusion.
+    for state in AttemptState::ALL {
+        assert_eq!(
+            AttemptState::can_move(state, Failed),
+            state.counts_against_capacity()
+        );
+        assert_eq!(AttemptState::can_move(state, Cleaned), state.is_terminal());
+        assert_eq!(AttemptState::parse(state.as_str()), Some(state));
+    }
+    let live: Vec<_> = AttemptState::ALL
+        .into_iter()
+        .filter(|s| s.counts_against_capacity())
+        .collect();
+    assert_eq!(live, vec![Allocated, JitReceived, Starting, Idle, Busy]);
+    // Every outcome lands in a terminal state the graph can reach it from some live state.
+    for outcome in AttemptOutcome::ALL {
+        assert!(outcome.terminal_state().is_terminal());
+        assert_eq!(AttemptOutcome::parse(outcome.as_str()), Some(outcome));
+    }
+    assert!(!AttemptOutcome::IdleExit.is_failure());
+    assert!(!AttemptOutcome::CompletedJob.is_failure());
+    assert!(AttemptOutcome::Failed.is_failure() && AttemptOutcome::Orphaned.is_failure());
+}
+
+#[test]
+fn attempt_ids_name_the_runner_and_refuse_anything_else() {
+    let a = AttemptId::generate();
+    let b = AttemptId::generate();
+    assert_ne!(a, b);
+    assert_eq!(AttemptId::parse(a.as_str()).unwrap(), a);
+    assert_eq!(a.as_str().len(), ATTEMPT_ID_LEN);
+    let fixed = AttemptId::parse("0123456789abcdef0123456789abcdef").unwrap();
+    assert_eq!(fixed.short(), "0123456789ab");
+    assert_eq!(
+        fixed.runner_name("builder-01"),
+        "rm-builder-01-0123456789ab"
+    );
+    for bad in [
+        "",
+        "0123456789ABCDEF0123456789ABCDEF",
+        "0123456789abcdef0123456789abcde",
+        "0123456789abcdef0123456789abcdefa",
+        "0123456789abcdef-123456789abcdef",
+        "0123456789abcdeg0123456789abcdef",
+    ] {
+        assert!(
+            matches!(AttemptId::parse(bad), Err(AttemptError::InvalidId(_))),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn an_attempt_walks_every_state_and_keeps_what_each_step_recorded() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    let a = id(1);
+    let created = create(&attempts, &a, "linux", 10);
+    assert_eq!(created.state, AttemptState::Allocated);
+    assert_eq!(created.runner_name, "rm-host-010000000000");
+    assert_eq!(created.runtime_dir, Path::new("/runners/010000000000"));
+    assert_eq!(
+        (
+            created.created_at_ms,
+            created.updated_at_ms,
+            created.state_changed_at_ms
+        ),
+        (10, 10, 10)
+    );
+    assert_eq!(created.outcome, None);
+
+    assert!(attempts.jit_received(&a, 55, 20).unwrap());
+    assert!(attempts.started(&a, 999, 31337, 30).unwrap());
+    assert!(attempts.mark_idle(&a, AttemptState::Starting, 40).unwrap());
+    assert!(attempts.mark_busy(&a, Some(8001), 50).unwrap());
+    let busy = attempts.get(&a).unwrap().unwrap();
+    assert_eq!(busy.runner_id, Some(55));
+    assert_eq!(busy.pid, Some(999));
+    assert_eq!(busy.pid_start_time, Some(31337));
+    assert_eq!(busy.job_id, Some(8001));
+    assert_eq!((busy.state_changed_at_ms, busy.updated_at_ms), (50, 50));
+
+    assert!(
+        attempts
+            .conclude(
+                &a,
+                AttemptState::Busy,
+                AttemptOutcome::CompletedJob,
+                None,
+                None,
+                60
+            )
+            .unwrap()
+    );
+    assert!(attempts.mark_cleaned(&a, 70).unwrap());
+    let done = attempts.get(&a).unwrap().unwrap();
+    assert_eq!(done.state, AttemptState::Cleaned);
+    assert_eq!(done.outcome, Some(AttemptOutcome::CompletedJob));
+    assert_eq!((done.runner_id, done.job_id), (Some(55), Some(8001)));
+    assert_eq!(done.state_changed_at_ms, 70);
+    assert_eq!(done.created_at_ms, 10);
+    assert_eq!(
+        attempts.by_runner_name("rm-host-010000000000").unwrap(),
+        Some(done)
+    );
+    assert_eq!(
+        attempts.by_runner_name("rm-host-ffffffffffff").unwrap(),
+        None
+    );
+}
+
+#[test]
+fn a_transition_only_wins_from_its_predecessors() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    let a = id(2);
+    create(&attempts, &a, "linux", 1);
+    // Not yet: no JIT, no process.
+    assert!(!attempts.started(&a, 1, 5, 2).unwrap());
+    assert!(!attempts.mark_idle(&a, AttemptState::Starting, 2).unwrap());
+    assert!(!attempts.mark_busy(&a, Some(3), 2).unwrap());
+    assert!(!attempts.mark_cleaned(&a, 2).unwrap());
+    assert!(attempts.jit_received(&a, 7, 3).unwrap());
+    // Twice is once.
+    assert!(!attempts.jit_received(&a, 7, 4).unwrap());
+    let row = attempts.get(&a).unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.state_changed_at_ms),
+        (AttemptState::JitReceived, 3)
+    );
+    // An unknown attempt wins nothing.
+    assert!(!attempts.jit_received(&id(99), 7, 4).unwrap());
+}
+
+#[test]
+fn two_writers_racing_for_one_transition_never_both_win() {
+    let (_dir, path) = temp_journal();
+    let first = Attempts::open(&path).unwrap();
+    let second = Attempts::open(&path).unwrap();
+    let a = id(3);
+    create(&first, &a, "linux", 1);
+    walk_to(&first, &a, AttemptState::Idle);
+    // Supervision concludes an idle exit while the webhook path marks it busy: one wins.
+    let concluded = first
+        .conclude(
+            &a,
+            AttemptState::Idle,
+            AttemptOutcome::IdleExit,
+            None,
+            None,
+            200,
+        )
+        .unwrap();
+    let busy = second.mark_busy(&a, Some(5), 201).unwrap();
+    assert!(concluded && !busy);
+
+    // The other order: busy first, and the conclusion decided on `idle` loses.
+    let b = id(4);
+    create(&first, &b, "linux", 1);
+    walk_to(&first, &b, AttemptState::Idle);
+    assert!(second.mark_busy(&b, Some(6), 200).unwrap());
+    assert!(
+        !first
+            .conclude(
+                &b,
+                AttemptState::Idle,
+                AttemptOutcome::IdleExit,
+                None,
+                None,
+                201
+            )
+            .unwrap()
+    );
+    let row = first.get(&b).unwrap().unwrap();
+    assert_eq!((row.state, row.job_id), (AttemptState::Busy, Some(6)));
+
+    // Supervision saw a starting runner registered; the webhook marked it busy meanwhile: the
+    // observation must not pull it back to idle. Made from `busy`, the same move is allowed.
+    let c = id(9);
+    create(&first, &c, "linux", 1);
+    walk_to(&first, &c, AttemptState::Starting);
+    assert!(second.mark_busy(&c, Some(7), 200).unwrap());
+    assert!(!first.mark_idle(&c, AttemptState::Starting, 201).unwrap());
+    assert_eq!(first.get(&c).unwrap().unwrap().state, AttemptState::Busy);
+    assert!(first.mark_idle(&c, AttemptState::Busy, 202).unwrap());
+    // A later assignment replaces the withdrawn one.
+    assert!(second.mark_busy(&c, Some(8), 203).unwrap());
+    assert_eq!(first.get(&c).unwrap().unwrap().job_id, Some(8));
+    assert!(matches!(
+        first.mark_idle(&c, AttemptState::Allocated, 204),
+        Err(AttemptError::IllegalTransition { .. })
+    ));
+}
+
+#[test]
+fn a_conclusion_carries_its_outcome_reason_and_detail() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    let a = id(5);
+    create(&attempts, &a, "linux", 1);
+    assert!(
+        attempts
+            .conclude(
+                &a,
+                AttemptState::Allocated,
+                AttemptOutcome::Failed,
+                Some("jit_request_failed"),
+                Some("GitHub refused JIT registration with 403; check the App's runner permission"),
+                9,
+            )
+            .unwrap()
+    );
+    let row = attempts.get(&a).unwrap().unwrap();
+    assert_eq!(row.state, AttemptState::Failed);
+    assert_eq!(row.outcome, Some(AttemptOutcome::Failed));
+    assert_eq!(row.reason.as_deref(), Some("jit_request_failed"));
+    assert!(row.detail.unwrap().contains("403"));
+    // A conclusion asked from a state that cannot conclude is a caller bug, not a lost race.
+    assert!(matches!(
+        attempts.conclude(
+            &a,
+            AttemptState::Cleaned,
+            AttemptOutcome::Failed,
+            None,
+            None,
+            10
+        ),
+        Err(AttemptError::IllegalTransition { .. })
+    ));
+    // Idle exits and completed jobs end `finished`, orphanings `orphaned`.
+    for (n, outcome, state) in [
+        (6, AttemptOutcome::IdleExit, AttemptState::Finished),
+        (7, AttemptOutcome::CompletedJob, AttemptState::Finished),
+        (8, AttemptOutcome::Orphaned, AttemptState::Orphaned),
+    ] {
+        let b = id(n);
+        create(&attempts, &b, "linux", 1);
+        walk_to(&attempts, &b, AttemptState::Busy);
+        assert!(
+            attempts
+                .conclude(&b, AttemptState::Busy, outcome, None, None, 5)
+                .unwrap()
+        );
+        assert_eq!(attempts.get(&b).unwrap().unwrap().state, state);
+    }
+}
+
+#[test]
+fn a_stop_intent_is_only_journalled_in_the_state_it_was_decided_for() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    let a = id(10);
+    create(&attempts, &a, "linux", 1);
+    walk_to(&attempts, &a, AttemptState::Starting);
+    // Idle timeout does not apply to a runner that has not registered.
+    assert!(
+        !attempts
+            .record_stop_intent(&a, StopIntent::IdleTimeout, 5)
+            .unwrap()
+    );
+    assert!(
+        attempts
+            .record_stop_intent(&a, StopIntent::RegistrationTimeout, 6)
+            .unwrap()
+    );
+    // Recorded again (a second signal): the first time is kept.
+    assert!(
+        attempts
+            .record_stop_intent(&a, StopIntent::RegistrationTimeout, 9)
+            .unwrap()
+    );
+    let row = attempts.get(&a).unwrap().unwrap();
+    assert_eq!(
+        (row.stop_intent, row.stop_intent_at_ms),
+        (Some(StopIntent::RegistrationTimeout), Some(6))
+    );
+
+    // A runner that took a job after the idle decision is never licensed to be stopped.
+    let b = id(11);
+    create(&attempts, &b, "linux", 1);
+    walk_to(&attempts, &b, AttemptState::Idle);
+    assert!(attempts.mark_busy(&b, Some(1), 7).unwrap());
+    assert!(
+        !attempts
+            .record_stop_intent(&b, StopIntent::IdleTimeout, 8)
+            .unwrap()
+    );
+    assert_eq!(attempts.get(&b).unwrap().unwrap().stop_intent, None);
+
+    // A later intent replaces an earlier one, with its own time.
+    let c = id(12);
+    create(&attempts, &c, "linux", 1);
+    walk_to(&attempts, &c, AttemptState::Starting);
+    assert!(
+        attempts
+            .record_stop_intent(&c, StopIntent::RegistrationTimeout, 5)
+            .unwrap()
+    );
+    assert!(attempts.mark_idle(&c, AttemptState::Starting, 6).unwrap());
+    assert!(
+        attempts
+            .record_stop_intent(&c, StopIntent::IdleTimeout, 7)
+            .unwrap()
+    );
+    let row = attempts.get(&c).unwrap().unwrap();
+    assert_eq!(
+        (row.stop_intent, row.stop_intent_at_ms),
+        (Some(StopIntent::IdleTimeout), Some(7))
+    );
+    // `concluded` applies to concluded attempts only.
+    assert!(
+        !attempts
+            .record_stop_intent(&c, StopIntent::Concluded, 8)
+            .unwrap()
+    );
+    assert!(
+        attempts
+            .conclude(
+                &c,
+                AttemptState::Idle,
+                AttemptOutcome::IdleExit,
+                None,
+                None,
+                9
+            )
+            .unwrap()
+    );
+    assert!(
+        attempts
+            .record_stop_intent(&c, StopIntent::Concluded, 10)
+            .unwrap()
+    );
+}
+
+#[test]
+fn runner_and_job_ids_are_recorded_once_and_never_overwritten() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    let a = id(20);
+    create(&attempts, &a, "linux", 1);
+    assert!(attempts.record_runner_id(&a, 31, 2).unwrap());
+    assert!(!attempts.record_runner_id(&a, 31, 3).unwrap());
+    assert!(matches!(
+        attempts.record_runner_id(&a, 32, 3),
+        Err(AttemptError::Conflict {
+            field: "runner_id",
+            journalled: 31,
+            offered: 32,
+            ..
+        })
+    ));
+    assert!(attempts.record_job(&a, 900, 4).unwrap());
+    assert!(matches!(
+        attempts.record_job(&a, 901, 4),
+        Err(AttemptError::Conflict {
+            field: "job_id",
+            ..
+        })
+    ));
+    assert!(matches!(
+        attempts.record_job(&id(21), 1, 4),
+        Err(AttemptError::Unknown(_))
+    ));
+    // A cleaned attempt takes nothing new.
+    let b = id(22);
+    create(&attempts, &b, "linux", 1);
+    walk_to(&attempts, &b, AttemptState::Cleaned);
+    assert!(!attempts.record_job(&b, 5, 9).unwrap());
+    assert_eq!(attempts.get(&b).unwrap().unwrap().job_id, None);
+}
+
+#[test]
+fn creating_refuses_duplicates_bad_names_and_an_occupied_workspace() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    let a = id(30);
+    create(&attempts, &a, "linux", 1);
+    let dir = PathBuf::from("/elsewhere");
+    let again = NewAttempt {
+        attempt_id: &a,
+        policy: "linux",
+        runner_name: &a.runner_name("host"),
+        workspace: WorkspaceKind::Ephemeral,
+        runtime_dir: &dir,
+        created_at_ms: 2,
+    };
+    assert!(matches!(
+        attempts.create(&again),
+        Err(AttemptError::AlreadyJournalled { .. })
+    ));
+    for name in [
+        "rm-host-ffffffffffff",
+        "host-1f0000000000",
+        "rm--1f0000000000",
+        "rm-1f0000000000",
+    ] {
+        let other = id(31);
+        let bad = NewAttempt {
+            attempt_id: &other,
+            runner_name: name,
+            ..again.clone()
+        };
+        assert!(
+            matches!(
+                attempts.create(&bad),
+                Err(AttemptError::InvalidRunnerName { .. })
+            ),
+            "{name}"
+        );
+    }
+
+    // A persistent slot is held by its attempt until that attempt is cleaned.
+    let slot = PathBuf::from("/runners/linux/s1");
+    let first = id(40);
+    let second = id(41);
+    fn lease<'a>(
+        attempt_id: &'a AttemptId,
+        runner_name: &'a str,
+        slot: &'a Path,
+    ) -> NewAttempt<'a> {
+        NewAttempt {
+            attempt_id,
+            policy: "linux",
+            runner_name,
+            workspace: WorkspaceKind::Persistent,
+            runtime_dir: slot,
+            created_at_ms: 3,
+        }
+    }
+    let (first_name, second_name) = (first.runner_name("host"), second.runner_name("host"));
+    attempts.create(&lease(&first, &first_name, &slot)).unwrap();
+    assert!(matches!(
+        attempts.create(&lease(&second, &second_name, &slot)),
+        Err(AttemptError::WorkspaceInUse(p)) if p == slot
+    ));
+    // Concluded but not cleaned still holds it.
+    assert!(
+        attempts
+            .conclude(
+                &first,
+                AttemptState::Allocated,
+                AttemptOutcome::Failed,
+                Some("jit_request_failed"),
+                None,
+                4
+            )
+            .unwrap()
+    );
+    assert!(matches!(
+        attempts.create(&lease(&second, &second_name, &slot)),
+        Err(AttemptError::WorkspaceInUse(_))
+    ));
+    assert!(attempts.mark_cleaned(&first, 5).unwrap());
+    let row = attempts
+        .create(&lease(&second, &second_name, &slot))
+        .unwrap();
+    assert_eq!(row.workspace, WorkspaceKind::Persistent);
+}
+
+#[test]
+fn live_counts_and_listings_follow_the_states() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    use AttemptState::*;
+    let layout = [
+        (50, "linux", Allocated),
+        (51, "linux", Starting),
+        (52, "linux", Busy),
+        (53, "linux", Busy),
+        (54, "linux", Failed),
+        (55, "linux", Cleaned),
+        (56, "gpu", Idle),
+        (57, "gpu", Orphaned),
+        (58, "retired", JitReceived),
+    ];
+    for (i, (n, policy, state)) in layout.iter().enumerate() {
+        let a = id(*n);
+        create(&attempts, &a, policy, i as i64);
+        walk_to(&attempts, &a, *state);
+    }
+    let counts = attempts.live_counts().unwrap();
+    assert_eq!(counts.host_live(), 6);
+    assert_eq!(counts.policy("linux"), PolicyLive { live: 4, busy: 2 });
+    assert_eq!(counts.policy("linux").unassigned(), 2);
+    assert_eq!(counts.policy("gpu"), PolicyLive { live: 1, busy: 0 });
+    // A policy no longer configured still holds a runner on this host.
+    assert_eq!(counts.policy("retired").live, 1);
+    assert_eq!(counts.policy("absent"), PolicyLive::default());
+
+    let ids = |scope, policy| -> Vec<String> {
+        attempts
+            .list(scope, policy)
+            .unwrap()
+            .iter()
+            .map(|a| a.attempt_id.short().to_owned())
+            .collect()
+    };
+    assert_eq!(ids(Scope::All, None).len(), 9);
+    assert_eq!(
+        ids(Scope::Live, Some("linux")),
+        vec![
+            "320000000000",
+            "330000000000",
+            "340000000000",
+            "350000000000"
+        ]
+    );
+    assert_eq!(
+        ids(Scope::Uncleaned, Some("linux")),
+        vec![
+            "320000000000",
+            "330000000000",
+            "340000000000",
+            "350000000000",
+            "360000000000"
+        ]
+    );
+    assert_eq!(ids(Scope::Uncleaned, None).len(), 8);
+    assert_eq!(ids(Scope::Live, Some("gpu")), vec!["380000000000"]);
+
+    let reader = Reader::open(&path).unwrap();
+    let listed = reader.attempts(3).unwrap();
+    // Newest first, as `rm-agent runners` shows them.
+    let names: Vec<_> = listed.iter().map(|a| a.runner_name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "rm-host-3a0000000000",
+            "rm-host-390000000000",
+            "rm-host-380000000000"
+        ]
+    );
+    let counts = reader.attempt_counts().unwrap();
+    assert!(counts.contains(&("busy".to_owned(), 2)));
+    assert!(counts.contains(&("cleaned".to_owned(), 1)));
+}
+
+#[test]
+fn capacity_reads_use_the_live_index_and_the_fence_is_an_index() {
+    let (_dir, path) = temp_journal();
+    drop(Attempts::open(&path).unwrap());
+    let conn = Connection::open(&path).unwrap();
+    let live_filter = format!(
+        "state IN ({})",
+        AttemptState::LIVE
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let plan: Vec<String> = conn
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN SELECT policy, COUNT(*) FROM attempts WHERE {live_filter}
+             GROUP BY policy"
+        ))
+        .unwrap()
+        .query_map([], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(plan.iter().any(|p| p.contains("attempts_live")), "{plan:?}");
+}
+
+#[test]
+fn the_schema_itself_refuses_inconsistent_rows() {
+    let (_dir, path) = temp_journal();
+    drop(Attempts::open(&path).unwrap());
+    let conn = Connection::open(&path).unwrap();
+    let insert = |id: &str, name: &str, state: &str, outcome: Option<&str>| {
+        conn.execute(
+            "INSERT INTO attempts (attempt_id, policy, runner_name, workspace, runtime_dir, state,
+                 state_changed_at, outcome, created_at, updated_at)
+             VALUES (?1, 'p', ?2, 'ephemeral', ?1, ?3, 1, ?4, 1, 1)",
+            rusqlite::params![id, name, state, outcome],
+        )
+    };
+    let good = "0123456789abcdef0123456789abcdef";
+    let name = "rm-h-0123456789ab";
+    for (id, name, state, outcome) in [
+        // A live attempt has no outcome; a concluded one must.
+        (good, name, "busy", Some("completed_job")),
+        (good, name, "finished", None),
+        (good, name, "cleaned", None),
+        // An outcome must match its terminal state.
+        (good, name, "failed", Some("idle_exit")),
+        (good, name, "finished", Some("orphaned")),
+        // Unknown words.
+        (good, name, "running", None),
+        (good, name, "failed", Some("crashed")),
+        // The id and the runner name.
+        (
+            "0123456789ABCDEF0123456789ABCDEF",
+            "rm-h-0123456789AB",
+            "allocated",
+            None,
+        ),
+        (good, "rm-h-ffffffffffff", "allocated", None),
+        (good, "gh-h-0123456789ab", "allocated", None),
+    ] {
+        assert!(
+            insert(id, name, state, outcome).is_err(),
+            "{id} {name} {state} {outcome:?}"
+        );
+    }
+    insert(good, name, "cleaned", Some("idle_exit")).unwrap();
+    // No column could hold a JIT configuration or a token.
+    let columns: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('attempts')")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(columns.len(), 18);
+    for column in &columns {
+        for word in ["jit", "config", "token", "secret"] {
+            assert!(!column.contains(word), "{column}");
+        }
+    }
+}
+
+#[test]
+fn retention_removes_only_attempts_cleaned_long_ago() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    const DAY: i64 = 24 * 3600 * 1000;
+    let now = 100 * DAY;
+    let old_cleaned = id(60);
+    let old_failed = id(61);
+    let old_busy = id(62);
+    let fresh_cleaned = id(63);
+    for a in [&old_cleaned, &old_failed, &old_busy, &fresh_cleaned] {
+        create(&attempts, a, "linux", 1);
+    }
+    walk_to(&attempts, &old_cleaned, AttemptState::Cleaned);
+    walk_to(&attempts, &old_failed, AttemptState::Failed);
+    walk_to(&attempts, &old_busy, AttemptState::Busy);
+    walk_to(&attempts, &fresh_cleaned, AttemptState::Finished);
+    assert!(attempts.mark_cleaned(&fresh_cleaned, now - DAY).unwrap());
+    drop(attempts);
+
+    let mut conn = crate::connection::open_writer(&path).unwrap();
+    while crate::retention::prune_step(&mut conn, &Retention::default(), now).unwrap() {}
+    let mut left: Vec<_> = Reader::open(&path)
+        .unwrap()
+        .attempts(10)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.attempt_id)
+        .collect();
+    left.sort();
+    assert_eq!(left, vec![old_failed, old_busy, fresh_cleaned]);
+}
+
+/// The group writer and the agent's attempt connection open the same file, possibly at once:
+/// whichever migrates first, the others find the work done instead of failing.
+#[test]
+fn connections_opening_a_new_journal_at_once_all_succeed() {
+    for _ in 0..5 {
+        let (_dir, path) = temp_journal();
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
+        let opened: Vec<_> = (0..4)
+            .map(|_| {
+                let path = path.clone();
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    Attempts::open(&path).map(drop)
+                })
+            })
+            .collect();
+        for handle in opened {
+            handle.join().unwrap().unwrap();
+        }
+        assert_eq!(
+            Reader::open(&path).unwrap().integrity_check().unwrap(),
+            vec!["ok"]
+        );
+    }
+}
