@@ -55,6 +55,18 @@ enum Command {
         #[arg(long, default_value_t = DEFAULT_LIMIT)]
         limit: usize,
     },
+    /// List the runner attempts of this host and their states, newest first.
+    #[command(
+        after_help = "Example:\n  rm-agent runners --json | jq '.[] | select(.state == \"busy\")'"
+    )]
+    Runners {
+        /// One JSON document on stdout instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Show at most this many attempts.
+        #[arg(long, default_value_t = DEFAULT_LIMIT)]
+        limit: usize,
+    },
     /// List the journalled webhook deliveries, newest first; or replay one.
     #[command(
         after_help = "Examples:\n  rm-agent deliveries --json\n  rm-agent deliveries replay 72d3162e-cc78-11e3-81ab-4c9367dc0958"
@@ -116,6 +128,10 @@ fn run(cli: Cli) -> Result<(), Exit> {
         Command::Jobs { json, limit } => {
             init_logging(LogFormat::Text, "warn");
             commands::jobs::run(&config, json, limit)
+        }
+        Command::Runners { json, limit } => {
+            init_logging(LogFormat::Text, "warn");
+            commands::runners::run(&config, json, limit)
         }
         Command::Deliveries {
             json,

@@ -3,6 +3,7 @@
 pub mod deliveries;
 pub mod jobs;
 pub mod receive;
+pub mod runners;
 
 use std::path::PathBuf;
 

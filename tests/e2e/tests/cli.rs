@@ -207,3 +207,65 @@ fn help_names_every_command_with_an_example() {
         assert!(help.contains(command), "{command} not in {help}");
     }
 }
+
+/// `runners --json` lists attempts with CONTRACT §3's fields. Until the lifecycle drives
+/// attempts, the test journals one the way the lifecycle will: created, JIT received, busy.
+#[tokio::test]
+async fn runners_json_follows_the_contract() {
+    use rm_journal::{AttemptId, Attempts, NewAttempt, WorkspaceKind};
+    let setup = Setup::new();
+    drop(setup.start_receiver().await);
+    let attempts = Attempts::open(&setup.journal()).unwrap();
+    let id = AttemptId::generate();
+    let name = id.runner_name("e2e-host");
+    let runtime = setup.dir.path().join("runners").join(id.short());
+    attempts
+        .create(&NewAttempt {
+            attempt_id: &id,
+            policy: "linux",
+            runner_name: &name,
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: &runtime,
+            created_at_ms: 1_700_000_000_000,
+        })
+        .unwrap();
+    assert!(attempts.jit_received(&id, 77, 1_700_000_000_100).unwrap());
+    assert!(attempts.started(&id, 4242, 99, 1_700_000_000_200).unwrap());
+    assert!(
+        attempts
+            .mark_busy(&id, Some(501), 1_700_000_000_300)
+            .unwrap()
+    );
+
+    let runners = json_stdout(&setup.run(&["runners", "--json"]));
+    let runner = &runners.as_array().unwrap()[0];
+    for key in [
+        "attempt_id",
+        "policy",
+        "runner_name",
+        "runner_id",
+        "state",
+        "outcome",
+        "job_id",
+        "created_at",
+        "updated_at",
+    ] {
+        assert!(
+            runner.get(key).is_some(),
+            "runners --json lacks {key}: {runner}"
+        );
+    }
+    assert_eq!(runner["attempt_id"], id.as_str());
+    assert_eq!(runner["runner_name"], name.as_str());
+    assert!(name.starts_with("rm-e2e-host-"));
+    assert_eq!(
+        (
+            runner["state"].as_str(),
+            runner["runner_id"].as_i64(),
+            runner["job_id"].as_i64()
+        ),
+        (Some("busy"), Some(77), Some(501))
+    );
+    let table = String::from_utf8(setup.run(&["runners"]).stdout).unwrap();
+    assert!(table.contains(&name) && table.contains("busy"), "{table}");
+}
