@@ -32,6 +32,7 @@ pub(crate) struct Metrics {
     deliveries: Family<DeliveryLabels, Counter>,
     refused: Family<RefusedLabels, Counter>,
     jobs: Family<StateLabels, Gauge>,
+    runners: Family<StateLabels, Gauge>,
 }
 
 impl Metrics {
@@ -40,6 +41,7 @@ impl Metrics {
         let deliveries = Family::<DeliveryLabels, Counter>::default();
         let refused = Family::<RefusedLabels, Counter>::default();
         let jobs = Family::<StateLabels, Gauge>::default();
+        let runners = Family::<StateLabels, Gauge>::default();
         registry.register(
             "rm_deliveries",
             "Webhook deliveries journalled, by event and outcome (already_journalled: a GUID seen before)",
@@ -51,12 +53,18 @@ impl Metrics {
             refused.clone(),
         );
         registry.register("rm_jobs", "Journalled workflow jobs by state", jobs.clone());
+        registry.register(
+            "rm_runners",
+            "Runner attempts of this host by state",
+            runners.clone(),
+        );
         journal.metrics().register(&mut registry);
         Metrics {
             registry,
             deliveries,
             refused,
             jobs,
+            runners,
         }
     }
 
@@ -78,20 +86,30 @@ impl Metrics {
     /// Renders the text exposition, after refreshing the gauges from `reader` when it opened.
     pub(crate) fn render(&self, reader: Option<&Reader>) -> String {
         if let Some(reader) = reader {
-            match reader.job_counts() {
-                Ok(counts) => {
-                    self.jobs.clear();
-                    for (state, count) in counts {
-                        self.jobs.get_or_create(&StateLabels { state }).set(count);
-                    }
-                }
-                Err(err) => tracing::warn!(error = %err, "cannot read job counts for /metrics"),
-            }
+            refresh(&self.jobs, reader.job_counts(), "job");
+            refresh(&self.runners, reader.attempt_counts(), "runner");
         }
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             tracing::warn!("cannot encode /metrics");
         }
         out
+    }
+}
+
+/// Sets a by-state gauge family to the journal's counts, dropping states that emptied.
+fn refresh(
+    family: &Family<StateLabels, Gauge>,
+    counts: Result<Vec<(String, i64)>, rm_journal::JournalError>,
+    what: &str,
+) {
+    match counts {
+        Ok(counts) => {
+            family.clear();
+            for (state, count) in counts {
+                family.get_or_create(&StateLabels { state }).set(count);
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "cannot read {what} counts for /metrics"),
     }
 }

@@ -337,6 +337,7 @@ async fn health_metrics_and_unknown_routes() {
         r#"rm_receiver_refused_total{status="401",reason="signature_missing"} 1"#,
         r#"rm_jobs{state="queued"} 1"#,
         "rm_journal_commit_seconds_count",
+        "# TYPE rm_runners gauge",
     ] {
         assert!(metrics.contains(expected), "{expected} not in\n{metrics}");
     }
