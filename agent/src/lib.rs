@@ -6,6 +6,8 @@ pub mod commands;
 pub mod config;
 pub mod demand;
 pub mod exit;
+pub mod lifecycle;
 pub mod lock;
 pub mod output;
+pub mod runner;
 pub mod secrets;

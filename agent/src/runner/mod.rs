@@ -1,0 +1,12 @@
+//! Runner processes and their workspaces: the adapters the lifecycle drives. [`workspace`] makes
+//! and removes a runner's runtime directory; [`process`] starts the runner in it, tells a live
+//! runner from a recycled pid, and stops the runner's whole process group.
+
+pub mod process;
+pub mod workspace;
+
+pub use process::{
+    OsProcesses, ProcessError, ProcessIdentity, ProcessState, Processes, RunnerChild, Spawned,
+    StopOutcome,
+};
+pub use workspace::{Removal, RunnerRoot, Runtime, WorkspaceError, Workspaces};

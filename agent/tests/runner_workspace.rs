@@ -1,0 +1,384 @@
+//! Runtime directories on a real filesystem: a runtime is a copy of the package plus `tmp/`, a
+//! package with a top-level `_work` is refused, and removal takes the runtime whole without ever
+//! following a link a job planted, whatever the job made read-only, and nothing outside the root.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a failed step in a test helper should fail the test loudly"
+)]
+
+use std::os::unix::fs::{PermissionsExt as _, symlink};
+use std::path::{Path, PathBuf};
+
+use rm_agent::runner::workspace::{
+    RunnerRoot, TMP_DIR, WORKSPACE_NAME_LEN, WorkspaceError, workspace_name,
+};
+use rm_agent::runner::{Removal, Runtime};
+
+const ATTEMPT: &str = "0123456789ab-cdef-4000-8000-000000000001";
+
+struct Setup {
+    dir: tempfile::TempDir,
+    root: RunnerRoot,
+    package: PathBuf,
+}
+
+impl Setup {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let package = dir.path().join("package");
+        make_package(&package);
+        let root = RunnerRoot::open(&dir.path().join("runners")).unwrap();
+        Self { dir, root, package }
+    }
+
+    fn runtime(&self) -> Runtime {
+        self.root.create_ephemeral(ATTEMPT, &self.package).unwrap()
+    }
+
+    /// A directory outside the runner root with a file in it: what a planted link points at.
+    fn outside(&self) -> PathBuf {
+        let outside = self.dir.path().join("outside");
+        std::fs::create_dir_all(outside.join("nested")).unwrap();
+        std::fs::write(outside.join("precious.txt"), "keep me").unwrap();
+        std::fs::write(outside.join("nested/also.txt"), "keep me too").unwrap();
+        outside
+    }
+}
+
+/// A small package shaped like actions/runner: an executable listener, a script, a link, a
+/// nested `_work` deep inside (allowed) and a read-only file.
+fn make_package(package: &Path) {
+    std::fs::create_dir_all(package.join("bin")).unwrap();
+    std::fs::create_dir_all(package.join("externals/node/_work")).unwrap();
+    let listener = package.join("bin/Runner.Listener");
+    std::fs::write(&listener, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&listener, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(package.join("run.sh"), "#!/bin/sh\n").unwrap();
+    std::fs::write(package.join("externals/node/_work/keep"), "nested").unwrap();
+    symlink("Runner.Listener", package.join("bin/listener-link")).unwrap();
+    let sealed = package.join("bin/sealed.dll");
+    std::fs::write(&sealed, "read only").unwrap();
+    std::fs::set_permissions(&sealed, std::fs::Permissions::from_mode(0o444)).unwrap();
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+fn exists(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
+}
+
+#[test]
+fn a_runtime_is_a_copy_of_the_package_with_its_tmp() {
+    let s = Setup::new();
+    let runtime = s.runtime();
+    assert_eq!(
+        runtime.dir(),
+        s.root.path().join(workspace_name(ATTEMPT).unwrap())
+    );
+    assert_eq!(runtime.dir().file_name().unwrap().len(), WORKSPACE_NAME_LEN);
+    assert_eq!(runtime.dir().file_name().unwrap(), "0123456789ab");
+    assert_eq!(mode(runtime.dir()), 0o700);
+    assert_eq!(mode(&runtime.dir().join("bin/Runner.Listener")), 0o755);
+    assert_eq!(mode(&runtime.dir().join("bin/sealed.dll")), 0o444);
+    let link = runtime.dir().join("bin/listener-link");
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    assert_eq!(
+        std::fs::read_link(&link).unwrap(),
+        Path::new("Runner.Listener")
+    );
+    assert_eq!(
+        std::fs::read_to_string(runtime.dir().join("externals/node/_work/keep")).unwrap(),
+        "nested"
+    );
+    assert!(runtime.dir().join(TMP_DIR).is_dir());
+    assert_eq!(runtime.tmp(), runtime.dir().join("tmp"));
+    assert!(!runtime.dir().join("_work").exists());
+}
+
+#[test]
+fn a_package_with_a_top_level_work_folder_is_refused_before_anything_is_created() {
+    let s = Setup::new();
+    std::fs::create_dir(s.package.join("_work")).unwrap();
+    let err = s.root.create_ephemeral(ATTEMPT, &s.package).unwrap_err();
+    assert!(
+        matches!(err, WorkspaceError::PackageHasWorkFolder { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("top-level `_work`"), "{err}");
+    assert!(!exists(&s.root.ephemeral_path(ATTEMPT).unwrap()));
+
+    // A link named `_work` is refused all the same.
+    std::fs::remove_dir(s.package.join("_work")).unwrap();
+    symlink(s.outside(), s.package.join("_work")).unwrap();
+    let err = s.root.create_ephemeral(ATTEMPT, &s.package).unwrap_err();
+    assert!(
+        matches!(err, WorkspaceError::PackageHasWorkFolder { .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn two_attempts_never_share_a_runtime() {
+    let s = Setup::new();
+    let runtime = s.runtime();
+    std::fs::write(runtime.dir().join("tmp/mine"), "first").unwrap();
+    let err = s.root.create_ephemeral(ATTEMPT, &s.package).unwrap_err();
+    assert!(
+        matches!(err, WorkspaceError::RuntimeExists { .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(runtime.dir().join("tmp/mine")).unwrap(),
+        "first"
+    );
+}
+
+#[test]
+fn removal_leaves_the_targets_of_planted_links_intact() {
+    let s = Setup::new();
+    let runtime = s.runtime();
+    let outside = s.outside();
+    let work = runtime.dir().join("_work");
+    std::fs::create_dir_all(work.join("repo/repo")).unwrap();
+    symlink(&outside, work.join("planted-link")).unwrap();
+    // Links to ancestors (the test's own sandbox, the runner root): a remover that followed
+    // them would empty `outside` and the root. Deliberately no link to `/` here: tests run as
+    // root in CI, and a regressed remover would take the host with it rather than fail.
+    symlink(s.dir.path(), work.join("repo/repo/to-the-sandbox")).unwrap();
+    symlink(outside.join("precious.txt"), work.join("to-a-file")).unwrap();
+    symlink(s.root.path(), work.join("to-the-runner-root")).unwrap();
+    symlink("/nonexistent/dangling", work.join("dangling")).unwrap();
+    // A link in place of `tmp` too: the runner's TMPDIR.
+    std::fs::remove_dir(runtime.tmp()).unwrap();
+    symlink(&outside, runtime.tmp()).unwrap();
+
+    assert_eq!(
+        s.root.remove_runtime(runtime.dir()).unwrap(),
+        Removal::Removed
+    );
+
+    assert!(!exists(runtime.dir()));
+    assert_eq!(
+        std::fs::read_to_string(outside.join("precious.txt")).unwrap(),
+        "keep me"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("nested/also.txt")).unwrap(),
+        "keep me too"
+    );
+    assert!(s.root.path().is_dir());
+    assert!(s.package.join("bin/Runner.Listener").is_file());
+}
+
+#[test]
+fn a_runtime_replaced_by_a_link_is_unlinked_not_followed() {
+    let s = Setup::new();
+    let runtime = s.runtime();
+    let outside = s.outside();
+    s.root.remove_runtime(runtime.dir()).unwrap();
+    symlink(&outside, runtime.dir()).unwrap();
+    assert_eq!(
+        s.root.remove_runtime(runtime.dir()).unwrap(),
+        Removal::Removed
+    );
+    assert!(!exists(runtime.dir()));
+    assert!(outside.join("precious.txt").is_file());
+    assert!(outside.join("nested/also.txt").is_file());
+}
+
+/// Set in the unprivileged re-run of a test: where to say it got to the end.
+const UNPRIVILEGED_MARKER: &str = "RUNNER_TEST_UNPRIVILEGED_MARKER";
+
+/// Root ignores permission bits, so under root (as in CI containers) a read-only directory
+/// tests nothing. Then this runs the test again as `nobody` through `setpriv` and returns
+/// `false` (the caller is done); otherwise (not root, or the re-run itself) `true`.
+fn run_here_or_unprivileged(test: &str) -> bool {
+    if !rustix::process::geteuid().is_root() || std::env::var_os(UNPRIVILEGED_MARKER).is_some() {
+        return true;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let marker = scratch.path().join("reached-the-end");
+    let rerun = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture"])
+        .env("TMPDIR", scratch.path())
+        .env(UNPRIVILEGED_MARKER, &marker)
+        .output();
+    match rerun {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!(
+                "setpriv is not installed: {test} runs as root, where modes are not enforced"
+            );
+            true
+        }
+        Err(e) => panic!("cannot re-run {test} unprivileged: {e}"),
+        Ok(output) => {
+            assert!(
+                output.status.success(),
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(
+                marker.is_file(),
+                "the unprivileged re-run did not get to the end"
+            );
+            false
+        }
+    }
+}
+
+#[test]
+fn removal_copes_with_what_a_job_made_read_only() {
+    if !run_here_or_unprivileged("removal_copes_with_what_a_job_made_read_only") {
+        return;
+    }
+    let s = Setup::new();
+    let runtime = s.runtime();
+    let work = runtime.dir().join("_work");
+    // Like Go's module cache: read-only directories full of read-only files.
+    let cache = work.join("go/pkg/mod/example.com/m@v1");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::write(cache.join("go.mod"), "module m").unwrap();
+    std::fs::set_permissions(cache.join("go.mod"), std::fs::Permissions::from_mode(0o444)).unwrap();
+    for dir in [&cache, &work.join("go/pkg/mod/example.com")] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+    }
+    // A directory nobody may even list, with something inside.
+    let locked = work.join("locked");
+    std::fs::create_dir_all(locked.join("inner")).unwrap();
+    std::fs::write(locked.join("inner/file"), "x").unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+    // And the runtime itself made read-only.
+    std::fs::set_permissions(runtime.dir(), std::fs::Permissions::from_mode(0o500)).unwrap();
+
+    assert_eq!(
+        s.root.remove_runtime(runtime.dir()).unwrap(),
+        Removal::Removed
+    );
+    assert!(!exists(runtime.dir()));
+    if let Some(marker) = std::env::var_os(UNPRIVILEGED_MARKER) {
+        std::fs::write(marker, "ok").unwrap();
+    }
+}
+
+#[test]
+fn removing_an_absent_runtime_is_fine() {
+    let s = Setup::new();
+    let runtime = s.runtime();
+    assert_eq!(
+        s.root.remove_runtime(runtime.dir()).unwrap(),
+        Removal::Removed
+    );
+    assert_eq!(
+        s.root.remove_runtime(runtime.dir()).unwrap(),
+        Removal::Absent
+    );
+    let never = s.root.ephemeral_path("ffffffffffff").unwrap();
+    assert_eq!(s.root.remove_runtime(&never).unwrap(), Removal::Absent);
+}
+
+#[test]
+fn nothing_but_a_direct_child_of_the_runner_root_is_removed() {
+    let s = Setup::new();
+    let runtime = s.runtime();
+    let outside = s.outside();
+    let nested = runtime.dir().join("_work");
+    std::fs::create_dir_all(&nested).unwrap();
+    let root = s.root.path().to_path_buf();
+    let refused = [
+        root.clone(),
+        root.join(".."),
+        root.join("."),
+        root.join("0123456789ab/.."),
+        nested.clone(),
+        outside.clone(),
+        outside.join("precious.txt"),
+        PathBuf::from("0123456789ab"),
+        // Deliberately no "/" here: the tests run as root, and a broken guard would then wipe the
+        // host instead of failing. Every refused path stays inside this test's sandbox.
+        PathBuf::new(),
+    ];
+    for path in refused {
+        let err = s.root.remove_runtime(&path).unwrap_err();
+        assert!(
+            matches!(err, WorkspaceError::OutsideRoot { .. }),
+            "{path:?}: {err:?}"
+        );
+    }
+    assert!(nested.is_dir());
+    assert!(outside.join("precious.txt").is_file());
+    assert!(runtime.dir().join("bin/Runner.Listener").is_file());
+}
+
+#[test]
+fn a_runner_root_reached_through_a_link_is_the_same_root() {
+    let s = Setup::new();
+    let link = s.dir.path().join("root-link");
+    symlink(s.root.path(), &link).unwrap();
+    let through_link = RunnerRoot::open(&link).unwrap();
+    assert_eq!(through_link.path(), s.root.path());
+    let runtime = s.runtime();
+    let alias = link.join(runtime.dir().file_name().unwrap());
+    assert_eq!(
+        through_link.remove_runtime(&alias).unwrap(),
+        Removal::Removed
+    );
+    assert!(!exists(runtime.dir()));
+    assert!(s.root.path().is_dir());
+}
+
+#[test]
+fn an_attempt_id_without_twelve_hex_digits_makes_no_runtime() {
+    let s = Setup::new();
+    for bad in ["../../etc", "short", ""] {
+        let err = s.root.create_ephemeral(bad, &s.package).unwrap_err();
+        assert!(
+            matches!(err, WorkspaceError::AttemptId(_)),
+            "{bad:?}: {err:?}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(s.root.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_tree_too_deep_to_remove_safely_is_refused_not_a_crash() {
+    let s = Setup::new();
+    let runtime = s.runtime();
+    // Level by level through descriptors: a path of a thousand components would make every
+    // step resolve all of them again.
+    let deep = |levels: usize| {
+        let work = runtime.dir().join("_work");
+        std::fs::create_dir(&work).unwrap();
+        let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY;
+        let mut dir = rustix::fs::open(&work, flags, rustix::fs::Mode::empty()).unwrap();
+        for _ in 0..levels {
+            rustix::fs::mkdirat(&dir, "d", rustix::fs::Mode::RWXU).unwrap();
+            dir = rustix::fs::openat(&dir, "d", flags, rustix::fs::Mode::empty()).unwrap();
+        }
+    };
+    deep(1100);
+    let err = s.root.remove_runtime(runtime.dir()).unwrap_err();
+    assert!(err.to_string().contains("deep"), "{err}");
+    assert!(
+        runtime.dir().is_dir(),
+        "left for the operator, not half-crashed"
+    );
+
+    // A merely deep checkout goes.
+    std::fs::remove_dir_all(runtime.dir().join("_work")).unwrap();
+    deep(300);
+    assert_eq!(
+        s.root.remove_runtime(runtime.dir()).unwrap(),
+        Removal::Removed
+    );
+}

@@ -1,0 +1,142 @@
+//! `receiver-load`: sends a sustained load of signed, unique `workflow_job` deliveries to one
+//! webhook receiver on this machine and prints a one-line JSON summary (see docs/performance.md).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use rm_bench::delivery::{Templates, build_pool};
+use rm_bench::load::{Plan, Target, run};
+
+/// The environment variable holding the webhook secret (never taken from argv, which `ps` shows).
+/// Comma-separated like the agent's; the first secret signs.
+const SECRET_ENV: &str = "RM_WEBHOOK_SECRET";
+
+#[derive(Parser, Debug)]
+#[command(about = "Load a webhook receiver on this machine with signed workflow_job deliveries")]
+struct Args {
+    /// The receiver's webhook URL: http://IP:PORT/PATH on a loopback address.
+    #[arg(long, default_value = "http://127.0.0.1:8080/webhook")]
+    url: String,
+    /// Concurrent keep-alive connections.
+    #[arg(long, env = "CONNECTIONS", default_value_t = 32)]
+    connections: usize,
+    /// Load sent before measuring.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// The measured window.
+    #[arg(long, env = "DURATION", default_value = "20s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Jobs in the pre-signed pool (three deliveries each: queued, in_progress, completed).
+    /// Past the pool, bodies repeat under fresh GUIDs; the summary says so (`pool_wrapped`).
+    #[arg(long, default_value_t = 100_000)]
+    jobs: usize,
+    /// The first workflow_job.id; by default derived from the clock so that runs do not collide.
+    #[arg(long)]
+    first_job_id: Option<u64>,
+    /// Stop after this many requests in all (the duration still bounds the run).
+    #[arg(long)]
+    max_requests: Option<u64>,
+    /// The webhook fixtures the bodies are made from.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/webhooks"))]
+    fixtures: PathBuf,
+    /// Write every delivery GUID answered 2xx here, one a line, for the durability check.
+    #[arg(long)]
+    guids_out: Option<PathBuf>,
+    /// Runtime threads for the generator: it shares the machine with the receiver under test.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+fn main() {
+    if let Err(err) = real_main(Args::parse()) {
+        eprintln!("receiver-load: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main(args: Args) -> Result<()> {
+    let secrets = std::env::var(SECRET_ENV)
+        .with_context(|| format!("set {SECRET_ENV} to the receiver's webhook secret"))?;
+    let secret = secrets
+        .split(',')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    anyhow::ensure!(
+        !secret.is_empty(),
+        "{SECRET_ENV} is empty; set it to the webhook secret"
+    );
+    let target = Target::parse(&args.url)?;
+    let plan = Plan {
+        connections: args.connections,
+        warmup: args.warmup,
+        duration: args.duration,
+        max_requests: args.max_requests,
+    };
+    let first_job_id = match args.first_job_id {
+        Some(id) => id,
+        // Seconds × 10⁶ leaves room for a million jobs a run and stays below 2⁵³ (JSON numbers).
+        None => {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .context("the clock")?
+                .as_secs()
+                * 1_000_000
+        }
+    };
+
+    let built = Instant::now();
+    let templates = Templates::load(&args.fixtures)?;
+    let pool = Arc::new(build_pool(
+        &templates,
+        secret.as_bytes(),
+        args.jobs,
+        first_job_id,
+    )?);
+    let bytes: usize = pool.iter().map(|d| d.body.len()).sum();
+    eprintln!(
+        "receiver-load: {} signed deliveries ({} jobs, {:.0} MiB) built in {:.1?}; {} connections, \
+         {:?} warm-up, {:?} measured, to {}",
+        pool.len(),
+        args.jobs,
+        bytes as f64 / (1 << 20) as f64,
+        built.elapsed(),
+        plan.connections,
+        plan.warmup,
+        plan.duration,
+        args.url,
+    );
+
+    // One thread by default: a current-thread runtime has no cross-thread wake-ups, which keeps
+    // the generator's share of the two cores small.
+    let mut builder = if args.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(args.threads);
+        b
+    };
+    let runtime = builder
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let outcome = runtime.block_on(run(&target, &plan, pool.clone()))?;
+
+    if let Some(path) = &args.guids_out {
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("creating the GUID file {}", path.display()))?;
+        let mut out = std::io::BufWriter::new(file);
+        for guid in &outcome.ok_guids {
+            writeln!(out, "{guid}").with_context(|| format!("writing {}", path.display()))?;
+        }
+        out.flush()
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("{}", outcome.summary(&target, &plan, pool.len()));
+    Ok(())
+}

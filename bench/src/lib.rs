@@ -1,0 +1,7 @@
+//! rm-bench: the receiver benchmark's load generator. Builds signed `workflow_job` deliveries from
+//! the real fixtures ([`delivery`]) and drives a receiver with them over keep-alive connections
+//! ([`load`]). `bench/receiver.sh` runs it against rm-agent and the Node receiver side by side;
+//! docs/performance.md says what it measures and why.
+
+pub mod delivery;
+pub mod load;
