@@ -44,7 +44,9 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection, JournalError> {
 }
 
 /// Opens the group writer's connection: a writer connection that leaves checkpoints to the
-/// checkpoint thread, so no commit ever waits for one.
+/// checkpoint thread, so no commit ever waits for one, and that commits without waiting for the
+/// disk: the sync thread (`sync.rs`) flushes the WAL before any caller of the group is answered,
+/// while the writer goes on with the next group.
 pub(crate) fn open_group_writer(path: &Path) -> Result<Connection, JournalError> {
     let open = |source| JournalError::Open {
         path: path.to_owned(),
@@ -52,6 +54,8 @@ pub(crate) fn open_group_writer(path: &Path) -> Result<Connection, JournalError>
     };
     let conn = open_writer(path)?;
     conn.pragma_update(None, "wal_autocheckpoint", 0)
+        .map_err(open)?;
+    conn.pragma_update(None, "synchronous", "NORMAL")
         .map_err(open)?;
     // Delivery GUIDs are random, so each insert lands on a random page of their index; keeping
     // the index in memory spares the writer a read per delivery.

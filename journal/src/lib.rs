@@ -23,6 +23,7 @@ mod read;
 mod replay;
 mod retention;
 mod schema;
+mod sync;
 mod types;
 mod writer;
 

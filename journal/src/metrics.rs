@@ -13,6 +13,8 @@ pub struct JournalMetrics {
     batch_size: Histogram,
     commit_failures: Counter,
     commits: Counter,
+    sync_seconds: Histogram,
+    sync_failures: Counter,
 }
 
 impl Default for JournalMetrics {
@@ -24,6 +26,8 @@ impl Default for JournalMetrics {
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             commit_failures: Counter::default(),
             commits: Counter::default(),
+            sync_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
+            sync_failures: Counter::default(),
         }
     }
 }
@@ -39,6 +43,13 @@ impl JournalMetrics {
         }
     }
 
+    pub(crate) fn observe_sync(&self, took: Duration, ok: bool) {
+        self.sync_seconds.observe(took.as_secs_f64());
+        if !ok {
+            self.sync_failures.inc();
+        }
+    }
+
     /// Group commits that succeeded since the journal was opened.
     pub fn commits(&self) -> u64 {
         self.commits.get()
@@ -48,7 +59,7 @@ impl JournalMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "rm_journal_commit_seconds",
-            "Time to commit one group of deliveries, fsync included",
+            "Time to write and commit one group of deliveries (its flush to disk is rm_journal_sync_seconds)",
             self.commit_seconds.clone(),
         );
         registry.register(
@@ -60,6 +71,16 @@ impl JournalMetrics {
             "rm_journal_commits",
             "Group commits that succeeded",
             self.commits.clone(),
+        );
+        registry.register(
+            "rm_journal_sync_seconds",
+            "Time to flush the WAL to disk before answering the groups committed meanwhile",
+            self.sync_seconds.clone(),
+        );
+        registry.register(
+            "rm_journal_sync_failures",
+            "Failed WAL flushes (the journal then refuses deliveries until restarted)",
+            self.sync_failures.clone(),
         );
         registry.register(
             "rm_journal_commit_failures",

@@ -527,3 +527,120 @@ async fn a_failed_commit_fails_the_whole_group_and_the_writer_recovers() {
         .unwrap();
     assert_eq!(retried, Recorded::New(Outcome::Applied));
 }
+
+/// A flush the test controls: each flush waits for a token, and the token says whether it works.
+fn controlled_flush() -> (std::sync::mpsc::Sender<bool>, crate::sync::SyncFn) {
+    let (tx, rx) = std::sync::mpsc::channel::<bool>();
+    let flush: crate::sync::SyncFn = Box::new(move || match rx.recv() {
+        Ok(true) => Ok(()),
+        _ => Err(std::io::Error::other("injected flush failure")),
+    });
+    (tx, flush)
+}
+
+/// The writer commits without waiting for the disk; the caller is answered only after the
+/// flush that follows the commit.
+#[tokio::test]
+async fn record_is_answered_only_after_the_flush() {
+    let (_dir, path) = temp_journal();
+    let (flushes, flush) = controlled_flush();
+    let journal = Journal::open_with_sync(&path, keep_all(), flush).unwrap();
+    let pending = tokio::spawn({
+        let journal = journal.clone();
+        async move { journal.record(job_delivery("f1", 1, "queued", 1)).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!pending.is_finished(), "answered before the flush");
+    // The group is committed (a reader sees it); it is only not yet known to be on disk.
+    assert!(
+        Reader::open(&path)
+            .unwrap()
+            .delivery("f1")
+            .unwrap()
+            .is_some()
+    );
+    flushes.send(true).unwrap();
+    assert_eq!(
+        pending.await.unwrap().unwrap(),
+        Recorded::New(Outcome::Applied)
+    );
+}
+
+/// A failed flush fails its callers and poisons the journal: nothing more is accepted, since
+/// the kernel may have dropped the dirty pages.
+#[tokio::test]
+async fn a_failed_flush_fails_its_callers_and_every_later_one() {
+    let (_dir, path) = temp_journal();
+    let (flushes, flush) = controlled_flush();
+    let journal = Journal::open_with_sync(&path, keep_all(), flush).unwrap();
+    flushes.send(false).unwrap();
+    let first = journal.record(job_delivery("p1", 1, "queued", 1)).await;
+    assert!(
+        matches!(first, Err(JournalError::Commit(ref m)) if m.contains("injected")),
+        "{first:?}"
+    );
+    let later = journal.record(job_delivery("p2", 2, "queued", 2)).await;
+    assert!(
+        matches!(later, Err(JournalError::Commit(ref m)) if m.contains("restart")),
+        "{later:?}"
+    );
+    assert!(journal.probe().await.is_err());
+    assert!(
+        Reader::open(&path)
+            .unwrap()
+            .delivery("p2")
+            .unwrap()
+            .is_none(),
+        "written after a failed flush"
+    );
+}
+
+/// Groups committed while a flush runs are answered together by the next flush, not one flush
+/// each.
+#[tokio::test]
+async fn one_flush_answers_the_groups_committed_meanwhile() {
+    let (_dir, path) = temp_journal();
+    let (flushes, flush) = controlled_flush();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted: crate::sync::SyncFn = {
+        let calls = calls.clone();
+        let mut flush = flush;
+        Box::new(move || {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            flush()
+        })
+    };
+    let journal = Journal::open_with_sync(&path, keep_all(), counted).unwrap();
+    let first = tokio::spawn({
+        let journal = journal.clone();
+        async move { journal.record(job_delivery("g0", 100, "queued", 1)).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // The sync thread now waits in the first flush; these commit behind it, one at a time.
+    let mut later = Vec::new();
+    for i in 1..20 {
+        let journal = journal.clone();
+        later.push(tokio::spawn(async move {
+            journal
+                .record(job_delivery(&format!("g{i}"), 100 + i, "queued", 1))
+                .await
+        }));
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // Enough tokens for one flush per delivery: the test can never hang on a missing token.
+    for _ in 0..20 {
+        flushes.send(true).unwrap();
+    }
+    first.await.unwrap().unwrap();
+    for task in later {
+        assert_eq!(
+            task.await.unwrap().unwrap(),
+            Recorded::New(Outcome::Applied)
+        );
+    }
+    let calls = calls.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        calls < 20,
+        "{calls} flushes for 20 deliveries committed behind a slow one"
+    );
+}

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -18,6 +19,7 @@ use crate::body;
 use crate::checkpoint;
 use crate::metrics::JournalMetrics;
 use crate::retention::{PRUNE_INTERVAL, Retention, prune_step};
+use crate::sync::{self, Waiter};
 use crate::{Incoming, JournalError, Outcome, Recorded, connection, now_ms};
 
 /// The most deliveries one transaction takes. Bounds the time any one commit holds its callers.
@@ -44,6 +46,17 @@ enum Request {
     Probe(oneshot::Sender<Result<(), JournalError>>),
 }
 
+impl Request {
+    /// The request's caller, to be told that its batch failed.
+    fn into_failed_waiter(self) -> Waiter {
+        match self {
+            // The answer is never read: a failed waiter is only ever sent the error.
+            Request::Record { reply, .. } => Waiter::Record(reply, Recorded::AlreadyJournalled),
+            Request::Probe(reply) => Waiter::Probe(reply),
+        }
+    }
+}
+
 /// A cheap, cloneable handle to the journal's writer thread.
 #[derive(Clone)]
 pub struct Journal {
@@ -56,13 +69,27 @@ impl Journal {
     /// Opens (creating and migrating if needed) the journal file and starts its writer thread.
     /// The thread stops when the last handle is dropped, after answering everything queued.
     pub fn open(path: &Path, retention: Retention) -> Result<Journal, JournalError> {
+        Self::open_with_sync(path, retention, sync::wal_sync(path))
+    }
+
+    /// [`Journal::open`] with the flush that makes committed groups durable given by the caller
+    /// (tests hold it back or make it fail).
+    pub(crate) fn open_with_sync(
+        path: &Path,
+        retention: Retention,
+        flush: sync::SyncFn,
+    ) -> Result<Journal, JournalError> {
         let conn = connection::open_group_writer(path)?;
         let (stop_checkpoints, checkpoints_stopped) = mpsc::channel();
         checkpoint::spawn(path, checkpoints_stopped)?;
         let (tx, rx) = mpsc::channel();
         let metrics = JournalMetrics::default();
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let syncer = sync::spawn(flush, poisoned.clone(), metrics.clone())?;
         let writer = Writer {
             conn,
+            syncer,
+            poisoned,
             retention,
             metrics: metrics.clone(),
             next_prune: Instant::now(),
@@ -148,6 +175,10 @@ fn run_handler(incoming: &Incoming) -> Verdict {
 
 struct Writer {
     conn: Connection,
+    /// Where committed groups wait for their flush (see `sync`).
+    syncer: mpsc::Sender<Vec<Waiter>>,
+    /// Set by the sync thread when a flush failed: nothing more is written.
+    poisoned: Arc<AtomicBool>,
     retention: Retention,
     metrics: JournalMetrics,
     next_prune: Instant,
@@ -179,39 +210,39 @@ impl Writer {
         tracing::debug!("journal writer stopped");
     }
 
-    /// Commits one batch and answers every request in it.
+    /// Commits one batch and hands its callers to the sync thread, which answers them once the
+    /// batch is on disk. A batch that fails to commit is answered with the error at once.
     fn commit(&mut self, batch: Vec<Request>) {
-        let started = Instant::now();
         let size = batch.len();
+        if self.poisoned.load(Ordering::SeqCst) {
+            Waiter::fail_all(
+                batch.into_iter().map(Request::into_failed_waiter).collect(),
+                sync::POISONED,
+            );
+            return;
+        }
+        let started = Instant::now();
         let result = self.write(&batch);
         self.metrics
             .observe_commit(started.elapsed(), size, result.is_ok());
         match result {
             Ok(answers) => {
-                for (request, answer) in batch.into_iter().zip(answers) {
-                    match request {
-                        Request::Record { reply, .. } => {
-                            let _ = reply.send(Ok(answer));
-                        }
-                        Request::Probe(reply) => {
-                            let _ = reply.send(Ok(()));
-                        }
-                    }
+                let waiters: Vec<Waiter> = batch
+                    .into_iter()
+                    .zip(answers)
+                    .map(|(request, answer)| match request {
+                        Request::Record { reply, .. } => Waiter::Record(reply, answer),
+                        Request::Probe(reply) => Waiter::Probe(reply),
+                    })
+                    .collect();
+                if let Err(mpsc::SendError(waiters)) = self.syncer.send(waiters) {
+                    Waiter::fail_all(waiters, "the journal's sync thread has stopped");
                 }
             }
             Err(err) => {
                 tracing::error!(error = %err, deliveries = size, "journal commit failed");
-                let message = err.to_string();
-                for request in batch {
-                    match request {
-                        Request::Record { reply, .. } => {
-                            let _ = reply.send(Err(JournalError::Commit(message.clone())));
-                        }
-                        Request::Probe(reply) => {
-                            let _ = reply.send(Err(JournalError::Commit(message.clone())));
-                        }
-                    }
-                }
+                let waiters = batch.into_iter().map(Request::into_failed_waiter).collect();
+                Waiter::fail_all(waiters, &err.to_string());
             }
         }
     }
