@@ -30,11 +30,16 @@ const GRACE: Duration = Duration::from_millis(500);
 const ATTEMPT: &str = "5e1f00d2-7a9b-4c3d-8e2f-0123456789ab";
 const RUNNER_NAME: &str = "rm-testhost-5e1f00d27a9b";
 
-/// The fake runner's binary. Cargo builds a dependency's library for this test, never its
-/// binary, so build it here (a no-op when it is fresh) and find it next to this test.
+/// The fake runner's binary. `cargo test --workspace` builds it beside this test; when only this
+/// package is tested, cargo builds a dependency's library but never its binary, so build it here.
+/// (Building it here even when present would resolve features for that one package and rebuild
+/// half the dependency tree: 98 s in a clean CI run.)
 fn fake_runner_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
+        if let Some(binary) = rm_fake_runner::locate_binary() {
+            return binary;
+        }
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
         let mut build = std::process::Command::new(env!("CARGO"));
         build

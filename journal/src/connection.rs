@@ -16,6 +16,28 @@ pub const JOURNAL_FILE: &str = "journal.sqlite3";
 /// running agent) before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long to wait between tries to switch a new file to WAL while another connection holds it.
+const WAL_SWITCH_RETRY: Duration = Duration::from_millis(10);
+
+/// Sets `journal_mode=WAL`. Switching a new file needs an exclusive lock, and SQLite answers
+/// `SQLITE_BUSY` at once instead of calling the busy handler when another connection (the
+/// agent's attempts, a CLI replay) is opening the same new file, so retry for as long as the
+/// busy timeout would have waited.
+fn switch_to_wal(conn: &Connection) -> rusqlite::Result<String> {
+    let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0)) {
+            Err(rusqlite::Error::SqliteFailure(err, _))
+                if err.code == rusqlite::ErrorCode::DatabaseBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(WAL_SWITCH_RETRY);
+            }
+            result => return result,
+        }
+    }
+}
+
 /// The group writer's page cache, in KiB.
 const WRITER_CACHE_KIB: i64 = 64 * 1024;
 
@@ -27,9 +49,7 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection, JournalError> {
     };
     let mut conn = Connection::open(path).map_err(open)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(open)?;
-    let mode: String = conn
-        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
-        .map_err(open)?;
+    let mode = switch_to_wal(&conn).map_err(open)?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(open(rusqlite::Error::InvalidParameterName(format!(
             "journal_mode is {mode}, WAL is required"
