@@ -65,7 +65,7 @@ pub enum Recorded {
 }
 
 /// A journalled `workflow_job`, as `rm-agent jobs --json` prints it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct JobRow {
     pub job_id: i64,
     pub run_id: i64,
@@ -85,7 +85,7 @@ pub struct JobRow {
 }
 
 /// A journalled delivery without its body, as `rm-agent deliveries --json` prints it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DeliveryRow {
     pub guid: String,
     pub event: String,
@@ -107,7 +107,7 @@ pub struct StoredDelivery {
 }
 
 /// An App installation and the repositories in its scope.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct InstallationRow {
     pub id: i64,
     pub account: Option<String>,

@@ -38,12 +38,30 @@ enum Request {
     Record {
         incoming: Incoming,
         verdict: Verdict,
-        /// The body as stored (compressed on the caller's thread).
-        stored_body: Vec<u8>,
+        /// The body and headers as stored, encoded on the caller's thread.
+        stored: Stored,
         reply: Reply,
     },
     /// Proves the writer is alive and can take the write lock (`/healthz`).
     Probe(oneshot::Sender<Result<(), JournalError>>),
+}
+
+/// A delivery's columns that are encoded before the writer sees them, so the single writer
+/// thread only does SQL.
+struct Stored {
+    /// The zstd-compressed body.
+    body: Vec<u8>,
+    /// The kept headers as a JSON object.
+    headers: String,
+}
+
+/// The kept headers as the journal's `headers` column holds them: one JSON object.
+fn encode_headers(headers: &[(String, String)]) -> String {
+    let object: serde_json::Map<String, serde_json::Value> = headers
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    serde_json::Value::Object(object).to_string()
 }
 
 impl Request {
@@ -128,14 +146,17 @@ impl Journal {
         if matches!(verdict, Verdict::Reject { .. }) && !rm_handlers::is_json(&incoming.body) {
             return Err(JournalError::NotJson);
         }
-        let stored_body = body::encode(&incoming.body)
-            .map_err(|err| JournalError::Commit(format!("cannot compress the body: {err}")))?;
+        let stored = Stored {
+            body: body::encode(&incoming.body)
+                .map_err(|err| JournalError::Commit(format!("cannot compress the body: {err}")))?,
+            headers: encode_headers(&incoming.headers),
+        };
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Request::Record {
                 incoming,
                 verdict,
-                stored_body,
+                stored,
                 reply,
             })
             .map_err(|_| JournalError::WriterStopped)?;
@@ -258,9 +279,9 @@ impl Writer {
                 Request::Record {
                     incoming,
                     verdict,
-                    stored_body,
+                    stored,
                     ..
-                } => record_one(&tx, incoming, verdict, stored_body)?,
+                } => record_one(&tx, incoming, verdict, stored)?,
                 // Placeholder answer; a probe only needs the commit to succeed.
                 Request::Probe(_) => Recorded::AlreadyJournalled,
             };
@@ -293,7 +314,7 @@ fn record_one(
     tx: &rusqlite::Transaction<'_>,
     incoming: &Incoming,
     verdict: &Verdict,
-    stored_body: &[u8],
+    stored: &Stored,
 ) -> rusqlite::Result<Recorded> {
     let known: Option<i64> = tx
         .prepare_cached("SELECT id FROM deliveries WHERE guid = ?1")?
@@ -327,7 +348,7 @@ fn record_one(
     insert_delivery(
         tx,
         incoming,
-        stored_body,
+        stored,
         verdict.action(),
         outcome,
         reason.as_deref(),
@@ -338,16 +359,11 @@ fn record_one(
 fn insert_delivery(
     conn: &Connection,
     incoming: &Incoming,
-    stored_body: &[u8],
+    stored: &Stored,
     action: Option<&str>,
     outcome: Outcome,
     reason: Option<&str>,
 ) -> rusqlite::Result<()> {
-    let headers: serde_json::Map<String, serde_json::Value> = incoming
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect();
     conn.prepare_cached(
         "INSERT INTO deliveries (guid, event, action, source, received_at, headers, body,
              outcome, reason)
@@ -359,8 +375,8 @@ fn insert_delivery(
         action,
         incoming.source.as_str(),
         incoming.received_at_ms,
-        serde_json::Value::Object(headers).to_string(),
-        stored_body,
+        stored.headers,
+        stored.body,
         outcome.as_str(),
         reason,
     ])?;
