@@ -208,7 +208,7 @@ pub enum Workspace {
     Persistent,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Policy {
     pub name: String,
     pub target: Target,

@@ -34,6 +34,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run everything configured: the receiver, and runners for the queued jobs. SIGINT or
+    /// SIGTERM drains: no new runner, no busy runner killed, exit within 60 seconds.
+    #[command(
+        after_help = "Example:\n  RM_WEBHOOK_SECRET=... RM_GITHUB_PRIVATE_KEY=\"$(cat app.pem)\" rm-agent --config /etc/rm-agent/rm-agent.toml run"
+    )]
+    Run {
+        /// Log lines as text for people or JSON for log collectors.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
+    },
     /// Run the webhook receiver alone: verify each delivery, journal it, answer.
     #[command(
         after_help = "Example:\n  RM_WEBHOOK_SECRET=... rm-agent --config rm-agent.toml receive --log-format json"
@@ -42,6 +52,17 @@ enum Command {
         /// Log lines as text for people or JSON for log collectors.
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
         log_format: LogFormat,
+    },
+    /// Check that this host is ready to run: the configuration, the secrets, then GitHub (the
+    /// App's JWT, each policy's installation, the permission runner registration needs, the
+    /// runner group). Each finding comes with its remedy; exits 1 when one blocks running.
+    #[command(
+        after_help = "Examples:\n  rm-agent --config /etc/rm-agent/rm-agent.toml check\n  rm-agent check --json | jq '.findings[] | select(.status != \"ok\")'"
+    )]
+    Check {
+        /// One JSON document on stdout instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// List the journalled workflow jobs and their states, most recently changed first.
     #[command(
@@ -117,6 +138,14 @@ fn run(cli: Cli) -> Result<(), Exit> {
     };
     let config = config::load(&sources)?;
     match cli.command {
+        Command::Run { log_format } => {
+            init_logging(log_format, "info");
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(Exit::runtime)?;
+            runtime.block_on(commands::run::run(&config))
+        }
         Command::Receive { log_format } => {
             init_logging(log_format, "info");
             let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -124,6 +153,14 @@ fn run(cli: Cli) -> Result<(), Exit> {
                 .build()
                 .map_err(Exit::runtime)?;
             runtime.block_on(commands::receive::run(&config))
+        }
+        Command::Check { json } => {
+            init_logging(LogFormat::Text, "warn");
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(Exit::runtime)?;
+            runtime.block_on(commands::check::run(&config, json))
         }
         Command::Jobs { json, limit } => {
             init_logging(LogFormat::Text, "warn");

@@ -40,6 +40,36 @@ pub fn webhook_secrets(config: &Config) -> Result<WebhookSecrets, Exit> {
     })
 }
 
+/// The App's private key as PEM text; wins over `github.private_key_file`.
+pub const PRIVATE_KEY_ENV: &str = "RM_GITHUB_PRIVATE_KEY";
+
+/// The GitHub App's private key: `$RM_GITHUB_PRIVATE_KEY` (the PEM text) if set, else the file
+/// named by `github.private_key_file`. Whether it is a usable key is for the GitHub client to
+/// say; this only refuses a missing, empty or world-readable one.
+pub fn private_key(config: &Config) -> Result<SecretString, Exit> {
+    let (pem, from) = match std::env::var(PRIVATE_KEY_ENV) {
+        Ok(value) if !value.trim().is_empty() => (value, format!("${PRIVATE_KEY_ENV}")),
+        _ => match &config.github.private_key_file {
+            Some(path) => (
+                read_secret_file(path, "github.private_key_file")?,
+                path.display().to_string(),
+            ),
+            None => {
+                return Err(Exit::usage(format!(
+                    "no GitHub App private key: set `github.private_key_file` in {} or ${PRIVATE_KEY_ENV}; download the key from the App's settings page",
+                    crate::config::display_file(config.source.as_deref())
+                )));
+            }
+        },
+    };
+    if pem.trim().is_empty() {
+        return Err(Exit::usage(format!(
+            "{from} is empty; put the App's private key (PEM) there"
+        )));
+    }
+    Ok(SecretString::from(pem))
+}
+
 fn split(text: &str, separator: char) -> Vec<SecretString> {
     text.split(separator)
         .map(str::trim)

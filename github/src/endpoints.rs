@@ -42,6 +42,12 @@ impl GithubClient {
         if let Some(id) = known {
             return Ok(id);
         }
+        Ok(self.installation(target).await?.id)
+    }
+
+    /// The installation covering `target`, asked afresh (with its permissions and whether it is
+    /// suspended); its id is remembered as [`GithubClient::installation_for`] does.
+    pub async fn installation(&self, target: &Target) -> Result<Installation, GithubError> {
         let endpoint = match target {
             Target::Org(_) => "app.orgs.installation",
             Target::Repo { .. } => "app.repos.installation",
@@ -54,7 +60,7 @@ impl GithubClient {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(target.clone(), installation.id);
-        Ok(installation.id)
+        Ok(installation)
     }
 
     /// `GET /app/hook/deliveries`: one page, newest first, and the cursor of the next.

@@ -2,7 +2,9 @@
 //! writer and `deliveries replay` both come through here, so a replay does exactly what the
 //! original delivery would have done.
 
-use rm_handlers::{Change, Installation, JobMerge, JobObservation, JobState, Repository, Verdict};
+use rm_handlers::{
+    Change, Installation, JobMerge, JobObservation, JobState, Repository, Source, Verdict,
+};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::Outcome;
@@ -113,20 +115,37 @@ fn apply_change(
 
 /// Merges a job sighting forward only. The update is compare-and-set on the rank, so a writer
 /// that read an older state can never move the row backwards.
-fn apply_job(conn: &Connection, job: &JobObservation) -> rusqlite::Result<Option<String>> {
-    let current: Option<String> = conn
-        .prepare_cached("SELECT state FROM jobs WHERE job_id = ?1")?
-        .query_row([job.job_id], |row| row.get(0))
+///
+/// The sighting is also dated on the row: a delivery's in `announced_at`, a poll's in
+/// `polled_at` (the first of each), so the polling fallback can tell a job no delivery announced.
+pub(crate) fn apply_job(
+    conn: &Connection,
+    job: &JobObservation,
+) -> rusqlite::Result<Option<String>> {
+    let found: Option<(String, Option<i64>, Option<i64>)> = conn
+        .prepare_cached("SELECT state, announced_at, polled_at FROM jobs WHERE job_id = ?1")?
+        .query_row([job.job_id], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })
         .optional()?;
+    let (current, announced_at, polled_at) = match found {
+        Some((state, announced, polled)) => (Some(state), announced, polled),
+        None => (None, None, None),
+    };
     let current_state = current.as_deref().and_then(JobState::parse);
     let labels = serde_json::to_string(&job.labels).unwrap_or_else(|_| "[]".to_owned());
-    let moved = match rm_handlers::merge_job(current_state, job.state) {
+    let polled = job.source == Source::Poll;
+    let announced_now = (!polled).then_some(job.observed_at_ms);
+    let polled_now = polled.then_some(job.observed_at_ms);
+    let merge = rm_handlers::merge_job(current_state, job.state);
+    let moved = match merge {
         JobMerge::Insert => conn
             .prepare_cached(
                 "INSERT INTO jobs (job_id, run_id, run_attempt, repository, installation_id,
                      labels, workflow_name, job_name, state, state_rank, conclusion, runner_name,
-                     runner_id, source, first_seen_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15)
+                     runner_id, source, first_seen_at, updated_at, announced_at, polled_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15,
+                     ?16, ?17)
                  ON CONFLICT (job_id) DO NOTHING",
             )?
             .execute(params![
@@ -145,6 +164,8 @@ fn apply_job(conn: &Connection, job: &JobObservation) -> rusqlite::Result<Option
                 job.runner_id,
                 job.source.as_str(),
                 job.observed_at_ms,
+                announced_now,
+                polled_now,
             ])?,
         JobMerge::Advance => conn
             .prepare_cached(
@@ -153,7 +174,9 @@ fn apply_job(conn: &Connection, job: &JobObservation) -> rusqlite::Result<Option
                      runner_name = COALESCE(?5, runner_name),
                      runner_id = COALESCE(?6, runner_id),
                      installation_id = COALESCE(?7, installation_id),
-                     source = ?8, updated_at = ?9
+                     source = ?8, updated_at = ?9,
+                     announced_at = COALESCE(announced_at, ?10),
+                     polled_at = COALESCE(polled_at, ?11)
                  WHERE job_id = ?1 AND state_rank < ?3",
             )?
             .execute(params![
@@ -166,9 +189,25 @@ fn apply_job(conn: &Connection, job: &JobObservation) -> rusqlite::Result<Option
                 job.installation_id,
                 job.source.as_str(),
                 job.observed_at_ms,
+                announced_now,
+                polled_now,
             ])?,
         JobMerge::Stale => 0,
     };
+    // A stale sighting still dates the first announcement or poll (one row, rarely).
+    if moved == 0 && merge != JobMerge::Insert {
+        let column = match (announced_now, polled_now) {
+            (Some(at), _) if announced_at.is_none() => Some(("announced_at", at)),
+            (_, Some(at)) if polled_at.is_none() => Some(("polled_at", at)),
+            _ => None,
+        };
+        if let Some((column, at)) = column {
+            conn.prepare_cached(&format!(
+                "UPDATE jobs SET {column} = ?2 WHERE job_id = ?1 AND {column} IS NULL"
+            ))?
+            .execute(params![job.job_id, at])?;
+        }
+    }
     Ok((moved == 0).then(|| {
         format!(
             "job {} is already {}; a `{}` sighting changes nothing",

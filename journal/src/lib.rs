@@ -19,6 +19,7 @@ mod checkpoint;
 mod connection;
 mod error;
 mod metrics;
+mod polls;
 mod read;
 mod replay;
 mod retention;
@@ -34,6 +35,7 @@ pub use attempts::{
 pub use connection::JOURNAL_FILE;
 pub use error::JournalError;
 pub use metrics::JournalMetrics;
+pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, QueuedJobRef, Sighting};
 pub use read::Reader;
 pub use replay::replay;
 pub use retention::Retention;

@@ -48,6 +48,30 @@ impl Reader {
         Ok(stmt.query_row([job_id], job_row).optional()?)
     }
 
+    /// Every job in state `queued`, oldest sighting first: the demand the agent routes.
+    pub fn queued_jobs(&self) -> Result<Vec<JobRow>, JournalError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'queued' ORDER BY first_seen_at, job_id"
+        ))?;
+        let rows = stmt.query_map([], job_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Jobs that name one of `runner_names` as their runner (an `in_progress` or `completed`
+    /// sighting): how the agent learns which of its runners took which job.
+    pub fn jobs_for_runners(&self, runner_names: &[&str]) -> Result<Vec<JobRow>, JournalError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE runner_name = ?1"
+        ))?;
+        let mut jobs = Vec::new();
+        for name in runner_names {
+            for row in stmt.query_map([name], job_row)? {
+                jobs.push(row?);
+            }
+        }
+        Ok(jobs)
+    }
+
     /// How many jobs are in each state.
     pub fn job_counts(&self) -> Result<Vec<(String, i64)>, JournalError> {
         let mut stmt = self

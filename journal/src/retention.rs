@@ -69,10 +69,24 @@ pub(crate) fn prune_step(
              WHERE state = 'cleaned' AND state_changed_at < ?1 LIMIT ?2)",
         params![cutoff(now_ms, retention.finished_jobs), PRUNE_STEP_ROWS],
     )?;
+    // Redelivery requests only matter inside GitHub's 3-day window; kept as long as the
+    // delivery rows they stand beside.
+    let redeliveries = tx.execute(
+        "DELETE FROM redeliveries WHERE guid IN (
+             SELECT guid FROM redeliveries WHERE requested_at < ?1 LIMIT ?2)",
+        params![cutoff(now_ms, retention.delivery_rows), PRUNE_STEP_ROWS],
+    )?;
     tx.commit()?;
-    if bodies + rows + jobs + attempts > 0 {
-        tracing::debug!(bodies, rows, jobs, attempts, "journal retention step");
+    if bodies + rows + jobs + attempts + redeliveries > 0 {
+        tracing::debug!(
+            bodies,
+            rows,
+            jobs,
+            attempts,
+            redeliveries,
+            "journal retention step"
+        );
     }
     let step = usize::try_from(PRUNE_STEP_ROWS).unwrap_or(usize::MAX);
-    Ok(bodies == step || rows == step || jobs == step || attempts == step)
+    Ok(bodies == step || rows == step || jobs == step || attempts == step || redeliveries == step)
 }

@@ -114,6 +114,31 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE INDEX attempts_cleaned ON attempts (state_changed_at) WHERE state = 'cleaned';
     CREATE INDEX attempts_job ON attempts (job_id) WHERE job_id IS NOT NULL;
     "#,
+    // v3: what the polling fallback needs. On `jobs`: when a delivery first announced the job
+    // (webhook, relay or redelivery), when a poll first saw it, and when a stale-job check last
+    // asked GitHub about it; jobs already journalled came from deliveries. `poll_cursors` keeps
+    // named positions (the newest hook delivery examined), `redeliveries` every GUID the agent
+    // asked GitHub to send again, so each is asked for once.
+    r#"
+    ALTER TABLE jobs ADD COLUMN announced_at INTEGER;
+    ALTER TABLE jobs ADD COLUMN polled_at INTEGER;
+    ALTER TABLE jobs ADD COLUMN checked_at INTEGER;
+    UPDATE jobs SET announced_at = first_seen_at WHERE source != 'poll';
+    CREATE INDEX jobs_queued ON jobs (updated_at) WHERE state = 'queued';
+
+    CREATE TABLE poll_cursors (
+        name       TEXT PRIMARY KEY NOT NULL,
+        value      INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    );
+
+    CREATE TABLE redeliveries (
+        guid         TEXT PRIMARY KEY NOT NULL,   -- X-GitHub-Delivery
+        delivery_id  INTEGER NOT NULL,            -- the hook delivery asked for again
+        requested_at INTEGER NOT NULL
+    );
+    CREATE INDEX redeliveries_requested_at ON redeliveries (requested_at);
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Instant;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::metrics::JournalMetrics;
 use crate::{JournalError, Recorded};
@@ -75,11 +75,12 @@ pub(crate) fn spawn(
     sync: SyncFn,
     poisoned: Arc<AtomicBool>,
     metrics: JournalMetrics,
+    durable: watch::Sender<u64>,
 ) -> Result<Sender<Vec<Waiter>>, JournalError> {
     let (tx, rx) = mpsc::channel();
     std::thread::Builder::new()
         .name("rm-journal-sync".to_owned())
-        .spawn(move || run(&rx, sync, &poisoned, &metrics))
+        .spawn(move || run(&rx, sync, &poisoned, &metrics, &durable))
         .map_err(|e| JournalError::Commit(format!("cannot start the sync thread: {e}")))?;
     Ok(tx)
 }
@@ -89,6 +90,7 @@ fn run(
     mut sync: SyncFn,
     poisoned: &AtomicBool,
     metrics: &JournalMetrics,
+    durable: &watch::Sender<u64>,
 ) {
     while let Ok(mut waiters) = rx.recv() {
         // Every group committed while the previous flush ran is covered by this one.
@@ -107,6 +109,8 @@ fn run(
                 for waiter in waiters {
                     waiter.answer(Ok(()));
                 }
+                // Wakes whoever consumes the journal (the agent's executor) without polling.
+                durable.send_modify(|groups| *groups = groups.wrapping_add(1));
             }
             Err(err) => {
                 poisoned.store(true, Ordering::SeqCst);

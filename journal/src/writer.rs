@@ -81,6 +81,7 @@ pub struct Journal {
     tx: mpsc::Sender<Request>,
     path: Arc<PathBuf>,
     metrics: JournalMetrics,
+    durable: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Journal {
@@ -103,7 +104,8 @@ impl Journal {
         let (tx, rx) = mpsc::channel();
         let metrics = JournalMetrics::default();
         let poisoned = Arc::new(AtomicBool::new(false));
-        let syncer = sync::spawn(flush, poisoned.clone(), metrics.clone())?;
+        let (durable_tx, durable) = tokio::sync::watch::channel(0);
+        let syncer = sync::spawn(flush, poisoned.clone(), metrics.clone(), durable_tx)?;
         let writer = Writer {
             conn,
             syncer,
@@ -121,7 +123,14 @@ impl Journal {
             tx,
             path: Arc::new(path.to_owned()),
             metrics,
+            durable,
         })
+    }
+
+    /// Changes (to a count of durable groups) each time deliveries become durable: a consumer
+    /// awaits `changed()` instead of polling the file.
+    pub fn durable_groups(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.durable.clone()
     }
 
     /// The file this journal writes.

@@ -1,8 +1,10 @@
 //! One module per `rm-agent` command.
 
+pub mod check;
 pub mod deliveries;
 pub mod jobs;
 pub mod receive;
+pub mod run;
 pub mod runners;
 
 use std::path::PathBuf;

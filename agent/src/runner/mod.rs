@@ -2,6 +2,7 @@
 //! and removes a runner's runtime directory; [`process`] starts the runner in it, tells a live
 //! runner from a recycled pid, and stops the runner's whole process group.
 
+pub mod discover;
 pub mod process;
 pub mod workspace;
 

@@ -565,7 +565,7 @@ fn refused(why: &str) -> io::Error {
 }
 
 /// Reads and parses `/proc/<pid>/stat`; `None` if the process does not exist.
-fn read_stat(pid: u32) -> io::Result<Option<ProcStat>> {
+pub(crate) fn read_stat(pid: u32) -> io::Result<Option<ProcStat>> {
     match std::fs::read_to_string(Path::new(PROC).join(pid.to_string()).join("stat")) {
         Ok(line) => parse_stat(&line)
             .map(Some)

@@ -180,6 +180,39 @@ async fn a_missing_permission_is_forbidden_with_its_remedy() {
 }
 
 #[tokio::test]
+async fn an_installation_shows_its_permissions() {
+    let h = harness().await;
+    let full = h
+        .client
+        .installation(&org())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(full.id, h.org_installation);
+    assert_eq!(
+        full.permissions
+            .get("organization_self_hosted_runners")
+            .map(String::as_str),
+        Some("write")
+    );
+    h.fake
+        .set_permissions(h.org_installation, &[("actions", "read")]);
+    let narrowed = h
+        .client
+        .installation(&repo())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(narrowed.permissions.len(), 1);
+    assert_eq!(narrowed.suspended_at, None);
+    // The id is remembered like `installation_for`'s.
+    let before = h.fake.requests().len();
+    assert_eq!(
+        h.client.installation_for(&repo()).await.ok(),
+        Some(h.org_installation)
+    );
+    assert_eq!(h.fake.requests().len(), before);
+}
+
+#[tokio::test]
 async fn runs_and_jobs_are_listed_by_status() {
     let h = harness().await;
     let job_id = h

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod fleet;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -102,29 +104,14 @@ impl Setup {
             Instant::now().elapsed().as_nanos()
         )))
         .unwrap();
-        let child = self
-            .command(&["receive"])
+        let mut command = self.command(&["receive"]);
+        command
             .env("RM_LOG", "debug")
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let agent = Agent {
-            child,
-            addr: self.addr,
-            client: Client::builder(TokioExecutor::new()).build_http(),
-        };
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            if let Ok((200, _)) = agent.get("/healthz").await {
-                return agent;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "rm-agent receive did not become healthy"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            .stderr(log);
+        let agent = Agent::spawn(command, self.addr);
+        agent.wait_healthy().await;
+        agent
     }
 
     /// Everything the agents of this setup logged.
@@ -154,6 +141,32 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Starts the command as an agent answering on `addr`.
+    pub fn spawn(mut command: Command, addr: SocketAddr) -> Agent {
+        Agent {
+            child: command.spawn().unwrap(),
+            addr,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    /// Waits until the agent answers `/healthz` with 200.
+    pub async fn wait_healthy(&self) {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Ok((200, _)) = self.get("/healthz").await {
+                return;
+            }
+            assert!(Instant::now() < deadline, "rm-agent did not become healthy");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Whether the process has exited (reaping it if so).
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+
     pub async fn get(&self, path: &str) -> Result<(u16, String), String> {
         let req = http::Request::get(format!("http://{}{path}", self.addr))
             .body(Full::new(Bytes::new()))

@@ -274,6 +274,11 @@ impl FakeGithub {
         })
     }
 
+    /// Withdraws every injected fault not yet used up (an outage ends).
+    pub fn clear_faults(&self) {
+        self.with(|s| s.faults.clear())
+    }
+
     // ---- webhooks ----
 
     /// Where to send deliveries, and the secret to sign them with.

@@ -1,0 +1,240 @@
+//! Allocation: from the journal's queued jobs to new attempts. Demand is routed per policy
+//! ([`demand::route`]); each runner is created under the host-wide allocation lock with the live
+//! attempts re-read under it ([`allocation::allocate`]), so no interleaving of passes or
+//! policies can exceed `host.max_runners`. The attempt row is the first effect of a runner;
+//! its launch task does the rest.
+//!
+//! What the pass remembers between passes (in memory; a restart forgets it, at the cost of one
+//! more attempt at most):
+//! - a **fence** per policy: a runner of the policy that gave up (idle exit, registration
+//!   timeout) is not replaced for the jobs that were already queued when it gave up;
+//! - a **launch back-off** per policy after failed launches, so a 403 or a broken package does
+//!   not become a loop of attempts;
+//! - the jobs already reported as overlapping or unresolvable, so each is logged once.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use rm_journal::{AttemptId, AttemptRecord, JobRow, NewAttempt, WorkspaceKind, now_ms};
+
+use super::{Executor, fault};
+use crate::allocation::{self, AllocationInput};
+use crate::config::Policy;
+use crate::demand::{self, QueuedJob};
+use crate::lifecycle::{Conclusion, FailureReason};
+
+/// The first wait after a failed launch; doubles per consecutive failure.
+pub const LAUNCH_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The longest launch back-off, and the wait after a terminal refusal (a 403 needs a person).
+pub const LAUNCH_BACKOFF_MAX: Duration = Duration::from_secs(5 * 60);
+
+/// What allocation remembers between passes.
+#[derive(Debug, Default)]
+pub(super) struct Memory {
+    fences: HashMap<String, i64>,
+    backoff: HashMap<String, (i64, u32)>,
+    reported: HashSet<i64>,
+}
+
+/// The wait before a policy may launch again after `failures` consecutive failed launches.
+pub fn launch_backoff(failures: u32, terminal: bool) -> Duration {
+    if terminal {
+        return LAUNCH_BACKOFF_MAX;
+    }
+    LAUNCH_BACKOFF
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(LAUNCH_BACKOFF_MAX)
+}
+
+/// Whether a conclusion fences the policy's older demand: its runner had the chance to take
+/// those jobs and did not.
+pub fn fences_demand(conclusion: Conclusion) -> bool {
+    matches!(
+        conclusion,
+        Conclusion::IdleExit
+            | Conclusion::Failed(FailureReason::TerminatedAfterRegistrationTimeout)
+    )
+}
+
+/// A journalled job as demand sees it.
+fn queued(job: &JobRow) -> QueuedJob {
+    QueuedJob {
+        job_id: job.job_id,
+        repository: job.repository.clone(),
+        labels: job.labels.clone(),
+    }
+}
+
+impl Executor {
+    /// Allocates runners for every policy's queued jobs.
+    pub(super) async fn allocate(self: &Arc<Self>) -> anyhow::Result<()> {
+        let jobs = self.lock_reader().queued_jobs()?;
+        let first_seen: HashMap<i64, i64> = jobs
+            .iter()
+            .map(|j| (j.job_id, j.first_seen_at_ms))
+            .collect();
+        let queued: Vec<QueuedJob> = jobs.iter().map(queued).collect();
+        let demand = demand::route(&self.settings.policies, &queued);
+        self.report_unroutable(&demand);
+        let now = now_ms();
+        for policy in &self.settings.policies {
+            let (fence, backoff_until) = {
+                let memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+                (
+                    memory.fences.get(&policy.name).copied().unwrap_or(i64::MIN),
+                    memory
+                        .backoff
+                        .get(&policy.name)
+                        .map_or(i64::MIN, |(until, _)| *until),
+                )
+            };
+            if now < backoff_until {
+                continue;
+            }
+            let wanted = demand.per_policy.get(&policy.name).map_or(0, |ids| {
+                ids.iter()
+                    .filter(|id| first_seen.get(id).is_some_and(|seen| *seen > fence))
+                    .count()
+            });
+            self.start_runners(policy, u32::try_from(wanted).unwrap_or(u32::MAX))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Creates this policy's runners one at a time under the allocation lock.
+    async fn start_runners(self: &Arc<Self>, policy: &Policy, demand: u32) -> anyhow::Result<()> {
+        loop {
+            let guard = self.allocation.lock().await;
+            let live = self.lock_attempts().live_counts()?;
+            let decided = allocation::allocate(AllocationInput {
+                demand,
+                min_runners: policy.min_runners,
+                max_runners: policy.max_runners,
+                unassigned_in_flight: live.policy(&policy.name).unassigned(),
+                host_live: live.host_live(),
+                host_max: self.settings.max_runners,
+            });
+            if decided.to_start == 0 {
+                if demand > 0 {
+                    tracing::debug!(policy = %policy.name, demand, limit = ?decided.limit, "no runner to start");
+                }
+                return Ok(());
+            }
+            let record = self.create_attempt(policy)?;
+            drop(guard);
+            tracing::info!(policy = %policy.name, attempt = %record.attempt_id, runner = %record.runner_name, demand, "runner allocated");
+            fault::crash_point("attempt_journalled");
+            self.lock_launching().insert(record.attempt_id.clone());
+            let executor = Arc::clone(self);
+            tokio::spawn(async move { executor.launch(record).await });
+        }
+    }
+
+    /// Journals a new attempt: the first write of a runner, before any other effect.
+    fn create_attempt(&self, policy: &Policy) -> anyhow::Result<AttemptRecord> {
+        let id = AttemptId::generate();
+        let runner_name = id.runner_name(&self.settings.host);
+        let runtime_dir = self.root.ephemeral_path(id.as_str())?;
+        Ok(self.lock_attempts().create(&NewAttempt {
+            attempt_id: &id,
+            policy: &policy.name,
+            runner_name: &runner_name,
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: &runtime_dir,
+            created_at_ms: now_ms(),
+        })?)
+    }
+
+    /// Logs each overlapping or unresolvable job once.
+    fn report_unroutable(&self, demand: &demand::Demand) {
+        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+        for (job_id, policies) in &demand.overlapping {
+            if memory.reported.insert(*job_id) {
+                tracing::warn!(job_id, policies = ?policies, "job matches more than one policy of this host; starting nothing for it: make the policies' labels disjoint");
+            }
+        }
+        for job_id in &demand.unresolvable {
+            if memory.reported.insert(*job_id) {
+                tracing::warn!(
+                    job_id,
+                    "job's runs-on holds an unevaluated expression (${{ }}); it is not counted as demand"
+                );
+            }
+        }
+    }
+
+    /// Called when a runner concludes: an idle exit or a registration timeout fences the
+    /// policy's older demand.
+    pub(super) fn remember_conclusion(&self, policy: &str, conclusion: Conclusion) {
+        if fences_demand(conclusion) {
+            self.memory
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .fences
+                .insert(policy.to_owned(), now_ms());
+        }
+    }
+
+    /// Called when a launch ends: a failure backs the policy off, a runner resets it.
+    pub(super) fn remember_launch(&self, policy: &str, failed: Option<bool>) {
+        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+        match failed {
+            None => {
+                memory.backoff.remove(policy);
+            }
+            Some(terminal) => {
+                let failures = memory.backoff.get(policy).map_or(0, |(_, n)| *n) + 1;
+                let wait = launch_backoff(failures, terminal);
+                let until =
+                    now_ms().saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
+                memory.backoff.insert(policy.to_owned(), (until, failures));
+                tracing::warn!(
+                    policy,
+                    failures,
+                    wait_s = wait.as_secs(),
+                    "launch failed; this policy waits before the next one"
+                );
+            }
+        }
+    }
+
+    /// Whether `policy` still has queued jobs (a JIT retry stops when the demand is gone).
+    pub(super) fn still_wanted(&self, policy: &Policy) -> bool {
+        let Ok(jobs) = self.lock_reader().queued_jobs() else {
+            return true;
+        };
+        let queued: Vec<QueuedJob> = jobs.iter().map(queued).collect();
+        demand::route(&self.settings.policies, &queued).of(&policy.name) > 0
+            || policy.min_runners > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_backoff_doubles_to_its_cap_and_a_refusal_waits_the_longest() {
+        let waits: Vec<u64> = (1..=8)
+            .map(|n| launch_backoff(n, false).as_secs())
+            .collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300]);
+        assert_eq!(launch_backoff(1, true), LAUNCH_BACKOFF_MAX);
+    }
+
+    #[test]
+    fn only_giving_up_fences_demand() {
+        assert!(fences_demand(Conclusion::IdleExit));
+        assert!(fences_demand(Conclusion::Failed(
+            FailureReason::TerminatedAfterRegistrationTimeout
+        )));
+        assert!(!fences_demand(Conclusion::CompletedJob));
+        assert!(!fences_demand(Conclusion::Orphaned));
+        assert!(!fences_demand(Conclusion::Failed(
+            FailureReason::ProcessExitedUnexpectedly
+        )));
+    }
+}

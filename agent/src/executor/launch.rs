@@ -1,0 +1,294 @@
+//! One launch: from a journalled `allocated` attempt to a running runner, in the order that
+//! makes every crash recoverable:
+//! 1. the runtime directory with a copy of the package (removed again by cleanup);
+//! 2. the JIT registration, retried with back-off while the demand lasts (a 409 for our own
+//!    name removes the stale registration first; a 403 is terminal and names the permission);
+//! 3. the runner id journalled (`jit_received`) before the process exists;
+//! 4. the process, its JIT configuration in its environment only, its identity journalled
+//!    (`starting`);
+//! 5. then the task waits for the process to exit and wakes supervision, which concludes it.
+//!
+//! A failure concludes the attempt `failed` with its reason; supervision cleans it.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rm_github::types::{JitConfig, JitRequest};
+use rm_journal::{AttemptRecord, AttemptState, now_ms};
+use secrecy::SecretString;
+
+use super::registry::{self, JitRetry, WORK_FOLDER};
+use super::{Executor, fault};
+use crate::lifecycle::{Conclusion, FailureReason};
+use crate::runner::{Processes as _, RunnerChild, Runtime, Spawned};
+
+/// How many times one attempt asks GitHub for a JIT configuration.
+pub const MAX_JIT_TRIES: u32 = 5;
+
+/// The longest a launch waits for a rate limit to lift; beyond it the launch fails and the
+/// policy's back-off takes over.
+pub const MAX_JIT_WAIT: Duration = Duration::from_secs(60);
+
+/// Why a launch ended without a runner.
+#[derive(Debug)]
+struct Failure {
+    /// The state the attempt is in (the conclusion's compare-and-set).
+    from: AttemptState,
+    reason: FailureReason,
+    /// One sentence for the operator; never the JIT configuration or a token.
+    detail: String,
+    /// Retrying cannot help (credentials, permissions).
+    terminal: bool,
+}
+
+impl Failure {
+    fn new(from: AttemptState, reason: FailureReason, detail: impl Into<String>) -> Self {
+        Failure {
+            from,
+            reason,
+            detail: detail.into(),
+            terminal: false,
+        }
+    }
+}
+
+impl Executor {
+    /// Runs one launch to its end; see the module documentation.
+    pub(super) async fn launch(self: Arc<Self>, record: AttemptRecord) {
+        let id = record.attempt_id.clone();
+        let result = self.bring_up(&record).await;
+        self.lock_launching().remove(&id);
+        match result {
+            Ok(mut child) => {
+                self.remember_launch(&record.policy, None);
+                self.wake.notify_one();
+                match child.wait().await {
+                    Ok(status) => {
+                        tracing::info!(attempt = %id, runner = %record.runner_name, code = status.code(), "runner process exited");
+                    }
+                    Err(e) => {
+                        tracing::warn!(attempt = %id, error = %e, "cannot wait for the runner process")
+                    }
+                }
+                self.wake.notify_one();
+            }
+            Err(failure) => {
+                tracing::warn!(attempt = %id, runner = %record.runner_name, reason = failure.reason.as_str(), detail = %failure.detail, "launch failed");
+                self.remember_launch(&record.policy, Some(failure.terminal));
+                let conclusion = Conclusion::Failed(failure.reason);
+                if let Err(e) = self.lock_attempts().conclude(
+                    &id,
+                    failure.from,
+                    conclusion.outcome(),
+                    conclusion.reason(),
+                    Some(&failure.detail),
+                    now_ms(),
+                ) {
+                    tracing::error!(attempt = %id, error = %e, "cannot journal the failed launch; recovery will conclude it");
+                }
+                self.wake.notify_one();
+            }
+        }
+    }
+
+    async fn bring_up(&self, record: &AttemptRecord) -> Result<RunnerChild, Failure> {
+        let Some(policy) = self.policy(&record.policy) else {
+            return Err(Failure::new(
+                AttemptState::Allocated,
+                FailureReason::LaunchInterrupted,
+                "the policy is no longer configured",
+            ));
+        };
+        let runtime = self.make_runtime(record).await?;
+        let target = registry::github_target(&policy.target);
+        let request = JitRequest {
+            name: record.runner_name.clone(),
+            runner_group_id: policy.runner_group_id,
+            labels: policy.labels.clone(),
+            work_folder: WORK_FOLDER.to_owned(),
+        };
+        let jit = self.request_jit(policy, &target, &request).await?;
+        let runner_id = i64::try_from(jit.runner.id).unwrap_or(i64::MAX);
+        let recorded = self
+            .lock_attempts()
+            .jit_received(&record.attempt_id, runner_id, now_ms());
+        if !matches!(recorded, Ok(true)) {
+            // Not journalled: nobody could ever clean this registration up but us, now.
+            let _ = self.registry.deregister(&target, jit.runner.id).await;
+            return Err(Failure::new(
+                AttemptState::Allocated,
+                FailureReason::JitExpired,
+                "the JIT configuration could not be journalled; the registration was removed",
+            ));
+        }
+        fault::crash_point("jit_received");
+        let spawned = self.spawn(&runtime, jit.encoded_jit_config).await;
+        let Spawned { identity, child } = match spawned {
+            Ok(spawned) => spawned,
+            Err(detail) => {
+                let _ = self.registry.deregister(&target, jit.runner.id).await;
+                return Err(Failure::new(
+                    AttemptState::JitReceived,
+                    FailureReason::ProcessStartFailed,
+                    detail,
+                ));
+            }
+        };
+        fault::crash_point("process_spawned");
+        let started = self.lock_attempts().started(
+            &record.attempt_id,
+            identity.pid,
+            identity.start_time,
+            now_ms(),
+        );
+        if !matches!(started, Ok(true)) {
+            // A runner nobody journalled must not live on: stop it before giving up.
+            self.stop(identity).await;
+            return Err(Failure::new(
+                AttemptState::JitReceived,
+                FailureReason::ProcessStartFailed,
+                "the runner's start could not be journalled; it was stopped",
+            ));
+        }
+        tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, pid = identity.pid, "runner started");
+        fault::crash_point("runner_started");
+        Ok(child)
+    }
+
+    /// The runtime directory with its copy of the package (blocking work, off the runtime).
+    async fn make_runtime(&self, record: &AttemptRecord) -> Result<Runtime, Failure> {
+        let root = self.root.clone();
+        let package = self.settings.package_dir.clone();
+        let id = record.attempt_id.as_str().to_owned();
+        let made = tokio::task::spawn_blocking(move || root.create_ephemeral(&id, &package)).await;
+        match made {
+            Ok(Ok(runtime)) => Ok(runtime),
+            Ok(Err(e)) => Err(Failure::new(
+                AttemptState::Allocated,
+                FailureReason::ProcessStartFailed,
+                format!("cannot prepare the runtime: {e}"),
+            )),
+            Err(e) => Err(Failure::new(
+                AttemptState::Allocated,
+                FailureReason::ProcessStartFailed,
+                format!("the runtime preparation task failed: {e}"),
+            )),
+        }
+    }
+
+    /// Starts the runner process; the JIT configuration moves into the blocking task and is
+    /// dropped (and zeroed) there once the process has it.
+    async fn spawn(
+        &self,
+        runtime: &Runtime,
+        jit: SecretString,
+    ) -> Result<Spawned<RunnerChild>, String> {
+        let processes = self.processes;
+        let dir = runtime.dir().to_path_buf();
+        match tokio::task::spawn_blocking(move || processes.spawn(&dir, &jit)).await {
+            Ok(Ok(spawned)) => Ok(spawned),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(format!("the spawn task failed: {e}")),
+        }
+    }
+
+    /// Asks GitHub for a JIT configuration, retrying with back-off while the demand lasts.
+    async fn request_jit(
+        &self,
+        policy: &crate::config::Policy,
+        target: &rm_github::Target,
+        request: &JitRequest,
+    ) -> Result<JitConfig, Failure> {
+        let fail = |detail: String| {
+            Failure::new(
+                AttemptState::Allocated,
+                FailureReason::JitRequestFailed,
+                detail,
+            )
+        };
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let error = match self.registry.generate(target, request).await {
+                Ok(jit) => return Ok(jit),
+                Err(e) => e,
+            };
+            let mut not_before = None;
+            match registry::jit_retry(&error) {
+                JitRetry::Terminal => {
+                    return Err(Failure {
+                        terminal: true,
+                        ..fail(format!("GitHub refused to register the runner: {error}"))
+                    });
+                }
+                JitRetry::RemoveStaleName => {
+                    tracing::warn!(runner = %request.name, "a registration with this runner's name exists; removing it and retrying");
+                    if let Err(e) = self.registry.remove_by_name(target, &request.name).await {
+                        tracing::warn!(error = %e, "cannot remove the stale registration");
+                    }
+                }
+                JitRetry::Later(at) => not_before = at,
+            }
+            if tries >= MAX_JIT_TRIES {
+                return Err(fail(format!(
+                    "GitHub did not issue a JIT configuration after {tries} tries; the last answer: {error}"
+                )));
+            }
+            let wait = retry_wait(tries, not_before, SystemTime::now());
+            if wait > MAX_JIT_WAIT {
+                return Err(fail(format!(
+                    "GitHub asked to wait {} s, longer than a launch waits: {error}",
+                    wait.as_secs()
+                )));
+            }
+            tracing::info!(runner = %request.name, tries, wait_ms = wait.as_millis() as u64, error = %error, "JIT request failed; retrying");
+            tokio::time::sleep(wait).await;
+            if self.draining.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Failure::new(
+                    AttemptState::Allocated,
+                    FailureReason::LaunchInterrupted,
+                    "the agent is draining",
+                ));
+            }
+            if !self.still_wanted(policy) {
+                return Err(fail(
+                    "the queued jobs were served or cancelled before GitHub issued a JIT configuration"
+                        .to_owned(),
+                ));
+            }
+        }
+    }
+}
+
+/// The wait before JIT try `tries + 1`: the back-off, or longer if GitHub named a time.
+fn retry_wait(tries: u32, not_before: Option<SystemTime>, now: SystemTime) -> Duration {
+    let backoff = registry::jit_backoff(tries);
+    let until = not_before
+        .and_then(|at| at.duration_since(now).ok())
+        .unwrap_or_default();
+    backoff.max(until)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_named_retry_time_is_a_floor_never_added() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        assert_eq!(retry_wait(1, None, now), Duration::from_secs(1));
+        assert_eq!(
+            retry_wait(1, Some(now + Duration::from_secs(7)), now),
+            Duration::from_secs(7)
+        );
+        assert_eq!(
+            retry_wait(3, Some(now + Duration::from_secs(2)), now),
+            Duration::from_secs(4)
+        );
+        // A time already past does not shorten the back-off.
+        assert_eq!(
+            retry_wait(2, Some(now - Duration::from_secs(5)), now),
+            Duration::from_secs(2)
+        );
+    }
+}

@@ -1,0 +1,275 @@
+//! The executor: everything `rm-agent run` does between the journal and the runner processes.
+//! It owns this host's runner attempts while the agent runs:
+//! - **recovery** at start ([`recovery`]): every journalled attempt observed and decided with
+//!   the same code as supervision, GitHub's inventory reconciled under our `rm-<host>-` prefix;
+//!   no runner is launched until it is complete;
+//! - **one control loop** ([`Executor::run`]): each pass supervises every attempt ([`supervise`])
+//!   and then allocates runners for the journal's queued jobs ([`allocate`]), woken by durable
+//!   deliveries, by a runner exiting, or by its interval;
+//! - **one task per launch** ([`launch`]): workspace, JIT registration, process, then waiting for
+//!   the process to exit.
+//!
+//! Every effect is preceded by its journal record (the attempt before the workspace and GitHub,
+//! the runner id before the process, the stop intent before the signal), so an agent killed at
+//! any instant restarts into a state recovery can decide.
+
+mod allocate;
+pub mod evidence;
+pub mod fault;
+mod launch;
+mod recovery;
+pub mod registry;
+mod supervise;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rm_journal::{AttemptId, Attempts, Reader};
+use tokio::sync::{Notify, watch};
+
+use crate::config::Policy;
+use crate::lifecycle::Timeouts;
+use crate::runner::{OsProcesses, RunnerRoot};
+use registry::Registry;
+
+pub use recovery::RecoveryIncomplete;
+
+/// The longest the control loop sleeps between passes when nothing wakes it: timeouts are
+/// noticed within this.
+pub const PASS_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How long a failed recovery waits before it tries again (GitHub unreachable, most likely).
+pub const RECOVERY_RETRY: Duration = Duration::from_secs(10);
+
+/// How long a drain waits for launches in flight to reach a runner or a conclusion. With
+/// [`DRAIN_CLEANUP`], the agent exits well within CONTRACT §3's 60 seconds.
+pub const DRAIN_LAUNCHES: Duration = Duration::from_secs(30);
+
+/// How long a drain's last supervision pass may take (it concludes and cleans what ended).
+pub const DRAIN_CLEANUP: Duration = Duration::from_secs(20);
+
+/// How often GitHub's runner inventory is reconciled with the journal after startup: catches a
+/// registration a failed deregistration left behind.
+pub const INVENTORY_INTERVAL: Duration = Duration::from_secs(10 * 60);
+
+/// How long a stop waits between SIGTERM and SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// The executor's settings, from the validated configuration.
+#[derive(Debug)]
+pub struct Settings {
+    /// `host.name`: the runner names' `rm-<host>-` prefix.
+    pub host: String,
+    pub max_runners: u32,
+    /// An unpacked runner package (copied into each runtime).
+    pub package_dir: PathBuf,
+    /// Supervision timers (registration, idle, launch, exit grace).
+    pub timeouts: Timeouts,
+    /// Policies with an ephemeral workspace.
+    pub policies: Vec<Policy>,
+}
+
+impl Settings {
+    /// `rm-<host>-`: the only runner names this agent ever touches at GitHub.
+    pub fn runner_prefix(&self) -> String {
+        format!("rm-{}-", self.host)
+    }
+}
+
+/// What a drain left behind, for the last log line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Runners still alive (busy or idle): adopted at the next start.
+    pub left_running: usize,
+    /// Launches that had not finished when the drain gave up waiting.
+    pub launches_unfinished: usize,
+}
+
+/// The executor. Shared by the control loop and the launch tasks.
+pub struct Executor {
+    settings: Settings,
+    attempts: Mutex<Attempts>,
+    reader: Mutex<Reader>,
+    registry: Registry,
+    root: RunnerRoot,
+    processes: OsProcesses,
+    /// The host-wide allocation lock: taken per runner created, with the attempts and the
+    /// capacity re-read under it.
+    allocation: tokio::sync::Mutex<()>,
+    /// Attempts whose launch task is still running: supervision leaves them to it.
+    launching: Mutex<HashSet<AttemptId>>,
+    wake: Notify,
+    draining: AtomicBool,
+    memory: Mutex<allocate::Memory>,
+    observations: Mutex<supervise::Observations>,
+    last_inventory: Mutex<Option<tokio::time::Instant>>,
+}
+
+impl Executor {
+    /// Opens the executor's own journal connections and the runner root.
+    pub fn open(
+        settings: Settings,
+        journal: &std::path::Path,
+        runner_root: &std::path::Path,
+        registry: Registry,
+    ) -> anyhow::Result<Arc<Executor>> {
+        use anyhow::Context as _;
+        let attempts = Attempts::open(journal)
+            .with_context(|| format!("cannot open the journal {}", journal.display()))?;
+        let reader = Reader::open(journal)
+            .with_context(|| format!("cannot read the journal {}", journal.display()))?;
+        let root = RunnerRoot::open(runner_root)?;
+        Ok(Arc::new(Executor {
+            settings,
+            attempts: Mutex::new(attempts),
+            reader: Mutex::new(reader),
+            registry,
+            root,
+            processes: OsProcesses,
+            allocation: tokio::sync::Mutex::new(()),
+            launching: Mutex::new(HashSet::new()),
+            wake: Notify::new(),
+            draining: AtomicBool::new(false),
+            memory: Mutex::new(allocate::Memory::default()),
+            observations: Mutex::new(supervise::Observations::default()),
+            last_inventory: Mutex::new(None),
+        }))
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Recovers, then runs passes until `shutdown` completes, then drains. `deliveries`
+    /// changes whenever new deliveries are durable in the journal (the in-process receiver).
+    pub async fn run(
+        self: &Arc<Self>,
+        mut deliveries: Option<watch::Receiver<u64>>,
+        shutdown: impl Future<Output = ()>,
+    ) -> DrainReport {
+        tokio::pin!(shutdown);
+        loop {
+            match self.recover().await {
+                Ok(()) => break,
+                Err(incomplete) => {
+                    tracing::warn!(%incomplete, retry_in_s = RECOVERY_RETRY.as_secs(), "recovery is incomplete; no runner is started until it completes");
+                    tokio::select! {
+                        () = &mut shutdown => return self.drain().await,
+                        () = tokio::time::sleep(RECOVERY_RETRY) => {}
+                    }
+                }
+            }
+        }
+        tracing::info!(host = %self.settings.host, max_runners = self.settings.max_runners, "recovery complete; serving queued jobs");
+        loop {
+            self.pass().await;
+            let delivered = async {
+                match deliveries.as_mut() {
+                    Some(rx) => {
+                        if rx.changed().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = &mut shutdown => break,
+                () = delivered => {}
+                () = self.wake.notified() => {}
+                () = tokio::time::sleep(PASS_INTERVAL) => {}
+            }
+        }
+        self.drain().await
+    }
+
+    /// One pass: supervise every attempt, then allocate (unless draining).
+    pub async fn pass(self: &Arc<Self>) {
+        let timeouts = self.settings.timeouts;
+        if let Err(e) = self.supervise_all(timeouts, false).await {
+            tracing::warn!(error = %e, "supervision pass failed");
+        }
+        if self.inventory_due()
+            && let Err(e) = self.reconcile_inventory().await
+        {
+            tracing::warn!(error = %e, "inventory reconciliation failed; tried again next interval");
+        }
+        if !self.draining.load(Ordering::SeqCst)
+            && let Err(e) = self.allocate().await
+        {
+            tracing::warn!(error = %format!("{e:#}"), "allocation pass failed");
+        }
+    }
+
+    /// CONTRACT §3's drain: no new runner, no busy runner killed. Launches in flight get
+    /// [`DRAIN_LAUNCHES`] to finish, ended runners are cleaned, live ones are left running.
+    async fn drain(self: &Arc<Self>) -> DrainReport {
+        self.draining.store(true, Ordering::SeqCst);
+        tracing::info!("draining: no new runners; running ones are left to finish");
+        let deadline = tokio::time::Instant::now() + DRAIN_LAUNCHES;
+        while !self.lock_launching().is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let launches_unfinished = self.lock_launching().len();
+        let timeouts = self.settings.timeouts;
+        match tokio::time::timeout(DRAIN_CLEANUP, self.supervise_all(timeouts, false)).await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "the drain's last supervision pass failed"),
+            Err(_) => tracing::warn!("the drain's last supervision pass did not finish in time"),
+            Ok(Ok(_)) => {}
+        }
+        let left_running = self
+            .lock_attempts()
+            .list(rm_journal::Scope::Live, None)
+            .map_or(0, |live| live.len());
+        DrainReport {
+            left_running,
+            launches_unfinished,
+        }
+    }
+
+    /// Whether the periodic inventory reconciliation is due (and if so, marks it done now).
+    fn inventory_due(&self) -> bool {
+        let mut last = self
+            .last_inventory
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = tokio::time::Instant::now();
+        match *last {
+            Some(at) if now.duration_since(at) < INVENTORY_INTERVAL => false,
+            _ => {
+                *last = Some(now);
+                true
+            }
+        }
+    }
+
+    fn lock_attempts(&self) -> MutexGuard<'_, Attempts> {
+        self.attempts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_reader(&self) -> MutexGuard<'_, Reader> {
+        self.reader.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_launching(&self) -> MutexGuard<'_, HashSet<AttemptId>> {
+        self.launching
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn policy(&self, name: &str) -> Option<&Policy> {
+        self.settings.policies.iter().find(|p| p.name == name)
+    }
+}
+
+/// The target of each policy by name, for attempts whose policy is still configured.
+fn targets_by_policy(policies: &[Policy]) -> HashMap<String, rm_github::Target> {
+    policies
+        .iter()
+        .map(|p| (p.name.clone(), registry::github_target(&p.target)))
+        .collect()
+}

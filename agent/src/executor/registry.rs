@@ -1,0 +1,241 @@
+//! The executor's view of GitHub's runner registry: JIT registration with its retry rules,
+//! what GitHub lists for a target, and deregistration. A thin adapter over `rm-github`; the
+//! rules it applies (what is terminal, what a 409 means) are pure functions below.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use rm_github::types::{JitConfig, JitRequest, Runner};
+use rm_github::{GithubClient, GithubError, Target};
+
+use crate::config;
+use crate::lifecycle::GithubObservation;
+
+/// The work folder every JIT runner gets (CONTRACT §5).
+pub const WORK_FOLDER: &str = "_work";
+
+/// How a failed JIT request is handled next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JitRetry {
+    /// Never retried: credentials or permissions are wrong; the detail says which.
+    Terminal,
+    /// A registration with this name already exists (a crashed attempt's): remove it, retry.
+    RemoveStaleName,
+    /// Try again, not before this time when GitHub named one.
+    Later(Option<SystemTime>),
+}
+
+/// Decides what a JIT failure leads to.
+pub fn jit_retry(error: &GithubError) -> JitRetry {
+    match error {
+        GithubError::Unauthorized { .. }
+        | GithubError::Forbidden { .. }
+        | GithubError::NotFound { .. }
+        | GithubError::Unprocessable { .. } => JitRetry::Terminal,
+        GithubError::Conflict { .. } => JitRetry::RemoveStaleName,
+        GithubError::RateLimited { retry_at, .. } => JitRetry::Later(Some(*retry_at)),
+        GithubError::Server { .. }
+        | GithubError::Unreachable { .. }
+        | GithubError::Unexpected { .. } => JitRetry::Later(None),
+    }
+}
+
+/// The `rm-github` target of a policy's target.
+pub fn github_target(target: &config::Target) -> Target {
+    match target {
+        config::Target::Organization(org) => Target::Org(org.clone()),
+        config::Target::Repository { owner, name } => Target::Repo {
+            owner: owner.clone(),
+            repo: name.clone(),
+        },
+    }
+}
+
+/// One runner as GitHub lists it, reduced to what supervision needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listed {
+    pub runner_id: u64,
+    /// The runner process connected (`online`) or has a job.
+    pub registered: bool,
+    pub busy: bool,
+}
+
+impl From<&Runner> for Listed {
+    fn from(runner: &Runner) -> Self {
+        Listed {
+            runner_id: runner.id,
+            registered: runner.status == "online" || runner.busy,
+            busy: runner.busy,
+        }
+    }
+}
+
+/// A target's runners by name, or why they could not be read.
+pub type Listing = Result<HashMap<String, Listed>, GithubError>;
+
+/// What the lifecycle decision sees of one runner name in a listing. A JIT registration that
+/// no process has connected to yet is listed `offline`: not registered for the decision (the
+/// registration timeout still runs), but still listed for deregistration.
+pub fn observation(listing: &Listing, runner_name: &str) -> GithubObservation {
+    match listing {
+        Err(_) => GithubObservation::Unreachable,
+        Ok(runners) => match runners.get(runner_name) {
+            Some(listed) if listed.registered => {
+                GithubObservation::Registered { busy: listed.busy }
+            }
+            _ => GithubObservation::NotRegistered,
+        },
+    }
+}
+
+/// GitHub's runner registry, through the App's installation tokens.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    client: GithubClient,
+}
+
+impl Registry {
+    pub fn new(client: GithubClient) -> Self {
+        Registry { client }
+    }
+
+    pub fn client(&self) -> &GithubClient {
+        &self.client
+    }
+
+    /// One `generate-jitconfig` call.
+    pub async fn generate(
+        &self,
+        target: &Target,
+        request: &JitRequest,
+    ) -> Result<JitConfig, GithubError> {
+        self.client.generate_jitconfig(target, request).await
+    }
+
+    /// Removes the registration called `name`, if there is one (after a 409).
+    pub async fn remove_by_name(&self, target: &Target, name: &str) -> Result<(), GithubError> {
+        if let Some(runner) = self.client.find_runner_by_name(target, name).await? {
+            self.deregister(target, runner.id).await?;
+        }
+        Ok(())
+    }
+
+    /// The target's runners (a conditional request: an unchanged list costs no quota).
+    pub async fn list(&self, target: &Target) -> Listing {
+        let polled = self.client.list_runners(target).await?;
+        Ok(polled
+            .value
+            .iter()
+            .map(|r| (r.name.clone(), Listed::from(r)))
+            .collect())
+    }
+
+    /// Removes a registration; one that is already gone is fine.
+    pub async fn deregister(&self, target: &Target, runner_id: u64) -> Result<(), GithubError> {
+        match self.client.delete_runner(target, runner_id).await {
+            Ok(()) | Err(GithubError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// How long to wait before JIT retry `n` (1-based): doubling from a second, capped.
+pub fn jit_backoff(retry: u32) -> Duration {
+    const FIRST: Duration = Duration::from_secs(1);
+    const CAP: Duration = Duration::from_secs(30);
+    FIRST
+        .saturating_mul(1u32 << retry.saturating_sub(1).min(5))
+        .min(CAP)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listing(entries: &[(&str, &str, bool)]) -> Listing {
+        Ok(entries
+            .iter()
+            .enumerate()
+            .map(|(i, (name, status, busy))| {
+                (
+                    (*name).to_owned(),
+                    Listed {
+                        runner_id: i as u64 + 1,
+                        registered: *status == "online" || *busy,
+                        busy: *busy,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    #[test]
+    fn an_offline_jit_registration_is_not_registered_yet() {
+        let l = listing(&[
+            ("a", "offline", false),
+            ("b", "online", false),
+            ("c", "online", true),
+        ]);
+        assert_eq!(observation(&l, "a"), GithubObservation::NotRegistered);
+        assert_eq!(
+            observation(&l, "b"),
+            GithubObservation::Registered { busy: false }
+        );
+        assert_eq!(
+            observation(&l, "c"),
+            GithubObservation::Registered { busy: true }
+        );
+        assert_eq!(observation(&l, "zz"), GithubObservation::NotRegistered);
+        let failed: Listing = Err(GithubError::Unreachable {
+            endpoint: "orgs.runners.list",
+            reason: "connection refused".into(),
+        });
+        assert_eq!(observation(&failed, "a"), GithubObservation::Unreachable);
+    }
+
+    #[test]
+    fn permissions_are_terminal_conflicts_remove_the_stale_name_and_outages_retry() {
+        let forbidden = GithubError::Forbidden {
+            endpoint: "orgs.runners.jit",
+            message: "Resource not accessible by integration".into(),
+            remedy: "grant",
+        };
+        assert_eq!(jit_retry(&forbidden), JitRetry::Terminal);
+        assert_eq!(
+            jit_retry(&GithubError::Unauthorized {
+                message: "bad".into()
+            }),
+            JitRetry::Terminal
+        );
+        assert_eq!(
+            jit_retry(&GithubError::Conflict {
+                endpoint: "orgs.runners.jit",
+                message: "exists".into()
+            }),
+            JitRetry::RemoveStaleName
+        );
+        assert_eq!(
+            jit_retry(&GithubError::Server {
+                endpoint: "orgs.runners.jit",
+                status: 502,
+                message: String::new()
+            }),
+            JitRetry::Later(None)
+        );
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(99);
+        assert_eq!(
+            jit_retry(&GithubError::RateLimited {
+                kind: rm_github::LimitKind::Secondary,
+                resource: "core".into(),
+                retry_at: at
+            }),
+            JitRetry::Later(Some(at))
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_from_a_second_and_is_capped() {
+        let waits: Vec<u64> = (1..=8).map(|n| jit_backoff(n).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30]);
+    }
+}

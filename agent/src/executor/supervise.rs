@@ -1,0 +1,619 @@
+//! Supervision: one observation and one [`recovery_decision`] per journalled attempt, and the
+//! decision carried out. Startup recovery runs the same code with the startup timers; the only
+//! difference is that GitHub is always asked afresh.
+//!
+//! GitHub is asked as little as the decision allows: one conditional runner listing per target
+//! per need (an unchanged list is a free `304`), fetched afresh only where the decision depends
+//! on it (a dead process, a timer that ran out, a conclusion to deregister), otherwise reused
+//! while young enough.
+
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use rm_github::Target;
+use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState, WorkspaceKind, now_ms};
+
+use super::registry::{self, Listing};
+use super::{Executor, STOP_GRACE, evidence, fault, targets_by_policy};
+use crate::lifecycle::{
+    AttemptFacts, Conclusion, Decision, FailureReason, Observation, ProcessObservation, Timeouts,
+    recovery_decision,
+};
+use crate::runner::process::{self, ProcessIdentity, ProcessState};
+use crate::runner::{Removal, StopOutcome, discover};
+
+/// How old a listing may be for a runner that is still starting: registration is noticed
+/// within this, and a target with runners starting costs at most one request per interval.
+pub const REGISTRATION_CHECK: Duration = Duration::from_secs(5);
+
+/// How long a failed runtime removal waits before it is tried again (doubling per failure).
+pub const CLEAN_RETRY: Duration = Duration::from_secs(30);
+
+/// The longest wait between two tries of a failing runtime removal.
+pub const CLEAN_RETRY_MAX: Duration = Duration::from_secs(30 * 60);
+
+/// How fresh a listing must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Freshness {
+    /// Fetched after this time (ms since the epoch).
+    After(i64),
+    /// Any listing will do; fetch one if there is none.
+    Any,
+}
+
+/// What cleanup knows about the runner's registration.
+#[derive(Clone, Copy)]
+pub(super) enum Registration<'a> {
+    /// Deregistration was already attempted for this conclusion.
+    Handled,
+    /// This listing (fetched after the conclusion) says whether it is still listed.
+    Listed(&'a Listing),
+    /// Ask GitHub.
+    Ask,
+}
+
+/// The last listing of each target, with when it was fetched.
+#[derive(Default)]
+pub(super) struct Observations {
+    listings: HashMap<Target, (i64, Listing)>,
+    clean_retry: HashMap<AttemptId, (i64, Duration)>,
+}
+
+/// What a supervision pass found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PassReport {
+    /// Attempts nothing could be decided for (GitHub unreachable, or an unknown policy).
+    pub deferred: usize,
+}
+
+impl Executor {
+    /// Supervises every attempt that is not being launched. `startup`: every listing is fetched
+    /// afresh and deferrals make recovery incomplete.
+    pub(super) async fn supervise_all(
+        self: &Arc<Self>,
+        timeouts: Timeouts,
+        startup: bool,
+    ) -> Result<PassReport, AttemptError> {
+        let pass_started = now_ms();
+        let records: Vec<AttemptRecord> = {
+            let launching = self.lock_launching().clone();
+            self.lock_attempts()
+                .list(rm_journal::Scope::Uncleaned, None)?
+                .into_iter()
+                .filter(|r| !launching.contains(&r.attempt_id))
+                .collect()
+        };
+        let records = self.note_jobs_taken(records)?;
+        let targets = targets_by_policy(&self.settings.policies);
+        let mut report = PassReport::default();
+        for record in records {
+            let target = targets.get(&record.policy);
+            let deferred = self
+                .supervise_one(&record, target, timeouts, startup, pass_started)
+                .await?;
+            if deferred {
+                report.deferred += 1;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Marks busy the runners the journal says took a job (an `in_progress` or `completed`
+    /// delivery naming them); returns the records as they are now.
+    fn note_jobs_taken(
+        &self,
+        records: Vec<AttemptRecord>,
+    ) -> Result<Vec<AttemptRecord>, AttemptError> {
+        let names: Vec<&str> = records
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r.state,
+                    AttemptState::Starting | AttemptState::Idle | AttemptState::Busy
+                )
+            })
+            .map(|r| r.runner_name.as_str())
+            .collect();
+        if names.is_empty() {
+            return Ok(records);
+        }
+        let jobs = match self.lock_reader().jobs_for_runners(&names) {
+            Ok(jobs) => jobs,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read which jobs our runners took");
+                return Ok(records);
+            }
+        };
+        let taken: HashMap<&str, i64> = jobs
+            .iter()
+            .filter(|j| j.state == "in_progress" || j.state == "completed")
+            .filter_map(|j| Some((j.runner_name.as_deref()?, j.job_id)))
+            .collect();
+        let attempts = self.lock_attempts();
+        let now = now_ms();
+        let mut updated = Vec::with_capacity(records.len());
+        for record in records {
+            let Some(&job_id) = taken.get(record.runner_name.as_str()) else {
+                updated.push(record);
+                continue;
+            };
+            let waiting = matches!(record.state, AttemptState::Starting | AttemptState::Idle);
+            if waiting && attempts.mark_busy(&record.attempt_id, Some(job_id), now)? {
+                tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, job_id, "runner took a job");
+                fault::crash_point("runner_busy");
+            } else if record.state == AttemptState::Busy && record.job_id.is_none() {
+                attempts.record_job(&record.attempt_id, job_id, now)?;
+            }
+            updated.push(attempts.get(&record.attempt_id)?.unwrap_or(record));
+        }
+        Ok(updated)
+    }
+
+    /// Observes, decides and acts for one attempt; returns whether it was deferred.
+    async fn supervise_one(
+        self: &Arc<Self>,
+        record: &AttemptRecord,
+        target: Option<&Target>,
+        timeouts: Timeouts,
+        startup: bool,
+        pass_started: i64,
+    ) -> Result<bool, AttemptError> {
+        let now = now_ms();
+        if record.state.is_terminal() && !self.clean_due(&record.attempt_id, now) {
+            return Ok(false);
+        }
+        let (process, identity) = self.observe_process(record);
+        let evidence = evidence::read(&record.runtime_dir);
+        let freshness = if startup {
+            Freshness::After(pass_started)
+        } else {
+            freshness_for(record, process, timeouts, now)
+        };
+        let listing = match target {
+            Some(target) => Some(self.listing(target, freshness).await),
+            None => None,
+        };
+        let github = match &listing {
+            Some(listing) => registry::observation(listing, &record.runner_name),
+            None => crate::lifecycle::GithubObservation::Unreachable,
+        };
+        let observation = Observation {
+            process,
+            github,
+            evidence,
+        };
+        let decision = recovery_decision(&AttemptFacts::from(record), &observation, &timeouts, now);
+        tracing::debug!(attempt = %record.attempt_id, state = record.state.as_str(), ?observation, ?decision, "supervised");
+        let attempts_id = &record.attempt_id;
+        match decision {
+            Decision::Nothing | Decision::Wait => {}
+            Decision::Defer => {
+                if target.is_none() && record.state.is_terminal() {
+                    // A policy removed from the configuration: its runner is gone; clean up
+                    // locally (its registration, if any, is GitHub's to expire).
+                    self.clean(record, None, Registration::Handled).await?;
+                    return Ok(false);
+                }
+                return Ok(true);
+            }
+            Decision::Adopt => {
+                if record.state == AttemptState::JitReceived
+                    && let Some(identity) = identity
+                {
+                    let recorded = self.lock_attempts().started(
+                        attempts_id,
+                        identity.pid,
+                        identity.start_time,
+                        now,
+                    )?;
+                    if recorded {
+                        tracing::info!(attempt = %attempts_id, pid = identity.pid, "adopted a runner started just before a crash");
+                    }
+                }
+            }
+            Decision::Observe(AttemptState::Idle) => {
+                self.lock_attempts()
+                    .mark_idle(attempts_id, record.state, now)?;
+            }
+            Decision::Observe(AttemptState::Busy) => {
+                if self.lock_attempts().mark_busy(attempts_id, None, now)? {
+                    fault::crash_point("runner_busy");
+                }
+            }
+            Decision::Observe(_) => {}
+            Decision::Terminate(intent) => {
+                // Bound first: the journal's guard must not live across the stop's awaits.
+                let recorded = self
+                    .lock_attempts()
+                    .record_stop_intent(attempts_id, intent, now)?;
+                if recorded && let Some(identity) = identity {
+                    tracing::info!(attempt = %attempts_id, intent = intent.as_str(), pid = identity.pid, "stopping a runner");
+                    self.stop(identity).await;
+                    self.wake.notify_one();
+                }
+            }
+            Decision::Conclude(conclusion) => {
+                let listing = listing.as_ref();
+                self.deregister_if_listed(record, target, listing).await;
+                let concluded = self.lock_attempts().conclude(
+                    attempts_id,
+                    record.state,
+                    conclusion.outcome(),
+                    conclusion.reason(),
+                    Some(detail(conclusion)),
+                    now_ms(),
+                )?;
+                if concluded {
+                    tracing::info!(attempt = %attempts_id, runner = %record.runner_name, outcome = conclusion.outcome().as_str(), reason = conclusion.reason().unwrap_or(""), "runner concluded");
+                    self.remember_conclusion(&record.policy, conclusion);
+                    let concluded_record = self.lock_attempts().get(attempts_id)?;
+                    if let Some(record) = concluded_record {
+                        self.clean(&record, target, Registration::Handled).await?;
+                    }
+                }
+            }
+            Decision::Clean => {
+                let registration = listing
+                    .as_ref()
+                    .map_or(Registration::Ask, Registration::Listed);
+                self.clean(record, target, registration).await?;
+            }
+        }
+        Ok(false)
+    }
+
+    /// The process's state from the journalled identity. An attempt with no identity that may
+    /// have a process (`jit_received`: the agent died between spawn and journal) is looked for
+    /// by its working directory.
+    fn observe_process(
+        &self,
+        record: &AttemptRecord,
+    ) -> (ProcessObservation, Option<ProcessIdentity>) {
+        let journalled = match (record.pid, record.pid_start_time) {
+            (Some(pid), Some(start_time)) => Some(ProcessIdentity { pid, start_time }),
+            _ => None,
+        };
+        let identity = journalled.or_else(|| {
+            (record.state == AttemptState::JitReceived)
+                .then(|| discover::residents(&record.runtime_dir).ok())
+                .flatten()
+                .and_then(|residents| discover::listener(&residents))
+        });
+        let Some(identity) = identity else {
+            return (ProcessObservation::Gone, None);
+        };
+        let state = match process::inspect(&self.processes, identity) {
+            Ok(ProcessState::Running) => ProcessObservation::Running,
+            Ok(ProcessState::Exited) => ProcessObservation::Exited,
+            Ok(ProcessState::Gone) => ProcessObservation::Gone,
+            Err(e) => {
+                // Unreadable /proc: claim nothing is running, so nothing is signalled.
+                tracing::warn!(error = %e, "cannot look at a runner process");
+                ProcessObservation::Gone
+            }
+        };
+        (state, Some(identity))
+    }
+
+    /// The target's listing, fetched if the one held is not fresh enough.
+    async fn listing(&self, target: &Target, freshness: Freshness) -> Listing {
+        let held = {
+            let observations = self
+                .observations
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            observations.listings.get(target).cloned()
+        };
+        let fresh_enough = match (&held, freshness) {
+            (Some((fetched, _)), Freshness::After(ms)) => *fetched >= ms,
+            (Some(_), Freshness::Any) => true,
+            (None, _) => false,
+        };
+        if fresh_enough && let Some((_, listing)) = held {
+            return listing;
+        }
+        let fetched_at = now_ms();
+        let listing = self.registry.list(target).await;
+        if let Err(e) = &listing {
+            tracing::warn!(target = %target, error = %e, "cannot list the target's runners");
+        }
+        self.observations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .listings
+            .insert(target.clone(), (fetched_at, listing.clone()));
+        listing
+    }
+
+    /// Best effort: removes the runner's registration if GitHub (still) lists it. Never blocks
+    /// a conclusion; a registration left behind is removed by the inventory reconciliation.
+    async fn deregister_if_listed(
+        &self,
+        record: &AttemptRecord,
+        target: Option<&Target>,
+        listing: Option<&Listing>,
+    ) {
+        let Some(target) = target else { return };
+        let runner_id = match listing {
+            Some(Ok(runners)) => match runners.get(&record.runner_name) {
+                Some(listed) => listed.runner_id,
+                None => return,
+            },
+            // Unknown: try by the journalled id (a 404 is fine).
+            _ => match record.runner_id.and_then(|id| u64::try_from(id).ok()) {
+                Some(id) => id,
+                None => return,
+            },
+        };
+        match self.registry.deregister(target, runner_id).await {
+            Ok(()) => {
+                tracing::info!(runner = %record.runner_name, runner_id, "registration removed");
+                if let Some((_, Ok(runners))) = self
+                    .observations
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .listings
+                    .get_mut(target)
+                {
+                    runners.remove(&record.runner_name);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(runner = %record.runner_name, error = %e, "cannot remove the registration; the inventory reconciliation retries")
+            }
+        }
+    }
+
+    /// Stops a runner's process group (SIGTERM, grace, SIGKILL), re-checking its identity
+    /// before every signal.
+    pub(super) async fn stop(&self, identity: ProcessIdentity) {
+        match process::stop(&self.processes, identity, STOP_GRACE).await {
+            Ok(StopOutcome::Stopped { .. }) => {}
+            Ok(StopOutcome::NotOurs) => {
+                tracing::warn!(
+                    pid = identity.pid,
+                    "the journalled pid now belongs to another process; not signalled"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot stop a runner"),
+        }
+    }
+
+    /// A concluded attempt: everything it started stopped, its registration removed, its runtime
+    /// removed without following links, and then `cleaned`.
+    pub(super) async fn clean(
+        self: &Arc<Self>,
+        record: &AttemptRecord,
+        target: Option<&Target>,
+        registration: Registration<'_>,
+    ) -> Result<(), AttemptError> {
+        let now = now_ms();
+        if !self.clean_due(&record.attempt_id, now) {
+            return Ok(());
+        }
+        if let (Some(pid), Some(start_time)) = (record.pid, record.pid_start_time) {
+            self.stop(ProcessIdentity { pid, start_time }).await;
+        }
+        let runtime = record.runtime_dir.clone();
+        match (registration, target) {
+            (Registration::Handled, _) | (_, None) => {}
+            (Registration::Listed(listing), Some(_)) => {
+                self.deregister_if_listed(record, target, Some(listing))
+                    .await;
+            }
+            (Registration::Ask, Some(t)) => {
+                let listing = self
+                    .listing(t, Freshness::After(record.state_changed_at_ms))
+                    .await;
+                self.deregister_if_listed(record, target, Some(&listing))
+                    .await;
+            }
+        }
+        fault::crash_point("cleanup");
+        if record.workspace == WorkspaceKind::Persistent {
+            tracing::warn!(attempt = %record.attempt_id, "persistent workspaces are not supported by this version; the slot is left as it is");
+        } else {
+            let root = self.root.clone();
+            let removal = tokio::task::spawn_blocking(move || {
+                let killed = discover::kill_residents(&runtime).unwrap_or(0);
+                (killed, root.remove_runtime(&runtime))
+            })
+            .await;
+            match removal {
+                Ok((killed, Ok(removed))) => {
+                    if killed > 0 {
+                        tracing::warn!(attempt = %record.attempt_id, killed, "stopped processes that had left the runner's process group");
+                    }
+                    if removed == Removal::Removed {
+                        tracing::debug!(attempt = %record.attempt_id, "runtime removed");
+                    }
+                }
+                Ok((_, Err(e))) => {
+                    self.clean_failed(&record.attempt_id, now);
+                    tracing::warn!(attempt = %record.attempt_id, error = %e, "cannot remove the runtime; will try again");
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.clean_failed(&record.attempt_id, now);
+                    tracing::warn!(error = %e, "the runtime removal task failed");
+                    return Ok(());
+                }
+            }
+        }
+        if self
+            .lock_attempts()
+            .mark_cleaned(&record.attempt_id, now_ms())?
+        {
+            tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, "cleaned");
+        }
+        self.observations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clean_retry
+            .remove(&record.attempt_id);
+        Ok(())
+    }
+
+    fn clean_due(&self, id: &AttemptId, now: i64) -> bool {
+        let observations = self
+            .observations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        observations
+            .clean_retry
+            .get(id)
+            .is_none_or(|(next, _)| now >= *next)
+    }
+
+    fn clean_failed(&self, id: &AttemptId, now: i64) {
+        let mut observations = self
+            .observations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let wait = observations
+            .clean_retry
+            .get(id)
+            .map_or(CLEAN_RETRY, |(_, last)| (*last * 2).min(CLEAN_RETRY_MAX));
+        let next = now.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
+        observations.clean_retry.insert(id.clone(), (next, wait));
+    }
+}
+
+/// How fresh GitHub's view must be for this attempt's decision.
+fn freshness_for(
+    record: &AttemptRecord,
+    process: ProcessObservation,
+    timeouts: Timeouts,
+    now: i64,
+) -> Freshness {
+    use AttemptState::*;
+    let in_state = Duration::from_millis(
+        u64::try_from(now.saturating_sub(record.state_changed_at_ms)).unwrap_or(0),
+    );
+    let running = process == ProcessObservation::Running;
+    let fresh = Freshness::After(record.state_changed_at_ms.max(now - 1));
+    match record.state {
+        // A conclusion and a timer that ran out both act on GitHub's word: ask now.
+        Starting | Idle | Busy if !running => fresh,
+        Allocated | JitReceived if in_state >= timeouts.launch => fresh,
+        Starting if in_state >= timeouts.registration => fresh,
+        Idle if in_state >= timeouts.idle => fresh,
+        Starting => Freshness::After(now - millis(REGISTRATION_CHECK)),
+        // A registration made before the conclusion shows in a listing made after it.
+        Finished | Failed | Orphaned if record.runner_id.is_some() => {
+            Freshness::After(record.state_changed_at_ms)
+        }
+        _ => Freshness::Any,
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The operator's sentence for a conclusion (the journal's `detail`).
+fn detail(conclusion: Conclusion) -> &'static str {
+    match conclusion {
+        Conclusion::CompletedJob => "the runner ran its job and exited",
+        Conclusion::IdleExit => {
+            "the runner got no job within runner.idle_timeout and exited; not replaced"
+        }
+        Conclusion::Orphaned => {
+            "the runner died while GitHub had it on a job; the job's result is GitHub's"
+        }
+        Conclusion::Failed(reason) => match reason {
+            FailureReason::JitExpired => {
+                "a JIT configuration was issued but no runner was seen starting with it"
+            }
+            FailureReason::LaunchInterrupted => {
+                "the agent stopped before the runner was registered"
+            }
+            FailureReason::ProcessExitedUnexpectedly => {
+                "the runner process exited before it took a job; see its _diag logs"
+            }
+            FailureReason::TerminatedAfterRegistrationTimeout => {
+                "the runner did not register within runner.registration_timeout and was stopped; not replaced"
+            }
+            FailureReason::JitRequestFailed => "GitHub did not issue a JIT configuration",
+            FailureReason::ProcessStartFailed => "the runner could not be prepared or started",
+            FailureReason::RunnerPackageUnverified => "the runner package did not verify",
+            FailureReason::RunnerVersionRejected => "GitHub refused the runner's version",
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::Timeouts;
+
+    fn record(state: AttemptState, changed: i64) -> AttemptRecord {
+        let id = AttemptId::generate();
+        AttemptRecord {
+            runner_name: id.runner_name("h"),
+            attempt_id: id,
+            policy: "p".into(),
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: "/r/x".into(),
+            state,
+            state_changed_at_ms: changed,
+            outcome: None,
+            reason: None,
+            detail: None,
+            runner_id: Some(1),
+            job_id: None,
+            pid: Some(5),
+            pid_start_time: Some(6),
+            stop_intent: None,
+            stop_intent_at_ms: None,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn github_is_asked_afresh_only_where_the_decision_depends_on_it() {
+        let t = Timeouts::supervision(Duration::from_secs(60), Duration::from_secs(120));
+        let now = 1_000_000;
+        let running = ProcessObservation::Running;
+        let gone = ProcessObservation::Gone;
+        // A live runner under its timers reuses what is held.
+        assert_eq!(
+            freshness_for(&record(AttemptState::Idle, now - 1_000), running, t, now),
+            Freshness::Any
+        );
+        assert_eq!(
+            freshness_for(&record(AttemptState::Busy, now - 1_000), running, t, now),
+            Freshness::Any
+        );
+        // A starting runner: a listing at most REGISTRATION_CHECK old.
+        assert_eq!(
+            freshness_for(
+                &record(AttemptState::Starting, now - 1_000),
+                running,
+                t,
+                now
+            ),
+            Freshness::After(now - 5_000)
+        );
+        // A dead one, or a timer that ran out: fetched now.
+        assert_eq!(
+            freshness_for(&record(AttemptState::Busy, now - 1_000), gone, t, now),
+            Freshness::After(now - 1)
+        );
+        assert_eq!(
+            freshness_for(&record(AttemptState::Idle, now - 120_000), running, t, now),
+            Freshness::After(now - 1)
+        );
+        assert_eq!(
+            freshness_for(
+                &record(AttemptState::Starting, now - 60_000),
+                running,
+                t,
+                now
+            ),
+            Freshness::After(now - 1)
+        );
+    }
+}

@@ -1,0 +1,82 @@
+//! The polling fallback: the safety net under webhooks (ARCHITECTURE guarantee 5). It owns
+//! the poll schedule ([`schedule`]), webhook health ([`health`]), polled demand
+//! ([`targets`]: what GitHub's REST API shows enters the journal with source `poll`, through the
+//! same forward-only merge as a delivery), stale queued jobs ([`stale`]), failed-delivery
+//! recovery ([`redeliver`]) and what `status` shows about all of it ([`status`]). It decides
+//! nothing about runners: the allocation reads the journal it writes.
+//!
+//! [`Poller`] is the loop: [`Poller::run`] until a shutdown future completes, or
+//! [`Poller::poll_once`] for one step; [`Poller::status`] watches its [`PollerStatus`] and
+//! [`Poller::changes`] ticks whenever a pass moved a job in the journal.
+
+pub mod health;
+mod poller;
+pub mod redeliver;
+pub mod schedule;
+pub mod stale;
+pub mod status;
+pub mod targets;
+
+use std::time::{Duration, SystemTime};
+
+pub use poller::{Jitter, Poller, PollerError};
+pub use schedule::{Pace, PollSchedule};
+pub use status::{PassReport, PollerStatus, RateLimitStatus, RequestCounts, WebhookStatus};
+
+use crate::config::{self, Config};
+
+/// What the poller needs from the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PollerConfig {
+    /// Distinct policy targets, each polled once per pass.
+    pub targets: Vec<rm_github::Target>,
+    /// `[polling] interval` (active).
+    pub interval: Duration,
+    /// `[polling] idle_interval`.
+    pub idle_interval: Duration,
+    /// A receiver or a relay subscription is configured (deliveries can arrive at all).
+    pub intake: bool,
+}
+
+impl PollerConfig {
+    /// The targets of every policy, each once (GitHub's names are case-insensitive).
+    pub fn from_config(config: &Config) -> PollerConfig {
+        let mut targets: Vec<rm_github::Target> = Vec::new();
+        for policy in &config.policies {
+            let target = match &policy.target {
+                config::Target::Organization(org) => rm_github::Target::Org(org.clone()),
+                config::Target::Repository { owner, name } => rm_github::Target::Repo {
+                    owner: owner.clone(),
+                    repo: name.clone(),
+                },
+            };
+            let key = target.to_string().to_ascii_lowercase();
+            if !targets
+                .iter()
+                .any(|t| t.to_string().to_ascii_lowercase() == key)
+            {
+                targets.push(target);
+            }
+        }
+        PollerConfig {
+            targets,
+            interval: config.polling.interval,
+            idle_interval: config.polling.idle_interval,
+            intake: config.receiver.is_some() || config.relay.is_some(),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch, the journal's unit.
+pub(crate) fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The inverse of [`unix_ms`].
+pub(crate) fn from_unix_ms(ms: i64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,359 @@
+//! The poller's loop: one [`Poller`] owns the schedule, webhook health, the demand state and the
+//! journal handle, and each step ([`Poller::poll_once`]) does what is due at that moment: the
+//! failed-delivery scan, the demand poll, the stale-job checks. After an outage or a rate limit
+//! nothing is sent before the schedule says so.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use rm_github::{Clock, GithubClient, Target};
+use rm_journal::{JournalError, PollJournal};
+use tokio::sync::watch;
+
+use super::health::{Evidence, RECONCILE_INTERVAL, Trust, WebhookHealth};
+use super::redeliver::{self, SCAN_INTERVAL};
+use super::schedule::{Conditions, Failure, NextPoll, Pace, PollSchedule, ScheduleError};
+use super::stale;
+use super::status::{
+    PassReport, PollerStatus, RequestWindow, WebhookStatus, binding_rate_limit, totals,
+};
+use super::targets::{self, DemandError, DemandState};
+use super::{PollerConfig, from_unix_ms};
+
+/// The loop wakes at least this often to refresh what `status` shows.
+pub const STATUS_REFRESH: Duration = Duration::from_secs(30);
+/// The shortest sleep between two steps (guards against a busy loop).
+const MIN_WAKE: Duration = Duration::from_millis(100);
+
+/// A source of jitter in `[0, 1]` (tests pass `Box::new(|| 0.0)`).
+pub type Jitter = Box<dyn FnMut() -> f64 + Send>;
+
+/// What stops a step (GitHub's errors are part of the report, not errors).
+#[derive(Debug, thiserror::Error)]
+pub enum PollerError {
+    #[error("invalid polling configuration: {0}")]
+    Schedule(#[from] ScheduleError),
+    #[error("the journal: {0}")]
+    Journal(#[from] JournalError),
+}
+
+impl From<DemandError> for PollerError {
+    fn from(error: DemandError) -> Self {
+        match error {
+            DemandError::Journal(e) => PollerError::Journal(e),
+        }
+    }
+}
+
+impl From<redeliver::ScanError> for PollerError {
+    fn from(error: redeliver::ScanError) -> Self {
+        match error {
+            redeliver::ScanError::Journal(e) => PollerError::Journal(e),
+        }
+    }
+}
+
+/// A failure after which nothing more should be sent until the schedule's next poll.
+fn holds(failure: Option<Failure>) -> bool {
+    matches!(
+        failure,
+        Some(Failure::Offline | Failure::RateLimited { .. })
+    )
+}
+
+/// The polling fallback. Build it with [`Poller::new`], keep [`Poller::status`] and
+/// [`Poller::changes`], then [`Poller::run`] it in a task.
+pub struct Poller {
+    client: GithubClient,
+    journal: Mutex<PollJournal>,
+    clock: Arc<dyn Clock>,
+    targets: Vec<Target>,
+    schedule: PollSchedule,
+    health: WebhookHealth,
+    demand: DemandState,
+    window: RequestWindow,
+    jitter: Jitter,
+    /// When the last demand poll (or held failure) was scheduled, and what the schedule said.
+    last_poll: Option<(SystemTime, NextPoll)>,
+    /// After an outage or a rate limit: nothing is sent before this.
+    hold_until: Option<SystemTime>,
+    next_scan_at: SystemTime,
+    next_stale_at: SystemTime,
+    status: watch::Sender<PollerStatus>,
+    changes: watch::Sender<u64>,
+}
+
+/// A small xorshift generator seeded from the clock: jitter only spreads hosts apart.
+fn default_jitter(seed: SystemTime) -> Jitter {
+    let mut state = super::unix_ms(seed).unsigned_abs() | 1;
+    Box::new(move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    })
+}
+
+impl Poller {
+    /// A poller whose first step polls everything (the start-up reconciliation and scan).
+    pub fn new(
+        config: PollerConfig,
+        client: GithubClient,
+        journal: PollJournal,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Poller, PollerError> {
+        let schedule = PollSchedule::new(config.interval, Some(config.idle_interval))?;
+        let now = clock.now();
+        let health = WebhookHealth::new(config.intake);
+        let mut window = RequestWindow::default();
+        window.record(now, totals(&client.budget()));
+        let trust = Trust {
+            trusted: config.intake,
+            reason: if config.intake {
+                "deliveries_trusted"
+            } else {
+                "no_intake"
+            },
+            evidence_at: None,
+        };
+        let initial = PollerStatus {
+            pace: Pace::Nominal,
+            next_poll_at: Some(now),
+            webhooks: WebhookStatus::new(config.intake, trust, None),
+            requests_last_hour: window.last_hour(),
+            rate_limit: None,
+            offline: None,
+            unannounced_jobs: 0,
+            last_pass: PassReport::default(),
+        };
+        Ok(Poller {
+            client,
+            journal: Mutex::new(journal),
+            targets: config.targets,
+            schedule,
+            health,
+            demand: DemandState::default(),
+            window,
+            jitter: default_jitter(now),
+            last_poll: None,
+            hold_until: None,
+            next_scan_at: now,
+            next_stale_at: now,
+            status: watch::Sender::new(initial),
+            changes: watch::Sender::new(0),
+            clock,
+        })
+    }
+
+    /// Replaces the jitter source.
+    pub fn with_jitter(mut self, jitter: Jitter) -> Poller {
+        self.jitter = jitter;
+        self
+    }
+
+    /// The latest [`PollerStatus`], updated after every step.
+    pub fn status(&self) -> watch::Receiver<PollerStatus> {
+        self.status.subscribe()
+    }
+
+    /// Ticks whenever a step inserted or moved a job in the journal (wake the allocation).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn journal(&self) -> std::sync::MutexGuard<'_, PollJournal> {
+        self.journal.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn trust(&mut self, now: SystemTime) -> Result<(Trust, Option<SystemTime>), PollerError> {
+        let last = self.journal().last_delivery_at()?.map(from_unix_ms);
+        Ok((self.health.assess(last, now), last))
+    }
+
+    /// When the next demand poll is due and the pace it runs at, given the webhooks' health.
+    fn next_poll(&self, trust: Trust, now: SystemTime) -> (SystemTime, Pace) {
+        match self.last_poll {
+            None => (now, Pace::Nominal),
+            Some((at, next)) if trust.trusted => {
+                let pace = if next.pace.is_throttled() {
+                    next.pace
+                } else {
+                    Pace::Reconciling
+                };
+                (at + next.delay.max(RECONCILE_INTERVAL), pace)
+            }
+            Some((at, next)) => (at + next.delay, next.pace),
+        }
+    }
+
+    /// How long to sleep before the next step.
+    pub fn next_wake(&mut self) -> Duration {
+        let now = self.clock.now();
+        let trust = self.trust(now).map(|(t, _)| t).unwrap_or(Trust {
+            trusted: false,
+            reason: "journal_unreadable",
+            evidence_at: None,
+        });
+        let mut at = self.next_poll(trust, now).0.min(self.next_stale_at);
+        if self.health.intake() {
+            at = at.min(self.next_scan_at);
+        }
+        if let Some(due) = self.demand.next_announcement_due() {
+            at = at.min(due);
+        }
+        if let Some(hold) = self.hold_until {
+            at = at.max(hold);
+        }
+        at.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .clamp(MIN_WAKE, STATUS_REFRESH)
+    }
+
+    /// Runs until `shutdown` completes; a step in flight is abandoned at its next request.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                result = self.poll_once() => {
+                    if let Err(error) = result {
+                        tracing::error!(error = %error, "polling step failed; retrying later");
+                        self.hold_until = Some(self.clock.now() + self.schedule.active());
+                    }
+                }
+            }
+            let wait = self.next_wake();
+            tokio::select! {
+                () = &mut shutdown => break,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+        tracing::debug!("polling stopped");
+    }
+
+    /// One step: whatever is due now. Returns what it did.
+    pub async fn poll_once(&mut self) -> Result<PassReport, PollerError> {
+        let now = self.clock.now();
+        let open = self.hold_until.is_none_or(|hold| now >= hold);
+        let mut report = PassReport {
+            at: Some(now),
+            ..PassReport::default()
+        };
+        let mut failure: Option<Failure> = None;
+        fn note(failure: &mut Option<Failure>, f: Option<Failure>) {
+            if let Some(f) = f {
+                *failure = Some(Failure::worst(*failure, f));
+            }
+        }
+
+        if open && self.health.intake() && now >= self.next_scan_at {
+            let scan = redeliver::scan(&self.client, &self.journal, now).await?;
+            report.deliveries_examined = scan.examined;
+            report.failed_deliveries = scan.failed;
+            report.redelivered = scan.redelivered;
+            report.requests += scan.requests;
+            if scan.failed > 0 {
+                self.health.distrust(Evidence::FailedDelivery, now);
+            }
+            // Only an outage or a limit on the App's requests holds demand polling back.
+            note(&mut failure, scan.failure.filter(|f| holds(Some(*f))));
+            self.next_scan_at = now + SCAN_INTERVAL;
+        }
+
+        let (trust, _) = self.trust(now)?;
+        let demand_due = open && !holds(failure) && now >= self.next_poll(trust, now).0;
+        let mut quiet = false;
+        if demand_due {
+            let polled = targets::poll(
+                &mut self.demand,
+                &self.client,
+                &self.journal,
+                &self.targets,
+                self.schedule.active(),
+                now,
+            )
+            .await?;
+            report.polled_demand = true;
+            report.targets_read = polled.targets_read;
+            report.repositories = polled.repositories;
+            report.jobs_seen = polled.jobs_seen;
+            report.jobs_changed = polled.jobs_changed;
+            report.requests += polled.requests;
+            quiet = polled.quiet;
+            note(&mut failure, polled.failure);
+        }
+
+        if open && !holds(failure) && (demand_due || now >= self.next_stale_at) {
+            let checked = stale::check(&self.client, &self.journal, &self.targets, now).await?;
+            report.stale_checked = checked.checked;
+            report.stale_resolved = checked.resolved;
+            report.requests += checked.requests;
+            quiet &= checked.checked == 0;
+            note(&mut failure, checked.failure);
+            self.next_stale_at = now + self.schedule.active();
+        }
+
+        let unannounced = targets::settle_announcements(&mut self.demand, &self.journal, now)?;
+        if unannounced > 0 {
+            report.unannounced = unannounced;
+            self.health.distrust(Evidence::UnannouncedJob, now);
+            tracing::warn!(
+                jobs = unannounced,
+                "polling found queued jobs no delivery announced; polling at the full schedule"
+            );
+        }
+
+        if demand_due || holds(failure) {
+            let conditions = Conditions {
+                quiet,
+                quota: binding_rate_limit(&self.client.budget()).map(|r| r.quota(now)),
+                requests_per_pass: report.requests,
+            };
+            let next = self
+                .schedule
+                .next_poll(failure, conditions, (self.jitter)(), now);
+            self.last_poll = Some((now, next));
+            self.hold_until = holds(failure).then_some(now + next.delay);
+        }
+        report.failure = failure.map(Failure::as_str);
+        if report.jobs_changed + report.stale_resolved > 0 {
+            self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        self.publish(now, &report)?;
+        Ok(report)
+    }
+
+    fn publish(&mut self, now: SystemTime, report: &PassReport) -> Result<(), PollerError> {
+        let budget = self.client.budget();
+        self.window.record(now, totals(&budget));
+        let (trust, last_delivery_at) = self.trust(now)?;
+        let (next_poll_at, pace) = self.next_poll(trust, now);
+        let next_poll_at = self
+            .hold_until
+            .map_or(next_poll_at, |h| next_poll_at.max(h));
+        let unannounced_jobs = self.journal().unannounced_count()?;
+        let retry_in = next_poll_at.duration_since(now).unwrap_or(Duration::ZERO);
+        let status = PollerStatus {
+            pace,
+            next_poll_at: Some(next_poll_at),
+            webhooks: WebhookStatus::new(self.health.intake(), trust, last_delivery_at),
+            requests_last_hour: self.window.last_hour(),
+            rate_limit: binding_rate_limit(&budget),
+            offline: self.schedule.offline(now, retry_in),
+            unannounced_jobs,
+            last_pass: report.clone(),
+        };
+        tracing::debug!(
+            pace = pace.as_str(),
+            retry_in_ms = u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX),
+            webhooks = trust.reason,
+            jobs_changed = report.jobs_changed,
+            requests = report.requests,
+            failure = report.failure,
+            "polling step"
+        );
+        self.status.send_replace(status);
+        Ok(())
+    }
+}

@@ -1,0 +1,86 @@
+//! Stale jobs: a job the journal has held as `queued` for longer than [`STALE_AFTER`] is asked
+//! about (`GET .../actions/jobs/{id}`), at most [`MAX_STALE_CHECKS_PER_PASS`] a pass and each at
+//! most every [`STALE_RECHECK`], so a job cancelled, completed or taken by a runner elsewhere
+//! (whose delivery was lost) stops counting as demand. Only jobs in this agent's targets are
+//! asked about. A job GitHub no longer knows (`404`) is left as it is and asked about again later.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use rm_github::{GithubClient, GithubError, Target};
+use rm_journal::{JournalError, PollJournal};
+
+use super::schedule::Failure;
+use super::targets::{in_targets, observation};
+
+/// A job queued in the journal for longer than this is checked against GitHub.
+pub const STALE_AFTER: Duration = Duration::from_secs(10 * 60);
+/// The same job is checked again at most this often.
+pub const STALE_RECHECK: Duration = Duration::from_secs(15 * 60);
+/// Most stale jobs checked in one pass.
+pub const MAX_STALE_CHECKS_PER_PASS: usize = 5;
+
+/// What the checks did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StaleReport {
+    pub checked: usize,
+    /// Jobs GitHub no longer holds as queued.
+    pub resolved: usize,
+    pub requests: u32,
+    pub failure: Option<Failure>,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Checks the stale queued jobs due now.
+pub async fn check(
+    client: &GithubClient,
+    journal: &Mutex<PollJournal>,
+    targets: &[Target],
+    now: SystemTime,
+) -> Result<StaleReport, JournalError> {
+    let lock = || journal.lock().unwrap_or_else(PoisonError::into_inner);
+    let now_ms = super::unix_ms(now);
+    let due: Vec<_> = lock()
+        .stale_queued(now_ms - ms(STALE_AFTER), now_ms - ms(STALE_RECHECK))?
+        .into_iter()
+        .filter(|job| in_targets(targets, &job.repository))
+        .take(MAX_STALE_CHECKS_PER_PASS)
+        .collect();
+    let mut report = StaleReport::default();
+    for job in due {
+        let Some((owner, name)) = job.repository.split_once('/') else {
+            continue;
+        };
+        let Ok(id) = u64::try_from(job.job_id) else {
+            continue;
+        };
+        report.requests += 1;
+        match client.get_job(owner, name, id).await {
+            Ok(found) => {
+                if let Some(seen) = observation(&found, &job.repository, None, now_ms) {
+                    let sightings = lock().record_sightings(&[seen])?;
+                    report.resolved += sightings.iter().filter(|s| s.state != "queued").count();
+                }
+            }
+            Err(GithubError::NotFound { .. }) => {
+                tracing::debug!(
+                    job_id = job.job_id,
+                    "stale check: GitHub does not know the job"
+                );
+            }
+            Err(error) => {
+                let failure = Failure::from_error(&error, now);
+                report.failure = Some(Failure::worst(report.failure, failure));
+                if matches!(failure, Failure::Offline | Failure::RateLimited { .. }) {
+                    break;
+                }
+            }
+        }
+        report.checked += 1;
+        lock().mark_checked(job.job_id, now_ms)?;
+    }
+    Ok(report)
+}

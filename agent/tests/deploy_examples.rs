@@ -1,0 +1,350 @@
+//! Every example in deploy/ parses and agrees with the code and the example configuration: the
+//! systemd unit (as INI: the hardening, the drain's stop timeout, `rm-agent ... run`), the
+//! launchd plist (as a plist), the reverse proxies (the receiver's port and path, the body
+//! limit). The TOML configurations go through the real loader in `config::tests`; here the full
+//! example is loaded again to read the port, path and data directory the others must match.
+//! Where `systemd-analyze` or `caddy` is installed, they check their files too.
+
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rm_agent::config::{self, Config, Sources};
+
+const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+
+fn deploy(path: &str) -> PathBuf {
+    Path::new(DEPLOY).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(deploy(path)).unwrap_or_else(|e| panic!("deploy/{path}: {e}"))
+}
+
+/// The full example configuration, through the real loader.
+fn example_config() -> Config {
+    config::load(&Sources {
+        explicit_file: Some(deploy("rm-agent.example.toml")),
+        data_dir: None,
+    })
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A systemd unit file: section -> key -> every value given (keys may repeat).
+type Unit = BTreeMap<String, BTreeMap<String, Vec<String>>>;
+
+fn parse_unit(text: &str) -> Unit {
+    let mut unit = Unit::new();
+    let mut section: Option<String> = None;
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = Some(name.to_owned());
+            unit.entry(name.to_owned()).or_default();
+            continue;
+        }
+        let (key, value) = line
+            .split_once('=')
+            .unwrap_or_else(|| panic!("line {}: not `Key=value`: {line}", number + 1));
+        let section = section
+            .as_ref()
+            .unwrap_or_else(|| panic!("line {}: outside any [Section]", number + 1));
+        assert!(
+            !line.ends_with('\\'),
+            "line {}: no continuations",
+            number + 1
+        );
+        unit.get_mut(section)
+            .unwrap()
+            .entry(key.trim().to_owned())
+            .or_default()
+            .push(value.trim().to_owned());
+    }
+    unit
+}
+
+fn one<'a>(unit: &'a Unit, section: &str, key: &str) -> &'a str {
+    let values = unit
+        .get(section)
+        .and_then(|s| s.get(key))
+        .unwrap_or_else(|| panic!("[{section}] has no {key}="));
+    values.last().unwrap()
+}
+
+#[test]
+fn the_systemd_unit_is_hardened_and_drains_within_its_stop_timeout() {
+    let text = read("systemd/rm-agent.service");
+    let unit = parse_unit(&text);
+    for section in ["Unit", "Service", "Install"] {
+        assert!(unit.contains_key(section), "no [{section}]");
+    }
+    assert_eq!(one(&unit, "Install", "WantedBy"), "multi-user.target");
+
+    // `rm-agent --config FILE run`.
+    let exec: Vec<&str> = one(&unit, "Service", "ExecStart")
+        .split_whitespace()
+        .collect();
+    assert!(
+        exec[0].starts_with('/') && exec[0].ends_with("/rm-agent"),
+        "{exec:?}"
+    );
+    assert_eq!(exec.last(), Some(&"run"), "{exec:?}");
+    let config_at = exec.iter().position(|a| *a == "--config").unwrap();
+    assert!(exec[config_at + 1].ends_with(".toml"));
+
+    for (key, value) in [
+        ("NoNewPrivileges", "yes"),
+        ("PrivateTmp", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("RestrictSUIDSGID", "yes"),
+        ("CapabilityBoundingSet", ""),
+        // Runners outlive a restart and are adopted: only the agent gets the stop signal.
+        ("KillMode", "process"),
+        ("KillSignal", "SIGTERM"),
+    ] {
+        assert_eq!(one(&unit, "Service", key), value, "{key}");
+    }
+    let service = &unit["Service"];
+    assert!(
+        service.contains_key("User") || one(&unit, "Service", "DynamicUser") == "yes",
+        "the agent must not run as root"
+    );
+    assert!(
+        !service.contains_key("MemoryDenyWriteExecute"),
+        "the runner is a .NET program: it needs W^X memory for its JIT"
+    );
+
+    // The drain exits within 60 s (CONTRACT §3); systemd must not SIGKILL before that.
+    let stop: u64 = one(&unit, "Service", "TimeoutStopSec").parse().unwrap();
+    assert!((61..=120).contains(&stop), "TimeoutStopSec={stop}");
+
+    // Configuration mistakes and a data directory owned by another agent are not retried.
+    let no_restart: Vec<u8> = one(&unit, "Service", "RestartPreventExitStatus")
+        .split_whitespace()
+        .map(|c| c.parse().unwrap())
+        .collect();
+    assert!(no_restart.contains(&rm_agent::exit::USAGE));
+    assert!(no_restart.contains(&rm_agent::exit::CONFLICT));
+
+    // The data directory the example configuration uses is the unit's writable state.
+    let data_dir = example_config().data_dir;
+    let state = one(&unit, "Service", "StateDirectory");
+    assert_eq!(data_dir, Path::new("/var/lib").join(state));
+    assert!(
+        one(&unit, "Service", "ReadWritePaths")
+            .split_whitespace()
+            .any(|p| Path::new(p) == data_dir),
+        "ReadWritePaths must hold {}",
+        data_dir.display()
+    );
+    assert!(
+        one(&unit, "Service", "EnvironmentFile").starts_with('-'),
+        "the environment file is optional"
+    );
+
+    systemd_analyze_verify(&text);
+}
+
+/// `systemd-analyze verify` on the unit, with ExecStart pointed at an existing program.
+fn systemd_analyze_verify(text: &str) {
+    let Ok(out) = Command::new("systemd-analyze").arg("--version").output() else {
+        eprintln!("systemd-analyze is not installed: the unit was only parsed as INI");
+        return;
+    };
+    assert!(out.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let unit = dir.path().join("rm-agent.service");
+    let exe = std::env::current_exe().unwrap();
+    std::fs::write(
+        &unit,
+        text.replace("/usr/local/bin/rm-agent", exe.to_str().unwrap()),
+    )
+    .unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "systemd-analyze verify: {stderr}");
+    assert!(
+        !stderr.contains("rm-agent.service:"),
+        "systemd-analyze complains about the unit: {stderr}"
+    );
+}
+
+#[test]
+fn the_launchd_plist_runs_the_agent_and_gives_the_drain_its_time() {
+    let plist = plist::Value::from_file(deploy("launchd/dev.rm.agent.plist")).unwrap();
+    let dict = plist.as_dictionary().unwrap();
+    assert_eq!(
+        dict.get("Label").and_then(plist::Value::as_string),
+        Some("dev.rm.agent")
+    );
+    let args: Vec<&str> = dict
+        .get("ProgramArguments")
+        .and_then(plist::Value::as_array)
+        .unwrap()
+        .iter()
+        .map(|a| a.as_string().unwrap())
+        .collect();
+    assert!(args[0].ends_with("/rm-agent"), "{args:?}");
+    assert_eq!(args.last(), Some(&"run"));
+    assert!(args.contains(&"--config"));
+    let exit_timeout = dict
+        .get("ExitTimeOut")
+        .and_then(plist::Value::as_signed_integer)
+        .unwrap();
+    assert!(exit_timeout > 60, "ExitTimeOut={exit_timeout}");
+    assert_eq!(
+        dict.get("AbandonProcessGroup")
+            .and_then(plist::Value::as_boolean),
+        Some(true),
+        "a busy runner must survive the agent's exit"
+    );
+    assert!(dict.contains_key("KeepAlive"));
+    assert_eq!(
+        dict.get("Umask").and_then(plist::Value::as_signed_integer),
+        Some(0o077)
+    );
+}
+
+/// The receiver's port and path in the example configuration.
+fn receiver() -> (u16, String) {
+    let receiver = example_config().receiver.unwrap();
+    (receiver.listen.port(), receiver.path)
+}
+
+fn assert_balanced(name: &str, text: &str) {
+    let mut depth = 0i32;
+    for c in text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .flat_map(str::chars)
+    {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            _ => {}
+        }
+        assert!(depth >= 0, "{name}: unbalanced braces");
+    }
+    assert_eq!(depth, 0, "{name}: unbalanced braces");
+}
+
+#[test]
+fn the_nginx_example_forwards_the_webhook_path_to_the_receiver() {
+    let text = read("proxy/nginx.conf");
+    assert_balanced("nginx.conf", &text);
+    let (port, path) = receiver();
+    let directives: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect();
+    assert!(
+        directives.contains(&format!("server 127.0.0.1:{port};").as_str()),
+        "the upstream must be the receiver's port {port}"
+    );
+    assert!(directives.contains(&format!("location = {path} {{").as_str()));
+    assert!(directives.contains(&"client_max_body_size 25m;"));
+    assert!(directives.iter().any(|d| d.starts_with("listen 443 ssl")));
+    assert!(directives.iter().any(|d| d.starts_with("ssl_certificate ")));
+    assert!(
+        !directives.contains(&"proxy_pass_request_headers off;"),
+        "the X-GitHub-* headers must reach the receiver"
+    );
+    assert!(
+        !directives
+            .iter()
+            .any(|d| d.starts_with("proxy_set_header X-GitHub")
+                || d.starts_with("proxy_set_header X-Hub")),
+        "the GitHub headers pass unchanged"
+    );
+}
+
+#[test]
+fn the_caddy_example_forwards_the_webhook_path_to_the_receiver() {
+    let text = read("proxy/Caddyfile");
+    assert_balanced("Caddyfile", &text);
+    let (port, path) = receiver();
+    let directives: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect();
+    assert!(
+        directives.contains(&format!("reverse_proxy 127.0.0.1:{port}").as_str()),
+        "the upstream must be the receiver's port {port}"
+    );
+    assert!(directives.contains(&format!("handle {path} {{").as_str()));
+    assert!(directives.contains(&"max_size 25MiB"));
+    assert!(
+        !directives.iter().any(|d| d.starts_with("header_up -")),
+        "the GitHub headers pass unchanged"
+    );
+
+    // Caddy's own parser, where it is installed (it needs no certificate to adapt).
+    match Command::new("caddy")
+        .args(["adapt", "--adapter", "caddyfile", "--config"])
+        .arg(deploy("proxy/Caddyfile"))
+        .output()
+    {
+        Err(_) => eprintln!("caddy is not installed: the Caddyfile was only checked as text"),
+        Ok(out) => {
+            assert!(
+                out.status.success(),
+                "caddy adapt: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let text = json.to_string();
+            assert!(text.contains(&format!("\"dial\":\"127.0.0.1:{port}\"")));
+            assert!(text.contains("\"max_size\":26214400"), "25 MiB: {text}");
+        }
+    }
+}
+
+/// Every file in deploy/ is one of the examples tested here or in `config::tests`, so a new
+/// example cannot land untested.
+#[test]
+fn every_file_in_deploy_is_checked() {
+    let checked = [
+        "rm-agent.example.toml",
+        "quickstart.toml",
+        "systemd/rm-agent.service",
+        "launchd/dev.rm.agent.plist",
+        "proxy/nginx.conf",
+        "proxy/Caddyfile",
+    ];
+    let mut found = Vec::new();
+    let mut dirs = vec![PathBuf::from(DEPLOY)];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let relative = path.strip_prefix(DEPLOY).unwrap();
+                found.push(relative.to_str().unwrap().to_owned());
+            }
+        }
+    }
+    for file in &found {
+        // Top-level TOML files are loaded by `config::tests`.
+        let toml_at_top = !file.contains('/') && file.ends_with(".toml");
+        assert!(
+            toml_at_top || checked.contains(&file.as_str()),
+            "deploy/{file} is not checked by any test: add it here"
+        );
+    }
+    for file in checked {
+        assert!(found.iter().any(|f| f == file), "deploy/{file} is missing");
+    }
+}

@@ -1,0 +1,224 @@
+//! The harness for `rm-agent run` end to end: a fake GitHub in the test process (the App
+//! installed on `acme`, holding `acme/widgets`), the fake runner package, and the real binary
+//! pointed at both, with the fake's webhooks signed and sent to the agent's receiver.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions};
+use rm_journal::{AttemptRecord, Reader};
+use secrecy::{ExposeSecret as _, SecretString};
+
+use crate::{Agent, SECRET, Setup, binary};
+
+/// The App id of every fleet.
+pub const APP_ID: u64 = 9090;
+/// `host.name` of every fleet: runner names start `rm-e2e-`.
+pub const HOST: &str = "e2e";
+/// The repository every test queues jobs in.
+pub const REPO: &str = "acme/widgets";
+
+/// One `[[policy]]`.
+#[derive(Debug, Clone)]
+pub struct PolicySpec {
+    pub name: &'static str,
+    pub target: &'static str,
+    pub labels: &'static [&'static str],
+    pub max_runners: u32,
+}
+
+/// The default policy: the organization, `self-hosted` + `linux`.
+pub const LINUX: PolicySpec = PolicySpec {
+    name: "linux",
+    target: "acme",
+    labels: &["self-hosted", "linux"],
+    max_runners: 8,
+};
+
+/// How a fleet is configured.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    pub host_max: u32,
+    pub policies: Vec<PolicySpec>,
+    pub idle_timeout: &'static str,
+    pub registration_timeout: &'static str,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        FleetOptions {
+            host_max: 4,
+            policies: vec![LINUX],
+            idle_timeout: "10m",
+            registration_timeout: "5m",
+        }
+    }
+}
+
+/// A fake GitHub, a runner package and a configuration for one agent.
+pub struct Fleet {
+    pub setup: Setup,
+    pub fake: FakeGithub,
+    pub key: AppKeyPair,
+    pub package: PathBuf,
+    pub runner_root: PathBuf,
+}
+
+impl Fleet {
+    pub async fn start(options: FleetOptions) -> Fleet {
+        let key = AppKeyPair::generate().unwrap();
+        let fake = FakeGithub::start(FakeOptions::new(APP_ID, key.public_pem.clone()))
+            .await
+            .unwrap();
+        fake.add_org("acme");
+        fake.add_repo(REPO);
+        let setup = Setup::new();
+        let package = rm_fake_runner::assemble_package(
+            &binary(rm_fake_runner::BINARY_NAME),
+            &setup.dir.path().join("package"),
+        )
+        .unwrap();
+        let runner_root = setup.dir.path().join("runners");
+        let fleet = Fleet {
+            setup,
+            fake,
+            key,
+            package,
+            runner_root,
+        };
+        fleet.configure(&options);
+        fleet.fake.set_webhook(
+            &format!("http://{}/webhook", fleet.setup.addr),
+            SecretString::from(SECRET),
+        );
+        fleet
+    }
+
+    /// Writes the key (mode 600) and the configuration.
+    pub fn configure(&self, options: &FleetOptions) {
+        let key_file = self.setup.dir.path().join("app.pem");
+        std::fs::write(&key_file, self.key.private_pem.expose_secret()).unwrap();
+        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let mut config = format!(
+            "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n\n\
+             [receiver]\nlisten = \"{addr}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\n\n\
+             [runner]\npackage_dir = \"{package}\"\nidle_timeout = \"{idle}\"\nregistration_timeout = \"{registration}\"\n",
+            data = self.setup.dir.path().join("data").display(),
+            api = self.fake.api_url(),
+            key = key_file.display(),
+            addr = self.setup.addr,
+            max = options.host_max,
+            root = self.runner_root.display(),
+            package = self.package.display(),
+            idle = options.idle_timeout,
+            registration = options.registration_timeout,
+        );
+        for p in &options.policies {
+            let labels: Vec<String> = p.labels.iter().map(|l| format!("\"{l}\"")).collect();
+            config.push_str(&format!(
+                "\n[[policy]]\nname = \"{}\"\ntarget = \"{}\"\nlabels = [{}]\nmax_runners = {}\n",
+                p.name,
+                p.target,
+                labels.join(", "),
+                p.max_runners
+            ));
+        }
+        std::fs::write(self.setup.config(), config).unwrap();
+    }
+
+    /// Starts `rm-agent run` with `env` added, logging (debug) to a file of the setup, and waits
+    /// for its receiver to answer `/healthz`.
+    pub async fn start_agent(&self, env: &[(&str, &str)]) -> Agent {
+        let log = std::fs::File::create(self.setup.dir.path().join(format!(
+            "agent-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        )))
+        .unwrap();
+        let mut command = self.setup.command(&["run"]);
+        command
+            .env("RM_LOG", "debug")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log);
+        let agent = Agent::spawn(command, self.setup.addr);
+        agent.wait_healthy().await;
+        agent
+    }
+
+    /// Every attempt in the journal, newest first.
+    pub fn attempts(&self) -> Vec<AttemptRecord> {
+        match Reader::open(&self.setup.journal()) {
+            Ok(reader) => reader.attempts(10_000).unwrap_or_default(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// What is left in the runner root.
+    pub fn runtimes(&self) -> Vec<PathBuf> {
+        match std::fs::read_dir(&self.runner_root) {
+            Ok(entries) => entries.map(|e| e.unwrap().path()).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Registrations at the fake named with our prefix.
+    pub fn our_registrations(&self) -> Vec<String> {
+        let prefix = format!("rm-{HOST}-");
+        self.fake
+            .runners()
+            .into_iter()
+            .map(|r| r.name)
+            .filter(|n| n.starts_with(&prefix))
+            .collect()
+    }
+
+    /// The journal file and its WAL, as bytes (for secret scans).
+    pub fn journal_bytes(&self) -> Vec<u8> {
+        let mut all = Vec::new();
+        for suffix in ["", "-wal", "-shm"] {
+            let mut path = self.setup.journal().into_os_string();
+            path.push(suffix);
+            if let Ok(bytes) = std::fs::read(Path::new(&path)) {
+                all.extend(bytes);
+            }
+        }
+        all
+    }
+}
+
+/// Waits until `check` holds, polling every 50 ms, failing with `what` after `timeout`.
+pub async fn wait_until(timeout: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Drop for Fleet {
+    /// A failed test shows the end of what the agents logged, and the attempts.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let logs = self.setup.logs();
+            let lines: Vec<&str> = logs.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(80)..];
+            eprintln!("---- last agent log lines ----\n{}", tail.join("\n"));
+            for a in self.attempts() {
+                eprintln!(
+                    "attempt {} {} state={} outcome={:?} reason={:?} intent={:?}",
+                    a.attempt_id,
+                    a.runner_name,
+                    a.state.as_str(),
+                    a.outcome,
+                    a.reason,
+                    a.stop_intent
+                );
+            }
+        }
+    }
+}

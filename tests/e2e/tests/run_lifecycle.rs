@@ -1,0 +1,374 @@
+//! `rm-agent run` end to end, through the real binary, the fake GitHub and the fake runner
+//! package: a queued webhook becomes one JIT runner that takes its job and leaves nothing
+//! behind; a matrix larger than the host runs in waves under the ceiling; two policies share the
+//! ceiling; a runner that gets no job and one that never registers are stopped and not
+//! replaced. Secrets are searched for in everything the run left behind.
+
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rm_e2e::fleet::{Fleet, FleetOptions, HOST, PolicySpec, REPO, wait_until};
+use rm_e2e::{SECRET, delivery};
+use rm_fake_github::{JobStatus, RunnerBehavior};
+use rm_journal::{AttemptOutcome, AttemptState};
+use secrecy::ExposeSecret as _;
+
+const LABELS: &[&str] = &["self-hosted", "linux"];
+
+/// A process working inside `root`: its command line and environment.
+struct Seen {
+    argv: Vec<String>,
+    env: Vec<String>,
+}
+
+fn processes_under(root: &Path) -> Vec<Seen> {
+    let Ok(root) = root.canonicalize() else {
+        return Vec::new();
+    };
+    let mut seen = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let proc_dir = entry.path();
+        let Ok(cwd) = std::fs::read_link(proc_dir.join("cwd")) else {
+            continue;
+        };
+        if !cwd.starts_with(&root) {
+            continue;
+        }
+        let split = |file: &str| -> Vec<String> {
+            std::fs::read(proc_dir.join(file))
+                .unwrap_or_default()
+                .split(|b| *b == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        };
+        seen.push(Seen {
+            argv: split("cmdline"),
+            env: split("environ"),
+        });
+    }
+    seen
+}
+
+fn completed(fleet: &Fleet, job: u64) -> bool {
+    fleet
+        .fake
+        .job(job)
+        .is_some_and(|j| j.status == JobStatus::Completed)
+}
+
+fn all_cleaned(fleet: &Fleet) -> bool {
+    let attempts = fleet.attempts();
+    !attempts.is_empty() && attempts.iter().all(|a| a.state == AttemptState::Cleaned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_webhook_becomes_one_runner_that_takes_its_job_and_leaves_nothing() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 2_000,
+        ..RunnerBehavior::default()
+    });
+    let agent = fleet.start_agent(&[]).await;
+    let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+
+    // While the job runs: the runner's argv is exactly `run`, the JIT is in its environment,
+    // and none of the agent's variables reached it.
+    let mut runner: Option<Seen> = None;
+    wait_until(Duration::from_secs(30), "the runner process", || {
+        runner = processes_under(&fleet.runner_root).into_iter().find(|p| {
+            p.argv
+                .first()
+                .is_some_and(|a| a.ends_with("bin/Runner.Listener"))
+        });
+        runner.is_some()
+    })
+    .await;
+    let runner = runner.unwrap();
+    assert_eq!(
+        runner.argv[1..],
+        ["run".to_owned()],
+        "argv: {:?}",
+        runner.argv
+    );
+    let jit = runner
+        .env
+        .iter()
+        .find_map(|v| v.strip_prefix("ACTIONS_RUNNER_INPUT_JITCONFIG="))
+        .expect("the JIT configuration is in the runner's environment")
+        .to_owned();
+    assert!(jit.len() > 20);
+    assert!(
+        runner.env.iter().all(|v| !v.starts_with("RM_")),
+        "agent variables reached the runner: {:?}",
+        runner
+            .env
+            .iter()
+            .filter(|v| v.starts_with("RM_"))
+            .collect::<Vec<_>>()
+    );
+    assert!(runner.env.iter().any(|v| v.starts_with("TMPDIR=")));
+
+    wait_until(Duration::from_secs(30), "the job completed", || {
+        completed(&fleet, job)
+    })
+    .await;
+    wait_until(Duration::from_secs(30), "the attempt cleaned", || {
+        all_cleaned(&fleet)
+    })
+    .await;
+
+    // One JIT request, with the body CONTRACT §5 gives.
+    let jits: Vec<_> = fleet
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/generate-jitconfig"))
+        .collect();
+    assert_eq!(jits.len(), 1, "one JIT request");
+    assert_eq!(
+        jits[0].path,
+        "/orgs/acme/actions/runners/generate-jitconfig"
+    );
+    let body = jits[0].body.clone().unwrap();
+    let attempts = fleet.attempts();
+    assert_eq!(attempts.len(), 1);
+    let attempt = &attempts[0];
+    assert_eq!(
+        body,
+        serde_json::json!({
+            "name": format!("rm-{HOST}-{}", &attempt.attempt_id.as_str()[..12]),
+            "runner_group_id": 1,
+            "labels": LABELS,
+            "work_folder": "_work",
+        })
+    );
+    assert_eq!(attempt.outcome, Some(AttemptOutcome::CompletedJob));
+    assert_eq!(attempt.job_id, Some(i64::try_from(job).unwrap()));
+    assert!(fleet.our_registrations().is_empty(), "registration left");
+    assert!(
+        fleet.runtimes().is_empty(),
+        "runtime left: {:?}",
+        fleet.runtimes()
+    );
+
+    // No secret in the logs, the journal, or the listings the CLI prints.
+    let status = agent.terminate();
+    assert!(status.success(), "drain exit status {status}");
+    let runners_json = fleet.setup.run(&["runners", "--json"]);
+    let jobs_json = fleet.setup.run(&["jobs", "--json"]);
+    let mut haystack = fleet.setup.logs().into_bytes();
+    haystack.extend(fleet.journal_bytes());
+    haystack.extend(runners_json.stdout);
+    haystack.extend(jobs_json.stdout);
+    let key = fleet.key.private_pem.expose_secret().to_owned();
+    let key_body: String = key.lines().nth(1).unwrap().to_owned();
+    for (name, secret) in [
+        ("the JIT configuration", jit.as_str()),
+        ("the App key", key_body.as_str()),
+        ("the webhook secret", SECRET),
+    ] {
+        assert!(
+            !contains(&haystack, secret.as_bytes()),
+            "{name} leaked into logs, journal or CLI output"
+        );
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Samples the live attempts (and the most seen at once) until every job is done.
+async fn run_until_done(fleet: &Fleet, jobs: &[u64], ceiling: usize) -> usize {
+    let mut most = 0;
+    wait_until(Duration::from_secs(90), "every job completed", || {
+        let live = fleet
+            .attempts()
+            .iter()
+            .filter(|a| a.state.counts_against_capacity())
+            .count();
+        most = most.max(live);
+        assert!(
+            live <= ceiling,
+            "{live} live runners on a host of {ceiling}"
+        );
+        jobs.iter().all(|j| completed(fleet, *j))
+    })
+    .await;
+    most
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_8_job_matrix_on_a_4_runner_host_runs_4_then_4() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 3_000,
+        ..RunnerBehavior::default()
+    });
+    let _agent = fleet.start_agent(&[]).await;
+    let jobs: Vec<u64> = (0..8)
+        .map(|i| {
+            fleet
+                .fake
+                .queue_job(REPO, &format!("matrix ({i})"), LABELS)
+                .unwrap()
+        })
+        .collect();
+    let most = run_until_done(&fleet, &jobs, 4).await;
+    assert_eq!(most, 4, "the host's 4 runners were used at once");
+    wait_until(Duration::from_secs(30), "every attempt cleaned", || {
+        all_cleaned(&fleet)
+    })
+    .await;
+    let attempts = fleet.attempts();
+    assert_eq!(attempts.len(), 8, "one runner per job");
+    let mut taken: Vec<i64> = attempts.iter().filter_map(|a| a.job_id).collect();
+    taken.sort_unstable();
+    taken.dedup();
+    assert_eq!(taken.len(), 8, "each runner took a different job");
+    assert!(fleet.runtimes().is_empty());
+    assert!(fleet.our_registrations().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_policies_share_the_host_ceiling() {
+    let options = FleetOptions {
+        host_max: 3,
+        policies: vec![
+            PolicySpec {
+                name: "org-a",
+                target: "acme",
+                labels: &["self-hosted", "a"],
+                max_runners: 3,
+            },
+            PolicySpec {
+                name: "repo-b",
+                target: REPO,
+                labels: &["self-hosted", "b"],
+                max_runners: 3,
+            },
+        ],
+        ..FleetOptions::default()
+    };
+    let fleet = Fleet::start(options).await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 2_000,
+        ..RunnerBehavior::default()
+    });
+    let _agent = fleet.start_agent(&[]).await;
+    let mut jobs = Vec::new();
+    for i in 0..4 {
+        jobs.push(
+            fleet
+                .fake
+                .queue_job(REPO, &format!("a{i}"), &["self-hosted", "a"])
+                .unwrap(),
+        );
+        jobs.push(
+            fleet
+                .fake
+                .queue_job(REPO, &format!("b{i}"), &["self-hosted", "b"])
+                .unwrap(),
+        );
+    }
+    let most = run_until_done(&fleet, &jobs, 3).await;
+    assert_eq!(most, 3);
+    let attempts = fleet.attempts();
+    for policy in ["org-a", "repo-b"] {
+        assert_eq!(
+            attempts.iter().filter(|a| a.policy == policy).count(),
+            4,
+            "{policy} ran its 4 jobs"
+        );
+    }
+    let repo_jits = fleet
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/repos/acme/widgets/actions/runners/generate-jitconfig")
+        .count();
+    assert_eq!(
+        repo_jits, 4,
+        "the repository policy registers at the repository"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_gets_no_job_is_stopped_at_its_idle_timeout_and_not_replaced() {
+    let fleet = Fleet::start(FleetOptions {
+        idle_timeout: "2s",
+        ..FleetOptions::default()
+    })
+    .await;
+    // The runner itself would wait a minute for a job; the agent's idle timeout comes first.
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        idle_timeout_ms: 60_000,
+        ..RunnerBehavior::default()
+    });
+    let agent = fleet.start_agent(&[]).await;
+    // A queued delivery for a job GitHub never hands out (the fake does not know it).
+    let mut queued = delivery("workflow_job.queued.5", Some(777_001));
+    let mut body: serde_json::Value = serde_json::from_slice(&queued.body).unwrap();
+    body["repository"]["full_name"] = serde_json::json!(REPO);
+    body["repository"]["name"] = serde_json::json!("widgets");
+    body["repository"]["owner"]["login"] = serde_json::json!("acme");
+    body["workflow_job"]["labels"] = serde_json::json!(LABELS);
+    queued.body = serde_json::to_vec(&body).unwrap();
+    let status = agent.deliver(&queued).await.unwrap();
+    assert_eq!(status, 202);
+    wait_until(Duration::from_secs(40), "the idle runner concluded", || {
+        fleet.attempts().iter().any(|a| {
+            a.outcome == Some(AttemptOutcome::IdleExit) && a.state == AttemptState::Cleaned
+        })
+    })
+    .await;
+    let attempt = fleet.attempts().remove(0);
+    assert_eq!(
+        attempt.stop_intent.map(|i| i.as_str()),
+        Some("idle_timeout")
+    );
+    // Several passes later, still one attempt: the job it could not get is not demand again.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(fleet.attempts().len(), 1, "the idle runner was replaced");
+    assert!(fleet.our_registrations().is_empty(), "registration left");
+    assert!(fleet.runtimes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_never_registers_is_stopped_deregistered_and_not_replaced() {
+    let fleet = Fleet::start(FleetOptions {
+        registration_timeout: "2s",
+        ..FleetOptions::default()
+    })
+    .await;
+    // A package whose listener never connects to GitHub.
+    let listener: PathBuf = fleet.package.join("bin").join("Runner.Listener");
+    std::fs::remove_file(&listener).unwrap();
+    std::fs::write(&listener, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(&listener, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let _agent = fleet.start_agent(&[]).await;
+    let _job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    wait_until(
+        Duration::from_secs(40),
+        "the unregistered runner concluded",
+        || {
+            fleet.attempts().iter().any(|a| {
+                a.reason.as_deref() == Some("terminated_after_registration_timeout")
+                    && a.state == AttemptState::Cleaned
+            })
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(fleet.attempts().len(), 1, "the runner was replaced");
+    assert!(fleet.our_registrations().is_empty(), "registration left");
+    assert!(fleet.runtimes().is_empty());
+    assert!(
+        processes_under(&fleet.runner_root).is_empty(),
+        "a process outlived its runner"
+    );
+}
