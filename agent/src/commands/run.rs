@@ -4,23 +4,25 @@
 //! no busy runner is killed, and the agent exits within 60 seconds; runners still alive are
 //! adopted at the next start.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use rm_github::{ClientConfig, GithubClient};
-use rm_journal::Journal;
+use rm_github::{ClientConfig, GithubClient, SystemClock};
+use rm_journal::{Journal, PollJournal};
 use rm_receiver::{MAX_BODY_BYTES, Receiver, ReceiverConfig};
 use tokio::sync::watch;
 
 use crate::config::{Config, Workspace, display_file};
 use crate::executor::registry::Registry;
-use crate::executor::{Executor, Settings};
+use crate::executor::{DrainReport, Executor, Settings};
 use crate::exit::Exit;
 use crate::lifecycle::Timeouts;
+use crate::notify::{Notifier, OperatorEvent};
+use crate::polling::{Poller, PollerConfig, PollerStatus};
 use crate::{lock, secrets};
 
 pub async fn run(config: &Config) -> Result<(), Exit> {
-    let settings = settings(config)?;
     let app_id = config.github.app_id.ok_or_else(|| {
         usage(
             config,
@@ -29,15 +31,6 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
         )
     })?;
     let key = secrets::private_key(config)?;
-    let webhook_secrets = match &config.receiver {
-        Some(_) => Some(secrets::webhook_secrets(config)?),
-        None => None,
-    };
-    let _lock = lock::lock_data_dir(&config.data_dir)?;
-    let journal_path = super::journal_path(config);
-    let journal = Journal::open(&journal_path, config.retention)
-        .with_context(|| format!("cannot open the journal in {}", config.data_dir.display()))
-        .map_err(Exit::runtime)?;
     let client = GithubClient::new(ClientConfig::new(
         config.github.api_url.clone(),
         app_id,
@@ -45,13 +38,52 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
     ))
     .context("cannot set up the GitHub client")
     .map_err(Exit::runtime)?;
+    let _lock = lock::lock_data_dir(&config.data_dir)?;
+    let report = serve(config, client, super::receive::shutdown_signal()).await?;
+    tracing::info!(
+        left_running = report.left_running,
+        launches_unfinished = report.launches_unfinished,
+        "drained; runners still alive are adopted at the next start"
+    );
+    Ok(())
+}
+
+/// Runs everything `config` asks for with this GitHub client until `shutdown` completes, then
+/// drains. The caller holds the data-directory lock. `rm-agent demo` runs the same with a
+/// simulated GitHub.
+pub async fn serve(
+    config: &Config,
+    client: GithubClient,
+    shutdown: impl Future<Output = ()>,
+) -> Result<DrainReport, Exit> {
+    let settings = settings(config)?;
+    let webhook_secrets = match &config.receiver {
+        Some(_) => Some(secrets::webhook_secrets(config)?),
+        None => None,
+    };
+    let journal_path = super::journal_path(config);
+    let journal = Journal::open(&journal_path, config.retention)
+        .with_context(|| format!("cannot open the journal in {}", config.data_dir.display()))
+        .map_err(Exit::runtime)?;
+    let notifier = Arc::new(Notifier::new(config.desktop_notifications));
     let executor = Executor::open(
         settings,
         &journal_path,
         &config.host.runner_root,
-        Registry::new(client),
+        Registry::new(client.clone()),
+        Arc::clone(&notifier),
     )
     .map_err(Exit::runtime)?;
+    let poller = Poller::new(
+        PollerConfig::from_config(config),
+        client,
+        PollJournal::open(&journal_path).map_err(Exit::runtime)?,
+        Arc::new(SystemClock),
+    )
+    .map_err(Exit::runtime)?;
+    executor.wake_on(journal.durable_groups());
+    executor.wake_on(poller.changes());
+    watch_webhook_health(poller.status(), Arc::clone(&notifier));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
@@ -78,16 +110,16 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
             }))
         }
         _ => {
-            tracing::info!("no [receiver]: jobs come from the journal only");
+            tracing::info!("no [receiver]: jobs are found by polling");
             None
         }
     };
-    let deliveries = Some(journal.durable_groups());
+    let polling = tokio::spawn(poller.run(stopped(stop_rx.clone())));
     let signal = async move {
-        super::receive::shutdown_signal().await;
+        shutdown.await;
         let _ = stop_tx.send(true);
     };
-    let report = Arc::clone(&executor).run(deliveries, signal).await;
+    let report = executor.run(signal).await;
     if let Some(receiver) = receiver {
         match receiver.await {
             Ok(Ok(())) => {}
@@ -95,12 +127,30 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
             Err(e) => tracing::warn!(error = %e, "the receiver task failed"),
         }
     }
-    tracing::info!(
-        left_running = report.left_running,
-        launches_unfinished = report.launches_unfinished,
-        "drained; runners still alive are adopted at the next start"
-    );
-    Ok(())
+    if let Err(e) = polling.await {
+        tracing::warn!(error = %e, "the polling task failed");
+    }
+    Ok(report)
+}
+
+/// Tells the operator when webhooks stop being trusted and polling takes over.
+fn watch_webhook_health(mut status: watch::Receiver<PollerStatus>, notifier: Arc<Notifier>) {
+    tokio::spawn(async move {
+        let mut trusted = status.borrow().webhooks.trusted;
+        while status.changed().await.is_ok() {
+            let (now_trusted, intake) = {
+                let s = status.borrow();
+                (s.webhooks.trusted, s.webhooks.intake)
+            };
+            if intake && trusted && !now_trusted {
+                tracing::warn!(
+                    "webhook deliveries are not trusted any more; polling at the full schedule"
+                );
+                notifier.notify(OperatorEvent::WebhooksStopped);
+            }
+            trusted = now_trusted;
+        }
+    });
 }
 
 /// The executor's settings, refusing what `run` cannot do yet.

@@ -23,6 +23,7 @@ use crate::allocation::{self, AllocationInput};
 use crate::config::Policy;
 use crate::demand::{self, QueuedJob};
 use crate::lifecycle::{Conclusion, FailureReason};
+use crate::notify::OperatorEvent;
 
 /// The first wait after a failed launch; doubles per consecutive failure.
 pub const LAUNCH_BACKOFF: Duration = Duration::from_secs(5);
@@ -30,12 +31,20 @@ pub const LAUNCH_BACKOFF: Duration = Duration::from_secs(5);
 /// The longest launch back-off, and the wait after a terminal refusal (a 403 needs a person).
 pub const LAUNCH_BACKOFF_MAX: Duration = Duration::from_secs(5 * 60);
 
+/// After this many failed launches in a row, the operator is notified.
+pub const NOTIFY_AFTER_FAILURES: u32 = 3;
+
+/// Demand that waits this long at full host capacity is worth a notification.
+pub const NOTIFY_WAITING_AFTER: Duration = Duration::from_secs(15 * 60);
+
 /// What allocation remembers between passes.
 #[derive(Debug, Default)]
 pub(super) struct Memory {
     fences: HashMap<String, i64>,
     backoff: HashMap<String, (i64, u32)>,
     reported: HashSet<i64>,
+    /// Per policy: since when its demand has been held back by the host's ceiling.
+    waiting_since: HashMap<String, i64>,
 }
 
 /// The wait before a policy may launch again after `failures` consecutive failed launches.
@@ -117,6 +126,7 @@ impl Executor {
                 host_live: live.host_live(),
                 host_max: self.settings.max_runners,
             });
+            self.note_waiting(policy, demand, decided.limit);
             if decided.to_start == 0 {
                 if demand > 0 {
                     tracing::debug!(policy = %policy.name, demand, limit = ?decided.limit, "no runner to start");
@@ -191,6 +201,12 @@ impl Executor {
                 let until =
                     now_ms().saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
                 memory.backoff.insert(policy.to_owned(), (until, failures));
+                if failures >= NOTIFY_AFTER_FAILURES {
+                    self.notifier.notify(OperatorEvent::RunnersFailingToStart {
+                        policy: policy.to_owned(),
+                        failures,
+                    });
+                }
                 tracing::warn!(
                     policy,
                     failures,
@@ -198,6 +214,29 @@ impl Executor {
                     "launch failed; this policy waits before the next one"
                 );
             }
+        }
+    }
+
+    /// Tracks demand held back by the host's ceiling; tells the operator when it lasts.
+    fn note_waiting(&self, policy: &Policy, demand: u32, limit: allocation::Limit) {
+        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+        if limit != allocation::Limit::HostCapacity || demand == 0 {
+            memory.waiting_since.remove(&policy.name);
+            return;
+        }
+        let now = now_ms();
+        let since = *memory
+            .waiting_since
+            .entry(policy.name.clone())
+            .or_insert(now);
+        if now.saturating_sub(since)
+            >= i64::try_from(NOTIFY_WAITING_AFTER.as_millis()).unwrap_or(i64::MAX)
+        {
+            self.notifier
+                .notify(OperatorEvent::DemandWaitingAtCapacity {
+                    policy: policy.name.clone(),
+                    waiting: demand,
+                });
         }
     }
 

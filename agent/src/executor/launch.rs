@@ -216,6 +216,10 @@ impl Executor {
             let mut not_before = None;
             match registry::jit_retry(&error) {
                 JitRetry::Terminal => {
+                    if matches!(error, rm_github::GithubError::Unauthorized { .. }) {
+                        self.notifier
+                            .notify(crate::notify::OperatorEvent::CredentialsRejected);
+                    }
                     return Err(Failure {
                         terminal: true,
                         ..fail(format!("GitHub refused to register the runner: {error}"))

@@ -33,6 +33,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::config::Policy;
 use crate::lifecycle::Timeouts;
+use crate::notify::Notifier;
 use crate::runner::{OsProcesses, RunnerRoot};
 use registry::Registry;
 
@@ -107,6 +108,7 @@ pub struct Executor {
     memory: Mutex<allocate::Memory>,
     observations: Mutex<supervise::Observations>,
     last_inventory: Mutex<Option<tokio::time::Instant>>,
+    notifier: Arc<Notifier>,
 }
 
 impl Executor {
@@ -116,6 +118,7 @@ impl Executor {
         journal: &std::path::Path,
         runner_root: &std::path::Path,
         registry: Registry,
+        notifier: Arc<Notifier>,
     ) -> anyhow::Result<Arc<Executor>> {
         use anyhow::Context as _;
         let attempts = Attempts::open(journal)
@@ -137,6 +140,7 @@ impl Executor {
             memory: Mutex::new(allocate::Memory::default()),
             observations: Mutex::new(supervise::Observations::default()),
             last_inventory: Mutex::new(None),
+            notifier,
         }))
     }
 
@@ -144,13 +148,22 @@ impl Executor {
         &self.settings
     }
 
-    /// Recovers, then runs passes until `shutdown` completes, then drains. `deliveries`
-    /// changes whenever new deliveries are durable in the journal (the in-process receiver).
-    pub async fn run(
-        self: &Arc<Self>,
-        mut deliveries: Option<watch::Receiver<u64>>,
-        shutdown: impl Future<Output = ()>,
-    ) -> DrainReport {
+    /// Wakes the control loop whenever `changes` changes (durable deliveries, a poll that moved
+    /// a job): new demand is served at once instead of at the next interval.
+    pub fn wake_on(self: &Arc<Self>, mut changes: watch::Receiver<u64>) {
+        let executor = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                match executor.upgrade() {
+                    Some(executor) => executor.wake.notify_one(),
+                    None => break,
+                }
+            }
+        });
+    }
+
+    /// Recovers, then runs passes until `shutdown` completes, then drains.
+    pub async fn run(self: &Arc<Self>, shutdown: impl Future<Output = ()>) -> DrainReport {
         tokio::pin!(shutdown);
         loop {
             match self.recover().await {
@@ -167,19 +180,8 @@ impl Executor {
         tracing::info!(host = %self.settings.host, max_runners = self.settings.max_runners, "recovery complete; serving queued jobs");
         loop {
             self.pass().await;
-            let delivered = async {
-                match deliveries.as_mut() {
-                    Some(rx) => {
-                        if rx.changed().await.is_err() {
-                            std::future::pending::<()>().await;
-                        }
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
             tokio::select! {
                 () = &mut shutdown => break,
-                () = delivered => {}
                 () = self.wake.notified() => {}
                 () = tokio::time::sleep(PASS_INTERVAL) => {}
             }
