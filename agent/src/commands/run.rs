@@ -84,6 +84,7 @@ pub async fn serve(
     executor.wake_on(journal.durable_groups());
     executor.wake_on(poller.changes());
     watch_webhook_health(poller.status(), Arc::clone(&notifier));
+    let poller_status = poller.status();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
@@ -119,7 +120,11 @@ pub async fn serve(
         shutdown.await;
         let _ = stop_tx.send(true);
     };
-    let report = executor.run(signal).await;
+    let mut first_pass = poller_status;
+    let synced = async move {
+        let _ = first_pass.wait_for(|s| s.last_pass.at.is_some()).await;
+    };
+    let report = executor.run(synced, signal).await;
     if let Some(receiver) = receiver {
         match receiver.await {
             Ok(Ok(())) => {}

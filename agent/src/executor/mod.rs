@@ -46,6 +46,10 @@ pub const PASS_INTERVAL: Duration = Duration::from_secs(2);
 /// How long a failed recovery waits before it tries again (GitHub unreachable, most likely).
 pub const RECOVERY_RETRY: Duration = Duration::from_secs(10);
 
+/// How long the first allocation waits for the journal to catch up with GitHub after a start
+/// (the poller's first pass): a job finished while the agent was down must not start a runner.
+pub const STARTUP_SYNC_WAIT: Duration = Duration::from_secs(30);
+
 /// How long a drain waits for launches in flight to reach a runner or a conclusion. With
 /// [`DRAIN_CLEANUP`], the agent exits well within CONTRACT §3's 60 seconds.
 pub const DRAIN_LAUNCHES: Duration = Duration::from_secs(30);
@@ -162,8 +166,14 @@ impl Executor {
         });
     }
 
-    /// Recovers, then runs passes until `shutdown` completes, then drains.
-    pub async fn run(self: &Arc<Self>, shutdown: impl Future<Output = ()>) -> DrainReport {
+    /// Recovers, waits (at most [`STARTUP_SYNC_WAIT`]) for `synced` (the journal caught up
+    /// with GitHub: jobs that finished while the agent was down are no longer queued), then runs
+    /// passes until `shutdown` completes, then drains.
+    pub async fn run(
+        self: &Arc<Self>,
+        synced: impl Future<Output = ()>,
+        shutdown: impl Future<Output = ()>,
+    ) -> DrainReport {
         tokio::pin!(shutdown);
         loop {
             match self.recover().await {
@@ -174,6 +184,14 @@ impl Executor {
                         () = &mut shutdown => return self.drain().await,
                         () = tokio::time::sleep(RECOVERY_RETRY) => {}
                     }
+                }
+            }
+        }
+        tokio::select! {
+            () = &mut shutdown => return self.drain().await,
+            synced = tokio::time::timeout(STARTUP_SYNC_WAIT, synced) => {
+                if synced.is_err() {
+                    tracing::warn!(waited_s = STARTUP_SYNC_WAIT.as_secs(), "the first poll did not finish; serving the journal's queued jobs as they are");
                 }
             }
         }

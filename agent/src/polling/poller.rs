@@ -80,6 +80,8 @@ pub struct Poller {
     hold_until: Option<SystemTime>,
     next_scan_at: SystemTime,
     next_stale_at: SystemTime,
+    /// When this poller was made: jobs queued before it are checked at once.
+    started: SystemTime,
     status: watch::Sender<PollerStatus>,
     changes: watch::Sender<u64>,
 }
@@ -140,6 +142,7 @@ impl Poller {
             hold_until: None,
             next_scan_at: now,
             next_stale_at: now,
+            started: now,
             status: watch::Sender::new(initial),
             changes: watch::Sender::new(0),
             clock,
@@ -285,7 +288,14 @@ impl Poller {
         }
 
         if open && !holds(failure) && (demand_due || now >= self.next_stale_at) {
-            let checked = stale::check(&self.client, &self.journal, &self.targets, now).await?;
+            let checked = stale::check(
+                &self.client,
+                &self.journal,
+                &self.targets,
+                now,
+                self.started,
+            )
+            .await?;
             report.stale_checked = checked.checked;
             report.stale_resolved = checked.resolved;
             report.requests += checked.requests;

@@ -34,17 +34,25 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Checks the stale queued jobs due now.
+/// The time before which a queued job counts as stale: [`STALE_AFTER`] ago, or the agent's
+/// start if that is later.
+pub fn stale_before(now_ms: i64, started_ms: i64) -> i64 {
+    (now_ms - ms(STALE_AFTER)).max(started_ms)
+}
+
+/// Checks the stale queued jobs due now; `started` is when this agent started.
 pub async fn check(
     client: &GithubClient,
     journal: &Mutex<PollJournal>,
     targets: &[Target],
     now: SystemTime,
+    started: SystemTime,
 ) -> Result<StaleReport, JournalError> {
     let lock = || journal.lock().unwrap_or_else(PoisonError::into_inner);
     let now_ms = super::unix_ms(now);
+    let before = stale_before(now_ms, super::unix_ms(started));
     let due: Vec<_> = lock()
-        .stale_queued(now_ms - ms(STALE_AFTER), now_ms - ms(STALE_RECHECK))?
+        .stale_queued(before, now_ms - ms(STALE_RECHECK))?
         .into_iter()
         .filter(|job| in_targets(targets, &job.repository))
         .take(MAX_STALE_CHECKS_PER_PASS)
@@ -83,4 +91,18 @@ pub async fn check(
         lock().mark_checked(job.job_id, now_ms)?;
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod start_tests {
+    use super::*;
+
+    #[test]
+    fn jobs_queued_before_the_agent_started_are_stale_at_once() {
+        let ten_min = ms(STALE_AFTER);
+        // Just started: everything queued before the start is stale.
+        assert_eq!(stale_before(1_000_000, 999_000), 999_000);
+        // Long running: the usual bound.
+        assert_eq!(stale_before(10 * ten_min, 0), 9 * ten_min);
+    }
 }

@@ -1,0 +1,109 @@
+//! Crash recovery of `rm-agent run`: the agent SIGKILLs itself (`RM_FAULT_CRASH_AT`) right
+//! after each step of a runner's lifecycle, then a fresh agent starts on the same data
+//! directory. Whatever the step, the job is served once, by one runner process, and nothing is
+//! left: no registration at the fake, no runtime directory, no process, no attempt uncleaned.
+
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+use std::time::Duration;
+
+use rm_e2e::fleet::{Fleet, FleetOptions, REPO, wait_until};
+use rm_fake_github::{JobStatus, RunnerBehavior};
+use rm_journal::{AttemptOutcome, AttemptState};
+
+const LABELS: &[&str] = &["self-hosted", "linux"];
+
+async fn crash_at(point: &str) {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 1_500,
+        ..RunnerBehavior::default()
+    });
+    let mut first = fleet.start_agent(&[("RM_FAULT_CRASH_AT", point)]).await;
+    let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    wait_until(Duration::from_secs(30), "the agent to kill itself", || {
+        first.exited()
+    })
+    .await;
+    let logs = fleet.setup.logs();
+    assert!(
+        logs.contains(&format!("RM_FAULT_CRASH_AT={point}")),
+        "the agent did not reach {point}"
+    );
+
+    let _second = fleet.start_agent(&[]).await;
+    wait_until(Duration::from_secs(60), "the job completed", || {
+        fleet
+            .fake
+            .job(job)
+            .is_some_and(|j| j.status == JobStatus::Completed)
+    })
+    .await;
+    wait_until(Duration::from_secs(60), "every attempt cleaned", || {
+        let attempts = fleet.attempts();
+        !attempts.is_empty() && attempts.iter().all(|a| a.state == AttemptState::Cleaned)
+    })
+    .await;
+    // Give a wrongly counted demand the time to start a second runner.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let attempts = fleet.attempts();
+    let processes = attempts.iter().filter(|a| a.pid.is_some()).count();
+    let completed = attempts
+        .iter()
+        .filter(|a| a.outcome == Some(AttemptOutcome::CompletedJob))
+        .count();
+    let summary: Vec<String> = attempts
+        .iter()
+        .map(|a| format!("{} {:?} {:?}", a.state.as_str(), a.outcome, a.reason))
+        .collect();
+    eprintln!("{point}: {summary:?}");
+    assert!(
+        processes <= 1,
+        "{processes} runner processes for one job: {summary:?}"
+    );
+    assert_eq!(completed, 1, "one runner completed the job: {summary:?}");
+    assert!(
+        attempts.iter().all(|a| a.state == AttemptState::Cleaned),
+        "{summary:?}"
+    );
+    assert!(fleet.our_registrations().is_empty(), "registration left");
+    assert!(fleet.runtimes().is_empty(), "runtime left");
+    // The runner GitHub gave the job to is the attempt that completed it.
+    let served_by = fleet.fake.job(job).unwrap().runner_name;
+    let completer = attempts
+        .iter()
+        .find(|a| a.outcome == Some(AttemptOutcome::CompletedJob))
+        .map(|a| a.runner_name.clone());
+    assert_eq!(served_by, completer);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_the_attempt_is_journalled() {
+    crash_at("attempt_journalled").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_the_jit_is_received() {
+    crash_at("jit_received").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_the_process_is_spawned_before_it_is_journalled() {
+    crash_at("process_spawned").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_the_runner_started() {
+    crash_at("runner_started").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_when_the_runner_is_busy() {
+    crash_at("runner_busy").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_during_cleanup() {
+    crash_at("cleanup").await;
+}
