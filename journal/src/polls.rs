@@ -118,6 +118,33 @@ impl PollJournal {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// Jobs of `repository` the journal holds as `queued`, with their run, not checked since
+    /// `checked_before_ms`: a poll compares them with the runs GitHub still lists.
+    pub fn queued_in_repository(
+        &self,
+        repository: &str,
+        checked_before_ms: i64,
+    ) -> Result<Vec<(QueuedJobRef, i64)>, JournalError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT job_id, repository, updated_at, checked_at, run_id FROM jobs
+             WHERE state = 'queued' AND repository = ?1 COLLATE NOCASE
+               AND (checked_at IS NULL OR checked_at < ?2)
+             ORDER BY job_id",
+        )?;
+        let rows = stmt.query_map(params![repository, checked_before_ms], |row| {
+            Ok((
+                QueuedJobRef {
+                    job_id: row.get(0)?,
+                    repository: row.get(1)?,
+                    updated_at_ms: row.get(2)?,
+                    checked_at_ms: row.get(3)?,
+                },
+                row.get(4)?,
+            ))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// Dates a stale check of `job_id`.
     pub fn mark_checked(&self, job_id: i64, at_ms: i64) -> Result<(), JournalError> {
         self.conn

@@ -51,20 +51,27 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
     Ok(())
 }
 
-/// Completes on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+/// Completes on SIGINT or SIGTERM. The handlers are installed when this is called, not when
+/// the future is first polled, so a signal that arrives while the agent is still starting is
+/// not lost (and does not kill the agent with the default action). Call it inside the runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+    let term = signal(SignalKind::terminate());
+    let interrupt = signal(SignalKind::interrupt());
+    async move {
+        match (term, interrupt) {
+            (Ok(mut term), Ok(mut interrupt)) => {
+                tokio::select! {
+                    _ = interrupt.recv() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            (term, interrupt) => {
+                let err = term.err().or(interrupt.err());
+                tracing::warn!(error = ?err, "cannot watch SIGTERM/SIGINT; stopping on Ctrl-C only");
+                let _ = tokio::signal::ctrl_c().await;
             }
         }
-        Err(err) => {
-            tracing::warn!(error = %err, "cannot watch SIGTERM; stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
+        tracing::info!("signal received; answering the requests in flight, then stopping");
     }
-    tracing::info!("signal received; answering the requests in flight, then stopping");
 }

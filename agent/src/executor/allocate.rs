@@ -16,7 +16,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use rm_journal::{AttemptId, AttemptRecord, JobRow, NewAttempt, WorkspaceKind, now_ms};
+use rm_journal::{
+    AttemptId, AttemptRecord, AttemptState, JobRow, NewAttempt, Scope, WorkspaceKind, now_ms,
+};
 
 use super::{Executor, fault};
 use crate::allocation::{self, AllocationInput};
@@ -45,6 +47,25 @@ pub(super) struct Memory {
     reported: HashSet<i64>,
     /// Per policy: since when its demand has been held back by the host's ceiling.
     waiting_since: HashMap<String, i64>,
+    /// Per policy: when runners that completed a job the journal never named concluded.
+    unknown_completions: HashMap<String, Vec<i64>>,
+    /// When the journal was last brought up to date with GitHub (a poll pass began).
+    refreshed_at: i64,
+}
+
+/// How long a completion of an unnamed job keeps one queued job from counting, at most: the
+/// next poll corrects the journal well before.
+pub const UNKNOWN_COMPLETION_TTL: Duration = Duration::from_secs(15 * 60);
+
+/// How many queued jobs of a policy are already done by runners that completed a job the
+/// journal never named: those concluded after the last refresh, within the TTL.
+pub fn unknown_completions(concluded: &[i64], refreshed_at: i64, now: i64) -> u32 {
+    let ttl = i64::try_from(UNKNOWN_COMPLETION_TTL.as_millis()).unwrap_or(i64::MAX);
+    let n = concluded
+        .iter()
+        .filter(|at| **at >= refreshed_at && now.saturating_sub(**at) < ttl)
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// The wait before a policy may launch again after `failures` consecutive failed launches.
@@ -65,6 +86,13 @@ pub fn fences_demand(conclusion: Conclusion) -> bool {
         Conclusion::IdleExit
             | Conclusion::Failed(FailureReason::TerminatedAfterRegistrationTimeout)
     )
+}
+
+/// Demand less the busy runners whose job the journal does not know yet: such a runner took
+/// one of the jobs the journal still holds as queued (its `in_progress` sighting has not
+/// arrived; without webhooks it arrives with the next poll), so that job is not demand.
+pub fn demand_after_unknown_busy(demand: u32, busy_unknown: usize) -> u32 {
+    demand.saturating_sub(u32::try_from(busy_unknown).unwrap_or(u32::MAX))
 }
 
 /// A journalled job as demand sees it.
@@ -107,8 +135,17 @@ impl Executor {
                     .filter(|id| first_seen.get(id).is_some_and(|seen| *seen > fence))
                     .count()
             });
-            self.start_runners(policy, u32::try_from(wanted).unwrap_or(u32::MAX))
-                .await?;
+            let done_meanwhile = {
+                let memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+                memory
+                    .unknown_completions
+                    .get(&policy.name)
+                    .map_or(0, |c| unknown_completions(c, memory.refreshed_at, now))
+            };
+            let wanted = u32::try_from(wanted)
+                .unwrap_or(u32::MAX)
+                .saturating_sub(done_meanwhile);
+            self.start_runners(policy, wanted).await?;
         }
         Ok(())
     }
@@ -117,9 +154,17 @@ impl Executor {
     async fn start_runners(self: &Arc<Self>, policy: &Policy, demand: u32) -> anyhow::Result<()> {
         loop {
             let guard = self.allocation.lock().await;
-            let live = self.lock_attempts().live_counts()?;
+            let (live, busy_unknown) = {
+                let attempts = self.lock_attempts();
+                let busy_unknown = attempts
+                    .list(Scope::Live, Some(&policy.name))?
+                    .iter()
+                    .filter(|a| a.state == AttemptState::Busy && a.job_id.is_none())
+                    .count();
+                (attempts.live_counts()?, busy_unknown)
+            };
             let decided = allocation::allocate(AllocationInput {
-                demand,
+                demand: demand_after_unknown_busy(demand, busy_unknown),
                 min_runners: policy.min_runners,
                 max_runners: policy.max_runners,
                 unassigned_in_flight: live.policy(&policy.name).unassigned(),
@@ -176,9 +221,35 @@ impl Executor {
         }
     }
 
+    /// The journal was brought up to date with GitHub by a poll pass that began at `at_ms`:
+    /// completions before it are reflected in the journal now.
+    pub fn journal_refreshed(&self, at_ms: i64) {
+        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+        memory.refreshed_at = memory.refreshed_at.max(at_ms);
+        let refreshed = memory.refreshed_at;
+        for concluded in memory.unknown_completions.values_mut() {
+            concluded.retain(|at| *at >= refreshed);
+        }
+    }
+
     /// Called when a runner concludes: an idle exit or a registration timeout fences the
-    /// policy's older demand.
-    pub(super) fn remember_conclusion(&self, policy: &str, conclusion: Conclusion) {
+    /// policy's older demand; a completed job the journal never named is one queued job less
+    /// until the next poll says which.
+    pub(super) fn remember_conclusion(
+        &self,
+        policy: &str,
+        conclusion: Conclusion,
+        job_known: bool,
+    ) {
+        if conclusion == Conclusion::CompletedJob && !job_known {
+            self.memory
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .unknown_completions
+                .entry(policy.to_owned())
+                .or_default()
+                .push(now_ms());
+        }
         if fences_demand(conclusion) {
             self.memory
                 .lock()
@@ -262,6 +333,22 @@ mod tests {
             .collect();
         assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300]);
         assert_eq!(launch_backoff(1, true), LAUNCH_BACKOFF_MAX);
+    }
+
+    #[test]
+    fn a_busy_runner_with_an_unknown_job_took_one_of_the_queued_ones() {
+        assert_eq!(demand_after_unknown_busy(3, 1), 2);
+        assert_eq!(demand_after_unknown_busy(1, 2), 0);
+        assert_eq!(demand_after_unknown_busy(2, 0), 2);
+    }
+
+    #[test]
+    fn a_completion_of_an_unnamed_job_counts_until_the_next_poll_or_its_ttl() {
+        let ttl = i64::try_from(UNKNOWN_COMPLETION_TTL.as_millis()).unwrap();
+        assert_eq!(unknown_completions(&[100, 200], 0, 300), 2);
+        // A poll that began after the first completion has corrected the journal for it.
+        assert_eq!(unknown_completions(&[100, 200], 150, 300), 1);
+        assert_eq!(unknown_completions(&[100], 0, 100 + ttl), 0);
     }
 
     #[test]

@@ -176,7 +176,11 @@ impl Executor {
     ) -> DrainReport {
         tokio::pin!(shutdown);
         loop {
-            match self.recover().await {
+            let recovered = tokio::select! {
+                () = &mut shutdown => return self.drain().await,
+                recovered = self.recover() => recovered,
+            };
+            match recovered {
                 Ok(()) => break,
                 Err(incomplete) => {
                     tracing::warn!(%incomplete, retry_in_s = RECOVERY_RETRY.as_secs(), "recovery is incomplete; no runner is started until it completes");

@@ -68,7 +68,7 @@ impl PollerConfig {
 }
 
 /// Milliseconds since the Unix epoch, the journal's unit.
-pub(crate) fn unix_ms(t: SystemTime) -> i64 {
+pub fn unix_ms(t: SystemTime) -> i64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

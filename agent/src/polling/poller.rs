@@ -278,6 +278,14 @@ impl Poller {
             )
             .await?;
             report.polled_demand = true;
+            if !polled.vanished.is_empty() {
+                let checked =
+                    stale::check_jobs(&self.client, &self.journal, polled.vanished.clone(), now)
+                        .await?;
+                report.stale_checked += checked.checked;
+                report.stale_resolved += checked.resolved;
+                report.requests += checked.requests;
+            }
             report.targets_read = polled.targets_read;
             report.repositories = polled.repositories;
             report.jobs_seen = polled.jobs_seen;
@@ -296,8 +304,8 @@ impl Poller {
                 self.started,
             )
             .await?;
-            report.stale_checked = checked.checked;
-            report.stale_resolved = checked.resolved;
+            report.stale_checked += checked.checked;
+            report.stale_resolved += checked.resolved;
             report.requests += checked.requests;
             quiet &= checked.checked == 0;
             note(&mut failure, checked.failure);

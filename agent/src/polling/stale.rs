@@ -8,7 +8,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use rm_github::{GithubClient, GithubError, Target};
-use rm_journal::{JournalError, PollJournal};
+use rm_journal::{JournalError, PollJournal, QueuedJobRef};
 
 use super::schedule::Failure;
 use super::targets::{in_targets, observation};
@@ -57,6 +57,23 @@ pub async fn check(
         .filter(|job| in_targets(targets, &job.repository))
         .take(MAX_STALE_CHECKS_PER_PASS)
         .collect();
+    check_jobs(client, journal, due, now).await
+}
+
+/// The recheck bound as the journal query wants it: checked before this time.
+pub fn recheck_before(now_ms: i64) -> i64 {
+    now_ms - ms(STALE_RECHECK)
+}
+
+/// Asks GitHub about each job and records what it says.
+pub async fn check_jobs(
+    client: &GithubClient,
+    journal: &Mutex<PollJournal>,
+    due: Vec<QueuedJobRef>,
+    now: SystemTime,
+) -> Result<StaleReport, JournalError> {
+    let lock = || journal.lock().unwrap_or_else(PoisonError::into_inner);
+    let now_ms = super::unix_ms(now);
     let mut report = StaleReport::default();
     for job in due {
         let Some((owner, name)) = job.repository.split_once('/') else {

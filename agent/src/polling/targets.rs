@@ -5,6 +5,11 @@
 //! are listed with conditional requests (a `304` costs no quota), and the jobs of runs that
 //! changed are merged into the journal with source `poll`, forward only.
 //!
+//! A job the journal holds as `queued` whose run GitHub no longer lists as queued or in progress
+//! finished while nobody was told (its deliveries lost, or too quick for the poll to see it
+//! run): it is reported as vanished, and the poller asks GitHub about it at once rather than
+//! after the stale-job bound, so it stops counting as demand.
+//!
 //! `in_progress` runs are listed too: a matrix run with one job started is `in_progress` while
 //! its other jobs are still queued, and would be invisible to a `queued` listing.
 
@@ -16,7 +21,7 @@ use rm_github::types::WorkflowJob;
 use rm_github::wire::parse_rfc3339;
 use rm_github::{GithubClient, GithubError, Target};
 use rm_handlers::{JobObservation, JobState, Source};
-use rm_journal::{JournalError, PollJournal};
+use rm_journal::{JournalError, PollJournal, QueuedJobRef};
 
 use super::health::is_unannounced;
 use super::schedule::Failure;
@@ -63,7 +68,12 @@ pub struct DemandReport {
     pub failure: Option<Failure>,
     /// Every target read, and no repository had a queued or running run.
     pub quiet: bool,
+    /// Queued jobs whose run GitHub no longer lists (at most [`MAX_VANISHED_PER_PASS`]).
+    pub vanished: Vec<QueuedJobRef>,
 }
+
+/// Most vanished jobs reported (and asked about) per pass.
+pub const MAX_VANISHED_PER_PASS: usize = 10;
 
 /// Errors that stop a pass (GitHub's are folded into the report).
 #[derive(Debug, thiserror::Error)]
@@ -245,8 +255,65 @@ async fn poll_target(
             }
             state.runs.insert(key, listed);
         }
+        note_vanished(state, journal, &full_name, now, report)?;
     }
     Ok(Ok(()))
+}
+
+/// Reports the repository's journal-queued jobs whose run is in neither listing.
+fn note_vanished(
+    state: &DemandState,
+    journal: &Mutex<PollJournal>,
+    repository: &str,
+    now: SystemTime,
+    report: &mut DemandReport,
+) -> Result<(), DemandError> {
+    let room = MAX_VANISHED_PER_PASS.saturating_sub(report.vanished.len());
+    if room == 0 {
+        return Ok(());
+    }
+    let active: HashSet<u64> = RUN_STATUSES
+        .iter()
+        .filter_map(|status| state.runs.get(&(repository.to_owned(), *status)))
+        .flat_map(|runs| runs.keys().copied())
+        .collect();
+    let now_ms = super::unix_ms(now);
+    let queued =
+        lock(journal).queued_in_repository(repository, super::stale::recheck_before(now_ms))?;
+    report
+        .vanished
+        .extend(vanished(queued, &active).into_iter().take(room));
+    Ok(())
+}
+
+/// The queued jobs whose run is not among the `active` runs; pure.
+pub fn vanished(queued: Vec<(QueuedJobRef, i64)>, active: &HashSet<u64>) -> Vec<QueuedJobRef> {
+    queued
+        .into_iter()
+        .filter(|(_, run)| u64::try_from(*run).is_ok_and(|run| !active.contains(&run)))
+        .map(|(job, _)| job)
+        .collect()
+}
+
+#[cfg(test)]
+mod vanished_tests {
+    use super::*;
+
+    fn job(id: i64) -> QueuedJobRef {
+        QueuedJobRef {
+            job_id: id,
+            repository: "acme/widgets".into(),
+            updated_at_ms: 0,
+            checked_at_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_queued_job_whose_run_is_no_longer_listed_has_vanished() {
+        let active: HashSet<u64> = [10, 11].into_iter().collect();
+        let found = vanished(vec![(job(1), 10), (job(2), 12), (job(3), 11)], &active);
+        assert_eq!(found, vec![job(2)]);
+    }
 }
 
 /// The organization's repositories: cached, listed again when the cache is old or the journal's

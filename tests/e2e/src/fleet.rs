@@ -44,6 +44,10 @@ pub struct FleetOptions {
     pub policies: Vec<PolicySpec>,
     pub idle_timeout: &'static str,
     pub registration_timeout: &'static str,
+    /// Whether the agent runs a receiver (without one, jobs are found by polling alone).
+    pub receiver: bool,
+    /// `[polling] idle_interval`.
+    pub polling_idle_interval: &'static str,
 }
 
 impl Default for FleetOptions {
@@ -53,12 +57,15 @@ impl Default for FleetOptions {
             policies: vec![LINUX],
             idle_timeout: "10m",
             registration_timeout: "5m",
+            receiver: true,
+            polling_idle_interval: "10s",
         }
     }
 }
 
 /// A fake GitHub, a runner package and a configuration for one agent.
 pub struct Fleet {
+    pub options: FleetOptions,
     pub setup: Setup,
     pub fake: FakeGithub,
     pub key: AppKeyPair,
@@ -82,6 +89,7 @@ impl Fleet {
         .unwrap();
         let runner_root = setup.dir.path().join("runners");
         let fleet = Fleet {
+            options: options.clone(),
             setup,
             fake,
             key,
@@ -103,12 +111,17 @@ impl Fleet {
         std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
         let mut config = format!(
             "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n\n\
-             [receiver]\nlisten = \"{addr}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\n\n\
+             {receiver}[polling]\nidle_interval = \"{idle_poll}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\n\n\
              [runner]\npackage_dir = \"{package}\"\nidle_timeout = \"{idle}\"\nregistration_timeout = \"{registration}\"\n",
             data = self.setup.dir.path().join("data").display(),
             api = self.fake.api_url(),
             key = key_file.display(),
-            addr = self.setup.addr,
+            receiver = if options.receiver {
+                format!("[receiver]\nlisten = \"{}\"\n\n", self.setup.addr)
+            } else {
+                String::new()
+            },
+            idle_poll = options.polling_idle_interval,
             max = options.host_max,
             root = self.runner_root.display(),
             package = self.package.display(),
@@ -146,7 +159,9 @@ impl Fleet {
             .stdout(Stdio::null())
             .stderr(log);
         let agent = Agent::spawn(command, self.setup.addr);
-        agent.wait_healthy().await;
+        if self.options.receiver {
+            agent.wait_healthy().await;
+        }
         agent
     }
 
