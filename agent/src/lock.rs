@@ -65,3 +65,15 @@ pub fn lock_data_dir(dir: &Path) -> Result<DataDirLock, Exit> {
     let _ = writeln!(file, "{}", std::process::id());
     Ok(DataDirLock { _file: file })
 }
+
+/// The pid the data directory's lock file records: the last process that took the lock, which
+/// may have exited since (the file is not cleared at exit). `None` when there is no lock file
+/// or it names no pid. Reads only: taking the lock, even shared, could make a starting agent
+/// find it held.
+pub fn recorded_owner(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join(LOCK_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}

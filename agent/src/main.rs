@@ -19,7 +19,7 @@ const DEFAULT_LIMIT: usize = 100;
     name = "rm-agent",
     version,
     about = "rm's host agent: ephemeral, just-in-time GitHub Actions runners driven by webhooks",
-    after_help = "Examples:\n  rm-agent --config /etc/rm-agent/rm-agent.toml receive\n  rm-agent --data-dir /var/lib/rm-agent jobs --json\n  rm-agent deliveries replay 72d3162e-cc78-11e3-81ab-4c9367dc0958"
+    after_help = "Examples:\n  rm-agent demo\n  rm-agent --config /etc/rm-agent/rm-agent.toml receive\n  rm-agent --data-dir /var/lib/rm-agent jobs --json\n  rm-agent deliveries replay 72d3162e-cc78-11e3-81ab-4c9367dc0958"
 )]
 struct Cli {
     /// The configuration file (TOML). Default: ./rm-agent.toml when it exists.
@@ -64,6 +64,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show the host at a glance: webhook health, the polling pace and next poll, the rate-limit
+    /// budget, queued jobs per policy, runners by state, the last GitHub contact, and anything
+    /// degraded with what to do about it. Says so when no agent is running.
+    #[command(
+        after_help = "Examples:\n  rm-agent --config /etc/rm-agent/rm-agent.toml status\n  rm-agent status --json | jq '.github.rate_limit.remaining'"
+    )]
+    Status {
+        /// One JSON document on stdout instead of a report.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the journalled workflow jobs and their states, most recently changed first.
     #[command(
         after_help = "Example:\n  rm-agent jobs --json | jq '.[] | select(.state == \"queued\")'"
@@ -102,6 +113,17 @@ enum Command {
         #[command(subcommand)]
         action: Option<DeliveriesAction>,
     },
+    /// Play the whole flow on this machine with no GitHub account and no network: a simulated
+    /// GitHub and fake runners drive the real receiver, journal and agent through single jobs,
+    /// a matrix, a lost webhook and a runner that never gets a job. Prints a timeline and a
+    /// summary; exits 0 only if every part ended as expected. Ignores --config and --data-dir.
+    #[command(after_help = "Examples:\n  rm-agent demo\n  rm-agent demo --keep")]
+    Demo {
+        /// Keep the demo's temporary directory (configuration, journal, runner root) and print
+        /// its path.
+        #[arg(long)]
+        keep: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -120,7 +142,16 @@ enum LogFormat {
     Json,
 }
 
+/// The name the runner package's listener has: `rm-agent demo` copies this binary there.
+const RUNNER_LISTENER: &str = "Runner.Listener";
+
 fn main() -> ExitCode {
+    // Started as `<package>/bin/Runner.Listener` (by `rm-agent demo`), this binary is the fake
+    // runner, not the agent.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name() == Some(RUNNER_LISTENER.as_ref()) {
+        return rm_fake_runner::listener_main();
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -132,6 +163,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<(), Exit> {
+    // The demo writes its own configuration: no file of the operator's is read.
+    if let Command::Demo { keep } = cli.command {
+        return demo(keep);
+    }
     let sources = config::Sources {
         explicit_file: cli.config,
         data_dir: cli.data_dir,
@@ -162,6 +197,10 @@ fn run(cli: Cli) -> Result<(), Exit> {
                 .map_err(Exit::runtime)?;
             runtime.block_on(commands::check::run(&config, json))
         }
+        Command::Status { json } => {
+            init_logging(LogFormat::Text, "warn");
+            commands::status::run(&config, json)
+        }
         Command::Jobs { json, limit } => {
             init_logging(LogFormat::Text, "warn");
             commands::jobs::run(&config, json, limit)
@@ -183,7 +222,17 @@ fn run(cli: Cli) -> Result<(), Exit> {
                 }
             }
         }
+        Command::Demo { keep } => demo(keep),
     }
+}
+
+fn demo(keep: bool) -> Result<(), Exit> {
+    init_logging(LogFormat::Text, "warn");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(Exit::runtime)?;
+    runtime.block_on(commands::demo::run(keep))
 }
 
 /// Logs go to stderr; `$RM_LOG` (tracing's filter syntax) overrides the level.

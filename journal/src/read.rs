@@ -97,6 +97,24 @@ impl Reader {
             .query_row("SELECT COUNT(*) FROM deliveries", [], |row| row.get(0))?)
     }
 
+    /// How many deliveries have each outcome (`status`).
+    pub fn delivery_outcome_counts(&self) -> Result<Vec<(String, i64)>, JournalError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT outcome, COUNT(*) FROM deliveries GROUP BY outcome ORDER BY outcome",
+        )?;
+        let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// When the newest delivery was journalled (any intake), ms since the Unix epoch.
+    pub fn last_delivery_at(&self) -> Result<Option<i64>, JournalError> {
+        Ok(self
+            .conn
+            .query_row("SELECT MAX(received_at) FROM deliveries", [], |row| {
+                row.get(0)
+            })?)
+    }
+
     /// One delivery with its headers and body.
     pub fn delivery(&self, guid: &str) -> Result<Option<StoredDelivery>, JournalError> {
         stored_delivery(&self.conn, guid)

@@ -86,6 +86,11 @@ async fn a_new_delivery_is_applied_and_its_guid_is_answered_once() {
 
     let reader = Reader::open(&path).unwrap();
     assert_eq!(reader.delivery_count().unwrap(), 1);
+    assert_eq!(
+        reader.delivery_outcome_counts().unwrap(),
+        vec![("applied".to_owned(), 1)]
+    );
+    assert_eq!(reader.last_delivery_at().unwrap(), Some(1_000));
     let job = reader.job(11).unwrap().unwrap();
     assert_eq!(job.state, "queued");
     assert_eq!(job.labels, vec!["self-hosted", "k8s"]);

@@ -9,6 +9,8 @@ mod metrics;
 mod server;
 mod signature;
 
+/// The metrics library `/metrics` is built on, for [`Receiver::add_collector`]'s callers.
+pub use prometheus_client;
 pub use server::{Receiver, ReceiverConfig};
 pub use signature::{WebhookSecrets, sign};
 

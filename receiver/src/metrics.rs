@@ -1,6 +1,9 @@
 //! The receiver's Prometheus metrics, and the rendering of `/metrics` (which also reports what
 //! the journal holds, read at scrape time).
 
+use std::sync::{Mutex, PoisonError};
+
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -28,7 +31,8 @@ struct StateLabels {
 
 /// Counters the request path updates; gauges refreshed from the journal at scrape time.
 pub(crate) struct Metrics {
-    registry: Registry,
+    /// Behind a lock only so that collectors can be added after the receiver is built.
+    registry: Mutex<Registry>,
     deliveries: Family<DeliveryLabels, Counter>,
     refused: Family<RefusedLabels, Counter>,
     jobs: Family<StateLabels, Gauge>,
@@ -60,12 +64,20 @@ impl Metrics {
         );
         journal.metrics().register(&mut registry);
         Metrics {
-            registry,
+            registry: Mutex::new(registry),
             deliveries,
             refused,
             jobs,
             runners,
         }
+    }
+
+    /// Adds metrics that are read at scrape time from outside the receiver.
+    pub(crate) fn add_collector(&self, collector: Box<dyn Collector>) {
+        self.registry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .register_collector(collector);
     }
 
     pub(crate) fn delivery(&self, event: &str, outcome: &str) {
@@ -90,7 +102,8 @@ impl Metrics {
             refresh(&self.runners, reader.attempt_counts(), "runner");
         }
         let mut out = String::new();
-        if encode(&mut out, &self.registry).is_err() {
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        if encode(&mut out, &registry).is_err() {
             tracing::warn!("cannot encode /metrics");
         }
         out

@@ -80,6 +80,12 @@ impl Receiver {
         })
     }
 
+    /// Adds metrics that `/metrics` shows after the receiver's own, read at every scrape: how
+    /// the agent around the receiver exports what only it knows (polling, GitHub requests).
+    pub fn add_collector(&self, collector: Box<dyn prometheus_client::collector::Collector>) {
+        self.metrics.add_collector(collector);
+    }
+
     /// Serves connections from `listener` until `shutdown` completes, then stops accepting and
     /// waits (up to a bound) for the requests in flight to be answered.
     pub async fn serve(

@@ -2,10 +2,12 @@
 
 pub mod check;
 pub mod deliveries;
+pub mod demo;
 pub mod jobs;
 pub mod receive;
 pub mod run;
 pub mod runners;
+pub mod status;
 
 use std::path::PathBuf;
 

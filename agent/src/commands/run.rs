@@ -74,6 +74,8 @@ pub async fn serve(
         Arc::clone(&notifier),
     )
     .map_err(Exit::runtime)?;
+    // For `rm-agent status` and `/metrics`: what only the running agent knows.
+    let published = client.clone();
     let poller = Poller::new(
         PollerConfig::from_config(config),
         client,
@@ -84,7 +86,15 @@ pub async fn serve(
     executor.wake_on(journal.durable_groups());
     executor.wake_on(poller.changes());
     watch_webhook_health(poller.status(), Arc::clone(&notifier));
+    crate::status_file::spawn_publisher(
+        config.data_dir.clone(),
+        poller.status(),
+        published.clone(),
+        config.host.max_runners,
+    );
+    let agent_metrics = crate::metrics::AgentMetrics::new(poller.status(), published);
     let poller_status = poller.status();
+    note_refreshes(poller.status(), Arc::clone(&executor));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
@@ -105,6 +115,7 @@ pub async fn serve(
                 },
                 journal.clone(),
             );
+            receiver.add_collector(Box::new(agent_metrics));
             let shutdown = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
                 receiver.serve(listener, shutdown).await
@@ -136,6 +147,20 @@ pub async fn serve(
         tracing::warn!(error = %e, "the polling task failed");
     }
     Ok(report)
+}
+
+/// Tells the executor when a poll pass brought the journal up to date with GitHub.
+fn note_refreshes(mut status: watch::Receiver<PollerStatus>, executor: Arc<Executor>) {
+    tokio::spawn(async move {
+        while status.changed().await.is_ok() {
+            let pass = status.borrow().last_pass.clone();
+            if pass.polled_demand
+                && let Some(at) = pass.at
+            {
+                executor.journal_refreshed(crate::polling::unix_ms(at));
+            }
+        }
+    });
 }
 
 /// Tells the operator when webhooks stop being trusted and polling takes over.

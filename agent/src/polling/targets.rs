@@ -295,27 +295,6 @@ pub fn vanished(queued: Vec<(QueuedJobRef, i64)>, active: &HashSet<u64>) -> Vec<
         .collect()
 }
 
-#[cfg(test)]
-mod vanished_tests {
-    use super::*;
-
-    fn job(id: i64) -> QueuedJobRef {
-        QueuedJobRef {
-            job_id: id,
-            repository: "acme/widgets".into(),
-            updated_at_ms: 0,
-            checked_at_ms: None,
-        }
-    }
-
-    #[test]
-    fn a_queued_job_whose_run_is_no_longer_listed_has_vanished() {
-        let active: HashSet<u64> = [10, 11].into_iter().collect();
-        let found = vanished(vec![(job(1), 10), (job(2), 12), (job(3), 11)], &active);
-        assert_eq!(found, vec![job(2)]);
-    }
-}
-
 /// The organization's repositories: cached, listed again when the cache is old or the journal's
 /// view of the installation's scope changed. Errors are not cached.
 #[expect(
@@ -427,5 +406,26 @@ impl DemandState {
             .values()
             .map(|since| *since + super::health::ANNOUNCE_GRACE)
             .min()
+    }
+}
+
+#[cfg(test)]
+mod vanished_tests {
+    use super::*;
+
+    fn job(id: i64) -> QueuedJobRef {
+        QueuedJobRef {
+            job_id: id,
+            repository: "acme/widgets".into(),
+            updated_at_ms: 0,
+            checked_at_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_queued_job_whose_run_is_no_longer_listed_has_vanished() {
+        let active: HashSet<u64> = [10, 11].into_iter().collect();
+        let found = vanished(vec![(job(1), 10), (job(2), 12), (job(3), 11)], &active);
+        assert_eq!(found, vec![job(2)]);
     }
 }

@@ -328,6 +328,47 @@ impl FakeGithub {
         .with_context(|| format!("no repository {repo} in the fake"))
     }
 
+    /// Queues a matrix in `owner/name`: one workflow run with a job `name (variant)` per
+    /// variant, each sending its `queued` webhook; returns the job ids in order.
+    pub fn queue_matrix(
+        &self,
+        repo: &str,
+        name: &str,
+        labels: &[&str],
+        variants: &[&str],
+    ) -> anyhow::Result<Vec<u64>> {
+        let (owner, repo_name) = repo
+            .split_once('/')
+            .context("repository must be owner/name")?;
+        let labels: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
+        let variants: Vec<String> = variants.iter().map(|v| (*v).to_owned()).collect();
+        self.with(|s| {
+            let id = s.repo_by_name(owner, repo_name).map(|r| r.id)?;
+            s.queue_matrix(id, name, &labels, &variants)
+        })
+        .with_context(|| format!("no repository {repo} in the fake, or no variant"))
+    }
+
+    /// Sends a `queued` webhook for a job in `owner/name` that no runner is ever given (it
+    /// vanishes at once, as a job another runner took would): for idle-runner scenarios.
+    /// Returns the announced job id.
+    pub fn queue_vanishing_job(
+        &self,
+        repo: &str,
+        name: &str,
+        labels: &[&str],
+    ) -> anyhow::Result<u64> {
+        let (owner, repo_name) = repo
+            .split_once('/')
+            .context("repository must be owner/name")?;
+        let labels: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
+        self.with(|s| {
+            let id = s.repo_by_name(owner, repo_name).map(|r| r.id)?;
+            s.queue_vanishing_job(id, name, &labels)
+        })
+        .with_context(|| format!("no repository {repo} in the fake"))
+    }
+
     /// Like [`Self::queue_job`], but the job waits for approval (an environment's protection
     /// rules) and sends a `waiting` webhook; [`Self::approve_job`] queues it.
     pub fn queue_waiting_job(

@@ -310,6 +310,48 @@ impl State {
         self.create_job(repo_id, name, labels, JobStatus::Queued)
     }
 
+    /// Queues a matrix: one workflow run of `repo_id` with a job `name (variant)` per variant,
+    /// each with its `queued` delivery; returns the job ids in order.
+    pub fn queue_matrix(
+        &mut self,
+        repo_id: u64,
+        name: &str,
+        labels: &[String],
+        variants: &[String],
+    ) -> Option<Vec<u64>> {
+        let first = variants.first()?;
+        let first_id = self.queue_job(repo_id, &format!("{name} ({first})"), labels)?;
+        let run_id = self.jobs.get(&first_id)?.run_id;
+        let mut ids = vec![first_id];
+        for variant in &variants[1..] {
+            let job_id = self.next_id();
+            let mut job = self.jobs.get(&first_id)?.clone();
+            job.id = job_id;
+            job.name = format!("{name} ({variant})");
+            job.created_at = self.now();
+            self.jobs.insert(job_id, job);
+            self.touch_run(run_id);
+            self.record_job_event(job_id, "queued");
+            ids.push(job_id);
+        }
+        Some(ids)
+    }
+
+    /// Records a `queued` delivery for a job that then vanishes (its run and job are dropped):
+    /// no runner is ever given it, and the REST API does not list it. What a runner manager
+    /// sees when GitHub announces a job another runner takes, or one cancelled at once.
+    pub fn queue_vanishing_job(
+        &mut self,
+        repo_id: u64,
+        name: &str,
+        labels: &[String],
+    ) -> Option<u64> {
+        let job_id = self.queue_job(repo_id, name, labels)?;
+        let job = self.jobs.remove(&job_id)?;
+        self.runs.remove(&job.run_id);
+        Some(job_id)
+    }
+
     /// Creates a job held for approval (`waiting`), as an environment-protected job is.
     pub fn queue_waiting_job(
         &mut self,
@@ -725,6 +767,29 @@ mod tests {
             .filter_map(|d| d.action.clone())
             .collect();
         assert_eq!(actions, ["waiting", "queued", "in_progress"]);
+    }
+
+    #[test]
+    fn a_matrix_is_one_run_and_a_vanishing_job_is_only_announced() {
+        let mut s = state();
+        let repo = s.add_repo("acme", "w", "Organization");
+        let labels = vec!["self-hosted".to_owned()];
+        let variants = vec!["a".to_owned(), "b".to_owned()];
+        let ids = s
+            .queue_matrix(repo, "test", &labels, &variants)
+            .unwrap_or_default();
+        assert_eq!(ids.len(), 2);
+        assert_eq!(s.jobs[&ids[0]].run_id, s.jobs[&ids[1]].run_id);
+        assert_eq!(s.jobs[&ids[1]].name, "test (b)");
+        assert_eq!(s.deliveries.len(), 2, "one queued delivery per job");
+        let runner = online_runner(&mut s, RunnerScope::Org("acme".into()), &["self-hosted"]);
+        for id in &ids {
+            s.complete(*id, "success");
+        }
+        let gone = s.queue_vanishing_job(repo, "gone", &labels);
+        assert!(gone.is_some_and(|id| !s.jobs.contains_key(&id)));
+        assert_eq!(s.deliveries.len(), 5, "the vanishing job was announced");
+        assert!(s.assign(runner).is_none(), "and is never handed out");
     }
 
     #[test]

@@ -1,0 +1,778 @@
+//! `rm-agent status`: the host at a glance. Webhook health, the polling pace and next poll, the
+//! rate-limit budget, queued jobs per policy, runners by state and the last GitHub contact, with
+//! anything degraded said in words a person can act on.
+//!
+//! Counts come from the journal. What only the running agent knows (pace, next poll, rate
+//! limit, webhook trust, GitHub contact) comes from the snapshot it publishes
+//! ([`crate::status_file`]); a snapshot whose writer is gone or silent is not shown as current,
+//! and the report says that no agent is running.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use rm_journal::{AttemptOutcome, AttemptState, JobRow, Reader};
+use serde_json::{Value, json};
+
+use crate::config::Config;
+use crate::demand::{self, Demand, QueuedJob};
+use crate::exit::Exit;
+use crate::output::{print_json, rfc3339};
+use crate::status_file::{self, Liveness, Snapshot, unix_ms};
+
+/// Under this share of the rate limit left, `status` calls the budget low (percent). The same
+/// threshold stretches the polling pace (`polling::schedule`).
+const LOW_RATE_LIMIT_PERCENT: u64 = 20;
+/// This many failed runner attempts in a row, newest first, means runners are failing.
+const FAILING_RUNNERS: usize = 3;
+/// How many of the newest attempts `status` looks at for failures.
+const RECENT_ATTEMPTS: usize = 20;
+
+/// Everything `status` reports, gathered before anything is decided (so the rules are pure).
+#[derive(Debug)]
+pub struct Facts {
+    pub now_ms: i64,
+    pub data_dir: String,
+    pub agent: Liveness,
+    /// The newest snapshot, current or not.
+    pub snapshot: Option<Snapshot>,
+    pub deliveries: i64,
+    pub rejected: i64,
+    pub last_delivery_at_ms: Option<i64>,
+    pub jobs_by_state: BTreeMap<String, i64>,
+    pub attempts_by_state: BTreeMap<String, i64>,
+    /// The queued jobs routed to the configured policies.
+    pub demand: Demand,
+    /// Queued jobs no policy of this host matches.
+    pub unmatched: usize,
+    /// The outcome and reason of the newest attempts that ended, newest first.
+    pub recent_outcomes: Vec<(AttemptOutcome, Option<String>)>,
+    /// `host.max_runners` of the configuration (the running agent's own wins).
+    pub configured_capacity: u32,
+}
+
+impl Facts {
+    /// The snapshot, when an agent is running and wrote it.
+    fn live(&self) -> Option<&Snapshot> {
+        if self.agent.is_running() {
+            self.snapshot.as_ref()
+        } else {
+            None
+        }
+    }
+
+    fn jobs(&self, state: &str) -> i64 {
+        self.jobs_by_state.get(state).copied().unwrap_or(0)
+    }
+
+    fn active_runners(&self) -> i64 {
+        AttemptState::LIVE
+            .iter()
+            .map(|s| self.attempts_by_state.get(s.as_str()).copied().unwrap_or(0))
+            .sum()
+    }
+
+    fn capacity(&self) -> u32 {
+        self.live()
+            .map_or(self.configured_capacity, |s| s.host.max_runners)
+    }
+
+    fn webhooks_healthy(&self) -> bool {
+        self.live()
+            .is_some_and(|s| s.polling.webhooks.intake && s.polling.webhooks.trusted)
+    }
+
+    fn next_poll_in_ms(&self) -> Option<i64> {
+        let at = self.live()?.polling.next_poll_at_ms?;
+        Some((at - self.now_ms).max(0))
+    }
+
+    fn age_of(&self, at_ms: i64) -> Duration {
+        Duration::from_millis(u64::try_from(self.now_ms - at_ms).unwrap_or(0))
+    }
+}
+
+pub fn run(config: &Config, json: bool) -> Result<(), Exit> {
+    let reader = super::open_reader(config)?;
+    let facts = gather(config, &reader, SystemTime::now()).map_err(Exit::runtime)?;
+    if json {
+        print_json(&to_json(&facts));
+    } else {
+        print!("{}", render(&facts));
+    }
+    Ok(())
+}
+
+/// Reads the journal, the snapshot and the processes.
+fn gather(config: &Config, reader: &Reader, now: SystemTime) -> anyhow::Result<Facts> {
+    let now_ms = unix_ms(now);
+    let snapshot = match status_file::read(&config.data_dir) {
+        Ok(snapshot) => snapshot,
+        Err(problem) => {
+            tracing::warn!("{problem}; ignoring it");
+            None
+        }
+    };
+    let agent = status_file::liveness(
+        snapshot.as_ref(),
+        crate::lock::recorded_owner(&config.data_dir),
+        now_ms,
+        status_file::is_rm_agent,
+    );
+    let outcomes: BTreeMap<String, i64> = reader.delivery_outcome_counts()?.into_iter().collect();
+    let queued: Vec<QueuedJob> = reader.queued_jobs()?.iter().map(queued_job).collect();
+    let demand = demand::route(&config.policies, &queued);
+    let routed: usize = demand.per_policy.values().map(Vec::len).sum();
+    let unmatched = queued
+        .len()
+        .saturating_sub(routed + demand.unresolvable.len() + demand.overlapping.len());
+    let recent_outcomes = reader
+        .attempts(RECENT_ATTEMPTS)?
+        .into_iter()
+        .filter_map(|a| a.outcome.map(|o| (o, a.detail.or(a.reason))))
+        .collect();
+    Ok(Facts {
+        now_ms,
+        data_dir: config.data_dir.display().to_string(),
+        agent,
+        snapshot,
+        deliveries: outcomes.values().sum(),
+        rejected: outcomes.get("rejected").copied().unwrap_or(0),
+        last_delivery_at_ms: reader.last_delivery_at()?,
+        jobs_by_state: reader.job_counts()?.into_iter().collect(),
+        attempts_by_state: reader.attempt_counts()?.into_iter().collect(),
+        demand,
+        unmatched,
+        recent_outcomes,
+        configured_capacity: config.host.max_runners,
+    })
+}
+
+/// A journalled job as demand sees it (as the executor's allocation does).
+fn queued_job(job: &JobRow) -> QueuedJob {
+    QueuedJob {
+        job_id: job.job_id,
+        repository: job.repository.clone(),
+        labels: job.labels.clone(),
+    }
+}
+
+/// CONTRACT §3's `status --json`, with extra fields beside the contract's.
+pub fn to_json(facts: &Facts) -> Value {
+    let live = facts.live();
+    let rate_limit = live.and_then(|s| s.polling.rate_limit);
+    json!({
+        "agent": {
+            "running": facts.agent.is_running(),
+            "pid": facts.agent.pid(),
+            "status_written_at": facts.snapshot.as_ref().map(|s| rfc3339(s.written_at_ms)),
+        },
+        "webhooks": {
+            "last_delivery_at": facts.last_delivery_at_ms.map(rfc3339),
+            "deliveries": facts.deliveries,
+            "rejected": facts.rejected,
+            "healthy": facts.webhooks_healthy(),
+            "intake": live.map(|s| s.polling.webhooks.intake),
+            "trusted": live.map(|s| s.polling.webhooks.trusted),
+            "reason": live.map(|s| s.polling.webhooks.reason.as_str()),
+        },
+        "polling": {
+            "pace": live.map(|s| s.polling.pace.as_str()),
+            "next_poll_in_ms": facts.next_poll_in_ms(),
+            "requests_last_hour": live.map(|s| json!({
+                "charged": s.polling.requests_last_hour.charged,
+                "uncharged": s.polling.requests_last_hour.uncharged,
+            })),
+            "offline": live.and_then(|s| s.polling.offline.as_ref()).map(|o| json!({
+                "since": rfc3339(o.since_ms),
+                "outlasted_the_queue": o.outlasted_the_queue,
+                "description": o.description,
+            })),
+        },
+        "github": {
+            "reachable": live.map(|s| s.github.reachable),
+            "last_contact_at": facts
+                .snapshot
+                .as_ref()
+                .and_then(|s| s.github.last_contact_at_ms)
+                .map(rfc3339),
+            "rate_limit": {
+                "remaining": rate_limit.map(|r| r.remaining),
+                "limit": rate_limit.map(|r| r.limit),
+                "reset_at": rate_limit.and_then(|r| r.reset_at_ms).map(rfc3339),
+            },
+        },
+        "jobs": {
+            "queued": facts.jobs("queued"),
+            "in_progress": facts.jobs("in_progress"),
+            "waiting": facts.jobs("waiting"),
+            "queued_per_policy": facts
+                .demand
+                .per_policy
+                .iter()
+                .map(|(policy, jobs)| (policy.clone(), json!(jobs.len())))
+                .collect::<serde_json::Map<_, _>>(),
+            "queued_unmatched": facts.unmatched,
+        },
+        "runners": {
+            "active": facts.active_runners(),
+            "capacity": facts.capacity(),
+            "by_state": facts.attempts_by_state,
+        },
+        "degraded": degraded(facts),
+    })
+}
+
+fn ago(d: Duration) -> String {
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+/// What needs a person, one sentence each with what to do; empty when all is well.
+pub fn degraded(facts: &Facts) -> Vec<String> {
+    let mut found = Vec::new();
+    match facts.agent {
+        Liveness::Running { .. } => {}
+        Liveness::Silent { pid, age } => found.push(format!(
+            "rm-agent (pid {pid}) has not published its status for {}: it may be stuck. Check \
+             its log, and restart it if it stays silent.",
+            ago(age)
+        )),
+        Liveness::ReceiverOnly { pid } => found.push(format!(
+            "Only an rm-agent that runs no runners holds the data directory (pid {pid}, e.g. \
+             `rm-agent receive`): deliveries are journalled but no job gets a runner and nothing \
+             polls. Stop it and start `rm-agent run`."
+        )),
+        Liveness::Stopped { last_seen } => found.push(format!(
+            "No rm-agent is running for {}{}: queued jobs get no runner. Start it with \
+             `rm-agent run` (or `systemctl start rm-agent`).",
+            facts.data_dir,
+            last_seen.map_or_else(String::new, |age| format!(
+                " (its last status is {} old)",
+                ago(age)
+            )),
+        )),
+    }
+    if let Some(live) = facts.live() {
+        let polling = &live.polling;
+        let webhooks = &polling.webhooks;
+        if webhooks.intake && !webhooks.trusted {
+            found.push(match webhooks.reason.as_str() {
+                "unannounced_job" => "Webhooks are not trusted: polling found queued jobs that \
+                    no delivery announced, so deliveries are being lost. Check the App's webhook \
+                    URL and its Recent Deliveries page, and that GitHub can reach the receiver; \
+                    polling runs at the full schedule until deliveries arrive again."
+                    .to_owned(),
+                "failed_delivery" => "Webhooks are not trusted: GitHub's delivery log shows \
+                    deliveries that failed to reach this host (they are being redelivered). \
+                    Check that GitHub can reach the receiver (DNS, TLS proxy, firewall) and that \
+                    it answers 2xx; polling runs at the full schedule meanwhile."
+                    .to_owned(),
+                other => format!(
+                    "Webhooks are not trusted ({other}); polling runs at the full schedule."
+                ),
+            });
+        }
+        if let Some(offline) = &polling.offline {
+            found.push(format!("{}.", offline.description));
+        } else if !live.github.reachable
+            && let Some(at) = live.github.last_contact_at_ms
+        {
+            found.push(format!(
+                "GitHub did not answer the last request (its last answer was {} ago); the \
+                 agent retries with back-off. Check this host's network and proxy settings.",
+                ago(facts.age_of(at))
+            ));
+        }
+        match polling.pace.as_str() {
+            "blocked" => found.push(format!(
+                "Polling is blocked: GitHub refused the App's requests ({}). Run `rm-agent \
+                 check` to find the credential or permission to fix.",
+                polling.last_failure.as_deref().unwrap_or("refused")
+            )),
+            "rate_limited_secondary" => found.push(
+                "GitHub's secondary rate limit was hit: polling waits as long as GitHub asked. \
+                 Other tools using the same App installation add to it."
+                    .to_owned(),
+            ),
+            _ => {}
+        }
+        if let Some(rate) = polling.rate_limit
+            && rate.limit > 0
+            && rate.remaining.saturating_mul(100)
+                < rate.limit.saturating_mul(LOW_RATE_LIMIT_PERCENT)
+        {
+            let reset = rate.reset_at_ms.map_or_else(String::new, |at| {
+                format!(
+                    ", resets in {}",
+                    ago(Duration::from_millis(
+                        u64::try_from(at - facts.now_ms).unwrap_or(0)
+                    ))
+                )
+            });
+            let what = if rate.remaining == 0 {
+                "is used up: no request is sent until it resets"
+            } else {
+                "is low: polling is stretched to last until it resets"
+            };
+            found.push(format!(
+                "GitHub's rate limit {what} ({} of {} left{reset}). Every host and tool using \
+                 the same App installation shares it.",
+                rate.remaining, rate.limit
+            ));
+        }
+    }
+    let failing = facts
+        .recent_outcomes
+        .iter()
+        .take_while(|(o, _)| matches!(o, AttemptOutcome::Failed | AttemptOutcome::Orphaned))
+        .count();
+    if failing >= FAILING_RUNNERS {
+        let latest = facts
+            .recent_outcomes
+            .first()
+            .and_then(|(_, reason)| reason.as_deref())
+            .unwrap_or("no reason recorded");
+        found.push(format!(
+            "The last {failing} runners failed (latest: {latest}). `rm-agent runners` shows \
+             each; `rm-agent check` verifies the runner package, the App's permission and the \
+             runner group."
+        ));
+    }
+    for (job, policies) in &facts.demand.overlapping {
+        found.push(format!(
+            "Job {job} matches the policies {}: it gets no runner. Make their labels distinct.",
+            policies.join(" and ")
+        ));
+    }
+    if !facts.demand.unresolvable.is_empty() {
+        found.push(format!(
+            "{} queued job(s) have a label that is an unevaluated expression (`${{{{ ... }}}}`): \
+             no policy serves them. Check the workflow's `runs-on`.",
+            facts.demand.unresolvable.len()
+        ));
+    }
+    if facts.rejected > 0 {
+        found.push(format!(
+            "{} journalled deliveries could not be read (outcome rejected): `rm-agent \
+             deliveries` lists them, and `rm-agent deliveries replay GUID` applies one after an \
+             upgrade that can read it.",
+            facts.rejected
+        ));
+    }
+    found
+}
+
+/// The report for people.
+pub fn render(facts: &Facts) -> String {
+    let mut out = String::new();
+    let live = facts.live();
+    let mut line = |label: &str, text: String| {
+        let _ = writeln!(out, "{label:<9} {text}");
+    };
+    line(
+        "agent",
+        match facts.agent {
+            Liveness::Running { pid } => format!("running (pid {pid})"),
+            Liveness::Silent { pid, age } => format!("silent for {} (pid {pid})", ago(age)),
+            Liveness::ReceiverOnly { pid } => format!("receiver only (pid {pid})"),
+            Liveness::Stopped { .. } => "not running".to_owned(),
+        },
+    );
+
+    let last_delivery = facts.last_delivery_at_ms.map_or_else(
+        || "none yet".to_owned(),
+        |at| format!("{} ago", ago(facts.age_of(at))),
+    );
+    let journalled = format!(
+        "last delivery {last_delivery}; {} journalled, {} rejected",
+        facts.deliveries, facts.rejected
+    );
+    line(
+        "webhooks",
+        match live.map(|s| &s.polling.webhooks) {
+            Some(w) if !w.intake => {
+                format!("no receiver or relay configured: jobs are found by polling; {journalled}")
+            }
+            Some(w) if w.trusted => format!("healthy; {journalled}"),
+            Some(w) => format!("NOT trusted ({}); {journalled}", w.reason),
+            None => format!("unknown (no agent); {journalled}"),
+        },
+    );
+
+    line(
+        "polling",
+        match live {
+            Some(s) => {
+                let next = facts.next_poll_in_ms().map_or_else(
+                    || "no poll scheduled".to_owned(),
+                    |ms| {
+                        format!(
+                            "next poll in {}",
+                            ago(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+                        )
+                    },
+                );
+                format!(
+                    "{}; {next}; {} charged and {} uncharged requests in the last hour",
+                    s.polling.pace,
+                    s.polling.requests_last_hour.charged,
+                    s.polling.requests_last_hour.uncharged
+                )
+            }
+            None => "not polling (no agent)".to_owned(),
+        },
+    );
+
+    let last_contact = facts
+        .snapshot
+        .as_ref()
+        .and_then(|s| s.github.last_contact_at_ms)
+        .map_or_else(
+            || "no contact yet".to_owned(),
+            |at| format!("last contact {} ago", ago(facts.age_of(at))),
+        );
+    line(
+        "github",
+        match live {
+            Some(s) => {
+                let reach = if s.polling.offline.is_some()
+                    || (!s.github.reachable && s.github.last_contact_at_ms.is_some())
+                {
+                    "UNREACHABLE"
+                } else {
+                    "reachable"
+                };
+                let rate = s.polling.rate_limit.map_or_else(
+                    || "rate limit not known yet".to_owned(),
+                    |r| format!("rate limit {} of {} left", r.remaining, r.limit),
+                );
+                format!("{reach}; {last_contact}; {rate}")
+            }
+            None => last_contact,
+        },
+    );
+
+    let per_policy: Vec<String> = facts
+        .demand
+        .per_policy
+        .iter()
+        .map(|(policy, jobs)| format!("{policy} {}", jobs.len()))
+        .collect();
+    let mut jobs = format!(
+        "{} queued ({}), {} in progress",
+        facts.jobs("queued"),
+        if per_policy.is_empty() {
+            "no policy".to_owned()
+        } else {
+            per_policy.join(", ")
+        },
+        facts.jobs("in_progress")
+    );
+    if facts.unmatched > 0 {
+        let _ = write!(jobs, "; {} queued match no policy here", facts.unmatched);
+    }
+    line("jobs", jobs);
+
+    let by_state: Vec<String> = AttemptState::ALL
+        .iter()
+        .filter_map(|s| {
+            let n = facts
+                .attempts_by_state
+                .get(s.as_str())
+                .copied()
+                .unwrap_or(0);
+            (n > 0).then(|| format!("{} {n}", s.as_str()))
+        })
+        .collect();
+    line(
+        "runners",
+        format!(
+            "{} active of {}{}",
+            facts.active_runners(),
+            facts.capacity(),
+            if by_state.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", by_state.join(", "))
+            }
+        ),
+    );
+
+    let problems = degraded(facts);
+    if problems.is_empty() {
+        out.push_str("\nAll is well.\n");
+    } else {
+        out.push_str("\nNeeds attention:\n");
+        for problem in problems {
+            let _ = writeln!(out, "  - {problem}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status_file::{Github, Host, Offline, Polling, RateLimit, Requests, Webhooks};
+
+    const NOW: i64 = 1_700_000_100_000;
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            version: 1,
+            written_at_ms: NOW - 2_000,
+            pid: 42,
+            polling: Polling {
+                pace: "reconciling".to_owned(),
+                throttled: false,
+                next_poll_at_ms: Some(NOW + 90_000),
+                requests_last_hour: Requests {
+                    charged: 7,
+                    uncharged: 11,
+                },
+                rate_limit: Some(RateLimit {
+                    remaining: 4900,
+                    limit: 5000,
+                    reset_at_ms: Some(NOW + 600_000),
+                }),
+                offline: None,
+                webhooks: Webhooks {
+                    intake: true,
+                    trusted: true,
+                    reason: "deliveries_trusted".to_owned(),
+                    evidence_at_ms: None,
+                },
+                last_failure: None,
+                unannounced_jobs: 0,
+            },
+            github: Github {
+                reachable: true,
+                last_contact_at_ms: Some(NOW - 3_000),
+            },
+            host: Host { max_runners: 6 },
+        }
+    }
+
+    fn facts() -> Facts {
+        let mut demand = Demand::default();
+        demand.per_policy.insert("linux".to_owned(), vec![1, 2]);
+        demand.per_policy.insert("gpu".to_owned(), vec![]);
+        Facts {
+            now_ms: NOW,
+            data_dir: "/var/lib/rm-agent".to_owned(),
+            agent: Liveness::Running { pid: 42 },
+            snapshot: Some(snapshot()),
+            deliveries: 10,
+            rejected: 0,
+            last_delivery_at_ms: Some(NOW - 60_000),
+            jobs_by_state: [("queued", 3), ("in_progress", 1), ("completed", 9)]
+                .map(|(s, n)| (s.to_owned(), n))
+                .into(),
+            attempts_by_state: [("busy", 1), ("idle", 1), ("cleaned", 5)]
+                .map(|(s, n)| (s.to_owned(), n))
+                .into(),
+            demand,
+            unmatched: 1,
+            recent_outcomes: vec![(AttemptOutcome::CompletedJob, None)],
+            configured_capacity: 4,
+        }
+    }
+
+    #[test]
+    fn the_json_has_the_contract_shape_and_values() {
+        let value = to_json(&facts());
+        // CONTRACT §3: every key of the contract's shape, with these values.
+        assert_eq!(
+            value["webhooks"]["last_delivery_at"],
+            "2023-11-14T22:14:00.000Z"
+        );
+        assert_eq!(value["webhooks"]["deliveries"], 10);
+        assert_eq!(value["webhooks"]["rejected"], 0);
+        assert_eq!(value["webhooks"]["healthy"], true);
+        assert_eq!(value["polling"]["pace"], "reconciling");
+        assert_eq!(value["polling"]["next_poll_in_ms"], 90_000);
+        assert_eq!(value["github"]["reachable"], true);
+        assert_eq!(
+            value["github"]["last_contact_at"],
+            "2023-11-14T22:14:57.000Z"
+        );
+        assert_eq!(
+            value["github"]["rate_limit"],
+            json!({"remaining": 4900, "limit": 5000, "reset_at": "2023-11-14T22:25:00.000Z"})
+        );
+        assert_eq!(value["jobs"]["queued"], 3);
+        assert_eq!(value["jobs"]["in_progress"], 1);
+        // The running agent's capacity wins over the configuration's.
+        assert_eq!(
+            value["runners"],
+            json!({"active": 2, "capacity": 6, "by_state": {"busy": 1, "idle": 1, "cleaned": 5}})
+        );
+        // Extras beside the contract.
+        assert_eq!(value["agent"]["running"], true);
+        assert_eq!(value["agent"]["pid"], 42);
+        assert_eq!(
+            value["jobs"]["queued_per_policy"],
+            json!({"gpu": 0, "linux": 2})
+        );
+        assert_eq!(
+            value["polling"]["requests_last_hour"],
+            json!({"charged": 7, "uncharged": 11})
+        );
+        assert_eq!(value["degraded"], json!([]));
+    }
+
+    #[test]
+    fn a_stopped_agent_shows_no_live_values_and_says_so() {
+        let mut f = facts();
+        f.agent = Liveness::Stopped {
+            last_seen: Some(Duration::from_secs(3600)),
+        };
+        let value = to_json(&f);
+        assert_eq!(value["agent"]["running"], false);
+        assert_eq!(value["agent"]["pid"], Value::Null);
+        assert_eq!(value["webhooks"]["healthy"], false);
+        assert_eq!(value["polling"]["pace"], Value::Null);
+        assert_eq!(value["polling"]["next_poll_in_ms"], Value::Null);
+        assert_eq!(value["github"]["reachable"], Value::Null);
+        assert_eq!(
+            value["github"]["rate_limit"],
+            json!({"remaining": null, "limit": null, "reset_at": null})
+        );
+        // History stays: the last contact, and the journal's counts.
+        assert_eq!(
+            value["github"]["last_contact_at"],
+            "2023-11-14T22:14:57.000Z"
+        );
+        assert_eq!(value["jobs"]["queued"], 3);
+        assert_eq!(value["runners"]["capacity"], 4);
+        let problems = degraded(&f);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with(
+                "No rm-agent is running for /var/lib/rm-agent (its last status is 1h old)"
+            ),
+            "{}",
+            problems[0]
+        );
+        let text = render(&f);
+        assert!(text.contains("agent     not running\n"), "{text}");
+        assert!(
+            text.contains("Needs attention:\n  - No rm-agent is running"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_healthy_host_reads_well() {
+        let text = render(&facts());
+        assert_eq!(
+            text,
+            "agent     running (pid 42)\n\
+             webhooks  healthy; last delivery 1m ago; 10 journalled, 0 rejected\n\
+             polling   reconciling; next poll in 1m 30s; 7 charged and 11 uncharged requests in the last hour\n\
+             github    reachable; last contact 3s ago; rate limit 4900 of 5000 left\n\
+             jobs      3 queued (gpu 0, linux 2), 1 in progress; 1 queued match no policy here\n\
+             runners   2 active of 6 (idle 1, busy 1, cleaned 5)\n\
+             \n\
+             All is well.\n"
+        );
+    }
+
+    #[test]
+    fn each_degraded_condition_is_said_with_what_to_do() {
+        let mut f = facts();
+        {
+            let s = f.snapshot.as_mut().unwrap();
+            s.polling.webhooks.trusted = false;
+            s.polling.webhooks.reason = "unannounced_job".to_owned();
+            s.polling.rate_limit = Some(RateLimit {
+                remaining: 400,
+                limit: 5000,
+                reset_at_ms: Some(NOW + 1_800_000),
+            });
+            s.polling.offline = Some(Offline {
+                description: "GitHub has been unreachable for 2h (9 failed polls)".to_owned(),
+                since_ms: NOW - 7_200_000,
+                outlasted_the_queue: false,
+            });
+            s.github.reachable = false;
+        }
+        f.recent_outcomes = vec![
+            (
+                AttemptOutcome::Failed,
+                Some("the runner exited at start".to_owned()),
+            ),
+            (AttemptOutcome::Failed, None),
+            (AttemptOutcome::Orphaned, None),
+            (AttemptOutcome::CompletedJob, None),
+        ];
+        f.demand.overlapping = vec![(7, vec!["linux".to_owned(), "gpu".to_owned()])];
+        f.rejected = 2;
+        let problems = degraded(&f);
+        let expect = [
+            "Webhooks are not trusted: polling found queued jobs that no delivery announced",
+            "GitHub has been unreachable for 2h (9 failed polls).",
+            "GitHub's rate limit is low: polling is stretched to last until it resets (400 of 5000 left, resets in 30m)",
+            "The last 3 runners failed (latest: the runner exited at start)",
+            "Job 7 matches the policies linux and gpu: it gets no runner",
+            "2 journalled deliveries could not be read",
+        ];
+        assert_eq!(problems.len(), expect.len(), "{problems:#?}");
+        for (problem, start) in problems.iter().zip(expect) {
+            assert!(
+                problem.starts_with(start),
+                "{problem:?} should start {start:?}"
+            );
+        }
+        assert!(render(&f).contains("github    UNREACHABLE; last contact 3s ago"));
+
+        // Two failures in a row are not yet a pattern; an exhausted budget says so.
+        f.recent_outcomes.truncate(2);
+        f.recent_outcomes.push((AttemptOutcome::IdleExit, None));
+        let s = f.snapshot.as_mut().unwrap();
+        s.polling.rate_limit = Some(RateLimit {
+            remaining: 0,
+            limit: 5000,
+            reset_at_ms: None,
+        });
+        s.polling.offline = None;
+        s.polling.pace = "blocked".to_owned();
+        s.polling.last_failure = Some("unauthorized".to_owned());
+        let problems = degraded(&f).join("\n");
+        assert!(!problems.contains("runners failed"), "{problems}");
+        assert!(problems.contains("GitHub's rate limit is used up: no request is sent until it resets (0 of 5000 left)"), "{problems}");
+        assert!(
+            problems
+                .contains("GitHub did not answer the last request (its last answer was 3s ago)"),
+            "{problems}"
+        );
+        assert!(problems.contains("Polling is blocked: GitHub refused the App's requests (unauthorized). Run `rm-agent check`"), "{problems}");
+    }
+
+    #[test]
+    fn an_agent_that_stopped_publishing_or_only_receives_is_named() {
+        let mut f = facts();
+        f.agent = Liveness::Silent {
+            pid: 42,
+            age: Duration::from_secs(125),
+        };
+        let problems = degraded(&f);
+        assert!(
+            problems[0].starts_with("rm-agent (pid 42) has not published its status for 2m 5s")
+        );
+        f.agent = Liveness::ReceiverOnly { pid: 9 };
+        assert!(degraded(&f)[0].contains("pid 9, e.g. `rm-agent receive`"));
+        // Without intake, untrusted webhooks are the configuration, not a fault.
+        f.agent = Liveness::Running { pid: 42 };
+        let s = f.snapshot.as_mut().unwrap();
+        s.polling.webhooks = Webhooks {
+            intake: false,
+            trusted: false,
+            reason: "no_intake".to_owned(),
+            evidence_at_ms: None,
+        };
+        assert!(degraded(&f).is_empty());
+        assert_eq!(to_json(&f)["webhooks"]["healthy"], false);
+        assert!(render(&f).contains("webhooks  no receiver or relay configured"));
+    }
+}

@@ -1,0 +1,467 @@
+//! What only the running agent knows, published for `rm-agent status` (a separate process):
+//! the polling pace and next poll, the requests of the last hour, the rate limit, webhook trust
+//! and the last GitHub contact. `rm-agent run` rewrites `<data_dir>/status.json` whenever the
+//! poller's status changes and at least every [`PUBLISH_EVERY`]; each write is a temporary file
+//! renamed over the old one, so a reader never sees half a document. It holds no secret.
+//!
+//! The file outlives the agent. A reader tells a live snapshot from a stale one by its age
+//! ([`STALE_AFTER`]) and by whether the process that wrote it is still there ([`liveness`]).
+
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rm_github::GithubClient;
+use rm_github::stats::Contact;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::time::MissedTickBehavior;
+
+use crate::polling::PollerStatus;
+
+/// The snapshot's file name inside the data directory.
+pub const STATUS_FILE: &str = "status.json";
+/// The longest time between two snapshots while the agent runs (GitHub contact and the next
+/// poll's countdown change without a poller step).
+pub const PUBLISH_EVERY: Duration = Duration::from_secs(5);
+/// A snapshot older than this was not written by a working agent: six missed publications.
+pub const STALE_AFTER: Duration = Duration::from_secs(30);
+/// Bumped when a field changes meaning; a reader ignores a snapshot of another version.
+const FORMAT_VERSION: u32 = 1;
+/// The temporary file a snapshot is written to before the rename.
+const TMP_FILE: &str = ".status.json.tmp";
+
+/// One publication. Times are milliseconds since the Unix epoch, as in the journal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub version: u32,
+    pub written_at_ms: i64,
+    /// The agent's process id.
+    pub pid: u32,
+    pub polling: Polling,
+    pub github: Github,
+    pub host: Host,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Polling {
+    /// [`crate::polling::Pace::as_str`].
+    pub pace: String,
+    /// Slowed by something the operator should see (a low budget, a limit, an outage).
+    pub throttled: bool,
+    pub next_poll_at_ms: Option<i64>,
+    pub requests_last_hour: Requests,
+    pub rate_limit: Option<RateLimit>,
+    /// Set while GitHub is unreachable.
+    pub offline: Option<Offline>,
+    pub webhooks: Webhooks,
+    /// The latest pass's most severe failure (`offline`, `rate_limited`, `unauthorized`, ...).
+    pub last_failure: Option<String>,
+    /// Queued jobs a poll found that no delivery announced.
+    pub unannounced_jobs: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Requests {
+    pub charged: u64,
+    pub uncharged: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimit {
+    pub remaining: u64,
+    pub limit: u64,
+    pub reset_at_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Offline {
+    /// One sentence for `status` ([`crate::polling::schedule::OfflineState::describe`]).
+    pub description: String,
+    pub since_ms: i64,
+    /// 24 hours passed: GitHub has cancelled the jobs that were queued.
+    pub outlasted_the_queue: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Webhooks {
+    /// A receiver or relay is configured.
+    pub intake: bool,
+    pub trusted: bool,
+    /// `deliveries_trusted`, `no_intake`, `unannounced_job` or `failed_delivery`.
+    pub reason: String,
+    /// When the latest evidence of a lost delivery was seen.
+    pub evidence_at_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Github {
+    /// False after a request got no answer, until the next answer.
+    pub reachable: bool,
+    pub last_contact_at_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Host {
+    /// `host.max_runners` of the running agent.
+    pub max_runners: u32,
+}
+
+/// Milliseconds since the Unix epoch (0 before it).
+pub fn unix_ms(at: SystemTime) -> i64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl Snapshot {
+    /// The snapshot of `status` and `contact` at `now`.
+    pub fn capture(
+        status: &PollerStatus,
+        contact: Contact,
+        max_runners: u32,
+        pid: u32,
+        now: SystemTime,
+    ) -> Snapshot {
+        Snapshot {
+            version: FORMAT_VERSION,
+            written_at_ms: unix_ms(now),
+            pid,
+            polling: Polling {
+                pace: status.pace.as_str().to_owned(),
+                throttled: status.pace.is_throttled(),
+                next_poll_at_ms: status.next_poll_at.map(unix_ms),
+                requests_last_hour: Requests {
+                    charged: status.requests_last_hour.charged,
+                    uncharged: status.requests_last_hour.uncharged,
+                },
+                rate_limit: status.rate_limit.map(|r| RateLimit {
+                    remaining: r.remaining,
+                    limit: r.limit,
+                    reset_at_ms: r.reset_at.map(unix_ms),
+                }),
+                offline: status.offline.as_ref().map(|o| Offline {
+                    description: o.describe(),
+                    since_ms: unix_ms(o.since),
+                    outlasted_the_queue: o.has_outlasted_the_queue(),
+                }),
+                webhooks: Webhooks {
+                    intake: status.webhooks.intake,
+                    trusted: status.webhooks.trusted,
+                    reason: status.webhooks.reason.to_owned(),
+                    evidence_at_ms: status.webhooks.evidence_at.map(unix_ms),
+                },
+                last_failure: status.last_pass.failure.map(str::to_owned),
+                unannounced_jobs: status.unannounced_jobs,
+            },
+            github: Github {
+                reachable: contact.reachable,
+                last_contact_at_ms: contact.last_contact_at.map(unix_ms),
+            },
+            host: Host { max_runners },
+        }
+    }
+
+    /// How old the snapshot is at `now_ms` (zero when written "in the future").
+    pub fn age(&self, now_ms: i64) -> Duration {
+        Duration::from_millis(u64::try_from(now_ms - self.written_at_ms).unwrap_or(0))
+    }
+}
+
+/// Writes `snapshot` to `<data_dir>/status.json` atomically, readable by everyone (mode 0644:
+/// it holds no secret; the data directory's own mode decides who can reach it).
+pub fn write(data_dir: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
+    let tmp = data_dir.join(TMP_FILE);
+    let bytes = serde_json::to_vec_pretty(snapshot).map_err(std::io::Error::other)?;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&tmp)?;
+    file.write_all(&bytes)?;
+    file.write_all(b"\n")?;
+    // The umask may have narrowed the mode on creation.
+    file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    drop(file);
+    std::fs::rename(&tmp, data_dir.join(STATUS_FILE))
+}
+
+/// The last snapshot written in `data_dir`: `Ok(None)` when there is none, or when it is of
+/// another format version (an agent of another release wrote it).
+pub fn read(data_dir: &Path) -> Result<Option<Snapshot>, String> {
+    let path = data_dir.join(STATUS_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(format!("cannot read {} ({err})", path.display())),
+    };
+    match serde_json::from_slice::<Snapshot>(&bytes) {
+        Ok(snapshot) if snapshot.version == FORMAT_VERSION => Ok(Some(snapshot)),
+        Ok(_) => Ok(None),
+        Err(err) => Err(format!(
+            "{} is not a status snapshot ({err})",
+            path.display()
+        )),
+    }
+}
+
+/// Publishes the agent's status until the poller stops: at once, whenever `status` changes,
+/// and at least every [`PUBLISH_EVERY`]. A failed write is logged and retried at the next one.
+pub fn spawn_publisher(
+    data_dir: PathBuf,
+    mut status: watch::Receiver<PollerStatus>,
+    client: GithubClient,
+    max_runners: u32,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let pid = std::process::id();
+        let mut tick = tokio::time::interval(PUBLISH_EVERY);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut warned = false;
+        loop {
+            let snapshot = Snapshot::capture(
+                &status.borrow_and_update(),
+                client.contact(),
+                max_runners,
+                pid,
+                SystemTime::now(),
+            );
+            let dir = data_dir.clone();
+            match tokio::task::spawn_blocking(move || write(&dir, &snapshot)).await {
+                Ok(Ok(())) => warned = false,
+                Ok(Err(err)) if !warned => {
+                    warned = true;
+                    tracing::warn!(error = %err, dir = %data_dir.display(), "cannot publish the status for `rm-agent status`");
+                }
+                Ok(Err(_)) => {}
+                Err(err) => tracing::warn!(error = %err, "the status writer failed"),
+            }
+            tokio::select! {
+                changed = status.changed() => {
+                    if changed.is_err() {
+                        // The poller stopped: the agent is shutting down.
+                        break;
+                    }
+                }
+                _ = tick.tick() => {}
+            }
+        }
+    })
+}
+
+/// Whether an agent is serving the data directory, as far as `status` can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// The snapshot is fresh and the process that wrote it is alive.
+    Running { pid: u32 },
+    /// The process that wrote the snapshot is alive but stopped publishing `age` ago.
+    Silent { pid: u32, age: Duration },
+    /// An rm-agent that publishes nothing holds the data directory (`rm-agent receive`).
+    ReceiverOnly { pid: u32 },
+    /// No agent runs; the last snapshot, if any, was written `last_seen` ago.
+    Stopped { last_seen: Option<Duration> },
+}
+
+impl Liveness {
+    pub fn is_running(self) -> bool {
+        matches!(self, Liveness::Running { .. })
+    }
+
+    /// The process serving the data directory, if any.
+    pub fn pid(self) -> Option<u32> {
+        match self {
+            Liveness::Running { pid }
+            | Liveness::Silent { pid, .. }
+            | Liveness::ReceiverOnly { pid } => Some(pid),
+            Liveness::Stopped { .. } => None,
+        }
+    }
+}
+
+/// Decides [`Liveness`] from the snapshot (its writer and age), the pid the data directory's
+/// lock file records, and whether a pid is an rm-agent still running.
+pub fn liveness(
+    snapshot: Option<&Snapshot>,
+    lock_owner: Option<u32>,
+    now_ms: i64,
+    is_agent: impl Fn(u32) -> bool,
+) -> Liveness {
+    if let Some(s) = snapshot
+        && is_agent(s.pid)
+    {
+        let age = s.age(now_ms);
+        return if age <= STALE_AFTER {
+            Liveness::Running { pid: s.pid }
+        } else {
+            Liveness::Silent { pid: s.pid, age }
+        };
+    }
+    match lock_owner {
+        Some(pid) if is_agent(pid) => Liveness::ReceiverOnly { pid },
+        _ => Liveness::Stopped {
+            last_seen: snapshot.map(|s| s.age(now_ms)),
+        },
+    }
+}
+
+/// Whether `pid` is a live rm-agent process. Where `/proc` tells a process's name, a recycled
+/// pid that now names another program does not count.
+pub fn is_rm_agent(pid: u32) -> bool {
+    let Some(raw) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    match rustix::process::test_kill_process(raw) {
+        Ok(()) | Err(rustix::io::Errno::PERM) => {}
+        Err(_) => return false,
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+        Ok(name) => name.trim_end() == "rm-agent",
+        Err(_) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::polling::schedule::OfflineState;
+    use crate::polling::{
+        Pace, PassReport, RateLimitStatus, RequestCounts, WebhookStatus, health::Trust,
+    };
+
+    fn t(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+    }
+
+    fn status() -> PollerStatus {
+        PollerStatus {
+            pace: Pace::StretchedLowBudget,
+            next_poll_at: Some(t(90)),
+            webhooks: WebhookStatus::new(
+                true,
+                Trust {
+                    trusted: false,
+                    reason: "unannounced_job",
+                    evidence_at: Some(t(10)),
+                },
+                Some(t(5)),
+            ),
+            requests_last_hour: RequestCounts {
+                charged: 12,
+                uncharged: 30,
+            },
+            rate_limit: Some(RateLimitStatus {
+                remaining: 900,
+                limit: 5000,
+                reset_at: Some(t(1800)),
+            }),
+            offline: Some(OfflineState {
+                consecutive: 3,
+                since: t(0),
+                offline_for: Duration::from_secs(25 * 3600),
+                retry_in: Duration::from_secs(60),
+            }),
+            unannounced_jobs: 2,
+            last_pass: PassReport {
+                failure: Some("offline"),
+                ..PassReport::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_snapshot_carries_what_status_needs_and_reads_back() {
+        let contact = Contact {
+            last_contact_at: Some(t(20)),
+            reachable: false,
+        };
+        let s = Snapshot::capture(&status(), contact, 4, 77, t(60));
+        assert_eq!(s.polling.pace, "stretched_low_budget");
+        assert!(s.polling.throttled);
+        assert_eq!(s.polling.next_poll_at_ms, Some(unix_ms(t(90))));
+        assert_eq!(
+            s.polling.requests_last_hour,
+            Requests {
+                charged: 12,
+                uncharged: 30
+            }
+        );
+        assert_eq!(s.polling.rate_limit.unwrap().remaining, 900);
+        let offline = s.polling.offline.as_ref().unwrap();
+        assert!(offline.outlasted_the_queue);
+        assert!(offline.description.contains("unreachable for 1day 1h"));
+        assert_eq!(
+            (
+                s.polling.webhooks.trusted,
+                s.polling.webhooks.reason.as_str()
+            ),
+            (false, "unannounced_job")
+        );
+        assert_eq!(s.polling.last_failure.as_deref(), Some("offline"));
+        assert_eq!(s.github.last_contact_at_ms, Some(unix_ms(t(20))));
+        assert_eq!((s.pid, s.host.max_runners), (77, 4));
+        assert_eq!(s.age(unix_ms(t(75))), Duration::from_secs(15));
+        assert_eq!(s.age(unix_ms(t(0))), Duration::ZERO);
+
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read(dir.path()).unwrap(), None);
+        write(dir.path(), &s).unwrap();
+        write(dir.path(), &s).unwrap();
+        assert_eq!(read(dir.path()).unwrap(), Some(s));
+        let mode = std::fs::metadata(dir.path().join(STATUS_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o644);
+        assert!(!dir.path().join(TMP_FILE).exists());
+    }
+
+    #[test]
+    fn liveness_needs_a_live_writer_and_a_fresh_snapshot() {
+        let mut s = Snapshot::capture(&status(), Contact::default(), 4, 77, t(0));
+        let now = unix_ms(t(10));
+        let alive = |pid| pid == 77;
+        assert_eq!(
+            liveness(Some(&s), Some(77), now, alive),
+            Liveness::Running { pid: 77 }
+        );
+        let later = unix_ms(t(100));
+        assert_eq!(
+            liveness(Some(&s), Some(77), later, alive),
+            Liveness::Silent {
+                pid: 77,
+                age: Duration::from_secs(100)
+            }
+        );
+        // The writer is gone: stopped, however fresh the file.
+        assert_eq!(
+            liveness(Some(&s), Some(77), now, |_| false),
+            Liveness::Stopped {
+                last_seen: Some(Duration::from_secs(10))
+            }
+        );
+        // Another live agent holds the lock and publishes nothing.
+        s.pid = 5;
+        assert_eq!(
+            liveness(Some(&s), Some(77), now, alive),
+            Liveness::ReceiverOnly { pid: 77 }
+        );
+        assert_eq!(
+            liveness(None, None, now, alive),
+            Liveness::Stopped { last_seen: None }
+        );
+        assert!(Liveness::Running { pid: 1 }.is_running());
+        assert_eq!(Liveness::Stopped { last_seen: None }.pid(), None);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn this_test_process_is_not_an_rm_agent() {
+        assert!(!is_rm_agent(std::process::id()));
+        assert!(!is_rm_agent(0));
+    }
+}
