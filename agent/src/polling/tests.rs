@@ -3,6 +3,7 @@
 //! the fake's, so hours pass in milliseconds. Delivery recovery and webhook health are in
 //! `tests/recovery.rs`.
 
+mod budget;
 mod recovery;
 
 use std::path::PathBuf;

@@ -16,7 +16,7 @@ const SECRET: &str = "polling-test-secret";
 
 /// Starts the real receiver on loopback, journalling into the harness's journal, and points
 /// the fake's webhook at it.
-async fn receive(h: &Harness) {
+pub(super) async fn receive(h: &Harness) {
     serve(h, h.journal.clone()).await;
 }
 

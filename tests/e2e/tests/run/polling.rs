@@ -2,8 +2,6 @@
 //! jobs queued while the agent (and its receiver) was down are served after it returns, and an
 //! agent with no receiver at all serves jobs by polling alone. Exactly one runner per job.
 
-#![allow(clippy::unwrap_used, reason = "tests")]
-
 use std::time::Duration;
 
 use rm_e2e::fleet::{Fleet, FleetOptions, REPO, wait_until};

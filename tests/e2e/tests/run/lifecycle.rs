@@ -4,8 +4,6 @@
 //! ceiling; a runner that gets no job and one that never registers are stopped and not
 //! replaced. Secrets are searched for in everything the run left behind.
 
-#![allow(clippy::unwrap_used, reason = "tests")]
-
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -3,8 +3,6 @@
 //! directory. Whatever the step, the job is served once, by one runner process, and nothing is
 //! left: no registration at the fake, no runtime directory, no process, no attempt uncleaned.
 
-#![allow(clippy::unwrap_used, reason = "tests")]
-
 use std::time::Duration;
 
 use rm_e2e::fleet::{Fleet, FleetOptions, REPO, wait_until};

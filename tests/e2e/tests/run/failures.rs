@@ -1,0 +1,170 @@
+//! `rm-agent run` when things go wrong, through the real binary and the fake GitHub: a refused
+//! JIT registration is final and names the permission; nothing a job started outlives its
+//! runner; registrations under our prefix that no attempt owns are removed at start while other
+//! runners are left alone; no runner starts before recovery could ask GitHub.
+
+use std::time::Duration;
+
+use rm_e2e::fleet::{Fleet, FleetOptions, HOST, REPO, wait_until};
+use rm_fake_github::{FaultAction, JobStatus, RunnerBehavior};
+use rm_journal::{AttemptOutcome, AttemptState};
+
+const LABELS: &[&str] = &["self-hosted", "linux"];
+
+fn jit_requests(fleet: &Fleet) -> usize {
+    fleet
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/generate-jitconfig"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_registration_is_final_and_names_the_missing_permission() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    let installation = fleet.fake.add_org("acme");
+    fleet.fake.set_permissions(
+        installation,
+        &[
+            ("organization_self_hosted_runners", "read"),
+            ("actions", "read"),
+        ],
+    );
+    let _agent = fleet.start_agent(&[]).await;
+    fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    wait_until(Duration::from_secs(30), "the launch concluded", || {
+        fleet
+            .attempts()
+            .iter()
+            .any(|a| a.state == AttemptState::Cleaned)
+    })
+    .await;
+    // The policy backs off: no second try while the job is still queued.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let attempts = fleet.attempts();
+    assert_eq!(attempts.len(), 1, "a 403 is not retried");
+    assert_eq!(jit_requests(&fleet), 1);
+    let attempt = &attempts[0];
+    assert_eq!(attempt.outcome, Some(AttemptOutcome::Failed));
+    assert_eq!(attempt.reason.as_deref(), Some("jit_request_failed"));
+    let detail = attempt.detail.clone().unwrap_or_default();
+    assert!(
+        detail.contains("Self-hosted runners: Read and write"),
+        "the detail names the permission: {detail}"
+    );
+    assert!(fleet.runtimes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_a_job_started_outlives_its_runner() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        fork_background: true,
+        job_duration_ms: 1_500,
+        ..RunnerBehavior::default()
+    });
+    let _agent = fleet.start_agent(&[]).await;
+    let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    let mut background: Option<u32> = None;
+    wait_until(Duration::from_secs(30), "the background process", || {
+        background = fleet.runtimes().iter().find_map(|rt| {
+            std::fs::read_to_string(rt.join("_diag").join("background.pid"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        });
+        background.is_some()
+    })
+    .await;
+    let pid = background.unwrap();
+    wait_until(Duration::from_secs(30), "the job done and cleaned", || {
+        fleet
+            .fake
+            .job(job)
+            .is_some_and(|j| j.status == JobStatus::Completed)
+            && fleet
+                .attempts()
+                .iter()
+                .all(|a| a.state == AttemptState::Cleaned)
+    })
+    .await;
+    // The background `sleep 300` was in the runner's process group: stopped with it.
+    wait_until(
+        Duration::from_secs(10),
+        "the background process gone",
+        || {
+            match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                Err(_) => true,
+                // A zombie waiting for init to reap it is dead too.
+                Ok(stat) => stat
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+            }
+        },
+    )
+    .await;
+    assert!(fleet.runtimes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_no_attempt_owns_are_removed_at_start_and_others_left_alone() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    let ours = format!("rm-{HOST}-0123456789ab");
+    fleet
+        .fake
+        .generate_jitconfig("acme", &ours, LABELS)
+        .unwrap();
+    fleet
+        .fake
+        .generate_jitconfig("acme", "someone-elses-runner", LABELS)
+        .unwrap();
+    let _agent = fleet.start_agent(&[]).await;
+    wait_until(
+        Duration::from_secs(20),
+        "our stale registration removed",
+        || fleet.our_registrations().is_empty(),
+    )
+    .await;
+    let names: Vec<String> = fleet.fake.runners().into_iter().map(|r| r.name).collect();
+    assert_eq!(names, ["someone-elses-runner"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_runner_starts_before_recovery_could_ask_github() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    // GitHub's runner list fails: recovery cannot reconcile the inventory.
+    fleet.fake.inject_fault(
+        Some("GET"),
+        "/actions/runners",
+        FaultAction::Status(502),
+        1_000,
+    );
+    let _agent = fleet.start_agent(&[]).await;
+    let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        jit_requests(&fleet),
+        0,
+        "a runner was launched before recovery completed"
+    );
+    assert!(fleet.attempts().is_empty());
+    assert!(
+        fleet.setup.logs().contains("recovery is incomplete"),
+        "the log says why nothing starts"
+    );
+    fleet.fake.clear_faults();
+    wait_until(
+        Duration::from_secs(40),
+        "the job served after recovery",
+        || {
+            fleet
+                .fake
+                .job(job)
+                .is_some_and(|j| j.status == JobStatus::Completed)
+        },
+    )
+    .await;
+}

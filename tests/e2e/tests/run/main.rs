@@ -1,0 +1,9 @@
+//! `rm-agent run` end to end, through the real binary, the fake GitHub and the fake runner
+//! package. One test binary for all of them (each file a module), so the suite links once.
+
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod crash;
+mod failures;
+mod lifecycle;
+mod polling;
