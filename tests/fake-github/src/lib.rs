@@ -459,6 +459,11 @@ impl FakeGithub {
 
     // ---- inspection ----
 
+    /// Every installation token the fake has issued: credentials a test checks never leak.
+    pub fn issued_tokens(&self) -> Vec<String> {
+        self.with(|s| s.tokens.keys().cloned().collect())
+    }
+
     /// Every request answered (or faulted) so far, oldest first.
     pub fn requests(&self) -> Vec<RequestRecord> {
         self.with(|s| s.requests.clone())

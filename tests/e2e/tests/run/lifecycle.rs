@@ -164,14 +164,22 @@ async fn a_queued_webhook_becomes_one_runner_that_takes_its_job_and_leaves_nothi
     haystack.extend(jobs_json.stdout);
     let key = fleet.key.private_pem.expose_secret().to_owned();
     let key_body: String = key.lines().nth(1).unwrap().to_owned();
-    for (name, secret) in [
-        ("the JIT configuration", jit.as_str()),
-        ("the App key", key_body.as_str()),
-        ("the webhook secret", SECRET),
-    ] {
+    let tokens = fleet.fake.issued_tokens();
+    assert!(!tokens.is_empty(), "the agent used installation tokens");
+    let mut secrets = vec![
+        ("the JIT configuration", jit.clone()),
+        ("the App key", key_body),
+        ("the webhook secret", SECRET.to_owned()),
+    ];
+    secrets.extend(tokens.into_iter().map(|t| ("an installation token", t)));
+    // The status snapshot the agent publishes is part of what it leaves behind.
+    let status = std::fs::read(fleet.setup.dir.path().join("data").join("status.json"))
+        .unwrap_or_default();
+    haystack.extend(status);
+    for (name, secret) in &secrets {
         assert!(
             !contains(&haystack, secret.as_bytes()),
-            "{name} leaked into logs, journal or CLI output"
+            "{name} leaked into logs, journal, status or CLI output"
         );
     }
 }
