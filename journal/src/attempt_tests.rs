@@ -708,7 +708,11 @@ fn the_schema_itself_refuses_inconsistent_rows() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(columns.len(), 18);
+    assert_eq!(
+        columns.len(),
+        19,
+        "a new column: check it cannot hold a secret"
+    );
     for column in &columns {
         for word in ["jit", "config", "token", "secret"] {
             assert!(!column.contains(word), "{column}");
@@ -774,4 +778,23 @@ fn connections_opening_a_new_journal_at_once_all_succeed() {
             vec!["ok"]
         );
     }
+}
+
+#[test]
+fn the_boot_of_a_runner_identity_is_journalled_with_it() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    let id = id(9);
+    create(&attempts, &id, "p", 1);
+    assert!(attempts.jit_received(&id, 7, 2).unwrap());
+    assert!(
+        attempts
+            .started_on_boot(&id, 42, 4242, "boot-a", 3)
+            .unwrap()
+    );
+    let row = attempts.get(&id).unwrap().unwrap();
+    assert_eq!(
+        (row.pid, row.pid_start_time, row.pid_boot_id.as_deref()),
+        (Some(42), Some(4242), Some("boot-a"))
+    );
 }

@@ -356,6 +356,9 @@ pub struct AttemptRecord {
     pub stop_intent_at_ms: Option<i64>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// The boot the pid and start time belong to; `None` for attempts journalled before rm
+    /// recorded it (their identity is then trusted within the current boot only).
+    pub pid_boot_id: Option<String>,
 }
 
 /// Which attempts a listing returns.
@@ -451,7 +454,7 @@ impl From<rusqlite::Error> for AttemptError {
 
 pub(crate) const ATTEMPT_COLUMNS: &str = "attempt_id, policy, runner_name, workspace, runtime_dir, state, \
      state_changed_at, outcome, reason, detail, runner_id, job_id, pid, pid_start_time, stop_intent, \
-     stop_intent_at, created_at, updated_at";
+     stop_intent_at, created_at, updated_at, pid_boot_id";
 
 /// `'a', 'b'` for an SQL `IN` list. The names come from the enums, never from input.
 fn in_list(states: &[AttemptState]) -> String {
@@ -491,6 +494,7 @@ pub(crate) fn attempt_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
         stop_intent_at_ms: row.get(15)?,
         created_at_ms: row.get(16)?,
         updated_at_ms: row.get(17)?,
+        pid_boot_id: row.get(18)?,
     })
 }
 
@@ -687,6 +691,7 @@ pub(crate) fn started(
     id: &AttemptId,
     pid: u32,
     pid_start_time: u64,
+    boot_id: Option<&str>,
     at_ms: i64,
 ) -> Result<bool, AttemptError> {
     compare_and_set(
@@ -694,8 +699,8 @@ pub(crate) fn started(
         id,
         Starting.allowed_predecessors(),
         Starting,
-        ", pid = ?4, pid_start_time = ?5",
-        &[&pid, &pid_start_time],
+        ", pid = ?4, pid_start_time = ?5, pid_boot_id = ?6",
+        &[&pid, &pid_start_time, &boot_id],
         at_ms,
     )
 }
@@ -891,7 +896,19 @@ impl Attempts {
         pid_start_time: u64,
         at_ms: i64,
     ) -> Result<bool, AttemptError> {
-        started(&self.conn, id, pid, pid_start_time, at_ms)
+        started(&self.conn, id, pid, pid_start_time, None, at_ms)
+    }
+
+    /// [`Attempts::started`] with the boot the identity belongs to.
+    pub fn started_on_boot(
+        &self,
+        id: &AttemptId,
+        pid: u32,
+        pid_start_time: u64,
+        boot_id: &str,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        started(&self.conn, id, pid, pid_start_time, Some(boot_id), at_ms)
     }
 
     /// `from → idle`, `from` being `starting` or `busy`: the state the observation was made in.

@@ -139,6 +139,12 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX redeliveries_requested_at ON redeliveries (requested_at);
     "#,
+    // v4: the boot a runner's pid and start time belong to (`/proc/sys/kernel/random/boot_id`).
+    // Start times count from boot, so after a reboot a new process could carry the same pair;
+    // with the boot, the identity names one process for the host's lifetime.
+    r#"
+    ALTER TABLE attempts ADD COLUMN pid_boot_id TEXT;
+    "#,
 ];
 
 /// The schema version this build writes.

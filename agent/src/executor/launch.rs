@@ -135,12 +135,7 @@ impl Executor {
             }
         };
         fault::crash_point("process_spawned");
-        let started = self.lock_attempts().started(
-            &record.attempt_id,
-            identity.pid,
-            identity.start_time,
-            now_ms(),
-        );
+        let started = self.record_started(&record.attempt_id, identity, now_ms());
         if !matches!(started, Ok(true)) {
             // A runner nobody journalled must not live on: stop it before giving up.
             self.stop(identity).await;

@@ -201,12 +201,7 @@ impl Executor {
                 if record.state == AttemptState::JitReceived
                     && let Some(identity) = identity
                 {
-                    let recorded = self.lock_attempts().started(
-                        attempts_id,
-                        identity.pid,
-                        identity.start_time,
-                        now,
-                    )?;
+                    let recorded = self.record_started(attempts_id, identity, now)?;
                     if recorded {
                         tracing::info!(attempt = %attempts_id, pid = identity.pid, "adopted a runner started just before a crash");
                     }
@@ -270,10 +265,7 @@ impl Executor {
         &self,
         record: &AttemptRecord,
     ) -> (ProcessObservation, Option<ProcessIdentity>) {
-        let journalled = match (record.pid, record.pid_start_time) {
-            (Some(pid), Some(start_time)) => Some(ProcessIdentity { pid, start_time }),
-            _ => None,
-        };
+        let journalled = journalled_identity(record);
         let identity = journalled.or_else(|| {
             (record.state == AttemptState::JitReceived)
                 .then(|| discover::residents(&record.runtime_dir).ok())
@@ -392,8 +384,8 @@ impl Executor {
         if !self.clean_due(&record.attempt_id, now) {
             return Ok(());
         }
-        if let (Some(pid), Some(start_time)) = (record.pid, record.pid_start_time) {
-            self.stop(ProcessIdentity { pid, start_time }).await;
+        if let Some(identity) = journalled_identity(record) {
+            self.stop(identity).await;
         }
         let runtime = record.runtime_dir.clone();
         match (registration, target) {
@@ -477,6 +469,31 @@ impl Executor {
             .map_or(CLEAN_RETRY, |(_, last)| (*last * 2).min(CLEAN_RETRY_MAX));
         let next = now.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
         observations.clean_retry.insert(id.clone(), (next, wait));
+    }
+}
+
+/// The journalled identity of the attempt's process, if it can name a process in this boot.
+fn journalled_identity(record: &AttemptRecord) -> Option<ProcessIdentity> {
+    let (pid, start_time) = (record.pid?, record.pid_start_time?);
+    process::same_boot(record.pid_boot_id.as_deref(), process::boot_id())
+        .then_some(ProcessIdentity { pid, start_time })
+}
+
+impl Executor {
+    /// `jit_received → starting` with the identity and this boot.
+    pub(super) fn record_started(
+        &self,
+        id: &AttemptId,
+        identity: ProcessIdentity,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        let attempts = self.lock_attempts();
+        match process::boot_id() {
+            Some(boot) => {
+                attempts.started_on_boot(id, identity.pid, identity.start_time, boot, at_ms)
+            }
+            None => attempts.started(id, identity.pid, identity.start_time, at_ms),
+        }
     }
 }
 
@@ -569,7 +586,24 @@ mod tests {
             stop_intent_at_ms: None,
             created_at_ms: 0,
             updated_at_ms: 0,
+            pid_boot_id: None,
         }
+    }
+
+    #[test]
+    fn a_pid_journalled_in_another_boot_is_never_taken_for_a_process() {
+        let mut r = record(AttemptState::Busy, 0);
+        assert_eq!(
+            journalled_identity(&r),
+            Some(ProcessIdentity {
+                pid: 5,
+                start_time: 6
+            })
+        );
+        r.pid_boot_id = process::boot_id().map(str::to_owned);
+        assert!(journalled_identity(&r).is_some());
+        r.pid_boot_id = Some("00000000-0000-0000-0000-000000000000".into());
+        assert_eq!(journalled_identity(&r), None);
     }
 
     #[test]

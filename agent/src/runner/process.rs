@@ -76,6 +76,32 @@ pub const WAIT_POLL: Duration = Duration::from_millis(50);
 /// Where the kernel shows processes.
 const PROC: &str = "/proc";
 
+/// This boot's id: start times count from boot, so a journalled identity is only meaningful
+/// within the boot it was recorded in.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// The current boot's id, read once; `None` where the kernel does not say.
+pub fn boot_id() -> Option<&'static str> {
+    static BOOT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    BOOT.get_or_init(|| {
+        std::fs::read_to_string(BOOT_ID)
+            .ok()
+            .map(|id| id.trim().to_owned())
+            .filter(|id| !id.is_empty())
+    })
+    .as_deref()
+}
+
+/// Whether an identity journalled in boot `journalled` may name a process now. An identity from
+/// another boot names nothing (its runner died with that boot) and is never signalled; one
+/// journalled without a boot, or when the current boot cannot be read, is taken as this boot's.
+pub fn same_boot(journalled: Option<&str>, current: Option<&str>) -> bool {
+    match (journalled, current) {
+        (Some(then), Some(now)) => then == now,
+        _ => true,
+    }
+}
+
 /// Which process a runner is: its pid and its start time (field 22 of `/proc/<pid>/stat`, clock
 /// ticks since boot). A pid alone can be recycled; the pair names one process for the host's
 /// uptime, so it is what the journal keeps and what recovery checks before any signal.

@@ -340,3 +340,14 @@ async fn an_exited_runner_with_nothing_left_is_not_signalled() {
     assert_eq!(outcome, StopOutcome::Stopped { signalled: false });
     assert!(fake.signals().is_empty());
 }
+
+#[test]
+fn an_identity_from_another_boot_names_no_process() {
+    assert!(same_boot(Some("a"), Some("a")));
+    assert!(!same_boot(Some("a"), Some("b")));
+    // Journalled before rm recorded boots, or the kernel does not say: this boot's.
+    assert!(same_boot(None, Some("b")));
+    assert!(same_boot(Some("a"), None));
+    let current = boot_id().expect("Linux names its boot");
+    assert_eq!(current.len(), 36, "a UUID: {current}");
+}

@@ -173,8 +173,8 @@ async fn a_queued_webhook_becomes_one_runner_that_takes_its_job_and_leaves_nothi
     ];
     secrets.extend(tokens.into_iter().map(|t| ("an installation token", t)));
     // The status snapshot the agent publishes is part of what it leaves behind.
-    let status = std::fs::read(fleet.setup.dir.path().join("data").join("status.json"))
-        .unwrap_or_default();
+    let status =
+        std::fs::read(fleet.setup.dir.path().join("data").join("status.json")).unwrap_or_default();
     haystack.extend(status);
     for (name, secret) in &secrets {
         assert!(
