@@ -203,8 +203,28 @@ fn help_names_every_command_with_an_example() {
     let setup = Setup::new();
     let out = setup.run(&["--help"]);
     let help = String::from_utf8(out.stdout).unwrap();
-    for command in ["receive", "jobs", "deliveries", "Examples:"] {
-        assert!(help.contains(command), "{command} not in {help}");
+    // Every command of CONTRACT §3.
+    let commands = [
+        "run",
+        "receive",
+        "check",
+        "status",
+        "jobs",
+        "runners",
+        "deliveries",
+        "demo",
+    ];
+    assert!(help.contains("Examples:"), "{help}");
+    for command in commands {
+        assert!(
+            help.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{command} "))),
+            "{command} not in {help}"
+        );
+        let out = setup.run(&[command, "--help"]);
+        assert!(out.status.success(), "{command} --help failed");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains("Example"), "{command} --help has no example: {text}");
     }
 }
 
