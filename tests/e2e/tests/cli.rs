@@ -224,7 +224,10 @@ fn help_names_every_command_with_an_example() {
         let out = setup.run(&[command, "--help"]);
         assert!(out.status.success(), "{command} --help failed");
         let text = String::from_utf8(out.stdout).unwrap();
-        assert!(text.contains("Example"), "{command} --help has no example: {text}");
+        assert!(
+            text.contains("Example"),
+            "{command} --help has no example: {text}"
+        );
     }
 }
 

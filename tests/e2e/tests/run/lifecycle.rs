@@ -378,3 +378,56 @@ async fn a_runner_that_never_registers_is_stopped_deregistered_and_not_replaced(
         "a process outlived its runner"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_leaves_a_busy_runner_running_and_the_next_start_adopts_it() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 6_000,
+        ..RunnerBehavior::default()
+    });
+    let agent = fleet.start_agent(&[]).await;
+    let job = fleet.fake.queue_job(REPO, "long", LABELS).unwrap();
+    wait_until(Duration::from_secs(30), "the runner busy", || {
+        fleet
+            .attempts()
+            .iter()
+            .any(|a| a.state == AttemptState::Busy)
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let status = agent.terminate();
+    assert!(status.success(), "drain exit status {status}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the drain took {:?}",
+        started.elapsed()
+    );
+    // The busy runner was not killed: it is still working on its job.
+    let attempt = fleet.attempts().remove(0);
+    assert_eq!(attempt.state, AttemptState::Busy);
+    let pid = attempt.pid.unwrap();
+    assert!(
+        std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the busy runner was stopped by the drain"
+    );
+    assert!(!completed(&fleet, job));
+
+    // The next start adopts it; it finishes its job and is cleaned up as usual.
+    let _agent = fleet.start_agent(&[]).await;
+    wait_until(Duration::from_secs(30), "the job completed", || {
+        completed(&fleet, job)
+    })
+    .await;
+    wait_until(
+        Duration::from_secs(30),
+        "the adopted runner cleaned",
+        || all_cleaned(&fleet),
+    )
+    .await;
+    let attempts = fleet.attempts();
+    assert_eq!(attempts.len(), 1, "the job got a second runner");
+    assert_eq!(attempts[0].outcome, Some(AttemptOutcome::CompletedJob));
+    assert!(fleet.our_registrations().is_empty());
+    assert!(fleet.runtimes().is_empty());
+}
