@@ -231,8 +231,37 @@ fn respond(
     headers: &HeaderMap,
     body: Option<&Value>,
 ) -> Action {
+    let matches = |f: &crate::state::Fault| {
+        f.times > 0
+            && f.method.as_deref().is_none_or(|m| m == method)
+            && rel.contains(&f.path_contains)
+    };
+    let drop_after = match state
+        .faults
+        .iter_mut()
+        .find(|f| f.action == FaultAction::DropAfter && matches(f))
+    {
+        Some(fault) => {
+            fault.times -= 1;
+            true
+        }
+        None => false,
+    };
+    let action = respond_unless_faulted(state, method, rel, query, headers, body);
+    if drop_after { Action::Drop } else { action }
+}
+
+fn respond_unless_faulted(
+    state: &mut State,
+    method: &str,
+    rel: &str,
+    query: &str,
+    headers: &HeaderMap,
+    body: Option<&Value>,
+) -> Action {
     if let Some(fault) = state.faults.iter_mut().find(|f| {
         f.times > 0
+            && f.action != FaultAction::DropAfter
             && f.method.as_deref().is_none_or(|m| m == method)
             && rel.contains(&f.path_contains)
     }) {
@@ -240,7 +269,7 @@ fn respond(
         return match fault.action {
             FaultAction::Status(s) => Action::Reply(Reply::error(s, "Server Error"), Vec::new()),
             FaultAction::Hang => Action::Hang,
-            FaultAction::Drop => Action::Drop,
+            FaultAction::Drop | FaultAction::DropAfter => Action::Drop,
         };
     }
     let Some(route) = Route::parse(method, rel) else {

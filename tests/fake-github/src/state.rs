@@ -49,6 +49,9 @@ pub enum FaultAction {
     Hang,
     /// Close the connection without an answer.
     Drop,
+    /// Do what the request asks, then close the connection without an answer: the change is
+    /// made and the caller never learns it (a timeout after GitHub acted).
+    DropAfter,
 }
 
 #[derive(Debug, Clone)]

@@ -168,3 +168,45 @@ async fn no_runner_starts_before_recovery_could_ask_github() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_jit_answer_leads_to_a_409_that_removes_the_stale_registration() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    // GitHub registers the runner, but its answer never arrives.
+    fleet.fake.inject_fault(
+        Some("POST"),
+        "/generate-jitconfig",
+        FaultAction::DropAfter,
+        1,
+    );
+    let _agent = fleet.start_agent(&[]).await;
+    let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    wait_until(Duration::from_secs(40), "the job served", || {
+        fleet
+            .fake
+            .job(job)
+            .is_some_and(|j| j.status == JobStatus::Completed)
+            && fleet
+                .attempts()
+                .iter()
+                .all(|a| a.state == AttemptState::Cleaned)
+    })
+    .await;
+    let requests = fleet.fake.requests();
+    let jit: Vec<u16> = requests
+        .iter()
+        .filter(|r| r.path.ends_with("/generate-jitconfig"))
+        .map(|r| r.status)
+        .collect();
+    // Lost (recorded without a status), refused as a duplicate name, then issued.
+    assert_eq!(jit, [0, 409, 201], "JIT answers");
+    let deleted = requests
+        .iter()
+        .filter(|r| r.method == "DELETE" && r.path.contains("/actions/runners/"))
+        .count();
+    assert!(deleted >= 1, "the stale registration was removed");
+    let attempts = fleet.attempts();
+    assert_eq!(attempts.len(), 1, "one attempt, retried under its own name");
+    assert_eq!(attempts[0].outcome, Some(AttemptOutcome::CompletedJob));
+    assert!(fleet.our_registrations().is_empty());
+}
