@@ -263,3 +263,62 @@ fn the_configuration_reference_documents_every_key() {
         );
     }
 }
+
+/// The keys serde knows for the top level (`None`) or a table, read from the refusal of an
+/// unknown key (`deny_unknown_fields` lists every field it expects); `None` when `table` is
+/// not a table.
+fn fields_of(table: Option<&str>) -> Option<Vec<String>> {
+    const PROBE: &str = "rm_unknown_probe";
+    let text = match table {
+        None => format!("{PROBE} = 1\n"),
+        Some("policy") => format!("[[policy]]\n{PROBE} = 1\n"),
+        Some(t) => format!("[{t}]\n{PROBE} = 1\n"),
+    };
+    let err = parse(None, &text).err()?;
+    if !err.problem.contains(PROBE) {
+        return None;
+    }
+    let expected = err.problem.split("expected").nth(1)?;
+    Some(
+        expected
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+/// Every key the configuration types accept (read from serde itself, so a new field cannot be
+/// forgotten) is documented in docs/configuration.md.
+#[test]
+fn the_configuration_reference_documents_every_key_the_types_accept() {
+    let doc = std::fs::read_to_string(CONFIGURATION_DOC).unwrap();
+    let top = fields_of(None).expect("the top level refuses unknown keys");
+    assert!(top.contains(&"policy".to_owned()), "{top:?}");
+    let mut keys = Vec::new();
+    for field in &top {
+        match fields_of(Some(field)) {
+            Some(inner) => keys.extend(inner.iter().map(|k| format!("{field}.{k}"))),
+            None => keys.push(field.clone()),
+        }
+    }
+    assert!(keys.len() > 25, "{keys:?}");
+    for known in [
+        "data_dir",
+        "journal.job_retention",
+        "policy.min_runners",
+        "relay.token_file",
+    ] {
+        assert!(
+            keys.contains(&known.to_owned()),
+            "{known} not traced: {keys:?}"
+        );
+    }
+    for key in &keys {
+        assert!(
+            doc.contains(&format!("`{key}`")),
+            "docs/configuration.md does not document `{key}`"
+        );
+    }
+}
