@@ -2,8 +2,9 @@
 //! simulated GitHub (`rm-fake-github`, in this process) and fake runners (this very binary,
 //! copied into the runner package as `bin/Runner.Listener`) play a scenario through the real
 //! receiver, journal, poller and executor ([`run::serve`]): two single jobs, a matrix of three,
-//! a job whose webhook is lost (found again by the poller's start-up poll), and a job that is
-//! announced but never handed to a runner (its runner exits idle and is not replaced).
+//! a job whose webhook is lost before the agent starts and one whose webhook is lost while it
+//! runs (each recovered by polling or by GitHub's redelivery, whichever comes first), and a job
+//! that is announced but never handed to a runner (its runner exits idle and is not replaced).
 //!
 //! It prints a timeline read from the journal and the simulated GitHub while it runs, then a
 //! summary, and succeeds only if every part ended as expected. Everything lives in a temporary
@@ -26,8 +27,17 @@ use super::run;
 use crate::config::{self, Config};
 use crate::exit::Exit;
 use crate::lock;
+use crate::polling::Pacing;
 
 /// The simulated GitHub App's id.
+/// The poller's slow cadences in the demo: seconds instead of minutes, so the webhook lost while
+/// the agent runs is redelivered within the demo's half minute.
+const DEMO_PACING: Pacing = Pacing {
+    reconcile_interval: Duration::from_secs(5),
+    scan_interval: Duration::from_secs(2),
+    delivery_settle: Duration::from_secs(1),
+};
+
 const APP_ID: u64 = 4242;
 /// The organization the App is installed on.
 const ORG: &str = "acme";
@@ -90,15 +100,17 @@ pub async fn run(keep: bool) -> Result<(), Exit> {
 struct Scenario {
     /// Every job that should run: id → name.
     jobs: BTreeMap<u64, String>,
-    /// The job whose `queued` webhook was lost.
-    lost: Option<u64>,
+    /// The jobs whose `queued` webhook was lost: one before the agent starts (found by the
+    /// start-up poll), one while it runs (redelivered after the failed-delivery scan).
+    lost: Vec<u64>,
 }
 
 async fn play(dir: &Path, started: Instant) -> Result<(), Exit> {
     println!(
         "rm-agent demo: the real receiver, journal and agent against a simulated GitHub and fake\n\
          runners, all on this machine. Scenario: two single jobs, a matrix of three, a job whose\n\
-         webhook is lost, and a job that is announced but never handed to a runner.\n"
+         webhook is lost before the agent starts and one whose webhook is lost while it runs, and a
+         job that is announced but never handed to a runner.\n"
     );
     let key = AppKeyPair::generate()
         .context("cannot generate the simulated App's key")
@@ -137,7 +149,7 @@ async fn play(dir: &Path, started: Instant) -> Result<(), Exit> {
     let mut scenario = Scenario::default();
     fake.fail_next_deliveries(1);
     let lost = queue(&fake, &mut scenario, "nightly-report").map_err(Exit::runtime)?;
-    scenario.lost = Some(lost);
+    scenario.lost.push(lost);
     fake.settle().await.map_err(Exit::runtime)?;
     timeline.tick(&fake);
 
@@ -149,7 +161,7 @@ async fn play(dir: &Path, started: Instant) -> Result<(), Exit> {
     .map_err(Exit::runtime)?;
     let _lock = lock::lock_data_dir(&config.data_dir)?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serve = run::serve(&config, client, async {
+    let serve = run::serve_paced(&config, client, DEMO_PACING, async {
         let _ = stopped.await;
     });
     tokio::pin!(serve);
@@ -209,6 +221,12 @@ async fn play_scenario(
 ) -> anyhow::Result<()> {
     queue(fake, scenario, "build")?;
     queue(fake, scenario, "lint")?;
+    timeline.watch(fake, Duration::from_millis(500)).await;
+    // A webhook lost while the agent runs: GitHub's hook log shows it failed, and the agent's
+    // failed-delivery scan asks GitHub to send it again.
+    fake.fail_next_deliveries(1);
+    let lost = queue(fake, scenario, "deploy-docs")?;
+    scenario.lost.push(lost);
     timeline.watch(fake, Duration::from_millis(500)).await;
     let matrix = fake.queue_matrix(REPO, "test", LINUX_LABELS, &["ubuntu", "debian", "alpine"])?;
     for id in matrix {
@@ -791,12 +809,12 @@ impl Summary {
                 ));
             }
         }
-        if let Some(lost) = scenario.lost
-            && !self.recovered.contains_key(&lost)
-        {
-            problems.push(format!(
-                "job {lost} (lost webhook) was not seen arriving by polling or redelivery"
-            ));
+        for lost in &scenario.lost {
+            if !self.recovered.contains_key(lost) {
+                problems.push(format!(
+                    "job {lost} (lost webhook) was not seen arriving by polling or redelivery"
+                ));
+            }
         }
         if self.webhooks_lost == 0 {
             problems.push("no webhook was lost, so nothing was recovered".to_owned());

@@ -19,7 +19,7 @@ use crate::executor::{DrainReport, Executor, Settings};
 use crate::exit::Exit;
 use crate::lifecycle::Timeouts;
 use crate::notify::{Notifier, OperatorEvent};
-use crate::polling::{Poller, PollerConfig, PollerStatus};
+use crate::polling::{Pacing, Poller, PollerConfig, PollerStatus};
 use crate::{lock, secrets};
 
 pub async fn run(config: &Config) -> Result<(), Exit> {
@@ -56,6 +56,16 @@ pub async fn serve(
     client: GithubClient,
     shutdown: impl Future<Output = ()>,
 ) -> Result<DrainReport, Exit> {
+    serve_paced(config, client, Pacing::default(), shutdown).await
+}
+
+/// [`serve`] with the poller's slow cadences given (the demo's are seconds, not minutes).
+pub async fn serve_paced(
+    config: &Config,
+    client: GithubClient,
+    pacing: Pacing,
+    shutdown: impl Future<Output = ()>,
+) -> Result<DrainReport, Exit> {
     let settings = settings(config)?;
     let webhook_secrets = match &config.receiver {
         Some(_) => Some(secrets::webhook_secrets(config)?),
@@ -82,7 +92,8 @@ pub async fn serve(
         PollJournal::open(&journal_path).map_err(Exit::runtime)?,
         Arc::new(SystemClock),
     )
-    .map_err(Exit::runtime)?;
+    .map_err(Exit::runtime)?
+    .with_pacing(pacing);
     executor.wake_on(journal.durable_groups());
     executor.wake_on(poller.changes());
     watch_webhook_health(poller.status(), Arc::clone(&notifier));

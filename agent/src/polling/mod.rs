@@ -25,6 +25,28 @@ pub use status::{PassReport, PollerStatus, RateLimitStatus, RequestCounts, Webho
 
 use crate::config::{self, Config};
 
+/// The poller's slow cadences. Production uses [`Pacing::default`] (the documented consts);
+/// `rm-agent demo` shortens them so a lost webhook is recovered within its half minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pacing {
+    /// How often demand is reconciled while webhooks are trusted.
+    pub reconcile_interval: Duration,
+    /// How often the App's hook deliveries are scanned for failures.
+    pub scan_interval: Duration,
+    /// How old a failed delivery attempt must be before it is judged (GitHub may still retry).
+    pub delivery_settle: Duration,
+}
+
+impl Default for Pacing {
+    fn default() -> Self {
+        Pacing {
+            reconcile_interval: health::RECONCILE_INTERVAL,
+            scan_interval: redeliver::SCAN_INTERVAL,
+            delivery_settle: redeliver::DELIVERY_SETTLE,
+        }
+    }
+}
+
 /// What the poller needs from the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PollerConfig {

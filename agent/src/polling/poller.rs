@@ -11,8 +11,9 @@ use rm_github::{Clock, GithubClient, Target};
 use rm_journal::{JournalError, PollJournal};
 use tokio::sync::watch;
 
-use super::health::{Evidence, RECONCILE_INTERVAL, Trust, WebhookHealth};
-use super::redeliver::{self, SCAN_INTERVAL};
+use super::Pacing;
+use super::health::{Evidence, Trust, WebhookHealth};
+use super::redeliver;
 use super::schedule::{Conditions, Failure, NextPoll, Pace, PollSchedule, ScheduleError};
 use super::stale;
 use super::status::{
@@ -82,6 +83,7 @@ pub struct Poller {
     next_stale_at: SystemTime,
     /// When this poller was made: jobs queued before it are checked at once.
     started: SystemTime,
+    pacing: Pacing,
     status: watch::Sender<PollerStatus>,
     changes: watch::Sender<u64>,
 }
@@ -143,10 +145,17 @@ impl Poller {
             next_scan_at: now,
             next_stale_at: now,
             started: now,
+            pacing: Pacing::default(),
             status: watch::Sender::new(initial),
             changes: watch::Sender::new(0),
             clock,
         })
+    }
+
+    /// Replaces the slow cadences (the demo shortens them).
+    pub fn with_pacing(mut self, pacing: Pacing) -> Poller {
+        self.pacing = pacing;
+        self
     }
 
     /// Replaces the jitter source.
@@ -184,7 +193,7 @@ impl Poller {
                 } else {
                     Pace::Reconciling
                 };
-                (at + next.delay.max(RECONCILE_INTERVAL), pace)
+                (at + next.delay.max(self.pacing.reconcile_interval), pace)
             }
             Some((at, next)) => (at + next.delay, next.pace),
         }
@@ -251,7 +260,13 @@ impl Poller {
         }
 
         if open && self.health.intake() && now >= self.next_scan_at {
-            let scan = redeliver::scan(&self.client, &self.journal, now).await?;
+            let scan = redeliver::scan(
+                &self.client,
+                &self.journal,
+                now,
+                self.pacing.delivery_settle,
+            )
+            .await?;
             report.deliveries_examined = scan.examined;
             report.failed_deliveries = scan.failed;
             report.redelivered = scan.redelivered;
@@ -261,7 +276,7 @@ impl Poller {
             }
             // Only an outage or a limit on the App's requests holds demand polling back.
             note(&mut failure, scan.failure.filter(|f| holds(Some(*f))));
-            self.next_scan_at = now + SCAN_INTERVAL;
+            self.next_scan_at = now + self.pacing.scan_interval;
         }
 
         let (trust, _) = self.trust(now)?;

@@ -49,6 +49,16 @@ pub struct Judgement {
 
 /// Judges the attempts listed (newest first) against the previous `cursor` at `now`.
 pub fn judge(deliveries: &[HookDelivery], cursor: Option<u64>, now: SystemTime) -> Judgement {
+    judge_settled(deliveries, cursor, now, DELIVERY_SETTLE)
+}
+
+/// [`judge`] with the time a delivery attempt is given to settle.
+pub fn judge_settled(
+    deliveries: &[HookDelivery],
+    cursor: Option<u64>,
+    now: SystemTime,
+    settle: Duration,
+) -> Judgement {
     let age = |d: &HookDelivery| {
         parse_rfc3339(&d.delivered_at)
             .and_then(|at| now.duration_since(at).ok())
@@ -58,11 +68,7 @@ pub fn judge(deliveries: &[HookDelivery], cursor: Option<u64>, now: SystemTime) 
         .iter()
         .filter(|d| cursor.is_none_or(|c| d.id > c) && age(d) <= REDELIVERY_WINDOW)
         .collect();
-    let unsettled_floor = fresh
-        .iter()
-        .filter(|d| age(d) < DELIVERY_SETTLE)
-        .map(|d| d.id)
-        .min();
+    let unsettled_floor = fresh.iter().filter(|d| age(d) < settle).map(|d| d.id).min();
     // Per GUID: any success, any unsettled attempt, and the newest attempt.
     let mut by_guid: BTreeMap<&str, (bool, bool, u64)> = BTreeMap::new();
     for d in &fresh {
@@ -70,7 +76,7 @@ pub fn judge(deliveries: &[HookDelivery], cursor: Option<u64>, now: SystemTime) 
             .entry(d.guid.as_str())
             .or_insert((false, false, d.id));
         entry.0 |= (200..300).contains(&d.status_code);
-        entry.1 |= age(d) < DELIVERY_SETTLE;
+        entry.1 |= age(d) < settle;
         entry.2 = entry.2.max(d.id);
     }
     let mut failed: Vec<FailedGuid> = by_guid
@@ -121,6 +127,7 @@ pub async fn scan(
     client: &GithubClient,
     journal: &Mutex<PollJournal>,
     now: SystemTime,
+    settle: Duration,
 ) -> Result<ScanReport, ScanError> {
     let mut report = ScanReport::default();
     let cursor = lock(journal)
@@ -160,7 +167,7 @@ pub async fn scan(
             "hook deliveries: more than one scan reads since the last; older ones are left to polling"
         );
     }
-    let judgement = judge(&listed, cursor, now);
+    let judgement = judge_settled(&listed, cursor, now, settle);
     report.examined = judgement.examined;
     let guids: Vec<&str> = judgement.failed.iter().map(|f| f.guid.as_str()).collect();
     let (known, asked) = {
