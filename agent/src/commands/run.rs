@@ -86,8 +86,18 @@ pub async fn serve_paced(
     .map_err(Exit::runtime)?;
     // For `rm-agent status` and `/metrics`: what only the running agent knows.
     let published = client.clone();
+    if config.relay.is_some() {
+        tracing::warn!(
+            "[relay] is not supported by this version: no relay subscription is made, and without [receiver] jobs are found by polling alone"
+        );
+    }
+    // Only a receiver brings deliveries in this version: trust in webhooks is earned by it.
+    let poller_config = PollerConfig {
+        intake: config.receiver.is_some(),
+        ..PollerConfig::from_config(config)
+    };
     let poller = Poller::new(
-        PollerConfig::from_config(config),
+        poller_config,
         client,
         PollJournal::open(&journal_path).map_err(Exit::runtime)?,
         Arc::new(SystemClock),
