@@ -176,7 +176,11 @@ impl Executor {
         };
         let github = match &listing {
             Some(listing) => registry::observation(listing, &record.runner_name),
-            None => crate::lifecycle::GithubObservation::Unreachable,
+            // A policy no longer configured: its target is unknown, so GitHub cannot be asked.
+            // Deciding as if unregistered keeps a removed policy from blocking recovery: a busy
+            // runner is still left alone, an idle one still times out, a dead one is concluded
+            // from its own evidence; only its deregistration is skipped.
+            None => crate::lifecycle::GithubObservation::NotRegistered,
         };
         let observation = Observation {
             process,

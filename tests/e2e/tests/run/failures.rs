@@ -210,3 +210,49 @@ async fn a_lost_jit_answer_leads_to_a_409_that_removes_the_stale_registration() 
     assert_eq!(attempts[0].outcome, Some(AttemptOutcome::CompletedJob));
     assert!(fleet.our_registrations().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_of_a_policy_removed_while_the_agent_was_down_does_not_block_recovery() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 4_000,
+        ..RunnerBehavior::default()
+    });
+    let first = fleet.start_agent(&[]).await;
+    let old_job = fleet.fake.queue_job(REPO, "old", LABELS).unwrap();
+    wait_until(Duration::from_secs(30), "the runner busy", || {
+        fleet
+            .attempts()
+            .iter()
+            .any(|a| a.state == AttemptState::Busy)
+    })
+    .await;
+    first.kill();
+    // The operator renames the policy while the agent is down.
+    let mut options = FleetOptions::default();
+    options.policies[0].name = "renamed";
+    fleet.configure(&options);
+    let _second = fleet.start_agent(&[]).await;
+    let new_job = fleet.fake.queue_job(REPO, "new", LABELS).unwrap();
+    wait_until(Duration::from_secs(40), "both jobs served", || {
+        [old_job, new_job].iter().all(|j| {
+            fleet
+                .fake
+                .job(*j)
+                .is_some_and(|job| job.status == JobStatus::Completed)
+        }) && fleet
+            .attempts()
+            .iter()
+            .all(|a| a.state == AttemptState::Cleaned)
+    })
+    .await;
+    let attempts = fleet.attempts();
+    assert_eq!(attempts.len(), 2, "one runner per job");
+    assert!(
+        attempts
+            .iter()
+            .all(|a| a.outcome == Some(AttemptOutcome::CompletedJob)),
+        "{attempts:?}"
+    );
+    assert!(fleet.runtimes().is_empty());
+}
