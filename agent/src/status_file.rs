@@ -11,7 +11,7 @@ use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use rm_github::GithubClient;
 use rm_github::stats::Contact;
@@ -109,11 +109,7 @@ pub struct Host {
     pub max_runners: u32,
 }
 
-/// Milliseconds since the Unix epoch (0 before it).
-pub fn unix_ms(at: SystemTime) -> i64 {
-    at.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+pub use crate::polling::unix_ms;
 
 impl Snapshot {
     /// The snapshot of `status` and `contact` at `now`.
@@ -334,7 +330,7 @@ mod tests {
     };
 
     fn t(secs: u64) -> SystemTime {
-        UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
     }
 
     fn status() -> PollerStatus {

@@ -23,7 +23,7 @@ pub use poller::{Jitter, Poller, PollerError};
 pub use schedule::{Pace, PollSchedule};
 pub use status::{PassReport, PollerStatus, RateLimitStatus, RequestCounts, WebhookStatus};
 
-use crate::config::{self, Config};
+use crate::config::Config;
 
 /// The poller's slow cadences. Production uses [`Pacing::default`] (the documented consts);
 /// `rm-agent demo` shortens them so a lost webhook is recovered within its half minute.
@@ -65,13 +65,7 @@ impl PollerConfig {
     pub fn from_config(config: &Config) -> PollerConfig {
         let mut targets: Vec<rm_github::Target> = Vec::new();
         for policy in &config.policies {
-            let target = match &policy.target {
-                config::Target::Organization(org) => rm_github::Target::Org(org.clone()),
-                config::Target::Repository { owner, name } => rm_github::Target::Repo {
-                    owner: owner.clone(),
-                    repo: name.clone(),
-                },
-            };
+            let target = crate::executor::registry::github_target(&policy.target);
             let key = target.to_string().to_ascii_lowercase();
             if !targets
                 .iter()

@@ -173,6 +173,29 @@ impl Fleet {
         }
     }
 
+    /// Whether the fake holds `job` as completed.
+    pub fn completed(&self, job: u64) -> bool {
+        self.fake
+            .job(job)
+            .is_some_and(|j| j.status == rm_fake_github::JobStatus::Completed)
+    }
+
+    /// Whether there are attempts and every one is cleaned.
+    pub fn all_cleaned(&self) -> bool {
+        let attempts = self.attempts();
+        !attempts.is_empty()
+            && attempts
+                .iter()
+                .all(|a| a.state == rm_journal::AttemptState::Cleaned)
+    }
+
+    /// Whether some attempt is busy with a job.
+    pub fn any_busy(&self) -> bool {
+        self.attempts()
+            .iter()
+            .any(|a| a.state == rm_journal::AttemptState::Busy)
+    }
+
     /// What is left in the runner root.
     pub fn runtimes(&self) -> Vec<PathBuf> {
         match std::fs::read_dir(&self.runner_root) {

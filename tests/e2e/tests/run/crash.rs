@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use rm_e2e::fleet::{Fleet, FleetOptions, REPO, wait_until};
-use rm_fake_github::{JobStatus, RunnerBehavior};
+use rm_fake_github::RunnerBehavior;
 use rm_journal::{AttemptOutcome, AttemptState};
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
@@ -31,15 +31,11 @@ async fn crash_at(point: &str) {
 
     let _second = fleet.start_agent(&[]).await;
     wait_until(Duration::from_secs(60), "the job completed", || {
-        fleet
-            .fake
-            .job(job)
-            .is_some_and(|j| j.status == JobStatus::Completed)
+        fleet.completed(job)
     })
     .await;
     wait_until(Duration::from_secs(60), "every attempt cleaned", || {
-        let attempts = fleet.attempts();
-        !attempts.is_empty() && attempts.iter().all(|a| a.state == AttemptState::Cleaned)
+        fleet.all_cleaned()
     })
     .await;
     // Give a wrongly counted demand the time to start a second runner.

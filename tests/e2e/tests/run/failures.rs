@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use rm_e2e::fleet::{Fleet, FleetOptions, HOST, REPO, wait_until};
-use rm_fake_github::{FaultAction, JobStatus, RunnerBehavior};
+use rm_fake_github::{FaultAction, RunnerBehavior};
 use rm_journal::{AttemptOutcome, AttemptState};
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
@@ -80,14 +80,7 @@ async fn nothing_a_job_started_outlives_its_runner() {
     .await;
     let pid = background.unwrap();
     wait_until(Duration::from_secs(30), "the job done and cleaned", || {
-        fleet
-            .fake
-            .job(job)
-            .is_some_and(|j| j.status == JobStatus::Completed)
-            && fleet
-                .attempts()
-                .iter()
-                .all(|a| a.state == AttemptState::Cleaned)
+        fleet.completed(job) && fleet.all_cleaned()
     })
     .await;
     // The background `sleep 300` was in the runner's process group: stopped with it.
@@ -159,12 +152,7 @@ async fn no_runner_starts_before_recovery_could_ask_github() {
     wait_until(
         Duration::from_secs(40),
         "the job served after recovery",
-        || {
-            fleet
-                .fake
-                .job(job)
-                .is_some_and(|j| j.status == JobStatus::Completed)
-        },
+        || fleet.completed(job),
     )
     .await;
 }
@@ -182,14 +170,7 @@ async fn a_lost_jit_answer_leads_to_a_409_that_removes_the_stale_registration() 
     let _agent = fleet.start_agent(&[]).await;
     let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
     wait_until(Duration::from_secs(40), "the job served", || {
-        fleet
-            .fake
-            .job(job)
-            .is_some_and(|j| j.status == JobStatus::Completed)
-            && fleet
-                .attempts()
-                .iter()
-                .all(|a| a.state == AttemptState::Cleaned)
+        fleet.completed(job) && fleet.all_cleaned()
     })
     .await;
     let requests = fleet.fake.requests();
@@ -221,10 +202,7 @@ async fn a_runner_of_a_policy_removed_while_the_agent_was_down_does_not_block_re
     let first = fleet.start_agent(&[]).await;
     let old_job = fleet.fake.queue_job(REPO, "old", LABELS).unwrap();
     wait_until(Duration::from_secs(30), "the runner busy", || {
-        fleet
-            .attempts()
-            .iter()
-            .any(|a| a.state == AttemptState::Busy)
+        fleet.any_busy()
     })
     .await;
     first.kill();
@@ -235,15 +213,7 @@ async fn a_runner_of_a_policy_removed_while_the_agent_was_down_does_not_block_re
     let _second = fleet.start_agent(&[]).await;
     let new_job = fleet.fake.queue_job(REPO, "new", LABELS).unwrap();
     wait_until(Duration::from_secs(40), "both jobs served", || {
-        [old_job, new_job].iter().all(|j| {
-            fleet
-                .fake
-                .job(*j)
-                .is_some_and(|job| job.status == JobStatus::Completed)
-        }) && fleet
-            .attempts()
-            .iter()
-            .all(|a| a.state == AttemptState::Cleaned)
+        [old_job, new_job].iter().all(|j| fleet.completed(*j)) && fleet.all_cleaned()
     })
     .await;
     let attempts = fleet.attempts();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rm_e2e::fleet::{Fleet, FleetOptions, HOST, PolicySpec, REPO, wait_until};
 use rm_e2e::{SECRET, delivery};
-use rm_fake_github::{JobStatus, RunnerBehavior};
+use rm_fake_github::RunnerBehavior;
 use rm_journal::{AttemptOutcome, AttemptState};
 use secrecy::ExposeSecret as _;
 
@@ -49,18 +49,6 @@ fn processes_under(root: &Path) -> Vec<Seen> {
         });
     }
     seen
-}
-
-fn completed(fleet: &Fleet, job: u64) -> bool {
-    fleet
-        .fake
-        .job(job)
-        .is_some_and(|j| j.status == JobStatus::Completed)
-}
-
-fn all_cleaned(fleet: &Fleet) -> bool {
-    let attempts = fleet.attempts();
-    !attempts.is_empty() && attempts.iter().all(|a| a.state == AttemptState::Cleaned)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,11 +99,11 @@ async fn a_queued_webhook_becomes_one_runner_that_takes_its_job_and_leaves_nothi
     assert!(runner.env.iter().any(|v| v.starts_with("TMPDIR=")));
 
     wait_until(Duration::from_secs(30), "the job completed", || {
-        completed(&fleet, job)
+        fleet.completed(job)
     })
     .await;
     wait_until(Duration::from_secs(30), "the attempt cleaned", || {
-        all_cleaned(&fleet)
+        fleet.all_cleaned()
     })
     .await;
 
@@ -202,7 +190,7 @@ async fn run_until_done(fleet: &Fleet, jobs: &[u64], ceiling: usize) -> usize {
             live <= ceiling,
             "{live} live runners on a host of {ceiling}"
         );
-        jobs.iter().all(|j| completed(fleet, *j))
+        jobs.iter().all(|j| fleet.completed(*j))
     })
     .await;
     most
@@ -227,7 +215,7 @@ async fn an_8_job_matrix_on_a_4_runner_host_runs_4_then_4() {
     let most = run_until_done(&fleet, &jobs, 4).await;
     assert_eq!(most, 4, "the host's 4 runners were used at once");
     wait_until(Duration::from_secs(30), "every attempt cleaned", || {
-        all_cleaned(&fleet)
+        fleet.all_cleaned()
     })
     .await;
     let attempts = fleet.attempts();
@@ -389,10 +377,7 @@ async fn a_drain_leaves_a_busy_runner_running_and_the_next_start_adopts_it() {
     let agent = fleet.start_agent(&[]).await;
     let job = fleet.fake.queue_job(REPO, "long", LABELS).unwrap();
     wait_until(Duration::from_secs(30), "the runner busy", || {
-        fleet
-            .attempts()
-            .iter()
-            .any(|a| a.state == AttemptState::Busy)
+        fleet.any_busy()
     })
     .await;
     let started = std::time::Instant::now();
@@ -411,18 +396,18 @@ async fn a_drain_leaves_a_busy_runner_running_and_the_next_start_adopts_it() {
         std::path::Path::new(&format!("/proc/{pid}")).exists(),
         "the busy runner was stopped by the drain"
     );
-    assert!(!completed(&fleet, job));
+    assert!(!fleet.completed(job));
 
     // The next start adopts it; it finishes its job and is cleaned up as usual.
     let _agent = fleet.start_agent(&[]).await;
     wait_until(Duration::from_secs(30), "the job completed", || {
-        completed(&fleet, job)
+        fleet.completed(job)
     })
     .await;
     wait_until(
         Duration::from_secs(30),
         "the adopted runner cleaned",
-        || all_cleaned(&fleet),
+        || fleet.all_cleaned(),
     )
     .await;
     let attempts = fleet.attempts();

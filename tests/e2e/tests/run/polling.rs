@@ -5,21 +5,12 @@
 use std::time::Duration;
 
 use rm_e2e::fleet::{Fleet, FleetOptions, REPO, wait_until};
-use rm_fake_github::JobStatus;
-use rm_journal::{AttemptOutcome, AttemptState};
+use rm_journal::AttemptOutcome;
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
 
 fn all_done(fleet: &Fleet, jobs: &[u64]) -> bool {
-    jobs.iter().all(|j| {
-        fleet
-            .fake
-            .job(*j)
-            .is_some_and(|job| job.status == JobStatus::Completed)
-    }) && {
-        let attempts = fleet.attempts();
-        !attempts.is_empty() && attempts.iter().all(|a| a.state == AttemptState::Cleaned)
-    }
+    jobs.iter().all(|j| fleet.completed(*j)) && fleet.all_cleaned()
 }
 
 /// One completed attempt per job, no other runner, nothing left.
