@@ -8,11 +8,13 @@
 mod metrics;
 mod server;
 mod signature;
+mod verify;
 
 /// The metrics library `/metrics` is built on, for [`Receiver::add_collector`]'s callers.
 pub use prometheus_client;
 pub use server::{Receiver, ReceiverConfig};
 pub use signature::{WebhookSecrets, sign};
+pub use verify::{Envelope, Refusal, envelope};
 
 /// GitHub does not deliver payloads over 25 MB, so anything larger is not from GitHub.
 pub const MAX_BODY_BYTES: usize = 25 * 1024 * 1024;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Request, Response, StatusCode, header};
+use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming as Body;
 use hyper::server::conn::http1;
@@ -15,12 +15,13 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use rm_handlers::Source;
-use rm_journal::{Incoming, Journal, JournalError, Reader, Recorded};
+use rm_journal::{Journal, JournalError, Reader, Recorded};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::WebhookSecrets;
 use crate::metrics::Metrics;
+use crate::verify::{self, Refusal};
 
 /// A client that has not sent its headers by then is cut off.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,25 +33,6 @@ const MAX_CONNECTIONS: usize = 1024;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// `/healthz` answers 503 when the journal cannot take its write lock this fast.
 const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// GitHub's delivery GUIDs are 36 characters; anything much longer is not one.
-const MAX_GUID_LEN: usize = 128;
-/// Event names are short snake_case words.
-const MAX_EVENT_LEN: usize = 64;
-
-/// The headers journalled with each delivery: enough to verify it again and to relay it
-/// byte-exact, nothing a proxy might have added.
-const KEPT_HEADERS: &[&str] = &[
-    "content-type",
-    "user-agent",
-    "x-github-event",
-    "x-github-delivery",
-    "x-github-hook-id",
-    "x-github-hook-installation-target-type",
-    "x-github-hook-installation-target-id",
-    "x-github-enterprise-version",
-    "x-github-enterprise-host",
-    "x-hub-signature-256",
-];
 
 /// How the receiver is set up.
 pub struct ReceiverConfig {
@@ -161,42 +143,9 @@ impl Receiver {
     async fn webhook(&self, req: Request<Body>) -> Reply {
         let received_at_ms = rm_journal::now_ms();
         let headers = req.headers();
-        if !is_json(headers) {
-            return self.refuse(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "content_type",
-                "Content-Type must be application/json (set the App's webhook content type to JSON)",
-            );
-        }
-        let Some(event) = header_str(headers, "x-github-event")
-            .filter(|e| {
-                e.len() <= MAX_EVENT_LEN
-                    && e.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-            })
-            .map(str::to_owned)
-        else {
-            return self.refuse(
-                StatusCode::BAD_REQUEST,
-                "event_header",
-                "X-GitHub-Event missing or malformed",
-            );
-        };
-        let Some(guid) = header_str(headers, "x-github-delivery")
-            .filter(|g| g.len() <= MAX_GUID_LEN && g.bytes().all(|b| b.is_ascii_graphic()))
-            .map(str::to_owned)
-        else {
-            return self.refuse(
-                StatusCode::BAD_REQUEST,
-                "delivery_header",
-                "X-GitHub-Delivery missing or malformed",
-            );
-        };
-        let Some(signature) = headers.get("x-hub-signature-256").cloned() else {
-            return self.refuse(
-                StatusCode::UNAUTHORIZED,
-                "signature_missing",
-                "X-Hub-Signature-256 missing",
-            );
+        let envelope = match verify::envelope(headers) {
+            Ok(envelope) => envelope,
+            Err(refusal) => return self.refuse(refusal),
         };
         let declared = headers
             .get(header::CONTENT_LENGTH)
@@ -205,44 +154,40 @@ impl Receiver {
         if declared.is_some_and(|len| len > self.config.max_body_bytes as u64) {
             return self.too_large();
         }
-        let kept = kept_headers(headers);
 
         let limited = Limited::new(req.into_body(), self.config.max_body_bytes);
         let body = match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
             Err(_) => {
-                return self.refuse(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body_timeout",
-                    "the body took too long to arrive",
-                );
+                return self.refuse(Refusal {
+                    status: StatusCode::REQUEST_TIMEOUT,
+                    reason: "body_timeout",
+                    detail: "the body took too long to arrive",
+                });
             }
             Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
                 return self.too_large();
             }
             Ok(Err(_)) => {
-                return self.refuse(
-                    StatusCode::BAD_REQUEST,
-                    "body_read",
-                    "the body could not be read",
-                );
+                return self.refuse(Refusal {
+                    status: StatusCode::BAD_REQUEST,
+                    reason: "body_read",
+                    detail: "the body could not be read",
+                });
             }
             Ok(Ok(collected)) => collected.to_bytes(),
         };
-        if !self.config.secrets.verify(signature.as_bytes(), &body) {
-            tracing::warn!(%guid, %event, "refused a delivery whose signature matches no configured secret");
-            return self.refuse(
-                StatusCode::UNAUTHORIZED,
-                "signature_mismatch",
-                "signature does not match",
-            );
-        }
-        let incoming = Incoming {
-            guid: guid.clone(),
-            event: event.clone(),
-            headers: kept,
-            body: body.to_vec(),
+        let (guid, event) = (envelope.guid.clone(), envelope.event.clone());
+        let incoming = match envelope.verify(
+            &self.config.secrets,
+            body.to_vec(),
             received_at_ms,
-            source: Source::Webhook,
+            Source::Webhook,
+        ) {
+            Ok(incoming) => incoming,
+            Err(refusal) => {
+                tracing::warn!(%guid, %event, "refused a delivery whose signature matches no configured secret");
+                return self.refuse(refusal);
+            }
         };
         match self.journal.record(incoming).await {
             Ok(Recorded::New(outcome)) => {
@@ -255,27 +200,29 @@ impl Receiver {
                 tracing::debug!(%guid, %event, "delivery already journalled");
                 text(StatusCode::OK, "already journalled\n")
             }
-            Err(JournalError::NotJson) => {
-                self.refuse(StatusCode::BAD_REQUEST, "not_json", "the body is not JSON")
-            }
+            Err(JournalError::NotJson) => self.refuse(Refusal {
+                status: StatusCode::BAD_REQUEST,
+                reason: "not_json",
+                detail: "the body is not JSON",
+            }),
             Err(err) => {
                 // GitHub counts this delivery as failed; the agent's redelivery recovers it.
                 tracing::error!(%guid, %event, error = %err, "delivery not journalled");
-                self.refuse(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "journal",
-                    "the journal cannot take deliveries now",
-                )
+                self.refuse(Refusal {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    reason: "journal",
+                    detail: "the journal cannot take deliveries now",
+                })
             }
         }
     }
 
     fn too_large(&self) -> Reply {
-        let mut reply = self.refuse(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            "body over 25 MiB",
-        );
+        let mut reply = self.refuse(Refusal {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            reason: "too_large",
+            detail: "body over 25 MiB",
+        });
         // The rest of the body is never read: close instead of draining it.
         reply.headers_mut().insert(
             header::CONNECTION,
@@ -284,7 +231,12 @@ impl Receiver {
         reply
     }
 
-    fn refuse(&self, status: StatusCode, reason: &'static str, detail: &str) -> Reply {
+    fn refuse(&self, refusal: Refusal) -> Reply {
+        let Refusal {
+            status,
+            reason,
+            detail,
+        } = refusal;
         self.metrics.refused(status.as_u16(), reason);
         tracing::debug!(status = status.as_u16(), reason, "request refused");
         text(status, &format!("{detail}\n"))
@@ -320,28 +272,6 @@ impl Receiver {
         );
         reply
     }
-}
-
-fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty())
-}
-
-fn is_json(headers: &HeaderMap) -> bool {
-    header_str(headers, "content-type").is_some_and(|ct| {
-        ct.split(';')
-            .next()
-            .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
-    })
-}
-
-fn kept_headers(headers: &HeaderMap) -> Vec<(String, String)> {
-    KEPT_HEADERS
-        .iter()
-        .filter_map(|name| header_str(headers, name).map(|v| ((*name).to_owned(), v.to_owned())))
-        .collect()
 }
 
 fn text(status: StatusCode, body: &str) -> Reply {
