@@ -70,6 +70,34 @@ pub fn private_key(config: &Config) -> Result<SecretString, Exit> {
     Ok(SecretString::from(pem))
 }
 
+/// The relay subscriber token; wins over `relay.token_file`.
+pub const RELAY_TOKEN_ENV: &str = "RM_RELAY_TOKEN";
+
+/// The token `rm-relay channel token` issued for this host: `$RM_RELAY_TOKEN` if set, else the
+/// file named by `relay.token_file`.
+pub fn relay_token(config: &Config) -> Result<SecretString, Exit> {
+    let token = match std::env::var(RELAY_TOKEN_ENV) {
+        Ok(value) if !value.trim().is_empty() => value,
+        _ => match config.relay.as_ref().and_then(|r| r.token_file.as_ref()) {
+            Some(path) => read_secret_file(path, "relay.token_file")?,
+            None => {
+                return Err(Exit::usage(format!(
+                    "no relay token: set `relay.token_file` in {} or ${RELAY_TOKEN_ENV}; `rm-relay channel token CHANNEL HOST` issues one",
+                    crate::config::display_file(config.source.as_deref())
+                )));
+            }
+        },
+    };
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(Exit::usage(
+            "relay.token_file is empty; put the token `rm-relay channel token` printed there"
+                .to_owned(),
+        ));
+    }
+    Ok(SecretString::from(token.to_owned()))
+}
+
 fn split(text: &str, separator: char) -> Vec<SecretString> {
     text.split(separator)
         .map(str::trim)

@@ -43,6 +43,32 @@ pub struct Snapshot {
     pub polling: Polling,
     pub github: Github,
     pub host: Host,
+    /// The relay subscription, when `[relay]` is configured.
+    #[serde(default)]
+    pub relay: Option<Relay>,
+}
+
+/// The relay subscription as the agent last saw it ([`crate::relay::RelayState`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Relay {
+    pub connected: bool,
+    pub last_event_id: Option<u64>,
+    pub journalled: u64,
+    pub refused: u64,
+    /// Why the last connection failed or ended, while not connected.
+    pub problem: Option<String>,
+}
+
+impl From<&crate::relay::RelayState> for Relay {
+    fn from(state: &crate::relay::RelayState) -> Self {
+        Relay {
+            connected: state.connected,
+            last_event_id: state.last_event_id,
+            journalled: state.journalled,
+            refused: state.refused,
+            problem: state.problem.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -156,6 +182,7 @@ impl Snapshot {
                 last_contact_at_ms: contact.last_contact_at.map(unix_ms),
             },
             host: Host { max_runners },
+            relay: None,
         }
     }
 
@@ -205,9 +232,11 @@ pub fn read(data_dir: &Path) -> Result<Option<Snapshot>, String> {
 
 /// Publishes the agent's status until the poller stops: at once, whenever `status` changes,
 /// and at least every [`PUBLISH_EVERY`]. A failed write is logged and retried at the next one.
+/// `relay` is the relay subscription's state, when there is one.
 pub fn spawn_publisher(
     data_dir: PathBuf,
     mut status: watch::Receiver<PollerStatus>,
+    mut relay: Option<watch::Receiver<crate::relay::RelayState>>,
     client: GithubClient,
     max_runners: u32,
 ) -> tokio::task::JoinHandle<()> {
@@ -217,13 +246,14 @@ pub fn spawn_publisher(
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut warned = false;
         loop {
-            let snapshot = Snapshot::capture(
+            let mut snapshot = Snapshot::capture(
                 &status.borrow_and_update(),
                 client.contact(),
                 max_runners,
                 pid,
                 SystemTime::now(),
             );
+            snapshot.relay = relay.as_mut().map(|r| Relay::from(&*r.borrow_and_update()));
             let dir = data_dir.clone();
             match tokio::task::spawn_blocking(move || write(&dir, &snapshot)).await {
                 Ok(Ok(())) => warned = false,
@@ -242,6 +272,13 @@ pub fn spawn_publisher(
                     }
                 }
                 _ = tick.tick() => {}
+                // A relay that stopped reporting (shutdown) falls back to the tick.
+                Some(Ok(())) = async {
+                    match relay.as_mut() {
+                        Some(r) => Some(r.changed().await),
+                        None => std::future::pending().await,
+                    }
+                } => {}
             }
         }
     })

@@ -1,7 +1,8 @@
 //! Every example in deploy/ parses and agrees with the code and the example configuration: the
 //! systemd unit (as INI: the hardening, the drain's stop timeout, `rm-agent ... run`), the
 //! launchd plist (as a plist), the reverse proxies (the receiver's port and path, the body
-//! limit). The TOML configurations go through the real loader in `config::tests`; here the full
+//! limit), the relay's container image (its stages, the Rust version, the non-root user, the
+//! command line). The TOML configurations go through the real loader in `config::tests`; here the full
 //! example is loaded again to read the port, path and data directory the others must match.
 //! Where `systemd-analyze` or `caddy` is installed, they check their files too.
 
@@ -322,6 +323,7 @@ fn every_file_in_deploy_is_checked() {
         "launchd/dev.rm.agent.plist",
         "proxy/nginx.conf",
         "proxy/Caddyfile",
+        "relay/Dockerfile",
     ];
     let mut found = Vec::new();
     let mut dirs = vec![PathBuf::from(DEPLOY)];
@@ -346,5 +348,163 @@ fn every_file_in_deploy_is_checked() {
     }
     for file in checked {
         assert!(found.iter().any(|f| f == file), "deploy/{file} is missing");
+    }
+}
+
+/// A Dockerfile as (INSTRUCTION, arguments), comments dropped and `\` continuations joined.
+fn parse_dockerfile(text: &str) -> Vec<(String, String)> {
+    let mut instructions = Vec::new();
+    let mut pending = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && pending.is_empty()) {
+            continue;
+        }
+        if let Some(head) = trimmed.strip_suffix('\\') {
+            pending.push_str(head);
+            pending.push(' ');
+            continue;
+        }
+        pending.push_str(trimmed);
+        let (name, args) = pending.split_once(char::is_whitespace).unwrap();
+        instructions.push((name.to_ascii_uppercase(), args.trim().to_owned()));
+        pending.clear();
+    }
+    assert!(pending.is_empty(), "a continuation runs off the end");
+    instructions
+}
+
+/// `"1.95"` -> (1, 95).
+fn minor_version(text: &str) -> (u32, u32) {
+    let mut parts = text.split('.').map(|p| p.parse::<u32>().unwrap());
+    (parts.next().unwrap(), parts.next().unwrap())
+}
+
+#[test]
+fn the_relay_image_builds_rm_relay_and_runs_its_serve_command_unprivileged() {
+    let instructions = parse_dockerfile(&read("relay/Dockerfile"));
+    // Stages: each starts at a FROM.
+    let mut stages: Vec<Vec<(String, String)>> = Vec::new();
+    for (name, args) in instructions {
+        if name == "FROM" {
+            stages.push(Vec::new());
+        }
+        stages
+            .last_mut()
+            .expect("the Dockerfile must start with FROM")
+            .push((name, args));
+    }
+    assert!(
+        stages.len() >= 2,
+        "a multi-stage build: a builder and a runtime"
+    );
+    let args_of = |stage: &[(String, String)], name: &str| -> Vec<String> {
+        stage
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, a)| a.clone())
+            .collect()
+    };
+
+    // The builder: a Rust image no older than the workspace's rust-version, building rm-relay.
+    let builder = &stages[0];
+    let from = &args_of(builder, "FROM")[0];
+    let (image, stage_name) = from
+        .split_once(" AS ")
+        .or_else(|| from.split_once(" as "))
+        .unwrap();
+    let tag = image
+        .strip_prefix("rust:")
+        .expect("the builder is the official rust image");
+    let manifest: toml::Table = toml::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml")).unwrap(),
+    )
+    .unwrap();
+    let rust_version = manifest["workspace"]["package"]["rust-version"]
+        .as_str()
+        .unwrap();
+    let image_version = tag.split('-').next().unwrap();
+    assert!(
+        minor_version(image_version) >= minor_version(rust_version),
+        "the builder's Rust {image_version} is older than the workspace's rust-version {rust_version}"
+    );
+    let build = args_of(builder, "RUN").join(" ");
+    let cargo: Vec<&str> = build
+        .split("&&")
+        .find(|c| c.contains("cargo build"))
+        .expect("the builder runs cargo build")
+        .split_whitespace()
+        .collect();
+    for flag in ["--release", "--locked"] {
+        assert!(
+            cargo.contains(&flag),
+            "cargo build without {flag}: {cargo:?}"
+        );
+    }
+    let package = cargo
+        .iter()
+        .position(|a| *a == "-p" || *a == "--package")
+        .unwrap();
+    assert_eq!(cargo[package + 1], "rm-relay");
+
+    // The runtime: the binary from the builder, a non-root user, JSON-form ENTRYPOINT and CMD.
+    let runtime = stages.last().unwrap();
+    assert!(
+        args_of(runtime, "COPY")
+            .iter()
+            .any(|c| c.contains(&format!("--from={stage_name}")) && c.contains("rm-relay")),
+        "the runtime copies rm-relay from the {stage_name} stage"
+    );
+    let user = args_of(runtime, "USER")
+        .pop()
+        .expect("the runtime sets USER");
+    let user = user.split(':').next().unwrap();
+    assert!(!["root", "0", ""].contains(&user), "USER {user} is root");
+    let json_array = |name: &str| -> Vec<String> {
+        let args = args_of(runtime, name)
+            .pop()
+            .unwrap_or_else(|| panic!("no {name}"));
+        serde_json::from_str(&args)
+            .unwrap_or_else(|_| panic!("{name} is not in JSON-array form: {args}"))
+    };
+    assert_eq!(json_array("ENTRYPOINT"), ["rm-relay"]);
+    let cmd = json_array("CMD");
+    assert_eq!(cmd[0], "serve", "{cmd:?}");
+    let value_of = |flag: &str| {
+        let at = cmd
+            .iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("CMD has no {flag}"));
+        cmd[at + 1].clone()
+    };
+    let listen: std::net::SocketAddr = value_of("--listen").parse().unwrap();
+    assert_eq!(args_of(runtime, "EXPOSE"), [listen.port().to_string()]);
+    assert_eq!(args_of(runtime, "VOLUME"), [value_of("--data-dir")]);
+
+    // Every CMD flag is one `rm-relay serve` accepts, asked of the built binary when this
+    // target directory has one (a workspace test run builds it; relay/tests/relay/container.rs
+    // also runs this very CMD).
+    let bin = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("rm-relay");
+    match Command::new(&bin).args(["serve", "--help"]).output() {
+        Ok(out) if out.status.success() => {
+            let help = String::from_utf8(out.stdout).unwrap();
+            for flag in cmd.iter().filter(|a| a.starts_with("--")) {
+                assert!(
+                    help.split_whitespace()
+                        .any(|w| w.trim_end_matches(',') == flag),
+                    "`rm-relay serve` has no {flag}:\n{help}"
+                );
+            }
+        }
+        _ => eprintln!(
+            "{} is not built: the CMD flags were checked by the relay's own tests",
+            bin.display()
+        ),
     }
 }

@@ -15,6 +15,7 @@ use serde_json::json;
 use crate::config::{self, Config, Policy};
 use crate::exit::Exit;
 use crate::output::{print_json, print_table};
+use crate::runner::package;
 use crate::secrets;
 
 /// The organization permission `generate-jitconfig` and runner removal need on an organization.
@@ -49,7 +50,7 @@ impl Status {
 pub struct Finding {
     pub status: Status,
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
-    /// `app`, `installation`, `permission`, `runner_group`.
+    /// `app`, `installation`, `permission`, `runner_group`, `relay`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,
@@ -176,7 +177,10 @@ pub async fn findings(config: &Config) -> Vec<Finding> {
         ));
     }
     out.push(webhook_secret(config));
-    if let Some(finding) = runner_package(config) {
+    if let Some(finding) = relay(config).await {
+        out.push(finding);
+    }
+    if let Some(finding) = runner_package(config).await {
         out.push(finding);
     }
 
@@ -249,14 +253,38 @@ fn webhook_secret(config: &Config) -> Finding {
 }
 
 /// Whether an environment variable is absent or blank (the secrets readers then use the file).
+/// With `[relay]`: the token is there and the relay takes it.
+async fn relay(config: &Config) -> Option<Finding> {
+    let relay = config.relay.as_ref()?;
+    let token = match secrets::relay_token(config) {
+        Ok(token) => token,
+        Err(exit) => return Some(Finding::from_exit(Status::Fail, "relay", &exit)),
+    };
+    Some(match crate::relay::probe(&relay.url, &token).await {
+        Ok(()) => Finding::ok(
+            "relay",
+            format!("the relay at {} takes this host's token", relay.url),
+        ),
+        Err(err) => Finding::fail(
+            "relay",
+            format!("the relay subscription cannot open: {err:#}"),
+            "check relay.url, the token (`rm-relay channel token CHANNEL HOST`) and that this host can reach the relay",
+        ),
+    })
+}
+
 fn unset(name: &str) -> bool {
     std::env::var(name)
         .ok()
         .is_none_or(|value| value.trim().is_empty())
 }
 
-/// The unpacked runner package, when `runner.package_dir` names one (CONTRACT §5).
-fn runner_package(config: &Config) -> Option<Finding> {
+/// The unpacked runner package, when `runner.package_dir` names one (CONTRACT §5), or the
+/// state of the one `runner.version` names: cached, to be downloaded, or not to be had.
+async fn runner_package(config: &Config) -> Option<Finding> {
+    if let Some(wanted) = package::Wanted::from_config(config) {
+        return Some(version_finding(config, wanted).await);
+    }
     let dir = config.runner.package_dir.as_deref()?;
     let listener = dir.join("bin").join("Runner.Listener");
     Some(if is_file(&listener) {
@@ -274,6 +302,36 @@ fn runner_package(config: &Config) -> Option<Finding> {
             "unpack the actions/runner release there, or set `runner.version` to download one",
         )
     })
+}
+
+/// `runner.version`: what `rm-agent run` will find or fetch. Asks GitHub for the release's
+/// metadata only when the package is not cached; never downloads.
+async fn version_finding(
+    config: &Config,
+    wanted: Result<package::Wanted, package::PackageError>,
+) -> Finding {
+    let inspection = match wanted {
+        Ok(wanted) => package::inspect(&wanted).await,
+        Err(err) => Err(err),
+    };
+    match inspection {
+        Ok(package::Inspection::Cached(cached)) => Finding::ok(
+            "runner_package",
+            format!("runner package cached at {}", cached.dir.display()),
+        ),
+        Ok(package::Inspection::WouldDownload(chosen)) => Finding::ok(
+            "runner_package",
+            format!(
+                "runner package not cached yet: `rm-agent run` downloads {} ({} MiB) and checks its SHA-256 from {}",
+                chosen.asset.name,
+                chosen.asset.size.div_ceil(1024 * 1024),
+                chosen.source.describe()
+            ),
+        ),
+        Err(err) => {
+            Finding::from_exit(Status::Fail, "runner_package", &package::exit(config, &err))
+        }
+    }
 }
 
 fn is_file(path: &Path) -> bool {
@@ -585,6 +643,75 @@ mod tests {
         assert!(ready(&findings));
         findings.push(Finding::fail("app", "bad", "fix"));
         assert!(!ready(&findings));
+    }
+
+    #[tokio::test]
+    async fn a_runner_version_is_reported_missing_downloadable_or_cached() {
+        use rm_fake_github::{FakeGithub, FakeOptions};
+        let fake = FakeGithub::start(FakeOptions::new(1, String::new()))
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rm-agent.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "data_dir = \"{}\"\n[github]\napi_url = \"{}\"\n[runner]\nversion = \"2.330.0\"\n",
+                dir.path().join("data").display(),
+                fake.api_url()
+            ),
+        )
+        .unwrap();
+        let config = config::load(&config::Sources {
+            explicit_file: Some(file),
+            data_dir: None,
+        })
+        .unwrap();
+
+        let missing = runner_package(&config).await.unwrap();
+        assert_eq!(missing.status, Status::Fail);
+        assert!(
+            missing.what.contains("no actions/runner release v2.330.0"),
+            "{}",
+            missing.what
+        );
+        assert!(
+            missing.remedy.contains("runner.package_dir"),
+            "{}",
+            missing.remedy
+        );
+
+        fake.publish_runner_release("2.330.0", vec![0; 3 * 1024 * 1024]);
+        let downloadable = runner_package(&config).await.unwrap();
+        assert_eq!(downloadable.status, Status::Ok);
+        assert!(
+            downloadable.what.contains("downloads actions-runner-")
+                && downloadable.what.contains("(3 MiB)"),
+            "{}",
+            downloadable.what
+        );
+        assert!(
+            !fake
+                .requests()
+                .iter()
+                .any(|r| r.path.contains("/download/")),
+            "check never downloads"
+        );
+
+        let wanted = package::Wanted::from_config(&config).unwrap().unwrap();
+        let cached = dir.path().join("data/packages").join(wanted.name());
+        std::fs::create_dir_all(cached.join("bin")).unwrap();
+        std::fs::write(cached.join("bin/Runner.Listener"), b"").unwrap();
+        std::fs::write(
+            cached.join(package::cache::COMPLETE_MARKER),
+            "ab".repeat(32),
+        )
+        .unwrap();
+        fake.clear_requests();
+        let found = runner_package(&config).await.unwrap();
+        assert_eq!(found.status, Status::Ok);
+        assert!(found.what.contains("cached at"), "{}", found.what);
+        assert!(fake.requests().is_empty());
     }
 
     #[test]

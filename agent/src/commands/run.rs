@@ -20,6 +20,7 @@ use crate::exit::Exit;
 use crate::lifecycle::Timeouts;
 use crate::notify::{Notifier, OperatorEvent};
 use crate::polling::{Pacing, Poller, PollerConfig, PollerStatus};
+use crate::relay::Subscription;
 use crate::{lock, secrets};
 
 pub async fn run(config: &Config) -> Result<(), Exit> {
@@ -66,7 +67,7 @@ pub async fn serve_paced(
     pacing: Pacing,
     shutdown: impl Future<Output = ()>,
 ) -> Result<DrainReport, Exit> {
-    let settings = settings(config)?;
+    let settings = settings(config).await?;
     let webhook_secrets = match &config.receiver {
         Some(_) => Some(secrets::webhook_secrets(config)?),
         None => None,
@@ -86,16 +87,20 @@ pub async fn serve_paced(
     .map_err(Exit::runtime)?;
     // For `rm-agent status` and `/metrics`: what only the running agent knows.
     let published = client.clone();
-    if config.relay.is_some() {
-        tracing::warn!(
-            "[relay] is not supported by this version: no relay subscription is made, and without [receiver] jobs are found by polling alone"
-        );
-    }
-    // Only a receiver brings deliveries in this version: trust in webhooks is earned by it.
-    let poller_config = PollerConfig {
-        intake: config.receiver.is_some(),
-        ..PollerConfig::from_config(config)
+    // Checked before anything starts, so a missing token is a usage error at start.
+    let relay = match &config.relay {
+        Some(relay) => Some(
+            Subscription::new(
+                &relay.url,
+                secrets::relay_token(config)?,
+                Arc::new(secrets::webhook_secrets(config)?),
+                journal.clone(),
+            )
+            .map_err(Exit::runtime)?,
+        ),
+        None => None,
     };
+    let poller_config = PollerConfig::from_config(config);
     let poller = Poller::new(
         poller_config,
         client,
@@ -110,6 +115,7 @@ pub async fn serve_paced(
     crate::status_file::spawn_publisher(
         config.data_dir.clone(),
         poller.status(),
+        relay.as_ref().map(Subscription::state),
         published.clone(),
         config.host.max_runners,
     );
@@ -147,6 +153,10 @@ pub async fn serve_paced(
             None
         }
     };
+    let relay = relay.map(|subscription| {
+        tracing::info!(url = %subscription.url(), "subscribing to the relay");
+        tokio::spawn(subscription.run(stop_rx.clone()))
+    });
     let polling = tokio::spawn(poller.run(stopped(stop_rx.clone())));
     let signal = async move {
         shutdown.await;
@@ -163,6 +173,11 @@ pub async fn serve_paced(
             Ok(Err(e)) => tracing::warn!(error = %e, "the receiver stopped with an error"),
             Err(e) => tracing::warn!(error = %e, "the receiver task failed"),
         }
+    }
+    if let Some(relay) = relay
+        && let Err(e) = relay.await
+    {
+        tracing::warn!(error = %e, "the relay subscription task failed");
     }
     if let Err(e) = polling.await {
         tracing::warn!(error = %e, "the polling task failed");
@@ -204,8 +219,9 @@ fn watch_webhook_health(mut status: watch::Receiver<PollerStatus>, notifier: Arc
     });
 }
 
-/// The executor's settings, refusing what `run` cannot do yet.
-fn settings(config: &Config) -> Result<Settings, Exit> {
+/// The executor's settings, refusing what `run` cannot do yet. A `runner.version` is resolved
+/// here to its package in the cache, downloaded and verified first if it is not there.
+async fn settings(config: &Config) -> Result<Settings, Exit> {
     if config.policies.is_empty() {
         return Err(usage(
             config,
@@ -229,13 +245,7 @@ fn settings(config: &Config) -> Result<Settings, Exit> {
     }
     let package_dir = match (&config.runner.package_dir, &config.runner.version) {
         (Some(dir), _) => dir.clone(),
-        (None, Some(_)) => {
-            return Err(usage(
-                config,
-                "runner.version",
-                "downloading the runner package is not supported by this version yet; unpack actions/runner and set runner.package_dir",
-            ));
-        }
+        (None, Some(_)) => crate::runner::package::resolve_configured(config).await?,
         (None, None) => {
             return Err(usage(
                 config,

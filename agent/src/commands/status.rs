@@ -175,6 +175,13 @@ pub fn to_json(facts: &Facts) -> Value {
             "intake": live.map(|s| s.polling.webhooks.intake),
             "trusted": live.map(|s| s.polling.webhooks.trusted),
             "reason": live.map(|s| s.polling.webhooks.reason.as_str()),
+            "relay": live.and_then(|s| s.relay.as_ref()).map(|r| json!({
+                "connected": r.connected,
+                "last_event_id": r.last_event_id,
+                "journalled": r.journalled,
+                "refused": r.refused,
+                "problem": r.problem,
+            })),
         },
         "polling": {
             "pace": live.map(|s| s.polling.pace.as_str()),
@@ -271,6 +278,14 @@ pub fn degraded(facts: &Facts) -> Vec<String> {
                     "Webhooks are not trusted ({other}); polling runs at the full schedule."
                 ),
             });
+        }
+        if let Some(relay) = live.relay.as_ref().filter(|r| !r.connected) {
+            found.push(format!(
+                "The relay subscription is down ({}). Deliveries wait at the relay and are \
+                 replayed when the agent reconnects (it retries with back-off); polling finds \
+                 jobs meanwhile. Check relay.url, the token and that this host can reach the relay.",
+                relay.problem.as_deref().unwrap_or("not connected yet")
+            ));
         }
         if let Some(offline) = &polling.offline {
             found.push(format!("{}.", offline.description));
@@ -387,14 +402,22 @@ pub fn render(facts: &Facts) -> String {
         "last delivery {last_delivery}; {} journalled, {} rejected",
         facts.deliveries, facts.rejected
     );
+    let relay = match live.and_then(|s| s.relay.as_ref()) {
+        Some(r) if r.connected => format!(
+            "; relay connected ({} relayed, {} refused)",
+            r.journalled, r.refused
+        ),
+        Some(_) => "; relay DISCONNECTED".to_owned(),
+        None => String::new(),
+    };
     line(
         "webhooks",
         match live.map(|s| &s.polling.webhooks) {
             Some(w) if !w.intake => {
                 format!("no receiver or relay configured: jobs are found by polling; {journalled}")
             }
-            Some(w) if w.trusted => format!("healthy; {journalled}"),
-            Some(w) => format!("NOT trusted ({}); {journalled}", w.reason),
+            Some(w) if w.trusted => format!("healthy; {journalled}{relay}"),
+            Some(w) => format!("NOT trusted ({}); {journalled}{relay}", w.reason),
             None => format!("unknown (no agent); {journalled}"),
         },
     );
@@ -550,6 +573,7 @@ mod tests {
                 last_contact_at_ms: Some(NOW - 3_000),
             },
             host: Host { max_runners: 6 },
+            relay: None,
         }
     }
 
@@ -774,5 +798,32 @@ mod tests {
         assert!(degraded(&f).is_empty());
         assert_eq!(to_json(&f)["webhooks"]["healthy"], false);
         assert!(render(&f).contains("webhooks  no receiver or relay configured"));
+    }
+
+    #[test]
+    fn a_relay_subscription_is_shown_and_its_outage_named() {
+        let mut f = facts();
+        f.snapshot.as_mut().unwrap().relay = Some(crate::status_file::Relay {
+            connected: true,
+            last_event_id: Some(17),
+            journalled: 5,
+            refused: 1,
+            problem: None,
+        });
+        assert!(degraded(&f).is_empty(), "{:?}", degraded(&f));
+        assert_eq!(to_json(&f)["webhooks"]["relay"]["last_event_id"], 17);
+        assert!(render(&f).contains("relay connected (5 relayed, 1 refused)"));
+
+        let relay = f.snapshot.as_mut().unwrap().relay.as_mut().unwrap();
+        relay.connected = false;
+        relay.problem = Some("cannot reach the relay".to_owned());
+        let problems = degraded(&f);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("The relay subscription is down (cannot reach the relay)."),
+            "{problems:?}"
+        );
+        assert_eq!(to_json(&f)["webhooks"]["relay"]["connected"], false);
+        assert!(render(&f).contains("relay DISCONNECTED"));
     }
 }

@@ -160,6 +160,16 @@ fn out_of_range_values_are_refused_with_the_remedy() {
             "not both",
         ),
         (
+            "[runner]\nversion = \"v2.330.0\"\n",
+            "runner.version",
+            "without the `v`",
+        ),
+        (
+            "[runner]\nversion = \"2.330.0/../../x\"\n",
+            "runner.version",
+            "2.330.0",
+        ),
+        (
             "[runner]\nidle_timeout = \"0s\"\n",
             "runner.idle_timeout",
             "zero",

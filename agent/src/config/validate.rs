@@ -150,6 +150,17 @@ pub(super) fn validate(
                 .to_owned(),
         ));
     }
+    if let Some(version) = &file.runner.version
+        && !is_runner_version(version)
+    {
+        // The version becomes part of a URL and of a directory name: digits and dots only.
+        return Err(err(
+            "runner.version",
+            format!(
+                "`{version}` is not an actions/runner version; write it as the releases list it, without the `v`, e.g. \"2.330.0\""
+            ),
+        ));
+    }
     let positive = |key: &str, d: Option<ConfigDuration>, default: Duration| {
         let d = d.map_or(default, |d| d.0);
         if d.is_zero() {
@@ -384,4 +395,13 @@ fn default_host_name() -> String {
         })
         .take(MAX_HOST_NAME_LEN)
         .collect()
+}
+
+/// `MAJOR.MINOR.PATCH`, each a number.
+fn is_runner_version(version: &str) -> bool {
+    let parts: Vec<&str> = version.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.len() <= 6 && p.bytes().all(|b| b.is_ascii_digit()))
 }

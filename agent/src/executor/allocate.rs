@@ -78,6 +78,25 @@ pub fn launch_backoff(failures: u32, terminal: bool) -> Duration {
         .min(LAUNCH_BACKOFF_MAX)
 }
 
+/// Tracks, per policy in `waiting_since`, since when its demand has been held back by the
+/// host's ceiling (not by its own `max_runners`: that is the operator's choice); whether it has
+/// now waited [`NOTIFY_WAITING_AFTER`]. Demand that stops waiting starts the clock over.
+pub fn waiting_too_long(
+    waiting_since: &mut HashMap<String, i64>,
+    policy: &str,
+    demand: u32,
+    limit: allocation::Limit,
+    now_ms: i64,
+) -> bool {
+    if limit != allocation::Limit::HostCapacity || demand == 0 {
+        waiting_since.remove(policy);
+        return false;
+    }
+    let since = *waiting_since.entry(policy.to_owned()).or_insert(now_ms);
+    now_ms.saturating_sub(since)
+        >= i64::try_from(NOTIFY_WAITING_AFTER.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// Whether a conclusion fences the policy's older demand: its runner had the chance to take
 /// those jobs and did not.
 pub fn fences_demand(conclusion: Conclusion) -> bool {
@@ -291,18 +310,13 @@ impl Executor {
     /// Tracks demand held back by the host's ceiling; tells the operator when it lasts.
     fn note_waiting(&self, policy: &Policy, demand: u32, limit: allocation::Limit) {
         let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
-        if limit != allocation::Limit::HostCapacity || demand == 0 {
-            memory.waiting_since.remove(&policy.name);
-            return;
-        }
-        let now = now_ms();
-        let since = *memory
-            .waiting_since
-            .entry(policy.name.clone())
-            .or_insert(now);
-        if now.saturating_sub(since)
-            >= i64::try_from(NOTIFY_WAITING_AFTER.as_millis()).unwrap_or(i64::MAX)
-        {
+        if waiting_too_long(
+            &mut memory.waiting_since,
+            &policy.name,
+            demand,
+            limit,
+            now_ms(),
+        ) {
             self.notifier
                 .notify(OperatorEvent::DemandWaitingAtCapacity {
                     policy: policy.name.clone(),
@@ -333,6 +347,74 @@ mod tests {
             .collect();
         assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300]);
         assert_eq!(launch_backoff(1, true), LAUNCH_BACKOFF_MAX);
+    }
+
+    #[test]
+    fn only_demand_held_back_by_the_host_for_long_is_worth_telling() {
+        use allocation::Limit;
+        let after = i64::try_from(NOTIFY_WAITING_AFTER.as_millis()).unwrap();
+        let mut since = HashMap::new();
+        assert!(!waiting_too_long(
+            &mut since,
+            "linux",
+            3,
+            Limit::HostCapacity,
+            0
+        ));
+        assert!(!waiting_too_long(
+            &mut since,
+            "linux",
+            3,
+            Limit::HostCapacity,
+            after - 1
+        ));
+        assert!(waiting_too_long(
+            &mut since,
+            "linux",
+            2,
+            Limit::HostCapacity,
+            after
+        ));
+        // A slot freed (or the demand was met): the clock starts over.
+        assert!(!waiting_too_long(
+            &mut since,
+            "linux",
+            0,
+            Limit::HostCapacity,
+            after + 1
+        ));
+        assert!(!waiting_too_long(
+            &mut since,
+            "linux",
+            2,
+            Limit::HostCapacity,
+            after + 2
+        ));
+        assert!(!waiting_too_long(
+            &mut since,
+            "linux",
+            2,
+            Limit::HostCapacity,
+            2 * after
+        ));
+        assert!(waiting_too_long(
+            &mut since,
+            "linux",
+            2,
+            Limit::HostCapacity,
+            2 * after + 2
+        ));
+        // The policy's own ceiling is the operator's choice, not a shortage.
+        let mut since = HashMap::new();
+        for at in [0, after, 2 * after] {
+            assert!(!waiting_too_long(
+                &mut since,
+                "gpu",
+                5,
+                Limit::MaxRunners,
+                at
+            ));
+        }
     }
 
     #[test]

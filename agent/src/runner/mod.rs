@@ -1,8 +1,10 @@
 //! Runner processes and their workspaces: the adapters the lifecycle drives. [`workspace`] makes
 //! and removes a runner's runtime directory; [`process`] starts the runner in it, tells a live
-//! runner from a recycled pid, and stops the runner's whole process group.
+//! runner from a recycled pid, and stops the runner's whole process group. [`package`] fetches
+//! the package `runner.version` names into the cache.
 
 pub mod discover;
+pub mod package;
 pub mod process;
 pub mod workspace;
 

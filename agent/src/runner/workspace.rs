@@ -246,7 +246,7 @@ impl Workspaces for RunnerRoot {
 
 /// Refuses a package that is not a directory or ships a top-level `_work` (of any file type:
 /// a link named `_work` would be worse than a folder).
-fn check_package(package: &Path) -> Result<(), WorkspaceError> {
+pub fn check_package(package: &Path) -> Result<(), WorkspaceError> {
     let fail = |source| WorkspaceError::Package {
         package: package.to_path_buf(),
         source,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions};
+use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, ReleaseOptions};
 use rm_journal::{AttemptRecord, Reader};
 use secrecy::{ExposeSecret as _, SecretString};
 
@@ -48,6 +48,15 @@ pub struct FleetOptions {
     pub receiver: bool,
     /// `[polling] idle_interval`.
     pub polling_idle_interval: &'static str,
+    /// `[relay] url`: the subscribe URL of an rm-relay channel (the token goes in
+    /// `RM_RELAY_TOKEN` when the agent starts).
+    pub relay_url: Option<String>,
+    /// `[runner] version` instead of `package_dir`: the fake runner package is published on
+    /// the fake GitHub as actions/runner release `v{version}`, as `runner_release` says.
+    pub runner_version: Option<&'static str>,
+    pub runner_release: ReleaseOptions,
+    /// `[notifications] desktop`.
+    pub desktop_notifications: bool,
 }
 
 impl Default for FleetOptions {
@@ -59,6 +68,10 @@ impl Default for FleetOptions {
             registration_timeout: "5m",
             receiver: true,
             polling_idle_interval: "10s",
+            relay_url: None,
+            runner_version: None,
+            runner_release: ReleaseOptions::default(),
+            desktop_notifications: false,
         }
     }
 }
@@ -87,6 +100,9 @@ impl Fleet {
             &setup.dir.path().join("package"),
         )
         .unwrap();
+        if let Some(version) = options.runner_version {
+            fake.publish_runner_release_with(version, tarball(&package), options.runner_release);
+        }
         let runner_root = setup.dir.path().join("runners");
         let fleet = Fleet {
             options: options.clone(),
@@ -111,8 +127,8 @@ impl Fleet {
         std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
         let mut config = format!(
             "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n\n\
-             {receiver}[polling]\nidle_interval = \"{idle_poll}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\n\n\
-             [runner]\npackage_dir = \"{package}\"\nidle_timeout = \"{idle}\"\nregistration_timeout = \"{registration}\"\n",
+             {receiver}{relay}[notifications]\ndesktop = {desktop}\n\n[polling]\nidle_interval = \"{idle_poll}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\n\n\
+             [runner]\n{package}idle_timeout = \"{idle}\"\nregistration_timeout = \"{registration}\"\n",
             data = self.setup.dir.path().join("data").display(),
             api = self.fake.api_url(),
             key = key_file.display(),
@@ -121,10 +137,18 @@ impl Fleet {
             } else {
                 String::new()
             },
+            relay = match &options.relay_url {
+                Some(url) => format!("[relay]\nurl = \"{url}\"\n\n"),
+                None => String::new(),
+            },
+            desktop = options.desktop_notifications,
             idle_poll = options.polling_idle_interval,
             max = options.host_max,
             root = self.runner_root.display(),
-            package = self.package.display(),
+            package = match options.runner_version {
+                Some(version) => format!("version = \"{version}\"\n"),
+                None => format!("package_dir = \"{}\"\n", self.package.display()),
+            },
             idle = options.idle_timeout,
             registration = options.registration_timeout,
         );
@@ -163,6 +187,34 @@ impl Fleet {
             agent.wait_healthy().await;
         }
         agent
+    }
+
+    /// Starts `rm-agent run` expecting it to stop by itself (a refusal at start) within
+    /// `timeout`; its exit status and what it wrote to stderr.
+    pub async fn run_agent_until_exit(
+        &self,
+        timeout: Duration,
+    ) -> (std::process::ExitStatus, String) {
+        let log = self.setup.dir.path().join("agent-until-exit.log");
+        let mut child = self
+            .setup
+            .command(&["run"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return (status, std::fs::read_to_string(&log).unwrap());
+            }
+            if Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("rm-agent run did not stop by itself within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Every attempt in the journal, newest first.
@@ -227,6 +279,17 @@ impl Fleet {
         }
         all
     }
+}
+
+/// `dir` as a `.tar.gz` with entries under `./`, as actions/runner packs its releases.
+fn tarball(dir: &Path) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    {
+        let mut tar = tar::Builder::new(&mut gz);
+        tar.append_dir_all(".", dir).unwrap();
+        tar.finish().unwrap();
+    }
+    gz.finish().unwrap()
 }
 
 /// Waits until `check` holds, polling every 50 ms, failing with `what` after `timeout`.

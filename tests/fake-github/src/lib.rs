@@ -22,6 +22,7 @@ pub mod auth;
 pub mod jit;
 pub mod keys;
 pub mod model;
+pub mod releases;
 pub mod render;
 pub mod routes;
 pub mod runner_client;
@@ -41,6 +42,7 @@ use tokio::task::JoinHandle;
 pub use jit::{CrashPoint, FakeJitConfig, RunnerBehavior};
 pub use keys::AppKeyPair;
 pub use model::{Delivery, Job, JobStatus, RequestRecord, Runner};
+pub use releases::ReleaseOptions;
 pub use state::{FaultAction, signature};
 
 use server::Shared;
@@ -454,6 +456,28 @@ impl FakeGithub {
     pub fn set_runner_behavior_for(&self, runner_name: &str, behavior: RunnerBehavior) {
         self.with(|s| {
             s.behavior_by_name.insert(runner_name.to_owned(), behavior);
+        })
+    }
+
+    // ---- actions/runner releases ----
+
+    /// Publishes actions/runner release `v{version}` with `tarball` as the package of every
+    /// platform, its SHA-256 as each asset's `digest` and in the release notes' markers.
+    pub fn publish_runner_release(&self, version: &str, tarball: Vec<u8>) {
+        self.publish_runner_release_with(version, tarball, ReleaseOptions::default());
+    }
+
+    /// [`Self::publish_runner_release`] with the digest or the notes' checksums left out, or
+    /// the download corrupted.
+    pub fn publish_runner_release_with(
+        &self,
+        version: &str,
+        tarball: Vec<u8>,
+        options: ReleaseOptions,
+    ) {
+        self.with(|s| {
+            let id = s.next_id();
+            s.releases.publish(id, version, tarball, options);
         })
     }
 

@@ -98,6 +98,9 @@ async fn handle(
     let method = parts.method.as_str().to_owned();
     let path = parts.uri.path().to_owned();
     let query = parts.uri.query().unwrap_or("").to_owned();
+    if let Some(raw) = shared.with(|state| crate::releases::answer(state, &method, &path, &query)) {
+        return Ok(raw_response(raw));
+    }
     let json_body: Option<Value> = serde_json::from_slice(&body).ok();
     let action = shared.with(|state| {
         let base = state.base_path.clone();
@@ -167,6 +170,18 @@ fn redacted(headers: &HeaderMap) -> Vec<(String, String)> {
             (k.as_str().to_owned(), v)
         })
         .collect()
+}
+
+/// A release answer: bytes as they are.
+fn raw_response(raw: crate::releases::Raw) -> Response<Full<Bytes>> {
+    let mut builder = Response::builder()
+        .status(StatusCode::from_u16(raw.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR));
+    for (k, v) in &raw.headers {
+        builder = builder.header(k.as_str(), v.as_str());
+    }
+    builder
+        .body(Full::new(raw.body))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }
 
 fn plain(status: u16, msg: &str) -> Response<Full<Bytes>> {

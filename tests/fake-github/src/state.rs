@@ -106,6 +106,8 @@ pub struct State {
     pub fail_deliveries: usize,
     pub default_behavior: RunnerBehavior,
     pub behavior_by_name: HashMap<String, RunnerBehavior>,
+    /// Published actions/runner releases (see [`crate::releases`]).
+    pub releases: crate::releases::Releases,
 }
 
 /// `sha256=` + hex HMAC-SHA256 of the exact body, as GitHub signs deliveries.
@@ -158,6 +160,7 @@ impl State {
             fail_deliveries: 0,
             default_behavior: RunnerBehavior::default(),
             behavior_by_name: HashMap::new(),
+            releases: crate::releases::Releases::default(),
         }
     }
 

@@ -226,3 +226,49 @@ async fn a_runner_of_a_policy_removed_while_the_agent_was_down_does_not_block_re
     );
     assert!(fleet.runtimes().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runners_that_keep_failing_to_start_are_told_to_the_operator() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let fleet = Fleet::start(FleetOptions {
+        desktop_notifications: true,
+        ..FleetOptions::default()
+    })
+    .await;
+    // A package whose runner cannot be executed: every launch fails at the spawn.
+    let listener = fleet.package.join("bin").join("Runner.Listener");
+    std::fs::set_permissions(&listener, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // No desktop session: the notification is a logged no-op, never an error.
+    let _agent = fleet.start_agent(&[("DBUS_SESSION_BUS_ADDRESS", "")]).await;
+    fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    let failed = || {
+        fleet
+            .attempts()
+            .iter()
+            .filter(|a| a.outcome == Some(AttemptOutcome::Failed))
+            .count()
+    };
+    // Back-off between launches: 5 s, then 10 s.
+    wait_until(Duration::from_secs(40), "three failed launches", || {
+        failed() >= 3
+    })
+    .await;
+    wait_until(Duration::from_secs(10), "the operator told", || {
+        fleet
+            .setup
+            .logs()
+            .lines()
+            .any(|l| l.contains("RunnersFailingToStart") && l.contains("not shown"))
+    })
+    .await;
+    let logs = fleet.setup.logs();
+    let told = logs
+        .lines()
+        .filter(|l| l.contains("RunnersFailingToStart"))
+        .count();
+    assert_eq!(told, 1, "one notification, then the rate limit: {logs}");
+    assert!(
+        fleet.our_registrations().is_empty(),
+        "a failed launch left its registration"
+    );
+}

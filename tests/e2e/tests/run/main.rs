@@ -6,4 +6,6 @@
 mod crash;
 mod failures;
 mod lifecycle;
+mod package;
 mod polling;
+mod relay;

@@ -1,0 +1,212 @@
+//! `POST /hooks/{ingest id}`: GitHub's delivery, stored with its exact bytes and the headers a
+//! subscriber needs to verify and handle it, committed before the answer. The relay does not
+//! know the webhook secret: subscribers verify the signature themselves.
+
+use std::time::Duration;
+
+use http::{HeaderMap, Request, StatusCode, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use serde_json::{Map, Value};
+
+use crate::server::{Relay, Reply, json, text};
+use crate::store::{self, Inserted, NewDelivery};
+
+/// GitHub gives up on a delivery after 10 s; a body that takes longer is not GitHub's.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// GitHub's delivery GUIDs are 36 characters; anything much longer is not one.
+const MAX_GUID_LEN: usize = 128;
+/// Event names are short snake_case words.
+const MAX_EVENT_LEN: usize = 64;
+/// Headers kept besides every `x-github-*` one: the signatures, and what describes the body.
+const KEPT_HEADERS: &[&str] = &[
+    "x-hub-signature",
+    "x-hub-signature-256",
+    "content-type",
+    "user-agent",
+];
+
+pub(crate) async fn ingest(relay: &Relay, ingest_id: &str, req: Request<Incoming>) -> Reply {
+    let received_at_ms = crate::now_ms();
+    if !crate::ids::is_channel_id_shaped(ingest_id) {
+        return refuse(relay, StatusCode::NOT_FOUND, "not found");
+    }
+    let id = ingest_id.to_owned();
+    let channel = match relay
+        .store
+        .read(move |conn| store::channel_by_ingest_id(conn, &id))
+        .await
+    {
+        Ok(Some(channel)) => channel,
+        Ok(None) => return refuse(relay, StatusCode::NOT_FOUND, "not found"),
+        Err(err) => {
+            tracing::error!(error = %err, "cannot look up an ingest id");
+            return refuse(
+                relay,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the relay cannot take deliveries now",
+            );
+        }
+    };
+    let headers = req.headers();
+    if header_str(headers, "x-github-event").is_none_or(|e| {
+        e.len() > MAX_EVENT_LEN || !e.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    }) {
+        return refuse(
+            relay,
+            StatusCode::BAD_REQUEST,
+            "X-GitHub-Event missing or malformed",
+        );
+    }
+    let Some(guid) = header_str(headers, "x-github-delivery")
+        .filter(|g| g.len() <= MAX_GUID_LEN && g.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_owned)
+    else {
+        return refuse(
+            relay,
+            StatusCode::BAD_REQUEST,
+            "X-GitHub-Delivery missing or malformed",
+        );
+    };
+    let declared =
+        header_str(headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > relay.max_body_bytes as u64) {
+        return too_large(relay);
+    }
+    let kept = kept_headers(headers);
+    let limited = Limited::new(req.into_body(), relay.max_body_bytes);
+    let body = match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
+        Err(_) => {
+            return refuse(
+                relay,
+                StatusCode::REQUEST_TIMEOUT,
+                "the body took too long to arrive",
+            );
+        }
+        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
+            return too_large(relay);
+        }
+        Ok(Err(_)) => return refuse(relay, StatusCode::BAD_REQUEST, "the body could not be read"),
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    let delivery = NewDelivery {
+        channel: channel.clone(),
+        guid: guid.clone(),
+        received_at_ms,
+        headers: kept,
+        body,
+    };
+    match relay
+        .store
+        .write(move |conn| store::insert_delivery(conn, &delivery))
+        .await
+    {
+        Ok(Inserted::New(id)) => {
+            relay.metrics.ingested(false);
+            // Committed: wake every stream.
+            relay.notify.send_replace(id);
+            tracing::debug!(%channel, %guid, id, "delivery stored");
+            json(StatusCode::ACCEPTED, &serde_json::json!({ "id": id }))
+        }
+        Ok(Inserted::Duplicate(id)) => {
+            relay.metrics.ingested(true);
+            tracing::debug!(%channel, %guid, id, "delivery already stored");
+            json(StatusCode::OK, &serde_json::json!({ "id": id }))
+        }
+        Err(err) => {
+            // GitHub counts the delivery as failed; it (or the agent's redelivery) sends it again.
+            tracing::error!(%channel, %guid, error = %err, "delivery not stored");
+            refuse(
+                relay,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the relay cannot take deliveries now",
+            )
+        }
+    }
+}
+
+fn too_large(relay: &Relay) -> Reply {
+    let mut reply = refuse(relay, StatusCode::PAYLOAD_TOO_LARGE, "body over 25 MiB");
+    // The rest of the body is never read: close instead of draining it.
+    reply.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    reply
+}
+
+fn refuse(relay: &Relay, status: StatusCode, detail: &str) -> Reply {
+    relay.metrics.refused(status.as_u16());
+    tracing::debug!(status = status.as_u16(), detail, "ingest refused");
+    text(status, &format!("{detail}\n"))
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+}
+
+/// The headers stored with a delivery, names lowercased (as `http` keeps them): every
+/// `x-github-*` and the [`KEPT_HEADERS`]. Nothing a proxy adds, nothing that describes the
+/// connection. A header repeated keeps its first value; one that is not text is dropped.
+fn kept_headers(headers: &HeaderMap) -> Map<String, Value> {
+    let mut kept = Map::new();
+    for (name, value) in headers {
+        let name = name.as_str();
+        if !(name.starts_with("x-github-") || KEPT_HEADERS.contains(&name))
+            || kept.contains_key(name)
+        {
+            continue;
+        }
+        if let Ok(value) = value.to_str() {
+            kept.insert(name.to_owned(), Value::String(value.to_owned()));
+        }
+    }
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_github_signature_and_body_headers_are_kept() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("X-GitHub-Event", "workflow_job"),
+            ("X-GitHub-Delivery", "72d3162e"),
+            ("X-GitHub-Hook-Installation-Target-Type", "integration"),
+            ("X-Hub-Signature", "sha1=aa"),
+            ("X-Hub-Signature-256", "sha256=bb"),
+            ("Content-Type", "application/json"),
+            ("User-Agent", "GitHub-Hookshot/abc"),
+            ("Host", "relay.example.net"),
+            ("Content-Length", "2"),
+            ("X-Forwarded-For", "10.0.0.1"),
+            ("Authorization", "Bearer x"),
+        ] {
+            headers.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        headers.append("x-github-event", "second".parse().unwrap());
+        let kept = kept_headers(&headers);
+        let names: Vec<&str> = kept.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "user-agent",
+                "x-github-delivery",
+                "x-github-event",
+                "x-github-hook-installation-target-type",
+                "x-hub-signature",
+                "x-hub-signature-256",
+            ]
+        );
+        assert_eq!(kept["x-github-event"], "workflow_job");
+    }
+}

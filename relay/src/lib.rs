@@ -1,0 +1,35 @@
+//! rm-relay: the relay for runner hosts behind NAT (CONTRACT §6). It takes GitHub's webhook
+//! deliveries on a public address, commits them to its own SQLite file before answering, and
+//! streams them byte-exact to the hosts that connect outward with a per-host token, with ack and
+//! replay; a smee-compatible form of the stream serves the unmodified `smee-client`.
+//!
+//! The protocol is documented in docs/relay.md; the modules split it as follows:
+//! - [`ids`]: random channel ids and tokens, names, token digests (pure);
+//! - [`sse`]: the exact bytes of every event on both stream forms (pure);
+//! - [`retention`]: what is old enough to prune, and the prune step;
+//! - [`store`] and [`schema`]: the SQLite file, its migrations and every query;
+//! - [`server`], `ingest`, `subscribe`, [`stream`] and [`metrics`]: the HTTP side;
+//! - [`commands`]: `serve` and `channel add|token|revoke`.
+
+pub mod commands;
+pub mod exit;
+pub mod ids;
+mod ingest;
+pub mod metrics;
+pub mod retention;
+pub mod schema;
+pub mod server;
+pub mod sse;
+pub mod store;
+pub mod stream;
+mod subscribe;
+
+/// GitHub does not deliver payloads over 25 MB, so anything larger is not from GitHub.
+pub const MAX_BODY_BYTES: usize = 25 * 1024 * 1024;
+
+/// Milliseconds since the Unix epoch: the clock every stored time uses.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}

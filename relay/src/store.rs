@@ -1,0 +1,169 @@
+//! The relay's SQLite file (`relay.db` in the data directory): opening it with the settings the
+//! guarantees rest on, the one writer connection and a small pool of readers for the async side,
+//! and every query. Nothing here caches what another process may change: `channel` commands
+//! write the same file while `serve` runs, so channels and tokens are read at each use.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use crate::schema::{self, SchemaError};
+
+/// The database's file name inside the data directory.
+pub const DB_FILE: &str = "relay.db";
+/// How long a connection waits for another's write lock (a `channel` command beside `serve`).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Between tries to switch a new file to WAL while another connection is opening it.
+const WAL_SWITCH_RETRY: Duration = Duration::from_millis(10);
+/// Idle reader connections kept open; streams beyond this open and close their own.
+const READER_POOL_MAX: usize = 8;
+
+mod queries;
+pub use queries::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create the data directory {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot open the relay database {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("the relay database {path}: {source}")]
+    Schema { path: PathBuf, source: SchemaError },
+    #[error("the relay database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("a database task stopped: {0}")]
+    Task(String),
+}
+
+/// Opens a connection: WAL so readers never block the writer, `synchronous=FULL` so a commit
+/// is on disk before anyone is told so.
+fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // Switching a new file needs an exclusive lock and SQLite answers BUSY at once instead of
+    // waiting, so retry for as long as the busy timeout would have waited.
+    let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+    let mode: String = loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0)) {
+            Err(rusqlite::Error::SqliteFailure(err, _))
+                if err.code == rusqlite::ErrorCode::DatabaseBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(WAL_SWITCH_RETRY);
+            }
+            result => break result?,
+        }
+    };
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(rusqlite::Error::InvalidParameterName(format!(
+            "journal_mode is {mode}, WAL is required"
+        )));
+    }
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(conn)
+}
+
+/// Opens (creating the directory and the file if needed) and migrates the database: what the
+/// `channel` commands use directly, and what [`Store::open`] starts from.
+pub fn open(data_dir: &Path) -> Result<Connection, StoreError> {
+    let path = data_dir.join(DB_FILE);
+    let open_err = |source| StoreError::Open {
+        path: path.clone(),
+        source,
+    };
+    create_private_dir(data_dir).map_err(|source| StoreError::Dir {
+        path: data_dir.to_owned(),
+        source,
+    })?;
+    let mut conn = open_connection(&path).map_err(open_err)?;
+    schema::migrate(&mut conn).map_err(|source| StoreError::Schema {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(conn)
+}
+
+/// The data directory holds delivery bodies and token digests: only its owner reads it.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
+/// The database for the async server: one writer (SQLite has one anyway), pooled readers, each
+/// used on the blocking pool.
+#[derive(Clone)]
+pub struct Store {
+    path: PathBuf,
+    writer: Arc<Mutex<Connection>>,
+    readers: Arc<Mutex<Vec<Connection>>>,
+}
+
+impl Store {
+    pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
+        let writer = open(data_dir)?;
+        Ok(Store {
+            path: data_dir.join(DB_FILE),
+            writer: Arc::new(Mutex::new(writer)),
+            readers: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on the writer connection, on the blocking pool.
+    pub async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let writer = self.writer.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = writer.lock().unwrap_or_else(PoisonError::into_inner);
+            f(&mut conn).map_err(StoreError::from)
+        })
+        .await
+        .map_err(|err| StoreError::Task(err.to_string()))?
+    }
+
+    /// Runs `f` on a reader connection, on the blocking pool.
+    pub async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let readers = self.readers.clone();
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = readers.lock().unwrap_or_else(PoisonError::into_inner).pop();
+            let conn = match pooled {
+                Some(conn) => conn,
+                None => open_connection(&path)?,
+            };
+            let result = f(&conn);
+            let mut idle = readers.lock().unwrap_or_else(PoisonError::into_inner);
+            if idle.len() < READER_POOL_MAX {
+                idle.push(conn);
+            }
+            result.map_err(StoreError::from)
+        })
+        .await
+        .map_err(|err| StoreError::Task(err.to_string()))?
+    }
+}
+
+#[cfg(test)]
+mod tests;

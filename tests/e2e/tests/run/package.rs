@@ -1,0 +1,120 @@
+//! `rm-agent run` with `[runner] version` instead of `package_dir`, through the real binary and
+//! the fake GitHub serving the fake runner package as an actions/runner release: the package is
+//! downloaded (through the redirect to signed storage), verified, cached and run, a restart
+//! finds it in the cache without a request, and a corrupted download is refused at start with
+//! nothing cached.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rm_e2e::fleet::{Fleet, FleetOptions, REPO, wait_until};
+use rm_fake_github::ReleaseOptions;
+
+const LABELS: &[&str] = &["self-hosted", "linux"];
+const VERSION: &str = "2.330.0";
+
+/// Release requests (metadata, download, storage) the fake answered, as `STATUS PATH`.
+fn release_requests(fleet: &Fleet) -> Vec<String> {
+    fleet
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("/releases/") || r.path.starts_with("/_release-assets/"))
+        .map(|r| format!("{} {}", r.status, r.path))
+        .collect()
+}
+
+fn packages_dir(fleet: &Fleet) -> PathBuf {
+    fleet.setup.dir.path().join("data").join("packages")
+}
+
+/// What the package cache holds.
+fn cached(fleet: &Fleet) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(packages_dir(fleet))
+        .map(|entries| {
+            entries
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_version_is_downloaded_once_verified_cached_and_run() {
+    let fleet = Fleet::start(FleetOptions {
+        runner_version: Some(VERSION),
+        ..FleetOptions::default()
+    })
+    .await;
+    let agent = fleet.start_agent(&[]).await;
+    let requests = release_requests(&fleet);
+    assert_eq!(
+        requests.len(),
+        3,
+        "metadata, redirect, storage: {requests:?}"
+    );
+    assert!(requests[0].starts_with("200 /repos/actions/runner/releases/tags/v2.330.0"));
+    assert!(requests[1].starts_with("302 /actions/runner/releases/download/v2.330.0/"));
+    assert!(requests[2].starts_with("200 /_release-assets/"));
+    let names = cached(&fleet);
+    assert_eq!(names.len(), 1, "one package, no leftovers: {names:?}");
+    assert!(
+        names[0].starts_with("actions-runner-") && names[0].ends_with(VERSION),
+        "{names:?}"
+    );
+    assert!(
+        packages_dir(&fleet)
+            .join(&names[0])
+            .join("bin/Runner.Listener")
+            .is_file()
+    );
+
+    let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "the job ran on the downloaded package",
+        || fleet.completed(job) && fleet.all_cleaned(),
+    )
+    .await;
+    assert!(agent.terminate().success());
+
+    fleet.fake.clear_requests();
+    let _agent = fleet.start_agent(&[]).await;
+    let second = fleet.fake.queue_job(REPO, "again", LABELS).unwrap();
+    wait_until(Duration::from_secs(60), "the second job ran", || {
+        fleet.completed(second) && fleet.all_cleaned()
+    })
+    .await;
+    assert_eq!(
+        release_requests(&fleet),
+        Vec::<String>::new(),
+        "the second start found the package in the cache"
+    );
+    assert_eq!(cached(&fleet), names);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_download_is_refused_at_start_and_nothing_is_cached() {
+    let fleet = Fleet::start(FleetOptions {
+        runner_version: Some(VERSION),
+        runner_release: ReleaseOptions {
+            corrupt: true,
+            ..ReleaseOptions::default()
+        },
+        ..FleetOptions::default()
+    })
+    .await;
+    fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    let (status, stderr) = fleet.run_agent_until_exit(Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(1), "a runtime failure: {stderr}");
+    assert!(
+        stderr.contains("does not match its published SHA-256"),
+        "the error says why: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(cached(&fleet), Vec::<String>::new(), "nothing cached");
+    assert!(fleet.attempts().is_empty(), "no runner started");
+    assert!(fleet.fake.runners().is_empty(), "no runner registered");
+}
