@@ -13,7 +13,7 @@ use rm_journal::{Journal, PollJournal};
 use rm_receiver::{MAX_BODY_BYTES, Receiver, ReceiverConfig};
 use tokio::sync::watch;
 
-use crate::config::{Config, Workspace, display_file};
+use crate::config::{Config, display_file};
 use crate::executor::registry::Registry;
 use crate::executor::{DrainReport, Executor, Settings};
 use crate::exit::Exit;
@@ -227,20 +227,6 @@ async fn settings(config: &Config) -> Result<Settings, Exit> {
             config,
             "policy",
             "`rm-agent run` needs at least one [[policy]] (name, target, labels)",
-        ));
-    }
-    if let Some(policy) = config
-        .policies
-        .iter()
-        .find(|p| p.workspace == Workspace::Persistent)
-    {
-        return Err(usage(
-            config,
-            "policy.workspace",
-            &format!(
-                "policy {:?}: persistent workspaces are not supported by this version yet; use workspace = \"ephemeral\"",
-                policy.name
-            ),
         ));
     }
     let package_dir = match (&config.runner.package_dir, &config.runner.version) {

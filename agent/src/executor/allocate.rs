@@ -23,9 +23,11 @@ use rm_journal::{
 use super::{Executor, fault};
 use crate::allocation::{self, AllocationInput};
 use crate::config::Policy;
+use crate::config::Workspace;
 use crate::demand::{self, QueuedJob};
 use crate::lifecycle::{Conclusion, FailureReason};
 use crate::notify::OperatorEvent;
+use crate::runner::slot;
 
 /// The first wait after a failed launch; doubles per consecutive failure.
 pub const LAUNCH_BACKOFF: Duration = Duration::from_secs(5);
@@ -207,16 +209,41 @@ impl Executor {
         }
     }
 
-    /// Journals a new attempt: the first write of a runner, before any other effect.
+    /// Journals a new attempt: the first write of a runner, before any other effect. A
+    /// persistent policy's attempt takes the lowest slot no uncleaned attempt of it holds (the
+    /// caller holds the allocation lock, so no other attempt takes it meanwhile).
     fn create_attempt(&self, policy: &Policy) -> anyhow::Result<AttemptRecord> {
         let id = AttemptId::generate();
         let runner_name = id.runner_name(&self.settings.host);
-        let runtime_dir = self.root.ephemeral_path(id.as_str())?;
-        Ok(self.lock_attempts().create(&NewAttempt {
+        let attempts = self.lock_attempts();
+        let (workspace, runtime_dir) = match policy.workspace {
+            Workspace::Ephemeral => (
+                WorkspaceKind::Ephemeral,
+                self.root.ephemeral_path(id.as_str())?,
+            ),
+            Workspace::Persistent => {
+                let held: Vec<u32> = attempts
+                    .list(Scope::Uncleaned, Some(&policy.name))?
+                    .iter()
+                    .filter(|a| a.workspace == WorkspaceKind::Persistent)
+                    .filter_map(|a| {
+                        a.runtime_dir
+                            .file_name()?
+                            .to_str()
+                            .and_then(slot::slot_number)
+                    })
+                    .collect();
+                (
+                    WorkspaceKind::Persistent,
+                    self.root.slot_path(&policy.name, slot::free_slot(&held))?,
+                )
+            }
+        };
+        Ok(attempts.create(&NewAttempt {
             attempt_id: &id,
             policy: &policy.name,
             runner_name: &runner_name,
-            workspace: WorkspaceKind::Ephemeral,
+            workspace,
             runtime_dir: &runtime_dir,
             created_at_ms: now_ms(),
         })?)

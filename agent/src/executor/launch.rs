@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rm_github::types::{JitConfig, JitRequest};
-use rm_journal::{AttemptRecord, AttemptState, now_ms};
+use rm_journal::{AttemptRecord, AttemptState, WorkspaceKind, now_ms};
 use secrecy::SecretString;
 
 use super::registry::{self, JitRetry, WORK_FOLDER};
@@ -155,7 +155,12 @@ impl Executor {
         let root = self.root.clone();
         let package = self.settings.package_dir.clone();
         let id = record.attempt_id.as_str().to_owned();
-        let made = tokio::task::spawn_blocking(move || root.create_ephemeral(&id, &package)).await;
+        let (workspace, runtime) = (record.workspace, record.runtime_dir.clone());
+        let made = tokio::task::spawn_blocking(move || match workspace {
+            WorkspaceKind::Persistent => root.prepare_slot(&runtime, &package),
+            WorkspaceKind::Ephemeral => root.create_ephemeral(&id, &package),
+        })
+        .await;
         match made {
             Ok(Ok(runtime)) => Ok(runtime),
             Ok(Err(e)) => Err(Failure::new(

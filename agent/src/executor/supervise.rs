@@ -407,13 +407,16 @@ impl Executor {
             }
         }
         fault::crash_point("cleanup");
-        if record.workspace == WorkspaceKind::Persistent {
-            tracing::warn!(attempt = %record.attempt_id, "persistent workspaces are not supported by this version; the slot is left as it is");
-        } else {
+        {
             let root = self.root.clone();
+            let workspace = record.workspace;
             let removal = tokio::task::spawn_blocking(move || {
                 let killed = discover::kill_residents(&runtime).unwrap_or(0);
-                (killed, root.remove_runtime(&runtime))
+                let removed = match workspace {
+                    WorkspaceKind::Persistent => root.scrub_slot(&runtime),
+                    WorkspaceKind::Ephemeral => root.remove_runtime(&runtime),
+                };
+                (killed, removed)
             })
             .await;
             match removal {
@@ -422,12 +425,12 @@ impl Executor {
                         tracing::warn!(attempt = %record.attempt_id, killed, "stopped processes that had left the runner's process group");
                     }
                     if removed == Removal::Removed {
-                        tracing::debug!(attempt = %record.attempt_id, "runtime removed");
+                        tracing::debug!(attempt = %record.attempt_id, "runtime removed (or slot scrubbed down to _work)");
                     }
                 }
                 Ok((_, Err(e))) => {
                     self.clean_failed(&record.attempt_id, now);
-                    tracing::warn!(attempt = %record.attempt_id, error = %e, "cannot remove the runtime; will try again");
+                    tracing::warn!(attempt = %record.attempt_id, error = %e, "cannot remove (or scrub) the runtime; will try again");
                     return Ok(());
                 }
                 Err(e) => {

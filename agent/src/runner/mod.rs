@@ -6,6 +6,7 @@
 pub mod discover;
 pub mod package;
 pub mod process;
+pub mod slot;
 pub mod workspace;
 
 pub use process::{

@@ -31,7 +31,7 @@ pub const TMP_DIR: &str = "tmp";
 
 /// Mode of a new runtime directory: only the agent's user may enter it (it holds the runner's
 /// credentials once registered).
-const RUNTIME_MODE: u32 = 0o700;
+pub(super) const RUNTIME_MODE: u32 = 0o700;
 
 /// How often a directory is re-read and emptied when entries keep appearing in it while it is
 /// being removed (a process that escaped the stop). Past this the removal fails and is retried
@@ -74,6 +74,12 @@ pub enum WorkspaceError {
         "refusing to remove {path}: it is not a runtime directory directly inside the runner root {root}"
     )]
     OutsideRoot { path: PathBuf, root: PathBuf },
+    /// A persistent slot was asked for at a path that is not `<root>/<policy>/s<N>`, or for a
+    /// policy name that cannot name a directory.
+    #[error(
+        "{path} is not a persistent slot (<runner root>/<policy>/s<N>) of the runner root {root}"
+    )]
+    NotASlot { path: PathBuf, root: PathBuf },
     /// Removing the runtime failed part-way; what is left stays for a later attempt.
     #[error("cannot remove the runtime directory {runtime}: {source}")]
     Remove { runtime: PathBuf, source: io::Error },
@@ -88,13 +94,18 @@ pub enum Removal {
     Absent,
 }
 
-/// An ephemeral runtime directory, created by [`RunnerRoot::create_ephemeral`].
+/// A runtime directory: ephemeral ([`RunnerRoot::create_ephemeral`]) or a persistent slot
+/// ([`RunnerRoot::prepare_slot`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Runtime {
     dir: PathBuf,
 }
 
 impl Runtime {
+    pub(super) fn at(dir: PathBuf) -> Self {
+        Self { dir }
+    }
+
     /// The runtime directory: the runner's working directory.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -270,7 +281,7 @@ pub fn check_package(package: &Path) -> Result<(), WorkspaceError> {
 /// Copies the contents of `from` into the existing directory `to`: directories are recreated,
 /// files copied with their permission bits, links recreated as links (never followed). Anything
 /// else (a socket, a device) in a package is an error.
-fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
+pub(super) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let source = entry.path();
@@ -296,7 +307,7 @@ fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
 }
 
 /// Creates `<runtime>/tmp`; a real directory of that name from the package is kept.
-fn create_tmp(runtime: &Path) -> io::Result<()> {
+pub(super) fn create_tmp(runtime: &Path) -> io::Result<()> {
     let tmp = runtime.join(TMP_DIR);
     match std::fs::create_dir(&tmp) {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -314,7 +325,7 @@ fn create_tmp(runtime: &Path) -> io::Result<()> {
 }
 
 /// Opens a directory by path for `openat`/`unlinkat` work below it.
-fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+pub(super) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(
         path,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -326,7 +337,7 @@ fn open_dir(path: &Path) -> io::Result<OwnedFd> {
 /// unreadable (mode 000) is made accessible to its owner first. `chmodat` itself would follow a
 /// link, so the entry is checked to be a real directory just before; nothing can swap it in
 /// between because the runner's whole process group is stopped before its runtime is removed.
-fn open_child_dir(parent: impl AsFd, name: &CStr) -> io::Result<OwnedFd> {
+pub(super) fn open_child_dir(parent: impl AsFd, name: &CStr) -> io::Result<OwnedFd> {
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     match rustix::fs::openat(&parent, name, flags, Mode::empty()) {
         Err(rustix::io::Errno::ACCESS) => {
@@ -346,7 +357,7 @@ fn open_child_dir(parent: impl AsFd, name: &CStr) -> io::Result<OwnedFd> {
 /// runtime's filesystem (`None` for the runtime itself): a directory on another one is a mount
 /// point, and removal stops there rather than delete what the mount shows (`rm
 /// --one-file-system`), since a privileged job could bind-mount anything into its workspace.
-fn remove_entry(
+pub(super) fn remove_entry(
     parent: impl AsFd,
     name: &CStr,
     device: Option<u64>,
@@ -404,7 +415,7 @@ fn empty_dir(dir: &OwnedFd, device: u64, depth: usize) -> io::Result<()> {
 }
 
 /// The names in a directory, without `.` and `..`.
-fn entry_names(dir: &OwnedFd) -> io::Result<Vec<CString>> {
+pub(super) fn entry_names(dir: &OwnedFd) -> io::Result<Vec<CString>> {
     let mut names = Vec::new();
     for entry in rustix::fs::Dir::read_from(dir)? {
         let entry = entry?;

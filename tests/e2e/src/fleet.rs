@@ -27,6 +27,8 @@ pub struct PolicySpec {
     pub target: &'static str,
     pub labels: &'static [&'static str],
     pub max_runners: u32,
+    /// `workspace`: `"ephemeral"` or `"persistent"`.
+    pub workspace: &'static str,
 }
 
 /// The default policy: the organization, `self-hosted` + `linux`.
@@ -35,6 +37,7 @@ pub const LINUX: PolicySpec = PolicySpec {
     target: "acme",
     labels: &["self-hosted", "linux"],
     max_runners: 8,
+    workspace: "ephemeral",
 };
 
 /// How a fleet is configured.
@@ -155,11 +158,12 @@ impl Fleet {
         for p in &options.policies {
             let labels: Vec<String> = p.labels.iter().map(|l| format!("\"{l}\"")).collect();
             config.push_str(&format!(
-                "\n[[policy]]\nname = \"{}\"\ntarget = \"{}\"\nlabels = [{}]\nmax_runners = {}\n",
+                "\n[[policy]]\nname = \"{}\"\ntarget = \"{}\"\nlabels = [{}]\nmax_runners = {}\nworkspace = \"{}\"\n",
                 p.name,
                 p.target,
                 labels.join(", "),
-                p.max_runners
+                p.max_runners,
+                p.workspace
             ));
         }
         std::fs::write(self.setup.config(), config).unwrap();

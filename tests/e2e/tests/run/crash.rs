@@ -5,14 +5,19 @@
 
 use std::time::Duration;
 
-use rm_e2e::fleet::{Fleet, FleetOptions, REPO, wait_until};
+use rm_e2e::fleet::{Fleet, FleetOptions, PolicySpec, REPO, wait_until};
 use rm_fake_github::RunnerBehavior;
 use rm_journal::{AttemptOutcome, AttemptState};
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
 
 async fn crash_at(point: &str) {
-    let fleet = Fleet::start(FleetOptions::default()).await;
+    crash_with(point, FleetOptions::default()).await;
+}
+
+async fn crash_with(point: &str, options: FleetOptions) {
+    let persistent = options.policies.iter().any(|p| p.workspace == "persistent");
+    let fleet = Fleet::start(options).await;
     fleet.fake.set_runner_behavior(RunnerBehavior {
         job_duration_ms: 1_500,
         ..RunnerBehavior::default()
@@ -62,7 +67,17 @@ async fn crash_at(point: &str) {
         "{summary:?}"
     );
     assert!(fleet.our_registrations().is_empty(), "registration left");
-    assert!(fleet.runtimes().is_empty(), "runtime left");
+    if persistent {
+        // The slot is kept, scrubbed down to the job's checkout.
+        let slot = fleet.runner_root.join("widgets").join("s0");
+        let left: Vec<_> = std::fs::read_dir(&slot)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["_work"], "slot not scrubbed");
+    } else {
+        assert!(fleet.runtimes().is_empty(), "runtime left");
+    }
     // The runner GitHub gave the job to is the attempt that completed it.
     let served_by = fleet.fake.job(job).unwrap().runner_name;
     let completer = attempts
@@ -70,6 +85,24 @@ async fn crash_at(point: &str) {
         .find(|a| a.outcome == Some(AttemptOutcome::CompletedJob))
         .map(|a| a.runner_name.clone());
     assert_eq!(served_by, completer);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_while_a_persistent_slot_runs_its_job() {
+    crash_with(
+        "runner_busy",
+        FleetOptions {
+            policies: vec![PolicySpec {
+                name: "widgets",
+                target: REPO,
+                labels: LABELS,
+                max_runners: 2,
+                workspace: "persistent",
+            }],
+            ..FleetOptions::default()
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -238,12 +238,14 @@ async fn two_policies_share_the_host_ceiling() {
                 target: "acme",
                 labels: &["self-hosted", "a"],
                 max_runners: 3,
+                workspace: "ephemeral",
             },
             PolicySpec {
                 name: "repo-b",
                 target: REPO,
                 labels: &["self-hosted", "b"],
                 max_runners: 3,
+                workspace: "ephemeral",
             },
         ],
         ..FleetOptions::default()
@@ -415,4 +417,85 @@ async fn a_drain_leaves_a_busy_runner_running_and_the_next_start_adopts_it() {
     assert_eq!(attempts[0].outcome, Some(AttemptOutcome::CompletedJob));
     assert!(fleet.our_registrations().is_empty());
     assert!(fleet.runtimes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_slot_keeps_its_checkout_for_the_next_job_and_nothing_else() {
+    let fleet = Fleet::start(FleetOptions {
+        policies: vec![PolicySpec {
+            name: "widgets",
+            target: REPO,
+            labels: &["self-hosted", "linux"],
+            max_runners: 2,
+            workspace: "persistent",
+        }],
+        ..FleetOptions::default()
+    })
+    .await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 1_500,
+        ..RunnerBehavior::default()
+    });
+    let _agent = fleet.start_agent(&[]).await;
+    let slots = fleet.runner_root.join("widgets");
+    let checkout = |slot: &str| slots.join(slot).join("_work/widgets/widgets/job.txt");
+
+    // Two at once take slots s0 and s1.
+    let first = fleet
+        .fake
+        .queue_matrix(REPO, "build", LABELS, &["a", "b"])
+        .unwrap();
+    wait_until(
+        Duration::from_secs(40),
+        "the matrix completed and cleaned",
+        || first.iter().all(|j| fleet.completed(*j)) && fleet.all_cleaned(),
+    )
+    .await;
+    let mut names: Vec<String> = std::fs::read_dir(&slots)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["s0", "s1"]);
+    for slot in ["s0", "s1"] {
+        let left: Vec<String> = std::fs::read_dir(slots.join(slot))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            left,
+            ["_work"],
+            "slot {slot} was not scrubbed down to _work"
+        );
+    }
+    assert!(checkout("s0").exists() && checkout("s1").exists());
+    // A cache the first job left: what a persistent workspace is for.
+    std::fs::write(slots.join("s0/_work/cache.bin"), "warm").unwrap();
+
+    // The next job reuses s0, finding the previous job's checkout there.
+    let next = fleet.fake.queue_job(REPO, "test", LABELS).unwrap();
+    wait_until(
+        Duration::from_secs(40),
+        "the next job completed and cleaned",
+        || fleet.completed(next) && fleet.all_cleaned(),
+    )
+    .await;
+    let attempts = fleet.attempts();
+    let newest = attempts.first().unwrap();
+    assert_eq!(newest.job_id, i64::try_from(next).ok());
+    assert!(
+        newest.runtime_dir.ends_with("widgets/s0"),
+        "{}",
+        newest.runtime_dir.display()
+    );
+    assert_eq!(
+        std::fs::read_to_string(slots.join("s0/_work/cache.bin")).unwrap(),
+        "warm",
+        "the slot's _work did not survive the next runner"
+    );
+    assert_eq!(
+        std::fs::read_to_string(checkout("s0")).unwrap(),
+        format!("job {next}\n")
+    );
+    assert!(fleet.our_registrations().is_empty());
 }
