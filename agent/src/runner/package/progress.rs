@@ -156,7 +156,8 @@ impl Progress for BarProgress {
     }
 
     fn finish(&mut self) {
-        self.bar.finish_and_clear();
+        // The full bar stays on screen: what was fetched, how big, how fast.
+        self.bar.finish();
     }
 }
 

@@ -118,3 +118,56 @@ async fn a_corrupted_download_is_refused_at_start_and_nothing_is_cached() {
     assert!(fleet.attempts().is_empty(), "no runner started");
     assert!(fleet.fake.runners().is_empty(), "no runner registered");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_in_a_terminal_shows_a_progress_bar() {
+    use std::os::unix::process::CommandExt as _;
+    let fleet = Fleet::start(FleetOptions {
+        runner_version: Some(VERSION),
+        ..FleetOptions::default()
+    })
+    .await;
+    // `script` gives the agent a pseudo-terminal and records what it draws there.
+    let agent = fleet.setup.command(&["run"]);
+    let quoted: Vec<String> = std::iter::once(agent.get_program())
+        .chain(agent.get_args())
+        .map(|a| format!("'{}'", a.to_string_lossy()))
+        .collect();
+    let typescript = fleet.setup.dir.path().join("terminal.txt");
+    let mut script = std::process::Command::new("script");
+    script
+        .args(["-q", "-f", "-e", "-c", &quoted.join(" ")])
+        .arg(&typescript)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .process_group(0);
+    for (key, value) in agent.get_envs() {
+        match value {
+            Some(value) => script.env(key, value),
+            None => script.env_remove(key),
+        };
+    }
+    let mut child = script.spawn().unwrap();
+    let drawn = || std::fs::read_to_string(&typescript).unwrap_or_default();
+    wait_until(Duration::from_secs(30), "the package downloaded", || {
+        cached(&fleet).len() == 1 && drawn().contains("eta")
+    })
+    .await;
+    let group = format!("-{}", child.id());
+    std::process::Command::new("kill")
+        .args(["-KILL", "--", &group])
+        .status()
+        .unwrap();
+    let _ = child.wait();
+
+    let screen = drawn();
+    assert!(
+        screen.contains("actions-runner-") && screen.contains(VERSION),
+        "the bar names the package: {screen}"
+    );
+    assert!(screen.contains("[==="), "a bar was drawn: {screen}");
+    assert!(
+        !screen.contains("downloading the runner package"),
+        "log lines are for non-terminals: {screen}"
+    );
+}
