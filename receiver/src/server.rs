@@ -1,7 +1,6 @@
 //! The HTTP server: accepts connections, routes requests, and turns each webhook request into
 //! either a refusal (nothing journalled) or a committed delivery.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,14 +9,10 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming as Body;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use rm_handlers::Source;
+use rm_http_serve::Limits;
 use rm_journal::{Journal, JournalError, Reader, Recorded};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 use crate::WebhookSecrets;
 use crate::metrics::Metrics;
@@ -75,55 +70,16 @@ impl Receiver {
         listener: TcpListener,
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
-        let graceful = GracefulShutdown::new();
-        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let permit = tokio::select! {
-                permit = slots.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break,
-                },
-                () = &mut shutdown => break,
-            };
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(err) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %err, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => break,
-            };
-            // Every answer is one small write; do not let Nagle hold it back.
-            let _ = stream.set_nodelay(true);
-            let this = self.clone();
-            let service = service_fn(move |req| {
-                let this = this.clone();
-                async move { Ok::<_, Infallible>(this.route(req).await) }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            let conn = graceful.watch(conn);
-            tokio::spawn(async move {
-                if let Err(err) = conn.await {
-                    tracing::debug!(%peer, error = %err, "connection ended with an error");
-                }
-                drop(permit);
-            });
-        }
-        drop(listener);
-        if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
-            .await
-            .is_err()
-        {
-            tracing::warn!("requests still in flight after the drain timeout");
-        }
+        let limits = Limits {
+            max_connections: MAX_CONNECTIONS,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            drain_timeout: DRAIN_TIMEOUT,
+        };
+        let handle = move |req| {
+            let this = Arc::clone(&self);
+            async move { this.route(req).await }
+        };
+        rm_http_serve::serve(listener, limits, handle, shutdown, || {}).await;
         Ok(())
     }
 

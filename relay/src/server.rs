@@ -12,12 +12,9 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use rm_http_serve::Limits;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 use crate::metrics::Metrics;
 use crate::store::{self, Store};
@@ -59,57 +56,18 @@ impl Relay {
     /// Serves connections from `listener` until `shutdown` completes, then stops accepting,
     /// closes every stream and waits (up to a bound) for the requests in flight.
     pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-        let graceful = GracefulShutdown::new();
-        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let permit = tokio::select! {
-                permit = slots.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break,
-                },
-                () = &mut shutdown => break,
-            };
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(err) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %err, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => break,
-            };
-            // Events are small writes that must leave at once.
-            let _ = stream.set_nodelay(true);
-            let this = self.clone();
-            let service = service_fn(move |req| {
-                let this = this.clone();
-                async move { Ok::<_, Infallible>(this.route(req).await) }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            let conn = graceful.watch(conn);
-            tokio::spawn(async move {
-                if let Err(err) = conn.await {
-                    tracing::debug!(%peer, error = %err, "connection ended with an error");
-                }
-                drop(permit);
-            });
-        }
-        drop(listener);
-        tracing::info!("shutting down: closing streams, finishing requests in flight");
-        self.shutdown.send_replace(true);
-        if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
-            .await
-            .is_err()
-        {
-            tracing::warn!("requests still in flight after the drain timeout");
-        }
+        let limits = Limits {
+            max_connections: MAX_CONNECTIONS,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            drain_timeout: DRAIN_TIMEOUT,
+        };
+        let this = Arc::clone(&self);
+        let handle = move |req| Arc::clone(&this).route(req);
+        rm_http_serve::serve(listener, limits, handle, shutdown, || {
+            tracing::info!("shutting down: closing streams, finishing requests in flight");
+            self.shutdown.send_replace(true);
+        })
+        .await;
     }
 
     async fn route(self: Arc<Self>, req: Request<Incoming>) -> Reply {
