@@ -1,0 +1,241 @@
+//! `check`'s findings at GitHub: the App's JWT accepted, each policy's installation found and
+//! granting what runner registration and polling need, each organization policy's runner group.
+
+use rm_github::auth::AuthError;
+use rm_github::types::Installation;
+use rm_github::{ClientConfig, GithubClient, GithubError, Target};
+use secrecy::SecretString;
+
+use super::{ACTIONS_PERMISSION, Finding, ORG_RUNNER_PERMISSION, REPO_RUNNER_PERMISSION, Status};
+use crate::config::{Config, Policy};
+
+/// The GitHub side: the JWT, then per policy the installation, its permissions and the group.
+pub(super) async fn github(config: &Config, app_id: u64, key: SecretString) -> Vec<Finding> {
+    let api_url = &config.github.api_url;
+    let client = match GithubClient::new(ClientConfig::new(api_url.clone(), app_id, key)) {
+        Ok(client) => client,
+        Err(err) if err.downcast_ref::<AuthError>().is_some() => {
+            return vec![Finding::fail(
+                "private_key",
+                format!("cannot use the App's private key: {err:#}"),
+                "download a new private key (PEM) from the App's settings and point `github.private_key_file` or $RM_GITHUB_PRIVATE_KEY at it",
+            )];
+        }
+        Err(err) => {
+            return vec![Finding::fail(
+                "app",
+                format!("cannot make a GitHub client: {err:#}"),
+                "check `github.api_url`",
+            )];
+        }
+    };
+    let mut out = Vec::new();
+    match client.app().await {
+        Ok(app) => out.push(Finding::ok(
+            "app",
+            format!(
+                "GitHub accepted the App's JWT: App \"{}\" (id {app_id}) at {api_url}",
+                app.name
+            ),
+        )),
+        Err(err) => {
+            out.push(app_failure(&err, app_id, api_url));
+            return out;
+        }
+    }
+    for policy in &config.policies {
+        out.extend(
+            policy_findings(&client, policy)
+                .await
+                .into_iter()
+                .map(|f| f.for_policy(policy)),
+        );
+    }
+    out
+}
+
+fn app_failure(err: &GithubError, app_id: u64, api_url: &str) -> Finding {
+    match err {
+        GithubError::Unauthorized { message } => Finding::fail(
+            "app",
+            format!("GitHub refused the App's JWT (401: {message})"),
+            format!(
+                "check that `github.app_id` ({app_id}) is the App's id and that the private key is the App's current one; a host clock more than a minute off also fails (check NTP)"
+            ),
+        ),
+        GithubError::Unreachable { reason, .. } => Finding::fail(
+            "app",
+            format!("cannot reach GitHub at {api_url}: {reason}"),
+            "check `github.api_url`, DNS and any proxy or firewall between this host and GitHub",
+        ),
+        other => Finding::fail(
+            "app",
+            format!("GET /app failed: {other}"),
+            "check `github.api_url`; retry later if GitHub reports an outage or a rate limit",
+        ),
+    }
+}
+
+async fn policy_findings(client: &GithubClient, policy: &Policy) -> Vec<Finding> {
+    let target = crate::executor::registry::github_target(&policy.target);
+    let installation = match client.installation(&target).await {
+        Ok(installation) => installation,
+        Err(GithubError::NotFound { .. }) => {
+            let (kind, place) = match &target {
+                Target::Org(_) => ("organization", "the organization"),
+                Target::Repo { .. } => (
+                    "repository",
+                    "the repository (or its owner, with access to it)",
+                ),
+            };
+            return vec![Finding::fail(
+                "installation",
+                format!("the App is not installed on the {kind} {target}"),
+                format!("install the App on {place}: the App's page on GitHub, \"Install App\""),
+            )];
+        }
+        Err(err) => {
+            return vec![Finding::fail(
+                "installation",
+                format!("cannot look up the App's installation on {target}: {err}"),
+                "check the target's spelling; retry later if GitHub reports an outage or a rate limit",
+            )];
+        }
+    };
+    let mut out = vec![installation_finding(&installation, &target)];
+    if installation.suspended_at.is_some() {
+        return out;
+    }
+    let permission = permission_finding(&installation, &target);
+    let can_read_runners = permission.status == Status::Ok
+        || granted(&installation, ORG_RUNNER_PERMISSION) == Some("read");
+    out.push(permission);
+    out.push(actions_finding(&installation));
+    if let Target::Org(org) = &target {
+        if can_read_runners {
+            out.push(runner_group_finding(client, org, policy.runner_group_id).await);
+        } else {
+            out.push(Finding::warn(
+                "runner_group",
+                format!(
+                    "runner group {} not checked: the installation cannot read runner groups",
+                    policy.runner_group_id
+                ),
+                "grant the permission above, then run `rm-agent check` again",
+            ));
+        }
+    }
+    out
+}
+
+fn installation_finding(installation: &Installation, target: &Target) -> Finding {
+    match &installation.suspended_at {
+        Some(since) => Finding::fail(
+            "installation",
+            format!(
+                "the App's installation {} on {target} is suspended (since {since})",
+                installation.id
+            ),
+            "unsuspend it in the account's settings, under GitHub Apps",
+        ),
+        None => Finding::ok(
+            "installation",
+            format!(
+                "the App is installed on {target} (installation {})",
+                installation.id
+            ),
+        ),
+    }
+}
+
+fn granted<'a>(installation: &'a Installation, permission: &str) -> Option<&'a str> {
+    installation.permissions.get(permission).map(String::as_str)
+}
+
+/// The permission `generate-jitconfig` needs: it differs for organization and repository
+/// targets.
+pub(super) fn permission_finding(installation: &Installation, target: &Target) -> Finding {
+    let (permission, label, kind) = match target {
+        Target::Org(_) => (
+            ORG_RUNNER_PERMISSION,
+            "Organization permissions > Self-hosted runners",
+            "organization",
+        ),
+        Target::Repo { .. } => (
+            REPO_RUNNER_PERMISSION,
+            "Repository permissions > Administration",
+            "repository",
+        ),
+    };
+    match granted(installation, permission) {
+        Some("write") => Finding::ok(
+            "permission",
+            format!("`{permission}: write` granted for runner registration on {target}"),
+        ),
+        has => Finding::fail(
+            "permission",
+            format!(
+                "runner registration on the {kind} {target} needs `{permission}: write`; the installation has {}",
+                has.map_or_else(
+                    || "none".to_owned(),
+                    |level| format!("`{permission}: {level}`")
+                )
+            ),
+            format!(
+                "in the App's settings set \"{label}\" to \"Read and write\", then accept the new permission on the installation"
+            ),
+        ),
+    }
+}
+
+/// `actions: read` lets polling find queued jobs when webhooks are lost; not needed to run.
+pub(super) fn actions_finding(installation: &Installation) -> Finding {
+    match granted(installation, ACTIONS_PERMISSION) {
+        Some("read" | "write") => Finding::ok(
+            "permission",
+            "`actions: read` granted for polling queued jobs",
+        ),
+        _ => Finding::warn(
+            "permission",
+            "no `actions: read`: polling cannot find jobs whose webhook was lost",
+            "in the App's settings set \"Repository permissions > Actions\" to \"Read-only\", then accept it on the installation",
+        ),
+    }
+}
+
+async fn runner_group_finding(client: &GithubClient, org: &str, group_id: u64) -> Finding {
+    match client.list_runner_groups(org).await {
+        Ok(groups) => match groups.iter().find(|g| g.id == group_id) {
+            Some(group) => Finding::ok(
+                "runner_group",
+                format!(
+                    "runner group {group_id} (\"{}\") exists in {org}",
+                    group.name
+                ),
+            ),
+            None => {
+                let known: Vec<String> = groups
+                    .iter()
+                    .map(|g| format!("{} \"{}\"", g.id, g.name))
+                    .collect();
+                Finding::fail(
+                    "runner_group",
+                    format!(
+                        "runner group {group_id} does not exist in {org} (it has: {})",
+                        if known.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                    "set the policy's `runner_group_id` to one of those, or create the group in the organization's settings under Actions > Runner groups",
+                )
+            }
+        },
+        Err(err) => Finding::warn(
+            "runner_group",
+            format!("cannot list the runner groups of {org}: {err}"),
+            "check the App's permissions; retry later if GitHub reports an outage or a rate limit",
+        ),
+    }
+}

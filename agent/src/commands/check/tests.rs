@@ -1,0 +1,152 @@
+//! `check`'s rules, and its package finding against the fake GitHub.
+
+use std::collections::BTreeMap;
+
+use rm_github::Target;
+use rm_github::types::Installation;
+
+use super::github::{actions_finding, permission_finding};
+use super::local::runner_package;
+use super::*;
+use crate::runner::package;
+
+fn installation(permissions: &[(&str, &str)]) -> Installation {
+    Installation {
+        id: 7,
+        app_id: 1,
+        target_type: "Organization".into(),
+        account: None,
+        permissions: permissions
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<BTreeMap<_, _>>(),
+        suspended_at: None,
+    }
+}
+
+#[test]
+fn the_runner_permission_differs_by_target_kind() {
+    let org = Target::Org("acme".into());
+    let repo = Target::Repo {
+        owner: "acme".into(),
+        repo: "w".into(),
+    };
+    let org_only = installation(&[(ORG_RUNNER_PERMISSION, "write")]);
+    assert_eq!(permission_finding(&org_only, &org).status, Status::Ok);
+    let f = permission_finding(&org_only, &repo);
+    assert_eq!(f.status, Status::Fail);
+    assert!(f.what.contains("`administration: write`"), "{}", f.what);
+    assert!(f.what.contains("has none"), "{}", f.what);
+    assert!(f.remedy.contains("Administration"), "{}", f.remedy);
+
+    let read = installation(&[(ORG_RUNNER_PERMISSION, "read")]);
+    let f = permission_finding(&read, &org);
+    assert_eq!(f.status, Status::Fail);
+    assert!(
+        f.what
+            .contains("has `organization_self_hosted_runners: read`"),
+        "{}",
+        f.what
+    );
+}
+
+#[test]
+fn actions_read_is_a_warning_only() {
+    assert_eq!(actions_finding(&installation(&[])).status, Status::Warn);
+    assert_eq!(
+        actions_finding(&installation(&[(ACTIONS_PERMISSION, "read")])).status,
+        Status::Ok
+    );
+}
+
+#[test]
+fn only_failures_block() {
+    let mut findings = vec![
+        Finding::ok("config", "fine"),
+        Finding::warn("config", "meh", "do x"),
+    ];
+    assert!(ready(&findings));
+    findings.push(Finding::fail("app", "bad", "fix"));
+    assert!(!ready(&findings));
+}
+
+#[tokio::test]
+async fn a_runner_version_is_reported_missing_downloadable_or_cached() {
+    use rm_fake_github::{FakeGithub, FakeOptions};
+    let fake = FakeGithub::start(FakeOptions::new(1, String::new()))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rm-agent.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "data_dir = \"{}\"\n[github]\napi_url = \"{}\"\n[runner]\nversion = \"2.330.0\"\n",
+            dir.path().join("data").display(),
+            fake.api_url()
+        ),
+    )
+    .unwrap();
+    let config = config::load(&config::Sources {
+        explicit_file: Some(file),
+        data_dir: None,
+    })
+    .unwrap();
+
+    let missing = runner_package(&config).await.unwrap();
+    assert_eq!(missing.status, Status::Fail);
+    assert!(
+        missing.what.contains("no actions/runner release v2.330.0"),
+        "{}",
+        missing.what
+    );
+    assert!(
+        missing.remedy.contains("runner.package_dir"),
+        "{}",
+        missing.remedy
+    );
+
+    fake.publish_runner_release("2.330.0", vec![0; 3 * 1024 * 1024]);
+    let downloadable = runner_package(&config).await.unwrap();
+    assert_eq!(downloadable.status, Status::Ok);
+    assert!(
+        downloadable.what.contains("downloads actions-runner-")
+            && downloadable.what.contains("(3 MiB)"),
+        "{}",
+        downloadable.what
+    );
+    assert!(
+        !fake
+            .requests()
+            .iter()
+            .any(|r| r.path.contains("/download/")),
+        "check never downloads"
+    );
+
+    let wanted = package::Wanted::from_config(&config).unwrap().unwrap();
+    let cached = dir.path().join("data/packages").join(wanted.name());
+    std::fs::create_dir_all(cached.join("bin")).unwrap();
+    std::fs::write(cached.join("bin/Runner.Listener"), b"").unwrap();
+    std::fs::write(
+        cached.join(package::cache::COMPLETE_MARKER),
+        "ab".repeat(32),
+    )
+    .unwrap();
+    fake.clear_requests();
+    let found = runner_package(&config).await.unwrap();
+    assert_eq!(found.status, Status::Ok);
+    assert!(found.what.contains("cached at"), "{}", found.what);
+    assert!(fake.requests().is_empty());
+}
+
+#[test]
+fn agent_errors_split_into_problem_and_remedy() {
+    assert_eq!(
+        split_remedy("a: b is readable; run `chmod 600 b`"),
+        (
+            "a: b is readable".to_owned(),
+            "run `chmod 600 b`".to_owned()
+        )
+    );
+    assert_eq!(split_remedy("plain"), ("plain".to_owned(), String::new()));
+}
