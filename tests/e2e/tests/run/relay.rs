@@ -24,7 +24,10 @@ struct Relay {
 
 impl Relay {
     fn start(data: &Path) -> Relay {
-        let addr = format!("127.0.0.1:{}", free_port());
+        Relay::start_at(data, format!("127.0.0.1:{}", free_port()))
+    }
+
+    fn start_at(data: &Path, addr: String) -> Relay {
         let child = Command::new(binary("rm-relay"))
             .args(["serve", "--listen", &addr, "--data-dir"])
             .arg(data)
@@ -242,4 +245,77 @@ async fn forge(relay: &Relay, ingest_url: &str) -> String {
         );
     assert_eq!(request(builder, body).await, Some(202));
     guid
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_reconnects_when_the_relay_comes_back() {
+    let relay_dir = tempfile::tempdir().unwrap();
+    let relay = Relay::start(relay_dir.path());
+    relay.wait_healthy().await;
+    let urls = relay.command(&["channel", "add", CHANNEL]);
+    let token = relay.command(&["channel", "token", CHANNEL, HOST])["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let fleet = Fleet::start(FleetOptions {
+        receiver: false,
+        relay_url: Some(urls["subscribe_url"].as_str().unwrap().to_owned()),
+        ..FleetOptions::default()
+    })
+    .await;
+    fleet.fake.set_webhook(
+        urls["ingest_url"].as_str().unwrap(),
+        SecretString::from(SECRET),
+    );
+    let _agent = fleet
+        .start_agent(&[("RM_RELAY_TOKEN", token.as_str())])
+        .await;
+    // Null until the agent has opened its journal and published its status.
+    let status = || {
+        serde_json::from_slice::<serde_json::Value>(&fleet.setup.run(&["status", "--json"]).stdout)
+            .unwrap_or_default()
+    };
+    wait_until(Duration::from_secs(20), "the subscription open", || {
+        status()["webhooks"]["relay"]["connected"] == true
+    })
+    .await;
+
+    // The relay dies (SIGKILL) and the agent notices and says why.
+    let addr = relay.addr.clone();
+    drop(relay);
+    wait_until(Duration::from_secs(20), "the outage shown", || {
+        let status = status();
+        status["webhooks"]["relay"]["connected"] == false
+            && status["degraded"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|d| {
+                    d.as_str()
+                        .unwrap()
+                        .starts_with("The relay subscription is down")
+                })
+    })
+    .await;
+
+    // Back on the same address: the agent reconnects and jobs flow again through the relay.
+    let relay = Relay::start_at(relay_dir.path(), addr);
+    relay.wait_healthy().await;
+    wait_until(Duration::from_secs(30), "the subscription reopened", || {
+        status()["webhooks"]["relay"]["connected"] == true
+    })
+    .await;
+    let job = fleet.fake.queue_job(REPO, "after", LABELS).unwrap();
+    wait_until(Duration::from_secs(40), "the job completed", || {
+        fleet.completed(job)
+    })
+    .await;
+    let jobs = json_stdout(&fleet.setup.run(&["jobs", "--json"]));
+    let source = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job_id"] == job)
+        .map(|j| j["source"].clone());
+    assert_eq!(source, Some(serde_json::json!("relay")));
 }
