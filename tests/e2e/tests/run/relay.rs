@@ -28,12 +28,19 @@ impl Relay {
     }
 
     fn start_at(data: &Path, addr: String) -> Relay {
+        // Debug logs, appended across restarts, so a test can search them for secrets.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(data.join("relay.log"))
+            .unwrap();
         let child = Command::new(binary("rm-relay"))
             .args(["serve", "--listen", &addr, "--data-dir"])
             .arg(data)
             .args(["--public-url", &format!("http://{addr}")])
+            .env("RM_LOG", "debug")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         Relay {
@@ -220,6 +227,29 @@ async fn a_host_behind_nat_runs_jobs_from_the_relay_and_misses_none_while_down()
         "the forged delivery left no trace"
     );
     assert!(!logs.contains(&token), "the relay token reached the log");
+    // Neither the token nor the channel's URL secrets reach the relay's own log.
+    let relay_log = std::fs::read_to_string(relay_dir.path().join("relay.log")).unwrap();
+    assert!(relay_log.contains("listening"), "{relay_log}");
+    for secret in [
+        token.as_str(),
+        urls["ingest_url"]
+            .as_str()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap(),
+        urls["smee_url"]
+            .as_str()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap(),
+    ] {
+        assert!(
+            !relay_log.contains(secret),
+            "{secret} is in the relay's log"
+        );
+    }
     let journal = fleet.journal_bytes();
     assert!(
         !journal.windows(token.len()).any(|w| w == token.as_bytes()),
