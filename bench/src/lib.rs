@@ -1,7 +1,9 @@
 //! rm-bench: the receiver benchmark's load generator. Builds signed `workflow_job` deliveries from
 //! the real fixtures ([`delivery`]) and drives a receiver with them over keep-alive connections
 //! ([`load`]). `bench/receiver.sh` runs it against rm-agent and the Node receiver side by side;
-//! docs/performance.md says what it measures and why.
+//! docs/performance.md says what it measures and why. [`local`] holds what the benchmarks that
+//! start real binaries (`runner-latency`, `relay-latency`) share.
 
 pub mod delivery;
 pub mod load;
+pub mod local;

@@ -20,6 +20,7 @@ use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::TokioExecutor;
 use rm_bench::delivery::{EVENT, USER_AGENT, sign};
+use rm_bench::local::{free_port, sibling};
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions};
 use secrecy::ExposeSecret as _;
 use serde_json::Value;
@@ -71,23 +72,6 @@ impl Drop for Proc {
 }
 
 type Http = Client<HttpConnector, Full<Bytes>>;
-
-fn sibling(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let path = exe.parent().context("no directory")?.join(name);
-    ensure!(
-        path.is_file(),
-        "{} is missing: `cargo build --release -p rm-agent -p rm-relay -p rm-fake-runner -p rm-bench`",
-        path.display()
-    );
-    Ok(path)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
 
 fn spawn(cmd: &mut Command, log: &Path) -> Result<Proc> {
     let log = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;

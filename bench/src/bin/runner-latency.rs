@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
+use rm_bench::local::{free_port, sibling};
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, JobStatus, RunnerBehavior};
 use secrecy::{ExposeSecret as _, SecretString};
 
@@ -60,24 +61,6 @@ impl Drop for Mode {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn sibling(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let path = exe.parent().context("no directory")?.join(name);
-    if !path.is_file() {
-        bail!(
-            "{} is missing: `cargo build --release -p rm-agent -p rm-fake-runner`",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 async fn start(

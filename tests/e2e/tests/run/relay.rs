@@ -101,6 +101,47 @@ impl Drop for Relay {
     }
 }
 
+/// A relay with one channel and a token for the fleet's host, and a fleet with no receiver
+/// subscribed to it, the fake GitHub sending its webhooks to the channel's ingest URL.
+struct NatHost {
+    relay_dir: tempfile::TempDir,
+    relay: Relay,
+    /// `channel add --json`: `ingest_url`, `subscribe_url`, `smee_url`.
+    urls: serde_json::Value,
+    token: String,
+    fleet: Fleet,
+}
+
+impl NatHost {
+    async fn start() -> NatHost {
+        let relay_dir = tempfile::tempdir().unwrap();
+        let relay = Relay::start(relay_dir.path());
+        relay.wait_healthy().await;
+        let urls = relay.command(&["channel", "add", CHANNEL]);
+        let token = relay.command(&["channel", "token", CHANNEL, HOST])["token"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let fleet = Fleet::start(FleetOptions {
+            receiver: false,
+            relay_url: Some(urls["subscribe_url"].as_str().unwrap().to_owned()),
+            ..FleetOptions::default()
+        })
+        .await;
+        fleet.fake.set_webhook(
+            urls["ingest_url"].as_str().unwrap(),
+            SecretString::from(SECRET),
+        );
+        NatHost {
+            relay_dir,
+            relay,
+            urls,
+            token,
+            fleet,
+        }
+    }
+}
+
 /// Journalled delivery GUIDs, from `rm-agent deliveries --json`.
 fn journalled_guids(fleet: &Fleet) -> Vec<String> {
     let output = fleet.setup.run(&["deliveries", "--json"]);
@@ -114,24 +155,13 @@ fn journalled_guids(fleet: &Fleet) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_behind_nat_runs_jobs_from_the_relay_and_misses_none_while_down() {
-    let relay_dir = tempfile::tempdir().unwrap();
-    let relay = Relay::start(relay_dir.path());
-    relay.wait_healthy().await;
-    let urls = relay.command(&["channel", "add", CHANNEL]);
-    let token = relay.command(&["channel", "token", CHANNEL, HOST])["token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let fleet = Fleet::start(FleetOptions {
-        receiver: false,
-        relay_url: Some(urls["subscribe_url"].as_str().unwrap().to_owned()),
-        ..FleetOptions::default()
-    })
-    .await;
-    fleet.fake.set_webhook(
-        urls["ingest_url"].as_str().unwrap(),
-        SecretString::from(SECRET),
-    );
+    let NatHost {
+        relay_dir,
+        relay,
+        urls,
+        token,
+        fleet,
+    } = NatHost::start().await;
     let env = [("RM_RELAY_TOKEN", token.as_str())];
     // `check` opens the stream with the token, and tells a wrong one.
     for (token, expect) in [(token.as_str(), "ok"), ("rmr_wrong", "fail")] {
@@ -279,24 +309,13 @@ async fn forge(relay: &Relay, ingest_url: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_reconnects_when_the_relay_comes_back() {
-    let relay_dir = tempfile::tempdir().unwrap();
-    let relay = Relay::start(relay_dir.path());
-    relay.wait_healthy().await;
-    let urls = relay.command(&["channel", "add", CHANNEL]);
-    let token = relay.command(&["channel", "token", CHANNEL, HOST])["token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let fleet = Fleet::start(FleetOptions {
-        receiver: false,
-        relay_url: Some(urls["subscribe_url"].as_str().unwrap().to_owned()),
-        ..FleetOptions::default()
-    })
-    .await;
-    fleet.fake.set_webhook(
-        urls["ingest_url"].as_str().unwrap(),
-        SecretString::from(SECRET),
-    );
+    let NatHost {
+        relay_dir,
+        relay,
+        urls: _,
+        token,
+        fleet,
+    } = NatHost::start().await;
     let _agent = fleet
         .start_agent(&[("RM_RELAY_TOKEN", token.as_str())])
         .await;
