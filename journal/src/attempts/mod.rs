@@ -1,0 +1,175 @@
+//! Runner attempts: the durable record of every runner this host starts, from the row written
+//! before any effect outside the process (ARCHITECTURE guarantee 3) to `cleaned`.
+//!
+//! This module owns the attempt's persisted vocabulary (states, outcomes, stop intents, the
+//! workspace kind), the state graph the writes enforce, and the writes and reads over the
+//! `attempts` table. Every transition is one compare-and-set statement
+//! (`UPDATE ... WHERE attempt_id = ? AND state IN (<allowed predecessors>)`) that reports whether
+//! it won, so supervision, the webhook path and recovery can race without two of them both
+//! moving an attempt. Moves decided on an observation that could be stale (a conclusion, the
+//! step back to `idle`) compare against exactly the state the decision was made in. The JIT
+//! configuration is never written here.
+//!
+//! The agent's lifecycle is not on the webhook hot path, so these writes are synchronous calls on
+//! a connection the agent owns ([`Attempts`]), opened with the group writer's pragmas; SQLite
+//! serialises the two writers.
+
+mod sql;
+mod types;
+
+use std::path::Path;
+
+use rusqlite::Connection;
+
+use sql::*;
+pub(crate) use sql::{ATTEMPT_COLUMNS, attempt_row};
+pub use types::*;
+
+use crate::{JournalError, connection};
+
+/// The agent's handle on the attempt table: its own write connection, opened with the same
+/// settings as the group writer (WAL, `synchronous=FULL`, busy timeout), so a call that returns
+/// `Ok` is on disk. Not shared between threads: wrap it in a mutex.
+pub struct Attempts {
+    conn: Connection,
+}
+
+impl Attempts {
+    /// Opens (creating and migrating if needed) the journal at `path`.
+    pub fn open(path: &Path) -> Result<Attempts, JournalError> {
+        Ok(Attempts {
+            conn: connection::open_writer(path)?,
+        })
+    }
+
+    /// Journals a new attempt in `allocated`. Call it under the allocation lock, before any
+    /// package, GitHub or process effect.
+    pub fn create(&self, new: &NewAttempt<'_>) -> Result<AttemptRecord, AttemptError> {
+        create(&self.conn, new)
+    }
+
+    pub fn get(&self, id: &AttemptId) -> Result<Option<AttemptRecord>, AttemptError> {
+        get(&self.conn, id)
+    }
+
+    pub fn by_runner_name(&self, runner_name: &str) -> Result<Option<AttemptRecord>, AttemptError> {
+        by_runner_name(&self.conn, runner_name)
+    }
+
+    /// Attempts in `scope`, of `policy` or of every policy, oldest first.
+    pub fn list(
+        &self,
+        scope: Scope,
+        policy: Option<&str>,
+    ) -> Result<Vec<AttemptRecord>, AttemptError> {
+        list(&self.conn, scope, policy)
+    }
+
+    /// Live attempts per policy and host-wide.
+    pub fn live_counts(&self) -> Result<LiveCounts, AttemptError> {
+        live_counts(&self.conn)
+    }
+
+    /// `allocated → jit_received` with the runner id. `Ok(false)`: it was no longer allocated.
+    pub fn jit_received(
+        &self,
+        id: &AttemptId,
+        runner_id: i64,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        jit_received(&self.conn, id, runner_id, at_ms)
+    }
+
+    /// `jit_received → starting` with the process identity.
+    pub fn started(
+        &self,
+        id: &AttemptId,
+        pid: u32,
+        pid_start_time: u64,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        started(&self.conn, id, pid, pid_start_time, None, at_ms)
+    }
+
+    /// [`Attempts::started`] with the boot the identity belongs to.
+    pub fn started_on_boot(
+        &self,
+        id: &AttemptId,
+        pid: u32,
+        pid_start_time: u64,
+        boot_id: &str,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        started(&self.conn, id, pid, pid_start_time, Some(boot_id), at_ms)
+    }
+
+    /// `from → idle`, `from` being `starting` or `busy`: the state the observation was made in.
+    pub fn mark_idle(
+        &self,
+        id: &AttemptId,
+        from: AttemptState,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        mark_idle(&self.conn, id, from, at_ms)
+    }
+
+    /// `starting | idle → busy`, with the job when known.
+    pub fn mark_busy(
+        &self,
+        id: &AttemptId,
+        job_id: Option<i64>,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        mark_busy(&self.conn, id, job_id, at_ms)
+    }
+
+    /// Records GitHub's runner id learned after the fact (an attempt whose JIT response was lost
+    /// to a crash, found in GitHub's inventory). `Ok(true)` when recorded now.
+    pub fn record_runner_id(
+        &self,
+        id: &AttemptId,
+        runner_id: i64,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        record_once(&self.conn, id, "runner_id", runner_id, at_ms)
+    }
+
+    /// Records the job a runner took (an `in_progress` delivery naming it). `Ok(true)` when
+    /// recorded now.
+    pub fn record_job(
+        &self,
+        id: &AttemptId,
+        job_id: i64,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        record_once(&self.conn, id, "job_id", job_id, at_ms)
+    }
+
+    /// Journals why the process is about to be stopped. Signal only after `Ok(true)`.
+    pub fn record_stop_intent(
+        &self,
+        id: &AttemptId,
+        intent: StopIntent,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        record_stop_intent(&self.conn, id, intent, at_ms)
+    }
+
+    /// Moves an attempt still in `from` to `outcome`'s terminal state with its reason and detail.
+    pub fn conclude(
+        &self,
+        id: &AttemptId,
+        from: AttemptState,
+        outcome: AttemptOutcome,
+        reason: Option<&str>,
+        detail: Option<&str>,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        conclude(&self.conn, id, from, outcome, reason, detail, at_ms)
+    }
+
+    /// `finished | failed | orphaned → cleaned`.
+    pub fn mark_cleaned(&self, id: &AttemptId, at_ms: i64) -> Result<bool, AttemptError> {
+        mark_cleaned(&self.conn, id, at_ms)
+    }
+}

@@ -1,0 +1,439 @@
+//! The attempt's persisted vocabulary: its id, states and the graph between them, outcomes, stop
+//! intents, the workspace kind, the rows written and read, and the errors callers match.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
+use serde::Serialize;
+
+use crate::JournalError;
+
+/// Length of an attempt id: 128 random bits as lowercase hex.
+pub const ATTEMPT_ID_LEN: usize = 32;
+
+/// How much of the attempt id names the runner and its ephemeral workspace (CONTRACT §5).
+pub const ATTEMPT_SHORT_LEN: usize = 12;
+
+/// An attempt's id: 32 lowercase hex characters. Fresh for every attempt, never reused.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct AttemptId(pub(super) String);
+
+impl AttemptId {
+    /// A new random id.
+    pub fn generate() -> AttemptId {
+        AttemptId(uuid::Uuid::new_v4().simple().to_string())
+    }
+
+    /// Accepts exactly 32 lowercase hex characters.
+    pub fn parse(text: &str) -> Result<AttemptId, AttemptError> {
+        if text.len() == ATTEMPT_ID_LEN
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            Ok(AttemptId(text.to_owned()))
+        } else {
+            Err(AttemptError::InvalidId(text.to_owned()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The first 12 hex characters: the runner name's suffix and the ephemeral workspace's name.
+    pub fn short(&self) -> &str {
+        // Always in bounds: `parse` and `generate` only make 32-character ASCII ids.
+        self.0.get(..ATTEMPT_SHORT_LEN).unwrap_or(&self.0)
+    }
+
+    /// `rm-<host>-<short id>`, the runner's name at GitHub (CONTRACT §5).
+    pub fn runner_name(&self, host: &str) -> String {
+        format!("rm-{host}-{}", self.short())
+    }
+}
+
+impl std::fmt::Display for AttemptId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where an attempt is in its lifecycle:
+/// `allocated → jit_received → starting → idle ⇄ busy → finished | failed | orphaned → cleaned`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptState {
+    /// Journalled under the allocation lock; nothing outside the process has happened yet.
+    Allocated,
+    /// GitHub issued the JIT configuration (the registration exists); no process recorded yet.
+    JitReceived,
+    /// The runner process is spawned and its identity recorded; not yet seen registered.
+    Starting,
+    /// Registered at GitHub, waiting for a job.
+    Idle,
+    /// Running its one job.
+    Busy,
+    /// Ended well: it completed its job, or exited idle (not a failure).
+    Finished,
+    /// Ended in a failure; the reason says which.
+    Failed,
+    /// Lost while it had a job: the process is gone and nothing says the job completed.
+    Orphaned,
+    /// Deregistered and its workspace removed or scrubbed: nothing is left.
+    Cleaned,
+}
+
+use AttemptState::{
+    Allocated, Busy, Cleaned, Failed, Finished, Idle, JitReceived, Orphaned, Starting,
+};
+
+impl AttemptState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [AttemptState; 9] = [
+        Allocated,
+        JitReceived,
+        Starting,
+        Idle,
+        Busy,
+        Finished,
+        Failed,
+        Orphaned,
+        Cleaned,
+    ];
+
+    /// The states that hold a runner (or are about to): they count against capacity.
+    pub const LIVE: [AttemptState; 5] = [Allocated, JitReceived, Starting, Idle, Busy];
+
+    /// The concluded states: the runner is over, its cleanup is not done yet.
+    pub const TERMINAL: [AttemptState; 3] = [Finished, Failed, Orphaned];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Allocated => "allocated",
+            JitReceived => "jit_received",
+            Starting => "starting",
+            Idle => "idle",
+            Busy => "busy",
+            Finished => "finished",
+            Failed => "failed",
+            Orphaned => "orphaned",
+            Cleaned => "cleaned",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<AttemptState> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    /// The states from which an attempt may move to `self`. `allocated` is only ever inserted.
+    ///
+    /// Beyond the main line: a runner can register and take its job between two observations
+    /// (`starting → busy`), a job GitHub withdrew sends it back (`busy → idle`), and a runner
+    /// that ran its job may be found dead before its start or registration was recorded
+    /// (`jit_received | starting → finished`). A failure or an orphaning can end any live state.
+    pub fn allowed_predecessors(self) -> &'static [AttemptState] {
+        match self {
+            Allocated => &[],
+            JitReceived => &[Allocated],
+            Starting => &[JitReceived],
+            Idle => &[Starting, Busy],
+            Busy => &[Starting, Idle],
+            Finished => &[JitReceived, Starting, Idle, Busy],
+            Failed | Orphaned => &Self::LIVE,
+            Cleaned => &Self::TERMINAL,
+        }
+    }
+
+    /// Whether `from → to` is an edge of the lifecycle.
+    pub fn can_move(from: AttemptState, to: AttemptState) -> bool {
+        to.allowed_predecessors().contains(&from)
+    }
+
+    /// Live: the attempt holds (or is about to hold) a runner and counts against capacity.
+    pub fn counts_against_capacity(self) -> bool {
+        Self::LIVE.contains(&self)
+    }
+
+    /// Concluded but not yet cleaned.
+    pub fn is_terminal(self) -> bool {
+        Self::TERMINAL.contains(&self)
+    }
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    /// It ran its job.
+    CompletedJob,
+    /// It got no job and was stopped or left on its own. Demand is advisory, so this is the
+    /// expected fate of a surplus runner: never a failure, never replaced.
+    IdleExit,
+    /// It failed; `reason` says how.
+    Failed,
+    /// It was lost while it had a job.
+    Orphaned,
+}
+
+impl AttemptOutcome {
+    pub const ALL: [AttemptOutcome; 4] = [
+        AttemptOutcome::CompletedJob,
+        AttemptOutcome::IdleExit,
+        AttemptOutcome::Failed,
+        AttemptOutcome::Orphaned,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::CompletedJob => "completed_job",
+            AttemptOutcome::IdleExit => "idle_exit",
+            AttemptOutcome::Failed => "failed",
+            AttemptOutcome::Orphaned => "orphaned",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<AttemptOutcome> {
+        Self::ALL.into_iter().find(|o| o.as_str() == name)
+    }
+
+    /// The terminal state an attempt with this outcome is in.
+    pub fn terminal_state(self) -> AttemptState {
+        match self {
+            AttemptOutcome::CompletedJob | AttemptOutcome::IdleExit => Finished,
+            AttemptOutcome::Failed => Failed,
+            AttemptOutcome::Orphaned => Orphaned,
+        }
+    }
+
+    /// Only failures and orphanings count as failures; an idle exit never does.
+    pub fn is_failure(self) -> bool {
+        matches!(self, AttemptOutcome::Failed | AttemptOutcome::Orphaned)
+    }
+}
+
+/// Why the agent is stopping a runner process. Journalled (and synced) before the first signal,
+/// so a crash between the two leaves the reason behind for recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopIntent {
+    /// Spawned but not registered within `runner.registration_timeout`: a failure.
+    RegistrationTimeout,
+    /// Registered but no job within `runner.idle_timeout`: an idle exit.
+    IdleTimeout,
+    /// Concluded, but its process outlived the grace period: stopped before its workspace goes.
+    Concluded,
+}
+
+impl StopIntent {
+    pub const ALL: [StopIntent; 3] = [
+        StopIntent::RegistrationTimeout,
+        StopIntent::IdleTimeout,
+        StopIntent::Concluded,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopIntent::RegistrationTimeout => "registration_timeout",
+            StopIntent::IdleTimeout => "idle_timeout",
+            StopIntent::Concluded => "concluded",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<StopIntent> {
+        Self::ALL.into_iter().find(|i| i.as_str() == name)
+    }
+
+    /// The states this intent may be recorded in. Recording it is the compare-and-set that
+    /// licenses the signal: a runner that became busy since the decision is never stopped.
+    pub fn applies_to(self) -> &'static [AttemptState] {
+        match self {
+            StopIntent::RegistrationTimeout => &[Starting],
+            StopIntent::IdleTimeout => &[Idle],
+            StopIntent::Concluded => &AttemptState::TERMINAL,
+        }
+    }
+}
+
+/// What cleanup does with the runtime directory: dispatched on this journalled kind, never on the
+/// directory's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkspaceKind {
+    /// `<runner_root>/<short id>/`, removed whole.
+    Ephemeral,
+    /// `<runner_root>/<policy>/s<N>/`, scrubbed down to `_work`.
+    Persistent,
+}
+
+impl WorkspaceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkspaceKind::Ephemeral => "ephemeral",
+            WorkspaceKind::Persistent => "persistent",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<WorkspaceKind> {
+        [WorkspaceKind::Ephemeral, WorkspaceKind::Persistent]
+            .into_iter()
+            .find(|k| k.as_str() == name)
+    }
+}
+
+macro_rules! sql_text_enum {
+    ($($ty:ty),*) => {$(
+        impl ToSql for $ty {
+            fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+                Ok(ToSqlOutput::from(self.as_str()))
+            }
+        }
+        impl FromSql for $ty {
+            fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+                let text = value.as_str()?;
+                <$ty>::parse(text).ok_or_else(|| {
+                    FromSqlError::Other(format!("unknown {} {text:?}", stringify!($ty)).into())
+                })
+            }
+        }
+    )*};
+}
+sql_text_enum!(AttemptState, AttemptOutcome, StopIntent, WorkspaceKind);
+
+/// The row written before anything else happens for a runner.
+#[derive(Debug, Clone)]
+pub struct NewAttempt<'a> {
+    pub attempt_id: &'a AttemptId,
+    pub policy: &'a str,
+    /// Must be [`AttemptId::runner_name`] of this id.
+    pub runner_name: &'a str,
+    pub workspace: WorkspaceKind,
+    /// Must be UTF-8 and spelled the same way for every attempt (the workspace fence compares
+    /// the text).
+    pub runtime_dir: &'a Path,
+    pub created_at_ms: i64,
+}
+
+/// One attempt as the journal holds it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AttemptRecord {
+    pub attempt_id: AttemptId,
+    pub policy: String,
+    pub runner_name: String,
+    pub workspace: WorkspaceKind,
+    pub runtime_dir: PathBuf,
+    pub state: AttemptState,
+    /// When the current state was entered: the registration, idle and launch timers run from it.
+    pub state_changed_at_ms: i64,
+    pub outcome: Option<AttemptOutcome>,
+    /// The failure kind (snake_case), for failed attempts.
+    pub reason: Option<String>,
+    /// One sentence for the operator (never the JIT, a token or a child's output).
+    pub detail: Option<String>,
+    pub runner_id: Option<i64>,
+    pub job_id: Option<i64>,
+    pub pid: Option<u32>,
+    /// The process's start time as the kernel reports it (Linux: field 22 of `/proc/<pid>/stat`,
+    /// clock ticks since boot). With the pid it names one process: a recycled pid has another.
+    pub pid_start_time: Option<u64>,
+    pub stop_intent: Option<StopIntent>,
+    pub stop_intent_at_ms: Option<i64>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// The boot the pid and start time belong to; `None` for attempts journalled before rm
+    /// recorded it (their identity is then trusted within the current boot only).
+    pub pid_boot_id: Option<String>,
+}
+
+/// Which attempts a listing returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every attempt, cleaned ones included (until retention removes them).
+    All,
+    /// Everything supervision still has work on: live and concluded-but-not-cleaned.
+    Uncleaned,
+    /// Live attempts only: what counts against capacity.
+    Live,
+}
+
+/// One policy's live attempts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyLive {
+    /// Live attempts (allocated, jit_received, starting, idle or busy).
+    pub live: u32,
+    /// Of those, busy ones: they took a job and do not offset demand.
+    pub busy: u32,
+}
+
+impl PolicyLive {
+    /// Live but not busy: runners that will take the queued jobs.
+    pub fn unassigned(&self) -> u32 {
+        self.live.saturating_sub(self.busy)
+    }
+}
+
+/// Live attempts per policy; the host-wide figure is their sum. Attempts of a policy no longer
+/// configured still count: they hold runners on this host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveCounts {
+    pub per_policy: BTreeMap<String, PolicyLive>,
+}
+
+impl LiveCounts {
+    pub fn host_live(&self) -> u32 {
+        self.per_policy.values().map(|p| p.live).sum()
+    }
+
+    pub fn policy(&self, policy: &str) -> PolicyLive {
+        self.per_policy.get(policy).copied().unwrap_or_default()
+    }
+}
+
+/// What callers of the attempt writes match on.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    #[error("{0:?} is not an attempt id (32 lowercase hex characters)")]
+    InvalidId(String),
+    #[error("runner name {runner_name:?} is not rm-<host>-<first 12 hex of attempt {attempt_id}>")]
+    InvalidRunnerName {
+        attempt_id: AttemptId,
+        runner_name: String,
+    },
+    #[error("runtime directory {0} is not UTF-8; choose a runner_root with a UTF-8 path")]
+    NonUtf8Path(PathBuf),
+    #[error("attempt {attempt_id} or runner name {runner_name} is already journalled")]
+    AlreadyJournalled {
+        attempt_id: AttemptId,
+        runner_name: String,
+    },
+    /// The workspace fence: an attempt that is not cleaned yet holds this directory or slot.
+    #[error("runtime directory {0} still belongs to an attempt that is not cleaned")]
+    WorkspaceInUse(PathBuf),
+    #[error("no attempt {0} in the journal")]
+    Unknown(AttemptId),
+    /// A different value is already journalled; overwriting it could deregister or attribute the
+    /// wrong runner.
+    #[error("attempt {attempt_id} already has {field} {journalled}, not {offered}")]
+    Conflict {
+        attempt_id: AttemptId,
+        field: &'static str,
+        journalled: i64,
+        offered: i64,
+    },
+    /// A caller asked for a move the lifecycle does not have (a bug in the caller).
+    #[error("an attempt cannot move from {from} to {to}")]
+    IllegalTransition {
+        from: &'static str,
+        to: &'static str,
+    },
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+impl From<rusqlite::Error> for AttemptError {
+    fn from(err: rusqlite::Error) -> Self {
+        AttemptError::Journal(JournalError::Sqlite(err))
+    }
+}
