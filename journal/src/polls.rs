@@ -155,11 +155,7 @@ impl PollJournal {
 
     /// When the newest delivery was journalled (any intake), ms since the Unix epoch.
     pub fn last_delivery_at(&self) -> Result<Option<i64>, JournalError> {
-        Ok(self
-            .conn
-            .query_row("SELECT MAX(received_at) FROM deliveries", [], |row| {
-                row.get(0)
-            })?)
+        crate::read::last_delivery_at(&self.conn)
     }
 
     /// Which of `guids` the journal holds as deliveries.

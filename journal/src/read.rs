@@ -108,11 +108,7 @@ impl Reader {
 
     /// When the newest delivery was journalled (any intake), ms since the Unix epoch.
     pub fn last_delivery_at(&self) -> Result<Option<i64>, JournalError> {
-        Ok(self
-            .conn
-            .query_row("SELECT MAX(received_at) FROM deliveries", [], |row| {
-                row.get(0)
-            })?)
+        last_delivery_at(&self.conn)
     }
 
     /// One delivery with its headers and body.
@@ -179,6 +175,15 @@ impl Reader {
 }
 
 /// SQLite takes `-1` as "no limit".
+/// When the newest delivery was journalled, on any connection (the reader's, the poller's).
+pub(crate) fn last_delivery_at(conn: &Connection) -> Result<Option<i64>, JournalError> {
+    Ok(
+        conn.query_row("SELECT MAX(received_at) FROM deliveries", [], |row| {
+            row.get(0)
+        })?,
+    )
+}
+
 fn limit_param(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(-1)
 }

@@ -319,15 +319,26 @@ impl FakeGithub {
 
     /// Queues a job (in a new workflow run) in `owner/name`; sends its `queued` webhook.
     pub fn queue_job(&self, repo: &str, name: &str, labels: &[&str]) -> anyhow::Result<u64> {
+        self.in_repo(repo, labels, |s, id, labels| s.queue_job(id, name, labels))
+    }
+
+    /// Runs `queue` on the state with the id of repository `owner/name` and the labels owned;
+    /// `None` from it (or an unknown repository) is an error naming the repository.
+    fn in_repo<T>(
+        &self,
+        repo: &str,
+        labels: &[&str],
+        queue: impl FnOnce(&mut State, u64, &[String]) -> Option<T>,
+    ) -> anyhow::Result<T> {
         let (owner, repo_name) = repo
             .split_once('/')
             .context("repository must be owner/name")?;
         let labels: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
         self.with(|s| {
             let id = s.repo_by_name(owner, repo_name).map(|r| r.id)?;
-            s.queue_job(id, name, &labels)
+            queue(s, id, &labels)
         })
-        .with_context(|| format!("no repository {repo} in the fake"))
+        .with_context(|| format!("no repository {repo} in the fake (or nothing to queue)"))
     }
 
     /// Queues a matrix in `owner/name`: one workflow run with a job `name (variant)` per
@@ -339,16 +350,10 @@ impl FakeGithub {
         labels: &[&str],
         variants: &[&str],
     ) -> anyhow::Result<Vec<u64>> {
-        let (owner, repo_name) = repo
-            .split_once('/')
-            .context("repository must be owner/name")?;
-        let labels: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
         let variants: Vec<String> = variants.iter().map(|v| (*v).to_owned()).collect();
-        self.with(|s| {
-            let id = s.repo_by_name(owner, repo_name).map(|r| r.id)?;
-            s.queue_matrix(id, name, &labels, &variants)
+        self.in_repo(repo, labels, |s, id, labels| {
+            s.queue_matrix(id, name, labels, &variants)
         })
-        .with_context(|| format!("no repository {repo} in the fake, or no variant"))
     }
 
     /// Sends a `queued` webhook for a job in `owner/name` that no runner is ever given (it
@@ -360,15 +365,9 @@ impl FakeGithub {
         name: &str,
         labels: &[&str],
     ) -> anyhow::Result<u64> {
-        let (owner, repo_name) = repo
-            .split_once('/')
-            .context("repository must be owner/name")?;
-        let labels: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
-        self.with(|s| {
-            let id = s.repo_by_name(owner, repo_name).map(|r| r.id)?;
-            s.queue_vanishing_job(id, name, &labels)
+        self.in_repo(repo, labels, |s, id, labels| {
+            s.queue_vanishing_job(id, name, labels)
         })
-        .with_context(|| format!("no repository {repo} in the fake"))
     }
 
     /// Like [`Self::queue_job`], but the job waits for approval (an environment's protection
@@ -379,15 +378,9 @@ impl FakeGithub {
         name: &str,
         labels: &[&str],
     ) -> anyhow::Result<u64> {
-        let (owner, repo_name) = repo
-            .split_once('/')
-            .context("repository must be owner/name")?;
-        let labels: Vec<String> = labels.iter().map(|l| (*l).to_owned()).collect();
-        self.with(|s| {
-            let id = s.repo_by_name(owner, repo_name).map(|r| r.id)?;
-            s.queue_waiting_job(id, name, &labels)
+        self.in_repo(repo, labels, |s, id, labels| {
+            s.queue_waiting_job(id, name, labels)
         })
-        .with_context(|| format!("no repository {repo} in the fake"))
     }
 
     /// Approves a waiting job: it becomes `queued` and sends a `queued` webhook.

@@ -238,6 +238,13 @@ fn rate_headers(
     ]
 }
 
+/// Whether `fault` still applies and matches the request.
+fn fault_applies(fault: &crate::state::Fault, method: &str, rel: &str) -> bool {
+    fault.times > 0
+        && fault.method.as_deref().is_none_or(|m| m == method)
+        && rel.contains(&fault.path_contains)
+}
+
 fn respond(
     state: &mut State,
     method: &str,
@@ -246,15 +253,10 @@ fn respond(
     headers: &HeaderMap,
     body: Option<&Value>,
 ) -> Action {
-    let matches = |f: &crate::state::Fault| {
-        f.times > 0
-            && f.method.as_deref().is_none_or(|m| m == method)
-            && rel.contains(&f.path_contains)
-    };
     let drop_after = match state
         .faults
         .iter_mut()
-        .find(|f| f.action == FaultAction::DropAfter && matches(f))
+        .find(|f| f.action == FaultAction::DropAfter && fault_applies(f, method, rel))
     {
         Some(fault) => {
             fault.times -= 1;
@@ -274,12 +276,11 @@ fn respond_unless_faulted(
     headers: &HeaderMap,
     body: Option<&Value>,
 ) -> Action {
-    if let Some(fault) = state.faults.iter_mut().find(|f| {
-        f.times > 0
-            && f.action != FaultAction::DropAfter
-            && f.method.as_deref().is_none_or(|m| m == method)
-            && rel.contains(&f.path_contains)
-    }) {
+    if let Some(fault) = state
+        .faults
+        .iter_mut()
+        .find(|f| f.action != FaultAction::DropAfter && fault_applies(f, method, rel))
+    {
         fault.times -= 1;
         return match fault.action {
             FaultAction::Status(s) => Action::Reply(Reply::error(s, "Server Error"), Vec::new()),
