@@ -88,6 +88,17 @@ pub struct HostSection {
     pub name: Option<String>,
     pub max_runners: Option<u32>,
     pub runner_root: Option<PathBuf>,
+    pub isolation: Option<String>,
+    pub runner_uids: Option<RunnerUidsSection>,
+    pub cgroup_root: Option<String>,
+}
+
+/// `host.runner_uids` as written: a range `"64200-64263"` or a list of account names.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RunnerUidsSection {
+    Range(String),
+    Accounts(Vec<String>),
 }
 
 /// `[runner]`: the runner package and its timeouts.
@@ -135,6 +146,9 @@ pub struct PolicySection {
     pub max_runners: Option<u32>,
     pub min_runners: Option<u32>,
     pub workspace: Option<String>,
+    pub memory_max: Option<String>,
+    pub pids_max: Option<u32>,
+    pub cpu_weight: Option<u32>,
 }
 
 /// The validated configuration.
@@ -179,6 +193,55 @@ pub struct Host {
     pub name: String,
     pub max_runners: u32,
     pub runner_root: PathBuf,
+    /// `host.isolation`; the default ([`Isolation::User`]) unless the file names one.
+    pub isolation: Isolation,
+    /// Whether the file named `host.isolation` (CONTRACT §7: `none` is only ever taken when
+    /// named, and an unnamed `user` that cannot be had refuses `run`).
+    pub isolation_named: bool,
+    pub runner_uids: RunnerUids,
+    /// `host.cgroup_root`: `None` is `"auto"`.
+    pub cgroup_root: Option<PathBuf>,
+}
+
+/// How runners are kept from the agent, from each other and from later jobs (CONTRACT §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// A uid of the pool, a cgroup and a private mount namespace per runner.
+    User,
+    /// Runners run as the agent's own user: only for code the operator wrote.
+    None,
+}
+
+impl Isolation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::User => "user",
+            Isolation::None => "none",
+        }
+    }
+}
+
+/// The runner uid pool as configured; accounts are resolved to uids when `run` starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunnerUids {
+    /// Every uid from `first` to `last`, inclusive; gid = uid.
+    Range { first: u32, last: u32 },
+    /// Existing accounts: their uid and primary gid.
+    Accounts(Vec<String>),
+}
+
+impl RunnerUids {
+    /// How many runners the pool can hold at once.
+    pub fn len(&self) -> usize {
+        match self {
+            RunnerUids::Range { first, last } => (*last - *first) as usize + 1,
+            RunnerUids::Accounts(names) => names.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 #[derive(Debug)]
@@ -217,6 +280,19 @@ pub struct Policy {
     pub max_runners: u32,
     pub min_runners: u32,
     pub workspace: Workspace,
+    /// Per-runner limits applied through the runner's cgroup (and `pids_max` as the runner
+    /// uid's process limit).
+    pub limits: RunnerLimits,
+}
+
+/// `memory_max`, `pids_max`, `cpu_weight` of a policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunnerLimits {
+    /// Bytes.
+    pub memory_max: Option<u64>,
+    pub pids_max: Option<u32>,
+    /// 1..=10000 (cgroup v2 `cpu.weight`).
+    pub cpu_weight: Option<u32>,
 }
 
 /// Where the configuration comes from, after the command line and the environment had a say.

@@ -113,6 +113,7 @@ mod tests {
             max_runners: 4,
             min_runners: 0,
             workspace: Workspace::Ephemeral,
+            limits: Default::default(),
         }
     }
 

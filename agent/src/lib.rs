@@ -8,6 +8,7 @@ pub mod demand;
 pub mod executor;
 pub mod exit;
 pub mod https;
+pub mod isolation;
 pub mod lifecycle;
 pub mod lock;
 pub mod metrics;

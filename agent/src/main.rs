@@ -152,6 +152,12 @@ fn main() -> ExitCode {
     if std::path::Path::new(&argv0).file_name() == Some(RUNNER_LISTENER.as_ref()) {
         return rm_fake_runner::listener_main();
     }
+    // Before anything else: no runner (of any uid) may read this process's memory or
+    // environment, and what it creates is private to it.
+    if let Err(e) = rm_agent::runner::isolate::harden_agent() {
+        eprintln!("rm-agent: cannot make this process undumpable: {e}");
+        return ExitCode::from(1);
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -128,3 +128,34 @@ fn read_secret_file(path: &Path, key: &str) -> Result<String, Exit> {
         ))
     })
 }
+
+/// Refuses every configured secret file a runner uid of `pool` could read (CONTRACT §7): a job
+/// holding one of them could mint tokens for every installation or forge deliveries.
+pub fn refuse_readable_by_runners(
+    config: &Config,
+    pool: &crate::runner::isolate::Pool,
+) -> Result<(), Exit> {
+    let files = [
+        ("github.private_key_file", config.github.private_key_file.as_ref()),
+        ("github.webhook_secret_file", config.github.webhook_secret_file.as_ref()),
+        (
+            "relay.token_file",
+            config.relay.as_ref().and_then(|r| r.token_file.as_ref()),
+        ),
+    ];
+    for (key, path) in files {
+        let Some(path) = path else { continue };
+        let Ok(meta) = std::fs::metadata(path) else {
+            continue;
+        };
+        if let Some(why) = crate::runner::isolate::readable_by_runners(&meta, pool) {
+            return Err(Exit::usage(format!(
+                "{key}: a runner could read {} ({why}); run `chown root:root {} && chmod 600 {}`",
+                path.display(),
+                path.display(),
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,5 +1,6 @@
 //! Every example in deploy/ parses and agrees with the code and the example configuration: the
-//! systemd unit (as INI: the hardening, the drain's stop timeout, `rm-agent ... run`), the
+//! systemd unit (as INI: the hardening, root with exactly the capabilities isolation needs, the
+//! delegated cgroup, the drain's stop timeout, `rm-agent ... run`), the
 //! launchd plist (as a plist), the reverse proxies (the receiver's port and path, the body
 //! limit), the relay's container image (its stages, the Rust version, the non-root user, the
 //! command line). The TOML configurations go through the real loader in `config::tests`; here the full
@@ -8,7 +9,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -104,7 +105,9 @@ fn the_systemd_unit_is_hardened_and_drains_within_its_stop_timeout() {
         ("ProtectSystem", "strict"),
         ("ProtectHome", "yes"),
         ("RestrictSUIDSGID", "yes"),
-        ("CapabilityBoundingSet", ""),
+        ("AmbientCapabilities", ""),
+        // The runners' cgroups live in the unit's delegated subtree.
+        ("Delegate", "yes"),
         // Runners outlive a restart and are adopted: only the agent gets the stop signal.
         ("KillMode", "process"),
         ("KillSignal", "SIGTERM"),
@@ -112,10 +115,54 @@ fn the_systemd_unit_is_hardened_and_drains_within_its_stop_timeout() {
         assert_eq!(one(&unit, "Service", key), value, "{key}");
     }
     let service = &unit["Service"];
-    assert!(
-        service.contains_key("User") || one(&unit, "Service", "DynamicUser") == "yes",
-        "the agent must not run as root"
+    // The agent runs as root (it starts each runner under a uid of its own), bounded to exactly
+    // the capabilities isolation needs (docs/security.md lists why each one).
+    for key in ["User", "Group", "DynamicUser"] {
+        assert!(
+            !service.contains_key(key),
+            "{key}=: the agent runs as root to switch runners to their own uids"
+        );
+    }
+    let bounding: BTreeSet<&str> = service
+        .get("CapabilityBoundingSet")
+        .expect("a capability bounding set")
+        .iter()
+        .flat_map(|v| v.split_whitespace())
+        .collect();
+    assert_eq!(
+        bounding,
+        [
+            "CAP_CHOWN",
+            "CAP_DAC_OVERRIDE",
+            "CAP_FOWNER",
+            "CAP_KILL",
+            "CAP_SETGID",
+            "CAP_SETUID",
+            "CAP_SYS_ADMIN",
+        ]
+        .into_iter()
+        .collect(),
+        "CapabilityBoundingSet must be exactly what isolation needs"
     );
+    assert!(
+        service["CapabilityBoundingSet"]
+            .iter()
+            .all(|v| !v.starts_with('~')),
+        "an allow-list, not a deny-list"
+    );
+    assert!(
+        !service.contains_key("ProtectControlGroups"),
+        "the agent writes its delegated cgroup subtree"
+    );
+    let security =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md"))
+            .unwrap();
+    for capability in &bounding {
+        assert!(
+            security.contains(&format!("`{capability}`")),
+            "docs/security.md does not say why the unit keeps {capability}"
+        );
+    }
     assert!(
         !service.contains_key("MemoryDenyWriteExecute"),
         "the runner is a .NET program: it needs W^X memory for its JIT"

@@ -28,6 +28,9 @@ fn create(attempts: &Attempts, id: &AttemptId, policy: &str, at_ms: i64) -> Atte
             workspace: WorkspaceKind::Ephemeral,
             runtime_dir: &dir,
             created_at_ms: at_ms,
+            isolation: IsolationKind::None,
+            uid: None,
+            cgroup: None,
         })
         .unwrap()
 }
@@ -480,6 +483,9 @@ fn creating_refuses_duplicates_bad_names_and_an_occupied_workspace() {
         workspace: WorkspaceKind::Ephemeral,
         runtime_dir: &dir,
         created_at_ms: 2,
+        isolation: IsolationKind::None,
+        uid: None,
+        cgroup: None,
     };
     assert!(matches!(
         attempts.create(&again),
@@ -522,6 +528,9 @@ fn creating_refuses_duplicates_bad_names_and_an_occupied_workspace() {
             workspace: WorkspaceKind::Persistent,
             runtime_dir: slot,
             created_at_ms: 3,
+            isolation: IsolationKind::None,
+            uid: None,
+            cgroup: None,
         }
     }
     let (first_name, second_name) = (first.runner_name("host"), second.runner_name("host"));
@@ -796,5 +805,54 @@ fn the_boot_of_a_runner_identity_is_journalled_with_it() {
     assert_eq!(
         (row.pid, row.pid_start_time, row.pid_boot_id.as_deref()),
         (Some(42), Some(4242), Some("boot-a"))
+    );
+}
+
+/// The uid fence: two uncleaned attempts never hold one runner uid; cleaning releases it, and
+/// the backend, uid and cgroup read back as journalled.
+#[test]
+fn a_runner_uid_is_held_by_one_uncleaned_attempt_until_it_is_cleaned() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    let new = |id: &AttemptId, dir: &Path, uid: u32| {
+        attempts.create(&NewAttempt {
+            attempt_id: id,
+            policy: "linux",
+            runner_name: &id.runner_name("host"),
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: dir,
+            created_at_ms: 1,
+            isolation: IsolationKind::User,
+            uid: Some(uid),
+            cgroup: Some(Path::new("/sys/fs/cgroup/rm/rm-0100")),
+        })
+    };
+    let (a, b) = (id(1), id(2));
+    let first = new(&a, Path::new("/runners/a"), 64200).unwrap();
+    assert_eq!(first.isolation, IsolationKind::User);
+    assert_eq!(first.uid, Some(64200));
+    assert_eq!(
+        first.cgroup.as_deref(),
+        Some(Path::new("/sys/fs/cgroup/rm/rm-0100"))
+    );
+    assert!(matches!(
+        new(&b, Path::new("/runners/b"), 64200),
+        Err(AttemptError::UidInUse(64200))
+    ));
+    assert_eq!(attempts.held_uids().unwrap(), [64200]);
+    // Concluded but not cleaned: still held (its processes may not be proven gone yet).
+    assert!(
+        attempts
+            .conclude(&a, AttemptState::Allocated, AttemptOutcome::Failed, Some("x"), None, 2)
+            .unwrap()
+    );
+    assert!(new(&b, Path::new("/runners/b"), 64200).is_err());
+    assert!(attempts.mark_cleaned(&a, 3).unwrap());
+    assert!(attempts.held_uids().unwrap().is_empty());
+    assert_eq!(new(&b, Path::new("/runners/b"), 64200).unwrap().uid, Some(64200));
+    // An attempt journalled before v5 ran as the agent's own user.
+    assert_eq!(
+        create(&attempts, &id(3), "linux", 4).isolation,
+        IsolationKind::None
     );
 }

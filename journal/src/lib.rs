@@ -30,7 +30,8 @@ mod writer;
 
 pub use attempts::{
     ATTEMPT_ID_LEN, ATTEMPT_SHORT_LEN, AttemptError, AttemptId, AttemptOutcome, AttemptRecord,
-    AttemptState, Attempts, LiveCounts, NewAttempt, PolicyLive, Scope, StopIntent, WorkspaceKind,
+    AttemptState, Attempts, IsolationKind, LiveCounts, NewAttempt, PolicyLive, Scope, StopIntent,
+    WorkspaceKind,
 };
 pub use connection::JOURNAL_FILE;
 pub use error::JournalError;

@@ -145,6 +145,19 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE attempts ADD COLUMN pid_boot_id TEXT;
     "#,
+    // v5: the execution backend each attempt was started under (CONTRACT §7), chosen at
+    // allocation and never changed, so cleanup undoes exactly what that backend did; the runner
+    // uid it holds from allocation until `cleaned` (two uncleaned attempts never hold one uid:
+    // the unique index is the fence), and the cgroup it runs in. Earlier attempts ran as the
+    // agent's own user.
+    r#"
+    ALTER TABLE attempts ADD COLUMN isolation TEXT NOT NULL DEFAULT 'none'
+        CHECK (isolation IN ('none', 'user'));
+    ALTER TABLE attempts ADD COLUMN uid INTEGER;
+    ALTER TABLE attempts ADD COLUMN cgroup TEXT;
+    CREATE UNIQUE INDEX attempts_uid_held ON attempts (uid)
+        WHERE state != 'cleaned' AND uid IS NOT NULL;
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -447,6 +447,9 @@ fn migrations_run_from_every_earlier_version() {
             assert_eq!(attempts[1].pid, Some(4242));
             assert_eq!(attempts[1].pid_start_time, Some(77));
             assert_eq!(attempts[0].outcome, Some(AttemptOutcome::Failed));
+            // Attempts journalled before v5 ran as the agent's own user and hold no uid.
+            assert_eq!(attempts[1].isolation, IsolationKind::None, "from v{start}");
+            assert_eq!(attempts[1].uid, None);
         } else {
             // The table exists (the reader would fail otherwise) and starts empty.
             assert!(attempts.is_empty(), "from v{start}");

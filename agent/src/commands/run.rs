@@ -240,9 +240,11 @@ async fn settings(config: &Config) -> Result<Settings, Exit> {
             ));
         }
     };
+    let backends = crate::isolation::backends(config, &package_dir)?;
     Ok(Settings {
         host: config.host.name.clone(),
         max_runners: config.host.max_runners,
+        backends: Arc::new(backends),
         package_dir,
         timeouts: Timeouts::supervision(
             config.runner.registration_timeout,

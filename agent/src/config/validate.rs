@@ -25,6 +25,20 @@ const MIN_DELIVERY_RETENTION: Duration = Duration::from_secs(3 * 24 * 3600);
 const DEFAULT_RUNNER_GROUP: u64 = 1;
 /// Runner names are `rm-<host>-<12 hex>`; GitHub caps runner names at 64 characters.
 const MAX_HOST_NAME_LEN: usize = 40;
+/// The default runner uid pool (CONTRACT §7): 64 uids far above any distribution's regular and
+/// system accounts, below 65534 (`nobody`).
+pub const DEFAULT_RUNNER_UIDS: RunnerUids = RunnerUids::Range {
+    first: 64200,
+    last: 64263,
+};
+/// The largest pool: a bigger one is a typo, and allocation scans it.
+const MAX_POOL: usize = 65_536;
+/// cgroup v2 `cpu.weight` bounds.
+const CPU_WEIGHT_MIN: u32 = 1;
+const CPU_WEIGHT_MAX: u32 = 10_000;
+/// Uids a runner may never have: root, and `nobody`/the overflow uid (files of unmapped users
+/// show as it, so a runner holding it could read them).
+const FORBIDDEN_UIDS: [u32; 2] = [0, 65534];
 
 pub(super) fn validate(
     file: FileConfig,
@@ -134,6 +148,46 @@ pub(super) fn validate(
     if max_runners == 0 {
         return Err(err("host.max_runners", "must be at least 1".to_owned()));
     }
+    let (isolation, isolation_named) = match file.host.isolation.as_deref() {
+        None => (Isolation::User, false),
+        Some("user") => (Isolation::User, true),
+        Some("none") => (Isolation::None, true),
+        Some(other) => {
+            return Err(err(
+                "host.isolation",
+                format!(
+                    "`{other}` is not an isolation; use \"user\" (a uid and a cgroup per runner) or \"none\" (runners as the agent's own user, only for code you wrote)"
+                ),
+            ));
+        }
+    };
+    let runner_uids = match file.host.runner_uids {
+        None => DEFAULT_RUNNER_UIDS,
+        Some(section) => {
+            runner_uids(section).map_err(|problem| err("host.runner_uids", problem))?
+        }
+    };
+    if isolation == Isolation::User && runner_uids.len() < max_runners as usize {
+        return Err(err(
+            "host.runner_uids",
+            format!(
+                "holds {} uid(s), fewer than host.max_runners ({max_runners}); every live runner needs a uid of its own",
+                runner_uids.len()
+            ),
+        ));
+    }
+    let cgroup_root = match file.host.cgroup_root.as_deref() {
+        None | Some("auto") => None,
+        Some(path) if path.starts_with('/') => Some(PathBuf::from(path)),
+        Some(other) => {
+            return Err(err(
+                "host.cgroup_root",
+                format!(
+                    "`{other}` is neither \"auto\" nor an absolute directory inside the cgroup v2 mount"
+                ),
+            ));
+        }
+    };
     let host = Host {
         name: host_name,
         max_runners,
@@ -141,6 +195,10 @@ pub(super) fn validate(
             .host
             .runner_root
             .unwrap_or_else(|| data_dir.join("runners")),
+        isolation,
+        isolation_named,
+        runner_uids,
+        cgroup_root,
     };
 
     if file.runner.package_dir.is_some() && file.runner.version.is_some() {
@@ -352,7 +410,33 @@ fn validate_policy(
             "must be a runner group id; the Default group is 1".to_owned(),
         ));
     }
+    let memory_max = match section.memory_max.as_deref() {
+        None => None,
+        Some(text) => Some(parse_bytes(text).ok_or_else(|| {
+            (
+                "memory_max",
+                format!("`{text}` is not a size; write it like \"8G\", \"512M\" (powers of 1024)"),
+            )
+        })?),
+    };
+    if section.pids_max == Some(0) {
+        return Err(("pids_max", "must be at least 1".to_owned()));
+    }
+    if let Some(weight) = section.cpu_weight
+        && !(CPU_WEIGHT_MIN..=CPU_WEIGHT_MAX).contains(&weight)
+    {
+        return Err((
+            "cpu_weight",
+            format!("{weight} is outside {CPU_WEIGHT_MIN}..={CPU_WEIGHT_MAX} (cgroup v2 cpu.weight; 100 is the default share)"),
+        ));
+    }
+    let limits = RunnerLimits {
+        memory_max,
+        pids_max: section.pids_max,
+        cpu_weight: section.cpu_weight,
+    };
     Ok(Policy {
+        limits,
         name: section.name,
         target,
         labels: section.labels,
@@ -404,4 +488,64 @@ fn is_runner_version(version: &str) -> bool {
         && parts
             .iter()
             .all(|p| !p.is_empty() && p.len() <= 6 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `"64200-64263"` or a list of account names.
+fn runner_uids(section: RunnerUidsSection) -> Result<RunnerUids, String> {
+    match section {
+        RunnerUidsSection::Range(text) => {
+            let parsed = text.split_once('-').and_then(|(a, b)| {
+                Some((a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?))
+            });
+            let Some((first, last)) = parsed.filter(|(a, b)| a <= b) else {
+                return Err(format!(
+                    "`{text}` is not a uid range; write it like \"64200-64263\" (first-last, inclusive)"
+                ));
+            };
+            if FORBIDDEN_UIDS.iter().any(|u| (first..=last).contains(u)) {
+                return Err(format!(
+                    "`{text}` includes uid 0 or 65534 (nobody); choose unused uids such as \"64200-64263\""
+                ));
+            }
+            if (last - first) as usize >= MAX_POOL {
+                return Err(format!("`{text}` holds more than {MAX_POOL} uids"));
+            }
+            Ok(RunnerUids::Range { first, last })
+        }
+        RunnerUidsSection::Accounts(names) => {
+            let mut seen = HashSet::new();
+            for name in &names {
+                let valid = !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+                if !valid || name == "root" {
+                    return Err(format!("`{name}` is not a usable account name"));
+                }
+                if !seen.insert(name) {
+                    return Err(format!("`{name}` is listed twice"));
+                }
+            }
+            Ok(RunnerUids::Accounts(names))
+        }
+    }
+}
+
+/// `"8G"`, `"512M"`, `"1024K"`, `"1T"` (powers of 1024) or plain bytes.
+pub(crate) fn parse_bytes(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let shift = match unit {
+        "" => 0,
+        "K" | "k" => 10,
+        "M" | "m" => 20,
+        "G" | "g" => 30,
+        "T" | "t" => 40,
+        _ => return None,
+    };
+    let n: u64 = digits.parse().ok().filter(|n| *n > 0)?;
+    n.checked_mul(1u64 << shift)
 }

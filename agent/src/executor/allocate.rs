@@ -17,7 +17,8 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use rm_journal::{
-    AttemptId, AttemptRecord, AttemptState, JobRow, NewAttempt, Scope, WorkspaceKind, now_ms,
+    AttemptId, AttemptRecord, AttemptState, IsolationKind, JobRow, NewAttempt, Scope, WorkspaceKind,
+    now_ms,
 };
 
 use super::{Executor, fault};
@@ -28,6 +29,7 @@ use crate::demand::{self, QueuedJob};
 use crate::lifecycle::{Conclusion, FailureReason};
 use crate::notify::OperatorEvent;
 use crate::runner::slot;
+use anyhow::Context as _;
 
 /// The first wait after a failed launch; doubles per consecutive failure.
 pub const LAUNCH_BACKOFF: Duration = Duration::from_secs(5);
@@ -239,6 +241,30 @@ impl Executor {
                 )
             }
         };
+        let isolation = self.settings.backends.isolation;
+        let (uid, cgroup) = match (isolation, &self.settings.backends.user) {
+            (IsolationKind::User, Some(user)) => {
+                let held = attempts.held_uids()?;
+                let running = crate::runner::isolate::uids_running()
+                    .context("cannot read which uids are in use")?;
+                let Some(account) = crate::runner::isolate::pick_uid(&user.pool, &held, &running)
+                else {
+                    return Err(anyhow::Error::new(NoFreeUid {
+                        pool: user.pool.accounts().len(),
+                        held: held.len(),
+                    }));
+                };
+                let cgroup = match &user.cgroups {
+                    Some(root) => Some(root.runner_path(&format!("rm-{}", id.short()))?),
+                    None => None,
+                };
+                (Some(account.uid), cgroup)
+            }
+            (IsolationKind::User, None) => {
+                anyhow::bail!("isolation is `user` but this agent cannot switch users")
+            }
+            (IsolationKind::None, _) => (None, None),
+        };
         Ok(attempts.create(&NewAttempt {
             attempt_id: &id,
             policy: &policy.name,
@@ -246,6 +272,9 @@ impl Executor {
             workspace,
             runtime_dir: &runtime_dir,
             created_at_ms: now_ms(),
+            isolation,
+            uid,
+            cgroup: cgroup.as_deref(),
         })?)
     }
 
@@ -472,4 +501,15 @@ mod tests {
             FailureReason::ProcessExitedUnexpectedly
         )));
     }
+}
+
+/// Every uid of the pool is held by an attempt not yet cleaned (or used by another process):
+/// no runner starts until cleanup releases one.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no runner uid is free: {held} of the pool's {pool} are held by attempts not yet cleaned (or run other processes); runners start again when cleanup releases one — see `rm-agent runners` for attempts stuck before `cleaned`"
+)]
+pub struct NoFreeUid {
+    pool: usize,
+    held: usize,
 }

@@ -14,13 +14,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rm_github::types::{JitConfig, JitRequest};
-use rm_journal::{AttemptRecord, AttemptState, WorkspaceKind, now_ms};
+use rm_journal::{AttemptRecord, AttemptState, now_ms};
 use secrecy::SecretString;
 
 use super::registry::{self, JitRetry, WORK_FOLDER};
 use super::{Executor, fault};
 use crate::lifecycle::{Conclusion, FailureReason};
-use crate::runner::{Processes as _, RunnerChild, Runtime, Spawned};
+use crate::runner::{RunnerChild, Runtime, Spawned};
 
 /// How many times one attempt asks GitHub for a JIT configuration.
 pub const MAX_JIT_TRIES: u32 = 5;
@@ -122,7 +122,7 @@ impl Executor {
             ));
         }
         fault::crash_point("jit_received");
-        let spawned = self.spawn(&runtime, jit.encoded_jit_config).await;
+        let spawned = self.spawn(record, &runtime, jit.encoded_jit_config).await;
         let Spawned { identity, child } = match spawned {
             Ok(spawned) => spawned,
             Err(detail) => {
@@ -150,15 +150,13 @@ impl Executor {
         Ok(child)
     }
 
-    /// The runtime directory with its copy of the package (blocking work, off the runtime).
+    /// The runtime directory, made by the attempt's backend (blocking work, off the runtime).
     async fn make_runtime(&self, record: &AttemptRecord) -> Result<Runtime, Failure> {
-        let root = self.root.clone();
-        let package = self.settings.package_dir.clone();
-        let id = record.attempt_id.as_str().to_owned();
-        let (workspace, runtime) = (record.workspace, record.runtime_dir.clone());
-        let made = tokio::task::spawn_blocking(move || match workspace {
-            WorkspaceKind::Persistent => root.prepare_slot(&runtime, &package),
-            WorkspaceKind::Ephemeral => root.create_ephemeral(&id, &package),
+        let backends = Arc::clone(&self.settings.backends);
+        let (kind, plan) = (record.isolation, self.plan(record));
+        let made = tokio::task::spawn_blocking(move || match backends.of(kind) {
+            Some(backend) => backend.prepare(&plan).map_err(|e| e.to_string()),
+            None => Err(unavailable(kind)),
         })
         .await;
         match made {
@@ -176,18 +174,23 @@ impl Executor {
         }
     }
 
-    /// Starts the runner process; the JIT configuration moves into the blocking task and is
-    /// dropped (and zeroed) there once the process has it.
+    /// Starts the runner process through the attempt's backend; the JIT configuration moves
+    /// into the blocking task and is dropped (and zeroed) there once the process has it.
     async fn spawn(
         &self,
+        record: &AttemptRecord,
         runtime: &Runtime,
         jit: SecretString,
     ) -> Result<Spawned<RunnerChild>, String> {
-        let processes = self.processes;
-        let dir = runtime.dir().to_path_buf();
-        match tokio::task::spawn_blocking(move || processes.spawn(&dir, &jit)).await {
-            Ok(Ok(spawned)) => Ok(spawned),
-            Ok(Err(e)) => Err(e.to_string()),
+        let backends = Arc::clone(&self.settings.backends);
+        let (kind, plan, runtime) = (record.isolation, self.plan(record), runtime.clone());
+        let started = tokio::task::spawn_blocking(move || match backends.of(kind) {
+            Some(backend) => backend.start(&plan, &runtime, &jit).map_err(|e| e.to_string()),
+            None => Err(unavailable(kind)),
+        })
+        .await;
+        match started {
+            Ok(result) => result,
             Err(e) => Err(format!("the spawn task failed: {e}")),
         }
     }
@@ -262,6 +265,14 @@ impl Executor {
             }
         }
     }
+}
+
+/// Why an attempt's backend cannot be driven by this agent.
+pub(super) fn unavailable(kind: rm_journal::IsolationKind) -> String {
+    format!(
+        "this agent cannot drive `isolation = \"{}\"` runners (it may not switch users)",
+        kind.as_str()
+    )
 }
 
 /// The wait before JIT try `tries + 1`: the back-off, or longer if GitHub named a time.

@@ -28,12 +28,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use rm_journal::{AttemptId, Attempts, Reader};
+use rm_journal::{AttemptId, Attempts, IsolationKind, Reader};
 use tokio::sync::{Notify, watch};
 
 use crate::config::Policy;
 use crate::lifecycle::Timeouts;
 use crate::notify::Notifier;
+use crate::runner::backend::{Backend, NoIsolation, Plan, UserIsolation};
 use crate::runner::{OsProcesses, RunnerRoot};
 use registry::Registry;
 
@@ -70,12 +71,42 @@ pub struct Settings {
     /// `host.name`: the runner names' `rm-<host>-` prefix.
     pub host: String,
     pub max_runners: u32,
-    /// An unpacked runner package (copied into each runtime).
+    /// An unpacked runner package (copied into each runtime under `isolation = "none"`).
     pub package_dir: PathBuf,
+    /// The execution backends; new attempts get `backends.isolation`.
+    pub backends: Arc<Backends>,
     /// Supervision timers (registration, idle, launch, exit grace).
     pub timeouts: Timeouts,
     /// Policies with an ephemeral workspace.
     pub policies: Vec<Policy>,
+}
+
+/// The execution backends this agent can drive (CONTRACT §7). Each attempt names its own in the
+/// journal; new ones get `isolation`.
+#[derive(Debug)]
+pub struct Backends {
+    /// The backend new attempts are started under.
+    pub isolation: IsolationKind,
+    pub none: NoIsolation,
+    /// Present where the agent may switch users: for new attempts under `user`, and to clean up
+    /// after attempts started isolated even when the configuration now says `none`.
+    pub user: Option<UserIsolation>,
+}
+
+impl Backends {
+    /// The backend of an attempt journalled under `kind`; `None` when this agent cannot drive
+    /// it (an isolated attempt, and the agent may no longer switch users).
+    pub fn of(&self, kind: IsolationKind) -> Option<&dyn Backend> {
+        match kind {
+            IsolationKind::None => Some(&self.none),
+            IsolationKind::User => self.user.as_ref().map(|u| u as &dyn Backend),
+        }
+    }
+
+    /// The backend new attempts get.
+    pub fn current(&self) -> Option<&dyn Backend> {
+        self.of(self.isolation)
+    }
 }
 
 impl Settings {
@@ -287,6 +318,15 @@ impl Executor {
 
     fn policy(&self, name: &str) -> Option<&Policy> {
         self.settings.policies.iter().find(|p| p.name == name)
+    }
+
+    /// What the attempt's backend needs to know about it.
+    fn plan(&self, record: &rm_journal::AttemptRecord) -> Plan {
+        let limits = self
+            .policy(&record.policy)
+            .map(|p| p.limits)
+            .unwrap_or_default();
+        Plan::of(record, limits)
     }
 }
 

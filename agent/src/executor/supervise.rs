@@ -12,7 +12,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use rm_github::Target;
-use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState, WorkspaceKind, now_ms};
+use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState, now_ms};
 
 use super::registry::{self, Listing};
 use super::{Executor, STOP_GRACE, evidence, fault, targets_by_policy};
@@ -279,7 +279,11 @@ impl Executor {
         let Some(identity) = identity else {
             return (ProcessObservation::Gone, None);
         };
-        let state = match process::inspect(&self.processes, identity) {
+        let inspected = match self.settings.backends.of(record.isolation) {
+            Some(backend) => backend.inspect(identity),
+            None => process::inspect(&self.processes, identity),
+        };
+        let state = match inspected {
             Ok(ProcessState::Running) => ProcessObservation::Running,
             Ok(ProcessState::Exited) => ProcessObservation::Exited,
             Ok(ProcessState::Gone) => ProcessObservation::Gone,
@@ -391,7 +395,6 @@ impl Executor {
         if let Some(identity) = journalled_identity(record) {
             self.stop(identity).await;
         }
-        let runtime = record.runtime_dir.clone();
         match (registration, target) {
             (Registration::Handled, _) | (_, None) => {}
             (Registration::Listed(listing), Some(_)) => {
@@ -408,34 +411,30 @@ impl Executor {
         }
         fault::crash_point("cleanup");
         {
-            let root = self.root.clone();
-            let workspace = record.workspace;
-            let removal = tokio::task::spawn_blocking(move || {
-                let killed = discover::kill_residents(&runtime).unwrap_or(0);
-                let removed = match workspace {
-                    WorkspaceKind::Persistent => root.scrub_slot(&runtime),
-                    WorkspaceKind::Ephemeral => root.remove_runtime(&runtime),
-                };
-                (killed, removed)
+            let backends = Arc::clone(&self.settings.backends);
+            let (kind, plan) = (record.isolation, self.plan(record));
+            let removal = tokio::task::spawn_blocking(move || match backends.of(kind) {
+                Some(backend) => backend.clean(&plan).map_err(|e| e.to_string()),
+                None => Err(super::launch::unavailable(kind)),
             })
             .await;
             match removal {
-                Ok((killed, Ok(removed))) => {
-                    if killed > 0 {
-                        tracing::warn!(attempt = %record.attempt_id, killed, "stopped processes that had left the runner's process group");
+                Ok(Ok(cleaned)) => {
+                    if cleaned.killed > 0 {
+                        tracing::warn!(attempt = %record.attempt_id, killed = cleaned.killed, "stopped processes that had left the runner's process group");
                     }
-                    if removed == Removal::Removed {
+                    if cleaned.runtime == Some(Removal::Removed) {
                         tracing::debug!(attempt = %record.attempt_id, "runtime removed (or slot scrubbed down to _work)");
                     }
                 }
-                Ok((_, Err(e))) => {
+                Ok(Err(e)) => {
                     self.clean_failed(&record.attempt_id, now);
-                    tracing::warn!(attempt = %record.attempt_id, error = %e, "cannot remove (or scrub) the runtime; will try again");
+                    tracing::warn!(attempt = %record.attempt_id, error = %e, "cannot clean up after the runner; will try again");
                     return Ok(());
                 }
                 Err(e) => {
                     self.clean_failed(&record.attempt_id, now);
-                    tracing::warn!(error = %e, "the runtime removal task failed");
+                    tracing::warn!(error = %e, "the cleanup task failed");
                     return Ok(());
                 }
             }
@@ -571,6 +570,7 @@ fn detail(conclusion: Conclusion) -> &'static str {
 mod tests {
     use super::*;
     use crate::lifecycle::Timeouts;
+    use rm_journal::WorkspaceKind;
 
     fn record(state: AttemptState, changed: i64) -> AttemptRecord {
         let id = AttemptId::generate();
@@ -594,6 +594,9 @@ mod tests {
             created_at_ms: 0,
             updated_at_ms: 0,
             pid_boot_id: None,
+            isolation: rm_journal::IsolationKind::None,
+            uid: None,
+            cgroup: None,
         }
     }
 

@@ -1,12 +1,19 @@
 //! Runner processes and their workspaces: the adapters the lifecycle drives. [`workspace`] makes
 //! and removes a runner's runtime directory; [`process`] starts the runner in it, tells a live
 //! runner from a recycled pid, and stops the runner's whole process group. [`package`] fetches
-//! the package `runner.version` names into the cache.
+//! the package `runner.version` names into the cache. [`backend`] is the execution seam the
+//! executor drives (CONTRACT §7): [`isolate`], [`cgroup`], [`uid`] and [`store`] are what
+//! `isolation = "user"` is made of.
 
+pub mod backend;
+pub mod cgroup;
 pub mod discover;
+pub mod isolate;
 pub mod package;
 pub mod process;
 pub mod slot;
+pub mod store;
+pub mod uid;
 pub mod workspace;
 
 pub use process::{

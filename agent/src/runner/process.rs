@@ -501,50 +501,12 @@ impl Processes for OsProcesses {
         runtime: &Path,
         jit: &SecretString,
     ) -> Result<Spawned<RunnerChild>, ProcessError> {
-        let listener = runtime.join(LISTENER);
-        let mut command = Command::new(&listener);
-        command
-            .args(LISTENER_ARGS)
-            .current_dir(runtime)
-            .env_clear()
-            .envs(runner_environment(std::env::vars_os(), runtime))
-            .env(JIT_ENV, jit.expose_secret())
-            // The runner keeps its own logs in `_diag`; its output never reaches the agent's
-            // log, where a job could otherwise write anything.
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            // A group of its own: a stop reaches everything the job started, and a signal sent
-            // to the agent's group (Ctrl-C in a terminal) does not reach the runner.
-            .process_group(0);
-        // `command` holds the JIT configuration: never format it (its Debug shows the env).
-        let mut child = command
-            .spawn()
-            .map_err(|source| ProcessError::Spawn { listener, source })?;
-        let pid = child.id();
-        tracing::debug!(pid, runtime = %runtime.display(), "runner started");
-        // Until reaped, even a runner that exited at once keeps its /proc entry, so this read
-        // names the process we started.
-        match read_stat(pid) {
-            Ok(Some(stat)) => Ok(Spawned {
-                identity: ProcessIdentity {
-                    pid,
-                    start_time: stat.start_time,
-                },
-                child: RunnerChild { child },
-            }),
-            other => {
-                let source = match other {
-                    Err(e) => e,
-                    Ok(_) => io::Error::new(io::ErrorKind::NotFound, "no /proc entry"),
-                };
-                // A runner we cannot identify could never be stopped safely later.
-                let _ = self.signal_group(pid, StopSignal::Kill);
-                let _ = child.kill();
-                let _ = child.wait();
-                Err(ProcessError::Identity { pid, source })
-            }
-        }
+        spawn_listener(
+            runtime,
+            jit,
+            runner_environment(std::env::vars_os(), runtime),
+            |_| {},
+        )
     }
 
     fn stat(&self, pid: u32) -> io::Result<Option<ProcStat>> {
@@ -582,6 +544,62 @@ impl Processes for OsProcesses {
         match rustix::process::kill_process_group(group, signal) {
             Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
             Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Starts `<runtime>/bin/Runner.Listener run` per CONTRACT §5 with exactly `env` (plus the JIT
+/// configuration) in its own process group, `configure` adding what a backend needs (the
+/// isolation steps between fork and exec), and reads its identity. A runner that cannot be
+/// identified is killed: it could never be stopped safely later.
+pub fn spawn_listener(
+    runtime: &Path,
+    jit: &SecretString,
+    env: Vec<(OsString, OsString)>,
+    configure: impl FnOnce(&mut Command),
+) -> Result<Spawned<RunnerChild>, ProcessError> {
+    let listener = runtime.join(LISTENER);
+    let mut command = Command::new(&listener);
+    command
+        .args(LISTENER_ARGS)
+        .current_dir(runtime)
+        .env_clear()
+        .envs(env)
+        .env(JIT_ENV, jit.expose_secret())
+        // The runner keeps its own logs in `_diag`; its output never reaches the agent's
+        // log, where a job could otherwise write anything.
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        // A group of its own: a stop reaches everything the job started, and a signal sent
+        // to the agent's group (Ctrl-C in a terminal) does not reach the runner.
+        .process_group(0);
+    configure(&mut command);
+    // `command` holds the JIT configuration: never format it (its Debug shows the env).
+    let mut child = command
+        .spawn()
+        .map_err(|source| ProcessError::Spawn { listener, source })?;
+    let pid = child.id();
+    tracing::debug!(pid, runtime = %runtime.display(), "runner started");
+    // Until reaped, even a runner that exited at once keeps its /proc entry, so this read
+    // names the process we started.
+    match read_stat(pid) {
+        Ok(Some(stat)) => Ok(Spawned {
+            identity: ProcessIdentity {
+                pid,
+                start_time: stat.start_time,
+            },
+            child: RunnerChild { child },
+        }),
+        other => {
+            let source = match other {
+                Err(e) => e,
+                Ok(_) => io::Error::new(io::ErrorKind::NotFound, "no /proc entry"),
+            };
+            let _ = OsProcesses.signal_group(pid, StopSignal::Kill);
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(ProcessError::Identity { pid, source })
         }
     }
 }

@@ -68,6 +68,17 @@ impl RunnerRoot {
     /// A package with a top-level `_work` is refused before anything is touched.
     pub fn prepare_slot(&self, runtime: &Path, package: &Path) -> Result<Runtime, WorkspaceError> {
         check_package(package)?;
+        self.prepare_slot_with(runtime, |runtime| {
+            copy_tree(package, runtime).and_then(|()| create_tmp(runtime))
+        })
+    }
+
+    /// [`RunnerRoot::prepare_slot`] with `fill` putting the runtime's contents beside `_work`.
+    pub fn prepare_slot_with(
+        &self,
+        runtime: &Path,
+        fill: impl FnOnce(&Path) -> io::Result<()>,
+    ) -> Result<Runtime, WorkspaceError> {
         self.slot_names(runtime)?;
         let copy_error = |source| WorkspaceError::Copy {
             runtime: runtime.to_path_buf(),
@@ -77,9 +88,9 @@ impl RunnerRoot {
             create_real_dir(dir).map_err(copy_error)?;
         }
         self.scrub_slot(runtime)?;
-        if let Err(source) = copy_tree(package, runtime).and_then(|()| create_tmp(runtime)) {
+        if let Err(source) = fill(runtime) {
             if let Err(e) = self.scrub_slot(runtime) {
-                tracing::warn!(error = %e, "cannot scrub a half-copied slot");
+                tracing::warn!(error = %e, "cannot scrub a half-made slot");
             }
             return Err(copy_error(source));
         }

@@ -181,8 +181,20 @@ impl RunnerRoot {
         attempt_id: &str,
         package: &Path,
     ) -> Result<Runtime, WorkspaceError> {
-        let runtime = self.ephemeral_path(attempt_id)?;
         check_package(package)?;
+        self.create_ephemeral_with(attempt_id, |runtime| {
+            copy_tree(package, runtime).and_then(|()| create_tmp(runtime))
+        })
+    }
+
+    /// Creates `<root>/<12 hex>/` (mode 0700; refused if it exists) and lets `fill` put the
+    /// runtime's contents in it; a runtime `fill` fails on part-way is removed again.
+    pub fn create_ephemeral_with(
+        &self,
+        attempt_id: &str,
+        fill: impl FnOnce(&Path) -> io::Result<()>,
+    ) -> Result<Runtime, WorkspaceError> {
+        let runtime = self.ephemeral_path(attempt_id)?;
         match std::fs::DirBuilder::new()
             .mode(RUNTIME_MODE)
             .create(&runtime)
@@ -193,12 +205,11 @@ impl RunnerRoot {
             }
             Err(source) => return Err(WorkspaceError::Copy { runtime, source }),
         }
-        let filled = copy_tree(package, &runtime).and_then(|()| create_tmp(&runtime));
-        if let Err(source) = filled {
-            // Leave no half-copied runtime behind; if even that fails, the caller's cleanup pass
+        if let Err(source) = fill(&runtime) {
+            // Leave no half-made runtime behind; if even that fails, the caller's cleanup pass
             // finds the directory and retries the removal.
             if let Err(e) = self.remove_runtime(&runtime) {
-                tracing::warn!(error = %e, "cannot remove a half-copied runtime");
+                tracing::warn!(error = %e, "cannot remove a half-made runtime");
             }
             return Err(WorkspaceError::Copy { runtime, source });
         }

@@ -65,6 +65,11 @@ impl Attempts {
         list(&self.conn, scope, policy)
     }
 
+    /// The runner uids that uncleaned attempts hold (allocation picks a free one).
+    pub fn held_uids(&self) -> Result<Vec<u32>, AttemptError> {
+        held_uids(&self.conn)
+    }
+
     /// Live attempts per policy and host-wide.
     pub fn live_counts(&self) -> Result<LiveCounts, AttemptError> {
         live_counts(&self.conn)

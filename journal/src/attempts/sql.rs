@@ -11,7 +11,7 @@ use super::types::*;
 
 pub(crate) const ATTEMPT_COLUMNS: &str = "attempt_id, policy, runner_name, workspace, runtime_dir, state, \
      state_changed_at, outcome, reason, detail, runner_id, job_id, pid, pid_start_time, stop_intent, \
-     stop_intent_at, created_at, updated_at, pid_boot_id";
+     stop_intent_at, created_at, updated_at, pid_boot_id, isolation, uid, cgroup";
 
 /// `'a', 'b'` for an SQL `IN` list. The names come from the enums, never from input.
 pub(super) fn in_list(states: &[AttemptState]) -> String {
@@ -52,6 +52,9 @@ pub(crate) fn attempt_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
         created_at_ms: row.get(16)?,
         updated_at_ms: row.get(17)?,
         pid_boot_id: row.get(18)?,
+        isolation: row.get(19)?,
+        uid: row.get(20)?,
+        cgroup: row.get::<_, Option<String>>(21)?.map(PathBuf::from),
     })
 }
 
@@ -77,11 +80,18 @@ pub(crate) fn create(
         .runtime_dir
         .to_str()
         .ok_or_else(|| AttemptError::NonUtf8Path(new.runtime_dir.to_owned()))?;
+    let cgroup = match new.cgroup {
+        Some(path) => Some(
+            path.to_str()
+                .ok_or_else(|| AttemptError::NonUtf8Path(path.to_owned()))?,
+        ),
+        None => None,
+    };
     let inserted = conn
         .prepare_cached(
             "INSERT INTO attempts (attempt_id, policy, runner_name, workspace, runtime_dir, state,
-                 state_changed_at, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, 'allocated', ?6, ?6, ?6)",
+                 state_changed_at, created_at, updated_at, isolation, uid, cgroup)
+             VALUES (?1, ?2, ?3, ?4, ?5, 'allocated', ?6, ?6, ?6, ?7, ?8, ?9)",
         )?
         .execute(params![
             id.as_str(),
@@ -90,6 +100,9 @@ pub(crate) fn create(
             new.workspace,
             runtime_dir,
             new.created_at_ms,
+            new.isolation,
+            new.uid,
+            cgroup,
         ]);
     match inserted {
         Ok(_) => {}
@@ -115,11 +128,31 @@ pub(crate) fn create(
             if occupied {
                 return Err(AttemptError::WorkspaceInUse(new.runtime_dir.to_owned()));
             }
+            if let Some(uid) = new.uid {
+                let held: bool = conn
+                    .prepare_cached(
+                        "SELECT EXISTS (SELECT 1 FROM attempts
+                             WHERE uid = ?1 AND state != 'cleaned')",
+                    )?
+                    .query_row([uid], |r| r.get(0))?;
+                if held {
+                    return Err(AttemptError::UidInUse(uid));
+                }
+            }
             return Err(err.into());
         }
         Err(err) => return Err(err.into()),
     }
     get(conn, id)?.ok_or_else(|| AttemptError::Unknown(id.clone()))
+}
+
+/// The runner uids uncleaned attempts hold.
+pub(crate) fn held_uids(conn: &Connection) -> Result<Vec<u32>, AttemptError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT uid FROM attempts WHERE state != 'cleaned' AND uid IS NOT NULL ORDER BY uid",
+    )?;
+    let rows = stmt.query_map([], |r| r.get::<_, u32>(0))?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// One attempt by id.

@@ -283,6 +283,32 @@ impl WorkspaceKind {
     }
 }
 
+/// Which execution backend runs an attempt's runner (CONTRACT §7). Journalled at allocation:
+/// supervision and cleanup dispatch on it, never on the current configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IsolationKind {
+    /// The runner runs as the agent's own user.
+    None,
+    /// A uid of the pool, a cgroup and a private mount namespace per runner.
+    User,
+}
+
+impl IsolationKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IsolationKind::None => "none",
+            IsolationKind::User => "user",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<IsolationKind> {
+        [IsolationKind::None, IsolationKind::User]
+            .into_iter()
+            .find(|k| k.as_str() == name)
+    }
+}
+
 macro_rules! sql_text_enum {
     ($($ty:ty),*) => {$(
         impl ToSql for $ty {
@@ -300,7 +326,7 @@ macro_rules! sql_text_enum {
         }
     )*};
 }
-sql_text_enum!(AttemptState, AttemptOutcome, StopIntent, WorkspaceKind);
+sql_text_enum!(AttemptState, AttemptOutcome, StopIntent, WorkspaceKind, IsolationKind);
 
 /// The row written before anything else happens for a runner.
 #[derive(Debug, Clone)]
@@ -314,6 +340,11 @@ pub struct NewAttempt<'a> {
     /// the text).
     pub runtime_dir: &'a Path,
     pub created_at_ms: i64,
+    pub isolation: IsolationKind,
+    /// The runner uid, held until the attempt is cleaned (`user` isolation only).
+    pub uid: Option<u32>,
+    /// The runner's cgroup directory (`user` isolation where cgroup v2 is writable).
+    pub cgroup: Option<&'a Path>,
 }
 
 /// One attempt as the journal holds it.
@@ -345,6 +376,12 @@ pub struct AttemptRecord {
     /// The boot the pid and start time belong to; `None` for attempts journalled before rm
     /// recorded it (their identity is then trusted within the current boot only).
     pub pid_boot_id: Option<String>,
+    /// The backend the attempt was started under.
+    pub isolation: IsolationKind,
+    /// The runner uid the attempt holds until it is cleaned.
+    pub uid: Option<u32>,
+    /// The runner's cgroup directory.
+    pub cgroup: Option<PathBuf>,
 }
 
 /// Which attempts a listing returns.
@@ -408,6 +445,9 @@ pub enum AttemptError {
         attempt_id: AttemptId,
         runner_name: String,
     },
+    /// The uid fence: an attempt that is not cleaned yet holds this runner uid.
+    #[error("runner uid {0} is still held by an attempt that is not cleaned")]
+    UidInUse(u32),
     /// The workspace fence: an attempt that is not cleaned yet holds this directory or slot.
     #[error("runtime directory {0} still belongs to an attempt that is not cleaned")]
     WorkspaceInUse(PathBuf),

@@ -87,6 +87,21 @@ pub struct Fleet {
     pub key: AppKeyPair,
     pub package: PathBuf,
     pub runner_root: PathBuf,
+    /// This fleet's `host.runner_uids`: agents of tests running side by side on one host must
+    /// never share a runner uid (one's cleanup kills every process of its runners' uids).
+    pub uids: String,
+}
+
+/// How many runner uids each fleet gets.
+pub const UIDS_PER_FLEET: u32 = 32;
+
+/// A uid range no other fleet of any test process on this host holds: the process id and a
+/// counter pick a block far above any regular account.
+pub fn fleet_uids() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 64;
+    let first = 1_000_000 + (std::process::id() % 4096) * 64 * UIDS_PER_FLEET + n * UIDS_PER_FLEET;
+    format!("{first}-{}", first + UIDS_PER_FLEET - 1)
 }
 
 impl Fleet {
@@ -114,6 +129,7 @@ impl Fleet {
             key,
             package,
             runner_root,
+            uids: fleet_uids(),
         };
         fleet.configure(&options);
         fleet.fake.set_webhook(
@@ -130,7 +146,7 @@ impl Fleet {
         std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
         let mut config = format!(
             "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n\n\
-             {receiver}{relay}[notifications]\ndesktop = {desktop}\n\n[polling]\nidle_interval = \"{idle_poll}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\n\n\
+             {receiver}{relay}[notifications]\ndesktop = {desktop}\n\n[polling]\nidle_interval = \"{idle_poll}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\nrunner_uids = \"{uids}\"\n\n\
              [runner]\n{package}idle_timeout = \"{idle}\"\nregistration_timeout = \"{registration}\"\n",
             data = self.setup.dir.path().join("data").display(),
             api = self.fake.api_url(),
@@ -148,6 +164,7 @@ impl Fleet {
             idle_poll = options.polling_idle_interval,
             max = options.host_max,
             root = self.runner_root.display(),
+            uids = self.uids,
             package = match options.runner_version {
                 Some(version) => format!("version = \"{version}\"\n"),
                 None => format!("package_dir = \"{}\"\n", self.package.display()),
@@ -252,10 +269,14 @@ impl Fleet {
             .any(|a| a.state == rm_journal::AttemptState::Busy)
     }
 
-    /// What is left in the runner root.
+    /// What runners left in the runner root (the agent's package store, `.rm-package`, is not
+    /// a runner's).
     pub fn runtimes(&self) -> Vec<PathBuf> {
         match std::fs::read_dir(&self.runner_root) {
-            Ok(entries) => entries.map(|e| e.unwrap().path()).collect(),
+            Ok(entries) => entries
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.file_name() != Some(std::ffi::OsStr::new(".rm-package")))
+                .collect(),
             Err(_) => Vec::new(),
         }
     }

@@ -62,6 +62,13 @@ pub struct Setup {
 impl Setup {
     pub fn new() -> Setup {
         let dir = tempfile::tempdir().unwrap();
+        // Runners run under uids of their own (CONTRACT §7): they must be able to pass through
+        // the directories above the runner root (not list them).
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )
+        .unwrap();
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         std::fs::write(
             dir.path().join("rm-agent.toml"),

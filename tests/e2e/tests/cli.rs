@@ -235,7 +235,7 @@ fn help_names_every_command_with_an_example() {
 /// attempts, the test journals one the way the lifecycle will: created, JIT received, busy.
 #[tokio::test]
 async fn runners_json_follows_the_contract() {
-    use rm_journal::{AttemptId, Attempts, NewAttempt, WorkspaceKind};
+    use rm_journal::{AttemptId, Attempts, IsolationKind, NewAttempt, WorkspaceKind};
     let setup = Setup::new();
     drop(setup.start_receiver().await);
     let attempts = Attempts::open(&setup.journal()).unwrap();
@@ -250,6 +250,9 @@ async fn runners_json_follows_the_contract() {
             workspace: WorkspaceKind::Ephemeral,
             runtime_dir: &runtime,
             created_at_ms: 1_700_000_000_000,
+            isolation: IsolationKind::None,
+            uid: None,
+            cgroup: None,
         })
         .unwrap();
     assert!(attempts.jit_received(&id, 77, 1_700_000_000_100).unwrap());

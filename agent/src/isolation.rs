@@ -1,0 +1,218 @@
+//! Which isolation `rm-agent run` starts runners under, decided once at start from the
+//! configuration and what this host allows (CONTRACT §7), and the backends that carry it out:
+//! `user` where the agent may switch users (the default), `none` only when the configuration
+//! names it. Also what `check` and `status` say about it.
+
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+
+use rm_journal::IsolationKind;
+
+use crate::config::{Config, Isolation, display_file};
+use crate::executor::Backends;
+use crate::exit::Exit;
+use crate::runner::RunnerRoot;
+use crate::runner::backend::{NoIsolation, UserIsolation};
+use crate::runner::cgroup::CgroupRoot;
+use crate::runner::isolate::{self, Pool};
+use crate::runner::store::Store;
+
+/// What a job can reach under `isolation = "none"`, for `check`, `status` and the start-up log.
+pub const NONE_REACHES: &str = "jobs run as the agent's own user: a job can read the App's private key and the other secrets, the journal and status, read the agent's memory and environment and signal it, reach every other runner, rewrite the package later runners start from, and leave files in HOME and /tmp and processes behind for later jobs; set [host] isolation = \"user\" (run the agent as root) unless every job runs code you wrote";
+
+/// The mode of the runner root under `user`: runners pass through it to their own runtime
+/// (mode 0700, owned by their uid) and can list nothing.
+const RUNNER_ROOT_MODE: u32 = 0o711;
+
+/// The backends for `config`, refusing (exit 2) an isolation this host cannot give.
+pub fn backends(config: &Config, package_dir: &Path) -> Result<Backends, Exit> {
+    let root = RunnerRoot::open(&config.host.runner_root).map_err(Exit::runtime)?;
+    let none = NoIsolation {
+        root: root.clone(),
+        package: package_dir.to_path_buf(),
+    };
+    let can_switch = isolate::can_switch_users();
+    let pool = Pool::resolve(&config.host.runner_uids).map_err(|problem| usage(config, "host.runner_uids", &problem));
+    match config.host.isolation {
+        Isolation::None => {
+            tracing::warn!("host.isolation = \"none\": {NONE_REACHES}");
+            // Attempts started isolated before the configuration changed still need an agent
+            // that can clean up after their uid and cgroup.
+            let user = match (can_switch, pool) {
+                (true, Ok(pool)) => Some(UserIsolation {
+                    root,
+                    package: None,
+                    pool,
+                    cgroups: None,
+                }),
+                _ => None,
+            };
+            Ok(Backends {
+                isolation: IsolationKind::None,
+                none,
+                user,
+            })
+        }
+        Isolation::User => {
+            if !can_switch {
+                return Err(cannot_switch(config));
+            }
+            let pool = pool?;
+            let me = rustix::process::geteuid().as_raw();
+            if pool.contains_uid(me) {
+                return Err(usage(
+                    config,
+                    "host.runner_uids",
+                    &format!("holds the agent's own uid {me}; runners must never share it"),
+                ));
+            }
+            crate::secrets::refuse_readable_by_runners(config, &pool)?;
+            private_data_dir(&config.data_dir, &config.host.runner_root).map_err(Exit::runtime)?;
+            std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(RUNNER_ROOT_MODE))
+                .map_err(|e| {
+                    Exit::runtime(anyhow::anyhow!(
+                        "cannot set the runner root {} to mode 711: {e}",
+                        root.path().display()
+                    ))
+                })?;
+            isolate::check_traversable(root.path(), &config.data_dir)
+                .map_err(|problem| usage(config, "host.runner_root", &problem))?;
+            let store = Store::open(root.path()).map_err(Exit::runtime)?;
+            let package = store.install(package_dir).map_err(Exit::runtime)?;
+            package.verify().map_err(Exit::runtime)?;
+            let cgroups = match CgroupRoot::resolve(config.host.cgroup_root.as_deref()) {
+                Ok(cgroups) => {
+                    warn_unavailable_limits(config, &cgroups);
+                    Some(cgroups)
+                }
+                Err(e) if config.host.cgroup_root.is_some() => {
+                    return Err(usage(config, "host.cgroup_root", &e.to_string()));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "no writable cgroup v2: runners get no cgroup; every process of a runner's uid is killed before the uid serves another job");
+                    None
+                }
+            };
+            tracing::info!(uids = pool.accounts().len(), cgroup_root = ?cgroups.as_ref().map(CgroupRoot::path), package = %package.tree().display(), "runners are isolated: a uid, a cgroup and a private mount namespace each");
+            Ok(Backends {
+                isolation: IsolationKind::User,
+                none,
+                user: Some(UserIsolation {
+                    root,
+                    package: Some(package),
+                    pool,
+                    cgroups,
+                }),
+            })
+        }
+    }
+}
+
+/// Shared by `run` and `check`: why `user` cannot be had here, with both ways out.
+pub fn cannot_switch(config: &Config) -> Exit {
+    let why = "rm-agent may not switch users here (it is not root and lacks CAP_SETUID and CAP_SETGID), so it cannot give each runner a uid of its own";
+    if config.host.isolation_named {
+        usage(
+            config,
+            "host.isolation",
+            &format!("\"user\" is set, but {why}; run rm-agent as root (deploy/systemd/rm-agent.service), or set isolation = \"none\" if every job runs code you wrote"),
+        )
+    } else {
+        usage(
+            config,
+            "host.isolation",
+            &format!("runners are isolated by default, but {why}; run rm-agent as root (deploy/systemd/rm-agent.service), or set [host] isolation = \"none\" to run jobs as the agent's own user (only for code you wrote)"),
+        )
+    }
+}
+
+/// Makes everything in the data directory private to the agent but the way to the runner
+/// root: files and directories made before the agent set its umask, or by an older rm, lose
+/// their group and other bits (the journal, status file and package cache hold what no job may
+/// read).
+fn private_data_dir(data_dir: &Path, runner_root: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(data_dir)?;
+    let root = runner_root.canonicalize().unwrap_or_else(|_| runner_root.to_path_buf());
+    let data = data_dir.canonicalize()?;
+    let on_the_way = |path: &Path| root.starts_with(path);
+    let mut dirs: Vec<PathBuf> = vec![data.clone()];
+    while let Some(dir) = dirs.pop() {
+        let meta = std::fs::symlink_metadata(&dir)?;
+        if !on_the_way(&dir) {
+            restrict(&dir, &meta)?;
+            continue;
+        }
+        if dir == root {
+            continue;
+        }
+        // On the way to the runner root: search for others, nothing else.
+        let mode = (meta.mode() & 0o700) | 0o001;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))?;
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                dirs.push(path);
+            } else {
+                restrict(&path, &entry.metadata()?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Takes group and other bits off one file or directory (not its contents: nothing below a
+/// 0700 directory can be reached by a runner uid).
+fn restrict(path: &Path, meta: &std::fs::Metadata) -> std::io::Result<()> {
+    if meta.file_type().is_symlink() || meta.mode() & 0o077 == 0 {
+        return Ok(());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(meta.mode() & 0o7700))
+}
+
+/// Logs every configured limit the runner cgroups cannot apply (their controller is not
+/// enabled in cgroup v2 here).
+fn warn_unavailable_limits(config: &Config, cgroups: &CgroupRoot) {
+    for (policy, missing) in unavailable_limits(config, cgroups) {
+        tracing::warn!(policy, limits = ?missing, "these limits cannot be applied: their cgroup v2 controller is not available here (pids_max still applies as the runner uid's process limit)");
+    }
+}
+
+/// Per policy, the limits it sets whose controller the cgroup root lacks.
+pub fn unavailable_limits(config: &Config, cgroups: &CgroupRoot) -> Vec<(String, Vec<&'static str>)> {
+    let available = cgroups.available();
+    config
+        .policies
+        .iter()
+        .filter_map(|p| {
+            let mut missing = Vec::new();
+            if p.limits.memory_max.is_some() && !available.memory {
+                missing.push("memory_max");
+            }
+            if p.limits.pids_max.is_some() && !available.pids {
+                missing.push("pids_max");
+            }
+            if p.limits.cpu_weight.is_some() && !available.cpu {
+                missing.push("cpu_weight");
+            }
+            (!missing.is_empty()).then(|| (p.name.clone(), missing))
+        })
+        .collect()
+}
+
+fn usage(config: &Config, key: &str, problem: &str) -> Exit {
+    Exit::usage(format!(
+        "{}: `{key}`: {problem}",
+        display_file(config.source.as_deref())
+    ))
+}
+
+/// The isolation `run` would use with this configuration on this host, for `check` and the
+/// demo: `None` when `run` would refuse.
+pub fn would_run(config: &Config) -> Option<IsolationKind> {
+    match config.host.isolation {
+        Isolation::None => Some(IsolationKind::None),
+        Isolation::User if isolate::can_switch_users() => Some(IsolationKind::User),
+        Isolation::User => None,
+    }
+}

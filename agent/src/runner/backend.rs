@@ -1,0 +1,301 @@
+//! The execution seam (CONTRACT §7, ARCHITECTURE guarantee 7): making a runner's runtime,
+//! starting the runner in it, looking at it, and cleaning up after it go through [`Backend`],
+//! whose implementation is chosen per attempt at allocation and journalled with it
+//! ([`IsolationKind`]), so allocation and supervision never depend on which one runs, and a
+//! container or microVM backend is one more implementation.
+//!
+//! - [`NoIsolation`] (`isolation = "none"`): runners run as the agent's own user from a copy of
+//!   the package; cleanup stops what still works inside the runtime and removes it.
+//! - [`UserIsolation`] (`isolation = "user"`): a uid of the pool, a cgroup and a private mount
+//!   namespace per runner, a runtime of hard links to the verified package store; cleanup kills
+//!   the cgroup and every process of the uid, and only then removes the runtime: a uid is
+//!   released (its attempt `cleaned`) only once nothing of it is left.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rm_journal::{AttemptRecord, IsolationKind, WorkspaceKind};
+use secrecy::SecretString;
+
+use super::cgroup::{self, CgroupRoot, Limits};
+use super::isolate::{self, Account, ChildSetup, Pool};
+use super::process::{self, ProcessError, ProcessIdentity, ProcessState, RunnerChild, Spawned};
+use super::store::StoredPackage;
+use super::workspace::{Removal, RunnerRoot, Runtime, WorkspaceError, check_package, create_tmp};
+use super::{OsProcesses, Processes as _, discover, uid};
+use crate::config::RunnerLimits;
+
+/// How long cleanup waits for a runner's cgroup to empty after `cgroup.kill`.
+pub const CGROUP_EMPTY_WAIT: Duration = Duration::from_secs(10);
+
+/// How long cleanup keeps killing the processes of a runner uid before it reports survivors.
+pub const UID_EMPTY_WAIT: Duration = Duration::from_secs(10);
+
+/// What a backend needs to know about one attempt: the journalled facts and its policy's
+/// limits.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub attempt_id: String,
+    pub workspace: WorkspaceKind,
+    pub runtime_dir: PathBuf,
+    pub uid: Option<u32>,
+    pub cgroup: Option<PathBuf>,
+    pub limits: RunnerLimits,
+}
+
+impl Plan {
+    pub fn of(record: &AttemptRecord, limits: RunnerLimits) -> Plan {
+        Plan {
+            attempt_id: record.attempt_id.as_str().to_owned(),
+            workspace: record.workspace,
+            runtime_dir: record.runtime_dir.clone(),
+            uid: record.uid,
+            cgroup: record.cgroup.clone(),
+            limits,
+        }
+    }
+}
+
+/// What a cleanup did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cleaned {
+    /// Processes killed that had outlived the runner (escaped its process group).
+    pub killed: usize,
+    pub runtime: Option<Removal>,
+}
+
+/// Why a step of a backend failed. None names the JIT configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    Workspace(#[from] WorkspaceError),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error("the runner's cgroup: {0}")]
+    Cgroup(String),
+    #[error("the runner uid: {0}")]
+    Uid(String),
+    #[error("the runner package store: {0}")]
+    Store(String),
+    #[error("attempt is journalled without a runner uid; it cannot run isolated")]
+    NoUid,
+}
+
+/// The seam. Every method blocks (file trees, `/proc`, cgroupfs): call them off the async
+/// runtime (`spawn_blocking`).
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> IsolationKind;
+
+    /// Makes the attempt's runtime ready to hand to its runner.
+    fn prepare(&self, plan: &Plan) -> Result<Runtime, BackendError>;
+
+    /// Starts the runner in the prepared runtime; the JIT configuration goes into its
+    /// environment and nowhere else.
+    fn start(
+        &self,
+        plan: &Plan,
+        runtime: &Runtime,
+        jit: &SecretString,
+    ) -> Result<Spawned<RunnerChild>, BackendError>;
+
+    /// Whether the runner with this identity runs, has exited or is gone.
+    fn inspect(&self, identity: ProcessIdentity) -> Result<ProcessState, ProcessError> {
+        process::inspect(&OsProcesses, identity)
+    }
+
+    /// Everything the attempt left, after its runner's process group was stopped: processes
+    /// that escaped it, the runtime (removed, or a slot scrubbed down to `_work`), and what the
+    /// backend made for it. Returns only when nothing of the runner is left; an error leaves
+    /// the attempt uncleaned (its uid held) for a later try.
+    fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError>;
+}
+
+/// `isolation = "none"`: today's runner, as the agent's own user.
+#[derive(Debug, Clone)]
+pub struct NoIsolation {
+    pub root: RunnerRoot,
+    /// The unpacked package, copied into every runtime.
+    pub package: PathBuf,
+}
+
+impl Backend for NoIsolation {
+    fn kind(&self) -> IsolationKind {
+        IsolationKind::None
+    }
+
+    fn prepare(&self, plan: &Plan) -> Result<Runtime, BackendError> {
+        Ok(match plan.workspace {
+            WorkspaceKind::Persistent => self.root.prepare_slot(&plan.runtime_dir, &self.package)?,
+            WorkspaceKind::Ephemeral => self.root.create_ephemeral(&plan.attempt_id, &self.package)?,
+        })
+    }
+
+    fn start(
+        &self,
+        _plan: &Plan,
+        runtime: &Runtime,
+        jit: &SecretString,
+    ) -> Result<Spawned<RunnerChild>, BackendError> {
+        Ok(OsProcesses.spawn(runtime.dir(), jit)?)
+    }
+
+    fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError> {
+        // A job process that left the group but still works in the runtime; one that left it
+        // too (`cd /; setsid ...`) is beyond what this backend can find: see CONTRACT §7.
+        let killed = discover::kill_residents(&plan.runtime_dir).unwrap_or(0);
+        let runtime = remove_runtime(&self.root, plan)?;
+        Ok(Cleaned {
+            killed,
+            runtime: Some(runtime),
+        })
+    }
+}
+
+/// `isolation = "user"`: a uid, a cgroup and a private mount namespace per runner.
+#[derive(Debug, Clone)]
+pub struct UserIsolation {
+    pub root: RunnerRoot,
+    /// The verified package runtimes are linked from; `None` in a backend that only cleans up
+    /// (an agent now configured otherwise, recovering attempts started isolated).
+    pub package: Option<StoredPackage>,
+    pub pool: Pool,
+    /// Where runner cgroups are made; `None` where no cgroup v2 is writable (every process of
+    /// the uid is then killed at cleanup instead).
+    pub cgroups: Option<CgroupRoot>,
+}
+
+impl UserIsolation {
+    fn account(&self, plan: &Plan) -> Result<Account, BackendError> {
+        let uid = plan.uid.ok_or(BackendError::NoUid)?;
+        Ok(Account {
+            uid,
+            gid: self.pool.gid_of(uid),
+        })
+    }
+
+    fn fill(&self, runtime: &Path, account: Account, slot: bool) -> std::io::Result<()> {
+        let package = self.package.as_ref().ok_or_else(|| {
+            std::io::Error::other("this agent has no runner package to start isolated runners from")
+        })?;
+        package
+            .link_into(runtime)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        // The check before the runtime is handed over: the links are the verified files.
+        package
+            .verify_runtime(runtime)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        if slot {
+            let work = runtime.join(super::workspace::WORK_FOLDER);
+            if work.is_dir() {
+                isolate::chown_tree(&work, account)?;
+            }
+        }
+        create_tmp(runtime)?;
+        isolate::hand_over(runtime, account)
+    }
+}
+
+impl Backend for UserIsolation {
+    fn kind(&self) -> IsolationKind {
+        IsolationKind::User
+    }
+
+    fn prepare(&self, plan: &Plan) -> Result<Runtime, BackendError> {
+        let account = self.account(plan)?;
+        if let Some(package) = &self.package {
+            check_package(package.tree())?;
+        }
+        Ok(match plan.workspace {
+            WorkspaceKind::Persistent => {
+                // The policy's directory: runners pass through it to their slot, list nothing.
+                if let Some(policy_dir) = plan.runtime_dir.parent() {
+                    std::fs::create_dir_all(policy_dir).map_err(|source| WorkspaceError::Copy {
+                        runtime: plan.runtime_dir.clone(),
+                        source,
+                    })?;
+                    std::fs::set_permissions(
+                        policy_dir,
+                        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+                    )
+                    .map_err(|source| WorkspaceError::Copy {
+                        runtime: plan.runtime_dir.clone(),
+                        source,
+                    })?;
+                }
+                self.root
+                    .prepare_slot_with(&plan.runtime_dir, |rt| self.fill(rt, account, true))?
+            }
+            WorkspaceKind::Ephemeral => self
+                .root
+                .create_ephemeral_with(&plan.attempt_id, |rt| self.fill(rt, account, false))?,
+        })
+    }
+
+    fn start(
+        &self,
+        plan: &Plan,
+        runtime: &Runtime,
+        jit: &SecretString,
+    ) -> Result<Spawned<RunnerChild>, BackendError> {
+        let account = self.account(plan)?;
+        // A uid someone else runs as would share its files and signals with this runner.
+        let running = uid::processes_of(account.uid)
+            .map_err(|e| BackendError::Uid(format!("cannot look for processes of {}: {e}", account.uid)))?;
+        if !running.is_empty() {
+            return Err(BackendError::Uid(format!(
+                "{} process(es) already run as uid {}; it is not given to a runner",
+                running.len(),
+                account.uid
+            )));
+        }
+        let procs = match (&self.cgroups, &plan.cgroup) {
+            (Some(root), Some(path)) => {
+                let name = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .ok_or_else(|| BackendError::Cgroup(format!("{} names no cgroup", path.display())))?;
+                let limits = Limits {
+                    memory_max: plan.limits.memory_max,
+                    pids_max: plan.limits.pids_max,
+                    cpu_weight: plan.limits.cpu_weight,
+                };
+                let made = root
+                    .create(name, &limits)
+                    .map_err(|e| BackendError::Cgroup(e.to_string()))?;
+                Some(made.procs)
+            }
+            _ => None,
+        };
+        let setup = ChildSetup::new(account, runtime.dir(), procs, plan.limits.pids_max)
+            .map_err(|e| BackendError::Uid(format!("cannot prepare the runner's isolation: {e}")))?;
+        let env = isolate::isolated_environment(std::env::vars_os(), runtime.dir());
+        Ok(process::spawn_listener(runtime.dir(), jit, env, |command| {
+            setup.install(command)
+        })?)
+    }
+
+    fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError> {
+        if let Some(path) = &plan.cgroup {
+            cgroup::kill_and_remove(path, CGROUP_EMPTY_WAIT)
+                .map_err(|e| BackendError::Cgroup(e.to_string()))?;
+        }
+        // With or without a cgroup: the uid is released only when no process runs as it (a
+        // process the cgroup could not hold, or every process where there is no cgroup).
+        let killed = match plan.uid {
+            Some(uid) => uid::kill_all(uid, UID_EMPTY_WAIT).map_err(|e| BackendError::Uid(e.to_string()))?,
+            None => 0,
+        };
+        let runtime = remove_runtime(&self.root, plan)?;
+        Ok(Cleaned {
+            killed,
+            runtime: Some(runtime),
+        })
+    }
+}
+
+fn remove_runtime(root: &RunnerRoot, plan: &Plan) -> Result<Removal, WorkspaceError> {
+    match plan.workspace {
+        WorkspaceKind::Persistent => root.scrub_slot(&plan.runtime_dir),
+        WorkspaceKind::Ephemeral => root.remove_runtime(&plan.runtime_dir),
+    }
+}
