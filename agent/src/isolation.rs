@@ -13,7 +13,7 @@ use crate::executor::Backends;
 use crate::exit::Exit;
 use crate::runner::RunnerRoot;
 use crate::runner::backend::{NoIsolation, UserIsolation};
-use crate::runner::cgroup::CgroupRoot;
+use crate::runner::cgroup::{CgroupRoot, Controllers, Limits};
 use crate::runner::isolate::{self, Pool};
 use crate::runner::store::Store;
 
@@ -173,31 +173,30 @@ fn restrict(path: &Path, meta: &std::fs::Metadata) -> std::io::Result<()> {
 /// Logs every configured limit the runner cgroups cannot apply (their controller is not
 /// enabled in cgroup v2 here).
 fn warn_unavailable_limits(config: &Config, cgroups: &CgroupRoot) {
-    for (policy, missing) in unavailable_limits(config, cgroups) {
+    for (policy, missing) in unavailable_limits(config, cgroups.available()) {
         tracing::warn!(policy, limits = ?missing, "these limits cannot be applied: their cgroup v2 controller is not available here (pids_max still applies as the runner uid's process limit)");
     }
 }
 
-/// Per policy, the limits it sets whose controller the cgroup root lacks.
-pub fn unavailable_limits(config: &Config, cgroups: &CgroupRoot) -> Vec<(String, Vec<&'static str>)> {
-    let available = cgroups.available();
+/// Per policy, the limits it sets whose controller is not `available`.
+pub fn unavailable_limits(config: &Config, available: Controllers) -> Vec<(String, Vec<&'static str>)> {
     config
         .policies
         .iter()
         .filter_map(|p| {
-            let mut missing = Vec::new();
-            if p.limits.memory_max.is_some() && !available.memory {
-                missing.push("memory_max");
-            }
-            if p.limits.pids_max.is_some() && !available.pids {
-                missing.push("pids_max");
-            }
-            if p.limits.cpu_weight.is_some() && !available.cpu {
-                missing.push("cpu_weight");
-            }
+            let missing = limits(p).unapplied(available);
             (!missing.is_empty()).then(|| (p.name.clone(), missing))
         })
         .collect()
+}
+
+/// A policy's limits as its runner cgroup takes them.
+pub fn limits(policy: &crate::config::Policy) -> Limits {
+    Limits {
+        memory_max: policy.limits.memory_max,
+        pids_max: policy.limits.pids_max,
+        cpu_weight: policy.limits.cpu_weight,
+    }
 }
 
 fn usage(config: &Config, key: &str, problem: &str) -> Exit {

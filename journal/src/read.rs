@@ -157,6 +157,16 @@ impl Reader {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// Every attempt not yet cleaned (what holds a runner uid or awaits cleanup), oldest first.
+    pub fn uncleaned_attempts(&self) -> Result<Vec<AttemptRecord>, JournalError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE state != 'cleaned'
+             ORDER BY created_at, attempt_id"
+        ))?;
+        let rows = stmt.query_map([], attempt_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// How many attempts are in each state (`/metrics`, `status`).
     pub fn attempt_counts(&self) -> Result<Vec<(String, i64)>, JournalError> {
         let mut stmt = self

@@ -70,6 +70,9 @@ const RECEIVER_WAIT: Duration = Duration::from_secs(10);
 /// How long after the idle runner is cleaned the demo watches for a replacement (longer than
 /// the executor's pass interval, so a replacement would show).
 const NO_REPLACEMENT_WATCH: Duration = Duration::from_millis(2500);
+/// The demo's runner uids: beside the default pool (64200-64263), so a demo next to a running
+/// agent never takes one of its runners' uids.
+const DEMO_UIDS: &str = "64300-64331";
 /// The scenario gives up after this (the demo promises to finish in under 30 seconds).
 const SCENARIO_DEADLINE: Duration = Duration::from_secs(25);
 
@@ -299,6 +302,14 @@ fn write_config(
 ) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let package = rm_fake_runner::assemble_package(&exe, &dir.join("package"))?;
+    // Isolated where this user may switch users (CONTRACT §7); runners then pass through the
+    // demo's directory to their runtimes, so others may search it (not list it).
+    let isolation = if crate::runner::isolate::can_switch_users() {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+        crate::config::Isolation::User
+    } else {
+        crate::config::Isolation::None
+    };
     let key_file = dir.join("app.pem");
     write_secret(&key_file, key.private_pem.expose_secret())?;
     let secret_file = dir.join("webhook-secret");
@@ -322,6 +333,8 @@ path = "/webhook"
 name = "{HOST}"
 max_runners = 8
 runner_root = "{root}"
+isolation = "{isolation}"
+runner_uids = "{DEMO_UIDS}"
 
 [runner]
 package_dir = "{package}"
@@ -346,6 +359,7 @@ max_runners = 1
         secret = secret_file.display(),
         root = dir.join("runners").display(),
         package = package.display(),
+        isolation = isolation.as_str(),
     );
     std::fs::write(&path, toml).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)
@@ -688,6 +702,9 @@ fn system_ms(t: SystemTime) -> i64 {
 
 /// What the demo found at the end.
 struct Summary {
+    isolation: crate::config::Isolation,
+    /// The runner uids the attempts held.
+    uids: std::collections::BTreeSet<u32>,
     attempts: Vec<AttemptRecord>,
     /// Job id → (completed with success, runner name) at the simulated GitHub.
     jobs: BTreeMap<u64, (bool, Option<String>)>,
@@ -721,11 +738,19 @@ impl Summary {
             .collect();
         let deliveries = fake.deliveries();
         let prefix = format!("rm-{HOST}-");
+        // The agent's package store is the agent's, not something a runner left.
         let runtimes_left = match std::fs::read_dir(&config.host.runner_root) {
-            Ok(entries) => entries.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+            Ok(entries) => entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name() != Some(std::ffi::OsStr::new(crate::runner::store::STORE_DIR))
+                })
+                .collect(),
             Err(_) => Vec::new(),
         };
         Ok(Summary {
+            isolation: config.host.isolation,
+            uids: attempts.iter().filter_map(|a| a.uid).collect(),
             attempts,
             jobs,
             webhooks_journalled: reader.deliveries(10_000)?.len(),
@@ -889,6 +914,16 @@ impl Summary {
             format!("{} (counted by the simulated GitHub)", self.api_requests),
         );
         line("left behind", left);
+        line(
+            "isolation",
+            match self.isolation {
+                crate::config::Isolation::User => format!(
+                    "user: each runner had its own uid ({} distinct), cgroup and private /tmp",
+                    self.uids.len()
+                ),
+                crate::config::Isolation::None => "NONE: this user may not switch users, so the runners ran as it, unisolated (run the demo as root to see isolation)".to_owned(),
+            },
+        );
         line("time taken", format!("{:.1}s", elapsed.as_secs_f64()));
     }
 }

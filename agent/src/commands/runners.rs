@@ -23,6 +23,8 @@ pub fn run(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
                     "outcome": a.outcome.map(|o| o.as_str()),
                     "reason": a.reason,
                     "job_id": a.job_id,
+                    "isolation": a.isolation.as_str(),
+                    "uid": a.uid,
                     "created_at": rfc3339(a.created_at_ms),
                     "updated_at": rfc3339(a.updated_at_ms),
                 })
@@ -40,6 +42,7 @@ pub fn run(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
                 a.state.as_str().to_owned(),
                 or_dash(a.outcome.map(|o| o.as_str())),
                 a.job_id.map_or_else(|| "-".to_owned(), |j| j.to_string()),
+                a.uid.map_or_else(|| "-".to_owned(), |u| u.to_string()),
                 rfc3339(a.updated_at_ms),
                 or_dash(a.detail.as_deref().or(a.reason.as_deref())),
             ]
@@ -47,7 +50,7 @@ pub fn run(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
         .collect();
     print_table(
         &[
-            "RUNNER", "POLICY", "STATE", "OUTCOME", "JOB", "UPDATED", "DETAIL",
+            "RUNNER", "POLICY", "STATE", "OUTCOME", "JOB", "UID", "UPDATED", "DETAIL",
         ],
         &rows,
     );

@@ -49,7 +49,18 @@ pub struct Facts {
     pub recent_outcomes: Vec<(AttemptOutcome, Option<String>)>,
     /// `host.max_runners` of the configuration (the running agent's own wins).
     pub configured_capacity: u32,
+    /// `host.isolation` of the configuration.
+    pub isolation: crate::config::Isolation,
+    /// Runner uids held by attempts not yet cleaned.
+    pub uids_held: usize,
+    /// Attempts concluded longer than [`CLEANUP_OVERDUE`] ago and still not cleaned: their
+    /// cleanup keeps failing, and their uids stay held.
+    pub cleanup_overdue: usize,
 }
+
+/// How long an attempt may stay concluded before `status` says its cleanup is failing (a clean
+/// retry backs off from 30 s, so a few failures fit in this).
+pub const CLEANUP_OVERDUE: Duration = Duration::from_secs(5 * 60);
 
 impl Facts {
     /// The snapshot, when an agent is running and wrote it.
@@ -126,6 +137,13 @@ fn gather(config: &Config, reader: &Reader, now: SystemTime) -> anyhow::Result<F
     let unmatched = queued
         .len()
         .saturating_sub(routed + demand.unresolvable.len() + demand.overlapping.len());
+    let uncleaned = reader.uncleaned_attempts()?;
+    let overdue_before = now_ms - i64::try_from(CLEANUP_OVERDUE.as_millis()).unwrap_or(i64::MAX);
+    let cleanup_overdue = uncleaned
+        .iter()
+        .filter(|a| a.state.is_terminal() && a.state_changed_at_ms < overdue_before)
+        .count();
+    let uids_held = uncleaned.iter().filter(|a| a.uid.is_some()).count();
     let recent_outcomes = reader
         .attempts(RECENT_ATTEMPTS)?
         .into_iter()
@@ -145,6 +163,9 @@ fn gather(config: &Config, reader: &Reader, now: SystemTime) -> anyhow::Result<F
         unmatched,
         recent_outcomes,
         configured_capacity: config.host.max_runners,
+        isolation: config.host.isolation,
+        uids_held,
+        cleanup_overdue,
     })
 }
 
@@ -226,6 +247,11 @@ pub fn to_json(facts: &Facts) -> Value {
             "capacity": facts.capacity(),
             "by_state": facts.attempts_by_state,
         },
+        "isolation": {
+            "mode": facts.isolation.as_str(),
+            "uids_held": facts.uids_held,
+            "cleanup_overdue": facts.cleanup_overdue,
+        },
         "degraded": degraded(facts),
     })
 }
@@ -237,6 +263,21 @@ fn ago(d: Duration) -> String {
 /// What needs a person, one sentence each with what to do; empty when all is well.
 pub fn degraded(facts: &Facts) -> Vec<String> {
     let mut found = Vec::new();
+    if facts.isolation == crate::config::Isolation::None {
+        found.push(format!(
+            "Runners are not isolated (host.isolation = \"none\"): {}.",
+            crate::isolation::NONE_REACHES
+        ));
+    }
+    if facts.cleanup_overdue > 0 {
+        found.push(format!(
+            "{} runner(s) concluded more than {} ago are still not cleaned up: their uid stays \
+             held and cleanup is retried with back-off. The agent's log says why (`cannot clean \
+             up after the runner`); `rm-agent runners` lists them.",
+            facts.cleanup_overdue,
+            ago(CLEANUP_OVERDUE)
+        ));
+    }
     match facts.agent {
         Liveness::Running { .. } => {}
         Liveness::Silent { pid, age } => found.push(format!(
@@ -521,6 +562,19 @@ pub fn render(facts: &Facts) -> String {
         ),
     );
 
+    line(
+        "isolation",
+        match facts.isolation {
+            crate::config::Isolation::User => format!(
+                "user: a uid, a cgroup and a private /tmp per runner; {} uid(s) held",
+                facts.uids_held
+            ),
+            crate::config::Isolation::None => {
+                "NONE: runners run as the agent's own user".to_owned()
+            }
+        },
+    );
+
     let problems = degraded(facts);
     if problems.is_empty() {
         out.push_str("\nAll is well.\n");
@@ -599,6 +653,9 @@ mod tests {
             unmatched: 1,
             recent_outcomes: vec![(AttemptOutcome::CompletedJob, None)],
             configured_capacity: 4,
+            isolation: crate::config::Isolation::User,
+            uids_held: 0,
+            cleanup_overdue: 0,
         }
     }
 

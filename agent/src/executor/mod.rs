@@ -324,7 +324,7 @@ impl Executor {
     fn plan(&self, record: &rm_journal::AttemptRecord) -> Plan {
         let limits = self
             .policy(&record.policy)
-            .map(|p| p.limits)
+            .map(crate::isolation::limits)
             .unwrap_or_default();
         Plan::of(record, limits)
     }

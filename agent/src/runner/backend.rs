@@ -23,7 +23,6 @@ use super::process::{self, ProcessError, ProcessIdentity, ProcessState, RunnerCh
 use super::store::StoredPackage;
 use super::workspace::{Removal, RunnerRoot, Runtime, WorkspaceError, check_package, create_tmp};
 use super::{OsProcesses, Processes as _, discover, uid};
-use crate::config::RunnerLimits;
 
 /// How long cleanup waits for a runner's cgroup to empty after `cgroup.kill`.
 pub const CGROUP_EMPTY_WAIT: Duration = Duration::from_secs(10);
@@ -40,11 +39,11 @@ pub struct Plan {
     pub runtime_dir: PathBuf,
     pub uid: Option<u32>,
     pub cgroup: Option<PathBuf>,
-    pub limits: RunnerLimits,
+    pub limits: Limits,
 }
 
 impl Plan {
-    pub fn of(record: &AttemptRecord, limits: RunnerLimits) -> Plan {
+    pub fn of(record: &AttemptRecord, limits: Limits) -> Plan {
         Plan {
             attempt_id: record.attempt_id.as_str().to_owned(),
             workspace: record.workspace,
@@ -254,13 +253,8 @@ impl Backend for UserIsolation {
                     .file_name()
                     .and_then(|n| n.to_str())
                     .ok_or_else(|| BackendError::Cgroup(format!("{} names no cgroup", path.display())))?;
-                let limits = Limits {
-                    memory_max: plan.limits.memory_max,
-                    pids_max: plan.limits.pids_max,
-                    cpu_weight: plan.limits.cpu_weight,
-                };
                 let made = root
-                    .create(name, &limits)
+                    .create(name, &plan.limits)
                     .map_err(|e| BackendError::Cgroup(e.to_string()))?;
                 Some(made.procs)
             }

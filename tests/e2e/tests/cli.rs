@@ -273,6 +273,7 @@ async fn runners_json_follows_the_contract() {
         "state",
         "outcome",
         "job_id",
+        "uid",
         "created_at",
         "updated_at",
     ] {
@@ -292,6 +293,8 @@ async fn runners_json_follows_the_contract() {
         ),
         (Some("busy"), Some(77), Some(501))
     );
+    // Journalled without isolation: no uid (CONTRACT §7).
+    assert!(runner["uid"].is_null(), "{runner}");
     let table = String::from_utf8(setup.run(&["runners"]).stdout).unwrap();
     assert!(table.contains(&name) && table.contains("busy"), "{table}");
 }

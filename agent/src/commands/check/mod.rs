@@ -5,6 +5,7 @@
 //! organization policy's runner group exists. Every finding carries the remedy for it.
 
 mod github;
+mod isolation;
 mod local;
 #[cfg(test)]
 mod tests;
@@ -48,7 +49,7 @@ impl Status {
 pub struct Finding {
     pub status: Status,
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
-    /// `app`, `installation`, `permission`, `runner_group`, `relay`.
+    /// `app`, `installation`, `permission`, `runner_group`, `relay`, `isolation`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,
@@ -181,6 +182,7 @@ pub async fn findings(config: &Config) -> Vec<Finding> {
     if let Some(finding) = local::runner_package(config).await {
         out.push(finding);
     }
+    out.push(isolation::isolation(config));
 
     let Some(app_id) = config.github.app_id else {
         out.push(Finding::fail(

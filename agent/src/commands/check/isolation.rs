@@ -1,0 +1,118 @@
+//! `check`'s `isolation` finding (CONTRACT §7): the isolation `run` would give runners here, with
+//! its evidence: the uid pool and how much of it is held, the cgroup v2 directory runner cgroups
+//! would go in and which limit controllers it offers, and that no secret file is readable by a
+//! runner uid. Looks only: it creates no cgroup and moves no process.
+
+use std::path::PathBuf;
+
+use super::{Finding, Status};
+use crate::config::{Config, Isolation};
+use crate::runner::cgroup::{self, Controllers};
+use crate::runner::isolate::{self, Pool};
+
+pub(super) fn isolation(config: &Config) -> Finding {
+    if config.host.isolation == Isolation::None {
+        return Finding::warn(
+            "isolation",
+            format!("isolation none: {}", crate::isolation::NONE_REACHES),
+            "set [host] isolation = \"user\" and run rm-agent as root (deploy/systemd/rm-agent.service)",
+        );
+    }
+    if !isolate::can_switch_users() {
+        return Finding::from_exit(Status::Fail, "isolation", &crate::isolation::cannot_switch(config));
+    }
+    let pool = match Pool::resolve(&config.host.runner_uids) {
+        Ok(pool) => pool,
+        Err(problem) => {
+            return Finding::fail(
+                "isolation",
+                format!("the runner uid pool cannot be used: {problem}"),
+                "fix `host.runner_uids`",
+            );
+        }
+    };
+    if let Err(exit) = crate::secrets::refuse_readable_by_runners(config, &pool) {
+        return Finding::from_exit(Status::Fail, "isolation", &exit);
+    }
+    let held = crate::commands::open_reader(config)
+        .ok()
+        .and_then(|r| r.uncleaned_attempts().ok())
+        .map_or(0, |a| a.iter().filter(|a| a.uid.is_some()).count());
+    let cgroups = match cgroup_evidence(config) {
+        Ok((dir, controllers)) => {
+            let have: Vec<&str> = [
+                ("memory", controllers.memory),
+                ("pids", controllers.pids),
+                ("cpu", controllers.cpu),
+            ]
+            .into_iter()
+            .filter_map(|(name, on)| on.then_some(name))
+            .collect();
+            let lacking = limits_lacking(config, controllers);
+            format!(
+                "runner cgroups under {} (limit controllers offered: {}){}",
+                dir.display(),
+                if have.is_empty() { "none".to_owned() } else { have.join(", ") },
+                if lacking.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; these limits cannot be applied here: {} (pids_max still applies as the runner uid's process limit)",
+                        lacking.join(", ")
+                    )
+                }
+            )
+        }
+        Err(why) => format!(
+            "no runner cgroups ({why}): every process of a runner's uid is killed at cleanup instead"
+        ),
+    };
+    Finding::ok(
+        "isolation",
+        format!(
+            "isolation user: runner uids {} ({} held by attempts not yet cleaned); {cgroups}; no secret file is readable by a runner uid",
+            describe_pool(&pool),
+            held
+        ),
+    )
+}
+
+fn describe_pool(pool: &Pool) -> String {
+    let accounts = pool.accounts();
+    match (accounts.first(), accounts.last()) {
+        (Some(first), Some(last)) => format!("{}-{} ({} uids)", first.uid, last.uid, accounts.len()),
+        _ => "(empty)".to_owned(),
+    }
+}
+
+/// Where runner cgroups would go and what the place offers to its children, without changing
+/// anything: the configured directory, or (auto) the agent's own cgroup.
+fn cgroup_evidence(config: &Config) -> Result<(PathBuf, Controllers), String> {
+    let dir = match &config.host.cgroup_root {
+        Some(dir) => dir.clone(),
+        None => {
+            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+            let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
+            let own = cgroup::own_cgroup_path(&own).ok_or("this process is in no cgroup v2")?;
+            cgroup::cgroup_dir(&cgroup::cgroup2_mounts(&mountinfo), &own)
+                .ok_or("no cgroup v2 is mounted")?
+        }
+    };
+    let controllers = std::fs::read_to_string(dir.join("cgroup.controllers"))
+        .map_err(|e| format!("{} is not a cgroup v2 directory: {e}", dir.display()))?;
+    rustix::fs::access(&dir, rustix::fs::Access::WRITE_OK)
+        .map_err(|e| format!("{} is not writable: {e}; on systemd set Delegate=yes", dir.display()))?;
+    Ok((dir, cgroup::parse_controllers(&controllers)))
+}
+
+/// The configured limits whose controller is not offered, as `memory_max of policy linux`.
+fn limits_lacking(config: &Config, controllers: Controllers) -> Vec<String> {
+    crate::isolation::unavailable_limits(config, controllers)
+        .into_iter()
+        .flat_map(|(policy, missing)| {
+            missing
+                .into_iter()
+                .map(move |name| format!("{name} of policy {policy}"))
+        })
+        .collect()
+}
