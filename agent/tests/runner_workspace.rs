@@ -7,7 +7,7 @@
     reason = "a failed step in a test helper should fail the test loudly"
 )]
 
-use std::os::unix::fs::{PermissionsExt as _, symlink};
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
 
 use rm_agent::runner::workspace::{
@@ -381,4 +381,41 @@ fn a_tree_too_deep_to_remove_safely_is_refused_not_a_crash() {
         s.root.remove_runtime(runtime.dir()).unwrap(),
         Removal::Removed
     );
+}
+
+/// A bind mount of the same filesystem inside a runtime (a privileged job could make one of
+/// `/etc`) has the runtime's device: only its mount id tells it apart. Removal stops there and
+/// leaves what the mount shows alone.
+#[test]
+fn removal_stops_at_a_bind_mount_of_the_same_filesystem() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: removal_stops_at_a_bind_mount_of_the_same_filesystem needs root to mount");
+        return;
+    }
+    let setup = Setup::new();
+    let outside = setup.outside();
+    let runtime = setup.runtime();
+    let target = runtime.dir().join("_work/mounted");
+    std::fs::create_dir_all(&target).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .arg("--bind")
+        .arg(&outside)
+        .arg(&target)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount --bind failed");
+    let same_device = std::fs::metadata(&target).unwrap().dev() == std::fs::metadata(runtime.dir()).unwrap().dev();
+    assert!(same_device, "the bind mount shows the runtime's own filesystem");
+    let removal = setup.root.remove_runtime(runtime.dir());
+    let unmounted = std::process::Command::new("umount").arg(&target).status().unwrap();
+    assert!(unmounted.success());
+    assert!(
+        matches!(removal, Err(WorkspaceError::Remove { .. })),
+        "removal must stop at the mount point: {removal:?}"
+    );
+    assert_eq!(std::fs::read_to_string(outside.join("precious.txt")).unwrap(), "keep me");
+    assert_eq!(std::fs::read_to_string(outside.join("nested/also.txt")).unwrap(), "keep me too");
+    // Unmounted, the runtime goes.
+    assert_eq!(setup.root.remove_runtime(runtime.dir()).unwrap(), Removal::Removed);
+    assert_eq!(std::fs::read_to_string(outside.join("precious.txt")).unwrap(), "keep me");
 }

@@ -717,9 +717,11 @@ fn the_schema_itself_refuses_inconsistent_rows() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
+    // v5 added `isolation` (a closed set), `uid` (a number) and `cgroup` (a path the agent
+    // builds from the attempt id).
     assert_eq!(
         columns.len(),
-        19,
+        22,
         "a new column: check it cannot hold a secret"
     );
     for column in &columns {

@@ -754,9 +754,32 @@ mod tests {
              github    reachable; last contact 3s ago; rate limit 4900 of 5000 left\n\
              jobs      3 queued (gpu 0, linux 2), 1 in progress; 1 queued match no policy here\n\
              runners   2 active of 6 (idle 1, busy 1, cleaned 5)\n\
+             isolation user: a uid, a cgroup and a private /tmp per runner; 0 uid(s) held\n\
              \n\
              All is well.\n"
         );
+    }
+
+    #[test]
+    fn runners_without_isolation_and_cleanups_that_keep_failing_need_attention() {
+        let mut f = facts();
+        f.isolation = crate::config::Isolation::None;
+        let problems = degraded(&f);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("not isolated"), "{}", problems[0]);
+        assert!(problems[0].contains("private key"), "{}", problems[0]);
+        let text = render(&f);
+        assert!(text.contains("isolation NONE"), "{text}");
+        let json = to_json(&f);
+        assert_eq!(json["isolation"]["mode"], "none");
+
+        let mut f = facts();
+        f.cleanup_overdue = 2;
+        f.uids_held = 3;
+        let problems = degraded(&f);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with("2 runner(s) concluded"), "{}", problems[0]);
+        assert_eq!(to_json(&f)["isolation"]["uids_held"], 3);
     }
 
     #[test]

@@ -115,7 +115,9 @@ impl RunnerRoot {
         };
         let slot = c_name(slot)?;
         let device = match rustix::fs::statat(&policy_dir, &slot, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Directory => stat.st_dev,
+            Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Directory => {
+                super::workspace::mount_key(&policy_dir, &slot, stat.st_dev).map_err(fail)?
+            }
             Ok(_) => {
                 // Not a directory (a link a job planted): it is no slot, remove the name.
                 return remove_entry(&policy_dir, &slot, None, 0).map_err(fail);

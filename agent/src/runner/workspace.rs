@@ -371,7 +371,7 @@ pub(super) fn open_child_dir(parent: impl AsFd, name: &CStr) -> io::Result<Owned
 pub(super) fn remove_entry(
     parent: impl AsFd,
     name: &CStr,
-    device: Option<u64>,
+    device: Option<MountKey>,
     depth: usize,
 ) -> io::Result<Removal> {
     let stat = match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
@@ -385,13 +385,14 @@ pub(super) fn remove_entry(
                 "the runtime is nested more than {MAX_DEPTH} directories deep"
             )));
         }
-        if device.is_some_and(|d| d != stat.st_dev) {
+        let here = mount_key(&parent, name, stat.st_dev)?;
+        if device.is_some_and(|d| !d.same_mount(here)) {
             return Err(io::Error::other(
                 "a mount point inside the runtime; unmount it and remove the runtime again",
             ));
         }
         let dir = open_child_dir(&parent, name)?;
-        empty_dir(&dir, stat.st_dev, depth)?;
+        empty_dir(&dir, here, depth)?;
         rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR)?;
     } else {
         match rustix::fs::unlinkat(&parent, name, AtFlags::empty()) {
@@ -402,11 +403,49 @@ pub(super) fn remove_entry(
     Ok(Removal::Removed)
 }
 
-/// Removes everything inside the open directory `dir` (on filesystem `device`). Its owner gets
+/// Which mount a directory is on: its filesystem, and the kernel's mount id where `statx`
+/// reports it. The device alone cannot tell a bind mount of the same filesystem from the
+/// directory it was mounted on; the mount id can.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct MountKey {
+    pub dev: u64,
+    pub mount_id: Option<u64>,
+}
+
+impl MountKey {
+    /// Whether `other` is on the same mount (unknown mount ids compare by device alone).
+    pub fn same_mount(self, other: MountKey) -> bool {
+        self.dev == other.dev
+            && match (self.mount_id, other.mount_id) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+    }
+}
+
+/// The [`MountKey`] of the entry `name` of `parent` (not following a link); `dev` is its
+/// `st_dev`, already read.
+pub(super) fn mount_key(parent: impl AsFd, name: &CStr, dev: u64) -> io::Result<MountKey> {
+    let stx = rustix::fs::statx(
+        parent,
+        name,
+        AtFlags::SYMLINK_NOFOLLOW,
+        rustix::fs::StatxFlags::MNT_ID,
+    );
+    let mount_id = match stx {
+        Ok(stx) if stx.stx_mask & rustix::fs::StatxFlags::MNT_ID.bits() != 0 => Some(stx.stx_mnt_id),
+        // An older kernel without statx or its mount id: the device still catches most mounts.
+        Ok(_) | Err(rustix::io::Errno::NOSYS) | Err(rustix::io::Errno::INVAL) => None,
+        Err(e) => return Err(e.into()),
+    };
+    Ok(MountKey { dev, mount_id })
+}
+
+/// Removes everything inside the open directory `dir` (on mount `device`). Its owner gets
 /// write and search rights on it first (a job may have made it read-only; unlinking needs them on
 /// the directory, not on the files). Names are collected before anything is removed, since
 /// removing while reading can skip entries; the directory is re-read until a pass finds it empty.
-fn empty_dir(dir: &OwnedFd, device: u64, depth: usize) -> io::Result<()> {
+fn empty_dir(dir: &OwnedFd, device: MountKey, depth: usize) -> io::Result<()> {
     let mode = rustix::fs::fstat(dir)?.st_mode;
     if mode & RUNTIME_MODE != RUNTIME_MODE {
         rustix::fs::fchmod(dir, Mode::from_raw_mode((mode & 0o7777) | RUNTIME_MODE))?;

@@ -29,6 +29,8 @@ pub struct PolicySpec {
     pub max_runners: u32,
     /// `workspace`: `"ephemeral"` or `"persistent"`.
     pub workspace: &'static str,
+    /// TOML lines appended to the policy as they are (e.g. `"pids_max = 40\n"`).
+    pub extra: &'static str,
 }
 
 /// The default policy: the organization, `self-hosted` + `linux`.
@@ -38,6 +40,7 @@ pub const LINUX: PolicySpec = PolicySpec {
     labels: &["self-hosted", "linux"],
     max_runners: 8,
     workspace: "ephemeral",
+    extra: "",
 };
 
 /// How a fleet is configured.
@@ -60,6 +63,11 @@ pub struct FleetOptions {
     pub runner_release: ReleaseOptions,
     /// `[notifications] desktop`.
     pub desktop_notifications: bool,
+    /// `[host] isolation` (`"user"` or `"none"`); unset, the agent's default.
+    pub isolation: Option<&'static str>,
+    /// Where the setup directory (data, key, package, runner root) is made instead of the
+    /// system's temporary directory.
+    pub base_dir: Option<PathBuf>,
 }
 
 impl Default for FleetOptions {
@@ -75,6 +83,8 @@ impl Default for FleetOptions {
             runner_version: None,
             runner_release: ReleaseOptions::default(),
             desktop_notifications: false,
+            isolation: None,
+            base_dir: None,
         }
     }
 }
@@ -112,7 +122,10 @@ impl Fleet {
             .unwrap();
         fake.add_org("acme");
         fake.add_repo(REPO);
-        let setup = Setup::new();
+        let setup = match &options.base_dir {
+            Some(dir) => Setup::new_in(dir),
+            None => Setup::new(),
+        };
         let package = rm_fake_runner::assemble_package(
             &binary(rm_fake_runner::BINARY_NAME),
             &setup.dir.path().join("package"),
@@ -146,7 +159,7 @@ impl Fleet {
         std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
         let mut config = format!(
             "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n\n\
-             {receiver}{relay}[notifications]\ndesktop = {desktop}\n\n[polling]\nidle_interval = \"{idle_poll}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\nrunner_uids = \"{uids}\"\n\n\
+             {receiver}{relay}[notifications]\ndesktop = {desktop}\n\n[polling]\nidle_interval = \"{idle_poll}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\nrunner_uids = \"{uids}\"\n{isolation}\n\
              [runner]\n{package}idle_timeout = \"{idle}\"\nregistration_timeout = \"{registration}\"\n",
             data = self.setup.dir.path().join("data").display(),
             api = self.fake.api_url(),
@@ -165,6 +178,10 @@ impl Fleet {
             max = options.host_max,
             root = self.runner_root.display(),
             uids = self.uids,
+            isolation = match options.isolation {
+                Some(isolation) => format!("isolation = \"{isolation}\"\n"),
+                None => String::new(),
+            },
             package = match options.runner_version {
                 Some(version) => format!("version = \"{version}\"\n"),
                 None => format!("package_dir = \"{}\"\n", self.package.display()),
@@ -175,12 +192,13 @@ impl Fleet {
         for p in &options.policies {
             let labels: Vec<String> = p.labels.iter().map(|l| format!("\"{l}\"")).collect();
             config.push_str(&format!(
-                "\n[[policy]]\nname = \"{}\"\ntarget = \"{}\"\nlabels = [{}]\nmax_runners = {}\nworkspace = \"{}\"\n",
+                "\n[[policy]]\nname = \"{}\"\ntarget = \"{}\"\nlabels = [{}]\nmax_runners = {}\nworkspace = \"{}\"\n{}",
                 p.name,
                 p.target,
                 labels.join(", "),
                 p.max_runners,
-                p.workspace
+                p.workspace,
+                p.extra
             ));
         }
         std::fs::write(self.setup.config(), config).unwrap();

@@ -61,7 +61,16 @@ pub struct Setup {
 
 impl Setup {
     pub fn new() -> Setup {
-        let dir = tempfile::tempdir().unwrap();
+        Setup::in_dir(tempfile::tempdir().unwrap())
+    }
+
+    /// A setup in a new directory under `parent` (instead of the system's temporary directory,
+    /// which an isolated runner sees as its own empty tmpfs).
+    pub fn new_in(parent: &Path) -> Setup {
+        Setup::in_dir(tempfile::tempdir_in(parent).unwrap())
+    }
+
+    fn in_dir(dir: tempfile::TempDir) -> Setup {
         // Runners run under uids of their own (CONTRACT §7): they must be able to pass through
         // the directories above the runner root (not list them).
         std::fs::set_permissions(

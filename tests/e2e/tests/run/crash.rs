@@ -98,6 +98,7 @@ async fn crash_while_a_persistent_slot_runs_its_job() {
                 labels: LABELS,
                 max_runners: 2,
                 workspace: "persistent",
+                extra: "",
             }],
             ..FleetOptions::default()
         },

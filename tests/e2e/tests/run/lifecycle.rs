@@ -239,6 +239,7 @@ async fn two_policies_share_the_host_ceiling() {
                 labels: &["self-hosted", "a"],
                 max_runners: 3,
                 workspace: "ephemeral",
+                extra: "",
             },
             PolicySpec {
                 name: "repo-b",
@@ -246,6 +247,7 @@ async fn two_policies_share_the_host_ceiling() {
                 labels: &["self-hosted", "b"],
                 max_runners: 3,
                 workspace: "ephemeral",
+                extra: "",
             },
         ],
         ..FleetOptions::default()
@@ -428,6 +430,7 @@ async fn a_persistent_slot_keeps_its_checkout_for_the_next_job_and_nothing_else(
             labels: &["self-hosted", "linux"],
             max_runners: 2,
             workspace: "persistent",
+            extra: "",
         }],
         ..FleetOptions::default()
     })
