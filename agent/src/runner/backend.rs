@@ -293,3 +293,6 @@ fn remove_runtime(root: &RunnerRoot, plan: &Plan) -> Result<Removal, WorkspaceEr
         WorkspaceKind::Ephemeral => root.remove_runtime(&plan.runtime_dir),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,6 @@
 //! What `isolation = "user"` does to a runner besides its cgroup (CONTRACT §7): the steps the
 //! child takes between fork and exec ([`ChildSetup`]: into its cgroup, a private mount namespace
-//! with fresh `/tmp`, `/var/tmp`, `/dev/shm`, its process limit, `no_new_privs`, then the
+//! with fresh `/tmp`, `/var/tmp`, `/dev/shm` and an IPC namespace of its own, its process limit, `no_new_privs`, then the
 //! runner's uid and gid with no supplementary groups), the environment it gets (`HOME`, `XDG_*`
 //! and the temporary directories inside its runtime), handing a runtime to the runner's uid
 //! ([`chown_tree`]), the uid pool ([`Pool`], [`pick_uid`]), and the checks that tell whether the
@@ -430,9 +430,13 @@ impl ChildSetup {
             // "0" moves the writing process itself.
             rustix::io::write(procs.as_fd(), b"0")?;
         }
-        // SAFETY: the child is single-threaded, so unsharing its mount namespace affects no
-        // other thread; no file system state is shared with another thread of this process.
-        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)? };
+        // A mount namespace of its own (the private tmpfs below) and an IPC namespace of its
+        // own: System V shared memory, semaphores and message queues a job leaves die with it
+        // instead of waiting for the next job of the same uid.
+        let namespaces = rustix::thread::UnshareFlags::NEWNS | rustix::thread::UnshareFlags::NEWIPC;
+        // SAFETY: the child is single-threaded, so unsharing its namespaces affects no other
+        // thread; no file system or IPC state is shared with another thread of this process.
+        unsafe { rustix::thread::unshare_unsafe(namespaces)? };
         // Mounts made in here must not propagate back to the host.
         rustix::mount::mount_change(c"/", MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC)?;
         let flags = MountFlags::NOSUID | MountFlags::NODEV;

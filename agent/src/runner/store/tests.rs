@@ -233,7 +233,6 @@ fn a_tampered_stored_file_is_caught_and_rebuilt() {
     let setup = Setup::new();
     let package = setup.install();
     let stored = package.tree().join("bin/f");
-    let before = ino(&stored);
 
     rewrite_stored(&stored, b"stored content!\n");
     let err = package.verify().unwrap_err();
@@ -249,20 +248,12 @@ fn a_tampered_stored_file_is_caught_and_rebuilt() {
     );
     assert_eq!(err.differing_path(), Some("bin/f"));
 
-    // The next install notices (it logs the path) and rebuilds from the package.
+    // The next install notices (it logs the path) and rebuilds from the package: the content is
+    // the package's again. (Not compared by inode: ext4 hands a freed inode number out again.)
     let rebuilt = setup.install();
     assert_eq!(rebuilt.tree(), package.tree());
-    assert_ne!(ino(&stored), before, "rebuilt, not kept");
     assert_eq!(std::fs::read(&stored).unwrap(), b"stored content\n");
     rebuilt.verify().unwrap();
-    // The old handle's inodes are gone with the old tree.
-    assert!(matches!(
-        package.verify(),
-        Err(StoreError::Tampered {
-            difference: Difference::Inode,
-            ..
-        })
-    ));
 
     // A mode made writable is caught too, and undone by the rebuild.
     chmod(&rebuilt.tree().join("bin/Lib.dll"), 0o666);

@@ -5,6 +5,7 @@
 
 mod crash;
 mod failures;
+mod isolation;
 mod lifecycle;
 mod package;
 mod polling;

@@ -1,0 +1,164 @@
+//! The user backend on the real system (as root): a runner started through it runs as its pool
+//! uid with no other group, `no_new_privs`, in its cgroup, with an empty private `/tmp` and its
+//! HOME in its runtime; what it leaves (a `setsid` daemon, files in `/tmp`) is gone after
+//! `clean`, and so are its cgroup and runtime. Where the agent could not isolate, it says so.
+
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::time::Duration;
+
+use secrecy::SecretString;
+
+use super::*;
+use crate::runner::cgroup::CgroupRoot;
+use crate::runner::isolate::{Account, Pool};
+use crate::runner::store::Store;
+
+/// A listener that reports what it is, leaves a daemon and a file in /tmp, and exits.
+const LISTENER_SCRIPT: &str = r#"#!/bin/sh
+cd "$(dirname "$0")/.."
+{
+  echo "uid=$(id -u)"
+  echo "groups=$(id -G)"
+  echo "nnp=$(grep NoNewPrivs /proc/self/status | tr -d ' \t' | cut -d: -f2)"
+  echo "cgroup=$(grep '^0::' /proc/self/cgroup | cut -d: -f3)"
+  echo "home=$HOME"
+  echo "tmpdir=$TMPDIR"
+  echo "tmp_entries=$(ls -A /tmp | tr '\n' ' ')"
+  echo "jit=${ACTIONS_RUNNER_INPUT_JITCONFIG:-unset}"
+  if echo x > bin/Runner.Listener 2>/dev/null; then echo "package_write=ok"; else echo "package_write=denied"; fi
+} > report.txt
+echo poison > /tmp/rm-backend-test-poison
+setsid -f sleep 300 </dev/null >/dev/null 2>&1
+echo done >> report.txt
+"#;
+
+#[test]
+fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!(
+            "SKIPPED: a_runner_started_isolated_is_its_own_uid_and_leaves_nothing needs root to switch users"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let package = dir.path().join("package");
+    std::fs::create_dir_all(package.join("bin")).unwrap();
+    std::fs::write(package.join("bin/Runner.Listener"), LISTENER_SCRIPT).unwrap();
+    std::fs::set_permissions(
+        package.join("bin/Runner.Listener"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let root = RunnerRoot::open(&dir.path().join("runners")).unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let stored = Store::open(root.path()).unwrap().install(&package).unwrap();
+    let cgroups = match CgroupRoot::resolve(None) {
+        Ok(cgroups) => Some(cgroups),
+        Err(e) => {
+            eprintln!("SKIPPED (its cgroup part only): no writable cgroup v2 here: {e}");
+            None
+        }
+    };
+    let uid = 3_000_000 + std::process::id() % 100_000;
+    let backend = UserIsolation {
+        root: root.clone(),
+        package: Some(stored),
+        pool: Pool::new(vec![Account { uid, gid: uid }]),
+        cgroups: cgroups.clone(),
+    };
+    let attempt_id = format!("{:012x}{}", u64::from(uid), "0".repeat(20));
+    let plan = Plan {
+        attempt_id: attempt_id.clone(),
+        workspace: WorkspaceKind::Ephemeral,
+        runtime_dir: root.ephemeral_path(&attempt_id).unwrap(),
+        uid: Some(uid),
+        cgroup: cgroups
+            .as_ref()
+            .map(|c| c.runner_path(&format!("rm-{}", &attempt_id[..12])).unwrap()),
+        limits: Limits::default(),
+    };
+    let runtime = backend.prepare(&plan).unwrap();
+    let meta = std::fs::metadata(runtime.dir()).unwrap();
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&meta),
+        uid,
+        "the runtime is the runner's"
+    );
+    let mut spawned = backend
+        .start(&plan, &runtime, &SecretString::from("jit-value"))
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while spawned.child.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let report = std::fs::read_to_string(runtime.dir().join("report.txt")).unwrap();
+    let get = |key: &str| {
+        report
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key} in {report}"))
+            .to_owned()
+    };
+    assert_eq!(get("uid"), uid.to_string());
+    assert_eq!(get("groups"), uid.to_string(), "no supplementary group");
+    assert_eq!(get("nnp"), "1");
+    assert_eq!(
+        get("home"),
+        runtime.dir().join("home").display().to_string()
+    );
+    assert_eq!(get("tmpdir"), runtime.tmp().display().to_string());
+    // A fresh private /tmp: nothing in it but the way to the runtime, when the runtime itself
+    // lives under /tmp (as this test's does).
+    let way: String = match runtime.dir().strip_prefix("/tmp") {
+        Ok(below) => below
+            .components()
+            .next()
+            .map(|c| format!("{} ", c.as_os_str().to_string_lossy()))
+            .unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    assert_eq!(get("tmp_entries"), way, "a fresh private /tmp");
+    assert_eq!(get("jit"), "jit-value");
+    assert_eq!(get("package_write"), "denied");
+    if let Some(path) = &plan.cgroup {
+        assert!(
+            path.ends_with(get("cgroup").trim_start_matches('/')),
+            "in its cgroup {}: {report}",
+            path.display()
+        );
+    }
+    assert!(report.ends_with("done\n"), "{report}");
+    assert!(
+        !Path::new("/tmp/rm-backend-test-poison").exists(),
+        "/tmp of the host untouched"
+    );
+    let daemons = uid::processes_of(uid).unwrap();
+    assert!(
+        !daemons.is_empty(),
+        "the setsid daemon outlived its runner"
+    );
+
+    let cleaned = backend.clean(&plan).unwrap();
+    assert_eq!(cleaned.runtime, Some(Removal::Removed));
+    assert!(
+        uid::processes_of(uid).unwrap().is_empty(),
+        "nothing of the uid is left"
+    );
+    assert!(!runtime.dir().exists());
+    if let Some(path) = &plan.cgroup {
+        assert!(!path.exists(), "the cgroup is removed");
+    }
+    // Idempotent: a second clean after a crash finds nothing to do.
+    assert_eq!(
+        backend.clean(&plan).unwrap().runtime,
+        Some(Removal::Absent)
+    );
+}

@@ -1,0 +1,1054 @@
+//! Runner isolation (CONTRACT §7, issue 11) attacked through `rm-agent run`: the runner
+//! package's `bin/Runner.Listener` is a hostile job (a POSIX sh script) that tries each attack
+//! the issue lists, writes one line per attack (`name=ok|denied detail`) to a report directory,
+//! then `exec`s the real fake listener so the runner registers and completes its job. Under
+//! `isolation = "user"` every attack must be denied and nothing of the runners may be left;
+//! under `isolation = "none"` the same package shows the attacks that then succeed, so the suite
+//! can fail. A crash test SIGKILLs the agent while isolated runners run.
+//!
+//! The setup lives under `CARGO_TARGET_TMPDIR`, not under `/tmp`: an isolated runner gets its
+//! own empty `/tmp`, which would hide the key, the journal and the other runners' paths instead
+//! of the permissions having to stop the job.
+
+use std::collections::{BTreeMap, HashSet};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rm_e2e::fleet::{Fleet, FleetOptions, PolicySpec, REPO, wait_until};
+use rm_fake_github::RunnerBehavior;
+use rm_journal::{AttemptOutcome, AttemptRecord, AttemptState};
+
+const LABELS: &[&str] = &["self-hosted", "linux"];
+const HOSTILE: &[&str] = &["self-hosted", "hostile"];
+const VICTIM: &[&str] = &["self-hosted", "victim"];
+
+/// `pids_max` of the hostile policy.
+const PIDS_MAX: u32 = 40;
+/// How many processes the fork attack tries to start.
+const FORKS: u32 = 100;
+
+/// A package data file the job tries to rewrite.
+const MARKER: &str = "the package as the agent unpacked it\n";
+
+/// What the job tries while other runners of the fleet may run (phase 1): each must be denied
+/// under `isolation = "user"`.
+const ATTACKS: &[(&str, &str)] = &[
+    ("key", "read the App's private key file"),
+    ("agent_environ", "read /proc/<agent>/environ"),
+    ("agent_mem", "read /proc/<agent>/mem"),
+    ("journal", "read the journal"),
+    ("journal_write", "open the journal for writing"),
+    ("status", "read status.json"),
+    ("data_write", "create a file in the data directory"),
+    ("signal", "signal the agent (kill -0)"),
+    ("root_list", "list the runner root"),
+    ("store_list", "list the package store"),
+    ("store_write", "write a file of the package store"),
+    (
+        "pkg_runtime_write",
+        "append to a package file in its own runtime",
+    ),
+    (
+        "pkg_runtime_chmod",
+        "chmod a package file in its own runtime",
+    ),
+    ("pkg_source_write", "append to the package source directory"),
+    ("slot_read", "read another policy's persistent slot"),
+    ("slot_write", "write another policy's persistent slot"),
+    ("peer_environ", "read a concurrent runner's environment"),
+    ("peer_cwd", "list a concurrent runner's /proc/<pid>/cwd"),
+    ("peer_runtime", "list a concurrent runner's runtime"),
+    ("peer_signal", "signal a concurrent runner (kill -0)"),
+];
+
+/// What the next job finds of the previous jobs' writes (phase 2).
+const LEFTOVERS: &[(&str, &str)] = &[
+    ("leftover_home", "$HOME/.gitconfig of an earlier job"),
+    ("leftover_tmp", "/tmp of an earlier job"),
+    ("leftover_var_tmp", "/var/tmp of an earlier job"),
+    ("leftover_dev_shm", "/dev/shm of an earlier job"),
+];
+
+/// The writes phase 2 looks for: they must work (in the job's own places) for the leftover
+/// checks to mean anything.
+const POISON: &[&str] = &[
+    "poison_home",
+    "poison_tmp",
+    "poison_var_tmp",
+    "poison_dev_shm",
+];
+
+/// The hostile job. `@NAME@` are replaced with the fleet's paths.
+const SCRIPT: &str = r#"#!/bin/sh
+# A hostile job (issue 11): tries each attack, reports `name=ok|denied detail` for each, then
+# runs the real listener so the runner registers and completes its job.
+REPORT='@REPORT@'
+KEY='@KEY@'
+DATA='@DATA@'
+JOURNAL='@JOURNAL@'
+ROOT='@ROOT@'
+PKG='@PKG@'
+SLOT='@SLOT@'
+MARK='@MARK@'
+SLEEP='@SLEEP@'
+HERE=$(cd "$(dirname "$0")/.." 2>/dev/null && pwd -P)
+REAL="$HERE/bin/Runner.Listener.real"
+case "$HERE" in
+*/victim/s*) exec "$REAL" "$@" ;;
+esac
+OUT="$REPORT/${HERE##*/}.txt"
+PHASE=$(cat "$REPORT/phase" 2>/dev/null)
+AGENT=$(cat "$REPORT/agent.pid" 2>/dev/null)
+
+say() {
+    printf '%s=%s %s\n' "$1" "$2" "$3" >>"$OUT" 2>/dev/null
+}
+
+# try NAME COMMAND...: `ok` if the command succeeds, `denied` with what it said otherwise.
+try() {
+    name=$1
+    shift
+    if out=$(timeout 10 "$@" 2>&1 </dev/null); then
+        say "$name" ok "$(printf '%s' "$out" | tr '\n' ' ' | head -c 160)"
+    else
+        say "$name" denied "$(printf '%s' "$out" | tr '\n' ' ' | head -c 160)"
+    fi
+}
+
+# Another runner of this fleet (not this one, nor a process of this one): "pid runtime".
+find_peer() {
+    i=0
+    while [ "$i" -lt 100 ]; do
+        for d in /proc/[0-9]*; do
+            comm=""
+            { read -r comm <"$d/comm"; } 2>/dev/null
+            case "$comm" in
+            Runner.Listene*) ;;
+            *) continue ;;
+            esac
+            cmd=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)
+            case "$cmd" in
+            *"$HERE/"*) continue ;;
+            *"$ROOT/"*) ;;
+            *) continue ;;
+            esac
+            for w in $cmd; do
+                case "$w" in
+                "$ROOT"/*)
+                    echo "${d#/proc/} ${w%/bin/Runner.Listener*}"
+                    return 0
+                    ;;
+                esac
+            done
+        done
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+
+attacks() {
+    say uid "$(id -u)" "phase $PHASE"
+    say agent_pid "$AGENT" ""
+    try key sh -c 'head -c 64 "$1" | grep -q "PRIVATE KEY"' _ "$KEY"
+    try agent_environ sh -c 'tr "\0" "\n" <"/proc/$1/environ" | grep -q "^RM_WEBHOOK_SECRET="' _ "$AGENT"
+    try agent_mem sh -c 'start=$(head -n 1 "/proc/$1/maps" | cut -d- -f1)
+        if [ -z "$start" ]; then dd if="/proc/$1/mem" of=/dev/null bs=1 count=1; exit 1; fi
+        n=$(dd if="/proc/$1/mem" bs=1 count=16 skip=$(printf %d "0x$start") 2>/dev/null | wc -c)
+        [ "$n" -eq 16 ]' _ "$AGENT"
+    try journal sh -c 'head -c 15 "$1" | grep -q "SQLite format"' _ "$JOURNAL"
+    try journal_write sh -c ': >>"$1"' _ "$JOURNAL"
+    try status sh -c 'c=$(head -c 1 "$1") && [ -n "$c" ]' _ "$DATA/status.json"
+    try data_write sh -c 'echo pwned >"$1/pwned-$2"' _ "$DATA" "$$"
+    try signal sh -c 'kill -0 "$1"' _ "$AGENT"
+    try root_list sh -c 'ls -a "$1" | grep -q .' _ "$ROOT"
+    try store_list sh -c 'ls -a "$1/.rm-package" | grep -q .' _ "$ROOT"
+    try store_write sh -c 'for f in "$1"/.rm-package/*/*/bin/marker.txt "$1"/.rm-package/*/bin/marker.txt; do
+            if [ -e "$f" ]; then echo pwned >>"$f" && exit 0; fi
+        done
+        ls "$1/.rm-package"; exit 1' _ "$ROOT"
+    try pkg_runtime_write sh -c 'echo pwned >>"$1/bin/marker.txt"' _ "$HERE"
+    try pkg_runtime_chmod sh -c 'chmod 0666 "$1/bin/marker.txt"' _ "$HERE"
+    try pkg_source_write sh -c 'echo pwned >>"$1/bin/marker.txt"' _ "$PKG"
+    try slot_read sh -c 'cat "$1/_work/widgets/widgets/job.txt"' _ "$SLOT"
+    try slot_write sh -c 'echo pwned >"$1/_work/pwned-$2"' _ "$SLOT" "$$"
+    try poison_home sh -c 'printf "[core]\n\thooksPath = /tmp/%s\n" "$1" >>"$HOME/.gitconfig"' _ "$MARK"
+    try poison_tmp sh -c 'echo "$1" >>"/tmp/rm-poison-$1"' _ "$MARK"
+    try poison_var_tmp sh -c 'echo "$1" >>"/var/tmp/rm-poison-$1"' _ "$MARK"
+    try poison_dev_shm sh -c 'echo "$1" >>"/dev/shm/rm-poison-$1"' _ "$MARK"
+
+    found=$(find_peer)
+    if [ -n "$found" ]; then
+        peer=${found%% *}
+        peer_runtime=${found#* }
+        say peer_found ok "$found"
+        try peer_environ sh -c 'tr "\0" "\n" <"/proc/$1/environ" | grep -q "^ACTIONS_RUNNER_INPUT_JITCONFIG="' _ "$peer"
+        try peer_cwd sh -c 'ls -a "/proc/$1/cwd/" | grep -q .' _ "$peer"
+        try peer_runtime sh -c 'ls -a "$1/" | grep -q .' _ "$peer_runtime"
+        try peer_signal sh -c 'kill -0 "$1"' _ "$peer"
+    else
+        say peer_found denied "no other runner seen within 10 s"
+    fi
+
+    # Fork past pids_max: perl counts the forks that worked, then kills and reaps them (a shell
+    # whose fork fails exits, which must not happen to this script before its exec).
+    forks=$(timeout 60 perl -e 'my @k; for (1 .. @FORKS@) { my $p = fork; last unless defined $p; if (!$p) { sleep 30; exit 0 } push @k, $p } print scalar(@k); kill 9, @k; waitpid($_, 0) for @k;' 2>/dev/null)
+    say forks "${forks:-none}" "of @FORKS@"
+
+    # Leave a daemon and a double-forked process behind, both outside the runtime.
+    setsid -f sh -c 'cd / && exec sleep "$1"' _ "${SLEEP}1" </dev/null >/dev/null 2>&1
+    (cd / && (sleep "${SLEEP}2" </dev/null >/dev/null 2>&1 &) &)
+    say daemons ok "sleep ${SLEEP}1, sleep ${SLEEP}2"
+}
+
+leftovers() {
+    say uid "$(id -u)" "phase $PHASE"
+    try leftover_home grep -q "$MARK" "$HOME/.gitconfig"
+    try leftover_tmp grep -q "$MARK" "/tmp/rm-poison-$MARK"
+    try leftover_var_tmp grep -q "$MARK" "/var/tmp/rm-poison-$MARK"
+    try leftover_dev_shm grep -q "$MARK" "/dev/shm/rm-poison-$MARK"
+}
+
+case "$PHASE" in
+1) attacks ;;
+2) leftovers ;;
+esac
+exec "$REAL" "$@"
+"#;
+
+/// One line of a report: the outcome (`ok`, `denied`, or a count) and what the job saw.
+type Report = BTreeMap<String, (String, String)>;
+
+/// A fleet whose runner package is the hostile job, and what the test needs to judge it.
+struct Hostile {
+    fleet: Fleet,
+    reports: PathBuf,
+    real_listener: Vec<u8>,
+    script: String,
+    leftovers: Leftovers,
+}
+
+/// What a job under `isolation = "none"` may leave on the host: removed when the test ends,
+/// whatever its outcome.
+struct Leftovers {
+    mark: String,
+    sleep: String,
+}
+
+impl Leftovers {
+    fn daemon_argvs(&self) -> [Vec<String>; 2] {
+        [1, 2].map(|n| vec!["sleep".to_owned(), format!("{}{n}", self.sleep)])
+    }
+
+    /// The processes the job left behind: pid and argv.
+    fn daemons(&self) -> Vec<(u32, Vec<String>)> {
+        let wanted = self.daemon_argvs();
+        processes()
+            .into_iter()
+            .filter(|p| wanted.contains(&p.argv))
+            .map(|p| (p.pid, p.argv))
+            .collect()
+    }
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for (pid, _) in self.daemons() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+        for dir in ["/tmp", "/var/tmp", "/dev/shm"] {
+            let _ = std::fs::remove_file(Path::new(dir).join(format!("rm-poison-{}", self.mark)));
+        }
+    }
+}
+
+/// A unique number for this test's names (marker, daemon argv).
+fn unique() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "7{:05}{n}{:04}",
+        std::process::id() % 100_000,
+        nanos % 10_000
+    )
+}
+
+/// The directory the setups are made in: outside `/tmp`, and passable by any uid all the way
+/// down (a runner uid must reach its runtime below it).
+fn base_dir() -> PathBuf {
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(base).unwrap();
+    let base = base.canonicalize().unwrap();
+    for dir in base.ancestors() {
+        let mode = std::fs::metadata(dir).unwrap().permissions().mode();
+        assert!(
+            mode & 0o001 != 0,
+            "{} (mode {mode:o}) cannot be passed by a runner uid: the isolation tests need \
+             CARGO_TARGET_TMPDIR ({}) below directories every uid may search",
+            dir.display(),
+            base.display()
+        );
+    }
+    base
+}
+
+/// The hostile and the victim policy; the package replaced by the hostile job.
+async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
+    let fleet = Fleet::start(FleetOptions {
+        host_max: 4,
+        policies: vec![
+            PolicySpec {
+                name: "hostile",
+                target: "acme",
+                labels: HOSTILE,
+                max_runners: 3,
+                workspace: "ephemeral",
+                extra: "pids_max = 40\n",
+            },
+            PolicySpec {
+                name: "victim",
+                target: REPO,
+                labels: VICTIM,
+                max_runners: 1,
+                workspace: "persistent",
+                extra: "",
+            },
+        ],
+        isolation,
+        base_dir: Some(base_dir()),
+        ..FleetOptions::default()
+    })
+    .await;
+    let setup = fleet.setup.dir.path();
+    let reports = setup.join("reports");
+    std::fs::create_dir(&reports).unwrap();
+    std::fs::set_permissions(&reports, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let home = setup.join("agent-home");
+    std::fs::create_dir(&home).unwrap();
+
+    let bin = fleet.package.join("bin");
+    std::fs::rename(
+        bin.join("Runner.Listener"),
+        bin.join("Runner.Listener.real"),
+    )
+    .unwrap();
+    let real_listener = std::fs::read(bin.join("Runner.Listener.real")).unwrap();
+    std::fs::write(bin.join("marker.txt"), MARKER).unwrap();
+    std::fs::set_permissions(
+        bin.join("marker.txt"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let leftovers = Leftovers {
+        mark: format!("m{}", unique()),
+        sleep: unique(),
+    };
+    let path = |p: &Path| p.display().to_string();
+    let script = SCRIPT
+        .replace("@REPORT@", &path(&reports))
+        .replace("@KEY@", &path(&setup.join("app.pem")))
+        .replace("@DATA@", &path(&setup.join("data")))
+        .replace("@JOURNAL@", &path(&fleet.setup.journal()))
+        .replace("@ROOT@", &path(&fleet.runner_root))
+        .replace("@PKG@", &path(&fleet.package))
+        .replace(
+            "@SLOT@",
+            &path(&fleet.runner_root.join("victim").join("s0")),
+        )
+        .replace("@MARK@", &leftovers.mark)
+        .replace("@SLEEP@", &leftovers.sleep)
+        .replace("@FORKS@", &FORKS.to_string());
+    std::fs::write(bin.join("Runner.Listener"), &script).unwrap();
+    std::fs::set_permissions(
+        bin.join("Runner.Listener"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    Hostile {
+        fleet,
+        reports,
+        real_listener,
+        script,
+        leftovers,
+    }
+}
+
+/// The attempts of each phase, and what was seen while they ran.
+struct Phases {
+    agent_pid: u32,
+    victim: AttemptRecord,
+    attackers: Vec<AttemptRecord>,
+    next: AttemptRecord,
+    /// The job's daemons alive right after the attackers were cleaned.
+    daemons_after_cleanup: Vec<(u32, Vec<String>)>,
+    /// Two live attempts holding one uid, as sampled.
+    shared_uids: Vec<String>,
+    /// The most attackers live at once.
+    most_live_attackers: usize,
+}
+
+fn attempt_of(fleet: &Fleet, job: u64) -> AttemptRecord {
+    let job = i64::try_from(job).unwrap();
+    let mut of_job: Vec<AttemptRecord> = fleet
+        .attempts()
+        .into_iter()
+        .filter(|a| a.job_id == Some(job))
+        .collect();
+    assert_eq!(of_job.len(), 1, "one attempt took job {job}");
+    of_job.remove(0)
+}
+
+/// Uids held by more than one uncleaned attempt in `attempts`.
+fn shared_uids(attempts: &[AttemptRecord]) -> Vec<String> {
+    let mut by_uid: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+    for a in attempts.iter().filter(|a| a.state != AttemptState::Cleaned) {
+        if let Some(uid) = a.uid {
+            by_uid.entry(uid).or_default().push(a.attempt_id.short());
+        }
+    }
+    by_uid
+        .into_iter()
+        .filter(|(_, held)| held.len() > 1)
+        .map(|(uid, held)| format!("uid {uid} held by {held:?}"))
+        .collect()
+}
+
+/// Phase 0: a victim job fills its persistent slot. Phase 1: two hostile jobs at once attack.
+/// Phase 2: one more hostile job looks for what phase 1 left.
+async fn run_phases(hostile: &Hostile) -> Phases {
+    let fleet = &hostile.fleet;
+    let phase = |n: &str| std::fs::write(hostile.reports.join("phase"), n).unwrap();
+    phase("0");
+    let agent = fleet
+        .start_agent(&[(
+            "HOME",
+            fleet.setup.dir.path().join("agent-home").to_str().unwrap(),
+        )])
+        .await;
+    let agent_pid = agent.child.id();
+    std::fs::write(hostile.reports.join("agent.pid"), agent_pid.to_string()).unwrap();
+
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 500,
+        ..RunnerBehavior::default()
+    });
+    let victim_job = fleet.fake.queue_job(REPO, "victim", VICTIM).unwrap();
+    wait_until(Duration::from_secs(40), "the victim job done", || {
+        fleet.completed(victim_job) && fleet.all_cleaned()
+    })
+    .await;
+    let victim = attempt_of(fleet, victim_job);
+
+    phase("1");
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 3_000,
+        ..RunnerBehavior::default()
+    });
+    let attack_jobs = fleet
+        .fake
+        .queue_matrix(REPO, "attack", HOSTILE, &["a", "b"])
+        .unwrap();
+    let mut shared = Vec::new();
+    let mut most_live = 0;
+    wait_until(Duration::from_secs(90), "the attacking jobs done", || {
+        let attempts = fleet.attempts();
+        shared.extend(shared_uids(&attempts));
+        most_live = most_live.max(
+            attempts
+                .iter()
+                .filter(|a| a.policy == "hostile" && a.state != AttemptState::Cleaned)
+                .count(),
+        );
+        attack_jobs.iter().all(|j| fleet.completed(*j)) && fleet.all_cleaned()
+    })
+    .await;
+    let daemons_after_cleanup = hostile.leftovers.daemons();
+    let attackers: Vec<AttemptRecord> = attack_jobs.iter().map(|j| attempt_of(fleet, *j)).collect();
+
+    phase("2");
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 500,
+        ..RunnerBehavior::default()
+    });
+    let next_job = fleet.fake.queue_job(REPO, "next", HOSTILE).unwrap();
+    wait_until(Duration::from_secs(40), "the next job done", || {
+        let attempts = fleet.attempts();
+        shared.extend(shared_uids(&attempts));
+        fleet.completed(next_job) && fleet.all_cleaned()
+    })
+    .await;
+    let next = attempt_of(fleet, next_job);
+    drop(agent);
+    Phases {
+        agent_pid,
+        victim,
+        attackers,
+        next,
+        daemons_after_cleanup,
+        shared_uids: shared,
+        most_live_attackers: most_live,
+    }
+}
+
+/// The report the job of `attempt` wrote (named after its runtime directory).
+fn report_of(hostile: &Hostile, attempt: &AttemptRecord) -> Report {
+    let name = attempt.runtime_dir.file_name().unwrap().to_str().unwrap();
+    let path = hostile.reports.join(format!("{name}.txt"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "the job of attempt {} wrote no report {}: {e}",
+            attempt.attempt_id.as_str(),
+            path.display()
+        )
+    });
+    text.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.split_once('=')?;
+            let (outcome, detail) = rest.split_once(' ').unwrap_or((rest, ""));
+            Some((name.to_owned(), (outcome.to_owned(), detail.to_owned())))
+        })
+        .collect()
+}
+
+fn outcome<'r>(report: &'r Report, name: &str) -> Option<&'r str> {
+    report.get(name).map(|(o, _)| o.as_str())
+}
+
+fn fork_count(report: &Report) -> Option<u32> {
+    outcome(report, "forks").and_then(|n| n.parse().ok())
+}
+
+/// A process: pid, real/effective/saved/fs uids, argv.
+struct Proc {
+    pid: u32,
+    uids: Vec<u32>,
+    argv: Vec<String>,
+}
+
+fn processes() -> Vec<Proc> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let uids = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .map(|l| {
+                l.split_whitespace()
+                    .filter_map(|u| u.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let argv = std::fs::read(entry.path().join("cmdline"))
+            .unwrap_or_default()
+            .split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect();
+        all.push(Proc { pid, uids, argv });
+    }
+    all
+}
+
+/// This fleet's runner uid range.
+fn uid_range(fleet: &Fleet) -> std::ops::RangeInclusive<u32> {
+    let (first, last) = fleet.uids.split_once('-').unwrap();
+    first.parse().unwrap()..=last.parse().unwrap()
+}
+
+/// Every live process running as one of the fleet's runner uids.
+fn processes_of_fleet(fleet: &Fleet) -> Vec<String> {
+    let range = uid_range(fleet);
+    processes()
+        .into_iter()
+        .filter(|p| p.uids.iter().any(|u| range.contains(u)))
+        .map(|p| format!("pid {} uids {:?} argv {:?}", p.pid, p.uids, p.argv))
+        .collect()
+}
+
+/// Where cgroup v2 is mounted on this host, from `/proc/self/mountinfo`.
+fn cgroup2_mounts() -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mount_point = left.split_whitespace().nth(4)?;
+            (right.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(mount_point))
+        })
+        .collect()
+}
+
+/// Directories named `rm-<short id>` of `attempts` anywhere (a few levels) under the cgroup v2
+/// mounts.
+fn cgroups_left(attempts: &[AttemptRecord]) -> Vec<PathBuf> {
+    let names: HashSet<String> = attempts
+        .iter()
+        .map(|a| format!("rm-{}", a.attempt_id.short()))
+        .collect();
+    let mut found = Vec::new();
+    let mut stack: Vec<(PathBuf, usize)> = cgroup2_mounts().into_iter().map(|m| (m, 0)).collect();
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let path = entry.path();
+            if entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| names.contains(n))
+            {
+                found.push(path.clone());
+            }
+            if depth < 4 {
+                stack.push((path, depth + 1));
+            }
+        }
+    }
+    for a in attempts {
+        if let Some(cgroup) = &a.cgroup
+            && cgroup.exists()
+            && !found.contains(cgroup)
+        {
+            found.push(cgroup.clone());
+        }
+    }
+    found
+}
+
+/// Every file named `name` below `dir`.
+fn files_named(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if kind.is_dir() {
+            found.extend(files_named(&path, name));
+        } else if entry.file_name() == name {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// Names in `dir` starting with `prefix`.
+fn names_with_prefix(dir: &Path, prefix: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn uid_of(a: &AttemptRecord) -> String {
+    a.uid.map_or_else(|| "none".to_owned(), |u| u.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_job_under_user_isolation_reaches_nothing() {
+    let hostile = hostile_fleet(None).await;
+    let fleet = &hostile.fleet;
+    let phases = run_phases(&hostile).await;
+    let mut findings: Vec<String> = Vec::new();
+
+    for attacker in &phases.attackers {
+        let report = report_of(&hostile, attacker);
+        let who = format!(
+            "runner {} (uid {})",
+            attacker.attempt_id.short(),
+            uid_of(attacker)
+        );
+        eprintln!("{who}: {report:?}");
+        // What makes the report mean something.
+        if outcome(&report, "agent_pid") != Some(phases.agent_pid.to_string().as_str()) {
+            findings.push(format!(
+                "{who}: the job was not pointed at the agent (pid {}): {:?}",
+                phases.agent_pid,
+                report.get("agent_pid")
+            ));
+        }
+        if outcome(&report, "peer_found") != Some("ok") {
+            findings.push(format!(
+                "{who}: saw no concurrent runner to attack: {:?}",
+                report.get("peer_found")
+            ));
+        }
+        for name in POISON {
+            if outcome(&report, name) != Some("ok") {
+                findings.push(format!(
+                    "{who}: could not even write its own {name}: {:?}",
+                    report.get(*name)
+                ));
+            }
+        }
+        // Each attack, separately.
+        for (name, what) in ATTACKS {
+            match report.get(*name) {
+                Some((o, _)) if o == "denied" => {}
+                Some((o, detail)) => findings.push(format!(
+                    "ISOLATION BREACH: {who} could {what} ({name}={o} {detail})"
+                )),
+                None => findings.push(format!("{who}: attack {name} ({what}) not reported")),
+            }
+        }
+        match fork_count(&report) {
+            Some(n) if n < PIDS_MAX => {}
+            other => findings.push(format!(
+                "ISOLATION BREACH: {who} started {other:?} of {FORKS} processes with pids_max = {PIDS_MAX}"
+            )),
+        }
+    }
+
+    let next = report_of(&hostile, &phases.next);
+    eprintln!("next runner {}: {next:?}", phases.next.attempt_id.short());
+    for (name, what) in LEFTOVERS {
+        match next.get(*name) {
+            Some((o, _)) if o == "denied" => {}
+            Some((o, detail)) => findings.push(format!(
+                "ISOLATION BREACH: the next job (uid {}) found {what} ({name}={o} {detail})",
+                uid_of(&phases.next)
+            )),
+            None => findings.push(format!("the next job did not report {name}")),
+        }
+    }
+
+    // Uids: every isolated attempt had one; the overlapping attackers had different ones; the
+    // next job got one the attackers had (the lowest free), so its clean HOME and /tmp are the
+    // isolation's doing, not another uid's.
+    let all = fleet.attempts();
+    for a in &all {
+        if a.uid.is_none() {
+            findings.push(format!(
+                "attempt {} ran without a uid",
+                a.attempt_id.short()
+            ));
+        }
+        if a.state != AttemptState::Cleaned {
+            findings.push(format!(
+                "attempt {} is {}",
+                a.attempt_id.short(),
+                a.state.as_str()
+            ));
+        }
+        if a.cgroup.is_none() {
+            findings.push(format!(
+                "attempt {} ran without a cgroup although cgroup v2 is mounted here ({:?})",
+                a.attempt_id.short(),
+                cgroup2_mounts()
+            ));
+        }
+    }
+    if phases.most_live_attackers < 2 {
+        findings.push(format!(
+            "the two attacking runners never ran at once (most live: {})",
+            phases.most_live_attackers
+        ));
+    }
+    let attacker_uids: Vec<Option<u32>> = phases.attackers.iter().map(|a| a.uid).collect();
+    if attacker_uids[0] == attacker_uids[1] {
+        findings.push(format!(
+            "the overlapping attackers shared uid {:?}",
+            attacker_uids[0]
+        ));
+    }
+    findings.extend(phases.shared_uids.iter().map(|s| format!("sampled: {s}")));
+    if !attacker_uids.contains(&phases.next.uid) {
+        findings.push(format!(
+            "the next job got uid {:?}, none of the attackers' {attacker_uids:?}: the leftover \
+             checks prove less than they should",
+            phases.next.uid
+        ));
+    }
+    eprintln!(
+        "uids: victim {}, attackers {attacker_uids:?}, next {}",
+        uid_of(&phases.victim),
+        uid_of(&phases.next)
+    );
+
+    // Nothing of the attackers outlived their cleanup.
+    if !phases.daemons_after_cleanup.is_empty() {
+        findings.push(format!(
+            "ISOLATION BREACH: processes the job left survived its cleanup: {:?}",
+            phases.daemons_after_cleanup
+        ));
+    }
+    let left = processes_of_fleet(fleet);
+    if !left.is_empty() {
+        findings.push(format!("processes of runner uids left: {left:?}"));
+    }
+    let cgroups = cgroups_left(&all);
+    if !cgroups.is_empty() {
+        findings.push(format!("runner cgroups left: {cgroups:?}"));
+    }
+    let ephemeral_left: Vec<PathBuf> = fleet
+        .runtimes()
+        .into_iter()
+        .filter(|p| p.file_name() != Some(std::ffi::OsStr::new("victim")))
+        .collect();
+    if !ephemeral_left.is_empty() {
+        findings.push(format!("runtimes left: {ephemeral_left:?}"));
+    }
+
+    // The package: its source and the store unchanged.
+    let bin = fleet.package.join("bin");
+    if std::fs::read_to_string(bin.join("marker.txt")).unwrap() != MARKER {
+        findings.push("ISOLATION BREACH: the package source's bin/marker.txt changed".to_owned());
+    }
+    if std::fs::read(bin.join("Runner.Listener.real")).unwrap() != hostile.real_listener
+        || std::fs::read_to_string(bin.join("Runner.Listener")).unwrap() != hostile.script
+    {
+        findings.push("ISOLATION BREACH: the package source's listener changed".to_owned());
+    }
+    let stored = files_named(&fleet.runner_root.join(".rm-package"), "marker.txt");
+    if stored.is_empty() {
+        findings.push("no bin/marker.txt in the package store to check".to_owned());
+    }
+    for file in &stored {
+        let meta = std::fs::metadata(file).unwrap();
+        if std::fs::read_to_string(file).unwrap() != MARKER
+            || meta.permissions().mode() & 0o022 != 0
+        {
+            findings.push(format!(
+                "ISOLATION BREACH: the stored {} changed (mode {:o})",
+                file.display(),
+                meta.permissions().mode()
+            ));
+        }
+    }
+
+    // The victim's slot and the agent's data directory hold nothing of the job.
+    let work = fleet.runner_root.join("victim/s0/_work");
+    let planted = names_with_prefix(&work, "pwned");
+    if !planted.is_empty() {
+        findings.push(format!(
+            "ISOLATION BREACH: the job wrote {planted:?} into the victim's slot {} (victim uid {})",
+            work.display(),
+            uid_of(&phases.victim)
+        ));
+    }
+    let data = fleet.setup.dir.path().join("data");
+    let planted = names_with_prefix(&data, "pwned");
+    if !planted.is_empty() {
+        findings.push(format!(
+            "ISOLATION BREACH: the job wrote {planted:?} into the data directory"
+        ));
+    }
+
+    assert!(
+        findings.is_empty(),
+        "under isolation = \"user\":\n{}",
+        findings.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_hostile_job_under_isolation_none_reaches_everything() {
+    let hostile = hostile_fleet(Some("none")).await;
+    let fleet = &hostile.fleet;
+    let phases = run_phases(&hostile).await;
+    let mut findings: Vec<String> = Vec::new();
+    // With no isolation, what the job could reach (as the agent's user, root here).
+    let expected = [
+        "key",
+        "journal",
+        "status",
+        "signal",
+        "pkg_source_write",
+        "slot_write",
+        "peer_environ",
+    ];
+    for attacker in &phases.attackers {
+        let report = report_of(&hostile, attacker);
+        let who = format!("runner {}", attacker.attempt_id.short());
+        eprintln!("{who}: {report:?}");
+        assert_eq!(attacker.uid, None, "{who} got a uid under none");
+        for name in expected {
+            if outcome(&report, name) != Some("ok") {
+                findings.push(format!(
+                    "{who}: {name} did not succeed under none: {:?}",
+                    report.get(name)
+                ));
+            }
+        }
+        if outcome(&report, "agent_environ") != Some("ok")
+            && outcome(&report, "agent_mem") != Some("ok")
+        {
+            findings.push(format!(
+                "{who}: reached neither the agent's environ nor its memory: {:?} {:?}",
+                report.get("agent_environ"),
+                report.get("agent_mem")
+            ));
+        }
+        if fork_count(&report) != Some(FORKS) {
+            findings.push(format!(
+                "{who}: started {:?} of {FORKS} processes under none",
+                report.get("forks")
+            ));
+        }
+    }
+    let next = report_of(&hostile, &phases.next);
+    eprintln!("next runner {}: {next:?}", phases.next.attempt_id.short());
+    for name in ["leftover_home", "leftover_tmp"] {
+        if outcome(&next, name) != Some("ok") {
+            findings.push(format!(
+                "the next job did not find {name} under none: {:?}",
+                next.get(name)
+            ));
+        }
+    }
+    let daemon = &hostile.leftovers.daemon_argvs()[0];
+    if !phases
+        .daemons_after_cleanup
+        .iter()
+        .any(|(_, argv)| argv == daemon)
+    {
+        findings.push(format!(
+            "the setsid daemon did not outlive its runner under none: {:?}",
+            phases.daemons_after_cleanup
+        ));
+    }
+    if std::fs::read_to_string(fleet.package.join("bin/marker.txt")).unwrap() == MARKER {
+        findings.push("the package source was not rewritten under none".to_owned());
+    }
+    if names_with_prefix(&fleet.runner_root.join("victim/s0/_work"), "pwned").is_empty() {
+        findings.push("nothing was planted in the victim's slot under none".to_owned());
+    }
+    // `Leftovers` kills the daemons and removes the /tmp files when `hostile` is dropped.
+    assert!(
+        findings.is_empty(),
+        "under isolation = \"none\" (the suite must be able to fail):\n{}",
+        findings.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_runners_survive_an_agent_crash_and_leave_nothing() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 10_000,
+        // A process that outlives its runner's process group: cleanup must still find it.
+        fork_background: true,
+        ..RunnerBehavior::default()
+    });
+    let first = fleet.start_agent(&[]).await;
+    let jobs = fleet
+        .fake
+        .queue_matrix(REPO, "build", LABELS, &["a", "b", "c"])
+        .unwrap();
+    let mut shared: Vec<String> = Vec::new();
+    let mut busy: Vec<AttemptRecord> = Vec::new();
+    wait_until(
+        Duration::from_secs(40),
+        "three isolated runners busy",
+        || {
+            let attempts = fleet.attempts();
+            shared.extend(shared_uids(&attempts));
+            busy = attempts
+                .into_iter()
+                .filter(|a| a.state == AttemptState::Busy)
+                .collect();
+            busy.len() == 3
+        },
+    )
+    .await;
+    let pids: Vec<u32> = busy.iter().map(|a| a.pid.unwrap()).collect();
+    first.kill();
+    for (a, pid) in busy.iter().zip(&pids) {
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "runner {} (pid {pid}) did not survive the agent's SIGKILL",
+            a.attempt_id.short()
+        );
+    }
+
+    let _second = fleet.start_agent(&[]).await;
+    wait_until(
+        Duration::from_secs(60),
+        "every job completed and every attempt cleaned",
+        || {
+            let attempts = fleet.attempts();
+            shared.extend(shared_uids(&attempts));
+            jobs.iter().all(|j| fleet.completed(*j)) && fleet.all_cleaned()
+        },
+    )
+    .await;
+
+    let attempts = fleet.attempts();
+    let summary: Vec<String> = attempts
+        .iter()
+        .map(|a| {
+            format!(
+                "{} {} uid={} cgroup={:?} {:?}",
+                a.attempt_id.short(),
+                a.state.as_str(),
+                uid_of(a),
+                a.cgroup,
+                a.outcome
+            )
+        })
+        .collect();
+    assert!(
+        shared.is_empty(),
+        "a uid was held by two uncleaned attempts: {shared:?}"
+    );
+    assert_eq!(attempts.len(), 3, "one attempt per job: {summary:?}");
+    let uids: HashSet<Option<u32>> = attempts.iter().map(|a| a.uid).collect();
+    assert_eq!(
+        uids.len(),
+        3,
+        "the three runners had distinct uids: {summary:?}"
+    );
+    for a in &attempts {
+        assert!(a.uid.is_some(), "an attempt without a uid: {summary:?}");
+        assert!(
+            a.cgroup.is_some(),
+            "an attempt without a cgroup although cgroup v2 is mounted here ({:?}): {summary:?}",
+            cgroup2_mounts()
+        );
+        assert_eq!(a.outcome, Some(AttemptOutcome::CompletedJob), "{summary:?}");
+    }
+    let cgroups = cgroups_left(&attempts);
+    assert!(cgroups.is_empty(), "runner cgroups left: {cgroups:?}");
+    let left = processes_of_fleet(&fleet);
+    assert!(left.is_empty(), "processes of runner uids left: {left:?}");
+    for pid in &pids {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "runner pid {pid} is still there"
+        );
+    }
+    assert!(
+        fleet.runtimes().is_empty(),
+        "runtimes left: {:?}",
+        fleet.runtimes()
+    );
+    assert!(fleet.our_registrations().is_empty(), "registration left");
+}
