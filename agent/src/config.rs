@@ -327,6 +327,11 @@ pub fn load(sources: &Sources) -> Result<Config, ConfigError> {
     validate::validate(file, path, sources.data_dir.clone())
 }
 
+/// Loads and validates configuration text that comes from no file (tests, embedded examples).
+pub fn from_text(text: &str) -> Result<Config, ConfigError> {
+    validate::validate(parse(None, text)?, None, None)
+}
+
 /// Parses the TOML text, naming the key path of any mistake.
 pub fn parse(path: Option<&Path>, text: &str) -> Result<FileConfig, ConfigError> {
     let file_name = display_file(path);

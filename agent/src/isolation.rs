@@ -32,9 +32,11 @@ pub fn backends(config: &Config, package_dir: &Path) -> Result<Backends, Exit> {
         package: package_dir.to_path_buf(),
     };
     let can_switch = isolate::can_switch_users();
+    let decided = decide(config.host.isolation, can_switch);
     let pool = Pool::resolve(&config.host.runner_uids).map_err(|problem| usage(config, "host.runner_uids", &problem));
-    match config.host.isolation {
-        Isolation::None => {
+    match decided {
+        None => Err(cannot_switch(config)),
+        Some(IsolationKind::None) => {
             tracing::warn!("host.isolation = \"none\": {NONE_REACHES}");
             // Attempts started isolated before the configuration changed still need an agent
             // that can clean up after their uid and cgroup.
@@ -53,10 +55,7 @@ pub fn backends(config: &Config, package_dir: &Path) -> Result<Backends, Exit> {
                 user,
             })
         }
-        Isolation::User => {
-            if !can_switch {
-                return Err(cannot_switch(config));
-            }
+        Some(IsolationKind::User) => {
             let pool = pool?;
             let me = rustix::process::geteuid().as_raw();
             if pool.contains_uid(me) {
@@ -206,12 +205,39 @@ fn usage(config: &Config, key: &str, problem: &str) -> Exit {
     ))
 }
 
-/// The isolation `run` would use with this configuration on this host, for `check` and the
-/// demo: `None` when `run` would refuse.
-pub fn would_run(config: &Config) -> Option<IsolationKind> {
-    match config.host.isolation {
+/// The isolation new runners get: `none` only when the configuration says so, `user` only
+/// where the agent may switch users; `None` means `run` refuses to start. Pure: the rule
+/// CONTRACT §7 states, whatever the host.
+pub fn decide(configured: Isolation, can_switch_users: bool) -> Option<IsolationKind> {
+    match configured {
         Isolation::None => Some(IsolationKind::None),
-        Isolation::User if isolate::can_switch_users() => Some(IsolationKind::User),
+        Isolation::User if can_switch_users => Some(IsolationKind::User),
         Isolation::User => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn none_is_only_taken_when_named_and_user_only_where_users_can_be_switched() {
+        assert_eq!(decide(Isolation::User, true), Some(IsolationKind::User));
+        assert_eq!(decide(Isolation::User, false), None);
+        assert_eq!(decide(Isolation::None, true), Some(IsolationKind::None));
+        assert_eq!(decide(Isolation::None, false), Some(IsolationKind::None));
+    }
+
+    #[test]
+    fn a_refusal_names_both_ways_out() {
+        let mut config = crate::config::from_text("[host]\nisolation = \"user\"\n").unwrap();
+        let named = cannot_switch(&config);
+        assert_eq!(named.code, crate::exit::USAGE);
+        assert!(named.message.contains("\"user\" is set"), "{}", named.message);
+        config.host.isolation_named = false;
+        let default = cannot_switch(&config).message;
+        for words in ["isolated by default", "run rm-agent as root", "isolation = \"none\""] {
+            assert!(default.contains(words), "{default}");
+        }
     }
 }

@@ -332,3 +332,93 @@ fn the_configuration_reference_documents_every_key_the_types_accept() {
         );
     }
 }
+
+#[test]
+fn isolation_is_user_by_default_and_none_only_when_named() {
+    let config = load_text("").unwrap();
+    assert_eq!(config.host.isolation, Isolation::User);
+    assert!(!config.host.isolation_named);
+    assert_eq!(
+        config.host.runner_uids,
+        RunnerUids::Range {
+            first: 64200,
+            last: 64263
+        }
+    );
+    assert_eq!(config.host.cgroup_root, None);
+    let none = load_text("[host]\nisolation = \"none\"\n").unwrap();
+    assert_eq!(none.host.isolation, Isolation::None);
+    assert!(none.host.isolation_named);
+    let explicit = load_text(
+        "[host]\nisolation = \"user\"\nrunner_uids = [\"ci-1\", \"ci-2\"]\ncgroup_root = \"/sys/fs/cgroup/rm\"\n",
+    )
+    .unwrap();
+    assert!(explicit.host.isolation_named);
+    assert_eq!(
+        explicit.host.runner_uids,
+        RunnerUids::Accounts(vec!["ci-1".into(), "ci-2".into()])
+    );
+    assert_eq!(
+        explicit.host.cgroup_root.as_deref(),
+        Some(Path::new("/sys/fs/cgroup/rm"))
+    );
+    let limits = load_text(
+        "[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"x\"]\nmemory_max = \"8G\"\npids_max = 4096\ncpu_weight = 100\n",
+    )
+    .unwrap()
+    .policies[0]
+        .limits;
+    assert_eq!(
+        limits,
+        RunnerLimits {
+            memory_max: Some(8 << 30),
+            pids_max: Some(4096),
+            cpu_weight: Some(100)
+        }
+    );
+}
+
+#[test]
+fn isolation_mistakes_name_their_key() {
+    let policy = |extra: &str| {
+        format!("[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"x\"]\n{extra}\n")
+    };
+    let cases = [
+        ("[host]\nisolation = \"vm\"\n".to_owned(), "host.isolation", "\"user\""),
+        ("[host]\nrunner_uids = \"64263-64200\"\n".to_owned(), "host.runner_uids", "first-last"),
+        ("[host]\nrunner_uids = \"0-10\"\n".to_owned(), "host.runner_uids", "uid 0"),
+        ("[host]\nrunner_uids = \"65530-65540\"\n".to_owned(), "host.runner_uids", "65534"),
+        (
+            "[host]\nmax_runners = 4\nrunner_uids = \"70000-70001\"\n".to_owned(),
+            "host.runner_uids",
+            "fewer than host.max_runners",
+        ),
+        ("[host]\nrunner_uids = [\"root\"]\n".to_owned(), "host.runner_uids", "root"),
+        ("[host]\nrunner_uids = [\"a\", \"a\"]\n".to_owned(), "host.runner_uids", "twice"),
+        ("[host]\ncgroup_root = \"rm\"\n".to_owned(), "host.cgroup_root", "absolute"),
+        (policy("memory_max = \"8 GB\""), "policy[0].memory_max", "8G"),
+        (policy("pids_max = 0"), "policy[0].pids_max", "at least 1"),
+        (policy("cpu_weight = 0"), "policy[0].cpu_weight", "10000"),
+        (policy("cpu_weight = 10001"), "policy[0].cpu_weight", "10000"),
+    ];
+    for (text, key, hint) in cases {
+        let err = refusal(&text);
+        assert_eq!(err.key, key, "{text}");
+        assert!(err.problem.contains(hint), "{text}: {err}");
+    }
+    // A small pool is fine where runners are not isolated.
+    assert!(load_text("[host]\nisolation = \"none\"\nmax_runners = 4\nrunner_uids = \"70000-70001\"\n").is_ok());
+}
+
+#[test]
+fn sizes_are_powers_of_1024() {
+    use super::validate::parse_bytes;
+    assert_eq!(parse_bytes("512"), Some(512));
+    assert_eq!(parse_bytes("1K"), Some(1024));
+    assert_eq!(parse_bytes("512M"), Some(512 << 20));
+    assert_eq!(parse_bytes("2g"), Some(2 << 30));
+    assert_eq!(parse_bytes("1T"), Some(1 << 40));
+    for bad in ["", "0", "G", "1.5G", "8 GB", "-1", "99999999999T"] {
+        assert_eq!(parse_bytes(bad), None, "{bad}");
+    }
+}

@@ -143,6 +143,12 @@ async fn a_ready_host_passes_every_check() {
         find(&all, "runner_group", Some("repo")).is_empty(),
         "repositories have no runner groups"
     );
+    // Isolated by default, with the evidence (CONTRACT §7).
+    let isolation = find(&all, "isolation", None);
+    let what = isolation[0]["what"].as_str().unwrap();
+    for evidence in ["isolation user", "runner uids 64200-64263 (64 uids)", "no secret file is readable"] {
+        assert!(what.contains(evidence), "{what}");
+    }
     assert!(
         find(&all, "runner_group", Some("org"))[0]["what"]
             .as_str()
@@ -316,4 +322,42 @@ fn a_bad_configuration_exits_2_before_reaching_github() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("unknown field `app_idd`"), "{stderr}");
     assert!(Path::new(&setup.config()).exists());
+}
+
+/// `isolation = "none"` passes, but as a warning that says what a job can reach; a key file a
+/// runner uid could read fails the isolation finding with the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolation_none_is_a_warning_and_a_key_runners_could_read_fails() {
+    let (fake, key, _) = github().await;
+    let group = fake.add_runner_group("acme", "gpu");
+    let setup = Setup::new();
+    configure(&setup, &fake, key.private_pem.expose_secret(), group);
+    let config = std::fs::read_to_string(setup.config()).unwrap();
+    std::fs::write(
+        setup.config(),
+        config.replacen("[[policy]]", "[host]\nisolation = \"none\"\n\n[[policy]]", 1),
+    )
+    .unwrap();
+    let out = check(&setup, &["--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let all = findings(&out);
+    let isolation = find(&all, "isolation", None);
+    assert_eq!(isolation[0]["status"], "warn", "{all:?}");
+    let what = isolation[0]["what"].as_str().unwrap();
+    assert!(what.contains("private key"), "{what}");
+
+    // Back to the default, with the key file owned by a runner uid of the pool.
+    std::fs::write(setup.config(), config).unwrap();
+    let key_file = setup.dir.path().join("app.pem");
+    std::os::unix::fs::chown(&key_file, Some(64201), None).unwrap();
+    let out = check(&setup, &["--json"]).await;
+    let all = findings(&out);
+    let isolation = find(&all, "isolation", None);
+    assert_eq!(isolation[0]["status"], "fail", "{all:?}");
+    let what = isolation[0]["what"].as_str().unwrap();
+    assert!(what.contains("runner uid 64201"), "{what}");
+    assert!(
+        isolation[0]["remedy"].as_str().unwrap().contains("chmod 600"),
+        "{all:?}"
+    );
 }

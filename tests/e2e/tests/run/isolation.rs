@@ -382,6 +382,8 @@ async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
 
 /// The attempts of each phase, and what was seen while they ran.
 struct Phases {
+    /// Alive until the test ends: a zombie it never reaped would show.
+    _agent: rm_e2e::Agent,
     agent_pid: u32,
     victim: AttemptRecord,
     attackers: Vec<AttemptRecord>,
@@ -472,6 +474,13 @@ async fn run_phases(hostile: &Hostile) -> Phases {
     let daemons_after_cleanup = hostile.leftovers.daemons();
     let attackers: Vec<AttemptRecord> = attack_jobs.iter().map(|j| attempt_of(fleet, *j)).collect();
 
+    // The next job should get the lowest free uid, one an attacker had: wait (bounded) until
+    // init has reaped the attackers' killed orphans, whose zombies keep their uid from the pool.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !processes_of_fleet(fleet).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     phase("2");
     fleet.fake.set_runner_behavior(RunnerBehavior {
         job_duration_ms: 500,
@@ -485,8 +494,8 @@ async fn run_phases(hostile: &Hostile) -> Phases {
     })
     .await;
     let next = attempt_of(fleet, next_job);
-    drop(agent);
     Phases {
+        _agent: agent,
         agent_pid,
         victim,
         attackers,
@@ -525,11 +534,27 @@ fn fork_count(report: &Report) -> Option<u32> {
     outcome(report, "forks").and_then(|n| n.parse().ok())
 }
 
-/// A process: pid, real/effective/saved/fs uids, argv.
+/// A process: pid, parent, state letter, real/effective/saved/fs uids, argv.
 struct Proc {
     pid: u32,
+    ppid: u32,
+    state: String,
     uids: Vec<u32>,
     argv: Vec<String>,
+}
+
+impl Proc {
+    /// Exited, waiting for its parent (or init) to reap it: it can do nothing any more.
+    fn zombie(&self) -> bool {
+        self.state == "Z"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "pid {} ppid {} state {} uids {:?} argv {:?}",
+            self.pid, self.ppid, self.state, self.uids, self.argv
+        )
+    }
 }
 
 fn processes() -> Vec<Proc> {
@@ -545,22 +570,33 @@ fn processes() -> Vec<Proc> {
         let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
             continue;
         };
-        let uids = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .map(|l| {
-                l.split_whitespace()
-                    .filter_map(|u| u.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap_or_default()
+                .trim()
+                .to_owned()
+        };
+        let uids = field("Uid:")
+            .split_whitespace()
+            .filter_map(|u| u.parse().ok())
+            .collect();
+        let ppid = field("PPid:").parse().unwrap_or(0);
+        let state = field("State:").chars().take(1).collect();
         let argv = std::fs::read(entry.path().join("cmdline"))
             .unwrap_or_default()
             .split(|b| *b == 0)
             .filter(|s| !s.is_empty())
             .map(|s| String::from_utf8_lossy(s).into_owned())
             .collect();
-        all.push(Proc { pid, uids, argv });
+        all.push(Proc {
+            pid,
+            ppid,
+            state,
+            uids,
+            argv,
+        });
     }
     all
 }
@@ -571,14 +607,34 @@ fn uid_range(fleet: &Fleet) -> std::ops::RangeInclusive<u32> {
     first.parse().unwrap()..=last.parse().unwrap()
 }
 
-/// Every live process running as one of the fleet's runner uids.
-fn processes_of_fleet(fleet: &Fleet) -> Vec<String> {
+/// Every process running as one of the fleet's runner uids, zombies too.
+fn processes_of_fleet(fleet: &Fleet) -> Vec<Proc> {
     let range = uid_range(fleet);
     processes()
         .into_iter()
         .filter(|p| p.uids.iter().any(|u| range.contains(u)))
-        .map(|p| format!("pid {} uids {:?} argv {:?}", p.pid, p.uids, p.argv))
         .collect()
+}
+
+/// What is left of the fleet's runner uids: processes still alive at once (none may be, once
+/// every attempt is cleaned); then zombies not reaped within 15 s. A runner's killed orphans
+/// are reaped by init, which may take a moment (this host's init polls); a zombie that stays
+/// is a child some agent never waited for.
+async fn left_of_runner_uids(fleet: &Fleet) -> (Vec<String>, Vec<String>) {
+    let describe = |ps: Vec<Proc>| ps.iter().map(Proc::describe).collect::<Vec<_>>();
+    let (mut zombies, alive): (Vec<Proc>, Vec<Proc>) = processes_of_fleet(fleet)
+        .into_iter()
+        .partition(Proc::zombie);
+    let alive = describe(alive);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !zombies.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        zombies = processes_of_fleet(fleet)
+            .into_iter()
+            .filter(Proc::zombie)
+            .collect();
+    }
+    (alive, describe(zombies))
 }
 
 /// Where cgroup v2 is mounted on this host, from `/proc/self/mountinfo`.
@@ -800,9 +856,14 @@ async fn a_hostile_job_under_user_isolation_reaches_nothing() {
             phases.daemons_after_cleanup
         ));
     }
-    let left = processes_of_fleet(fleet);
-    if !left.is_empty() {
-        findings.push(format!("processes of runner uids left: {left:?}"));
+    let (alive, zombies) = left_of_runner_uids(fleet).await;
+    if !alive.is_empty() {
+        findings.push(format!(
+            "processes of runner uids alive after cleanup: {alive:?}"
+        ));
+    }
+    if !zombies.is_empty() {
+        findings.push(format!("zombies of runner uids never reaped: {zombies:?}"));
     }
     let cgroups = cgroups_left(&all);
     if !cgroups.is_empty() {
@@ -1037,8 +1098,15 @@ async fn isolated_runners_survive_an_agent_crash_and_leave_nothing() {
     }
     let cgroups = cgroups_left(&attempts);
     assert!(cgroups.is_empty(), "runner cgroups left: {cgroups:?}");
-    let left = processes_of_fleet(&fleet);
-    assert!(left.is_empty(), "processes of runner uids left: {left:?}");
+    let (alive, zombies) = left_of_runner_uids(&fleet).await;
+    assert!(
+        alive.is_empty(),
+        "processes of runner uids alive after cleanup: {alive:?}"
+    );
+    assert!(
+        zombies.is_empty(),
+        "zombies of runner uids never reaped: {zombies:?}"
+    );
     for pid in &pids {
         assert!(
             !Path::new(&format!("/proc/{pid}")).exists(),
