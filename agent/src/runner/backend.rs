@@ -280,6 +280,15 @@ impl Backend for UserIsolation {
             None => 0,
         };
         let runtime = remove_runtime(&self.root, plan)?;
+        if plan.workspace == WorkspaceKind::Persistent {
+            isolate::take_back(&plan.runtime_dir).map_err(|e| {
+                BackendError::Uid(format!(
+                    "cannot take the slot {} back from uid {:?}: {e}",
+                    plan.runtime_dir.display(),
+                    plan.uid
+                ))
+            })?;
+        }
         Ok(Cleaned {
             killed,
             runtime: Some(runtime),

@@ -275,6 +275,26 @@ pub fn hand_over(runtime: &Path, account: Account) -> io::Result<()> {
     give(runtime, account)
 }
 
+/// Takes a persistent slot back from the runner that held it, once nothing of that runner is
+/// left: the slot directory and its `_work` become the agent's again (mode 0700, not following
+/// a link), so a later runner of the same uid, of any policy, cannot reach the checkout; the
+/// next holder of the slot gets it with [`hand_over`] and [`chown_tree`].
+pub fn take_back(slot: &Path) -> io::Result<()> {
+    let agent = Account {
+        uid: rustix::process::geteuid().as_raw(),
+        gid: rustix::process::getegid().as_raw(),
+    };
+    match give(slot, agent) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        other => other?,
+    }
+    match give(&slot.join(super::workspace::WORK_FOLDER), agent) {
+        // No `_work` (the runner never made one), or not a directory (scrubbing removed it).
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
 /// `lchown` to the account and mode 0700, without following a link.
 fn give(path: &Path, account: Account) -> io::Result<()> {
     let fd = rustix::fs::open(
@@ -478,7 +498,8 @@ impl ChildSetup {
     }
 }
 
-/// Every uid some live process of this host runs as (real or effective), from `/proc`.
+/// Every uid some live process of this host runs as (any of its four uids), from `/proc`. A
+/// zombie holds nothing but its pid (init reaps it, sometimes a second late) and does not count.
 pub fn uids_running() -> io::Result<HashSet<u32>> {
     let mut uids = HashSet::new();
     for entry in std::fs::read_dir("/proc")? {
@@ -490,7 +511,13 @@ pub fn uids_running() -> io::Result<HashSet<u32>> {
         if let Ok(status) = std::fs::read_to_string(Path::new("/proc").join(&name).join("status"))
             && let Some(ids) = super::uid::parse_status_uids(&status)
         {
-            uids.extend(ids);
+            let dead = status
+                .lines()
+                .find_map(|l| l.strip_prefix("State:"))
+                .is_some_and(|state| matches!(state.trim_start().chars().next(), Some('Z' | 'X')));
+            if super::uid::is_live(dead, super::uid::parse_status_threads(&status)) {
+                uids.extend(ids);
+            }
         }
     }
     Ok(uids)

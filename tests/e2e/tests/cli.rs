@@ -298,3 +298,62 @@ async fn runners_json_follows_the_contract() {
     let table = String::from_utf8(setup.run(&["runners"]).stdout).unwrap();
     assert!(table.contains(&name) && table.contains("busy"), "{table}");
 }
+
+/// An agent that may not switch users refuses `run` when the configuration does not name
+/// `isolation = "none"` (CONTRACT §7), exit 2, with both ways out; named, `none` is accepted.
+#[test]
+fn run_refuses_to_start_unisolated_unless_none_is_named() {
+    use std::os::unix::process::CommandExt as _;
+    let me = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
+    if me != 0 {
+        eprintln!("SKIPPED: run_refuses_to_start_unisolated_unless_none_is_named needs root to run the agent as another user");
+        return;
+    }
+    // A uid far from every pool, as the user the agent runs as.
+    let user = 2_900_000 + std::process::id() % 100_000;
+    let setup = Setup::new();
+    let data = setup.dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::os::unix::fs::chown(&data, Some(user), Some(user)).unwrap();
+    let package = setup.dir.path().join("package");
+    std::fs::create_dir_all(package.join("bin")).unwrap();
+    std::fs::write(package.join("bin/Runner.Listener"), "#!/bin/sh\n").unwrap();
+    let config = |host: &str| {
+        format!(
+            "data_dir = \"{}\"\n\n[github]\napi_url = \"http://127.0.0.1:9\"\napp_id = 1\n\n{host}[runner]\npackage_dir = \"{}\"\n\n[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"self-hosted\"]\n",
+            data.display(),
+            package.display()
+        )
+    };
+    let key = rm_fake_github::AppKeyPair::generate().unwrap();
+    let run_as_user = || {
+        setup
+            .command(&["run"])
+            .env(
+                "RM_GITHUB_PRIVATE_KEY",
+                secrecy::ExposeSecret::expose_secret(&key.private_pem),
+            )
+            .uid(user)
+            .gid(user)
+            .output()
+            .unwrap()
+    };
+    std::fs::write(setup.config(), config("")).unwrap();
+    let out = run_as_user();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for words in ["host.isolation", "isolated by default", "run rm-agent as root", "isolation = \"none\""] {
+        assert!(stderr.contains(words), "{words}: {stderr}");
+    }
+    // Named `user`: the same refusal, worded for the setting.
+    std::fs::write(setup.config(), config("[host]\nisolation = \"user\"\n\n")).unwrap();
+    let out = run_as_user();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("\"user\" is set"), "{stderr}");
+    // Named `none`: no isolation refusal (it starts, and fails to reach the GitHub at port 9).
+    std::fs::write(setup.config(), config("[host]\nisolation = \"none\"\n\n")).unwrap();
+    let out = run_as_user();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("host.isolation"), "{stderr}");
+}

@@ -386,6 +386,8 @@ struct Phases {
     _agent: rm_e2e::Agent,
     agent_pid: u32,
     victim: AttemptRecord,
+    /// Owner and mode of the victim's slot and its `_work` once the victim was cleaned.
+    victim_slot: String,
     attackers: Vec<AttemptRecord>,
     next: AttemptRecord,
     /// The job's daemons alive right after the attackers were cleaned.
@@ -422,6 +424,16 @@ fn shared_uids(attempts: &[AttemptRecord]) -> Vec<String> {
         .collect()
 }
 
+/// Waits (bounded, without failing) until no process of the fleet's runner uids is left, not
+/// even a zombie: the allocator does not give out a uid some process still has, and init
+/// reaps a runner's killed orphans with a delay.
+async fn runner_uids_reaped(fleet: &Fleet) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !processes_of_fleet(fleet).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Phase 0: a victim job fills its persistent slot. Phase 1: two hostile jobs at once attack.
 /// Phase 2: one more hostile job looks for what phase 1 left.
 async fn run_phases(hostile: &Hostile) -> Phases {
@@ -447,6 +459,10 @@ async fn run_phases(hostile: &Hostile) -> Phases {
     })
     .await;
     let victim = attempt_of(fleet, victim_job);
+    let victim_slot = owners(&fleet.runner_root.join("victim/s0"), &["", "_work"]);
+
+    // An attacker should get the lowest free uid: the one the victim had.
+    runner_uids_reaped(fleet).await;
 
     phase("1");
     fleet.fake.set_runner_behavior(RunnerBehavior {
@@ -474,12 +490,8 @@ async fn run_phases(hostile: &Hostile) -> Phases {
     let daemons_after_cleanup = hostile.leftovers.daemons();
     let attackers: Vec<AttemptRecord> = attack_jobs.iter().map(|j| attempt_of(fleet, *j)).collect();
 
-    // The next job should get the lowest free uid, one an attacker had: wait (bounded) until
-    // init has reaped the attackers' killed orphans, whose zombies keep their uid from the pool.
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while !processes_of_fleet(fleet).is_empty() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The next job should get the lowest free uid, one an attacker had.
+    runner_uids_reaped(fleet).await;
 
     phase("2");
     fleet.fake.set_runner_behavior(RunnerBehavior {
@@ -498,12 +510,32 @@ async fn run_phases(hostile: &Hostile) -> Phases {
         _agent: agent,
         agent_pid,
         victim,
+        victim_slot,
         attackers,
         next,
         daemons_after_cleanup,
         shared_uids: shared,
         most_live_attackers: most_live,
     }
+}
+
+/// `name: uid gid mode` of each of `names` below `dir` (`""` for `dir` itself).
+fn owners(dir: &Path, names: &[&str]) -> String {
+    use std::os::unix::fs::MetadataExt as _;
+    names
+        .iter()
+        .map(|name| match std::fs::symlink_metadata(dir.join(name)) {
+            Ok(m) => format!(
+                "{}: uid {} gid {} mode {:o}",
+                dir.join(name).display(),
+                m.uid(),
+                m.gid(),
+                m.mode() & 0o7777
+            ),
+            Err(e) => format!("{}: {e}", dir.join(name).display()),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The report the job of `attempt` wrote (named after its runtime directory).
@@ -836,6 +868,13 @@ async fn a_hostile_job_under_user_isolation_reaches_nothing() {
         ));
     }
     findings.extend(phases.shared_uids.iter().map(|s| format!("sampled: {s}")));
+    if !attacker_uids.contains(&phases.victim.uid) {
+        findings.push(format!(
+            "no attacker got the victim's uid {:?} (attackers: {attacker_uids:?}): the slot \
+             attack then only tries a foreign uid and proves less than it should",
+            phases.victim.uid
+        ));
+    }
     if !attacker_uids.contains(&phases.next.uid) {
         findings.push(format!(
             "the next job got uid {:?}, none of the attackers' {attacker_uids:?}: the leftover \
@@ -910,9 +949,11 @@ async fn a_hostile_job_under_user_isolation_reaches_nothing() {
     let planted = names_with_prefix(&work, "pwned");
     if !planted.is_empty() {
         findings.push(format!(
-            "ISOLATION BREACH: the job wrote {planted:?} into the victim's slot {} (victim uid {})",
+            "ISOLATION BREACH: the job wrote {planted:?} into the victim's slot {} (victim uid {}; \
+             after the victim's cleanup: {})",
             work.display(),
-            uid_of(&phases.victim)
+            uid_of(&phases.victim),
+            phases.victim_slot
         ));
     }
     let data = fleet.setup.dir.path().join("data");
