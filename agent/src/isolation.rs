@@ -33,7 +33,8 @@ pub fn backends(config: &Config, package_dir: &Path) -> Result<Backends, Exit> {
     };
     let can_switch = isolate::can_switch_users();
     let decided = decide(config.host.isolation, can_switch);
-    let pool = Pool::resolve(&config.host.runner_uids).map_err(|problem| usage(config, "host.runner_uids", &problem));
+    let pool = Pool::resolve(&config.host.runner_uids)
+        .map_err(|problem| usage(config, "host.runner_uids", &problem));
     match decided {
         None => Err(cannot_switch(config)),
         Some(IsolationKind::None) => {
@@ -67,13 +68,16 @@ pub fn backends(config: &Config, package_dir: &Path) -> Result<Backends, Exit> {
             }
             crate::secrets::refuse_readable_by_runners(config, &pool)?;
             private_data_dir(&config.data_dir, &config.host.runner_root).map_err(Exit::runtime)?;
-            std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(RUNNER_ROOT_MODE))
-                .map_err(|e| {
-                    Exit::runtime(anyhow::anyhow!(
-                        "cannot set the runner root {} to mode 711: {e}",
-                        root.path().display()
-                    ))
-                })?;
+            std::fs::set_permissions(
+                root.path(),
+                std::fs::Permissions::from_mode(RUNNER_ROOT_MODE),
+            )
+            .map_err(|e| {
+                Exit::runtime(anyhow::anyhow!(
+                    "cannot set the runner root {} to mode 711: {e}",
+                    root.path().display()
+                ))
+            })?;
             isolate::check_traversable(root.path(), &config.data_dir)
                 .map_err(|problem| usage(config, "host.runner_root", &problem))?;
             let store = Store::open(root.path()).map_err(Exit::runtime)?;
@@ -114,13 +118,17 @@ pub fn cannot_switch(config: &Config) -> Exit {
         usage(
             config,
             "host.isolation",
-            &format!("\"user\" is set, but {why}; run rm-agent as root (deploy/systemd/rm-agent.service), or set isolation = \"none\" if every job runs code you wrote"),
+            &format!(
+                "\"user\" is set, but {why}; run rm-agent as root (deploy/systemd/rm-agent.service), or set isolation = \"none\" if every job runs code you wrote"
+            ),
         )
     } else {
         usage(
             config,
             "host.isolation",
-            &format!("runners are isolated by default, but {why}; run rm-agent as root (deploy/systemd/rm-agent.service), or set [host] isolation = \"none\" to run jobs as the agent's own user (only for code you wrote)"),
+            &format!(
+                "runners are isolated by default, but {why}; run rm-agent as root (deploy/systemd/rm-agent.service), or set [host] isolation = \"none\" to run jobs as the agent's own user (only for code you wrote)"
+            ),
         )
     }
 }
@@ -131,7 +139,9 @@ pub fn cannot_switch(config: &Config) -> Exit {
 /// read).
 fn private_data_dir(data_dir: &Path, runner_root: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(data_dir)?;
-    let root = runner_root.canonicalize().unwrap_or_else(|_| runner_root.to_path_buf());
+    let root = runner_root
+        .canonicalize()
+        .unwrap_or_else(|_| runner_root.to_path_buf());
     let data = data_dir.canonicalize()?;
     let on_the_way = |path: &Path| root.starts_with(path);
     let mut dirs: Vec<PathBuf> = vec![data.clone()];
@@ -178,7 +188,10 @@ fn warn_unavailable_limits(config: &Config, cgroups: &CgroupRoot) {
 }
 
 /// Per policy, the limits it sets whose controller is not `available`.
-pub fn unavailable_limits(config: &Config, available: Controllers) -> Vec<(String, Vec<&'static str>)> {
+pub fn unavailable_limits(
+    config: &Config,
+    available: Controllers,
+) -> Vec<(String, Vec<&'static str>)> {
     config
         .policies
         .iter()
@@ -233,10 +246,18 @@ mod tests {
         let mut config = crate::config::from_text("[host]\nisolation = \"user\"\n").unwrap();
         let named = cannot_switch(&config);
         assert_eq!(named.code, crate::exit::USAGE);
-        assert!(named.message.contains("\"user\" is set"), "{}", named.message);
+        assert!(
+            named.message.contains("\"user\" is set"),
+            "{}",
+            named.message
+        );
         config.host.isolation_named = false;
         let default = cannot_switch(&config).message;
-        for words in ["isolated by default", "run rm-agent as root", "isolation = \"none\""] {
+        for words in [
+            "isolated by default",
+            "run rm-agent as root",
+            "isolation = \"none\"",
+        ] {
             assert!(default.contains(words), "{default}");
         }
     }

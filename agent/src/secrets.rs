@@ -136,8 +136,14 @@ pub fn refuse_readable_by_runners(
     pool: &crate::runner::isolate::Pool,
 ) -> Result<(), Exit> {
     let files = [
-        ("github.private_key_file", config.github.private_key_file.as_ref()),
-        ("github.webhook_secret_file", config.github.webhook_secret_file.as_ref()),
+        (
+            "github.private_key_file",
+            config.github.private_key_file.as_ref(),
+        ),
+        (
+            "github.webhook_secret_file",
+            config.github.webhook_secret_file.as_ref(),
+        ),
         (
             "relay.token_file",
             config.relay.as_ref().and_then(|r| r.token_file.as_ref()),

@@ -389,7 +389,9 @@ fn a_tree_too_deep_to_remove_safely_is_refused_not_a_crash() {
 #[test]
 fn removal_stops_at_a_bind_mount_of_the_same_filesystem() {
     if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIPPED: removal_stops_at_a_bind_mount_of_the_same_filesystem needs root to mount");
+        eprintln!(
+            "SKIPPED: removal_stops_at_a_bind_mount_of_the_same_filesystem needs root to mount"
+        );
         return;
     }
     let setup = Setup::new();
@@ -404,18 +406,37 @@ fn removal_stops_at_a_bind_mount_of_the_same_filesystem() {
         .status()
         .unwrap();
     assert!(mounted.success(), "mount --bind failed");
-    let same_device = std::fs::metadata(&target).unwrap().dev() == std::fs::metadata(runtime.dir()).unwrap().dev();
-    assert!(same_device, "the bind mount shows the runtime's own filesystem");
+    let same_device = std::fs::metadata(&target).unwrap().dev()
+        == std::fs::metadata(runtime.dir()).unwrap().dev();
+    assert!(
+        same_device,
+        "the bind mount shows the runtime's own filesystem"
+    );
     let removal = setup.root.remove_runtime(runtime.dir());
-    let unmounted = std::process::Command::new("umount").arg(&target).status().unwrap();
+    let unmounted = std::process::Command::new("umount")
+        .arg(&target)
+        .status()
+        .unwrap();
     assert!(unmounted.success());
     assert!(
         matches!(removal, Err(WorkspaceError::Remove { .. })),
         "removal must stop at the mount point: {removal:?}"
     );
-    assert_eq!(std::fs::read_to_string(outside.join("precious.txt")).unwrap(), "keep me");
-    assert_eq!(std::fs::read_to_string(outside.join("nested/also.txt")).unwrap(), "keep me too");
+    assert_eq!(
+        std::fs::read_to_string(outside.join("precious.txt")).unwrap(),
+        "keep me"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("nested/also.txt")).unwrap(),
+        "keep me too"
+    );
     // Unmounted, the runtime goes.
-    assert_eq!(setup.root.remove_runtime(runtime.dir()).unwrap(), Removal::Removed);
-    assert_eq!(std::fs::read_to_string(outside.join("precious.txt")).unwrap(), "keep me");
+    assert_eq!(
+        setup.root.remove_runtime(runtime.dir()).unwrap(),
+        Removal::Removed
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("precious.txt")).unwrap(),
+        "keep me"
+    );
 }

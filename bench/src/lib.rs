@@ -2,8 +2,11 @@
 //! the real fixtures ([`delivery`]) and drives a receiver with them over keep-alive connections
 //! ([`load`]). `bench/receiver.sh` runs it against rm-agent and the Node receiver side by side;
 //! docs/performance.md says what it measures and why. [`local`] holds what the benchmarks that
-//! start real binaries (`runner-latency`, `relay-latency`) share.
+//! start real binaries (`runner-latency`, `relay-latency`) share, and [`package`] the synthetic
+//! runner package shaped like an actions/runner release that `runtime-create` and
+//! `runner-latency --compare-runtimes` make runtimes from.
 
 pub mod delivery;
 pub mod load;
 pub mod local;
+pub mod package;

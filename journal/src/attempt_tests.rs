@@ -845,13 +845,23 @@ fn a_runner_uid_is_held_by_one_uncleaned_attempt_until_it_is_cleaned() {
     // Concluded but not cleaned: still held (its processes may not be proven gone yet).
     assert!(
         attempts
-            .conclude(&a, AttemptState::Allocated, AttemptOutcome::Failed, Some("x"), None, 2)
+            .conclude(
+                &a,
+                AttemptState::Allocated,
+                AttemptOutcome::Failed,
+                Some("x"),
+                None,
+                2
+            )
             .unwrap()
     );
     assert!(new(&b, Path::new("/runners/b"), 64200).is_err());
     assert!(attempts.mark_cleaned(&a, 3).unwrap());
     assert!(attempts.held_uids().unwrap().is_empty());
-    assert_eq!(new(&b, Path::new("/runners/b"), 64200).unwrap().uid, Some(64200));
+    assert_eq!(
+        new(&b, Path::new("/runners/b"), 64200).unwrap().uid,
+        Some(64200)
+    );
     // An attempt journalled before v5 ran as the agent's own user.
     assert_eq!(
         create(&attempts, &id(3), "linux", 4).isolation,

@@ -778,7 +778,11 @@ mod tests {
         f.uids_held = 3;
         let problems = degraded(&f);
         assert_eq!(problems.len(), 1, "{problems:?}");
-        assert!(problems[0].starts_with("2 runner(s) concluded"), "{}", problems[0]);
+        assert!(
+            problems[0].starts_with("2 runner(s) concluded"),
+            "{}",
+            problems[0]
+        );
         assert_eq!(to_json(&f)["isolation"]["uids_held"], 3);
     }
 

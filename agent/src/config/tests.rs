@@ -384,22 +384,58 @@ fn isolation_mistakes_name_their_key() {
         format!("[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"x\"]\n{extra}\n")
     };
     let cases = [
-        ("[host]\nisolation = \"vm\"\n".to_owned(), "host.isolation", "\"user\""),
-        ("[host]\nrunner_uids = \"64263-64200\"\n".to_owned(), "host.runner_uids", "first-last"),
-        ("[host]\nrunner_uids = \"0-10\"\n".to_owned(), "host.runner_uids", "uid 0"),
-        ("[host]\nrunner_uids = \"65530-65540\"\n".to_owned(), "host.runner_uids", "65534"),
+        (
+            "[host]\nisolation = \"vm\"\n".to_owned(),
+            "host.isolation",
+            "\"user\"",
+        ),
+        (
+            "[host]\nrunner_uids = \"64263-64200\"\n".to_owned(),
+            "host.runner_uids",
+            "first-last",
+        ),
+        (
+            "[host]\nrunner_uids = \"0-10\"\n".to_owned(),
+            "host.runner_uids",
+            "uid 0",
+        ),
+        (
+            "[host]\nrunner_uids = \"65530-65540\"\n".to_owned(),
+            "host.runner_uids",
+            "65534",
+        ),
         (
             "[host]\nmax_runners = 4\nrunner_uids = \"70000-70001\"\n".to_owned(),
             "host.runner_uids",
             "fewer than host.max_runners",
         ),
-        ("[host]\nrunner_uids = [\"root\"]\n".to_owned(), "host.runner_uids", "root"),
-        ("[host]\nrunner_uids = [\"a\", \"a\"]\n".to_owned(), "host.runner_uids", "twice"),
-        ("[host]\ncgroup_root = \"rm\"\n".to_owned(), "host.cgroup_root", "absolute"),
-        (policy("memory_max = \"8 GB\""), "policy[0].memory_max", "8G"),
+        (
+            "[host]\nrunner_uids = [\"root\"]\n".to_owned(),
+            "host.runner_uids",
+            "root",
+        ),
+        (
+            "[host]\nrunner_uids = [\"a\", \"a\"]\n".to_owned(),
+            "host.runner_uids",
+            "twice",
+        ),
+        (
+            "[host]\ncgroup_root = \"rm\"\n".to_owned(),
+            "host.cgroup_root",
+            "absolute",
+        ),
+        (
+            policy("memory_max = \"8 GB\""),
+            "policy[0].memory_max",
+            "8G",
+        ),
         (policy("pids_max = 0"), "policy[0].pids_max", "at least 1"),
         (policy("cpu_weight = 0"), "policy[0].cpu_weight", "10000"),
-        (policy("cpu_weight = 10001"), "policy[0].cpu_weight", "10000"),
+        (
+            policy("cpu_weight = 10001"),
+            "policy[0].cpu_weight",
+            "10000",
+        ),
     ];
     for (text, key, hint) in cases {
         let err = refusal(&text);
@@ -407,7 +443,10 @@ fn isolation_mistakes_name_their_key() {
         assert!(err.problem.contains(hint), "{text}: {err}");
     }
     // A small pool is fine where runners are not isolated.
-    assert!(load_text("[host]\nisolation = \"none\"\nmax_runners = 4\nrunner_uids = \"70000-70001\"\n").is_ok());
+    assert!(
+        load_text("[host]\nisolation = \"none\"\nmax_runners = 4\nrunner_uids = \"70000-70001\"\n")
+            .is_ok()
+    );
 }
 
 #[test]

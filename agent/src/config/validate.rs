@@ -427,7 +427,9 @@ fn validate_policy(
     {
         return Err((
             "cpu_weight",
-            format!("{weight} is outside {CPU_WEIGHT_MIN}..={CPU_WEIGHT_MAX} (cgroup v2 cpu.weight; 100 is the default share)"),
+            format!(
+                "{weight} is outside {CPU_WEIGHT_MIN}..={CPU_WEIGHT_MAX} (cgroup v2 cpu.weight; 100 is the default share)"
+            ),
         ));
     }
     let limits = RunnerLimits {

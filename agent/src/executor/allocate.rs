@@ -17,8 +17,8 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use rm_journal::{
-    AttemptId, AttemptRecord, AttemptState, IsolationKind, JobRow, NewAttempt, Scope, WorkspaceKind,
-    now_ms,
+    AttemptId, AttemptRecord, AttemptState, IsolationKind, JobRow, NewAttempt, Scope,
+    WorkspaceKind, now_ms,
 };
 
 use super::{Executor, fault};

@@ -185,7 +185,9 @@ impl Executor {
         let backends = Arc::clone(&self.settings.backends);
         let (kind, plan, runtime) = (record.isolation, self.plan(record), runtime.clone());
         let started = tokio::task::spawn_blocking(move || match backends.of(kind) {
-            Some(backend) => backend.start(&plan, &runtime, &jit).map_err(|e| e.to_string()),
+            Some(backend) => backend
+                .start(&plan, &runtime, &jit)
+                .map_err(|e| e.to_string()),
             None => Err(unavailable(kind)),
         })
         .await;

@@ -124,8 +124,12 @@ impl Backend for NoIsolation {
 
     fn prepare(&self, plan: &Plan) -> Result<Runtime, BackendError> {
         Ok(match plan.workspace {
-            WorkspaceKind::Persistent => self.root.prepare_slot(&plan.runtime_dir, &self.package)?,
-            WorkspaceKind::Ephemeral => self.root.create_ephemeral(&plan.attempt_id, &self.package)?,
+            WorkspaceKind::Persistent => {
+                self.root.prepare_slot(&plan.runtime_dir, &self.package)?
+            }
+            WorkspaceKind::Ephemeral => self
+                .root
+                .create_ephemeral(&plan.attempt_id, &self.package)?,
         })
     }
 
@@ -238,8 +242,9 @@ impl Backend for UserIsolation {
     ) -> Result<Spawned<RunnerChild>, BackendError> {
         let account = self.account(plan)?;
         // A uid someone else runs as would share its files and signals with this runner.
-        let running = uid::processes_of(account.uid)
-            .map_err(|e| BackendError::Uid(format!("cannot look for processes of {}: {e}", account.uid)))?;
+        let running = uid::processes_of(account.uid).map_err(|e| {
+            BackendError::Uid(format!("cannot look for processes of {}: {e}", account.uid))
+        })?;
         if !running.is_empty() {
             return Err(BackendError::Uid(format!(
                 "{} process(es) already run as uid {}; it is not given to a runner",
@@ -249,10 +254,9 @@ impl Backend for UserIsolation {
         }
         let procs = match (&self.cgroups, &plan.cgroup) {
             (Some(root), Some(path)) => {
-                let name = path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .ok_or_else(|| BackendError::Cgroup(format!("{} names no cgroup", path.display())))?;
+                let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+                    BackendError::Cgroup(format!("{} names no cgroup", path.display()))
+                })?;
                 let made = root
                     .create(name, &plan.limits)
                     .map_err(|e| BackendError::Cgroup(e.to_string()))?;
@@ -260,12 +264,17 @@ impl Backend for UserIsolation {
             }
             _ => None,
         };
-        let setup = ChildSetup::new(account, runtime.dir(), procs, plan.limits.pids_max)
-            .map_err(|e| BackendError::Uid(format!("cannot prepare the runner's isolation: {e}")))?;
+        let setup =
+            ChildSetup::new(account, runtime.dir(), procs, plan.limits.pids_max).map_err(|e| {
+                BackendError::Uid(format!("cannot prepare the runner's isolation: {e}"))
+            })?;
         let env = isolate::isolated_environment(std::env::vars_os(), runtime.dir());
-        Ok(process::spawn_listener(runtime.dir(), jit, env, |command| {
-            setup.install(command)
-        })?)
+        Ok(process::spawn_listener(
+            runtime.dir(),
+            jit,
+            env,
+            |command| setup.install(command),
+        )?)
     }
 
     fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError> {
@@ -276,7 +285,9 @@ impl Backend for UserIsolation {
         // With or without a cgroup: the uid is released only when no process runs as it (a
         // process the cgroup could not hold, or every process where there is no cgroup).
         let killed = match plan.uid {
-            Some(uid) => uid::kill_all(uid, UID_EMPTY_WAIT).map_err(|e| BackendError::Uid(e.to_string()))?,
+            Some(uid) => {
+                uid::kill_all(uid, UID_EMPTY_WAIT).map_err(|e| BackendError::Uid(e.to_string()))?
+            }
             None => 0,
         };
         let runtime = remove_runtime(&self.root, plan)?;

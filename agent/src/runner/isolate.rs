@@ -73,7 +73,9 @@ impl Pool {
         use crate::config::RunnerUids;
         match configured {
             RunnerUids::Range { first, last } => Ok(Pool::new(
-                (*first..=*last).map(|uid| Account { uid, gid: uid }).collect(),
+                (*first..=*last)
+                    .map(|uid| Account { uid, gid: uid })
+                    .collect(),
             )),
             RunnerUids::Accounts(names) => {
                 let passwd = std::fs::read_to_string(PASSWD)
@@ -81,7 +83,9 @@ impl Pool {
                 let mut accounts = Vec::with_capacity(names.len());
                 for name in names {
                     let account = lookup_account(&passwd, name).ok_or_else(|| {
-                        format!("there is no account `{name}` in {PASSWD}; create it or use a uid range")
+                        format!(
+                            "there is no account `{name}` in {PASSWD}; create it or use a uid range"
+                        )
                     })?;
                     if account.uid == 0 || account.gid == 0 {
                         return Err(format!(
@@ -172,13 +176,17 @@ pub fn harden_agent() -> io::Result<()> {
 /// `data_dir` (or the data directory itself) that the agent owns gets `o+x` added (search, not
 /// listing); any other one is refused with the fix.
 pub fn check_traversable(runner_root: &Path, data_dir: &Path) -> Result<(), String> {
-    let root = runner_root
-        .canonicalize()
-        .map_err(|e| format!("cannot resolve the runner root {}: {e}", runner_root.display()))?;
+    let root = runner_root.canonicalize().map_err(|e| {
+        format!(
+            "cannot resolve the runner root {}: {e}",
+            runner_root.display()
+        )
+    })?;
     let data = data_dir.canonicalize().ok();
     let me = rustix::process::geteuid().as_raw();
     for dir in root.ancestors().skip(1) {
-        let meta = std::fs::metadata(dir).map_err(|e| format!("cannot look at {}: {e}", dir.display()))?;
+        let meta =
+            std::fs::metadata(dir).map_err(|e| format!("cannot look at {}: {e}", dir.display()))?;
         if meta.mode() & 0o001 != 0 {
             continue;
         }
@@ -204,7 +212,10 @@ pub fn check_traversable(runner_root: &Path, data_dir: &Path) -> Result<(), Stri
 pub fn readable_by_runners(meta: &std::fs::Metadata, pool: &Pool) -> Option<String> {
     let mode = meta.mode();
     if mode & 0o004 != 0 {
-        return Some(format!("it is readable by every user (mode {:o})", mode & 0o777));
+        return Some(format!(
+            "it is readable by every user (mode {:o})",
+            mode & 0o777
+        ));
     }
     if pool.contains_uid(meta.uid()) {
         return Some(format!("it is owned by runner uid {}", meta.uid()));
@@ -392,7 +403,8 @@ impl ChildSetup {
         pids_max: Option<u32>,
     ) -> io::Result<ChildSetup> {
         let c_path = |p: &Path| {
-            CString::new(p.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+            CString::new(p.as_os_str().as_bytes())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
         };
         let mut private_dirs = Vec::new();
         let mut rebind = None;
@@ -458,10 +470,19 @@ impl ChildSetup {
         // thread; no file system or IPC state is shared with another thread of this process.
         unsafe { rustix::thread::unshare_unsafe(namespaces)? };
         // Mounts made in here must not propagate back to the host.
-        rustix::mount::mount_change(c"/", MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC)?;
+        rustix::mount::mount_change(
+            c"/",
+            MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
+        )?;
         let flags = MountFlags::NOSUID | MountFlags::NODEV;
         for dir in &self.private_dirs {
-            rustix::mount::mount(c"tmpfs", dir.as_c_str(), c"tmpfs", flags, PRIVATE_TMPFS_OPTIONS)?;
+            rustix::mount::mount(
+                c"tmpfs",
+                dir.as_c_str(),
+                c"tmpfs",
+                flags,
+                PRIVATE_TMPFS_OPTIONS,
+            )?;
         }
         if let Some(rebind) = &self.rebind {
             for dir in &rebind.dirs {
@@ -529,10 +550,14 @@ mod tests {
 
     #[test]
     fn accounts_are_read_from_passwd_lines() {
-        let passwd = "root:x:0:0:root:/root:/bin/bash\nci-1:x:1001:1500::/home/ci-1:/bin/sh\nbad-line\n";
+        let passwd =
+            "root:x:0:0:root:/root:/bin/bash\nci-1:x:1001:1500::/home/ci-1:/bin/sh\nbad-line\n";
         assert_eq!(
             lookup_account(passwd, "ci-1"),
-            Some(Account { uid: 1001, gid: 1500 })
+            Some(Account {
+                uid: 1001,
+                gid: 1500
+            })
         );
         assert_eq!(lookup_account(passwd, "ci"), None);
         assert_eq!(lookup_account(passwd, "bad-line"), None);
@@ -575,7 +600,10 @@ mod tests {
                 .map(|(_, v)| v.to_string_lossy().into_owned())
         };
         assert_eq!(get("HOME").as_deref(), Some("/r/abc/home"));
-        assert_eq!(get("XDG_CONFIG_HOME").as_deref(), Some("/r/abc/home/.config"));
+        assert_eq!(
+            get("XDG_CONFIG_HOME").as_deref(),
+            Some("/r/abc/home/.config")
+        );
         assert_eq!(get("XDG_RUNTIME_DIR").as_deref(), Some("/r/abc/tmp"));
         assert_eq!(get("TMPDIR").as_deref(), Some("/r/abc/tmp"));
         assert_eq!(get("PATH").as_deref(), Some("/usr/bin"));
@@ -593,7 +621,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("key");
         std::fs::write(&file, "k").unwrap();
-        let pool = Pool::new(vec![Account { uid: 64200, gid: 64200 }]);
+        let pool = Pool::new(vec![Account {
+            uid: 64200,
+            gid: 64200,
+        }]);
         let set = |mode: u32| {
             std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(mode))
                 .unwrap();

@@ -433,7 +433,9 @@ pub(super) fn mount_key(parent: impl AsFd, name: &CStr, dev: u64) -> io::Result<
         rustix::fs::StatxFlags::MNT_ID,
     );
     let mount_id = match stx {
-        Ok(stx) if stx.stx_mask & rustix::fs::StatxFlags::MNT_ID.bits() != 0 => Some(stx.stx_mnt_id),
+        Ok(stx) if stx.stx_mask & rustix::fs::StatxFlags::MNT_ID.bits() != 0 => {
+            Some(stx.stx_mnt_id)
+        }
         // An older kernel without statx or its mount id: the device still catches most mounts.
         Ok(_) | Err(rustix::io::Errno::NOSYS) | Err(rustix::io::Errno::INVAL) => None,
         Err(e) => return Err(e.into()),

@@ -1,18 +1,28 @@
 //! `runner-latency`: how long a queued job waits for its fresh runner, with `rm-agent run`
 //! driven by webhooks and, in the same run and on the same arrival schedule, by polling alone
 //! (see docs/performance.md). Two fake GitHubs on loopback (one per agent), the fake runner
-//! package, and two real `rm-agent run` processes; the fake records when each job was queued
-//! and when a runner started it, so the figure is "queued → running on its own JIT runner",
-//! which includes the runner's start, registration and first job request.
+//! package, and two real `rm-agent run` processes; the fake records when each job was queued,
+//! when its runner process first spoke to it (its registration) and when that runner started
+//! the job, so the figures are "queued → runner process executed" and "queued → running on its
+//! own JIT runner", which includes the runner's start, registration and first job request.
+//!
+//! With `--compare-runtimes`, both agents take webhooks and the fake runner package carries the
+//! synthetic payload of a real actions/runner release ([`rm_bench::package`], 418 MiB in 5,008
+//! files); one agent runs `isolation = "none"` (the package copied into every runtime), the other
+//! `isolation = "user"` (every runtime hard links to the verified package store).
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context as _, Result, bail};
+use std::collections::HashMap;
+
+use anyhow::{Context as _, Result, bail, ensure};
 use clap::Parser;
 use rm_bench::local::{free_port, sibling};
+use rm_bench::package::{Size, add_payload, measure};
+use rm_fake_github::jit::RUNNER_PROTOCOL_PREFIX;
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, JobStatus, RunnerBehavior};
 use secrecy::{ExposeSecret as _, SecretString};
 
@@ -20,26 +30,43 @@ const APP_ID: u64 = 77;
 const REPO: &str = "acme/widgets";
 const LABELS: &[&str] = &["self-hosted", "linux"];
 const SECRET: &str = "bench-webhook-secret";
-/// How long an agent may take to answer `/healthz` (or to settle without a receiver).
-const STARTUP: Duration = Duration::from_secs(20);
+/// How long an agent may take to ask for its runner inventory (under `isolation = "user"` it
+/// stores the package first).
+const STARTUP: Duration = Duration::from_secs(60);
+/// How long an agent may take to drain after SIGTERM before it is killed.
+const STOP: Duration = Duration::from_secs(60);
+/// First uid of the benchmark's runner uid ranges: far above the default pool (64200-64263) and
+/// above the blocks the e2e fleets take (1,000,000 up to about 9,400,000).
+const UID_BASE: u32 = 40_000_000;
+/// Uids per agent.
+const UIDS_PER_MODE: u32 = 64;
 
 #[derive(Parser, Debug)]
-#[command(about = "Queued-to-running latency of rm-agent run: webhooks against polling alone")]
+#[command(
+    about = "Queued-to-running latency of rm-agent run: webhooks against polling alone, or \
+             (--compare-runtimes) a copied runtime against store links"
+)]
 struct Args {
-    /// Jobs queued per mode.
-    #[arg(long, default_value_t = 200)]
-    jobs: usize,
-    /// Time between two queued jobs. GitHub asks for a second between mutations of one
-    /// installation, and each job costs one JIT registration, so faster arrivals only queue up
-    /// behind that spacing.
-    #[arg(long, default_value = "1200ms", value_parser = humantime::parse_duration)]
-    every: Duration,
+    /// Jobs queued per mode [default: 200; 100 with --compare-runtimes].
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Time between two queued jobs [default: 1200ms; 2s with --compare-runtimes]. GitHub asks
+    /// for a second between mutations of one installation, and each job costs one JIT
+    /// registration, so faster arrivals only queue up behind that spacing.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    every: Option<Duration>,
     /// How long each job runs.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     job_duration: Duration,
-    /// `host.max_runners` of both agents.
-    #[arg(long, default_value_t = 8)]
-    host_max: u32,
+    /// `host.max_runners` of both agents [default: 8; 4 with --compare-runtimes].
+    #[arg(long)]
+    host_max: Option<u32>,
+    /// Compare runtimes instead of event sources: both agents take webhooks, one with
+    /// `isolation = "none"` (the package copied into every runtime), one with
+    /// `isolation = "user"` (store links), both with the fake runner package plus a synthetic
+    /// 418 MiB, 5,008-file payload shaped like an actions/runner release.
+    #[arg(long)]
+    compare_runtimes: bool,
     /// The rm-agent binary (default: next to this one).
     #[arg(long)]
     agent: Option<PathBuf>,
@@ -48,12 +75,56 @@ struct Args {
     runner: Option<PathBuf>,
 }
 
+/// The run's settings, with the defaults of its kind filled in.
+struct Plan {
+    jobs: usize,
+    every: Duration,
+    job_duration: Duration,
+    host_max: u32,
+}
+
+/// What one agent is started with.
+struct Spec {
+    name: &'static str,
+    webhooks: bool,
+    /// `host.isolation`; `None` leaves the agent's default (`user`).
+    isolation: Option<&'static str>,
+    /// `host.runner_uids`: agents side by side must never share a uid (one's cleanup kills
+    /// every process of its runners' uids).
+    uids: String,
+    /// A package to use instead of a fresh fake runner package.
+    package: Option<PathBuf>,
+}
+
 /// One agent with its fake GitHub.
 struct Mode {
     name: &'static str,
     fake: FakeGithub,
     child: Child,
-    _dir: tempfile::TempDir,
+    /// From starting the agent to its first ask for the runner inventory.
+    ready_after: Duration,
+    dir: tempfile::TempDir,
+}
+
+impl Mode {
+    /// SIGTERM (the agent drains), then up to [`STOP`] for it to exit.
+    async fn stop(&mut self) -> Result<()> {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        )?;
+        let deadline = Instant::now() + STOP;
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                bail!(
+                    "{}: rm-agent did not exit within {STOP:?} of SIGTERM",
+                    self.name
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Mode {
@@ -63,28 +134,34 @@ impl Drop for Mode {
     }
 }
 
-async fn start(
-    name: &'static str,
-    webhooks: bool,
-    args: &Args,
-    agent: &Path,
-    runner: &Path,
-) -> Result<Mode> {
+/// A new temporary directory every uid may pass through: a runner uid must reach its runtime
+/// below it.
+fn passable_tempdir() -> Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))?;
+    Ok(dir)
+}
+
+async fn start(spec: Spec, plan: &Plan, agent: &Path, runner: &Path) -> Result<Mode> {
+    let name = spec.name;
     let key = AppKeyPair::generate()?;
     let fake = FakeGithub::start(FakeOptions::new(APP_ID, key.public_pem.clone())).await?;
     fake.add_org("acme");
     fake.add_repo(REPO);
     fake.set_runner_behavior(RunnerBehavior {
-        job_duration_ms: u64::try_from(args.job_duration.as_millis())?,
+        job_duration_ms: u64::try_from(plan.job_duration.as_millis())?,
         ..RunnerBehavior::default()
     });
-    let dir = tempfile::tempdir()?;
-    let package = rm_fake_runner::assemble_package(runner, &dir.path().join("package"))?;
+    let dir = passable_tempdir()?;
+    let package = match spec.package {
+        Some(package) => package,
+        None => rm_fake_runner::assemble_package(runner, &dir.path().join("package"))?,
+    };
     let key_file = dir.path().join("app.pem");
     std::fs::write(&key_file, key.private_pem.expose_secret())?;
     std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
     let port = free_port()?;
-    let receiver = if webhooks {
+    let receiver = if spec.webhooks {
         fake.set_webhook(
             &format!("http://127.0.0.1:{port}/webhook"),
             SecretString::from(SECRET),
@@ -95,17 +172,24 @@ async fn start(
     };
     let config = format!(
         "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n\n\
-         {receiver}[polling]\ninterval = \"30s\"\nidle_interval = \"5s\"\n\n[host]\nname = \"bench\"\nmax_runners = {max}\n\n\
-         [runner]\npackage_dir = \"{package}\"\n\n[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"self-hosted\", \"linux\"]\nmax_runners = {max}\n",
+         {receiver}[polling]\ninterval = \"30s\"\nidle_interval = \"5s\"\n\n[host]\nname = \"bench\"\nmax_runners = {max}\n\
+         runner_root = \"{root}\"\nrunner_uids = \"{uids}\"\n{isolation}\n[runner]\npackage_dir = \"{package}\"\n\n[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"self-hosted\", \"linux\"]\nmax_runners = {max}\n",
         data = dir.path().join("data").display(),
         api = fake.api_url(),
         key = key_file.display(),
-        max = args.host_max,
+        max = plan.host_max,
+        root = dir.path().join("runners").display(),
+        uids = spec.uids,
+        isolation = spec
+            .isolation
+            .map(|i| format!("isolation = \"{i}\"\n"))
+            .unwrap_or_default(),
         package = package.display(),
     );
     let config_file = dir.path().join("rm-agent.toml");
     std::fs::write(&config_file, config)?;
     let log = std::fs::File::create(dir.path().join("agent.log"))?;
+    let launched = Instant::now();
     let child = Command::new(agent)
         .arg("--config")
         .arg(&config_file)
@@ -116,11 +200,12 @@ async fn start(
         .stderr(log)
         .spawn()
         .context("cannot start rm-agent")?;
-    let mode = Mode {
+    let mut mode = Mode {
         name,
         fake,
         child,
-        _dir: dir,
+        ready_after: Duration::ZERO,
+        dir,
     };
     // Ready once the agent has asked the fake for its runner inventory (recovery).
     let deadline = Instant::now() + STARTUP;
@@ -130,11 +215,16 @@ async fn start(
         .iter()
         .any(|r| r.path.ends_with("/actions/runners"))
     {
+        if let Some(status) = mode.child.try_wait()? {
+            let log = std::fs::read_to_string(mode.dir.path().join("agent.log"))?;
+            bail!("{name}: rm-agent exited ({status}) before it was ready:\n{log}");
+        }
         if Instant::now() > deadline {
             bail!("{name}: rm-agent did not start");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    mode.ready_after = launched.elapsed();
     tokio::time::sleep(Duration::from_millis(500)).await;
     Ok(mode)
 }
@@ -151,9 +241,74 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// p50, p99 and max of a sample, sorted in place, in ms.
+fn summary(sample: &mut [Duration]) -> (f64, f64, f64) {
+    sample.sort_unstable();
+    (
+        millis(percentile(sample, 50.0)),
+        millis(percentile(sample, 99.0)),
+        millis(sample.last().copied().unwrap_or_default()),
+    )
+}
+
+/// When each runner first spoke to the fake (its registration), by runner id.
+fn registered_at(fake: &FakeGithub) -> HashMap<u64, SystemTime> {
+    let register = format!("{RUNNER_PROTOCOL_PREFIX}/register");
+    let mut first = HashMap::new();
+    for request in fake.requests() {
+        let runner = request
+            .body
+            .as_ref()
+            .and_then(|b| b.get("runner_id"))
+            .and_then(serde_json::Value::as_u64);
+        if request.path == register
+            && request.status == 200
+            && let Some(runner) = runner
+        {
+            first.entry(runner).or_insert(request.at);
+        }
+    }
+    first
+}
+
+/// The synthetic release-sized package: the fake runner's, plus [`add_payload`].
+fn release_sized_package(runner: &Path, dir: &Path) -> Result<(PathBuf, Size)> {
+    let started = Instant::now();
+    let package = rm_fake_runner::assemble_package(runner, &dir.join("package"))?;
+    add_payload(&package).context("cannot build the synthetic payload")?;
+    rustix::fs::syncfs(std::fs::File::open(&package)?)?;
+    let size = measure(&package)?;
+    ensure!(
+        size.is_release_sized(),
+        "the package is too small: {size:?}"
+    );
+    eprintln!(
+        "package: {} files, {:.0} MiB, built in {:.1} s",
+        size.files,
+        size.mib(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok((package, size))
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    let compare = args.compare_runtimes;
+    let plan = Plan {
+        jobs: args.jobs.unwrap_or(if compare { 100 } else { 200 }),
+        every: args.every.unwrap_or(if compare {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_millis(1200)
+        }),
+        job_duration: args.job_duration,
+        host_max: args.host_max.unwrap_or(if compare { 4 } else { 8 }),
+    };
+    ensure!(
+        plan.host_max <= UIDS_PER_MODE,
+        "--host-max is at most {UIDS_PER_MODE}"
+    );
     let agent = match &args.agent {
         Some(p) => p.clone(),
         None => sibling("rm-agent")?,
@@ -162,18 +317,70 @@ async fn main() -> Result<()> {
         Some(p) => p.clone(),
         None => sibling(rm_fake_runner::BINARY_NAME)?,
     };
-    let modes = [
-        start("webhooks", true, &args, &agent, &runner).await?,
-        start("polling alone", false, &args, &agent, &runner).await?,
+    // A uid block per run (the process id picks it) and a range per agent within it.
+    let first = UID_BASE + (std::process::id() % 4096) * 2 * UIDS_PER_MODE;
+    let uids = |n: u32| {
+        let from = first + n * UIDS_PER_MODE;
+        format!("{from}-{}", from + UIDS_PER_MODE - 1)
+    };
+    let shared = passable_tempdir()?;
+    let specs = if compare {
+        let (package, _) = release_sized_package(&runner, shared.path())?;
+        [
+            Spec {
+                name: "copy (isolation none)",
+                webhooks: true,
+                isolation: Some("none"),
+                uids: uids(0),
+                package: Some(package.clone()),
+            },
+            Spec {
+                name: "store links (isolation user)",
+                webhooks: true,
+                isolation: Some("user"),
+                uids: uids(1),
+                package: Some(package),
+            },
+        ]
+    } else {
+        [
+            Spec {
+                name: "webhooks",
+                webhooks: true,
+                isolation: None,
+                uids: uids(0),
+                package: None,
+            },
+            Spec {
+                name: "polling alone",
+                webhooks: false,
+                isolation: None,
+                uids: uids(1),
+                package: None,
+            },
+        ]
+    };
+    let [a, b] = specs;
+    let mut modes = [
+        start(a, &plan, &agent, &runner).await?,
+        start(b, &plan, &agent, &runner).await?,
     ];
+    for mode in &modes {
+        eprintln!(
+            "{}: ready {:.1} s after start",
+            mode.name,
+            mode.ready_after.as_secs_f64()
+        );
+    }
     eprintln!(
         "queueing {} jobs per mode, one every {:?}, {} runners per host",
-        args.jobs, args.every, args.host_max
+        plan.jobs, plan.every, plan.host_max
     );
+    let began = SystemTime::now();
     let started = Instant::now();
     let mut ids: Vec<Vec<u64>> = vec![Vec::new(); modes.len()];
-    let mut tick = tokio::time::interval(args.every);
-    for n in 0..args.jobs {
+    let mut tick = tokio::time::interval(plan.every);
+    for n in 0..plan.jobs {
         tick.tick().await;
         for (mode, ids) in modes.iter().zip(ids.iter_mut()) {
             ids.push(mode.fake.queue_job(REPO, &format!("job {n}"), LABELS)?);
@@ -197,31 +404,49 @@ async fn main() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let wall = started.elapsed();
-    println!("mode           jobs   p50 ms    p99 ms    max ms   API requests");
+    println!(
+        "| mode | jobs | runner executed p50 | p99 | max | job started p50 | p99 | max | last job done | API requests |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (mode, ids) in modes.iter().zip(&ids) {
-        let mut waits: Vec<Duration> = ids
+        let registered = registered_at(&mode.fake);
+        let jobs: Vec<_> = ids.iter().filter_map(|id| mode.fake.job(*id)).collect();
+        // A runner is made for a queued job but takes the oldest one it fits, which may have
+        // been queued after it registered: that wait is zero.
+        let mut executed: Vec<Duration> = jobs
             .iter()
-            .filter_map(|id| mode.fake.job(*id))
+            .filter_map(|j| {
+                let at = registered.get(&j.runner_id?)?;
+                Some(at.duration_since(j.created_at).unwrap_or_default())
+            })
+            .collect();
+        let mut running: Vec<Duration> = jobs
+            .iter()
             .filter_map(|j| j.started_at?.duration_since(j.created_at).ok())
             .collect();
-        waits.sort_unstable();
+        ensure!(
+            executed.len() == ids.len() && running.len() == ids.len(),
+            "{}: a job without its runner's registration or start",
+            mode.name
+        );
+        let last = jobs
+            .iter()
+            .filter_map(|j| j.completed_at?.duration_since(began).ok())
+            .max()
+            .unwrap_or_default();
         let requests = mode
             .fake
             .requests()
             .iter()
-            .filter(|r| {
-                !r.path
-                    .starts_with(rm_fake_github::jit::RUNNER_PROTOCOL_PREFIX)
-            })
+            .filter(|r| !r.path.starts_with(RUNNER_PROTOCOL_PREFIX))
             .count();
+        let (e50, e99, emax) = summary(&mut executed);
+        let (r50, r99, rmax) = summary(&mut running);
         println!(
-            "{:<14} {:>4} {:>8.0} {:>9.0} {:>9.0}   {:>6}",
+            "| {} | {} | {e50:.0} ms | {e99:.0} ms | {emax:.0} ms | {r50:.0} ms | {r99:.0} ms | {rmax:.0} ms | {:.1} s | {requests} |",
             mode.name,
-            waits.len(),
-            millis(percentile(&waits, 50.0)),
-            millis(percentile(&waits, 99.0)),
-            millis(waits.last().copied().unwrap_or_default()),
-            requests
+            ids.len(),
+            last.as_secs_f64()
         );
     }
     println!(
@@ -229,5 +454,8 @@ async fn main() -> Result<()> {
         wall.as_secs_f64(),
         humantime::format_rfc3339_seconds(SystemTime::now())
     );
+    for mode in &mut modes {
+        mode.stop().await?;
+    }
     Ok(())
 }

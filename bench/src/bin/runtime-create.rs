@@ -2,11 +2,11 @@
 //! package a runtime used to get (the walk of `rm_agent::runner::workspace::copy_tree`,
 //! reproduced here) against hard links from the package store
 //! (`rm_agent::runner::store::StoredPackage::link_into` then `verify_runtime`), side by side in
-//! one run on the same synthetic package (see docs/performance.md). In process: no agent, no
+//! one run on the same synthetic package ([`rm_bench::package`]; see docs/performance.md). In process: no agent, no
 //! runner, only the filesystem work.
 
 use std::fs::File;
-use std::io::{self, Write as _};
+use std::io;
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -14,24 +14,8 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context as _, Result, ensure};
 use clap::Parser;
 use rm_agent::runner::store::{Store, StoredPackage};
+use rm_bench::package::make_package;
 
-/// Small `.dll`-like files in `bin/`, as in an actions/runner release.
-const BIN_FILES: usize = 2_500;
-/// Their size range (uniform).
-const BIN_SIZES: (u64, u64) = (2 << 10, 220 << 10);
-/// The few large files of a release (CoreLib, libcoreclr, node), in MiB.
-const LARGE_FILES: &[(&str, u64)] = &[
-    ("bin/System.Private.CoreLib.dll", 24),
-    ("bin/libcoreclr.so", 40),
-    ("externals/node20/bin/node", 60),
-];
-/// Small files of `externals/node20/lib/node_modules`: packages of a few files each.
-const NODE_PACKAGES: usize = 250;
-const FILES_PER_NODE_PACKAGE: usize = 10;
-const NODE_SIZES: (u64, u64) = (1 << 10, 16 << 10);
-/// What the package must reach to stand for a real release.
-const MIN_BYTES: u64 = 400 << 20;
-const MIN_FILES: usize = 5_000;
 /// The runtime directory's mode (the agent's `RUNTIME_MODE`).
 const RUNTIME_MODE: u32 = 0o700;
 
@@ -47,87 +31,6 @@ struct Args {
     /// temporary directory, removed at the end).
     #[arg(long)]
     dir: Option<PathBuf>,
-}
-
-/// xorshift64*: deterministic content that does not compress to nothing, fast enough that
-/// generating 400 MB is not the run's cost.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn between(&mut self, (low, high): (u64, u64)) -> u64 {
-        low + self.next() % (high - low + 1)
-    }
-}
-
-/// Writes `size` pseudo-random bytes to `path` with `mode`.
-fn write_file(path: &Path, size: u64, mode: u32, rng: &mut Rng) -> Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    let mut file = File::create(path)?;
-    let mut chunk = vec![0u8; 64 << 10];
-    let mut left = size;
-    while left > 0 {
-        for word in chunk.chunks_exact_mut(8) {
-            word.copy_from_slice(&rng.next().to_le_bytes());
-        }
-        let n = usize::try_from(left.min(64 << 10))?;
-        file.write_all(&chunk[..n])?;
-        left -= u64::try_from(n)?;
-    }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    Ok(())
-}
-
-/// A package shaped like an actions/runner release: scripts at the top, `bin/` with thousands of
-/// small assemblies and a few large files, `externals/node20` with node and a node_modules tree
-/// and a relative link. Returns (files, bytes).
-fn make_package(dir: &Path) -> Result<(usize, u64)> {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut files = 0;
-    let mut bytes = 0;
-    let mut add = |path: PathBuf, size: u64, mode: u32, rng: &mut Rng| -> Result<()> {
-        write_file(&path, size, mode, rng)?;
-        files += 1;
-        bytes += size;
-        Ok(())
-    };
-    for script in ["config.sh", "run.sh", "env.sh", "safe_sleep.sh"] {
-        add(dir.join(script), 4 << 10, 0o755, &mut rng)?;
-    }
-    add(dir.join("run-helper.sh.template"), 3 << 10, 0o644, &mut rng)?;
-    for i in 0..BIN_FILES {
-        let size = rng.between(BIN_SIZES);
-        // Every tenth is a native executable or library, as the release's are.
-        let mode = if i % 10 == 0 { 0o755 } else { 0o644 };
-        add(dir.join(format!("bin/Lib{i:04}.dll")), size, mode, &mut rng)?;
-    }
-    for (path, mib) in LARGE_FILES {
-        add(dir.join(path), mib << 20, 0o755, &mut rng)?;
-    }
-    let modules = dir.join("externals/node20/lib/node_modules");
-    for p in 0..NODE_PACKAGES {
-        for f in 0..FILES_PER_NODE_PACKAGE {
-            let sub = if f % 2 == 0 { "lib" } else { "" };
-            let path = modules
-                .join(format!("pkg{p:03}"))
-                .join(sub)
-                .join(format!("f{f}.js"));
-            add(path, rng.between(NODE_SIZES), 0o644, &mut rng)?;
-        }
-    }
-    symlink(
-        "../lib/node_modules/pkg000/lib/f0.js",
-        dir.join("externals/node20/bin/npm"),
-    )?;
-    Ok((files, bytes))
 }
 
 /// Today's runtime copy, as `rm_agent::runner::workspace::copy_tree` does it (not reachable from
@@ -239,11 +142,9 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&root)?;
 
     let started = Instant::now();
-    let (files, bytes) = make_package(&package).context("cannot build the synthetic package")?;
-    ensure!(
-        files >= MIN_FILES && bytes >= MIN_BYTES,
-        "the package is too small"
-    );
+    let size = make_package(&package).context("cannot build the synthetic package")?;
+    ensure!(size.is_release_sized(), "the package is too small");
+    let (files, bytes) = (size.files, size.bytes);
     syncfs(&package)?;
     eprintln!(
         "package: {files} files, {:.0} MiB, built in {:.1} s",

@@ -326,7 +326,13 @@ macro_rules! sql_text_enum {
         }
     )*};
 }
-sql_text_enum!(AttemptState, AttemptOutcome, StopIntent, WorkspaceKind, IsolationKind);
+sql_text_enum!(
+    AttemptState,
+    AttemptOutcome,
+    StopIntent,
+    WorkspaceKind,
+    IsolationKind
+);
 
 /// The row written before anything else happens for a runner.
 #[derive(Debug, Clone)]

@@ -146,7 +146,11 @@ async fn a_ready_host_passes_every_check() {
     // Isolated by default, with the evidence (CONTRACT §7).
     let isolation = find(&all, "isolation", None);
     let what = isolation[0]["what"].as_str().unwrap();
-    for evidence in ["isolation user", "runner uids 64200-64263 (64 uids)", "no secret file is readable"] {
+    for evidence in [
+        "isolation user",
+        "runner uids 64200-64263 (64 uids)",
+        "no secret file is readable",
+    ] {
         assert!(what.contains(evidence), "{what}");
     }
     assert!(
@@ -335,7 +339,11 @@ async fn isolation_none_is_a_warning_and_a_key_runners_could_read_fails() {
     let config = std::fs::read_to_string(setup.config()).unwrap();
     std::fs::write(
         setup.config(),
-        config.replacen("[[policy]]", "[host]\nisolation = \"none\"\n\n[[policy]]", 1),
+        config.replacen(
+            "[[policy]]",
+            "[host]\nisolation = \"none\"\n\n[[policy]]",
+            1,
+        ),
     )
     .unwrap();
     let out = check(&setup, &["--json"]).await;
@@ -357,7 +365,10 @@ async fn isolation_none_is_a_warning_and_a_key_runners_could_read_fails() {
     let what = isolation[0]["what"].as_str().unwrap();
     assert!(what.contains("runner uid 64201"), "{what}");
     assert!(
-        isolation[0]["remedy"].as_str().unwrap().contains("chmod 600"),
+        isolation[0]["remedy"]
+            .as_str()
+            .unwrap()
+            .contains("chmod 600"),
         "{all:?}"
     );
 }

@@ -306,7 +306,9 @@ fn run_refuses_to_start_unisolated_unless_none_is_named() {
     use std::os::unix::process::CommandExt as _;
     let me = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
     if me != 0 {
-        eprintln!("SKIPPED: run_refuses_to_start_unisolated_unless_none_is_named needs root to run the agent as another user");
+        eprintln!(
+            "SKIPPED: run_refuses_to_start_unisolated_unless_none_is_named needs root to run the agent as another user"
+        );
         return;
     }
     // A uid far from every pool, as the user the agent runs as.
@@ -342,7 +344,12 @@ fn run_refuses_to_start_unisolated_unless_none_is_named() {
     let out = run_as_user();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    for words in ["host.isolation", "isolated by default", "run rm-agent as root", "isolation = \"none\""] {
+    for words in [
+        "host.isolation",
+        "isolated by default",
+        "run rm-agent as root",
+        "isolation = \"none\"",
+    ] {
         assert!(stderr.contains(words), "{words}: {stderr}");
     }
     // Named `user`: the same refusal, worded for the setting.
@@ -351,9 +358,38 @@ fn run_refuses_to_start_unisolated_unless_none_is_named() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("\"user\" is set"), "{stderr}");
-    // Named `none`: no isolation refusal (it starts, and fails to reach the GitHub at port 9).
+    // Named `none`: no isolation refusal; the agent starts (and keeps trying the GitHub at
+    // port 9 until it is stopped).
     std::fs::write(setup.config(), config("[host]\nisolation = \"none\"\n\n")).unwrap();
-    let out = run_as_user();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("host.isolation"), "{stderr}");
+    let log = setup.dir.path().join("none.log");
+    let mut agent = setup
+        .command(&["run"])
+        .env(
+            "RM_GITHUB_PRIVATE_KEY",
+            secrecy::ExposeSecret::expose_secret(&key.private_pem),
+        )
+        .uid(user)
+        .gid(user)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let started = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("host.isolation = \"none\"") || agent.try_wait().unwrap().is_some() {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no start-up log: {text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert!(
+        started.contains("a job can read the App's private key"),
+        "the start-up log says what a job can reach: {started}"
+    );
 }

@@ -166,6 +166,8 @@ pub struct RequestRecord {
     pub body: Option<serde_json::Value>,
     /// The JSON body of the answer, if it had one.
     pub response_body: Option<serde_json::Value>,
+    /// When the fake answered it (the fake's clock, as `Job::created_at`).
+    pub at: SystemTime,
 }
 
 impl RequestRecord {

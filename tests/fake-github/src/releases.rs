@@ -209,6 +209,7 @@ pub fn answer(state: &mut State, method: &str, path: &str, query: &str) -> Optio
         headers: Vec::new(),
         body: None,
         response_body: None,
+        at: state.now(),
     });
     Some(raw)
 }

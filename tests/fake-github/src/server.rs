@@ -146,6 +146,7 @@ async fn handle(
             headers: redacted(&parts.headers),
             body,
             response_body,
+            at: state.now(),
         });
         action
     });

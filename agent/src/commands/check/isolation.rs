@@ -19,7 +19,11 @@ pub(super) fn isolation(config: &Config) -> Finding {
         );
     }
     if !isolate::can_switch_users() {
-        return Finding::from_exit(Status::Fail, "isolation", &crate::isolation::cannot_switch(config));
+        return Finding::from_exit(
+            Status::Fail,
+            "isolation",
+            &crate::isolation::cannot_switch(config),
+        );
     }
     let pool = match Pool::resolve(&config.host.runner_uids) {
         Ok(pool) => pool,
@@ -52,7 +56,11 @@ pub(super) fn isolation(config: &Config) -> Finding {
             format!(
                 "runner cgroups under {} (limit controllers offered: {}){}",
                 dir.display(),
-                if have.is_empty() { "none".to_owned() } else { have.join(", ") },
+                if have.is_empty() {
+                    "none".to_owned()
+                } else {
+                    have.join(", ")
+                },
                 if lacking.is_empty() {
                     String::new()
                 } else {
@@ -80,7 +88,9 @@ pub(super) fn isolation(config: &Config) -> Finding {
 fn describe_pool(pool: &Pool) -> String {
     let accounts = pool.accounts();
     match (accounts.first(), accounts.last()) {
-        (Some(first), Some(last)) => format!("{}-{} ({} uids)", first.uid, last.uid, accounts.len()),
+        (Some(first), Some(last)) => {
+            format!("{}-{} ({} uids)", first.uid, last.uid, accounts.len())
+        }
         _ => "(empty)".to_owned(),
     }
 }
@@ -91,7 +101,8 @@ fn cgroup_evidence(config: &Config) -> Result<(PathBuf, Controllers), String> {
     let dir = match &config.host.cgroup_root {
         Some(dir) => dir.clone(),
         None => {
-            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+            let mountinfo =
+                std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
             let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
             let own = cgroup::own_cgroup_path(&own).ok_or("this process is in no cgroup v2")?;
             cgroup::cgroup_dir(&cgroup::cgroup2_mounts(&mountinfo), &own)
@@ -100,8 +111,12 @@ fn cgroup_evidence(config: &Config) -> Result<(PathBuf, Controllers), String> {
     };
     let controllers = std::fs::read_to_string(dir.join("cgroup.controllers"))
         .map_err(|e| format!("{} is not a cgroup v2 directory: {e}", dir.display()))?;
-    rustix::fs::access(&dir, rustix::fs::Access::WRITE_OK)
-        .map_err(|e| format!("{} is not writable: {e}; on systemd set Delegate=yes", dir.display()))?;
+    rustix::fs::access(&dir, rustix::fs::Access::WRITE_OK).map_err(|e| {
+        format!(
+            "{} is not writable: {e}; on systemd set Delegate=yes",
+            dir.display()
+        )
+    })?;
     Ok((dir, cgroup::parse_controllers(&controllers)))
 }
 

@@ -141,10 +141,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         "/tmp of the host untouched"
     );
     let daemons = uid::processes_of(uid).unwrap();
-    assert!(
-        !daemons.is_empty(),
-        "the setsid daemon outlived its runner"
-    );
+    assert!(!daemons.is_empty(), "the setsid daemon outlived its runner");
 
     let cleaned = backend.clean(&plan).unwrap();
     assert_eq!(cleaned.runtime, Some(Removal::Removed));
@@ -157,8 +154,5 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         assert!(!path.exists(), "the cgroup is removed");
     }
     // Idempotent: a second clean after a crash finds nothing to do.
-    assert_eq!(
-        backend.clean(&plan).unwrap().runtime,
-        Some(Removal::Absent)
-    );
+    assert_eq!(backend.clean(&plan).unwrap().runtime, Some(Removal::Absent));
 }
