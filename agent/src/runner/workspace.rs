@@ -292,7 +292,7 @@ pub fn check_package(package: &Path) -> Result<(), WorkspaceError> {
 /// Copies the contents of `from` into the existing directory `to`: directories are recreated,
 /// files copied with their permission bits, links recreated as links (never followed). Anything
 /// else (a socket, a device) in a package is an error.
-pub(super) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
+pub fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let source = entry.path();

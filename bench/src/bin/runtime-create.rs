@@ -1,13 +1,13 @@
 //! `runtime-create`: how long making one runner runtime takes, with the full copy of the runner
-//! package a runtime used to get (the walk of `rm_agent::runner::workspace::copy_tree`,
-//! reproduced here) against hard links from the package store
+//! package a runtime gets under `isolation = "none"` (the agent's own
+//! `rm_agent::runner::workspace::copy_tree`) against hard links from the package store
 //! (`rm_agent::runner::store::StoredPackage::link_into` then `verify_runtime`), side by side in
-//! one run on the same synthetic package ([`rm_bench::package`]; see docs/performance.md). In process: no agent, no
-//! runner, only the filesystem work.
+//! one run on the same synthetic package ([`rm_bench::package`]; see docs/performance.md). In
+//! process: no agent, no runner, only the filesystem work.
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _, symlink};
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -33,28 +33,9 @@ struct Args {
     dir: Option<PathBuf>,
 }
 
-/// Today's runtime copy, as `rm_agent::runner::workspace::copy_tree` does it (not reachable from
-/// here): directories recreated with their mode, files `std::fs::copy`'d, links recreated.
+/// Today's runtime copy (`isolation = "none"`): the agent's own `copy_tree`.
 fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let source = entry.path();
-        let target = to.join(entry.file_name());
-        let kind = entry.file_type()?;
-        if kind.is_symlink() {
-            symlink(std::fs::read_link(&source)?, &target)?;
-        } else if kind.is_dir() {
-            std::fs::create_dir(&target)?;
-            copy_tree(&source, &target)?;
-            let mode = entry.metadata()?.permissions().mode();
-            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))?;
-        } else if kind.is_file() {
-            std::fs::copy(&source, &target)?;
-        } else {
-            return Err(io::Error::other(format!("{} is special", source.display())));
-        }
-    }
-    Ok(())
+    rm_agent::runner::workspace::copy_tree(from, to)
 }
 
 /// Flushes the filesystem of `dir`: the write-back a creation left behind, timed separately so

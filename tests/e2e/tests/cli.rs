@@ -328,18 +328,18 @@ fn run_refuses_to_start_unisolated_unless_none_is_named() {
         )
     };
     let key = rm_fake_github::AppKeyPair::generate().unwrap();
-    let run_as_user = || {
-        setup
-            .command(&["run"])
+    let agent_as_user = || {
+        let mut command = setup.command(&["run"]);
+        command
             .env(
                 "RM_GITHUB_PRIVATE_KEY",
                 secrecy::ExposeSecret::expose_secret(&key.private_pem),
             )
             .uid(user)
-            .gid(user)
-            .output()
-            .unwrap()
+            .gid(user);
+        command
     };
+    let run_as_user = || agent_as_user().output().unwrap();
     std::fs::write(setup.config(), config("")).unwrap();
     let out = run_as_user();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -362,14 +362,7 @@ fn run_refuses_to_start_unisolated_unless_none_is_named() {
     // port 9 until it is stopped).
     std::fs::write(setup.config(), config("[host]\nisolation = \"none\"\n\n")).unwrap();
     let log = setup.dir.path().join("none.log");
-    let mut agent = setup
-        .command(&["run"])
-        .env(
-            "RM_GITHUB_PRIVATE_KEY",
-            secrecy::ExposeSecret::expose_secret(&key.private_pem),
-        )
-        .uid(user)
-        .gid(user)
+    let mut agent = agent_as_user()
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()

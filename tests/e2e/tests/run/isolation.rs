@@ -6,9 +6,10 @@
 //! under `isolation = "none"` the same package shows the attacks that then succeed, so the suite
 //! can fail. A crash test SIGKILLs the agent while isolated runners run.
 //!
-//! The setup lives under `CARGO_TARGET_TMPDIR`, not under `/tmp`: an isolated runner gets its
-//! own empty `/tmp`, which would hide the key, the journal and the other runners' paths instead
-//! of the permissions having to stop the job.
+//! The setup lives under `CARGO_TARGET_TMPDIR` (or, for a checkout under `/tmp`, under
+//! `/var/lib/rm-e2e-isolation`), never under `/tmp`: an isolated runner gets its own empty
+//! `/tmp`, which would hide the key, the journal and the other runners' paths instead of the
+//! permissions having to stop the job.
 
 use std::collections::{BTreeMap, HashSet};
 use std::os::unix::fs::PermissionsExt as _;
@@ -280,23 +281,42 @@ fn unique() -> String {
     )
 }
 
-/// The directory the setups are made in: outside `/tmp`, and passable by any uid all the way
-/// down (a runner uid must reach its runtime below it).
+/// The places an isolated runner gets a fresh tmpfs for (`rm_agent::runner::isolate::
+/// PRIVATE_DIRS`): a setup below one of them would be hidden from the job.
+const PRIVATE_DIRS: [&str; 4] = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock"];
+
+/// Where the setups go when `CARGO_TARGET_TMPDIR` cannot serve (a checkout under `/tmp`, or
+/// below a directory other uids may not pass).
+const FALLBACK_BASE: &str = "/var/lib/rm-e2e-isolation";
+
+/// The directory the setups are made in: outside every place a runner gets privately, and
+/// passable by any uid all the way down (a runner uid must reach its runtime below it).
+/// `CARGO_TARGET_TMPDIR` where it qualifies, else [`FALLBACK_BASE`].
 fn base_dir() -> PathBuf {
-    let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    std::fs::create_dir_all(base).unwrap();
-    let base = base.canonicalize().unwrap();
-    for dir in base.ancestors() {
-        let mode = std::fs::metadata(dir).unwrap().permissions().mode();
-        assert!(
-            mode & 0o001 != 0,
-            "{} (mode {mode:o}) cannot be passed by a runner uid: the isolation tests need \
-             CARGO_TARGET_TMPDIR ({}) below directories every uid may search",
-            dir.display(),
-            base.display()
-        );
+    let qualifies = |base: &Path| {
+        !PRIVATE_DIRS.iter().any(|p| base.starts_with(p))
+            && base.ancestors().all(|dir| {
+                std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 != 0)
+            })
+    };
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(target).unwrap();
+    let target = target.canonicalize().unwrap();
+    if qualifies(&target) {
+        return target;
     }
-    base
+    let fallback = Path::new(FALLBACK_BASE);
+    std::fs::create_dir_all(fallback).unwrap();
+    std::fs::set_permissions(fallback, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let fallback = fallback.canonicalize().unwrap();
+    assert!(
+        qualifies(&fallback),
+        "neither {} nor {} can hold the isolation tests' setups: they must lie outside {PRIVATE_DIRS:?} \
+         below directories every uid may search",
+        target.display(),
+        fallback.display()
+    );
+    fallback
 }
 
 /// The hostile and the victim policy; the package replaced by the hostile job.
