@@ -17,6 +17,8 @@ const SENDERS: usize = 32;
 /// Answered deliveries before the kill: enough that many commits are behind us and many
 /// requests are in flight at the moment of the kill.
 const ANSWERED_BEFORE_KILL: usize = 400;
+/// The longest one delivery may take; far above the receiver's milliseconds.
+const SEND_TIMEOUT: Duration = Duration::from_secs(20);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_delivery_answered_2xx_survives_sigkill() {
@@ -33,7 +35,12 @@ async fn every_delivery_answered_2xx_survives_sigkill() {
             for n in 0.. {
                 let job_id = 1_000_000 + (sender as i64) * 100_000 + n;
                 let d = delivery("workflow_job.queued.6", Some(job_id));
-                match agent.deliver(&d).await {
+                // Bounded: a request caught by the kill at an unlucky moment must end the
+                // sender, not hang the test (it then counts as unanswered, which it was).
+                let answer = tokio::time::timeout(SEND_TIMEOUT, agent.deliver(&d))
+                    .await
+                    .unwrap_or_else(|_| Err("no answer in time".to_owned()));
+                match answer {
                     Ok(status) if (200..300).contains(&status) => {
                         answered.lock().await.push(d.guid);
                         count.fetch_add(1, Ordering::SeqCst);
