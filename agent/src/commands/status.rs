@@ -53,6 +53,8 @@ pub struct Facts {
     pub isolation: crate::config::Isolation,
     /// Runner uids held by attempts not yet cleaned.
     pub uids_held: usize,
+    /// How many uids `host.runner_uids` holds.
+    pub uid_pool: usize,
     /// Attempts concluded longer than [`CLEANUP_OVERDUE`] ago and still not cleaned: their
     /// cleanup keeps failing, and their uids stay held.
     pub cleanup_overdue: usize,
@@ -165,6 +167,7 @@ fn gather(config: &Config, reader: &Reader, now: SystemTime) -> anyhow::Result<F
         configured_capacity: config.host.max_runners,
         isolation: config.host.isolation,
         uids_held,
+        uid_pool: config.host.runner_uids.len(),
         cleanup_overdue,
     })
 }
@@ -250,6 +253,7 @@ pub fn to_json(facts: &Facts) -> Value {
         "isolation": {
             "mode": facts.isolation.as_str(),
             "uids_held": facts.uids_held,
+            "uid_pool": facts.uid_pool,
             "cleanup_overdue": facts.cleanup_overdue,
         },
         "degraded": degraded(facts),
@@ -267,6 +271,17 @@ pub fn degraded(facts: &Facts) -> Vec<String> {
         found.push(format!(
             "Runners are not isolated (host.isolation = \"none\"): {}.",
             crate::isolation::NONE_REACHES
+        ));
+    }
+    if facts.isolation == crate::config::Isolation::User
+        && facts.uid_pool > 0
+        && facts.uids_held >= facts.uid_pool
+    {
+        found.push(format!(
+            "Every runner uid of host.runner_uids ({}) is held by an attempt not yet cleaned: no \
+             runner can start until one is. Fix the cleanup the agent's log names (`cannot clean \
+             up after the runner`), or give host.runner_uids more uids.",
+            facts.uid_pool
         ));
     }
     if facts.cleanup_overdue > 0 {
@@ -566,8 +581,8 @@ pub fn render(facts: &Facts) -> String {
         "isolation",
         match facts.isolation {
             crate::config::Isolation::User => format!(
-                "user: a uid, a cgroup and a private /tmp per runner; {} uid(s) held",
-                facts.uids_held
+                "user: a uid, a cgroup and a private /tmp per runner; uids {} of {} held",
+                facts.uids_held, facts.uid_pool
             ),
             crate::config::Isolation::None => {
                 "NONE: runners run as the agent's own user".to_owned()
@@ -655,6 +670,7 @@ mod tests {
             configured_capacity: 4,
             isolation: crate::config::Isolation::User,
             uids_held: 0,
+            uid_pool: 64,
             cleanup_overdue: 0,
         }
     }
@@ -754,7 +770,7 @@ mod tests {
              github    reachable; last contact 3s ago; rate limit 4900 of 5000 left\n\
              jobs      3 queued (gpu 0, linux 2), 1 in progress; 1 queued match no policy here\n\
              runners   2 active of 6 (idle 1, busy 1, cleaned 5)\n\
-             isolation user: a uid, a cgroup and a private /tmp per runner; 0 uid(s) held\n\
+             isolation user: a uid, a cgroup and a private /tmp per runner; uids 0 of 64 held\n\
              \n\
              All is well.\n"
         );

@@ -55,6 +55,9 @@ pub(super) struct Memory {
     unknown_completions: HashMap<String, Vec<i64>>,
     /// When the journal was last brought up to date with GitHub (a poll pass began).
     refreshed_at: i64,
+    /// Whether the runner uid pool was found exhausted (and said so) since a runner last got
+    /// a uid: the warning is given once per exhaustion, not every pass.
+    uid_pool_exhausted: bool,
 }
 
 /// How long a completion of an unnamed job keeps one queued job from counting, at most: the
@@ -201,7 +204,16 @@ impl Executor {
                 }
                 return Ok(());
             }
-            let record = self.create_attempt(policy)?;
+            let record = match self.create_attempt(policy) {
+                Ok(record) => record,
+                // Like a ceiling: nothing starts until cleanup releases a uid.
+                Err(e) if e.downcast_ref::<NoFreeUid>().is_some() => {
+                    self.note_uid_pool(Some(&e));
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
+            self.note_uid_pool(None);
             drop(guard);
             tracing::info!(policy = %policy.name, attempt = %record.attempt_id, runner = %record.runner_name, demand, "runner allocated");
             fault::crash_point("attempt_journalled");
@@ -276,6 +288,24 @@ impl Executor {
             uid,
             cgroup: cgroup.as_deref(),
         })?)
+    }
+
+    /// Says once per exhaustion that the uid pool has no free uid (`exhausted`), and when it
+    /// has again (`None`).
+    fn note_uid_pool(&self, exhausted: Option<&anyhow::Error>) {
+        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+        match exhausted {
+            Some(e) if !memory.uid_pool_exhausted => {
+                memory.uid_pool_exhausted = true;
+                tracing::warn!(error = %e, "no runner starts until a uid is free");
+            }
+            Some(_) => {}
+            None if memory.uid_pool_exhausted => {
+                memory.uid_pool_exhausted = false;
+                tracing::info!("a runner uid is free again");
+            }
+            None => {}
+        }
     }
 
     /// Logs each overlapping or unresolvable job once.
