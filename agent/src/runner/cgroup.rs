@@ -268,6 +268,9 @@ pub fn limit_writes(
     let mut writes = Vec::new();
     if let Some(bytes) = limits.memory_max.filter(|_| available.memory) {
         writes.push(("memory.max", bytes.to_string()));
+        // Out of memory, the whole job goes, not one process picked from it: a job left with
+        // half its processes is worse than a failed one (and its runner reports the failure).
+        writes.push(("memory.oom.group", "1".to_owned()));
     }
     if let Some(pids) = limits.pids_max.filter(|_| available.pids) {
         writes.push(("pids.max", pids.to_string()));

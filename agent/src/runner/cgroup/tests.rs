@@ -187,6 +187,7 @@ fn limits_are_written_only_where_their_controller_is() {
         limit_writes(&limits, all).unwrap(),
         vec![
             ("memory.max", "8589934592".to_owned()),
+            ("memory.oom.group", "1".to_owned()),
             ("pids.max", "4096".to_owned()),
             ("cpu.weight", "100".to_owned()),
         ]
@@ -440,6 +441,7 @@ fn limits_land_in_the_control_files_where_available() {
     let read = |file: &str| fs::read_to_string(cgroup.path.join(file)).unwrap();
     if available.memory {
         assert_eq!(read("memory.max").trim(), "268435456");
+        assert_eq!(read("memory.oom.group").trim(), "1");
     }
     if available.pids {
         assert_eq!(read("pids.max").trim(), "64");
