@@ -12,7 +12,7 @@ use crate::config::{Config, Isolation, display_file};
 use crate::executor::Backends;
 use crate::exit::Exit;
 use crate::runner::RunnerRoot;
-use crate::runner::backend::{NoIsolation, UserIsolation};
+use crate::runner::backend::{LinkedPackage, NoIsolation, UserIsolation};
 use crate::runner::cgroup::{CgroupRoot, Controllers, Limits};
 use crate::runner::isolate::{self, Pool};
 use crate::runner::store::Store;
@@ -81,8 +81,7 @@ pub fn backends(config: &Config, package_dir: &Path) -> Result<Backends, Exit> {
             isolate::check_traversable(root.path(), &config.data_dir)
                 .map_err(|problem| usage(config, "host.runner_root", &problem))?;
             let store = Store::open(root.path()).map_err(Exit::runtime)?;
-            let package = store.install(package_dir).map_err(Exit::runtime)?;
-            package.verify().map_err(Exit::runtime)?;
+            let package = LinkedPackage::install(store, package_dir).map_err(Exit::runtime)?;
             let cgroups = match CgroupRoot::resolve(config.host.cgroup_root.as_deref()) {
                 Ok(cgroups) => {
                     warn_unavailable_limits(config, &cgroups);
@@ -96,13 +95,13 @@ pub fn backends(config: &Config, package_dir: &Path) -> Result<Backends, Exit> {
                     None
                 }
             };
-            tracing::info!(uids = pool.accounts().len(), cgroup_root = ?cgroups.as_ref().map(CgroupRoot::path), package = %package.tree().display(), "runners are isolated: a uid, a cgroup and a private mount namespace each");
+            tracing::info!(uids = pool.accounts().len(), cgroup_root = ?cgroups.as_ref().map(CgroupRoot::path), package = %package.current().tree().display(), "runners are isolated: a uid, a cgroup and a private mount namespace each");
             Ok(Backends {
                 isolation: IsolationKind::User,
                 none,
                 user: Some(UserIsolation {
                     root,
-                    package: Some(package),
+                    package: Some(std::sync::Arc::new(package)),
                     pool,
                     cgroups,
                 }),

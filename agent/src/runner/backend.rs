@@ -11,7 +11,9 @@
 //!   the cgroup and every process of the uid, and only then removes the runtime: a uid is
 //!   released (its attempt `cleaned`) only once nothing of it is left.
 
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rm_journal::{AttemptRecord, IsolationKind, WorkspaceKind};
@@ -20,7 +22,7 @@ use secrecy::SecretString;
 use super::cgroup::{self, CgroupRoot, Limits};
 use super::isolate::{self, Account, ChildSetup, Pool};
 use super::process::{self, ProcessError, ProcessIdentity, ProcessState, RunnerChild, Spawned};
-use super::store::StoredPackage;
+use super::store::{Store, StoreError, StoredPackage};
 use super::workspace::{Removal, RunnerRoot, Runtime, WorkspaceError, check_package, create_tmp};
 use super::{OsProcesses, Processes as _, discover, uid};
 
@@ -154,13 +156,55 @@ impl Backend for NoIsolation {
     }
 }
 
+/// The package isolated runtimes are linked from, and what it is made from: a runtime that fails
+/// its check against the manifest has the store verified in full and, when it does not verify,
+/// rebuilt from the source package (CONTRACT §7: a mismatch rebuilds the package).
+#[derive(Debug)]
+pub struct LinkedPackage {
+    store: Store,
+    source: PathBuf,
+    current: Mutex<StoredPackage>,
+}
+
+impl LinkedPackage {
+    /// Installs `source` into `store` (once per content) and verifies it in full.
+    pub fn install(store: Store, source: &Path) -> Result<LinkedPackage, StoreError> {
+        let package = store.install(source)?;
+        package.verify()?;
+        Ok(LinkedPackage {
+            store,
+            source: source.to_path_buf(),
+            current: Mutex::new(package),
+        })
+    }
+
+    /// The stored package runtimes are linked from now.
+    pub fn current(&self) -> StoredPackage {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// After a runtime failed its check: the store verified in full, and rebuilt from the
+    /// source when it does not verify. Serialised, so concurrent launches repair once.
+    pub fn repair(&self) -> Result<StoredPackage, StoreError> {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = current.verify() {
+            tracing::warn!(error = %e, "the runner package store does not verify; rebuilding it from the package");
+            *current = self.store.install(&self.source)?;
+        }
+        Ok(current.clone())
+    }
+}
+
 /// `isolation = "user"`: a uid, a cgroup and a private mount namespace per runner.
 #[derive(Debug, Clone)]
 pub struct UserIsolation {
     pub root: RunnerRoot,
     /// The verified package runtimes are linked from; `None` in a backend that only cleans up
     /// (an agent now configured otherwise, recovering attempts started isolated).
-    pub package: Option<StoredPackage>,
+    pub package: Option<Arc<LinkedPackage>>,
     pub pool: Pool,
     /// Where runner cgroups are made; `None` where no cgroup v2 is writable (every process of
     /// the uid is then killed at cleanup instead).
@@ -176,17 +220,25 @@ impl UserIsolation {
         })
     }
 
-    fn fill(&self, runtime: &Path, account: Account, slot: bool) -> std::io::Result<()> {
-        let package = self.package.as_ref().ok_or_else(|| {
-            std::io::Error::other("this agent has no runner package to start isolated runners from")
-        })?;
+    /// Fills a runtime from `package`; `mismatch` is set when the links fail their check (the
+    /// caller repairs the store and tries once more).
+    fn fill(
+        &self,
+        package: &StoredPackage,
+        runtime: &Path,
+        account: Account,
+        slot: bool,
+        mismatch: &Cell<bool>,
+    ) -> std::io::Result<()> {
         package
             .link_into(runtime)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         // The check before the runtime is handed over: the links are the verified files.
-        package
-            .verify_runtime(runtime)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        if let Err(e) = package.verify_runtime(runtime) {
+            mismatch.set(true);
+            tracing::warn!(runtime = %runtime.display(), error = %e, "a runtime does not match the package manifest; it is not handed to a runner");
+            return Err(std::io::Error::other(e.to_string()));
+        }
         if slot {
             let work = runtime.join(super::workspace::WORK_FOLDER);
             if work.is_dir() {
@@ -195,6 +247,42 @@ impl UserIsolation {
         }
         create_tmp(runtime)?;
         isolate::hand_over(runtime, account)
+    }
+
+    /// One try at the runtime from `package`.
+    fn prepare_from(
+        &self,
+        plan: &Plan,
+        account: Account,
+        package: &StoredPackage,
+        mismatch: &Cell<bool>,
+    ) -> Result<Runtime, BackendError> {
+        check_package(package.tree())?;
+        Ok(match plan.workspace {
+            WorkspaceKind::Persistent => {
+                // The policy's directory: runners pass through it to their slot, list nothing.
+                if let Some(policy_dir) = plan.runtime_dir.parent() {
+                    let made = std::fs::create_dir_all(policy_dir).and_then(|()| {
+                        std::fs::set_permissions(
+                            policy_dir,
+                            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+                        )
+                    });
+                    made.map_err(|source| WorkspaceError::Copy {
+                        runtime: plan.runtime_dir.clone(),
+                        source,
+                    })?;
+                }
+                self.root.prepare_slot_with(&plan.runtime_dir, |rt| {
+                    self.fill(package, rt, account, true, mismatch)
+                })?
+            }
+            WorkspaceKind::Ephemeral => {
+                self.root.create_ephemeral_with(&plan.attempt_id, |rt| {
+                    self.fill(package, rt, account, false, mismatch)
+                })?
+            }
+        })
     }
 }
 
@@ -205,33 +293,22 @@ impl Backend for UserIsolation {
 
     fn prepare(&self, plan: &Plan) -> Result<Runtime, BackendError> {
         let account = self.account(plan)?;
-        if let Some(package) = &self.package {
-            check_package(package.tree())?;
-        }
-        Ok(match plan.workspace {
-            WorkspaceKind::Persistent => {
-                // The policy's directory: runners pass through it to their slot, list nothing.
-                if let Some(policy_dir) = plan.runtime_dir.parent() {
-                    std::fs::create_dir_all(policy_dir).map_err(|source| WorkspaceError::Copy {
-                        runtime: plan.runtime_dir.clone(),
-                        source,
-                    })?;
-                    std::fs::set_permissions(
-                        policy_dir,
-                        std::os::unix::fs::PermissionsExt::from_mode(0o711),
-                    )
-                    .map_err(|source| WorkspaceError::Copy {
-                        runtime: plan.runtime_dir.clone(),
-                        source,
-                    })?;
-                }
-                self.root
-                    .prepare_slot_with(&plan.runtime_dir, |rt| self.fill(rt, account, true))?
+        let linked = self.package.as_ref().ok_or_else(|| {
+            BackendError::Store(
+                "this agent has no runner package to start isolated runners from".to_owned(),
+            )
+        })?;
+        let mismatch = Cell::new(false);
+        match self.prepare_from(plan, account, &linked.current(), &mismatch) {
+            Err(_) if mismatch.get() => {
+                let repaired = linked
+                    .repair()
+                    .map_err(|e| BackendError::Store(e.to_string()))?;
+                mismatch.set(false);
+                self.prepare_from(plan, account, &repaired, &mismatch)
             }
-            WorkspaceKind::Ephemeral => self
-                .root
-                .create_ephemeral_with(&plan.attempt_id, |rt| self.fill(rt, account, false))?,
-        })
+            other => other,
+        }
     }
 
     fn start(

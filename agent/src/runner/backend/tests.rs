@@ -35,14 +35,9 @@ setsid -f sleep 300 </dev/null >/dev/null 2>&1
 echo done >> report.txt
 "#;
 
-#[test]
-fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!(
-            "SKIPPED: a_runner_started_isolated_is_its_own_uid_and_leaves_nothing needs root to switch users"
-        );
-        return;
-    }
+/// A package with the reporting listener, and a runner root runners can reach, in a temporary
+/// directory.
+fn package_and_root() -> (tempfile::TempDir, std::path::PathBuf, RunnerRoot) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let package = dir.path().join("package");
@@ -55,7 +50,72 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
     .unwrap();
     let root = RunnerRoot::open(&dir.path().join("runners")).unwrap();
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    let stored = Store::open(root.path()).unwrap().install(&package).unwrap();
+    (dir, package, root)
+}
+
+/// A store changed after it was verified (a file replaced: here by the test, as root) makes the
+/// next runtime fail its check; the store is then verified, rebuilt from the package, and the
+/// runtime made again from the rebuilt store.
+#[test]
+fn a_runtime_that_fails_its_check_rebuilds_the_store() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!(
+            "SKIPPED: a_runtime_that_fails_its_check_rebuilds_the_store needs root to give a runtime to a runner uid"
+        );
+        return;
+    }
+    // A uid no account of this host has: cleanup kills every process of it.
+    let uid = 3_100_000 + std::process::id() % 100_000;
+    let (_dir, package, root) = package_and_root();
+    let linked = LinkedPackage::install(Store::open(root.path()).unwrap(), &package).unwrap();
+    let stored = linked.current().tree().join("bin/Runner.Listener");
+    std::fs::remove_file(&stored).unwrap();
+    std::fs::write(&stored, "#!/bin/sh\necho replaced\n").unwrap();
+    std::fs::set_permissions(&stored, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let backend = UserIsolation {
+        root: root.clone(),
+        package: Some(std::sync::Arc::new(linked)),
+        pool: Pool::new(vec![Account { uid, gid: uid }]),
+        cgroups: None,
+    };
+    let attempt_id = format!("abcdef012345{}", "0".repeat(20));
+    let plan = Plan {
+        attempt_id: attempt_id.clone(),
+        workspace: WorkspaceKind::Ephemeral,
+        runtime_dir: root.ephemeral_path(&attempt_id).unwrap(),
+        uid: Some(uid),
+        cgroup: None,
+        limits: Limits::default(),
+    };
+    let runtime = backend.prepare(&plan).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(runtime.dir().join("bin/Runner.Listener")).unwrap(),
+        LISTENER_SCRIPT,
+        "the runtime links the rebuilt store, not the replaced file"
+    );
+    backend
+        .package
+        .as_ref()
+        .unwrap()
+        .current()
+        .verify()
+        .unwrap();
+    assert_eq!(
+        backend.clean(&plan).unwrap().runtime,
+        Some(Removal::Removed)
+    );
+}
+
+#[test]
+fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!(
+            "SKIPPED: a_runner_started_isolated_is_its_own_uid_and_leaves_nothing needs root to switch users"
+        );
+        return;
+    }
+    let (_dir, package, root) = package_and_root();
+    let stored = LinkedPackage::install(Store::open(root.path()).unwrap(), &package).unwrap();
     let cgroups = match CgroupRoot::resolve(None) {
         Ok(cgroups) => Some(cgroups),
         Err(e) => {
@@ -66,7 +126,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
     let uid = 3_000_000 + std::process::id() % 100_000;
     let backend = UserIsolation {
         root: root.clone(),
-        package: Some(stored),
+        package: Some(std::sync::Arc::new(stored)),
         pool: Pool::new(vec![Account { uid, gid: uid }]),
         cgroups: cgroups.clone(),
     };
