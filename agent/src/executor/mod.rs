@@ -1,7 +1,7 @@
 //! The executor: everything `rm-agent run` does between the journal and the runner processes.
 //! It owns this host's runner attempts while the agent runs:
 //! - **recovery** at start ([`recovery`]): every journalled attempt observed and decided with
-//!   the same code as supervision, GitHub's inventory reconciled under our `rm-<host>-` prefix;
+//!   the same code as supervision, GitHub's inventory reconciled for our `rm-<host>-<12 hex>` names;
 //!   no runner is launched until it is complete;
 //! - **one control loop** ([`Executor::run`]): each pass supervises every attempt ([`supervise`])
 //!   and then allocates runners for the journal's queued jobs ([`allocate`]), woken by durable
@@ -110,10 +110,26 @@ impl Backends {
 }
 
 impl Settings {
-    /// `rm-<host>-`: the only runner names this agent ever touches at GitHub.
-    pub fn runner_prefix(&self) -> String {
-        format!("rm-{}-", self.host)
+    /// Whether GitHub's runner `name` is one of this host's: exactly `rm-<host>-<12 hex>`
+    /// (CONTRACT §5), the only names this agent ever removes.
+    pub fn owns_runner_name(&self, name: &str) -> bool {
+        owns_runner_name(&self.host, name)
     }
+}
+
+/// Whether `name` is exactly `rm-<host>-` and the 12 lowercase hex digits of an attempt id. A
+/// prefix alone is not enough: host `ci` must never take host `ci-2`'s `rm-ci-2-<12 hex>` for
+/// its own.
+pub fn owns_runner_name(host: &str, name: &str) -> bool {
+    name.strip_prefix("rm-")
+        .and_then(|rest| rest.strip_prefix(host))
+        .and_then(|rest| rest.strip_prefix('-'))
+        .is_some_and(|short| {
+            short.len() == rm_journal::ATTEMPT_SHORT_LEN
+                && short
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
 }
 
 /// What a drain left behind, for the last log line.
@@ -336,4 +352,29 @@ fn targets_by_policy(policies: &[Policy]) -> HashMap<String, rm_github::Target> 
         .iter()
         .map(|p| (p.name.clone(), registry::github_target(&p.target)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owns_runner_name;
+
+    #[test]
+    fn a_host_owns_exactly_its_own_runner_names() {
+        assert!(owns_runner_name("ci", "rm-ci-0123456789ab"));
+        // Another host whose name starts with ours, and names that only look like ours.
+        for other in [
+            "rm-ci-2-0123456789ab",
+            "rm-ci-0123456789abc",
+            "rm-ci-0123456789a",
+            "rm-ci-0123456789AB",
+            "rm-ci-0123456789ag",
+            "rm-ci-",
+            "rm-ci",
+            "rm-cix-0123456789ab",
+            "xrm-ci-0123456789ab",
+        ] {
+            assert!(!owns_runner_name("ci", other), "{other}");
+        }
+        assert!(owns_runner_name("ci-2", "rm-ci-2-0123456789ab"));
+    }
 }

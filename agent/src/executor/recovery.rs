@@ -1,6 +1,6 @@
 //! Startup recovery: the same supervision as every pass, with the startup timers (no launch of
 //! this process can own an attempt yet) and GitHub asked afresh for every target; then GitHub's
-//! inventory reconciled under our `rm-<host>-` prefix: a registration with no live attempt is
+//! inventory reconciled for our exact `rm-<host>-<12 hex>` names: a registration with no live attempt is
 //! removed. Anything that could not be decided keeps recovery incomplete, and no runner is
 //! launched until it completes.
 
@@ -43,11 +43,10 @@ impl Executor {
         Ok(())
     }
 
-    /// Removes every registration named `rm-<host>-...` on our targets that no live attempt
+    /// Removes every registration named `rm-<host>-<12 hex>` on our targets that no live attempt
     /// owns: left by a crash between registration and journal, or by a failed deregistration.
     /// A busy registration is left alone (GitHub refuses to remove it; it ends with its job).
     pub(super) async fn reconcile_inventory(&self) -> Result<(), RecoveryIncomplete> {
-        let prefix = self.settings.runner_prefix();
         let targets: HashSet<Target> = targets_by_policy(&self.settings.policies)
             .into_values()
             .collect();
@@ -60,9 +59,9 @@ impl Executor {
                         target: target.to_string(),
                         reason: e.to_string(),
                     })?;
-            let owners = self.owners(&runners, &prefix)?;
+            let owners = self.owners(&runners)?;
             for (name, listed) in &runners {
-                if !name.starts_with(&prefix) || listed.busy || owners.contains(name) {
+                if !self.settings.owns_runner_name(name) || listed.busy || owners.contains(name) {
                     continue;
                 }
                 match self.registry.deregister(&target, listed.runner_id).await {
@@ -82,11 +81,10 @@ impl Executor {
     fn owners(
         &self,
         runners: &HashMap<String, Listed>,
-        prefix: &str,
     ) -> Result<HashSet<String>, RecoveryIncomplete> {
         let attempts = self.lock_attempts();
         let mut owners = HashSet::new();
-        for name in runners.keys().filter(|n| n.starts_with(prefix)) {
+        for name in runners.keys().filter(|n| self.settings.owns_runner_name(n)) {
             let record = attempts
                 .by_runner_name(name)
                 .map_err(|e| RecoveryIncomplete::Journal(e.to_string()))?;
