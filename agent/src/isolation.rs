@@ -13,7 +13,7 @@ use crate::executor::Backends;
 use crate::exit::Exit;
 use crate::runner::RunnerRoot;
 use crate::runner::backend::{LinkedPackage, NoIsolation, UserIsolation};
-use crate::runner::cgroup::{CgroupRoot, Controllers, Limits};
+use crate::runner::cgroup::{CgroupRoot, Controllers};
 use crate::runner::isolate::{self, Pool};
 use crate::runner::store::Store;
 
@@ -195,19 +195,10 @@ pub fn unavailable_limits(
         .policies
         .iter()
         .filter_map(|p| {
-            let missing = limits(p).unapplied(available);
+            let missing = p.limits.unapplied(available);
             (!missing.is_empty()).then(|| (p.name.clone(), missing))
         })
         .collect()
-}
-
-/// A policy's limits as its runner cgroup takes them.
-pub fn limits(policy: &crate::config::Policy) -> Limits {
-    Limits {
-        memory_max: policy.limits.memory_max,
-        pids_max: policy.limits.pids_max,
-        cpu_weight: policy.limits.cpu_weight,
-    }
 }
 
 fn usage(config: &Config, key: &str, problem: &str) -> Exit {

@@ -46,6 +46,18 @@ impl Setup {
     }
 }
 
+/// What [`Setup::outside`] made is all still there: removal never reached it.
+fn assert_untouched(outside: &Path) {
+    assert_eq!(
+        std::fs::read_to_string(outside.join("precious.txt")).unwrap(),
+        "keep me"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("nested/also.txt")).unwrap(),
+        "keep me too"
+    );
+}
+
 /// A small package shaped like actions/runner: an executable listener, a script, a link, a
 /// nested `_work` deep inside (allowed) and a read-only file.
 fn make_package(package: &Path) {
@@ -165,14 +177,7 @@ fn removal_leaves_the_targets_of_planted_links_intact() {
     );
 
     assert!(!exists(runtime.dir()));
-    assert_eq!(
-        std::fs::read_to_string(outside.join("precious.txt")).unwrap(),
-        "keep me"
-    );
-    assert_eq!(
-        std::fs::read_to_string(outside.join("nested/also.txt")).unwrap(),
-        "keep me too"
-    );
+    assert_untouched(&outside);
     assert!(s.root.path().is_dir());
     assert!(s.package.join("bin/Runner.Listener").is_file());
 }
@@ -422,21 +427,11 @@ fn removal_stops_at_a_bind_mount_of_the_same_filesystem() {
         matches!(removal, Err(WorkspaceError::Remove { .. })),
         "removal must stop at the mount point: {removal:?}"
     );
-    assert_eq!(
-        std::fs::read_to_string(outside.join("precious.txt")).unwrap(),
-        "keep me"
-    );
-    assert_eq!(
-        std::fs::read_to_string(outside.join("nested/also.txt")).unwrap(),
-        "keep me too"
-    );
+    assert_untouched(&outside);
     // Unmounted, the runtime goes.
     assert_eq!(
         setup.root.remove_runtime(runtime.dir()).unwrap(),
         Removal::Removed
     );
-    assert_eq!(
-        std::fs::read_to_string(outside.join("precious.txt")).unwrap(),
-        "keep me"
-    );
+    assert_untouched(&outside);
 }

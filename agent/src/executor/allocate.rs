@@ -178,6 +178,11 @@ impl Executor {
 
     /// Creates this policy's runners one at a time under the allocation lock.
     async fn start_runners(self: &Arc<Self>, policy: &Policy, demand: u32) -> anyhow::Result<()> {
+        // Which uids other processes run as, read once per call (a `/proc` scan, tens of ms on
+        // a busy host) and only if a runner is to start: the uids this loop hands out are
+        // fenced by the journal, and a process that takes a pool uid after the scan is caught
+        // when the runner starts.
+        let mut running_uids = None;
         loop {
             let guard = self.allocation.lock().await;
             let (live, busy_unknown) = {
@@ -204,7 +209,7 @@ impl Executor {
                 }
                 return Ok(());
             }
-            let record = match self.create_attempt(policy) {
+            let record = match self.create_attempt(policy, &mut running_uids) {
                 Ok(record) => record,
                 // Like a ceiling: nothing starts until cleanup releases a uid.
                 Err(e) if e.downcast_ref::<NoFreeUid>().is_some() => {
@@ -225,8 +230,14 @@ impl Executor {
 
     /// Journals a new attempt: the first write of a runner, before any other effect. A
     /// persistent policy's attempt takes the lowest slot no uncleaned attempt of it holds (the
-    /// caller holds the allocation lock, so no other attempt takes it meanwhile).
-    fn create_attempt(&self, policy: &Policy) -> anyhow::Result<AttemptRecord> {
+    /// caller holds the allocation lock, so no other attempt takes it meanwhile). Under
+    /// `isolation = "user"` it also takes the lowest pool uid no uncleaned attempt holds and no
+    /// process in `running_uids` (scanned on first use) runs as.
+    fn create_attempt(
+        &self,
+        policy: &Policy,
+        running_uids: &mut Option<HashSet<u32>>,
+    ) -> anyhow::Result<AttemptRecord> {
         let id = AttemptId::generate();
         let runner_name = id.runner_name(&self.settings.host);
         let attempts = self.lock_attempts();
@@ -257,9 +268,14 @@ impl Executor {
         let (uid, cgroup) = match (isolation, &self.settings.backends.user) {
             (IsolationKind::User, Some(user)) => {
                 let held = attempts.held_uids()?;
-                let running = crate::runner::isolate::uids_running()
-                    .context("cannot read which uids are in use")?;
-                let Some(account) = crate::runner::isolate::pick_uid(&user.pool, &held, &running)
+                let running = match running_uids {
+                    Some(running) => running,
+                    None => running_uids.insert(
+                        crate::runner::uid::running_uids()
+                            .context("cannot read which uids are in use")?,
+                    ),
+                };
+                let Some(account) = crate::runner::isolate::pick_uid(&user.pool, &held, running)
                 else {
                     return Err(anyhow::Error::new(NoFreeUid {
                         pool: user.pool.accounts().len(),

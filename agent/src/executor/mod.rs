@@ -102,11 +102,6 @@ impl Backends {
             IsolationKind::User => self.user.as_ref().map(|u| u as &dyn Backend),
         }
     }
-
-    /// The backend new attempts get.
-    pub fn current(&self) -> Option<&dyn Backend> {
-        self.of(self.isolation)
-    }
 }
 
 impl Settings {
@@ -340,7 +335,7 @@ impl Executor {
     fn plan(&self, record: &rm_journal::AttemptRecord) -> Plan {
         let limits = self
             .policy(&record.policy)
-            .map(crate::isolation::limits)
+            .map(|p| p.limits)
             .unwrap_or_default();
         Plan::of(record, limits)
     }

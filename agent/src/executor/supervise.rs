@@ -423,7 +423,7 @@ impl Executor {
                     if cleaned.killed > 0 {
                         tracing::warn!(attempt = %record.attempt_id, killed = cleaned.killed, "stopped processes that had left the runner's process group");
                     }
-                    if cleaned.runtime == Some(Removal::Removed) {
+                    if cleaned.runtime == Removal::Removed {
                         tracing::debug!(attempt = %record.attempt_id, "runtime removed (or slot scrubbed down to _work)");
                     }
                 }

@@ -14,7 +14,6 @@
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use rm_journal::{AttemptRecord, IsolationKind, WorkspaceKind};
 use secrecy::SecretString;
@@ -25,12 +24,6 @@ use super::process::{self, ProcessError, ProcessIdentity, ProcessState, RunnerCh
 use super::store::{Store, StoreError, StoredPackage};
 use super::workspace::{Removal, RunnerRoot, Runtime, WorkspaceError, check_package, create_tmp};
 use super::{OsProcesses, Processes as _, discover, uid};
-
-/// How long cleanup waits for a runner's cgroup to empty after `cgroup.kill`.
-pub const CGROUP_EMPTY_WAIT: Duration = Duration::from_secs(10);
-
-/// How long cleanup keeps killing the processes of a runner uid before it reports survivors.
-pub const UID_EMPTY_WAIT: Duration = Duration::from_secs(10);
 
 /// What a backend needs to know about one attempt: the journalled facts and its policy's
 /// limits.
@@ -58,11 +51,11 @@ impl Plan {
 }
 
 /// What a cleanup did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cleaned {
     /// Processes killed that had outlived the runner (escaped its process group).
     pub killed: usize,
-    pub runtime: Option<Removal>,
+    pub runtime: Removal,
 }
 
 /// Why a step of a backend failed. None names the JIT configuration.
@@ -149,10 +142,7 @@ impl Backend for NoIsolation {
         // too (`cd /; setsid ...`) is beyond what this backend can find: see CONTRACT §7.
         let killed = discover::kill_residents(&plan.runtime_dir).unwrap_or(0);
         let runtime = remove_runtime(&self.root, plan)?;
-        Ok(Cleaned {
-            killed,
-            runtime: Some(runtime),
-        })
+        Ok(Cleaned { killed, runtime })
     }
 }
 
@@ -356,15 +346,14 @@ impl Backend for UserIsolation {
 
     fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError> {
         if let Some(path) = &plan.cgroup {
-            cgroup::kill_and_remove(path, CGROUP_EMPTY_WAIT)
+            cgroup::kill_and_remove(path, cgroup::KILL_WAIT)
                 .map_err(|e| BackendError::Cgroup(e.to_string()))?;
         }
         // With or without a cgroup: the uid is released only when no process runs as it (a
         // process the cgroup could not hold, or every process where there is no cgroup).
         let killed = match plan.uid {
-            Some(uid) => {
-                uid::kill_all(uid, UID_EMPTY_WAIT).map_err(|e| BackendError::Uid(e.to_string()))?
-            }
+            Some(uid) => uid::kill_all(uid, uid::KILL_UID_WAIT)
+                .map_err(|e| BackendError::Uid(e.to_string()))?,
             None => 0,
         };
         let runtime = remove_runtime(&self.root, plan)?;
@@ -377,10 +366,7 @@ impl Backend for UserIsolation {
                 ))
             })?;
         }
-        Ok(Cleaned {
-            killed,
-            runtime: Some(runtime),
-        })
+        Ok(Cleaned { killed, runtime })
     }
 }
 

@@ -519,31 +519,6 @@ impl ChildSetup {
     }
 }
 
-/// Every uid some live process of this host runs as (any of its four uids), from `/proc`. A
-/// zombie holds nothing but its pid (init reaps it, sometimes a second late) and does not count.
-pub fn uids_running() -> io::Result<HashSet<u32>> {
-    let mut uids = HashSet::new();
-    for entry in std::fs::read_dir("/proc")? {
-        let name = entry?.file_name();
-        if !name.as_bytes().iter().all(u8::is_ascii_digit) {
-            continue;
-        }
-        // A process that exits meanwhile is simply not counted.
-        if let Ok(status) = std::fs::read_to_string(Path::new("/proc").join(&name).join("status"))
-            && let Some(ids) = super::uid::parse_status_uids(&status)
-        {
-            let dead = status
-                .lines()
-                .find_map(|l| l.strip_prefix("State:"))
-                .is_some_and(|state| matches!(state.trim_start().chars().next(), Some('Z' | 'X')));
-            if super::uid::is_live(dead, super::uid::parse_status_threads(&status)) {
-                uids.extend(ids);
-            }
-        }
-    }
-    Ok(uids)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -95,36 +95,64 @@ pub struct UidProcess {
 /// simply not listed.
 pub fn processes_of(uid: u32) -> io::Result<Vec<UidProcess>> {
     let mut found = Vec::new();
-    for entry in std::fs::read_dir(PROC)? {
-        let Some(pid) = entry?.file_name().to_str().and_then(|n| n.parse().ok()) else {
-            continue;
-        };
-        if let Some(process) = process_of(pid, uid)? {
+    for pid in pids()? {
+        if let Some((_, process)) = live(pid, |uids| runs_as(uids, uid))? {
             found.push(process);
         }
     }
     Ok(found)
 }
 
-/// The process `pid` if it is live and runs as `uid`; `None` if it is not, or is gone.
-fn process_of(pid: u32, uid: u32) -> io::Result<Option<UidProcess>> {
+/// Every uid some live process of this host runs as (any of its four): the uids no runner may
+/// be given. A zombie holds nothing but its pid (init reaps it, sometimes a second late) and
+/// does not count.
+pub fn running_uids() -> io::Result<HashSet<u32>> {
+    let mut running = HashSet::new();
+    for pid in pids()? {
+        if let Some((uids, _)) = live(pid, |_| true)? {
+            running.extend(uids);
+        }
+    }
+    Ok(running)
+}
+
+/// The pids `/proc` lists now.
+fn pids() -> io::Result<Vec<u32>> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir(PROC)? {
+        if let Some(pid) = entry?.file_name().to_str().and_then(|n| n.parse().ok()) {
+            pids.push(pid);
+        }
+    }
+    Ok(pids)
+}
+
+/// The uids of the process `pid` and who it is, if it is live and its uids pass `wanted`;
+/// `None` if they do not, or it is dead or gone.
+fn live(
+    pid: u32,
+    wanted: impl FnOnce([u32; 4]) -> bool,
+) -> io::Result<Option<([u32; 4], UidProcess)>> {
     let status = match std::fs::read_to_string(Path::new(PROC).join(pid.to_string()).join("status"))
     {
         Ok(status) => status,
         Err(e) if gone(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
-    if !parse_status_uids(&status).is_some_and(|uids| runs_as(uids, uid)) {
+    let Some(uids) = parse_status_uids(&status).filter(|uids| wanted(*uids)) else {
         return Ok(None);
-    }
+    };
     let Some(stat) = read_stat(pid)? else {
         return Ok(None);
     };
     Ok(
-        is_live(stat.is_dead(), parse_status_threads(&status)).then_some(UidProcess {
-            pid,
-            start_time: stat.start_time,
-        }),
+        is_live(stat.is_dead(), parse_status_threads(&status)).then_some((
+            uids,
+            UidProcess {
+                pid,
+                start_time: stat.start_time,
+            },
+        )),
     )
 }
 
@@ -185,8 +213,8 @@ fn signal(process: UidProcess, uid: u32) -> bool {
         Err(_) => return false, // Gone.
     };
     let same = matches!(
-        process_of(process.pid, uid),
-        Ok(Some(now)) if now.start_time == process.start_time
+        live(process.pid, |uids| runs_as(uids, uid)),
+        Ok(Some((_, now))) if now.start_time == process.start_time
     );
     if !same {
         return false;

@@ -100,10 +100,7 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
         .current()
         .verify()
         .unwrap();
-    assert_eq!(
-        backend.clean(&plan).unwrap().runtime,
-        Some(Removal::Removed)
-    );
+    assert_eq!(backend.clean(&plan).unwrap().runtime, Removal::Removed);
 }
 
 #[test]
@@ -204,7 +201,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
     assert!(!daemons.is_empty(), "the setsid daemon outlived its runner");
 
     let cleaned = backend.clean(&plan).unwrap();
-    assert_eq!(cleaned.runtime, Some(Removal::Removed));
+    assert_eq!(cleaned.runtime, Removal::Removed);
     assert!(
         uid::processes_of(uid).unwrap().is_empty(),
         "nothing of the uid is left"
@@ -214,5 +211,5 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         assert!(!path.exists(), "the cgroup is removed");
     }
     // Idempotent: a second clean after a crash finds nothing to do.
-    assert_eq!(backend.clean(&plan).unwrap().runtime, Some(Removal::Absent));
+    assert_eq!(backend.clean(&plan).unwrap().runtime, Removal::Absent);
 }
