@@ -22,7 +22,7 @@ use super::cgroup::{self, CgroupRoot, Limits};
 use super::isolate::{self, Account, ChildSetup, Pool};
 use super::process::{self, ProcessError, ProcessIdentity, ProcessState, RunnerChild, Spawned};
 use super::store::{Store, StoreError, StoredPackage};
-use super::workspace::{Removal, RunnerRoot, Runtime, WorkspaceError, check_package, create_tmp};
+use super::workspace::{Removal, RunnerRoot, Runtime, WorkspaceError, create_tmp};
 use super::{OsProcesses, Processes as _, discover, uid};
 
 /// What a backend needs to know about one attempt: the journalled facts and its policy's
@@ -247,7 +247,6 @@ impl UserIsolation {
         package: &StoredPackage,
         mismatch: &Cell<bool>,
     ) -> Result<Runtime, BackendError> {
-        check_package(package.tree())?;
         Ok(match plan.workspace {
             WorkspaceKind::Persistent => {
                 // The policy's directory: runners pass through it to their slot, list nothing.

@@ -30,7 +30,7 @@ use sha2::{Digest as _, Sha256};
 
 pub use manifest::{Entry, EntryKind, Manifest, ManifestError};
 
-use super::workspace::{WORK_FOLDER, entry_names, open_dir, remove_entry};
+use super::workspace::{entry_names, open_dir, remove_entry};
 use manifest::{DIR_MODE, MAX_DEPTH, name_of, parent_of, stored_mode};
 
 /// The store's folder inside the runner root: one agent-owned tree per package content.
@@ -648,24 +648,21 @@ fn euid() -> u32 {
 /// link named `_work` would be worse than a folder). The source itself may be reached through a
 /// link (it is the agent's own configured path); nothing below it is.
 fn check_source(source: &Path) -> Result<(), StoreError> {
-    let fail = |source_error| StoreError::Source {
-        package: source.to_path_buf(),
-        path: ".".into(),
-        source: source_error,
-    };
-    if !std::fs::metadata(source).map_err(fail)?.is_dir() {
-        return Err(fail(io::Error::new(
-            io::ErrorKind::NotADirectory,
-            "not a directory",
-        )));
-    }
-    match std::fs::symlink_metadata(source.join(WORK_FOLDER)) {
-        Ok(_) => Err(StoreError::WorkFolder {
+    use crate::runner::WorkspaceError;
+    // The same rule a copied runtime's package is held to.
+    crate::runner::workspace::check_package(source).map_err(|e| match e {
+        WorkspaceError::PackageHasWorkFolder { package } => StoreError::WorkFolder { package },
+        WorkspaceError::Package { package, source } => StoreError::Source {
+            package,
+            path: ".".into(),
+            source,
+        },
+        other => StoreError::Source {
             package: source.to_path_buf(),
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(fail(e)),
-    }
+            path: ".".into(),
+            source: io::Error::other(other.to_string()),
+        },
+    })
 }
 
 /// An entry as a walk found it: its mode as it is, not as it would be stored.
