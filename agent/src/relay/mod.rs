@@ -7,13 +7,15 @@
 //! last acknowledged one. The protocol is in docs/relay.md.
 
 mod event;
+mod sse;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use bytes::Bytes;
-use eventsource_stream::Eventsource as _;
 use futures_util::StreamExt as _;
 use http::{Request, StatusCode, header};
 use http_body_util::{BodyExt as _, Full};
@@ -24,6 +26,7 @@ use secrecy::{ExposeSecret as _, SecretString};
 use tokio::sync::watch;
 
 pub use event::{Backoff, RECONNECT_MAX, RECONNECT_MIN};
+pub use sse::MAX_EVENT_BYTES;
 
 /// How long connecting and getting the stream's response headers may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -188,32 +191,32 @@ impl Subscription {
             s.problem = None;
         });
         // The idle bound is on bytes, not events: keepalive comments never become events.
-        let body = response.into_body().into_data_stream();
-        let guarded = futures_util::stream::unfold(body, |mut body| async move {
-            let item = match tokio::time::timeout(STREAM_IDLE_TIMEOUT, body.next()).await {
-                Ok(None) => return None,
-                Ok(Some(chunk)) => chunk.map_err(std::io::Error::other),
-                Err(_) => Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the relay stream went silent (no keepalive)",
-                )),
+        let mut body = response.into_body().into_data_stream();
+        // Bounded per event (sse::MAX_EVENT_BYTES): an event that never ends drops the
+        // connection and `run` reconnects with back-off, instead of buffering without end.
+        let mut parser = sse::Parser::default();
+        loop {
+            let chunk = match tokio::time::timeout(STREAM_IDLE_TIMEOUT, body.next()).await {
+                Ok(None) => break,
+                Ok(Some(chunk)) => chunk.context("the relay stream broke")?,
+                Err(_) => anyhow::bail!("the relay stream went silent (no keepalive)"),
             };
-            Some((item, body))
-        });
-        let mut events = std::pin::pin!(guarded.eventsource());
-        while let Some(event) = events.next().await {
-            let event = event.context("the relay stream broke")?;
-            if event.event != event::DELIVERY_EVENT {
-                continue;
+            let events = parser
+                .push(&chunk)
+                .context("the relay stream is unreadable")?;
+            for event in events {
+                if event.event != event::DELIVERY_EVENT {
+                    continue;
+                }
+                let Some(id) = event::event_id(&event.id) else {
+                    tracing::warn!(id = %event.id, "relay event without a numeric id; ignored");
+                    continue;
+                };
+                self.deliver(id, &event.data).await?;
+                *resume_after = Some(id);
+                acked.send_replace(Some(id));
+                self.state.send_modify(|s| s.last_event_id = Some(id));
             }
-            let Some(id) = event::event_id(&event.id) else {
-                tracing::warn!(id = %event.id, "relay event without a numeric id; ignored");
-                continue;
-            };
-            self.deliver(id, &event.data).await?;
-            *resume_after = Some(id);
-            acked.send_replace(Some(id));
-            self.state.send_modify(|s| s.last_event_id = Some(id));
         }
         Ok(())
     }
