@@ -6,6 +6,7 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// A delivery as stored: the id is the event id on every stream.
@@ -45,22 +46,53 @@ pub fn delivery_event(delivery: &StoredDelivery) -> Bytes {
 }
 
 /// One delivery on the smee form, as smee.io sends it: a `message` event (no `event:` field)
-/// whose data is the headers as keys plus `body` (the parsed JSON body), `query` (always `{}`:
-/// the relay's ingest takes no query) and `timestamp` (ms since the epoch, when the relay
-/// received it). A body that is not JSON is given as a string: smee-client re-serialises the
-/// body anyway, so only JSON deliveries reach its target as they were sent.
+/// whose data is the headers as keys plus `body`, `query` (always `{}`: the relay's ingest takes
+/// no query) and `timestamp` (ms since the epoch, when the relay received it).
+///
+/// `body` is the stored JSON body embedded as it came ([`smee_body`]), never parsed into a map
+/// and written again: a map would reorder the keys, and smee-client's `JSON.stringify` of what
+/// it parses keeps the order it was given, so only the order as sent gives its target bytes
+/// that still match GitHub's signature.
 pub fn smee_event(delivery: &StoredDelivery) -> Bytes {
-    let mut data = delivery.headers.clone();
-    let body = serde_json::from_slice::<Value>(&delivery.body)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&delivery.body).into_owned()));
-    data.insert("body".to_owned(), body);
-    data.insert("query".to_owned(), Value::Object(Map::new()));
-    data.insert("timestamp".to_owned(), Value::from(delivery.received_at_ms));
-    Bytes::from(format!(
-        "id: {}\ndata: {}\n\n",
-        delivery.id,
-        Value::Object(data)
-    ))
+    #[derive(serde::Serialize)]
+    struct Data<'a> {
+        #[serde(flatten)]
+        headers: &'a Map<String, Value>,
+        body: &'a RawValue,
+        query: Map<String, Value>,
+        timestamp: i64,
+    }
+    let body = smee_body(&delivery.body);
+    let data = Data {
+        headers: &delivery.headers,
+        body: &body,
+        query: Map::new(),
+        timestamp: delivery.received_at_ms,
+    };
+    // Serialising a map of strings, a checked raw value and numbers cannot fail; an empty
+    // object keeps the event well-formed should it ever.
+    let data = serde_json::to_string(&data).unwrap_or_else(|_| "{}".to_owned());
+    Bytes::from(format!("id: {}\ndata: {data}\n\n", delivery.id))
+}
+
+/// The `body` of a smee event: a JSON body's own text, checked to be one JSON value, with any
+/// CR or LF turned into a space so the event's `data` stays one line (in valid JSON a raw CR or
+/// LF can only be whitespace between tokens: inside strings they are escaped, so the document
+/// and its key order are unchanged). A body that is not JSON (or not UTF-8) is given as a JSON
+/// string of its text: smee-client can only forward JSON as it was sent.
+pub fn smee_body(body: &[u8]) -> Box<RawValue> {
+    let text = match serde_json::from_slice::<&RawValue>(body) {
+        Ok(raw) if !raw.get().contains(['\r', '\n']) => return raw.to_owned(),
+        Ok(raw) => raw.get().replace(['\r', '\n'], " "),
+        Err(_) => {
+            // A JSON string of the text: `Value::String`'s serialisation escapes everything.
+            Value::String(String::from_utf8_lossy(body).into_owned()).to_string()
+        }
+    };
+    RawValue::from_string(text).unwrap_or_else(|_| {
+        // Unreachable: both texts above are valid JSON. `null` keeps the event well-formed.
+        RawValue::NULL.to_owned()
+    })
 }
 
 /// A `Last-Event-ID` that is not a delivery id.
@@ -144,6 +176,29 @@ mod tests {
         );
         let text = delivery_event_text(smee_event(&delivery(b"payload=%7B%7D")));
         assert!(text.contains("\"body\":\"payload=%7B%7D\""), "{text}");
+    }
+
+    #[test]
+    fn the_smee_form_embeds_a_json_body_as_it_came_keys_in_their_order() {
+        // Compact, raw UTF-8 and keys out of alphabetical order, as GitHub sends.
+        let body = r#"{"action":"queued","workflow_job":{"name":"bäu ✓","id":1.50,"labels":["z","a"]},"repository":{},"installation":{"id":7}}"#;
+        let event = delivery_event_text(smee_event(&delivery(body.as_bytes())));
+        assert!(
+            event.contains(&format!(r#","body":{body},"query":{{}},"#)),
+            "{event}"
+        );
+        // Line breaks between tokens become spaces: `data` stays one line, the document and
+        // its key order unchanged.
+        let pretty = b"{\r\n  \"z\": \"a\\nb\",\n  \"a\": [1,\n2]\n}\n";
+        let event = delivery_event_text(smee_event(&delivery(pretty)));
+        assert_eq!(event.matches('\n').count(), 3, "{event:?}");
+        assert!(
+            event.contains(r#""body":{    "z": "a\nb",   "a": [1, 2] },"#),
+            "{event:?}"
+        );
+        // Not JSON, or not UTF-8: a JSON string of the text.
+        assert_eq!(smee_body(br#"{"a":"#).get(), r#""{\"a\":""#);
+        assert_eq!(smee_body(b"a\nb\xff").get(), "\"a\\nb\u{fffd}\"");
     }
 
     fn delivery_event_text(bytes: Bytes) -> String {
