@@ -461,3 +461,66 @@ fn sizes_are_powers_of_1024() {
         assert_eq!(parse_bytes(bad), None, "{bad}");
     }
 }
+
+#[test]
+fn plain_http_is_refused_off_loopback_with_the_reason() {
+    for (text, key) in [
+        (
+            "[github]\napi_url = \"http://ghe.example.com/api/v3\"\n",
+            "github.api_url",
+        ),
+        (
+            "[github]\napi_url = \"http://10.0.0.1:8080\"\n",
+            "github.api_url",
+        ),
+        (
+            // Loopback-looking names that resolve anywhere, userinfo, and other spellings.
+            "[github]\napi_url = \"http://127.0.0.1.example.com\"\n",
+            "github.api_url",
+        ),
+        (
+            "[github]\napi_url = \"http://localhost@ghe.example.com\"\n",
+            "github.api_url",
+        ),
+        (
+            "[github]\napi_url = \"HTTP://ghe.example.com\"\n",
+            "github.api_url",
+        ),
+        (
+            "[github]\napi_url = \"http://[::2]:8080\"\n",
+            "github.api_url",
+        ),
+        (
+            "[relay]\nurl = \"http://relay.example.net/subscribe/c\"\ntoken_file = \"/t\"\n",
+            "relay.url",
+        ),
+        (
+            "[relay]\nurl = \"http://0.0.0.0:8080/subscribe/c\"\ntoken_file = \"/t\"\n",
+            "relay.url",
+        ),
+    ] {
+        let err = refusal(text);
+        assert_eq!(err.key, key, "{text}: {err}");
+        assert!(err.problem.contains("in clear"), "{text}: {err}");
+        assert!(err.problem.contains("https://"), "{text}: {err}");
+    }
+}
+
+#[test]
+fn plain_http_to_loopback_and_https_anywhere_load() {
+    for api_url in [
+        "http://127.0.0.1:8080",
+        "http://127.8.9.10/api/v3",
+        "http://localhost:1234",
+        "http://LOCALHOST",
+        "http://[::1]:9000/api",
+        "https://ghe.example.com/api/v3",
+        "HTTPS://api.github.com",
+    ] {
+        let text = format!(
+            "[github]\napi_url = \"{api_url}\"\n[relay]\nurl = \"{api_url}/subscribe/c\"\ntoken_file = \"/t\"\n"
+        );
+        let config = load_text(&text).unwrap_or_else(|e| panic!("{api_url}: {e}"));
+        assert!(config.relay.is_some());
+    }
+}

@@ -60,11 +60,11 @@ pub(super) fn validate(
         .github
         .api_url
         .unwrap_or_else(|| DEFAULT_API_URL.to_owned());
-    if !(api_url.starts_with("https://") || api_url.starts_with("http://")) {
+    if let Err(problem) = transport(&api_url) {
         return Err(err(
             "github.api_url",
             format!(
-                "`{api_url}` is not an http(s) URL; use \"https://api.github.com\" or your GHES \"https://HOST/api/v3\""
+                "`{api_url}` {problem}; use \"https://api.github.com\" or your GHES \"https://HOST/api/v3\""
             ),
         ));
     }
@@ -111,11 +111,11 @@ pub(super) fn validate(
     let relay = match file.relay {
         None => None,
         Some(section) => {
-            if !(section.url.starts_with("https://") || section.url.starts_with("http://")) {
+            if let Err(problem) = transport(&section.url) {
                 return Err(err(
                     "relay.url",
                     format!(
-                        "`{}` is not an http(s) URL; use the subscribe URL `rm-relay channel add` printed",
+                        "`{}` {problem}; use the subscribe URL `rm-relay channel add` printed (behind TLS)",
                         section.url
                     ),
                 ));
@@ -467,6 +467,46 @@ fn parse_target(target: &str) -> Option<Target> {
 }
 
 /// This machine's short host name, reduced to what a runner name may carry.
+/// Whether `url` may carry this agent's credentials: `https://` anywhere, `http://` only to this
+/// host's loopback (127.0.0.0/8, `::1`, `localhost`: tests and a TLS-terminating proxy on the
+/// same machine). Over plain HTTP to anywhere else the App's installation tokens and the JIT
+/// configurations they buy (`github.api_url`) or the relay subscriber token and every delivery
+/// (`relay.url`) would cross the network readable and forgeable by any hop. `Err` says why, to
+/// follow the URL in the message.
+pub(crate) fn transport(url: &str) -> Result<(), String> {
+    let lower = url.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return Ok(());
+    }
+    if !lower.starts_with("http://") {
+        return Err("is not an http(s) URL".to_owned());
+    }
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|_| "is not a valid URL".to_owned())?;
+    match uri.host() {
+        Some(host) if is_loopback_host(host) => Ok(()),
+        _ => Err(
+            "uses plain http:// to a host other than this one's loopback, so its tokens would travel in clear (refused); use https://"
+                .to_owned(),
+        ),
+    }
+}
+
+/// `localhost`, an IPv4 address in 127.0.0.0/8, or `[::1]`, as [`http::Uri::host`] gives them.
+fn is_loopback_host(host: &str) -> bool {
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return v6
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    }
+    host.parse::<std::net::Ipv4Addr>()
+        .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn default_host_name() -> String {
     let raw = gethostname::gethostname().to_string_lossy().into_owned();
     let short = raw.split('.').next().unwrap_or_default();
