@@ -123,6 +123,14 @@ impl Template {
             .and_then(Value::as_object_mut)
             .context("no workflow_job object")?;
         job.insert("id".into(), JOB_ID_SLOT.into());
+        // Dated now, as GitHub would send it today: the examples are years old, and a body
+        // older than a day is journalled as stale (no job written), which would flatter rm.
+        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        for key in ["created_at", "started_at", "completed_at"] {
+            if job.get(key).is_some_and(Value::is_string) {
+                job.insert(key.into(), json!(now));
+            }
+        }
         // GitHub App deliveries carry the installation; the repository-hook examples do not.
         object.insert(
             "installation".into(),

@@ -5,17 +5,20 @@
 //!
 //! [`handle`] is the only entry point: it looks the event up in [`HANDLERS`], and events without
 //! a handler are `ignored`. A body a handler cannot read is `rejected` with the reason; the
-//! journal keeps it so it can be replayed after a fix.
+//! journal keeps it so it can be replayed after a fix. A body whose own dates put it past
+//! anything GitHub would still act on is `stale` and changes nothing.
 
 mod change;
 mod installation;
 mod installation_repositories;
 mod job_state;
 mod ping;
+mod timestamp;
 mod workflow_job;
 
 pub use change::{Change, Installation, JobObservation, Repository};
 pub use job_state::{JobMerge, JobState, merge_job};
+pub use workflow_job::QUEUE_LIFETIME_MS;
 
 use serde::Deserialize;
 
@@ -85,6 +88,12 @@ pub enum Verdict {
         action: Option<String>,
         reason: String,
     },
+    /// An authentic body whose own dates say it is older than anything GitHub would still act
+    /// on (a replay under a fresh GUID, a very late re-send). Journalled, nothing changes.
+    Stale {
+        action: Option<String>,
+        reason: String,
+    },
 }
 
 impl Verdict {
@@ -93,7 +102,8 @@ impl Verdict {
         match self {
             Self::Apply { action, .. }
             | Self::Ignore { action, .. }
-            | Self::Reject { action, .. } => action.as_deref(),
+            | Self::Reject { action, .. }
+            | Self::Stale { action, .. } => action.as_deref(),
         }
     }
 }
@@ -113,7 +123,7 @@ pub const HANDLERS: &[(&str, Handler)] = &[
 ];
 
 /// Runs the handler for the delivery's event, or ignores an event rm has no handler for. An
-/// `Apply` or `Ignore` verdict means the whole body was read as JSON; a `Reject` may be for a
+/// `Apply`, `Ignore` or `Stale` verdict means the whole body was read as JSON; a `Reject` may be for a
 /// body that is not JSON at all ([`is_json`] tells).
 pub fn handle(delivery: &Delivery<'_>) -> Verdict {
     match HANDLERS.iter().find(|(event, _)| *event == delivery.event) {
@@ -148,7 +158,7 @@ fn action_of_json(body: &[u8]) -> serde_json::Result<Option<String>> {
 }
 
 /// Whether `body` is one JSON document. Only needed when a handler rejected a body: a verdict of
-/// `Apply` or `Ignore` means the whole body was parsed, so it is JSON.
+/// `Apply`, `Ignore` or `Stale` means the whole body was parsed, so it is JSON.
 pub fn is_json(body: &[u8]) -> bool {
     serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
 }

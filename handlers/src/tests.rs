@@ -22,12 +22,32 @@ fn fixture(name: &str) -> Vec<u8> {
     serde_json::to_vec(&value).unwrap()
 }
 
+/// When a delivery of `body` arrives in these tests: an hour after the job's newest timestamp
+/// (GitHub's examples are years old, and a delivery is judged by its own dates), or a fixed
+/// time for a body without them.
+fn arrival_of(body: &[u8]) -> i64 {
+    let newest = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|value| {
+            ["created_at", "started_at", "completed_at"]
+                .iter()
+                .filter_map(|key| value["workflow_job"][key].as_str())
+                .filter_map(crate::timestamp::parse_rfc3339_ms)
+                .max()
+        });
+    newest.map_or(1_700_000_000_000, |at| at + 3_600_000)
+}
+
 fn deliver(event: &str, body: &[u8]) -> Verdict {
+    deliver_at(event, body, arrival_of(body))
+}
+
+fn deliver_at(event: &str, body: &[u8], received_at_ms: i64) -> Verdict {
     handle(&Delivery {
         guid: "72d3162e-cc78-11e3-81ab-4c9367dc0958",
         event,
         body,
-        received_at_ms: 1_700_000_000_000,
+        received_at_ms,
         source: Source::Webhook,
     })
 }
@@ -40,6 +60,68 @@ fn only_job(verdict: Verdict) -> JobObservation {
         },
         other => panic!("expected Apply, got {other:?}"),
     }
+}
+
+/// `workflow_job.queued.5` was created and started at 2021-09-13T02:21:13Z.
+const QUEUED_5_AT_MS: i64 = 1_631_499_673_000;
+
+#[test]
+fn an_old_body_under_any_guid_is_stale_and_changes_nothing() {
+    let body = fixture("workflow_job.queued.5");
+    assert_eq!(arrival_of(&body), QUEUED_5_AT_MS + 3_600_000);
+    // A day and a second after the job was queued: GitHub has cancelled it by then.
+    match deliver_at(
+        "workflow_job",
+        &body,
+        QUEUED_5_AT_MS + QUEUE_LIFETIME_MS + 1000,
+    ) {
+        Verdict::Stale { action, reason } => {
+            assert_eq!(action.as_deref(), Some("queued"));
+            assert!(reason.contains("job 289782451"), "{reason}");
+            assert!(reason.contains("24 h"), "{reason}");
+        }
+        other => panic!("expected Stale, got {other:?}"),
+    }
+    // Just inside the lifetime it is still a sighting.
+    let job = only_job(deliver_at(
+        "workflow_job",
+        &body,
+        QUEUED_5_AT_MS + QUEUE_LIFETIME_MS - 1000,
+    ));
+    assert_eq!(job.state, JobState::Queued);
+}
+
+#[test]
+fn a_late_completion_of_an_old_job_is_judged_by_its_newest_date() {
+    // Created 2021-08-05T10:33:58Z, completed 10:38:16Z: a day after creation but within a day
+    // of completion, the `completed` sighting is news.
+    let body = fixture("workflow_job.completed.1");
+    let completed_at = crate::timestamp::parse_rfc3339_ms("2021-08-05T10:38:16Z").unwrap();
+    let created_at = crate::timestamp::parse_rfc3339_ms("2021-08-05T10:33:58Z").unwrap();
+    let arrives = created_at + QUEUE_LIFETIME_MS + 60_000;
+    assert!(arrives - completed_at < QUEUE_LIFETIME_MS);
+    assert_eq!(
+        only_job(deliver_at("workflow_job", &body, arrives)).state,
+        JobState::Completed
+    );
+    assert!(matches!(
+        deliver_at("workflow_job", &body, completed_at + QUEUE_LIFETIME_MS + 1),
+        Verdict::Stale { .. }
+    ));
+}
+
+#[test]
+fn a_body_without_readable_dates_is_not_judged_by_them() {
+    let mut value: Value = serde_json::from_slice(&fixture("workflow_job.queued.5")).unwrap();
+    let job = value["workflow_job"].as_object_mut().unwrap();
+    job.remove("created_at");
+    job.insert("started_at".into(), json!("not a date"));
+    let body = serde_json::to_vec(&value).unwrap();
+    let far_later = QUEUED_5_AT_MS + 365 * QUEUE_LIFETIME_MS;
+    assert_eq!(
+        only_job(deliver_at("workflow_job", &body, far_later)).state,
+        JobState::Queued
+    );
 }
 
 #[test]
@@ -59,7 +141,7 @@ fn queued_job_becomes_a_queued_observation_without_a_runner() {
     // The example names a runner while queued; rm must not believe it.
     assert_eq!(job.runner_name, None);
     assert_eq!(job.runner_id, None);
-    assert_eq!(job.observed_at_ms, 1_700_000_000_000);
+    assert_eq!(job.observed_at_ms, QUEUED_5_AT_MS + 3_600_000);
     assert_eq!(job.source, Source::Webhook);
 }
 

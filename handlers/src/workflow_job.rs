@@ -1,9 +1,20 @@
 //! `workflow_job`: a job was queued, is waiting on an environment, started on a runner, or
 //! finished. Each delivery is one sighting of the job; the journal merges it forward only.
+//!
+//! A delivery whose own timestamps are older than GitHub's queue lifetime is `stale` and changes
+//! nothing. GitHub signs the body, not the `X-GitHub-Delivery` header, so anyone holding an old
+//! signed body (a relay operator, a proxy hop) can post it again under a fresh GUID; dating the
+//! body itself is what keeps such a replay from becoming demand.
 
 use serde::Deserialize;
 
+use crate::timestamp::parse_rfc3339_ms;
 use crate::{Change, Delivery, JobObservation, JobState, Verdict, ignore_action, parse};
+
+/// GitHub cancels a job that no runner took within 24 hours, and a job's sightings carry the
+/// times it was created, started and completed: a delivery that arrives longer than this after
+/// the newest of them is a replay or a re-send of something long over, never news.
+pub const QUEUE_LIFETIME_MS: i64 = 24 * 60 * 60 * 1000;
 
 #[derive(Deserialize)]
 struct Payload {
@@ -26,6 +37,20 @@ struct Job {
     runner_id: Option<i64>,
     workflow_name: Option<String>,
     name: Option<String>,
+    /// The job's own dates (RFC 3339): what a delivery's age is judged by.
+    created_at: Option<String>,
+    started_at: Option<String>,
+    completed_at: Option<String>,
+}
+
+impl Job {
+    /// The newest of the job's own timestamps that can be read, in ms since the epoch.
+    fn newest_timestamp_ms(&self) -> Option<i64> {
+        [&self.created_at, &self.started_at, &self.completed_at]
+            .into_iter()
+            .filter_map(|t| t.as_deref().and_then(parse_rfc3339_ms))
+            .max()
+    }
 }
 
 fn first_attempt() -> i64 {
@@ -59,6 +84,21 @@ pub(crate) fn handle(delivery: &Delivery<'_>) -> Verdict {
                 job.id, job.run_id
             ),
         };
+    }
+    if let Some(newest) = job.newest_timestamp_ms() {
+        let age_ms = delivery.received_at_ms.saturating_sub(newest);
+        if age_ms > QUEUE_LIFETIME_MS {
+            return Verdict::Stale {
+                action: Some(payload.action),
+                reason: format!(
+                    "job {} says it was last touched {} h before this delivery arrived; GitHub \
+                     cancels a job no runner took within 24 h, so this is an old body sent \
+                     again and changes nothing",
+                    job.id,
+                    age_ms / 3_600_000
+                ),
+            };
+        }
     }
     let observation = JobObservation {
         job_id: job.id,

@@ -31,6 +31,10 @@ pub(crate) fn apply_verdict(
             outcome: Outcome::Rejected,
             reason: Some(reason.clone()),
         }),
+        Verdict::Stale { reason, .. } => Ok(Applied {
+            outcome: Outcome::Stale,
+            reason: Some(reason.clone()),
+        }),
         Verdict::Apply { changes, note, .. } => {
             let mut stale = Vec::new();
             for change in changes {

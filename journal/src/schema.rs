@@ -158,6 +158,34 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE UNIQUE INDEX attempts_uid_held ON attempts (uid)
         WHERE state != 'cleaned' AND uid IS NOT NULL;
     "#,
+    // v6: a delivery's outcome may be `stale`: authentic, but older by its own dates than
+    // anything GitHub would still act on (an old body posted again under a fresh GUID). SQLite
+    // cannot change a CHECK in place, so the table is rebuilt with its rows, ids and indexes.
+    r#"
+    CREATE TABLE deliveries_v6 (
+        id            INTEGER PRIMARY KEY,
+        guid          TEXT NOT NULL UNIQUE,
+        event         TEXT NOT NULL,
+        action        TEXT,
+        source        TEXT NOT NULL,
+        received_at   INTEGER NOT NULL,
+        headers       TEXT NOT NULL,
+        body          BLOB,
+        outcome       TEXT NOT NULL
+                      CHECK (outcome IN ('applied', 'duplicate', 'ignored', 'rejected', 'stale')),
+        reason        TEXT,
+        replayed_at   INTEGER
+    );
+    INSERT INTO deliveries_v6 (id, guid, event, action, source, received_at, headers, body,
+                               outcome, reason, replayed_at)
+        SELECT id, guid, event, action, source, received_at, headers, body, outcome, reason,
+               replayed_at
+        FROM deliveries;
+    DROP TABLE deliveries;
+    ALTER TABLE deliveries_v6 RENAME TO deliveries;
+    CREATE INDEX deliveries_received_at ON deliveries (received_at);
+    CREATE INDEX deliveries_rejected ON deliveries (received_at) WHERE outcome = 'rejected';
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -107,6 +107,60 @@ async fn a_new_delivery_is_applied_and_its_guid_is_answered_once() {
     assert!(stored.body.is_some());
 }
 
+/// GitHub signs the body, not the GUID: an old `queued` body posted again under a fresh GUID is
+/// journalled as `stale` and is never demand, however often it comes.
+#[tokio::test]
+async fn an_old_body_under_fresh_guids_is_stale_and_never_demand() {
+    let (_dir, path) = temp_journal();
+    let journal = Journal::open(&path, keep_all()).unwrap();
+    // The example was queued at 2023-04-19T21:12:12Z; these copies arrive two days later.
+    let two_days_later = 1_681_938_732_000 + 2 * rm_handlers::QUEUE_LIFETIME_MS;
+    for n in 0..3 {
+        let replay = job_delivery(&format!("fresh-guid-{n}"), 77, "queued", two_days_later + n);
+        assert_eq!(
+            journal.record(replay).await.unwrap(),
+            Recorded::New(Outcome::Stale)
+        );
+    }
+    let reader = Reader::open(&path).unwrap();
+    assert!(reader.job(77).unwrap().is_none(), "a stale body made a job");
+    assert!(reader.queued_jobs().unwrap().is_empty());
+    let stored = reader.delivery("fresh-guid-0").unwrap().unwrap();
+    assert_eq!(stored.row.outcome, Outcome::Stale);
+    assert_eq!(stored.row.action.as_deref(), Some("queued"));
+    assert!(
+        stored.row.reason.as_deref().unwrap_or("").contains("24 h"),
+        "{:?}",
+        stored.row.reason
+    );
+}
+
+/// A `queued` for a job the journal holds as completed (a replay within the day, under a new
+/// GUID) never revives it as demand.
+#[tokio::test]
+async fn a_queued_after_completed_never_revives_the_job() {
+    let (_dir, path) = temp_journal();
+    let journal = Journal::open(&path, keep_all()).unwrap();
+    for (guid, action, at) in [
+        ("q", "queued", 10),
+        ("s", "in_progress", 20),
+        ("c", "completed", 30),
+    ] {
+        journal
+            .record(job_delivery(guid, 9, action, at))
+            .await
+            .unwrap();
+    }
+    let again = journal
+        .record(job_delivery("q-again", 9, "queued", 40))
+        .await
+        .unwrap();
+    assert_eq!(again, Recorded::New(Outcome::Duplicate));
+    let reader = Reader::open(&path).unwrap();
+    assert_eq!(reader.job(9).unwrap().unwrap().state, "completed");
+    assert!(reader.queued_jobs().unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn a_job_never_moves_backwards() {
     let (_dir, path) = temp_journal();
@@ -434,7 +488,29 @@ fn migrations_run_from_every_earlier_version() {
         assert_eq!(reader.integrity_check().unwrap(), vec!["ok"]);
         if start >= 1 {
             assert_eq!(reader.delivery_count().unwrap(), 1, "from v{start}");
+            // v6 rebuilt the deliveries table: the row keeps its outcome and its body's bytes.
+            let rows = reader.deliveries(10).unwrap();
+            assert_eq!(rows[0].guid, "seed", "from v{start}");
+            assert_eq!(rows[0].outcome, Outcome::Applied, "from v{start}");
+            let body: Vec<u8> = conn
+                .query_row("SELECT body FROM deliveries WHERE guid = 'seed'", [], |r| {
+                    r.get(0)
+                })
+                .unwrap();
+            assert_eq!(body, b"{}", "from v{start}");
             assert_eq!(reader.job(1).unwrap().unwrap().labels, vec!["self-hosted"]);
+        }
+        // Every outcome this build writes fits the migrated table's CHECK.
+        for (n, outcome) in ["applied", "duplicate", "ignored", "rejected", "stale"]
+            .into_iter()
+            .enumerate()
+        {
+            conn.execute(
+                "INSERT INTO deliveries (guid, event, source, received_at, headers, outcome)
+                 VALUES (?1, 'ping', 'webhook', 1, '{}', ?2)",
+                rusqlite::params![format!("outcome-{n}"), outcome],
+            )
+            .unwrap_or_else(|e| panic!("from v{start}: outcome {outcome}: {e}"));
         }
         let attempts = reader.attempts(10).unwrap();
         if start >= 2 {

@@ -31,6 +31,9 @@ pub enum Outcome {
     Ignored,
     /// A handler could not read it; its body is kept so `deliveries replay` can apply it later.
     Rejected,
+    /// Authentic, but its own dates put it past GitHub's queue lifetime (an old body posted
+    /// again under a fresh GUID): it changed nothing and is never demand.
+    Stale,
 }
 
 impl Outcome {
@@ -40,6 +43,7 @@ impl Outcome {
             Self::Duplicate => "duplicate",
             Self::Ignored => "ignored",
             Self::Rejected => "rejected",
+            Self::Stale => "stale",
         }
     }
 
@@ -49,6 +53,7 @@ impl Outcome {
             Self::Duplicate,
             Self::Ignored,
             Self::Rejected,
+            Self::Stale,
         ]
         .into_iter()
         .find(|o| o.as_str() == name)

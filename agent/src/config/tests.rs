@@ -179,6 +179,11 @@ fn out_of_range_values_are_refused_with_the_remedy() {
             "journal.delivery_retention",
             "3d",
         ),
+        (
+            "[journal]\njob_retention = \"23h\"\n",
+            "journal.job_retention",
+            "queue lifetime",
+        ),
     ];
     for (text, key, hint) in cases {
         let err = refusal(text);

@@ -21,6 +21,11 @@ const DEFAULT_REGISTRATION_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// GitHub lets an App redeliver for 3 days; forgetting a GUID sooner would let a redelivery in
 /// twice.
 const MIN_DELIVERY_RETENTION: Duration = Duration::from_secs(3 * 24 * 3600);
+/// Completed jobs are kept at least GitHub's queue lifetime: until then a job's old `queued`
+/// body posted again under a fresh GUID is not yet `stale` by its dates, and only the completed
+/// row keeps it from becoming demand again.
+const MIN_JOB_RETENTION: Duration =
+    Duration::from_millis(rm_handlers::QUEUE_LIFETIME_MS.unsigned_abs());
 /// The Default runner group.
 const DEFAULT_RUNNER_GROUP: u64 = 1;
 /// Runner names are `rm-<host>-<12 hex>`; GitHub caps runner names at 64 characters.
@@ -298,6 +303,12 @@ pub(super) fn validate(
         return Err(err(
             "journal.delivery_retention",
             "must be at least \"3d\", GitHub's redelivery window, or a redelivered GUID would be taken as new".to_owned(),
+        ));
+    }
+    if retention.finished_jobs < MIN_JOB_RETENTION {
+        return Err(err(
+            "journal.job_retention",
+            "must be at least \"1d\", GitHub's queue lifetime, or an old `queued` body posted again could revive a job that was pruned".to_owned(),
         ));
     }
     if retention.delivery_bodies > retention.delivery_rows {

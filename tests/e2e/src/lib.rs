@@ -248,7 +248,8 @@ pub struct Delivery {
 }
 
 /// GitHub's example payload `name` (e.g. `workflow_job.queued.5`), with an App installation and,
-/// for `workflow_job`, the given job id.
+/// for `workflow_job`, the given job id and the job's dates set to now, as GitHub would send it
+/// today (the examples are years old, and a body older than a day is journalled as stale).
 pub fn delivery(name: &str, job_id: Option<i64>) -> Delivery {
     let path = Path::new(FIXTURES).join(format!("{name}.json"));
     let mut value: serde_json::Value =
@@ -257,10 +258,23 @@ pub fn delivery(name: &str, job_id: Option<i64>) -> Delivery {
     if let Some(id) = job_id {
         value["workflow_job"]["id"] = serde_json::json!(id);
     }
+    date_job_now(&mut value);
     Delivery {
         event: name.split('.').next().unwrap().to_owned(),
         guid: uuid::Uuid::new_v4().to_string(),
         body: serde_json::to_vec(&value).unwrap(),
+    }
+}
+
+/// Sets a `workflow_job` body's dates (those it carries) to now.
+pub fn date_job_now(value: &mut serde_json::Value) {
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    if let Some(job) = value["workflow_job"].as_object_mut() {
+        for key in ["created_at", "started_at", "completed_at"] {
+            if job.get(key).is_some_and(serde_json::Value::is_string) {
+                job.insert(key.to_owned(), serde_json::json!(now));
+            }
+        }
     }
 }
 
