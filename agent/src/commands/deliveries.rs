@@ -8,9 +8,10 @@ use crate::exit::Exit;
 use crate::output::{or_dash, print_json, print_table, rfc3339};
 
 pub fn list(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
-    let deliveries = super::open_reader(config)?
-        .deliveries(limit)
-        .map_err(Exit::runtime)?;
+    let deliveries = match super::open_reader_or_empty(config, json)? {
+        Some(reader) => reader.deliveries(limit).map_err(Exit::runtime)?,
+        None => Vec::new(),
+    };
     if json {
         let list: Vec<_> = deliveries
             .iter()

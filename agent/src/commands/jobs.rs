@@ -7,9 +7,10 @@ use crate::exit::Exit;
 use crate::output::{or_dash, print_json, print_table, rfc3339};
 
 pub fn run(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
-    let jobs = super::open_reader(config)?
-        .jobs(limit)
-        .map_err(Exit::runtime)?;
+    let jobs = match super::open_reader_or_empty(config, json)? {
+        Some(reader) => reader.jobs(limit).map_err(Exit::runtime)?,
+        None => Vec::new(),
+    };
     if json {
         let list: Vec<_> = jobs
             .iter()

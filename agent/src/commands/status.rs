@@ -106,8 +106,8 @@ impl Facts {
 }
 
 pub fn run(config: &Config, json: bool) -> Result<(), Exit> {
-    let reader = super::open_reader(config)?;
-    let facts = gather(config, &reader, SystemTime::now()).map_err(Exit::runtime)?;
+    let reader = super::open_reader_or_empty(config, json)?;
+    let facts = gather(config, reader.as_ref(), SystemTime::now()).map_err(Exit::runtime)?;
     if json {
         print_json(&to_json(&facts));
     } else {
@@ -116,8 +116,36 @@ pub fn run(config: &Config, json: bool) -> Result<(), Exit> {
     Ok(())
 }
 
-/// Reads the journal, the snapshot and the processes.
-fn gather(config: &Config, reader: &Reader, now: SystemTime) -> anyhow::Result<Facts> {
+/// What the journal says, or the empty state when there is none yet.
+#[derive(Debug, Default)]
+struct Journalled {
+    outcomes: BTreeMap<String, i64>,
+    queued: Vec<QueuedJob>,
+    uncleaned: Vec<rm_journal::AttemptRecord>,
+    recent_outcomes: Vec<(AttemptOutcome, Option<String>)>,
+    last_delivery_at_ms: Option<i64>,
+    jobs_by_state: BTreeMap<String, i64>,
+    attempts_by_state: BTreeMap<String, i64>,
+}
+
+fn journalled(reader: &Reader) -> anyhow::Result<Journalled> {
+    Ok(Journalled {
+        outcomes: reader.delivery_outcome_counts()?.into_iter().collect(),
+        queued: reader.queued_jobs()?.iter().map(queued_job).collect(),
+        uncleaned: reader.uncleaned_attempts()?,
+        recent_outcomes: reader
+            .attempts(RECENT_ATTEMPTS)?
+            .into_iter()
+            .filter_map(|a| a.outcome.map(|o| (o, a.detail.or(a.reason))))
+            .collect(),
+        last_delivery_at_ms: reader.last_delivery_at()?,
+        jobs_by_state: reader.job_counts()?.into_iter().collect(),
+        attempts_by_state: reader.attempt_counts()?.into_iter().collect(),
+    })
+}
+
+/// Reads the journal (none: the empty state), the snapshot and the processes.
+fn gather(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::Result<Facts> {
     let now_ms = unix_ms(now);
     let snapshot = match status_file::read(&config.data_dir) {
         Ok(snapshot) => snapshot,
@@ -132,25 +160,29 @@ fn gather(config: &Config, reader: &Reader, now: SystemTime) -> anyhow::Result<F
         now_ms,
         status_file::is_rm_agent,
     );
-    let outcomes: BTreeMap<String, i64> = reader.delivery_outcome_counts()?.into_iter().collect();
-    let queued: Vec<QueuedJob> = reader.queued_jobs()?.iter().map(queued_job).collect();
+    let Journalled {
+        outcomes,
+        queued,
+        uncleaned,
+        recent_outcomes,
+        last_delivery_at_ms,
+        jobs_by_state,
+        attempts_by_state,
+    } = match reader {
+        Some(reader) => journalled(reader)?,
+        None => Journalled::default(),
+    };
     let demand = demand::route(&config.policies, &queued);
     let routed: usize = demand.per_policy.values().map(Vec::len).sum();
     let unmatched = queued
         .len()
         .saturating_sub(routed + demand.unresolvable.len() + demand.overlapping.len());
-    let uncleaned = reader.uncleaned_attempts()?;
     let overdue_before = now_ms - i64::try_from(CLEANUP_OVERDUE.as_millis()).unwrap_or(i64::MAX);
     let cleanup_overdue = uncleaned
         .iter()
         .filter(|a| a.state.is_terminal() && a.state_changed_at_ms < overdue_before)
         .count();
     let uids_held = uncleaned.iter().filter(|a| a.uid.is_some()).count();
-    let recent_outcomes = reader
-        .attempts(RECENT_ATTEMPTS)?
-        .into_iter()
-        .filter_map(|a| a.outcome.map(|o| (o, a.detail.or(a.reason))))
-        .collect();
     Ok(Facts {
         now_ms,
         data_dir: config.data_dir.display().to_string(),
@@ -158,9 +190,9 @@ fn gather(config: &Config, reader: &Reader, now: SystemTime) -> anyhow::Result<F
         snapshot,
         deliveries: outcomes.values().sum(),
         rejected: outcomes.get("rejected").copied().unwrap_or(0),
-        last_delivery_at_ms: reader.last_delivery_at()?,
-        jobs_by_state: reader.job_counts()?.into_iter().collect(),
-        attempts_by_state: reader.attempt_counts()?.into_iter().collect(),
+        last_delivery_at_ms,
+        jobs_by_state,
+        attempts_by_state,
         demand,
         unmatched,
         recent_outcomes,

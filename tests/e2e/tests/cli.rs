@@ -386,3 +386,86 @@ fn run_refuses_to_start_unisolated_unless_none_is_named() {
         "the start-up log says what a job can reach: {started}"
     );
 }
+
+/// Every key path of a JSON document (`a.b`, arrays as `[]`), to compare shapes.
+fn key_paths(
+    value: &serde_json::Value,
+    prefix: &str,
+    out: &mut std::collections::BTreeSet<String>,
+) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, inner) in map {
+                let path = format!("{prefix}.{key}");
+                out.insert(path.clone());
+                key_paths(inner, &path, out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for inner in items {
+                key_paths(inner, &format!("{prefix}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A data directory no agent has used yet: `--json` still prints the contract's document (the
+/// empty state, shaped as with a journal), says on stderr that no agent has run here, and exits
+/// 0; without `--json` the missing journal stays an error naming the path.
+#[tokio::test]
+async fn json_on_an_unused_data_directory_is_the_empty_state() {
+    let setup = Setup::new();
+    let mut empty_status = None;
+    for (args, expected) in [
+        (&["status", "--json"][..], None),
+        (&["runners", "--json"][..], Some(serde_json::json!([]))),
+        (&["jobs", "--json"][..], Some(serde_json::json!([]))),
+        (&["deliveries", "--json"][..], Some(serde_json::json!([]))),
+    ] {
+        let out = setup.run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("no rm-agent has run with this data directory"),
+            "{args:?}: {stderr}"
+        );
+        let doc = json_stdout(&out);
+        match expected {
+            Some(expected) => assert_eq!(doc, expected, "{args:?}"),
+            None => empty_status = Some(doc),
+        }
+    }
+    let empty_status = empty_status.unwrap();
+    assert_eq!(empty_status["jobs"]["queued"], 0);
+    assert_eq!(empty_status["runners"]["active"], 0);
+    assert_eq!(empty_status["webhooks"]["deliveries"], 0);
+    assert_eq!(empty_status["agent"]["running"], false);
+
+    let text = setup.run(&["runners"]);
+    assert_eq!(text.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&text.stderr).contains("no journal at"));
+
+    // Once a journal exists (and still no agent runs), the document has the very same shape.
+    drop(setup.start_receiver().await);
+    let out = setup.run(&["status", "--json"]);
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let with_journal = json_stdout(&out);
+    let (mut empty_keys, mut journal_keys) = Default::default();
+    key_paths(&empty_status, "", &mut empty_keys);
+    key_paths(&with_journal, "", &mut journal_keys);
+    assert_eq!(empty_keys, journal_keys);
+    for key in [
+        ".webhooks.healthy",
+        ".polling.pace",
+        ".github.rate_limit.remaining",
+        ".jobs.in_progress",
+        ".runners.capacity",
+    ] {
+        assert!(empty_keys.contains(key), "{key}: {empty_keys:?}");
+    }
+}
