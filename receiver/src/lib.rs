@@ -5,14 +5,18 @@
 //!
 //! Routes: `POST <path>` (CONTRACT §4), `GET /healthz`, `GET /metrics`.
 
+mod budget;
 mod metrics;
 mod server;
 mod signature;
 mod verify;
 
+pub use budget::BodyLimits;
 /// The metrics library `/metrics` is built on, for [`Receiver::add_collector`]'s callers.
 pub use prometheus_client;
-pub use server::{Receiver, ReceiverConfig};
+pub use server::{
+    BODY_ALLOWANCE_BYTES, BODY_POOL_BYTES, BUSY_RETRY_AFTER_SECS, Receiver, ReceiverConfig,
+};
 pub use signature::{WebhookSecrets, sign};
 pub use verify::{Envelope, Refusal, envelope};
 

@@ -1,7 +1,7 @@
 //! The receiver's Prometheus metrics, and the rendering of `/metrics` (which also reports what
 //! the journal holds, read at scrape time).
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,6 +11,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use rm_journal::{Journal, Reader};
+
+use crate::budget::BodyBudget;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeliveryLabels {
@@ -37,10 +39,13 @@ pub(crate) struct Metrics {
     refused: Family<RefusedLabels, Counter>,
     jobs: Family<StateLabels, Gauge>,
     runners: Family<StateLabels, Gauge>,
+    bodies: Arc<BodyBudget>,
+    body_bytes: Gauge,
+    body_bytes_high_water: Gauge,
 }
 
 impl Metrics {
-    pub(crate) fn new(journal: &Journal) -> Self {
+    pub(crate) fn new(journal: &Journal, bodies: Arc<BodyBudget>) -> Self {
         let mut registry = Registry::default();
         let deliveries = Family::<DeliveryLabels, Counter>::default();
         let refused = Family::<RefusedLabels, Counter>::default();
@@ -62,6 +67,18 @@ impl Metrics {
             "Runner attempts of this host by state",
             runners.clone(),
         );
+        let body_bytes = Gauge::default();
+        let body_bytes_high_water = Gauge::default();
+        registry.register(
+            "rm_receiver_body_bytes",
+            "Bytes held by request bodies now, streaming in or waiting for their commit",
+            body_bytes.clone(),
+        );
+        registry.register(
+            "rm_receiver_body_bytes_high_water",
+            "The most bytes request bodies have held at once since start",
+            body_bytes_high_water.clone(),
+        );
         journal.metrics().register(&mut registry);
         Metrics {
             registry: Mutex::new(registry),
@@ -69,6 +86,9 @@ impl Metrics {
             refused,
             jobs,
             runners,
+            bodies,
+            body_bytes,
+            body_bytes_high_water,
         }
     }
 
@@ -101,6 +121,10 @@ impl Metrics {
             refresh(&self.jobs, reader.job_counts(), "job");
             refresh(&self.runners, reader.attempt_counts(), "runner");
         }
+        let gauge = |bytes: usize| i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.body_bytes.set(gauge(self.bodies.held()));
+        self.body_bytes_high_water
+            .set(gauge(self.bodies.high_water()));
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
         if encode(&mut out, &registry).is_err() {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming as Body;
 use rm_handlers::Source;
 use rm_http_serve::Limits;
@@ -15,6 +15,7 @@ use rm_journal::{Journal, JournalError, Reader, Recorded};
 use tokio::net::TcpListener;
 
 use crate::WebhookSecrets;
+use crate::budget::{BodyBudget, BodyLimits, Hold, Refused};
 use crate::metrics::Metrics;
 use crate::verify::{self, Refusal};
 
@@ -28,6 +29,17 @@ const MAX_CONNECTIONS: usize = 1024;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// `/healthz` answers 503 when the journal cannot take its write lock this fast.
 const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bytes every request's body may hold without drawing on the shared pool. GitHub's
+/// `workflow_job` deliveries are 7-30 KiB, so one fits whole and is never refused for memory:
+/// the allowances of all requests together are at most [`MAX_CONNECTIONS`] x this (64 MiB).
+pub const BODY_ALLOWANCE_BYTES: usize = 64 * 1024;
+/// Bytes shared by all bodies past their allowance, while they stream in and until their
+/// delivery is committed: room for seven 25 MiB bodies at once. With the allowances, body
+/// buffers never hold more than 256 MiB, whatever senders do before a signature can be checked.
+pub const BODY_POOL_BYTES: usize = 192 * 1024 * 1024;
+/// What a body refused for want of memory is told to wait (`Retry-After`, seconds). GitHub does
+/// not retry by itself; the agent's redelivery and recovery bring such a delivery back.
+pub const BUSY_RETRY_AFTER_SECS: u32 = 5;
 
 /// How the receiver is set up.
 pub struct ReceiverConfig {
@@ -43,17 +55,44 @@ pub struct Receiver {
     config: ReceiverConfig,
     journal: Journal,
     metrics: Metrics,
+    bodies: Arc<BodyBudget>,
+}
+
+/// Why a body was not read whole.
+enum BodyError {
+    Refused(Refused),
+    Read,
+    Timeout,
 }
 
 type Reply = Response<Full<Bytes>>;
 
 impl Receiver {
     pub fn new(config: ReceiverConfig, journal: Journal) -> Arc<Self> {
-        let metrics = Metrics::new(&journal);
+        Self::with_body_limits(
+            config,
+            journal,
+            BodyLimits {
+                allowance: BODY_ALLOWANCE_BYTES,
+                pool: BODY_POOL_BYTES,
+            },
+        )
+    }
+
+    /// A receiver whose body buffers are bounded by `limits` instead of
+    /// [`BODY_ALLOWANCE_BYTES`] and [`BODY_POOL_BYTES`].
+    pub fn with_body_limits(
+        config: ReceiverConfig,
+        journal: Journal,
+        limits: BodyLimits,
+    ) -> Arc<Self> {
+        let bodies = Arc::new(BodyBudget::new(limits));
+        let metrics = Metrics::new(&journal, Arc::clone(&bodies));
         Arc::new(Receiver {
             config,
             journal,
             metrics,
+            bodies,
         })
     }
 
@@ -110,32 +149,39 @@ impl Receiver {
         if declared.is_some_and(|len| len > self.config.max_body_bytes as u64) {
             return self.too_large();
         }
+        let declared = declared.and_then(|len| usize::try_from(len).ok());
 
-        let limited = Limited::new(req.into_body(), self.config.max_body_bytes);
-        let body = match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
-            Err(_) => {
+        let (body, _hold) = match tokio::time::timeout(
+            BODY_READ_TIMEOUT,
+            self.read_body(req.into_body(), declared),
+        )
+        .await
+        .unwrap_or(Err(BodyError::Timeout))
+        {
+            Ok(read) => read,
+            Err(BodyError::Timeout) => {
                 return self.refuse(Refusal {
                     status: StatusCode::REQUEST_TIMEOUT,
                     reason: "body_timeout",
                     detail: "the body took too long to arrive",
                 });
             }
-            Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
-                return self.too_large();
-            }
-            Ok(Err(_)) => {
+            Err(BodyError::Refused(Refused::TooLarge)) => return self.too_large(),
+            Err(BodyError::Refused(Refused::Busy)) => return self.busy(),
+            Err(BodyError::Read) => {
                 return self.refuse(Refusal {
                     status: StatusCode::BAD_REQUEST,
                     reason: "body_read",
                     detail: "the body could not be read",
                 });
             }
-            Ok(Ok(collected)) => collected.to_bytes(),
         };
+        // `_hold` keeps the body's share of the budget until the delivery is answered: the body
+        // itself lives on in the journal's queue until the commit.
         let (guid, event) = (envelope.guid.clone(), envelope.event.clone());
         let incoming = match envelope.verify(
             &self.config.secrets,
-            body.to_vec(),
+            body,
             received_at_ms,
             Source::Webhook,
         ) {
@@ -171,6 +217,41 @@ impl Receiver {
                 })
             }
         }
+    }
+
+    /// Reads the body into one buffer as it streams in (the only copy the receiver makes), each
+    /// chunk within the body budget and the per-body cap.
+    async fn read_body(
+        &self,
+        mut body: Body,
+        declared: Option<usize>,
+    ) -> Result<(Vec<u8>, Hold), BodyError> {
+        let mut buffer = self.bodies.buffer(declared, self.config.max_body_bytes);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| BodyError::Read)?;
+            if let Some(chunk) = frame.data_ref() {
+                buffer.push(chunk).map_err(BodyError::Refused)?;
+            }
+        }
+        Ok(buffer.finish())
+    }
+
+    fn busy(&self) -> Reply {
+        let mut reply = self.refuse(Refusal {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            reason: "busy",
+            detail: "too many bodies in flight; retry later",
+        });
+        reply.headers_mut().insert(
+            header::RETRY_AFTER,
+            header::HeaderValue::from(BUSY_RETRY_AFTER_SECS),
+        );
+        // The rest of the body is not read: close instead of draining it.
+        reply.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+        reply
     }
 
     fn too_large(&self) -> Reply {

@@ -16,7 +16,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rm_journal::{JOURNAL_FILE, Journal, Outcome, Reader, Retention};
-use rm_receiver::{MAX_BODY_BYTES, Receiver, ReceiverConfig, WebhookSecrets, sign};
+use rm_receiver::{
+    BODY_ALLOWANCE_BYTES, BodyLimits, MAX_BODY_BYTES, Receiver, ReceiverConfig, WebhookSecrets,
+    sign,
+};
 use secrecy::SecretString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -33,19 +36,24 @@ struct TestReceiver {
 }
 
 async fn start(secrets: &[&str]) -> TestReceiver {
+    start_with(secrets, None).await
+}
+
+async fn start_with(secrets: &[&str], body_limits: Option<BodyLimits>) -> TestReceiver {
     let dir = tempfile::tempdir().unwrap();
     let journal_path = dir.path().join(JOURNAL_FILE);
     let journal = Journal::open(&journal_path, Retention::default()).unwrap();
     let secrets =
         WebhookSecrets::new(secrets.iter().map(|s| SecretString::from(*s)).collect()).unwrap();
-    let receiver = Receiver::new(
-        ReceiverConfig {
-            path: "/webhook".to_owned(),
-            secrets,
-            max_body_bytes: MAX_BODY_BYTES,
-        },
-        journal,
-    );
+    let config = ReceiverConfig {
+        path: "/webhook".to_owned(),
+        secrets,
+        max_body_bytes: MAX_BODY_BYTES,
+    };
+    let receiver = match body_limits {
+        Some(limits) => Receiver::with_body_limits(config, journal, limits),
+        None => Receiver::new(config, journal),
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -66,6 +74,15 @@ fn fixture(name: &str) -> Vec<u8> {
         serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURES}/{name}.json")).unwrap())
             .unwrap();
     value["installation"] = serde_json::json!({"id": 99});
+    // Dated now, as GitHub would send it today: a body older than a day is journalled as stale.
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    if let Some(job) = value["workflow_job"].as_object_mut() {
+        for key in ["created_at", "started_at", "completed_at"] {
+            if job.get(key).is_some_and(serde_json::Value::is_string) {
+                job.insert(key.to_owned(), serde_json::json!(now));
+            }
+        }
+    }
     serde_json::to_vec(&value).unwrap()
 }
 
@@ -385,4 +402,145 @@ async fn no_answer_before_the_commit() {
     assert_eq!(pending.await.unwrap(), 202);
     let reader = Reader::open(&rx.journal_path).unwrap();
     assert!(reader.delivery(&guid).unwrap().is_some());
+}
+
+/// This process's resident memory, in bytes (Linux).
+fn rss_bytes() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// One junk upload: GitHub's headers with a signature that matches nothing, a Content-Length of
+/// 25 MiB, `burst` bytes at once and then a byte every 100 ms, until the receiver answers (its
+/// status is returned) or closes, or `stop` fires.
+async fn junk(
+    addr: SocketAddr,
+    n: usize,
+    burst: usize,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Option<u16> {
+    let stream = TcpStream::connect(addr).await.ok()?;
+    let (mut read, mut write) = stream.into_split();
+    let head = format!(
+        "POST /webhook HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         x-github-event: workflow_job\r\nx-github-delivery: junk-{n}\r\n\
+         x-hub-signature-256: sha256={}\r\ncontent-length: {}\r\n\r\n",
+        "0".repeat(64),
+        MAX_BODY_BYTES
+    );
+    let send = async move {
+        write.write_all(head.as_bytes()).await?;
+        let chunk = vec![b' '; 64 * 1024];
+        let mut sent = 0;
+        while sent < burst {
+            write.write_all(&chunk).await?;
+            sent += chunk.len();
+        }
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            write.write_all(b" ").await?;
+        }
+        #[allow(unreachable_code, reason = "the loop ends only on an error")]
+        Ok::<(), std::io::Error>(())
+    };
+    let answer = async move {
+        let mut buf = vec![0; 256];
+        let n = read.read(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        text.strip_prefix("HTTP/1.1 ")
+            .and_then(|rest| rest.get(..3))
+            .and_then(|code| code.parse().ok())
+    };
+    tokio::select! {
+        status = answer => status,
+        _ = send => None,
+        _ = stop.wait_for(|stop| *stop) => None,
+    }
+}
+
+/// 200 uploads of junk (unsigned, declaring 25 MiB, 1 MiB sent at once and then trickled) do not
+/// make the receiver hold their bytes: past the per-body allowances, one shared pool bounds what
+/// bodies hold, and the uploads that find it full are answered 503 and closed. Valid deliveries
+/// keep being answered 202 all the while, since a body of GitHub's usual size fits its allowance.
+/// Without the budget, the receiver holds every junk byte it has read (200 MiB here) and the
+/// process's resident memory shows it.
+#[tokio::test]
+async fn junk_bodies_in_flight_are_bounded_while_valid_deliveries_are_answered() {
+    const JUNK: usize = 200;
+    const BURST: usize = 1 << 20;
+    const POOL: usize = 16 << 20;
+    // Bodies' share: every junk upload's allowance plus the pool (and the valid deliveries'
+    // allowances, a few at a time).
+    let bound = (JUNK + 8) * BODY_ALLOWANCE_BYTES + POOL;
+    let rx = Arc::new(
+        start_with(
+            &[SECRET],
+            Some(BodyLimits {
+                allowance: BODY_ALLOWANCE_BYTES,
+                pool: POOL,
+            }),
+        )
+        .await,
+    );
+    let valid = fixture("workflow_job.queued.5");
+    // Warm the path (journal, client pool) before the baseline.
+    assert_eq!(
+        rx.send(&Delivery::signed("workflow_job", valid.clone()))
+            .await
+            .0,
+        202
+    );
+    let baseline = rss_bytes();
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut uploads = tokio::task::JoinSet::new();
+    for n in 0..JUNK {
+        uploads.spawn(junk(rx.addr, n, BURST, stop_rx.clone()));
+    }
+    let mut peak = baseline;
+    for _ in 0..40 {
+        let delivery = Delivery::signed("workflow_job", valid.clone());
+        let answered =
+            tokio::time::timeout(std::time::Duration::from_secs(10), rx.send(&delivery)).await;
+        assert_eq!(answered.expect("a valid delivery waited 10 s").0, 202);
+        peak = peak.max(rss_bytes());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (_, metrics) = rx.get("/metrics").await;
+    stop_tx.send_replace(true);
+    let mut busy = 0;
+    while let Some(status) = uploads.join_next().await {
+        let status = status.unwrap();
+        assert_ne!(status, Some(202), "junk was accepted");
+        busy += usize::from(status == Some(503));
+    }
+
+    let grown = peak.saturating_sub(baseline);
+    eprintln!(
+        "junk: resident memory grew {} KiB, {busy} uploads refused busy",
+        grown >> 10
+    );
+    assert!(
+        grown < 128 << 20,
+        "resident memory grew by {} MiB under {JUNK} junk uploads of {} MiB each",
+        grown >> 20,
+        BURST >> 20
+    );
+    assert!(busy > 0, "no junk upload was refused for want of memory");
+    let high_water: usize = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("rm_receiver_body_bytes_high_water "))
+        .expect("rm_receiver_body_bytes_high_water in /metrics")
+        .parse()
+        .unwrap();
+    assert!(
+        high_water <= bound,
+        "bodies held {high_water} bytes at once, over {bound}"
+    );
+    assert!(
+        metrics.contains(r#"rm_receiver_refused_total{status="503",reason="busy"}"#),
+        "{metrics}"
+    );
+    assert_eq!(rx.delivery_count(), 41);
 }
