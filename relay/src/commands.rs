@@ -11,10 +11,11 @@ use secrecy::ExposeSecret;
 use tokio::net::TcpListener;
 
 use crate::exit::Exit;
+use crate::limits::IngestLimits;
 use crate::retention::{PRUNE_INTERVAL, PRUNE_STEP_ROWS, prune_step};
 use crate::server::Relay;
 use crate::store::{self, DB_FILE, NewChannel, Store, StoreError};
-use crate::{MAX_BODY_BYTES, ids, now_ms};
+use crate::{ids, now_ms};
 
 /// What `serve` was given.
 pub struct ServeArgs {
@@ -22,6 +23,7 @@ pub struct ServeArgs {
     pub data_dir: PathBuf,
     pub public_url: Option<String>,
     pub retention: Duration,
+    pub limits: IngestLimits,
 }
 
 /// Checks a public URL (`http(s)://host[:port][/prefix]`, no query) and drops a trailing `/`.
@@ -41,6 +43,7 @@ pub fn normalize_public_url(url: &str) -> Result<String, String> {
 fn store_exit(err: StoreError) -> Exit {
     match err {
         StoreError::Dir { .. } => Exit::usage(format!("{err}; check --data-dir")),
+        StoreError::Locked { .. } => Exit::conflict(err.to_string()),
         other => Exit::runtime(other),
     }
 }
@@ -53,6 +56,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), Exit> {
         .map(normalize_public_url)
         .transpose()
         .map_err(Exit::usage)?;
+    // Held until `serve` returns (and by the kernel until the process is gone).
+    let _lock = store::lock_instance(&args.data_dir).map_err(store_exit)?;
     let store = Store::open(&args.data_dir).map_err(store_exit)?;
     let listener = TcpListener::bind(args.listen)
         .await
@@ -71,8 +76,16 @@ pub async fn serve(args: ServeArgs) -> Result<(), Exit> {
     if public_url.contains("://0.0.0.0") || public_url.contains("://[::]") {
         tracing::warn!(%public_url, "no --public-url: the URLs `channel add` prints will not be reachable");
     }
-    tracing::info!(%addr, %public_url, db = %store.path().display(), retention = %humantime::format_duration(args.retention), "listening");
-    let relay = Relay::new(store.clone(), MAX_BODY_BYTES);
+    tracing::info!(
+        %addr,
+        %public_url,
+        db = %store.path().display(),
+        retention = %humantime::format_duration(args.retention),
+        channel_quota_bytes = args.limits.channel_quota,
+        ingest_rate = args.limits.ingest_rate,
+        "listening"
+    );
+    let relay = Relay::new(store.clone(), args.limits);
     let pruning = tokio::spawn(prune_loop(
         store,
         args.retention,

@@ -8,6 +8,9 @@ pub const RUNTIME: u8 = 1;
 /// channel or host that does not exist).
 pub const USAGE: u8 = 2;
 
+/// `3`: conflict: another `rm-relay serve` already uses the data directory.
+pub const CONFLICT: u8 = 3;
+
 /// A command's failure and the exit code it maps to.
 #[derive(Debug)]
 pub struct Exit {
@@ -19,6 +22,13 @@ impl Exit {
     pub fn usage(message: impl Into<String>) -> Self {
         Exit {
             code: USAGE,
+            message: message.into(),
+        }
+    }
+
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Exit {
+            code: CONFLICT,
             message: message.into(),
         }
     }

@@ -9,6 +9,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use serde_json::{Map, Value};
 
+use crate::limits::{QUOTA_RETRY_AFTER, retry_after_secs};
 use crate::server::{Relay, Reply, json, text};
 use crate::store::{self, Inserted, NewDelivery};
 
@@ -68,13 +69,27 @@ pub(crate) async fn ingest(relay: &Relay, ingest_id: &str, req: Request<Incoming
             "X-GitHub-Delivery missing or malformed",
         );
     };
+    // Before the body is read: a flood costs neither the read nor the writer.
+    if let Err(wait) = relay.take_ingest_token(&channel) {
+        relay.metrics.limited("rate");
+        tracing::debug!(%channel, "ingest rate exceeded");
+        return retry_later(
+            refuse(
+                relay,
+                StatusCode::TOO_MANY_REQUESTS,
+                "this channel is over its ingest rate",
+            ),
+            wait,
+        );
+    }
+    let max_body_bytes = relay.limits.max_body_bytes;
     let declared =
         header_str(headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > relay.max_body_bytes as u64) {
+    if declared.is_some_and(|len| len > max_body_bytes as u64) {
         return too_large(relay);
     }
     let kept = kept_headers(headers);
-    let limited = Limited::new(req.into_body(), relay.max_body_bytes);
+    let limited = Limited::new(req.into_body(), max_body_bytes);
     let body = match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
         Err(_) => {
             return refuse(
@@ -96,13 +111,18 @@ pub(crate) async fn ingest(relay: &Relay, ingest_id: &str, req: Request<Incoming
         headers: kept,
         body,
     };
+    let quota = relay.limits.channel_quota;
     match relay
         .store
-        .write(move |conn| store::insert_delivery(conn, &delivery))
+        .write(move |conn| store::insert_delivery(conn, &delivery, quota))
         .await
     {
-        Ok(Inserted::New(id)) => {
+        Ok(Inserted::New { id, dropped }) => {
             relay.metrics.ingested(false);
+            if dropped > 0 {
+                relay.metrics.dropped(dropped);
+                tracing::info!(%channel, dropped, "dropped the oldest acknowledged deliveries to stay within the channel's quota");
+            }
             // Committed: wake every stream.
             relay.notify.send_replace(id);
             tracing::debug!(%channel, %guid, id, "delivery stored");
@@ -112,6 +132,22 @@ pub(crate) async fn ingest(relay: &Relay, ingest_id: &str, req: Request<Incoming
             relay.metrics.ingested(true);
             tracing::debug!(%channel, %guid, id, "delivery already stored");
             json(StatusCode::OK, &serde_json::json!({ "id": id }))
+        }
+        Ok(Inserted::OverQuota) => {
+            // Every stored delivery is still needed by some host: refusing is the only way
+            // not to lose one. GitHub records a failed delivery; redelivery brings it back.
+            relay.metrics.limited("quota");
+            if relay.quota_warning_due(crate::now_ms()) {
+                tracing::warn!(%channel, %guid, "delivery refused: the channel's quota holds only deliveries a host has not acknowledged (a host that is away? revoke the tokens of hosts that are gone)");
+            }
+            retry_later(
+                refuse(
+                    relay,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "this channel's storage quota is full of unacknowledged deliveries",
+                ),
+                QUOTA_RETRY_AFTER,
+            )
         }
         Err(err) => {
             // GitHub counts the delivery as failed; it (or the agent's redelivery) sends it again.
@@ -123,6 +159,15 @@ pub(crate) async fn ingest(relay: &Relay, ingest_id: &str, req: Request<Incoming
             )
         }
     }
+}
+
+/// Adds `Retry-After` (whole seconds) to a refusal.
+fn retry_later(mut reply: Reply, wait: Duration) -> Reply {
+    reply.headers_mut().insert(
+        header::RETRY_AFTER,
+        header::HeaderValue::from(retry_after_secs(wait)),
+    );
+    reply
 }
 
 fn too_large(relay: &Relay) -> Reply {

@@ -7,6 +7,7 @@
 //! - [`ids`]: random channel ids and tokens, names, token digests (pure);
 //! - [`sse`]: the exact bytes of every event on both stream forms (pure);
 //! - [`retention`]: what is old enough to prune, and the prune step;
+//! - [`limits`]: each channel's storage quota and ingest rate (pure decisions);
 //! - [`store`] and [`schema`]: the SQLite file, its migrations and every query;
 //! - [`server`], `ingest`, `subscribe`, [`stream`] and [`metrics`]: the HTTP side;
 //! - [`commands`]: `serve` and `channel add|token|revoke`.
@@ -15,6 +16,7 @@ pub mod commands;
 pub mod exit;
 pub mod ids;
 mod ingest;
+pub mod limits;
 pub mod metrics;
 pub mod retention;
 pub mod schema;

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use rm_relay::commands::{self, ServeArgs};
 use rm_relay::exit::Exit;
+use rm_relay::limits::{DEFAULT_INGEST_RATE, IngestLimits, parse_quota};
 use rm_relay::retention::parse_retention;
 
 #[derive(Parser)]
@@ -43,6 +44,15 @@ enum Command {
         /// How long deliveries are kept for hosts that are away (at least 1m).
         #[arg(long, value_name = "DURATION", default_value = "72h", value_parser = parse_retention)]
         retention: Duration,
+        /// Bytes of delivery bodies and headers one channel may keep (at least 26MiB). When a
+        /// new delivery does not fit, the oldest deliveries every host has acknowledged are
+        /// dropped; if that is not enough it is refused with 503 and Retry-After.
+        #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_quota)]
+        channel_quota: u64,
+        /// Deliveries per second one channel may send over time, with bursts of 10 seconds'
+        /// worth; more are refused with 429 and Retry-After. 0: no limit.
+        #[arg(long, value_name = "N", default_value_t = DEFAULT_INGEST_RATE)]
+        ingest_rate: u32,
         /// Log lines as text for people or JSON for log collectors.
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
         log_format: LogFormat,
@@ -114,6 +124,8 @@ fn run(cli: Cli) -> Result<(), Exit> {
             data_dir,
             public_url,
             retention,
+            channel_quota,
+            ingest_rate,
             log_format,
         } => {
             init_logging(log_format, "info");
@@ -126,6 +138,11 @@ fn run(cli: Cli) -> Result<(), Exit> {
                 data_dir,
                 public_url,
                 retention,
+                limits: IngestLimits {
+                    channel_quota,
+                    ingest_rate,
+                    ..IngestLimits::default()
+                },
             }))
         }
         Command::Channel { action } => {

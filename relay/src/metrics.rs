@@ -14,6 +14,11 @@ struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabels {
     status: u16,
 }
@@ -33,6 +38,8 @@ pub struct Metrics {
     registry: Registry,
     ingested: Family<OutcomeLabels, Counter>,
     refused: Family<StatusLabels, Counter>,
+    limited: Family<ReasonLabels, Counter>,
+    dropped: Counter,
     subscribers: Family<StreamLabels, Gauge>,
     events_sent: Family<StreamLabels, Counter>,
     acks: Counter,
@@ -43,6 +50,8 @@ impl Default for Metrics {
         let mut registry = Registry::default();
         let ingested = Family::<OutcomeLabels, Counter>::default();
         let refused = Family::<StatusLabels, Counter>::default();
+        let limited = Family::<ReasonLabels, Counter>::default();
+        let dropped = Counter::default();
         let subscribers = Family::<StreamLabels, Gauge>::default();
         let events_sent = Family::<StreamLabels, Counter>::default();
         let acks = Counter::default();
@@ -55,6 +64,16 @@ impl Default for Metrics {
             "rm_relay_ingest_refused",
             "Ingest requests refused with nothing stored, by status",
             refused.clone(),
+        );
+        registry.register(
+            "rm_relay_ingest_limited",
+            "Deliveries refused by a channel's limits, by reason (rate: 429; quota: 503, the quota holds only unacknowledged deliveries)",
+            limited.clone(),
+        );
+        registry.register(
+            "rm_relay_deliveries_dropped",
+            "Acknowledged deliveries dropped, oldest first, to keep a channel within its quota",
+            dropped.clone(),
         );
         registry.register(
             "rm_relay_subscribers",
@@ -71,6 +90,8 @@ impl Default for Metrics {
             registry,
             ingested,
             refused,
+            limited,
+            dropped,
             subscribers,
             events_sent,
             acks,
@@ -88,6 +109,16 @@ impl Metrics {
 
     pub fn refused(&self, status: u16) {
         self.refused.get_or_create(&StatusLabels { status }).inc();
+    }
+
+    /// A delivery refused by a channel's limits: `reason` is `rate` or `quota`.
+    pub fn limited(&self, reason: &'static str) {
+        self.limited.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    pub fn dropped(&self, count: usize) {
+        self.dropped
+            .inc_by(u64::try_from(count).unwrap_or(u64::MAX));
     }
 
     /// Counts a stream as open until the returned guard is dropped.

@@ -108,9 +108,10 @@ mod tests {
                 headers: serde_json::Map::new(),
                 body: bytes::Bytes::new(),
             },
+            u64::MAX,
         )
         .unwrap();
-        assert_eq!(next, crate::store::Inserted::New(4));
+        assert_eq!(next, crate::store::Inserted::New { id: 4, dropped: 0 });
     }
 
     #[test]

@@ -50,6 +50,26 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX deliveries_stream ON deliveries (channel, id);
     CREATE INDEX deliveries_received ON deliveries (received_at_ms);
     "#,
+    // v2: the bytes each channel keeps (bodies and headers), for its quota, kept by triggers
+    // so every insert and delete (ingest, quota drops, retention) counts, in its transaction.
+    r#"
+    CREATE TABLE channel_usage (
+        channel TEXT PRIMARY KEY NOT NULL REFERENCES channels (name),
+        bytes   INTEGER NOT NULL
+    );
+    INSERT INTO channel_usage (channel, bytes)
+        SELECT channel, SUM(length(body) + octet_length(headers)) FROM deliveries
+        GROUP BY channel;
+    CREATE TRIGGER deliveries_usage_insert AFTER INSERT ON deliveries BEGIN
+        INSERT INTO channel_usage (channel, bytes)
+            VALUES (NEW.channel, length(NEW.body) + octet_length(NEW.headers))
+            ON CONFLICT (channel) DO UPDATE SET bytes = bytes + excluded.bytes;
+    END;
+    CREATE TRIGGER deliveries_usage_delete AFTER DELETE ON deliveries BEGIN
+        UPDATE channel_usage SET bytes = bytes - (length(OLD.body) + octet_length(OLD.headers))
+            WHERE channel = OLD.channel;
+    END;
+    "#,
 ];
 
 /// The schema version this build writes.

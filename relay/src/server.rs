@@ -2,9 +2,11 @@
 //! `ingest.rs`, streams and acks in `subscribe.rs`), answers `/healthz` and `/metrics`, and shuts
 //! down gracefully: stop accepting, let ingests in flight commit and answer, close the streams.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,22 +18,25 @@ use rm_http_serve::Limits;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::limits::{Bucket, IngestLimits};
 use crate::metrics::Metrics;
-use crate::store::{self, Store};
+use crate::store::Store;
 use crate::{ingest, subscribe};
 
 /// A client that has not sent its headers by then is cut off.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once (streams included); further ones wait in the accept queue.
 const MAX_CONNECTIONS: usize = 1024;
+/// A channel refusing deliveries for its full quota is logged at most this often.
+const QUOTA_WARN_INTERVAL: Duration = Duration::from_secs(60);
 /// How long a shutdown waits for requests in flight to be answered.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-/// `/healthz` answers 503 when a write cannot be committed this fast.
-const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// `/healthz` answers 503 when the file cannot be read, or the writer taken, this fast.
+const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub(crate) type Reply = Response<UnsyncBoxBody<Bytes, Infallible>>;
 
-/// The running relay: its store, metrics, and the two signals its streams wait on.
+/// The running relay: its store, metrics, limits, and the two signals its streams wait on.
 pub struct Relay {
     pub(crate) store: Store,
     pub(crate) metrics: Metrics,
@@ -39,18 +44,49 @@ pub struct Relay {
     pub(crate) notify: watch::Sender<i64>,
     /// Set once at shutdown; every stream ends when it is.
     pub(crate) shutdown: watch::Sender<bool>,
-    pub(crate) max_body_bytes: usize,
+    pub(crate) limits: IngestLimits,
+    /// Each channel's ingest rate (in memory: a restart forgives, which only ever lets more in).
+    buckets: Mutex<HashMap<String, Bucket>>,
+    /// When a full quota was last logged (ms since the epoch), so a flood logs once a minute.
+    quota_warned_at_ms: AtomicI64,
 }
 
 impl Relay {
-    pub fn new(store: Store, max_body_bytes: usize) -> Arc<Relay> {
+    pub fn new(store: Store, limits: IngestLimits) -> Arc<Relay> {
         Arc::new(Relay {
             store,
             metrics: Metrics::default(),
             notify: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
-            max_body_bytes,
+            limits,
+            buckets: Mutex::new(HashMap::new()),
+            quota_warned_at_ms: AtomicI64::new(i64::MIN),
         })
+    }
+
+    /// Whether a full quota should be logged now (at most once per [`QUOTA_WARN_INTERVAL`];
+    /// `/metrics` counts every refusal).
+    pub(crate) fn quota_warning_due(&self, now_ms: i64) -> bool {
+        let last = self.quota_warned_at_ms.load(Ordering::Relaxed);
+        let interval = i64::try_from(QUOTA_WARN_INTERVAL.as_millis()).unwrap_or(i64::MAX);
+        now_ms.saturating_sub(last) >= interval
+            && self
+                .quota_warned_at_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Takes one delivery from `channel`'s ingest rate now, or says how long until it may
+    /// send again.
+    pub(crate) fn take_ingest_token(&self, channel: &str) -> Result<(), Duration> {
+        let rate = self.limits.ingest_rate;
+        let now = std::time::Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        // Channels are few (an operator makes each), so one bucket per channel ever seen.
+        buckets
+            .entry(channel.to_owned())
+            .or_insert_with(|| Bucket::new(rate, now))
+            .take(rate, now)
     }
 
     /// Serves connections from `listener` until `shutdown` completes, then stops accepting,
@@ -90,17 +126,18 @@ impl Relay {
         }
     }
 
+    /// Writes nothing: a read of the file and a look at the writer ([`Store::check_health`]),
+    /// so probes cost no fsync and never queue a write behind ingest.
     async fn healthz(&self) -> Reply {
-        let probe = self.store.write(|conn| store::probe(conn, crate::now_ms()));
-        match tokio::time::timeout(HEALTH_PROBE_TIMEOUT, probe).await {
+        match tokio::time::timeout(HEALTH_CHECK_TIMEOUT, self.store.check_health()).await {
             Ok(Ok(())) => text(StatusCode::OK, "ok\n"),
             Ok(Err(err)) => {
-                tracing::warn!(error = %err, "health probe failed");
-                text(StatusCode::SERVICE_UNAVAILABLE, "database not writable\n")
+                tracing::warn!(error = %err, "health check failed");
+                text(StatusCode::SERVICE_UNAVAILABLE, "database not usable\n")
             }
             Err(_) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "database not writable: probe timed out\n",
+                "database not usable: the check timed out\n",
             ),
         }
     }

@@ -13,6 +13,10 @@ use crate::schema::{self, SchemaError};
 
 /// The database's file name inside the data directory.
 pub const DB_FILE: &str = "relay.db";
+/// The file `serve` holds an exclusive `flock` on for as long as it runs, so a second `serve`
+/// on the same data directory (which would wake only its own streams) refuses to start. The
+/// `channel` commands do not take it: they work beside a running `serve`.
+pub const LOCK_FILE: &str = "serve.lock";
 /// How long a connection waits for another's write lock (a `channel` command beside `serve`).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Between tries to switch a new file to WAL while another connection is opening it.
@@ -37,6 +41,15 @@ pub enum StoreError {
     },
     #[error("the relay database {path}: {source}")]
     Schema { path: PathBuf, source: SchemaError },
+    #[error(
+        "another rm-relay serve already uses the data directory {dir}{holder} (it holds {dir}/serve.lock): stop it, or give this one another --data-dir"
+    )]
+    Locked { dir: PathBuf, holder: String },
+    #[error("cannot lock the data directory {dir} ({dir}/serve.lock): {source}")]
+    Lock {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     #[error("the relay database: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("a database task stopped: {0}")]
@@ -92,6 +105,56 @@ pub fn open(data_dir: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Held by a running `serve`: the exclusive lock on [`LOCK_FILE`], released when the process
+/// ends however it ends (the kernel drops a `flock` with its descriptor).
+#[derive(Debug)]
+pub struct InstanceLock {
+    _file: std::fs::File,
+}
+
+/// Takes the data directory for this `serve` (creating the directory if needed), or says which
+/// process has it.
+pub fn lock_instance(data_dir: &Path) -> Result<InstanceLock, StoreError> {
+    use std::io::{Read, Seek, Write};
+    let lock_err = |source| StoreError::Lock {
+        dir: data_dir.to_owned(),
+        source,
+    };
+    create_private_dir(data_dir).map_err(|source| StoreError::Dir {
+        path: data_dir.to_owned(),
+        source,
+    })?;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(data_dir.join(LOCK_FILE)).map_err(lock_err)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            let pid = pid.trim();
+            let holder = if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) {
+                format!(" (pid {pid})")
+            } else {
+                String::new()
+            };
+            return Err(StoreError::Locked {
+                dir: data_dir.to_owned(),
+                holder,
+            });
+        }
+        Err(std::fs::TryLockError::Error(err)) => return Err(lock_err(err)),
+    }
+    // The holder's pid, for the message a second `serve` prints; the lock is what counts.
+    file.set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| writeln!(file, "{}", std::process::id()))
+        .map_err(lock_err)?;
+    Ok(InstanceLock { _file: file })
+}
+
 /// The data directory holds delivery bodies and token digests: only its owner reads it.
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     let mut builder = std::fs::DirBuilder::new();
@@ -134,6 +197,27 @@ impl Store {
         tokio::task::spawn_blocking(move || {
             let mut conn = writer.lock().unwrap_or_else(PoisonError::into_inner);
             f(&mut conn).map_err(StoreError::from)
+        })
+        .await
+        .map_err(|err| StoreError::Task(err.to_string()))?
+    }
+
+    /// `/healthz`'s check, which writes nothing: the file answers a read, and the writer
+    /// connection can be taken (it is not held by a write that hangs). An ingest that waits
+    /// for the writer waits as long as this does.
+    pub async fn check_health(&self) -> Result<(), StoreError> {
+        self.read(|conn| check_readable(conn).map(drop)).await?;
+        let writer = self.writer.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = writer.lock().unwrap_or_else(PoisonError::into_inner);
+            // A write left open would hold SQLite's write lock for good.
+            if conn.is_autocommit() {
+                Ok(())
+            } else {
+                Err(StoreError::Task(
+                    "the writer connection is inside a transaction".to_owned(),
+                ))
+            }
         })
         .await
         .map_err(|err| StoreError::Task(err.to_string()))?

@@ -11,6 +11,8 @@
 
 #[path = "relay/container.rs"]
 mod container;
+#[path = "relay/limits.rs"]
+mod limits;
 #[path = "relay/smee.rs"]
 mod smee;
 mod support;

@@ -4,6 +4,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Map, Value};
 
+use crate::limits::{Room, make_room};
 use crate::sse::StoredDelivery;
 
 /// A stream's catch-up reads at most this many deliveries at a time...
@@ -137,13 +138,26 @@ pub struct NewDelivery {
 /// What storing a delivery did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Inserted {
-    New(i64),
+    /// Stored under this id, after dropping `dropped` acknowledged deliveries to make room.
+    New { id: i64, dropped: usize },
     /// The channel already had this GUID (a GitHub redelivery): the stored delivery's id.
     Duplicate(i64),
+    /// Nothing stored: the channel's quota is full of deliveries some host has not
+    /// acknowledged yet.
+    OverQuota,
 }
 
-/// Stores a delivery once per (channel, GUID) and commits before returning.
-pub fn insert_delivery(conn: &mut Connection, d: &NewDelivery) -> rusqlite::Result<Inserted> {
+/// Stores a delivery once per (channel, GUID) within the channel's `quota` (bytes of bodies
+/// and headers) and commits before returning. Room is made by dropping the channel's oldest
+/// acknowledged deliveries ([`crate::limits::make_room`]), in the same transaction.
+pub fn insert_delivery(
+    conn: &mut Connection,
+    d: &NewDelivery,
+    quota: u64,
+) -> rusqlite::Result<Inserted> {
+    let headers = Value::Object(d.headers.clone()).to_string();
+    // What the usage triggers count for this row: length(body) + octet_length(headers).
+    let incoming = u64::try_from(d.body.len() + headers.len()).unwrap_or(u64::MAX);
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let existing: Option<i64> = tx
         .query_row(
@@ -155,20 +169,80 @@ pub fn insert_delivery(conn: &mut Connection, d: &NewDelivery) -> rusqlite::Resu
     if let Some(id) = existing {
         return Ok(Inserted::Duplicate(id));
     }
+    let used = channel_usage(&tx, &d.channel)?;
+    let room = {
+        let watermark = acknowledged_through(&tx, &d.channel)?;
+        let mut stmt = tx.prepare_cached(
+            "SELECT id, length(body) + octet_length(headers) FROM deliveries
+             WHERE channel = ?1 AND id <= ?2 ORDER BY id",
+        )?;
+        let mut rows = stmt.query(params![d.channel, watermark])?;
+        let mut failed = None;
+        let acknowledged = std::iter::from_fn(|| match rows.next() {
+            Ok(Some(row)) => match (row.get::<_, i64>(0), row.get::<_, i64>(1)) {
+                (Ok(id), Ok(bytes)) => Some((id, u64::try_from(bytes).unwrap_or(0))),
+                (Err(err), _) | (_, Err(err)) => {
+                    failed = Some(err);
+                    None
+                }
+            },
+            Ok(None) => None,
+            Err(err) => {
+                failed = Some(err);
+                None
+            }
+        });
+        let room = make_room(used, quota, incoming, acknowledged);
+        if let Some(err) = failed {
+            return Err(err);
+        }
+        room
+    };
+    let dropped = match room {
+        Room::Fits => 0,
+        Room::Full => return Ok(Inserted::OverQuota),
+        Room::DropThrough { last_id, count } => {
+            let deleted = tx.execute(
+                "DELETE FROM deliveries WHERE channel = ?1 AND id <= ?2",
+                params![d.channel, last_id],
+            )?;
+            debug_assert_eq!(deleted, count);
+            deleted
+        }
+    };
     tx.execute(
         "INSERT INTO deliveries (channel, guid, received_at_ms, headers, body)
          VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![
-            d.channel,
-            d.guid,
-            d.received_at_ms,
-            Value::Object(d.headers.clone()).to_string(),
-            &d.body[..]
-        ],
+        params![d.channel, d.guid, d.received_at_ms, headers, &d.body[..]],
     )?;
     let id = tx.last_insert_rowid();
     tx.commit()?;
-    Ok(Inserted::New(id))
+    Ok(Inserted::New { id, dropped })
+}
+
+/// The bytes of bodies and headers a channel keeps (what its quota counts).
+pub fn channel_usage(conn: &Connection, channel: &str) -> rusqlite::Result<u64> {
+    let bytes: Option<i64> = conn
+        .query_row(
+            "SELECT bytes FROM channel_usage WHERE channel = ?1",
+            [channel],
+            |row| row.get(0),
+        )
+        .optional()?;
+    Ok(bytes.map_or(0, |b| u64::try_from(b).unwrap_or(0)))
+}
+
+/// The highest id every host holding a token on the channel has acknowledged: deliveries up to
+/// it are acknowledged. 0 when some host has acknowledged nothing, or when the channel has no
+/// host at all (smee form only: nobody acknowledges, so nothing is ever "acknowledged").
+pub fn acknowledged_through(conn: &Connection, channel: &str) -> rusqlite::Result<i64> {
+    conn.query_row(
+        "SELECT COALESCE(MIN(COALESCE(a.last_id, 0)), 0)
+         FROM tokens t LEFT JOIN acks a ON a.channel = t.channel AND a.host = t.host
+         WHERE t.channel = ?1",
+        [channel],
+        |row| row.get(0),
+    )
 }
 
 /// The channel's deliveries after `after`, oldest first: a bounded batch (see the consts).
@@ -256,13 +330,8 @@ pub fn record_ack(
     Ok(stored)
 }
 
-/// A committed write, as `/healthz` needs: proves the file, the disk and the lock all work.
-pub fn probe(conn: &mut Connection, now_ms: i64) -> rusqlite::Result<()> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    tx.execute(
-        "INSERT INTO meta (key, value) VALUES ('health_probe_at', ?1)
-         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        [now_ms.to_string()],
-    )?;
-    tx.commit()
+/// A read of the file that writes nothing, as `/healthz` needs: proves the file is there,
+/// readable and a relay database this build understands.
+pub fn check_readable(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("SELECT COUNT(*) FROM channels", [], |row| row.get(0))
 }

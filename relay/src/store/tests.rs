@@ -42,20 +42,20 @@ fn a_guid_is_stored_once_per_channel_and_streams_read_only_their_channel_in_orde
     let (_dir, mut conn) = db();
     channel(&conn, "a");
     channel(&conn, "b");
-    let first = insert_delivery(&mut conn, &delivery("a", "g1", b"1")).unwrap();
-    let Inserted::New(first) = first else {
+    let first = insert_delivery(&mut conn, &delivery("a", "g1", b"1"), u64::MAX).unwrap();
+    let Inserted::New { id: first, .. } = first else {
         panic!("{first:?}")
     };
     assert_eq!(
-        insert_delivery(&mut conn, &delivery("a", "g1", b"other")).unwrap(),
+        insert_delivery(&mut conn, &delivery("a", "g1", b"other"), u64::MAX).unwrap(),
         Inserted::Duplicate(first)
     );
     // The same GUID on another channel is another App's delivery.
     assert!(matches!(
-        insert_delivery(&mut conn, &delivery("b", "g1", b"b")).unwrap(),
-        Inserted::New(_)
+        insert_delivery(&mut conn, &delivery("b", "g1", b"b"), u64::MAX).unwrap(),
+        Inserted::New { .. }
     ));
-    insert_delivery(&mut conn, &delivery("a", "g2", b"\x00\xff")).unwrap();
+    insert_delivery(&mut conn, &delivery("a", "g2", b"\x00\xff"), u64::MAX).unwrap();
     let got = deliveries_after(&conn, "a", 0).unwrap();
     let bodies: Vec<&[u8]> = got.iter().map(|d| &d.body[..]).collect();
     assert_eq!(bodies, [&b"1"[..], b"\x00\xff"]);
@@ -72,7 +72,7 @@ fn acks_only_move_forward_and_never_past_the_newest_id() {
     channel(&conn, "a");
     assert_eq!(acked(&conn, "a", "h").unwrap(), 0);
     for guid in ["1", "2", "3"] {
-        insert_delivery(&mut conn, &delivery("a", guid, b"{}")).unwrap();
+        insert_delivery(&mut conn, &delivery("a", guid, b"{}"), u64::MAX).unwrap();
     }
     assert_eq!(record_ack(&mut conn, "a", "h", 2, 1).unwrap(), 2);
     assert_eq!(record_ack(&mut conn, "a", "h", 1, 1).unwrap(), 2);
@@ -97,4 +97,96 @@ fn tokens_are_replaced_per_host_and_revoked() {
     assert!(revoke_token(&conn, "a", "h").unwrap());
     assert!(!revoke_token(&conn, "a", "h").unwrap());
     assert_eq!(host_for_token(&conn, "a", "d2").unwrap(), None);
+}
+
+fn ids(conn: &Connection, channel: &str) -> Vec<i64> {
+    deliveries_after(conn, channel, 0)
+        .unwrap()
+        .iter()
+        .map(|d| d.id)
+        .collect()
+}
+
+#[test]
+fn the_quota_drops_only_acknowledged_deliveries_oldest_first_then_refuses() {
+    let (_dir, mut conn) = db();
+    channel(&conn, "a");
+    channel(&conn, "b");
+    let body = [b'x'; 100];
+    let size = delivery("a", "g00", &body).body.len() as u64 + 27; // {"x-github-delivery":"g00"}
+    let quota = 3 * size;
+    assert!(issue_token(&mut conn, "a", "h1", "d1", 1).unwrap());
+    assert!(issue_token(&mut conn, "a", "h2", "d2", 1).unwrap());
+    let mut stored = Vec::new();
+    for n in 0..3 {
+        let got =
+            insert_delivery(&mut conn, &delivery("a", &format!("g0{n}"), &body), quota).unwrap();
+        let Inserted::New { id, dropped: 0 } = got else {
+            panic!("{got:?}")
+        };
+        stored.push(id);
+    }
+    assert_eq!(channel_usage(&conn, "a").unwrap(), quota);
+    // Full, and nothing acknowledged by both hosts: refused, nothing dropped or stored.
+    assert_eq!(
+        insert_delivery(&mut conn, &delivery("a", "g10", &body), quota).unwrap(),
+        Inserted::OverQuota
+    );
+    record_ack(&mut conn, "a", "h1", stored[2], 1).unwrap();
+    assert_eq!(
+        insert_delivery(&mut conn, &delivery("a", "g10", &body), quota).unwrap(),
+        Inserted::OverQuota,
+        "h2 has acknowledged nothing"
+    );
+    assert_eq!(ids(&conn, "a"), stored);
+    // A redelivery of a stored GUID is still answered, full or not.
+    assert_eq!(
+        insert_delivery(&mut conn, &delivery("a", "g01", &body), quota).unwrap(),
+        Inserted::Duplicate(stored[1])
+    );
+    // Both hosts past the first two: the oldest goes, and only as many as needed.
+    record_ack(&mut conn, "a", "h2", stored[1], 1).unwrap();
+    let got = insert_delivery(&mut conn, &delivery("a", "g10", &body), quota).unwrap();
+    let Inserted::New {
+        id: fourth,
+        dropped: 1,
+    } = got
+    else {
+        panic!("{got:?}")
+    };
+    assert_eq!(ids(&conn, "a"), [stored[1], stored[2], fourth]);
+    let got = insert_delivery(&mut conn, &delivery("a", "g11", &[b'y'; 150]), quota).unwrap();
+    assert_eq!(
+        got,
+        Inserted::OverQuota,
+        "only stored[1] is acknowledged by both"
+    );
+    // A revoked host no longer holds deliveries back.
+    assert!(revoke_token(&conn, "a", "h2").unwrap());
+    assert_eq!(acknowledged_through(&conn, "a").unwrap(), stored[2]);
+    let got = insert_delivery(&mut conn, &delivery("a", "g11", &[b'y'; 150]), quota).unwrap();
+    assert!(matches!(got, Inserted::New { dropped: 2, .. }), "{got:?}");
+    assert_eq!(ids(&conn, "a").len(), 2);
+    // Another channel has its own quota; a channel without hosts acknowledges nothing.
+    for n in 0..3 {
+        let got = insert_delivery(&mut conn, &delivery("b", &format!("b{n}"), &body), quota);
+        assert!(matches!(got.unwrap(), Inserted::New { .. }));
+    }
+    assert_eq!(acknowledged_through(&conn, "b").unwrap(), 0);
+    assert_eq!(
+        insert_delivery(&mut conn, &delivery("b", "b3", &body), quota).unwrap(),
+        Inserted::OverQuota
+    );
+    // The usage follows every delete, retention's included.
+    let used: i64 = conn
+        .query_row(
+            "SELECT SUM(length(body) + octet_length(headers)) FROM deliveries WHERE channel = 'a'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(channel_usage(&conn, "a").unwrap(), used as u64);
+    crate::retention::prune_step(&conn, 10_000, std::time::Duration::from_secs(1)).unwrap();
+    assert_eq!(channel_usage(&conn, "a").unwrap(), 0);
+    assert_eq!(channel_usage(&conn, "b").unwrap(), 0);
 }

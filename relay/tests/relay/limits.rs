@@ -1,0 +1,211 @@
+//! What unauthenticated ingest may cost the relay (docs/relay.md, "Limits"): a channel flooded
+//! past its storage quota or its ingest rate is refused with `Retry-After` and counted, only
+//! acknowledged deliveries are dropped to make room; `/healthz` writes nothing; a second
+//! `serve` on the same data directory exits 3.
+
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+
+use crate::support::*;
+
+/// Ingests a delivery; its status, `Retry-After` and body.
+async fn ingest_raw(url: &str, guid: &str, body: &[u8]) -> (u16, Option<String>, String) {
+    let res = client()
+        .request(delivery(url, "workflow_job", guid, body))
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let retry = res
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, retry, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The value of one sample line of `/metrics` (0 when absent).
+async fn metric(relay: &Relay, sample: &str) -> u64 {
+    let (_, body) = send(get(&relay.url("/metrics"), None, None)).await;
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn serve_args<'a>(data: &'a std::path::Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        dir_arg(data),
+    ];
+    args.extend(extra);
+    args
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_channel_flooded_past_its_quota_drops_only_acknowledged_deliveries_and_refuses_the_rest()
+{
+    let (_tmp, data) = data_dir();
+    let relay = Relay::start_with(&serve_args(&data, &["--channel-quota", "26MiB"]));
+    let ch = add_channel(&data, "ci");
+    let token = issue_token(&data, "ci", "h1");
+    let body = vec![b'5'; 5 * 1024 * 1024];
+    // Five fit in 26 MiB; the sixth does not, and nothing is acknowledged yet.
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let (code, id) = ingest(&ch.ingest_url, "workflow_job", &guid(), &body).await;
+        assert_eq!(code, 202);
+        ids.push(id);
+    }
+    let sixth = guid();
+    let (code, retry, text) = ingest_raw(&ch.ingest_url, &sixth, &body).await;
+    assert_eq!((code, retry.as_deref()), (503, Some("60")), "{text}");
+    assert!(text.contains("quota"), "{text}");
+    assert_eq!(
+        metric(&relay, "rm_relay_ingest_limited_total{reason=\"quota\"}").await,
+        1
+    );
+    assert_eq!(
+        metric(&relay, "rm_relay_ingest_refused_total{status=\"503\"}").await,
+        1
+    );
+    // Nothing unacknowledged was dropped: the host reads all five.
+    let mut stream = Sse::open(get(&ch.subscribe_url, Some(&token), None)).await;
+    for id in &ids {
+        let (got, _, got_body) = stream.event().await.delivery();
+        assert_eq!((got, got_body.len()), (*id, body.len()));
+    }
+    stream.assert_quiet(Duration::from_millis(200)).await;
+    // Once the host acknowledges, GitHub's redelivery (the same GUID) is stored and streamed,
+    // and only the oldest acknowledged delivery made room for it.
+    assert_eq!(
+        ack(
+            &ch.subscribe_url,
+            &token,
+            &format!(r#"{{"id": {}}}"#, ids[1])
+        )
+        .await,
+        204
+    );
+    let (code, new_id) = ingest(&ch.ingest_url, "workflow_job", &sixth, &body).await;
+    assert_eq!(code, 202);
+    assert_eq!(stream.event().await.delivery().0, new_id);
+    assert_eq!(metric(&relay, "rm_relay_deliveries_dropped_total").await, 1);
+    drop(stream);
+    let mut replay = Sse::open(get(&ch.subscribe_url, Some(&token), Some(0))).await;
+    for id in ids[1..].iter().chain([&new_id]) {
+        assert_eq!(replay.event().await.delivery().0, *id);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_channel_over_its_ingest_rate_gets_429_with_retry_after_and_comes_back() {
+    let (_tmp, data) = data_dir();
+    let relay = Relay::start_with(&serve_args(&data, &["--ingest-rate", "1"]));
+    let ch = add_channel(&data, "ci");
+    let other = add_channel(&data, "other");
+    // A rate of 1/s allows a burst of 10.
+    for _ in 0..10 {
+        assert_eq!(ingest_raw(&ch.ingest_url, &guid(), b"{}").await.0, 202);
+    }
+    let (code, retry, text) = ingest_raw(&ch.ingest_url, &guid(), b"{}").await;
+    assert_eq!((code, retry.as_deref()), (429, Some("1")), "{text}");
+    assert_eq!(
+        metric(&relay, "rm_relay_ingest_limited_total{reason=\"rate\"}").await,
+        1
+    );
+    // Another channel has its own rate.
+    assert_eq!(ingest_raw(&other.ingest_url, &guid(), b"{}").await.0, 202);
+    // After Retry-After, the channel is taken again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let (code, ..) = ingest_raw(&ch.ingest_url, &guid(), b"{}").await;
+        if code == 202 {
+            break;
+        }
+        assert_eq!(code, 429);
+        assert!(std::time::Instant::now() < deadline, "still refused");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn healthz_writes_nothing_and_answers_while_another_process_holds_the_write_lock() {
+    let s = setup();
+    ingest(&s.ch.ingest_url, "ping", &guid(), b"{}").await;
+    let files = ["relay.db", "relay.db-wal"].map(|f| s.data.join(f));
+    let stamp = || {
+        files
+            .iter()
+            .map(|f| {
+                let meta = std::fs::metadata(f).unwrap();
+                (meta.len(), meta.modified().unwrap())
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = stamp();
+    for _ in 0..20 {
+        let (code, body) = send(get(&s.relay.url("/healthz"), None, None)).await;
+        assert_eq!((code, &body[..]), (200, &b"ok\n"[..]));
+    }
+    assert_eq!(stamp(), before, "/healthz wrote to the database");
+    // A `channel` command (or anything else) holding SQLite's write lock does not make the
+    // relay look dead: the check needs no write.
+    let conn = rusqlite::Connection::open(&files[0]).unwrap();
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let started = std::time::Instant::now();
+    let (code, body) = send(get(&s.relay.url("/healthz"), None, None)).await;
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(started.elapsed() < Duration::from_secs(2));
+    conn.execute_batch("ROLLBACK").unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_serve_on_the_same_data_directory_exits_3_naming_it() {
+    let s = setup();
+    let mut second = std::process::Command::new(BIN)
+        .args(serve_args(&s.data, &[]))
+        .env_remove("RM_RELAY_DATA_DIR")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!("a second rm-relay serve on the same data directory kept running");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.starts_with("rm-relay: ") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+    assert!(stderr.contains(dir_arg(&s.data)), "{stderr}");
+    assert!(
+        stderr.contains(&format!("pid {}", s.relay.child.id())),
+        "{stderr}"
+    );
+    // The first one is unaffected; once it is gone, the directory is free again.
+    assert_eq!(status_of(&s.relay.url("/healthz")).await, 200);
+    let data = s.data.clone();
+    drop(s.relay);
+    let again = Relay::start(&data);
+    assert_eq!(status_of(&again.url("/healthz")).await, 200);
+}
+
+async fn status_of(url: &str) -> u16 {
+    status(get(url, None, None)).await
+}
