@@ -51,7 +51,74 @@ pub(super) async fn github(config: &Config, app_id: u64, key: SecretString) -> V
                 .map(|f| f.for_policy(policy)),
         );
     }
+    out.extend(host_name_findings(&client, config).await);
     out
+}
+
+/// Lists the runners of each distinct policy target and warns when another host's names start
+/// with this host's `rm-<host>-`. Only a finding when it finds something: a target whose runners
+/// cannot be listed is already named by the permission findings above.
+async fn host_name_findings(client: &GithubClient, config: &Config) -> Vec<Finding> {
+    let mut targets: Vec<Target> = Vec::new();
+    for policy in &config.policies {
+        let target = crate::executor::registry::github_target(&policy.target);
+        if !targets.contains(&target) {
+            targets.push(target);
+        }
+    }
+    let mut names = Vec::new();
+    for target in &targets {
+        match client.list_runners(target).await {
+            Ok(runners) => names.extend(runners.value.into_iter().map(|r| r.name)),
+            Err(err) => tracing::debug!(%target, error = %err, "check: runners not listed"),
+        }
+    }
+    host_prefix_collision(&config.host.name, &names)
+        .into_iter()
+        .collect()
+}
+
+/// The warning for runner names GitHub lists that start with this host's `rm-<host>-` but are
+/// not this host's own `rm-<host>-<12 hex>` ([`crate::executor::owns_runner_name`]): host `ci`
+/// seeing `rm-ci-2-0123456789ab` (host `ci-2`'s). Each host still only ever touches its own
+/// runners, but `rm-ci-*` in a log search, a dashboard filter or GitHub's runner list means
+/// two hosts, so the names should differ.
+pub(super) fn host_prefix_collision(host: &str, names: &[String]) -> Option<Finding> {
+    let prefix = format!("rm-{host}-");
+    let mut others = std::collections::BTreeSet::new();
+    let mut example = None;
+    for name in names {
+        let Some(rest) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        if crate::executor::owns_runner_name(host, name) {
+            continue;
+        }
+        // `rm-<other host>-<12 hex>`: name the other host; anything else by its own name.
+        let other = match rest.rsplit_once('-') {
+            Some((tail, short))
+                if crate::executor::owns_runner_name(&format!("{host}-{tail}"), name) =>
+            {
+                debug_assert_eq!(short.len(), rm_journal::ATTEMPT_SHORT_LEN);
+                format!("`{host}-{tail}`")
+            }
+            _ => format!("the runner `{name}`"),
+        };
+        others.insert(other);
+        example.get_or_insert_with(|| name.clone());
+    }
+    let example = example?;
+    let others: Vec<String> = others.into_iter().collect();
+    Some(Finding::warn(
+        "host_name",
+        format!(
+            "GitHub lists runners whose names start with this host's prefix `{prefix}` but that are not this host's (e.g. {example}): host names `{host}` and {} share a prefix, so logs and name filters such as `{prefix}*` are ambiguous (each host still only touches its own `{prefix}<12 hex>` runners)",
+            others.join(", ")
+        ),
+        format!(
+            "give each host a distinct `[host] name` that is not another host's name followed by `-` (e.g. `{host}-a` and `{host}-b` instead of `{host}` and `{host}-2`)"
+        ),
+    ))
 }
 
 fn app_failure(err: &GithubError, app_id: u64, api_url: &str) -> Finding {

@@ -49,7 +49,7 @@ impl Status {
 pub struct Finding {
     pub status: Status,
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
-    /// `app`, `installation`, `permission`, `runner_group`, `relay`, `isolation`.
+    /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,

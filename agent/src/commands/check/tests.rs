@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use rm_github::Target;
 use rm_github::types::Installation;
 
-use super::github::{actions_finding, permission_finding};
+use super::github::{actions_finding, host_prefix_collision, permission_finding};
 use super::local::runner_package;
 use super::*;
 use crate::runner::package;
@@ -149,4 +149,47 @@ fn agent_errors_split_into_problem_and_remedy() {
         )
     );
     assert_eq!(split_remedy("plain"), ("plain".to_owned(), String::new()));
+}
+
+#[test]
+fn another_hosts_runners_under_this_hosts_prefix_are_a_warning() {
+    let names: Vec<String> = [
+        "rm-ci-0123456789ab",   // this host's own
+        "rm-ci-2-aaaaaaaaaaaa", // host ci-2's
+        "rm-ci-2-bbbbbbbbbbbb",
+        "rm-ci-runner-cccccccccccc", // host ci-runner's
+        "rm-ci2-dddddddddddd",       // host ci2: another prefix, no collision
+        "rm-ci-manual",              // not rm's, but under the prefix
+        "self-hosted-1",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let finding = host_prefix_collision("ci", &names).expect("a collision");
+    assert_eq!(finding.status, Status::Warn);
+    assert_eq!(finding.check, "host_name");
+    assert!(
+        finding
+            .what
+            .contains("`ci` and `ci-2`, `ci-runner`, the runner `rm-ci-manual`"),
+        "{}",
+        finding.what
+    );
+    assert!(
+        finding.what.contains("rm-ci-2-aaaaaaaaaaaa"),
+        "{}",
+        finding.what
+    );
+    assert!(finding.what.contains("ambiguous"), "{}", finding.what);
+    assert!(!finding.what.contains("ci2"), "{}", finding.what);
+    assert!(finding.remedy.contains("[host] name"), "{}", finding.remedy);
+
+    // Only its own runners, or only other prefixes: nothing to say.
+    let own = vec![
+        "rm-ci-0123456789ab".to_owned(),
+        "rm-ci2-dddddddddddd".to_owned(),
+    ];
+    assert!(host_prefix_collision("ci", &own).is_none());
+    // Host ci-2 sees no collision with ci's runners: `rm-ci-` is not its prefix.
+    assert!(host_prefix_collision("ci-2", &names[..2]).is_none());
 }
