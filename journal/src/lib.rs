@@ -56,4 +56,6 @@ pub fn now_ms() -> i64 {
 #[cfg(test)]
 mod attempt_tests;
 #[cfg(test)]
+mod durability_tests;
+#[cfg(test)]
 mod tests;

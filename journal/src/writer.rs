@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -82,6 +81,7 @@ pub struct Journal {
     path: Arc<PathBuf>,
     metrics: JournalMetrics,
     durable: tokio::sync::watch::Receiver<u64>,
+    poisoned: Arc<sync::Poison>,
 }
 
 impl Journal {
@@ -103,13 +103,13 @@ impl Journal {
         checkpoint::spawn(path, checkpoints_stopped)?;
         let (tx, rx) = mpsc::channel();
         let metrics = JournalMetrics::default();
-        let poisoned = Arc::new(AtomicBool::new(false));
+        let poisoned = sync::Poison::new();
         let (durable_tx, durable) = tokio::sync::watch::channel(0);
         let syncer = sync::spawn(flush, poisoned.clone(), metrics.clone(), durable_tx)?;
         let writer = Writer {
             conn,
             syncer,
-            poisoned,
+            poisoned: poisoned.clone(),
             retention,
             metrics: metrics.clone(),
             next_prune: Instant::now(),
@@ -124,6 +124,7 @@ impl Journal {
             path: Arc::new(path.to_owned()),
             metrics,
             durable,
+            poisoned,
         })
     }
 
@@ -131,6 +132,20 @@ impl Journal {
     /// awaits `changed()` instead of polling the file.
     pub fn durable_groups(&self) -> tokio::sync::watch::Receiver<u64> {
         self.durable.clone()
+    }
+
+    /// Completes once the journal is poisoned (a flush of committed deliveries failed, so every
+    /// later one is refused until the process restarts and SQLite recovers the file), with why.
+    /// A long-running command waits for it to drain and exit, so its service manager restarts
+    /// it instead of leaving it answering 503 forever. A full disk does not poison: deliveries
+    /// are refused while it lasts and taken again once there is space.
+    pub async fn poisoned(&self) -> String {
+        self.poisoned.wait().await
+    }
+
+    /// Why the journal is poisoned, if it is.
+    pub fn poison_reason(&self) -> Option<String> {
+        self.poisoned.reason()
     }
 
     /// The file this journal writes.
@@ -208,7 +223,7 @@ struct Writer {
     /// Where committed groups wait for their flush (see `sync`).
     syncer: mpsc::Sender<Vec<Waiter>>,
     /// Set by the sync thread when a flush failed: nothing more is written.
-    poisoned: Arc<AtomicBool>,
+    poisoned: Arc<sync::Poison>,
     retention: Retention,
     metrics: JournalMetrics,
     next_prune: Instant,
@@ -244,7 +259,7 @@ impl Writer {
     /// batch is on disk. A batch that fails to commit is answered with the error at once.
     fn commit(&mut self, batch: Vec<Request>) {
         let size = batch.len();
-        if self.poisoned.load(Ordering::SeqCst) {
+        if self.poisoned.is_set() {
             Waiter::fail_all(
                 batch.into_iter().map(Request::into_failed_waiter).collect(),
                 sync::POISONED,

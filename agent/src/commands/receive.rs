@@ -1,5 +1,7 @@
 //! `rm-agent receive`: the webhook receiver alone. Verifies, journals, answers; stops on SIGINT
-//! or SIGTERM after answering the requests in flight.
+//! or SIGTERM after answering the requests in flight. A poisoned journal (a failed flush) stops
+//! it the same way, but with exit 1, so the service manager restarts it and SQLite recovers the
+//! journal, instead of it answering 503 forever.
 
 use anyhow::Context;
 use rm_journal::Journal;
@@ -40,15 +42,40 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
             secrets,
             max_body_bytes: MAX_BODY_BYTES,
         },
-        journal,
+        journal.clone(),
     );
     receiver
-        .serve(listener, shutdown_signal())
+        .serve(listener, until_stopped(shutdown_signal(), &journal))
         .await
         .context("the receiver stopped")
         .map_err(Exit::runtime)?;
+    if let Some(exit) = poisoned_exit(&journal) {
+        return Err(exit);
+    }
     tracing::info!("receiver stopped");
     Ok(())
+}
+
+/// Completes when `shutdown` does or when the journal is poisoned, whichever is first: either
+/// way the command stops taking work and answers what is in flight.
+pub async fn until_stopped(shutdown: impl std::future::Future<Output = ()>, journal: &Journal) {
+    tokio::select! {
+        () = shutdown => {}
+        reason = journal.poisoned() => {
+            tracing::error!(%reason, "the journal is poisoned: no delivery can be taken until rm-agent restarts; answering the requests in flight, then exiting with status 1");
+        }
+    }
+}
+
+/// The exit of a command whose journal was poisoned: status 1 (CONTRACT §1, a run-time failure;
+/// systemd's `Restart=on-failure` restarts it) with why and what to do.
+pub fn poisoned_exit(journal: &Journal) -> Option<Exit> {
+    journal.poison_reason().map(|reason| {
+        Exit::runtime(anyhow::anyhow!(
+            "the journal {} was poisoned ({reason}), so rm-agent stopped taking deliveries, answered those in flight and exited; start it again (systemd's Restart=on-failure does) and SQLite recovers the journal from its WAL; if it happens again, check the disk (dmesg, SMART)",
+            journal.path().display()
+        ))
+    })
 }
 
 /// Completes on SIGINT or SIGTERM. The handlers are installed when this is called, not when

@@ -2,7 +2,7 @@
 //! set) journalling deliveries, and the executor turning queued jobs into runners. SIGINT or
 //! SIGTERM drains (CONTRACT §3): the receiver answers what is in flight, no new runner starts,
 //! no busy runner is killed, and the agent exits within 60 seconds; runners still alive are
-//! adopted at the next start.
+//! adopted at the next start. A poisoned journal drains the same way and then exits 1.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -158,8 +158,11 @@ pub async fn serve_paced(
         tokio::spawn(subscription.run(stop_rx.clone()))
     });
     let polling = tokio::spawn(poller.run(stopped(stop_rx.clone())));
+    // A poisoned journal drains like a signal (runners are left running, adopted at the next
+    // start), and then the agent exits 1 for its service manager to restart it.
+    let watched = journal.clone();
     let signal = async move {
-        shutdown.await;
+        super::receive::until_stopped(shutdown, &watched).await;
         let _ = stop_tx.send(true);
     };
     let mut first_pass = poller_status;
@@ -181,6 +184,14 @@ pub async fn serve_paced(
     }
     if let Err(e) = polling.await {
         tracing::warn!(error = %e, "the polling task failed");
+    }
+    if let Some(exit) = super::receive::poisoned_exit(&journal) {
+        tracing::info!(
+            left_running = report.left_running,
+            launches_unfinished = report.launches_unfinished,
+            "drained; runners still alive are adopted at the next start"
+        );
+        return Err(exit);
     }
     Ok(report)
 }

@@ -4,6 +4,9 @@
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+#[path = "receiver_crash/poisoned.rs"]
+mod poisoned;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -8,5 +8,6 @@ mod failures;
 mod isolation;
 mod lifecycle;
 mod package;
+mod poisoned;
 mod polling;
 mod relay;
