@@ -68,11 +68,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Exit> {
         .context("cannot read the listening address")
         .map_err(Exit::runtime)?;
     let public_url = public_url.unwrap_or_else(|| format!("http://{addr}"));
-    let stored = public_url.clone();
-    store
-        .write(move |conn| store::set_public_url(conn, &stored))
-        .await
-        .map_err(Exit::runtime)?;
+    remember_public_url(&store, &public_url).await;
     if public_url.contains("://0.0.0.0") || public_url.contains("://[::]") {
         tracing::warn!(%public_url, "no --public-url: the URLs `channel add` prints will not be reachable");
     }
@@ -95,6 +91,24 @@ pub async fn serve(args: ServeArgs) -> Result<(), Exit> {
     pruning.abort();
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Stores the public URL for `channel add` when it changed. A failure is a warning, not a
+/// reason not to serve: on a full disk the relay must still start and stream what it has (and
+/// take deliveries again once space returns), and the URL only saves `channel add` a flag.
+async fn remember_public_url(store: &Store, public_url: &str) {
+    let url = public_url.to_owned();
+    let result = store
+        .write(move |conn| {
+            if store::public_url(conn)?.as_deref() == Some(url.as_str()) {
+                return Ok(());
+            }
+            store::set_public_url(conn, &url)
+        })
+        .await;
+    if let Err(err) = result {
+        tracing::warn!(error = %err, "cannot store the public URL; `channel add` needs --public-url until a later start stores it");
+    }
 }
 
 /// Removes expired deliveries now and every [`PRUNE_INTERVAL`], a bounded step at a time.

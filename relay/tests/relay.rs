@@ -11,6 +11,8 @@
 
 #[path = "relay/container.rs"]
 mod container;
+#[path = "relay/disk_full.rs"]
+mod disk_full;
 #[path = "relay/limits.rs"]
 mod limits;
 #[path = "relay/smee.rs"]
