@@ -442,8 +442,9 @@ impl GithubClient {
             let answer = self.run(&call).await?;
             not_modified &= answer.not_modified;
             let mut value: Value = decode(endpoint, &answer.body)?;
-            let batch: Vec<T> = decode_value(endpoint, value.get_mut(field).map(Value::take))?;
-            let full = batch.len() == PER_PAGE;
+            let (batch, listed) = decode_items(endpoint, value.get_mut(field).map(Value::take))?;
+            // Counted as GitHub listed them: a skipped object must not end the paging.
+            let full = listed == PER_PAGE;
             items.extend(batch);
             if !full {
                 break;
@@ -481,6 +482,42 @@ pub(crate) fn decode<T: DeserializeOwned>(
     })
 }
 
+/// A list's objects, each read on its own: one that lacks a field rm needs (or has it null or of
+/// another type) is skipped with a warning naming it, instead of making the whole answer, and
+/// with it a whole polling target, unreadable. The types hold only what rm reads, so a field rm
+/// does not use can never cause a skip. `Err` only when there is no list at all. Also returns
+/// how many objects GitHub listed, for paging.
+pub(crate) fn decode_items<T: DeserializeOwned>(
+    endpoint: &'static str,
+    value: Option<Value>,
+) -> Result<(Vec<T>, usize), GithubError> {
+    let list: Vec<Value> = decode_value(endpoint, value)?;
+    let listed = list.len();
+    let items = list
+        .into_iter()
+        .enumerate()
+        .filter_map(|(index, object)| {
+            let id = object
+                .get("id")
+                .map_or_else(String::new, ToString::to_string);
+            match serde_json::from_value(object) {
+                Ok(item) => Some(item),
+                Err(err) => {
+                    tracing::warn!(
+                        endpoint,
+                        index,
+                        id = %id,
+                        error = %err,
+                        "GitHub listed an object without a field rm needs; skipped"
+                    );
+                    None
+                }
+            }
+        })
+        .collect();
+    Ok((items, listed))
+}
+
 pub(crate) fn decode_value<T: DeserializeOwned>(
     endpoint: &'static str,
     value: Option<Value>,
@@ -506,5 +543,81 @@ mod tests {
             mutation_spacing: crate::budget::MUTATION_SPACING,
         };
         assert!(!format!("{c:?}").contains("secret"));
+    }
+
+    /// A `GET .../actions/runs/{id}/jobs` page shaped as GitHub sends it (the OpenAPI's Job):
+    /// one job with fields rm does not read null or missing, one without a field rm needs.
+    const JOBS_PAGE: &str = r#"{"total_count": 3, "jobs": [
+      {"id": 21, "run_id": 5, "run_url": "https://api.github.com/repos/acme/w/actions/runs/5",
+       "run_attempt": 1, "node_id": "MDg6Q2hlY2tSdW40",
+       "head_sha": "009b8a3a9ccbb128af87f9b1c0f4c62e8a304f6d",
+       "url": "https://api.github.com/repos/acme/w/actions/jobs/21", "html_url": null,
+       "status": "queued", "conclusion": null, "created_at": "2019-08-08T08:00:00-07:00",
+       "started_at": "2019-08-08T08:00:00-07:00", "completed_at": null, "name": "build",
+       "steps": [], "check_run_url": "https://api.github.com/repos/acme/w/check-runs/21",
+       "labels": ["self-hosted", "linux"], "runner_id": null, "runner_name": null,
+       "runner_group_id": null, "runner_group_name": null, "workflow_name": "CI",
+       "head_branch": "main"},
+      {"id": 22, "run_id": 5, "status": "queued", "name": "test",
+       "created_at": "2019-08-08T08:00:00-07:00", "labels": ["self-hosted"],
+       "head_sha": null, "started_at": null, "steps": null, "node_id": null, "url": null,
+       "workflow_name": null, "run_attempt": null, "runner_group_id": "not a number"},
+      {"id": 23, "run_id": 5, "status": "queued", "name": "lint",
+       "created_at": "2019-08-08T08:00:00-07:00", "labels": null}
+    ]}"#;
+
+    #[test]
+    fn a_null_or_missing_unused_field_costs_nothing_and_a_missing_needed_one_only_its_object() {
+        let mut page: Value = serde_json::from_str(JOBS_PAGE).expect("JSON");
+        let (jobs, listed) = decode_items::<crate::types::WorkflowJob>(
+            "repos.actions.jobs",
+            page.get_mut("jobs").map(Value::take),
+        )
+        .expect("the page is readable");
+        assert_eq!(listed, 3, "paging counts what GitHub listed");
+        let ids: Vec<u64> = jobs.iter().map(|j| j.id).collect();
+        // 22 has null or missing head_sha, started_at, steps, run_attempt, workflow_name and a
+        // runner_group_id of another type: none of them is read. 23 has no labels: skipped.
+        assert_eq!(ids, [21, 22]);
+        assert_eq!(jobs[1].run_attempt, None);
+        assert_eq!(jobs[1].labels, ["self-hosted"]);
+        assert_eq!(jobs[0].workflow_name.as_deref(), Some("CI"));
+    }
+
+    #[test]
+    fn a_list_that_is_not_there_is_still_unreadable() {
+        let page: Value = serde_json::from_str(r#"{"total_count": 0}"#).expect("JSON");
+        let missing = decode_items::<crate::types::WorkflowJob>(
+            "repos.actions.jobs",
+            page.get("jobs").cloned(),
+        );
+        assert!(matches!(missing, Err(GithubError::Unexpected { .. })));
+    }
+
+    #[test]
+    fn runners_runs_repositories_and_deliveries_tolerate_nulls_they_do_not_read() {
+        // The fields GitHub documents as nullable, or that rm does not read, set to null.
+        let runner = r#"{"id": 1, "name": "rm-h-0123456789ab", "os": null, "status": "online",
+            "busy": false, "ephemeral": null, "runner_group_id": null,
+            "labels": [{"id": null, "name": "self-hosted", "type": null}]}"#;
+        let run = r#"{"id": 5, "updated_at": "2024-01-01T00:00:00Z", "head_sha": null,
+            "created_at": null, "status": null, "conclusion": null, "run_attempt": null,
+            "name": null, "head_branch": null}"#;
+        let repository = r#"{"id": null, "name": "w", "full_name": null, "private": null,
+            "owner": {"login": "acme", "id": null}}"#;
+        let delivery = r#"{"id": 9, "guid": "g", "delivered_at": "2024-01-01T00:00:00Z",
+            "redelivery": null, "duration": null, "status": "OK", "status_code": 202,
+            "event": "workflow_job", "action": null, "installation_id": null,
+            "repository_id": null, "throttled_at": null}"#;
+        assert_eq!(decoded::<crate::types::Runner>(runner), 1);
+        assert_eq!(decoded::<crate::types::WorkflowRun>(run), 1);
+        assert_eq!(decoded::<crate::types::Repository>(repository), 1);
+        assert_eq!(decoded::<crate::types::HookDelivery>(delivery), 1);
+    }
+
+    /// How many objects of a one-object list decode as `T`.
+    fn decoded<T: DeserializeOwned>(object: &str) -> usize {
+        let list = Value::Array(vec![serde_json::from_str(object).expect("JSON")]);
+        decode_items::<T>("x", Some(list)).expect("a list").0.len()
     }
 }

@@ -6,7 +6,7 @@ use std::sync::PoisonError;
 use http::{Method, header};
 
 use crate::budget::Scope;
-use crate::client::{Auth, Call, GithubClient, PER_PAGE, Polled, decode};
+use crate::client::{Auth, Call, GithubClient, PER_PAGE, Polled, decode, decode_items};
 use crate::error::GithubError;
 use crate::target::Target;
 use crate::types::*;
@@ -81,8 +81,9 @@ impl GithubClient {
             .get(header::LINK)
             .and_then(|v| v.to_str().ok())
             .and_then(next_cursor);
+        let listed: serde_json::Value = decode("app.hook_deliveries", &answer.body)?;
         Ok(DeliveryPage {
-            deliveries: decode("app.hook_deliveries", &answer.body)?,
+            deliveries: decode_items("app.hook_deliveries", Some(listed))?.0,
             next_cursor,
         })
     }
@@ -155,7 +156,7 @@ impl GithubClient {
         };
         let path = format!("{}?name={}", target.runners_path(), percent_encode(name));
         let mut value: serde_json::Value = self.get_json(Call::get(endpoint, auth, path)).await?;
-        let runners: Vec<Runner> = crate::client::decode_value(
+        let (runners, _): (Vec<Runner>, _) = decode_items(
             endpoint,
             value.get_mut("runners").map(serde_json::Value::take),
         )?;

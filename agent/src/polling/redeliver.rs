@@ -223,14 +223,9 @@ mod tests {
             id,
             guid: guid.to_owned(),
             delivered_at: rm_fake_github::time::rfc3339(at),
-            redelivery: false,
-            duration: 0.1,
             status: if status_code == 202 { "OK" } else { "failed" }.to_owned(),
             status_code,
             event: "workflow_job".to_owned(),
-            action: Some("queued".to_owned()),
-            installation_id: Some(1),
-            repository_id: Some(2),
         }
     }
 

@@ -310,7 +310,7 @@ async fn installation_repositories_and_rate_limit() {
         .unwrap_or_else(|e| panic!("{e}"))
         .value
         .into_iter()
-        .map(|r| r.full_name)
+        .map(|r| format!("{}/{}", r.owner.login, r.name))
         .collect();
     assert_eq!(names, ["acme/widgets"]);
     let overview = h
@@ -364,10 +364,7 @@ async fn hook_deliveries_page_with_cursors_and_redeliver() {
     assert_eq!(second.deliveries.len(), 1);
     assert_eq!(second.next_cursor, None);
     let oldest = &second.deliveries[0];
-    assert_eq!(
-        (oldest.event.as_str(), oldest.action.as_deref()),
-        ("workflow_job", Some("queued"))
-    );
+    assert_eq!(oldest.event, "workflow_job");
     assert_ne!(oldest.status, "OK", "no webhook URL was configured");
     h.client
         .redeliver(oldest.id)
@@ -379,8 +376,8 @@ async fn hook_deliveries_page_with_cursors_and_redeliver() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let again = &newest.deliveries[0];
-    assert!(again.redelivery);
     assert_eq!(again.guid, oldest.guid);
+    assert_ne!(again.id, oldest.id, "a redelivery is a new attempt");
     assert!(matches!(
         h.client.redeliver(1).await,
         Err(GithubError::NotFound { .. })

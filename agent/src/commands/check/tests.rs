@@ -13,8 +13,6 @@ use crate::runner::package;
 fn installation(permissions: &[(&str, &str)]) -> Installation {
     Installation {
         id: 7,
-        app_id: 1,
-        target_type: "Organization".into(),
         account: None,
         permissions: permissions
             .iter()
