@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+#[path = "receiver_crash/disk_full.rs"]
+mod disk_full;
 #[path = "receiver_crash/poisoned.rs"]
 mod poisoned;
 

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 mod crash;
+mod disk_full;
 mod failures;
 mod isolation;
 mod lifecycle;
