@@ -97,6 +97,10 @@ pub fn open(data_dir: &Path) -> Result<Connection, StoreError> {
         path: data_dir.to_owned(),
         source,
     })?;
+    private_files(data_dir).map_err(|source| StoreError::Dir {
+        path: data_dir.to_owned(),
+        source,
+    })?;
     let mut conn = open_connection(&path).map_err(open_err)?;
     schema::migrate(&mut conn).map_err(|source| StoreError::Schema {
         path: path.clone(),
@@ -147,21 +151,75 @@ pub fn lock_instance(data_dir: &Path) -> Result<InstanceLock, StoreError> {
         }
         Err(std::fs::TryLockError::Error(err)) => return Err(lock_err(err)),
     }
-    // The holder's pid, for the message a second `serve` prints; the lock is what counts.
-    file.set_len(0)
+    // The holder's pid, for the message a second `serve` prints; the lock is what counts, so
+    // a failure here (a full disk) only costs the message its pid.
+    let pid = file
+        .set_len(0)
         .and_then(|()| file.rewind())
-        .and_then(|()| writeln!(file, "{}", std::process::id()))
-        .map_err(lock_err)?;
+        .and_then(|()| writeln!(file, "{}", std::process::id()));
+    if let Err(err) = pid {
+        tracing::debug!(error = %err, "cannot write the pid into the lock file");
+    }
     Ok(InstanceLock { _file: file })
 }
 
-/// The data directory holds delivery bodies and token digests: only its owner reads it.
+/// The data directory holds delivery bodies and token digests: only its owner reads it. A new
+/// one is created `0700`; one that already exists with any group or other bit (made by hand or
+/// by a tool under umask 022) is repaired to `0700`, with a warning naming it.
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(dir)
+    builder.create(dir)?;
+    repair_mode(dir, 0o700)
+}
+
+/// The files of the data directory, as `0600`. `relay.db` is created here (empty: SQLite takes
+/// an empty file for a new database) so it never exists with the umask's mode, and SQLite gives
+/// `-wal` and `-shm` the mode of the database file; any of them already there with a group or
+/// other bit is repaired, with a warning.
+fn private_files(dir: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    drop(options.open(dir.join(DB_FILE))?);
+    for name in [DB_FILE, "relay.db-wal", "relay.db-shm", LOCK_FILE] {
+        match repair_mode(&dir.join(name), 0o600) {
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
+/// The mode a data-directory entry should get instead of `mode`, if it lets anyone but its
+/// owner in: `private` (`0700` for the directory, `0600` for a file), else `None` (an entry
+/// that is stricter than `private` is left as it is).
+pub fn repaired_mode(mode: u32, private: u32) -> Option<u32> {
+    (mode & 0o077 != 0).then_some(private)
+}
+
+/// chmods `path` to `private` when [`repaired_mode`] says so, and logs the repair.
+fn repair_mode(path: &Path, private: u32) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)?.permissions().mode() & 0o7777;
+        if let Some(repaired) = repaired_mode(mode, private) {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(repaired))?;
+            tracing::warn!(
+                path = %path.display(),
+                was = format_args!("{mode:04o}"),
+                now = format_args!("{repaired:04o}"),
+                "repaired the mode of the relay's data: other users could read deliveries and token digests"
+            );
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (path, private);
+    Ok(())
 }
 
 /// The database for the async server: one writer (SQLite has one anyway), pooled readers, each

@@ -2,7 +2,8 @@
 //! commands beside a running relay, byte-exact delivery with signatures intact, durability
 //! across SIGKILL, ack and replay, authentication and revocation, ingest refusals and
 //! duplicates, the unmodified npm smee-client, and the container's CMD with health, metrics and
-//! a graceful SIGTERM.
+//! a graceful SIGTERM; the data directory's modes; limits (relay/limits.rs) and a full disk
+//! (relay/disk_full.rs).
 
 #![allow(
     clippy::unwrap_used,
@@ -429,4 +430,43 @@ async fn ingest_refuses_what_is_not_a_delivery_and_stores_a_guid_once() {
     let (got, _, body) = stream.event().await.delivery();
     assert_eq!((got, body.len()), (big_id, big.len()));
     stream.assert_quiet(Duration::from_millis(200)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_data_directory_others_can_read_is_repaired_at_start_and_said_so() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_tmp, data) = data_dir();
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mode = |name: &str| {
+        std::fs::metadata(data.join(name))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    // Under umask 022, as a package's post-install script or an operator's shell has it.
+    let out = std::process::Command::new("sh")
+        .args(["-c", "umask 022 && exec \"$0\" \"$@\"", BIN])
+        .args(["channel", "add", "ci", "--public-url", "http://127.0.0.1:1"])
+        .args(["--data-dir", dir_arg(&data)])
+        .env_remove("RM_RELAY_DATA_DIR")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("repaired the mode")
+            && stderr.contains("was=0755")
+            && stderr.contains(dir_arg(&data)),
+        "{stderr}"
+    );
+    assert_eq!((mode(""), mode("relay.db")), (0o700, 0o600));
+    // `serve` (under the tests' own umask): SQLite's files and the lock are private too.
+    let relay = Relay::start(&data);
+    let probe = delivery(&relay.url("/hooks/x"), "ping", &guid(), b"{}");
+    assert_eq!(send(probe).await.0, 404);
+    for name in ["relay.db", "relay.db-wal", "relay.db-shm", "serve.lock"] {
+        assert_eq!(mode(name), 0o600, "{name}");
+    }
 }

@@ -190,3 +190,51 @@ fn the_quota_drops_only_acknowledged_deliveries_oldest_first_then_refuses() {
     assert_eq!(channel_usage(&conn, "a").unwrap(), 0);
     assert_eq!(channel_usage(&conn, "b").unwrap(), 0);
 }
+
+#[test]
+fn only_group_or_other_bits_call_for_a_repair() {
+    assert_eq!(repaired_mode(0o755, 0o700), Some(0o700));
+    assert_eq!(repaired_mode(0o701, 0o700), Some(0o700));
+    assert_eq!(repaired_mode(0o644, 0o600), Some(0o600));
+    assert_eq!(repaired_mode(0o660, 0o600), Some(0o600));
+    assert_eq!(repaired_mode(0o700, 0o700), None);
+    assert_eq!(repaired_mode(0o600, 0o600), None);
+    assert_eq!(repaired_mode(0o400, 0o600), None);
+}
+
+#[test]
+fn a_data_directory_others_can_read_is_repaired_with_its_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let chmod = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    // A store made before, then opened up as a careless `mkdir`/`cp` under umask 022 would.
+    drop(open(&data).unwrap());
+    chmod(&data, 0o755);
+    chmod(&data.join(DB_FILE), 0o644);
+    std::fs::write(data.join("relay.db-shm"), b"").unwrap();
+    chmod(&data.join("relay.db-shm"), 0o644);
+    std::fs::write(data.join(LOCK_FILE), b"").unwrap();
+    chmod(&data.join(LOCK_FILE), 0o666);
+    let conn = open(&data).unwrap();
+    assert_eq!(mode(&data), 0o700);
+    for name in [DB_FILE, "relay.db-wal", "relay.db-shm", LOCK_FILE] {
+        assert_eq!(mode(&data.join(name)), 0o600, "{name}");
+    }
+    drop(conn);
+    // A directory that exists, empty and 0755 (made by a package or by hand): the new store in
+    // it is private whatever the umask (SQLite's own files copy relay.db's mode).
+    let fresh = dir.path().join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    chmod(&fresh, 0o755);
+    let _conn = open(&fresh).unwrap();
+    assert_eq!(mode(&fresh), 0o700);
+    for name in [DB_FILE, "relay.db-wal", "relay.db-shm"] {
+        assert_eq!(mode(&fresh.join(name)), 0o600, "{name}");
+    }
+    let _lock = lock_instance(&fresh).unwrap();
+    assert_eq!(mode(&fresh.join(LOCK_FILE)), 0o600);
+}
