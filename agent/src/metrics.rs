@@ -196,6 +196,7 @@ mod tests {
             offline: None,
             unannounced_jobs: 0,
             last_pass: PassReport::default(),
+            unreadable_targets: Vec::new(),
         };
         let (tx, rx) = watch::channel(status);
         let mut registry = Registry::default();

@@ -87,6 +87,9 @@ pub struct Polling {
     pub last_failure: Option<String>,
     /// Queued jobs a poll found that no delivery announced.
     pub unannounced_jobs: i64,
+    /// Policy targets the latest demand poll could not read, with GitHub's reason.
+    #[serde(default)]
+    pub unreadable_targets: Vec<crate::polling::UnreadableTarget>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,6 +179,7 @@ impl Snapshot {
                 },
                 last_failure: status.last_pass.failure.map(str::to_owned),
                 unannounced_jobs: status.unannounced_jobs,
+                unreadable_targets: status.unreadable_targets.clone(),
             },
             github: Github {
                 reachable: contact.reachable,
@@ -403,6 +407,10 @@ mod tests {
                 failure: Some("offline"),
                 ..PassReport::default()
             },
+            unreadable_targets: vec![crate::polling::UnreadableTarget {
+                target: "acme/widgets".to_owned(),
+                reason: "unexpected answer".to_owned(),
+            }],
         }
     }
 

@@ -246,6 +246,10 @@ pub fn to_json(facts: &Facts) -> Value {
                 "charged": s.polling.requests_last_hour.charged,
                 "uncharged": s.polling.requests_last_hour.uncharged,
             })),
+            "unreadable_targets": live.map(|s| s.polling.unreadable_targets.iter().map(|t| json!({
+                "target": t.target,
+                "reason": t.reason,
+            })).collect::<Vec<_>>()),
             "offline": live.and_then(|s| s.polling.offline.as_ref()).map(|o| json!({
                 "since": rfc3339(o.since_ms),
                 "outlasted_the_queue": o.outlasted_the_queue,
@@ -386,7 +390,20 @@ pub fn degraded(facts: &Facts) -> Vec<String> {
                 ago(facts.age_of(at))
             ));
         }
+        for unreadable in &polling.unreadable_targets {
+            found.push(format!(
+                "Polling cannot read the target {} ({}): jobs there are found only through \
+                 webhooks until it can. It is tried again at every active interval; `rm-agent \
+                 check` verifies the App's access to it, and the agent's log has GitHub's answer \
+                 (`polling: target unreadable`).",
+                unreadable.target, unreadable.reason
+            ));
+        }
+        // A target GitHub answered unreadably is said above; "refused" would be wrong for it.
+        let unreadable_only = !polling.unreadable_targets.is_empty()
+            && polling.last_failure.as_deref() == Some("failed");
         match polling.pace.as_str() {
+            "blocked" if unreadable_only => {}
             "blocked" => found.push(format!(
                 "Polling is blocked: GitHub refused the App's requests ({}). Run `rm-agent \
                  check` to find the credential or permission to fix.",
@@ -523,8 +540,19 @@ pub fn render(facts: &Facts) -> String {
                         )
                     },
                 );
+                let unreadable = match s.polling.unreadable_targets.as_slice() {
+                    [] => String::new(),
+                    targets => format!(
+                        "; UNREADABLE: {}",
+                        targets
+                            .iter()
+                            .map(|t| t.target.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                };
                 format!(
-                    "{}; {next}; {} charged and {} uncharged requests in the last hour",
+                    "{}; {next}; {} charged and {} uncharged requests in the last hour{unreadable}",
                     s.polling.pace,
                     s.polling.requests_last_hour.charged,
                     s.polling.requests_last_hour.uncharged
@@ -668,6 +696,7 @@ mod tests {
                 },
                 last_failure: None,
                 unannounced_jobs: 0,
+                unreadable_targets: Vec::new(),
             },
             github: Github {
                 reachable: true,
@@ -957,5 +986,43 @@ mod tests {
         );
         assert_eq!(to_json(&f)["webhooks"]["relay"]["connected"], false);
         assert!(render(&f).contains("relay DISCONNECTED"));
+    }
+
+    #[test]
+    fn an_unreadable_target_is_named_in_text_and_json() {
+        let mut facts = facts();
+        if let Some(snapshot) = facts.snapshot.as_mut() {
+            snapshot.polling.pace = "blocked".to_owned();
+            snapshot.polling.last_failure = Some("failed".to_owned());
+            snapshot.polling.unreadable_targets = vec![crate::polling::UnreadableTarget {
+                target: "acme/widgets".to_owned(),
+                reason: "GitHub's answer to repos.actions.jobs was unexpected".to_owned(),
+            }];
+        }
+        let json = to_json(&facts);
+        assert_eq!(
+            json["polling"]["unreadable_targets"],
+            serde_json::json!([{
+                "target": "acme/widgets",
+                "reason": "GitHub's answer to repos.actions.jobs was unexpected",
+            }])
+        );
+        let problems = degraded(&facts);
+        assert!(
+            problems.iter().any(|p| p
+                .starts_with("Polling cannot read the target acme/widgets (GitHub's")
+                && p.contains("every active interval")),
+            "{problems:?}"
+        );
+        assert!(
+            !problems.iter().any(|p| p.contains("refused the App")),
+            "{problems:?}"
+        );
+        let text = render(&facts);
+        assert!(text.contains("UNREADABLE: acme/widgets"), "{text}");
+
+        // All readable: an empty list, and nothing said.
+        let json = to_json(&self::facts());
+        assert_eq!(json["polling"]["unreadable_targets"], serde_json::json!([]));
     }
 }

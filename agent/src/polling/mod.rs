@@ -21,7 +21,9 @@ use std::time::{Duration, SystemTime};
 
 pub use poller::{Jitter, Poller, PollerError};
 pub use schedule::{Pace, PollSchedule};
-pub use status::{PassReport, PollerStatus, RateLimitStatus, RequestCounts, WebhookStatus};
+pub use status::{
+    PassReport, PollerStatus, RateLimitStatus, RequestCounts, UnreadableTarget, WebhookStatus,
+};
 
 use crate::config::Config;
 

@@ -86,6 +86,8 @@ pub struct Poller {
     pacing: Pacing,
     status: watch::Sender<PollerStatus>,
     changes: watch::Sender<u64>,
+    /// What the latest demand poll could not read; steps that poll no demand keep it.
+    unreadable: Vec<super::UnreadableTarget>,
 }
 
 /// A small xorshift generator seeded from the clock: jitter only spreads hosts apart.
@@ -130,6 +132,7 @@ impl Poller {
             offline: None,
             unannounced_jobs: 0,
             last_pass: PassReport::default(),
+            unreadable_targets: Vec::new(),
         };
         Ok(Poller {
             client,
@@ -148,6 +151,7 @@ impl Poller {
             pacing: Pacing::default(),
             status: watch::Sender::new(initial),
             changes: watch::Sender::new(0),
+            unreadable: Vec::new(),
             clock,
         })
     }
@@ -293,6 +297,7 @@ impl Poller {
             )
             .await?;
             report.polled_demand = true;
+            self.unreadable.clone_from(&polled.unreadable);
             if !polled.vanished.is_empty() {
                 let checked =
                     stale::check_jobs(&self.client, &self.journal, polled.vanished.clone(), now)
@@ -376,6 +381,7 @@ impl Poller {
             offline: self.schedule.offline(now, retry_in),
             unannounced_jobs,
             last_pass: report.clone(),
+            unreadable_targets: self.unreadable.clone(),
         };
         tracing::debug!(
             pace = pace.as_str(),

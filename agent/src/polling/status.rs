@@ -170,6 +170,16 @@ pub struct PassReport {
     pub failure: Option<&'static str>,
 }
 
+/// A polling target the latest demand poll could not read, and why (GitHub's error in words).
+/// Such a target is tried again at the next poll, at the active interval (the schedule's
+/// `Failure::Failed`): it is neither skipped for good nor counted as empty.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UnreadableTarget {
+    /// The policy target as configured: `acme` or `acme/widgets`.
+    pub target: String,
+    pub reason: String,
+}
+
 /// The poller at a glance, for `status` and `/metrics`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PollerStatus {
@@ -184,6 +194,8 @@ pub struct PollerStatus {
     /// Jobs a poll found that no delivery has announced.
     pub unannounced_jobs: i64,
     pub last_pass: PassReport,
+    /// The targets the latest demand poll could not read (kept until the next demand poll).
+    pub unreadable_targets: Vec<UnreadableTarget>,
 }
 
 impl PollerStatus {

@@ -70,6 +70,8 @@ pub struct DemandReport {
     pub quiet: bool,
     /// Queued jobs whose run GitHub no longer lists (at most [`MAX_VANISHED_PER_PASS`]).
     pub vanished: Vec<QueuedJobRef>,
+    /// Targets that failed, and why.
+    pub unreadable: Vec<super::UnreadableTarget>,
 }
 
 /// Most vanished jobs reported (and asked about) per pass.
@@ -162,6 +164,10 @@ pub async fn poll(
             Err(error) => {
                 let failure = Failure::from_error(&error, now);
                 tracing::warn!(target = %target, error = %error, "polling: target unreadable");
+                report.unreadable.push(super::UnreadableTarget {
+                    target: target.to_string(),
+                    reason: error.to_string(),
+                });
                 report.failure = Some(Failure::worst(report.failure, failure));
                 if matches!(failure, Failure::Offline | Failure::RateLimited { .. }) {
                     break;

@@ -388,3 +388,40 @@ fn the_loop_can_be_spawned() {
     // Type-checked, never called: `run` must be a future `tokio::spawn` takes.
     let _ = |poller: Poller| spawnable(poller.run(std::future::pending::<()>()));
 }
+
+#[tokio::test]
+async fn an_unreadable_target_is_named_and_retried_at_the_active_interval() {
+    let h = Harness::new().await;
+    let readable = h.queue("acme/widgets");
+    h.queue("acme/gadgets");
+    // GitHub answers one repository's run listing with something rm cannot use (a 422 here;
+    // an answer without its list is the same class): the other target is still read.
+    h.fake.inject_fault(
+        None,
+        "/repos/acme/gadgets/actions/runs",
+        FaultAction::Status(422),
+        1,
+    );
+    let mut poller = h.poller(&["acme/widgets", "acme/gadgets"], false);
+    let report = poller.poll_once().await.unwrap();
+    assert_eq!(report.targets_read, 1);
+    assert_eq!(h.job(readable).source, "poll");
+    let status = poller.status().borrow().clone();
+    let named: Vec<&str> = status
+        .unreadable_targets
+        .iter()
+        .map(|t| t.target.as_str())
+        .collect();
+    assert_eq!(named, ["acme/gadgets"]);
+    assert!(!status.unreadable_targets[0].reason.is_empty());
+    assert_eq!(
+        next_poll_secs(&poller, &h),
+        60,
+        "retried at the active interval"
+    );
+
+    // Readable again at the next poll: no longer named.
+    h.advance(Duration::from_secs(60));
+    poller.poll_once().await.unwrap();
+    assert!(poller.status().borrow().unreadable_targets.is_empty());
+}
