@@ -41,12 +41,61 @@ fn switch_to_wal(conn: &Connection) -> rusqlite::Result<String> {
 /// The group writer's page cache, in KiB.
 const WRITER_CACHE_KIB: i64 = 64 * 1024;
 
+/// The journal's files' mode: the owner's alone. SQLite gives its WAL and shared-memory files
+/// the database file's mode, so this one mode covers all three.
+const JOURNAL_MODE: u32 = 0o600;
+
+/// Makes the journal's file private before SQLite opens it, whatever the umask: creates it with
+/// [`JOURNAL_MODE`], or takes group and other bits off a file (and its WAL and shared-memory
+/// files) that already has them (made by an older rm, by hand, or under umask 022), and says so
+/// in the log. Every delivery's body and headers are in it.
+pub(crate) fn make_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(JOURNAL_MODE)
+        .open(path)
+    {
+        // The umask may have narrowed the mode, never widened it.
+        Ok(_) => return Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(err),
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let file = std::path::PathBuf::from(file);
+        let meta = match std::fs::symlink_metadata(&file) {
+            Ok(meta) => meta,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(err),
+        };
+        let mode = meta.permissions().mode() & 0o7777;
+        if meta.is_file() && mode & 0o077 != 0 {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode & 0o700))?;
+            tracing::warn!(
+                file = %file.display(),
+                was = format!("{mode:04o}"),
+                now = format!("{:04o}", mode & 0o700),
+                "repaired the journal's mode: others could read it"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Opens (creating if needed) the journal for writing and brings its schema up to date.
 pub(crate) fn open_writer(path: &Path) -> Result<Connection, JournalError> {
     let open = |source| JournalError::Open {
         path: path.to_owned(),
         source,
     };
+    make_private(path).map_err(|err| {
+        open(rusqlite::Error::InvalidParameterName(format!(
+            "cannot make the journal private to its owner: {err}"
+        )))
+    })?;
     let mut conn = Connection::open(path).map_err(open)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(open)?;
     let mode = switch_to_wal(&conn).map_err(open)?;

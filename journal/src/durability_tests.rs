@@ -50,3 +50,48 @@ async fn a_failed_flush_tells_the_process_why() {
     assert!(reason.contains("injected EIO"), "{reason}");
     assert_eq!(journal.poison_reason(), Some(reason));
 }
+
+fn mode_of(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// A journal (and its WAL and shared-memory files) that others could read, left by an older rm
+/// or made under umask 022, is made private when the journal opens; a new one is private
+/// whatever the umask (SQLite alone creates it 0644 less the umask).
+#[tokio::test]
+async fn the_journal_is_private_to_its_owner_new_or_inherited() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(JOURNAL_FILE);
+    let journal = Journal::open(&path, Retention::default()).unwrap();
+    journal.record(ping("new")).await.unwrap();
+    drop(journal);
+    assert_eq!(mode_of(&path), 0o600);
+
+    let inherited = dir.path().join("old").join(JOURNAL_FILE);
+    std::fs::create_dir(inherited.parent().unwrap()).unwrap();
+    {
+        let conn = rusqlite::Connection::open(&inherited).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
+            .unwrap();
+        std::mem::forget(conn); // keeps the WAL and shared-memory files, as a crash would
+    }
+    let files: Vec<_> = ["", "-wal", "-shm"]
+        .iter()
+        .map(|s| {
+            let mut f = inherited.as_os_str().to_owned();
+            f.push(s);
+            std::path::PathBuf::from(f)
+        })
+        .collect();
+    for file in &files {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let journal = Journal::open(&inherited, Retention::default()).unwrap();
+    journal.record(ping("after")).await.unwrap();
+    for file in &files {
+        assert_eq!(mode_of(file), 0o600, "{}", file.display());
+    }
+}

@@ -6,6 +6,8 @@
 
 #[path = "receiver_crash/disk_full.rs"]
 mod disk_full;
+#[path = "receiver_crash/modes.rs"]
+mod modes;
 #[path = "receiver_crash/poisoned.rs"]
 mod poisoned;
 
