@@ -137,6 +137,11 @@ async fn jit_errors_are_classified() {
     let mut bad_group = jit_request("other");
     bad_group.runner_group_id = 99;
     let r = h.client.generate_jitconfig(&org(), &bad_group).await;
+    // GitHub answers an unknown runner group with 404, a request it cannot take with 422.
+    assert!(matches!(r, Err(GithubError::NotFound { .. })), "{r:?}");
+    let mut no_labels = jit_request("other");
+    no_labels.labels.clear();
+    let r = h.client.generate_jitconfig(&org(), &no_labels).await;
     assert!(matches!(r, Err(GithubError::Unprocessable { .. })), "{r:?}");
     let gpu = h.fake.add_runner_group("acme", "gpu");
     let mut good_group = jit_request("other");

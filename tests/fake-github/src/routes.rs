@@ -527,10 +527,9 @@ fn jit(state: &mut State, scope: &Scope, body: Option<&Value>) -> Reply {
         None => group_id == 1,
     };
     if !group_ok {
-        return Reply::error(
-            422,
-            &format!("Validation Failed: runner group {group_id} does not exist"),
-        );
+        // GitHub answers an unknown group with 404 (a missing `runner_group_id` is the 422), as
+        // runner-manager-github's jit.rs found against github.com.
+        return not_found();
     }
     if state
         .runners
