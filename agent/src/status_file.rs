@@ -196,8 +196,10 @@ impl Snapshot {
     }
 }
 
-/// Writes `snapshot` to `<data_dir>/status.json` atomically, readable by everyone (mode 0644:
-/// it holds no secret; the data directory's own mode decides who can reach it).
+/// Writes `snapshot` to `<data_dir>/status.json` atomically, readable by the agent's user only
+/// (mode 0600). It holds no secret, but it names every repository, job and runner the host
+/// serves, and the data directory is searchable (0711) by runner uids when the runner root is
+/// inside it: a job that guesses the name must not learn about other jobs.
 pub fn write(data_dir: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
     let tmp = data_dir.join(TMP_FILE);
     let bytes = serde_json::to_vec_pretty(snapshot).map_err(std::io::Error::other)?;
@@ -205,12 +207,12 @@ pub fn write(data_dir: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o644)
+        .mode(0o600)
         .open(&tmp)?;
     file.write_all(&bytes)?;
     file.write_all(b"\n")?;
-    // The umask may have narrowed the mode on creation.
-    file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    // A file left by an earlier version may be wider: it is replaced by this one, set here.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     drop(file);
     std::fs::rename(&tmp, data_dir.join(STATUS_FILE))
 }
@@ -457,7 +459,7 @@ mod tests {
             .unwrap()
             .permissions()
             .mode();
-        assert_eq!(mode & 0o777, 0o644);
+        assert_eq!(mode & 0o777, 0o600);
         assert!(!dir.path().join(TMP_FILE).exists());
     }
 
