@@ -126,28 +126,96 @@ async fn the_fake_refuses_expired_future_and_foreign_jwts() {
     }
 }
 
+/// One request to the fake with `authorization` as given, bypassing the client (which would
+/// renew a token before sending it): the status and the JSON body of the answer.
+async fn send_raw(h: &Harness, path: &str, authorization: &str) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let addr = h.fake.server_url();
+    let addr = addr.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    // HTTP/1.0 so the answer is closed-delimited, never chunked: the test reads it whole.
+    let request = format!(
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: rm-tests\r\n\
+         Accept: application/vnd.github+json\r\nAuthorization: {authorization}\r\n\r\n"
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .unwrap_or_else(|e| panic!("send: {e}"));
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .unwrap_or_else(|e| panic!("read: {e}"));
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in {answer:?}"));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    let body = serde_json::from_str(body).unwrap_or(serde_json::Value::Null);
+    (status, body)
+}
+
 #[tokio::test]
 async fn an_expired_token_is_refused_by_the_fake() {
     let h = harness().await;
-    h.fake.set_token_ttl(Duration::from_secs(30));
+    // An installation token the fake issued, sent as is: good while it lives...
     h.client
         .list_runners(&org())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    // A 30-second token is always due for renewal, so every call mints one; the fake's
-    // expiry check is what a stale cached token would meet.
-    h.client
-        .list_runners(&org())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(h.seen("/access_tokens"), 2);
-    h.fake.advance_clock(Duration::from_secs(31));
-    h.fake.set_token_ttl(Duration::from_secs(3600));
-    h.client
-        .list_runners(&org())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(h.fake.requests().iter().all(|r| r.status != 401));
+    let [token] = h
+        .fake
+        .issued_tokens()
+        .try_into()
+        .unwrap_or_else(|t| panic!("{t:?}"));
+    let runners = "/orgs/acme/actions/runners";
+    let auth = format!("token {token}");
+    let ttl = rm_fake_github::state::DEFAULT_TOKEN_TTL;
+    // (a minute of margin for a slow machine between minting and this request)
+    h.fake.advance_clock(ttl - Duration::from_secs(60));
+    assert_eq!(
+        send_raw(&h, runners, &auth).await.0,
+        200,
+        "the token is still valid"
+    );
+    // ...and refused past its expiry as GitHub refuses it: 401 Bad credentials.
+    h.fake.advance_clock(Duration::from_secs(61));
+    let (status, body) = send_raw(&h, runners, &auth).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["message"], "Bad credentials", "{body}");
+
+    // An App JWT, signed by the App's key: accepted before its `exp`, refused after it.
+    let last = h.fake.requests().last().map(|r| r.at);
+    let now = rm_fake_github::time::unix(last.unwrap_or_else(|| panic!("no request")));
+    let claims = serde_json::json!({"iat": now - 60, "exp": now + 120, "iss": APP_ID.to_string()});
+    let pem = secrecy::ExposeSecret::expose_secret(&key().private_pem)
+        .as_bytes()
+        .to_vec();
+    let signing = jsonwebtoken::EncodingKey::from_rsa_pem(&pem).unwrap_or_else(|e| panic!("{e}"));
+    let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+    let jwt = jsonwebtoken::encode(&header, &claims, &signing).unwrap_or_else(|e| panic!("{e}"));
+    let auth = format!("Bearer {jwt}");
+    assert_eq!(
+        send_raw(&h, "/app", &auth).await.0,
+        200,
+        "the JWT is still valid"
+    );
+    h.fake.advance_clock(Duration::from_secs(121));
+    let (status, body) = send_raw(&h, "/app", &auth).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(
+        body["message"],
+        "'Expiration time' claim ('exp') must be a numeric value representing the future time \
+         at which the assertion expires.",
+        "{body}"
+    );
 }
 
 #[tokio::test]
