@@ -5,11 +5,15 @@
 
 use std::time::Duration;
 
-use rm_e2e::fleet::{Fleet, FleetOptions, HOST, REPO, wait_until};
+use rm_e2e::fleet::{Fleet, FleetOptions, HOST, LINUX, PolicySpec, REPO, wait_until};
 use rm_fake_github::{FaultAction, RunnerBehavior};
 use rm_journal::{AttemptOutcome, AttemptState};
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
+/// The labels of a control policy, routed apart from [`LABELS`].
+const CONTROL_LABELS: &[&str] = &["self-hosted", "control"];
+/// How many JIT tries one launch makes before it fails (rm-agent's `MAX_JIT_TRIES`).
+const CONTROL_JIT_TRIES: usize = 5;
 
 fn jit_requests(fleet: &Fleet) -> usize {
     fleet
@@ -22,12 +26,28 @@ fn jit_requests(fleet: &Fleet) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_registration_is_final_and_names_the_missing_permission() {
-    let fleet = Fleet::start(FleetOptions::default()).await;
+    // A second policy on the repository is the control: its first launch fails the ordinary
+    // way (GitHub answers 502 to each of the launch's JIT tries), so its next launch proves an
+    // ordinary launch back-off (rm-agent's LAUNCH_BACKOFF) has run out since the refusal and
+    // allocation has passed over the refused policy's still-queued job since: no fixed window.
+    let control = PolicySpec {
+        name: "control",
+        target: REPO,
+        labels: CONTROL_LABELS,
+        ..LINUX
+    };
+    let fleet = Fleet::start(FleetOptions {
+        policies: vec![LINUX, control],
+        ..FleetOptions::default()
+    })
+    .await;
     let installation = fleet.fake.add_org("acme");
+    // Organization runners refused (read only); repository runners allowed.
     fleet.fake.set_permissions(
         installation,
         &[
             ("organization_self_hosted_runners", "read"),
+            ("administration", "write"),
             ("actions", "read"),
         ],
     );
@@ -37,14 +57,68 @@ async fn a_refused_registration_is_final_and_names_the_missing_permission() {
         fleet
             .attempts()
             .iter()
-            .any(|a| a.state == AttemptState::Cleaned)
+            .any(|a| a.policy == "linux" && a.state == AttemptState::Cleaned)
     })
     .await;
-    // The policy backs off: no second try while the job is still queued.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let attempts = fleet.attempts();
+    fleet.fake.inject_fault(
+        Some("POST"),
+        "/repos/acme/widgets/actions/runners/generate-jitconfig",
+        FaultAction::Status(502),
+        CONTROL_JIT_TRIES,
+    );
+    let control_job = fleet
+        .fake
+        .queue_job(REPO, "control", CONTROL_LABELS)
+        .unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "the control job served after its launch back-off",
+        || fleet.completed(control_job) && fleet.all_cleaned(),
+    )
+    .await;
+    let control_jit = fleet
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/repos/acme/widgets/actions/runners/generate-jitconfig")
+        .map(|r| r.status)
+        .collect::<Vec<_>>();
+    let mut expected = vec![502; CONTROL_JIT_TRIES];
+    expected.push(201);
+    assert_eq!(
+        control_jit, expected,
+        "the control's launch failed, the next served"
+    );
+    let control_attempts: Vec<_> = fleet
+        .attempts()
+        .into_iter()
+        .filter(|a| a.policy == "control")
+        .map(|a| a.outcome)
+        .collect();
+    assert_eq!(
+        control_attempts,
+        [
+            Some(AttemptOutcome::CompletedJob),
+            Some(AttemptOutcome::Failed)
+        ],
+        "newest first: one ordinary failed launch, then one served"
+    );
+    // The refused policy's job is still queued, and allocation has run past an ordinary
+    // back-off: a 403 is not retried.
+    let attempts: Vec<_> = fleet
+        .attempts()
+        .into_iter()
+        .filter(|a| a.policy == "linux")
+        .collect();
     assert_eq!(attempts.len(), 1, "a 403 is not retried");
-    assert_eq!(jit_requests(&fleet), 1);
+    let org_jit = "/orgs/acme/actions/runners/generate-jitconfig";
+    let org_jit = fleet
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path == org_jit)
+        .count();
+    assert_eq!(org_jit, 1);
     let attempt = &attempts[0];
     assert_eq!(attempt.outcome, Some(AttemptOutcome::Failed));
     assert_eq!(attempt.reason.as_deref(), Some("jit_request_failed"));
