@@ -19,3 +19,8 @@ pub mod relay;
 pub mod runner;
 pub mod secrets;
 pub mod status_file;
+
+/// A unit test that cannot run here fails unless `RM_TEST_ALLOW_SKIP` names what it lacks.
+#[cfg(test)]
+#[path = "../../tests/support/skip.rs"]
+pub(crate) mod test_skip;

@@ -6,6 +6,9 @@
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -181,9 +184,10 @@ fn run_child(mode: &str, address: Option<&str>) {
 #[test]
 fn notifications_reach_the_session_bus_once_per_window() {
     let Some(daemon) = dbus_daemon() else {
-        eprintln!(
-            "\n!!!!! SKIPPED notifications_reach_the_session_bus_once_per_window: `dbus-daemon` \
-             is not installed and could not be installed (apt-get install dbus-daemon) !!!!!\n"
+        skip::cannot_run(
+            "notifications_reach_the_session_bus_once_per_window",
+            "dbus",
+            "`dbus-daemon` is not installed and could not be installed (apt-get install dbus-daemon)",
         );
         return;
     };

@@ -7,6 +7,9 @@
     reason = "a failed step in a test helper should fail the test loudly"
 )]
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
 
@@ -203,7 +206,8 @@ const UNPRIVILEGED_MARKER: &str = "RUNNER_TEST_UNPRIVILEGED_MARKER";
 
 /// Root ignores permission bits, so under root (as in CI containers) a read-only directory
 /// tests nothing. Then this runs the test again as `nobody` through `setpriv` and returns
-/// `false` (the caller is done); otherwise (not root, or the re-run itself) `true`.
+/// `false` (the caller is done; also after an allowed skip, without `setpriv`); otherwise (not
+/// root, or the re-run itself) `true`.
 fn run_here_or_unprivileged(test: &str) -> bool {
     if !rustix::process::geteuid().is_root() || std::env::var_os(UNPRIVILEGED_MARKER).is_some() {
         return true;
@@ -220,10 +224,13 @@ fn run_here_or_unprivileged(test: &str) -> bool {
         .output();
     match rerun {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!(
-                "setpriv is not installed: {test} runs as root, where modes are not enforced"
+            skip::cannot_run(
+                &format!("{test} (unprivileged)"),
+                "setpriv",
+                "setpriv is not installed (apt-get install util-linux): the test would run as \
+                 root, where modes are not enforced",
             );
-            true
+            false
         }
         Err(e) => panic!("cannot re-run {test} unprivileged: {e}"),
         Ok(output) => {
@@ -394,8 +401,10 @@ fn a_tree_too_deep_to_remove_safely_is_refused_not_a_crash() {
 #[test]
 fn removal_stops_at_a_bind_mount_of_the_same_filesystem() {
     if !rustix::process::geteuid().is_root() {
-        eprintln!(
-            "SKIPPED: removal_stops_at_a_bind_mount_of_the_same_filesystem needs root to mount"
+        skip::cannot_run(
+            "removal_stops_at_a_bind_mount_of_the_same_filesystem",
+            "root",
+            "only root can make a bind mount",
         );
         return;
     }

@@ -16,6 +16,8 @@ mod container;
 mod disk_full;
 #[path = "relay/limits.rs"]
 mod limits;
+#[path = "../../tests/support/skip.rs"]
+mod skip;
 #[path = "relay/smee.rs"]
 mod smee;
 mod support;

@@ -312,8 +312,10 @@ mod tests {
     #[test]
     fn kill_all_kills_every_process_of_the_uid_and_their_children() {
         if !rustix::process::geteuid().is_root() {
-            eprintln!(
-                "SKIPPED: kill_all_kills_every_process_of_the_uid_and_their_children because the tests do not run as root (only root can start processes under another uid)"
+            crate::test_skip::cannot_run(
+                "kill_all_kills_every_process_of_the_uid_and_their_children",
+                "root",
+                "the tests do not run as root (only root can start processes under another uid)",
             );
             return;
         }

@@ -42,9 +42,13 @@ impl Tmpfs {
                 "mount -t tmpfs failed as root: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            eprintln!(
-                "SKIPPED: the relay on a full disk: cannot mount a tmpfs without root ({})",
-                String::from_utf8_lossy(&out.stderr).trim()
+            crate::skip::cannot_run(
+                "the relay on a full disk",
+                "root",
+                &format!(
+                    "cannot mount a tmpfs without root ({})",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
             );
             return None;
         }

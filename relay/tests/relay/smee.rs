@@ -17,7 +17,11 @@ fn node_available(what: &str) -> bool {
     for tool in ["node", "npm"] {
         let found = std::process::Command::new(tool).arg("--version").output();
         if !found.is_ok_and(|out| out.status.success()) {
-            eprintln!("SKIPPED: {what}: `{tool}` is not installed");
+            crate::skip::cannot_run(
+                what,
+                "node",
+                &format!("`{tool}` is not installed (apt-get install nodejs npm)"),
+            );
             return false;
         }
     }

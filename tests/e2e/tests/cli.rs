@@ -3,6 +3,9 @@
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+#[path = "../../support/skip.rs"]
+mod skip;
+
 use rm_e2e::{SECRET, Setup, delivery, json_stdout};
 
 #[tokio::test]
@@ -306,8 +309,10 @@ fn run_refuses_to_start_unisolated_unless_none_is_named() {
     use std::os::unix::process::CommandExt as _;
     let me = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
     if me != 0 {
-        eprintln!(
-            "SKIPPED: run_refuses_to_start_unisolated_unless_none_is_named needs root to run the agent as another user"
+        skip::cannot_run(
+            "run_refuses_to_start_unisolated_unless_none_is_named",
+            "root",
+            "only root can run the agent as another user",
         );
         return;
     }

@@ -59,8 +59,10 @@ fn package_and_root() -> (tempfile::TempDir, std::path::PathBuf, RunnerRoot) {
 #[test]
 fn a_runtime_that_fails_its_check_rebuilds_the_store() {
     if !rustix::process::geteuid().is_root() {
-        eprintln!(
-            "SKIPPED: a_runtime_that_fails_its_check_rebuilds_the_store needs root to give a runtime to a runner uid"
+        crate::test_skip::cannot_run(
+            "a_runtime_that_fails_its_check_rebuilds_the_store",
+            "root",
+            "only root can give a runtime to a runner uid",
         );
         return;
     }
@@ -106,8 +108,10 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
 #[test]
 fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
     if !rustix::process::geteuid().is_root() {
-        eprintln!(
-            "SKIPPED: a_runner_started_isolated_is_its_own_uid_and_leaves_nothing needs root to switch users"
+        crate::test_skip::cannot_run(
+            "a_runner_started_isolated_is_its_own_uid_and_leaves_nothing",
+            "root",
+            "only root can switch users",
         );
         return;
     }
@@ -116,7 +120,11 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
     let cgroups = match CgroupRoot::resolve(None) {
         Ok(cgroups) => Some(cgroups),
         Err(e) => {
-            eprintln!("SKIPPED (its cgroup part only): no writable cgroup v2 here: {e}");
+            crate::test_skip::cannot_run(
+                "a_runner_started_isolated_is_its_own_uid_and_leaves_nothing (its cgroup part)",
+                "cgroup",
+                &format!("no writable cgroup v2 here: {e}"),
+            );
             None
         }
     };

@@ -275,7 +275,12 @@ fn unusable() -> Option<String> {
 /// The auto-resolved root, or `None` after a loud skip.
 fn real_root(test: &str) -> Option<CgroupRoot> {
     if let Some(why) = unusable() {
-        eprintln!("SKIPPED: {test} because {why}");
+        let need = if rustix::process::geteuid().is_root() {
+            "cgroup"
+        } else {
+            "root"
+        };
+        crate::test_skip::cannot_run(test, need, &why);
         return None;
     }
     Some(CgroupRoot::resolve(None).expect("cgroup v2 is writable, so auto must resolve"))

@@ -480,12 +480,18 @@ fn a_runtime_on_another_filesystem_is_refused() {
     let setup = Setup::new();
     let package = setup.install();
     let Ok(other) = tempfile::tempdir_in("/dev/shm") else {
-        println!("SKIPPED: a_runtime_on_another_filesystem_is_refused: no /dev/shm");
+        crate::test_skip::cannot_run(
+            "a_runtime_on_another_filesystem_is_refused",
+            "shm",
+            "no /dev/shm to hold a runtime on another filesystem",
+        );
         return;
     };
     if ino(other.path()).0 == ino(package.tree()).0 {
-        println!(
-            "SKIPPED: a_runtime_on_another_filesystem_is_refused: /dev/shm is the same filesystem"
+        crate::test_skip::cannot_run(
+            "a_runtime_on_another_filesystem_is_refused",
+            "shm",
+            "/dev/shm is the same filesystem as the temporary directory",
         );
         return;
     }
@@ -514,8 +520,10 @@ fn the_store_refuses_a_link_and_restores_its_mode() {
 #[test]
 fn a_runner_uid_cannot_write_a_linked_file() {
     if euid() != 0 {
-        println!(
-            "SKIPPED: a_runner_uid_cannot_write_a_linked_file needs root (to run a shell as uid {RUNNER_UID})"
+        crate::test_skip::cannot_run(
+            "a_runner_uid_cannot_write_a_linked_file",
+            "root",
+            &format!("only root can run a shell as uid {RUNNER_UID}"),
         );
         return;
     }
