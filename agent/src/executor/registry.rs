@@ -130,13 +130,51 @@ impl Registry {
             .collect())
     }
 
-    /// Removes a registration; one that is already gone is fine.
+    /// Removes a registration; one that is already gone is fine. A `422` (still busy) is the
+    /// caller's to retry: see [`deregistration`].
     pub async fn deregister(&self, target: &Target, runner_id: u64) -> Result<(), GithubError> {
         match self.client.delete_runner(target, runner_id).await {
             Ok(()) | Err(GithubError::NotFound { .. }) => Ok(()),
             Err(e) => Err(e),
         }
     }
+}
+
+/// How long a deregistration GitHub refused with `422` (the runner is still busy with the job
+/// it just finished: GitHub lets go of a finished ephemeral runner a moment after the job's
+/// `completed`) waits before it is tried again.
+pub const DEREGISTER_BUSY_RETRY: Duration = Duration::from_secs(3);
+
+/// How long a runner may stay busy on GitHub after its conclusion before cleanup stops
+/// waiting for it: the workspace goes, and the registration is left to the inventory
+/// reconciliation (and to GitHub, which removes a finished ephemeral runner itself).
+pub const DEREGISTER_BUSY_LIMIT: Duration = Duration::from_secs(5 * 60);
+
+/// What a DELETE of a registration came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deregistration {
+    /// Removed, already gone, not listed, or failed for a reason retrying soon will not fix
+    /// (the inventory reconciliation tries again later).
+    Settled,
+    /// GitHub answered `422`: the runner is still running a job (its last one, finishing).
+    Busy,
+}
+
+/// How a DELETE's answer is taken.
+pub fn deregistration(result: &Result<(), GithubError>) -> Deregistration {
+    match result {
+        Err(GithubError::Unprocessable { .. }) => Deregistration::Busy,
+        _ => Deregistration::Settled,
+    }
+}
+
+/// After a `422` on deregistration: when to try again (ms since the epoch), or `None` once
+/// the runner has been busy past [`DEREGISTER_BUSY_LIMIT`] since `first_busy_ms` (give up
+/// waiting; clean up anyway).
+pub fn busy_retry_at(first_busy_ms: i64, now_ms: i64) -> Option<i64> {
+    let limit = i64::try_from(DEREGISTER_BUSY_LIMIT.as_millis()).unwrap_or(i64::MAX);
+    let retry = i64::try_from(DEREGISTER_BUSY_RETRY.as_millis()).unwrap_or(i64::MAX);
+    (now_ms.saturating_sub(first_busy_ms) < limit).then(|| now_ms.saturating_add(retry))
 }
 
 /// How long to wait before JIT retry `n` (1-based): doubling from a second, capped.
@@ -231,6 +269,30 @@ mod tests {
             }),
             JitRetry::Later(Some(at))
         );
+    }
+
+    #[test]
+    fn a_busy_runner_is_deregistered_again_soon_until_the_limit() {
+        let busy: Result<(), GithubError> = Err(GithubError::Unprocessable {
+            endpoint: "orgs.runners.delete",
+            message: "Bad request - Runner \"x\" is still running a job".into(),
+        });
+        assert_eq!(deregistration(&busy), Deregistration::Busy);
+        assert_eq!(deregistration(&Ok(())), Deregistration::Settled);
+        let server: Result<(), GithubError> = Err(GithubError::Server {
+            endpoint: "orgs.runners.delete",
+            status: 502,
+            message: String::new(),
+        });
+        assert_eq!(deregistration(&server), Deregistration::Settled);
+        let retry = i64::try_from(DEREGISTER_BUSY_RETRY.as_millis()).unwrap_or(0);
+        let limit = i64::try_from(DEREGISTER_BUSY_LIMIT.as_millis()).unwrap_or(0);
+        assert_eq!(busy_retry_at(1_000, 1_000), Some(1_000 + retry));
+        assert_eq!(
+            busy_retry_at(1_000, 1_000 + limit - 1),
+            Some(1_000 + limit - 1 + retry)
+        );
+        assert_eq!(busy_retry_at(1_000, 1_000 + limit), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use rm_github::Target;
 use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState, now_ms};
 
-use super::registry::{self, Listing};
+use super::registry::{self, Deregistration, Listing};
 use super::{Executor, STOP_GRACE, evidence, fault, targets_by_policy};
 use crate::lifecycle::{
     AttemptFacts, Conclusion, Decision, FailureReason, Observation, ProcessObservation, Timeouts,
@@ -45,8 +45,10 @@ enum Freshness {
 /// What cleanup knows about the runner's registration.
 #[derive(Clone, Copy)]
 pub(super) enum Registration<'a> {
-    /// Deregistration was already attempted for this conclusion.
+    /// Deregistration was already attempted for this conclusion, and settled.
     Handled,
+    /// Deregistration was just attempted and GitHub answered that the runner is still busy.
+    Busy,
     /// This listing (fetched after the conclusion) says whether it is still listed.
     Listed(&'a Listing),
     /// Ask GitHub.
@@ -58,6 +60,8 @@ pub(super) enum Registration<'a> {
 pub(super) struct Observations {
     listings: HashMap<Target, (i64, Listing)>,
     clean_retry: HashMap<AttemptId, (i64, Duration)>,
+    /// Cleanups waiting for GitHub to let go of a busy runner: (first `422`, next try), in ms.
+    deregister_busy: HashMap<AttemptId, (i64, i64)>,
 }
 
 /// What a supervision pass found.
@@ -234,7 +238,7 @@ impl Executor {
             }
             Decision::Conclude(conclusion) => {
                 let listing = listing.as_ref();
-                self.deregister_if_listed(record, target, listing).await;
+                let deregistration = self.deregister_if_listed(record, target, listing).await;
                 let concluded = self.lock_attempts().conclude(
                     attempts_id,
                     record.state,
@@ -248,7 +252,11 @@ impl Executor {
                     self.remember_conclusion(&record.policy, conclusion, record.job_id.is_some());
                     let concluded_record = self.lock_attempts().get(attempts_id)?;
                     if let Some(record) = concluded_record {
-                        self.clean(&record, target, Registration::Handled).await?;
+                        let registration = match deregistration {
+                            Deregistration::Settled => Registration::Handled,
+                            Deregistration::Busy => Registration::Busy,
+                        };
+                        self.clean(&record, target, registration).await?;
                     }
                 }
             }
@@ -326,27 +334,36 @@ impl Executor {
         listing
     }
 
-    /// Best effort: removes the runner's registration if GitHub (still) lists it. Never blocks
-    /// a conclusion; a registration left behind is removed by the inventory reconciliation.
+    /// Removes the runner's registration if GitHub (still) lists it. Never blocks a
+    /// conclusion; a `422` (GitHub still holds the runner busy with the job it just finished)
+    /// is [`Deregistration::Busy`], retried by cleanup; any other failure is left to the
+    /// inventory reconciliation.
     async fn deregister_if_listed(
         &self,
         record: &AttemptRecord,
         target: Option<&Target>,
         listing: Option<&Listing>,
-    ) {
-        let Some(target) = target else { return };
+    ) -> Deregistration {
+        let Some(target) = target else {
+            return Deregistration::Settled;
+        };
         let runner_id = match listing {
             Some(Ok(runners)) => match runners.get(&record.runner_name) {
                 Some(listed) => listed.runner_id,
-                None => return,
+                None => return Deregistration::Settled,
             },
             // Unknown: try by the journalled id (a 404 is fine).
             _ => match record.runner_id.and_then(|id| u64::try_from(id).ok()) {
                 Some(id) => id,
-                None => return,
+                None => return Deregistration::Settled,
             },
         };
-        match self.registry.deregister(target, runner_id).await {
+        let result = self.registry.deregister(target, runner_id).await;
+        let deregistration = registry::deregistration(&result);
+        match result {
+            Err(_) if deregistration == Deregistration::Busy => {
+                tracing::info!(runner = %record.runner_name, runner_id, "GitHub still holds the runner busy; removing its registration again shortly");
+            }
             Ok(()) => {
                 tracing::info!(runner = %record.runner_name, runner_id, "registration removed");
                 if let Some((_, Ok(runners))) = self
@@ -361,6 +378,33 @@ impl Executor {
             }
             Err(e) => {
                 tracing::warn!(runner = %record.runner_name, error = %e, "cannot remove the registration; the inventory reconciliation retries")
+            }
+        }
+        deregistration
+    }
+
+    /// After a `422`: whether cleanup waits and deregisters again (a retry is scheduled), or
+    /// has waited past [`registry::DEREGISTER_BUSY_LIMIT`] and cleans up anyway.
+    fn wait_for_busy_runner(&self, record: &AttemptRecord, now: i64) -> bool {
+        let mut observations = self
+            .observations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let first = observations
+            .deregister_busy
+            .get(&record.attempt_id)
+            .map_or(now, |(first, _)| *first);
+        match registry::busy_retry_at(first, now) {
+            Some(next) => {
+                observations
+                    .deregister_busy
+                    .insert(record.attempt_id.clone(), (first, next));
+                true
+            }
+            None => {
+                observations.deregister_busy.remove(&record.attempt_id);
+                tracing::warn!(runner = %record.runner_name, waited_s = registry::DEREGISTER_BUSY_LIMIT.as_secs(), "GitHub still holds the runner busy; cleaning up and leaving its registration to the inventory reconciliation");
+                false
             }
         }
     }
@@ -395,19 +439,25 @@ impl Executor {
         if let Some(identity) = journalled_identity(record) {
             self.stop(identity).await;
         }
-        match (registration, target) {
-            (Registration::Handled, _) | (_, None) => {}
+        let deregistration = match (registration, target) {
+            (Registration::Handled, _) | (_, None) => Deregistration::Settled,
+            (Registration::Busy, Some(_)) => Deregistration::Busy,
             (Registration::Listed(listing), Some(_)) => {
                 self.deregister_if_listed(record, target, Some(listing))
-                    .await;
+                    .await
             }
             (Registration::Ask, Some(t)) => {
                 let listing = self
                     .listing(t, Freshness::After(record.state_changed_at_ms))
                     .await;
                 self.deregister_if_listed(record, target, Some(&listing))
-                    .await;
+                    .await
             }
+        };
+        // The registration goes before the workspace: "cleaned" means nothing is left, on
+        // GitHub either, unless GitHub held the runner busy past the limit.
+        if deregistration == Deregistration::Busy && self.wait_for_busy_runner(record, now) {
+            return Ok(());
         }
         fault::crash_point("cleanup");
         {
@@ -445,11 +495,14 @@ impl Executor {
         {
             tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, "cleaned");
         }
-        self.observations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clean_retry
-            .remove(&record.attempt_id);
+        {
+            let mut observations = self
+                .observations
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            observations.clean_retry.remove(&record.attempt_id);
+            observations.deregister_busy.remove(&record.attempt_id);
+        }
         Ok(())
     }
 
@@ -462,6 +515,10 @@ impl Executor {
             .clean_retry
             .get(id)
             .is_none_or(|(next, _)| now >= *next)
+            && observations
+                .deregister_busy
+                .get(id)
+                .is_none_or(|(_, next)| now >= *next)
     }
 
     fn clean_failed(&self, id: &AttemptId, now: i64) {

@@ -299,13 +299,20 @@ impl Fleet {
         }
     }
 
-    /// Registrations at the fake named with our prefix.
+    /// Registrations named with our prefix that the agent did not remove: those the fake still
+    /// lists, and those it removed itself at the end of a finished ephemeral runner's lag (the
+    /// agent never deleted them; GitHub did). Empty means the agent deregistered every runner
+    /// it started, however long the check came after the job.
     pub fn our_registrations(&self) -> Vec<String> {
         let prefix = format!("rm-{HOST}-");
-        self.fake
-            .runners()
+        let listed = self.fake.runners().into_iter().map(|r| r.name);
+        let expired = self
+            .fake
+            .expired_runners()
             .into_iter()
-            .map(|r| r.name)
+            .map(|n| format!("{n} (never deleted; GitHub removed it after its lag)"));
+        listed
+            .chain(expired)
             .filter(|n| n.starts_with(&prefix))
             .collect()
     }

@@ -401,9 +401,23 @@ impl FakeGithub {
         self.with(|s| s.jobs.values().cloned().collect())
     }
 
-    /// The runner inventory (JIT-configured, registered or not).
+    /// The runner inventory (JIT-configured, registered or not), as GitHub lists it now: a
+    /// finished ephemeral runner stays in it until someone deletes it or its lag ends.
     pub fn runners(&self) -> Vec<Runner> {
         self.with(|s| s.runners.values().cloned().collect())
+    }
+
+    /// How long a finished ephemeral runner stays busy (a DELETE answers `422`) and then listed
+    /// (`204`), counted from its job's completion, before GitHub removes it itself (`404`).
+    /// Defaults: [`state::EPHEMERAL_BUSY_LAG`], [`state::EPHEMERAL_LISTED_LAG`].
+    pub fn set_ephemeral_lag(&self, busy: Duration, listed: Duration) {
+        self.with(|s| s.ephemeral_lag = state::EphemeralLag { busy, listed })
+    }
+
+    /// Names of the runners GitHub removed itself at the end of their lag: registrations no
+    /// one deleted.
+    pub fn expired_runners(&self) -> Vec<String> {
+        self.with(|s| s.expired_runners.clone())
     }
 
     /// Creates a JIT runner the way `generate-jitconfig` does (for `target` "org" or

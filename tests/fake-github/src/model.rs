@@ -73,6 +73,9 @@ pub struct Runner {
     /// True once the runner process has registered (it is then `online`).
     pub online: bool,
     pub busy: bool,
+    /// When the job this (ephemeral) runner ran completed: from then on GitHub keeps listing it
+    /// for a while, busy at first (see [`crate::state::EphemeralLag`]), before removing it.
+    pub job_done_at: Option<SystemTime>,
     /// The runner's credential in the fake's runner protocol.
     pub token: String,
     pub behavior: Option<RunnerBehavior>,

@@ -374,10 +374,7 @@ pub fn answer(
                 None => not_found(),
                 Some(r) if r.busy => Reply::error(
                     422,
-                    &format!(
-                        "Bad request - Runner \"{}\" is still running a job\"",
-                        r.name
-                    ),
+                    &format!("Bad request - Runner \"{}\" is still running a job", r.name),
                 ),
                 Some(_) => {
                     state.runners.remove(id);
@@ -551,6 +548,7 @@ fn jit(state: &mut State, scope: &Scope, body: Option<&Value>) -> Reply {
         group_id,
         online: false,
         busy: false,
+        job_done_at: None,
         token: token.clone(),
         behavior: None,
     };

@@ -36,6 +36,7 @@ impl Shared {
     pub fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         let (out, new_ids) = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.age_runners();
             let before = state.deliveries.len();
             let out = f(&mut state);
             let ids: Vec<u64> = state.deliveries[before..].iter().map(|d| d.id).collect();

@@ -22,6 +22,35 @@ pub const DEFAULT_LIMIT: u64 = 5000;
 /// The length of a primary rate-limit window.
 pub const RATE_WINDOW: Duration = Duration::from_secs(3600);
 
+/// How long GitHub keeps a finished ephemeral runner busy: the job's `completed` webhook and the
+/// job's REST state say done while the runner is still wrapping up, and a DELETE answers `422`
+/// ("still running a job") until then. Runner managers meet this as a 422 right after a job
+/// (actions-runner-controller's "Runner is still running a job" on scale-down).
+pub const EPHEMERAL_BUSY_LAG: Duration = Duration::from_secs(2);
+/// How long GitHub keeps listing a finished ephemeral runner (offline, idle, deletable with
+/// `204`) before it removes the registration itself; after that a DELETE answers `404`. GitHub
+/// does not document it; seconds to a minute is what one sees. Long enough here that a test
+/// which checks for leftover registrations right after rm cleaned up sees rm's work, not
+/// GitHub's (and [`State::expired_runners`] names any the fake removed itself).
+pub const EPHEMERAL_LISTED_LAG: Duration = Duration::from_secs(30);
+
+/// How long a finished ephemeral runner stays busy, then listed, after its job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EphemeralLag {
+    pub busy: Duration,
+    /// From the job's completion; at least `busy`.
+    pub listed: Duration,
+}
+
+impl Default for EphemeralLag {
+    fn default() -> Self {
+        EphemeralLag {
+            busy: EPHEMERAL_BUSY_LAG,
+            listed: EPHEMERAL_LISTED_LAG,
+        }
+    }
+}
+
 /// A primary quota of one scope and resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quota {
@@ -85,6 +114,10 @@ pub struct State {
     pub repos: BTreeMap<u64, Repo>,
     pub runner_groups: BTreeMap<String, Vec<RunnerGroup>>,
     pub runners: BTreeMap<u64, Runner>,
+    /// How finished ephemeral runners linger (see [`EphemeralLag`]).
+    pub ephemeral_lag: EphemeralLag,
+    /// Names of runners GitHub removed itself at the end of their lag (nobody deleted them).
+    pub expired_runners: Vec<String>,
     pub runs: BTreeMap<u64, Run>,
     pub jobs: BTreeMap<u64, Job>,
     /// Installation tokens: token → (installation, expiry).
@@ -144,6 +177,8 @@ impl State {
             repos: BTreeMap::new(),
             runner_groups: BTreeMap::new(),
             runners: BTreeMap::new(),
+            ephemeral_lag: EphemeralLag::default(),
+            expired_runners: Vec::new(),
             runs: BTreeMap::new(),
             jobs: BTreeMap::new(),
             tokens: HashMap::new(),
@@ -179,6 +214,32 @@ impl State {
             web: &self.server_url,
             app_id: self.app_id,
             app_slug: &self.app_slug,
+        }
+    }
+
+    /// Moves finished ephemeral runners along their lag on the fake's clock: busy until
+    /// `busy` after the job, then offline and idle, removed at `listed`. Called before anything
+    /// reads or changes the state, so every answer sees the runner where GitHub would have it.
+    pub fn age_runners(&mut self) {
+        let now = self.now();
+        let lag = self.ephemeral_lag;
+        let mut expired = Vec::new();
+        for runner in self.runners.values_mut() {
+            let Some(done) = runner.job_done_at else {
+                continue;
+            };
+            let since = now.duration_since(done).unwrap_or(Duration::ZERO);
+            if since >= lag.listed.max(lag.busy) {
+                expired.push(runner.id);
+            } else if since >= lag.busy {
+                runner.busy = false;
+                runner.online = false;
+            }
+        }
+        for id in expired {
+            if let Some(r) = self.runners.remove(&id) {
+                self.expired_runners.push(r.name);
+            }
         }
     }
 
@@ -477,7 +538,8 @@ impl State {
     /// Gives the oldest fitting queued job to a registered, idle runner.
     pub fn assign(&mut self, runner_id: u64) -> Option<AssignedJob> {
         let runner = self.runners.get(&runner_id)?.clone();
-        if !runner.online || runner.busy {
+        // An ephemeral runner takes one job, ever.
+        if !runner.online || runner.busy || runner.job_done_at.is_some() {
             return None;
         }
         let job_id = self
@@ -527,7 +589,8 @@ impl State {
         }
     }
 
-    /// Completes a job; an ephemeral runner that ran it leaves the inventory, as on GitHub.
+    /// Completes a job. The ephemeral runner that ran it stays listed, busy and then offline,
+    /// for [`State::ephemeral_lag`] before GitHub removes it (see [`State::age_runners`]).
     pub fn complete(&mut self, job_id: u64, conclusion: &str) -> bool {
         let now = self.now();
         let Some(job) = self.jobs.get_mut(&job_id) else {
@@ -543,8 +606,8 @@ impl State {
             job.started_at = Some(now);
         }
         let (run_id, runner_id) = (job.run_id, job.runner_id);
-        if let Some(id) = runner_id {
-            self.runners.remove(&id);
+        if let Some(r) = runner_id.and_then(|id| self.runners.get_mut(&id)) {
+            r.job_done_at = Some(now);
         }
         self.touch_run(run_id);
         self.record_job_event(job_id, "completed");
@@ -699,6 +762,7 @@ mod tests {
                 group_id: 1,
                 online: true,
                 busy: false,
+                job_done_at: None,
                 token: "t".into(),
                 behavior: None,
             },
@@ -738,9 +802,14 @@ mod tests {
         assert_eq!(s.run_status(s.jobs[&job].run_id).0, "in_progress");
         assert!(s.complete(job, "success"));
         assert!(!s.complete(job, "failure"), "completed is final");
+        s.age_runners();
         assert!(
-            !s.runners.contains_key(&good),
-            "an ephemeral runner leaves after its job"
+            s.runners.get(&good).is_some_and(|r| r.busy),
+            "a finished ephemeral runner is still listed busy at first"
+        );
+        assert!(
+            s.assign(good).is_none(),
+            "an ephemeral runner takes one job"
         );
         assert_eq!(
             s.run_status(s.jobs[&job].run_id),
@@ -752,6 +821,31 @@ mod tests {
             .filter_map(|d| d.action.clone())
             .collect();
         assert_eq!(actions, ["queued", "in_progress", "completed"]);
+    }
+
+    #[test]
+    fn a_finished_ephemeral_runner_is_busy_then_listed_then_removed_by_github() {
+        let mut s = state();
+        let repo = s.add_repo("acme", "w", "Organization");
+        let job = s
+            .queue_job(repo, "build", &["self-hosted".into()])
+            .unwrap_or_default();
+        let runner = online_runner(&mut s, RunnerScope::Org("acme".into()), &["self-hosted"]);
+        assert_eq!(s.assign(runner).map(|a| a.job_id), Some(job));
+        assert!(s.complete(job, "success"));
+        let lag = s.ephemeral_lag;
+        let at = |s: &mut State, after: Duration| {
+            s.clock_offset = after;
+            s.age_runners();
+            s.runners.get(&runner).map(|r| (r.busy, r.online))
+        };
+        assert_eq!(at(&mut s, Duration::ZERO), Some((true, true)));
+        let just_before = lag.busy - Duration::from_millis(100);
+        assert_eq!(at(&mut s, just_before), Some((true, true)));
+        assert_eq!(at(&mut s, lag.busy), Some((false, false)));
+        assert!(s.expired_runners.is_empty());
+        assert_eq!(at(&mut s, lag.listed), None, "GitHub removed it itself");
+        assert_eq!(s.expired_runners, [format!("r{runner}")]);
     }
 
     #[test]

@@ -83,6 +83,8 @@ async fn a_runner_takes_one_job_and_exits() {
         .fake
         .queue_job("acme/widgets", "build", &["self-hosted"])
         .unwrap_or_else(|e| panic!("{e}"));
+    s.fake
+        .set_ephemeral_lag(Duration::from_secs(600), Duration::from_secs(600));
     let mut child = spawn(&s, "rm-h-000000000001");
     assert_eq!(exit_code(&mut child).await, 0);
     let job = s.fake.job(job).unwrap_or_else(|| panic!("job gone"));
@@ -92,7 +94,18 @@ async fn a_runner_takes_one_job_and_exits() {
     assert!(s.runtime.join("_work/widgets/widgets/job.txt").is_file());
     assert_eq!(diag_logs(&s.runtime, "Runner_"), 1);
     assert_eq!(diag_logs(&s.runtime, "Worker_"), 1);
-    assert!(s.fake.runners().is_empty(), "ephemeral: gone after its job");
+    // Ephemeral: GitHub still lists it busy right after its job, and removes it itself once
+    // its lag is over (a short one here).
+    assert!(
+        s.fake.runners().iter().all(|r| r.busy),
+        "listed busy after its job"
+    );
+    s.fake.set_ephemeral_lag(Duration::ZERO, Duration::ZERO);
+    assert!(
+        s.fake.runners().is_empty(),
+        "removed by GitHub after its lag"
+    );
+    assert_eq!(s.fake.expired_runners(), ["rm-h-000000000001"]);
 }
 
 #[tokio::test]
@@ -255,6 +268,8 @@ async fn a_jit_config_from_the_client_runs_a_job_end_to_end() {
         labels: vec!["self-hosted".into(), "linux".into(), "x64".into()],
         work_folder: "_work".into(),
     };
+    // Busy for long enough after the job that the checks below see it busy.
+    fake.set_ephemeral_lag(Duration::from_secs(600), Duration::from_secs(600));
     let jit = client
         .generate_jitconfig(&target, &request)
         .await
@@ -277,9 +292,36 @@ async fn a_jit_config_from_the_client_runs_a_job_end_to_end() {
     assert_eq!(done.status, "completed");
     assert_eq!(done.runner_name.as_deref(), Some("rm-host-0123456789ab"));
     assert_eq!(done.runner_id, Some(jit.runner.id));
+    // As on GitHub, the finished ephemeral runner is still listed busy and cannot be deleted
+    // (422); once GitHub lets go of it a DELETE removes it (204), and then it is gone (404).
+    let left = client
+        .list_runners(&target)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        left.value.len() == 1 && left.value[0].busy,
+        "{:?}",
+        left.value
+    );
+    let id = jit.runner.id;
+    let busy = client.delete_runner(&target, id).await;
+    assert!(
+        matches!(busy, Err(rm_github::GithubError::Unprocessable { .. })),
+        "{busy:?}"
+    );
+    // GitHub lets go of the runner (its busy lag over at once: no sleeping in the test).
+    fake.set_ephemeral_lag(Duration::ZERO, Duration::from_secs(600));
+    let removed = client.delete_runner(&target, id).await;
+    assert!(removed.is_ok(), "{removed:?}");
+    let gone = client.delete_runner(&target, id).await;
+    assert!(
+        matches!(gone, Err(rm_github::GithubError::NotFound { .. })),
+        "{gone:?}"
+    );
     let left = client
         .list_runners(&target)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(left.value.is_empty(), "{:?}", left.value);
+    assert!(fake.expired_runners().is_empty(), "deleted, not expired");
 }
