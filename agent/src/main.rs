@@ -159,7 +159,11 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     let cli = Cli::parse();
-    match run(cli) {
+    let result = run(cli).and_then(|()| match rm_agent::output::stdout_error() {
+        Some(error) => Err(Exit::runtime(anyhow::anyhow!(error))),
+        None => Ok(()),
+    });
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(exit) => {
             eprintln!("rm-agent: {exit}");

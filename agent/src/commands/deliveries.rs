@@ -60,8 +60,8 @@ pub fn replay(config: &Config, guid: &str, json: bool) -> Result<(), Exit> {
         print_json(&json!({"guid": guid, "outcome": outcome.as_str(), "reason": reason}));
     } else {
         match reason {
-            Some(reason) => println!("{guid}: {} ({reason})", outcome.as_str()),
-            None => println!("{guid}: {}", outcome.as_str()),
+            Some(reason) => crate::outln!("{guid}: {} ({reason})", outcome.as_str()),
+            None => crate::outln!("{guid}: {}", outcome.as_str()),
         }
     }
     if outcome == rm_journal::Outcome::Rejected {

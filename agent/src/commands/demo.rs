@@ -88,9 +88,9 @@ pub async fn run(keep: bool) -> Result<(), Exit> {
     if keep {
         let path = dir.keep();
         let config = path.join("rm-agent.toml");
-        println!("\nKept {}. Look around with:", path.display());
+        crate::outln!("\nKept {}. Look around with:", path.display());
         for command in ["runners", "jobs", "deliveries"] {
-            println!("  rm-agent --config {} {command}", config.display());
+            crate::outln!("  rm-agent --config {} {command}", config.display());
         }
     } else if let Err(e) = dir.close() {
         tracing::warn!(error = %e, "cannot remove the demo's temporary directory");
@@ -109,7 +109,7 @@ struct Scenario {
 }
 
 async fn play(dir: &Path, started: Instant) -> Result<(), Exit> {
-    println!(
+    crate::outln!(
         "rm-agent demo: the real receiver, journal and agent against a simulated GitHub and fake\n\
          runners, all on this machine. Scenario: two single jobs, a matrix of three, a job whose\n\
          webhook is lost before the agent starts and one whose webhook is lost while it runs, and a
@@ -205,7 +205,7 @@ async fn play(dir: &Path, started: Instant) -> Result<(), Exit> {
     problems.extend(summary.problems(&scenario));
     summary.print(elapsed);
     if problems.is_empty() {
-        println!("\ndemo: every scenario ended as expected.");
+        crate::outln!("\ndemo: every scenario ended as expected.");
         Ok(())
     } else {
         Err(Exit::runtime(anyhow::anyhow!(
@@ -451,7 +451,7 @@ impl Timeline {
         let due = self.pending.partition_point(|e| e.at_ms <= until_ms);
         for e in self.pending.drain(..due) {
             let at = (e.at_ms - self.started_ms).max(0) as f64 / 1000.0;
-            println!("{at:>6.1}s  {:<8}  {}", e.who, e.text);
+            crate::outln!("{at:>6.1}s  {:<8}  {}", e.who, e.text);
         }
     }
 
@@ -881,8 +881,8 @@ impl Summary {
                 self.registrations_left.len()
             )
         };
-        println!("\nSummary");
-        let line = |what: &str, value: String| println!("  {what:<18}{value}");
+        crate::outln!("\nSummary");
+        let line = |what: &str, value: String| crate::outln!("  {what:<18}{value}");
         line(
             "jobs served",
             format!(

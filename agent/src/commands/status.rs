@@ -111,7 +111,7 @@ pub fn run(config: &Config, json: bool) -> Result<(), Exit> {
     if json {
         print_json(&to_json(&facts));
     } else {
-        print!("{}", render(&facts));
+        crate::out!("{}", render(&facts));
     }
     Ok(())
 }

@@ -492,9 +492,7 @@ pub(crate) fn transport(url: &str) -> Result<(), String> {
     if !lower.starts_with("http://") {
         return Err("is not an http(s) URL".to_owned());
     }
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|_| "is not a valid URL".to_owned())?;
+    let uri: http::Uri = url.parse().map_err(|_| "is not a valid URL".to_owned())?;
     match uri.host() {
         Some(host) if is_loopback_host(host) => Ok(()),
         _ => Err(

@@ -474,3 +474,42 @@ async fn json_on_an_unused_data_directory_is_the_empty_state() {
         assert!(empty_keys.contains(key), "{key}: {empty_keys:?}");
     }
 }
+
+/// A reader that closes the pipe (`rm-agent jobs | head -1`) ends the output, not the command:
+/// no panic, exit 0. The pipe's read end is closed before the command starts, so every write
+/// it makes fails with EPIPE (Rust ignores SIGPIPE).
+#[tokio::test]
+async fn a_closed_stdout_ends_the_output_not_the_command() {
+    let setup = Setup::new();
+    let agent = setup.start_receiver().await;
+    for job in 0..3 {
+        assert_eq!(
+            agent
+                .deliver(&delivery("workflow_job.queued.6", Some(900 + job)))
+                .await,
+            Ok(202)
+        );
+    }
+    for args in [
+        &["jobs"][..],
+        &["jobs", "--json"],
+        &["deliveries"],
+        &["deliveries", "--json"],
+        &["runners"],
+        &["runners", "--json"],
+        &["status"],
+        &["status", "--json"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let output = setup
+            .command(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {stderr}");
+    }
+}
