@@ -113,7 +113,7 @@ fn alive(pid: u32) -> bool {
 #[tokio::test]
 async fn a_started_runner_takes_its_job_and_its_runtime_is_removed() {
     let s = setup(RunnerBehavior {
-        idle_timeout_ms: 5_000,
+        idle_timeout_ms: Some(5_000),
         job_duration_ms: 50,
         ..RunnerBehavior::default()
     })

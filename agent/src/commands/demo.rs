@@ -124,7 +124,7 @@ async fn play(dir: &Path, started: Instant) -> Result<(), Exit> {
     fake.add_org(ORG);
     fake.add_repo(REPO);
     fake.set_runner_behavior(RunnerBehavior {
-        idle_timeout_ms: millis(RUNNER_IDLE),
+        idle_timeout_ms: Some(millis(RUNNER_IDLE)),
         job_duration_ms: millis(JOB_DURATION),
         ..RunnerBehavior::default()
     });

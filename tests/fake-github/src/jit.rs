@@ -46,8 +46,10 @@ pub enum CrashPoint {
 /// set it any time before the runner starts.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RunnerBehavior {
-    /// How long to wait for a job before exiting idle.
-    pub idle_timeout_ms: u64,
+    /// How long to wait for a job before exiting idle. `None` (the default): wait until stopped,
+    /// as a real JIT runner does; only a runner manager's idle timeout ends it. `Some` is for
+    /// tests of a runner that exits on its own (an idle exit the manager did not ask for).
+    pub idle_timeout_ms: Option<u64>,
     /// How long a job takes.
     pub job_duration_ms: u64,
     /// `success`, `failure`, `cancelled`, ...
@@ -64,7 +66,7 @@ pub struct RunnerBehavior {
 impl Default for RunnerBehavior {
     fn default() -> Self {
         Self {
-            idle_timeout_ms: 2_000,
+            idle_timeout_ms: None,
             job_duration_ms: 100,
             conclusion: "success".into(),
             crash: None,

@@ -1,8 +1,9 @@
 //! The fake runner's `Runner.Listener`: what rm sees of GitHub's runner. Started as
 //! `Runner.Listener run` in the runtime directory with the JIT configuration in
 //! `ACTIONS_RUNNER_INPUT_JITCONFIG`, it registers with the fake GitHub, takes one job if one is
-//! assigned (writing into `_work/` and `_diag/Worker_*.log`) or gives up after its idle time
-//! (writing only `_diag/Runner_*.log`), and exits. The fake tells it at registration whether to
+//! assigned (writing into `_work/` and `_diag/Worker_*.log`) and exits; without a job it listens
+//! until it is stopped, as a real JIT runner does (writing only `_diag/Runner_*.log`), unless the
+//! fake told it to give up after an idle time. The fake tells it at registration whether to
 //! crash, hang, leave a background process behind or plant a symlink.
 
 use std::path::Path;
@@ -102,12 +103,16 @@ async fn run() -> anyhow::Result<u8> {
         diag.line("crashing on purpose after registering");
         return Ok(CRASH_EXIT);
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(behavior.idle_timeout_ms);
+    // A real JIT runner listens until it gets its job or is stopped; only when told to does
+    // the fake give up by itself.
+    let deadline = behavior
+        .idle_timeout_ms
+        .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
     loop {
         if let Some(job) = session.acquire().await? {
             return run_job(&session, &behavior, job, &work, &cwd, &diag).await;
         }
-        if tokio::time::Instant::now() >= deadline {
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
             diag.line("no job within the idle time; exiting");
             session.exit().await?;
             return Ok(0);

@@ -69,7 +69,7 @@ fn diag_logs(runtime: &Path, prefix: &str) -> usize {
 
 fn quick() -> RunnerBehavior {
     RunnerBehavior {
-        idle_timeout_ms: 300,
+        idle_timeout_ms: Some(300),
         job_duration_ms: 50,
         ..RunnerBehavior::default()
     }
@@ -106,6 +106,37 @@ async fn a_runner_takes_one_job_and_exits() {
         "removed by GitHub after its lag"
     );
     assert_eq!(s.fake.expired_runners(), ["rm-h-000000000001"]);
+}
+
+/// Longer than the 2 s after which the fake runner used to give up on its own.
+const LONGER_THAN_THE_OLD_IDLE_EXIT: Duration = Duration::from_secs(3);
+
+#[tokio::test]
+async fn by_default_a_runner_waits_for_a_job_until_one_comes() {
+    let s = setup().await;
+    let mut child = spawn(&s, "rm-h-000000000005");
+    let online = async {
+        while !s.fake.runners().iter().any(|r| r.online) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(EXIT_WITHIN, online)
+        .await
+        .unwrap_or_else(|_| panic!("the runner never registered"));
+    tokio::time::sleep(LONGER_THAN_THE_OLD_IDLE_EXIT).await;
+    assert!(
+        child.try_wait().ok().flatten().is_none(),
+        "a runner without a job gave up by itself"
+    );
+    let job = s
+        .fake
+        .queue_job("acme/widgets", "late", &["self-hosted"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(exit_code(&mut child).await, 0);
+    assert_eq!(
+        s.fake.job(job).map(|j| j.status),
+        Some(rm_fake_github::JobStatus::Completed)
+    );
 }
 
 #[tokio::test]

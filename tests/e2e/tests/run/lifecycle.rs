@@ -302,11 +302,8 @@ async fn a_runner_that_gets_no_job_is_stopped_at_its_idle_timeout_and_not_replac
         ..FleetOptions::default()
     })
     .await;
-    // The runner itself would wait a minute for a job; the agent's idle timeout comes first.
-    fleet.fake.set_runner_behavior(RunnerBehavior {
-        idle_timeout_ms: 60_000,
-        ..RunnerBehavior::default()
-    });
+    // The runner itself waits for a job until it is stopped (the fake's default, as a real JIT
+    // runner): only the agent's idle timeout ends it.
     let agent = fleet.start_agent(&[]).await;
     // A queued delivery for a job GitHub never hands out (the fake does not know it).
     let mut queued = delivery("workflow_job.queued.5", Some(777_001));
