@@ -44,6 +44,7 @@ pub use keys::AppKeyPair;
 pub use model::{Delivery, Job, JobStatus, RequestRecord, Runner};
 pub use releases::ReleaseOptions;
 pub use state::{FaultAction, signature};
+pub use webhook::{Chaos, WebhookOrder};
 
 use server::Shared;
 use state::{Fault, Secondary, State, WebhookTarget};
@@ -61,6 +62,9 @@ pub struct FakeOptions {
     pub public_key_pem: String,
     /// Where the API lives below the server root: `""` like api.github.com, `"/api/v3"` like GHES.
     pub base_path: String,
+    /// How webhooks are sent: by default delayed, reordered and duplicated from a seed
+    /// ([`webhook::WebhookOrder::default_chaotic`]); in order only where a test says why.
+    pub webhook_order: WebhookOrder,
 }
 
 impl FakeOptions {
@@ -69,6 +73,7 @@ impl FakeOptions {
             app_id,
             public_key_pem,
             base_path: String::new(),
+            webhook_order: WebhookOrder::default_chaotic(),
         }
     }
 }
@@ -110,6 +115,19 @@ impl FakeGithub {
             format!("http://{addr}"),
             base_path,
         );
+        if let WebhookOrder::Chaotic(chaos) = options.webhook_order {
+            // Printed so a failing test's output names the plan it ran under.
+            eprintln!(
+                "rm-fake-github: webhooks delayed, reordered and duplicated with seed {seed} (replay: {env}={seed})",
+                seed = chaos.seed,
+                env = webhook::SEED_ENV
+            );
+        }
+        let mut state = state;
+        state.webhook_order = options.webhook_order;
+        if let WebhookOrder::Chaotic(chaos) = options.webhook_order {
+            state.webhook_rng = webhook::Rng::new(chaos.seed);
+        }
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -290,6 +308,17 @@ impl FakeGithub {
                 url: url.to_owned(),
                 secret,
             })
+        })
+    }
+
+    /// How deliveries are sent from now on. [`WebhookOrder::InOrder`] is easier than GitHub:
+    /// say why at the call.
+    pub fn set_webhook_order(&self, order: WebhookOrder) {
+        self.with(|s| {
+            s.webhook_order = order;
+            if let WebhookOrder::Chaotic(chaos) = order {
+                s.webhook_rng = webhook::Rng::new(chaos.seed);
+            }
         })
     }
 

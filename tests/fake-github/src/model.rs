@@ -142,6 +142,11 @@ pub struct Delivery {
     pub installation_id: Option<u64>,
     pub repository_id: Option<u64>,
     pub redelivery: bool,
+    /// The delivery this one repeats (same GUID and body): GitHub delivering one event twice.
+    pub duplicate_of: Option<u64>,
+    /// Position in the order the sender finished sending (`None` until sent): with webhooks
+    /// delayed and reordered, not the order they were recorded in.
+    pub sent_seq: Option<u64>,
     pub delivered_at: SystemTime,
     /// The exact body sent.
     pub body: bytes::Bytes,

@@ -137,6 +137,12 @@ pub struct State {
     pub webhook: Option<WebhookTarget>,
     /// Deliveries still to be failed without sending (to simulate missed webhooks).
     pub fail_deliveries: usize,
+    /// How the sender orders, delays and duplicates deliveries (see [`crate::webhook`]).
+    pub webhook_order: crate::webhook::WebhookOrder,
+    /// The sender's random state, from the order's seed.
+    pub webhook_rng: crate::webhook::Rng,
+    /// Deliveries sent so far (numbers [`Delivery::sent_seq`]).
+    pub sent: u64,
     pub default_behavior: RunnerBehavior,
     pub behavior_by_name: HashMap<String, RunnerBehavior>,
     /// Published actions/runner releases (see [`crate::releases`]).
@@ -193,6 +199,9 @@ impl State {
             deliveries: Vec::new(),
             webhook: None,
             fail_deliveries: 0,
+            webhook_order: crate::webhook::WebhookOrder::InOrder,
+            webhook_rng: crate::webhook::Rng::new(0),
+            sent: 0,
             default_behavior: RunnerBehavior::default(),
             behavior_by_name: HashMap::new(),
             releases: crate::releases::Releases::default(),
@@ -700,6 +709,8 @@ impl State {
             installation_id,
             repository_id,
             redelivery,
+            duplicate_of: None,
+            sent_seq: None,
             delivered_at: now,
             body,
             headers,
@@ -709,6 +720,30 @@ impl State {
             response_body: String::new(),
         });
         id
+    }
+
+    /// A second sending of a delivery, as GitHub's at-least-once delivery sometimes does: same
+    /// GUID, body and headers; returns its id.
+    pub fn duplicate_delivery(&mut self, delivery_id: u64) -> Option<u64> {
+        let original = self
+            .deliveries
+            .iter()
+            .find(|d| d.id == delivery_id)?
+            .clone();
+        let id = self.next_id() + 90_000_000_000;
+        let now = self.now();
+        self.deliveries.push(Delivery {
+            id,
+            duplicate_of: Some(delivery_id),
+            sent_seq: None,
+            delivered_at: now,
+            status: "pending".into(),
+            status_code: 0,
+            duration_ms: 0,
+            response_body: String::new(),
+            ..original
+        });
+        Some(id)
     }
 
     /// A new attempt of an earlier delivery: same GUID and body, re-signed.
