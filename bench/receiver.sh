@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The receiver benchmark (docs/performance.md): the same sustained load of signed, unique
 # `workflow_job` deliveries sent to `rm-agent receive` and then to @octokit/webhooks on node:http,
-# in one run. Prints both throughputs, their ratio and p50/p99 latencies, and checks that every
+# in one run. Prints both throughputs, their ratio and p50/p99/p99.9 latencies, and checks that every
 # delivery rm-agent answered 2xx is in its journal.
 #
 # Usage: bench/receiver.sh            (env: DURATION=20s WARMUP=3s CONNECTIONS=32 JOBS=100000
@@ -135,6 +135,7 @@ busy=$(cpu_busy_percent)
   echo "node: $(node --version), @octokit/webhooks $(node -p 'require(process.argv[1]).version' "$root/bench/node/node_modules/@octokit/webhooks/package.json" 2>/dev/null || echo '?')"
   echo "load: CONNECTIONS=$CONNECTIONS WARMUP=$WARMUP DURATION=$DURATION JOBS=$JOBS"
   echo "cpu busy before the run: ${busy}%"
+  echo "load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "fsync of $work (4 KiB write + fdatasync, 50 times): $(fsync_ms "$work")"
 } >"$out/machine.txt"
 cat "$out/machine.txt" >&2
@@ -218,6 +219,7 @@ print(f"  {'':<22}{'rm-agent receive':>20}{'@octokit/webhooks (node)':>28}")
 row("throughput (req/s)", "rps", "{:.0f}")
 row("p50 latency (ms)", "p50_ms", "{:.2f}")
 row("p99 latency (ms)", "p99_ms", "{:.2f}")
+row("p99.9 latency (ms)", "p999_ms", "{:.2f}")
 row("max latency (ms)", "max_ms", "{:.2f}")
 row("measured requests", "requests")
 row("statuses", "statuses", "{}")
@@ -257,8 +259,9 @@ summary = {"rm": rm, "node": node, "ratio": round(ratio, 2), "durability": durab
            "checks": checks}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
 print(json.dumps({"rm_rps": rm["rps"], "node_rps": node["rps"], "ratio": round(ratio, 2),
-                  "rm_p50_ms": rm["p50_ms"], "rm_p99_ms": rm["p99_ms"],
+                  "rm_p50_ms": rm["p50_ms"], "rm_p99_ms": rm["p99_ms"], "rm_p999_ms": rm["p999_ms"],
                   "node_p50_ms": node["p50_ms"], "node_p99_ms": node["p99_ms"],
+                  "node_p999_ms": node["p999_ms"],
                   "durable_missing": durable["missing"]}))
 correctness = checks["every rm 2xx durable"] and checks["rm: no errors, only 2xx"]
 sys.exit(0 if correctness and (all(checks.values()) or not strict) else 1)

@@ -100,7 +100,7 @@ impl Journal {
     ) -> Result<Journal, JournalError> {
         let conn = connection::open_group_writer(path)?;
         let (stop_checkpoints, checkpoints_stopped) = mpsc::channel();
-        checkpoint::spawn(path, checkpoints_stopped)?;
+        let restart = checkpoint::spawn(path, checkpoints_stopped)?;
         let (tx, rx) = mpsc::channel();
         let metrics = JournalMetrics::default();
         let poisoned = sync::Poison::new();
@@ -114,6 +114,7 @@ impl Journal {
             metrics: metrics.clone(),
             next_prune: Instant::now(),
             disk_full: false,
+            restart,
             _stop_checkpoints: stop_checkpoints,
         };
         thread::Builder::new()
@@ -233,6 +234,8 @@ struct Writer {
     /// simply tries again. Meanwhile a probe also writes (one header page), so `/healthz` says
     /// 503 while the disk is full and 200 again once there is room, deliveries or not.
     disk_full: bool,
+    /// Where the checkpoint thread asks the writer to start the WAL over.
+    restart: Arc<checkpoint::Restart>,
     /// Dropped with the writer: the checkpoint thread then makes a last checkpoint and stops.
     _stop_checkpoints: mpsc::Sender<()>,
 }
@@ -256,6 +259,7 @@ impl Writer {
                 }
             }
             self.commit(batch);
+            self.maybe_restart_wal();
             self.maybe_prune();
         }
         tracing::debug!("journal writer stopped");
@@ -326,6 +330,23 @@ impl Writer {
         }
         tx.commit()?;
         Ok(answers)
+    }
+
+    /// Finishes a checkpoint the checkpoint thread asked for, between two groups (the group just
+    /// committed is already with the sync thread): as the only writer, this one completes, and
+    /// the next transaction starts the WAL over without anyone waiting on a lock.
+    fn maybe_restart_wal(&mut self) {
+        // A poisoned journal copies nothing more anywhere.
+        if !self.restart.take() || self.poisoned.is_set() {
+            return;
+        }
+        match checkpoint::checkpoint(&self.conn, "PASSIVE") {
+            Ok(pass) if pass.complete => {}
+            // A reader still on an older snapshot, or the checkpoint thread mid-pass: it asks
+            // again after its next pass.
+            Ok(pass) => tracing::debug!(frames = pass.frames, "WAL restart deferred"),
+            Err(err) => tracing::debug!(error = %err, "WAL restart deferred"),
+        }
     }
 
     fn maybe_prune(&mut self) {
