@@ -1,20 +1,28 @@
 //! The request budget shared by every caller in the process: one account per installation (or
 //! the App itself) and per `x-ratelimit-resource`. It learns the quota from GitHub's
-//! `x-ratelimit-*` headers, refuses to send once only the reserve is left, spaces mutating
-//! requests, and stays silent through a secondary limit's wait. It never sleeps for long: a
-//! request that would have to wait for a reset or a `retry-after` is refused at once with
+//! `x-ratelimit-*` headers, refuses to send once only the reserve is left, paces requests inside
+//! GitHub's documented secondary limits ([`crate::pacing`]: a burst of registrations leaves at
+//! once), and stays silent through a secondary limit's wait. It never sleeps for long: a
+//! request that would have to wait for a reset, a `retry-after` or more than
+//! [`PACING_WAIT_MAX`] for room in a window is refused at once with
 //! [`GithubError::RateLimited`], so callers schedule the retry and nothing retries into a limit.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::error::{GithubError, LimitKind, RateHeaders};
+use crate::pacing::{Cost, Pacing, Windows};
 
-/// GitHub's guidance for mutating requests: at most one per second.
+/// GitHub's conservative advice for mutating requests, at most one per second: the spacing of
+/// [`Pacing::Spaced`], which rm used before it paced by the documented limits.
 pub const MUTATION_SPACING: Duration = Duration::from_secs(1);
+/// The longest a request waits inside the budget for room in a pacing window; a longer wait is
+/// refused with its time, for the caller to schedule.
+pub const PACING_WAIT_MAX: Duration = Duration::from_secs(5);
 /// Longest wait after repeated secondary limits that came without `retry-after`.
 pub const SECONDARY_BACKOFF_CAP: Duration = Duration::from_secs(16 * 60);
 /// First wait after a secondary limit without `retry-after`; doubles with each further one.
@@ -114,13 +122,18 @@ struct ScopeState {
     resources: HashMap<String, ResourceState>,
     secondary_until: Option<SystemTime>,
     secondary_strikes: u32,
+    /// When the last mutating request left ([`Pacing::Spaced`]).
     last_mutation: Option<Instant>,
+    /// What was sent in the documented limits' windows ([`Pacing::Documented`]).
+    windows: Windows,
+    /// Requests in flight at once, bounded by the documented concurrency.
+    concurrency: Option<Arc<Semaphore>>,
 }
 
 #[derive(Debug)]
 struct Inner {
-    /// Least time between two mutating requests of one scope.
-    spacing: Duration,
+    /// How requests of one scope are paced.
+    pacing: Pacing,
     scopes: HashMap<Scope, ScopeState>,
     /// Which resource each endpoint spends, as GitHub last said.
     learned: HashMap<&'static str, String>,
@@ -156,6 +169,8 @@ pub struct Permit {
     resource: String,
     endpoint: &'static str,
     done: bool,
+    /// The scope's concurrency slot, held until the answer is in.
+    _slot: Option<OwnedSemaphorePermit>,
 }
 
 impl Drop for Permit {
@@ -176,16 +191,16 @@ impl Drop for Permit {
 
 impl Default for Budget {
     fn default() -> Self {
-        Self::new(MUTATION_SPACING)
+        Self::new(Pacing::default())
     }
 }
 
 impl Budget {
-    /// A budget spacing mutating requests `spacing` apart ([`MUTATION_SPACING`] for GitHub).
-    pub fn new(spacing: Duration) -> Self {
+    /// A budget pacing requests by `pacing` (GitHub's documented limits by default).
+    pub fn new(pacing: Pacing) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Inner {
-                spacing,
+                pacing,
                 scopes: HashMap::new(),
                 learned: HashMap::new(),
             })),
@@ -226,21 +241,38 @@ impl Budget {
         })
     }
 
-    /// Admits one request of `endpoint` for `scope`, waiting (briefly) for the mutation spacing.
+    /// Admits one request of `endpoint` for `scope` that costs `cost`, waiting (briefly) for a
+    /// concurrency slot and for room under the pacing rule.
     pub async fn acquire(
         &self,
         scope: Scope,
         endpoint: &'static str,
-        mutating: bool,
+        cost: Cost,
         now: SystemTime,
     ) -> Result<Permit, GithubError> {
+        let concurrency = self.with(|inner| match inner.pacing {
+            Pacing::Documented(limits) => Some(Arc::clone(
+                inner
+                    .scopes
+                    .entry(scope)
+                    .or_default()
+                    .concurrency
+                    .get_or_insert_with(|| Arc::new(Semaphore::new(limits.concurrent))),
+            )),
+            Pacing::Spaced(_) => None,
+        });
+        // Requests end within their timeout, so a full scope frees a slot soon.
+        let slot = match concurrency {
+            Some(semaphore) => semaphore.acquire_owned().await.ok(),
+            None => None,
+        };
         let (resource, wait) = self.with(|inner| {
             let resource = inner
                 .learned
                 .get(endpoint)
                 .cloned()
                 .unwrap_or_else(|| DEFAULT_RESOURCE.to_owned());
-            let spacing = inner.spacing;
+            let pacing = inner.pacing;
             let state = inner.scopes.entry(scope).or_default();
             let res = state.resources.entry(resource.clone()).or_default();
             if let Err((kind, retry_at)) = admit(res, state.secondary_until, now) {
@@ -250,14 +282,33 @@ impl Budget {
                     retry_at,
                 });
             }
-            res.in_flight += 1;
-            let mut wait = Duration::ZERO;
-            if mutating {
-                let t = Instant::now();
-                wait = mutation_wait(state.last_mutation, t, spacing);
-                // Claim the slot now so concurrent mutations queue behind this one.
-                state.last_mutation = Some(t + wait);
+            let t = Instant::now();
+            let departure = match pacing {
+                Pacing::Documented(limits) => state
+                    .windows
+                    .departure(endpoint, cost, &limits, t)
+                    .unwrap_or(t + crate::pacing::HOUR),
+                Pacing::Spaced(spacing) if cost.mutating() => {
+                    t + mutation_wait(state.last_mutation, t, spacing)
+                }
+                Pacing::Spaced(_) => t,
+            };
+            let wait = departure - t;
+            if wait > PACING_WAIT_MAX {
+                // GitHub's secondary limits would refuse it: the caller schedules it for then.
+                return Err(GithubError::RateLimited {
+                    kind: LimitKind::Secondary,
+                    resource: resource.clone(),
+                    retry_at: now + wait,
+                });
             }
+            // Claim the departure now so concurrent requests queue behind this one.
+            match pacing {
+                Pacing::Documented(_) => state.windows.spend(endpoint, cost, departure, t),
+                Pacing::Spaced(_) if cost.mutating() => state.last_mutation = Some(departure),
+                Pacing::Spaced(_) => {}
+            }
+            res.in_flight += 1;
             Ok((resource, wait))
         })?;
         let permit = Permit {
@@ -266,6 +317,7 @@ impl Budget {
             resource,
             endpoint,
             done: false,
+            _slot: slot,
         };
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
@@ -362,6 +414,7 @@ impl Budget {
 mod tests {
     use super::*;
     use crate::clock::from_unix_secs;
+    use crate::pacing::{DOCUMENTED, SecondaryLimits};
 
     fn res(limit: u64, remaining: u64, reset: u64) -> ResourceState {
         ResourceState {
@@ -457,21 +510,29 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn concurrent_mutations_queue_behind_each_other() {
-        let budget = Budget::default();
+    async fn spaced_mutations_queue_behind_each_other() {
+        let budget = Budget::new(Pacing::Spaced(MUTATION_SPACING));
         let now = from_unix_secs(100);
         let start = Instant::now();
-        let a = budget.acquire(Scope::Installation(1), "m", true, now).await;
-        let b = budget.acquire(Scope::Installation(1), "m", true, now).await;
-        let c = budget.acquire(Scope::Installation(1), "m", true, now).await;
+        let a = budget
+            .acquire(Scope::Installation(1), "m", Cost::Creation, now)
+            .await;
+        let b = budget
+            .acquire(Scope::Installation(1), "m", Cost::Creation, now)
+            .await;
+        let c = budget
+            .acquire(Scope::Installation(1), "m", Cost::Creation, now)
+            .await;
         assert!(a.is_ok() && b.is_ok() && c.is_ok());
         assert!(Instant::now() - start >= 2 * MUTATION_SPACING);
         // Reads and other scopes are not held back.
         let before = Instant::now();
         let _r = budget
-            .acquire(Scope::Installation(1), "r", false, now)
+            .acquire(Scope::Installation(1), "r", Cost::Read, now)
             .await;
-        let _o = budget.acquire(Scope::Installation(2), "m", true, now).await;
+        let _o = budget
+            .acquire(Scope::Installation(2), "m", Cost::Creation, now)
+            .await;
         assert_eq!(Instant::now(), before);
     }
 
@@ -480,7 +541,7 @@ mod tests {
         let budget = Budget::default();
         let now = from_unix_secs(100);
         let scope = Scope::Installation(7);
-        let p = budget.acquire(scope, "jit", true, now).await;
+        let p = budget.acquire(scope, "jit", Cost::Creation, now).await;
         let p = p.unwrap_or_else(|e| panic!("{e}"));
         let rate = RateHeaders {
             limit: Some(10_000),
@@ -497,7 +558,7 @@ mod tests {
             now,
         );
         match budget
-            .acquire(scope, "jit", true, from_unix_secs(399))
+            .acquire(scope, "jit", Cost::Creation, from_unix_secs(399))
             .await
         {
             Err(GithubError::RateLimited {
@@ -510,10 +571,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // The core budget of the same installation is untouched.
-        assert!(budget.acquire(scope, "list", false, now).await.is_ok());
+        assert!(budget.acquire(scope, "list", Cost::Read, now).await.is_ok());
         assert!(
             budget
-                .acquire(scope, "jit", true, from_unix_secs(400))
+                .acquire(scope, "jit", Cost::Creation, from_unix_secs(400))
                 .await
                 .is_ok()
         );
@@ -532,7 +593,7 @@ mod tests {
         for (strike, wait) in [(1u64, 60u64), (2, 120)] {
             let t = now + Duration::from_secs(strike * 10_000);
             let p = budget
-                .acquire(scope, "e", false, t)
+                .acquire(scope, "e", Cost::Read, t)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             budget.record(
@@ -545,24 +606,24 @@ mod tests {
             let until = t + Duration::from_secs(wait);
             assert!(
                 budget
-                    .acquire(scope, "e", false, until - Duration::from_secs(1))
+                    .acquire(scope, "e", Cost::Read, until - Duration::from_secs(1))
                     .await
                     .is_err()
             );
             let p = budget
-                .acquire(scope, "e", false, until)
+                .acquire(scope, "e", Cost::Read, until)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             drop(p);
         }
         let t = now + Duration::from_secs(50_000);
         let p = budget
-            .acquire(scope, "e", false, t)
+            .acquire(scope, "e", Cost::Read, t)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         budget.record(p, true, &RateHeaders::default(), None, t);
         let p = budget
-            .acquire(scope, "e", false, t)
+            .acquire(scope, "e", Cost::Read, t)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         budget.record(
@@ -574,9 +635,97 @@ mod tests {
         );
         assert!(
             budget
-                .acquire(scope, "e", false, t + Duration::from_secs(60))
+                .acquire(scope, "e", Cost::Read, t + Duration::from_secs(60))
                 .await
                 .is_ok()
         );
+    }
+
+    /// A burst of registrations leaves at once up to the documented 80 a minute; the next is
+    /// refused with the time it may leave (past the budget's short wait), never sent into the
+    /// limit; another installation is not held back.
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_leaves_at_once_inside_the_documented_limits() {
+        let budget = Budget::default();
+        let now = from_unix_secs(1000);
+        let start = Instant::now();
+        let scope = Scope::Installation(1);
+        let mut permits = Vec::new();
+        for _ in 0..DOCUMENTED.creations_per_minute {
+            permits.push(
+                budget
+                    .acquire(scope, "jit", Cost::Creation, now)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}")),
+            );
+        }
+        assert_eq!(Instant::now(), start, "the burst waited");
+        match budget.acquire(scope, "jit", Cost::Creation, now).await {
+            Err(GithubError::RateLimited {
+                kind: LimitKind::Secondary,
+                retry_at,
+                ..
+            }) => assert_eq!(retry_at, now + crate::pacing::MINUTE),
+            other => panic!("{other:?}"),
+        }
+        // Reads of another endpoint, and another installation's creations, still leave.
+        assert!(budget.acquire(scope, "list", Cost::Read, now).await.is_ok());
+        assert!(
+            budget
+                .acquire(Scope::Installation(2), "jit", Cost::Creation, now)
+                .await
+                .is_ok()
+        );
+        assert_eq!(Instant::now(), start);
+    }
+
+    /// A short wait for room is slept inside the budget; the documented concurrency holds a
+    /// request until an earlier one is answered.
+    #[tokio::test(start_paused = true)]
+    async fn short_waits_are_slept_and_concurrency_is_bounded() {
+        let limits = SecondaryLimits {
+            points_per_minute: 10,
+            concurrent: 2,
+            ..DOCUMENTED
+        };
+        let budget = Budget::new(Pacing::Documented(limits));
+        let now = from_unix_secs(1000);
+        let scope = Scope::Installation(1);
+        let start = Instant::now();
+        let first = budget.acquire(scope, "del", Cost::Mutation, now).await;
+        let second = budget.acquire(scope, "del", Cost::Mutation, now).await;
+        assert!(first.is_ok() && second.is_ok());
+        assert_eq!(Instant::now(), start);
+        // Both slots are held: a third request waits until one is released.
+        let third = {
+            let budget = budget.clone();
+            tokio::spawn(async move { budget.acquire(scope, "get", Cost::Read, now).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            !third.is_finished(),
+            "a third request left with two in flight"
+        );
+        drop(first);
+        assert!(third.await.unwrap_or_else(|e| panic!("{e}")).is_ok());
+        // 10 points spent on `del`: the next waits a minute, over the budget's short wait.
+        assert!(matches!(
+            budget.acquire(scope, "del", Cost::Mutation, now).await,
+            Err(GithubError::RateLimited { .. })
+        ));
+        drop(second);
+        let limits = SecondaryLimits {
+            points_per_minute: 10,
+            ..DOCUMENTED
+        };
+        let budget = Budget::new(Pacing::Documented(limits));
+        let t = Instant::now();
+        let _a = budget.acquire(scope, "get", Cost::Mutation, now).await;
+        let _b = budget.acquire(scope, "get", Cost::Mutation, now).await;
+        // Room again once the first leaves the minute: 58 s ahead is over the short wait, so
+        // advance the clock to within it and the budget sleeps the rest.
+        tokio::time::advance(Duration::from_secs(57)).await;
+        assert!(budget.acquire(scope, "get", Cost::Read, now).await.is_ok());
+        assert_eq!(Instant::now(), t + Duration::from_secs(60));
     }
 }

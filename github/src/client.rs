@@ -41,20 +41,20 @@ pub struct ClientConfig {
     pub app_id: u64,
     pub private_key_pem: SecretString,
     pub request_timeout: Duration,
-    /// Least time between two mutating requests of one installation (GitHub asks for a second;
-    /// tests and the demo against the fake may go faster).
-    pub mutation_spacing: Duration,
+    /// How requests of one installation are paced: inside GitHub's documented secondary limits
+    /// by default.
+    pub pacing: crate::pacing::Pacing,
 }
 
 impl ClientConfig {
-    /// A configuration with GitHub's defaults for the timeout and the mutation spacing.
+    /// A configuration with GitHub's defaults for the timeout and the pacing.
     pub fn new(api_url: impl Into<String>, app_id: u64, private_key_pem: SecretString) -> Self {
         Self {
             api_url: api_url.into(),
             app_id,
             private_key_pem,
             request_timeout: REQUEST_TIMEOUT,
-            mutation_spacing: crate::budget::MUTATION_SPACING,
+            pacing: crate::pacing::Pacing::default(),
         }
     }
 }
@@ -66,7 +66,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("app_id", &self.app_id)
             .field("private_key_pem", &"<redacted>")
             .field("request_timeout", &self.request_timeout)
-            .field("mutation_spacing", &self.mutation_spacing)
+            .field("pacing", &self.pacing)
             .finish()
     }
 }
@@ -187,7 +187,7 @@ impl GithubClient {
                 tokens: TokenCache::default(),
                 minting: tokio::sync::Mutex::new(()),
                 installations: Mutex::new(HashMap::new()),
-                budget: Budget::new(config.mutation_spacing),
+                budget: Budget::new(config.pacing),
                 etags: EtagCache::default(),
                 stats: Stats::default(),
                 timeout: config.request_timeout,
@@ -300,10 +300,10 @@ impl GithubClient {
             .budget
             .check(scope, call.endpoint, inner.clock.now())?;
         let credential = self.authorization(call.auth, fresh_token).await?;
-        let mutating = call.method != Method::GET;
+        let cost = crate::pacing::Cost::of_method(&call.method);
         let permit = inner
             .budget
-            .acquire(scope, call.endpoint, mutating, inner.clock.now())
+            .acquire(scope, call.endpoint, cost, inner.clock.now())
             .await?;
 
         let mut bearer = HeaderValue::from_str(&format!("Bearer {}", credential.expose_secret()))
@@ -540,7 +540,7 @@ mod tests {
             app_id: 1,
             private_key_pem: SecretString::from("-----BEGIN KEY-----secret"),
             request_timeout: REQUEST_TIMEOUT,
-            mutation_spacing: crate::budget::MUTATION_SPACING,
+            pacing: crate::pacing::Pacing::default(),
         };
         assert!(!format!("{c:?}").contains("secret"));
     }

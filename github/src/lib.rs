@@ -29,6 +29,7 @@ pub mod clock;
 mod endpoints;
 pub mod error;
 pub mod etag;
+pub mod pacing;
 pub mod stats;
 pub mod target;
 pub mod types;

@@ -56,9 +56,6 @@ const JOB_DURATION: Duration = Duration::from_millis(1500);
 /// The fake runner's own patience for a job: longer than the agent's idle timeout, so it is the
 /// agent that stops the idle runner.
 const RUNNER_IDLE: Duration = Duration::from_secs(60);
-/// Least time between two mutating requests. GitHub asks for a second; the simulated GitHub
-/// answers at once, and a second per JIT registration would make the demo slow.
-const MUTATION_SPACING: Duration = Duration::from_millis(50);
 /// How often the timeline looks at the journal and the simulated GitHub: often enough to see
 /// most states an attempt passes through (one passed between two looks is still printed).
 const WATCH_INTERVAL: Duration = Duration::from_millis(25);
@@ -156,10 +153,11 @@ async fn play(dir: &Path, started: Instant) -> Result<(), Exit> {
     fake.settle().await.map_err(Exit::runtime)?;
     timeline.tick(&fake);
 
-    let client = GithubClient::new(ClientConfig {
-        mutation_spacing: MUTATION_SPACING,
-        ..ClientConfig::new(fake.api_url(), APP_ID, key.private_pem.clone())
-    })
+    let client = GithubClient::new(ClientConfig::new(
+        fake.api_url(),
+        APP_ID,
+        key.private_pem.clone(),
+    ))
     .context("cannot set up the GitHub client")
     .map_err(Exit::runtime)?;
     let _lock = lock::lock_data_dir(&config.data_dir)?;

@@ -20,7 +20,7 @@ use super::schedule::Failure;
 
 /// How often the hook log is read (and once at start).
 pub const SCAN_INTERVAL: Duration = Duration::from_secs(5 * 60);
-/// Most redeliveries asked for in one scan (each is a mutating request, a second apart).
+/// Most redeliveries asked for in one scan (each is a content-creating `POST`, paced by the budget).
 pub const MAX_REDELIVERIES_PER_SCAN: usize = 10;
 /// Most pages (of 100) of the hook log read in one scan.
 pub const MAX_PAGES_PER_SCAN: usize = 10;

@@ -41,10 +41,7 @@ impl Harness {
         fake.add_repo("acme/widgets");
         fake.add_repo("acme/gadgets");
         let clock = ManualClock::new();
-        let config = ClientConfig {
-            mutation_spacing: Duration::ZERO,
-            ..ClientConfig::new(fake.api_url(), APP_ID, key().private_pem.clone())
-        };
+        let config = ClientConfig::new(fake.api_url(), APP_ID, key().private_pem.clone());
         let client = GithubClient::with_clock(config, Arc::new(clock.clone())).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(JOURNAL_FILE);

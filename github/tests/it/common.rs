@@ -10,8 +10,6 @@ use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions};
 use rm_github::{ClientConfig, GithubClient, ManualClock};
 
 pub const APP_ID: u64 = 4242;
-/// Mutations are spaced, as in production, but faster so the suite stays quick.
-pub const MUTATION_SPACING: Duration = Duration::from_millis(50);
 
 pub fn key() -> &'static AppKeyPair {
     static KEY: OnceLock<AppKeyPair> = OnceLock::new();
@@ -49,7 +47,7 @@ pub fn client_for(api_url: String, timeout: Duration, clock: &ManualClock) -> Gi
         app_id: APP_ID,
         private_key_pem: key().private_pem.clone(),
         request_timeout: timeout,
-        mutation_spacing: MUTATION_SPACING,
+        pacing: rm_github::pacing::Pacing::default(),
     };
     GithubClient::with_clock(config, Arc::new(clock.clone()))
         .unwrap_or_else(|e| panic!("client: {e:#}"))

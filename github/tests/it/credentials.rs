@@ -113,7 +113,7 @@ async fn the_fake_refuses_expired_future_and_foreign_jwts() {
         app_id: APP_ID,
         private_key_pem: other.private_pem,
         request_timeout: Duration::from_secs(5),
-        mutation_spacing: MUTATION_SPACING,
+        pacing: rm_github::pacing::Pacing::default(),
     };
     let stranger =
         rm_github::GithubClient::with_clock(config, std::sync::Arc::new(h.clock.clone()))
