@@ -111,10 +111,10 @@ async fn status_shows_the_running_agent_and_says_when_it_is_gone() {
     assert!(text.contains("1 queued match no policy here"), "{text}");
     assert!(text.contains("All is well."), "{text}");
 
-    // The snapshot the agent publishes: readable by all, no secret in it.
+    // The snapshot the agent publishes: the agent's alone (it names every job), no secret in it.
     let file = fleet.setup.dir.path().join("data").join("status.json");
     let mode = std::fs::metadata(&file).unwrap().permissions().mode();
-    assert_eq!(mode & 0o777, 0o644);
+    assert_eq!(mode & 0o777, 0o600);
     let published = std::fs::read_to_string(&file).unwrap();
     assert!(!published.contains(SECRET));
     assert!(!published.contains("PRIVATE KEY"));
