@@ -340,8 +340,11 @@ impl Writer {
         if !self.restart.take() || self.poisoned.is_set() {
             return;
         }
+        let started = Instant::now();
         match checkpoint::checkpoint(&self.conn, "PASSIVE") {
-            Ok(pass) if pass.complete => {}
+            Ok(pass) if pass.complete => {
+                tracing::debug!(frames = pass.frames, took = ?started.elapsed(), "WAL started over");
+            }
             // A reader still on an older snapshot, or the checkpoint thread mid-pass: it asks
             // again after its next pass.
             Ok(pass) => tracing::debug!(frames = pass.frames, "WAL restart deferred"),
