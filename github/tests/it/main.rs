@@ -5,4 +5,5 @@ mod common;
 mod conformance;
 mod credentials;
 mod endpoints;
+mod fake_limits;
 mod limits;

@@ -7,8 +7,8 @@ use serde::Deserialize;
 /// GitHub refuses an App JWT whose `exp` is further ahead than this.
 pub const JWT_MAX_AHEAD_SECS: u64 = 600;
 
-/// Who a request speaks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Who a request speaks for (and whose secondary limits it spends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Caller {
     App,
     Installation(u64),

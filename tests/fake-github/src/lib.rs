@@ -21,6 +21,7 @@
 pub mod auth;
 pub mod jit;
 pub mod keys;
+pub mod limits;
 pub mod model;
 pub mod releases;
 pub mod render;
@@ -30,6 +31,9 @@ pub mod server;
 pub mod state;
 pub mod time;
 pub mod webhook;
+
+#[cfg(test)]
+mod tests;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -41,13 +45,14 @@ use tokio::task::JoinHandle;
 
 pub use jit::{CrashPoint, FakeJitConfig, RunnerBehavior};
 pub use keys::AppKeyPair;
+pub use limits::{LimitStatus, SecondaryLimits};
 pub use model::{Delivery, Job, JobStatus, RequestRecord, Runner};
 pub use releases::ReleaseOptions;
 pub use state::{FaultAction, signature};
 pub use webhook::{Chaos, WebhookOrder};
 
 use server::Shared;
-use state::{Fault, Secondary, State, WebhookTarget};
+use state::{Fault, Secondary, SecondaryTrigger, State, WebhookTarget};
 
 /// How long [`FakeGithub::settle`] waits for pending deliveries at most.
 pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -65,6 +70,12 @@ pub struct FakeOptions {
     /// How webhooks are sent: by default delayed, reordered and duplicated from a seed
     /// ([`webhook::WebhookOrder::default_chaotic`]); in order only where a test says why.
     pub webhook_order: WebhookOrder,
+    /// The secondary limits enforced per installation and per App JWT: GitHub's documented
+    /// numbers ([`SecondaryLimits::GITHUB`]); lower only where a test says why.
+    pub secondary_limits: SecondaryLimits,
+    /// Whether the fake's own limit answers are 403 or 429: by default in turn, as GitHub may
+    /// give either.
+    pub limit_status: LimitStatus,
 }
 
 impl FakeOptions {
@@ -74,6 +85,8 @@ impl FakeOptions {
             public_key_pem,
             base_path: String::new(),
             webhook_order: WebhookOrder::default_chaotic(),
+            secondary_limits: SecondaryLimits::GITHUB,
+            limit_status: LimitStatus::default(),
         }
     }
 }
@@ -125,6 +138,8 @@ impl FakeGithub {
         }
         let mut state = state;
         state.webhook_order = options.webhook_order;
+        state.secondary_limits = options.secondary_limits;
+        state.limit_status = options.limit_status;
         if let WebhookOrder::Chaotic(chaos) = options.webhook_order {
             state.webhook_rng = webhook::Rng::new(chaos.seed);
         }
@@ -269,8 +284,50 @@ impl FakeGithub {
                 until: s.now() + duration,
                 status,
                 send_retry_after,
+                scope: None,
             })
         })
+    }
+
+    /// Arms a secondary limit for the middle of a burst: the next `requests` requests whose
+    /// path (below the API base) contains `path_contains` are answered, and the one after trips
+    /// a limit of `duration` on its own scope (installation or App), answered with `status`
+    /// (403 or 429) and `retry-after` to every request of that scope until it lifts, as GitHub
+    /// holds a client that tripped one.
+    pub fn secondary_limit_after(
+        &self,
+        path_contains: &str,
+        requests: u32,
+        duration: Duration,
+        status: u16,
+    ) {
+        self.with(|s| {
+            s.secondary_trigger = Some(SecondaryTrigger {
+                path_contains: path_contains.to_owned(),
+                requests_left: requests,
+                duration,
+                status,
+            })
+        })
+    }
+
+    /// Replaces the secondary limits enforced from now on (what was sent stays counted).
+    /// GitHub's numbers are the default: lower them only where a test says why.
+    pub fn set_secondary_limits(&self, limits: SecondaryLimits) {
+        self.with(|s| s.secondary_limits = limits)
+    }
+
+    /// Content creations (`POST`s) of `installation` (`None`: the App's JWT) in the last minute
+    /// and the last hour, as the secondary limits count them.
+    pub fn creations(&self, installation: Option<u64>) -> (u32, u32) {
+        let caller = installation.map_or(auth::Caller::App, auth::Caller::Installation);
+        self.with(|s| s.ledger.creations(caller, s.now()))
+    }
+
+    /// Whether the fake's own limit answers (primary quota, secondary windows) are 403, 429,
+    /// or each in turn (the default).
+    pub fn set_limit_status(&self, status: LimitStatus) {
+        self.with(|s| s.limit_status = status)
     }
 
     // ---- faults ----

@@ -174,6 +174,11 @@ pub struct RequestRecord {
     pub body: Option<serde_json::Value>,
     /// The JSON body of the answer, if it had one.
     pub response_body: Option<serde_json::Value>,
+    /// The answer's headers (`retry-after`, `x-ratelimit-*`, ...), beside those every answer has.
+    pub response_headers: Vec<(String, String)>,
+    /// Whose request it was by its credential (an installation token, or the App's JWT);
+    /// `None` for the runner protocol and requests without a credential.
+    pub caller: Option<crate::auth::Caller>,
     /// When the fake answered it (the fake's clock, as `Job::created_at`).
     pub at: SystemTime,
 }
@@ -184,5 +189,24 @@ impl RequestRecord {
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
+    }
+
+    /// A header of the answer, by name.
+    pub fn response_header(&self, name: &str) -> Option<&str> {
+        self.response_headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Whether the answer was a secondary rate limit (403 or 429 with GitHub's message).
+    pub fn secondary_limited(&self) -> bool {
+        matches!(self.status, 403 | 429)
+            && self
+                .response_body
+                .as_ref()
+                .and_then(|b| b.get("message"))
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|m| m.contains("secondary rate limit"))
     }
 }

@@ -209,6 +209,8 @@ pub fn answer(state: &mut State, method: &str, path: &str, query: &str) -> Optio
         headers: Vec::new(),
         body: None,
         response_body: None,
+        response_headers: raw.headers.clone(),
+        caller: None,
         at: state.now(),
     });
     Some(raw)

@@ -85,6 +85,40 @@ impl Route {
         })
     }
 
+    /// The endpoint as GitHub documents it (method and path template): what "a single REST
+    /// endpoint" of the secondary limits' points means.
+    pub fn template(&self) -> &'static str {
+        use Route::*;
+        match self {
+            App => "GET /app",
+            AppInstallations => "GET /app/installations",
+            AccessTokens(_) => "POST /app/installations/{installation_id}/access_tokens",
+            OrgInstallation(_) => "GET /orgs/{org}/installation",
+            RepoInstallation(..) => "GET /repos/{owner}/{repo}/installation",
+            InstallationRepos => "GET /installation/repositories",
+            Deliveries => "GET /app/hook/deliveries",
+            Delivery(_) => "GET /app/hook/deliveries/{delivery_id}",
+            Redeliver(_) => "POST /app/hook/deliveries/{delivery_id}/attempts",
+            Jit(Scope::Org(_)) => "POST /orgs/{org}/actions/runners/generate-jitconfig",
+            Jit(Scope::Repo(..)) => "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig",
+            ListRunners(Scope::Org(_)) => "GET /orgs/{org}/actions/runners",
+            ListRunners(Scope::Repo(..)) => "GET /repos/{owner}/{repo}/actions/runners",
+            GetRunner(Scope::Org(_), _) => "GET /orgs/{org}/actions/runners/{runner_id}",
+            GetRunner(Scope::Repo(..), _) => {
+                "GET /repos/{owner}/{repo}/actions/runners/{runner_id}"
+            }
+            DeleteRunner(Scope::Org(_), _) => "DELETE /orgs/{org}/actions/runners/{runner_id}",
+            DeleteRunner(Scope::Repo(..), _) => {
+                "DELETE /repos/{owner}/{repo}/actions/runners/{runner_id}"
+            }
+            Runs(..) => "GET /repos/{owner}/{repo}/actions/runs",
+            RunJobs(..) => "GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
+            Job(..) => "GET /repos/{owner}/{repo}/actions/jobs/{job_id}",
+            RunnerGroups(_) => "GET /orgs/{org}/actions/runner-groups",
+            RateLimit => "GET /rate_limit",
+        }
+    }
+
     /// Whether the endpoint takes the App JWT (else an installation token).
     pub fn wants_jwt(&self) -> bool {
         matches!(
@@ -157,11 +191,16 @@ impl Reply {
     }
 
     pub fn error(status: u16, message: &str) -> Self {
+        Reply::error_documented(status, message, "https://docs.github.com/rest")
+    }
+
+    /// An error pointing at a page of GitHub's documentation, as its rate-limit answers do.
+    pub fn error_documented(status: u16, message: &str, documentation_url: &str) -> Self {
         Reply::json(
             status,
             json!({
                 "message": message,
-                "documentation_url": "https://docs.github.com/rest",
+                "documentation_url": documentation_url,
                 "status": status.to_string(),
             }),
         )

@@ -103,8 +103,18 @@ async fn handle(
         return Ok(raw_response(raw));
     }
     let json_body: Option<Value> = serde_json::from_slice(&body).ok();
-    let action = shared.with(|state| {
+    let (action, caller) = shared.with(|state| {
         let base = state.base_path.clone();
+        // In flight from here until the answer is handed to hyper (or the hung request is
+        // given up): what the concurrency limit counts.
+        let caller = if path.strip_prefix(RUNNER_PROTOCOL_PREFIX).is_some() {
+            None
+        } else {
+            caller_of(state, &parts.headers)
+        };
+        if let Some(c) = caller {
+            state.ledger.arrive(c);
+        }
         let (rel, action) = if let Some(rest) = path.strip_prefix(RUNNER_PROTOCOL_PREFIX) {
             (
                 path.clone(),
@@ -130,9 +140,13 @@ async fn handle(
                 Action::Reply(Reply::error(404, "Not Found"), Vec::new()),
             )
         };
-        let (status, response_body) = match &action {
-            Action::Reply(r, _) => (r.status, r.body.clone()),
-            Action::Hang | Action::Drop => (0, None),
+        let (status, response_body, response_headers) = match &action {
+            Action::Reply(r, extra) => (
+                r.status,
+                r.body.clone(),
+                r.headers.iter().chain(extra).cloned().collect(),
+            ),
+            Action::Hang | Action::Drop => (0, None, Vec::new()),
         };
         // The runner protocol's credential stays out of the log, like every other one.
         let mut body = json_body.clone();
@@ -147,14 +161,46 @@ async fn handle(
             headers: redacted(&parts.headers),
             body,
             response_body,
+            response_headers,
+            caller,
             at: state.now(),
         });
-        action
+        (action, caller)
+    });
+    let _in_flight = caller.map(|caller| InFlight {
+        shared: shared.clone(),
+        caller,
     });
     match action {
         Action::Reply(r, extra) => Ok(to_response(r, &extra)),
         Action::Drop => Err(Dropped),
         Action::Hang => std::future::pending().await,
+    }
+}
+
+/// A request counted in flight for its scope until dropped.
+struct InFlight {
+    shared: Arc<Shared>,
+    caller: Caller,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.shared.with(|state| state.ledger.leave(self.caller));
+    }
+}
+
+/// Whose request this is by its credential, before it is checked: an issued installation token
+/// (expired or not) is that installation's, anything else shaped like a JWT the App's.
+fn caller_of(state: &State, headers: &HeaderMap) -> Option<Caller> {
+    let credential = bearer(
+        headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    )?;
+    match state.tokens.get(credential) {
+        Some((installation, _)) => Some(Caller::Installation(*installation)),
+        None => (credential.split('.').count() == 3).then_some(Caller::App),
     }
 }
 
@@ -197,11 +243,15 @@ fn to_response(reply: Reply, extra: &[(String, String)]) -> Response<Full<Bytes>
         .map(|v| Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
         .unwrap_or_default();
     let mut builder = Response::builder()
-        .status(StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
-        .header(
-            "x-github-request-id",
-            uuid::Uuid::new_v4().simple().to_string(),
-        );
+        .status(StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR));
+    let has_id = reply
+        .headers
+        .iter()
+        .chain(extra)
+        .any(|(k, _)| k.eq_ignore_ascii_case(REQUEST_ID));
+    if !has_id {
+        builder = builder.header(REQUEST_ID, new_request_id());
+    }
     if reply.body.is_some() {
         builder = builder.header("content-type", "application/json; charset=utf-8");
     }
@@ -211,6 +261,34 @@ fn to_response(reply: Reply, extra: &[(String, String)]) -> Response<Full<Bytes>
     builder
         .body(Full::new(body))
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// The header naming a request at GitHub (and in its error messages).
+const REQUEST_ID: &str = "x-github-request-id";
+
+fn new_request_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string().to_uppercase()
+}
+
+/// A secondary limit's answer as GitHub gives it: `status` (403 or 429), GitHub's message
+/// naming the request id, its documentation URL, the primary headers `limits` and, when known,
+/// `retry-after` in whole seconds.
+fn secondary_answer(
+    status: u16,
+    limits: &[(String, String)],
+    retry_after_secs: Option<u64>,
+) -> Action {
+    let id = new_request_id();
+    let message = format!("{} {id}.", crate::limits::SECONDARY_MESSAGE);
+    let mut extra = limits.to_vec();
+    extra.push((REQUEST_ID.into(), id));
+    if let Some(secs) = retry_after_secs {
+        extra.push(("retry-after".into(), secs.to_string()));
+    }
+    Action::Reply(
+        Reply::error_documented(status, &message, crate::limits::SECONDARY_DOCS),
+        extra,
+    )
 }
 
 /// A weak ETag over the answer's body, like GitHub's.
@@ -338,26 +416,52 @@ fn respond_unless_faulted(
         quota.reset = until;
     }
     let limits = rate_headers(quota.limit, quota.remaining, quota.reset, resource);
-    if let Some(sec) = state.secondary.filter(|s| s.until > now) {
-        let mut extra = limits.clone();
-        if sec.send_retry_after {
-            let secs = sec
-                .until
-                .duration_since(now)
-                .unwrap_or(Duration::ZERO)
-                .as_secs()
-                + 1;
-            extra.push(("retry-after".into(), secs.to_string()));
+    if let Some(trigger) = state
+        .secondary_trigger
+        .as_mut()
+        .filter(|t| rel.contains(&t.path_contains))
+    {
+        if trigger.requests_left == 0 {
+            state.secondary = Some(crate::state::Secondary {
+                until: now + trigger.duration,
+                status: trigger.status,
+                send_retry_after: true,
+                scope: Some(caller),
+            });
+            state.secondary_trigger = None;
+        } else {
+            trigger.requests_left -= 1;
         }
-        let msg = "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.";
-        return Action::Reply(Reply::error(sec.status, msg), extra);
+    }
+    if let Some(sec) = state
+        .secondary
+        .filter(|s| s.until > now && s.scope.is_none_or(|c| c == caller))
+    {
+        let secs = sec.send_retry_after.then(|| {
+            let left = sec.until.duration_since(now).unwrap_or(Duration::ZERO);
+            left.as_secs() + u64::from(left.subsec_nanos() > 0)
+        });
+        return secondary_answer(sec.status, &limits, secs);
+    }
+    let secondary_limits = state.secondary_limits;
+    if let Err(refusal) =
+        state
+            .ledger
+            .admit(caller, route.template(), method, now, &secondary_limits)
+    {
+        let status = state.next_limit_status();
+        return secondary_answer(status, &limits, Some(refusal.retry_after_secs()));
     }
     if !route.free() && quota.remaining == 0 {
         let msg = match caller {
             Caller::App => "API rate limit exceeded for app.".to_owned(),
             Caller::Installation(i) => format!("API rate limit exceeded for installation ID {i}."),
         };
-        return Action::Reply(Reply::error(403, &msg), limits);
+        let status = state.next_limit_status();
+        return Action::Reply(
+            Reply::error_documented(status, &msg, crate::limits::PRIMARY_DOCS),
+            limits,
+        );
     }
     let mut reply = answer(state, caller, &route, query, body);
     let mut charged = !route.free();

@@ -11,7 +11,9 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::json;
 use sha2::Sha256;
 
+use crate::auth::Caller;
 use crate::jit::{AssignedJob, RunnerBehavior};
+use crate::limits::{Ledger, LimitStatus, SecondaryLimits};
 use crate::model::*;
 use crate::render::{self, Ctx};
 
@@ -59,7 +61,7 @@ pub struct Quota {
     pub reset: SystemTime,
 }
 
-/// A secondary limit in force.
+/// A secondary limit in force, set by a test (the windows of [`crate::limits`] answer their own).
 #[derive(Debug, Clone, Copy)]
 pub struct Secondary {
     pub until: SystemTime,
@@ -67,6 +69,20 @@ pub struct Secondary {
     pub status: u16,
     /// Whether to send `retry-after` (GitHub sometimes does not).
     pub send_retry_after: bool,
+    /// Whose requests it holds: one scope (an installation, or the App's JWT), or every one.
+    pub scope: Option<Caller>,
+}
+
+/// A secondary limit armed to fall in the middle of a burst: after `requests_left` more
+/// requests whose path contains `path_contains` are answered, the next one trips a
+/// [`Secondary`] of `duration` on its own scope, with `retry-after`.
+#[derive(Debug, Clone)]
+pub struct SecondaryTrigger {
+    pub path_contains: String,
+    pub requests_left: u32,
+    pub duration: Duration,
+    /// 403 or 429.
+    pub status: u16,
 }
 
 /// What to do to requests that match, instead of answering them.
@@ -131,6 +147,17 @@ pub struct State {
     /// The resource `generate-jitconfig` spends.
     pub jit_resource: String,
     pub secondary: Option<Secondary>,
+    /// A secondary limit waiting for its place in a burst.
+    pub secondary_trigger: Option<SecondaryTrigger>,
+    /// The documented secondary limits, enforced per scope (GitHub's numbers unless a test
+    /// lowers them).
+    pub secondary_limits: SecondaryLimits,
+    /// What each scope sent, against [`State::secondary_limits`].
+    pub ledger: Ledger,
+    /// 403 or 429 for the limits the fake answers itself (primary and secondary windows).
+    pub limit_status: LimitStatus,
+    /// Limit answers given so far (for [`LimitStatus::Alternating`]).
+    pub limit_answers: u64,
     pub faults: Vec<Fault>,
     pub requests: Vec<RequestRecord>,
     pub deliveries: Vec<Delivery>,
@@ -194,6 +221,11 @@ impl State {
             exhausted: Vec::new(),
             jit_resource: "core".into(),
             secondary: None,
+            secondary_trigger: None,
+            secondary_limits: SecondaryLimits::GITHUB,
+            ledger: Ledger::default(),
+            limit_status: LimitStatus::default(),
+            limit_answers: 0,
             faults: Vec::new(),
             requests: Vec::new(),
             deliveries: Vec::new(),
@@ -367,6 +399,13 @@ impl State {
             q.reset = now + RATE_WINDOW;
         }
         q
+    }
+
+    /// The status of the next limit answer the fake gives itself (403 or 429).
+    pub fn next_limit_status(&mut self) -> u16 {
+        let status = self.limit_status.nth(self.limit_answers);
+        self.limit_answers += 1;
+        status
     }
 
     /// Until when a test has spent `resource`'s quota, if it has and that is still ahead.

@@ -1,0 +1,343 @@
+//! The fake over HTTP, as a client meets it: GitHub's secondary limits (points per endpoint,
+//! content creation, concurrency) and primary limits, answered with GitHub's statuses, headers
+//! and messages. Tokens are issued straight from the state, so no App key is needed.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+use crate::{FakeGithub, FakeOptions, FaultAction, LimitStatus, SecondaryLimits};
+
+/// The `User-Agent` these requests send (GitHub refuses requests without one).
+const AGENT: &str = "rm-fake-github-tests";
+
+struct Answer {
+    status: u16,
+    headers: HeaderMap,
+    body: Value,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        self.header("retry-after").and_then(|v| v.parse().ok())
+    }
+
+    fn message(&self) -> &str {
+        self.body["message"].as_str().unwrap_or("")
+    }
+
+    /// A secondary limit as GitHub answers one: 403 or 429, its message and documentation,
+    /// quota left (so only the message and `retry-after` say which limit it was).
+    fn is_secondary(&self) -> bool {
+        matches!(self.status, 403 | 429)
+            && self.message().contains("exceeded a secondary rate limit")
+            && self.body["documentation_url"]
+                .as_str()
+                .is_some_and(|u| u.contains("secondary-rate-limits"))
+            && self
+                .header("x-ratelimit-remaining")
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|r| r > 0)
+    }
+}
+
+struct Harness {
+    fake: FakeGithub,
+    client: Client<HttpConnector, Full<Bytes>>,
+    acme: String,
+    other: String,
+}
+
+async fn harness(secondary_limits: SecondaryLimits) -> Harness {
+    let mut options = FakeOptions::new(1, String::new());
+    options.secondary_limits = secondary_limits;
+    let fake = FakeGithub::start(options)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let acme = fake.add_org("acme");
+    let other = fake.add_org("other");
+    let (acme, other) = fake.with(|s| (s.issue_token(acme).0, s.issue_token(other).0));
+    Harness {
+        fake,
+        client: Client::builder(TokioExecutor::new()).build_http(),
+        acme,
+        other,
+    }
+}
+
+impl Harness {
+    async fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> Answer {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.fake.api_url()))
+            .header("authorization", format!("Bearer {token}"))
+            .header("user-agent", AGENT);
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let bytes = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+        let req = req.body(Full::new(bytes)).unwrap_or_else(|e| panic!("{e}"));
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        Answer {
+            status,
+            headers,
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        }
+    }
+
+    async fn jit(&self, token: &str, org: &str, name: &str) -> Answer {
+        let body = json!({"name": name, "runner_group_id": 1, "labels": ["self-hosted"]});
+        self.call(
+            "POST",
+            &format!("/orgs/{org}/actions/runners/generate-jitconfig"),
+            token,
+            Some(body),
+        )
+        .await
+    }
+
+    async fn list(&self, token: &str, org: &str) -> Answer {
+        self.call("GET", &format!("/orgs/{org}/actions/runners"), token, None)
+            .await
+    }
+}
+
+/// GitHub's documented 80 content creations a minute hold by default: a burst of 80 JIT
+/// registrations is served, the 81st is refused as GitHub refuses it (and the one after it
+/// with the other status GitHub may use), reads and other installations go on, and the minute
+/// on the fake's clock makes room again.
+#[tokio::test]
+async fn by_default_the_81st_creation_in_a_minute_is_refused_as_github_does() {
+    let h = harness(SecondaryLimits::default()).await;
+    for n in 0..80 {
+        let a = h.jit(&h.acme, "acme", &format!("r{n}")).await;
+        assert_eq!(a.status, 201, "registration {n}: {:?}", a.body);
+    }
+    let refused = h.jit(&h.acme, "acme", "r80").await;
+    assert!(
+        refused.is_secondary(),
+        "{} {:?}",
+        refused.status,
+        refused.body
+    );
+    let retry_after = refused.retry_after().unwrap_or(0);
+    assert!(
+        (50..=60).contains(&retry_after),
+        "retry-after {retry_after}: the first registration leaves the minute then"
+    );
+    let again = h.jit(&h.acme, "acme", "r80").await;
+    assert!(again.is_secondary());
+    assert_eq!(
+        [refused.status, again.status],
+        [403, 429],
+        "403 and 429 in turn by default"
+    );
+    assert!(
+        h.fake.runners().iter().all(|r| r.name != "r80"),
+        "a refused registration created a runner"
+    );
+    assert_eq!(h.list(&h.acme, "acme").await.status, 200);
+    assert_eq!(h.jit(&h.other, "other", "r0").await.status, 201);
+    h.fake.advance_clock(Duration::from_secs(61));
+    assert_eq!(h.jit(&h.acme, "acme", "r80").await.status, 201);
+}
+
+/// 900 points a minute to one endpoint: with the number lowered to 10, two deletions (5 points
+/// each) fill the endpoint; the third is refused while reads of another endpoint are not.
+#[tokio::test]
+async fn points_per_endpoint_are_counted_with_writes_at_five() {
+    let h = harness(SecondaryLimits {
+        points_per_minute: 10,
+        ..SecondaryLimits::default()
+    })
+    .await;
+    h.fake.set_limit_status(LimitStatus::TooManyRequests);
+    for id in [1, 2] {
+        let a = h
+            .call(
+                "DELETE",
+                &format!("/orgs/acme/actions/runners/{id}"),
+                &h.acme,
+                None,
+            )
+            .await;
+        assert_eq!(a.status, 404, "an unknown runner, but counted");
+    }
+    let refused = h
+        .call("DELETE", "/orgs/acme/actions/runners/3", &h.acme, None)
+        .await;
+    assert!(
+        refused.is_secondary() && refused.status == 429,
+        "{:?}",
+        refused.body
+    );
+    for _ in 0..10 {
+        assert_eq!(
+            h.list(&h.acme, "acme").await.status,
+            200,
+            "reads cost 1 each"
+        );
+    }
+    assert!(
+        h.list(&h.acme, "acme").await.is_secondary(),
+        "the 11th read"
+    );
+}
+
+/// Requests in flight count per scope: with the number lowered to 1, a request that hangs holds
+/// the installation's only slot, so the next is refused (retry-after given), while another
+/// installation's request goes.
+#[tokio::test]
+async fn requests_in_flight_past_the_concurrency_limit_are_refused() {
+    let h = harness(SecondaryLimits {
+        concurrent: 1,
+        ..SecondaryLimits::default()
+    })
+    .await;
+    h.fake
+        .inject_fault(Some("GET"), "/runner-groups", FaultAction::Hang, 1);
+    let hung = {
+        let req = http::Request::get(format!(
+            "{}/orgs/acme/actions/runner-groups",
+            h.fake.api_url()
+        ))
+        .header("authorization", format!("Bearer {}", h.acme))
+        .header("user-agent", AGENT)
+        .body(Full::new(Bytes::new()))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let client = h.client.clone();
+        tokio::spawn(async move { client.request(req).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !h
+        .fake
+        .requests()
+        .iter()
+        .any(|r| r.path.contains("runner-groups"))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the hung request never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let refused = h.list(&h.acme, "acme").await;
+    assert!(
+        refused.is_secondary(),
+        "{} {:?}",
+        refused.status,
+        refused.body
+    );
+    assert!(refused.retry_after().is_some());
+    assert_eq!(h.list(&h.other, "other").await.status, 200);
+    hung.abort();
+    // Once the hung request is given up, its slot is free again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let a = h.list(&h.acme, "acme").await;
+        if a.status == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A limit armed for the middle of a burst: the first creations are served, the next trips it,
+/// and from then on every request of that installation (reads too) gets it with a shrinking
+/// `retry-after` until it lifts; another installation is not held.
+#[tokio::test]
+async fn an_armed_limit_falls_in_the_middle_of_a_burst_and_holds_that_installation() {
+    let h = harness(SecondaryLimits::default()).await;
+    h.fake
+        .secondary_limit_after("generate-jitconfig", 2, Duration::from_secs(30), 429);
+    assert_eq!(h.jit(&h.acme, "acme", "a").await.status, 201);
+    assert_eq!(h.jit(&h.acme, "acme", "b").await.status, 201);
+    let tripped = h.jit(&h.acme, "acme", "c").await;
+    assert!(tripped.is_secondary() && tripped.status == 429);
+    assert_eq!(tripped.retry_after(), Some(30));
+    assert!(
+        tripped
+            .message()
+            .contains(tripped.header("x-github-request-id").unwrap_or("?"))
+    );
+    h.fake.advance_clock(Duration::from_secs(20));
+    let read = h.list(&h.acme, "acme").await;
+    assert!(read.is_secondary());
+    assert!(read.retry_after().is_some_and(|s| (9..=10).contains(&s)));
+    assert_eq!(h.list(&h.other, "other").await.status, 200);
+    h.fake.advance_clock(Duration::from_secs(10));
+    assert_eq!(h.jit(&h.acme, "acme", "c").await.status, 201);
+    let recorded: Vec<_> = h
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.secondary_limited())
+        .collect();
+    assert_eq!(recorded.len(), 2);
+    assert!(
+        recorded
+            .iter()
+            .all(|r| r.response_header("retry-after").is_some())
+    );
+}
+
+/// A spent primary quota is answered 403 and 429 in turn by default, each with GitHub's
+/// `x-ratelimit-remaining: 0` and `x-ratelimit-reset`; a test can pin either.
+#[tokio::test]
+async fn a_spent_primary_quota_is_answered_403_or_429_with_the_reset() {
+    let h = harness(SecondaryLimits::default()).await;
+    h.fake.exhaust_rate_limit(Duration::from_secs(600));
+    let now = crate::time::unix(std::time::SystemTime::now());
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let a = h.list(&h.acme, "acme").await;
+        assert_eq!(a.header("x-ratelimit-remaining"), Some("0"));
+        let reset: u64 = a
+            .header("x-ratelimit-reset")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        assert!(
+            (now + 590..=now + 610).contains(&reset),
+            "reset {reset}, now {now}"
+        );
+        assert!(
+            a.message().contains("API rate limit exceeded"),
+            "{:?}",
+            a.body
+        );
+        assert!(
+            a.retry_after().is_none(),
+            "a primary limit says when with the reset"
+        );
+        statuses.push(a.status);
+    }
+    assert_eq!(statuses, [403, 429]);
+    h.fake.set_limit_status(LimitStatus::Forbidden);
+    assert_eq!(h.list(&h.acme, "acme").await.status, 403);
+    assert_eq!(h.list(&h.acme, "acme").await.status, 403);
+}
