@@ -63,6 +63,7 @@ pub struct GithubSection {
     pub app_id: Option<u64>,
     pub private_key_file: Option<PathBuf>,
     pub webhook_secret_file: Option<PathBuf>,
+    pub pacing: Option<String>,
 }
 
 /// `[receiver]`: inbound webhooks. Without the table there is no inbound HTTP at all.
@@ -174,6 +175,8 @@ pub struct Github {
     pub app_id: Option<u64>,
     pub private_key_file: Option<PathBuf>,
     pub webhook_secret_file: Option<PathBuf>,
+    /// `github.pacing`: how requests of one installation are paced.
+    pub pacing: rm_github::pacing::Pacing,
 }
 
 #[derive(Debug)]

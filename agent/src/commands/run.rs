@@ -32,11 +32,10 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
         )
     })?;
     let key = secrets::private_key(config)?;
-    let client = GithubClient::new(ClientConfig::new(
-        config.github.api_url.clone(),
-        app_id,
-        key,
-    ))
+    let client = GithubClient::new(ClientConfig {
+        pacing: config.github.pacing,
+        ..ClientConfig::new(config.github.api_url.clone(), app_id, key)
+    })
     .context("cannot set up the GitHub client")
     .map_err(Exit::runtime)?;
     let _lock = lock::lock_data_dir(&config.data_dir)?;

@@ -184,6 +184,11 @@ fn out_of_range_values_are_refused_with_the_remedy() {
             "journal.job_retention",
             "queue lifetime",
         ),
+        (
+            "[github]\npacing = \"fast\"\n",
+            "github.pacing",
+            "one_per_second",
+        ),
     ];
     for (text, key, hint) in cases {
         let err = refusal(text);

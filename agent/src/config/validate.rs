@@ -79,11 +79,26 @@ pub(super) fn validate(
             "must be the App's id, a positive number".to_owned(),
         ));
     }
+    let pacing = match file.github.pacing.as_deref() {
+        None | Some("documented") => rm_github::pacing::Pacing::default(),
+        Some("one_per_second") => {
+            rm_github::pacing::Pacing::Spaced(rm_github::budget::MUTATION_SPACING)
+        }
+        Some(other) => {
+            return Err(err(
+                "github.pacing",
+                format!(
+                    "`{other}` is not a pacing; use \"documented\" (inside GitHub's documented secondary limits, the default) or \"one_per_second\" (a second between two mutations)"
+                ),
+            ));
+        }
+    };
     let github = Github {
         api_url: api_url.trim_end_matches('/').to_owned(),
         app_id: file.github.app_id,
         private_key_file: file.github.private_key_file,
         webhook_secret_file: file.github.webhook_secret_file,
+        pacing,
     };
 
     let receiver = match file.receiver {

@@ -10,6 +10,12 @@
 //! synthetic payload of a real actions/runner release ([`rm_bench::package`], 418 MiB in 5,008
 //! files); one agent runs `isolation = "none"` (the package copied into every runtime), the other
 //! `isolation = "user"` (every runtime hard links to the verified package store).
+//!
+//! With `--compare-pacing`, both agents take webhooks; one paces its requests inside GitHub's
+//! documented secondary limits (`github.pacing = "documented"`, the default), the other a second
+//! between two mutations (`"one_per_second"`, rm's rule before). `--every 0s` queues all jobs at
+//! once, a matrix: the `max` columns are then the time until every runner has registered and
+//! until every job has started.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -39,7 +45,7 @@ const STOP: Duration = Duration::from_secs(60);
 /// above the blocks the e2e fleets take (1,000,000 up to about 9,400,000).
 const UID_BASE: u32 = 40_000_000;
 /// Uids per agent.
-const UIDS_PER_MODE: u32 = 64;
+const UIDS_PER_MODE: u32 = 128;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -67,6 +73,10 @@ struct Args {
     /// 418 MiB, 5,008-file payload shaped like an actions/runner release.
     #[arg(long)]
     compare_runtimes: bool,
+    /// Compare pacings instead of event sources: both agents take webhooks, one with
+    /// `github.pacing = "documented"`, one with `"one_per_second"`.
+    #[arg(long, conflicts_with = "compare_runtimes")]
+    compare_pacing: bool,
     /// The rm-agent binary (default: next to this one).
     #[arg(long)]
     agent: Option<PathBuf>,
@@ -94,6 +104,8 @@ struct Spec {
     uids: String,
     /// A package to use instead of a fresh fake runner package.
     package: Option<PathBuf>,
+    /// `github.pacing`; `None` leaves the agent's default (`documented`).
+    pacing: Option<&'static str>,
 }
 
 /// One agent with its fake GitHub.
@@ -171,7 +183,7 @@ async fn start(spec: Spec, plan: &Plan, agent: &Path, runner: &Path) -> Result<M
         String::new()
     };
     let config = format!(
-        "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n\n\
+        "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n{pacing}\n\
          {receiver}[polling]\ninterval = \"30s\"\nidle_interval = \"5s\"\n\n[host]\nname = \"bench\"\nmax_runners = {max}\n\
          runner_root = \"{root}\"\nrunner_uids = \"{uids}\"\n{isolation}\n[runner]\npackage_dir = \"{package}\"\n\n[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"self-hosted\", \"linux\"]\nmax_runners = {max}\n",
         data = dir.path().join("data").display(),
@@ -185,6 +197,10 @@ async fn start(spec: Spec, plan: &Plan, agent: &Path, runner: &Path) -> Result<M
             .map(|i| format!("isolation = \"{i}\"\n"))
             .unwrap_or_default(),
         package = package.display(),
+        pacing = spec
+            .pacing
+            .map(|p| format!("pacing = \"{p}\"\n"))
+            .unwrap_or_default(),
     );
     let config_file = dir.path().join("rm-agent.toml");
     std::fs::write(&config_file, config)?;
@@ -195,7 +211,11 @@ async fn start(spec: Spec, plan: &Plan, agent: &Path, runner: &Path) -> Result<M
         .arg(&config_file)
         .arg("run")
         .env("RM_WEBHOOK_SECRET", SECRET)
-        .env("RM_LOG", "warn")
+        // `RM_BENCH_AGENT_LOG=info` (or `debug`) keeps more of the agents' logs.
+        .env(
+            "RM_LOG",
+            std::env::var("RM_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".to_owned()),
+        )
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -333,6 +353,7 @@ async fn main() -> Result<()> {
                 isolation: Some("none"),
                 uids: uids(0),
                 package: Some(package.clone()),
+                pacing: None,
             },
             Spec {
                 name: "store links (isolation user)",
@@ -340,6 +361,26 @@ async fn main() -> Result<()> {
                 isolation: Some("user"),
                 uids: uids(1),
                 package: Some(package),
+                pacing: None,
+            },
+        ]
+    } else if args.compare_pacing {
+        [
+            Spec {
+                name: "documented limits",
+                webhooks: true,
+                isolation: None,
+                uids: uids(0),
+                package: None,
+                pacing: Some("documented"),
+            },
+            Spec {
+                name: "one per second",
+                webhooks: true,
+                isolation: None,
+                uids: uids(1),
+                package: None,
+                pacing: Some("one_per_second"),
             },
         ]
     } else {
@@ -350,6 +391,7 @@ async fn main() -> Result<()> {
                 isolation: None,
                 uids: uids(0),
                 package: None,
+                pacing: None,
             },
             Spec {
                 name: "polling alone",
@@ -357,6 +399,7 @@ async fn main() -> Result<()> {
                 isolation: None,
                 uids: uids(1),
                 package: None,
+                pacing: None,
             },
         ]
     };
@@ -379,9 +422,12 @@ async fn main() -> Result<()> {
     let began = SystemTime::now();
     let started = Instant::now();
     let mut ids: Vec<Vec<u64>> = vec![Vec::new(); modes.len()];
-    let mut tick = tokio::time::interval(plan.every);
+    // `--every 0s`: the whole matrix at once (an interval cannot be zero).
+    let mut tick = (!plan.every.is_zero()).then(|| tokio::time::interval(plan.every));
     for n in 0..plan.jobs {
-        tick.tick().await;
+        if let Some(tick) = tick.as_mut() {
+            tick.tick().await;
+        }
         for (mode, ids) in modes.iter().zip(ids.iter_mut()) {
             ids.push(mode.fake.queue_job(REPO, &format!("job {n}"), LABELS)?);
         }
@@ -399,6 +445,25 @@ async fn main() -> Result<()> {
             break;
         }
         if Instant::now() > deadline {
+            for (mode, ids) in modes.iter().zip(&ids) {
+                let done = ids
+                    .iter()
+                    .filter(|id| {
+                        mode.fake
+                            .job(**id)
+                            .is_some_and(|j| j.status == JobStatus::Completed)
+                    })
+                    .count();
+                let log = mode.dir.path().join("agent.log");
+                let kept = mode.dir.path().with_extension("log");
+                let _ = std::fs::copy(&log, &kept);
+                eprintln!(
+                    "{}: {done} of {} jobs completed; its log: {}",
+                    mode.name,
+                    ids.len(),
+                    kept.display()
+                );
+            }
             bail!("not every job completed within 5 minutes of the last arrival");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
