@@ -51,8 +51,8 @@ pub(super) struct Memory {
     reported: HashSet<i64>,
     /// Per policy: since when its demand has been held back by the host's ceiling.
     waiting_since: HashMap<String, i64>,
-    /// Per policy: when runners that completed a job the journal never named concluded.
-    unknown_completions: HashMap<String, Vec<i64>>,
+    /// Per policy: runners that completed a job the journal had not named when they concluded.
+    unknown_completions: HashMap<String, Vec<UnknownCompletion>>,
     /// When the journal was last brought up to date with GitHub (a poll pass began).
     refreshed_at: i64,
     /// Whether the runner uid pool was found exhausted (and said so) since a runner last got
@@ -64,13 +64,32 @@ pub(super) struct Memory {
 /// next poll corrects the journal well before.
 pub const UNKNOWN_COMPLETION_TTL: Duration = Duration::from_secs(15 * 60);
 
+/// A runner that completed a job the journal had not named when it concluded (its
+/// `in_progress` delivery was late, or lost): one of the queued jobs is done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownCompletion {
+    pub concluded_at_ms: i64,
+    pub runner_name: String,
+}
+
 /// How many queued jobs of a policy are already done by runners that completed a job the
-/// journal never named: those concluded after the last refresh, within the TTL.
-pub fn unknown_completions(concluded: &[i64], refreshed_at: i64, now: i64) -> u32 {
+/// journal had not named: those concluded after the last refresh, within the TTL, whose runner
+/// no journalled job names yet. Once a late delivery names the runner, its job is no longer
+/// queued in the journal, and counting the completion too would hide another queued job.
+pub fn unknown_completions(
+    concluded: &[UnknownCompletion],
+    named: &HashSet<String>,
+    refreshed_at: i64,
+    now: i64,
+) -> u32 {
     let ttl = i64::try_from(UNKNOWN_COMPLETION_TTL.as_millis()).unwrap_or(i64::MAX);
     let n = concluded
         .iter()
-        .filter(|at| **at >= refreshed_at && now.saturating_sub(**at) < ttl)
+        .filter(|c| {
+            c.concluded_at_ms >= refreshed_at
+                && now.saturating_sub(c.concluded_at_ms) < ttl
+                && !named.contains(&c.runner_name)
+        })
         .count();
     u32::try_from(n).unwrap_or(u32::MAX)
 }
@@ -141,6 +160,7 @@ impl Executor {
         let queued: Vec<QueuedJob> = jobs.iter().map(queued).collect();
         let demand = demand::route(&self.settings.policies, &queued);
         self.report_unroutable(&demand);
+        let named = self.named_unknown_runners()?;
         let now = now_ms();
         for policy in &self.settings.policies {
             let (fence, backoff_until) = {
@@ -166,7 +186,7 @@ impl Executor {
                 memory
                     .unknown_completions
                     .get(&policy.name)
-                    .map_or(0, |c| unknown_completions(c, memory.refreshed_at, now))
+                    .map_or(0, |c| unknown_completions(c, &named, memory.refreshed_at, now))
             };
             let wanted = u32::try_from(wanted)
                 .unwrap_or(u32::MAX)
@@ -349,16 +369,41 @@ impl Executor {
         memory.refreshed_at = memory.refreshed_at.max(at_ms);
         let refreshed = memory.refreshed_at;
         for concluded in memory.unknown_completions.values_mut() {
-            concluded.retain(|at| *at >= refreshed);
+            concluded.retain(|c| c.concluded_at_ms >= refreshed);
         }
     }
 
+    /// The runners of unknown completions that a journalled job now names (a late delivery
+    /// said which job they ran); the others are still one queued job less each.
+    fn named_unknown_runners(&self) -> anyhow::Result<HashSet<String>> {
+        let names: Vec<String> = {
+            let memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+            memory
+                .unknown_completions
+                .values()
+                .flatten()
+                .map(|c| c.runner_name.clone())
+                .collect()
+        };
+        if names.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        Ok(self
+            .lock_reader()
+            .jobs_for_runners(&names)?
+            .into_iter()
+            .filter_map(|job| job.runner_name)
+            .collect())
+    }
+
     /// Called when a runner concludes: an idle exit or a registration timeout fences the
-    /// policy's older demand; a completed job the journal never named is one queued job less
-    /// until the next poll says which.
+    /// policy's older demand; a completed job the journal has not named is one queued job less
+    /// until a delivery names the runner or the next poll says which.
     pub(super) fn remember_conclusion(
         &self,
         policy: &str,
+        runner_name: &str,
         conclusion: Conclusion,
         job_known: bool,
     ) {
@@ -369,7 +414,10 @@ impl Executor {
                 .unknown_completions
                 .entry(policy.to_owned())
                 .or_default()
-                .push(now_ms());
+                .push(UnknownCompletion {
+                    concluded_at_ms: now_ms(),
+                    runner_name: runner_name.to_owned(),
+                });
         }
         if fences_demand(conclusion) {
             self.memory
@@ -527,12 +575,22 @@ mod tests {
     }
 
     #[test]
-    fn a_completion_of_an_unnamed_job_counts_until_the_next_poll_or_its_ttl() {
+    fn a_completion_of_an_unnamed_job_counts_until_named_the_next_poll_or_its_ttl() {
         let ttl = i64::try_from(UNKNOWN_COMPLETION_TTL.as_millis()).unwrap();
-        assert_eq!(unknown_completions(&[100, 200], 0, 300), 2);
+        let done = |at: i64, runner: &str| UnknownCompletion {
+            concluded_at_ms: at,
+            runner_name: runner.to_owned(),
+        };
+        let both = [done(100, "rm-h-aaaaaaaaaaaa"), done(200, "rm-h-bbbbbbbbbbbb")];
+        let none = HashSet::new();
+        assert_eq!(unknown_completions(&both, &none, 0, 300), 2);
         // A poll that began after the first completion has corrected the journal for it.
-        assert_eq!(unknown_completions(&[100, 200], 150, 300), 1);
-        assert_eq!(unknown_completions(&[100], 0, 100 + ttl), 0);
+        assert_eq!(unknown_completions(&both, &none, 150, 300), 1);
+        assert_eq!(unknown_completions(&both[..1], &none, 0, 100 + ttl), 0);
+        // A late delivery named the second runner: its job is no longer queued in the journal,
+        // so it no longer stands for one of the queued ones.
+        let named: HashSet<String> = ["rm-h-bbbbbbbbbbbb".to_owned()].into();
+        assert_eq!(unknown_completions(&both, &named, 0, 300), 1);
     }
 
     #[test]

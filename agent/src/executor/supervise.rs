@@ -249,7 +249,12 @@ impl Executor {
                 )?;
                 if concluded {
                     tracing::info!(attempt = %attempts_id, runner = %record.runner_name, outcome = conclusion.outcome().as_str(), reason = conclusion.reason().unwrap_or(""), "runner concluded");
-                    self.remember_conclusion(&record.policy, conclusion, record.job_id.is_some());
+                    self.remember_conclusion(
+                        &record.policy,
+                        &record.runner_name,
+                        conclusion,
+                        record.job_id.is_some(),
+                    );
                     let concluded_record = self.lock_attempts().get(attempts_id)?;
                     if let Some(record) = concluded_record {
                         let registration = match deregistration {
