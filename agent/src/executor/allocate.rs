@@ -183,10 +183,9 @@ impl Executor {
             });
             let done_meanwhile = {
                 let memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
-                memory
-                    .unknown_completions
-                    .get(&policy.name)
-                    .map_or(0, |c| unknown_completions(c, &named, memory.refreshed_at, now))
+                memory.unknown_completions.get(&policy.name).map_or(0, |c| {
+                    unknown_completions(c, &named, memory.refreshed_at, now)
+                })
             };
             let wanted = u32::try_from(wanted)
                 .unwrap_or(u32::MAX)
@@ -581,7 +580,10 @@ mod tests {
             concluded_at_ms: at,
             runner_name: runner.to_owned(),
         };
-        let both = [done(100, "rm-h-aaaaaaaaaaaa"), done(200, "rm-h-bbbbbbbbbbbb")];
+        let both = [
+            done(100, "rm-h-aaaaaaaaaaaa"),
+            done(200, "rm-h-bbbbbbbbbbbb"),
+        ];
         let none = HashSet::new();
         assert_eq!(unknown_completions(&both, &none, 0, 300), 2);
         // A poll that began after the first completion has corrected the journal for it.
