@@ -8,6 +8,7 @@ mod disk_full;
 mod failures;
 mod isolation;
 mod lifecycle;
+mod limits;
 mod package;
 mod poisoned;
 mod polling;
