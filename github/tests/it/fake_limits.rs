@@ -1,7 +1,8 @@
-//! The client against the limits the fake enforces by itself, as GitHub does (not injected by
-//! a test): GitHub's documented secondary limits, answered 403 or 429 with `retry-after`, and a
-//! spent primary quota answered 403 or 429 with `x-ratelimit-reset`. The client must take each
-//! answer in either status, and its own pacing must agree with the documented numbers.
+//! The client against what the fake enforces by itself, as GitHub does (not injected by a
+//! test): GitHub's documented secondary limits, answered 403 or 429 with `retry-after`; a spent
+//! primary quota answered 403 or 429 with `x-ratelimit-reset`; a `User-Agent` on every request.
+//! The client must take each answer in either status, and its own pacing must agree with the
+//! documented numbers.
 
 use std::time::Duration;
 
@@ -145,5 +146,39 @@ async fn a_spent_quota_is_a_primary_limit_in_either_status() {
             429
         };
         assert_eq!(last, Some(want));
+    }
+}
+
+/// GitHub refuses a request without a `User-Agent` (403, "Request forbidden by administrative
+/// rules"), and so does the fake: every kind of request the client makes (JWT, token mint,
+/// installation reads and writes) carries one and is answered.
+#[tokio::test]
+async fn every_request_names_its_user_agent() {
+    let h = harness().await;
+    h.client.app().await.unwrap_or_else(|e| panic!("{e}"));
+    h.client
+        .list_runners(&org())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let jit = h
+        .client
+        .generate_jitconfig(&org(), &jit_request("ua"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    h.client
+        .delete_runner(&org(), jit.runner.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let requests = h.fake.requests();
+    assert!(requests.len() >= 5, "{} requests", requests.len());
+    for r in &requests {
+        let ua = r.header("user-agent").unwrap_or("");
+        assert!(
+            !ua.trim().is_empty(),
+            "{} {} without a User-Agent",
+            r.method,
+            r.path
+        );
+        assert_ne!(r.status, 403, "{} {} refused", r.method, r.path);
     }
 }

@@ -99,6 +99,9 @@ async fn handle(
     let method = parts.method.as_str().to_owned();
     let path = parts.uri.path().to_owned();
     let query = parts.uri.query().unwrap_or("").to_owned();
+    if wants_user_agent(&path) && !has_user_agent(&parts.headers) {
+        return Ok(shared.with(|state| refuse_without_user_agent(state, &method, &path, &query)));
+    }
     if let Some(raw) = shared.with(|state| crate::releases::answer(state, &method, &path, &query)) {
         return Ok(raw_response(raw));
     }
@@ -176,6 +179,61 @@ async fn handle(
         Action::Drop => Err(Dropped),
         Action::Hang => std::future::pending().await,
     }
+}
+
+/// What GitHub answers (403, plain text) to an API request without a `User-Agent`.
+pub const NO_USER_AGENT_MESSAGE: &str = "Request forbidden by administrative rules. Please make sure your request has a User-Agent header (https://docs.github.com/en/rest/overview/resources-in-the-rest-api#user-agent-required). Check https://developer.github.com for other possible causes.";
+
+/// Whether GitHub refuses a request to `path` without a `User-Agent`: every REST request (the
+/// releases API included). The fake's own runner protocol and the github.com download and
+/// storage paths are not the API.
+fn wants_user_agent(path: &str) -> bool {
+    ![
+        RUNNER_PROTOCOL_PREFIX,
+        crate::releases::DOWNLOAD_PREFIX,
+        crate::releases::ASSET_STORAGE_PREFIX,
+    ]
+    .iter()
+    .any(|prefix| path.starts_with(prefix))
+}
+
+/// A `User-Agent` that says something (GitHub asks for the app's name).
+fn has_user_agent(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| !v.trim().is_empty())
+}
+
+/// GitHub's refusal of a request without a `User-Agent`, logged like every request: a `403`
+/// in plain text, before any credential is looked at (so without rate-limit headers).
+fn refuse_without_user_agent(
+    state: &mut State,
+    method: &str,
+    path: &str,
+    query: &str,
+) -> Response<Full<Bytes>> {
+    let rel = path
+        .strip_prefix(state.base_path.as_str())
+        .filter(|r| r.starts_with('/'))
+        .unwrap_or(path);
+    state.requests.push(RequestRecord {
+        method: method.to_owned(),
+        path: rel.to_owned(),
+        query: query.to_owned(),
+        status: 403,
+        headers: Vec::new(),
+        body: None,
+        response_body: None,
+        response_headers: Vec::new(),
+        caller: None,
+        at: state.now(),
+    });
+    raw_response(crate::releases::Raw {
+        status: 403,
+        headers: vec![("content-type".into(), "text/plain; charset=utf-8".into())],
+        body: Bytes::from_static(NO_USER_AGENT_MESSAGE.as_bytes()),
+    })
 }
 
 /// A request counted in flight for its scope until dropped.

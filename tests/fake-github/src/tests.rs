@@ -341,3 +341,63 @@ async fn a_spent_primary_quota_is_answered_403_or_429_with_the_reset() {
     assert_eq!(h.list(&h.acme, "acme").await.status, 403);
     assert_eq!(h.list(&h.acme, "acme").await.status, 403);
 }
+
+/// GitHub refuses an API request without a `User-Agent` (403, plain text, before looking at the
+/// credential); the same request with one is answered. Downloads from github.com are not the
+/// API.
+#[tokio::test]
+async fn an_api_request_without_a_user_agent_is_refused() {
+    let h = harness(SecondaryLimits::default()).await;
+    let send = |user_agent: Option<&'static str>, path: String| {
+        let mut req = http::Request::get(format!("{}{path}", h.fake.server_url()))
+            .header("authorization", format!("Bearer {}", h.acme));
+        if let Some(ua) = user_agent {
+            req = req.header("user-agent", ua);
+        }
+        let req = req
+            .body(Full::new(Bytes::new()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let client = h.client.clone();
+        async move {
+            let resp = client.request(req).await.unwrap_or_else(|e| panic!("{e}"));
+            let status = resp.status().as_u16();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let runners = "/orgs/acme/actions/runners".to_owned();
+    let (status, body) = send(None, runners.clone()).await;
+    assert_eq!(status, 403);
+    assert!(
+        body.starts_with("Request forbidden by administrative rules"),
+        "{body}"
+    );
+    assert!(body.contains("User-Agent"));
+    assert_eq!(
+        send(Some("  "), runners.clone()).await.0,
+        403,
+        "an empty one"
+    );
+    assert_eq!(send(Some(AGENT), runners.clone()).await.0, 200);
+    // The releases API is the API too.
+    let release = "/repos/actions/runner/releases/tags/v2.330.0".to_owned();
+    assert_eq!(send(None, release.clone()).await.0, 403);
+    assert_eq!(
+        send(Some(AGENT), release).await.0,
+        404,
+        "not published, but answered"
+    );
+    let refused: Vec<_> = h
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.status == 403)
+        .map(|r| r.path)
+        .collect();
+    assert_eq!(refused.len(), 3, "{refused:?}");
+}
