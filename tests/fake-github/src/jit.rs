@@ -106,6 +106,19 @@ pub struct Acquired {
     pub job: Option<AssignedJob>,
 }
 
+/// How often a runner renews the lock on the job it runs. A real runner renews every 60 s and
+/// GitHub gives a job up after minutes without a renewal; the fake's runner renews every second
+/// so a test can lower the fake's lock timeout ([`crate::state::JOB_LOCK_TIMEOUT`]) to seconds.
+pub const JOB_RENEW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A runner renewing the lock on its job (`/renew`): it is still alive and running it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobRenewal {
+    pub runner_id: u64,
+    pub token: String,
+    pub job_id: u64,
+}
+
 /// A runner reporting a finished job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobDone {

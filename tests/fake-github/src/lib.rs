@@ -54,6 +54,19 @@ pub use webhook::{Chaos, WebhookOrder};
 use server::Shared;
 use state::{Fault, Secondary, SecondaryTrigger, State, WebhookTarget};
 
+/// How often the fake moves its state along its clock with no request to do it (finished
+/// runners' lag, jobs given up for want of a lock renewal).
+const TICK: Duration = Duration::from_millis(250);
+
+/// Moves the state along its clock until the fake is dropped, as GitHub's does with no one
+/// asking.
+async fn tick(shared: Arc<Shared>) {
+    loop {
+        tokio::time::sleep(TICK).await;
+        shared.with(|_| ());
+    }
+}
+
 /// How long [`FakeGithub::settle`] waits for pending deliveries at most.
 pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
 /// How often [`FakeGithub::settle`] looks.
@@ -151,6 +164,7 @@ impl FakeGithub {
         let tasks = vec![
             tokio::spawn(server::serve(listener, shared.clone())),
             tokio::spawn(webhook::sender(shared.clone(), rx)),
+            tokio::spawn(tick(shared.clone())),
         ];
         Ok(Self {
             shared,
@@ -498,6 +512,18 @@ impl FakeGithub {
     /// Defaults: [`state::EPHEMERAL_BUSY_LAG`], [`state::EPHEMERAL_LISTED_LAG`].
     pub fn set_ephemeral_lag(&self, busy: Duration, listed: Duration) {
         self.with(|s| s.ephemeral_lag = state::EphemeralLag { busy, listed })
+    }
+
+    /// How long a running job may go without its runner renewing the lock before GitHub gives
+    /// it up (conclusion `failure`, runner offline). Default [`state::JOB_LOCK_TIMEOUT`]; at
+    /// least three renewals ([`jit::JOB_RENEW_INTERVAL`]) long.
+    pub fn set_job_lock_timeout(&self, timeout: Duration) {
+        self.with(|s| s.job_lock_timeout = timeout.max(3 * jit::JOB_RENEW_INTERVAL))
+    }
+
+    /// Jobs GitHub gave up because their runner stopped renewing the lock, oldest first.
+    pub fn abandoned_jobs(&self) -> Vec<u64> {
+        self.with(|s| s.abandoned_jobs.clone())
     }
 
     /// Names of the runners GitHub removed itself at the end of their lag: registrations no

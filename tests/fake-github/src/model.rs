@@ -76,6 +76,9 @@ pub struct Runner {
     /// When the job this (ephemeral) runner ran completed: from then on GitHub keeps listing it
     /// for a while, busy at first (see [`crate::state::EphemeralLag`]), before removing it.
     pub job_done_at: Option<SystemTime>,
+    /// GitHub gave its job up when it stopped renewing the lock (a crash): listed offline until
+    /// someone deletes it; it takes no other job.
+    pub abandoned: bool,
     /// The runner's credential in the fake's runner protocol.
     pub token: String,
     pub behavior: Option<RunnerBehavior>,
@@ -130,6 +133,8 @@ pub struct Job {
     pub created_at: SystemTime,
     pub started_at: Option<SystemTime>,
     pub completed_at: Option<SystemTime>,
+    /// When the runner running it last renewed its lock (`None`: not since it started).
+    pub lock_renewed_at: Option<SystemTime>,
 }
 
 /// One attempt to deliver a webhook.

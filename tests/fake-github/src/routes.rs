@@ -588,6 +588,7 @@ fn jit(state: &mut State, scope: &Scope, body: Option<&Value>) -> Reply {
         online: false,
         busy: false,
         job_done_at: None,
+        abandoned: false,
         token: token.clone(),
         behavior: None,
     };

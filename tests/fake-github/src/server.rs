@@ -36,8 +36,9 @@ impl Shared {
     pub fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         let (out, new_ids) = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            state.age_runners();
+            // Before ageing: a job GitHub gives up sends its `completed` delivery too.
             let before = state.deliveries.len();
+            state.age_runners();
             let out = f(&mut state);
             let ids: Vec<u64> = state.deliveries[before..].iter().map(|d| d.id).collect();
             (out, ids)
@@ -595,6 +596,14 @@ fn runner_protocol(state: &mut State, method: &str, rest: &str, body: Option<&Va
                     Reply::json(200, json!({}))
                 }
                 _ => Reply::error(422, "not this runner's job"),
+            }
+        }
+        "/renew" => {
+            let renewal: Option<crate::jit::JobRenewal> =
+                body.and_then(|b| serde_json::from_value(b.clone()).ok());
+            match renewal {
+                Some(r) if state.renew_job(r.runner_id, r.job_id) => Reply::json(200, json!({})),
+                _ => Reply::error(422, "not this runner's running job"),
             }
         }
         "/exit" => {

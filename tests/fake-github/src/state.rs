@@ -36,6 +36,13 @@ pub const EPHEMERAL_BUSY_LAG: Duration = Duration::from_secs(2);
 /// GitHub's (and [`State::expired_runners`] names any the fake removed itself).
 pub const EPHEMERAL_LISTED_LAG: Duration = Duration::from_secs(30);
 
+/// How long GitHub lets a running job go without its runner renewing the lock before it gives
+/// the job up: the job completes with conclusion `failure` ("The self-hosted runner ... lost
+/// communication with the server") and the runner is listed offline. GitHub does not document
+/// the number; about ten minutes is what one sees. Tests of a crashed runner lower it
+/// ([`crate::FakeGithub::set_job_lock_timeout`]).
+pub const JOB_LOCK_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
 /// How long a finished ephemeral runner stays busy, then listed, after its job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EphemeralLag {
@@ -134,6 +141,10 @@ pub struct State {
     pub ephemeral_lag: EphemeralLag,
     /// Names of runners GitHub removed itself at the end of their lag (nobody deleted them).
     pub expired_runners: Vec<String>,
+    /// How long a running job may go without a lock renewal (see [`JOB_LOCK_TIMEOUT`]).
+    pub job_lock_timeout: Duration,
+    /// Jobs GitHub gave up because their runner stopped renewing the lock.
+    pub abandoned_jobs: Vec<u64>,
     pub runs: BTreeMap<u64, Run>,
     pub jobs: BTreeMap<u64, Job>,
     /// Installation tokens: token → (installation, expiry).
@@ -212,6 +223,8 @@ impl State {
             runners: BTreeMap::new(),
             ephemeral_lag: EphemeralLag::default(),
             expired_runners: Vec::new(),
+            job_lock_timeout: JOB_LOCK_TIMEOUT,
+            abandoned_jobs: Vec::new(),
             runs: BTreeMap::new(),
             jobs: BTreeMap::new(),
             tokens: HashMap::new(),
@@ -281,6 +294,51 @@ impl State {
             if let Some(r) = self.runners.remove(&id) {
                 self.expired_runners.push(r.name);
             }
+        }
+        self.abandon_unrenewed_jobs();
+    }
+
+    /// Gives up the running jobs whose runner has not renewed the lock within
+    /// [`State::job_lock_timeout`] (it crashed, was killed or lost the network): each completes
+    /// with `failure` (and its `completed` delivery), and its runner is listed offline and idle,
+    /// a registration left for its manager to delete.
+    pub fn abandon_unrenewed_jobs(&mut self) {
+        let now = self.now();
+        let timeout = self.job_lock_timeout;
+        let stale: Vec<(u64, Option<u64>)> = self
+            .jobs
+            .values()
+            .filter(|j| j.status == JobStatus::InProgress && j.runner_id.is_some())
+            .filter(|j| {
+                j.lock_renewed_at
+                    .or(j.started_at)
+                    .is_some_and(|at| now.duration_since(at).unwrap_or(Duration::ZERO) >= timeout)
+            })
+            .map(|j| (j.id, j.runner_id))
+            .collect();
+        for (job_id, runner_id) in stale {
+            self.complete(job_id, "failure");
+            self.abandoned_jobs.push(job_id);
+            if let Some(r) = runner_id.and_then(|id| self.runners.get_mut(&id)) {
+                // Not a finished job's lag: the runner is gone, GitHub just lists it offline.
+                r.job_done_at = None;
+                r.busy = false;
+                r.online = false;
+                r.abandoned = true;
+            }
+        }
+    }
+
+    /// A runner renews the lock on the job it runs; `false` if the job is not its running one
+    /// (GitHub gave it up, or it was never this runner's).
+    pub fn renew_job(&mut self, runner_id: u64, job_id: u64) -> bool {
+        let now = self.now();
+        match self.jobs.get_mut(&job_id) {
+            Some(j) if j.runner_id == Some(runner_id) && j.status == JobStatus::InProgress => {
+                j.lock_renewed_at = Some(now);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -534,6 +592,7 @@ impl State {
                 created_at: now,
                 started_at: None,
                 completed_at: None,
+                lock_renewed_at: None,
             },
         );
         self.record_job_event(job_id, status.as_str());
@@ -587,7 +646,7 @@ impl State {
     pub fn assign(&mut self, runner_id: u64) -> Option<AssignedJob> {
         let runner = self.runners.get(&runner_id)?.clone();
         // An ephemeral runner takes one job, ever.
-        if !runner.online || runner.busy || runner.job_done_at.is_some() {
+        if !runner.online || runner.busy || runner.job_done_at.is_some() || runner.abandoned {
             return None;
         }
         let job_id = self
@@ -837,6 +896,7 @@ mod tests {
                 online: true,
                 busy: false,
                 job_done_at: None,
+                abandoned: false,
                 token: "t".into(),
                 behavior: None,
             },
@@ -920,6 +980,57 @@ mod tests {
         assert!(s.expired_runners.is_empty());
         assert_eq!(at(&mut s, lag.listed), None, "GitHub removed it itself");
         assert_eq!(s.expired_runners, [format!("r{runner}")]);
+    }
+
+    /// A runner that stops renewing its job's lock (it crashed) has the job given up after the
+    /// lock timeout, as GitHub does: the job completes with `failure` and its delivery, the
+    /// runner is listed offline and idle (deletable) and takes nothing more. A runner that
+    /// renews keeps its job however long it runs.
+    #[test]
+    fn a_job_whose_runner_stops_renewing_is_failed_after_the_lock_timeout() {
+        let mut s = state();
+        let repo = s.add_repo("acme", "w", "Organization");
+        let labels = vec!["self-hosted".to_owned()];
+        let crashed_job = s.queue_job(repo, "a", &labels).unwrap_or_default();
+        let alive_job = s.queue_job(repo, "b", &labels).unwrap_or_default();
+        let crashed = online_runner(&mut s, RunnerScope::Org("acme".into()), &["self-hosted"]);
+        let alive = online_runner(&mut s, RunnerScope::Org("acme".into()), &["self-hosted"]);
+        assert_eq!(s.assign(crashed).map(|a| a.job_id), Some(crashed_job));
+        assert_eq!(s.assign(alive).map(|a| a.job_id), Some(alive_job));
+        let timeout = s.job_lock_timeout;
+        assert_eq!(timeout, JOB_LOCK_TIMEOUT);
+        let step = crate::jit::JOB_RENEW_INTERVAL;
+        let mut t = Duration::ZERO;
+        while t + step < timeout + step * 2 {
+            t += step;
+            s.clock_offset = t;
+            assert!(s.renew_job(alive, alive_job), "renewal at {t:?}");
+            s.age_runners();
+            let still = s.jobs[&crashed_job].status == JobStatus::InProgress;
+            assert_eq!(still, t < timeout, "the crashed runner's job at {t:?}");
+        }
+        let job = &s.jobs[&crashed_job];
+        assert_eq!(
+            (job.status, job.conclusion.as_deref()),
+            (JobStatus::Completed, Some("failure"))
+        );
+        assert_eq!(s.abandoned_jobs, [crashed_job]);
+        assert_eq!(s.jobs[&alive_job].status, JobStatus::InProgress, "renewed");
+        let r = &s.runners[&crashed];
+        assert!(!r.busy && !r.online, "listed offline and idle");
+        assert!(!s.renew_job(crashed, crashed_job), "given up for good");
+        let completed: Vec<_> = s
+            .deliveries
+            .iter()
+            .filter(|d| d.action.as_deref() == Some("completed"))
+            .collect();
+        assert_eq!(completed.len(), 1);
+        // Offline and not GitHub's to expire: it stays listed until someone deletes it.
+        s.clock_offset = t + EPHEMERAL_LISTED_LAG * 2;
+        s.age_runners();
+        assert!(s.runners.contains_key(&crashed));
+        s.queue_job(repo, "c", &labels);
+        assert!(s.assign(crashed).is_none(), "it takes no other job");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 mod crash;
+mod crashed_runner;
 mod disk_full;
 mod failures;
 mod isolation;

@@ -1,0 +1,106 @@
+//! `rm-agent run` when a runner dies in the middle of its job, as GitHub handles it: the job is
+//! given up once the runner stops renewing its lock (conclusion `failure`, a `completed`
+//! webhook) and the runner is listed offline; until then GitHub holds it busy (a DELETE answers
+//! `422`). rm concludes the attempt, removes the registration once GitHub lets it, and cleans.
+
+use std::time::Duration;
+
+use rm_e2e::fleet::{Fleet, FleetOptions, REPO, wait_until};
+use rm_fake_github::{CrashPoint, RunnerBehavior};
+
+const LABELS: &[&str] = &["self-hosted", "linux"];
+/// GitHub gives a job up after about ten minutes without a lock renewal
+/// (`rm_fake_github::state::JOB_LOCK_TIMEOUT`); seconds here, so the test sees it happen.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_crashes_mid_job_has_its_job_failed_and_its_registration_removed() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    fleet.fake.set_job_lock_timeout(LOCK_TIMEOUT);
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        crash: Some(CrashPoint::DuringJob),
+        ..RunnerBehavior::default()
+    });
+    let agent = fleet.start_agent(&[]).await;
+    let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+
+    wait_until(Duration::from_secs(60), "GitHub gave the job up", || {
+        fleet.fake.abandoned_jobs().contains(&job)
+    })
+    .await;
+    let given_up = fleet.fake.job(job).unwrap();
+    assert_eq!(given_up.conclusion.as_deref(), Some("failure"));
+    wait_until(Duration::from_secs(60), "the attempt cleaned", || {
+        fleet.all_cleaned()
+    })
+    .await;
+    assert!(
+        fleet.our_registrations().is_empty(),
+        "registration left: {:?}",
+        fleet.our_registrations()
+    );
+    // The deletion waited for GitHub: refused while the dead runner was still held busy, done
+    // once GitHub had given its job up.
+    let deletions: Vec<u16> = fleet
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.method == "DELETE" && r.path.contains("/actions/runners/"))
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(deletions.last(), Some(&204), "{deletions:?}");
+    assert!(
+        deletions[..deletions.len() - 1].iter().all(|s| *s == 422),
+        "{deletions:?}"
+    );
+    // The journal has the job as GitHub ended it, and no other runner was started for it.
+    wait_until(
+        Duration::from_secs(30),
+        "the job completed in the journal",
+        || {
+            let out = fleet.setup.run(&["jobs", "--json"]);
+            serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .ok()
+                .and_then(|jobs| {
+                    jobs.as_array()?
+                        .iter()
+                        .find(|j| j["job_id"] == job)
+                        .map(|j| j["state"] == "completed")
+                })
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    assert_eq!(
+        fleet.attempts().len(),
+        1,
+        "a runner was started for a finished job"
+    );
+    let status = agent.terminate();
+    assert!(status.success(), "drain exit status {status}");
+}
+
+/// The other side of the same rule: a live runner renews its lock, so a job that runs longer
+/// than the lock timeout is its own to finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_longer_than_the_lock_timeout_is_kept_by_its_live_runner() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    fleet.fake.set_job_lock_timeout(LOCK_TIMEOUT);
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: u64::try_from((LOCK_TIMEOUT * 2).as_millis()).unwrap(),
+        ..RunnerBehavior::default()
+    });
+    let agent = fleet.start_agent(&[]).await;
+    let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    wait_until(Duration::from_secs(60), "the job completed", || {
+        fleet.completed(job)
+    })
+    .await;
+    assert_eq!(
+        fleet.fake.job(job).unwrap().conclusion.as_deref(),
+        Some("success")
+    );
+    assert!(fleet.fake.abandoned_jobs().is_empty());
+    let status = agent.terminate();
+    assert!(status.success(), "drain exit status {status}");
+}
