@@ -14,6 +14,9 @@ const LABELS: &[&str] = &["self-hosted", "linux"];
 const CONTROL_LABELS: &[&str] = &["self-hosted", "control"];
 /// How many JIT tries one launch makes before it fails (rm-agent's `MAX_JIT_TRIES`).
 const CONTROL_JIT_TRIES: usize = 5;
+/// How many failed recoveries prove the recovery gate holds: the first, then two retries
+/// (rm-agent's `RECOVERY_RETRY`, 10 s, apart), so the wait is longer than a retry.
+const RECOVERY_TRIES: usize = 3;
 
 fn jit_requests(fleet: &Fleet) -> usize {
     fleet
@@ -221,7 +224,25 @@ async fn no_runner_starts_before_recovery_could_ask_github() {
     );
     let _agent = fleet.start_agent(&[]).await;
     let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // No fixed window: wait until the poller has asked GitHub for queued runs (the agent's
+    // first poll is done, so STARTUP_SYNC_WAIT holds nothing back) and recovery has failed
+    // RECOVERY_TRIES times, RECOVERY_RETRY apart: the gate has held across two of its own
+    // retries, with the job queued and the control loop free to run a pass at any time.
+    let polled = || {
+        fleet
+            .fake
+            .requests()
+            .iter()
+            .any(|r| r.method == "GET" && r.path.ends_with("/actions/runs") && r.status == 200)
+    };
+    // One line per failed recovery ("... no runner is started until it completes").
+    let recovery_failures = || fleet.setup.logs().matches("recovery is incomplete").count();
+    wait_until(
+        Duration::from_secs(90),
+        "the first poll done and recovery failed RECOVERY_TRIES times",
+        || polled() && recovery_failures() >= RECOVERY_TRIES,
+    )
+    .await;
     assert_eq!(
         jit_requests(&fleet),
         0,

@@ -321,14 +321,35 @@ async fn a_runner_that_gets_no_job_is_stopped_at_its_idle_timeout_and_not_replac
         })
     })
     .await;
-    let attempt = fleet.attempts().remove(0);
+    let attempt = fleet
+        .attempts()
+        .into_iter()
+        .find(|a| a.outcome == Some(AttemptOutcome::IdleExit))
+        .unwrap();
     assert_eq!(
         attempt.stop_intent.map(|i| i.as_str()),
         Some("idle_timeout")
     );
-    // Several passes later, still one attempt: the job it could not get is not demand again.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(fleet.attempts().len(), 1, "the idle runner was replaced");
+    // The job it could not get is not demand again. Shown by a positive event, not a window:
+    // a control job queued after the conclusion gets a runner, so an allocation pass has run
+    // since the fence and passed over the old job (without the fence, that pass or an earlier
+    // one starts a runner for it: three attempts or more).
+    let control = fleet.fake.queue_job(REPO, "control", LABELS).unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "the control job served after the idle exit",
+        || fleet.completed(control) && fleet.all_cleaned(),
+    )
+    .await;
+    let outcomes: Vec<_> = fleet.attempts().iter().map(|a| a.outcome).collect();
+    assert_eq!(
+        outcomes,
+        [
+            Some(AttemptOutcome::CompletedJob),
+            Some(AttemptOutcome::IdleExit)
+        ],
+        "newest first: the control's runner, then the idle one, and no replacement"
+    );
     assert!(fleet.our_registrations().is_empty(), "registration left");
     assert!(fleet.runtimes().is_empty());
 }
@@ -358,8 +379,29 @@ async fn a_runner_that_never_registers_is_stopped_deregistered_and_not_replaced(
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(fleet.attempts().len(), 1, "the runner was replaced");
+    // Not replaced for the job it could not register for. Shown by a positive event, not a
+    // window: a control job queued after the conclusion gets a runner (of the same package,
+    // which times out the same way, and is what the test needs: its launch proves an
+    // allocation pass ran since the fence and passed over the first job; without the fence
+    // that pass or an earlier one starts a runner for it too: three attempts or more).
+    let _control = fleet.fake.queue_job(REPO, "control", LABELS).unwrap();
+    let timed_out = |a: &rm_journal::AttemptRecord| {
+        a.reason.as_deref() == Some("terminated_after_registration_timeout")
+            && a.state == AttemptState::Cleaned
+    };
+    wait_until(
+        Duration::from_secs(60),
+        "the control job's runner concluded",
+        || fleet.attempts().iter().filter(|a| timed_out(a)).count() >= 2 && fleet.all_cleaned(),
+    )
+    .await;
+    let attempts = fleet.attempts();
+    assert_eq!(
+        attempts.len(),
+        2,
+        "the runner was replaced: {:?}",
+        attempts.iter().map(|a| &a.reason).collect::<Vec<_>>()
+    );
     assert!(fleet.our_registrations().is_empty(), "registration left");
     assert!(fleet.runtimes().is_empty());
     assert!(
