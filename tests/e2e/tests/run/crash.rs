@@ -10,13 +10,26 @@ use rm_fake_github::RunnerBehavior;
 use rm_journal::{AttemptOutcome, AttemptState};
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
+/// The labels of the control policy, routed apart from [`LABELS`].
+const CONTROL_LABELS: &[&str] = &["self-hosted", "control"];
+/// A policy beside the one under test: its job, queued after the cleanup, proves an
+/// allocation pass ran since (see `crash_with`).
+const CONTROL: PolicySpec = PolicySpec {
+    name: "control",
+    target: REPO,
+    labels: CONTROL_LABELS,
+    max_runners: 1,
+    workspace: "ephemeral",
+    extra: "",
+};
 
 async fn crash_at(point: &str) {
     crash_with(point, FleetOptions::default()).await;
 }
 
-async fn crash_with(point: &str, options: FleetOptions) {
+async fn crash_with(point: &str, mut options: FleetOptions) {
     let persistent = options.policies.iter().any(|p| p.workspace == "persistent");
+    options.policies.push(CONTROL);
     let fleet = Fleet::start(options).await;
     fleet.fake.set_runner_behavior(RunnerBehavior {
         job_duration_ms: 1_500,
@@ -43,10 +56,25 @@ async fn crash_with(point: &str, options: FleetOptions) {
         fleet.all_cleaned()
     })
     .await;
-    // Give a wrongly counted demand the time to start a second runner.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-
-    let attempts = fleet.attempts();
+    // A wrongly counted demand would start a second runner at the next allocation pass. No
+    // fixed window: a control job, queued now on a policy of its own, gets a runner only from
+    // an allocation pass that began after it, and that pass weighed the crashed policy's
+    // demand too. Once the control is served, the crashed policy's attempts are final.
+    let control = fleet
+        .fake
+        .queue_job(REPO, "control", CONTROL_LABELS)
+        .unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "the control job served after cleanup",
+        || fleet.completed(control) && fleet.all_cleaned(),
+    )
+    .await;
+    let (controls, attempts): (Vec<_>, Vec<_>) = fleet
+        .attempts()
+        .into_iter()
+        .partition(|a| a.policy == CONTROL.name);
+    assert_eq!(controls.len(), 1, "one runner for the control job");
     let processes = attempts.iter().filter(|a| a.pid.is_some()).count();
     let completed = attempts
         .iter()

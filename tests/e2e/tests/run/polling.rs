@@ -4,10 +4,21 @@
 
 use std::time::Duration;
 
-use rm_e2e::fleet::{Fleet, FleetOptions, REPO, wait_until};
+use rm_e2e::fleet::{Fleet, FleetOptions, LINUX, PolicySpec, REPO, wait_until};
 use rm_journal::AttemptOutcome;
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
+/// The labels of the control policy, routed apart from [`LABELS`].
+const CONTROL_LABELS: &[&str] = &["self-hosted", "control"];
+/// A policy beside the one under test (see [`assert_no_later_runner`]).
+const CONTROL: PolicySpec = PolicySpec {
+    name: "control",
+    target: REPO,
+    labels: CONTROL_LABELS,
+    max_runners: 1,
+    workspace: "ephemeral",
+    extra: "",
+};
 
 fn all_done(fleet: &Fleet, jobs: &[u64]) -> bool {
     jobs.iter().all(|j| fleet.completed(*j)) && fleet.all_cleaned()
@@ -36,9 +47,26 @@ fn queued_deliveries(fleet: &Fleet, jobs: &[u64]) -> Vec<(u64, String, u16)> {
         .collect()
 }
 
-/// One completed attempt per job, no other runner, nothing left.
-fn assert_one_runner_each(fleet: &Fleet, jobs: &[u64]) {
-    let attempts = fleet.attempts();
+/// After `jobs` are served: a wrongly counted demand would start another runner at the next
+/// allocation pass. No fixed window: a control job, queued now on a policy of its own, gets a
+/// runner only from an allocation pass that began after it, and that pass weighed the policy
+/// under test too. Then one completed attempt per job, no other runner, nothing left.
+async fn assert_no_later_runner(fleet: &Fleet, jobs: &[u64]) {
+    let control = fleet
+        .fake
+        .queue_job(REPO, "control", CONTROL_LABELS)
+        .unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "the control job served after the others",
+        || fleet.completed(control) && fleet.all_cleaned(),
+    )
+    .await;
+    let (controls, attempts): (Vec<_>, Vec<_>) = fleet
+        .attempts()
+        .into_iter()
+        .partition(|a| a.policy == CONTROL.name);
+    assert_eq!(controls.len(), 1, "one runner for the control job");
     let summary: Vec<String> = attempts
         .iter()
         .map(|a| {
@@ -64,7 +92,11 @@ fn assert_one_runner_each(fleet: &Fleet, jobs: &[u64]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_queued_while_the_agent_was_down_are_served_when_it_returns() {
-    let fleet = Fleet::start(FleetOptions::default()).await;
+    let fleet = Fleet::start(FleetOptions {
+        policies: vec![LINUX, CONTROL],
+        ..FleetOptions::default()
+    })
+    .await;
     let first = fleet.start_agent(&[]).await;
     assert!(first.terminate().success());
     let jobs: Vec<u64> = (0..3)
@@ -95,8 +127,7 @@ async fn jobs_queued_while_the_agent_was_down_are_served_when_it_returns() {
         all_done(&fleet, &jobs)
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_one_runner_each(&fleet, &jobs);
+    assert_no_later_runner(&fleet, &jobs).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,6 +135,7 @@ async fn with_no_receiver_jobs_are_served_by_polling_alone() {
     let fleet = Fleet::start(FleetOptions {
         receiver: false,
         polling_idle_interval: "5s",
+        policies: vec![LINUX, CONTROL],
         ..FleetOptions::default()
     })
     .await;
@@ -124,6 +156,5 @@ async fn with_no_receiver_jobs_are_served_by_polling_alone() {
         || all_done(&fleet, &jobs),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_one_runner_each(&fleet, &jobs);
+    assert_no_later_runner(&fleet, &jobs).await;
 }
