@@ -632,7 +632,15 @@ impl Timeline {
                 format!("{name} registered, waiting for a job"),
             ));
         }
-        if let (Some(StopIntent::IdleTimeout), Some(at_ms)) = (a.stop_intent, a.stop_intent_at_ms) {
+        let idle_stop = match (a.stop_intent, a.stop_intent_at_ms, a.outcome) {
+            (Some(StopIntent::IdleTimeout), Some(at_ms), _) => Some(at_ms),
+            // A runner slow to exit has its stop escalated, and the journal then names the
+            // escalation instead; the demo's runners never give up by themselves (they wait
+            // [`RUNNER_IDLE`]), so an idle exit is the agent's stop all the same.
+            (_, _, Some(AttemptOutcome::IdleExit)) => Some(now),
+            _ => None,
+        };
+        if let Some(at_ms) = idle_stop {
             events.push(event(
                 "stopping",
                 at_ms,
