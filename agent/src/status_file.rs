@@ -125,11 +125,36 @@ pub struct Webhooks {
     pub evidence_at_ms: Option<i64>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Github {
     /// False after a request got no answer, until the next answer.
     pub reachable: bool,
     pub last_contact_at_ms: Option<i64>,
+    /// Set while a rate limit holds every request of an installation (or the App) back: GitHub
+    /// answered one, or the hourly quota is down to its reserve. Which kind, and until when.
+    #[serde(default)]
+    pub held: Option<Held>,
+}
+
+/// A rate limit holding requests back, as the budget knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    /// `primary` (the hourly quota) or `secondary` (GitHub's abuse limits).
+    pub kind: String,
+    pub until_ms: i64,
+}
+
+/// The rate limit that holds requests back longest at `now`, from the budget's snapshot.
+pub fn held(budget: &[rm_github::BudgetSnapshot], now: SystemTime) -> Option<Held> {
+    budget
+        .iter()
+        .filter_map(|b| b.blocked)
+        .filter(|(_, until)| *until > now)
+        .max_by_key(|(_, until)| *until)
+        .map(|(kind, until)| Held {
+            kind: kind.to_string(),
+            until_ms: unix_ms(until),
+        })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -184,6 +209,7 @@ impl Snapshot {
             github: Github {
                 reachable: contact.reachable,
                 last_contact_at_ms: contact.last_contact_at.map(unix_ms),
+                held: None,
             },
             host: Host { max_runners },
             relay: None,
@@ -260,6 +286,9 @@ pub fn spawn_publisher(
                 SystemTime::now(),
             );
             snapshot.relay = relay.as_mut().map(|r| Relay::from(&*r.borrow_and_update()));
+            // Read at every publication, not only at poll passes: a limit GitHub answered to a
+            // burst of registrations shows within [`PUBLISH_EVERY`].
+            snapshot.github.held = held(&client.budget(), SystemTime::now());
             let dir = data_dir.clone();
             match tokio::task::spawn_blocking(move || write(&dir, &snapshot)).await {
                 Ok(Ok(())) => warned = false,
@@ -506,5 +535,36 @@ mod tests {
     fn this_test_process_is_not_an_rm_agent() {
         assert!(!is_rm_agent(std::process::id()));
         assert!(!is_rm_agent(0));
+    }
+
+    #[test]
+    fn the_longest_hold_of_the_budget_is_the_one_said() {
+        use rm_github::{BudgetSnapshot, LimitKind, Scope};
+        let at = |secs: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
+        let line = |blocked: Option<(LimitKind, SystemTime)>| BudgetSnapshot {
+            scope: Scope::Installation(1),
+            resource: "core".to_owned(),
+            limit: None,
+            remaining: None,
+            used: None,
+            reset_at: None,
+            blocked,
+            charged: 0,
+            uncharged: 0,
+        };
+        let budget = [
+            line(None),
+            line(Some((LimitKind::Primary, at(150)))),
+            line(Some((LimitKind::Secondary, at(200)))),
+        ];
+        assert_eq!(
+            held(&budget, at(100)),
+            Some(Held {
+                kind: "secondary".to_owned(),
+                until_ms: 200_000
+            })
+        );
+        assert_eq!(held(&budget, at(200)), None);
+        assert_eq!(held(&budget[..1], at(100)), None);
     }
 }

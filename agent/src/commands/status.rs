@@ -268,6 +268,10 @@ pub fn to_json(facts: &Facts) -> Value {
                 "limit": rate_limit.map(|r| r.limit),
                 "reset_at": rate_limit.and_then(|r| r.reset_at_ms).map(rfc3339),
             },
+            "rate_limited": live.and_then(|s| s.github.held.as_ref()).map(|h| json!({
+                "kind": h.kind,
+                "until": rfc3339(h.until_ms),
+            })),
         },
         "jobs": {
             "queued": facts.jobs("queued"),
@@ -377,6 +381,19 @@ pub fn degraded(facts: &Facts) -> Vec<String> {
                  replayed when the agent reconnects (it retries with back-off); polling finds \
                  jobs meanwhile. Check relay.url, the token and that this host can reach the relay.",
                 relay.problem.as_deref().unwrap_or("not connected yet")
+            ));
+        }
+        if let Some(held) = &live.github.held
+            && held.until_ms > facts.now_ms
+        {
+            found.push(format!(
+                "GitHub's {} rate limit holds every request of the installation for {}: no \
+                 runner is registered or removed until then, and the jobs waiting are served \
+                 after it. Other tools using the same App installation add to it.",
+                held.kind,
+                ago(Duration::from_millis(
+                    u64::try_from(held.until_ms - facts.now_ms).unwrap_or(0)
+                ))
             ));
         }
         if let Some(offline) = &polling.offline {
@@ -585,7 +602,16 @@ pub fn render(facts: &Facts) -> String {
                     || "rate limit not known yet".to_owned(),
                     |r| format!("rate limit {} of {} left", r.remaining, r.limit),
                 );
-                format!("{reach}; {last_contact}; {rate}")
+                let held = s.github.held.as_ref().map_or_else(String::new, |h| {
+                    format!(
+                        "; HELD by a {} rate limit for {}",
+                        h.kind,
+                        ago(Duration::from_millis(
+                            u64::try_from(h.until_ms - facts.now_ms).unwrap_or(0)
+                        ))
+                    )
+                });
+                format!("{reach}; {last_contact}; {rate}{held}")
             }
             None => last_contact,
         },
@@ -701,6 +727,7 @@ mod tests {
             github: Github {
                 reachable: true,
                 last_contact_at_ms: Some(NOW - 3_000),
+                held: None,
             },
             host: Host { max_runners: 6 },
             relay: None,
@@ -1024,5 +1051,40 @@ mod tests {
         // All readable: an empty list, and nothing said.
         let json = to_json(&self::facts());
         assert_eq!(json["polling"]["unreadable_targets"], serde_json::json!([]));
+    }
+
+    /// A rate limit holding the installation's requests shows in `status --json`
+    /// (`github.rate_limited`), on the github line and under "Needs attention" while it lasts.
+    #[test]
+    fn a_rate_limit_holding_requests_is_said_while_it_lasts() {
+        let mut facts = facts();
+        if let Some(snapshot) = facts.snapshot.as_mut() {
+            snapshot.github.held = Some(crate::status_file::Held {
+                kind: "secondary".to_owned(),
+                until_ms: NOW + 42_000,
+            });
+        }
+        let json = to_json(&facts);
+        assert_eq!(json["github"]["rate_limited"]["kind"], "secondary");
+        assert_eq!(
+            json["github"]["rate_limited"]["until"],
+            crate::output::rfc3339(NOW + 42_000)
+        );
+        let text = render(&facts);
+        assert!(
+            text.contains("HELD by a secondary rate limit for 42s"),
+            "{text}"
+        );
+        let problems = degraded(&facts);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("GitHub's secondary rate limit holds every request")),
+            "{problems:?}"
+        );
+        // None held: null, and nothing said.
+        let facts = self::facts();
+        assert_eq!(to_json(&facts)["github"]["rate_limited"], Value::Null);
+        assert!(!render(&facts).contains("HELD"));
     }
 }

@@ -11,8 +11,9 @@ use rm_fake_github::auth::Caller;
 const LABELS: &[&str] = &["self-hosted", "linux"];
 /// How long the fake's limit holds (its `retry-after`): well past the agent's first JIT retry
 /// (1 s) and its polling and supervision rounds, so a request that ignored the wait would land
-/// inside it.
-const LIMIT: Duration = Duration::from_secs(8);
+/// inside it, and past two of the status publisher's rounds (`status_file::PUBLISH_EVERY`,
+/// 5 s), so `status` must have said it.
+const LIMIT: Duration = Duration::from_secs(12);
 /// Requests already on their way when the first limit answer was given arrive a little after
 /// it and get the limit too; they were sent before the agent could know. Generous on two busy
 /// cores, and far shorter than [`LIMIT`].
@@ -55,9 +56,22 @@ async fn a_secondary_limit_in_the_middle_of_a_burst_is_waited_out_and_every_job_
         .queue_matrix(REPO, "test", LABELS, &variants)
         .unwrap();
 
-    // `status --json` has no field for a secondary wait (github.rate_limit is the primary
-    // quota; polling.pace shows it only if a poll falls inside the wait), so nothing to assert
-    // there yet: reported on issue 17.
+    // While the limit holds, `status --json` says so (`github.rate_limited`).
+    let mut said = None;
+    let looking = std::time::Instant::now();
+    while said.is_none() && looking.elapsed() < LIMIT + Duration::from_secs(30) {
+        let status = rm_e2e::json_stdout(&fleet.setup.run(&["status", "--json"]));
+        if status["github"]["rate_limited"]["kind"] == "secondary" {
+            said = Some(status["github"]["rate_limited"].clone());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let said = said.expect("status --json never said the installation was rate limited");
+    assert!(
+        said["until"].as_str().is_some_and(|u| u.ends_with('Z')),
+        "{said}"
+    );
+
     wait_until(Duration::from_secs(120), "every job completed", || {
         jobs.iter().all(|j| fleet.completed(*j))
     })
