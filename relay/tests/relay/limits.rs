@@ -157,10 +157,10 @@ async fn healthz_writes_nothing_and_answers_while_another_process_holds_the_writ
     // relay look dead: the check needs no write.
     let conn = rusqlite::Connection::open(&files[0]).unwrap();
     conn.execute_batch("BEGIN IMMEDIATE").unwrap();
-    let started = std::time::Instant::now();
+    // The outcome says it, not a stopwatch: a check that queued behind the lock would run
+    // into the relay's own HEALTH_CHECK_TIMEOUT and answer 503.
     let (code, body) = send(get(&s.relay.url("/healthz"), None, None)).await;
     assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
-    assert!(started.elapsed() < Duration::from_secs(2));
     conn.execute_batch("ROLLBACK").unwrap();
 }
 
