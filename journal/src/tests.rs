@@ -650,16 +650,24 @@ async fn record_is_answered_only_after_the_flush() {
         let journal = journal.clone();
         async move { journal.record(job_delivery("f1", 1, "queued", 1)).await }
     });
+    // The group is committed (a reader sees it: waited for, not timed); it is only not yet
+    // known to be on disk, and the flush is held, so its caller has no answer.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while Reader::open(&path)
+        .ok()
+        .and_then(|r| r.delivery("f1").ok().flatten())
+        .is_none()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the delivery was never committed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // An answer sent at the commit would arrive in this while (it cannot make the test flake:
+    // with the flush held, the right code has no answer to give however long this is).
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(!pending.is_finished(), "answered before the flush");
-    // The group is committed (a reader sees it); it is only not yet known to be on disk.
-    assert!(
-        Reader::open(&path)
-            .unwrap()
-            .delivery("f1")
-            .unwrap()
-            .is_some()
-    );
     flushes.send(true).unwrap();
     assert_eq!(
         pending.await.unwrap().unwrap(),
