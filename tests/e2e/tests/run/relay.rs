@@ -188,14 +188,25 @@ async fn a_host_behind_nat_runs_jobs_from_the_relay_and_misses_none_while_down()
         fleet.completed(first)
     })
     .await;
-    let jobs = json_stdout(&fleet.setup.run(&["jobs", "--json"]));
-    let job = jobs
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|j| j["job_id"] == first)
-        .unwrap()
-        .clone();
+    // The journal learns the completion from the relay's delivery, which the fake sends a
+    // little after the job ends (delayed and possibly reordered, as GitHub may): wait for it.
+    // Its `queued` may have been found by the agent's first poll instead, which runs as the
+    // job is queued; the state a delivery moves the job to is the relay's.
+    let journalled = |state: &str| {
+        let jobs = json_stdout(&fleet.setup.run(&["jobs", "--json"]));
+        jobs.as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["job_id"] == first && j["state"] == state)
+            .cloned()
+    };
+    wait_until(
+        Duration::from_secs(40),
+        "the journal holds the job completed",
+        || journalled("completed").is_some(),
+    )
+    .await;
+    let job = journalled("completed").unwrap();
     assert_eq!(job["source"], "relay", "{job}");
 
     // Down: GitHub keeps delivering to the relay, which keeps them.
@@ -215,13 +226,15 @@ async fn a_host_behind_nat_runs_jobs_from_the_relay_and_misses_none_while_down()
     let forged = forge(&relay, urls["ingest_url"].as_str().unwrap()).await;
 
     let agent = fleet.start_agent(&env).await;
+    // Generous: recovery after the SIGKILL, the relay's replay, a runner start, and cleanup of
+    // runners GitHub lists for a while after their job, on two busy cores.
     wait_until(
-        Duration::from_secs(40),
+        Duration::from_secs(90),
         "the job queued while down completed",
         || fleet.completed(second),
     )
     .await;
-    wait_until(Duration::from_secs(20), "every attempt cleaned", || {
+    wait_until(Duration::from_secs(60), "every attempt cleaned", || {
         fleet.all_cleaned()
     })
     .await;
