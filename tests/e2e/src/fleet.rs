@@ -43,6 +43,19 @@ pub const LINUX: PolicySpec = PolicySpec {
     extra: "",
 };
 
+/// A policy beside the one under test, routed apart by its label: its job, queued after the
+/// fact under test, gets a runner only from an allocation pass that began after it, and that
+/// pass weighed every other policy's demand too ([`Fleet::serve_control_job`]). A positive
+/// event in place of a "nothing happened" window.
+pub const CONTROL: PolicySpec = PolicySpec {
+    name: "control",
+    target: REPO,
+    labels: &["self-hosted", "control"],
+    max_runners: 1,
+    workspace: "ephemeral",
+    extra: "",
+};
+
 /// How a fleet is configured.
 #[derive(Debug, Clone)]
 pub struct FleetOptions {
@@ -257,6 +270,25 @@ impl Fleet {
     }
 
     /// Every attempt in the journal, newest first.
+    /// Queues a job for [`CONTROL`] and waits up to `timeout` until it is served and every
+    /// attempt is cleaned; asserts it got exactly one runner, and returns the other attempts.
+    pub async fn serve_control_job(&self, timeout: Duration) -> Vec<AttemptRecord> {
+        let control = self
+            .fake
+            .queue_job(REPO, "control", CONTROL.labels)
+            .unwrap();
+        wait_until(timeout, "the control job served after the others", || {
+            self.completed(control) && self.all_cleaned()
+        })
+        .await;
+        let (controls, others): (Vec<_>, Vec<_>) = self
+            .attempts()
+            .into_iter()
+            .partition(|a| a.policy == CONTROL.name);
+        assert_eq!(controls.len(), 1, "one runner for the control job");
+        others
+    }
+
     pub fn attempts(&self) -> Vec<AttemptRecord> {
         match Reader::open(&self.setup.journal()) {
             Ok(reader) => reader.attempts(10_000).unwrap_or_default(),

@@ -5,24 +5,11 @@
 
 use std::time::Duration;
 
-use rm_e2e::fleet::{Fleet, FleetOptions, PolicySpec, REPO, wait_until};
+use rm_e2e::fleet::{CONTROL, Fleet, FleetOptions, PolicySpec, REPO, wait_until};
 use rm_fake_github::RunnerBehavior;
 use rm_journal::{AttemptOutcome, AttemptState};
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
-/// The labels of the control policy, routed apart from [`LABELS`].
-const CONTROL_LABELS: &[&str] = &["self-hosted", "control"];
-/// A policy beside the one under test: its job, queued after the cleanup, proves an
-/// allocation pass ran since (see `crash_with`).
-const CONTROL: PolicySpec = PolicySpec {
-    name: "control",
-    target: REPO,
-    labels: CONTROL_LABELS,
-    max_runners: 1,
-    workspace: "ephemeral",
-    extra: "",
-};
-
 async fn crash_at(point: &str) {
     crash_with(point, FleetOptions::default()).await;
 }
@@ -60,21 +47,7 @@ async fn crash_with(point: &str, mut options: FleetOptions) {
     // fixed window: a control job, queued now on a policy of its own, gets a runner only from
     // an allocation pass that began after it, and that pass weighed the crashed policy's
     // demand too. Once the control is served, the crashed policy's attempts are final.
-    let control = fleet
-        .fake
-        .queue_job(REPO, "control", CONTROL_LABELS)
-        .unwrap();
-    wait_until(
-        Duration::from_secs(60),
-        "the control job served after cleanup",
-        || fleet.completed(control) && fleet.all_cleaned(),
-    )
-    .await;
-    let (controls, attempts): (Vec<_>, Vec<_>) = fleet
-        .attempts()
-        .into_iter()
-        .partition(|a| a.policy == CONTROL.name);
-    assert_eq!(controls.len(), 1, "one runner for the control job");
+    let attempts = fleet.serve_control_job(Duration::from_secs(60)).await;
     let processes = attempts.iter().filter(|a| a.pid.is_some()).count();
     let completed = attempts
         .iter()

@@ -4,22 +4,10 @@
 
 use std::time::Duration;
 
-use rm_e2e::fleet::{Fleet, FleetOptions, LINUX, PolicySpec, REPO, wait_until};
+use rm_e2e::fleet::{CONTROL, Fleet, FleetOptions, LINUX, REPO, wait_until};
 use rm_journal::AttemptOutcome;
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
-/// The labels of the control policy, routed apart from [`LABELS`].
-const CONTROL_LABELS: &[&str] = &["self-hosted", "control"];
-/// A policy beside the one under test (see [`assert_no_later_runner`]).
-const CONTROL: PolicySpec = PolicySpec {
-    name: "control",
-    target: REPO,
-    labels: CONTROL_LABELS,
-    max_runners: 1,
-    workspace: "ephemeral",
-    extra: "",
-};
-
 fn all_done(fleet: &Fleet, jobs: &[u64]) -> bool {
     jobs.iter().all(|j| fleet.completed(*j)) && fleet.all_cleaned()
 }
@@ -52,23 +40,9 @@ fn queued_deliveries(fleet: &Fleet, jobs: &[u64]) -> Vec<(u64, String, u16)> {
 /// runner only from an allocation pass that began after it, and that pass weighed the policy
 /// under test too. Then one completed attempt per job, no other runner, nothing left.
 async fn assert_no_later_runner(fleet: &Fleet, jobs: &[u64]) {
-    let control = fleet
-        .fake
-        .queue_job(REPO, "control", CONTROL_LABELS)
-        .unwrap();
     // Polling alone finds a job within an active interval (30 s) of its queueing; generous on
     // two busy cores.
-    wait_until(
-        Duration::from_secs(120),
-        "the control job served after the others",
-        || fleet.completed(control) && fleet.all_cleaned(),
-    )
-    .await;
-    let (controls, attempts): (Vec<_>, Vec<_>) = fleet
-        .attempts()
-        .into_iter()
-        .partition(|a| a.policy == CONTROL.name);
-    assert_eq!(controls.len(), 1, "one runner for the control job");
+    let attempts = fleet.serve_control_job(Duration::from_secs(120)).await;
     let summary: Vec<String> = attempts
         .iter()
         .map(|a| {
