@@ -46,6 +46,27 @@ pub struct Snapshot {
     /// The relay subscription, when `[relay]` is configured.
     #[serde(default)]
     pub relay: Option<Relay>,
+    /// The host's fitness as the gate last judged it (CONTRACT §8: `host_unfit`); `None` before
+    /// the first check.
+    #[serde(default)]
+    pub fitness: Option<Fitness>,
+}
+
+/// The fitness gate's latest judgement: while `problems` is not empty the host registers no new
+/// runner (supervision and cleanup go on).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fitness {
+    pub checked_at_ms: i64,
+    pub problems: Vec<FitnessProblem>,
+}
+
+/// One reason the host is unfit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FitnessProblem {
+    /// Stable, for scripts: `disk_space`, `not_writable`, `memory`, `missing_tool`.
+    pub code: String,
+    /// One sentence naming what is short and the remedy.
+    pub message: String,
 }
 
 /// The relay subscription as the agent last saw it ([`crate::relay::RelayState`]).
@@ -213,6 +234,7 @@ impl Snapshot {
             },
             host: Host { max_runners },
             relay: None,
+            fitness: None,
         }
     }
 

@@ -731,6 +731,7 @@ mod tests {
             },
             host: Host { max_runners: 6 },
             relay: None,
+            fitness: None,
         }
     }
 
