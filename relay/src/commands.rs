@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use crate::exit::Exit;
 use crate::limits::IngestLimits;
 use crate::retention::{PRUNE_INTERVAL, PRUNE_STEP_ROWS, prune_step};
-use crate::server::Relay;
+use crate::state::Relay;
 use crate::store::{self, DB_FILE, NewChannel, Store, StoreError};
 use crate::{ids, now_ms};
 

@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 use serde_json::{Map, Value};
 
 use crate::limits::{QUOTA_RETRY_AFTER, retry_after_secs};
-use crate::server::{Relay, Reply, json, text};
+use crate::state::{Relay, Reply, json, text};
 use crate::store::{self, Inserted, NewDelivery};
 
 /// GitHub gives up on a delivery after 10 s; a body that takes longer is not GitHub's.

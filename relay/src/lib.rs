@@ -9,7 +9,9 @@
 //! - [`retention`]: what is old enough to prune, and the prune step;
 //! - [`limits`]: each channel's storage quota and ingest rate (pure decisions);
 //! - [`store`] and [`schema`]: the SQLite file, its migrations and every query;
-//! - [`server`], `ingest`, `subscribe`, [`stream`] and [`metrics`]: the HTTP side;
+//! - [`state`]: the running relay's shared state and the answers handlers build;
+//! - [`server`] (accept and route), `ingest`, `subscribe`, [`stream`] and [`metrics`]: the HTTP
+//!   side, each depending on [`state`], none on another;
 //! - [`commands`]: `serve` and `channel add|token|revoke`.
 
 pub mod commands;
@@ -22,6 +24,7 @@ pub mod retention;
 pub mod schema;
 pub mod server;
 pub mod sse;
+pub mod state;
 pub mod store;
 pub mod stream;
 mod subscribe;

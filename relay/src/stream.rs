@@ -15,8 +15,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior, interval_at};
 
 use crate::metrics::{RELAY_FORM, SMEE_FORM, StreamLabels};
-use crate::server::Relay;
 use crate::sse::{self, StoredDelivery};
+use crate::state::Relay;
 use crate::store;
 
 /// A comment line (or smee's ping) is written after this long without anything else: below

@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use secrecy::SecretString;
 
-use crate::server::{Relay, Reply, text};
+use crate::state::{Relay, Reply, text};
 use crate::stream::{self, Form};
 use crate::{ids, sse, store};
 
