@@ -261,12 +261,9 @@ pub struct Polling {
     pub idle_interval: Duration,
 }
 
-/// What a policy targets.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    Organization(String),
-    Repository { owner: String, name: String },
-}
+/// What a policy targets: the one target type of the workspace (issue 13), with its parser and
+/// [`Target::contains`].
+pub use rm_github::Target;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workspace {

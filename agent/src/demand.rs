@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::{Policy, Target};
+use crate::config::Policy;
 
 /// The part of a journalled job that demand looks at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,23 +68,13 @@ pub fn route(policies: &[Policy], jobs: &[QueuedJob]) -> Demand {
 
 /// Whether `policy` would serve `job`.
 pub fn matches(policy: &Policy, job: &QueuedJob) -> bool {
-    in_target(&policy.target, &job.repository)
+    policy.target.contains(&job.repository)
         && job.labels.iter().all(|label| {
             policy
                 .labels
                 .iter()
                 .any(|carried| carried.eq_ignore_ascii_case(label))
         })
-}
-
-fn in_target(target: &Target, repository: &str) -> bool {
-    let (owner, name) = repository.split_once('/').unwrap_or((repository, ""));
-    match target {
-        Target::Organization(org) => owner.eq_ignore_ascii_case(org),
-        Target::Repository { owner: o, name: n } => {
-            owner.eq_ignore_ascii_case(o) && name.eq_ignore_ascii_case(n)
-        }
-    }
 }
 
 /// A label GitHub did not evaluate: `runs-on: ${{ matrix.os }}` sent verbatim.
@@ -98,13 +88,7 @@ mod tests {
     use crate::config::Workspace;
 
     fn policy(name: &str, target: &str, labels: &[&str]) -> Policy {
-        let target = match target.split_once('/') {
-            Some((owner, name)) => Target::Repository {
-                owner: owner.to_owned(),
-                name: name.to_owned(),
-            },
-            None => Target::Organization(target.to_owned()),
-        };
+        let target: crate::config::Target = target.parse().expect("a valid target");
         Policy {
             name: name.to_owned(),
             target,
@@ -114,6 +98,8 @@ mod tests {
             min_runners: 0,
             workspace: Workspace::Ephemeral,
             limits: Default::default(),
+            env_file: None,
+            env: Default::default(),
         }
     }
 

@@ -52,6 +52,18 @@ impl fmt::Display for Target {
 }
 
 impl Target {
+    /// Whether `repository` ("owner/name", as webhooks and the journal name it) is this target
+    /// or inside it. GitHub's names are case-insensitive.
+    pub fn contains(&self, repository: &str) -> bool {
+        let (owner, name) = repository.split_once('/').unwrap_or((repository, ""));
+        match self {
+            Target::Org(org) => owner.eq_ignore_ascii_case(org),
+            Target::Repo { owner: o, repo: r } => {
+                owner.eq_ignore_ascii_case(o) && name.eq_ignore_ascii_case(r)
+            }
+        }
+    }
+
     /// The REST path prefix of this target's self-hosted runner endpoints.
     pub fn runners_path(&self) -> String {
         match self {
@@ -72,6 +84,20 @@ impl Target {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_target_contains_its_repositories_whatever_their_case() {
+        let org: Target = "acme".parse().unwrap();
+        let repo: Target = "acme/widgets".parse().unwrap();
+        assert!(org.contains("acme/anything"));
+        assert!(org.contains("ACME/Widgets"));
+        assert!(!org.contains("acme-corp/widgets"));
+        assert!(!org.contains("other/acme"));
+        assert!(repo.contains("Acme/WIDGETS"));
+        assert!(!repo.contains("acme/widgets2"));
+        assert!(!repo.contains("acme/gadgets"));
+        assert!(!repo.contains("acme"));
+    }
 
     #[test]
     fn parses_org_and_repo_targets() {

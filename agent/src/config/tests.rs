@@ -72,7 +72,7 @@ fn the_contract_example_loads() {
     assert_eq!(config.runner.idle_timeout, Duration::from_secs(600));
     assert_eq!(config.polling.interval, Duration::from_secs(60));
     let policy = &config.policies[0];
-    assert_eq!(policy.target, Target::Organization("acme".to_owned()));
+    assert_eq!(policy.target, Target::Org("acme".to_owned()));
     assert_eq!(policy.workspace, Workspace::Ephemeral);
     assert_eq!(config.retention, Retention::default());
 }
@@ -223,9 +223,9 @@ fn policies_are_checked_one_by_one() {
     let config = load_text(&policy("workspace = \"persistent\"\n")).unwrap();
     assert_eq!(
         config.policies[0].target,
-        Target::Repository {
+        Target::Repo {
             owner: "acme".to_owned(),
-            name: "widgets".to_owned()
+            repo: "widgets".to_owned()
         }
     );
     assert_eq!(

@@ -424,7 +424,7 @@ fn validate_policy(
             ));
         }
     };
-    if workspace == Workspace::Persistent && matches!(target, Target::Organization(_)) {
+    if workspace == Workspace::Persistent && matches!(target, Target::Org(_)) {
         return Err((
             "workspace",
             "\"persistent\" is for repository targets only: a slot's _work must not be shared across repositories".to_owned(),
@@ -475,21 +475,9 @@ fn validate_policy(
     })
 }
 
-/// `acme` is an organization, `acme/widgets` a repository.
+/// `acme` is an organization, `acme/widgets` a repository ([`Target`]'s own parser).
 fn parse_target(target: &str) -> Option<Target> {
-    let valid = |s: &str| {
-        !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-    };
-    match target.split_once('/') {
-        None if valid(target) => Some(Target::Organization(target.to_owned())),
-        Some((owner, name)) if valid(owner) && valid(name) => Some(Target::Repository {
-            owner: owner.to_owned(),
-            name: name.to_owned(),
-        }),
-        _ => None,
-    }
+    target.parse().ok()
 }
 
 /// This machine's short host name, reduced to what a runner name may carry.

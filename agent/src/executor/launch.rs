@@ -100,7 +100,7 @@ impl Executor {
             ));
         };
         let runtime = self.make_runtime(record).await?;
-        let target = registry::github_target(&policy.target);
+        let target = policy.target.clone();
         let request = JitRequest {
             name: record.runner_name.clone(),
             runner_group_id: policy.runner_group_id,

@@ -345,7 +345,7 @@ impl Executor {
 fn targets_by_policy(policies: &[Policy]) -> HashMap<String, rm_github::Target> {
     policies
         .iter()
-        .map(|p| (p.name.clone(), registry::github_target(&p.target)))
+        .map(|p| (p.name.clone(), p.target.clone()))
         .collect()
 }
 

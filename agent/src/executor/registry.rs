@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime};
 use rm_github::types::{JitConfig, JitRequest, Runner};
 use rm_github::{GithubClient, GithubError, Target};
 
-use crate::config;
 use crate::lifecycle::GithubObservation;
 
 /// The work folder every JIT runner gets (CONTRACT §5).
@@ -37,17 +36,6 @@ pub fn jit_retry(error: &GithubError) -> JitRetry {
         GithubError::Server { .. }
         | GithubError::Unreachable { .. }
         | GithubError::Unexpected { .. } => JitRetry::Later(None),
-    }
-}
-
-/// The `rm-github` target of a policy's target.
-pub fn github_target(target: &config::Target) -> Target {
-    match target {
-        config::Target::Organization(org) => Target::Org(org.clone()),
-        config::Target::Repository { owner, name } => Target::Repo {
-            owner: owner.clone(),
-            repo: name.clone(),
-        },
     }
 }
 

@@ -67,7 +67,7 @@ impl PollerConfig {
     pub fn from_config(config: &Config) -> PollerConfig {
         let mut targets: Vec<rm_github::Target> = Vec::new();
         for policy in &config.policies {
-            let target = crate::executor::registry::github_target(&policy.target);
+            let target = policy.target.clone();
             let key = target.to_string().to_ascii_lowercase();
             if !targets
                 .iter()

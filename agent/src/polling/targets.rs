@@ -90,13 +90,7 @@ fn lock(journal: &Mutex<PollJournal>) -> std::sync::MutexGuard<'_, PollJournal> 
 
 /// Whether `repository` (`owner/name`) lies in one of `targets`.
 pub fn in_targets(targets: &[Target], repository: &str) -> bool {
-    let (owner, name) = repository.split_once('/').unwrap_or((repository, ""));
-    targets.iter().any(|t| match t {
-        Target::Org(org) => org.eq_ignore_ascii_case(owner),
-        Target::Repo { owner: o, repo: r } => {
-            o.eq_ignore_ascii_case(owner) && r.eq_ignore_ascii_case(name)
-        }
-    })
+    targets.iter().any(|t| t.contains(repository))
 }
 
 /// A job as GitHub's REST API shows it, as a journal sighting with source `poll`. `None` for a

@@ -61,7 +61,7 @@ pub(super) async fn github(config: &Config, app_id: u64, key: SecretString) -> V
 async fn host_name_findings(client: &GithubClient, config: &Config) -> Vec<Finding> {
     let mut targets: Vec<Target> = Vec::new();
     for policy in &config.policies {
-        let target = crate::executor::registry::github_target(&policy.target);
+        let target = policy.target.clone();
         if !targets.contains(&target) {
             targets.push(target);
         }
@@ -144,7 +144,7 @@ fn app_failure(err: &GithubError, app_id: u64, api_url: &str) -> Finding {
 }
 
 async fn policy_findings(client: &GithubClient, policy: &Policy) -> Vec<Finding> {
-    let target = crate::executor::registry::github_target(&policy.target);
+    let target = policy.target.clone();
     let installation = match client.installation(&target).await {
         Ok(installation) => installation,
         Err(GithubError::NotFound { .. }) => {
