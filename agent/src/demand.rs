@@ -20,6 +20,18 @@ pub struct QueuedJob {
     pub labels: Vec<String>,
 }
 
+impl From<&rm_journal::JobRow> for QueuedJob {
+    /// A journalled job as demand sees it: the one conversion, for allocation and for every
+    /// reader that explains it.
+    fn from(job: &rm_journal::JobRow) -> Self {
+        QueuedJob {
+            job_id: job.job_id,
+            repository: job.repository.clone(),
+            labels: job.labels.clone(),
+        }
+    }
+}
+
 /// What demand found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Demand {

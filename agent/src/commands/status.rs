@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
-use rm_journal::{AttemptOutcome, AttemptState, JobRow, Reader};
+use rm_journal::{AttemptOutcome, AttemptState, Reader};
 use serde_json::{Value, json};
 
 use crate::config::Config;
@@ -131,7 +131,7 @@ struct Journalled {
 fn journalled(reader: &Reader) -> anyhow::Result<Journalled> {
     Ok(Journalled {
         outcomes: reader.delivery_outcome_counts()?.into_iter().collect(),
-        queued: reader.queued_jobs()?.iter().map(queued_job).collect(),
+        queued: reader.queued_jobs()?.iter().map(QueuedJob::from).collect(),
         uncleaned: reader.uncleaned_attempts()?,
         recent_outcomes: reader
             .attempts(RECENT_ATTEMPTS)?
@@ -202,15 +202,6 @@ fn gather(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::
         uid_pool: config.host.runner_uids.len(),
         cleanup_overdue,
     })
-}
-
-/// A journalled job as demand sees it (as the executor's allocation does).
-fn queued_job(job: &JobRow) -> QueuedJob {
-    QueuedJob {
-        job_id: job.job_id,
-        repository: job.repository.clone(),
-        labels: job.labels.clone(),
-    }
 }
 
 /// CONTRACT §3's `status --json`, with extra fields beside the contract's.

@@ -17,7 +17,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use rm_journal::{
-    AttemptId, AttemptRecord, AttemptState, IsolationKind, JobRow, NewAttempt, Scope,
+    AttemptId, AttemptRecord, AttemptState, IsolationKind, NewAttempt, Scope,
     WorkspaceKind, now_ms,
 };
 
@@ -140,15 +140,6 @@ pub fn demand_after_unknown_busy(demand: u32, busy_unknown: usize) -> u32 {
     demand.saturating_sub(u32::try_from(busy_unknown).unwrap_or(u32::MAX))
 }
 
-/// A journalled job as demand sees it.
-fn queued(job: &JobRow) -> QueuedJob {
-    QueuedJob {
-        job_id: job.job_id,
-        repository: job.repository.clone(),
-        labels: job.labels.clone(),
-    }
-}
-
 impl Executor {
     /// Allocates runners for every policy's queued jobs.
     pub(super) async fn allocate(self: &Arc<Self>) -> anyhow::Result<()> {
@@ -157,7 +148,7 @@ impl Executor {
             .iter()
             .map(|j| (j.job_id, j.first_seen_at_ms))
             .collect();
-        let queued: Vec<QueuedJob> = jobs.iter().map(queued).collect();
+        let queued: Vec<QueuedJob> = jobs.iter().map(QueuedJob::from).collect();
         let demand = demand::route(&self.settings.policies, &queued);
         self.report_unroutable(&demand);
         let named = self.named_unknown_runners()?;
@@ -479,7 +470,7 @@ impl Executor {
         let Ok(jobs) = self.lock_reader().queued_jobs() else {
             return true;
         };
-        let queued: Vec<QueuedJob> = jobs.iter().map(queued).collect();
+        let queued: Vec<QueuedJob> = jobs.iter().map(QueuedJob::from).collect();
         demand::route(&self.settings.policies, &queued).of(&policy.name) > 0
             || policy.min_runners > 0
     }
