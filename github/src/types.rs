@@ -90,6 +90,9 @@ pub struct WorkflowJob {
     pub runner_id: Option<u64>,
     pub runner_name: Option<String>,
     pub created_at: String,
+    /// RFC 3339; GitHub sets it to `created_at` while the job is still queued.
+    #[serde(default)]
+    pub started_at: Option<String>,
 }
 
 /// The owner of a repository.
@@ -144,4 +147,20 @@ pub struct RateLimitEntry {
 pub struct RateLimitOverview {
     pub resources: BTreeMap<String, RateLimitEntry>,
     pub rate: RateLimitEntry,
+}
+
+/// A release, as `GET /repos/{owner}/{repo}/releases/latest` and `GET .../releases` list it:
+/// the fields rm reads to follow and judge actions/runner versions.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct ReleaseSummary {
+    pub id: u64,
+    /// `v2.330.0`.
+    pub tag_name: String,
+    #[serde(default)]
+    pub draft: bool,
+    #[serde(default)]
+    pub prerelease: bool,
+    /// RFC 3339; `null` for a draft.
+    #[serde(default)]
+    pub published_at: Option<String>,
 }

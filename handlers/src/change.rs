@@ -46,6 +46,12 @@ pub struct JobObservation {
     pub runner_id: Option<i64>,
     pub workflow_name: Option<String>,
     pub job_name: Option<String>,
+    /// GitHub's `created_at`: when the job was queued (ms since the epoch), the start of its
+    /// wait (CONTRACT §8). `None` when the sighting carries none that can be read.
+    pub queued_at_ms: Option<i64>,
+    /// GitHub's `started_at`, for an `in_progress` or `completed` sighting only: GitHub fills it
+    /// with the creation time while the job is still queued, which says nothing about a start.
+    pub started_at_ms: Option<i64>,
     /// When the journal learned this, in milliseconds since the Unix epoch.
     pub observed_at_ms: i64,
     pub source: Source,

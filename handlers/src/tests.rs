@@ -173,6 +173,30 @@ fn in_progress_and_completed_name_the_runner() {
     assert_eq!(job.runner_name.as_deref(), Some("GitHub Actions 5"));
 }
 
+/// The wait's two ends (CONTRACT §8): GitHub's `created_at` is when the job was queued, its
+/// `started_at` when it started, but only once it did: a queued job carries its creation time
+/// there.
+#[test]
+fn a_sighting_carries_when_the_job_was_queued_and_when_it_started() {
+    let ms = |t| crate::timestamp::parse_rfc3339_ms(t).unwrap();
+    let queued = only_job(deliver("workflow_job", &fixture("workflow_job.queued.5")));
+    assert_eq!(queued.queued_at_ms, Some(QUEUED_5_AT_MS));
+    assert_eq!(queued.started_at_ms, None, "a queued job has not started");
+    let completed = only_job(deliver(
+        "workflow_job",
+        &fixture("workflow_job.completed.1"),
+    ));
+    assert_eq!(completed.queued_at_ms, Some(ms("2021-08-05T10:33:58Z")));
+    assert_eq!(completed.started_at_ms, Some(ms("2021-08-05T10:34:58Z")));
+    // GitHub's example `in_progress` has no `created_at`: the journal falls back to its own.
+    let started = only_job(deliver(
+        "workflow_job",
+        &fixture("workflow_job.in_progress.0"),
+    ));
+    assert_eq!(started.queued_at_ms, None);
+    assert_eq!(started.started_at_ms, Some(ms("2021-06-15T19:22:27Z")));
+}
+
 #[test]
 fn every_workflow_job_fixture_applies() {
     for name in [

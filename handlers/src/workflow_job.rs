@@ -115,6 +115,14 @@ pub(crate) fn handle(delivery: &Delivery<'_>) -> Verdict {
         runner_id: job.runner_id.filter(|_| state >= JobState::InProgress),
         workflow_name: job.workflow_name,
         job_name: job.name,
+        queued_at_ms: job.created_at.as_deref().and_then(parse_rfc3339_ms),
+        // A queued job's `started_at` is its creation time (GitHub fills it before any runner
+        // took it), so only a sighting of a started job says when it started.
+        started_at_ms: job
+            .started_at
+            .as_deref()
+            .and_then(parse_rfc3339_ms)
+            .filter(|_| state >= JobState::InProgress),
         observed_at_ms: delivery.received_at_ms,
         source: delivery.source,
     };

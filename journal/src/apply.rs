@@ -142,14 +142,20 @@ pub(crate) fn apply_job(
     let announced_now = (!polled).then_some(job.observed_at_ms);
     let polled_now = polled.then_some(job.observed_at_ms);
     let merge = rm_handlers::merge_job(current_state, job.state);
+    // When the job started: GitHub's `started_at`, else the time the journal learned of the
+    // `in_progress` transition (a sighting of a finished job without one says nothing of it).
+    let started_at = job
+        .started_at_ms
+        .or((job.state == JobState::InProgress).then_some(job.observed_at_ms));
     let moved = match merge {
         JobMerge::Insert => conn
             .prepare_cached(
                 "INSERT INTO jobs (job_id, run_id, run_attempt, repository, installation_id,
                      labels, workflow_name, job_name, state, state_rank, conclusion, runner_name,
-                     runner_id, source, first_seen_at, updated_at, announced_at, polled_at)
+                     runner_id, source, first_seen_at, updated_at, announced_at, polled_at,
+                     queued_at, started_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15,
-                     ?16, ?17)
+                     ?16, ?17, ?18, ?19)
                  ON CONFLICT (job_id) DO NOTHING",
             )?
             .execute(params![
@@ -170,6 +176,8 @@ pub(crate) fn apply_job(
                 job.observed_at_ms,
                 announced_now,
                 polled_now,
+                job.queued_at_ms,
+                started_at,
             ])?,
         JobMerge::Advance => conn
             .prepare_cached(
@@ -180,7 +188,9 @@ pub(crate) fn apply_job(
                      installation_id = COALESCE(?7, installation_id),
                      source = ?8, updated_at = ?9,
                      announced_at = COALESCE(announced_at, ?10),
-                     polled_at = COALESCE(polled_at, ?11)
+                     polled_at = COALESCE(polled_at, ?11),
+                     queued_at = COALESCE(queued_at, ?12),
+                     started_at = COALESCE(started_at, ?13)
                  WHERE job_id = ?1 AND state_rank < ?3",
             )?
             .execute(params![
@@ -195,6 +205,8 @@ pub(crate) fn apply_job(
                 job.observed_at_ms,
                 announced_now,
                 polled_now,
+                job.queued_at_ms,
+                started_at,
             ])?,
         JobMerge::Stale => 0,
     };
@@ -211,6 +223,15 @@ pub(crate) fn apply_job(
             ))?
             .execute(params![job.job_id, at])?;
         }
+        // And GitHub's own dates of the wait, when the row lacks them (an `in_progress` that
+        // arrives after the `completed`); never the arrival time, which is not the start.
+        conn.prepare_cached(
+            "UPDATE jobs SET queued_at = COALESCE(queued_at, ?2),
+                 started_at = COALESCE(started_at, ?3)
+             WHERE job_id = ?1 AND ((queued_at IS NULL AND ?2 IS NOT NULL)
+                 OR (started_at IS NULL AND ?3 IS NOT NULL))",
+        )?
+        .execute(params![job.job_id, job.queued_at_ms, job.started_at_ms])?;
     }
     Ok((moved == 0).then(|| {
         format!(

@@ -718,10 +718,10 @@ fn the_schema_itself_refuses_inconsistent_rows() {
         .collect::<Result<_, _>>()
         .unwrap();
     // v5 added `isolation` (a closed set), `uid` (a number) and `cgroup` (a path the agent
-    // builds from the attempt id).
+    // builds from the attempt id); v7 `started_at` (a time in ms).
     assert_eq!(
         columns.len(),
-        22,
+        23,
         "a new column: check it cannot hold a secret"
     );
     for column in &columns {

@@ -26,6 +26,7 @@ mod retention;
 mod schema;
 mod sync;
 mod types;
+mod waits;
 mod writer;
 
 pub use attempts::{
@@ -44,6 +45,7 @@ pub use schema::SCHEMA_VERSION;
 pub use types::{
     DeliveryRow, Incoming, InstallationRow, JobRow, Outcome, Recorded, StoredDelivery,
 };
+pub use waits::WaitRow;
 pub use writer::Journal;
 
 /// Milliseconds since the Unix epoch, the journal's unit of time.
@@ -59,3 +61,5 @@ mod attempt_tests;
 mod durability_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod waits_tests;

@@ -72,6 +72,12 @@ impl Reader {
         Ok(jobs)
     }
 
+    /// Jobs that started at or after `since_ms` on a runner of this host, with the ends of their
+    /// wait (CONTRACT §8), oldest start first.
+    pub fn job_waits(&self, since_ms: i64) -> Result<Vec<crate::WaitRow>, JournalError> {
+        crate::waits::wait_rows(&self.conn, since_ms)
+    }
+
     /// How many jobs are in each state.
     pub fn job_counts(&self) -> Result<Vec<(String, i64)>, JournalError> {
         let mut stmt = self

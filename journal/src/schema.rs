@@ -186,6 +186,21 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE INDEX deliveries_received_at ON deliveries (received_at);
     CREATE INDEX deliveries_rejected ON deliveries (received_at) WHERE outcome = 'rejected';
     "#,
+    // v7: the ends of a job's wait (CONTRACT §8). On `jobs`: when GitHub queued it (its
+    // `created_at`) and when it started (GitHub's `started_at` of a started sighting, else the
+    // time the journal learned it started); on `attempts`: when the runner process was started
+    // (the `starting` transition, whose `state_changed_at` later states overwrite). Rows from
+    // before keep what the journal can still say: a job in progress entered that state at its
+    // `updated_at`, an attempt still starting at its `state_changed_at`; the rest stay unknown
+    // and are no sample. Plain columns and a plain index, nothing SQLite-only.
+    r#"
+    ALTER TABLE jobs ADD COLUMN queued_at INTEGER;
+    ALTER TABLE jobs ADD COLUMN started_at INTEGER;
+    ALTER TABLE attempts ADD COLUMN started_at INTEGER;
+    UPDATE jobs SET started_at = updated_at WHERE state = 'in_progress';
+    UPDATE attempts SET started_at = state_changed_at WHERE state = 'starting';
+    CREATE INDEX jobs_started ON jobs (started_at) WHERE started_at IS NOT NULL;
+    "#,
 ];
 
 /// The schema version this build writes.

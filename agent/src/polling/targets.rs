@@ -128,6 +128,14 @@ pub fn observation(
             .filter(|_| started),
         workflow_name: job.workflow_name.clone(),
         job_name: Some(job.name.clone()),
+        queued_at_ms: parse_rfc3339(&job.created_at).map(super::unix_ms),
+        // GitHub fills `started_at` with the creation time while a job is queued.
+        started_at_ms: job
+            .started_at
+            .as_deref()
+            .and_then(parse_rfc3339)
+            .map(super::unix_ms)
+            .filter(|_| started),
         observed_at_ms: at_ms,
         source: Source::Poll,
     })

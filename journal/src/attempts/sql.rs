@@ -289,7 +289,9 @@ pub(crate) fn started(
         id,
         Starting.allowed_predecessors(),
         Starting,
-        ", pid = ?4, pid_start_time = ?5, pid_boot_id = ?6",
+        // `started_at`: the runner's start, the end of a job's wait for a runner (CONTRACT §8),
+        // kept when later states move `state_changed_at` on.
+        ", pid = ?4, pid_start_time = ?5, pid_boot_id = ?6, started_at = ?3",
         &[&pid, &pid_start_time, &boot_id],
         at_ms,
     )

@@ -61,6 +61,8 @@ fn polled(job_id: i64, state: JobState, at_ms: i64) -> JobObservation {
         runner_id: None,
         workflow_name: None,
         job_name: Some("build".to_owned()),
+        queued_at_ms: None,
+        started_at_ms: None,
         observed_at_ms: at_ms,
         source: Source::Poll,
     }
