@@ -1,55 +1,12 @@
-//! How a command ends: CONTRACT §1's exit codes, each failure one sentence with its remedy.
+//! How a command ends: CONTRACT §1's exit codes, each failure one sentence with its remedy
+//! ([`rm_base::exit`], shared with rm-relay), and how the agent's own errors map to them.
 
-use std::fmt;
+pub use rm_base::exit::{CONFLICT, Exit, RUNTIME, USAGE};
 
 use crate::config::ConfigError;
-
-/// A command's failure and the exit code it maps to.
-#[derive(Debug)]
-pub struct Exit {
-    pub code: u8,
-    pub message: String,
-}
-
-/// `1`: something failed at run time.
-pub const RUNTIME: u8 = 1;
-/// `2`: usage or configuration error.
-pub const USAGE: u8 = 2;
-/// `3`: another agent already owns the data directory.
-pub const CONFLICT: u8 = 3;
-
-impl Exit {
-    pub fn usage(message: impl Into<String>) -> Self {
-        Exit {
-            code: USAGE,
-            message: message.into(),
-        }
-    }
-
-    pub fn conflict(message: impl Into<String>) -> Self {
-        Exit {
-            code: CONFLICT,
-            message: message.into(),
-        }
-    }
-
-    /// A run-time failure; the error's whole context chain on one line.
-    pub fn runtime(err: impl Into<anyhow::Error>) -> Self {
-        Exit {
-            code: RUNTIME,
-            message: format!("{:#}", err.into()),
-        }
-    }
-}
 
 impl From<ConfigError> for Exit {
     fn from(err: ConfigError) -> Self {
         Exit::usage(err.to_string())
-    }
-}
-
-impl fmt::Display for Exit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
     }
 }

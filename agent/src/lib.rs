@@ -20,6 +20,9 @@ pub mod runner;
 pub mod secrets;
 pub mod status_file;
 
+/// `print!`/`println!` that survive a reader closing stdout ([`rm_base::output`]).
+pub use rm_base::{out, outln};
+
 /// A unit test that cannot run here fails unless `RM_TEST_ALLOW_SKIP` names what it lacks.
 #[cfg(test)]
 #[path = "../../tests/support/skip.rs"]

@@ -2,11 +2,11 @@
 //! configuration, runs one command and maps its result to CONTRACT §1's exit codes, printing any
 //! failure as one sentence on stderr.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use rm_base::log::{LogFormat, init as init_logging};
 
 use rm_agent::exit::Exit;
 use rm_agent::{commands, config};
@@ -136,12 +136,6 @@ enum DeliveriesAction {
     },
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
 /// The name the runner package's listener has: `rm-agent demo` copies this binary there.
 const RUNNER_LISTENER: &str = "Runner.Listener";
 
@@ -243,18 +237,4 @@ fn demo(keep: bool) -> Result<(), Exit> {
         .build()
         .map_err(Exit::runtime)?;
     runtime.block_on(commands::demo::run(keep))
-}
-
-/// Logs go to stderr; `$RM_LOG` (tracing's filter syntax) overrides the level.
-fn init_logging(format: LogFormat, default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }

@@ -48,12 +48,8 @@ pub use types::{
 pub use waits::WaitRow;
 pub use writer::Journal;
 
-/// Milliseconds since the Unix epoch, the journal's unit of time.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+/// Milliseconds since the Unix epoch, the journal's unit of time ([`rm_base::clock`]).
+pub use rm_base::clock::now_ms;
 
 #[cfg(test)]
 mod attempt_tests;

@@ -10,12 +10,14 @@ use rusqlite::Connection;
 use secrecy::ExposeSecret;
 use tokio::net::TcpListener;
 
-use crate::exit::Exit;
+use crate::ids;
 use crate::limits::IngestLimits;
 use crate::retention::{PRUNE_INTERVAL, PRUNE_STEP_ROWS, prune_step};
 use crate::state::Relay;
 use crate::store::{self, DB_FILE, NewChannel, Store, StoreError};
-use crate::{ids, now_ms};
+use rm_base::clock::now_ms;
+use rm_base::exit::Exit;
+use rm_base::outln;
 
 /// What `serve` was given.
 pub struct ServeArgs {
@@ -256,11 +258,11 @@ pub fn channel_add(
         smee_url: format!("{public}/smee/{smee_id}"),
     };
     if json {
-        println!("{}", serde_json::to_string(&urls).map_err(Exit::runtime)?);
+        outln!("{}", serde_json::to_string(&urls).map_err(Exit::runtime)?);
     } else {
-        println!("ingest_url:    {}", urls.ingest_url);
-        println!("subscribe_url: {}", urls.subscribe_url);
-        println!("smee_url:      {}", urls.smee_url);
+        outln!("ingest_url:    {}", urls.ingest_url);
+        outln!("subscribe_url: {}", urls.subscribe_url);
+        outln!("smee_url:      {}", urls.smee_url);
         eprintln!("Set ingest_url as the GitHub App's webhook URL; keep it and smee_url secret.");
     }
     Ok(())
@@ -282,9 +284,9 @@ pub fn channel_token(name: &str, host: &str, data_dir: &Path, json: bool) -> Res
     }
     if json {
         let doc = serde_json::json!({ "token": token.expose_secret() });
-        println!("{doc}");
+        outln!("{doc}");
     } else {
-        println!("{}", token.expose_secret());
+        outln!("{}", token.expose_secret());
         eprintln!(
             "This token is shown once: put it in the host's relay token file (RM_RELAY_TOKEN)."
         );

@@ -15,7 +15,6 @@
 //! - [`commands`]: `serve` and `channel add|token|revoke`.
 
 pub mod commands;
-pub mod exit;
 pub mod ids;
 mod ingest;
 pub mod limits;
@@ -31,10 +30,3 @@ mod subscribe;
 
 /// GitHub does not deliver payloads over 25 MB, so anything larger is not from GitHub.
 pub const MAX_BODY_BYTES: usize = 25 * 1024 * 1024;
-
-/// Milliseconds since the Unix epoch: the clock every stored time uses.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}

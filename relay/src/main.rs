@@ -1,16 +1,16 @@
 //! `rm-relay`: the relay's command line (CONTRACT §6). Parses arguments, runs one command and
 //! maps its result to CONTRACT §1's exit codes, printing any failure as one sentence on stderr.
 
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use rm_base::exit::Exit;
+use rm_base::log::LogFormat;
 
 use rm_relay::commands::{self, ServeArgs};
-use rm_relay::exit::Exit;
 use rm_relay::limits::{DEFAULT_INGEST_RATE, IngestLimits, parse_quota};
 use rm_relay::retention::parse_retention;
 
@@ -100,15 +100,14 @@ enum ChannelAction {
     },
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
+    // Output a reader cut short (`| head`) is not a failure; any other write error is.
+    let result = run(cli).and_then(|()| match rm_base::output::stdout_error() {
+        Some(err) => Err(Exit::runtime(anyhow::anyhow!(err))),
+        None => Ok(()),
+    });
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(exit) => {
             eprintln!("rm-relay: {exit}");
@@ -128,7 +127,7 @@ fn run(cli: Cli) -> Result<(), Exit> {
             ingest_rate,
             log_format,
         } => {
-            init_logging(log_format, "info");
+            rm_base::log::init(log_format, "info");
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -146,7 +145,7 @@ fn run(cli: Cli) -> Result<(), Exit> {
             }))
         }
         Command::Channel { action } => {
-            init_logging(LogFormat::Text, "warn");
+            rm_base::log::init(LogFormat::Text, "warn");
             match action {
                 ChannelAction::Add {
                     name,
@@ -167,19 +166,5 @@ fn run(cli: Cli) -> Result<(), Exit> {
                 } => commands::channel_revoke(&name, &host, &data_dir),
             }
         }
-    }
-}
-
-/// Logs go to stderr; `$RM_LOG` (tracing's filter syntax) overrides the level.
-fn init_logging(format: LogFormat, default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
     }
 }

@@ -105,6 +105,27 @@ async fn channel_commands_work_while_the_relay_serves() {
     assert_eq!(out.status.code(), Some(2));
     assert!(!missing.exists(), "token must not create a relay database");
 
+    // A reader that closed the pipe (`rm-relay channel add x | head -0`) ends the output, not
+    // the command: no panic, exit 0, and the channel exists.
+    for args in [
+        &["channel", "add", "piped"][..],
+        &["channel", "token", "piped", "h9"],
+        &["channel", "token", "piped", "h9", "--json"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = std::process::Command::new(BIN)
+            .args(args)
+            .args(["--data-dir", dir_arg(&data)])
+            .env_remove("RM_RELAY_DATA_DIR")
+            .stdout(writer)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    }
+
     // A token works at once on the running relay; issuing again replaces it.
     let first = issue_token(&data, "ci", "h1");
     assert!(first.starts_with("rmr_") && first.len() == 68, "{first}");

@@ -17,7 +17,7 @@ pub mod stale;
 pub mod status;
 pub mod targets;
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 pub use poller::{Jitter, Poller, PollerError};
 pub use schedule::{Pace, PollSchedule};
@@ -85,16 +85,8 @@ impl PollerConfig {
     }
 }
 
-/// Milliseconds since the Unix epoch, the journal's unit.
-pub fn unix_ms(t: SystemTime) -> i64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// The inverse of [`unix_ms`].
-pub(crate) fn from_unix_ms(ms: i64) -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-}
+/// The journal's unit of time (one clock for every crate: [`rm_base::clock`]).
+pub use rm_base::clock::{from_unix_ms, unix_ms};
 
 #[cfg(test)]
 mod tests;
