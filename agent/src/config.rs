@@ -92,6 +92,12 @@ pub struct HostSection {
     pub isolation: Option<String>,
     pub runner_uids: Option<RunnerUidsSection>,
     pub cgroup_root: Option<String>,
+    /// The fitness gate ([`crate::fitness`]): least free space on the runner root's filesystem.
+    pub min_free_space: Option<String>,
+    /// The least free space on the data directory's filesystem.
+    pub data_dir_min_free_space: Option<String>,
+    /// Programs runners need: names looked up on the runners' `PATH`, or absolute paths.
+    pub required_tools: Option<Vec<String>>,
 }
 
 /// `host.runner_uids` as written: a range `"64200-64263"` or a list of account names.
@@ -110,6 +116,8 @@ pub struct RunnerSection {
     pub version: Option<String>,
     pub idle_timeout: Option<ConfigDuration>,
     pub registration_timeout: Option<ConfigDuration>,
+    /// How often `version = "latest"` asks GitHub for a new release.
+    pub release_check_interval: Option<ConfigDuration>,
 }
 
 /// `[polling]`: the REST fallback's pace.
@@ -150,6 +158,8 @@ pub struct PolicySection {
     pub memory_max: Option<String>,
     pub pids_max: Option<u32>,
     pub cpu_weight: Option<u32>,
+    /// `KEY=VALUE` lines added to this policy's runners' environment ([`crate::runner::env_file`]).
+    pub env_file: Option<PathBuf>,
 }
 
 /// The validated configuration.
@@ -204,6 +214,8 @@ pub struct Host {
     pub runner_uids: RunnerUids,
     /// `host.cgroup_root`: `None` is `"auto"`.
     pub cgroup_root: Option<PathBuf>,
+    /// What the fitness gate requires of this host ([`crate::fitness`]).
+    pub fitness: crate::fitness::Thresholds,
 }
 
 /// How runners are kept from the agent, from each other and from later jobs (CONTRACT §7).
@@ -250,9 +262,12 @@ impl RunnerUids {
 #[derive(Debug)]
 pub struct Runner {
     pub package_dir: Option<PathBuf>,
+    /// A pinned `2.330.0`, or `"latest"` ([`crate::runner::package::latest::LATEST`]).
     pub version: Option<String>,
     pub idle_timeout: Duration,
     pub registration_timeout: Duration,
+    /// How often `version = "latest"` asks GitHub for a new release (default a day).
+    pub release_check_interval: Duration,
 }
 
 #[derive(Debug)]
@@ -283,6 +298,11 @@ pub struct Policy {
     /// Per-runner limits applied through the runner's cgroup (and `pids_max` as the runner
     /// uid's process limit).
     pub limits: RunnerLimits,
+    /// `env_file`: where operator variables for this policy's runners come from.
+    pub env_file: Option<PathBuf>,
+    /// The variables of `env_file`, read when `rm-agent run` starts
+    /// ([`crate::runner::env_file::load_policies`]); empty until then.
+    pub env: crate::runner::env_file::OperatorEnv,
 }
 
 /// `memory_max`, `pids_max`, `cpu_weight` of a policy.

@@ -29,7 +29,7 @@ pub fn backends(config: &Config, package_dir: &Path) -> Result<Backends, Exit> {
     let root = RunnerRoot::open(&config.host.runner_root).map_err(Exit::runtime)?;
     let none = NoIsolation {
         root: root.clone(),
-        package: package_dir.to_path_buf(),
+        package: crate::runner::package::current::CurrentPackage::new(package_dir),
     };
     let can_switch = isolate::can_switch_users();
     let decided = decide(config.host.isolation, can_switch);

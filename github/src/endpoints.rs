@@ -269,6 +269,53 @@ impl GithubClient {
         .await
     }
 
+    /// `GET /repos/{repository}/releases/latest` with an installation's token, conditional (an
+    /// unchanged release is a free `304`, answered from the cache): the newest published release
+    /// that is neither a draft nor a prerelease. A read, charged to the installation's quota.
+    pub async fn latest_release(
+        &self,
+        installation: u64,
+        repository: &str,
+    ) -> Result<Polled<ReleaseSummary>, GithubError> {
+        let call = Call {
+            conditional: true,
+            ..Call::get(
+                "repos.releases.latest",
+                Auth::Installation(installation),
+                format!("/repos/{repository}/releases/latest"),
+            )
+        };
+        let answer = self.run(&call).await?;
+        Ok(Polled {
+            value: decode(call.endpoint, &answer.body)?,
+            not_modified: answer.not_modified,
+        })
+    }
+
+    /// The first page of `GET /repos/{repository}/releases` (newest first, [`PER_PAGE`] of
+    /// them), conditional: the dates a pinned version's window is judged by.
+    pub async fn list_releases(
+        &self,
+        installation: u64,
+        repository: &str,
+    ) -> Result<Polled<Vec<ReleaseSummary>>, GithubError> {
+        let call = Call {
+            conditional: true,
+            ..Call::get(
+                "repos.releases.list",
+                Auth::Installation(installation),
+                format!("/repos/{repository}/releases?per_page={PER_PAGE}"),
+            )
+        };
+        let answer = self.run(&call).await?;
+        let value: serde_json::Value = decode(call.endpoint, &answer.body)?;
+        let (releases, _) = decode_items(call.endpoint, Some(value))?;
+        Ok(Polled {
+            value: releases,
+            not_modified: answer.not_modified,
+        })
+    }
+
     /// `GET /rate_limit` with an installation's token; costs no quota. What it says about every
     /// resource goes into the budget, so a fresh process starts from GitHub's numbers.
     pub async fn rate_limit(&self, installation: u64) -> Result<RateLimitOverview, GithubError> {

@@ -66,7 +66,13 @@ pub async fn serve_paced(
     pacing: Pacing,
     shutdown: impl Future<Output = ()>,
 ) -> Result<DrainReport, Exit> {
-    let settings = settings(config).await?;
+    let (settings, version) = settings(config, &client).await?;
+    let follower = crate::runner::package::latest::Follower::for_config(
+        config,
+        &client,
+        &settings.backends,
+        &version,
+    );
     let webhook_secrets = match &config.receiver {
         Some(_) => Some(secrets::webhook_secrets(config)?),
         None => None,
@@ -84,6 +90,15 @@ pub async fn serve_paced(
         Arc::clone(&notifier),
     )
     .map_err(Exit::runtime)?;
+    // The fitness gate (crate::fitness): judged once before the first registration, then again
+    // in the background; allocation registers nothing while it says unfit.
+    let fitness = executor.settings().fitness.clone();
+    let fitness_required =
+        crate::fitness::Requirements::of(config, crate::fitness::probe::runner_path());
+    crate::fitness::check_once(&fitness_required, &fitness, &notifier).await;
+    let fitness_checker =
+        crate::fitness::spawn(fitness_required, fitness.clone(), Arc::clone(&notifier));
+    executor.wake_on(fitness.fit_again());
     // For `rm-agent status` and `/metrics`: what only the running agent knows.
     let published = client.clone();
     // Checked before anything starts, so a missing token is a usage error at start.
@@ -117,6 +132,11 @@ pub async fn serve_paced(
         relay.as_ref().map(Subscription::state),
         published.clone(),
         config.host.max_runners,
+        Some({
+            let executor = Arc::clone(&executor);
+            Arc::new(move || executor.published_memory())
+        }),
+        Some(fitness.clone()),
     );
     let agent_metrics = crate::metrics::AgentMetrics::new(poller.status(), published);
     let poller_status = poller.status();
@@ -142,6 +162,13 @@ pub async fn serve_paced(
                 journal.clone(),
             );
             receiver.add_collector(Box::new(agent_metrics));
+            // Wait times since this start (CONTRACT §8): seeded before deliveries are taken.
+            let waits = crate::latency::WaitMetrics::default();
+            crate::latency::spawn_recorder(&journal_path, waits.clone()).map_err(Exit::runtime)?;
+            // REVERT-CHECK receiver.add_collector(Box::new(waits));
+            receiver.add_collector(Box::new(crate::fitness::report::FitnessMetrics::new(
+                fitness.clone(),
+            )));
             let shutdown = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
                 receiver.serve(listener, shutdown).await
@@ -157,6 +184,9 @@ pub async fn serve_paced(
         tokio::spawn(subscription.run(stop_rx.clone()))
     });
     let polling = tokio::spawn(poller.run(stopped(stop_rx.clone())));
+    if let Some(follower) = follower {
+        tokio::spawn(follower.run(stopped(stop_rx.clone())));
+    }
     // A poisoned journal drains like a signal (runners are left running, adopted at the next
     // start), and then the agent exits 1 for its service manager to restart it.
     let watched = journal.clone();
@@ -169,6 +199,7 @@ pub async fn serve_paced(
         let _ = first_pass.wait_for(|s| s.last_pass.at.is_some()).await;
     };
     let report = executor.run(synced, signal).await;
+    fitness_checker.abort();
     if let Some(receiver) = receiver {
         match receiver.await {
             Ok(Ok(())) => {}
@@ -229,9 +260,11 @@ fn watch_webhook_health(mut status: watch::Receiver<PollerStatus>, notifier: Arc
     });
 }
 
-/// The executor's settings, refusing what `run` cannot do yet. A `runner.version` is resolved
-/// here to its package in the cache, downloaded and verified first if it is not there.
-async fn settings(config: &Config) -> Result<Settings, Exit> {
+/// The executor's settings, refusing what `run` cannot do yet, and the runner version runners
+/// start from (empty for a `package_dir`). A `runner.version` is resolved here to its package
+/// in the cache, downloaded and verified first if it is not there; `"latest"` asks GitHub which
+/// release that is.
+async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, String), Exit> {
     if config.policies.is_empty() {
         return Err(usage(
             config,
@@ -239,9 +272,15 @@ async fn settings(config: &Config) -> Result<Settings, Exit> {
             "`rm-agent run` needs at least one [[policy]] (name, target, labels)",
         ));
     }
-    let package_dir = match (&config.runner.package_dir, &config.runner.version) {
-        (Some(dir), _) => dir.clone(),
-        (None, Some(_)) => crate::runner::package::resolve_configured(config).await?,
+    let (package_dir, version) = match (&config.runner.package_dir, &config.runner.version) {
+        (Some(dir), _) => (dir.clone(), String::new()),
+        (None, Some(_)) if crate::runner::package::latest::follows_latest(config) => {
+            crate::runner::package::latest::resolve_at_start(config, client).await?
+        }
+        (None, Some(version)) => (
+            crate::runner::package::resolve_configured(config).await?,
+            version.clone(),
+        ),
         (None, None) => {
             return Err(usage(
                 config,
@@ -250,8 +289,12 @@ async fn settings(config: &Config) -> Result<Settings, Exit> {
             ));
         }
     };
+    // Read once, here: a bad line or an unreadable file refuses the start (exit 2).
+    let mut policies = config.policies.clone();
+    crate::runner::env_file::load_policies(&mut policies)
+        .map_err(|(key, e)| usage(config, &key, &e.to_string()))?;
     let backends = crate::isolation::backends(config, &package_dir)?;
-    Ok(Settings {
+    let settings = Settings {
         host: config.host.name.clone(),
         max_runners: config.host.max_runners,
         backends: Arc::new(backends),
@@ -260,8 +303,10 @@ async fn settings(config: &Config) -> Result<Settings, Exit> {
             config.runner.registration_timeout,
             config.runner.idle_timeout,
         ),
-        policies: config.policies.clone(),
-    })
+        policies,
+        fitness: crate::fitness::Gate::default(),
+    };
+    Ok((settings, version))
 }
 
 fn usage(config: &Config, key: &str, problem: &str) -> Exit {

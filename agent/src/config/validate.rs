@@ -219,6 +219,12 @@ pub(super) fn validate(
         isolation_named,
         runner_uids,
         cgroup_root,
+        fitness: crate::fitness::thresholds(
+            file.host.min_free_space.as_deref(),
+            file.host.data_dir_min_free_space.as_deref(),
+            file.host.required_tools,
+        )
+        .map_err(|(key, problem)| err(&format!("host.{key}"), problem))?,
     };
 
     if file.runner.package_dir.is_some() && file.runner.version.is_some() {
@@ -230,12 +236,13 @@ pub(super) fn validate(
     }
     if let Some(version) = &file.runner.version
         && !is_runner_version(version)
+        && version != crate::runner::package::latest::LATEST
     {
         // The version becomes part of a URL and of a directory name: digits and dots only.
         return Err(err(
             "runner.version",
             format!(
-                "`{version}` is not an actions/runner version; write it as the releases list it, without the `v`, e.g. \"2.330.0\""
+                "`{version}` is not an actions/runner version; write it as the releases list it, without the `v`, e.g. \"2.330.0\", or \"latest\" to follow actions/runner's releases"
             ),
         ));
     }
@@ -260,6 +267,10 @@ pub(super) fn validate(
             file.runner.registration_timeout,
             DEFAULT_REGISTRATION_TIMEOUT,
         )?,
+        release_check_interval: crate::runner::package::latest::check_interval(
+            file.runner.release_check_interval.map(|d| d.0),
+        )
+        .map_err(|problem| err("runner.release_check_interval", problem))?,
     };
 
     let interval = file
@@ -472,6 +483,8 @@ fn validate_policy(
         max_runners,
         min_runners,
         workspace,
+        env_file: section.env_file,
+        env: Default::default(),
     })
 }
 

@@ -19,11 +19,13 @@ use rm_journal::{AttemptRecord, IsolationKind, WorkspaceKind};
 use secrecy::SecretString;
 
 use super::cgroup::{self, CgroupRoot, Limits};
+use super::env_file::{OperatorEnv, with_operator_env};
 use super::isolate::{self, Account, ChildSetup, Pool};
+use super::package::current::CurrentPackage;
 use super::process::{self, ProcessError, ProcessIdentity, ProcessState, RunnerChild, Spawned};
 use super::store::{Store, StoreError, StoredPackage};
 use super::workspace::{Removal, RunnerRoot, Runtime, WorkspaceError, create_tmp};
-use super::{OsProcesses, Processes as _, discover, uid};
+use super::{OsProcesses, discover, uid};
 
 /// What a backend needs to know about one attempt: the journalled facts and its policy's
 /// limits.
@@ -35,6 +37,8 @@ pub struct Plan {
     pub uid: Option<u32>,
     pub cgroup: Option<PathBuf>,
     pub limits: Limits,
+    /// The policy's operator variables (`env_file`), added to the runner's environment.
+    pub env: OperatorEnv,
 }
 
 impl Plan {
@@ -46,6 +50,7 @@ impl Plan {
             uid: record.uid,
             cgroup: record.cgroup.clone(),
             limits,
+            env: OperatorEnv::default(),
         }
     }
 }
@@ -108,8 +113,9 @@ pub trait Backend: Send + Sync {
 #[derive(Debug, Clone)]
 pub struct NoIsolation {
     pub root: RunnerRoot,
-    /// The unpacked package, copied into every runtime.
-    pub package: PathBuf,
+    /// The unpacked package, copied into every runtime (swapped when `runner.version =
+    /// "latest"` moves).
+    pub package: CurrentPackage,
 }
 
 impl Backend for NoIsolation {
@@ -118,23 +124,25 @@ impl Backend for NoIsolation {
     }
 
     fn prepare(&self, plan: &Plan) -> Result<Runtime, BackendError> {
+        // Held until the copy is made: a superseded package is not removed under it.
+        let package = self.package.get();
         Ok(match plan.workspace {
-            WorkspaceKind::Persistent => {
-                self.root.prepare_slot(&plan.runtime_dir, &self.package)?
-            }
-            WorkspaceKind::Ephemeral => self
-                .root
-                .create_ephemeral(&plan.attempt_id, &self.package)?,
+            WorkspaceKind::Persistent => self.root.prepare_slot(&plan.runtime_dir, &package)?,
+            WorkspaceKind::Ephemeral => self.root.create_ephemeral(&plan.attempt_id, &package)?,
         })
     }
 
     fn start(
         &self,
-        _plan: &Plan,
+        plan: &Plan,
         runtime: &Runtime,
         jit: &SecretString,
     ) -> Result<Spawned<RunnerChild>, BackendError> {
-        Ok(OsProcesses.spawn(runtime.dir(), jit)?)
+        let env = with_operator_env(
+            process::runner_environment(std::env::vars_os(), runtime.dir()),
+            &plan.env,
+        );
+        Ok(process::spawn_listener(runtime.dir(), jit, env, |_| {})?)
     }
 
     fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError> {
@@ -152,8 +160,9 @@ impl Backend for NoIsolation {
 #[derive(Debug)]
 pub struct LinkedPackage {
     store: Store,
-    source: PathBuf,
-    current: Mutex<StoredPackage>,
+    /// The stored package runtimes are linked from now, and the unpacked package it was
+    /// installed from (a repair reinstalls from it).
+    current: Mutex<(StoredPackage, PathBuf)>,
 }
 
 impl LinkedPackage {
@@ -163,8 +172,7 @@ impl LinkedPackage {
         package.verify()?;
         Ok(LinkedPackage {
             store,
-            source: source.to_path_buf(),
-            current: Mutex::new(package),
+            current: Mutex::new((package, source.to_path_buf())),
         })
     }
 
@@ -173,18 +181,38 @@ impl LinkedPackage {
         self.current
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .0
             .clone()
+    }
+
+    /// The store the packages are in.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Makes `source` the package new runtimes link from: installed beside the current one
+    /// (once per content) and verified in full before it is swapped in, so a runtime is only
+    /// ever linked from a verified tree. Returns the superseded stored package: runtimes linked
+    /// from it keep running on it, and it is removed once nothing uses it
+    /// ([`Store::remove_unused`]). Blocking (a package of thousands of files).
+    pub fn switch(&self, source: &Path) -> Result<StoredPackage, StoreError> {
+        let package = self.store.install_beside(source)?;
+        package.verify()?;
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        let (old, _) = std::mem::replace(&mut *current, (package, source.to_path_buf()));
+        Ok(old)
     }
 
     /// After a runtime failed its check: the store verified in full, and rebuilt from the
     /// source when it does not verify. Serialised, so concurrent launches repair once.
     pub fn repair(&self) -> Result<StoredPackage, StoreError> {
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Err(e) = current.verify() {
+        if let Err(e) = current.0.verify() {
             tracing::warn!(error = %e, "the runner package store does not verify; rebuilding it from the package");
-            *current = self.store.install(&self.source)?;
+            // Beside the others: a superseded tree may still be linked by running runners.
+            current.0 = self.store.install_beside(&current.1)?;
         }
-        Ok(current.clone())
+        Ok(current.0.clone())
     }
 }
 
@@ -334,7 +362,10 @@ impl Backend for UserIsolation {
             ChildSetup::new(account, runtime.dir(), procs, plan.limits.pids_max).map_err(|e| {
                 BackendError::Uid(format!("cannot prepare the runner's isolation: {e}"))
             })?;
-        let env = isolate::isolated_environment(std::env::vars_os(), runtime.dir());
+        let env = with_operator_env(
+            isolate::isolated_environment(std::env::vars_os(), runtime.dir()),
+            &plan.env,
+        );
         Ok(process::spawn_listener(
             runtime.dir(),
             jit,

@@ -72,8 +72,11 @@ pub struct FleetOptions {
     pub relay_url: Option<String>,
     /// `[runner] version` instead of `package_dir`: the fake runner package is published on
     /// the fake GitHub as actions/runner release `v{version}`, as `runner_release` says.
+    /// `"latest"` publishes nothing: the test publishes the releases it follows.
     pub runner_version: Option<&'static str>,
     pub runner_release: ReleaseOptions,
+    /// `[runner] release_check_interval`, for `runner_version: Some("latest")`.
+    pub release_check_interval: Option<&'static str>,
     /// `[notifications] desktop`.
     pub desktop_notifications: bool,
     /// `[host] isolation` (`"user"` or `"none"`); unset, the agent's default.
@@ -95,6 +98,7 @@ impl Default for FleetOptions {
             relay_url: None,
             runner_version: None,
             runner_release: ReleaseOptions::default(),
+            release_check_interval: None,
             desktop_notifications: false,
             isolation: None,
             base_dir: None,
@@ -144,7 +148,7 @@ impl Fleet {
             &setup.dir.path().join("package"),
         )
         .unwrap();
-        if let Some(version) = options.runner_version {
+        if let Some(version) = options.runner_version.filter(|v| *v != "latest") {
             fake.publish_runner_release_with(version, tarball(&package), options.runner_release);
         }
         let runner_root = setup.dir.path().join("runners");
@@ -196,7 +200,13 @@ impl Fleet {
                 None => String::new(),
             },
             package = match options.runner_version {
-                Some(version) => format!("version = \"{version}\"\n"),
+                Some(version) => format!(
+                    "version = \"{version}\"\n{}",
+                    options
+                        .release_check_interval
+                        .map(|i| format!("release_check_interval = \"{i}\"\n"))
+                        .unwrap_or_default()
+                ),
                 None => format!("package_dir = \"{}\"\n", self.package.display()),
             },
             idle = options.idle_timeout,
@@ -364,7 +374,7 @@ impl Fleet {
 }
 
 /// `dir` as a `.tar.gz` with entries under `./`, as actions/runner packs its releases.
-fn tarball(dir: &Path) -> Vec<u8> {
+pub fn tarball(dir: &Path) -> Vec<u8> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     {
         let mut tar = tar::Builder::new(&mut gz);

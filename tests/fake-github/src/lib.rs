@@ -596,7 +596,8 @@ impl FakeGithub {
     ) {
         self.with(|s| {
             let id = s.next_id();
-            s.releases.publish(id, version, tarball, options);
+            let now = s.now();
+            s.releases.publish(id, version, tarball, options, now);
         })
     }
 

@@ -3,9 +3,15 @@
 //! the release notes' `<!-- BEGIN SHA … -->` checksums, and the asset download, which answers
 //! like github.com: a redirect from `/actions/runner/releases/download/…` to a signed
 //! object-storage URL that serves the bytes. Options leave the digest out, leave the notes'
-//! checksums out, or serve corrupted bytes.
+//! checksums out, serve corrupted bytes, or mark the release a prerelease.
+//!
+//! `GET /repos/actions/runner/releases/latest` and `GET .../releases` are REST endpoints like
+//! the others (authenticated, counted, ETag and `304`: see [`crate::routes`]); their answers
+//! come from here: the latest is, as GitHub documents it, the most recent release that is
+//! neither a draft nor a prerelease, sorted by `created_at`; the list is newest first.
 
 use std::collections::BTreeMap;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -39,6 +45,8 @@ pub struct ReleaseOptions {
     /// The download serves the bytes with one of them changed; the published checksums stay
     /// those of the real bytes.
     pub corrupt: bool,
+    /// A prerelease: listed, never the latest.
+    pub prerelease: bool,
 }
 
 /// One published release.
@@ -52,6 +60,8 @@ pub struct FakeRelease {
     pub served: Bytes,
     pub sha256: String,
     pub options: ReleaseOptions,
+    /// When it was published (the fake's clock); also its `created_at`.
+    pub published_at: SystemTime,
 }
 
 /// Every published release by version, and the signature the storage URLs carry.
@@ -61,7 +71,14 @@ pub struct Releases {
 }
 
 impl Releases {
-    pub fn publish(&mut self, id: u64, version: &str, bytes: Vec<u8>, options: ReleaseOptions) {
+    pub fn publish(
+        &mut self,
+        id: u64,
+        version: &str,
+        bytes: Vec<u8>,
+        options: ReleaseOptions,
+        published_at: SystemTime,
+    ) {
         let bytes = Bytes::from(bytes);
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let served = if options.corrupt {
@@ -83,8 +100,23 @@ impl Releases {
                 served,
                 sha256,
                 options,
+                published_at,
             },
         );
+    }
+
+    /// Newest first (by `created_at`, then id), as `GET .../releases` lists them.
+    pub fn newest_first(&self) -> Vec<&FakeRelease> {
+        let mut all: Vec<&FakeRelease> = self.by_version.values().collect();
+        all.sort_by(|a, b| (b.published_at, b.id).cmp(&(a.published_at, a.id)));
+        all
+    }
+
+    /// What `GET .../releases/latest` answers: the newest that is not a prerelease.
+    pub fn latest(&self) -> Option<&FakeRelease> {
+        self.newest_first()
+            .into_iter()
+            .find(|r| !r.options.prerelease)
     }
 }
 
@@ -142,9 +174,17 @@ pub fn release_json(state: &State, release: &FakeRelease) -> Value {
         "id": release.id,
         "tag_name": format!("v{v}"),
         "target_commitish": "main",
+        "assets_url": format!("{}/repos/actions/runner/releases/{}/assets", state.api_url, release.id),
+        "upload_url": format!("https://uploads.github.com/repos/actions/runner/releases/{}/assets{{?name,label}}", release.id),
+        "tarball_url": format!("{}/repos/actions/runner/tarball/v{v}", state.api_url),
+        "zipball_url": format!("{}/repos/actions/runner/zipball/v{v}", state.api_url),
+        "node_id": format!("RE_fake{}", release.id),
+        "author": crate::render::user(&state.ctx(), "github-actions[bot]", 41898282, "Bot"),
         "name": format!("v{v}"),
         "draft": false,
-        "prerelease": false,
+        "prerelease": release.options.prerelease,
+        "created_at": crate::time::rfc3339(release.published_at),
+        "published_at": crate::time::rfc3339(release.published_at),
         "body": notes(release),
         "assets": assets,
     })
@@ -288,9 +328,13 @@ mod tests {
 
     fn state_with(options: ReleaseOptions) -> State {
         let mut state = State::new(1, String::new(), "http://127.0.0.1:9".into(), String::new());
-        state
-            .releases
-            .publish(7, "2.330.0", b"package bytes".to_vec(), options);
+        state.releases.publish(
+            7,
+            "2.330.0",
+            b"package bytes".to_vec(),
+            options,
+            state.now(),
+        );
         state
     }
 
@@ -330,7 +374,7 @@ mod tests {
         let state = state_with(ReleaseOptions {
             omit_digest: true,
             omit_notes_checksums: true,
-            corrupt: false,
+            ..ReleaseOptions::default()
         });
         let release = &state.releases.by_version["2.330.0"];
         let v = release_json(&state, release);

@@ -29,6 +29,10 @@ pub enum Route {
     Job(String, String, u64),
     RunnerGroups(String),
     RateLimit,
+    /// `GET /repos/{owner}/{repo}/releases/latest` (only actions/runner has releases here).
+    LatestRelease(String, String),
+    /// `GET /repos/{owner}/{repo}/releases`.
+    Releases(String, String),
 }
 
 /// An organization or a repository named in a path.
@@ -81,6 +85,8 @@ impl Route {
             ("GET", ["repos", o, r, "actions", "jobs", j]) => Job(s(o), s(r), id(j)?),
             ("GET", ["orgs", org, "actions", "runner-groups"]) => RunnerGroups(s(org)),
             ("GET", ["rate_limit"]) => RateLimit,
+            ("GET", ["repos", o, r, "releases", "latest"]) => LatestRelease(s(o), s(r)),
+            ("GET", ["repos", o, r, "releases"]) => Releases(s(o), s(r)),
             _ => return None,
         })
     }
@@ -116,6 +122,8 @@ impl Route {
             Job(..) => "GET /repos/{owner}/{repo}/actions/jobs/{job_id}",
             RunnerGroups(_) => "GET /orgs/{org}/actions/runner-groups",
             RateLimit => "GET /rate_limit",
+            LatestRelease(..) => "GET /repos/{owner}/{repo}/releases/latest",
+            Releases(..) => "GET /repos/{owner}/{repo}/releases",
         }
     }
 
@@ -477,6 +485,25 @@ pub fn answer(
             )
         }
         Route::RateLimit => rate_limit(state, caller),
+        Route::LatestRelease(o, r) => match state.releases.latest() {
+            Some(release) if is_runner_repository(o, r) => {
+                Reply::json(200, crate::releases::release_json(state, release))
+            }
+            _ => not_found(),
+        },
+        Route::Releases(o, r) => {
+            let all: Vec<Value> = if is_runner_repository(o, r) {
+                state
+                    .releases
+                    .newest_first()
+                    .into_iter()
+                    .map(|release| crate::releases::release_json(state, release))
+                    .collect()
+            } else {
+                return not_found();
+            };
+            Reply::json(200, Value::Array(paginate(&all, query)))
+        }
     }
 }
 
@@ -692,4 +719,9 @@ mod tests {
         );
         assert_eq!(paginate(&items, "per_page=1000").len(), 100);
     }
+}
+
+/// The one repository the fake publishes releases of.
+fn is_runner_repository(owner: &str, repo: &str) -> bool {
+    owner == "actions" && repo == "runner"
 }

@@ -20,6 +20,8 @@ const JIT_ENV: &str = "ACTIONS_RUNNER_INPUT_JITCONFIG";
 const ACQUIRE_POLL: Duration = Duration::from_millis(100);
 /// Exit status of a deliberate crash.
 const CRASH_EXIT: u8 = 3;
+/// Created in the runtime's `_diag` by a test, it ends the running job now.
+pub const FINISH_FILE: &str = "finish-job";
 /// How long the background process left behind lives.
 const BACKGROUND_SECS: &str = "300";
 
@@ -178,7 +180,13 @@ async fn run_job(
         worker.line("crashing on purpose during the job");
         return Ok(CRASH_EXIT);
     }
-    tokio::time::sleep(Duration::from_millis(behavior.job_duration_ms)).await;
+    // The job takes its duration, or ends early when a test creates FINISH_FILE in `_diag`
+    // (a long job that must outlast a step of the test, and then end as a job does).
+    let done = tokio::time::Instant::now() + Duration::from_millis(behavior.job_duration_ms);
+    let finish = cwd.join("_diag").join(FINISH_FILE);
+    while tokio::time::Instant::now() < done && !finish.exists() {
+        tokio::time::sleep(ACQUIRE_POLL.min(done - tokio::time::Instant::now())).await;
+    }
     session.complete(job.job_id, &behavior.conclusion).await?;
     worker.line(&format!("job finished: {}", behavior.conclusion));
     diag.line("job done; exiting (ephemeral)");

@@ -72,6 +72,12 @@ pub(super) fn unset(name: &str) -> bool {
 /// The unpacked runner package, when `runner.package_dir` names one (CONTRACT §5), or the
 /// state of the one `runner.version` names: cached, to be downloaded, or not to be had.
 pub(super) async fn runner_package(config: &Config) -> Option<Finding> {
+    if package::latest::follows_latest(config) {
+        return Some(Finding::ok(
+            "runner_package",
+            package::latest::describe(config),
+        ));
+    }
     if let Some(wanted) = package::Wanted::from_config(config) {
         return Some(version_finding(config, wanted).await);
     }

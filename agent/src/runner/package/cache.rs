@@ -107,6 +107,12 @@ impl Cache {
         Ok(dir)
     }
 
+    /// Removes the package `name` whole (a superseded one nothing uses any more: see
+    /// [`super::latest`]). Absent is fine.
+    pub fn remove_package(&self, name: &str) -> io::Result<()> {
+        remove_any(&self.package_dir(name))
+    }
+
     /// Removes what a failed attempt at `name` wrote (its archive and unpack directory).
     pub fn discard(&self, name: &str) {
         for path in [self.partial_file(name), self.unpack_dir(name)] {

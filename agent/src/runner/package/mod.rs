@@ -6,7 +6,9 @@
 //! step ([`cache`]). A package that cannot be verified is never run.
 
 pub mod cache;
+pub mod current;
 pub mod fetch;
+pub mod latest;
 pub mod progress;
 pub mod release;
 pub mod unpack;
@@ -38,9 +40,14 @@ pub struct Wanted {
 }
 
 impl Wanted {
-    /// What `config` asks for on this host; `None` without `runner.version`.
+    /// What `config` asks for on this host; `None` without a pinned `runner.version` (unset,
+    /// or `"latest"`, which [`latest`] resolves through GitHub).
     pub fn from_config(config: &Config) -> Option<Result<Wanted, PackageError>> {
-        let version = config.runner.version.clone()?;
+        let version = config
+            .runner
+            .version
+            .clone()
+            .filter(|v| v != latest::LATEST)?;
         Some(
             Platform::host()
                 .ok_or(PackageError::Platform)

@@ -209,7 +209,7 @@ async fn a_release_without_any_checksum_is_refused_before_downloading() {
         ReleaseOptions {
             omit_digest: true,
             omit_notes_checksums: true,
-            corrupt: false,
+            ..ReleaseOptions::default()
         },
     );
     let data = tempfile::tempdir().unwrap();

@@ -255,12 +255,21 @@ impl Store {
     /// (see [`manifest::stored_mode`]). If `<store>/<digest>` already exists its manifest is
     /// read and the tree verified (full hashes); a mismatch (someone changed it) is logged
     /// naming the first differing path and the tree is rebuilt from `source`. Stale trees of
-    /// other digests are removed (no runtime may be created meanwhile). Returns the stored
-    /// package.
+    /// other digests are removed unless a runtime still links them ([`tree_in_use`]; no runtime
+    /// may be created meanwhile). Returns the stored package.
     ///
     /// Nothing is fsynced: a tree a crash left short fails the verification of the next install,
     /// which rebuilds it.
     pub fn install(&self, source: &Path) -> Result<StoredPackage, StoreError> {
+        let package = self.install_beside(source)?;
+        self.remove_unused(&[package.digest()]);
+        Ok(package)
+    }
+
+    /// [`Store::install`] that leaves every other tree in place: for a package that replaces
+    /// the current one while runtimes may still be made from that (`runner.version =
+    /// "latest"`); [`Store::remove_unused`] removes the superseded one later.
+    pub fn install_beside(&self, source: &Path) -> Result<StoredPackage, StoreError> {
         check_source(source)?;
         let mut buf = vec![0; BUFFER_SIZE];
         let found = scan(source, &mut buf).map_err(|e| e.into_source_error(source))?;
@@ -296,7 +305,6 @@ impl Store {
             Some(package) => package,
             None => self.build(source, &digest, manifest, &mut buf)?,
         };
-        self.remove_stale(&digest);
         Ok(package)
     }
 
@@ -339,10 +347,7 @@ impl Store {
         buf: &mut [u8],
     ) -> Result<StoredPackage, StoreError> {
         // Removed on drop if anything below fails.
-        let staging = tempfile::Builder::new()
-            .prefix(STAGING_PREFIX)
-            .tempdir_in(&self.dir)
-            .map_err(|e| self.write_error(e))?;
+        let staging = Staging::create(self)?;
         let staged_tree = staging.path().join(TREE_DIR);
         std::fs::create_dir(&staged_tree).map_err(|e| self.write_error(e))?;
         std::fs::set_permissions(&staged_tree, std::fs::Permissions::from_mode(DIR_MODE))
@@ -361,7 +366,7 @@ impl Store {
         let stored = self.dir.join(digest);
         std::fs::rename(staging.path(), &stored).map_err(|e| self.write_error(e))?;
         // Renamed: there is nothing left at the staging path to remove.
-        let _ = staging.keep();
+        staging.keep();
         tracing::info!(
             tree = %stored.display(),
             files = manifest.entries.len(),
@@ -384,30 +389,41 @@ impl Store {
         Ok(())
     }
 
-    /// Removes everything in the store but `keep`: trees of packages no longer configured and
-    /// staging folders a crash left. A failure only costs space, so it is logged, not returned.
-    fn remove_stale(&self, keep: &str) {
+    /// Removes everything in the store but the digests in `keep` and the trees a runtime still
+    /// links ([`tree_in_use`]: a runner finishes on the package it started from): trees of
+    /// packages no longer configured and staging folders a crash left. Returns the names
+    /// removed. A failure only costs space, so it is logged, not returned.
+    pub fn remove_unused(&self, keep: &[String]) -> Vec<String> {
+        let mut removed = Vec::new();
         let names = match open_dir(&self.dir).and_then(|store| entry_names(&store)) {
             Ok(names) => names,
             Err(e) => {
                 tracing::warn!(store = %self.dir.display(), error = %e, "cannot list the package store for stale trees");
-                return;
+                return removed;
             }
         };
         for name in names {
-            if name.to_bytes() == keep.as_bytes() {
+            if keep.iter().any(|k| name.to_bytes() == k.as_bytes()) {
                 continue;
             }
             let shown = name.to_string_lossy().into_owned();
+            if !shown.starts_with(STAGING_PREFIX)
+                && tree_in_use(&self.dir.join(&shown).join(TREE_DIR))
+            {
+                tracing::debug!(name = %shown, "a superseded stored runner package is still linked by a runtime; kept");
+                continue;
+            }
             match self.remove(&shown) {
                 Ok(()) => {
-                    tracing::info!(store = %self.dir.display(), name = %shown, "removed a stale stored runner package")
+                    tracing::info!(store = %self.dir.display(), name = %shown, "removed a stale stored runner package");
+                    removed.push(shown);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, name = %shown, "cannot remove a stale stored runner package")
                 }
             }
         }
+        removed
     }
 
     fn write_error(&self, source: io::Error) -> StoreError {
@@ -418,10 +434,77 @@ impl Store {
     }
 }
 
+/// The folder a tree is built in (`<store>/.staging-<random>`, mode [`STAGING_MODE`]), removed
+/// when dropped unless kept. Made here rather than with a temporary-directory crate so the
+/// product does not depend on one; the removal walks by descriptors like every other.
+struct Staging<'a> {
+    store: &'a Store,
+    name: String,
+    path: PathBuf,
+    kept: bool,
+}
+
+/// Mode of a staging folder, and so of a stored `<digest>/` folder: the agent's alone.
+const STAGING_MODE: u32 = 0o700;
+
+impl<'a> Staging<'a> {
+    fn create(store: &'a Store) -> Result<Staging<'a>, StoreError> {
+        // A fresh random name: never one a crashed build left (those go at the next install).
+        let name = format!("{STAGING_PREFIX}{}", rm_journal::AttemptId::generate());
+        let path = store.dir.join(&name);
+        std::fs::DirBuilder::new()
+            .mode(STAGING_MODE)
+            .create(&path)
+            .map_err(|e| store.write_error(e))?;
+        Ok(Staging {
+            store,
+            name,
+            path,
+            kept: false,
+        })
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The folder was renamed away: nothing to remove.
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Staging<'_> {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        // A failure only costs space, and the next install removes it.
+        if let Err(e) = self.store.remove(&self.name) {
+            tracing::warn!(error = %e, "cannot remove a runner package staging folder");
+        }
+    }
+}
+
 impl StoredPackage {
     /// The stored tree (inside the store: only the agent can reach it by this path).
     pub fn tree(&self) -> &Path {
         &self.tree
+    }
+
+    /// The content digest that names it in the store.
+    pub fn digest(&self) -> String {
+        self.tree
+            .parent()
+            .and_then(Path::file_name)
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// How many handles to this stored package the process holds (clones share one count): a
+    /// runtime being linked from it holds one beside its owner's.
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.manifest)
     }
 
     /// What the stored tree holds, and what every runtime made from it must hold.
@@ -635,6 +718,37 @@ impl StoreError {
             | StoreError::TreeRead { path, .. } => Some(path),
             StoreError::Manifest { .. } => Some(MANIFEST_FILE),
             _ => None,
+        }
+    }
+}
+
+/// Whether a runtime still links the stored `tree`: a runtime's files are hard links to the
+/// tree's, so a file of the tree with more than one link is in a runtime. Stops at the first
+/// such file; links are never followed. A tree that cannot be read counts as in use (removing
+/// it can wait for the next pass).
+pub fn tree_in_use(tree: &Path) -> bool {
+    fn walk(dir: &Path, depth: usize) -> io::Result<bool> {
+        if depth > MAX_DEPTH {
+            return Ok(false);
+        }
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let meta = entry.path().symlink_metadata()?;
+            if meta.is_file() && meta.nlink() > 1 {
+                return Ok(true);
+            }
+            if meta.is_dir() && walk(&entry.path(), depth + 1)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+    match walk(tree, 0) {
+        Ok(linked) => linked,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => {
+            tracing::warn!(tree = %tree.display(), error = %e, "cannot tell whether a stored runner package is in use; kept");
+            true
         }
     }
 }

@@ -171,3 +171,189 @@ async fn a_download_in_a_terminal_shows_a_progress_bar() {
         "log lines are for non-terminals: {screen}"
     );
 }
+
+/// The runtime directory of the runner that took `job`, once it has.
+fn runtime_of(fleet: &Fleet, job: u64) -> Option<PathBuf> {
+    let name = fleet.fake.job(job)?.runner_name?;
+    fleet
+        .attempts()
+        .into_iter()
+        .find(|a| a.runner_name == name)
+        .map(|a| a.runtime_dir)
+}
+
+/// The stored trees of the isolated package store (one per package content).
+fn stored(fleet: &Fleet) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(fleet.runner_root.join(".rm-package"))
+        .map(|entries| {
+            entries
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// How many times the fake served the bytes of `version`'s package.
+fn downloads_of(fleet: &Fleet, version: &str) -> usize {
+    fleet
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.status == 200 && r.path.starts_with(&format!("/_release-assets/{version}/")))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_follows_a_new_release_while_a_runner_runs_on_the_old_one() {
+    const OLD: &str = "2.330.0";
+    const NEW: &str = "2.331.0";
+    let fleet = Fleet::start(FleetOptions {
+        runner_version: Some("latest"),
+        release_check_interval: Some("5s"),
+        ..FleetOptions::default()
+    })
+    .await;
+    // Two packages that differ (a file naming the version), so each has its own stored tree.
+    let package_of = |version: &str| {
+        let dir = fleet.setup.dir.path().join(format!("package-{version}"));
+        let package =
+            rm_fake_runner::assemble_package(&rm_e2e::binary(rm_fake_runner::BINARY_NAME), &dir)
+                .unwrap();
+        std::fs::write(package.join("VERSION"), version).unwrap();
+        rm_e2e::fleet::tarball(&package)
+    };
+    fleet.fake.publish_runner_release(OLD, package_of(OLD));
+    // The first runner's job lasts until the new release is followed and a second runner runs.
+    fleet
+        .fake
+        .set_runner_behavior(rm_fake_github::RunnerBehavior {
+            job_duration_ms: 600_000,
+            ..Default::default()
+        });
+    let agent = fleet.start_agent(&[]).await;
+    assert_eq!(cached(&fleet).len(), 1, "{:?}", cached(&fleet));
+    let first = fleet.fake.queue_job(REPO, "long", LABELS).unwrap();
+    wait_until(Duration::from_secs(60), "the first job runs", || {
+        runtime_of(&fleet, first).is_some_and(|rt| rt.join("VERSION").is_file())
+    })
+    .await;
+    let first_runtime = runtime_of(&fleet, first).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(first_runtime.join("VERSION")).unwrap(),
+        OLD
+    );
+    let old_trees = stored(&fleet);
+    assert_eq!(old_trees.len(), 1, "{old_trees:?}");
+
+    // A new release while the first runner runs: followed within a check interval.
+    fleet.fake.publish_runner_release(NEW, package_of(NEW));
+    let new_name = |names: &[String]| names.iter().any(|n| n.ends_with(NEW));
+    wait_until(
+        Duration::from_secs(90),
+        "the new release is downloaded and stored",
+        || new_name(&cached(&fleet)) && stored(&fleet).len() == 2,
+    )
+    .await;
+    // The next runner starts from the new package, the running one stays on its own.
+    fleet
+        .fake
+        .set_runner_behavior(rm_fake_github::RunnerBehavior {
+            job_duration_ms: 2_000,
+            ..Default::default()
+        });
+    let second = fleet.fake.queue_job(REPO, "next", LABELS).unwrap();
+    wait_until(Duration::from_secs(60), "the second job runs", || {
+        runtime_of(&fleet, second).is_some_and(|rt| rt.join("VERSION").is_file())
+    })
+    .await;
+    let second_runtime = runtime_of(&fleet, second).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(second_runtime.join("VERSION")).unwrap(),
+        NEW
+    );
+    wait_until(Duration::from_secs(60), "the second job completes", || {
+        fleet.completed(second)
+    })
+    .await;
+    assert!(!fleet.completed(first), "the first job still runs");
+    // Still in use by the first runner: the old package is kept.
+    tokio::time::sleep(latest_prune_wait()).await;
+    assert!(
+        cached(&fleet).iter().any(|n| n.ends_with(OLD)),
+        "the old package is kept while a runner runs on it: {:?}",
+        cached(&fleet)
+    );
+    assert!(
+        stored(&fleet).contains(&old_trees[0]),
+        "{:?}",
+        stored(&fleet)
+    );
+    assert_eq!(
+        std::fs::read_to_string(first_runtime.join("VERSION")).unwrap(),
+        OLD
+    );
+
+    // The first runner finishes on the old package; then the old package goes.
+    std::fs::write(
+        first_runtime
+            .join("_diag")
+            .join(rm_fake_runner::FINISH_FILE),
+        "",
+    )
+    .unwrap();
+    wait_until(
+        Duration::from_secs(90),
+        "the old package is removed once unused",
+        || fleet.all_cleaned() && cached(&fleet).len() == 1 && stored(&fleet).len() == 1,
+    )
+    .await;
+    assert!(new_name(&cached(&fleet)), "{:?}", cached(&fleet));
+    assert!(!stored(&fleet).contains(&old_trees[0]));
+    assert_eq!(
+        downloads_of(&fleet, OLD),
+        1,
+        "{:?}",
+        release_requests(&fleet)
+    );
+    assert_eq!(
+        downloads_of(&fleet, NEW),
+        1,
+        "{:?}",
+        release_requests(&fleet)
+    );
+    assert!(agent.terminate().success());
+
+    // A restart asks GitHub again and finds the latest in the cache: nothing downloaded.
+    fleet.fake.clear_requests();
+    let _agent = fleet.start_agent(&[]).await;
+    let third = fleet.fake.queue_job(REPO, "after-restart", LABELS).unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "a job after the restart runs",
+        || fleet.completed(third) && fleet.all_cleaned(),
+    )
+    .await;
+    assert_eq!(
+        downloads_of(&fleet, NEW),
+        0,
+        "{:?}",
+        release_requests(&fleet)
+    );
+    assert!(
+        fleet
+            .fake
+            .requests()
+            .iter()
+            .any(|r| r.path == "/repos/actions/runner/releases/latest"),
+        "the start asked GitHub for its latest release"
+    );
+}
+
+/// Longer than the follower's sweep of superseded packages (10 s), so a package kept is kept
+/// by a decision, not by a sweep yet to come.
+fn latest_prune_wait() -> Duration {
+    Duration::from_secs(12)
+}

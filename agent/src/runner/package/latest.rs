@@ -1,0 +1,402 @@
+//! `runner.version = "latest"`: following actions/runner's releases. Owns which release new
+//! runners start from, when GitHub is asked again, and when a superseded package is removed.
+//!
+//! GitHub stops giving jobs to a runner that has not installed a new release within 30 days of
+//! it (and JIT runners cannot update themselves), so a host that follows releases never falls
+//! out of that window. The release GitHub calls latest (`GET
+//! /repos/actions/runner/releases/latest`: the newest published release that is neither a draft
+//! nor a prerelease) is asked for at start and every `runner.release_check_interval` (a day by
+//! default) through the shared request budget, conditionally (an unchanged answer is a `304`).
+//! A newer one is downloaded and verified in the background by the same code as a pinned
+//! version ([`super::resolve`]: the published SHA-256, the cache, nothing downloaded twice, also
+//! across a restart), installed beside the current one and swapped in for new runners; runners
+//! already running finish on the package they started from. A superseded package is removed
+//! once no runtime uses it: no runtime is being made from it (an in-process hold) and no runtime
+//! links its stored tree ([`crate::runner::store::tree_in_use`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rm_github::types::ReleaseSummary;
+use rm_github::{GithubClient, GithubError, Target};
+
+use super::cache::Cache;
+use super::current::CurrentPackage;
+use super::release::{self, Platform};
+use super::{PackageError, Wanted, progress};
+use crate::config::Config;
+use crate::executor::Backends;
+use crate::exit::Exit;
+use crate::runner::backend::LinkedPackage;
+use crate::runner::store::{StoredPackage, tree_in_use};
+
+/// The `runner.version` that follows releases.
+pub const LATEST: &str = "latest";
+/// How often GitHub is asked for its latest release by default: well inside GitHub's 30 days,
+/// and one request a day.
+pub const DEFAULT_RELEASE_CHECK: Duration = Duration::from_secs(24 * 60 * 60);
+/// The shortest `runner.release_check_interval`: an unchanged answer is a free `304`, but a
+/// shorter interval helps no one (actions/runner releases every few weeks).
+pub const RELEASE_CHECK_FLOOR: Duration = Duration::from_secs(5);
+/// The longest `runner.release_check_interval`: a new release must be noticed with most of its
+/// 30 days left.
+pub const RELEASE_CHECK_CEILING: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+/// After a failed check or download, how long until the next try (never longer than the
+/// configured interval).
+pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10 * 60);
+/// How often superseded packages are looked at for removal while there are any.
+pub const PRUNE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// `runner.release_check_interval`, validated: the default when unset.
+pub fn check_interval(configured: Option<Duration>) -> Result<Duration, String> {
+    let interval = configured.unwrap_or(DEFAULT_RELEASE_CHECK);
+    if interval < RELEASE_CHECK_FLOOR || interval > RELEASE_CHECK_CEILING {
+        return Err(format!(
+            "{} is outside 5s to 7d; the default, a day, is what it is for (a release must be noticed long before GitHub's 30 days run out)",
+            humantime::format_duration(interval)
+        ));
+    }
+    Ok(interval)
+}
+
+/// Whether `config` follows releases.
+pub fn follows_latest(config: &Config) -> bool {
+    config.runner.version.as_deref() == Some(LATEST)
+}
+
+/// For `rm-agent check`: what `"latest"` does here, and the newest package already cached.
+pub fn describe(config: &Config) -> String {
+    let every = humantime::format_duration(config.runner.release_check_interval);
+    let cached = Platform::host().and_then(|p| newest_cached(&config.data_dir, p));
+    match cached {
+        Some((version, _)) => format!(
+            "runner.version = \"latest\": follows actions/runner's releases (asked at start and every {every}); v{version} is cached"
+        ),
+        None => format!(
+            "runner.version = \"latest\": follows actions/runner's releases (asked at start and every {every}); nothing cached yet: `rm-agent run` downloads the latest release and checks its SHA-256"
+        ),
+    }
+}
+
+/// `MAJOR.MINOR.PATCH` as numbers, for ordering; `None` for anything else.
+pub fn parse_version(version: &str) -> Option<[u64; 3]> {
+    let mut parts = version.split('.');
+    let mut out = [0; 3];
+    for slot in &mut out {
+        let part = parts.next()?;
+        if part.is_empty() || part.len() > 6 || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *slot = part.parse().ok()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
+/// The version a release tag names (`v2.330.0` → `2.330.0`); `None` when it names none (it
+/// becomes part of a URL and a directory name).
+pub fn version_of_tag(tag: &str) -> Option<String> {
+    let version = tag.strip_prefix('v').unwrap_or(tag);
+    parse_version(version).map(|_| version.to_owned())
+}
+
+/// What to do with the release GitHub calls latest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Runners already start from it.
+    Current,
+    /// Download and verify it, then start new runners from it.
+    Adopt(String),
+    /// Not a release to run; why.
+    Ignore(String),
+}
+
+/// The decision: only a published, non-prerelease release of a newer version is adopted. An
+/// older one (a release withdrawn after this host took it) is not gone back to: the package in
+/// use was verified against what GitHub published, and GitHub's window only ever moves forward.
+pub fn decide(current: &str, latest: &ReleaseSummary) -> Step {
+    if latest.draft || latest.prerelease {
+        return Step::Ignore(format!("{} is a draft or a prerelease", latest.tag_name));
+    }
+    let Some(version) = version_of_tag(&latest.tag_name) else {
+        return Step::Ignore(format!(
+            "the tag {:?} names no runner version",
+            latest.tag_name
+        ));
+    };
+    match (parse_version(current), parse_version(&version)) {
+        (_, _) if version == current => Step::Current,
+        (Some(now), Some(new)) if new < now => Step::Ignore(format!(
+            "v{version} is older than v{current}, which runners start from"
+        )),
+        _ => Step::Adopt(version),
+    }
+}
+
+/// The newest complete package of this platform in the cache: what a start uses when GitHub
+/// cannot be asked.
+pub fn newest_cached(data_dir: &Path, platform: Platform) -> Option<(String, PathBuf)> {
+    let cache = Cache::new(data_dir);
+    let prefix = release::package_name(platform, "");
+    let entries = std::fs::read_dir(cache.root()).ok()?;
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let version = name.strip_prefix(&prefix)?.to_owned();
+            let order = parse_version(&version)?;
+            let cached = cache.complete(&name)?;
+            Some((order, version, cached.dir))
+        })
+        .max_by_key(|(order, _, _)| *order)
+        .map(|(_, version, dir)| (version, dir))
+}
+
+/// The installation the releases are read with: the first policy's (any installation token
+/// may read a public repository; the request is charged to that installation's budget).
+fn reader(config: &Config) -> Option<Target> {
+    config.policies.first().map(|p| p.target.clone())
+}
+
+/// Asks GitHub for the latest actions/runner release.
+async fn ask(
+    client: &GithubClient,
+    target: &Target,
+) -> Result<rm_github::Polled<ReleaseSummary>, GithubError> {
+    let installation = client.installation_for(target).await?;
+    client
+        .latest_release(installation, release::RUNNER_REPOSITORY)
+        .await
+}
+
+/// The package runners start from when `rm-agent run` begins: GitHub's latest release,
+/// downloaded and verified unless cached; the newest cached package when GitHub cannot be
+/// asked (with a warning); an exit when neither can be had. Returns its directory and
+/// version.
+pub async fn resolve_at_start(
+    config: &Config,
+    client: &GithubClient,
+) -> Result<(PathBuf, String), Exit> {
+    let platform = Platform::host().ok_or_else(|| super::exit(config, &PackageError::Platform))?;
+    let asked = match reader(config) {
+        Some(target) => ask(client, &target).await.map_err(|e| e.to_string()),
+        None => Err("no [[policy]] names an installation to ask with".to_owned()),
+    };
+    let version = match asked {
+        Ok(latest) => match decide("", &latest.value) {
+            Step::Adopt(version) => Ok(version),
+            Step::Current | Step::Ignore(_) => Err(format!(
+                "GitHub's latest actions/runner release {} names no runner version",
+                latest.value.tag_name
+            )),
+        },
+        Err(e) => Err(e),
+    };
+    let version = match version {
+        Ok(version) => version,
+        Err(reason) => {
+            return match newest_cached(&config.data_dir, platform) {
+                Some((version, dir)) => {
+                    tracing::warn!(%reason, version = %version, "cannot learn actions/runner's latest release; starting runners from the newest cached package, and asking again later");
+                    Ok((dir, version))
+                }
+                None => Err(Exit::runtime(anyhow::anyhow!(
+                    "`runner.version = \"latest\"`: cannot learn actions/runner's latest release ({reason}), and no package is cached; check the network path to {}, or pin a version",
+                    config.github.api_url
+                ))),
+            };
+        }
+    };
+    let wanted = Wanted {
+        api_url: config.github.api_url.clone(),
+        data_dir: config.data_dir.clone(),
+        version: version.clone(),
+        platform,
+    };
+    let mut progress = progress::for_stderr(&wanted.name());
+    let dir = super::resolve(&wanted, progress.as_mut())
+        .await
+        .map_err(|err| super::exit(config, &err))?;
+    tracing::info!(version = %version, "runners start from actions/runner's latest release");
+    Ok((dir, version))
+}
+
+/// A package runners no longer start from, kept until nothing uses it.
+struct Retired {
+    version: String,
+    /// Its directory in the download cache; a runtime being copied from it holds a clone.
+    dir: Arc<PathBuf>,
+    /// Its tree in the isolated store, when runners are isolated.
+    stored: Option<StoredPackage>,
+}
+
+impl Retired {
+    /// Whether a runtime is being made from it (in this process) or still links it.
+    fn in_use(&self) -> bool {
+        Arc::strong_count(&self.dir) > 1
+            || self
+                .stored
+                .as_ref()
+                .is_some_and(|s| s.holders() > 1 || tree_in_use(s.tree()))
+    }
+}
+
+/// The background task that follows releases while `rm-agent run` runs.
+pub struct Follower {
+    client: GithubClient,
+    target: Target,
+    api_url: String,
+    data_dir: PathBuf,
+    platform: Platform,
+    interval: Duration,
+    /// The version new runners start from.
+    version: String,
+    none: CurrentPackage,
+    linked: Option<Arc<LinkedPackage>>,
+    retired: Vec<Retired>,
+}
+
+impl Follower {
+    /// The follower for `config`, when it follows releases; `version` is the one
+    /// [`resolve_at_start`] chose.
+    pub fn for_config(
+        config: &Config,
+        client: &GithubClient,
+        backends: &Backends,
+        version: &str,
+    ) -> Option<Follower> {
+        if !follows_latest(config) {
+            return None;
+        }
+        Some(Follower {
+            client: client.clone(),
+            target: reader(config)?,
+            api_url: config.github.api_url.clone(),
+            data_dir: config.data_dir.clone(),
+            platform: Platform::host()?,
+            interval: config.runner.release_check_interval,
+            version: version.to_owned(),
+            none: backends.none.package.clone(),
+            linked: backends.user.as_ref().and_then(|u| u.package.clone()),
+            retired: Vec::new(),
+        })
+    }
+
+    /// Checks every interval (the first right away: the start's answer is a free `304` then)
+    /// and removes superseded packages once unused, until `stop` completes.
+    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
+        tokio::pin!(stop);
+        // Packages of earlier versions a previous run left: removed once unused.
+        self.prune().await;
+        let mut next_check = tokio::time::Instant::now() + self.interval;
+        loop {
+            let prune_at = tokio::time::Instant::now() + PRUNE_INTERVAL;
+            tokio::select! {
+                () = &mut stop => return,
+                () = tokio::time::sleep_until(next_check) => {
+                    let wait = match self.check().await {
+                        Ok(()) => self.interval,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot follow actions/runner's latest release; runners keep starting from v{}, and it is tried again", self.version);
+                            RETRY_AFTER_FAILURE.min(self.interval)
+                        }
+                    };
+                    next_check = tokio::time::Instant::now() + wait;
+                    self.prune().await;
+                }
+                () = tokio::time::sleep_until(prune_at), if !self.retired.is_empty() => {
+                    self.prune().await;
+                }
+            }
+        }
+    }
+
+    /// One check: ask, and adopt a newer release.
+    async fn check(&mut self) -> anyhow::Result<()> {
+        let latest = ask(&self.client, &self.target).await?;
+        let version = match decide(&self.version, &latest.value) {
+            Step::Current => return Ok(()),
+            Step::Ignore(why) => {
+                tracing::debug!(%why, "GitHub's latest actions/runner release is not adopted");
+                return Ok(());
+            }
+            Step::Adopt(version) => version,
+        };
+        tracing::info!(from = %self.version, to = %version, "actions/runner has a new release; downloading and verifying it in the background");
+        let wanted = Wanted {
+            api_url: self.api_url.clone(),
+            data_dir: self.data_dir.clone(),
+            version: version.clone(),
+            platform: self.platform,
+        };
+        // In the background: log lines, never a bar over the agent's output.
+        let mut progress = progress::LogProgress::new(wanted.name());
+        let dir = super::resolve(&wanted, &mut progress).await?;
+        let stored = match &self.linked {
+            Some(linked) => {
+                let (linked, source) = (Arc::clone(linked), dir.clone());
+                Some(tokio::task::spawn_blocking(move || linked.switch(&source)).await??)
+            }
+            None => None,
+        };
+        let old_dir = self.none.set(&dir);
+        self.retired.push(Retired {
+            version: std::mem::replace(&mut self.version, version),
+            dir: old_dir,
+            stored,
+        });
+        tracing::info!(version = %self.version, "new runners start from the new actions/runner release; running ones finish on theirs");
+        Ok(())
+    }
+
+    /// Removes every superseded package nothing uses any more: its stored tree and its
+    /// directory in the download cache, and packages of other versions an earlier run left.
+    async fn prune(&mut self) {
+        let retired = std::mem::take(&mut self.retired);
+        let current_dir = self.none.get();
+        let current_digest = self.linked.as_ref().map(|l| l.current().digest());
+        let linked = self.linked.clone();
+        let cache = Cache::new(&self.data_dir);
+        let prefix = release::package_name(self.platform, "");
+        let work = move || {
+            let (held, free): (Vec<Retired>, Vec<Retired>) =
+                retired.into_iter().partition(Retired::in_use);
+            if let Some(linked) = &linked {
+                let mut keep: Vec<String> = current_digest.into_iter().collect();
+                keep.extend(
+                    held.iter()
+                        .filter_map(|r| r.stored.as_ref().map(StoredPackage::digest)),
+                );
+                linked.store().remove_unused(&keep);
+            }
+            for gone in &free {
+                tracing::info!(version = %gone.version, "removed a superseded runner package nothing uses any more");
+            }
+            drop(free);
+            // The download cache: every complete package but the current one and those still
+            // held (runtimes link the store, or are copies; none reads the cache).
+            let keep: Vec<PathBuf> = std::iter::once(current_dir.as_ref().clone())
+                .chain(held.iter().map(|r| r.dir.as_ref().clone()))
+                .collect();
+            if let Ok(entries) = std::fs::read_dir(cache.root()) {
+                for entry in entries.filter_map(Result::ok) {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if name.starts_with(&prefix) && !keep.contains(&entry.path()) {
+                        if let Err(e) = cache.remove_package(&name) {
+                            tracing::warn!(package = %name, error = %e, "cannot remove a superseded runner package; tried again later");
+                        }
+                    }
+                }
+            }
+            held
+        };
+        match tokio::task::spawn_blocking(work).await {
+            Ok(held) => self.retired = held,
+            Err(e) => tracing::warn!(error = %e, "the superseded runner package sweep failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "latest_tests.rs"]
+mod tests;
