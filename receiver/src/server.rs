@@ -13,6 +13,7 @@ use rm_handlers::Source;
 use rm_http_serve::Limits;
 use rm_journal::{Journal, JournalError, Reader, Recorded};
 use tokio::net::TcpListener;
+use tracing::Instrument as _;
 
 use crate::WebhookSecrets;
 use crate::budget::{BodyBudget, BodyLimits, Hold, Refused};
@@ -142,6 +143,21 @@ impl Receiver {
             Ok(envelope) => envelope,
             Err(refusal) => return self.refuse(refusal),
         };
+        // Every event about this delivery carries its GUID and event once, from the span.
+        let span = tracing::info_span!("delivery", guid = %envelope.guid, event = %envelope.event);
+        self.accept(envelope, req, received_at_ms)
+            .instrument(span)
+            .await
+    }
+
+    /// Reads, verifies and journals one delivery whose headers are valid.
+    async fn accept(
+        &self,
+        envelope: verify::Envelope,
+        req: Request<Body>,
+        received_at_ms: i64,
+    ) -> Reply {
+        let headers = req.headers();
         let declared = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
@@ -178,28 +194,26 @@ impl Receiver {
         };
         // `_hold` keeps the body's share of the budget until the delivery is answered: the body
         // itself lives on in the journal's queue until the commit.
-        let (guid, event) = (envelope.guid.clone(), envelope.event.clone());
-        let incoming = match envelope.verify(
-            &self.config.secrets,
-            body,
-            received_at_ms,
-            Source::Webhook,
-        ) {
-            Ok(incoming) => incoming,
-            Err(refusal) => {
-                tracing::warn!(%guid, %event, "refused a delivery whose signature matches no configured secret");
-                return self.refuse(refusal);
-            }
-        };
+        let event = envelope.event.clone();
+        let incoming =
+            match envelope.verify(&self.config.secrets, body, received_at_ms, Source::Webhook) {
+                Ok(incoming) => incoming,
+                Err(refusal) => {
+                    tracing::warn!(
+                        "refused a delivery whose signature matches no configured secret"
+                    );
+                    return self.refuse(refusal);
+                }
+            };
         match self.journal.record(incoming).await {
             Ok(Recorded::New(outcome)) => {
                 self.metrics.delivery(&event, outcome.as_str());
-                tracing::debug!(%guid, %event, outcome = outcome.as_str(), "delivery journalled");
+                tracing::debug!(outcome = outcome.as_str(), "delivery journalled");
                 text(StatusCode::ACCEPTED, "accepted\n")
             }
             Ok(Recorded::AlreadyJournalled) => {
                 self.metrics.delivery(&event, "already_journalled");
-                tracing::debug!(%guid, %event, "delivery already journalled");
+                tracing::debug!("delivery already journalled");
                 text(StatusCode::OK, "already journalled\n")
             }
             Err(JournalError::NotJson) => self.refuse(Refusal {
@@ -209,7 +223,7 @@ impl Receiver {
             }),
             Err(err) => {
                 // GitHub counts this delivery as failed; the agent's redelivery recovers it.
-                tracing::error!(%guid, %event, error = %err, "delivery not journalled");
+                tracing::error!(error = %err, "delivery not journalled");
                 self.refuse(Refusal {
                     status: StatusCode::SERVICE_UNAVAILABLE,
                     reason: "journal",

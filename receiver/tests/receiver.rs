@@ -239,6 +239,70 @@ async fn refusals_journal_nothing() {
     assert_eq!(rx.delivery_count(), 0);
 }
 
+/// Every log line about a delivery carries its GUID and event from one span, the refusal's
+/// reason included (it named neither before the span).
+#[tokio::test]
+async fn every_log_line_about_a_delivery_carries_its_guid_from_the_span() {
+    #[derive(Clone, Default)]
+    struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // A current-thread runtime: the server's tasks run on this thread, under this subscriber.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rx = start(&[SECRET]).await;
+    let body = fixture("workflow_job.queued.5");
+    let refused = Delivery {
+        signature: Some(sign(b"wrong secret", &body)),
+        ..Delivery::signed("workflow_job", body.clone())
+    };
+    assert_eq!(rx.send(&refused).await.0, 401);
+    let accepted = Delivery::signed("workflow_job", body);
+    assert_eq!(rx.send(&accepted).await.0, 202);
+
+    let log = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    let context = |d: &Delivery| {
+        format!(
+            "delivery{{guid={} event=workflow_job}}",
+            d.guid.as_deref().unwrap()
+        )
+    };
+    let lines_of =
+        |d: &Delivery| -> Vec<&str> { log.lines().filter(|l| l.contains(&context(d))).collect() };
+    let refused_lines = lines_of(&refused);
+    assert!(
+        refused_lines
+            .iter()
+            .any(|l| l.contains("refused a delivery whose signature")),
+        "{log}"
+    );
+    assert!(
+        refused_lines
+            .iter()
+            .any(|l| l.contains("request refused") && l.contains("401")),
+        "{log}"
+    );
+    assert!(
+        lines_of(&accepted)
+            .iter()
+            .any(|l| l.contains("delivery journalled")),
+        "{log}"
+    );
+}
+
 #[tokio::test]
 async fn every_configured_secret_is_accepted() {
     let rx = start(&["old-secret", SECRET]).await;
