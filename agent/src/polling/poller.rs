@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use rm_github::{Clock, GithubClient, Target};
 use rm_journal::{JournalError, PollJournal};
 use tokio::sync::watch;
+use tracing::Instrument as _;
 
 use super::Pacing;
 use super::health::{Evidence, Trust, WebhookHealth};
@@ -79,6 +80,8 @@ pub struct Poller {
     last_poll: Option<(SystemTime, NextPoll)>,
     /// After an outage or a rate limit: nothing is sent before this.
     hold_until: Option<SystemTime>,
+    /// Steps taken so far: each step's span carries its number.
+    passes: u64,
     next_scan_at: SystemTime,
     next_stale_at: SystemTime,
     /// When this poller was made: jobs queued before it are checked at once.
@@ -145,6 +148,7 @@ impl Poller {
             jitter: default_jitter(now),
             last_poll: None,
             hold_until: None,
+            passes: 0,
             next_scan_at: now,
             next_stale_at: now,
             started: now,
@@ -248,8 +252,15 @@ impl Poller {
         tracing::debug!("polling stopped");
     }
 
-    /// One step: whatever is due now. Returns what it did.
+    /// One step: whatever is due now. Returns what it did. Every event of the step (its scan,
+    /// its demand poll, its stale checks) carries the step's number from its span.
     pub async fn poll_once(&mut self) -> Result<PassReport, PollerError> {
+        self.passes += 1;
+        let span = tracing::info_span!("poll_pass", pass = self.passes);
+        self.pass().instrument(span).await
+    }
+
+    async fn pass(&mut self) -> Result<PassReport, PollerError> {
         let now = self.clock.now();
         let open = self.hold_until.is_none_or(|hold| now >= hold);
         let mut report = PassReport {

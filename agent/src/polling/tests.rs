@@ -422,3 +422,49 @@ async fn an_unreadable_target_is_named_and_retried_at_the_active_interval() {
     poller.poll_once().await.unwrap();
     assert!(poller.status().borrow().unreadable_targets.is_empty());
 }
+
+/// Every event of a poll step carries the step's number from its span, so an operator can tell
+/// which lines belong to one pass (the target warning names only its target).
+#[tokio::test]
+async fn every_event_of_a_poll_step_carries_the_steps_number() {
+    #[derive(Clone, Default)]
+    struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let h = Harness::new().await;
+    h.queue("acme/gadgets");
+    h.fake.inject_fault(
+        None,
+        "/repos/acme/gadgets/actions/runs",
+        FaultAction::Status(422),
+        2,
+    );
+    let mut poller = h.poller(&["acme/gadgets"], false);
+    poller.poll_once().await.unwrap();
+    h.advance(Duration::from_secs(60));
+    poller.poll_once().await.unwrap();
+    let log = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    for pass in [1, 2] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(&format!("poll_pass{{pass={pass}}}"))
+                    && l.contains("target unreadable")),
+            "pass {pass}: {log}"
+        );
+    }
+}
