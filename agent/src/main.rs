@@ -17,7 +17,7 @@ const DEFAULT_LIMIT: usize = 100;
 #[derive(Parser)]
 #[command(
     name = "rm-agent",
-    version,
+    version = rm_agent::features::VERSION,
     about = "rm's host agent: ephemeral, just-in-time GitHub Actions runners driven by webhooks",
     after_help = "Examples:\n  rm-agent demo\n  rm-agent --config /etc/rm-agent/rm-agent.toml receive\n  rm-agent --data-dir /var/lib/rm-agent jobs --json\n  rm-agent deliveries replay 72d3162e-cc78-11e3-81ab-4c9367dc0958"
 )]
@@ -71,6 +71,19 @@ enum Command {
         after_help = "Examples:\n  rm-agent --config /etc/rm-agent/rm-agent.toml status\n  rm-agent status --json | jq '.github.rate_limit.remaining'"
     )]
     Status {
+        /// One JSON document on stdout instead of a report.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Say why a job is where it is: the decision chain the agent applies (its policy, the
+    /// ceilings and who holds them, launch back-off, rate limit, GitHub, the host's fitness, the
+    /// runner it waits for). Works with the agent stopped; exits 1 when the journal has no such job.
+    #[command(
+        after_help = "Examples:\n  rm-agent explain 123456789\n  rm-agent explain 123456789 --json | jq -r .verdict"
+    )]
+    Explain {
+        /// The job's id (`workflow_job.id`: the number its URL ends in).
+        job_id: i64,
         /// One JSON document on stdout instead of a report.
         #[arg(long)]
         json: bool,
@@ -136,15 +149,11 @@ enum DeliveriesAction {
     },
 }
 
-/// The name the runner package's listener has: `rm-agent demo` copies this binary there.
-const RUNNER_LISTENER: &str = "Runner.Listener";
-
 fn main() -> ExitCode {
-    // Started as `<package>/bin/Runner.Listener` (by `rm-agent demo`), this binary is the fake
-    // runner, not the agent.
-    let argv0 = std::env::args_os().next().unwrap_or_default();
-    if std::path::Path::new(&argv0).file_name() == Some(RUNNER_LISTENER.as_ref()) {
-        return rm_fake_runner::listener_main();
+    // Started as `<package>/bin/Runner.Listener` by `rm-agent demo` (a build with the `demo`
+    // feature only), this binary is the fake runner, not the agent.
+    if let Some(code) = commands::demo::fake_runner_mode() {
+        return code;
     }
     // Before anything else: no runner (of any uid) may read this process's memory or
     // environment, and what it creates is private to it.
@@ -204,6 +213,10 @@ fn run(cli: Cli) -> Result<(), Exit> {
         Command::Status { json } => {
             init_logging(LogFormat::Text, "warn");
             commands::status::run(&config, json)
+        }
+        Command::Explain { job_id, json } => {
+            init_logging(LogFormat::Text, "warn");
+            commands::explain::run(&config, job_id, json)
         }
         Command::Jobs { json, limit } => {
             init_logging(LogFormat::Text, "warn");

@@ -50,6 +50,10 @@ pub struct Snapshot {
     /// the first check.
     #[serde(default)]
     pub fitness: Option<Fitness>,
+    /// What allocation remembers (fences, launch back-offs, launches in flight), for
+    /// `explain` and `status`'s waiting jobs (CONTRACT §8); `None` from an agent that has none.
+    #[serde(default)]
+    pub allocation: Option<crate::explain::published::AllocationMemory>,
 }
 
 /// The fitness gate's latest judgement: while `problems` is not empty the host registers no new
@@ -235,6 +239,7 @@ impl Snapshot {
             host: Host { max_runners },
             relay: None,
             fitness: None,
+            allocation: None,
         }
     }
 
@@ -286,13 +291,16 @@ pub fn read(data_dir: &Path) -> Result<Option<Snapshot>, String> {
 
 /// Publishes the agent's status until the poller stops: at once, whenever `status` changes,
 /// and at least every [`PUBLISH_EVERY`]. A failed write is logged and retried at the next one.
-/// `relay` is the relay subscription's state, when there is one.
+/// `relay` is the relay subscription's state, when there is one; `allocation` reads the
+/// executor's memory at each publication; `fitness` is the fitness gate.
 pub fn spawn_publisher(
     data_dir: PathBuf,
     mut status: watch::Receiver<PollerStatus>,
     mut relay: Option<watch::Receiver<crate::relay::RelayState>>,
     client: GithubClient,
     max_runners: u32,
+    allocation: Option<crate::explain::published::MemorySource>,
+    fitness: Option<crate::fitness::Gate>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let pid = std::process::id();
@@ -311,6 +319,9 @@ pub fn spawn_publisher(
             // Read at every publication, not only at poll passes: a limit GitHub answered to a
             // burst of registrations shows within [`PUBLISH_EVERY`].
             snapshot.github.held = held(&client.budget(), SystemTime::now());
+            snapshot.allocation = allocation.as_ref().map(|read| read());
+            // The fitness gate's latest judgement (crate::fitness).
+            snapshot.fitness = fitness.as_ref().and_then(crate::fitness::Gate::current);
             let dir = data_dir.clone();
             match tokio::task::spawn_blocking(move || write(&dir, &snapshot)).await {
                 Ok(Ok(())) => warned = false,

@@ -3,6 +3,7 @@
 pub mod check;
 pub mod deliveries;
 pub mod demo;
+pub mod explain;
 pub mod jobs;
 pub mod receive;
 pub mod run;

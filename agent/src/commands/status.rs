@@ -58,6 +58,10 @@ pub struct Facts {
     /// Attempts concluded longer than [`CLEANUP_OVERDUE`] ago and still not cleaned: their
     /// cleanup keeps failing, and their uids stay held.
     pub cleanup_overdue: usize,
+    /// Every queued job's verdict, oldest first (CONTRACT §8, [`crate::explain`]).
+    pub waiting: Vec<crate::explain::Explanation>,
+    /// Wait times over the last hour, from the journal (CONTRACT §8, [`crate::latency`]).
+    pub latency: crate::latency::Latency,
 }
 
 /// How long an attempt may stay concluded before `status` says its cleanup is failing (a clean
@@ -183,6 +187,11 @@ fn gather(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::
         .filter(|a| a.state.is_terminal() && a.state_changed_at_ms < overdue_before)
         .count();
     let uids_held = uncleaned.iter().filter(|a| a.uid.is_some()).count();
+    let waiting = super::explain::waiting(config, reader, now)?;
+    let latency = match reader {
+        Some(reader) => crate::latency::read(reader, now_ms)?,
+        None => crate::latency::Latency::default(),
+    };
     Ok(Facts {
         now_ms,
         data_dir: config.data_dir.display().to_string(),
@@ -201,6 +210,8 @@ fn gather(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::
         uids_held,
         uid_pool: config.host.runner_uids.len(),
         cleanup_overdue,
+        waiting,
+        latency,
     })
 }
 
@@ -287,6 +298,14 @@ pub fn to_json(facts: &Facts) -> Value {
             "uid_pool": facts.uid_pool,
             "cleanup_overdue": facts.cleanup_overdue,
         },
+        "waiting": facts.waiting.iter().map(|e| json!({
+            "job_id": e.job_id,
+            "verdict": e.verdict.as_str(),
+            "summary": e.summary,
+        })).collect::<Vec<_>>(),
+        // The fitness gate's judgement (crate::fitness); `fit` null without a live agent.
+        "host": crate::fitness::report::status_json(live.and_then(|s| s.fitness.as_ref())),
+        "latency": crate::latency::to_json(&facts.latency),
         "degraded": degraded(facts),
     })
 }
@@ -298,6 +317,9 @@ fn ago(d: Duration) -> String {
 /// What needs a person, one sentence each with what to do; empty when all is well.
 pub fn degraded(facts: &Facts) -> Vec<String> {
     let mut found = Vec::new();
+    found.extend(crate::fitness::report::degraded(
+        facts.live().and_then(|s| s.fitness.as_ref()),
+    ));
     if facts.isolation == crate::config::Isolation::None {
         found.push(format!(
             "Runners are not isolated (host.isolation = \"none\"): {}.",
@@ -628,6 +650,13 @@ pub fn render(facts: &Facts) -> String {
         let _ = write!(jobs, "; {} queued match no policy here", facts.unmatched);
     }
     line("jobs", jobs);
+    if let Some(waiting) = crate::explain::waiting_summary(&facts.waiting) {
+        line(
+            "waiting",
+            format!("{waiting} (`rm-agent explain JOB_ID` says why)"),
+        );
+    }
+    line("latency", crate::latency::render(&facts.latency));
 
     let by_state: Vec<String> = AttemptState::ALL
         .iter()
@@ -666,6 +695,11 @@ pub fn render(facts: &Facts) -> String {
             }
         },
     );
+
+    // An agent publishes its fitness gate's judgement once it has checked (crate::fitness).
+    if let Some(fitness) = live.and_then(|s| s.fitness.as_ref()) {
+        line("host", crate::fitness::report::status_line(Some(fitness)));
+    }
 
     let problems = degraded(facts);
     if problems.is_empty() {
@@ -723,6 +757,7 @@ mod tests {
             host: Host { max_runners: 6 },
             relay: None,
             fitness: None,
+            allocation: None,
         }
     }
 
@@ -752,6 +787,8 @@ mod tests {
             uids_held: 0,
             uid_pool: 64,
             cleanup_overdue: 0,
+            waiting: Vec::new(),
+            latency: crate::latency::Latency::default(),
         }
     }
 
@@ -978,6 +1015,35 @@ mod tests {
         assert!(degraded(&f).is_empty());
         assert_eq!(to_json(&f)["webhooks"]["healthy"], false);
         assert!(render(&f).contains("webhooks  no receiver or relay configured"));
+    }
+
+    #[test]
+    fn an_unfit_host_is_said_in_json_text_and_needs_attention() {
+        let mut f = facts();
+        assert_eq!(to_json(&f)["host"]["fit"], Value::Null);
+        f.snapshot.as_mut().unwrap().fitness = Some(crate::status_file::Fitness {
+            checked_at_ms: NOW,
+            problems: vec![crate::status_file::FitnessProblem {
+                code: "disk_space".to_owned(),
+                message: "the runner root /r has 1.0 MiB free".to_owned(),
+            }],
+        });
+        let json = to_json(&f);
+        assert_eq!(json["host"]["fit"], false);
+        assert_eq!(json["host"]["problems"][0]["code"], "disk_space");
+        let text = render(&f);
+        assert!(
+            text.contains("host      UNFIT (disk_space): no new runner is registered"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  - Host unfit (disk_space): the runner root /r has 1.0 MiB free."),
+            "{text}"
+        );
+        // A stopped agent's last judgement is not the host's now.
+        f.agent = Liveness::Stopped { last_seen: None };
+        assert_eq!(to_json(&f)["host"]["fit"], Value::Null);
+        assert!(!render(&f).contains("UNFIT"));
     }
 
     #[test]

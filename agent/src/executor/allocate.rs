@@ -17,8 +17,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use rm_journal::{
-    AttemptId, AttemptRecord, AttemptState, IsolationKind, NewAttempt, Scope,
-    WorkspaceKind, now_ms,
+    AttemptId, AttemptRecord, AttemptState, IsolationKind, NewAttempt, Scope, WorkspaceKind, now_ms,
 };
 
 use super::{Executor, fault};
@@ -26,6 +25,7 @@ use crate::allocation::{self, AllocationInput};
 use crate::config::Policy;
 use crate::config::Workspace;
 use crate::demand::{self, QueuedJob};
+use crate::explain::published::{AllocationMemory, Backoff, PolicyMemory};
 use crate::lifecycle::{Conclusion, FailureReason};
 use crate::notify::OperatorEvent;
 use crate::runner::slot;
@@ -47,7 +47,7 @@ pub const NOTIFY_WAITING_AFTER: Duration = Duration::from_secs(15 * 60);
 #[derive(Debug, Default)]
 pub(super) struct Memory {
     fences: HashMap<String, i64>,
-    backoff: HashMap<String, (i64, u32)>,
+    backoff: HashMap<String, Backoff>,
     reported: HashSet<i64>,
     /// Per policy: since when its demand has been held back by the host's ceiling.
     waiting_since: HashMap<String, i64>,
@@ -104,6 +104,18 @@ pub fn launch_backoff(failures: u32, terminal: bool) -> Duration {
         .min(LAUNCH_BACKOFF_MAX)
 }
 
+/// Whether a policy backing off until `until_ms` may launch at `now_ms` (shared with
+/// `rm-agent explain`, which decides from the published back-off).
+pub fn backing_off(now_ms: i64, until_ms: i64) -> bool {
+    now_ms < until_ms
+}
+
+/// Whether a job first seen at `first_seen_ms` is still demand for a policy fenced at
+/// `fence_ms` ([`fences_demand`]): only jobs seen after its runner gave up are.
+pub fn counts_after_fence(first_seen_ms: i64, fence_ms: i64) -> bool {
+    first_seen_ms > fence_ms
+}
+
 /// Tracks, per policy in `waiting_since`, since when its demand has been held back by the
 /// host's ceiling (not by its own `max_runners`: that is the operator's choice); whether it has
 /// now waited [`NOTIFY_WAITING_AFTER`]. Demand that stops waiting starts the clock over.
@@ -143,6 +155,11 @@ pub fn demand_after_unknown_busy(demand: u32, busy_unknown: usize) -> u32 {
 impl Executor {
     /// Allocates runners for every policy's queued jobs.
     pub(super) async fn allocate(self: &Arc<Self>) -> anyhow::Result<()> {
+        // An unfit host registers nothing (crate::fitness): a runner would fail its job. The
+        // gate wakes the loop when the host is fit again.
+        if !self.settings.fitness.is_fit() {
+            return Ok(());
+        }
         let jobs = self.lock_reader().queued_jobs()?;
         let first_seen: HashMap<i64, i64> = jobs
             .iter()
@@ -161,15 +178,19 @@ impl Executor {
                     memory
                         .backoff
                         .get(&policy.name)
-                        .map_or(i64::MIN, |(until, _)| *until),
+                        .map_or(i64::MIN, |b| b.until_ms),
                 )
             };
-            if now < backoff_until {
+            if backing_off(now, backoff_until) {
                 continue;
             }
             let wanted = demand.per_policy.get(&policy.name).map_or(0, |ids| {
                 ids.iter()
-                    .filter(|id| first_seen.get(id).is_some_and(|seen| *seen > fence))
+                    .filter(|id| {
+                        first_seen
+                            .get(id)
+                            .is_some_and(|seen| counts_after_fence(*seen, fence))
+                    })
                     .count()
             });
             let done_meanwhile = {
@@ -418,19 +439,27 @@ impl Executor {
         }
     }
 
-    /// Called when a launch ends: a failure backs the policy off, a runner resets it.
-    pub(super) fn remember_launch(&self, policy: &str, failed: Option<bool>) {
+    /// Called when a launch ends: a failure (terminal or not, and the sentence it is
+    /// journalled with) backs the policy off, a runner resets it.
+    pub(super) fn remember_launch(&self, policy: &str, failed: Option<(bool, String)>) {
         let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
         match failed {
             None => {
                 memory.backoff.remove(policy);
             }
-            Some(terminal) => {
-                let failures = memory.backoff.get(policy).map_or(0, |(_, n)| *n) + 1;
+            Some((terminal, why)) => {
+                let failures = memory.backoff.get(policy).map_or(0, |b| b.failures) + 1;
                 let wait = launch_backoff(failures, terminal);
                 let until =
                     now_ms().saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
-                memory.backoff.insert(policy.to_owned(), (until, failures));
+                memory.backoff.insert(
+                    policy.to_owned(),
+                    Backoff {
+                        until_ms: until,
+                        failures,
+                        last_failure: Some(why),
+                    },
+                );
                 if failures >= NOTIFY_AFTER_FAILURES {
                     self.notifier.notify(OperatorEvent::RunnersFailingToStart {
                         policy: policy.to_owned(),
@@ -444,6 +473,30 @@ impl Executor {
                     "launch failed; this policy waits before the next one"
                 );
             }
+        }
+    }
+
+    /// What allocation remembers (fences, back-offs, launches in flight), for the status
+    /// snapshot: `explain` and `status` decide with the same facts.
+    pub fn published_memory(&self) -> AllocationMemory {
+        let mut launching: Vec<String> = self
+            .lock_launching()
+            .iter()
+            .map(|id| id.as_str().to_owned())
+            .collect();
+        launching.sort();
+        let memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut policies: std::collections::BTreeMap<String, PolicyMemory> = Default::default();
+        for (policy, fence) in &memory.fences {
+            policies.entry(policy.clone()).or_default().fence_ms = Some(*fence);
+        }
+        for (policy, backoff) in &memory.backoff {
+            policies.entry(policy.clone()).or_default().backoff = Some(backoff.clone());
+        }
+        AllocationMemory {
+            policies,
+            launching,
+            draining: self.draining.load(std::sync::atomic::Ordering::SeqCst),
         }
     }
 

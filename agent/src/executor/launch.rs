@@ -74,7 +74,13 @@ impl Executor {
             }
             Err(failure) => {
                 tracing::warn!(attempt = %id, runner = %record.runner_name, reason = failure.reason.as_str(), detail = %failure.detail, "launch failed");
-                self.remember_launch(&record.policy, Some(failure.terminal));
+                self.remember_launch(
+                    &record.policy,
+                    Some((
+                        failure.terminal,
+                        format!("{}: {}", failure.reason.as_str(), failure.detail),
+                    )),
+                );
                 let conclusion = Conclusion::Failed(failure.reason);
                 if let Err(e) = self.lock_attempts().conclude(
                     &id,

@@ -13,7 +13,7 @@
 //! the runner id before the process, the stop intent before the signal), so an agent killed at
 //! any instant restarts into a state recovery can decide.
 
-mod allocate;
+pub mod allocate;
 pub mod evidence;
 pub mod fault;
 mod launch;
@@ -79,6 +79,8 @@ pub struct Settings {
     pub timeouts: Timeouts,
     /// Policies with an ephemeral workspace.
     pub policies: Vec<Policy>,
+    /// The fitness gate: while it says unfit, allocation registers no runner.
+    pub fitness: crate::fitness::Gate,
 }
 
 /// The execution backends this agent can drive (CONTRACT §7). Each attempt names its own in the
@@ -337,7 +339,12 @@ impl Executor {
             .policy(&record.policy)
             .map(|p| p.limits)
             .unwrap_or_default();
-        Plan::of(record, limits)
+        let mut plan = Plan::of(record, limits);
+        // The operator's variables of the policy's env_file (crate::runner::env_file).
+        if let Some(policy) = self.policy(&record.policy) {
+            plan.env = policy.env.clone();
+        }
+        plan
     }
 }
 

@@ -1,0 +1,907 @@
+//! Why a job is where it is (CONTRACT §8: `rm-agent explain`, and `status`'s waiting jobs): one
+//! pure decision from a journalled job and the facts around it to a verdict, its reasons and
+//! the runner it concerns. It owns no rule of its own: it walks the chain the agent applies,
+//! calling each rule's owner ([`demand::route`] and [`demand::matches`] for policies,
+//! [`allocate::backing_off`] and [`allocate::counts_after_fence`] for the executor's memory,
+//! [`allocation::allocate`] for the policy's and the host's ceilings), so the answer cannot
+//! drift from what the agent does.
+//!
+//! The chain for a queued job, in order: the job's labels are routed to one policy (else
+//! `no_matching_policy`); a runner of that policy gave up on jobs this old (`waiting_for_github`,
+//! fenced); a live runner of the policy stands for it (idle: `waiting_for_github`; starting:
+//! `launching`; not registered yet: `github_unreachable`, `rate_limited` or `launching`);
+//! otherwise no runner stands for it yet and the first condition that holds of GitHub
+//! unreachable, the policy's launch back-off, the host unfit, the policy's or the host's
+//! ceiling (or the runner uid pool), a held rate limit, is the verdict, else the next
+//! allocation pass starts a runner (`launching`). GitHub-wide conditions come before the
+//! policy's back-off because they cause it: every launch fails while they hold. Every other
+//! condition that also holds follows as a further reason.
+//!
+//! Demand is advisory (a runner takes any job its labels match), so which runner "stands for"
+//! which job is a convention: a policy's queued jobs, oldest sighting first, are paired with its
+//! live runners that are not busy, the most advanced first (idle, then starting, registered,
+//! allocated). The executor starts runners by count, and this pairing is the same count.
+//!
+//! Facts only the running agent has (back-off, fences, launches in flight, rate limit,
+//! reachability, fitness) come from its last status snapshot; from a stopped agent they are as
+//! of then, and the explanation says so.
+
+pub mod published;
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use rm_journal::{AttemptRecord, AttemptState, JobRow};
+use serde::Serialize;
+
+use crate::allocation::{self, AllocationInput, Limit};
+use crate::config::{Policy, Target};
+use crate::demand::{self, QueuedJob};
+use crate::executor::allocate;
+use crate::status_file::{Liveness, Snapshot};
+
+/// How many runners an `at_capacity` reason names before it says "and N more".
+const HOLDERS_NAMED: usize = 8;
+
+/// The verdicts of CONTRACT §8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    NoMatchingPolicy,
+    AtCapacity,
+    Launching,
+    LaunchBackoff,
+    RateLimited,
+    GithubUnreachable,
+    HostUnfit,
+    NotSeen,
+    WaitingForGithub,
+    Running,
+    Done,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::NoMatchingPolicy => "no_matching_policy",
+            Verdict::AtCapacity => "at_capacity",
+            Verdict::Launching => "launching",
+            Verdict::LaunchBackoff => "launch_backoff",
+            Verdict::RateLimited => "rate_limited",
+            Verdict::GithubUnreachable => "github_unreachable",
+            Verdict::HostUnfit => "host_unfit",
+            Verdict::NotSeen => "not_seen",
+            Verdict::WaitingForGithub => "waiting_for_github",
+            Verdict::Running => "running",
+            Verdict::Done => "done",
+        }
+    }
+}
+
+/// One reason: a stable code for scripts and a sentence for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Reason {
+    pub code: &'static str,
+    pub message: String,
+}
+
+fn reason(code: &'static str, message: impl Into<String>) -> Reason {
+    Reason {
+        code,
+        message: message.into(),
+    }
+}
+
+/// The answer. `reasons[0]` is the verdict's own reason; the others are further conditions that
+/// hold too (and what the answer cannot know).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Explanation {
+    pub job_id: i64,
+    /// The journal's state of the job; `None` when the journal has no such job.
+    pub state: Option<String>,
+    pub verdict: Verdict,
+    pub reasons: Vec<Reason>,
+    /// The runner the verdict concerns (the one running it, the idle one GitHub has not given
+    /// it, the one starting for it), when there is one.
+    pub runner_name: Option<String>,
+    /// The policy that serves the job, when one does.
+    pub policy: Option<String>,
+    /// A short phrase without ids, for grouping waiting jobs in `status`.
+    pub summary: String,
+}
+
+/// Everything the decision looks at, read before it runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    pub now_ms: i64,
+    pub policies: &'a [Policy],
+    /// `host.max_runners` of the running agent (its snapshot), else of the configuration.
+    pub host_max: u32,
+    /// Every queued job of the journal, oldest sighting first (`Reader::queued_jobs`).
+    pub queued: &'a [JobRow],
+    /// Every attempt not yet cleaned.
+    pub attempts: &'a [AttemptRecord],
+    pub agent: Liveness,
+    /// The agent's last snapshot, current or not.
+    pub snapshot: Option<&'a Snapshot>,
+    /// The runner uid pool's size under `isolation = "user"`; `None` under `none`.
+    pub uid_pool: Option<usize>,
+}
+
+/// A blocking condition with the verdict it gives when it is the first that holds.
+struct Condition {
+    verdict: Verdict,
+    reason: Reason,
+    summary: String,
+}
+
+fn condition(verdict: Verdict, reason: Reason, summary: impl Into<String>) -> Condition {
+    Condition {
+        verdict,
+        reason,
+        summary: summary.into(),
+    }
+}
+
+/// Explains `job_id`, which the journal holds as `job` (or not at all).
+pub fn explain(job_id: i64, job: Option<&JobRow>, facts: &Facts<'_>) -> Explanation {
+    let Some(job) = job else {
+        let mut reasons = vec![not_seen(job_id, facts)];
+        reasons.extend(agent_context(facts));
+        return Explanation {
+            job_id,
+            state: None,
+            verdict: Verdict::NotSeen,
+            reasons,
+            runner_name: None,
+            policy: None,
+            summary: "not seen yet".to_owned(),
+        };
+    };
+    let answer = |verdict, reasons: Vec<Reason>, summary: &str| Explanation {
+        job_id,
+        state: Some(job.state.clone()),
+        verdict,
+        reasons,
+        runner_name: job.runner_name.clone(),
+        policy: None,
+        summary: summary.to_owned(),
+    };
+    match job.state.as_str() {
+        "completed" => answer(
+            Verdict::Done,
+            vec![reason(
+                "completed",
+                format!(
+                    "The job completed ({}){}.",
+                    job.conclusion.as_deref().unwrap_or("no conclusion given"),
+                    on_runner(job)
+                ),
+            )],
+            "done",
+        ),
+        "in_progress" => answer(
+            Verdict::Running,
+            vec![reason(
+                "in_progress",
+                format!("GitHub says the job is running{}.", on_runner(job)),
+            )],
+            "running",
+        ),
+        "waiting" => answer(
+            Verdict::WaitingForGithub,
+            vec![reason(
+                "environment_approval",
+                "GitHub holds the job for an environment's protection rules (a review or a \
+                 wait timer): it is queued for a runner once they are met. Approve it in the \
+                 workflow run's page.",
+            )],
+            "held for an environment's approval",
+        ),
+        _ => queued(job, facts),
+    }
+}
+
+fn on_runner(job: &JobRow) -> String {
+    job.runner_name
+        .as_deref()
+        .map_or_else(String::new, |r| format!(" on runner {r}"))
+}
+
+/// The chain for a queued job.
+fn queued(job: &JobRow, facts: &Facts<'_>) -> Explanation {
+    let jobs: Vec<QueuedJob> = facts.queued.iter().map(as_queued).collect();
+    let mut jobs = jobs;
+    if !jobs.iter().any(|j| j.job_id == job.job_id) {
+        jobs.push(as_queued(job));
+    }
+    let routed = demand::route(facts.policies, &jobs);
+    let policy = routed
+        .per_policy
+        .iter()
+        .find(|(_, ids)| ids.contains(&job.job_id))
+        .and_then(|(name, ids)| Some((facts.policies.iter().find(|p| &p.name == name)?, ids)));
+    let (chain, runner, policy_name) = match policy {
+        Some((policy, ids)) => {
+            let (chain, runner) = served(job, policy, ids, facts);
+            (chain, runner, Some(policy.name.clone()))
+        }
+        None => (vec![unrouted(job, &routed, facts.policies)], None, None),
+    };
+    let mut chain = chain.into_iter();
+    let first = chain.next().unwrap_or_else(|| {
+        condition(
+            Verdict::Launching,
+            reason("allocating", "A runner is about to be allocated."),
+            "a runner is being allocated",
+        )
+    });
+    let mut reasons = vec![first.reason];
+    reasons.extend(chain.map(|c| c.reason));
+    reasons.extend(agent_context(facts));
+    Explanation {
+        job_id: job.job_id,
+        state: Some(job.state.clone()),
+        verdict: first.verdict,
+        reasons,
+        runner_name: runner,
+        policy: policy_name,
+        summary: first.summary,
+    }
+}
+
+fn as_queued(job: &JobRow) -> QueuedJob {
+    QueuedJob::from(job)
+}
+
+fn label_list(labels: &[String]) -> String {
+    let mut sorted: Vec<String> = labels.iter().map(|l| l.to_ascii_lowercase()).collect();
+    sorted.sort();
+    format!("[{}]", sorted.join(", "))
+}
+
+/// Why no single policy serves the job: an unevaluated label, two policies, or none, with the
+/// closest policy and what differs.
+fn unrouted(job: &JobRow, routed: &demand::Demand, policies: &[Policy]) -> Condition {
+    let labels = label_list(&job.labels);
+    if routed.unresolvable.contains(&job.job_id) {
+        return condition(
+            Verdict::NoMatchingPolicy,
+            reason(
+                "unresolvable_label",
+                format!(
+                    "The job's labels {labels} hold an unevaluated expression (`${{{{ ... }}}}`): \
+                     GitHub sent `runs-on` verbatim, and no policy can match it. Check the \
+                     workflow's `runs-on`."
+                ),
+            ),
+            format!("unevaluated label in {labels}"),
+        );
+    }
+    if let Some((_, both)) = routed.overlapping.iter().find(|(id, _)| *id == job.job_id) {
+        return condition(
+            Verdict::NoMatchingPolicy,
+            reason(
+                "overlapping_policies",
+                format!(
+                    "The policies {} all match {labels}: none starts a runner for it (whichever \
+                     came up first would take it and the others would idle). Make their labels \
+                     distinct.",
+                    both.join(" and ")
+                ),
+            ),
+            format!("{labels} matches {} policies", both.len()),
+        );
+    }
+    let job_q = as_queued(job);
+    let closest = policies
+        .iter()
+        .map(|p| {
+            let missing: Vec<String> = job
+                .labels
+                .iter()
+                .filter(|l| !p.labels.iter().any(|c| c.eq_ignore_ascii_case(l)))
+                .map(|l| l.to_ascii_lowercase())
+                .collect();
+            let in_target = demand::matches(
+                p,
+                &QueuedJob {
+                    labels: Vec::new(),
+                    ..job_q.clone()
+                },
+            );
+            (p, missing, in_target)
+        })
+        .min_by_key(|(_, missing, in_target)| (!in_target, missing.len()));
+    let message = match closest {
+        None => format!(
+            "No policy is configured: nothing serves {labels}. Add a [[policy]] whose labels \
+             carry every label of the job."
+        ),
+        Some((p, missing, in_target)) => {
+            let mut differs = Vec::new();
+            if !missing.is_empty() {
+                differs.push(format!("lacks {}", label_list(&missing)));
+            }
+            if !in_target {
+                differs.push(format!(
+                    "serves {}, not {}",
+                    target_name(&p.target),
+                    job.repository
+                ));
+            }
+            format!(
+                "No policy of this host matches {labels} in {}. The closest, `{}` (labels {}), \
+                 {}. Add the labels to a policy, or route the job elsewhere.",
+                job.repository,
+                p.name,
+                label_list(&p.labels),
+                differs.join(" and ")
+            )
+        }
+    };
+    condition(
+        Verdict::NoMatchingPolicy,
+        reason("no_policy_matches", message),
+        format!("no policy matches {labels}"),
+    )
+}
+
+fn target_name(target: &Target) -> String {
+    target.to_string()
+}
+
+/// How far along a live, not busy runner is: the most advanced stands for the oldest job.
+fn rank(state: AttemptState) -> u8 {
+    match state {
+        AttemptState::Idle => 0,
+        AttemptState::Starting => 1,
+        AttemptState::JitReceived => 2,
+        _ => 3,
+    }
+}
+
+/// The chain for a job `policy` serves: what stands between it and a runner, in order.
+fn served(
+    job: &JobRow,
+    policy: &Policy,
+    routed_ids: &[i64],
+    facts: &Facts<'_>,
+) -> (Vec<Condition>, Option<String>) {
+    let memory = facts
+        .snapshot
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.policies.get(&policy.name));
+    let fence = memory.and_then(|m| m.fence_ms).unwrap_or(i64::MIN);
+    let first_seen = |id: i64| {
+        facts
+            .queued
+            .iter()
+            .find(|j| j.job_id == id)
+            .map_or(job.first_seen_at_ms, |j| j.first_seen_at_ms)
+    };
+    if !allocate::counts_after_fence(job.first_seen_at_ms, fence) {
+        return (
+            vec![condition(
+                Verdict::WaitingForGithub,
+                reason(
+                    "fenced",
+                    format!(
+                        "A runner of `{}` gave up while this job was queued ({}; an idle exit \
+                         or a registration timeout): the agent starts no other runner for jobs \
+                         queued before then. GitHub is likely not offering this job \
+                         (the next poll corrects a stale state); re-run it if it stays queued. \
+                         A restart of the agent forgets this.",
+                        policy.name,
+                        ago_phrase(facts.now_ms, fence)
+                    ),
+                ),
+                format!("a runner of {} gave up on it", policy.name),
+            )],
+            None,
+        );
+    }
+    let demand: Vec<i64> = routed_ids
+        .iter()
+        .copied()
+        .filter(|id| allocate::counts_after_fence(first_seen(*id), fence))
+        .collect();
+    let position = demand.iter().position(|id| *id == job.job_id).unwrap_or(0);
+    let live: Vec<&AttemptRecord> = facts
+        .attempts
+        .iter()
+        .filter(|a| a.state.counts_against_capacity())
+        .collect();
+    let of_policy: Vec<&AttemptRecord> = live
+        .iter()
+        .copied()
+        .filter(|a| a.policy == policy.name)
+        .collect();
+    let busy_unknown: Vec<&AttemptRecord> = of_policy
+        .iter()
+        .copied()
+        .filter(|a| a.state == AttemptState::Busy && a.job_id.is_none())
+        .collect();
+    let mut unassigned: Vec<&AttemptRecord> = of_policy
+        .iter()
+        .copied()
+        .filter(|a| a.state != AttemptState::Busy)
+        .collect();
+    unassigned.sort_by_key(|a| (rank(a.state), a.created_at_ms));
+    let github = github_conditions(facts);
+    if let Some(runner) = busy_unknown.get(position) {
+        return (
+            vec![condition(
+                Verdict::WaitingForGithub,
+                reason(
+                    "unnamed_busy_runner",
+                    format!(
+                        "Runner {} of `{}` took a job GitHub has not named yet (no in_progress \
+                         delivery or poll so far); it may be this one, and the agent counts it \
+                         as such.",
+                        runner.runner_name, policy.name
+                    ),
+                ),
+                format!("a runner of {} took a job not yet named", policy.name),
+            )],
+            Some(runner.runner_name.clone()),
+        );
+    }
+    let position = position - busy_unknown.len();
+    if let Some(runner) = unassigned.get(position) {
+        return (
+            covered(runner, policy, github, facts),
+            Some(runner.runner_name.clone()),
+        );
+    }
+    let slot = position - unassigned.len();
+    let decided = allocation::allocate(AllocationInput {
+        demand: allocate::demand_after_unknown_busy(count(demand.len()), busy_unknown.len()),
+        min_runners: policy.min_runners,
+        max_runners: policy.max_runners,
+        unassigned_in_flight: count(unassigned.len()),
+        host_live: count(live.len()),
+        host_max: facts.host_max,
+    });
+    let mut chain = Vec::new();
+    let (unreachable, held) = github;
+    chain.extend(unreachable);
+    if let Some(backoff) = memory.and_then(|m| m.backoff.as_ref())
+        && allocate::backing_off(facts.now_ms, backoff.until_ms)
+    {
+        chain.push(condition(
+            Verdict::LaunchBackoff,
+            reason(
+                "launch_backoff",
+                format!(
+                    "`{}` backs off after {} failed launch(es) in a row: no runner of it starts \
+                     for {}. Last failure: {}. `rm-agent runners` shows the failed attempts; \
+                     `rm-agent check` verifies the package, the App's permission and the runner \
+                     group.",
+                    policy.name,
+                    backoff.failures,
+                    in_phrase(facts.now_ms, backoff.until_ms),
+                    backoff.last_failure.as_deref().unwrap_or("not recorded")
+                ),
+            ),
+            format!("{} backs off after failed launches", policy.name),
+        ));
+    }
+    chain.extend(unfit(facts));
+    if u32::try_from(slot).unwrap_or(u32::MAX) >= decided.to_start {
+        chain.push(at_capacity(policy, decided.limit, &of_policy, &live, facts));
+    } else if let Some(pool) = facts.uid_pool {
+        let held_uids = facts.attempts.iter().filter(|a| a.uid.is_some()).count();
+        if held_uids >= pool {
+            chain.push(condition(
+                Verdict::AtCapacity,
+                reason(
+                    "uid_pool",
+                    format!(
+                        "Every runner uid of host.runner_uids ({pool}) is held by an attempt not \
+                         yet cleaned: no runner starts until cleanup releases one (`rm-agent \
+                         runners` lists attempts stuck before `cleaned`)."
+                    ),
+                ),
+                "no free runner uid",
+            ));
+        }
+    }
+    chain.extend(held);
+    if !chain.is_empty() {
+        return (chain, None);
+    }
+    chain.push(condition(
+        Verdict::Launching,
+        reason(
+            "allocating",
+            if facts.agent.is_running() {
+                format!(
+                    "Nothing holds it back: the agent's next allocation pass starts a runner of \
+                     `{}` for it (passes run at least every {}s).",
+                    policy.name,
+                    crate::executor::PASS_INTERVAL.as_secs()
+                )
+            } else {
+                format!(
+                    "Nothing else holds it back: a runner of `{}` is started for it once an \
+                     agent runs.",
+                    policy.name
+                )
+            },
+        ),
+        format!("a runner of {} is being allocated", policy.name),
+    ));
+    (chain, None)
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The chain when a live runner stands for the job.
+fn covered(
+    runner: &AttemptRecord,
+    policy: &Policy,
+    github: (Option<Condition>, Option<Condition>),
+    facts: &Facts<'_>,
+) -> Vec<Condition> {
+    let name = &runner.runner_name;
+    let since = ago_phrase(facts.now_ms, runner.state_changed_at_ms);
+    match runner.state {
+        AttemptState::Idle => vec![condition(
+            Verdict::WaitingForGithub,
+            reason(
+                "runner_idle",
+                format!(
+                    "Runner {name} of `{}` is registered and idle ({since}); GitHub has not given \
+                     it this job yet. GitHub assigns jobs itself; a runner that gets none exits \
+                     at its idle timeout.",
+                    policy.name
+                ),
+            ),
+            format!(
+                "a runner of {} is idle, GitHub has not assigned it",
+                policy.name
+            ),
+        )],
+        AttemptState::Starting | AttemptState::JitReceived => vec![condition(
+            Verdict::Launching,
+            reason(
+                "runner_starting",
+                format!(
+                    "Runner {name} of `{}` is {} ({since}); it takes a job once it is online.",
+                    policy.name,
+                    if runner.state == AttemptState::Starting {
+                        "started and registering with GitHub"
+                    } else {
+                        "registered; its process is being started"
+                    }
+                ),
+            ),
+            format!("a runner of {} is starting", policy.name),
+        )],
+        _ => {
+            let (unreachable, held) = github;
+            let launch = facts
+                .snapshot
+                .and_then(|s| s.allocation.as_ref())
+                .is_some_and(|a| {
+                    a.launching
+                        .iter()
+                        .any(|id| id == runner.attempt_id.as_str())
+                });
+            let mut chain: Vec<Condition> = unreachable.into_iter().chain(held).collect();
+            chain.push(condition(
+                Verdict::Launching,
+                reason(
+                    "registering",
+                    format!(
+                        "Runner {name} of `{}` was allocated for it ({since}) and {}.",
+                        policy.name,
+                        if launch || !facts.agent.is_running() {
+                            "is being registered with GitHub"
+                        } else {
+                            "its launch is about to begin"
+                        }
+                    ),
+                ),
+                format!("a runner of {} is being registered", policy.name),
+            ));
+            chain
+        }
+    }
+}
+
+/// GitHub unreachable and a held rate limit, as the snapshot says (each `None` if not).
+fn github_conditions(facts: &Facts<'_>) -> (Option<Condition>, Option<Condition>) {
+    let Some(snapshot) = facts.snapshot else {
+        return (None, None);
+    };
+    let unreachable = match &snapshot.polling.offline {
+        Some(offline) => Some(offline.description.clone()),
+        None if !snapshot.github.reachable => Some(format!(
+            "GitHub did not answer the agent's last request (its last answer was {})",
+            snapshot
+                .github
+                .last_contact_at_ms
+                .map_or_else(|| "never".to_owned(), |at| ago_phrase(facts.now_ms, at))
+        )),
+        None => None,
+    }
+    .map(|what| {
+        condition(
+            Verdict::GithubUnreachable,
+            reason(
+                "github_unreachable",
+                format!(
+                    "{what}: no runner can be registered until it answers; the agent retries \
+                     with back-off. Check this host's network, DNS and proxy settings."
+                ),
+            ),
+            "GitHub is unreachable",
+        )
+    });
+    let held = snapshot
+        .github
+        .held
+        .as_ref()
+        .filter(|h| h.until_ms > facts.now_ms)
+        .map(|h| {
+            condition(
+                Verdict::RateLimited,
+                reason(
+                    "rate_limited",
+                    format!(
+                        "GitHub's {} rate limit holds every request of the installation for {} \
+                         (until {}): no runner is registered until then, and the job is served \
+                         after it. Other tools using the same App installation add to it.",
+                        h.kind,
+                        in_phrase(facts.now_ms, h.until_ms),
+                        crate::output::rfc3339(h.until_ms)
+                    ),
+                ),
+                format!("GitHub's {} rate limit holds registrations", h.kind),
+            )
+        });
+    (unreachable, held)
+}
+
+/// The fitness gate's problems, as the snapshot says: one condition naming them all.
+fn unfit(facts: &Facts<'_>) -> Option<Condition> {
+    let fitness = facts.snapshot?.fitness.as_ref()?;
+    if fitness.problems.is_empty() {
+        return None;
+    }
+    let codes: Vec<&str> = fitness.problems.iter().map(|p| p.code.as_str()).collect();
+    let messages: Vec<&str> = fitness
+        .problems
+        .iter()
+        .map(|p| p.message.as_str())
+        .collect();
+    Some(condition(
+        Verdict::HostUnfit,
+        reason(
+            "host_unfit",
+            format!(
+                "The host is unfit (checked {}): no new runner is registered until it is fit \
+                 again. {}",
+                ago_phrase(facts.now_ms, fitness.checked_at_ms),
+                messages.join(" ")
+            ),
+        ),
+        format!("the host is unfit ({})", codes.join(", ")),
+    ))
+}
+
+/// The ceiling allocation stopped at, and who holds it.
+fn at_capacity(
+    policy: &Policy,
+    limit: Limit,
+    of_policy: &[&AttemptRecord],
+    live: &[&AttemptRecord],
+    facts: &Facts<'_>,
+) -> Condition {
+    let holders = |attempts: &[&AttemptRecord]| {
+        let mut named: Vec<String> = attempts
+            .iter()
+            .take(HOLDERS_NAMED)
+            .map(|a| {
+                let job = a.job_id.map_or_else(String::new, |j| format!(", job {j}"));
+                format!("{} ({}{job})", a.runner_name, a.state.as_str())
+            })
+            .collect();
+        if attempts.len() > HOLDERS_NAMED {
+            named.push(format!("and {} more", attempts.len() - HOLDERS_NAMED));
+        }
+        if named.is_empty() {
+            "none".to_owned()
+        } else {
+            named.join(", ")
+        }
+    };
+    if limit == Limit::HostCapacity {
+        condition(
+            Verdict::AtCapacity,
+            reason(
+                "host_capacity",
+                format!(
+                    "The host is at its ceiling, host.max_runners = {} ({} live): the job gets \
+                     a runner when one of them ends. Held by: {}.",
+                    facts.host_max,
+                    live.len(),
+                    holders(live)
+                ),
+            ),
+            format!("at the host's max_runners ({})", facts.host_max),
+        )
+    } else {
+        condition(
+            Verdict::AtCapacity,
+            reason(
+                "policy_capacity",
+                format!(
+                    "`{}` is at its ceiling, max_runners = {} ({} live): the job gets a runner \
+                     when one of them ends. Held by: {}.",
+                    policy.name,
+                    policy.max_runners,
+                    of_policy.len(),
+                    holders(of_policy)
+                ),
+            ),
+            format!("at {}'s max_runners ({})", policy.name, policy.max_runners),
+        )
+    }
+}
+
+/// Why a job the journal does not hold may not be seen yet.
+fn not_seen(job_id: i64, facts: &Facts<'_>) -> Reason {
+    let next_poll = facts
+        .snapshot
+        .filter(|_| facts.agent.is_running())
+        .and_then(|s| s.polling.next_poll_at_ms)
+        .map_or_else(String::new, |at| {
+            format!(" The next poll is {}.", in_phrase(facts.now_ms, at))
+        });
+    reason(
+        "not_seen",
+        format!(
+            "The journal has no job {job_id}: no webhook delivery named it and no poll has \
+             found it yet (or it is not in a target of this host's policies, or retention \
+             removed it).{next_poll} `rm-agent deliveries` lists what arrived."
+        ),
+    )
+}
+
+/// What the answer cannot know about the agent right now.
+fn agent_context(facts: &Facts<'_>) -> Vec<Reason> {
+    let as_of = facts.snapshot.map_or_else(
+        || {
+            "There is no status snapshot: launch back-off, fences, rate limit, GitHub's \
+             reachability and the host's fitness are not known."
+                .to_owned()
+        },
+        |s| {
+            format!(
+                "Launch back-off, fences, rate limit, GitHub's reachability and the host's \
+                 fitness are as of its last status, written {}; a restart forgets back-off and \
+                 fences.",
+                ago_phrase(facts.now_ms, s.written_at_ms)
+            )
+        },
+    );
+    let mut context = Vec::new();
+    match facts.agent {
+        Liveness::Running { .. } => {}
+        Liveness::Silent { pid, .. } => context.push(reason(
+            "agent_silent",
+            format!("rm-agent (pid {pid}) has stopped publishing its status. {as_of}"),
+        )),
+        Liveness::ReceiverOnly { pid } => context.push(reason(
+            "agent_receiver_only",
+            format!(
+                "Only an rm-agent that runs no runners holds the data directory (pid {pid}): no \
+                 job gets a runner until `rm-agent run` does. {as_of}"
+            ),
+        )),
+        Liveness::Stopped { .. } => context.push(reason(
+            "agent_stopped",
+            format!("No rm-agent is running: no runner starts until `rm-agent run` does. {as_of}"),
+        )),
+    }
+    if facts.agent.is_running()
+        && facts
+            .snapshot
+            .and_then(|s| s.allocation.as_ref())
+            .is_some_and(|a| a.draining)
+    {
+        context.push(reason(
+            "agent_draining",
+            "The agent is draining (it was told to stop): it starts no new runner.",
+        ));
+    }
+    context
+}
+
+fn ago_phrase(now_ms: i64, at_ms: i64) -> String {
+    let d = Duration::from_millis(u64::try_from(now_ms.saturating_sub(at_ms)).unwrap_or(0));
+    format!(
+        "{} ago",
+        humantime::format_duration(Duration::from_secs(d.as_secs()))
+    )
+}
+
+fn in_phrase(now_ms: i64, at_ms: i64) -> String {
+    let d = Duration::from_millis(u64::try_from(at_ms.saturating_sub(now_ms)).unwrap_or(0));
+    format!(
+        "another {}",
+        humantime::format_duration(Duration::from_secs(d.as_secs().max(1)))
+    )
+}
+
+/// CONTRACT §8's `explain --json`, with `policy`, `summary` and `agent` beside the contract's
+/// fields.
+pub fn to_json(explanation: &Explanation, facts: &Facts<'_>) -> serde_json::Value {
+    serde_json::json!({
+        "job_id": explanation.job_id,
+        "state": explanation.state,
+        "verdict": explanation.verdict.as_str(),
+        "reasons": explanation.reasons,
+        "runner_name": explanation.runner_name,
+        "policy": explanation.policy,
+        "summary": explanation.summary,
+        "agent": {
+            "running": facts.agent.is_running(),
+            "status_written_at": facts.snapshot.map(|s| crate::output::rfc3339(s.written_at_ms)),
+        },
+    })
+}
+
+/// The report for people.
+pub fn render(explanation: &Explanation) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "job {}: {} ({})\n",
+        explanation.job_id,
+        explanation.verdict.as_str(),
+        explanation.state.as_deref().unwrap_or("not in the journal")
+    );
+    if let Some(policy) = &explanation.policy {
+        let _ = writeln!(out, "policy: {policy}");
+    }
+    if let Some(runner) = &explanation.runner_name {
+        let _ = writeln!(out, "runner: {runner}");
+    }
+    for r in &explanation.reasons {
+        let _ = writeln!(out, "  - [{}] {}", r.code, r.message);
+    }
+    out
+}
+
+/// `status`'s one-line summary of the waiting jobs: identical summaries grouped, in the order
+/// they first appear ("2 jobs waiting: no policy matches [gpu, linux]").
+pub fn waiting_summary(waiting: &[Explanation]) -> Option<String> {
+    let mut groups: Vec<(&str, usize)> = Vec::new();
+    for e in waiting {
+        match groups.iter_mut().find(|(s, _)| *s == e.summary) {
+            Some((_, n)) => *n += 1,
+            None => groups.push((&e.summary, 1)),
+        }
+    }
+    if groups.is_empty() {
+        return None;
+    }
+    Some(
+        groups
+            .iter()
+            .map(|(summary, n)| {
+                format!(
+                    "{n} job{} waiting: {summary}",
+                    if *n == 1 { "" } else { "s" }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    )
+}

@@ -1,0 +1,52 @@
+//! What allocation remembers between passes, published in the status snapshot
+//! ([`crate::status_file::Snapshot::allocation`]) so that `rm-agent explain` and `status`, separate
+//! processes, decide a waiting job's verdict with the same facts the running executor has. The
+//! executor owns these facts ([`crate::executor::allocate`]); this module only names their shape.
+//! Nothing here is secret: a launch failure's detail is the sentence the journal holds for the
+//! attempt (never a JIT configuration or a token).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// Allocation's memory at one publication. Times are milliseconds since the Unix epoch.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationMemory {
+    /// Per policy name, what allocation remembers of it (policies it remembers nothing of are
+    /// left out).
+    #[serde(default)]
+    pub policies: BTreeMap<String, PolicyMemory>,
+    /// Attempt ids whose launch task is running (workspace, JIT registration, process).
+    #[serde(default)]
+    pub launching: Vec<String>,
+    /// The agent is draining: it starts no new runner.
+    #[serde(default)]
+    pub draining: bool,
+}
+
+/// One policy's fence and launch back-off.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyMemory {
+    /// A runner of the policy gave up (idle exit, registration timeout) at this time: jobs
+    /// first seen before it are not demand any more.
+    #[serde(default)]
+    pub fence_ms: Option<i64>,
+    #[serde(default)]
+    pub backoff: Option<Backoff>,
+}
+
+/// A policy's launch back-off after failed launches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backoff {
+    /// No launch of the policy before this time.
+    pub until_ms: i64,
+    /// Consecutive failed launches.
+    pub failures: u32,
+    /// The latest failure: its reason code and the journal's sentence for it.
+    #[serde(default)]
+    pub last_failure: Option<String>,
+}
+
+/// How the status publisher reads the executor's memory at each publication.
+pub type MemorySource = Arc<dyn Fn() -> AllocationMemory + Send + Sync>;

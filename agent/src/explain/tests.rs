@@ -1,0 +1,528 @@
+//! One test per verdict of [`super::explain`], with the facts that produce it, plus the chain's
+//! order where two conditions hold at once.
+
+use std::path::PathBuf;
+
+use rm_journal::{AttemptId, AttemptRecord, AttemptState, IsolationKind, JobRow, WorkspaceKind};
+
+use super::published::{AllocationMemory, Backoff, PolicyMemory};
+use super::*;
+use crate::config::{Policy, Workspace};
+use crate::status_file::{
+    Fitness, FitnessProblem, Github, Held, Host, Offline, Polling, Requests, Snapshot, Webhooks,
+};
+
+const NOW: i64 = 1_700_000_100_000;
+
+fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
+    Policy {
+        name: name.to_owned(),
+        target: "acme".parse().expect("a valid target"),
+        labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+        runner_group_id: 1,
+        max_runners,
+        min_runners: 0,
+        workspace: Workspace::Ephemeral,
+        limits: Default::default(),
+        env_file: None,
+        env: Default::default(),
+    }
+}
+
+fn job(id: i64, state: &str, labels: &[&str], first_seen: i64) -> JobRow {
+    JobRow {
+        job_id: id,
+        run_id: 1,
+        run_attempt: 1,
+        repository: "acme/widgets".to_owned(),
+        installation_id: Some(1),
+        labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+        state: state.to_owned(),
+        conclusion: None,
+        runner_name: None,
+        runner_id: None,
+        workflow_name: None,
+        job_name: None,
+        source: "webhook".to_owned(),
+        first_seen_at_ms: first_seen,
+        updated_at_ms: first_seen,
+    }
+}
+
+fn attempt(policy: &str, state: AttemptState, job_id: Option<i64>, created: i64) -> AttemptRecord {
+    let id = AttemptId::generate();
+    AttemptRecord {
+        runner_name: id.runner_name("h"),
+        attempt_id: id,
+        policy: policy.to_owned(),
+        workspace: WorkspaceKind::Ephemeral,
+        runtime_dir: PathBuf::from("/r"),
+        state,
+        state_changed_at_ms: created,
+        outcome: None,
+        reason: None,
+        detail: None,
+        runner_id: None,
+        job_id,
+        pid: None,
+        pid_start_time: None,
+        stop_intent: None,
+        stop_intent_at_ms: None,
+        created_at_ms: created,
+        updated_at_ms: created,
+        pid_boot_id: None,
+        isolation: IsolationKind::None,
+        uid: None,
+        cgroup: None,
+    }
+}
+
+fn snapshot() -> Snapshot {
+    Snapshot {
+        version: 1,
+        written_at_ms: NOW - 1_000,
+        pid: 42,
+        polling: Polling {
+            pace: "idle".to_owned(),
+            throttled: false,
+            next_poll_at_ms: Some(NOW + 10_000),
+            requests_last_hour: Requests {
+                charged: 0,
+                uncharged: 0,
+            },
+            rate_limit: None,
+            offline: None,
+            webhooks: Webhooks {
+                intake: true,
+                trusted: true,
+                reason: "deliveries_trusted".to_owned(),
+                evidence_at_ms: None,
+            },
+            last_failure: None,
+            unannounced_jobs: 0,
+            unreadable_targets: Vec::new(),
+        },
+        github: Github {
+            reachable: true,
+            last_contact_at_ms: Some(NOW - 500),
+            held: None,
+        },
+        host: Host { max_runners: 4 },
+        relay: None,
+        fitness: None,
+        allocation: Some(AllocationMemory::default()),
+    }
+}
+
+/// The world of one test: policies, journal and snapshot.
+struct World {
+    policies: Vec<Policy>,
+    queued: Vec<JobRow>,
+    attempts: Vec<AttemptRecord>,
+    snapshot: Option<Snapshot>,
+    agent: Liveness,
+    host_max: u32,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            policies: vec![policy("linux", &["self-hosted", "linux"], 2)],
+            queued: Vec::new(),
+            attempts: Vec::new(),
+            snapshot: Some(snapshot()),
+            agent: Liveness::Running { pid: 42 },
+            host_max: 4,
+        }
+    }
+
+    fn queue(&mut self, id: i64, labels: &[&str]) -> JobRow {
+        let row = job(id, "queued", labels, NOW - 60_000 + id);
+        self.queued.push(row.clone());
+        row
+    }
+
+    fn memory(&mut self) -> &mut PolicyMemory {
+        self.snapshot
+            .as_mut()
+            .unwrap()
+            .allocation
+            .as_mut()
+            .unwrap()
+            .policies
+            .entry("linux".to_owned())
+            .or_default()
+    }
+
+    fn explain(&self, job: &JobRow) -> Explanation {
+        explain(job.job_id, Some(job), &self.facts())
+    }
+
+    fn facts(&self) -> Facts<'_> {
+        Facts {
+            now_ms: NOW,
+            policies: &self.policies,
+            host_max: self.host_max,
+            queued: &self.queued,
+            attempts: &self.attempts,
+            agent: self.agent,
+            snapshot: self.snapshot.as_ref(),
+            uid_pool: None,
+        }
+    }
+}
+
+fn codes(e: &Explanation) -> Vec<&'static str> {
+    e.reasons.iter().map(|r| r.code).collect()
+}
+
+const LINUX: &[&str] = &["self-hosted", "linux"];
+
+#[test]
+fn no_matching_policy_names_the_closest_policy_and_the_labels_that_differ() {
+    let mut w = World::new();
+    w.policies
+        .push(policy("windows", &["self-hosted", "windows"], 2));
+    let j = w.queue(1, &["self-hosted", "linux", "gpu"]);
+    let e = w.explain(&j);
+    assert_eq!(e.verdict, Verdict::NoMatchingPolicy);
+    assert_eq!(codes(&e), ["no_policy_matches"]);
+    let message = &e.reasons[0].message;
+    assert!(message.contains("`linux`"), "{message}");
+    assert!(message.contains("lacks [gpu]"), "{message}");
+    assert_eq!(e.summary, "no policy matches [gpu, linux, self-hosted]");
+    assert_eq!(e.policy, None);
+
+    // Another target: named as what differs.
+    let mut other = job(2, "queued", LINUX, NOW);
+    other.repository = "other/widgets".to_owned();
+    let e = explain(2, Some(&other), &w.facts());
+    assert_eq!(e.verdict, Verdict::NoMatchingPolicy);
+    assert!(
+        e.reasons[0]
+            .message
+            .contains("serves acme, not other/widgets"),
+        "{:?}",
+        e.reasons
+    );
+}
+
+#[test]
+fn unresolvable_labels_and_overlapping_policies_match_no_single_policy() {
+    let mut w = World::new();
+    w.policies
+        .push(policy("also-linux", &["self-hosted", "linux", "x64"], 2));
+    let both = w.queue(1, LINUX);
+    let expr = w.queue(2, &["self-hosted", "${{ matrix.os }}"]);
+    let e = w.explain(&both);
+    assert_eq!(
+        (e.verdict, codes(&e)[0]),
+        (Verdict::NoMatchingPolicy, "overlapping_policies")
+    );
+    let e = w.explain(&expr);
+    assert_eq!(
+        (e.verdict, codes(&e)[0]),
+        (Verdict::NoMatchingPolicy, "unresolvable_label")
+    );
+}
+
+#[test]
+fn at_capacity_names_the_policy_ceiling_and_its_holders() {
+    // `max_runners` caps the runners starting for the queue (busy ones took their jobs): one
+    // is starting for the oldest job, so the second waits at the policy's ceiling.
+    let mut w = World::new();
+    w.policies[0].max_runners = 1;
+    let starting = attempt("linux", AttemptState::Starting, None, NOW - 5_000);
+    let busy = attempt("linux", AttemptState::Busy, Some(10), NOW - 9_000);
+    w.attempts.extend([starting.clone(), busy]);
+    let first = w.queue(1, LINUX);
+    let second = w.queue(2, LINUX);
+    assert_eq!(w.explain(&first).verdict, Verdict::Launching);
+    let e = w.explain(&second);
+    assert_eq!(e.verdict, Verdict::AtCapacity);
+    assert_eq!(codes(&e), ["policy_capacity"]);
+    assert_eq!(e.policy.as_deref(), Some("linux"));
+    assert!(
+        e.reasons[0].message.contains(&starting.runner_name),
+        "{e:?}"
+    );
+    assert!(e.reasons[0].message.contains("job 10"), "{e:?}");
+    // A busy runner alone does not hold the policy's ceiling: the agent starts another.
+    let mut w = World::new();
+    w.policies[0].max_runners = 1;
+    w.attempts
+        .push(attempt("linux", AttemptState::Busy, Some(10), NOW - 9_000));
+    let j = w.queue(1, LINUX);
+    assert_eq!(w.explain(&j).verdict, Verdict::Launching);
+}
+
+#[test]
+fn at_capacity_names_the_host_ceiling_when_other_policies_hold_it() {
+    let mut w = World::new();
+    w.policies[0].max_runners = 8;
+    w.host_max = 1;
+    let other = attempt("gpu", AttemptState::Busy, Some(10), NOW - 5_000);
+    w.attempts.push(other.clone());
+    let j = w.queue(1, LINUX);
+    let e = w.explain(&j);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::AtCapacity, vec!["host_capacity"])
+    );
+    assert!(e.reasons[0].message.contains(&other.runner_name), "{e:?}");
+    assert_eq!(e.summary, "at the host's max_runners (1)");
+}
+
+#[test]
+fn the_oldest_jobs_are_paired_with_the_runners_and_the_rest_wait_at_the_ceiling() {
+    // Two runners of a two-runner policy, one idle, one starting; three queued jobs.
+    let mut w = World::new();
+    let idle = attempt("linux", AttemptState::Idle, None, NOW - 9_000);
+    let starting = attempt("linux", AttemptState::Starting, None, NOW - 8_000);
+    w.attempts.extend([starting.clone(), idle.clone()]);
+    let first = w.queue(1, LINUX);
+    let second = w.queue(2, LINUX);
+    let third = w.queue(3, LINUX);
+    let e = w.explain(&first);
+    assert_eq!(e.verdict, Verdict::WaitingForGithub);
+    assert_eq!(codes(&e), ["runner_idle"]);
+    assert_eq!(e.runner_name, Some(idle.runner_name));
+    let e = w.explain(&second);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::Launching, vec!["runner_starting"])
+    );
+    assert_eq!(e.runner_name, Some(starting.runner_name));
+    assert_eq!(w.explain(&third).verdict, Verdict::AtCapacity);
+}
+
+#[test]
+fn launching_when_nothing_holds_the_job_back() {
+    let mut w = World::new();
+    let j = w.queue(1, LINUX);
+    let e = w.explain(&j);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::Launching, vec!["allocating"])
+    );
+    let allocated = attempt("linux", AttemptState::Allocated, None, NOW - 100);
+    w.attempts.push(allocated.clone());
+    let e = w.explain(&j);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::Launching, vec!["registering"])
+    );
+    assert_eq!(e.runner_name, Some(allocated.runner_name));
+}
+
+#[test]
+fn launch_backoff_says_until_when_and_the_last_failure() {
+    let mut w = World::new();
+    *w.memory() = PolicyMemory {
+        fence_ms: None,
+        backoff: Some(Backoff {
+            until_ms: NOW + 20_000,
+            failures: 3,
+            last_failure: Some("process_exited_unexpectedly: exit status 1".to_owned()),
+        }),
+    };
+    let j = w.queue(1, LINUX);
+    let e = w.explain(&j);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::LaunchBackoff, vec!["launch_backoff"])
+    );
+    let message = &e.reasons[0].message;
+    assert!(message.contains("3 failed launch"), "{message}");
+    assert!(message.contains("another 20s"), "{message}");
+    assert!(message.contains("process_exited_unexpectedly"), "{message}");
+    // A back-off that ran out holds nothing (the allocator's `backing_off`).
+    w.memory().backoff.as_mut().unwrap().until_ms = NOW;
+    assert_eq!(w.explain(&j).verdict, Verdict::Launching);
+}
+
+#[test]
+fn rate_limited_while_the_budget_holds_a_registration() {
+    let mut w = World::new();
+    w.snapshot.as_mut().unwrap().github.held = Some(Held {
+        kind: "secondary".to_owned(),
+        until_ms: NOW + 8_000,
+    });
+    w.attempts
+        .push(attempt("linux", AttemptState::Allocated, None, NOW - 100));
+    let covered = w.queue(1, LINUX);
+    let uncovered = w.queue(2, LINUX);
+    for j in [&covered, &uncovered] {
+        let e = w.explain(j);
+        assert_eq!(
+            (e.verdict, codes(&e)[0]),
+            (Verdict::RateLimited, "rate_limited")
+        );
+        assert!(e.reasons[0].message.contains("secondary"), "{e:?}");
+    }
+    // A limit that has lifted holds nothing.
+    w.snapshot
+        .as_mut()
+        .unwrap()
+        .github
+        .held
+        .as_mut()
+        .unwrap()
+        .until_ms = NOW - 1;
+    assert_eq!(w.explain(&covered).verdict, Verdict::Launching);
+}
+
+#[test]
+fn github_unreachable_comes_before_the_back_off_it_causes() {
+    let mut w = World::new();
+    w.snapshot.as_mut().unwrap().github.reachable = false;
+    w.memory().backoff = Some(Backoff {
+        until_ms: NOW + 5_000,
+        failures: 1,
+        last_failure: Some("jit_request_failed: GitHub unreachable".to_owned()),
+    });
+    let j = w.queue(1, LINUX);
+    let e = w.explain(&j);
+    assert_eq!(e.verdict, Verdict::GithubUnreachable);
+    assert_eq!(codes(&e), ["github_unreachable", "launch_backoff"]);
+    // The poller's offline state says it too.
+    let mut w = World::new();
+    w.snapshot.as_mut().unwrap().polling.offline = Some(Offline {
+        description: "GitHub has been unreachable for 2m".to_owned(),
+        since_ms: NOW - 120_000,
+        outlasted_the_queue: false,
+    });
+    let j = w.queue(1, LINUX);
+    assert_eq!(w.explain(&j).verdict, Verdict::GithubUnreachable);
+}
+
+#[test]
+fn host_unfit_names_the_fitness_gates_problems() {
+    let mut w = World::new();
+    w.snapshot.as_mut().unwrap().fitness = Some(Fitness {
+        checked_at_ms: NOW - 2_000,
+        problems: vec![FitnessProblem {
+            code: "disk_space".to_owned(),
+            message: "The runner root has 1 GiB free, under 10 GiB.".to_owned(),
+        }],
+    });
+    let j = w.queue(1, LINUX);
+    let e = w.explain(&j);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::HostUnfit, vec!["host_unfit"])
+    );
+    assert!(e.reasons[0].message.contains("1 GiB free"), "{e:?}");
+    assert_eq!(e.summary, "the host is unfit (disk_space)");
+    // A fit host (no problems) holds nothing.
+    w.snapshot
+        .as_mut()
+        .unwrap()
+        .fitness
+        .as_mut()
+        .unwrap()
+        .problems
+        .clear();
+    assert_eq!(w.explain(&j).verdict, Verdict::Launching);
+}
+
+#[test]
+fn not_seen_when_the_journal_has_no_such_job() {
+    let w = World::new();
+    let e = explain(77, None, &w.facts());
+    assert_eq!((e.verdict, e.state.clone()), (Verdict::NotSeen, None));
+    assert_eq!(codes(&e), ["not_seen"]);
+    assert!(e.reasons[0].message.contains("next poll"), "{e:?}");
+}
+
+#[test]
+fn waiting_for_github_when_fenced_held_for_approval_or_a_runner_took_an_unnamed_job() {
+    let mut w = World::new();
+    let old = w.queue(1, LINUX);
+    w.memory().fence_ms = Some(old.first_seen_at_ms + 1);
+    let e = w.explain(&old);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::WaitingForGithub, vec!["fenced"])
+    );
+    let e = w.explain(&job(2, "waiting", LINUX, NOW));
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::WaitingForGithub, vec!["environment_approval"])
+    );
+    let mut w = World::new();
+    let unnamed = attempt("linux", AttemptState::Busy, None, NOW - 100);
+    w.attempts.push(unnamed.clone());
+    let j = w.queue(1, LINUX);
+    let e = w.explain(&j);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::WaitingForGithub, vec!["unnamed_busy_runner"])
+    );
+    assert_eq!(e.runner_name, Some(unnamed.runner_name));
+}
+
+#[test]
+fn running_and_done_name_the_runner() {
+    let w = World::new();
+    let mut running = job(1, "in_progress", LINUX, NOW);
+    running.runner_name = Some("rm-h-0123456789ab".to_owned());
+    let e = w.explain(&running);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::Running, vec!["in_progress"])
+    );
+    assert_eq!(e.runner_name.as_deref(), Some("rm-h-0123456789ab"));
+    let mut done = running.clone();
+    done.state = "completed".to_owned();
+    done.conclusion = Some("success".to_owned());
+    let e = w.explain(&done);
+    assert_eq!((e.verdict, codes(&e)), (Verdict::Done, vec!["completed"]));
+    assert!(e.reasons[0].message.contains("success"), "{e:?}");
+}
+
+#[test]
+fn a_stopped_agent_is_said_with_the_age_of_what_is_known() {
+    let mut w = World::new();
+    w.agent = Liveness::Stopped {
+        last_seen: Some(std::time::Duration::from_secs(1)),
+    };
+    w.snapshot.as_mut().unwrap().written_at_ms = NOW - 90_000;
+    let j = w.queue(1, LINUX);
+    let e = w.explain(&j);
+    assert_eq!(e.verdict, Verdict::Launching);
+    assert_eq!(codes(&e), ["allocating", "agent_stopped"]);
+    assert!(e.reasons[1].message.contains("1m 30s ago"), "{e:?}");
+    w.snapshot = None;
+    let e = w.explain(&j);
+    assert!(e.reasons[1].message.contains("not known"), "{e:?}");
+}
+
+#[test]
+fn the_json_has_the_contract_fields() {
+    let mut w = World::new();
+    let j = w.queue(1, LINUX);
+    let facts = w.facts();
+    let value = to_json(&explain(1, Some(&j), &facts), &facts);
+    for key in ["job_id", "state", "verdict", "reasons", "runner_name"] {
+        assert!(value.get(key).is_some(), "{key} in {value}");
+    }
+    assert_eq!(value["verdict"], "launching");
+    assert_eq!(value["reasons"][0]["code"], "allocating");
+    assert!(value["reasons"][0]["message"].is_string());
+}
+
+#[test]
+fn status_groups_the_waiting_jobs_by_summary() {
+    let mut w = World::new();
+    let a = w.queue(1, &["gpu", "linux"]);
+    let b = w.queue(2, &["linux", "gpu"]);
+    let c = w.queue(3, LINUX);
+    let all: Vec<Explanation> = [a, b, c].iter().map(|j| w.explain(j)).collect();
+    assert_eq!(
+        waiting_summary(&all).unwrap(),
+        "2 jobs waiting: no policy matches [gpu, linux]; 1 job waiting: a runner of linux is \
+         being allocated"
+    );
+    assert_eq!(waiting_summary(&[]), None);
+}
