@@ -34,6 +34,8 @@ pub enum OperatorEvent {
     RunnersFailingToStart { policy: String, failures: u32 },
     /// Jobs of a policy have waited long while every runner slot was busy.
     DemandWaitingAtCapacity { policy: String, waiting: u32 },
+    /// The fitness gate found the host unfit: no new runner is registered ([`crate::fitness`]).
+    HostUnfit { problems: Vec<String> },
 }
 
 /// The kind of an event: the unit the rate limit counts in.
@@ -43,6 +45,7 @@ pub enum EventKind {
     CredentialsRejected,
     RunnersFailingToStart,
     DemandWaitingAtCapacity,
+    HostUnfit,
 }
 
 impl OperatorEvent {
@@ -52,6 +55,7 @@ impl OperatorEvent {
             OperatorEvent::CredentialsRejected => EventKind::CredentialsRejected,
             OperatorEvent::RunnersFailingToStart { .. } => EventKind::RunnersFailingToStart,
             OperatorEvent::DemandWaitingAtCapacity { .. } => EventKind::DemandWaitingAtCapacity,
+            OperatorEvent::HostUnfit { .. } => EventKind::HostUnfit,
         }
     }
 
@@ -76,6 +80,13 @@ impl OperatorEvent {
                 format!("rm: jobs of policy {policy} wait at full capacity"),
                 format!(
                     "{waiting} jobs wait while every runner slot is busy. Raise max_runners or add a host."
+                ),
+            ),
+            OperatorEvent::HostUnfit { problems } => (
+                "rm: host unfit, no new runners".to_owned(),
+                format!(
+                    "{}. `rm-agent status` says more; allocation resumes by itself once fixed.",
+                    problems.join("; ")
                 ),
             ),
         }

@@ -446,3 +446,78 @@ async fn a_process_whose_start_time_differs_is_never_signalled() {
     assert_eq!(outcome, StopOutcome::Stopped { signalled: true });
     assert_eq!(stranger.wait().unwrap().signal(), Some(15));
 }
+
+/// A policy's `env_file` reaches the runner through the backend that starts it: its variables
+/// beside the launch contract's own (an operator's `LANG` replaces the inherited one), the
+/// contract's `TMPDIR` and JIT variable untouched; and a file that names a reserved variable
+/// is refused by line before any runner could see it.
+#[tokio::test]
+async fn a_policys_env_file_reaches_the_runner_and_reserved_names_are_refused() {
+    use rm_agent::runner::backend::{Backend as _, NoIsolation, Plan};
+    use rm_agent::runner::env_file::{self, EnvFileError};
+
+    let s = setup(PROBE);
+    let files = tempfile::tempdir().unwrap();
+    let file = files.path().join("linux.env");
+    std::fs::write(
+        &file,
+        "# the linux fleet's cache\nCACHE_URL=http://cache.internal:8080\n\nLANG=\"de_DE.UTF-8\"\n",
+    )
+    .unwrap();
+    let env = env_file::load(&file).unwrap();
+    let root_dir = s.runtime.dir().parent().unwrap();
+    let backend = NoIsolation {
+        root: RunnerRoot::open(root_dir).unwrap(),
+        package: rm_agent::runner::package::current::CurrentPackage::new(
+            &root_dir.join("unused-package"),
+        ),
+    };
+    let plan = Plan {
+        attempt_id: "00000000000a".to_owned(),
+        workspace: rm_journal::WorkspaceKind::Ephemeral,
+        runtime_dir: s.runtime.dir().to_owned(),
+        uid: None,
+        cgroup: None,
+        limits: Default::default(),
+        env,
+    };
+    let Spawned {
+        identity,
+        mut child,
+    } = backend
+        .start(&plan, &s.runtime, &SecretString::from(JIT))
+        .unwrap();
+    await_file(&s.runtime.dir().join("ready"));
+    let seen = environ(identity.pid);
+    std::fs::write(s.runtime.dir().join("release"), "").unwrap();
+    child.wait().await.unwrap();
+    let get = |key: &str| seen.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    assert_eq!(
+        get("CACHE_URL").as_deref(),
+        Some("http://cache.internal:8080"),
+        "{seen:?}"
+    );
+    assert_eq!(get("LANG").as_deref(), Some("de_DE.UTF-8"), "{seen:?}");
+    assert_eq!(get(JIT_ENV).as_deref(), Some(JIT));
+    let tmp = s.runtime.dir().join("tmp").display().to_string();
+    assert_eq!(get("TMPDIR"), Some(tmp));
+
+    for (line, reserved) in [
+        (2, "ACTIONS_RUNNER_INPUT_JITCONFIG"),
+        (2, "HOME"),
+        (2, "TMPDIR"),
+        (2, "TEMP"),
+    ] {
+        std::fs::write(&file, format!("OK=1\n{reserved}=do-not-print\n")).unwrap();
+        match env_file::load(&file) {
+            Err(err @ EnvFileError::Line { line: at, .. }) => {
+                assert_eq!(at, line, "{err}");
+                let message = err.to_string();
+                assert!(message.contains(&file.display().to_string()), "{message}");
+                assert!(message.contains(reserved), "{message}");
+                assert!(!message.contains("do-not-print"), "{message}");
+            }
+            other => panic!("{reserved} was not refused: {other:?}"),
+        }
+    }
+}

@@ -165,7 +165,7 @@ pub async fn serve_paced(
             // Wait times since this start (CONTRACT §8): seeded before deliveries are taken.
             let waits = crate::latency::WaitMetrics::default();
             crate::latency::spawn_recorder(&journal_path, waits.clone()).map_err(Exit::runtime)?;
-            // REVERT-CHECK receiver.add_collector(Box::new(waits));
+            receiver.add_collector(Box::new(waits));
             receiver.add_collector(Box::new(crate::fitness::report::FitnessMetrics::new(
                 fitness.clone(),
             )));

@@ -4,6 +4,7 @@
 //! installation exists and grants what runner registration needs, and whether each
 //! organization policy's runner group exists. Every finding carries the remedy for it.
 
+mod fitness;
 mod github;
 mod isolation;
 mod local;
@@ -49,7 +50,8 @@ impl Status {
 pub struct Finding {
     pub status: Status,
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
-    /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`.
+    /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`,
+    /// `fitness`, `env_file`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,
@@ -183,6 +185,8 @@ pub async fn findings(config: &Config) -> Vec<Finding> {
         out.push(finding);
     }
     out.push(isolation::isolation(config));
+    out.extend(fitness::env_files(config));
+    out.extend(fitness::fitness(config).await);
 
     let Some(app_id) = config.github.app_id else {
         out.push(Finding::fail(

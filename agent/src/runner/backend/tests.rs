@@ -88,6 +88,7 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
         uid: Some(uid),
         cgroup: None,
         limits: Limits::default(),
+        env: Default::default(),
     };
     let runtime = backend.prepare(&plan).unwrap();
     assert_eq!(
@@ -145,6 +146,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
             .as_ref()
             .map(|c| c.runner_path(&format!("rm-{}", &attempt_id[..12])).unwrap()),
         limits: Limits::default(),
+        env: Default::default(),
     };
     let runtime = backend.prepare(&plan).unwrap();
     let meta = std::fs::metadata(runtime.dir()).unwrap();

@@ -18,6 +18,18 @@ async fn a_full_disk_refuses_deliveries_and_leaves_the_busy_runner_alone() {
     let fleet = Fleet::start(FleetOptions::default()).await;
     let data = fleet.setup.dir.path().join("data");
     let _tmpfs = Tmpfs::mount(&data, "16m");
+    // The data directory's 16 MiB are below the fitness gate's default threshold; the runner
+    // is to start on it (the gate's own test is fitness.rs).
+    let config = std::fs::read_to_string(fleet.setup.config()).unwrap();
+    std::fs::write(
+        fleet.setup.config(),
+        config.replacen(
+            "[host]\n",
+            "[host]\ndata_dir_min_free_space = \"1MiB\"\n",
+            1,
+        ),
+    )
+    .unwrap();
     fleet.fake.set_runner_behavior(RunnerBehavior {
         job_duration_ms: 6_000,
         ..RunnerBehavior::default()

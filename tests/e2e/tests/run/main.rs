@@ -6,8 +6,11 @@
 mod crash;
 mod crashed_runner;
 mod disk_full;
+mod explain;
 mod failures;
+mod fitness;
 mod isolation;
+mod latency;
 mod lifecycle;
 mod limits;
 mod package;

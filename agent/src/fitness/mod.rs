@@ -1,0 +1,461 @@
+//! The fitness gate (CONTRACT §8 `host_unfit`): whether this host may register new runners. It
+//! owns that one decision. A host whose runner root or data directory is short of space or not
+//! writable, whose available memory is below the largest policy `memory_max`, or that lacks a
+//! tool the operator requires, would only waste a JIT registration on a job that then fails:
+//! while it is unfit, allocation registers nothing (supervision, deregistration and cleanup go
+//! on), and once it is fit again allocation resumes by itself.
+//!
+//! - [`judge`] is the decision: a pure function of measured [`Facts`] against the
+//!   [`Requirements`] the configuration makes;
+//! - [`probe`] measures (statvfs, a real write of a probe file, `/proc/meminfo`, the `PATH`);
+//! - [`Gate`] holds the latest judgement for allocation, the status snapshot and `/metrics`;
+//!   [`spawn`] re-judges every [`CHECK_INTERVAL`] ([`RECHECK_WHILE_UNFIT`] while unfit), logs
+//!   and notifies the transitions, and wakes allocation when the host is fit again;
+//! - [`report`] says it in `status`, `/metrics` and `check`.
+
+pub mod probe;
+pub mod report;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::notify::{Notifier, OperatorEvent};
+use crate::status_file::{Fitness, FitnessProblem};
+
+/// How often a fit host is checked again: a filling disk is noticed within this, at the cost
+/// of two statvfs calls, two small synced writes and one read of `/proc/meminfo`.
+pub const CHECK_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How often an unfit host is checked again: allocation resumes within this of the space
+/// being freed.
+pub const RECHECK_WHILE_UNFIT: Duration = Duration::from_secs(5);
+
+/// `host.min_free_space`'s default: room for a runner's runtime, its job's checkout and its
+/// build output on a typical job.
+pub const DEFAULT_MIN_FREE_SPACE: u64 = 2 << 30;
+
+/// `host.data_dir_min_free_space`'s default: the journal and the status file grow slowly, but
+/// a journal that cannot commit refuses deliveries.
+pub const DEFAULT_DATA_DIR_MIN_FREE_SPACE: u64 = 256 << 20;
+
+/// The stable problem codes (CONTRACT §8, `status --json` `host.problems[].code`).
+pub const DISK_SPACE: &str = "disk_space";
+pub const NOT_WRITABLE: &str = "not_writable";
+pub const MEMORY: &str = "memory";
+pub const MISSING_TOOL: &str = "missing_tool";
+/// Every code, in the order `/metrics` lists them.
+pub const CODES: [&str; 4] = [DISK_SPACE, NOT_WRITABLE, MEMORY, MISSING_TOOL];
+
+/// What the configuration asks of the host (`[host]` keys; validated, so never malformed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Thresholds {
+    /// `host.min_free_space`, bytes.
+    pub min_free_space: u64,
+    /// `host.data_dir_min_free_space`, bytes.
+    pub data_dir_min_free_space: u64,
+    /// `host.required_tools`: names (looked up on the runners' `PATH`) or absolute paths.
+    pub required_tools: Vec<String>,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            min_free_space: DEFAULT_MIN_FREE_SPACE,
+            data_dir_min_free_space: DEFAULT_DATA_DIR_MIN_FREE_SPACE,
+            required_tools: Vec::new(),
+        }
+    }
+}
+
+/// Validates the `[host]` keys of the gate; the error names the key (without `host.`) and why.
+pub fn thresholds(
+    min_free_space: Option<&str>,
+    data_dir_min_free_space: Option<&str>,
+    required_tools: Option<Vec<String>>,
+) -> Result<Thresholds, (&'static str, String)> {
+    let size = |key: &'static str, text: Option<&str>, default: u64| {
+        match text {
+        None => Ok(default),
+        Some(text) => parse_size(text).ok_or_else(|| {
+            (
+                key,
+                format!(
+                    "`{text}` is not a size; write it like \"2GiB\", \"512MiB\" or \"2G\" (powers of 1024), or \"0\" to check writability only"
+                ),
+            )
+        }),
+    }
+    };
+    let min_free_space = size("min_free_space", min_free_space, DEFAULT_MIN_FREE_SPACE)?;
+    let data_dir_min_free_space = size(
+        "data_dir_min_free_space",
+        data_dir_min_free_space,
+        DEFAULT_DATA_DIR_MIN_FREE_SPACE,
+    )?;
+    let required_tools = required_tools.unwrap_or_default();
+    for tool in &required_tools {
+        let bare = !tool.is_empty() && !tool.contains('/') && tool.trim() == tool;
+        if !(bare || tool.starts_with('/')) || tool.contains('\0') {
+            return Err((
+                "required_tools",
+                format!(
+                    "`{tool}` is neither a program name (looked up on the runners' PATH, e.g. \"git\") nor an absolute path (\"/usr/bin/docker\")"
+                ),
+            ));
+        }
+    }
+    Ok(Thresholds {
+        min_free_space,
+        data_dir_min_free_space,
+        required_tools,
+    })
+}
+
+/// `"2GiB"`, `"2G"`, `"512MiB"`, `"512M"`, `"64KiB"`, `"1TiB"` (powers of 1024), `"1024"` bytes,
+/// or `"0"`.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let unit_at = match text.find(|c: char| !c.is_ascii_digit()) {
+        None => return text.parse().ok(),
+        Some(0) => return None,
+        Some(at) => at,
+    };
+    let (digits, unit) = text.split_at(unit_at);
+    let unit = unit.trim();
+    let base = unit
+        .strip_suffix("iB")
+        .or_else(|| unit.strip_suffix('B').filter(|u| !u.is_empty()))
+        .unwrap_or(unit);
+    let shift = match base {
+        "K" | "k" => 10,
+        "M" | "m" => 20,
+        "G" | "g" => 30,
+        "T" | "t" => 40,
+        _ => return None,
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .filter(|n| *n > 0)?
+        .checked_mul(1u64 << shift)
+}
+
+/// A directory the gate watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirRole {
+    RunnerRoot,
+    DataDir,
+}
+
+impl DirRole {
+    fn describe(self) -> &'static str {
+        match self {
+            DirRole::RunnerRoot => "the runner root",
+            DirRole::DataDir => "the data directory",
+        }
+    }
+
+    fn threshold_key(self) -> &'static str {
+        match self {
+            DirRole::RunnerRoot => "host.min_free_space",
+            DirRole::DataDir => "host.data_dir_min_free_space",
+        }
+    }
+}
+
+/// One directory and the free space its filesystem must keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirRequirement {
+    pub role: DirRole,
+    pub path: PathBuf,
+    pub min_free: u64,
+}
+
+/// Everything the gate checks, from the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requirements {
+    pub dirs: Vec<DirRequirement>,
+    /// The largest policy `memory_max` and its policy: one runner of it must fit.
+    pub memory: Option<(u64, String)>,
+    pub tools: Vec<String>,
+    /// The `PATH` runners get, where tool names are looked up.
+    pub path: OsString,
+}
+
+impl Requirements {
+    /// What `config` requires; `path` is the runners' `PATH` ([`probe::runner_path`]).
+    pub fn of(config: &Config, path: OsString) -> Requirements {
+        let thresholds = &config.host.fitness;
+        Requirements {
+            dirs: vec![
+                DirRequirement {
+                    role: DirRole::RunnerRoot,
+                    path: config.host.runner_root.clone(),
+                    min_free: thresholds.min_free_space,
+                },
+                DirRequirement {
+                    role: DirRole::DataDir,
+                    path: config.data_dir.clone(),
+                    min_free: thresholds.data_dir_min_free_space,
+                },
+            ],
+            memory: config
+                .policies
+                .iter()
+                .filter_map(|p| p.limits.memory_max.map(|m| (m, p.name.clone())))
+                .max_by_key(|(m, _)| *m),
+            tools: thresholds.required_tools.clone(),
+            path,
+        }
+    }
+}
+
+/// What was measured of one directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirFacts {
+    /// Bytes available to unprivileged users (runners) on its filesystem, or why not known.
+    pub free: Result<u64, String>,
+    /// Whether a probe file could be created, written, synced and removed, or why not.
+    pub write: Result<(), String>,
+}
+
+/// What was measured, in the order of the [`Requirements`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    pub dirs: Vec<DirFacts>,
+    /// `MemAvailable` in bytes; `None` where the kernel does not say (nothing is judged then).
+    pub mem_available: Option<u64>,
+    /// Per required tool: where it was found.
+    pub tools: Vec<Option<PathBuf>>,
+}
+
+/// The judgement: every problem, one sentence each with its remedy; none means fit.
+pub fn judge(required: &Requirements, facts: &Facts) -> Vec<FitnessProblem> {
+    let mut problems = Vec::new();
+    let mut problem = |code: &str, message: String| {
+        problems.push(FitnessProblem {
+            code: code.to_owned(),
+            message,
+        });
+    };
+    for (dir, measured) in required.dirs.iter().zip(&facts.dirs) {
+        let what = dir.role.describe();
+        let path = dir.path.display();
+        if let Err(reason) = &measured.write {
+            problem(
+                NOT_WRITABLE,
+                format!(
+                    "{what} {path} is not writable ({reason}): no new runner is registered until it is; check its free space, permissions and mount"
+                ),
+            );
+        }
+        match &measured.free {
+            Ok(free) if *free < dir.min_free => problem(
+                DISK_SPACE,
+                format!(
+                    "{what} {path} has {} free, below {} ({}): no new runner is registered until space is freed (remove old files, grow the filesystem or lower {})",
+                    bytes(*free),
+                    dir.role.threshold_key(),
+                    bytes(dir.min_free),
+                    dir.role.threshold_key()
+                ),
+            ),
+            Ok(_) => {}
+            // A write error above already says the directory is unusable.
+            Err(_) if measured.write.is_err() => {}
+            Err(reason) => problem(
+                NOT_WRITABLE,
+                format!(
+                    "cannot tell the free space of {what} {path} ({reason}): no new runner is registered until it can be; check that it exists and is mounted"
+                ),
+            ),
+        }
+    }
+    if let (Some((needed, policy)), Some(available)) = (&required.memory, facts.mem_available)
+        && available < *needed
+    {
+        problem(
+            MEMORY,
+            format!(
+                "{} of memory available, less than policy {policy}'s memory_max ({}): no new runner is registered until memory is freed (or lower memory_max)",
+                bytes(available),
+                bytes(*needed)
+            ),
+        );
+    }
+    for (tool, found) in required.tools.iter().zip(&facts.tools) {
+        if found.is_none() {
+            let where_ = if tool.starts_with('/') {
+                "does not exist or is not executable".to_owned()
+            } else {
+                format!(
+                    "is not on the runners' PATH ({})",
+                    required.path.to_string_lossy()
+                )
+            };
+            problem(
+                MISSING_TOOL,
+                format!(
+                    "required tool `{tool}` {where_}: no new runner is registered until it is installed (or removed from host.required_tools)"
+                ),
+            );
+        }
+    }
+    problems
+}
+
+/// A size for people: `1.5 GiB`, `300.0 MiB`, `512 B`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    #[expect(clippy::cast_precision_loss, reason = "a size for people")]
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// How the judgement changed between two checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Fit (or not judged yet) before, unfit now.
+    BecameUnfit,
+    /// Unfit before, fit now.
+    BecameFit,
+    /// Unfit before and now, for other reasons (other codes).
+    ReasonsChanged,
+    Unchanged,
+}
+
+/// What changed from `before` to `now`. Pure.
+pub fn change(before: Option<&Fitness>, now: &Fitness) -> Change {
+    let was_unfit = before.is_some_and(|b| !b.problems.is_empty());
+    fn codes(f: &Fitness) -> Vec<&str> {
+        let mut codes: Vec<&str> = f.problems.iter().map(|p| p.code.as_str()).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        codes
+    }
+    match (was_unfit, now.problems.is_empty()) {
+        (false, false) => Change::BecameUnfit,
+        (true, true) => Change::BecameFit,
+        (true, false) if before.map(codes) != Some(codes(now)) => Change::ReasonsChanged,
+        _ => Change::Unchanged,
+    }
+}
+
+/// The latest judgement, shared by the checker (writes), allocation and the publishers
+/// (read). Before the first check the host counts as fit: `run` checks once before its first
+/// allocation, so only code that runs no checker (tests) sees that.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    state: Arc<watch::Sender<Option<Fitness>>>,
+    /// Bumped each time the host becomes fit again: allocation waits on it ([`Gate::fit_again`]).
+    fit_again: Arc<watch::Sender<u64>>,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate {
+            state: Arc::new(watch::channel(None).0),
+            fit_again: Arc::new(watch::channel(0).0),
+        }
+    }
+}
+
+impl Gate {
+    /// Whether new runners may be registered now.
+    pub fn is_fit(&self) -> bool {
+        self.state
+            .borrow()
+            .as_ref()
+            .is_none_or(|f| f.problems.is_empty())
+    }
+
+    /// The latest judgement; `None` before the first.
+    pub fn current(&self) -> Option<Fitness> {
+        self.state.borrow().clone()
+    }
+
+    /// Changes each time the host becomes fit again (for [`crate::executor::Executor::wake_on`]).
+    pub fn fit_again(&self) -> watch::Receiver<u64> {
+        self.fit_again.subscribe()
+    }
+
+    /// Records a judgement; what changed.
+    pub fn record(&self, now: Fitness) -> Change {
+        let change = change(self.state.borrow().as_ref(), &now);
+        self.state.send_replace(Some(now));
+        if change == Change::BecameFit {
+            self.fit_again.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        change
+    }
+}
+
+/// Measures, judges and records once; logs and notifies a transition.
+pub async fn check_once(required: &Requirements, gate: &Gate, notifier: &Notifier) {
+    let measuring = required.clone();
+    let facts = match tokio::task::spawn_blocking(move || probe::measure(&measuring)).await {
+        Ok(facts) => facts,
+        Err(e) => {
+            tracing::warn!(error = %e, "the fitness probe task failed; the last judgement stands");
+            return;
+        }
+    };
+    let fitness = Fitness {
+        checked_at_ms: rm_journal::now_ms(),
+        problems: judge(required, &facts),
+    };
+    let problems: Vec<String> = fitness.problems.iter().map(|p| p.message.clone()).collect();
+    match gate.record(fitness) {
+        Change::BecameUnfit => {
+            for problem in &problems {
+                tracing::warn!(problem = %problem, "host unfit: no new runner is registered");
+            }
+            notifier.notify(OperatorEvent::HostUnfit { problems });
+        }
+        Change::ReasonsChanged => {
+            for problem in &problems {
+                tracing::warn!(problem = %problem, "host still unfit");
+            }
+        }
+        Change::BecameFit => {
+            tracing::info!("host fit again: allocation resumes");
+        }
+        Change::Unchanged => {}
+    }
+}
+
+/// Re-checks until the task is aborted: every [`CHECK_INTERVAL`], every
+/// [`RECHECK_WHILE_UNFIT`] while unfit.
+pub fn spawn(
+    required: Requirements,
+    gate: Gate,
+    notifier: Arc<Notifier>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let wait = if gate.is_fit() {
+                CHECK_INTERVAL
+            } else {
+                RECHECK_WHILE_UNFIT
+            };
+            tokio::time::sleep(wait).await;
+            check_once(&required, &gate, &notifier).await;
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests;
