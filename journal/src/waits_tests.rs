@@ -117,7 +117,15 @@ async fn a_served_job_has_github_s_queue_time_its_runner_s_start_and_its_own_sta
 
     // Queued at T0 by GitHub's clock, learned 1.5 s later; started at T0 + 9 s.
     journal
-        .record(sighting("q", 11, "queued", None, Some(T0), Some(T0), T0 + 1_500))
+        .record(sighting(
+            "q",
+            11,
+            "queued",
+            None,
+            Some(T0),
+            Some(T0),
+            T0 + 1_500,
+        ))
         .await
         .unwrap();
     journal
@@ -174,7 +182,10 @@ async fn a_served_job_has_github_s_queue_time_its_runner_s_start_and_its_own_sta
         ))
         .await
         .unwrap();
-    assert_eq!(reader.job_waits(T0).unwrap()[0].job_started_at_ms, T0 + 9_000);
+    assert_eq!(
+        reader.job_waits(T0).unwrap()[0].job_started_at_ms,
+        T0 + 9_000
+    );
 }
 
 #[tokio::test]
@@ -218,7 +229,15 @@ async fn a_late_in_progress_fills_github_s_dates_but_never_its_arrival() {
     let runner = started_attempt(&attempts, 3, "linux", T0 + 2_000);
     // The completion came first and carried no dates (a poll of an odd GHES, say).
     journal
-        .record(sighting("c", 31, "completed", Some(&runner), None, None, T0 + 9_000))
+        .record(sighting(
+            "c",
+            31,
+            "completed",
+            Some(&runner),
+            None,
+            None,
+            T0 + 9_000,
+        ))
         .await
         .unwrap();
     let reader = Reader::open(&path).unwrap();
