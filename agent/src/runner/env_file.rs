@@ -313,6 +313,44 @@ mod tests {
     }
 
     #[test]
+    fn a_policys_bad_line_names_its_key_the_file_and_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.env");
+        let bad = dir.path().join("bad.env");
+        std::fs::write(&good, "A=1\n").unwrap();
+        std::fs::write(&bad, "A=1\n# c\nHOME=/root\n").unwrap();
+        let text = format!(
+            "[[policy]]\nname = \"a\"\ntarget = \"acme\"\nlabels = [\"x\"]\nenv_file = \"{}\"\n\
+             [[policy]]\nname = \"b\"\ntarget = \"acme\"\nlabels = [\"y\"]\nenv_file = \"{}\"\n",
+            good.display(),
+            bad.display()
+        );
+        let mut policies = crate::config::from_text(&text).unwrap().policies;
+        assert!(
+            policies.iter().all(|p| p.env.is_empty()),
+            "read only by run"
+        );
+        let (key, err) = load_policies(&mut policies).unwrap_err();
+        assert_eq!(key, "policy[1].env_file");
+        assert_eq!(
+            err,
+            EnvFileError::Line {
+                file: bad.display().to_string(),
+                line: 3,
+                problem: err_problem(&err),
+            }
+        );
+        assert_eq!(policies[0].env.vars(), [("A".to_owned(), "1".to_owned())]);
+    }
+
+    fn err_problem(err: &EnvFileError) -> String {
+        match err {
+            EnvFileError::Line { problem, .. } => problem.clone(),
+            EnvFileError::Unreadable { reason, .. } => reason.clone(),
+        }
+    }
+
+    #[test]
     fn the_operators_values_join_the_runner_environment_never_over_the_reserved() {
         let base: Vec<(OsString, OsString)> =
             [("LANG", "C"), ("PATH", "/usr/bin"), ("TMPDIR", "/rt/tmp")]
