@@ -62,6 +62,8 @@ pub struct Facts {
     pub waiting: Vec<crate::explain::Explanation>,
     /// Wait times over the last hour, from the journal (CONTRACT §8, [`crate::latency`]).
     pub latency: crate::latency::Latency,
+    /// What the agent last learned about `runner.version` (crate::runner::package::report).
+    pub runner_version: Option<crate::runner::package::report::VersionReport>,
 }
 
 /// How long an attempt may stay concluded before `status` says its cleanup is failing (a clean
@@ -212,6 +214,11 @@ fn gather(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::
         cleanup_overdue,
         waiting,
         latency,
+        runner_version: config
+            .runner
+            .version
+            .as_ref()
+            .and_then(|_| crate::runner::package::report::read(&config.data_dir)),
     })
 }
 
@@ -306,6 +313,13 @@ pub fn to_json(facts: &Facts) -> Value {
         // The fitness gate's judgement (crate::fitness); `fit` null without a live agent.
         "host": crate::fitness::report::status_json(live.and_then(|s| s.fitness.as_ref())),
         "latency": crate::latency::to_json(&facts.latency),
+        "runner_version": facts.runner_version.as_ref().map(|r| json!({
+            "version": r.version,
+            "follows_latest": r.follows_latest,
+            "window": r.window(facts.now_ms).as_str(),
+            "window_closes_at": r.window_closes_at_ms.map(rfc3339),
+            "checked_at": rfc3339(r.checked_at_ms),
+        })),
         "degraded": degraded(facts),
     })
 }
@@ -317,6 +331,13 @@ fn ago(d: Duration) -> String {
 /// What needs a person, one sentence each with what to do; empty when all is well.
 pub fn degraded(facts: &Facts) -> Vec<String> {
     let mut found = Vec::new();
+    // A pinned runner version GitHub's window is closing on (crate::runner::package::window).
+    found.extend(
+        facts
+            .runner_version
+            .as_ref()
+            .and_then(|r| r.warning(facts.now_ms)),
+    );
     found.extend(crate::fitness::report::degraded(
         facts.live().and_then(|s| s.fitness.as_ref()),
     ));
@@ -657,6 +678,17 @@ pub fn render(facts: &Facts) -> String {
         );
     }
     line("latency", crate::latency::render(&facts.latency));
+    if let Some(r) = &facts.runner_version {
+        line(
+            "runner",
+            format!(
+                "v{}{}, GitHub asked {} ago",
+                r.version,
+                if r.follows_latest { " (follows latest)" } else { "" },
+                ago(facts.age_of(r.checked_at_ms))
+            ),
+        );
+    }
 
     let by_state: Vec<String> = AttemptState::ALL
         .iter()
@@ -789,6 +821,7 @@ mod tests {
             cleanup_overdue: 0,
             waiting: Vec::new(),
             latency: crate::latency::Latency::default(),
+            runner_version: None,
         }
     }
 
@@ -886,6 +919,7 @@ mod tests {
              polling   reconciling; next poll in 1m 30s; 7 charged and 11 uncharged requests in the last hour\n\
              github    reachable; last contact 3s ago; rate limit 4900 of 5000 left\n\
              jobs      3 queued (gpu 0, linux 2), 1 in progress; 1 queued match no policy here\n\
+             latency   no job started on this host in the last 1h\n\
              runners   2 active of 6 (idle 1, busy 1, cleaned 5)\n\
              isolation user: a uid, a cgroup and a private /tmp per runner; uids 0 of 64 held\n\
              \n\
@@ -1144,5 +1178,38 @@ mod tests {
         let facts = self::facts();
         assert_eq!(to_json(&facts)["github"]["rate_limited"], Value::Null);
         assert!(!render(&facts).contains("HELD"));
+    }
+
+    #[test]
+    fn a_pinned_version_whose_window_closes_is_named_days_ahead() {
+        const DAY_MS: i64 = 86_400_000;
+        let mut f = facts();
+        let report = crate::runner::package::report::VersionReport {
+            version: "2.330.0".into(),
+            follows_latest: false,
+            next_release: Some("2.331.0".into()),
+            window_closes_at_ms: Some(f.now_ms + 4 * DAY_MS + 1_000),
+            checked_at_ms: f.now_ms - 3_600_000,
+        };
+        f.runner_version = Some(report.clone());
+        let problems = degraded(&f);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("2.330.0") && p.contains("in 4 day(s)")),
+            "{problems:?}"
+        );
+        let json = to_json(&f);
+        assert_eq!(json["runner_version"]["window"], "closing");
+        assert_eq!(json["runner_version"]["follows_latest"], false);
+        assert!(render(&f).contains("v2.330.0, GitHub asked 1h ago"));
+
+        // Far from closing: nothing to attend to.
+        f.runner_version = Some(crate::runner::package::report::VersionReport {
+            window_closes_at_ms: Some(f.now_ms + 20 * DAY_MS),
+            ..report
+        });
+        assert!(!degraded(&f).iter().any(|p| p.contains("2.330.0")));
+        assert_eq!(to_json(&f)["runner_version"]["window"], "open");
     }
 }
