@@ -52,6 +52,7 @@ pub(super) async fn github(config: &Config, app_id: u64, key: SecretString) -> V
         );
     }
     out.extend(host_name_findings(&client, config).await);
+    out.extend(super::runner_version::finding(&client, config).await);
     out
 }
 

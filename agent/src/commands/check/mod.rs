@@ -8,6 +8,7 @@ mod fitness;
 mod github;
 mod isolation;
 mod local;
+mod runner_version;
 #[cfg(test)]
 mod tests;
 
@@ -51,7 +52,7 @@ pub struct Finding {
     pub status: Status,
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
     /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`,
-    /// `fitness`, `env_file`.
+    /// `fitness`, `env_file`, `runner_version`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,

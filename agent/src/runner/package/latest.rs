@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use rm_github::types::ReleaseSummary;
 use rm_github::{GithubClient, GithubError, Target};
@@ -24,6 +24,8 @@ use rm_github::{GithubClient, GithubError, Target};
 use super::cache::Cache;
 use super::current::CurrentPackage;
 use super::release::{self, Platform};
+use super::report::VersionReport;
+use super::window::Window;
 use super::{PackageError, Wanted, progress};
 use crate::config::Config;
 use crate::executor::Backends;
@@ -169,6 +171,18 @@ async fn ask(
         .await
 }
 
+/// GitHub's releases of actions/runner (the newest page), for a pinned version's window.
+pub async fn list(
+    client: &GithubClient,
+    target: &Target,
+) -> Result<Vec<ReleaseSummary>, GithubError> {
+    let installation = client.installation_for(target).await?;
+    Ok(client
+        .list_releases(installation, release::RUNNER_REPOSITORY)
+        .await?
+        .value)
+}
+
 /// The package runners start from when `rm-agent run` begins: GitHub's latest release,
 /// downloaded and verified unless cached; the newest cached package when GitHub cannot be
 /// asked (with a warning); an exit when neither can be had. Returns its directory and
@@ -241,8 +255,12 @@ impl Retired {
     }
 }
 
-/// The background task that follows releases while `rm-agent run` runs.
+/// The background task that follows releases while `rm-agent run` runs (with `"latest"`), or
+/// watches a pinned version's window (GitHub's releases listed every interval, the judgement
+/// [`super::window::judge`] logged when it closes and written for `status`).
 pub struct Follower {
+    /// `"latest"`; otherwise a pinned version is watched.
+    follows: bool,
     client: GithubClient,
     target: Target,
     api_url: String,
@@ -257,18 +275,17 @@ pub struct Follower {
 }
 
 impl Follower {
-    /// The follower for `config`, when it follows releases; `version` is the one
-    /// [`resolve_at_start`] chose.
+    /// The task for `config`, when it sets `runner.version`; `version` is the one runners
+    /// start from ([`resolve_at_start`] chose it for `"latest"`).
     pub fn for_config(
         config: &Config,
         client: &GithubClient,
         backends: &Backends,
         version: &str,
     ) -> Option<Follower> {
-        if !follows_latest(config) {
-            return None;
-        }
+        config.runner.version.as_ref()?;
         Some(Follower {
+            follows: follows_latest(config),
             client: client.clone(),
             target: reader(config)?,
             api_url: config.github.api_url.clone(),
@@ -286,9 +303,14 @@ impl Follower {
     /// and removes superseded packages once unused, until `stop` completes.
     pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
-        // Packages of earlier versions a previous run left: removed once unused.
-        self.prune().await;
-        let mut next_check = tokio::time::Instant::now() + self.interval;
+        let mut next_check = tokio::time::Instant::now();
+        if self.follows {
+            // The start asked already: what it found is the newest release.
+            self.report(&Window::Newest);
+            next_check += self.interval;
+            // Packages of earlier versions a previous run left: removed once unused.
+            self.prune().await;
+        }
         loop {
             let prune_at = tokio::time::Instant::now() + PRUNE_INTERVAL;
             tokio::select! {
@@ -311,11 +333,25 @@ impl Follower {
         }
     }
 
-    /// One check: ask, and adopt a newer release.
+    /// Writes what was learned for `rm-agent status`; a failure costs only the report.
+    fn report(&self, judged: &Window) {
+        let report = VersionReport::of(&self.version, self.follows, judged, SystemTime::now());
+        if let Err(e) = super::report::write(&self.data_dir, &report) {
+            tracing::warn!(error = %e, "cannot write the runner version report for `rm-agent status`");
+        }
+    }
+
+    /// One check: adopt a newer release, or judge the pinned version's window.
     async fn check(&mut self) -> anyhow::Result<()> {
+        if !self.follows {
+            return self.judge_pinned().await;
+        }
         let latest = ask(&self.client, &self.target).await?;
         let version = match decide(&self.version, &latest.value) {
-            Step::Current => return Ok(()),
+            Step::Current => {
+                self.report(&Window::Newest);
+                return Ok(());
+            }
             Step::Ignore(why) => {
                 tracing::debug!(%why, "GitHub's latest actions/runner release is not adopted");
                 return Ok(());
@@ -346,12 +382,28 @@ impl Follower {
             stored,
         });
         tracing::info!(version = %self.version, "new runners start from the new actions/runner release; running ones finish on theirs");
+        self.report(&Window::Newest);
+        Ok(())
+    }
+
+    /// A pinned version: GitHub's releases listed, its window judged, a closing one logged.
+    async fn judge_pinned(&mut self) -> anyhow::Result<()> {
+        let releases = list(&self.client, &self.target).await?;
+        let judged = super::window::judge(&self.version, &releases, SystemTime::now());
+        if let Some(warning) = judged.warning(&self.version) {
+            tracing::warn!("{warning}");
+        }
+        self.report(&judged);
         Ok(())
     }
 
     /// Removes every superseded package nothing uses any more: its stored tree and its
     /// directory in the download cache, and packages of other versions an earlier run left.
     async fn prune(&mut self) {
+        if !self.follows {
+            // A pinned version's cache is the operator's: every version stays.
+            return;
+        }
         let retired = std::mem::take(&mut self.retired);
         let current_dir = self.none.get();
         let current_digest = self.linked.as_ref().map(|l| l.current().digest());

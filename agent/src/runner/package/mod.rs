@@ -11,7 +11,9 @@ pub mod fetch;
 pub mod latest;
 pub mod progress;
 pub mod release;
+pub mod report;
 pub mod unpack;
+pub mod window;
 
 use std::path::{Path, PathBuf};
 
