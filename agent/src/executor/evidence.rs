@@ -34,7 +34,13 @@ pub fn read(runtime: &Path) -> JobEvidence {
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
-    classify(names.iter().map(String::as_str))
+    match classify(names.iter().map(String::as_str)) {
+        // The listener alone ran: did GitHub refuse its version? (crate::runner::refusal)
+        JobEvidence::NoJob if crate::runner::refusal::refused(&runtime.join(DIAG_DIR)) => {
+            JobEvidence::VersionRefused
+        }
+        other => other,
+    }
 }
 
 #[cfg(test)]
@@ -59,5 +65,17 @@ mod tests {
         std::fs::create_dir(dir.path().join(DIAG_DIR)).unwrap();
         std::fs::write(dir.path().join(DIAG_DIR).join("Runner_1.log"), "").unwrap();
         assert_eq!(read(dir.path()), JobEvidence::NoJob);
+        std::fs::write(
+            dir.path().join(DIAG_DIR).join("Runner_1.log"),
+            "An error occured: Runner version v2.330.0 is deprecated and cannot receive messages.\n",
+        )
+        .unwrap();
+        assert_eq!(read(dir.path()), JobEvidence::VersionRefused);
+        std::fs::write(dir.path().join(DIAG_DIR).join("Worker_2.log"), "").unwrap();
+        assert_eq!(
+            read(dir.path()),
+            JobEvidence::RanAJob,
+            "a job ran after all"
+        );
     }
 }

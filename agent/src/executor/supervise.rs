@@ -623,7 +623,9 @@ fn detail(conclusion: Conclusion) -> &'static str {
             FailureReason::JitRequestFailed => "GitHub did not issue a JIT configuration",
             FailureReason::ProcessStartFailed => "the runner could not be prepared or started",
             FailureReason::RunnerPackageUnverified => "the runner package did not verify",
-            FailureReason::RunnerVersionRejected => "GitHub refused the runner's version",
+            FailureReason::RunnerVersionRejected => {
+                "GitHub refused the runner's version (its log: \"is deprecated and cannot receive messages\"); set runner.version = \"latest\" or a newer release"
+            }
         },
     }
 }

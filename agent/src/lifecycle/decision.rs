@@ -145,6 +145,9 @@ pub enum JobEvidence {
     RanAJob,
     /// Only `Runner_*.log`: the listener ran and no job was ever handed to it.
     NoJob,
+    /// Only `Runner_*.log`, saying GitHub refused the runner's version
+    /// ([`crate::runner::refusal`]): it can never take a job.
+    VersionRefused,
     /// No `_diag`, or it could not be read in time.
     Unknown,
 }
@@ -364,6 +367,10 @@ fn dead(attempt: &AttemptFacts, observation: &Observation) -> Conclusion {
     use AttemptState::*;
     if observation.evidence == JobEvidence::RanAJob {
         return Conclusion::CompletedJob;
+    }
+    // Whatever state it reached and whoever stopped it: the runner's own words name the cause.
+    if observation.evidence == JobEvidence::VersionRefused {
+        return Conclusion::Failed(FailureReason::RunnerVersionRejected);
     }
     match attempt.intent_for_now() {
         Some(StopIntent::IdleTimeout) => return Conclusion::IdleExit,

@@ -12,6 +12,7 @@ pub mod env_file;
 pub mod isolate;
 pub mod package;
 pub mod process;
+pub mod refusal;
 pub mod slot;
 pub mod store;
 pub mod uid;

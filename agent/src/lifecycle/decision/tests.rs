@@ -360,3 +360,39 @@ fn check(
         );
     }
 }
+
+/// A runner GitHub refused for its version (its listener log says so) failed for that reason,
+/// in whatever live state it died, where it would otherwise be an exit without a cause (or an
+/// idle exit, not a failure at all: a refused JIT runner is registered, then exits).
+#[test]
+fn a_runner_refused_for_its_version_fails_for_that_reason() {
+    let refused = JobEvidence::VersionRefused;
+    for (state, github) in [
+        (Starting, NotRegistered),
+        (Starting, IDLE),
+        (Idle, IDLE),
+        (Idle, NotRegistered),
+    ] {
+        for process in [Exited, Gone] {
+            assert_eq!(
+                decide(state, 1, None, (process, github, refused)),
+                failed(FailureReason::RunnerVersionRejected),
+                "{state:?} {process:?} {github:?}"
+            );
+        }
+    }
+    // Without those words the same runner is an exit without a known cause, or an idle exit.
+    assert_eq!(
+        decide(Starting, 1, None, (Exited, NotRegistered, NoJob)),
+        failed(FailureReason::ProcessExitedUnexpectedly)
+    );
+    assert_eq!(
+        decide(Idle, 1, None, (Exited, IDLE, NoJob)),
+        Decision::Conclude(Conclusion::IdleExit)
+    );
+    // A Worker log still means a job ran.
+    assert_eq!(
+        decide(Idle, 1, None, (Exited, IDLE, RanAJob)),
+        Decision::Conclude(Conclusion::CompletedJob)
+    );
+}

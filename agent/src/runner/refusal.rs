@@ -1,0 +1,95 @@
+//! Whether GitHub refused a runner for its version, as the runner itself reports it: an
+//! actions/runner too old for GitHub (a JIT runner cannot update itself) has its first request
+//! for a job answered `403`, writes `Runner version vX.Y.Z is deprecated and cannot receive
+//! messages.` to its `_diag/Runner_*.log` (and stdout, which the agent does not read) and exits.
+//! Supervision reads this so the attempt fails as `runner_version_rejected`, in those words,
+//! rather than as a runner that exited for no known reason.
+//!
+//! The log is the listener's own, written before any job ran (a runner that ran a job is judged
+//! by its `Worker_*.log` first); it is read bounded, never followed through a link, and only
+//! matched against a fixed phrase: nothing of it is logged or journalled.
+
+use std::io::{Read as _, Seek as _, SeekFrom};
+use std::path::Path;
+
+/// What actions/runner writes when GitHub refuses its version
+/// (`src/Runner.Common/RunnerServer.cs` / the broker's `GetRunnerMessageAsync`: a `403` becomes
+/// `AccessDeniedException("… Runner version v{version} is deprecated and cannot receive
+/// messages.")`).
+pub const REFUSED_PHRASE: &str = "is deprecated and cannot receive messages";
+/// How much of the end of each listener log is read (the refusal is among its last lines).
+pub const TAIL_BYTES: u64 = 64 * 1024;
+/// How many listener logs are looked at (one per listener start; a runtime has one or two).
+const MAX_LOGS: usize = 8;
+
+/// Whether `text` is the runner saying GitHub refused its version.
+pub fn says_refused(text: &str) -> bool {
+    text.contains(REFUSED_PHRASE)
+}
+
+/// Whether any `Runner_*.log` in the `diag` folder says GitHub refused the runner's version.
+/// Unreadable, missing or linked files say nothing.
+pub fn refused(diag: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(diag) else {
+        return false;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("Runner_") && name.ends_with(".log")
+        })
+        .take(MAX_LOGS)
+        .any(|e| tail(&e.path()).is_some_and(|text| says_refused(&text)))
+}
+
+/// The last [`TAIL_BYTES`] of a regular file (never through a link).
+fn tail(path: &Path) -> Option<String> {
+    let meta = path.symlink_metadata().ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let mut file = std::fs::File::open(path).ok()?;
+    let start = meta.len().saturating_sub(TAIL_BYTES);
+    file.seek(SeekFrom::Start(start)).ok()?;
+    let mut bytes = Vec::new();
+    file.take(TAIL_BYTES).read_to_end(&mut bytes).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What actions/runner 2.330.0 wrote when GitHub refused it (a service's journal).
+    const REAL: &str = "2026-08-22 13:46:17Z: Listening for Jobs\nAn error occured: Runner version v2.330.0 is deprecated and cannot receive messages.\nRunner listener exit with terminated error, stop the service, no retry needed.\n";
+
+    #[test]
+    fn the_runner_s_own_words_are_recognised_in_its_listener_log() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!refused(dir.path()));
+        assert!(!refused(&dir.path().join("missing")));
+        std::fs::write(dir.path().join("Runner_1-utc.log"), "registered\n").unwrap();
+        assert!(!refused(dir.path()));
+        // In a file that is not the listener's: not the runner's word.
+        std::fs::write(dir.path().join("Worker_1-utc.log"), REAL).unwrap();
+        std::fs::write(dir.path().join("notes.txt"), REAL).unwrap();
+        assert!(!refused(dir.path()));
+        // At the end of a long log.
+        let long = format!("{}{REAL}", "x".repeat(3 * TAIL_BYTES as usize));
+        std::fs::write(dir.path().join("Runner_2-utc.log"), long).unwrap();
+        assert!(refused(dir.path()));
+    }
+
+    #[test]
+    fn a_link_named_like_a_listener_log_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere.txt");
+        std::fs::write(&elsewhere, REAL).unwrap();
+        let diag = dir.path().join("_diag");
+        std::fs::create_dir(&diag).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, diag.join("Runner_1-utc.log")).unwrap();
+        assert!(!refused(&diag));
+    }
+}
