@@ -38,6 +38,12 @@ const UNDOCUMENTED_BUT_SENT: &[(&str, &str, u16, &str)] = &[
         404,
         "no delivery with that id: GitHub's Not Found",
     ),
+    (
+        "GET",
+        "/repos/{owner}/{repo}/releases/latest",
+        404,
+        "the repository has no published full release: GitHub's Not Found",
+    ),
 ];
 
 /// Whether GitHub may send `status` on `method tpl` for `request` though the description does
@@ -321,6 +327,44 @@ async fn exercise(h: &Harness) {
     let waiting = c.list_workflow_runs("acme", "widgets", "waiting");
     let waiting = ok(h, "GET", runs_path, 200, waiting).await;
     assert_eq!(waiting.value.len(), 1, "{:?}", waiting.value);
+    // actions/runner's releases: the latest is the newest that is not a prerelease.
+    h.fake
+        .publish_runner_release("2.330.0", b"package".to_vec());
+    h.fake.publish_runner_release_with(
+        "2.331.0",
+        b"next package".to_vec(),
+        rm_fake_github::ReleaseOptions {
+            prerelease: true,
+            ..Default::default()
+        },
+    );
+    let inst = h.org_installation;
+    let latest_path = "/repos/actions/runner/releases/latest";
+    let latest = c.latest_release(inst, "actions/runner");
+    let latest = ok(h, "GET", latest_path, 200, latest).await;
+    assert_eq!(latest.value.tag_name, "v2.330.0");
+    assert!(!latest.not_modified);
+    let again = ok(
+        h,
+        "GET",
+        latest_path,
+        304,
+        c.latest_release(inst, "actions/runner"),
+    )
+    .await;
+    assert!(
+        again.not_modified,
+        "a 304 the client did not take as unchanged"
+    );
+    assert_eq!(again.value, latest.value);
+    let releases = c.list_releases(inst, "actions/runner");
+    let releases = ok(h, "GET", "/repos/actions/runner/releases", 200, releases).await;
+    let tags: Vec<&str> = releases.value.iter().map(|r| r.tag_name.as_str()).collect();
+    assert_eq!(tags, ["v2.331.0", "v2.330.0"], "newest first");
+    assert!(releases.value[0].prerelease && releases.value[0].published_at.is_some());
+    let none = c.latest_release(inst, "acme/widgets");
+    let e = expect(h, "GET", "/repos/acme/widgets/releases/latest", 404, none).await;
+    assert!(matches!(e, Err(E::NotFound { .. })), "{e:?}");
     let repos = c.list_installation_repositories(h.org_installation);
     ok(h, "GET", "/installation/repositories", 200, repos).await;
     ok(
@@ -426,6 +470,8 @@ async fn fake_answers_and_client_requests_follow_githubs_description() {
         "POST /app/installations/{installation_id}/access_tokens",
         "GET /orgs/{org}/installation",
         "GET /repos/{owner}/{repo}/installation",
+        "GET /repos/{owner}/{repo}/releases/latest",
+        "GET /repos/{owner}/{repo}/releases",
     ] {
         assert!(
             covered.contains(must),

@@ -164,6 +164,10 @@ pub fn release_json(state: &State, release: &FakeRelease) -> Value {
                 "size": release.bytes.len(),
                 "digest": if release.options.omit_digest { Value::Null } else { json!(format!("sha256:{}", release.sha256)) },
                 "download_count": 0,
+                "node_id": format!("RA_fake{}", release.id * 10 + i as u64),
+                "uploader": crate::render::user(&state.ctx(), "github-actions[bot]", 41898282, "Bot"),
+                "created_at": crate::time::rfc3339(release.published_at),
+                "updated_at": crate::time::rfc3339(release.published_at),
                 "browser_download_url": format!("{}{DOWNLOAD_PREFIX}v{v}/{name}", state.server_url),
             })
         })
@@ -367,6 +371,45 @@ mod tests {
         .unwrap();
         assert_eq!(missing.status, 404);
         assert!(answer(&mut state, "GET", "/app", "").is_none());
+    }
+
+    #[test]
+    fn the_latest_is_the_newest_release_that_is_not_a_prerelease() {
+        let mut state = state_with(ReleaseOptions::default());
+        let later = state.now() + std::time::Duration::from_secs(60);
+        let pre = ReleaseOptions {
+            prerelease: true,
+            ..ReleaseOptions::default()
+        };
+        state
+            .releases
+            .publish(9, "2.332.0", b"pre".to_vec(), pre, later);
+        assert_eq!(
+            state.releases.latest().map(|r| r.version.as_str()),
+            Some("2.330.0")
+        );
+        // Published later, though released under a lower id: `created_at` decides.
+        state.releases.publish(
+            3,
+            "2.331.0",
+            b"next".to_vec(),
+            ReleaseOptions::default(),
+            later,
+        );
+        assert_eq!(
+            state.releases.latest().map(|r| r.version.as_str()),
+            Some("2.331.0")
+        );
+        let listed: Vec<&str> = state
+            .releases
+            .newest_first()
+            .iter()
+            .map(|r| r.version.as_str())
+            .collect();
+        assert_eq!(listed, ["2.332.0", "2.331.0", "2.330.0"]);
+        let v = release_json(&state, &state.releases.by_version["2.332.0"]);
+        assert_eq!(v["prerelease"], json!(true));
+        assert_eq!(v["created_at"], v["published_at"]);
     }
 
     #[test]
