@@ -256,3 +256,18 @@ async fn a_check_of_a_real_directory_records_the_judgement() {
     assert!(!gate.is_fit());
     assert_eq!(codes(&gate.current().unwrap().problems), ["disk_space"]);
 }
+
+#[test]
+fn the_notification_names_the_problems_and_says_it_resumes_by_itself() {
+    let event = OperatorEvent::HostUnfit {
+        problems: vec!["the runner root /r has 1.0 MiB free".to_owned()],
+    };
+    assert_eq!(event.kind(), crate::notify::EventKind::HostUnfit);
+    let (summary, body) = event.message();
+    assert_eq!(summary, "rm: host unfit, no new runners");
+    assert!(
+        body.starts_with("the runner root /r has 1.0 MiB free."),
+        "{body}"
+    );
+    assert!(body.contains("resumes by itself"), "{body}");
+}

@@ -75,6 +75,12 @@ async fn a_full_runner_root_registers_no_runner_until_space_is_freed() {
     assert!(human.contains("UNFIT (disk_space"), "{human}");
     let metrics = agent.get("/metrics").await.unwrap().1;
     assert!(metrics.lines().any(|l| l == "rm_host_fit 0"), "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "rm_host_fitness_problem{code=\"disk_space\"} 1"),
+        "{metrics}"
+    );
 
     let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
     let job_id = i64::try_from(job).unwrap();
@@ -124,6 +130,15 @@ async fn a_full_runner_root_registers_no_runner_until_space_is_freed() {
     )
     .await;
     assert!(!agent.exited(), "the agent was not to stop");
+    let logs = fleet.setup.logs();
+    assert!(
+        logs.contains("host unfit: no new runner is registered"),
+        "the transition to unfit is logged"
+    );
+    assert!(
+        logs.contains("host fit again"),
+        "the transition back is logged"
+    );
     assert_eq!(jit_requests(&fleet), 1, "one registration, for the job");
     wait_until(
         Duration::from_secs(60),
