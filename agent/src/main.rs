@@ -149,7 +149,8 @@ enum DeliveriesAction {
     },
 }
 
-fn main() -> ExitCode {
+/// `pub(crate)`: `src/bin/rm-agent-e2e.rs` (the test build's binary) runs this same `main`.
+pub(crate) fn main() -> ExitCode {
     // Started as `<package>/bin/Runner.Listener` by `rm-agent demo` (a build with the `demo`
     // feature only), this binary is the fake runner, not the agent.
     if let Some(code) = commands::demo::fake_runner_mode() {

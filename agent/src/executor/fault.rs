@@ -1,9 +1,12 @@
-//! Crash injection for the crash tests: `RM_FAULT_CRASH_AT=<point>` makes the agent SIGKILL
-//! itself when it reaches that point of a runner's lifecycle, so a test can prove that a
-//! restart recovers from exactly there. Unset (always, outside tests), it costs one cached
-//! lookup. The variable starts with `RM_`, so it never reaches a runner's environment.
-
-use std::sync::OnceLock;
+//! Crash injection for the crash tests (tests/e2e/tests/run/crash.rs), and only in an agent built
+//! with the `fault-injection` feature: `RM_FAULT_CRASH_AT=<point>` makes that agent SIGKILL
+//! itself when it reaches that point of a runner's lifecycle, so a test can prove that a restart
+//! recovers from exactly there. Test code is not part of the product: without the feature (any
+//! `cargo build -p rm-agent` or `cargo install`) [`crash_point`] is an empty function, the
+//! variable is never read, and no environment can make an installed agent kill itself. With it,
+//! unset, it costs one cached lookup; the variable starts with `RM_`, so it never reaches a
+//! runner's environment. `rm-agent --version` names the feature ([`crate::features`]), and the
+//! crash tests refuse an agent without it rather than wait for a crash that cannot come.
 
 /// The variable naming the crash point.
 pub const CRASH_ENV: &str = "RM_FAULT_CRASH_AT";
@@ -19,7 +22,10 @@ pub const CRASH_POINTS: [&str; 6] = [
 ];
 
 /// Kills the agent with SIGKILL if `point` is the configured crash point.
+#[cfg(feature = "fault-injection")]
 pub fn crash_point(point: &'static str) {
+    use std::sync::OnceLock;
+
     static CONFIGURED: OnceLock<Option<String>> = OnceLock::new();
     let configured = CONFIGURED.get_or_init(|| std::env::var(CRASH_ENV).ok());
     if configured.as_deref() == Some(point) {
@@ -30,3 +36,8 @@ pub fn crash_point(point: &'static str) {
         std::process::abort();
     }
 }
+
+/// Without `fault-injection`: nothing, and the call compiles away.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn crash_point(_point: &'static str) {}

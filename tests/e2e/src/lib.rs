@@ -10,6 +10,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub mod disk;
@@ -39,10 +40,59 @@ pub fn binary(name: &str) -> PathBuf {
     let path = dir.join(name);
     assert!(
         path.exists(),
-        "{} is missing: build it first (`cargo build --workspace`; `cargo test --workspace` does it)",
+        "{} is missing: build it first (`cargo build -p rm-agent --all-features -p rm-relay -p rm-fake-runner`; `cargo test --workspace` does it; see docs/development.md)",
         path.display()
     );
     path
+}
+
+/// The agent these tests run: `rm-agent`'s command line built with the test features `demo` and
+/// `fault-injection` (agent/Cargo.toml), a binary of its own so that a featureless build of the
+/// product (`cargo build -p rm-agent`, `cargo test -p rm-agent`) never replaces it.
+pub const AGENT: &str = "rm-agent-e2e";
+
+/// [`AGENT`] under the product's name: `<target>/debug/rm-e2e-agent/rm-agent`, a hard link this
+/// test process makes once (to a fresh name, renamed over the old, so processes running at the
+/// same time never see half a link). The name matters: a process's name is its file's, and
+/// `rm-agent status` tells a live agent by it.
+pub fn agent_binary() -> PathBuf {
+    static LINKED: OnceLock<PathBuf> = OnceLock::new();
+    LINKED
+        .get_or_init(|| {
+            let built = binary(AGENT);
+            let dir = built.parent().unwrap().join("rm-e2e-agent");
+            std::fs::create_dir_all(&dir).unwrap();
+            let fresh = dir.join(format!(".rm-agent.{}", std::process::id()));
+            let _ = std::fs::remove_file(&fresh);
+            std::fs::hard_link(&built, &fresh).unwrap();
+            let path = dir.join("rm-agent");
+            std::fs::rename(&fresh, &path).unwrap();
+            path
+        })
+        .clone()
+}
+
+/// [`AGENT`], checked to carry the test feature `feature` (`demo`, `fault-injection`): should it
+/// not, the test fails here, naming the build command, rather than waiting in vain for a demo or
+/// a crash that cannot come.
+pub fn agent_with(feature: &str) -> PathBuf {
+    let agent = agent_binary();
+    let out = Command::new(&agent).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&out.stdout);
+    let features = version
+        .split_once("(features: ")
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(list, _)| list.split(", ").collect::<Vec<_>>())
+        .unwrap_or_default();
+    assert!(
+        out.status.success() && features.contains(&feature),
+        "{} was built without the `{feature}` feature (it says {:?}): build it with \
+         `cargo build -p rm-agent --all-features -p rm-relay -p rm-fake-runner` (`cargo test \
+         --workspace` does it), see docs/development.md",
+        agent.display(),
+        version.trim()
+    );
+    agent
 }
 
 /// A port on loopback that was free a moment ago.
@@ -101,7 +151,7 @@ impl Setup {
 
     /// `rm-agent --config <this config> ARGS`, with the secret in the environment.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(binary("rm-agent"));
+        let mut cmd = Command::new(agent_binary());
         cmd.arg("--config").arg(self.config()).args(args);
         cmd.env("RM_WEBHOOK_SECRET", SECRET)
             .env_remove("RM_DATA_DIR")

@@ -7,7 +7,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rm_e2e::binary;
+use rm_e2e::agent_with;
 
 /// Above the demo's own hang guard (it fails by itself after 120 s of scenario,
 /// `SCENARIO_DEADLINE`): only a hang trips this. Neither is a speed check; the outcome is.
@@ -18,7 +18,7 @@ fn demo_plays_every_scenario_and_leaves_nothing_behind() {
     let tmp = tempfile::tempdir().unwrap();
     let cwd = tempfile::tempdir().unwrap();
     let started = Instant::now();
-    let output = Command::new(binary("rm-agent"))
+    let output = Command::new(agent_with("demo"))
         .arg("demo")
         .current_dir(cwd.path())
         .env("TMPDIR", tmp.path())

@@ -645,3 +645,27 @@ fn compare_reports_the_first_difference_in_order() {
         Err(("bin/a".into(), Difference::Content))
     );
 }
+
+#[test]
+fn a_staging_folder_is_removed_on_drop_unless_kept() {
+    let setup = Setup::new();
+    let staging = Staging::create(&setup.store).unwrap();
+    // Its mode is the stored folder's after the rename: the agent's alone.
+    assert_eq!(mode(staging.path()), STAGING_MODE);
+    std::fs::create_dir_all(staging.path().join("tree/bin")).unwrap();
+    std::fs::write(staging.path().join("tree/bin/f"), b"half").unwrap();
+    chmod(&staging.path().join("tree/bin"), 0o555);
+    drop(staging);
+    assert!(setup.store_names().is_empty(), "{:?}", setup.store_names());
+
+    let kept = Staging::create(&setup.store).unwrap();
+    let name = kept
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(name.starts_with(STAGING_PREFIX), "{name}");
+    kept.keep();
+    assert_eq!(setup.store_names(), [name]);
+}

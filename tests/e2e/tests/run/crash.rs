@@ -15,6 +15,8 @@ async fn crash_at(point: &str) {
 }
 
 async fn crash_with(point: &str, mut options: FleetOptions) {
+    // The crash points exist only in an agent built with them.
+    rm_e2e::agent_with("fault-injection");
     let persistent = options.policies.iter().any(|p| p.workspace == "persistent");
     options.policies.push(CONTROL);
     let fleet = Fleet::start(options).await;
