@@ -108,7 +108,7 @@ impl Releases {
     /// Newest first (by `created_at`, then id), as `GET .../releases` lists them.
     pub fn newest_first(&self) -> Vec<&FakeRelease> {
         let mut all: Vec<&FakeRelease> = self.by_version.values().collect();
-        all.sort_by(|a, b| (b.published_at, b.id).cmp(&(a.published_at, a.id)));
+        all.sort_by_key(|r| std::cmp::Reverse((r.published_at, r.id)));
         all
     }
 

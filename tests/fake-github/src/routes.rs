@@ -685,6 +685,11 @@ fn rate_limit(state: &mut State, caller: Caller) -> Reply {
     )
 }
 
+/// The one repository the fake publishes releases of.
+fn is_runner_repository(owner: &str, repo: &str) -> bool {
+    owner == "actions" && repo == "runner"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -719,9 +724,4 @@ mod tests {
         );
         assert_eq!(paginate(&items, "per_page=1000").len(), 100);
     }
-}
-
-/// The one repository the fake publishes releases of.
-fn is_runner_repository(owner: &str, repo: &str) -> bool {
-    owner == "actions" && repo == "runner"
 }

@@ -433,10 +433,11 @@ impl Follower {
             if let Ok(entries) = std::fs::read_dir(cache.root()) {
                 for entry in entries.filter_map(Result::ok) {
                     let name = entry.file_name().to_string_lossy().into_owned();
-                    if name.starts_with(&prefix) && !keep.contains(&entry.path()) {
-                        if let Err(e) = cache.remove_package(&name) {
-                            tracing::warn!(package = %name, error = %e, "cannot remove a superseded runner package; tried again later");
-                        }
+                    if name.starts_with(&prefix)
+                        && !keep.contains(&entry.path())
+                        && let Err(e) = cache.remove_package(&name)
+                    {
+                        tracing::warn!(package = %name, error = %e, "cannot remove a superseded runner package; tried again later");
                     }
                 }
             }
