@@ -175,6 +175,16 @@ fn out_of_range_values_are_refused_with_the_remedy() {
             "zero",
         ),
         (
+            "[runner]\nversion = \"latest\"\nrelease_check_interval = \"1s\"\n",
+            "runner.release_check_interval",
+            "5s to 7d",
+        ),
+        (
+            "[runner]\nversion = \"newest\"\n",
+            "runner.version",
+            "\"latest\"",
+        ),
+        (
             "[journal]\ndelivery_retention = \"1d\"\n",
             "journal.delivery_retention",
             "3d",
@@ -533,4 +543,22 @@ fn plain_http_to_loopback_and_https_anywhere_load() {
         let config = load_text(&text).unwrap_or_else(|e| panic!("{api_url}: {e}"));
         assert!(config.relay.is_some());
     }
+}
+
+#[test]
+fn latest_is_a_runner_version_checked_daily_by_default() {
+    let config = from_text("[runner]\nversion = \"latest\"\n").unwrap();
+    assert_eq!(config.runner.version.as_deref(), Some("latest"));
+    assert_eq!(
+        config.runner.release_check_interval,
+        crate::runner::package::latest::DEFAULT_RELEASE_CHECK
+    );
+    // Never a release to look up by tag.
+    assert!(crate::runner::package::Wanted::from_config(&config).is_none());
+    let config =
+        from_text("[runner]\nversion = \"latest\"\nrelease_check_interval = \"6h\"\n").unwrap();
+    assert_eq!(
+        config.runner.release_check_interval,
+        std::time::Duration::from_secs(6 * 3600)
+    );
 }
