@@ -56,17 +56,37 @@ async fn a_secondary_limit_in_the_middle_of_a_burst_is_waited_out_and_every_job_
         .queue_matrix(REPO, "test", LABELS, &variants)
         .unwrap();
 
-    // While the limit holds, `status --json` says so (`github.rate_limited`).
+    // While the limit holds, `status --json` says so (`github.rate_limited`), and `explain`
+    // of a job still queued names it (CONTRACT §8 `rate_limited`).
     let mut said = None;
+    let mut explained = None;
     let looking = std::time::Instant::now();
-    while said.is_none() && looking.elapsed() < LIMIT + Duration::from_secs(30) {
+    while (said.is_none() || explained.is_none())
+        && looking.elapsed() < LIMIT + Duration::from_secs(30)
+    {
         let status = rm_e2e::json_stdout(&fleet.setup.run(&["status", "--json"]));
         if status["github"]["rate_limited"]["kind"] == "secondary" {
             said = Some(status["github"]["rate_limited"].clone());
         }
+        for job in &jobs {
+            let still_queued = fleet
+                .fake
+                .job(*job)
+                .is_some_and(|j| j.status == rm_fake_github::JobStatus::Queued);
+            if explained.is_some() || !still_queued {
+                continue;
+            }
+            let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
+            let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            if doc["verdict"] == "rate_limited" {
+                assert_eq!(doc["reasons"][0]["code"], "rate_limited", "{doc}");
+                explained = Some(doc);
+            }
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let said = said.expect("status --json never said the installation was rate limited");
+    explained.expect("explain never named the rate limit for a job still queued");
     assert!(
         said["until"].as_str().is_some_and(|u| u.ends_with('Z')),
         "{said}"
