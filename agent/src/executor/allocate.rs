@@ -216,6 +216,12 @@ impl Executor {
         let mut running_uids = None;
         loop {
             let guard = self.allocation.lock().await;
+            // A launch started by this loop may already have failed (a broken package fails
+            // in milliseconds): its back-off holds the rest of the loop too, or the loop would
+            // replace each failed attempt at once.
+            if self.backing_off_now(&policy.name) {
+                return Ok(());
+            }
             let (live, busy_unknown) = {
                 let attempts = self.lock_attempts();
                 let busy_unknown = attempts
@@ -474,6 +480,15 @@ impl Executor {
                 );
             }
         }
+    }
+
+    /// Whether `policy` is in its launch back-off now.
+    fn backing_off_now(&self, policy: &str) -> bool {
+        let memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+        memory
+            .backoff
+            .get(policy)
+            .is_some_and(|b| backing_off(now_ms(), b.until_ms))
     }
 
     /// What allocation remembers (fences, back-offs, launches in flight), for the status
