@@ -31,7 +31,7 @@ use crate::config::Config;
 use crate::executor::Backends;
 use crate::exit::Exit;
 use crate::runner::backend::LinkedPackage;
-use crate::runner::store::{StoredPackage, tree_in_use};
+use crate::runner::store::{Leftovers, StoredPackage, tree_in_use};
 
 /// The `runner.version` that follows releases.
 pub const LATEST: &str = "latest";
@@ -419,7 +419,8 @@ impl Follower {
                     held.iter()
                         .filter_map(|r| r.stored.as_ref().map(StoredPackage::digest)),
                 );
-                linked.store().remove_unused(&keep);
+                // A repair may be building a staging folder meanwhile: those stay.
+                linked.store().remove_unused(&keep, Leftovers::Keep);
             }
             for gone in &free {
                 tracing::info!(version = %gone.version, "removed a superseded runner package nothing uses any more");

@@ -262,7 +262,7 @@ impl Store {
     /// which rebuilds it.
     pub fn install(&self, source: &Path) -> Result<StoredPackage, StoreError> {
         let package = self.install_beside(source)?;
-        self.remove_unused(&[package.digest()]);
+        self.remove_unused(&[package.digest()], Leftovers::Remove);
         Ok(package)
     }
 
@@ -391,9 +391,10 @@ impl Store {
 
     /// Removes everything in the store but the digests in `keep` and the trees a runtime still
     /// links ([`tree_in_use`]: a runner finishes on the package it started from): trees of
-    /// packages no longer configured and staging folders a crash left. Returns the names
-    /// removed. A failure only costs space, so it is logged, not returned.
-    pub fn remove_unused(&self, keep: &[String]) -> Vec<String> {
+    /// packages no longer configured and, with [`Leftovers::Remove`], staging folders a crash left
+    /// (only where no build can be under way: at start). Returns the names removed. A failure
+    /// only costs space, so it is logged, not returned.
+    pub fn remove_unused(&self, keep: &[String], leftovers: Leftovers) -> Vec<String> {
         let mut removed = Vec::new();
         let names = match open_dir(&self.dir).and_then(|store| entry_names(&store)) {
             Ok(names) => names,
@@ -407,6 +408,9 @@ impl Store {
                 continue;
             }
             let shown = name.to_string_lossy().into_owned();
+            if shown.starts_with(STAGING_PREFIX) && leftovers == Leftovers::Keep {
+                continue;
+            }
             if !shown.starts_with(STAGING_PREFIX)
                 && tree_in_use(&self.dir.join(&shown).join(TREE_DIR))
             {
@@ -720,6 +724,14 @@ impl StoreError {
             _ => None,
         }
     }
+}
+
+/// Whether [`Store::remove_unused`] removes staging folders: only where no build can be under
+/// way (a repair may build one while the agent runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leftovers {
+    Remove,
+    Keep,
 }
 
 /// Whether a runtime still links the stored `tree`: a runtime's files are hard links to the

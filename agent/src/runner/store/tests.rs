@@ -669,3 +669,38 @@ fn a_staging_folder_is_removed_on_drop_unless_kept() {
     kept.keep();
     assert_eq!(setup.store_names(), [name]);
 }
+
+#[test]
+fn a_superseded_tree_a_runtime_still_links_is_kept_until_the_runtime_goes() {
+    let setup = Setup::new();
+    let old = setup.install();
+    let runtime = setup.runtime("0123456789ab");
+    old.link_into(&runtime).unwrap();
+    assert!(tree_in_use(old.tree()));
+
+    // A new package installed beside it leaves the old tree; so does the start-up install.
+    std::fs::write(setup.source().join("bin/new.dll"), b"a new version").unwrap();
+    let new = setup.store.install_beside(&setup.source()).unwrap();
+    let leftover = setup.store.dir().join(format!("{STAGING_PREFIX}building"));
+    std::fs::create_dir_all(&leftover).unwrap();
+    let removed = setup.store.remove_unused(&[new.digest()], Leftovers::Keep);
+    assert!(removed.is_empty(), "{removed:?}");
+    assert!(leftover.exists(), "a build that may be under way stays");
+    old.verify_runtime(&runtime).unwrap();
+
+    // The runtime gone, the old tree is unused and goes; the new one stays.
+    std::fs::remove_dir_all(&runtime).unwrap();
+    assert!(!tree_in_use(old.tree()));
+    assert_eq!(
+        setup.store.remove_unused(&[new.digest()], Leftovers::Keep),
+        [old.digest()]
+    );
+    assert!(!old.tree().exists());
+    new.verify().unwrap();
+    // At start, a crash's staging folder goes too.
+    setup
+        .store
+        .remove_unused(&[new.digest()], Leftovers::Remove);
+    assert!(!leftover.exists());
+    assert_eq!(setup.store_names(), [new.digest()]);
+}
