@@ -261,6 +261,10 @@ async fn every_log_line_about_a_delivery_carries_its_guid_from_the_span() {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
+    // With a single registered dispatcher, tracing caches each callsite's interest from the
+    // thread-local default of whichever test thread reaches it first (none, on another test's
+    // thread: "never"). A second, idle dispatcher makes every callsite ask each one at each use.
+    let _second = tracing::Dispatch::new(tracing_subscriber::registry());
     // A current-thread runtime: the server's tasks run on this thread, under this subscriber.
     let _guard = tracing::subscriber::set_default(subscriber);
     let rx = start(&[SECRET]).await;

@@ -445,6 +445,10 @@ async fn every_event_of_a_poll_step_carries_the_steps_number() {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
+    // With a single registered dispatcher, tracing caches each callsite's interest from the
+    // thread-local default of whichever test thread reaches it first (none, on another test's
+    // thread: "never"). A second, idle dispatcher makes every callsite ask each one at each use.
+    let _second = tracing::Dispatch::new(tracing_subscriber::registry());
     let _guard = tracing::subscriber::set_default(subscriber);
     let h = Harness::new().await;
     h.queue("acme/gadgets");
