@@ -11,11 +11,11 @@
 //! fenced); a live runner of the policy stands for it (idle: `waiting_for_github`; starting:
 //! `launching`; not registered yet: `github_unreachable`, `rate_limited` or `launching`);
 //! otherwise no runner stands for it yet and the first condition that holds of GitHub
-//! unreachable, the policy's launch back-off, the host unfit, the policy's or the host's
-//! ceiling (or the runner uid pool), a held rate limit, is the verdict, else the next
-//! allocation pass starts a runner (`launching`). GitHub-wide conditions come before the
-//! policy's back-off because they cause it: every launch fails while they hold. Every other
-//! condition that also holds follows as a further reason.
+//! unreachable, the host unfit (the gate stops the whole allocation pass), the policy's launch
+//! back-off, the policy's or the host's ceiling (or the runner uid pool), a held rate limit, is
+//! the verdict, else the next allocation pass starts a runner (`launching`). GitHub unreachable
+//! comes before the back-off because it causes it: every launch fails while it holds. Every
+//! other condition that also holds follows as a further reason.
 //!
 //! Demand is advisory (a runner takes any job its labels match), so which runner "stands for"
 //! which job is a convention: a policy's queued jobs, oldest sighting first, are paired with its
@@ -467,6 +467,8 @@ fn served(
     let mut chain = Vec::new();
     let (unreachable, held) = github;
     chain.extend(unreachable);
+    // The fitness gate stops the whole allocation pass before any policy's back-off is read.
+    chain.extend(unfit(facts));
     if let Some(backoff) = memory.and_then(|m| m.backoff.as_ref())
         && allocate::backing_off(facts.now_ms, backoff.until_ms)
     {
@@ -488,7 +490,6 @@ fn served(
             format!("{} backs off after failed launches", policy.name),
         ));
     }
-    chain.extend(unfit(facts));
     if u32::try_from(slot).unwrap_or(u32::MAX) >= decided.to_start {
         chain.push(at_capacity(policy, decided.limit, &of_policy, &live, facts));
     } else if let Some(pool) = facts.uid_pool {

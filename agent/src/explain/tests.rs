@@ -414,6 +414,14 @@ fn host_unfit_names_the_fitness_gates_problems() {
     );
     assert!(e.reasons[0].message.contains("1 GiB free"), "{e:?}");
     assert_eq!(e.summary, "the host is unfit (disk_space)");
+    // The gate stops the allocation pass before any back-off is looked at.
+    w.memory().backoff = Some(Backoff {
+        until_ms: NOW + 5_000,
+        failures: 1,
+        last_failure: None,
+    });
+    assert_eq!(codes(&w.explain(&j)), ["host_unfit", "launch_backoff"]);
+    w.memory().backoff = None;
     // A fit host (no problems) holds nothing.
     w.snapshot
         .as_mut()
