@@ -75,6 +75,12 @@ mod tests {
             "no `demo` feature in agent/Cargo.toml"
         );
         assert!(DEMO_COMMAND.contains("--features demo"), "{DEMO_COMMAND}");
+        // `cargo run -p rm-agent` must know which of the package's binaries to run (the tests'
+        // `rm-agent-e2e` is the other).
+        assert!(
+            manifest.contains("\ndefault-run = \"rm-agent\"\n"),
+            "agent/Cargo.toml has no default-run: `{DEMO_COMMAND}` would not know what to run"
+        );
         let readme = include_str!("../../../README.md");
         assert!(
             readme.contains(DEMO_COMMAND),
