@@ -211,3 +211,51 @@ async fn a_hanging_runner_is_stopped_with_what_it_forked_and_cleaned_without_fol
     );
     assert!(s.dir.path().join("package/bin/Runner.Listener").is_file());
 }
+
+/// A runner GitHub refuses for its version says so in its own log and exits, as actions/runner
+/// does; supervision reads those words from its `_diag` and concludes the attempt failed for
+/// that reason, not as a runner that exited without a known cause (nor an idle exit: it was
+/// registered and idle when it went).
+#[tokio::test]
+async fn a_runner_refused_for_its_version_is_concluded_as_such_from_its_own_log() {
+    use rm_agent::lifecycle::{
+        AttemptFacts, AttemptState, Conclusion, Decision, FailureReason, GithubObservation,
+        JobEvidence, Observation, ProcessObservation, Timeouts, recovery_decision,
+    };
+    let s = setup(RunnerBehavior {
+        version_refused: true,
+        ..RunnerBehavior::default()
+    })
+    .await;
+    let Spawned { mut child, .. } = OsProcesses.spawn(s.runtime.dir(), &jit(&s)).unwrap();
+    let status = tokio::time::timeout(EXIT_WITHIN, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "actions/runner's terminated error");
+
+    let evidence = rm_agent::executor::evidence::read(s.runtime.dir());
+    assert_eq!(evidence, JobEvidence::VersionRefused);
+    let decision = recovery_decision(
+        &AttemptFacts {
+            state: AttemptState::Idle,
+            state_changed_at_ms: 0,
+            stop_intent: None,
+        },
+        &Observation {
+            process: ProcessObservation::Exited,
+            github: GithubObservation::Registered { busy: false },
+            evidence,
+        },
+        &Timeouts::supervision(Duration::from_secs(300), Duration::from_secs(600)),
+        1_000,
+    );
+    assert_eq!(
+        decision,
+        Decision::Conclude(Conclusion::Failed(FailureReason::RunnerVersionRejected))
+    );
+    assert_eq!(
+        s.root.remove_runtime(s.runtime.dir()).unwrap(),
+        Removal::Removed
+    );
+}

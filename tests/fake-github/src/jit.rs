@@ -61,6 +61,10 @@ pub struct RunnerBehavior {
     pub fork_background: bool,
     /// Plant `_work/planted-link` pointing here (for cleanup tests that must not follow links).
     pub plant_symlink: Option<String>,
+    /// GitHub refuses this runner's version: its first request for a job is answered `403`, as
+    /// GitHub answers a runner too old for it (the runner then says so in its log and exits).
+    #[serde(default)]
+    pub version_refused: bool,
 }
 
 impl Default for RunnerBehavior {
@@ -73,6 +77,7 @@ impl Default for RunnerBehavior {
             hang: false,
             fork_background: false,
             plant_symlink: None,
+            version_refused: false,
         }
     }
 }

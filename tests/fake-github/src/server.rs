@@ -577,6 +577,16 @@ fn runner_protocol(state: &mut State, method: &str, rest: &str, body: Option<&Va
             }
             Reply::json(200, json!(Registered { behavior }))
         }
+        "/acquire"
+            if state
+                .runners
+                .get(&hello.runner_id)
+                .and_then(|r| r.behavior.as_ref())
+                .is_some_and(|b| b.version_refused) =>
+        {
+            // What GitHub answers a runner below the version it accepts.
+            Reply::error(403, "Forbidden")
+        }
         "/acquire" => Reply::json(
             200,
             json!(Acquired {

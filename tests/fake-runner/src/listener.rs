@@ -20,6 +20,10 @@ const JIT_ENV: &str = "ACTIONS_RUNNER_INPUT_JITCONFIG";
 const ACQUIRE_POLL: Duration = Duration::from_millis(100);
 /// Exit status of a deliberate crash.
 const CRASH_EXIT: u8 = 3;
+/// The actions/runner version the fake runner says it is.
+pub const VERSION: &str = "2.300.0";
+/// actions/runner's exit status for an error it does not retry (`TerminatedError`).
+const TERMINATED_EXIT: u8 = 1;
 /// Created in the runtime's `_diag` by a test, it ends the running job now.
 pub const FINISH_FILE: &str = "finish-job";
 /// How long the background process left behind lives.
@@ -111,7 +115,21 @@ async fn run() -> anyhow::Result<u8> {
         .idle_timeout_ms
         .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
     loop {
-        if let Some(job) = session.acquire().await? {
+        let acquired = match session.acquire().await {
+            Ok(acquired) => acquired,
+            // As actions/runner does when GitHub refuses its version: the words in its log (and
+            // on stdout), and an exit with its terminated-error status.
+            Err(e) if format!("{e:#}").contains("refused (403") => {
+                let words = format!(
+                    "An error occured: Runner version v{VERSION} is deprecated and cannot receive messages."
+                );
+                diag.line(&words);
+                println!("{words}");
+                return Ok(TERMINATED_EXIT);
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(job) = acquired {
             return run_job(&session, &behavior, job, &work, &cwd, &diag).await;
         }
         if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
