@@ -102,9 +102,5 @@ pub fn waiting(
 ) -> anyhow::Result<Vec<Explanation>> {
     let gathered = Gathered::read(config, reader, now)?;
     let facts = gathered.facts(config);
-    Ok(gathered
-        .queued
-        .iter()
-        .map(|job| explain::explain(job.job_id, Some(job), &facts))
-        .collect())
+    Ok(explain::explain_queued(&facts))
 }

@@ -30,6 +30,7 @@ pub mod published;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use rm_journal::{AttemptRecord, AttemptState, JobRow};
@@ -144,6 +145,71 @@ fn condition(verdict: Verdict, reason: Reason, summary: impl Into<String>) -> Co
     }
 }
 
+/// The queue as allocation sees it, computed once for any number of explanations: the jobs
+/// routed to the policies, and for each routed job that its policy's fence leaves as demand,
+/// its place among them and how many they are.
+struct Queue {
+    routed: demand::Demand,
+    places: HashMap<i64, (usize, usize)>,
+}
+
+/// The fence of `policy` in the snapshot's allocation memory (`i64::MIN`: none).
+fn fence_of(facts: &Facts<'_>, policy: &str) -> i64 {
+    facts
+        .snapshot
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.policies.get(policy))
+        .and_then(|m| m.fence_ms)
+        .unwrap_or(i64::MIN)
+}
+
+impl Queue {
+    /// The queue of `facts`, with `extra` in it if the journal's queue lacked it.
+    fn of(facts: &Facts<'_>, extra: Option<&JobRow>) -> Queue {
+        let mut jobs: Vec<QueuedJob> = facts.queued.iter().map(as_queued).collect();
+        let mut first_seen: HashMap<i64, i64> = facts
+            .queued
+            .iter()
+            .map(|j| (j.job_id, j.first_seen_at_ms))
+            .collect();
+        if let Some(job) = extra.filter(|j| j.state == "queued")
+            && !first_seen.contains_key(&job.job_id)
+        {
+            jobs.push(as_queued(job));
+            first_seen.insert(job.job_id, job.first_seen_at_ms);
+        }
+        let routed = demand::route(facts.policies, &jobs);
+        let mut places = HashMap::new();
+        for (policy, ids) in &routed.per_policy {
+            let fence = fence_of(facts, policy);
+            let demand: Vec<i64> = ids
+                .iter()
+                .copied()
+                .filter(|id| {
+                    first_seen
+                        .get(id)
+                        .is_some_and(|seen| allocate::counts_after_fence(*seen, fence))
+                })
+                .collect();
+            for (place, id) in demand.iter().enumerate() {
+                places.insert(*id, (place, demand.len()));
+            }
+        }
+        Queue { routed, places }
+    }
+}
+
+/// Explains every queued job of `facts`, oldest first (`status`'s waiting jobs): the queue is
+/// routed once, not once per job.
+pub fn explain_queued(facts: &Facts<'_>) -> Vec<Explanation> {
+    let queue = Queue::of(facts, None);
+    facts
+        .queued
+        .iter()
+        .map(|job| queued(job, facts, &queue))
+        .collect()
+}
+
 /// Explains `job_id`, which the journal holds as `job` (or not at all).
 pub fn explain(job_id: i64, job: Option<&JobRow>, facts: &Facts<'_>) -> Explanation {
     let Some(job) = job else {
@@ -199,7 +265,7 @@ pub fn explain(job_id: i64, job: Option<&JobRow>, facts: &Facts<'_>) -> Explanat
             )],
             "held for an environment's approval",
         ),
-        _ => queued(job, facts),
+        _ => queued(job, facts, &Queue::of(facts, Some(job))),
     }
 }
 
@@ -210,24 +276,19 @@ fn on_runner(job: &JobRow) -> String {
 }
 
 /// The chain for a queued job.
-fn queued(job: &JobRow, facts: &Facts<'_>) -> Explanation {
-    let jobs: Vec<QueuedJob> = facts.queued.iter().map(as_queued).collect();
-    let mut jobs = jobs;
-    if !jobs.iter().any(|j| j.job_id == job.job_id) {
-        jobs.push(as_queued(job));
-    }
-    let routed = demand::route(facts.policies, &jobs);
+fn queued(job: &JobRow, facts: &Facts<'_>, queue: &Queue) -> Explanation {
+    let routed = &queue.routed;
     let policy = routed
         .per_policy
         .iter()
         .find(|(_, ids)| ids.contains(&job.job_id))
-        .and_then(|(name, ids)| Some((facts.policies.iter().find(|p| &p.name == name)?, ids)));
+        .and_then(|(name, _)| facts.policies.iter().find(|p| &p.name == name));
     let (chain, runner, policy_name) = match policy {
-        Some((policy, ids)) => {
-            let (chain, runner) = served(job, policy, ids, facts);
+        Some(policy) => {
+            let (chain, runner) = served(job, policy, queue, facts);
             (chain, runner, Some(policy.name.clone()))
         }
-        None => (vec![unrouted(job, &routed, facts.policies)], None, None),
+        None => (vec![unrouted(job, routed, facts.policies)], None, None),
     };
     let mut chain = chain.into_iter();
     let first = chain.next().unwrap_or_else(|| {
@@ -366,7 +427,7 @@ fn rank(state: AttemptState) -> u8 {
 fn served(
     job: &JobRow,
     policy: &Policy,
-    routed_ids: &[i64],
+    queue: &Queue,
     facts: &Facts<'_>,
 ) -> (Vec<Condition>, Option<String>) {
     let memory = facts
@@ -374,14 +435,11 @@ fn served(
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.policies.get(&policy.name));
     let fence = memory.and_then(|m| m.fence_ms).unwrap_or(i64::MIN);
-    let first_seen = |id: i64| {
-        facts
-            .queued
-            .iter()
-            .find(|j| j.job_id == id)
-            .map_or(job.first_seen_at_ms, |j| j.first_seen_at_ms)
-    };
-    if !allocate::counts_after_fence(job.first_seen_at_ms, fence) {
+    let Some(&(position, demand)) = queue
+        .places
+        .get(&job.job_id)
+        .filter(|_| allocate::counts_after_fence(job.first_seen_at_ms, fence))
+    else {
         return (
             vec![condition(
                 Verdict::WaitingForGithub,
@@ -401,13 +459,7 @@ fn served(
             )],
             None,
         );
-    }
-    let demand: Vec<i64> = routed_ids
-        .iter()
-        .copied()
-        .filter(|id| allocate::counts_after_fence(first_seen(*id), fence))
-        .collect();
-    let position = demand.iter().position(|id| *id == job.job_id).unwrap_or(0);
+    };
     let live: Vec<&AttemptRecord> = facts
         .attempts
         .iter()
@@ -457,7 +509,7 @@ fn served(
     }
     let slot = position - unassigned.len();
     let decided = allocation::allocate(AllocationInput {
-        demand: allocate::demand_after_unknown_busy(count(demand.len()), busy_unknown.len()),
+        demand: allocate::demand_after_unknown_busy(count(demand), busy_unknown.len()),
         min_runners: policy.min_runners,
         max_runners: policy.max_runners,
         unassigned_in_flight: count(unassigned.len()),

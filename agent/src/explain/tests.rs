@@ -533,4 +533,6 @@ fn status_groups_the_waiting_jobs_by_summary() {
          being allocated"
     );
     assert_eq!(waiting_summary(&[]), None);
+    // status explains them all at once, with the same answers.
+    assert_eq!(explain_queued(&w.facts()), all);
 }
