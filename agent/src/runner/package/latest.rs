@@ -303,14 +303,12 @@ impl Follower {
     /// and removes superseded packages once unused, until `stop` completes.
     pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
+        // Right away: a pinned version is judged, and "latest" learns whether the start's answer
+        // still holds (asked conditionally with the start's ETag: a free `304`), which also
+        // retries soon a start that fell back to the cache.
         let mut next_check = tokio::time::Instant::now();
-        if self.follows {
-            // The start asked already: what it found is the newest release.
-            self.report(&Window::Newest);
-            next_check += self.interval;
-            // Packages of earlier versions a previous run left: removed once unused.
-            self.prune().await;
-        }
+        // Packages of earlier versions a previous run left: removed once unused.
+        self.prune().await;
         loop {
             let prune_at = tokio::time::Instant::now() + PRUNE_INTERVAL;
             tokio::select! {

@@ -324,6 +324,15 @@ async fn latest_follows_a_new_release_while_a_runner_runs_on_the_old_one() {
         "{:?}",
         release_requests(&fleet)
     );
+    // Asked conditionally: an unchanged latest release is a 304, the new one a 200.
+    let asked: Vec<u16> = fleet
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/repos/actions/runner/releases/latest")
+        .map(|r| r.status)
+        .collect();
+    assert!(asked.contains(&304) && asked.contains(&200), "{asked:?}");
     assert!(agent.terminate().success());
 
     // A restart asks GitHub again and finds the latest in the cache: nothing downloaded.
