@@ -738,10 +738,10 @@ fn unfit(facts: &Facts<'_>) -> Option<Condition> {
         reason(
             "host_unfit",
             format!(
-                "The host is unfit (checked {}): no new runner is registered until it is fit \
-                 again. {}",
+                "The host is unfit (checked {}), so no new runner is registered until it is \
+                 fit again: {}.",
                 ago_phrase(facts.now_ms, fitness.checked_at_ms),
-                messages.join(" ")
+                messages.join("; ")
             ),
         ),
         format!("the host is unfit ({})", codes.join(", ")),

@@ -121,6 +121,19 @@ async fn a_full_runner_root_registers_no_runner_until_space_is_freed() {
     assert!(fleet.attempts().is_empty(), "{:?}", fleet.attempts());
     let s = status(&fleet);
     assert!(has_problem(&s, "disk_space"), "{s}");
+    // `explain` names the gate as the reason the job waits (CONTRACT §8 `host_unfit`).
+    let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{doc}");
+    assert_eq!(doc["verdict"], "host_unfit", "{doc}");
+    assert!(
+        doc["summary"].as_str().unwrap().contains("disk_space")
+            && doc["reasons"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("host.min_free_space"),
+        "{doc}"
+    );
 
     std::fs::remove_file(&filler).unwrap();
     wait_until(
