@@ -407,6 +407,23 @@ pub fn liveness(
     }
 }
 
+/// What a reader process (`status`, `explain`) learns about the agent serving `data_dir` at
+/// `now_ms`: the last snapshot (an unreadable one is logged and ignored) and whether its
+/// writer still runs.
+pub fn observe(data_dir: &Path, now_ms: i64) -> (Option<Snapshot>, Liveness) {
+    let snapshot = read(data_dir).unwrap_or_else(|problem| {
+        tracing::warn!("{problem}; ignoring it");
+        None
+    });
+    let agent = liveness(
+        snapshot.as_ref(),
+        crate::lock::recorded_owner(data_dir),
+        now_ms,
+        is_rm_agent,
+    );
+    (snapshot, agent)
+}
+
 /// Whether `pid` is a live rm-agent process. Where `/proc` tells a process's name, a recycled
 /// pid that now names another program does not count.
 pub fn is_rm_agent(pid: u32) -> bool {

@@ -26,16 +26,7 @@ struct Gathered {
 impl Gathered {
     fn read(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::Result<Self> {
         let now_ms = unix_ms(now);
-        let snapshot = status_file::read(&config.data_dir).unwrap_or_else(|problem| {
-            tracing::warn!("{problem}; ignoring it");
-            None
-        });
-        let agent = status_file::liveness(
-            snapshot.as_ref(),
-            crate::lock::recorded_owner(&config.data_dir),
-            now_ms,
-            status_file::is_rm_agent,
-        );
+        let (snapshot, agent) = status_file::observe(&config.data_dir, now_ms);
         let (queued, attempts) = match reader {
             Some(reader) => (reader.queued_jobs()?, reader.uncleaned_attempts()?),
             None => (Vec::new(), Vec::new()),

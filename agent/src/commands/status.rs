@@ -153,19 +153,7 @@ fn journalled(reader: &Reader) -> anyhow::Result<Journalled> {
 /// Reads the journal (none: the empty state), the snapshot and the processes.
 fn gather(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::Result<Facts> {
     let now_ms = unix_ms(now);
-    let snapshot = match status_file::read(&config.data_dir) {
-        Ok(snapshot) => snapshot,
-        Err(problem) => {
-            tracing::warn!("{problem}; ignoring it");
-            None
-        }
-    };
-    let agent = status_file::liveness(
-        snapshot.as_ref(),
-        crate::lock::recorded_owner(&config.data_dir),
-        now_ms,
-        status_file::is_rm_agent,
-    );
+    let (snapshot, agent) = status_file::observe(&config.data_dir, now_ms);
     let Journalled {
         outcomes,
         queued,
@@ -684,7 +672,11 @@ pub fn render(facts: &Facts) -> String {
             format!(
                 "v{}{}, GitHub asked {} ago",
                 r.version,
-                if r.follows_latest { " (follows latest)" } else { "" },
+                if r.follows_latest {
+                    " (follows latest)"
+                } else {
+                    ""
+                },
                 ago(facts.age_of(r.checked_at_ms))
             ),
         );

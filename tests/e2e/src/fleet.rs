@@ -299,6 +299,15 @@ impl Fleet {
         others
     }
 
+    /// How many JIT registrations the agent asked the fake for.
+    pub fn jit_requests(&self) -> usize {
+        self.fake
+            .requests()
+            .iter()
+            .filter(|r| r.path.ends_with("/generate-jitconfig"))
+            .count()
+    }
+
     pub fn attempts(&self) -> Vec<AttemptRecord> {
         match Reader::open(&self.setup.journal()) {
             Ok(reader) => reader.attempts(10_000).unwrap_or_default(),

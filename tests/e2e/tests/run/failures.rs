@@ -18,15 +18,6 @@ const CONTROL_JIT_TRIES: usize = 5;
 /// (rm-agent's `RECOVERY_RETRY`, 10 s, apart), so the wait is longer than a retry.
 const RECOVERY_TRIES: usize = 3;
 
-fn jit_requests(fleet: &Fleet) -> usize {
-    fleet
-        .fake
-        .requests()
-        .iter()
-        .filter(|r| r.path.ends_with("/generate-jitconfig"))
-        .count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_registration_is_final_and_names_the_missing_permission() {
     // A second policy on the repository is the control: its first launch fails the ordinary
@@ -241,11 +232,11 @@ async fn no_runner_starts_before_recovery_could_ask_github() {
         Duration::from_secs(90),
         "the first poll done and recovery failed RECOVERY_TRIES times",
         // A launch ends the wait too, for the assertion below to say so.
-        || polled() && recovery_failures() >= RECOVERY_TRIES || jit_requests(&fleet) > 0,
+        || polled() && recovery_failures() >= RECOVERY_TRIES || fleet.jit_requests() > 0,
     )
     .await;
     assert_eq!(
-        jit_requests(&fleet),
+        fleet.jit_requests(),
         0,
         "a runner was launched before recovery completed"
     );

@@ -24,15 +24,6 @@ fn status(fleet: &Fleet) -> Value {
     rm_e2e::json_stdout(&fleet.setup.run(&["status", "--json"]))
 }
 
-fn jit_requests(fleet: &Fleet) -> usize {
-    fleet
-        .fake
-        .requests()
-        .iter()
-        .filter(|r| r.path.ends_with("/generate-jitconfig"))
-        .count()
-}
-
 fn has_problem(status: &Value, code: &str) -> bool {
     status["host"]["problems"]
         .as_array()
@@ -114,7 +105,7 @@ async fn a_full_runner_root_registers_no_runner_until_space_is_freed() {
     )
     .await;
     assert_eq!(
-        jit_requests(&fleet),
+        fleet.jit_requests(),
         0,
         "an unfit host asked GitHub for a JIT registration"
     );
@@ -152,7 +143,7 @@ async fn a_full_runner_root_registers_no_runner_until_space_is_freed() {
         logs.contains("host fit again"),
         "the transition back is logged"
     );
-    assert_eq!(jit_requests(&fleet), 1, "one registration, for the job");
+    assert_eq!(fleet.jit_requests(), 1, "one registration, for the job");
     wait_until(
         Duration::from_secs(60),
         "status says the host is fit",
