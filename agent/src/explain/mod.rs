@@ -166,7 +166,7 @@ fn fence_of(facts: &Facts<'_>, policy: &str) -> i64 {
 impl Queue {
     /// The queue of `facts`, with `extra` in it if the journal's queue lacked it.
     fn of(facts: &Facts<'_>, extra: Option<&JobRow>) -> Queue {
-        let mut jobs: Vec<QueuedJob> = facts.queued.iter().map(as_queued).collect();
+        let mut jobs: Vec<QueuedJob> = facts.queued.iter().map(QueuedJob::from).collect();
         let mut first_seen: HashMap<i64, i64> = facts
             .queued
             .iter()
@@ -175,7 +175,7 @@ impl Queue {
         if let Some(job) = extra.filter(|j| j.state == "queued")
             && !first_seen.contains_key(&job.job_id)
         {
-            jobs.push(as_queued(job));
+            jobs.push(QueuedJob::from(job));
             first_seen.insert(job.job_id, job.first_seen_at_ms);
         }
         let routed = demand::route(facts.policies, &jobs);
@@ -312,10 +312,6 @@ fn queued(job: &JobRow, facts: &Facts<'_>, queue: &Queue) -> Explanation {
     }
 }
 
-fn as_queued(job: &JobRow) -> QueuedJob {
-    QueuedJob::from(job)
-}
-
 fn label_list(labels: &[String]) -> String {
     let mut sorted: Vec<String> = labels.iter().map(|l| l.to_ascii_lowercase()).collect();
     sorted.sort();
@@ -355,7 +351,7 @@ fn unrouted(job: &JobRow, routed: &demand::Demand, policies: &[Policy]) -> Condi
             format!("{labels} matches {} policies", both.len()),
         );
     }
-    let job_q = as_queued(job);
+    let job_q = QueuedJob::from(job);
     let closest = policies
         .iter()
         .map(|p| {
