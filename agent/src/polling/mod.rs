@@ -1,7 +1,8 @@
 //! The polling fallback: the safety net under webhooks (ARCHITECTURE guarantee 5). It owns
 //! the poll schedule ([`schedule`]), webhook health ([`health`]), polled demand
 //! ([`targets`]: what GitHub's REST API shows enters the journal with source `poll`, through the
-//! same forward-only merge as a delivery), stale queued jobs ([`stale`]), failed-delivery
+//! same forward-only merge as a delivery, each job read by the one conversion in `sighting`),
+//! stale queued jobs ([`stale`]), failed-delivery
 //! recovery ([`redeliver`]) and what `status` shows about all of it ([`status`]). It decides
 //! nothing about runners: the allocation reads the journal it writes.
 //!
@@ -13,6 +14,7 @@ pub mod health;
 mod poller;
 pub mod redeliver;
 pub mod schedule;
+mod sighting;
 pub mod stale;
 pub mod status;
 pub mod targets;

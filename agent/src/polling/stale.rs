@@ -11,7 +11,7 @@ use rm_github::{GithubClient, GithubError, Target};
 use rm_journal::{JournalError, PollJournal, QueuedJobRef};
 
 use super::schedule::Failure;
-use super::targets::{in_targets, observation};
+use super::sighting::observation;
 
 /// A job queued in the journal for longer than this is checked against GitHub.
 pub const STALE_AFTER: Duration = Duration::from_secs(10 * 60);
@@ -54,7 +54,7 @@ pub async fn check(
     let due: Vec<_> = lock()
         .stale_queued(before, now_ms - ms(STALE_RECHECK))?
         .into_iter()
-        .filter(|job| in_targets(targets, &job.repository))
+        .filter(|job| targets.iter().any(|t| t.contains(&job.repository)))
         .take(MAX_STALE_CHECKS_PER_PASS)
         .collect();
     check_jobs(client, journal, due, now).await

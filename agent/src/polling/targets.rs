@@ -20,11 +20,12 @@ use std::time::{Duration, SystemTime};
 use rm_github::types::WorkflowJob;
 use rm_github::wire::parse_rfc3339;
 use rm_github::{GithubClient, GithubError, Target};
-use rm_handlers::{JobObservation, JobState, Source};
+use rm_handlers::JobObservation;
 use rm_journal::{JournalError, PollJournal, QueuedJobRef};
 
 use super::health::is_unannounced;
 use super::schedule::Failure;
+use super::sighting::observation;
 
 /// An organization's repository list is listed again after this many active intervals.
 pub const REPOSITORY_LIST_REFRESH_MULTIPLE: u32 = 30;
@@ -86,59 +87,6 @@ pub enum DemandError {
 
 fn lock(journal: &Mutex<PollJournal>) -> std::sync::MutexGuard<'_, PollJournal> {
     journal.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Whether `repository` (`owner/name`) lies in one of `targets`.
-pub fn in_targets(targets: &[Target], repository: &str) -> bool {
-    targets.iter().any(|t| t.contains(repository))
-}
-
-/// A job as GitHub's REST API shows it, as a journal sighting with source `poll`. `None` for a
-/// status the journal has no state for (`requested`, `pending`).
-pub fn observation(
-    job: &WorkflowJob,
-    repository: &str,
-    installation_id: Option<u64>,
-    at_ms: i64,
-) -> Option<JobObservation> {
-    let state = match job.status.as_str() {
-        "waiting" => JobState::Waiting,
-        "queued" => JobState::Queued,
-        "in_progress" => JobState::InProgress,
-        "completed" => JobState::Completed,
-        _ => return None,
-    };
-    let started = state >= JobState::InProgress;
-    Some(JobObservation {
-        job_id: i64::try_from(job.id).ok()?,
-        run_id: i64::try_from(job.run_id).ok()?,
-        run_attempt: job
-            .run_attempt
-            .and_then(|a| i64::try_from(a).ok())
-            .unwrap_or(1),
-        repository: repository.to_owned(),
-        installation_id: installation_id.and_then(|i| i64::try_from(i).ok()),
-        labels: job.labels.clone(),
-        state,
-        conclusion: job.conclusion.clone(),
-        runner_name: job.runner_name.clone().filter(|_| started),
-        runner_id: job
-            .runner_id
-            .and_then(|i| i64::try_from(i).ok())
-            .filter(|_| started),
-        workflow_name: job.workflow_name.clone(),
-        job_name: Some(job.name.clone()),
-        queued_at_ms: parse_rfc3339(&job.created_at).map(super::unix_ms),
-        // GitHub fills `started_at` with the creation time while a job is queued.
-        started_at_ms: job
-            .started_at
-            .as_deref()
-            .and_then(parse_rfc3339)
-            .map(super::unix_ms)
-            .filter(|_| started),
-        observed_at_ms: at_ms,
-        source: Source::Poll,
-    })
 }
 
 /// One pass over `targets`. A target that fails is unreadable (not empty); an outage or a rate
