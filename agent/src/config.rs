@@ -3,6 +3,8 @@
 //! be right. Unknown keys, wrong types and out-of-range values are all refused at start.
 
 mod duration;
+pub mod fitness;
+pub mod runner_version;
 mod validate;
 
 use std::net::SocketAddr;
@@ -92,7 +94,7 @@ pub struct HostSection {
     pub isolation: Option<String>,
     pub runner_uids: Option<RunnerUidsSection>,
     pub cgroup_root: Option<String>,
-    /// The fitness gate ([`crate::fitness`]): least free space on the runner root's filesystem.
+    /// The fitness gate (`crate::fitness`): least free space on the runner root's filesystem.
     pub min_free_space: Option<String>,
     /// The least free space on the data directory's filesystem.
     pub data_dir_min_free_space: Option<String>,
@@ -215,7 +217,7 @@ pub struct Host {
     /// `host.cgroup_root`: `None` is `"auto"`.
     pub cgroup_root: Option<PathBuf>,
     /// What the fitness gate requires of this host ([`crate::fitness`]).
-    pub fitness: crate::fitness::Thresholds,
+    pub fitness: fitness::Thresholds,
 }
 
 /// How runners are kept from the agent, from each other and from later jobs (CONTRACT §7).
@@ -262,7 +264,7 @@ impl RunnerUids {
 #[derive(Debug)]
 pub struct Runner {
     pub package_dir: Option<PathBuf>,
-    /// A pinned `2.330.0`, or `"latest"` ([`crate::runner::package::latest::LATEST`]).
+    /// A pinned `2.330.0`, or `"latest"` ([`runner_version::LATEST`]).
     pub version: Option<String>,
     pub idle_timeout: Duration,
     pub registration_timeout: Duration,
@@ -298,11 +300,9 @@ pub struct Policy {
     /// Per-runner limits applied through the runner's cgroup (and `pids_max` as the runner
     /// uid's process limit).
     pub limits: RunnerLimits,
-    /// `env_file`: where operator variables for this policy's runners come from.
+    /// `env_file`: where operator variables for this policy's runners come from (read once
+    /// when `rm-agent run` starts, by `runner::env_file::load_policies`).
     pub env_file: Option<PathBuf>,
-    /// The variables of `env_file`, read when `rm-agent run` starts
-    /// ([`crate::runner::env_file::load_policies`]); empty until then.
-    pub env: crate::runner::env_file::OperatorEnv,
 }
 
 /// `memory_max`, `pids_max`, `cpu_weight` of a policy.

@@ -111,7 +111,6 @@ mod tests {
             workspace: Workspace::Ephemeral,
             limits: Default::default(),
             env_file: None,
-            env: Default::default(),
         }
     }
 

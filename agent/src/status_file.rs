@@ -289,18 +289,22 @@ pub fn read(data_dir: &Path) -> Result<Option<Snapshot>, String> {
     }
 }
 
+/// How the publisher reads a fact another part of the agent owns, at each publication.
+pub type Source<T> = std::sync::Arc<dyn Fn() -> T + Send + Sync>;
+
 /// Publishes the agent's status until the poller stops: at once, whenever `status` changes,
 /// and at least every [`PUBLISH_EVERY`]. A failed write is logged and retried at the next one.
 /// `relay` is the relay subscription's state, when there is one; `allocation` reads the
-/// executor's memory at each publication; `fitness` is the fitness gate.
+/// executor's memory and `fitness` the fitness gate's latest judgement at each publication
+/// (read through closures, so this module depends on neither).
 pub fn spawn_publisher(
     data_dir: PathBuf,
     mut status: watch::Receiver<PollerStatus>,
     mut relay: Option<watch::Receiver<crate::relay::RelayState>>,
     client: GithubClient,
     max_runners: u32,
-    allocation: Option<crate::explain::published::MemorySource>,
-    fitness: Option<crate::fitness::Gate>,
+    allocation: Option<Source<crate::explain::published::AllocationMemory>>,
+    fitness: Option<Source<Option<Fitness>>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let pid = std::process::id();
@@ -320,8 +324,7 @@ pub fn spawn_publisher(
             // burst of registrations shows within [`PUBLISH_EVERY`].
             snapshot.github.held = held(&client.budget(), SystemTime::now());
             snapshot.allocation = allocation.as_ref().map(|read| read());
-            // The fitness gate's latest judgement (crate::fitness).
-            snapshot.fitness = fitness.as_ref().and_then(crate::fitness::Gate::current);
+            snapshot.fitness = fitness.as_ref().and_then(|read| read());
             let dir = data_dir.clone();
             match tokio::task::spawn_blocking(move || write(&dir, &snapshot)).await {
                 Ok(Ok(())) => warned = false,

@@ -136,7 +136,10 @@ pub async fn serve_paced(
             let executor = Arc::clone(&executor);
             Arc::new(move || executor.published_memory())
         }),
-        Some(fitness.clone()),
+        Some({
+            let fitness = fitness.clone();
+            Arc::new(move || fitness.current())
+        }),
     );
     let agent_metrics = crate::metrics::AgentMetrics::new(poller.status(), published);
     let poller_status = poller.status();
@@ -290,8 +293,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         }
     };
     // Read once, here: a bad line or an unreadable file refuses the start (exit 2).
-    let mut policies = config.policies.clone();
-    crate::runner::env_file::load_policies(&mut policies)
+    let operator_env = crate::runner::env_file::load_policies(&config.policies)
         .map_err(|(key, e)| usage(config, &key, &e.to_string()))?;
     let backends = crate::isolation::backends(config, &package_dir)?;
     let settings = Settings {
@@ -303,7 +305,8 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
             config.runner.registration_timeout,
             config.runner.idle_timeout,
         ),
-        policies,
+        policies: config.policies.clone(),
+        operator_env,
         fitness: crate::fitness::Gate::default(),
     };
     Ok((settings, version))

@@ -551,7 +551,7 @@ fn latest_is_a_runner_version_checked_daily_by_default() {
     assert_eq!(config.runner.version.as_deref(), Some("latest"));
     assert_eq!(
         config.runner.release_check_interval,
-        crate::runner::package::latest::DEFAULT_RELEASE_CHECK
+        crate::config::runner_version::DEFAULT_RELEASE_CHECK
     );
     // Never a release to look up by tag.
     assert!(crate::runner::package::Wanted::from_config(&config).is_none());

@@ -219,7 +219,7 @@ pub(super) fn validate(
         isolation_named,
         runner_uids,
         cgroup_root,
-        fitness: crate::fitness::thresholds(
+        fitness: super::fitness::thresholds(
             file.host.min_free_space.as_deref(),
             file.host.data_dir_min_free_space.as_deref(),
             file.host.required_tools,
@@ -236,7 +236,7 @@ pub(super) fn validate(
     }
     if let Some(version) = &file.runner.version
         && !is_runner_version(version)
-        && version != crate::runner::package::latest::LATEST
+        && version != super::runner_version::LATEST
     {
         // The version becomes part of a URL and of a directory name: digits and dots only.
         return Err(err(
@@ -267,7 +267,7 @@ pub(super) fn validate(
             file.runner.registration_timeout,
             DEFAULT_REGISTRATION_TIMEOUT,
         )?,
-        release_check_interval: crate::runner::package::latest::check_interval(
+        release_check_interval: super::runner_version::check_interval(
             file.runner.release_check_interval.map(|d| d.0),
         )
         .map_err(|problem| err("runner.release_check_interval", problem))?,
@@ -484,7 +484,6 @@ fn validate_policy(
         min_runners,
         workspace,
         env_file: section.env_file,
-        env: Default::default(),
     })
 }
 

@@ -79,6 +79,8 @@ pub struct Settings {
     pub timeouts: Timeouts,
     /// Policies with an ephemeral workspace.
     pub policies: Vec<Policy>,
+    /// Each policy's `env_file` variables, by policy name (read once at start).
+    pub operator_env: HashMap<String, crate::runner::env_file::OperatorEnv>,
     /// The fitness gate: while it says unfit, allocation registers no runner.
     pub fitness: crate::fitness::Gate,
 }
@@ -341,8 +343,8 @@ impl Executor {
             .unwrap_or_default();
         let mut plan = Plan::of(record, limits);
         // The operator's variables of the policy's env_file (crate::runner::env_file).
-        if let Some(policy) = self.policy(&record.policy) {
-            plan.env = policy.env.clone();
+        if let Some(env) = self.settings.operator_env.get(&record.policy) {
+            plan.env = env.clone();
         }
         plan
     }

@@ -6,7 +6,6 @@
 //! attempt (never a JIT configuration or a token).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -47,6 +46,3 @@ pub struct Backoff {
     #[serde(default)]
     pub last_failure: Option<String>,
 }
-
-/// How the status publisher reads the executor's memory at each publication.
-pub type MemorySource = Arc<dyn Fn() -> AllocationMemory + Send + Sync>;

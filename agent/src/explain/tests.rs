@@ -25,7 +25,6 @@ fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
         workspace: Workspace::Ephemeral,
         limits: Default::default(),
         env_file: None,
-        env: Default::default(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The gate's rules: thresholds as configured, the judgement of measured facts, transitions.
 
 use super::*;
+use crate::config::fitness::thresholds;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;

@@ -12,6 +12,7 @@
 //! `export`, no continuation lines. A key given twice is refused (which one wins would be a
 //! guess).
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fmt;
 use std::path::Path;
@@ -150,15 +151,19 @@ pub fn load(path: &Path) -> Result<OperatorEnv, EnvFileError> {
     parse(&file, &bytes)
 }
 
-/// Loads the env file of every policy that names one into the policy: once, at start. The
-/// error names the policy's `env_file` key, the file and the line.
-pub fn load_policies(policies: &mut [crate::config::Policy]) -> Result<(), (String, EnvFileError)> {
-    for (index, policy) in policies.iter_mut().enumerate() {
-        if let Some(path) = policy.env_file.clone() {
-            policy.env = load(&path).map_err(|e| (format!("policy[{index}].env_file"), e))?;
+/// Loads the env file of every policy that names one: once, at start. The variables by policy
+/// name; the error names the policy's `env_file` key, the file and the line.
+pub fn load_policies(
+    policies: &[crate::config::Policy],
+) -> Result<HashMap<String, OperatorEnv>, (String, EnvFileError)> {
+    let mut loaded = HashMap::new();
+    for (index, policy) in policies.iter().enumerate() {
+        if let Some(path) = &policy.env_file {
+            let env = load(path).map_err(|e| (format!("policy[{index}].env_file"), e))?;
+            loaded.insert(policy.name.clone(), env);
         }
     }
-    Ok(())
+    Ok(loaded)
 }
 
 /// `env` (a runner's environment as the launch contract builds it) with the operator's
@@ -325,12 +330,11 @@ mod tests {
             good.display(),
             bad.display()
         );
-        let mut policies = crate::config::from_text(&text).unwrap().policies;
-        assert!(
-            policies.iter().all(|p| p.env.is_empty()),
-            "read only by run"
-        );
-        let (key, err) = load_policies(&mut policies).unwrap_err();
+        let policies = crate::config::from_text(&text).unwrap().policies;
+        let loaded = load_policies(&policies[..1]).unwrap();
+        assert_eq!(loaded["a"].vars(), [("A".to_owned(), "1".to_owned())]);
+        assert!(!loaded.contains_key("b"));
+        let (key, err) = load_policies(&policies).unwrap_err();
         assert_eq!(key, "policy[1].env_file");
         assert_eq!(
             err,
@@ -340,7 +344,6 @@ mod tests {
                 problem: err_problem(&err),
             }
         );
-        assert_eq!(policies[0].env.vars(), [("A".to_owned(), "1".to_owned())]);
     }
 
     fn err_problem(err: &EnvFileError) -> String {

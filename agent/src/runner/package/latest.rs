@@ -25,6 +25,7 @@ use super::cache::Cache;
 use super::current::CurrentPackage;
 use super::release::{self, Platform};
 use super::report::VersionReport;
+use super::version::{parse_version, version_of_tag};
 use super::window::Window;
 use super::{PackageError, Wanted, progress};
 use crate::config::Config;
@@ -33,34 +34,15 @@ use crate::exit::Exit;
 use crate::runner::backend::LinkedPackage;
 use crate::runner::store::{Leftovers, StoredPackage, tree_in_use};
 
-/// The `runner.version` that follows releases.
-pub const LATEST: &str = "latest";
-/// How often GitHub is asked for its latest release by default: well inside GitHub's 30 days,
-/// and one request a day.
-pub const DEFAULT_RELEASE_CHECK: Duration = Duration::from_secs(24 * 60 * 60);
-/// The shortest `runner.release_check_interval`: an unchanged answer is a free `304`, but a
-/// shorter interval helps no one (actions/runner releases every few weeks).
-pub const RELEASE_CHECK_FLOOR: Duration = Duration::from_secs(5);
-/// The longest `runner.release_check_interval`: a new release must be noticed with most of its
-/// 30 days left.
-pub const RELEASE_CHECK_CEILING: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+pub use crate::config::runner_version::{
+    DEFAULT_RELEASE_CHECK, LATEST, RELEASE_CHECK_CEILING, RELEASE_CHECK_FLOOR, check_interval,
+};
+
 /// After a failed check or download, how long until the next try (never longer than the
 /// configured interval).
 pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10 * 60);
 /// How often superseded packages are looked at for removal while there are any.
 pub const PRUNE_INTERVAL: Duration = Duration::from_secs(10);
-
-/// `runner.release_check_interval`, validated: the default when unset.
-pub fn check_interval(configured: Option<Duration>) -> Result<Duration, String> {
-    let interval = configured.unwrap_or(DEFAULT_RELEASE_CHECK);
-    if interval < RELEASE_CHECK_FLOOR || interval > RELEASE_CHECK_CEILING {
-        return Err(format!(
-            "{} is outside 5s to 7d; the default, a day, is what it is for (a release must be noticed long before GitHub's 30 days run out)",
-            humantime::format_duration(interval)
-        ));
-    }
-    Ok(interval)
-}
 
 /// Whether `config` follows releases.
 pub fn follows_latest(config: &Config) -> bool {
@@ -79,27 +61,6 @@ pub fn describe(config: &Config) -> String {
             "runner.version = \"latest\": follows actions/runner's releases (asked at start and every {every}); nothing cached yet: `rm-agent run` downloads the latest release and checks its SHA-256"
         ),
     }
-}
-
-/// `MAJOR.MINOR.PATCH` as numbers, for ordering; `None` for anything else.
-pub fn parse_version(version: &str) -> Option<[u64; 3]> {
-    let mut parts = version.split('.');
-    let mut out = [0; 3];
-    for slot in &mut out {
-        let part = parts.next()?;
-        if part.is_empty() || part.len() > 6 || !part.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        *slot = part.parse().ok()?;
-    }
-    parts.next().is_none().then_some(out)
-}
-
-/// The version a release tag names (`v2.330.0` → `2.330.0`); `None` when it names none (it
-/// becomes part of a URL and a directory name).
-pub fn version_of_tag(tag: &str) -> Option<String> {
-    let version = tag.strip_prefix('v').unwrap_or(tag);
-    parse_version(version).map(|_| version.to_owned())
 }
 
 /// What to do with the release GitHub calls latest.

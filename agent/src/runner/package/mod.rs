@@ -13,6 +13,7 @@ pub mod progress;
 pub mod release;
 pub mod report;
 pub mod unpack;
+pub mod version;
 pub mod window;
 
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use rm_github::types::ReleaseSummary;
 
-use super::latest::{parse_version, version_of_tag};
+use super::version::{parse_version, version_of_tag};
 
 /// GitHub's window: a runner must install a new release within this of its publication.
 pub const UPDATE_WINDOW: Duration = Duration::from_secs(30 * 24 * 60 * 60);
