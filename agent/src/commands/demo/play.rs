@@ -336,6 +336,9 @@ max_runners = 8
 runner_root = "{root}"
 isolation = "{isolation}"
 runner_uids = "{DEMO_UIDS}"
+# The fake runners need little room: a machine with a small /tmp still runs the demo.
+min_free_space = "64MiB"
+data_dir_min_free_space = "16MiB"
 
 [runner]
 package_dir = "{package}"
