@@ -19,6 +19,7 @@ use std::time::Duration;
 use rm_journal::{
     AttemptId, AttemptRecord, AttemptState, IsolationKind, NewAttempt, Scope, WorkspaceKind, now_ms,
 };
+use tracing::Instrument as _;
 
 use super::{Executor, fault};
 use crate::allocation::{self, AllocationInput};
@@ -257,11 +258,12 @@ impl Executor {
             };
             self.note_uid_pool(None);
             drop(guard);
-            tracing::info!(policy = %policy.name, attempt = %record.attempt_id, runner = %record.runner_name, demand, "runner allocated");
+            let span = super::attempt_span(&record);
+            span.in_scope(|| tracing::info!(demand, "runner allocated"));
             fault::crash_point("attempt_journalled");
             self.lock_launching().insert(record.attempt_id.clone());
             let executor = Arc::clone(self);
-            tokio::spawn(async move { executor.launch(record).await });
+            tokio::spawn(async move { executor.launch(record).await }.instrument(span));
         }
     }
 

@@ -64,16 +64,16 @@ impl Executor {
                 self.wake.notify_one();
                 match child.wait().await {
                     Ok(status) => {
-                        tracing::info!(attempt = %id, runner = %record.runner_name, code = status.code(), "runner process exited");
+                        tracing::info!(code = status.code(), "runner process exited");
                     }
                     Err(e) => {
-                        tracing::warn!(attempt = %id, error = %e, "cannot wait for the runner process")
+                        tracing::warn!(error = %e, "cannot wait for the runner process")
                     }
                 }
                 self.wake.notify_one();
             }
             Err(failure) => {
-                tracing::warn!(attempt = %id, runner = %record.runner_name, reason = failure.reason.as_str(), detail = %failure.detail, "launch failed");
+                tracing::warn!(reason = failure.reason.as_str(), detail = %failure.detail, "launch failed");
                 self.remember_launch(
                     &record.policy,
                     Some((
@@ -90,7 +90,7 @@ impl Executor {
                     Some(&failure.detail),
                     now_ms(),
                 ) {
-                    tracing::error!(attempt = %id, error = %e, "cannot journal the failed launch; recovery will conclude it");
+                    tracing::error!(error = %e, "cannot journal the failed launch; recovery will conclude it");
                 }
                 self.wake.notify_one();
             }
@@ -151,7 +151,7 @@ impl Executor {
                 "the runner's start could not be journalled; it was stopped",
             ));
         }
-        tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, pid = identity.pid, "runner started");
+        tracing::info!(pid = identity.pid, "runner started");
         fault::crash_point("runner_started");
         Ok(child)
     }
@@ -237,7 +237,9 @@ impl Executor {
                     });
                 }
                 JitRetry::RemoveStaleName => {
-                    tracing::warn!(runner = %request.name, "a registration with this runner's name exists; removing it and retrying");
+                    tracing::warn!(
+                        "a registration with this runner's name exists; removing it and retrying"
+                    );
                     if let Err(e) = self.registry.remove_by_name(target, &request.name).await {
                         tracing::warn!(error = %e, "cannot remove the stale registration");
                     }
@@ -256,7 +258,7 @@ impl Executor {
                     wait.as_secs()
                 )));
             }
-            tracing::info!(runner = %request.name, tries, wait_ms = wait.as_millis() as u64, error = %error, "JIT request failed; retrying");
+            tracing::info!(tries, wait_ms = wait.as_millis() as u64, error = %error, "JIT request failed; retrying");
             tokio::time::sleep(wait).await;
             if self.draining.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(Failure::new(

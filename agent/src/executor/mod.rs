@@ -350,6 +350,17 @@ impl Executor {
     }
 }
 
+/// The span every event about one attempt happens in (its launch task, each supervision step),
+/// so that each carries the attempt, its runner and its policy once.
+fn attempt_span(record: &rm_journal::AttemptRecord) -> tracing::Span {
+    tracing::info_span!(
+        "attempt",
+        id = %record.attempt_id,
+        runner = %record.runner_name,
+        policy = %record.policy
+    )
+}
+
 /// The target of each policy by name, for attempts whose policy is still configured.
 fn targets_by_policy(policies: &[Policy]) -> HashMap<String, rm_github::Target> {
     policies

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use rm_github::Target;
 use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState, now_ms};
+use tracing::Instrument as _;
 
 use super::registry::{self, Deregistration, Listing};
 use super::{Executor, STOP_GRACE, evidence, fault, targets_by_policy};
@@ -95,6 +96,7 @@ impl Executor {
             let target = targets.get(&record.policy);
             let deferred = self
                 .supervise_one(&record, target, timeouts, startup, pass_started)
+                .instrument(super::attempt_span(&record))
                 .await?;
             if deferred {
                 report.deferred += 1;
@@ -192,7 +194,12 @@ impl Executor {
             evidence,
         };
         let decision = recovery_decision(&AttemptFacts::from(record), &observation, &timeouts, now);
-        tracing::debug!(attempt = %record.attempt_id, state = record.state.as_str(), ?observation, ?decision, "supervised");
+        tracing::debug!(
+            state = record.state.as_str(),
+            ?observation,
+            ?decision,
+            "supervised"
+        );
         let attempts_id = &record.attempt_id;
         match decision {
             Decision::Nothing | Decision::Wait => {}
@@ -211,7 +218,10 @@ impl Executor {
                 {
                     let recorded = self.record_started(attempts_id, identity, now)?;
                     if recorded {
-                        tracing::info!(attempt = %attempts_id, pid = identity.pid, "adopted a runner started just before a crash");
+                        tracing::info!(
+                            pid = identity.pid,
+                            "adopted a runner started just before a crash"
+                        );
                     }
                 }
             }
@@ -231,7 +241,11 @@ impl Executor {
                     .lock_attempts()
                     .record_stop_intent(attempts_id, intent, now)?;
                 if recorded && let Some(identity) = identity {
-                    tracing::info!(attempt = %attempts_id, intent = intent.as_str(), pid = identity.pid, "stopping a runner");
+                    tracing::info!(
+                        intent = intent.as_str(),
+                        pid = identity.pid,
+                        "stopping a runner"
+                    );
                     self.stop(identity).await;
                     self.wake.notify_one();
                 }
@@ -248,7 +262,11 @@ impl Executor {
                     now_ms(),
                 )?;
                 if concluded {
-                    tracing::info!(attempt = %attempts_id, runner = %record.runner_name, outcome = conclusion.outcome().as_str(), reason = conclusion.reason().unwrap_or(""), "runner concluded");
+                    tracing::info!(
+                        outcome = conclusion.outcome().as_str(),
+                        reason = conclusion.reason().unwrap_or(""),
+                        "runner concluded"
+                    );
                     self.remember_conclusion(
                         &record.policy,
                         &record.runner_name,
@@ -367,10 +385,13 @@ impl Executor {
         let deregistration = registry::deregistration(&result);
         match result {
             Err(_) if deregistration == Deregistration::Busy => {
-                tracing::info!(runner = %record.runner_name, runner_id, "GitHub still holds the runner busy; removing its registration again shortly");
+                tracing::info!(
+                    runner_id,
+                    "GitHub still holds the runner busy; removing its registration again shortly"
+                );
             }
             Ok(()) => {
-                tracing::info!(runner = %record.runner_name, runner_id, "registration removed");
+                tracing::info!(runner_id, "registration removed");
                 if let Some((_, Ok(runners))) = self
                     .observations
                     .lock()
@@ -382,7 +403,7 @@ impl Executor {
                 }
             }
             Err(e) => {
-                tracing::warn!(runner = %record.runner_name, error = %e, "cannot remove the registration; the inventory reconciliation retries")
+                tracing::warn!(error = %e, "cannot remove the registration; the inventory reconciliation retries")
             }
         }
         deregistration
@@ -408,7 +429,10 @@ impl Executor {
             }
             None => {
                 observations.deregister_busy.remove(&record.attempt_id);
-                tracing::warn!(runner = %record.runner_name, waited_s = registry::DEREGISTER_BUSY_LIMIT.as_secs(), "GitHub still holds the runner busy; cleaning up and leaving its registration to the inventory reconciliation");
+                tracing::warn!(
+                    waited_s = registry::DEREGISTER_BUSY_LIMIT.as_secs(),
+                    "GitHub still holds the runner busy; cleaning up and leaving its registration to the inventory reconciliation"
+                );
                 false
             }
         }
@@ -476,15 +500,18 @@ impl Executor {
             match removal {
                 Ok(Ok(cleaned)) => {
                     if cleaned.killed > 0 {
-                        tracing::warn!(attempt = %record.attempt_id, killed = cleaned.killed, "stopped processes that had left the runner's process group");
+                        tracing::warn!(
+                            killed = cleaned.killed,
+                            "stopped processes that had left the runner's process group"
+                        );
                     }
                     if cleaned.runtime == Removal::Removed {
-                        tracing::debug!(attempt = %record.attempt_id, "runtime removed (or slot scrubbed down to _work)");
+                        tracing::debug!("runtime removed (or slot scrubbed down to _work)");
                     }
                 }
                 Ok(Err(e)) => {
                     self.clean_failed(&record.attempt_id, now);
-                    tracing::warn!(attempt = %record.attempt_id, error = %e, "cannot clean up after the runner; will try again");
+                    tracing::warn!(error = %e, "cannot clean up after the runner; will try again");
                     return Ok(());
                 }
                 Err(e) => {
@@ -498,7 +525,7 @@ impl Executor {
             .lock_attempts()
             .mark_cleaned(&record.attempt_id, now_ms())?
         {
-            tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, "cleaned");
+            tracing::info!("cleaned");
         }
         {
             let mut observations = self

@@ -141,6 +141,28 @@ async fn a_queued_webhook_becomes_one_runner_that_takes_its_job_and_leaves_nothi
         fleet.runtimes()
     );
 
+    // Every step of the attempt's life is logged in its span: the attempt, its runner and its
+    // policy are said once per line by the span, not by each event.
+    let logs = fleet.setup.logs();
+    let context = format!(
+        "attempt{{id={} runner={} policy={}}}",
+        attempt.attempt_id.as_str(),
+        attempt.runner_name,
+        attempt.policy
+    );
+    for event in [
+        "runner allocated",
+        "runner started",
+        "runner concluded",
+        "cleaned",
+    ] {
+        assert!(
+            logs.lines()
+                .any(|l| l.contains(&context) && l.contains(event)),
+            "{event} not logged in {context}"
+        );
+    }
+
     // No secret in the logs, the journal, or the listings the CLI prints.
     let status = agent.terminate();
     assert!(status.success(), "drain exit status {status}");
