@@ -1,12 +1,16 @@
 //! How many runners a policy starts now. Pure arithmetic over values read under the host-wide
 //! allocation lock, following the predecessor's rule (it came from real incidents):
 //!
-//! `to_start = min(clamp(demand, min, max) - starting and not yet busy, host headroom)`
+//! `to_start = min(clamp(demand, min, max) - starting and not yet busy, max - live of the policy,
+//! host headroom)`
 //!
 //! Busy runners do not offset demand (they took a job; the queued ones still need runners), and
 //! runners still starting or idle do (they will take the queued jobs), so a job that stays
-//! `queued` while its runner starts never causes a second runner. Demand is advisory: a surplus
-//! runner exits on its idle timeout and counts as an idle exit, not a failure.
+//! `queued` while its runner starts never causes a second runner. A policy's `max_runners` is
+//! its ceiling on live runners, busy ones included, as an operator reads it (two GPUs, two
+//! runners): the predecessor left open whether its ceiling capped busy runners, and capping only
+//! the runners waiting for a job let a policy run past it. Demand is advisory: a surplus runner
+//! exits on its idle timeout and counts as an idle exit, not a failure.
 
 /// The inputs of one allocation, all read under the allocation lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +21,8 @@ pub struct AllocationInput {
     pub max_runners: u32,
     /// This policy's runners that are allocated, starting or idle: live but not busy.
     pub unassigned_in_flight: u32,
+    /// This policy's live runners, busy ones included.
+    pub policy_live: u32,
     /// Live runners of every policy on this host (allocated, starting, idle or busy).
     pub host_live: u32,
     pub host_max: u32,
@@ -50,8 +56,11 @@ pub fn allocate(input: AllocationInput) -> Allocation {
     let desired = input.demand.clamp(input.min_runners, max);
     let wanted = desired.saturating_sub(input.unassigned_in_flight);
     let headroom = input.host_max.saturating_sub(input.host_live);
-    let to_start = wanted.min(headroom);
-    let limit = if to_start < wanted {
+    let policy_room = max.saturating_sub(input.policy_live);
+    let to_start = wanted.min(headroom).min(policy_room);
+    let limit = if to_start < wanted && policy_room < headroom {
+        Limit::MaxRunners
+    } else if to_start < wanted {
         Limit::HostCapacity
     } else if input.demand > max {
         Limit::MaxRunners
@@ -78,9 +87,37 @@ mod tests {
             min_runners: 0,
             max_runners: 4,
             unassigned_in_flight: in_flight,
+            policy_live: host_live,
             host_live,
             host_max: 4,
         }
+    }
+
+    #[test]
+    fn a_policys_ceiling_counts_its_busy_runners() {
+        // Two GPUs: max_runners 2, both runners busy, a third job queued: nothing starts, and
+        // the policy's ceiling (not the roomy host) is what holds it.
+        let a = allocate(AllocationInput {
+            demand: 1,
+            min_runners: 0,
+            max_runners: 2,
+            unassigned_in_flight: 0,
+            policy_live: 2,
+            host_live: 2,
+            host_max: 8,
+        });
+        assert_eq!((a.to_start, a.limit), (0, Limit::MaxRunners));
+        // One finished and cleaned: one more.
+        let a = allocate(AllocationInput {
+            demand: 1,
+            min_runners: 0,
+            max_runners: 2,
+            unassigned_in_flight: 0,
+            policy_live: 1,
+            host_live: 1,
+            host_max: 8,
+        });
+        assert_eq!(a.to_start, 1);
     }
 
     #[test]

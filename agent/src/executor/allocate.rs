@@ -17,7 +17,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use rm_journal::{
-    AttemptId, AttemptRecord, AttemptState, IsolationKind, NewAttempt, Scope, WorkspaceKind, now_ms,
+    AttemptId, AttemptRecord, AttemptState, IsolationKind, NewAttempt, Scope, WorkspaceKind,
 };
 use tracing::Instrument as _;
 
@@ -170,7 +170,7 @@ impl Executor {
         let demand = demand::route(&self.settings.policies, &queued);
         self.report_unroutable(&demand);
         let named = self.named_unknown_runners()?;
-        let now = now_ms();
+        let now = self.now_ms();
         for policy in &self.settings.policies {
             let (fence, backoff_until) = {
                 let memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
@@ -237,6 +237,7 @@ impl Executor {
                 min_runners: policy.min_runners,
                 max_runners: policy.max_runners,
                 unassigned_in_flight: live.policy(&policy.name).unassigned(),
+                policy_live: live.policy(&policy.name).live,
                 host_live: live.host_live(),
                 host_max: self.settings.max_runners,
             });
@@ -338,7 +339,7 @@ impl Executor {
             runner_name: &runner_name,
             workspace,
             runtime_dir: &runtime_dir,
-            created_at_ms: now_ms(),
+            created_at_ms: self.now_ms(),
             isolation,
             uid,
             cgroup: cgroup.as_deref(),
@@ -434,7 +435,7 @@ impl Executor {
                 .entry(policy.to_owned())
                 .or_default()
                 .push(UnknownCompletion {
-                    concluded_at_ms: now_ms(),
+                    concluded_at_ms: self.now_ms(),
                     runner_name: runner_name.to_owned(),
                 });
         }
@@ -443,7 +444,7 @@ impl Executor {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .fences
-                .insert(policy.to_owned(), now_ms());
+                .insert(policy.to_owned(), self.now_ms());
         }
     }
 
@@ -459,7 +460,7 @@ impl Executor {
                 let failures = memory.backoff.get(policy).map_or(0, |b| b.failures) + 1;
                 let wait = launch_backoff(failures, terminal);
                 let until =
-                    now_ms().saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
+                    self.now_ms().saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
                 memory.backoff.insert(
                     policy.to_owned(),
                     Backoff {
@@ -490,7 +491,7 @@ impl Executor {
         memory
             .backoff
             .get(policy)
-            .is_some_and(|b| backing_off(now_ms(), b.until_ms))
+            .is_some_and(|b| backing_off(self.now_ms(), b.until_ms))
     }
 
     /// What allocation remembers (fences, back-offs, launches in flight), for the status
@@ -525,7 +526,7 @@ impl Executor {
             &policy.name,
             demand,
             limit,
-            now_ms(),
+            self.now_ms(),
         ) {
             self.notifier
                 .notify(OperatorEvent::DemandWaitingAtCapacity {

@@ -509,6 +509,7 @@ fn served(
         min_runners: policy.min_runners,
         max_runners: policy.max_runners,
         unassigned_in_flight: count(unassigned.len()),
+        policy_live: count(of_policy.len()),
         host_live: count(live.len()),
         host_max: facts.host_max,
     });

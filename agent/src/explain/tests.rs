@@ -227,10 +227,10 @@ fn unresolvable_labels_and_overlapping_policies_match_no_single_policy() {
 
 #[test]
 fn at_capacity_names_the_policy_ceiling_and_its_holders() {
-    // `max_runners` caps the runners starting for the queue (busy ones took their jobs): one
-    // is starting for the oldest job, so the second waits at the policy's ceiling.
+    // `max_runners` caps the policy's live runners, busy ones included: one is starting for the
+    // oldest job and one is busy, so the second job waits at the policy's ceiling of two.
     let mut w = World::new();
-    w.policies[0].max_runners = 1;
+    w.policies[0].max_runners = 2;
     let starting = attempt("linux", AttemptState::Starting, None, NOW - 5_000);
     let busy = attempt("linux", AttemptState::Busy, Some(10), NOW - 9_000);
     w.attempts.extend([starting.clone(), busy]);
@@ -246,13 +246,17 @@ fn at_capacity_names_the_policy_ceiling_and_its_holders() {
         "{e:?}"
     );
     assert!(e.reasons[0].message.contains("job 10"), "{e:?}");
-    // A busy runner alone does not hold the policy's ceiling: the agent starts another.
+    // A busy runner alone holds a ceiling of one: two GPUs mean two runners, whatever they do.
     let mut w = World::new();
     w.policies[0].max_runners = 1;
     w.attempts
         .push(attempt("linux", AttemptState::Busy, Some(10), NOW - 9_000));
     let j = w.queue(1, LINUX);
-    assert_eq!(w.explain(&j).verdict, Verdict::Launching);
+    let e = w.explain(&j);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::AtCapacity, vec!["policy_capacity"])
+    );
 }
 
 #[test]
