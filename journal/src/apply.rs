@@ -22,6 +22,15 @@ pub(crate) fn apply_verdict(
     verdict: &Verdict,
     at_ms: i64,
 ) -> rusqlite::Result<Applied> {
+    apply_verdict_with(verdict, |change| apply_change(conn, change, at_ms))
+}
+
+/// The outcome of a verdict, each change applied by `apply_change` (`Some(why)` when it changed
+/// nothing). The one rule for both journals (SQLite, PostgreSQL): only the SQL differs.
+pub(crate) fn apply_verdict_with<E>(
+    verdict: &Verdict,
+    mut apply_change: impl FnMut(&Change) -> Result<Option<String>, E>,
+) -> Result<Applied, E> {
     match verdict {
         Verdict::Ignore { reason, .. } => Ok(Applied {
             outcome: Outcome::Ignored,
@@ -38,7 +47,7 @@ pub(crate) fn apply_verdict(
         Verdict::Apply { changes, note, .. } => {
             let mut stale = Vec::new();
             for change in changes {
-                if let Some(why) = apply_change(conn, change, at_ms)? {
+                if let Some(why) = apply_change(change)? {
                     stale.push(why);
                 }
             }
@@ -114,7 +123,7 @@ fn apply_change(
             removed > 0
         }
     };
-    Ok((!changed).then(|| "the installation scope already said so".to_owned()))
+    Ok((!changed).then(|| SCOPE_UNCHANGED.to_owned()))
 }
 
 /// Merges a job sighting forward only. The update is compare-and-set on the rank, so a writer
@@ -233,14 +242,20 @@ pub(crate) fn apply_job(
         )?
         .execute(params![job.job_id, job.queued_at_ms, job.started_at_ms])?;
     }
-    Ok((moved == 0).then(|| {
-        format!(
-            "job {} is already {}; a `{}` sighting changes nothing",
-            job.job_id,
-            current.as_deref().unwrap_or("journalled"),
-            job.state.as_str()
-        )
-    }))
+    Ok((moved == 0).then(|| job_unchanged(job, current.as_deref())))
+}
+
+/// Why an installation change moved nothing.
+pub(crate) const SCOPE_UNCHANGED: &str = "the installation scope already said so";
+
+/// Why a job sighting moved nothing, given the state the journal holds.
+pub(crate) fn job_unchanged(job: &JobObservation, current: Option<&str>) -> String {
+    format!(
+        "job {} is already {}; a `{}` sighting changes nothing",
+        job.job_id,
+        current.unwrap_or("journalled"),
+        job.state.as_str()
+    )
 }
 
 fn upsert_installation(

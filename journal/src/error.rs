@@ -34,6 +34,14 @@ pub enum JournalError {
     },
     #[error("journal query failed: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// The PostgreSQL journal (CONTRACT §9): unreachable, refused, or a query failed. Its text
+    /// names the server's message, never the connection string (it may hold a password).
+    #[error("the PostgreSQL journal: {0}")]
+    Postgres(#[from] postgres::Error),
+    #[error(
+        "the PostgreSQL journal has schema version {found}, newer than this rm-agent knows ({supported}); run the newer rm-agent, or restore a backup"
+    )]
+    PgTooNew { found: i64, supported: i64 },
     #[error("the journal could not commit: {0}")]
     Commit(String),
     #[error("the body is not JSON")]

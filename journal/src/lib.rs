@@ -7,6 +7,9 @@
 //! and each caller is answered only after the commit that holds its delivery. Reads go through
 //! [`Reader`], a separate read-only connection (WAL lets readers run beside the writer).
 //!
+//! The delivery intake is one interface ([`Intake`]) with two implementations: this SQLite
+//! journal (the default) and the PostgreSQL journal of a fleet ([`PgJournal`], CONTRACT §9).
+//!
 //! Every state change is compare-and-set (`UPDATE ... WHERE state_rank < ?`) so that two writers
 //! (the agent's writer and a `deliveries replay` from the CLI) can never both win. Runner
 //! attempts are written synchronously on the agent's own connection ([`Attempts`]), each
@@ -18,7 +21,9 @@ mod body;
 mod checkpoint;
 mod connection;
 mod error;
+mod intake;
 mod metrics;
+mod pg;
 mod polls;
 mod read;
 mod replay;
@@ -36,7 +41,9 @@ pub use attempts::{
 };
 pub use connection::JOURNAL_FILE;
 pub use error::JournalError;
+pub use intake::Intake;
 pub use metrics::JournalMetrics;
+pub use pg::{PgJournal, PgReader};
 pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, QueuedJobRef, Sighting};
 pub use read::Reader;
 pub use replay::replay;
@@ -55,6 +62,14 @@ pub use rm_base::clock::now_ms;
 mod attempt_tests;
 #[cfg(test)]
 mod durability_tests;
+#[cfg(test)]
+mod intake_tests;
+#[cfg(test)]
+#[path = "../../tests/support/postgres.rs"]
+mod pg_server;
+#[cfg(test)]
+#[path = "../../tests/support/skip.rs"]
+mod skip;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

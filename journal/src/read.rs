@@ -16,11 +16,11 @@ pub struct Reader {
     conn: Connection,
 }
 
-const JOB_COLUMNS: &str = "job_id, run_id, run_attempt, repository, installation_id, labels, \
+pub(crate) const JOB_COLUMNS: &str = "job_id, run_id, run_attempt, repository, installation_id, labels, \
      state, conclusion, runner_name, runner_id, workflow_name, job_name, source, first_seen_at, \
      updated_at";
 
-const DELIVERY_COLUMNS: &str =
+pub(crate) const DELIVERY_COLUMNS: &str =
     "guid, event, action, source, received_at, outcome, reason, replayed_at, body IS NOT NULL";
 
 impl Reader {

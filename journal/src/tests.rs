@@ -1,5 +1,6 @@
-//! Journal tests on a real SQLite file in a temporary directory: group commit, duplicate and
-//! out-of-order deliveries, replay, retention and migrations from every earlier version.
+//! Journal tests on a real SQLite file in a temporary directory: group commit, replay,
+//! retention and migrations from every earlier version. The intake's tests that both journals
+//! share (duplicate, out-of-order, stale and rejected deliveries) are in `intake_tests`.
 
 use std::path::{Path, PathBuf};
 
@@ -70,166 +71,6 @@ fn state_of(path: &Path, job_id: i64) -> Option<JobRow> {
 }
 
 #[tokio::test]
-async fn a_new_delivery_is_applied_and_its_guid_is_answered_once() {
-    let (_dir, path) = temp_journal();
-    let journal = Journal::open(&path, keep_all()).unwrap();
-    let first = journal
-        .record(job_delivery("g-1", 11, "queued", 1_000))
-        .await
-        .unwrap();
-    assert_eq!(first, Recorded::New(Outcome::Applied));
-    let again = journal
-        .record(job_delivery("g-1", 11, "queued", 2_000))
-        .await
-        .unwrap();
-    assert_eq!(again, Recorded::AlreadyJournalled);
-
-    let reader = Reader::open(&path).unwrap();
-    assert_eq!(reader.delivery_count().unwrap(), 1);
-    assert_eq!(
-        reader.delivery_outcome_counts().unwrap(),
-        vec![("applied".to_owned(), 1)]
-    );
-    assert_eq!(reader.last_delivery_at().unwrap(), Some(1_000));
-    let job = reader.job(11).unwrap().unwrap();
-    assert_eq!(job.state, "queued");
-    assert_eq!(job.labels, vec!["self-hosted", "k8s"]);
-    assert_eq!(job.repository, "lineville/elastic-machines-testing");
-    assert_eq!(job.installation_id, Some(7));
-    assert_eq!(job.source, "webhook");
-    let stored = reader.delivery("g-1").unwrap().unwrap();
-    assert_eq!(stored.row.outcome, Outcome::Applied);
-    assert_eq!(stored.row.action.as_deref(), Some("queued"));
-    assert_eq!(
-        stored.headers,
-        vec![("x-github-event".to_owned(), "workflow_job".to_owned())]
-    );
-    assert!(stored.body.is_some());
-}
-
-/// GitHub signs the body, not the GUID: an old `queued` body posted again under a fresh GUID is
-/// journalled as `stale` and is never demand, however often it comes.
-#[tokio::test]
-async fn an_old_body_under_fresh_guids_is_stale_and_never_demand() {
-    let (_dir, path) = temp_journal();
-    let journal = Journal::open(&path, keep_all()).unwrap();
-    // The example was queued at 2023-04-19T21:12:12Z; these copies arrive two days later.
-    let two_days_later = 1_681_938_732_000 + 2 * rm_handlers::QUEUE_LIFETIME_MS;
-    for n in 0..3 {
-        let replay = job_delivery(&format!("fresh-guid-{n}"), 77, "queued", two_days_later + n);
-        assert_eq!(
-            journal.record(replay).await.unwrap(),
-            Recorded::New(Outcome::Stale)
-        );
-    }
-    let reader = Reader::open(&path).unwrap();
-    assert!(reader.job(77).unwrap().is_none(), "a stale body made a job");
-    assert!(reader.queued_jobs().unwrap().is_empty());
-    let stored = reader.delivery("fresh-guid-0").unwrap().unwrap();
-    assert_eq!(stored.row.outcome, Outcome::Stale);
-    assert_eq!(stored.row.action.as_deref(), Some("queued"));
-    assert!(
-        stored.row.reason.as_deref().unwrap_or("").contains("24 h"),
-        "{:?}",
-        stored.row.reason
-    );
-}
-
-/// A `queued` for a job the journal holds as completed (a replay within the day, under a new
-/// GUID) never revives it as demand.
-#[tokio::test]
-async fn a_queued_after_completed_never_revives_the_job() {
-    let (_dir, path) = temp_journal();
-    let journal = Journal::open(&path, keep_all()).unwrap();
-    for (guid, action, at) in [
-        ("q", "queued", 10),
-        ("s", "in_progress", 20),
-        ("c", "completed", 30),
-    ] {
-        journal
-            .record(job_delivery(guid, 9, action, at))
-            .await
-            .unwrap();
-    }
-    let again = journal
-        .record(job_delivery("q-again", 9, "queued", 40))
-        .await
-        .unwrap();
-    assert_eq!(again, Recorded::New(Outcome::Duplicate));
-    let reader = Reader::open(&path).unwrap();
-    assert_eq!(reader.job(9).unwrap().unwrap().state, "completed");
-    assert!(reader.queued_jobs().unwrap().is_empty());
-}
-
-#[tokio::test]
-async fn a_job_never_moves_backwards() {
-    let (_dir, path) = temp_journal();
-    let journal = Journal::open(&path, keep_all()).unwrap();
-    // `in_progress` before its `queued`.
-    let started = journal
-        .record(job_delivery("a", 5, "in_progress", 10))
-        .await
-        .unwrap();
-    assert_eq!(started, Recorded::New(Outcome::Applied));
-    let late_queue = journal
-        .record(job_delivery("b", 5, "queued", 20))
-        .await
-        .unwrap();
-    assert_eq!(late_queue, Recorded::New(Outcome::Duplicate));
-    let job = state_of(&path, 5).unwrap();
-    assert_eq!(job.state, "in_progress");
-    assert_eq!(job.runner_name.as_deref(), Some("GitHub Actions 6"));
-    assert_eq!(job.updated_at_ms, 10);
-
-    journal
-        .record(job_delivery("c", 5, "completed", 30))
-        .await
-        .unwrap();
-    // A re-sent old `completed` (new GUID) and an old `in_progress` change nothing.
-    let resent = journal
-        .record(job_delivery("d", 5, "completed", 40))
-        .await
-        .unwrap();
-    assert_eq!(resent, Recorded::New(Outcome::Duplicate));
-    let old = journal
-        .record(job_delivery("e", 5, "in_progress", 50))
-        .await
-        .unwrap();
-    assert_eq!(old, Recorded::New(Outcome::Duplicate));
-    let job = state_of(&path, 5).unwrap();
-    assert_eq!(job.state, "completed");
-    assert_eq!(job.conclusion.as_deref(), Some("failure"));
-    assert_eq!(job.updated_at_ms, 30);
-
-    let reason = Reader::open(&path)
-        .unwrap()
-        .delivery("e")
-        .unwrap()
-        .unwrap()
-        .row
-        .reason;
-    assert!(reason.unwrap().contains("already completed"));
-}
-
-#[tokio::test]
-async fn waiting_then_queued_moves_forward_and_a_queued_sighting_names_no_runner() {
-    let (_dir, path) = temp_journal();
-    let journal = Journal::open(&path, keep_all()).unwrap();
-    journal
-        .record(job_delivery("w", 9, "waiting", 1))
-        .await
-        .unwrap();
-    assert_eq!(state_of(&path, 9).unwrap().state, "waiting");
-    journal
-        .record(job_delivery("q", 9, "queued", 2))
-        .await
-        .unwrap();
-    let job = state_of(&path, 9).unwrap();
-    assert_eq!(job.state, "queued");
-    assert_eq!(job.runner_name, None);
-}
-
-#[tokio::test]
 async fn concurrent_deliveries_are_committed_in_groups() {
     let (_dir, path) = temp_journal();
     let journal = Journal::open(&path, keep_all()).unwrap();
@@ -278,31 +119,6 @@ async fn concurrent_deliveries_are_committed_in_groups() {
         commits < N as u64 / 2,
         "{commits} commits for {N} deliveries queued behind one lock: no grouping"
     );
-}
-
-#[tokio::test]
-async fn unknown_events_are_ignored_and_unreadable_ones_rejected_with_their_body() {
-    let (_dir, path) = temp_journal();
-    let journal = Journal::open(&path, keep_all()).unwrap();
-    let run = serde_json::to_vec(&fixture("workflow_run.completed.0")).unwrap();
-    assert_eq!(
-        journal
-            .record(incoming("r", "workflow_run", run, 1))
-            .await
-            .unwrap(),
-        Recorded::New(Outcome::Ignored)
-    );
-    let bad = br#"{"action":"queued","workflow_job":{"id":"not a number"}}"#.to_vec();
-    assert_eq!(
-        journal
-            .record(incoming("x", "workflow_job", bad.clone(), 2))
-            .await
-            .unwrap(),
-        Recorded::New(Outcome::Rejected)
-    );
-    let stored = Reader::open(&path).unwrap().delivery("x").unwrap().unwrap();
-    assert_eq!(stored.body.as_deref(), Some(bad.as_slice()));
-    assert!(stored.row.reason.unwrap().contains("unreadable payload"));
 }
 
 #[tokio::test]

@@ -47,11 +47,11 @@ enum Request {
 
 /// A delivery's columns that are encoded before the writer sees them, so the single writer
 /// thread only does SQL.
-struct Stored {
+pub(crate) struct Stored {
     /// The zstd-compressed body.
-    body: Vec<u8>,
+    pub(crate) body: Vec<u8>,
     /// The kept headers as a JSON object.
-    headers: String,
+    pub(crate) headers: String,
 }
 
 /// The kept headers as the journal's `headers` column holds them: one JSON object.
@@ -168,15 +168,7 @@ impl Journal {
     /// written: the handler's parse is the only one on the hot path, and only a rejected body is
     /// read a second time to tell "not JSON" from "JSON a handler cannot use".
     pub async fn record(&self, incoming: Incoming) -> Result<Recorded, JournalError> {
-        let verdict = run_handler(&incoming);
-        if matches!(verdict, Verdict::Reject { .. }) && !rm_handlers::is_json(&incoming.body) {
-            return Err(JournalError::NotJson);
-        }
-        let stored = Stored {
-            body: body::encode(&incoming.body)
-                .map_err(|err| JournalError::Commit(format!("cannot compress the body: {err}")))?,
-            headers: encode_headers(&incoming.headers),
-        };
+        let (verdict, stored) = prepare(&incoming)?;
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Request::Record {
@@ -197,6 +189,22 @@ impl Journal {
             .map_err(|_| JournalError::WriterStopped)?;
         answer.await.map_err(|_| JournalError::WriterStopped)?
     }
+}
+
+/// What every journal does on the caller's thread before its writer sees a delivery: runs the
+/// handler, refuses a body that is not JSON at all (nothing is written), and encodes the stored
+/// columns. Shared by the SQLite and the PostgreSQL writer, so both judge a body alike.
+pub(crate) fn prepare(incoming: &Incoming) -> Result<(Verdict, Stored), JournalError> {
+    let verdict = run_handler(incoming);
+    if matches!(verdict, Verdict::Reject { .. }) && !rm_handlers::is_json(&incoming.body) {
+        return Err(JournalError::NotJson);
+    }
+    let stored = Stored {
+        body: body::encode(&incoming.body)
+            .map_err(|err| JournalError::Commit(format!("cannot compress the body: {err}")))?,
+        headers: encode_headers(&incoming.headers),
+    };
+    Ok((verdict, stored))
 }
 
 /// Runs the event's handler. A handler that panics must not lose the delivery: it is recorded

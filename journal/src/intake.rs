@@ -1,0 +1,36 @@
+//! The journal's delivery intake as one interface with two implementations (CONTRACT §9): the
+//! embedded SQLite journal ([`crate::Journal`], the default) and the PostgreSQL journal
+//! ([`crate::PgJournal`], shared by a fleet's receivers). Both judge a body with the same
+//! handler on the caller's thread, apply its verdict with the same forward-only merge
+//! (`rm_handlers::merge_job`), commit in groups on one writer thread, and answer only after the
+//! commit that holds the delivery: a 2xx means committed, whichever journal is behind it.
+
+use std::future::Future;
+
+use crate::{Incoming, JournalError, Recorded};
+
+/// Where a receiver records the deliveries it verified.
+pub trait Intake: Clone + Send + Sync + 'static {
+    /// Records a delivery once per GUID; returns after the commit that holds it. A body that is
+    /// not JSON at all is refused with [`JournalError::NotJson`] and nothing is written.
+    fn record(
+        &self,
+        incoming: Incoming,
+    ) -> impl Future<Output = Result<Recorded, JournalError>> + Send;
+
+    /// Succeeds when the writer is alive and can write (`/healthz`).
+    fn probe(&self) -> impl Future<Output = Result<(), JournalError>> + Send;
+}
+
+impl Intake for crate::Journal {
+    fn record(
+        &self,
+        incoming: Incoming,
+    ) -> impl Future<Output = Result<Recorded, JournalError>> + Send {
+        crate::Journal::record(self, incoming)
+    }
+
+    fn probe(&self) -> impl Future<Output = Result<(), JournalError>> + Send {
+        crate::Journal::probe(self)
+    }
+}

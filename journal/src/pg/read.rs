@@ -1,0 +1,119 @@
+//! Reads of the PostgreSQL journal: what the intake wrote, in the same row types as SQLite's
+//! [`crate::Reader`] gives. Only what the first slice of CONTRACT §9 needs (the intake's rows);
+//! the queries `status`, `jobs` and the executor make come with claims.
+
+use postgres::{Client, NoTls, Row};
+
+use crate::read::{DELIVERY_COLUMNS, JOB_COLUMNS};
+use crate::{DeliveryRow, JobRow, JournalError, Outcome, StoredDelivery};
+
+/// A connection for reading the PostgreSQL journal. Its calls block: make them off the async
+/// runtime (`spawn_blocking`, or a thread), as the sync client runs a runtime of its own.
+pub struct PgReader {
+    client: Client,
+}
+
+impl PgReader {
+    /// Connects to `url`; refuses a database this build has not migrated to its version.
+    pub fn connect(url: &str) -> Result<PgReader, JournalError> {
+        let mut client = super::writer::config(url)?.connect(NoTls)?;
+        let found = super::schema::version(&mut client)?;
+        if found != crate::SCHEMA_VERSION {
+            return Err(JournalError::Commit(format!(
+                "the PostgreSQL journal is at schema version {found}, this rm-agent reads {}; \
+                 start `rm-agent receive` once to migrate it",
+                crate::SCHEMA_VERSION
+            )));
+        }
+        Ok(PgReader { client })
+    }
+
+    /// One job by its `workflow_job.id`.
+    pub fn job(&mut self, job_id: i64) -> Result<Option<JobRow>, JournalError> {
+        let row = self.client.query_opt(
+            &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = $1"),
+            &[&job_id],
+        )?;
+        Ok(row.as_ref().map(job_row))
+    }
+
+    /// How many jobs are in each state, by state name.
+    pub fn job_counts(&mut self) -> Result<Vec<(String, i64)>, JournalError> {
+        let rows = self.client.query(
+            "SELECT state, COUNT(*) FROM jobs GROUP BY state ORDER BY state",
+            &[],
+        )?;
+        Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+    }
+
+    /// How many deliveries the journal holds.
+    pub fn delivery_count(&mut self) -> Result<i64, JournalError> {
+        Ok(self
+            .client
+            .query_one("SELECT COUNT(*) FROM deliveries", &[])?
+            .get(0))
+    }
+
+    /// One delivery with its headers and body.
+    pub fn delivery(&mut self, guid: &str) -> Result<Option<StoredDelivery>, JournalError> {
+        let Some(row) = self.client.query_opt(
+            &format!("SELECT {DELIVERY_COLUMNS}, headers, body FROM deliveries WHERE guid = $1"),
+            &[&guid],
+        )?
+        else {
+            return Ok(None);
+        };
+        let headers: String = row.get(9);
+        let body = row
+            .get::<_, Option<Vec<u8>>>(10)
+            .map(|stored| crate::body::decode(&stored))
+            .transpose()
+            .map_err(|err| JournalError::Commit(format!("a stored body is damaged: {err}")))?;
+        Ok(Some(StoredDelivery {
+            row: delivery_row(&row),
+            headers: serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&headers)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_owned()))
+                .collect(),
+            body,
+        }))
+    }
+}
+
+fn job_row(row: &Row) -> JobRow {
+    let labels: String = row.get(5);
+    JobRow {
+        job_id: row.get(0),
+        run_id: row.get(1),
+        run_attempt: row.get(2),
+        repository: row.get(3),
+        installation_id: row.get(4),
+        labels: serde_json::from_str(&labels).unwrap_or_default(),
+        state: row.get(6),
+        conclusion: row.get(7),
+        runner_name: row.get(8),
+        runner_id: row.get(9),
+        workflow_name: row.get(10),
+        job_name: row.get(11),
+        source: row.get(12),
+        first_seen_at_ms: row.get(13),
+        updated_at_ms: row.get(14),
+    }
+}
+
+fn delivery_row(row: &Row) -> DeliveryRow {
+    let outcome: String = row.get(5);
+    DeliveryRow {
+        guid: row.get(0),
+        event: row.get(1),
+        action: row.get(2),
+        source: row.get(3),
+        received_at_ms: row.get(4),
+        // The schema's CHECK constraint admits only known outcomes.
+        outcome: Outcome::parse(&outcome).unwrap_or(Outcome::Rejected),
+        reason: row.get(6),
+        replayed_at_ms: row.get(7),
+        body_kept: row.get(8),
+    }
+}

@@ -1,0 +1,219 @@
+//! The PostgreSQL journal's schema: the same tables, columns and versions as SQLite's
+//! (`crate::schema`), in PostgreSQL's dialect, as one ordered list of migrations. Migration `n`
+//! here does what SQLite's migration `n` does, so both report the same [`SCHEMA_VERSION`] for
+//! the same tables. `rm_schema_version` holds the version; each migration runs in its own
+//! transaction under an advisory lock, so receivers starting together migrate once.
+//!
+//! Dialect: INTEGER becomes BIGINT (every column is an i64 in Rust), BLOB BYTEA, the 0/1 flags
+//! BOOLEAN, `GLOB` checks regular expressions or LIKE, `INTEGER PRIMARY KEY` an identity.
+
+use postgres::Client;
+
+use crate::JournalError;
+use crate::schema::SCHEMA_VERSION;
+
+/// Migration `n` (0-based) takes the schema from version `n` to `n + 1`. Only ever appended.
+pub(crate) const MIGRATIONS: &[&str] = &[
+    // v1: deliveries, jobs, installations and their repositories.
+    r#"
+    CREATE TABLE deliveries (
+        id            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        guid          TEXT NOT NULL UNIQUE,
+        event         TEXT NOT NULL,
+        action        TEXT,
+        source        TEXT NOT NULL,
+        received_at   BIGINT NOT NULL,
+        headers       TEXT NOT NULL,
+        body          BYTEA,
+        outcome       TEXT NOT NULL CONSTRAINT deliveries_outcome_check
+                      CHECK (outcome IN ('applied', 'duplicate', 'ignored', 'rejected')),
+        reason        TEXT,
+        replayed_at   BIGINT
+    );
+    CREATE INDEX deliveries_received_at ON deliveries (received_at);
+    CREATE INDEX deliveries_rejected ON deliveries (received_at) WHERE outcome = 'rejected';
+
+    CREATE TABLE jobs (
+        job_id          BIGINT PRIMARY KEY,
+        run_id          BIGINT NOT NULL,
+        run_attempt     BIGINT NOT NULL,
+        repository      TEXT NOT NULL,
+        installation_id BIGINT,
+        labels          TEXT NOT NULL,
+        workflow_name   TEXT,
+        job_name        TEXT,
+        state           TEXT NOT NULL
+                        CHECK (state IN ('waiting', 'queued', 'in_progress', 'completed')),
+        state_rank      BIGINT NOT NULL,
+        conclusion      TEXT,
+        runner_name     TEXT,
+        runner_id       BIGINT,
+        source          TEXT NOT NULL,
+        first_seen_at   BIGINT NOT NULL,
+        updated_at      BIGINT NOT NULL
+    );
+    CREATE INDEX jobs_state ON jobs (state_rank, updated_at);
+
+    CREATE TABLE installations (
+        id                   BIGINT PRIMARY KEY,
+        account              TEXT,
+        account_type         TEXT,
+        repository_selection TEXT,
+        suspended            BOOLEAN NOT NULL DEFAULT FALSE,
+        removed              BOOLEAN NOT NULL DEFAULT FALSE,
+        updated_at           BIGINT NOT NULL
+    );
+
+    CREATE TABLE installation_repositories (
+        installation_id BIGINT NOT NULL REFERENCES installations (id) ON DELETE CASCADE,
+        repository_id   BIGINT NOT NULL,
+        full_name       TEXT NOT NULL,
+        PRIMARY KEY (installation_id, repository_id)
+    );
+    "#,
+    // v2: runner attempts (see SQLite's v2 for what each column means).
+    r#"
+    CREATE TABLE attempts (
+        attempt_id       TEXT PRIMARY KEY NOT NULL CHECK (attempt_id ~ '^[0-9a-f]{32}$'),
+        policy           TEXT NOT NULL,
+        runner_name      TEXT NOT NULL UNIQUE
+                         CHECK (runner_name LIKE ('rm-_%-' || substr(attempt_id, 1, 12))),
+        workspace        TEXT NOT NULL CHECK (workspace IN ('ephemeral', 'persistent')),
+        runtime_dir      TEXT NOT NULL,
+        state            TEXT NOT NULL CHECK (state IN ('allocated', 'jit_received', 'starting',
+                             'idle', 'busy', 'finished', 'failed', 'orphaned', 'cleaned')),
+        state_changed_at BIGINT NOT NULL,
+        outcome          TEXT CHECK (outcome IN ('completed_job', 'idle_exit', 'failed',
+                             'orphaned')),
+        reason           TEXT,
+        detail           TEXT,
+        runner_id        BIGINT,
+        job_id           BIGINT,
+        pid              BIGINT,
+        pid_start_time   BIGINT,
+        stop_intent      TEXT,
+        stop_intent_at   BIGINT,
+        created_at       BIGINT NOT NULL,
+        updated_at       BIGINT NOT NULL,
+        CHECK ((outcome IS NULL) =
+               (state IN ('allocated', 'jit_received', 'starting', 'idle', 'busy'))),
+        CHECK (state != 'finished' OR outcome IN ('completed_job', 'idle_exit')),
+        CHECK (state != 'failed' OR outcome = 'failed'),
+        CHECK (state != 'orphaned' OR outcome = 'orphaned'),
+        CHECK ((pid IS NULL) = (pid_start_time IS NULL)),
+        CHECK ((stop_intent IS NULL) = (stop_intent_at IS NULL))
+    );
+    CREATE INDEX attempts_live ON attempts (policy, state)
+        WHERE state IN ('allocated', 'jit_received', 'starting', 'idle', 'busy');
+    CREATE UNIQUE INDEX attempts_uncleaned_runtime ON attempts (runtime_dir)
+        WHERE state != 'cleaned';
+    CREATE INDEX attempts_created ON attempts (created_at);
+    CREATE INDEX attempts_cleaned ON attempts (state_changed_at) WHERE state = 'cleaned';
+    CREATE INDEX attempts_job ON attempts (job_id) WHERE job_id IS NOT NULL;
+    "#,
+    // v3: what the polling fallback needs.
+    r#"
+    ALTER TABLE jobs ADD COLUMN announced_at BIGINT;
+    ALTER TABLE jobs ADD COLUMN polled_at BIGINT;
+    ALTER TABLE jobs ADD COLUMN checked_at BIGINT;
+    UPDATE jobs SET announced_at = first_seen_at WHERE source != 'poll';
+    CREATE INDEX jobs_queued ON jobs (updated_at) WHERE state = 'queued';
+
+    CREATE TABLE poll_cursors (
+        name       TEXT PRIMARY KEY NOT NULL,
+        value      BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL
+    );
+
+    CREATE TABLE redeliveries (
+        guid         TEXT PRIMARY KEY NOT NULL,
+        delivery_id  BIGINT NOT NULL,
+        requested_at BIGINT NOT NULL
+    );
+    CREATE INDEX redeliveries_requested_at ON redeliveries (requested_at);
+    "#,
+    // v4: the boot a runner's pid and start time belong to.
+    r#"
+    ALTER TABLE attempts ADD COLUMN pid_boot_id TEXT;
+    "#,
+    // v5: the execution backend, the runner uid held until `cleaned`, the cgroup.
+    r#"
+    ALTER TABLE attempts ADD COLUMN isolation TEXT NOT NULL DEFAULT 'none'
+        CHECK (isolation IN ('none', 'user'));
+    ALTER TABLE attempts ADD COLUMN uid BIGINT;
+    ALTER TABLE attempts ADD COLUMN cgroup TEXT;
+    CREATE UNIQUE INDEX attempts_uid_held ON attempts (uid)
+        WHERE state != 'cleaned' AND uid IS NOT NULL;
+    "#,
+    // v6: a delivery's outcome may be `stale`. PostgreSQL changes the CHECK in place.
+    r#"
+    ALTER TABLE deliveries DROP CONSTRAINT deliveries_outcome_check;
+    ALTER TABLE deliveries ADD CONSTRAINT deliveries_outcome_check
+        CHECK (outcome IN ('applied', 'duplicate', 'ignored', 'rejected', 'stale'));
+    "#,
+    // v7: the ends of a job's wait, and when a runner process was started.
+    r#"
+    ALTER TABLE jobs ADD COLUMN queued_at BIGINT;
+    ALTER TABLE jobs ADD COLUMN started_at BIGINT;
+    ALTER TABLE attempts ADD COLUMN started_at BIGINT;
+    UPDATE jobs SET started_at = updated_at WHERE state = 'in_progress';
+    UPDATE attempts SET started_at = state_changed_at WHERE state = 'starting';
+    CREATE INDEX jobs_started ON jobs (started_at) WHERE started_at IS NOT NULL;
+    "#,
+];
+
+// The two dialects move together: a migration added to one is added to the other.
+const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
+
+/// The advisory lock every migrating process takes (any fixed number; "rm" in ASCII).
+const MIGRATION_LOCK: i64 = 0x726d;
+
+/// The version the database is at (0: never migrated).
+pub(crate) fn version(client: &mut Client) -> Result<i64, JournalError> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('rm_schema_version') IS NOT NULL", &[])?
+        .get(0);
+    if !exists {
+        return Ok(0);
+    }
+    let row = client.query_opt("SELECT version FROM rm_schema_version", &[])?;
+    Ok(row.map_or(0, |row| row.get(0)))
+}
+
+/// Applies every migration the database has not seen yet.
+pub(crate) fn migrate(client: &mut Client) -> Result<(), JournalError> {
+    for (index, sql) in MIGRATIONS.iter().enumerate() {
+        let target = index as i64 + 1;
+        let mut tx = client.transaction()?;
+        // Another receiver may be migrating: wait for it, then read the version again. The
+        // version table is made under the lock too (IF NOT EXISTS alone races).
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS rm_schema_version (
+                 one     BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+                 version BIGINT NOT NULL
+             )",
+        )?;
+        let found: i64 = tx
+            .query_opt("SELECT version FROM rm_schema_version", &[])?
+            .map_or(0, |row| row.get(0));
+        if found > SCHEMA_VERSION {
+            return Err(JournalError::PgTooNew {
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        if found >= target {
+            continue;
+        }
+        tx.batch_execute(sql)?;
+        tx.execute(
+            "INSERT INTO rm_schema_version (one, version) VALUES (TRUE, $1)
+             ON CONFLICT (one) DO UPDATE SET version = excluded.version",
+            &[&target],
+        )?;
+        tx.commit()?;
+        tracing::info!(version = target, "PostgreSQL journal schema migrated");
+    }
+    Ok(())
+}

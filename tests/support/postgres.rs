@@ -1,0 +1,352 @@
+//! A real PostgreSQL server for tests and benchmarks, started by the test code itself: `initdb`
+//! into a temporary directory, `postgres` listening only on a unix socket in that directory (no
+//! TCP port to clash with anything), one database per test. One server per test binary
+//! ([`shared`]); each test takes its own database ([`PgServer::database`]), dropped with it.
+//!
+//! PostgreSQL refuses to run as root. As root, `initdb` and `postgres` run under `setpriv` as the
+//! system user `postgres` (created by Debian's `postgresql` package), else `nobody`, owning the
+//! temporary directory. The server is started under `setpriv --pdeathsig` from a thread that
+//! lives as long as the process, so it stops (fast shutdown) when the test binary exits, and a
+//! shell around it removes the directory once it has stopped.
+//!
+//! Where it cannot run (no `initdb`, no `setpriv` as root), [`shared`] says why; the caller
+//! applies the skip policy (`tests/support/skip.rs`, need `postgres`).
+//!
+//! One file, included by path (`#[path = ".../tests/support/postgres.rs"] mod postgres;`) into
+//! the journal's unit tests and the intake benchmark; it spawns the PostgreSQL client tools
+//! (`createdb`, `dropdb`) rather than linking a client, so it works with any.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The role the tests connect as (`initdb -U`), trusted on the socket.
+pub const ROLE: &str = "rm";
+
+/// How long the server may take to accept connections after it is started: generous, the
+/// machine is shared by several builds.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Where Debian's `postgresql` package puts the server binaries (not on the PATH).
+const DEBIAN_BIN_DIRS: &str = "/usr/lib/postgresql";
+
+/// A running server.
+#[derive(Debug)]
+pub struct PgServer {
+    /// The directory holding the cluster and the socket (`.s.PGSQL.5432`).
+    dir: PathBuf,
+    /// Where `createdb` and `dropdb` are.
+    bin: PathBuf,
+}
+
+/// A database of its own for one test (or one benchmark run), dropped with this value.
+#[derive(Debug)]
+pub struct PgDatabase {
+    server: &'static PgServer,
+    name: String,
+}
+
+static SHARED: OnceLock<Result<PgServer, String>> = OnceLock::new();
+
+/// The test binary's one server with `fsync` off (tests need no durability across a power loss),
+/// started on first use; `Err` says why it cannot run here.
+pub fn shared() -> Result<&'static PgServer, String> {
+    SHARED
+        .get_or_init(|| PgServer::start(false))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+static DURABLE: OnceLock<Result<PgServer, String>> = OnceLock::new();
+
+/// A server with PostgreSQL's default durability (`fsync` on, synchronous commit): what a
+/// benchmark compares against SQLite's full sync.
+pub fn durable() -> Result<&'static PgServer, String> {
+    DURABLE
+        .get_or_init(|| PgServer::start(true))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+impl PgServer {
+    fn start(durable: bool) -> Result<PgServer, String> {
+        let bin = find_bin_dir().ok_or_else(|| {
+            format!(
+                "no `initdb` on the PATH or under {DEBIAN_BIN_DIRS}/*/bin (install Debian's \
+                 `postgresql` package)"
+            )
+        })?;
+        let dir = std::env::temp_dir().join(format!(
+            "rm-pg-{}-{}",
+            std::process::id(),
+            if durable { "durable" } else { "test" }
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let user = unprivileged_user()?;
+        if let Some((uid, gid, _)) = &user {
+            std::os::unix::fs::chown(&dir, Some(*uid), Some(*gid))
+                .map_err(|e| format!("cannot give {} to uid {uid}: {e}", dir.display()))?;
+        }
+        let data = dir.join("data");
+        let mut initdb = as_user(&user, &bin.join("initdb"));
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "-U",
+                ROLE,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--locale=C",
+            ])
+            .stdin(Stdio::null());
+        let out = initdb
+            .output()
+            .map_err(|e| format!("cannot run initdb: {e}"))?;
+        if !out.status.success() {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let fsync = if durable { "on" } else { "off" };
+        let mut postgres = as_user(&user, &bin.join("postgres"));
+        postgres
+            .arg("-D")
+            .arg(&data)
+            .arg("-k")
+            .arg(&dir)
+            .args(["-c", "listen_addresses=", "-c", &format!("fsync={fsync}")])
+            .args([
+                "-c",
+                "max_connections=200",
+                "-c",
+                "log_min_messages=warning",
+            ]);
+        spawn_for_process_lifetime(postgres, dir.clone())?;
+        let server = PgServer { dir, bin };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// The socket directory, as a connection string's `host`.
+    pub fn socket_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A connection string for `database` (libpq key/value form).
+    pub fn url(&self, database: &str) -> String {
+        format!("host={} user={ROLE} dbname={database}", self.dir.display())
+    }
+
+    /// Creates a fresh, empty database named after `label`.
+    pub fn database(&'static self, label: &str) -> Result<PgDatabase, String> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let clean: String = label
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .take(40)
+            .collect();
+        let name = format!("t{}_{}", NEXT.fetch_add(1, Ordering::Relaxed), clean);
+        self.client_tool("createdb", &[&name])?;
+        Ok(PgDatabase { server: self, name })
+    }
+
+    fn client_tool(&self, tool: &str, args: &[&str]) -> Result<(), String> {
+        let out = Command::new(self.bin.join(tool))
+            .arg("-h")
+            .arg(&self.dir)
+            .args(["-U", ROLE])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {tool}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{tool} {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    fn wait_ready(&self) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let ready = Command::new(self.bin.join("pg_isready"))
+                .arg("-h")
+                .arg(&self.dir)
+                .args(["-U", ROLE, "-q"])
+                .status()
+                .map_err(|e| format!("cannot run pg_isready: {e}"))?;
+            if ready.success() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+                return Err(format!(
+                    "postgres did not accept connections within {START_TIMEOUT:?}: {}",
+                    log.trim()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl PgDatabase {
+    /// The connection string of this database.
+    pub fn url(&self) -> String {
+        self.server.url(&self.name)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        // `--force` ends the connections a journal still holds.
+        if let Err(e) = self
+            .server
+            .client_tool("dropdb", &["--force", "--if-exists", &self.name])
+        {
+            eprintln!("cannot drop the test database {}: {e}", self.name);
+        }
+    }
+}
+
+/// The directory with `initdb`, `postgres` and the client tools: the PATH's, else the newest
+/// Debian install.
+fn find_bin_dir() -> Option<PathBuf> {
+    // A link on the PATH (`/usr/local/bin/initdb`) leads to the directory with the rest.
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths).find_map(|dir| {
+            let initdb = std::fs::canonicalize(dir.join("initdb")).ok()?;
+            let bin = initdb.parent()?.to_owned();
+            bin.join("postgres").is_file().then_some(bin)
+        })
+    });
+    on_path.or_else(|| {
+        let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir(DEBIAN_BIN_DIRS)
+            .ok()?
+            .filter_map(Result::ok)
+            .filter_map(|entry| {
+                let version = entry.file_name().to_str()?.parse().ok()?;
+                let bin = entry.path().join("bin");
+                bin.join("initdb").is_file().then_some((version, bin))
+            })
+            .collect();
+        versions.sort();
+        versions.pop().map(|(_, bin)| bin)
+    })
+}
+
+/// As root: the uid, gid and name of the user the server runs as (`postgres`, else `nobody`).
+/// Not root: `None`, the server runs as the current user.
+fn unprivileged_user() -> Result<Option<(u32, u32, String)>, String> {
+    use std::os::unix::fs::MetadataExt;
+    // The owner of /proc/self is this process's effective uid.
+    let me = std::fs::metadata("/proc/self")
+        .map_err(|e| format!("cannot tell who runs the tests: {e}"))?
+        .uid();
+    if me != 0 {
+        return Ok(None);
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd")
+        .map_err(|e| format!("cannot read /etc/passwd: {e}"))?;
+    for wanted in ["postgres", "nobody"] {
+        let found = passwd.lines().find_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            (fields.len() > 3 && fields[0] == wanted)
+                .then(|| Some((fields[2].parse().ok()?, fields[3].parse().ok()?)))
+                .flatten()
+        });
+        if let Some((uid, gid)) = found {
+            return Ok(Some((uid, gid, wanted.to_owned())));
+        }
+    }
+    Err("running as root and no `postgres` or `nobody` user to run PostgreSQL as".to_owned())
+}
+
+/// `program` run as `user` (through `setpriv`) when the tests run as root.
+fn as_user(user: &Option<(u32, u32, String)>, program: &Path) -> Command {
+    match user {
+        None => Command::new(program),
+        Some((uid, gid, _)) => {
+            let mut command = Command::new("setpriv");
+            command
+                .arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={gid}"))
+                .arg("--clear-groups")
+                .arg("--pdeathsig=INT")
+                .arg(program);
+            command
+        }
+    }
+}
+
+/// Starts the server from a thread that never ends, so the parent-death signal (which follows
+/// the spawning thread, not the process) arrives only when the test binary exits. Without
+/// `setpriv` (not root), `postgres` is stopped by the shell around it the same way.
+fn spawn_for_process_lifetime(server: Command, dir: PathBuf) -> Result<(), String> {
+    let (started, outcome) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("rm-test-postgres".to_owned())
+        .spawn(move || {
+            // A shell, itself told of the test binary's exit, stops the server (SIGINT: fast
+            // shutdown), waits for it and removes the directory.
+            let mut argv = vec![server.get_program().to_owned()];
+            argv.extend(server.get_args().map(ToOwned::to_owned));
+            let mut shell = Command::new("setpriv");
+            shell
+                .arg("--pdeathsig=TERM")
+                .args(["sh", "-c"])
+                .arg(
+                    "trap 'kill -INT $pid 2>/dev/null; wait $pid; rm -rf \"$0\"; exit 0' TERM INT; \
+                     \"$@\" & pid=$!; wait $pid; rm -rf \"$0\"",
+                )
+                .arg(&dir)
+                .args(argv)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null());
+            // The server's stderr goes to its log (read when it does not come up).
+            if let Ok(file) = std::fs::File::create(dir.join("server.log")) {
+                shell.stderr(file);
+            }
+            match shell.spawn() {
+                Ok(mut child) => {
+                    let _ = started.send(Ok(()));
+                    let _ = child.wait();
+                }
+                Err(e) => {
+                    let _ = started.send(Err(format!("cannot start postgres: {e}")));
+                }
+            }
+            // Keep the thread (the parent of record) alive until the process exits.
+            loop {
+                std::thread::park();
+            }
+        })
+        .map_err(|e| format!("cannot start the server thread: {e}"))?;
+    outcome
+        .recv()
+        .map_err(|_| "the server thread ended before starting postgres".to_owned())?
+}
