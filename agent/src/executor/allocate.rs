@@ -459,8 +459,9 @@ impl Executor {
             Some((terminal, why)) => {
                 let failures = memory.backoff.get(policy).map_or(0, |b| b.failures) + 1;
                 let wait = launch_backoff(failures, terminal);
-                let until =
-                    self.now_ms().saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
+                let until = self
+                    .now_ms()
+                    .saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
                 memory.backoff.insert(
                     policy.to_owned(),
                     Backoff {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rm_github::types::{JitConfig, JitRequest};
-use rm_journal::{AttemptRecord, AttemptState, now_ms};
+use rm_journal::{AttemptRecord, AttemptState};
 use secrecy::SecretString;
 
 use super::registry::{self, JitRetry, WORK_FOLDER};
@@ -88,7 +88,7 @@ impl Executor {
                     conclusion.outcome(),
                     conclusion.reason(),
                     Some(&failure.detail),
-                    now_ms(),
+                    self.now_ms(),
                 ) {
                     tracing::error!(error = %e, "cannot journal the failed launch; recovery will conclude it");
                 }
@@ -115,9 +115,9 @@ impl Executor {
         };
         let jit = self.request_jit(policy, &target, &request).await?;
         let runner_id = i64::try_from(jit.runner.id).unwrap_or(i64::MAX);
-        let recorded = self
-            .lock_attempts()
-            .jit_received(&record.attempt_id, runner_id, now_ms());
+        let recorded =
+            self.lock_attempts()
+                .jit_received(&record.attempt_id, runner_id, self.now_ms());
         if !matches!(recorded, Ok(true)) {
             // Not journalled: nobody could ever clean this registration up but us, now.
             let _ = self.registry.deregister(&target, jit.runner.id).await;
@@ -141,7 +141,7 @@ impl Executor {
             }
         };
         fault::crash_point("process_spawned");
-        let started = self.record_started(&record.attempt_id, identity, now_ms());
+        let started = self.record_started(&record.attempt_id, identity, self.now_ms());
         if !matches!(started, Ok(true)) {
             // A runner nobody journalled must not live on: stop it before giving up.
             self.stop(identity).await;
@@ -158,7 +158,7 @@ impl Executor {
 
     /// The runtime directory, made by the attempt's backend (blocking work, off the runtime).
     async fn make_runtime(&self, record: &AttemptRecord) -> Result<Runtime, Failure> {
-        let backends = Arc::clone(&self.settings.backends);
+        let backends = Arc::clone(&self.execution);
         let (kind, plan) = (record.isolation, self.plan(record));
         let made = tokio::task::spawn_blocking(move || match backends.of(kind) {
             Some(backend) => backend.prepare(&plan).map_err(|e| e.to_string()),
@@ -188,7 +188,7 @@ impl Executor {
         runtime: &Runtime,
         jit: SecretString,
     ) -> Result<Spawned<RunnerChild>, String> {
-        let backends = Arc::clone(&self.settings.backends);
+        let backends = Arc::clone(&self.execution);
         let (kind, plan, runtime) = (record.isolation, self.plan(record), runtime.clone());
         let started = tokio::task::spawn_blocking(move || match backends.of(kind) {
             Some(backend) => backend
@@ -251,7 +251,7 @@ impl Executor {
                     "GitHub did not issue a JIT configuration after {tries} tries; the last answer: {error}"
                 )));
             }
-            let wait = retry_wait(tries, not_before, SystemTime::now());
+            let wait = retry_wait(tries, not_before, self.clock.now());
             if wait > MAX_JIT_WAIT {
                 return Err(fail(format!(
                     "GitHub asked to wait {} s, longer than a launch waits: {error}",

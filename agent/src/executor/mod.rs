@@ -19,7 +19,11 @@ pub mod fault;
 mod launch;
 mod recovery;
 pub mod registry;
+pub mod seams;
 mod supervise;
+
+#[cfg(test)]
+mod harness;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -34,9 +38,10 @@ use tokio::sync::{Notify, watch};
 use crate::config::Policy;
 use crate::lifecycle::Timeouts;
 use crate::notify::Notifier;
+use crate::runner::RunnerRoot;
 use crate::runner::backend::{Backend, NoIsolation, Plan, UserIsolation};
-use crate::runner::{OsProcesses, RunnerRoot};
 use registry::Registry;
+use seams::{Execution, ProcessTable, Seams};
 
 pub use recovery::RecoveryIncomplete;
 
@@ -147,7 +152,10 @@ pub struct Executor {
     reader: Mutex<Reader>,
     registry: Registry,
     root: RunnerRoot,
-    processes: OsProcesses,
+    processes: Arc<ProcessTable>,
+    /// The backend of each attempt (the configured [`Backends`] in production).
+    execution: Arc<dyn Execution>,
+    clock: Arc<dyn rm_github::Clock>,
     /// The host-wide allocation lock: taken per runner created, with the attempts and the
     /// capacity re-read under it.
     allocation: tokio::sync::Mutex<()>,
@@ -157,7 +165,8 @@ pub struct Executor {
     draining: AtomicBool,
     memory: Mutex<allocate::Memory>,
     observations: Mutex<supervise::Observations>,
-    last_inventory: Mutex<Option<tokio::time::Instant>>,
+    /// When GitHub's inventory was last reconciled (ms, on the executor's clock).
+    last_inventory: Mutex<Option<i64>>,
     notifier: Arc<Notifier>,
 }
 
@@ -169,6 +178,19 @@ impl Executor {
         runner_root: &std::path::Path,
         registry: Registry,
         notifier: Arc<Notifier>,
+    ) -> anyhow::Result<Arc<Executor>> {
+        let seams = Seams::production(Arc::clone(&settings.backends));
+        Executor::open_with(settings, journal, runner_root, registry, notifier, seams)
+    }
+
+    /// [`Executor::open`] reading the world through `seams` (the harness's fakes in tests).
+    pub fn open_with(
+        settings: Settings,
+        journal: &std::path::Path,
+        runner_root: &std::path::Path,
+        registry: Registry,
+        notifier: Arc<Notifier>,
+        seams: Seams,
     ) -> anyhow::Result<Arc<Executor>> {
         use anyhow::Context as _;
         let attempts = Attempts::open(journal)
@@ -182,7 +204,9 @@ impl Executor {
             reader: Mutex::new(reader),
             registry,
             root,
-            processes: OsProcesses,
+            processes: seams.processes,
+            execution: seams.execution,
+            clock: seams.clock,
             allocation: tokio::sync::Mutex::new(()),
             launching: Mutex::new(HashSet::new()),
             wake: Notify::new(),
@@ -307,14 +331,19 @@ impl Executor {
             .last_inventory
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let now = tokio::time::Instant::now();
+        let now = self.now_ms();
         match *last {
-            Some(at) if now.duration_since(at) < INVENTORY_INTERVAL => false,
+            Some(at) if now.saturating_sub(at) < rm_base::clock::ms(INVENTORY_INTERVAL) => false,
             _ => {
                 *last = Some(now);
                 true
             }
         }
+    }
+
+    /// Now, in ms since the epoch, on the executor's clock: every time it journals or decides by.
+    fn now_ms(&self) -> i64 {
+        rm_base::clock::unix_ms(self.clock.now())
     }
 
     fn lock_attempts(&self) -> MutexGuard<'_, Attempts> {

@@ -39,7 +39,7 @@ impl Executor {
         *self
             .last_inventory
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now());
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(self.now_ms());
         Ok(())
     }
 

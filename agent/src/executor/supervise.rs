@@ -12,7 +12,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use rm_github::Target;
-use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState, now_ms};
+use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState};
 use tracing::Instrument as _;
 
 use super::registry::{self, Deregistration, Listing};
@@ -80,7 +80,7 @@ impl Executor {
         timeouts: Timeouts,
         startup: bool,
     ) -> Result<PassReport, AttemptError> {
-        let pass_started = now_ms();
+        let pass_started = self.now_ms();
         let records: Vec<AttemptRecord> = {
             let launching = self.lock_launching().clone();
             self.lock_attempts()
@@ -137,7 +137,7 @@ impl Executor {
             .filter_map(|j| Some((j.runner_name.as_deref()?, j.job_id)))
             .collect();
         let attempts = self.lock_attempts();
-        let now = now_ms();
+        let now = self.now_ms();
         let mut updated = Vec::with_capacity(records.len());
         for record in records {
             let Some(&job_id) = taken.get(record.runner_name.as_str()) else {
@@ -165,7 +165,7 @@ impl Executor {
         startup: bool,
         pass_started: i64,
     ) -> Result<bool, AttemptError> {
-        let now = now_ms();
+        let now = self.now_ms();
         if record.state.is_terminal() && !self.clean_due(&record.attempt_id, now) {
             return Ok(false);
         }
@@ -259,7 +259,7 @@ impl Executor {
                     conclusion.outcome(),
                     conclusion.reason(),
                     Some(detail(conclusion)),
-                    now_ms(),
+                    self.now_ms(),
                 )?;
                 if concluded {
                     tracing::info!(
@@ -310,9 +310,9 @@ impl Executor {
         let Some(identity) = identity else {
             return (ProcessObservation::Gone, None);
         };
-        let inspected = match self.settings.backends.of(record.isolation) {
+        let inspected = match self.execution.of(record.isolation) {
             Some(backend) => backend.inspect(identity),
-            None => process::inspect(&self.processes, identity),
+            None => process::inspect(&*self.processes, identity),
         };
         let state = match inspected {
             Ok(ProcessState::Running) => ProcessObservation::Running,
@@ -344,7 +344,7 @@ impl Executor {
         if fresh_enough && let Some((_, listing)) = held {
             return listing;
         }
-        let fetched_at = now_ms();
+        let fetched_at = self.now_ms();
         let listing = self.registry.list(target).await;
         if let Err(e) = &listing {
             tracing::warn!(target = %target, error = %e, "cannot list the target's runners");
@@ -441,7 +441,7 @@ impl Executor {
     /// Stops a runner's process group (SIGTERM, grace, SIGKILL), re-checking its identity
     /// before every signal.
     pub(super) async fn stop(&self, identity: ProcessIdentity) {
-        match process::stop(&self.processes, identity, STOP_GRACE).await {
+        match process::stop(&*self.processes, identity, STOP_GRACE).await {
             Ok(StopOutcome::Stopped { .. }) => {}
             Ok(StopOutcome::NotOurs) => {
                 tracing::warn!(
@@ -461,7 +461,7 @@ impl Executor {
         target: Option<&Target>,
         registration: Registration<'_>,
     ) -> Result<(), AttemptError> {
-        let now = now_ms();
+        let now = self.now_ms();
         if !self.clean_due(&record.attempt_id, now) {
             return Ok(());
         }
@@ -490,7 +490,7 @@ impl Executor {
         }
         fault::crash_point("cleanup");
         {
-            let backends = Arc::clone(&self.settings.backends);
+            let backends = Arc::clone(&self.execution);
             let (kind, plan) = (record.isolation, self.plan(record));
             let removal = tokio::task::spawn_blocking(move || match backends.of(kind) {
                 Some(backend) => backend.clean(&plan).map_err(|e| e.to_string()),
@@ -523,7 +523,7 @@ impl Executor {
         }
         if self
             .lock_attempts()
-            .mark_cleaned(&record.attempt_id, now_ms())?
+            .mark_cleaned(&record.attempt_id, self.now_ms())?
         {
             tracing::info!("cleaned");
         }

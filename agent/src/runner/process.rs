@@ -464,14 +464,35 @@ pub async fn stop<P: Processes + ?Sized>(
     }
 }
 
+/// What a runner's handle reaps: the child process in production ([`Child`]); a test's process
+/// table gives its own (the executor's harness), so the executor never needs a real process to
+/// learn that its runner exited.
+pub trait Reap: Send + std::fmt::Debug {
+    /// The exit status if the process has exited (reaping it), else `None`.
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>>;
+}
+
+impl Reap for Child {
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        Child::try_wait(self)
+    }
+}
+
 /// A runner the agent started: the handle to reap it with. Dropped unreaped, the runner stays a
 /// zombie until the agent exits; its [`ProcessIdentity`] still tells recovery what it was.
 #[derive(Debug)]
 pub struct RunnerChild {
-    child: Child,
+    child: Box<dyn Reap>,
 }
 
 impl RunnerChild {
+    /// The handle of a started runner that `child` reaps.
+    pub fn new(child: impl Reap + 'static) -> Self {
+        RunnerChild {
+            child: Box::new(child),
+        }
+    }
+
     /// The exit status if the runner has exited (reaping it), else `None`.
     pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
         self.child.try_wait()
@@ -589,7 +610,7 @@ pub fn spawn_listener(
                 pid,
                 start_time: stat.start_time,
             },
-            child: RunnerChild { child },
+            child: RunnerChild::new(child),
         }),
         other => {
             let source = match other {

@@ -1,0 +1,342 @@
+//! The lifecycle rules the executor owns, each through the harness: the real executor, poller
+//! and journal against the fake GitHub, with fake processes and a manual clock.
+
+use rm_fake_github::RunnerBehavior;
+use rm_journal::{AttemptOutcome, AttemptState};
+
+use crate::runner::process::StopSignal;
+
+use super::*;
+
+const LABELS: &[&str] = &["self-hosted"];
+
+/// Passes run after a fence to show that it holds: two poll intervals' worth.
+const PASSES_AFTER_FENCE: usize = 2 * 30 + 5;
+
+async fn steps(h: &mut Harness, n: usize) {
+    for _ in 0..n {
+        h.step().await;
+    }
+}
+
+/// Jobs that take `secs` of manual time.
+fn jobs_take(h: &Harness, secs: u64) {
+    h.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: secs * 1_000,
+        ..RunnerBehavior::default()
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_8_job_matrix_on_a_4_runner_host_runs_4_then_4() {
+    let mut h = Harness::new(Options::default()).await;
+    jobs_take(&h, 20);
+    let jobs: Vec<u64> = (0..8)
+        .map(|i| h.queue(&format!("matrix ({i})"), LABELS))
+        .collect();
+    let mut most = 0;
+    h.until(
+        "every job completed",
+        |h| {
+            let live = h.live();
+            assert!(live <= 4, "{live} live runners on a host of 4");
+            most = most.max(live);
+        },
+        |h| jobs.iter().all(|j| h.completed(*j)),
+    )
+    .await;
+    assert_eq!(most, 4, "the host's 4 runners were used at once");
+    h.until("every attempt cleaned", |_| {}, Harness::all_cleaned)
+        .await;
+    let attempts = h.attempts();
+    assert_eq!(attempts.len(), 8, "one runner per job");
+    // GitHub's side: each job ran on a different one of our runners.
+    let mut ran_on: Vec<String> = jobs
+        .iter()
+        .filter_map(|j| h.fake.job(*j)?.runner_name)
+        .collect();
+    ran_on.sort_unstable();
+    ran_on.dedup();
+    assert_eq!(ran_on.len(), 8, "each runner took a different job");
+    assert!(
+        ran_on
+            .iter()
+            .all(|name| attempts.iter().any(|a| &a.runner_name == name)),
+        "{ran_on:?}"
+    );
+    assert!(
+        attempts
+            .iter()
+            .all(|a| a.outcome == Some(AttemptOutcome::CompletedJob)),
+        "{attempts:#?}"
+    );
+    assert!(h.runtimes().is_empty(), "{:?}", h.runtimes());
+    assert!(h.our_registrations().is_empty());
+    assert!(h.processes.alive().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_policies_share_the_host_ceiling() {
+    let mut h = Harness::new(Options {
+        max_runners: 3,
+        policies: vec![
+            policy_on("acme", "org-a", &["self-hosted", "a"], 3),
+            policy_on(REPO, "repo-b", &["self-hosted", "b"], 3),
+        ],
+        ..Options::default()
+    })
+    .await;
+    jobs_take(&h, 20);
+    let mut jobs = Vec::new();
+    for i in 0..4 {
+        jobs.push(h.queue(&format!("a{i}"), &["self-hosted", "a"]));
+        jobs.push(h.queue(&format!("b{i}"), &["self-hosted", "b"]));
+    }
+    let mut most = 0;
+    h.until(
+        "every job completed",
+        |h| {
+            let live = h.live();
+            assert!(live <= 3, "{live} live runners on a host of 3");
+            most = most.max(live);
+        },
+        |h| jobs.iter().all(|j| h.completed(*j)),
+    )
+    .await;
+    assert_eq!(most, 3, "the host's 3 runners were used at once");
+    let attempts = h.attempts();
+    for policy in ["org-a", "repo-b"] {
+        assert_eq!(
+            attempts.iter().filter(|a| a.policy == policy).count(),
+            4,
+            "{policy} ran its 4 jobs"
+        );
+    }
+    let jit_at = |path: &str| h.fake.requests().iter().filter(|r| r.path == path).count();
+    assert_eq!(
+        jit_at("/repos/acme/widgets/actions/runners/generate-jitconfig"),
+        4,
+        "the repository policy registers at the repository"
+    );
+    assert_eq!(
+        jit_at("/orgs/acme/actions/runners/generate-jitconfig"),
+        4,
+        "the organization policy registers at the organization"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_gets_no_job_is_stopped_at_its_idle_timeout_and_not_replaced() {
+    let mut h = Harness::new(Options::default()).await;
+    // Demand for a job GitHub never hands out (the fake does not know it): the runner
+    // registers and waits, as a real JIT runner does, until the idle timeout stops it.
+    h.deliver_queued(777_001, LABELS).await;
+    h.until(
+        "the idle runner concluded",
+        |_| {},
+        |h| {
+            h.attempts().iter().any(|a| {
+                a.outcome == Some(AttemptOutcome::IdleExit) && a.state == AttemptState::Cleaned
+            })
+        },
+    )
+    .await;
+    let idle = h
+        .attempts()
+        .into_iter()
+        .find(|a| a.outcome == Some(AttemptOutcome::IdleExit))
+        .expect("the idle attempt");
+    assert_eq!(idle.stop_intent.map(|i| i.as_str()), Some("idle_timeout"));
+    let pid = h.backend.pid_of(&idle.runner_name).expect("its process");
+    assert_eq!(
+        h.processes.signals(pid),
+        [StopSignal::Term],
+        "stopped, gently"
+    );
+    // The job it could not get is not demand again: passes that each allocate (two poll
+    // intervals of them) start nothing for it, and a control job queued after the conclusion
+    // still gets a runner.
+    steps(&mut h, PASSES_AFTER_FENCE).await;
+    assert_eq!(h.attempts().len(), 1, "replaced: {:#?}", h.attempts());
+    let control = h.queue("control", LABELS);
+    h.until(
+        "the control job served",
+        |_| {},
+        |h| h.completed(control) && h.all_cleaned(),
+    )
+    .await;
+    steps(&mut h, 10).await;
+    let outcomes: Vec<_> = h.attempts().iter().map(|a| a.outcome).collect();
+    assert_eq!(
+        outcomes,
+        [
+            Some(AttemptOutcome::CompletedJob),
+            Some(AttemptOutcome::IdleExit)
+        ],
+        "newest first: the control's runner, then the idle one, and no replacement"
+    );
+    assert!(h.our_registrations().is_empty(), "registration left");
+    assert!(h.runtimes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_never_registers_is_stopped_deregistered_and_not_replaced() {
+    let mut h = Harness::new(Options::default()).await;
+    // A package whose listener never connects to GitHub.
+    h.backend.set_program(Program::Silent);
+    let _job = h.queue("build", LABELS);
+    let timed_out = |a: &AttemptRecord| {
+        a.reason.as_deref() == Some("terminated_after_registration_timeout")
+            && a.state == AttemptState::Cleaned
+    };
+    h.until(
+        "the unregistered runner concluded",
+        |_| {},
+        |h| h.attempts().iter().any(timed_out),
+    )
+    .await;
+    let first = h
+        .attempts()
+        .into_iter()
+        .find(timed_out)
+        .expect("the timed-out attempt");
+    assert_eq!(
+        first.stop_intent.map(|i| i.as_str()),
+        Some("registration_timeout")
+    );
+    let pid = h.backend.pid_of(&first.runner_name).expect("its process");
+    assert_eq!(h.processes.signals(pid), [StopSignal::Term]);
+    assert!(
+        h.our_registrations().is_empty(),
+        "its JIT registration was removed"
+    );
+    steps(&mut h, PASSES_AFTER_FENCE).await;
+    assert_eq!(h.attempts().len(), 1, "replaced: {:#?}", h.attempts());
+    // Not replaced for the job it could not register for: a control job queued after the
+    // conclusion gets a runner (which times out the same way: its launch proves an allocation
+    // pass ran since the fence and passed over the first job).
+    let _control = h.queue("control", LABELS);
+    h.until(
+        "the control job's runner concluded",
+        |_| {},
+        |h| h.attempts().iter().filter(|a| timed_out(a)).count() >= 2 && h.all_cleaned(),
+    )
+    .await;
+    steps(&mut h, 10).await;
+    let attempts = h.attempts();
+    assert_eq!(
+        attempts.len(),
+        2,
+        "the runner was replaced: {:?}",
+        attempts.iter().map(|a| &a.reason).collect::<Vec<_>>()
+    );
+    assert!(h.our_registrations().is_empty(), "registration left");
+    assert!(h.runtimes().is_empty());
+    assert!(
+        h.processes.alive().is_empty(),
+        "a process outlived its runner"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_launch_backs_its_policy_off_doubling_and_a_runner_resets_it() {
+    let mut h = Harness::new(Options::default()).await;
+    h.backend.refuse_start(true);
+    let job = h.queue("build", LABELS);
+    let failed = |h: &Harness| {
+        h.attempts()
+            .iter()
+            .filter(|a| a.reason.as_deref() == Some("process_start_failed"))
+            .count()
+    };
+    let mut at = Vec::new();
+    for n in 1..=3 {
+        h.until("one more failed launch", |_| {}, |h| failed(h) >= n)
+            .await;
+        at.push(h.clock.now());
+        assert_eq!(h.attempts().len(), n, "one attempt at a time");
+    }
+    let waits: Vec<u64> = at
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).unwrap_or_default().as_secs())
+        .collect();
+    let backoff = super::super::allocate::LAUNCH_BACKOFF.as_secs();
+    assert!(waits[0] >= backoff, "waited {waits:?}");
+    assert!(waits[1] >= 2 * backoff, "the back-off doubles: {waits:?}");
+    assert!(
+        h.our_registrations().is_empty(),
+        "each failed start removed its JIT registration"
+    );
+    // The package is fixed: the next launch (after the back-off) runs the job.
+    h.backend.refuse_start(false);
+    h.until(
+        "the job served",
+        |_| {},
+        |h| h.completed(job) && h.all_cleaned(),
+    )
+    .await;
+    assert_eq!(h.attempts()[0].outcome, Some(AttemptOutcome::CompletedJob));
+    assert!(h.runtimes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_recovery_adopts_a_live_runner_and_concludes_a_dead_one() {
+    let mut h = Harness::new(Options::default()).await;
+    jobs_take(&h, 120);
+    let jobs = [h.queue("live", LABELS), h.queue("dies", LABELS)];
+    h.until(
+        "both runners busy",
+        |_| {},
+        |h| {
+            let attempts = h.attempts();
+            attempts.len() == 2 && attempts.iter().all(|a| a.state == AttemptState::Busy)
+        },
+    )
+    .await;
+    // The agent stops (its executor is no longer driven), and while it is down one runner
+    // dies in its job.
+    let attempts = h.attempts();
+    let (live, dead) = (&attempts[0], &attempts[1]);
+    let live_pid = h.backend.pid_of(&live.runner_name).expect("a process");
+    let dead_pid = h.backend.pid_of(&dead.runner_name).expect("a process");
+    h.processes.exit(dead_pid, 137);
+    h.restart();
+    h.recover().await.expect("recovery completes");
+    let now: HashMap<String, AttemptRecord> = h
+        .attempts()
+        .into_iter()
+        .map(|a| (a.runner_name.clone(), a))
+        .collect();
+    assert_eq!(now[&live.runner_name].state, AttemptState::Busy, "adopted");
+    assert!(
+        h.processes.signals(live_pid).is_empty(),
+        "a busy runner is never stopped"
+    );
+    assert!(now[&dead.runner_name].state.is_terminal(), "concluded");
+    assert!(now[&dead.runner_name].outcome.is_some(), "with an outcome");
+    // The adopted runner finishes its job under the new executor; the dead one's registration
+    // goes once GitHub lets go of it.
+    h.advance(Duration::from_secs(120));
+    h.until(
+        "the adopted runner's job done, everything cleaned",
+        |_| {},
+        |h| h.completed(jobs[0]) && h.all_cleaned(),
+    )
+    .await;
+    assert!(h.runtimes().is_empty());
+    // GitHub held the dead runner busy with the job it was running until it gave that job up;
+    // its registration is the inventory reconciliation's, at its next interval.
+    h.advance(super::super::INVENTORY_INTERVAL);
+    h.until(
+        "every registration of ours removed",
+        |_| {},
+        |h| h.our_registrations().is_empty(),
+    )
+    .await;
+    let adopted = h
+        .attempts()
+        .into_iter()
+        .find(|a| a.runner_name == live.runner_name)
+        .expect("the adopted attempt");
+    assert_eq!(adopted.outcome, Some(AttemptOutcome::CompletedJob));
+}
