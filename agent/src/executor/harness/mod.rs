@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use rm_fake_github::jit::FakeJitConfig;
@@ -58,6 +58,8 @@ pub const TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_STEPS: usize = 1_000;
 /// The real time a fake runner waits between two looks at the fake or its table.
 const RUNNER_POLL: Duration = Duration::from_millis(5);
+/// The longest a held `start` waits (real time): a failing test still ends.
+const HOLD_LIMIT: Duration = Duration::from_secs(30);
 /// The real time between two steps, so launch tasks and fake runners get the runtime.
 const STEP_PAUSE: Duration = Duration::from_millis(5);
 
@@ -291,6 +293,9 @@ pub struct FakeBackend {
     program: Mutex<Program>,
     /// `start` fails while set (a package that cannot be started).
     refuse_start: Mutex<bool>,
+    /// `start` waits while set (an agent that dies between two steps of a launch never gets
+    /// past it), at most [`HOLD_LIMIT`].
+    hold_start: (Mutex<bool>, Condvar),
     /// The pid of each runner by name.
     pids: Mutex<HashMap<String, u32>>,
 }
@@ -305,6 +310,13 @@ impl FakeBackend {
             .refuse_start
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = refuse;
+    }
+
+    /// Holds (`true`) or lets go of (`false`) every `start`.
+    pub fn hold_start(&self, hold: bool) {
+        let (held, changed) = &self.hold_start;
+        *held.lock().unwrap_or_else(PoisonError::into_inner) = hold;
+        changed.notify_all();
     }
 
     /// The pid runner `name` was started as.
@@ -338,6 +350,13 @@ impl Backend for FakeBackend {
         runtime: &Runtime,
         jit: &SecretString,
     ) -> Result<Spawned<RunnerChild>, BackendError> {
+        {
+            let (held, changed) = &self.hold_start;
+            let guard = held.lock().unwrap_or_else(PoisonError::into_inner);
+            let _released = changed
+                .wait_timeout_while(guard, HOLD_LIMIT, |held| *held)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
         if *self
             .refuse_start
             .lock()
@@ -531,6 +550,7 @@ impl Harness {
             clock: clock.clone(),
             program: Mutex::new(Program::Runner),
             refuse_start: Mutex::new(false),
+            hold_start: (Mutex::new(false), Condvar::new()),
             pids: Mutex::new(HashMap::new()),
         });
         let settings = Settings {

@@ -340,3 +340,51 @@ async fn startup_recovery_adopts_a_live_runner_and_concludes_a_dead_one() {
         .expect("the adopted attempt");
     assert_eq!(adopted.outcome, Some(AttemptOutcome::CompletedJob));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_dead_between_registration_and_process_is_recovered_and_its_job_served() {
+    let mut h = Harness::new(Options::default()).await;
+    // The launch gets its JIT registration journalled, then the agent dies before the process
+    // exists: the next agent finds the attempt `jit_received`, no process, and a registration.
+    h.backend.hold_start(true);
+    let job = h.queue("build", LABELS);
+    h.until(
+        "the registration journalled",
+        |_| {},
+        |h| {
+            h.attempts()
+                .first()
+                .is_some_and(|a| a.state == AttemptState::JitReceived)
+        },
+    )
+    .await;
+    let crashed = h.attempts().remove(0);
+    assert_eq!(h.our_registrations(), std::slice::from_ref(&crashed.runner_name));
+    // The dead agent's launch never gets further (its start fails once it is let go).
+    let dead_agent = Arc::clone(&h.backend);
+    dead_agent.refuse_start(true);
+    h.restart();
+    h.recover().await.expect("recovery completes");
+    let recovered = h
+        .attempts()
+        .into_iter()
+        .find(|a| a.attempt_id == crashed.attempt_id)
+        .expect("the attempt");
+    assert_eq!(recovered.state, AttemptState::Cleaned, "{recovered:#?}");
+    assert_eq!(recovered.outcome, Some(AttemptOutcome::Failed));
+    assert!(
+        !h.our_registrations().contains(&crashed.runner_name),
+        "its registration was removed"
+    );
+    assert!(h.runtimes().is_empty(), "its runtime was removed");
+    // The job is still queued: the new agent serves it.
+    h.until(
+        "the job served",
+        |_| {},
+        |h| h.completed(job) && h.all_cleaned(),
+    )
+    .await;
+    dead_agent.hold_start(false);
+    assert_eq!(h.attempts().len(), 2);
+    assert_eq!(h.attempts()[0].outcome, Some(AttemptOutcome::CompletedJob));
+}
