@@ -36,7 +36,7 @@ pub enum JournalError {
     Sqlite(#[from] rusqlite::Error),
     /// The PostgreSQL journal (CONTRACT §9): unreachable, refused, or a query failed. Its text
     /// names the server's message, never the connection string (it may hold a password).
-    #[error("the PostgreSQL journal: {0}")]
+    #[error("the PostgreSQL journal: {}", crate::pg::describe(.0))]
     Postgres(#[from] postgres::Error),
     #[error(
         "the PostgreSQL journal has schema version {found}, newer than this rm-agent knows ({supported}); run the newer rm-agent, or restore a backup"

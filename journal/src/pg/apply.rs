@@ -19,7 +19,7 @@ const MERGE_ATTEMPTS: usize = 3;
 /// Why a verdict could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ApplyError {
-    #[error(transparent)]
+    #[error("{}", super::describe(.0))]
     Postgres(#[from] postgres::Error),
     #[error("job {0} kept changing under concurrent writers")]
     Unsettled(i64),
@@ -62,6 +62,15 @@ impl Sql<'_, '_> {
     ) -> Result<u64, postgres::Error> {
         let statement = self.statement(sql)?;
         self.tx.execute(&statement, params)
+    }
+
+    pub(crate) fn query(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, postgres::Error> {
+        let statement = self.statement(sql)?;
+        self.tx.query(&statement, params)
     }
 
     pub(crate) fn query_opt(

@@ -13,5 +13,17 @@ mod writer;
 pub use read::PgReader;
 pub use writer::PgJournal;
 
+/// A PostgreSQL error in one line: the server's message and SQLSTATE, or what failed on the
+/// way to it (the client's `Display` says only "db error"). Never the connection string.
+pub(crate) fn describe(err: &postgres::Error) -> String {
+    if let Some(db) = err.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    }
+    match std::error::Error::source(err) {
+        Some(cause) => format!("{err}: {cause}"),
+        None => err.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests;

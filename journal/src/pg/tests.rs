@@ -93,76 +93,100 @@ fn receivers_starting_together_migrate_once_to_sqlite_s_version() {
     drop(pg);
 }
 
-/// Two receivers, each with its own writer and connection, record the same GUIDs at once (a
+/// Two receivers, each with its own writer and connection, racing. First, two sightings of
+/// each job (`queued` on one, `in_progress` on the other, distinct GUIDs) inserted at the same
+/// moment: they merge forward, every job ends in progress. Then the same GUIDs on both (a
 /// delivery and its redelivery landing on different receivers): each GUID is answered `New` by
-/// exactly one of them and makes one delivery row; two sightings of one job racing on the two
-/// writers merge forward (the later state wins whichever commits first).
+/// exactly one of them and makes one delivery row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_writers_racing_on_the_same_guids_apply_each_once() {
     let Some(pg) = Postgres::new("two_writers_racing_on_the_same_guids_apply_each_once") else {
         return;
     };
     let url = pg.db.url();
-    let second = off_runtime(|| PgJournal::connect(&url).unwrap());
+    let writers = [
+        pg.journal.clone(),
+        off_runtime(|| PgJournal::connect(&url).unwrap()),
+    ];
     const N: i64 = 200;
-    // Each job has a `queued` and an `in_progress` delivery. Every `queued` is sent to both
-    // writers (a redelivery racing its original on another receiver); the `in_progress` goes to
-    // the second writer only, so it races the first writer's `queued` of the same job.
-    let guids: Vec<(String, i64, &str)> = (0..N)
+    let reader = || {
+        let url = url.clone();
+        off_runtime(move || {
+            let mut reader = PgReader::connect(&url).unwrap();
+            (
+                reader.delivery_count().unwrap(),
+                reader.job_counts().unwrap(),
+            )
+        })
+    };
+
+    let sightings: Vec<Send> = (0..N)
         .flat_map(|i| {
             [
-                // (A writer takes its group's GUIDs in order: the second takes the job's
-                // `in_progress` before its `queued`, while the first inserts the job.)
-                (format!("race-{i:03}-2-queued"), 9000 + i, "queued"),
-                (format!("race-{i:03}-1-started"), 9000 + i, "in_progress"),
+                (0, format!("m-{i:03}-q"), 9000 + i, "queued"),
+                (1, format!("m-{i:03}-s"), 9000 + i, "in_progress"),
             ]
         })
         .collect();
-    // Both writers queue their whole share behind a lock, and start together when it goes.
-    let held = Held::deliveries(&url);
+    let new = race(&url, &writers, &sightings).await;
+    assert!(new.values().all(|&n| n == 1), "{new:?}");
+    // Forward only, whichever writer's sighting came first: every job is in progress.
+    assert_eq!(reader(), (2 * N, vec![("in_progress".to_owned(), N)]));
+
+    // Every GUID to both writers, in opposite orders.
+    let redelivered: Vec<Send> = (0..N)
+        .map(|i| (0, format!("d-{i:03}"), 10_000 + i, "queued"))
+        .chain(
+            (0..N)
+                .rev()
+                .map(|i| (1, format!("d-{i:03}"), 10_000 + i, "queued")),
+        )
+        .collect();
+    let new = race(&url, &writers, &redelivered).await;
+    assert_eq!(new.len(), N as usize);
+    assert!(
+        new.values().all(|&n| n == 1),
+        "GUIDs answered New other than once: {:?}",
+        new.iter().filter(|(_, n)| **n != 1).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        reader(),
+        (
+            3 * N,
+            vec![("in_progress".to_owned(), N), ("queued".to_owned(), N)]
+        )
+    );
+}
+
+/// A delivery to record: which writer, its GUID, its job, its action.
+type Send = (usize, String, i64, &'static str);
+
+/// Queues every send on its writer behind a held lock, so both writers start together when it
+/// goes; returns how many times each GUID was answered `New`.
+async fn race(url: &str, writers: &[PgJournal; 2], sends: &[Send]) -> BTreeMap<String, usize> {
+    let held = Held::deliveries(url);
     let mut tasks = Vec::new();
-    for (n, journal) in [pg.journal.clone(), second.clone()].into_iter().enumerate() {
-        for (k, (guid, job, action)) in guids.iter().cloned().enumerate() {
-            if n == 0 && action == "in_progress" {
-                continue;
-            }
-            let journal = journal.clone();
-            tasks.push(tokio::spawn(async move {
-                (k, journal.record(job_delivery(&guid, job, action, 1)).await)
-            }));
-        }
+    for (writer, guid, job, action) in sends.iter().cloned() {
+        let journal = writers[writer].clone();
+        tasks.push(tokio::spawn(async move {
+            let answer = journal.record(job_delivery(&guid, job, action, 1)).await;
+            (guid, answer)
+        }));
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     held.release();
-    let mut new_per_guid = vec![0; guids.len()];
+    let mut new = BTreeMap::new();
     for task in tasks {
-        let (k, answer) = task.await.unwrap();
+        let (guid, answer) = task.await.unwrap();
+        let count = new.entry(guid.clone()).or_insert(0);
         match answer.unwrap() {
             // A `queued` merged after its job's `in_progress` changes nothing: a duplicate.
-            Recorded::New(Outcome::Applied | Outcome::Duplicate) => new_per_guid[k] += 1,
+            Recorded::New(Outcome::Applied | Outcome::Duplicate) => *count += 1,
             Recorded::AlreadyJournalled => {}
-            other => panic!("{}: {other:?}", guids[k].0),
+            other => panic!("{guid}: {other:?}"),
         }
     }
-    assert!(
-        new_per_guid.iter().all(|&n| n == 1),
-        "GUIDs answered New other than once: {:?}",
-        new_per_guid
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n != 1)
-            .collect::<Vec<_>>()
-    );
-    let (deliveries, jobs) = off_runtime(|| {
-        let mut reader = PgReader::connect(&url).unwrap();
-        (
-            reader.delivery_count().unwrap(),
-            reader.job_counts().unwrap(),
-        )
-    });
-    assert_eq!(deliveries, 2 * N);
-    // Forward only, whichever writer's sighting came first: every job is in progress.
-    assert_eq!(jobs, vec![("in_progress".to_owned(), N)]);
+    new
 }
 
 /// While another session holds the deliveries table, a burst queues behind it: nobody is
@@ -241,4 +265,108 @@ impl Held {
         self.release.send(()).unwrap();
         self.session.join().unwrap();
     }
+}
+
+/// Another writer has inserted a job (`queued`) and not yet committed when this writer records
+/// the job's `in_progress`: its insert waits, finds the row, and merges over it, so the job ends
+/// in progress and the delivery is applied, not lost as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighting_whose_insert_loses_a_race_merges_over_the_winner() {
+    let Some(pg) = Postgres::new("a_sighting_whose_insert_loses_a_race") else {
+        return;
+    };
+    let url = pg.db.url();
+    let (commit, committed) = std::sync::mpsc::channel::<()>();
+    let (inserted, is_inserted) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || {
+        let mut client = Client::connect(&url, NoTls).unwrap();
+        let mut tx = client.transaction().unwrap();
+        tx.batch_execute(
+            "INSERT INTO jobs (job_id, run_id, run_attempt, repository, labels, state,
+                 state_rank, source, first_seen_at, updated_at)
+             VALUES (42, 1, 1, 'o/r', '[]', 'queued', 1, 'webhook', 1, 1)",
+        )
+        .unwrap();
+        inserted.send(()).unwrap();
+        committed.recv().unwrap();
+        tx.commit().unwrap();
+    });
+    is_inserted.recv().unwrap();
+    let journal = pg.journal.clone();
+    let started = tokio::spawn(async move {
+        journal
+            .record(job_delivery("started", 42, "in_progress", 5))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    commit.send(()).unwrap();
+    other.join().unwrap();
+    assert_eq!(
+        started.await.unwrap().unwrap(),
+        Recorded::New(Outcome::Applied)
+    );
+    let url = pg.db.url();
+    let job = off_runtime(|| PgReader::connect(&url).unwrap().job(42).unwrap().unwrap());
+    assert_eq!(job.state, "in_progress");
+}
+
+/// A verdict PostgreSQL cannot store (a repository name with a NUL, which its text type
+/// refuses) does not fail its group: that delivery is journalled as rejected with the reason,
+/// its body kept for a replay, and the deliveries beside it in the same transaction are applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_that_cannot_be_applied_is_rejected_and_its_group_still_commits() {
+    let Some(pg) = Postgres::new("a_delivery_that_cannot_be_applied") else {
+        return;
+    };
+    let url = pg.db.url();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/webhooks/installation_repositories.added.0.json"
+    ))
+    .unwrap();
+    let mut body: serde_json::Value = serde_json::from_str(&text).unwrap();
+    body["repositories_added"][0]["full_name"] = "Codertocat/Sp\u{0}ace".into();
+    let bad = crate::Incoming {
+        guid: "nul".to_owned(),
+        event: "installation_repositories".to_owned(),
+        headers: Vec::new(),
+        body: serde_json::to_vec(&body).unwrap(),
+        received_at_ms: 1,
+        source: rm_handlers::Source::Webhook,
+    };
+    let held = Held::deliveries(&url);
+    let tasks = [bad, job_delivery("fine", 3, "queued", 2)].map(|incoming| {
+        let journal = pg.journal.clone();
+        tokio::spawn(async move { journal.record(incoming).await })
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.release();
+    let [bad, fine] = tasks;
+    assert_eq!(
+        bad.await.unwrap().unwrap(),
+        Recorded::New(Outcome::Rejected)
+    );
+    assert_eq!(
+        fine.await.unwrap().unwrap(),
+        Recorded::New(Outcome::Applied)
+    );
+    let (stored, job) = off_runtime(|| {
+        let mut reader = PgReader::connect(&url).unwrap();
+        (
+            reader.delivery("nul").unwrap().unwrap(),
+            reader.job(3).unwrap(),
+        )
+    });
+    assert!(
+        stored
+            .row
+            .reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("could not apply this delivery: invalid byte sequence"),
+        "{:?}",
+        stored.row.reason
+    );
+    assert!(stored.body.is_some());
+    assert_eq!(job.unwrap().state, "queued");
 }

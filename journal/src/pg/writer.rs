@@ -10,6 +10,7 @@
 //! connection) is retried whole on a fresh transaction: nothing of it was committed, and a
 //! commit whose answer was lost is found again by its GUIDs and answered as already journalled.
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::mpsc;
 use std::thread;
@@ -192,14 +193,21 @@ impl Writer {
     fn commit(&mut self, batch: Vec<Request>) {
         let started = Instant::now();
         let mut tries = 0;
+        let mut unappliable = HashMap::new();
         let result = loop {
-            tries += 1;
-            match self.write(&batch) {
+            match self.write(&batch, &unappliable) {
                 Ok(answers) => break Ok(answers),
-                Err(err) if tries < MAX_TRIES && may_pass(&err) => {
-                    tracing::debug!(error = %err, tries, "PostgreSQL journal group retried");
+                // Tried again without applying it: at most once per delivery of the group.
+                Err(TryError::Apply { index, reason }) => {
+                    unappliable.insert(index, reason);
                 }
-                Err(err) => break Err(err),
+                Err(TryError::Postgres(err)) => {
+                    tries += 1;
+                    if tries >= MAX_TRIES || !may_pass(&err) {
+                        break Err(err);
+                    }
+                    tracing::debug!(error = %super::describe(&err), tries, "PostgreSQL journal group retried");
+                }
             }
         };
         self.metrics
@@ -218,8 +226,8 @@ impl Writer {
                 }
             }
             Err(err) => {
-                tracing::error!(error = %err, deliveries = batch.len(), "PostgreSQL journal commit failed");
-                let message = err.to_string();
+                let message = super::describe(&err);
+                tracing::error!(error = %message, deliveries = batch.len(), "PostgreSQL journal commit failed");
                 for request in batch {
                     match request {
                         Request::Record { reply, .. } => {
@@ -235,7 +243,11 @@ impl Writer {
     }
 
     /// One try at writing the batch in one transaction; one answer per request, in order.
-    fn write(&mut self, batch: &[Request]) -> Result<Vec<Answer>, postgres::Error> {
+    fn write(
+        &mut self,
+        batch: &[Request],
+        unappliable: &HashMap<usize, String>,
+    ) -> Result<Vec<Answer>, TryError> {
         let client = match &mut self.client {
             Some(client) if !client.is_closed() => client,
             _ => {
@@ -244,10 +256,9 @@ impl Writer {
                 self.client.insert(self.config.connect(NoTls)?)
             }
         };
-        let result = write_batch(client, &mut self.cache, batch);
-        if result
-            .as_ref()
-            .is_err_and(|err| err.is_closed() || err.code().is_none())
+        let result = write_batch(client, &mut self.cache, batch, unappliable);
+        if let Err(TryError::Postgres(err)) = &result
+            && (err.is_closed() || err.code().is_none())
         {
             // The connection's state is unknown: the next try starts on a new one.
             self.client = None;
@@ -256,97 +267,174 @@ impl Writer {
     }
 }
 
+/// Why one try at a group failed.
+#[derive(Debug)]
+enum TryError {
+    Postgres(postgres::Error),
+    /// The verdict of the delivery at this index could not be applied (a data error, which
+    /// aborts the transaction): the group is tried again with it journalled as rejected.
+    Apply {
+        index: usize,
+        reason: String,
+    },
+}
+
+impl From<postgres::Error> for TryError {
+    fn from(err: postgres::Error) -> Self {
+        TryError::Postgres(err)
+    }
+}
+
+/// A delivery of the group: its index, what came in, the verdict, the stored columns.
+type Record<'a> = (usize, &'a Incoming, &'a Verdict, &'a Stored);
+
+/// One try at a group, in two phases whose locks every writer takes in one order, so writers
+/// never wait on each other in a cycle: first every delivery row (one statement, GUIDs in
+/// order: a GUID another writer holds waits for its commit, then is answered as journalled),
+/// then the new deliveries' verdicts ordered by the job they touch (each job row locked in
+/// job order). `unappliable` holds the deliveries (by index) a previous try could not apply:
+/// they are journalled as rejected with the reason, to be replayed, as SQLite does.
 fn write_batch(
     client: &mut Client,
     cache: &mut StatementCache,
     batch: &[Request],
-) -> Result<Vec<Answer>, postgres::Error> {
+    unappliable: &HashMap<usize, String>,
+) -> Result<Vec<Answer>, TryError> {
     let mut tx = client.transaction()?;
     let mut answers = vec![Recorded::AlreadyJournalled; batch.len()];
-    // GUIDs are taken in one order by every writer, so two writers holding the same
-    // redelivered GUIDs never wait on each other in a cycle.
-    let mut order: Vec<usize> = (0..batch.len()).collect();
-    order.sort_by(|&a, &b| guid_of(&batch[a]).cmp(guid_of(&batch[b])));
     let mut sql = Sql { tx: &mut tx, cache };
-    let mut probed = false;
-    for index in order {
-        match &batch[index] {
+    let records: Vec<Record<'_>> = batch
+        .iter()
+        .enumerate()
+        .filter_map(|(index, request)| match request {
             Request::Record {
                 incoming,
                 verdict,
                 stored,
                 ..
-            } => answers[index] = record_one(&mut sql, incoming, verdict, stored)?,
-            Request::Probe(_) if !probed => {
-                sql.execute("SELECT 1", &[])?;
-                probed = true;
-            }
-            Request::Probe(_) => {}
+            } => Some((index, incoming, verdict, stored)),
+            Request::Probe(_) => None,
+        })
+        .collect();
+    if records.len() < batch.len() {
+        // A probe: the transaction must reach the server.
+        sql.execute("SELECT 1", &[])?;
+    }
+    let ids = insert_deliveries(&mut sql, &records)?;
+    // The new deliveries: the first request of each GUID this group inserted.
+    let mut new: Vec<(usize, i64, &Incoming, &Verdict)> = Vec::new();
+    let mut claimed = std::collections::HashSet::new();
+    for &(index, incoming, verdict, _) in &records {
+        if let Some(&id) = ids.get(incoming.guid.as_str())
+            && claimed.insert(id)
+        {
+            new.push((index, id, incoming, verdict));
         }
     }
+    // Stable: one job's deliveries keep their arrival order.
+    new.sort_by_key(|(_, _, _, verdict)| first_job(verdict));
+    let mut outcomes: Vec<(i64, &'static str, Option<String>)> = Vec::with_capacity(new.len());
+    for (index, id, incoming, verdict) in new {
+        let (outcome, reason) = match unappliable.get(&index) {
+            Some(reason) => (Outcome::Rejected, Some(reason.clone())),
+            None => match apply_verdict(&mut sql, verdict, incoming.received_at_ms) {
+                Ok(applied) => (applied.outcome, applied.reason),
+                Err(ApplyError::Postgres(err)) if !is_data_error(&err) => return Err(err.into()),
+                Err(err) => {
+                    return Err(TryError::Apply {
+                        index,
+                        reason: format!("the journal could not apply this delivery: {err}"),
+                    });
+                }
+            },
+        };
+        answers[index] = Recorded::New(outcome);
+        outcomes.push((id, outcome.as_str(), reason));
+    }
+    set_outcomes(&mut sql, &outcomes)?;
     tx.commit()?;
     Ok(answers)
 }
 
-fn guid_of(request: &Request) -> &str {
-    match request {
-        Request::Record { incoming, .. } => &incoming.guid,
-        Request::Probe(_) => "",
+/// The job a verdict touches first (its lock order); verdicts without one go first.
+fn first_job(verdict: &Verdict) -> i64 {
+    match verdict {
+        Verdict::Apply { changes, .. } => changes
+            .iter()
+            .find_map(|change| match change {
+                rm_handlers::Change::Job(job) => Some(job.job_id),
+                _ => None,
+            })
+            .unwrap_or(i64::MIN),
+        _ => i64::MIN,
     }
 }
 
-/// Records one delivery inside the group's transaction: its row first (the GUID's claim, once
-/// fleet-wide), then its verdict in a savepoint, then its outcome on the row. A GUID already
-/// journalled (by any writer, or earlier in this group) is answered as such and changes nothing.
-fn record_one(
+/// Inserts every delivery row of the group in one statement, GUIDs in order, each once; a GUID
+/// already journalled (by any writer, or earlier in the group) is skipped. Returns the id of
+/// each GUID inserted.
+fn insert_deliveries<'r>(
     sql: &mut Sql<'_, '_>,
-    incoming: &Incoming,
-    verdict: &Verdict,
-    stored: &Stored,
-) -> Result<Recorded, postgres::Error> {
-    let inserted = sql.query_opt(
+    records: &[Record<'r>],
+) -> Result<HashMap<&'r str, i64>, postgres::Error> {
+    if records.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut sorted: Vec<&Record<'r>> = records.iter().collect();
+    sorted.sort_by(|a, b| a.1.guid.cmp(&b.1.guid));
+    let guids: Vec<&str> = sorted.iter().map(|r| r.1.guid.as_str()).collect();
+    let events: Vec<&str> = sorted.iter().map(|r| r.1.event.as_str()).collect();
+    let actions: Vec<Option<&str>> = sorted.iter().map(|r| r.2.action()).collect();
+    let sources: Vec<&str> = sorted.iter().map(|r| r.1.source.as_str()).collect();
+    let received: Vec<i64> = sorted.iter().map(|r| r.1.received_at_ms).collect();
+    let headers: Vec<&str> = sorted.iter().map(|r| r.3.headers.as_str()).collect();
+    let bodies: Vec<&[u8]> = sorted.iter().map(|r| r.3.body.as_slice()).collect();
+    let rows = sql.query(
         "INSERT INTO deliveries (guid, event, action, source, received_at, headers, body,
              outcome)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'rejected')
+         SELECT guid, event, action, source, received_at, headers, body, 'rejected'
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[],
+             $7::bytea[]) WITH ORDINALITY
+             AS d (guid, event, action, source, received_at, headers, body, n)
+         ORDER BY n
          ON CONFLICT (guid) DO NOTHING
-         RETURNING id",
+         RETURNING guid, id",
         &[
-            &incoming.guid,
-            &incoming.event,
-            &verdict.action(),
-            &incoming.source.as_str(),
-            &incoming.received_at_ms,
-            &stored.headers,
-            &stored.body,
+            &guids, &events, &actions, &sources, &received, &headers, &bodies,
         ],
     )?;
-    let Some(row) = inserted else {
-        return Ok(Recorded::AlreadyJournalled);
-    };
-    let id: i64 = row.get(0);
-    // As in SQLite: changes that cannot be applied are undone and the delivery is still
-    // journalled, as rejected with the reason, to be replayed.
-    sql.tx.batch_execute("SAVEPOINT delivery")?;
-    let (outcome, reason) = match apply_verdict(sql, verdict, incoming.received_at_ms) {
-        Ok(applied) => {
-            sql.tx.batch_execute("RELEASE delivery")?;
-            (applied.outcome, applied.reason)
+    let by_guid: HashMap<&str, &'r str> = records
+        .iter()
+        .map(|r| (r.1.guid.as_str(), r.1.guid.as_str()))
+        .collect();
+    let mut ids = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let guid: &str = row.get(0);
+        if let Some(&guid) = by_guid.get(guid) {
+            ids.insert(guid, row.get(1));
         }
-        Err(ApplyError::Postgres(err)) if !is_data_error(&err) => return Err(err),
-        Err(err) => {
-            sql.tx
-                .batch_execute("ROLLBACK TO delivery; RELEASE delivery")?;
-            (
-                Outcome::Rejected,
-                Some(format!("the journal could not apply this delivery: {err}")),
-            )
-        }
-    };
+    }
+    Ok(ids)
+}
+
+/// Writes the new deliveries' outcomes in one statement.
+fn set_outcomes(
+    sql: &mut Sql<'_, '_>,
+    outcomes: &[(i64, &'static str, Option<String>)],
+) -> Result<(), postgres::Error> {
+    if outcomes.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<i64> = outcomes.iter().map(|o| o.0).collect();
+    let names: Vec<&str> = outcomes.iter().map(|o| o.1).collect();
+    let reasons: Vec<Option<&str>> = outcomes.iter().map(|o| o.2.as_deref()).collect();
     sql.execute(
-        "UPDATE deliveries SET outcome = $2, reason = $3 WHERE id = $1",
-        &[&id, &outcome.as_str(), &reason],
+        "UPDATE deliveries SET outcome = u.outcome, reason = u.reason
+         FROM UNNEST($1::bigint[], $2::text[], $3::text[]) AS u (id, outcome, reason)
+         WHERE deliveries.id = u.id",
+        &[&ids, &names, &reasons],
     )?;
-    Ok(Recorded::New(outcome))
+    Ok(())
 }
 
 /// An error about this delivery's data (a value or a constraint), which a replay after a fix
