@@ -4,9 +4,14 @@
 //! docs/performance.md says what it measures and why. [`local`] holds what the benchmarks that
 //! start real binaries (`runner-latency`, `relay-latency`) share, and [`package`] the synthetic
 //! runner package shaped like an actions/runner release that `runtime-create` and
-//! `runner-latency --compare-runtimes` make runtimes from.
+//! `runner-latency --compare-runtimes` make runtimes from. [`intake`] is `receiver-load
+//! --intake`: the journals' intake (SQLite against PostgreSQL) without HTTP.
 
 pub mod delivery;
+pub mod intake;
 pub mod load;
 pub mod local;
 pub mod package;
+/// The PostgreSQL server the intake benchmark starts (the tests' helper, shared by path).
+#[path = "../../tests/support/postgres.rs"]
+pub mod pg_server;

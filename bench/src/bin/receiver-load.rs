@@ -49,6 +49,17 @@ struct Args {
     /// Runtime threads for the generator: it shares the machine with the receiver under test.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Instead of a receiver over HTTP, measure the journals' intake side by side: SQLite, then
+    /// PostgreSQL (a server started for the run) with each of --pg-writers writers; every body
+    /// of the pool (--jobs × 3) recorded once by --recorders concurrent recorders.
+    #[arg(long)]
+    intake: bool,
+    /// --intake: concurrent recorders (as many requests in flight in a receiver).
+    #[arg(long, default_value_t = 32)]
+    recorders: usize,
+    /// --intake: the PostgreSQL writer counts to run (one writer per receiver).
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pg_writers: Vec<usize>,
 }
 
 fn main() {
@@ -59,6 +70,9 @@ fn main() {
 }
 
 fn real_main(args: Args) -> Result<()> {
+    if args.intake {
+        return intake(&args);
+    }
     let secrets = std::env::var(SECRET_ENV)
         .with_context(|| format!("set {SECRET_ENV} to the receiver's webhook secret"))?;
     let secret = secrets
@@ -138,5 +152,43 @@ fn real_main(args: Args) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     println!("{}", outcome.summary(&target, &plan, pool.len()));
+    Ok(())
+}
+
+/// `--intake`: SQLite against PostgreSQL, one JSON line per journal.
+fn intake(args: &Args) -> Result<()> {
+    anyhow::ensure!(
+        args.recorders > 0 && args.pg_writers.iter().all(|&w| w > 0),
+        "--recorders and --pg-writers must be positive"
+    );
+    let templates = Templates::load(&args.fixtures)?;
+    // The bodies are recorded, not verified: any key signs them.
+    let first_job_id = args.first_job_id.unwrap_or(1);
+    let pool = Arc::new(build_pool(
+        &templates,
+        b"intake-bench",
+        args.jobs,
+        first_job_id,
+    )?);
+    eprintln!(
+        "receiver-load --intake: {} deliveries ({} jobs), {} recorders, PostgreSQL writers {:?}",
+        pool.len(),
+        args.jobs,
+        args.recorders,
+        args.pg_writers
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(2))
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let figures = runtime.block_on(rm_bench::intake::compare(
+        pool,
+        args.recorders,
+        &args.pg_writers,
+    ))?;
+    for run in figures {
+        println!("{}", run.summary());
+    }
     Ok(())
 }
