@@ -465,6 +465,8 @@ async fn run_program(
 /// An executor and a poller on one journal, against one fake GitHub.
 pub struct Harness {
     pub fake: FakeGithub,
+    /// The App's installation on `acme`.
+    pub installation: u64,
     pub clock: ManualClock,
     pub processes: FakeProcesses,
     pub backend: Arc<FakeBackend>,
@@ -484,7 +486,7 @@ impl Harness {
         let fake = FakeGithub::start(FakeOptions::new(APP_ID, key().public_pem.clone()))
             .await
             .expect("the fake GitHub");
-        fake.add_org("acme");
+        let installation = fake.add_org("acme");
         fake.add_repo(REPO);
         // Everything on the manual clock (it starts at the real time): the executor, the
         // poller, the client (tokens, JWTs, pacing) and, moved with it, the fake's.
@@ -515,6 +517,7 @@ impl Harness {
         let poller = Self::open_poller(&options, &client, &clock, &journal_path);
         Harness {
             fake,
+            installation,
             clock,
             processes,
             backend,

@@ -359,7 +359,10 @@ async fn an_agent_dead_between_registration_and_process_is_recovered_and_its_job
     )
     .await;
     let crashed = h.attempts().remove(0);
-    assert_eq!(h.our_registrations(), std::slice::from_ref(&crashed.runner_name));
+    assert_eq!(
+        h.our_registrations(),
+        std::slice::from_ref(&crashed.runner_name)
+    );
     // The dead agent's launch never gets further (its start fails once it is let go).
     let dead_agent = Arc::clone(&h.backend);
     dead_agent.refuse_start(true);
@@ -387,4 +390,58 @@ async fn an_agent_dead_between_registration_and_process_is_recovered_and_its_job
     dead_agent.hold_start(false);
     assert_eq!(h.attempts().len(), 2);
     assert_eq!(h.attempts()[0].outcome, Some(AttemptOutcome::CompletedJob));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_github_refuses_is_not_retried_and_waits_the_longest_back_off() {
+    let mut h = Harness::new(Options::default()).await;
+    let permissions = rm_fake_github::model::default_permissions();
+    let granted: Vec<(&str, &str)> = permissions
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let without_runners: Vec<(&str, &str)> = granted
+        .iter()
+        .copied()
+        .filter(|(k, _)| *k != "administration")
+        .collect();
+    h.fake.set_permissions(h.installation, &without_runners);
+    let job = h.queue("build", LABELS);
+    h.until(
+        "the refused launch concluded",
+        |_| {},
+        |h| {
+            h.attempts().iter().any(|a| {
+                a.reason.as_deref() == Some("jit_request_failed")
+                    && a.state == AttemptState::Cleaned
+            })
+        },
+    )
+    .await;
+    let jit_requests = || {
+        h.fake
+            .requests()
+            .iter()
+            .filter(|r| r.path.ends_with("/generate-jitconfig"))
+            .count()
+    };
+    assert_eq!(jit_requests(), 1, "a 403 is not retried");
+    // The permission is granted again, but a refusal needs a person: the policy waits the
+    // longest back-off, not the first one.
+    h.fake.set_permissions(h.installation, &granted);
+    let max = super::super::allocate::LAUNCH_BACKOFF_MAX;
+    h.advance(max - Duration::from_secs(15));
+    steps(&mut h, 10).await;
+    assert_eq!(
+        h.attempts().len(),
+        1,
+        "launched again before the back-off ended"
+    );
+    h.until(
+        "the job served",
+        |_| {},
+        |h| h.completed(job) && h.all_cleaned(),
+    )
+    .await;
+    assert_eq!(h.attempts().len(), 2);
 }
