@@ -370,3 +370,25 @@ async fn a_delivery_that_cannot_be_applied_is_rejected_and_its_group_still_commi
     assert!(stored.body.is_some());
     assert_eq!(job.unwrap().state, "queued");
 }
+
+/// A database migrated by a newer rm is refused at connect, naming both versions, and left as
+/// it is.
+#[test]
+fn a_database_from_a_newer_rm_is_refused() {
+    let Some(pg) = Postgres::new("a_database_from_a_newer_rm_is_refused") else {
+        return;
+    };
+    let url = pg.db.url();
+    client(&url)
+        .execute("UPDATE rm_schema_version SET version = version + 1", &[])
+        .unwrap();
+    let refused = PgJournal::connect(&url).err();
+    assert!(
+        matches!(
+            refused,
+            Some(crate::JournalError::PgTooNew { found, supported })
+                if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION
+        ),
+        "{refused:?}"
+    );
+}
