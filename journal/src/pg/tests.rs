@@ -190,10 +190,10 @@ async fn race(url: &str, writers: &[PgJournal; 2], sends: &[Send]) -> BTreeMap<S
 }
 
 /// While another session holds the deliveries table, a burst queues behind it: nobody is
-/// answered before the COMMIT that holds their delivery, and the burst commits in groups, not
-/// one transaction per delivery.
+/// answered while their delivery cannot be written, and the burst commits in groups, not one
+/// transaction per delivery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_is_committed_in_groups_and_answered_only_after_commit() {
+async fn a_burst_is_committed_in_groups() {
     let Some(pg) = Postgres::new("a_burst_is_committed_in_groups") else {
         return;
     };
@@ -391,4 +391,53 @@ fn a_database_from_a_newer_rm_is_refused() {
         ),
         "{refused:?}"
     );
+}
+
+/// A delivery is answered only after the COMMIT that holds it returned: a deferred trigger
+/// makes COMMIT itself wait (on an advisory lock another session holds), after every statement
+/// of the group ran. Meanwhile the caller has no answer and no other session sees the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_is_answered_only_after_commit_returned() {
+    let Some(pg) = Postgres::new("record_is_answered_only_after_commit_returned") else {
+        return;
+    };
+    let url = pg.db.url();
+    const HOLD: i64 = 42;
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (holding, is_holding) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn({
+        let url = url.clone();
+        move || {
+            let mut client = Client::connect(&url, NoTls).unwrap();
+            client
+                .batch_execute(
+                    "CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+                     BEGIN PERFORM pg_advisory_xact_lock(42); RETURN NULL; END $$;
+                     CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT ON deliveries
+                         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION hold_commit();",
+                )
+                .unwrap();
+            client
+                .execute("SELECT pg_advisory_lock($1)", &[&HOLD])
+                .unwrap();
+            holding.send(()).unwrap();
+            released.recv().unwrap();
+            client
+                .execute("SELECT pg_advisory_unlock($1)", &[&HOLD])
+                .unwrap();
+        }
+    });
+    is_holding.recv().unwrap();
+    let journal = pg.journal.clone();
+    let task = tokio::spawn(async move { journal.record(job_delivery("c", 1, "queued", 1)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!task.is_finished(), "answered before its COMMIT returned");
+    assert_eq!(pg.delivery_count_now(), 0);
+    release.send(()).unwrap();
+    holder.join().unwrap();
+    assert_eq!(
+        task.await.unwrap().unwrap(),
+        Recorded::New(Outcome::Applied)
+    );
+    assert_eq!(pg.delivery_count_now(), 1);
 }
