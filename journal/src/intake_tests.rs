@@ -26,6 +26,7 @@ pub(crate) trait Backend {
     fn delivery(&self, guid: &str) -> Option<StoredDelivery>;
     fn delivery_count(&self) -> i64;
     fn job_counts(&self) -> Vec<(String, i64)>;
+    fn installations(&self) -> Vec<InstallationRow>;
 }
 
 /// The SQLite journal on a file of its own.
@@ -67,6 +68,9 @@ impl Backend for Sqlite {
     }
     fn job_counts(&self) -> Vec<(String, i64)> {
         self.reader().job_counts().unwrap()
+    }
+    fn installations(&self) -> Vec<InstallationRow> {
+        self.reader().installations().unwrap()
     }
 }
 
@@ -141,6 +145,9 @@ impl Backend for Postgres {
     fn job_counts(&self) -> Vec<(String, i64)> {
         self.read(|r| r.job_counts().unwrap())
     }
+    fn installations(&self) -> Vec<InstallationRow> {
+        self.read(|r| r.installations().unwrap())
+    }
 }
 
 /// Instantiates each generic test `name<B: Backend>(backend: B)` as `sqlite::name` and
@@ -177,6 +184,7 @@ intake_test!(
     unknown_events_are_ignored_and_unreadable_ones_rejected_with_their_body,
     a_body_that_is_not_json_is_refused_and_nothing_is_written,
     a_burst_with_redelivered_guids_applies_each_guid_once,
+    installations_keep_their_repository_scope,
 );
 
 /// Retention that keeps everything: these tests use timestamps near the epoch.
@@ -431,4 +439,56 @@ async fn futures_join_all<F: std::future::Future>(
     done.into_iter()
         .map(|out| out.expect("polled to completion"))
         .collect()
+}
+
+async fn installations_keep_their_repository_scope<B: Backend>(b: B) {
+    let body = |name: &str| serde_json::to_vec(&fixture(name)).unwrap();
+    b.record(incoming(
+        "i1",
+        "installation",
+        body("installation.created.1"),
+        1,
+    ))
+    .await
+    .unwrap();
+    let mut added = fixture("installation_repositories.added.0");
+    let id = fixture("installation.created.1")["installation"]["id"].clone();
+    added["installation"]["id"] = id.clone();
+    b.record(incoming(
+        "i2",
+        "installation_repositories",
+        serde_json::to_vec(&added).unwrap(),
+        2,
+    ))
+    .await
+    .unwrap();
+    let installations = b.installations();
+    let installation = installations.iter().find(|i| json!(i.id) == id).unwrap();
+    assert_eq!(installation.account.as_deref(), Some("Codertocat"));
+    assert!(!installation.removed);
+    assert!(
+        installation
+            .repositories
+            .contains(&"Codertocat/Hello-World".to_owned())
+    );
+    assert!(
+        installation
+            .repositories
+            .contains(&"Codertocat/Space".to_owned())
+    );
+
+    let mut deleted = fixture("installation.deleted.0");
+    deleted["installation"]["id"] = id.clone();
+    b.record(incoming(
+        "i3",
+        "installation",
+        serde_json::to_vec(&deleted).unwrap(),
+        3,
+    ))
+    .await
+    .unwrap();
+    let installations = b.installations();
+    let installation = installations.iter().find(|i| json!(i.id) == id).unwrap();
+    assert!(installation.removed);
+    assert!(installation.repositories.is_empty());
 }

@@ -202,63 +202,6 @@ async fn retention_drops_old_bodies_rows_and_finished_jobs() {
     assert_eq!(jobs, vec![3, 4]);
 }
 
-#[tokio::test]
-async fn installations_keep_their_repository_scope() {
-    let (_dir, path) = temp_journal();
-    let journal = Journal::open(&path, keep_all()).unwrap();
-    let body = |name: &str| serde_json::to_vec(&fixture(name)).unwrap();
-    journal
-        .record(incoming(
-            "i1",
-            "installation",
-            body("installation.created.1"),
-            1,
-        ))
-        .await
-        .unwrap();
-    let mut added = fixture("installation_repositories.added.0");
-    let id = fixture("installation.created.1")["installation"]["id"].clone();
-    added["installation"]["id"] = id.clone();
-    journal
-        .record(incoming(
-            "i2",
-            "installation_repositories",
-            serde_json::to_vec(&added).unwrap(),
-            2,
-        ))
-        .await
-        .unwrap();
-    let installations = Reader::open(&path).unwrap().installations().unwrap();
-    let installation = installations.iter().find(|i| json!(i.id) == id).unwrap();
-    assert_eq!(installation.account.as_deref(), Some("Codertocat"));
-    assert!(
-        installation
-            .repositories
-            .contains(&"Codertocat/Hello-World".to_owned())
-    );
-    assert!(
-        installation
-            .repositories
-            .contains(&"Codertocat/Space".to_owned())
-    );
-
-    let mut deleted = fixture("installation.deleted.0");
-    deleted["installation"]["id"] = id.clone();
-    journal
-        .record(incoming(
-            "i3",
-            "installation",
-            serde_json::to_vec(&deleted).unwrap(),
-            3,
-        ))
-        .await
-        .unwrap();
-    let installations = Reader::open(&path).unwrap().installations().unwrap();
-    let installation = installations.iter().find(|i| json!(i.id) == id).unwrap();
-    assert!(installation.removed);
-    assert!(installation.repositories.is_empty());
-}
-
 /// Seeds a journal at `version` with rows that every later version must keep.
 fn seed(conn: &Connection, version: i64) {
     if version >= 1 {

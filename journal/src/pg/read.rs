@@ -5,7 +5,7 @@
 use postgres::{Client, NoTls, Row};
 
 use crate::read::{DELIVERY_COLUMNS, JOB_COLUMNS};
-use crate::{DeliveryRow, JobRow, JournalError, Outcome, StoredDelivery};
+use crate::{DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, StoredDelivery};
 
 /// A connection for reading the PostgreSQL journal. Its calls block: make them off the async
 /// runtime (`spawn_blocking`, or a thread), as the sync client runs a runtime of its own.
@@ -52,6 +52,32 @@ impl PgReader {
             .client
             .query_one("SELECT COUNT(*) FROM deliveries", &[])?
             .get(0))
+    }
+
+    /// Installations and the repositories in their scope.
+    pub fn installations(&mut self) -> Result<Vec<InstallationRow>, JournalError> {
+        let rows = self.client.query(
+            "SELECT i.id, i.account, i.account_type, i.repository_selection, i.suspended,
+                 i.removed,
+                 COALESCE(ARRAY_AGG(r.full_name ORDER BY r.full_name)
+                     FILTER (WHERE r.full_name IS NOT NULL), '{}')
+             FROM installations i
+             LEFT JOIN installation_repositories r ON r.installation_id = i.id
+             GROUP BY i.id ORDER BY i.id",
+            &[],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|row| InstallationRow {
+                id: row.get(0),
+                account: row.get(1),
+                account_type: row.get(2),
+                repository_selection: row.get(3),
+                suspended: row.get(4),
+                removed: row.get(5),
+                repositories: row.get(6),
+            })
+            .collect())
     }
 
     /// One delivery with its headers and body.
