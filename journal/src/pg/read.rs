@@ -16,7 +16,7 @@ pub struct PgReader {
 impl PgReader {
     /// Connects to `url`; refuses a database this build has not migrated to its version.
     pub fn connect(url: &str) -> Result<PgReader, JournalError> {
-        let mut client = super::writer::config(url)?.connect(NoTls)?;
+        let mut client = super::writer::config(url, "rm-journal-reader")?.connect(NoTls)?;
         let found = super::schema::version(&mut client)?;
         if found != crate::SCHEMA_VERSION {
             return Err(JournalError::Commit(format!(

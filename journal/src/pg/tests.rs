@@ -441,3 +441,36 @@ async fn record_is_answered_only_after_commit_returned() {
     );
     assert_eq!(pg.delivery_count_now(), 1);
 }
+
+/// The writer's connection is cut (the server restarted, a proxy dropped it): the next group
+/// connects again and is committed; the caller never sees the lost connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_connection_is_made_again_for_the_next_group() {
+    let Some(pg) = Postgres::new("a_lost_connection_is_made_again") else {
+        return;
+    };
+    let first = pg
+        .journal
+        .record(job_delivery("before", 1, "queued", 1))
+        .await;
+    assert_eq!(first.unwrap(), Recorded::New(Outcome::Applied));
+    let url = pg.db.url();
+    let cut: i64 = off_runtime(|| {
+        Client::connect(&url, NoTls)
+            .unwrap()
+            .query_one(
+                "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = $1",
+                &[&super::writer::WRITER_APPLICATION],
+            )
+            .unwrap()
+            .get(0)
+    });
+    assert_eq!(cut, 1, "the writer's connection was not found");
+    let after = pg
+        .journal
+        .record(job_delivery("after", 2, "queued", 2))
+        .await;
+    assert_eq!(after.unwrap(), Recorded::New(Outcome::Applied));
+    assert_eq!(pg.delivery_count_now(), 2);
+}

@@ -38,8 +38,8 @@ const MAX_TRIES: usize = 3;
 /// than holding GitHub's request past its 10 s timeout.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What the server is told this connection is (`pg_stat_activity`).
-const APPLICATION_NAME: &str = "rm-journal";
+/// What the server is told a writer's connection is (`pg_stat_activity`).
+pub(crate) const WRITER_APPLICATION: &str = "rm-journal-writer";
 
 type Reply = oneshot::Sender<Result<Recorded, JournalError>>;
 
@@ -73,7 +73,7 @@ impl PgJournal {
     /// sync client runs a runtime of its own, which cannot start inside the caller's), so this
     /// may be called from async code, as [`crate::Journal::open`] is.
     pub fn connect(url: &str) -> Result<PgJournal, JournalError> {
-        let config = config(url)?;
+        let config = config(url, WRITER_APPLICATION)?;
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready) = mpsc::channel();
         let metrics = JournalMetrics::default();
@@ -150,14 +150,15 @@ impl crate::Intake for PgJournal {
     }
 }
 
-/// The connection settings from `url`, with rm's defaults where it says nothing.
-pub(crate) fn config(url: &str) -> Result<Config, JournalError> {
+/// The connection settings from `url`, with rm's defaults where it says nothing; `application`
+/// names the connection to the server.
+pub(crate) fn config(url: &str, application: &str) -> Result<Config, JournalError> {
     let mut config = Config::from_str(url)?;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
     if config.get_application_name().is_none() {
-        config.application_name(APPLICATION_NAME);
+        config.application_name(application);
     }
     Ok(config)
 }
@@ -258,7 +259,7 @@ impl Writer {
         };
         let result = write_batch(client, &mut self.cache, batch, unappliable);
         if let Err(TryError::Postgres(err)) = &result
-            && (err.is_closed() || err.code().is_none())
+            && connection_lost(err)
         {
             // The connection's state is unknown: the next try starts on a new one.
             self.client = None;
@@ -444,16 +445,20 @@ fn is_data_error(err: &postgres::Error) -> bool {
         .is_some_and(|code| code.code().starts_with("22") || code.code().starts_with("23"))
 }
 
+/// Whether the connection is gone or in doubt: closed, an I/O error, a connection exception
+/// (class 08) or the server ending it (57P: shutdown, restart, terminated by an administrator).
+fn connection_lost(err: &postgres::Error) -> bool {
+    err.is_closed()
+        || err
+            .code()
+            .is_none_or(|code| code.code().starts_with("08") || code.code().starts_with("57P"))
+}
+
 /// Whether trying the group again may succeed: a deadlock or serialization failure between
 /// writers, a lost connection, a server shutting down or restarting.
 fn may_pass(err: &postgres::Error) -> bool {
-    match err.code() {
-        None => true,
-        Some(code) => {
-            *code == SqlState::T_R_DEADLOCK_DETECTED
-                || *code == SqlState::T_R_SERIALIZATION_FAILURE
-                || code.code().starts_with("08")
-                || code.code().starts_with("57P")
-        }
-    }
+    connection_lost(err)
+        || err.code().is_some_and(|code| {
+            *code == SqlState::T_R_DEADLOCK_DETECTED || *code == SqlState::T_R_SERIALIZATION_FAILURE
+        })
 }
