@@ -80,7 +80,8 @@ impl PgServer {
                  `postgresql` package)"
             )
         })?;
-        let dir = std::env::temp_dir().join(format!(
+        let user = unprivileged_user()?;
+        let dir = base_dir(user.is_some()).join(format!(
             "rm-pg-{}-{}",
             std::process::id(),
             if durable { "durable" } else { "test" }
@@ -88,7 +89,6 @@ impl PgServer {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let user = unprivileged_user()?;
         if let Some((uid, gid, _)) = &user {
             std::os::unix::fs::chown(&dir, Some(*uid), Some(*gid))
                 .map_err(|e| format!("cannot give {} to uid {uid}: {e}", dir.display()))?;
@@ -230,6 +230,21 @@ impl Drop for PgDatabase {
         {
             eprintln!("cannot drop the test database {}: {e}", self.name);
         }
+    }
+}
+
+/// Where the cluster's directory goes: the temporary directory, unless the server runs as
+/// another user who could not reach it (a `TMPDIR` under root's home), then `/tmp`.
+fn base_dir(other_user: bool) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let temp = std::env::temp_dir();
+    let reachable = temp
+        .ancestors()
+        .all(|dir| std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
+    if other_user && !reachable {
+        PathBuf::from("/tmp")
+    } else {
+        temp
     }
 }
 
