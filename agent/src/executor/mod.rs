@@ -19,7 +19,7 @@ pub mod fault;
 mod launch;
 mod recovery;
 pub mod registry;
-pub mod seams;
+pub(crate) mod seams;
 mod supervise;
 
 #[cfg(test)]
@@ -184,7 +184,7 @@ impl Executor {
     }
 
     /// [`Executor::open`] reading the world through `seams` (the harness's fakes in tests).
-    pub fn open_with(
+    pub(crate) fn open_with(
         settings: Settings,
         journal: &std::path::Path,
         runner_root: &std::path::Path,

@@ -1,7 +1,8 @@
 //! The executor's in-process harness (test code only, in the spirit of bors's `BorsTester`):
 //! the real [`Executor`] and the real poller, on a real journal file, against the in-process
 //! fake GitHub (`rm-fake-github`), with three fakes behind the executor's [`Seams`]:
-//! - a **manual clock** ([`ManualClock`]) the executor and the poller read, moved by the test;
+//! - a **manual clock** ([`ManualClock`]) the executor, the poller and the GitHub client read,
+//!   moved by the test together with the fake's own clock;
 //! - a **process table** ([`FakeProcesses`]): pids, start times, signals, exits, no real process;
 //! - a **backend** ([`FakeBackend`]) whose `start` puts a process in that table and runs it as a
 //!   runner against the fake (JIT configuration in, register, take a queued job, complete it when
@@ -9,8 +10,8 @@
 //!
 //! Runtimes are real directories (the `none` backend's `prepare` and `clean`), so cleanup is
 //! checked on disk. A test drives passes with [`Harness::step`] (one clock tick, one poll, one
-//! executor pass) until what it expects holds ([`Harness::until`]); a lifecycle rule costs
-//! milliseconds. See docs/development.md, "The executor harness".
+//! executor pass) until what it expects holds ([`Harness::until`]); minutes of a runner's life
+//! take a few hundred milliseconds. See docs/development.md, "The executor harness".
 
 mod tests;
 
