@@ -53,7 +53,7 @@ pub const HOST: &str = "h";
 /// How far the manual clock moves per [`Harness::step`].
 pub const TICK: Duration = Duration::from_secs(1);
 /// The timers of a harness executor unless a test sets its own.
-pub const TIMEOUT: Duration = Duration::from_secs(60);
+pub const TIMEOUT: Duration = Duration::from_secs(20);
 /// The most steps [`Harness::until`] takes before it fails the test (at a second of manual
 /// time each: far beyond any timer a test sets).
 const MAX_STEPS: usize = 1_000;
