@@ -9,8 +9,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rm_e2e::fleet::{Fleet, FleetOptions, HOST, PolicySpec, REPO, wait_until};
 use rm_e2e::SECRET;
+use rm_e2e::fleet::{Fleet, FleetOptions, HOST, PolicySpec, REPO, wait_until};
 use rm_fake_github::RunnerBehavior;
 use rm_journal::{AttemptOutcome, AttemptState};
 use secrecy::ExposeSecret as _;
