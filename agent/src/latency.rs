@@ -168,7 +168,7 @@ impl Default for Latency {
 /// The window's percentiles from the journal's rows: samples of the jobs that started in
 /// `(now - window, now]`, overall and per policy.
 pub fn summarize(rows: &[WaitRow], now_ms: i64, window: Duration) -> Latency {
-    let since = now_ms.saturating_sub(i64::try_from(window.as_millis()).unwrap_or(i64::MAX));
+    let since = now_ms.saturating_sub(rm_base::clock::ms(window));
     let in_window: Vec<Sample> = samples(rows)
         .into_iter()
         .filter(|s| s.started_at_ms > since && s.started_at_ms <= now_ms)
@@ -189,7 +189,7 @@ pub fn summarize(rows: &[WaitRow], now_ms: i64, window: Duration) -> Latency {
 
 /// [`summarize`] over what the journal holds for the last [`WINDOW`].
 pub fn read(reader: &Reader, now_ms: i64) -> anyhow::Result<Latency> {
-    let window_ms = i64::try_from(WINDOW.as_millis()).unwrap_or(i64::MAX);
+    let window_ms = rm_base::clock::ms(WINDOW);
     let rows = reader
         .job_waits(now_ms.saturating_sub(window_ms))
         .map_err(|e| anyhow::anyhow!("cannot read job wait times from the journal: {e}"))?;
@@ -381,7 +381,7 @@ pub fn spawn_recorder(journal: &Path, metrics: WaitMetrics) -> anyhow::Result<()
 }
 
 fn window_start(now_ms: i64) -> i64 {
-    now_ms.saturating_sub(i64::try_from(WINDOW.as_millis()).unwrap_or(i64::MAX))
+    now_ms.saturating_sub(rm_base::clock::ms(WINDOW))
 }
 
 async fn record(path: PathBuf, reader: Reader, recorder: Recorder, metrics: WaitMetrics) {

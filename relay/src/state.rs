@@ -56,7 +56,7 @@ impl Relay {
     /// `/metrics` counts every refusal).
     pub(crate) fn quota_warning_due(&self, now_ms: i64) -> bool {
         let last = self.quota_warned_at_ms.load(Ordering::Relaxed);
-        let interval = i64::try_from(QUOTA_WARN_INTERVAL.as_millis()).unwrap_or(i64::MAX);
+        let interval = rm_base::clock::ms(QUOTA_WARN_INTERVAL);
         now_ms.saturating_sub(last) >= interval
             && self
                 .quota_warned_at_ms

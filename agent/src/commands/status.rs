@@ -171,7 +171,7 @@ fn gather(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::
     let unmatched = queued
         .len()
         .saturating_sub(routed + demand.unresolvable.len() + demand.overlapping.len());
-    let overdue_before = now_ms - i64::try_from(CLEANUP_OVERDUE.as_millis()).unwrap_or(i64::MAX);
+    let overdue_before = now_ms - rm_base::clock::ms(CLEANUP_OVERDUE);
     let cleanup_overdue = uncleaned
         .iter()
         .filter(|a| a.state.is_terminal() && a.state_changed_at_ms < overdue_before)

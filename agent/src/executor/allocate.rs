@@ -83,7 +83,7 @@ pub fn unknown_completions(
     refreshed_at: i64,
     now: i64,
 ) -> u32 {
-    let ttl = i64::try_from(UNKNOWN_COMPLETION_TTL.as_millis()).unwrap_or(i64::MAX);
+    let ttl = rm_base::clock::ms(UNKNOWN_COMPLETION_TTL);
     let n = concluded
         .iter()
         .filter(|c| {
@@ -132,8 +132,7 @@ pub fn waiting_too_long(
         return false;
     }
     let since = *waiting_since.entry(policy.to_owned()).or_insert(now_ms);
-    now_ms.saturating_sub(since)
-        >= i64::try_from(NOTIFY_WAITING_AFTER.as_millis()).unwrap_or(i64::MAX)
+    now_ms.saturating_sub(since) >= rm_base::clock::ms(NOTIFY_WAITING_AFTER)
 }
 
 /// Whether a conclusion fences the policy's older demand: its runner had the chance to take
@@ -459,9 +458,7 @@ impl Executor {
             Some((terminal, why)) => {
                 let failures = memory.backoff.get(policy).map_or(0, |b| b.failures) + 1;
                 let wait = launch_backoff(failures, terminal);
-                let until = self
-                    .now_ms()
-                    .saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
+                let until = self.now_ms().saturating_add(rm_base::clock::ms(wait));
                 memory.backoff.insert(
                     policy.to_owned(),
                     Backoff {

@@ -160,8 +160,8 @@ pub fn deregistration(result: &Result<(), GithubError>) -> Deregistration {
 /// the runner has been busy past [`DEREGISTER_BUSY_LIMIT`] since `first_busy_ms` (give up
 /// waiting; clean up anyway).
 pub fn busy_retry_at(first_busy_ms: i64, now_ms: i64) -> Option<i64> {
-    let limit = i64::try_from(DEREGISTER_BUSY_LIMIT.as_millis()).unwrap_or(i64::MAX);
-    let retry = i64::try_from(DEREGISTER_BUSY_RETRY.as_millis()).unwrap_or(i64::MAX);
+    let limit = rm_base::clock::ms(DEREGISTER_BUSY_LIMIT);
+    let retry = rm_base::clock::ms(DEREGISTER_BUSY_RETRY);
     (now_ms.saturating_sub(first_busy_ms) < limit).then(|| now_ms.saturating_add(retry))
 }
 

@@ -562,7 +562,7 @@ impl Executor {
             .clean_retry
             .get(id)
             .map_or(CLEAN_RETRY, |(_, last)| (*last * 2).min(CLEAN_RETRY_MAX));
-        let next = now.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX));
+        let next = now.saturating_add(rm_base::clock::ms(wait));
         observations.clean_retry.insert(id.clone(), (next, wait));
     }
 }
@@ -611,17 +611,13 @@ fn freshness_for(
         Allocated | JitReceived if in_state >= timeouts.launch => fresh,
         Starting if in_state >= timeouts.registration => fresh,
         Idle if in_state >= timeouts.idle => fresh,
-        Starting => Freshness::After(now - millis(REGISTRATION_CHECK)),
+        Starting => Freshness::After(now - rm_base::clock::ms(REGISTRATION_CHECK)),
         // A registration made before the conclusion shows in a listing made after it.
         Finished | Failed | Orphaned if record.runner_id.is_some() => {
             Freshness::After(record.state_changed_at_ms)
         }
         _ => Freshness::Any,
     }
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// The operator's sentence for a conclusion (the journal's `detail`).

@@ -30,14 +30,10 @@ pub struct StaleReport {
     pub failure: Option<Failure>,
 }
 
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 /// The time before which a queued job counts as stale: [`STALE_AFTER`] ago, or the agent's
 /// start if that is later.
 pub fn stale_before(now_ms: i64, started_ms: i64) -> i64 {
-    (now_ms - ms(STALE_AFTER)).max(started_ms)
+    (now_ms - rm_base::clock::ms(STALE_AFTER)).max(started_ms)
 }
 
 /// Checks the stale queued jobs due now; `started` is when this agent started.
@@ -52,7 +48,7 @@ pub async fn check(
     let now_ms = super::unix_ms(now);
     let before = stale_before(now_ms, super::unix_ms(started));
     let due: Vec<_> = lock()
-        .stale_queued(before, now_ms - ms(STALE_RECHECK))?
+        .stale_queued(before, now_ms - rm_base::clock::ms(STALE_RECHECK))?
         .into_iter()
         .filter(|job| targets.iter().any(|t| t.contains(&job.repository)))
         .take(MAX_STALE_CHECKS_PER_PASS)
@@ -62,7 +58,7 @@ pub async fn check(
 
 /// The recheck bound as the journal query wants it: checked before this time.
 pub fn recheck_before(now_ms: i64) -> i64 {
-    now_ms - ms(STALE_RECHECK)
+    now_ms - rm_base::clock::ms(STALE_RECHECK)
 }
 
 /// Asks GitHub about each job and records what it says.
@@ -116,7 +112,7 @@ mod start_tests {
 
     #[test]
     fn jobs_queued_before_the_agent_started_are_stale_at_once() {
-        let ten_min = ms(STALE_AFTER);
+        let ten_min = rm_base::clock::ms(STALE_AFTER);
         // Just started: everything queued before the start is stale.
         assert_eq!(stale_before(1_000_000, 999_000), 999_000);
         // Long running: the usual bound.
