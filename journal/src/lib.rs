@@ -48,6 +48,8 @@ pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, QueuedJobRef, Sighting};
 pub use read::Reader;
 pub use replay::replay;
 pub use retention::Retention;
+/// A job's state, as `JobRow::state` holds it.
+pub use rm_handlers::JobState;
 pub use schema::SCHEMA_VERSION;
 pub use types::{
     DeliveryRow, Incoming, InstallationRow, JobRow, Outcome, Recorded, StoredDelivery,

@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use rm_handlers::JobObservation;
+use rm_handlers::{JobObservation, JobState};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::apply::apply_job;
@@ -27,7 +27,7 @@ pub struct Sighting {
     /// A delivery (webhook, relay or redelivery) has mentioned this job.
     pub announced: bool,
     /// The row's state after the merge.
-    pub state: String,
+    pub state: JobState,
 }
 
 /// A job the journal holds as `queued`, as a stale-job check needs it.
@@ -73,7 +73,7 @@ impl PollJournal {
                 job_id: job.job_id,
                 moved,
                 announced: announced.is_some(),
-                state,
+                state: crate::types::stored_job_state(&state),
             });
         }
         tx.commit()?;

@@ -1,6 +1,6 @@
 //! The values that cross the journal's boundary: a delivery coming in, and rows going out.
 
-use rm_handlers::Source;
+use rm_handlers::{JobState, Source};
 use serde::Serialize;
 
 /// A verified delivery on its way into the journal.
@@ -78,7 +78,7 @@ pub struct JobRow {
     pub repository: String,
     pub installation_id: Option<i64>,
     pub labels: Vec<String>,
-    pub state: String,
+    pub state: JobState,
     pub conclusion: Option<String>,
     pub runner_name: Option<String>,
     pub runner_id: Option<i64>,
@@ -87,6 +87,12 @@ pub struct JobRow {
     pub source: String,
     pub first_seen_at_ms: i64,
     pub updated_at_ms: i64,
+}
+
+/// A job state as stored. The schema's CHECK constraint admits only the four states; anything
+/// else reads as `completed`, which is never demand and is never revived.
+pub(crate) fn stored_job_state(name: &str) -> JobState {
+    JobState::parse(name).unwrap_or(JobState::Completed)
 }
 
 /// A journalled delivery without its body, as `rm-agent deliveries --json` prints it.

@@ -166,7 +166,10 @@ async fn a_signed_delivery_is_committed_before_202_and_its_guid_answered_200_aft
             .iter()
             .any(|(k, v)| k == "x-hub-signature-256" && v.starts_with("sha256="))
     );
-    assert_eq!(reader.job(289_782_451).unwrap().unwrap().state, "queued");
+    assert_eq!(
+        reader.job(289_782_451).unwrap().unwrap().state,
+        rm_handlers::JobState::Queued
+    );
 
     let (status, _) = rx.send(&delivery).await;
     assert_eq!(status, 200, "GitHub's redelivery reuses the GUID");

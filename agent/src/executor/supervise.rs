@@ -133,7 +133,7 @@ impl Executor {
         };
         let taken: HashMap<&str, i64> = jobs
             .iter()
-            .filter(|j| j.state == "in_progress" || j.state == "completed")
+            .filter(|j| j.state >= rm_handlers::JobState::InProgress)
             .filter_map(|j| Some((j.runner_name.as_deref()?, j.job_id)))
             .collect();
         let attempts = self.lock_attempts();

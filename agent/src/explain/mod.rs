@@ -172,7 +172,7 @@ impl Queue {
             .iter()
             .map(|j| (j.job_id, j.first_seen_at_ms))
             .collect();
-        if let Some(job) = extra.filter(|j| j.state == "queued")
+        if let Some(job) = extra.filter(|j| j.state == rm_handlers::JobState::Queued)
             && !first_seen.contains_key(&job.job_id)
         {
             jobs.push(QueuedJob::from(job));
@@ -227,7 +227,7 @@ pub fn explain(job_id: i64, job: Option<&JobRow>, facts: &Facts<'_>) -> Explanat
     };
     let answer = |verdict, reasons: Vec<Reason>, summary: &str| Explanation {
         job_id,
-        state: Some(job.state.clone()),
+        state: Some(job.state.as_str().to_owned()),
         verdict,
         reasons,
         runner_name: job.runner_name.clone(),
@@ -303,7 +303,7 @@ fn queued(job: &JobRow, facts: &Facts<'_>, queue: &Queue) -> Explanation {
     reasons.extend(agent_context(facts));
     Explanation {
         job_id: job.job_id,
-        state: Some(job.state.clone()),
+        state: Some(job.state.as_str().to_owned()),
         verdict: first.verdict,
         reasons,
         runner_name: runner,

@@ -36,7 +36,7 @@ fn job(id: i64, state: &str, labels: &[&str], first_seen: i64) -> JobRow {
         repository: "acme/widgets".to_owned(),
         installation_id: Some(1),
         labels: labels.iter().map(|l| (*l).to_owned()).collect(),
-        state: state.to_owned(),
+        state: rm_handlers::JobState::parse(state).expect("a job state"),
         conclusion: None,
         runner_name: None,
         runner_id: None,
@@ -485,7 +485,7 @@ fn running_and_done_name_the_runner() {
     );
     assert_eq!(e.runner_name.as_deref(), Some("rm-h-0123456789ab"));
     let mut done = running.clone();
-    done.state = "completed".to_owned();
+    done.state = rm_handlers::JobState::Completed;
     done.conclusion = Some("success".to_owned());
     let e = w.explain(&done);
     assert_eq!((e.verdict, codes(&e)), (Verdict::Done, vec!["completed"]));

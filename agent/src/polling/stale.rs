@@ -83,7 +83,10 @@ pub async fn check_jobs(
             Ok(found) => {
                 if let Some(seen) = observation(&found, &job.repository, None, now_ms) {
                     let sightings = lock().record_sightings(&[seen])?;
-                    report.resolved += sightings.iter().filter(|s| s.state != "queued").count();
+                    report.resolved += sightings
+                        .iter()
+                        .filter(|s| s.state != rm_handlers::JobState::Queued)
+                        .count();
                 }
             }
             Err(GithubError::NotFound { .. }) => {

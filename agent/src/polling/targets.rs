@@ -324,7 +324,8 @@ fn record(
     for (sighting, created) in sightings.iter().zip(created) {
         report.jobs_changed += usize::from(sighting.moved);
         // Counted once: when the poll is the first to put the job in `queued`.
-        if sighting.moved && sighting.state == "queued" && !sighting.announced {
+        if sighting.moved && sighting.state == rm_handlers::JobState::Queued && !sighting.announced
+        {
             let created = parse_rfc3339(created).unwrap_or(now);
             state.pending.entry(sighting.job_id).or_insert(created);
         }

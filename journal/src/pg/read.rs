@@ -116,7 +116,7 @@ fn job_row(row: &Row) -> JobRow {
         repository: row.get(3),
         installation_id: row.get(4),
         labels: serde_json::from_str(&labels).unwrap_or_default(),
-        state: row.get(6),
+        state: crate::types::stored_job_state(row.get(6)),
         conclusion: row.get(7),
         runner_name: row.get(8),
         runner_id: row.get(9),

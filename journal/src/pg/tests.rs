@@ -307,7 +307,7 @@ async fn a_sighting_whose_insert_loses_a_race_merges_over_the_winner() {
     );
     let url = pg.db.url();
     let job = off_runtime(|| PgReader::connect(&url).unwrap().job(42).unwrap().unwrap());
-    assert_eq!(job.state, "in_progress");
+    assert_eq!(job.state, rm_handlers::JobState::InProgress);
 }
 
 /// A verdict PostgreSQL cannot store (a repository name with a NUL, which its text type
@@ -368,7 +368,7 @@ async fn a_delivery_that_cannot_be_applied_is_rejected_and_its_group_still_commi
         stored.row.reason
     );
     assert!(stored.body.is_some());
-    assert_eq!(job.unwrap().state, "queued");
+    assert_eq!(job.unwrap().state, rm_handlers::JobState::Queued);
 }
 
 /// A database migrated by a newer rm is refused at connect, naming both versions, and left as

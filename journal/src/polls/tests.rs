@@ -83,7 +83,7 @@ async fn a_polled_job_is_journalled_as_poll_and_announced_when_a_delivery_names_
             job_id: 11,
             moved: true,
             announced: false,
-            state: "queued".into()
+            state: rm_handlers::JobState::Queued
         }]
     );
     let row = Reader::open(&path).unwrap().job(11).unwrap().unwrap();

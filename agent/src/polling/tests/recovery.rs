@@ -100,7 +100,7 @@ async fn failed_deliveries_are_redelivered_once_through_the_normal_intake() {
     assert_eq!(reader.delivery_count().unwrap(), 3);
     for id in jobs {
         let row = h.job(id);
-        assert_eq!(row.state, "queued");
+        assert_eq!(row.state, rm_handlers::JobState::Queued);
     }
     // Evidence of lost deliveries (the failures in the hook log, and perhaps the jobs the
     // first pass polled if their redeliveries are still on their way).

@@ -83,7 +83,7 @@ async fn a_full_runner_root_registers_no_runner_until_space_is_freed() {
                 .and_then(|r| r.job(job_id))
                 .ok()
                 .flatten()
-                .is_some_and(|j| j.state == "queued")
+                .is_some_and(|j| j.state == rm_journal::JobState::Queued)
         },
     )
     .await;
