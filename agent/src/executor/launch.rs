@@ -119,8 +119,10 @@ impl Executor {
             self.lock_attempts()
                 .jit_received(&record.attempt_id, runner_id, self.now_ms());
         if !matches!(recorded, Ok(true)) {
-            // Not journalled: nobody could ever clean this registration up but us, now.
-            let _ = self.registry.deregister(&target, jit.runner.id).await;
+            // Not journalled: nobody could ever clean this registration up but us, now (or the
+            // inventory reconciliation, which removes registrations no live attempt owns).
+            self.remove_unowned_registration(&target, jit.runner.id)
+                .await;
             return Err(Failure::new(
                 AttemptState::Allocated,
                 FailureReason::JitExpired,
@@ -132,7 +134,8 @@ impl Executor {
         let Spawned { identity, child } = match spawned {
             Ok(spawned) => spawned,
             Err(detail) => {
-                let _ = self.registry.deregister(&target, jit.runner.id).await;
+                self.remove_unowned_registration(&target, jit.runner.id)
+                    .await;
                 return Err(Failure::new(
                     AttemptState::JitReceived,
                     FailureReason::ProcessStartFailed,
@@ -154,6 +157,15 @@ impl Executor {
         tracing::info!(pid = identity.pid, "runner started");
         fault::crash_point("runner_started");
         Ok(child)
+    }
+
+    /// Removes the registration of a launch that gave up before its runner ran. A failure is
+    /// not the launch's to retry: the inventory reconciliation removes registrations no live
+    /// attempt owns (`INVENTORY_INTERVAL`), so it is said and left to it.
+    async fn remove_unowned_registration(&self, target: &rm_github::Target, runner_id: u64) {
+        if let Err(e) = self.registry.deregister(target, runner_id).await {
+            tracing::warn!(runner_id, error = %e, "cannot remove the registration of a launch that gave up; the inventory reconciliation will");
+        }
     }
 
     /// The runtime directory, made by the attempt's backend (blocking work, off the runtime).
