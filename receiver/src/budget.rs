@@ -29,7 +29,7 @@ pub struct BodyLimits {
 
 /// Why a body could not take more bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// The body would pass the per-body cap.
     TooLarge,
     /// The shared pool has not got the bytes now.
@@ -38,7 +38,7 @@ pub enum Refused {
 
 /// The shared pool and the gauges `/metrics` reads.
 #[derive(Debug)]
-pub struct BodyBudget {
+pub(crate) struct BodyBudget {
     limits: BodyLimits,
     pool: Arc<Semaphore>,
     /// Capacity of every body buffer alive now, allowances included.
@@ -48,7 +48,7 @@ pub struct BodyBudget {
 }
 
 impl BodyBudget {
-    pub fn new(limits: BodyLimits) -> Self {
+    pub(crate) fn new(limits: BodyLimits) -> Self {
         // A semaphore counts at most `Semaphore::MAX_PERMITS`; a larger pool is that.
         let pool = limits.pool.min(Semaphore::MAX_PERMITS);
         BodyBudget {
@@ -60,18 +60,18 @@ impl BodyBudget {
     }
 
     /// Bytes held by body buffers now.
-    pub fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.held.load(Ordering::Relaxed)
     }
 
     /// The most bytes body buffers have held at once since start.
-    pub fn high_water(&self) -> usize {
+    pub(crate) fn high_water(&self) -> usize {
         self.high_water.load(Ordering::Relaxed)
     }
 
     /// An empty buffer for one body of at most `max_len` bytes, `declared` by its Content-Length
     /// if it has one.
-    pub fn buffer(self: &Arc<Self>, declared: Option<usize>, max_len: usize) -> BodyBuffer {
+    pub(crate) fn buffer(self: &Arc<Self>, declared: Option<usize>, max_len: usize) -> BodyBuffer {
         BodyBuffer {
             budget: Arc::clone(self),
             bytes: Vec::new(),
@@ -91,7 +91,7 @@ impl BodyBudget {
 /// One body's bytes as they arrive, and the share of the budget they hold. Dropping it (or the
 /// [`Hold`] it becomes) gives that share back.
 #[derive(Debug)]
-pub struct BodyBuffer {
+pub(crate) struct BodyBuffer {
     budget: Arc<BodyBudget>,
     bytes: Vec<u8>,
     declared: Option<usize>,
@@ -104,7 +104,7 @@ pub struct BodyBuffer {
 
 /// Keeps a body's share of the budget until the delivery it became is answered.
 #[derive(Debug)]
-pub struct Hold {
+pub(crate) struct Hold {
     budget: Arc<BodyBudget>,
     accounted: usize,
     _permit: Option<OwnedSemaphorePermit>,
@@ -120,7 +120,7 @@ impl Drop for Hold {
 
 impl BodyBuffer {
     /// Appends `chunk`, growing the buffer within the budget; on a refusal nothing is appended.
-    pub fn push(&mut self, chunk: &[u8]) -> Result<(), Refused> {
+    pub(crate) fn push(&mut self, chunk: &[u8]) -> Result<(), Refused> {
         let len = self.bytes.len();
         let needed = len.checked_add(chunk.len()).ok_or(Refused::TooLarge)?;
         if needed > self.max_len {
@@ -142,7 +142,7 @@ impl BodyBuffer {
     }
 
     /// The body's bytes, and the budget they hold until the `Hold` is dropped.
-    pub fn finish(mut self) -> (Vec<u8>, Hold) {
+    pub(crate) fn finish(mut self) -> (Vec<u8>, Hold) {
         let bytes = std::mem::take(&mut self.bytes);
         let hold = Hold {
             budget: Arc::clone(&self.budget),
@@ -189,7 +189,7 @@ impl Drop for BodyBuffer {
 /// twice what it had (amortized copies), never more than a declared length that still holds nor
 /// than `max_len`, never less than `needed`. A declared length is not reserved up front: a sender
 /// that declares 25 MiB and trickles bytes holds about what it sent, not what it promised.
-pub fn grown_capacity(
+pub(crate) fn grown_capacity(
     capacity: usize,
     needed: usize,
     declared: Option<usize>,

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The role the tests connect as (`initdb -U`), trusted on the socket.
-pub const ROLE: &str = "rm";
+pub(crate) const ROLE: &str = "rm";
 
 /// How long the server may take to accept connections after it is started: generous, the
 /// machine is shared by several builds.
@@ -36,7 +36,7 @@ const DEBIAN_BIN_DIRS: &str = "/usr/lib/postgresql";
 
 /// A running server.
 #[derive(Debug)]
-pub struct PgServer {
+pub(crate) struct PgServer {
     /// The directory holding the cluster and the socket (`.s.PGSQL.5432`).
     dir: PathBuf,
     /// Where `createdb` and `dropdb` are.
@@ -45,7 +45,7 @@ pub struct PgServer {
 
 /// A database of its own for one test (or one benchmark run), dropped with this value.
 #[derive(Debug)]
-pub struct PgDatabase {
+pub(crate) struct PgDatabase {
     server: &'static PgServer,
     name: String,
 }
@@ -54,7 +54,7 @@ static SHARED: OnceLock<Result<PgServer, String>> = OnceLock::new();
 
 /// The test binary's one server with `fsync` off (tests need no durability across a power loss),
 /// started on first use; `Err` says why it cannot run here.
-pub fn shared() -> Result<&'static PgServer, String> {
+pub(crate) fn shared() -> Result<&'static PgServer, String> {
     SHARED
         .get_or_init(|| PgServer::start(false))
         .as_ref()
@@ -65,7 +65,7 @@ static DURABLE: OnceLock<Result<PgServer, String>> = OnceLock::new();
 
 /// A server with PostgreSQL's default durability (`fsync` on, synchronous commit): what a
 /// benchmark compares against SQLite's full sync.
-pub fn durable() -> Result<&'static PgServer, String> {
+pub(crate) fn durable() -> Result<&'static PgServer, String> {
     DURABLE
         .get_or_init(|| PgServer::start(true))
         .as_ref()
@@ -139,17 +139,17 @@ impl PgServer {
     }
 
     /// The socket directory, as a connection string's `host`.
-    pub fn socket_dir(&self) -> &Path {
+    pub(crate) fn socket_dir(&self) -> &Path {
         &self.dir
     }
 
     /// A connection string for `database` (libpq key/value form).
-    pub fn url(&self, database: &str) -> String {
+    pub(crate) fn url(&self, database: &str) -> String {
         format!("host={} user={ROLE} dbname={database}", self.dir.display())
     }
 
     /// Creates a fresh, empty database named after `label`.
-    pub fn database(&'static self, label: &str) -> Result<PgDatabase, String> {
+    pub(crate) fn database(&'static self, label: &str) -> Result<PgDatabase, String> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let clean: String = label
             .chars()
@@ -212,11 +212,11 @@ impl PgServer {
 
 impl PgDatabase {
     /// The connection string of this database.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         self.server.url(&self.name)
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 }

@@ -10,13 +10,13 @@
 #![allow(dead_code)]
 
 /// The environment variable naming the needs a test may be skipped for.
-pub const ALLOW_SKIP_ENV: &str = "RM_TEST_ALLOW_SKIP";
+pub(crate) const ALLOW_SKIP_ENV: &str = "RM_TEST_ALLOW_SKIP";
 
 /// The directory, beside the test binaries' `deps/`, where allowed skips are recorded.
-pub const SKIPS_DIR: &str = "rm-skips";
+pub(crate) const SKIPS_DIR: &str = "rm-skips";
 
 /// Whether `allowed` (the value of [`ALLOW_SKIP_ENV`]) lets a test lacking `need` skip.
-pub fn allowed(allowed: &str, need: &str) -> bool {
+pub(crate) fn allowed(allowed: &str, need: &str) -> bool {
     allowed
         .split(',')
         .map(str::trim)
@@ -27,7 +27,7 @@ pub fn allowed(allowed: &str, need: &str) -> bool {
 /// lacks (the word [`ALLOW_SKIP_ENV`] takes: `root`, `cgroup`, `dbus`, `node`, `caddy`, ...),
 /// `why` the reason in a sentence. Panics unless the skip is allowed; otherwise records it and
 /// returns, and the caller returns.
-pub fn cannot_run(test: &str, need: &str, why: &str) {
+pub(crate) fn cannot_run(test: &str, need: &str, why: &str) {
     let list = std::env::var(ALLOW_SKIP_ENV).unwrap_or_default();
     if !allowed(&list, need) {
         panic!(

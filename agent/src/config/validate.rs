@@ -32,7 +32,7 @@ const DEFAULT_RUNNER_GROUP: u64 = 1;
 const MAX_HOST_NAME_LEN: usize = 40;
 /// The default runner uid pool (CONTRACT §7): 64 uids far above any distribution's regular and
 /// system accounts, below 65534 (`nobody`).
-pub const DEFAULT_RUNNER_UIDS: RunnerUids = RunnerUids::Range {
+pub(super) const DEFAULT_RUNNER_UIDS: RunnerUids = RunnerUids::Range {
     first: 64200,
     last: 64263,
 };

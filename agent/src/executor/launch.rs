@@ -23,11 +23,11 @@ use crate::lifecycle::{Conclusion, FailureReason};
 use crate::runner::{RunnerChild, Runtime, Spawned};
 
 /// How many times one attempt asks GitHub for a JIT configuration.
-pub const MAX_JIT_TRIES: u32 = 5;
+pub(super) const MAX_JIT_TRIES: u32 = 5;
 
 /// The longest a launch waits for a rate limit to lift; beyond it the launch fails and the
 /// policy's back-off takes over.
-pub const MAX_JIT_WAIT: Duration = Duration::from_secs(60);
+pub(super) const MAX_JIT_WAIT: Duration = Duration::from_secs(60);
 
 /// Why a launch ended without a runner.
 #[derive(Debug)]

@@ -14,7 +14,7 @@ use crate::runner::{OsProcesses, Processes, RunnerChild};
 
 /// Which backend drives an attempt journalled under `kind`; `None` when this agent cannot
 /// drive it. [`Backends`] is the production choice.
-pub trait Execution: Send + Sync {
+pub(crate) trait Execution: Send + Sync {
     fn of(&self, kind: IsolationKind) -> Option<&dyn Backend>;
 }
 
@@ -26,10 +26,10 @@ impl Execution for Backends {
 
 /// The processes the executor observes and stops (`Processes::spawn` is the backends' business:
 /// the executor starts runners only through [`Execution`]).
-pub type ProcessTable = dyn Processes<Child = RunnerChild> + Send + Sync;
+pub(crate) type ProcessTable = dyn Processes<Child = RunnerChild> + Send + Sync;
 
 /// What the executor reads the world through.
-pub struct Seams {
+pub(crate) struct Seams {
     /// Every time the executor journals or decides by (`now` of a lifecycle decision, fences,
     /// back-offs, JIT retry times).
     pub clock: Arc<dyn rm_github::Clock>,
@@ -39,7 +39,7 @@ pub struct Seams {
 
 impl Seams {
     /// The real clock, the real processes, the configured backends.
-    pub fn production(backends: Arc<Backends>) -> Seams {
+    pub(crate) fn production(backends: Arc<Backends>) -> Seams {
         Seams {
             clock: Arc::new(rm_github::SystemClock),
             processes: Arc::new(OsProcesses),

@@ -26,13 +26,13 @@ use crate::runner::{Removal, StopOutcome, discover};
 
 /// How old a listing may be for a runner that is still starting: registration is noticed
 /// within this, and a target with runners starting costs at most one request per interval.
-pub const REGISTRATION_CHECK: Duration = Duration::from_secs(5);
+pub(super) const REGISTRATION_CHECK: Duration = Duration::from_secs(5);
 
 /// How long a failed runtime removal waits before it is tried again (doubling per failure).
-pub const CLEAN_RETRY: Duration = Duration::from_secs(30);
+pub(super) const CLEAN_RETRY: Duration = Duration::from_secs(30);
 
 /// The longest wait between two tries of a failing runtime removal.
-pub const CLEAN_RETRY_MAX: Duration = Duration::from_secs(30 * 60);
+pub(super) const CLEAN_RETRY_MAX: Duration = Duration::from_secs(30 * 60);
 
 /// How fresh a listing must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,7 +24,7 @@ use super::targets::{self, DemandError, DemandState};
 use super::{PollerConfig, from_unix_ms};
 
 /// The loop wakes at least this often to refresh what `status` shows.
-pub const STATUS_REFRESH: Duration = Duration::from_secs(30);
+pub(super) const STATUS_REFRESH: Duration = Duration::from_secs(30);
 /// The shortest sleep between two steps (guards against a busy loop).
 const MIN_WAKE: Duration = Duration::from_millis(100);
 

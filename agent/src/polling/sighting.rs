@@ -8,7 +8,7 @@ use rm_handlers::{JobObservation, JobState, Source};
 
 /// A job as GitHub's REST API shows it, as a journal sighting with source `poll`. `None` for a
 /// status the journal has no state for (`requested`, `pending`).
-pub fn observation(
+pub(super) fn observation(
     job: &WorkflowJob,
     repository: &str,
     installation_id: Option<u64>,

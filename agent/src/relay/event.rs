@@ -13,14 +13,14 @@ pub const RECONNECT_MIN: Duration = Duration::from_secs(1);
 /// Waits double up to this.
 pub const RECONNECT_MAX: Duration = Duration::from_secs(60);
 /// A stream that lasted this long was healthy: the next wait starts again from the minimum.
-pub const HEALTHY_STREAM: Duration = Duration::from_secs(30);
+pub(super) const HEALTHY_STREAM: Duration = Duration::from_secs(30);
 
 /// The SSE event name rm-relay gives deliveries; other events (and comments) are ignored.
-pub const DELIVERY_EVENT: &str = "delivery";
+pub(super) const DELIVERY_EVENT: &str = "delivery";
 
 /// Why an event's data could not be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum DecodeError {
+pub(super) enum DecodeError {
     #[error("the event data is not the relay's delivery JSON: {0}")]
     Json(String),
     #[error("the body is not base64")]
@@ -37,13 +37,13 @@ struct Wire {
 
 /// One delivery as the relay sent it: its headers and its exact body bytes.
 #[derive(Debug)]
-pub struct Relayed {
+pub(super) struct Relayed {
     pub headers: HeaderMap,
     pub body: Vec<u8>,
 }
 
 /// Reads one `delivery` event's data.
-pub fn decode(data: &str) -> Result<Relayed, DecodeError> {
+pub(super) fn decode(data: &str) -> Result<Relayed, DecodeError> {
     let wire: Wire = serde_json::from_str(data).map_err(|e| DecodeError::Json(e.to_string()))?;
     let body = base64::engine::general_purpose::STANDARD
         .decode(wire.body.as_bytes())
@@ -62,7 +62,7 @@ pub fn decode(data: &str) -> Result<Relayed, DecodeError> {
 }
 
 /// Reads an SSE `id` as the relay's delivery id.
-pub fn event_id(id: &str) -> Option<u64> {
+pub(super) fn event_id(id: &str) -> Option<u64> {
     id.trim().parse().ok()
 }
 

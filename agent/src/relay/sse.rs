@@ -25,7 +25,7 @@ const _: () = assert!((25 * 1024 * 1024_usize).div_ceil(3) * 4 + 1024 * 1024 < M
 
 /// One dispatched event.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Event {
+pub(super) struct Event {
     /// The `event:` field; `message` when the event named none.
     pub event: String,
     /// The last `id:` field seen on the stream (ids persist across events, as the standard says).
@@ -36,7 +36,7 @@ pub struct Event {
 
 /// Why the stream cannot be read further.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum SseError {
+pub(super) enum SseError {
     #[error(
         "the relay sent an event longer than {limit} bytes (the largest delivery is about 34 MiB); the connection is dropped"
     )]
@@ -47,7 +47,7 @@ pub enum SseError {
 
 /// The parser's state between chunks.
 #[derive(Debug)]
-pub struct Parser {
+pub(super) struct Parser {
     limit: usize,
     /// The line being read, without its terminator.
     line: Vec<u8>,
@@ -71,7 +71,7 @@ impl Default for Parser {
 
 impl Parser {
     /// A parser that refuses events over `limit` bytes.
-    pub fn with_limit(limit: usize) -> Self {
+    pub(super) fn with_limit(limit: usize) -> Self {
         Self {
             limit,
             line: Vec::new(),
@@ -87,7 +87,7 @@ impl Parser {
 
     /// Reads one chunk; the events it completed, in order. After an `Err` the stream is
     /// unusable and the parser must be dropped with the connection.
-    pub fn push(&mut self, mut chunk: &[u8]) -> Result<Vec<Event>, SseError> {
+    pub(super) fn push(&mut self, mut chunk: &[u8]) -> Result<Vec<Event>, SseError> {
         const BOM: &[u8] = "\u{feff}".as_bytes();
         let mut events = Vec::new();
         if self.at_start && !chunk.is_empty() {

@@ -414,7 +414,7 @@ pub(super) struct MountKey {
 
 impl MountKey {
     /// Whether `other` is on the same mount (unknown mount ids compare by device alone).
-    pub fn same_mount(self, other: MountKey) -> bool {
+    pub(super) fn same_mount(self, other: MountKey) -> bool {
         self.dev == other.dev
             && match (self.mount_id, other.mount_id) {
                 (Some(a), Some(b)) => a == b,

@@ -9,14 +9,14 @@ use std::time::Duration;
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions};
 use rm_github::{ClientConfig, GithubClient, ManualClock};
 
-pub const APP_ID: u64 = 4242;
+pub(crate) const APP_ID: u64 = 4242;
 
-pub fn key() -> &'static AppKeyPair {
+pub(crate) fn key() -> &'static AppKeyPair {
     static KEY: OnceLock<AppKeyPair> = OnceLock::new();
     KEY.get_or_init(|| AppKeyPair::generate().unwrap_or_else(|e| panic!("keygen: {e}")))
 }
 
-pub struct Harness {
+pub(crate) struct Harness {
     pub fake: FakeGithub,
     pub client: GithubClient,
     pub clock: ManualClock,
@@ -26,13 +26,13 @@ pub struct Harness {
 
 impl Harness {
     /// Moves the client's and the fake's clocks together.
-    pub fn advance(&self, by: Duration) {
+    pub(crate) fn advance(&self, by: Duration) {
         self.clock.advance(by);
         self.fake.advance_clock(by);
     }
 
     /// Requests the fake has seen to paths containing `part`.
-    pub fn seen(&self, part: &str) -> usize {
+    pub(crate) fn seen(&self, part: &str) -> usize {
         self.fake
             .requests()
             .iter()
@@ -41,7 +41,7 @@ impl Harness {
     }
 }
 
-pub fn client_for(api_url: String, timeout: Duration, clock: &ManualClock) -> GithubClient {
+pub(crate) fn client_for(api_url: String, timeout: Duration, clock: &ManualClock) -> GithubClient {
     let config = ClientConfig {
         api_url,
         app_id: APP_ID,
@@ -53,7 +53,7 @@ pub fn client_for(api_url: String, timeout: Duration, clock: &ManualClock) -> Gi
         .unwrap_or_else(|e| panic!("client: {e:#}"))
 }
 
-pub async fn harness_with(base_path: &str, timeout: Duration) -> Harness {
+pub(crate) async fn harness_with(base_path: &str, timeout: Duration) -> Harness {
     let mut options = FakeOptions::new(APP_ID, key().public_pem.clone());
     options.base_path = base_path.to_owned();
     let fake = FakeGithub::start(options)
@@ -74,11 +74,11 @@ pub async fn harness_with(base_path: &str, timeout: Duration) -> Harness {
     }
 }
 
-pub async fn harness() -> Harness {
+pub(crate) async fn harness() -> Harness {
     harness_with("", Duration::from_secs(10)).await
 }
 
-pub fn jit_request(name: &str) -> rm_github::types::JitRequest {
+pub(crate) fn jit_request(name: &str) -> rm_github::types::JitRequest {
     rm_github::types::JitRequest {
         name: name.to_owned(),
         runner_group_id: 1,
@@ -87,11 +87,11 @@ pub fn jit_request(name: &str) -> rm_github::types::JitRequest {
     }
 }
 
-pub fn org() -> rm_github::Target {
+pub(crate) fn org() -> rm_github::Target {
     rm_github::Target::Org("acme".into())
 }
 
-pub fn repo() -> rm_github::Target {
+pub(crate) fn repo() -> rm_github::Target {
     rm_github::Target::Repo {
         owner: "acme".into(),
         repo: "widgets".into(),

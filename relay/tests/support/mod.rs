@@ -18,29 +18,30 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use sha2::Sha256;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_rm-relay");
-pub const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/webhooks");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_rm-relay");
+pub(crate) const FIXTURES: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/webhooks");
 /// The webhook secret the tests sign with; the relay never sees it.
-pub const SECRET: &[u8] = b"It's a Secret to Everybody";
+pub(crate) const SECRET: &[u8] = b"It's a Secret to Everybody";
 /// How long a test waits for something that should take milliseconds.
-pub const PATIENCE: Duration = Duration::from_secs(5);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(5);
 
 /// A running `rm-relay serve`; killed when dropped.
-pub struct Relay {
+pub(crate) struct Relay {
     pub child: Child,
     pub addr: SocketAddr,
 }
 
 impl Relay {
     /// `rm-relay serve --listen 127.0.0.1:0 --data-dir DIR`.
-    pub fn start(data_dir: &Path) -> Relay {
+    pub(crate) fn start(data_dir: &Path) -> Relay {
         let dir = data_dir.to_str().unwrap();
         Relay::start_with(&["serve", "--listen", "127.0.0.1:0", "--data-dir", dir])
     }
 
     /// Starts the binary with `args` and waits for its `listening addr=...` log line; the rest
     /// of its log is copied to the test's stderr.
-    pub fn start_with(args: &[&str]) -> Relay {
+    pub(crate) fn start_with(args: &[&str]) -> Relay {
         let mut child = Command::new(BIN)
             .args(args)
             .env("RM_LOG", "info,rm_relay=debug")
@@ -70,12 +71,12 @@ impl Relay {
         Relay { child, addr }
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
     /// Sends SIGTERM (the graceful stop).
-    pub fn terminate(&self) {
+    pub(crate) fn terminate(&self) {
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
@@ -84,7 +85,7 @@ impl Relay {
     }
 
     /// Waits for the process to exit.
-    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+    pub(crate) fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
         let deadline = std::time::Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -107,7 +108,7 @@ impl Drop for Relay {
 }
 
 /// Runs an `rm-relay` command to completion.
-pub fn cli(args: &[&str]) -> Output {
+pub(crate) fn cli(args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
         .env_remove("RM_RELAY_DATA_DIR")
@@ -116,7 +117,7 @@ pub fn cli(args: &[&str]) -> Output {
 }
 
 /// Runs an `rm-relay` command that must succeed; its stdout.
-pub fn cli_ok(args: &[&str]) -> String {
+pub(crate) fn cli_ok(args: &[&str]) -> String {
     let out = cli(args);
     assert!(
         out.status.success(),
@@ -128,13 +129,13 @@ pub fn cli_ok(args: &[&str]) -> String {
 
 /// A channel's URLs, as `channel add --json` printed them.
 #[derive(serde::Deserialize, Debug)]
-pub struct Channel {
+pub(crate) struct Channel {
     pub ingest_url: String,
     pub subscribe_url: String,
     pub smee_url: String,
 }
 
-pub fn add_channel(data_dir: &Path, name: &str) -> Channel {
+pub(crate) fn add_channel(data_dir: &Path, name: &str) -> Channel {
     let out = cli_ok(&[
         "channel",
         "add",
@@ -146,7 +147,7 @@ pub fn add_channel(data_dir: &Path, name: &str) -> Channel {
     serde_json::from_str(&out).unwrap()
 }
 
-pub fn issue_token(data_dir: &Path, name: &str, host: &str) -> String {
+pub(crate) fn issue_token(data_dir: &Path, name: &str, host: &str) -> String {
     let out = cli_ok(&[
         "channel",
         "token",
@@ -160,19 +161,19 @@ pub fn issue_token(data_dir: &Path, name: &str, host: &str) -> String {
     doc["token"].as_str().unwrap().to_owned()
 }
 
-pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+pub(crate) fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
 /// `sha256=` + hex HMAC-SHA256 of the body, as GitHub signs.
-pub fn sign(body: &[u8]) -> String {
+pub(crate) fn sign(body: &[u8]) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(SECRET).unwrap();
     mac.update(body);
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
 /// Every fixture: (event name, exact bytes).
-pub fn fixtures() -> Vec<(String, Vec<u8>)> {
+pub(crate) fn fixtures() -> Vec<(String, Vec<u8>)> {
     let mut all: Vec<(String, Vec<u8>)> = std::fs::read_dir(FIXTURES)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -190,7 +191,12 @@ pub fn fixtures() -> Vec<(String, Vec<u8>)> {
 }
 
 /// A GitHub-shaped delivery request to an ingest URL.
-pub fn delivery(url: &str, event: &str, guid: &str, body: &[u8]) -> http::Request<Full<Bytes>> {
+pub(crate) fn delivery(
+    url: &str,
+    event: &str,
+    guid: &str,
+    body: &[u8],
+) -> http::Request<Full<Bytes>> {
     http::Request::post(url)
         .header("content-type", "application/json")
         .header("user-agent", "GitHub-Hookshot/044aadd")
@@ -206,26 +212,26 @@ pub fn delivery(url: &str, event: &str, guid: &str, body: &[u8]) -> http::Reques
 }
 
 /// Sends a request; the status and the whole body.
-pub async fn send(req: http::Request<Full<Bytes>>) -> (u16, Bytes) {
+pub(crate) async fn send(req: http::Request<Full<Bytes>>) -> (u16, Bytes) {
     let res = client().request(req).await.unwrap();
     let status = res.status().as_u16();
     (status, res.into_body().collect().await.unwrap().to_bytes())
 }
 
 /// Sends a request and reads only the status (a stream's body never ends).
-pub async fn status(req: http::Request<Full<Bytes>>) -> u16 {
+pub(crate) async fn status(req: http::Request<Full<Bytes>>) -> u16 {
     client().request(req).await.unwrap().status().as_u16()
 }
 
 /// Ingests a delivery; its status and the id the relay answered with.
-pub async fn ingest(url: &str, event: &str, guid: &str, body: &[u8]) -> (u16, i64) {
+pub(crate) async fn ingest(url: &str, event: &str, guid: &str, body: &[u8]) -> (u16, i64) {
     let (status, answer) = send(delivery(url, event, guid, body)).await;
     let answer: serde_json::Value = serde_json::from_slice(&answer)
         .unwrap_or_else(|_| panic!("{status}: {}", String::from_utf8_lossy(&answer)));
     (status, answer["id"].as_i64().unwrap())
 }
 
-pub fn get(
+pub(crate) fn get(
     url: &str,
     token: Option<&str>,
     last_event_id: Option<i64>,
@@ -240,7 +246,7 @@ pub fn get(
     req.body(Full::new(Bytes::new())).unwrap()
 }
 
-pub async fn ack(subscribe_url: &str, token: &str, body: &str) -> u16 {
+pub(crate) async fn ack(subscribe_url: &str, token: &str, body: &str) -> u16 {
     let req = http::Request::post(format!("{subscribe_url}/ack"))
         .header("authorization", format!("Bearer {token}"))
         .header("content-type", "application/json")
@@ -251,7 +257,7 @@ pub async fn ack(subscribe_url: &str, token: &str, body: &str) -> u16 {
 
 /// One Server-Sent Event.
 #[derive(Debug, Default, Clone)]
-pub struct Event {
+pub(crate) struct Event {
     pub id: Option<String>,
     pub event: Option<String>,
     pub data: String,
@@ -259,7 +265,7 @@ pub struct Event {
 
 impl Event {
     /// A relay-form delivery: (id, headers, exact body bytes).
-    pub fn delivery(&self) -> (i64, serde_json::Map<String, serde_json::Value>, Vec<u8>) {
+    pub(crate) fn delivery(&self) -> (i64, serde_json::Map<String, serde_json::Value>, Vec<u8>) {
         assert_eq!(self.event.as_deref(), Some("delivery"), "{self:?}");
         let data: serde_json::Value = serde_json::from_str(&self.data).unwrap();
         let body = base64::engine::general_purpose::STANDARD
@@ -270,14 +276,14 @@ impl Event {
     }
 }
 
-pub enum Next {
+pub(crate) enum Next {
     Event(Event),
     End,
     Timeout,
 }
 
 /// Reads events from an SSE response, skipping comment-only blocks (keepalives).
-pub struct Sse {
+pub(crate) struct Sse {
     body: Incoming,
     buf: Vec<u8>,
     /// Where to resume looking for the blank line that ends an event (a 25 MiB delivery
@@ -287,7 +293,7 @@ pub struct Sse {
 
 impl Sse {
     /// Opens a stream; panics unless the answer is 200 `text/event-stream`.
-    pub async fn open(req: http::Request<Full<Bytes>>) -> Sse {
+    pub(crate) async fn open(req: http::Request<Full<Bytes>>) -> Sse {
         let res = client().request(req).await.unwrap();
         assert_eq!(res.status(), 200);
         assert_eq!(res.headers()["content-type"], "text/event-stream");
@@ -298,7 +304,7 @@ impl Sse {
         }
     }
 
-    pub async fn next(&mut self, within: Duration) -> Next {
+    pub(crate) async fn next(&mut self, within: Duration) -> Next {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let found = self.buf[self.scanned..]
@@ -338,7 +344,7 @@ impl Sse {
     }
 
     /// The next event, which must come within [`PATIENCE`].
-    pub async fn event(&mut self) -> Event {
+    pub(crate) async fn event(&mut self) -> Event {
         match self.next(PATIENCE).await {
             Next::Event(event) => event,
             Next::End => panic!("the stream ended"),
@@ -347,7 +353,7 @@ impl Sse {
     }
 
     /// Asserts that nothing (but keepalives) arrives for `quiet`.
-    pub async fn assert_quiet(&mut self, quiet: Duration) {
+    pub(crate) async fn assert_quiet(&mut self, quiet: Duration) {
         match self.next(quiet).await {
             Next::Timeout => {}
             Next::Event(event) => panic!("unexpected event {event:?}"),
@@ -357,19 +363,19 @@ impl Sse {
 }
 
 /// A temporary data directory.
-pub fn data_dir() -> (tempfile::TempDir, PathBuf) {
+pub(crate) fn data_dir() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
     (dir, path)
 }
 
 /// A path argument.
-pub fn dir_arg(path: &Path) -> &str {
+pub(crate) fn dir_arg(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
 /// A relay with one channel `ci` and a token for host `h1`.
-pub struct Setup {
+pub(crate) struct Setup {
     pub _tmp: tempfile::TempDir,
     pub data: std::path::PathBuf,
     pub relay: Relay,
@@ -377,7 +383,7 @@ pub struct Setup {
     pub token: String,
 }
 
-pub fn setup() -> Setup {
+pub(crate) fn setup() -> Setup {
     let (tmp, data) = data_dir();
     let relay = Relay::start(&data);
     let ch = add_channel(&data, "ci");
@@ -391,6 +397,6 @@ pub fn setup() -> Setup {
     }
 }
 
-pub fn guid() -> String {
+pub(crate) fn guid() -> String {
     uuid::Uuid::new_v4().to_string()
 }

@@ -47,13 +47,13 @@ use crate::runner::{RunnerRoot, Runtime};
 
 const APP_ID: u64 = 4711;
 /// The repository every harness policy serves.
-pub const REPO: &str = "acme/widgets";
+pub(super) const REPO: &str = "acme/widgets";
 /// The host name: runners are `rm-h-<12 hex>`.
-pub const HOST: &str = "h";
+pub(super) const HOST: &str = "h";
 /// How far the manual clock moves per [`Harness::step`].
-pub const TICK: Duration = Duration::from_secs(1);
+pub(super) const TICK: Duration = Duration::from_secs(1);
 /// The timers of a harness executor unless a test sets its own.
-pub const TIMEOUT: Duration = Duration::from_secs(20);
+pub(super) const TIMEOUT: Duration = Duration::from_secs(20);
 /// The most steps [`Harness::until`] takes before it fails the test (at a second of manual
 /// time each: far beyond any timer a test sets).
 const MAX_STEPS: usize = 1_000;
@@ -70,12 +70,12 @@ fn key() -> &'static AppKeyPair {
 }
 
 /// A harness policy on [`REPO`] with `labels`.
-pub fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
+pub(super) fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
     policy_on(REPO, name, labels, max_runners)
 }
 
 /// A harness policy on `target` (`acme` or [`REPO`]) with `labels`.
-pub fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: u32) -> Policy {
+pub(super) fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: u32) -> Policy {
     Policy {
         name: name.to_owned(),
         target: target.parse().expect("a target"),
@@ -90,7 +90,7 @@ pub fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: u32) ->
 }
 
 /// What a harness executor is configured with.
-pub struct Options {
+pub(super) struct Options {
     pub max_runners: u32,
     pub policies: Vec<Policy>,
     pub timeouts: Timeouts,
@@ -136,7 +136,7 @@ struct Table {
 /// A process table: what `/proc` and `kill(2)` are to the production adapter. A signal ends
 /// the process at once (a runner that honours SIGTERM).
 #[derive(Debug, Clone, Default)]
-pub struct FakeProcesses {
+pub(super) struct FakeProcesses {
     table: Arc<Mutex<Table>>,
 }
 
@@ -170,7 +170,7 @@ impl FakeProcesses {
     }
 
     /// The process exits by itself with `code` (its job done, or a crash).
-    pub fn exit(&self, pid: u32, code: i32) {
+    pub(super) fn exit(&self, pid: u32, code: i32) {
         if let Some(entry) = self.lock().processes.get_mut(&pid)
             && entry.life == Life::Running
         {
@@ -179,7 +179,7 @@ impl FakeProcesses {
     }
 
     /// The signals process `pid`'s group received.
-    pub fn signals(&self, pid: u32) -> Vec<StopSignal> {
+    pub(super) fn signals(&self, pid: u32) -> Vec<StopSignal> {
         self.lock()
             .processes
             .get(&pid)
@@ -188,7 +188,7 @@ impl FakeProcesses {
     }
 
     /// The pids of processes still running.
-    pub fn alive(&self) -> Vec<u32> {
+    pub(super) fn alive(&self) -> Vec<u32> {
         let mut alive: Vec<u32> = self
             .lock()
             .processes
@@ -277,7 +277,7 @@ impl Reap for FakeChild {
 
 /// What a fake runner process does once started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Program {
+pub(super) enum Program {
     /// A runner: registers with the fake, takes the first job the fake assigns it, completes it
     /// once its duration (the fake's `RunnerBehavior::job_duration_ms`) has passed on the
     /// manual clock, and exits; without a job it waits until stopped.
@@ -287,7 +287,7 @@ pub enum Program {
 }
 
 /// The `none` backend's runtimes with fake processes in them.
-pub struct FakeBackend {
+pub(super) struct FakeBackend {
     runtimes: NoIsolation,
     table: FakeProcesses,
     clock: ManualClock,
@@ -302,11 +302,11 @@ pub struct FakeBackend {
 }
 
 impl FakeBackend {
-    pub fn set_program(&self, program: Program) {
+    pub(super) fn set_program(&self, program: Program) {
         *self.program.lock().unwrap_or_else(PoisonError::into_inner) = program;
     }
 
-    pub fn refuse_start(&self, refuse: bool) {
+    pub(super) fn refuse_start(&self, refuse: bool) {
         *self
             .refuse_start
             .lock()
@@ -314,14 +314,14 @@ impl FakeBackend {
     }
 
     /// Holds (`true`) or lets go of (`false`) every `start`.
-    pub fn hold_start(&self, hold: bool) {
+    pub(super) fn hold_start(&self, hold: bool) {
         let (held, changed) = &self.hold_start;
         *held.lock().unwrap_or_else(PoisonError::into_inner) = hold;
         changed.notify_all();
     }
 
     /// The pid runner `name` was started as.
-    pub fn pid_of(&self, name: &str) -> Option<u32> {
+    pub(super) fn pid_of(&self, name: &str) -> Option<u32> {
         self.pids
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -464,7 +464,7 @@ async fn run_program(
 // The harness.
 
 /// An executor and a poller on one journal, against one fake GitHub.
-pub struct Harness {
+pub(super) struct Harness {
     pub fake: FakeGithub,
     /// The App's installation on `acme`.
     pub installation: u64,
@@ -483,7 +483,7 @@ pub struct Harness {
 }
 
 impl Harness {
-    pub async fn new(options: Options) -> Harness {
+    pub(super) async fn new(options: Options) -> Harness {
         let fake = FakeGithub::start(FakeOptions::new(APP_ID, key().public_pem.clone()))
             .await
             .expect("the fake GitHub");
@@ -615,7 +615,7 @@ impl Harness {
     /// A new executor on the same journal, runner root, fake GitHub and process table: an agent
     /// started again after the previous one stopped (or died). Its launch tasks, if any, keep
     /// running; the test stops driving the old executor.
-    pub fn restart(&mut self) {
+    pub(super) fn restart(&mut self) {
         let (backend, executor) = Self::open_executor(
             &self.options,
             &self.client,
@@ -630,19 +630,19 @@ impl Harness {
     }
 
     /// Moves the manual clock and the fake's together.
-    pub fn advance(&self, by: Duration) {
+    pub(super) fn advance(&self, by: Duration) {
         self.clock.advance(by);
         self.fake.advance_clock(by);
     }
 
     /// Startup recovery of the current executor.
-    pub async fn recover(&self) -> Result<(), super::RecoveryIncomplete> {
+    pub(super) async fn recover(&self) -> Result<(), super::RecoveryIncomplete> {
         self.executor.recover().await
     }
 
     /// One step: the clocks move a [`TICK`], the poller does what is due (the journal learns
     /// GitHub's job states), the executor runs one pass (supervise, then allocate).
-    pub async fn step(&mut self) {
+    pub(super) async fn step(&mut self) {
         self.advance(TICK);
         if let Ok(report) = self.poller.poll_once().await
             && report.polled_demand
@@ -656,7 +656,7 @@ impl Harness {
 
     /// Steps until `done` holds (checking `invariant` after every step); returns the steps
     /// taken. Fails the test after [`MAX_STEPS`].
-    pub async fn until(
+    pub(super) async fn until(
         &mut self,
         what: &str,
         mut invariant: impl FnMut(&Harness),
@@ -676,7 +676,7 @@ impl Harness {
     }
 
     /// Every attempt in the journal, newest first.
-    pub fn attempts(&self) -> Vec<AttemptRecord> {
+    pub(super) fn attempts(&self) -> Vec<AttemptRecord> {
         let mut attempts = Attempts::open(&self.journal_path)
             .expect("the journal")
             .list(Scope::All, None)
@@ -686,27 +686,27 @@ impl Harness {
     }
 
     /// Attempts that count against the host's capacity now.
-    pub fn live(&self) -> usize {
+    pub(super) fn live(&self) -> usize {
         self.attempts()
             .iter()
             .filter(|a| a.state.counts_against_capacity())
             .count()
     }
 
-    pub fn all_cleaned(&self) -> bool {
+    pub(super) fn all_cleaned(&self) -> bool {
         self.attempts()
             .iter()
             .all(|a| a.state == rm_journal::AttemptState::Cleaned)
     }
 
     /// Queues a job on the fake with `labels`.
-    pub fn queue(&self, name: &str, labels: &[&str]) -> u64 {
+    pub(super) fn queue(&self, name: &str, labels: &[&str]) -> u64 {
         self.fake
             .queue_job(REPO, name, labels)
             .expect("a queued job")
     }
 
-    pub fn completed(&self, job: u64) -> bool {
+    pub(super) fn completed(&self, job: u64) -> bool {
         self.fake
             .job(job)
             .is_some_and(|j| j.status == rm_fake_github::JobStatus::Completed)
@@ -714,7 +714,7 @@ impl Harness {
 
     /// Journals a `queued` webhook delivery for job `job_id` in [`REPO`] with `labels`, as the
     /// receiver would: demand for a job the fake does not know and so never hands out.
-    pub async fn deliver_queued(&self, job_id: i64, labels: &[&str]) {
+    pub(super) async fn deliver_queued(&self, job_id: i64, labels: &[&str]) {
         let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../tests/fixtures/webhooks/workflow_job.queued.5.json");
         let mut body: serde_json::Value =
@@ -744,7 +744,7 @@ impl Harness {
     }
 
     /// Registrations of this host's runners the fake still holds.
-    pub fn our_registrations(&self) -> Vec<String> {
+    pub(super) fn our_registrations(&self) -> Vec<String> {
         self.fake
             .runners()
             .into_iter()
@@ -754,7 +754,7 @@ impl Harness {
     }
 
     /// Runtime directories left under the runner root.
-    pub fn runtimes(&self) -> Vec<PathBuf> {
+    pub(super) fn runtimes(&self) -> Vec<PathBuf> {
         std::fs::read_dir(&self.root_path)
             .map(|dir| {
                 dir.filter_map(Result::ok)

@@ -13,7 +13,7 @@ use rm_e2e::{Setup, delivery};
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The journal's WAL beside `journal`.
-pub fn wal_of(journal: &std::path::Path) -> std::path::PathBuf {
+pub(crate) fn wal_of(journal: &std::path::Path) -> std::path::PathBuf {
     let mut wal = journal.as_os_str().to_owned();
     wal.push("-wal");
     wal.into()
