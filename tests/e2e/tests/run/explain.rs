@@ -232,7 +232,14 @@ async fn every_verdict_the_fake_can_produce_is_explained_live_and_after_a_stop()
     })
     .await;
 
-    // Rate limited: GitHub answers a secondary limit to every request for a while.
+    // Rate limited: GitHub answers a secondary limit to every request for a while. First every
+    // runner of the earlier phases must be gone: a surplus one still registered and idle (the
+    // outage's retried launches can leave one) would take the job without a request, and the
+    // job would never wait on the limit.
+    wait_until(PHASE, "no runner left from the earlier phases", || {
+        fleet.all_cleaned()
+    })
+    .await;
     fleet
         .fake
         .secondary_limit(Duration::from_secs(20), 403, true);
