@@ -4,66 +4,15 @@
 
 use std::path::{Path, PathBuf};
 
-use rm_handlers::Source;
 use rusqlite::Connection;
-use serde_json::{Value, json};
 
+use crate::intake_tests::{job_delivery, keep_all};
 use crate::*;
-
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/webhooks");
 
 fn temp_journal() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(JOURNAL_FILE);
     (dir, path)
-}
-
-/// Retention that keeps everything: these tests use timestamps near the epoch.
-fn keep_all() -> Retention {
-    let forever = std::time::Duration::from_secs(u64::MAX / 1000);
-    Retention {
-        delivery_bodies: forever,
-        delivery_rows: forever,
-        finished_jobs: forever,
-    }
-}
-
-fn fixture(name: &str) -> Value {
-    let text = std::fs::read_to_string(format!("{FIXTURES}/{name}.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-/// A `workflow_job` delivery for `job_id` in `action`, built from GitHub's example payload.
-fn job_delivery(guid: &str, job_id: i64, action: &str, at_ms: i64) -> Incoming {
-    let mut body = fixture(&format!(
-        "workflow_job.{}",
-        match action {
-            "queued" => "queued.6",
-            "waiting" => "waiting.7",
-            "in_progress" => "in_progress.4",
-            _ => "completed.1",
-        }
-    ));
-    body["action"] = json!(action);
-    body["workflow_job"]["id"] = json!(job_id);
-    body["installation"] = json!({"id": 7});
-    incoming(
-        guid,
-        "workflow_job",
-        serde_json::to_vec(&body).unwrap(),
-        at_ms,
-    )
-}
-
-fn incoming(guid: &str, event: &str, body: Vec<u8>, at_ms: i64) -> Incoming {
-    Incoming {
-        guid: guid.to_owned(),
-        event: event.to_owned(),
-        headers: vec![("x-github-event".to_owned(), event.to_owned())],
-        body,
-        received_at_ms: at_ms,
-        source: Source::Webhook,
-    }
 }
 
 fn state_of(path: &Path, job_id: i64) -> Option<JobRow> {
