@@ -31,3 +31,8 @@ pub use rm_base::{out, outln};
 #[cfg(test)]
 #[path = "../../tests/support/skip.rs"]
 pub(crate) mod test_skip;
+
+/// Captures a test thread's log lines.
+#[cfg(test)]
+#[path = "../../tests/support/log_capture.rs"]
+pub(crate) mod test_log_capture;

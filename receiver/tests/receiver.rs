@@ -6,6 +6,9 @@
     reason = "tests: a failed step should fail the test loudly"
 )]
 
+#[path = "../../tests/support/log_capture.rs"]
+mod log_capture;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -246,30 +249,8 @@ async fn refusals_journal_nothing() {
 /// reason included (it named neither before the span).
 #[tokio::test]
 async fn every_log_line_about_a_delivery_carries_its_guid_from_the_span() {
-    #[derive(Clone, Default)]
-    struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Capture {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let capture = Capture::default();
-    let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    // With a single registered dispatcher, tracing caches each callsite's interest from the
-    // thread-local default of whichever test thread reaches it first (none, on another test's
-    // thread: "never"). A second, idle dispatcher makes every callsite ask each one at each use.
-    let _second = tracing::Dispatch::new(tracing_subscriber::registry());
     // A current-thread runtime: the server's tasks run on this thread, under this subscriber.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let capture = log_capture::LogCapture::start(tracing::Level::DEBUG);
     let rx = start(&[SECRET]).await;
     let body = fixture("workflow_job.queued.5");
     let refused = Delivery {
@@ -280,7 +261,7 @@ async fn every_log_line_about_a_delivery_carries_its_guid_from_the_span() {
     let accepted = Delivery::signed("workflow_job", body);
     assert_eq!(rx.send(&accepted).await.0, 202);
 
-    let log = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    let log = capture.text();
     let context = |d: &Delivery| {
         format!(
             "delivery{{guid={} event=workflow_job}}",

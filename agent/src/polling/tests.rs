@@ -427,29 +427,7 @@ async fn an_unreadable_target_is_named_and_retried_at_the_active_interval() {
 /// which lines belong to one pass (the target warning names only its target).
 #[tokio::test]
 async fn every_event_of_a_poll_step_carries_the_steps_number() {
-    #[derive(Clone, Default)]
-    struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Capture {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let capture = Capture::default();
-    let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    // With a single registered dispatcher, tracing caches each callsite's interest from the
-    // thread-local default of whichever test thread reaches it first (none, on another test's
-    // thread: "never"). A second, idle dispatcher makes every callsite ask each one at each use.
-    let _second = tracing::Dispatch::new(tracing_subscriber::registry());
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let capture = crate::test_log_capture::LogCapture::start(tracing::Level::INFO);
     let h = Harness::new().await;
     h.queue("acme/gadgets");
     h.fake.inject_fault(
@@ -462,7 +440,7 @@ async fn every_event_of_a_poll_step_carries_the_steps_number() {
     poller.poll_once().await.unwrap();
     h.advance(Duration::from_secs(60));
     poller.poll_once().await.unwrap();
-    let log = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    let log = capture.text();
     for pass in [1, 2] {
         assert!(
             log.lines()
