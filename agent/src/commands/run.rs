@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use crate::config::{Config, display_file};
 use crate::executor::registry::Registry;
-use crate::executor::{DrainReport, Executor, Settings};
+use crate::executor::{DrainReport, Executor, Handle, Settings};
 use crate::exit::Exit;
 use crate::lifecycle::Timeouts;
 use crate::notify::{Notifier, OperatorEvent};
@@ -93,12 +93,13 @@ pub async fn serve_paced(
     // The fitness gate (crate::fitness): judged once before the first registration, then again
     // in the background; allocation registers nothing while it says unfit.
     let fitness = executor.settings().fitness.clone();
+    let handle = executor.handle();
     let fitness_required =
         crate::fitness::Requirements::of(config, crate::fitness::probe::runner_path());
     crate::fitness::check_once(&fitness_required, &fitness, &notifier).await;
     let fitness_checker =
         crate::fitness::spawn(fitness_required, fitness.clone(), Arc::clone(&notifier));
-    executor.wake_on(fitness.fit_again());
+    handle.wake_on(fitness.fit_again());
     // For `rm-agent status` and `/metrics`: what only the running agent knows.
     let published = client.clone();
     // Checked before anything starts, so a missing token is a usage error at start.
@@ -123,8 +124,8 @@ pub async fn serve_paced(
     )
     .map_err(Exit::runtime)?
     .with_pacing(pacing);
-    executor.wake_on(journal.durable_groups());
-    executor.wake_on(poller.changes());
+    handle.wake_on(journal.durable_groups());
+    handle.wake_on(poller.changes());
     watch_webhook_health(poller.status(), Arc::clone(&notifier));
     crate::status_file::spawn_publisher(
         config.data_dir.clone(),
@@ -133,8 +134,8 @@ pub async fn serve_paced(
         published.clone(),
         config.host.max_runners,
         Some({
-            let executor = Arc::clone(&executor);
-            Arc::new(move || executor.published_memory())
+            let handle = handle.clone();
+            Arc::new(move || handle.published_memory())
         }),
         Some({
             let fitness = fitness.clone();
@@ -143,7 +144,7 @@ pub async fn serve_paced(
     );
     let agent_metrics = crate::metrics::AgentMetrics::new(poller.status(), published);
     let poller_status = poller.status();
-    note_refreshes(poller.status(), Arc::clone(&executor));
+    note_refreshes(poller.status(), handle.clone());
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
@@ -230,7 +231,7 @@ pub async fn serve_paced(
 }
 
 /// Tells the executor when a poll pass brought the journal up to date with GitHub.
-fn note_refreshes(mut status: watch::Receiver<PollerStatus>, executor: Arc<Executor>) {
+fn note_refreshes(mut status: watch::Receiver<PollerStatus>, executor: Handle) {
     tokio::spawn(async move {
         while status.changed().await.is_ok() {
             let pass = status.borrow().last_pass.clone();

@@ -1,11 +1,12 @@
-//! Allocation: from the journal's queued jobs to new attempts. Demand is routed per policy
-//! ([`demand::route`]); each runner is created under the host-wide allocation lock with the live
-//! attempts re-read under it ([`allocation::allocate`]), so no interleaving of passes or
-//! policies can exceed `host.max_runners`. The attempt row is the first effect of a runner;
+//! The demand-and-allocation room: from the journal's queued jobs to new attempts. It owns
+//! what allocation remembers between passes ([`Allocator`]) and every rule of "should this host
+//! start a runner": demand routed per policy ([`demand::route`]), the fences, the launch
+//! back-off, the runners whose job the journal does not know yet, and the ceilings
+//! ([`allocation::allocate`]). The control loop asks it per pass and tells it what launches and
+//! supervision concluded; the attempt row ([`create_attempt`]) is a runner's first effect, and
 //! its launch task does the rest.
 //!
-//! What the pass remembers between passes (in memory; a restart forgets it, at the cost of one
-//! more attempt at most):
+//! What it remembers (in memory; a restart forgets it, at the cost of one more attempt at most):
 //! - a **fence** per policy: a runner of the policy that gave up (idle exit, registration
 //!   timeout) is not replaced for the jobs that were already queued when it gave up;
 //! - a **launch back-off** per policy after failed launches, so a 403 or a broken package does
@@ -13,24 +14,22 @@
 //! - the jobs already reported as overlapping or unresolvable, so each is logged once.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use rm_journal::{
     AttemptId, AttemptRecord, AttemptState, IsolationKind, NewAttempt, Scope, WorkspaceKind,
 };
-use tracing::Instrument as _;
 
-use super::{Executor, fault};
+use super::context::Context;
 use crate::allocation::{self, AllocationInput};
 use crate::config::Policy;
 use crate::config::Workspace;
 use crate::demand::{self, QueuedJob};
 use crate::explain::published::{AllocationMemory, Backoff, PolicyMemory};
 use crate::lifecycle::{Conclusion, FailureReason};
-use crate::notify::OperatorEvent;
+use crate::notify::{Notifier, OperatorEvent};
 use crate::runner::slot;
-use anyhow::Context as _;
 
 /// The first wait after a failed launch; doubles per consecutive failure.
 pub const LAUNCH_BACKOFF: Duration = Duration::from_secs(5);
@@ -44,9 +43,9 @@ pub const NOTIFY_AFTER_FAILURES: u32 = 3;
 /// Demand that waits this long at full host capacity is worth a notification.
 pub const NOTIFY_WAITING_AFTER: Duration = Duration::from_secs(15 * 60);
 
-/// What allocation remembers between passes.
+/// What allocation remembers between passes; owned by the control loop.
 #[derive(Debug, Default)]
-pub(super) struct Memory {
+pub(super) struct Allocator {
     fences: HashMap<String, i64>,
     backoff: HashMap<String, Backoff>,
     reported: HashSet<i64>,
@@ -152,39 +151,42 @@ pub fn demand_after_unknown_busy(demand: u32, busy_unknown: usize) -> u32 {
     demand.saturating_sub(u32::try_from(busy_unknown).unwrap_or(u32::MAX))
 }
 
-impl Executor {
-    /// Allocates runners for every policy's queued jobs.
-    pub(super) async fn allocate(self: &Arc<Self>) -> anyhow::Result<()> {
-        // An unfit host registers nothing (crate::fitness): a runner would fail its job. The
-        // gate wakes the loop when the host is fit again.
-        if !self.settings.fitness.is_fit() {
-            return Ok(());
-        }
-        let jobs = self.lock_reader().queued_jobs()?;
+impl Allocator {
+    /// The runners of unknown completions, whose names the journal may meanwhile know (a late
+    /// delivery said which job they ran): the caller looks them up for [`Allocator::wanted`].
+    pub(super) fn unknown_runner_names(&self) -> Vec<String> {
+        self.unknown_completions
+            .values()
+            .flatten()
+            .map(|c| c.runner_name.clone())
+            .collect()
+    }
+
+    /// How many runners each policy wants now, from the journal's queued `jobs`: its routed
+    /// demand less the jobs queued before its fence and the completions the journal has not
+    /// named (`named`: those a journalled job now names). A policy in its launch back-off wants
+    /// none. Overlapping and unresolvable jobs are logged once.
+    pub(super) fn wanted<'p>(
+        &mut self,
+        policies: &'p [Policy],
+        jobs: &[rm_journal::JobRow],
+        named: &HashSet<String>,
+        now: i64,
+    ) -> Vec<(&'p Policy, u32)> {
         let first_seen: HashMap<i64, i64> = jobs
             .iter()
             .map(|j| (j.job_id, j.first_seen_at_ms))
             .collect();
         let queued: Vec<QueuedJob> = jobs.iter().map(QueuedJob::from).collect();
-        let demand = demand::route(&self.settings.policies, &queued);
+        let demand = demand::route(policies, &queued);
         self.report_unroutable(&demand);
-        let named = self.named_unknown_runners()?;
-        let now = self.now_ms();
-        for policy in &self.settings.policies {
-            let (fence, backoff_until) = {
-                let memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
-                (
-                    memory.fences.get(&policy.name).copied().unwrap_or(i64::MIN),
-                    memory
-                        .backoff
-                        .get(&policy.name)
-                        .map_or(i64::MIN, |b| b.until_ms),
-                )
-            };
-            if backing_off(now, backoff_until) {
+        let mut wanted = Vec::with_capacity(policies.len());
+        for policy in policies {
+            if self.backing_off(&policy.name, now) {
                 continue;
             }
-            let wanted = demand.per_policy.get(&policy.name).map_or(0, |ids| {
+            let fence = self.fences.get(&policy.name).copied().unwrap_or(i64::MIN);
+            let routed = demand.per_policy.get(&policy.name).map_or(0, |ids| {
                 ids.iter()
                     .filter(|id| {
                         first_seen
@@ -193,170 +195,67 @@ impl Executor {
                     })
                     .count()
             });
-            let done_meanwhile = {
-                let memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
-                memory.unknown_completions.get(&policy.name).map_or(0, |c| {
-                    unknown_completions(c, &named, memory.refreshed_at, now)
-                })
-            };
-            let wanted = u32::try_from(wanted)
+            let done_meanwhile = self.unknown_completions.get(&policy.name).map_or(0, |c| {
+                unknown_completions(c, named, self.refreshed_at, now)
+            });
+            let count = u32::try_from(routed)
                 .unwrap_or(u32::MAX)
                 .saturating_sub(done_meanwhile);
-            self.start_runners(policy, wanted).await?;
+            wanted.push((policy, count));
         }
-        Ok(())
+        wanted
     }
 
-    /// Creates this policy's runners one at a time under the allocation lock.
-    async fn start_runners(self: &Arc<Self>, policy: &Policy, demand: u32) -> anyhow::Result<()> {
-        // Which uids other processes run as, read once per call (a `/proc` scan, tens of ms on
-        // a busy host) and only if a runner is to start: the uids this loop hands out are
-        // fenced by the journal, and a process that takes a pool uid after the scan is caught
-        // when the runner starts.
-        let mut running_uids = None;
-        loop {
-            let guard = self.allocation.lock().await;
-            // A launch started by this loop may already have failed (a broken package fails
-            // in milliseconds): its back-off holds the rest of the loop too, or the loop would
-            // replace each failed attempt at once.
-            if self.backing_off_now(&policy.name) {
-                return Ok(());
-            }
-            let (live, busy_unknown) = {
-                let attempts = self.lock_attempts();
-                let busy_unknown = attempts
-                    .list(Scope::Live, Some(&policy.name))?
-                    .iter()
-                    .filter(|a| a.state == AttemptState::Busy && a.job_id.is_none())
-                    .count();
-                (attempts.live_counts()?, busy_unknown)
-            };
-            let decided = allocation::allocate(AllocationInput {
-                demand: demand_after_unknown_busy(demand, busy_unknown),
-                min_runners: policy.min_runners,
-                max_runners: policy.max_runners,
-                unassigned_in_flight: live.policy(&policy.name).unassigned(),
-                policy_live: live.policy(&policy.name).live,
-                host_live: live.host_live(),
-                host_max: self.settings.max_runners,
-            });
-            self.note_waiting(policy, demand, decided.limit);
-            if decided.to_start == 0 {
-                if demand > 0 {
-                    tracing::debug!(policy = %policy.name, demand, limit = ?decided.limit, "no runner to start");
-                }
-                return Ok(());
-            }
-            let record = match self.create_attempt(policy, &mut running_uids) {
-                Ok(record) => record,
-                // Like a ceiling: nothing starts until cleanup releases a uid.
-                Err(e) if e.downcast_ref::<NoFreeUid>().is_some() => {
-                    self.note_uid_pool(Some(&e));
-                    return Ok(());
-                }
-                Err(e) => return Err(e),
-            };
-            self.note_uid_pool(None);
-            drop(guard);
-            let span = super::attempt_span(&record);
-            span.in_scope(|| tracing::info!(demand, "runner allocated"));
-            fault::crash_point("attempt_journalled");
-            self.lock_launching().insert(record.attempt_id.clone());
-            let executor = Arc::clone(self);
-            tokio::spawn(async move { executor.launch(record).await }.instrument(span));
-        }
-    }
-
-    /// Journals a new attempt: the first write of a runner, before any other effect. A
-    /// persistent policy's attempt takes the lowest slot no uncleaned attempt of it holds (the
-    /// caller holds the allocation lock, so no other attempt takes it meanwhile). Under
-    /// `isolation = "user"` it also takes the lowest pool uid no uncleaned attempt holds and no
-    /// process in `running_uids` (scanned on first use) runs as.
-    fn create_attempt(
-        &self,
+    /// How many runners of `policy` to start now, given the journal's `live` attempts and
+    /// its busy runners whose job is unknown; tells the operator when demand has waited at the
+    /// host's ceiling for long.
+    pub(super) fn to_start(
+        &mut self,
         policy: &Policy,
-        running_uids: &mut Option<HashSet<u32>>,
-    ) -> anyhow::Result<AttemptRecord> {
-        let id = AttemptId::generate();
-        let runner_name = id.runner_name(&self.settings.host);
-        let attempts = self.lock_attempts();
-        let (workspace, runtime_dir) = match policy.workspace {
-            Workspace::Ephemeral => (
-                WorkspaceKind::Ephemeral,
-                self.root.ephemeral_path(id.as_str())?,
-            ),
-            Workspace::Persistent => {
-                let held: Vec<u32> = attempts
-                    .list(Scope::Uncleaned, Some(&policy.name))?
-                    .iter()
-                    .filter(|a| a.workspace == WorkspaceKind::Persistent)
-                    .filter_map(|a| {
-                        a.runtime_dir
-                            .file_name()?
-                            .to_str()
-                            .and_then(slot::slot_number)
-                    })
-                    .collect();
-                (
-                    WorkspaceKind::Persistent,
-                    self.root.slot_path(&policy.name, slot::free_slot(&held))?,
-                )
-            }
-        };
-        let isolation = self.settings.backends.isolation;
-        let (uid, cgroup) = match (isolation, &self.settings.backends.user) {
-            (IsolationKind::User, Some(user)) => {
-                let held = attempts.held_uids()?;
-                let running = match running_uids {
-                    Some(running) => running,
-                    None => running_uids.insert(
-                        crate::runner::uid::running_uids()
-                            .context("cannot read which uids are in use")?,
-                    ),
-                };
-                let Some(account) = crate::runner::isolate::pick_uid(&user.pool, &held, running)
-                else {
-                    return Err(anyhow::Error::new(NoFreeUid {
-                        pool: user.pool.accounts().len(),
-                        held: held.len(),
-                    }));
-                };
-                let cgroup = match &user.cgroups {
-                    Some(root) => Some(root.runner_path(&format!("rm-{}", id.short()))?),
-                    None => None,
-                };
-                (Some(account.uid), cgroup)
-            }
-            (IsolationKind::User, None) => {
-                anyhow::bail!("isolation is `user` but this agent cannot switch users")
-            }
-            (IsolationKind::None, _) => (None, None),
-        };
-        Ok(attempts.create(&NewAttempt {
-            attempt_id: &id,
-            policy: &policy.name,
-            runner_name: &runner_name,
-            workspace,
-            runtime_dir: &runtime_dir,
-            created_at_ms: self.now_ms(),
-            isolation,
-            uid,
-            cgroup: cgroup.as_deref(),
-        })?)
+        demand: u32,
+        live: &LiveView,
+        host_max: u32,
+        now: i64,
+        notifier: &Notifier,
+    ) -> u32 {
+        let decided = allocation::allocate(AllocationInput {
+            demand: demand_after_unknown_busy(demand, live.busy_unknown),
+            min_runners: policy.min_runners,
+            max_runners: policy.max_runners,
+            unassigned_in_flight: live.counts.policy(&policy.name).unassigned(),
+            policy_live: live.counts.policy(&policy.name).live,
+            host_live: live.counts.host_live(),
+            host_max,
+        });
+        if waiting_too_long(
+            &mut self.waiting_since,
+            &policy.name,
+            demand,
+            decided.limit,
+            now,
+        ) {
+            notifier.notify(OperatorEvent::DemandWaitingAtCapacity {
+                policy: policy.name.clone(),
+                waiting: demand,
+            });
+        }
+        if decided.to_start == 0 && demand > 0 {
+            tracing::debug!(policy = %policy.name, demand, limit = ?decided.limit, "no runner to start");
+        }
+        decided.to_start
     }
 
     /// Says once per exhaustion that the uid pool has no free uid (`exhausted`), and when it
     /// has again (`None`).
-    fn note_uid_pool(&self, exhausted: Option<&anyhow::Error>) {
-        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+    pub(super) fn note_uid_pool(&mut self, exhausted: Option<&anyhow::Error>) {
         match exhausted {
-            Some(e) if !memory.uid_pool_exhausted => {
-                memory.uid_pool_exhausted = true;
+            Some(e) if !self.uid_pool_exhausted => {
+                self.uid_pool_exhausted = true;
                 tracing::warn!(error = %e, "no runner starts until a uid is free");
             }
             Some(_) => {}
-            None if memory.uid_pool_exhausted => {
-                memory.uid_pool_exhausted = false;
+            None if self.uid_pool_exhausted => {
+                self.uid_pool_exhausted = false;
                 tracing::info!("a runner uid is free again");
             }
             None => {}
@@ -364,15 +263,14 @@ impl Executor {
     }
 
     /// Logs each overlapping or unresolvable job once.
-    fn report_unroutable(&self, demand: &demand::Demand) {
-        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+    fn report_unroutable(&mut self, demand: &demand::Demand) {
         for (job_id, policies) in &demand.overlapping {
-            if memory.reported.insert(*job_id) {
+            if self.reported.insert(*job_id) {
                 tracing::warn!(job_id, policies = ?policies, "job matches more than one policy of this host; starting nothing for it: make the policies' labels disjoint");
             }
         }
         for job_id in &demand.unresolvable {
-            if memory.reported.insert(*job_id) {
+            if self.reported.insert(*job_id) {
                 tracing::warn!(
                     job_id,
                     "job's runs-on holds an unevaluated expression (${{ }}); it is not counted as demand"
@@ -383,166 +281,270 @@ impl Executor {
 
     /// The journal was brought up to date with GitHub by a poll pass that began at `at_ms`:
     /// completions before it are reflected in the journal now.
-    pub fn journal_refreshed(&self, at_ms: i64) {
-        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
-        memory.refreshed_at = memory.refreshed_at.max(at_ms);
-        let refreshed = memory.refreshed_at;
-        for concluded in memory.unknown_completions.values_mut() {
+    pub(super) fn journal_refreshed(&mut self, at_ms: i64) {
+        self.refreshed_at = self.refreshed_at.max(at_ms);
+        let refreshed = self.refreshed_at;
+        for concluded in self.unknown_completions.values_mut() {
             concluded.retain(|c| c.concluded_at_ms >= refreshed);
         }
     }
 
-    /// The runners of unknown completions that a journalled job now names (a late delivery
-    /// said which job they ran); the others are still one queued job less each.
-    fn named_unknown_runners(&self) -> anyhow::Result<HashSet<String>> {
-        let names: Vec<String> = {
-            let memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
-            memory
-                .unknown_completions
-                .values()
-                .flatten()
-                .map(|c| c.runner_name.clone())
-                .collect()
-        };
-        if names.is_empty() {
-            return Ok(HashSet::new());
-        }
-        let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        Ok(self
-            .lock_reader()
-            .jobs_for_runners(&names)?
-            .into_iter()
-            .filter_map(|job| job.runner_name)
-            .collect())
-    }
-
-    /// Called when a runner concludes: an idle exit or a registration timeout fences the
-    /// policy's older demand; a completed job the journal has not named is one queued job less
-    /// until a delivery names the runner or the next poll says which.
-    pub(super) fn remember_conclusion(
-        &self,
-        policy: &str,
-        runner_name: &str,
-        conclusion: Conclusion,
-        job_known: bool,
-    ) {
-        if conclusion == Conclusion::CompletedJob && !job_known {
-            self.memory
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .unknown_completions
-                .entry(policy.to_owned())
+    /// A runner concluded: an idle exit or a registration timeout fences the policy's older
+    /// demand; a completed job the journal has not named is one queued job less until a
+    /// delivery names the runner or the next poll says which.
+    pub(super) fn remember_conclusion(&mut self, concluded: &Concluded) {
+        if concluded.conclusion == Conclusion::CompletedJob && !concluded.job_known {
+            self.unknown_completions
+                .entry(concluded.policy.clone())
                 .or_default()
                 .push(UnknownCompletion {
-                    concluded_at_ms: self.now_ms(),
-                    runner_name: runner_name.to_owned(),
+                    concluded_at_ms: concluded.at_ms,
+                    runner_name: concluded.runner_name.clone(),
                 });
         }
-        if fences_demand(conclusion) {
-            self.memory
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .fences
-                .insert(policy.to_owned(), self.now_ms());
+        if fences_demand(concluded.conclusion) {
+            self.fences
+                .insert(concluded.policy.clone(), concluded.at_ms);
         }
     }
 
-    /// Called when a launch ends: a failure (terminal or not, and the sentence it is
-    /// journalled with) backs the policy off, a runner resets it.
-    pub(super) fn remember_launch(&self, policy: &str, failed: Option<(bool, String)>) {
-        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
-        match failed {
-            None => {
-                memory.backoff.remove(policy);
-            }
-            Some((terminal, why)) => {
-                let failures = memory.backoff.get(policy).map_or(0, |b| b.failures) + 1;
-                let wait = launch_backoff(failures, terminal);
-                let until = self.now_ms().saturating_add(rm_base::clock::ms(wait));
-                memory.backoff.insert(
-                    policy.to_owned(),
-                    Backoff {
-                        until_ms: until,
-                        failures,
-                        last_failure: Some(why),
-                    },
-                );
-                if failures >= NOTIFY_AFTER_FAILURES {
-                    self.notifier.notify(OperatorEvent::RunnersFailingToStart {
-                        policy: policy.to_owned(),
-                        failures,
-                    });
-                }
-                tracing::warn!(
-                    policy,
-                    failures,
-                    wait_s = wait.as_secs(),
-                    "launch failed; this policy waits before the next one"
-                );
-            }
+    /// A launch ended: a failure (terminal or not, and the sentence it is journalled with)
+    /// backs the policy off, a runner resets it.
+    pub(super) fn remember_launch(
+        &mut self,
+        policy: &str,
+        failed: Option<&LaunchFailure>,
+        now: i64,
+        notifier: &Notifier,
+    ) {
+        let Some(failed) = failed else {
+            self.backoff.remove(policy);
+            return;
+        };
+        let failures = self.backoff.get(policy).map_or(0, |b| b.failures) + 1;
+        let wait = launch_backoff(failures, failed.terminal);
+        let until = now.saturating_add(rm_base::clock::ms(wait));
+        self.backoff.insert(
+            policy.to_owned(),
+            Backoff {
+                until_ms: until,
+                failures,
+                last_failure: Some(failed.why.clone()),
+            },
+        );
+        if failures >= NOTIFY_AFTER_FAILURES {
+            notifier.notify(OperatorEvent::RunnersFailingToStart {
+                policy: policy.to_owned(),
+                failures,
+            });
         }
+        tracing::warn!(
+            policy,
+            failures,
+            wait_s = wait.as_secs(),
+            "launch failed; this policy waits before the next one"
+        );
     }
 
-    /// Whether `policy` is in its launch back-off now.
-    fn backing_off_now(&self, policy: &str) -> bool {
-        let memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
-        memory
-            .backoff
+    /// Whether `policy` is in its launch back-off at `now`.
+    pub(super) fn backing_off(&self, policy: &str, now: i64) -> bool {
+        self.backoff
             .get(policy)
-            .is_some_and(|b| backing_off(self.now_ms(), b.until_ms))
+            .is_some_and(|b| backing_off(now, b.until_ms))
     }
 
-    /// What allocation remembers (fences, back-offs, launches in flight), for the status
-    /// snapshot: `explain` and `status` decide with the same facts.
-    pub fn published_memory(&self) -> AllocationMemory {
-        let mut launching: Vec<String> = self
-            .lock_launching()
+    /// What allocation remembers (fences, back-offs), with the launches in flight and whether
+    /// the agent drains, for the status snapshot: `explain` and `status` decide with the same
+    /// facts.
+    pub(super) fn published(
+        &self,
+        launching: &HashSet<AttemptId>,
+        draining: bool,
+    ) -> AllocationMemory {
+        let mut launching: Vec<String> = launching
             .iter()
             .map(|id| id.as_str().to_owned())
             .collect();
         launching.sort();
-        let memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
         let mut policies: std::collections::BTreeMap<String, PolicyMemory> = Default::default();
-        for (policy, fence) in &memory.fences {
+        for (policy, fence) in &self.fences {
             policies.entry(policy.clone()).or_default().fence_ms = Some(*fence);
         }
-        for (policy, backoff) in &memory.backoff {
+        for (policy, backoff) in &self.backoff {
             policies.entry(policy.clone()).or_default().backoff = Some(backoff.clone());
         }
         AllocationMemory {
             policies,
             launching,
-            draining: self.draining.load(std::sync::atomic::Ordering::SeqCst),
+            draining,
         }
     }
+}
 
-    /// Tracks demand held back by the host's ceiling; tells the operator when it lasts.
-    fn note_waiting(&self, policy: &Policy, demand: u32, limit: allocation::Limit) {
-        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
-        if waiting_too_long(
-            &mut memory.waiting_since,
-            &policy.name,
-            demand,
-            limit,
-            self.now_ms(),
-        ) {
-            self.notifier
-                .notify(OperatorEvent::DemandWaitingAtCapacity {
-                    policy: policy.name.clone(),
-                    waiting: demand,
-                });
+/// A runner's conclusion, as supervision reports it to the loop (and the loop to allocation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Concluded {
+    pub(super) policy: String,
+    pub(super) runner_name: String,
+    pub(super) conclusion: Conclusion,
+    /// The journal knew which job the runner ran.
+    pub(super) job_known: bool,
+    pub(super) at_ms: i64,
+}
+
+/// Why a launch ended without a runner, as allocation's back-off takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct LaunchFailure {
+    /// Retrying cannot help (credentials, permissions): the longest back-off.
+    pub(super) terminal: bool,
+    /// The sentence it is journalled with (`reason: detail`), for `explain`.
+    pub(super) why: String,
+}
+
+/// The journal's live attempts as allocation counts them, read once per runner created.
+#[derive(Debug)]
+pub(super) struct LiveView {
+    pub(super) counts: rm_journal::LiveCounts,
+    /// The policy's busy runners whose job the journal does not know yet.
+    pub(super) busy_unknown: usize,
+}
+
+/// Reads the live counts and `policy`'s busy runners with an unknown job.
+pub(super) async fn live_view(ctx: &Context, policy: &str) -> anyhow::Result<LiveView> {
+    let policy = policy.to_owned();
+    Ok(ctx
+        .journal
+        .write(move |attempts| {
+            let busy_unknown = attempts
+                .list(Scope::Live, Some(&policy))?
+                .iter()
+                .filter(|a| a.state == AttemptState::Busy && a.job_id.is_none())
+                .count();
+            Ok(LiveView {
+                counts: attempts.live_counts()?,
+                busy_unknown,
+            })
+        })
+        .await?)
+}
+
+/// The runners among `names` that a journalled job names.
+pub(super) async fn named_runners(
+    ctx: &Context,
+    names: Vec<String>,
+) -> anyhow::Result<HashSet<String>> {
+    if names.is_empty() {
+        return Ok(HashSet::new());
+    }
+    Ok(ctx
+        .journal
+        .read(move |reader| {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            reader.jobs_for_runners(&names)
+        })
+        .await?
+        .into_iter()
+        .filter_map(|job| job.runner_name)
+        .collect())
+}
+
+/// Journals a new attempt: the first write of a runner, before any other effect. A persistent
+/// policy's attempt takes the lowest slot no uncleaned attempt of it holds (only the control
+/// loop creates attempts, so no other attempt takes it meanwhile; the journal's workspace fence
+/// backs that). Under `isolation = "user"` it also takes the lowest pool uid no uncleaned
+/// attempt holds and no process in `running_uids` (scanned on first use) runs as.
+pub(super) async fn create_attempt(
+    ctx: &Context,
+    policy: &Policy,
+    running_uids: &mut Option<HashSet<u32>>,
+) -> anyhow::Result<AttemptRecord> {
+    let id = AttemptId::generate();
+    let runner_name = id.runner_name(&ctx.settings.host);
+    let (workspace, runtime_dir) = match policy.workspace {
+        Workspace::Ephemeral => (
+            WorkspaceKind::Ephemeral,
+            ctx.root.ephemeral_path(id.as_str())?,
+        ),
+        Workspace::Persistent => {
+            let name = policy.name.clone();
+            let held: Vec<u32> = ctx
+                .journal
+                .write(move |attempts| attempts.list(Scope::Uncleaned, Some(&name)))
+                .await?
+                .iter()
+                .filter(|a| a.workspace == WorkspaceKind::Persistent)
+                .filter_map(|a| {
+                    a.runtime_dir
+                        .file_name()?
+                        .to_str()
+                        .and_then(slot::slot_number)
+                })
+                .collect();
+            (
+                WorkspaceKind::Persistent,
+                ctx.root.slot_path(&policy.name, slot::free_slot(&held))?,
+            )
         }
-    }
+    };
+    let isolation = ctx.settings.backends.isolation;
+    let (uid, cgroup) = match (isolation, &ctx.settings.backends.user) {
+        (IsolationKind::User, Some(user)) => {
+            let held = ctx.journal.write(|attempts| attempts.held_uids()).await?;
+            let running = match running_uids {
+                Some(running) => running,
+                None => {
+                    // A `/proc` scan: tens of ms on a busy host, off the async workers.
+                    let scanned = tokio::task::spawn_blocking(crate::runner::uid::running_uids)
+                        .await
+                        .context("the scan of running uids did not finish")?
+                        .context("cannot read which uids are in use")?;
+                    running_uids.insert(scanned)
+                }
+            };
+            let Some(account) = crate::runner::isolate::pick_uid(&user.pool, &held, running) else {
+                return Err(anyhow::Error::new(NoFreeUid {
+                    pool: user.pool.accounts().len(),
+                    held: held.len(),
+                }));
+            };
+            let cgroup = match &user.cgroups {
+                Some(root) => Some(root.runner_path(&format!("rm-{}", id.short()))?),
+                None => None,
+            };
+            (Some(account.uid), cgroup)
+        }
+        (IsolationKind::User, None) => {
+            anyhow::bail!("isolation is `user` but this agent cannot switch users")
+        }
+        (IsolationKind::None, _) => (None, None),
+    };
+    let (policy_name, created_at_ms) = (policy.name.clone(), ctx.now_ms());
+    Ok(ctx
+        .journal
+        .write(move |attempts| {
+            attempts.create(&NewAttempt {
+                attempt_id: &id,
+                policy: &policy_name,
+                runner_name: &runner_name,
+                workspace,
+                runtime_dir: &runtime_dir,
+                created_at_ms,
+                isolation,
+                uid,
+                cgroup: cgroup.as_deref(),
+            })
+        })
+        .await?)
+}
 
-    /// Whether `policy` still has queued jobs (a JIT retry stops when the demand is gone).
-    pub(super) fn still_wanted(&self, policy: &Policy) -> bool {
-        let Ok(jobs) = self.lock_reader().queued_jobs() else {
-            return true;
-        };
-        let queued: Vec<QueuedJob> = jobs.iter().map(QueuedJob::from).collect();
-        demand::route(&self.settings.policies, &queued).of(&policy.name) > 0
-            || policy.min_runners > 0
-    }
+/// Whether `policy` still has queued jobs (a JIT retry stops when the demand is gone). An
+/// unreadable journal says yes: the retry's own limits end it.
+pub(super) async fn still_wanted(ctx: &Context, policy: &Policy) -> bool {
+    let Ok(jobs) = ctx.journal.read(|reader| reader.queued_jobs()).await else {
+        return true;
+    };
+    let queued: Vec<QueuedJob> = jobs.iter().map(QueuedJob::from).collect();
+    demand::route(&ctx.settings.policies, &queued).of(&policy.name) > 0 || policy.min_runners > 0
 }
 
 #[cfg(test)]

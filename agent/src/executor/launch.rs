@@ -1,14 +1,18 @@
-//! One launch: from a journalled `allocated` attempt to a running runner, in the order that
-//! makes every crash recoverable:
+//! The launch room: one task per launch, from a journalled `allocated` attempt to a running
+//! runner, in the order that makes every crash recoverable:
 //! 1. the runtime directory with a copy of the package (removed again by cleanup);
 //! 2. the JIT registration, retried with back-off while the demand lasts (a 409 for our own
 //!    name removes the stale registration first; a 403 is terminal and names the permission);
 //! 3. the runner id journalled (`jit_received`) before the process exists;
 //! 4. the process, its JIT configuration in its environment only, its identity journalled
 //!    (`starting`);
-//! 5. then the task waits for the process to exit and wakes supervision, which concludes it.
+//! 5. then the task waits for the process to exit.
 //!
-//! A failure concludes the attempt `failed` with its reason; supervision cleans it.
+//! A failure concludes the attempt `failed` with its reason. The task shares no memory with the
+//! rest of the executor: it reads the [`Context`] and tells the control loop what happened
+//! ([`Event::Launched`], then [`Event::Exited`]). Supervision takes over from there, and it
+//! alone removes a registration the launch made (the runner id is journalled, or the launch
+//! concluded `jit_expired` and the registration is found by its name).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -16,9 +20,12 @@ use std::time::{Duration, SystemTime};
 use rm_github::types::{JitConfig, JitRequest};
 use rm_journal::{AttemptRecord, AttemptState};
 use secrecy::SecretString;
+use tokio::sync::{mpsc, watch};
 
+use super::allocate::{self, LaunchFailure};
+use super::context::Context;
 use super::registry::{self, JitRetry, WORK_FOLDER};
-use super::{Executor, fault};
+use super::{Event, fault};
 use crate::lifecycle::{Conclusion, FailureReason};
 use crate::runner::{RunnerChild, Runtime, Spawned};
 
@@ -52,16 +59,28 @@ impl Failure {
     }
 }
 
-impl Executor {
-    /// Runs one launch to its end; see the module documentation.
-    pub(super) async fn launch(self: Arc<Self>, record: AttemptRecord) {
-        let id = record.attempt_id.clone();
-        let result = self.bring_up(&record).await;
-        self.lock_launching().remove(&id);
-        match result {
+/// One launch task's inputs.
+pub(super) struct Launch {
+    pub(super) ctx: Arc<Context>,
+    pub(super) record: AttemptRecord,
+    /// Where it tells the control loop what happened.
+    pub(super) events: mpsc::UnboundedSender<Event>,
+    /// True once the agent drains: a JIT retry gives up.
+    pub(super) draining: watch::Receiver<bool>,
+}
+
+impl Launch {
+    /// Runs the launch to its end; see the module documentation.
+    pub(super) async fn run(self) {
+        let id = self.record.attempt_id.clone();
+        let policy = self.record.policy.clone();
+        match self.bring_up().await {
             Ok(mut child) => {
-                self.remember_launch(&record.policy, None);
-                self.wake.notify_one();
+                self.tell(Event::Launched {
+                    attempt: id.clone(),
+                    policy,
+                    failed: None,
+                });
                 match child.wait().await {
                     Ok(status) => {
                         tracing::info!(code = status.code(), "runner process exited");
@@ -70,42 +89,61 @@ impl Executor {
                         tracing::warn!(error = %e, "cannot wait for the runner process")
                     }
                 }
-                self.wake.notify_one();
+                self.tell(Event::Exited(id));
             }
             Err(failure) => {
                 tracing::warn!(reason = failure.reason.as_str(), detail = %failure.detail, "launch failed");
-                self.remember_launch(
-                    &record.policy,
-                    Some((
-                        failure.terminal,
-                        format!("{}: {}", failure.reason.as_str(), failure.detail),
-                    )),
-                );
                 let conclusion = Conclusion::Failed(failure.reason);
-                if let Err(e) = self.lock_attempts().conclude(
-                    &id,
-                    failure.from,
-                    conclusion.outcome(),
-                    conclusion.reason(),
-                    Some(&failure.detail),
-                    self.now_ms(),
-                ) {
+                let (from, detail, at_ms) = (failure.from, failure.detail.clone(), self.ctx.now_ms());
+                let concluded_id = id.clone();
+                let concluded = self
+                    .ctx
+                    .journal
+                    .write(move |attempts| {
+                        attempts.conclude(
+                            &concluded_id,
+                            from,
+                            conclusion.outcome(),
+                            conclusion.reason(),
+                            Some(&detail),
+                            at_ms,
+                        )
+                    })
+                    .await;
+                if let Err(e) = concluded {
                     tracing::error!(error = %e, "cannot journal the failed launch; recovery will conclude it");
                 }
-                self.wake.notify_one();
+                // After the conclusion: the loop's next pass supervises the attempt as concluded
+                // (cleanup, and the registration if one was made).
+                self.tell(Event::Launched {
+                    attempt: id,
+                    policy,
+                    failed: Some(LaunchFailure {
+                        terminal: failure.terminal,
+                        why: format!("{}: {}", failure.reason.as_str(), failure.detail),
+                    }),
+                });
             }
         }
     }
 
-    async fn bring_up(&self, record: &AttemptRecord) -> Result<RunnerChild, Failure> {
-        let Some(policy) = self.policy(&record.policy) else {
+    /// Tells the control loop; a loop that is gone (the agent stopped) needs no telling.
+    fn tell(&self, event: Event) {
+        if self.events.send(event).is_err() {
+            tracing::debug!("the control loop has stopped; the next start recovers this attempt");
+        }
+    }
+
+    async fn bring_up(&self) -> Result<RunnerChild, Failure> {
+        let (ctx, record) = (&self.ctx, &self.record);
+        let Some(policy) = ctx.policy(&record.policy) else {
             return Err(Failure::new(
                 AttemptState::Allocated,
                 FailureReason::LaunchInterrupted,
                 "the policy is no longer configured",
             ));
         };
-        let runtime = self.make_runtime(record).await?;
+        let runtime = self.make_runtime().await?;
         let target = policy.target.clone();
         let request = JitRequest {
             name: record.runner_name.clone(),
@@ -115,27 +153,25 @@ impl Executor {
         };
         let jit = self.request_jit(policy, &target, &request).await?;
         let runner_id = i64::try_from(jit.runner.id).unwrap_or(i64::MAX);
-        let recorded =
-            self.lock_attempts()
-                .jit_received(&record.attempt_id, runner_id, self.now_ms());
+        let (id, at_ms) = (record.attempt_id.clone(), ctx.now_ms());
+        let recorded = ctx
+            .journal
+            .write(move |attempts| attempts.jit_received(&id, runner_id, at_ms))
+            .await;
         if !matches!(recorded, Ok(true)) {
-            // Not journalled: nobody could ever clean this registration up but us, now (or the
-            // inventory reconciliation, which removes registrations no live attempt owns).
-            self.remove_unowned_registration(&target, jit.runner.id)
-                .await;
+            // Not journalled: supervision finds the registration by the runner's name (a
+            // `jit_expired` conclusion asks GitHub afresh), else the inventory reconciliation.
             return Err(Failure::new(
                 AttemptState::Allocated,
                 FailureReason::JitExpired,
-                "the JIT configuration could not be journalled; the registration was removed",
+                "the JIT configuration could not be journalled; its registration is removed by cleanup",
             ));
         }
         fault::crash_point("jit_received");
-        let spawned = self.spawn(record, &runtime, jit.encoded_jit_config).await;
-        let Spawned { identity, child } = match spawned {
+        let Spawned { identity, child } = match self.spawn(&runtime, jit.encoded_jit_config).await {
             Ok(spawned) => spawned,
+            // The runner id is journalled: cleanup removes the registration.
             Err(detail) => {
-                self.remove_unowned_registration(&target, jit.runner.id)
-                    .await;
                 return Err(Failure::new(
                     AttemptState::JitReceived,
                     FailureReason::ProcessStartFailed,
@@ -144,10 +180,13 @@ impl Executor {
             }
         };
         fault::crash_point("process_spawned");
-        let started = self.record_started(&record.attempt_id, identity, self.now_ms());
+        let started = ctx
+            .journal
+            .started(&record.attempt_id, identity, ctx.now_ms())
+            .await;
         if !matches!(started, Ok(true)) {
             // A runner nobody journalled must not live on: stop it before giving up.
-            self.stop(identity).await;
+            super::supervise::stop(ctx, identity).await;
             return Err(Failure::new(
                 AttemptState::JitReceived,
                 FailureReason::ProcessStartFailed,
@@ -159,19 +198,10 @@ impl Executor {
         Ok(child)
     }
 
-    /// Removes the registration of a launch that gave up before its runner ran. A failure is
-    /// not the launch's to retry: the inventory reconciliation removes registrations no live
-    /// attempt owns (`INVENTORY_INTERVAL`), so it is said and left to it.
-    async fn remove_unowned_registration(&self, target: &rm_github::Target, runner_id: u64) {
-        if let Err(e) = self.registry.deregister(target, runner_id).await {
-            tracing::warn!(runner_id, error = %e, "cannot remove the registration of a launch that gave up; the inventory reconciliation will");
-        }
-    }
-
     /// The runtime directory, made by the attempt's backend (blocking work, off the runtime).
-    async fn make_runtime(&self, record: &AttemptRecord) -> Result<Runtime, Failure> {
-        let backends = Arc::clone(&self.execution);
-        let (kind, plan) = (record.isolation, self.plan(record));
+    async fn make_runtime(&self) -> Result<Runtime, Failure> {
+        let backends = Arc::clone(&self.ctx.execution);
+        let (kind, plan) = (self.record.isolation, self.ctx.plan(&self.record));
         let made = tokio::task::spawn_blocking(move || match backends.of(kind) {
             Some(backend) => backend.prepare(&plan).map_err(|e| e.to_string()),
             None => Err(unavailable(kind)),
@@ -196,12 +226,15 @@ impl Executor {
     /// into the blocking task and is dropped (and zeroed) there once the process has it.
     async fn spawn(
         &self,
-        record: &AttemptRecord,
         runtime: &Runtime,
         jit: SecretString,
     ) -> Result<Spawned<RunnerChild>, String> {
-        let backends = Arc::clone(&self.execution);
-        let (kind, plan, runtime) = (record.isolation, self.plan(record), runtime.clone());
+        let backends = Arc::clone(&self.ctx.execution);
+        let (kind, plan, runtime) = (
+            self.record.isolation,
+            self.ctx.plan(&self.record),
+            runtime.clone(),
+        );
         let started = tokio::task::spawn_blocking(move || match backends.of(kind) {
             Some(backend) => backend
                 .start(&plan, &runtime, &jit)
@@ -222,6 +255,7 @@ impl Executor {
         target: &rm_github::Target,
         request: &JitRequest,
     ) -> Result<JitConfig, Failure> {
+        let ctx = &self.ctx;
         let fail = |detail: String| {
             Failure::new(
                 AttemptState::Allocated,
@@ -232,7 +266,7 @@ impl Executor {
         let mut tries = 0;
         loop {
             tries += 1;
-            let error = match self.registry.generate(target, request).await {
+            let error = match ctx.registry.generate(target, request).await {
                 Ok(jit) => return Ok(jit),
                 Err(e) => e,
             };
@@ -240,7 +274,7 @@ impl Executor {
             match registry::jit_retry(&error) {
                 JitRetry::Terminal => {
                     if matches!(error, rm_github::GithubError::Unauthorized { .. }) {
-                        self.notifier
+                        ctx.notifier
                             .notify(crate::notify::OperatorEvent::CredentialsRejected);
                     }
                     return Err(Failure {
@@ -249,10 +283,11 @@ impl Executor {
                     });
                 }
                 JitRetry::RemoveStaleName => {
+                    // Our own name, registered by an earlier try whose answer was lost.
                     tracing::warn!(
                         "a registration with this runner's name exists; removing it and retrying"
                     );
-                    if let Err(e) = self.registry.remove_by_name(target, &request.name).await {
+                    if let Err(e) = ctx.registry.remove_by_name(target, &request.name).await {
                         tracing::warn!(error = %e, "cannot remove the stale registration");
                     }
                 }
@@ -263,7 +298,7 @@ impl Executor {
                     "GitHub did not issue a JIT configuration after {tries} tries; the last answer: {error}"
                 )));
             }
-            let wait = retry_wait(tries, not_before, self.clock.now());
+            let wait = retry_wait(tries, not_before, ctx.clock.now());
             if wait > MAX_JIT_WAIT {
                 return Err(fail(format!(
                     "GitHub asked to wait {} s, longer than a launch waits: {error}",
@@ -272,14 +307,14 @@ impl Executor {
             }
             tracing::info!(tries, wait_ms = wait.as_millis() as u64, error = %error, "JIT request failed; retrying");
             tokio::time::sleep(wait).await;
-            if self.draining.load(std::sync::atomic::Ordering::SeqCst) {
+            if *self.draining.borrow() {
                 return Err(Failure::new(
                     AttemptState::Allocated,
                     FailureReason::LaunchInterrupted,
                     "the agent is draining",
                 ));
             }
-            if !self.still_wanted(policy) {
+            if !allocate::still_wanted(ctx, policy).await {
                 return Err(fail(
                     "the queued jobs were served or cancelled before GitHub issued a JIT configuration"
                         .to_owned(),

@@ -1,21 +1,32 @@
 //! The executor: everything `rm-agent run` does between the journal and the runner processes.
-//! It owns this host's runner attempts while the agent runs:
-//! - **recovery** at start ([`recovery`]): every journalled attempt observed and decided with
-//!   the same code as supervision, GitHub's inventory reconciled for our `rm-<host>-<12 hex>` names;
-//!   no runner is launched until it is complete;
-//! - **one control loop** ([`Executor::run`]): each pass supervises every attempt ([`supervise`])
-//!   and then allocates runners for the journal's queued jobs ([`allocate`]), woken by durable
-//!   deliveries, by a runner exiting, or by its interval;
-//! - **one task per launch** ([`launch`]): workspace, JIT registration, process, then waiting for
-//!   the process to exit.
+//! It owns this host's runner attempts while the agent runs, in rooms with one owner each that
+//! talk to one control loop through messages, never through each other's memory:
+//! - **the control loop** ([`control`]: [`Executor`]) owns the rooms' state and the launches in
+//!   flight; each pass supervises every attempt, reconciles GitHub's inventory when it is due,
+//!   then allocates. It is woken by messages ([`Event`]): durable deliveries and polls
+//!   ([`Handle::wake_on`]), a poll that refreshed the journal, a launch that ended, a runner that
+//!   exited, or its interval;
+//! - **demand and allocation** ([`allocate`]: what to start, under which ceilings, fences and
+//!   back-offs; the attempt row, a runner's first effect);
+//! - **launch** ([`launch`]: one task per launch: runtime, JIT registration, process; it tells the
+//!   loop how it ended);
+//! - **supervision** ([`supervise`]: observe, decide with [`crate::lifecycle`], conclude,
+//!   deregister, clean);
+//! - **recovery** ([`recovery`]: the startup pass and the inventory reconciliation).
 //!
-//! Every effect is preceded by its journal record (the attempt before the workspace and GitHub,
-//! the runner id before the process, the stop intent before the signal), so an agent killed at
-//! any instant restarts into a state recovery can decide.
+//! Every decision is a pure function in one of them; the world is read through seams
+//! ([`seams`]: clock, process table, backends), GitHub through [`registry`], and the journal
+//! through [`journal`], whose calls run off the async worker threads. Every effect is preceded
+//! by its journal record (the attempt before the workspace and GitHub, the runner id before the
+//! process, the stop intent before the signal), so an agent killed at any instant restarts into
+//! a state recovery can decide.
 
 pub mod allocate;
+mod context;
+mod control;
 pub mod evidence;
 pub mod fault;
+mod journal;
 mod launch;
 mod recovery;
 pub mod registry;
@@ -25,25 +36,37 @@ mod supervise;
 #[cfg(test)]
 mod harness;
 
-use std::collections::{HashMap, HashSet};
-use std::future::Future;
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use rm_journal::{AttemptId, Attempts, IsolationKind, Reader};
-use tokio::sync::{Notify, watch};
+use rm_journal::{AttemptId, IsolationKind};
 
 use crate::config::Policy;
 use crate::lifecycle::Timeouts;
-use crate::notify::Notifier;
-use crate::runner::RunnerRoot;
-use crate::runner::backend::{Backend, NoIsolation, Plan, UserIsolation};
-use registry::Registry;
-use seams::{Execution, ProcessTable, Seams};
+use crate::runner::backend::{Backend, NoIsolation, UserIsolation};
 
+pub use control::{Executor, Handle};
 pub use recovery::RecoveryIncomplete;
+
+/// A message to the control loop: what the rest of the agent and the launch tasks tell it.
+#[derive(Debug)]
+enum Event {
+    /// Something changed that may be demand (durable deliveries, a poll, the host fit again).
+    Wake,
+    /// A poll pass that began at this time (ms) brought the journal up to date with GitHub.
+    Refreshed(i64),
+    /// A launch task ended its bring-up: a runner runs (`failed: None`), or the attempt was
+    /// concluded failed.
+    Launched {
+        attempt: AttemptId,
+        policy: String,
+        failed: Option<allocate::LaunchFailure>,
+    },
+    /// A runner process this agent started exited.
+    Exited(AttemptId),
+}
 
 /// The longest the control loop sleeps between passes when nothing wakes it: timeouts are
 /// noticed within this.
@@ -143,240 +166,6 @@ pub struct DrainReport {
     pub left_running: usize,
     /// Launches that had not finished when the drain gave up waiting.
     pub launches_unfinished: usize,
-}
-
-/// The executor. Shared by the control loop and the launch tasks.
-pub struct Executor {
-    settings: Settings,
-    attempts: Mutex<Attempts>,
-    reader: Mutex<Reader>,
-    registry: Registry,
-    root: RunnerRoot,
-    processes: Arc<ProcessTable>,
-    /// The backend of each attempt (the configured [`Backends`] in production).
-    execution: Arc<dyn Execution>,
-    clock: Arc<dyn rm_github::Clock>,
-    /// The host-wide allocation lock: taken per runner created, with the attempts and the
-    /// capacity re-read under it.
-    allocation: tokio::sync::Mutex<()>,
-    /// Attempts whose launch task is still running: supervision leaves them to it.
-    launching: Mutex<HashSet<AttemptId>>,
-    wake: Notify,
-    draining: AtomicBool,
-    memory: Mutex<allocate::Memory>,
-    observations: Mutex<supervise::Observations>,
-    /// When GitHub's inventory was last reconciled (ms, on the executor's clock).
-    last_inventory: Mutex<Option<i64>>,
-    notifier: Arc<Notifier>,
-}
-
-impl Executor {
-    /// Opens the executor's own journal connections and the runner root.
-    pub fn open(
-        settings: Settings,
-        journal: &std::path::Path,
-        runner_root: &std::path::Path,
-        registry: Registry,
-        notifier: Arc<Notifier>,
-    ) -> anyhow::Result<Arc<Executor>> {
-        let seams = Seams::production(Arc::clone(&settings.backends));
-        Executor::open_with(settings, journal, runner_root, registry, notifier, seams)
-    }
-
-    /// [`Executor::open`] reading the world through `seams` (the harness's fakes in tests).
-    pub(crate) fn open_with(
-        settings: Settings,
-        journal: &std::path::Path,
-        runner_root: &std::path::Path,
-        registry: Registry,
-        notifier: Arc<Notifier>,
-        seams: Seams,
-    ) -> anyhow::Result<Arc<Executor>> {
-        use anyhow::Context as _;
-        let attempts = Attempts::open(journal)
-            .with_context(|| format!("cannot open the journal {}", journal.display()))?;
-        let reader = Reader::open(journal)
-            .with_context(|| format!("cannot read the journal {}", journal.display()))?;
-        let root = RunnerRoot::open(runner_root)?;
-        Ok(Arc::new(Executor {
-            settings,
-            attempts: Mutex::new(attempts),
-            reader: Mutex::new(reader),
-            registry,
-            root,
-            processes: seams.processes,
-            execution: seams.execution,
-            clock: seams.clock,
-            allocation: tokio::sync::Mutex::new(()),
-            launching: Mutex::new(HashSet::new()),
-            wake: Notify::new(),
-            draining: AtomicBool::new(false),
-            memory: Mutex::new(allocate::Memory::default()),
-            observations: Mutex::new(supervise::Observations::default()),
-            last_inventory: Mutex::new(None),
-            notifier,
-        }))
-    }
-
-    pub fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
-    /// Wakes the control loop whenever `changes` changes (durable deliveries, a poll that moved
-    /// a job): new demand is served at once instead of at the next interval.
-    pub fn wake_on(self: &Arc<Self>, mut changes: watch::Receiver<u64>) {
-        let executor = Arc::downgrade(self);
-        tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
-                match executor.upgrade() {
-                    Some(executor) => executor.wake.notify_one(),
-                    None => break,
-                }
-            }
-        });
-    }
-
-    /// Recovers, waits (at most [`STARTUP_SYNC_WAIT`]) for `synced` (the journal caught up
-    /// with GitHub: jobs that finished while the agent was down are no longer queued), then runs
-    /// passes until `shutdown` completes, then drains.
-    pub async fn run(
-        self: &Arc<Self>,
-        synced: impl Future<Output = ()>,
-        shutdown: impl Future<Output = ()>,
-    ) -> DrainReport {
-        tokio::pin!(shutdown);
-        loop {
-            let recovered = tokio::select! {
-                () = &mut shutdown => return self.drain().await,
-                recovered = self.recover() => recovered,
-            };
-            match recovered {
-                Ok(()) => break,
-                Err(incomplete) => {
-                    tracing::warn!(%incomplete, retry_in_s = RECOVERY_RETRY.as_secs(), "recovery is incomplete; no runner is started until it completes");
-                    tokio::select! {
-                        () = &mut shutdown => return self.drain().await,
-                        () = tokio::time::sleep(RECOVERY_RETRY) => {}
-                    }
-                }
-            }
-        }
-        tokio::select! {
-            () = &mut shutdown => return self.drain().await,
-            synced = tokio::time::timeout(STARTUP_SYNC_WAIT, synced) => {
-                if synced.is_err() {
-                    tracing::warn!(waited_s = STARTUP_SYNC_WAIT.as_secs(), "the first poll did not finish; serving the journal's queued jobs as they are");
-                }
-            }
-        }
-        tracing::info!(host = %self.settings.host, max_runners = self.settings.max_runners, "recovery complete; serving queued jobs");
-        loop {
-            self.pass().await;
-            tokio::select! {
-                () = &mut shutdown => break,
-                () = self.wake.notified() => {}
-                () = tokio::time::sleep(PASS_INTERVAL) => {}
-            }
-        }
-        self.drain().await
-    }
-
-    /// One pass: supervise every attempt, then allocate (unless draining).
-    pub async fn pass(self: &Arc<Self>) {
-        let timeouts = self.settings.timeouts;
-        if let Err(e) = self.supervise_all(timeouts, false).await {
-            tracing::warn!(error = %e, "supervision pass failed");
-        }
-        if self.inventory_due()
-            && let Err(e) = self.reconcile_inventory().await
-        {
-            tracing::warn!(error = %e, "inventory reconciliation failed; tried again next interval");
-        }
-        if !self.draining.load(Ordering::SeqCst)
-            && let Err(e) = self.allocate().await
-        {
-            tracing::warn!(error = %format!("{e:#}"), "allocation pass failed");
-        }
-    }
-
-    /// CONTRACT §3's drain: no new runner, no busy runner killed. Launches in flight get
-    /// [`DRAIN_LAUNCHES`] to finish, ended runners are cleaned, live ones are left running.
-    async fn drain(self: &Arc<Self>) -> DrainReport {
-        self.draining.store(true, Ordering::SeqCst);
-        tracing::info!("draining: no new runners; running ones are left to finish");
-        let deadline = tokio::time::Instant::now() + DRAIN_LAUNCHES;
-        while !self.lock_launching().is_empty() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let launches_unfinished = self.lock_launching().len();
-        let timeouts = self.settings.timeouts;
-        match tokio::time::timeout(DRAIN_CLEANUP, self.supervise_all(timeouts, false)).await {
-            Ok(Err(e)) => tracing::warn!(error = %e, "the drain's last supervision pass failed"),
-            Err(_) => tracing::warn!("the drain's last supervision pass did not finish in time"),
-            Ok(Ok(_)) => {}
-        }
-        let left_running = self
-            .lock_attempts()
-            .list(rm_journal::Scope::Live, None)
-            .map_or(0, |live| live.len());
-        DrainReport {
-            left_running,
-            launches_unfinished,
-        }
-    }
-
-    /// Whether the periodic inventory reconciliation is due (and if so, marks it done now).
-    fn inventory_due(&self) -> bool {
-        let mut last = self
-            .last_inventory
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let now = self.now_ms();
-        match *last {
-            Some(at) if now.saturating_sub(at) < rm_base::clock::ms(INVENTORY_INTERVAL) => false,
-            _ => {
-                *last = Some(now);
-                true
-            }
-        }
-    }
-
-    /// Now, in ms since the epoch, on the executor's clock: every time it journals or decides by.
-    fn now_ms(&self) -> i64 {
-        rm_base::clock::unix_ms(self.clock.now())
-    }
-
-    fn lock_attempts(&self) -> MutexGuard<'_, Attempts> {
-        self.attempts.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn lock_reader(&self) -> MutexGuard<'_, Reader> {
-        self.reader.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn lock_launching(&self) -> MutexGuard<'_, HashSet<AttemptId>> {
-        self.launching
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn policy(&self, name: &str) -> Option<&Policy> {
-        self.settings.policies.iter().find(|p| p.name == name)
-    }
-
-    /// What the attempt's backend needs to know about it.
-    fn plan(&self, record: &rm_journal::AttemptRecord) -> Plan {
-        let limits = self
-            .policy(&record.policy)
-            .map(|p| p.limits)
-            .unwrap_or_default();
-        let mut plan = Plan::of(record, limits);
-        // The operator's variables of the policy's env_file (crate::runner::env_file).
-        if let Some(env) = self.settings.operator_env.get(&record.policy) {
-            plan.env = env.clone();
-        }
-        plan
-    }
 }
 
 /// The span every event about one attempt happens in (its launch task, each supervision step),

@@ -1,17 +1,17 @@
-//! Startup recovery: the same supervision as every pass, with the startup timers (no launch of
-//! this process can own an attempt yet) and GitHub asked afresh for every target; then GitHub's
-//! inventory reconciled for our exact `rm-<host>-<12 hex>` names: a registration with no live attempt is
-//! removed. Anything that could not be decided keeps recovery incomplete, and no runner is
-//! launched until it completes.
+//! The recovery room. Startup recovery is the same supervision as every pass, with the startup
+//! timers (no launch of this process can own an attempt yet) and GitHub asked afresh for every
+//! target (the control loop runs it: [`super::Executor::recover`]); then GitHub's inventory
+//! reconciled for our exact `rm-<host>-<12 hex>` names ([`reconcile_inventory`], also run every
+//! [`super::INVENTORY_INTERVAL`]): a registration with no live attempt is removed. Anything that
+//! could not be decided keeps recovery incomplete, and no runner is launched until it completes.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-
 use rm_github::Target;
 use rm_journal::AttemptState;
 
+use super::context::Context;
 use super::registry::Listed;
-use super::{Executor, targets_by_policy};
+use super::targets_by_policy;
 
 /// Why recovery could not complete.
 #[derive(Debug, thiserror::Error)]
@@ -24,76 +24,63 @@ pub enum RecoveryIncomplete {
     Journal(String),
 }
 
-impl Executor {
-    /// Recovers every journalled attempt and reconciles GitHub's inventory.
-    pub(super) async fn recover(self: &Arc<Self>) -> Result<(), RecoveryIncomplete> {
-        let timeouts = self.settings.timeouts.at_startup();
-        let report = self
-            .supervise_all(timeouts, true)
-            .await
-            .map_err(|e| RecoveryIncomplete::Journal(e.to_string()))?;
-        if report.deferred > 0 {
-            return Err(RecoveryIncomplete::Deferred(report.deferred));
-        }
-        self.reconcile_inventory().await?;
-        *self
-            .last_inventory
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(self.now_ms());
-        Ok(())
-    }
-
-    /// Removes every registration named `rm-<host>-<12 hex>` on our targets that no live attempt
-    /// owns: left by a crash between registration and journal, or by a failed deregistration.
-    /// A busy registration is left alone (GitHub refuses to remove it; it ends with its job).
-    pub(super) async fn reconcile_inventory(&self) -> Result<(), RecoveryIncomplete> {
-        let targets: HashSet<Target> = targets_by_policy(&self.settings.policies)
-            .into_values()
-            .collect();
-        for target in targets {
-            let runners =
-                self.registry
-                    .list(&target)
-                    .await
-                    .map_err(|e| RecoveryIncomplete::Inventory {
-                        target: target.to_string(),
-                        reason: e.to_string(),
-                    })?;
-            let owners = self.owners(&runners)?;
-            for (name, listed) in &runners {
-                if !self.settings.owns_runner_name(name) || listed.busy || owners.contains(name) {
-                    continue;
+/// Removes every registration named `rm-<host>-<12 hex>` on our targets that no live attempt
+/// owns: left by a crash between registration and journal, or by a deregistration that failed.
+/// A busy registration is left alone (GitHub refuses to remove it; it ends with its job).
+pub(super) async fn reconcile_inventory(ctx: &Context) -> Result<(), RecoveryIncomplete> {
+    let targets: HashSet<Target> = targets_by_policy(&ctx.settings.policies)
+        .into_values()
+        .collect();
+    for target in targets {
+        let runners =
+            ctx.registry
+                .list(&target)
+                .await
+                .map_err(|e| RecoveryIncomplete::Inventory {
+                    target: target.to_string(),
+                    reason: e.to_string(),
+                })?;
+        let owners = owners(ctx, &runners).await?;
+        for (name, listed) in &runners {
+            if !ctx.settings.owns_runner_name(name) || listed.busy || owners.contains(name) {
+                continue;
+            }
+            match ctx.registry.deregister(&target, listed.runner_id).await {
+                Ok(()) => {
+                    tracing::info!(runner = %name, target = %target, "removed a registration no live attempt owns");
                 }
-                match self.registry.deregister(&target, listed.runner_id).await {
-                    Ok(()) => {
-                        tracing::info!(runner = %name, target = %target, "removed a registration no live attempt owns");
-                    }
-                    Err(e) => {
-                        tracing::warn!(runner = %name, error = %e, "cannot remove a registration no live attempt owns");
-                    }
+                Err(e) => {
+                    tracing::warn!(runner = %name, error = %e, "cannot remove a registration no live attempt owns");
                 }
             }
         }
-        Ok(())
     }
+    Ok(())
+}
 
-    /// The names among `runners` that a live (or still launching) attempt owns.
-    fn owners(
-        &self,
-        runners: &HashMap<String, Listed>,
-    ) -> Result<HashSet<String>, RecoveryIncomplete> {
-        let attempts = self.lock_attempts();
-        let mut owners = HashSet::new();
-        for name in runners.keys().filter(|n| self.settings.owns_runner_name(n)) {
-            let record = attempts
-                .by_runner_name(name)
-                .map_err(|e| RecoveryIncomplete::Journal(e.to_string()))?;
-            if record.is_some_and(|r| {
-                r.state.counts_against_capacity() || r.state == AttemptState::Allocated
-            }) {
-                owners.insert(name.clone());
+/// The names among `runners` that a live (or still launching) attempt owns.
+async fn owners(
+    ctx: &Context,
+    runners: &HashMap<String, Listed>,
+) -> Result<HashSet<String>, RecoveryIncomplete> {
+    let ours: Vec<String> = runners
+        .keys()
+        .filter(|n| ctx.settings.owns_runner_name(n))
+        .cloned()
+        .collect();
+    ctx.journal
+        .write(move |attempts| {
+            let mut owners = HashSet::new();
+            for name in ours {
+                let record = attempts.by_runner_name(&name)?;
+                if record.is_some_and(|r| {
+                    r.state.counts_against_capacity() || r.state == AttemptState::Allocated
+                }) {
+                    owners.insert(name);
+                }
             }
-        }
-        Ok(owners)
-    }
+            Ok(owners)
+        })
+        .await
+        .map_err(|e| RecoveryIncomplete::Journal(e.to_string()))
 }

@@ -1,22 +1,29 @@
-//! Supervision: one observation and one [`recovery_decision`] per journalled attempt, and the
-//! decision carried out. Startup recovery runs the same code with the startup timers; the only
-//! difference is that GitHub is always asked afresh.
+//! The supervision room: one observation and one [`recovery_decision`] per journalled
+//! attempt, and the decision carried out: an attempt marked idle or busy, a runner stopped, an
+//! attempt concluded, and a concluded one cleaned (its registration removed, then its runtime).
+//! It owns what supervision remembers between passes ([`Supervisor`]: the runner listings it
+//! holds, the cleanup retries) and it is the one place that removes the registration of one of
+//! our attempts; the inventory reconciliation ([`super::recovery`]) removes only registrations
+//! no attempt owns. Startup recovery runs the same pass with the startup timers; the only
+//! difference is that GitHub is always asked afresh. What it concluded goes back to the control
+//! loop in its [`PassReport`], for allocation's fences.
 //!
 //! GitHub is asked as little as the decision allows: one conditional runner listing per target
 //! per need (an unchanged list is a free `304`), fetched afresh only where the decision depends
 //! on it (a dead process, a timer that ran out, a conclusion to deregister), otherwise reused
 //! while young enough.
 
-use std::collections::HashMap;
-use std::sync::{Arc, PoisonError};
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use rm_github::Target;
 use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState};
 use tracing::Instrument as _;
 
+use super::allocate::Concluded;
+use super::context::Context;
 use super::registry::{self, Deregistration, Listing};
-use super::{Executor, STOP_GRACE, evidence, fault, targets_by_policy};
+use super::{STOP_GRACE, evidence, fault, targets_by_policy};
 use crate::lifecycle::{
     AttemptFacts, Conclusion, Decision, FailureReason, Observation, ProcessObservation, Timeouts,
     recovery_decision,
@@ -45,7 +52,7 @@ enum Freshness {
 
 /// What cleanup knows about the runner's registration.
 #[derive(Clone, Copy)]
-pub(super) enum Registration<'a> {
+enum Registration<'a> {
     /// Deregistration was already attempted for this conclusion, and settled.
     Handled,
     /// Deregistration was just attempted and GitHub answered that the runner is still busy.
@@ -56,47 +63,63 @@ pub(super) enum Registration<'a> {
     Ask,
 }
 
-/// The last listing of each target, with when it was fetched.
+/// What supervision remembers between passes; owned by the control loop.
 #[derive(Default)]
-pub(super) struct Observations {
+pub(super) struct Supervisor {
+    /// The last listing of each target, with when it was fetched (ms).
     listings: HashMap<Target, (i64, Listing)>,
+    /// Failed runtime removals: (next try, the last wait), in ms.
     clean_retry: HashMap<AttemptId, (i64, Duration)>,
     /// Cleanups waiting for GitHub to let go of a busy runner: (first `422`, next try), in ms.
     deregister_busy: HashMap<AttemptId, (i64, i64)>,
 }
 
 /// What a supervision pass found.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(super) struct PassReport {
     /// Attempts nothing could be decided for (GitHub unreachable, or an unknown policy).
-    pub deferred: usize,
+    pub(super) deferred: usize,
+    /// The attempts it concluded, for allocation's memory.
+    pub(super) concluded: Vec<Concluded>,
+    /// It stopped a runner: another pass at once concludes what the stop ended.
+    pub(super) stopped: bool,
 }
 
-impl Executor {
-    /// Supervises every attempt that is not being launched. `startup`: every listing is fetched
-    /// afresh and deferrals make recovery incomplete.
-    pub(super) async fn supervise_all(
-        self: &Arc<Self>,
+impl Supervisor {
+    /// Supervises every attempt that is not being launched (`launching`). `startup`: every
+    /// listing is fetched afresh and deferrals make recovery incomplete.
+    pub(super) async fn pass(
+        &mut self,
+        ctx: &Context,
+        launching: &HashSet<AttemptId>,
         timeouts: Timeouts,
         startup: bool,
     ) -> Result<PassReport, AttemptError> {
-        let pass_started = self.now_ms();
-        let records: Vec<AttemptRecord> = {
-            let launching = self.lock_launching().clone();
-            self.lock_attempts()
-                .list(rm_journal::Scope::Uncleaned, None)?
-                .into_iter()
-                .filter(|r| !launching.contains(&r.attempt_id))
-                .collect()
-        };
-        let records = self.note_jobs_taken(records)?;
-        let targets = targets_by_policy(&self.settings.policies);
+        let pass_started = ctx.now_ms();
+        let records: Vec<AttemptRecord> = ctx
+            .journal
+            .write(|attempts| attempts.list(rm_journal::Scope::Uncleaned, None))
+            .await?
+            .into_iter()
+            .filter(|r| !launching.contains(&r.attempt_id))
+            .collect();
+        let records = note_jobs_taken(ctx, records).await?;
+        let targets = targets_by_policy(&ctx.settings.policies);
         let mut report = PassReport::default();
         for record in records {
             let target = targets.get(&record.policy);
+            let span = super::attempt_span(&record);
             let deferred = self
-                .supervise_one(&record, target, timeouts, startup, pass_started)
-                .instrument(super::attempt_span(&record))
+                .supervise_one(
+                    ctx,
+                    &record,
+                    target,
+                    timeouts,
+                    startup,
+                    pass_started,
+                    &mut report,
+                )
+                .instrument(span)
                 .await?;
             if deferred {
                 report.deferred += 1;
@@ -105,71 +128,23 @@ impl Executor {
         Ok(report)
     }
 
-    /// Marks busy the runners the journal says took a job (an `in_progress` or `completed`
-    /// delivery naming them); returns the records as they are now.
-    fn note_jobs_taken(
-        &self,
-        records: Vec<AttemptRecord>,
-    ) -> Result<Vec<AttemptRecord>, AttemptError> {
-        let names: Vec<&str> = records
-            .iter()
-            .filter(|r| {
-                matches!(
-                    r.state,
-                    AttemptState::Starting | AttemptState::Idle | AttemptState::Busy
-                )
-            })
-            .map(|r| r.runner_name.as_str())
-            .collect();
-        if names.is_empty() {
-            return Ok(records);
-        }
-        let jobs = match self.lock_reader().jobs_for_runners(&names) {
-            Ok(jobs) => jobs,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read which jobs our runners took");
-                return Ok(records);
-            }
-        };
-        let taken: HashMap<&str, i64> = jobs
-            .iter()
-            .filter(|j| j.state >= rm_handlers::JobState::InProgress)
-            .filter_map(|j| Some((j.runner_name.as_deref()?, j.job_id)))
-            .collect();
-        let attempts = self.lock_attempts();
-        let now = self.now_ms();
-        let mut updated = Vec::with_capacity(records.len());
-        for record in records {
-            let Some(&job_id) = taken.get(record.runner_name.as_str()) else {
-                updated.push(record);
-                continue;
-            };
-            let waiting = matches!(record.state, AttemptState::Starting | AttemptState::Idle);
-            if waiting && attempts.mark_busy(&record.attempt_id, Some(job_id), now)? {
-                tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, job_id, "runner took a job");
-                fault::crash_point("runner_busy");
-            } else if record.state == AttemptState::Busy && record.job_id.is_none() {
-                attempts.record_job(&record.attempt_id, job_id, now)?;
-            }
-            updated.push(attempts.get(&record.attempt_id)?.unwrap_or(record));
-        }
-        Ok(updated)
-    }
-
     /// Observes, decides and acts for one attempt; returns whether it was deferred.
+    #[allow(clippy::too_many_arguments)]
     async fn supervise_one(
-        self: &Arc<Self>,
+        &mut self,
+        ctx: &Context,
         record: &AttemptRecord,
         target: Option<&Target>,
         timeouts: Timeouts,
         startup: bool,
         pass_started: i64,
+        report: &mut PassReport,
     ) -> Result<bool, AttemptError> {
-        let now = self.now_ms();
+        let now = ctx.now_ms();
         if record.state.is_terminal() && !self.clean_due(&record.attempt_id, now) {
             return Ok(false);
         }
-        let (process, identity) = self.observe_process(record);
+        let (process, identity) = observe_process(ctx, record);
         let evidence = evidence::read(&record.runtime_dir);
         let freshness = if startup {
             Freshness::After(pass_started)
@@ -177,7 +152,7 @@ impl Executor {
             freshness_for(record, process, timeouts, now)
         };
         let listing = match target {
-            Some(target) => Some(self.listing(target, freshness).await),
+            Some(target) => Some(self.listing(ctx, target, freshness).await),
             None => None,
         };
         let github = match &listing {
@@ -200,14 +175,14 @@ impl Executor {
             ?decision,
             "supervised"
         );
-        let attempts_id = &record.attempt_id;
+        let id = record.attempt_id.clone();
         match decision {
             Decision::Nothing | Decision::Wait => {}
             Decision::Defer => {
                 if target.is_none() && record.state.is_terminal() {
                     // A policy removed from the configuration: its runner is gone; clean up
                     // locally (its registration, if any, is GitHub's to expire).
-                    self.clean(record, None, Registration::Handled).await?;
+                    self.clean(ctx, record, None, Registration::Handled).await?;
                     return Ok(false);
                 }
                 return Ok(true);
@@ -215,154 +190,123 @@ impl Executor {
             Decision::Adopt => {
                 if record.state == AttemptState::JitReceived
                     && let Some(identity) = identity
+                    && ctx.journal.started(&id, identity, now).await?
                 {
-                    let recorded = self.record_started(attempts_id, identity, now)?;
-                    if recorded {
-                        tracing::info!(
-                            pid = identity.pid,
-                            "adopted a runner started just before a crash"
-                        );
-                    }
+                    tracing::info!(
+                        pid = identity.pid,
+                        "adopted a runner started just before a crash"
+                    );
                 }
             }
             Decision::Observe(AttemptState::Idle) => {
-                self.lock_attempts()
-                    .mark_idle(attempts_id, record.state, now)?;
+                let from = record.state;
+                ctx.journal
+                    .write(move |attempts| attempts.mark_idle(&id, from, now))
+                    .await?;
             }
             Decision::Observe(AttemptState::Busy) => {
-                if self.lock_attempts().mark_busy(attempts_id, None, now)? {
+                if ctx
+                    .journal
+                    .write(move |attempts| attempts.mark_busy(&id, None, now))
+                    .await?
+                {
                     fault::crash_point("runner_busy");
                 }
             }
             Decision::Observe(_) => {}
             Decision::Terminate(intent) => {
-                // Bound first: the journal's guard must not live across the stop's awaits.
-                let recorded = self
-                    .lock_attempts()
-                    .record_stop_intent(attempts_id, intent, now)?;
+                let recorded = ctx
+                    .journal
+                    .write(move |attempts| attempts.record_stop_intent(&id, intent, now))
+                    .await?;
                 if recorded && let Some(identity) = identity {
                     tracing::info!(
                         intent = intent.as_str(),
                         pid = identity.pid,
                         "stopping a runner"
                     );
-                    self.stop(identity).await;
-                    self.wake.notify_one();
+                    stop(ctx, identity).await;
+                    report.stopped = true;
                 }
             }
             Decision::Conclude(conclusion) => {
-                let listing = listing.as_ref();
-                let deregistration = self.deregister_if_listed(record, target, listing).await;
-                let concluded = self.lock_attempts().conclude(
-                    attempts_id,
-                    record.state,
-                    conclusion.outcome(),
-                    conclusion.reason(),
-                    Some(detail(conclusion)),
-                    self.now_ms(),
-                )?;
-                if concluded {
+                let deregistration = self
+                    .deregister_if_listed(ctx, record, target, listing.as_ref())
+                    .await;
+                let (from, at_ms) = (record.state, ctx.now_ms());
+                let concluded = ctx
+                    .journal
+                    .write(move |attempts| {
+                        let concluded = attempts.conclude(
+                            &id,
+                            from,
+                            conclusion.outcome(),
+                            conclusion.reason(),
+                            Some(detail(conclusion)),
+                            at_ms,
+                        )?;
+                        // The record as concluded, for its cleanup.
+                        Ok(if concluded { attempts.get(&id)? } else { None })
+                    })
+                    .await?;
+                if let Some(concluded) = concluded {
                     tracing::info!(
                         outcome = conclusion.outcome().as_str(),
                         reason = conclusion.reason().unwrap_or(""),
                         "runner concluded"
                     );
-                    self.remember_conclusion(
-                        &record.policy,
-                        &record.runner_name,
+                    report.concluded.push(Concluded {
+                        policy: record.policy.clone(),
+                        runner_name: record.runner_name.clone(),
                         conclusion,
-                        record.job_id.is_some(),
-                    );
-                    let concluded_record = self.lock_attempts().get(attempts_id)?;
-                    if let Some(record) = concluded_record {
-                        let registration = match deregistration {
-                            Deregistration::Settled => Registration::Handled,
-                            Deregistration::Busy => Registration::Busy,
-                        };
-                        self.clean(&record, target, registration).await?;
-                    }
+                        job_known: record.job_id.is_some(),
+                        at_ms,
+                    });
+                    let registration = match deregistration {
+                        Deregistration::Settled => Registration::Handled,
+                        Deregistration::Busy => Registration::Busy,
+                    };
+                    self.clean(ctx, &concluded, target, registration).await?;
                 }
             }
             Decision::Clean => {
                 let registration = listing
                     .as_ref()
                     .map_or(Registration::Ask, Registration::Listed);
-                self.clean(record, target, registration).await?;
+                self.clean(ctx, record, target, registration).await?;
             }
         }
         Ok(false)
     }
 
-    /// The process's state from the journalled identity. An attempt with no identity that may
-    /// have a process (`jit_received`: the agent died between spawn and journal) is looked for
-    /// by its working directory.
-    fn observe_process(
-        &self,
-        record: &AttemptRecord,
-    ) -> (ProcessObservation, Option<ProcessIdentity>) {
-        let journalled = journalled_identity(record);
-        let identity = journalled.or_else(|| {
-            (record.state == AttemptState::JitReceived)
-                .then(|| discover::residents(&record.runtime_dir).ok())
-                .flatten()
-                .and_then(|residents| discover::listener(&residents))
-        });
-        let Some(identity) = identity else {
-            return (ProcessObservation::Gone, None);
-        };
-        let inspected = match self.execution.of(record.isolation) {
-            Some(backend) => backend.inspect(identity),
-            None => process::inspect(&*self.processes, identity),
-        };
-        let state = match inspected {
-            Ok(ProcessState::Running) => ProcessObservation::Running,
-            Ok(ProcessState::Exited) => ProcessObservation::Exited,
-            Ok(ProcessState::Gone) => ProcessObservation::Gone,
-            Err(e) => {
-                // Unreadable /proc: claim nothing is running, so nothing is signalled.
-                tracing::warn!(error = %e, "cannot look at a runner process");
-                ProcessObservation::Gone
-            }
-        };
-        (state, Some(identity))
-    }
-
     /// The target's listing, fetched if the one held is not fresh enough.
-    async fn listing(&self, target: &Target, freshness: Freshness) -> Listing {
-        let held = {
-            let observations = self
-                .observations
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            observations.listings.get(target).cloned()
-        };
-        let fresh_enough = match (&held, freshness) {
+    async fn listing(&mut self, ctx: &Context, target: &Target, freshness: Freshness) -> Listing {
+        let held = self.listings.get(target);
+        let fresh_enough = match (held, freshness) {
             (Some((fetched, _)), Freshness::After(ms)) => *fetched >= ms,
             (Some(_), Freshness::Any) => true,
             (None, _) => false,
         };
         if fresh_enough && let Some((_, listing)) = held {
-            return listing;
+            return listing.clone();
         }
-        let fetched_at = self.now_ms();
-        let listing = self.registry.list(target).await;
+        let fetched_at = ctx.now_ms();
+        let listing = ctx.registry.list(target).await;
         if let Err(e) = &listing {
             tracing::warn!(target = %target, error = %e, "cannot list the target's runners");
         }
-        self.observations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .listings
+        self.listings
             .insert(target.clone(), (fetched_at, listing.clone()));
         listing
     }
 
-    /// Removes the runner's registration if GitHub (still) lists it. Never blocks a
-    /// conclusion; a `422` (GitHub still holds the runner busy with the job it just finished)
-    /// is [`Deregistration::Busy`], retried by cleanup; any other failure is left to the
-    /// inventory reconciliation.
+    /// Removes the runner's registration if GitHub (still) lists it: the one place our own
+    /// attempts' registrations are removed. Never blocks a conclusion; a `422` (GitHub still
+    /// holds the runner busy with the job it just finished) is [`Deregistration::Busy`],
+    /// retried by cleanup; any other failure is left to the inventory reconciliation.
     async fn deregister_if_listed(
-        &self,
+        &mut self,
+        ctx: &Context,
         record: &AttemptRecord,
         target: Option<&Target>,
         listing: Option<&Listing>,
@@ -381,7 +325,7 @@ impl Executor {
                 None => return Deregistration::Settled,
             },
         };
-        let result = self.registry.deregister(target, runner_id).await;
+        let result = ctx.registry.deregister(target, runner_id).await;
         let deregistration = registry::deregistration(&result);
         match result {
             Err(_) if deregistration == Deregistration::Busy => {
@@ -392,13 +336,7 @@ impl Executor {
             }
             Ok(()) => {
                 tracing::info!(runner_id, "registration removed");
-                if let Some((_, Ok(runners))) = self
-                    .observations
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .listings
-                    .get_mut(target)
-                {
+                if let Some((_, Ok(runners))) = self.listings.get_mut(target) {
                     runners.remove(&record.runner_name);
                 }
             }
@@ -411,24 +349,19 @@ impl Executor {
 
     /// After a `422`: whether cleanup waits and deregisters again (a retry is scheduled), or
     /// has waited past [`registry::DEREGISTER_BUSY_LIMIT`] and cleans up anyway.
-    fn wait_for_busy_runner(&self, record: &AttemptRecord, now: i64) -> bool {
-        let mut observations = self
-            .observations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let first = observations
+    fn wait_for_busy_runner(&mut self, record: &AttemptRecord, now: i64) -> bool {
+        let first = self
             .deregister_busy
             .get(&record.attempt_id)
             .map_or(now, |(first, _)| *first);
         match registry::busy_retry_at(first, now) {
             Some(next) => {
-                observations
-                    .deregister_busy
+                self.deregister_busy
                     .insert(record.attempt_id.clone(), (first, next));
                 true
             }
             None => {
-                observations.deregister_busy.remove(&record.attempt_id);
+                self.deregister_busy.remove(&record.attempt_id);
                 tracing::warn!(
                     waited_s = registry::DEREGISTER_BUSY_LIMIT.as_secs(),
                     "GitHub still holds the runner busy; cleaning up and leaving its registration to the inventory reconciliation"
@@ -438,48 +371,34 @@ impl Executor {
         }
     }
 
-    /// Stops a runner's process group (SIGTERM, grace, SIGKILL), re-checking its identity
-    /// before every signal.
-    pub(super) async fn stop(&self, identity: ProcessIdentity) {
-        match process::stop(&*self.processes, identity, STOP_GRACE).await {
-            Ok(StopOutcome::Stopped { .. }) => {}
-            Ok(StopOutcome::NotOurs) => {
-                tracing::warn!(
-                    pid = identity.pid,
-                    "the journalled pid now belongs to another process; not signalled"
-                );
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot stop a runner"),
-        }
-    }
-
     /// A concluded attempt: everything it started stopped, its registration removed, its runtime
     /// removed without following links, and then `cleaned`.
-    pub(super) async fn clean(
-        self: &Arc<Self>,
+    async fn clean(
+        &mut self,
+        ctx: &Context,
         record: &AttemptRecord,
         target: Option<&Target>,
         registration: Registration<'_>,
     ) -> Result<(), AttemptError> {
-        let now = self.now_ms();
+        let now = ctx.now_ms();
         if !self.clean_due(&record.attempt_id, now) {
             return Ok(());
         }
         if let Some(identity) = journalled_identity(record) {
-            self.stop(identity).await;
+            stop(ctx, identity).await;
         }
         let deregistration = match (registration, target) {
             (Registration::Handled, _) | (_, None) => Deregistration::Settled,
             (Registration::Busy, Some(_)) => Deregistration::Busy,
             (Registration::Listed(listing), Some(_)) => {
-                self.deregister_if_listed(record, target, Some(listing))
+                self.deregister_if_listed(ctx, record, target, Some(listing))
                     .await
             }
             (Registration::Ask, Some(t)) => {
                 let listing = self
-                    .listing(t, Freshness::After(record.state_changed_at_ms))
+                    .listing(ctx, t, Freshness::After(record.state_changed_at_ms))
                     .await;
-                self.deregister_if_listed(record, target, Some(&listing))
+                self.deregister_if_listed(ctx, record, target, Some(&listing))
                     .await
             }
         };
@@ -489,81 +408,179 @@ impl Executor {
             return Ok(());
         }
         fault::crash_point("cleanup");
-        {
-            let backends = Arc::clone(&self.execution);
-            let (kind, plan) = (record.isolation, self.plan(record));
-            let removal = tokio::task::spawn_blocking(move || match backends.of(kind) {
-                Some(backend) => backend.clean(&plan).map_err(|e| e.to_string()),
-                None => Err(super::launch::unavailable(kind)),
-            })
-            .await;
-            match removal {
-                Ok(Ok(cleaned)) => {
-                    if cleaned.killed > 0 {
-                        tracing::warn!(
-                            killed = cleaned.killed,
-                            "stopped processes that had left the runner's process group"
-                        );
-                    }
-                    if cleaned.runtime == Removal::Removed {
-                        tracing::debug!("runtime removed (or slot scrubbed down to _work)");
-                    }
+        let backends = std::sync::Arc::clone(&ctx.execution);
+        let (kind, plan) = (record.isolation, ctx.plan(record));
+        let removal = tokio::task::spawn_blocking(move || match backends.of(kind) {
+            Some(backend) => backend.clean(&plan).map_err(|e| e.to_string()),
+            None => Err(super::launch::unavailable(kind)),
+        })
+        .await;
+        match removal {
+            Ok(Ok(cleaned)) => {
+                if cleaned.killed > 0 {
+                    tracing::warn!(
+                        killed = cleaned.killed,
+                        "stopped processes that had left the runner's process group"
+                    );
                 }
-                Ok(Err(e)) => {
-                    self.clean_failed(&record.attempt_id, now);
-                    tracing::warn!(error = %e, "cannot clean up after the runner; will try again");
-                    return Ok(());
-                }
-                Err(e) => {
-                    self.clean_failed(&record.attempt_id, now);
-                    tracing::warn!(error = %e, "the cleanup task failed");
-                    return Ok(());
+                if cleaned.runtime == Removal::Removed {
+                    tracing::debug!("runtime removed (or slot scrubbed down to _work)");
                 }
             }
+            Ok(Err(e)) => {
+                self.clean_failed(&record.attempt_id, now);
+                tracing::warn!(error = %e, "cannot clean up after the runner; will try again");
+                return Ok(());
+            }
+            Err(e) => {
+                self.clean_failed(&record.attempt_id, now);
+                tracing::warn!(error = %e, "the cleanup task failed");
+                return Ok(());
+            }
         }
-        if self
-            .lock_attempts()
-            .mark_cleaned(&record.attempt_id, self.now_ms())?
+        let (id, at_ms) = (record.attempt_id.clone(), ctx.now_ms());
+        if ctx
+            .journal
+            .write(move |attempts| attempts.mark_cleaned(&id, at_ms))
+            .await?
         {
             tracing::info!("cleaned");
         }
-        {
-            let mut observations = self
-                .observations
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            observations.clean_retry.remove(&record.attempt_id);
-            observations.deregister_busy.remove(&record.attempt_id);
-        }
+        self.clean_retry.remove(&record.attempt_id);
+        self.deregister_busy.remove(&record.attempt_id);
         Ok(())
     }
 
     fn clean_due(&self, id: &AttemptId, now: i64) -> bool {
-        let observations = self
-            .observations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        observations
-            .clean_retry
+        self.clean_retry
             .get(id)
             .is_none_or(|(next, _)| now >= *next)
-            && observations
+            && self
                 .deregister_busy
                 .get(id)
                 .is_none_or(|(_, next)| now >= *next)
     }
 
-    fn clean_failed(&self, id: &AttemptId, now: i64) {
-        let mut observations = self
-            .observations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let wait = observations
+    fn clean_failed(&mut self, id: &AttemptId, now: i64) {
+        let wait = self
             .clean_retry
             .get(id)
             .map_or(CLEAN_RETRY, |(_, last)| (*last * 2).min(CLEAN_RETRY_MAX));
         let next = now.saturating_add(rm_base::clock::ms(wait));
-        observations.clean_retry.insert(id.clone(), (next, wait));
+        self.clean_retry.insert(id.clone(), (next, wait));
+    }
+}
+
+/// Marks busy the runners the journal says took a job (an `in_progress` or `completed`
+/// delivery naming them); returns the records as they are now.
+async fn note_jobs_taken(
+    ctx: &Context,
+    records: Vec<AttemptRecord>,
+) -> Result<Vec<AttemptRecord>, AttemptError> {
+    let names: Vec<String> = records
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.state,
+                AttemptState::Starting | AttemptState::Idle | AttemptState::Busy
+            )
+        })
+        .map(|r| r.runner_name.clone())
+        .collect();
+    if names.is_empty() {
+        return Ok(records);
+    }
+    let jobs = match ctx
+        .journal
+        .read(move |reader| {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            reader.jobs_for_runners(&names)
+        })
+        .await
+    {
+        Ok(jobs) => jobs,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read which jobs our runners took");
+            return Ok(records);
+        }
+    };
+    let taken: HashMap<String, i64> = jobs
+        .into_iter()
+        .filter(|j| j.state >= rm_handlers::JobState::InProgress)
+        .filter_map(|j| Some((j.runner_name?, j.job_id)))
+        .collect();
+    if !records.iter().any(|r| taken.contains_key(&r.runner_name)) {
+        return Ok(records);
+    }
+    let now = ctx.now_ms();
+    ctx.journal
+        .write(move |attempts| {
+            let mut updated = Vec::with_capacity(records.len());
+            for record in records {
+                let Some(&job_id) = taken.get(&record.runner_name) else {
+                    updated.push(record);
+                    continue;
+                };
+                let waiting = matches!(record.state, AttemptState::Starting | AttemptState::Idle);
+                if waiting && attempts.mark_busy(&record.attempt_id, Some(job_id), now)? {
+                    tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, job_id, "runner took a job");
+                    fault::crash_point("runner_busy");
+                } else if record.state == AttemptState::Busy && record.job_id.is_none() {
+                    attempts.record_job(&record.attempt_id, job_id, now)?;
+                }
+                updated.push(attempts.get(&record.attempt_id)?.unwrap_or(record));
+            }
+            Ok(updated)
+        })
+        .await
+}
+
+/// The process's state from the journalled identity. An attempt with no identity that may have
+/// a process (`jit_received`: the agent died between spawn and journal) is looked for by its
+/// working directory.
+fn observe_process(
+    ctx: &Context,
+    record: &AttemptRecord,
+) -> (ProcessObservation, Option<ProcessIdentity>) {
+    let journalled = journalled_identity(record);
+    let identity = journalled.or_else(|| {
+        (record.state == AttemptState::JitReceived)
+            .then(|| discover::residents(&record.runtime_dir).ok())
+            .flatten()
+            .and_then(|residents| discover::listener(&residents))
+    });
+    let Some(identity) = identity else {
+        return (ProcessObservation::Gone, None);
+    };
+    let inspected = match ctx.execution.of(record.isolation) {
+        Some(backend) => backend.inspect(identity),
+        None => process::inspect(&*ctx.processes, identity),
+    };
+    let state = match inspected {
+        Ok(ProcessState::Running) => ProcessObservation::Running,
+        Ok(ProcessState::Exited) => ProcessObservation::Exited,
+        Ok(ProcessState::Gone) => ProcessObservation::Gone,
+        Err(e) => {
+            // Unreadable /proc: claim nothing is running, so nothing is signalled.
+            tracing::warn!(error = %e, "cannot look at a runner process");
+            ProcessObservation::Gone
+        }
+    };
+    (state, Some(identity))
+}
+
+/// Stops a runner's process group (SIGTERM, grace, SIGKILL), re-checking its identity before
+/// every signal.
+pub(super) async fn stop(ctx: &Context, identity: ProcessIdentity) {
+    match process::stop(&*ctx.processes, identity, STOP_GRACE).await {
+        Ok(StopOutcome::Stopped { .. }) => {}
+        Ok(StopOutcome::NotOurs) => {
+            tracing::warn!(
+                pid = identity.pid,
+                "the journalled pid now belongs to another process; not signalled"
+            );
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot stop a runner"),
     }
 }
 
@@ -572,24 +589,6 @@ fn journalled_identity(record: &AttemptRecord) -> Option<ProcessIdentity> {
     let (pid, start_time) = (record.pid?, record.pid_start_time?);
     process::same_boot(record.pid_boot_id.as_deref(), process::boot_id())
         .then_some(ProcessIdentity { pid, start_time })
-}
-
-impl Executor {
-    /// `jit_received → starting` with the identity and this boot.
-    pub(super) fn record_started(
-        &self,
-        id: &AttemptId,
-        identity: ProcessIdentity,
-        at_ms: i64,
-    ) -> Result<bool, AttemptError> {
-        let attempts = self.lock_attempts();
-        match process::boot_id() {
-            Some(boot) => {
-                attempts.started_on_boot(id, identity.pid, identity.start_time, boot, at_ms)
-            }
-            None => attempts.started(id, identity.pid, identity.start_time, at_ms),
-        }
-    }
 }
 
 /// How fresh GitHub's view must be for this attempt's decision.
@@ -612,8 +611,13 @@ fn freshness_for(
         Starting if in_state >= timeouts.registration => fresh,
         Idle if in_state >= timeouts.idle => fresh,
         Starting => Freshness::After(now - rm_base::clock::ms(REGISTRATION_CHECK)),
-        // A registration made before the conclusion shows in a listing made after it.
-        Finished | Failed | Orphaned if record.runner_id.is_some() => {
+        // A registration made before the conclusion shows in a listing made after it: one
+        // with a journalled runner id, or a launch that gave up after GitHub issued its JIT
+        // configuration but before the id was journalled (found by its name).
+        Finished | Failed | Orphaned
+            if record.runner_id.is_some()
+                || record.reason.as_deref() == Some(FailureReason::JitExpired.as_str()) =>
+        {
             Freshness::After(record.state_changed_at_ms)
         }
         _ => Freshness::Any,

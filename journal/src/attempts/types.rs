@@ -476,6 +476,10 @@ pub enum AttemptError {
     },
     #[error(transparent)]
     Journal(#[from] JournalError),
+    /// The call ran on a blocking thread that could not finish it (the runtime is shutting
+    /// down): nothing is known to have been written.
+    #[error("the journal call did not run: {0}")]
+    NotRun(String),
 }
 
 impl From<rusqlite::Error> for AttemptError {

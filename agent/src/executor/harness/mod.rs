@@ -471,7 +471,7 @@ pub(super) struct Harness {
     pub clock: ManualClock,
     pub processes: FakeProcesses,
     pub backend: Arc<FakeBackend>,
-    pub executor: Arc<Executor>,
+    pub executor: Executor,
     poller: Poller,
     client: GithubClient,
     options: Options,
@@ -542,7 +542,7 @@ impl Harness {
         journal: &Path,
         root: &Path,
         package: &Path,
-    ) -> (Arc<FakeBackend>, Arc<Executor>) {
+    ) -> (Arc<FakeBackend>, Executor) {
         let runner_root = RunnerRoot::open(root).expect("the runner root");
         let none = NoIsolation {
             root: runner_root,
@@ -636,7 +636,7 @@ impl Harness {
     }
 
     /// Startup recovery of the current executor.
-    pub(super) async fn recover(&self) -> Result<(), super::RecoveryIncomplete> {
+    pub(super) async fn recover(&mut self) -> Result<(), super::RecoveryIncomplete> {
         self.executor.recover().await
     }
 
@@ -648,7 +648,10 @@ impl Harness {
             && report.polled_demand
             && let Some(at) = report.at
         {
-            self.executor.journal_refreshed(rm_base::clock::unix_ms(at));
+            // Through the loop's own channel, as the agent's poller tells it.
+            self.executor
+                .handle()
+                .journal_refreshed(rm_base::clock::unix_ms(at));
         }
         self.executor.pass().await;
         tokio::time::sleep(STEP_PAUSE).await;

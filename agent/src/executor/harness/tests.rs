@@ -263,10 +263,17 @@ async fn a_failed_launch_backs_its_policy_off_doubling_and_a_runner_resets_it() 
     let backoff = super::super::allocate::LAUNCH_BACKOFF.as_secs();
     assert!(waits[0] >= backoff, "waited {waits:?}");
     assert!(waits[1] >= 2 * backoff, "the back-off doubles: {waits:?}");
-    assert!(
-        h.our_registrations().is_empty(),
-        "each failed start removed its JIT registration"
-    );
+    // Each failed start's JIT registration is removed by its cleanup (supervision, the one
+    // place our registrations are removed), the pass after its conclusion: long before the
+    // inventory reconciliation could.
+    let steps = h
+        .until(
+            "each failed start's JIT registration removed",
+            |_| {},
+            |h| h.our_registrations().is_empty(),
+        )
+        .await;
+    assert!(steps <= 2, "removed {steps} steps after the conclusion");
     // The package is fixed: the next launch (after the back-off) runs the job.
     h.backend.refuse_start(false);
     h.until(

@@ -108,8 +108,10 @@ async fn a_full_disk_refuses_deliveries_loses_no_2xx_and_resumes_by_itself() {
     while answered_now(&answers) < 100 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let filler = fill(&data);
+    // Counted before the filling starts: the disk is full part-way through `fill`, and a
+    // delivery refused meanwhile is refused "while full".
     let filled_at = answered_now(&answers);
+    let filler = fill(&data);
     while answered_now(&answers) < filled_at + 200 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

@@ -1,0 +1,53 @@
+//! What every room of the executor reads and none of them changes: the settings, the journal
+//! seam, GitHub's runner registry, the runner root, and the seams it observes the world
+//! through (clock, process table, backends). The control loop owns one [`Context`] and hands an
+//! `Arc` of it to each launch task; mutable state lives in the rooms, not here.
+
+use std::sync::Arc;
+
+use super::Settings;
+use super::journal::AttemptJournal;
+use super::registry::Registry;
+use super::seams::{Execution, ProcessTable};
+use crate::config::Policy;
+use crate::notify::Notifier;
+use crate::runner::RunnerRoot;
+use crate::runner::backend::Plan;
+
+/// The executor's read-only surroundings.
+pub(super) struct Context {
+    pub(super) settings: Settings,
+    pub(super) journal: AttemptJournal,
+    pub(super) registry: Registry,
+    pub(super) root: RunnerRoot,
+    pub(super) processes: Arc<ProcessTable>,
+    /// The backend of each attempt (the configured [`super::Backends`] in production).
+    pub(super) execution: Arc<dyn Execution>,
+    pub(super) clock: Arc<dyn rm_github::Clock>,
+    pub(super) notifier: Arc<Notifier>,
+}
+
+impl Context {
+    /// Now, in ms since the epoch, on the executor's clock: every time it journals or decides by.
+    pub(super) fn now_ms(&self) -> i64 {
+        rm_base::clock::unix_ms(self.clock.now())
+    }
+
+    pub(super) fn policy(&self, name: &str) -> Option<&Policy> {
+        self.settings.policies.iter().find(|p| p.name == name)
+    }
+
+    /// What the attempt's backend needs to know about it.
+    pub(super) fn plan(&self, record: &rm_journal::AttemptRecord) -> Plan {
+        let limits = self
+            .policy(&record.policy)
+            .map(|p| p.limits)
+            .unwrap_or_default();
+        let mut plan = Plan::of(record, limits);
+        // The operator's variables of the policy's env_file (crate::runner::env_file).
+        if let Some(env) = self.settings.operator_env.get(&record.policy) {
+            plan.env = env.clone();
+        }
+        plan
+    }
+}

@@ -1,0 +1,419 @@
+//! The control loop: the one owner of the executor's state between passes (allocation's
+//! memory, supervision's listings and retries, the launches in flight, whether it drains, when
+//! the inventory was last reconciled). Rooms get this state lent for one call and give their
+//! results back as values; launch tasks and the rest of the agent talk to the loop through
+//! [`Event`]s on one channel ([`Handle`]). What only the loop knows is published on a `watch`
+//! after every pass and message, for the status snapshot (`explain`, `status`).
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rm_journal::AttemptId;
+use tokio::sync::{mpsc, watch};
+use tracing::Instrument as _;
+
+use super::allocate::{self, Allocator, NoFreeUid};
+use super::context::Context;
+use super::journal::AttemptJournal;
+use super::launch::Launch;
+use super::registry::Registry;
+use super::seams::Seams;
+use super::supervise::{PassReport, Supervisor};
+use super::{
+    DRAIN_CLEANUP, DRAIN_LAUNCHES, DrainReport, Event, INVENTORY_INTERVAL, PASS_INTERVAL,
+    RECOVERY_RETRY, RecoveryIncomplete, STARTUP_SYNC_WAIT, Settings, fault, recovery,
+};
+use crate::explain::published::AllocationMemory;
+use crate::notify::Notifier;
+use crate::runner::RunnerRoot;
+
+/// How often a drain looks whether the launches in flight have ended.
+const DRAIN_POLL: Duration = Duration::from_millis(100);
+
+/// The executor: its control loop and the state it owns. [`Executor::run`] drives it in
+/// production; the in-process harness drives [`Executor::recover`] and [`Executor::pass`] itself.
+pub struct Executor {
+    ctx: Arc<Context>,
+    events: mpsc::UnboundedReceiver<Event>,
+    handle: Handle,
+    published: watch::Sender<AllocationMemory>,
+    allocator: Allocator,
+    supervisor: Supervisor,
+    /// Attempts whose launch task has not reported yet: supervision leaves them to it.
+    launching: HashSet<AttemptId>,
+    /// True once the agent drains; launch tasks read it between JIT tries.
+    draining: watch::Sender<bool>,
+    /// When GitHub's inventory was last reconciled (ms, on the executor's clock).
+    last_inventory: Option<i64>,
+}
+
+/// What the rest of the agent holds of the executor: it can wake the loop, tell it the journal
+/// was refreshed, and read what the loop published. Cheap to clone.
+#[derive(Clone)]
+pub struct Handle {
+    events: mpsc::UnboundedSender<Event>,
+    published: watch::Receiver<AllocationMemory>,
+}
+
+impl Handle {
+    /// Wakes the control loop whenever `changes` changes (durable deliveries, a poll that moved
+    /// a job, the host fit again): new demand is served at once instead of at the next interval.
+    pub fn wake_on(&self, mut changes: watch::Receiver<u64>) {
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                if events.send(Event::Wake).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// The journal was brought up to date with GitHub by a poll pass that began at `at_ms`.
+    pub fn journal_refreshed(&self, at_ms: i64) {
+        // A loop that has stopped has no allocation left to correct.
+        self.events.send(Event::Refreshed(at_ms)).ok();
+    }
+
+    /// What allocation remembers (fences, back-offs, launches in flight, draining), as of the
+    /// loop's last pass or message.
+    pub fn published_memory(&self) -> AllocationMemory {
+        self.published.borrow().clone()
+    }
+}
+
+impl Executor {
+    /// Opens the executor's own journal connections and the runner root.
+    pub fn open(
+        settings: Settings,
+        journal: &Path,
+        runner_root: &Path,
+        registry: Registry,
+        notifier: Arc<Notifier>,
+    ) -> anyhow::Result<Executor> {
+        let seams = Seams::production(Arc::clone(&settings.backends));
+        Executor::open_with(settings, journal, runner_root, registry, notifier, seams)
+    }
+
+    /// [`Executor::open`] reading the world through `seams` (the harness's fakes in tests).
+    pub(crate) fn open_with(
+        settings: Settings,
+        journal: &Path,
+        runner_root: &Path,
+        registry: Registry,
+        notifier: Arc<Notifier>,
+        seams: Seams,
+    ) -> anyhow::Result<Executor> {
+        let ctx = Context {
+            settings,
+            journal: AttemptJournal::open(journal)?,
+            registry,
+            root: RunnerRoot::open(runner_root)?,
+            processes: seams.processes,
+            execution: seams.execution,
+            clock: seams.clock,
+            notifier,
+        };
+        let (sender, events) = mpsc::unbounded_channel();
+        let (published, watched) = watch::channel(AllocationMemory::default());
+        Ok(Executor {
+            ctx: Arc::new(ctx),
+            events,
+            handle: Handle {
+                events: sender,
+                published: watched,
+            },
+            published,
+            allocator: Allocator::default(),
+            supervisor: Supervisor::default(),
+            launching: HashSet::new(),
+            draining: watch::channel(false).0,
+            last_inventory: None,
+        })
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.ctx.settings
+    }
+
+    /// The handle the rest of the agent talks to the loop through.
+    pub fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+
+    /// Recovers, waits (at most [`STARTUP_SYNC_WAIT`]) for `synced` (the journal caught up
+    /// with GitHub: jobs that finished while the agent was down are no longer queued), then runs
+    /// passes until `shutdown` completes, then drains.
+    pub async fn run(
+        mut self,
+        synced: impl Future<Output = ()>,
+        shutdown: impl Future<Output = ()>,
+    ) -> DrainReport {
+        tokio::pin!(shutdown);
+        loop {
+            let recovered = tokio::select! {
+                () = &mut shutdown => return self.drain().await,
+                recovered = self.recover() => recovered,
+            };
+            match recovered {
+                Ok(()) => break,
+                Err(incomplete) => {
+                    tracing::warn!(%incomplete, retry_in_s = RECOVERY_RETRY.as_secs(), "recovery is incomplete; no runner is started until it completes");
+                    tokio::select! {
+                        () = &mut shutdown => return self.drain().await,
+                        () = tokio::time::sleep(RECOVERY_RETRY) => {}
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            () = &mut shutdown => return self.drain().await,
+            synced = tokio::time::timeout(STARTUP_SYNC_WAIT, synced) => {
+                if synced.is_err() {
+                    tracing::warn!(waited_s = STARTUP_SYNC_WAIT.as_secs(), "the first poll did not finish; serving the journal's queued jobs as they are");
+                }
+            }
+        }
+        tracing::info!(host = %self.ctx.settings.host, max_runners = self.ctx.settings.max_runners, "recovery complete; serving queued jobs");
+        loop {
+            let again = self.pass().await;
+            if again {
+                // A runner was stopped: conclude it now, unless the agent is stopping.
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    () = std::future::ready(()) => continue,
+                }
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                event = self.events.recv() => {
+                    if let Some(event) = event {
+                        self.take(event);
+                    }
+                }
+                () = tokio::time::sleep(PASS_INTERVAL) => {}
+            }
+        }
+        self.drain().await
+    }
+
+    /// Startup recovery: every journalled attempt supervised with the startup timers and GitHub
+    /// asked afresh, then GitHub's inventory reconciled.
+    pub(crate) async fn recover(&mut self) -> Result<(), RecoveryIncomplete> {
+        let timeouts = self.ctx.settings.timeouts.at_startup();
+        let report = self
+            .supervisor
+            .pass(&self.ctx, &self.launching, timeouts, true)
+            .await
+            .map_err(|e| RecoveryIncomplete::Journal(e.to_string()))?;
+        let deferred = report.deferred;
+        self.concluded(report);
+        if deferred > 0 {
+            return Err(RecoveryIncomplete::Deferred(deferred));
+        }
+        recovery::reconcile_inventory(&self.ctx).await?;
+        self.last_inventory = Some(self.ctx.now_ms());
+        Ok(())
+    }
+
+    /// One pass: the messages waiting taken, every attempt supervised, the inventory reconciled
+    /// when due, then allocation (unless draining). Returns whether a runner was stopped (a
+    /// pass at once concludes it).
+    pub(crate) async fn pass(&mut self) -> bool {
+        self.take_waiting();
+        let timeouts = self.ctx.settings.timeouts;
+        let stopped = match self
+            .supervisor
+            .pass(&self.ctx, &self.launching, timeouts, false)
+            .await
+        {
+            Ok(report) => {
+                let stopped = report.stopped;
+                self.concluded(report);
+                stopped
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "supervision pass failed");
+                false
+            }
+        };
+        if self.inventory_due()
+            && let Err(e) = recovery::reconcile_inventory(&self.ctx).await
+        {
+            tracing::warn!(error = %e, "inventory reconciliation failed; tried again next interval");
+        }
+        if !*self.draining.borrow()
+            && let Err(e) = self.allocate().await
+        {
+            tracing::warn!(error = %format!("{e:#}"), "allocation pass failed");
+        }
+        self.publish();
+        stopped
+    }
+
+    /// Allocates runners for every policy's queued jobs: allocation decides, the loop creates
+    /// the attempts and starts their launches.
+    async fn allocate(&mut self) -> anyhow::Result<()> {
+        // An unfit host registers nothing (crate::fitness): a runner would fail its job. The
+        // gate wakes the loop when the host is fit again.
+        if !self.ctx.settings.fitness.is_fit() {
+            return Ok(());
+        }
+        let ctx = Arc::clone(&self.ctx);
+        let jobs = ctx.journal.read(|reader| reader.queued_jobs()).await?;
+        let named = allocate::named_runners(&ctx, self.allocator.unknown_runner_names()).await?;
+        let now = ctx.now_ms();
+        let wanted = self
+            .allocator
+            .wanted(&ctx.settings.policies, &jobs, &named, now);
+        for (policy, demand) in wanted {
+            // Which uids other processes run as, read once per policy (a `/proc` scan) and only
+            // if a runner is to start: the uids handed out here are fenced by the journal, and
+            // a process that takes a pool uid after the scan is caught when the runner starts.
+            let mut running_uids = None;
+            loop {
+                let live = allocate::live_view(&ctx, &policy.name).await?;
+                // A launch started by this loop may already have failed (a broken package
+                // fails in milliseconds): its back-off holds the rest of the loop too, or the
+                // loop would replace each failed attempt at once.
+                self.take_waiting();
+                if self.allocator.backing_off(&policy.name, ctx.now_ms()) {
+                    break;
+                }
+                let to_start = self.allocator.to_start(
+                    policy,
+                    demand,
+                    &live,
+                    ctx.settings.max_runners,
+                    ctx.now_ms(),
+                    &ctx.notifier,
+                );
+                if to_start == 0 {
+                    break;
+                }
+                let record = match allocate::create_attempt(&ctx, policy, &mut running_uids).await
+                {
+                    Ok(record) => record,
+                    // Like a ceiling: nothing starts until cleanup releases a uid.
+                    Err(e) if e.downcast_ref::<NoFreeUid>().is_some() => {
+                        self.allocator.note_uid_pool(Some(&e));
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                };
+                self.allocator.note_uid_pool(None);
+                let span = super::attempt_span(&record);
+                span.in_scope(|| tracing::info!(demand, "runner allocated"));
+                fault::crash_point("attempt_journalled");
+                self.launching.insert(record.attempt_id.clone());
+                let launch = Launch {
+                    ctx: Arc::clone(&ctx),
+                    record,
+                    events: self.handle.events.clone(),
+                    draining: self.draining.subscribe(),
+                };
+                tokio::spawn(launch.run().instrument(span));
+            }
+        }
+        Ok(())
+    }
+
+    /// CONTRACT §3's drain: no new runner, no busy runner killed. Launches in flight get
+    /// [`DRAIN_LAUNCHES`] to finish, ended runners are cleaned, live ones are left running.
+    async fn drain(mut self) -> DrainReport {
+        self.draining.send_replace(true);
+        self.publish();
+        tracing::info!("draining: no new runners; running ones are left to finish");
+        let deadline = tokio::time::Instant::now() + DRAIN_LAUNCHES;
+        while !self.launching.is_empty() && tokio::time::Instant::now() < deadline {
+            match tokio::time::timeout(DRAIN_POLL, self.events.recv()).await {
+                Ok(Some(event)) => self.take(event),
+                Ok(None) | Err(_) => {}
+            }
+        }
+        let launches_unfinished = self.launching.len();
+        let timeouts = self.ctx.settings.timeouts;
+        let last = self
+            .supervisor
+            .pass(&self.ctx, &self.launching, timeouts, false);
+        match tokio::time::timeout(DRAIN_CLEANUP, last).await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "the drain's last supervision pass failed"),
+            Err(_) => tracing::warn!("the drain's last supervision pass did not finish in time"),
+            Ok(Ok(_)) => {}
+        }
+        let left_running = self
+            .ctx
+            .journal
+            .write(|attempts| attempts.list(rm_journal::Scope::Live, None))
+            .await
+            .map_or(0, |live| live.len());
+        DrainReport {
+            left_running,
+            launches_unfinished,
+        }
+    }
+
+    /// Takes every message already waiting.
+    fn take_waiting(&mut self) {
+        while let Ok(event) = self.events.try_recv() {
+            self.take(event);
+        }
+    }
+
+    /// One message: the state it changes (a wake changes none: the pass it leads to is the
+    /// point).
+    fn take(&mut self, event: Event) {
+        match event {
+            Event::Wake => {}
+            Event::Exited(attempt) => {
+                tracing::debug!(%attempt, "a runner process exited; supervising it");
+            }
+            Event::Refreshed(at_ms) => self.allocator.journal_refreshed(at_ms),
+            Event::Launched {
+                attempt,
+                policy,
+                failed,
+            } => {
+                self.launching.remove(&attempt);
+                self.allocator.remember_launch(
+                    &policy,
+                    failed.as_ref(),
+                    self.ctx.now_ms(),
+                    &self.ctx.notifier,
+                );
+            }
+        }
+        self.publish();
+    }
+
+    /// What supervision concluded, for allocation's fences and unknown completions.
+    fn concluded(&mut self, report: PassReport) {
+        for concluded in &report.concluded {
+            self.allocator.remember_conclusion(concluded);
+        }
+    }
+
+    /// Whether the periodic inventory reconciliation is due (and if so, marks it done now).
+    fn inventory_due(&mut self) -> bool {
+        let now = self.ctx.now_ms();
+        match self.last_inventory {
+            Some(at) if now.saturating_sub(at) < rm_base::clock::ms(INVENTORY_INTERVAL) => false,
+            _ => {
+                self.last_inventory = Some(now);
+                true
+            }
+        }
+    }
+
+    /// Publishes what only the loop knows, for the status snapshot.
+    fn publish(&self) {
+        self.published.send_replace(
+            self.allocator
+                .published(&self.launching, *self.draining.borrow()),
+        );
+    }
+}

@@ -1,0 +1,97 @@
+//! The executor's journal seam: its own attempt-writer and reader connections, called only
+//! through [`AttemptJournal::write`] and [`AttemptJournal::read`], which run the call on a
+//! blocking thread. An attempt write is a synchronous SQLite commit (`synchronous=FULL`: an
+//! fsync), and a tokio worker thread blocked on it would stall every other task on it (the
+//! receiver's answers, the launches' GitHub calls); here only a blocking-pool thread waits.
+//!
+//! Nothing here decides anything: the rooms say what to write and when.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use anyhow::Context as _;
+use rm_journal::{AttemptError, Attempts, JournalError, Reader};
+
+/// The executor's connections to the journal, shared by its loop and its launch tasks.
+#[derive(Clone)]
+pub(super) struct AttemptJournal {
+    attempts: Arc<Mutex<Attempts>>,
+    reader: Arc<Mutex<Reader>>,
+}
+
+impl AttemptJournal {
+    /// Opens the executor's own writer and reader on the journal file at `path`.
+    pub(super) fn open(path: &Path) -> anyhow::Result<AttemptJournal> {
+        let attempts = Attempts::open(path)
+            .with_context(|| format!("cannot open the journal {}", path.display()))?;
+        let reader = Reader::open(path)
+            .with_context(|| format!("cannot read the journal {}", path.display()))?;
+        Ok(AttemptJournal {
+            attempts: Arc::new(Mutex::new(attempts)),
+            reader: Arc::new(Mutex::new(reader)),
+        })
+    }
+
+    /// Runs `call` on the attempt writer, on a blocking thread.
+    pub(super) async fn write<R, F>(&self, call: F) -> Result<R, AttemptError>
+    where
+        F: FnOnce(&Attempts) -> Result<R, AttemptError> + Send + 'static,
+        R: Send + 'static,
+    {
+        let attempts = Arc::clone(&self.attempts);
+        let ran = tokio::task::spawn_blocking(move || {
+            call(&attempts.lock().unwrap_or_else(PoisonError::into_inner))
+        })
+        .await;
+        match ran {
+            Ok(result) => result,
+            Err(e) => Err(not_run(e)),
+        }
+    }
+
+    /// Runs `call` on the reader, on a blocking thread.
+    pub(super) async fn read<R, F>(&self, call: F) -> Result<R, AttemptError>
+    where
+        F: FnOnce(&Reader) -> Result<R, JournalError> + Send + 'static,
+        R: Send + 'static,
+    {
+        let reader = Arc::clone(&self.reader);
+        let ran = tokio::task::spawn_blocking(move || {
+            call(&reader.lock().unwrap_or_else(PoisonError::into_inner))
+        })
+        .await;
+        match ran {
+            Ok(result) => result.map_err(AttemptError::from),
+            Err(e) => Err(not_run(e)),
+        }
+    }
+}
+
+/// A blocking call that did not return: a panic in it is a bug and goes on unwinding here; a
+/// call cancelled by the runtime's shutdown wrote nothing known.
+fn not_run(e: tokio::task::JoinError) -> AttemptError {
+    match e.try_into_panic() {
+        Ok(panic) => std::panic::resume_unwind(panic),
+        Err(e) => AttemptError::NotRun(e.to_string()),
+    }
+}
+
+impl AttemptJournal {
+    /// `jit_received → starting` with the process's identity and, where it can be read, this
+    /// boot's id (so a pid from another boot is never taken for a process).
+    pub(super) async fn started(
+        &self,
+        id: &rm_journal::AttemptId,
+        identity: crate::runner::process::ProcessIdentity,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        let id = id.clone();
+        self.write(move |attempts| match crate::runner::process::boot_id() {
+            Some(boot) => {
+                attempts.started_on_boot(&id, identity.pid, identity.start_time, boot, at_ms)
+            }
+            None => attempts.started(&id, identity.pid, identity.start_time, at_ms),
+        })
+        .await
+    }
+}
