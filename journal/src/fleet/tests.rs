@@ -277,10 +277,12 @@ fn a_claim_needs_a_live_lease(w: &World) {
     a.leave("a").unwrap();
     assert!(refused(a.claim(&request("a", &[1]))));
     a.renew_lease(&host("a"), PASSES).unwrap();
+    // Asks for no job while waiting, so a claim made before the lease passed cannot hide it.
     eventually("a's short lease passes", || {
-        refused(a.claim(&request("a", &[1])))
+        refused(a.claim(&request("a", &[])))
     });
-    // Nothing was claimed by the refused calls.
+    assert!(refused(a.claim(&request("a", &[1]))));
+    // The refusals were the lease's, not the job's: a live host claims it.
     let mut b = w.fleet();
     b.renew_lease(&host("b"), HOLDS).unwrap();
     assert_eq!(got(&mut *b, request("b", &[1])), [1]);
