@@ -31,8 +31,8 @@ pub(crate) trait Backend {
 
 /// The SQLite journal on a file of its own.
 pub(crate) struct Sqlite {
-    journal: Journal,
-    path: PathBuf,
+    pub(crate) journal: Journal,
+    pub(crate) path: PathBuf,
     _dir: tempfile::TempDir,
 }
 

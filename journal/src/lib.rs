@@ -9,6 +9,8 @@
 //!
 //! The delivery intake is one interface ([`Intake`]) with two implementations: this SQLite
 //! journal (the default) and the PostgreSQL journal of a fleet ([`PgJournal`], CONTRACT §9).
+//! So is the fleet's shared state (host leases, claims on queued jobs, leader leases:
+//! [`Fleet`]): [`PgFleet`] for many hosts, [`LocalFleet`] on the SQLite file for one.
 //!
 //! Every state change is compare-and-set (`UPDATE ... WHERE state_rank < ?`) so that two writers
 //! (the agent's writer and a `deliveries replay` from the CLI) can never both win. Runner
@@ -21,6 +23,7 @@ mod body;
 mod checkpoint;
 mod connection;
 mod error;
+mod fleet;
 mod intake;
 mod metrics;
 mod pg;
@@ -41,9 +44,13 @@ pub use attempts::{
 };
 pub use connection::JOURNAL_FILE;
 pub use error::JournalError;
+pub use fleet::{
+    ClaimRequest, ClaimView, Claimed, Fleet, FleetError, FleetView, HostInfo, HostView, LeaderView,
+    Lease, LocalFleet, Renewal,
+};
 pub use intake::Intake;
 pub use metrics::JournalMetrics;
-pub use pg::{PgJournal, PgReader};
+pub use pg::{DatabaseCheck, DatabaseProblem, PgFleet, PgJournal, PgReader, check_database};
 pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, QueuedJobRef, Sighting};
 pub use read::Reader;
 pub use replay::replay;

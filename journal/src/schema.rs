@@ -201,6 +201,41 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     UPDATE attempts SET started_at = state_changed_at WHERE state = 'starting';
     CREATE INDEX jobs_started ON jobs (started_at) WHERE started_at IS NOT NULL;
     "#,
+    // v8: the fleet (CONTRACT §9, `crate::fleet`). `hosts`: one lease per host, renewed while the
+    // host lives; a host whose `expires_at` has passed is dead for the fleet. `claims`: at most
+    // one row per job (the primary key is the fence), the host that claimed it under its lease
+    // and, once known, the runner started for it; a claim counts while its host's lease holds
+    // and its job is not completed. `leaders`: one lease per role ("the poller of a target"),
+    // held by one host until it expires. Times are ms since the Unix epoch, read from the
+    // database server's clock on PostgreSQL.
+    r#"
+    CREATE TABLE hosts (
+        host          TEXT PRIMARY KEY NOT NULL,
+        registered_at INTEGER NOT NULL,         -- when this lease began (a new one after expiry)
+        renewed_at    INTEGER NOT NULL,
+        expires_at    INTEGER NOT NULL,
+        labels        TEXT NOT NULL,            -- JSON array, for status
+        policies      TEXT NOT NULL             -- JSON array of [[policy]] names, for status
+    );
+
+    CREATE TABLE claims (
+        job_id      INTEGER PRIMARY KEY NOT NULL,   -- workflow_job.id: one claim per job
+        host        TEXT NOT NULL,
+        policy      TEXT NOT NULL,                  -- [[policy]] name: the fleet max_runners
+        runner_name TEXT,                           -- once the host has named the runner
+        claimed_at  INTEGER NOT NULL
+    );
+    CREATE INDEX claims_host ON claims (host);
+    CREATE INDEX claims_policy ON claims (policy);
+
+    CREATE TABLE leaders (
+        role        TEXT PRIMARY KEY NOT NULL,      -- what is led, e.g. one target's poller
+        host        TEXT NOT NULL,
+        acquired_at INTEGER NOT NULL,
+        renewed_at  INTEGER NOT NULL,
+        expires_at  INTEGER NOT NULL
+    );
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -2,14 +2,19 @@
 //! into one shared database. This module owns the PostgreSQL dialect of the journal: its schema
 //! and migrations ([`schema`], the same versions as SQLite's), the group-commit writer of the
 //! intake path ([`PgJournal`], behind [`crate::Intake`] like the SQLite journal), the verdict's
-//! SQL (`apply`, the same rule as SQLite's) and the reads of what the intake wrote
-//! ([`PgReader`]). Claims, leases and fleet status are not built yet.
+//! SQL (`apply`, the same rule as SQLite's), the reads of what the intake wrote
+//! ([`PgReader`]), the fleet's claims, host leases and leader leases ([`PgFleet`], behind
+//! [`crate::Fleet`]) and the database's check for `rm-agent check` ([`check_database`]).
 
 mod apply;
+mod check;
+mod fleet;
 mod read;
 pub(crate) mod schema;
 mod writer;
 
+pub use check::{DatabaseCheck, DatabaseProblem, check_database};
+pub use fleet::PgFleet;
 pub use read::PgReader;
 pub use writer::PgJournal;
 
@@ -25,5 +30,7 @@ pub(crate) fn describe(err: &postgres::Error) -> String {
     }
 }
 
+#[cfg(test)]
+mod check_tests;
 #[cfg(test)]
 mod tests;

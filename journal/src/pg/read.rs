@@ -17,14 +17,7 @@ impl PgReader {
     /// Connects to `url`; refuses a database this build has not migrated to its version.
     pub fn connect(url: &str) -> Result<PgReader, JournalError> {
         let mut client = super::writer::config(url, "rm-journal-reader")?.connect(NoTls)?;
-        let found = super::schema::version(&mut client)?;
-        if found != crate::SCHEMA_VERSION {
-            return Err(JournalError::Commit(format!(
-                "the PostgreSQL journal is at schema version {found}, this rm-agent reads {}; \
-                 start `rm-agent receive` once to migrate it",
-                crate::SCHEMA_VERSION
-            )));
-        }
+        super::schema::require_current(&mut client)?;
         Ok(PgReader { client })
     }
 

@@ -160,6 +160,35 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     UPDATE attempts SET started_at = state_changed_at WHERE state = 'starting';
     CREATE INDEX jobs_started ON jobs (started_at) WHERE started_at IS NOT NULL;
     "#,
+    // v8: the fleet: host leases, claims (one per job), leader leases (see SQLite's v8).
+    r#"
+    CREATE TABLE hosts (
+        host          TEXT PRIMARY KEY NOT NULL,
+        registered_at BIGINT NOT NULL,
+        renewed_at    BIGINT NOT NULL,
+        expires_at    BIGINT NOT NULL,
+        labels        TEXT NOT NULL,
+        policies      TEXT NOT NULL
+    );
+
+    CREATE TABLE claims (
+        job_id      BIGINT PRIMARY KEY NOT NULL,
+        host        TEXT NOT NULL,
+        policy      TEXT NOT NULL,
+        runner_name TEXT,
+        claimed_at  BIGINT NOT NULL
+    );
+    CREATE INDEX claims_host ON claims (host);
+    CREATE INDEX claims_policy ON claims (policy);
+
+    CREATE TABLE leaders (
+        role        TEXT PRIMARY KEY NOT NULL,
+        host        TEXT NOT NULL,
+        acquired_at BIGINT NOT NULL,
+        renewed_at  BIGINT NOT NULL,
+        expires_at  BIGINT NOT NULL
+    );
+    "#,
 ];
 
 // The two dialects move together: a migration added to one is added to the other.
@@ -178,6 +207,23 @@ pub(crate) fn version(client: &mut Client) -> Result<i64, JournalError> {
     }
     let row = client.query_opt("SELECT version FROM rm_schema_version", &[])?;
     Ok(row.map_or(0, |row| row.get(0)))
+}
+
+/// Refuses a database not at this build's version: a newer one with [`JournalError::PgTooNew`],
+/// an older (or empty) one with what to run. For the connections that only read and write rows
+/// (readers, the fleet); the writer migrates.
+pub(crate) fn require_current(client: &mut Client) -> Result<(), JournalError> {
+    match version(client)? {
+        found if found > SCHEMA_VERSION => Err(JournalError::PgTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+        found if found < SCHEMA_VERSION => Err(JournalError::Commit(format!(
+            "the PostgreSQL journal is at schema version {found}, this rm-agent reads \
+             {SCHEMA_VERSION}; start `rm-agent receive` once to migrate it"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Applies every migration the database has not seen yet.
