@@ -9,12 +9,14 @@
 
 use std::collections::BTreeMap;
 
+use rm_handlers::JobId;
+
 use crate::config::Policy;
 
 /// The part of a journalled job that demand looks at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueuedJob {
-    pub job_id: i64,
+    pub job_id: JobId,
     /// `owner/name`.
     pub repository: String,
     pub labels: Vec<String>,
@@ -36,12 +38,12 @@ impl From<&rm_journal::JobRow> for QueuedJob {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Demand {
     /// Per policy name, the jobs it alone matches.
-    pub per_policy: BTreeMap<String, Vec<i64>>,
+    pub per_policy: BTreeMap<String, Vec<JobId>>,
     /// Jobs with a label that is an unevaluated expression (`${{ ... }}`): reported, never
     /// counted, never dropped.
-    pub unresolvable: Vec<i64>,
+    pub unresolvable: Vec<JobId>,
     /// Jobs matched by more than one policy, with the policies: they start nothing.
-    pub overlapping: Vec<(i64, Vec<String>)>,
+    pub overlapping: Vec<(JobId, Vec<String>)>,
 }
 
 impl Demand {
@@ -116,7 +118,7 @@ mod tests {
 
     fn job(id: i64, repo: &str, labels: &[&str]) -> QueuedJob {
         QueuedJob {
-            job_id: id,
+            job_id: JobId::new(id),
             repository: repo.to_owned(),
             labels: labels.iter().map(|l| (*l).to_owned()).collect(),
         }
@@ -162,13 +164,13 @@ mod tests {
         let demand = route(&policies, &jobs);
         // Job 2 is carried by both policies' labels: both match, so it is refused.
         assert_eq!(demand.of("gpu"), 1);
-        assert_eq!(demand.per_policy["gpu"], vec![1]);
+        assert_eq!(demand.per_policy["gpu"], vec![JobId::new(1)]);
         assert_eq!(demand.of("linux"), 0);
         assert_eq!(
             demand.overlapping,
-            vec![(2, vec!["linux".to_owned(), "gpu".to_owned()])]
+            vec![(JobId::new(2), vec!["linux".to_owned(), "gpu".to_owned()])]
         );
-        assert_eq!(demand.unresolvable, vec![4]);
+        assert_eq!(demand.unresolvable, vec![JobId::new(4)]);
     }
 
     #[test]

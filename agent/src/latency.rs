@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rm_journal::{Reader, WaitRow};
+use rm_journal::{JobId, Reader, WaitRow};
 use rm_receiver::prometheus_client::collector::Collector;
 use rm_receiver::prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
 use rm_receiver::prometheus_client::metrics::MetricType;
@@ -52,7 +52,7 @@ pub const JOB_STARTED_SERIES: &str = "rm_job_queue_to_job_started_seconds";
 /// One job's wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
-    pub job_id: i64,
+    pub job_id: JobId,
     pub policy: String,
     /// When the job started: what places the sample in a window.
     pub started_at_ms: i64,
@@ -274,7 +274,7 @@ pub fn render(latency: &Latency) -> String {
 pub struct Recorder {
     /// Job id → its start, kept while the start is within the window (rows older than that are
     /// never read again, so forgetting them cannot count a job twice).
-    seen: HashMap<i64, i64>,
+    seen: HashMap<JobId, i64>,
 }
 
 impl Recorder {

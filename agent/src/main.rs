@@ -217,7 +217,7 @@ fn run(cli: Cli) -> Result<(), Exit> {
         }
         Command::Explain { job_id, json } => {
             init_logging(LogFormat::Text, "warn");
-            commands::explain::run(&config, job_id, json)
+            commands::explain::run(&config, rm_journal::JobId::new(job_id), json)
         }
         Command::Jobs { json, limit } => {
             init_logging(LogFormat::Text, "warn");

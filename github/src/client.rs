@@ -575,7 +575,7 @@ mod tests {
         )
         .expect("the page is readable");
         assert_eq!(listed, 3, "paging counts what GitHub listed");
-        let ids: Vec<u64> = jobs.iter().map(|j| j.id).collect();
+        let ids: Vec<i64> = jobs.iter().map(|j| j.id.get()).collect();
         // 22 has null or missing head_sha, started_at, steps, run_attempt, workflow_name and a
         // runner_group_id of another type: none of them is read. 23 has no labels: skipped.
         assert_eq!(ids, [21, 22]);

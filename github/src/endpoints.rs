@@ -164,7 +164,11 @@ impl GithubClient {
     }
 
     /// `GET .../actions/runners/{id}`.
-    pub async fn get_runner(&self, target: &Target, runner_id: u64) -> Result<Runner, GithubError> {
+    pub async fn get_runner(
+        &self,
+        target: &Target,
+        runner_id: RunnerId,
+    ) -> Result<Runner, GithubError> {
         let auth = self.installation_of(target).await?;
         let endpoint = match target {
             Target::Org(_) => "orgs.runners.get",
@@ -175,7 +179,11 @@ impl GithubClient {
     }
 
     /// `DELETE .../actions/runners/{id}`.
-    pub async fn delete_runner(&self, target: &Target, runner_id: u64) -> Result<(), GithubError> {
+    pub async fn delete_runner(
+        &self,
+        target: &Target,
+        runner_id: RunnerId,
+    ) -> Result<(), GithubError> {
         let auth = self.installation_of(target).await?;
         let endpoint = match target {
             Target::Org(_) => "orgs.runners.delete",
@@ -242,7 +250,7 @@ impl GithubClient {
         &self,
         owner: &str,
         repo: &str,
-        job_id: u64,
+        job_id: JobId,
     ) -> Result<WorkflowJob, GithubError> {
         let target = Target::Repo {
             owner: owner.to_owned(),

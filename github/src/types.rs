@@ -3,11 +3,18 @@
 //! poll; a field GitHub may send as null is an `Option`. An object in a list that lacks a field
 //! kept here is skipped with a warning ([`crate::client`]'s `decode_items`), not the whole page.
 //! Keep it so: add a field only with the code that reads it.
+//!
+//! Job and runner ids are read as rm's [`JobId`] and [`RunnerId`] (the journal's signed 64-bit
+//! numbers): an id past `i64::MAX`, which GitHub has never sent, fails to decode like any other
+//! unreadable field instead of being clamped.
 
 use std::collections::BTreeMap;
 
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
+
+/// The ids the job and runner types hold (rm's own, shared with the journal).
+pub use rm_handlers::{JobId, RunnerId};
 
 /// `GET /app`.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -41,7 +48,7 @@ pub struct RunnerLabel {
 /// A self-hosted runner as GitHub lists it.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct Runner {
-    pub id: u64,
+    pub id: RunnerId,
     pub name: String,
     #[serde(default)]
     pub labels: Vec<RunnerLabel>,
@@ -78,7 +85,7 @@ pub struct WorkflowRun {
 /// A workflow job.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct WorkflowJob {
-    pub id: u64,
+    pub id: JobId,
     pub run_id: u64,
     pub run_attempt: Option<u64>,
     pub name: String,
@@ -87,7 +94,7 @@ pub struct WorkflowJob {
     pub status: String,
     pub conclusion: Option<String>,
     pub labels: Vec<String>,
-    pub runner_id: Option<u64>,
+    pub runner_id: Option<RunnerId>,
     pub runner_name: Option<String>,
     pub created_at: String,
     /// RFC 3339; GitHub sets it to `created_at` while the job is still queued.

@@ -1,7 +1,7 @@
 //! The journal changes a handler can ask for. They are plain values: the journal applies them
 //! inside the transaction that records the delivery.
 
-use crate::{JobState, Source};
+use crate::{JobId, JobState, RunnerId, Source};
 
 /// A change to the journal's state.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,7 +32,7 @@ pub enum Change {
 /// One sighting of a `workflow_job`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobObservation {
-    pub job_id: i64,
+    pub job_id: JobId,
     pub run_id: i64,
     pub run_attempt: i64,
     /// `owner/name`.
@@ -43,7 +43,7 @@ pub struct JobObservation {
     pub state: JobState,
     pub conclusion: Option<String>,
     pub runner_name: Option<String>,
-    pub runner_id: Option<i64>,
+    pub runner_id: Option<RunnerId>,
     pub workflow_name: Option<String>,
     pub job_name: Option<String>,
     /// GitHub's `created_at`: when the job was queued (ms since the epoch), the start of its

@@ -7,8 +7,12 @@
 //! a handler are `ignored`. A body a handler cannot read is `rejected` with the reason; the
 //! journal keeps it so it can be replayed after a fix. A body whose own dates put it past
 //! anything GitHub would still act on is `stale` and changes nothing.
+//!
+//! The crate also owns the job vocabulary the other crates share: [`JobState`], [`Source`] and
+//! the ids [`JobId`] and [`RunnerId`].
 
 mod change;
+mod ids;
 mod installation;
 mod installation_repositories;
 mod job_state;
@@ -17,6 +21,7 @@ mod timestamp;
 mod workflow_job;
 
 pub use change::{Change, Installation, JobObservation, Repository};
+pub use ids::{IdOutOfRange, JobId, RunnerId};
 pub use job_state::{JobMerge, JobState, merge_job};
 pub use workflow_job::QUEUE_LIFETIME_MS;
 

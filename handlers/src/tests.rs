@@ -127,7 +127,7 @@ fn a_body_without_readable_dates_is_not_judged_by_them() {
 #[test]
 fn queued_job_becomes_a_queued_observation_without_a_runner() {
     let job = only_job(deliver("workflow_job", &fixture("workflow_job.queued.5")));
-    assert_eq!(job.job_id, 289_782_451);
+    assert_eq!(job.job_id.get(), 289_782_451);
     assert_eq!(job.run_id, 2_202_229_078);
     assert_eq!(job.run_attempt, 1);
     assert_eq!(job.repository, "Codertocat/Hello-World");
@@ -464,7 +464,7 @@ proptest! {
         if let Verdict::Apply { changes, .. } = verdict {
             for change in changes {
                 if let Change::Job(job) = change {
-                    prop_assert!(job.job_id > 0 && job.run_id > 0);
+                    prop_assert!(job.job_id.get() > 0 && job.run_id > 0);
                 }
             }
         }

@@ -9,7 +9,9 @@
 use serde::Deserialize;
 
 use crate::timestamp::parse_rfc3339_ms;
-use crate::{Change, Delivery, JobObservation, JobState, Verdict, ignore_action, parse};
+use crate::{
+    Change, Delivery, JobId, JobObservation, JobState, RunnerId, Verdict, ignore_action, parse,
+};
 
 /// GitHub cancels a job that no runner took within 24 hours, and a job's sightings carry the
 /// times it was created, started and completed: a delivery that arrives longer than this after
@@ -101,7 +103,7 @@ pub(crate) fn handle(delivery: &Delivery<'_>) -> Verdict {
         }
     }
     let observation = JobObservation {
-        job_id: job.id,
+        job_id: JobId::new(job.id),
         run_id: job.run_id,
         run_attempt: job.run_attempt,
         repository: payload.repository.full_name,
@@ -112,7 +114,10 @@ pub(crate) fn handle(delivery: &Delivery<'_>) -> Verdict {
         // GitHub fills the runner fields once a runner takes the job; a `queued` sighting that
         // carries them (old GHES versions do) must not name a runner that never ran it.
         runner_name: job.runner_name.filter(|_| state >= JobState::InProgress),
-        runner_id: job.runner_id.filter(|_| state >= JobState::InProgress),
+        runner_id: job
+            .runner_id
+            .map(RunnerId::new)
+            .filter(|_| state >= JobState::InProgress),
         workflow_name: job.workflow_name,
         job_name: job.name,
         queued_at_ms: job.created_at.as_deref().and_then(parse_rfc3339_ms),

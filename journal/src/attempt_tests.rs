@@ -50,7 +50,7 @@ fn walk_to(attempts: &Attempts, id: &AttemptId, state: AttemptState) {
     for (i, step) in steps.iter().enumerate() {
         let at = 100 + i as i64;
         let won = match step {
-            JitReceived => attempts.jit_received(id, 7, at),
+            JitReceived => attempts.jit_received(id, RunnerId::new(7), at),
             Starting => attempts.started(id, 4242, 1234, at),
             Idle => attempts.mark_idle(id, Starting, at),
             Busy => attempts.mark_busy(id, None, at),
@@ -169,15 +169,15 @@ fn an_attempt_walks_every_state_and_keeps_what_each_step_recorded() {
     );
     assert_eq!(created.outcome, None);
 
-    assert!(attempts.jit_received(&a, 55, 20).unwrap());
+    assert!(attempts.jit_received(&a, RunnerId::new(55), 20).unwrap());
     assert!(attempts.started(&a, 999, 31337, 30).unwrap());
     assert!(attempts.mark_idle(&a, AttemptState::Starting, 40).unwrap());
-    assert!(attempts.mark_busy(&a, Some(8001), 50).unwrap());
+    assert!(attempts.mark_busy(&a, Some(JobId::new(8001)), 50).unwrap());
     let busy = attempts.get(&a).unwrap().unwrap();
-    assert_eq!(busy.runner_id, Some(55));
+    assert_eq!(busy.runner_id, Some(RunnerId::new(55)));
     assert_eq!(busy.pid, Some(999));
     assert_eq!(busy.pid_start_time, Some(31337));
-    assert_eq!(busy.job_id, Some(8001));
+    assert_eq!(busy.job_id, Some(JobId::new(8001)));
     assert_eq!((busy.state_changed_at_ms, busy.updated_at_ms), (50, 50));
 
     assert!(
@@ -196,7 +196,10 @@ fn an_attempt_walks_every_state_and_keeps_what_each_step_recorded() {
     let done = attempts.get(&a).unwrap().unwrap();
     assert_eq!(done.state, AttemptState::Cleaned);
     assert_eq!(done.outcome, Some(AttemptOutcome::CompletedJob));
-    assert_eq!((done.runner_id, done.job_id), (Some(55), Some(8001)));
+    assert_eq!(
+        (done.runner_id, done.job_id),
+        (Some(RunnerId::new(55)), Some(JobId::new(8001)))
+    );
     assert_eq!(done.state_changed_at_ms, 70);
     assert_eq!(done.created_at_ms, 10);
     assert_eq!(
@@ -218,18 +221,18 @@ fn a_transition_only_wins_from_its_predecessors() {
     // Not yet: no JIT, no process.
     assert!(!attempts.started(&a, 1, 5, 2).unwrap());
     assert!(!attempts.mark_idle(&a, AttemptState::Starting, 2).unwrap());
-    assert!(!attempts.mark_busy(&a, Some(3), 2).unwrap());
+    assert!(!attempts.mark_busy(&a, Some(JobId::new(3)), 2).unwrap());
     assert!(!attempts.mark_cleaned(&a, 2).unwrap());
-    assert!(attempts.jit_received(&a, 7, 3).unwrap());
+    assert!(attempts.jit_received(&a, RunnerId::new(7), 3).unwrap());
     // Twice is once.
-    assert!(!attempts.jit_received(&a, 7, 4).unwrap());
+    assert!(!attempts.jit_received(&a, RunnerId::new(7), 4).unwrap());
     let row = attempts.get(&a).unwrap().unwrap();
     assert_eq!(
         (row.state, row.state_changed_at_ms),
         (AttemptState::JitReceived, 3)
     );
     // An unknown attempt wins nothing.
-    assert!(!attempts.jit_received(&id(99), 7, 4).unwrap());
+    assert!(!attempts.jit_received(&id(99), RunnerId::new(7), 4).unwrap());
 }
 
 #[test]
@@ -251,14 +254,14 @@ fn two_writers_racing_for_one_transition_never_both_win() {
             200,
         )
         .unwrap();
-    let busy = second.mark_busy(&a, Some(5), 201).unwrap();
+    let busy = second.mark_busy(&a, Some(JobId::new(5)), 201).unwrap();
     assert!(concluded && !busy);
 
     // The other order: busy first, and the conclusion decided on `idle` loses.
     let b = id(4);
     create(&first, &b, "linux", 1);
     walk_to(&first, &b, AttemptState::Idle);
-    assert!(second.mark_busy(&b, Some(6), 200).unwrap());
+    assert!(second.mark_busy(&b, Some(JobId::new(6)), 200).unwrap());
     assert!(
         !first
             .conclude(
@@ -272,20 +275,23 @@ fn two_writers_racing_for_one_transition_never_both_win() {
             .unwrap()
     );
     let row = first.get(&b).unwrap().unwrap();
-    assert_eq!((row.state, row.job_id), (AttemptState::Busy, Some(6)));
+    assert_eq!(
+        (row.state, row.job_id),
+        (AttemptState::Busy, Some(JobId::new(6)))
+    );
 
     // Supervision saw a starting runner registered; the webhook marked it busy meanwhile: the
     // observation must not pull it back to idle. Made from `busy`, the same move is allowed.
     let c = id(9);
     create(&first, &c, "linux", 1);
     walk_to(&first, &c, AttemptState::Starting);
-    assert!(second.mark_busy(&c, Some(7), 200).unwrap());
+    assert!(second.mark_busy(&c, Some(JobId::new(7)), 200).unwrap());
     assert!(!first.mark_idle(&c, AttemptState::Starting, 201).unwrap());
     assert_eq!(first.get(&c).unwrap().unwrap().state, AttemptState::Busy);
     assert!(first.mark_idle(&c, AttemptState::Busy, 202).unwrap());
     // A later assignment replaces the withdrawn one.
-    assert!(second.mark_busy(&c, Some(8), 203).unwrap());
-    assert_eq!(first.get(&c).unwrap().unwrap().job_id, Some(8));
+    assert!(second.mark_busy(&c, Some(JobId::new(8)), 203).unwrap());
+    assert_eq!(first.get(&c).unwrap().unwrap().job_id, Some(JobId::new(8)));
     assert!(matches!(
         first.mark_idle(&c, AttemptState::Allocated, 204),
         Err(AttemptError::IllegalTransition { .. })
@@ -379,7 +385,7 @@ fn a_stop_intent_is_only_journalled_in_the_state_it_was_decided_for() {
     let b = id(11);
     create(&attempts, &b, "linux", 1);
     walk_to(&attempts, &b, AttemptState::Idle);
-    assert!(attempts.mark_busy(&b, Some(1), 7).unwrap());
+    assert!(attempts.mark_busy(&b, Some(JobId::new(1)), 7).unwrap());
     assert!(
         !attempts
             .record_stop_intent(&b, StopIntent::IdleTimeout, 8)
@@ -438,10 +444,10 @@ fn runner_and_job_ids_are_recorded_once_and_never_overwritten() {
     let attempts = Attempts::open(&path).unwrap();
     let a = id(20);
     create(&attempts, &a, "linux", 1);
-    assert!(attempts.record_runner_id(&a, 31, 2).unwrap());
-    assert!(!attempts.record_runner_id(&a, 31, 3).unwrap());
+    assert!(attempts.record_runner_id(&a, RunnerId::new(31), 2).unwrap());
+    assert!(!attempts.record_runner_id(&a, RunnerId::new(31), 3).unwrap());
     assert!(matches!(
-        attempts.record_runner_id(&a, 32, 3),
+        attempts.record_runner_id(&a, RunnerId::new(32), 3),
         Err(AttemptError::Conflict {
             field: "runner_id",
             journalled: 31,
@@ -449,23 +455,23 @@ fn runner_and_job_ids_are_recorded_once_and_never_overwritten() {
             ..
         })
     ));
-    assert!(attempts.record_job(&a, 900, 4).unwrap());
+    assert!(attempts.record_job(&a, JobId::new(900), 4).unwrap());
     assert!(matches!(
-        attempts.record_job(&a, 901, 4),
+        attempts.record_job(&a, JobId::new(901), 4),
         Err(AttemptError::Conflict {
             field: "job_id",
             ..
         })
     ));
     assert!(matches!(
-        attempts.record_job(&id(21), 1, 4),
+        attempts.record_job(&id(21), JobId::new(1), 4),
         Err(AttemptError::Unknown(_))
     ));
     // A cleaned attempt takes nothing new.
     let b = id(22);
     create(&attempts, &b, "linux", 1);
     walk_to(&attempts, &b, AttemptState::Cleaned);
-    assert!(!attempts.record_job(&b, 5, 9).unwrap());
+    assert!(!attempts.record_job(&b, JobId::new(5), 9).unwrap());
     assert_eq!(attempts.get(&b).unwrap().unwrap().job_id, None);
 }
 
@@ -797,7 +803,7 @@ fn the_boot_of_a_runner_identity_is_journalled_with_it() {
     let attempts = Attempts::open(&path).unwrap();
     let id = id(9);
     create(&attempts, &id, "p", 1);
-    assert!(attempts.jit_received(&id, 7, 2).unwrap());
+    assert!(attempts.jit_received(&id, RunnerId::new(7), 2).unwrap());
     assert!(
         attempts
             .started_on_boot(&id, 42, 4242, "boot-a", 3)

@@ -35,7 +35,7 @@ mod local;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use rm_handlers::JobState;
+use rm_handlers::{JobId, JobState};
 use serde::Serialize;
 
 use crate::JournalError;
@@ -107,7 +107,7 @@ pub struct ClaimRequest<'a> {
     /// The `[[policy]]` the runners would be started under.
     pub policy: &'a str,
     /// The jobs the agent routed to this policy, most wanted first.
-    pub job_ids: &'a [i64],
+    pub job_ids: &'a [JobId],
     /// The policy's fleet-wide ceiling on live claims, across all hosts; `None`: no ceiling.
     pub max_runners: Option<u32>,
 }
@@ -116,7 +116,7 @@ pub struct ClaimRequest<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claimed {
     /// The jobs now claimed by this host, in the request's order.
-    pub job_ids: Vec<i64>,
+    pub job_ids: Vec<JobId>,
     /// The fleet-wide `max_runners` held back at least one job no other host had claimed.
     pub at_ceiling: bool,
 }
@@ -151,7 +151,7 @@ pub struct HostView {
 /// One claim in the [`FleetView`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ClaimView {
-    pub job_id: i64,
+    pub job_id: JobId,
     pub policy: String,
     /// The runner started for it, once the host has said.
     pub runner_name: Option<String>,
@@ -197,13 +197,13 @@ pub trait Fleet {
     fn name_runner(
         &mut self,
         host: &str,
-        job_id: i64,
+        job_id: JobId,
         runner_name: &str,
     ) -> Result<bool, FleetError>;
 
     /// Ends `host`'s claim on `job_id` (the runner gave up without the job): the job is free to
     /// claim again. `false` if the host did not hold it.
-    fn release(&mut self, host: &str, job_id: i64) -> Result<bool, FleetError>;
+    fn release(&mut self, host: &str, job_id: JobId) -> Result<bool, FleetError>;
 
     /// Leads `role` for `ttl` from now if no live lease holds it or `host` holds it (then it is
     /// renewed); `false` while another host's lease on it is live.
@@ -262,14 +262,14 @@ pub(crate) fn lead(current: Option<(&str, i64)>, host: &str, now_ms: i64) -> Lea
 /// request's order, each once, at most as many as the fleet-wide `max_runners` leaves beside
 /// the `live` claims of the policy. Returns them and whether the ceiling held any back.
 pub(crate) fn choose(
-    candidates: &[i64],
-    free: &HashSet<i64>,
+    candidates: &[JobId],
+    free: &HashSet<JobId>,
     live: usize,
     max_runners: Option<u32>,
-) -> (Vec<i64>, bool) {
+) -> (Vec<JobId>, bool) {
     let room = max_runners.map_or(usize::MAX, |max| (max as usize).saturating_sub(live));
     let mut seen = HashSet::new();
-    let wanted: Vec<i64> = candidates
+    let wanted: Vec<JobId> = candidates
         .iter()
         .copied()
         .filter(|id| free.contains(id) && seen.insert(*id))

@@ -58,7 +58,7 @@ impl Backend for Sqlite {
         Intake::record(&self.journal, incoming).await
     }
     fn job(&self, job_id: i64) -> Option<JobRow> {
-        self.reader().job(job_id).unwrap()
+        self.reader().job(JobId::new(job_id)).unwrap()
     }
     fn delivery(&self, guid: &str) -> Option<StoredDelivery> {
         self.reader().delivery(guid).unwrap()
@@ -134,7 +134,7 @@ impl Backend for Postgres {
         Intake::record(&self.journal, incoming).await
     }
     fn job(&self, job_id: i64) -> Option<JobRow> {
-        self.read(|r| r.job(job_id).unwrap())
+        self.read(|r| r.job(JobId::new(job_id)).unwrap())
     }
     fn delivery(&self, guid: &str) -> Option<StoredDelivery> {
         self.read(|r| r.delivery(guid).unwrap())

@@ -57,6 +57,8 @@ pub use replay::replay;
 pub use retention::Retention;
 /// A job's state, as `JobRow::state` holds it.
 pub use rm_handlers::JobState;
+/// The ids the rows and records hold (`JobRow::job_id`, `AttemptRecord::runner_id`, ...).
+pub use rm_handlers::{JobId, RunnerId};
 pub use schema::SCHEMA_VERSION;
 pub use types::{
     DeliveryRow, Incoming, InstallationRow, JobRow, Outcome, Recorded, StoredDelivery,

@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use rm_handlers::{JobObservation, JobState};
+use rm_handlers::{JobId, JobObservation, JobState};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::apply::apply_job;
@@ -21,7 +21,7 @@ pub const HOOK_DELIVERY_CURSOR: &str = "hook_deliveries";
 /// What one polled sighting did to the journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sighting {
-    pub job_id: i64,
+    pub job_id: JobId,
     /// The row was inserted or moved forward: the poll knew something the journal did not.
     pub moved: bool,
     /// A delivery (webhook, relay or redelivery) has mentioned this job.
@@ -33,7 +33,7 @@ pub struct Sighting {
 /// A job the journal holds as `queued`, as a stale-job check needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueuedJobRef {
-    pub job_id: i64,
+    pub job_id: JobId,
     /// `owner/name`.
     pub repository: String,
     /// When it entered `queued` in the journal, ms since the Unix epoch.
@@ -81,7 +81,7 @@ impl PollJournal {
     }
 
     /// Which of `job_ids` a delivery has announced by now.
-    pub fn announced(&self, job_ids: &[i64]) -> Result<HashSet<i64>, JournalError> {
+    pub fn announced(&self, job_ids: &[JobId]) -> Result<HashSet<JobId>, JournalError> {
         let mut stmt = self
             .conn
             .prepare_cached("SELECT 1 FROM jobs WHERE job_id = ?1 AND announced_at IS NOT NULL")?;
@@ -146,7 +146,7 @@ impl PollJournal {
     }
 
     /// Dates a stale check of `job_id`.
-    pub fn mark_checked(&self, job_id: i64, at_ms: i64) -> Result<(), JournalError> {
+    pub fn mark_checked(&self, job_id: JobId, at_ms: i64) -> Result<(), JournalError> {
         self.conn
             .prepare_cached("UPDATE jobs SET checked_at = ?2 WHERE job_id = ?1")?
             .execute(params![job_id, at_ms])?;

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use rm_handlers::JobId;
 use rusqlite::{Connection, OptionalExtension, Row};
 
 use crate::attempts::{ATTEMPT_COLUMNS, attempt_row};
@@ -41,7 +42,7 @@ impl Reader {
     }
 
     /// One job by its `workflow_job.id`.
-    pub fn job(&self, job_id: i64) -> Result<Option<JobRow>, JournalError> {
+    pub fn job(&self, job_id: JobId) -> Result<Option<JobRow>, JournalError> {
         let mut stmt = self
             .conn
             .prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = ?1"))?;

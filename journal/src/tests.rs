@@ -16,7 +16,7 @@ fn temp_journal() -> (tempfile::TempDir, PathBuf) {
 }
 
 fn state_of(path: &Path, job_id: i64) -> Option<JobRow> {
-    Reader::open(path).unwrap().job(job_id).unwrap()
+    Reader::open(path).unwrap().job(JobId::new(job_id)).unwrap()
 }
 
 #[tokio::test]
@@ -145,7 +145,12 @@ async fn retention_drops_old_bodies_rows_and_finished_jobs() {
         replay(&path, "old", now),
         Err(JournalError::BodyPruned(_))
     ));
-    let mut jobs: Vec<i64> = reader.jobs(100).unwrap().iter().map(|j| j.job_id).collect();
+    let mut jobs: Vec<i64> = reader
+        .jobs(100)
+        .unwrap()
+        .iter()
+        .map(|j| j.job_id.get())
+        .collect();
     jobs.sort_unstable();
     // Finished jobs past retention go; a queued job stays however old it is.
     assert_eq!(jobs, vec![3, 4]);
@@ -206,7 +211,10 @@ fn migrations_run_from_every_earlier_version() {
                 })
                 .unwrap();
             assert_eq!(body, b"{}", "from v{start}");
-            assert_eq!(reader.job(1).unwrap().unwrap().labels, vec!["self-hosted"]);
+            assert_eq!(
+                reader.job(JobId::new(1)).unwrap().unwrap().labels,
+                vec!["self-hosted"]
+            );
         }
         // Every outcome this build writes fits the migrated table's CHECK.
         for (n, outcome) in ["applied", "duplicate", "ignored", "rejected", "stale"]

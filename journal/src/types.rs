@@ -1,6 +1,6 @@
 //! The values that cross the journal's boundary: a delivery coming in, and rows going out.
 
-use rm_handlers::{JobState, Source};
+use rm_handlers::{JobId, JobState, RunnerId, Source};
 use serde::Serialize;
 
 /// A verified delivery on its way into the journal.
@@ -72,7 +72,7 @@ pub enum Recorded {
 /// A journalled `workflow_job`, as `rm-agent jobs --json` prints it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRow {
-    pub job_id: i64,
+    pub job_id: JobId,
     pub run_id: i64,
     pub run_attempt: i64,
     pub repository: String,
@@ -81,7 +81,7 @@ pub struct JobRow {
     pub state: JobState,
     pub conclusion: Option<String>,
     pub runner_name: Option<String>,
-    pub runner_id: Option<i64>,
+    pub runner_id: Option<RunnerId>,
     pub workflow_name: Option<String>,
     pub job_name: Option<String>,
     pub source: String,

@@ -2,6 +2,7 @@
 //! served was queued, when the runner that took it was started, and when it started. The agent
 //! turns them into samples and percentiles (`rm_agent::latency`); this module only reads.
 
+use rm_handlers::JobId;
 use rusqlite::{Connection, Row};
 
 use crate::JournalError;
@@ -9,7 +10,7 @@ use crate::JournalError;
 /// One job that started on a runner of this host, with the ends of its wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WaitRow {
-    pub job_id: i64,
+    pub job_id: JobId,
     /// The policy of the attempt whose runner took the job.
     pub policy: String,
     /// GitHub's `created_at`, when a sighting carried it.

@@ -80,7 +80,11 @@ fn started_attempt(attempts: &Attempts, n: u8, policy: &str, started_at: i64) ->
             cgroup: None,
         })
         .unwrap();
-    assert!(attempts.jit_received(&id, 7, started_at - 100).unwrap());
+    assert!(
+        attempts
+            .jit_received(&id, RunnerId::new(7), started_at - 100)
+            .unwrap()
+    );
     assert!(attempts.started(&id, 4242, 99, started_at).unwrap());
     // Later states move `state_changed_at` on; the start must stay.
     assert!(
@@ -142,7 +146,7 @@ async fn a_served_job_has_github_s_queue_time_its_runner_s_start_and_its_own_sta
     assert_eq!(
         reader.job_waits(T0).unwrap(),
         vec![WaitRow {
-            job_id: 11,
+            job_id: JobId::new(11),
             policy: "linux".to_owned(),
             queued_at_ms: Some(T0),
             first_seen_at_ms: T0 + 1_500,
@@ -276,7 +280,7 @@ fn the_v7_migration_dates_what_earlier_rows_can_still_date() {
     assert_eq!(
         waits,
         vec![WaitRow {
-            job_id: 1,
+            job_id: JobId::new(1),
             policy: "linux".to_owned(),
             queued_at_ms: None,
             first_seen_at_ms: 10,

@@ -170,7 +170,11 @@ async fn a_signed_delivery_is_committed_before_202_and_its_guid_answered_200_aft
             .any(|(k, v)| k == "x-hub-signature-256" && v.starts_with("sha256="))
     );
     assert_eq!(
-        reader.job(289_782_451).unwrap().unwrap().state,
+        reader
+            .job(rm_handlers::JobId::new(289_782_451))
+            .unwrap()
+            .unwrap()
+            .state,
         rm_handlers::JobState::Queued
     );
 

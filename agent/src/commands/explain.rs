@@ -6,7 +6,7 @@
 
 use std::time::SystemTime;
 
-use rm_journal::{AttemptRecord, JobRow, Reader};
+use rm_journal::{AttemptRecord, JobId, JobRow, Reader};
 
 use crate::config::{Config, Isolation};
 use crate::exit::Exit;
@@ -60,7 +60,7 @@ impl Gathered {
     }
 }
 
-pub fn run(config: &Config, job_id: i64, json: bool) -> Result<(), Exit> {
+pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
     let reader = super::open_reader_or_empty(config, json)?;
     let gathered =
         Gathered::read(config, reader.as_ref(), SystemTime::now()).map_err(Exit::runtime)?;

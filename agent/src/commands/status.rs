@@ -741,6 +741,7 @@ pub fn render(facts: &Facts) -> String {
 mod tests {
     use super::*;
     use crate::status_file::{Github, Host, Offline, Polling, RateLimit, Requests, Webhooks};
+    use rm_journal::JobId;
 
     const NOW: i64 = 1_700_000_100_000;
 
@@ -787,7 +788,9 @@ mod tests {
 
     fn facts() -> Facts {
         let mut demand = Demand::default();
-        demand.per_policy.insert("linux".to_owned(), vec![1, 2]);
+        demand
+            .per_policy
+            .insert("linux".to_owned(), vec![JobId::new(1), JobId::new(2)]);
         demand.per_policy.insert("gpu".to_owned(), vec![]);
         Facts {
             now_ms: NOW,
@@ -973,7 +976,7 @@ mod tests {
             (AttemptOutcome::Orphaned, None),
             (AttemptOutcome::CompletedJob, None),
         ];
-        f.demand.overlapping = vec![(7, vec!["linux".to_owned(), "gpu".to_owned()])];
+        f.demand.overlapping = vec![(JobId::new(7), vec!["linux".to_owned(), "gpu".to_owned()])];
         f.rejected = 2;
         let problems = degraded(&f);
         let expect = [

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rm_journal::{
-    AttemptId, AttemptRecord, AttemptState, IsolationKind, NewAttempt, Scope, WorkspaceKind,
+    AttemptId, AttemptRecord, AttemptState, IsolationKind, JobId, NewAttempt, Scope, WorkspaceKind,
 };
 
 use super::context::Context;
@@ -48,7 +48,7 @@ pub const NOTIFY_WAITING_AFTER: Duration = Duration::from_secs(15 * 60);
 pub(super) struct Allocator {
     fences: HashMap<String, i64>,
     backoff: HashMap<String, Backoff>,
-    reported: HashSet<i64>,
+    reported: HashSet<JobId>,
     /// Per policy: since when its demand has been held back by the host's ceiling.
     waiting_since: HashMap<String, i64>,
     /// Per policy: runners that completed a job the journal had not named when they concluded.
@@ -173,7 +173,7 @@ impl Allocator {
         named: &HashSet<String>,
         now: i64,
     ) -> Vec<(&'p Policy, u32)> {
-        let first_seen: HashMap<i64, i64> = jobs
+        let first_seen: HashMap<JobId, i64> = jobs
             .iter()
             .map(|j| (j.job_id, j.first_seen_at_ms))
             .collect();
@@ -195,9 +195,10 @@ impl Allocator {
                     })
                     .count()
             });
-            let done_meanwhile = self.unknown_completions.get(&policy.name).map_or(0, |c| {
-                unknown_completions(c, named, self.refreshed_at, now)
-            });
+            let done_meanwhile = self
+                .unknown_completions
+                .get(&policy.name)
+                .map_or(0, |c| unknown_completions(c, named, self.refreshed_at, now));
             let count = u32::try_from(routed)
                 .unwrap_or(u32::MAX)
                 .saturating_sub(done_meanwhile);
@@ -266,13 +267,13 @@ impl Allocator {
     fn report_unroutable(&mut self, demand: &demand::Demand) {
         for (job_id, policies) in &demand.overlapping {
             if self.reported.insert(*job_id) {
-                tracing::warn!(job_id, policies = ?policies, "job matches more than one policy of this host; starting nothing for it: make the policies' labels disjoint");
+                tracing::warn!(job_id = job_id.get(), policies = ?policies, "job matches more than one policy of this host; starting nothing for it: make the policies' labels disjoint");
             }
         }
         for job_id in &demand.unresolvable {
             if self.reported.insert(*job_id) {
                 tracing::warn!(
-                    job_id,
+                    job_id = job_id.get(),
                     "job's runs-on holds an unevaluated expression (${{ }}); it is not counted as demand"
                 );
             }

@@ -152,7 +152,7 @@ impl Launch {
             work_folder: WORK_FOLDER.to_owned(),
         };
         let jit = self.request_jit(policy, &target, &request).await?;
-        let runner_id = i64::try_from(jit.runner.id).unwrap_or(i64::MAX);
+        let runner_id = jit.runner.id;
         let (id, at_ms) = (record.attempt_id.clone(), ctx.now_ms());
         let recorded = ctx
             .journal

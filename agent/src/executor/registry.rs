@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use rm_github::types::{JitConfig, JitRequest, Runner};
 use rm_github::{GithubClient, GithubError, Target};
+use rm_journal::RunnerId;
 
 use crate::lifecycle::GithubObservation;
 
@@ -42,7 +43,7 @@ pub fn jit_retry(error: &GithubError) -> JitRetry {
 /// One runner as GitHub lists it, reduced to what supervision needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Listed {
-    pub runner_id: u64,
+    pub runner_id: RunnerId,
     /// The runner process connected (`online`) or has a job.
     pub registered: bool,
     pub busy: bool,
@@ -120,7 +121,11 @@ impl Registry {
 
     /// Removes a registration; one that is already gone is fine. A `422` (still busy) is the
     /// caller's to retry: see [`deregistration`].
-    pub async fn deregister(&self, target: &Target, runner_id: u64) -> Result<(), GithubError> {
+    pub async fn deregister(
+        &self,
+        target: &Target,
+        runner_id: RunnerId,
+    ) -> Result<(), GithubError> {
         match self.client.delete_runner(target, runner_id).await {
             Ok(()) | Err(GithubError::NotFound { .. }) => Ok(()),
             Err(e) => Err(e),
@@ -186,7 +191,7 @@ mod tests {
                 (
                     (*name).to_owned(),
                     Listed {
-                        runner_id: i as u64 + 1,
+                        runner_id: RunnerId::new(i as i64 + 1),
                         registered: *status == "online" || *busy,
                         busy: *busy,
                     },

@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use rm_github::Target;
-use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState};
+use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState, JobId};
 use tracing::Instrument as _;
 
 use super::allocate::Concluded;
@@ -320,7 +320,7 @@ impl Supervisor {
                 None => return Deregistration::Settled,
             },
             // Unknown: try by the journalled id (a 404 is fine).
-            _ => match record.runner_id.and_then(|id| u64::try_from(id).ok()) {
+            _ => match record.runner_id {
                 Some(id) => id,
                 None => return Deregistration::Settled,
             },
@@ -330,12 +330,12 @@ impl Supervisor {
         match result {
             Err(_) if deregistration == Deregistration::Busy => {
                 tracing::info!(
-                    runner_id,
+                    runner_id = runner_id.get(),
                     "GitHub still holds the runner busy; removing its registration again shortly"
                 );
             }
             Ok(()) => {
-                tracing::info!(runner_id, "registration removed");
+                tracing::info!(runner_id = runner_id.get(), "registration removed");
                 if let Some((_, Ok(runners))) = self.listings.get_mut(target) {
                     runners.remove(&record.runner_name);
                 }
@@ -504,7 +504,7 @@ async fn note_jobs_taken(
             return Ok(records);
         }
     };
-    let taken: HashMap<String, i64> = jobs
+    let taken: HashMap<String, JobId> = jobs
         .into_iter()
         .filter(|j| j.state >= rm_handlers::JobState::InProgress)
         .filter_map(|j| Some((j.runner_name?, j.job_id)))
@@ -523,7 +523,7 @@ async fn note_jobs_taken(
                 };
                 let waiting = matches!(record.state, AttemptState::Starting | AttemptState::Idle);
                 if waiting && attempts.mark_busy(&record.attempt_id, Some(job_id), now)? {
-                    tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, job_id, "runner took a job");
+                    tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, job_id = job_id.get(), "runner took a job");
                     fault::crash_point("runner_busy");
                 } else if record.state == AttemptState::Busy && record.job_id.is_none() {
                     attempts.record_job(&record.attempt_id, job_id, now)?;
@@ -676,7 +676,7 @@ mod tests {
             outcome: None,
             reason: None,
             detail: None,
-            runner_id: Some(1),
+            runner_id: Some(rm_journal::RunnerId::new(1)),
             job_id: None,
             pid: Some(5),
             pid_start_time: Some(6),

@@ -33,7 +33,7 @@ mod tests;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rm_journal::{AttemptRecord, AttemptState, JobRow};
+use rm_journal::{AttemptRecord, AttemptState, JobId, JobRow};
 use serde::Serialize;
 
 use crate::allocation::{self, AllocationInput, Limit};
@@ -98,7 +98,7 @@ fn reason(code: &'static str, message: impl Into<String>) -> Reason {
 /// hold too (and what the answer cannot know).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Explanation {
-    pub job_id: i64,
+    pub job_id: JobId,
     /// The journal's state of the job; `None` when the journal has no such job.
     pub state: Option<String>,
     pub verdict: Verdict,
@@ -150,7 +150,7 @@ fn condition(verdict: Verdict, reason: Reason, summary: impl Into<String>) -> Co
 /// its place among them and how many they are.
 struct Queue {
     routed: demand::Demand,
-    places: HashMap<i64, (usize, usize)>,
+    places: HashMap<JobId, (usize, usize)>,
 }
 
 /// The fence of `policy` in the snapshot's allocation memory (`i64::MIN`: none).
@@ -167,7 +167,7 @@ impl Queue {
     /// The queue of `facts`, with `extra` in it if the journal's queue lacked it.
     fn of(facts: &Facts<'_>, extra: Option<&JobRow>) -> Queue {
         let mut jobs: Vec<QueuedJob> = facts.queued.iter().map(QueuedJob::from).collect();
-        let mut first_seen: HashMap<i64, i64> = facts
+        let mut first_seen: HashMap<JobId, i64> = facts
             .queued
             .iter()
             .map(|j| (j.job_id, j.first_seen_at_ms))
@@ -182,7 +182,7 @@ impl Queue {
         let mut places = HashMap::new();
         for (policy, ids) in &routed.per_policy {
             let fence = fence_of(facts, policy);
-            let demand: Vec<i64> = ids
+            let demand: Vec<JobId> = ids
                 .iter()
                 .copied()
                 .filter(|id| {
@@ -211,7 +211,7 @@ pub fn explain_queued(facts: &Facts<'_>) -> Vec<Explanation> {
 }
 
 /// Explains `job_id`, which the journal holds as `job` (or not at all).
-pub fn explain(job_id: i64, job: Option<&JobRow>, facts: &Facts<'_>) -> Explanation {
+pub fn explain(job_id: JobId, job: Option<&JobRow>, facts: &Facts<'_>) -> Explanation {
     let Some(job) = job else {
         let mut reasons = vec![not_seen(job_id, facts)];
         reasons.extend(agent_context(facts));
@@ -806,7 +806,7 @@ fn at_capacity(
 }
 
 /// Why a job the journal does not hold may not be seen yet.
-fn not_seen(job_id: i64, facts: &Facts<'_>) -> Reason {
+fn not_seen(job_id: JobId, facts: &Facts<'_>) -> Reason {
     let next_poll = facts
         .snapshot
         .filter(|_| facts.agent.is_running())

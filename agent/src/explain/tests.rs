@@ -30,7 +30,7 @@ fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
 
 fn job(id: i64, state: &str, labels: &[&str], first_seen: i64) -> JobRow {
     JobRow {
-        job_id: id,
+        job_id: JobId::new(id),
         run_id: 1,
         run_attempt: 1,
         repository: "acme/widgets".to_owned(),
@@ -62,7 +62,7 @@ fn attempt(policy: &str, state: AttemptState, job_id: Option<i64>, created: i64)
         reason: None,
         detail: None,
         runner_id: None,
-        job_id,
+        job_id: job_id.map(JobId::new),
         pid: None,
         pid_start_time: None,
         stop_intent: None,
@@ -195,7 +195,7 @@ fn no_matching_policy_names_the_closest_policy_and_the_labels_that_differ() {
     // Another target: named as what differs.
     let mut other = job(2, "queued", LINUX, NOW);
     other.repository = "other/widgets".to_owned();
-    let e = explain(2, Some(&other), &w.facts());
+    let e = explain(JobId::new(2), Some(&other), &w.facts());
     assert_eq!(e.verdict, Verdict::NoMatchingPolicy);
     assert!(
         e.reasons[0]
@@ -440,7 +440,7 @@ fn host_unfit_names_the_fitness_gates_problems() {
 #[test]
 fn not_seen_when_the_journal_has_no_such_job() {
     let w = World::new();
-    let e = explain(77, None, &w.facts());
+    let e = explain(JobId::new(77), None, &w.facts());
     assert_eq!((e.verdict, e.state.clone()), (Verdict::NotSeen, None));
     assert_eq!(codes(&e), ["not_seen"]);
     assert!(e.reasons[0].message.contains("next poll"), "{e:?}");
@@ -514,7 +514,7 @@ fn the_json_has_the_contract_fields() {
     let mut w = World::new();
     let j = w.queue(1, LINUX);
     let facts = w.facts();
-    let value = to_json(&explain(1, Some(&j), &facts), &facts);
+    let value = to_json(&explain(JobId::new(1), Some(&j), &facts), &facts);
     for key in ["job_id", "state", "verdict", "reasons", "runner_name"] {
         assert!(value.get(key).is_some(), "{key} in {value}");
     }

@@ -9,7 +9,7 @@ const T0: i64 = 1_700_000_000_000;
 
 fn row(job_id: i64, policy: &str, queued: Option<i64>, runner: Option<i64>, job: i64) -> WaitRow {
     WaitRow {
-        job_id,
+        job_id: JobId::new(job_id),
         policy: policy.to_owned(),
         queued_at_ms: queued,
         first_seen_at_ms: T0 + 700,
@@ -153,12 +153,20 @@ fn the_recorder_counts_each_new_job_once_and_not_what_the_journal_held_at_start(
     let mut recorder = Recorder::seeded(&before);
     let mut rows = before.to_vec();
     rows.push(row(2, "linux", Some(T0), Some(T0 + 1), T0 + 3));
-    let fresh: Vec<i64> = recorder.fresh(&rows, T0).iter().map(|s| s.job_id).collect();
+    let fresh: Vec<i64> = recorder
+        .fresh(&rows, T0)
+        .iter()
+        .map(|s| s.job_id.get())
+        .collect();
     assert_eq!(fresh, vec![2]);
     assert!(recorder.fresh(&rows, T0).is_empty(), "counted once");
     // A job GitHub dates before another already counted is still new.
     rows.push(row(3, "gpu", Some(T0), None, T0 + 1));
-    let fresh: Vec<i64> = recorder.fresh(&rows, T0).iter().map(|s| s.job_id).collect();
+    let fresh: Vec<i64> = recorder
+        .fresh(&rows, T0)
+        .iter()
+        .map(|s| s.job_id.get())
+        .collect();
     assert_eq!(fresh, vec![3]);
     // Past the window the rows are no longer read, and the recorder forgets them.
     assert!(recorder.fresh(&[], T0 + 10).is_empty());
@@ -174,7 +182,7 @@ fn the_histograms_are_labelled_by_policy_with_the_documented_buckets() {
         row(2, "linux", Some(T0), Some(T0 + 2_000), T0 + 4_000),
         row(3, "gpu", Some(T0), None, T0 + 7_200_000),
     ]) {
-        assert!(sample.started_at_ms <= now || sample.job_id == 3);
+        assert!(sample.started_at_ms <= now || sample.job_id == JobId::new(3));
         metrics.observe(&sample);
     }
     let mut registry = Registry::default();

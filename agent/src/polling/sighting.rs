@@ -23,7 +23,7 @@ pub(super) fn observation(
     };
     let started = state >= JobState::InProgress;
     Some(JobObservation {
-        job_id: i64::try_from(job.id).ok()?,
+        job_id: job.id,
         run_id: i64::try_from(job.run_id).ok()?,
         run_attempt: job
             .run_attempt
@@ -35,10 +35,7 @@ pub(super) fn observation(
         state,
         conclusion: job.conclusion.clone(),
         runner_name: job.runner_name.clone().filter(|_| started),
-        runner_id: job
-            .runner_id
-            .and_then(|i| i64::try_from(i).ok())
-            .filter(|_| started),
+        runner_id: job.runner_id.filter(|_| started),
         workflow_name: job.workflow_name.clone(),
         job_name: Some(job.name.clone()),
         queued_at_ms: parse_rfc3339(&job.created_at).map(super::unix_ms),

@@ -75,11 +75,8 @@ pub async fn check_jobs(
         let Some((owner, name)) = job.repository.split_once('/') else {
             continue;
         };
-        let Ok(id) = u64::try_from(job.job_id) else {
-            continue;
-        };
         report.requests += 1;
-        match client.get_job(owner, name, id).await {
+        match client.get_job(owner, name, job.job_id).await {
             Ok(found) => {
                 if let Some(seen) = observation(&found, &job.repository, None, now_ms) {
                     let sightings = lock().record_sightings(&[seen])?;
@@ -91,7 +88,7 @@ pub async fn check_jobs(
             }
             Err(GithubError::NotFound { .. }) => {
                 tracing::debug!(
-                    job_id = job.job_id,
+                    job_id = job.job_id.get(),
                     "stale check: GitHub does not know the job"
                 );
             }

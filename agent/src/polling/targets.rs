@@ -21,7 +21,7 @@ use rm_github::types::WorkflowJob;
 use rm_github::wire::parse_rfc3339;
 use rm_github::{GithubClient, GithubError, Target};
 use rm_handlers::JobObservation;
-use rm_journal::{JournalError, PollJournal, QueuedJobRef};
+use rm_journal::{JobId, JournalError, PollJournal, QueuedJobRef};
 
 use super::health::is_unannounced;
 use super::schedule::Failure;
@@ -52,7 +52,7 @@ pub struct DemandState {
     /// Whether each repository's last listings held any run (a `304` keeps the last answer).
     busy: HashMap<(String, &'static str), bool>,
     /// Queued jobs a poll found unannounced inside the grace: job id → when the grace started.
-    pending: HashMap<i64, SystemTime>,
+    pending: HashMap<JobId, SystemTime>,
     /// Real repository-list calls (tests read it).
     pub lookups: u64,
 }
@@ -340,7 +340,7 @@ pub fn settle_announcements(
     journal: &Mutex<PollJournal>,
     now: SystemTime,
 ) -> Result<usize, DemandError> {
-    let due: Vec<i64> = state
+    let due: Vec<JobId> = state
         .pending
         .iter()
         .filter(|(_, since)| is_unannounced(**since, now))
@@ -372,7 +372,7 @@ mod vanished_tests {
 
     fn job(id: i64) -> QueuedJobRef {
         QueuedJobRef {
-            job_id: id,
+            job_id: JobId::new(id),
             repository: "acme/widgets".into(),
             updated_at_ms: 0,
             checked_at_ms: None,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, FaultAction};
 use rm_github::{ClientConfig, GithubClient, ManualClock, Target};
-use rm_journal::{JOURNAL_FILE, Journal, PollJournal, Reader, Retention};
+use rm_journal::{JOURNAL_FILE, JobId, Journal, PollJournal, Reader, Retention};
 
 use super::*;
 
@@ -96,7 +96,7 @@ impl Harness {
     fn job(&self, id: u64) -> rm_journal::JobRow {
         Reader::open(&self.path)
             .unwrap()
-            .job(i64::try_from(id).unwrap())
+            .job(JobId::try_from(id).unwrap())
             .unwrap()
             .unwrap()
     }

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use rm_handlers::JobId;
 use serde_json::Value;
 
 use crate::common::*;
@@ -299,11 +300,29 @@ async fn exercise(h: &Harness) {
     };
     let jobs = c.list_run_jobs("acme", "widgets", run_id);
     let jobs = ok(h, "GET", &format!("/runs/{run_id}/jobs"), 200, jobs).await;
-    assert_eq!(jobs.value.iter().map(|j| j.id).collect::<Vec<_>>(), [job]);
+    let job_id = JobId::try_from(job).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        jobs.value.iter().map(|j| j.id).collect::<Vec<_>>(),
+        [job_id]
+    );
     let job_path = format!("/actions/jobs/{job}");
-    ok(h, "GET", &job_path, 200, c.get_job("acme", "widgets", job)).await;
+    ok(
+        h,
+        "GET",
+        &job_path,
+        200,
+        c.get_job("acme", "widgets", job_id),
+    )
+    .await;
     assert!(h.fake.complete_job(job, "success"));
-    ok(h, "GET", &job_path, 200, c.get_job("acme", "widgets", job)).await;
+    ok(
+        h,
+        "GET",
+        &job_path,
+        200,
+        c.get_job("acme", "widgets", job_id),
+    )
+    .await;
     let done = c.list_workflow_runs("acme", "widgets", "completed");
     let done = ok(h, "GET", runs_path, 200, done).await;
     assert!(
@@ -321,7 +340,11 @@ async fn exercise(h: &Harness) {
         "GET",
         &held_path,
         200,
-        c.get_job("acme", "widgets", held),
+        c.get_job(
+            "acme",
+            "widgets",
+            JobId::try_from(held).unwrap_or_else(|e| panic!("{e}")),
+        ),
     )
     .await;
     let waiting = c.list_workflow_runs("acme", "widgets", "waiting");

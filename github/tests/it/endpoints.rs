@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use rm_fake_github::FaultAction;
 use rm_github::GithubError;
+use rm_handlers::JobId;
 use secrecy::ExposeSecret;
 
 use crate::common::*;
@@ -233,13 +234,16 @@ async fn runs_and_jobs_are_listed_by_status() {
     let run_id = queued[0].id;
     let jobs = h.client.list_run_jobs("acme", "widgets", run_id).await;
     let jobs = jobs.unwrap_or_else(|e| panic!("{e}")).value;
-    assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [job_id]);
+    assert_eq!(
+        jobs.iter().map(|j| j.id.get()).collect::<Vec<_>>(),
+        [i64::try_from(job_id).unwrap()]
+    );
     assert_eq!(jobs[0].labels, ["self-hosted", "linux"]);
     assert_eq!(jobs[0].runner_name, None);
     assert!(h.fake.complete_job(job_id, "cancelled"));
     let job = h
         .client
-        .get_job("acme", "widgets", job_id)
+        .get_job("acme", "widgets", JobId::try_from(job_id).unwrap())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
@@ -252,7 +256,7 @@ async fn runs_and_jobs_are_listed_by_status() {
         .await;
     assert!(still.unwrap_or_else(|e| panic!("{e}")).value.is_empty());
     assert!(matches!(
-        h.client.get_job("acme", "widgets", 1).await,
+        h.client.get_job("acme", "widgets", JobId::new(1)).await,
         Err(GithubError::NotFound { .. })
     ));
 }

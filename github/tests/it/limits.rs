@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use rm_github::{GithubError, LimitKind};
+use rm_handlers::RunnerId;
 
 use crate::common::*;
 
@@ -50,7 +51,7 @@ async fn the_client_stops_at_its_reserve_before_github_says_no() {
     let mut ok = 0;
     let mut refused = None;
     for _ in 0..10 {
-        match h.client.get_runner(&org(), 1).await {
+        match h.client.get_runner(&org(), RunnerId::new(1)).await {
             Err(GithubError::NotFound { .. }) => ok += 1,
             Err(e @ GithubError::RateLimited { .. }) => {
                 refused = Some(e);

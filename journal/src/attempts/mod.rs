@@ -19,6 +19,7 @@ mod types;
 
 use std::path::Path;
 
+use rm_handlers::{JobId, RunnerId};
 use rusqlite::Connection;
 
 use sql::*;
@@ -79,7 +80,7 @@ impl Attempts {
     pub fn jit_received(
         &self,
         id: &AttemptId,
-        runner_id: i64,
+        runner_id: RunnerId,
         at_ms: i64,
     ) -> Result<bool, AttemptError> {
         jit_received(&self.conn, id, runner_id, at_ms)
@@ -122,7 +123,7 @@ impl Attempts {
     pub fn mark_busy(
         &self,
         id: &AttemptId,
-        job_id: Option<i64>,
+        job_id: Option<JobId>,
         at_ms: i64,
     ) -> Result<bool, AttemptError> {
         mark_busy(&self.conn, id, job_id, at_ms)
@@ -133,10 +134,10 @@ impl Attempts {
     pub fn record_runner_id(
         &self,
         id: &AttemptId,
-        runner_id: i64,
+        runner_id: RunnerId,
         at_ms: i64,
     ) -> Result<bool, AttemptError> {
-        record_once(&self.conn, id, "runner_id", runner_id, at_ms)
+        record_once(&self.conn, id, "runner_id", runner_id.get(), at_ms)
     }
 
     /// Records the job a runner took (an `in_progress` delivery naming it). `Ok(true)` when
@@ -144,10 +145,10 @@ impl Attempts {
     pub fn record_job(
         &self,
         id: &AttemptId,
-        job_id: i64,
+        job_id: JobId,
         at_ms: i64,
     ) -> Result<bool, AttemptError> {
-        record_once(&self.conn, id, "job_id", job_id, at_ms)
+        record_once(&self.conn, id, "job_id", job_id.get(), at_ms)
     }
 
     /// Journals why the process is about to be stopped. Signal only after `Ok(true)`.

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use rm_handlers::{JobId, RunnerId};
 use rusqlite::types::ToSql;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, params};
 
@@ -261,7 +262,7 @@ pub(super) fn compare_and_set(
 pub(crate) fn jit_received(
     conn: &Connection,
     id: &AttemptId,
-    runner_id: i64,
+    runner_id: RunnerId,
     at_ms: i64,
 ) -> Result<bool, AttemptError> {
     compare_and_set(
@@ -315,7 +316,7 @@ pub(crate) fn mark_idle(
 pub(crate) fn mark_busy(
     conn: &Connection,
     id: &AttemptId,
-    job_id: Option<i64>,
+    job_id: Option<JobId>,
     at_ms: i64,
 ) -> Result<bool, AttemptError> {
     compare_and_set(

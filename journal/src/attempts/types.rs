@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use rm_handlers::{JobId, RunnerId};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use serde::Serialize;
 
@@ -369,8 +370,8 @@ pub struct AttemptRecord {
     pub reason: Option<String>,
     /// One sentence for the operator (never the JIT, a token or a child's output).
     pub detail: Option<String>,
-    pub runner_id: Option<i64>,
-    pub job_id: Option<i64>,
+    pub runner_id: Option<RunnerId>,
+    pub job_id: Option<JobId>,
     pub pid: Option<u32>,
     /// The process's start time as the kernel reports it (Linux: field 22 of `/proc/<pid>/stat`,
     /// clock ticks since boot). With the pid it names one process: a recycled pid has another.

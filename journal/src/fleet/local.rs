@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
+use rm_handlers::JobId;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{
@@ -174,7 +175,7 @@ impl Fleet for LocalFleet {
     fn name_runner(
         &mut self,
         host: &str,
-        job_id: i64,
+        job_id: JobId,
         runner_name: &str,
     ) -> Result<bool, FleetError> {
         let changed = self.conn.execute(
@@ -184,7 +185,7 @@ impl Fleet for LocalFleet {
         Ok(changed == 1)
     }
 
-    fn release(&mut self, host: &str, job_id: i64) -> Result<bool, FleetError> {
+    fn release(&mut self, host: &str, job_id: JobId) -> Result<bool, FleetError> {
         let changed = self.conn.execute(
             "DELETE FROM claims WHERE job_id = ?2 AND host = ?1",
             params![host, job_id],

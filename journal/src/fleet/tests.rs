@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use ::postgres::{Client, NoTls};
-use rm_handlers::JobState;
+use rm_handlers::{JobId, JobState};
 
 use super::*;
 use crate::intake_tests::{Postgres, Sqlite, job_delivery, off_runtime};
@@ -58,18 +58,24 @@ fn a_role_is_taken_when_free_or_expired_and_renewed_by_its_holder() {
 
 #[test]
 fn choosing_keeps_the_request_s_order_each_job_once_and_the_ceiling() {
-    let free: HashSet<i64> = [1, 2, 3, 5].into();
+    let free: HashSet<JobId> = ids([1, 2, 3, 5]).into();
     assert_eq!(
-        choose(&[5, 4, 3, 3, 2, 1], &free, 0, None),
-        (vec![5, 3, 2, 1], false)
+        choose(&ids([5, 4, 3, 3, 2, 1]), &free, 0, None),
+        (ids([5, 3, 2, 1]).to_vec(), false)
     );
-    assert_eq!(choose(&[5, 3, 2, 1], &free, 1, Some(3)), (vec![5, 3], true));
-    assert_eq!(choose(&[5, 3], &free, 1, Some(3)), (vec![5, 3], false));
-    assert_eq!(choose(&[5, 3], &free, 3, Some(3)), (vec![], true));
+    assert_eq!(
+        choose(&ids([5, 3, 2, 1]), &free, 1, Some(3)),
+        (ids([5, 3]).to_vec(), true)
+    );
+    assert_eq!(
+        choose(&ids([5, 3]), &free, 1, Some(3)),
+        (ids([5, 3]).to_vec(), false)
+    );
+    assert_eq!(choose(&ids([5, 3]), &free, 3, Some(3)), (vec![], true));
     // More live claims than the ceiling (it was lowered): nothing, no underflow.
-    assert_eq!(choose(&[5], &free, 9, Some(3)), (vec![], true));
+    assert_eq!(choose(&ids([5]), &free, 9, Some(3)), (vec![], true));
     // Nothing free: not held back by the ceiling.
-    assert_eq!(choose(&[4], &free, 3, Some(3)), (vec![], false));
+    assert_eq!(choose(&ids([4]), &free, 3, Some(3)), (vec![], false));
 }
 
 #[test]
@@ -85,7 +91,7 @@ fn the_view_shows_claims_only_under_live_hosts_and_only_live_leaders() {
     let claim = |name: &str, job_id, job_state| ClaimRow {
         host: name.to_owned(),
         view: ClaimView {
-            job_id,
+            job_id: JobId::new(job_id),
             policy: "small".to_owned(),
             runner_name: None,
             claimed_at_ms: 3,
@@ -116,7 +122,7 @@ fn the_view_shows_claims_only_under_live_hosts_and_only_live_leaders() {
     assert_eq!(a.labels, ["self-hosted"]);
     assert_eq!(a.policies, ["small"]);
     assert_eq!(
-        a.claims.iter().map(|c| c.job_id).collect::<Vec<_>>(),
+        a.claims.iter().map(|c| c.job_id.get()).collect::<Vec<_>>(),
         [1, 2]
     );
     assert!(!view.hosts[1].live);
@@ -185,7 +191,17 @@ fn host(name: &str) -> HostInfo {
     }
 }
 
-fn request<'a>(host: &'a str, job_ids: &'a [i64]) -> ClaimRequest<'a> {
+/// Job ids from their numbers.
+fn ids<const N: usize>(numbers: [i64; N]) -> [JobId; N] {
+    numbers.map(JobId::new)
+}
+
+/// Job ids from a list of numbers.
+fn job_ids(numbers: &[i64]) -> Vec<JobId> {
+    numbers.iter().copied().map(JobId::new).collect()
+}
+
+fn request<'a>(host: &'a str, job_ids: &'a [JobId]) -> ClaimRequest<'a> {
     ClaimRequest {
         host,
         policy: "small",
@@ -194,7 +210,7 @@ fn request<'a>(host: &'a str, job_ids: &'a [i64]) -> ClaimRequest<'a> {
     }
 }
 
-fn capped<'a>(host: &'a str, policy: &'a str, job_ids: &'a [i64], max: u32) -> ClaimRequest<'a> {
+fn capped<'a>(host: &'a str, policy: &'a str, job_ids: &'a [JobId], max: u32) -> ClaimRequest<'a> {
     ClaimRequest {
         host,
         policy,
@@ -204,7 +220,8 @@ fn capped<'a>(host: &'a str, policy: &'a str, job_ids: &'a [i64], max: u32) -> C
 }
 
 fn got(fleet: &mut (dyn Fleet + Send), request: ClaimRequest<'_>) -> Vec<i64> {
-    fleet.claim(&request).unwrap().job_ids
+    let claimed = fleet.claim(&request).unwrap().job_ids;
+    claimed.iter().map(|id| id.get()).collect()
 }
 
 /// Polls `done` until it holds, failing after [`BOUND`]: for a short lease to pass.
@@ -260,11 +277,14 @@ fn a_queued_job_is_claimed_by_one_host_only(w: &World) {
     a.renew_lease(&host("a"), HOLDS).unwrap();
     b.renew_lease(&host("b"), HOLDS).unwrap();
     // 4 is in progress, 5 was never journalled.
-    assert_eq!(got(&mut *a, request("a", &[3, 1, 2, 4, 5])), [3, 1, 2]);
-    assert_eq!(got(&mut *b, request("b", &[1, 2, 3])), Vec::<i64>::new());
-    assert_eq!(got(&mut *a, request("a", &[1])), Vec::<i64>::new());
+    assert_eq!(got(&mut *a, request("a", &ids([3, 1, 2, 4, 5]))), [3, 1, 2]);
+    assert_eq!(
+        got(&mut *b, request("b", &ids([1, 2, 3]))),
+        Vec::<i64>::new()
+    );
+    assert_eq!(got(&mut *a, request("a", &ids([1]))), Vec::<i64>::new());
     w.jobs([6], "queued");
-    assert_eq!(got(&mut *b, request("b", &[1, 2, 3, 6])), [6]);
+    assert_eq!(got(&mut *b, request("b", &ids([1, 2, 3, 6]))), [6]);
 }
 
 /// A host claims nothing without a live lease: never registered, left, or expired.
@@ -272,20 +292,20 @@ fn a_claim_needs_a_live_lease(w: &World) {
     w.jobs([1], "queued");
     let mut a = w.fleet();
     let refused = |result: Result<Claimed, FleetError>| matches!(result, Err(FleetError::LeaseExpired { host }) if host == "a");
-    assert!(refused(a.claim(&request("a", &[1]))));
+    assert!(refused(a.claim(&request("a", &ids([1])))));
     a.renew_lease(&host("a"), HOLDS).unwrap();
     a.leave("a").unwrap();
-    assert!(refused(a.claim(&request("a", &[1]))));
+    assert!(refused(a.claim(&request("a", &ids([1])))));
     a.renew_lease(&host("a"), PASSES).unwrap();
     // Asks for no job while waiting, so a claim made before the lease passed cannot hide it.
     eventually("a's short lease passes", || {
         refused(a.claim(&request("a", &[])))
     });
-    assert!(refused(a.claim(&request("a", &[1]))));
+    assert!(refused(a.claim(&request("a", &ids([1])))));
     // The refusals were the lease's, not the job's: a live host claims it.
     let mut b = w.fleet();
     b.renew_lease(&host("b"), HOLDS).unwrap();
-    assert_eq!(got(&mut *b, request("b", &[1])), [1]);
+    assert_eq!(got(&mut *b, request("b", &ids([1]))), [1]);
 }
 
 /// Host a claims two jobs and stops renewing: while its lease holds, host b gets neither; once
@@ -296,21 +316,21 @@ fn a_dead_host_s_claims_pass_to_another_host_and_never_come_back(w: &World) {
     let (mut a, mut b) = (w.fleet(), w.fleet());
     a.renew_lease(&host("a"), HOLDS).unwrap();
     b.renew_lease(&host("b"), HOLDS).unwrap();
-    assert_eq!(got(&mut *a, request("a", &[1, 2])), [1, 2]);
-    assert_eq!(got(&mut *b, request("b", &[1])), Vec::<i64>::new());
+    assert_eq!(got(&mut *a, request("a", &ids([1, 2]))), [1, 2]);
+    assert_eq!(got(&mut *b, request("b", &ids([1]))), Vec::<i64>::new());
     a.renew_lease(&host("a"), PASSES).unwrap();
     eventually("b takes job 1 once a's lease passed", || {
-        got(&mut *b, request("b", &[1])) == [1]
+        got(&mut *b, request("b", &ids([1]))) == [1]
     });
     let back = a.renew_lease(&host("a"), HOLDS).unwrap();
     assert_eq!(back.renewal, Renewal::Reacquired { dropped_claims: 1 });
-    assert_eq!(got(&mut *a, request("a", &[1, 2])), [2]);
-    assert_eq!(got(&mut *b, request("b", &[2])), Vec::<i64>::new());
+    assert_eq!(got(&mut *a, request("a", &ids([1, 2]))), [2]);
+    assert_eq!(got(&mut *b, request("b", &ids([2]))), Vec::<i64>::new());
     assert!(
-        !a.name_runner("a", 1, "rm-a-1").unwrap(),
+        !a.name_runner("a", JobId::new(1), "rm-a-1").unwrap(),
         "a's claim on 1 is b's now"
     );
-    assert!(b.name_runner("b", 1, "rm-b-1").unwrap());
+    assert!(b.name_runner("b", JobId::new(1), "rm-b-1").unwrap());
 }
 
 /// Releasing a claim frees its job at once; only the holder can release it. A claim outlives
@@ -320,19 +340,22 @@ fn release_and_completion_end_a_claim(w: &World) {
     let (mut a, mut b) = (w.fleet(), w.fleet());
     a.renew_lease(&host("a"), HOLDS).unwrap();
     b.renew_lease(&host("b"), HOLDS).unwrap();
-    assert_eq!(got(&mut *a, request("a", &[1, 2])), [1, 2]);
-    assert!(!b.release("b", 1).unwrap(), "b released a's claim");
-    assert_eq!(got(&mut *b, request("b", &[1])), Vec::<i64>::new());
-    assert!(a.release("a", 1).unwrap());
-    assert!(!a.release("a", 1).unwrap());
-    assert_eq!(got(&mut *b, request("b", &[1])), [1]);
+    assert_eq!(got(&mut *a, request("a", &ids([1, 2]))), [1, 2]);
+    assert!(
+        !b.release("b", JobId::new(1)).unwrap(),
+        "b released a's claim"
+    );
+    assert_eq!(got(&mut *b, request("b", &ids([1]))), Vec::<i64>::new());
+    assert!(a.release("a", JobId::new(1)).unwrap());
+    assert!(!a.release("a", JobId::new(1)).unwrap());
+    assert_eq!(got(&mut *b, request("b", &ids([1]))), [1]);
 
     let claims_of = |fleet: &mut (dyn Fleet + Send), name: &str| -> Vec<(i64, JobState)> {
         let view = fleet.view().unwrap();
         let host = view.hosts.iter().find(|h| h.host == name).unwrap();
         host.claims
             .iter()
-            .map(|c| (c.job_id, c.job_state))
+            .map(|c| (c.job_id.get(), c.job_state))
             .collect()
     };
     w.jobs([2], "in_progress");
@@ -349,15 +372,15 @@ fn fleet_max_runners_counts_the_policy_s_live_claims_on_every_host(w: &World) {
     let (mut a, mut b) = (w.fleet(), w.fleet());
     a.renew_lease(&host("a"), HOLDS).unwrap();
     b.renew_lease(&host("b"), HOLDS).unwrap();
-    let claimed = a.claim(&capped("a", "small", &[1, 2, 3], 2)).unwrap();
+    let claimed = a.claim(&capped("a", "small", &ids([1, 2, 3]), 2)).unwrap();
     assert_eq!(
         claimed,
         Claimed {
-            job_ids: vec![1, 2],
+            job_ids: ids([1, 2]).to_vec(),
             at_ceiling: true
         }
     );
-    let claimed = b.claim(&capped("b", "small", &[3, 4], 2)).unwrap();
+    let claimed = b.claim(&capped("b", "small", &ids([3, 4]), 2)).unwrap();
     assert_eq!(
         claimed,
         Claimed {
@@ -365,24 +388,24 @@ fn fleet_max_runners_counts_the_policy_s_live_claims_on_every_host(w: &World) {
             at_ceiling: true
         }
     );
-    assert_eq!(got(&mut *b, capped("b", "large", &[3], 2)), [3]);
-    assert!(a.release("a", 1).unwrap());
-    assert_eq!(got(&mut *b, capped("b", "small", &[4, 5], 2)), [4]);
+    assert_eq!(got(&mut *b, capped("b", "large", &ids([3]), 2)), [3]);
+    assert!(a.release("a", JobId::new(1)).unwrap());
+    assert_eq!(got(&mut *b, capped("b", "small", &ids([4, 5]), 2)), [4]);
     w.jobs([2], "in_progress");
     assert_eq!(
-        got(&mut *b, capped("b", "small", &[5], 2)),
+        got(&mut *b, capped("b", "small", &ids([5]), 2)),
         Vec::<i64>::new()
     );
     w.jobs([2], "completed");
-    assert_eq!(got(&mut *b, capped("b", "small", &[5], 2)), [5]);
+    assert_eq!(got(&mut *b, capped("b", "small", &ids([5]), 2)), [5]);
     // b holds both of small's runners; once b's lease passed, they no longer count.
     assert_eq!(
-        got(&mut *a, capped("a", "small", &[6], 2)),
+        got(&mut *a, capped("a", "small", &ids([6]), 2)),
         Vec::<i64>::new()
     );
     b.renew_lease(&host("b"), PASSES).unwrap();
     eventually("a claims once b's lease passed", || {
-        got(&mut *a, capped("a", "small", &[6, 7], 2)) == [6, 7]
+        got(&mut *a, capped("a", "small", &ids([6, 7]), 2)) == [6, 7]
     });
 }
 
@@ -393,10 +416,16 @@ fn the_view_shows_hosts_leases_and_runners_per_host(w: &World) {
     let (mut a, mut b) = (w.fleet(), w.fleet());
     let lease_a = a.renew_lease(&host("a"), HOLDS).unwrap();
     b.renew_lease(&host("b"), HOLDS).unwrap();
-    assert_eq!(got(&mut *a, request("a", &[1, 2])), [1, 2]);
-    assert_eq!(got(&mut *b, request("b", &[3])), [3]);
-    assert!(a.name_runner("a", 1, "rm-a-000000000001").unwrap());
-    assert!(!b.name_runner("b", 2, "rm-b-000000000002").unwrap());
+    assert_eq!(got(&mut *a, request("a", &ids([1, 2]))), [1, 2]);
+    assert_eq!(got(&mut *b, request("b", &ids([3]))), [3]);
+    assert!(
+        a.name_runner("a", JobId::new(1), "rm-a-000000000001")
+            .unwrap()
+    );
+    assert!(
+        !b.name_runner("b", JobId::new(2), "rm-b-000000000002")
+            .unwrap()
+    );
     let view = b.view().unwrap();
     let names: Vec<&str> = view.hosts.iter().map(|h| h.host.as_str()).collect();
     assert_eq!(names, ["a", "b"]);
@@ -409,7 +438,7 @@ fn the_view_shows_hosts_leases_and_runners_per_host(w: &World) {
     let runners: Vec<(i64, Option<&str>)> = a_view
         .claims
         .iter()
-        .map(|c| (c.job_id, c.runner_name.as_deref()))
+        .map(|c| (c.job_id.get(), c.runner_name.as_deref()))
         .collect();
     assert_eq!(runners, [(1, Some("rm-a-000000000001")), (2, None)]);
     assert_eq!(view.hosts[1].claims.len(), 1);
@@ -473,20 +502,20 @@ fn renewals_register_renew_and_reacquire(w: &World) {
         a.renew_lease(&host("a"), HOLDS).unwrap().renewal,
         Renewal::Reacquired { dropped_claims: 0 }
     );
-    assert_eq!(got(&mut *a, request("a", &[1, 2])), [1, 2]);
+    assert_eq!(got(&mut *a, request("a", &ids([1, 2]))), [1, 2]);
     w.jobs([1], "completed");
     assert_eq!(
         a.renew_lease(&host("a"), HOLDS).unwrap().renewal,
         Renewal::Renewed
     );
     assert!(
-        !a.release("a", 1).unwrap(),
+        !a.release("a", JobId::new(1)).unwrap(),
         "the completed job's claim was kept"
     );
     assert!(a.try_lead("role", "a", HOLDS).unwrap());
     a.leave("a").unwrap();
     b.renew_lease(&host("b"), HOLDS).unwrap();
-    assert_eq!(got(&mut *b, request("b", &[2])), [2]);
+    assert_eq!(got(&mut *b, request("b", &ids([2]))), [2]);
     assert!(b.try_lead("role", "b", HOLDS).unwrap());
     assert_eq!(
         a.renew_lease(&host("a"), HOLDS).unwrap().renewal,
@@ -592,7 +621,9 @@ fn two_hosts_racing_for_the_same_jobs_claim_each_once() {
     }
     for (hold, jobs) in rounds {
         w.jobs(jobs.iter().copied(), "queued");
-        let [a, b] = both(&w, hold, |fleet, name| got(fleet, request(name, &jobs)));
+        let [a, b] = both(&w, hold, |fleet, name| {
+            got(fleet, request(name, &job_ids(&jobs)))
+        });
         let a_set: BTreeSet<i64> = a.iter().copied().collect();
         let b_set: BTreeSet<i64> = b.iter().copied().collect();
         assert!(a_set.is_disjoint(&b_set), "claimed twice: {a:?} and {b:?}");
@@ -619,7 +650,7 @@ fn two_hosts_racing_under_a_fleet_max_runners_stay_within_it() {
             (first..first + 5).collect()
         };
         let [a, b] = both(&w, hold, |fleet, name| {
-            got(fleet, capped(name, &policy, &jobs_of(name), 3)).len()
+            got(fleet, capped(name, &policy, &job_ids(&jobs_of(name)), 3)).len()
         });
         assert_eq!(a + b, 3, "round {round}: a got {a}, b got {b}");
     }

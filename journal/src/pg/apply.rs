@@ -8,7 +8,9 @@ use std::collections::HashMap;
 
 use postgres::types::ToSql;
 use postgres::{Row, Statement, Transaction};
-use rm_handlers::{Change, Installation, JobMerge, JobObservation, JobState, Repository, Source};
+use rm_handlers::{
+    Change, Installation, JobId, JobMerge, JobObservation, JobState, Repository, RunnerId, Source,
+};
 
 use crate::apply::{Applied, SCOPE_UNCHANGED, apply_verdict_with, job_unchanged};
 
@@ -22,7 +24,7 @@ pub(crate) enum ApplyError {
     #[error("{}", super::describe(.0))]
     Postgres(#[from] postgres::Error),
     #[error("job {0} kept changing under concurrent writers")]
-    Unsettled(i64),
+    Unsettled(JobId),
 }
 
 /// Statements prepared once per connection: the hot path is one round trip per statement, not
@@ -167,7 +169,7 @@ fn apply_job(sql: &mut Sql<'_, '_>, job: &JobObservation) -> Result<Option<Strin
     for _ in 0..MERGE_ATTEMPTS {
         let found = sql.query_opt(
             "SELECT state, announced_at, polled_at FROM jobs WHERE job_id = $1 FOR UPDATE",
-            &[&job.job_id],
+            &[&job.job_id.get()],
         )?;
         let (current, announced_at, polled_at): (Option<String>, Option<i64>, Option<i64>) =
             match &found {
@@ -186,7 +188,7 @@ fn apply_job(sql: &mut Sql<'_, '_>, job: &JobObservation) -> Result<Option<Strin
                          $15, $16, $17, $18, $19)
                      ON CONFLICT (job_id) DO NOTHING",
                     &[
-                        &job.job_id,
+                        &job.job_id.get(),
                         &job.run_id,
                         &job.run_attempt,
                         &job.repository,
@@ -198,7 +200,7 @@ fn apply_job(sql: &mut Sql<'_, '_>, job: &JobObservation) -> Result<Option<Strin
                         &job.state.rank(),
                         &job.conclusion,
                         &job.runner_name,
-                        &job.runner_id,
+                        &job.runner_id.map(RunnerId::get),
                         &job.source.as_str(),
                         &job.observed_at_ms,
                         &announced_now,
@@ -226,12 +228,12 @@ fn apply_job(sql: &mut Sql<'_, '_>, job: &JobObservation) -> Result<Option<Strin
                      started_at = COALESCE(started_at, $13)
                  WHERE job_id = $1 AND state_rank < $3",
                 &[
-                    &job.job_id,
+                    &job.job_id.get(),
                     &job.state.as_str(),
                     &job.state.rank(),
                     &job.conclusion,
                     &job.runner_name,
-                    &job.runner_id,
+                    &job.runner_id.map(RunnerId::get),
                     &job.installation_id,
                     &job.source.as_str(),
                     &job.observed_at_ms,
@@ -267,13 +269,13 @@ fn date_stale_sighting(
         (Some(at), _) if announced_at.is_none() => {
             sql.execute(
                 "UPDATE jobs SET announced_at = $2 WHERE job_id = $1 AND announced_at IS NULL",
-                &[&job.job_id, &at],
+                &[&job.job_id.get(), &at],
             )?;
         }
         (_, Some(at)) if polled_at.is_none() => {
             sql.execute(
                 "UPDATE jobs SET polled_at = $2 WHERE job_id = $1 AND polled_at IS NULL",
-                &[&job.job_id, &at],
+                &[&job.job_id.get(), &at],
             )?;
         }
         _ => {}
@@ -283,7 +285,7 @@ fn date_stale_sighting(
              started_at = COALESCE(started_at, $3::BIGINT)
          WHERE job_id = $1 AND ((queued_at IS NULL AND $2::BIGINT IS NOT NULL)
              OR (started_at IS NULL AND $3::BIGINT IS NOT NULL))",
-        &[&job.job_id, &job.queued_at_ms, &job.started_at_ms],
+        &[&job.job_id.get(), &job.queued_at_ms, &job.started_at_ms],
     )?;
     Ok(())
 }

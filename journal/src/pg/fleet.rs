@@ -26,6 +26,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use postgres::{Client, Config, NoTls, Transaction};
+use rm_handlers::JobId;
 
 use crate::JournalError;
 use crate::fleet::{
@@ -173,7 +174,7 @@ impl Fleet for PgFleet {
             .query(
                 "SELECT job_id FROM jobs WHERE job_id = ANY($1) AND state = 'queued'
                  ORDER BY job_id FOR UPDATE SKIP LOCKED",
-                &[&request.job_ids],
+                &[&super::job_numbers(request.job_ids)],
             )?
             .iter()
             .map(|row| row.get(0))
@@ -200,9 +201,10 @@ impl Fleet for PgFleet {
             .filter(|(_, expires)| lease_live(*expires, now))
             .map(|(job_id, _)| *job_id)
             .collect();
-        let free: HashSet<i64> = locked
+        let free: HashSet<JobId> = locked
             .into_iter()
             .filter(|id| !taken.contains(id))
+            .map(JobId::new)
             .collect();
         let live = match request.max_runners {
             None => 0,
@@ -226,7 +228,12 @@ impl Fleet for PgFleet {
                  ON CONFLICT (job_id) DO UPDATE SET host = excluded.host,
                      policy = excluded.policy, runner_name = NULL,
                      claimed_at = excluded.claimed_at",
-                &[&job_ids, &request.host, &request.policy, &now],
+                &[
+                    &super::job_numbers(&job_ids),
+                    &request.host,
+                    &request.policy,
+                    &now,
+                ],
             )?;
         }
         tx.commit()?;
@@ -239,20 +246,20 @@ impl Fleet for PgFleet {
     fn name_runner(
         &mut self,
         host: &str,
-        job_id: i64,
+        job_id: JobId,
         runner_name: &str,
     ) -> Result<bool, FleetError> {
         let changed = self.client()?.execute(
             "UPDATE claims SET runner_name = $3 WHERE job_id = $2 AND host = $1",
-            &[&host, &job_id, &runner_name],
+            &[&host, &job_id.get(), &runner_name],
         )?;
         Ok(changed == 1)
     }
 
-    fn release(&mut self, host: &str, job_id: i64) -> Result<bool, FleetError> {
+    fn release(&mut self, host: &str, job_id: JobId) -> Result<bool, FleetError> {
         let changed = self.client()?.execute(
             "DELETE FROM claims WHERE job_id = $2 AND host = $1",
-            &[&host, &job_id],
+            &[&host, &job_id.get()],
         )?;
         Ok(changed == 1)
     }
@@ -356,7 +363,7 @@ impl Fleet for PgFleet {
             .map(|row| ClaimRow {
                 host: row.get(0),
                 view: ClaimView {
-                    job_id: row.get(1),
+                    job_id: JobId::new(row.get(1)),
                     policy: row.get(2),
                     runner_name: row.get(3),
                     claimed_at_ms: row.get(4),

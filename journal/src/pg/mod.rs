@@ -18,6 +18,8 @@ pub use fleet::PgFleet;
 pub use read::PgReader;
 pub use writer::PgJournal;
 
+use rm_handlers::JobId;
+
 /// A PostgreSQL error in one line: the server's message and SQLSTATE, or what failed on the
 /// way to it (the client's `Display` says only "db error"). Never the connection string.
 pub(crate) fn describe(err: &postgres::Error) -> String {
@@ -28,6 +30,13 @@ pub(crate) fn describe(err: &postgres::Error) -> String {
         Some(cause) => format!("{err}: {cause}"),
         None => err.to_string(),
     }
+}
+
+/// Job ids as a statement binds a list of them (`= ANY($1)`, `unnest($1::bigint[])`). The
+/// `postgres` crate's traits are foreign to [`JobId`] and [`rm_handlers::RunnerId`], so the ids
+/// cross this edge as their numbers: `id.get()` bound, `JobId::new(row.get(i))` read.
+pub(crate) fn job_numbers(ids: &[JobId]) -> Vec<i64> {
+    ids.iter().map(|id| id.get()).collect()
 }
 
 #[cfg(test)]

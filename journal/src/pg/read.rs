@@ -3,6 +3,7 @@
 //! the queries `status`, `jobs` and the executor make come with claims.
 
 use postgres::{Client, NoTls, Row};
+use rm_handlers::{JobId, RunnerId};
 
 use crate::read::{DELIVERY_COLUMNS, JOB_COLUMNS};
 use crate::{DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, StoredDelivery};
@@ -22,10 +23,10 @@ impl PgReader {
     }
 
     /// One job by its `workflow_job.id`.
-    pub fn job(&mut self, job_id: i64) -> Result<Option<JobRow>, JournalError> {
+    pub fn job(&mut self, job_id: JobId) -> Result<Option<JobRow>, JournalError> {
         let row = self.client.query_opt(
             &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = $1"),
-            &[&job_id],
+            &[&job_id.get()],
         )?;
         Ok(row.as_ref().map(job_row))
     }
@@ -103,7 +104,7 @@ impl PgReader {
 fn job_row(row: &Row) -> JobRow {
     let labels: String = row.get(5);
     JobRow {
-        job_id: row.get(0),
+        job_id: JobId::new(row.get(0)),
         run_id: row.get(1),
         run_attempt: row.get(2),
         repository: row.get(3),
@@ -112,7 +113,7 @@ fn job_row(row: &Row) -> JobRow {
         state: crate::types::stored_job_state(row.get(6)),
         conclusion: row.get(7),
         runner_name: row.get(8),
-        runner_id: row.get(9),
+        runner_id: row.get::<_, Option<i64>>(9).map(RunnerId::new),
         workflow_name: row.get(10),
         job_name: row.get(11),
         source: row.get(12),

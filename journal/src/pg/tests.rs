@@ -8,7 +8,7 @@ use std::time::Duration;
 use postgres::{Client, NoTls};
 
 use crate::intake_tests::{Postgres, job_delivery, off_runtime};
-use crate::{Outcome, PgJournal, PgReader, Recorded, SCHEMA_VERSION};
+use crate::{JobId, Outcome, PgJournal, PgReader, Recorded, SCHEMA_VERSION};
 
 /// A client for a plain (not async) test.
 fn client(url: &str) -> Client {
@@ -306,7 +306,13 @@ async fn a_sighting_whose_insert_loses_a_race_merges_over_the_winner() {
         Recorded::New(Outcome::Applied)
     );
     let url = pg.db.url();
-    let job = off_runtime(|| PgReader::connect(&url).unwrap().job(42).unwrap().unwrap());
+    let job = off_runtime(|| {
+        PgReader::connect(&url)
+            .unwrap()
+            .job(JobId::new(42))
+            .unwrap()
+            .unwrap()
+    });
     assert_eq!(job.state, rm_handlers::JobState::InProgress);
 }
 
@@ -354,7 +360,7 @@ async fn a_delivery_that_cannot_be_applied_is_rejected_and_its_group_still_commi
         let mut reader = PgReader::connect(&url).unwrap();
         (
             reader.delivery("nul").unwrap().unwrap(),
-            reader.job(3).unwrap(),
+            reader.job(JobId::new(3)).unwrap(),
         )
     });
     assert!(

@@ -363,7 +363,7 @@ fn first_job(verdict: &Verdict) -> i64 {
         Verdict::Apply { changes, .. } => changes
             .iter()
             .find_map(|change| match change {
-                rm_handlers::Change::Job(job) => Some(job.job_id),
+                rm_handlers::Change::Job(job) => Some(job.job_id.get()),
                 _ => None,
             })
             .unwrap_or(i64::MIN),

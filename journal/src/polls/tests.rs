@@ -49,7 +49,7 @@ fn delivery(guid: &str, job_id: i64, action: &str, at_ms: i64) -> Incoming {
 
 fn polled(job_id: i64, state: JobState, at_ms: i64) -> JobObservation {
     JobObservation {
-        job_id,
+        job_id: JobId::new(job_id),
         run_id: 5,
         run_attempt: 1,
         repository: "acme/widgets".to_owned(),
@@ -80,13 +80,17 @@ async fn a_polled_job_is_journalled_as_poll_and_announced_when_a_delivery_names_
     assert_eq!(
         first,
         vec![Sighting {
-            job_id: 11,
+            job_id: JobId::new(11),
             moved: true,
             announced: false,
             state: rm_handlers::JobState::Queued
         }]
     );
-    let row = Reader::open(&path).unwrap().job(11).unwrap().unwrap();
+    let row = Reader::open(&path)
+        .unwrap()
+        .job(JobId::new(11))
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (row.source.as_str(), row.state.as_str()),
         ("poll", "queued")
@@ -104,7 +108,10 @@ async fn a_polled_job_is_journalled_as_poll_and_announced_when_a_delivery_names_
         .record(delivery("g-1", 11, "queued", 3_000))
         .await
         .unwrap();
-    assert_eq!(polls.announced(&[11, 12]).unwrap(), [11].into());
+    assert_eq!(
+        polls.announced(&[JobId::new(11), JobId::new(12)]).unwrap(),
+        [JobId::new(11)].into()
+    );
     assert_eq!(polls.unannounced_count().unwrap(), 0);
 }
 
@@ -135,12 +142,15 @@ async fn a_poll_never_moves_a_job_back_and_moves_it_forward_as_poll() {
         vec![(true, true, "completed"), (false, true, "completed")]
     );
     let reader = Reader::open(&path).unwrap();
-    let moved = reader.job(21).unwrap().unwrap();
+    let moved = reader.job(JobId::new(21)).unwrap().unwrap();
     assert_eq!(
         (moved.source.as_str(), moved.conclusion.as_deref()),
         ("poll", Some("cancelled"))
     );
-    assert_eq!(reader.job(22).unwrap().unwrap().source, "webhook");
+    assert_eq!(
+        reader.job(JobId::new(22)).unwrap().unwrap().source,
+        "webhook"
+    );
 }
 
 #[tokio::test]
@@ -160,11 +170,11 @@ async fn stale_queued_jobs_are_listed_never_checked_first_and_rotate_once_checke
             .stale_queued(queued_before, checked_before)
             .unwrap()
             .iter()
-            .map(|j| j.job_id)
+            .map(|j| j.job_id.get())
             .collect()
     };
     assert_eq!(ids(5_000, 5_000), vec![1, 2]);
-    polls.mark_checked(1, 4_000).unwrap();
+    polls.mark_checked(JobId::new(1), 4_000).unwrap();
     assert_eq!(ids(5_000, 3_000), vec![2], "checked after 3 s: not due");
     assert_eq!(ids(5_000, 5_000), vec![2, 1], "the never-checked one first");
 }
@@ -231,6 +241,9 @@ fn migrating_to_v3_dates_the_announcement_of_jobs_deliveries_brought() {
     .unwrap();
     drop(conn);
     let polls = PollJournal::open(&path).unwrap();
-    assert_eq!(polls.announced(&[1]).unwrap(), [1].into());
+    assert_eq!(
+        polls.announced(&[JobId::new(1)]).unwrap(),
+        [JobId::new(1)].into()
+    );
     assert_eq!(polls.unannounced_count().unwrap(), 0);
 }

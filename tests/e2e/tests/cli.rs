@@ -258,11 +258,15 @@ async fn runners_json_follows_the_contract() {
             cgroup: None,
         })
         .unwrap();
-    assert!(attempts.jit_received(&id, 77, 1_700_000_000_100).unwrap());
+    assert!(
+        attempts
+            .jit_received(&id, rm_journal::RunnerId::new(77), 1_700_000_000_100)
+            .unwrap()
+    );
     assert!(attempts.started(&id, 4242, 99, 1_700_000_000_200).unwrap());
     assert!(
         attempts
-            .mark_busy(&id, Some(501), 1_700_000_000_300)
+            .mark_busy(&id, Some(rm_journal::JobId::new(501)), 1_700_000_000_300)
             .unwrap()
     );
 

@@ -6,6 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use rm_fake_github::{AppKeyPair, CrashPoint, FakeGithub, FakeOptions, RunnerBehavior};
+use rm_github::types::JobId;
 use tokio::process::{Child, Command};
 
 /// Generous bound for a runner that should exit on its own: tests fail rather than hang.
@@ -317,7 +318,7 @@ async fn a_jit_config_from_the_client_runs_a_job_end_to_end() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(exit_code(&mut child).await, 0);
     let done = client
-        .get_job("acme", "widgets", job)
+        .get_job("acme", "widgets", JobId::try_from(job).unwrap())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(done.status, "completed");

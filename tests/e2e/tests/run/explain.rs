@@ -84,7 +84,11 @@ fn codes(doc: &Value) -> Vec<String> {
 fn journalled(fleet: &Fleet, job: u64) -> bool {
     rm_journal::Reader::open(&fleet.setup.journal())
         .ok()
-        .and_then(|r| r.job(i64::try_from(job).unwrap()).ok().flatten())
+        .and_then(|r| {
+            r.job(rm_journal::JobId::try_from(job).unwrap())
+                .ok()
+                .flatten()
+        })
         .is_some()
 }
 

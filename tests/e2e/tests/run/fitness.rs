@@ -80,7 +80,7 @@ async fn a_full_runner_root_registers_no_runner_until_space_is_freed() {
         "the job journalled as queued",
         || {
             Reader::open(&fleet.setup.journal())
-                .and_then(|r| r.job(job_id))
+                .and_then(|r| r.job(rm_journal::JobId::new(job_id)))
                 .ok()
                 .flatten()
                 .is_some_and(|j| j.state == rm_journal::JobState::Queued)
