@@ -6,7 +6,10 @@
 //! Both hold the journal's representation, a signed 64-bit integer (SQLite's `INTEGER`,
 //! PostgreSQL's `BIGINT`). They print, and serialize, as that plain number: JSON output and log
 //! lines are what they were before the types. GitHub documents its ids as unsigned: a `u64` becomes
-//! one through `TryFrom<u64>`, which fails for an id past `i64::MAX` instead of clamping it.
+//! one through `TryFrom<u64>`, which fails for an id past `i64::MAX` instead of clamping it, and
+//! JSON (a delivery, a REST answer) is read as an `i64`, which fails to decode such an id the same
+//! way. With the `rusqlite` feature (the journal's) they bind and read as SQLite integers; the
+//! PostgreSQL code binds `id.get()` and reads `JobId::new(row.get(i))` at its edge.
 
 use std::fmt;
 
