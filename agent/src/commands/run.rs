@@ -309,6 +309,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         policies: config.policies.clone(),
         operator_env,
         fitness: crate::fitness::Gate::default(),
+        fleet: None,
     };
     Ok((settings, version))
 }

@@ -1,6 +1,6 @@
 //! Reads of the PostgreSQL journal: what the intake wrote, in the same row types as SQLite's
-//! [`crate::Reader`] gives. Only what the first slice of CONTRACT §9 needs (the intake's rows);
-//! the queries `status`, `jobs` and the executor make come with claims.
+//! [`crate::Reader`] gives: the intake's rows, and the demand the executor of a fleet host reads
+//! (queued jobs, the jobs its runners took).
 
 use postgres::{Client, NoTls, Row};
 
@@ -28,6 +28,27 @@ impl PgReader {
             &[&job_id],
         )?;
         Ok(row.as_ref().map(job_row))
+    }
+
+    /// Every queued job, oldest first: the fleet's demand, as [`crate::Reader::queued_jobs`]
+    /// gives the host's.
+    pub fn queued_jobs(&mut self) -> Result<Vec<JobRow>, JournalError> {
+        let rows = self.client.query(
+            &format!(
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'queued' ORDER BY first_seen_at, job_id"
+            ),
+            &[],
+        )?;
+        Ok(rows.iter().map(job_row).collect())
+    }
+
+    /// The jobs these runners took, as [`crate::Reader::jobs_for_runners`].
+    pub fn jobs_for_runners(&mut self, runner_names: &[&str]) -> Result<Vec<JobRow>, JournalError> {
+        let rows = self.client.query(
+            &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE runner_name = ANY($1)"),
+            &[&runner_names],
+        )?;
+        Ok(rows.iter().map(job_row).collect())
     }
 
     /// How many jobs are in each state, by state name.

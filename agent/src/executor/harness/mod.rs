@@ -94,6 +94,8 @@ pub(super) struct Options {
     pub max_runners: u32,
     pub policies: Vec<Policy>,
     pub timeouts: Timeouts,
+    /// A fleet host (claims in the journal file's fleet tables) rather than a lone one.
+    pub fleet: Option<super::FleetSettings>,
 }
 
 impl Default for Options {
@@ -102,6 +104,7 @@ impl Default for Options {
             max_runners: 4,
             policies: vec![policy("linux", &["self-hosted"], 10)],
             timeouts: Timeouts::supervision(TIMEOUT, TIMEOUT),
+            fleet: None,
         }
     }
 }
@@ -570,6 +573,7 @@ impl Harness {
             policies: options.policies.clone(),
             operator_env: HashMap::new(),
             fitness: crate::fitness::Gate::default(),
+            fleet: options.fleet.clone(),
         };
         let seams = Seams {
             clock: Arc::new(clock.clone()),
