@@ -43,7 +43,7 @@ pub use connection::JOURNAL_FILE;
 pub use error::JournalError;
 pub use intake::Intake;
 pub use metrics::JournalMetrics;
-pub use pg::{PgJournal, PgReader};
+pub use pg::{PgInspection, PgJournal, PgReader, PgRight, PgSchemaState, PgTarget, PgUrlError};
 pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, QueuedJobRef, Sighting};
 pub use read::Reader;
 pub use replay::replay;

@@ -3,14 +3,20 @@
 //! and migrations ([`schema`], the same versions as SQLite's), the group-commit writer of the
 //! intake path ([`PgJournal`], behind [`crate::Intake`] like the SQLite journal), the verdict's
 //! SQL (`apply`, the same rule as SQLite's) and the reads of what the intake wrote
-//! ([`PgReader`]). Claims, leases and fleet status are not built yet.
+//! ([`PgReader`]), the connection settings a configuration names ([`PgTarget`]) and what
+//! `rm-agent check` asks of a database ([`PgInspection`]). Claims, leases and fleet status are not
+//! built yet.
 
 mod apply;
+mod inspect;
 mod read;
 pub(crate) mod schema;
+mod target;
 mod writer;
 
+pub use inspect::{PgInspection, PgRight, PgSchemaState};
 pub use read::PgReader;
+pub use target::{PgTarget, PgUrlError};
 pub use writer::PgJournal;
 
 /// A PostgreSQL error in one line: the server's message and SQLSTATE, or what failed on the
@@ -25,5 +31,7 @@ pub(crate) fn describe(err: &postgres::Error) -> String {
     }
 }
 
+#[cfg(test)]
+mod rights_tests;
 #[cfg(test)]
 mod tests;
