@@ -16,6 +16,25 @@ pub(super) async fn journal(config: &Config) -> Vec<Finding> {
     let Some(target) = secrets::journal_target(config) else {
         return Vec::new();
     };
+    let mut out: Vec<Finding> = run_not_built(config).into_iter().collect();
+    out.extend(database(config, target).await);
+    out
+}
+
+/// Policies beside `journal.url`: `run` would refuse to start, so say it here, before the
+/// operator finds out from the service manager.
+pub(super) fn run_not_built(config: &Config) -> Option<Finding> {
+    (config.pg_journal.is_some() && !config.policies.is_empty()).then(|| {
+        Finding::warn(
+            "journal",
+            "[[policy]] is configured, but `rm-agent run` on a PostgreSQL journal is not built yet: with `journal.url` this host can only `receive`",
+            "start runners on hosts without `journal.url` (their own SQLite journal) until it is built (docs/fleet.md)",
+        )
+    })
+}
+
+/// Reaches the database and judges what it found.
+async fn database(config: &Config, target: rm_journal::PgTarget) -> Vec<Finding> {
     let server = target.describe();
     let has_password = target.has_password();
     // The sync client blocks (and runs a runtime of its own): off this one.

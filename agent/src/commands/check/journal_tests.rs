@@ -6,7 +6,7 @@ use postgres::{Client, NoTls};
 use rm_journal::{PgInspection, PgJournal, PgRight, PgSchemaState};
 
 use super::Status;
-use super::journal::{findings, journal};
+use super::journal::{findings, journal, run_not_built};
 use crate::config;
 
 fn inspection(state: PgSchemaState, missing: &[(&'static str, &str)]) -> PgInspection {
@@ -164,4 +164,20 @@ async fn a_database_that_cannot_be_reached_fails_naming_the_key_and_the_password
     );
     assert!(out[0].remedy.contains("`journal.url`"), "{out:?}");
     assert!(out[0].remedy.contains("RM_JOURNAL_PASSWORD"), "{out:?}");
+}
+
+#[test]
+fn policies_beside_a_postgres_journal_are_warned_that_run_is_not_built() {
+    let policy = "[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"x\"]\n";
+    let url = "[journal]\nurl = \"postgres://rm@db/rm\"\n";
+    let both = config::from_text(&format!("{url}{policy}")).unwrap();
+    let warned = run_not_built(&both).expect("no warning");
+    assert_eq!(warned.status, Status::Warn);
+    assert!(
+        warned
+            .what
+            .contains("`rm-agent run` on a PostgreSQL journal is not built yet")
+    );
+    assert!(run_not_built(&config::from_text(url).unwrap()).is_none());
+    assert!(run_not_built(&config::from_text(policy).unwrap()).is_none());
 }
