@@ -137,10 +137,13 @@ pub struct NotificationsSection {
     pub desktop: Option<bool>,
 }
 
-/// `[journal]`: how long the journal keeps what it holds.
+/// `[journal]`: where the journal is (CONTRACT §9: the embedded SQLite file, or a fleet's
+/// PostgreSQL database) and how long it keeps what it holds.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JournalSection {
+    /// A PostgreSQL connection string; without it, the SQLite journal in `data_dir`.
+    pub url: Option<String>,
     pub body_retention: Option<ConfigDuration>,
     pub delivery_retention: Option<ConfigDuration>,
     pub job_retention: Option<ConfigDuration>,
@@ -177,6 +180,9 @@ pub struct Config {
     pub runner: Runner,
     pub polling: Polling,
     pub desktop_notifications: bool,
+    /// `journal.url`: the fleet's PostgreSQL journal, without its password (that comes from
+    /// `RM_JOURNAL_PASSWORD`, [`crate::secrets::journal_target`]); `None`: the SQLite journal.
+    pub pg_journal: Option<rm_journal::PgTarget>,
     pub retention: Retention,
     pub policies: Vec<Policy>,
 }

@@ -36,3 +36,8 @@ pub(crate) mod test_skip;
 #[cfg(test)]
 #[path = "../../tests/support/log_capture.rs"]
 pub(crate) mod test_log_capture;
+
+/// A real PostgreSQL server for the tests of the fleet's journal (`check`'s journal findings).
+#[cfg(test)]
+#[path = "../../tests/support/postgres.rs"]
+pub(crate) mod test_postgres;

@@ -50,7 +50,9 @@ pub use fleet::{
 };
 pub use intake::Intake;
 pub use metrics::JournalMetrics;
-pub use pg::{DatabaseCheck, DatabaseProblem, PgFleet, PgJournal, PgReader, check_database};
+pub use pg::{
+    PgFleet, PgInspection, PgJournal, PgReader, PgRight, PgSchemaState, PgTarget, PgUrlError,
+};
 pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, QueuedJobRef, Sighting};
 pub use read::Reader;
 pub use replay::replay;

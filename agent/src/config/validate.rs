@@ -344,6 +344,16 @@ pub(super) fn validate(
         ));
     }
 
+    // The password never comes from here: a connection string holding one is refused (the
+    // error does not repeat the string).
+    let pg_journal = match &file.journal.url {
+        None => None,
+        Some(url) => Some(
+            rm_journal::PgTarget::parse(url)
+                .map_err(|problem| err("journal.url", problem.to_string()))?,
+        ),
+    };
+
     let mut names = HashSet::new();
     let mut policies = Vec::with_capacity(file.policies.len());
     for (index, section) in file.policies.into_iter().enumerate() {
@@ -375,6 +385,7 @@ pub(super) fn validate(
             idle_interval,
         },
         desktop_notifications: file.notifications.desktop.unwrap_or(false),
+        pg_journal,
         retention,
         policies,
     })

@@ -7,6 +7,9 @@ use postgres::{Client, NoTls, Row};
 use crate::read::{DELIVERY_COLUMNS, JOB_COLUMNS};
 use crate::{DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, StoredDelivery};
 
+/// What the server is told a reader's connection is (`pg_stat_activity`).
+pub(crate) const READER_APPLICATION: &str = "rm-journal-reader";
+
 /// A connection for reading the PostgreSQL journal. Its calls block: make them off the async
 /// runtime (`spawn_blocking`, or a thread), as the sync client runs a runtime of its own.
 pub struct PgReader {
@@ -16,7 +19,16 @@ pub struct PgReader {
 impl PgReader {
     /// Connects to `url`; refuses a database this build has not migrated to its version.
     pub fn connect(url: &str) -> Result<PgReader, JournalError> {
-        let mut client = super::writer::config(url, "rm-journal-reader")?.connect(NoTls)?;
+        Self::start(&super::writer::config(url, READER_APPLICATION)?)
+    }
+
+    /// As [`PgReader::connect`], to a configured target.
+    pub fn open(target: &super::PgTarget) -> Result<PgReader, JournalError> {
+        Self::start(&target.client_config(READER_APPLICATION))
+    }
+
+    pub(super) fn start(config: &postgres::Config) -> Result<PgReader, JournalError> {
+        let mut client = config.connect(NoTls)?;
         super::schema::require_current(&mut client)?;
         Ok(PgReader { client })
     }
