@@ -267,6 +267,15 @@ mod tests {
                 "UPDATE table installations",
                 "INSERT table installation_repositories",
                 "DELETE table installation_repositories",
+                "INSERT table hosts",
+                "UPDATE table hosts",
+                "DELETE table hosts",
+                "INSERT table claims",
+                "UPDATE table claims",
+                "DELETE table claims",
+                "INSERT table leaders",
+                "UPDATE table leaders",
+                "DELETE table leaders",
             ]
         );
     }

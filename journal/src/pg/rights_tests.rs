@@ -5,7 +5,7 @@
 
 use postgres::{Client, NoTls};
 
-use super::inspect::INTAKE_RIGHTS;
+use super::inspect::{FLEET_RIGHTS, INTAKE_RIGHTS};
 use crate::intake_tests::{Postgres, job_delivery, off_runtime};
 use crate::{Outcome, PgInspection, PgJournal, PgSchemaState, PgTarget, Recorded};
 
@@ -43,6 +43,7 @@ async fn a_role_with_exactly_the_intake_rights_records_and_check_finds_nothing_m
     };
     let grants: Vec<(&str, &str)> = INTAKE_RIGHTS
         .iter()
+        .chain(FLEET_RIGHTS)
         .flat_map(|(table, rights)| rights.iter().map(move |right| (*right, *table)))
         .collect();
     let url = role_with(&pg, "rm_intake_exact", &grants);
