@@ -159,6 +159,8 @@ pub struct PolicySection {
     pub runner_group_id: Option<u64>,
     pub max_runners: Option<u32>,
     pub min_runners: Option<u32>,
+    /// In a fleet (`journal.url`): the policy's ceiling on live runners across all hosts.
+    pub fleet_max_runners: Option<u32>,
     pub workspace: Option<String>,
     pub memory_max: Option<String>,
     pub pids_max: Option<u32>,
@@ -302,6 +304,9 @@ pub struct Policy {
     pub runner_group_id: u64,
     pub max_runners: u32,
     pub min_runners: u32,
+    /// `fleet_max_runners`: in a fleet, the policy's live runners across every host (claims
+    /// counted in the shared journal, CONTRACT §9); `None`: no fleet-wide ceiling.
+    pub fleet_max_runners: Option<u32>,
     pub workspace: Workspace,
     /// Per-runner limits applied through the runner's cgroup (and `pids_max` as the runner
     /// uid's process limit).

@@ -360,6 +360,12 @@ pub(super) fn validate(
         let key = |field: &str| format!("policy[{index}].{field}");
         let policy = validate_policy(section, max_runners)
             .map_err(|(field, problem)| err(&key(field), problem))?;
+        if policy.fleet_max_runners.is_some() && pg_journal.is_none() {
+            return Err(err(
+                &key("fleet_max_runners"),
+                "is a fleet's ceiling across hosts and needs `journal.url`; on one host, `max_runners` is the policy's ceiling".to_owned(),
+            ));
+        }
         if !names.insert(policy.name.clone()) {
             return Err(err(
                 &key("name"),
@@ -436,6 +442,9 @@ fn validate_policy(
             format!("{min_runners} is above max_runners ({max_runners})"),
         ));
     }
+    if section.fleet_max_runners == Some(0) {
+        return Err(("fleet_max_runners", "must be at least 1".to_owned()));
+    }
     let workspace = match section.workspace.as_deref() {
         None | Some("ephemeral") => Workspace::Ephemeral,
         Some("persistent") => Workspace::Persistent,
@@ -493,6 +502,7 @@ fn validate_policy(
         runner_group_id: section.runner_group_id.unwrap_or(DEFAULT_RUNNER_GROUP),
         max_runners,
         min_runners,
+        fleet_max_runners: section.fleet_max_runners,
         workspace,
         env_file: section.env_file,
     })

@@ -21,7 +21,6 @@ use std::time::Duration;
 use rm_journal::{
     ClaimRequest, Claimed, Fleet, FleetError, FleetView, HostInfo, JobState, JournalError, Lease,
 };
-use secrecy::{ExposeSecret as _, SecretString};
 
 /// How long a host's lease lasts without a renewal: a host that dies loses its claims after
 /// this, and other hosts serve their jobs.
@@ -33,8 +32,8 @@ pub const LEASE_RENEW: Duration = Duration::from_secs(10);
 /// Where the fleet's shared state lives.
 #[derive(Debug, Clone)]
 pub enum FleetStore {
-    /// The PostgreSQL journal at this connection string (a secret: it may carry a password).
-    Postgres(SecretString),
+    /// The PostgreSQL journal `[journal] url` names (its password kept apart, secret).
+    Postgres(rm_journal::PgTarget),
     /// This host's SQLite journal file: one host, the same rules (the harness's fleet).
     Local(PathBuf),
 }
@@ -140,9 +139,7 @@ impl Connection {
             Some(fleet) => fleet,
             None => {
                 let opened: Box<dyn Fleet + Send> = match &self.store {
-                    FleetStore::Postgres(url) => {
-                        Box::new(rm_journal::PgFleet::connect(url.expose_secret())?)
-                    }
+                    FleetStore::Postgres(target) => Box::new(rm_journal::PgFleet::open(target)?),
                     FleetStore::Local(path) => Box::new(rm_journal::LocalFleet::open(path)?),
                 };
                 self.fleet.insert(opened)

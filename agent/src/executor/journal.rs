@@ -21,9 +21,8 @@ use rm_journal::{AttemptError, Attempts, JobRow, JournalError, PgReader, Reader}
 pub(super) enum JobSource {
     /// This host's journal file: the embedded default.
     Local,
-    /// The fleet's PostgreSQL journal at this connection string (a secret: it may carry a
-    /// password, so it is never logged).
-    Fleet(secrecy::SecretString),
+    /// The fleet's PostgreSQL journal (`[journal] url`, its password kept apart).
+    Fleet(rm_journal::PgTarget),
 }
 
 /// The executor's connections to the journal, shared by its loop and its launch tasks.
@@ -37,7 +36,7 @@ pub(super) struct AttemptJournal {
 
 /// A PostgreSQL reader made again after its connection was lost (a server restart).
 struct FleetReader {
-    url: secrecy::SecretString,
+    target: rm_journal::PgTarget,
     reader: Option<PgReader>,
 }
 
@@ -48,12 +47,9 @@ impl FleetReader {
         &mut self,
         call: impl FnOnce(&mut PgReader) -> Result<R, JournalError>,
     ) -> Result<R, JournalError> {
-        use secrecy::ExposeSecret as _;
         let reader = match &mut self.reader {
             Some(reader) => reader,
-            None => self
-                .reader
-                .insert(PgReader::connect(self.url.expose_secret())?),
+            None => self.reader.insert(PgReader::open(&self.target)?),
         };
         let result = call(reader);
         if result.is_err() {
@@ -74,8 +70,8 @@ impl AttemptJournal {
         let fleet = match jobs {
             JobSource::Local => None,
             // Connected on first use: a database down at start is retried by every pass.
-            JobSource::Fleet(url) => Some(Arc::new(Mutex::new(FleetReader {
-                url: url.clone(),
+            JobSource::Fleet(target) => Some(Arc::new(Mutex::new(FleetReader {
+                target: target.clone(),
                 reader: None,
             }))),
         };

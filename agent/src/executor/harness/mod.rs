@@ -83,6 +83,7 @@ pub(super) fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: 
         runner_group_id: 1,
         max_runners,
         min_runners: 0,
+        fleet_max_runners: None,
         workspace: Workspace::Ephemeral,
         limits: RunnerLimits::default(),
         env_file: None,
