@@ -62,6 +62,10 @@ pub struct Executor {
     last_inventory: Option<i64>,
     /// In a fleet: the task renewing this host's lease while the loop runs.
     renewal: Option<tokio::task::JoinHandle<()>>,
+    /// In a fleet: the jobs this host held claims on as of its last allocation. A job its
+    /// runner ran may complete before supervision learns the runner took it, and a claim on a
+    /// completed job no longer shows in the fleet: this says it was this host's.
+    claimed: HashSet<i64>,
 }
 
 /// What the rest of the agent holds of the executor: it can wake the loop, tell it the journal
@@ -162,6 +166,7 @@ impl Executor {
             draining: watch::channel(false).0,
             last_inventory: None,
             renewal: None,
+            claimed: HashSet::new(),
         })
     }
 
@@ -212,26 +217,33 @@ impl Executor {
         }
         tracing::info!(host = %self.ctx.settings.host, max_runners = self.ctx.settings.max_runners, "recovery complete; serving queued jobs");
         loop {
-            let again = self.pass().await;
-            if again {
-                // A runner was stopped: conclude it now, unless the agent is stopping.
-                tokio::select! {
-                    biased;
-                    () = &mut shutdown => break,
-                    () = std::future::ready(()) => continue,
-                }
-            }
+            // A pass that stopped a runner is followed at once by one that concludes it.
+            let wait = if self.pass().await {
+                Duration::ZERO
+            } else {
+                PASS_INTERVAL
+            };
             tokio::select! {
+                biased;
                 () = &mut shutdown => break,
                 event = self.events.recv() => {
                     if let Some(event) = event {
                         self.take(event);
                     }
                 }
-                () = tokio::time::sleep(PASS_INTERVAL) => {}
+                () = tokio::time::sleep(wait) => {}
             }
         }
         self.drain().await
+    }
+
+    /// In a fleet, renews this host's lease now (production renews it from a task that
+    /// [`Executor::run`] starts; the harness, which drives passes itself, calls this).
+    #[cfg(test)]
+    pub(crate) async fn renew_lease(&self) {
+        if let Some(membership) = &self.ctx.membership {
+            membership.renew().await.expect("the lease");
+        }
     }
 
     /// Startup recovery: every journalled attempt supervised with the startup timers and GitHub
@@ -309,11 +321,18 @@ impl Executor {
             })?),
             None => None,
         };
+        if let Some(standing) = &standing {
+            self.claimed = standing.held.clone();
+        }
         for wanted in wanted {
             let policy = wanted.policy;
             let demand = match (&ctx.membership, &standing) {
                 (Some(membership), Some(standing)) => {
-                    claim(&ctx, membership, standing, &wanted).await?
+                    let (claimed, got) = claim(&ctx, membership, standing, &wanted).await?;
+                    self.claimed.extend(got);
+                    // Never more than the journal's own demand: its count is less the jobs this
+                    // host's runners completed that the journal has not named yet.
+                    claimed.min(wanted.count)
                 }
                 _ => wanted.count,
             };
@@ -455,7 +474,7 @@ impl Executor {
         }
         if let Some(membership) = &self.ctx.membership {
             for taken in &report.took {
-                took(membership, taken).await;
+                took(membership, taken, &self.claimed).await;
             }
         }
     }
@@ -484,13 +503,13 @@ impl Executor {
 /// In a fleet: gives back this host's claims on jobs that no longer count for `wanted`'s
 /// policy (fenced: its runner gave up on them), claims as many more as its runners could serve
 /// ([`claims::claims_to_make`]), and returns the policy's demand on this host: its claims on
-/// queued jobs.
+/// queued jobs, with the jobs it claimed now.
 async fn claim(
     ctx: &Context,
     membership: &Membership,
     standing: &Standing,
     wanted: &allocate::Wanted<'_>,
-) -> anyhow::Result<u32> {
+) -> anyhow::Result<(u32, Vec<i64>)> {
     let policy = wanted.policy;
     let counted: HashSet<i64> = wanted.jobs.iter().copied().collect();
     let mut mine = 0u32;
@@ -521,7 +540,7 @@ async fn claim(
         u32::try_from(candidates.len()).unwrap_or(u32::MAX),
     );
     if n == 0 {
-        return Ok(mine);
+        return Ok((mine, Vec::new()));
     }
     let asked: Vec<i64> = candidates.into_iter().take(n as usize).collect();
     match membership.claim(&policy.name, asked).await {
@@ -532,19 +551,22 @@ async fn claim(
             if claimed.at_ceiling {
                 tracing::info!(policy = %policy.name, "the policy's fleet-wide max_runners holds further jobs back");
             }
-            Ok(mine.saturating_add(u32::try_from(claimed.job_ids.len()).unwrap_or(u32::MAX)))
+            let demand =
+                mine.saturating_add(u32::try_from(claimed.job_ids.len()).unwrap_or(u32::MAX));
+            Ok((demand, claimed.job_ids))
         }
         Err(e) => {
             tracing::warn!(policy = %policy.name, error = %e, "cannot claim jobs; serving only this host's claims");
-            Ok(mine)
+            Ok((mine, Vec::new()))
         }
     }
 }
 
 /// In a fleet: one of this host's runners took `job_id`. If that job was not one of its
-/// claims, it gives one of its claims on a queued job of the policy back
-/// ([`claims::claim_to_release`]); if it was, the claim names the runner (for `status`).
-async fn took(membership: &Membership, took: &supervise::Took) {
+/// claims (`claimed`: as of the last allocation, or now), it gives one of its claims on a
+/// queued job of the policy back ([`claims::claim_to_release`]); if it was, the claim names the
+/// runner (for `status`).
+async fn took(membership: &Membership, took: &supervise::Took, claimed: &HashSet<i64>) {
     let standing = match membership.standing().await {
         Ok(standing) => standing,
         Err(e) => {
@@ -552,7 +574,8 @@ async fn took(membership: &Membership, took: &supervise::Took) {
             return;
         }
     };
-    match claims::claim_to_release(took.job_id, &standing.held, standing.mine(&took.policy)) {
+    let held: HashSet<i64> = standing.held.union(claimed).copied().collect();
+    match claims::claim_to_release(took.job_id, &held, standing.mine(&took.policy)) {
         Some(release) => match membership.release(release).await {
             Ok(_) => tracing::info!(
                 job_id = took.job_id,

@@ -95,8 +95,10 @@ pub(super) struct Options {
     pub max_runners: u32,
     pub policies: Vec<Policy>,
     pub timeouts: Timeouts,
-    /// A fleet host (claims in the journal file's fleet tables) rather than a lone one.
-    pub fleet: Option<super::FleetSettings>,
+    /// A fleet host rather than a lone one, with these fleet-wide `max_runners` by policy: it
+    /// claims jobs in the journal file's fleet tables (`LocalFleet`, the same rules as
+    /// PostgreSQL's) before it starts runners for them.
+    pub fleet: Option<HashMap<String, u32>>,
 }
 
 impl Default for Options {
@@ -574,7 +576,13 @@ impl Harness {
             policies: options.policies.clone(),
             operator_env: HashMap::new(),
             fitness: crate::fitness::Gate::default(),
-            fleet: options.fleet.clone(),
+            fleet: options
+                .fleet
+                .as_ref()
+                .map(|max_runners| super::FleetSettings {
+                    store: super::FleetStore::Local(journal.to_path_buf()),
+                    max_runners: max_runners.clone(),
+                }),
         };
         let seams = Seams {
             clock: Arc::new(clock.clone()),
@@ -638,6 +646,15 @@ impl Harness {
     pub(super) fn advance(&self, by: Duration) {
         self.clock.advance(by);
         self.fake.advance_clock(by);
+    }
+
+    /// The fleet's state in the journal file (for a fleet host: [`Options::fleet`]).
+    pub(super) fn fleet_view(&self) -> rm_journal::FleetView {
+        use rm_journal::Fleet as _;
+        rm_journal::LocalFleet::open(&self.journal_path)
+            .expect("the fleet tables")
+            .view()
+            .expect("the fleet's view")
     }
 
     /// Startup recovery of the current executor.
