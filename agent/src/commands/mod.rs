@@ -19,10 +19,10 @@ use crate::exit::Exit;
 
 /// Refuses a command that is not built on a PostgreSQL journal yet when `[journal] url` names
 /// one (CONTRACT §9), rather than letting it use the SQLite journal in the data directory,
-/// which the fleet does not write: `receive`, `run` and `check` work on PostgreSQL; the
-/// commands that read the journal do not yet. Exit 2.
+/// which the fleet does not write: `receive`, `run`, `status` and `check` work on PostgreSQL;
+/// the other commands that read the journal do not yet. Exit 2.
 pub fn refuse_unbuilt_on_postgres(command: &str, config: &Config) -> Result<(), Exit> {
-    if config.pg_journal.is_none() || matches!(command, "receive" | "check" | "run") {
+    if config.pg_journal.is_none() || matches!(command, "receive" | "check" | "run" | "status") {
         return Ok(());
     }
     let file = crate::config::display_file(config.source.as_deref());
@@ -71,13 +71,13 @@ mod tests {
     #[test]
     fn on_postgres_only_receive_and_check_run_and_run_says_to_use_receive() {
         let pg = config("url = \"postgres://rm@db.example.net/rm\"");
-        for command in ["receive", "check", "run"] {
+        for command in ["receive", "check", "run", "status"] {
             assert!(
                 refuse_unbuilt_on_postgres(command, &pg).is_ok(),
                 "{command}"
             );
         }
-        for command in ["status", "jobs", "runners", "deliveries", "explain"] {
+        for command in ["jobs", "runners", "deliveries", "explain"] {
             let exit = refuse_unbuilt_on_postgres(command, &pg).unwrap_err();
             assert_eq!(exit.code, crate::exit::USAGE);
             assert!(exit.message.contains(command), "{}", exit.message);

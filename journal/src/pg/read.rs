@@ -72,6 +72,23 @@ impl PgReader {
         Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
     }
 
+    /// How many deliveries have each outcome (`status`).
+    pub fn delivery_outcome_counts(&mut self) -> Result<Vec<(String, i64)>, JournalError> {
+        let rows = self.client.query(
+            "SELECT outcome, COUNT(*) FROM deliveries GROUP BY outcome ORDER BY outcome",
+            &[],
+        )?;
+        Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+    }
+
+    /// When the newest delivery was journalled by any receiver, ms since the Unix epoch.
+    pub fn last_delivery_at(&mut self) -> Result<Option<i64>, JournalError> {
+        Ok(self
+            .client
+            .query_one("SELECT MAX(received_at) FROM deliveries", &[])?
+            .get(0))
+    }
+
     /// How many deliveries the journal holds.
     pub fn delivery_count(&mut self) -> Result<i64, JournalError> {
         Ok(self
