@@ -3,18 +3,22 @@
 //! and migrations ([`schema`], the same versions as SQLite's), the group-commit writer of the
 //! intake path ([`PgJournal`], behind [`crate::Intake`] like the SQLite journal), the verdict's
 //! SQL (`apply`, the same rule as SQLite's), the reads of what the intake wrote
-//! ([`PgReader`]), the fleet's claims, host leases and leader leases ([`PgFleet`], behind
-//! [`crate::Fleet`]) and the database's check for `rm-agent check` ([`check_database`]).
+//! ([`PgReader`]), what the pollers write and read ([`PgPollJournal`], behind
+//! [`crate::PollStore`] like SQLite's), the fleet's claims, host leases and leader leases
+//! ([`PgFleet`], behind [`crate::Fleet`]) and the database's check for `rm-agent check`
+//! ([`check_database`]).
 
 mod apply;
 mod check;
 mod fleet;
+mod polls;
 mod read;
 pub(crate) mod schema;
 mod writer;
 
 pub use check::{DatabaseCheck, DatabaseProblem, check_database};
 pub use fleet::PgFleet;
+pub use polls::PgPollJournal;
 pub use read::PgReader;
 pub use writer::PgJournal;
 
