@@ -258,3 +258,64 @@ async fn when_the_leader_stops_renewing_the_other_host_takes_over_and_polls_at_o
         ("queued", "poll")
     );
 }
+
+/// The fleet's REST budget (docs/performance.md): charged and uncharged requests in one simulated
+/// hour of two targets (a job queued in each at the start) for one host, three hosts each
+/// polling alone, and three hosts elected. Ignored in the suite (it prints figures, asserts
+/// none); run it with
+///
+/// ```sh
+/// cargo test -p rm-agent --lib --features demo,fault-injection fleet_budget -- --ignored --nocapture
+/// ```
+#[tokio::test]
+#[ignore = "a measurement: prints figures"]
+async fn fleet_budget_for_one_and_three_hosts() {
+    let hour = Duration::from_secs(3600);
+    let unelected = |name| Host {
+        elect: false,
+        ..Host::electing(name)
+    };
+    let setups: [(&str, Vec<Host<'_>>); 3] = [
+        ("1 host", vec![Host::electing("a")]),
+        (
+            "3 hosts, each alone",
+            vec![unelected("a"), unelected("b"), unelected("c")],
+        ),
+        (
+            "3 hosts, elected",
+            vec![
+                Host::electing("a"),
+                Host::electing("b"),
+                Host::electing("c"),
+            ],
+        ),
+    ];
+    println!("{:<22} {:>8} {:>10}", "fleet", "charged", "uncharged");
+    for (label, hosts) in setups {
+        let Some(db) = database("fleet_budget") else {
+            return;
+        };
+        let h = Harness::new().await;
+        h.queue("acme/widgets");
+        h.queue("acme/gadgets");
+        let mut pollers: Vec<Poller> = hosts
+            .iter()
+            .map(|host| {
+                host_poller(
+                    &h,
+                    &db.url(),
+                    host,
+                    &["acme/widgets", "acme/gadgets"],
+                    false,
+                )
+            })
+            .collect();
+        run_for(&h, &mut pollers, hour).await;
+        let requests = h.fake.requests();
+        let uncharged = requests.iter().filter(|r| r.status == 304).count();
+        println!(
+            "{label:<22} {:>8} {uncharged:>10}",
+            requests.len() - uncharged
+        );
+    }
+}
