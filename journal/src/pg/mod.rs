@@ -3,13 +3,15 @@
 //! and migrations ([`schema`], the same versions as SQLite's), the group-commit writer of the
 //! intake path ([`PgJournal`], behind [`crate::Intake`] like the SQLite journal), the verdict's
 //! SQL (`apply`, the same rule as SQLite's), the reads of what the intake wrote ([`PgReader`]),
-//! the fleet's claims, host leases and leader leases ([`PgFleet`], behind [`crate::Fleet`]), the
-//! connection settings a configuration names ([`PgTarget`]) and what `rm-agent check` asks of a
-//! database ([`PgInspection`]).
+//! what the pollers write and read ([`PgPollJournal`], behind [`crate::PollStore`] like
+//! SQLite's), the fleet's claims, host leases and leader leases ([`PgFleet`], behind
+//! [`crate::Fleet`]), the connection settings a configuration names ([`PgTarget`]) and what
+//! `rm-agent check` asks of a database ([`PgInspection`]).
 
 mod apply;
 mod fleet;
 mod inspect;
+mod polls;
 mod read;
 pub(crate) mod schema;
 mod target;
@@ -17,6 +19,7 @@ mod writer;
 
 pub use fleet::PgFleet;
 pub use inspect::{PgInspection, PgRight, PgSchemaState};
+pub use polls::PgPollJournal;
 pub use read::PgReader;
 pub use target::{PgTarget, PgUrlError};
 pub use writer::PgJournal;
