@@ -32,7 +32,8 @@ pub use rm_base::{out, outln};
 #[path = "../../tests/support/skip.rs"]
 pub(crate) mod test_skip;
 
-/// A real PostgreSQL server for the fleet's tests (the poller elected per target).
+/// A real PostgreSQL server for the fleet's tests (the poller elected per target, `check`'s
+/// journal findings).
 #[cfg(test)]
 #[path = "../../tests/support/postgres.rs"]
 pub(crate) mod test_pg_server;
@@ -41,8 +42,3 @@ pub(crate) mod test_pg_server;
 #[cfg(test)]
 #[path = "../../tests/support/log_capture.rs"]
 pub(crate) mod test_log_capture;
-
-/// A real PostgreSQL server for the tests of the fleet's journal (`check`'s journal findings).
-#[cfg(test)]
-#[path = "../../tests/support/postgres.rs"]
-pub(crate) mod test_postgres;

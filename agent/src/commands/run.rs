@@ -116,13 +116,36 @@ pub async fn serve_paced(
         None => None,
     };
     let poller_config = PollerConfig::from_config(config);
-    let poller = Poller::new(
-        poller_config,
-        client,
-        PollJournal::open(&journal_path).map_err(Exit::runtime)?,
-        Arc::new(SystemClock),
-    )
-    .map_err(Exit::runtime)?
+    let poller = match crate::secrets::journal_target(config) {
+        None => Poller::new(
+            poller_config,
+            client,
+            PollJournal::open(&journal_path).map_err(Exit::runtime)?,
+            Arc::new(SystemClock),
+        )
+        .map_err(Exit::runtime)?,
+        // In a fleet: sightings go to the shared journal, and each target is polled by the
+        // one host that leads it (crate::polling::election): one REST budget for the fleet.
+        Some(target) => {
+            let unreachable = |e: rm_journal::JournalError| {
+                Exit::runtime(anyhow::anyhow!(
+                    "cannot reach the fleet's journal ({}): {e}",
+                    target.describe()
+                ))
+            };
+            Poller::new(
+                poller_config,
+                client,
+                rm_journal::PgPollJournal::open(&target).map_err(unreachable)?,
+                Arc::new(SystemClock),
+            )
+            .map_err(Exit::runtime)?
+            .with_fleet(
+                rm_journal::PgFleet::open(&target).map_err(unreachable)?,
+                config.host.name.clone(),
+            )
+        }
+    }
     .with_pacing(pacing);
     handle.wake_on(journal.durable_groups());
     handle.wake_on(poller.changes());
@@ -328,7 +351,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         fitness: crate::fitness::Gate::default(),
         // In a fleet, jobs are read and claimed in the shared journal (CONTRACT §9).
         fleet: crate::secrets::journal_target(config).map(|target| FleetSettings {
-            store: FleetStore::Postgres(target),
+            store: FleetStore::Postgres(Box::new(target)),
             max_runners: config
                 .policies
                 .iter()

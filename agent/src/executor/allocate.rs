@@ -219,7 +219,7 @@ impl Allocator {
     /// How many runners of `policy` to start now, given the journal's `live` attempts and
     /// its busy runners whose job is unknown; tells the operator when demand has waited at the
     /// host's ceiling for long.
-    pub(super) fn to_start(
+    pub(super) fn runners_to_start(
         &mut self,
         policy: &Policy,
         demand: u32,

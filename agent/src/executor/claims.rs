@@ -33,7 +33,7 @@ pub const LEASE_RENEW: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub enum FleetStore {
     /// The PostgreSQL journal `[journal] url` names (its password kept apart, secret).
-    Postgres(rm_journal::PgTarget),
+    Postgres(Box<rm_journal::PgTarget>),
     /// This host's SQLite journal file: one host, the same rules (the harness's fleet).
     Local(PathBuf),
 }

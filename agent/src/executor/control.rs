@@ -126,7 +126,7 @@ impl Executor {
         seams: Seams,
     ) -> anyhow::Result<Executor> {
         let jobs = match settings.fleet.as_ref().map(|f| &f.store) {
-            Some(FleetStore::Postgres(url)) => JobSource::Fleet(url.clone()),
+            Some(FleetStore::Postgres(target)) => JobSource::Fleet(target.clone()),
             Some(FleetStore::Local(_)) | None => JobSource::Local,
         };
         let membership = settings.fleet.as_ref().map(|fleet| {
@@ -349,7 +349,7 @@ impl Executor {
                 if self.allocator.backing_off(&policy.name, ctx.now_ms()) {
                     break;
                 }
-                let to_start = self.allocator.to_start(
+                let to_start = self.allocator.runners_to_start(
                     policy,
                     demand,
                     &live,
@@ -394,9 +394,8 @@ impl Executor {
         tracing::info!("draining: no new runners; running ones are left to finish");
         let deadline = tokio::time::Instant::now() + DRAIN_LAUNCHES;
         while !self.launching.is_empty() && tokio::time::Instant::now() < deadline {
-            match tokio::time::timeout(DRAIN_POLL, self.events.recv()).await {
-                Ok(Some(event)) => self.take(event),
-                Ok(None) | Err(_) => {}
+            if let Ok(Some(event)) = tokio::time::timeout(DRAIN_POLL, self.events.recv()).await {
+                self.take(event);
             }
         }
         let launches_unfinished = self.launching.len();

@@ -22,7 +22,7 @@ pub(super) enum JobSource {
     /// This host's journal file: the embedded default.
     Local,
     /// The fleet's PostgreSQL journal (`[journal] url`, its password kept apart).
-    Fleet(rm_journal::PgTarget),
+    Fleet(Box<rm_journal::PgTarget>),
 }
 
 /// The executor's connections to the journal, shared by its loop and its launch tasks.
@@ -71,7 +71,7 @@ impl AttemptJournal {
             JobSource::Local => None,
             // Connected on first use: a database down at start is retried by every pass.
             JobSource::Fleet(target) => Some(Arc::new(Mutex::new(FleetReader {
-                target: target.clone(),
+                target: (**target).clone(),
                 reader: None,
             }))),
         };

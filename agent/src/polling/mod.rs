@@ -87,7 +87,10 @@ impl PollerConfig {
             targets,
             interval: config.polling.interval,
             idle_interval: config.polling.idle_interval,
-            intake: config.receiver.is_some() || config.relay.is_some(),
+            // In a fleet, the webhooks reach the shared journal through `rm-agent receive`.
+            intake: config.receiver.is_some()
+                || config.relay.is_some()
+                || config.pg_journal.is_some(),
         }
     }
 }

@@ -46,6 +46,18 @@ impl PgPollJournal {
         Ok(polls)
     }
 
+    /// As [`PgPollJournal::connect`], to a configured target (its password from the
+    /// environment).
+    pub fn open(target: &super::PgTarget) -> Result<PgPollJournal, JournalError> {
+        let mut polls = PgPollJournal {
+            config: target.client_config(POLLS_APPLICATION),
+            client: None,
+            cache: StatementCache::default(),
+        };
+        polls.client()?;
+        Ok(polls)
+    }
+
     fn client(&mut self) -> Result<&mut Client, JournalError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
             let mut client = self.config.connect(NoTls)?;

@@ -82,7 +82,7 @@ fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 #[tokio::test]
 async fn a_role_without_rights_is_told_each_grant_and_the_grants_as_written_make_it_ok() {
     let test = "a_role_without_rights_is_told_each_grant";
-    let server = match crate::test_postgres::shared() {
+    let server = match crate::test_pg_server::shared() {
         Ok(server) => server,
         Err(why) => {
             crate::test_skip::cannot_run(test, "postgres", &why);
