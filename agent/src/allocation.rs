@@ -1,5 +1,5 @@
-//! How many runners a policy starts now. Pure arithmetic over values read under the host-wide
-//! allocation lock, following the predecessor's rule (it came from real incidents):
+//! How many runners a policy starts now. Pure arithmetic over values the executor's control loop
+//! (the only allocator) reads before each runner it creates, following the predecessor's rule (it came from real incidents):
 //!
 //! `to_start = min(clamp(demand, min, max) - starting and not yet busy, max - live of the policy,
 //! host headroom)`
@@ -12,7 +12,7 @@
 //! the runners waiting for a job let a policy run past it. Demand is advisory: a surplus runner
 //! exits on its idle timeout and counts as an idle exit, not a failure.
 
-/// The inputs of one allocation, all read under the allocation lock.
+/// The inputs of one allocation, read by the control loop before each runner it creates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AllocationInput {
     /// Queued jobs routed to this policy.

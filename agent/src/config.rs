@@ -137,10 +137,13 @@ pub struct NotificationsSection {
     pub desktop: Option<bool>,
 }
 
-/// `[journal]`: how long the journal keeps what it holds.
+/// `[journal]`: where the journal is (CONTRACT §9: the embedded SQLite file, or a fleet's
+/// PostgreSQL database) and how long it keeps what it holds.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JournalSection {
+    /// A PostgreSQL connection string; without it, the SQLite journal in `data_dir`.
+    pub url: Option<String>,
     pub body_retention: Option<ConfigDuration>,
     pub delivery_retention: Option<ConfigDuration>,
     pub job_retention: Option<ConfigDuration>,
@@ -156,6 +159,8 @@ pub struct PolicySection {
     pub runner_group_id: Option<u64>,
     pub max_runners: Option<u32>,
     pub min_runners: Option<u32>,
+    /// In a fleet (`journal.url`): the policy's ceiling on live runners across all hosts.
+    pub fleet_max_runners: Option<u32>,
     pub workspace: Option<String>,
     pub memory_max: Option<String>,
     pub pids_max: Option<u32>,
@@ -177,6 +182,9 @@ pub struct Config {
     pub runner: Runner,
     pub polling: Polling,
     pub desktop_notifications: bool,
+    /// `journal.url`: the fleet's PostgreSQL journal, without its password (that comes from
+    /// `RM_JOURNAL_PASSWORD`, [`crate::secrets::journal_target`]); `None`: the SQLite journal.
+    pub pg_journal: Option<rm_journal::PgTarget>,
     pub retention: Retention,
     pub policies: Vec<Policy>,
 }
@@ -296,6 +304,9 @@ pub struct Policy {
     pub runner_group_id: u64,
     pub max_runners: u32,
     pub min_runners: u32,
+    /// `fleet_max_runners`: in a fleet, the policy's live runners across every host (claims
+    /// counted in the shared journal, CONTRACT §9); `None`: no fleet-wide ceiling.
+    pub fleet_max_runners: Option<u32>,
     pub workspace: Workspace,
     /// Per-runner limits applied through the runner's cgroup (and `pids_max` as the runner
     /// uid's process limit).

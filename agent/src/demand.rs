@@ -110,6 +110,7 @@ mod tests {
             runner_group_id: 1,
             max_runners: 4,
             min_runners: 0,
+            fleet_max_runners: None,
             workspace: Workspace::Ephemeral,
             limits: Default::default(),
             env_file: None,

@@ -32,6 +32,12 @@ pub use rm_base::{out, outln};
 #[path = "../../tests/support/skip.rs"]
 pub(crate) mod test_skip;
 
+/// A real PostgreSQL server for the fleet's tests (the poller elected per target, `check`'s
+/// journal findings).
+#[cfg(test)]
+#[path = "../../tests/support/postgres.rs"]
+pub(crate) mod test_pg_server;
+
 /// Captures a test thread's log lines.
 #[cfg(test)]
 #[path = "../../tests/support/log_capture.rs"]

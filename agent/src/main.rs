@@ -139,6 +139,23 @@ enum Command {
     },
 }
 
+impl Command {
+    /// The command's name as typed (`commands::refuse_unbuilt_on_postgres` decides by it).
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Run { .. } => "run",
+            Command::Receive { .. } => "receive",
+            Command::Check { .. } => "check",
+            Command::Status { .. } => "status",
+            Command::Explain { .. } => "explain",
+            Command::Jobs { .. } => "jobs",
+            Command::Runners { .. } => "runners",
+            Command::Deliveries { .. } => "deliveries",
+            Command::Demo { .. } => "demo",
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum DeliveriesAction {
     /// Run a journalled delivery's handler again and apply what it says (changes only move
@@ -186,6 +203,7 @@ fn run(cli: Cli) -> Result<(), Exit> {
         data_dir: cli.data_dir,
     };
     let config = config::load(&sources)?;
+    commands::refuse_unbuilt_on_postgres(cli.command.name(), &config)?;
     match cli.command {
         Command::Run { log_format } => {
             init_logging(log_format, "info");

@@ -98,6 +98,28 @@ pub fn relay_token(config: &Config) -> Result<SecretString, Exit> {
     Ok(SecretString::from(token.to_owned()))
 }
 
+/// The PostgreSQL journal's password (CONTRACT §9); the connection string may not hold one.
+pub const JOURNAL_PASSWORD_ENV: &str = "RM_JOURNAL_PASSWORD";
+
+/// The fleet's PostgreSQL journal to connect to, when `journal.url` names one: the configured
+/// target with `$RM_JOURNAL_PASSWORD` as its password if set (taken as is: a password may
+/// begin or end with spaces), else none (the server's own authentication: peer, trust, or
+/// certificates).
+pub fn journal_target(config: &Config) -> Option<rm_journal::PgTarget> {
+    let target = config.pg_journal.clone()?;
+    Some(
+        match journal_password(std::env::var(JOURNAL_PASSWORD_ENV).ok()) {
+            Some(password) => target.with_password(password),
+            None => target,
+        },
+    )
+}
+
+/// `$RM_JOURNAL_PASSWORD` as a secret; unset or empty is no password.
+fn journal_password(value: Option<String>) -> Option<SecretString> {
+    value.filter(|v| !v.is_empty()).map(SecretString::from)
+}
+
 fn split(text: &str, separator: char) -> Vec<SecretString> {
     text.split(separator)
         .map(str::trim)

@@ -10,7 +10,8 @@
 //! The delivery intake is one interface ([`Intake`]) with two implementations: this SQLite
 //! journal (the default) and the PostgreSQL journal of a fleet ([`PgJournal`], CONTRACT §9).
 //! So is the fleet's shared state (host leases, claims on queued jobs, leader leases:
-//! [`Fleet`]): [`PgFleet`] for many hosts, [`LocalFleet`] on the SQLite file for one.
+//! [`Fleet`]): [`PgFleet`] for many hosts, [`LocalFleet`] on the SQLite file for one; and so is
+//! what the polling fallback writes ([`PollStore`]: [`PollJournal`], [`PgPollJournal`]).
 //!
 //! Every state change is compare-and-set (`UPDATE ... WHERE state_rank < ?`) so that two writers
 //! (the agent's writer and a `deliveries replay` from the CLI) can never both win. Runner
@@ -50,8 +51,11 @@ pub use fleet::{
 };
 pub use intake::Intake;
 pub use metrics::JournalMetrics;
-pub use pg::{DatabaseCheck, DatabaseProblem, PgFleet, PgJournal, PgReader, check_database};
-pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, QueuedJobRef, Sighting};
+pub use pg::{
+    PgFleet, PgInspection, PgJournal, PgPollJournal, PgReader, PgRight, PgSchemaState, PgTarget,
+    PgUrlError,
+};
+pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, PollStore, QueuedJobRef, Sighting};
 pub use read::Reader;
 pub use replay::replay;
 pub use retention::Retention;

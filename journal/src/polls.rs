@@ -2,9 +2,15 @@
 //! `poll`, merged forward only through the same code as a delivery's), the stale-job checks, the
 //! position of the hook-delivery scan and the GUIDs asked to be redelivered.
 //!
-//! Like [`crate::Attempts`], this is the agent's own write connection (WAL, `synchronous=FULL`,
-//! busy timeout), off the webhook hot path; SQLite serialises it with the group writer, and every
-//! job write is the same compare-and-set on the state's rank, so neither can move a row back.
+//! What the poller needs is one interface ([`PollStore`]) with two implementations: this SQLite
+//! one ([`PollJournal`]) and the PostgreSQL one of a fleet ([`crate::PgPollJournal`]), over the
+//! same tables and the same forward-only merge (`rm_handlers::merge_job`) as the deliveries', so
+//! a sighting and a webhook for one job merge in one place whichever journal holds them.
+//!
+//! Like [`crate::Attempts`], [`PollJournal`] is the agent's own write connection (WAL,
+//! `synchronous=FULL`, busy timeout), off the webhook hot path; SQLite serialises it with the
+//! group writer, and every job write is the same compare-and-set on the state's rank, so neither
+//! can move a row back.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -42,7 +48,56 @@ pub struct QueuedJobRef {
     pub checked_at_ms: Option<i64>,
 }
 
-/// The polling fallback's handle on the journal. Not shared between threads: wrap it in a mutex.
+/// What the polling fallback writes and reads, whichever journal holds it. Every call blocks
+/// (a SQLite commit, a PostgreSQL round trip): make them off the async runtime
+/// (`spawn_blocking`), as the PostgreSQL client cannot run on a runtime's worker at all.
+pub trait PollStore: Send {
+    /// Merges polled sightings in one transaction, each forward only, and reports what each
+    /// did, in the order given.
+    fn record_sightings(&mut self, jobs: &[JobObservation]) -> Result<Vec<Sighting>, JournalError>;
+    /// Which of `job_ids` a delivery has announced by now.
+    fn announced(&mut self, job_ids: &[JobId]) -> Result<HashSet<JobId>, JournalError>;
+    /// Jobs `queued` since before `queued_before_ms` and not checked since `checked_before_ms`,
+    /// never-checked first, then the longest-unchecked.
+    fn stale_queued(
+        &mut self,
+        queued_before_ms: i64,
+        checked_before_ms: i64,
+    ) -> Result<Vec<QueuedJobRef>, JournalError>;
+    /// Jobs of `repository` (any case) held as `queued`, with their run, not checked since
+    /// `checked_before_ms`.
+    fn queued_in_repository(
+        &mut self,
+        repository: &str,
+        checked_before_ms: i64,
+    ) -> Result<Vec<(QueuedJobRef, i64)>, JournalError>;
+    /// Dates a stale check of `job_id`.
+    fn mark_checked(&mut self, job_id: JobId, at_ms: i64) -> Result<(), JournalError>;
+    /// When the newest delivery was journalled (any intake, any receiver).
+    fn last_delivery_at(&mut self) -> Result<Option<i64>, JournalError>;
+    /// Which of `guids` the journal holds as deliveries.
+    fn known_guids(&mut self, guids: &[&str]) -> Result<HashSet<String>, JournalError>;
+    /// Which of `guids` have been asked to be redelivered already.
+    fn redelivered(&mut self, guids: &[&str]) -> Result<HashSet<String>, JournalError>;
+    /// Records that `guid` was asked for again; `false` when it had been already.
+    fn record_redelivery(
+        &mut self,
+        guid: &str,
+        delivery_id: i64,
+        at_ms: i64,
+    ) -> Result<bool, JournalError>;
+    /// A named position ([`HOOK_DELIVERY_CURSOR`]).
+    fn cursor(&mut self, name: &str) -> Result<Option<i64>, JournalError>;
+    fn set_cursor(&mut self, name: &str, value: i64, at_ms: i64) -> Result<(), JournalError>;
+    /// The repositories (`owner/name`, sorted bytewise) of the live installations on `account`
+    /// (any case).
+    fn repositories_of(&mut self, account: &str) -> Result<Vec<String>, JournalError>;
+    /// How many jobs a poll found that no delivery has announced (`status`).
+    fn unannounced_count(&mut self) -> Result<i64, JournalError>;
+}
+
+/// The polling fallback's handle on the SQLite journal. Not shared between threads: wrap it in a
+/// mutex.
 pub struct PollJournal {
     conn: Connection,
 }
@@ -237,6 +292,61 @@ impl PollJournal {
             [],
             |row| row.get(0),
         )?)
+    }
+}
+
+impl PollStore for PollJournal {
+    fn record_sightings(&mut self, jobs: &[JobObservation]) -> Result<Vec<Sighting>, JournalError> {
+        PollJournal::record_sightings(self, jobs)
+    }
+    fn announced(&mut self, job_ids: &[JobId]) -> Result<HashSet<JobId>, JournalError> {
+        PollJournal::announced(self, job_ids)
+    }
+    fn stale_queued(
+        &mut self,
+        queued_before_ms: i64,
+        checked_before_ms: i64,
+    ) -> Result<Vec<QueuedJobRef>, JournalError> {
+        PollJournal::stale_queued(self, queued_before_ms, checked_before_ms)
+    }
+    fn queued_in_repository(
+        &mut self,
+        repository: &str,
+        checked_before_ms: i64,
+    ) -> Result<Vec<(QueuedJobRef, i64)>, JournalError> {
+        PollJournal::queued_in_repository(self, repository, checked_before_ms)
+    }
+    fn mark_checked(&mut self, job_id: JobId, at_ms: i64) -> Result<(), JournalError> {
+        PollJournal::mark_checked(self, job_id, at_ms)
+    }
+    fn last_delivery_at(&mut self) -> Result<Option<i64>, JournalError> {
+        PollJournal::last_delivery_at(self)
+    }
+    fn known_guids(&mut self, guids: &[&str]) -> Result<HashSet<String>, JournalError> {
+        PollJournal::known_guids(self, guids)
+    }
+    fn redelivered(&mut self, guids: &[&str]) -> Result<HashSet<String>, JournalError> {
+        PollJournal::redelivered(self, guids)
+    }
+    fn record_redelivery(
+        &mut self,
+        guid: &str,
+        delivery_id: i64,
+        at_ms: i64,
+    ) -> Result<bool, JournalError> {
+        PollJournal::record_redelivery(self, guid, delivery_id, at_ms)
+    }
+    fn cursor(&mut self, name: &str) -> Result<Option<i64>, JournalError> {
+        PollJournal::cursor(self, name)
+    }
+    fn set_cursor(&mut self, name: &str, value: i64, at_ms: i64) -> Result<(), JournalError> {
+        PollJournal::set_cursor(self, name, value, at_ms)
+    }
+    fn repositories_of(&mut self, account: &str) -> Result<Vec<String>, JournalError> {
+        PollJournal::repositories_of(self, account)
+    }
+    fn unannounced_count(&mut self) -> Result<i64, JournalError> {
+        PollJournal::unannounced_count(self)
     }
 }
 

@@ -1,17 +1,20 @@
 //! rm-receiver: the HTTP intake for GitHub App webhook deliveries, and nothing else. It streams a
 //! body in under a cap, checks the signature against every secret, hands the delivery to the
-//! journal and answers only after the journal's commit: a 2xx means the delivery is on disk. It
+//! journal and answers only after the journal's commit: a 2xx means the delivery is committed
+//! (the embedded SQLite journal's file, or a fleet's PostgreSQL journal: [`ReceiverJournal`]). It
 //! knows nothing about jobs; the handlers and the journal do.
 //!
 //! Routes: `POST <path>` (CONTRACT §4), `GET /healthz`, `GET /metrics`.
 
 mod budget;
+mod journal;
 mod metrics;
 mod server;
 mod signature;
 mod verify;
 
 pub use budget::BodyLimits;
+pub use journal::{ReceiverJournal, ScrapeCounts, StateCounts};
 /// The metrics library `/metrics` is built on, for [`Receiver::add_collector`]'s callers.
 pub use prometheus_client;
 pub use server::{

@@ -10,9 +10,10 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use rm_journal::{Journal, Reader};
+use rm_journal::JournalMetrics;
 
 use crate::budget::BodyBudget;
+use crate::journal::ScrapeCounts;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeliveryLabels {
@@ -45,7 +46,7 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub(crate) fn new(journal: &Journal, bodies: Arc<BodyBudget>) -> Self {
+    pub(crate) fn new(journal: &JournalMetrics, bodies: Arc<BodyBudget>) -> Self {
         let mut registry = Registry::default();
         let deliveries = Family::<DeliveryLabels, Counter>::default();
         let refused = Family::<RefusedLabels, Counter>::default();
@@ -79,7 +80,7 @@ impl Metrics {
             "The most bytes request bodies have held at once since start",
             body_bytes_high_water.clone(),
         );
-        journal.metrics().register(&mut registry);
+        journal.register(&mut registry);
         Metrics {
             registry: Mutex::new(registry),
             deliveries,
@@ -115,11 +116,14 @@ impl Metrics {
             .inc();
     }
 
-    /// Renders the text exposition, after refreshing the gauges from `reader` when it opened.
-    pub(crate) fn render(&self, reader: Option<&Reader>) -> String {
-        if let Some(reader) = reader {
-            refresh(&self.jobs, reader.job_counts(), "job");
-            refresh(&self.runners, reader.attempt_counts(), "runner");
+    /// Renders the text exposition, after refreshing the gauges from `counts` when the journal
+    /// could be read.
+    pub(crate) fn render(&self, counts: Option<ScrapeCounts>) -> String {
+        if let Some(counts) = counts {
+            refresh(&self.jobs, counts.jobs, "job");
+            if let Some(runners) = counts.runners {
+                refresh(&self.runners, runners, "runner");
+            }
         }
         let gauge = |bytes: usize| i64::try_from(bytes).unwrap_or(i64::MAX);
         self.body_bytes.set(gauge(self.bodies.held()));

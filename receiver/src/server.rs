@@ -11,12 +11,13 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming as Body;
 use rm_handlers::Source;
 use rm_http_serve::Limits;
-use rm_journal::{Journal, JournalError, Reader, Recorded};
+use rm_journal::{Journal, JournalError, Recorded};
 use tokio::net::TcpListener;
 use tracing::Instrument as _;
 
 use crate::WebhookSecrets;
 use crate::budget::{BodyBudget, BodyLimits, Hold, Refused};
+use crate::journal::ReceiverJournal;
 use crate::metrics::Metrics;
 use crate::verify::{self, Refusal};
 
@@ -51,10 +52,12 @@ pub struct ReceiverConfig {
     pub max_body_bytes: usize,
 }
 
-/// The receiver: configuration, the journal it writes and its metrics.
-pub struct Receiver {
+/// The receiver: configuration, the journal it writes and its metrics. The journal is the
+/// embedded SQLite one unless the receiver is built on another [`ReceiverJournal`] (the
+/// PostgreSQL journal a fleet's receivers share).
+pub struct Receiver<J = Journal> {
     config: ReceiverConfig,
-    journal: Journal,
+    journal: J,
     metrics: Metrics,
     bodies: Arc<BodyBudget>,
 }
@@ -68,8 +71,8 @@ enum BodyError {
 
 type Reply = Response<Full<Bytes>>;
 
-impl Receiver {
-    pub fn new(config: ReceiverConfig, journal: Journal) -> Arc<Self> {
+impl<J: ReceiverJournal> Receiver<J> {
+    pub fn new(config: ReceiverConfig, journal: J) -> Arc<Self> {
         Self::with_body_limits(
             config,
             journal,
@@ -82,13 +85,9 @@ impl Receiver {
 
     /// A receiver whose body buffers are bounded by `limits` instead of
     /// [`BODY_ALLOWANCE_BYTES`] and [`BODY_POOL_BYTES`].
-    pub fn with_body_limits(
-        config: ReceiverConfig,
-        journal: Journal,
-        limits: BodyLimits,
-    ) -> Arc<Self> {
+    pub fn with_body_limits(config: ReceiverConfig, journal: J, limits: BodyLimits) -> Arc<Self> {
         let bodies = Arc::new(BodyBudget::new(limits));
-        let metrics = Metrics::new(&journal, Arc::clone(&bodies));
+        let metrics = Metrics::new(journal.metrics(), Arc::clone(&bodies));
         Arc::new(Receiver {
             config,
             journal,
@@ -308,12 +307,8 @@ impl Receiver {
     }
 
     async fn render_metrics(&self) -> Reply {
-        let path = self.journal.path().to_owned();
-        let reader = tokio::task::spawn_blocking(move || Reader::open(&path).ok())
-            .await
-            .ok()
-            .flatten();
-        let body = self.metrics.render(reader.as_ref());
+        let counts = self.journal.counts().await;
+        let body = self.metrics.render(counts);
         let mut reply = Response::new(Full::new(Bytes::from(body)));
         reply.headers_mut().insert(
             header::CONTENT_TYPE,

@@ -2,10 +2,15 @@
 //! or SIGTERM after answering the requests in flight. A poisoned journal (a failed flush) stops
 //! it the same way, but with exit 1, so the service manager restarts it and SQLite recovers the
 //! journal, instead of it answering 503 forever.
+//!
+//! With `[journal] url` (CONTRACT §9) it records into the fleet's PostgreSQL journal instead,
+//! beside any number of other receivers: no data-directory lock (it keeps nothing there), and
+//! no poisoning: while the database cannot commit, deliveries are answered 503 and `/healthz`
+//! says so, and the writer connects again by itself for the next delivery once it is back.
 
 use anyhow::Context;
-use rm_journal::Journal;
-use rm_receiver::{MAX_BODY_BYTES, Receiver, ReceiverConfig};
+use rm_journal::{Journal, PgJournal, PgTarget};
+use rm_receiver::{MAX_BODY_BYTES, Receiver, ReceiverConfig, WebhookSecrets};
 
 use crate::config::Config;
 use crate::exit::Exit;
@@ -19,6 +24,9 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
         )));
     };
     let secrets = secrets::webhook_secrets(config)?;
+    if let Some(target) = secrets::journal_target(config) {
+        return receive_on_postgres(config, settings, secrets, target).await;
+    }
     let _lock = lock::lock_data_dir(&config.data_dir)?;
     let journal_path = super::journal_path(config);
     let journal = Journal::open(&journal_path, config.retention)
@@ -52,6 +60,56 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
     if let Some(exit) = poisoned_exit(&journal) {
         return Err(exit);
     }
+    tracing::info!("receiver stopped");
+    Ok(())
+}
+
+/// `receive` on the fleet's PostgreSQL journal: connects and migrates (or fails, exit 1, with
+/// the server's reason and never the connection string), then serves until a signal.
+async fn receive_on_postgres(
+    config: &Config,
+    settings: &crate::config::ReceiverSettings,
+    secrets: WebhookSecrets,
+    target: PgTarget,
+) -> Result<(), Exit> {
+    let server = target.describe();
+    // Connecting blocks (the sync client runs a runtime of its own): off this one.
+    let journal = tokio::task::spawn_blocking(move || PgJournal::open(&target))
+        .await
+        .map_err(Exit::runtime)?
+        .with_context(|| {
+            format!(
+                "cannot open the PostgreSQL journal {server} (journal.url in {}); check that the database is up and the role may log in (${} holds its password), then run `rm-agent check`",
+                crate::config::display_file(config.source.as_deref()),
+                secrets::JOURNAL_PASSWORD_ENV
+            )
+        })
+        .map_err(Exit::runtime)?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (receiver.listen)", settings.listen))
+        .map_err(Exit::runtime)?;
+    let local = listener.local_addr().map_err(Exit::runtime)?;
+    tracing::info!(
+        listen = %local,
+        path = %settings.path,
+        secrets = secrets.len(),
+        journal = %server,
+        "receiver listening on the PostgreSQL journal"
+    );
+    let receiver = Receiver::new(
+        ReceiverConfig {
+            path: settings.path.clone(),
+            secrets,
+            max_body_bytes: MAX_BODY_BYTES,
+        },
+        journal,
+    );
+    receiver
+        .serve(listener, shutdown_signal())
+        .await
+        .context("the receiver stopped")
+        .map_err(Exit::runtime)?;
     tracing::info!("receiver stopped");
     Ok(())
 }

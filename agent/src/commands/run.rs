@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use crate::config::{Config, display_file};
 use crate::executor::registry::Registry;
-use crate::executor::{DrainReport, Executor, Handle, Settings};
+use crate::executor::{DrainReport, Executor, FleetSettings, FleetStore, Handle, Settings};
 use crate::exit::Exit;
 use crate::lifecycle::Timeouts;
 use crate::notify::{Notifier, OperatorEvent};
@@ -116,13 +116,36 @@ pub async fn serve_paced(
         None => None,
     };
     let poller_config = PollerConfig::from_config(config);
-    let poller = Poller::new(
-        poller_config,
-        client,
-        PollJournal::open(&journal_path).map_err(Exit::runtime)?,
-        Arc::new(SystemClock),
-    )
-    .map_err(Exit::runtime)?
+    let poller = match crate::secrets::journal_target(config) {
+        None => Poller::new(
+            poller_config,
+            client,
+            PollJournal::open(&journal_path).map_err(Exit::runtime)?,
+            Arc::new(SystemClock),
+        )
+        .map_err(Exit::runtime)?,
+        // In a fleet: sightings go to the shared journal, and each target is polled by the
+        // one host that leads it (crate::polling::election): one REST budget for the fleet.
+        Some(target) => {
+            let unreachable = |e: rm_journal::JournalError| {
+                Exit::runtime(anyhow::anyhow!(
+                    "cannot reach the fleet's journal ({}): {e}",
+                    target.describe()
+                ))
+            };
+            Poller::new(
+                poller_config,
+                client,
+                rm_journal::PgPollJournal::open(&target).map_err(unreachable)?,
+                Arc::new(SystemClock),
+            )
+            .map_err(Exit::runtime)?
+            .with_fleet(
+                rm_journal::PgFleet::open(&target).map_err(unreachable)?,
+                config.host.name.clone(),
+            )
+        }
+    }
     .with_pacing(pacing);
     handle.wake_on(journal.durable_groups());
     handle.wake_on(poller.changes());
@@ -276,6 +299,23 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
             "`rm-agent run` needs at least one [[policy]] (name, target, labels)",
         ));
     }
+    if config.pg_journal.is_some() {
+        // In a fleet, deliveries reach the shared journal through `rm-agent receive`.
+        if config.receiver.is_some() {
+            return Err(usage(
+                config,
+                "receiver",
+                "with `journal.url`, run takes no deliveries itself: run `rm-agent receive` (any number, on any hosts) for the fleet's intake and remove [receiver] here",
+            ));
+        }
+        if config.relay.is_some() {
+            return Err(usage(
+                config,
+                "relay",
+                "with `journal.url`, a relay subscription is not built yet: subscribe from a host without `journal.url`, or take the webhooks with `rm-agent receive`",
+            ));
+        }
+    }
     let (package_dir, version) = match (&config.runner.package_dir, &config.runner.version) {
         (Some(dir), _) => (dir.clone(), String::new()),
         (None, Some(_)) if crate::runner::package::latest::follows_latest(config) => {
@@ -309,6 +349,15 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         policies: config.policies.clone(),
         operator_env,
         fitness: crate::fitness::Gate::default(),
+        // In a fleet, jobs are read and claimed in the shared journal (CONTRACT §9).
+        fleet: crate::secrets::journal_target(config).map(|target| FleetSettings {
+            store: FleetStore::Postgres(Box::new(target)),
+            max_runners: config
+                .policies
+                .iter()
+                .filter_map(|p| Some((p.name.clone(), p.fleet_max_runners?)))
+                .collect(),
+        }),
     };
     Ok((settings, version))
 }

@@ -64,6 +64,8 @@ pub struct Facts {
     pub latency: crate::latency::Latency,
     /// What the agent last learned about `runner.version` (crate::runner::package::report).
     pub runner_version: Option<crate::runner::package::report::VersionReport>,
+    /// In a fleet (`journal.url`, CONTRACT §9): every host with its lease, claims and runners.
+    pub fleet: Option<rm_journal::FleetView>,
 }
 
 /// How long an attempt may stay concluded before `status` says its cleanup is failing (a clean
@@ -112,14 +114,60 @@ impl Facts {
 }
 
 pub fn run(config: &Config, json: bool) -> Result<(), Exit> {
-    let reader = super::open_reader_or_empty(config, json)?;
-    let facts = gather(config, reader.as_ref(), SystemTime::now()).map_err(Exit::runtime)?;
+    let facts = match crate::secrets::journal_target(config) {
+        None => {
+            let reader = super::open_reader_or_empty(config, json)?;
+            let journalled = match &reader {
+                Some(reader) => journalled(reader).map_err(Exit::runtime)?,
+                None => Journalled::default(),
+            };
+            gather(config, journalled, reader.as_ref(), None, SystemTime::now())
+        }
+        Some(target) => {
+            // This host's runners are in its own journal (it may have none yet); the fleet's
+            // deliveries, jobs and claims are in the shared one.
+            let local = super::open_reader_or_empty(config, true)?;
+            let (journalled, fleet) =
+                fleet_journalled(&target, local.as_ref()).map_err(Exit::runtime)?;
+            gather(config, journalled, None, Some(fleet), SystemTime::now())
+        }
+    }
+    .map_err(Exit::runtime)?;
     if json {
         print_json(&to_json(&facts));
     } else {
         crate::out!("{}", render(&facts));
     }
     Ok(())
+}
+
+/// What a fleet host's `status` reads: deliveries and jobs from the fleet's journal, this host's
+/// attempts from its own, and the fleet's hosts, leases and claims.
+fn fleet_journalled(
+    target: &rm_journal::PgTarget,
+    local: Option<&Reader>,
+) -> anyhow::Result<(Journalled, rm_journal::FleetView)> {
+    use anyhow::Context as _;
+    use rm_journal::Fleet as _;
+    let what = || format!("cannot read the fleet's journal ({})", target.describe());
+    let mut pg = rm_journal::PgReader::open(target).with_context(what)?;
+    let view = rm_journal::PgFleet::open(target)
+        .and_then(|mut fleet| {
+            fleet.view().map_err(|e| match e {
+                rm_journal::FleetError::Journal(e) => e,
+                other => rm_journal::JournalError::Commit(other.to_string()),
+            })
+        })
+        .with_context(what)?;
+    let mut journalled = match local {
+        Some(reader) => journalled(reader)?,
+        None => Journalled::default(),
+    };
+    journalled.outcomes = pg.delivery_outcome_counts()?.into_iter().collect();
+    journalled.queued = pg.queued_jobs()?.iter().map(QueuedJob::from).collect();
+    journalled.last_delivery_at_ms = pg.last_delivery_at()?;
+    journalled.jobs_by_state = pg.job_counts()?.into_iter().collect();
+    Ok((journalled, view))
 }
 
 /// What the journal says, or the empty state when there is none yet.
@@ -150,8 +198,15 @@ fn journalled(reader: &Reader) -> anyhow::Result<Journalled> {
     })
 }
 
-/// Reads the journal (none: the empty state), the snapshot and the processes.
-fn gather(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::Result<Facts> {
+/// Decides from what the journal said (`journalled`), the snapshot and the processes; `reader`
+/// (this host's journal, when it holds the jobs) gives the waiting verdicts and wait times.
+fn gather(
+    config: &Config,
+    journalled: Journalled,
+    reader: Option<&Reader>,
+    fleet: Option<rm_journal::FleetView>,
+    now: SystemTime,
+) -> anyhow::Result<Facts> {
     let now_ms = unix_ms(now);
     let (snapshot, agent) = status_file::observe(&config.data_dir, now_ms);
     let Journalled {
@@ -162,10 +217,7 @@ fn gather(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::
         last_delivery_at_ms,
         jobs_by_state,
         attempts_by_state,
-    } = match reader {
-        Some(reader) => journalled(reader)?,
-        None => Journalled::default(),
-    };
+    } = journalled;
     let demand = demand::route(&config.policies, &queued);
     let routed: usize = demand.per_policy.values().map(Vec::len).sum();
     let unmatched = queued
@@ -207,6 +259,7 @@ fn gather(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::
             .version
             .as_ref()
             .and_then(|_| crate::runner::package::report::read(&config.data_dir)),
+        fleet,
     })
 }
 
@@ -308,8 +361,84 @@ pub fn to_json(facts: &Facts) -> Value {
             "window_closes_at": r.window_closes_at_ms.map(rfc3339),
             "checked_at": rfc3339(r.checked_at_ms),
         })),
+        "fleet": facts.fleet.as_ref().map(fleet_json),
         "degraded": degraded(facts),
     })
+}
+
+/// The fleet in `status --json`: hosts with their lease and claims, and the leaders.
+fn fleet_json(view: &rm_journal::FleetView) -> Value {
+    json!({
+        "hosts": view.hosts.iter().map(|h| json!({
+            "host": h.host,
+            "live": h.live,
+            "labels": h.labels,
+            "policies": h.policies,
+            "registered_at": rfc3339(h.registered_at_ms),
+            "renewed_at": rfc3339(h.renewed_at_ms),
+            "expires_at": rfc3339(h.expires_at_ms),
+            "claims": h.claims.iter().map(|c| json!({
+                "job_id": c.job_id,
+                "policy": c.policy,
+                "runner": c.runner_name,
+                "job_state": c.job_state.as_str(),
+                "claimed_at": rfc3339(c.claimed_at_ms),
+            })).collect::<Vec<_>>(),
+            "runners": h.claims.iter().filter(|c| c.runner_name.is_some()).count(),
+        })).collect::<Vec<_>>(),
+        "leaders": view.leaders.iter().map(|l| json!({
+            "role": l.role,
+            "host": l.host,
+            "expires_at": rfc3339(l.expires_at_ms),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The fleet in `status`'s text: one line for the fleet, one per host.
+fn render_fleet(view: &rm_journal::FleetView, out: &mut String) {
+    let live = view.hosts.iter().filter(|h| h.live).count();
+    let claims: usize = view.hosts.iter().map(|h| h.claims.len()).sum();
+    let leaders: Vec<String> = view
+        .leaders
+        .iter()
+        .map(|l| format!("{} by {}", l.role, l.host))
+        .collect();
+    let _ = writeln!(
+        out,
+        "{:<9} {live} of {} hosts live; {claims} claims{}",
+        "fleet",
+        view.hosts.len(),
+        if leaders.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", leaders.join(", "))
+        }
+    );
+    let age = |at: i64| {
+        ago(Duration::from_millis(
+            u64::try_from(view.now_ms - at).unwrap_or(0),
+        ))
+    };
+    for host in &view.hosts {
+        let text = if host.live {
+            let running = host
+                .claims
+                .iter()
+                .filter(|c| c.runner_name.is_some())
+                .count();
+            format!(
+                "live, renewed {} ago; {} claims ({running} with a runner that took its job)",
+                age(host.renewed_at_ms),
+                host.claims.len()
+            )
+        } else {
+            format!(
+                "DEAD: its lease expired {} ago; its claims went to the other hosts",
+                age(host.expires_at_ms)
+            )
+        };
+        let _ = writeln!(out, "  {:<7} {text}", host.host);
+    }
 }
 
 fn ago(d: Duration) -> String {
@@ -725,6 +854,10 @@ pub fn render(facts: &Facts) -> String {
         line("host", crate::fitness::report::status_line(Some(fitness)));
     }
 
+    if let Some(fleet) = &facts.fleet {
+        render_fleet(fleet, &mut out);
+    }
+
     let problems = degraded(facts);
     if problems.is_empty() {
         out.push_str("\nAll is well.\n");
@@ -817,6 +950,7 @@ mod tests {
             waiting: Vec::new(),
             latency: crate::latency::Latency::default(),
             runner_version: None,
+            fleet: None,
         }
     }
 
@@ -1206,5 +1340,74 @@ mod tests {
         });
         assert!(!degraded(&f).iter().any(|p| p.contains("2.330.0")));
         assert_eq!(to_json(&f)["runner_version"]["window"], "open");
+    }
+
+    #[test]
+    fn a_fleet_shows_each_host_its_lease_and_its_claims() {
+        use rm_journal::{ClaimView, FleetView, HostView, JobState, LeaderView};
+        let host = |name: &str, live: bool, claims: Vec<ClaimView>| HostView {
+            host: name.to_owned(),
+            labels: vec!["self-hosted".to_owned()],
+            policies: vec!["linux".to_owned()],
+            registered_at_ms: NOW - 600_000,
+            renewed_at_ms: NOW - 3_000,
+            expires_at_ms: if live { NOW + 27_000 } else { NOW - 41_000 },
+            live,
+            claims,
+        };
+        let claim = |job_id: i64, runner: Option<&str>, job_state| ClaimView {
+            job_id: rm_journal::JobId::new(job_id),
+            policy: "linux".to_owned(),
+            runner_name: runner.map(str::to_owned),
+            claimed_at_ms: NOW - 10_000,
+            job_state,
+        };
+        let mut f = facts();
+        f.fleet = Some(FleetView {
+            now_ms: NOW,
+            hosts: vec![
+                host(
+                    "a",
+                    true,
+                    vec![
+                        claim(7, Some("rm-a-0123456789ab"), JobState::InProgress),
+                        claim(8, None, JobState::Queued),
+                    ],
+                ),
+                host("b", false, vec![]),
+            ],
+            leaders: vec![LeaderView {
+                role: "poll:acme".to_owned(),
+                host: "a".to_owned(),
+                acquired_at_ms: NOW - 60_000,
+                renewed_at_ms: NOW - 1_000,
+                expires_at_ms: NOW + 29_000,
+            }],
+        });
+        let text = render(&f);
+        assert!(
+            text.contains("fleet     1 of 2 hosts live; 2 claims; poll:acme by a"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  a       live, renewed 3s ago; 2 claims (1 with a runner that took its job)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("  b       DEAD: its lease expired 41s ago"),
+            "{text}"
+        );
+        let json = to_json(&f);
+        let hosts = &json["fleet"]["hosts"];
+        assert_eq!(hosts[0]["host"], "a");
+        assert_eq!(hosts[0]["runners"], 1);
+        assert_eq!(hosts[0]["claims"][0]["job_state"], "in_progress");
+        assert_eq!(hosts[0]["claims"][1]["runner"], Value::Null);
+        assert_eq!(hosts[1]["live"], false);
+        assert_eq!(json["fleet"]["leaders"][0]["role"], "poll:acme");
+        // A host alone has no fleet.
+        assert_eq!(to_json(&facts())["fleet"], Value::Null);
     }
 }

@@ -562,3 +562,39 @@ fn latest_is_a_runner_version_checked_daily_by_default() {
         std::time::Duration::from_secs(6 * 3600)
     );
 }
+
+#[test]
+fn journal_url_defaults_to_sqlite_and_takes_a_postgres_connection_string() {
+    assert!(load_text("").unwrap().pg_journal.is_none());
+    for url in [
+        "postgres://rm@db.example.net/rm",
+        "host=/run/postgresql user=rm dbname=rm",
+    ] {
+        let config = load_text(&format!("[journal]\nurl = \"{url}\"\n")).unwrap();
+        let target = config.pg_journal.expect("journal.url was dropped");
+        assert_eq!(target.user(), Some("rm"));
+        assert!(!target.has_password());
+    }
+}
+
+#[test]
+fn journal_url_with_a_password_or_what_rm_cannot_use_is_refused_naming_the_key() {
+    for (url, says) in [
+        ("postgres://rm:hunter2@db/rm", "RM_JOURNAL_PASSWORD"),
+        ("host=db user=rm password=hunter2", "RM_JOURNAL_PASSWORD"),
+        ("postgres://rm@db/rm?passfile=/hunter2", "passfile"),
+        (
+            "postgres://rm@db/rm?application_name=hunter2&sslmode=require",
+            "TLS",
+        ),
+        ("host=db port=hunter2", "not a PostgreSQL connection string"),
+    ] {
+        let err = refusal(&format!("[journal]\nurl = \"{url}\"\n"));
+        assert_eq!(err.key, "journal.url", "{url}");
+        assert!(err.problem.contains(says), "{url}: {err}");
+        // Never the string itself: it may hold a password.
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+    let err = refusal("[journal]\nurl = 5432\n");
+    assert_eq!(err.key, "journal.url");
+}

@@ -344,12 +344,28 @@ pub(super) fn validate(
         ));
     }
 
+    // The password never comes from here: a connection string holding one is refused (the
+    // error does not repeat the string).
+    let pg_journal = match &file.journal.url {
+        None => None,
+        Some(url) => Some(
+            rm_journal::PgTarget::parse(url)
+                .map_err(|problem| err("journal.url", problem.to_string()))?,
+        ),
+    };
+
     let mut names = HashSet::new();
     let mut policies = Vec::with_capacity(file.policies.len());
     for (index, section) in file.policies.into_iter().enumerate() {
         let key = |field: &str| format!("policy[{index}].{field}");
         let policy = validate_policy(section, max_runners)
             .map_err(|(field, problem)| err(&key(field), problem))?;
+        if policy.fleet_max_runners.is_some() && pg_journal.is_none() {
+            return Err(err(
+                &key("fleet_max_runners"),
+                "is a fleet's ceiling across hosts and needs `journal.url`; on one host, `max_runners` is the policy's ceiling".to_owned(),
+            ));
+        }
         if !names.insert(policy.name.clone()) {
             return Err(err(
                 &key("name"),
@@ -375,6 +391,7 @@ pub(super) fn validate(
             idle_interval,
         },
         desktop_notifications: file.notifications.desktop.unwrap_or(false),
+        pg_journal,
         retention,
         policies,
     })
@@ -424,6 +441,9 @@ fn validate_policy(
             "min_runners",
             format!("{min_runners} is above max_runners ({max_runners})"),
         ));
+    }
+    if section.fleet_max_runners == Some(0) {
+        return Err(("fleet_max_runners", "must be at least 1".to_owned()));
     }
     let workspace = match section.workspace.as_deref() {
         None | Some("ephemeral") => Workspace::Ephemeral,
@@ -482,6 +502,7 @@ fn validate_policy(
         runner_group_id: section.runner_group_id.unwrap_or(DEFAULT_RUNNER_GROUP),
         max_runners,
         min_runners,
+        fleet_max_runners: section.fleet_max_runners,
         workspace,
         env_file: section.env_file,
     })

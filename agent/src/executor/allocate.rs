@@ -162,9 +162,9 @@ impl Allocator {
             .collect()
     }
 
-    /// How many runners each policy wants now, from the journal's queued `jobs`: its routed
-    /// demand less the jobs queued before its fence and the completions the journal has not
-    /// named (`named`: those a journalled job now names). A policy in its launch back-off wants
+    /// What each policy wants now, from the journal's queued `jobs`: its routed demand less
+    /// the jobs queued before its fence and the completions the journal has not named
+    /// (`named`: those a journalled job now names). A policy in its launch back-off wants
     /// none. Overlapping and unresolvable jobs are logged once.
     pub(super) fn wanted<'p>(
         &mut self,
@@ -172,7 +172,7 @@ impl Allocator {
         jobs: &[rm_journal::JobRow],
         named: &HashSet<String>,
         now: i64,
-    ) -> Vec<(&'p Policy, u32)> {
+    ) -> Vec<Wanted<'p>> {
         let first_seen: HashMap<JobId, i64> = jobs
             .iter()
             .map(|j| (j.job_id, j.first_seen_at_ms))
@@ -186,23 +186,32 @@ impl Allocator {
                 continue;
             }
             let fence = self.fences.get(&policy.name).copied().unwrap_or(i64::MIN);
-            let routed = demand.per_policy.get(&policy.name).map_or(0, |ids| {
-                ids.iter()
-                    .filter(|id| {
-                        first_seen
-                            .get(id)
-                            .is_some_and(|seen| counts_after_fence(*seen, fence))
-                    })
-                    .count()
-            });
+            let routed: Vec<JobId> = demand
+                .per_policy
+                .get(&policy.name)
+                .map(|ids| {
+                    ids.iter()
+                        .copied()
+                        .filter(|id| {
+                            first_seen
+                                .get(id)
+                                .is_some_and(|seen| counts_after_fence(*seen, fence))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
             let done_meanwhile = self
                 .unknown_completions
                 .get(&policy.name)
                 .map_or(0, |c| unknown_completions(c, named, self.refreshed_at, now));
-            let count = u32::try_from(routed)
+            let count = u32::try_from(routed.len())
                 .unwrap_or(u32::MAX)
                 .saturating_sub(done_meanwhile);
-            wanted.push((policy, count));
+            wanted.push(Wanted {
+                policy,
+                jobs: routed,
+                count,
+            });
         }
         wanted
     }
@@ -210,7 +219,7 @@ impl Allocator {
     /// How many runners of `policy` to start now, given the journal's `live` attempts and
     /// its busy runners whose job is unknown; tells the operator when demand has waited at the
     /// host's ceiling for long.
-    pub(super) fn to_start(
+    pub(super) fn runners_to_start(
         &mut self,
         policy: &Policy,
         demand: u32,
@@ -362,10 +371,8 @@ impl Allocator {
         launching: &HashSet<AttemptId>,
         draining: bool,
     ) -> AllocationMemory {
-        let mut launching: Vec<String> = launching
-            .iter()
-            .map(|id| id.as_str().to_owned())
-            .collect();
+        let mut launching: Vec<String> =
+            launching.iter().map(|id| id.as_str().to_owned()).collect();
         launching.sort();
         let mut policies: std::collections::BTreeMap<String, PolicyMemory> = Default::default();
         for (policy, fence) in &self.fences {
@@ -380,6 +387,16 @@ impl Allocator {
             draining,
         }
     }
+}
+
+/// What one policy wants in a pass.
+#[derive(Debug)]
+pub(super) struct Wanted<'p> {
+    pub(super) policy: &'p Policy,
+    /// Its queued jobs that count as demand (routed to it, seen after its fence), oldest first.
+    pub(super) jobs: Vec<JobId>,
+    /// How many runners they want: the jobs less the completions the journal has not named.
+    pub(super) count: u32,
 }
 
 /// A runner's conclusion, as supervision reports it to the loop (and the loop to allocation).
@@ -439,10 +456,7 @@ pub(super) async fn named_runners(
     }
     Ok(ctx
         .journal
-        .read(move |reader| {
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            reader.jobs_for_runners(&names)
-        })
+        .jobs_for_runners(names)
         .await?
         .into_iter()
         .filter_map(|job| job.runner_name)
@@ -541,7 +555,7 @@ pub(super) async fn create_attempt(
 /// Whether `policy` still has queued jobs (a JIT retry stops when the demand is gone). An
 /// unreadable journal says yes: the retry's own limits end it.
 pub(super) async fn still_wanted(ctx: &Context, policy: &Policy) -> bool {
-    let Ok(jobs) = ctx.journal.read(|reader| reader.queued_jobs()).await else {
+    let Ok(jobs) = ctx.journal.queued_jobs().await else {
         return true;
     };
     let queued: Vec<QueuedJob> = jobs.iter().map(QueuedJob::from).collect();

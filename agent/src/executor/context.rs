@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use super::Settings;
+use super::claims::Membership;
 use super::journal::AttemptJournal;
 use super::registry::Registry;
 use super::seams::{Execution, ProcessTable};
@@ -25,6 +26,8 @@ pub(super) struct Context {
     pub(super) execution: Arc<dyn Execution>,
     pub(super) clock: Arc<dyn rm_github::Clock>,
     pub(super) notifier: Arc<Notifier>,
+    /// This host's membership of a fleet, if it is in one.
+    pub(super) membership: Option<Membership>,
 }
 
 impl Context {

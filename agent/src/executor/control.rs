@@ -11,17 +11,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rm_journal::AttemptId;
+use rm_journal::{AttemptId, HostInfo, JobId};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument as _;
 
 use super::allocate::{self, Allocator, NoFreeUid};
+use super::claims::{self, FleetStore, Membership, Standing};
 use super::context::Context;
-use super::journal::AttemptJournal;
+use super::journal::{AttemptJournal, JobSource};
 use super::launch::Launch;
 use super::registry::Registry;
 use super::seams::Seams;
-use super::supervise::{PassReport, Supervisor};
+use super::supervise::{self, PassReport, Supervisor};
 use super::{
     DRAIN_CLEANUP, DRAIN_LAUNCHES, DrainReport, Event, INVENTORY_INTERVAL, PASS_INTERVAL,
     RECOVERY_RETRY, RecoveryIncomplete, STARTUP_SYNC_WAIT, Settings, fault, recovery,
@@ -29,6 +30,17 @@ use super::{
 use crate::explain::published::AllocationMemory;
 use crate::notify::Notifier;
 use crate::runner::RunnerRoot;
+
+/// The runner labels a host serves: every label of its policies, once each, sorted.
+fn host_labels(policies: &[crate::config::Policy]) -> Vec<String> {
+    let mut labels: Vec<String> = policies
+        .iter()
+        .flat_map(|p| p.labels.iter().cloned())
+        .collect();
+    labels.sort();
+    labels.dedup();
+    labels
+}
 
 /// How often a drain looks whether the launches in flight have ended.
 const DRAIN_POLL: Duration = Duration::from_millis(100);
@@ -48,6 +60,12 @@ pub struct Executor {
     draining: watch::Sender<bool>,
     /// When GitHub's inventory was last reconciled (ms, on the executor's clock).
     last_inventory: Option<i64>,
+    /// In a fleet: the task renewing this host's lease while the loop runs.
+    renewal: Option<tokio::task::JoinHandle<()>>,
+    /// In a fleet: the jobs this host held claims on as of its last allocation. A job its
+    /// runner ran may complete before supervision learns the runner took it, and a claim on a
+    /// completed job no longer shows in the fleet: this says it was this host's.
+    claimed: HashSet<JobId>,
 }
 
 /// What the rest of the agent holds of the executor: it can wake the loop, tell it the journal
@@ -107,9 +125,24 @@ impl Executor {
         notifier: Arc<Notifier>,
         seams: Seams,
     ) -> anyhow::Result<Executor> {
+        let jobs = match settings.fleet.as_ref().map(|f| &f.store) {
+            Some(FleetStore::Postgres(target)) => JobSource::Fleet(target.clone()),
+            Some(FleetStore::Local(_)) | None => JobSource::Local,
+        };
+        let membership = settings.fleet.as_ref().map(|fleet| {
+            Membership::new(
+                fleet,
+                HostInfo {
+                    host: settings.host.clone(),
+                    labels: host_labels(&settings.policies),
+                    policies: settings.policies.iter().map(|p| p.name.clone()).collect(),
+                },
+            )
+        });
         let ctx = Context {
             settings,
-            journal: AttemptJournal::open(journal)?,
+            journal: AttemptJournal::open(journal, &jobs)?,
+            membership,
             registry,
             root: RunnerRoot::open(runner_root)?,
             processes: seams.processes,
@@ -132,6 +165,8 @@ impl Executor {
             launching: HashSet::new(),
             draining: watch::channel(false).0,
             last_inventory: None,
+            renewal: None,
+            claimed: HashSet::new(),
         })
     }
 
@@ -153,6 +188,9 @@ impl Executor {
         shutdown: impl Future<Output = ()>,
     ) -> DrainReport {
         tokio::pin!(shutdown);
+        // In a fleet the lease is held from the start: claims need it, and other hosts see
+        // this one alive while it recovers.
+        self.renewal = self.ctx.membership.as_ref().map(Membership::spawn_renewal);
         loop {
             let recovered = tokio::select! {
                 () = &mut shutdown => return self.drain().await,
@@ -179,26 +217,33 @@ impl Executor {
         }
         tracing::info!(host = %self.ctx.settings.host, max_runners = self.ctx.settings.max_runners, "recovery complete; serving queued jobs");
         loop {
-            let again = self.pass().await;
-            if again {
-                // A runner was stopped: conclude it now, unless the agent is stopping.
-                tokio::select! {
-                    biased;
-                    () = &mut shutdown => break,
-                    () = std::future::ready(()) => continue,
-                }
-            }
+            // A pass that stopped a runner is followed at once by one that concludes it.
+            let wait = if self.pass().await {
+                Duration::ZERO
+            } else {
+                PASS_INTERVAL
+            };
             tokio::select! {
+                biased;
                 () = &mut shutdown => break,
                 event = self.events.recv() => {
                     if let Some(event) = event {
                         self.take(event);
                     }
                 }
-                () = tokio::time::sleep(PASS_INTERVAL) => {}
+                () = tokio::time::sleep(wait) => {}
             }
         }
         self.drain().await
+    }
+
+    /// In a fleet, renews this host's lease now (production renews it from a task that
+    /// [`Executor::run`] starts; the harness, which drives passes itself, calls this).
+    #[cfg(test)]
+    pub(crate) async fn renew_lease(&self) {
+        if let Some(membership) = &self.ctx.membership {
+            membership.renew().await.expect("the lease");
+        }
     }
 
     /// Startup recovery: every journalled attempt supervised with the startup timers and GitHub
@@ -211,7 +256,7 @@ impl Executor {
             .await
             .map_err(|e| RecoveryIncomplete::Journal(e.to_string()))?;
         let deferred = report.deferred;
-        self.concluded(report);
+        self.supervised(&report).await;
         if deferred > 0 {
             return Err(RecoveryIncomplete::Deferred(deferred));
         }
@@ -232,9 +277,8 @@ impl Executor {
             .await
         {
             Ok(report) => {
-                let stopped = report.stopped;
-                self.concluded(report);
-                stopped
+                self.supervised(&report).await;
+                report.stopped
             }
             Err(e) => {
                 tracing::warn!(error = %e, "supervision pass failed");
@@ -264,13 +308,34 @@ impl Executor {
             return Ok(());
         }
         let ctx = Arc::clone(&self.ctx);
-        let jobs = ctx.journal.read(|reader| reader.queued_jobs()).await?;
+        let jobs = ctx.journal.queued_jobs().await?;
         let named = allocate::named_runners(&ctx, self.allocator.unknown_runner_names()).await?;
         let now = ctx.now_ms();
         let wanted = self
             .allocator
             .wanted(&ctx.settings.policies, &jobs, &named, now);
-        for (policy, demand) in wanted {
+        // In a fleet, this host serves the jobs it claims (crate::executor::claims).
+        let standing = match &ctx.membership {
+            Some(membership) => Some(membership.standing().await.map_err(|e| {
+                anyhow::anyhow!("cannot read this host's claims in the fleet: {e}")
+            })?),
+            None => None,
+        };
+        if let Some(standing) = &standing {
+            self.claimed = standing.held.clone();
+        }
+        for wanted in wanted {
+            let policy = wanted.policy;
+            let demand = match (&ctx.membership, &standing) {
+                (Some(membership), Some(standing)) => {
+                    let (claimed, got) = claim(&ctx, membership, standing, &wanted).await?;
+                    self.claimed.extend(got);
+                    // Never more than the journal's own demand: its count is less the jobs this
+                    // host's runners completed that the journal has not named yet.
+                    claimed.min(wanted.count)
+                }
+                _ => wanted.count,
+            };
             // Which uids other processes run as, read once per policy (a `/proc` scan) and only
             // if a runner is to start: the uids handed out here are fenced by the journal, and
             // a process that takes a pool uid after the scan is caught when the runner starts.
@@ -284,7 +349,7 @@ impl Executor {
                 if self.allocator.backing_off(&policy.name, ctx.now_ms()) {
                     break;
                 }
-                let to_start = self.allocator.to_start(
+                let to_start = self.allocator.runners_to_start(
                     policy,
                     demand,
                     &live,
@@ -295,8 +360,7 @@ impl Executor {
                 if to_start == 0 {
                     break;
                 }
-                let record = match allocate::create_attempt(&ctx, policy, &mut running_uids).await
-                {
+                let record = match allocate::create_attempt(&ctx, policy, &mut running_uids).await {
                     Ok(record) => record,
                     // Like a ceiling: nothing starts until cleanup releases a uid.
                     Err(e) if e.downcast_ref::<NoFreeUid>().is_some() => {
@@ -330,9 +394,8 @@ impl Executor {
         tracing::info!("draining: no new runners; running ones are left to finish");
         let deadline = tokio::time::Instant::now() + DRAIN_LAUNCHES;
         while !self.launching.is_empty() && tokio::time::Instant::now() < deadline {
-            match tokio::time::timeout(DRAIN_POLL, self.events.recv()).await {
-                Ok(Some(event)) => self.take(event),
-                Ok(None) | Err(_) => {}
+            if let Ok(Some(event)) = tokio::time::timeout(DRAIN_POLL, self.events.recv()).await {
+                self.take(event);
             }
         }
         let launches_unfinished = self.launching.len();
@@ -351,6 +414,18 @@ impl Executor {
             .write(|attempts| attempts.list(rm_journal::Scope::Live, None))
             .await
             .map_or(0, |live| live.len());
+        if let Some(renewal) = self.renewal.take() {
+            renewal.abort();
+        }
+        if let Some(membership) = &self.ctx.membership {
+            // Its claims on queued jobs go to other hosts now rather than after the lease.
+            match membership.leave().await {
+                Ok(()) => tracing::info!(host = membership.host(), "left the fleet"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot leave the fleet; its claims lapse with the lease")
+                }
+            }
+        }
         DrainReport {
             left_running,
             launches_unfinished,
@@ -390,10 +465,16 @@ impl Executor {
         self.publish();
     }
 
-    /// What supervision concluded, for allocation's fences and unknown completions.
-    fn concluded(&mut self, report: PassReport) {
+    /// What supervision concluded, for allocation's fences and unknown completions; in a
+    /// fleet, the claims of the jobs its runners took.
+    async fn supervised(&mut self, report: &PassReport) {
         for concluded in &report.concluded {
             self.allocator.remember_conclusion(concluded);
+        }
+        if let Some(membership) = &self.ctx.membership {
+            for taken in &report.took {
+                took(membership, taken, &self.claimed).await;
+            }
         }
     }
 
@@ -415,5 +496,101 @@ impl Executor {
             self.allocator
                 .published(&self.launching, *self.draining.borrow()),
         );
+    }
+}
+
+/// In a fleet: gives back this host's claims on jobs that no longer count for `wanted`'s
+/// policy (fenced: its runner gave up on them), claims as many more as its runners could serve
+/// ([`claims::claims_to_make`]), and returns the policy's demand on this host: its claims on
+/// queued jobs, with the jobs it claimed now.
+async fn claim(
+    ctx: &Context,
+    membership: &Membership,
+    standing: &Standing,
+    wanted: &allocate::Wanted<'_>,
+) -> anyhow::Result<(u32, Vec<JobId>)> {
+    let policy = wanted.policy;
+    let counted: HashSet<JobId> = wanted.jobs.iter().copied().collect();
+    let mut mine = 0u32;
+    for &job_id in standing.mine(&policy.name) {
+        if counted.contains(&job_id) {
+            mine += 1;
+        } else if let Err(e) = membership.release(job_id).await {
+            tracing::warn!(job_id = job_id.get(), error = %e, "cannot give back a claim on a job this host no longer serves");
+        }
+    }
+    let candidates = claims::candidates(&wanted.jobs, &standing.taken);
+    let live = allocate::live_view(ctx, &policy.name).await?;
+    let unassigned = live.counts.policy(&policy.name).unassigned();
+    let could_start = crate::allocation::allocate(crate::allocation::AllocationInput {
+        demand: mine.saturating_add(u32::try_from(candidates.len()).unwrap_or(u32::MAX)),
+        min_runners: policy.min_runners,
+        max_runners: policy.max_runners,
+        unassigned_in_flight: unassigned,
+        policy_live: live.counts.policy(&policy.name).live,
+        host_live: live.counts.host_live(),
+        host_max: ctx.settings.max_runners,
+    })
+    .to_start;
+    let n = claims::claims_to_make(
+        could_start,
+        unassigned,
+        mine,
+        u32::try_from(candidates.len()).unwrap_or(u32::MAX),
+    );
+    if n == 0 {
+        return Ok((mine, Vec::new()));
+    }
+    let asked: Vec<JobId> = candidates.into_iter().take(n as usize).collect();
+    match membership.claim(&policy.name, asked).await {
+        Ok(claimed) => {
+            if !claimed.job_ids.is_empty() {
+                tracing::info!(policy = %policy.name, jobs = ?claimed.job_ids, "claimed jobs");
+            }
+            if claimed.at_ceiling {
+                tracing::info!(policy = %policy.name, "the policy's fleet-wide max_runners holds further jobs back");
+            }
+            let demand =
+                mine.saturating_add(u32::try_from(claimed.job_ids.len()).unwrap_or(u32::MAX));
+            Ok((demand, claimed.job_ids))
+        }
+        Err(e) => {
+            tracing::warn!(policy = %policy.name, error = %e, "cannot claim jobs; serving only this host's claims");
+            Ok((mine, Vec::new()))
+        }
+    }
+}
+
+/// In a fleet: one of this host's runners took `job_id`. If that job was not one of its
+/// claims (`claimed`: as of the last allocation, or now), it gives one of its claims on a
+/// queued job of the policy back ([`claims::claim_to_release`]); if it was, the claim names the
+/// runner (for `status`).
+async fn took(membership: &Membership, took: &supervise::Took, claimed: &HashSet<JobId>) {
+    let standing = match membership.standing().await {
+        Ok(standing) => standing,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read this host's claims; the next pass corrects them");
+            return;
+        }
+    };
+    let held: HashSet<JobId> = standing.held.union(claimed).copied().collect();
+    match claims::claim_to_release(took.job_id, &held, standing.mine(&took.policy)) {
+        Some(release) => match membership.release(release).await {
+            Ok(_) => tracing::info!(
+                job_id = took.job_id.get(),
+                released = release.get(),
+                "a runner took a job this host had not claimed; one of its claims goes back to the fleet"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot give a claim back"),
+        },
+        None if standing.held.contains(&took.job_id) => {
+            if let Err(e) = membership
+                .name_runner(took.job_id, took.runner_name.clone())
+                .await
+            {
+                tracing::warn!(error = %e, "cannot name the runner on its claim");
+            }
+        }
+        None => {}
     }
 }

@@ -4,32 +4,122 @@
 //! fsync), and a tokio worker thread blocked on it would stall every other task on it (the
 //! receiver's answers, the launches' GitHub calls); here only a blocking-pool thread waits.
 //!
+//! Jobs (the demand, and which job a runner took) are read from where the deliveries are
+//! journalled ([`JobSource`]): this host's SQLite journal, or in a fleet the shared PostgreSQL
+//! journal (CONTRACT §9). Attempts are always this host's: its processes, its runtimes.
+//!
 //! Nothing here decides anything: the rooms say what to write and when.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context as _;
-use rm_journal::{AttemptError, Attempts, JournalError, Reader};
+use rm_journal::{AttemptError, Attempts, JobRow, JournalError, PgReader, Reader};
+
+/// Where the executor reads jobs from.
+#[derive(Debug, Clone)]
+pub(super) enum JobSource {
+    /// This host's journal file: the embedded default.
+    Local,
+    /// The fleet's PostgreSQL journal (`[journal] url`, its password kept apart).
+    Fleet(Box<rm_journal::PgTarget>),
+}
 
 /// The executor's connections to the journal, shared by its loop and its launch tasks.
 #[derive(Clone)]
 pub(super) struct AttemptJournal {
     attempts: Arc<Mutex<Attempts>>,
     reader: Arc<Mutex<Reader>>,
+    /// The fleet's reader, when jobs come from PostgreSQL.
+    fleet: Option<Arc<Mutex<FleetReader>>>,
+}
+
+/// A PostgreSQL reader made again after its connection was lost (a server restart).
+struct FleetReader {
+    target: rm_journal::PgTarget,
+    reader: Option<PgReader>,
+}
+
+impl FleetReader {
+    /// Runs `call` on the reader, connecting first if there is none; a failed call drops the
+    /// connection, so the next one connects afresh.
+    fn with<R>(
+        &mut self,
+        call: impl FnOnce(&mut PgReader) -> Result<R, JournalError>,
+    ) -> Result<R, JournalError> {
+        let reader = match &mut self.reader {
+            Some(reader) => reader,
+            None => self.reader.insert(PgReader::open(&self.target)?),
+        };
+        let result = call(reader);
+        if result.is_err() {
+            self.reader = None;
+        }
+        result
+    }
 }
 
 impl AttemptJournal {
-    /// Opens the executor's own writer and reader on the journal file at `path`.
-    pub(super) fn open(path: &Path) -> anyhow::Result<AttemptJournal> {
+    /// Opens the executor's own writer and reader on the journal file at `path`, and reads
+    /// jobs from `jobs`.
+    pub(super) fn open(path: &Path, jobs: &JobSource) -> anyhow::Result<AttemptJournal> {
         let attempts = Attempts::open(path)
             .with_context(|| format!("cannot open the journal {}", path.display()))?;
         let reader = Reader::open(path)
             .with_context(|| format!("cannot read the journal {}", path.display()))?;
+        let fleet = match jobs {
+            JobSource::Local => None,
+            // Connected on first use: a database down at start is retried by every pass.
+            JobSource::Fleet(target) => Some(Arc::new(Mutex::new(FleetReader {
+                target: (**target).clone(),
+                reader: None,
+            }))),
+        };
         Ok(AttemptJournal {
             attempts: Arc::new(Mutex::new(attempts)),
             reader: Arc::new(Mutex::new(reader)),
+            fleet,
         })
+    }
+
+    /// The queued jobs, oldest first: the demand.
+    pub(super) async fn queued_jobs(&self) -> Result<Vec<JobRow>, AttemptError> {
+        match &self.fleet {
+            None => self.read(|reader| reader.queued_jobs()).await,
+            Some(fleet) => {
+                let fleet = Arc::clone(fleet);
+                blocking(move || {
+                    fleet
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .with(|reader| reader.queued_jobs())
+                })
+                .await
+            }
+        }
+    }
+
+    /// The jobs that name one of these runners (their `in_progress` or `completed` sighting).
+    pub(super) async fn jobs_for_runners(
+        &self,
+        names: Vec<String>,
+    ) -> Result<Vec<JobRow>, AttemptError> {
+        match &self.fleet {
+            None => {
+                self.read(move |reader| reader.jobs_for_runners(&as_strs(&names)))
+                    .await
+            }
+            Some(fleet) => {
+                let fleet = Arc::clone(fleet);
+                blocking(move || {
+                    fleet
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .with(|reader| reader.jobs_for_runners(&as_strs(&names)))
+                })
+                .await
+            }
+        }
     }
 
     /// Runs `call` on the attempt writer, on a blocking thread.
@@ -64,6 +154,20 @@ impl AttemptJournal {
             Ok(result) => result.map_err(AttemptError::from),
             Err(e) => Err(not_run(e)),
         }
+    }
+}
+
+fn as_strs(names: &[String]) -> Vec<&str> {
+    names.iter().map(String::as_str).collect()
+}
+
+/// Runs a journal call on the blocking pool.
+async fn blocking<R: Send + 'static>(
+    call: impl FnOnce() -> Result<R, JournalError> + Send + 'static,
+) -> Result<R, AttemptError> {
+    match tokio::task::spawn_blocking(call).await {
+        Ok(result) => result.map_err(AttemptError::from),
+        Err(e) => Err(not_run(e)),
     }
 }
 

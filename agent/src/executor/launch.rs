@@ -94,7 +94,8 @@ impl Launch {
             Err(failure) => {
                 tracing::warn!(reason = failure.reason.as_str(), detail = %failure.detail, "launch failed");
                 let conclusion = Conclusion::Failed(failure.reason);
-                let (from, detail, at_ms) = (failure.from, failure.detail.clone(), self.ctx.now_ms());
+                let (from, detail, at_ms) =
+                    (failure.from, failure.detail.clone(), self.ctx.now_ms());
                 let concluded_id = id.clone();
                 let concluded = self
                     .ctx

@@ -22,6 +22,7 @@
 //! a state recovery can decide.
 
 pub mod allocate;
+mod claims;
 mod context;
 mod control;
 pub mod evidence;
@@ -47,6 +48,7 @@ use crate::config::Policy;
 use crate::lifecycle::Timeouts;
 use crate::runner::backend::{Backend, NoIsolation, UserIsolation};
 
+pub use claims::{FleetSettings, FleetStore, LEASE_RENEW, LEASE_TTL};
 pub use control::{Executor, Handle};
 pub use recovery::RecoveryIncomplete;
 
@@ -111,6 +113,9 @@ pub struct Settings {
     pub operator_env: HashMap<String, crate::runner::env_file::OperatorEnv>,
     /// The fitness gate: while it says unfit, allocation registers no runner.
     pub fitness: crate::fitness::Gate,
+    /// In a fleet (CONTRACT §9): where its shared journal is; jobs are read and claimed there.
+    /// `None`: this host alone, on its own journal.
+    pub fleet: Option<FleetSettings>,
 }
 
 /// The execution backends this agent can drive (CONTRACT §7). Each attempt names its own in the

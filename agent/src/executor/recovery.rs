@@ -5,9 +5,9 @@
 //! [`super::INVENTORY_INTERVAL`]): a registration with no live attempt is removed. Anything that
 //! could not be decided keeps recovery incomplete, and no runner is launched until it completes.
 
-use std::collections::{HashMap, HashSet};
 use rm_github::Target;
 use rm_journal::AttemptState;
+use std::collections::{HashMap, HashSet};
 
 use super::context::Context;
 use super::registry::Listed;

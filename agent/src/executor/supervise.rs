@@ -83,6 +83,16 @@ pub(super) struct PassReport {
     pub(super) concluded: Vec<Concluded>,
     /// It stopped a runner: another pass at once concludes what the stop ended.
     pub(super) stopped: bool,
+    /// The runners the journal now says took a job (learnt this pass), for a fleet's claims.
+    pub(super) took: Vec<Took>,
+}
+
+/// One of this host's runners took a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Took {
+    pub(super) policy: String,
+    pub(super) runner_name: String,
+    pub(super) job_id: JobId,
 }
 
 impl Supervisor {
@@ -103,9 +113,12 @@ impl Supervisor {
             .into_iter()
             .filter(|r| !launching.contains(&r.attempt_id))
             .collect();
-        let records = note_jobs_taken(ctx, records).await?;
+        let (records, took) = note_jobs_taken(ctx, records).await?;
         let targets = targets_by_policy(&ctx.settings.policies);
-        let mut report = PassReport::default();
+        let mut report = PassReport {
+            took,
+            ..PassReport::default()
+        };
         for record in records {
             let target = targets.get(&record.policy);
             let span = super::attempt_span(&record);
@@ -472,11 +485,12 @@ impl Supervisor {
 }
 
 /// Marks busy the runners the journal says took a job (an `in_progress` or `completed`
-/// delivery naming them); returns the records as they are now.
+/// delivery naming them); returns the records as they are now, and which runners it learnt a
+/// job of.
 async fn note_jobs_taken(
     ctx: &Context,
     records: Vec<AttemptRecord>,
-) -> Result<Vec<AttemptRecord>, AttemptError> {
+) -> Result<(Vec<AttemptRecord>, Vec<Took>), AttemptError> {
     let names: Vec<String> = records
         .iter()
         .filter(|r| {
@@ -488,20 +502,13 @@ async fn note_jobs_taken(
         .map(|r| r.runner_name.clone())
         .collect();
     if names.is_empty() {
-        return Ok(records);
+        return Ok((records, Vec::new()));
     }
-    let jobs = match ctx
-        .journal
-        .read(move |reader| {
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            reader.jobs_for_runners(&names)
-        })
-        .await
-    {
+    let jobs = match ctx.journal.jobs_for_runners(names).await {
         Ok(jobs) => jobs,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read which jobs our runners took");
-            return Ok(records);
+            return Ok((records, Vec::new()));
         }
     };
     let taken: HashMap<String, JobId> = jobs
@@ -510,27 +517,38 @@ async fn note_jobs_taken(
         .filter_map(|j| Some((j.runner_name?, j.job_id)))
         .collect();
     if !records.iter().any(|r| taken.contains_key(&r.runner_name)) {
-        return Ok(records);
+        return Ok((records, Vec::new()));
     }
     let now = ctx.now_ms();
     ctx.journal
         .write(move |attempts| {
             let mut updated = Vec::with_capacity(records.len());
+            let mut took = Vec::new();
             for record in records {
                 let Some(&job_id) = taken.get(&record.runner_name) else {
                     updated.push(record);
                     continue;
                 };
                 let waiting = matches!(record.state, AttemptState::Starting | AttemptState::Idle);
-                if waiting && attempts.mark_busy(&record.attempt_id, Some(job_id), now)? {
+                let learnt = if waiting && attempts.mark_busy(&record.attempt_id, Some(job_id), now)? {
                     tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, job_id = job_id.get(), "runner took a job");
                     fault::crash_point("runner_busy");
+                    true
                 } else if record.state == AttemptState::Busy && record.job_id.is_none() {
-                    attempts.record_job(&record.attempt_id, job_id, now)?;
+                    attempts.record_job(&record.attempt_id, job_id, now)?
+                } else {
+                    false
+                };
+                if learnt {
+                    took.push(Took {
+                        policy: record.policy.clone(),
+                        runner_name: record.runner_name.clone(),
+                        job_id,
+                    });
                 }
                 updated.push(attempts.get(&record.attempt_id)?.unwrap_or(record));
             }
-            Ok(updated)
+            Ok((updated, took))
         })
         .await
 }

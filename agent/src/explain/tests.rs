@@ -22,6 +22,7 @@ fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
         runner_group_id: 1,
         max_runners,
         min_runners: 0,
+        fleet_max_runners: None,
         workspace: Workspace::Ephemeral,
         limits: Default::default(),
         env_file: None,

@@ -8,8 +8,13 @@
 //!
 //! [`Poller`] is the loop: [`Poller::run`] until a shutdown future completes, or
 //! [`Poller::poll_once`] for one step; [`Poller::status`] watches its [`PollerStatus`] and
-//! [`Poller::changes`] ticks whenever a pass moved a job in the journal.
+//! [`Poller::changes`] ticks whenever a pass moved a job in the journal. It writes through any
+//! `rm_journal::PollStore` (the SQLite file, or a fleet's PostgreSQL database), every call on the
+//! blocking pool (`blocking`). In a fleet ([`Poller::with_fleet`]) each target is polled by one
+//! host at a time, elected per target ([`election`]): one REST budget for the fleet.
 
+mod blocking;
+pub mod election;
 pub mod health;
 mod poller;
 pub mod redeliver;
@@ -82,7 +87,10 @@ impl PollerConfig {
             targets,
             interval: config.polling.interval,
             idle_interval: config.polling.idle_interval,
-            intake: config.receiver.is_some() || config.relay.is_some(),
+            // In a fleet, the webhooks reach the shared journal through `rm-agent receive`.
+            intake: config.receiver.is_some()
+                || config.relay.is_some()
+                || config.pg_journal.is_some(),
         }
     }
 }

@@ -1,18 +1,23 @@
 //! The poller's loop: one [`Poller`] owns the schedule, webhook health, the demand state and the
 //! journal handle, and each step ([`Poller::poll_once`]) does what is due at that moment: the
 //! failed-delivery scan, the demand poll, the stale-job checks. After an outage or a rate limit
-//! nothing is sent before the schedule says so.
+//! nothing is sent before the schedule says so. In a fleet ([`Poller::with_fleet`]) each step
+//! first renews or seeks the lead of each of its roles (`super::election`) and does only the
+//! work of those it leads.
 
+use std::collections::HashSet;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rm_github::{Clock, GithubClient, Target};
-use rm_journal::{JournalError, PollJournal};
+use rm_journal::{Fleet, FleetError, JournalError, PollStore};
 use tokio::sync::watch;
 use tracing::Instrument as _;
 
 use super::Pacing;
+use super::blocking::{FleetHandle, Store};
+use super::election::{self, Standing};
 use super::health::{Evidence, Trust, WebhookHealth};
 use super::redeliver;
 use super::schedule::{Conditions, Failure, NextPoll, Pace, PollSchedule, ScheduleError};
@@ -38,6 +43,9 @@ pub enum PollerError {
     Schedule(#[from] ScheduleError),
     #[error("the journal: {0}")]
     Journal(#[from] JournalError),
+    /// The fleet's database could not say who leads: this step did nothing.
+    #[error("the fleet's election: {0}")]
+    Election(#[from] FleetError),
 }
 
 impl From<DemandError> for PollerError {
@@ -64,11 +72,22 @@ fn holds(failure: Option<Failure>) -> bool {
     )
 }
 
-/// The polling fallback. Build it with [`Poller::new`], keep [`Poller::status`] and
-/// [`Poller::changes`], then [`Poller::run`] it in a task.
+/// A poller's place in a fleet: the fleet's leases, this host's name, the lead's lifetime and the
+/// roles it led after the last step.
+struct Membership {
+    fleet: FleetHandle,
+    host: String,
+    ttl: Duration,
+    led: HashSet<String>,
+}
+
+/// The polling fallback. Build it with [`Poller::new`] (and, in a fleet, [`Poller::with_fleet`]),
+/// keep [`Poller::status`] and [`Poller::changes`], then [`Poller::run`] it in a task.
 pub struct Poller {
     client: GithubClient,
-    journal: Mutex<PollJournal>,
+    journal: Store,
+    /// `None`: alone (no fleet), every target polled here.
+    fleet: Option<Membership>,
     clock: Arc<dyn Clock>,
     targets: Vec<Target>,
     schedule: PollSchedule,
@@ -106,10 +125,12 @@ fn default_jitter(seed: SystemTime) -> Jitter {
 
 impl Poller {
     /// A poller whose first step polls everything (the start-up reconciliation and scan).
+    /// `journal` is where it writes: `rm_journal::PollJournal` (the SQLite file) or
+    /// `rm_journal::PgPollJournal` (a fleet's database).
     pub fn new(
         config: PollerConfig,
         client: GithubClient,
-        journal: PollJournal,
+        journal: impl PollStore + 'static,
         clock: Arc<dyn Clock>,
     ) -> Result<Poller, PollerError> {
         let schedule = PollSchedule::new(config.interval, Some(config.idle_interval))?;
@@ -139,7 +160,8 @@ impl Poller {
         };
         Ok(Poller {
             client,
-            journal: Mutex::new(journal),
+            journal: Store::new(Box::new(journal)),
+            fleet: None,
             targets: config.targets,
             schedule,
             health,
@@ -166,6 +188,37 @@ impl Poller {
         self
     }
 
+    /// Makes this poller one of a fleet's: `host` (its name in the fleet, unique) polls a target
+    /// only while it leads the target's role (`poll:<target>`, `election::role`) and scans the
+    /// App's hook deliveries only while it leads `election::SCAN_ROLE`, seeking or renewing
+    /// each lead at every step for [`election::LEAD_TTL`]. `fleet` is the fleet's database
+    /// (`rm_journal::PgFleet`; `rm_journal::LocalFleet` makes a fleet of one); its calls run on
+    /// the blocking pool. The journal given to [`Poller::new`] should be the same database's
+    /// (`rm_journal::PgPollJournal`), so the hosts share what each polled.
+    pub fn with_fleet(
+        mut self,
+        fleet: impl Fleet + Send + 'static,
+        host: impl Into<String>,
+    ) -> Poller {
+        self.fleet = Some(Membership {
+            fleet: FleetHandle::new(Box::new(fleet)),
+            host: host.into(),
+            ttl: election::LEAD_TTL,
+            led: HashSet::new(),
+        });
+        self
+    }
+
+    /// Replaces the lead's lifetime (tests wait for a lapsed lead in real time: the database's
+    /// clock judges leases, not the poller's).
+    #[cfg(test)]
+    pub(crate) fn with_lead_ttl(mut self, ttl: Duration) -> Poller {
+        if let Some(member) = &mut self.fleet {
+            member.ttl = ttl;
+        }
+        self
+    }
+
     /// Replaces the jitter source.
     pub fn with_jitter(mut self, jitter: Jitter) -> Poller {
         self.jitter = jitter;
@@ -182,13 +235,66 @@ impl Poller {
         self.changes.subscribe()
     }
 
-    fn journal(&self) -> std::sync::MutexGuard<'_, PollJournal> {
-        self.journal.lock().unwrap_or_else(PoisonError::into_inner)
+    async fn trust(&mut self, now: SystemTime) -> Result<(Trust, Option<SystemTime>), PollerError> {
+        let last = self
+            .journal
+            .call(|j| j.last_delivery_at())
+            .await?
+            .map(from_unix_ms);
+        Ok((self.health.assess(last, now), last))
     }
 
-    fn trust(&mut self, now: SystemTime) -> Result<(Trust, Option<SystemTime>), PollerError> {
-        let last = self.journal().last_delivery_at()?.map(from_unix_ms);
-        Ok((self.health.assess(last, now), last))
+    /// Where this host stands on each target's role and on the scan's, in this step: alone
+    /// without a fleet; else what the fleet answered (each lead sought or renewed now).
+    async fn elect(&mut self) -> Result<(Vec<Standing>, Standing), PollerError> {
+        let scans = self.health.intake();
+        let Some(member) = &mut self.fleet else {
+            return Ok((vec![Standing::Alone; self.targets.len()], Standing::Alone));
+        };
+        let mut roles: Vec<String> = self.targets.iter().map(election::role).collect();
+        if scans {
+            roles.push(election::SCAN_ROLE.to_owned());
+        }
+        let (host, ttl) = (member.host.clone(), member.ttl);
+        let asked = roles.clone();
+        let leads: Vec<bool> = member
+            .fleet
+            .call(move |fleet| {
+                asked
+                    .iter()
+                    .map(|role| fleet.try_lead(role, &host, ttl))
+                    .collect::<Result<Vec<bool>, FleetError>>()
+            })
+            .await?;
+        let standings: Vec<Standing> = roles
+            .iter()
+            .zip(&leads)
+            .map(|(role, leads)| Standing::elected(*leads, member.led.contains(role)))
+            .collect();
+        for (role, standing) in roles.iter().zip(&standings) {
+            match standing {
+                Standing::Leads { took_over: true } => {
+                    tracing::info!(role = %role, host = %member.host, "polling: this host leads the role now");
+                }
+                Standing::Follows if member.led.contains(role) => {
+                    tracing::warn!(role = %role, host = %member.host, "polling: another host leads the role now");
+                }
+                _ => {}
+            }
+        }
+        member.led = roles
+            .iter()
+            .zip(&leads)
+            .filter(|(_, leads)| **leads)
+            .map(|(role, _)| role.clone())
+            .collect();
+        let mut standings = standings;
+        let scan = if scans {
+            standings.pop().unwrap_or(Standing::Follows)
+        } else {
+            Standing::Follows
+        };
+        Ok((standings, scan))
     }
 
     /// When the next demand poll is due and the pace it runs at, given the webhooks' health.
@@ -208,9 +314,9 @@ impl Poller {
     }
 
     /// How long to sleep before the next step.
-    pub fn next_wake(&mut self) -> Duration {
+    pub async fn next_wake(&mut self) -> Duration {
         let now = self.clock.now();
-        let trust = self.trust(now).map(|(t, _)| t).unwrap_or(Trust {
+        let trust = self.trust(now).await.map(|(t, _)| t).unwrap_or(Trust {
             trusted: false,
             reason: "journal_unreadable",
             evidence_at: None,
@@ -243,7 +349,7 @@ impl Poller {
                     }
                 }
             }
-            let wait = self.next_wake();
+            let wait = self.next_wake().await;
             tokio::select! {
                 () = &mut shutdown => break,
                 () = tokio::time::sleep(wait) => {}
@@ -274,7 +380,9 @@ impl Poller {
             }
         }
 
-        if open && self.health.intake() && now >= self.next_scan_at {
+        let (standings, scan_standing) = self.elect().await?;
+        let scan_scheduled = now >= self.next_scan_at;
+        if open && self.health.intake() && election::works_now(scan_standing, scan_scheduled) {
             let scan = redeliver::scan(
                 &self.client,
                 &self.journal,
@@ -292,22 +400,28 @@ impl Poller {
             // Only an outage or a limit on the App's requests holds demand polling back.
             note(&mut failure, scan.failure.filter(|f| holds(Some(*f))));
             self.next_scan_at = now + self.pacing.scan_interval;
+        } else if scan_scheduled && scan_standing == Standing::Follows {
+            // Another host scans: this one looks again at its next interval, not at once.
+            self.next_scan_at = now + self.pacing.scan_interval;
         }
 
-        let (trust, _) = self.trust(now)?;
-        let demand_due = open && !holds(failure) && now >= self.next_poll(trust, now).0;
+        let (trust, _) = self.trust(now).await?;
+        let scheduled = now >= self.next_poll(trust, now).0;
+        let (mine, due) = election::demand(&self.targets, &standings, scheduled);
+        report.targets_led_elsewhere = self.targets.len() - mine.len();
+        let demand_due = open && !holds(failure) && due;
         let mut quiet = false;
         if demand_due {
             let polled = targets::poll(
                 &mut self.demand,
                 &self.client,
                 &self.journal,
-                &self.targets,
+                &mine,
                 self.schedule.active(),
                 now,
             )
             .await?;
-            report.polled_demand = true;
+            report.polled_demand = !mine.is_empty();
             self.unreadable.clone_from(&polled.unreadable);
             if !polled.vanished.is_empty() {
                 let checked =
@@ -327,14 +441,8 @@ impl Poller {
         }
 
         if open && !holds(failure) && (demand_due || now >= self.next_stale_at) {
-            let checked = stale::check(
-                &self.client,
-                &self.journal,
-                &self.targets,
-                now,
-                self.started,
-            )
-            .await?;
+            let checked =
+                stale::check(&self.client, &self.journal, &mine, now, self.started).await?;
             report.stale_checked += checked.checked;
             report.stale_resolved += checked.resolved;
             report.requests += checked.requests;
@@ -343,7 +451,8 @@ impl Poller {
             self.next_stale_at = now + self.schedule.active();
         }
 
-        let unannounced = targets::settle_announcements(&mut self.demand, &self.journal, now)?;
+        let unannounced =
+            targets::settle_announcements(&mut self.demand, &self.journal, now).await?;
         if unannounced > 0 {
             report.unannounced = unannounced;
             self.health.distrust(Evidence::UnannouncedJob, now);
@@ -369,19 +478,19 @@ impl Poller {
         if report.jobs_changed + report.stale_resolved > 0 {
             self.changes.send_modify(|n| *n = n.wrapping_add(1));
         }
-        self.publish(now, &report)?;
+        self.publish(now, &report).await?;
         Ok(report)
     }
 
-    fn publish(&mut self, now: SystemTime, report: &PassReport) -> Result<(), PollerError> {
+    async fn publish(&mut self, now: SystemTime, report: &PassReport) -> Result<(), PollerError> {
         let budget = self.client.budget();
         self.window.record(now, totals(&budget));
-        let (trust, last_delivery_at) = self.trust(now)?;
+        let (trust, last_delivery_at) = self.trust(now).await?;
         let (next_poll_at, pace) = self.next_poll(trust, now);
         let next_poll_at = self
             .hold_until
             .map_or(next_poll_at, |h| next_poll_at.max(h));
-        let unannounced_jobs = self.journal().unannounced_count()?;
+        let unannounced_jobs = self.journal.call(|j| j.unannounced_count()).await?;
         let retry_in = next_poll_at.duration_since(now).unwrap_or(Duration::ZERO);
         let status = PollerStatus {
             pace,
@@ -400,6 +509,7 @@ impl Poller {
             webhooks = trust.reason,
             jobs_changed = report.jobs_changed,
             requests = report.requests,
+            targets_led_elsewhere = report.targets_led_elsewhere,
             failure = report.failure,
             "polling step"
         );

@@ -8,14 +8,14 @@
 //! [`judge`] is the pure part: which GUIDs failed and how far the cursor may move.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use rm_github::types::HookDelivery;
 use rm_github::wire::parse_rfc3339;
 use rm_github::{GithubClient, GithubError};
-use rm_journal::{HOOK_DELIVERY_CURSOR, JournalError, PollJournal};
+use rm_journal::{HOOK_DELIVERY_CURSOR, JournalError};
 
+use super::blocking::Store;
 use super::schedule::Failure;
 
 /// How often the hook log is read (and once at start).
@@ -118,20 +118,17 @@ pub enum ScanError {
     Journal(#[from] JournalError),
 }
 
-fn lock(journal: &Mutex<PollJournal>) -> std::sync::MutexGuard<'_, PollJournal> {
-    journal.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// Reads the hook log since the cursor and redelivers what never succeeded (bounded).
-pub async fn scan(
+pub(super) async fn scan(
     client: &GithubClient,
-    journal: &Mutex<PollJournal>,
+    journal: &Store,
     now: SystemTime,
     settle: Duration,
 ) -> Result<ScanReport, ScanError> {
     let mut report = ScanReport::default();
-    let cursor = lock(journal)
-        .cursor(HOOK_DELIVERY_CURSOR)?
+    let cursor = journal
+        .call(|j| j.cursor(HOOK_DELIVERY_CURSOR))
+        .await?
         .and_then(|c| u64::try_from(c).ok());
     let mut listed: Vec<HookDelivery> = Vec::new();
     let mut page_cursor: Option<String> = None;
@@ -169,11 +166,13 @@ pub async fn scan(
     }
     let judgement = judge_settled(&listed, cursor, now, settle);
     report.examined = judgement.examined;
-    let guids: Vec<&str> = judgement.failed.iter().map(|f| f.guid.as_str()).collect();
-    let (known, asked) = {
-        let journal = lock(journal);
-        (journal.known_guids(&guids)?, journal.redelivered(&guids)?)
-    };
+    let guids: Vec<String> = judgement.failed.iter().map(|f| f.guid.clone()).collect();
+    let (known, asked) = journal
+        .call(move |j| {
+            let guids: Vec<&str> = guids.iter().map(String::as_str).collect();
+            Ok::<_, JournalError>((j.known_guids(&guids)?, j.redelivered(&guids)?))
+        })
+        .await?;
     let lost: Vec<&FailedGuid> = judgement
         .failed
         .iter()
@@ -199,13 +198,19 @@ pub async fn scan(
         }
         let at_ms = super::unix_ms(now);
         let id = i64::try_from(failed.delivery_id).unwrap_or(i64::MAX);
-        lock(journal).record_redelivery(&failed.guid, id, at_ms)?;
+        let guid = failed.guid.clone();
+        journal
+            .call(move |j| j.record_redelivery(&guid, id, at_ms))
+            .await?;
     }
     // A scan cut short by its bound starts again from the same place; what it asked for is
     // journalled, so nothing is asked for twice.
     if finished && let Some(next) = judgement.cursor.filter(|c| Some(*c) != cursor) {
         let value = i64::try_from(next).unwrap_or(i64::MAX);
-        lock(journal).set_cursor(HOOK_DELIVERY_CURSOR, value, super::unix_ms(now))?;
+        let at_ms = super::unix_ms(now);
+        journal
+            .call(move |j| j.set_cursor(HOOK_DELIVERY_CURSOR, value, at_ms))
+            .await?;
     }
     Ok(report)
 }

@@ -4,12 +4,12 @@
 //! (whose delivery was lost) stops counting as demand. Only jobs in this agent's targets are
 //! asked about. A job GitHub no longer knows (`404`) is left as it is and asked about again later.
 
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use rm_github::{GithubClient, GithubError, Target};
-use rm_journal::{JournalError, PollJournal, QueuedJobRef};
+use rm_journal::{JournalError, QueuedJobRef};
 
+use super::blocking::Store;
 use super::schedule::Failure;
 use super::sighting::observation;
 
@@ -37,18 +37,18 @@ pub fn stale_before(now_ms: i64, started_ms: i64) -> i64 {
 }
 
 /// Checks the stale queued jobs due now; `started` is when this agent started.
-pub async fn check(
+pub(super) async fn check(
     client: &GithubClient,
-    journal: &Mutex<PollJournal>,
+    journal: &Store,
     targets: &[Target],
     now: SystemTime,
     started: SystemTime,
 ) -> Result<StaleReport, JournalError> {
-    let lock = || journal.lock().unwrap_or_else(PoisonError::into_inner);
     let now_ms = super::unix_ms(now);
     let before = stale_before(now_ms, super::unix_ms(started));
-    let due: Vec<_> = lock()
-        .stale_queued(before, now_ms - rm_base::clock::ms(STALE_RECHECK))?
+    let due: Vec<_> = journal
+        .call(move |j| j.stale_queued(before, now_ms - rm_base::clock::ms(STALE_RECHECK)))
+        .await?
         .into_iter()
         .filter(|job| targets.iter().any(|t| t.contains(&job.repository)))
         .take(MAX_STALE_CHECKS_PER_PASS)
@@ -62,13 +62,12 @@ pub fn recheck_before(now_ms: i64) -> i64 {
 }
 
 /// Asks GitHub about each job and records what it says.
-pub async fn check_jobs(
+pub(super) async fn check_jobs(
     client: &GithubClient,
-    journal: &Mutex<PollJournal>,
+    journal: &Store,
     due: Vec<QueuedJobRef>,
     now: SystemTime,
 ) -> Result<StaleReport, JournalError> {
-    let lock = || journal.lock().unwrap_or_else(PoisonError::into_inner);
     let now_ms = super::unix_ms(now);
     let mut report = StaleReport::default();
     for job in due {
@@ -79,7 +78,7 @@ pub async fn check_jobs(
         match client.get_job(owner, name, job.job_id).await {
             Ok(found) => {
                 if let Some(seen) = observation(&found, &job.repository, None, now_ms) {
-                    let sightings = lock().record_sightings(&[seen])?;
+                    let sightings = journal.call(move |j| j.record_sightings(&[seen])).await?;
                     report.resolved += sightings
                         .iter()
                         .filter(|s| s.state != rm_handlers::JobState::Queued)
@@ -101,7 +100,10 @@ pub async fn check_jobs(
             }
         }
         report.checked += 1;
-        lock().mark_checked(job.job_id, now_ms)?;
+        let job_id = job.job_id;
+        journal
+            .call(move |j| j.mark_checked(job_id, now_ms))
+            .await?;
     }
     Ok(report)
 }

@@ -149,6 +149,8 @@ pub struct PassReport {
     pub polled_demand: bool,
     /// Targets read in full.
     pub targets_read: usize,
+    /// In a fleet: targets another host leads, whose requests this host did not send.
+    pub targets_led_elsewhere: usize,
     /// Repositories whose runs were listed.
     pub repositories: usize,
     /// Jobs GitHub reported.

@@ -14,15 +14,15 @@
 //! its other jobs are still queued, and would be invisible to a `queued` listing.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use rm_github::types::WorkflowJob;
 use rm_github::wire::parse_rfc3339;
 use rm_github::{GithubClient, GithubError, Target};
 use rm_handlers::JobObservation;
-use rm_journal::{JobId, JournalError, PollJournal, QueuedJobRef};
+use rm_journal::{JobId, JournalError, QueuedJobRef};
 
+use super::blocking::Store;
 use super::health::is_unannounced;
 use super::schedule::Failure;
 use super::sighting::observation;
@@ -85,16 +85,12 @@ pub enum DemandError {
     Journal(#[from] JournalError),
 }
 
-fn lock(journal: &Mutex<PollJournal>) -> std::sync::MutexGuard<'_, PollJournal> {
-    journal.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// One pass over `targets`. A target that fails is unreadable (not empty); an outage or a rate
 /// limit ends the pass, since every further request would meet it too.
-pub async fn poll(
+pub(super) async fn poll(
     state: &mut DemandState,
     client: &GithubClient,
-    journal: &Mutex<PollJournal>,
+    journal: &Store,
     targets: &[Target],
     active: Duration,
     now: SystemTime,
@@ -132,7 +128,7 @@ pub async fn poll(
 /// What every step of a pass shares.
 struct Pass<'a> {
     client: &'a GithubClient,
-    journal: &'a Mutex<PollJournal>,
+    journal: &'a Store,
     active: Duration,
     now: SystemTime,
 }
@@ -206,20 +202,20 @@ async fn poll_target(
                         return Ok(Err(error));
                     }
                 };
-                record(state, journal, &jobs, &full_name, installation, now, report)?;
+                record(state, journal, &jobs, &full_name, installation, now, report).await?;
                 listed.insert(run.id, run.updated_at.clone());
             }
             state.runs.insert(key, listed);
         }
-        note_vanished(state, journal, &full_name, now, report)?;
+        note_vanished(state, journal, &full_name, now, report).await?;
     }
     Ok(Ok(()))
 }
 
 /// Reports the repository's journal-queued jobs whose run is in neither listing.
-fn note_vanished(
+async fn note_vanished(
     state: &DemandState,
-    journal: &Mutex<PollJournal>,
+    journal: &Store,
     repository: &str,
     now: SystemTime,
     report: &mut DemandReport,
@@ -234,8 +230,10 @@ fn note_vanished(
         .flat_map(|runs| runs.keys().copied())
         .collect();
     let now_ms = super::unix_ms(now);
-    let queued =
-        lock(journal).queued_in_repository(repository, super::stale::recheck_before(now_ms))?;
+    let repository = repository.to_owned();
+    let queued = journal
+        .call(move |j| j.queued_in_repository(&repository, super::stale::recheck_before(now_ms)))
+        .await?;
     report
         .vanished
         .extend(vanished(queued, &active).into_iter().take(room));
@@ -260,7 +258,7 @@ pub fn vanished(queued: Vec<(QueuedJobRef, i64)>, active: &HashSet<u64>) -> Vec<
 async fn scope_of(
     state: &mut DemandState,
     client: &GithubClient,
-    journal: &Mutex<PollJournal>,
+    journal: &Store,
     org: &str,
     installation: u64,
     active: Duration,
@@ -268,7 +266,8 @@ async fn scope_of(
     report: &mut DemandReport,
 ) -> Result<Result<Vec<Repo>, GithubError>, DemandError> {
     let key = org.to_ascii_lowercase();
-    let journal_view = lock(journal).repositories_of(org)?;
+    let account = org.to_owned();
+    let journal_view = journal.call(move |j| j.repositories_of(&account)).await?;
     let ttl = active * REPOSITORY_LIST_REFRESH_MULTIPLE;
     if let Some(cached) = state.scopes.get(&key) {
         let young = now
@@ -302,9 +301,9 @@ async fn scope_of(
 }
 
 /// Merges a run's jobs into the journal and notes queued jobs no delivery announced.
-fn record(
+async fn record(
     state: &mut DemandState,
-    journal: &Mutex<PollJournal>,
+    journal: &Store,
     jobs: &[WorkflowJob],
     repository: &str,
     installation: u64,
@@ -320,7 +319,9 @@ fn record(
         })
         .unzip();
     report.jobs_seen += observations.len();
-    let sightings = lock(journal).record_sightings(&observations)?;
+    let sightings = journal
+        .call(move |j| j.record_sightings(&observations))
+        .await?;
     for (sighting, created) in sightings.iter().zip(created) {
         report.jobs_changed += usize::from(sighting.moved);
         // Counted once: when the poll is the first to put the job in `queued`.
@@ -335,9 +336,9 @@ fn record(
 
 /// Settles the queued jobs a poll found unannounced: one a delivery announced meanwhile is
 /// forgotten; one still unannounced once its grace is over is evidence. Returns how many are.
-pub fn settle_announcements(
+pub(super) async fn settle_announcements(
     state: &mut DemandState,
-    journal: &Mutex<PollJournal>,
+    journal: &Store,
     now: SystemTime,
 ) -> Result<usize, DemandError> {
     let due: Vec<JobId> = state
@@ -349,7 +350,8 @@ pub fn settle_announcements(
     if due.is_empty() {
         return Ok(0);
     }
-    let announced = lock(journal).announced(&due)?;
+    let asked = due.clone();
+    let announced = journal.call(move |j| j.announced(&asked)).await?;
     for id in &due {
         state.pending.remove(id);
     }

@@ -4,6 +4,7 @@
 //! `tests/recovery.rs`.
 
 mod budget;
+mod fleet;
 mod recovery;
 
 use std::path::PathBuf;
@@ -114,7 +115,7 @@ async fn step_through(h: &Harness, poller: &mut Poller, until: Duration) -> (usi
     let mut elapsed = Duration::ZERO;
     let mut steps = 0;
     loop {
-        let wake = poller.next_wake();
+        let wake = poller.next_wake().await;
         if elapsed + wake >= until {
             return (steps, elapsed);
         }

@@ -158,7 +158,10 @@ fn apply_change(
 
 /// Merges a job sighting forward only, as SQLite's `apply_job` does. The row is locked while it
 /// is merged, so two writers' sightings of one job are merged one after the other.
-fn apply_job(sql: &mut Sql<'_, '_>, job: &JobObservation) -> Result<Option<String>, ApplyError> {
+pub(crate) fn apply_job(
+    sql: &mut Sql<'_, '_>,
+    job: &JobObservation,
+) -> Result<Option<String>, ApplyError> {
     let labels = serde_json::to_string(&job.labels).unwrap_or_else(|_| "[]".to_owned());
     let polled = job.source == Source::Poll;
     let announced_now = (!polled).then_some(job.observed_at_ms);

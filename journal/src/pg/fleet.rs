@@ -67,6 +67,16 @@ impl PgFleet {
         Ok(fleet)
     }
 
+    /// As [`PgFleet::connect`], to a configured target (its password from the environment).
+    pub fn open(target: &super::PgTarget) -> Result<PgFleet, JournalError> {
+        let mut fleet = PgFleet {
+            config: target.client_config(FLEET_APPLICATION),
+            client: None,
+        };
+        fleet.client()?;
+        Ok(fleet)
+    }
+
     /// The connection, made again if the last one was lost (a server restart).
     fn client(&mut self) -> Result<&mut Client, JournalError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {

@@ -2,20 +2,26 @@
 //! into one shared database. This module owns the PostgreSQL dialect of the journal: its schema
 //! and migrations ([`schema`], the same versions as SQLite's), the group-commit writer of the
 //! intake path ([`PgJournal`], behind [`crate::Intake`] like the SQLite journal), the verdict's
-//! SQL (`apply`, the same rule as SQLite's), the reads of what the intake wrote
-//! ([`PgReader`]), the fleet's claims, host leases and leader leases ([`PgFleet`], behind
-//! [`crate::Fleet`]) and the database's check for `rm-agent check` ([`check_database`]).
+//! SQL (`apply`, the same rule as SQLite's), the reads of what the intake wrote ([`PgReader`]),
+//! what the pollers write and read ([`PgPollJournal`], behind [`crate::PollStore`] like
+//! SQLite's), the fleet's claims, host leases and leader leases ([`PgFleet`], behind
+//! [`crate::Fleet`]), the connection settings a configuration names ([`PgTarget`]) and what
+//! `rm-agent check` asks of a database ([`PgInspection`]).
 
 mod apply;
-mod check;
 mod fleet;
+mod inspect;
+mod polls;
 mod read;
 pub(crate) mod schema;
+mod target;
 mod writer;
 
-pub use check::{DatabaseCheck, DatabaseProblem, check_database};
 pub use fleet::PgFleet;
+pub use inspect::{PgInspection, PgRight, PgSchemaState};
+pub use polls::PgPollJournal;
 pub use read::PgReader;
+pub use target::{PgTarget, PgUrlError};
 pub use writer::PgJournal;
 
 use rm_handlers::JobId;
@@ -40,6 +46,6 @@ pub(crate) fn job_numbers(ids: &[JobId]) -> Vec<i64> {
 }
 
 #[cfg(test)]
-mod check_tests;
+mod rights_tests;
 #[cfg(test)]
 mod tests;

@@ -1,12 +1,15 @@
 //! Reads of the PostgreSQL journal: what the intake wrote, in the same row types as SQLite's
-//! [`crate::Reader`] gives. Only what the first slice of CONTRACT §9 needs (the intake's rows);
-//! the queries `status`, `jobs` and the executor make come with claims.
+//! [`crate::Reader`] gives: the intake's rows, and the demand the executor of a fleet host reads
+//! (queued jobs, the jobs its runners took).
 
 use postgres::{Client, NoTls, Row};
 use rm_handlers::{JobId, RunnerId};
 
 use crate::read::{DELIVERY_COLUMNS, JOB_COLUMNS};
 use crate::{DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, StoredDelivery};
+
+/// What the server is told a reader's connection is (`pg_stat_activity`).
+pub(crate) const READER_APPLICATION: &str = "rm-journal-reader";
 
 /// A connection for reading the PostgreSQL journal. Its calls block: make them off the async
 /// runtime (`spawn_blocking`, or a thread), as the sync client runs a runtime of its own.
@@ -17,7 +20,16 @@ pub struct PgReader {
 impl PgReader {
     /// Connects to `url`; refuses a database this build has not migrated to its version.
     pub fn connect(url: &str) -> Result<PgReader, JournalError> {
-        let mut client = super::writer::config(url, "rm-journal-reader")?.connect(NoTls)?;
+        Self::start(&super::writer::config(url, READER_APPLICATION)?)
+    }
+
+    /// As [`PgReader::connect`], to a configured target.
+    pub fn open(target: &super::PgTarget) -> Result<PgReader, JournalError> {
+        Self::start(&target.client_config(READER_APPLICATION))
+    }
+
+    pub(super) fn start(config: &postgres::Config) -> Result<PgReader, JournalError> {
+        let mut client = config.connect(NoTls)?;
         super::schema::require_current(&mut client)?;
         Ok(PgReader { client })
     }
@@ -31,6 +43,27 @@ impl PgReader {
         Ok(row.as_ref().map(job_row))
     }
 
+    /// Every queued job, oldest first: the fleet's demand, as [`crate::Reader::queued_jobs`]
+    /// gives the host's.
+    pub fn queued_jobs(&mut self) -> Result<Vec<JobRow>, JournalError> {
+        let rows = self.client.query(
+            &format!(
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'queued' ORDER BY first_seen_at, job_id"
+            ),
+            &[],
+        )?;
+        Ok(rows.iter().map(job_row).collect())
+    }
+
+    /// The jobs these runners took, as [`crate::Reader::jobs_for_runners`].
+    pub fn jobs_for_runners(&mut self, runner_names: &[&str]) -> Result<Vec<JobRow>, JournalError> {
+        let rows = self.client.query(
+            &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE runner_name = ANY($1)"),
+            &[&runner_names],
+        )?;
+        Ok(rows.iter().map(job_row).collect())
+    }
+
     /// How many jobs are in each state, by state name.
     pub fn job_counts(&mut self) -> Result<Vec<(String, i64)>, JournalError> {
         let rows = self.client.query(
@@ -38,6 +71,23 @@ impl PgReader {
             &[],
         )?;
         Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+    }
+
+    /// How many deliveries have each outcome (`status`).
+    pub fn delivery_outcome_counts(&mut self) -> Result<Vec<(String, i64)>, JournalError> {
+        let rows = self.client.query(
+            "SELECT outcome, COUNT(*) FROM deliveries GROUP BY outcome ORDER BY outcome",
+            &[],
+        )?;
+        Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+    }
+
+    /// When the newest delivery was journalled by any receiver, ms since the Unix epoch.
+    pub fn last_delivery_at(&mut self) -> Result<Option<i64>, JournalError> {
+        Ok(self
+            .client
+            .query_one("SELECT MAX(received_at) FROM deliveries", &[])?
+            .get(0))
     }
 
     /// How many deliveries the journal holds.

@@ -62,6 +62,8 @@ enum Request {
 pub struct PgJournal {
     tx: mpsc::Sender<Request>,
     metrics: JournalMetrics,
+    /// The writer's settings, named as a reader: for [`PgJournal::reader`].
+    reads: Config,
 }
 
 impl PgJournal {
@@ -73,7 +75,18 @@ impl PgJournal {
     /// sync client runs a runtime of its own, which cannot start inside the caller's), so this
     /// may be called from async code, as [`crate::Journal::open`] is.
     pub fn connect(url: &str) -> Result<PgJournal, JournalError> {
-        let config = config(url, WRITER_APPLICATION)?;
+        Self::start(config(url, WRITER_APPLICATION)?)
+    }
+
+    /// As [`PgJournal::connect`], to a configured target (the agent's `[journal] url` and the
+    /// password from its environment).
+    pub fn open(target: &super::PgTarget) -> Result<PgJournal, JournalError> {
+        Self::start(target.client_config(WRITER_APPLICATION))
+    }
+
+    fn start(config: Config) -> Result<PgJournal, JournalError> {
+        let mut reads = config.clone();
+        reads.application_name(super::read::READER_APPLICATION);
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready) = mpsc::channel();
         let metrics = JournalMetrics::default();
@@ -103,7 +116,13 @@ impl PgJournal {
             })
             .map_err(|e| JournalError::Commit(format!("cannot start the writer thread: {e}")))?;
         ready.recv().map_err(|_| JournalError::WriterStopped)??;
-        Ok(PgJournal { tx, metrics })
+        Ok(PgJournal { tx, metrics, reads })
+    }
+
+    /// A new read connection to the same database, as the same role (blocking: call it off
+    /// the async runtime). `/metrics` reads the job counts through one.
+    pub fn reader(&self) -> Result<super::PgReader, JournalError> {
+        super::PgReader::start(&self.reads)
     }
 
     /// The writer's metrics (commits, group sizes), as SQLite's.
@@ -153,14 +172,18 @@ impl crate::Intake for PgJournal {
 /// The connection settings from `url`, with rm's defaults where it says nothing; `application`
 /// names the connection to the server.
 pub(crate) fn config(url: &str, application: &str) -> Result<Config, JournalError> {
-    let mut config = Config::from_str(url)?;
+    Ok(with_defaults(Config::from_str(url)?, application))
+}
+
+/// `config` with rm's defaults where it says nothing; `application` names the connection.
+pub(crate) fn with_defaults(mut config: Config, application: &str) -> Config {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
     if config.get_application_name().is_none() {
         config.application_name(application);
     }
-    Ok(config)
+    config
 }
 
 struct Writer {

@@ -2,11 +2,16 @@
 //! there exits 2 before this runs); this checks the secrets and the runner package on this
 //! machine, then asks GitHub whether the App's JWT is accepted, whether each policy's
 //! installation exists and grants what runner registration needs, and whether each
-//! organization policy's runner group exists. Every finding carries the remedy for it.
+//! organization policy's runner group exists. With `journal.url` it also checks the fleet's
+//! PostgreSQL journal (reachable, schema version, the role's rights). Every finding carries the
+//! remedy for it.
 
 mod fitness;
 mod github;
 mod isolation;
+mod journal;
+#[cfg(test)]
+mod journal_tests;
 mod local;
 mod runner_version;
 #[cfg(test)]
@@ -52,7 +57,7 @@ pub struct Finding {
     pub status: Status,
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
     /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`,
-    /// `fitness`, `env_file`, `runner_version`.
+    /// `fitness`, `env_file`, `runner_version`, `journal`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,
@@ -179,6 +184,7 @@ pub async fn findings(config: &Config) -> Vec<Finding> {
         ));
     }
     out.push(local::webhook_secret(config));
+    out.extend(journal::journal(config).await);
     if let Some(finding) = local::relay(config).await {
         out.push(finding);
     }

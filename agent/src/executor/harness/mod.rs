@@ -83,6 +83,7 @@ pub(super) fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: 
         runner_group_id: 1,
         max_runners,
         min_runners: 0,
+        fleet_max_runners: None,
         workspace: Workspace::Ephemeral,
         limits: RunnerLimits::default(),
         env_file: None,
@@ -94,6 +95,10 @@ pub(super) struct Options {
     pub max_runners: u32,
     pub policies: Vec<Policy>,
     pub timeouts: Timeouts,
+    /// A fleet host rather than a lone one, with these fleet-wide `max_runners` by policy: it
+    /// claims jobs in the journal file's fleet tables (`LocalFleet`, the same rules as
+    /// PostgreSQL's) before it starts runners for them.
+    pub fleet: Option<HashMap<String, u32>>,
 }
 
 impl Default for Options {
@@ -102,6 +107,7 @@ impl Default for Options {
             max_runners: 4,
             policies: vec![policy("linux", &["self-hosted"], 10)],
             timeouts: Timeouts::supervision(TIMEOUT, TIMEOUT),
+            fleet: None,
         }
     }
 }
@@ -570,6 +576,13 @@ impl Harness {
             policies: options.policies.clone(),
             operator_env: HashMap::new(),
             fitness: crate::fitness::Gate::default(),
+            fleet: options
+                .fleet
+                .as_ref()
+                .map(|max_runners| super::FleetSettings {
+                    store: super::FleetStore::Local(journal.to_path_buf()),
+                    max_runners: max_runners.clone(),
+                }),
         };
         let seams = Seams {
             clock: Arc::new(clock.clone()),
@@ -633,6 +646,15 @@ impl Harness {
     pub(super) fn advance(&self, by: Duration) {
         self.clock.advance(by);
         self.fake.advance_clock(by);
+    }
+
+    /// The fleet's state in the journal file (for a fleet host: [`Options::fleet`]).
+    pub(super) fn fleet_view(&self) -> rm_journal::FleetView {
+        use rm_journal::Fleet as _;
+        rm_journal::LocalFleet::open(&self.journal_path)
+            .expect("the fleet tables")
+            .view()
+            .expect("the fleet's view")
     }
 
     /// Startup recovery of the current executor.

@@ -452,3 +452,60 @@ async fn a_registration_github_refuses_is_not_retried_and_waits_the_longest_back
     .await;
     assert_eq!(h.attempts().len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_host_starts_runners_only_for_its_claims_under_the_fleet_ceiling() {
+    // A fleet-wide ceiling of 2 on a host that could run 4: the claims hold it to 2.
+    let mut h = Harness::new(Options {
+        fleet: Some([("linux".to_owned(), 2)].into()),
+        ..Options::default()
+    })
+    .await;
+    h.executor.renew_lease().await;
+    jobs_take(&h, 10);
+    let jobs: Vec<u64> = (0..5)
+        .map(|i| h.queue(&format!("matrix ({i})"), LABELS))
+        .collect();
+    let mut most = 0;
+    h.until(
+        "every job completed",
+        |h| {
+            let live = h.live();
+            let view = h.fleet_view();
+            let claims: usize = view.hosts.iter().map(|host| host.claims.len()).sum();
+            assert!(live <= 2, "{live} live runners under a fleet ceiling of 2");
+            assert!(claims <= 2, "{claims} claims under a fleet ceiling of 2");
+            // Every runner this host starts is for a claim it holds (a runner whose job is done
+            // may outlive its claim until it is concluded).
+            let attempts = h.attempts();
+            let waiting = attempts
+                .iter()
+                .filter(|a| a.state.counts_against_capacity() && a.state != AttemptState::Busy)
+                .count();
+            assert!(
+                waiting <= claims,
+                "{waiting} runners waiting for {claims} claims: {:#?} {view:#?}",
+                attempts
+                    .iter()
+                    .map(|a| (a.state, a.job_id))
+                    .collect::<Vec<_>>()
+            );
+            most = most.max(live);
+        },
+        |h| jobs.iter().all(|j| h.completed(*j)),
+    )
+    .await;
+    assert_eq!(most, 2, "the fleet ceiling was used");
+    h.until("every attempt cleaned", |_| {}, Harness::all_cleaned)
+        .await;
+    assert_eq!(h.attempts().len(), 5, "one runner per job");
+    let view = h.fleet_view();
+    assert_eq!(view.hosts.len(), 1);
+    assert_eq!(view.hosts[0].host, HOST);
+    assert!(view.hosts[0].live);
+    assert!(
+        view.hosts[0].claims.is_empty(),
+        "a completed job's claim has ended: {:?}",
+        view.hosts[0].claims
+    );
+}

@@ -49,7 +49,7 @@ async fn hour(webhooks: bool, jobs_every: Option<Duration>) -> Cost {
     poller.poll_once().await.unwrap();
     while elapsed < HOUR {
         let next_completion = to_complete.first().map_or(HOUR * 2, |(at, _)| *at);
-        let wake = elapsed + poller.next_wake();
+        let wake = elapsed + poller.next_wake().await;
         let at = wake.min(next_job).min(next_completion).min(HOUR);
         h.advance(at - elapsed);
         elapsed = at;

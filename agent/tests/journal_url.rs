@@ -1,0 +1,175 @@
+//! `[journal] url` through the real binary (CONTRACT §9): `run` refuses it with exit 2 instead
+//! of using the SQLite journal, a password in it is refused naming the key and never echoed,
+//! and `receive` on a real PostgreSQL server (`tests/support/postgres.rs`) commits a signed
+//! delivery before its 202 and stops on SIGTERM with exit 0.
+
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+#[path = "../../tests/support/postgres.rs"]
+mod pg_server;
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SECRET: &str = "It's a Secret to Everybody";
+/// Set in the agent's environment; must never appear in what it prints.
+const PASSWORD: &str = "pw-never-printed-7f3a";
+
+fn agent(config: &Path, dir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rm-agent"));
+    command
+        .arg("--config")
+        .arg(config)
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(args)
+        .env("RM_WEBHOOK_SECRET", SECRET)
+        .env("RM_JOURNAL_PASSWORD", PASSWORD)
+        .env_remove("RM_CONFIG")
+        .env_remove("RM_DATA_DIR");
+    command
+}
+
+fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
+    let path = dir.join("rm-agent.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn run_refuses_a_postgres_journal_and_a_password_in_the_url_is_refused_unechoed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "[journal]\nurl = \"postgres://rm@db.example.net/rm\"\n",
+    );
+    let out = agent(&config, dir.path(), &["run"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "`journal.url`: `rm-agent run` on a PostgreSQL journal is not built yet; use `rm-agent receive`"
+        ),
+        "{stderr}"
+    );
+    // Refused before anything was opened: no SQLite journal was made in the data directory.
+    assert!(!dir.path().join("data").join("journal.sqlite3").exists());
+
+    let config = write_config(
+        dir.path(),
+        "[journal]\nurl = \"postgres://rm:hunter2@db.example.net/rm\"\n",
+    );
+    let out = agent(&config, dir.path(), &["receive"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("`journal.url`"), "{stderr}");
+    assert!(stderr.contains("RM_JOURNAL_PASSWORD"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+/// One HTTP/1.1 request on a fresh connection; the status code, or `None` if nothing answered.
+fn http(port: u16, request: &[u8]) -> Option<u16> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    stream.write_all(request).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    answer.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[test]
+fn receive_on_postgres_commits_before_202_and_stops_on_sigterm() {
+    let test = "receive_on_postgres_commits_before_202";
+    let server = match pg_server::shared() {
+        Ok(server) => server,
+        Err(why) => {
+            skip::cannot_run(test, "postgres", &why);
+            return;
+        }
+    };
+    let db = server.database("receive_binary").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "[receiver]\nlisten = \"127.0.0.1:{port}\"\n\n[journal]\nurl = \"{}\"\n",
+            db.url()
+        ),
+    );
+    let mut child = Stopped(Some(
+        agent(&config, dir.path(), &["receive"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let healthz = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http(port, healthz.as_bytes()) != Some(200) {
+        assert!(Instant::now() < deadline, "receive did not become healthy");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let body = br#"{"action":"created","installation":{"id":99}}"#;
+    let guid = "2f6b1f2e-0000-4000-8000-00000000beef";
+    let request = format!(
+        "POST /webhook HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         X-GitHub-Event: ping\r\nX-GitHub-Delivery: {guid}\r\nX-Hub-Signature-256: {}\r\n\
+         Content-Length: {}\r\n\r\n",
+        rm_receiver::sign(SECRET.as_bytes(), body),
+        body.len()
+    );
+    let mut bytes = request.into_bytes();
+    bytes.extend_from_slice(body);
+    assert_eq!(http(port, &bytes), Some(202));
+    assert_eq!(http(port, &bytes), Some(200));
+    let url = db.url();
+    let rows: i64 = std::thread::spawn(move || {
+        postgres::Client::connect(&url, postgres::NoTls)
+            .unwrap()
+            .query_one("SELECT COUNT(*) FROM deliveries WHERE guid = $1", &[&guid])
+            .unwrap()
+            .get(0)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(rows, 1);
+
+    let child = child.0.take().unwrap();
+    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("receiver listening on the PostgreSQL journal"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(PASSWORD), "{stderr}");
+    // It kept nothing in the data directory: the fleet's journal is the database.
+    assert!(!dir.path().join("data").join("journal.sqlite3").exists());
+}
+
+/// The agent this test started, killed if the test fails before stopping it.
+struct Stopped(Option<std::process::Child>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
