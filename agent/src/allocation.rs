@@ -14,7 +14,7 @@
 
 /// The inputs of one allocation, read by the control loop before each runner it creates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AllocationInput {
+pub(crate) struct AllocationInput {
     /// Queued jobs routed to this policy.
     pub demand: u32,
     pub min_runners: u32,
@@ -30,7 +30,7 @@ pub struct AllocationInput {
 
 /// Why the allocation is what it is, for `status` and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Limit {
+pub(crate) enum Limit {
     /// Demand (or its absence) decided.
     Demand,
     /// `min_runners` raised the target above demand.
@@ -43,7 +43,7 @@ pub enum Limit {
 
 /// The decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Allocation {
+pub(crate) struct Allocation {
     pub desired: u32,
     pub headroom: u32,
     pub to_start: u32,
@@ -51,7 +51,7 @@ pub struct Allocation {
 }
 
 /// Decides how many runners to start.
-pub fn allocate(input: AllocationInput) -> Allocation {
+pub(crate) fn allocate(input: AllocationInput) -> Allocation {
     let max = input.max_runners.max(input.min_runners);
     let desired = input.demand.clamp(input.min_runners, max);
     let wanted = desired.saturating_sub(input.unassigned_in_flight);

@@ -15,7 +15,7 @@ use crate::config::Policy;
 
 /// The part of a journalled job that demand looks at.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueuedJob {
+pub(crate) struct QueuedJob {
     pub job_id: JobId,
     /// `owner/name`.
     pub repository: String,
@@ -36,7 +36,7 @@ impl From<&rm_journal::JobRow> for QueuedJob {
 
 /// What demand found.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Demand {
+pub(crate) struct Demand {
     /// Per policy name, the jobs it alone matches.
     pub per_policy: BTreeMap<String, Vec<JobId>>,
     /// Jobs with a label that is an unevaluated expression (`${{ ... }}`): reported, never
@@ -48,13 +48,13 @@ pub struct Demand {
 
 impl Demand {
     /// How many jobs `policy` should serve.
-    pub fn of(&self, policy: &str) -> usize {
+    pub(crate) fn of(&self, policy: &str) -> usize {
         self.per_policy.get(policy).map_or(0, Vec::len)
     }
 }
 
 /// Routes each queued job to the one policy that matches it.
-pub fn route(policies: &[Policy], jobs: &[QueuedJob]) -> Demand {
+pub(crate) fn route(policies: &[Policy], jobs: &[QueuedJob]) -> Demand {
     let mut demand = Demand::default();
     for policy in policies {
         demand.per_policy.entry(policy.name.clone()).or_default();
@@ -81,7 +81,7 @@ pub fn route(policies: &[Policy], jobs: &[QueuedJob]) -> Demand {
 }
 
 /// Whether `policy` would serve `job`.
-pub fn matches(policy: &Policy, job: &QueuedJob) -> bool {
+pub(crate) fn matches(policy: &Policy, job: &QueuedJob) -> bool {
     policy.target.contains(&job.repository)
         && job.labels.iter().all(|label| {
             policy

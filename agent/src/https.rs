@@ -8,10 +8,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 /// A client sending bodies of type `B`, to `http://` and `https://` URLs.
-pub type HttpsClient<B> = Client<HttpsConnector<HttpConnector>, B>;
+pub(crate) type HttpsClient<B> = Client<HttpsConnector<HttpConnector>, B>;
 
 /// A new client; fails only when the host's root certificates cannot be loaded.
-pub fn client<B>() -> std::io::Result<HttpsClient<B>>
+pub(crate) fn client<B>() -> std::io::Result<HttpsClient<B>>
 where
     B: hyper::body::Body + Send + 'static,
     B::Data: Send,

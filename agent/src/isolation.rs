@@ -18,14 +18,14 @@ use crate::runner::isolate::{self, Pool};
 use crate::runner::store::Store;
 
 /// What a job can reach under `isolation = "none"`, for `check`, `status` and the start-up log.
-pub const NONE_REACHES: &str = "jobs run as the agent's own user: a job can read the App's private key and the other secrets, the journal and status, read the agent's memory and environment and signal it, reach every other runner, rewrite the package later runners start from, and leave files in HOME and /tmp and processes behind for later jobs; set [host] isolation = \"user\" (run the agent as root) unless every job runs code you wrote";
+pub(crate) const NONE_REACHES: &str = "jobs run as the agent's own user: a job can read the App's private key and the other secrets, the journal and status, read the agent's memory and environment and signal it, reach every other runner, rewrite the package later runners start from, and leave files in HOME and /tmp and processes behind for later jobs; set [host] isolation = \"user\" (run the agent as root) unless every job runs code you wrote";
 
 /// The mode of the runner root under `user`: runners pass through it to their own runtime
 /// (mode 0700, owned by their uid) and can list nothing.
 const RUNNER_ROOT_MODE: u32 = 0o711;
 
 /// The backends for `config`, refusing (exit 2) an isolation this host cannot give.
-pub fn backends(config: &Config, package_dir: &Path) -> Result<Backends, Exit> {
+pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, Exit> {
     let root = RunnerRoot::open(&config.host.runner_root).map_err(Exit::runtime)?;
     let none = NoIsolation {
         root: root.clone(),
@@ -111,7 +111,7 @@ pub fn backends(config: &Config, package_dir: &Path) -> Result<Backends, Exit> {
 }
 
 /// Shared by `run` and `check`: why `user` cannot be had here, with both ways out.
-pub fn cannot_switch(config: &Config) -> Exit {
+pub(crate) fn cannot_switch(config: &Config) -> Exit {
     let why = "rm-agent may not switch users here (it is not root and lacks CAP_SETUID and CAP_SETGID), so it cannot give each runner a uid of its own";
     if config.host.isolation_named {
         usage(
@@ -187,7 +187,7 @@ fn warn_unavailable_limits(config: &Config, cgroups: &CgroupRoot) {
 }
 
 /// Per policy, the limits it sets whose controller is not `available`.
-pub fn unavailable_limits(
+pub(crate) fn unavailable_limits(
     config: &Config,
     available: Controllers,
 ) -> Vec<(String, Vec<&'static str>)> {
@@ -211,7 +211,7 @@ fn usage(config: &Config, key: &str, problem: &str) -> Exit {
 /// The isolation new runners get: `none` only when the configuration says so, `user` only
 /// where the agent may switch users; `None` means `run` refuses to start. Pure: the rule
 /// CONTRACT §7 states, whatever the host.
-pub fn decide(configured: Isolation, can_switch_users: bool) -> Option<IsolationKind> {
+pub(crate) fn decide(configured: Isolation, can_switch_users: bool) -> Option<IsolationKind> {
     match configured {
         Isolation::None => Some(IsolationKind::None),
         Isolation::User if can_switch_users => Some(IsolationKind::User),

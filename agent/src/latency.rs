@@ -30,12 +30,12 @@ use serde_json::{Value, json};
 
 /// The window `status` reports percentiles over: the waits of jobs that started in the last
 /// hour (CONTRACT §8).
-pub const WINDOW: Duration = Duration::from_secs(3600);
+pub(crate) const WINDOW: Duration = Duration::from_secs(3600);
 
 /// The histograms' upper bounds, in seconds: from a runner already waiting (a few tens of ms)
 /// through a cold start (a package copy and a registration: seconds) and a queue behind a full
 /// host (minutes) to GitHub's patience with a queued job. Waits past an hour land in `+Inf`.
-pub const BUCKETS_SECONDS: [f64; 17] = [
+pub(crate) const BUCKETS_SECONDS: [f64; 17] = [
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
     1800.0, 3600.0,
 ];
@@ -43,15 +43,15 @@ pub const BUCKETS_SECONDS: [f64; 17] = [
 /// How often `rm-agent run` looks for newly started jobs to add to the histograms. A scrape sees
 /// a job at most this much after the journal learned it started; each look reads the last
 /// [`WINDOW`] of started jobs, a small indexed query.
-pub const RECORD_INTERVAL: Duration = Duration::from_secs(2);
+pub(crate) const RECORD_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The series names (CONTRACT §8).
-pub const RUNNER_STARTED_SERIES: &str = "rm_job_queue_to_runner_started_seconds";
-pub const JOB_STARTED_SERIES: &str = "rm_job_queue_to_job_started_seconds";
+pub(crate) const RUNNER_STARTED_SERIES: &str = "rm_job_queue_to_runner_started_seconds";
+pub(crate) const JOB_STARTED_SERIES: &str = "rm_job_queue_to_job_started_seconds";
 
 /// One job's wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub job_id: JobId,
     pub policy: String,
     /// When the job started: what places the sample in a window.
@@ -62,7 +62,7 @@ pub struct Sample {
 }
 
 /// The samples of the journal's rows: the one place that says where a wait begins and ends.
-pub fn samples(rows: &[WaitRow]) -> Vec<Sample> {
+pub(crate) fn samples(rows: &[WaitRow]) -> Vec<Sample> {
     rows.iter()
         .map(|row| {
             let queued = row.queued_at_ms.unwrap_or(row.first_seen_at_ms);
@@ -81,7 +81,7 @@ pub fn samples(rows: &[WaitRow]) -> Vec<Sample> {
 
 /// Count and nearest-rank percentiles of one kind of wait; no percentile without a sample.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Percentiles {
+pub(crate) struct Percentiles {
     pub count: usize,
     pub p50_ms: Option<i64>,
     pub p90_ms: Option<i64>,
@@ -118,7 +118,7 @@ impl Percentiles {
 
 /// Both waits over one set of samples.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Waits {
+pub(crate) struct Waits {
     pub queue_to_runner_started: Percentiles,
     pub queue_to_job_started: Percentiles,
 }
@@ -149,7 +149,7 @@ impl Waits {
 /// What `status` reports: the waits of jobs that started within the window, overall and per
 /// policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Latency {
+pub(crate) struct Latency {
     pub window: Duration,
     pub all: Waits,
     pub per_policy: BTreeMap<String, Waits>,
@@ -167,7 +167,7 @@ impl Default for Latency {
 
 /// The window's percentiles from the journal's rows: samples of the jobs that started in
 /// `(now - window, now]`, overall and per policy.
-pub fn summarize(rows: &[WaitRow], now_ms: i64, window: Duration) -> Latency {
+pub(crate) fn summarize(rows: &[WaitRow], now_ms: i64, window: Duration) -> Latency {
     let since = now_ms.saturating_sub(rm_base::clock::ms(window));
     let in_window: Vec<Sample> = samples(rows)
         .into_iter()
@@ -188,7 +188,7 @@ pub fn summarize(rows: &[WaitRow], now_ms: i64, window: Duration) -> Latency {
 }
 
 /// [`summarize`] over what the journal holds for the last [`WINDOW`].
-pub fn read(reader: &Reader, now_ms: i64) -> anyhow::Result<Latency> {
+pub(crate) fn read(reader: &Reader, now_ms: i64) -> anyhow::Result<Latency> {
     let window_ms = rm_base::clock::ms(WINDOW);
     let rows = reader
         .job_waits(now_ms.saturating_sub(window_ms))
@@ -197,7 +197,7 @@ pub fn read(reader: &Reader, now_ms: i64) -> anyhow::Result<Latency> {
 }
 
 /// `status --json`'s `latency` (CONTRACT §8), with `per_policy` beside the contract's fields.
-pub fn to_json(latency: &Latency) -> Value {
+pub(crate) fn to_json(latency: &Latency) -> Value {
     let mut value = latency.all.to_json();
     if let Some(map) = value.as_object_mut() {
         map.insert("window_s".into(), json!(latency.window.as_secs()));
@@ -236,7 +236,7 @@ fn render_percentiles(p: Percentiles) -> String {
 }
 
 /// `status`'s line: the window's waits, then the policies' when there is more than one.
-pub fn render(latency: &Latency) -> String {
+pub(crate) fn render(latency: &Latency) -> String {
     let window = humantime::format_duration(latency.window);
     let count = latency.all.queue_to_job_started.count;
     if count == 0 {
@@ -271,7 +271,7 @@ pub fn render(latency: &Latency) -> String {
 /// Prometheus expects of a counter); each other job is counted once, when it is first seen
 /// started within the window.
 #[derive(Debug, Default)]
-pub struct Recorder {
+pub(crate) struct Recorder {
     /// Job id → its start, kept while the start is within the window (rows older than that are
     /// never read again, so forgetting them cannot count a job twice).
     seen: HashMap<JobId, i64>,
@@ -279,7 +279,7 @@ pub struct Recorder {
 
 impl Recorder {
     /// A recorder that treats every job in `rows` as already counted.
-    pub fn seeded(rows: &[WaitRow]) -> Recorder {
+    pub(crate) fn seeded(rows: &[WaitRow]) -> Recorder {
         Recorder {
             seen: rows
                 .iter()
@@ -289,7 +289,7 @@ impl Recorder {
     }
 
     /// The samples of `rows` not counted yet; forgets jobs that started before `since_ms`.
-    pub fn fresh(&mut self, rows: &[WaitRow], since_ms: i64) -> Vec<Sample> {
+    pub(crate) fn fresh(&mut self, rows: &[WaitRow], since_ms: i64) -> Vec<Sample> {
         self.seen.retain(|_, started| *started >= since_ms);
         samples(rows)
             .into_iter()
@@ -308,7 +308,7 @@ fn histogram() -> Histogram {
 /// The two histograms by policy, cumulative since the process started; register with
 /// [`rm_receiver::Receiver::add_collector`].
 #[derive(Clone)]
-pub struct WaitMetrics {
+pub(crate) struct WaitMetrics {
     runner_started: Arc<Histograms>,
     job_started: Arc<Histograms>,
 }
@@ -329,7 +329,7 @@ impl fmt::Debug for WaitMetrics {
 }
 
 impl WaitMetrics {
-    pub fn observe(&self, sample: &Sample) {
+    pub(crate) fn observe(&self, sample: &Sample) {
         let labels = vec![("policy".to_owned(), sample.policy.clone())];
         let seconds = |ms: i64| ms as f64 / 1000.0;
         if let Some(ms) = sample.queue_to_runner_started_ms {
@@ -367,7 +367,7 @@ impl Collector for WaitMetrics {
 /// deliveries), then the journal is read every [`RECORD_INTERVAL`]. A journal that cannot be
 /// read is retried at the next round; the histograms only miss what started longer than
 /// [`WINDOW`] before a read succeeds.
-pub fn spawn_recorder(journal: &Path, metrics: WaitMetrics) -> anyhow::Result<()> {
+pub(crate) fn spawn_recorder(journal: &Path, metrics: WaitMetrics) -> anyhow::Result<()> {
     let reader = Reader::open(journal)
         .map_err(|e| anyhow::anyhow!("cannot open the journal for wait times: {e}"))?;
     let now = rm_journal::now_ms();

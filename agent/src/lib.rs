@@ -1,28 +1,28 @@
 //! rm-agent's library: configuration, secrets, the data-directory lock and the commands. The
 //! binary (`main.rs`) is only the command line on top.
 
-pub mod allocation;
+pub(crate) mod allocation;
 pub mod commands;
 pub mod config;
-pub mod demand;
+pub(crate) mod demand;
 pub mod executor;
 pub mod exit;
-pub mod explain;
+pub(crate) mod explain;
 pub mod features;
-pub mod fitness;
-pub mod https;
-pub mod isolation;
-pub mod latency;
+pub(crate) mod fitness;
+pub(crate) mod https;
+pub(crate) mod isolation;
+pub(crate) mod latency;
 pub mod lifecycle;
-pub mod lock;
-pub mod metrics;
+pub(crate) mod lock;
+pub(crate) mod metrics;
 pub mod notify;
 pub mod output;
-pub mod polling;
-pub mod relay;
+pub(crate) mod polling;
+pub(crate) mod relay;
 pub mod runner;
-pub mod secrets;
-pub mod status_file;
+pub(crate) mod secrets;
+pub(crate) mod status_file;
 
 /// `print!`/`println!` that survive a reader closing stdout ([`rm_base::output`]).
 pub use rm_base::{out, outln};

@@ -12,14 +12,14 @@ use crate::exit::Exit;
 const LOCK_FILE: &str = "rm-agent.lock";
 
 /// Held for as long as the command owns the data directory.
-pub struct DataDirLock {
+pub(crate) struct DataDirLock {
     _file: File,
 }
 
 /// Creates the data directory if needed (readable by its owner only: it holds the journal),
 /// repairs the mode of one that already exists (see [`private_mode`]), and takes its lock, or
 /// says which process owns it.
-pub fn lock_data_dir(dir: &Path) -> Result<DataDirLock, Exit> {
+pub(crate) fn lock_data_dir(dir: &Path) -> Result<DataDirLock, Exit> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -72,7 +72,7 @@ pub fn lock_data_dir(dir: &Path) -> Result<DataDirLock, Exit> {
 /// bits for group or others (they could list it, or add and swap files in it). Search bits stay:
 /// a runner passes through to its runtime under `isolation = "user"` (`0711`), and the files in
 /// the directory keep their own modes (the journal is `0600`).
-pub fn private_mode(mode: u32) -> Option<u32> {
+pub(crate) fn private_mode(mode: u32) -> Option<u32> {
     let perms = mode & 0o7777;
     (perms & 0o066 != 0).then_some(perms & !0o066)
 }
@@ -104,7 +104,7 @@ fn repair_data_dir_mode(dir: &Path) -> Result<(), Exit> {
 /// may have exited since (the file is not cleared at exit). `None` when there is no lock file
 /// or it names no pid. Reads only: taking the lock, even shared, could make a starting agent
 /// find it held.
-pub fn recorded_owner(dir: &Path) -> Option<u32> {
+pub(crate) fn recorded_owner(dir: &Path) -> Option<u32> {
     std::fs::read_to_string(dir.join(LOCK_FILE))
         .ok()?
         .trim()

@@ -170,7 +170,7 @@ enum DeliveriesAction {
 pub(crate) fn main() -> ExitCode {
     // Started as `<package>/bin/Runner.Listener` by `rm-agent demo` (a build with the `demo`
     // feature only), this binary is the fake runner, not the agent.
-    if let Some(code) = commands::demo::fake_runner_mode() {
+    if let Some(code) = commands::fake_runner_mode() {
         return code;
     }
     // Before anything else: no runner (of any uid) may read this process's memory or
@@ -211,7 +211,7 @@ fn run(cli: Cli) -> Result<(), Exit> {
                 .enable_all()
                 .build()
                 .map_err(Exit::runtime)?;
-            runtime.block_on(commands::run::run(&config))
+            runtime.block_on(commands::run_agent(&config))
         }
         Command::Receive { log_format } => {
             init_logging(log_format, "info");
@@ -219,7 +219,7 @@ fn run(cli: Cli) -> Result<(), Exit> {
                 .enable_all()
                 .build()
                 .map_err(Exit::runtime)?;
-            runtime.block_on(commands::receive::run(&config))
+            runtime.block_on(commands::receive(&config))
         }
         Command::Check { json } => {
             init_logging(LogFormat::Text, "warn");
@@ -227,23 +227,23 @@ fn run(cli: Cli) -> Result<(), Exit> {
                 .enable_all()
                 .build()
                 .map_err(Exit::runtime)?;
-            runtime.block_on(commands::check::run(&config, json))
+            runtime.block_on(commands::check(&config, json))
         }
         Command::Status { json } => {
             init_logging(LogFormat::Text, "warn");
-            commands::status::run(&config, json)
+            commands::status(&config, json)
         }
         Command::Explain { job_id, json } => {
             init_logging(LogFormat::Text, "warn");
-            commands::explain::run(&config, rm_journal::JobId::new(job_id), json)
+            commands::explain(&config, rm_journal::JobId::new(job_id), json)
         }
         Command::Jobs { json, limit } => {
             init_logging(LogFormat::Text, "warn");
-            commands::jobs::run(&config, json, limit)
+            commands::jobs(&config, json, limit)
         }
         Command::Runners { json, limit } => {
             init_logging(LogFormat::Text, "warn");
-            commands::runners::run(&config, json, limit)
+            commands::runners(&config, json, limit)
         }
         Command::Deliveries {
             json,
@@ -252,9 +252,9 @@ fn run(cli: Cli) -> Result<(), Exit> {
         } => {
             init_logging(LogFormat::Text, "warn");
             match action {
-                None => commands::deliveries::list(&config, json, limit),
+                None => commands::deliveries_list(&config, json, limit),
                 Some(DeliveriesAction::Replay { guid }) => {
-                    commands::deliveries::replay(&config, &guid, json)
+                    commands::deliveries_replay(&config, &guid, json)
                 }
             }
         }
@@ -268,5 +268,5 @@ fn demo(keep: bool) -> Result<(), Exit> {
         .enable_all()
         .build()
         .map_err(Exit::runtime)?;
-    runtime.block_on(commands::demo::run(keep))
+    runtime.block_on(commands::demo(keep))
 }

@@ -19,13 +19,13 @@ use tokio::sync::watch;
 use crate::polling::PollerStatus;
 
 /// The agent's scrape-time metrics; register with [`rm_receiver::Receiver::add_collector`].
-pub struct AgentMetrics {
+pub(crate) struct AgentMetrics {
     status: watch::Receiver<PollerStatus>,
     client: GithubClient,
 }
 
 impl AgentMetrics {
-    pub fn new(status: watch::Receiver<PollerStatus>, client: GithubClient) -> AgentMetrics {
+    pub(crate) fn new(status: watch::Receiver<PollerStatus>, client: GithubClient) -> AgentMetrics {
         AgentMetrics { status, client }
     }
 }
@@ -157,7 +157,8 @@ mod tests {
 
     use super::*;
     use crate::polling::health::Trust;
-    use crate::polling::{Pace, PassReport, RateLimitStatus, RequestCounts, WebhookStatus};
+    use crate::polling::schedule::Pace;
+    use crate::polling::status::{PassReport, RateLimitStatus, RequestCounts, WebhookStatus};
 
     #[tokio::test]
     async fn the_agent_series_are_read_at_scrape_time() {

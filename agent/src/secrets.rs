@@ -11,11 +11,11 @@ use crate::config::Config;
 use crate::exit::Exit;
 
 /// Comma-separated webhook secrets; wins over `github.webhook_secret_file`.
-pub const WEBHOOK_SECRET_ENV: &str = "RM_WEBHOOK_SECRET";
+pub(crate) const WEBHOOK_SECRET_ENV: &str = "RM_WEBHOOK_SECRET";
 
 /// The webhook secrets: `$RM_WEBHOOK_SECRET` (comma-separated) if set, else the file named by
 /// `github.webhook_secret_file` (one secret per line). Every one is accepted, for rotation.
-pub fn webhook_secrets(config: &Config) -> Result<WebhookSecrets, Exit> {
+pub(crate) fn webhook_secrets(config: &Config) -> Result<WebhookSecrets, Exit> {
     let (secrets, from) = match std::env::var(WEBHOOK_SECRET_ENV) {
         Ok(value) if !value.trim().is_empty() => {
             (split(&value, ','), format!("${WEBHOOK_SECRET_ENV}"))
@@ -41,12 +41,12 @@ pub fn webhook_secrets(config: &Config) -> Result<WebhookSecrets, Exit> {
 }
 
 /// The App's private key as PEM text; wins over `github.private_key_file`.
-pub const PRIVATE_KEY_ENV: &str = "RM_GITHUB_PRIVATE_KEY";
+pub(crate) const PRIVATE_KEY_ENV: &str = "RM_GITHUB_PRIVATE_KEY";
 
 /// The GitHub App's private key: `$RM_GITHUB_PRIVATE_KEY` (the PEM text) if set, else the file
 /// named by `github.private_key_file`. Whether it is a usable key is for the GitHub client to
 /// say; this only refuses a missing, empty or world-readable one.
-pub fn private_key(config: &Config) -> Result<SecretString, Exit> {
+pub(crate) fn private_key(config: &Config) -> Result<SecretString, Exit> {
     let (pem, from) = match std::env::var(PRIVATE_KEY_ENV) {
         Ok(value) if !value.trim().is_empty() => (value, format!("${PRIVATE_KEY_ENV}")),
         _ => match &config.github.private_key_file {
@@ -71,11 +71,11 @@ pub fn private_key(config: &Config) -> Result<SecretString, Exit> {
 }
 
 /// The relay subscriber token; wins over `relay.token_file`.
-pub const RELAY_TOKEN_ENV: &str = "RM_RELAY_TOKEN";
+pub(crate) const RELAY_TOKEN_ENV: &str = "RM_RELAY_TOKEN";
 
 /// The token `rm-relay channel token` issued for this host: `$RM_RELAY_TOKEN` if set, else the
 /// file named by `relay.token_file`.
-pub fn relay_token(config: &Config) -> Result<SecretString, Exit> {
+pub(crate) fn relay_token(config: &Config) -> Result<SecretString, Exit> {
     let token = match std::env::var(RELAY_TOKEN_ENV) {
         Ok(value) if !value.trim().is_empty() => value,
         _ => match config.relay.as_ref().and_then(|r| r.token_file.as_ref()) {
@@ -99,13 +99,13 @@ pub fn relay_token(config: &Config) -> Result<SecretString, Exit> {
 }
 
 /// The PostgreSQL journal's password (CONTRACT §9); the connection string may not hold one.
-pub const JOURNAL_PASSWORD_ENV: &str = "RM_JOURNAL_PASSWORD";
+pub(crate) const JOURNAL_PASSWORD_ENV: &str = "RM_JOURNAL_PASSWORD";
 
 /// The fleet's PostgreSQL journal to connect to, when `journal.url` names one: the configured
 /// target with `$RM_JOURNAL_PASSWORD` as its password if set (taken as is: a password may
 /// begin or end with spaces), else none (the server's own authentication: peer, trust, or
 /// certificates).
-pub fn journal_target(config: &Config) -> Option<rm_journal::PgTarget> {
+pub(crate) fn journal_target(config: &Config) -> Option<rm_journal::PgTarget> {
     let target = config.pg_journal.clone()?;
     Some(
         match journal_password(std::env::var(JOURNAL_PASSWORD_ENV).ok()) {
@@ -153,7 +153,7 @@ fn read_secret_file(path: &Path, key: &str) -> Result<String, Exit> {
 
 /// Refuses every configured secret file a runner uid of `pool` could read (CONTRACT §7): a job
 /// holding one of them could mint tokens for every installation or forge deliveries.
-pub fn refuse_readable_by_runners(
+pub(crate) fn refuse_readable_by_runners(
     config: &Config,
     pool: &crate::runner::isolate::Pool,
 ) -> Result<(), Exit> {

@@ -22,12 +22,12 @@ use tokio::time::MissedTickBehavior;
 use crate::polling::PollerStatus;
 
 /// The snapshot's file name inside the data directory.
-pub const STATUS_FILE: &str = "status.json";
+pub(crate) const STATUS_FILE: &str = "status.json";
 /// The longest time between two snapshots while the agent runs (GitHub contact and the next
 /// poll's countdown change without a poller step).
-pub const PUBLISH_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const PUBLISH_EVERY: Duration = Duration::from_secs(5);
 /// A snapshot older than this was not written by a working agent: six missed publications.
-pub const STALE_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(30);
 /// Bumped when a field changes meaning; a reader ignores a snapshot of another version.
 const FORMAT_VERSION: u32 = 1;
 /// The temporary file a snapshot is written to before the rename.
@@ -35,7 +35,7 @@ const TMP_FILE: &str = ".status.json.tmp";
 
 /// One publication. Times are milliseconds since the Unix epoch, as in the journal.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub version: u32,
     pub written_at_ms: i64,
     /// The agent's process id.
@@ -75,7 +75,7 @@ pub struct FitnessProblem {
 
 /// The relay subscription as the agent last saw it ([`crate::relay::RelayState`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Relay {
+pub(crate) struct Relay {
     pub connected: bool,
     pub last_event_id: Option<u64>,
     pub journalled: u64,
@@ -97,7 +97,7 @@ impl From<&crate::relay::RelayState> for Relay {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Polling {
+pub(crate) struct Polling {
     /// [`crate::polling::Pace::as_str`].
     pub pace: String,
     /// Slowed by something the operator should see (a low budget, a limit, an outage).
@@ -118,20 +118,20 @@ pub struct Polling {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Requests {
+pub(crate) struct Requests {
     pub charged: u64,
     pub uncharged: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RateLimit {
+pub(crate) struct RateLimit {
     pub remaining: u64,
     pub limit: u64,
     pub reset_at_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Offline {
+pub(crate) struct Offline {
     /// One sentence for `status` ([`crate::polling::schedule::OfflineState::describe`]).
     pub description: String,
     pub since_ms: i64,
@@ -140,7 +140,7 @@ pub struct Offline {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Webhooks {
+pub(crate) struct Webhooks {
     /// A receiver or relay is configured.
     pub intake: bool,
     pub trusted: bool,
@@ -151,7 +151,7 @@ pub struct Webhooks {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Github {
+pub(crate) struct Github {
     /// False after a request got no answer, until the next answer.
     pub reachable: bool,
     pub last_contact_at_ms: Option<i64>,
@@ -163,14 +163,14 @@ pub struct Github {
 
 /// A rate limit holding requests back, as the budget knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Held {
+pub(crate) struct Held {
     /// `primary` (the hourly quota) or `secondary` (GitHub's abuse limits).
     pub kind: String,
     pub until_ms: i64,
 }
 
 /// The rate limit that holds requests back longest at `now`, from the budget's snapshot.
-pub fn held(budget: &[rm_github::BudgetSnapshot], now: SystemTime) -> Option<Held> {
+pub(crate) fn held(budget: &[rm_github::BudgetSnapshot], now: SystemTime) -> Option<Held> {
     budget
         .iter()
         .filter_map(|b| b.blocked)
@@ -183,16 +183,16 @@ pub fn held(budget: &[rm_github::BudgetSnapshot], now: SystemTime) -> Option<Hel
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Host {
+pub(crate) struct Host {
     /// `host.max_runners` of the running agent.
     pub max_runners: u32,
 }
 
-pub use crate::polling::unix_ms;
+pub(crate) use crate::polling::unix_ms;
 
 impl Snapshot {
     /// The snapshot of `status` and `contact` at `now`.
-    pub fn capture(
+    pub(crate) fn capture(
         status: &PollerStatus,
         contact: Contact,
         max_runners: u32,
@@ -244,7 +244,7 @@ impl Snapshot {
     }
 
     /// How old the snapshot is at `now_ms` (zero when written "in the future").
-    pub fn age(&self, now_ms: i64) -> Duration {
+    pub(crate) fn age(&self, now_ms: i64) -> Duration {
         Duration::from_millis(u64::try_from(now_ms - self.written_at_ms).unwrap_or(0))
     }
 }
@@ -253,7 +253,7 @@ impl Snapshot {
 /// (mode 0600). It holds no secret, but it names every repository, job and runner the host
 /// serves, and the data directory is searchable (0711) by runner uids when the runner root is
 /// inside it: a job that guesses the name must not learn about other jobs.
-pub fn write(data_dir: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
+pub(crate) fn write(data_dir: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
     let tmp = data_dir.join(TMP_FILE);
     let bytes = serde_json::to_vec_pretty(snapshot).map_err(std::io::Error::other)?;
     let mut file = OpenOptions::new()
@@ -272,7 +272,7 @@ pub fn write(data_dir: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
 
 /// The last snapshot written in `data_dir`: `Ok(None)` when there is none, or when it is of
 /// another format version (an agent of another release wrote it).
-pub fn read(data_dir: &Path) -> Result<Option<Snapshot>, String> {
+pub(crate) fn read(data_dir: &Path) -> Result<Option<Snapshot>, String> {
     let path = data_dir.join(STATUS_FILE);
     let bytes = match std::fs::read(&path) {
         Ok(bytes) => bytes,
@@ -290,14 +290,14 @@ pub fn read(data_dir: &Path) -> Result<Option<Snapshot>, String> {
 }
 
 /// How the publisher reads a fact another part of the agent owns, at each publication.
-pub type Source<T> = std::sync::Arc<dyn Fn() -> T + Send + Sync>;
+pub(crate) type Source<T> = std::sync::Arc<dyn Fn() -> T + Send + Sync>;
 
 /// Publishes the agent's status until the poller stops: at once, whenever `status` changes,
 /// and at least every [`PUBLISH_EVERY`]. A failed write is logged and retried at the next one.
 /// `relay` is the relay subscription's state, when there is one; `allocation` reads the
 /// executor's memory and `fitness` the fitness gate's latest judgement at each publication
 /// (read through closures, so this module depends on neither).
-pub fn spawn_publisher(
+pub(crate) fn spawn_publisher(
     data_dir: PathBuf,
     mut status: watch::Receiver<PollerStatus>,
     mut relay: Option<watch::Receiver<crate::relay::RelayState>>,
@@ -357,7 +357,7 @@ pub fn spawn_publisher(
 
 /// Whether an agent is serving the data directory, as far as `status` can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Liveness {
+pub(crate) enum Liveness {
     /// The snapshot is fresh and the process that wrote it is alive.
     Running { pid: u32 },
     /// The process that wrote the snapshot is alive but stopped publishing `age` ago.
@@ -369,12 +369,12 @@ pub enum Liveness {
 }
 
 impl Liveness {
-    pub fn is_running(self) -> bool {
+    pub(crate) fn is_running(self) -> bool {
         matches!(self, Liveness::Running { .. })
     }
 
     /// The process serving the data directory, if any.
-    pub fn pid(self) -> Option<u32> {
+    pub(crate) fn pid(self) -> Option<u32> {
         match self {
             Liveness::Running { pid }
             | Liveness::Silent { pid, .. }
@@ -386,7 +386,7 @@ impl Liveness {
 
 /// Decides [`Liveness`] from the snapshot (its writer and age), the pid the data directory's
 /// lock file records, and whether a pid is an rm-agent still running.
-pub fn liveness(
+pub(crate) fn liveness(
     snapshot: Option<&Snapshot>,
     lock_owner: Option<u32>,
     now_ms: i64,
@@ -413,7 +413,7 @@ pub fn liveness(
 /// What a reader process (`status`, `explain`) learns about the agent serving `data_dir` at
 /// `now_ms`: the last snapshot (an unreadable one is logged and ignored) and whether its
 /// writer still runs.
-pub fn observe(data_dir: &Path, now_ms: i64) -> (Option<Snapshot>, Liveness) {
+pub(crate) fn observe(data_dir: &Path, now_ms: i64) -> (Option<Snapshot>, Liveness) {
     let snapshot = read(data_dir).unwrap_or_else(|problem| {
         tracing::warn!("{problem}; ignoring it");
         None
@@ -429,7 +429,7 @@ pub fn observe(data_dir: &Path, now_ms: i64) -> (Option<Snapshot>, Liveness) {
 
 /// Whether `pid` is a live rm-agent process. Where `/proc` tells a process's name, a recycled
 /// pid that now names another program does not count.
-pub fn is_rm_agent(pid: u32) -> bool {
+pub(crate) fn is_rm_agent(pid: u32) -> bool {
     let Some(raw) = i32::try_from(pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw)
@@ -451,7 +451,9 @@ mod tests {
     use super::*;
     use crate::polling::schedule::OfflineState;
     use crate::polling::{
-        Pace, PassReport, RateLimitStatus, RequestCounts, WebhookStatus, health::Trust,
+        health::Trust,
+        schedule::Pace,
+        status::{PassReport, RateLimitStatus, RequestCounts, WebhookStatus},
     };
 
     fn t(secs: u64) -> SystemTime {

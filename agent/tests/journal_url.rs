@@ -42,18 +42,18 @@ fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
 }
 
 #[test]
-fn run_refuses_a_postgres_journal_and_a_password_in_the_url_is_refused_unechoed() {
+fn jobs_refuses_a_postgres_journal_and_a_password_in_the_url_is_refused_unechoed() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
         dir.path(),
         "[journal]\nurl = \"postgres://rm@db.example.net/rm\"\n",
     );
-    let out = agent(&config, dir.path(), &["run"]).output().unwrap();
+    let out = agent(&config, dir.path(), &["jobs"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains(
-            "`journal.url`: `rm-agent run` on a PostgreSQL journal is not built yet; use `rm-agent receive`"
+            "`journal.url`: `rm-agent jobs` reads the embedded SQLite journal only; on a PostgreSQL journal it is not built yet"
         ),
         "{stderr}"
     );

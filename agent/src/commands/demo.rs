@@ -12,7 +12,8 @@ use std::process::ExitCode;
 use crate::exit::Exit;
 
 /// The command that runs the demo from a source checkout (the README's first command).
-pub const DEMO_COMMAND: &str = "cargo run --release -p rm-agent --features demo -- demo";
+#[cfg(any(test, not(feature = "demo")))]
+pub(crate) const DEMO_COMMAND: &str = "cargo run --release -p rm-agent --features demo -- demo";
 
 /// The name the runner package's listener has: the demo copies this binary there.
 #[cfg(feature = "demo")]
@@ -32,7 +33,8 @@ pub async fn run(_keep: bool) -> Result<(), Exit> {
 
 /// Why this build has no demo and how to get one, as one sentence (a usage error: this binary
 /// was asked for a command it was built without).
-pub fn unavailable() -> Exit {
+#[cfg(any(test, not(feature = "demo")))]
+pub(crate) fn unavailable() -> Exit {
     Exit::usage(format!(
         "this rm-agent was built without the demo (it embeds a simulated GitHub and fake runners, \
          which an installed agent does not carry); run it from a source checkout with `{DEMO_COMMAND}`"

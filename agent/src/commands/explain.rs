@@ -86,7 +86,7 @@ pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
 }
 
 /// The verdict of every queued job, oldest first, for `status`.
-pub fn waiting(
+pub(crate) fn waiting(
     config: &Config,
     reader: Option<&Reader>,
     now: SystemTime,

@@ -1,14 +1,26 @@
 //! One module per `rm-agent` command.
 
-pub mod check;
-pub mod deliveries;
-pub mod demo;
-pub mod explain;
-pub mod jobs;
-pub mod receive;
-pub mod run;
-pub mod runners;
-pub mod status;
+pub(crate) mod check;
+pub(crate) mod deliveries;
+pub(crate) mod demo;
+pub(crate) mod explain;
+pub(crate) mod jobs;
+pub(crate) mod receive;
+pub(crate) mod run;
+pub(crate) mod runners;
+pub(crate) mod status;
+
+// The entry point of each command, for the binary's dispatch (`main.rs`); everything else of a
+// command is crate-private.
+pub use check::run as check;
+pub use deliveries::{list as deliveries_list, replay as deliveries_replay};
+pub use demo::{fake_runner_mode, run as demo};
+pub use explain::run as explain;
+pub use jobs::run as jobs;
+pub use receive::run as receive;
+pub use run::run as run_agent;
+pub use runners::run as runners;
+pub use status::run as status;
 
 use std::path::PathBuf;
 
@@ -22,10 +34,29 @@ use crate::exit::Exit;
 /// which the fleet does not write: `receive`, `run`, `status` and `check` work on PostgreSQL;
 /// the other commands that read the journal do not yet. Exit 2.
 pub fn refuse_unbuilt_on_postgres(command: &str, config: &Config) -> Result<(), Exit> {
+    let file = crate::config::display_file(config.source.as_deref());
+    if config.pg_journal.is_some() && command == "run" {
+        // In a fleet, deliveries reach the shared journal through `rm-agent receive`.
+        let refused = if config.receiver.is_some() {
+            Some((
+                "receiver",
+                "with `journal.url`, `rm-agent run` takes no deliveries itself: run `rm-agent receive` (any number, on any hosts) for the fleet's intake and remove [receiver] here",
+            ))
+        } else if config.relay.is_some() {
+            Some((
+                "relay",
+                "with `journal.url`, a relay subscription is not built yet: subscribe from a host without `journal.url`, or take the webhooks with `rm-agent receive`",
+            ))
+        } else {
+            None
+        };
+        if let Some((key, why)) = refused {
+            return Err(Exit::usage(format!("{file}: `{key}`: {why}")));
+        }
+    }
     if config.pg_journal.is_none() || matches!(command, "receive" | "check" | "run" | "status") {
         return Ok(());
     }
-    let file = crate::config::display_file(config.source.as_deref());
     let what = format!(
         "`rm-agent {command}` reads the embedded SQLite journal only; on a PostgreSQL journal it is not built yet"
     );
@@ -69,7 +100,7 @@ mod tests {
     }
 
     #[test]
-    fn on_postgres_only_receive_and_check_run_and_run_says_to_use_receive() {
+    fn on_postgres_the_commands_that_read_sqlite_refuse_and_run_takes_no_deliveries() {
         let pg = config("url = \"postgres://rm@db.example.net/rm\"");
         for command in ["receive", "check", "run", "status"] {
             assert!(
@@ -89,5 +120,14 @@ mod tests {
                 "{command}"
             );
         }
+        // A fleet's `run` takes no deliveries itself: its intake is `receive`.
+        let with_receiver = crate::config::from_text(
+            "[journal]\nurl = \"postgres://rm@db.example.net/rm\"\n[receiver]\nlisten = \"127.0.0.1:8080\"\n",
+        )
+        .unwrap();
+        let run = refuse_unbuilt_on_postgres("run", &with_receiver).unwrap_err();
+        assert_eq!(run.code, crate::exit::USAGE);
+        assert!(run.message.contains("`receiver`"), "{}", run.message);
+        assert!(refuse_unbuilt_on_postgres("receive", &with_receiver).is_ok());
     }
 }

@@ -116,7 +116,10 @@ async fn receive_on_postgres(
 
 /// Completes when `shutdown` does or when the journal is poisoned, whichever is first: either
 /// way the command stops taking work and answers what is in flight.
-pub async fn until_stopped(shutdown: impl std::future::Future<Output = ()>, journal: &Journal) {
+pub(crate) async fn until_stopped(
+    shutdown: impl std::future::Future<Output = ()>,
+    journal: &Journal,
+) {
     tokio::select! {
         () = shutdown => {}
         reason = journal.poisoned() => {
@@ -127,7 +130,7 @@ pub async fn until_stopped(shutdown: impl std::future::Future<Output = ()>, jour
 
 /// The exit of a command whose journal was poisoned: status 1 (CONTRACT §1, a run-time failure;
 /// systemd's `Restart=on-failure` restarts it) with why and what to do.
-pub fn poisoned_exit(journal: &Journal) -> Option<Exit> {
+pub(crate) fn poisoned_exit(journal: &Journal) -> Option<Exit> {
     journal.poison_reason().map(|reason| {
         Exit::runtime(anyhow::anyhow!(
             "the journal {} was poisoned ({reason}), so rm-agent stopped taking deliveries, answered those in flight and exited; start it again (systemd's Restart=on-failure does) and SQLite recovers the journal from its WAL; if it happens again, check the disk (dmesg, SMART)",
@@ -139,7 +142,7 @@ pub fn poisoned_exit(journal: &Journal) -> Option<Exit> {
 /// Completes on SIGINT or SIGTERM. The handlers are installed when this is called, not when
 /// the future is first polled, so a signal that arrives while the agent is still starting is
 /// not lost (and does not kill the agent with the default action). Call it inside the runtime.
-pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let term = signal(SignalKind::terminate());
     let interrupt = signal(SignalKind::interrupt());

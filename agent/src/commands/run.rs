@@ -51,7 +51,7 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
 /// Runs everything `config` asks for with this GitHub client until `shutdown` completes, then
 /// drains. The caller holds the data-directory lock. `rm-agent demo` runs the same with a
 /// simulated GitHub.
-pub async fn serve(
+pub(crate) async fn serve(
     config: &Config,
     client: GithubClient,
     shutdown: impl Future<Output = ()>,
@@ -60,7 +60,7 @@ pub async fn serve(
 }
 
 /// [`serve`] with the poller's slow cadences given (the demo's are seconds, not minutes).
-pub async fn serve_paced(
+pub(crate) async fn serve_paced(
     config: &Config,
     client: GithubClient,
     pacing: Pacing,
@@ -298,23 +298,6 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
             "policy",
             "`rm-agent run` needs at least one [[policy]] (name, target, labels)",
         ));
-    }
-    if config.pg_journal.is_some() {
-        // In a fleet, deliveries reach the shared journal through `rm-agent receive`.
-        if config.receiver.is_some() {
-            return Err(usage(
-                config,
-                "receiver",
-                "with `journal.url`, run takes no deliveries itself: run `rm-agent receive` (any number, on any hosts) for the fleet's intake and remove [receiver] here",
-            ));
-        }
-        if config.relay.is_some() {
-            return Err(usage(
-                config,
-                "relay",
-                "with `journal.url`, a relay subscription is not built yet: subscribe from a host without `journal.url`, or take the webhooks with `rm-agent receive`",
-            ));
-        }
     }
     let (package_dir, version) = match (&config.runner.package_dir, &config.runner.version) {
         (Some(dir), _) => (dir.clone(), String::new()),

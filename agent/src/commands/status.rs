@@ -30,7 +30,7 @@ const RECENT_ATTEMPTS: usize = 20;
 
 /// Everything `status` reports, gathered before anything is decided (so the rules are pure).
 #[derive(Debug)]
-pub struct Facts {
+pub(crate) struct Facts {
     pub now_ms: i64,
     pub data_dir: String,
     pub agent: Liveness,
@@ -70,7 +70,7 @@ pub struct Facts {
 
 /// How long an attempt may stay concluded before `status` says its cleanup is failing (a clean
 /// retry backs off from 30 s, so a few failures fit in this).
-pub const CLEANUP_OVERDUE: Duration = Duration::from_secs(5 * 60);
+pub(crate) const CLEANUP_OVERDUE: Duration = Duration::from_secs(5 * 60);
 
 impl Facts {
     /// The snapshot, when an agent is running and wrote it.
@@ -264,7 +264,7 @@ fn gather(
 }
 
 /// CONTRACT §3's `status --json`, with extra fields beside the contract's.
-pub fn to_json(facts: &Facts) -> Value {
+pub(crate) fn to_json(facts: &Facts) -> Value {
     let live = facts.live();
     let rate_limit = live.and_then(|s| s.polling.rate_limit);
     json!({
@@ -446,7 +446,7 @@ fn ago(d: Duration) -> String {
 }
 
 /// What needs a person, one sentence each with what to do; empty when all is well.
-pub fn degraded(facts: &Facts) -> Vec<String> {
+pub(crate) fn degraded(facts: &Facts) -> Vec<String> {
     let mut found = Vec::new();
     // A pinned runner version GitHub's window is closing on (crate::runner::package::window).
     found.extend(
@@ -651,7 +651,7 @@ pub fn degraded(facts: &Facts) -> Vec<String> {
 }
 
 /// The report for people.
-pub fn render(facts: &Facts) -> String {
+pub(crate) fn render(facts: &Facts) -> String {
     let mut out = String::new();
     let live = facts.live();
     let mut line = |label: &str, text: String| {

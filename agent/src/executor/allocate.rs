@@ -32,16 +32,16 @@ use crate::notify::{Notifier, OperatorEvent};
 use crate::runner::slot;
 
 /// The first wait after a failed launch; doubles per consecutive failure.
-pub const LAUNCH_BACKOFF: Duration = Duration::from_secs(5);
+pub(crate) const LAUNCH_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The longest launch back-off, and the wait after a terminal refusal (a 403 needs a person).
-pub const LAUNCH_BACKOFF_MAX: Duration = Duration::from_secs(5 * 60);
+pub(crate) const LAUNCH_BACKOFF_MAX: Duration = Duration::from_secs(5 * 60);
 
 /// After this many failed launches in a row, the operator is notified.
-pub const NOTIFY_AFTER_FAILURES: u32 = 3;
+pub(crate) const NOTIFY_AFTER_FAILURES: u32 = 3;
 
 /// Demand that waits this long at full host capacity is worth a notification.
-pub const NOTIFY_WAITING_AFTER: Duration = Duration::from_secs(15 * 60);
+pub(crate) const NOTIFY_WAITING_AFTER: Duration = Duration::from_secs(15 * 60);
 
 /// What allocation remembers between passes; owned by the control loop.
 #[derive(Debug, Default)]
@@ -62,12 +62,12 @@ pub(super) struct Allocator {
 
 /// How long a completion of an unnamed job keeps one queued job from counting, at most: the
 /// next poll corrects the journal well before.
-pub const UNKNOWN_COMPLETION_TTL: Duration = Duration::from_secs(15 * 60);
+pub(crate) const UNKNOWN_COMPLETION_TTL: Duration = Duration::from_secs(15 * 60);
 
 /// A runner that completed a job the journal had not named when it concluded (its
 /// `in_progress` delivery was late, or lost): one of the queued jobs is done.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownCompletion {
+pub(crate) struct UnknownCompletion {
     pub concluded_at_ms: i64,
     pub runner_name: String,
 }
@@ -76,7 +76,7 @@ pub struct UnknownCompletion {
 /// journal had not named: those concluded after the last refresh, within the TTL, whose runner
 /// no journalled job names yet. Once a late delivery names the runner, its job is no longer
 /// queued in the journal, and counting the completion too would hide another queued job.
-pub fn unknown_completions(
+pub(crate) fn unknown_completions(
     concluded: &[UnknownCompletion],
     named: &HashSet<String>,
     refreshed_at: i64,
@@ -95,7 +95,7 @@ pub fn unknown_completions(
 }
 
 /// The wait before a policy may launch again after `failures` consecutive failed launches.
-pub fn launch_backoff(failures: u32, terminal: bool) -> Duration {
+pub(crate) fn launch_backoff(failures: u32, terminal: bool) -> Duration {
     if terminal {
         return LAUNCH_BACKOFF_MAX;
     }
@@ -106,20 +106,20 @@ pub fn launch_backoff(failures: u32, terminal: bool) -> Duration {
 
 /// Whether a policy backing off until `until_ms` may launch at `now_ms` (shared with
 /// `rm-agent explain`, which decides from the published back-off).
-pub fn backing_off(now_ms: i64, until_ms: i64) -> bool {
+pub(crate) fn backing_off(now_ms: i64, until_ms: i64) -> bool {
     now_ms < until_ms
 }
 
 /// Whether a job first seen at `first_seen_ms` is still demand for a policy fenced at
 /// `fence_ms` ([`fences_demand`]): only jobs seen after its runner gave up are.
-pub fn counts_after_fence(first_seen_ms: i64, fence_ms: i64) -> bool {
+pub(crate) fn counts_after_fence(first_seen_ms: i64, fence_ms: i64) -> bool {
     first_seen_ms > fence_ms
 }
 
 /// Tracks, per policy in `waiting_since`, since when its demand has been held back by the
 /// host's ceiling (not by its own `max_runners`: that is the operator's choice); whether it has
 /// now waited [`NOTIFY_WAITING_AFTER`]. Demand that stops waiting starts the clock over.
-pub fn waiting_too_long(
+pub(crate) fn waiting_too_long(
     waiting_since: &mut HashMap<String, i64>,
     policy: &str,
     demand: u32,
@@ -136,7 +136,7 @@ pub fn waiting_too_long(
 
 /// Whether a conclusion fences the policy's older demand: its runner had the chance to take
 /// those jobs and did not.
-pub fn fences_demand(conclusion: Conclusion) -> bool {
+pub(crate) fn fences_demand(conclusion: Conclusion) -> bool {
     matches!(
         conclusion,
         Conclusion::IdleExit
@@ -147,7 +147,7 @@ pub fn fences_demand(conclusion: Conclusion) -> bool {
 /// Demand less the busy runners whose job the journal does not know yet: such a runner took
 /// one of the jobs the journal still holds as queued (its `in_progress` sighting has not
 /// arrived; without webhooks it arrives with the next poll), so that job is not demand.
-pub fn demand_after_unknown_busy(demand: u32, busy_unknown: usize) -> u32 {
+pub(crate) fn demand_after_unknown_busy(demand: u32, busy_unknown: usize) -> u32 {
     demand.saturating_sub(u32::try_from(busy_unknown).unwrap_or(u32::MAX))
 }
 
@@ -692,7 +692,7 @@ mod tests {
 #[error(
     "no runner uid is free: {held} of the pool's {pool} are held by attempts not yet cleaned (or run other processes); runners start again when cleanup releases one — see `rm-agent runners` for attempts stuck before `cleaned`"
 )]
-pub struct NoFreeUid {
+pub(crate) struct NoFreeUid {
     pool: usize,
     held: usize,
 }

@@ -8,22 +8,15 @@
 //! runner's environment. `rm-agent --version` names the feature ([`crate::features`]), and the
 //! crash tests refuse an agent without it rather than wait for a crash that cannot come.
 
-/// The variable naming the crash point.
-pub const CRASH_ENV: &str = "RM_FAULT_CRASH_AT";
-
-/// The points a test can crash the agent at, in lifecycle order.
-pub const CRASH_POINTS: [&str; 6] = [
-    "attempt_journalled",
-    "jit_received",
-    "process_spawned",
-    "runner_started",
-    "runner_busy",
-    "cleanup",
-];
+/// The variable naming the crash point: `attempt_journalled`, `jit_received`,
+/// `process_spawned`, `runner_started`, `runner_busy` or `cleanup`, in lifecycle order (the
+/// `crash_point` calls in the executor name them).
+#[cfg(feature = "fault-injection")]
+const CRASH_ENV: &str = "RM_FAULT_CRASH_AT";
 
 /// Kills the agent with SIGKILL if `point` is the configured crash point.
 #[cfg(feature = "fault-injection")]
-pub fn crash_point(point: &'static str) {
+pub(crate) fn crash_point(point: &'static str) {
     use std::sync::OnceLock;
 
     static CONFIGURED: OnceLock<Option<String>> = OnceLock::new();
@@ -40,4 +33,4 @@ pub fn crash_point(point: &'static str) {
 /// Without `fault-injection`: nothing, and the call compiles away.
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
-pub fn crash_point(_point: &'static str) {}
+pub(crate) fn crash_point(_point: &'static str) {}

@@ -93,16 +93,24 @@ impl Launch {
             }
             Err(failure) => {
                 tracing::warn!(reason = failure.reason.as_str(), detail = %failure.detail, "launch failed");
+                // The back-off first: until the loop has it, the attempt still counts as a
+                // launch in flight, so no pass replaces it before the policy backs off.
+                self.tell(Event::Launched {
+                    attempt: id.clone(),
+                    policy,
+                    failed: Some(LaunchFailure {
+                        terminal: failure.terminal,
+                        why: format!("{}: {}", failure.reason.as_str(), failure.detail),
+                    }),
+                });
                 let conclusion = Conclusion::Failed(failure.reason);
-                let (from, detail, at_ms) =
-                    (failure.from, failure.detail.clone(), self.ctx.now_ms());
-                let concluded_id = id.clone();
+                let (from, detail, at_ms) = (failure.from, failure.detail, self.ctx.now_ms());
                 let concluded = self
                     .ctx
                     .journal
                     .write(move |attempts| {
                         attempts.conclude(
-                            &concluded_id,
+                            &id,
                             from,
                             conclusion.outcome(),
                             conclusion.reason(),
@@ -114,16 +122,8 @@ impl Launch {
                 if let Err(e) = concluded {
                     tracing::error!(error = %e, "cannot journal the failed launch; recovery will conclude it");
                 }
-                // After the conclusion: the loop's next pass supervises the attempt as concluded
-                // (cleanup, and the registration if one was made).
-                self.tell(Event::Launched {
-                    attempt: id,
-                    policy,
-                    failed: Some(LaunchFailure {
-                        terminal: failure.terminal,
-                        why: format!("{}: {}", failure.reason.as_str(), failure.detail),
-                    }),
-                });
+                // Then a pass cleans the concluded attempt (and its registration, if one was made).
+                self.tell(Event::Wake);
             }
         }
     }

@@ -21,16 +21,16 @@
 //! process, the stop intent before the signal), so an agent killed at any instant restarts into
 //! a state recovery can decide.
 
-pub mod allocate;
+pub(crate) mod allocate;
 mod claims;
 mod context;
 mod control;
 pub mod evidence;
-pub mod fault;
+pub(crate) mod fault;
 mod journal;
 mod launch;
 mod recovery;
-pub mod registry;
+pub(crate) mod registry;
 pub(crate) mod seams;
 mod supervise;
 

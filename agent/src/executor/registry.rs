@@ -12,11 +12,11 @@ use rm_journal::RunnerId;
 use crate::lifecycle::GithubObservation;
 
 /// The work folder every JIT runner gets (CONTRACT §5).
-pub const WORK_FOLDER: &str = "_work";
+pub(crate) const WORK_FOLDER: &str = "_work";
 
 /// How a failed JIT request is handled next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum JitRetry {
+pub(crate) enum JitRetry {
     /// Never retried: credentials or permissions are wrong; the detail says which.
     Terminal,
     /// A registration with this name already exists (a crashed attempt's): remove it, retry.
@@ -26,7 +26,7 @@ pub enum JitRetry {
 }
 
 /// Decides what a JIT failure leads to.
-pub fn jit_retry(error: &GithubError) -> JitRetry {
+pub(crate) fn jit_retry(error: &GithubError) -> JitRetry {
     match error {
         GithubError::Unauthorized { .. }
         | GithubError::Forbidden { .. }
@@ -60,12 +60,12 @@ impl From<&Runner> for Listed {
 }
 
 /// A target's runners by name, or why they could not be read.
-pub type Listing = Result<HashMap<String, Listed>, GithubError>;
+pub(crate) type Listing = Result<HashMap<String, Listed>, GithubError>;
 
 /// What the lifecycle decision sees of one runner name in a listing. A JIT registration that
 /// no process has connected to yet is listed `offline`: not registered for the decision (the
 /// registration timeout still runs), but still listed for deregistration.
-pub fn observation(listing: &Listing, runner_name: &str) -> GithubObservation {
+pub(crate) fn observation(listing: &Listing, runner_name: &str) -> GithubObservation {
     match listing {
         Err(_) => GithubObservation::Unreachable,
         Ok(runners) => match runners.get(runner_name) {
@@ -136,16 +136,16 @@ impl Registry {
 /// How long a deregistration GitHub refused with `422` (the runner is still busy with the job
 /// it just finished: GitHub lets go of a finished ephemeral runner a moment after the job's
 /// `completed`) waits before it is tried again.
-pub const DEREGISTER_BUSY_RETRY: Duration = Duration::from_secs(3);
+pub(crate) const DEREGISTER_BUSY_RETRY: Duration = Duration::from_secs(3);
 
 /// How long a runner may stay busy on GitHub after its conclusion before cleanup stops
 /// waiting for it: the workspace goes, and the registration is left to the inventory
 /// reconciliation (and to GitHub, which removes a finished ephemeral runner itself).
-pub const DEREGISTER_BUSY_LIMIT: Duration = Duration::from_secs(5 * 60);
+pub(crate) const DEREGISTER_BUSY_LIMIT: Duration = Duration::from_secs(5 * 60);
 
 /// What a DELETE of a registration came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Deregistration {
+pub(crate) enum Deregistration {
     /// Removed, already gone, not listed, or failed for a reason retrying soon will not fix
     /// (the inventory reconciliation tries again later).
     Settled,
@@ -154,7 +154,7 @@ pub enum Deregistration {
 }
 
 /// How a DELETE's answer is taken.
-pub fn deregistration(result: &Result<(), GithubError>) -> Deregistration {
+pub(crate) fn deregistration(result: &Result<(), GithubError>) -> Deregistration {
     match result {
         Err(GithubError::Unprocessable { .. }) => Deregistration::Busy,
         _ => Deregistration::Settled,
@@ -164,14 +164,14 @@ pub fn deregistration(result: &Result<(), GithubError>) -> Deregistration {
 /// After a `422` on deregistration: when to try again (ms since the epoch), or `None` once
 /// the runner has been busy past [`DEREGISTER_BUSY_LIMIT`] since `first_busy_ms` (give up
 /// waiting; clean up anyway).
-pub fn busy_retry_at(first_busy_ms: i64, now_ms: i64) -> Option<i64> {
+pub(crate) fn busy_retry_at(first_busy_ms: i64, now_ms: i64) -> Option<i64> {
     let limit = rm_base::clock::ms(DEREGISTER_BUSY_LIMIT);
     let retry = rm_base::clock::ms(DEREGISTER_BUSY_RETRY);
     (now_ms.saturating_sub(first_busy_ms) < limit).then(|| now_ms.saturating_add(retry))
 }
 
 /// How long to wait before JIT retry `n` (1-based): doubling from a second, capped.
-pub fn jit_backoff(retry: u32) -> Duration {
+pub(crate) fn jit_backoff(retry: u32) -> Duration {
     const FIRST: Duration = Duration::from_secs(1);
     const CAP: Duration = Duration::from_secs(30);
     FIRST

@@ -26,7 +26,7 @@
 //! reachability, fitness) come from its last status snapshot; from a stopped agent they are as
 //! of then, and the explanation says so.
 
-pub mod published;
+pub(crate) mod published;
 #[cfg(test)]
 mod tests;
 
@@ -48,7 +48,7 @@ const HOLDERS_NAMED: usize = 8;
 /// The verdicts of CONTRACT §8.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Verdict {
+pub(crate) enum Verdict {
     NoMatchingPolicy,
     AtCapacity,
     Launching,
@@ -63,7 +63,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Verdict::NoMatchingPolicy => "no_matching_policy",
             Verdict::AtCapacity => "at_capacity",
@@ -82,7 +82,7 @@ impl Verdict {
 
 /// One reason: a stable code for scripts and a sentence for people.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Reason {
+pub(crate) struct Reason {
     pub code: &'static str,
     pub message: String,
 }
@@ -97,7 +97,7 @@ fn reason(code: &'static str, message: impl Into<String>) -> Reason {
 /// The answer. `reasons[0]` is the verdict's own reason; the others are further conditions that
 /// hold too (and what the answer cannot know).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Explanation {
+pub(crate) struct Explanation {
     pub job_id: JobId,
     /// The journal's state of the job; `None` when the journal has no such job.
     pub state: Option<String>,
@@ -114,7 +114,7 @@ pub struct Explanation {
 
 /// Everything the decision looks at, read before it runs.
 #[derive(Debug, Clone, Copy)]
-pub struct Facts<'a> {
+pub(crate) struct Facts<'a> {
     pub now_ms: i64,
     pub policies: &'a [Policy],
     /// `host.max_runners` of the running agent (its snapshot), else of the configuration.
@@ -201,7 +201,7 @@ impl Queue {
 
 /// Explains every queued job of `facts`, oldest first (`status`'s waiting jobs): the queue is
 /// routed once, not once per job.
-pub fn explain_queued(facts: &Facts<'_>) -> Vec<Explanation> {
+pub(crate) fn explain_queued(facts: &Facts<'_>) -> Vec<Explanation> {
     let queue = Queue::of(facts, None);
     facts
         .queued
@@ -211,7 +211,7 @@ pub fn explain_queued(facts: &Facts<'_>) -> Vec<Explanation> {
 }
 
 /// Explains `job_id`, which the journal holds as `job` (or not at all).
-pub fn explain(job_id: JobId, job: Option<&JobRow>, facts: &Facts<'_>) -> Explanation {
+pub(crate) fn explain(job_id: JobId, job: Option<&JobRow>, facts: &Facts<'_>) -> Explanation {
     let Some(job) = job else {
         let mut reasons = vec![not_seen(job_id, facts)];
         reasons.extend(agent_context(facts));
@@ -892,7 +892,7 @@ fn in_phrase(now_ms: i64, at_ms: i64) -> String {
 
 /// CONTRACT §8's `explain --json`, with `policy`, `summary` and `agent` beside the contract's
 /// fields.
-pub fn to_json(explanation: &Explanation, facts: &Facts<'_>) -> serde_json::Value {
+pub(crate) fn to_json(explanation: &Explanation, facts: &Facts<'_>) -> serde_json::Value {
     serde_json::json!({
         "job_id": explanation.job_id,
         "state": explanation.state,
@@ -909,7 +909,7 @@ pub fn to_json(explanation: &Explanation, facts: &Facts<'_>) -> serde_json::Valu
 }
 
 /// The report for people.
-pub fn render(explanation: &Explanation) -> String {
+pub(crate) fn render(explanation: &Explanation) -> String {
     use std::fmt::Write as _;
     let mut out = format!(
         "job {}: {} ({})\n",
@@ -931,7 +931,7 @@ pub fn render(explanation: &Explanation) -> String {
 
 /// `status`'s one-line summary of the waiting jobs: identical summaries grouped, in the order
 /// they first appear ("2 jobs waiting: no policy matches [gpu, linux]").
-pub fn waiting_summary(waiting: &[Explanation]) -> Option<String> {
+pub(crate) fn waiting_summary(waiting: &[Explanation]) -> Option<String> {
     let mut groups: Vec<(&str, usize)> = Vec::new();
     for e in waiting {
         match groups.iter_mut().find(|(s, _)| *s == e.summary) {

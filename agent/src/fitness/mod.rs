@@ -13,8 +13,8 @@
 //!   and notifies the transitions, and wakes allocation when the host is fit again;
 //! - [`report`] says it in `status`, `/metrics` and `check`.
 
-pub mod probe;
-pub mod report;
+pub(crate) mod probe;
+pub(crate) mod report;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -29,27 +29,23 @@ use crate::status_file::{Fitness, FitnessProblem};
 
 /// How often a fit host is checked again: a filling disk is noticed within this, at the cost
 /// of two statvfs calls, two small synced writes and one read of `/proc/meminfo`.
-pub const CHECK_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 /// How often an unfit host is checked again: allocation resumes within this of the space
 /// being freed.
-pub const RECHECK_WHILE_UNFIT: Duration = Duration::from_secs(5);
+pub(crate) const RECHECK_WHILE_UNFIT: Duration = Duration::from_secs(5);
 
 /// The stable problem codes (CONTRACT §8, `status --json` `host.problems[].code`).
-pub const DISK_SPACE: &str = "disk_space";
-pub const NOT_WRITABLE: &str = "not_writable";
-pub const MEMORY: &str = "memory";
-pub const MISSING_TOOL: &str = "missing_tool";
+pub(crate) const DISK_SPACE: &str = "disk_space";
+pub(crate) const NOT_WRITABLE: &str = "not_writable";
+pub(crate) const MEMORY: &str = "memory";
+pub(crate) const MISSING_TOOL: &str = "missing_tool";
 /// Every code, in the order `/metrics` lists them.
-pub const CODES: [&str; 4] = [DISK_SPACE, NOT_WRITABLE, MEMORY, MISSING_TOOL];
-
-pub use crate::config::fitness::{
-    DEFAULT_DATA_DIR_MIN_FREE_SPACE, DEFAULT_MIN_FREE_SPACE, Thresholds, parse_size,
-};
+pub(crate) const CODES: [&str; 4] = [DISK_SPACE, NOT_WRITABLE, MEMORY, MISSING_TOOL];
 
 /// A directory the gate watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DirRole {
+pub(crate) enum DirRole {
     RunnerRoot,
     DataDir,
 }
@@ -72,7 +68,7 @@ impl DirRole {
 
 /// One directory and the free space its filesystem must keep.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirRequirement {
+pub(crate) struct DirRequirement {
     pub role: DirRole,
     pub path: PathBuf,
     pub min_free: u64,
@@ -80,7 +76,7 @@ pub struct DirRequirement {
 
 /// Everything the gate checks, from the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Requirements {
+pub(crate) struct Requirements {
     pub dirs: Vec<DirRequirement>,
     /// The largest policy `memory_max` and its policy: one runner of it must fit.
     pub memory: Option<(u64, String)>,
@@ -91,7 +87,7 @@ pub struct Requirements {
 
 impl Requirements {
     /// What `config` requires; `path` is the runners' `PATH` ([`probe::runner_path`]).
-    pub fn of(config: &Config, path: OsString) -> Requirements {
+    pub(crate) fn of(config: &Config, path: OsString) -> Requirements {
         let thresholds = &config.host.fitness;
         Requirements {
             dirs: vec![
@@ -119,7 +115,7 @@ impl Requirements {
 
 /// What was measured of one directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirFacts {
+pub(crate) struct DirFacts {
     /// Bytes available to unprivileged users (runners) on its filesystem, or why not known.
     pub free: Result<u64, String>,
     /// Whether a probe file could be created, written, synced and removed, or why not.
@@ -128,7 +124,7 @@ pub struct DirFacts {
 
 /// What was measured, in the order of the [`Requirements`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Facts {
+pub(crate) struct Facts {
     pub dirs: Vec<DirFacts>,
     /// `MemAvailable` in bytes; `None` where the kernel does not say (nothing is judged then).
     pub mem_available: Option<u64>,
@@ -137,7 +133,7 @@ pub struct Facts {
 }
 
 /// The judgement: every problem, one sentence each with its remedy; none means fit.
-pub fn judge(required: &Requirements, facts: &Facts) -> Vec<FitnessProblem> {
+pub(crate) fn judge(required: &Requirements, facts: &Facts) -> Vec<FitnessProblem> {
     let mut problems = Vec::new();
     let mut problem = |code: &str, message: String| {
         problems.push(FitnessProblem {
@@ -212,7 +208,7 @@ pub fn judge(required: &Requirements, facts: &Facts) -> Vec<FitnessProblem> {
 }
 
 /// A size for people: `1.5 GiB`, `300.0 MiB`, `512 B`.
-pub fn bytes(n: u64) -> String {
+pub(crate) fn bytes(n: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
     if n < 1024 {
         return format!("{n} B");
@@ -240,7 +236,7 @@ pub enum Change {
 }
 
 /// What changed from `before` to `now`. Pure.
-pub fn change(before: Option<&Fitness>, now: &Fitness) -> Change {
+pub(crate) fn change(before: Option<&Fitness>, now: &Fitness) -> Change {
     let was_unfit = before.is_some_and(|b| !b.problems.is_empty());
     fn codes(f: &Fitness) -> Vec<&str> {
         let mut codes: Vec<&str> = f.problems.iter().map(|p| p.code.as_str()).collect();
@@ -306,7 +302,7 @@ impl Gate {
 }
 
 /// Measures, judges and records once; logs and notifies a transition.
-pub async fn check_once(required: &Requirements, gate: &Gate, notifier: &Notifier) {
+pub(crate) async fn check_once(required: &Requirements, gate: &Gate, notifier: &Notifier) {
     let measuring = required.clone();
     let facts = match tokio::task::spawn_blocking(move || probe::measure(&measuring)).await {
         Ok(facts) => facts,
@@ -341,7 +337,7 @@ pub async fn check_once(required: &Requirements, gate: &Gate, notifier: &Notifie
 
 /// Re-checks until the task is aborted: every [`CHECK_INTERVAL`], every
 /// [`RECHECK_WHILE_UNFIT`] while unfit.
-pub fn spawn(
+pub(crate) fn spawn(
     required: Requirements,
     gate: Gate,
     notifier: Arc<Notifier>,

@@ -13,13 +13,13 @@ use super::{DirFacts, Facts, Requirements};
 
 /// The probe file written in each watched directory and removed again. A leftover (an agent
 /// killed between the two) is removed by the next probe.
-pub const PROBE_FILE: &str = ".rm-fitness-probe";
+pub(crate) const PROBE_FILE: &str = ".rm-fitness-probe";
 
 /// Where the kernel says how much memory is available.
 const MEMINFO: &str = "/proc/meminfo";
 
 /// Measures everything `required` names.
-pub fn measure(required: &Requirements) -> Facts {
+pub(crate) fn measure(required: &Requirements) -> Facts {
     Facts {
         dirs: required
             .dirs
@@ -42,14 +42,14 @@ pub fn measure(required: &Requirements) -> Facts {
 
 /// Bytes available to unprivileged users on the filesystem holding `dir`: runners do not run
 /// as root, so the blocks reserved for root are not theirs.
-pub fn free_bytes(dir: &Path) -> Result<u64, String> {
+pub(crate) fn free_bytes(dir: &Path) -> Result<u64, String> {
     let stat = rustix::fs::statvfs(dir).map_err(|e| e.to_string())?;
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
 /// Creates, writes, syncs and removes [`PROBE_FILE`] in `dir`. The sync makes a filesystem
 /// that delays allocation say `ENOSPC` now rather than at writeback.
-pub fn write_probe(dir: &Path) -> Result<(), String> {
+pub(crate) fn write_probe(dir: &Path) -> Result<(), String> {
     let path = dir.join(PROBE_FILE);
     match std::fs::remove_file(&path) {
         Ok(()) => {}
@@ -71,7 +71,7 @@ pub fn write_probe(dir: &Path) -> Result<(), String> {
 }
 
 /// `MemAvailable` of `/proc/meminfo`'s text, in bytes.
-pub fn mem_available(meminfo: &str) -> Option<u64> {
+pub(crate) fn mem_available(meminfo: &str) -> Option<u64> {
     meminfo.lines().find_map(|line| {
         let rest = line.strip_prefix("MemAvailable:")?;
         let kib: u64 = rest.trim().strip_suffix("kB")?.trim().parse().ok()?;
@@ -81,7 +81,7 @@ pub fn mem_available(meminfo: &str) -> Option<u64> {
 
 /// Where `tool` is: an absolute path that is an executable file, or the first executable file
 /// of that name on `path`.
-pub fn find_tool(tool: &str, path: &OsStr) -> Option<PathBuf> {
+pub(crate) fn find_tool(tool: &str, path: &OsStr) -> Option<PathBuf> {
     if tool.starts_with('/') {
         return is_executable(Path::new(tool)).then(|| PathBuf::from(tool));
     }
@@ -98,7 +98,7 @@ fn is_executable(path: &Path) -> bool {
 
 /// The `PATH` runners get: the agent's, or the default a runner gets when the agent has none
 /// (the launch contract's own rule, [`crate::runner::process::runner_environment`]).
-pub fn runner_path() -> OsString {
+pub(crate) fn runner_path() -> OsString {
     crate::runner::process::runner_environment(std::env::vars_os(), Path::new("/"))
         .into_iter()
         .find(|(key, _)| key == "PATH")

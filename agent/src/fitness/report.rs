@@ -15,7 +15,7 @@ use crate::output::rfc3339;
 use crate::status_file::Fitness;
 
 /// `status --json`'s `host`: `fit` is null when no live agent has judged it.
-pub fn status_json(fitness: Option<&Fitness>) -> Value {
+pub(crate) fn status_json(fitness: Option<&Fitness>) -> Value {
     json!({
         "fit": fitness.map(|f| f.problems.is_empty()),
         "checked_at": fitness.map(|f| rfc3339(f.checked_at_ms)),
@@ -27,7 +27,7 @@ pub fn status_json(fitness: Option<&Fitness>) -> Value {
 }
 
 /// The `host` line of `status`.
-pub fn status_line(fitness: Option<&Fitness>) -> String {
+pub(crate) fn status_line(fitness: Option<&Fitness>) -> String {
     match fitness {
         None => "fitness not known (no agent has checked it)".to_owned(),
         Some(f) if f.problems.is_empty() => "fit: disk, memory and required tools".to_owned(),
@@ -41,7 +41,7 @@ pub fn status_line(fitness: Option<&Fitness>) -> String {
 }
 
 /// The problems for "Needs attention".
-pub fn degraded(fitness: Option<&Fitness>) -> Vec<String> {
+pub(crate) fn degraded(fitness: Option<&Fitness>) -> Vec<String> {
     fitness.map_or_else(Vec::new, |f| {
         f.problems
             .iter()
@@ -51,12 +51,12 @@ pub fn degraded(fitness: Option<&Fitness>) -> Vec<String> {
 }
 
 /// The gate's `/metrics` series, read at every scrape.
-pub struct FitnessMetrics {
+pub(crate) struct FitnessMetrics {
     gate: Gate,
 }
 
 impl FitnessMetrics {
-    pub fn new(gate: Gate) -> FitnessMetrics {
+    pub(crate) fn new(gate: Gate) -> FitnessMetrics {
         FitnessMetrics { gate }
     }
 }

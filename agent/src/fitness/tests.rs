@@ -1,7 +1,7 @@
 //! The gate's rules: thresholds as configured, the judgement of measured facts, transitions.
 
 use super::*;
-use crate::config::fitness::thresholds;
+use crate::config::fitness::{DEFAULT_DATA_DIR_MIN_FREE_SPACE, Thresholds, parse_size, thresholds};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;

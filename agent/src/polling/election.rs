@@ -22,20 +22,20 @@ use super::poller::STATUS_REFRESH;
 /// host that stopped is replaced within this plus one step. A lead that lapses during a very long
 /// step (a pass paced by the rate limit) costs at most that pass's requests twice: a sighting
 /// merges forward only, whoever sends it.
-pub const LEAD_TTL: Duration = Duration::from_secs(4 * STATUS_REFRESH.as_secs());
+pub(crate) const LEAD_TTL: Duration = Duration::from_secs(4 * STATUS_REFRESH.as_secs());
 
 /// The role of the App's failed-delivery scan (one hook log and one cursor for the fleet).
-pub const SCAN_ROLE: &str = "poll:hook_deliveries";
+pub(crate) const SCAN_ROLE: &str = "poll:hook_deliveries";
 
 /// The role whose holder polls `target`: `poll:<target>`, lowercased (GitHub's names are
 /// case-insensitive, and two hosts may spell a target differently).
-pub fn role(target: &Target) -> String {
+pub(crate) fn role(target: &Target) -> String {
     format!("poll:{}", target.to_string().to_ascii_lowercase())
 }
 
 /// Where this host stands on one role in this step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing {
+pub(crate) enum Standing {
     /// No fleet: this host does everything.
     Alone,
     /// This host holds the role; `took_over` in the step it got it.
@@ -46,7 +46,7 @@ pub enum Standing {
 
 impl Standing {
     /// The election's answer for a role, given whether this host held it after the last step.
-    pub fn elected(leads: bool, led_before: bool) -> Standing {
+    pub(crate) fn elected(leads: bool, led_before: bool) -> Standing {
         match (leads, led_before) {
             (false, _) => Standing::Follows,
             (true, before) => Standing::Leads { took_over: !before },
@@ -58,7 +58,7 @@ impl Standing {
 /// work is due: alone or leading, when scheduled; a leader also at once in the step it took the
 /// role over (its follower's schedule may be idle, and the host before it stopped at least a
 /// lease ago); a follower never.
-pub fn works_now(standing: Standing, scheduled: bool) -> bool {
+pub(crate) fn works_now(standing: Standing, scheduled: bool) -> bool {
     match standing {
         Standing::Alone => scheduled,
         Standing::Leads { took_over } => scheduled || took_over,
@@ -70,7 +70,11 @@ pub fn works_now(standing: Standing, scheduled: bool) -> bool {
 /// the configured order) and whether the demand poll runs now (the schedule says so, or a target
 /// was taken over). `standings` has one entry per target. A due poll with no target left still
 /// runs, empty, so the schedule moves on and the loop does not wake at once again.
-pub fn demand(targets: &[Target], standings: &[Standing], scheduled: bool) -> (Vec<Target>, bool) {
+pub(crate) fn demand(
+    targets: &[Target],
+    standings: &[Standing],
+    scheduled: bool,
+) -> (Vec<Target>, bool) {
     let mine: Vec<Target> = targets
         .iter()
         .zip(standings)

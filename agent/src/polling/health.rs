@@ -18,17 +18,17 @@ use std::time::{Duration, SystemTime};
 
 /// While deliveries are trusted, a demand poll runs at most this often: a slow, conditional
 /// pass that catches what a lost delivery would hide.
-pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(10 * 60);
+pub(crate) const RECONCILE_INTERVAL: Duration = Duration::from_secs(10 * 60);
 /// After the last evidence of a lost delivery, how long deliveries must keep arriving before
 /// they are trusted again.
-pub const TRUST_RESTORE_AFTER: Duration = Duration::from_secs(10 * 60);
+pub(crate) const TRUST_RESTORE_AFTER: Duration = Duration::from_secs(10 * 60);
 /// How long a delivery may trail GitHub's creation of a job before the job counts as one no
 /// delivery announced (GitHub usually delivers within seconds).
-pub const ANNOUNCE_GRACE: Duration = Duration::from_secs(2 * 60);
+pub(crate) const ANNOUNCE_GRACE: Duration = Duration::from_secs(2 * 60);
 
 /// Evidence that a delivery was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Evidence {
+pub(crate) enum Evidence {
     /// A poll found a queued job no delivery announced.
     UnannouncedJob,
     /// GitHub's hook log holds a delivery that never succeeded.
@@ -36,7 +36,7 @@ pub enum Evidence {
 }
 
 impl Evidence {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Evidence::UnannouncedJob => "unannounced_job",
             Evidence::FailedDelivery => "failed_delivery",
@@ -46,7 +46,7 @@ impl Evidence {
 
 /// The verdict at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Trust {
+pub(crate) struct Trust {
     pub trusted: bool,
     /// `deliveries_trusted`, `no_intake`, `unannounced_job`, `failed_delivery`.
     pub reason: &'static str,
@@ -56,26 +56,26 @@ pub struct Trust {
 
 /// What the agent knows about its deliveries.
 #[derive(Debug, Clone)]
-pub struct WebhookHealth {
+pub(crate) struct WebhookHealth {
     intake: bool,
     evidence: Option<(Evidence, SystemTime)>,
 }
 
 impl WebhookHealth {
     /// `intake`: a receiver or a relay subscription is configured.
-    pub fn new(intake: bool) -> Self {
+    pub(crate) fn new(intake: bool) -> Self {
         Self {
             intake,
             evidence: None,
         }
     }
 
-    pub fn intake(&self) -> bool {
+    pub(crate) fn intake(&self) -> bool {
         self.intake
     }
 
     /// Records evidence of a lost delivery seen at `at`.
-    pub fn distrust(&mut self, evidence: Evidence, at: SystemTime) {
+    pub(crate) fn distrust(&mut self, evidence: Evidence, at: SystemTime) {
         if self.evidence.is_none_or(|(_, t)| at >= t) {
             self.evidence = Some((evidence, at));
         }
@@ -83,7 +83,11 @@ impl WebhookHealth {
 
     /// The verdict at `now`, given when the newest delivery was journalled; forgets evidence
     /// that trust has outlived.
-    pub fn assess(&mut self, last_delivery_at: Option<SystemTime>, now: SystemTime) -> Trust {
+    pub(crate) fn assess(
+        &mut self,
+        last_delivery_at: Option<SystemTime>,
+        now: SystemTime,
+    ) -> Trust {
         if !self.intake {
             return Trust {
                 trusted: false,
@@ -115,7 +119,7 @@ impl WebhookHealth {
 /// Whether a polled queued job that no delivery has announced is evidence yet: only once the
 /// grace for its delivery has passed since GitHub created it (or, when its creation time is
 /// unknown, since the poll first saw it).
-pub fn is_unannounced(created_or_seen_at: SystemTime, now: SystemTime) -> bool {
+pub(crate) fn is_unannounced(created_or_seen_at: SystemTime, now: SystemTime) -> bool {
     now.duration_since(created_or_seen_at)
         .is_ok_and(|age| age >= ANNOUNCE_GRACE)
 }

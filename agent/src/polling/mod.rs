@@ -14,30 +14,27 @@
 //! host at a time, elected per target ([`election`]): one REST budget for the fleet.
 
 mod blocking;
-pub mod election;
-pub mod health;
+pub(crate) mod election;
+pub(crate) mod health;
 mod poller;
-pub mod redeliver;
-pub mod schedule;
+pub(crate) mod redeliver;
+pub(crate) mod schedule;
 mod sighting;
-pub mod stale;
-pub mod status;
-pub mod targets;
+pub(crate) mod stale;
+pub(crate) mod status;
+pub(crate) mod targets;
 
 use std::time::Duration;
 
-pub use poller::{Jitter, Poller, PollerError};
-pub use schedule::{Pace, PollSchedule};
-pub use status::{
-    PassReport, PollerStatus, RateLimitStatus, RequestCounts, UnreadableTarget, WebhookStatus,
-};
+pub(crate) use poller::Poller;
+pub(crate) use status::{PollerStatus, UnreadableTarget};
 
 use crate::config::Config;
 
 /// The poller's slow cadences. Production uses [`Pacing::default`] (the documented consts);
 /// `rm-agent demo` shortens them so a lost webhook is recovered within its half minute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pacing {
+pub(crate) struct Pacing {
     /// How often demand is reconciled while webhooks are trusted.
     pub reconcile_interval: Duration,
     /// How often the App's hook deliveries are scanned for failures.
@@ -58,7 +55,7 @@ impl Default for Pacing {
 
 /// What the poller needs from the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PollerConfig {
+pub(crate) struct PollerConfig {
     /// Distinct policy targets, each polled once per pass.
     pub targets: Vec<rm_github::Target>,
     /// `[polling] interval` (active).
@@ -71,7 +68,7 @@ pub struct PollerConfig {
 
 impl PollerConfig {
     /// The targets of every policy, each once (GitHub's names are case-insensitive).
-    pub fn from_config(config: &Config) -> PollerConfig {
+    pub(crate) fn from_config(config: &Config) -> PollerConfig {
         let mut targets: Vec<rm_github::Target> = Vec::new();
         for policy in &config.policies {
             let target = policy.target.clone();
@@ -96,7 +93,7 @@ impl PollerConfig {
 }
 
 /// The journal's unit of time (one clock for every crate: [`rm_base::clock`]).
-pub use rm_base::clock::{from_unix_ms, unix_ms};
+pub(crate) use rm_base::clock::{from_unix_ms, unix_ms};
 
 #[cfg(test)]
 mod tests;

@@ -34,11 +34,11 @@ pub(super) const STATUS_REFRESH: Duration = Duration::from_secs(30);
 const MIN_WAKE: Duration = Duration::from_millis(100);
 
 /// A source of jitter in `[0, 1]` (tests pass `Box::new(|| 0.0)`).
-pub type Jitter = Box<dyn FnMut() -> f64 + Send>;
+pub(crate) type Jitter = Box<dyn FnMut() -> f64 + Send>;
 
 /// What stops a step (GitHub's errors are part of the report, not errors).
 #[derive(Debug, thiserror::Error)]
-pub enum PollerError {
+pub(crate) enum PollerError {
     #[error("invalid polling configuration: {0}")]
     Schedule(#[from] ScheduleError),
     #[error("the journal: {0}")]
@@ -83,7 +83,7 @@ struct Membership {
 
 /// The polling fallback. Build it with [`Poller::new`] (and, in a fleet, [`Poller::with_fleet`]),
 /// keep [`Poller::status`] and [`Poller::changes`], then [`Poller::run`] it in a task.
-pub struct Poller {
+pub(crate) struct Poller {
     client: GithubClient,
     journal: Store,
     /// `None`: alone (no fleet), every target polled here.
@@ -127,7 +127,7 @@ impl Poller {
     /// A poller whose first step polls everything (the start-up reconciliation and scan).
     /// `journal` is where it writes: `rm_journal::PollJournal` (the SQLite file) or
     /// `rm_journal::PgPollJournal` (a fleet's database).
-    pub fn new(
+    pub(crate) fn new(
         config: PollerConfig,
         client: GithubClient,
         journal: impl PollStore + 'static,
@@ -183,7 +183,7 @@ impl Poller {
     }
 
     /// Replaces the slow cadences (the demo shortens them).
-    pub fn with_pacing(mut self, pacing: Pacing) -> Poller {
+    pub(crate) fn with_pacing(mut self, pacing: Pacing) -> Poller {
         self.pacing = pacing;
         self
     }
@@ -195,7 +195,7 @@ impl Poller {
     /// (`rm_journal::PgFleet`; `rm_journal::LocalFleet` makes a fleet of one); its calls run on
     /// the blocking pool. The journal given to [`Poller::new`] should be the same database's
     /// (`rm_journal::PgPollJournal`), so the hosts share what each polled.
-    pub fn with_fleet(
+    pub(crate) fn with_fleet(
         mut self,
         fleet: impl Fleet + Send + 'static,
         host: impl Into<String>,
@@ -220,18 +220,19 @@ impl Poller {
     }
 
     /// Replaces the jitter source.
-    pub fn with_jitter(mut self, jitter: Jitter) -> Poller {
+    #[cfg(test)]
+    pub(crate) fn with_jitter(mut self, jitter: Jitter) -> Poller {
         self.jitter = jitter;
         self
     }
 
     /// The latest [`PollerStatus`], updated after every step.
-    pub fn status(&self) -> watch::Receiver<PollerStatus> {
+    pub(crate) fn status(&self) -> watch::Receiver<PollerStatus> {
         self.status.subscribe()
     }
 
     /// Ticks whenever a step inserted or moved a job in the journal (wake the allocation).
-    pub fn changes(&self) -> watch::Receiver<u64> {
+    pub(crate) fn changes(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
     }
 
@@ -314,7 +315,7 @@ impl Poller {
     }
 
     /// How long to sleep before the next step.
-    pub async fn next_wake(&mut self) -> Duration {
+    pub(crate) async fn next_wake(&mut self) -> Duration {
         let now = self.clock.now();
         let trust = self.trust(now).await.map(|(t, _)| t).unwrap_or(Trust {
             trusted: false,
@@ -337,7 +338,7 @@ impl Poller {
     }
 
     /// Runs until `shutdown` completes; a step in flight is abandoned at its next request.
-    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+    pub(crate) async fn run(mut self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             tokio::select! {
@@ -360,7 +361,7 @@ impl Poller {
 
     /// One step: whatever is due now. Returns what it did. Every event of the step (its scan,
     /// its demand poll, its stale checks) carries the step's number from its span.
-    pub async fn poll_once(&mut self) -> Result<PassReport, PollerError> {
+    pub(crate) async fn poll_once(&mut self) -> Result<PassReport, PollerError> {
         self.passes += 1;
         let span = tracing::info_span!("poll_pass", pass = self.passes);
         self.pass().instrument(span).await

@@ -19,26 +19,26 @@ use super::blocking::Store;
 use super::schedule::Failure;
 
 /// How often the hook log is read (and once at start).
-pub const SCAN_INTERVAL: Duration = Duration::from_secs(5 * 60);
+pub(crate) const SCAN_INTERVAL: Duration = Duration::from_secs(5 * 60);
 /// Most redeliveries asked for in one scan (each is a content-creating `POST`, paced by the budget).
-pub const MAX_REDELIVERIES_PER_SCAN: usize = 10;
+pub(crate) const MAX_REDELIVERIES_PER_SCAN: usize = 10;
 /// Most pages (of 100) of the hook log read in one scan.
-pub const MAX_PAGES_PER_SCAN: usize = 10;
+pub(crate) const MAX_PAGES_PER_SCAN: usize = 10;
 /// A delivery younger than this may still be in flight: judged by a later scan.
-pub const DELIVERY_SETTLE: Duration = Duration::from_secs(60);
+pub(crate) const DELIVERY_SETTLE: Duration = Duration::from_secs(60);
 /// GitHub redelivers deliveries up to 3 days old; an hour is left for clock skew and the scan.
-pub const REDELIVERY_WINDOW: Duration = Duration::from_secs(3 * 24 * 3600 - 3600);
+pub(crate) const REDELIVERY_WINDOW: Duration = Duration::from_secs(3 * 24 * 3600 - 3600);
 
 /// A GUID that never succeeded, and the attempt to redeliver.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FailedGuid {
+pub(crate) struct FailedGuid {
     pub guid: String,
     pub delivery_id: u64,
 }
 
 /// What the hook log says, before the journal is asked.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Judgement {
+pub(crate) struct Judgement {
     /// GUIDs with only failed, settled attempts since the cursor; newest first.
     pub failed: Vec<FailedGuid>,
     /// The newest delivery id behind which everything is judged.
@@ -48,12 +48,17 @@ pub struct Judgement {
 }
 
 /// Judges the attempts listed (newest first) against the previous `cursor` at `now`.
-pub fn judge(deliveries: &[HookDelivery], cursor: Option<u64>, now: SystemTime) -> Judgement {
+#[cfg(test)]
+pub(crate) fn judge(
+    deliveries: &[HookDelivery],
+    cursor: Option<u64>,
+    now: SystemTime,
+) -> Judgement {
     judge_settled(deliveries, cursor, now, DELIVERY_SETTLE)
 }
 
 /// [`judge`] with the time a delivery attempt is given to settle.
-pub fn judge_settled(
+pub(crate) fn judge_settled(
     deliveries: &[HookDelivery],
     cursor: Option<u64>,
     now: SystemTime,
@@ -102,7 +107,7 @@ pub fn judge_settled(
 
 /// What one scan did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ScanReport {
+pub(crate) struct ScanReport {
     pub examined: usize,
     /// Failed GUIDs the journal does not hold (evidence that deliveries are being lost).
     pub failed: usize,
@@ -113,7 +118,7 @@ pub struct ScanReport {
 
 /// Errors of a scan the caller tells apart.
 #[derive(Debug, thiserror::Error)]
-pub enum ScanError {
+pub(crate) enum ScanError {
     #[error("the journal: {0}")]
     Journal(#[from] JournalError),
 }

@@ -9,27 +9,23 @@
 //!   50 % additive jitter, never under 30 s;
 //! - rate limited: `max(retry-after, active)` plus up to 10 % jitter: the `retry-after` is a
 //!   floor, never added;
-//! - refused (401, 403, other failures) or cancelled: the active interval, pace `blocked`, so a
+//! - refused (401, 403, other failures): the active interval, pace `blocked`, so a
 //!   fix is noticed. Any answer from GitHub ends an offline run.
 
 use std::time::{Duration, SystemTime};
 
 use rm_github::{GithubError, LimitKind};
 
-/// The active interval's default.
-pub const DEFAULT_ACTIVE: Duration = Duration::from_secs(60);
 /// The active interval's floor: faster polling spends the shared quota.
-pub const ACTIVE_FLOOR: Duration = Duration::from_secs(30);
-/// The idle interval's default (a quiet target's `304`s cost no quota).
-pub const DEFAULT_IDLE: Duration = Duration::from_secs(10);
+pub(crate) const ACTIVE_FLOOR: Duration = Duration::from_secs(30);
 /// The idle interval's floor.
-pub const IDLE_FLOOR: Duration = Duration::from_secs(5);
+pub(crate) const IDLE_FLOOR: Duration = Duration::from_secs(5);
 /// The longest offline back-off (before jitter).
-pub const OFFLINE_CAP: Duration = Duration::from_secs(15 * 60);
+pub(crate) const OFFLINE_CAP: Duration = Duration::from_secs(15 * 60);
 /// The most doublings of the offline back-off.
 const OFFLINE_MAX_DOUBLINGS: u32 = 5;
 /// No poll comes sooner than this unless the pace is idle.
-pub const MIN_DELAY: Duration = Duration::from_secs(30);
+pub(crate) const MIN_DELAY: Duration = Duration::from_secs(30);
 /// One target's idle polling stays under 300 requests a minute: 200 ms per request of a pass.
 const IDLE_TIME_PER_REQUEST: Duration = Duration::from_millis(200);
 /// Under this share of the quota left, the pace is stretched ×2 (percent).
@@ -37,11 +33,11 @@ const LOW_BUDGET_PERCENT: u64 = 20;
 /// Under this share, ×4 (percent).
 const CRITICAL_BUDGET_PERCENT: u64 = 5;
 /// GitHub cancels a job that stayed queued this long: an outage that lasted it lost the queue.
-pub const QUEUE_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const QUEUE_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
 /// The pace the schedule is in, by its stable name (`status --json` `polling.pace`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Pace {
+pub(crate) enum Pace {
     Nominal,
     Idle,
     StretchedLowBudget,
@@ -55,7 +51,7 @@ pub enum Pace {
 }
 
 impl Pace {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Pace::Nominal => "nominal",
             Pace::Idle => "idle",
@@ -71,14 +67,14 @@ impl Pace {
 
     /// Every pace but nominal, idle and reconciling is slowed by something the operator
     /// should see: shown, never hidden.
-    pub fn is_throttled(self) -> bool {
+    pub(crate) fn is_throttled(self) -> bool {
         !matches!(self, Pace::Nominal | Pace::Idle | Pace::Reconciling)
     }
 }
 
 /// Why a pass failed, most severe first in [`Failure::severity`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// GitHub did not answer (or answered 5xx: it is not serving).
     Offline,
     /// A rate limit holds; `retry_after` is how long until it lifts.
@@ -90,13 +86,11 @@ pub enum Failure {
     Forbidden,
     /// Any other refusal or unreadable answer.
     Failed,
-    /// The pass was withdrawn (shutdown).
-    Cancelled,
 }
 
 impl Failure {
     /// Classifies a client error at `now`.
-    pub fn from_error(error: &GithubError, now: SystemTime) -> Failure {
+    pub(crate) fn from_error(error: &GithubError, now: SystemTime) -> Failure {
         match error {
             GithubError::Unreachable { .. } | GithubError::Server { .. } => Failure::Offline,
             GithubError::RateLimited { kind, retry_at, .. } => Failure::RateLimited {
@@ -112,19 +106,18 @@ impl Failure {
         }
     }
 
-    /// Offline 5 > rate limited 4 > unauthorized 2 > forbidden / failed 1 > cancelled 0.
-    pub fn severity(self) -> u8 {
+    /// Offline 5 > rate limited 4 > unauthorized 2 > forbidden / failed 1.
+    pub(crate) fn severity(self) -> u8 {
         match self {
             Failure::Offline => 5,
             Failure::RateLimited { .. } => 4,
             Failure::Unauthorized => 2,
             Failure::Forbidden | Failure::Failed => 1,
-            Failure::Cancelled => 0,
         }
     }
 
     /// The more severe of two failures (the first when equal).
-    pub fn worst(a: Option<Failure>, b: Failure) -> Failure {
+    pub(crate) fn worst(a: Option<Failure>, b: Failure) -> Failure {
         match a {
             Some(a) if a.severity() >= b.severity() => a,
             _ => b,
@@ -132,21 +125,20 @@ impl Failure {
     }
 
     /// The name a report or log uses.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Failure::Offline => "offline",
             Failure::RateLimited { .. } => "rate_limited",
             Failure::Unauthorized => "unauthorized",
             Failure::Forbidden => "forbidden",
             Failure::Failed => "failed",
-            Failure::Cancelled => "cancelled",
         }
     }
 }
 
 /// The newest quota reading: what is left, of what, and how long until it refills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Quota {
+pub(crate) struct Quota {
     pub remaining: u64,
     pub limit: u64,
     /// `None` or zero once the reset has passed (the pressure is then normal).
@@ -155,7 +147,7 @@ pub struct Quota {
 
 /// How a successful pass went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Conditions {
+pub(crate) struct Conditions {
     /// Nothing to do anywhere: every listing unchanged and empty.
     pub quiet: bool,
     pub quota: Option<Quota>,
@@ -165,14 +157,14 @@ pub struct Conditions {
 
 /// When the next poll runs, and why at that pace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NextPoll {
+pub(crate) struct NextPoll {
     pub delay: Duration,
     pub pace: Pace,
 }
 
 /// An outage as measured: since the first failure of the run, never estimated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OfflineState {
+pub(crate) struct OfflineState {
     pub consecutive: u32,
     pub since: SystemTime,
     pub offline_for: Duration,
@@ -181,12 +173,12 @@ pub struct OfflineState {
 
 impl OfflineState {
     /// GitHub cancels jobs queued for 24 hours: an outage this long lost what was queued.
-    pub fn has_outlasted_the_queue(&self) -> bool {
+    pub(crate) fn has_outlasted_the_queue(&self) -> bool {
         self.offline_for >= QUEUE_LIFETIME
     }
 
     /// One sentence for `status`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let lost = if self.has_outlasted_the_queue() {
             "jobs queued before it began have been cancelled by GitHub (24 hours)"
         } else {
@@ -208,14 +200,14 @@ fn round_secs(d: Duration) -> Duration {
 
 /// Why a schedule was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ScheduleError {
+pub(crate) enum ScheduleError {
     #[error("the active polling interval {0:?} is under the 30 s floor")]
     ActiveTooShort(Duration),
 }
 
 /// The schedule and the offline run it is in.
 #[derive(Debug, Clone)]
-pub struct PollSchedule {
+pub(crate) struct PollSchedule {
     active: Duration,
     idle: Duration,
     consecutive_offline: u32,
@@ -225,7 +217,7 @@ pub struct PollSchedule {
 impl PollSchedule {
     /// `active` must be at least 30 s; `idle` is clamped to `[5 s, active]`; without an idle
     /// interval it equals the active one (no idle pace).
-    pub fn new(active: Duration, idle: Option<Duration>) -> Result<Self, ScheduleError> {
+    pub(crate) fn new(active: Duration, idle: Option<Duration>) -> Result<Self, ScheduleError> {
         if active < ACTIVE_FLOOR {
             return Err(ScheduleError::ActiveTooShort(active));
         }
@@ -238,17 +230,18 @@ impl PollSchedule {
         })
     }
 
-    pub fn active(&self) -> Duration {
+    pub(crate) fn active(&self) -> Duration {
         self.active
     }
 
-    pub fn idle(&self) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn idle(&self) -> Duration {
         self.idle
     }
 
     /// The next poll after a pass that ended in `failure` (or succeeded under `conditions`).
     /// `jitter` is in `[0, 1]`.
-    pub fn next_poll(
+    pub(crate) fn next_poll(
         &mut self,
         failure: Option<Failure>,
         conditions: Conditions,
@@ -282,9 +275,7 @@ impl PollSchedule {
                     },
                 }
             }
-            Some(
-                Failure::Unauthorized | Failure::Forbidden | Failure::Failed | Failure::Cancelled,
-            ) => NextPoll {
+            Some(Failure::Unauthorized | Failure::Forbidden | Failure::Failed) => NextPoll {
                 delay: self.active,
                 pace: Pace::Blocked,
             },
@@ -327,7 +318,7 @@ impl PollSchedule {
     }
 
     /// The outage in progress, if the last pass was offline.
-    pub fn offline(&self, now: SystemTime, retry_in: Duration) -> Option<OfflineState> {
+    pub(crate) fn offline(&self, now: SystemTime, retry_in: Duration) -> Option<OfflineState> {
         let since = self.offline_since?;
         Some(OfflineState {
             consecutive: self.consecutive_offline,

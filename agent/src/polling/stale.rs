@@ -14,15 +14,15 @@ use super::schedule::Failure;
 use super::sighting::observation;
 
 /// A job queued in the journal for longer than this is checked against GitHub.
-pub const STALE_AFTER: Duration = Duration::from_secs(10 * 60);
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(10 * 60);
 /// The same job is checked again at most this often.
-pub const STALE_RECHECK: Duration = Duration::from_secs(15 * 60);
+pub(crate) const STALE_RECHECK: Duration = Duration::from_secs(15 * 60);
 /// Most stale jobs checked in one pass.
-pub const MAX_STALE_CHECKS_PER_PASS: usize = 5;
+pub(crate) const MAX_STALE_CHECKS_PER_PASS: usize = 5;
 
 /// What the checks did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StaleReport {
+pub(crate) struct StaleReport {
     pub checked: usize,
     /// Jobs GitHub no longer holds as queued.
     pub resolved: usize,
@@ -32,7 +32,7 @@ pub struct StaleReport {
 
 /// The time before which a queued job counts as stale: [`STALE_AFTER`] ago, or the agent's
 /// start if that is later.
-pub fn stale_before(now_ms: i64, started_ms: i64) -> i64 {
+pub(crate) fn stale_before(now_ms: i64, started_ms: i64) -> i64 {
     (now_ms - rm_base::clock::ms(STALE_AFTER)).max(started_ms)
 }
 
@@ -57,7 +57,7 @@ pub(super) async fn check(
 }
 
 /// The recheck bound as the journal query wants it: checked before this time.
-pub fn recheck_before(now_ms: i64) -> i64 {
+pub(crate) fn recheck_before(now_ms: i64) -> i64 {
     now_ms - rm_base::clock::ms(STALE_RECHECK)
 }
 

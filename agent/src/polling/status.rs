@@ -11,7 +11,7 @@ use super::health::Trust;
 use super::schedule::{OfflineState, Pace, Quota};
 
 /// The window the request counts cover.
-pub const REQUEST_WINDOW: Duration = Duration::from_secs(3600);
+pub(crate) const REQUEST_WINDOW: Duration = Duration::from_secs(3600);
 /// Samples closer together than this replace each other (bounds memory to ~360 samples).
 const SAMPLE_SPACING: Duration = Duration::from_secs(10);
 /// The rate-limit resource polling spends.
@@ -19,20 +19,20 @@ const CORE: &str = "core";
 
 /// Requests GitHub counted against the quota, and `304`s (and `/rate_limit`) it did not.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RequestCounts {
+pub(crate) struct RequestCounts {
     pub charged: u64,
     pub uncharged: u64,
 }
 
 /// The client's running totals, sampled so the last hour can be told apart.
 #[derive(Debug, Clone, Default)]
-pub struct RequestWindow {
+pub(crate) struct RequestWindow {
     samples: VecDeque<(SystemTime, RequestCounts)>,
 }
 
 impl RequestWindow {
     /// Records the totals at `now`.
-    pub fn record(&mut self, now: SystemTime, totals: RequestCounts) {
+    pub(crate) fn record(&mut self, now: SystemTime, totals: RequestCounts) {
         // The newest sample is replaced while it is too close to the one before it, so kept
         // samples stand at least `SAMPLE_SPACING` apart.
         let len = self.samples.len();
@@ -55,7 +55,7 @@ impl RequestWindow {
     }
 
     /// Requests in the hour before `now` (since the first sample, when younger).
-    pub fn last_hour(&self) -> RequestCounts {
+    pub(crate) fn last_hour(&self) -> RequestCounts {
         match (self.samples.front(), self.samples.back()) {
             (Some((_, first)), Some((_, last))) => RequestCounts {
                 charged: last.charged.saturating_sub(first.charged),
@@ -67,7 +67,7 @@ impl RequestWindow {
 }
 
 /// The client's totals over every scope and resource.
-pub fn totals(budget: &[BudgetSnapshot]) -> RequestCounts {
+pub(crate) fn totals(budget: &[BudgetSnapshot]) -> RequestCounts {
     budget
         .iter()
         .fold(RequestCounts::default(), |acc, b| RequestCounts {
@@ -78,7 +78,7 @@ pub fn totals(budget: &[BudgetSnapshot]) -> RequestCounts {
 
 /// A quota as `status --json` shows it (`github.rate_limit`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RateLimitStatus {
+pub(crate) struct RateLimitStatus {
     pub remaining: u64,
     pub limit: u64,
     pub reset_at: Option<SystemTime>,
@@ -86,7 +86,7 @@ pub struct RateLimitStatus {
 
 impl RateLimitStatus {
     /// The quota as the schedule weighs it.
-    pub fn quota(&self, now: SystemTime) -> Quota {
+    pub(crate) fn quota(&self, now: SystemTime) -> Quota {
         Quota {
             remaining: self.remaining,
             limit: self.limit,
@@ -97,7 +97,7 @@ impl RateLimitStatus {
 
 /// The binding `core` quota: the installation scope with the least left (the App's own
 /// only when no installation has answered yet).
-pub fn binding_rate_limit(budget: &[BudgetSnapshot]) -> Option<RateLimitStatus> {
+pub(crate) fn binding_rate_limit(budget: &[BudgetSnapshot]) -> Option<RateLimitStatus> {
     let known =
         |b: &&BudgetSnapshot| b.resource == CORE && b.limit.is_some() && b.remaining.is_some();
     let pick = |installations: bool| {
@@ -117,7 +117,7 @@ pub fn binding_rate_limit(budget: &[BudgetSnapshot]) -> Option<RateLimitStatus> 
 
 /// Webhook health as `status` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WebhookStatus {
+pub(crate) struct WebhookStatus {
     /// A receiver or relay is configured.
     pub intake: bool,
     pub trusted: bool,
@@ -129,7 +129,7 @@ pub struct WebhookStatus {
 }
 
 impl WebhookStatus {
-    pub fn new(intake: bool, trust: Trust, last_delivery_at: Option<SystemTime>) -> Self {
+    pub(crate) fn new(intake: bool, trust: Trust, last_delivery_at: Option<SystemTime>) -> Self {
         Self {
             intake,
             trusted: trust.trusted,
@@ -142,7 +142,7 @@ impl WebhookStatus {
 
 /// What the latest pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PassReport {
+pub(crate) struct PassReport {
     /// When it ran.
     pub at: Option<SystemTime>,
     /// Whether it polled demand (else only stale checks or the delivery scan were due).
@@ -176,7 +176,7 @@ pub struct PassReport {
 /// Such a target is tried again at the next poll, at the active interval (the schedule's
 /// `Failure::Failed`): it is neither skipped for good nor counted as empty.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct UnreadableTarget {
+pub(crate) struct UnreadableTarget {
     /// The policy target as configured: `acme` or `acme/widgets`.
     pub target: String,
     pub reason: String,
@@ -184,7 +184,7 @@ pub struct UnreadableTarget {
 
 /// The poller at a glance, for `status` and `/metrics`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PollerStatus {
+pub(crate) struct PollerStatus {
     pub pace: Pace,
     /// When the next demand poll is due.
     pub next_poll_at: Option<SystemTime>,
@@ -201,8 +201,9 @@ pub struct PollerStatus {
 }
 
 impl PollerStatus {
-    /// `status --json` `polling.next_poll_in_ms`.
-    pub fn next_poll_in_ms(&self, now: SystemTime) -> u64 {
+    /// How long until the next poll (the tests' view; `status` computes it from the snapshot).
+    #[cfg(test)]
+    pub(crate) fn next_poll_in_ms(&self, now: SystemTime) -> u64 {
         self.next_poll_at
             .and_then(|at| at.duration_since(now).ok())
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

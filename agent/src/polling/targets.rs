@@ -28,7 +28,7 @@ use super::schedule::Failure;
 use super::sighting::observation;
 
 /// An organization's repository list is listed again after this many active intervals.
-pub const REPOSITORY_LIST_REFRESH_MULTIPLE: u32 = 30;
+pub(crate) const REPOSITORY_LIST_REFRESH_MULTIPLE: u32 = 30;
 /// The run statuses listed per repository.
 const RUN_STATUSES: [&str; 2] = ["queued", "in_progress"];
 
@@ -45,7 +45,7 @@ struct CachedScope {
 
 /// What the demand side remembers between passes.
 #[derive(Debug, Default)]
-pub struct DemandState {
+pub(crate) struct DemandState {
     scopes: HashMap<String, CachedScope>,
     /// Per repository and run status: each listed run's `updated_at`, as last read.
     runs: HashMap<(String, &'static str), HashMap<u64, String>>,
@@ -59,7 +59,7 @@ pub struct DemandState {
 
 /// What a demand poll did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DemandReport {
+pub(crate) struct DemandReport {
     pub targets_read: usize,
     pub repositories: usize,
     pub jobs_seen: usize,
@@ -76,11 +76,11 @@ pub struct DemandReport {
 }
 
 /// Most vanished jobs reported (and asked about) per pass.
-pub const MAX_VANISHED_PER_PASS: usize = 10;
+pub(crate) const MAX_VANISHED_PER_PASS: usize = 10;
 
 /// Errors that stop a pass (GitHub's are folded into the report).
 #[derive(Debug, thiserror::Error)]
-pub enum DemandError {
+pub(crate) enum DemandError {
     #[error("the journal: {0}")]
     Journal(#[from] JournalError),
 }
@@ -241,7 +241,10 @@ async fn note_vanished(
 }
 
 /// The queued jobs whose run is not among the `active` runs; pure.
-pub fn vanished(queued: Vec<(QueuedJobRef, i64)>, active: &HashSet<u64>) -> Vec<QueuedJobRef> {
+pub(crate) fn vanished(
+    queued: Vec<(QueuedJobRef, i64)>,
+    active: &HashSet<u64>,
+) -> Vec<QueuedJobRef> {
     queued
         .into_iter()
         .filter(|(_, run)| u64::try_from(*run).is_ok_and(|run| !active.contains(&run)))
@@ -360,7 +363,7 @@ pub(super) async fn settle_announcements(
 
 impl DemandState {
     /// When the next unannounced queued job's grace ends, if one is waiting.
-    pub fn next_announcement_due(&self) -> Option<SystemTime> {
+    pub(crate) fn next_announcement_due(&self) -> Option<SystemTime> {
         self.pending
             .values()
             .map(|since| *since + super::health::ANNOUNCE_GRACE)

@@ -15,6 +15,8 @@ use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, FaultAction};
 use rm_github::{ClientConfig, GithubClient, ManualClock, Target};
 use rm_journal::{JOURNAL_FILE, JobId, Journal, PollJournal, Reader, Retention};
 
+use super::schedule::Pace;
+use super::status::PassReport;
 use super::*;
 
 const APP_ID: u64 = 4711;

@@ -9,9 +9,9 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 
 /// The first wait after a stream ends or a connection fails.
-pub const RECONNECT_MIN: Duration = Duration::from_secs(1);
+pub(crate) const RECONNECT_MIN: Duration = Duration::from_secs(1);
 /// Waits double up to this.
-pub const RECONNECT_MAX: Duration = Duration::from_secs(60);
+pub(crate) const RECONNECT_MAX: Duration = Duration::from_secs(60);
 /// A stream that lasted this long was healthy: the next wait starts again from the minimum.
 pub(super) const HEALTHY_STREAM: Duration = Duration::from_secs(30);
 
@@ -69,7 +69,7 @@ pub(super) fn event_id(id: &str) -> Option<u64> {
 /// The waits between reconnections: doubling from [`RECONNECT_MIN`] to [`RECONNECT_MAX`], and
 /// back to the minimum after a stream that stayed up for [`HEALTHY_STREAM`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     next: Duration,
 }
 
@@ -83,7 +83,7 @@ impl Default for Backoff {
 
 impl Backoff {
     /// The wait after a connection that stayed up for `lasted` (zero when it never opened).
-    pub fn after(&mut self, lasted: Duration) -> Duration {
+    pub(crate) fn after(&mut self, lasted: Duration) -> Duration {
         if lasted >= HEALTHY_STREAM {
             self.next = RECONNECT_MIN;
         }

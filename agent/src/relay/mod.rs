@@ -25,24 +25,23 @@ use rm_receiver::WebhookSecrets;
 use secrecy::{ExposeSecret as _, SecretString};
 use tokio::sync::watch;
 
-pub use event::{Backoff, RECONNECT_MAX, RECONNECT_MIN};
-pub use sse::MAX_EVENT_BYTES;
+pub(crate) use event::Backoff;
 
 /// How long connecting and getting the stream's response headers may take.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// rm-relay sends a keepalive comment every 15 s; a stream silent for this long is dead (a NAT
 /// box dropped it without a reset) and is reopened.
-pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
+pub(crate) const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
 /// How long one acknowledgement may take before it is tried again.
-pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// The pause before an acknowledgement that failed is sent again.
-pub const ACK_RETRY: Duration = Duration::from_secs(2);
+pub(crate) const ACK_RETRY: Duration = Duration::from_secs(2);
 
 type HttpClient = crate::https::HttpsClient<Full<Bytes>>;
 
 /// What the subscription reports, for `status`, `/metrics` and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RelayState {
+pub(crate) struct RelayState {
     /// The stream is open now.
     pub connected: bool,
     /// The last delivery id journalled (or refused for good) in this run.
@@ -57,7 +56,7 @@ pub struct RelayState {
 
 /// Whether the relay at `url` takes `token`: opens the stream and closes it at once (nothing is
 /// acknowledged, so what the relay keeps for this host does not change). For `rm-agent check`.
-pub async fn probe(url: &str, token: &SecretString) -> anyhow::Result<()> {
+pub(crate) async fn probe(url: &str, token: &SecretString) -> anyhow::Result<()> {
     let client = http_client()?;
     open(&client, url.trim_end_matches('/'), token, None)
         .await
@@ -104,7 +103,7 @@ async fn open(
 }
 
 /// A subscription to one rm-relay channel.
-pub struct Subscription {
+pub(crate) struct Subscription {
     url: String,
     ack_url: String,
     token: SecretString,
@@ -116,7 +115,7 @@ pub struct Subscription {
 
 impl Subscription {
     /// `url` is the subscribe URL `rm-relay channel add` printed.
-    pub fn new(
+    pub(crate) fn new(
         url: &str,
         token: SecretString,
         secrets: Arc<WebhookSecrets>,
@@ -135,18 +134,18 @@ impl Subscription {
     }
 
     /// The subscribe URL (it names the channel; the token travels in a header).
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
     /// The subscription's state, updated as it changes.
-    pub fn state(&self) -> watch::Receiver<RelayState> {
+    pub(crate) fn state(&self) -> watch::Receiver<RelayState> {
         self.state.subscribe()
     }
 
     /// Streams deliveries into the journal until `stop` turns true, reconnecting with
     /// [`Backoff`]. Acknowledgements run beside it and are flushed before it returns.
-    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+    pub(crate) async fn run(self, mut stop: watch::Receiver<bool>) {
         let this = Arc::new(self);
         let (acked_tx, acked_rx) = watch::channel(None::<u64>);
         let acks = tokio::spawn(Arc::clone(&this).acknowledge(acked_rx, stop.clone()));

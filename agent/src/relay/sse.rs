@@ -18,7 +18,7 @@
 /// 34,952,536 bytes in base64 (4/3), inside a JSON document with the headers GitHub sends (a
 /// few KiB). 48 MiB leaves room for that and for growth of the headers; anything longer is not
 /// a delivery rm-relay could have stored.
-pub const MAX_EVENT_BYTES: usize = 48 * 1024 * 1024;
+pub(crate) const MAX_EVENT_BYTES: usize = 48 * 1024 * 1024;
 
 // The cap must hold a delivery at the receiver's body cap, base64-encoded, with its headers.
 const _: () = assert!((25 * 1024 * 1024_usize).div_ceil(3) * 4 + 1024 * 1024 < MAX_EVENT_BYTES);

@@ -11,7 +11,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
-use super::{MAX_EVENT_BYTES, Subscription};
+use super::Subscription;
+use super::sse::MAX_EVENT_BYTES;
 
 /// How much the hostile relay writes before it concludes the agent buffers without end: the
 /// cap plus far more than any socket buffers could hold.

@@ -25,15 +25,15 @@ use crate::output::{print_json, print_table};
 use crate::secrets;
 
 /// The organization permission `generate-jitconfig` and runner removal need on an organization.
-pub const ORG_RUNNER_PERMISSION: &str = "organization_self_hosted_runners";
+pub(crate) const ORG_RUNNER_PERMISSION: &str = "organization_self_hosted_runners";
 /// The repository permission the same endpoints need on a repository.
-pub const REPO_RUNNER_PERMISSION: &str = "administration";
+pub(crate) const REPO_RUNNER_PERMISSION: &str = "administration";
 /// The permission polling needs to list queued runs and jobs.
-pub const ACTIONS_PERMISSION: &str = "actions";
+pub(crate) const ACTIONS_PERMISSION: &str = "actions";
 
 /// How a finding bears on running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
+pub(crate) enum Status {
     Ok,
     /// Running works, but something is missing or degraded.
     Warn,
@@ -42,7 +42,7 @@ pub enum Status {
 }
 
 impl Status {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Status::Ok => "ok",
             Status::Warn => "warn",
@@ -53,7 +53,7 @@ impl Status {
 
 /// One thing checked: what was found and, unless it is fine, what to do about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
+pub(crate) struct Finding {
     pub status: Status,
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
     /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`,
@@ -116,7 +116,7 @@ fn split_remedy(message: &str) -> (String, String) {
 }
 
 /// Whether nothing found blocks running.
-pub fn ready(findings: &[Finding]) -> bool {
+pub(crate) fn ready(findings: &[Finding]) -> bool {
     findings.iter().all(|f| f.status != Status::Fail)
 }
 
@@ -168,7 +168,7 @@ pub async fn run(config: &Config, json: bool) -> Result<(), Exit> {
 }
 
 /// Every finding, in the order an operator fixes them: local first, then GitHub.
-pub async fn findings(config: &Config) -> Vec<Finding> {
+pub(crate) async fn findings(config: &Config) -> Vec<Finding> {
     let mut out = vec![Finding::ok(
         "config",
         format!(

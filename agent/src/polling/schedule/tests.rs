@@ -5,7 +5,8 @@ use super::*;
 const S: fn(u64) -> Duration = Duration::from_secs;
 
 fn schedule() -> PollSchedule {
-    PollSchedule::new(DEFAULT_ACTIVE, Some(DEFAULT_IDLE)).unwrap()
+    // The configuration's defaults (`polling.interval`, `polling.idle_interval`).
+    PollSchedule::new(S(60), Some(S(10))).unwrap()
 }
 
 fn t0() -> SystemTime {
@@ -202,12 +203,7 @@ fn retry_after_is_a_floor_combined_with_max_never_added() {
 fn refusals_keep_polling_at_the_active_interval_as_blocked() {
     let mut s = schedule();
     s.next_poll(Some(Failure::Offline), Conditions::default(), 0.0, t0());
-    for failure in [
-        Failure::Unauthorized,
-        Failure::Forbidden,
-        Failure::Failed,
-        Failure::Cancelled,
-    ] {
+    for failure in [Failure::Unauthorized, Failure::Forbidden, Failure::Failed] {
         let next = s.next_poll(Some(failure), Conditions::default(), 1.0, t0());
         assert_eq!(
             next,
@@ -231,7 +227,7 @@ fn failures_rank_by_severity_and_paces_by_name() {
         Failure::Offline
     );
     assert_eq!(Failure::worst(Some(limited), Failure::Forbidden), limited);
-    assert_eq!(Failure::worst(None, Failure::Cancelled), Failure::Cancelled);
+    assert_eq!(Failure::worst(None, Failure::Failed), Failure::Failed);
     assert_eq!(Pace::StretchedLowBudget.as_str(), "stretched_low_budget");
     assert!(Pace::Offline.is_throttled());
     assert!(!Pace::Idle.is_throttled() && !Pace::Reconciling.is_throttled());
