@@ -5,15 +5,17 @@
 
 use std::sync::Arc;
 
-use super::Settings;
 use super::claims::Membership;
 use super::journal::AttemptJournal;
 use super::registry::Registry;
 use super::seams::{Execution, ProcessTable};
+use super::{STOP_GRACE, Settings};
 use crate::config::Policy;
 use crate::notify::Notifier;
 use crate::runner::RunnerRoot;
+use crate::runner::StopOutcome;
 use crate::runner::backend::Plan;
+use crate::runner::process::{self, ProcessIdentity};
 
 /// The executor's read-only surroundings.
 pub(super) struct Context {
@@ -53,4 +55,30 @@ impl Context {
         }
         plan
     }
+}
+
+impl Context {
+    /// Stops a runner's process group (SIGTERM, [`STOP_GRACE`], SIGKILL), re-checking its
+    /// identity before every signal: supervision's stops, and a launch's whose start could not
+    /// be journalled.
+    pub(super) async fn stop(&self, identity: ProcessIdentity) {
+        match process::stop(&*self.processes, identity, STOP_GRACE).await {
+            Ok(StopOutcome::Stopped { .. }) => {}
+            Ok(StopOutcome::NotOurs) => {
+                tracing::warn!(
+                    pid = identity.pid,
+                    "the journalled pid now belongs to another process; not signalled"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot stop a runner"),
+        }
+    }
+}
+
+/// Why an attempt's backend cannot be driven by this agent.
+pub(super) fn unavailable(kind: rm_journal::IsolationKind) -> String {
+    format!(
+        "this agent cannot drive `isolation = \"{}\"` runners (it may not switch users)",
+        kind.as_str()
+    )
 }

@@ -187,7 +187,7 @@ impl Launch {
             .await;
         if !matches!(started, Ok(true)) {
             // A runner nobody journalled must not live on: stop it before giving up.
-            super::supervise::stop(ctx, identity).await;
+            ctx.stop(identity).await;
             return Err(Failure::new(
                 AttemptState::JitReceived,
                 FailureReason::ProcessStartFailed,
@@ -205,7 +205,7 @@ impl Launch {
         let (kind, plan) = (self.record.isolation, self.ctx.plan(&self.record));
         let made = tokio::task::spawn_blocking(move || match backends.of(kind) {
             Some(backend) => backend.prepare(&plan).map_err(|e| e.to_string()),
-            None => Err(unavailable(kind)),
+            None => Err(super::context::unavailable(kind)),
         })
         .await;
         match made {
@@ -240,7 +240,7 @@ impl Launch {
             Some(backend) => backend
                 .start(&plan, &runtime, &jit)
                 .map_err(|e| e.to_string()),
-            None => Err(unavailable(kind)),
+            None => Err(super::context::unavailable(kind)),
         })
         .await;
         match started {
@@ -323,14 +323,6 @@ impl Launch {
             }
         }
     }
-}
-
-/// Why an attempt's backend cannot be driven by this agent.
-pub(super) fn unavailable(kind: rm_journal::IsolationKind) -> String {
-    format!(
-        "this agent cannot drive `isolation = \"{}\"` runners (it may not switch users)",
-        kind.as_str()
-    )
 }
 
 /// The wait before JIT try `tries + 1`: the back-off, or longer if GitHub named a time.

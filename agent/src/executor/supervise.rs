@@ -23,13 +23,13 @@ use tracing::Instrument as _;
 use super::allocate::Concluded;
 use super::context::Context;
 use super::registry::{self, Deregistration, Listing};
-use super::{STOP_GRACE, evidence, fault, targets_by_policy};
+use super::{evidence, fault, targets_by_policy};
 use crate::lifecycle::{
     AttemptFacts, Conclusion, Decision, FailureReason, Observation, ProcessObservation, Timeouts,
     recovery_decision,
 };
 use crate::runner::process::{self, ProcessIdentity, ProcessState};
-use crate::runner::{Removal, StopOutcome, discover};
+use crate::runner::{Removal, discover};
 
 /// How old a listing may be for a runner that is still starting: registration is noticed
 /// within this, and a target with runners starting costs at most one request per interval.
@@ -238,7 +238,7 @@ impl Supervisor {
                         pid = identity.pid,
                         "stopping a runner"
                     );
-                    stop(ctx, identity).await;
+                    ctx.stop(identity).await;
                     report.stopped = true;
                 }
             }
@@ -398,7 +398,7 @@ impl Supervisor {
             return Ok(());
         }
         if let Some(identity) = journalled_identity(record) {
-            stop(ctx, identity).await;
+            ctx.stop(identity).await;
         }
         let deregistration = match (registration, target) {
             (Registration::Handled, _) | (_, None) => Deregistration::Settled,
@@ -425,7 +425,7 @@ impl Supervisor {
         let (kind, plan) = (record.isolation, ctx.plan(record));
         let removal = tokio::task::spawn_blocking(move || match backends.of(kind) {
             Some(backend) => backend.clean(&plan).map_err(|e| e.to_string()),
-            None => Err(super::launch::unavailable(kind)),
+            None => Err(super::context::unavailable(kind)),
         })
         .await;
         match removal {
@@ -585,21 +585,6 @@ fn observe_process(
         }
     };
     (state, Some(identity))
-}
-
-/// Stops a runner's process group (SIGTERM, grace, SIGKILL), re-checking its identity before
-/// every signal.
-pub(super) async fn stop(ctx: &Context, identity: ProcessIdentity) {
-    match process::stop(&*ctx.processes, identity, STOP_GRACE).await {
-        Ok(StopOutcome::Stopped { .. }) => {}
-        Ok(StopOutcome::NotOurs) => {
-            tracing::warn!(
-                pid = identity.pid,
-                "the journalled pid now belongs to another process; not signalled"
-            );
-        }
-        Err(e) => tracing::warn!(error = %e, "cannot stop a runner"),
-    }
 }
 
 /// The journalled identity of the attempt's process, if it can name a process in this boot.
