@@ -61,6 +61,178 @@ pub(crate) fn shared() -> Result<&'static PgServer, String> {
         .map_err(Clone::clone)
 }
 
+/// A server of its own that a test stops and starts again on the same socket (the database
+/// going away under a fleet). Not [`shared`]: every test of the binary uses that one, and the
+/// shell around it removes its directory when it stops. Started under `setpriv --pdeathsig`
+/// from a thread that lives as long as the server, so it gets a fast shutdown if the test binary
+/// exits; dropped, it is stopped and its directory removed.
+#[derive(Debug)]
+pub(crate) struct StoppableServer {
+    server: PgServer,
+    user: Option<(u32, u32, String)>,
+    /// Waits on the running `postgres` (ends when it exits).
+    running: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StoppableServer {
+    /// `initdb` into a directory of its own (named after `label`), then starts the server and
+    /// creates the database `rm`.
+    pub(crate) fn start(label: &str) -> Result<StoppableServer, String> {
+        let bin = find_bin_dir().ok_or_else(|| {
+            format!(
+                "no `initdb` on the PATH or under {DEBIAN_BIN_DIRS}/*/bin (install Debian's \
+                 `postgresql` package)"
+            )
+        })?;
+        let user = unprivileged_user()?;
+        let dir = base_dir(user.is_some()).join(format!("rm-pg-{}-{label}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        if let Some((uid, gid, _)) = &user {
+            std::os::unix::fs::chown(&dir, Some(*uid), Some(*gid))
+                .map_err(|e| format!("cannot give {} to uid {uid}: {e}", dir.display()))?;
+        }
+        let mut initdb = as_user(&user, &bin.join("initdb"));
+        initdb
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args([
+                "-U",
+                ROLE,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--locale=C",
+            ])
+            .stdin(Stdio::null());
+        let out = initdb
+            .output()
+            .map_err(|e| format!("cannot run initdb: {e}"))?;
+        if !out.status.success() {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let mut server = StoppableServer {
+            server: PgServer { dir, bin },
+            user,
+            running: None,
+        };
+        server.resume()?;
+        server.server.client_tool("createdb", &["rm"])?;
+        Ok(server)
+    }
+
+    /// The connection string of its database `rm`.
+    pub(crate) fn url(&self) -> String {
+        self.server.url("rm")
+    }
+
+    /// Stops the postmaster (`pg_ctl stop -m fast`: connections are ended, the server shuts
+    /// down cleanly) and waits until it has exited; the socket is gone until [`Self::resume`].
+    pub(crate) fn stop(&mut self) -> Result<(), String> {
+        let out = as_user(&self.user, &self.server.bin.join("pg_ctl"))
+            .arg("stop")
+            .arg("-D")
+            .arg(self.server.dir.join("data"))
+            .args(["-m", "fast", "-w", "-t", "60"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run pg_ctl: {e}"))?;
+        if let Some(running) = self.running.take() {
+            let _ = running.join();
+        }
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "pg_ctl stop failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// Starts the server again on the same directory and socket, and waits until it accepts
+    /// connections.
+    pub(crate) fn resume(&mut self) -> Result<(), String> {
+        let dir = &self.server.dir;
+        let mut postgres = as_user(&self.user, &self.server.bin.join("postgres"));
+        postgres
+            .arg("-D")
+            .arg(dir.join("data"))
+            .arg("-k")
+            .arg(dir)
+            .args(["-c", "listen_addresses=", "-c", "fsync=off"])
+            .args([
+                "-c",
+                "max_connections=200",
+                "-c",
+                "log_min_messages=warning",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        if self.user.is_none() {
+            // Not root: no `setpriv` around it yet; one that only sets the parent-death signal.
+            let mut wrapped = Command::new("setpriv");
+            wrapped
+                .arg("--pdeathsig=INT")
+                .arg(postgres.get_program())
+                .args(postgres.get_args())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null());
+            postgres = wrapped;
+        }
+        if let Ok(log) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("server.log"))
+        {
+            postgres.stderr(log);
+        }
+        let (started, outcome) = std::sync::mpsc::channel();
+        let running = std::thread::Builder::new()
+            .name("rm-test-postgres-stoppable".to_owned())
+            .spawn(move || match postgres.spawn() {
+                Ok(mut child) => {
+                    let _ = started.send(Ok(()));
+                    // This thread is the parent of record: it lives until the server exits.
+                    let _ = child.wait();
+                }
+                Err(e) => {
+                    let _ = started.send(Err(format!("cannot start postgres: {e}")));
+                }
+            })
+            .map_err(|e| format!("cannot start the server thread: {e}"))?;
+        outcome
+            .recv()
+            .map_err(|_| "the server thread ended before starting postgres".to_owned())??;
+        self.running = Some(running);
+        self.server.wait_ready()
+    }
+}
+
+impl Drop for StoppableServer {
+    fn drop(&mut self) {
+        if self.running.is_some() {
+            let _ = as_user(&self.user, &self.server.bin.join("pg_ctl"))
+                .arg("stop")
+                .arg("-D")
+                .arg(self.server.dir.join("data"))
+                .args(["-m", "immediate", "-w"])
+                .stdin(Stdio::null())
+                .output();
+            if let Some(running) = self.running.take() {
+                let _ = running.join();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.server.dir);
+    }
+}
+
 static DURABLE: OnceLock<Result<PgServer, String>> = OnceLock::new();
 
 /// A server with PostgreSQL's default durability (`fsync` on, synchronous commit): what a

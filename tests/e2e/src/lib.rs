@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 pub mod disk;
 pub mod fleet;
+pub mod pg_fleet;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

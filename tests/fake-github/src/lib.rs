@@ -374,12 +374,27 @@ impl FakeGithub {
 
     /// Where to send deliveries, and the secret to sign them with.
     pub fn set_webhook(&self, url: &str, secret: SecretString) {
+        self.set_webhooks(&[url], secret);
+    }
+
+    /// Several receivers for one App webhook (a fleet's receivers behind DNS or a load
+    /// balancer): each delivery, and each duplicate of one, goes to one of `urls`; in turn with
+    /// [`WebhookOrder::InOrder`], else drawn from the printed webhook seed. Which one is in
+    /// [`Delivery::url`].
+    pub fn set_webhooks(&self, urls: &[&str], secret: SecretString) {
         self.with(|s| {
             s.webhook = Some(WebhookTarget {
-                url: url.to_owned(),
+                urls: urls.iter().map(|u| (*u).to_owned()).collect(),
                 secret,
             })
         })
+    }
+
+    /// Redelivers an earlier delivery (`POST /app/hook/deliveries/{id}/attempts`, the App
+    /// settings' "Redeliver"): a new attempt with the same GUID and body, sent as any other.
+    /// Returns the new delivery's id (`None`: no such delivery).
+    pub fn redeliver(&self, delivery_id: u64) -> Option<u64> {
+        self.with(|s| s.redeliver(delivery_id))
     }
 
     /// How deliveries are sent from now on. [`WebhookOrder::InOrder`] is easier than GitHub:

@@ -157,6 +157,8 @@ pub struct Delivery {
     pub body: bytes::Bytes,
     /// The headers sent (signature included).
     pub headers: Vec<(String, String)>,
+    /// The webhook URL it was sent to (`None` until sent, or when none is configured).
+    pub url: Option<String>,
     /// Filled in when the attempt is over: `OK`, or what went wrong.
     pub status: String,
     /// The receiver's status code, 0 while pending or when there was no answer.

@@ -116,9 +116,10 @@ pub struct Fault {
     pub times: usize,
 }
 
-/// Where deliveries go.
+/// Where deliveries go: one URL, or several (a fleet's receivers behind no load balancer), each
+/// delivery to one of them (see [`crate::webhook::pick_url`]).
 pub struct WebhookTarget {
-    pub url: String,
+    pub urls: Vec<String>,
     pub secret: SecretString,
 }
 
@@ -181,6 +182,9 @@ pub struct State {
     pub webhook_rng: crate::webhook::Rng,
     /// Deliveries sent so far (numbers [`Delivery::sent_seq`]).
     pub sent: u64,
+    /// Deliveries given a URL so far: the round-robin's turn among several webhook URLs (in
+    /// order).
+    pub url_turn: u64,
     pub default_behavior: RunnerBehavior,
     pub behavior_by_name: HashMap<String, RunnerBehavior>,
     /// Published actions/runner releases (see [`crate::releases`]).
@@ -247,6 +251,7 @@ impl State {
             webhook_order: crate::webhook::WebhookOrder::InOrder,
             webhook_rng: crate::webhook::Rng::new(0),
             sent: 0,
+            url_turn: 0,
             default_behavior: RunnerBehavior::default(),
             behavior_by_name: HashMap::new(),
             releases: crate::releases::Releases::default(),
@@ -812,6 +817,7 @@ impl State {
             delivered_at: now,
             body,
             headers,
+            url: None,
             status: "pending".into(),
             status_code: 0,
             duration_ms: 0,
@@ -835,6 +841,7 @@ impl State {
             duplicate_of: Some(delivery_id),
             sent_seq: None,
             delivered_at: now,
+            url: None,
             status: "pending".into(),
             status_code: 0,
             duration_ms: 0,

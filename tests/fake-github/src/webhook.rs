@@ -138,6 +138,31 @@ pub fn plan(order: WebhookOrder, rng: &mut Rng, is_duplicate: bool) -> Plan {
     }
 }
 
+/// Which of the webhook URLs the next delivery goes to: the only one; with several, in order,
+/// each in turn (round-robin, `turn` counting); chaotic, one drawn from the seeded generator, so
+/// the printed seed replays which receiver got what. Drawn only when there are several URLs, so
+/// one URL leaves the plan of delays and duplicates exactly as before.
+pub fn pick_url(
+    urls: &[String],
+    order: WebhookOrder,
+    rng: &mut Rng,
+    turn: &mut u64,
+) -> Option<String> {
+    let n = u64::try_from(urls.len()).ok().filter(|n| *n > 0)?;
+    if n == 1 {
+        return urls.first().cloned();
+    }
+    let at = match order {
+        WebhookOrder::InOrder => {
+            let at = *turn % n;
+            *turn += 1;
+            at
+        }
+        WebhookOrder::Chaotic(_) => rng.next_u64() % n,
+    };
+    urls.get(usize::try_from(at).ok()?).cloned()
+}
+
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Delivers every id that arrives, until the channel closes.
@@ -151,8 +176,10 @@ pub async fn sender(shared: Arc<Shared>, mut outbox: UnboundedReceiver<u64>) {
             if fail {
                 state.fail_deliveries -= 1;
             }
-            let url = state.webhook.as_ref().map(|w| w.url.clone());
             let order = state.webhook_order;
+            let url = state.webhook.as_ref().and_then(|w| {
+                pick_url(&w.urls, order, &mut state.webhook_rng, &mut state.url_turn)
+            });
             let is_duplicate = state.delivery_mut(id)?.duplicate_of.is_some();
             let plan = plan(order, &mut state.webhook_rng, is_duplicate);
             let d = state.delivery_mut(id)?;
@@ -165,7 +192,10 @@ pub async fn sender(shared: Arc<Shared>, mut outbox: UnboundedReceiver<u64>) {
                     d.status = "No webhook URL configured".into();
                     None
                 }
-                (false, Some(url)) => Some((url, d.headers.clone(), d.body.clone())),
+                (false, Some(url)) => {
+                    d.url = Some(url.clone());
+                    Some((url, d.headers.clone(), d.body.clone()))
+                }
             };
             if prepared.is_some() && plan.duplicate {
                 // Recorded now (pending), so `settle` waits for it; sent when its turn comes.
@@ -268,6 +298,44 @@ mod tests {
                 }
             );
         }
+    }
+
+    #[test]
+    fn several_urls_are_taken_in_turn_in_order_and_drawn_from_the_seed_when_chaotic() {
+        let urls: Vec<String> = ["http://a", "http://b", "http://c"]
+            .iter()
+            .map(|u| (*u).to_owned())
+            .collect();
+        let (mut rng, mut turn) = (Rng::new(1), 0);
+        let picked: Vec<String> = (0..6)
+            .filter_map(|_| pick_url(&urls, WebhookOrder::InOrder, &mut rng, &mut turn))
+            .collect();
+        assert_eq!(
+            picked,
+            [
+                "http://a", "http://b", "http://c", "http://a", "http://b", "http://c"
+            ]
+        );
+        let chaotic = WebhookOrder::Chaotic(Chaos::with_seed(9));
+        let draw = |seed: u64| {
+            let (mut rng, mut turn) = (Rng::new(seed), 0);
+            (0..60)
+                .filter_map(|_| pick_url(&urls, chaotic, &mut rng, &mut turn))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draw(9), draw(9), "the seed replays which URL got what");
+        for url in &urls {
+            assert!(draw(9).contains(url), "{url} never drawn");
+        }
+        // One URL draws nothing: the plan of a one-receiver test is unchanged.
+        let mut rng = Rng::new(5);
+        let one = vec!["http://only".to_owned()];
+        assert_eq!(
+            pick_url(&one, chaotic, &mut rng, &mut turn),
+            Some("http://only".to_owned())
+        );
+        assert_eq!(rng, Rng::new(5));
+        assert_eq!(pick_url(&[], chaotic, &mut rng, &mut turn), None);
     }
 
     #[test]

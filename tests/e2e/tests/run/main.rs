@@ -9,6 +9,7 @@ mod disk_full;
 mod explain;
 mod failures;
 mod fitness;
+mod fleet;
 mod isolation;
 mod latency;
 mod lifecycle;
@@ -17,3 +18,9 @@ mod package;
 mod poisoned;
 mod polling;
 mod relay;
+
+/// A real PostgreSQL server for the fleet's tests (fleet.rs), shared with the journal's tests.
+#[path = "../../../support/postgres.rs"]
+mod pg_server;
+#[path = "../../../support/skip.rs"]
+mod skip;
