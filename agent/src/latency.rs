@@ -69,7 +69,7 @@ pub(crate) fn samples(rows: &[WaitRow]) -> Vec<Sample> {
             Sample {
                 job_id: row.job_id,
                 policy: row.policy.clone(),
-                started_at_ms: row.job_started_at_ms,
+                started_at_ms: row.job_started_at_ms.get(),
                 queue_to_runner_started_ms: row
                     .runner_started_at_ms
                     .map(|at| at.saturating_sub(queued).max(0)),
@@ -283,7 +283,7 @@ impl Recorder {
         Recorder {
             seen: rows
                 .iter()
-                .map(|r| (r.job_id, r.job_started_at_ms))
+                .map(|r| (r.job_id, r.job_started_at_ms.get()))
                 .collect(),
         }
     }

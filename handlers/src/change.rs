@@ -1,7 +1,7 @@
 //! The journal changes a handler can ask for. They are plain values: the journal applies them
 //! inside the transaction that records the delivery.
 
-use crate::{JobId, JobState, RunnerId, Source};
+use crate::{JobId, JobState, RunnerId, Source, UnixMs};
 
 /// A change to the journal's state.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,14 +46,14 @@ pub struct JobObservation {
     pub runner_id: Option<RunnerId>,
     pub workflow_name: Option<String>,
     pub job_name: Option<String>,
-    /// GitHub's `created_at`: when the job was queued (ms since the epoch), the start of its
+    /// GitHub's `created_at`: when the job was queued, the start of its
     /// wait (CONTRACT §8). `None` when the sighting carries none that can be read.
-    pub queued_at_ms: Option<i64>,
+    pub queued_at_ms: Option<UnixMs>,
     /// GitHub's `started_at`, for an `in_progress` or `completed` sighting only: GitHub fills it
     /// with the creation time while the job is still queued, which says nothing about a start.
-    pub started_at_ms: Option<i64>,
-    /// When the journal learned this, in milliseconds since the Unix epoch.
-    pub observed_at_ms: i64,
+    pub started_at_ms: Option<UnixMs>,
+    /// When the journal learned this.
+    pub observed_at_ms: UnixMs,
     pub source: Source,
 }
 

@@ -9,7 +9,7 @@
 //! anything GitHub would still act on is `stale` and changes nothing.
 //!
 //! The crate also owns the job vocabulary the other crates share: [`JobState`], [`Source`] and
-//! the ids [`JobId`] and [`RunnerId`].
+//! the ids [`JobId`] and [`RunnerId`], and the instant [`UnixMs`] that dates what they describe.
 
 mod change;
 mod ids;
@@ -18,11 +18,13 @@ mod installation_repositories;
 mod job_state;
 mod ping;
 mod timestamp;
+mod unix_ms;
 mod workflow_job;
 
 pub use change::{Change, Installation, JobObservation, Repository};
 pub use ids::{IdOutOfRange, JobId, RunnerId};
 pub use job_state::{JobMerge, JobState, merge_job};
+pub use unix_ms::UnixMs;
 pub use workflow_job::QUEUE_LIFETIME_MS;
 
 use serde::Deserialize;

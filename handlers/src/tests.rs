@@ -141,7 +141,7 @@ fn queued_job_becomes_a_queued_observation_without_a_runner() {
     // The example names a runner while queued; rm must not believe it.
     assert_eq!(job.runner_name, None);
     assert_eq!(job.runner_id, None);
-    assert_eq!(job.observed_at_ms, QUEUED_5_AT_MS + 3_600_000);
+    assert_eq!(job.observed_at_ms.get(), QUEUED_5_AT_MS + 3_600_000);
     assert_eq!(job.source, Source::Webhook);
 }
 
@@ -178,9 +178,12 @@ fn in_progress_and_completed_name_the_runner() {
 /// there.
 #[test]
 fn a_sighting_carries_when_the_job_was_queued_and_when_it_started() {
-    let ms = |t| crate::timestamp::parse_rfc3339_ms(t).unwrap();
+    let ms = |t| crate::UnixMs::new(crate::timestamp::parse_rfc3339_ms(t).unwrap());
     let queued = only_job(deliver("workflow_job", &fixture("workflow_job.queued.5")));
-    assert_eq!(queued.queued_at_ms, Some(QUEUED_5_AT_MS));
+    assert_eq!(
+        queued.queued_at_ms,
+        Some(crate::UnixMs::new(QUEUED_5_AT_MS))
+    );
     assert_eq!(queued.started_at_ms, None, "a queued job has not started");
     let completed = only_job(deliver(
         "workflow_job",

@@ -10,7 +10,8 @@ use serde::Deserialize;
 
 use crate::timestamp::parse_rfc3339_ms;
 use crate::{
-    Change, Delivery, JobId, JobObservation, JobState, RunnerId, Verdict, ignore_action, parse,
+    Change, Delivery, JobId, JobObservation, JobState, RunnerId, UnixMs, Verdict, ignore_action,
+    parse,
 };
 
 /// GitHub cancels a job that no runner took within 24 hours, and a job's sightings carry the
@@ -120,15 +121,20 @@ pub(crate) fn handle(delivery: &Delivery<'_>) -> Verdict {
             .filter(|_| state >= JobState::InProgress),
         workflow_name: job.workflow_name,
         job_name: job.name,
-        queued_at_ms: job.created_at.as_deref().and_then(parse_rfc3339_ms),
+        queued_at_ms: job
+            .created_at
+            .as_deref()
+            .and_then(parse_rfc3339_ms)
+            .map(UnixMs::new),
         // A queued job's `started_at` is its creation time (GitHub fills it before any runner
         // took it), so only a sighting of a started job says when it started.
         started_at_ms: job
             .started_at
             .as_deref()
             .and_then(parse_rfc3339_ms)
+            .map(UnixMs::new)
             .filter(|_| state >= JobState::InProgress),
-        observed_at_ms: delivery.received_at_ms,
+        observed_at_ms: UnixMs::new(delivery.received_at_ms),
         source: delivery.source,
     };
     Verdict::Apply {

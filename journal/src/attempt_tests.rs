@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use rm_handlers::UnixMs;
 use rusqlite::Connection;
 
 use crate::*;
@@ -161,9 +162,9 @@ fn an_attempt_walks_every_state_and_keeps_what_each_step_recorded() {
     assert_eq!(created.runtime_dir, Path::new("/runners/010000000000"));
     assert_eq!(
         (
-            created.created_at_ms,
-            created.updated_at_ms,
-            created.state_changed_at_ms
+            created.created_at_ms.get(),
+            created.updated_at_ms.get(),
+            created.state_changed_at_ms.get()
         ),
         (10, 10, 10)
     );
@@ -178,7 +179,10 @@ fn an_attempt_walks_every_state_and_keeps_what_each_step_recorded() {
     assert_eq!(busy.pid, Some(999));
     assert_eq!(busy.pid_start_time, Some(31337));
     assert_eq!(busy.job_id, Some(JobId::new(8001)));
-    assert_eq!((busy.state_changed_at_ms, busy.updated_at_ms), (50, 50));
+    assert_eq!(
+        (busy.state_changed_at_ms.get(), busy.updated_at_ms.get()),
+        (50, 50)
+    );
 
     assert!(
         attempts
@@ -200,8 +204,8 @@ fn an_attempt_walks_every_state_and_keeps_what_each_step_recorded() {
         (done.runner_id, done.job_id),
         (Some(RunnerId::new(55)), Some(JobId::new(8001)))
     );
-    assert_eq!(done.state_changed_at_ms, 70);
-    assert_eq!(done.created_at_ms, 10);
+    assert_eq!(done.state_changed_at_ms.get(), 70);
+    assert_eq!(done.created_at_ms.get(), 10);
     assert_eq!(
         attempts.by_runner_name("rm-host-010000000000").unwrap(),
         Some(done)
@@ -228,7 +232,7 @@ fn a_transition_only_wins_from_its_predecessors() {
     assert!(!attempts.jit_received(&a, RunnerId::new(7), 4).unwrap());
     let row = attempts.get(&a).unwrap().unwrap();
     assert_eq!(
-        (row.state, row.state_changed_at_ms),
+        (row.state, row.state_changed_at_ms.get()),
         (AttemptState::JitReceived, 3)
     );
     // An unknown attempt wins nothing.
@@ -377,7 +381,7 @@ fn a_stop_intent_is_only_journalled_in_the_state_it_was_decided_for() {
     );
     let row = attempts.get(&a).unwrap().unwrap();
     assert_eq!(
-        (row.stop_intent, row.stop_intent_at_ms),
+        (row.stop_intent, row.stop_intent_at_ms.map(UnixMs::get)),
         (Some(StopIntent::RegistrationTimeout), Some(6))
     );
 
@@ -410,7 +414,7 @@ fn a_stop_intent_is_only_journalled_in_the_state_it_was_decided_for() {
     );
     let row = attempts.get(&c).unwrap().unwrap();
     assert_eq!(
-        (row.stop_intent, row.stop_intent_at_ms),
+        (row.stop_intent, row.stop_intent_at_ms.map(UnixMs::get)),
         (Some(StopIntent::IdleTimeout), Some(7))
     );
     // `concluded` applies to concluded attempts only.

@@ -254,7 +254,10 @@ async fn a_new_delivery_is_applied_and_its_guid_is_answered_once<B: Backend>(b: 
     assert_eq!(job.repository, "lineville/elastic-machines-testing");
     assert_eq!(job.installation_id, Some(7));
     assert_eq!(job.source, "webhook");
-    assert_eq!((job.first_seen_at_ms, job.updated_at_ms), (1_000, 1_000));
+    assert_eq!(
+        (job.first_seen_at_ms.get(), job.updated_at_ms.get()),
+        (1_000, 1_000)
+    );
     let stored = b.delivery("g-1").unwrap();
     assert_eq!(stored.row.outcome, Outcome::Applied);
     assert_eq!(stored.row.action.as_deref(), Some("queued"));
@@ -324,7 +327,7 @@ async fn a_job_never_moves_backwards<B: Backend>(b: B) {
     let job = b.job(5).unwrap();
     assert_eq!(job.state, rm_handlers::JobState::InProgress);
     assert_eq!(job.runner_name.as_deref(), Some("GitHub Actions 6"));
-    assert_eq!(job.updated_at_ms, 10);
+    assert_eq!(job.updated_at_ms.get(), 10);
 
     b.record(job_delivery("c", 5, "completed", 30))
         .await
@@ -343,7 +346,7 @@ async fn a_job_never_moves_backwards<B: Backend>(b: B) {
     let job = b.job(5).unwrap();
     assert_eq!(job.state, rm_handlers::JobState::Completed);
     assert_eq!(job.conclusion.as_deref(), Some("failure"));
-    assert_eq!(job.updated_at_ms, 30);
+    assert_eq!(job.updated_at_ms.get(), 30);
     let reason = b.delivery("e").unwrap().row.reason;
     assert!(reason.unwrap().contains("already completed"));
 }

@@ -62,7 +62,7 @@ pub use retention::Retention;
 /// A job's state, as `JobRow::state` holds it.
 pub use rm_handlers::JobState;
 /// The ids the rows and records hold (`JobRow::job_id`, `AttemptRecord::runner_id`, ...).
-pub use rm_handlers::{JobId, RunnerId};
+pub use rm_handlers::{JobId, RunnerId, UnixMs};
 pub use schema::SCHEMA_VERSION;
 pub use types::{
     DeliveryRow, Incoming, InstallationRow, JobRow, Outcome, Recorded, StoredDelivery,

@@ -92,7 +92,10 @@ async fn replay_applies_a_delivery_that_an_older_rm_rejected() {
     let (outcome, _) = replay(&path, "ok", 99).unwrap();
     assert_eq!(outcome, Outcome::Applied);
     let job = state_of(&path, 77).unwrap();
-    assert_eq!((job.state.as_str(), job.updated_at_ms), ("queued", 99));
+    assert_eq!(
+        (job.state.as_str(), job.updated_at_ms.get()),
+        ("queued", 99)
+    );
     let row = Reader::open(&path)
         .unwrap()
         .delivery("ok")

@@ -1,6 +1,6 @@
 //! The values that cross the journal's boundary: a delivery coming in, and rows going out.
 
-use rm_handlers::{JobId, JobState, RunnerId, Source};
+use rm_handlers::{JobId, JobState, RunnerId, Source, UnixMs};
 use serde::Serialize;
 
 /// A verified delivery on its way into the journal.
@@ -85,8 +85,8 @@ pub struct JobRow {
     pub workflow_name: Option<String>,
     pub job_name: Option<String>,
     pub source: String,
-    pub first_seen_at_ms: i64,
-    pub updated_at_ms: i64,
+    pub first_seen_at_ms: UnixMs,
+    pub updated_at_ms: UnixMs,
 }
 
 /// A job state as stored. The schema's CHECK constraint admits only the four states; anything

@@ -2,7 +2,7 @@
 //! served was queued, when the runner that took it was started, and when it started. The agent
 //! turns them into samples and percentiles (`rm_agent::latency`); this module only reads.
 
-use rm_handlers::JobId;
+use rm_handlers::{JobId, UnixMs};
 use rusqlite::{Connection, Row};
 
 use crate::JournalError;
@@ -14,14 +14,14 @@ pub struct WaitRow {
     /// The policy of the attempt whose runner took the job.
     pub policy: String,
     /// GitHub's `created_at`, when a sighting carried it.
-    pub queued_at_ms: Option<i64>,
+    pub queued_at_ms: Option<UnixMs>,
     /// When the journal first saw the job: the start of the wait when GitHub's is unknown.
-    pub first_seen_at_ms: i64,
+    pub first_seen_at_ms: UnixMs,
     /// GitHub's `started_at`, else when the journal learned of the `in_progress`.
-    pub job_started_at_ms: i64,
+    pub job_started_at_ms: UnixMs,
     /// When the runner process was started; `None` for attempts from before the journal kept it
     /// (or one found already running its job).
-    pub runner_started_at_ms: Option<i64>,
+    pub runner_started_at_ms: Option<UnixMs>,
 }
 
 /// Jobs that started at or after `since_ms` on a runner of this host (the journal names the

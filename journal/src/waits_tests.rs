@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use rm_handlers::Source;
+use rm_handlers::{Source, UnixMs};
 use rusqlite::Connection;
 use serde_json::json;
 
@@ -148,10 +148,10 @@ async fn a_served_job_has_github_s_queue_time_its_runner_s_start_and_its_own_sta
         vec![WaitRow {
             job_id: JobId::new(11),
             policy: "linux".to_owned(),
-            queued_at_ms: Some(T0),
-            first_seen_at_ms: T0 + 1_500,
-            job_started_at_ms: T0 + 9_000,
-            runner_started_at_ms: Some(T0 + 4_000),
+            queued_at_ms: Some(UnixMs::new(T0)),
+            first_seen_at_ms: UnixMs::new(T0 + 1_500),
+            job_started_at_ms: UnixMs::new(T0 + 9_000),
+            runner_started_at_ms: Some(UnixMs::new(T0 + 4_000)),
         }]
     );
     // The window is by the job's start.
@@ -172,7 +172,7 @@ async fn a_served_job_has_github_s_queue_time_its_runner_s_start_and_its_own_sta
         .unwrap();
     assert_eq!(
         reader.job_waits(T0).unwrap()[0].job_started_at_ms,
-        T0 + 9_000
+        UnixMs::new(T0 + 9_000)
     );
 }
 
@@ -201,10 +201,10 @@ async fn without_github_s_dates_the_journal_s_own_times_stand_in() {
     let waits = Reader::open(&path).unwrap().job_waits(0).unwrap();
     assert_eq!(waits.len(), 1);
     assert_eq!(waits[0].queued_at_ms, None, "no created_at in any sighting");
-    assert_eq!(waits[0].first_seen_at_ms, T0 + 1_000);
+    assert_eq!(waits[0].first_seen_at_ms, UnixMs::new(T0 + 1_000));
     assert_eq!(
         waits[0].job_started_at_ms,
-        T0 + 6_000,
+        UnixMs::new(T0 + 6_000),
         "the journal learned of the in_progress then"
     );
 }
@@ -248,8 +248,8 @@ async fn a_late_in_progress_fills_github_s_dates_but_never_its_arrival() {
         .unwrap();
     let waits = reader.job_waits(0).unwrap();
     assert_eq!(waits.len(), 1);
-    assert_eq!(waits[0].queued_at_ms, Some(T0));
-    assert_eq!(waits[0].job_started_at_ms, T0 + 3_000);
+    assert_eq!(waits[0].queued_at_ms, Some(UnixMs::new(T0)));
+    assert_eq!(waits[0].job_started_at_ms, UnixMs::new(T0 + 3_000));
 }
 
 /// v7 keeps what rows from before it can still say: a job in progress started when it entered
@@ -283,9 +283,9 @@ fn the_v7_migration_dates_what_earlier_rows_can_still_date() {
             job_id: JobId::new(1),
             policy: "linux".to_owned(),
             queued_at_ms: None,
-            first_seen_at_ms: 10,
-            job_started_at_ms: 30,
-            runner_started_at_ms: Some(20),
+            first_seen_at_ms: UnixMs::new(10),
+            job_started_at_ms: UnixMs::new(30),
+            runner_started_at_ms: Some(UnixMs::new(20)),
         }],
         "the completed job's start is unknown; the busy attempt's start was overwritten"
     );

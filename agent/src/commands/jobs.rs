@@ -29,8 +29,8 @@ pub fn run(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
                     "workflow_name": j.workflow_name,
                     "job_name": j.job_name,
                     "source": j.source,
-                    "first_seen_at": rfc3339(j.first_seen_at_ms),
-                    "updated_at": rfc3339(j.updated_at_ms),
+                    "first_seen_at": rfc3339(j.first_seen_at_ms.get()),
+                    "updated_at": rfc3339(j.updated_at_ms.get()),
                 })
             })
             .collect();
@@ -49,7 +49,7 @@ pub fn run(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
                 or_dash(j.runner_name.as_deref()),
                 j.labels.join(","),
                 j.source.clone(),
-                rfc3339(j.updated_at_ms),
+                rfc3339(j.updated_at_ms.get()),
             ]
         })
         .collect();

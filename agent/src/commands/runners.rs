@@ -26,8 +26,8 @@ pub fn run(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
                     "job_id": a.job_id,
                     "isolation": a.isolation.as_str(),
                     "uid": a.uid,
-                    "created_at": rfc3339(a.created_at_ms),
-                    "updated_at": rfc3339(a.updated_at_ms),
+                    "created_at": rfc3339(a.created_at_ms.get()),
+                    "updated_at": rfc3339(a.updated_at_ms.get()),
                 })
             })
             .collect();
@@ -44,7 +44,7 @@ pub fn run(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
                 or_dash(a.outcome.map(|o| o.as_str())),
                 a.job_id.map_or_else(|| "-".to_owned(), |j| j.to_string()),
                 a.uid.map_or_else(|| "-".to_owned(), |u| u.to_string()),
-                rfc3339(a.updated_at_ms),
+                rfc3339(a.updated_at_ms.get()),
                 or_dash(a.detail.as_deref().or(a.reason.as_deref())),
             ]
         })

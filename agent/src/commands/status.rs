@@ -226,7 +226,7 @@ fn gather(
     let overdue_before = now_ms - rm_base::clock::ms(CLEANUP_OVERDUE);
     let cleanup_overdue = uncleaned
         .iter()
-        .filter(|a| a.state.is_terminal() && a.state_changed_at_ms < overdue_before)
+        .filter(|a| a.state.is_terminal() && a.state_changed_at_ms.get() < overdue_before)
         .count();
     let uids_held = uncleaned.iter().filter(|a| a.uid.is_some()).count();
     let waiting = super::explain::waiting(config, reader, now)?;

@@ -175,7 +175,7 @@ impl Allocator {
     ) -> Vec<Wanted<'p>> {
         let first_seen: HashMap<JobId, i64> = jobs
             .iter()
-            .map(|j| (j.job_id, j.first_seen_at_ms))
+            .map(|j| (j.job_id, j.first_seen_at_ms.get()))
             .collect();
         let queued: Vec<QueuedJob> = jobs.iter().map(QueuedJob::from).collect();
         let demand = demand::route(policies, &queued);

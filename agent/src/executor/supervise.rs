@@ -409,7 +409,7 @@ impl Supervisor {
             }
             (Registration::Ask, Some(t)) => {
                 let listing = self
-                    .listing(ctx, t, Freshness::After(record.state_changed_at_ms))
+                    .listing(ctx, t, Freshness::After(record.state_changed_at_ms.get()))
                     .await;
                 self.deregister_if_listed(ctx, record, target, Some(&listing))
                     .await
@@ -603,10 +603,10 @@ fn freshness_for(
 ) -> Freshness {
     use AttemptState::*;
     let in_state = Duration::from_millis(
-        u64::try_from(now.saturating_sub(record.state_changed_at_ms)).unwrap_or(0),
+        u64::try_from(now.saturating_sub(record.state_changed_at_ms.get())).unwrap_or(0),
     );
     let running = process == ProcessObservation::Running;
-    let fresh = Freshness::After(record.state_changed_at_ms.max(now - 1));
+    let fresh = Freshness::After(record.state_changed_at_ms.get().max(now - 1));
     match record.state {
         // A conclusion and a timer that ran out both act on GitHub's word: ask now.
         Starting | Idle | Busy if !running => fresh,
@@ -621,7 +621,7 @@ fn freshness_for(
             if record.runner_id.is_some()
                 || record.reason.as_deref() == Some(FailureReason::JitExpired.as_str()) =>
         {
-            Freshness::After(record.state_changed_at_ms)
+            Freshness::After(record.state_changed_at_ms.get())
         }
         _ => Freshness::Any,
     }
@@ -675,7 +675,7 @@ mod tests {
             workspace: WorkspaceKind::Ephemeral,
             runtime_dir: "/r/x".into(),
             state,
-            state_changed_at_ms: changed,
+            state_changed_at_ms: rm_handlers::UnixMs::new(changed),
             outcome: None,
             reason: None,
             detail: None,
@@ -685,8 +685,8 @@ mod tests {
             pid_start_time: Some(6),
             stop_intent: None,
             stop_intent_at_ms: None,
-            created_at_ms: 0,
-            updated_at_ms: 0,
+            created_at_ms: rm_handlers::UnixMs::EPOCH,
+            updated_at_ms: rm_handlers::UnixMs::EPOCH,
             pid_boot_id: None,
             isolation: rm_journal::IsolationKind::None,
             uid: None,

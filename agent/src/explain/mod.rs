@@ -170,13 +170,13 @@ impl Queue {
         let mut first_seen: HashMap<JobId, i64> = facts
             .queued
             .iter()
-            .map(|j| (j.job_id, j.first_seen_at_ms))
+            .map(|j| (j.job_id, j.first_seen_at_ms.get()))
             .collect();
         if let Some(job) = extra.filter(|j| j.state == rm_handlers::JobState::Queued)
             && !first_seen.contains_key(&job.job_id)
         {
             jobs.push(QueuedJob::from(job));
-            first_seen.insert(job.job_id, job.first_seen_at_ms);
+            first_seen.insert(job.job_id, job.first_seen_at_ms.get());
         }
         let routed = demand::route(facts.policies, &jobs);
         let mut places = HashMap::new();
@@ -434,7 +434,7 @@ fn served(
     let Some(&(position, demand)) = queue
         .places
         .get(&job.job_id)
-        .filter(|_| allocate::counts_after_fence(job.first_seen_at_ms, fence))
+        .filter(|_| allocate::counts_after_fence(job.first_seen_at_ms.get(), fence))
     else {
         return (
             vec![condition(
@@ -598,7 +598,7 @@ fn covered(
     facts: &Facts<'_>,
 ) -> Vec<Condition> {
     let name = &runner.runner_name;
-    let since = ago_phrase(facts.now_ms, runner.state_changed_at_ms);
+    let since = ago_phrase(facts.now_ms, runner.state_changed_at_ms.get());
     match runner.state {
         AttemptState::Idle => vec![condition(
             Verdict::WaitingForGithub,

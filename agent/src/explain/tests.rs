@@ -44,8 +44,8 @@ fn job(id: i64, state: &str, labels: &[&str], first_seen: i64) -> JobRow {
         workflow_name: None,
         job_name: None,
         source: "webhook".to_owned(),
-        first_seen_at_ms: first_seen,
-        updated_at_ms: first_seen,
+        first_seen_at_ms: rm_handlers::UnixMs::new(first_seen),
+        updated_at_ms: rm_handlers::UnixMs::new(first_seen),
     }
 }
 
@@ -58,7 +58,7 @@ fn attempt(policy: &str, state: AttemptState, job_id: Option<i64>, created: i64)
         workspace: WorkspaceKind::Ephemeral,
         runtime_dir: PathBuf::from("/r"),
         state,
-        state_changed_at_ms: created,
+        state_changed_at_ms: rm_handlers::UnixMs::new(created),
         outcome: None,
         reason: None,
         detail: None,
@@ -68,8 +68,8 @@ fn attempt(policy: &str, state: AttemptState, job_id: Option<i64>, created: i64)
         pid_start_time: None,
         stop_intent: None,
         stop_intent_at_ms: None,
-        created_at_ms: created,
-        updated_at_ms: created,
+        created_at_ms: rm_handlers::UnixMs::new(created),
+        updated_at_ms: rm_handlers::UnixMs::new(created),
         pid_boot_id: None,
         isolation: IsolationKind::None,
         uid: None,
@@ -451,7 +451,7 @@ fn not_seen_when_the_journal_has_no_such_job() {
 fn waiting_for_github_when_fenced_held_for_approval_or_a_runner_took_an_unnamed_job() {
     let mut w = World::new();
     let old = w.queue(1, LINUX);
-    w.memory().fence_ms = Some(old.first_seen_at_ms + 1);
+    w.memory().fence_ms = Some(old.first_seen_at_ms.get() + 1);
     let e = w.explain(&old);
     assert_eq!(
         (e.verdict, codes(&e)),

@@ -3,6 +3,8 @@
 use rm_receiver::prometheus_client::encoding::text::encode;
 use rm_receiver::prometheus_client::registry::Registry;
 
+use rm_handlers::UnixMs;
+
 use super::*;
 
 const T0: i64 = 1_700_000_000_000;
@@ -11,10 +13,10 @@ fn row(job_id: i64, policy: &str, queued: Option<i64>, runner: Option<i64>, job:
     WaitRow {
         job_id: JobId::new(job_id),
         policy: policy.to_owned(),
-        queued_at_ms: queued,
-        first_seen_at_ms: T0 + 700,
-        job_started_at_ms: job,
-        runner_started_at_ms: runner,
+        queued_at_ms: queued.map(UnixMs::new),
+        first_seen_at_ms: UnixMs::new(T0 + 700),
+        job_started_at_ms: UnixMs::new(job),
+        runner_started_at_ms: runner.map(UnixMs::new),
     }
 }
 

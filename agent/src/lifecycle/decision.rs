@@ -188,7 +188,7 @@ impl From<&AttemptRecord> for AttemptFacts {
     fn from(record: &AttemptRecord) -> Self {
         AttemptFacts {
             state: record.state,
-            state_changed_at_ms: record.state_changed_at_ms,
+            state_changed_at_ms: record.state_changed_at_ms.get(),
             stop_intent: record.stop_intent,
         }
     }

@@ -4,7 +4,7 @@
 
 use rm_github::types::WorkflowJob;
 use rm_github::wire::parse_rfc3339;
-use rm_handlers::{JobObservation, JobState, Source};
+use rm_handlers::{JobObservation, JobState, Source, UnixMs};
 
 /// A job as GitHub's REST API shows it, as a journal sighting with source `poll`. `None` for a
 /// status the journal has no state for (`requested`, `pending`).
@@ -38,15 +38,15 @@ pub(super) fn observation(
         runner_id: job.runner_id.filter(|_| started),
         workflow_name: job.workflow_name.clone(),
         job_name: Some(job.name.clone()),
-        queued_at_ms: parse_rfc3339(&job.created_at).map(super::unix_ms),
+        queued_at_ms: parse_rfc3339(&job.created_at).map(UnixMs::from_system_time),
         // GitHub fills `started_at` with the creation time while a job is queued.
         started_at_ms: job
             .started_at
             .as_deref()
             .and_then(parse_rfc3339)
-            .map(super::unix_ms)
+            .map(UnixMs::from_system_time)
             .filter(|_| started),
-        observed_at_ms: at_ms,
+        observed_at_ms: UnixMs::new(at_ms),
         source: Source::Poll,
     })
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rm_handlers::{JobId, RunnerId};
+use rm_handlers::{JobId, RunnerId, UnixMs};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use serde::Serialize;
 
@@ -364,7 +364,7 @@ pub struct AttemptRecord {
     pub runtime_dir: PathBuf,
     pub state: AttemptState,
     /// When the current state was entered: the registration, idle and launch timers run from it.
-    pub state_changed_at_ms: i64,
+    pub state_changed_at_ms: UnixMs,
     pub outcome: Option<AttemptOutcome>,
     /// The failure kind (snake_case), for failed attempts.
     pub reason: Option<String>,
@@ -377,9 +377,9 @@ pub struct AttemptRecord {
     /// clock ticks since boot). With the pid it names one process: a recycled pid has another.
     pub pid_start_time: Option<u64>,
     pub stop_intent: Option<StopIntent>,
-    pub stop_intent_at_ms: Option<i64>,
-    pub created_at_ms: i64,
-    pub updated_at_ms: i64,
+    pub stop_intent_at_ms: Option<UnixMs>,
+    pub created_at_ms: UnixMs,
+    pub updated_at_ms: UnixMs,
     /// The boot the pid and start time belong to; `None` for attempts journalled before rm
     /// recorded it (their identity is then trusted within the current boot only).
     pub pid_boot_id: Option<String>,

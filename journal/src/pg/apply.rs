@@ -10,6 +10,7 @@ use postgres::types::ToSql;
 use postgres::{Row, Statement, Transaction};
 use rm_handlers::{
     Change, Installation, JobId, JobMerge, JobObservation, JobState, Repository, RunnerId, Source,
+    UnixMs,
 };
 
 use crate::apply::{Applied, SCOPE_UNCHANGED, apply_verdict_with, job_unchanged};
@@ -164,11 +165,15 @@ pub(crate) fn apply_job(
 ) -> Result<Option<String>, ApplyError> {
     let labels = serde_json::to_string(&job.labels).unwrap_or_else(|_| "[]".to_owned());
     let polled = job.source == Source::Poll;
-    let announced_now = (!polled).then_some(job.observed_at_ms);
-    let polled_now = polled.then_some(job.observed_at_ms);
+    // The times cross this edge as their numbers (see `super::job_numbers`).
+    let observed_at = job.observed_at_ms.get();
+    let queued_at = job.queued_at_ms.map(UnixMs::get);
+    let announced_now = (!polled).then_some(observed_at);
+    let polled_now = polled.then_some(observed_at);
     let started_at = job
         .started_at_ms
-        .or((job.state == JobState::InProgress).then_some(job.observed_at_ms));
+        .map(UnixMs::get)
+        .or((job.state == JobState::InProgress).then_some(observed_at));
     for _ in 0..MERGE_ATTEMPTS {
         let found = sql.query_opt(
             "SELECT state, announced_at, polled_at FROM jobs WHERE job_id = $1 FOR UPDATE",
@@ -205,10 +210,10 @@ pub(crate) fn apply_job(
                         &job.runner_name,
                         &job.runner_id.map(RunnerId::get),
                         &job.source.as_str(),
-                        &job.observed_at_ms,
+                        &observed_at,
                         &announced_now,
                         &polled_now,
-                        &job.queued_at_ms,
+                        &queued_at,
                         &started_at,
                     ],
                 )?;
@@ -239,10 +244,10 @@ pub(crate) fn apply_job(
                     &job.runner_id.map(RunnerId::get),
                     &job.installation_id,
                     &job.source.as_str(),
-                    &job.observed_at_ms,
+                    &observed_at,
                     &announced_now,
                     &polled_now,
-                    &job.queued_at_ms,
+                    &queued_at,
                     &started_at,
                 ],
             )?,
@@ -288,7 +293,11 @@ fn date_stale_sighting(
              started_at = COALESCE(started_at, $3::BIGINT)
          WHERE job_id = $1 AND ((queued_at IS NULL AND $2::BIGINT IS NOT NULL)
              OR (started_at IS NULL AND $3::BIGINT IS NOT NULL))",
-        &[&job.job_id.get(), &job.queued_at_ms, &job.started_at_ms],
+        &[
+            &job.job_id.get(),
+            &job.queued_at_ms.map(UnixMs::get),
+            &job.started_at_ms.map(UnixMs::get),
+        ],
     )?;
     Ok(())
 }

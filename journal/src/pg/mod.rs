@@ -40,7 +40,9 @@ pub(crate) fn describe(err: &postgres::Error) -> String {
 
 /// Job ids as a statement binds a list of them (`= ANY($1)`, `unnest($1::bigint[])`). The
 /// `postgres` crate's traits are foreign to [`JobId`] and [`rm_handlers::RunnerId`], so the ids
-/// cross this edge as their numbers: `id.get()` bound, `JobId::new(row.get(i))` read.
+/// cross this edge as their numbers: `id.get()` bound, `JobId::new(row.get(i))` read. Times
+/// ([`rm_handlers::UnixMs`]) cross it the same way: `t.get()` bound, `UnixMs::new(row.get(i))`
+/// read.
 pub(crate) fn job_numbers(ids: &[JobId]) -> Vec<i64> {
     ids.iter().map(|id| id.get()).collect()
 }

@@ -3,7 +3,7 @@
 //! (queued jobs, the jobs its runners took).
 
 use postgres::{Client, NoTls, Row};
-use rm_handlers::{JobId, RunnerId};
+use rm_handlers::{JobId, RunnerId, UnixMs};
 
 use crate::read::{DELIVERY_COLUMNS, JOB_COLUMNS};
 use crate::{DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, StoredDelivery};
@@ -167,8 +167,8 @@ fn job_row(row: &Row) -> JobRow {
         workflow_name: row.get(10),
         job_name: row.get(11),
         source: row.get(12),
-        first_seen_at_ms: row.get(13),
-        updated_at_ms: row.get(14),
+        first_seen_at_ms: UnixMs::new(row.get(13)),
+        updated_at_ms: UnixMs::new(row.get(14)),
     }
 }
 

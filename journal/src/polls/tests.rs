@@ -90,7 +90,7 @@ fn polled(job_id: i64, state: JobState, at_ms: i64) -> JobObservation {
         job_name: Some("build".to_owned()),
         queued_at_ms: None,
         started_at_ms: None,
-        observed_at_ms: at_ms,
+        observed_at_ms: rm_handlers::UnixMs::new(at_ms),
         source: Source::Poll,
     }
 }

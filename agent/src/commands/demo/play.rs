@@ -21,6 +21,7 @@ use anyhow::Context as _;
 use rm_fake_github::jit::RUNNER_PROTOCOL_PREFIX;
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, JobStatus, RunnerBehavior};
 use rm_github::{ClientConfig, GithubClient};
+use rm_handlers::UnixMs;
 use rm_journal::{AttemptId, AttemptOutcome, AttemptRecord, AttemptState, Reader, StopIntent};
 use secrecy::{ExposeSecret as _, SecretString};
 
@@ -576,8 +577,8 @@ impl Timeline {
             }
             let (how, at_ms) = match (redelivered.get(&id), first_webhook.get(&id)) {
                 (Some(at), _) => ("redelivery", *at),
-                (None, Some(webhook)) if *webhook <= job.first_seen_at_ms => continue,
-                (None, _) => ("polling", job.first_seen_at_ms),
+                (None, Some(webhook)) if *webhook <= job.first_seen_at_ms.get() => continue,
+                (None, _) => ("polling", job.first_seen_at_ms.get()),
             };
             self.recovered.insert(id, how);
             let found = if how == "polling" {
@@ -615,10 +616,10 @@ impl Timeline {
         };
         let mut events = vec![event(
             "allocated",
-            a.created_at_ms,
+            a.created_at_ms.get(),
             format!("{name} allocated for policy {}", a.policy),
         )];
-        let now = a.state_changed_at_ms;
+        let now = a.state_changed_at_ms.get();
         if let Some(pid) = a.pid
             && matches!(
                 a.state,
@@ -638,7 +639,11 @@ impl Timeline {
                 format!("{name} registered, waiting for a job"),
             ));
         }
-        let idle_stop = match (a.stop_intent, a.stop_intent_at_ms, a.outcome) {
+        let idle_stop = match (
+            a.stop_intent,
+            a.stop_intent_at_ms.map(UnixMs::get),
+            a.outcome,
+        ) {
             (Some(StopIntent::IdleTimeout), Some(at_ms), _) => Some(at_ms),
             // A runner slow to exit has its stop escalated, and the journal then names the
             // escalation instead; the demo's runners never give up by themselves (they wait
@@ -691,7 +696,7 @@ impl Timeline {
             !attempts.is_empty() && attempts.iter().all(|a| a.state == AttemptState::Cleaned);
         let idle_settled = attempts.iter().filter(|a| a.policy == "gpu").any(|a| {
             a.state == AttemptState::Cleaned
-                && rm_journal::now_ms() - a.state_changed_at_ms
+                && rm_journal::now_ms() - a.state_changed_at_ms.get()
                     >= i64::try_from(NO_REPLACEMENT_WATCH.as_millis()).unwrap_or(0)
         });
         jobs_done && all_cleaned && idle_settled
