@@ -35,7 +35,7 @@ mod local;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use rm_handlers::{JobId, JobState};
+use rm_handlers::{JobId, JobState, UnixMs};
 use serde::Serialize;
 
 use crate::JournalError;
@@ -96,8 +96,8 @@ pub enum Renewal {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
     pub renewal: Renewal,
-    /// When it expires, ms since the Unix epoch on the journal's clock.
-    pub expires_at_ms: i64,
+    /// When it expires, on the journal's clock.
+    pub expires_at_ms: UnixMs,
 }
 
 /// A host asking for some of the jobs it could serve.
@@ -126,7 +126,7 @@ pub struct Claimed {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FleetView {
     /// When this view was read, on the journal's clock.
-    pub now_ms: i64,
+    pub now_ms: UnixMs,
     pub hosts: Vec<HostView>,
     pub leaders: Vec<LeaderView>,
 }
@@ -138,10 +138,10 @@ pub struct HostView {
     pub labels: Vec<String>,
     pub policies: Vec<String>,
     /// When its current lease began.
-    pub registered_at_ms: i64,
+    pub registered_at_ms: UnixMs,
     /// Its last renewal.
-    pub renewed_at_ms: i64,
-    pub expires_at_ms: i64,
+    pub renewed_at_ms: UnixMs,
+    pub expires_at_ms: UnixMs,
     /// The lease holds: the host is alive for the fleet.
     pub live: bool,
     /// Its claims that count (none once its lease expired), oldest first.
@@ -155,7 +155,7 @@ pub struct ClaimView {
     pub policy: String,
     /// The runner started for it, once the host has said.
     pub runner_name: Option<String>,
-    pub claimed_at_ms: i64,
+    pub claimed_at_ms: UnixMs,
     /// The job's state (queued or in progress: a completed job's claim has ended).
     #[serde(serialize_with = "state_name")]
     pub job_state: JobState,
@@ -171,9 +171,9 @@ fn state_name<S: serde::Serializer>(state: &JobState, out: S) -> Result<S::Ok, S
 pub struct LeaderView {
     pub role: String,
     pub host: String,
-    pub acquired_at_ms: i64,
-    pub renewed_at_ms: i64,
-    pub expires_at_ms: i64,
+    pub acquired_at_ms: UnixMs,
+    pub renewed_at_ms: UnixMs,
+    pub expires_at_ms: UnixMs,
 }
 
 /// The fleet's shared state: one interface over the PostgreSQL journal ([`crate::PgFleet`])
@@ -311,9 +311,9 @@ pub(crate) fn assemble(
             policies: json_list(&row.policies),
             live: lease_live(row.expires_at_ms, now_ms),
             host: row.host,
-            registered_at_ms: row.registered_at_ms,
-            renewed_at_ms: row.renewed_at_ms,
-            expires_at_ms: row.expires_at_ms,
+            registered_at_ms: UnixMs::new(row.registered_at_ms),
+            renewed_at_ms: UnixMs::new(row.renewed_at_ms),
+            expires_at_ms: UnixMs::new(row.expires_at_ms),
             claims: Vec::new(),
         })
         .collect();
@@ -326,11 +326,11 @@ pub(crate) fn assemble(
         }
     }
     FleetView {
-        now_ms,
+        now_ms: UnixMs::new(now_ms),
         hosts: views,
         leaders: leaders
             .into_iter()
-            .filter(|leader| lease_live(leader.expires_at_ms, now_ms))
+            .filter(|leader| lease_live(leader.expires_at_ms.get(), now_ms))
             .collect(),
     }
 }

@@ -374,22 +374,22 @@ fn fleet_json(view: &rm_journal::FleetView) -> Value {
             "live": h.live,
             "labels": h.labels,
             "policies": h.policies,
-            "registered_at": rfc3339(h.registered_at_ms),
-            "renewed_at": rfc3339(h.renewed_at_ms),
-            "expires_at": rfc3339(h.expires_at_ms),
+            "registered_at": rfc3339(h.registered_at_ms.get()),
+            "renewed_at": rfc3339(h.renewed_at_ms.get()),
+            "expires_at": rfc3339(h.expires_at_ms.get()),
             "claims": h.claims.iter().map(|c| json!({
                 "job_id": c.job_id,
                 "policy": c.policy,
                 "runner": c.runner_name,
                 "job_state": c.job_state.as_str(),
-                "claimed_at": rfc3339(c.claimed_at_ms),
+                "claimed_at": rfc3339(c.claimed_at_ms.get()),
             })).collect::<Vec<_>>(),
             "runners": h.claims.iter().filter(|c| c.runner_name.is_some()).count(),
         })).collect::<Vec<_>>(),
         "leaders": view.leaders.iter().map(|l| json!({
             "role": l.role,
             "host": l.host,
-            "expires_at": rfc3339(l.expires_at_ms),
+            "expires_at": rfc3339(l.expires_at_ms.get()),
         })).collect::<Vec<_>>(),
     })
 }
@@ -414,11 +414,7 @@ fn render_fleet(view: &rm_journal::FleetView, out: &mut String) {
             format!("; {}", leaders.join(", "))
         }
     );
-    let age = |at: i64| {
-        ago(Duration::from_millis(
-            u64::try_from(view.now_ms - at).unwrap_or(0),
-        ))
-    };
+    let age = |at: rm_journal::UnixMs| ago(view.now_ms.duration_since(at));
     for host in &view.hosts {
         let text = if host.live {
             let running = host
@@ -1344,14 +1340,14 @@ mod tests {
 
     #[test]
     fn a_fleet_shows_each_host_its_lease_and_its_claims() {
-        use rm_journal::{ClaimView, FleetView, HostView, JobState, LeaderView};
+        use rm_journal::{ClaimView, FleetView, HostView, JobState, LeaderView, UnixMs};
         let host = |name: &str, live: bool, claims: Vec<ClaimView>| HostView {
             host: name.to_owned(),
             labels: vec!["self-hosted".to_owned()],
             policies: vec!["linux".to_owned()],
-            registered_at_ms: NOW - 600_000,
-            renewed_at_ms: NOW - 3_000,
-            expires_at_ms: if live { NOW + 27_000 } else { NOW - 41_000 },
+            registered_at_ms: UnixMs::new(NOW - 600_000),
+            renewed_at_ms: UnixMs::new(NOW - 3_000),
+            expires_at_ms: UnixMs::new(if live { NOW + 27_000 } else { NOW - 41_000 }),
             live,
             claims,
         };
@@ -1359,12 +1355,12 @@ mod tests {
             job_id: rm_journal::JobId::new(job_id),
             policy: "linux".to_owned(),
             runner_name: runner.map(str::to_owned),
-            claimed_at_ms: NOW - 10_000,
+            claimed_at_ms: UnixMs::new(NOW - 10_000),
             job_state,
         };
         let mut f = facts();
         f.fleet = Some(FleetView {
-            now_ms: NOW,
+            now_ms: UnixMs::new(NOW),
             hosts: vec![
                 host(
                     "a",
@@ -1379,9 +1375,9 @@ mod tests {
             leaders: vec![LeaderView {
                 role: "poll:acme".to_owned(),
                 host: "a".to_owned(),
-                acquired_at_ms: NOW - 60_000,
-                renewed_at_ms: NOW - 1_000,
-                expires_at_ms: NOW + 29_000,
+                acquired_at_ms: UnixMs::new(NOW - 60_000),
+                renewed_at_ms: UnixMs::new(NOW - 1_000),
+                expires_at_ms: UnixMs::new(NOW + 29_000),
             }],
         });
         let text = render(&f);

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
-use rm_handlers::JobId;
+use rm_handlers::{JobId, UnixMs};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{
@@ -87,7 +87,7 @@ impl Fleet for LocalFleet {
         tx.commit()?;
         Ok(Lease {
             renewal,
-            expires_at_ms,
+            expires_at_ms: UnixMs::new(expires_at_ms),
         })
     }
 

@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use ::postgres::{Client, NoTls};
-use rm_handlers::{JobId, JobState};
+use rm_handlers::{JobId, JobState, UnixMs};
 
 use super::*;
 use crate::intake_tests::{Postgres, Sqlite, job_delivery, off_runtime};
@@ -94,16 +94,16 @@ fn the_view_shows_claims_only_under_live_hosts_and_only_live_leaders() {
             job_id: JobId::new(job_id),
             policy: "small".to_owned(),
             runner_name: None,
-            claimed_at_ms: 3,
+            claimed_at_ms: UnixMs::new(3),
             job_state,
         },
     };
     let leader = |role: &str, expires| LeaderView {
         role: role.to_owned(),
         host: "a".to_owned(),
-        acquired_at_ms: 1,
-        renewed_at_ms: 2,
-        expires_at_ms: expires,
+        acquired_at_ms: UnixMs::new(1),
+        renewed_at_ms: UnixMs::new(2),
+        expires_at_ms: UnixMs::new(expires),
     };
     let view = assemble(
         100,

@@ -26,7 +26,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use postgres::{Client, Config, NoTls, Transaction};
-use rm_handlers::JobId;
+use rm_handlers::{JobId, UnixMs};
 
 use crate::JournalError;
 use crate::fleet::{
@@ -148,7 +148,7 @@ impl Fleet for PgFleet {
         tx.commit()?;
         Ok(Lease {
             renewal,
-            expires_at_ms,
+            expires_at_ms: UnixMs::new(expires_at_ms),
         })
     }
 
@@ -376,7 +376,7 @@ impl Fleet for PgFleet {
                     job_id: JobId::new(row.get(1)),
                     policy: row.get(2),
                     runner_name: row.get(3),
-                    claimed_at_ms: row.get(4),
+                    claimed_at_ms: UnixMs::new(row.get(4)),
                     job_state: crate::types::stored_job_state(row.get(5)),
                 },
             })
@@ -391,9 +391,9 @@ impl Fleet for PgFleet {
             .map(|row| LeaderView {
                 role: row.get(0),
                 host: row.get(1),
-                acquired_at_ms: row.get(2),
-                renewed_at_ms: row.get(3),
-                expires_at_ms: row.get(4),
+                acquired_at_ms: UnixMs::new(row.get(2)),
+                renewed_at_ms: UnixMs::new(row.get(3)),
+                expires_at_ms: UnixMs::new(row.get(4)),
             })
             .collect();
         tx.commit()?;
