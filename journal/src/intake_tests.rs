@@ -261,7 +261,7 @@ async fn a_new_delivery_is_applied_and_its_guid_is_answered_once<B: Backend>(b: 
     let stored = b.delivery("g-1").unwrap();
     assert_eq!(stored.row.outcome, Outcome::Applied);
     assert_eq!(stored.row.action.as_deref(), Some("queued"));
-    assert_eq!(stored.row.received_at_ms, 1_000);
+    assert_eq!(stored.row.received_at_ms.get(), 1_000);
     assert_eq!(
         stored.headers,
         vec![("x-github-event".to_owned(), "workflow_job".to_owned())]

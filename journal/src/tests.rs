@@ -103,7 +103,7 @@ async fn replay_applies_a_delivery_that_an_older_rm_rejected() {
         .unwrap()
         .row;
     assert_eq!(
-        (row.outcome, row.replayed_at_ms),
+        (row.outcome, row.replayed_at_ms.map(|t| t.get())),
         (Outcome::Applied, Some(99))
     );
     // A second replay finds everything already there.

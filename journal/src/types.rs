@@ -102,10 +102,10 @@ pub struct DeliveryRow {
     pub event: String,
     pub action: Option<String>,
     pub source: String,
-    pub received_at_ms: i64,
+    pub received_at_ms: UnixMs,
     pub outcome: Outcome,
     pub reason: Option<String>,
-    pub replayed_at_ms: Option<i64>,
+    pub replayed_at_ms: Option<UnixMs>,
     pub body_kept: bool,
 }
 

@@ -20,11 +20,11 @@ pub fn list(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
                     "guid": d.guid,
                     "event": d.event,
                     "action": d.action,
-                    "received_at": rfc3339(d.received_at_ms),
+                    "received_at": rfc3339(d.received_at_ms.get()),
                     "outcome": d.outcome.as_str(),
                     "reason": d.reason,
                     "source": d.source,
-                    "replayed_at": d.replayed_at_ms.map(rfc3339),
+                    "replayed_at": d.replayed_at_ms.map(|t| rfc3339(t.get())),
                     "body_kept": d.body_kept,
                 })
             })
@@ -40,7 +40,7 @@ pub fn list(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
                 d.event.clone(),
                 or_dash(d.action.as_deref()),
                 d.outcome.as_str().to_owned(),
-                rfc3339(d.received_at_ms),
+                rfc3339(d.received_at_ms.get()),
                 or_dash(d.reason.as_deref()),
             ]
         })

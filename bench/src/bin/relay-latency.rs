@@ -167,7 +167,7 @@ fn journalled(journal: &Path, limit: usize) -> Result<HashMap<String, i64>> {
     let rows = rm_journal::Reader::open(journal)?.deliveries(limit)?;
     Ok(rows
         .into_iter()
-        .map(|r| (r.guid, r.received_at_ms))
+        .map(|r| (r.guid, r.received_at_ms.get()))
         .collect())
 }
 

@@ -179,11 +179,11 @@ fn delivery_row(row: &Row) -> DeliveryRow {
         event: row.get(1),
         action: row.get(2),
         source: row.get(3),
-        received_at_ms: row.get(4),
+        received_at_ms: UnixMs::new(row.get(4)),
         // The schema's CHECK constraint admits only known outcomes.
         outcome: Outcome::parse(&outcome).unwrap_or(Outcome::Rejected),
         reason: row.get(6),
-        replayed_at_ms: row.get(7),
+        replayed_at_ms: row.get::<_, Option<i64>>(7).map(UnixMs::new),
         body_kept: row.get(8),
     }
 }

@@ -542,10 +542,11 @@ impl Timeline {
         for d in &deliveries {
             let job = self.jobs_by_guid.get(&d.guid);
             if let Some((id, _)) = job {
-                let first = first_webhook.entry(*id).or_insert(d.received_at_ms);
-                *first = (*first).min(d.received_at_ms);
+                let received = d.received_at_ms.get();
+                let first = first_webhook.entry(*id).or_insert(received);
+                *first = (*first).min(received);
                 if self.lost.get(id).is_some_and(|g| g.contains(&d.guid)) {
-                    redelivered.insert(*id, d.received_at_ms);
+                    redelivered.insert(*id, received);
                 }
             }
             let what = match (&d.action, job) {
@@ -561,7 +562,7 @@ impl Timeline {
             }
             events.push(Event {
                 key: format!("delivery:{}", d.guid),
-                at_ms: d.received_at_ms,
+                at_ms: d.received_at_ms.get(),
                 who: "receiver",
                 text,
             });
