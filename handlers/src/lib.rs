@@ -70,8 +70,8 @@ pub struct Delivery<'a> {
     pub event: &'a str,
     /// The exact body bytes GitHub signed.
     pub body: &'a [u8],
-    /// When the delivery arrived, in milliseconds since the Unix epoch (handlers have no clock).
-    pub received_at_ms: i64,
+    /// When the delivery arrived (handlers have no clock).
+    pub received_at_ms: UnixMs,
     /// How it arrived.
     pub source: Source,
 }

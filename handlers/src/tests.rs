@@ -47,7 +47,7 @@ fn deliver_at(event: &str, body: &[u8], received_at_ms: i64) -> Verdict {
         guid: "72d3162e-cc78-11e3-81ab-4c9367dc0958",
         event,
         body,
-        received_at_ms,
+        received_at_ms: UnixMs::new(received_at_ms),
         source: Source::Webhook,
     })
 }

@@ -89,7 +89,7 @@ pub(crate) fn handle(delivery: &Delivery<'_>) -> Verdict {
         };
     }
     if let Some(newest) = job.newest_timestamp_ms() {
-        let age_ms = delivery.received_at_ms.saturating_sub(newest);
+        let age_ms = delivery.received_at_ms.saturating_sub(UnixMs::new(newest));
         if age_ms > QUEUE_LIFETIME_MS {
             return Verdict::Stale {
                 action: Some(payload.action),
@@ -134,7 +134,7 @@ pub(crate) fn handle(delivery: &Delivery<'_>) -> Verdict {
             .and_then(parse_rfc3339_ms)
             .map(UnixMs::new)
             .filter(|_| state >= JobState::InProgress),
-        observed_at_ms: UnixMs::new(delivery.received_at_ms),
+        observed_at_ms: delivery.received_at_ms,
         source: delivery.source,
     };
     Verdict::Apply {

@@ -230,7 +230,7 @@ fn incoming(guid: &str, event: &str, body: Vec<u8>, at_ms: i64) -> Incoming {
         event: event.to_owned(),
         headers: vec![("x-github-event".to_owned(), event.to_owned())],
         body,
-        received_at_ms: at_ms,
+        received_at_ms: rm_handlers::UnixMs::new(at_ms),
         source: Source::Webhook,
     }
 }

@@ -32,7 +32,7 @@ pub fn replay(
         event: &stored.row.event,
         body: &body,
         // Handlers have no clock: the replay is when the journal learns what the body says.
-        received_at_ms: now_ms,
+        received_at_ms: rm_handlers::UnixMs::new(now_ms),
         source: Source::parse(&stored.row.source).unwrap_or(Source::Webhook),
     };
     let verdict =

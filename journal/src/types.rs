@@ -14,7 +14,7 @@ pub struct Incoming {
     pub headers: Vec<(String, String)>,
     /// The exact body bytes.
     pub body: Vec<u8>,
-    pub received_at_ms: i64,
+    pub received_at_ms: UnixMs,
     pub source: Source,
 }
 

@@ -53,7 +53,7 @@ fn sighting(
         event: "workflow_job".to_owned(),
         headers: Vec::new(),
         body: serde_json::to_vec(&body).unwrap(),
-        received_at_ms: at_ms,
+        received_at_ms: UnixMs::new(at_ms),
         source: Source::Webhook,
     }
 }

@@ -408,7 +408,7 @@ fn record_one(
     // is still journalled, as rejected with the reason, so nothing GitHub sent is lost. The
     // savepoint statements are prepared once, not parsed again for every delivery.
     tx.prepare_cached("SAVEPOINT delivery")?.execute([])?;
-    let applied = match apply_verdict(tx, verdict, incoming.received_at_ms) {
+    let applied = match apply_verdict(tx, verdict, incoming.received_at_ms.get()) {
         Ok(applied) => {
             tx.prepare_cached("RELEASE delivery")?.execute([])?;
             Ok(applied)

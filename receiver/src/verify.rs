@@ -120,7 +120,7 @@ impl Envelope {
             event: self.event,
             headers: self.kept,
             body,
-            received_at_ms,
+            received_at_ms: rm_handlers::UnixMs::new(received_at_ms),
             source,
         })
     }

@@ -332,7 +332,7 @@ async fn an_organizations_repositories_are_listed_again_when_old_or_changed() {
             event: "installation".into(),
             headers: Vec::new(),
             body: serde_json::to_vec(&body).unwrap(),
-            received_at_ms: rm_journal::now_ms(),
+            received_at_ms: rm_handlers::UnixMs::new(rm_journal::now_ms()),
             source: rm_handlers::Source::Webhook,
         })
         .await

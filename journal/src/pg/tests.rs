@@ -337,7 +337,7 @@ async fn a_delivery_that_cannot_be_applied_is_rejected_and_its_group_still_commi
         event: "installation_repositories".to_owned(),
         headers: Vec::new(),
         body: serde_json::to_vec(&body).unwrap(),
-        received_at_ms: 1,
+        received_at_ms: rm_handlers::UnixMs::new(1),
         source: rm_handlers::Source::Webhook,
     };
     let held = Held::deliveries(&url);

@@ -361,7 +361,7 @@ fn write_batch(
     for (index, id, incoming, verdict) in new {
         let (outcome, reason) = match unappliable.get(&index) {
             Some(reason) => (Outcome::Rejected, Some(reason.clone())),
-            None => match apply_verdict(&mut sql, verdict, incoming.received_at_ms) {
+            None => match apply_verdict(&mut sql, verdict, incoming.received_at_ms.get()) {
                 Ok(applied) => (applied.outcome, applied.reason),
                 Err(ApplyError::Postgres(err)) if !is_data_error(&err) => return Err(err.into()),
                 Err(err) => {
@@ -410,7 +410,7 @@ fn insert_deliveries<'r>(
     let events: Vec<&str> = sorted.iter().map(|r| r.1.event.as_str()).collect();
     let actions: Vec<Option<&str>> = sorted.iter().map(|r| r.2.action()).collect();
     let sources: Vec<&str> = sorted.iter().map(|r| r.1.source.as_str()).collect();
-    let received: Vec<i64> = sorted.iter().map(|r| r.1.received_at_ms).collect();
+    let received: Vec<i64> = sorted.iter().map(|r| r.1.received_at_ms.get()).collect();
     let headers: Vec<&str> = sorted.iter().map(|r| r.3.headers.as_str()).collect();
     let bodies: Vec<&[u8]> = sorted.iter().map(|r| r.3.body.as_slice()).collect();
     let rows = sql.query(

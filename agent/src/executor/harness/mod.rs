@@ -761,7 +761,7 @@ impl Harness {
                 event: "workflow_job".into(),
                 headers: Vec::new(),
                 body: serde_json::to_vec(&body).expect("JSON"),
-                received_at_ms: rm_base::clock::unix_ms(self.clock.now()),
+                received_at_ms: rm_handlers::UnixMs::from_system_time(self.clock.now()),
                 source: rm_handlers::Source::Webhook,
             })
             .await

@@ -61,7 +61,7 @@ async fn delivery_now(h: &Harness, guid: &str) {
             event: "ping".into(),
             headers: Vec::new(),
             body: br#"{"zen":"Keep it logically awesome.","hook_id":1}"#.to_vec(),
-            received_at_ms: unix_ms(h.clock.now()),
+            received_at_ms: rm_handlers::UnixMs::from_system_time(h.clock.now()),
             source: rm_handlers::Source::Webhook,
         })
         .await
