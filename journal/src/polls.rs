@@ -42,10 +42,10 @@ pub struct QueuedJobRef {
     pub job_id: JobId,
     /// `owner/name`.
     pub repository: String,
-    /// When it entered `queued` in the journal, ms since the Unix epoch.
-    pub updated_at_ms: i64,
+    /// When it entered `queued` in the journal.
+    pub updated_at_ms: rm_handlers::UnixMs,
     /// When a stale check last asked GitHub about it.
-    pub checked_at_ms: Option<i64>,
+    pub checked_at_ms: Option<rm_handlers::UnixMs>,
 }
 
 /// What the polling fallback writes and reads, whichever journal holds it. Every call blocks

@@ -74,7 +74,7 @@ fn started_attempt(attempts: &Attempts, n: u8, policy: &str, started_at: i64) ->
             runner_name: &name,
             workspace: WorkspaceKind::Ephemeral,
             runtime_dir: &dir,
-            created_at_ms: started_at - 500,
+            created_at_ms: UnixMs::new(started_at - 500),
             isolation: IsolationKind::None,
             uid: None,
             cgroup: None,

@@ -379,7 +379,7 @@ mod vanished_tests {
         QueuedJobRef {
             job_id: JobId::new(id),
             repository: "acme/widgets".into(),
-            updated_at_ms: 0,
+            updated_at_ms: rm_journal::UnixMs::EPOCH,
             checked_at_ms: None,
         }
     }

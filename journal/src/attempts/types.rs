@@ -346,7 +346,7 @@ pub struct NewAttempt<'a> {
     /// Must be UTF-8 and spelled the same way for every attempt (the workspace fence compares
     /// the text).
     pub runtime_dir: &'a Path,
-    pub created_at_ms: i64,
+    pub created_at_ms: UnixMs,
     pub isolation: IsolationKind,
     /// The runner uid, held until the attempt is cleaned (`user` isolation only).
     pub uid: Option<u32>,

@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 
 use postgres::{Client, Config, NoTls};
-use rm_handlers::{JobId, JobObservation};
+use rm_handlers::{JobId, JobObservation, UnixMs};
 
 use super::apply::{ApplyError, Sql, StatementCache, apply_job};
 use crate::JournalError;
@@ -97,8 +97,8 @@ fn queued_ref(row: &postgres::Row) -> QueuedJobRef {
     QueuedJobRef {
         job_id: JobId::new(row.get(0)),
         repository: row.get(1),
-        updated_at_ms: row.get(2),
-        checked_at_ms: row.get(3),
+        updated_at_ms: UnixMs::new(row.get(2)),
+        checked_at_ms: row.get::<_, Option<i64>>(3).map(UnixMs::new),
     }
 }
 

@@ -252,7 +252,7 @@ async fn runners_json_follows_the_contract() {
             runner_name: &name,
             workspace: WorkspaceKind::Ephemeral,
             runtime_dir: &runtime,
-            created_at_ms: 1_700_000_000_000,
+            created_at_ms: rm_journal::UnixMs::new(1_700_000_000_000),
             isolation: IsolationKind::None,
             uid: None,
             cgroup: None,
