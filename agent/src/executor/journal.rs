@@ -40,6 +40,16 @@ struct FleetReader {
     reader: Option<PgReader>,
 }
 
+impl Drop for FleetReader {
+    fn drop(&mut self) {
+        // A PostgreSQL client closes its connection on drop, which blocks and panics on a
+        // runtime's worker (it runs a runtime of its own).
+        if let Some(reader) = self.reader.take() {
+            std::thread::spawn(move || drop(reader));
+        }
+    }
+}
+
 impl FleetReader {
     /// Runs `call` on the reader, connecting first if there is none; a failed call drops the
     /// connection, so the next one connects afresh.
