@@ -32,11 +32,7 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
     let journal = Journal::open(&journal_path, config.retention)
         .with_context(|| format!("cannot open the journal in {}", config.data_dir.display()))
         .map_err(Exit::runtime)?;
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("cannot listen on {} (receiver.listen)", settings.listen))
-        .map_err(Exit::runtime)?;
-    let local = listener.local_addr().map_err(Exit::runtime)?;
+    let (listener, local) = listen(settings).await?;
     tracing::info!(
         listen = %local,
         path = %settings.path,
@@ -64,6 +60,18 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
     Ok(())
 }
 
+/// The receiver's listening socket and the address it got.
+async fn listen(
+    settings: &crate::config::ReceiverSettings,
+) -> Result<(tokio::net::TcpListener, std::net::SocketAddr), Exit> {
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (receiver.listen)", settings.listen))
+        .map_err(Exit::runtime)?;
+    let local = listener.local_addr().map_err(Exit::runtime)?;
+    Ok((listener, local))
+}
+
 /// `receive` on the fleet's PostgreSQL journal: connects and migrates (or fails, exit 1, with
 /// the server's reason and never the connection string), then serves until a signal.
 async fn receive_on_postgres(
@@ -85,11 +93,7 @@ async fn receive_on_postgres(
             )
         })
         .map_err(Exit::runtime)?;
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("cannot listen on {} (receiver.listen)", settings.listen))
-        .map_err(Exit::runtime)?;
-    let local = listener.local_addr().map_err(Exit::runtime)?;
+    let (listener, local) = listen(settings).await?;
     tracing::info!(
         listen = %local,
         path = %settings.path,

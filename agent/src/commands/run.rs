@@ -127,23 +127,24 @@ pub(crate) async fn serve_paced(
         // In a fleet: sightings go to the shared journal, and each target is polled by the
         // one host that leads it (crate::polling::election): one REST budget for the fleet.
         Some(target) => {
-            let unreachable = |e: rm_journal::JournalError| {
-                Exit::runtime(anyhow::anyhow!(
-                    "cannot reach the fleet's journal ({}): {e}",
-                    target.describe()
+            let server = target.describe();
+            // The PostgreSQL client blocks and runs a runtime of its own: connected off this one.
+            let opened = tokio::task::spawn_blocking(move || {
+                Ok::<_, rm_journal::JournalError>((
+                    rm_journal::PgPollJournal::open(&target)?,
+                    rm_journal::PgFleet::open(&target)?,
                 ))
-            };
-            Poller::new(
-                poller_config,
-                client,
-                rm_journal::PgPollJournal::open(&target).map_err(unreachable)?,
-                Arc::new(SystemClock),
-            )
-            .map_err(Exit::runtime)?
-            .with_fleet(
-                rm_journal::PgFleet::open(&target).map_err(unreachable)?,
-                config.host.name.clone(),
-            )
+            })
+            .await
+            .map_err(Exit::runtime)?;
+            let (polls, fleet) = opened.map_err(|e| {
+                Exit::runtime(anyhow::anyhow!(
+                    "cannot reach the fleet's journal ({server}): {e}"
+                ))
+            })?;
+            Poller::new(poller_config, client, polls, Arc::new(SystemClock))
+                .map_err(Exit::runtime)?
+                .with_fleet(fleet, config.host.name.clone())
         }
     }
     .with_pacing(pacing);

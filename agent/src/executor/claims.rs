@@ -135,6 +135,16 @@ struct Connection {
     fleet: Option<Box<dyn Fleet + Send>>,
 }
 
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // A PostgreSQL client closes its connection on drop, which blocks and panics on a
+        // runtime's worker (it runs a runtime of its own): the last holder may be the loop.
+        if let Some(fleet) = self.fleet.take() {
+            std::thread::spawn(move || drop(fleet));
+        }
+    }
+}
+
 impl Connection {
     fn with<R>(
         &mut self,

@@ -40,6 +40,16 @@ struct FleetReader {
     reader: Option<PgReader>,
 }
 
+impl Drop for FleetReader {
+    fn drop(&mut self) {
+        // A PostgreSQL client closes its connection on drop, which blocks and panics on a
+        // runtime's worker (it runs a runtime of its own).
+        if let Some(reader) = self.reader.take() {
+            std::thread::spawn(move || drop(reader));
+        }
+    }
+}
+
 impl FleetReader {
     /// Runs `call` on the reader, connecting first if there is none; a failed call drops the
     /// connection, so the next one connects afresh.
@@ -86,16 +96,7 @@ impl AttemptJournal {
     pub(super) async fn queued_jobs(&self) -> Result<Vec<JobRow>, AttemptError> {
         match &self.fleet {
             None => self.read(|reader| reader.queued_jobs()).await,
-            Some(fleet) => {
-                let fleet = Arc::clone(fleet);
-                blocking(move || {
-                    fleet
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .with(|reader| reader.queued_jobs())
-                })
-                .await
-            }
+            Some(fleet) => on_fleet(fleet, |reader| reader.queued_jobs()).await,
         }
     }
 
@@ -110,12 +111,8 @@ impl AttemptJournal {
                     .await
             }
             Some(fleet) => {
-                let fleet = Arc::clone(fleet);
-                blocking(move || {
-                    fleet
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .with(|reader| reader.jobs_for_runners(&as_strs(&names)))
+                on_fleet(fleet, move |reader| {
+                    reader.jobs_for_runners(&as_strs(&names))
                 })
                 .await
             }
@@ -155,6 +152,21 @@ impl AttemptJournal {
             Err(e) => Err(not_run(e)),
         }
     }
+}
+
+/// Runs `call` on the fleet's reader, on a blocking thread.
+async fn on_fleet<R: Send + 'static>(
+    fleet: &Arc<Mutex<FleetReader>>,
+    call: impl FnOnce(&mut PgReader) -> Result<R, JournalError> + Send + 'static,
+) -> Result<R, AttemptError> {
+    let fleet = Arc::clone(fleet);
+    blocking(move || {
+        fleet
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .with(call)
+    })
+    .await
 }
 
 fn as_strs(names: &[String]) -> Vec<&str> {

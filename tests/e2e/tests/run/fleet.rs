@@ -542,7 +542,7 @@ async fn the_database_stopped_mid_burst_loses_no_acknowledged_delivery_and_serve
     for job in &long {
         let a = attempts
             .iter()
-            .find(|a| a.job_id.map(|j| j.get()) == Some(i64::try_from(*job).unwrap()))
+            .find(|a| a.job_id == Some(rm_journal::JobId::try_from(*job).unwrap()))
             .expect("the long job's attempt");
         assert_eq!(a.outcome, Some(AttemptOutcome::CompletedJob));
     }
