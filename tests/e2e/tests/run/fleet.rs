@@ -172,9 +172,19 @@ fn check_surplus(attempts: &[AttemptRecord]) -> usize {
         {
             continue;
         }
+        // A surplus runner idles out; under load one may instead miss its registration window
+        // (failed, never registered): either way it ran no job and is cleaned.
         assert_eq!(
-            (a.state, a.outcome),
-            (AttemptState::Cleaned, Some(AttemptOutcome::IdleExit)),
+            a.state,
+            AttemptState::Cleaned,
+            "surplus runner {} not cleaned",
+            a.runner_name
+        );
+        assert!(
+            matches!(
+                a.outcome,
+                Some(AttemptOutcome::IdleExit | AttemptOutcome::Failed)
+            ),
             "surplus runner {} ended {:?} ({:?})",
             a.runner_name,
             a.outcome,
