@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use rm_github::Target;
 
-use super::poller::STATUS_REFRESH;
+use super::schedule::STATUS_REFRESH;
 
 /// How long a poller's lead on a role lasts without renewal. Every step renews it, and the loop
 /// steps at least every [`STATUS_REFRESH`] (30 s), so four renewals fit in one lease (two

@@ -20,7 +20,9 @@ use super::blocking::{FleetHandle, Store};
 use super::election::{self, Standing};
 use super::health::{Evidence, Trust, WebhookHealth};
 use super::redeliver;
-use super::schedule::{Conditions, Failure, NextPoll, Pace, PollSchedule, ScheduleError};
+use super::schedule::{
+    Conditions, Failure, NextPoll, Pace, PollSchedule, STATUS_REFRESH, ScheduleError,
+};
 use super::stale;
 use super::status::{
     PassReport, PollerStatus, RequestWindow, WebhookStatus, binding_rate_limit, totals,
@@ -28,8 +30,6 @@ use super::status::{
 use super::targets::{self, DemandError, DemandState};
 use super::{PollerConfig, from_unix_ms};
 
-/// The loop wakes at least this often to refresh what `status` shows.
-pub(super) const STATUS_REFRESH: Duration = Duration::from_secs(30);
 /// The shortest sleep between two steps (guards against a busy loop).
 const MIN_WAKE: Duration = Duration::from_millis(100);
 

@@ -16,6 +16,9 @@ use std::time::{Duration, SystemTime};
 
 use rm_github::{GithubError, LimitKind};
 
+/// The poller's loop wakes at least this often (to refresh what `status` shows); the fleet's
+/// leader leases are sized by it (`election::LEAD_TTL`).
+pub(crate) const STATUS_REFRESH: Duration = Duration::from_secs(30);
 /// The active interval's floor: faster polling spends the shared quota.
 pub(crate) const ACTIVE_FLOOR: Duration = Duration::from_secs(30);
 /// The idle interval's floor.
