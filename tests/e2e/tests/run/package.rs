@@ -149,9 +149,13 @@ async fn a_download_in_a_terminal_shows_a_progress_bar() {
     }
     let mut child = script.spawn().unwrap();
     let drawn = || std::fs::read_to_string(&typescript).unwrap_or_default();
-    wait_until(Duration::from_secs(30), "the package downloaded", || {
-        cached(&fleet).len() == 1 && drawn().contains("eta")
-    })
+    // The bar's last redraw reaches the typescript after the package is cached: wait for it
+    // too, or a kill in between leaves a screen with only the first frame (seen in CI).
+    wait_until(
+        Duration::from_secs(30),
+        "the package downloaded and its bar drawn",
+        || cached(&fleet).len() == 1 && drawn().contains("eta") && drawn().contains("[==="),
+    )
     .await;
     let group = format!("-{}", child.id());
     std::process::Command::new("kill")
