@@ -93,30 +93,7 @@ impl StoppableServer {
             std::os::unix::fs::chown(&dir, Some(*uid), Some(*gid))
                 .map_err(|e| format!("cannot give {} to uid {uid}: {e}", dir.display()))?;
         }
-        let mut initdb = as_user(&user, &bin.join("initdb"));
-        initdb
-            .arg("-D")
-            .arg(dir.join("data"))
-            .args([
-                "-U",
-                ROLE,
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-sync",
-                "--locale=C",
-            ])
-            .stdin(Stdio::null());
-        let out = initdb
-            .output()
-            .map_err(|e| format!("cannot run initdb: {e}"))?;
-        if !out.status.success() {
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(format!(
-                "initdb failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+        init_cluster(&user, &bin, &dir.join("data"), &dir)?;
         let mut server = StoppableServer {
             server: PgServer { dir, bin },
             user,
@@ -266,30 +243,7 @@ impl PgServer {
                 .map_err(|e| format!("cannot give {} to uid {uid}: {e}", dir.display()))?;
         }
         let data = dir.join("data");
-        let mut initdb = as_user(&user, &bin.join("initdb"));
-        initdb
-            .arg("-D")
-            .arg(&data)
-            .args([
-                "-U",
-                ROLE,
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-sync",
-                "--locale=C",
-            ])
-            .stdin(Stdio::null());
-        let out = initdb
-            .output()
-            .map_err(|e| format!("cannot run initdb: {e}"))?;
-        if !out.status.success() {
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(format!(
-                "initdb failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+        init_cluster(&user, &bin, &data, &dir)?;
         let fsync = if durable { "on" } else { "off" };
         let mut postgres = as_user(&user, &bin.join("postgres"));
         postgres
@@ -407,6 +361,41 @@ impl Drop for PgDatabase {
 
 /// Where the cluster's directory goes: the temporary directory, unless the server runs as
 /// another user who could not reach it (a `TMPDIR` under root's home), then `/tmp`.
+/// `initdb` of a cluster in `data` (trust auth, the test role, no fsync), as `user`; on failure
+/// `dir` (the cluster's whole directory) is removed.
+fn init_cluster(
+    user: &Option<(u32, u32, String)>,
+    bin: &Path,
+    data: &Path,
+    dir: &Path,
+) -> Result<(), String> {
+    let mut initdb = as_user(user, &bin.join("initdb"));
+    initdb
+        .arg("-D")
+        .arg(data)
+        .args([
+            "-U",
+            ROLE,
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--locale=C",
+        ])
+        .stdin(Stdio::null());
+    let out = initdb
+        .output()
+        .map_err(|e| format!("cannot run initdb: {e}"))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(dir);
+        return Err(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
 fn base_dir(other_user: bool) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let temp = std::env::temp_dir();
