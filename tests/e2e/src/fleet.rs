@@ -341,13 +341,7 @@ impl Fleet {
     /// What runners left in the runner root (the agent's package store, `.rm-package`, is not
     /// a runner's).
     pub fn runtimes(&self) -> Vec<PathBuf> {
-        match std::fs::read_dir(&self.runner_root) {
-            Ok(entries) => entries
-                .map(|e| e.unwrap().path())
-                .filter(|p| p.file_name() != Some(std::ffi::OsStr::new(".rm-package")))
-                .collect(),
-            Err(_) => Vec::new(),
-        }
+        crate::runtimes_in(&self.runner_root)
     }
 
     /// Registrations named with our prefix that the agent did not remove: those the fake still

@@ -96,6 +96,18 @@ pub fn agent_with(feature: &str) -> PathBuf {
     agent
 }
 
+/// What runners left in a runner root (the agent's package store, `.rm-package`, is not a
+/// runner's); empty when the root does not exist.
+pub fn runtimes_in(runner_root: &Path) -> Vec<PathBuf> {
+    match std::fs::read_dir(runner_root) {
+        Ok(entries) => entries
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name() != Some(std::ffi::OsStr::new(".rm-package")))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
 /// A port on loopback that was free a moment ago.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -221,13 +221,7 @@ impl FleetHost {
 
     /// What runners left in its runner root (its package store aside).
     pub fn runtimes(&self) -> Vec<PathBuf> {
-        match std::fs::read_dir(&self.runner_root) {
-            Ok(entries) => entries
-                .map(|e| e.unwrap().path())
-                .filter(|p| p.file_name() != Some(std::ffi::OsStr::new(".rm-package")))
-                .collect(),
-            Err(_) => Vec::new(),
-        }
+        crate::runtimes_in(&self.runner_root)
     }
 
     /// The processes running under its runner uids.
