@@ -546,6 +546,8 @@ async fn claim(
         Ok(claimed) => {
             if !claimed.job_ids.is_empty() {
                 tracing::info!(policy = %policy.name, jobs = ?claimed.job_ids, "claimed jobs");
+                // A host that dies holding claims and no runner for them: the lease hand-over.
+                fault::crash_point("jobs_claimed");
             }
             if claimed.at_ceiling {
                 tracing::info!(policy = %policy.name, "the policy's fleet-wide max_runners holds further jobs back");

@@ -8,9 +8,10 @@
 //! runner's environment. `rm-agent --version` names the feature ([`crate::features`]), and the
 //! crash tests refuse an agent without it rather than wait for a crash that cannot come.
 
-/// The variable naming the crash point: `attempt_journalled`, `jit_received`,
-/// `process_spawned`, `runner_started`, `runner_busy` or `cleanup`, in lifecycle order (the
-/// `crash_point` calls in the executor name them).
+/// The variable naming the crash point: `jobs_claimed` (a fleet host, right after it claimed
+/// jobs), `attempt_journalled`, `jit_received`, `process_spawned`, `runner_started`,
+/// `runner_busy` or `cleanup`, in lifecycle order (the `crash_point` calls in the executor name
+/// them).
 #[cfg(feature = "fault-injection")]
 const CRASH_ENV: &str = "RM_FAULT_CRASH_AT";
 

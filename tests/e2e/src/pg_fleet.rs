@@ -176,6 +176,12 @@ impl FleetHost {
     /// Starts (or starts again) `rm-agent run`, logging (debug) to a file of its own. A fleet
     /// host has no listener of its own: nothing to wait for.
     pub fn start(&mut self) {
+        self.start_with_env(&[]);
+    }
+
+    /// [`FleetHost::start`] with variables set for this start alone (a crash point:
+    /// `RM_FAULT_CRASH_AT`, agent/src/executor/fault.rs).
+    pub fn start_with_env(&mut self, env: &[(&str, &str)]) {
         let log = std::fs::File::create(self.setup.dir.path().join(format!(
             "agent-{}.log",
             std::time::SystemTime::now()
@@ -185,6 +191,7 @@ impl FleetHost {
         )))
         .unwrap();
         let mut command = self.setup.command(&["run"]);
+        command.envs(env.iter().copied());
         command
             .env("RM_LOG", "debug")
             .stdout(Stdio::null())

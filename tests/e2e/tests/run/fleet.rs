@@ -11,7 +11,7 @@
 //! The figures each test prints (`FLEET FIGURES`) go in docs/performance.md.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rm_e2e::fleet::{PolicySpec, REPO, wait_until};
 use rm_e2e::pg_fleet::{FleetHost, PgFleet, PgFleetOptions};
@@ -435,6 +435,127 @@ async fn three_hosts_and_two_receivers_serve_a_hundred_jobs_once_through_a_kille
     assert!(
         surplus <= bound,
         "{surplus} surplus runners for 100 jobs (bound {bound})"
+    );
+}
+
+/// When the fake answered each JIT registration whose runner name starts with `prefix`.
+fn jit_times(fleet: &PgFleet, prefix: &str) -> Vec<SystemTime> {
+    fleet
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/generate-jitconfig"))
+        .filter(|r| {
+            r.body
+                .as_ref()
+                .and_then(|b| b["name"].as_str())
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .map(|r| r.at)
+        .collect()
+}
+
+/// The lease hand-over on its own: a host dies right after claiming jobs, before any runner for
+/// them exists (`RM_FAULT_CRASH_AT=jobs_claimed`), so no runner of anyone's can take them. The
+/// other host must leave them alone while the dead host's lease holds, and serve them once it
+/// has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_holding_claims_hands_its_jobs_over_when_its_lease_passes() {
+    let server = match pg_server::shared() {
+        Ok(server) => server,
+        Err(why) => {
+            skip::cannot_run("fleet::a_host_killed_holding_claims", "postgres", &why);
+            return;
+        }
+    };
+    let db = server.database("fleet_lease_handover").unwrap();
+    let url = db.url();
+    let fleet = PgFleet::new(url.clone(), options()).await;
+    let r1 = fleet.start_receiver().await;
+    fleet.deliver_to(&[&r1]);
+    let mut doomed = fleet.host("lease-doomed");
+    let mut survivor = fleet.host("lease-survivor");
+    doomed.start_with_env(&[("RM_FAULT_CRASH_AT", "jobs_claimed")]);
+    let dead = doomed.name.clone();
+    wait_until(Duration::from_secs(60), "the doomed host holds a lease", || {
+        view(&url).is_some_and(|v| v.hosts.iter().any(|h| h.host == dead && h.live))
+    })
+    .await;
+
+    let jobs = queue(&fleet, 3, 1);
+    wait_until(
+        Duration::from_secs(60),
+        "the doomed host dies at its first claim",
+        || doomed.exited(),
+    )
+    .await;
+    let died = Instant::now();
+    let dead_host = view(&url)
+        .and_then(|v| v.hosts.into_iter().find(|h| h.host == dead))
+        .expect("the dead host is in the fleet view");
+    assert!(dead_host.live, "its lease outlives it");
+    let dead_claims: HashSet<u64> = dead_host
+        .claims
+        .iter()
+        .map(|c| c.job_id.get() as u64)
+        .collect();
+    assert!(!dead_claims.is_empty(), "it died holding no claim");
+    assert!(
+        dead_host.claims.iter().all(|c| c.runner_name.is_none()),
+        "it named a runner for a claim before dying: {:?}",
+        dead_host.claims
+    );
+    let unclaimed = jobs.iter().filter(|j| !dead_claims.contains(j)).count();
+    let lease_end =
+        UNIX_EPOCH + Duration::from_millis(dead_host.expires_at_ms.get().try_into().unwrap());
+
+    survivor.start();
+    wait_until(
+        LEASE_TTL + Duration::from_secs(90),
+        "every job completed",
+        || all_completed(&fleet, &jobs),
+    )
+    .await;
+    let served_in = died.elapsed();
+
+    // While the dead host's lease held, the survivor registered runners for the jobs nobody
+    // had claimed at most; the claimed ones waited for the lease to pass.
+    let survivor_jits = jit_times(&fleet, &format!("rm-{}-", survivor.name));
+    let early = survivor_jits.iter().filter(|at| **at < lease_end).count();
+    assert!(
+        early <= unclaimed,
+        "{early} runners registered before the dead host's lease passed, for {unclaimed} unclaimed jobs"
+    );
+    assert!(
+        jit_times(&fleet, &format!("rm-{}-", dead)).is_empty(),
+        "the dead host registered a runner"
+    );
+    wait_until(Duration::from_secs(90), "every attempt cleaned", || {
+        survivor.all_cleaned()
+    })
+    .await;
+    let attempts = survivor.attempts();
+    check_served_once(&fleet, &jobs, &attempts);
+    for job in &dead_claims {
+        let runner = fleet.fake.job(*job).and_then(|j| j.runner_name).unwrap();
+        assert!(
+            runner.starts_with(&format!("rm-{}-", survivor.name)),
+            "the dead host's job {job} was run by {runner}"
+        );
+    }
+    assert_eq!(journal_queued(&url), 0, "jobs left queued in the journal");
+    let after_lease: Vec<f64> = survivor_jits
+        .iter()
+        .filter_map(|at| at.duration_since(lease_end).ok())
+        .map(|d| d.as_secs_f64())
+        .collect();
+    eprintln!(
+        "FLEET FIGURES (lease hand-over: a host died right after claiming {} of 3 queued jobs, no runner started): \
+         all served {:.1} s after it died (lease {} s); the survivor's JIT registrations {:?} s after the lease passed, {early} before it",
+        dead_claims.len(),
+        served_in.as_secs_f64(),
+        LEASE_TTL.as_secs(),
+        after_lease,
     );
 }
 
