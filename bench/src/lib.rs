@@ -5,9 +5,11 @@
 //! start real binaries (`runner-latency`, `relay-latency`) share, and [`package`] the synthetic
 //! runner package shaped like an actions/runner release that `runtime-create` and
 //! `runner-latency --compare-runtimes` make runtimes from. [`intake`] is `receiver-load
-//! --intake`: the journals' intake (SQLite against PostgreSQL) without HTTP.
+//! --intake`: the journals' intake (SQLite against PostgreSQL) without HTTP. [`fleet`] is
+//! `runner-latency --compare-fleet`: runner starts per second of a fleet, one host against three.
 
 pub mod delivery;
+pub mod fleet;
 pub mod intake;
 pub mod load;
 pub mod local;

@@ -16,6 +16,9 @@
 //! between two mutations (`"one_per_second"`, rm's rule before). `--every 0s` queues all jobs at
 //! once, a matrix: the `max` columns are then the time until every runner has registered and
 //! until every job has started.
+//!
+//! With `--compare-fleet`, a fleet on PostgreSQL of one host, then one of three
+//! ([`rm_bench::fleet`]), each through the same matrix queued at once: runner starts per second.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -26,6 +29,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context as _, Result, bail, ensure};
 use clap::Parser;
+use rm_bench::fleet::{self, FleetPlan};
 use rm_bench::local::{free_port, sibling};
 use rm_bench::package::{Size, add_payload, measure};
 use rm_fake_github::jit::RUNNER_PROTOCOL_PREFIX;
@@ -46,6 +50,8 @@ const STOP: Duration = Duration::from_secs(60);
 const UID_BASE: u32 = 40_000_000;
 /// Uids per agent.
 const UIDS_PER_MODE: u32 = 128;
+/// Agents of one run with runners: two, or one host and then three with `--compare-fleet`.
+const AGENTS_PER_RUN: u32 = 4;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -77,6 +83,11 @@ struct Args {
     /// `github.pacing = "documented"`, one with `"one_per_second"`.
     #[arg(long, conflicts_with = "compare_runtimes")]
     compare_pacing: bool,
+    /// Compare fleets on PostgreSQL instead: one host against three (one receiver each, the
+    /// journal on a PostgreSQL server the run starts), the whole matrix queued at once, one
+    /// fleet after the other [defaults: --jobs 120, --host-max 4].
+    #[arg(long, conflicts_with_all = ["compare_runtimes", "compare_pacing"])]
+    compare_fleet: bool,
     /// The rm-agent binary (default: next to this one).
     #[arg(long)]
     agent: Option<PathBuf>,
@@ -311,6 +322,52 @@ fn release_sized_package(runner: &Path, dir: &Path) -> Result<(PathBuf, Size)> {
     Ok((package, size))
 }
 
+/// `--compare-fleet`: one host, then three, through the same matrix; one table.
+async fn compare_fleet(
+    plan: &FleetPlan,
+    agent: &Path,
+    runner: &Path,
+    uids: impl Fn(u32) -> String,
+) -> Result<()> {
+    eprintln!(
+        "queueing {} jobs at once per fleet, {} runners per host, jobs of {:?}",
+        plan.jobs, plan.host_max, plan.job_duration
+    );
+    let began = Instant::now();
+    let one = fleet::run(1, plan, agent, runner, |n| uids(n as u32)).await?;
+    eprintln!("1 host done");
+    let three = fleet::run(3, plan, agent, runner, |n| uids(1 + n as u32)).await?;
+    println!(
+        "| fleet | runners | jobs | JIT registrations | runner starts / s | last started | last done | wait p50 | p99 | REST requests | refused by a secondary limit | jobs per host |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for f in [&one, &three] {
+        let mut waits = f.waits.clone();
+        let (p50, p99, _) = summary(&mut waits);
+        let per_host: Vec<String> = f.per_host.iter().map(|(h, n)| format!("{h} {n}")).collect();
+        println!(
+            "| {} host{} | {} | {} | {} | {:.2} | {:.1} s | {:.1} s | {p50:.0} ms | {p99:.0} ms | {} | {} | {} |",
+            f.hosts,
+            if f.hosts == 1 { "" } else { "s" },
+            f.hosts as u32 * plan.host_max,
+            f.jobs,
+            f.registrations,
+            f.starts_per_second(),
+            f.last_started.as_secs_f64(),
+            f.last_completed.as_secs_f64(),
+            f.requests,
+            f.limited,
+            per_host.join(", "),
+        );
+    }
+    println!(
+        "wall time {:.0} s; finished {}",
+        began.elapsed().as_secs_f64(),
+        humantime::format_rfc3339_seconds(SystemTime::now())
+    );
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -338,11 +395,19 @@ async fn main() -> Result<()> {
         None => sibling(rm_fake_runner::BINARY_NAME)?,
     };
     // A uid block per run (the process id picks it) and a range per agent within it.
-    let first = UID_BASE + (std::process::id() % 4096) * 2 * UIDS_PER_MODE;
+    let first = UID_BASE + (std::process::id() % 4096) * AGENTS_PER_RUN * UIDS_PER_MODE;
     let uids = |n: u32| {
         let from = first + n * UIDS_PER_MODE;
         format!("{from}-{}", from + UIDS_PER_MODE - 1)
     };
+    if args.compare_fleet {
+        let plan = FleetPlan {
+            jobs: args.jobs.unwrap_or(120),
+            job_duration: args.job_duration,
+            host_max: args.host_max.unwrap_or(4),
+        };
+        return compare_fleet(&plan, &agent, &runner, uids).await;
+    }
     let shared = passable_tempdir()?;
     let specs = if compare {
         let (package, _) = release_sized_package(&runner, shared.path())?;
