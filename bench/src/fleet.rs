@@ -84,7 +84,13 @@ struct Process {
 }
 
 impl Process {
-    fn spawn(name: String, agent: &Path, config: &Path, command: &str, log: PathBuf) -> Result<Self> {
+    fn spawn(
+        name: String,
+        agent: &Path,
+        config: &Path,
+        command: &str,
+        log: PathBuf,
+    ) -> Result<Self> {
         let stderr = std::fs::File::create(&log)?;
         let child = Command::new(agent)
             .arg("--config")
@@ -184,6 +190,18 @@ pub async fn run(
         "receive",
         receiver_dir.join("agent.log"),
     )?];
+    // Hosts refuse a journal whose schema is behind theirs, and the receiver migrates it step by
+    // step: start them once it answers.
+    let deadline = Instant::now() + STARTUP;
+    while !healthy(port) {
+        for p in &mut processes {
+            p.check_running()?;
+        }
+        if Instant::now() > deadline {
+            bail!("the receiver did not answer within {STARTUP:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let mut names = Vec::new();
     for n in 0..hosts {
         let name = format!("bench-h{n}");
@@ -271,8 +289,16 @@ pub async fn run(
         at.and_then(|at| at.duration_since(queued_at).ok())
             .unwrap_or_default()
     };
-    let last_started = jobs.iter().map(|j| since(j.started_at)).max().unwrap_or_default();
-    let last_completed = jobs.iter().map(|j| since(j.completed_at)).max().unwrap_or_default();
+    let last_started = jobs
+        .iter()
+        .map(|j| since(j.started_at))
+        .max()
+        .unwrap_or_default();
+    let last_completed = jobs
+        .iter()
+        .map(|j| since(j.completed_at))
+        .max()
+        .unwrap_or_default();
     let mut waits: Vec<Duration> = jobs
         .iter()
         .filter_map(|j| j.started_at?.duration_since(j.created_at).ok())

@@ -665,7 +665,10 @@ mod tests {
                 kind: LimitKind::Secondary,
                 retry_at,
                 ..
-            }) => assert_eq!(retry_at, now + crate::pacing::MINUTE),
+            }) => assert_eq!(
+                retry_at,
+                now + crate::pacing::MINUTE + crate::pacing::ARRIVAL_MARGIN
+            ),
             other => panic!("{other:?}"),
         }
         // Reads of another endpoint, and another installation's creations, still leave.
@@ -722,10 +725,10 @@ mod tests {
         let t = Instant::now();
         let _a = budget.acquire(scope, "get", Cost::Mutation, now).await;
         let _b = budget.acquire(scope, "get", Cost::Mutation, now).await;
-        // Room again once the first leaves the minute: 58 s ahead is over the short wait, so
-        // advance the clock to within it and the budget sleeps the rest.
+        // Room again once the first leaves the paced minute (61 s): 59 s ahead is over the short
+        // wait, so advance the clock to within it and the budget sleeps the rest.
         tokio::time::advance(Duration::from_secs(57)).await;
         assert!(budget.acquire(scope, "get", Cost::Read, now).await.is_ok());
-        assert_eq!(Instant::now(), t + Duration::from_secs(60));
+        assert_eq!(Instant::now(), t + Duration::from_secs(61));
     }
 }

@@ -45,6 +45,15 @@ pub const MUTATION_POINTS: u32 = 5;
 pub const MINUTE: Duration = Duration::from_secs(60);
 /// The span of the per-hour window.
 pub const HOUR: Duration = Duration::from_secs(3600);
+/// GitHub counts a request when it arrives, rm when it leaves: two requests a minute apart on
+/// rm's clock arrive less than a minute apart when the first took longer on its way (a token
+/// minted first, a new connection). rm paces by windows this much longer than GitHub's, so a
+/// burst's next minute never arrives early.
+pub const ARRIVAL_MARGIN: Duration = Duration::from_secs(1);
+/// The per-minute windows rm paces by: GitHub's minute and the [`ARRIVAL_MARGIN`].
+pub const PACED_MINUTE: Duration = MINUTE.saturating_add(ARRIVAL_MARGIN);
+/// The per-hour window rm paces by: GitHub's hour and the [`ARRIVAL_MARGIN`].
+pub const PACED_HOUR: Duration = HOUR.saturating_add(ARRIVAL_MARGIN);
 
 /// How a request counts against the secondary limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,19 +188,20 @@ impl Windows {
         let mut at = now;
         // Each window's earliest is monotone in `at`: repeat until all agree.
         loop {
-            let mut next = points.earliest(at, cost.points(), limits.points_per_minute, MINUTE)?;
+            let mut next =
+                points.earliest(at, cost.points(), limits.points_per_minute, PACED_MINUTE)?;
             if cost == Cost::Creation {
                 next = next.max(self.creations_minute.earliest(
                     next,
                     1,
                     limits.creations_per_minute,
-                    MINUTE,
+                    PACED_MINUTE,
                 )?);
                 next = next.max(self.creations_hour.earliest(
                     next,
                     1,
                     limits.creations_per_hour,
-                    HOUR,
+                    PACED_HOUR,
                 )?);
             }
             if next == at {
@@ -204,12 +214,12 @@ impl Windows {
     /// Enters a request of `cost` to `endpoint` leaving at `at`; forgets what expired by `now`.
     pub fn spend(&mut self, endpoint: &'static str, cost: Cost, at: Instant, now: Instant) {
         let points = self.points.entry(endpoint).or_default();
-        points.expire(now, MINUTE);
+        points.expire(now, PACED_MINUTE);
         points.spend(at, cost.points());
         if cost == Cost::Creation {
-            self.creations_minute.expire(now, MINUTE);
+            self.creations_minute.expire(now, PACED_MINUTE);
             self.creations_minute.spend(at, 1);
-            self.creations_hour.expire(now, HOUR);
+            self.creations_hour.expire(now, PACED_HOUR);
             self.creations_hour.spend(at, 1);
         }
     }
@@ -292,7 +302,8 @@ mod tests {
             departures.push(d);
         }
         assert!(departures[..80].iter().all(|d| *d == t));
-        assert!(departures[80..].iter().all(|d| *d == at(t, 60)));
+        // A minute and the arrival margin after the first.
+        assert!(departures[80..].iter().all(|d| *d == at(t, 61)));
         assert_eq!(w.creations(t), (80, 80));
 
         // 180 deletions of 5 points fill one endpoint's 900 points; other endpoints are apart.
@@ -301,7 +312,7 @@ mod tests {
             let d = w
                 .departure("orgs.runners.delete", Cost::Mutation, &DOCUMENTED, t)
                 .unwrap();
-            assert_eq!(d, if n < 180 { t } else { at(t, 60) }, "deletion {n}");
+            assert_eq!(d, if n < 180 { t } else { at(t, 61) }, "deletion {n}");
             w.spend("orgs.runners.delete", Cost::Mutation, d, t);
         }
         assert_eq!(
@@ -322,7 +333,8 @@ mod tests {
         let mut w = Windows::default();
         for minute in 0..2 {
             for _ in 0..50 {
-                let now = at(t, minute * 60);
+                // A paced minute apart (GitHub's and the arrival margin).
+                let now = at(t, minute * 61);
                 let d = w.departure("jit", Cost::Creation, &limits, now).unwrap();
                 assert_eq!(d, now);
                 w.spend("jit", Cost::Creation, d, now);
@@ -331,7 +343,7 @@ mod tests {
         // 100 in the hour: the next waits for the first to leave the hour, not the minute.
         assert_eq!(
             w.departure("jit", Cost::Creation, &limits, at(t, 120)),
-            Some(at(t, 3600))
+            Some(at(t, 3601))
         );
     }
 

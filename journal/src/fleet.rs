@@ -215,6 +215,60 @@ pub trait Fleet {
 
     /// The fleet for `status`.
     fn view(&mut self) -> Result<FleetView, FleetError>;
+
+    /// Reserves one request of `scope` (what GitHub counts together across the fleet's hosts:
+    /// one installation's content creations) for `host` now, if every one of `windows` has
+    /// room for it beside what every host reserved; `None` when reserved, else how long until
+    /// they all have room (nothing is reserved: ask again then).
+    fn reserve(
+        &mut self,
+        scope: &str,
+        host: &str,
+        windows: &[SpendWindow],
+    ) -> Result<Option<Duration>, FleetError>;
+}
+
+/// A sliding window of a shared limit: at most `limit` requests in any `span`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpendWindow {
+    pub limit: u32,
+    pub span: Duration,
+}
+
+/// The span of the longest of `windows`: what was reserved before it can be forgotten.
+pub(crate) fn longest_ms(windows: &[SpendWindow]) -> i64 {
+    windows
+        .iter()
+        .map(|w| i64::try_from(w.span.as_millis()).unwrap_or(i64::MAX))
+        .max()
+        .unwrap_or(0)
+}
+
+/// How long from `now_ms` until one more request fits in every one of `windows`, given when
+/// the requests already reserved were (`sent_ms`, oldest first); `None`: it fits now. A
+/// request counts in a window while `sent + span > now`. A window whose limit is 0 never has
+/// room: the wait is its whole span.
+pub(crate) fn room_after(sent_ms: &[i64], now_ms: i64, windows: &[SpendWindow]) -> Option<i64> {
+    let mut wait: Option<i64> = None;
+    for window in windows {
+        let span = i64::try_from(window.span.as_millis()).unwrap_or(i64::MAX);
+        let counted: Vec<i64> = sent_ms
+            .iter()
+            .copied()
+            .filter(|sent| sent.saturating_add(span) > now_ms)
+            .collect();
+        let limit = window.limit as usize;
+        if counted.len() < limit {
+            continue;
+        }
+        // The oldest `counted - limit + 1` must leave; the last of them leaves at its expiry.
+        let this = match counted.get(counted.len() - limit) {
+            Some(sent) if limit > 0 => sent.saturating_add(span) - now_ms,
+            _ => span,
+        };
+        wait = Some(wait.map_or(this, |w| w.max(this)));
+    }
+    wait
 }
 
 /// A lease (host or leader) holds at `now_ms` while its expiry is still ahead.

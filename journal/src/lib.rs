@@ -47,7 +47,7 @@ pub use connection::JOURNAL_FILE;
 pub use error::JournalError;
 pub use fleet::{
     ClaimRequest, ClaimView, Claimed, Fleet, FleetError, FleetView, HostInfo, HostView, LeaderView,
-    Lease, LocalFleet, Renewal,
+    Lease, LocalFleet, Renewal, SpendWindow,
 };
 pub use intake::Intake;
 pub use metrics::JournalMetrics;

@@ -236,6 +236,17 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         expires_at  INTEGER NOT NULL
     );
     "#,
+    // v9: what the fleet's hosts sent GitHub that it counts per installation, not per host
+    // (`crate::fleet`, `Fleet::reserve`): one row per request reserved in a shared window, kept
+    // until it has left the longest window. Times as in v8.
+    r#"
+    CREATE TABLE spends (
+        scope   TEXT NOT NULL,                  -- what GitHub counts together, e.g. one installation's creations
+        sent_at INTEGER NOT NULL,
+        host    TEXT NOT NULL                   -- who reserved it, for the troubleshooter
+    );
+    CREATE INDEX spends_scope ON spends (scope, sent_at);
+    "#,
 ];
 
 /// The schema version this build writes.

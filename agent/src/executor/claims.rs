@@ -18,9 +18,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use rm_github::pacing::{PACED_HOUR, PACED_MINUTE, Pacing};
 use rm_journal::{
     ClaimRequest, Claimed, Fleet, FleetError, FleetView, HostInfo, JobId, JobState, JournalError,
-    Lease,
+    Lease, SpendWindow,
 };
 
 /// How long a host's lease lasts without a renewal: a host that dies loses its claims after
@@ -45,6 +46,33 @@ pub struct FleetSettings {
     pub store: FleetStore,
     /// A policy's fleet-wide ceiling on live runners (claims), by policy name.
     pub max_runners: HashMap<String, u32>,
+    /// The windows of GitHub's limits on one installation's JIT registrations, which the
+    /// fleet's hosts spend together ([`shared_windows`]).
+    pub registrations: Vec<SpendWindow>,
+}
+
+/// The windows the fleet's hosts share per installation for its JIT registrations, from the
+/// configured pacing: GitHub counts its secondary limits per installation, not per host, so N
+/// hosts pacing on their own would send up to N times them. Documented pacing: the
+/// content-creation limits (80 a minute, 500 an hour) over rm's paced spans (GitHub's and the
+/// arrival margin); one mutation per interval: one registration per interval fleet-wide.
+pub fn shared_windows(pacing: Pacing) -> Vec<SpendWindow> {
+    match pacing {
+        Pacing::Documented(limits) => vec![
+            SpendWindow {
+                limit: limits.creations_per_minute,
+                span: PACED_MINUTE,
+            },
+            SpendWindow {
+                limit: limits.creations_per_hour,
+                span: PACED_HOUR,
+            },
+        ],
+        Pacing::Spaced(interval) => vec![SpendWindow {
+            limit: 1,
+            span: interval,
+        }],
+    }
 }
 
 /// This host's standing in the fleet, as one pass reads it.
@@ -127,6 +155,7 @@ pub(super) struct Membership {
     connection: Arc<Mutex<Connection>>,
     info: Arc<HostInfo>,
     max_runners: Arc<HashMap<String, u32>>,
+    registrations: Arc<Vec<SpendWindow>>,
 }
 
 /// The fleet's connection, made again after it was lost.
@@ -180,6 +209,7 @@ impl Membership {
             })),
             info: Arc::new(info),
             max_runners: Arc::new(settings.max_runners.clone()),
+            registrations: Arc::new(settings.registrations.clone()),
         }
     }
 
@@ -258,6 +288,23 @@ impl Membership {
             .await
     }
 
+    /// Reserves one JIT registration of `installation` in the fleet's shared windows: `None`
+    /// when reserved (send it now), else how long until there is room.
+    pub(super) async fn reserve_registration(
+        &self,
+        installation: u64,
+    ) -> Result<Option<Duration>, FleetError> {
+        let windows = Arc::clone(&self.registrations);
+        self.call(move |fleet, info| {
+            fleet.reserve(
+                &format!("installation:{installation}:registrations"),
+                &info.host,
+                &windows,
+            )
+        })
+        .await
+    }
+
     /// Renews the lease every [`LEASE_RENEW`] until the loop stops (the task ends with the
     /// membership's last other holder).
     pub(super) fn spawn_renewal(&self) -> tokio::task::JoinHandle<()> {
@@ -308,6 +355,73 @@ mod tests {
         assert_eq!(claims_to_make(0, 1, 0, 5), 1);
         // More claims than runners (a runner gave up): none, never negative.
         assert_eq!(claims_to_make(0, 0, 3, 5), 0);
+    }
+
+    #[test]
+    fn the_fleet_shares_the_installation_s_creation_limits_or_its_spacing() {
+        let documented = shared_windows(Pacing::Documented(rm_github::pacing::DOCUMENTED));
+        assert_eq!(
+            documented,
+            [
+                SpendWindow {
+                    limit: 80,
+                    span: PACED_MINUTE
+                },
+                SpendWindow {
+                    limit: 500,
+                    span: PACED_HOUR
+                },
+            ]
+        );
+        assert!(PACED_MINUTE > Duration::from_secs(60));
+        let spaced = shared_windows(Pacing::Spaced(Duration::from_secs(1)));
+        assert_eq!(
+            spaced,
+            [SpendWindow {
+                limit: 1,
+                span: Duration::from_secs(1)
+            }]
+        );
+    }
+
+    #[test]
+    fn standing_counts_only_the_claims_of_live_hosts() {
+        let host = |name: &str, live: bool, claims: &[(i64, JobState)]| rm_journal::HostView {
+            host: name.to_owned(),
+            labels: Vec::new(),
+            policies: vec!["linux".to_owned()],
+            registered_at_ms: rm_journal::UnixMs::EPOCH,
+            renewed_at_ms: rm_journal::UnixMs::EPOCH,
+            expires_at_ms: rm_journal::UnixMs::EPOCH,
+            live,
+            claims: claims
+                .iter()
+                .map(|&(id, job_state)| rm_journal::ClaimView {
+                    job_id: JobId::new(id),
+                    policy: "linux".to_owned(),
+                    runner_name: None,
+                    claimed_at_ms: rm_journal::UnixMs::EPOCH,
+                    job_state,
+                })
+                .collect(),
+        };
+        let view = FleetView {
+            now_ms: rm_journal::UnixMs::EPOCH,
+            hosts: vec![
+                host(
+                    "a",
+                    true,
+                    &[(1, JobState::Queued), (2, JobState::InProgress)],
+                ),
+                host("b", true, &[(3, JobState::Queued)]),
+                host("dead", false, &[(4, JobState::Queued)]),
+            ],
+            leaders: Vec::new(),
+        };
+        let standing = Standing::of(&view, "a");
+        assert_eq!(standing.mine("linux"), &[JobId::new(1)]);
+        assert_eq!(standing.held, [JobId::new(1), JobId::new(2)].into());
+        assert_eq!(standing.taken, [1, 2, 3].map(JobId::new).into());
     }
 
     #[test]

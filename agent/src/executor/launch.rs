@@ -33,8 +33,10 @@ use crate::runner::{RunnerChild, Runtime, Spawned};
 pub(super) const MAX_JIT_TRIES: u32 = 5;
 
 /// The longest a launch waits for a rate limit to lift; beyond it the launch fails and the
-/// policy's back-off takes over.
-pub(super) const MAX_JIT_WAIT: Duration = Duration::from_secs(60);
+/// policy's back-off takes over. A paced minute (GitHub's and the arrival margin,
+/// `rm_github::pacing::PACED_MINUTE`) and a little more: the registrations of a matrix past the
+/// per-minute limit wait for the first ones to leave the window rather than fail.
+pub(super) const MAX_JIT_WAIT: Duration = Duration::from_secs(65);
 
 /// Why a launch ended without a runner.
 #[derive(Debug)]
@@ -267,9 +269,12 @@ impl Launch {
         let mut tries = 0;
         loop {
             tries += 1;
-            let error = match ctx.registry.generate(target, request).await {
-                Ok(jit) => return Ok(jit),
-                Err(e) => e,
+            let error = match self.reserve_registration(target).await {
+                Err(refused) => refused,
+                Ok(()) => match ctx.registry.generate(target, request).await {
+                    Ok(jit) => return Ok(jit),
+                    Err(e) => e,
+                },
             };
             let mut not_before = None;
             match registry::jit_retry(&error) {
@@ -324,6 +329,38 @@ impl Launch {
         }
     }
 }
+
+impl Launch {
+    /// In a fleet: reserves this registration in the installation's windows that the fleet's
+    /// hosts share (`claims::shared_windows`); a full window refuses it as GitHub's secondary
+    /// limit would, with the time there is room, and the caller's retry rules wait for it. A
+    /// database that cannot be asked does not hold the launch up: the host's own pacing still
+    /// holds, and the claim it starts for was made moments ago.
+    async fn reserve_registration(
+        &self,
+        target: &rm_github::Target,
+    ) -> Result<(), rm_github::GithubError> {
+        let Some(membership) = &self.ctx.membership else {
+            return Ok(());
+        };
+        let installation = self.ctx.registry.client().installation_for(target).await?;
+        match membership.reserve_registration(installation).await {
+            Ok(None) => Ok(()),
+            Ok(Some(wait)) => Err(rm_github::GithubError::RateLimited {
+                kind: rm_github::LimitKind::Secondary,
+                resource: FLEET_WINDOW.to_owned(),
+                retry_at: self.ctx.clock.now() + wait,
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reserve the registration in the fleet's shared window; sending it paced by this host alone");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What a registration refused by the fleet's shared window names as its resource.
+const FLEET_WINDOW: &str = "the fleet's shared registration window";
 
 /// The wait before JIT try `tries + 1`: the back-off, or longer if GitHub named a time.
 fn retry_wait(tries: u32, not_before: Option<SystemTime>, now: SystemTime) -> Duration {

@@ -13,8 +13,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{
     ClaimRequest, ClaimRow, ClaimView, Claimed, Fleet, FleetError, FleetView, HostInfo, HostRow,
-    Lead, LeaderView, Lease, Renewal, assemble, choose, expiry, json_names, lead, lease_live,
-    renewal,
+    Lead, LeaderView, Lease, Renewal, SpendWindow, assemble, choose, expiry, json_names, lead,
+    lease_live, longest_ms, renewal, room_after,
 };
 use crate::{JournalError, connection};
 
@@ -234,6 +234,33 @@ impl Fleet for LocalFleet {
             params![role, host],
         )?;
         Ok(changed == 1)
+    }
+
+    fn reserve(
+        &mut self,
+        scope: &str,
+        host: &str,
+        windows: &[SpendWindow],
+    ) -> Result<Option<Duration>, FleetError> {
+        let tx = self.begin()?;
+        let now = crate::now_ms();
+        tx.execute(
+            "DELETE FROM spends WHERE scope = ?1 AND sent_at <= ?2",
+            params![scope, now.saturating_sub(longest_ms(windows))],
+        )?;
+        let sent: Vec<i64> = tx
+            .prepare("SELECT sent_at FROM spends WHERE scope = ?1 ORDER BY sent_at")?
+            .query_map([scope], |row| row.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        let wait = room_after(&sent, now, windows);
+        if wait.is_none() {
+            tx.execute(
+                "INSERT INTO spends (scope, sent_at, host) VALUES (?1, ?2, ?3)",
+                params![scope, now, host],
+            )?;
+        }
+        tx.commit()?;
+        Ok(wait.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
     }
 
     fn view(&mut self) -> Result<FleetView, FleetError> {

@@ -57,6 +57,36 @@ fn a_role_is_taken_when_free_or_expired_and_renewed_by_its_holder() {
 }
 
 #[test]
+fn a_shared_window_has_room_until_its_limit_then_when_the_oldest_leaves() {
+    let minute = SpendWindow {
+        limit: 3,
+        span: Duration::from_millis(60),
+    };
+    let hour = SpendWindow {
+        limit: 4,
+        span: Duration::from_millis(3_600),
+    };
+    assert_eq!(room_after(&[], 100, &[minute]), None);
+    assert_eq!(room_after(&[90, 95], 100, &[minute]), None);
+    // Full: the oldest leaves at 90 + 60.
+    assert_eq!(room_after(&[90, 95, 99], 100, &[minute]), Some(50));
+    // One that left the window (40 + 60 = 100, not after 100) does not count.
+    assert_eq!(room_after(&[40, 95, 99], 100, &[minute]), None);
+    // Over the limit (it was lowered): as many as the excess must leave.
+    assert_eq!(room_after(&[90, 92, 95, 99], 100, &[minute]), Some(52));
+    // The fuller window decides: the minute has room, the hour not until 10 + 3600.
+    assert_eq!(
+        room_after(&[10, 20, 30, 95], 100, &[minute, hour]),
+        Some(3_510)
+    );
+    // A limit of 0 never has room: a whole span.
+    let none = SpendWindow { limit: 0, ..minute };
+    assert_eq!(room_after(&[], 100, &[none]), Some(60));
+    assert_eq!(longest_ms(&[minute, hour]), 3_600);
+    assert_eq!(longest_ms(&[]), 0);
+}
+
+#[test]
 fn choosing_keeps_the_request_s_order_each_job_once_and_the_ceiling() {
     let free: HashSet<JobId> = ids([1, 2, 3, 5]).into();
     assert_eq!(
@@ -266,7 +296,35 @@ fleet_test!(
     the_view_shows_hosts_leases_and_runners_per_host,
     one_leader_per_role_until_its_lease_passes,
     renewals_register_renew_and_reacquire,
+    hosts_reserve_in_one_shared_window_per_scope,
 );
+
+/// Two hosts reserve in one window of a scope: together no more than its limit, the refusal
+/// says how long until the oldest leaves, another scope is apart, and once the window's span
+/// has passed there is room again.
+fn hosts_reserve_in_one_shared_window_per_scope(w: &World) {
+    let (mut a, mut b) = (w.fleet(), w.fleet());
+    let holds = [SpendWindow {
+        limit: 3,
+        span: HOLDS,
+    }];
+    assert_eq!(a.reserve("installation:1", "a", &holds).unwrap(), None);
+    assert_eq!(a.reserve("installation:1", "a", &holds).unwrap(), None);
+    assert_eq!(b.reserve("installation:1", "b", &holds).unwrap(), None);
+    let wait = b.reserve("installation:1", "b", &holds).unwrap().unwrap();
+    assert!(wait <= HOLDS && wait > HOLDS - BOUND, "{wait:?}");
+    assert!(a.reserve("installation:1", "a", &holds).unwrap().is_some());
+    assert_eq!(b.reserve("installation:2", "b", &holds).unwrap(), None);
+    // A short window: full, then free once its span has passed.
+    let passes = [SpendWindow {
+        limit: 1,
+        span: PASSES,
+    }];
+    assert_eq!(a.reserve("installation:3", "a", &passes).unwrap(), None);
+    eventually("the short window has room", || {
+        b.reserve("installation:3", "b", &passes).unwrap().is_none()
+    });
+}
 
 /// Only queued jobs are claimed, each by one host: the second host gets none of them, and a
 /// job already claimed is not handed out again, even to its own host.
@@ -673,6 +731,30 @@ fn two_hosts_racing_to_lead_a_role_elect_exactly_one() {
     }
 }
 
+/// Two hosts reserve ten times each at once in a window of ten: together exactly ten, every
+/// round; with both held before their first write once (behind the table), so both had
+/// counted before either committed, unless the advisory lock makes them take turns.
+#[test]
+fn two_hosts_racing_to_reserve_stay_within_the_shared_window() {
+    let Some(w) = racing_world("two_hosts_racing_to_reserve") else {
+        return;
+    };
+    let window = [SpendWindow {
+        limit: 10,
+        span: HOLDS,
+    }];
+    for round in 0..6 {
+        let hold = (round == 0).then_some("spends");
+        let scope = format!("installation:{round}");
+        let [a, b] = both(&w, hold, |fleet, name| {
+            (0..10)
+                .filter(|_| fleet.reserve(&scope, name, &window).unwrap().is_none())
+                .count()
+        });
+        assert_eq!(a + b, 10, "round {round}: a reserved {a}, b {b}");
+    }
+}
+
 /// A fleet connection that was cut (a server restart) is made again by the next call.
 #[test]
 fn a_lost_fleet_connection_is_made_again() {
@@ -697,6 +779,22 @@ fn a_lost_fleet_connection_is_made_again() {
             .get(0)
     });
     assert_eq!(cut, 1);
+    // pg_terminate_backend only signals: wait until the backend has gone, so the next call
+    // is the one that finds its connection cut.
+    eventually("the terminated backend has gone", || {
+        let left: i64 = off_runtime(|| {
+            Client::connect(&url, NoTls)
+                .unwrap()
+                .query_one(
+                    "SELECT COUNT(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND application_name = 'rm-journal-fleet'",
+                    &[],
+                )
+                .unwrap()
+                .get(0)
+        });
+        left == 0
+    });
     // The call that finds it cut fails; the next one connects again.
     let _ = a.renew_lease(&host("a"), HOLDS);
     assert_eq!(

@@ -31,8 +31,8 @@ use rm_handlers::{JobId, UnixMs};
 use crate::JournalError;
 use crate::fleet::{
     ClaimRequest, ClaimRow, ClaimView, Claimed, Fleet, FleetError, FleetView, HostInfo, HostRow,
-    Lead, LeaderView, Lease, Renewal, assemble, choose, expiry, json_names, lead, lease_live,
-    renewal,
+    Lead, LeaderView, Lease, Renewal, SpendWindow, assemble, choose, expiry, json_names, lead,
+    lease_live, longest_ms, renewal, room_after,
 };
 
 /// What the server is told a fleet connection is (`pg_stat_activity`).
@@ -42,6 +42,10 @@ const FLEET_APPLICATION: &str = "rm-journal-fleet";
 /// a fleet-wide `max_runners` (the second is the policy name's hash). Distinct from the
 /// migration lock's single-key space; "rmcl" in ASCII.
 const CLAIM_LOCK_SPACE: i32 = 0x726d_636c;
+
+/// The first key of the two-key advisory locks that serialise the hosts reserving in one shared
+/// window (the second is the scope's hash): each counts what the one before reserved. "rmsp".
+const SPEND_LOCK_SPACE: i32 = 0x726d_7370;
 
 /// The server's clock, in the journal's unit (ms since the Unix epoch).
 const NOW_MS: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
@@ -335,6 +339,43 @@ impl Fleet for PgFleet {
             &[&role, &host],
         )?;
         Ok(changed == 1)
+    }
+
+    fn reserve(
+        &mut self,
+        scope: &str,
+        host: &str,
+        windows: &[SpendWindow],
+    ) -> Result<Option<Duration>, FleetError> {
+        let mut tx = self.begin()?;
+        // One host at a time per scope, so each counts what the one before committed; the
+        // clock is read after the lock is granted.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+            &[&SPEND_LOCK_SPACE, &scope],
+        )?;
+        let now = now_ms(&mut tx)?;
+        tx.execute(
+            "DELETE FROM spends WHERE scope = $1 AND sent_at <= $2",
+            &[&scope, &now.saturating_sub(longest_ms(windows))],
+        )?;
+        let sent: Vec<i64> = tx
+            .query(
+                "SELECT sent_at FROM spends WHERE scope = $1 ORDER BY sent_at",
+                &[&scope],
+            )?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let wait = room_after(&sent, now, windows);
+        if wait.is_none() {
+            tx.execute(
+                "INSERT INTO spends (scope, sent_at, host) VALUES ($1, $2, $3)",
+                &[&scope, &now, &host],
+            )?;
+        }
+        tx.commit()?;
+        Ok(wait.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
     }
 
     fn view(&mut self) -> Result<FleetView, FleetError> {

@@ -26,11 +26,13 @@ pub(crate) const INTAKE_RIGHTS: &[(&str, &[&str])] = &[
 ];
 
 /// The rights a fleet host's `run` uses besides the intake's (CONTRACT §9): leases renewed and
-/// ended, claims made, named and released, leaders taken and given up.
+/// ended, claims made, named and released, leaders taken and given up, requests reserved in the
+/// shared windows.
 pub(crate) const FLEET_RIGHTS: &[(&str, &[&str])] = &[
     ("hosts", &["SELECT", "INSERT", "UPDATE", "DELETE"]),
     ("claims", &["SELECT", "INSERT", "UPDATE", "DELETE"]),
     ("leaders", &["SELECT", "INSERT", "UPDATE", "DELETE"]),
+    ("spends", &["SELECT", "INSERT", "DELETE"]),
 ];
 
 /// Every table rm's migrations make or change: a migration alters them, which takes ownership.
@@ -45,6 +47,7 @@ const RM_TABLES: &[&str] = &[
     "hosts",
     "claims",
     "leaders",
+    "spends",
     "rm_schema_version",
 ];
 
@@ -276,6 +279,8 @@ mod tests {
                 "INSERT table leaders",
                 "UPDATE table leaders",
                 "DELETE table leaders",
+                "INSERT table spends",
+                "DELETE table spends",
             ]
         );
     }

@@ -189,6 +189,15 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         expires_at  BIGINT NOT NULL
     );
     "#,
+    // v9: the fleet's shared windows of requests GitHub counts per installation (see SQLite's v9).
+    r#"
+    CREATE TABLE spends (
+        scope   TEXT NOT NULL,
+        sent_at BIGINT NOT NULL,
+        host    TEXT NOT NULL
+    );
+    CREATE INDEX spends_scope ON spends (scope, sent_at);
+    "#,
 ];
 
 // The two dialects move together: a migration added to one is added to the other.

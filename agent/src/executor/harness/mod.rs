@@ -582,6 +582,7 @@ impl Harness {
                 .map(|max_runners| super::FleetSettings {
                     store: super::FleetStore::Local(journal.to_path_buf()),
                     max_runners: max_runners.clone(),
+                    registrations: super::shared_windows(rm_github::pacing::Pacing::default()),
                 }),
         };
         let seams = Seams {

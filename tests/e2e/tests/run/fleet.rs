@@ -477,9 +477,11 @@ async fn a_host_killed_holding_claims_hands_its_jobs_over_when_its_lease_passes(
     let mut survivor = fleet.host("lease-survivor");
     doomed.start_with_env(&[("RM_FAULT_CRASH_AT", "jobs_claimed")]);
     let dead = doomed.name.clone();
-    wait_until(Duration::from_secs(60), "the doomed host holds a lease", || {
-        view(&url).is_some_and(|v| v.hosts.iter().any(|h| h.host == dead && h.live))
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the doomed host holds a lease",
+        || view(&url).is_some_and(|v| v.hosts.iter().any(|h| h.host == dead && h.live)),
+    )
     .await;
 
     let jobs = queue(&fleet, 3, 1);

@@ -7,8 +7,7 @@
     reason = "a failed step in a test helper should fail the test loudly"
 )]
 
-#[path = "../../tests/support/skip.rs"]
-mod skip;
+use crate::skip;
 
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};

@@ -9,8 +9,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
-#[path = "../../tests/support/skip.rs"]
-mod skip;
+use crate::skip;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

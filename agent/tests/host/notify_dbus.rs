@@ -6,8 +6,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
-#[path = "../../tests/support/skip.rs"]
-mod skip;
+use crate::skip;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -19,7 +18,7 @@ use rm_agent::notify::{APP_NAME, Dispatch, Notifier, OperatorEvent, SESSION_BUS_
 
 /// Tells the child test what to do and expect.
 const CHILD_ENV: &str = "RM_NOTIFY_TEST_CHILD";
-const CHILD_TEST: &str = "child_sends_notifications";
+const CHILD_TEST: &str = "notify_dbus::child_sends_notifications";
 
 /// A notification the fake server received.
 #[derive(Debug, Clone)]

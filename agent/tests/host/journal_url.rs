@@ -5,10 +5,8 @@
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
-#[path = "../../tests/support/postgres.rs"]
-mod pg_server;
-#[path = "../../tests/support/skip.rs"]
-mod skip;
+use crate::pg_server;
+use crate::skip;
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
