@@ -307,7 +307,7 @@ impl Launch {
             let wait = retry_wait(tries, not_before, ctx.clock.now());
             if wait > MAX_JIT_WAIT {
                 return Err(fail(format!(
-                    "GitHub asked to wait {} s, longer than a launch waits: {error}",
+                    "the registration would wait {} s, longer than a launch waits: {error}",
                     wait.as_secs()
                 )));
             }

@@ -16,21 +16,24 @@ pub(super) async fn journal(config: &Config) -> Vec<Finding> {
     let Some(target) = secrets::journal_target(config) else {
         return Vec::new();
     };
-    let mut out: Vec<Finding> = run_not_built(config).into_iter().collect();
+    let mut out: Vec<Finding> = run_refused(config).into_iter().collect();
     out.extend(database(config, target).await);
     out
 }
 
-/// Policies beside `journal.url`: `run` would refuse to start, so say it here, before the
-/// operator finds out from the service manager.
-pub(super) fn run_not_built(config: &Config) -> Option<Finding> {
-    (config.pg_journal.is_some() && !config.policies.is_empty()).then(|| {
-        Finding::warn(
-            "journal",
-            "[[policy]] is configured, but `rm-agent run` on a PostgreSQL journal is not built yet: with `journal.url` this host can only `receive`",
-            "start runners on hosts without `journal.url` (their own SQLite journal) until it is built (docs/fleet.md)",
-        )
-    })
+/// Policies beside `journal.url` with what `run` refuses there (`[receiver]` or `[relay]`,
+/// [`crate::commands::refuse_unbuilt_on_postgres`] decides): say it here, before the operator
+/// finds out from the service manager.
+pub(super) fn run_refused(config: &Config) -> Option<Finding> {
+    if config.pg_journal.is_none() || config.policies.is_empty() {
+        return None;
+    }
+    let refused = crate::commands::refuse_unbuilt_on_postgres("run", config).err()?;
+    Some(Finding::warn(
+        "journal",
+        format!("`rm-agent run` would refuse to start: {}", refused.message),
+        "take the fleet's webhooks with `rm-agent receive` (any number, on any hosts) and remove [receiver] and [relay] from the run hosts' configuration (docs/fleet.md)",
+    ))
 }
 
 /// Reaches the database and judges what it found.

@@ -6,7 +6,7 @@ use postgres::{Client, NoTls};
 use rm_journal::{PgInspection, PgJournal, PgRight, PgSchemaState};
 
 use super::Status;
-use super::journal::{findings, journal, run_not_built};
+use super::journal::{findings, journal, run_refused};
 use crate::config;
 
 fn inspection(state: PgSchemaState, missing: &[(&'static str, &str)]) -> PgInspection {
@@ -167,17 +167,20 @@ async fn a_database_that_cannot_be_reached_fails_naming_the_key_and_the_password
 }
 
 #[test]
-fn policies_beside_a_postgres_journal_are_warned_that_run_is_not_built() {
+fn a_receiver_beside_a_postgres_journal_and_policies_is_warned_that_run_refuses_it() {
     let policy = "[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"x\"]\n";
     let url = "[journal]\nurl = \"postgres://rm@db/rm\"\n";
-    let both = config::from_text(&format!("{url}{policy}")).unwrap();
-    let warned = run_not_built(&both).expect("no warning");
+    let receiver = "[receiver]\nlisten = \"127.0.0.1:8080\"\n";
+    let all = config::from_text(&format!("{url}{receiver}{policy}")).unwrap();
+    let warned = run_refused(&all).expect("no warning");
     assert_eq!(warned.status, Status::Warn);
     assert!(
-        warned
-            .what
-            .contains("`rm-agent run` on a PostgreSQL journal is not built yet")
+        warned.what.contains("`rm-agent run` would refuse to start")
+            && warned.what.contains("`receiver`"),
+        "{warned:?}"
     );
-    assert!(run_not_built(&config::from_text(url).unwrap()).is_none());
-    assert!(run_not_built(&config::from_text(policy).unwrap()).is_none());
+    // A fleet host (policies, no intake of its own) is what `run` takes.
+    assert!(run_refused(&config::from_text(&format!("{url}{policy}")).unwrap()).is_none());
+    assert!(run_refused(&config::from_text(url).unwrap()).is_none());
+    assert!(run_refused(&config::from_text(&format!("{receiver}{policy}")).unwrap()).is_none());
 }

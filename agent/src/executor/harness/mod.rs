@@ -99,6 +99,8 @@ pub(super) struct Options {
     /// claims jobs in the journal file's fleet tables (`LocalFleet`, the same rules as
     /// PostgreSQL's) before it starts runners for them.
     pub fleet: Option<HashMap<String, u32>>,
+    /// A fleet host's shared registration windows (`None`: the default pacing's).
+    pub registrations: Option<Vec<rm_journal::SpendWindow>>,
 }
 
 impl Default for Options {
@@ -108,6 +110,7 @@ impl Default for Options {
             policies: vec![policy("linux", &["self-hosted"], 10)],
             timeouts: Timeouts::supervision(TIMEOUT, TIMEOUT),
             fleet: None,
+            registrations: None,
         }
     }
 }
@@ -582,7 +585,9 @@ impl Harness {
                 .map(|max_runners| super::FleetSettings {
                     store: super::FleetStore::Local(journal.to_path_buf()),
                     max_runners: max_runners.clone(),
-                    registrations: super::shared_windows(rm_github::pacing::Pacing::default()),
+                    registrations: options.registrations.clone().unwrap_or_else(|| {
+                        super::shared_windows(rm_github::pacing::Pacing::default())
+                    }),
                 }),
         };
         let seams = Seams {

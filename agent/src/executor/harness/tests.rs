@@ -453,6 +453,76 @@ async fn a_registration_github_refuses_is_not_retried_and_waits_the_longest_back
     assert_eq!(h.attempts().len(), 2);
 }
 
+/// A fleet host reserves every JIT registration in the installation's window the fleet
+/// shares: with room for two (another host's request already in it), the first job gets its
+/// runner, the second's registration is refused before it reaches GitHub, with the wait the
+/// window names, and the launch ends there (the wait is longer than a launch waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_host_registers_only_inside_the_fleet_s_shared_window() {
+    use rm_journal::Fleet as _;
+    let window = rm_journal::SpendWindow {
+        limit: 2,
+        span: Duration::from_secs(3600),
+    };
+    let mut h = Harness::new(Options {
+        fleet: Some(HashMap::new()),
+        registrations: Some(vec![window]),
+        ..Options::default()
+    })
+    .await;
+    h.executor.renew_lease().await;
+    // Another host of the fleet registered a runner for the same installation a moment ago.
+    let scope = format!("installation:{}:registrations", h.installation);
+    let mut other = rm_journal::LocalFleet::open(&h.journal_path).unwrap();
+    assert_eq!(
+        other.reserve(&scope, "other-host", &[window]).unwrap(),
+        None
+    );
+    jobs_take(&h, 3600);
+    let first = h.queue("build (1)", LABELS);
+    h.until(
+        "the first job's runner took it",
+        |_| {},
+        |h| {
+            h.fake
+                .job(first)
+                .is_some_and(|j| j.status == rm_fake_github::JobStatus::InProgress)
+        },
+    )
+    .await;
+    h.queue("build (2)", LABELS);
+    h.until(
+        "the second registration refused by the shared window",
+        |_| {},
+        |h| {
+            h.attempts()
+                .iter()
+                .any(|a| a.reason.as_deref() == Some("jit_request_failed"))
+        },
+    )
+    .await;
+    let jit_requests = h
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/generate-jitconfig"))
+        .count();
+    assert_eq!(jit_requests, 1, "only the reserved registration was sent");
+    let refused = h
+        .attempts()
+        .into_iter()
+        .find(|a| a.reason.as_deref() == Some("jit_request_failed"))
+        .unwrap();
+    let detail = refused.detail.unwrap_or_default();
+    assert!(detail.contains("shared registration window"), "{detail}");
+    // Nothing more was reserved: the window holds the other host's and the first job's.
+    let wait = other.reserve(&scope, "other-host", &[window]).unwrap();
+    assert!(
+        wait.is_some_and(|w| w > Duration::from_secs(3500)),
+        "{wait:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_host_starts_runners_only_for_its_claims_under_the_fleet_ceiling() {
     // A fleet-wide ceiling of 2 on a host that could run 4: the claims hold it to 2.
