@@ -287,7 +287,7 @@ async fn the_agents_secrets_never_reach_the_runner() {
         rerun
             .args([
                 "--exact",
-                "the_agents_secrets_never_reach_the_runner",
+                "runner_process::the_agents_secrets_never_reach_the_runner",
                 "--nocapture",
             ])
             .env(REEXEC_MARKER, &marker)

@@ -250,7 +250,7 @@ fn run_here_or_unprivileged(test: &str) -> bool {
 
 #[test]
 fn removal_copes_with_what_a_job_made_read_only() {
-    if !run_here_or_unprivileged("removal_copes_with_what_a_job_made_read_only") {
+    if !run_here_or_unprivileged("runner_workspace::removal_copes_with_what_a_job_made_read_only") {
         return;
     }
     let s = Setup::new();
