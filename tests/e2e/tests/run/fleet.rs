@@ -475,16 +475,16 @@ async fn a_host_killed_holding_claims_hands_its_jobs_over_when_its_lease_passes(
     fleet.deliver_to(&[&r1]);
     let mut doomed = fleet.host("lease-doomed");
     let mut survivor = fleet.host("lease-survivor");
+    // The jobs are in the journal before the doomed host starts, so its first claim takes all
+    // three: no job is left for the survivor before the lease passes, and any runner it
+    // registered then would be one too many.
+    let jobs = queue(&fleet, 3, 1);
+    wait_until(Duration::from_secs(60), "the 3 jobs journalled", || {
+        journal_queued(&url) == 3
+    })
+    .await;
     doomed.start_with_env(&[("RM_FAULT_CRASH_AT", "jobs_claimed")]);
     let dead = doomed.name.clone();
-    wait_until(
-        Duration::from_secs(60),
-        "the doomed host holds a lease",
-        || view(&url).is_some_and(|v| v.hosts.iter().any(|h| h.host == dead && h.live)),
-    )
-    .await;
-
-    let jobs = queue(&fleet, 3, 1);
     wait_until(
         Duration::from_secs(60),
         "the doomed host dies at its first claim",
@@ -501,13 +501,12 @@ async fn a_host_killed_holding_claims_hands_its_jobs_over_when_its_lease_passes(
         .iter()
         .map(|c| c.job_id.get() as u64)
         .collect();
-    assert!(!dead_claims.is_empty(), "it died holding no claim");
+    assert_eq!(dead_claims.len(), 3, "it died holding {dead_claims:?}");
     assert!(
         dead_host.claims.iter().all(|c| c.runner_name.is_none()),
         "it named a runner for a claim before dying: {:?}",
         dead_host.claims
     );
-    let unclaimed = jobs.iter().filter(|j| !dead_claims.contains(j)).count();
     let lease_end =
         UNIX_EPOCH + Duration::from_millis(dead_host.expires_at_ms.get().try_into().unwrap());
 
@@ -520,13 +519,13 @@ async fn a_host_killed_holding_claims_hands_its_jobs_over_when_its_lease_passes(
     .await;
     let served_in = died.elapsed();
 
-    // While the dead host's lease held, the survivor registered runners for the jobs nobody
-    // had claimed at most; the claimed ones waited for the lease to pass.
+    // While the dead host's lease held, its claimed jobs waited: the survivor registered no
+    // runner before the lease passed.
     let survivor_jits = jit_times(&fleet, &format!("rm-{}-", survivor.name));
     let early = survivor_jits.iter().filter(|at| **at < lease_end).count();
-    assert!(
-        early <= unclaimed,
-        "{early} runners registered before the dead host's lease passed, for {unclaimed} unclaimed jobs"
+    assert_eq!(
+        early, 0,
+        "{early} runners registered before the dead host's lease passed"
     );
     assert!(
         jit_times(&fleet, &format!("rm-{}-", dead)).is_empty(),
