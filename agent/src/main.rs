@@ -150,6 +150,10 @@ impl Command {
             Command::Explain { .. } => "explain",
             Command::Jobs { .. } => "jobs",
             Command::Runners { .. } => "runners",
+            Command::Deliveries {
+                action: Some(DeliveriesAction::Replay { .. }),
+                ..
+            } => "deliveries replay",
             Command::Deliveries { .. } => "deliveries",
             Command::Demo { .. } => "demo",
         }

@@ -1,5 +1,6 @@
-//! `rm-agent deliveries`: the journalled webhook deliveries, and `deliveries replay GUID` to run
-//! a delivery's handler again (after an upgrade fixed what made it `rejected`).
+//! `rm-agent deliveries`: the journalled webhook deliveries (with `journal.url`, the fleet's,
+//! from PostgreSQL), and `deliveries replay GUID` to run a delivery's handler again (after an
+//! upgrade fixed what made it `rejected`; the SQLite journal only).
 
 use serde_json::json;
 
@@ -8,9 +9,12 @@ use crate::exit::Exit;
 use crate::output::{or_dash, print_json, print_table, rfc3339};
 
 pub fn list(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
-    let deliveries = match super::open_reader_or_empty(config, json)? {
-        Some(reader) => reader.deliveries(limit).map_err(Exit::runtime)?,
-        None => Vec::new(),
+    let deliveries = match crate::secrets::journal_target(config) {
+        Some(target) => super::fleet_read(&target, |reader| reader.deliveries(limit))?,
+        None => match super::open_reader_or_empty(config, json)? {
+            Some(reader) => reader.deliveries(limit).map_err(Exit::runtime)?,
+            None => Vec::new(),
+        },
     };
     if json {
         let list: Vec<_> = deliveries

@@ -1,4 +1,5 @@
-//! `rm-agent jobs`: the journalled `workflow_job`s and their states.
+//! `rm-agent jobs`: the journalled `workflow_job`s and their states (with `journal.url`, the
+//! fleet's, from PostgreSQL).
 
 use serde_json::json;
 
@@ -7,9 +8,12 @@ use crate::exit::Exit;
 use crate::output::{or_dash, print_json, print_table, rfc3339};
 
 pub fn run(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
-    let jobs = match super::open_reader_or_empty(config, json)? {
-        Some(reader) => reader.jobs(limit).map_err(Exit::runtime)?,
-        None => Vec::new(),
+    let jobs = match crate::secrets::journal_target(config) {
+        Some(target) => super::fleet_read(&target, |reader| reader.jobs(limit))?,
+        None => match super::open_reader_or_empty(config, json)? {
+            Some(reader) => reader.jobs(limit).map_err(Exit::runtime)?,
+            None => Vec::new(),
+        },
     };
     if json {
         let list: Vec<_> = jobs

@@ -31,8 +31,10 @@ use crate::exit::Exit;
 
 /// Refuses a command that is not built on a PostgreSQL journal yet when `[journal] url` names
 /// one (CONTRACT §9), rather than letting it use the SQLite journal in the data directory,
-/// which the fleet does not write: `receive`, `run`, `status` and `check` work on PostgreSQL;
-/// the other commands that read the journal do not yet. Exit 2.
+/// which the fleet does not write: `receive`, `run`, `status`, `check`, `jobs` and
+/// `deliveries` (the list) work on PostgreSQL, and `runners` lists this host's runners, which a
+/// fleet host journals in its own SQLite file; `explain` and `deliveries replay` do not yet.
+/// Exit 2.
 pub fn refuse_unbuilt_on_postgres(command: &str, config: &Config) -> Result<(), Exit> {
     let file = crate::config::display_file(config.source.as_deref());
     if config.pg_journal.is_some() && command == "run" {
@@ -54,7 +56,12 @@ pub fn refuse_unbuilt_on_postgres(command: &str, config: &Config) -> Result<(), 
             return Err(Exit::usage(format!("{file}: `{key}`: {why}")));
         }
     }
-    if config.pg_journal.is_none() || matches!(command, "receive" | "check" | "run" | "status") {
+    if config.pg_journal.is_none()
+        || matches!(
+            command,
+            "receive" | "check" | "run" | "status" | "jobs" | "deliveries" | "runners"
+        )
+    {
         return Ok(());
     }
     let what = format!(
@@ -63,6 +70,18 @@ pub fn refuse_unbuilt_on_postgres(command: &str, config: &Config) -> Result<(), 
     Err(Exit::usage(format!(
         "{file}: `journal.url`: {what} (or remove `journal.url` to use the SQLite journal in data_dir)"
     )))
+}
+
+/// Reads the fleet's PostgreSQL journal with `read`, on this (runtime-free) thread: the
+/// listing commands.
+pub fn fleet_read<T>(
+    target: &rm_journal::PgTarget,
+    read: impl FnOnce(&mut rm_journal::PgReader) -> Result<T, JournalError>,
+) -> Result<T, Exit> {
+    let what = || format!("cannot read the fleet's journal ({})", target.describe());
+    let mut reader = rm_journal::PgReader::open(target)
+        .map_err(|e| Exit::runtime(anyhow::Error::new(e).context(what())))?;
+    read(&mut reader).map_err(|e| Exit::runtime(anyhow::Error::new(e).context(what())))
 }
 
 /// The journal file inside the configured data directory.
@@ -102,13 +121,21 @@ mod tests {
     #[test]
     fn on_postgres_the_commands_that_read_sqlite_refuse_and_run_takes_no_deliveries() {
         let pg = config("url = \"postgres://rm@db.example.net/rm\"");
-        for command in ["receive", "check", "run", "status"] {
+        for command in [
+            "receive",
+            "check",
+            "run",
+            "status",
+            "jobs",
+            "deliveries",
+            "runners",
+        ] {
             assert!(
                 refuse_unbuilt_on_postgres(command, &pg).is_ok(),
                 "{command}"
             );
         }
-        for command in ["jobs", "runners", "deliveries", "explain"] {
+        for command in ["explain", "deliveries replay"] {
             let exit = refuse_unbuilt_on_postgres(command, &pg).unwrap_err();
             assert_eq!(exit.code, crate::exit::USAGE);
             assert!(exit.message.contains(command), "{}", exit.message);

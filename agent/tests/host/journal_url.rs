@@ -1,7 +1,8 @@
-//! `[journal] url` through the real binary (CONTRACT §9): `run` refuses it with exit 2 instead
-//! of using the SQLite journal, a password in it is refused naming the key and never echoed,
-//! and `receive` on a real PostgreSQL server (`tests/support/postgres.rs`) commits a signed
-//! delivery before its 202 and stops on SIGTERM with exit 0.
+//! `[journal] url` through the real binary (CONTRACT §9): `explain` refuses it with exit 2
+//! instead of using the SQLite journal, a password in it is refused naming the key and never
+//! echoed, and `receive` on a real PostgreSQL server (`tests/support/postgres.rs`) commits a
+//! signed delivery before its 202, which `deliveries` then lists from the database, and stops
+//! on SIGTERM with exit 0.
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
@@ -40,18 +41,20 @@ fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
 }
 
 #[test]
-fn jobs_refuses_a_postgres_journal_and_a_password_in_the_url_is_refused_unechoed() {
+fn explain_refuses_a_postgres_journal_and_a_password_in_the_url_is_refused_unechoed() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
         dir.path(),
         "[journal]\nurl = \"postgres://rm@db.example.net/rm\"\n",
     );
-    let out = agent(&config, dir.path(), &["jobs"]).output().unwrap();
+    let out = agent(&config, dir.path(), &["explain", "1"])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains(
-            "`journal.url`: `rm-agent jobs` reads the embedded SQLite journal only; on a PostgreSQL journal it is not built yet"
+            "`journal.url`: `rm-agent explain` reads the embedded SQLite journal only; on a PostgreSQL journal it is not built yet"
         ),
         "{stderr}"
     );
@@ -144,6 +147,33 @@ fn receive_on_postgres_commits_before_202_and_stops_on_sigterm() {
     .join()
     .unwrap();
     assert_eq!(rows, 1);
+
+    // The listings read the fleet's database: the delivery this receiver took, no job (a ping
+    // makes none); a replay, which would run on the SQLite journal, is refused.
+    let listed = agent(&config, dir.path(), &["deliveries", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        listed.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let deliveries: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(deliveries[0]["guid"], guid, "{deliveries}");
+    assert_eq!(deliveries.as_array().map(Vec::len), Some(1), "{deliveries}");
+    let jobs = agent(&config, dir.path(), &["jobs", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(jobs.status.code(), Some(0));
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&jobs.stdout).unwrap(),
+        serde_json::json!([])
+    );
+    let replay = agent(&config, dir.path(), &["deliveries", "replay", guid])
+        .output()
+        .unwrap();
+    assert_eq!(replay.status.code(), Some(2));
 
     let child = child.0.take().unwrap();
     let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();

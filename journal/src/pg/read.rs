@@ -34,6 +34,28 @@ impl PgReader {
         Ok(PgReader { client })
     }
 
+    /// Jobs, most recently changed first, at most `limit`, as [`crate::Reader::jobs`].
+    pub fn jobs(&mut self, limit: usize) -> Result<Vec<JobRow>, JournalError> {
+        let rows = self.client.query(
+            &format!(
+                "SELECT {JOB_COLUMNS} FROM jobs ORDER BY updated_at DESC, job_id DESC LIMIT $1"
+            ),
+            &[&limit_param(limit)],
+        )?;
+        Ok(rows.iter().map(job_row).collect())
+    }
+
+    /// Deliveries, newest first, at most `limit`, as [`crate::Reader::deliveries`].
+    pub fn deliveries(&mut self, limit: usize) -> Result<Vec<DeliveryRow>, JournalError> {
+        let rows = self.client.query(
+            &format!(
+                "SELECT {DELIVERY_COLUMNS} FROM deliveries ORDER BY received_at DESC, id DESC LIMIT $1"
+            ),
+            &[&limit_param(limit)],
+        )?;
+        Ok(rows.iter().map(delivery_row).collect())
+    }
+
     /// One job by its `workflow_job.id`.
     pub fn job(&mut self, job_id: JobId) -> Result<Option<JobRow>, JournalError> {
         let row = self.client.query_opt(
@@ -149,6 +171,11 @@ impl PgReader {
             body,
         }))
     }
+}
+
+/// A `LIMIT` of `limit` rows; `NULL` (no limit) past what an `i64` holds.
+fn limit_param(limit: usize) -> Option<i64> {
+    i64::try_from(limit).ok()
 }
 
 fn job_row(row: &Row) -> JobRow {

@@ -377,6 +377,45 @@ async fn a_delivery_that_cannot_be_applied_is_rejected_and_its_group_still_commi
     assert_eq!(job.unwrap().state, rm_handlers::JobState::Queued);
 }
 
+/// The listings `rm-agent jobs` and `deliveries` read from the fleet's database: newest first,
+/// at most the limit, as SQLite's reader gives them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_and_deliveries_are_listed_newest_first_up_to_the_limit() {
+    let Some(pg) = Postgres::new("jobs_and_deliveries_are_listed") else {
+        return;
+    };
+    for (guid, job, action, at) in [
+        ("one", 1, "queued", 10),
+        ("two", 2, "queued", 20),
+        ("three", 1, "in_progress", 30),
+    ] {
+        assert_eq!(
+            pg.journal
+                .record(job_delivery(guid, job, action, at))
+                .await
+                .unwrap(),
+            Recorded::New(Outcome::Applied)
+        );
+    }
+    let url = pg.db.url();
+    let (jobs, first_job, deliveries, first_delivery) = off_runtime(|| {
+        let mut reader = PgReader::connect(&url).unwrap();
+        (
+            reader.jobs(10).unwrap(),
+            reader.jobs(1).unwrap(),
+            reader.deliveries(usize::MAX).unwrap(),
+            reader.deliveries(1).unwrap(),
+        )
+    });
+    let ids: Vec<i64> = jobs.iter().map(|j| j.job_id.get()).collect();
+    assert_eq!(ids, [1, 2], "the job changed last comes first");
+    assert_eq!(jobs[0].state, rm_handlers::JobState::InProgress);
+    assert_eq!(first_job.len(), 1);
+    let guids: Vec<&str> = deliveries.iter().map(|d| d.guid.as_str()).collect();
+    assert_eq!(guids, ["three", "two", "one"]);
+    assert_eq!(first_delivery.len(), 1);
+}
+
 /// A database migrated by a newer rm is refused at connect, naming both versions, and left as
 /// it is.
 #[test]
