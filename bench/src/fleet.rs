@@ -14,16 +14,16 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
+use rm_fake_github::JobStatus;
 use rm_fake_github::jit::RUNNER_PROTOCOL_PREFIX;
-use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, JobStatus, RunnerBehavior};
 use rm_journal::Fleet as _;
 use secrecy::{ExposeSecret as _, SecretString};
 
+use crate::agent::AgentProcess;
 use crate::local::free_port;
 use crate::pg_server;
 
@@ -36,8 +36,6 @@ const SECRET: &str = "bench-fleet-webhook-secret";
 const STARTUP: Duration = Duration::from_secs(90);
 /// How long the matrix may take once queued.
 const SERVE: Duration = Duration::from_secs(600);
-/// How long an agent may take to drain after SIGTERM before it is killed.
-const STOP: Duration = Duration::from_secs(60);
 
 /// What each fleet is given.
 #[derive(Debug, Clone)]
@@ -76,71 +74,6 @@ impl FleetFigures {
     }
 }
 
-/// A child process killed when dropped (a failed run leaves nothing running).
-struct Process {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Process {
-    fn spawn(
-        name: String,
-        agent: &Path,
-        config: &Path,
-        command: &str,
-        log: PathBuf,
-    ) -> Result<Self> {
-        let stderr = std::fs::File::create(&log)?;
-        let child = Command::new(agent)
-            .arg("--config")
-            .arg(config)
-            .arg(command)
-            .env("RM_WEBHOOK_SECRET", SECRET)
-            .env(
-                "RM_LOG",
-                std::env::var("RM_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".to_owned()),
-            )
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .with_context(|| format!("cannot start rm-agent {command}"))?;
-        Ok(Process { name, child, log })
-    }
-
-    /// Fails with its log if it has exited.
-    fn check_running(&mut self) -> Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            bail!("{}: rm-agent exited ({status}):\n{log}", self.name);
-        }
-        Ok(())
-    }
-
-    /// SIGTERM (a host drains), then up to [`STOP`] for it to exit.
-    async fn stop(&mut self) -> Result<()> {
-        rustix::process::kill_process(
-            rustix::process::Pid::from_child(&self.child),
-            rustix::process::Signal::TERM,
-        )?;
-        let deadline = Instant::now() + STOP;
-        while self.child.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                bail!("{}: did not exit within {STOP:?} of SIGTERM", self.name);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Runs one fleet of `hosts` hosts through the plan's matrix. `uids(n)` is host `n`'s
 /// `host.runner_uids`; `runner` the fake runner binary the package is made of.
 pub async fn run(
@@ -156,14 +89,7 @@ pub async fn run(
         .map_err(|e| anyhow::anyhow!("PostgreSQL: {e}"))?;
     let url = db.url();
 
-    let key = AppKeyPair::generate()?;
-    let fake = FakeGithub::start(FakeOptions::new(APP_ID, key.public_pem.clone())).await?;
-    fake.add_org("acme");
-    fake.add_repo(REPO);
-    fake.set_runner_behavior(RunnerBehavior {
-        job_duration_ms: u64::try_from(plan.job_duration.as_millis())?,
-        ..RunnerBehavior::default()
-    });
+    let (key, fake) = crate::agent::fake_github(APP_ID, REPO, plan.job_duration).await?;
     let dir = tempfile::tempdir()?;
     // Runners run under uids of their own: they pass through the directories above theirs.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))?;
@@ -183,11 +109,12 @@ pub async fn run(
             data = receiver_dir.join("data").display(),
         ),
     )?;
-    let mut processes = vec![Process::spawn(
+    let mut processes = vec![AgentProcess::spawn(
         "receiver".to_owned(),
         agent,
         &receiver_config,
         "receive",
+        SECRET,
         receiver_dir.join("agent.log"),
     )?];
     // Hosts refuse a journal whose schema is behind theirs, and the receiver migrates it step by
@@ -227,11 +154,12 @@ pub async fn run(
                 package = package.display(),
             ),
         )?;
-        processes.push(Process::spawn(
+        processes.push(AgentProcess::spawn(
             name.clone(),
             agent,
             &config,
             "run",
+            SECRET,
             host_dir.join("agent.log"),
         )?);
         names.push(name);

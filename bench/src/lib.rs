@@ -8,6 +8,7 @@
 //! --intake`: the journals' intake (SQLite against PostgreSQL) without HTTP. [`fleet`] is
 //! `runner-latency --compare-fleet`: runner starts per second of a fleet, one host against three.
 
+pub mod agent;
 pub mod delivery;
 pub mod fleet;
 pub mod intake;

@@ -244,6 +244,11 @@ pub(crate) fn longest_ms(windows: &[SpendWindow]) -> i64 {
         .unwrap_or(0)
 }
 
+/// [`room_after`]'s wait as a duration.
+pub(crate) fn as_wait(ms: Option<i64>) -> Option<Duration> {
+    ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
 /// How long from `now_ms` until one more request fits in every one of `windows`, given when
 /// the requests already reserved were (`sent_ms`, oldest first); `None`: it fits now. A
 /// request counts in a window while `sent + span > now`. A window whose limit is 0 never has

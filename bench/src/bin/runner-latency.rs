@@ -22,18 +22,18 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use std::collections::HashMap;
 
 use anyhow::{Context as _, Result, bail, ensure};
 use clap::Parser;
+use rm_bench::agent::AgentProcess;
 use rm_bench::fleet::{self, FleetPlan};
 use rm_bench::local::{free_port, sibling};
 use rm_bench::package::{Size, add_payload, measure};
 use rm_fake_github::jit::RUNNER_PROTOCOL_PREFIX;
-use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, JobStatus, RunnerBehavior};
+use rm_fake_github::{FakeGithub, JobStatus};
 use secrecy::{ExposeSecret as _, SecretString};
 
 const APP_ID: u64 = 77;
@@ -43,8 +43,6 @@ const SECRET: &str = "bench-webhook-secret";
 /// How long an agent may take to ask for its runner inventory (under `isolation = "user"` it
 /// stores the package first).
 const STARTUP: Duration = Duration::from_secs(60);
-/// How long an agent may take to drain after SIGTERM before it is killed.
-const STOP: Duration = Duration::from_secs(60);
 /// First uid of the benchmark's runner uid ranges: far above the default pool (64200-64263) and
 /// above the blocks the e2e fleets take (1,000,000 up to about 9,400,000).
 const UID_BASE: u32 = 40_000_000;
@@ -123,37 +121,15 @@ struct Spec {
 struct Mode {
     name: &'static str,
     fake: FakeGithub,
-    child: Child,
+    agent: AgentProcess,
     /// From starting the agent to its first ask for the runner inventory.
     ready_after: Duration,
     dir: tempfile::TempDir,
 }
 
 impl Mode {
-    /// SIGTERM (the agent drains), then up to [`STOP`] for it to exit.
     async fn stop(&mut self) -> Result<()> {
-        rustix::process::kill_process(
-            rustix::process::Pid::from_child(&self.child),
-            rustix::process::Signal::TERM,
-        )?;
-        let deadline = Instant::now() + STOP;
-        while self.child.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                bail!(
-                    "{}: rm-agent did not exit within {STOP:?} of SIGTERM",
-                    self.name
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Mode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.agent.stop().await
     }
 }
 
@@ -167,14 +143,7 @@ fn passable_tempdir() -> Result<tempfile::TempDir> {
 
 async fn start(spec: Spec, plan: &Plan, agent: &Path, runner: &Path) -> Result<Mode> {
     let name = spec.name;
-    let key = AppKeyPair::generate()?;
-    let fake = FakeGithub::start(FakeOptions::new(APP_ID, key.public_pem.clone())).await?;
-    fake.add_org("acme");
-    fake.add_repo(REPO);
-    fake.set_runner_behavior(RunnerBehavior {
-        job_duration_ms: u64::try_from(plan.job_duration.as_millis())?,
-        ..RunnerBehavior::default()
-    });
+    let (key, fake) = rm_bench::agent::fake_github(APP_ID, REPO, plan.job_duration).await?;
     let dir = passable_tempdir()?;
     let package = match spec.package {
         Some(package) => package,
@@ -215,26 +184,19 @@ async fn start(spec: Spec, plan: &Plan, agent: &Path, runner: &Path) -> Result<M
     );
     let config_file = dir.path().join("rm-agent.toml");
     std::fs::write(&config_file, config)?;
-    let log = std::fs::File::create(dir.path().join("agent.log"))?;
     let launched = Instant::now();
-    let child = Command::new(agent)
-        .arg("--config")
-        .arg(&config_file)
-        .arg("run")
-        .env("RM_WEBHOOK_SECRET", SECRET)
-        // `RM_BENCH_AGENT_LOG=info` (or `debug`) keeps more of the agents' logs.
-        .env(
-            "RM_LOG",
-            std::env::var("RM_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".to_owned()),
-        )
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .context("cannot start rm-agent")?;
+    let agent = AgentProcess::spawn(
+        name,
+        agent,
+        &config_file,
+        "run",
+        SECRET,
+        dir.path().join("agent.log"),
+    )?;
     let mut mode = Mode {
         name,
         fake,
-        child,
+        agent,
         ready_after: Duration::ZERO,
         dir,
     };
@@ -246,10 +208,7 @@ async fn start(spec: Spec, plan: &Plan, agent: &Path, runner: &Path) -> Result<M
         .iter()
         .any(|r| r.path.ends_with("/actions/runners"))
     {
-        if let Some(status) = mode.child.try_wait()? {
-            let log = std::fs::read_to_string(mode.dir.path().join("agent.log"))?;
-            bail!("{name}: rm-agent exited ({status}) before it was ready:\n{log}");
-        }
+        mode.agent.check_running()?;
         if Instant::now() > deadline {
             bail!("{name}: rm-agent did not start");
         }
