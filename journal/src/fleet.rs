@@ -244,16 +244,15 @@ pub(crate) fn longest_ms(windows: &[SpendWindow]) -> i64 {
         .unwrap_or(0)
 }
 
-/// [`room_after`]'s wait as a duration.
-pub(crate) fn as_wait(ms: Option<i64>) -> Option<Duration> {
-    ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
-}
-
 /// How long from `now_ms` until one more request fits in every one of `windows`, given when
 /// the requests already reserved were (`sent_ms`, oldest first); `None`: it fits now. A
 /// request counts in a window while `sent + span > now`. A window whose limit is 0 never has
 /// room: the wait is its whole span.
-pub(crate) fn room_after(sent_ms: &[i64], now_ms: i64, windows: &[SpendWindow]) -> Option<i64> {
+pub(crate) fn room_after(
+    sent_ms: &[i64],
+    now_ms: i64,
+    windows: &[SpendWindow],
+) -> Option<Duration> {
     let mut wait: Option<i64> = None;
     for window in windows {
         let span = i64::try_from(window.span.as_millis()).unwrap_or(i64::MAX);
@@ -273,7 +272,7 @@ pub(crate) fn room_after(sent_ms: &[i64], now_ms: i64, windows: &[SpendWindow]) 
         };
         wait = Some(wait.map_or(this, |w| w.max(this)));
     }
-    wait
+    wait.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
 /// A lease (host or leader) holds at `now_ms` while its expiry is still ahead.

@@ -127,12 +127,6 @@ struct Mode {
     dir: tempfile::TempDir,
 }
 
-impl Mode {
-    async fn stop(&mut self) -> Result<()> {
-        self.agent.stop().await
-    }
-}
-
 /// A new temporary directory every uid may pass through: a runner uid must reach its runtime
 /// below it.
 fn passable_tempdir() -> Result<tempfile::TempDir> {
@@ -544,7 +538,7 @@ async fn main() -> Result<()> {
         humantime::format_rfc3339_seconds(SystemTime::now())
     );
     for mode in &mut modes {
-        mode.stop().await?;
+        mode.agent.stop().await?;
     }
     Ok(())
 }

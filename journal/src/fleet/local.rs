@@ -13,8 +13,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{
     ClaimRequest, ClaimRow, ClaimView, Claimed, Fleet, FleetError, FleetView, HostInfo, HostRow,
-    Lead, LeaderView, Lease, Renewal, SpendWindow, as_wait, assemble, choose, expiry, json_names,
-    lead, lease_live, longest_ms, renewal, room_after,
+    Lead, LeaderView, Lease, Renewal, SpendWindow, assemble, choose, expiry, json_names, lead,
+    lease_live, longest_ms, renewal, room_after,
 };
 use crate::{JournalError, connection};
 
@@ -260,7 +260,7 @@ impl Fleet for LocalFleet {
             )?;
         }
         tx.commit()?;
-        Ok(as_wait(wait))
+        Ok(wait)
     }
 
     fn view(&mut self) -> Result<FleetView, FleetError> {

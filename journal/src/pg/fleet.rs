@@ -31,8 +31,8 @@ use rm_handlers::{JobId, UnixMs};
 use crate::JournalError;
 use crate::fleet::{
     ClaimRequest, ClaimRow, ClaimView, Claimed, Fleet, FleetError, FleetView, HostInfo, HostRow,
-    Lead, LeaderView, Lease, Renewal, SpendWindow, as_wait, assemble, choose, expiry, json_names,
-    lead, lease_live, longest_ms, renewal, room_after,
+    Lead, LeaderView, Lease, Renewal, SpendWindow, assemble, choose, expiry, json_names, lead,
+    lease_live, longest_ms, renewal, room_after,
 };
 
 /// What the server is told a fleet connection is (`pg_stat_activity`).
@@ -375,7 +375,7 @@ impl Fleet for PgFleet {
             )?;
         }
         tx.commit()?;
-        Ok(as_wait(wait))
+        Ok(wait)
     }
 
     fn view(&mut self) -> Result<FleetView, FleetError> {
