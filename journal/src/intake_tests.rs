@@ -27,6 +27,8 @@ pub(crate) trait Backend {
     fn delivery_count(&self) -> i64;
     fn job_counts(&self) -> Vec<(String, i64)>;
     fn installations(&self) -> Vec<InstallationRow>;
+    /// A reader of its own, for a thread: `demand` as the agent's allocation reads it.
+    fn demand_reader(&self) -> Box<dyn FnMut(&[&str]) -> DemandView + Send>;
 }
 
 /// The SQLite journal on a file of its own.
@@ -71,6 +73,10 @@ impl Backend for Sqlite {
     }
     fn installations(&self) -> Vec<InstallationRow> {
         self.reader().installations().unwrap()
+    }
+    fn demand_reader(&self) -> Box<dyn FnMut(&[&str]) -> DemandView + Send> {
+        let reader = self.reader();
+        Box::new(move |names| reader.demand(names).unwrap())
     }
 }
 
@@ -148,6 +154,17 @@ impl Backend for Postgres {
     fn installations(&self) -> Vec<InstallationRow> {
         self.read(|r| r.installations().unwrap())
     }
+    fn demand_reader(&self) -> Box<dyn FnMut(&[&str]) -> DemandView + Send> {
+        // Connected on the reading thread: the sync client cannot start on the test's runtime.
+        let url = self.db.url();
+        let mut reader: Option<PgReader> = None;
+        Box::new(move |names| {
+            reader
+                .get_or_insert_with(|| PgReader::connect(&url).unwrap())
+                .demand(names)
+                .unwrap()
+        })
+    }
 }
 
 /// Instantiates each generic test `name<B: Backend>(backend: B)` as `sqlite::name` and
@@ -185,6 +202,7 @@ intake_test!(
     a_body_that_is_not_json_is_refused_and_nothing_is_written,
     a_burst_with_redelivered_guids_applies_each_guid_once,
     installations_keep_their_repository_scope,
+    the_demand_never_sees_a_job_both_queued_and_naming_its_runner,
 );
 
 /// Retention that keeps everything: these tests use timestamps near the epoch.
@@ -494,4 +512,62 @@ async fn installations_keep_their_repository_scope<B: Backend>(b: B) {
     let installation = installations.iter().find(|i| json!(i.id) == id).unwrap();
     assert!(installation.removed);
     assert!(installation.repositories.is_empty());
+}
+
+/// The agent counts a queued job as demand unless a runner it knows completed it: the queued
+/// jobs and the jobs naming its runners must come from one snapshot. While every job moves
+/// from `queued` to `in_progress` on its own runner, one commit each, a reader reading the
+/// demand as fast as it can sees each job in exactly one of the two lists: never in both (two
+/// reads apart saw it still queued, then already named: a surplus runner), never in neither.
+async fn the_demand_never_sees_a_job_both_queued_and_naming_its_runner<B: Backend>(b: B) {
+    const N: i64 = 150;
+    let runner = |i: i64| format!("rm-h-{i:012}");
+    for i in 0..N {
+        b.record(job_delivery(&format!("q-{i}"), 900 + i, "queued", i))
+            .await
+            .unwrap();
+    }
+    let names: Vec<String> = (0..N).map(runner).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut demand = b.demand_reader();
+    let reading = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let (mut views, mut torn) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let view = demand(&names);
+                let queued: std::collections::BTreeSet<i64> =
+                    view.queued.iter().map(|j| j.job_id.get()).collect();
+                let naming: std::collections::BTreeSet<i64> =
+                    view.naming.iter().map(|j| j.job_id.get()).collect();
+                let both = queued.intersection(&naming).count();
+                let seen = queued.union(&naming).count();
+                if both > 0 || seen != N as usize {
+                    torn.push((both, seen));
+                }
+                views += 1;
+            }
+            (views, torn)
+        })
+    };
+    for i in 0..N {
+        let mut started = job_delivery(&format!("p-{i}"), 900 + i, "in_progress", N + i);
+        let mut body: Value = serde_json::from_slice(&started.body).unwrap();
+        body["workflow_job"]["runner_name"] = json!(runner(i));
+        started.body = serde_json::to_vec(&body).unwrap();
+        b.record(started).await.unwrap();
+        // Let the reader in between commits.
+        tokio::task::yield_now().await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (views, torn) = reading.join().unwrap();
+    assert!(views > 0);
+    assert!(
+        torn.is_empty(),
+        "{} of {views} views torn (in both lists, seen at all): {:?}",
+        torn.len(),
+        &torn[..torn.len().min(10)]
+    );
+    assert_eq!(b.job_counts(), vec![("in_progress".to_owned(), N)]);
 }

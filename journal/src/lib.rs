@@ -56,7 +56,7 @@ pub use pg::{
     PgUrlError,
 };
 pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, PollStore, QueuedJobRef, Sighting};
-pub use read::Reader;
+pub use read::{DemandView, Reader};
 pub use replay::replay;
 pub use retention::Retention;
 /// A job's state, as `JobRow::state` holds it.

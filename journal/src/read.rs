@@ -12,6 +12,15 @@ use crate::{
     connection,
 };
 
+/// The jobs the demand is counted from, read from one snapshot ([`Reader::demand`]).
+#[derive(Debug, Clone, Default)]
+pub struct DemandView {
+    /// Every job in state `queued`, oldest sighting first.
+    pub queued: Vec<JobRow>,
+    /// The jobs that name one of the runners asked about.
+    pub naming: Vec<JobRow>,
+}
+
 /// A read-only view of the journal.
 pub struct Reader {
     conn: Connection,
@@ -71,6 +80,20 @@ impl Reader {
             }
         }
         Ok(jobs)
+    }
+
+    /// [`Reader::queued_jobs`] and [`Reader::jobs_for_runners`] read from one snapshot (one
+    /// read transaction): a delivery that names a runner moves its job out of `queued` in the
+    /// same commit, and two separate reads could see the job still queued and the runner
+    /// already named, counting that job twice.
+    pub fn demand(&self, runner_names: &[&str]) -> Result<DemandView, JournalError> {
+        let snapshot = self.conn.unchecked_transaction()?;
+        let view = DemandView {
+            queued: self.queued_jobs()?,
+            naming: self.jobs_for_runners(runner_names)?,
+        };
+        snapshot.commit()?;
+        Ok(view)
     }
 
     /// Jobs that started at or after `since_ms` on a runner of this host, with the ends of their

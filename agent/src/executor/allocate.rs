@@ -446,21 +446,22 @@ pub(super) async fn live_view(ctx: &Context, policy: &str) -> anyhow::Result<Liv
         .await?)
 }
 
-/// The runners among `names` that a journalled job names.
-pub(super) async fn named_runners(
+/// The journal's queued jobs, and which of the runners in `names` a journalled job names,
+/// read from one snapshot ([`rm_journal::Reader::demand`]): read apart, a delivery committed
+/// between the two reads (a job moved out of `queued` and its runner named in one commit)
+/// would leave the job counted as demand and its runner's completion not counted against it,
+/// and a surplus runner would start.
+pub(super) async fn demand_view(
     ctx: &Context,
     names: Vec<String>,
-) -> anyhow::Result<HashSet<String>> {
-    if names.is_empty() {
-        return Ok(HashSet::new());
-    }
-    Ok(ctx
-        .journal
-        .jobs_for_runners(names)
-        .await?
+) -> anyhow::Result<(Vec<rm_journal::JobRow>, HashSet<String>)> {
+    let view = ctx.journal.demand(names).await?;
+    let named = view
+        .naming
         .into_iter()
         .filter_map(|job| job.runner_name)
-        .collect())
+        .collect();
+    Ok((view.queued, named))
 }
 
 /// Journals a new attempt: the first write of a runner, before any other effect. A persistent

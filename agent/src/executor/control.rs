@@ -308,8 +308,8 @@ impl Executor {
             return Ok(());
         }
         let ctx = Arc::clone(&self.ctx);
-        let jobs = ctx.journal.queued_jobs().await?;
-        let named = allocate::named_runners(&ctx, self.allocator.unknown_runner_names()).await?;
+        let (jobs, named) =
+            allocate::demand_view(&ctx, self.allocator.unknown_runner_names()).await?;
         let now = ctx.now_ms();
         let wanted = self
             .allocator

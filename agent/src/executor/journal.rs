@@ -119,6 +119,20 @@ impl AttemptJournal {
         }
     }
 
+    /// The queued jobs and the jobs naming one of these runners, from one snapshot.
+    pub(super) async fn demand(
+        &self,
+        names: Vec<String>,
+    ) -> Result<rm_journal::DemandView, AttemptError> {
+        match &self.fleet {
+            None => {
+                self.read(move |reader| reader.demand(&as_strs(&names)))
+                    .await
+            }
+            Some(fleet) => on_fleet(fleet, move |reader| reader.demand(&as_strs(&names))).await,
+        }
+    }
+
     /// Runs `call` on the attempt writer, on a blocking thread.
     pub(super) async fn write<R, F>(&self, call: F) -> Result<R, AttemptError>
     where

@@ -2,7 +2,7 @@
 //! [`crate::Reader`] gives: the intake's rows, and the demand the executor of a fleet host reads
 //! (queued jobs, the jobs its runners took).
 
-use postgres::{Client, NoTls, Row};
+use postgres::{Client, GenericClient, NoTls, Row};
 use rm_handlers::{JobId, RunnerId, UnixMs};
 
 use crate::read::{DELIVERY_COLUMNS, JOB_COLUMNS};
@@ -68,22 +68,29 @@ impl PgReader {
     /// Every queued job, oldest first: the fleet's demand, as [`crate::Reader::queued_jobs`]
     /// gives the host's.
     pub fn queued_jobs(&mut self) -> Result<Vec<JobRow>, JournalError> {
-        let rows = self.client.query(
-            &format!(
-                "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'queued' ORDER BY first_seen_at, job_id"
-            ),
-            &[],
-        )?;
-        Ok(rows.iter().map(job_row).collect())
+        queued_jobs(&mut self.client)
     }
 
     /// The jobs these runners took, as [`crate::Reader::jobs_for_runners`].
     pub fn jobs_for_runners(&mut self, runner_names: &[&str]) -> Result<Vec<JobRow>, JournalError> {
-        let rows = self.client.query(
-            &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE runner_name = ANY($1)"),
-            &[&runner_names],
-        )?;
-        Ok(rows.iter().map(job_row).collect())
+        jobs_for_runners(&mut self.client, runner_names)
+    }
+
+    /// The demand's two reads from one snapshot, as [`crate::Reader::demand`]: a read-only
+    /// `REPEATABLE READ` transaction.
+    pub fn demand(&mut self, runner_names: &[&str]) -> Result<crate::DemandView, JournalError> {
+        let mut snapshot = self
+            .client
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()?;
+        let view = crate::DemandView {
+            queued: queued_jobs(&mut snapshot)?,
+            naming: jobs_for_runners(&mut snapshot, runner_names)?,
+        };
+        snapshot.commit()?;
+        Ok(view)
     }
 
     /// How many jobs are in each state, by state name.
@@ -176,6 +183,29 @@ impl PgReader {
 /// A `LIMIT` of `limit` rows; `NULL` (no limit) past what an `i64` holds.
 fn limit_param(limit: usize) -> Option<i64> {
     i64::try_from(limit).ok()
+}
+
+/// Every queued job, oldest first, on a connection or inside a transaction.
+fn queued_jobs(client: &mut impl GenericClient) -> Result<Vec<JobRow>, JournalError> {
+    let rows = client.query(
+        &format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'queued' ORDER BY first_seen_at, job_id"
+        ),
+        &[],
+    )?;
+    Ok(rows.iter().map(job_row).collect())
+}
+
+/// The jobs naming one of `runner_names`, on a connection or inside a transaction.
+fn jobs_for_runners(
+    client: &mut impl GenericClient,
+    runner_names: &[&str],
+) -> Result<Vec<JobRow>, JournalError> {
+    let rows = client.query(
+        &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE runner_name = ANY($1)"),
+        &[&runner_names],
+    )?;
+    Ok(rows.iter().map(job_row).collect())
 }
 
 fn job_row(row: &Row) -> JobRow {

@@ -400,10 +400,7 @@ impl Drop for Fleet {
     /// A failed test shows the end of what the agents logged, and the attempts.
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let logs = self.setup.logs();
-            let lines: Vec<&str> = logs.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(80)..];
-            eprintln!("---- last agent log lines ----\n{}", tail.join("\n"));
+            eprintln!("{}", self.setup.failure_report());
             for a in self.attempts() {
                 eprintln!(
                     "attempt {} {} state={} outcome={:?} reason={:?} intent={:?}",

@@ -181,7 +181,10 @@ impl Setup {
     pub async fn start_receiver(&self) -> Agent {
         let log = std::fs::File::create(self.dir.path().join(format!(
             "receiver-{}.log",
-            Instant::now().elapsed().as_nanos()
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
         )))
         .unwrap();
         let mut command = self.command(&["receive"]);
@@ -192,6 +195,55 @@ impl Setup {
         let agent = Agent::spawn(command, self.addr);
         agent.wait_healthy().await;
         agent
+    }
+
+    /// What a failed test prints: per log file, in the order the files were written, its
+    /// INFO-and-above lines (the last [`REPORT_LINES`]) and its last [`REPORT_TAIL`] lines; the
+    /// whole logs are copied to a directory that outlives the test, named in the report.
+    pub fn failure_report(&self) -> String {
+        let mut files: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+            .map(|p| {
+                let created = std::fs::metadata(&p)
+                    .and_then(|m| m.created().or_else(|_| m.modified()))
+                    .unwrap_or(std::time::UNIX_EPOCH);
+                (created, p)
+            })
+            .collect();
+        files.sort();
+        let kept = std::env::temp_dir().join(format!(
+            "rm-e2e-failed-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis())
+        ));
+        let mut report = String::new();
+        for (_, path) in &files {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let notable: Vec<&str> = lines
+                .iter()
+                .copied()
+                .filter(|l| !l.contains(" DEBUG ") && !l.contains(" TRACE "))
+                .collect();
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            let name = name.unwrap_or_default();
+            report.push_str(&format!(
+                "---- {name}: INFO and above ----\n{}\n---- {name}: last lines ----\n{}\n",
+                notable[notable.len().saturating_sub(REPORT_LINES)..].join("\n"),
+                lines[lines.len().saturating_sub(REPORT_TAIL)..].join("\n"),
+            ));
+            if std::fs::create_dir_all(&kept).is_ok() {
+                let _ = std::fs::copy(path, kept.join(&name));
+            }
+        }
+        report.push_str(&format!("---- the whole logs: {} ----\n", kept.display()));
+        report
     }
 
     /// Everything the agents of this setup logged.
@@ -206,6 +258,11 @@ impl Setup {
         all
     }
 }
+
+/// INFO-and-above lines a failure report shows per log file, at most.
+pub const REPORT_LINES: usize = 150;
+/// Last lines (any level) a failure report shows per log file.
+pub const REPORT_TAIL: usize = 30;
 
 impl Default for Setup {
     fn default() -> Self {

@@ -251,14 +251,7 @@ impl Drop for FleetHost {
     /// A killed host's runners outlive its agent; a failed test must not leave them running.
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let logs = self.setup.logs();
-            let lines: Vec<&str> = logs.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(40)..];
-            eprintln!(
-                "---- {}: last agent log lines ----\n{}",
-                self.name,
-                tail.join("\n")
-            );
+            eprintln!("---- {} ----\n{}", self.name, self.setup.failure_report());
         }
         self.kill();
         self.kill_runner_processes();
