@@ -19,6 +19,9 @@ use crate::*;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/webhooks");
 
+/// A reader of the demand that a thread owns ([`Backend::demand_reader`]).
+pub(crate) type DemandRead = Box<dyn FnMut(&[&str]) -> DemandView + Send>;
+
 /// A journal under test, with the reads the tests check its rows by.
 pub(crate) trait Backend {
     async fn record(&self, incoming: Incoming) -> Result<Recorded, JournalError>;
@@ -28,7 +31,7 @@ pub(crate) trait Backend {
     fn job_counts(&self) -> Vec<(String, i64)>;
     fn installations(&self) -> Vec<InstallationRow>;
     /// A reader of its own, for a thread: `demand` as the agent's allocation reads it.
-    fn demand_reader(&self) -> Box<dyn FnMut(&[&str]) -> DemandView + Send>;
+    fn demand_reader(&self) -> DemandRead;
 }
 
 /// The SQLite journal on a file of its own.
@@ -74,7 +77,7 @@ impl Backend for Sqlite {
     fn installations(&self) -> Vec<InstallationRow> {
         self.reader().installations().unwrap()
     }
-    fn demand_reader(&self) -> Box<dyn FnMut(&[&str]) -> DemandView + Send> {
+    fn demand_reader(&self) -> DemandRead {
         let reader = self.reader();
         Box::new(move |names| reader.demand(names).unwrap())
     }
@@ -154,7 +157,7 @@ impl Backend for Postgres {
     fn installations(&self) -> Vec<InstallationRow> {
         self.read(|r| r.installations().unwrap())
     }
-    fn demand_reader(&self) -> Box<dyn FnMut(&[&str]) -> DemandView + Send> {
+    fn demand_reader(&self) -> DemandRead {
         // Connected on the reading thread: the sync client cannot start on the test's runtime.
         let url = self.db.url();
         let mut reader: Option<PgReader> = None;
