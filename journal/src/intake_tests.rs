@@ -1,8 +1,8 @@
 //! The intake's tests, each run against both journals (CONTRACT §9): the SQLite file in a
 //! temporary directory and a database of its own on the test binary's PostgreSQL server
 //! (`tests/support/postgres.rs`). Duplicates, out-of-order and stale deliveries, ignored,
-//! rejected and refused bodies: what `record` answers and what it leaves in the job rows must
-//! be the same whichever journal is behind the receiver.
+//! rejected and refused bodies, replays, and the demand's snapshot: what `record` answers and
+//! what it leaves in the job rows must be the same whichever journal is behind the receiver.
 //!
 //! `intake_test!` instantiates each generic test once per journal (`sqlite::name`,
 //! `postgres::name`). Where PostgreSQL cannot run here the PostgreSQL tests fail, unless
@@ -32,6 +32,10 @@ pub(crate) trait Backend {
     fn installations(&self) -> Vec<InstallationRow>;
     /// A reader of its own, for a thread: `demand` as the agent's allocation reads it.
     fn demand_reader(&self) -> DemandRead;
+    /// `rm-agent deliveries replay GUID` at `now_ms`.
+    fn replay(&self, guid: &str, now_ms: i64) -> Result<(Outcome, Option<String>), JournalError>;
+    /// Runs `statements` (SQL both dialects read alike) as an older rm's writes.
+    fn run_sql(&self, statements: &str);
 }
 
 /// The SQLite journal on a file of its own.
@@ -80,6 +84,15 @@ impl Backend for Sqlite {
     fn demand_reader(&self) -> DemandRead {
         let reader = self.reader();
         Box::new(move |names| reader.demand(names).unwrap())
+    }
+    fn replay(&self, guid: &str, now_ms: i64) -> Result<(Outcome, Option<String>), JournalError> {
+        crate::replay(&self.path, guid, now_ms)
+    }
+    fn run_sql(&self, statements: &str) {
+        rusqlite::Connection::open(&self.path)
+            .unwrap()
+            .execute_batch(statements)
+            .unwrap();
     }
 }
 
@@ -168,6 +181,19 @@ impl Backend for Postgres {
                 .unwrap()
         })
     }
+    fn replay(&self, guid: &str, now_ms: i64) -> Result<(Outcome, Option<String>), JournalError> {
+        let target = PgTarget::parse(&self.db.url()).unwrap();
+        off_runtime(|| replay_pg(&target, guid, now_ms))
+    }
+    fn run_sql(&self, statements: &str) {
+        let url = self.db.url();
+        off_runtime(|| {
+            ::postgres::Client::connect(&url, ::postgres::NoTls)
+                .unwrap()
+                .batch_execute(statements)
+                .unwrap();
+        });
+    }
 }
 
 /// Instantiates each generic test `name<B: Backend>(backend: B)` as `sqlite::name` and
@@ -206,6 +232,7 @@ intake_test!(
     a_burst_with_redelivered_guids_applies_each_guid_once,
     installations_keep_their_repository_scope,
     the_demand_never_sees_a_job_both_queued_and_naming_its_runner,
+    replay_applies_a_delivery_that_an_older_rm_rejected,
 );
 
 /// Retention that keeps everything: these tests use timestamps near the epoch.
@@ -573,4 +600,35 @@ async fn the_demand_never_sees_a_job_both_queued_and_naming_its_runner<B: Backen
         &torn[..torn.len().min(10)]
     );
     assert_eq!(b.job_counts(), vec![("in_progress".to_owned(), N)]);
+}
+
+/// `deliveries replay` runs the handler again over the kept body and applies what it says now;
+/// a second replay finds everything there, and an unknown GUID is an error of its own.
+async fn replay_applies_a_delivery_that_an_older_rm_rejected<B: Backend>(b: B) {
+    b.record(job_delivery("ok", 77, "queued", 5)).await.unwrap();
+    // What an older rm, whose handler could not read this payload, would have left behind.
+    b.run_sql(
+        "DELETE FROM jobs;
+         UPDATE deliveries SET outcome = 'rejected', reason = 'old handler' WHERE guid = 'ok';",
+    );
+    assert!(b.job(77).is_none());
+
+    let (outcome, _) = b.replay("ok", 99).unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+    let job = b.job(77).unwrap();
+    assert_eq!(
+        (job.state.as_str(), job.updated_at_ms.get()),
+        ("queued", 99)
+    );
+    let row = b.delivery("ok").unwrap().row;
+    assert_eq!(
+        (row.outcome, row.reason, row.replayed_at_ms.map(|t| t.get())),
+        (Outcome::Applied, None, Some(99))
+    );
+    // A second replay finds everything already there.
+    assert_eq!(b.replay("ok", 100).unwrap().0, Outcome::Duplicate);
+    assert!(matches!(
+        b.replay("nope", 1),
+        Err(JournalError::UnknownDelivery(_))
+    ));
 }

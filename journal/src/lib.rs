@@ -53,7 +53,7 @@ pub use intake::Intake;
 pub use metrics::JournalMetrics;
 pub use pg::{
     PgFleet, PgInspection, PgJournal, PgPollJournal, PgReader, PgRight, PgSchemaState, PgTarget,
-    PgUrlError,
+    PgUrlError, replay_pg,
 };
 pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, PollStore, QueuedJobRef, Sighting};
 pub use read::{DemandView, Reader};

@@ -4,12 +4,12 @@
 
 use std::path::Path;
 
-use rm_handlers::{Delivery, Source};
+use rm_handlers::{Delivery, Source, Verdict};
 use rusqlite::{TransactionBehavior, params};
 
 use crate::apply::apply_verdict;
 use crate::read::stored_delivery;
-use crate::{JournalError, Outcome, connection};
+use crate::{JournalError, Outcome, StoredDelivery, connection};
 
 /// Replays the delivery `guid` and returns its new outcome and reason.
 pub fn replay(
@@ -24,24 +24,7 @@ pub fn replay(
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let stored = stored_delivery(&tx, guid)?
         .ok_or_else(|| JournalError::UnknownDelivery(guid.to_owned()))?;
-    let body = stored
-        .body
-        .ok_or_else(|| JournalError::BodyPruned(guid.to_owned()))?;
-    let delivery = Delivery {
-        guid,
-        event: &stored.row.event,
-        body: &body,
-        // Handlers have no clock: the replay is when the journal learns what the body says.
-        received_at_ms: rm_handlers::UnixMs::new(now_ms),
-        source: Source::parse(&stored.row.source).unwrap_or(Source::Webhook),
-    };
-    let verdict =
-        std::panic::catch_unwind(|| rm_handlers::handle(&delivery)).unwrap_or_else(|_| {
-            rm_handlers::Verdict::Reject {
-                action: stored.row.action.clone(),
-                reason: format!("the `{}` handler panicked again", stored.row.event),
-            }
-        });
+    let verdict = rerun(guid, &stored, now_ms)?;
     let applied = apply_verdict(&tx, &verdict, now_ms)?;
     tx.execute(
         "UPDATE deliveries SET outcome = ?2, reason = ?3, action = COALESCE(?4, action),
@@ -57,4 +40,33 @@ pub fn replay(
     )?;
     tx.commit()?;
     Ok((applied.outcome, applied.reason))
+}
+
+/// The handler's verdict on a journalled delivery now, in both dialects: its body read again,
+/// stamped `now_ms` (handlers have no clock: the replay is when the journal learns what the
+/// body says); a handler that panics again rejects it again.
+pub(crate) fn rerun(
+    guid: &str,
+    stored: &StoredDelivery,
+    now_ms: i64,
+) -> Result<Verdict, JournalError> {
+    let body = stored
+        .body
+        .as_deref()
+        .ok_or_else(|| JournalError::BodyPruned(guid.to_owned()))?;
+    let delivery = Delivery {
+        guid,
+        event: &stored.row.event,
+        body,
+        received_at_ms: rm_handlers::UnixMs::new(now_ms),
+        source: Source::parse(&stored.row.source).unwrap_or(Source::Webhook),
+    };
+    Ok(
+        std::panic::catch_unwind(|| rm_handlers::handle(&delivery)).unwrap_or_else(|_| {
+            Verdict::Reject {
+                action: stored.row.action.clone(),
+                reason: format!("the `{}` handler panicked again", stored.row.event),
+            }
+        }),
+    )
 }

@@ -1,8 +1,9 @@
-//! Journal tests on a real SQLite file in a temporary directory: group commit, replay,
-//! retention and migrations from every earlier version. The intake's tests that both journals
-//! share (duplicate, out-of-order, stale and rejected deliveries) are in `intake_tests`.
+//! Journal tests on a real SQLite file in a temporary directory: group commit, retention (and
+//! a pruned body's replay) and migrations from every earlier version. The intake's tests that
+//! both journals share (duplicate, out-of-order, stale and rejected deliveries, replay) are in
+//! `intake_tests`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use rusqlite::Connection;
 
@@ -13,10 +14,6 @@ fn temp_journal() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(JOURNAL_FILE);
     (dir, path)
-}
-
-fn state_of(path: &Path, job_id: i64) -> Option<JobRow> {
-    Reader::open(path).unwrap().job(JobId::new(job_id)).unwrap()
 }
 
 #[tokio::test]
@@ -68,50 +65,6 @@ async fn concurrent_deliveries_are_committed_in_groups() {
         commits < N as u64 / 2,
         "{commits} commits for {N} deliveries queued behind one lock: no grouping"
     );
-}
-
-#[tokio::test]
-async fn replay_applies_a_delivery_that_an_older_rm_rejected() {
-    let (_dir, path) = temp_journal();
-    let journal = Journal::open(&path, keep_all()).unwrap();
-    journal
-        .record(job_delivery("ok", 77, "queued", 5))
-        .await
-        .unwrap();
-    drop(journal);
-    // What an older rm, whose handler could not read this payload, would have left behind.
-    let conn = Connection::open(&path).unwrap();
-    conn.execute("DELETE FROM jobs", []).unwrap();
-    conn.execute(
-        "UPDATE deliveries SET outcome = 'rejected', reason = 'old handler' WHERE guid = 'ok'",
-        [],
-    )
-    .unwrap();
-    drop(conn);
-
-    let (outcome, _) = replay(&path, "ok", 99).unwrap();
-    assert_eq!(outcome, Outcome::Applied);
-    let job = state_of(&path, 77).unwrap();
-    assert_eq!(
-        (job.state.as_str(), job.updated_at_ms.get()),
-        ("queued", 99)
-    );
-    let row = Reader::open(&path)
-        .unwrap()
-        .delivery("ok")
-        .unwrap()
-        .unwrap()
-        .row;
-    assert_eq!(
-        (row.outcome, row.replayed_at_ms.map(|t| t.get())),
-        (Outcome::Applied, Some(99))
-    );
-    // A second replay finds everything already there.
-    assert_eq!(replay(&path, "ok", 100).unwrap().0, Outcome::Duplicate);
-    assert!(matches!(
-        replay(&path, "nope", 1),
-        Err(JournalError::UnknownDelivery(_))
-    ));
 }
 
 #[tokio::test]

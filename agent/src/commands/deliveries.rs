@@ -1,6 +1,6 @@
-//! `rm-agent deliveries`: the journalled webhook deliveries (with `journal.url`, the fleet's,
-//! from PostgreSQL), and `deliveries replay GUID` to run a delivery's handler again (after an
-//! upgrade fixed what made it `rejected`; the SQLite journal only).
+//! `rm-agent deliveries`: the journalled webhook deliveries, and `deliveries replay GUID` to run
+//! a delivery's handler again (after an upgrade fixed what made it `rejected`). With
+//! `journal.url` both work on the fleet's PostgreSQL journal.
 
 use serde_json::json;
 
@@ -57,9 +57,19 @@ pub fn list(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
 }
 
 pub fn replay(config: &Config, guid: &str, json: bool) -> Result<(), Exit> {
-    let (outcome, reason) =
-        rm_journal::replay(&super::journal_path(config), guid, rm_journal::now_ms())
-            .map_err(Exit::runtime)?;
+    let now = rm_journal::now_ms();
+    let (outcome, reason) = match crate::secrets::journal_target(config) {
+        Some(target) => rm_journal::replay_pg(&target, guid, now).map_err(|e| {
+            let what = format!(
+                "cannot replay in the fleet's journal ({})",
+                target.describe()
+            );
+            Exit::runtime(anyhow::Error::new(e).context(what))
+        })?,
+        None => {
+            rm_journal::replay(&super::journal_path(config), guid, now).map_err(Exit::runtime)?
+        }
+    };
     if json {
         print_json(&json!({"guid": guid, "outcome": outcome.as_str(), "reason": reason}));
     } else {

@@ -1,8 +1,8 @@
 //! `[journal] url` through the real binary (CONTRACT §9): `explain` refuses it with exit 2
 //! instead of using the SQLite journal, a password in it is refused naming the key and never
 //! echoed, and `receive` on a real PostgreSQL server (`tests/support/postgres.rs`) commits a
-//! signed delivery before its 202, which `deliveries` then lists from the database, and stops
-//! on SIGTERM with exit 0.
+//! signed delivery before its 202, which `deliveries` then lists from the database and
+//! `deliveries replay` replays there, and stops on SIGTERM with exit 0.
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
@@ -149,7 +149,7 @@ fn receive_on_postgres_commits_before_202_and_stops_on_sigterm() {
     assert_eq!(rows, 1);
 
     // The listings read the fleet's database: the delivery this receiver took, no job (a ping
-    // makes none); a replay, which would run on the SQLite journal, is refused.
+    // makes none).
     let listed = agent(&config, dir.path(), &["deliveries", "--json"])
         .output()
         .unwrap();
@@ -170,10 +170,33 @@ fn receive_on_postgres_commits_before_202_and_stops_on_sigterm() {
         serde_json::from_slice::<serde_json::Value>(&jobs.stdout).unwrap(),
         serde_json::json!([])
     );
-    let replay = agent(&config, dir.path(), &["deliveries", "replay", guid])
-        .output()
-        .unwrap();
-    assert_eq!(replay.status.code(), Some(2));
+    // A replay runs the handler again in the database: the same outcome, now dated.
+    let replay = agent(
+        &config,
+        dir.path(),
+        &["deliveries", "replay", guid, "--json"],
+    )
+    .output()
+    .unwrap();
+    let replay_err = String::from_utf8_lossy(&replay.stderr);
+    assert_eq!(replay.status.code(), Some(0), "{replay_err}");
+    assert!(!replay_err.contains(PASSWORD), "{replay_err}");
+    let replayed: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+    assert_eq!(replayed["outcome"], deliveries[0]["outcome"], "{replayed}");
+    let url = db.url();
+    let replayed_at: Option<i64> = std::thread::spawn(move || {
+        postgres::Client::connect(&url, postgres::NoTls)
+            .unwrap()
+            .query_one(
+                "SELECT replayed_at FROM deliveries WHERE guid = $1",
+                &[&guid],
+            )
+            .unwrap()
+            .get(0)
+    })
+    .join()
+    .unwrap();
+    assert!(replayed_at.is_some());
 
     let child = child.0.take().unwrap();
     let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();

@@ -2,7 +2,7 @@
 //! into one shared database. This module owns the PostgreSQL dialect of the journal: its schema
 //! and migrations ([`schema`], the same versions as SQLite's), the group-commit writer of the
 //! intake path ([`PgJournal`], behind [`crate::Intake`] like the SQLite journal), the verdict's
-//! SQL (`apply`, the same rule as SQLite's), the reads of what the intake wrote ([`PgReader`]),
+//! SQL (`apply`, the same rule as SQLite's), the reads of what the intake wrote ([`PgReader`]), a delivery's replay ([`replay_pg`]),
 //! what the pollers write and read ([`PgPollJournal`], behind [`crate::PollStore`] like
 //! SQLite's), the fleet's claims, host leases and leader leases ([`PgFleet`], behind
 //! [`crate::Fleet`]), the connection settings a configuration names ([`PgTarget`]) and what
@@ -13,6 +13,7 @@ mod fleet;
 mod inspect;
 mod polls;
 mod read;
+mod replay;
 pub(crate) mod schema;
 mod target;
 mod writer;
@@ -21,6 +22,7 @@ pub use fleet::PgFleet;
 pub use inspect::{PgInspection, PgRight, PgSchemaState};
 pub use polls::PgPollJournal;
 pub use read::PgReader;
+pub use replay::replay_pg;
 pub use target::{PgTarget, PgUrlError};
 pub use writer::PgJournal;
 

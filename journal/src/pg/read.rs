@@ -155,34 +155,44 @@ impl PgReader {
 
     /// One delivery with its headers and body.
     pub fn delivery(&mut self, guid: &str) -> Result<Option<StoredDelivery>, JournalError> {
-        let Some(row) = self.client.query_opt(
-            &format!("SELECT {DELIVERY_COLUMNS}, headers, body FROM deliveries WHERE guid = $1"),
-            &[&guid],
-        )?
-        else {
-            return Ok(None);
-        };
-        let headers: String = row.get(9);
-        let body = row
-            .get::<_, Option<Vec<u8>>>(10)
-            .map(|stored| crate::body::decode(&stored))
-            .transpose()
-            .map_err(|err| JournalError::Commit(format!("a stored body is damaged: {err}")))?;
-        Ok(Some(StoredDelivery {
-            row: delivery_row(&row),
-            headers: serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&headers)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_owned()))
-                .collect(),
-            body,
-        }))
+        stored_delivery(&mut self.client, guid, "")
     }
 }
 
 /// A `LIMIT` of `limit` rows; `NULL` (no limit) past what an `i64` holds.
 fn limit_param(limit: usize) -> Option<i64> {
     i64::try_from(limit).ok()
+}
+
+/// One delivery with its headers and body, on a connection or inside a transaction; `lock`
+/// is appended to the query (`FOR UPDATE` for a replay, which rewrites the row).
+pub(super) fn stored_delivery(
+    client: &mut impl GenericClient,
+    guid: &str,
+    lock: &str,
+) -> Result<Option<StoredDelivery>, JournalError> {
+    let Some(row) = client.query_opt(
+        &format!("SELECT {DELIVERY_COLUMNS}, headers, body FROM deliveries WHERE guid = $1 {lock}"),
+        &[&guid],
+    )?
+    else {
+        return Ok(None);
+    };
+    let headers: String = row.get(9);
+    let body = row
+        .get::<_, Option<Vec<u8>>>(10)
+        .map(|stored| crate::body::decode(&stored))
+        .transpose()
+        .map_err(|err| JournalError::Commit(format!("a stored body is damaged: {err}")))?;
+    Ok(Some(StoredDelivery {
+        row: delivery_row(&row),
+        headers: serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&headers)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_owned()))
+            .collect(),
+        body,
+    }))
 }
 
 /// Every queued job, oldest first, on a connection or inside a transaction.
