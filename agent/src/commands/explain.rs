@@ -3,14 +3,18 @@
 //! with the agent stopped (the snapshot outlives it; the answer says how old it is). Exit 0 when
 //! the journal holds the job, 1 when it does not (the `not_seen` answer is still printed).
 //! Also gathers the same facts for `status`'s waiting jobs ([`waiting`]).
+//!
+//! With `journal.url` (CONTRACT §9) the job, the queue and the claims come from the fleet's
+//! journal and this host's runners from its own: the answer is this host's view, with the
+//! job's claim first ([`crate::explain::fleet`]).
 
 use std::time::SystemTime;
 
-use rm_journal::{AttemptRecord, JobId, JobRow, Reader};
+use rm_journal::{AttemptRecord, FleetView, JobId, JobRow, PgReader, Reader};
 
 use crate::config::{Config, Isolation};
 use crate::exit::Exit;
-use crate::explain::{self, Explanation, Facts};
+use crate::explain::{self, Explanation, Facts, fleet::FleetFacts};
 use crate::output::print_json;
 use crate::status_file::{self, Liveness, Snapshot, unix_ms};
 
@@ -21,6 +25,8 @@ struct Gathered {
     agent: Liveness,
     queued: Vec<JobRow>,
     attempts: Vec<AttemptRecord>,
+    /// In a fleet: the fleet's hosts and claims.
+    fleet: Option<FleetView>,
 }
 
 impl Gathered {
@@ -37,7 +43,32 @@ impl Gathered {
             agent,
             queued,
             attempts,
+            fleet: None,
         })
+    }
+
+    /// In a fleet: this host's attempts from `local`, and from the fleet's journal (`pg`) its
+    /// queued jobs and `view`, the fleet's claims; the queue is this host's, so the jobs other
+    /// live hosts claimed leave it.
+    fn read_fleet(
+        config: &Config,
+        local: Option<&Reader>,
+        pg: &mut PgReader,
+        view: FleetView,
+        now: SystemTime,
+    ) -> anyhow::Result<Self> {
+        let mut gathered = Gathered::read(config, local, now)?;
+        let elsewhere = explain::fleet::claimed_elsewhere(FleetFacts {
+            host: &config.host.name,
+            view: &view,
+        });
+        gathered.queued = pg
+            .queued_jobs()?
+            .into_iter()
+            .filter(|j| !elsewhere.contains(&j.job_id))
+            .collect();
+        gathered.fleet = Some(view);
+        Ok(gathered)
     }
 
     fn facts<'a>(&'a self, config: &'a Config) -> Facts<'a> {
@@ -56,17 +87,45 @@ impl Gathered {
             snapshot: self.snapshot.as_ref(),
             uid_pool: (config.host.isolation == Isolation::User)
                 .then(|| config.host.runner_uids.len()),
+            fleet: self.fleet.as_ref().map(|view| FleetFacts {
+                host: &config.host.name,
+                view,
+            }),
         }
     }
 }
 
 pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
-    let reader = super::open_reader_or_empty(config, json)?;
-    let gathered =
-        Gathered::read(config, reader.as_ref(), SystemTime::now()).map_err(Exit::runtime)?;
-    let job = match &reader {
-        Some(reader) => reader.job(job_id).map_err(Exit::runtime)?,
-        None => None,
+    let now = SystemTime::now();
+    let (gathered, job, journal) = match crate::secrets::journal_target(config) {
+        None => {
+            let reader = super::open_reader_or_empty(config, json)?;
+            let gathered = Gathered::read(config, reader.as_ref(), now).map_err(Exit::runtime)?;
+            let job = match &reader {
+                Some(reader) => reader.job(job_id).map_err(Exit::runtime)?,
+                None => None,
+            };
+            (
+                gathered,
+                job,
+                format!("the journal in {}", config.data_dir.display()),
+            )
+        }
+        Some(target) => {
+            // This host's runners are in its own journal (it may have none yet).
+            let local = super::open_local_reader(config)?;
+            let journal = format!("the fleet's journal ({})", target.describe());
+            let read = |pg: &mut PgReader| -> anyhow::Result<(Gathered, Option<JobRow>)> {
+                let view = super::fleet_view(&target)?;
+                let gathered = Gathered::read_fleet(config, local.as_ref(), pg, view, now)?;
+                Ok((gathered, pg.job(job_id)?))
+            };
+            let (gathered, job) = PgReader::open(&target)
+                .map_err(anyhow::Error::new)
+                .and_then(|mut pg| read(&mut pg))
+                .map_err(|e| Exit::runtime(e.context(format!("cannot read {journal}"))))?;
+            (gathered, job, journal)
+        }
     };
     let facts = gathered.facts(config);
     let explanation = explain::explain(job_id, job.as_ref(), &facts);
@@ -78,9 +137,8 @@ pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
     match job {
         Some(_) => Ok(()),
         None => Err(Exit::runtime(anyhow::anyhow!(
-            "the journal in {} has no job {job_id}: no delivery named it and no poll found it \
-             yet; check the id (the job's URL ends in it) and `rm-agent jobs`",
-            config.data_dir.display()
+            "{journal} has no job {job_id}: no delivery named it and no poll found it yet; \
+             check the id (the job's URL ends in it) and `rm-agent jobs`"
         ))),
     }
 }
@@ -92,6 +150,20 @@ pub(crate) fn waiting(
     now: SystemTime,
 ) -> anyhow::Result<Vec<Explanation>> {
     let gathered = Gathered::read(config, reader, now)?;
+    let facts = gathered.facts(config);
+    Ok(explain::explain_queued(&facts))
+}
+
+/// [`waiting`] on a fleet host: the fleet's queued jobs as this host sees them (their claims
+/// first), its own runners from `local`.
+pub(crate) fn waiting_in_fleet(
+    config: &Config,
+    local: Option<&Reader>,
+    pg: &mut PgReader,
+    view: FleetView,
+    now: SystemTime,
+) -> anyhow::Result<Vec<Explanation>> {
+    let gathered = Gathered::read_fleet(config, local, pg, view, now)?;
     let facts = gathered.facts(config);
     Ok(explain::explain_queued(&facts))
 }

@@ -29,53 +29,33 @@ use rm_journal::{JOURNAL_FILE, JournalError, Reader};
 use crate::config::Config;
 use crate::exit::Exit;
 
-/// Refuses a command that is not built on a PostgreSQL journal yet when `[journal] url` names
-/// one (CONTRACT §9), rather than letting it use the SQLite journal in the data directory,
-/// which the fleet does not write: `receive`, `run`, `status`, `check`, `jobs`, `deliveries`
-/// and `deliveries replay` work on PostgreSQL, and `runners` lists this host's runners, which a
-/// fleet host journals in its own SQLite file; `explain` does not yet. Exit 2.
-pub fn refuse_unbuilt_on_postgres(command: &str, config: &Config) -> Result<(), Exit> {
-    let file = crate::config::display_file(config.source.as_deref());
-    if config.pg_journal.is_some() && command == "run" {
-        // In a fleet, deliveries reach the shared journal through `rm-agent receive`.
-        let refused = if config.receiver.is_some() {
-            Some((
-                "receiver",
-                "with `journal.url`, `rm-agent run` takes no deliveries itself: run `rm-agent receive` (any number, on any hosts) for the fleet's intake and remove [receiver] here",
-            ))
-        } else if config.relay.is_some() {
-            Some((
-                "relay",
-                "with `journal.url`, a relay subscription is not built yet: subscribe from a host without `journal.url`, or take the webhooks with `rm-agent receive`",
-            ))
-        } else {
-            None
-        };
-        if let Some((key, why)) = refused {
-            return Err(Exit::usage(format!("{file}: `{key}`: {why}")));
-        }
-    }
-    if config.pg_journal.is_none()
-        || matches!(
-            command,
-            "receive"
-                | "check"
-                | "run"
-                | "status"
-                | "jobs"
-                | "deliveries"
-                | "deliveries replay"
-                | "runners"
-        )
-    {
+/// With `[journal] url` (CONTRACT §9) every command reads the fleet's journal (and `runners`
+/// this host's own, which a fleet host journals in its own SQLite file), but a fleet's `run`
+/// takes no deliveries itself: `[receiver]` and `[relay]` beside `journal.url` are refused
+/// (exit 2), naming the key and the way out.
+pub fn refuse_on_postgres(command: &str, config: &Config) -> Result<(), Exit> {
+    if config.pg_journal.is_none() || command != "run" {
         return Ok(());
     }
-    let what = format!(
-        "`rm-agent {command}` reads the embedded SQLite journal only; on a PostgreSQL journal it is not built yet"
-    );
-    Err(Exit::usage(format!(
-        "{file}: `journal.url`: {what} (or remove `journal.url` to use the SQLite journal in data_dir)"
-    )))
+    let file = crate::config::display_file(config.source.as_deref());
+    // In a fleet, deliveries reach the shared journal through `rm-agent receive`.
+    let refused = if config.receiver.is_some() {
+        Some((
+            "receiver",
+            "with `journal.url`, `rm-agent run` takes no deliveries itself: run `rm-agent receive` (any number, on any hosts) for the fleet's intake and remove [receiver] here",
+        ))
+    } else if config.relay.is_some() {
+        Some((
+            "relay",
+            "with `journal.url`, a relay subscription is not built yet: subscribe from a host without `journal.url`, or take the webhooks with `rm-agent receive`",
+        ))
+    } else {
+        None
+    };
+    match refused {
+        Some((key, why)) => Err(Exit::usage(format!("{file}: `{key}`: {why}"))),
+        None => Ok(()),
+    }
 }
 
 /// Reads the fleet's PostgreSQL journal with `read`, on this (runtime-free) thread: the
@@ -88,6 +68,18 @@ pub fn fleet_read<T>(
     let mut reader = rm_journal::PgReader::open(target)
         .map_err(|e| Exit::runtime(anyhow::Error::new(e).context(what())))?;
     read(&mut reader).map_err(|e| Exit::runtime(anyhow::Error::new(e).context(what())))
+}
+
+/// The fleet's hosts, leases and claims (`status`, `explain`), on this (runtime-free) thread.
+pub(crate) fn fleet_view(
+    target: &rm_journal::PgTarget,
+) -> Result<rm_journal::FleetView, JournalError> {
+    use rm_journal::Fleet as _;
+    let mut fleet = rm_journal::PgFleet::open(target)?;
+    fleet.view().map_err(|e| match e {
+        rm_journal::FleetError::Journal(e) => e,
+        other => JournalError::Commit(other.to_string()),
+    })
 }
 
 /// The journal file inside the configured data directory.
@@ -116,6 +108,17 @@ pub fn open_reader_or_empty(config: &Config, json: bool) -> Result<Option<Reader
     }
 }
 
+/// Opens this host's own journal on a fleet host (its runners' attempts); `None`, silently,
+/// when no `run` has used the data directory yet: a receiver-only host, or a host not yet
+/// started, has no runners, and the fleet's answer does not depend on it.
+pub fn open_local_reader(config: &Config) -> Result<Option<Reader>, Exit> {
+    match Reader::open(&journal_path(config)) {
+        Ok(reader) => Ok(Some(reader)),
+        Err(JournalError::Missing(_)) => Ok(None),
+        Err(err) => Err(Exit::runtime(err)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,41 +128,32 @@ mod tests {
     }
 
     #[test]
-    fn on_postgres_the_commands_that_read_sqlite_refuse_and_run_takes_no_deliveries() {
+    fn on_postgres_every_command_runs_but_run_takes_no_deliveries() {
         let pg = config("url = \"postgres://rm@db.example.net/rm\"");
         for command in [
             "receive",
             "check",
             "run",
             "status",
+            "explain",
             "jobs",
             "deliveries",
             "deliveries replay",
             "runners",
         ] {
-            assert!(
-                refuse_unbuilt_on_postgres(command, &pg).is_ok(),
-                "{command}"
-            );
-        }
-        let exit = refuse_unbuilt_on_postgres("explain", &pg).unwrap_err();
-        assert_eq!(exit.code, crate::exit::USAGE);
-        assert!(exit.message.contains("explain"), "{}", exit.message);
-        let sqlite = config("");
-        for command in ["run", "status", "jobs", "receive"] {
-            assert!(
-                refuse_unbuilt_on_postgres(command, &sqlite).is_ok(),
-                "{command}"
-            );
+            assert!(refuse_on_postgres(command, &pg).is_ok(), "{command}");
         }
         // A fleet's `run` takes no deliveries itself: its intake is `receive`.
         let with_receiver = crate::config::from_text(
             "[journal]\nurl = \"postgres://rm@db.example.net/rm\"\n[receiver]\nlisten = \"127.0.0.1:8080\"\n",
         )
         .unwrap();
-        let run = refuse_unbuilt_on_postgres("run", &with_receiver).unwrap_err();
+        let run = refuse_on_postgres("run", &with_receiver).unwrap_err();
         assert_eq!(run.code, crate::exit::USAGE);
         assert!(run.message.contains("`receiver`"), "{}", run.message);
-        assert!(refuse_unbuilt_on_postgres("receive", &with_receiver).is_ok());
+        assert!(refuse_on_postgres("receive", &with_receiver).is_ok());
+        // Without `journal.url` the same file's `run` takes its deliveries.
+        let sqlite = crate::config::from_text("[receiver]\nlisten = \"127.0.0.1:8080\"\n").unwrap();
+        assert!(refuse_on_postgres("run", &sqlite).is_ok());
     }
 }

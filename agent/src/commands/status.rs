@@ -126,10 +126,12 @@ pub fn run(config: &Config, json: bool) -> Result<(), Exit> {
         Some(target) => {
             // This host's runners are in its own journal (it may have none yet); the fleet's
             // deliveries, jobs and claims are in the shared one.
-            let local = super::open_reader_or_empty(config, true)?;
+            let local = super::open_local_reader(config)?;
+            let now = SystemTime::now();
             let (journalled, fleet) =
-                fleet_journalled(&target, local.as_ref()).map_err(Exit::runtime)?;
-            gather(config, journalled, None, Some(fleet), SystemTime::now())
+                fleet_journalled(config, &target, local.as_ref(), now).map_err(Exit::runtime)?;
+            // Wait times join jobs with attempts, which a fleet host keeps apart: not built.
+            gather(config, journalled, None, Some(fleet), now)
         }
     }
     .map_err(Exit::runtime)?;
@@ -142,22 +144,19 @@ pub fn run(config: &Config, json: bool) -> Result<(), Exit> {
 }
 
 /// What a fleet host's `status` reads: deliveries and jobs from the fleet's journal, this host's
-/// attempts from its own, and the fleet's hosts, leases and claims.
+/// attempts from its own, the fleet's hosts, leases and claims, and the waiting jobs' verdicts
+/// as this host sees them ([`super::explain::waiting_in_fleet`]).
 fn fleet_journalled(
+    config: &Config,
     target: &rm_journal::PgTarget,
     local: Option<&Reader>,
-) -> anyhow::Result<(Journalled, rm_journal::FleetView)> {
+    now: SystemTime,
+) -> anyhow::Result<(Journalled, InFleet)> {
     use anyhow::Context as _;
-    use rm_journal::Fleet as _;
     let what = || format!("cannot read the fleet's journal ({})", target.describe());
     let mut pg = rm_journal::PgReader::open(target).with_context(what)?;
-    let view = rm_journal::PgFleet::open(target)
-        .and_then(|mut fleet| {
-            fleet.view().map_err(|e| match e {
-                rm_journal::FleetError::Journal(e) => e,
-                other => rm_journal::JournalError::Commit(other.to_string()),
-            })
-        })
+    let view = super::fleet_view(target).with_context(what)?;
+    let waiting = super::explain::waiting_in_fleet(config, local, &mut pg, view.clone(), now)
         .with_context(what)?;
     let mut journalled = match local {
         Some(reader) => journalled(reader)?,
@@ -167,7 +166,13 @@ fn fleet_journalled(
     journalled.queued = pg.queued_jobs()?.iter().map(QueuedJob::from).collect();
     journalled.last_delivery_at_ms = pg.last_delivery_at()?;
     journalled.jobs_by_state = pg.job_counts()?.into_iter().collect();
-    Ok((journalled, view))
+    Ok((journalled, InFleet { view, waiting }))
+}
+
+/// What a fleet host's `status` adds: the fleet, and the waiting verdicts read from it.
+struct InFleet {
+    view: rm_journal::FleetView,
+    waiting: Vec<crate::explain::Explanation>,
 }
 
 /// What the journal says, or the empty state when there is none yet.
@@ -199,12 +204,13 @@ fn journalled(reader: &Reader) -> anyhow::Result<Journalled> {
 }
 
 /// Decides from what the journal said (`journalled`), the snapshot and the processes; `reader`
-/// (this host's journal, when it holds the jobs) gives the waiting verdicts and wait times.
+/// (this host's journal, when it holds the jobs) gives the wait times, and the waiting verdicts
+/// unless `fleet` brought them from the fleet's journal.
 fn gather(
     config: &Config,
     journalled: Journalled,
     reader: Option<&Reader>,
-    fleet: Option<rm_journal::FleetView>,
+    fleet: Option<InFleet>,
     now: SystemTime,
 ) -> anyhow::Result<Facts> {
     let now_ms = unix_ms(now);
@@ -229,7 +235,10 @@ fn gather(
         .filter(|a| a.state.is_terminal() && a.state_changed_at_ms.get() < overdue_before)
         .count();
     let uids_held = uncleaned.iter().filter(|a| a.uid.is_some()).count();
-    let waiting = super::explain::waiting(config, reader, now)?;
+    let (fleet, waiting) = match fleet {
+        Some(InFleet { view, waiting }) => (Some(view), waiting),
+        None => (None, super::explain::waiting(config, reader, now)?),
+    };
     let latency = match reader {
         Some(reader) => crate::latency::read(reader, now_ms)?,
         None => crate::latency::Latency::default(),

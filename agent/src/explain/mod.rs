@@ -26,6 +26,7 @@
 //! reachability, fitness) come from its last status snapshot; from a stopped agent they are as
 //! of then, and the explanation says so.
 
+pub(crate) mod fleet;
 pub(crate) mod published;
 #[cfg(test)]
 mod tests;
@@ -128,6 +129,9 @@ pub(crate) struct Facts<'a> {
     pub snapshot: Option<&'a Snapshot>,
     /// The runner uid pool's size under `isolation = "user"`; `None` under `none`.
     pub uid_pool: Option<usize>,
+    /// In a fleet: this host and the fleet's claims ([`fleet`]). `queued` is then the fleet's
+    /// queued jobs less those other live hosts claimed.
+    pub fleet: Option<fleet::FleetFacts<'a>>,
 }
 
 /// A blocking condition with the verdict it gives when it is the first that holds.
@@ -275,8 +279,22 @@ fn on_runner(job: &JobRow) -> String {
         .map_or_else(String::new, |r| format!(" on runner {r}"))
 }
 
-/// The chain for a queued job.
+/// The chain for a queued job (in a fleet, the claim first: [`fleet`]).
 fn queued(job: &JobRow, facts: &Facts<'_>, queue: &Queue) -> Explanation {
+    if let Some(held) = facts
+        .fleet
+        .and_then(|f| fleet::held_elsewhere(job, f, facts.now_ms))
+    {
+        return Explanation {
+            job_id: job.job_id,
+            state: Some(job.state.as_str().to_owned()),
+            verdict: held.condition.verdict,
+            reasons: vec![held.condition.reason],
+            runner_name: held.runner,
+            policy: Some(held.policy),
+            summary: held.condition.summary,
+        };
+    }
     let routed = &queue.routed;
     let policy = routed
         .per_policy
@@ -300,6 +318,7 @@ fn queued(job: &JobRow, facts: &Facts<'_>, queue: &Queue) -> Explanation {
     });
     let mut reasons = vec![first.reason];
     reasons.extend(chain.map(|c| c.reason));
+    reasons.extend(fleet::own_chain_context(job, facts));
     reasons.extend(agent_context(facts));
     Explanation {
         job_id: job.job_id,

@@ -122,6 +122,8 @@ struct World {
     snapshot: Option<Snapshot>,
     agent: Liveness,
     host_max: u32,
+    /// In a fleet: the view, this host being `h`.
+    fleet: Option<rm_journal::FleetView>,
 }
 
 impl World {
@@ -133,6 +135,7 @@ impl World {
             snapshot: Some(snapshot()),
             agent: Liveness::Running { pid: 42 },
             host_max: 4,
+            fleet: None,
         }
     }
 
@@ -168,6 +171,10 @@ impl World {
             agent: self.agent,
             snapshot: self.snapshot.as_ref(),
             uid_pool: None,
+            fleet: self
+                .fleet
+                .as_ref()
+                .map(|view| fleet::FleetFacts { host: "h", view }),
         }
     }
 }
@@ -539,4 +546,100 @@ fn status_groups_the_waiting_jobs_by_summary() {
     assert_eq!(waiting_summary(&[]), None);
     // status explains them all at once, with the same answers.
     assert_eq!(explain_queued(&w.facts()), all);
+}
+
+/// A fleet host in a [`rm_journal::FleetView`], renewed 2 s ago, with its claims (by job id,
+/// with the runner it started for each).
+fn fleet_host(name: &str, live: bool, claims: &[(i64, Option<&str>)]) -> rm_journal::HostView {
+    rm_journal::HostView {
+        host: name.to_owned(),
+        labels: Vec::new(),
+        policies: vec!["linux".to_owned()],
+        registered_at_ms: rm_handlers::UnixMs::new(NOW - 600_000),
+        renewed_at_ms: rm_handlers::UnixMs::new(NOW - 2_000),
+        expires_at_ms: rm_handlers::UnixMs::new(if live { NOW + 28_000 } else { NOW - 1 }),
+        live,
+        claims: claims
+            .iter()
+            .map(|(job, runner)| rm_journal::ClaimView {
+                job_id: JobId::new(*job),
+                policy: "linux".to_owned(),
+                runner_name: runner.map(str::to_owned),
+                claimed_at_ms: rm_handlers::UnixMs::new(NOW - 5_000),
+                job_state: rm_handlers::JobState::Queued,
+            })
+            .collect(),
+    }
+}
+
+fn fleet_of(hosts: Vec<rm_journal::HostView>) -> rm_journal::FleetView {
+    rm_journal::FleetView {
+        now_ms: rm_handlers::UnixMs::new(NOW),
+        hosts,
+        leaders: Vec::new(),
+    }
+}
+
+#[test]
+fn in_a_fleet_a_job_another_live_host_claimed_is_that_host_s_and_names_its_runner() {
+    let mut w = World::new();
+    let job = w.queue(7, LINUX);
+    w.fleet = Some(fleet_of(vec![
+        fleet_host("h", true, &[]),
+        fleet_host("b", true, &[(7, Some("rm-b-0123456789ab"))]),
+    ]));
+    let e = w.explain(&job);
+    assert_eq!(e.verdict, Verdict::Launching);
+    assert_eq!(codes(&e), vec!["claimed_by_host"]);
+    assert_eq!(e.runner_name.as_deref(), Some("rm-b-0123456789ab"));
+    assert_eq!(e.policy.as_deref(), Some("linux"));
+    assert!(e.reasons[0].message.contains("Host b claimed"), "{e:?}");
+    assert!(e.reasons[0].message.contains("rm-agent explain 7"), "{e:?}");
+    // Not yet said which runner: still that host's, on its way.
+    w.fleet = Some(fleet_of(vec![fleet_host("b", true, &[(7, None)])]));
+    let e = w.explain(&job);
+    assert_eq!(
+        (e.verdict, e.runner_name.as_deref()),
+        (Verdict::Launching, None)
+    );
+    assert!(e.reasons[0].message.contains("allocating"), "{e:?}");
+}
+
+#[test]
+fn in_a_fleet_a_job_claimed_here_or_by_nobody_gets_this_host_s_chain_and_says_which() {
+    let mut w = World::new();
+    let job = w.queue(7, LINUX);
+    w.attempts
+        .push(attempt("linux", AttemptState::Idle, None, NOW - 10_000));
+    w.fleet = Some(fleet_of(vec![fleet_host("h", true, &[(7, None)])]));
+    let e = w.explain(&job);
+    assert_eq!(e.verdict, Verdict::WaitingForGithub);
+    assert_eq!(codes(&e), vec!["runner_idle", "claimed_here"]);
+    // A claim under a lapsed lease counts for nobody: the job is unclaimed, any live host
+    // may take it.
+    w.fleet = Some(fleet_of(vec![
+        fleet_host("h", true, &[]),
+        fleet_host("b", false, &[(7, Some("rm-b-0123456789ab"))]),
+        fleet_host("c", true, &[]),
+    ]));
+    let e = w.explain(&job);
+    assert_eq!(codes(&e), vec!["runner_idle", "unclaimed"]);
+    assert!(e.reasons[1].message.contains("live hosts: h, c"), "{e:?}");
+    // Without a fleet, neither.
+    w.fleet = None;
+    assert_eq!(codes(&w.explain(&job)), vec!["runner_idle"]);
+}
+
+#[test]
+fn in_a_fleet_the_jobs_other_hosts_claimed_leave_this_host_s_queue() {
+    let view = fleet_of(vec![
+        fleet_host("h", true, &[(1, None)]),
+        fleet_host("b", true, &[(2, None), (3, None)]),
+        fleet_host("c", false, &[(4, None)]),
+    ]);
+    let elsewhere = fleet::claimed_elsewhere(fleet::FleetFacts {
+        host: "h",
+        view: &view,
+    });
+    assert_eq!(elsewhere, vec![JobId::new(2), JobId::new(3)]);
 }

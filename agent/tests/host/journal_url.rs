@@ -1,8 +1,9 @@
-//! `[journal] url` through the real binary (CONTRACT §9): `explain` refuses it with exit 2
-//! instead of using the SQLite journal, a password in it is refused naming the key and never
+//! `[journal] url` through the real binary (CONTRACT §9): an unreachable database is named (and
+//! no SQLite journal made instead), a password in it is refused naming the key and never
 //! echoed, and `receive` on a real PostgreSQL server (`tests/support/postgres.rs`) commits a
 //! signed delivery before its 202, which `deliveries` then lists from the database and
-//! `deliveries replay` replays there, and stops on SIGTERM with exit 0.
+//! `deliveries replay` replays there; `explain` judges a queued job from the database, naming
+//! another host's claim on it; `receive` stops on SIGTERM with exit 0.
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
@@ -41,24 +42,24 @@ fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
 }
 
 #[test]
-fn explain_refuses_a_postgres_journal_and_a_password_in_the_url_is_refused_unechoed() {
+fn an_unreachable_fleet_journal_is_named_and_a_password_in_the_url_is_refused_unechoed() {
     let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on port 1: the connection is refused at once.
     let config = write_config(
         dir.path(),
-        "[journal]\nurl = \"postgres://rm@db.example.net/rm\"\n",
+        "[journal]\nurl = \"postgres://rm@127.0.0.1:1/rm\"\n",
     );
     let out = agent(&config, dir.path(), &["explain", "1"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains(
-            "`journal.url`: `rm-agent explain` reads the embedded SQLite journal only; on a PostgreSQL journal it is not built yet"
-        ),
+        stderr.contains("cannot read the fleet's journal"),
         "{stderr}"
     );
-    // Refused before anything was opened: no SQLite journal was made in the data directory.
+    assert!(!stderr.contains(PASSWORD), "{stderr}");
+    // It read the database, not the SQLite journal in the data directory: none was made.
     assert!(!dir.path().join("data").join("journal.sqlite3").exists());
 
     let config = write_config(
@@ -71,6 +72,20 @@ fn explain_refuses_a_postgres_journal_and_a_password_in_the_url_is_refused_unech
     assert!(stderr.contains("`journal.url`"), "{stderr}");
     assert!(stderr.contains("RM_JOURNAL_PASSWORD"), "{stderr}");
     assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+/// A signed webhook delivery of `event` as one HTTP/1.1 request.
+fn signed_post(event: &str, guid: &str, body: &[u8]) -> Vec<u8> {
+    let request = format!(
+        "POST /webhook HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         X-GitHub-Event: {event}\r\nX-GitHub-Delivery: {guid}\r\nX-Hub-Signature-256: {}\r\n\
+         Content-Length: {}\r\n\r\n",
+        rm_receiver::sign(SECRET.as_bytes(), body),
+        body.len()
+    );
+    let mut bytes = request.into_bytes();
+    bytes.extend_from_slice(body);
+    bytes
 }
 
 /// One HTTP/1.1 request on a fresh connection; the status code, or `None` if nothing answered.
@@ -125,15 +140,7 @@ fn receive_on_postgres_commits_before_202_and_stops_on_sigterm() {
 
     let body = br#"{"action":"created","installation":{"id":99}}"#;
     let guid = "2f6b1f2e-0000-4000-8000-00000000beef";
-    let request = format!(
-        "POST /webhook HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n\
-         X-GitHub-Event: ping\r\nX-GitHub-Delivery: {guid}\r\nX-Hub-Signature-256: {}\r\n\
-         Content-Length: {}\r\n\r\n",
-        rm_receiver::sign(SECRET.as_bytes(), body),
-        body.len()
-    );
-    let mut bytes = request.into_bytes();
-    bytes.extend_from_slice(body);
+    let bytes = signed_post("ping", guid, body);
     assert_eq!(http(port, &bytes), Some(202));
     assert_eq!(http(port, &bytes), Some(200));
     let url = db.url();
@@ -197,6 +204,81 @@ fn receive_on_postgres_commits_before_202_and_stops_on_sigterm() {
     .join()
     .unwrap();
     assert!(replayed_at.is_some());
+
+    // `explain` reads the fleet's journal: a job no host claimed is this host's to judge; once
+    // another host claims it, it is that host's.
+    let job_id = 4_242_001_u64;
+    let mut queued: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/webhooks/workflow_job.queued.6.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    queued["workflow_job"]["id"] = serde_json::json!(job_id);
+    // Queued now: an old body under a fresh GUID is stale, never demand.
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    queued["workflow_job"]["created_at"] = serde_json::json!(now);
+    let queued = serde_json::to_vec(&queued).unwrap();
+    let bytes = signed_post(
+        "workflow_job",
+        "2f6b1f2e-0000-4000-8000-00000000cafe",
+        &queued,
+    );
+    assert_eq!(http(port, &bytes), Some(202));
+    let explain = |id: u64, expect: i32| {
+        let out = agent(&config, dir.path(), &["explain", &id.to_string(), "--json"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(expect), "{stderr}");
+        assert!(!stderr.contains(PASSWORD), "{stderr}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let answer = explain(job_id, 0);
+    assert_eq!(answer["state"], "queued", "{answer}");
+    let codes: Vec<&str> = answer["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["code"].as_str())
+        .collect();
+    assert!(codes.contains(&"unclaimed"), "{answer}");
+    let url = db.url();
+    std::thread::spawn(move || {
+        use rm_journal::Fleet as _;
+        let mut fleet = rm_journal::PgFleet::connect(&url).unwrap();
+        let other = rm_journal::HostInfo {
+            host: "other-host".to_owned(),
+            labels: vec!["ubuntu-latest".to_owned()],
+            policies: vec!["linux".to_owned()],
+        };
+        fleet.renew_lease(&other, Duration::from_secs(300)).unwrap();
+        let claimed = fleet
+            .claim(&rm_journal::ClaimRequest {
+                host: "other-host",
+                policy: "linux",
+                job_ids: &[rm_journal::JobId::new(i64::try_from(job_id).unwrap())],
+                max_runners: None,
+            })
+            .unwrap();
+        assert_eq!(claimed.job_ids.len(), 1);
+    })
+    .join()
+    .unwrap();
+    let answer = explain(job_id, 0);
+    assert_eq!(
+        (&answer["verdict"], &answer["reasons"][0]["code"]),
+        (
+            &serde_json::json!("launching"),
+            &serde_json::json!("claimed_by_host")
+        ),
+        "{answer}"
+    );
+    assert_eq!(answer["policy"], "linux", "{answer}");
+    // An id the fleet's journal does not hold: `not_seen`, exit 1.
+    assert_eq!(explain(job_id + 1, 1)["verdict"], "not_seen");
 
     let child = child.0.take().unwrap();
     let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();
