@@ -330,6 +330,33 @@ async fn three_hosts_and_two_receivers_serve_a_hundred_jobs_once_through_a_kille
         },
     )
     .await;
+    // Another host's `explain` says whose the job is (or, if a runner took it meanwhile, that
+    // it runs or ran): read from the fleet's journal, not from its own.
+    let asked = dead_claims[0];
+    let out = hosts[0]
+        .setup
+        .run(&["explain", &asked.to_string(), "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    eprintln!(
+        "{} explains job {asked}: {}",
+        hosts[0].name, answer["summary"]
+    );
+    if answer["state"] == "queued" {
+        assert_eq!(answer["reasons"][0]["code"], "claimed_by_host", "{answer}");
+        let said = answer["reasons"][0]["message"].as_str().unwrap_or_default();
+        assert!(said.contains(&format!("Host {dead} ")), "{answer}");
+    } else {
+        assert!(
+            ["running", "done"].contains(&answer["verdict"].as_str().unwrap_or_default()),
+            "{answer}"
+        );
+    }
     hosts[2].kill();
     let killed = Instant::now();
     let dead_runners_at_kill = hosts[2].runner_processes().len();
