@@ -17,7 +17,7 @@ pub(crate) struct FleetFacts<'a> {
 }
 
 /// The live host holding a claim on `job`, and the claim.
-pub(crate) fn claim_of(view: &FleetView, job: JobId) -> Option<(&HostView, &ClaimView)> {
+fn claim_of(view: &FleetView, job: JobId) -> Option<(&HostView, &ClaimView)> {
     view.hosts.iter().filter(|h| h.live).find_map(|host| {
         host.claims
             .iter()

@@ -25,6 +25,10 @@
 //! Facts only the running agent has (back-off, fences, launches in flight, rate limit,
 //! reachability, fitness) come from its last status snapshot; from a stopped agent they are as
 //! of then, and the explanation says so.
+//!
+//! In a fleet (CONTRACT §9) the job's claim comes first ([`fleet`]): a job another live host
+//! claimed is that host's; otherwise this host's chain follows, saying whether it claimed the
+//! job or nobody has.
 
 pub(crate) mod fleet;
 pub(crate) mod published;
