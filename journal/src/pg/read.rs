@@ -155,7 +155,7 @@ impl PgReader {
 
     /// One delivery with its headers and body.
     pub fn delivery(&mut self, guid: &str) -> Result<Option<StoredDelivery>, JournalError> {
-        stored_delivery(&mut self.client, guid, "")
+        stored_delivery(&mut self.client, guid, false)
     }
 }
 
@@ -164,15 +164,16 @@ fn limit_param(limit: usize) -> Option<i64> {
     i64::try_from(limit).ok()
 }
 
-/// One delivery with its headers and body, on a connection or inside a transaction; `lock`
-/// is appended to the query (`FOR UPDATE` for a replay, which rewrites the row).
+/// One delivery with its headers and body, on a connection or inside a transaction; with
+/// `for_update` the row is locked until the transaction ends (a replay, which rewrites it).
 pub(super) fn stored_delivery(
     client: &mut impl GenericClient,
     guid: &str,
-    lock: &str,
+    for_update: bool,
 ) -> Result<Option<StoredDelivery>, JournalError> {
+    let lock = if for_update { " FOR UPDATE" } else { "" };
     let Some(row) = client.query_opt(
-        &format!("SELECT {DELIVERY_COLUMNS}, headers, body FROM deliveries WHERE guid = $1 {lock}"),
+        &format!("SELECT {DELIVERY_COLUMNS}, headers, body FROM deliveries WHERE guid = $1{lock}"),
         &[&guid],
     )?
     else {

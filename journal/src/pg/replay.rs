@@ -24,7 +24,7 @@ pub fn replay_pg(
     let mut client = target.client_config(REPLAY_APPLICATION).connect(NoTls)?;
     super::schema::require_current(&mut client)?;
     let mut tx = client.transaction()?;
-    let stored = stored_delivery(&mut tx, guid, "FOR UPDATE")?
+    let stored = stored_delivery(&mut tx, guid, true)?
         .ok_or_else(|| JournalError::UnknownDelivery(guid.to_owned()))?;
     let verdict = crate::replay::rerun(guid, &stored, now_ms)?;
     let mut cache = StatementCache::default();
