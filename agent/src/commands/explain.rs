@@ -47,26 +47,17 @@ impl Gathered {
         })
     }
 
-    /// In a fleet: this host's attempts from `local`, and from the fleet's journal (`pg`) its
-    /// queued jobs and `view`, the fleet's claims; the queue is this host's, so the jobs other
-    /// live hosts claimed leave it.
+    /// In a fleet: this host's attempts from `local`; from the fleet's journal its `queued`
+    /// jobs and `view`, the fleet's claims.
     fn read_fleet(
         config: &Config,
         local: Option<&Reader>,
-        pg: &mut PgReader,
+        queued: Vec<JobRow>,
         view: FleetView,
         now: SystemTime,
     ) -> anyhow::Result<Self> {
         let mut gathered = Gathered::read(config, local, now)?;
-        let elsewhere = explain::fleet::claimed_elsewhere(FleetFacts {
-            host: &config.host.name,
-            view: &view,
-        });
-        gathered.queued = pg
-            .queued_jobs()?
-            .into_iter()
-            .filter(|j| !elsewhere.contains(&j.job_id))
-            .collect();
+        gathered.queued = queued;
         gathered.fleet = Some(view);
         Ok(gathered)
     }
@@ -117,7 +108,8 @@ pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
             let journal = format!("the fleet's journal ({})", target.describe());
             let read = |pg: &mut PgReader| -> anyhow::Result<(Gathered, Option<JobRow>)> {
                 let view = super::fleet_view(&target)?;
-                let gathered = Gathered::read_fleet(config, local.as_ref(), pg, view, now)?;
+                let queued = pg.queued_jobs()?;
+                let gathered = Gathered::read_fleet(config, local.as_ref(), queued, view, now)?;
                 Ok((gathered, pg.job(job_id)?))
             };
             let (gathered, job) = PgReader::open(&target)
@@ -154,16 +146,16 @@ pub(crate) fn waiting(
     Ok(explain::explain_queued(&facts))
 }
 
-/// [`waiting`] on a fleet host: the fleet's queued jobs as this host sees them (their claims
-/// first), its own runners from `local`.
+/// [`waiting`] on a fleet host: the fleet's `queued` jobs as this host sees them (their
+/// claims first), its own runners from `local`.
 pub(crate) fn waiting_in_fleet(
     config: &Config,
     local: Option<&Reader>,
-    pg: &mut PgReader,
+    queued: Vec<JobRow>,
     view: FleetView,
     now: SystemTime,
 ) -> anyhow::Result<Vec<Explanation>> {
-    let gathered = Gathered::read_fleet(config, local, pg, view, now)?;
+    let gathered = Gathered::read_fleet(config, local, queued, view, now)?;
     let facts = gathered.facts(config);
     Ok(explain::explain_queued(&facts))
 }

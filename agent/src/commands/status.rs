@@ -156,14 +156,17 @@ fn fleet_journalled(
     let what = || format!("cannot read the fleet's journal ({})", target.describe());
     let mut pg = rm_journal::PgReader::open(target).with_context(what)?;
     let view = super::fleet_view(target).with_context(what)?;
-    let waiting = super::explain::waiting_in_fleet(config, local, &mut pg, view.clone(), now)
+    // Read once: the waiting verdicts and the counts come from the same queue.
+    let queued = pg.queued_jobs()?;
+    let journalled_queued: Vec<QueuedJob> = queued.iter().map(QueuedJob::from).collect();
+    let waiting = super::explain::waiting_in_fleet(config, local, queued, view.clone(), now)
         .with_context(what)?;
     let mut journalled = match local {
         Some(reader) => journalled(reader)?,
         None => Journalled::default(),
     };
     journalled.outcomes = pg.delivery_outcome_counts()?.into_iter().collect();
-    journalled.queued = pg.queued_jobs()?.iter().map(QueuedJob::from).collect();
+    journalled.queued = journalled_queued;
     journalled.last_delivery_at_ms = pg.last_delivery_at()?;
     journalled.jobs_by_state = pg.job_counts()?.into_iter().collect();
     Ok((journalled, InFleet { view, waiting }))

@@ -5,6 +5,8 @@
 //! count only under a live lease (the fleet's rule, `rm_journal::FleetView`), so a job claimed
 //! by a host that died reads as unclaimed: the other hosts take it.
 
+use std::collections::HashSet;
+
 use rm_journal::{ClaimView, FleetView, HostView, JobId, JobRow};
 
 use super::{Condition, Facts, Reason, Verdict, ago_phrase, condition, reason};
@@ -27,7 +29,7 @@ fn claim_of(view: &FleetView, job: JobId) -> Option<(&HostView, &ClaimView)> {
 }
 
 /// The jobs other live hosts hold claims on: not this host's queue.
-pub(crate) fn claimed_elsewhere(fleet: FleetFacts<'_>) -> Vec<JobId> {
+pub(super) fn claimed_elsewhere(fleet: FleetFacts<'_>) -> HashSet<JobId> {
     fleet
         .view
         .hosts

@@ -35,7 +35,7 @@ pub(crate) mod published;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use rm_journal::{AttemptRecord, AttemptState, JobId, JobRow};
@@ -133,8 +133,7 @@ pub(crate) struct Facts<'a> {
     pub snapshot: Option<&'a Snapshot>,
     /// The runner uid pool's size under `isolation = "user"`; `None` under `none`.
     pub uid_pool: Option<usize>,
-    /// In a fleet: this host and the fleet's claims ([`fleet`]). `queued` is then the fleet's
-    /// queued jobs less those other live hosts claimed.
+    /// In a fleet: this host and the fleet's claims ([`fleet`]); `queued` is then the fleet's.
     pub fleet: Option<fleet::FleetFacts<'a>>,
 }
 
@@ -173,11 +172,20 @@ fn fence_of(facts: &Facts<'_>, policy: &str) -> i64 {
 
 impl Queue {
     /// The queue of `facts`, with `extra` in it if the journal's queue lacked it.
+    /// In a fleet it is this host's queue: the jobs other live hosts claimed leave it.
     fn of(facts: &Facts<'_>, extra: Option<&JobRow>) -> Queue {
-        let mut jobs: Vec<QueuedJob> = facts.queued.iter().map(QueuedJob::from).collect();
-        let mut first_seen: HashMap<JobId, i64> = facts
-            .queued
-            .iter()
+        let elsewhere: HashSet<JobId> = facts
+            .fleet
+            .map(fleet::claimed_elsewhere)
+            .unwrap_or_default();
+        let mine = || {
+            facts
+                .queued
+                .iter()
+                .filter(|j| !elsewhere.contains(&j.job_id))
+        };
+        let mut jobs: Vec<QueuedJob> = mine().map(QueuedJob::from).collect();
+        let mut first_seen: HashMap<JobId, i64> = mine()
             .map(|j| (j.job_id, j.first_seen_at_ms.get()))
             .collect();
         if let Some(job) = extra.filter(|j| j.state == rm_handlers::JobState::Queued)

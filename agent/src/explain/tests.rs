@@ -641,5 +641,24 @@ fn in_a_fleet_the_jobs_other_hosts_claimed_leave_this_host_s_queue() {
         host: "h",
         view: &view,
     });
-    assert_eq!(elsewhere, vec![JobId::new(2), JobId::new(3)]);
+    assert_eq!(
+        elsewhere,
+        [JobId::new(2), JobId::new(3)].into_iter().collect()
+    );
+    // The queue places count this host's jobs only: job 5, behind 2 and 3 in the fleet's
+    // queue, is first in this host's; the others' jobs are still explained (theirs).
+    let mut w = World::new();
+    for id in [2, 3, 5] {
+        w.queue(id, LINUX);
+    }
+    w.fleet = Some(view);
+    let facts = w.facts();
+    let queue = Queue::of(&facts, None);
+    assert_eq!(queue.places.get(&JobId::new(5)), Some(&(0, 1)));
+    let waiting = explain_queued(&facts);
+    assert_eq!(
+        waiting.iter().map(|e| e.verdict).collect::<Vec<_>>(),
+        vec![Verdict::Launching, Verdict::Launching, Verdict::Launching]
+    );
+    assert_eq!(codes(&waiting[0]), vec!["claimed_by_host"]);
 }

@@ -277,6 +277,25 @@ fn receive_on_postgres_commits_before_202_and_stops_on_sigterm() {
         "{answer}"
     );
     assert_eq!(answer["policy"], "linux", "{answer}");
+    // `status` lists the job among the waiting ones with the same verdict.
+    let status = agent(&config, dir.path(), &["status", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        status.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(
+        (
+            &status["waiting"][0]["job_id"],
+            &status["waiting"][0]["verdict"]
+        ),
+        (&serde_json::json!(job_id), &serde_json::json!("launching")),
+        "{status}"
+    );
     // An id the fleet's journal does not hold: `not_seen`, exit 1.
     assert_eq!(explain(job_id + 1, 1)["verdict"], "not_seen");
 
