@@ -28,9 +28,16 @@ fn node_available(what: &str) -> bool {
     true
 }
 
+/// Held while a package is looked for and installed: the tests of this binary run at once, and
+/// two `npm install`s into one prefix race (`ENOTEMPTY` on rmdir, seen in a clean-clone run).
+static NPM_INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Installs `package@version` with npm under the target directory once and reuses it; the
 /// prefix it is installed under.
 fn npm_package(package: &str, version: &str) -> std::path::PathBuf {
+    let _one_at_a_time = NPM_INSTALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let prefix = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "{}-{version}",
         package.trim_start_matches('@').replace('/', "-")
