@@ -2,6 +2,7 @@
 //! it into a [`Config`] or into one error naming the file, the key, what is wrong and what would
 //! be right. Unknown keys, wrong types and out-of-range values are all refused at start.
 
+mod cidr;
 mod duration;
 pub mod fitness;
 pub mod runner_version;
@@ -14,6 +15,7 @@ use std::time::Duration;
 use rm_journal::Retention;
 use serde::Deserialize;
 
+pub use cidr::{Cidr, NETWORK_SLOTS};
 pub use duration::ConfigDuration;
 
 /// Where the configuration is looked for when neither `--config` nor `$RM_CONFIG` names it.
@@ -100,6 +102,12 @@ pub struct HostSection {
     pub data_dir_min_free_space: Option<String>,
     /// Programs runners need: names looked up on the runners' `PATH`, or absolute paths.
     pub required_tools: Option<Vec<String>>,
+    /// `"private"` (a network namespace per runner) or `"host"`.
+    pub network: Option<String>,
+    /// Host loopback TCP ports runners reach at `127.0.0.1:PORT` in their namespace.
+    pub network_host_ports: Option<Vec<u16>>,
+    /// Networks no runner reaches, besides the built-in ones.
+    pub network_deny: Option<Vec<String>>,
 }
 
 /// `host.runner_uids` as written: a range `"64200-64263"` or a list of account names.
@@ -167,6 +175,8 @@ pub struct PolicySection {
     pub cpu_weight: Option<u32>,
     /// `KEY=VALUE` lines added to this policy's runners' environment ([`crate::runner::env_file`]).
     pub env_file: Option<PathBuf>,
+    /// When set, the only networks this policy's runners reach.
+    pub network_allow: Option<Vec<String>>,
 }
 
 /// The validated configuration.
@@ -226,6 +236,31 @@ pub struct Host {
     pub cgroup_root: Option<PathBuf>,
     /// What the fitness gate requires of this host ([`crate::fitness`]).
     pub fitness: fitness::Thresholds,
+    /// `host.network`: the default ([`Network::Private`]) under `isolation = "user"`.
+    pub network: Network,
+    /// `host.network_host_ports`.
+    pub network_host_ports: Vec<u16>,
+    /// `host.network_deny` (the built-in list is added by the runner's network).
+    pub network_deny: Vec<Cidr>,
+}
+
+/// What a runner's network is (CONTRACT §7, `crate::runner::network`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Network {
+    /// A network namespace per runner: the world through NAT; nothing of the host but the
+    /// named ports; no metadata service, no other runner.
+    Private,
+    /// The host's own network: a job reaches every service of the host.
+    Host,
+}
+
+impl Network {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::Private => "private",
+            Network::Host => "host",
+        }
+    }
 }
 
 /// How runners are kept from the agent, from each other and from later jobs (CONTRACT §7).
@@ -314,6 +349,8 @@ pub struct Policy {
     /// `env_file`: where operator variables for this policy's runners come from (read once
     /// when `rm-agent run` starts, by `runner::env_file::load_policies`).
     pub env_file: Option<PathBuf>,
+    /// `network_allow`: when set, the only networks this policy's runners reach.
+    pub network_allow: Option<Vec<Cidr>>,
 }
 
 /// `memory_max`, `pids_max`, `cpu_weight` of a policy.

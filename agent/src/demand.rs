@@ -114,6 +114,7 @@ mod tests {
             workspace: Workspace::Ephemeral,
             limits: Default::default(),
             env_file: None,
+            network_allow: None,
         }
     }
 

@@ -8,17 +8,54 @@ use std::path::{Path, PathBuf};
 
 use rm_journal::IsolationKind;
 
-use crate::config::{Config, Isolation, display_file};
+use crate::config::{Config, Isolation, Network, display_file};
 use crate::executor::Backends;
 use crate::exit::Exit;
 use crate::runner::RunnerRoot;
 use crate::runner::backend::{LinkedPackage, NoIsolation, UserIsolation};
 use crate::runner::cgroup::{CgroupRoot, Controllers};
 use crate::runner::isolate::{self, Pool};
+use crate::runner::network::{self, HostNetwork, HostRules};
 use crate::runner::store::Store;
 
 /// What a job can reach under `isolation = "none"`, for `check`, `status` and the start-up log.
 pub(crate) const NONE_REACHES: &str = "jobs run as the agent's own user: a job can read the App's private key and the other secrets, the journal and status, read the agent's memory and environment and signal it, reach every other runner, rewrite the package later runners start from, and leave files in HOME and /tmp and processes behind for later jobs; set [host] isolation = \"user\" (run the agent as root) unless every job runs code you wrote";
+
+/// What a job can reach under `host.network = "host"`, for `check`, `status` and the start-up log.
+pub(crate) const HOST_NETWORK_REACHES: &str = "runners share the host's network: a job reaches every service of the host on loopback (the receiver's port, a local proxy or database), can bind a port before the agent does after a restart, reaches the cloud metadata service and every other runner; set [host] network = \"private\" (the default)";
+
+/// The host's part of `host.network = "private"`, installed: forwarding and the agent's table.
+fn host_network(config: &Config, pool: &Pool) -> Result<HostNetwork, Exit> {
+    let uids = pool.accounts().iter().map(|a| a.uid);
+    if let Some((a, b)) = network::slots_collide(uids.clone()) {
+        return Err(usage(
+            config,
+            "host.runner_uids",
+            &format!(
+                "uids {a} and {b} would share a runner network (their uids differ by a multiple of {}); choose uids within {} consecutive numbers",
+                network::NETWORK_SLOTS,
+                network::NETWORK_SLOTS
+            ),
+        ));
+    }
+    // Unreadable or absent: no resolver is let through (a runner then resolves nothing).
+    let resolv = std::fs::read_to_string(network::RESOLV_CONF).unwrap_or_default();
+    let host = HostNetwork {
+        table: network::host_table_name(&config.data_dir),
+        rules: HostRules::new(
+            &config.host.network_host_ports,
+            &config.host.network_deny,
+            &resolv,
+            uids,
+        ),
+    };
+    host.install().map_err(|e| {
+        Exit::runtime(anyhow::anyhow!(
+            "cannot set up the runners' network (host.network = \"private\"): {e}"
+        ))
+    })?;
+    Ok(host)
+}
 
 /// The mode of the runner root under `user`: runners pass through it to their own runtime
 /// (mode 0700, owned by their uid) and can list nothing.
@@ -47,6 +84,7 @@ pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, 
                     package: None,
                     pool,
                     cgroups: None,
+                    network: None,
                 }),
                 _ => None,
             };
@@ -95,7 +133,14 @@ pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, 
                     None
                 }
             };
-            tracing::info!(uids = pool.accounts().len(), cgroup_root = ?cgroups.as_ref().map(CgroupRoot::path), package = %package.current().tree().display(), "runners are isolated: a uid, a cgroup and a private mount namespace each");
+            let network = match config.host.network {
+                Network::Private => Some(std::sync::Arc::new(host_network(config, &pool)?)),
+                Network::Host => {
+                    tracing::warn!("host.network = \"host\": {HOST_NETWORK_REACHES}");
+                    None
+                }
+            };
+            tracing::info!(uids = pool.accounts().len(), cgroup_root = ?cgroups.as_ref().map(CgroupRoot::path), package = %package.current().tree().display(), network = config.host.network.as_str(), "runners are isolated: a uid, a cgroup, and mount, PID, IPC and UTS namespaces each");
             Ok(Backends {
                 isolation: IsolationKind::User,
                 none,
@@ -104,6 +149,7 @@ pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, 
                     package: Some(std::sync::Arc::new(package)),
                     pool,
                     cgroups,
+                    network,
                 }),
             })
         }

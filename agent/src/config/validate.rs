@@ -196,6 +196,39 @@ pub(super) fn validate(
             ),
         ));
     }
+    let network = match (file.host.network.as_deref(), isolation) {
+        (None, Isolation::User) | (Some("private"), Isolation::User) => Network::Private,
+        (None, Isolation::None) | (Some("host"), _) => Network::Host,
+        (Some("private"), Isolation::None) => {
+            return Err(err(
+                "host.network",
+                "\"private\" needs isolation = \"user\" (a namespace per runner is made by root); use \"host\" or isolate the runners".to_owned(),
+            ));
+        }
+        (Some(other), _) => {
+            return Err(err(
+                "host.network",
+                format!(
+                    "`{other}` is not a network; use \"private\" (a network namespace per runner: the world, none of the host) or \"host\" (runners share the host's network and reach its every service)"
+                ),
+            ));
+        }
+    };
+    let network_host_ports = file.host.network_host_ports.unwrap_or_default();
+    if network_host_ports.contains(&0) {
+        return Err(err("host.network_host_ports", "0 is not a port".to_owned()));
+    }
+    let network_deny = cidrs(file.host.network_deny.unwrap_or_default())
+        .map_err(|problem| err("host.network_deny", problem))?;
+    if network == Network::Private && runner_uids.len() > NETWORK_SLOTS as usize {
+        return Err(err(
+            "host.runner_uids",
+            format!(
+                "holds {} uids, more than the {NETWORK_SLOTS} runner networks host.network = \"private\" numbers; use a smaller pool",
+                runner_uids.len()
+            ),
+        ));
+    }
     let cgroup_root = match file.host.cgroup_root.as_deref() {
         None | Some("auto") => None,
         Some(path) if path.starts_with('/') => Some(PathBuf::from(path)),
@@ -225,6 +258,9 @@ pub(super) fn validate(
             file.host.required_tools,
         )
         .map_err(|(key, problem)| err(&format!("host.{key}"), problem))?,
+        network,
+        network_host_ports,
+        network_deny,
     };
 
     if file.runner.package_dir.is_some() && file.runner.version.is_some() {
@@ -489,6 +525,11 @@ fn validate_policy(
             ),
         ));
     }
+    let network_allow = section
+        .network_allow
+        .map(cidrs)
+        .transpose()
+        .map_err(|problem| ("network_allow", problem))?;
     let limits = RunnerLimits {
         memory_max,
         pids_max: section.pids_max,
@@ -505,7 +546,13 @@ fn validate_policy(
         fleet_max_runners: section.fleet_max_runners,
         workspace,
         env_file: section.env_file,
+        network_allow,
     })
+}
+
+/// Networks as written, each parsed, or the first that is not one.
+fn cidrs(texts: Vec<String>) -> Result<Vec<Cidr>, String> {
+    texts.iter().map(|t| t.parse()).collect()
 }
 
 /// `acme` is an organization, `acme/widgets` a repository ([`Target`]'s own parser).

@@ -44,11 +44,10 @@ impl Context {
 
     /// What the attempt's backend needs to know about it.
     pub(super) fn plan(&self, record: &rm_journal::AttemptRecord) -> Plan {
-        let limits = self
-            .policy(&record.policy)
-            .map(|p| p.limits)
-            .unwrap_or_default();
+        let policy = self.policy(&record.policy);
+        let limits = policy.map(|p| p.limits).unwrap_or_default();
         let mut plan = Plan::of(record, limits);
+        plan.network_allow = policy.and_then(|p| p.network_allow.clone());
         // The operator's variables of the policy's env_file (crate::runner::env_file).
         if let Some(env) = self.settings.operator_env.get(&record.policy) {
             plan.env = env.clone();

@@ -26,6 +26,7 @@ fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
         workspace: Workspace::Ephemeral,
         limits: Default::default(),
         env_file: None,
+        network_allow: None,
     }
 }
 

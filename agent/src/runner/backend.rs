@@ -20,7 +20,8 @@ use secrecy::SecretString;
 
 use super::cgroup::{self, CgroupRoot, Limits};
 use super::env_file::{OperatorEnv, with_operator_env};
-use super::isolate::{self, Account, ChildSetup, Pool};
+use super::isolate::{self, Account, ChildSetup, Pool, Sandbox};
+use super::network::{self, HostNetwork};
 use super::package::current::CurrentPackage;
 use super::process::{self, ProcessError, ProcessIdentity, ProcessState, RunnerChild, Spawned};
 use super::store::{Store, StoreError, StoredPackage};
@@ -39,6 +40,8 @@ pub struct Plan {
     pub limits: Limits,
     /// The policy's operator variables (`env_file`), added to the runner's environment.
     pub env: OperatorEnv,
+    /// The policy's `network_allow`: when set, the only networks the runner reaches.
+    pub network_allow: Option<Vec<network::Cidr>>,
 }
 
 impl Plan {
@@ -51,6 +54,7 @@ impl Plan {
             cgroup: record.cgroup.clone(),
             limits,
             env: OperatorEnv::default(),
+            network_allow: None,
         }
     }
 }
@@ -78,6 +82,8 @@ pub enum BackendError {
     Store(String),
     #[error("attempt is journalled without a runner uid; it cannot run isolated")]
     NoUid,
+    #[error("the runner's network: {0}")]
+    Network(#[from] network::NetworkError),
 }
 
 /// The seam. Every method blocks (file trees, `/proc`, cgroupfs): call them off the async
@@ -227,6 +233,10 @@ pub struct UserIsolation {
     /// Where runner cgroups are made; `None` where no cgroup v2 is writable (every process of
     /// the uid is then killed at cleanup instead).
     pub cgroups: Option<CgroupRoot>,
+    /// `host.network = "private"`: the host's part, installed; `None`: runners share the
+    /// host's network. Cleanup removes a runner's network whatever this says (it may have been
+    /// started under another configuration).
+    pub network: Option<Arc<HostNetwork>>,
 }
 
 impl UserIsolation {
@@ -358,10 +368,24 @@ impl Backend for UserIsolation {
             }
             _ => None,
         };
-        let setup =
-            ChildSetup::new(account, runtime.dir(), procs, plan.limits.pids_max).map_err(|e| {
-                BackendError::Uid(format!("cannot prepare the runner's isolation: {e}"))
-            })?;
+        // Before the runner's first instruction: its namespace, joined between fork and exec.
+        let netns = match &self.network {
+            Some(host) => {
+                let table = host.runner_table(account.uid, plan.network_allow.as_deref());
+                Some(network::create(&network_names(plan), account.uid, &table)?)
+            }
+            None => None,
+        };
+        let sandbox = Sandbox {
+            cgroup_procs: procs,
+            netns,
+            pids_max: plan.limits.pids_max,
+            memory_max: plan.limits.memory_max,
+            hostname: network_names(plan).netns,
+        };
+        let setup = ChildSetup::new(account, runtime.dir(), sandbox).map_err(|e| {
+            BackendError::Uid(format!("cannot prepare the runner's isolation: {e}"))
+        })?;
         let env = with_operator_env(
             isolate::isolated_environment(std::env::vars_os(), runtime.dir()),
             &plan.env,
@@ -386,6 +410,16 @@ impl Backend for UserIsolation {
                 .map_err(|e| BackendError::Uid(e.to_string()))?,
             None => 0,
         };
+        // Nothing runs in it any more: its namespace, veth and table go (whatever the
+        // configuration says now: the attempt may have started under another one).
+        network::remove(&network_names(plan))?;
+        if let Some(uid) = plan.uid {
+            isolate::clear_keyrings(Account {
+                uid,
+                gid: self.pool.gid_of(uid),
+            })
+            .map_err(|e| BackendError::Uid(e.to_string()))?;
+        }
         let runtime = remove_runtime(&self.root, plan)?;
         if plan.workspace == WorkspaceKind::Persistent {
             isolate::take_back(&plan.runtime_dir).map_err(|e| {
@@ -398,6 +432,12 @@ impl Backend for UserIsolation {
         }
         Ok(Cleaned { killed, runtime })
     }
+}
+
+/// The names of an attempt's network namespace and veth (from its short id).
+fn network_names(plan: &Plan) -> network::Names {
+    let short = plan.attempt_id.get(..12).unwrap_or(&plan.attempt_id);
+    network::Names::of(short)
 }
 
 fn remove_runtime(root: &RunnerRoot, plan: &Plan) -> Result<Removal, WorkspaceError> {

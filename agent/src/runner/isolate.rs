@@ -12,7 +12,7 @@
 //! this crate needs `unsafe` ([`ChildSetup::install`]).
 
 use std::collections::HashSet;
-use std::ffi::{CStr, CString, OsString};
+use std::ffi::{CString, OsString};
 use std::io;
 use std::os::fd::{AsFd as _, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
@@ -32,9 +32,6 @@ pub const HOME_DIR: &str = "home";
 /// The shared writable places a runner gets its own empty tmpfs for, where they exist: nothing a
 /// job writes there is seen by another runner or outlives its own.
 pub const PRIVATE_DIRS: [&str; 4] = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock"];
-
-/// Mount options of a private tmpfs: sticky and world-writable like the real ones.
-const PRIVATE_TMPFS_OPTIONS: &CStr = c"mode=1777";
 
 /// The umask a runner starts with (the agent's own is 077, which would make every file a job
 /// creates unreadable to the tools it starts under other users, such as a container engine).
@@ -370,14 +367,47 @@ fn chown_dir(dir: &OwnedFd, device: u64, account: Account, depth: usize) -> io::
     Ok(())
 }
 
+/// The size of each private tmpfs when the policy sets no `memory_max`: a job's `/tmp` cannot
+/// take half the host's memory (the kernel's default for tmpfs).
+pub const DEFAULT_TMPFS_SIZE: u64 = 1 << 30;
+
+/// Bytes of tmpfs per inode allowed: a job cannot exhaust a tmpfs's inodes far sooner than its
+/// size (the kernel's default is half the RAM's pages, shared by nothing else here).
+const TMPFS_BYTES_PER_INODE: u64 = 4096;
+
+/// The mount options of each private tmpfs: sticky and world-writable like the real ones, and
+/// bounded: a quarter of the policy's `memory_max` each (the four together within it), or
+/// [`DEFAULT_TMPFS_SIZE`], with one inode per [`TMPFS_BYTES_PER_INODE`].
+pub fn tmpfs_options(memory_max: Option<u64>) -> String {
+    let size = memory_max.map_or(DEFAULT_TMPFS_SIZE, |max| (max / 4).max(1 << 20));
+    let inodes = (size / TMPFS_BYTES_PER_INODE).max(1024);
+    format!("mode=1777,size={size},nr_inodes={inodes}")
+}
+
+/// `keyctl(2)` operations and special keyring ids (linux/keyctl.h).
+const KEYCTL_JOIN_SESSION_KEYRING: libc::c_long = 1;
+const KEYCTL_CLEAR: libc::c_long = 7;
+const KEY_SPEC_USER_KEYRING: libc::c_long = -4;
+const KEY_SPEC_USER_SESSION_KEYRING: libc::c_long = -5;
+
+/// The exit status a process killed by a signal is reported with by the runner's ancestors in
+/// the agent's namespace (as a shell reports it).
+const SIGNALLED_EXIT_BASE: i32 = 128;
+
 /// What the child does between fork and exec, prepared before the fork.
 #[derive(Debug)]
 pub struct ChildSetup {
     account: Account,
     /// The runner cgroup's `cgroup.procs`, opened by the agent (close-on-exec).
     cgroup_procs: Option<OwnedFd>,
+    /// The runner's network namespace (`host.network = "private"`), joined first.
+    netns: Option<OwnedFd>,
     /// The shared writable places that exist on this host, each to get a private tmpfs.
     private_dirs: Vec<CString>,
+    /// The private tmpfs' mount options ([`tmpfs_options`]).
+    tmpfs_options: CString,
+    /// The runner's host name in its UTS namespace.
+    hostname: CString,
     /// The runtime, if it lies under one of `private_dirs` (the tmpfs would hide it): the
     /// directories from that place down to the runtime, recreated in the tmpfs, and the runtime
     /// bind-mounted back from `runtime_fd`.
@@ -394,18 +424,24 @@ struct Rebind {
     dirs: Vec<CString>,
 }
 
+/// What [`ChildSetup`] gives a runner besides its uid.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub cgroup_procs: Option<OwnedFd>,
+    pub netns: Option<OwnedFd>,
+    pub pids_max: Option<u32>,
+    pub memory_max: Option<u64>,
+    pub hostname: String,
+}
+
+fn c_path(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
 impl ChildSetup {
     /// Prepares the steps for a runner of `account` in `runtime`.
-    pub fn new(
-        account: Account,
-        runtime: &Path,
-        cgroup_procs: Option<OwnedFd>,
-        pids_max: Option<u32>,
-    ) -> io::Result<ChildSetup> {
-        let c_path = |p: &Path| {
-            CString::new(p.as_os_str().as_bytes())
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
-        };
+    pub fn new(account: Account, runtime: &Path, sandbox: Sandbox) -> io::Result<ChildSetup> {
         let mut private_dirs = Vec::new();
         let mut rebind = None;
         for dir in PRIVATE_DIRS {
@@ -426,12 +462,16 @@ impl ChildSetup {
                 rebind = Some(Rebind { dirs });
             }
         }
+        let invalid = |e| io::Error::new(io::ErrorKind::InvalidInput, e);
         Ok(ChildSetup {
             account,
-            cgroup_procs,
+            cgroup_procs: sandbox.cgroup_procs,
+            netns: sandbox.netns,
             private_dirs,
+            tmpfs_options: CString::new(tmpfs_options(sandbox.memory_max)).map_err(invalid)?,
+            hostname: CString::new(sandbox.hostname).map_err(invalid)?,
             rebind,
-            pids_max,
+            pids_max: sandbox.pids_max,
         })
     }
 
@@ -441,20 +481,31 @@ impl ChildSetup {
         let setup = self;
         // SAFETY: `pre_exec` runs the closure in the forked child of a multi-threaded process,
         // where only async-signal-safe operations are sound. `apply` makes raw system calls
-        // through rustix's linux_raw backend on paths and descriptors prepared before the fork
-        // (`CStr`s passed by reference, no conversion), takes no lock and allocates nothing;
-        // its errors are plain errno values.
+        // (rustix's linux_raw backend, and `libc::syscall` for `clone` and `keyctl`, never
+        // glibc's `fork` with its atfork handlers) on paths and descriptors prepared before
+        // the fork (`CStr`s passed by reference, no conversion), takes no lock and allocates
+        // nothing; its errors are plain errno values.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(command, move || setup.apply());
         }
     }
 
     /// The child's steps, in the order that makes each one count: into the cgroup first (so
-    /// everything after is accounted for and killable), the mount namespace while still root,
-    /// the limits, then the identity last (after it nothing privileged is possible).
+    /// everything after is accounted for and killable), the namespaces while still root, then
+    /// the PID namespace's first process, the limits, and the identity last (after it nothing
+    /// privileged is possible).
+    ///
+    /// Three processes come of it. This one (outside the runner's PID namespace, the pid the
+    /// agent journals) waits for the namespace's first process and exits as it does; that one
+    /// (pid 1 inside, root, with the job's `/proc` mounted) reaps what the job orphans and
+    /// exits as the runner does, which kills whatever is left in the namespace; the third
+    /// becomes the runner. The two waiters ignore SIGTERM and SIGINT, so a stop's SIGTERM to
+    /// the process group reaches the runner alone and the agent sees its child exit when the
+    /// runner has.
     #[allow(unsafe_code)]
     fn apply(&self) -> io::Result<()> {
         use rustix::mount::{MountFlags, MountPropagationFlags};
+        use rustix::thread::UnshareFlags;
         // First: the directories made below go through it (the agent's 077 would make the way
         // to the runtime unsearchable for the runner).
         rustix::process::umask(Mode::from_raw_mode(RUNNER_UMASK));
@@ -462,10 +513,19 @@ impl ChildSetup {
             // "0" moves the writing process itself.
             rustix::io::write(procs.as_fd(), b"0")?;
         }
-        // A mount namespace of its own (the private tmpfs below) and an IPC namespace of its
-        // own: System V shared memory, semaphores and message queues a job leaves die with it
-        // instead of waiting for the next job of the same uid.
-        let namespaces = rustix::thread::UnshareFlags::NEWNS | rustix::thread::UnshareFlags::NEWIPC;
+        if let Some(netns) = &self.netns {
+            rustix::thread::move_into_link_name_space(
+                netns.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )?;
+        }
+        // A mount namespace of its own (the private tmpfs below), an IPC namespace of its own
+        // (System V shared memory, semaphores and message queues a job leaves die with it), a
+        // host name of its own, and a PID namespace for its children (below).
+        let namespaces = UnshareFlags::NEWNS
+            | UnshareFlags::NEWIPC
+            | UnshareFlags::NEWUTS
+            | UnshareFlags::NEWPID;
         // SAFETY: the child is single-threaded, so unsharing its namespaces affects no other
         // thread; no file system or IPC state is shared with another thread of this process.
         unsafe { rustix::thread::unshare_unsafe(namespaces)? };
@@ -481,7 +541,7 @@ impl ChildSetup {
                 dir.as_c_str(),
                 c"tmpfs",
                 flags,
-                PRIVATE_TMPFS_OPTIONS,
+                self.tmpfs_options.as_c_str(),
             )?;
         }
         if let Some(rebind) = &self.rebind {
@@ -495,6 +555,30 @@ impl ChildSetup {
                 rustix::mount::mount_bind(c".", runtime.as_c_str())?;
             }
         }
+        rustix::system::sethostname(self.hostname.as_bytes())?;
+        set_stop_signals(libc::SIG_IGN)?;
+        // SAFETY: a raw `clone` without glibc's atfork handlers (see `install`); both sides
+        // go on with raw system calls only.
+        let first = unsafe { fork_raw()? };
+        if first != 0 {
+            wait_and_exit_as(first);
+        }
+        // Pid 1 of the runner's PID namespace.
+        let _ =
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+        rustix::mount::mount(
+            c"proc",
+            c"/proc",
+            c"proc",
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            c"",
+        )?;
+        // SAFETY: as above.
+        let runner = unsafe { fork_raw()? };
+        if runner != 0 {
+            reap_until(runner);
+        }
+        set_stop_signals(libc::SIG_DFL)?;
         if let Some(max) = self.pids_max {
             // Counted per real uid: the runner's uid is its own, so this caps the job's
             // processes even where the cgroup pids controller is not available.
@@ -515,7 +599,170 @@ impl ChildSetup {
         rustix::thread::set_thread_res_gid(gid, gid, gid)?;
         // From root to a non-zero uid: the kernel clears every capability.
         rustix::thread::set_thread_res_uid(uid, uid, uid)?;
+        // A session keyring of its own, owned by the runner: not the agent's (which every
+        // runner would otherwise possess, with the keys in it).
+        // SAFETY: `keyctl` with integer arguments only.
+        let joined = unsafe {
+            libc::syscall(
+                libc::SYS_keyctl,
+                KEYCTL_JOIN_SESSION_KEYRING,
+                std::ptr::null::<libc::c_char>(),
+            )
+        };
+        if joined < 0 {
+            let e = rustix::io::Errno::from_raw_os_error(errno());
+            // A kernel without keyrings has none to share.
+            if e != rustix::io::Errno::NOSYS {
+                return Err(e.into());
+            }
+        }
         Ok(())
+    }
+}
+
+/// Sets the disposition of the signals a stop sends (SIGTERM) and a terminal sends (SIGINT).
+#[allow(unsafe_code)]
+fn set_stop_signals(handler: libc::sighandler_t) -> io::Result<()> {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: `signal` with SIG_IGN or SIG_DFL installs no handler code; async-signal-safe.
+        if unsafe { libc::signal(signal, handler) } == libc::SIG_ERR {
+            return Err(io::Error::from_raw_os_error(errno()));
+        }
+    }
+    Ok(())
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EINVAL)
+}
+
+/// `fork` as a raw `clone(SIGCHLD)`: the child's pid in the parent, 0 in the child.
+///
+/// # Safety
+/// The child of a multi-threaded process may only make async-signal-safe calls.
+#[allow(unsafe_code)]
+unsafe fn fork_raw() -> io::Result<i32> {
+    // SAFETY: the caller's contract; no stack is given, so the child runs on a copy of ours.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            libc::c_long::from(libc::SIGCHLD),
+            0 as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
+    if pid < 0 {
+        return Err(io::Error::from_raw_os_error(errno()));
+    }
+    i32::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Closes every descriptor above stderr (a waiter holds nothing, so the spawning agent sees
+/// the runner's `exec` as the end of its start).
+#[allow(unsafe_code)]
+fn close_inherited() {
+    // SAFETY: `close_range` on integers; nothing of this process uses the descriptors after.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        );
+    }
+}
+
+/// The exit status that reports `status` one level up.
+fn exit_code(status: rustix::process::WaitStatus) -> i32 {
+    if let Some(code) = status.exit_status() {
+        code
+    } else if let Some(signal) = status.terminating_signal() {
+        SIGNALLED_EXIT_BASE + signal
+    } else {
+        1
+    }
+}
+
+/// The outer waiter: waits for `child`, then exits as it did. Never returns.
+#[allow(unsafe_code)]
+fn wait_and_exit_as(child: i32) -> ! {
+    close_inherited();
+    let pid = rustix::process::Pid::from_raw(child);
+    let code = loop {
+        match rustix::process::waitpid(pid, rustix::process::WaitOptions::empty()) {
+            Ok(Some((_, status))) => break exit_code(status),
+            Err(rustix::io::Errno::INTR) | Ok(None) => {}
+            Err(_) => break 1,
+        }
+    };
+    // SAFETY: `_exit` runs no destructor or atexit handler (the agent's, copied by the fork).
+    unsafe { libc::_exit(code) }
+}
+
+/// Pid 1 of the runner's namespace: reaps every process the job orphans until the runner
+/// itself exits, then exits as it did (the kernel then kills what is left inside). Never
+/// returns.
+#[allow(unsafe_code)]
+fn reap_until(runner: i32) -> ! {
+    close_inherited();
+    let code = loop {
+        match rustix::process::wait(rustix::process::WaitOptions::empty()) {
+            Ok(Some((pid, status))) if pid.as_raw_nonzero().get() == runner => {
+                break exit_code(status);
+            }
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => break 1,
+        }
+    };
+    // SAFETY: as in `wait_and_exit_as`.
+    unsafe { libc::_exit(code) }
+}
+
+/// Empties a uid's user keyrings (`@u`, `@us`) before the uid is released: keys a job added
+/// there would otherwise wait for the uid's next job. A child of the agent switches to the uid
+/// (a user keyring is reachable only as its owner) and clears them.
+#[allow(unsafe_code)]
+pub fn clear_keyrings(account: Account) -> io::Result<()> {
+    // SAFETY: the child makes raw system calls only and leaves with `_exit`.
+    let pid = unsafe { fork_raw()? };
+    if pid == 0 {
+        let gid = rustix::process::Gid::from_raw(account.gid);
+        let uid = rustix::process::Uid::from_raw(account.uid);
+        let switched = rustix::thread::set_thread_groups(&[])
+            .and_then(|()| rustix::thread::set_thread_res_gid(gid, gid, gid))
+            .and_then(|()| rustix::thread::set_thread_res_uid(uid, uid, uid));
+        let mut code = i32::from(switched.is_err());
+        if switched.is_ok() {
+            for keyring in [KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING] {
+                // SAFETY: `keyctl` with integer arguments only.
+                let cleared = unsafe { libc::syscall(libc::SYS_keyctl, KEYCTL_CLEAR, keyring) };
+                if cleared < 0 && errno() != libc::ENOSYS {
+                    code = 2;
+                }
+            }
+        }
+        // SAFETY: as in `wait_and_exit_as`.
+        unsafe { libc::_exit(code) }
+    }
+    let child = rustix::process::Pid::from_raw(pid)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let status = loop {
+        match rustix::process::waitpid(Some(child), rustix::process::WaitOptions::empty()) {
+            Ok(Some((_, status))) => break status,
+            Err(rustix::io::Errno::INTR) | Ok(None) => {}
+            Err(e) => return Err(e.into()),
+        }
+    };
+    match status.exit_status() {
+        Some(0) => Ok(()),
+        other => Err(io::Error::other(format!(
+            "could not clear the keyrings of uid {} (status {other:?})",
+            account.uid
+        ))),
     }
 }
 

@@ -10,6 +10,7 @@ pub mod cgroup;
 pub mod discover;
 pub mod env_file;
 pub mod isolate;
+pub mod network;
 pub mod package;
 pub mod process;
 pub mod refusal;

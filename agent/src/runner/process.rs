@@ -10,7 +10,6 @@
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::unix::ffi::OsStrExt as _;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -591,10 +590,11 @@ pub fn spawn_listener(
         // log, where a job could otherwise write anything.
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        // A group of its own: a stop reaches everything the job started, and a signal sent
-        // to the agent's group (Ctrl-C in a terminal) does not reach the runner.
-        .process_group(0);
+        .stderr(Stdio::null());
+    // A session and group of its own: a stop reaches everything the job started, a signal
+    // sent to the agent's group (Ctrl-C in a terminal) does not reach the runner, and the
+    // runner has no controlling terminal to push input into (`TIOCSTI`).
+    seal_session(&mut command);
     configure(&mut command);
     // `command` holds the JIT configuration: never format it (its Debug shows the env).
     let mut child = command
@@ -622,6 +622,33 @@ pub fn spawn_listener(
             let _ = child.wait();
             Err(ProcessError::Identity { pid, source })
         }
+    }
+}
+
+/// Before any backend's own steps, in every isolation mode: a new session (the runner's pid is
+/// its session and process group id, and it has no controlling terminal: `/dev/tty` answers
+/// `ENXIO`), and every descriptor above stderr closed at `exec`, so nothing the agent inherited
+/// from whatever started it (a shell's redirections, a supervisor's sockets) reaches a job.
+/// Close-on-exec rather than closed now: std's own error pipe and a backend's prepared
+/// descriptors are still used until then.
+#[allow(unsafe_code)]
+pub fn seal_session(command: &mut Command) {
+    // SAFETY: the closure runs in the forked child before `exec` and makes two raw system
+    // calls on integers (`setsid`, `close_range`): async-signal-safe, no allocation, no lock.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(command, || {
+            rustix::process::setsid()?;
+            let marked = libc::syscall(
+                libc::SYS_close_range,
+                3 as libc::c_uint,
+                libc::c_uint::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            if marked < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

@@ -87,6 +87,7 @@ pub(super) fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: 
         workspace: Workspace::Ephemeral,
         limits: RunnerLimits::default(),
         env_file: None,
+        network_allow: None,
     }
 }
 

@@ -29,6 +29,11 @@ cd "$(dirname "$0")/.."
   echo "tmp_entries=$(ls -A /tmp | tr '\n' ' ')"
   echo "jit=${ACTIONS_RUNNER_INPUT_JITCONFIG:-unset}"
   if echo x > bin/Runner.Listener 2>/dev/null; then echo "package_write=ok"; else echo "package_write=denied"; fi
+  if (: </dev/tty) 2>/dev/null; then echo "tty=ok"; else echo "tty=denied"; fi
+  if [ -e /proc/self/fd/47 ]; then echo "inherited_fd=ok"; else echo "inherited_fd=denied"; fi
+  if grep -q rm-backend-test-key /proc/keys 2>/dev/null; then echo "session_key=ok"; else echo "session_key=denied"; fi
+  echo "processes=$(ls /proc | grep -c '^[0-9]')"
+  echo "hostname=$(cat /proc/sys/kernel/hostname)"
 } > report.txt
 echo poison > /tmp/rm-backend-test-poison
 setsid -f sleep 300 </dev/null >/dev/null 2>&1
@@ -79,6 +84,7 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
         package: Some(std::sync::Arc::new(linked)),
         pool: Pool::new(vec![Account { uid, gid: uid }]),
         cgroups: None,
+        network: None,
     };
     let attempt_id = format!("abcdef012345{}", "0".repeat(20));
     let plan = Plan {
@@ -89,6 +95,7 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
         cgroup: None,
         limits: Limits::default(),
         env: Default::default(),
+        network_allow: None,
     };
     let runtime = backend.prepare(&plan).unwrap();
     assert_eq!(
@@ -107,6 +114,10 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
 }
 
 #[test]
+#[allow(
+    unsafe_code,
+    reason = "the test plants a descriptor and a key as an agent's parent would"
+)]
 fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
     if !rustix::process::geteuid().is_root() {
         crate::test_skip::cannot_run(
@@ -135,6 +146,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         package: Some(std::sync::Arc::new(stored)),
         pool: Pool::new(vec![Account { uid, gid: uid }]),
         cgroups: cgroups.clone(),
+        network: None,
     };
     let attempt_id = format!("{:012x}{}", u64::from(uid), "0".repeat(20));
     let plan = Plan {
@@ -147,6 +159,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
             .map(|c| c.runner_path(&format!("rm-{}", &attempt_id[..12])).unwrap()),
         limits: Limits::default(),
         env: Default::default(),
+        network_allow: None,
     };
     let runtime = backend.prepare(&plan).unwrap();
     let meta = std::fs::metadata(runtime.dir()).unwrap();
@@ -155,9 +168,34 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         uid,
         "the runtime is the runner's"
     );
+    // What the agent may hold that no runner may: a descriptor inherited from whatever started
+    // it (not close-on-exec, as a shell's redirection is) and a key in its session keyring.
+    let leaked = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDONLY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    // SAFETY: dup2 onto a descriptor number this test owns.
+    let leaked_at = unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&leaked), 47) };
+    assert_eq!(leaked_at, 47);
+    // SAFETY: add_key with NUL-terminated strings and a buffer of the given length.
+    let key = unsafe {
+        libc::syscall(
+            libc::SYS_add_key,
+            c"user".as_ptr(),
+            c"rm-backend-test-key".as_ptr(),
+            c"secret".as_ptr(),
+            6usize,
+            -3i64, // KEY_SPEC_SESSION_KEYRING
+        )
+    };
+    assert!(key > 0, "add_key: {}", std::io::Error::last_os_error());
     let mut spawned = backend
         .start(&plan, &runtime, &SecretString::from("jit-value"))
         .unwrap();
+    // SAFETY: closes the descriptor planted above.
+    unsafe { libc::close(47) };
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while spawned.child.try_wait().unwrap().is_none() {
         assert!(
@@ -207,8 +245,24 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         !Path::new("/tmp/rm-backend-test-poison").exists(),
         "/tmp of the host untouched"
     );
-    let daemons = uid::processes_of(uid).unwrap();
-    assert!(!daemons.is_empty(), "the setsid daemon outlived its runner");
+    assert_eq!(get("tty"), "denied", "no controlling terminal");
+    assert_eq!(get("inherited_fd"), "denied", "no inherited descriptor");
+    assert_eq!(
+        get("session_key"),
+        "denied",
+        "not the agent's session keyring"
+    );
+    let processes: usize = get("processes").parse().unwrap();
+    assert!(
+        processes <= 6,
+        "only its own processes in its /proc: {report}"
+    );
+    assert!(get("hostname").starts_with("rm-"), "{report}");
+    // The daemon it left died with its PID namespace when the runner exited.
+    assert!(
+        uid::processes_of(uid).unwrap().is_empty(),
+        "the setsid daemon outlived its runner"
+    );
 
     let cleaned = backend.clean(&plan).unwrap();
     assert_eq!(cleaned.runtime, Removal::Removed);
