@@ -142,11 +142,12 @@ pub async fn run(
                 "data_dir = \"{data}\"\n\n[journal]\nurl = \"{url}\"\n\n\
                  [github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n\n\
                  [notifications]\ndesktop = false\n\n\
-                 [host]\nname = \"{name}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\nrunner_uids = \"{uids}\"\n\n\
+                 [host]\nname = \"{name}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\nrunner_uids = \"{uids}\"\nnetwork_host_ports = [{port}]\n\n\
                  [runner]\npackage_dir = \"{package}\"\n\n\
                  [[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"self-hosted\", \"linux\"]\nmax_runners = {max}\n",
                 data = host_dir.join("data").display(),
                 api = fake.api_url(),
+                port = fake.port(),
                 key = key_file.display(),
                 max = plan.host_max,
                 root = host_dir.join("runners").display(),

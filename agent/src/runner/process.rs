@@ -628,13 +628,14 @@ pub fn spawn_listener(
 /// Before any backend's own steps, in every isolation mode: a new session (the runner's pid is
 /// its session and process group id, and it has no controlling terminal: `/dev/tty` answers
 /// `ENXIO`), and every descriptor above stderr closed at `exec`, so nothing the agent inherited
-/// from whatever started it (a shell's redirections, a supervisor's sockets) reaches a job.
+/// from whatever started it (a shell's redirections, a supervisor's sockets) reaches a job; and a
+/// session keyring of its own.
 /// Close-on-exec rather than closed now: std's own error pipe and a backend's prepared
 /// descriptors are still used until then.
 #[allow(unsafe_code)]
 pub fn seal_session(command: &mut Command) {
-    // SAFETY: the closure runs in the forked child before `exec` and makes two raw system
-    // calls on integers (`setsid`, `close_range`): async-signal-safe, no allocation, no lock.
+    // SAFETY: the closure runs in the forked child before `exec` and makes raw system calls on
+    // integers (`setsid`, `close_range`, `keyctl`): async-signal-safe, no allocation, no lock.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(command, || {
             rustix::process::setsid()?;
@@ -646,6 +647,16 @@ pub fn seal_session(command: &mut Command) {
             );
             if marked < 0 {
                 return Err(io::Error::last_os_error());
+            }
+            // KEYCTL_JOIN_SESSION_KEYRING with no name: a new, empty session keyring, so the
+            // runner does not possess the agent's (nor the keys whoever started it put there).
+            // A kernel without keyrings (ENOSYS) has nothing to share.
+            let joined = libc::syscall(libc::SYS_keyctl, 1, std::ptr::null::<libc::c_char>());
+            if joined < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::ENOSYS) {
+                    return Err(e);
+                }
             }
             Ok(())
         });

@@ -159,9 +159,10 @@ async fn start(spec: Spec, plan: &Plan, agent: &Path, runner: &Path) -> Result<M
     let config = format!(
         "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n{pacing}\n\
          {receiver}[polling]\ninterval = \"30s\"\nidle_interval = \"5s\"\n\n[host]\nname = \"bench\"\nmax_runners = {max}\n\
-         runner_root = \"{root}\"\nrunner_uids = \"{uids}\"\n{isolation}\n[runner]\npackage_dir = \"{package}\"\n\n[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"self-hosted\", \"linux\"]\nmax_runners = {max}\n",
+         runner_root = \"{root}\"\nrunner_uids = \"{uids}\"\nnetwork_host_ports = [{port}]\n{isolation}\n[runner]\npackage_dir = \"{package}\"\n\n[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"self-hosted\", \"linux\"]\nmax_runners = {max}\n",
         data = dir.path().join("data").display(),
         api = fake.api_url(),
+        port = fake.port(),
         key = key_file.display(),
         max = plan.host_max,
         root = dir.path().join("runners").display(),

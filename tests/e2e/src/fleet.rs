@@ -4,7 +4,7 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, ReleaseOptions};
@@ -81,6 +81,8 @@ pub struct FleetOptions {
     pub desktop_notifications: bool,
     /// `[host] isolation` (`"user"` or `"none"`); unset, the agent's default.
     pub isolation: Option<&'static str>,
+    /// More `[host]` lines (`network_deny = [...]`, ...).
+    pub host_extra: String,
     /// Where the setup directory (data, key, package, runner root) is made instead of the
     /// system's temporary directory.
     pub base_dir: Option<PathBuf>,
@@ -101,6 +103,7 @@ impl Default for FleetOptions {
             release_check_interval: None,
             desktop_notifications: false,
             isolation: None,
+            host_extra: String::new(),
             base_dir: None,
         }
     }
@@ -176,7 +179,7 @@ impl Fleet {
         std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
         let mut config = format!(
             "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n\n\
-             {receiver}{relay}[notifications]\ndesktop = {desktop}\n\n[polling]\nidle_interval = \"{idle_poll}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\nrunner_uids = \"{uids}\"\n{isolation}\n\
+             {receiver}{relay}[notifications]\ndesktop = {desktop}\n\n[polling]\nidle_interval = \"{idle_poll}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\nrunner_uids = \"{uids}\"\nnetwork_host_ports = [{port}]\n{host_extra}{isolation}\n\
              [runner]\n{package}idle_timeout = \"{idle}\"\nregistration_timeout = \"{registration}\"\n",
             data = self.setup.dir.path().join("data").display(),
             api = self.fake.api_url(),
@@ -195,6 +198,9 @@ impl Fleet {
             max = options.host_max,
             root = self.runner_root.display(),
             uids = self.uids,
+            // The fake GitHub, on the host's loopback: runners in their own network reach it.
+            port = self.fake.port(),
+            host_extra = options.host_extra,
             isolation = match options.isolation {
                 Some(isolation) => format!("isolation = \"{isolation}\"\n"),
                 None => String::new(),
@@ -230,6 +236,16 @@ impl Fleet {
     /// Starts `rm-agent run` with `env` added, logging (debug) to a file of the setup, and waits
     /// for its receiver to answer `/healthz`.
     pub async fn start_agent(&self, env: &[(&str, &str)]) -> Agent {
+        self.start_agent_with(env, |_| {}).await
+    }
+
+    /// [`Self::start_agent`], with `configure` adding to the command (a mount namespace, a
+    /// descriptor the agent inherits).
+    pub async fn start_agent_with(
+        &self,
+        env: &[(&str, &str)],
+        configure: impl FnOnce(&mut Command),
+    ) -> Agent {
         let log = std::fs::File::create(self.setup.dir.path().join(format!(
             "agent-{}.log",
             std::time::SystemTime::now()
@@ -244,6 +260,7 @@ impl Fleet {
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log);
+        configure(&mut command);
         let agent = Agent::spawn(command, self.setup.addr);
         if self.options.receiver {
             agent.wait_healthy().await;

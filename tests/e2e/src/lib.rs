@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 pub mod disk;
 pub mod fleet;
 pub mod pg_fleet;
+pub mod standin;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

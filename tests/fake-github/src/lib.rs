@@ -182,6 +182,16 @@ impl FakeGithub {
         self.with(|s| s.api_url.clone())
     }
 
+    /// The port the fake listens on (on the host's loopback): what an isolated runner, in a
+    /// network namespace of its own, reaches through `host.network_host_ports`.
+    pub fn port(&self) -> u16 {
+        let url = self.server_url();
+        url.rsplit(':')
+            .next()
+            .and_then(|p| p.trim_end_matches('/').parse().ok())
+            .unwrap_or_else(|| panic!("no port in {url}"))
+    }
+
     /// The server root, without the API base path.
     pub fn server_url(&self) -> String {
         format!("http://{}", self.addr)

@@ -351,3 +351,73 @@ fn an_identity_from_another_boot_names_no_process() {
     let current = boot_id().expect("Linux names its boot");
     assert_eq!(current.len(), 36, "a UUID: {current}");
 }
+
+/// What every runner's start seals, tried by a child the way a job would, with a control: the
+/// same child started without [`seal_session`] reaches the descriptor and the key, so the test
+/// can fail.
+#[test]
+#[allow(
+    unsafe_code,
+    reason = "the test plants a descriptor and a key as an agent's parent would"
+)]
+fn a_sealed_start_inherits_no_descriptor_session_or_keyring() {
+    // SAFETY: dup2 onto a descriptor number this test owns.
+    let file = std::fs::File::open("/dev/null").unwrap();
+    let planted = unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&file), 46) };
+    assert_eq!(planted, 46);
+    // SAFETY: add_key with NUL-terminated strings and a buffer of the given length, into this
+    // process's session keyring (KEY_SPEC_SESSION_KEYRING = -3).
+    let key = unsafe {
+        libc::syscall(
+            libc::SYS_add_key,
+            c"user".as_ptr(),
+            c"rm-process-test-key".as_ptr(),
+            c"secret".as_ptr(),
+            6usize,
+            -3i64,
+        )
+    };
+    assert!(key > 0, "add_key: {}", io::Error::last_os_error());
+    let probe = |seal: bool| {
+        let mut command = Command::new("sh");
+        command.args([
+            "-c",
+            "[ -e /proc/self/fd/46 ] && echo fd; grep -q rm-process-test-key /proc/keys && echo key; \
+             [ \"$(cut -d' ' -f6 /proc/$$/stat)\" = \"$$\" ] && echo leader; true",
+        ]);
+        if seal {
+            seal_session(&mut command);
+        }
+        // As another uid, as an isolated runner is: the key is root's, so only possessing the
+        // keyring shows it.
+        // SAFETY: raw set*id calls between fork and exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                let nobody = rustix::process::Uid::from_raw(65534);
+                rustix::thread::set_thread_res_uid(nobody, nobody, nobody)?;
+                Ok(())
+            });
+        }
+        String::from_utf8(command.output().unwrap().stdout).unwrap()
+    };
+    let open = probe(false);
+    let sealed = probe(true);
+    // SAFETY: closes the descriptor planted above.
+    unsafe { libc::close(46) };
+    assert!(
+        open.contains("fd") && open.contains("key"),
+        "the control: {open:?}"
+    );
+    assert!(
+        !sealed.contains("fd"),
+        "an inherited descriptor reached the runner: {sealed:?}"
+    );
+    assert!(
+        !sealed.contains("key"),
+        "the runner possessed the session keyring: {sealed:?}"
+    );
+    assert!(
+        sealed.contains("leader"),
+        "not a session of its own: {sealed:?}"
+    );
+}

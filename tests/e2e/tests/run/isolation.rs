@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rm_e2e::fleet::{Fleet, FleetOptions, PolicySpec, REPO, wait_until};
+use rm_e2e::standin::{self, StandIn};
 use rm_fake_github::RunnerBehavior;
 use rm_journal::{AttemptOutcome, AttemptRecord, AttemptState};
 
@@ -61,6 +62,36 @@ const ATTACKS: &[(&str, &str)] = &[
     ("peer_cwd", "list a concurrent runner's /proc/<pid>/cwd"),
     ("peer_runtime", "list a concurrent runner's runtime"),
     ("peer_signal", "signal a concurrent runner (kill -0)"),
+    ("peer_found", "see a concurrent runner's process"),
+    (
+        "host_loopback",
+        "connect to a service on the host's loopback",
+    ),
+    ("receiver_port", "connect to the agent's receiver port"),
+    ("metadata", "reach the (stand-in) cloud metadata address"),
+    (
+        "agent_session_key",
+        "read a key of the agent's session keyring",
+    ),
+    (
+        "inherited_fd",
+        "write through a descriptor the agent inherited",
+    ),
+    ("tty", "open the agent's controlling terminal"),
+];
+
+/// What a job must still be able to do in its own network (phase 1): each must succeed.
+const WORKS: &[(&str, &str)] = &[
+    (
+        "egress_public",
+        "reach a public server (a stand-in) by address",
+    ),
+    ("dns", "resolve a name through the host's loopback resolver"),
+    ("egress_by_name", "reach the public server by name"),
+    (
+        "allowed_host_port",
+        "reach an allowed host port (the fake GitHub)",
+    ),
 ];
 
 /// What the next job finds of the previous jobs' writes (phase 2).
@@ -101,6 +132,9 @@ esac
 OUT="$REPORT/${HERE##*/}.txt"
 PHASE=$(cat "$REPORT/phase" 2>/dev/null)
 AGENT=$(cat "$REPORT/agent.pid" 2>/dev/null)
+
+# Connects to ADDR:PORT, sends a request, prints the answer; fails if it cannot connect.
+GET='my $s = IO::Socket::INET->new(PeerAddr => $ARGV[0], Timeout => 3) or die "$!\n"; print $s "GET / HTTP/1.0\r\n\r\n"; print while <$s>;'
 
 say() {
     printf '%s=%s %s\n' "$1" "$2" "$3" >>"$OUT" 2>/dev/null
@@ -179,6 +213,18 @@ attacks() {
     try poison_var_tmp sh -c 'echo "$1" >>"/var/tmp/rm-poison-$1"' _ "$MARK"
     try poison_dev_shm sh -c 'echo "$1" >>"/dev/shm/rm-poison-$1"' _ "$MARK"
 
+    try host_loopback perl -MIO::Socket::INET -e "$GET" '@LOOPBACK@'
+    try receiver_port perl -MIO::Socket::INET -e "$GET" '@RECEIVER@'
+    try metadata sh -c 'perl -MIO::Socket::INET -e "$1" "$2" | grep -q METADATA-SECRET' _ "$GET" '@METADATA@:80'
+    try agent_session_key grep -q rm-e2e-agent-key /proc/keys
+    try inherited_fd sh -c 'echo pwned >&47'
+    try tty sh -c ': </dev/tty'
+    try egress_public sh -c 'perl -MIO::Socket::INET -e "$1" "$2" | grep -q PUBLIC-OK' _ "$GET" '@PUBLIC@:80'
+    try dns sh -c 'getent ahostsv4 "$1" | grep -q "^$2 "' _ '@NAME@' '@PUBLIC@'
+    try egress_by_name sh -c 'perl -MIO::Socket::INET -e "$1" "$2" | grep -q PUBLIC-OK' _ "$GET" '@NAME@:80'
+    try allowed_host_port perl -MIO::Socket::INET -e "$GET" '@FAKE@'
+    say tmp_kib "$(df -Pk /tmp | awk 'NR == 2 { print $2 }')" "the size of /tmp"
+
     found=$(find_peer)
     if [ -n "$found" ]; then
         peer=${found%% *}
@@ -190,6 +236,9 @@ attacks() {
         try peer_signal sh -c 'kill -0 "$1"' _ "$peer"
     else
         say peer_found denied "no other runner seen within 10 s"
+        for a in peer_environ peer_cwd peer_runtime peer_signal; do
+            say "$a" denied "no other runner's process is visible"
+        done
     fi
 
     # Fork past pids_max: perl counts the forks that worked, then kills and reaps them (a shell
@@ -228,6 +277,11 @@ struct Hostile {
     real_listener: Vec<u8>,
     script: String,
     leftovers: Leftovers,
+    /// Listening on the host's loopback while the jobs try to connect.
+    _loopback: std::net::TcpListener,
+    standin: StandIn,
+    /// Opened for writing by the agent's parent and left to the agent as descriptor 47.
+    root_only: PathBuf,
 }
 
 /// What a job under `isolation = "none"` may leave on the host: removed when the test ends,
@@ -366,6 +420,14 @@ async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
         std::fs::Permissions::from_mode(0o644),
     )
     .unwrap();
+    // A service only the host's loopback should reach, and what lies beyond the host.
+    let loopback = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let standin = StandIn::start();
+    // The agent's own descriptor (not close-on-exec, as a shell's redirection leaves it) on a
+    // file only root may write.
+    let root_only = setup.join("root-only.txt");
+    std::fs::write(&root_only, "").unwrap();
+    std::fs::set_permissions(&root_only, std::fs::Permissions::from_mode(0o600)).unwrap();
     let leftovers = Leftovers {
         mark: format!("m{}", unique()),
         sleep: unique(),
@@ -384,7 +446,13 @@ async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
         )
         .replace("@MARK@", &leftovers.mark)
         .replace("@SLEEP@", &leftovers.sleep)
-        .replace("@FORKS@", &FORKS.to_string());
+        .replace("@FORKS@", &FORKS.to_string())
+        .replace("@LOOPBACK@", &loopback.local_addr().unwrap().to_string())
+        .replace("@RECEIVER@", &fleet.setup.addr.to_string())
+        .replace("@FAKE@", &format!("127.0.0.1:{}", fleet.fake.port()))
+        .replace("@PUBLIC@", &standin.public.to_string())
+        .replace("@METADATA@", &standin.metadata.to_string())
+        .replace("@NAME@", standin::PUBLIC_NAME);
     std::fs::write(bin.join("Runner.Listener"), &script).unwrap();
     std::fs::set_permissions(
         bin.join("Runner.Listener"),
@@ -397,6 +465,68 @@ async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
         real_listener,
         script,
         leftovers,
+        _loopback: loopback,
+        standin,
+        root_only,
+    }
+}
+
+/// What an agent may get from whatever starts it, and no job may reach: a descriptor open for
+/// writing on a root-only file (number 47, not close-on-exec), a session keyring of its own
+/// holding a key, and a controlling terminal (a pty whose master the test keeps open, as a
+/// root shell would).
+#[allow(unsafe_code)]
+fn agent_inherits(command: &mut std::process::Command, root_only: &Path) {
+    let path = std::ffi::CString::new(root_only.display().to_string()).unwrap();
+    // SAFETY: posix_openpt and friends on a descriptor this test owns; the master is leaked on
+    // purpose (kept open while the agent runs: the terminal stays alive).
+    let master = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
+    assert!(
+        master >= 0,
+        "posix_openpt: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: as above.
+    let slave = unsafe {
+        assert_eq!(libc::grantpt(master), 0);
+        assert_eq!(libc::unlockpt(master), 0);
+        std::ffi::CStr::from_ptr(libc::ptsname(master)).to_owned()
+    };
+    // SAFETY: the closure runs between fork and exec and makes raw system calls only, on
+    // strings made before the fork.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(command, move || {
+            let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
+            if fd < 0 || libc::dup2(fd, 47) != 47 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+            // A session of its own with the pty as its controlling terminal.
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let tty = libc::open(slave.as_ptr(), libc::O_RDWR);
+            if tty < 0 || libc::ioctl(tty, libc::TIOCSCTTY, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(tty);
+            // KEYCTL_JOIN_SESSION_KEYRING, then a key in it.
+            if libc::syscall(libc::SYS_keyctl, 1, std::ptr::null::<libc::c_char>()) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let key = libc::syscall(
+                libc::SYS_add_key,
+                c"user".as_ptr(),
+                c"rm-e2e-agent-key".as_ptr(),
+                c"agent-secret".as_ptr(),
+                12usize,
+                -3i64,
+            );
+            if key < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 
@@ -461,10 +591,16 @@ async fn run_phases(hostile: &Hostile) -> Phases {
     let phase = |n: &str| std::fs::write(hostile.reports.join("phase"), n).unwrap();
     phase("0");
     let agent = fleet
-        .start_agent(&[(
-            "HOME",
-            fleet.setup.dir.path().join("agent-home").to_str().unwrap(),
-        )])
+        .start_agent_with(
+            &[(
+                "HOME",
+                fleet.setup.dir.path().join("agent-home").to_str().unwrap(),
+            )],
+            |command| {
+                hostile.standin.agent_mount_namespace(command);
+                agent_inherits(command, &hostile.root_only);
+            },
+        )
         .await;
     let agent_pid = agent.child.id();
     std::fs::write(hostile.reports.join("agent.pid"), agent_pid.to_string()).unwrap();
@@ -803,12 +939,8 @@ async fn a_hostile_job_under_user_isolation_reaches_nothing() {
                 report.get("agent_pid")
             ));
         }
-        if outcome(&report, "peer_found") != Some("ok") {
-            findings.push(format!(
-                "{who}: saw no concurrent runner to attack: {:?}",
-                report.get("peer_found")
-            ));
-        }
+        // In its own PID namespace a job sees no other runner's process: finding one is an
+        // attack (`peer_found`); that two attackers overlapped is proven below, from the journal.
         for name in POISON {
             if outcome(&report, name) != Some("ok") {
                 findings.push(format!(
@@ -826,6 +958,21 @@ async fn a_hostile_job_under_user_isolation_reaches_nothing() {
                 )),
                 None => findings.push(format!("{who}: attack {name} ({what}) not reported")),
             }
+        }
+        for (name, what) in WORKS {
+            if outcome(&report, name) != Some("ok") {
+                findings.push(format!(
+                    "{who}: could not {what} in its own network: {:?}",
+                    report.get(*name)
+                ));
+            }
+        }
+        let tmp_bound = rm_agent::runner::isolate::DEFAULT_TMPFS_SIZE / 1024;
+        match outcome(&report, "tmp_kib").and_then(|k| k.parse::<u64>().ok()) {
+            Some(kib) if kib <= tmp_bound => {}
+            other => findings.push(format!(
+                "ISOLATION BREACH: {who}'s /tmp holds {other:?} KiB, more than its bound {tmp_bound}"
+            )),
         }
         match fork_count(&report) {
             Some(n) if n < PIDS_MAX => {}
@@ -1006,6 +1153,10 @@ async fn the_same_hostile_job_under_isolation_none_reaches_everything() {
         "pkg_source_write",
         "slot_write",
         "peer_environ",
+        "peer_found",
+        "host_loopback",
+        "receiver_port",
+        "metadata",
     ];
     for attacker in &phases.attackers {
         let report = report_of(&hostile, attacker);
