@@ -51,6 +51,8 @@ pub(crate) struct Facts {
     pub configured_capacity: u32,
     /// `host.isolation` of the configuration.
     pub isolation: crate::config::Isolation,
+    /// `host.network` of the configuration.
+    pub network: crate::config::Network,
     /// Runner uids held by attempts not yet cleaned.
     pub uids_held: usize,
     /// How many uids `host.runner_uids` holds.
@@ -261,6 +263,7 @@ fn gather(
         recent_outcomes,
         configured_capacity: config.host.max_runners,
         isolation: config.host.isolation,
+        network: config.host.network,
         uids_held,
         uid_pool: config.host.runner_uids.len(),
         cleanup_overdue,
@@ -470,6 +473,14 @@ pub(crate) fn degraded(facts: &Facts) -> Vec<String> {
         found.push(format!(
             "Runners are not isolated (host.isolation = \"none\"): {}.",
             crate::isolation::NONE_REACHES
+        ));
+    }
+    if facts.isolation == crate::config::Isolation::User
+        && facts.network == crate::config::Network::Host
+    {
+        found.push(format!(
+            "Runners share the host's network (host.network = \"host\"): {}.",
+            crate::isolation::HOST_NETWORK_REACHES
         ));
     }
     if facts.isolation == crate::config::Isolation::User
@@ -952,6 +963,7 @@ mod tests {
             recent_outcomes: vec![(AttemptOutcome::CompletedJob, None)],
             configured_capacity: 4,
             isolation: crate::config::Isolation::User,
+            network: crate::config::Network::Private,
             uids_held: 0,
             uid_pool: 64,
             cleanup_overdue: 0,

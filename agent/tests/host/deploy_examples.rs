@@ -138,6 +138,7 @@ fn the_systemd_unit_is_hardened_and_drains_within_its_stop_timeout() {
             "CAP_DAC_OVERRIDE",
             "CAP_FOWNER",
             "CAP_KILL",
+            "CAP_NET_ADMIN",
             "CAP_SETGID",
             "CAP_SETUID",
             "CAP_SYS_ADMIN",

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use super::{Finding, Status};
-use crate::config::{Config, Isolation};
+use crate::config::{Config, Isolation, Network};
 use crate::runner::cgroup::{self, Controllers};
 use crate::runner::isolate::{self, Pool};
 
@@ -83,6 +83,84 @@ pub(super) fn isolation(config: &Config) -> Finding {
             held
         ),
     )
+}
+
+/// `check`'s `network` finding: what a runner's network is, and whether the tools that make a
+/// private one are here (looked up, not run against the kernel: `check` changes nothing).
+pub(super) fn network(config: &Config) -> Finding {
+    if config.host.isolation == Isolation::None {
+        return Finding::ok(
+            "network",
+            "network host: runners run as the agent's own user (isolation none), in its network",
+        );
+    }
+    if config.host.network == Network::Host {
+        return Finding::warn(
+            "network",
+            format!("network host: {}", crate::isolation::HOST_NETWORK_REACHES),
+            "set [host] network = \"private\" (the default)",
+        );
+    }
+    let missing: Vec<&str> = [("ip", "iproute2"), ("nft", "nftables")]
+        .into_iter()
+        .filter(|(tool, _)| !on_path(tool))
+        .map(|(_, package)| package)
+        .collect();
+    if !missing.is_empty() {
+        return Finding::fail(
+            "network",
+            format!(
+                "network private needs {} to make each runner's namespace, and it is not on the PATH",
+                missing.join(" and ")
+            ),
+            format!(
+                "install {} (or set [host] network = \"host\", and jobs reach every service of the host)",
+                missing.join(" and ")
+            ),
+        );
+    }
+    let ports: Vec<String> = config
+        .host
+        .network_host_ports
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let deny: Vec<String> = config
+        .host
+        .network_deny
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    Finding::ok(
+        "network",
+        format!(
+            "network private: a namespace per runner, the world through NAT; host ports reachable: {}; denied besides the host, other runners and {}: {}",
+            if ports.is_empty() {
+                "none".to_owned()
+            } else {
+                ports.join(", ")
+            },
+            crate::runner::network::BUILTIN_DENY.join(", "),
+            if deny.is_empty() {
+                "nothing".to_owned()
+            } else {
+                deny.join(", ")
+            },
+        ),
+    )
+}
+
+/// Whether `tool` is an executable on the `PATH` (or `/usr/sbin`, `/sbin`, where Debian puts
+/// `ip` and `nft` and a user's `PATH` may not).
+fn on_path(tool: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .any(|dir| {
+            std::fs::metadata(dir.join(tool)).is_ok_and(|m| {
+                std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+            })
+        })
 }
 
 fn describe_pool(pool: &Pool) -> String {

@@ -192,6 +192,7 @@ pub(crate) async fn findings(config: &Config) -> Vec<Finding> {
         out.push(finding);
     }
     out.push(isolation::isolation(config));
+    out.push(isolation::network(config));
     out.extend(fitness::env_files(config));
     out.extend(fitness::fitness(config).await);
 

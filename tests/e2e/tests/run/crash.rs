@@ -81,6 +81,19 @@ async fn crash_with(point: &str, mut options: FleetOptions) {
     } else {
         assert!(fleet.runtimes().is_empty(), "runtime left");
     }
+    // Nothing of any attempt's network is left in the kernel: no namespace, no veth (its
+    // table lived inside the namespace).
+    for a in &attempts {
+        let short = a.attempt_id.short();
+        assert!(
+            !std::path::Path::new(&format!("/run/netns/rm-{short}")).exists(),
+            "the network namespace of {short} is left"
+        );
+        assert!(
+            !std::path::Path::new(&format!("/sys/class/net/rmv{short}")).exists(),
+            "the veth of {short} is left"
+        );
+    }
     // The runner GitHub gave the job to is the attempt that completed it.
     let served_by = fleet.fake.job(job).unwrap().runner_name;
     let completer = attempts

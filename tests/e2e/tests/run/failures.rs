@@ -146,25 +146,21 @@ async fn nothing_a_job_started_outlives_its_runner() {
         background.is_some()
     })
     .await;
-    let pid = background.unwrap();
+    // Its pid is the one the job saw, inside the runner's PID namespace: the host knows the
+    // process by the runner's uid.
+    assert!(background.is_some());
+    let uid = fleet.attempts()[0]
+        .uid
+        .expect("an isolated runner has a uid");
     wait_until(Duration::from_secs(30), "the job done and cleaned", || {
         fleet.completed(job) && fleet.all_cleaned()
     })
     .await;
-    // The background `sleep 300` was in the runner's process group: stopped with it.
+    // The background `sleep 300` died with the runner's namespace (or its process group).
     wait_until(
         Duration::from_secs(10),
         "the background process gone",
-        || {
-            match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-                Err(_) => true,
-                // A zombie waiting for init to reap it is dead too.
-                Ok(stat) => stat
-                    .rsplit(')')
-                    .next()
-                    .is_some_and(|rest| rest.trim_start().starts_with('Z')),
-            }
-        },
+        || live_processes_of(uid) == 0,
     )
     .await;
     assert!(fleet.runtimes().is_empty());
@@ -368,4 +364,26 @@ async fn runners_that_keep_failing_to_start_are_told_to_the_operator() {
         fleet.our_registrations().is_empty(),
         "a failed launch left its registration"
     );
+}
+
+/// Processes running as `uid` that are not zombies (a zombie waiting for init to reap it is
+/// dead too).
+fn live_processes_of(uid: u32) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+        .filter(|status| {
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(|v| v.split_whitespace().next().unwrap_or("").to_owned())
+            };
+            field("Uid:").as_deref() == Some(uid.to_string().as_str())
+                && field("State:").as_deref() != Some("Z")
+        })
+        .count()
 }
