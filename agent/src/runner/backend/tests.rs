@@ -7,6 +7,7 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use secrecy::SecretString;
@@ -276,4 +277,137 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
     }
     // Idempotent: a second clean after a crash finds nothing to do.
     assert_eq!(backend.clean(&plan).unwrap().runtime, Removal::Absent);
+}
+
+/// A listener that says which interfaces its network has and exits.
+const NETWORK_SCRIPT: &str = r#"#!/bin/sh
+cd "$(dirname "$0")/.."
+awk -F: 'NR > 2 { gsub(/ /, "", $1); printf "%s ", $1 }' /proc/net/dev > report.txt
+"#;
+
+/// A backend whose runners get a private network (or not), its package printing the runner's
+/// interfaces, and a plan maker: what the network test and the start-cost measurement share.
+fn network_backend(
+    private: bool,
+    table: &str,
+) -> (
+    tempfile::TempDir,
+    UserIsolation,
+    impl Fn(u32, usize) -> Plan,
+) {
+    let (dir, package, root) = package_and_root();
+    std::fs::write(package.join("bin/Runner.Listener"), NETWORK_SCRIPT).unwrap();
+    let stored = LinkedPackage::install(Store::open(root.path()).unwrap(), &package).unwrap();
+    let cgroups = CgroupRoot::resolve(None).ok();
+    let base = 3_100_000 + (std::process::id() % 1000) * 16;
+    let network = private.then(|| {
+        let host = HostNetwork {
+            table: table.to_owned(),
+            rules: network::HostRules::new(&[], &[], "", base..base + 16),
+        };
+        host.install().unwrap();
+        Arc::new(host)
+    });
+    let backend = UserIsolation {
+        root: root.clone(),
+        package: Some(Arc::new(stored)),
+        pool: Pool::new((base..base + 16).map(|uid| Account { uid, gid: uid }).collect()),
+        cgroups: cgroups.clone(),
+        network,
+    };
+    let plan = move |uid: u32, n: usize| {
+        let attempt_id = format!("{:08x}{n:04x}{}", uid, "0".repeat(20));
+        Plan {
+            attempt_id: attempt_id.clone(),
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: root.ephemeral_path(&attempt_id).unwrap(),
+            uid: Some(uid),
+            cgroup: cgroups
+                .as_ref()
+                .map(|c| c.runner_path(&format!("rm-{}", &attempt_id[..12])).unwrap()),
+            limits: Limits::default(),
+            env: Default::default(),
+            network_allow: None,
+        }
+    };
+    (dir, backend, plan)
+}
+
+/// Starts one runner of `plan` and waits for it to exit; how long `start` took.
+fn run_once(backend: &UserIsolation, plan: &Plan) -> (Duration, String) {
+    let runtime = backend.prepare(plan).unwrap();
+    let started = std::time::Instant::now();
+    let mut spawned = backend
+        .start(plan, &runtime, &SecretString::from("jit"))
+        .unwrap();
+    let took = started.elapsed();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while spawned.child.try_wait().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "the listener did not exit");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let report = std::fs::read_to_string(runtime.dir().join("report.txt")).unwrap_or_default();
+    backend.clean(plan).unwrap();
+    (took, report)
+}
+
+/// Under `host.network = "private"` a runner's network has its loopback and its veth end and
+/// nothing else of the host's; cleanup leaves no namespace and no veth.
+#[test]
+fn a_runner_in_a_private_network_sees_only_its_own_interfaces_and_leaves_none() {
+    if !rustix::process::geteuid().is_root() {
+        crate::test_skip::cannot_run(
+            "a_runner_in_a_private_network_sees_only_its_own_interfaces_and_leaves_none",
+            "root",
+            "only root can make network namespaces",
+        );
+        return;
+    }
+    let table = format!("rm_test_{}", std::process::id());
+    let (_dir, backend, plan) = network_backend(true, &table);
+    let uid = backend.pool.accounts()[0].uid;
+    let plan = plan(uid, 1);
+    let (_, report) = run_once(&backend, &plan);
+    assert_eq!(report.trim(), "lo eth0", "its own interfaces only");
+    let names = network_names(&plan);
+    assert!(!network::exists(&names), "{names:?} left after cleanup");
+    // The control: the same runner in the host's network sees the host's interfaces.
+    let (_dir2, host_backend, host_plan) = network_backend(false, &table);
+    let uid = host_backend.pool.accounts()[1].uid;
+    let (_, report) = run_once(&host_backend, &host_plan(uid, 2));
+    assert_ne!(report.trim(), "lo eth0", "the control saw only a runner's interfaces");
+    backend.network.as_ref().unwrap().uninstall().unwrap();
+}
+
+/// What a private network adds to a runner's start: `start` (namespace, veth, tables, then the
+/// fork and exec) measured for runners with and without one, in one run. Prints p50/p99 for
+/// docs/performance.md; asserts nothing about time.
+/// `cargo test -p rm-agent --lib -- --ignored runner_start_cost --nocapture`
+#[test]
+#[ignore = "a measurement: run by hand for docs/performance.md"]
+fn runner_start_cost_with_and_without_a_private_network() {
+    const RUNS: usize = 40;
+    let table = format!("rm_bench_{}", std::process::id());
+    let mut results = Vec::new();
+    for private in [false, true] {
+        let (_dir, backend, plan) = network_backend(private, &table);
+        let uid = backend.pool.accounts()[0].uid;
+        let mut took: Vec<Duration> = (0..RUNS)
+            .map(|n| run_once(&backend, &plan(uid, n)).0)
+            .collect();
+        took.sort();
+        let p = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
+        results.push((private, p(0.5), p(0.99)));
+        if let Some(network) = &backend.network {
+            network.uninstall().unwrap();
+        }
+    }
+    for (private, p50, p99) in results {
+        println!(
+            "runner start ({}): p50 {:.1} ms, p99 {:.1} ms over {RUNS} runners",
+            if private { "host.network = \"private\"" } else { "host.network = \"host\"" },
+            p50.as_secs_f64() * 1000.0,
+            p99.as_secs_f64() * 1000.0
+        );
+    }
 }
