@@ -67,6 +67,11 @@ pub(crate) async fn serve_paced(
     shutdown: impl Future<Output = ()>,
 ) -> Result<DrainReport, Exit> {
     let (settings, version) = settings(config, &client).await?;
+    let host_network = settings
+        .backends
+        .user
+        .as_ref()
+        .and_then(|u| u.network.clone());
     let follower = crate::runner::package::latest::Follower::for_config(
         config,
         &client,
@@ -228,6 +233,15 @@ pub(crate) async fn serve_paced(
     };
     let report = executor.run(synced, signal).await;
     fitness_checker.abort();
+    // No runner of this agent is left: neither is its host table (a runner still running keeps
+    // it, for the next start to replace).
+    if report.left_running == 0
+        && report.launches_unfinished == 0
+        && let Some(network) = &host_network
+        && let Err(e) = network.uninstall()
+    {
+        tracing::warn!(error = %e, table = %network.table, "cannot remove the runners' host table");
+    }
     if let Some(receiver) = receiver {
         match receiver.await {
             Ok(Ok(())) => {}

@@ -408,6 +408,17 @@ pub fn create(names: &Names, uid: u32, table: &str) -> Result<OwnedFd, NetworkEr
 
 fn build(names: &Names, addresses: Addresses, table: &str) -> Result<OwnedFd, NetworkError> {
     let Names { netns, veth } = names;
+    // Two veths with one /30 would send one runner's replies to the other: a leftover of
+    // another agent given the same uids, or of a runner something outside rm keeps alive.
+    if let Some(holder) = address_holder(addresses.host)? {
+        return Err(NetworkError::Failed {
+            command: format!("ip addr add {}/30 dev {veth}", addresses.host),
+            stderr: format!(
+                "{} is already the address of {holder}: another runner's network holds this uid's slot (two agents with overlapping host.runner_uids, or a runner left running)",
+                addresses.host
+            ),
+        });
+    }
     ip(&["netns", "add", netns])?;
     ip(&[
         "link", "add", veth, "type", "veth", "peer", "name", RUNNER_IF, "netns", netns,
@@ -456,6 +467,24 @@ fn build(names: &Names, addresses: Addresses, table: &str) -> Result<OwnedFd, Ne
             })
     })?;
     Ok(fd)
+}
+
+/// The interface that has `addr`, if one has.
+fn address_holder(addr: Ipv4Addr) -> Result<Option<String>, NetworkError> {
+    let output = Command::new("ip")
+        .args(["-o", "-4", "addr", "show", "to", &format!("{addr}/32")])
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|source| NetworkError::Missing {
+            program: "ip",
+            package: "iproute2",
+            source,
+        })?;
+    // `4: rmv0123456789ab    inet 10.213.0.1/30 ...`: the second word.
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .nth(1)
+        .map(ToOwned::to_owned))
 }
 
 /// Removes a runner's veth and namespace, whichever exist. The veth first: deleting it is

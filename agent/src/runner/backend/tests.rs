@@ -311,7 +311,11 @@ fn network_backend(
     let backend = UserIsolation {
         root: root.clone(),
         package: Some(Arc::new(stored)),
-        pool: Pool::new((base..base + 16).map(|uid| Account { uid, gid: uid }).collect()),
+        pool: Pool::new(
+            (base..base + 16)
+                .map(|uid| Account { uid, gid: uid })
+                .collect(),
+        ),
         cgroups: cgroups.clone(),
         network,
     };
@@ -343,7 +347,10 @@ fn run_once(backend: &UserIsolation, plan: &Plan) -> (Duration, String) {
     let took = started.elapsed();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while spawned.child.try_wait().unwrap().is_none() {
-        assert!(std::time::Instant::now() < deadline, "the listener did not exit");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener did not exit"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let report = std::fs::read_to_string(runtime.dir().join("report.txt")).unwrap_or_default();
@@ -364,9 +371,9 @@ fn a_runner_in_a_private_network_sees_only_its_own_interfaces_and_leaves_none() 
         return;
     }
     let table = format!("rm_test_{}", std::process::id());
-    let (_dir, backend, plan) = network_backend(true, &table);
+    let (_dir, backend, plan_of) = network_backend(true, &table);
     let uid = backend.pool.accounts()[0].uid;
-    let plan = plan(uid, 1);
+    let plan = plan_of(uid, 1);
     let (_, report) = run_once(&backend, &plan);
     assert_eq!(report.trim(), "lo eth0", "its own interfaces only");
     let names = network_names(&plan);
@@ -375,7 +382,46 @@ fn a_runner_in_a_private_network_sees_only_its_own_interfaces_and_leaves_none() 
     let (_dir2, host_backend, host_plan) = network_backend(false, &table);
     let uid = host_backend.pool.accounts()[1].uid;
     let (_, report) = run_once(&host_backend, &host_plan(uid, 2));
-    assert_ne!(report.trim(), "lo eth0", "the control saw only a runner's interfaces");
+    assert_ne!(
+        report.trim(),
+        "lo eth0",
+        "the control saw only a runner's interfaces"
+    );
+    // A leftover holding the slot's address (another agent with the same uids) is refused, not
+    // shared: replies would go to the other runner.
+    let squat = format!("rmsq{}", std::process::id() % 100_000);
+    let ip = |args: &[&str]| {
+        assert!(
+            std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    ip(&[
+        "link",
+        "add",
+        &squat,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &format!("{squat}p"),
+    ]);
+    let held = network::addresses(network::slot_of(backend.pool.accounts()[2].uid)).host;
+    ip(&["addr", "add", &format!("{held}/30"), "dev", &squat]);
+    let plan3 = plan_of(backend.pool.accounts()[2].uid, 3);
+    let runtime = backend.prepare(&plan3).unwrap();
+    let refused = backend.start(&plan3, &runtime, &SecretString::from("jit"));
+    ip(&["link", "del", &squat]);
+    let why = refused
+        .err()
+        .expect("a start on a held address")
+        .to_string();
+    assert!(why.contains("already the address of"), "{why}");
+    backend.clean(&plan3).unwrap();
+    assert!(!network::exists(&network_names(&plan3)));
     backend.network.as_ref().unwrap().uninstall().unwrap();
 }
 
@@ -405,7 +451,11 @@ fn runner_start_cost_with_and_without_a_private_network() {
     for (private, p50, p99) in results {
         println!(
             "runner start ({}): p50 {:.1} ms, p99 {:.1} ms over {RUNS} runners",
-            if private { "host.network = \"private\"" } else { "host.network = \"host\"" },
+            if private {
+                "host.network = \"private\""
+            } else {
+                "host.network = \"host\""
+            },
             p50.as_secs_f64() * 1000.0,
             p99.as_secs_f64() * 1000.0
         );
