@@ -136,6 +136,9 @@ AGENT=$(cat "$REPORT/agent.pid" 2>/dev/null)
 # Connects to ADDR:PORT, sends a request, prints the answer; fails if it cannot connect.
 GET='my $s = IO::Socket::INET->new(PeerAddr => $ARGV[0], Timeout => 3) or die "$!\n"; print $s "GET / HTTP/1.0\r\n\r\n"; print while <$s>;'
 
+# Connects to ADDR:PORT and leaves; fails if it cannot connect.
+CONNECT='IO::Socket::INET->new(PeerAddr => $ARGV[0], Timeout => 3) or die "$!\n";'
+
 say() {
     printf '%s=%s %s\n' "$1" "$2" "$3" >>"$OUT" 2>/dev/null
 }
@@ -213,8 +216,8 @@ attacks() {
     try poison_var_tmp sh -c 'echo "$1" >>"/var/tmp/rm-poison-$1"' _ "$MARK"
     try poison_dev_shm sh -c 'echo "$1" >>"/dev/shm/rm-poison-$1"' _ "$MARK"
 
-    try host_loopback perl -MIO::Socket::INET -e "$GET" '@LOOPBACK@'
-    try receiver_port perl -MIO::Socket::INET -e "$GET" '@RECEIVER@'
+    try host_loopback perl -MIO::Socket::INET -e "$CONNECT" '@LOOPBACK@'
+    try receiver_port perl -MIO::Socket::INET -e "$CONNECT" '@RECEIVER@'
     try metadata sh -c 'perl -MIO::Socket::INET -e "$1" "$2" | grep -q METADATA-SECRET' _ "$GET" '@METADATA@:80'
     try agent_session_key grep -q rm-e2e-agent-key /proc/keys
     try inherited_fd sh -c 'echo pwned >&47'
@@ -222,7 +225,7 @@ attacks() {
     try egress_public sh -c 'perl -MIO::Socket::INET -e "$1" "$2" | grep -q PUBLIC-OK' _ "$GET" '@PUBLIC@:80'
     try dns sh -c 'getent ahostsv4 "$1" | grep -q "^$2 "' _ '@NAME@' '@PUBLIC@'
     try egress_by_name sh -c 'perl -MIO::Socket::INET -e "$1" "$2" | grep -q PUBLIC-OK' _ "$GET" '@NAME@:80'
-    try allowed_host_port perl -MIO::Socket::INET -e "$GET" '@FAKE@'
+    try allowed_host_port perl -MIO::Socket::INET -e "$CONNECT" '@FAKE@'
     say tmp_kib "$(df -Pk /tmp | awk 'NR == 2 { print $2 }')" "the size of /tmp"
 
     found=$(find_peer)
