@@ -65,6 +65,11 @@ pub struct RunnerBehavior {
     /// GitHub answers a runner too old for it (the runner then says so in its log and exits).
     #[serde(default)]
     pub version_refused: bool,
+    /// Bind `127.0.0.1:PORT`, retrying until it is free, and hold it until the runner exits, as
+    /// a job squatting a port the agent (or a proxy of the host) binds after a restart would
+    /// (`_diag/squat.txt` says when the bind worked).
+    #[serde(default)]
+    pub squat_port: Option<u16>,
 }
 
 impl Default for RunnerBehavior {
@@ -78,6 +83,7 @@ impl Default for RunnerBehavior {
             fork_background: false,
             plant_symlink: None,
             version_refused: false,
+            squat_port: None,
         }
     }
 }

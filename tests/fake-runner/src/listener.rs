@@ -161,6 +161,22 @@ fn side_effects(
         )?;
         diag.line(&format!("left background process {} running", child.id()));
     }
+    if let Some(port) = behavior.squat_port {
+        // As a squatter would: try until the port is free (its owner restarting), then hold it
+        // until the process exits.
+        let report = cwd.join("_diag").join("squat.txt");
+        std::thread::spawn(move || {
+            loop {
+                if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                    let _ = std::fs::write(&report, format!("bound 127.0.0.1:{port}"));
+                    std::mem::forget(listener);
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        diag.line(&format!("squatting 127.0.0.1:{port}"));
+    }
     if let Some(target) = &behavior.plant_symlink {
         std::fs::create_dir_all(work)?;
         let link = work.join("planted-link");

@@ -1232,6 +1232,9 @@ async fn isolated_runners_survive_an_agent_crash_and_leave_nothing() {
         job_duration_ms: 10_000,
         // A process that outlives its runner's process group: cleanup must still find it.
         fork_background: true,
+        // Each job binds the agent's receiver port while the agent is down: in its own
+        // network namespace, which leaves the host's port to the next agent.
+        squat_port: Some(fleet.setup.addr.port()),
         ..RunnerBehavior::default()
     });
     let first = fleet.start_agent(&[]).await;
@@ -1265,7 +1268,18 @@ async fn isolated_runners_survive_an_agent_crash_and_leave_nothing() {
         );
     }
 
+    // The squatters hold the port in their namespaces: the new agent binds the host's (the
+    // start waits for its receiver's /healthz) and is the one deliveries reach.
+    let squats: Vec<String> = fleet
+        .runtimes()
+        .iter()
+        .filter_map(|rt| std::fs::read_to_string(rt.join("_diag/squat.txt")).ok())
+        .collect();
     let _second = fleet.start_agent(&[]).await;
+    assert!(
+        squats.iter().any(|s| s.starts_with("bound")),
+        "no job could bind the port in its own namespace: {squats:?}"
+    );
     wait_until(
         Duration::from_secs(60),
         "every job completed and every attempt cleaned",
