@@ -415,10 +415,7 @@ fn a_runner_in_a_private_network_sees_only_its_own_interfaces_and_leaves_none() 
     let runtime = backend.prepare(&plan3).unwrap();
     let refused = backend.start(&plan3, &runtime, &SecretString::from("jit"));
     ip(&["link", "del", &squat]);
-    let why = refused
-        .err()
-        .expect("a start on a held address")
-        .to_string();
+    let why = refused.expect_err("a start on a held address").to_string();
     assert!(why.contains("already the address of"), "{why}");
     backend.clean(&plan3).unwrap();
     assert!(!network::exists(&network_names(&plan3)));
