@@ -504,6 +504,27 @@ pub fn exists(names: &Names) -> bool {
     Path::new("/sys/class/net").join(&names.veth).exists() || names.netns_path().exists()
 }
 
+/// The packages whose programs a private network needs (`ip`, `nft`) and this host lacks:
+/// looked for on the `PATH`, and in `/usr/sbin` and `/sbin`, where Debian puts them and a
+/// user's `PATH` may not.
+pub fn missing_tools() -> Vec<&'static str> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = |tool: &str| {
+        std::env::split_paths(&path)
+            .chain(["/usr/sbin".into(), "/sbin".into()])
+            .any(|dir| {
+                std::fs::metadata(dir.join(tool)).is_ok_and(|m| {
+                    std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+                })
+            })
+    };
+    [("ip", "iproute2"), ("nft", "nftables")]
+        .into_iter()
+        .filter(|(tool, _)| !found(tool))
+        .map(|(_, package)| package)
+        .collect()
+}
+
 /// Opens a named namespace for `setns`.
 pub fn open_netns(path: &Path) -> Result<OwnedFd, NetworkError> {
     rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).map_err(|e| {

@@ -101,11 +101,7 @@ pub(super) fn network(config: &Config) -> Finding {
             "set [host] network = \"private\" (the default)",
         );
     }
-    let missing: Vec<&str> = [("ip", "iproute2"), ("nft", "nftables")]
-        .into_iter()
-        .filter(|(tool, _)| !on_path(tool))
-        .map(|(_, package)| package)
-        .collect();
+    let missing = crate::runner::network::missing_tools();
     if !missing.is_empty() {
         return Finding::fail(
             "network",
@@ -148,19 +144,6 @@ pub(super) fn network(config: &Config) -> Finding {
             },
         ),
     )
-}
-
-/// Whether `tool` is an executable on the `PATH` (or `/usr/sbin`, `/sbin`, where Debian puts
-/// `ip` and `nft` and a user's `PATH` may not).
-fn on_path(tool: &str) -> bool {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin".into(), "/sbin".into()])
-        .any(|dir| {
-            std::fs::metadata(dir.join(tool)).is_ok_and(|m| {
-                std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
-            })
-        })
 }
 
 fn describe_pool(pool: &Pool) -> String {

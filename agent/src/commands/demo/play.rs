@@ -312,6 +312,15 @@ fn write_config(
     } else {
         crate::config::Isolation::None
     };
+    // A network namespace per runner where the tools for it are here (CONTRACT §7); without
+    // them the demo still runs, in the host's network, and its summary says so.
+    let network = if isolation == crate::config::Isolation::User
+        && crate::runner::network::missing_tools().is_empty()
+    {
+        crate::config::Network::Private
+    } else {
+        crate::config::Network::Host
+    };
     let key_file = dir.join("app.pem");
     write_secret(&key_file, key.private_pem.expose_secret())?;
     let secret_file = dir.join("webhook-secret");
@@ -337,6 +346,9 @@ max_runners = 8
 runner_root = "{root}"
 isolation = "{isolation}"
 runner_uids = "{DEMO_UIDS}"
+network = "{network}"
+# The simulated GitHub, on this host's loopback: what isolated runners reach of the host.
+network_host_ports = [{port}]
 # The fake runners need little room: a machine with a small /tmp still runs the demo.
 min_free_space = "64MiB"
 data_dir_min_free_space = "16MiB"
@@ -365,6 +377,8 @@ max_runners = 1
         root = dir.join("runners").display(),
         package = package.display(),
         isolation = isolation.as_str(),
+        network = network.as_str(),
+        port = fake.port(),
     );
     std::fs::write(&path, toml).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)
@@ -721,6 +735,7 @@ fn system_ms(t: SystemTime) -> i64 {
 /// What the demo found at the end.
 struct Summary {
     isolation: crate::config::Isolation,
+    network: crate::config::Network,
     /// The runner uids the attempts held.
     uids: std::collections::BTreeSet<u32>,
     attempts: Vec<AttemptRecord>,
@@ -768,6 +783,7 @@ impl Summary {
         };
         Ok(Summary {
             isolation: config.host.isolation,
+            network: config.host.network,
             uids: attempts.iter().filter_map(|a| a.uid).collect(),
             attempts,
             jobs,
@@ -936,8 +952,12 @@ impl Summary {
             "isolation",
             match self.isolation {
                 crate::config::Isolation::User => format!(
-                    "user: each runner had its own uid ({} distinct), cgroup and private /tmp",
-                    self.uids.len()
+                    "user: each runner had its own uid ({} distinct), cgroup, private /tmp and /proc, and {}",
+                    self.uids.len(),
+                    match self.network {
+                        crate::config::Network::Private => "network namespace (the simulated GitHub its one host port)",
+                        crate::config::Network::Host => "the host's network (install iproute2 and nftables for a namespace each)",
+                    }
                 ),
                 crate::config::Isolation::None => "NONE: this user may not switch users, so the runners ran as it, unisolated (run the demo as root to see isolation)".to_owned(),
             },
