@@ -838,6 +838,71 @@ mod tests {
         assert_eq!(keys, sorted, "sorted, each once");
     }
 
+    /// A key a job put into its uid's user keyring is gone once the uid is cleaned up (the
+    /// control: before the clearing, the next process of the uid sees it).
+    #[test]
+    #[allow(unsafe_code, reason = "the test adds a key as a job of the uid would")]
+    fn a_uids_user_keyring_is_emptied_before_the_uid_is_released() {
+        if !rustix::process::geteuid().is_root() {
+            crate::test_skip::cannot_run(
+                "a_uids_user_keyring_is_emptied_before_the_uid_is_released",
+                "root",
+                "only root can act as another uid",
+            );
+            return;
+        }
+        let uid = 3_200_000 + std::process::id() % 100_000;
+        let account = Account { uid, gid: uid };
+        // Starts `true` as the uid: with `add`, first adds a key to its user keyring; returns
+        // whether the key is in that keyring (searched as the uid, as its next job would).
+        let as_uid = |add: bool| -> bool {
+            let mut command = Command::new("true");
+            // SAFETY: raw system calls between fork and exec.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                    let id = rustix::process::Uid::from_raw(uid);
+                    let gid = rustix::process::Gid::from_raw(uid);
+                    rustix::thread::set_thread_res_gid(gid, gid, gid)?;
+                    rustix::thread::set_thread_res_uid(id, id, id)?;
+                    if add
+                        && libc::syscall(
+                            libc::SYS_add_key,
+                            c"user".as_ptr(),
+                            c"rm-user-keyring-test".as_ptr(),
+                            c"x".as_ptr(),
+                            1usize,
+                            KEY_SPEC_USER_KEYRING,
+                        ) < 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                    // KEYCTL_SEARCH: found is reported as EEXIST (the start then fails).
+                    let found = libc::syscall(
+                        libc::SYS_keyctl,
+                        10 as libc::c_long,
+                        KEY_SPEC_USER_KEYRING,
+                        c"user".as_ptr(),
+                        c"rm-user-keyring-test".as_ptr(),
+                        0 as libc::c_long,
+                    );
+                    if found >= 0 {
+                        return Err(io::Error::from_raw_os_error(libc::EEXIST));
+                    }
+                    Ok(())
+                });
+            }
+            match command.status() {
+                Ok(_) => false,
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => true,
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert!(as_uid(true), "the key was not added");
+        assert!(as_uid(false), "the control: the key outlives its process");
+        clear_keyrings(account).unwrap();
+        assert!(!as_uid(false), "the key outlived the cleanup");
+    }
+
     #[test]
     fn a_secret_file_a_runner_uid_could_read_is_named() {
         let dir = tempfile::tempdir().unwrap();
