@@ -26,9 +26,10 @@ use super::entry_names;
 
 /// How many levels below the top keep their directory descriptor open during a walk. Deeper
 /// levels than this behind the walk's position are closed and reopened through `..` on the way
-/// back up, so a walk never holds more than `OPEN_DIRS + 1` descriptors (plus one for a moment
-/// while it reads a directory) whatever the depth. Sixteen makes the reopening rare in real
-/// checkouts (which seldom nest deeper) and costs nothing against the agent's descriptor limit.
+/// back up, so a walk never holds more than `OPEN_DIRS + 1` descriptors whatever the depth
+/// (plus, for a moment, the directory it is entering and the one reading a directory's names).
+/// Sixteen makes the reopening rare in real checkouts (which seldom nest deeper) and costs
+/// nothing against the agent's descriptor limit.
 pub(crate) const OPEN_DIRS: usize = 16;
 
 /// What identifies a directory across a close and a reopen.
