@@ -437,6 +437,56 @@ fn a_runtime_goes_however_deep_a_job_nested_it() {
     }
 }
 
+/// Set in the re-run of [`a_tree_a_hundred_thousand_deep_goes_with_a_small_descriptor_limit`].
+const FEW_DESCRIPTORS_MARKER: &str = "RUNNER_TEST_FEW_DESCRIPTORS";
+
+/// The descriptor limit that re-run runs under: far below the tree's depth, so a removal that
+/// held a descriptor per level would fail with `EMFILE`.
+const FEW_DESCRIPTORS: u64 = 64;
+
+/// Removal holds a bounded number of descriptors whatever the depth: a tree 100 000 levels deep
+/// goes in a process limited to 64 open files. (Run again in a child process: the limit is the
+/// process's, and other tests run beside this one.)
+#[test]
+fn a_tree_a_hundred_thousand_deep_goes_with_a_small_descriptor_limit() {
+    const NAME: &str =
+        "runner_workspace::a_tree_a_hundred_thousand_deep_goes_with_a_small_descriptor_limit";
+    if std::env::var_os(FEW_DESCRIPTORS_MARKER).is_none() {
+        let rerun = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .env(FEW_DESCRIPTORS_MARKER, "1")
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&rerun.stdout),
+            String::from_utf8_lossy(&rerun.stderr)
+        );
+        assert!(rerun.status.success(), "{said}");
+        assert!(said.contains("1 passed"), "the re-run ran nothing: {said}");
+        return;
+    }
+    let s = deep_setup();
+    let outside = s.outside();
+    let runtime = s.runtime();
+    deep_tree(&runtime.dir().join("_work"), 100_000, &outside, None);
+    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum;
+    rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(FEW_DESCRIPTORS),
+            maximum: hard,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        s.root.remove_runtime(runtime.dir()).unwrap(),
+        Removal::Removed
+    );
+    assert!(!exists(runtime.dir()));
+    assert_untouched(&outside);
+}
+
 /// A persistent slot's scrub keeps `_work` and removes the rest, however deep either is.
 #[test]
 fn a_slot_scrub_keeps_a_deep_work_folder_and_removes_the_rest() {
