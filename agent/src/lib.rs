@@ -23,6 +23,7 @@ pub(crate) mod relay;
 pub mod runner;
 pub(crate) mod secrets;
 pub(crate) mod status_file;
+pub(crate) mod trust;
 
 /// `print!`/`println!` that survive a reader closing stdout ([`rm_base::output`]).
 pub use rm_base::{out, outln};

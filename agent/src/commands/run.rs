@@ -334,6 +334,11 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
     // Read once, here: a bad line or an unreadable file refuses the start (exit 2).
     let operator_env = crate::runner::env_file::load_policies(&config.policies)
         .map_err(|(key, e)| usage(config, &key, &e.to_string()))?;
+    // What every runner gets from disk must be out of every job's reach (CONTRACT §7).
+    crate::trust::refuse_changeable(config)?;
+    for off in crate::trust::protected_links_off() {
+        tracing::warn!("{off}: {}", crate::trust::PROTECTED_LINKS_FIX);
+    }
     let backends = crate::isolation::backends(config, &package_dir)?;
     let settings = Settings {
         host: config.host.name.clone(),

@@ -23,7 +23,8 @@ use std::process::Command;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use super::process::runner_environment;
-use super::workspace::{TMP_DIR, entry_names, open_dir};
+use super::workspace::walk::DirStack;
+use super::workspace::{MountKey, TMP_DIR};
 
 /// The runner's home directory inside its runtime: a job's `~/.gitconfig`, `~/.cargo` or
 /// `~/.docker/config.json` goes with the runtime.
@@ -36,9 +37,6 @@ pub const PRIVATE_DIRS: [&str; 4] = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock"
 /// The umask a runner starts with (the agent's own is 077, which would make every file a job
 /// creates unreadable to the tools it starts under other users, such as a container engine).
 const RUNNER_UMASK: u32 = 0o022;
-
-/// How deep [`chown_tree`] goes: a job must not be able to crash the agent with a nested tree.
-const MAX_DEPTH: usize = 1024;
 
 /// `CAP_SETGID` and `CAP_SETUID` (linux/capability.h): what switching to a runner uid needs.
 const CAP_SETGID: u32 = 6;
@@ -320,51 +318,62 @@ fn give(path: &Path, account: Account) -> io::Result<()> {
 }
 
 /// Gives everything under the directory `dir` (and `dir` itself) to `account`, never following
-/// a link (a link is re-owned as a link) and not crossing into another mount: a persistent
-/// slot's `_work` changes hands between runner uids, and only the holder may write it.
+/// a link (a link is re-owned as a link; `dir` itself must not be one) and not crossing into
+/// another mount: a persistent slot's `_work` changes hands between runner uids, and only the
+/// holder may write it. However deep a job nested it: the walk has no depth limit and holds a
+/// bounded number of descriptors ([`super::workspace::walk`]).
 pub fn chown_tree(dir: &Path, account: Account) -> io::Result<()> {
-    let fd = open_dir(dir)?;
-    let stat = rustix::fs::fstat(&fd)?;
-    chown_dir(&fd, stat.st_dev, account, 0)?;
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let device = MountKey::of(&fd)?;
+    let mut walk = DirStack::new(fd)?;
+    while chown_next(&mut walk, device, account)? {}
     rustix::fs::fchown(
-        &fd,
+        walk.dir()?,
         Some(rustix::fs::Uid::from_raw(account.uid)),
         Some(rustix::fs::Gid::from_raw(account.gid)),
     )?;
     Ok(())
 }
 
-fn chown_dir(dir: &OwnedFd, device: u64, account: Account, depth: usize) -> io::Result<()> {
-    if depth > MAX_DEPTH {
-        return Err(io::Error::other(format!(
-            "the tree is nested more than {MAX_DEPTH} directories deep"
-        )));
+/// One step of [`chown_tree`]: re-owns the next entry of the walk's deepest directory (going
+/// down into it if it is a directory on the same mount), or climbs up once that directory is
+/// done. Whether there is more to do.
+fn chown_next(walk: &mut DirStack, device: MountKey, account: Account) -> io::Result<bool> {
+    let Some(name) = walk.next_name() else {
+        return Ok(walk.ascend()?.is_some());
+    };
+    let dir = walk.dir()?;
+    let stat = match rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => stat,
+        Err(rustix::io::Errno::NOENT) => return Ok(true),
+        Err(e) => return Err(e.into()),
+    };
+    // What the agent owns is never given away: a store file hard-linked into `_work` (which
+    // `fs.protected_hardlinks` should prevent) would become the runner's to rewrite.
+    if stat.st_uid == rustix::process::geteuid().as_raw() {
+        return Ok(true);
     }
     let uid = Some(rustix::fs::Uid::from_raw(account.uid));
     let gid = Some(rustix::fs::Gid::from_raw(account.gid));
-    for name in entry_names(dir)? {
-        let stat = match rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) => stat,
-            Err(rustix::io::Errno::NOENT) => continue,
-            Err(e) => return Err(e.into()),
-        };
-        // What the agent owns is never given away: a store file hard-linked into `_work` (which
-        // `fs.protected_hardlinks` should prevent) would become the runner's to rewrite.
-        if stat.st_uid == rustix::process::geteuid().as_raw() {
-            continue;
-        }
-        rustix::fs::chownat(dir, &name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?;
-        if FileType::from_raw_mode(stat.st_mode) == FileType::Directory && stat.st_dev == device {
-            let child = rustix::fs::openat(
-                dir,
-                &name,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )?;
-            chown_dir(&child, device, account, depth + 1)?;
+    rustix::fs::chownat(dir, &name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?;
+    if FileType::from_raw_mode(stat.st_mode) == FileType::Directory && stat.st_dev == device.dev {
+        let child = rustix::fs::openat(
+            dir,
+            &name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        // A mount point is re-owned as an entry, never entered (a bind mount of the same
+        // filesystem has the same device: its mount id tells it apart).
+        if device.same_mount(MountKey::of(&child)?) {
+            walk.descend(child, &name)?;
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// The size of each private tmpfs when the policy sets no `memory_max`: a job's `/tmp` cannot

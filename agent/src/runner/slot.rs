@@ -16,8 +16,8 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::{AtFlags, FileType};
 
 use super::workspace::{
-    RUNTIME_MODE, WORK_FOLDER, check_package, copy_tree, create_tmp, entry_names, open_child_dir,
-    open_dir, remove_entry,
+    MountKey, RUNTIME_MODE, WORK_FOLDER, check_package, copy_tree, create_tmp, entry_names,
+    open_child_dir, open_dir, remove_entry,
 };
 use super::{Removal, RunnerRoot, Runtime, WorkspaceError};
 
@@ -114,23 +114,22 @@ impl RunnerRoot {
             Err(e) => return Err(fail(e)),
         };
         let slot = c_name(slot)?;
-        let device = match rustix::fs::statat(&policy_dir, &slot, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Directory => {
-                super::workspace::mount_key(&policy_dir, &slot, stat.st_dev).map_err(fail)?
-            }
+        match rustix::fs::statat(&policy_dir, &slot, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Directory => {}
             Ok(_) => {
                 // Not a directory (a link a job planted): it is no slot, remove the name.
-                return remove_entry(&policy_dir, &slot, None, 0).map_err(fail);
+                return remove_entry(&policy_dir, &slot, None).map_err(fail);
             }
             Err(rustix::io::Errno::NOENT) => return Ok(Removal::Absent),
             Err(e) => return Err(fail(e.into())),
-        };
+        }
         let slot_dir = open_child_dir(&policy_dir, &slot).map_err(fail)?;
+        let device = MountKey::of(&slot_dir).map_err(fail)?;
         for name in entry_names(&slot_dir).map_err(fail)? {
             if name.to_bytes() == WORK_FOLDER.as_bytes() && is_real_dir(&slot_dir, &name) {
                 continue;
             }
-            remove_entry(&slot_dir, &name, Some(device), 1).map_err(fail)?;
+            remove_entry(&slot_dir, &name, Some(device)).map_err(fail)?;
         }
         Ok(Removal::Removed)
     }

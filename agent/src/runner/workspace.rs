@@ -6,7 +6,9 @@
 //!
 //! Removal works on directory file descriptors (`openat(O_NOFOLLOW)`, `unlinkat`), so every step
 //! happens inside the directory it was checked in: a name that is a link is unlinked as a name,
-//! and no path string is ever resolved again after the root was opened.
+//! and no path string is ever resolved again after the root was opened. It walks the tree
+//! without recursion and without a depth limit ([`walk`]): whatever a job could nest, the kernel
+//! accepted, and the runtime must go, or its uid is never released.
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
@@ -16,6 +18,10 @@ use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+
+pub(crate) mod walk;
+
+use walk::DirStack;
 
 /// Length of a runtime directory's name: the first 12 hex digits of the attempt id (CONTRACT
 /// §5). Short on purpose: checkouts nest deep under `_work` and some tools still cap path length.
@@ -37,11 +43,6 @@ pub(super) const RUNTIME_MODE: u32 = 0o700;
 /// being removed (a process that escaped the stop). Past this the removal fails and is retried
 /// later by the caller rather than looping forever.
 const MAX_EMPTY_PASSES: usize = 4;
-
-/// How deep a runtime's tree may go before removal gives up: each level holds a directory
-/// descriptor and a stack frame, and a job must not be able to crash the agent with a tree
-/// nested a million levels deep. Real checkouts stay far below this.
-const MAX_DEPTH: usize = 1024;
 
 /// What can go wrong with a runtime directory. Paths are the agent's own (the root and the
 /// runtime), never a name a job chose.
@@ -228,7 +229,7 @@ impl RunnerRoot {
         };
         let root = open_dir(&self.root).map_err(fail)?;
         let name = CString::new(name.as_bytes()).map_err(|e| fail(io::Error::other(e)))?;
-        remove_entry(root.as_fd(), &name, None, 0).map_err(fail)
+        remove_entry(root.as_fd(), &name, None).map_err(fail)
     }
 
     /// The name of `path` inside the root, if `path` is a direct child of it: its last component
@@ -364,15 +365,15 @@ pub(super) fn open_child_dir(parent: impl AsFd, name: &CStr) -> io::Result<Owned
 }
 
 /// Removes the entry `name` of `parent`, whatever it is. A directory is emptied through its own
-/// descriptor first; anything else, links included, is unlinked as a name. `device` is the
-/// runtime's filesystem (`None` for the runtime itself): a directory on another one is a mount
-/// point, and removal stops there rather than delete what the mount shows (`rm
-/// --one-file-system`), since a privileged job could bind-mount anything into its workspace.
+/// descriptor first, level by level without recursion ([`empty_tree`]); anything else, links
+/// included, is unlinked as a name. `device` is the mount of the tree `parent` belongs to
+/// (`None` for a runtime itself): a directory on another one is a mount point, and removal stops
+/// there rather than delete what the mount shows (`rm --one-file-system`), since a privileged
+/// job could bind-mount anything into its workspace.
 pub(super) fn remove_entry(
     parent: impl AsFd,
     name: &CStr,
     device: Option<MountKey>,
-    depth: usize,
 ) -> io::Result<Removal> {
     let stat = match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(stat) => stat,
@@ -380,19 +381,12 @@ pub(super) fn remove_entry(
         Err(e) => return Err(e.into()),
     };
     if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
-        if depth > MAX_DEPTH {
-            return Err(io::Error::other(format!(
-                "the runtime is nested more than {MAX_DEPTH} directories deep"
-            )));
-        }
-        let here = mount_key(&parent, name, stat.st_dev)?;
-        if device.is_some_and(|d| !d.same_mount(here)) {
-            return Err(io::Error::other(
-                "a mount point inside the runtime; unmount it and remove the runtime again",
-            ));
-        }
         let dir = open_child_dir(&parent, name)?;
-        empty_dir(&dir, here, depth)?;
+        let here = MountKey::of(&dir)?;
+        if device.is_some_and(|d| !d.same_mount(here)) {
+            return Err(mount_point());
+        }
+        empty_tree(dir, here)?;
         rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR)?;
     } else {
         match rustix::fs::unlinkat(&parent, name, AtFlags::empty()) {
@@ -401,6 +395,10 @@ pub(super) fn remove_entry(
         }
     }
     Ok(Removal::Removed)
+}
+
+fn mount_point() -> io::Error {
+    io::Error::other("a mount point inside the runtime; unmount it and remove the runtime again")
 }
 
 /// Which mount a directory is on: its filesystem, and the kernel's mount id where `statx`
@@ -413,6 +411,28 @@ pub(super) struct MountKey {
 }
 
 impl MountKey {
+    /// The mount of the open directory (or file) `fd`. Read from the descriptor, not a name,
+    /// so it is the mount of what was opened, whatever the name shows by now.
+    pub(super) fn of(fd: impl AsFd) -> io::Result<MountKey> {
+        let dev = rustix::fs::fstat(&fd)?.st_dev;
+        let stx = rustix::fs::statx(
+            &fd,
+            c"",
+            AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+            rustix::fs::StatxFlags::MNT_ID,
+        );
+        let mount_id = match stx {
+            Ok(stx) if stx.stx_mask & rustix::fs::StatxFlags::MNT_ID.bits() != 0 => {
+                Some(stx.stx_mnt_id)
+            }
+            // An older kernel without statx or its mount id: the device still catches most
+            // mounts.
+            Ok(_) | Err(rustix::io::Errno::NOSYS) | Err(rustix::io::Errno::INVAL) => None,
+            Err(e) => return Err(e.into()),
+        };
+        Ok(MountKey { dev, mount_id })
+    }
+
     /// Whether `other` is on the same mount (unknown mount ids compare by device alone).
     pub(super) fn same_mount(self, other: MountKey) -> bool {
         self.dev == other.dev
@@ -423,47 +443,66 @@ impl MountKey {
     }
 }
 
-/// The [`MountKey`] of the entry `name` of `parent` (not following a link); `dev` is its
-/// `st_dev`, already read.
-pub(super) fn mount_key(parent: impl AsFd, name: &CStr, dev: u64) -> io::Result<MountKey> {
-    let stx = rustix::fs::statx(
-        parent,
-        name,
-        AtFlags::SYMLINK_NOFOLLOW,
-        rustix::fs::StatxFlags::MNT_ID,
-    );
-    let mount_id = match stx {
-        Ok(stx) if stx.stx_mask & rustix::fs::StatxFlags::MNT_ID.bits() != 0 => {
-            Some(stx.stx_mnt_id)
-        }
-        // An older kernel without statx or its mount id: the device still catches most mounts.
-        Ok(_) | Err(rustix::io::Errno::NOSYS) | Err(rustix::io::Errno::INVAL) => None,
-        Err(e) => return Err(e.into()),
-    };
-    Ok(MountKey { dev, mount_id })
-}
-
-/// Removes everything inside the open directory `dir` (on mount `device`). Its owner gets
-/// write and search rights on it first (a job may have made it read-only; unlinking needs them on
-/// the directory, not on the files). Names are collected before anything is removed, since
-/// removing while reading can skip entries; the directory is re-read until a pass finds it empty.
-fn empty_dir(dir: &OwnedFd, device: MountKey, depth: usize) -> io::Result<()> {
+/// Gives the directory's owner write and search rights on it (a job may have made it
+/// read-only; unlinking needs them on the directory, not on the files).
+fn make_writable(dir: &OwnedFd) -> io::Result<()> {
     let mode = rustix::fs::fstat(dir)?.st_mode;
     if mode & RUNTIME_MODE != RUNTIME_MODE {
         rustix::fs::fchmod(dir, Mode::from_raw_mode((mode & 0o7777) | RUNTIME_MODE))?;
     }
-    for _ in 0..MAX_EMPTY_PASSES {
-        let names = entry_names(dir)?;
-        if names.is_empty() {
-            return Ok(());
+    Ok(())
+}
+
+/// Removes everything inside the open directory `dir` (on mount `device`), however deep, with a
+/// bounded number of open descriptors ([`DirStack`]). Names are collected before anything is
+/// removed, since removing while reading can skip entries; a directory is re-read until a read
+/// finds it empty (at most [`MAX_EMPTY_PASSES`] times), and only then removed from the one
+/// above. A directory on another mount stops the removal; a directory moved while the walk was
+/// below it stops it too, and the caller tries again later.
+fn empty_tree(dir: OwnedFd, device: MountKey) -> io::Result<()> {
+    make_writable(&dir)?;
+    let mut walk = DirStack::new(dir)?;
+    loop {
+        if let Some(name) = walk.next_name() {
+            let here = walk.dir()?;
+            let stat = match rustix::fs::statat(here, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => stat,
+                Err(rustix::io::Errno::NOENT) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
+                match rustix::fs::unlinkat(here, &name, AtFlags::empty()) {
+                    Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                continue;
+            }
+            let child = open_child_dir(here, &name)?;
+            if !device.same_mount(MountKey::of(&child)?) {
+                return Err(mount_point());
+            }
+            make_writable(&child)?;
+            walk.descend(child, &name)?;
+            continue;
         }
-        for name in names {
-            remove_entry(dir, &name, Some(device), depth + 1)?;
+        if walk.reread()? {
+            if walk.reads() >= MAX_EMPTY_PASSES {
+                return Err(io::Error::other(
+                    "entries keep appearing while the directory is removed",
+                ));
+            }
+            continue;
+        }
+        let Some(done) = walk.ascend()? else {
+            return Ok(());
+        };
+        match rustix::fs::unlinkat(walk.dir()?, &done, AtFlags::REMOVEDIR) {
+            // Gone from here already (moved within the tree: a later read of its new place
+            // finds it).
+            Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(e.into()),
         }
     }
-    Err(io::Error::other(
-        "entries keep appearing while the directory is removed",
-    ))
 }
 
 /// The names in a directory, without `.` and `..`.

@@ -133,6 +133,8 @@ async fn a_ready_host_passes_every_check() {
         ("runner_group", Some("org")),
         ("installation", Some("repo")),
         ("permission", Some("repo")),
+        // The kernel's link protections (on where the suite runs: `.ci/run` turns them on).
+        ("protected_links", None),
     ] {
         assert!(
             !find(&all, check, policy).is_empty(),

@@ -16,6 +16,7 @@ mod local;
 mod runner_version;
 #[cfg(test)]
 mod tests;
+mod trust;
 
 use serde_json::json;
 
@@ -57,7 +58,7 @@ pub(crate) struct Finding {
     pub status: Status,
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
     /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`,
-    /// `fitness`, `env_file`, `runner_version`, `journal`.
+    /// `fitness`, `env_file`, `runner_version`, `journal`, `protected_links`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,
@@ -194,6 +195,7 @@ pub(crate) async fn findings(config: &Config) -> Vec<Finding> {
     out.push(isolation::isolation(config));
     out.push(isolation::network(config));
     out.extend(fitness::env_files(config));
+    out.extend(trust::trust(config));
     out.extend(fitness::fitness(config).await);
 
     let Some(app_id) = config.github.app_id else {

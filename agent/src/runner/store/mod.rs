@@ -385,7 +385,7 @@ impl Store {
     fn remove(&self, name: &str) -> Result<(), StoreError> {
         let store = open_dir(&self.dir).map_err(|e| self.write_error(e))?;
         let name = CString::new(name).map_err(|e| self.write_error(io::Error::other(e)))?;
-        remove_entry(store.as_fd(), &name, None, 0).map_err(|e| self.write_error(e))?;
+        remove_entry(store.as_fd(), &name, None).map_err(|e| self.write_error(e))?;
         Ok(())
     }
 

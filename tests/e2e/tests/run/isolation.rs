@@ -1349,3 +1349,263 @@ async fn isolated_runners_survive_an_agent_crash_and_leave_nothing() {
     );
     assert!(fleet.our_registrations().is_empty(), "registration left");
 }
+
+/// How deep the `deep_tree` job nests its trees (issue 25): past the 1 024 levels at which
+/// removal and `chown_tree` used to give up.
+const DEEP_LEVELS: u32 = 1100;
+const DEEP: &[&str] = &["self-hosted", "deep"];
+const DEEP_SLOT: &[&str] = &["self-hosted", "deep-slot"];
+
+/// The `deep_tree` attack: a job nests a tree [`DEEP_LEVELS`] deep in its runtime's `_work`, and
+/// in a persistent slot in `_work` (kept for the next job) and beside it (scrubbed). Before
+/// removal walked without a depth limit, such a runtime was never removed, its attempt never
+/// `cleaned` and its uid never released; such a `_work` could not be handed to the slot's next
+/// runner. A later job of the slot checks that it owns the tree to the bottom. Each step appends
+/// `<runtime> <step> <result>` to the report.
+const DEEP_SCRIPT: &str = r#"#!/bin/sh
+HERE=$(cd "$(dirname "$0")/.." 2>/dev/null && pwd -P)
+REAL="$HERE/bin/Runner.Listener.real"
+REPORT='@REPORT@/deep.txt'
+say() {
+    printf '%s %s %s\n' "${HERE##*/}" "$1" "$2" >>"$REPORT" 2>/dev/null
+}
+# nest DIR: `d/d/...` @LEVELS@ deep below DIR, one chdir at a time (no path length limit);
+# prints how deep it got.
+nest() {
+    mkdir -p "$1" && cd "$1" && perl -e 'my $n = 0; for (1 .. $ARGV[0]) { mkdir "d" or last; chdir "d" or last; $n++ } print $n' @LEVELS@
+}
+if [ -d "$HERE/_work/deep" ]; then
+    # A later job of the slot: the tree is its own, down to the bottom.
+    out=$(cd "$HERE/_work/deep" && perl -e 'for (1 .. $ARGV[0]) { chdir "d" or die "level $_: $!\n" } open(my $f, ">", "mine") or die "the bottom: $!\n"; print "ok"' @LEVELS@ 2>&1)
+    say bottom "$out"
+else
+    say work "$(nest "$HERE/_work/deep")"
+    say beside "$(nest "$HERE/deep")"
+fi
+exec "$REAL" "$@"
+"#;
+
+/// The `deep_tree` attack through `rm-agent run` under `isolation = "user"`: a job's tree
+/// nested 1 100 deep is removed with its runtime, the attempt is `cleaned` and the next runner
+/// gets the uid again; in a persistent slot, the tree beside `_work` is scrubbed and the one in
+/// `_work` is handed to the slot's next runner whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_nesting_a_tree_past_a_thousand_levels_is_cleaned_and_its_uid_reused() {
+    let fleet = Fleet::start(FleetOptions {
+        host_max: 2,
+        policies: vec![
+            PolicySpec {
+                name: "deep",
+                target: "acme",
+                labels: DEEP,
+                max_runners: 1,
+                workspace: "ephemeral",
+                extra: "",
+            },
+            PolicySpec {
+                name: "deep-slot",
+                target: REPO,
+                labels: DEEP_SLOT,
+                max_runners: 1,
+                workspace: "persistent",
+                extra: "",
+            },
+        ],
+        base_dir: Some(base_dir()),
+        ..FleetOptions::default()
+    })
+    .await;
+    let reports = fleet.setup.dir.path().join("reports");
+    std::fs::create_dir(&reports).unwrap();
+    std::fs::set_permissions(&reports, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let bin = fleet.package.join("bin");
+    std::fs::rename(
+        bin.join("Runner.Listener"),
+        bin.join("Runner.Listener.real"),
+    )
+    .unwrap();
+    let script = DEEP_SCRIPT
+        .replace("@REPORT@", &reports.display().to_string())
+        .replace("@LEVELS@", &DEEP_LEVELS.to_string());
+    std::fs::write(bin.join("Runner.Listener"), script).unwrap();
+    std::fs::set_permissions(
+        bin.join("Runner.Listener"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let _agent = fleet.start_agent(&[]).await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 500,
+        ..RunnerBehavior::default()
+    });
+
+    // Each job alone, so the next one can only get the uid again if the last was released.
+    let run = async |name: &str, labels: &'static [&'static str]| {
+        let job = fleet.fake.queue_job(REPO, name, labels).unwrap();
+        wait_until(
+            Duration::from_secs(90),
+            &format!("job {name} done and its attempt cleaned (a runtime removal that gives up on a deep tree never cleans it)"),
+            || fleet.completed(job) && fleet.all_cleaned(),
+        )
+        .await;
+        runner_uids_reaped(&fleet).await;
+        attempt_of(&fleet, job)
+    };
+    let first = run("deep-1", DEEP).await;
+    let second = run("deep-2", DEEP).await;
+    let slot_first = run("slot-1", DEEP_SLOT).await;
+    let slot_second = run("slot-2", DEEP_SLOT).await;
+
+    let report = std::fs::read_to_string(reports.join("deep.txt")).unwrap_or_default();
+    eprintln!("{report}");
+    let line = |attempt: &AttemptRecord, step: &str| {
+        let runtime = attempt.runtime_dir.file_name().unwrap().to_str().unwrap();
+        report
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("{runtime} {step} ")))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let levels = DEEP_LEVELS.to_string();
+    for attempt in [&first, &second, &slot_first] {
+        for step in ["work", "beside"] {
+            assert!(
+                line(attempt, step).contains(&levels),
+                "the job of {} did not nest {step} {levels} deep: {report}",
+                attempt.attempt_id.short()
+            );
+        }
+    }
+    assert_eq!(
+        line(&slot_second, "bottom"),
+        ["ok"],
+        "the slot's next job does not own its `_work` to the bottom: {report}"
+    );
+    assert!(first.uid.is_some(), "not isolated: {first:?}");
+    assert_eq!(
+        second.uid, first.uid,
+        "the next runner did not get the released uid again"
+    );
+    assert_eq!(slot_second.uid, slot_first.uid);
+    for a in fleet.attempts() {
+        assert_eq!(a.state, AttemptState::Cleaned, "{a:?}");
+        assert_eq!(a.outcome, Some(AttemptOutcome::CompletedJob), "{a:?}");
+    }
+    assert!(
+        !first.runtime_dir.exists() && !second.runtime_dir.exists(),
+        "an ephemeral runtime is left"
+    );
+    let slot = &slot_second.runtime_dir;
+    let mut kept: Vec<String> = std::fs::read_dir(slot)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["_work"], "the slot was not scrubbed down to `_work`");
+}
+
+/// `rm-agent check --json` of `fleet`'s configuration: its findings of `check` names.
+async fn check_findings(fleet: &Fleet, names: &[&str]) -> (Option<i32>, Vec<serde_json::Value>) {
+    let mut command = fleet.setup.command(&["check", "--json"]);
+    let out = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "check printed no JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let findings = doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| names.iter().any(|n| f["check"] == *n))
+        .cloned()
+        .collect();
+    (out.status.code(), findings)
+}
+
+/// What the agent hands every runner must be out of every job's reach (issue 25): a
+/// `runner.package_dir` owned by a runner uid (the classic layout: a runner account's home) or
+/// writable by others, or an `env_file` others may write, is refused by `run` (exit 2, naming the
+/// key, the path and the fix, before any runner) and fails `check`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_package_source_or_env_file_a_job_could_change_is_refused_at_start() {
+    use std::os::unix::fs::chown;
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    let runner_uid: u32 = fleet.uids.split('-').next().unwrap().parse().unwrap();
+    let package = fleet.package.clone();
+    let shown = package.display().to_string();
+
+    let refused = async |what: &str, names: &[&str]| {
+        let (status, stderr) = fleet.run_agent_until_exit(Duration::from_secs(30)).await;
+        assert_eq!(status.code(), Some(2), "{what}: run must refuse: {stderr}");
+        let (code, findings) = check_findings(&fleet, &["runner_package", "env_file"]).await;
+        assert_eq!(code, Some(1), "{what}: check must fail: {findings:?}");
+        let failed: Vec<&serde_json::Value> =
+            findings.iter().filter(|f| f["status"] == "fail").collect();
+        assert!(
+            !failed.is_empty(),
+            "{what}: no failing finding: {findings:?}"
+        );
+        for name in names {
+            assert!(
+                stderr.contains(name),
+                "{what}: run does not name {name}: {stderr}"
+            );
+            assert!(
+                failed
+                    .iter()
+                    .any(|f| format!("{} {}", f["what"], f["remedy"]).contains(name)),
+                "{what}: check does not name {name}: {failed:?}"
+            );
+        }
+        assert!(fleet.attempts().is_empty(), "{what}: a runner was started");
+        stderr
+    };
+
+    // The package in a runner uid's hands.
+    chown(&package, Some(runner_uid), None).unwrap();
+    let stderr = refused(
+        "package owned by a runner uid",
+        &["runner.package_dir", &shown, "chown root:root"],
+    )
+    .await;
+    assert!(
+        stderr.contains(&format!("runner uid {runner_uid}")),
+        "{stderr}"
+    );
+    chown(&package, Some(0), None).unwrap();
+
+    // The package writable by every user.
+    std::fs::set_permissions(&package, std::fs::Permissions::from_mode(0o777)).unwrap();
+    refused("package mode 0777", &[&shown, "chmod go-w"]).await;
+    std::fs::set_permissions(&package, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    // An env_file every user may write.
+    let env_file = fleet.setup.dir.path().join("runner.env");
+    std::fs::write(&env_file, "LANG=C.UTF-8\n").unwrap();
+    std::fs::set_permissions(&env_file, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let config = std::fs::read_to_string(fleet.setup.config()).unwrap();
+    std::fs::write(
+        fleet.setup.config(),
+        format!("{config}env_file = \"{}\"\n", env_file.display()),
+    )
+    .unwrap();
+    refused(
+        "env_file mode 0666",
+        &[
+            "policy[0].env_file",
+            &env_file.display().to_string(),
+            "chmod go-w",
+        ],
+    )
+    .await;
+
+    // Put right, neither is refused any more.
+    std::fs::set_permissions(&env_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (_, findings) = check_findings(&fleet, &["runner_package", "env_file"]).await;
+    assert!(findings.iter().all(|f| f["status"] == "ok"), "{findings:?}");
+}
