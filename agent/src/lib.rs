@@ -12,6 +12,7 @@ pub mod features;
 pub(crate) mod fitness;
 pub(crate) mod https;
 pub(crate) mod isolation;
+pub(crate) mod journal_auth;
 pub(crate) mod latency;
 pub mod lifecycle;
 pub(crate) mod lock;

@@ -6,6 +6,8 @@
 //! of spinning, answers leave without Nagle's delay, and a shutdown stops accepting and then
 //! waits, up to a bound, for the requests in flight.
 
+pub mod budget;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;

@@ -38,6 +38,10 @@ pub enum JournalError {
     /// names the server's message, never the connection string (it may hold a password).
     #[error("the PostgreSQL journal: {}", crate::pg::describe(.0))]
     Postgres(#[from] postgres::Error),
+    /// A connection string a test or benchmark passed that cannot be used (the agent's own is
+    /// checked at start, [`crate::PgTarget::parse`]). Never repeats the string.
+    #[error("the PostgreSQL connection string {0}")]
+    PgUrl(#[from] crate::PgUrlError),
     #[error(
         "the PostgreSQL journal has schema version {found}, newer than this rm-agent knows ({supported}); run the newer rm-agent, or restore a backup"
     )]

@@ -52,8 +52,8 @@ pub use fleet::{
 pub use intake::Intake;
 pub use metrics::JournalMetrics;
 pub use pg::{
-    PgFleet, PgInspection, PgJournal, PgPollJournal, PgReader, PgRight, PgSchemaState, PgTarget,
-    PgUrlError, replay_pg,
+    PgFleet, PgInspection, PgJournal, PgPollJournal, PgReader, PgRight, PgSchemaState, PgSslMode,
+    PgTarget, PgUrlError, replay_pg,
 };
 pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, PollStore, QueuedJobRef, Sighting};
 pub use read::{DemandView, Reader};

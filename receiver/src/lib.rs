@@ -6,20 +6,21 @@
 //!
 //! Routes: `POST <path>` (CONTRACT §4), `GET /healthz`, `GET /metrics`.
 
-mod budget;
 mod journal;
 mod metrics;
 mod server;
 mod signature;
 mod verify;
 
-pub use budget::BodyLimits;
 pub use journal::{ReceiverJournal, ScrapeCounts, StateCounts};
 /// The metrics library `/metrics` is built on, for [`Receiver::add_collector`]'s callers.
 pub use prometheus_client;
-pub use server::{
-    BODY_ALLOWANCE_BYTES, BODY_POOL_BYTES, BUSY_RETRY_AFTER_SECS, Receiver, ReceiverConfig,
+/// The body budget the receiver shares with the relay's ingest (one implementation, in
+/// `rm-http-serve`).
+pub use rm_http_serve::budget::{
+    BODY_ALLOWANCE_BYTES, BODY_POOL_BYTES, BUSY_RETRY_AFTER_SECS, BodyLimits,
 };
+pub use server::{Receiver, ReceiverConfig};
 pub use signature::{WebhookSecrets, sign};
 pub use verify::{Envelope, Refusal, envelope};
 

@@ -12,8 +12,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use rm_journal::JournalMetrics;
 
-use crate::budget::BodyBudget;
 use crate::journal::ScrapeCounts;
+use rm_http_serve::budget::BodyBudget;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeliveryLabels {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming as Body;
 use rm_handlers::Source;
 use rm_http_serve::Limits;
@@ -16,10 +16,10 @@ use tokio::net::TcpListener;
 use tracing::Instrument as _;
 
 use crate::WebhookSecrets;
-use crate::budget::{BodyBudget, BodyLimits, Hold, Refused};
 use crate::journal::ReceiverJournal;
 use crate::metrics::Metrics;
 use crate::verify::{self, Refusal};
+use rm_http_serve::budget::{self, BUSY_RETRY_AFTER_SECS, BodyBudget, BodyLimits, Hold, Refused};
 
 /// A client that has not sent its headers by then is cut off.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,17 +31,6 @@ const MAX_CONNECTIONS: usize = 1024;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// `/healthz` answers 503 when the journal cannot take its write lock this fast.
 const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// Bytes every request's body may hold without drawing on the shared pool. GitHub's
-/// `workflow_job` deliveries are 7-30 KiB, so one fits whole and is never refused for memory:
-/// the allowances of all requests together are at most [`MAX_CONNECTIONS`] x this (64 MiB).
-pub const BODY_ALLOWANCE_BYTES: usize = 64 * 1024;
-/// Bytes shared by all bodies past their allowance, while they stream in and until their
-/// delivery is committed: room for seven 25 MiB bodies at once. With the allowances, body
-/// buffers never hold more than 256 MiB, whatever senders do before a signature can be checked.
-pub const BODY_POOL_BYTES: usize = 192 * 1024 * 1024;
-/// What a body refused for want of memory is told to wait (`Retry-After`, seconds). GitHub does
-/// not retry by itself; the agent's redelivery and recovery bring such a delivery back.
-pub const BUSY_RETRY_AFTER_SECS: u32 = 5;
 
 /// How the receiver is set up.
 pub struct ReceiverConfig {
@@ -73,18 +62,13 @@ type Reply = Response<Full<Bytes>>;
 
 impl<J: ReceiverJournal> Receiver<J> {
     pub fn new(config: ReceiverConfig, journal: J) -> Arc<Self> {
-        Self::with_body_limits(
-            config,
-            journal,
-            BodyLimits {
-                allowance: BODY_ALLOWANCE_BYTES,
-                pool: BODY_POOL_BYTES,
-            },
-        )
+        // The shared defaults (`rm_http_serve::budget`): [`MAX_CONNECTIONS`] allowances of
+        // 64 KiB and a 192 MiB pool, 256 MiB of bodies at most.
+        Self::with_body_limits(config, journal, BodyLimits::default())
     }
 
-    /// A receiver whose body buffers are bounded by `limits` instead of
-    /// [`BODY_ALLOWANCE_BYTES`] and [`BODY_POOL_BYTES`].
+    /// A receiver whose body buffers are bounded by `limits` instead of the defaults
+    /// ([`crate::BODY_ALLOWANCE_BYTES`] and [`crate::BODY_POOL_BYTES`]).
     pub fn with_body_limits(config: ReceiverConfig, journal: J, limits: BodyLimits) -> Arc<Self> {
         let bodies = Arc::new(BodyBudget::new(limits));
         let metrics = Metrics::new(journal.metrics(), Arc::clone(&bodies));
@@ -236,17 +220,15 @@ impl<J: ReceiverJournal> Receiver<J> {
     /// chunk within the body budget and the per-body cap.
     async fn read_body(
         &self,
-        mut body: Body,
+        body: Body,
         declared: Option<usize>,
     ) -> Result<(Vec<u8>, Hold), BodyError> {
-        let mut buffer = self.bodies.buffer(declared, self.config.max_body_bytes);
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|_| BodyError::Read)?;
-            if let Some(chunk) = frame.data_ref() {
-                buffer.push(chunk).map_err(BodyError::Refused)?;
-            }
-        }
-        Ok(buffer.finish())
+        budget::read_body(&self.bodies, body, declared, self.config.max_body_bytes)
+            .await
+            .map_err(|e| match e {
+                budget::BodyError::Refused(refused) => BodyError::Refused(refused),
+                budget::BodyError::Read => BodyError::Read,
+            })
     }
 
     fn busy(&self) -> Reply {

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use http::{HeaderMap, Request, StatusCode, header};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
+use rm_http_serve::budget::{self, BUSY_RETRY_AFTER_SECS, BodyError, Refused};
 use serde_json::{Map, Value};
 
 use crate::limits::{QUOTA_RETRY_AFTER, retry_after_secs};
@@ -88,9 +88,13 @@ pub(crate) async fn ingest(relay: &Relay, ingest_id: &str, req: Request<Incoming
     if declared.is_some_and(|len| len > max_body_bytes as u64) {
         return too_large(relay);
     }
+    let declared = declared.and_then(|len| usize::try_from(len).ok());
     let kept = kept_headers(headers);
-    let limited = Limited::new(req.into_body(), max_body_bytes);
-    let body = match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
+    // Within the body budget the receiver uses (an allowance per request, one shared pool), so
+    // uploads held open cannot grow the relay's memory past it; `_hold` keeps the body's share
+    // until the delivery is stored and answered.
+    let read = budget::read_body(&relay.bodies, req.into_body(), declared, max_body_bytes);
+    let (body, _hold) = match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
         Err(_) => {
             return refuse(
                 relay,
@@ -98,11 +102,12 @@ pub(crate) async fn ingest(relay: &Relay, ingest_id: &str, req: Request<Incoming
                 "the body took too long to arrive",
             );
         }
-        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
-            return too_large(relay);
+        Ok(Err(BodyError::Refused(Refused::TooLarge))) => return too_large(relay),
+        Ok(Err(BodyError::Refused(Refused::Busy))) => return busy(relay),
+        Ok(Err(BodyError::Read)) => {
+            return refuse(relay, StatusCode::BAD_REQUEST, "the body could not be read");
         }
-        Ok(Err(_)) => return refuse(relay, StatusCode::BAD_REQUEST, "the body could not be read"),
-        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Ok((bytes, hold))) => (bytes::Bytes::from(bytes), hold),
     };
     let delivery = NewDelivery {
         channel: channel.clone(),
@@ -166,6 +171,26 @@ fn retry_later(mut reply: Reply, wait: Duration) -> Reply {
     reply.headers_mut().insert(
         header::RETRY_AFTER,
         header::HeaderValue::from(retry_after_secs(wait)),
+    );
+    reply
+}
+
+/// The body budget is spent: the upload is refused now (its bytes so far released) rather
+/// than held, and told when to come back.
+fn busy(relay: &Relay) -> Reply {
+    relay.metrics.limited("memory");
+    let mut reply = retry_later(
+        refuse(
+            relay,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many bodies in flight; retry later",
+        ),
+        Duration::from_secs(u64::from(BUSY_RETRY_AFTER_SECS)),
+    );
+    // The rest of the body is not read: close instead of draining it.
+    reply.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
     );
     reply
 }

@@ -7,6 +7,8 @@
 
 use std::time::{Duration, Instant};
 
+use rm_http_serve::budget::BodyLimits;
+
 use crate::MAX_BODY_BYTES;
 
 /// Bytes of bodies and headers one channel may keep unless `serve --channel-quota` says
@@ -33,6 +35,11 @@ pub struct IngestLimits {
     pub channel_quota: u64,
     /// Deliveries per second a channel may bring in over time (0: no limit).
     pub ingest_rate: u32,
+    /// The bytes ingest bodies may hold while they stream in and until they are stored: the
+    /// receiver's budget ([`rm_http_serve::budget`]), a 64 KiB allowance per request and a
+    /// shared pool (`serve --body-pool`, default 192 MiB); a body the pool cannot grow is
+    /// refused 503 with `Retry-After`.
+    pub bodies: BodyLimits,
 }
 
 impl Default for IngestLimits {
@@ -41,6 +48,7 @@ impl Default for IngestLimits {
             max_body_bytes: MAX_BODY_BYTES,
             channel_quota: DEFAULT_CHANNEL_QUOTA,
             ingest_rate: DEFAULT_INGEST_RATE,
+            bodies: BodyLimits::default(),
         }
     }
 }
@@ -133,6 +141,24 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
 /// Parses `--channel-quota`: bytes, or a number with `KiB`, `MiB`, `GiB` or `TiB` (also `K`,
 /// `M`, `G`, `T`, all powers of 1024), of at least [`MIN_CHANNEL_QUOTA`].
 pub fn parse_quota(text: &str) -> Result<u64, String> {
+    let bytes = parse_size(text)?;
+    if bytes < MIN_CHANNEL_QUOTA {
+        return Err(format!(
+            "{text} is below the minimum of {} MiB (the largest delivery and its headers)",
+            MIN_CHANNEL_QUOTA >> 20
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Parses `--body-pool`: a size as [`parse_quota`] takes it, any amount (0: every body past
+/// its allowance is refused for memory; a body of GitHub's usual size still fits its allowance).
+pub fn parse_body_pool(text: &str) -> Result<usize, String> {
+    let bytes = parse_size(text)?;
+    usize::try_from(bytes).map_err(|_| format!("{text} is larger than this machine can address"))
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
     let split = trimmed
         .find(|c: char| !c.is_ascii_digit())
@@ -151,12 +177,6 @@ pub fn parse_quota(text: &str) -> Result<u64, String> {
         .ok()
         .and_then(|n| n.checked_mul(1 << shift))
         .ok_or_else(|| format!("{text:?} is not a size: write e.g. 512MiB or 2GiB"))?;
-    if bytes < MIN_CHANNEL_QUOTA {
-        return Err(format!(
-            "{text} is below the minimum of {} MiB (the largest delivery and its headers)",
-            MIN_CHANNEL_QUOTA >> 20
-        ));
-    }
     Ok(bytes)
 }
 

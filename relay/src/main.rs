@@ -11,7 +11,7 @@ use rm_base::exit::Exit;
 use rm_base::log::LogFormat;
 
 use rm_relay::commands::{self, ServeArgs};
-use rm_relay::limits::{DEFAULT_INGEST_RATE, IngestLimits, parse_quota};
+use rm_relay::limits::{DEFAULT_INGEST_RATE, IngestLimits, parse_body_pool, parse_quota};
 use rm_relay::retention::parse_retention;
 
 #[derive(Parser)]
@@ -53,6 +53,11 @@ enum Command {
         /// worth; more are refused with 429 and Retry-After. 0: no limit.
         #[arg(long, value_name = "N", default_value_t = DEFAULT_INGEST_RATE)]
         ingest_rate: u32,
+        /// Bytes ingest bodies share past the 64 KiB each may hold, while they stream in and
+        /// until they are stored: with 1024 connections, bodies never hold more than 64 MiB plus
+        /// this. An upload the pool cannot grow is refused with 503 and Retry-After.
+        #[arg(long, value_name = "SIZE", default_value = "192MiB", value_parser = parse_body_pool)]
+        body_pool: usize,
         /// Log lines as text for people or JSON for log collectors.
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
         log_format: LogFormat,
@@ -125,6 +130,7 @@ fn run(cli: Cli) -> Result<(), Exit> {
             retention,
             channel_quota,
             ingest_rate,
+            body_pool,
             log_format,
         } => {
             rm_base::log::init(log_format, "info");
@@ -140,6 +146,10 @@ fn run(cli: Cli) -> Result<(), Exit> {
                 limits: IngestLimits {
                     channel_quota,
                     ingest_rate,
+                    bodies: rm_http_serve::budget::BodyLimits {
+                        pool: body_pool,
+                        ..rm_http_serve::budget::BodyLimits::default()
+                    },
                     ..IngestLimits::default()
                 },
             }))

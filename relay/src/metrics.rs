@@ -7,6 +7,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use rm_http_serve::budget::BodyBudget;
+use std::sync::Arc;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -43,10 +45,14 @@ pub struct Metrics {
     subscribers: Family<StreamLabels, Gauge>,
     events_sent: Family<StreamLabels, Counter>,
     acks: Counter,
+    bodies: Arc<BodyBudget>,
+    body_bytes: Gauge,
+    body_bytes_high_water: Gauge,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
+impl Metrics {
+    /// The relay's metrics; `bodies` is the ingest's body budget, read at every scrape.
+    pub fn new(bodies: Arc<BodyBudget>) -> Self {
         let mut registry = Registry::default();
         let ingested = Family::<OutcomeLabels, Counter>::default();
         let refused = Family::<StatusLabels, Counter>::default();
@@ -67,7 +73,7 @@ impl Default for Metrics {
         );
         registry.register(
             "rm_relay_ingest_limited",
-            "Deliveries refused by a channel's limits, by reason (rate: 429; quota: 503, the quota holds only unacknowledged deliveries)",
+            "Deliveries refused by a channel's limits, by reason (rate: 429; quota: 503, the quota holds only unacknowledged deliveries; memory: 503, the ingest's body budget is spent)",
             limited.clone(),
         );
         registry.register(
@@ -86,7 +92,22 @@ impl Default for Metrics {
             events_sent.clone(),
         );
         registry.register("rm_relay_acks", "Acks recorded", acks.clone());
+        let body_bytes = Gauge::default();
+        let body_bytes_high_water = Gauge::default();
+        registry.register(
+            "rm_relay_ingest_body_bytes",
+            "Bytes ingest bodies hold now, while they stream in and until they are stored",
+            body_bytes.clone(),
+        );
+        registry.register(
+            "rm_relay_ingest_body_bytes_high_water",
+            "The most bytes ingest bodies have held at once since start",
+            body_bytes_high_water.clone(),
+        );
         Metrics {
+            bodies,
+            body_bytes,
+            body_bytes_high_water,
             registry,
             ingested,
             refused,
@@ -138,6 +159,10 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn render(&self) -> String {
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.body_bytes.set(gauge(self.bodies.held()));
+        self.body_bytes_high_water
+            .set(gauge(self.bodies.high_water()));
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             tracing::warn!("cannot encode /metrics");

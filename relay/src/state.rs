@@ -13,6 +13,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode, header};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
+use rm_http_serve::budget::BodyBudget;
 use tokio::sync::watch;
 
 use crate::limits::{Bucket, IngestLimits};
@@ -33,6 +34,8 @@ pub struct Relay {
     /// Set once at shutdown; every stream ends when it is.
     pub(crate) shutdown: watch::Sender<bool>,
     pub(crate) limits: IngestLimits,
+    /// What ingest bodies hold, across every request (`limits.bodies`).
+    pub(crate) bodies: Arc<BodyBudget>,
     /// Each channel's ingest rate (in memory: a restart forgives, which only ever lets more in).
     buckets: Mutex<HashMap<String, Bucket>>,
     /// When a full quota was last logged (ms since the epoch), so a flood logs once a minute.
@@ -41,9 +44,11 @@ pub struct Relay {
 
 impl Relay {
     pub fn new(store: Store, limits: IngestLimits) -> Arc<Relay> {
+        let bodies = Arc::new(BodyBudget::new(limits.bodies));
         Arc::new(Relay {
             store,
-            metrics: Metrics::default(),
+            metrics: Metrics::new(Arc::clone(&bodies)),
+            bodies,
             notify: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
             limits,

@@ -37,11 +37,16 @@ const DEBIAN_BIN_DIRS: &str = "/usr/lib/postgresql";
 /// A running server.
 #[derive(Debug)]
 pub(crate) struct PgServer {
-    /// The directory holding the cluster and the socket (`.s.PGSQL.5432`).
+    /// The directory holding the cluster and the socket (`.s.PGSQL.<port>`).
     dir: PathBuf,
     /// Where `createdb` and `dropdb` are.
     bin: PathBuf,
+    /// The port: names the socket file, and the TCP port of a [`TlsServer`].
+    port: u16,
 }
+
+/// PostgreSQL's own port: the socket file of a server that listens on no TCP port.
+const DEFAULT_PORT: u16 = 5432;
 
 /// A database of its own for one test (or one benchmark run), dropped with this value.
 #[derive(Debug)]
@@ -70,6 +75,8 @@ pub(crate) fn shared() -> Result<&'static PgServer, String> {
 pub(crate) struct StoppableServer {
     server: PgServer,
     user: Option<(u32, u32, String)>,
+    /// Settings beyond the defaults (`-c name=value`), applied at every start.
+    settings: Vec<String>,
     /// Waits on the running `postgres` (ends when it exits).
     running: Option<std::thread::JoinHandle<()>>,
 }
@@ -78,6 +85,16 @@ impl StoppableServer {
     /// `initdb` into a directory of its own (named after `label`), then starts the server and
     /// creates the database `rm`.
     pub(crate) fn start(label: &str) -> Result<StoppableServer, String> {
+        Self::start_with(label, DEFAULT_PORT, |_, _| Ok(Vec::new()))
+    }
+
+    /// As [`Self::start`], on `port`; `setup` runs after `initdb` with the cluster's data
+    /// directory and the user the server runs as, and answers extra settings.
+    fn start_with(
+        label: &str,
+        port: u16,
+        setup: impl FnOnce(&Path, &Option<(u32, u32, String)>) -> Result<Vec<String>, String>,
+    ) -> Result<StoppableServer, String> {
         let bin = find_bin_dir().ok_or_else(|| {
             format!(
                 "no `initdb` on the PATH or under {DEBIAN_BIN_DIRS}/*/bin (install Debian's \
@@ -94,9 +111,11 @@ impl StoppableServer {
                 .map_err(|e| format!("cannot give {} to uid {uid}: {e}", dir.display()))?;
         }
         init_cluster(&user, &bin, &dir.join("data"), &dir)?;
+        let settings = setup(&dir.join("data"), &user)?;
         let mut server = StoppableServer {
-            server: PgServer { dir, bin },
+            server: PgServer { dir, bin, port },
             user,
+            settings,
             running: None,
         };
         server.resume()?;
@@ -150,8 +169,12 @@ impl StoppableServer {
                 "-c",
                 "log_min_messages=warning",
             ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
+            .arg("-p")
+            .arg(self.server.port.to_string());
+        for setting in &self.settings {
+            postgres.arg("-c").arg(setting);
+        }
+        postgres.stdin(Stdio::null()).stdout(Stdio::null());
         if self.user.is_none() {
             // Not root: no `setpriv` around it yet; one that only sets the parent-death signal.
             let mut wrapped = Command::new("setpriv");
@@ -210,6 +233,160 @@ impl Drop for StoppableServer {
     }
 }
 
+/// A server that takes TCP connections on 127.0.0.1 only over TLS (`hostssl` in pg_hba.conf,
+/// no `host` line: a plain TCP login is refused), with a test CA and a server certificate for
+/// `localhost` (not for `127.0.0.1`) made by `openssl` (Debian's `postgresql` depends on it
+/// through `ssl-cert`). Its unix socket stays trusted, for the client tools. Dropped, it stops.
+#[derive(Debug)]
+pub(crate) struct TlsServer {
+    server: StoppableServer,
+    /// Holds `ca.crt` (the CA that signed the server's certificate) and `other-ca.crt` (one that
+    /// did not).
+    certs: tempfile::TempDir,
+}
+
+impl TlsServer {
+    pub(crate) fn start(label: &str) -> Result<TlsServer, String> {
+        let certs = tempfile::tempdir().map_err(|e| format!("cannot make a directory: {e}"))?;
+        make_certificates(certs.path())?;
+        let port = free_port()?;
+        let from = certs.path().to_owned();
+        let server = StoppableServer::start_with(label, port, move |data, user| {
+            for file in ["server.crt", "server.key"] {
+                let to = data.join(file);
+                std::fs::copy(from.join(file), &to)
+                    .map_err(|e| format!("cannot copy {file}: {e}"))?;
+                std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                    .map_err(|e| format!("cannot chmod {file}: {e}"))?;
+                if let Some((uid, gid, _)) = user {
+                    std::os::unix::fs::chown(&to, Some(*uid), Some(*gid))
+                        .map_err(|e| format!("cannot chown {file}: {e}"))?;
+                }
+            }
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+            )
+            .map_err(|e| format!("cannot write pg_hba.conf: {e}"))?;
+            Ok(vec![
+                "listen_addresses=127.0.0.1".to_owned(),
+                "ssl=on".to_owned(),
+                "ssl_cert_file=server.crt".to_owned(),
+                "ssl_key_file=server.key".to_owned(),
+            ])
+        })?;
+        Ok(TlsServer { server, certs })
+    }
+
+    /// The TCP port on 127.0.0.1.
+    pub(crate) fn port(&self) -> u16 {
+        self.server.server.port
+    }
+
+    /// The CA that signed the server's certificate.
+    pub(crate) fn ca(&self) -> PathBuf {
+        self.certs.path().join("ca.crt")
+    }
+
+    /// A CA that did not.
+    pub(crate) fn other_ca(&self) -> PathBuf {
+        self.certs.path().join("other-ca.crt")
+    }
+}
+
+/// A TCP port on 127.0.0.1 nobody listens on now.
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("cannot find a free port: {e}"))
+}
+
+/// `ca.crt` with `server.crt`/`server.key` it signed (for `localhost` only), and
+/// `other-ca.crt`, in `dir`: P-256 keys, valid for two days.
+fn make_certificates(dir: &Path) -> Result<(), String> {
+    let openssl = |args: &[&str]| -> Result<(), String> {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run openssl: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "openssl {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    for ca in ["ca", "other-ca"] {
+        let (key, crt, subject) = (
+            format!("{ca}.key"),
+            format!("{ca}.crt"),
+            format!("/CN=rm test {ca}"),
+        );
+        let mut args = vec!["req", "-x509"];
+        args.extend(ec);
+        args.extend([
+            "-keyout",
+            &key,
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-subj",
+            &subject,
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
+        openssl(&args)?;
+    }
+    let mut args = vec!["req"];
+    args.extend(ec);
+    args.extend([
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    openssl(&args)?;
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .map_err(|e| format!("cannot write server.ext: {e}"))?;
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ])
+}
+
 static DURABLE: OnceLock<Result<PgServer, String>> = OnceLock::new();
 
 /// A server with PostgreSQL's default durability (`fsync` on, synchronous commit): what a
@@ -259,7 +436,11 @@ impl PgServer {
                 "log_min_messages=warning",
             ]);
         spawn_for_process_lifetime(postgres, dir.clone())?;
-        let server = PgServer { dir, bin };
+        let server = PgServer {
+            dir,
+            bin,
+            port: DEFAULT_PORT,
+        };
         server.wait_ready()?;
         Ok(server)
     }
@@ -271,7 +452,15 @@ impl PgServer {
 
     /// A connection string for `database` (libpq key/value form).
     pub(crate) fn url(&self, database: &str) -> String {
-        format!("host={} user={ROLE} dbname={database}", self.dir.display())
+        if self.port == DEFAULT_PORT {
+            format!("host={} user={ROLE} dbname={database}", self.dir.display())
+        } else {
+            format!(
+                "host={} port={} user={ROLE} dbname={database}",
+                self.dir.display(),
+                self.port
+            )
+        }
     }
 
     /// Creates a fresh, empty database named after `label`.
@@ -297,6 +486,7 @@ impl PgServer {
         let out = Command::new(self.bin.join(tool))
             .arg("-h")
             .arg(&self.dir)
+            .args(["-p", &self.port.to_string()])
             .args(["-U", ROLE])
             .args(args)
             .stdin(Stdio::null())
@@ -318,6 +508,7 @@ impl PgServer {
             let ready = Command::new(self.bin.join("pg_isready"))
                 .arg("-h")
                 .arg(&self.dir)
+                .args(["-p", &self.port.to_string()])
                 .args(["-U", ROLE, "-q"])
                 .status()
                 .map_err(|e| format!("cannot run pg_isready: {e}"))?;

@@ -80,6 +80,8 @@ async fn receive_on_postgres(
     secrets: WebhookSecrets,
     target: PgTarget,
 ) -> Result<(), Exit> {
+    // `receive` runs no jobs: what is unsafe for a runner host is only said.
+    crate::journal_auth::enforce(config, crate::journal_auth::Role::Receive, &target)?;
     let server = target.describe();
     // Connecting blocks (the sync client runs a runtime of its own): off this one.
     let journal = tokio::task::spawn_blocking(move || PgJournal::open(&target))

@@ -334,6 +334,15 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
     // Read once, here: a bad line or an unreadable file refuses the start (exit 2).
     let operator_env = crate::runner::env_file::load_policies(&config.policies)
         .map_err(|(key, e)| usage(config, &key, &e.to_string()))?;
+    // Before the runners' network and uids are set up: a login to the fleet's journal a job
+    // could make too is refused here (crate::journal_auth).
+    if let Some(target) = crate::secrets::journal_target(config) {
+        crate::journal_auth::enforce(
+            config,
+            crate::journal_auth::Role::Run(config.host.isolation),
+            &target,
+        )?;
+    }
     // What every runner gets from disk must be out of every job's reach (CONTRACT §7).
     crate::trust::refuse_changeable(config)?;
     for off in crate::trust::protected_links_off() {

@@ -584,8 +584,16 @@ fn journal_url_with_a_password_or_what_rm_cannot_use_is_refused_naming_the_key()
         ("host=db user=rm password=hunter2", "RM_JOURNAL_PASSWORD"),
         ("postgres://rm@db/rm?passfile=/hunter2", "passfile"),
         (
-            "postgres://rm@db/rm?application_name=hunter2&sslmode=require",
-            "TLS",
+            "postgres://rm@db/rm?application_name=hunter2&sslmode=allow",
+            "sslmode=allow is not supported",
+        ),
+        (
+            "host=db application_name=hunter2 sslmode=verify-full sslrootcert=/nonexistent/ca.pem",
+            "sslrootcert: cannot read /nonexistent/ca.pem",
+        ),
+        (
+            "host=db application_name=hunter2 sslcert=/etc/rm/client.pem",
+            "unknown option `sslcert`",
         ),
         ("host=db port=hunter2", "not a PostgreSQL connection string"),
     ] {

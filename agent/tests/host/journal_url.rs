@@ -325,3 +325,54 @@ impl Drop for Stopped {
         }
     }
 }
+
+/// `run` with isolated runners (the default) refuses a `journal.url` over TCP when no password
+/// is set: the server would let this host in on its address alone, and a job of the host with it
+/// (docs/fleet.md, "Logging in: the password rule"). Exit 2 before anything is set up, naming
+/// the key, the reason and the fix. The rule's table is `journal_auth::tests`.
+#[test]
+fn run_refuses_a_fleet_journal_over_tcp_without_a_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("app.pem");
+    let made = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let package = dir.path().join("package");
+    std::fs::create_dir_all(&package).unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "[github]\napp_id = 1\nprivate_key_file = \"{}\"\n\n[runner]\npackage_dir = \"{}\"\n\n\
+             [journal]\nurl = \"postgres://rm@127.0.0.1:1/rm\"\n\n\
+             [[policy]]\nname = \"linux\"\ntarget = \"octo-org\"\nlabels = [\"linux\"]\n",
+            key.display(),
+            package.display()
+        ),
+    );
+    let out = agent(&config, dir.path(), &["run"])
+        .env_remove("RM_JOURNAL_PASSWORD")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for says in [
+        "`journal.url`",
+        "over TCP without a password",
+        "`trust`",
+        "RM_JOURNAL_PASSWORD",
+        "peer",
+    ] {
+        assert!(stderr.contains(says), "{says}: {stderr}");
+    }
+}

@@ -25,7 +25,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use postgres::{Client, Config, NoTls, Transaction};
+use postgres::{Client, Transaction};
+
+use super::tls::PgConnect;
 use rm_handlers::{JobId, UnixMs};
 
 use crate::JournalError;
@@ -53,7 +55,7 @@ const NOW_MS: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::big
 /// The fleet's tables in the PostgreSQL journal, on a connection of its own. Its calls block:
 /// make them off the async runtime (`spawn_blocking`, or a thread).
 pub struct PgFleet {
-    config: Config,
+    config: PgConnect,
     /// `None` after the connection was lost; the next call connects again.
     client: Option<Client>,
 }
@@ -84,7 +86,7 @@ impl PgFleet {
     /// The connection, made again if the last one was lost (a server restart).
     fn client(&mut self) -> Result<&mut Client, JournalError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
-            let mut client = self.config.connect(NoTls)?;
+            let mut client = self.config.connect()?;
             super::schema::require_current(&mut client)?;
             self.client = Some(client);
         }

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use postgres::{Client, NoTls};
+use postgres::Client;
 
 use super::PgTarget;
 use crate::{JournalError, SCHEMA_VERSION};
@@ -111,7 +111,7 @@ impl PgInspection {
     /// Connects to `target` and reads the catalog (blocking: call it off the async runtime).
     /// `Err` when the database cannot be reached or logged in to.
     pub fn of(target: &PgTarget) -> Result<PgInspection, JournalError> {
-        let mut client = target.client_config(CHECK_APPLICATION).connect(NoTls)?;
+        let mut client = target.client_config(CHECK_APPLICATION).connect()?;
         let role: String = client.query_one("SELECT current_user::text", &[])?.get(0);
         let facts = facts(&mut client)?;
         let (state, missing) = judge(&facts, SCHEMA_VERSION);

@@ -16,6 +16,7 @@ mod read;
 mod replay;
 pub(crate) mod schema;
 mod target;
+mod tls;
 mod writer;
 
 pub use fleet::PgFleet;
@@ -23,7 +24,7 @@ pub use inspect::{PgInspection, PgRight, PgSchemaState};
 pub use polls::PgPollJournal;
 pub use read::PgReader;
 pub use replay::replay_pg;
-pub use target::{PgTarget, PgUrlError};
+pub use target::{PgSslMode, PgTarget, PgUrlError};
 pub use writer::PgJournal;
 
 use rm_handlers::JobId;
@@ -53,3 +54,5 @@ pub(crate) fn job_numbers(ids: &[JobId]) -> Vec<i64> {
 mod rights_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;

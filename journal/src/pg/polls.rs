@@ -12,7 +12,9 @@
 
 use std::collections::HashSet;
 
-use postgres::{Client, Config, NoTls};
+use postgres::Client;
+
+use super::tls::PgConnect;
 use rm_handlers::{JobId, JobObservation, UnixMs};
 
 use super::apply::{ApplyError, Sql, StatementCache, apply_job};
@@ -26,7 +28,7 @@ const POLLS_APPLICATION: &str = "rm-journal-polls";
 /// runtime (`spawn_blocking`, or a thread). A lost connection (a server restart) fails the call
 /// that met it; the next call connects again.
 pub struct PgPollJournal {
-    config: Config,
+    config: PgConnect,
     /// `None` after the connection was lost.
     client: Option<Client>,
     /// The merge's statements, prepared once per connection.
@@ -60,7 +62,7 @@ impl PgPollJournal {
 
     fn client(&mut self) -> Result<&mut Client, JournalError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
-            let mut client = self.config.connect(NoTls)?;
+            let mut client = self.config.connect()?;
             super::schema::require_current(&mut client)?;
             self.cache.clear();
             self.client = Some(client);

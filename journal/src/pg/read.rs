@@ -2,7 +2,7 @@
 //! [`crate::Reader`] gives: the intake's rows, and the demand the executor of a fleet host reads
 //! (queued jobs, the jobs its runners took).
 
-use postgres::{Client, GenericClient, NoTls, Row};
+use postgres::{Client, GenericClient, Row};
 use rm_handlers::{JobId, RunnerId, UnixMs};
 
 use crate::read::{DELIVERY_COLUMNS, JOB_COLUMNS};
@@ -28,8 +28,8 @@ impl PgReader {
         Self::start(&target.client_config(READER_APPLICATION))
     }
 
-    pub(super) fn start(config: &postgres::Config) -> Result<PgReader, JournalError> {
-        let mut client = config.connect(NoTls)?;
+    pub(super) fn start(config: &super::tls::PgConnect) -> Result<PgReader, JournalError> {
+        let mut client = config.connect()?;
         super::schema::require_current(&mut client)?;
         Ok(PgReader { client })
     }

@@ -5,8 +5,6 @@
 //! everything there. The receivers' writers keep running meanwhile; a job row they touch is
 //! locked in the same order they lock it (the delivery row first, then the job).
 
-use postgres::NoTls;
-
 use super::apply::{ApplyError, Sql, StatementCache, apply_verdict};
 use super::read::stored_delivery;
 use crate::{JournalError, Outcome};
@@ -21,7 +19,7 @@ pub fn replay_pg(
     guid: &str,
     now_ms: i64,
 ) -> Result<(Outcome, Option<String>), JournalError> {
-    let mut client = target.client_config(REPLAY_APPLICATION).connect(NoTls)?;
+    let mut client = target.client_config(REPLAY_APPLICATION).connect()?;
     super::schema::require_current(&mut client)?;
     let mut tx = client.transaction()?;
     let stored = stored_delivery(&mut tx, guid, true)?

@@ -11,13 +11,14 @@
 //! commit whose answer was lost is found again by its GUIDs and answered as already journalled.
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
-use postgres::{Client, Config, NoTls};
+use postgres::{Client, Config};
+
+use super::tls::PgConnect;
 use rm_handlers::Verdict;
 use tokio::sync::oneshot;
 
@@ -63,7 +64,7 @@ pub struct PgJournal {
     tx: mpsc::Sender<Request>,
     metrics: JournalMetrics,
     /// The writer's settings, named as a reader: for [`PgJournal::reader`].
-    reads: Config,
+    reads: PgConnect,
 }
 
 impl PgJournal {
@@ -84,9 +85,11 @@ impl PgJournal {
         Self::start(target.client_config(WRITER_APPLICATION))
     }
 
-    fn start(config: Config) -> Result<PgJournal, JournalError> {
+    fn start(config: PgConnect) -> Result<PgJournal, JournalError> {
         let mut reads = config.clone();
-        reads.application_name(super::read::READER_APPLICATION);
+        reads
+            .config
+            .application_name(super::read::READER_APPLICATION);
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready) = mpsc::channel();
         let metrics = JournalMetrics::default();
@@ -95,7 +98,7 @@ impl PgJournal {
             .name("rm-pg-journal-writer".to_owned())
             .spawn(move || {
                 let connected = config
-                    .connect(NoTls)
+                    .connect()
                     .map_err(JournalError::from)
                     .and_then(|mut client| schema::migrate(&mut client).map(|()| client));
                 let client = match connected {
@@ -171,8 +174,12 @@ impl crate::Intake for PgJournal {
 
 /// The connection settings from `url`, with rm's defaults where it says nothing; `application`
 /// names the connection to the server.
-pub(crate) fn config(url: &str, application: &str) -> Result<Config, JournalError> {
-    Ok(with_defaults(Config::from_str(url)?, application))
+pub(crate) fn config(url: &str, application: &str) -> Result<PgConnect, JournalError> {
+    let (config, _, tls) = super::target::parse_unchecked(url)?;
+    Ok(PgConnect {
+        config: with_defaults(config, application),
+        tls,
+    })
 }
 
 /// `config` with rm's defaults where it says nothing; `application` names the connection.
@@ -187,7 +194,7 @@ pub(crate) fn with_defaults(mut config: Config, application: &str) -> Config {
 }
 
 struct Writer {
-    config: Config,
+    config: PgConnect,
     /// `None` after the connection was lost; the next group connects again.
     client: Option<Client>,
     /// The statements prepared on `client`.
@@ -277,7 +284,7 @@ impl Writer {
             _ => {
                 self.cache.clear();
                 self.client = None;
-                self.client.insert(self.config.connect(NoTls)?)
+                self.client.insert(self.config.connect()?)
             }
         };
         let result = write_batch(client, &mut self.cache, batch, unappliable);

@@ -209,3 +209,149 @@ async fn a_second_serve_on_the_same_data_directory_exits_3_naming_it() {
 async fn status_of(url: &str) -> u16 {
     status(get(url, None, None)).await
 }
+
+/// The relay's resident memory (`/proc/PID/statm`), in bytes.
+fn rss_bytes(pid: u32) -> usize {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap();
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// One upload held open on the ingest URL: GitHub's headers, a Content-Length of 25 MiB,
+/// `burst` bytes at once and then a byte every 100 ms, until the relay answers (its status is
+/// returned) or closes, or `stop` fires.
+async fn held_upload(
+    relay: std::net::SocketAddr,
+    path: String,
+    n: usize,
+    burst: usize,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Option<u16> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let stream = tokio::net::TcpStream::connect(relay).await.ok()?;
+    let (mut read, mut write) = stream.into_split();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         x-github-event: workflow_job\r\nx-github-delivery: held-{n}\r\n\
+         x-hub-signature-256: sha256={}\r\ncontent-length: {}\r\n\r\n",
+        "0".repeat(64),
+        rm_relay::MAX_BODY_BYTES
+    );
+    let send = async move {
+        write.write_all(head.as_bytes()).await?;
+        let chunk = vec![b' '; 64 * 1024];
+        let mut sent = 0;
+        while sent < burst {
+            write.write_all(&chunk).await?;
+            sent += chunk.len();
+        }
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            write.write_all(b" ").await?;
+        }
+        #[allow(unreachable_code, reason = "the loop ends only on an error")]
+        Ok::<(), std::io::Error>(())
+    };
+    let answer = async move {
+        let mut buf = vec![0; 256];
+        let n = read.read(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        text.strip_prefix("HTTP/1.1 ")
+            .and_then(|rest| rest.get(..3))
+            .and_then(|code| code.parse().ok())
+    };
+    tokio::select! {
+        status = answer => status,
+        _ = send => None,
+        _ = stop.wait_for(|stop| *stop) => None,
+    }
+}
+
+/// 100 uploads held open on a channel's ingest URL (each declaring 25 MiB, 2 MiB sent at once,
+/// then trickled) do not make the relay hold their bytes: ingest bodies are under the receiver's
+/// budget (an allowance per request, one shared pool, here 16 MiB), and the uploads that find the
+/// pool spent are answered 503 with `Retry-After` and closed. Deliveries of GitHub's usual size
+/// keep being stored all the while (each fits its allowance). Without the budget the relay held
+/// every byte it had read (200 MiB here), and its resident memory showed it.
+#[tokio::test(flavor = "multi_thread")]
+async fn uploads_held_open_stay_within_the_body_budget_while_deliveries_are_stored() {
+    use rm_http_serve::budget::BODY_ALLOWANCE_BYTES;
+    const UPLOADS: usize = 100;
+    const BURST: usize = 2 << 20;
+    const POOL: usize = 16 << 20;
+    // Bodies' share: every held upload's allowance plus the pool (and the valid deliveries'
+    // allowances, a few at a time).
+    let bound = (UPLOADS + 8) * BODY_ALLOWANCE_BYTES + POOL;
+    let (_tmp, data) = data_dir();
+    let relay = Relay::start_with(&serve_args(
+        &data,
+        &["--body-pool", "16MiB", "--ingest-rate", "0"],
+    ));
+    let ch = add_channel(&data, "ci");
+    let path = ch.ingest_url[ch.ingest_url.find("/hooks/").unwrap()..].to_owned();
+    let body = std::fs::read(format!("{FIXTURES}/workflow_job.queued.5.json")).unwrap();
+    // Warm the path (store, writer) before the baseline.
+    assert_eq!(
+        ingest(&ch.ingest_url, "workflow_job", &guid(), &body)
+            .await
+            .0,
+        202
+    );
+    let pid = relay.child.id();
+    let baseline = rss_bytes(pid);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut uploads = tokio::task::JoinSet::new();
+    for n in 0..UPLOADS {
+        uploads.spawn(held_upload(
+            relay.addr,
+            path.clone(),
+            n,
+            BURST,
+            stop_rx.clone(),
+        ));
+    }
+    let mut peak = baseline;
+    for _ in 0..30 {
+        let stored = tokio::time::timeout(
+            Duration::from_secs(10),
+            ingest(&ch.ingest_url, "workflow_job", &guid(), &body),
+        )
+        .await;
+        assert_eq!(stored.expect("a delivery waited 10 s").0, 202);
+        peak = peak.max(rss_bytes(pid));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let high_water = metric(&relay, "rm_relay_ingest_body_bytes_high_water").await;
+    let refused_for_memory =
+        metric(&relay, "rm_relay_ingest_limited_total{reason=\"memory\"}").await;
+    stop_tx.send_replace(true);
+    let mut busy = 0;
+    while let Some(status) = uploads.join_next().await {
+        let status = status.unwrap();
+        assert_ne!(status, Some(202), "a held upload was stored");
+        busy += usize::from(status == Some(503));
+    }
+
+    let grown = peak.saturating_sub(baseline);
+    eprintln!(
+        "held uploads: resident memory grew {} KiB, {busy} refused busy, bodies held at most {high_water} bytes",
+        grown >> 10
+    );
+    assert!(
+        grown < 96 << 20,
+        "resident memory grew by {} MiB under {UPLOADS} held uploads of {} MiB each",
+        grown >> 20,
+        BURST >> 20
+    );
+    assert!(busy > 0, "no held upload was refused for want of memory");
+    assert!(refused_for_memory > 0, "no refusal counted as `memory`");
+    assert!(
+        high_water > 0,
+        "rm_relay_ingest_body_bytes_high_water missing"
+    );
+    assert!(
+        high_water <= bound as u64,
+        "bodies held {high_water} bytes at once, over {bound}"
+    );
+}

@@ -17,6 +17,7 @@ pub(super) async fn journal(config: &Config) -> Vec<Finding> {
         return Vec::new();
     };
     let mut out: Vec<Finding> = run_refused(config).into_iter().collect();
+    out.extend(login(config, &target));
     out.extend(database(config, target).await);
     out
 }
@@ -34,6 +35,36 @@ pub(super) fn run_refused(config: &Config) -> Option<Finding> {
         format!("`rm-agent run` would refuse to start: {}", refused.message),
         "take the fleet's webhooks with `rm-agent receive` (any number, on any hosts) and remove [receiver] and [relay] from the run hosts' configuration (docs/fleet.md)",
     ))
+}
+
+/// How this host logs in, judged as `run` (a host with policies runs jobs) or `receive` would
+/// judge it at start (crate::journal_auth): what `run` refuses fails here.
+fn login(config: &Config, target: &rm_journal::PgTarget) -> Vec<Finding> {
+    use crate::journal_auth::{Facts, Role, Verdict, judge};
+    let role = if config.policies.is_empty() {
+        Role::Receive
+    } else {
+        Role::Run(config.host.isolation)
+    };
+    let remedy = "see docs/fleet.md, \"Logging in: the password rule\"";
+    judge(role, Facts::of(target))
+        .into_iter()
+        .map(|verdict| match verdict {
+            Verdict::Refuse(why) => Finding::fail(
+                "journal",
+                format!(
+                    "`rm-agent run` would refuse `journal.url` ({}): it {why}",
+                    target.describe()
+                ),
+                remedy,
+            ),
+            Verdict::Warn(why) => Finding::warn(
+                "journal",
+                format!("`journal.url` ({}) {why}", target.describe()),
+                remedy,
+            ),
+        })
+        .collect()
 }
 
 /// Reaches the database and judges what it found.

@@ -184,3 +184,31 @@ fn a_receiver_beside_a_postgres_journal_and_policies_is_warned_that_run_refuses_
     assert!(run_refused(&config::from_text(url).unwrap()).is_none());
     assert!(run_refused(&config::from_text(&format!("{receiver}{policy}")).unwrap()).is_none());
 }
+
+/// `check` judges the login as `run` would on a host with policies (a passwordless TCP login
+/// fails, as `run` refuses it) and as `receive` would on one without (warned), before the
+/// operator learns it from the service manager (crate::journal_auth).
+#[tokio::test]
+async fn a_run_host_s_passwordless_tcp_login_fails_and_a_receiver_s_is_warned() {
+    // Nothing listens on port 1: the reachability finding fails at once, beside these.
+    let url = "[journal]\nurl = \"postgres://rm@127.0.0.1:1/rm\"\n";
+    let policy = "[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"x\"]\n";
+    let run = journal(&config::from_text(&format!("{url}{policy}")).unwrap()).await;
+    assert!(
+        run.iter().any(|f| f.status == Status::Fail
+            && f.what.contains("`rm-agent run` would refuse `journal.url`")
+            && f.what.contains("without a password")),
+        "{run:?}"
+    );
+    let receive = journal(&config::from_text(url).unwrap()).await;
+    assert!(
+        receive
+            .iter()
+            .any(|f| f.status == Status::Warn && f.what.contains("without a password")),
+        "{receive:?}"
+    );
+    assert!(
+        !receive.iter().any(|f| f.what.contains("would refuse")),
+        "{receive:?}"
+    );
+}

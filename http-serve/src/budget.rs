@@ -1,6 +1,7 @@
 //! The bytes that request bodies may hold while they stream in and until their delivery is
 //! committed, across all requests: what keeps junk sent before any signature can be checked from
-//! exhausting the host's memory.
+//! exhausting the host's memory. One implementation for both public intakes: the receiver's
+//! webhook path and the relay's ingest (`POST /hooks/...`), each with a budget of its own.
 //!
 //! Every request may hold its first [`BodyLimits::allowance`] bytes without asking anyone; the
 //! server serves at most `max_connections` requests at once (HTTP/1.1, one request at a time per
@@ -16,7 +17,22 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use hyper::body::Body;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+
+/// Bytes every request's body may hold without drawing on the shared pool. GitHub's
+/// `workflow_job` deliveries are 7-30 KiB, so one fits whole and is never refused for memory:
+/// the allowances of all requests together are at most the server's `max_connections` x this
+/// (1024 connections: 64 MiB).
+pub const BODY_ALLOWANCE_BYTES: usize = 64 * 1024;
+/// Bytes shared by all bodies past their allowance, while they stream in and until their
+/// delivery is committed: room for seven 25 MiB bodies at once. With the allowances of 1024
+/// connections, body buffers never hold more than 256 MiB, whatever senders do before anything
+/// about them can be checked.
+pub const BODY_POOL_BYTES: usize = 192 * 1024 * 1024;
+/// What a body refused for want of memory is told to wait (`Retry-After`, seconds). GitHub does
+/// not retry by itself; rm-agent's redelivery and recovery bring such a delivery back.
+pub const BUSY_RETRY_AFTER_SECS: u32 = 5;
 
 /// The bounds of [`BodyBudget`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,9 +43,18 @@ pub struct BodyLimits {
     pub pool: usize,
 }
 
+impl Default for BodyLimits {
+    fn default() -> Self {
+        BodyLimits {
+            allowance: BODY_ALLOWANCE_BYTES,
+            pool: BODY_POOL_BYTES,
+        }
+    }
+}
+
 /// Why a body could not take more bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refused {
+pub enum Refused {
     /// The body would pass the per-body cap.
     TooLarge,
     /// The shared pool has not got the bytes now.
@@ -38,7 +63,7 @@ pub(crate) enum Refused {
 
 /// The shared pool and the gauges `/metrics` reads.
 #[derive(Debug)]
-pub(crate) struct BodyBudget {
+pub struct BodyBudget {
     limits: BodyLimits,
     pool: Arc<Semaphore>,
     /// Capacity of every body buffer alive now, allowances included.
@@ -48,7 +73,7 @@ pub(crate) struct BodyBudget {
 }
 
 impl BodyBudget {
-    pub(crate) fn new(limits: BodyLimits) -> Self {
+    pub fn new(limits: BodyLimits) -> Self {
         // A semaphore counts at most `Semaphore::MAX_PERMITS`; a larger pool is that.
         let pool = limits.pool.min(Semaphore::MAX_PERMITS);
         BodyBudget {
@@ -60,18 +85,18 @@ impl BodyBudget {
     }
 
     /// Bytes held by body buffers now.
-    pub(crate) fn held(&self) -> usize {
+    pub fn held(&self) -> usize {
         self.held.load(Ordering::Relaxed)
     }
 
     /// The most bytes body buffers have held at once since start.
-    pub(crate) fn high_water(&self) -> usize {
+    pub fn high_water(&self) -> usize {
         self.high_water.load(Ordering::Relaxed)
     }
 
     /// An empty buffer for one body of at most `max_len` bytes, `declared` by its Content-Length
     /// if it has one.
-    pub(crate) fn buffer(self: &Arc<Self>, declared: Option<usize>, max_len: usize) -> BodyBuffer {
+    pub fn buffer(self: &Arc<Self>, declared: Option<usize>, max_len: usize) -> BodyBuffer {
         BodyBuffer {
             budget: Arc::clone(self),
             bytes: Vec::new(),
@@ -91,7 +116,7 @@ impl BodyBudget {
 /// One body's bytes as they arrive, and the share of the budget they hold. Dropping it (or the
 /// [`Hold`] it becomes) gives that share back.
 #[derive(Debug)]
-pub(crate) struct BodyBuffer {
+pub struct BodyBuffer {
     budget: Arc<BodyBudget>,
     bytes: Vec<u8>,
     declared: Option<usize>,
@@ -104,7 +129,7 @@ pub(crate) struct BodyBuffer {
 
 /// Keeps a body's share of the budget until the delivery it became is answered.
 #[derive(Debug)]
-pub(crate) struct Hold {
+pub struct Hold {
     budget: Arc<BodyBudget>,
     accounted: usize,
     _permit: Option<OwnedSemaphorePermit>,
@@ -120,7 +145,7 @@ impl Drop for Hold {
 
 impl BodyBuffer {
     /// Appends `chunk`, growing the buffer within the budget; on a refusal nothing is appended.
-    pub(crate) fn push(&mut self, chunk: &[u8]) -> Result<(), Refused> {
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), Refused> {
         let len = self.bytes.len();
         let needed = len.checked_add(chunk.len()).ok_or(Refused::TooLarge)?;
         if needed > self.max_len {
@@ -142,7 +167,7 @@ impl BodyBuffer {
     }
 
     /// The body's bytes, and the budget they hold until the `Hold` is dropped.
-    pub(crate) fn finish(mut self) -> (Vec<u8>, Hold) {
+    pub fn finish(mut self) -> (Vec<u8>, Hold) {
         let bytes = std::mem::take(&mut self.bytes);
         let hold = Hold {
             budget: Arc::clone(&self.budget),
@@ -185,11 +210,44 @@ impl Drop for BodyBuffer {
     }
 }
 
+/// Why a body was not read whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyError {
+    /// Over the per-body cap (answer 413), or the pool is spent (answer 503 with
+    /// [`BUSY_RETRY_AFTER_SECS`]); either way, close the connection rather than drain the rest.
+    Refused(Refused),
+    /// The connection failed mid-body.
+    Read,
+}
+
+/// Reads `body` into one buffer as it streams in (the only copy made), each chunk within
+/// `budget` and the per-body cap `max_len`. The caller bounds the time it may take.
+pub async fn read_body<B>(
+    budget: &Arc<BodyBudget>,
+    mut body: B,
+    declared: Option<usize>,
+    max_len: usize,
+) -> Result<(Vec<u8>, Hold), BodyError>
+where
+    B: Body + Unpin,
+    B::Data: AsRef<[u8]>,
+{
+    use http_body_util::BodyExt as _;
+    let mut buffer = budget.buffer(declared, max_len);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| BodyError::Read)?;
+        if let Some(chunk) = frame.data_ref() {
+            buffer.push(chunk.as_ref()).map_err(BodyError::Refused)?;
+        }
+    }
+    Ok(buffer.finish())
+}
+
 /// The capacity a body buffer grows to when it needs `needed` bytes: the allowance at first, then
 /// twice what it had (amortized copies), never more than a declared length that still holds nor
 /// than `max_len`, never less than `needed`. A declared length is not reserved up front: a sender
 /// that declares 25 MiB and trickles bytes holds about what it sent, not what it promised.
-pub(crate) fn grown_capacity(
+fn grown_capacity(
     capacity: usize,
     needed: usize,
     declared: Option<usize>,
