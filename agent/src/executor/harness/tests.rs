@@ -639,3 +639,35 @@ async fn a_busy_runner_past_its_disk_max_is_stopped_and_fails_for_it() {
         .await;
     assert!(h.runtimes().is_empty(), "{:?}", h.runtimes());
 }
+
+/// A runner stopped for its disk before it took any job (its runtime past `disk_max` with no
+/// job in it: a persistent slot's `_work` that outgrew the bound, here a bound below the
+/// package) fences the demand it was started for, as an idle exit does: without the fence each
+/// replacement would be stopped the same way, one JIT registration each, for as long as the job
+/// waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_stopped_for_its_disk_before_any_job_is_not_replaced() {
+    let mut linux = policy("linux", LABELS, 10);
+    // Every runtime holds more than a byte.
+    linux.disk_max = Some(1);
+    let mut h = Harness::new(Options {
+        policies: vec![linux],
+        ..Options::default()
+    })
+    .await;
+    // A job the fake never hands out: the runner registers and waits, jobless.
+    h.deliver_queued(777_002, LABELS).await;
+    h.until(
+        "the runner failed for its disk",
+        |_| {},
+        |h| {
+            h.attempts().iter().any(|a| {
+                a.reason.as_deref() == Some("disk_exceeded") && a.state == AttemptState::Cleaned
+            })
+        },
+    )
+    .await;
+    steps(&mut h, PASSES_AFTER_FENCE).await;
+    assert_eq!(h.attempts().len(), 1, "replaced: {:#?}", h.attempts());
+    assert_eq!(h.attempts()[0].job_id, None);
+}
