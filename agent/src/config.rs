@@ -2,6 +2,7 @@
 //! it into a [`Config`] or into one error naming the file, the key, what is wrong and what would
 //! be right. Unknown keys, wrong types and out-of-range values are all refused at start.
 
+pub mod bounds;
 mod cidr;
 mod duration;
 pub mod fitness;
@@ -170,9 +171,13 @@ pub struct PolicySection {
     /// In a fleet (`journal.url`): the policy's ceiling on live runners across all hosts.
     pub fleet_max_runners: Option<u32>,
     pub workspace: Option<String>,
+    /// A size, or `"none"`; absent: [`bounds::default_memory_max`].
     pub memory_max: Option<String>,
-    pub pids_max: Option<u32>,
+    /// A count, or `"none"`; absent: [`bounds::DEFAULT_PIDS_MAX`].
+    pub pids_max: Option<bounds::CountOrNone>,
     pub cpu_weight: Option<u32>,
+    /// A size, or `"none"`; absent: [`bounds::DEFAULT_DISK_MAX`].
+    pub disk_max: Option<String>,
     /// `KEY=VALUE` lines added to this policy's runners' environment ([`crate::runner::env_file`]).
     pub env_file: Option<PathBuf>,
     /// When set, the only networks this policy's runners reach.
@@ -344,8 +349,15 @@ pub struct Policy {
     pub fleet_max_runners: Option<u32>,
     pub workspace: Workspace,
     /// Per-runner limits applied through the runner's cgroup (and `pids_max` as the runner
-    /// uid's process limit).
+    /// uid's process limit), defaults included ([`bounds`]).
     pub limits: RunnerLimits,
+    /// `memory_max` as the file wrote it: what the fitness gate requires available before a
+    /// runner of the policy is registered. A default share is a bound, not a reservation: the
+    /// gate would otherwise hold a busy host unfit for memory its idle runners never use.
+    pub memory_required: Option<u64>,
+    /// `disk_max`: the bytes a runner's runtime may hold before supervision stops it
+    /// ([`crate::runner::disk`]); `None`: no bound (`"none"`).
+    pub disk_max: Option<u64>,
     /// `env_file`: where operator variables for this policy's runners come from (read once
     /// when `rm-agent run` starts, by `runner::env_file::load_policies`).
     pub env_file: Option<PathBuf>,
@@ -392,12 +404,23 @@ pub fn load(sources: &Sources) -> Result<Config, ConfigError> {
         },
     };
     let file = parse(path.as_deref(), &text)?;
-    validate::validate(file, path, sources.data_dir.clone())
+    validate::validate(
+        file,
+        path,
+        sources.data_dir.clone(),
+        bounds::HostFacts::probe(),
+    )
 }
 
-/// Loads and validates configuration text that comes from no file (tests, embedded examples).
+/// Loads and validates configuration text that comes from no file (tests, embedded examples),
+/// on this host.
 pub fn from_text(text: &str) -> Result<Config, ConfigError> {
-    validate::validate(parse(None, text)?, None, None)
+    from_text_on(text, bounds::HostFacts::probe())
+}
+
+/// [`from_text`] as if on a host with these facts.
+pub fn from_text_on(text: &str, host: bounds::HostFacts) -> Result<Config, ConfigError> {
+    validate::validate(parse(None, text)?, None, None, host)
 }
 
 /// Parses the TOML text, naming the key path of any mistake.

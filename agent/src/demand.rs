@@ -113,6 +113,8 @@ mod tests {
             fleet_max_runners: None,
             workspace: Workspace::Ephemeral,
             limits: Default::default(),
+            memory_required: None,
+            disk_max: None,
             env_file: None,
             network_allow: None,
         }

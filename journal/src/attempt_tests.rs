@@ -396,6 +396,16 @@ fn a_stop_intent_is_only_journalled_in_the_state_it_was_decided_for() {
             .unwrap()
     );
     assert_eq!(attempts.get(&b).unwrap().unwrap().stop_intent, None);
+    // Only its disk bound stops a busy runner, and it is read back as written (no CHECK).
+    assert!(
+        attempts
+            .record_stop_intent(&b, StopIntent::DiskExceeded, 9)
+            .unwrap()
+    );
+    assert_eq!(
+        attempts.get(&b).unwrap().unwrap().stop_intent,
+        Some(StopIntent::DiskExceeded)
+    );
 
     // A later intent replaces an earlier one, with its own time.
     let c = id(12);

@@ -49,7 +49,12 @@ workspace = "ephemeral"
 
 fn load_text(text: &str) -> Result<Config, ConfigError> {
     let path = Path::new("rm-agent.toml");
-    validate::validate(parse(Some(path), text)?, Some(path.to_owned()), None)
+    validate::validate(
+        parse(Some(path), text)?,
+        Some(path.to_owned()),
+        None,
+        bounds::HostFacts::probe(),
+    )
 }
 
 fn refusal(text: &str) -> ConfigError {
@@ -94,7 +99,13 @@ fn an_empty_file_takes_every_default() {
 #[test]
 fn the_data_dir_flag_wins_over_the_file() {
     let file = parse(None, "data_dir = \"/from/file\"").unwrap();
-    let config = validate::validate(file, None, Some(PathBuf::from("/from/flag"))).unwrap();
+    let config = validate::validate(
+        file,
+        None,
+        Some(PathBuf::from("/from/flag")),
+        bounds::HostFacts::probe(),
+    )
+    .unwrap();
     assert_eq!(config.data_dir, PathBuf::from("/from/flag"));
 }
 
@@ -255,7 +266,8 @@ fn every_example_configuration_in_deploy_loads() {
         if path.extension().is_some_and(|e| e == "toml") {
             let text = std::fs::read_to_string(&path).unwrap();
             let file = parse(Some(&path), &text).unwrap_or_else(|e| panic!("{e}"));
-            validate::validate(file, Some(path.clone()), None).unwrap_or_else(|e| panic!("{e}"));
+            validate::validate(file, Some(path.clone()), None, bounds::HostFacts::probe())
+                .unwrap_or_else(|e| panic!("{e}"));
             seen += 1;
         }
     }
@@ -399,6 +411,52 @@ fn isolation_is_user_by_default_and_none_only_when_named() {
 }
 
 #[test]
+fn a_policy_is_bounded_by_default_and_none_opts_out() {
+    let host = bounds::HostFacts {
+        mem_total: Some(16 << 30),
+    };
+    let policy = |extra: &str| {
+        let text = format!(
+            "[host]\nmax_runners = 4\n[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"x\"]\n{extra}\n"
+        );
+        from_text_on(&text, host).unwrap().policies.remove(0)
+    };
+    let default = policy("");
+    assert_eq!(
+        default.limits,
+        RunnerLimits {
+            // Three quarters of 16 GiB over host.max_runners = 4.
+            memory_max: Some(3 << 30),
+            pids_max: Some(bounds::DEFAULT_PIDS_MAX),
+            cpu_weight: None,
+        }
+    );
+    assert_eq!(default.disk_max, Some(bounds::DEFAULT_DISK_MAX));
+    // A default share is not a reservation the fitness gate holds the host to.
+    assert_eq!(default.memory_required, None);
+
+    let written = policy("memory_max = \"6G\"\npids_max = 100\ndisk_max = \"2G\"");
+    assert_eq!(written.limits.memory_max, Some(6 << 30));
+    assert_eq!(written.memory_required, Some(6 << 30));
+    assert_eq!(written.limits.pids_max, Some(100));
+    assert_eq!(written.disk_max, Some(2 << 30));
+
+    let opted_out = policy("memory_max = \"none\"\npids_max = \"none\"\ndisk_max = \"none\"");
+    assert_eq!(opted_out.limits, RunnerLimits::default());
+    assert_eq!(opted_out.disk_max, None);
+    assert_eq!(opted_out.memory_required, None);
+
+    // A host whose memory is unknown gets no memory default rather than a guess.
+    let unknown = from_text_on(
+        "[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"x\"]\n",
+        bounds::HostFacts { mem_total: None },
+    )
+    .unwrap();
+    assert_eq!(unknown.policies[0].limits.memory_max, None);
+    assert_eq!(unknown.policies[0].limits.pids_max, Some(4096));
+}
+
+#[test]
 fn isolation_mistakes_name_their_key() {
     let policy = |extra: &str| {
         format!("[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"x\"]\n{extra}\n")
@@ -450,6 +508,21 @@ fn isolation_mistakes_name_their_key() {
             "8G",
         ),
         (policy("pids_max = 0"), "policy[0].pids_max", "at least 1"),
+        (
+            policy("pids_max = \"many\""),
+            "policy[0].pids_max",
+            "\"none\"",
+        ),
+        (
+            policy("disk_max = \"a lot\""),
+            "policy[0].disk_max",
+            "\"none\"",
+        ),
+        (
+            policy("memory_max = \"\""),
+            "policy[0].memory_max",
+            "\"none\"",
+        ),
         (policy("cpu_weight = 0"), "policy[0].cpu_weight", "10000"),
         (
             policy("cpu_weight = 10001"),

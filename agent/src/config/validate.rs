@@ -49,6 +49,7 @@ pub(super) fn validate(
     file: FileConfig,
     source: Option<PathBuf>,
     data_dir_override: Option<PathBuf>,
+    host_facts: bounds::HostFacts,
 ) -> Result<Config, ConfigError> {
     let file_name = display_file(source.as_deref());
     let err = |key: &str, problem: String| ConfigError {
@@ -394,7 +395,7 @@ pub(super) fn validate(
     let mut policies = Vec::with_capacity(file.policies.len());
     for (index, section) in file.policies.into_iter().enumerate() {
         let key = |field: &str| format!("policy[{index}].{field}");
-        let policy = validate_policy(section, max_runners)
+        let policy = validate_policy(section, max_runners, host_facts)
             .map_err(|(field, problem)| err(&key(field), problem))?;
         if policy.fleet_max_runners.is_some() && pg_journal.is_none() {
             return Err(err(
@@ -437,6 +438,7 @@ pub(super) fn validate(
 fn validate_policy(
     section: PolicySection,
     host_max: u32,
+    host_facts: bounds::HostFacts,
 ) -> Result<Policy, (&'static str, String)> {
     if section.name.is_empty()
         || !section
@@ -503,18 +505,18 @@ fn validate_policy(
             "must be a runner group id; the Default group is 1".to_owned(),
         ));
     }
-    let memory_max = match section.memory_max.as_deref() {
-        None => None,
-        Some(text) => Some(parse_bytes(text).ok_or_else(|| {
-            (
-                "memory_max",
-                format!("`{text}` is not a size; write it like \"8G\", \"512M\" (powers of 1024)"),
-            )
-        })?),
-    };
-    if section.pids_max == Some(0) {
-        return Err(("pids_max", "must be at least 1".to_owned()));
-    }
+    // Unwritten bounds take their defaults (`bounds`); `"none"` opts out.
+    let memory_written = bounds::written_size(section.memory_max.as_deref(), parse_bytes)
+        .map_err(|problem| ("memory_max", problem))?;
+    let memory_max = memory_written.or(host_facts
+        .mem_total
+        .map(|total| bounds::default_memory_max(total, host_max)));
+    let pids_max = bounds::written_count(section.pids_max.as_ref())
+        .map_err(|problem| ("pids_max", problem))?
+        .or(Some(bounds::DEFAULT_PIDS_MAX));
+    let disk_max = bounds::written_size(section.disk_max.as_deref(), parse_bytes)
+        .map_err(|problem| ("disk_max", problem))?
+        .or(Some(bounds::DEFAULT_DISK_MAX));
     if let Some(weight) = section.cpu_weight
         && !(CPU_WEIGHT_MIN..=CPU_WEIGHT_MAX).contains(&weight)
     {
@@ -532,11 +534,13 @@ fn validate_policy(
         .map_err(|problem| ("network_allow", problem))?;
     let limits = RunnerLimits {
         memory_max,
-        pids_max: section.pids_max,
+        pids_max,
         cpu_weight: section.cpu_weight,
     };
     Ok(Policy {
         limits,
+        memory_required: memory_written.or(None),
+        disk_max,
         name: section.name,
         target,
         labels: section.labels,

@@ -135,13 +135,18 @@ pub(crate) fn waiting_too_long(
 }
 
 /// Whether a conclusion fences the policy's older demand: its runner had the chance to take
-/// those jobs and did not.
-pub(crate) fn fences_demand(conclusion: Conclusion) -> bool {
-    matches!(
-        conclusion,
+/// those jobs and did not. `job_known`: the journal knows a job the runner took. A runner
+/// stopped for its disk before it took a job fences too: its runtime was past `disk_max` with
+/// no job in it (a persistent slot whose `_work` outgrew the bound, a `disk_max` below the
+/// package), so the next runner for the same jobs would be stopped the same way, one JIT
+/// registration each, until GitHub confirms the jobs again.
+pub(crate) fn fences_demand(conclusion: Conclusion, job_known: bool) -> bool {
+    match conclusion {
         Conclusion::IdleExit
-            | Conclusion::Failed(FailureReason::TerminatedAfterRegistrationTimeout)
-    )
+        | Conclusion::Failed(FailureReason::TerminatedAfterRegistrationTimeout) => true,
+        Conclusion::Failed(FailureReason::DiskExceeded) => !job_known,
+        _ => false,
+    }
 }
 
 /// Demand less the busy runners whose job the journal does not know yet: such a runner took
@@ -312,7 +317,7 @@ impl Allocator {
                     runner_name: concluded.runner_name.clone(),
                 });
         }
-        if fences_demand(concluded.conclusion) {
+        if fences_demand(concluded.conclusion, concluded.job_known) {
             self.fences
                 .insert(concluded.policy.clone(), concluded.at_ms);
         }
@@ -675,15 +680,28 @@ mod tests {
 
     #[test]
     fn only_giving_up_fences_demand() {
-        assert!(fences_demand(Conclusion::IdleExit));
-        assert!(fences_demand(Conclusion::Failed(
-            FailureReason::TerminatedAfterRegistrationTimeout
-        )));
-        assert!(!fences_demand(Conclusion::CompletedJob));
-        assert!(!fences_demand(Conclusion::Orphaned));
-        assert!(!fences_demand(Conclusion::Failed(
-            FailureReason::ProcessExitedUnexpectedly
-        )));
+        use FailureReason::*;
+        for (conclusion, job_known, fences) in [
+            (Conclusion::IdleExit, false, true),
+            (
+                Conclusion::Failed(TerminatedAfterRegistrationTimeout),
+                false,
+                true,
+            ),
+            (Conclusion::CompletedJob, true, false),
+            (Conclusion::Orphaned, true, false),
+            (Conclusion::Failed(ProcessExitedUnexpectedly), false, false),
+            // Stopped for its disk with no job: the next runner would be too.
+            (Conclusion::Failed(DiskExceeded), false, true),
+            // Stopped for its disk while on a job: the job filled it, other jobs still wait.
+            (Conclusion::Failed(DiskExceeded), true, false),
+        ] {
+            assert_eq!(
+                fences_demand(conclusion, job_known),
+                fences,
+                "{conclusion:?} job known: {job_known}"
+            );
+        }
     }
 }
 

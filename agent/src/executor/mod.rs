@@ -25,6 +25,7 @@ pub(crate) mod allocate;
 mod claims;
 mod context;
 mod control;
+mod disk_watch;
 pub mod evidence;
 pub(crate) mod fault;
 mod journal;

@@ -22,11 +22,12 @@ use tracing::Instrument as _;
 
 use super::allocate::Concluded;
 use super::context::Context;
+use super::disk_watch::{DiskWatch, Watched};
 use super::registry::{self, Deregistration, Listing};
 use super::{evidence, fault, targets_by_policy};
 use crate::lifecycle::{
-    AttemptFacts, Conclusion, Decision, FailureReason, Observation, ProcessObservation, Timeouts,
-    recovery_decision,
+    AttemptFacts, Conclusion, Decision, FailureReason, Observation, ProcessObservation, StopIntent,
+    Timeouts, recovery_decision,
 };
 use crate::runner::process::{self, ProcessIdentity, ProcessState};
 use crate::runner::{Removal, discover};
@@ -72,6 +73,8 @@ pub(super) struct Supervisor {
     clean_retry: HashMap<AttemptId, (i64, Duration)>,
     /// Cleanups waiting for GitHub to let go of a busy runner: (first `422`, next try), in ms.
     deregister_busy: HashMap<AttemptId, (i64, i64)>,
+    /// Live runtimes measured against their policy's `disk_max`, off the loop.
+    disk: DiskWatch,
 }
 
 /// What a supervision pass found.
@@ -114,6 +117,9 @@ impl Supervisor {
             .filter(|r| !launching.contains(&r.attempt_id))
             .collect();
         let (records, took) = note_jobs_taken(ctx, records).await?;
+        // Walks that finished since the last pass count in this one; the next one starts after.
+        self.disk.collect();
+        let watched = watched(ctx, &records);
         let targets = targets_by_policy(&ctx.settings.policies);
         let mut report = PassReport {
             took,
@@ -138,6 +144,7 @@ impl Supervisor {
                 report.deferred += 1;
             }
         }
+        self.disk.schedule(watched, ctx.now_ms());
         Ok(report)
     }
 
@@ -176,10 +183,12 @@ impl Supervisor {
             // from its own evidence; only its deregistration is skipped.
             None => crate::lifecycle::GithubObservation::NotRegistered,
         };
+        let disk_max = ctx.policy(&record.policy).and_then(|p| p.disk_max);
         let observation = Observation {
             process,
             github,
             evidence,
+            disk: self.disk.judge(&record.attempt_id, disk_max),
         };
         let decision = recovery_decision(&AttemptFacts::from(record), &observation, &timeouts, now);
         tracing::debug!(
@@ -232,6 +241,17 @@ impl Supervisor {
                     .journal
                     .write(move |attempts| attempts.record_stop_intent(&id, intent, now))
                     .await?;
+                if recorded && intent == StopIntent::DiskExceeded {
+                    tracing::warn!(
+                        disk_max,
+                        measured = self
+                            .disk
+                            .last(&record.attempt_id)
+                            .map(|m| m.describe())
+                            .unwrap_or_default(),
+                        "the runner's runtime holds more than its policy's disk_max; stopping it"
+                    );
+                }
                 if recorded && let Some(identity) = identity {
                     tracing::info!(
                         intent = intent.as_str(),
@@ -553,6 +573,27 @@ async fn note_jobs_taken(
         .await
 }
 
+/// The live runners the disk watch measures: started (a process may write), with a policy that
+/// bounds their disk.
+fn watched(ctx: &Context, records: &[AttemptRecord]) -> Vec<Watched> {
+    records
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.state,
+                AttemptState::Starting | AttemptState::Idle | AttemptState::Busy
+            )
+        })
+        .filter_map(|r| {
+            Some(Watched {
+                attempt: r.attempt_id.clone(),
+                runtime_dir: r.runtime_dir.clone(),
+                disk_max: ctx.policy(&r.policy)?.disk_max?,
+            })
+        })
+        .collect()
+}
+
 /// The process's state from the journalled identity. An attempt with no identity that may have
 /// a process (`jit_received`: the agent died between spawn and journal) is looked for by its
 /// working directory.
@@ -655,6 +696,9 @@ fn detail(conclusion: Conclusion) -> &'static str {
             FailureReason::RunnerPackageUnverified => "the runner package did not verify",
             FailureReason::RunnerVersionRejected => {
                 "GitHub refused the runner's version (its log: \"is deprecated and cannot receive messages\"); set runner.version = \"latest\" or a newer release"
+            }
+            FailureReason::DiskExceeded => {
+                "the runner's runtime held more than its policy's disk_max and the runner was stopped, busy or not; raise disk_max or make the job write less"
             }
         },
     }

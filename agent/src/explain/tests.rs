@@ -25,6 +25,8 @@ fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
         fleet_max_runners: None,
         workspace: Workspace::Ephemeral,
         limits: Default::default(),
+        memory_required: None,
+        disk_max: None,
         env_file: None,
         network_allow: None,
     }

@@ -78,7 +78,8 @@ pub(crate) struct DirRequirement {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Requirements {
     pub dirs: Vec<DirRequirement>,
-    /// The largest policy `memory_max` and its policy: one runner of it must fit.
+    /// The largest `memory_max` a policy writes, and its policy: one runner of it must fit (a
+    /// default share is not required: [`crate::config::Policy::memory_required`]).
     pub memory: Option<(u64, String)>,
     pub tools: Vec<String>,
     /// The `PATH` runners get, where tool names are looked up.
@@ -105,7 +106,7 @@ impl Requirements {
             memory: config
                 .policies
                 .iter()
-                .filter_map(|p| p.limits.memory_max.map(|m| (m, p.name.clone())))
+                .filter_map(|p| p.memory_required.map(|m| (m, p.name.clone())))
                 .max_by_key(|(m, _)| *m),
             tools: thresholds.required_tools.clone(),
             path,

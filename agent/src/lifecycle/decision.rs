@@ -12,7 +12,9 @@
 //! - Without GitHub nothing live is decided ([`Decision::Defer`]): a runner that looks idle may
 //!   have taken a job, a dead one may have finished its job.
 //! - Evidence beats intent: a runner whose `_diag` shows a `Worker_*.log` ran a job, whatever
-//!   the agent meant to do with it.
+//!   the agent meant to do with it. Except for one intent: a runner stopped for holding more
+//!   than its `disk_max` ([`DiskUse::Over`]) failed for that, busy or not, job or not; it is the
+//!   one stop a busy runner gets, and it needs no word from GitHub (the bound protects the host).
 
 use std::time::Duration;
 
@@ -47,10 +49,12 @@ pub enum FailureReason {
     RunnerPackageUnverified,
     /// GitHub refused the runner's version.
     RunnerVersionRejected,
+    /// Its runtime held more than the policy's `disk_max`, and it was stopped.
+    DiskExceeded,
 }
 
 impl FailureReason {
-    pub const ALL: [FailureReason; 8] = [
+    pub const ALL: [FailureReason; 9] = [
         FailureReason::JitRequestFailed,
         FailureReason::JitExpired,
         FailureReason::LaunchInterrupted,
@@ -59,6 +63,7 @@ impl FailureReason {
         FailureReason::TerminatedAfterRegistrationTimeout,
         FailureReason::RunnerPackageUnverified,
         FailureReason::RunnerVersionRejected,
+        FailureReason::DiskExceeded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,6 +78,7 @@ impl FailureReason {
             }
             FailureReason::RunnerPackageUnverified => "runner_package_unverified",
             FailureReason::RunnerVersionRejected => "runner_version_rejected",
+            FailureReason::DiskExceeded => "disk_exceeded",
         }
     }
 
@@ -152,12 +158,23 @@ pub enum JobEvidence {
     Unknown,
 }
 
+/// What the last measurement of the runner's runtime says against the policy's `disk_max`
+/// ([`crate::runner::disk::judge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskUse {
+    /// Within the bound, no bound, or not measured (yet, or it could not be).
+    Within,
+    /// Past the bound: the runner is stopped.
+    Over,
+}
+
 /// One observation of an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Observation {
     pub process: ProcessObservation,
     pub github: GithubObservation,
     pub evidence: JobEvidence,
+    pub disk: DiskUse,
 }
 
 /// The part of a journalled attempt the decision reads.
@@ -291,7 +308,13 @@ pub fn recovery_decision(
             }
         }
         Starting | Idle | Busy => {
-            if observation.github == GithubObservation::Unreachable {
+            if running
+                && (observation.disk == DiskUse::Over
+                    || attempt.intent_for_now() == Some(StopIntent::DiskExceeded))
+            {
+                // Stopped, and again while it lives, whatever GitHub says or cannot say.
+                Decision::Terminate(StopIntent::DiskExceeded)
+            } else if observation.github == GithubObservation::Unreachable {
                 Decision::Defer
             } else if running {
                 alive(attempt, observation, timeouts, in_state)
@@ -365,6 +388,10 @@ fn alive(
 /// A live runner (`starting`, `idle`, `busy`) whose process is dead or not ours; GitHub answered.
 fn dead(attempt: &AttemptFacts, observation: &Observation) -> Conclusion {
     use AttemptState::*;
+    // Stopped for its disk: that is why it ended, whether it ran a job or not.
+    if attempt.intent_for_now() == Some(StopIntent::DiskExceeded) {
+        return Conclusion::Failed(FailureReason::DiskExceeded);
+    }
     if observation.evidence == JobEvidence::RanAJob {
         return Conclusion::CompletedJob;
     }
@@ -377,7 +404,7 @@ fn dead(attempt: &AttemptFacts, observation: &Observation) -> Conclusion {
         Some(StopIntent::RegistrationTimeout) => {
             return Conclusion::Failed(FailureReason::TerminatedAfterRegistrationTimeout);
         }
-        Some(StopIntent::Concluded) | None => {}
+        Some(StopIntent::Concluded | StopIntent::DiskExceeded) | None => {}
     }
     let github_busy = observation.github == GithubObservation::Registered { busy: true };
     match (attempt.state, observation.evidence) {

@@ -376,21 +376,21 @@ fn chown_next(walk: &mut DirStack, device: MountKey, account: Account) -> io::Re
     Ok(true)
 }
 
-/// The size of each private tmpfs when the policy sets no `memory_max`: a job's `/tmp` cannot
-/// take half the host's memory (the kernel's default for tmpfs).
-pub const DEFAULT_TMPFS_SIZE: u64 = 1 << 30;
+/// What bounds each private tmpfs when the policy writes `memory_max = "none"`: a job's `/tmp`
+/// still cannot take half the host's memory (the kernel's default for tmpfs); shared out as a
+/// `memory_max` of this size would be ([`super::tmpfs::private_tmpfs_bounds`]).
+pub const DEFAULT_TMPFS_SIZE: u64 = 4 << 30;
 
-/// Bytes of tmpfs per inode allowed: a job cannot exhaust a tmpfs's inodes far sooner than its
-/// size (the kernel's default is half the RAM's pages, shared by nothing else here).
-const TMPFS_BYTES_PER_INODE: u64 = 4096;
-
-/// The mount options of each private tmpfs: sticky and world-writable like the real ones, and
-/// bounded: a quarter of the policy's `memory_max` each (the four together within it), or
-/// [`DEFAULT_TMPFS_SIZE`], with one inode per [`TMPFS_BYTES_PER_INODE`].
-pub fn tmpfs_options(memory_max: Option<u64>) -> String {
-    let size = memory_max.map_or(DEFAULT_TMPFS_SIZE, |max| (max / 4).max(1 << 20));
-    let inodes = (size / TMPFS_BYTES_PER_INODE).max(1024);
-    format!("mode=1777,size={size},nr_inodes={inodes}")
+/// The mount options of the private tmpfs on `dir`: sticky and world-writable like the real
+/// ones, and bounded by the policy's `memory_max` ([`super::tmpfs::private_tmpfs_bounds`], the
+/// one owner of the shares), or as if it were [`DEFAULT_TMPFS_SIZE`].
+pub fn tmpfs_options(dir: &str, memory_max: Option<u64>) -> String {
+    let bounds =
+        super::tmpfs::private_tmpfs_bounds(dir, Some(memory_max.unwrap_or(DEFAULT_TMPFS_SIZE)));
+    match bounds {
+        Some(b) => format!("mode=1777,{}", b.mount_options()),
+        None => "mode=1777".to_owned(),
+    }
 }
 
 /// `keyctl(2)` operations and special keyring ids (linux/keyctl.h).
@@ -411,10 +411,9 @@ pub struct ChildSetup {
     cgroup_procs: Option<OwnedFd>,
     /// The runner's network namespace (`host.network = "private"`), joined first.
     netns: Option<OwnedFd>,
-    /// The shared writable places that exist on this host, each to get a private tmpfs.
-    private_dirs: Vec<CString>,
-    /// The private tmpfs' mount options ([`tmpfs_options`]).
-    tmpfs_options: CString,
+    /// The shared writable places that exist on this host, each to get a private tmpfs, with
+    /// its mount options ([`tmpfs_options`]).
+    private_dirs: Vec<(CString, CString)>,
     /// The runner's host name in its UTS namespace.
     hostname: CString,
     /// The runtime, if it lies under one of `private_dirs` (the tmpfs would hide it): the
@@ -459,7 +458,9 @@ impl ChildSetup {
             if !is_dir {
                 continue;
             }
-            private_dirs.push(c_path(Path::new(dir))?);
+            let options = CString::new(tmpfs_options(dir, sandbox.memory_max))
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            private_dirs.push((c_path(Path::new(dir))?, options));
             if rebind.is_none() && runtime.starts_with(dir) {
                 let below = runtime.strip_prefix(dir).unwrap_or(runtime);
                 let mut dirs = Vec::new();
@@ -477,7 +478,6 @@ impl ChildSetup {
             cgroup_procs: sandbox.cgroup_procs,
             netns: sandbox.netns,
             private_dirs,
-            tmpfs_options: CString::new(tmpfs_options(sandbox.memory_max)).map_err(invalid)?,
             hostname: CString::new(sandbox.hostname).map_err(invalid)?,
             rebind,
             pids_max: sandbox.pids_max,
@@ -544,13 +544,13 @@ impl ChildSetup {
             MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
         )?;
         let flags = MountFlags::NOSUID | MountFlags::NODEV;
-        for dir in &self.private_dirs {
+        for (dir, options) in &self.private_dirs {
             rustix::mount::mount(
                 c"tmpfs",
                 dir.as_c_str(),
                 c"tmpfs",
                 flags,
-                self.tmpfs_options.as_c_str(),
+                options.as_c_str(),
             )?;
         }
         if let Some(rebind) = &self.rebind {

@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod cgroup;
 pub mod discover;
+pub mod disk;
 pub mod env_file;
 pub mod isolate;
 pub mod network;
@@ -16,6 +17,7 @@ pub mod process;
 pub mod refusal;
 pub mod slot;
 pub mod store;
+pub mod tmpfs;
 pub mod uid;
 pub mod workspace;
 

@@ -219,8 +219,9 @@ async fn a_hanging_runner_is_stopped_with_what_it_forked_and_cleaned_without_fol
 #[tokio::test]
 async fn a_runner_refused_for_its_version_is_concluded_as_such_from_its_own_log() {
     use rm_agent::lifecycle::{
-        AttemptFacts, AttemptState, Conclusion, Decision, FailureReason, GithubObservation,
-        JobEvidence, Observation, ProcessObservation, Timeouts, recovery_decision,
+        AttemptFacts, AttemptState, Conclusion, Decision, DiskUse, FailureReason,
+        GithubObservation, JobEvidence, Observation, ProcessObservation, Timeouts,
+        recovery_decision,
     };
     let s = setup(RunnerBehavior {
         version_refused: true,
@@ -246,6 +247,7 @@ async fn a_runner_refused_for_its_version_is_concluded_as_such_from_its_own_log(
             process: ProcessObservation::Exited,
             github: GithubObservation::Registered { busy: false },
             evidence,
+            disk: DiskUse::Within,
         },
         &Timeouts::supervision(Duration::from_secs(300), Duration::from_secs(600)),
         1_000,

@@ -226,13 +226,16 @@ pub enum StopIntent {
     IdleTimeout,
     /// Concluded, but its process outlived the grace period: stopped before its workspace goes.
     Concluded,
+    /// Its runtime holds more than the policy's `disk_max`: a failure, stopped even while busy.
+    DiskExceeded,
 }
 
 impl StopIntent {
-    pub const ALL: [StopIntent; 3] = [
+    pub const ALL: [StopIntent; 4] = [
         StopIntent::RegistrationTimeout,
         StopIntent::IdleTimeout,
         StopIntent::Concluded,
+        StopIntent::DiskExceeded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -240,6 +243,7 @@ impl StopIntent {
             StopIntent::RegistrationTimeout => "registration_timeout",
             StopIntent::IdleTimeout => "idle_timeout",
             StopIntent::Concluded => "concluded",
+            StopIntent::DiskExceeded => "disk_exceeded",
         }
     }
 
@@ -254,6 +258,9 @@ impl StopIntent {
             StopIntent::RegistrationTimeout => &[Starting],
             StopIntent::IdleTimeout => &[Idle],
             StopIntent::Concluded => &AttemptState::TERMINAL,
+            // A job that fills the disk is stopped whatever it is doing: the bound protects the
+            // host and every other runner on it.
+            StopIntent::DiskExceeded => &[Starting, Idle, Busy],
         }
     }
 }

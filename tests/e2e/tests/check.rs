@@ -60,6 +60,21 @@ labels = ["self-hosted", "linux"]
     std::fs::write(setup.config(), config).unwrap();
 }
 
+/// Whether this process's cgroup v2 directory offers the `memory` and the `pids` controller
+/// (where `host.cgroup_root = "auto"` would make runner cgroups), found as the agent finds it.
+fn own_limit_controllers() -> (bool, bool) {
+    use rm_agent::runner::cgroup;
+    let mounts = cgroup::cgroup2_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap());
+    let offered = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| cgroup::own_cgroup_path(&text))
+        .and_then(|own| cgroup::cgroup_dir(&mounts, &own))
+        .and_then(|dir| std::fs::read_to_string(dir.join("cgroup.controllers")).ok())
+        .map(|text| cgroup::parse_controllers(&text))
+        .unwrap_or_default();
+    (offered.memory, offered.pids)
+}
+
 /// Runs `rm-agent check ARGS` off the runtime that serves the fake.
 async fn check(setup: &Setup, args: &[&str]) -> Output {
     let mut command = setup.command(&["check"]);
@@ -120,7 +135,18 @@ async fn a_ready_host_passes_every_check() {
     let out = check(&setup, &["--json"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let all = findings(&out);
+    // Every policy is bounded in memory and processes by default: where runner cgroups would
+    // get no memory or pids controller (this test's own cgroup v2 directory says), the isolation
+    // finding warns and names what is missing; everything else is ok.
+    let (memory, pids) = own_limit_controllers();
     for f in &all {
+        if f["check"] == "isolation" && !(memory && pids) {
+            assert_eq!(f["status"], "warn", "{f}");
+            let what = f["what"].as_str().unwrap();
+            assert_eq!(what.contains("no memory controller"), !memory, "{what}");
+            assert_eq!(what.contains("no pids controller"), !pids, "{what}");
+            continue;
+        }
         assert_eq!(f["status"], "ok", "{f}");
         assert_eq!(f["remedy"], "", "{f}");
     }

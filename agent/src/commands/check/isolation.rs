@@ -42,7 +42,16 @@ pub(super) fn isolation(config: &Config) -> Finding {
         .ok()
         .and_then(|r| r.uncleaned_attempts().ok())
         .map_or(0, |a| a.iter().filter(|a| a.uid.is_some()).count());
-    let cgroups = match cgroup_evidence(config) {
+    let evidence = cgroup_evidence(config);
+    let unenforced = bounds_unenforced(
+        evidence.as_ref().ok().map(|(_, c)| *c),
+        config
+            .policies
+            .iter()
+            .any(|p| p.limits.memory_max.is_some()),
+        config.policies.iter().any(|p| p.limits.pids_max.is_some()),
+    );
+    let cgroups = match evidence {
         Ok((dir, controllers)) => {
             let have: Vec<&str> = [
                 ("memory", controllers.memory),
@@ -75,14 +84,40 @@ pub(super) fn isolation(config: &Config) -> Finding {
             "no runner cgroups ({why}): every process of a runner's uid is killed at cleanup instead"
         ),
     };
-    Finding::ok(
-        "isolation",
-        format!(
-            "isolation user: runner uids {} ({} held by attempts not yet cleaned); {cgroups}; no secret file is readable by a runner uid",
-            describe_pool(&pool),
-            held
+    let what = format!(
+        "isolation user: runner uids {} ({} held by attempts not yet cleaned); {cgroups}; no secret file is readable by a runner uid",
+        describe_pool(&pool),
+        held
+    );
+    match unenforced {
+        None => Finding::ok("isolation", what),
+        Some(why) => Finding::warn(
+            "isolation",
+            format!("{what}; {why}"),
+            "give the runner cgroups the memory and pids controllers: cgroup v2 only (boot with systemd.unified_cgroup_hierarchy=1), and Delegate=yes for the agent's unit (deploy/systemd/rm-agent.service) or a host.cgroup_root that has them",
         ),
-    )
+    }
+}
+
+/// Why memory or processes go unbounded here although a policy bounds them (every policy does
+/// by default): the runner cgroups would get no `memory` or no `pids` controller, or there are
+/// no runner cgroups at all (`None`). Pure: `None` when nothing is missing.
+pub(super) fn bounds_unenforced(
+    controllers: Option<Controllers>,
+    memory_bounded: bool,
+    pids_bounded: bool,
+) -> Option<String> {
+    let controllers = controllers.unwrap_or_default();
+    let mut missing = Vec::new();
+    if memory_bounded && !controllers.memory {
+        missing.push(
+            "no memory controller: memory_max is not applied and a job may take the host's memory",
+        );
+    }
+    if pids_bounded && !controllers.pids {
+        missing.push("no pids controller: pids_max applies only as the runner uid's RLIMIT_NPROC");
+    }
+    (!missing.is_empty()).then(|| format!("bounds not enforced here: {}", missing.join("; ")))
 }
 
 /// `check`'s `network` finding: what a runner's network is, and whether the tools that make a
@@ -191,4 +226,44 @@ fn limits_lacking(config: &Config, controllers: Controllers) -> Vec<String> {
                 .map(move |name| format!("{name} of policy {policy}"))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bound_without_its_controller_is_a_warning() {
+        let all = Controllers {
+            memory: true,
+            pids: true,
+            cpu: true,
+        };
+        let hugetlb_only = Controllers::default();
+        let pids_only = Controllers {
+            pids: true,
+            ..Controllers::default()
+        };
+        for (controllers, memory, pids, warns) in [
+            (Some(all), true, true, &[][..]),
+            (Some(hugetlb_only), true, true, &["memory", "pids"][..]),
+            (Some(pids_only), true, true, &["memory"][..]),
+            // No runner cgroups at all: neither is enforced.
+            (None, true, true, &["memory", "pids"][..]),
+            // A bound every policy opted out of needs no controller.
+            (Some(hugetlb_only), false, true, &["pids"][..]),
+            (None, false, false, &[][..]),
+        ] {
+            let found = bounds_unenforced(controllers, memory, pids);
+            assert_eq!(
+                found.is_some(),
+                !warns.is_empty(),
+                "{controllers:?} {found:?}"
+            );
+            for name in warns {
+                let text = found.as_deref().unwrap_or_default();
+                assert!(text.contains(&format!("no {name} controller")), "{text}");
+            }
+        }
+    }
 }

@@ -86,6 +86,8 @@ pub(super) fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: 
         fleet_max_runners: None,
         workspace: Workspace::Ephemeral,
         limits: RunnerLimits::default(),
+        memory_required: None,
+        disk_max: None,
         env_file: None,
         network_allow: None,
     }

@@ -579,3 +579,95 @@ async fn a_fleet_host_starts_runners_only_for_its_claims_under_the_fleet_ceiling
         view.hosts[0].claims
     );
 }
+
+/// A runner whose runtime grows past its policy's `disk_max` is stopped, busy as it is (the one
+/// stop a busy runner gets), fails with `disk_exceeded` rather than completing its job, and is
+/// cleaned; within its bound the same busy runner is left alone. The walk runs off the loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_runner_past_its_disk_max_is_stopped_and_fails_for_it() {
+    const MIB: u64 = 1 << 20;
+    let mut linux = policy("linux", LABELS, 10);
+    linux.disk_max = Some(4 * MIB);
+    let mut h = Harness::new(Options {
+        policies: vec![linux],
+        ..Options::default()
+    })
+    .await;
+    // Longer than the harness runs: only a stop ends it.
+    jobs_take(&h, 3_600);
+    let job = h.queue("fills the disk", LABELS);
+    h.until(
+        "the runner is busy",
+        |_| {},
+        |h| {
+            h.attempts()
+                .first()
+                .is_some_and(|a| a.state == AttemptState::Busy)
+        },
+    )
+    .await;
+    // Measured (more than once) within its bound: nothing happens.
+    let interval = crate::runner::disk::DISK_CHECK_INTERVAL.as_secs() as usize;
+    steps(&mut h, 3 * interval).await;
+    let attempt = h.attempts().remove(0);
+    assert_eq!(attempt.state, AttemptState::Busy, "{attempt:#?}");
+    let pid = attempt.pid.unwrap();
+    assert!(h.processes.signals(pid).is_empty());
+
+    // The job writes past the bound.
+    std::fs::write(
+        attempt.runtime_dir.join("filler"),
+        vec![7u8; (8 * MIB) as usize],
+    )
+    .unwrap();
+    h.until(
+        "the runner is concluded",
+        |_| {},
+        |h| h.attempts()[0].state.is_terminal(),
+    )
+    .await;
+    let concluded = h.attempts().remove(0);
+    assert_eq!(
+        concluded.outcome,
+        Some(AttemptOutcome::Failed),
+        "{concluded:#?}"
+    );
+    assert_eq!(concluded.reason.as_deref(), Some("disk_exceeded"));
+    assert!(!h.processes.signals(pid).is_empty(), "it was signalled");
+    assert!(!h.completed(job), "its job did not complete on it");
+    h.until("the attempt is cleaned", |_| {}, Harness::all_cleaned)
+        .await;
+    assert!(h.runtimes().is_empty(), "{:?}", h.runtimes());
+}
+
+/// A runner stopped for its disk before it took any job (its runtime past `disk_max` with no
+/// job in it: a persistent slot's `_work` that outgrew the bound, here a bound below the
+/// package) fences the demand it was started for, as an idle exit does: without the fence each
+/// replacement would be stopped the same way, one JIT registration each, for as long as the job
+/// waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_stopped_for_its_disk_before_any_job_is_not_replaced() {
+    let mut linux = policy("linux", LABELS, 10);
+    // Every runtime holds more than a byte.
+    linux.disk_max = Some(1);
+    let mut h = Harness::new(Options {
+        policies: vec![linux],
+        ..Options::default()
+    })
+    .await;
+    // A job the fake never hands out: the runner registers and waits, jobless.
+    h.deliver_queued(777_002, LABELS).await;
+    h.until(
+        "the runner failed for its disk",
+        |_| {},
+        |h| {
+            h.attempts().iter().any(|a| {
+                a.reason.as_deref() == Some("disk_exceeded") && a.state == AttemptState::Cleaned
+            })
+        },
+    )
+    .await;
+    steps(&mut h, PASSES_AFTER_FENCE).await;
+    assert_eq!(h.attempts().len(), 1, "replaced: {:#?}", h.attempts());
+    assert_eq!(h.attempts()[0].job_id, None);
+}

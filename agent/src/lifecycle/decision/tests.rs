@@ -35,6 +35,17 @@ fn decide(
     intent: Option<StopIntent>,
     observation: Seen,
 ) -> Decision {
+    decide_disk(state, secs_in_state, intent, observation, DiskUse::Within)
+}
+
+/// [`decide`] with what the disk watch says.
+fn decide_disk(
+    state: AttemptState,
+    secs_in_state: i64,
+    intent: Option<StopIntent>,
+    observation: Seen,
+    disk: DiskUse,
+) -> Decision {
     let (process, github, evidence) = observation;
     recovery_decision(
         &AttemptFacts {
@@ -46,6 +57,7 @@ fn decide(
             process,
             github,
             evidence,
+            disk,
         },
         &T,
         NOW,
@@ -175,6 +187,7 @@ fn at_startup_an_abandoned_launch_is_decided_at_once() {
         process: Exited,
         github: IDLE,
         evidence: Unknown,
+        disk: DiskUse::Within,
     };
     assert_eq!(recovery_decision(&facts, &dead, &T, NOW), Decision::Wait);
     assert_eq!(
@@ -200,6 +213,7 @@ fn a_clock_that_went_backwards_starts_no_timer() {
         process: Running,
         github: IDLE,
         evidence: NoJob,
+        disk: DiskUse::Within,
     };
     assert_eq!(
         recovery_decision(&facts, &observation, &T, NOW),
@@ -270,6 +284,7 @@ fn no_combination_breaks_the_rules() {
         Some(StopIntent::RegistrationTimeout),
         Some(StopIntent::IdleTimeout),
         Some(StopIntent::Concluded),
+        Some(StopIntent::DiskExceeded),
     ];
     let mut seen = 0;
     for state in AttemptState::ALL {
@@ -278,31 +293,69 @@ fn no_combination_breaks_the_rules() {
                 for process in processes {
                     for github in githubs {
                         for evidence in evidences {
-                            let decision = decide(state, secs, intent, (process, github, evidence));
-                            let case = format!(
-                                "{state:?} {secs}s {intent:?} {process:?} {github:?} {evidence:?} -> {decision:?}"
-                            );
-                            check(state, process, github, evidence, decision, &case);
-                            seen += 1;
+                            for disk in [DiskUse::Within, DiskUse::Over] {
+                                let decision = decide_disk(
+                                    state,
+                                    secs,
+                                    intent,
+                                    (process, github, evidence),
+                                    disk,
+                                );
+                                let case = format!(
+                                    "{state:?} {secs}s {intent:?} {process:?} {github:?} {evidence:?} {disk:?} -> {decision:?}"
+                                );
+                                let disk_stop = disk == DiskUse::Over
+                                    || intent.is_some_and(|i| {
+                                        i == StopIntent::DiskExceeded
+                                            && i.applies_to().contains(&state)
+                                    });
+                                check(state, process, github, evidence, disk_stop, decision, &case);
+                                seen += 1;
+                            }
                         }
                     }
                 }
             }
         }
     }
-    assert_eq!(seen, 9 * 4 * 4 * 3 * 4 * 3);
+    assert_eq!(seen, 9 * 4 * 5 * 3 * 4 * 3 * 2);
 }
 
+/// `disk_stop`: the runtime is over its `disk_max`, or a stop for it is journalled for this
+/// state: the one stop that may hit a busy runner, or one GitHub could not be asked about.
 fn check(
     state: AttemptState,
     process: ProcessObservation,
     github: GithubObservation,
     evidence: JobEvidence,
+    disk_stop: bool,
     decision: Decision,
     case: &str,
 ) {
     let has_job = github == BUSY || evidence == RanAJob;
     assert_eq!(decision == Decision::Nothing, state == Cleaned, "{case}");
+    // A live runner past its disk bound is stopped, whatever else is seen, and only then.
+    let live_and_ours = process == Running && matches!(state, Starting | Idle | Busy);
+    assert_eq!(
+        decision == Decision::Terminate(StopIntent::DiskExceeded),
+        disk_stop && live_and_ours,
+        "{case}"
+    );
+    if let Decision::Terminate(StopIntent::DiskExceeded) = decision {
+        return;
+    }
+    if let Decision::Conclude(conclusion) = decision
+        && disk_stop
+        && state.counts_against_capacity()
+        && state != Allocated
+        && state != JitReceived
+    {
+        // Dead after the stop for its disk: that is its cause, even with a job's logs.
+        if conclusion == Conclusion::Failed(FailureReason::DiskExceeded) {
+            assert!(process != Running, "{case}");
+            return;
+        }
+    }
     match decision {
         Decision::Terminate(intent) => {
             // Only a process proven ours, never an allocated attempt's, never a busy runner.
@@ -394,5 +447,72 @@ fn a_runner_refused_for_its_version_fails_for_that_reason() {
     assert_eq!(
         decide(Idle, 1, None, (Exited, IDLE, RanAJob)),
         Decision::Conclude(Conclusion::CompletedJob)
+    );
+}
+
+/// The disk bound: a live runner past it is stopped, busy or not and with or without GitHub,
+/// and once dead it failed for that, whatever its logs say about a job.
+#[test]
+fn a_runner_past_its_disk_bound_is_stopped_busy_or_not_and_fails_for_it() {
+    use DiskUse::{Over, Within};
+    use StopIntent::DiskExceeded;
+    for state in [Starting, Idle, Busy] {
+        for github in [IDLE, BUSY, NotRegistered, Unreachable] {
+            for evidence in [RanAJob, NoJob, Unknown] {
+                let seen = (Running, github, evidence);
+                assert_eq!(
+                    decide_disk(state, 1, None, seen, Over),
+                    Decision::Terminate(DiskExceeded),
+                    "{state:?} {github:?} {evidence:?}"
+                );
+                // Signalled already and still alive (it may have deleted files meanwhile).
+                assert_eq!(
+                    decide_disk(state, 1, Some(DiskExceeded), seen, Within),
+                    Decision::Terminate(DiskExceeded),
+                    "{state:?} {github:?} {evidence:?}"
+                );
+                for process in [Exited, Gone] {
+                    let dead = decide_disk(
+                        state,
+                        1,
+                        Some(DiskExceeded),
+                        (process, github, evidence),
+                        Within,
+                    );
+                    let expected = if github == Unreachable {
+                        Decision::Defer
+                    } else {
+                        failed(FailureReason::DiskExceeded)
+                    };
+                    assert_eq!(
+                        dead, expected,
+                        "{state:?} {process:?} {github:?} {evidence:?}"
+                    );
+                }
+            }
+        }
+    }
+    // Within its bound a busy runner is still never stopped.
+    assert_eq!(
+        decide_disk(Busy, 3600, None, (Running, NotRegistered, Unknown), Within),
+        Decision::Adopt
+    );
+    // Nothing live to stop: a launch in flight, a concluded runner (cleanup removes its files).
+    assert_eq!(
+        decide_disk(JitReceived, 1, None, (Running, IDLE, Unknown), Over),
+        Decision::Wait
+    );
+    assert_eq!(
+        decide_disk(Finished, 0, None, (Exited, NotRegistered, RanAJob), Over),
+        Decision::Clean
+    );
+    // A runner that died by itself before it was stopped ends as it would have.
+    assert_eq!(
+        decide_disk(Busy, 1, None, (Exited, NotRegistered, RanAJob), Over),
+        Decision::Conclude(Conclusion::CompletedJob)
+    );
+    assert_eq!(
+        Conclusion::Failed(FailureReason::DiskExceeded).reason(),
+        Some("disk_exceeded")
     );
 }

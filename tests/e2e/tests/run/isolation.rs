@@ -970,7 +970,10 @@ async fn a_hostile_job_under_user_isolation_reaches_nothing() {
                 ));
             }
         }
-        let tmp_bound = rm_agent::runner::isolate::DEFAULT_TMPFS_SIZE / 1024;
+        // Unbounded, a tmpfs may take half the host's memory (the kernel's default); bounded,
+        // `/tmp` gets half of the policy's default memory_max, itself 3/4 of the host's memory
+        // over max_runners (4 here).
+        let tmp_bound = host_memory_kib() / 2 / 4;
         match outcome(&report, "tmp_kib").and_then(|k| k.parse::<u64>().ok()) {
             Some(kib) if kib <= tmp_bound => {}
             other => findings.push(format!(
@@ -1608,4 +1611,14 @@ async fn a_package_source_or_env_file_a_job_could_change_is_refused_at_start() {
     std::fs::set_permissions(&env_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let (_, findings) = check_findings(&fleet, &["runner_package", "env_file"]).await;
     assert!(findings.iter().all(|f| f["status"] == "ok"), "{findings:?}");
+}
+
+/// `MemTotal` of the host, in KiB.
+fn host_memory_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
 }

@@ -5,6 +5,7 @@
 
 mod crash;
 mod crashed_runner;
+mod disk;
 mod disk_full;
 mod explain;
 mod failures;

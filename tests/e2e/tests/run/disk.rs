@@ -1,0 +1,100 @@
+//! The disk bound (`policy.disk_max`, issue 25) through `rm-agent run`: a job that writes past
+//! its policy's bound is stopped while busy, its attempt ends `failed` with reason
+//! `disk_exceeded`, and nothing of it is left: no runtime, no registration, no attempt waiting
+//! for cleanup. The rule itself is tested in the executor harness; this is the whole path, with
+//! the real walk of a real runtime under the default isolation.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::time::Duration;
+
+use rm_e2e::fleet::{Fleet, FleetOptions, LINUX, PolicySpec, REPO, wait_until};
+use rm_fake_github::RunnerBehavior;
+use rm_journal::AttemptOutcome;
+
+const LABELS: &[&str] = &["self-hosted", "linux"];
+/// GitHub gives a job up after about ten minutes without a lock renewal; seconds here, so the
+/// stopped runner's registration can be removed within the test.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The job: once its listener runs, it writes 32 MiB of real data into its runtime (past the
+/// policy's 16 MiB), then waits; the listener takes the job and would run it for ten minutes.
+const SCRIPT: &str = r#"#!/bin/sh
+HERE=$(cd "$(dirname "$0")/.." && pwd -P)
+( sleep 2; head -c 33554432 /dev/zero >"$HERE/filler"; sleep 600 ) &
+exec "$HERE/bin/Runner.Listener.real" "$@"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_writes_past_disk_max_is_stopped_as_disk_exceeded_and_leaves_nothing() {
+    let fleet = Fleet::start(FleetOptions {
+        policies: vec![PolicySpec {
+            extra: "disk_max = \"16M\"\n",
+            ..LINUX
+        }],
+        ..FleetOptions::default()
+    })
+    .await;
+    fleet.fake.set_job_lock_timeout(LOCK_TIMEOUT);
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 600_000,
+        ..RunnerBehavior::default()
+    });
+    let bin = fleet.package.join("bin");
+    std::fs::rename(
+        bin.join("Runner.Listener"),
+        bin.join("Runner.Listener.real"),
+    )
+    .unwrap();
+    std::fs::write(bin.join("Runner.Listener"), SCRIPT).unwrap();
+    std::fs::set_permissions(
+        bin.join("Runner.Listener"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let agent = fleet.start_agent(&[]).await;
+    let job = fleet
+        .fake
+        .queue_job(REPO, "fills the disk", LABELS)
+        .unwrap();
+
+    // Measured every 15 s: well inside the bound below on an idle host.
+    wait_until(Duration::from_secs(120), "the runner concluded", || {
+        fleet
+            .attempts()
+            .first()
+            .is_some_and(|a| a.outcome.is_some())
+    })
+    .await;
+    let attempt = fleet.attempts().remove(0);
+    assert_eq!(
+        attempt.outcome,
+        Some(AttemptOutcome::Failed),
+        "{attempt:#?}"
+    );
+    assert_eq!(
+        attempt.reason.as_deref(),
+        Some("disk_exceeded"),
+        "{attempt:#?}"
+    );
+    // It was stopped busy: it had taken the job, which it did not finish.
+    assert_eq!(
+        attempt.job_id.map(|j| j.get()),
+        Some(job as i64),
+        "{attempt:#?}"
+    );
+    assert!(!fleet.completed(job) || fleet.fake.abandoned_jobs().contains(&job));
+
+    wait_until(Duration::from_secs(120), "the attempt cleaned", || {
+        fleet.all_cleaned()
+    })
+    .await;
+    assert!(fleet.runtimes().is_empty(), "{:?}", fleet.runtimes());
+    assert!(
+        fleet.our_registrations().is_empty(),
+        "registration left: {:?}",
+        fleet.our_registrations()
+    );
+    assert_eq!(fleet.attempts().len(), 1, "{:#?}", fleet.attempts());
+    let status = agent.terminate();
+    assert!(status.success(), "drain exit status {status}");
+}
