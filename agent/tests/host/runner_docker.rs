@@ -30,6 +30,10 @@ use crate::skip::cannot_run;
 /// A pool uid with no passwd entry (a bare numeric range), as `host.runner_uids = "64290-..."`
 /// gives. Each test takes its own, so the suite's tests can run at once.
 const UID_MAIN: u32 = 64290;
+const UID_COSTS: u32 = 64291;
+
+/// How many daemons [`docker_costs`] starts.
+const COST_RUNS: usize = 10;
 
 /// The port the published container listens on in the runner's namespace: unusual, so that a
 /// listener of the host's own on it would be noticed, not confused with ours.
@@ -46,7 +50,9 @@ const REAPED_WITHIN: Duration = Duration::from_secs(5);
 const IMAGE: &str = "rm-test-busybox";
 
 /// The programs of the image: links to busybox.
-const APPLETS: &[&str] = &["sh", "echo", "cat", "sleep", "httpd", "id", "test", "ls"];
+const APPLETS: &[&str] = &[
+    "sh", "true", "echo", "cat", "sleep", "httpd", "id", "test", "ls",
+];
 
 /// What the tests need, or why they cannot run (after `cannot_run` has been told).
 fn needs(test: &str) -> Option<Tools> {
@@ -562,4 +568,104 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
     let started = Instant::now();
     std::fs::remove_dir_all(&runtime).unwrap();
     eprintln!("runtime removed in {:?}", started.elapsed());
+}
+
+/// The per-runner cost of a Docker daemon, printed (docs/performance.md, "A runner's Docker"):
+/// over [`COST_RUNS`] fresh daemons, each in a fresh cgroup, network namespace and runtime, how
+/// long until it answers, the image import, the first `docker run --rm`, and the cgroup kill;
+/// beside a runner without Docker (the same uid's `true` spawned into the same kind of cgroup).
+/// Ignored by default (about 40 s):
+/// `cargo test -p rm-agent --test host docker_costs -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check: run it by name"]
+fn docker_costs() {
+    let Some(tools) = needs("docker_costs") else {
+        return;
+    };
+    let account = Account {
+        uid: UID_COSTS,
+        gid: UID_COSTS,
+    };
+    no_passwd_entry(account.uid);
+    sub_ranges(account);
+    let mut baseline = Vec::new();
+    let mut ready = Vec::new();
+    let mut import = Vec::new();
+    let mut first_run = Vec::new();
+    let mut kill = Vec::new();
+    for run in 0..COST_RUNS {
+        let host = Host::new(&format!("c{run}"));
+        let runtime = host.runtime("runtime", account);
+
+        let procs = host.procs();
+        let started = Instant::now();
+        let mut command = Command::new("true");
+        command.uid(account.uid).gid(account.gid);
+        // SAFETY: only a raw write(2) to a descriptor opened before the fork.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || {
+                rustix::io::write(&procs, b"0")?;
+                Ok(())
+            });
+        }
+        assert!(command.status().unwrap().success());
+        baseline.push(started.elapsed());
+
+        let tar = host.dir.path().join("busybox.tar");
+        image_tar(&tar);
+        std::fs::set_permissions(&tar, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut daemon = docker::start(
+            DaemonSpec {
+                account,
+                runtime,
+                cgroup_procs: host.procs(),
+                netns: Some(host.netns_fd()),
+                resolv_conf: None,
+                env: vec![],
+            },
+            &tools,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        ready.push(daemon.ready_after);
+        let layout = daemon.layout.clone();
+        let started = Instant::now();
+        ok(
+            docker(&layout, account, &["import", tar.to_str().unwrap(), IMAGE]),
+            "docker import",
+        );
+        import.push(started.elapsed());
+        let started = Instant::now();
+        ok(
+            docker(&layout, account, &["run", "--rm", IMAGE, "/bin/true"]),
+            "docker run",
+        );
+        first_run.push(started.elapsed());
+        kill.push(host.kill());
+        daemon.child.wait().unwrap();
+    }
+    let line = |what: &str, mut v: Vec<Duration>| {
+        v.sort();
+        // Nearest rank: the smallest sample with at least q % of the samples at or below it.
+        let at = |q: usize| {
+            let rank = (q * v.len()).div_ceil(100).max(1);
+            v[rank - 1].as_secs_f64() * 1000.0
+        };
+        eprintln!(
+            "{what:<44} p50 {:>7.1} ms  p99 {:>7.1} ms  (n={}, min {:.1})",
+            at(50),
+            at(99),
+            v.len(),
+            at(0),
+        );
+    };
+    eprintln!(
+        "a runner's Docker, {COST_RUNS} fresh daemons (uid {})",
+        account.uid
+    );
+    line("without Docker: spawn the uid's `true`", baseline);
+    line("daemon ready (spawn until /_ping answers)", ready);
+    line("docker import (busybox rootfs, 2 MB)", import);
+    line("first docker run --rm (client included)", first_run);
+    line("cgroup kill until empty, removed", kill);
 }
