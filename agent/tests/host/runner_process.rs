@@ -480,6 +480,7 @@ async fn a_policys_env_file_reaches_the_runner_and_reserved_names_are_refused() 
         cgroup: None,
         limits: Default::default(),
         env,
+        network_allow: None,
     };
     let Spawned {
         identity,
