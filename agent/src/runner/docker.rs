@@ -15,4 +15,4 @@ pub mod launch;
 pub mod subid;
 
 pub use host::{Facts, Lack, Tools, judge};
-pub use launch::{Daemon, DaemonSpec, DockerError, Layout, start};
+pub use launch::{Daemon, DaemonSpec, DockerError, ImageError, Layout, load_images, start};

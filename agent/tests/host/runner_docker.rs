@@ -384,6 +384,31 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
     eprintln!("first docker run --rm took {:?}", started.elapsed());
     assert_eq!(hello.trim(), "hello-from-rootless");
 
+    // `policy.docker_images`: a saved image loaded by the agent through the socket.
+    let saved = layout.home.join("saved.tar");
+    ok(
+        docker(
+            &layout,
+            account,
+            &["save", "-o", saved.to_str().unwrap(), IMAGE],
+        ),
+        "docker save",
+    );
+    ok(docker(&layout, account, &["rmi", IMAGE]), "docker rmi");
+    let loaded = docker::load_images(daemon.socket(), &[saved.clone()]).unwrap();
+    assert!(
+        loaded.iter().any(|l| l.contains(IMAGE)),
+        "loaded: {loaded:?}"
+    );
+    let not_an_image = host.dir.path().join("not-an-image.tar");
+    std::fs::write(&not_an_image, "plain text").unwrap();
+    let refused = docker::load_images(daemon.socket(), &[not_an_image]).unwrap_err();
+    eprintln!("a file that is not an image: {refused}");
+    ok(
+        docker(&layout, account, &["run", "--rm", IMAGE, "/bin/true"]),
+        "docker run of the loaded image",
+    );
+
     // `container:` jobs: the runner binds /var/run/docker.sock; in the daemon's mount namespace
     // that is the runner's own socket, whatever the host has there.
     ok(
