@@ -395,7 +395,7 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
         "docker save",
     );
     ok(docker(&layout, account, &["rmi", IMAGE]), "docker rmi");
-    let loaded = docker::load_images(daemon.socket(), &[saved.clone()]).unwrap();
+    let loaded = docker::load_images(daemon.socket(), std::slice::from_ref(&saved)).unwrap();
     assert!(
         loaded.iter().any(|l| l.contains(IMAGE)),
         "loaded: {loaded:?}"
