@@ -76,15 +76,21 @@ fn findings(facts: &Facts, bad_images: Vec<BadImage>) -> Vec<Finding> {
         out.push(finding);
     }
     if out.is_empty() {
-        let to_add = facts.subids.as_ref().copied().unwrap_or(0);
+        let to_add = facts.subids.clone().unwrap_or_default();
         out.push(Finding::ok(
             "docker",
             format!(
                 "rootless Docker per runner: tools, tun device, kernel and user namespaces ready; subordinate ids {}",
-                if to_add == 0 {
+                if to_add.is_empty() {
                     "in place for every runner uid".to_owned()
                 } else {
-                    format!("free: `run` adds {to_add} lines to /etc/subuid and /etc/subgid")
+                    // Named in full: an agent that may not write /etc (systemd's
+                    // ProtectSystem=strict) needs the operator to add them.
+                    format!(
+                        "free: `run` adds {} lines ({})",
+                        to_add.len(),
+                        to_add.join("; ")
+                    )
                 }
             ),
         ));
@@ -113,11 +119,16 @@ mod tests {
                 })
                 .collect(),
             tun: true,
+            tun_open: true,
+            can_mknod: false,
             overlay: true,
             kernel: Some((6, 1)),
             no_new_privs: false,
             max_user_namespaces: Some(1000),
-            subids: Ok(4),
+            subids: Ok(vec![
+                "/etc/subuid: 64290:1000000000:65536".into(),
+                "/etc/subgid: 64290:1000000000:65536".into(),
+            ]),
         }
     }
 
@@ -126,7 +137,13 @@ mod tests {
         let out = findings(&ready(), vec![]);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].status, Status::Ok);
-        assert!(out[0].what.contains("adds 4 lines"), "{}", out[0].what);
+        assert!(
+            out[0]
+                .what
+                .contains("adds 2 lines (/etc/subuid: 64290:1000000000:65536; /etc/subgid"),
+            "{}",
+            out[0].what
+        );
     }
 
     #[test]

@@ -20,6 +20,9 @@ pub const TUN: &str = "/dev/net/tun";
 /// The resolver configuration the daemon gets when the caller gives none.
 pub const RESOLV_CONF: &str = "/etc/resolv.conf";
 
+/// `CAP_MKNOD` (linux/capability.h).
+const CAP_MKNOD: u32 = 27;
+
 /// The kernel a rootless daemon needs: native overlayfs in a user namespace (5.11). Older
 /// kernels need fuse-overlayfs, which rm does not set up.
 pub const MIN_KERNEL: (u32, u32) = (5, 11);
@@ -99,9 +102,13 @@ pub enum Found {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Facts {
     pub tools: Vec<(Tool, Found)>,
-    /// `/dev/net/tun` is a character device (its mode does not matter: the daemon gets a node
-    /// of its own).
+    /// `/dev/net/tun` is a character device.
     pub tun: bool,
+    /// `/dev/net/tun` is readable and writable by everyone (udev's default).
+    pub tun_open: bool,
+    /// The agent holds `CAP_MKNOD`: the daemon then gets a tun node of its own, mode 0666, and
+    /// the host's may stay 0600.
+    pub can_mknod: bool,
     /// `overlay` is in `/proc/filesystems`.
     pub overlay: bool,
     /// `(major, minor)` of the running kernel.
@@ -111,8 +118,9 @@ pub struct Facts {
     pub no_new_privs: bool,
     /// `user.max_user_namespaces`: 0 forbids the daemon's user namespace.
     pub max_user_namespaces: Option<u64>,
-    /// The pool's subordinate ranges: how many lines rm would add, or why it cannot.
-    pub subids: Result<usize, String>,
+    /// The pool's subordinate ranges: the lines rm would add (`<file>: <line>`), or why it
+    /// cannot.
+    pub subids: Result<Vec<String>, String>,
 }
 
 /// One reason the host cannot run a runner's Docker, with its fix.
@@ -159,7 +167,14 @@ pub fn judge(facts: &Facts) -> Vec<Lack> {
     if !facts.tun {
         lack(
             format!("{TUN} is missing or not a character device"),
-            "load the tun module: `modprobe tun`".into(),
+            "load the tun module (`modprobe tun`); under systemd, the agent's unit must not set PrivateDevices=yes".into(),
+        );
+    } else if !facts.tun_open && !facts.can_mknod {
+        lack(
+            format!(
+                "{TUN} is not open to every user and the agent lacks CAP_MKNOD to give the daemon a node of its own"
+            ),
+            format!("`chmod 0666 {TUN}` (udev's default), or give the agent CAP_MKNOD"),
         );
     }
     match facts.kernel {
@@ -262,6 +277,9 @@ impl Facts {
             tools: TOOLS.iter().map(|tool| (*tool, found(tool))).collect(),
             tun: std::fs::metadata(TUN)
                 .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_char_device(&m.file_type())),
+            tun_open: std::fs::metadata(TUN).is_ok_and(|m| m.mode() & 0o006 == 0o006),
+            can_mknod: crate::runner::isolate::effective_capabilities(&read("/proc/self/status"))
+                .is_some_and(|caps| caps & (1 << CAP_MKNOD) != 0),
             overlay: has_overlay(&read("/proc/filesystems")),
             kernel: kernel_version(&read("/proc/sys/kernel/osrelease")),
             no_new_privs: agent_has_no_new_privs(),
@@ -270,7 +288,15 @@ impl Facts {
                 .parse()
                 .ok(),
             subids: subid::check(files, pool)
-                .map(|(uids, gids)| uids.add.len() + gids.add.len())
+                .map(|(uids, gids)| {
+                    let lines = |file: &Path, plan: subid::Plan| {
+                        let file = file.display().to_string();
+                        plan.add.into_iter().map(move |l| format!("{file}: {l}"))
+                    };
+                    lines(&files.subuid, uids)
+                        .chain(lines(&files.subgid, gids))
+                        .collect()
+                })
                 .map_err(|e| e.to_string()),
         }
     }
@@ -334,11 +360,13 @@ mod tests {
                 })
                 .collect(),
             tun: true,
+            tun_open: false,
+            can_mknod: true,
             overlay: true,
             kernel: Some((6, 1)),
             no_new_privs: false,
             max_user_namespaces: Some(15_000),
-            subids: Ok(2),
+            subids: Ok(vec![]),
         }
     }
 
@@ -350,7 +378,13 @@ mod tests {
     #[test]
     fn each_lack_is_said_with_its_fix() {
         type Change = fn(&mut Facts);
-        let cases: [(&str, Change, &str, &str); 8] = [
+        let cases: [(&str, Change, &str, &str); 9] = [
+            (
+                "a 0600 tun device and no CAP_MKNOD",
+                |f| f.can_mknod = false,
+                "CAP_MKNOD",
+                "chmod 0666",
+            ),
             (
                 "newuidmap missing",
                 |f| f.tools[8].1 = Found::Missing,

@@ -13,6 +13,7 @@
 //! - `/dev/net/tun` is a node of the daemon's own, mode 0666: slirp4netns and rootlesskit open
 //!   it as the runner's uid, and the host's may be 0600 (no udev). Opening it lets a process
 //!   make tun devices only in network namespaces it administers (its own user namespace's).
+//!   Making the node needs `CAP_MKNOD`; without it the host's node is used as it is.
 //! - `/etc/resolv.conf` is the one given (or the host's), written into the tmpfs: slirp4netns
 //!   forwards the containers' DNS to what it names.
 //!
@@ -746,16 +747,23 @@ impl DaemonChild {
                 write_new(file.as_c_str(), &self.resolv)?;
             }
         }
-        rustix::fs::mknodat(
+        match rustix::fs::mknodat(
             rustix::fs::CWD,
             RUN_TUN,
             FileType::CharacterDevice,
             Mode::from_raw_mode(0o666),
             rustix::fs::makedev(TUN_MAJOR, TUN_MINOR),
-        )?;
-        // The umask took write from group and others at creation.
-        rustix::fs::chmod(RUN_TUN, Mode::from_raw_mode(0o666))?;
-        rustix::mount::mount_bind(RUN_TUN, c"/dev/net/tun")?;
+        ) {
+            Ok(()) => {
+                // The umask took write from group and others at creation.
+                rustix::fs::chmod(RUN_TUN, Mode::from_raw_mode(0o666))?;
+                rustix::mount::mount_bind(RUN_TUN, c"/dev/net/tun")?;
+            }
+            // No CAP_MKNOD (a bounding set without it, as the systemd unit's): the host's own
+            // node is used as it is, which works where it is 0666 (`check` says so otherwise).
+            Err(rustix::io::Errno::PERM) => {}
+            Err(e) => return Err(e.into()),
+        }
         rustix::fs::symlink(self.socket.as_c_str(), RUN_SOCKET_LINK)?;
 
         rustix::thread::clear_ambient_capability_set()?;

@@ -328,7 +328,9 @@ pub struct Assigned {
 pub enum SubIdError {
     #[error("cannot read {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
-    #[error("cannot write {path}: {source}; rm must run as root to manage subordinate ids")]
+    #[error(
+        "cannot write {path}: {source}; add the lines `rm-agent check` names by hand, or let the agent write /etc (it must be root, and systemd's ProtectSystem=strict keeps /etc read-only)"
+    )]
     Write { path: PathBuf, source: io::Error },
     #[error("{path} cannot give every runner uid a range: {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Refused {
