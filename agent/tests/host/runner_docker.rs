@@ -31,6 +31,8 @@ use crate::skip::cannot_run;
 /// gives. Each test takes its own, so the suite's tests can run at once.
 const UID_MAIN: u32 = 64290;
 const UID_COSTS: u32 = 64291;
+/// Never given a subordinate range.
+const UID_NO_RANGE: u32 = 64292;
 
 /// How many daemons [`docker_costs`] starts.
 const COST_RUNS: usize = 10;
@@ -292,6 +294,41 @@ fn processes_of(uid: u32, range: SubRange) -> Vec<(u32, u32)> {
         }
     }
     found
+}
+
+/// Asserts that no process of `uid` or its `range` is left. Killed processes are zombies until
+/// whoever inherits them reaps them: gone soon after.
+fn nothing_left(uid: u32, range: SubRange) {
+    let deadline = Instant::now() + REAPED_WITHIN;
+    let mut left = processes_of(uid, range);
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        left = processes_of(uid, range);
+    }
+    let described: Vec<String> = left
+        .iter()
+        .map(|(pid, id)| {
+            let read =
+                |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+            let state = read("status")
+                .lines()
+                .find(|l| l.starts_with("State:"))
+                .unwrap_or_default()
+                .to_owned();
+            format!(
+                "{pid} (uid {id}, {state}, {}, cgroup {})",
+                read("cmdline").replace('\0', " ").trim(),
+                read("cgroup")
+                    .lines()
+                    .find(|l| l.starts_with("0::"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "processes of uid {uid} or its range left: {described:?}"
+    );
 }
 
 /// The pool account's ranges, written to the host's files if missing (rm does this at start).
@@ -569,17 +606,7 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
         Some(9),
         "{status:?}"
     );
-    // Killed processes are zombies until whoever inherits them reaps them: gone soon after.
-    let deadline = Instant::now() + REAPED_WITHIN;
-    let mut left = processes_of(account.uid, range);
-    while !left.is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        left = processes_of(account.uid, range);
-    }
-    assert!(
-        left.is_empty(),
-        "processes of the uid or its range left: {left:?}"
-    );
+    nothing_left(account.uid, range);
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let runtime_text = runtime.to_string_lossy().into_owned();
     assert!(
@@ -693,4 +720,54 @@ fn docker_costs() {
     line("docker import (busybox rootfs, 2 MB)", import);
     line("first docker run --rm (client included)", first_run);
     line("cgroup kill until empty, removed", kill);
+}
+
+/// A daemon that cannot start (here: its uid has no subordinate range) fails with the daemon's
+/// own words, the process started is reaped, and the cgroup's kill leaves nothing.
+#[test]
+fn a_daemon_that_cannot_start_says_why_and_leaves_nothing() {
+    let Some(tools) = needs("a_daemon_that_cannot_start_says_why_and_leaves_nothing") else {
+        return;
+    };
+    let account = Account {
+        uid: UID_NO_RANGE,
+        gid: UID_NO_RANGE,
+    };
+    no_passwd_entry(account.uid);
+    let subuid = std::fs::read_to_string("/etc/subuid").unwrap_or_default();
+    assert!(
+        !subuid
+            .lines()
+            .any(|l| l.starts_with(&format!("{}:", account.uid))),
+        "uid {} must have no /etc/subuid line for this test",
+        account.uid
+    );
+    let host = Host::new("nr");
+    let runtime = host.runtime("runtime", account);
+    let err = docker::start(
+        DaemonSpec {
+            account,
+            runtime: runtime.clone(),
+            cgroup_procs: host.procs(),
+            netns: Some(host.netns_fd()),
+            resolv_conf: None,
+            env: vec![],
+        },
+        &tools,
+    )
+    .expect_err("a uid without a subordinate range cannot map its containers' ids");
+    let said = err.to_string();
+    eprintln!("{said}");
+    assert!(matches!(err, docker::DockerError::Exited { .. }), "{said}");
+    assert!(
+        said.contains("dockerd.log"),
+        "the error names the log: {said}"
+    );
+    assert!(
+        said.to_lowercase().contains("subuid") || said.contains("newuidmap"),
+        "the error quotes the daemon's reason: {said}"
+    );
+    host.kill();
+    nothing_left(account.uid, SubRange { start: 0, count: 0 });
+    std::fs::remove_dir_all(&runtime).unwrap();
 }
