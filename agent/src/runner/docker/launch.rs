@@ -610,8 +610,10 @@ struct DaemonChild {
     socket: CString,
 }
 
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 enum ResolvTarget {
+    /// The host has none: nothing to do.
+    Absent,
     /// Bind the prepared file onto this path.
     Bind(CString),
     /// Create these directories in the private `/run` (outermost first), then the file.
@@ -643,23 +645,10 @@ impl DaemonChild {
             Some(text) => text.clone(),
             None => std::fs::read(tools::RESOLV_CONF).unwrap_or_default(),
         };
-        let resolved = std::fs::canonicalize(tools::RESOLV_CONF)
-            .unwrap_or_else(|_| PathBuf::from(tools::RESOLV_CONF));
-        let resolv_target = match resolved.strip_prefix("/run") {
-            Ok(below) => {
-                let mut dirs = Vec::new();
-                let mut at = PathBuf::from("/run");
-                let parts: Vec<_> = below.components().collect();
-                for part in parts.iter().take(parts.len().saturating_sub(1)) {
-                    at.push(part);
-                    dirs.push(c(&at)?);
-                }
-                ResolvTarget::InRun {
-                    dirs,
-                    file: c(&resolved)?,
-                }
-            }
-            Err(_) => ResolvTarget::Bind(c(&resolved)?),
+        // A host without the file (or with a dangling link) gives the daemon none either.
+        let resolv_target = match std::fs::canonicalize(tools::RESOLV_CONF) {
+            Err(_) => ResolvTarget::Absent,
+            Ok(resolved) => Self::resolv_target(&resolved, c)?,
         };
         let dup = |fd: &OwnedFd, what: &Path| {
             fd.try_clone().map_err(|source| DockerError::Prepare {
@@ -680,6 +669,29 @@ impl DaemonChild {
             resolv,
             resolv_target,
             socket: c(&layout.socket)?,
+        })
+    }
+
+    /// Where the resolver file goes for a host whose `/etc/resolv.conf` is `resolved`.
+    fn resolv_target(
+        resolved: &Path,
+        c: impl Fn(&Path) -> Result<CString, DockerError>,
+    ) -> Result<ResolvTarget, DockerError> {
+        Ok(match resolved.strip_prefix("/run") {
+            Ok(below) => {
+                let mut dirs = Vec::new();
+                let mut at = PathBuf::from("/run");
+                let parts: Vec<_> = below.components().collect();
+                for part in parts.iter().take(parts.len().saturating_sub(1)) {
+                    at.push(part);
+                    dirs.push(c(&at)?);
+                }
+                ResolvTarget::InRun {
+                    dirs,
+                    file: c(resolved)?,
+                }
+            }
+            Err(_) => ResolvTarget::Bind(c(resolved)?),
         })
     }
 
@@ -733,6 +745,7 @@ impl DaemonChild {
         rustix::mount::mount_bind(RUN_PASSWD, c"/etc/passwd")?;
         rustix::mount::mount_bind(RUN_GROUP, c"/etc/group")?;
         match &self.resolv_target {
+            ResolvTarget::Absent => {}
             ResolvTarget::Bind(target) => {
                 write_new(RUN_RESOLV, &self.resolv)?;
                 rustix::mount::mount_bind(RUN_RESOLV, target.as_c_str())?;
@@ -897,6 +910,23 @@ mod tests {
         assert_eq!(parse_load_answer(refused).unwrap_err(), "bad tar");
         let failed = b"HTTP/1.0 500 Internal Server Error\r\n\r\n{\"message\":\"no space\"}";
         assert!(parse_load_answer(failed).unwrap_err().contains("500"));
+    }
+
+    #[test]
+    fn a_resolver_file_linked_into_run_is_recreated_in_the_private_run() {
+        let c = |p: &Path| Ok(CString::new(p.as_os_str().as_bytes()).unwrap());
+        assert_eq!(
+            DaemonChild::resolv_target(Path::new("/run/systemd/resolve/stub-resolv.conf"), c)
+                .unwrap(),
+            ResolvTarget::InRun {
+                dirs: vec![c"/run/systemd".into(), c"/run/systemd/resolve".into()],
+                file: c"/run/systemd/resolve/stub-resolv.conf".into(),
+            }
+        );
+        assert_eq!(
+            DaemonChild::resolv_target(Path::new("/etc/resolv.conf"), c).unwrap(),
+            ResolvTarget::Bind(c"/etc/resolv.conf".into())
+        );
     }
 
     #[test]
