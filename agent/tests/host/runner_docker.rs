@@ -53,7 +53,7 @@ const IMAGE: &str = "rm-test-busybox";
 
 /// The programs of the image: links to busybox.
 const APPLETS: &[&str] = &[
-    "sh", "true", "echo", "cat", "sleep", "httpd", "id", "test", "ls",
+    "sh", "true", "echo", "cat", "sleep", "httpd", "id", "test", "ls", "tr", "wc", "readlink",
 ];
 
 /// What the tests need, or why they cannot run (after `cannot_run` has been told).
@@ -109,9 +109,10 @@ struct Host {
 
 impl Host {
     fn new(name: &str) -> Host {
+        // Not under /tmp: the daemon gets a tmpfs of its own there, which would hide it.
         let dir = tempfile::Builder::new()
             .prefix("rm-docker-")
-            .tempdir()
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
             .unwrap();
         // The runner's uid must reach its runtime below it.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -465,15 +466,20 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
         ),
         "a container given /var/run/docker.sock",
     );
-    let dockerd: u32 = std::fs::read_to_string(&layout.pidfile)
+    // The pid file holds dockerd's pid in the tree's own PID namespace: find it in the cgroup.
+    let dockerd = std::fs::read_to_string(host.cgroup.join("cgroup.procs"))
         .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+        .lines()
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "dockerd")
+        })
+        .expect("dockerd in the runner's cgroup")
+        .to_owned();
     // Seen from the daemon's own mount namespace (where bind sources are resolved), as root:
     // the runner's daemon answers there, not a host daemon.
     let info = Command::new("nsenter")
-        .args(["--target", &dockerd.to_string(), "--mount", "--"])
+        .args(["--target", &dockerd, "--mount", "--"])
         .args([
             "docker",
             "-H",
@@ -593,6 +599,120 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
     eprintln!(
         "privileged write through a bind of /: refused ({})",
         said.trim()
+    );
+
+    // Hostile: `--pid=host` is refused or confined: the host's PID namespace belongs to the
+    // host's user namespace, where the daemon cannot mount a `/proc`. Either the run fails, or
+    // what it sees holds no process of the host (one of this test's, its command line marked).
+    let mut marked = Command::new("sh")
+        .args(["-c", "sleep 120", "rm-pid-marker"])
+        .spawn()
+        .unwrap();
+    // And a bind of the daemon's own `/proc` (which a runner's PID namespace hides from it).
+    let bound = ok(
+        docker(
+            &layout,
+            account,
+            &[
+                "run",
+                "--rm",
+                "-v",
+                "/proc:/hostproc:ro",
+                IMAGE,
+                "/bin/sh",
+                "-c",
+                "cat /hostproc/[0-9]*/cmdline | tr '\\0' ' '",
+            ],
+        ),
+        "docker run -v /proc:/hostproc",
+    );
+    assert!(
+        !bound.contains("rm-pid-marker"),
+        "the daemon's /proc shows the host's processes"
+    );
+    let pid_host = docker(
+        &layout,
+        account,
+        &[
+            "run",
+            "--rm",
+            "--pid=host",
+            IMAGE,
+            "/bin/sh",
+            "-c",
+            "cat /proc/[0-9]*/cmdline | tr '\\0' ' '",
+        ],
+    );
+    marked.kill().unwrap();
+    marked.wait().unwrap();
+    let seen = String::from_utf8_lossy(&pid_host.stdout);
+    let refusal = String::from_utf8_lossy(&pid_host.stderr);
+    if pid_host.status.success() {
+        assert!(
+            !seen.contains("rm-pid-marker"),
+            "--pid=host shows the host's processes: {seen}"
+        );
+    } else {
+        assert!(
+            refusal.contains("mount proc") && !seen.contains("rm-pid-marker"),
+            "--pid=host failed otherwise than refused: {refusal}"
+        );
+    }
+    eprintln!(
+        "--pid=host: {}",
+        if pid_host.status.success() {
+            "confined"
+        } else {
+            "refused (no /proc of the host's PID namespace)"
+        }
+    );
+
+    // Hostile: `--ipc=host` is the tree's IPC namespace, not the host's (the host's System V
+    // shared memory, semaphores and queues stay out of reach, as for the runner itself).
+    let ipc = ok(
+        docker(
+            &layout,
+            account,
+            &[
+                "run",
+                "--rm",
+                "--ipc=host",
+                IMAGE,
+                "/bin/readlink",
+                "/proc/self/ns/ipc",
+            ],
+        ),
+        "docker run --ipc=host",
+    );
+    let host_ipc = std::fs::read_link("/proc/self/ns/ipc").unwrap();
+    assert_ne!(
+        ipc.trim(),
+        host_ipc.to_string_lossy(),
+        "--ipc=host is the host's IPC namespace"
+    );
+
+    // Hostile: the host's /tmp is not the daemon's: a file left through a bind of it is seen
+    // by no one else and goes with the daemon.
+    ok(
+        docker(
+            &layout,
+            account,
+            &[
+                "run",
+                "--rm",
+                "-v",
+                "/tmp:/hosttmp",
+                IMAGE,
+                "/bin/sh",
+                "-c",
+                "echo left > /hosttmp/rm-docker-left-for-the-next-job",
+            ],
+        ),
+        "docker run -v /tmp:/hosttmp",
+    );
+    assert!(
+        !Path::new("/tmp/rm-docker-left-for-the-next-job").exists(),
+        "a job's container wrote the host's /tmp"
     );
 
     // The end: one cgroup kill takes the whole tree.

@@ -16,6 +16,10 @@
 //!   Making the node needs `CAP_MKNOD`; without it the host's node is used as it is.
 //! - `/etc/resolv.conf` is the one given (or the host's), written into the tmpfs: slirp4netns
 //!   forwards the containers' DNS to what it names.
+//! - `/tmp`, `/var/tmp` and `/dev/shm` are empty tmpfs of its own ([`PRIVATE_DIRS`]), and
+//!   rootlesskit gives the tree a PID and an IPC namespace of its own ([`rootlesskit_flags`]):
+//!   through the daemon (`-v /proc:/p`, `-v /tmp:/t`, `--pid=host`, `--ipc=host`) a job reaches
+//!   no more of the host than the runner's own namespaces let it.
 //!
 //! The tree runs **without** `no_new_privs`: rootlesskit needs the setuid `newuidmap` and
 //! `newgidmap` to map its subordinate ids, and under `no_new_privs` the kernel ignores the
@@ -79,6 +83,16 @@ pub const DOCKER_DIR: &str = "docker";
 
 /// The size of the daemon's private `/run` (a few links and small files).
 const RUN_TMPFS_OPTIONS: &std::ffi::CStr = c"mode=755,size=1m";
+
+/// The shared writable places the daemon gets an empty tmpfs of its own on, as the runner does
+/// (`isolate::PRIVATE_DIRS`; `/run/lock` is inside the daemon's private `/run` already):
+/// otherwise a job could reach the host's through a bind mount (`docker run -v /tmp:/t`) and
+/// leave files there for later jobs.
+pub const PRIVATE_DIRS: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
+
+/// Their tmpfs options: sticky and world-writable like the real ones, and small (dockerd keeps
+/// its temporary files in the data root; these only hold what a job binds and writes).
+const PRIVATE_TMPFS_OPTIONS: &std::ffi::CStr = c"mode=1777,size=64m";
 
 /// `/dev/net/tun`'s device number (Documentation/admin-guide/devices.txt: misc 200).
 const TUN_MAJOR: u32 = 10;
@@ -148,9 +162,16 @@ impl Layout {
 }
 
 /// The rootlesskit flags the launcher adds (`DOCKERD_ROOTLESS_ROOTLESSKIT_FLAGS`). Pure.
+///
+/// - `--subid-source=static`: rootlesskit 1.1's default (`auto`, through `getsubids`) finds a
+///   numeric `/etc/subuid` line twice and fails writing `uid_map` (`EINVAL`).
+/// - `--pidns`: the tree gets a PID namespace (and a `/proc`) of its own. Without it the
+///   daemon's `/proc` is the host's, and a container given `-v /proc:/p` lists every process
+///   of the host, which the runner's own PID namespace hides from the job.
+/// - `--ipcns`: an IPC namespace of its own, so `--ipc=host` is the tree's, never the host's.
 pub fn rootlesskit_flags(layout: &Layout) -> String {
     format!(
-        "--subid-source=static --state-dir={}",
+        "--subid-source=static --pidns --ipcns --state-dir={}",
         layout.rootlesskit.display()
     )
 }
@@ -281,6 +302,10 @@ pub enum DockerError {
         "the socket path {path} is longer than {MAX_SOCKET_PATH} bytes; choose a shorter host.runner_root"
     )]
     PathTooLong { path: PathBuf },
+    #[error(
+        "the runtime {runtime} lies under {dir}, which the daemon gets an empty tmpfs on; choose a host.runner_root elsewhere"
+    )]
+    UnderPrivateDir { runtime: PathBuf, dir: &'static str },
     #[error("{path} already exists: a daemon's directory is made fresh for each runner")]
     Exists { path: PathBuf },
     #[error("cannot prepare {path}: {source}")]
@@ -608,6 +633,8 @@ struct DaemonChild {
     /// `/run` (systemd-resolved, resolvconf), the link's target recreated in the private `/run`.
     resolv_target: ResolvTarget,
     socket: CString,
+    /// The [`PRIVATE_DIRS`] that exist on this host.
+    private_dirs: Vec<CString>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -637,6 +664,19 @@ impl DaemonChild {
         let tun = std::fs::metadata(tools::TUN).ok();
         if !tun.is_some_and(|m| m.file_type().is_char_device()) {
             return Err(DockerError::NoTun);
+        }
+        let mut private_dirs = Vec::new();
+        for dir in PRIVATE_DIRS {
+            if spec.runtime.starts_with(dir) {
+                return Err(DockerError::UnderPrivateDir {
+                    runtime: spec.runtime.clone(),
+                    dir,
+                });
+            }
+            // A link (e.g. /var/tmp -> /tmp) is not mounted over.
+            if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+                private_dirs.push(c(Path::new(dir))?);
+            }
         }
         let account = spec.account;
         let passwd = passwd_with(&read("/etc/passwd")?, account, &layout.home);
@@ -669,6 +709,7 @@ impl DaemonChild {
             resolv,
             resolv_target,
             socket: c(&layout.socket)?,
+            private_dirs,
         })
     }
 
@@ -742,6 +783,15 @@ impl DaemonChild {
         rustix::fs::mkdir(RUN_RM, Mode::from_raw_mode(0o755))?;
         write_new(RUN_PASSWD, &self.passwd)?;
         write_new(RUN_GROUP, &self.group)?;
+        for dir in &self.private_dirs {
+            rustix::mount::mount(
+                c"tmpfs",
+                dir.as_c_str(),
+                c"tmpfs",
+                MountFlags::NOSUID | MountFlags::NODEV,
+                PRIVATE_TMPFS_OPTIONS,
+            )?;
+        }
         rustix::mount::mount_bind(RUN_PASSWD, c"/etc/passwd")?;
         rustix::mount::mount_bind(RUN_GROUP, c"/etc/group")?;
         match &self.resolv_target {
@@ -836,7 +886,7 @@ mod tests {
         );
         assert_eq!(
             rootlesskit_flags(&layout),
-            "--subid-source=static --state-dir=/srv/rm/runners/0123456789ab/docker/run/rootlesskit"
+            "--subid-source=static --pidns --ipcns --state-dir=/srv/rm/runners/0123456789ab/docker/run/rootlesskit"
         );
         let args: Vec<String> = dockerd_args(&layout)
             .into_iter()
