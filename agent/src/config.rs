@@ -171,6 +171,10 @@ pub struct PolicySection {
     /// In a fleet (`journal.url`): the policy's ceiling on live runners across all hosts.
     pub fleet_max_runners: Option<u32>,
     pub workspace: Option<String>,
+    /// `true`: each runner gets a rootless Docker daemon of its own ([`crate::runner::docker`]).
+    pub docker: Option<bool>,
+    /// Image tarballs (`docker save` output) loaded into each runner's daemon.
+    pub docker_images: Option<Vec<PathBuf>>,
     /// A size, or `"none"`; absent: [`bounds::default_memory_max`].
     pub memory_max: Option<String>,
     /// A count, or `"none"`; absent: [`bounds::DEFAULT_PIDS_MAX`].
@@ -348,6 +352,8 @@ pub struct Policy {
     /// counted in the shared journal, CONTRACT §9); `None`: no fleet-wide ceiling.
     pub fleet_max_runners: Option<u32>,
     pub workspace: Workspace,
+    /// `docker = true`: a rootless Docker daemon per runner (issue 30); `None`: no Docker.
+    pub docker: Option<DockerPolicy>,
     /// Per-runner limits applied through the runner's cgroup (and `pids_max` as the runner
     /// uid's process limit), defaults included ([`bounds`]).
     pub limits: RunnerLimits,
@@ -363,6 +369,14 @@ pub struct Policy {
     pub env_file: Option<PathBuf>,
     /// `network_allow`: when set, the only networks this policy's runners reach.
     pub network_allow: Option<Vec<Cidr>>,
+}
+
+/// What a policy's runners get of Docker (`policy.docker`, `policy.docker_images`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DockerPolicy {
+    /// Image tarballs (`docker save` output, absolute paths) loaded into each runner's daemon
+    /// before the runner starts: images a job finds without a registry round trip.
+    pub images: Vec<PathBuf>,
 }
 
 /// `memory_max`, `pids_max`, `cpu_weight` of a policy.

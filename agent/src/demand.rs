@@ -112,6 +112,7 @@ mod tests {
             min_runners: 0,
             fleet_max_runners: None,
             workspace: Workspace::Ephemeral,
+            docker: None,
             limits: Default::default(),
             memory_required: None,
             disk_max: None,

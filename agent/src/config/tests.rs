@@ -529,12 +529,45 @@ fn isolation_mistakes_name_their_key() {
             "policy[0].cpu_weight",
             "10000",
         ),
+        (
+            policy("docker_images = [\"/srv/images/pg.tar\"]"),
+            "policy[0].docker_images",
+            "docker = true",
+        ),
+        (
+            policy("docker = true\ndocker_images = [\"images/pg.tar\"]"),
+            "policy[0].docker_images",
+            "absolute",
+        ),
+        (
+            format!("[host]\nisolation = \"none\"\n{}", policy("docker = true")),
+            "policy[0].docker",
+            "isolation = \"user\"",
+        ),
     ];
     for (text, key, hint) in cases {
         let err = refusal(&text);
         assert_eq!(err.key, key, "{text}");
         assert!(err.problem.contains(hint), "{text}: {err}");
     }
+    let docker = load_text(&policy(
+        "docker = true\ndocker_images = [\"/srv/images/pg.tar\", \"/srv/images/node.tar\"]",
+    ))
+    .unwrap();
+    assert_eq!(
+        docker.policies[0].docker,
+        Some(DockerPolicy {
+            images: vec!["/srv/images/pg.tar".into(), "/srv/images/node.tar".into()]
+        })
+    );
+    assert_eq!(load_text(&policy("")).unwrap().policies[0].docker, None);
+    assert_eq!(
+        load_text(&policy("docker = false\ndocker_images = []"))
+            .unwrap()
+            .policies[0]
+            .docker,
+        None
+    );
     // A small pool is fine where runners are not isolated.
     assert!(
         load_text("[host]\nisolation = \"none\"\nmax_runners = 4\nrunner_uids = \"70000-70001\"\n")

@@ -403,6 +403,12 @@ pub(super) fn validate(
                 "is a fleet's ceiling across hosts and needs `journal.url`; on one host, `max_runners` is the policy's ceiling".to_owned(),
             ));
         }
+        if policy.docker.is_some() && isolation != Isolation::User {
+            return Err(err(
+                &key("docker"),
+                "gives each runner a rootless Docker daemon running as the runner's own uid, and needs host.isolation = \"user\"".to_owned(),
+            ));
+        }
         if !names.insert(policy.name.clone()) {
             return Err(err(
                 &key("name"),
@@ -499,6 +505,29 @@ fn validate_policy(
             "\"persistent\" is for repository targets only: a slot's _work must not be shared across repositories".to_owned(),
         ));
     }
+    let docker = match (section.docker.unwrap_or(false), section.docker_images) {
+        (false, Some(images)) if !images.is_empty() => {
+            return Err((
+                "docker_images",
+                "are loaded into each runner's own Docker daemon: set `docker = true` too"
+                    .to_owned(),
+            ));
+        }
+        (false, _) => None,
+        (true, images) => {
+            let images = images.unwrap_or_default();
+            if let Some(relative) = images.iter().find(|p| !p.is_absolute()) {
+                return Err((
+                    "docker_images",
+                    format!(
+                        "`{}` must be an absolute path to an image tarball (`docker save` output)",
+                        relative.display()
+                    ),
+                ));
+            }
+            Some(DockerPolicy { images })
+        }
+    };
     if section.runner_group_id == Some(0) {
         return Err((
             "runner_group_id",
@@ -549,6 +578,7 @@ fn validate_policy(
         min_runners,
         fleet_max_runners: section.fleet_max_runners,
         workspace,
+        docker,
         env_file: section.env_file,
         network_allow,
     })

@@ -24,6 +24,7 @@ fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
         min_runners: 0,
         fleet_max_runners: None,
         workspace: Workspace::Ephemeral,
+        docker: None,
         limits: Default::default(),
         memory_required: None,
         disk_max: None,

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod cgroup;
 pub mod discover;
 pub mod disk;
+pub mod docker;
 pub mod env_file;
 pub mod isolate;
 pub mod network;

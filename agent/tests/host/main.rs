@@ -13,6 +13,7 @@ mod skip;
 mod deploy_examples;
 mod journal_url;
 mod notify_dbus;
+mod runner_docker;
 mod runner_fake_runner;
 mod runner_process;
 mod runner_workspace;

@@ -6,6 +6,7 @@
 //! PostgreSQL journal (reachable, schema version, the role's rights). Every finding carries the
 //! remedy for it.
 
+mod docker;
 mod fitness;
 mod github;
 mod isolation;
@@ -58,7 +59,7 @@ pub(crate) struct Finding {
     pub status: Status,
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
     /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`,
-    /// `fitness`, `env_file`, `runner_version`, `journal`, `protected_links`.
+    /// `fitness`, `env_file`, `runner_version`, `journal`, `protected_links`, `docker`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,
@@ -197,6 +198,7 @@ pub(crate) async fn findings(config: &Config) -> Vec<Finding> {
     out.extend(fitness::env_files(config));
     out.extend(trust::trust(config));
     out.extend(fitness::fitness(config).await);
+    out.extend(docker::docker(config));
 
     let Some(app_id) = config.github.app_id else {
         out.push(Finding::fail(

@@ -85,6 +85,7 @@ pub(super) fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: 
         min_runners: 0,
         fleet_max_runners: None,
         workspace: Workspace::Ephemeral,
+        docker: None,
         limits: RunnerLimits::default(),
         memory_required: None,
         disk_max: None,

@@ -1,0 +1,18 @@
+//! A rootless Docker daemon per runner (issue 30): what gives a job `docker`, `services:` and
+//! `container:` without the host's root daemon. The daemon runs as the runner's uid, its
+//! containers under that uid's subordinate ids, in the runner's cgroup (killing the cgroup ends
+//! the whole tree, containers running under subordinate ids included: a sweep by uid misses
+//! those) and, when given, the runner's network namespace; everything it keeps lies under the
+//! runner's runtime.
+//!
+//! - [`subid`]: each pool uid's range in `/etc/subuid` and `/etc/subgid` (decided purely,
+//!   appended atomically).
+//! - [`launch`]: starting one daemon and waiting until it answers.
+//! - [`host`]: whether this host can, and why not.
+
+pub mod host;
+pub mod launch;
+pub mod subid;
+
+pub use host::{Facts, Lack, Tools, judge};
+pub use launch::{Daemon, DaemonSpec, DockerError, ImageError, Layout, load_images, start};

@@ -1,0 +1,893 @@
+//! A runner's rootless Docker daemon with the real tools, as root (issue 30): for a pool uid
+//! without a passwd entry, in a cgroup v2 group and a network namespace made here, the daemon
+//! starts, imports an image made from `busybox-static` (never a pull), runs containers, publishes
+//! a port reachable in the namespace only, runs a container under a subordinate uid; a
+//! privileged container with the host's `/` bound cannot write a root-owned host file; the daemon's
+//! `/var/run/docker.sock` is its own socket; and after the cgroup's kill nothing of the uid or its
+//! subordinate range is left (process, mount, listener), and the runtime can be removed.
+//!
+//! Needs root, a cgroup v2 mount, `ip`, and the tools of `rm_agent::runner::docker::host::TOOLS`
+//! plus `busybox` (`apt-get install docker.io rootlesskit slirp4netns uidmap busybox-static`):
+//! without them the tests fail unless `RM_TEST_ALLOW_SKIP` names `root`, `cgroup` or `docker`.
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::os::fd::{AsFd as _, OwnedFd};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use rm_agent::runner::cgroup;
+use rm_agent::runner::docker::subid::{self, Files, SubRange};
+use rm_agent::runner::docker::{self, DaemonSpec, Layout, Tools};
+use rm_agent::runner::isolate::Account;
+
+use crate::skip::cannot_run;
+
+/// A pool uid with no passwd entry (a bare numeric range), as `host.runner_uids = "64290-..."`
+/// gives. Each test takes its own, so the suite's tests can run at once.
+const UID_MAIN: u32 = 64290;
+const UID_COSTS: u32 = 64291;
+/// Never given a subordinate range.
+const UID_NO_RANGE: u32 = 64292;
+
+/// How many daemons [`docker_costs`] starts.
+const COST_RUNS: usize = 10;
+
+/// The port the published container listens on in the runner's namespace: unusual, so that a
+/// listener of the host's own on it would be noticed, not confused with ours.
+const PUBLISHED: u16 = 38517;
+
+/// How long the test waits for the published port to answer (rootlesskit's port driver sets
+/// it up after `docker run -d` returns).
+const PORT_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long killed processes may stay zombies before their new parent reaps them.
+const REAPED_WITHIN: Duration = Duration::from_secs(5);
+
+/// The image's name in the runner's daemon.
+const IMAGE: &str = "rm-test-busybox";
+
+/// The programs of the image: links to busybox.
+const APPLETS: &[&str] = &[
+    "sh", "true", "echo", "cat", "sleep", "httpd", "id", "test", "ls", "tr", "wc", "readlink",
+];
+
+/// What the tests need, or why they cannot run (after `cannot_run` has been told).
+fn needs(test: &str) -> Option<Tools> {
+    if !rustix::process::geteuid().is_root() {
+        cannot_run(test, "root", "it starts a daemon as another uid");
+        return None;
+    }
+    let tools = match Tools::find() {
+        Ok(tools) => tools,
+        Err(e) => {
+            cannot_run(test, "docker", &e.to_string());
+            return None;
+        }
+    };
+    if busybox().is_none() {
+        cannot_run(
+            test,
+            "docker",
+            "busybox not found: install busybox-static (the test image is made from it)",
+        );
+        return None;
+    }
+    if cgroup_mount().is_none() {
+        cannot_run(test, "cgroup", "no cgroup v2 filesystem is mounted");
+        return None;
+    }
+    Some(tools)
+}
+
+fn busybox() -> Option<PathBuf> {
+    ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+fn cgroup_mount() -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    cgroup::cgroup2_mounts(&mountinfo)
+        .into_iter()
+        .next()
+        .map(|m| m.mount_point)
+}
+
+/// Everything a test made on the host, removed on drop even when the test fails half-way: the
+/// cgroup killed (the daemon tree with it), the namespace deleted, the directory removed.
+struct Host {
+    dir: tempfile::TempDir,
+    cgroup: PathBuf,
+    netns: String,
+}
+
+impl Host {
+    fn new(name: &str) -> Host {
+        // Not under /tmp: the daemon gets a tmpfs of its own there, which would hide it.
+        let dir = tempfile::Builder::new()
+            .prefix("rm-docker-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap();
+        // The runner's uid must reach its runtime below it.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cgroup = cgroup_mount()
+            .unwrap()
+            .join(format!("rm-test-{name}-{}", std::process::id()));
+        std::fs::create_dir(&cgroup).unwrap();
+        let netns = format!("rm-t{name}-{}", std::process::id());
+        ip(&["netns", "add", &netns]);
+        ip(&["-n", &netns, "link", "set", "lo", "up"]);
+        Host { dir, cgroup, netns }
+    }
+
+    fn procs(&self) -> OwnedFd {
+        rustix::fs::open(
+            self.cgroup.join("cgroup.procs"),
+            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    fn netns_fd(&self) -> OwnedFd {
+        rustix::fs::open(
+            Path::new("/run/netns").join(&self.netns),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    /// A fresh runtime for `account` (as the backend hands one over: the uid's, mode 0700).
+    fn runtime(&self, name: &str, account: Account) -> PathBuf {
+        let runtime = self.dir.path().join(name);
+        std::fs::create_dir(&runtime).unwrap();
+        std::os::unix::fs::chown(&runtime, Some(account.uid), Some(account.gid)).unwrap();
+        std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+        runtime
+    }
+
+    /// Kills the cgroup and everything in it, and waits until it is gone.
+    fn kill(&self) -> Duration {
+        let started = Instant::now();
+        cgroup::kill_and_remove(&self.cgroup, cgroup::KILL_WAIT).unwrap();
+        started.elapsed()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = cgroup::kill_and_remove(&self.cgroup, cgroup::KILL_WAIT);
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .status();
+    }
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The image: busybox and its applets, a page to serve, a home for the `--user 1000` run.
+fn image_tar(path: &Path) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut tar = tar::Builder::new(file);
+    let dir = |tar: &mut tar::Builder<std::fs::File>, name: &str| {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Directory);
+        header.set_mode(0o755);
+        header.set_size(0);
+        tar.append_data(&mut header, name, std::io::empty())
+            .unwrap();
+    };
+    for d in ["bin", "www", "tmp"] {
+        dir(&mut tar, d);
+    }
+    let busybox = std::fs::read(busybox().unwrap()).unwrap();
+    let mut header = tar::Header::new_gnu();
+    header.set_mode(0o755);
+    header.set_size(busybox.len() as u64);
+    tar.append_data(&mut header, "bin/busybox", busybox.as_slice())
+        .unwrap();
+    for applet in APPLETS {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_size(0);
+        tar.append_link(&mut header, format!("bin/{applet}"), "busybox")
+            .unwrap();
+    }
+    let page = b"served-from-the-runner-daemon\n";
+    let mut header = tar::Header::new_gnu();
+    header.set_mode(0o644);
+    header.set_size(page.len() as u64);
+    tar.append_data(&mut header, "www/index.html", &page[..])
+        .unwrap();
+    tar.finish().unwrap();
+}
+
+/// Runs the `docker` client as the runner's uid against its daemon (as a job does).
+fn docker(layout: &Layout, account: Account, args: &[&str]) -> Output {
+    Command::new("docker")
+        .args(args)
+        .env_clear()
+        .env("PATH", docker::host::DAEMON_PATH)
+        .env("HOME", &layout.home)
+        .env("DOCKER_HOST", layout.docker_host())
+        .uid(account.uid)
+        .gid(account.gid)
+        .current_dir("/")
+        .output()
+        .unwrap()
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `GET <path>` over a unix socket, HTTP/1.0: the answer's body.
+fn unix_get(socket: &Path, path: &str) -> std::io::Result<String> {
+    let mut stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n")?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+/// `GET /` of `127.0.0.1:port` from inside the network namespace `netns` (a thread of this
+/// process joins it; the connection is made there).
+fn get_in_netns(netns: &OwnedFd, port: u16) -> std::io::Result<String> {
+    let fd = netns.try_clone()?;
+    std::thread::spawn(move || {
+        rustix::thread::move_into_link_name_space(
+            fd.as_fd(),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )?;
+        let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer)?;
+        Ok(answer)
+    })
+    .join()
+    .unwrap()
+}
+
+/// Every process whose real or effective uid is `uid` or in `range`: `(pid, uid)`.
+fn processes_of(uid: u32, range: SubRange) -> Vec<(u32, u32)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let ids: Vec<u32> = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .map(|l| {
+                l.split_whitespace()
+                    .filter_map(|v| v.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(&id) = ids.iter().find(|&&id| id == uid || range.contains(id)) {
+            found.push((pid, id));
+        }
+    }
+    found
+}
+
+/// Asserts that no process of `uid` or its `range` is left. Killed processes are zombies until
+/// whoever inherits them reaps them: gone soon after.
+fn nothing_left(uid: u32, range: SubRange) {
+    let deadline = Instant::now() + REAPED_WITHIN;
+    let mut left = processes_of(uid, range);
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        left = processes_of(uid, range);
+    }
+    let described: Vec<String> = left
+        .iter()
+        .map(|(pid, id)| {
+            let read =
+                |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+            let state = read("status")
+                .lines()
+                .find(|l| l.starts_with("State:"))
+                .unwrap_or_default()
+                .to_owned();
+            format!(
+                "{pid} (uid {id}, {state}, {}, cgroup {})",
+                read("cmdline").replace('\0', " ").trim(),
+                read("cgroup")
+                    .lines()
+                    .find(|l| l.starts_with("0::"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "processes of uid {uid} or its range left: {described:?}"
+    );
+}
+
+/// The pool account's ranges, written to the host's files if missing (rm does this at start).
+fn sub_ranges(account: Account) -> SubRange {
+    let assigned = subid::ensure(&Files::host(), &[(account.uid, account.gid)]).unwrap();
+    assigned.uids[&account.uid]
+}
+
+fn no_passwd_entry(uid: u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    assert!(
+        !passwd
+            .lines()
+            .any(|l| l.split(':').nth(2) == Some(uid.to_string().as_str())),
+        "uid {uid} must be a bare number for this test, but /etc/passwd has it"
+    );
+}
+
+#[test]
+fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
+    let Some(tools) = needs("a_runners_rootless_docker_works_and_leaves_nothing") else {
+        return;
+    };
+    let account = Account {
+        uid: UID_MAIN,
+        gid: UID_MAIN,
+    };
+    no_passwd_entry(account.uid);
+    let range = sub_ranges(account);
+    assert!(
+        processes_of(account.uid, range).is_empty(),
+        "something already runs as {} or its range",
+        account.uid
+    );
+    let host = Host::new("dk");
+    let runtime = host.runtime("runtime", account);
+    let netns = host.netns_fd();
+
+    let daemon = docker::start(
+        DaemonSpec {
+            account,
+            runtime: runtime.clone(),
+            cgroup_procs: host.procs(),
+            netns: Some(netns.try_clone().unwrap()),
+            resolv_conf: None,
+            env: vec![],
+        },
+        &tools,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let layout = daemon.layout.clone();
+    eprintln!("daemon ready after {:?}", daemon.ready_after);
+    assert!(daemon.socket().starts_with(&runtime));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+    assert!(
+        status.contains(&format!("Uid:\t{0}\t{0}\t{0}\t{0}", account.uid)),
+        "the daemon runs as the runner's uid: {status}"
+    );
+    assert!(status.contains("NoNewPrivs:\t0"), "{status}");
+    let in_cgroup = std::fs::read_to_string(host.cgroup.join("cgroup.procs")).unwrap();
+    assert!(
+        in_cgroup.lines().any(|p| p == daemon.pid().to_string()),
+        "the daemon is in the runner's cgroup: {in_cgroup}"
+    );
+    let net = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    let netns_id = rustix::fs::fstat(&netns).unwrap().st_ino;
+    assert_eq!(
+        net(daemon.pid()),
+        PathBuf::from(format!("net:[{netns_id}]")),
+        "the daemon is in the runner's network namespace"
+    );
+
+    // An image from a tarball: no registry.
+    let tar = host.dir.path().join("busybox.tar");
+    image_tar(&tar);
+    std::fs::set_permissions(&tar, std::fs::Permissions::from_mode(0o644)).unwrap();
+    ok(
+        docker(&layout, account, &["import", tar.to_str().unwrap(), IMAGE]),
+        "docker import",
+    );
+    let started = Instant::now();
+    let hello = ok(
+        docker(
+            &layout,
+            account,
+            &["run", "--rm", IMAGE, "/bin/echo", "hello-from-rootless"],
+        ),
+        "docker run",
+    );
+    eprintln!("first docker run --rm took {:?}", started.elapsed());
+    assert_eq!(hello.trim(), "hello-from-rootless");
+
+    // `policy.docker_images`: a saved image loaded by the agent through the socket.
+    let saved = layout.home.join("saved.tar");
+    ok(
+        docker(
+            &layout,
+            account,
+            &["save", "-o", saved.to_str().unwrap(), IMAGE],
+        ),
+        "docker save",
+    );
+    ok(docker(&layout, account, &["rmi", IMAGE]), "docker rmi");
+    let loaded = docker::load_images(daemon.socket(), std::slice::from_ref(&saved)).unwrap();
+    assert!(
+        loaded.iter().any(|l| l.contains(IMAGE)),
+        "loaded: {loaded:?}"
+    );
+    let not_an_image = host.dir.path().join("not-an-image.tar");
+    std::fs::write(&not_an_image, "plain text").unwrap();
+    let refused = docker::load_images(daemon.socket(), &[not_an_image]).unwrap_err();
+    eprintln!("a file that is not an image: {refused}");
+    ok(
+        docker(&layout, account, &["run", "--rm", IMAGE, "/bin/true"]),
+        "docker run of the loaded image",
+    );
+
+    // `container:` jobs: the runner binds /var/run/docker.sock; in the daemon's mount namespace
+    // that is the runner's own socket, whatever the host has there.
+    ok(
+        docker(
+            &layout,
+            account,
+            &[
+                "run",
+                "--rm",
+                "-v",
+                "/var/run/docker.sock:/var/run/docker.sock",
+                IMAGE,
+                "/bin/test",
+                "-S",
+                "/var/run/docker.sock",
+            ],
+        ),
+        "a container given /var/run/docker.sock",
+    );
+    // The pid file holds dockerd's pid in the tree's own PID namespace: find it in the cgroup.
+    let dockerd = std::fs::read_to_string(host.cgroup.join("cgroup.procs"))
+        .unwrap()
+        .lines()
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "dockerd")
+        })
+        .expect("dockerd in the runner's cgroup")
+        .to_owned();
+    // Seen from the daemon's own mount namespace (where bind sources are resolved), as root:
+    // the runner's daemon answers there, not a host daemon.
+    let info = Command::new("nsenter")
+        .args(["--target", &dockerd, "--mount", "--"])
+        .args([
+            "docker",
+            "-H",
+            "unix:///var/run/docker.sock",
+            "info",
+            "--format",
+        ])
+        .arg("{{.DockerRootDir}}")
+        .env_clear()
+        .env("PATH", docker::host::DAEMON_PATH)
+        .env("HOME", host.dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        ok(info, "docker info in the daemon's mount namespace").trim(),
+        layout.data.to_string_lossy(),
+        "/var/run/docker.sock in the daemon's namespace is the runner's daemon"
+    );
+    let ours = unix_get(Path::new("/var/run/docker.sock"), "/info");
+    if let Ok(answer) = ours {
+        assert!(
+            !answer.contains(&layout.data.to_string_lossy().into_owned()),
+            "the host's socket must not be the runner's daemon"
+        );
+    }
+
+    // A published port: in the runner's namespace only.
+    ok(
+        docker(
+            &layout,
+            account,
+            &[
+                "run",
+                "-d",
+                "-p",
+                &format!("{PUBLISHED}:80"),
+                IMAGE,
+                "/bin/httpd",
+                "-f",
+                "-p",
+                "80",
+                "-h",
+                "/www",
+            ],
+        ),
+        "docker run -p",
+    );
+    let deadline = Instant::now() + PORT_WITHIN;
+    let page = loop {
+        match get_in_netns(&netns, PUBLISHED) {
+            Ok(answer) if answer.contains("200") => break answer,
+            other if Instant::now() > deadline => panic!("the published port: {other:?}"),
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    assert!(page.contains("served-from-the-runner-daemon"), "{page}");
+    assert!(
+        TcpStream::connect(("127.0.0.1", PUBLISHED)).is_err(),
+        "the published port must not listen in the host's namespace"
+    );
+
+    // A container under a subordinate uid: what a sweep by uid would miss.
+    ok(
+        docker(
+            &layout,
+            account,
+            &["run", "-d", "--user", "1000", IMAGE, "/bin/sleep", "600"],
+        ),
+        "docker run --user 1000",
+    );
+    let sub_uid = range.start + 999;
+    let deadline = Instant::now() + PORT_WITHIN;
+    while !processes_of(account.uid, range)
+        .iter()
+        .any(|&(_, id)| id == sub_uid)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no process runs as the subordinate uid {sub_uid}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Hostile: a privileged container with the host's / cannot write a root-owned host file.
+    let victim_dir = host.dir.path().join("victim");
+    std::fs::create_dir(&victim_dir).unwrap();
+    std::fs::set_permissions(&victim_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let victim = victim_dir.join("file");
+    std::fs::write(&victim, "original\n").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let inside = format!("/host{}", victim.display());
+    let attack = docker(
+        &layout,
+        account,
+        &[
+            "run",
+            "--rm",
+            "--privileged",
+            "-v",
+            "/:/host",
+            IMAGE,
+            "/bin/sh",
+            "-c",
+            &format!("echo pwned >> {inside} && echo WROTE"),
+        ],
+    );
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&attack.stdout),
+        String::from_utf8_lossy(&attack.stderr)
+    );
+    assert!(
+        !attack.status.success() && !said.contains("WROTE"),
+        "the write went through: {said}"
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "original\n");
+    eprintln!(
+        "privileged write through a bind of /: refused ({})",
+        said.trim()
+    );
+
+    // Hostile: `--pid=host` is refused or confined: the host's PID namespace belongs to the
+    // host's user namespace, where the daemon cannot mount a `/proc`. Either the run fails, or
+    // what it sees holds no process of the host (one of this test's, its command line marked).
+    let mut marked = Command::new("sh")
+        .args(["-c", "sleep 120", "rm-pid-marker"])
+        .spawn()
+        .unwrap();
+    // And a bind of the daemon's own `/proc` (which a runner's PID namespace hides from it).
+    let bound = ok(
+        docker(
+            &layout,
+            account,
+            &[
+                "run",
+                "--rm",
+                "-v",
+                "/proc:/hostproc:ro",
+                IMAGE,
+                "/bin/sh",
+                "-c",
+                "cat /hostproc/[0-9]*/cmdline | tr '\\0' ' '",
+            ],
+        ),
+        "docker run -v /proc:/hostproc",
+    );
+    assert!(
+        !bound.contains("rm-pid-marker"),
+        "the daemon's /proc shows the host's processes"
+    );
+    let pid_host = docker(
+        &layout,
+        account,
+        &[
+            "run",
+            "--rm",
+            "--pid=host",
+            IMAGE,
+            "/bin/sh",
+            "-c",
+            "cat /proc/[0-9]*/cmdline | tr '\\0' ' '",
+        ],
+    );
+    marked.kill().unwrap();
+    marked.wait().unwrap();
+    let seen = String::from_utf8_lossy(&pid_host.stdout);
+    let refusal = String::from_utf8_lossy(&pid_host.stderr);
+    if pid_host.status.success() {
+        assert!(
+            !seen.contains("rm-pid-marker"),
+            "--pid=host shows the host's processes: {seen}"
+        );
+    } else {
+        assert!(
+            refusal.contains("mount proc") && !seen.contains("rm-pid-marker"),
+            "--pid=host failed otherwise than refused: {refusal}"
+        );
+    }
+    eprintln!(
+        "--pid=host: {}",
+        if pid_host.status.success() {
+            "confined"
+        } else {
+            "refused (no /proc of the host's PID namespace)"
+        }
+    );
+
+    // Hostile: `--ipc=host` is the tree's IPC namespace, not the host's (the host's System V
+    // shared memory, semaphores and queues stay out of reach, as for the runner itself).
+    let ipc = ok(
+        docker(
+            &layout,
+            account,
+            &[
+                "run",
+                "--rm",
+                "--ipc=host",
+                IMAGE,
+                "/bin/readlink",
+                "/proc/self/ns/ipc",
+            ],
+        ),
+        "docker run --ipc=host",
+    );
+    let host_ipc = std::fs::read_link("/proc/self/ns/ipc").unwrap();
+    assert_ne!(
+        ipc.trim(),
+        host_ipc.to_string_lossy(),
+        "--ipc=host is the host's IPC namespace"
+    );
+
+    // Hostile: the host's /tmp is not the daemon's: a file left through a bind of it is seen
+    // by no one else and goes with the daemon.
+    ok(
+        docker(
+            &layout,
+            account,
+            &[
+                "run",
+                "--rm",
+                "-v",
+                "/tmp:/hosttmp",
+                IMAGE,
+                "/bin/sh",
+                "-c",
+                "echo left > /hosttmp/rm-docker-left-for-the-next-job",
+            ],
+        ),
+        "docker run -v /tmp:/hosttmp",
+    );
+    assert!(
+        !Path::new("/tmp/rm-docker-left-for-the-next-job").exists(),
+        "a job's container wrote the host's /tmp"
+    );
+
+    // The end: one cgroup kill takes the whole tree.
+    let took = host.kill();
+    eprintln!("cgroup kill and removal took {took:?}");
+    // The agent reaps the process it started, as it reaps a runner.
+    let mut daemon = daemon;
+    let status = daemon.child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "{status:?}"
+    );
+    nothing_left(account.uid, range);
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let runtime_text = runtime.to_string_lossy().into_owned();
+    assert!(
+        !mountinfo.contains(&runtime_text),
+        "mounts left under the runtime: {mountinfo}"
+    );
+    assert!(
+        get_in_netns(&netns, PUBLISHED).is_err(),
+        "the published port still answers"
+    );
+    let started = Instant::now();
+    std::fs::remove_dir_all(&runtime).unwrap();
+    eprintln!("runtime removed in {:?}", started.elapsed());
+}
+
+/// The per-runner cost of a Docker daemon, printed (docs/performance.md, "A runner's Docker"):
+/// over [`COST_RUNS`] fresh daemons, each in a fresh cgroup, network namespace and runtime, how
+/// long until it answers, the image import, the first `docker run --rm`, and the cgroup kill;
+/// beside a runner without Docker (the same uid's `true` spawned into the same kind of cgroup).
+/// Ignored by default (about 40 s):
+/// `cargo test -p rm-agent --test host docker_costs -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check: run it by name"]
+fn docker_costs() {
+    let Some(tools) = needs("docker_costs") else {
+        return;
+    };
+    let account = Account {
+        uid: UID_COSTS,
+        gid: UID_COSTS,
+    };
+    no_passwd_entry(account.uid);
+    sub_ranges(account);
+    let mut baseline = Vec::new();
+    let mut ready = Vec::new();
+    let mut import = Vec::new();
+    let mut first_run = Vec::new();
+    let mut kill = Vec::new();
+    for run in 0..COST_RUNS {
+        let host = Host::new(&format!("c{run}"));
+        let runtime = host.runtime("runtime", account);
+
+        let procs = host.procs();
+        let started = Instant::now();
+        let mut command = Command::new("true");
+        command.uid(account.uid).gid(account.gid);
+        // SAFETY: only a raw write(2) to a descriptor opened before the fork.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || {
+                rustix::io::write(&procs, b"0")?;
+                Ok(())
+            });
+        }
+        assert!(command.status().unwrap().success());
+        baseline.push(started.elapsed());
+
+        let tar = host.dir.path().join("busybox.tar");
+        image_tar(&tar);
+        std::fs::set_permissions(&tar, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut daemon = docker::start(
+            DaemonSpec {
+                account,
+                runtime,
+                cgroup_procs: host.procs(),
+                netns: Some(host.netns_fd()),
+                resolv_conf: None,
+                env: vec![],
+            },
+            &tools,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        ready.push(daemon.ready_after);
+        let layout = daemon.layout.clone();
+        let started = Instant::now();
+        ok(
+            docker(&layout, account, &["import", tar.to_str().unwrap(), IMAGE]),
+            "docker import",
+        );
+        import.push(started.elapsed());
+        let started = Instant::now();
+        ok(
+            docker(&layout, account, &["run", "--rm", IMAGE, "/bin/true"]),
+            "docker run",
+        );
+        first_run.push(started.elapsed());
+        kill.push(host.kill());
+        daemon.child.wait().unwrap();
+    }
+    let line = |what: &str, mut v: Vec<Duration>| {
+        v.sort();
+        // Nearest rank: the smallest sample with at least q % of the samples at or below it.
+        let at = |q: usize| {
+            let rank = (q * v.len()).div_ceil(100).max(1);
+            v[rank - 1].as_secs_f64() * 1000.0
+        };
+        eprintln!(
+            "{what:<44} p50 {:>7.1} ms  p99 {:>7.1} ms  (n={}, min {:.1})",
+            at(50),
+            at(99),
+            v.len(),
+            at(0),
+        );
+    };
+    eprintln!(
+        "a runner's Docker, {COST_RUNS} fresh daemons (uid {})",
+        account.uid
+    );
+    line("without Docker: spawn the uid's `true`", baseline);
+    line("daemon ready (spawn until /_ping answers)", ready);
+    line("docker import (busybox rootfs, 2 MB)", import);
+    line("first docker run --rm (client included)", first_run);
+    line("cgroup kill until empty, removed", kill);
+}
+
+/// A daemon that cannot start (here: its uid has no subordinate range) fails with the daemon's
+/// own words, the process started is reaped, and the cgroup's kill leaves nothing.
+#[test]
+fn a_daemon_that_cannot_start_says_why_and_leaves_nothing() {
+    let Some(tools) = needs("a_daemon_that_cannot_start_says_why_and_leaves_nothing") else {
+        return;
+    };
+    let account = Account {
+        uid: UID_NO_RANGE,
+        gid: UID_NO_RANGE,
+    };
+    no_passwd_entry(account.uid);
+    let subuid = std::fs::read_to_string("/etc/subuid").unwrap_or_default();
+    assert!(
+        !subuid
+            .lines()
+            .any(|l| l.starts_with(&format!("{}:", account.uid))),
+        "uid {} must have no /etc/subuid line for this test",
+        account.uid
+    );
+    let host = Host::new("nr");
+    let runtime = host.runtime("runtime", account);
+    let err = docker::start(
+        DaemonSpec {
+            account,
+            runtime: runtime.clone(),
+            cgroup_procs: host.procs(),
+            netns: Some(host.netns_fd()),
+            resolv_conf: None,
+            env: vec![],
+        },
+        &tools,
+    )
+    .expect_err("a uid without a subordinate range cannot map its containers' ids");
+    let said = err.to_string();
+    eprintln!("{said}");
+    assert!(matches!(err, docker::DockerError::Exited { .. }), "{said}");
+    assert!(
+        said.contains("dockerd.log"),
+        "the error names the log: {said}"
+    );
+    assert!(
+        said.to_lowercase().contains("subuid") || said.contains("newuidmap"),
+        "the error quotes the daemon's reason: {said}"
+    );
+    host.kill();
+    nothing_left(account.uid, SubRange { start: 0, count: 0 });
+    std::fs::remove_dir_all(&runtime).unwrap();
+}
