@@ -14,6 +14,7 @@ use crate::exit::Exit;
 use crate::runner::RunnerRoot;
 use crate::runner::backend::{LinkedPackage, NoIsolation, UserIsolation};
 use crate::runner::cgroup::{CgroupRoot, Controllers};
+use crate::runner::docker;
 use crate::runner::isolate::{self, Pool};
 use crate::runner::network::{self, HostNetwork, HostRules};
 use crate::runner::store::Store;
@@ -57,6 +58,46 @@ fn host_network(config: &Config, pool: &Pool) -> Result<HostNetwork, Exit> {
     Ok(host)
 }
 
+/// Rootless Docker for the runners when a policy sets `docker = true`: the host judged able
+/// (every lack refuses the start, exit 2, with its fix, as `check` says it), the pool's
+/// subordinate id ranges checked and the missing ones written, the tools found. `None` when no
+/// policy asks for Docker.
+fn docker_for_runners(
+    config: &Config,
+    pool: &Pool,
+    cgroups: Option<&CgroupRoot>,
+) -> Result<Option<docker::Tools>, Exit> {
+    let Some(policy) = config.policies.iter().find(|p| p.docker.is_some()) else {
+        return Ok(None);
+    };
+    let refuse = |problem: String| usage(config, &format!("policy.docker (policy `{}`)", policy.name), &problem);
+    if cgroups.is_none() {
+        return Err(refuse(
+            "a runner's Docker daemon needs a runner cgroup (its containers run under subordinate ids, and only the cgroup's kill stops them at cleanup), and no writable cgroup v2 was found; set host.cgroup_root".to_owned(),
+        ));
+    }
+    let accounts: Vec<(u32, u32)> = pool.accounts().iter().map(|a| (a.uid, a.gid)).collect();
+    let files = docker::subid::Files::host();
+    let lacks = docker::judge(&docker::Facts::gather(&accounts, &files));
+    if !lacks.is_empty() {
+        let said: Vec<String> = lacks
+            .iter()
+            .map(|lack| format!("{} ({})", lack.what, lack.remedy))
+            .collect();
+        return Err(refuse(format!(
+            "this host cannot give runners a rootless Docker: {}",
+            said.join("; ")
+        )));
+    }
+    let assigned = docker::subid::ensure(&files, &accounts).map_err(|e| refuse(e.to_string()))?;
+    if assigned.added > 0 {
+        tracing::info!(lines = assigned.added, "subordinate id ranges added for the runner uids (/etc/subuid, /etc/subgid)");
+    }
+    let tools = docker::Tools::find().map_err(|e| refuse(e.to_string()))?;
+    tracing::info!(script = %tools.rootless_script.display(), "runners of policies with docker = true get a rootless Docker daemon each");
+    Ok(Some(tools))
+}
+
 /// The mode of the runner root under `user`: runners pass through it to their own runtime
 /// (mode 0700, owned by their uid) and can list nothing.
 const RUNNER_ROOT_MODE: u32 = 0o711;
@@ -85,6 +126,7 @@ pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, 
                     pool,
                     cgroups: None,
                     network: None,
+                    docker: None,
                 }),
                 _ => None,
             };
@@ -140,6 +182,7 @@ pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, 
                     None
                 }
             };
+            let docker = docker_for_runners(config, &pool, cgroups.as_ref())?;
             tracing::info!(uids = pool.accounts().len(), cgroup_root = ?cgroups.as_ref().map(CgroupRoot::path), package = %package.current().tree().display(), network = config.host.network.as_str(), "runners are isolated: a uid, a cgroup, and mount, PID, IPC and UTS namespaces each");
             Ok(Backends {
                 isolation: IsolationKind::User,
@@ -150,6 +193,7 @@ pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, 
                     pool,
                     cgroups,
                     network,
+                    docker,
                 }),
             })
         }

@@ -343,16 +343,6 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
             &target,
         )?;
     }
-    // The per-runner daemon is built and checked (crate::runner::docker, `check`'s `docker`
-    // finding) but the runner backend does not start it yet: a runner promised a Docker that
-    // it does not get would fail its job in ways no one could explain.
-    if let Some(policy) = config.policies.iter().find(|p| p.docker.is_some()) {
-        return Err(Exit::usage(format!(
-            "{}: `policy.docker` (policy `{}`): runners do not get their own Docker daemon from `rm-agent run` yet (`rm-agent check` already checks this host for it); remove `docker = true` for now",
-            crate::config::display_file(config.source.as_deref()),
-            policy.name
-        )));
-    }
     // What every runner gets from disk must be out of every job's reach (CONTRACT §7).
     crate::trust::refuse_changeable(config)?;
     for off in crate::trust::protected_links_off() {

@@ -48,6 +48,7 @@ impl Context {
         let limits = policy.map(|p| p.limits).unwrap_or_default();
         let mut plan = Plan::of(record, limits);
         plan.network_allow = policy.and_then(|p| p.network_allow.clone());
+        plan.docker = policy.and_then(|p| p.docker.clone());
         // The operator's variables of the policy's env_file (crate::runner::env_file).
         if let Some(env) = self.settings.operator_env.get(&record.policy) {
             plan.env = env.clone();

@@ -108,10 +108,28 @@ impl Requirements {
                 .iter()
                 .filter_map(|p| p.memory_required.map(|m| (m, p.name.clone())))
                 .max_by_key(|(m, _)| *m),
-            tools: thresholds.required_tools.clone(),
+            tools: required_tools(config),
             path,
         }
     }
+}
+
+/// The operator's `required_tools`, and where a policy sets `docker = true` every program a
+/// runner's Docker daemon runs, by the absolute path it has now (a tool removed later makes the
+/// host unfit instead of failing each runner's daemon at its start; one never found is named
+/// bare, and reported missing).
+fn required_tools(config: &Config) -> Vec<String> {
+    let mut tools = config.host.fitness.required_tools.clone();
+    if config.policies.iter().any(|p| p.docker.is_some()) {
+        for tool in crate::runner::docker::host::TOOLS {
+            let named = crate::runner::docker::host::find(tool.name)
+                .map_or_else(|| tool.name.to_owned(), |p| p.display().to_string());
+            if !tools.contains(&named) {
+                tools.push(named);
+            }
+        }
+    }
+    tools
 }
 
 /// What was measured of one directory.

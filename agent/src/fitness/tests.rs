@@ -272,3 +272,29 @@ fn the_notification_names_the_problems_and_says_it_resumes_by_itself() {
     );
     assert!(body.contains("resumes by itself"), "{body}");
 }
+
+#[test]
+fn a_policy_with_docker_requires_every_program_of_the_daemon() {
+    let config = crate::config::from_text(
+        "[host]\nrequired_tools = [\"git\"]\n\
+         [[policy]]\nname = \"a\"\ntarget = \"acme\"\nlabels = [\"x\"]\ndocker = true\n",
+    )
+    .unwrap();
+    let required = Requirements::of(&config, OsString::from("/bin"));
+    assert_eq!(required.tools[0], "git");
+    let tools = crate::runner::docker::host::TOOLS;
+    assert_eq!(required.tools.len(), 1 + tools.len(), "{:?}", required.tools);
+    for (tool, required) in tools.iter().zip(&required.tools[1..]) {
+        // Found here by absolute path, or named bare (then reported missing).
+        assert!(
+            required == tool.name || required.ends_with(&format!("/{}", tool.name)),
+            "{required} for {}",
+            tool.name
+        );
+    }
+    let without = crate::config::from_text(
+        "[[policy]]\nname = \"a\"\ntarget = \"acme\"\nlabels = [\"x\"]\n",
+    )
+    .unwrap();
+    assert!(Requirements::of(&without, OsString::from("/bin")).tools.is_empty());
+}

@@ -18,7 +18,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use rm_journal::{AttemptRecord, IsolationKind, WorkspaceKind};
 use secrecy::SecretString;
 
+use crate::config::DockerPolicy;
+
 use super::cgroup::{self, CgroupRoot, Limits};
+use super::docker::{self, DaemonSpec, Tools};
 use super::env_file::{OperatorEnv, with_operator_env};
 use super::isolate::{self, Account, ChildSetup, Pool, Sandbox};
 use super::network::{self, HostNetwork};
@@ -42,6 +45,9 @@ pub struct Plan {
     pub env: OperatorEnv,
     /// The policy's `network_allow`: when set, the only networks the runner reaches.
     pub network_allow: Option<Vec<network::Cidr>>,
+    /// The policy's `docker`: the runner gets a rootless Docker daemon of its own, started
+    /// before it with these images loaded ([`super::docker`]); `None`: no Docker.
+    pub docker: Option<DockerPolicy>,
 }
 
 impl Plan {
@@ -55,6 +61,7 @@ impl Plan {
             limits,
             env: OperatorEnv::default(),
             network_allow: None,
+            docker: None,
         }
     }
 }
@@ -84,6 +91,8 @@ pub enum BackendError {
     NoUid,
     #[error("the runner's network: {0}")]
     Network(#[from] network::NetworkError),
+    #[error("the runner's Docker daemon: {0}")]
+    Docker(String),
 }
 
 /// The seam. Every method blocks (file trees, `/proc`, cgroupfs): call them off the async
@@ -237,6 +246,11 @@ pub struct UserIsolation {
     /// host's network. Cleanup removes a runner's network whatever this says (it may have been
     /// started under another configuration).
     pub network: Option<Arc<HostNetwork>>,
+    /// The rootless Docker tools, found at start when a policy sets `docker = true` (and the
+    /// pool's subordinate ids ensured); `None`: no runner of this agent gets a Docker daemon.
+    /// Cleanup needs nothing of it: the daemon's tree dies with the runner's cgroup, and its
+    /// files lie in the runtime.
+    pub docker: Option<Tools>,
 }
 
 impl UserIsolation {
@@ -313,6 +327,78 @@ impl UserIsolation {
     }
 }
 
+impl UserIsolation {
+    /// Starts the runner's rootless Docker daemon as `account` in `runtime`, in the runner's
+    /// cgroup (`procs`) and network namespace, loads the policy's images, and hands the daemon's
+    /// process to a thread that reaps it. Returns `DOCKER_HOST` for the runner.
+    fn start_docker(
+        &self,
+        policy: &DockerPolicy,
+        account: Account,
+        runtime: &Path,
+        procs: Option<&std::os::fd::OwnedFd>,
+        netns: Option<&std::os::fd::OwnedFd>,
+    ) -> Result<String, BackendError> {
+        let tools = self.docker.as_ref().ok_or_else(|| {
+            BackendError::Docker(
+                "this agent did not set up rootless Docker at start (no policy asked for it then)"
+                    .to_owned(),
+            )
+        })?;
+        // Without a cgroup nothing would take the containers at cleanup: they run under
+        // subordinate ids, which a sweep of the runner's uid does not find.
+        let procs = procs.ok_or_else(|| {
+            BackendError::Docker(
+                "the runner has no cgroup, and a daemon's containers can only be stopped through one"
+                    .to_owned(),
+            )
+        })?;
+        let clone = |fd: &std::os::fd::OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| BackendError::Docker(format!("cannot pass a descriptor on: {e}")))
+        };
+        let spec = DaemonSpec {
+            account,
+            runtime: runtime.to_path_buf(),
+            cgroup_procs: clone(procs)?,
+            netns: netns.map(clone).transpose()?,
+            // The host's, as the runner sees it: its loopback resolver is let through to the
+            // host by the runner's network (`network::HostRules`).
+            resolv_conf: None,
+            env: Vec::new(),
+        };
+        let daemon = docker::start(spec, tools).map_err(|e| BackendError::Docker(e.to_string()))?;
+        let docker_host = daemon.docker_host();
+        let socket = daemon.socket().to_path_buf();
+        tracing::info!(ready_ms = daemon.ready_after.as_millis() as u64, "the runner's Docker daemon answers");
+        reap(daemon.child);
+        let loaded = docker::load_images(&socket, &policy.images)
+            .map_err(|e| BackendError::Docker(e.to_string()))?;
+        if !loaded.is_empty() {
+            tracing::info!(images = ?loaded, "images loaded into the runner's Docker daemon");
+        }
+        Ok(docker_host)
+    }
+}
+
+/// Waits for a runner's daemon process on a thread of its own, so that it never stays a zombie
+/// of the agent's (a zombie of the runner's uid would hold the uid: `uid::processes_of`). The
+/// thread ends when the daemon does, at the latest when cleanup kills the runner's cgroup.
+fn reap(mut child: std::process::Child) {
+    let pid = child.id();
+    let spawned = std::thread::Builder::new()
+        .name("rm-dockerd-wait".to_owned())
+        .spawn(move || {
+            if let Err(e) = child.wait() {
+                tracing::warn!(pid, error = %e, "cannot reap a runner's Docker daemon");
+            }
+        });
+    if let Err(e) = spawned {
+        // It is still killed with the cgroup; it stays a zombie until the agent exits.
+        tracing::warn!(pid, error = %e, "cannot start a thread to reap a runner's Docker daemon");
+    }
+}
+
 impl Backend for UserIsolation {
     fn kind(&self) -> IsolationKind {
         IsolationKind::User
@@ -376,6 +462,23 @@ impl Backend for UserIsolation {
             }
             None => None,
         };
+        let mut env = with_operator_env(
+            isolate::isolated_environment(std::env::vars_os(), runtime.dir()),
+            &plan.env,
+        );
+        // Before the runner: its Docker daemon, in the same cgroup and network namespace, so
+        // that the cgroup's kill at cleanup takes the daemon and every container with it.
+        if let Some(policy) = &plan.docker {
+            let docker_host = self.start_docker(
+                policy,
+                account,
+                runtime.dir(),
+                procs.as_ref(),
+                netns.as_ref(),
+            )?;
+            env.retain(|(key, _)| key != "DOCKER_HOST");
+            env.push(("DOCKER_HOST".into(), docker_host.into()));
+        }
         let sandbox = Sandbox {
             cgroup_procs: procs,
             netns,
@@ -386,10 +489,6 @@ impl Backend for UserIsolation {
         let setup = ChildSetup::new(account, runtime.dir(), sandbox).map_err(|e| {
             BackendError::Uid(format!("cannot prepare the runner's isolation: {e}"))
         })?;
-        let env = with_operator_env(
-            isolate::isolated_environment(std::env::vars_os(), runtime.dir()),
-            &plan.env,
-        );
         Ok(process::spawn_listener(
             runtime.dir(),
             jit,

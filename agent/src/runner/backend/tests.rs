@@ -86,6 +86,7 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
         pool: Pool::new(vec![Account { uid, gid: uid }]),
         cgroups: None,
         network: None,
+        docker: None,
     };
     let attempt_id = format!("abcdef012345{}", "0".repeat(20));
     let plan = Plan {
@@ -97,6 +98,7 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
         limits: Limits::default(),
         env: Default::default(),
         network_allow: None,
+        docker: None,
     };
     let runtime = backend.prepare(&plan).unwrap();
     assert_eq!(
@@ -148,6 +150,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         pool: Pool::new(vec![Account { uid, gid: uid }]),
         cgroups: cgroups.clone(),
         network: None,
+        docker: None,
     };
     let attempt_id = format!("{:012x}{}", u64::from(uid), "0".repeat(20));
     let plan = Plan {
@@ -161,6 +164,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         limits: Limits::default(),
         env: Default::default(),
         network_allow: None,
+        docker: None,
     };
     let runtime = backend.prepare(&plan).unwrap();
     let meta = std::fs::metadata(runtime.dir()).unwrap();
@@ -318,6 +322,7 @@ fn network_backend(
         ),
         cgroups: cgroups.clone(),
         network,
+        docker: None,
     };
     let plan = move |uid: u32, n: usize| {
         let attempt_id = format!("{:08x}{n:04x}{}", uid, "0".repeat(20));
@@ -332,6 +337,7 @@ fn network_backend(
             limits: Limits::default(),
             env: Default::default(),
             network_allow: None,
+            docker: None,
         }
     };
     (dir, backend, plan)
