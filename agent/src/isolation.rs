@@ -70,7 +70,13 @@ fn docker_for_runners(
     let Some(policy) = config.policies.iter().find(|p| p.docker.is_some()) else {
         return Ok(None);
     };
-    let refuse = |problem: String| usage(config, &format!("policy.docker (policy `{}`)", policy.name), &problem);
+    let refuse = |problem: String| {
+        usage(
+            config,
+            &format!("policy.docker (policy `{}`)", policy.name),
+            &problem,
+        )
+    };
     if cgroups.is_none() {
         return Err(refuse(
             "a runner's Docker daemon needs a runner cgroup (its containers run under subordinate ids, and only the cgroup's kill stops them at cleanup), and no writable cgroup v2 was found; set host.cgroup_root".to_owned(),
@@ -91,7 +97,10 @@ fn docker_for_runners(
     }
     let assigned = docker::subid::ensure(&files, &accounts).map_err(|e| refuse(e.to_string()))?;
     if assigned.added > 0 {
-        tracing::info!(lines = assigned.added, "subordinate id ranges added for the runner uids (/etc/subuid, /etc/subgid)");
+        tracing::info!(
+            lines = assigned.added,
+            "subordinate id ranges added for the runner uids (/etc/subuid, /etc/subgid)"
+        );
     }
     let tools = docker::Tools::find().map_err(|e| refuse(e.to_string()))?;
     tracing::info!(script = %tools.rootless_script.display(), "runners of policies with docker = true get a rootless Docker daemon each");

@@ -283,7 +283,12 @@ fn a_policy_with_docker_requires_every_program_of_the_daemon() {
     let required = Requirements::of(&config, OsString::from("/bin"));
     assert_eq!(required.tools[0], "git");
     let tools = crate::runner::docker::host::TOOLS;
-    assert_eq!(required.tools.len(), 1 + tools.len(), "{:?}", required.tools);
+    assert_eq!(
+        required.tools.len(),
+        1 + tools.len(),
+        "{:?}",
+        required.tools
+    );
     for (tool, required) in tools.iter().zip(&required.tools[1..]) {
         // Found here by absolute path, or named bare (then reported missing).
         assert!(
@@ -292,9 +297,12 @@ fn a_policy_with_docker_requires_every_program_of_the_daemon() {
             tool.name
         );
     }
-    let without = crate::config::from_text(
-        "[[policy]]\nname = \"a\"\ntarget = \"acme\"\nlabels = [\"x\"]\n",
-    )
-    .unwrap();
-    assert!(Requirements::of(&without, OsString::from("/bin")).tools.is_empty());
+    let without =
+        crate::config::from_text("[[policy]]\nname = \"a\"\ntarget = \"acme\"\nlabels = [\"x\"]\n")
+            .unwrap();
+    assert!(
+        Requirements::of(&without, OsString::from("/bin"))
+            .tools
+            .is_empty()
+    );
 }

@@ -370,7 +370,10 @@ impl UserIsolation {
         let daemon = docker::start(spec, tools).map_err(|e| BackendError::Docker(e.to_string()))?;
         let docker_host = daemon.docker_host();
         let socket = daemon.socket().to_path_buf();
-        tracing::info!(ready_ms = daemon.ready_after.as_millis() as u64, "the runner's Docker daemon answers");
+        tracing::info!(
+            ready_ms = daemon.ready_after.as_millis() as u64,
+            "the runner's Docker daemon answers"
+        );
         reap(daemon.child);
         let loaded = docker::load_images(&socket, &policy.images)
             .map_err(|e| BackendError::Docker(e.to_string()))?;

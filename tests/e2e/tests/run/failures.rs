@@ -363,9 +363,11 @@ async fn runners_that_keep_failing_to_start_are_told_to_the_operator() {
     // An attempt is counted failed when its outcome is journalled, before its registration is
     // removed; the rule is about what is left once every attempt is cleaned. The next launch
     // waits 20 s, long after the third attempt's cleanup.
-    wait_until(Duration::from_secs(10), "every failed attempt cleaned", || {
-        fleet.all_cleaned()
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "every failed attempt cleaned",
+        || fleet.all_cleaned(),
+    )
     .await;
     assert!(
         fleet.our_registrations().is_empty(),

@@ -349,7 +349,7 @@ const FALLBACK_BASE: &str = "/var/lib/rm-e2e-isolation";
 /// The directory the setups are made in: outside every place a runner gets privately, and
 /// passable by any uid all the way down (a runner uid must reach its runtime below it).
 /// `CARGO_TARGET_TMPDIR` where it qualifies, else [`FALLBACK_BASE`].
-fn base_dir() -> PathBuf {
+pub(crate) fn base_dir() -> PathBuf {
     let qualifies = |base: &Path| {
         !PRIVATE_DIRS.iter().any(|p| base.starts_with(p))
             && base.ancestors().all(|dir| {
@@ -551,7 +551,7 @@ struct Phases {
     most_live_attackers: usize,
 }
 
-fn attempt_of(fleet: &Fleet, job: u64) -> AttemptRecord {
+pub(crate) fn attempt_of(fleet: &Fleet, job: u64) -> AttemptRecord {
     let job = i64::try_from(job).unwrap();
     let mut of_job: Vec<AttemptRecord> = fleet
         .attempts()
@@ -726,21 +726,21 @@ fn fork_count(report: &Report) -> Option<u32> {
 }
 
 /// A process: pid, parent, state letter, real/effective/saved/fs uids, argv.
-struct Proc {
-    pid: u32,
-    ppid: u32,
-    state: String,
-    uids: Vec<u32>,
-    argv: Vec<String>,
+pub(crate) struct Proc {
+    pub(crate) pid: u32,
+    pub(crate) ppid: u32,
+    pub(crate) state: String,
+    pub(crate) uids: Vec<u32>,
+    pub(crate) argv: Vec<String>,
 }
 
 impl Proc {
     /// Exited, waiting for its parent (or init) to reap it: it can do nothing any more.
-    fn zombie(&self) -> bool {
+    pub(crate) fn zombie(&self) -> bool {
         self.state == "Z"
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "pid {} ppid {} state {} uids {:?} argv {:?}",
             self.pid, self.ppid, self.state, self.uids, self.argv
@@ -748,7 +748,7 @@ impl Proc {
     }
 }
 
-fn processes() -> Vec<Proc> {
+pub(crate) fn processes() -> Vec<Proc> {
     let mut all = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = entry
@@ -843,7 +843,7 @@ fn cgroup2_mounts() -> Vec<PathBuf> {
 
 /// Directories named `rm-<short id>` of `attempts` anywhere (a few levels) under the cgroup v2
 /// mounts.
-fn cgroups_left(attempts: &[AttemptRecord]) -> Vec<PathBuf> {
+pub(crate) fn cgroups_left(attempts: &[AttemptRecord]) -> Vec<PathBuf> {
     let names: HashSet<String> = attempts
         .iter()
         .map(|a| format!("rm-{}", a.attempt_id.short()))
@@ -903,7 +903,7 @@ fn files_named(dir: &Path, name: &str) -> Vec<PathBuf> {
 }
 
 /// Names in `dir` starting with `prefix`.
-fn names_with_prefix(dir: &Path, prefix: &str) -> Vec<String> {
+pub(crate) fn names_with_prefix(dir: &Path, prefix: &str) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|entries| {
             entries

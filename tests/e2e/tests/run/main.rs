@@ -7,6 +7,7 @@ mod crash;
 mod crashed_runner;
 mod disk;
 mod disk_full;
+mod docker;
 mod explain;
 mod failures;
 mod fitness;
