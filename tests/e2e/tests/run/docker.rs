@@ -1,0 +1,674 @@
+//! A job's own rootless Docker (issue 30) through `rm-agent run`: a policy with `docker = true`
+//! and an image in `docker_images`. The runner package's `bin/Runner.Listener` is a job (a POSIX
+//! sh script, run as the runner's uid in its namespaces, as a workflow's steps are) that uses the
+//! Docker it was given, writes one line per step (`name ok|failed output`) to a report, then
+//! `exec`s the real fake listener so the runner registers and completes its job.
+//!
+//! - The first job does what workflows do: finds the preloaded image, imports another from a
+//!   tarball, runs a container, builds an image `FROM` the preloaded one, starts a
+//!   `services:`-style container with a published port and reaches it at `localhost`, runs a
+//!   step in a container (`docker exec`), makes a volume, and leaves a container running.
+//! - The second job, on the same uid, finds none of that, then attacks: `--privileged` with the
+//!   host's `/` bound (writing a root-owned directory is refused, and `/etc` is the daemon's
+//!   copy; its own runtime, the control, is written: the bind works, the uid confines it),
+//!   `--pid=host` (a marker process of the host is not seen), `--net=host` (the agent's receiver
+//!   on the host's loopback is not reached), the host's disk as a device, and the host
+//!   daemon's socket.
+//! - After each job nothing is left: no process of the runner uids or of their subordinate
+//!   ranges, no mount below the runner root, no network namespace, veth or cgroup, no runtime.
+//!
+//! Needs root and the tools of `rm_agent::runner::docker::host::TOOLS` plus `busybox` (the
+//! images are made from it; never a pull); without them the test fails unless
+//! `RM_TEST_ALLOW_SKIP` names `docker`. The agent writes the pool's subordinate ranges to
+//! `/etc/subuid` and `/etc/subgid`; the test puts both files back as they were.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rm_e2e::fleet::{Fleet, FleetOptions, PolicySpec, REPO, wait_until};
+use rm_fake_github::RunnerBehavior;
+use rm_journal::{AttemptOutcome, AttemptRecord, AttemptState};
+
+use crate::isolation::{base_dir, cgroups_left, names_with_prefix, processes};
+use crate::skip;
+
+const LABELS: &[&str] = &["self-hosted", "docker"];
+
+/// The preloaded image (`docker_images`); the job imports `rm-e2e-imported` itself.
+const BASE_IMAGE: &str = "rm-e2e-base";
+
+/// The programs of the images: links to busybox.
+const APPLETS: &[&str] = &[
+    "sh", "true", "echo", "cat", "sleep", "httpd", "id", "ls", "tr", "wget", "head", "grep",
+    "touch",
+];
+
+/// The port the `services:`-style container publishes in the runner's network.
+const SERVICE_PORT: u16 = 38518;
+
+/// The argument of the host's marker process `--pid=host` must not show.
+const MARKER_SECONDS: &str = "3133731";
+
+/// What a workflow's steps do with Docker, in the first job; the second job's checks and
+/// attacks. `@REPORT@`, `@RECEIVER@` and `@IMAGES@` are replaced.
+const SCRIPT: &str = r#"#!/bin/sh
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+REPORT=@REPORT@
+say() { printf '%s %s\n' "$1" "$(printf '%s' "$2" | tr '\n' ' ')" >> "$REPORT"; }
+try() {
+    name=$1; shift
+    if out=$("$@" 2>&1); then say "$name" "ok $out"; else say "$name" "failed $out"; fi
+}
+BASE=rm-e2e-base
+if [ ! -e "$REPORT.first" ]; then
+    : > "$REPORT.first"
+    say job first
+    say docker_host "$DOCKER_HOST"
+    try preloaded docker image inspect -f '{{.Id}}' $BASE
+    try import docker import @IMAGES@/rootfs.tar rm-e2e-imported
+    try run_imported docker run --rm rm-e2e-imported echo hello-from-the-imported-image
+    try run docker run --rm $BASE echo hello-from-a-container
+    mkdir -p "$HERE/ctx"
+    printf 'FROM %s\nRUN echo built-by-the-job > /built\n' $BASE > "$HERE/ctx/Dockerfile"
+    try build env DOCKER_BUILDKIT=0 docker build -q -t rm-e2e-built "$HERE/ctx"
+    try built docker run --rm rm-e2e-built cat /built
+    try service docker run -d --name service -p @SERVICE_PORT@:80 $BASE httpd -f -p 80 -h /www
+    i=0
+    reached=
+    while [ $i -lt 100 ]; do
+        if reached=$(busybox wget -q -O - http://localhost:@SERVICE_PORT@/ 2>&1); then break; fi
+        i=$((i + 1))
+        sleep 0.1
+    done
+    say reached "$reached"
+    try job_container docker run -d --name job-container $BASE sleep 600
+    try exec docker exec job-container sh -c 'echo a-step-in-the-container'
+    try volume docker volume create rm-e2e-volume
+    try running docker ps -q
+else
+    say job second
+    try images docker images --format '{{.Repository}}'
+    try containers docker ps -aq
+    try volumes docker volume ls -q
+    try privileged_etc docker run --rm --privileged -v /:/host $BASE sh -c 'echo pwned > /host/etc/rm-e2e-pwned'
+    try privileged_root docker run --rm --privileged -v /:/host $BASE sh -c 'echo pwned > /host@ROOT_ONLY@/pwned'
+    try privileged_own docker run --rm --privileged -v /:/host $BASE sh -c "echo written > /host$HERE/from-a-container && cat /host$HERE/from-a-container"
+    try pid_host docker run --rm --pid=host $BASE sh -c 'cat /proc/[0-9]*/cmdline | tr "\0" " "'
+    try net_host docker run --rm --net=host $BASE wget -q -T 3 -O - http://127.0.0.1:@RECEIVER@/healthz
+    try net_host_gateway docker run --rm --net=host $BASE wget -q -T 3 -O - http://10.0.2.2:@RECEIVER@/healthz
+    try device docker run --rm --device @DEVICE@ $BASE head -c 512 @DEVICE@
+    try host_socket docker -H unix:///var/run/docker.sock info
+fi
+say done yes
+exec "$HERE/bin/Runner.Listener.real" "$@"
+"#;
+
+/// A block device of the host only root may read: the first disk of `/sys/block` with a node
+/// in `/dev` (a loop device where there is no other).
+fn root_only_device() -> PathBuf {
+    let mut names: Vec<String> = std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with("ram") && !n.starts_with("zram"))
+        .collect();
+    names.sort_by_key(|n| (n.starts_with("loop"), n.clone()));
+    names
+        .into_iter()
+        .map(|n| Path::new("/dev").join(n))
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o004 == 0))
+        .expect("a block device only root may read, in /dev")
+}
+
+/// The lines the agent adds to `/etc/subuid` and `/etc/subgid` for a fleet's uids, removed on
+/// drop (only those: tests running at the same time keep theirs).
+struct SubIds(std::ops::RangeInclusive<u32>);
+
+impl SubIds {
+    /// Each fleet uid's subordinate uid range, from `/etc/subuid` as the agent left it.
+    fn ranges(uids: &std::ops::RangeInclusive<u32>) -> Vec<std::ops::Range<u64>> {
+        std::fs::read_to_string("/etc/subuid")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split(':');
+                let owner: u32 = fields.next()?.parse().ok()?;
+                let start: u64 = fields.next()?.parse().ok()?;
+                let count: u64 = fields.next()?.parse().ok()?;
+                uids.contains(&owner).then_some(start..start + count)
+            })
+            .collect()
+    }
+}
+
+impl Drop for SubIds {
+    fn drop(&mut self) {
+        for path in ["/etc/subuid", "/etc/subgid"] {
+            let Ok(text) = std::fs::read_to_string(path) else {
+                continue;
+            };
+            let ours = |line: &str| {
+                line.split(':')
+                    .next()
+                    .and_then(|owner| owner.parse::<u32>().ok())
+                    .is_some_and(|owner| self.0.contains(&owner))
+            };
+            let kept: String = text
+                .lines()
+                .filter(|l| !ours(l))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            if kept != text {
+                // Beside it, then renamed over it: a daemon starting meanwhile reads either.
+                let next = format!("{path}.rm-e2e");
+                std::fs::write(&next, kept).unwrap();
+                std::fs::rename(&next, path).unwrap();
+            }
+        }
+    }
+}
+
+/// A process of the host that `--pid=host` must not show, killed on drop.
+struct Marker(std::process::Child);
+
+impl Drop for Marker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn busybox() -> Option<PathBuf> {
+    ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// A root filesystem of busybox and its applets, with a page to serve, as a tar.
+fn rootfs_tar() -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let dir = |tar: &mut tar::Builder<Vec<u8>>, name: &str| {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Directory);
+        header.set_mode(0o755);
+        header.set_size(0);
+        tar.append_data(&mut header, name, std::io::empty())
+            .unwrap();
+    };
+    for d in ["bin", "www", "tmp", "proc", "sys", "dev", "etc"] {
+        dir(&mut tar, d);
+    }
+    let busybox = std::fs::read(busybox().unwrap()).unwrap();
+    let mut header = tar::Header::new_gnu();
+    header.set_mode(0o755);
+    header.set_size(busybox.len() as u64);
+    tar.append_data(&mut header, "bin/busybox", busybox.as_slice())
+        .unwrap();
+    for applet in APPLETS {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_size(0);
+        tar.append_link(&mut header, format!("bin/{applet}"), "busybox")
+            .unwrap();
+    }
+    let page = b"served-by-the-jobs-service\n";
+    let mut header = tar::Header::new_gnu();
+    header.set_mode(0o644);
+    header.set_size(page.len() as u64);
+    tar.append_data(&mut header, "www/index.html", &page[..])
+        .unwrap();
+    tar.into_inner().unwrap()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `docker save` output for one image of one layer (`layer`), tagged `tag`: what an operator
+/// puts in `docker_images`, written here without a daemon.
+fn saved_image(layer: &[u8], tag: &str) -> Vec<u8> {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let config = serde_json::json!({
+        "architecture": arch,
+        "os": "linux",
+        "config": { "Env": ["PATH=/bin"], "Cmd": ["sh"] },
+        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{}", sha256_hex(layer))] },
+    })
+    .to_string()
+    .into_bytes();
+    let config_name = format!("{}.json", sha256_hex(&config));
+    let manifest = serde_json::json!([{
+        "Config": config_name,
+        "RepoTags": [format!("{tag}:latest")],
+        "Layers": ["layer/layer.tar"],
+    }])
+    .to_string()
+    .into_bytes();
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut file = |name: &str, bytes: &[u8]| {
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(0o644);
+        header.set_size(bytes.len() as u64);
+        tar.append_data(&mut header, name, bytes).unwrap();
+    };
+    file("layer/layer.tar", layer);
+    file(&config_name, &config);
+    file("manifest.json", &manifest);
+    tar.into_inner().unwrap()
+}
+
+/// The report's lines of one job: step → (ok, output).
+fn steps(report: &str, job: &str) -> BTreeMap<String, (bool, String)> {
+    let mut current = String::new();
+    let mut steps = BTreeMap::new();
+    for line in report.lines() {
+        let (name, rest) = line.split_once(' ').unwrap_or((line, ""));
+        if name == "job" {
+            current = rest.to_owned();
+            continue;
+        }
+        if current != job {
+            continue;
+        }
+        let (ok, output) = match rest.split_once(' ') {
+            Some(("ok", out)) => (true, out.to_owned()),
+            Some(("failed", out)) => (false, out.to_owned()),
+            _ if rest == "ok" => (true, String::new()),
+            _ if rest == "failed" => (false, String::new()),
+            _ => (true, rest.to_owned()),
+        };
+        steps.insert(name.to_owned(), (ok, output));
+    }
+    steps
+}
+
+/// What is left of `attempts` on this host: processes of the runner uids or their subordinate
+/// ranges, mounts below the runner root, network namespaces, veths, cgroups and runtimes.
+fn left_of(
+    fleet: &Fleet,
+    attempts: &[AttemptRecord],
+    subranges: &[std::ops::Range<u64>],
+) -> Vec<String> {
+    let (first, last) = fleet.uids.split_once('-').unwrap();
+    let uids: std::ops::RangeInclusive<u32> = first.parse().unwrap()..=last.parse().unwrap();
+    let mut left: Vec<String> = processes()
+        .into_iter()
+        .filter(|p| !p.zombie())
+        .filter(|p| {
+            p.uids
+                .iter()
+                .any(|u| uids.contains(u) || subranges.iter().any(|r| r.contains(&u64::from(*u))))
+        })
+        .map(|p| format!("process {}", p.describe()))
+        .collect();
+    let root = fleet.runner_root.display().to_string();
+    left.extend(
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&root))
+            .map(|l| format!("mount {l}")),
+    );
+    for a in attempts {
+        let short = a.attempt_id.short();
+        left.extend(
+            names_with_prefix(Path::new("/run/netns"), &format!("rm-{short}"))
+                .into_iter()
+                .map(|n| format!("netns {n}")),
+        );
+        left.extend(
+            names_with_prefix(Path::new("/sys/class/net"), &format!("rmv{short}"))
+                .into_iter()
+                .map(|n| format!("veth {n}")),
+        );
+        if let Some(uid) = a.uid
+            && Path::new(&format!("/run/user/{uid}")).exists()
+        {
+            left.push(format!("/run/user/{uid}"));
+        }
+    }
+    left.extend(
+        cgroups_left(attempts)
+            .into_iter()
+            .map(|c| format!("cgroup {}", c.display())),
+    );
+    left.extend(
+        fleet
+            .runtimes()
+            .into_iter()
+            .map(|r| format!("runtime {}", r.display())),
+    );
+    left
+}
+
+/// A fleet of one policy with `docker = true` and the base image in `docker_images`, whose
+/// package's listener is `script` (its `@REPORT@` and `@IMAGES@` replaced, then `more`), with the
+/// fleet's subordinate id lines removed at the end; `None` (a skip recorded) where this host cannot run Docker.
+struct DockerFleet {
+    fleet: Fleet,
+    report: PathBuf,
+    _images: tempfile::TempDir,
+    // Dropped last: the files are put back once the fleet is gone.
+    _subids: SubIds,
+}
+
+async fn docker_fleet(
+    test: &str,
+    script: &str,
+    more: impl FnOnce(&Fleet, String) -> String,
+) -> Option<DockerFleet> {
+    if let Err(e) = rm_agent::runner::docker::Tools::find() {
+        skip::cannot_run(test, "docker", &e.to_string());
+        return None;
+    }
+    if busybox().is_none() {
+        skip::cannot_run(
+            test,
+            "docker",
+            "busybox not found: install busybox-static (the images are made from it)",
+        );
+        return None;
+    }
+    let images = tempfile::Builder::new()
+        .prefix("rm-e2e-images-")
+        .tempdir_in(base_dir())
+        .unwrap();
+    std::fs::set_permissions(images.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let rootfs = rootfs_tar();
+    std::fs::write(images.path().join("rootfs.tar"), &rootfs).unwrap();
+    std::fs::set_permissions(
+        images.path().join("rootfs.tar"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let saved = images.path().join("base.tar");
+    std::fs::write(&saved, saved_image(&rootfs, BASE_IMAGE)).unwrap();
+    let extra: &'static str = Box::leak(
+        format!("docker = true\ndocker_images = [\"{}\"]\n", saved.display()).into_boxed_str(),
+    );
+    let fleet = Fleet::start(FleetOptions {
+        host_max: 1,
+        policies: vec![PolicySpec {
+            name: "docker",
+            target: "acme",
+            labels: LABELS,
+            max_runners: 1,
+            workspace: "ephemeral",
+            extra,
+        }],
+        base_dir: Some(base_dir()),
+        ..FleetOptions::default()
+    })
+    .await;
+    let reports = fleet.setup.dir.path().join("reports");
+    std::fs::create_dir(&reports).unwrap();
+    std::fs::set_permissions(&reports, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let report = reports.join("docker.txt");
+    let bin = fleet.package.join("bin");
+    std::fs::rename(
+        bin.join("Runner.Listener"),
+        bin.join("Runner.Listener.real"),
+    )
+    .unwrap();
+    let script = more(
+        &fleet,
+        script
+            .replace("@REPORT@", &report.display().to_string())
+            .replace("@IMAGES@", &images.path().display().to_string()),
+    );
+    let mut listener = std::fs::File::create(bin.join("Runner.Listener")).unwrap();
+    listener.write_all(script.as_bytes()).unwrap();
+    drop(listener);
+    std::fs::set_permissions(
+        bin.join("Runner.Listener"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    Some(DockerFleet {
+        _subids: SubIds(uids_of(&fleet)),
+        fleet,
+        report,
+        _images: images,
+    })
+}
+
+/// This fleet's runner uids.
+fn uids_of(fleet: &Fleet) -> std::ops::RangeInclusive<u32> {
+    let (first, last) = fleet.uids.split_once('-').unwrap();
+    first.parse().unwrap()..=last.parse().unwrap()
+}
+
+/// Waits until nothing of the fleet's attempts is left ([`left_of`]; killed processes are
+/// reaped by init, sometimes a moment later), or fails saying what is.
+async fn nothing_left(fleet: &Fleet, when: &str) {
+    let mut left = Vec::new();
+    for _ in 0..50 {
+        left = left_of(fleet, &fleet.attempts(), &SubIds::ranges(&uids_of(fleet)));
+        if left.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{when}, left: {left:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_own_docker_runs_builds_serves_and_reaches_nothing_of_the_host() {
+    // A directory of root's, mode 0755, outside what the daemon copies up (`/etc`, `/run`).
+    let root_only = tempfile::Builder::new()
+        .prefix("rm-e2e-root-only-")
+        .tempdir_in(base_dir())
+        .unwrap();
+    std::fs::set_permissions(root_only.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let device = root_only_device();
+    let Some(docker) = docker_fleet("docker::a_jobs_own_docker", SCRIPT, |fleet, script| {
+        script
+            .replace("@ROOT_ONLY@", &root_only.path().display().to_string())
+            .replace("@DEVICE@", &device.display().to_string())
+            .replace("@SERVICE_PORT@", &SERVICE_PORT.to_string())
+            .replace("@RECEIVER@", &fleet.setup.addr.port().to_string())
+    })
+    .await
+    else {
+        return;
+    };
+    let fleet = &docker.fleet;
+    let report = &docker.report;
+    let root_only = root_only.path();
+    let _marker = Marker(
+        std::process::Command::new("sleep")
+            .arg(MARKER_SECONDS)
+            .spawn()
+            .unwrap(),
+    );
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 300,
+        ..RunnerBehavior::default()
+    });
+    let _agent = fleet.start_agent(&[]).await;
+
+    let run = async |name: &str| {
+        let before: Vec<_> = fleet.attempts().into_iter().map(|a| a.attempt_id).collect();
+        let job = fleet.fake.queue_job(REPO, name, LABELS).unwrap();
+        wait_until(
+            Duration::from_secs(120),
+            &format!("job {name} done and its attempt cleaned"),
+            || fleet.completed(job) && fleet.all_cleaned(),
+        )
+        .await;
+        // The attempt started for it: the only one not there before (which job an attempt
+        // took is journalled from GitHub's word, which may come after the job is done).
+        let attempt = fleet
+            .attempts()
+            .into_iter()
+            .find(|a| !before.contains(&a.attempt_id))
+            .unwrap_or_else(|| panic!("no runner started for job {name}"));
+        nothing_left(fleet, &format!("after job {name}")).await;
+        attempt
+    };
+    let first = run("with-docker").await;
+    let second = run("with-docker-again").await;
+    let text = std::fs::read_to_string(&report).unwrap_or_default();
+    eprintln!("{text}");
+
+    let one = steps(&text, "first");
+    let step = |steps: &BTreeMap<String, (bool, String)>, name: &str| {
+        steps
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no step {name} in the report:\n{text}"))
+    };
+    let succeeded = |name: &str, needle: &str| {
+        let (ok, out) = step(&one, name);
+        assert!(ok && out.contains(needle), "step {name}: {out}\n{text}");
+    };
+    succeeded("docker_host", "unix:///");
+    succeeded("preloaded", "sha256:");
+    succeeded("import", "sha256:");
+    succeeded("run_imported", "hello-from-the-imported-image");
+    succeeded("run", "hello-from-a-container");
+    succeeded("build", "sha256:");
+    succeeded("built", "built-by-the-job");
+    succeeded("service", "");
+    succeeded("reached", "served-by-the-jobs-service");
+    succeeded("job_container", "");
+    succeeded("exec", "a-step-in-the-container");
+    succeeded("volume", "rm-e2e-volume");
+    let (_, running) = step(&one, "running");
+    assert_eq!(
+        running.split_whitespace().count(),
+        2,
+        "the service and the job container ran when the first job ended: {running}"
+    );
+
+    let two = steps(&text, "second");
+    assert_eq!(
+        second.uid, first.uid,
+        "the second job did not get the first's uid"
+    );
+    let (_, images_seen) = step(&two, "images");
+    assert_eq!(
+        images_seen.split_whitespace().collect::<Vec<_>>(),
+        [BASE_IMAGE],
+        "the second job sees only the preloaded image, none of the first's"
+    );
+    for name in ["containers", "volumes"] {
+        let (ok, out) = step(&two, name);
+        assert!(
+            ok && out.trim().is_empty(),
+            "the second job sees the first's {name}: {out}"
+        );
+    }
+    // Attacks: each refused, or confined to what the runner's uid may do.
+    // The daemon's `/etc` is a copy (rootlesskit's `--copy-up`): a write there, refused or
+    // not, never reaches the host's.
+    let (_, out) = step(&two, "privileged_etc");
+    assert!(
+        !Path::new("/etc/rm-e2e-pwned").exists(),
+        "a privileged container wrote into the host's /etc: {out}"
+    );
+    let (ok, out) = step(&two, "privileged_root");
+    assert!(
+        !ok && !root_only.join("pwned").exists(),
+        "a privileged container wrote into a directory of root's: {out}"
+    );
+    let (ok, out) = step(&two, "privileged_own");
+    assert!(
+        ok && out.contains("written"),
+        "the control: the same bind of / writes where the runner's uid may ({out})"
+    );
+    let (ok, out) = step(&two, "pid_host");
+    assert!(
+        ok && !out.contains(MARKER_SECONDS) && !out.contains("rm-agent"),
+        "--pid=host shows the host's processes: {out}"
+    );
+    for name in ["net_host", "net_host_gateway"] {
+        let (ok, out) = step(&two, name);
+        assert!(
+            !ok,
+            "--net=host reached the agent's receiver on the host's loopback ({name}): {out}"
+        );
+    }
+    let (ok, out) = step(&two, "device");
+    assert!(!ok, "a container read {}: {out}", device.display());
+    let (ok, out) = step(&two, "host_socket");
+    assert!(
+        !ok,
+        "the job reached a daemon at /var/run/docker.sock: {out}"
+    );
+
+    for a in [&first, &second] {
+        assert_eq!(a.state, AttemptState::Cleaned, "{a:?}");
+        assert_eq!(a.outcome, Some(AttemptOutcome::CompletedJob), "{a:?}");
+    }
+}
+
+/// The crash test's job: a container left running under the daemon before the runner starts.
+const HOLDING_SCRIPT: &str = r#"#!/bin/sh
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+out=$(docker run -d rm-e2e-base sleep 600 2>&1)
+printf 'held %s %s\n' "$?" "$out" >> @REPORT@
+exec "$HERE/bin/Runner.Listener.real" "$@"
+"#;
+
+/// The agent SIGKILLed while a runner with its Docker daemon and a container runs, right after
+/// the spawn (its pid not yet journalled: recovery cleans the attempt) and once the runner is
+/// busy (the next agent adopts it): either way the job is served, and once every attempt is
+/// cleaned nothing of the daemon, its containers (subordinate ids) or the runner is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_while_runners_have_docker_leaves_nothing_of_it() {
+    rm_e2e::agent_with("fault-injection");
+    for point in ["process_spawned", "runner_busy"] {
+        let Some(docker) = docker_fleet("docker::an_agent_killed", HOLDING_SCRIPT, |_, s| s).await
+        else {
+            return;
+        };
+        let fleet = &docker.fleet;
+        fleet.fake.set_runner_behavior(RunnerBehavior {
+            job_duration_ms: 3_000,
+            ..RunnerBehavior::default()
+        });
+        let mut first = fleet.start_agent(&[("RM_FAULT_CRASH_AT", point)]).await;
+        let job = fleet.fake.queue_job(REPO, point, LABELS).unwrap();
+        wait_until(Duration::from_secs(60), "the agent to kill itself", || {
+            first.exited()
+        })
+        .await;
+        assert!(
+            fleet
+                .setup
+                .logs()
+                .contains(&format!("RM_FAULT_CRASH_AT={point}")),
+            "the agent did not reach {point}"
+        );
+        let _second = fleet.start_agent(&[]).await;
+        wait_until(
+            Duration::from_secs(120),
+            &format!("{point}: the job completed and every attempt cleaned"),
+            || fleet.completed(job) && fleet.all_cleaned(),
+        )
+        .await;
+        nothing_left(fleet, &format!("killed at {point}, then recovered")).await;
+        let held = std::fs::read_to_string(&docker.report).unwrap_or_default();
+        assert!(
+            held.lines().any(|l| l.starts_with("held 0 ")),
+            "{point}: no job's container ran: {held}"
+        );
+        assert!(
+            fleet.our_registrations().is_empty(),
+            "{point}: registration left"
+        );
+    }
+}
