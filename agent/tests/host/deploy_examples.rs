@@ -167,6 +167,10 @@ fn the_systemd_unit_is_hardened_and_drains_within_its_stop_timeout() {
         );
     }
     assert!(
+        !service.contains_key("ProtectHostname"),
+        "its seccomp filter refuses sethostname(2): runners' and containers' UTS namespaces are named"
+    );
+    assert!(
         !service.contains_key("MemoryDenyWriteExecute"),
         "the runner is a .NET program: it needs W^X memory for its JIT"
     );
@@ -200,6 +204,39 @@ fn the_systemd_unit_is_hardened_and_drains_within_its_stop_timeout() {
     );
 
     systemd_analyze_verify(&text);
+}
+
+/// The drop-in for Docker policies lifts exactly what stops a runner's rootless daemon (the
+/// setuid `newuidmap` under `no_new_privs`, `/dev/net/tun` under `PrivateDevices`, the daemon's
+/// own tun node without `CAP_MKNOD`) and nothing else; the unit with it still verifies.
+#[test]
+fn the_docker_drop_in_lifts_only_what_a_rootless_daemon_needs() {
+    let text = read("systemd/rm-agent.service.d/docker.conf");
+    let drop_in = parse_unit(&text);
+    assert_eq!(drop_in.keys().collect::<Vec<_>>(), ["Service"]);
+    let service = &drop_in["Service"];
+    let mut keys: Vec<&str> = service.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        ["CapabilityBoundingSet", "NoNewPrivileges", "PrivateDevices"]
+    );
+    assert_eq!(one(&drop_in, "Service", "NoNewPrivileges"), "no");
+    assert_eq!(one(&drop_in, "Service", "PrivateDevices"), "no");
+    assert_eq!(
+        one(&drop_in, "Service", "CapabilityBoundingSet"),
+        "CAP_MKNOD"
+    );
+    // What the agent itself checks before it starts a daemon says the same.
+    let setup =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/setup.md")).unwrap();
+    assert!(
+        setup.contains("rm-agent.service.d/docker.conf"),
+        "docs/setup.md does not point Docker hosts at the drop-in"
+    );
+    // systemd merges a drop-in's [Service] into the unit's, as a second section of one file.
+    let unit = read("systemd/rm-agent.service");
+    systemd_analyze_verify(&format!("{unit}\n{text}"));
 }
 
 /// `systemd-analyze verify` on the unit, with ExecStart pointed at an existing program.
@@ -378,6 +415,7 @@ fn every_file_in_deploy_is_checked() {
         "rm-agent.example.toml",
         "quickstart.toml",
         "systemd/rm-agent.service",
+        "systemd/rm-agent.service.d/docker.conf",
         "launchd/dev.rm.agent.plist",
         "proxy/nginx.conf",
         "proxy/Caddyfile",

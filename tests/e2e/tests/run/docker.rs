@@ -520,7 +520,7 @@ async fn a_jobs_own_docker_runs_builds_serves_and_reaches_nothing_of_the_host() 
     };
     let first = run("with-docker").await;
     let second = run("with-docker-again").await;
-    let text = std::fs::read_to_string(&report).unwrap_or_default();
+    let text = std::fs::read_to_string(report).unwrap_or_default();
     eprintln!("{text}");
 
     let one = steps(&text, "first");
