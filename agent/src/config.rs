@@ -175,6 +175,8 @@ pub struct PolicySection {
     pub docker: Option<bool>,
     /// Image tarballs (`docker save` output) loaded into each runner's daemon.
     pub docker_images: Option<Vec<PathBuf>>,
+    /// A pull-through registry mirror each runner's daemon pulls Docker Hub images through.
+    pub docker_registry_mirror: Option<String>,
     /// A size, or `"none"`; absent: [`bounds::default_memory_max`].
     pub memory_max: Option<String>,
     /// A count, or `"none"`; absent: [`bounds::DEFAULT_PIDS_MAX`].
@@ -377,6 +379,38 @@ pub struct DockerPolicy {
     /// Image tarballs (`docker save` output, absolute paths) loaded into each runner's daemon
     /// before the runner starts: images a job finds without a registry round trip.
     pub images: Vec<PathBuf>,
+    /// `docker_registry_mirror`: the pull-through mirror the daemon pulls Docker Hub images
+    /// through (as written; [`crate::runner::docker::mirror`] says how the daemon reaches it).
+    pub registry_mirror: Option<RegistryMirror>,
+}
+
+/// A registry mirror's URL, parsed (`policy.docker_registry_mirror`): `http(s)://HOST[:PORT][/]`,
+/// what dockerd's `--registry-mirror` takes (no path, user or query).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryMirror {
+    /// `https://`; otherwise `http://`.
+    pub https: bool,
+    /// The host as written: a name, an IPv4 address, or an IPv6 one in brackets.
+    pub host: String,
+    /// The port written, or the scheme's (80, 443).
+    pub port: u16,
+}
+
+impl RegistryMirror {
+    /// Whether the host is this machine's loopback (`localhost`, 127.0.0.0/8, `[::1]`).
+    pub fn is_loopback(&self) -> bool {
+        validate::is_loopback_host(&self.host)
+    }
+
+    /// `http(s)://HOST:PORT`.
+    pub fn url(&self) -> String {
+        format!(
+            "{}://{}:{}",
+            if self.https { "https" } else { "http" },
+            self.host,
+            self.port
+        )
+    }
 }
 
 /// `memory_max`, `pids_max`, `cpu_weight` of a policy.

@@ -557,7 +557,8 @@ fn isolation_mistakes_name_their_key() {
     assert_eq!(
         docker.policies[0].docker,
         Some(DockerPolicy {
-            images: vec!["/srv/images/pg.tar".into(), "/srv/images/node.tar".into()]
+            images: vec!["/srv/images/pg.tar".into(), "/srv/images/node.tar".into()],
+            registry_mirror: None,
         })
     );
     assert_eq!(load_text(&policy("")).unwrap().policies[0].docker, None);
@@ -573,6 +574,178 @@ fn isolation_mistakes_name_their_key() {
         load_text("[host]\nisolation = \"none\"\nmax_runners = 4\nrunner_uids = \"70000-70001\"\n")
             .is_ok()
     );
+}
+
+#[test]
+fn a_registry_mirror_must_be_reachable_by_the_runners_daemons() {
+    let config = |host: &str, extra: &str| {
+        format!(
+            "[host]\nmax_runners = 4\n{host}\n[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"x\"]\n{extra}\n"
+        )
+    };
+    let private = "network_host_ports = [5000, 8080]";
+    let key = "policy[0].docker_registry_mirror";
+    let refused = [
+        (
+            config(
+                private,
+                "docker_registry_mirror = \"http://127.0.0.1:5000\"",
+            ),
+            "docker = true",
+        ),
+        (
+            config(
+                private,
+                "docker = true\ndocker_registry_mirror = \"127.0.0.1:5000\"",
+            ),
+            "http://",
+        ),
+        (
+            config(
+                private,
+                "docker = true\ndocker_registry_mirror = \"ftp://127.0.0.1:5000\"",
+            ),
+            "http://",
+        ),
+        (
+            config(
+                private,
+                "docker = true\ndocker_registry_mirror = \"http://\"",
+            ),
+            "URL",
+        ),
+        (
+            config(
+                private,
+                "docker = true\ndocker_registry_mirror = \"http://127.0.0.1:5000/v2/\"",
+            ),
+            "path",
+        ),
+        (
+            config(
+                private,
+                "docker = true\ndocker_registry_mirror = \"http://u:p@127.0.0.1:5000\"",
+            ),
+            "user",
+        ),
+        (
+            config(
+                private,
+                "docker = true\ndocker_registry_mirror = \"http://127.0.0.1:5001\"",
+            ),
+            "network_host_ports",
+        ),
+        // The scheme's own port must be listed too.
+        (
+            config(
+                private,
+                "docker = true\ndocker_registry_mirror = \"http://127.0.0.1\"",
+            ),
+            "port 80",
+        ),
+        (
+            config(
+                private,
+                "docker = true\ndocker_registry_mirror = \"https://mirror.example:5000\"",
+            ),
+            "127.0.0.1",
+        ),
+        (
+            config(
+                private,
+                "docker = true\ndocker_registry_mirror = \"http://127.0.0.2:5000\"",
+            ),
+            "127.0.0.1",
+        ),
+        (
+            config(
+                private,
+                "docker = true\ndocker_registry_mirror = \"http://[::1]:5000\"",
+            ),
+            "127.0.0.1",
+        ),
+        (
+            config(
+                "network = \"host\"",
+                "docker = true\ndocker_registry_mirror = \"http://127.0.0.1:0\"",
+            ),
+            "port",
+        ),
+    ];
+    for (text, hint) in refused {
+        let err = refusal(&text);
+        assert_eq!(err.key, key, "{text}");
+        assert!(err.problem.contains(hint), "{text}: {err}");
+    }
+    let mirror_of = |text: &str| {
+        load_text(text)
+            .unwrap_or_else(|e| panic!("{text}: {e}"))
+            .policies[0]
+            .docker
+            .clone()
+            .unwrap()
+            .registry_mirror
+            .unwrap()
+    };
+    let accepted = [
+        (
+            config(
+                private,
+                "docker = true\ndocker_registry_mirror = \"http://127.0.0.1:5000\"",
+            ),
+            false,
+            "127.0.0.1",
+            5000,
+        ),
+        (
+            config(
+                private,
+                "docker = true\ndocker_registry_mirror = \"HTTP://localhost:8080/\"",
+            ),
+            false,
+            "localhost",
+            8080,
+        ),
+        (
+            config(
+                "network_host_ports = [443]",
+                "docker = true\ndocker_registry_mirror = \"https://127.0.0.1\"",
+            ),
+            true,
+            "127.0.0.1",
+            443,
+        ),
+        // Runners in the host's network: any URL.
+        (
+            config(
+                "network = \"host\"",
+                "docker = true\ndocker_registry_mirror = \"https://mirror.example:5000\"",
+            ),
+            true,
+            "mirror.example",
+            5000,
+        ),
+        (
+            config(
+                "network = \"host\"",
+                "docker = true\ndocker_registry_mirror = \"http://127.0.0.1:5000\"",
+            ),
+            false,
+            "127.0.0.1",
+            5000,
+        ),
+    ];
+    for (text, https, host, port) in accepted {
+        assert_eq!(
+            mirror_of(&text),
+            RegistryMirror {
+                https,
+                host: host.to_owned(),
+                port
+            },
+            "{text}"
+        );
+    }
 }
 
 #[test]

@@ -409,6 +409,15 @@ pub(super) fn validate(
                 "gives each runner a rootless Docker daemon running as the runner's own uid, and needs host.isolation = \"user\"".to_owned(),
             ));
         }
+        if let Some(mirror) = policy
+            .docker
+            .as_ref()
+            .and_then(|d| d.registry_mirror.as_ref())
+            && network == Network::Private
+        {
+            mirror_reachable(mirror, &host.network_host_ports)
+                .map_err(|problem| err(&key("docker_registry_mirror"), problem))?;
+        }
         if !names.insert(policy.name.clone()) {
             return Err(err(
                 &key("name"),
@@ -505,7 +514,21 @@ fn validate_policy(
             "\"persistent\" is for repository targets only: a slot's _work must not be shared across repositories".to_owned(),
         ));
     }
-    let docker = match (section.docker.unwrap_or(false), section.docker_images) {
+    let docker_on = section.docker.unwrap_or(false);
+    if !docker_on && section.docker_registry_mirror.is_some() {
+        return Err((
+            "docker_registry_mirror",
+            "is what each runner's own Docker daemon pulls through: set `docker = true` too"
+                .to_owned(),
+        ));
+    }
+    let registry_mirror = section
+        .docker_registry_mirror
+        .as_deref()
+        .map(registry_mirror)
+        .transpose()
+        .map_err(|problem| ("docker_registry_mirror", problem))?;
+    let docker = match (docker_on, section.docker_images) {
         (false, Some(images)) if !images.is_empty() => {
             return Err((
                 "docker_images",
@@ -525,7 +548,10 @@ fn validate_policy(
                     ),
                 ));
             }
-            Some(DockerPolicy { images })
+            Some(DockerPolicy {
+                images,
+                registry_mirror,
+            })
         }
     };
     if section.runner_group_id == Some(0) {
@@ -584,6 +610,61 @@ fn validate_policy(
     })
 }
 
+/// `policy.docker_registry_mirror` parsed: `http(s)://HOST[:PORT]`, at most a `/` after it
+/// (dockerd refuses a mirror with a path, and would not start).
+fn registry_mirror(text: &str) -> Result<RegistryMirror, String> {
+    let lower = text.to_ascii_lowercase();
+    let https = if lower.starts_with("https://") {
+        true
+    } else if lower.starts_with("http://") {
+        false
+    } else {
+        return Err(format!(
+            "`{text}` is not an http:// or https:// URL (a registry mirror such as \"http://127.0.0.1:5000\")"
+        ));
+    };
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a valid URL"))?;
+    let host = match (uri.host(), uri.authority()) {
+        (Some(host), Some(authority)) if !host.is_empty() && !authority.as_str().contains('@') => {
+            host.to_owned()
+        }
+        _ => return Err(format!("`{text}` names no host (or carries a user)")),
+    };
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(format!(
+            "`{text}` has a path or a query; a registry mirror is a bare `http(s)://HOST:PORT`"
+        ));
+    }
+    let port = match uri.port_u16() {
+        Some(0) => return Err(format!("`{text}`: 0 is not a port")),
+        Some(port) => port,
+        None if https => 443,
+        None => 80,
+    };
+    Ok(RegistryMirror { https, host, port })
+}
+
+/// Under `host.network = "private"` a runner's daemon reaches the host only at a
+/// `host.network_host_ports` port of the host's `127.0.0.1` (`runner::network`): the mirror
+/// must listen there.
+fn mirror_reachable(mirror: &RegistryMirror, host_ports: &[u16]) -> Result<(), String> {
+    let url = mirror.url();
+    if !(mirror.host.eq_ignore_ascii_case("localhost") || mirror.host == "127.0.0.1") {
+        return Err(format!(
+            "`{url}` is not on this host's 127.0.0.1: under host.network = \"private\" runners reach the host only at 127.0.0.1 on a port of host.network_host_ports; run the mirror there"
+        ));
+    }
+    if !host_ports.contains(&mirror.port) {
+        return Err(format!(
+            "`{url}`: port {} is not in host.network_host_ports, so runners' daemons cannot reach it; add it there",
+            mirror.port
+        ));
+    }
+    Ok(())
+}
+
 /// Networks as written, each parsed, or the first that is not one.
 fn cidrs(texts: Vec<String>) -> Result<Vec<Cidr>, String> {
     texts.iter().map(|t| t.parse()).collect()
@@ -620,7 +701,7 @@ pub(crate) fn transport(url: &str) -> Result<(), String> {
 }
 
 /// `localhost`, an IPv4 address in 127.0.0.0/8, or `[::1]`, as [`http::Uri::host`] gives them.
-fn is_loopback_host(host: &str) -> bool {
+pub(super) fn is_loopback_host(host: &str) -> bool {
     if host.eq_ignore_ascii_case("localhost") {
         return true;
     }

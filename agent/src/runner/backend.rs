@@ -366,6 +366,17 @@ impl UserIsolation {
             // host by the runner's network (`network::HostRules`).
             resolv_conf: None,
             env: Vec::new(),
+            // In a private network the daemon reaches a loopback mirror at the host end of the
+            // runner's veth (`docker::mirror`).
+            registry_mirror: policy.registry_mirror.as_ref().map(|mirror| {
+                let route = match (&self.network, netns) {
+                    (Some(_), Some(_)) => docker::Route::Private {
+                        host_end: network::addresses(network::slot_of(account.uid)).host,
+                    },
+                    _ => docker::Route::Host,
+                };
+                docker::daemon_mirror(mirror, route)
+            }),
         };
         let daemon = docker::start(spec, tools).map_err(|e| BackendError::Docker(e.to_string()))?;
         let docker_host = daemon.docker_host();

@@ -8,11 +8,14 @@
 //! - [`subid`]: each pool uid's range in `/etc/subuid` and `/etc/subgid` (decided purely,
 //!   appended atomically).
 //! - [`launch`]: starting one daemon and waiting until it answers.
+//! - [`mirror`]: the pull-through registry mirror as the daemon must address it.
 //! - [`host`]: whether this host can, and why not.
 
 pub mod host;
 pub mod launch;
+pub mod mirror;
 pub mod subid;
 
 pub use host::{Facts, Lack, Tools, judge};
 pub use launch::{Daemon, DaemonSpec, DockerError, ImageError, Layout, load_images, start};
+pub use mirror::{DaemonMirror, Route, daemon_mirror};

@@ -20,10 +20,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use rm_agent::config::RegistryMirror;
 use rm_agent::runner::cgroup;
 use rm_agent::runner::docker::subid::{self, Files, SubRange};
 use rm_agent::runner::docker::{self, DaemonSpec, Layout, Tools};
 use rm_agent::runner::isolate::Account;
+use rm_agent::runner::network::{self, HostNetwork, HostRules, Names};
 
 use crate::skip::cannot_run;
 
@@ -33,6 +35,15 @@ const UID_MAIN: u32 = 64290;
 const UID_COSTS: u32 = 64291;
 /// Never given a subordinate range.
 const UID_NO_RANGE: u32 = 64292;
+const UID_MIRROR: u32 = 64293;
+const UID_MIRROR_COSTS: u32 = 64294;
+
+/// How many pulls and loads [`docker_mirror_costs`] times, per image.
+const MIRROR_COST_RUNS: usize = 5;
+
+/// The padding of [`docker_mirror_costs`]'s large image: about the size of a small real image
+/// (`docs/performance.md` measured a 107 MB `docker load`).
+const LARGE_PADDING: usize = 100 << 20;
 
 /// How many daemons [`docker_costs`] starts.
 const COST_RUNS: usize = 10;
@@ -181,9 +192,13 @@ fn ip(args: &[&str]) {
 
 /// The image: busybox and its applets, a page to serve, a home for the `--user 1000` run.
 fn image_tar(path: &Path) {
-    let file = std::fs::File::create(path).unwrap();
-    let mut tar = tar::Builder::new(file);
-    let dir = |tar: &mut tar::Builder<std::fs::File>, name: &str| {
+    std::fs::write(path, image_layer(0)).unwrap();
+}
+
+/// [`image_tar`]'s bytes, with a file of `padding` incompressible bytes (`/pad`) when not 0.
+fn image_layer(padding: usize) -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let dir = |tar: &mut tar::Builder<Vec<u8>>, name: &str| {
         let mut header = tar::Header::new_gnu();
         header.set_entry_type(tar::EntryType::Directory);
         header.set_mode(0o755);
@@ -213,7 +228,23 @@ fn image_tar(path: &Path) {
     header.set_size(page.len() as u64);
     tar.append_data(&mut header, "www/index.html", &page[..])
         .unwrap();
-    tar.finish().unwrap();
+    if padding > 0 {
+        // xorshift: incompressible, so a gzip layer is as large as the plain one.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let pad: Vec<u8> = (0..padding / 8)
+            .flat_map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x.to_le_bytes()
+            })
+            .collect();
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(0o644);
+        header.set_size(pad.len() as u64);
+        tar.append_data(&mut header, "pad", pad.as_slice()).unwrap();
+    }
+    tar.into_inner().unwrap()
 }
 
 /// Runs the `docker` client as the runner's uid against its daemon (as a job does).
@@ -376,6 +407,7 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
             netns: Some(netns.try_clone().unwrap()),
             resolv_conf: None,
             env: vec![],
+            registry_mirror: None,
         },
         &tools,
     )
@@ -795,6 +827,7 @@ fn docker_costs() {
                 netns: Some(host.netns_fd()),
                 resolv_conf: None,
                 env: vec![],
+                registry_mirror: None,
             },
             &tools,
         )
@@ -872,6 +905,7 @@ fn a_daemon_that_cannot_start_says_why_and_leaves_nothing() {
             netns: Some(host.netns_fd()),
             resolv_conf: None,
             env: vec![],
+            registry_mirror: None,
         },
         &tools,
     )
@@ -890,4 +924,477 @@ fn a_daemon_that_cannot_start_says_why_and_leaves_nothing() {
     host.kill();
     nothing_left(account.uid, SubRange { start: 0, count: 0 });
     std::fs::remove_dir_all(&runtime).unwrap();
+}
+
+/// A registry's `sha256:<hex>` digest of `bytes`.
+fn digest(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
+/// One image a [`Registry`] serves: its schema2 manifest and the blobs it names.
+struct Served {
+    name: String,
+    manifest: Vec<u8>,
+    blobs: Vec<(String, Vec<u8>)>,
+}
+
+impl Served {
+    /// `library/<name>:latest` of one gzip layer made from `layer` (a plain tar).
+    fn new(name: &str, layer: &[u8]) -> Served {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(layer).unwrap();
+        let gz = gz.finish().unwrap();
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            other => other,
+        };
+        let config = serde_json::json!({
+            "architecture": arch,
+            "os": "linux",
+            "config": { "Cmd": ["/bin/sh"] },
+            "rootfs": { "type": "layers", "diff_ids": [digest(layer)] },
+            "history": [{ "created_by": "rm's runner_docker test" }],
+        })
+        .to_string()
+        .into_bytes();
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {
+                "mediaType": "application/vnd.docker.container.image.v1+json",
+                "size": config.len(),
+                "digest": digest(&config),
+            },
+            "layers": [{
+                "mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                "size": gz.len(),
+                "digest": digest(&gz),
+            }],
+        })
+        .to_string()
+        .into_bytes();
+        Served {
+            name: name.to_owned(),
+            manifest,
+            blobs: vec![(digest(&config), config), (digest(&gz), gz)],
+        }
+    }
+}
+
+/// A registry v2 server (the part of the API a pull uses) on the host's loopback, on a thread
+/// of the test: `GET /v2/`, `GET|HEAD /v2/library/<name>/manifests/<latest|digest>`,
+/// `GET /v2/library/<name>/blobs/<digest>`. It stands for a pull-through mirror such as
+/// `registry:2` with `REGISTRY_PROXY_REMOTEURL`, and records every request line it answers.
+struct Registry {
+    port: u16,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Registry {
+    fn start(images: Vec<Served>) -> Registry {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let images = std::sync::Arc::new(images);
+        let log = seen.clone();
+        // Left blocked in `accept` when the test ends: the test binary's exit ends it.
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let images = images.clone();
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    let _ = Registry::answer(stream, &images, &log);
+                });
+            }
+        });
+        Registry { port, seen }
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Answers the requests of one connection (keep-alive) until the client closes it.
+    fn answer(
+        stream: TcpStream,
+        images: &[Served],
+        log: &std::sync::Mutex<Vec<String>>,
+    ) -> std::io::Result<()> {
+        use std::io::BufRead as _;
+        let mut reader = std::io::BufReader::new(stream.try_clone()?);
+        let mut out = stream;
+        loop {
+            let mut request = String::new();
+            if reader.read_line(&mut request)? == 0 {
+                return Ok(());
+            }
+            // The headers: none matters here (GET and HEAD carry no body).
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line)? == 0 || line.trim().is_empty() {
+                    break;
+                }
+            }
+            let request = request.trim().to_owned();
+            log.lock().unwrap().push(request.clone());
+            let mut words = request.split_whitespace();
+            let method = words.next().unwrap_or_default();
+            let path = words.next().unwrap_or_default();
+            let (status, kind, body, digest_header) = Registry::route(path, images);
+            let mut head = format!(
+                "HTTP/1.1 {status}\r\nDocker-Distribution-API-Version: registry/2.0\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n",
+                body.len()
+            );
+            if let Some(d) = digest_header {
+                head.push_str(&format!("Docker-Content-Digest: {d}\r\n"));
+            }
+            head.push_str("\r\n");
+            out.write_all(head.as_bytes())?;
+            if method != "HEAD" {
+                out.write_all(&body)?;
+            }
+            out.flush()?;
+        }
+    }
+
+    /// The status, content type, body and digest of the answer to `path`.
+    fn route(
+        path: &str,
+        images: &[Served],
+    ) -> (&'static str, &'static str, Vec<u8>, Option<String>) {
+        let json = "application/json";
+        if path == "/v2/" || path == "/v2" {
+            return ("200 OK", json, b"{}".to_vec(), None);
+        }
+        for image in images {
+            let prefix = format!("/v2/library/{}/", image.name);
+            let Some(rest) = path.strip_prefix(&prefix) else {
+                continue;
+            };
+            let manifest_digest = digest(&image.manifest);
+            if let Some(reference) = rest.strip_prefix("manifests/")
+                && (reference == "latest" || reference == manifest_digest)
+            {
+                return (
+                    "200 OK",
+                    "application/vnd.docker.distribution.manifest.v2+json",
+                    image.manifest.clone(),
+                    Some(manifest_digest),
+                );
+            }
+            if let Some(wanted) = rest.strip_prefix("blobs/")
+                && let Some((d, bytes)) = image.blobs.iter().find(|(d, _)| d == wanted)
+            {
+                return (
+                    "200 OK",
+                    "application/octet-stream",
+                    bytes.clone(),
+                    Some(d.clone()),
+                );
+            }
+        }
+        (
+            "404 Not Found",
+            json,
+            br#"{"errors":[{"code":"NAME_UNKNOWN","message":"not served here"}]}"#.to_vec(),
+            None,
+        )
+    }
+}
+
+/// A runner's real network (`host.network = "private"`): the host's table with
+/// `host.network_host_ports = [port]` for `account`'s slot, and the runner's namespace, veth and
+/// table, as the backend makes them. Removed on drop, even when the test fails half-way.
+struct RunnerNetwork {
+    host: HostNetwork,
+    names: Names,
+    netns: OwnedFd,
+}
+
+impl RunnerNetwork {
+    fn new(short_id: &str, account: Account, port: u16) -> RunnerNetwork {
+        let host = HostNetwork {
+            table: format!("rm_t{short_id}"),
+            rules: HostRules::new(&[port], &[], "", [account.uid]),
+        };
+        let names = Names::of(short_id);
+        host.install().unwrap_or_else(|e| panic!("{e}"));
+        // Made before anything can fail, so that the drop removes the table in every case.
+        let mut made = RunnerNetwork {
+            host,
+            names,
+            netns: rustix::fs::open("/", rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty())
+                .unwrap(),
+        };
+        let table = made.host.runner_table(account.uid, None);
+        made.netns =
+            network::create(&made.names, account.uid, &table).unwrap_or_else(|e| panic!("{e}"));
+        made
+    }
+}
+
+impl Drop for RunnerNetwork {
+    fn drop(&mut self) {
+        if let Err(e) = network::remove(&self.names) {
+            eprintln!("cannot remove the runner's network {:?}: {e}", self.names);
+        }
+        if let Err(e) = self.host.uninstall() {
+            eprintln!("cannot remove the table {}: {e}", self.host.table);
+        }
+    }
+}
+
+/// What the mirror tests need besides [`needs`]: `ip` and `nft` for the real network.
+fn needs_network(test: &str) -> Option<Tools> {
+    let tools = needs(test)?;
+    let missing = network::missing_tools();
+    if !missing.is_empty() {
+        cannot_run(
+            test,
+            "docker",
+            &format!("a runner's network needs {}", missing.join(", ")),
+        );
+        return None;
+    }
+    Some(tools)
+}
+
+/// A daemon for `account` in `host`'s cgroup and `net`'s namespace, told the mirror on the
+/// host's `127.0.0.1:port` as rm tells it (`docker::daemon_mirror`).
+fn daemon_with_mirror(
+    tools: &Tools,
+    host: &Host,
+    net: &RunnerNetwork,
+    account: Account,
+    port: u16,
+) -> docker::Daemon {
+    let written = RegistryMirror {
+        https: false,
+        host: "127.0.0.1".to_owned(),
+        port,
+    };
+    let mirror = docker::daemon_mirror(
+        &written,
+        docker::Route::Private {
+            host_end: network::addresses(network::slot_of(account.uid)).host,
+        },
+    );
+    docker::start(
+        DaemonSpec {
+            account,
+            runtime: host.runtime("runtime", account),
+            cgroup_procs: host.procs(),
+            netns: Some(net.netns.try_clone().unwrap()),
+            resolv_conf: None,
+            env: vec![],
+            registry_mirror: Some(mirror),
+        },
+        tools,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `policy.docker_registry_mirror` with real parts: a registry on the host's loopback, its port
+/// in `host.network_host_ports`, the runner's real network (host table, namespace, veth, runner
+/// table); the runner's daemon pulls `docker.io/library/<name>` through it (Docker Hub is not
+/// reachable from here: the pull succeeds only through the mirror) and runs it.
+#[test]
+fn a_runners_docker_pulls_through_the_hosts_registry_mirror() {
+    let test = "a_runners_docker_pulls_through_the_hosts_registry_mirror";
+    let Some(tools) = needs_network(test) else {
+        return;
+    };
+    let account = Account {
+        uid: UID_MIRROR,
+        gid: UID_MIRROR,
+    };
+    no_passwd_entry(account.uid);
+    let range = sub_ranges(account);
+    let name = "rm-mirrored-busybox";
+    let registry = Registry::start(vec![Served::new(name, &image_layer(0))]);
+    let host = Host::new("mi");
+    let net = RunnerNetwork::new(
+        &format!("ee{:010x}", std::process::id()),
+        account,
+        registry.port,
+    );
+    let daemon = daemon_with_mirror(&tools, &host, &net, account, registry.port);
+    let layout = daemon.layout.clone();
+    let info = ok(
+        docker(
+            &layout,
+            account,
+            &["info", "--format", "{{json .RegistryConfig.Mirrors}}"],
+        ),
+        "docker info",
+    );
+    eprintln!("the daemon's mirrors: {}", info.trim());
+    let host_end = network::addresses(network::slot_of(account.uid)).host;
+    assert!(
+        info.contains(&format!("http://{host_end}:{}/", registry.port)),
+        "{info}"
+    );
+
+    let started = Instant::now();
+    let pulled = ok(
+        docker(&layout, account, &["pull", name]),
+        "docker pull through the mirror",
+    );
+    eprintln!(
+        "docker pull through the mirror took {:?}: {}",
+        started.elapsed(),
+        pulled.trim()
+    );
+    let seen = registry.seen();
+    eprintln!("the mirror answered: {seen:?}");
+    for wanted in [
+        format!("/v2/library/{name}/manifests/latest"),
+        format!("/v2/library/{name}/blobs/sha256:"),
+    ] {
+        assert!(
+            seen.iter().any(|r| r.contains(&wanted)),
+            "the mirror never saw {wanted}: {seen:?}"
+        );
+    }
+    let said = ok(
+        docker(
+            &layout,
+            account,
+            &[
+                "run",
+                "--rm",
+                name,
+                "/bin/echo",
+                "pulled-through-the-mirror",
+            ],
+        ),
+        "docker run of the pulled image",
+    );
+    assert_eq!(said.trim(), "pulled-through-the-mirror");
+
+    // A name the mirror does not have: the pull fails (it falls back to Docker Hub, which this
+    // host's runners cannot reach here), and the mirror was asked first.
+    let missing = docker(&layout, account, &["pull", "rm-not-on-the-mirror"]);
+    assert!(!missing.status.success());
+    assert!(
+        registry
+            .seen()
+            .iter()
+            .any(|r| r.contains("/v2/library/rm-not-on-the-mirror/manifests/latest")),
+        "the mirror was not asked for a name it lacks"
+    );
+
+    host.kill();
+    let mut daemon = daemon;
+    daemon.child.wait().unwrap();
+    nothing_left(account.uid, range);
+    drop(net);
+    assert!(!network::exists(&Names::of(&format!(
+        "ee{:010x}",
+        std::process::id()
+    ))));
+}
+
+/// What a pull through the host's mirror costs beside loading the same image from a tarball
+/// (`policy.docker_images`), printed for docs/performance.md ("A runner's Docker"): one daemon
+/// in a runner's real network, [`MIRROR_COST_RUNS`] times each for a small image (busybox,
+/// about 1 MB gzip) and a large one (busybox and [`LARGE_PADDING`] incompressible bytes): `docker
+/// pull` through the mirror (client included), then `docker save`, `docker rmi`, and
+/// `load_images` of the saved file (the agent's path), `docker rmi` again. Ignored by default:
+/// `cargo test -p rm-agent --test host docker_mirror_costs -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check: run it by name"]
+fn docker_mirror_costs() {
+    let test = "docker_mirror_costs";
+    let Some(tools) = needs_network(test) else {
+        return;
+    };
+    let account = Account {
+        uid: UID_MIRROR_COSTS,
+        gid: UID_MIRROR_COSTS,
+    };
+    no_passwd_entry(account.uid);
+    sub_ranges(account);
+    let images = [("rm-cost-small", 0), ("rm-cost-large", LARGE_PADDING)];
+    let served: Vec<Served> = images
+        .iter()
+        .map(|(name, padding)| Served::new(name, &image_layer(*padding)))
+        .collect();
+    let sizes: Vec<usize> = served.iter().map(|s| s.blobs[1].1.len()).collect();
+    let registry = Registry::start(served);
+    let host = Host::new("mc");
+    let net = RunnerNetwork::new(
+        &format!("ef{:010x}", std::process::id()),
+        account,
+        registry.port,
+    );
+    let mut daemon = daemon_with_mirror(&tools, &host, &net, account, registry.port);
+    let layout = daemon.layout.clone();
+    let mut lines = Vec::new();
+    for ((name, _), gz) in images.iter().zip(sizes) {
+        let mut pull = Vec::new();
+        let mut load = Vec::new();
+        let mut saved_size = 0;
+        for run in 0..MIRROR_COST_RUNS {
+            let started = Instant::now();
+            ok(
+                docker(&layout, account, &["pull", "-q", name]),
+                "docker pull",
+            );
+            pull.push(started.elapsed());
+            let saved = layout.home.join(format!("{name}-{run}.tar"));
+            ok(
+                docker(
+                    &layout,
+                    account,
+                    &["save", "-o", saved.to_str().unwrap(), name],
+                ),
+                "docker save",
+            );
+            saved_size = std::fs::metadata(&saved).unwrap().len();
+            ok(docker(&layout, account, &["rmi", name]), "docker rmi");
+            let started = Instant::now();
+            docker::load_images(daemon.socket(), std::slice::from_ref(&saved)).unwrap();
+            load.push(started.elapsed());
+            ok(docker(&layout, account, &["rmi", name]), "docker rmi");
+            std::fs::remove_file(&saved).unwrap();
+        }
+        let mb = |b: u64| b as f64 / (1 << 20) as f64;
+        lines.push(summary(
+            &format!("docker pull via mirror ({:.1} MB gzip)", mb(gz as u64)),
+            pull,
+        ));
+        lines.push(summary(
+            &format!("load_images of its save ({:.1} MB tar)", mb(saved_size)),
+            load,
+        ));
+    }
+    eprintln!(
+        "a runner's Docker: pull through the host's mirror vs load from a tarball, {MIRROR_COST_RUNS} each (uid {})",
+        account.uid
+    );
+    for line in lines {
+        eprintln!("{line}");
+    }
+    host.kill();
+    daemon.child.wait().unwrap();
+    drop(net);
+}
+
+/// `p50 .. p99 .. (n, min)` of `v`, nearest rank, as [`docker_costs`] prints.
+fn summary(what: &str, mut v: Vec<Duration>) -> String {
+    v.sort();
+    let at = |q: usize| {
+        let rank = (q * v.len()).div_ceil(100).max(1);
+        v[rank - 1].as_secs_f64() * 1000.0
+    };
+    format!(
+        "{what:<44} p50 {:>7.1} ms  p99 {:>7.1} ms  (n={}, min {:.1})",
+        at(50),
+        at(99),
+        v.len(),
+        at(0),
+    )
 }

@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use rustix::fs::{FileType, Mode, OFlags};
 
 use super::host::{self as tools, DAEMON_PATH, Tools};
+use super::mirror::{DaemonMirror, mirror_flags};
 use crate::runner::isolate::Account;
 
 /// How long [`start`] waits for the daemon to answer `/_ping`. Measured here: 0.4-0.65 s warm,
@@ -176,8 +177,9 @@ pub fn rootlesskit_flags(layout: &Layout) -> String {
     )
 }
 
-/// `dockerd`'s arguments (after `dockerd-rootless.sh`). Pure.
-pub fn dockerd_args(layout: &Layout) -> Vec<OsString> {
+/// `dockerd`'s arguments (after `dockerd-rootless.sh`), the registry mirror's among them when
+/// one is set. Pure.
+pub fn dockerd_args(layout: &Layout, mirror: Option<&DaemonMirror>) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     let mut flag = |name: &str, value: OsString| {
         args.push(name.into());
@@ -187,6 +189,9 @@ pub fn dockerd_args(layout: &Layout) -> Vec<OsString> {
     flag("--exec-root", layout.exec.clone().into_os_string());
     flag("--host", layout.docker_host().into());
     flag("--pidfile", layout.pidfile.clone().into_os_string());
+    if let Some(mirror) = mirror {
+        args.extend(mirror_flags(mirror).into_iter().map(OsString::from));
+    }
     args
 }
 
@@ -248,6 +253,9 @@ pub struct DaemonSpec {
     /// Variables added to the daemon's environment (a proxy for pulls, say); never a secret of
     /// the agent's: the daemon is the runner's uid, and the runner can read its environment.
     pub env: Vec<(OsString, OsString)>,
+    /// The pull-through registry mirror as the daemon must address it
+    /// ([`super::mirror::daemon_mirror`]); `None`: pulls go to the registries themselves.
+    pub registry_mirror: Option<DaemonMirror>,
 }
 
 /// A daemon that answered `/_ping`.
@@ -352,7 +360,7 @@ pub fn start_within(
     let setup = DaemonChild::new(&spec, &layout)?;
     let mut command = Command::new(&tools.rootless_script);
     command
-        .args(dockerd_args(&layout))
+        .args(dockerd_args(&layout, spec.registry_mirror.as_ref()))
         .env_clear()
         .env("PATH", DAEMON_PATH)
         .env("HOME", &layout.home)
@@ -888,23 +896,32 @@ mod tests {
             rootlesskit_flags(&layout),
             "--subid-source=static --pidns --ipcns --state-dir=/srv/rm/runners/0123456789ab/docker/run/rootlesskit"
         );
-        let args: Vec<String> = dockerd_args(&layout)
-            .into_iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+        let args = |mirror: Option<&DaemonMirror>| -> Vec<String> {
+            dockerd_args(&layout, mirror)
+                .into_iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let plain = [
+            "--data-root",
+            "/srv/rm/runners/0123456789ab/docker/data",
+            "--exec-root",
+            "/srv/rm/runners/0123456789ab/docker/exec",
+            "--host",
+            "unix:///srv/rm/runners/0123456789ab/docker/run/docker.sock",
+            "--pidfile",
+            "/srv/rm/runners/0123456789ab/docker/run/docker.pid",
+        ];
+        assert_eq!(args(None), plain);
+        let mirror = DaemonMirror {
+            url: "http://10.213.0.1:5000".to_owned(),
+            insecure: None,
+        };
         assert_eq!(
-            args,
-            [
-                "--data-root",
-                "/srv/rm/runners/0123456789ab/docker/data",
-                "--exec-root",
-                "/srv/rm/runners/0123456789ab/docker/exec",
-                "--host",
-                "unix:///srv/rm/runners/0123456789ab/docker/run/docker.sock",
-                "--pidfile",
-                "/srv/rm/runners/0123456789ab/docker/run/docker.pid",
-            ]
+            args(Some(&mirror))[plain.len()..],
+            ["--registry-mirror", "http://10.213.0.1:5000"]
         );
+        assert_eq!(args(Some(&mirror))[..plain.len()], plain);
         assert!(layout.check_socket_paths().is_ok());
     }
 
