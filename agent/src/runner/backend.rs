@@ -353,6 +353,11 @@ impl UserIsolation {
                     .to_owned(),
             )
         })?;
+        // The uid's ranges, again: the lines written at start may have been edited or lost
+        // since (another writer of /etc/subuid renaming its own version over it), and a daemon
+        // without them cannot map its containers. Writes nothing when they are there.
+        docker::subid::ensure(&docker::subid::Files::host(), &[(account.uid, account.gid)])
+            .map_err(|e| BackendError::Docker(e.to_string()))?;
         let clone = |fd: &std::os::fd::OwnedFd| {
             fd.try_clone()
                 .map_err(|e| BackendError::Docker(format!("cannot pass a descriptor on: {e}")))

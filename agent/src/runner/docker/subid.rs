@@ -369,9 +369,17 @@ pub fn check(files: &Files, pool: &[(u32, u32)]) -> Result<(Plan, Plan), SubIdEr
     Ok((for_uids, for_gids))
 }
 
+/// Serialises [`ensure`]'s read, plan and rename within the agent.
+static WRITER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Gives every pool account (`(uid, gid)`) a subordinate uid and gid range: checks the files and
 /// appends what is missing. Idempotent.
 pub fn ensure(files: &Files, pool: &[(u32, u32)]) -> Result<Assigned, SubIdError> {
+    // One writer at a time in this process: two launches that each read the file and rename
+    // their own version over it would lose one's line.
+    let _one_writer = WRITER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let (for_uids, for_gids) = check(files, pool)?;
     append(&files.subuid, &for_uids.add)?;
     append(&files.subgid, &for_gids.add)?;

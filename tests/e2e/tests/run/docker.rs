@@ -444,6 +444,11 @@ async fn docker_fleet(
     })
 }
 
+/// One Docker test at a time: each fleet's agent writes `/etc/subuid` and `/etc/subgid` by
+/// renaming its own version over them, and a test removes its lines the same way at its end;
+/// two at once could each drop the other's line.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// This fleet's runner uids.
 fn uids_of(fleet: &Fleet) -> std::ops::RangeInclusive<u32> {
     let (first, last) = fleet.uids.split_once('-').unwrap();
@@ -466,6 +471,7 @@ async fn nothing_left(fleet: &Fleet, when: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jobs_own_docker_runs_builds_serves_and_reaches_nothing_of_the_host() {
+    let _one = ONE_AT_A_TIME.lock().await;
     // A directory of root's, mode 0755, outside what the daemon copies up (`/etc`, `/run`).
     let root_only = tempfile::Builder::new()
         .prefix("rm-e2e-root-only-")
@@ -629,6 +635,7 @@ exec "$HERE/bin/Runner.Listener.real" "$@"
 /// cleaned nothing of the daemon, its containers (subordinate ids) or the runner is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_while_runners_have_docker_leaves_nothing_of_it() {
+    let _one = ONE_AT_A_TIME.lock().await;
     rm_e2e::agent_with("fault-injection");
     for point in ["process_spawned", "runner_busy"] {
         let Some(docker) = docker_fleet("docker::an_agent_killed", HOLDING_SCRIPT, |_, s| s).await
