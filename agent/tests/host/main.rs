@@ -5,6 +5,9 @@
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+#[path = "../../../tests/support/busybox_image.rs"]
+#[allow(dead_code, reason = "saved_image serves the end-to-end Docker tests")]
+mod busybox_image;
 #[path = "../../../tests/support/postgres.rs"]
 mod pg_server;
 #[path = "../../../tests/support/skip.rs"]

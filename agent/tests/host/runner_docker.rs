@@ -95,12 +95,7 @@ fn needs(test: &str) -> Option<Tools> {
     Some(tools)
 }
 
-fn busybox() -> Option<PathBuf> {
-    ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-}
+use crate::busybox_image::busybox;
 
 fn cgroup_mount() -> Option<PathBuf> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
@@ -197,54 +192,7 @@ fn image_tar(path: &Path) {
 
 /// [`image_tar`]'s bytes, with a file of `padding` incompressible bytes (`/pad`) when not 0.
 fn image_layer(padding: usize) -> Vec<u8> {
-    let mut tar = tar::Builder::new(Vec::new());
-    let dir = |tar: &mut tar::Builder<Vec<u8>>, name: &str| {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o755);
-        header.set_size(0);
-        tar.append_data(&mut header, name, std::io::empty())
-            .unwrap();
-    };
-    for d in ["bin", "www", "tmp"] {
-        dir(&mut tar, d);
-    }
-    let busybox = std::fs::read(busybox().unwrap()).unwrap();
-    let mut header = tar::Header::new_gnu();
-    header.set_mode(0o755);
-    header.set_size(busybox.len() as u64);
-    tar.append_data(&mut header, "bin/busybox", busybox.as_slice())
-        .unwrap();
-    for applet in APPLETS {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Symlink);
-        header.set_size(0);
-        tar.append_link(&mut header, format!("bin/{applet}"), "busybox")
-            .unwrap();
-    }
-    let page = b"served-from-the-runner-daemon\n";
-    let mut header = tar::Header::new_gnu();
-    header.set_mode(0o644);
-    header.set_size(page.len() as u64);
-    tar.append_data(&mut header, "www/index.html", &page[..])
-        .unwrap();
-    if padding > 0 {
-        // xorshift: incompressible, so a gzip layer is as large as the plain one.
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let pad: Vec<u8> = (0..padding / 8)
-            .flat_map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x.to_le_bytes()
-            })
-            .collect();
-        let mut header = tar::Header::new_gnu();
-        header.set_mode(0o644);
-        header.set_size(pad.len() as u64);
-        tar.append_data(&mut header, "pad", pad.as_slice()).unwrap();
-    }
-    tar.into_inner().unwrap()
+    crate::busybox_image::rootfs(APPLETS, b"served-from-the-runner-daemon\n", padding)
 }
 
 /// Runs the `docker` client as the runner's uid against its daemon (as a job does).
@@ -928,8 +876,7 @@ fn a_daemon_that_cannot_start_says_why_and_leaves_nothing() {
 
 /// A registry's `sha256:<hex>` digest of `bytes`.
 fn digest(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+    format!("sha256:{}", crate::busybox_image::sha256_hex(bytes))
 }
 
 /// One image a [`Registry`] serves: its schema2 manifest and the blobs it names.
@@ -945,11 +892,7 @@ impl Served {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         gz.write_all(layer).unwrap();
         let gz = gz.finish().unwrap();
-        let arch = match std::env::consts::ARCH {
-            "x86_64" => "amd64",
-            "aarch64" => "arm64",
-            other => other,
-        };
+        let arch = crate::busybox_image::arch();
         let config = serde_json::json!({
             "architecture": arch,
             "os": "linux",

@@ -32,6 +32,7 @@ use rm_e2e::fleet::{Fleet, FleetOptions, PolicySpec, REPO, wait_until};
 use rm_fake_github::RunnerBehavior;
 use rm_journal::{AttemptOutcome, AttemptRecord, AttemptState};
 
+use crate::busybox_image::{self, busybox, saved_image};
 use crate::isolation::{base_dir, cgroups_left, names_with_prefix, processes};
 use crate::skip;
 
@@ -181,92 +182,9 @@ impl Drop for Marker {
     }
 }
 
-fn busybox() -> Option<PathBuf> {
-    ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-}
-
-/// A root filesystem of busybox and its applets, with a page to serve, as a tar.
+/// The images' root filesystem, with a page for the service to serve.
 fn rootfs_tar() -> Vec<u8> {
-    let mut tar = tar::Builder::new(Vec::new());
-    let dir = |tar: &mut tar::Builder<Vec<u8>>, name: &str| {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o755);
-        header.set_size(0);
-        tar.append_data(&mut header, name, std::io::empty())
-            .unwrap();
-    };
-    for d in ["bin", "www", "tmp", "proc", "sys", "dev", "etc"] {
-        dir(&mut tar, d);
-    }
-    let busybox = std::fs::read(busybox().unwrap()).unwrap();
-    let mut header = tar::Header::new_gnu();
-    header.set_mode(0o755);
-    header.set_size(busybox.len() as u64);
-    tar.append_data(&mut header, "bin/busybox", busybox.as_slice())
-        .unwrap();
-    for applet in APPLETS {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Symlink);
-        header.set_size(0);
-        tar.append_link(&mut header, format!("bin/{applet}"), "busybox")
-            .unwrap();
-    }
-    let page = b"served-by-the-jobs-service\n";
-    let mut header = tar::Header::new_gnu();
-    header.set_mode(0o644);
-    header.set_size(page.len() as u64);
-    tar.append_data(&mut header, "www/index.html", &page[..])
-        .unwrap();
-    tar.into_inner().unwrap()
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// `docker save` output for one image of one layer (`layer`), tagged `tag`: what an operator
-/// puts in `docker_images`, written here without a daemon.
-fn saved_image(layer: &[u8], tag: &str) -> Vec<u8> {
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    };
-    let config = serde_json::json!({
-        "architecture": arch,
-        "os": "linux",
-        "config": { "Env": ["PATH=/bin"], "Cmd": ["sh"] },
-        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{}", sha256_hex(layer))] },
-    })
-    .to_string()
-    .into_bytes();
-    let config_name = format!("{}.json", sha256_hex(&config));
-    let manifest = serde_json::json!([{
-        "Config": config_name,
-        "RepoTags": [format!("{tag}:latest")],
-        "Layers": ["layer/layer.tar"],
-    }])
-    .to_string()
-    .into_bytes();
-    let mut tar = tar::Builder::new(Vec::new());
-    let mut file = |name: &str, bytes: &[u8]| {
-        let mut header = tar::Header::new_gnu();
-        header.set_mode(0o644);
-        header.set_size(bytes.len() as u64);
-        tar.append_data(&mut header, name, bytes).unwrap();
-    };
-    file("layer/layer.tar", layer);
-    file(&config_name, &config);
-    file("manifest.json", &manifest);
-    tar.into_inner().unwrap()
+    busybox_image::rootfs(APPLETS, b"served-by-the-jobs-service\n", 0)
 }
 
 /// The report's lines of one job: step → (ok, output).

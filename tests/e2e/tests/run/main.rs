@@ -21,6 +21,8 @@ mod poisoned;
 mod polling;
 mod relay;
 
+#[path = "../../../support/busybox_image.rs"]
+mod busybox_image;
 /// A real PostgreSQL server for the fleet's tests (fleet.rs), shared with the journal's tests.
 #[path = "../../../support/postgres.rs"]
 mod pg_server;
