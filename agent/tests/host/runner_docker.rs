@@ -65,6 +65,7 @@ const IMAGE: &str = "rm-test-busybox";
 /// The programs of the image: links to busybox.
 const APPLETS: &[&str] = &[
     "sh", "true", "echo", "cat", "sleep", "httpd", "id", "test", "ls", "tr", "wc", "readlink",
+    "head",
 ];
 
 /// What the tests need, or why they cannot run (after `cannot_run` has been told).
@@ -542,6 +543,37 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+
+    // What containers write counts against the runner's disk bound: the disk watch's own walk
+    // (`runner::disk::measure`, as root) finds a container's file, written under a subordinate
+    // uid inside the daemon's data root, in the runtime.
+    let measured = |runtime: &Path| match rm_agent::runner::disk::measure(runtime, u64::MAX) {
+        Ok(rm_agent::runner::disk::Measured::Bytes(bytes)) => bytes,
+        other => panic!("the runtime could not be measured: {other:?}"),
+    };
+    let before = measured(&runtime);
+    const WRITTEN: u64 = 32 << 20;
+    ok(
+        docker(
+            &layout,
+            account,
+            &[
+                "run",
+                "--user",
+                "1000",
+                IMAGE,
+                "/bin/sh",
+                "-c",
+                &format!("head -c {WRITTEN} /dev/zero > /tmp/written"),
+            ],
+        ),
+        "a container writing 32 MiB",
+    );
+    let grown = measured(&runtime).saturating_sub(before);
+    assert!(
+        grown >= WRITTEN,
+        "the runtime grew by {grown} bytes when a container wrote {WRITTEN}"
+    );
 
     // Hostile: a privileged container with the host's / cannot write a root-owned host file.
     let victim_dir = host.dir.path().join("victim");
