@@ -40,7 +40,8 @@ pub(crate) fn rootfs(applets: &[&str], page: &[u8], padding: usize) -> Vec<u8> {
     for d in ["bin", "www", "tmp", "proc", "sys", "dev", "etc"] {
         let mut header = tar::Header::new_gnu();
         header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o755);
+        // `/tmp` as every image has it: anyone may write, only the owner remove.
+        header.set_mode(if d == "tmp" { 0o1777 } else { 0o755 });
         header.set_size(0);
         tar.append_data(&mut header, d, std::io::empty()).unwrap();
     }
