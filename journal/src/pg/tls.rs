@@ -93,20 +93,17 @@ impl PgTls {
         let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("cannot set up TLS: {e}"))?;
+        let algorithms = provider.signature_verification_algorithms;
+        let without_names = |roots: Option<RootCertStore>| {
+            builder
+                .clone()
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NameUnchecked { roots, algorithms }))
+                .with_no_client_auth()
+        };
         let config = match &verification {
-            Verification::None => builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(Unverified {
-                    algorithms: provider.signature_verification_algorithms,
-                }))
-                .with_no_client_auth(),
-            Verification::Chain(roots) => builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(ChainOnly {
-                    roots: load_roots(roots)?,
-                    algorithms: provider.signature_verification_algorithms,
-                }))
-                .with_no_client_auth(),
+            Verification::None => without_names(None),
+            Verification::Chain(roots) => without_names(Some(load_roots(roots)?)),
             Verification::Full(roots) => builder
                 .with_root_certificates(load_roots(roots)?)
                 .with_no_client_auth(),
@@ -149,57 +146,17 @@ fn load_roots(roots: &Roots) -> Result<RootCertStore, String> {
     Ok(store)
 }
 
-/// `prefer` and `require` without roots: the handshake's signatures are checked (the session
-/// is keyed to whoever holds the certificate's key), the certificate itself is not.
+/// The verifier of the modes that do not compare the server's name (a server reached by an
+/// address its certificate does not list): with `roots` (`verify-ca`) the chain must lead to
+/// one of them; without (`prefer`, `require`) the certificate itself is not checked. Either way
+/// the handshake's signatures are (the session is keyed to whoever holds the certificate's key).
 #[derive(Debug)]
-struct Unverified {
+struct NameUnchecked {
+    roots: Option<RootCertStore>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
-
-/// `verify-ca`: the chain must lead to one of the roots; the name is not compared (a server
-/// reached by an address its certificate does not list).
-#[derive(Debug)]
-struct ChainOnly {
-    roots: RootCertStore,
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for NameUnchecked {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -208,14 +165,16 @@ impl ServerCertVerifier for ChainOnly {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.algorithms.all,
-        )?;
+        if let Some(roots) = &self.roots {
+            let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
+            rustls::client::verify_server_cert_signed_by_trust_anchor(
+                &cert,
+                roots,
+                intermediates,
+                now,
+                self.algorithms.all,
+            )?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 

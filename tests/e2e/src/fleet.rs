@@ -361,6 +361,31 @@ impl Fleet {
         crate::runtimes_in(&self.runner_root)
     }
 
+    /// A directory of the setup every runner uid may write into and no one may remove another's
+    /// file from (mode 1777): where a job's script writes its report.
+    pub fn reports_dir(&self) -> PathBuf {
+        let reports = self.setup.dir.path().join("reports");
+        std::fs::create_dir_all(&reports).unwrap();
+        std::fs::set_permissions(&reports, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        reports
+    }
+
+    /// Puts a job in front of the package's runner: the real `bin/Runner.Listener` moves to
+    /// `bin/Runner.Listener.real` and `script` (a POSIX sh script that ends by `exec`ing it)
+    /// takes its place, mode 0755. Returns the real listener's bytes.
+    pub fn wrap_listener(&self, script: &str) -> Vec<u8> {
+        let bin = self.package.join("bin");
+        let real = bin.join("Runner.Listener.real");
+        std::fs::rename(bin.join("Runner.Listener"), &real).unwrap();
+        std::fs::write(bin.join("Runner.Listener"), script).unwrap();
+        std::fs::set_permissions(
+            bin.join("Runner.Listener"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        std::fs::read(real).unwrap()
+    }
+
     /// Registrations named with our prefix that the agent did not remove: those the fake still
     /// lists, and those it removed itself at the end of a finished ephemeral runner's lag (the
     /// agent never deleted them; GitHub did). Empty means the agent deregistered every runner
@@ -413,8 +438,35 @@ pub async fn wait_until(timeout: Duration, what: &str, mut check: impl FnMut() -
     }
 }
 
+impl Fleet {
+    /// What agents stopped by SIGKILL leave in the kernel (such an agent never drains, and a
+    /// test's last agent is killed when it is dropped): each attempt's runner cgroup (killed,
+    /// then removed), network namespace and veth, and the agent's host table. Through the
+    /// agent's own idempotent cleanup; what is already gone is no error.
+    fn sweep(&self) {
+        use rm_agent::runner::{cgroup, network};
+        for a in self.attempts() {
+            if let Some(path) = &a.cgroup
+                && path.exists()
+            {
+                let _ = cgroup::kill_and_remove(path, SWEEP_WAIT);
+            }
+            let _ = network::remove(&network::Names::of(a.attempt_id.short()));
+        }
+        let host = network::HostNetwork {
+            table: network::host_table_name(&self.setup.dir.path().join("data")),
+            rules: network::HostRules::new(&[], &[], "", std::iter::empty()),
+        };
+        let _ = host.uninstall();
+    }
+}
+
+/// How long [`Fleet::sweep`] waits for a runner cgroup to empty after its kill.
+const SWEEP_WAIT: Duration = Duration::from_secs(5);
+
 impl Drop for Fleet {
-    /// A failed test shows the end of what the agents logged, and the attempts.
+    /// A failed test shows the end of what the agents logged, and the attempts; then what the
+    /// agents left in the kernel is swept.
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("{}", self.setup.failure_report());
@@ -430,5 +482,6 @@ impl Drop for Fleet {
                 );
             }
         }
+        self.sweep();
     }
 }

@@ -102,33 +102,16 @@ fn findings(facts: &Facts, bad_images: Vec<BadImage>) -> Vec<Finding> {
 mod tests {
     use super::*;
     use crate::commands::check::Status;
-    use crate::runner::docker::host::{Found, TOOLS};
 
     fn ready() -> Facts {
         Facts {
-            tools: TOOLS
-                .iter()
-                .map(|t| {
-                    (
-                        *t,
-                        Found::At {
-                            path: PathBuf::from("/usr/bin").join(t.name),
-                            setuid_root: t.setuid,
-                        },
-                    )
-                })
-                .collect(),
-            tun: true,
             tun_open: true,
             can_mknod: false,
-            overlay: true,
-            kernel: Some((6, 1)),
-            no_new_privs: false,
-            max_user_namespaces: Some(1000),
             subids: Ok(vec![
                 "/etc/subuid: 64290:1000000000:65536".into(),
                 "/etc/subgid: 64290:1000000000:65536".into(),
             ]),
+            ..crate::runner::docker::host::all_there()
         }
     }
 

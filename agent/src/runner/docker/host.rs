@@ -341,34 +341,37 @@ impl Tools {
     }
 }
 
+/// A host that lacks nothing (tests of [`judge`] and of what `check` says): every tool at
+/// `/usr/bin`, the two id mappers setuid root, a kernel of 6.1 with overlay.
+#[cfg(test)]
+pub(crate) fn all_there() -> Facts {
+    Facts {
+        tools: TOOLS
+            .iter()
+            .map(|t| {
+                (
+                    *t,
+                    Found::At {
+                        path: PathBuf::from("/usr/bin").join(t.name),
+                        setuid_root: t.setuid,
+                    },
+                )
+            })
+            .collect(),
+        tun: true,
+        tun_open: false,
+        can_mknod: true,
+        overlay: true,
+        kernel: Some((6, 1)),
+        no_new_privs: false,
+        max_user_namespaces: Some(15_000),
+        subids: Ok(vec![]),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn all_there() -> Facts {
-        Facts {
-            tools: TOOLS
-                .iter()
-                .map(|t| {
-                    (
-                        *t,
-                        Found::At {
-                            path: PathBuf::from("/usr/bin").join(t.name),
-                            setuid_root: t.setuid,
-                        },
-                    )
-                })
-                .collect(),
-            tun: true,
-            tun_open: false,
-            can_mknod: true,
-            overlay: true,
-            kernel: Some((6, 1)),
-            no_new_privs: false,
-            max_user_namespaces: Some(15_000),
-            subids: Ok(vec![]),
-        }
-    }
 
     #[test]
     fn a_host_with_everything_lacks_nothing() {

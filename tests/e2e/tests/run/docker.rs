@@ -23,7 +23,6 @@
 //! `/etc/subuid` and `/etc/subgid`; the test puts both files back as they were.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -330,30 +329,13 @@ async fn docker_fleet(
         ..FleetOptions::default()
     })
     .await;
-    let reports = fleet.setup.dir.path().join("reports");
-    std::fs::create_dir(&reports).unwrap();
-    std::fs::set_permissions(&reports, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let report = reports.join("docker.txt");
-    let bin = fleet.package.join("bin");
-    std::fs::rename(
-        bin.join("Runner.Listener"),
-        bin.join("Runner.Listener.real"),
-    )
-    .unwrap();
-    let script = more(
+    let report = fleet.reports_dir().join("docker.txt");
+    fleet.wrap_listener(&more(
         &fleet,
         script
             .replace("@REPORT@", &report.display().to_string())
             .replace("@IMAGES@", &images.path().display().to_string()),
-    );
-    let mut listener = std::fs::File::create(bin.join("Runner.Listener")).unwrap();
-    listener.write_all(script.as_bytes()).unwrap();
-    drop(listener);
-    std::fs::set_permissions(
-        bin.join("Runner.Listener"),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
+    ));
     Some(DockerFleet {
         _subids: SubIds(uids_of(&fleet)),
         fleet,

@@ -404,19 +404,11 @@ async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
     })
     .await;
     let setup = fleet.setup.dir.path();
-    let reports = setup.join("reports");
-    std::fs::create_dir(&reports).unwrap();
-    std::fs::set_permissions(&reports, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let reports = fleet.reports_dir();
     let home = setup.join("agent-home");
     std::fs::create_dir(&home).unwrap();
 
     let bin = fleet.package.join("bin");
-    std::fs::rename(
-        bin.join("Runner.Listener"),
-        bin.join("Runner.Listener.real"),
-    )
-    .unwrap();
-    let real_listener = std::fs::read(bin.join("Runner.Listener.real")).unwrap();
     std::fs::write(bin.join("marker.txt"), MARKER).unwrap();
     std::fs::set_permissions(
         bin.join("marker.txt"),
@@ -456,12 +448,7 @@ async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
         .replace("@PUBLIC@", &standin.public.to_string())
         .replace("@METADATA@", &standin.metadata.to_string())
         .replace("@NAME@", standin::PUBLIC_NAME);
-    std::fs::write(bin.join("Runner.Listener"), &script).unwrap();
-    std::fs::set_permissions(
-        bin.join("Runner.Listener"),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
+    let real_listener = fleet.wrap_listener(&script);
     Hostile {
         fleet,
         reports,
@@ -1418,24 +1405,12 @@ async fn a_job_nesting_a_tree_past_a_thousand_levels_is_cleaned_and_its_uid_reus
         ..FleetOptions::default()
     })
     .await;
-    let reports = fleet.setup.dir.path().join("reports");
-    std::fs::create_dir(&reports).unwrap();
-    std::fs::set_permissions(&reports, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let bin = fleet.package.join("bin");
-    std::fs::rename(
-        bin.join("Runner.Listener"),
-        bin.join("Runner.Listener.real"),
-    )
-    .unwrap();
-    let script = DEEP_SCRIPT
-        .replace("@REPORT@", &reports.display().to_string())
-        .replace("@LEVELS@", &DEEP_LEVELS.to_string());
-    std::fs::write(bin.join("Runner.Listener"), script).unwrap();
-    std::fs::set_permissions(
-        bin.join("Runner.Listener"),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
+    let reports = fleet.reports_dir();
+    fleet.wrap_listener(
+        &DEEP_SCRIPT
+            .replace("@REPORT@", &reports.display().to_string())
+            .replace("@LEVELS@", &DEEP_LEVELS.to_string()),
+    );
     let _agent = fleet.start_agent(&[]).await;
     fleet.fake.set_runner_behavior(RunnerBehavior {
         job_duration_ms: 500,
