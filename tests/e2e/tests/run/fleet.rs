@@ -435,10 +435,26 @@ async fn three_hosts_and_two_receivers_serve_a_hundred_jobs_once_through_a_kille
     let surplus = check_surplus(&fleet, &jobs, &attempts);
     let names = jit_names(&fleet);
     let journalled: HashSet<String> = attempts.iter().map(|a| a.runner_name.clone()).collect();
-    assert_eq!(
-        names, journalled,
-        "every JIT registration is one host's attempt"
+    assert!(
+        names.is_subset(&journalled),
+        "every JIT registration is one host's attempt: not journalled {:?}",
+        names.difference(&journalled).collect::<Vec<_>>()
     );
+    // An attempt is journalled before its JIT request (intent before effect): the killed host
+    // may have journalled some it never asked GitHub for. Only it, and those never registered.
+    let dead_prefix = format!("rm-{dead}-");
+    for unasked in attempts.iter().filter(|a| !names.contains(&a.runner_name)) {
+        assert!(
+            unasked.runner_name.starts_with(&dead_prefix)
+                && unasked.runner_id.is_none()
+                && unasked.state == AttemptState::Cleaned,
+            "an attempt without a JIT request that is not the killed host's, never registered and cleaned: {unasked:?}"
+        );
+        eprintln!(
+            "{}: journalled, never asked GitHub for (killed before): {:?} {:?}",
+            unasked.runner_name, unasked.reason, unasked.detail
+        );
+    }
     let jits = names.len();
     let acknowledged = check_acknowledged_are_journalled(&fleet, &url);
     assert_eq!(journal_queued(&url), 0, "jobs left queued in the journal");
