@@ -6,6 +6,7 @@ pub mod bounds;
 mod cidr;
 mod duration;
 pub mod fitness;
+pub mod notifications;
 pub mod runner_version;
 mod validate;
 
@@ -144,6 +145,8 @@ pub struct PollingSection {
 #[serde(deny_unknown_fields)]
 pub struct NotificationsSection {
     pub desktop: Option<bool>,
+    /// `[[notifications.webhook]]`: endpoints each event is posted to as JSON.
+    pub webhook: Option<Vec<notifications::WebhookSection>>,
 }
 
 /// `[journal]`: where the journal is (CONTRACT §9: the embedded SQLite file, or a fleet's
@@ -203,6 +206,8 @@ pub struct Config {
     pub runner: Runner,
     pub polling: Polling,
     pub desktop_notifications: bool,
+    /// `[[notifications.webhook]]`, in the file's order (`crate::notify` posts to each).
+    pub webhook_notifications: Vec<notifications::Webhook>,
     /// `journal.url`: the fleet's PostgreSQL journal, without its password (that comes from
     /// `RM_JOURNAL_PASSWORD`, [`crate::secrets::journal_target`]); `None`: the SQLite journal.
     pub pg_journal: Option<rm_journal::PgTarget>,

@@ -885,3 +885,121 @@ fn journal_url_with_a_password_or_what_rm_cannot_use_is_refused_naming_the_key()
     let err = refusal("[journal]\nurl = 5432\n");
     assert_eq!(err.key, "journal.url");
 }
+
+#[test]
+fn webhook_notifications_are_none_by_default_and_several_may_be_configured() {
+    assert!(load_text("").unwrap().webhook_notifications.is_empty());
+    let config = load_text(
+        r#"
+[notifications]
+desktop = true
+
+[[notifications.webhook]]
+url = "https://alerts.example.net/rm/T000/B000/s3cretpath?token=t0k3n"
+secret_file = "/etc/rm-agent/notify-secret"
+
+[[notifications.webhook]]
+url = "http://10.0.0.5:9000/hook"
+events = ["host_unfit", "runners_failing_to_start"]
+"#,
+    )
+    .unwrap();
+    assert!(config.desktop_notifications);
+    let [signed, filtered] = &config.webhook_notifications[..] else {
+        panic!("{:?}", config.webhook_notifications);
+    };
+    assert_eq!(
+        signed.secret_file.as_deref(),
+        Some(Path::new("/etc/rm-agent/notify-secret"))
+    );
+    assert_eq!(signed.events, notifications::EventKind::ALL);
+    assert_eq!(signed.url.host(), "alerts.example.net");
+    assert_eq!(
+        signed.url.uri().to_string(),
+        "https://alerts.example.net/rm/T000/B000/s3cretpath?token=t0k3n"
+    );
+    // Plain http anywhere: a body carries no secret.
+    assert_eq!(filtered.url.redacted(), "http://10.0.0.5:9000");
+    assert_eq!(filtered.secret_file, None);
+    // In the file's order of kinds, whatever order they were written in.
+    assert_eq!(
+        filtered.events,
+        [
+            notifications::EventKind::RunnersFailingToStart,
+            notifications::EventKind::HostUnfit
+        ]
+    );
+    // What the configuration prints of a URL is its scheme and authority: a token may be in
+    // the path or the query.
+    let shown = format!("{config:?}");
+    assert!(
+        !shown.contains("s3cretpath") && !shown.contains("t0k3n"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn webhook_notification_mistakes_name_their_key() {
+    let hook = |body: &str| format!("[[notifications.webhook]]\nurl = \"https://a.example\"\n[[notifications.webhook]]\n{body}\n");
+    for (body, key, says) in [
+        ("url = \"ftp://a.example/x\"", "url", "http:// or https://"),
+        ("url = \"alerts.example.net/rm\"", "url", "http:// or https://"),
+        ("url = \"https://a example/\"", "url", "not a valid URL"),
+        ("url = \"https://\"", "url", "not a valid URL"),
+        (
+            "url = \"https://user:pw@a.example/x\"",
+            "url",
+            "user name or password",
+        ),
+        ("url = \"http://a.example:0/x\"", "url", "port 0"),
+        (
+            "url = \"https://a.example\"\nsecret_file = \"\"",
+            "secret_file",
+            "is empty",
+        ),
+        (
+            "url = \"https://a.example\"\nevents = [\"runners_failing\"]",
+            "events",
+            "the kinds are webhooks_stopped, credentials_rejected, runners_failing_to_start, demand_waiting_at_capacity, host_unfit",
+        ),
+        (
+            "url = \"https://a.example\"\nevents = [\"host_unfit\", \"host_unfit\"]",
+            "events",
+            "listed twice",
+        ),
+        ("url = \"https://a.example\"\nevents = []", "events", "is empty"),
+    ] {
+        let err = refusal(&hook(body));
+        assert_eq!(err.key, format!("notifications.webhook[1].{key}"), "{body}: {err}");
+        assert!(err.problem.contains(says), "{body}: {err}");
+    }
+    // A URL's user and password are not repeated in the refusal.
+    let err = refusal(&hook("url = \"https://user:pw@a.example/x\""));
+    assert!(!err.to_string().contains("pw@"), "{err}");
+
+    let err = refusal("[[notifications.webhook]]\nurl = \"https://a.example\"\ncolour = 1\n");
+    assert!(err.problem.contains("unknown field `colour`"), "{err}");
+    let err = refusal("[[notifications.webhook]]\nsecret_file = \"/s\"\n");
+    assert!(err.problem.contains("missing field `url`"), "{err}");
+}
+
+/// Every key of a `[[notifications.webhook]]` entry (read from serde's refusal of an unknown
+/// one) is documented in docs/configuration.md.
+#[test]
+fn the_configuration_reference_documents_every_webhook_key() {
+    let doc = std::fs::read_to_string(CONFIGURATION_DOC).unwrap();
+    let err = parse(None, "[[notifications.webhook]]\nrm_unknown_probe = 1\n").unwrap_err();
+    let expected = err.problem.split("expected").nth(1).unwrap();
+    let keys: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    assert_eq!(keys, ["url", "secret_file", "events"], "{err}");
+    for key in keys {
+        let key = format!("`notifications.webhook[].{key}`");
+        assert!(doc.contains(&key), "docs/configuration.md does not document {key}");
+    }
+    for kind in notifications::EventKind::ALL {
+        assert!(
+            doc.contains(&format!("`{kind}`")),
+            "docs/configuration.md does not name the kind `{kind}`"
+        );
+    }
+}

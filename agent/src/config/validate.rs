@@ -391,6 +391,13 @@ pub(super) fn validate(
         ),
     };
 
+    let mut webhook_notifications = Vec::new();
+    for (index, section) in file.notifications.webhook.into_iter().flatten().enumerate() {
+        webhook_notifications.push(super::notifications::webhook(section).map_err(
+            |(field, problem)| err(&format!("notifications.webhook[{index}].{field}"), problem),
+        )?);
+    }
+
     let mut names = HashSet::new();
     let mut policies = Vec::with_capacity(file.policies.len());
     for (index, section) in file.policies.into_iter().enumerate() {
@@ -443,6 +450,7 @@ pub(super) fn validate(
             idle_interval,
         },
         desktop_notifications: file.notifications.desktop.unwrap_or(false),
+        webhook_notifications,
         pg_journal,
         retention,
         policies,
