@@ -1,17 +1,33 @@
-//! Desktop notifications for the few things an operator at the desk should hear about without
-//! watching logs: webhooks stopped, GitHub refusing the credentials, runners failing to start,
-//! demand waiting at full capacity. Off unless `[notifications] desktop = true`.
+//! Operator notifications for the few things an operator should hear about without watching
+//! logs: webhooks stopped, GitHub refusing the credentials, runners failing to start, demand
+//! waiting at full capacity, the host unfit. Owns which events go out and when; two sinks carry
+//! them: the desktop (`[notifications] desktop = true`) and webhooks
+//! (`[[notifications.webhook]]`, [`webhook`], with the body in [`body`] and the retry rules in
+//! [`retry`]). Off unless one is configured.
 //!
-//! Sent through the desktop's notification server over the D-Bus session bus (notify-rust with
-//! zbus: no C library), on a thread of its own so that the async runtime never waits for it. At
-//! most one notification per kind of event per [`MIN_INTERVAL`], so a flapping state does not
-//! flood the desktop. On a host without a desktop session (a server, a systemd service) every
-//! notification is a logged no-op: never an error, never a panic.
+//! At most one notification per kind of event per [`MIN_INTERVAL`], whichever the sink, so a
+//! flapping state floods neither the desktop nor a chat channel behind a webhook.
+//! [`Notifier::notify`] never blocks and never fails: the desktop's is sent on a thread of its
+//! own, through the desktop's notification server over the D-Bus session bus (notify-rust with
+//! zbus: no C library); a webhook's is queued for the webhook thread. On a host without a
+//! desktop session (a server, a systemd service) a desktop notification is a logged no-op.
+
+mod body;
+mod retry;
+mod webhook;
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context as _;
+
+pub use crate::config::notifications::EventKind;
+pub use webhook::SinkCounts;
+
+use crate::config::Config;
+use crate::exit::Exit;
 
 /// The least time between two notifications of the same kind. A state that flaps every minute
 /// is worth one notification per quarter hour, not one per flap.
@@ -23,7 +39,10 @@ pub const APP_NAME: &str = "rm-agent";
 /// The session bus's address; without it there is no desktop session to notify.
 pub const SESSION_BUS_ENV: &str = "DBUS_SESSION_BUS_ADDRESS";
 
-/// Something the operator should hear about.
+/// Something the operator should hear about. Each variant is one [`EventKind`]; a webhook body
+/// carries its fields ([`body`], CONTRACT §10). A new event (a job re-run, a runner's attributed
+/// failure such as `oom_killed`) is a variant here with its own fields, a kind beside it, its
+/// message and its body fields; the compiler names each `match` to extend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OperatorEvent {
     /// No webhook arrived for long while GitHub had work: polling took over finding jobs.
@@ -36,16 +55,6 @@ pub enum OperatorEvent {
     DemandWaitingAtCapacity { policy: String, waiting: u32 },
     /// The fitness gate found the host unfit: no new runner is registered ([`crate::fitness`]).
     HostUnfit { problems: Vec<String> },
-}
-
-/// The kind of an event: the unit the rate limit counts in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EventKind {
-    WebhooksStopped,
-    CredentialsRejected,
-    RunnersFailingToStart,
-    DemandWaitingAtCapacity,
-    HostUnfit,
 }
 
 impl OperatorEvent {
@@ -116,12 +125,13 @@ impl RateLimit {
     }
 }
 
-/// What became of one event.
+/// What became of one event, on the desktop; a webhook endpoint that wants it has it queued
+/// unless it was [`Dispatch::RateLimited`].
 #[derive(Debug)]
 pub enum Dispatch {
-    /// Notifications are off.
+    /// Desktop notifications are off.
     Disabled,
-    /// One of the same kind went out less than [`MIN_INTERVAL`] ago.
+    /// One of the same kind went out less than [`MIN_INTERVAL`] ago: on no sink.
     RateLimited,
     /// No desktop session on this host (no session bus address).
     NoSession,
@@ -142,30 +152,55 @@ impl Sending {
     }
 }
 
-/// Sends [`OperatorEvent`]s to the desktop, rate-limited per kind.
+/// Sends [`OperatorEvent`]s to the desktop and the webhooks, rate-limited per kind.
 #[derive(Debug)]
 pub struct Notifier {
-    enabled: bool,
+    /// `[notifications] desktop`.
+    desktop: bool,
     limit: Mutex<RateLimit>,
+    /// `[[notifications.webhook]]`, started; `None` without any.
+    webhooks: Option<webhook::Webhooks>,
 }
 
 impl Notifier {
-    /// A notifier; `enabled` is `[notifications] desktop`.
-    pub fn new(enabled: bool) -> Self {
+    /// A notifier to the desktop alone; `desktop` is `[notifications] desktop`.
+    pub fn new(desktop: bool) -> Self {
         Notifier {
-            enabled,
+            desktop,
             limit: Mutex::new(RateLimit::default()),
+            webhooks: None,
         }
     }
 
-    /// Tells the operator, if enabled and not rate-limited. Never blocks, never fails.
+    /// A notifier to the desktop (if `desktop`) and to `webhooks`, whose thread is started.
+    fn with_webhooks(desktop: bool, webhooks: webhook::Webhooks) -> Self {
+        Notifier {
+            webhooks: Some(webhooks),
+            ..Notifier::new(desktop)
+        }
+    }
+
+    /// Each webhook endpoint's counts, in configuration order (none without webhooks).
+    pub fn webhook_counts(&self) -> Vec<SinkCounts> {
+        self.webhooks
+            .as_ref()
+            .map_or_else(Vec::new, webhook::Webhooks::counts)
+    }
+
+    /// The webhook endpoints' counts for `/metrics`; `None` without webhooks.
+    pub(crate) fn metrics(&self) -> Option<webhook::WebhookMetrics> {
+        self.webhooks.as_ref().map(webhook::Webhooks::metrics)
+    }
+
+    /// Tells the operator, if a sink is configured and the kind is not rate-limited. Never
+    /// blocks, never fails.
     pub fn notify(&self, event: OperatorEvent) {
         let _ = self.dispatch(event);
     }
 
-    /// As [`Notifier::notify`], and says what became of the event.
+    /// As [`Notifier::notify`], and says what became of the event on the desktop.
     pub fn dispatch(&self, event: OperatorEvent) -> Dispatch {
-        if !self.enabled {
+        if !self.desktop && self.webhooks.is_none() {
             return Dispatch::Disabled;
         }
         let admitted = self
@@ -174,8 +209,14 @@ impl Notifier {
             .unwrap_or_else(PoisonError::into_inner)
             .admit(event.kind(), Instant::now());
         if !admitted {
-            tracing::debug!(kind = ?event.kind(), "desktop notification rate-limited");
+            tracing::debug!(kind = ?event.kind(), "notification rate-limited");
             return Dispatch::RateLimited;
+        }
+        if let Some(webhooks) = &self.webhooks {
+            webhooks.enqueue(&event, SystemTime::now());
+        }
+        if !self.desktop {
+            return Dispatch::Disabled;
         }
         if !has_session() {
             tracing::info!(
@@ -197,6 +238,45 @@ impl Notifier {
             }
         }
     }
+}
+
+/// The notifier `[notifications]` asks for: the desktop's, and each webhook endpoint with its
+/// secret read now (once: a changed secret needs a restart) and its thread started. A secret
+/// file that cannot be read or that others can read is a usage error, as for every secret.
+pub(crate) fn from_config(config: &Config) -> Result<Notifier, Exit> {
+    if config.webhook_notifications.is_empty() {
+        return Ok(Notifier::new(config.desktop_notifications));
+    }
+    let mut endpoints = Vec::with_capacity(config.webhook_notifications.len());
+    for (index, webhook) in config.webhook_notifications.iter().enumerate() {
+        let key = format!("notifications.webhook[{index}]");
+        let secret = match &webhook.secret_file {
+            Some(path) => Some(crate::secrets::notification_secret(
+                path,
+                &format!("{key}.secret_file"),
+            )?),
+            None => None,
+        };
+        endpoints.push(webhook::Endpoint {
+            key,
+            url: webhook.url.clone(),
+            secret,
+            events: webhook.events.clone(),
+        });
+    }
+    let webhooks =
+        webhook::Webhooks::new(config.host.name.clone(), endpoints, webhook::QUEUE_CAPACITY);
+    let client = crate::https::client()
+        .context("cannot load this host's TLS root certificates for webhook notifications")
+        .map_err(Exit::runtime)?;
+    webhooks
+        .start(client, retry::RetryPolicy::DEFAULT)
+        .context("cannot start the webhook notification thread")
+        .map_err(Exit::runtime)?;
+    Ok(Notifier::with_webhooks(
+        config.desktop_notifications,
+        webhooks,
+    ))
 }
 
 /// Whether there is a session bus to send to. macOS notifies through its own service.
@@ -224,70 +304,4 @@ fn send(kind: EventKind, summary: &str, body: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_notification_per_kind_per_interval() {
-        let t0 = Instant::now();
-        assert!(may_send(None, t0));
-        assert!(!may_send(Some(t0), t0));
-        assert!(!may_send(
-            Some(t0),
-            t0 + MIN_INTERVAL - Duration::from_secs(1)
-        ));
-        assert!(may_send(Some(t0), t0 + MIN_INTERVAL));
-        // A clock that went backwards (it cannot, with Instant) would not open the gate early.
-        assert!(!may_send(Some(t0 + Duration::from_secs(5)), t0));
-
-        let mut limit = RateLimit::default();
-        assert!(limit.admit(EventKind::WebhooksStopped, t0));
-        assert!(!limit.admit(EventKind::WebhooksStopped, t0 + Duration::from_secs(60)));
-        assert!(
-            limit.admit(EventKind::CredentialsRejected, t0 + Duration::from_secs(60)),
-            "kinds are counted apart"
-        );
-        assert!(limit.admit(EventKind::WebhooksStopped, t0 + MIN_INTERVAL));
-        assert!(!limit.admit(EventKind::WebhooksStopped, t0 + MIN_INTERVAL));
-    }
-
-    #[test]
-    fn events_of_one_kind_share_the_limit_whatever_their_policy() {
-        let a = OperatorEvent::RunnersFailingToStart {
-            policy: "a".into(),
-            failures: 3,
-        };
-        let b = OperatorEvent::RunnersFailingToStart {
-            policy: "b".into(),
-            failures: 1,
-        };
-        assert_eq!(a.kind(), b.kind());
-    }
-
-    #[test]
-    fn messages_say_what_happened_and_what_to_do() {
-        let (summary, body) = OperatorEvent::DemandWaitingAtCapacity {
-            policy: "linux".into(),
-            waiting: 7,
-        }
-        .message();
-        assert!(summary.contains("linux"), "{summary}");
-        assert!(
-            body.contains("7 jobs") && body.contains("max_runners"),
-            "{body}"
-        );
-        let (_, body) = OperatorEvent::CredentialsRejected.message();
-        assert!(body.contains("rm-agent check"), "{body}");
-    }
-
-    #[test]
-    fn a_disabled_notifier_sends_nothing() {
-        let notifier = Notifier::new(false);
-        for _ in 0..3 {
-            assert!(matches!(
-                notifier.dispatch(OperatorEvent::WebhooksStopped),
-                Dispatch::Disabled
-            ));
-        }
-    }
-}
+mod tests;

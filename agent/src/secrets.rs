@@ -120,6 +120,21 @@ fn journal_password(value: Option<String>) -> Option<SecretString> {
     value.filter(|v| !v.is_empty()).map(SecretString::from)
 }
 
+/// A webhook notification endpoint's HMAC key (`notifications.webhook[N].secret_file`, named
+/// by `key`): the file's text without its surrounding whitespace, refused when missing, empty
+/// or readable by every user, like every secret file.
+pub(crate) fn notification_secret(path: &Path, key: &str) -> Result<SecretString, Exit> {
+    let text = read_secret_file(path, key)?;
+    let secret = text.trim();
+    if secret.is_empty() {
+        return Err(Exit::usage(format!(
+            "{key}: {} is empty; put the endpoint's HMAC key there, or remove `secret_file` to send unsigned bodies",
+            path.display()
+        )));
+    }
+    Ok(SecretString::from(secret.to_owned()))
+}
+
 fn split(text: &str, separator: char) -> Vec<SecretString> {
     text.split(separator)
         .map(str::trim)
@@ -159,19 +174,31 @@ pub(crate) fn refuse_readable_by_runners(
 ) -> Result<(), Exit> {
     let files = [
         (
-            "github.private_key_file",
+            "github.private_key_file".to_owned(),
             config.github.private_key_file.as_ref(),
         ),
         (
-            "github.webhook_secret_file",
+            "github.webhook_secret_file".to_owned(),
             config.github.webhook_secret_file.as_ref(),
         ),
         (
-            "relay.token_file",
+            "relay.token_file".to_owned(),
             config.relay.as_ref().and_then(|r| r.token_file.as_ref()),
         ),
     ];
-    for (key, path) in files {
+    // A job holding a notification key could forge the agent's alerts to their receiver.
+    let notification_keys =
+        config
+            .webhook_notifications
+            .iter()
+            .enumerate()
+            .map(|(index, webhook)| {
+                (
+                    format!("notifications.webhook[{index}].secret_file"),
+                    webhook.secret_file.as_ref(),
+                )
+            });
+    for (key, path) in files.into_iter().chain(notification_keys) {
         let Some(path) = path else { continue };
         let Ok(meta) = std::fs::metadata(path) else {
             continue;

@@ -86,7 +86,7 @@ pub(crate) async fn serve_paced(
     let journal = Journal::open(&journal_path, config.retention)
         .with_context(|| format!("cannot open the journal in {}", config.data_dir.display()))
         .map_err(Exit::runtime)?;
-    let notifier = Arc::new(Notifier::new(config.desktop_notifications));
+    let notifier = Arc::new(crate::notify::from_config(config)?);
     let executor = Executor::open(
         settings,
         &journal_path,
@@ -202,6 +202,9 @@ pub(crate) async fn serve_paced(
             receiver.add_collector(Box::new(crate::fitness::report::FitnessMetrics::new(
                 fitness.clone(),
             )));
+            if let Some(notifications) = notifier.metrics() {
+                receiver.add_collector(Box::new(notifications));
+            }
             let shutdown = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
                 receiver.serve(listener, shutdown).await
