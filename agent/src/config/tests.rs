@@ -940,10 +940,18 @@ events = ["host_unfit", "runners_failing_to_start"]
 
 #[test]
 fn webhook_notification_mistakes_name_their_key() {
-    let hook = |body: &str| format!("[[notifications.webhook]]\nurl = \"https://a.example\"\n[[notifications.webhook]]\n{body}\n");
+    let hook = |body: &str| {
+        format!(
+            "[[notifications.webhook]]\nurl = \"https://a.example\"\n[[notifications.webhook]]\n{body}\n"
+        )
+    };
     for (body, key, says) in [
         ("url = \"ftp://a.example/x\"", "url", "http:// or https://"),
-        ("url = \"alerts.example.net/rm\"", "url", "http:// or https://"),
+        (
+            "url = \"alerts.example.net/rm\"",
+            "url",
+            "http:// or https://",
+        ),
         ("url = \"https://a example/\"", "url", "not a valid URL"),
         ("url = \"https://\"", "url", "not a valid URL"),
         (
@@ -967,10 +975,18 @@ fn webhook_notification_mistakes_name_their_key() {
             "events",
             "listed twice",
         ),
-        ("url = \"https://a.example\"\nevents = []", "events", "is empty"),
+        (
+            "url = \"https://a.example\"\nevents = []",
+            "events",
+            "is empty",
+        ),
     ] {
         let err = refusal(&hook(body));
-        assert_eq!(err.key, format!("notifications.webhook[1].{key}"), "{body}: {err}");
+        assert_eq!(
+            err.key,
+            format!("notifications.webhook[1].{key}"),
+            "{body}: {err}"
+        );
         assert!(err.problem.contains(says), "{body}: {err}");
     }
     // A URL's user and password are not repeated in the refusal.
@@ -994,7 +1010,10 @@ fn the_configuration_reference_documents_every_webhook_key() {
     assert_eq!(keys, ["url", "secret_file", "events"], "{err}");
     for key in keys {
         let key = format!("`notifications.webhook[].{key}`");
-        assert!(doc.contains(&key), "docs/configuration.md does not document {key}");
+        assert!(
+            doc.contains(&key),
+            "docs/configuration.md does not document {key}"
+        );
     }
     for kind in notifications::EventKind::ALL {
         assert!(

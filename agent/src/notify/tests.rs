@@ -13,7 +13,7 @@ use rm_receiver::prometheus_client::registry::Registry;
 use secrecy::SecretString;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::*;
 
@@ -721,16 +721,32 @@ async fn a_receiver_that_is_down_is_given_up_counted_and_delays_nothing() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     drop(listener);
-    let notifier = Notifier::with_webhooks(false, started(&[(&url, None)], FAST));
-    notifier.notify(OperatorEvent::WebhooksStopped);
+    let notifier = Arc::new(Notifier::with_webhooks(
+        false,
+        started(&[(&url, None)], FAST),
+    ));
+    notify_returns(&notifier, OperatorEvent::WebhooksStopped).await;
     let webhooks = notifier.webhooks.as_ref().unwrap();
     until("given up", webhooks, |c| c[0].failed == 1).await;
     assert_eq!(webhooks.counts()[0].sent, 0);
 }
 
-/// The test and both receivers share one thread: had `notify` waited for a delivery, no
-/// receiver could have run, and neither request would ever arrive.
-#[tokio::test(flavor = "current_thread")]
+/// Calls `notify` on a thread of its own and waits, generously, for it to return: a `notify`
+/// that waited for a delivery fails the test rather than hanging it.
+async fn notify_returns(notifier: &Arc<Notifier>, event: OperatorEvent) {
+    let (returned, on_return) = oneshot::channel();
+    let notifier = Arc::clone(notifier);
+    std::thread::spawn(move || {
+        notifier.notify(event);
+        let _ = returned.send(());
+    });
+    tokio::time::timeout(PATIENCE, on_return)
+        .await
+        .expect("notify returned")
+        .expect("the notifying thread ran");
+}
+
+#[tokio::test]
 async fn a_hanging_receiver_holds_up_neither_the_caller_nor_another_endpoint() {
     let (hanging_url, mut hanging) = receiver(vec![Answer::Hang]).await;
     let (url, mut working) = receiver(Vec::new()).await;
@@ -738,20 +754,20 @@ async fn a_hanging_receiver_holds_up_neither_the_caller_nor_another_endpoint() {
         timeout: Duration::from_secs(3600),
         ..FAST
     };
-    let notifier = Notifier::with_webhooks(
+    let notifier = Arc::new(Notifier::with_webhooks(
         false,
         started(&[(&hanging_url, None), (&url, None)], patient),
-    );
-    notifier.notify(OperatorEvent::WebhooksStopped);
+    ));
+    notify_returns(&notifier, OperatorEvent::WebhooksStopped).await;
     let held = next(&mut hanging).await;
     assert_eq!(held.headers["x-rm-event"], "webhooks_stopped");
     assert_eq!(
         next(&mut working).await.headers["x-rm-event"],
         "webhooks_stopped"
     );
-    // While the first endpoint still holds its request, the caller goes on notifying, and the
-    // other endpoint gets each event.
-    notifier.notify(OperatorEvent::CredentialsRejected);
+    // The first endpoint holds its request and will never answer: the caller still returns at
+    // once, and the other endpoint gets the next event.
+    notify_returns(&notifier, OperatorEvent::CredentialsRejected).await;
     assert_eq!(
         next(&mut working).await.headers["x-rm-event"],
         "credentials_rejected"
