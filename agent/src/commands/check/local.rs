@@ -1,5 +1,5 @@
 //! `check`'s findings on this machine: the webhook secret, the relay token and the relay's
-//! answer, and the runner package (a directory, or a version in the cache or at GitHub).
+//! answer, the webhook notifications' secrets, and the runner package (a directory, or a version in the cache or at GitHub).
 
 use std::path::Path;
 
@@ -40,6 +40,32 @@ pub(super) fn webhook_secret(config: &Config) -> Finding {
         ),
         Err(exit) => Finding::from_exit(Status::Fail, "webhook_secret", &exit),
     }
+}
+
+/// With `[[notifications.webhook]]`: each endpoint's `secret_file` reads as `run` would read
+/// it. Nothing is sent: a test notification would reach whoever is on call.
+pub(super) fn notifications(config: &Config) -> Option<Finding> {
+    if config.webhook_notifications.is_empty() {
+        return None;
+    }
+    let mut endpoints = Vec::with_capacity(config.webhook_notifications.len());
+    for (index, webhook) in config.webhook_notifications.iter().enumerate() {
+        let signed = match &webhook.secret_file {
+            Some(path) => {
+                let key = format!("notifications.webhook[{index}].secret_file");
+                if let Err(exit) = secrets::notification_secret(path, &key) {
+                    return Some(Finding::from_exit(Status::Fail, "notifications", &exit));
+                }
+                "signed"
+            }
+            None => "unsigned",
+        };
+        endpoints.push(format!("{} ({signed})", webhook.url));
+    }
+    Some(Finding::ok(
+        "notifications",
+        format!("webhook notifications to {}", endpoints.join(", ")),
+    ))
 }
 
 /// Whether an environment variable is absent or blank (the secrets readers then use the file).

@@ -59,7 +59,8 @@ pub(crate) struct Finding {
     pub status: Status,
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
     /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`,
-    /// `fitness`, `env_file`, `runner_version`, `journal`, `protected_links`, `docker`.
+    /// `fitness`, `env_file`, `runner_version`, `journal`, `protected_links`, `docker`,
+    /// `notifications`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,
@@ -190,6 +191,7 @@ pub(crate) async fn findings(config: &Config) -> Vec<Finding> {
     if let Some(finding) = local::relay(config).await {
         out.push(finding);
     }
+    out.extend(local::notifications(config));
     if let Some(finding) = local::runner_package(config).await {
         out.push(finding);
     }

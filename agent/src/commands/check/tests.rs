@@ -191,3 +191,38 @@ fn another_hosts_runners_under_this_hosts_prefix_are_a_warning() {
     // Host ci-2 sees no collision with ci's runners: `rm-ci-` is not its prefix.
     assert!(host_prefix_collision("ci-2", &names[..2]).is_none());
 }
+
+#[test]
+fn notifications_are_checked_only_when_configured_and_their_secrets_read() {
+    use std::os::unix::fs::PermissionsExt as _;
+    assert!(super::local::notifications(&crate::config::from_text("").unwrap()).is_none());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("notify-secret");
+    std::fs::write(&secret, "k3y\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = crate::config::from_text(&format!(
+        "[[notifications.webhook]]\nurl = \"https://a.example/T0/s3cretpath\"\nsecret_file = \"{}\"\n[[notifications.webhook]]\nurl = \"http://10.0.0.5:9000/hook\"\n",
+        secret.display()
+    ))
+    .unwrap();
+    let finding = super::local::notifications(&config).unwrap();
+    assert_eq!(
+        (finding.check, finding.status),
+        ("notifications", Status::Ok)
+    );
+    assert_eq!(
+        finding.what,
+        "webhook notifications to https://a.example (signed), http://10.0.0.5:9000 (unsigned)"
+    );
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let finding = super::local::notifications(&config).unwrap();
+    assert_eq!(finding.status, Status::Fail);
+    assert!(
+        finding
+            .what
+            .contains("notifications.webhook[0].secret_file"),
+        "{}",
+        finding.what
+    );
+    assert!(finding.remedy.contains("chmod 600"), "{}", finding.remedy);
+}
