@@ -37,6 +37,11 @@ idle_interval = "10s"
 [notifications]
 desktop = false
 
+[[notifications.webhook]]
+url = "https://alerts.example.net/rm"
+secret_file = "/etc/rm-agent/notify-secret"
+events = ["runners_failing_to_start", "host_unfit"]
+
 [[policy]]
 name = "linux"
 target = "acme"
@@ -80,6 +85,7 @@ fn the_contract_example_loads() {
     assert_eq!(policy.target, Target::Org("acme".to_owned()));
     assert_eq!(policy.workspace, Workspace::Ephemeral);
     assert_eq!(config.retention, Retention::default());
+    assert_eq!(config.webhook_notifications.len(), 1);
 }
 
 #[test]

@@ -14,24 +14,34 @@ use super::OperatorEvent;
 /// The prefix of `X-Rm-Signature-256`, as GitHub writes its own.
 const SIGNATURE_PREFIX: &str = "sha256=";
 
+/// A body's common keys, in this order, then the event's own fields (by name: a JSON map).
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    event: &'static str,
+    host: &'a str,
+    at: String,
+    summary: String,
+    detail: String,
+    #[serde(flatten)]
+    fields: Map<String, Value>,
+}
+
 /// The body for `event`, which happened on `host` at `at`: `event` (the kind's name), `host`,
 /// `at` (RFC 3339, UTC, milliseconds), `summary` and `detail` (the desktop notification's two
 /// lines), then the event's own fields ([`fields`]), which never take one of those names.
 pub(crate) fn body(event: &OperatorEvent, host: &str, at: SystemTime) -> Vec<u8> {
     let (summary, detail) = event.message();
-    let mut object = Map::new();
-    object.insert("event".to_owned(), json!(event.kind().name()));
-    object.insert("host".to_owned(), json!(host));
-    object.insert(
-        "at".to_owned(),
-        json!(humantime::format_rfc3339_millis(at).to_string()),
-    );
-    object.insert("summary".to_owned(), json!(summary));
-    object.insert("detail".to_owned(), json!(detail));
-    object.extend(fields(event));
-    // Serializing a map of strings and numbers cannot fail; an empty body would be refused by
-    // any receiver rather than pass for an event.
-    serde_json::to_vec(&Value::Object(object)).unwrap_or_default()
+    let body = Body {
+        event: event.kind().name(),
+        host,
+        at: humantime::format_rfc3339_millis(at).to_string(),
+        summary,
+        detail,
+        fields: fields(event),
+    };
+    // Serializing strings, numbers and a map of them cannot fail; an empty body would be
+    // refused by any receiver rather than pass for an event.
+    serde_json::to_vec(&body).unwrap_or_default()
 }
 
 /// What an event says beyond its kind, under the names the contract gives them. A new event's

@@ -187,6 +187,28 @@ fn the_body_of_each_kind_is_the_contracts() {
     }
 }
 
+/// The example in CONTRACT §10 is what the agent sends, byte for byte.
+#[test]
+fn the_contracts_example_body_is_the_agents() {
+    let contract =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/contract.md"))
+            .unwrap();
+    let example = contract
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("{\"event\":\"runners_failing_to_start\""))
+        .expect("CONTRACT §10 shows a body");
+    let at = humantime::parse_rfc3339("2026-12-03T15:36:05.123Z").unwrap();
+    let event = OperatorEvent::RunnersFailingToStart {
+        policy: "linux".to_owned(),
+        failures: 3,
+    };
+    assert_eq!(
+        String::from_utf8(body::body(&event, "builder-01", at)).unwrap(),
+        example
+    );
+}
+
 #[test]
 fn the_signature_is_githubs() {
     // GitHub's documented example for X-Hub-Signature-256 ("Validating webhook deliveries").
