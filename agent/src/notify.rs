@@ -269,7 +269,7 @@ pub(crate) fn from_config(config: &Config) -> Result<Notifier, Exit> {
     let client = crate::https::client()
         .context("cannot load this host's TLS root certificates for webhook notifications")
         .map_err(Exit::runtime)?;
-    webhooks
+    let webhooks = webhooks
         .start(client, retry::RetryPolicy::DEFAULT)
         .context("cannot start the webhook notification thread")
         .map_err(Exit::runtime)?;

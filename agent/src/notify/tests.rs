@@ -550,12 +550,9 @@ fn started(endpoints: &[(&str, Option<&str>)], retry: retry::RetryPolicy) -> web
             ..endpoint(url, *secret, all_kinds())
         })
         .collect();
-    let webhooks =
-        webhook::Webhooks::new("builder-01".to_owned(), endpoints, webhook::QUEUE_CAPACITY);
-    webhooks
+    webhook::Webhooks::new("builder-01".to_owned(), endpoints, webhook::QUEUE_CAPACITY)
         .start(crate::https::client().unwrap(), retry)
-        .unwrap();
-    webhooks
+        .unwrap()
 }
 
 /// What a test receiver answers to one request.
@@ -809,4 +806,44 @@ async fn a_hanging_receiver_holds_up_neither_the_caller_nor_another_endpoint() {
         hanging.try_recv().is_err(),
         "the second waits behind the first"
     );
+}
+
+#[tokio::test]
+async fn the_configuration_builds_the_notifier_that_posts_signed_bodies() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let (url, mut seen) = receiver(Vec::new()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("notify-secret");
+    std::fs::write(&secret, "from-the-file\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = crate::config::from_text(&format!(
+        "[host]\nname = \"ci-07\"\n[[notifications.webhook]]\nurl = \"{url}\"\nsecret_file = \"{}\"\nevents = [\"host_unfit\"]\n",
+        secret.display()
+    ))
+    .unwrap();
+    let notifier = from_config(&config).unwrap();
+    notifier.notify(OperatorEvent::WebhooksStopped);
+    notifier.notify(OperatorEvent::HostUnfit {
+        problems: vec!["no git".to_owned()],
+    });
+    let request = next(&mut seen).await;
+    let parsed: Value = serde_json::from_slice(&request.body).unwrap();
+    assert_eq!(
+        parsed["event"], "host_unfit",
+        "the filter let only its kind through"
+    );
+    assert_eq!(parsed["host"], "ci-07");
+    assert_eq!(parsed["problems"], json!(["no git"]));
+    let verifier = rm_receiver::WebhookSecrets::new(vec!["from-the-file".into()]).unwrap();
+    assert!(verifier.verify(
+        request.headers["x-rm-signature-256"].as_bytes(),
+        &request.body
+    ));
+    let counts = notifier.webhook_counts();
+    assert_eq!(counts[0].key, "notifications.webhook[0]");
+    assert_eq!(counts[0].host, "127.0.0.1");
+
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o604)).unwrap();
+    let refused = from_config(&config).unwrap_err();
+    assert_eq!(refused.code, crate::exit::USAGE, "{refused:?}");
 }

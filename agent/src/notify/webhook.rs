@@ -205,13 +205,14 @@ impl Webhooks {
         Webhooks { host, sinks }
     }
 
-    /// Starts the thread that serves every endpoint's queue with `client`, timed by `retry`.
-    /// It ends when these webhooks are dropped and the queues are empty.
+    /// Starts the thread that serves every endpoint's queue with `client`, timed by `retry`
+    /// (once: it takes the webhooks and gives them back). It ends when the webhooks are dropped
+    /// and the queues are empty.
     pub(crate) fn start(
-        &self,
+        self,
         client: HttpsClient<Full<Bytes>>,
         retry: RetryPolicy,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -229,7 +230,7 @@ impl Webhooks {
                     }
                 });
             })?;
-        Ok(())
+        Ok(self)
     }
 
     /// Queues `event`, which happened at `at`, for every endpoint that wants its kind. Never
