@@ -161,7 +161,8 @@ impl Sink {
     /// the queue is empty.
     async fn next(&self) -> Option<Delivery> {
         loop {
-            // Registered before the queue is looked at, so a push in between is not missed.
+            // A push between the look below and the wait leaves a permit (`notify_one` stores
+            // one when no task waits), so the wait ends at once and the loop looks again.
             let ready = self.ready.notified();
             {
                 let mut state = self.lock();
