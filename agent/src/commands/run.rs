@@ -371,6 +371,13 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
                 .collect(),
             registrations: crate::executor::shared_windows(config.github.pacing),
         }),
+        // `logs.keep = 0`: nothing is kept.
+        logs: (config.logs.keep > 0).then(|| {
+            Arc::new(crate::runner::logs::Store::new(
+                &config.data_dir,
+                config.logs.into(),
+            ))
+        }),
     };
     Ok((settings, version))
 }

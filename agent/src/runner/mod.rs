@@ -12,6 +12,7 @@ pub mod disk;
 pub mod docker;
 pub mod env_file;
 pub mod isolate;
+pub mod logs;
 pub mod network;
 pub mod package;
 pub mod process;

@@ -593,6 +593,13 @@ impl Harness {
                         super::shared_windows(rm_github::pacing::Pacing::default())
                     }),
                 }),
+            // Beside the journal, as `<data_dir>/logs` is in production.
+            logs: journal.parent().map(|data_dir| {
+                Arc::new(crate::runner::logs::Store::new(
+                    data_dir,
+                    crate::runner::logs::Bounds::default(),
+                ))
+            }),
         };
         let seams = Seams {
             clock: Arc::new(clock.clone()),
@@ -786,6 +793,12 @@ impl Harness {
             .map(|r| r.name)
             .filter(|n| super::owns_runner_name(HOST, n))
             .collect()
+    }
+
+    /// The store of kept runner logs (`<data_dir>/logs`).
+    pub(super) fn kept_logs(&self) -> crate::runner::logs::Store {
+        let data_dir = self.journal_path.parent().expect("the data directory");
+        crate::runner::logs::Store::new(data_dir, crate::runner::logs::Bounds::default())
     }
 
     /// Runtime directories left under the runner root.
