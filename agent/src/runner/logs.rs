@@ -53,6 +53,20 @@ pub const PER_FILE_CAP: u64 = 16 << 20;
 /// manifest as left out.
 pub const PER_ATTEMPT_CAP: u64 = 64 << 20;
 
+/// The caps a keep applies ([`PER_FILE_CAP`], [`PER_ATTEMPT_CAP`]; tests use small ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    pub per_file: u64,
+    pub per_attempt: u64,
+}
+
+impl Caps {
+    pub const DEFAULT: Caps = Caps {
+        per_file: PER_FILE_CAP,
+        per_attempt: PER_ATTEMPT_CAP,
+    };
+}
+
 /// The prefix of a copy being made; a crash leaves one, which the next keep of the same
 /// attempt removes and the pruning ignores.
 const TEMP_PREFIX: &str = ".tmp-";
@@ -259,6 +273,11 @@ impl Store {
 
     /// Copies the attempt's `_diag` into the store, unless a whole copy is already there.
     pub fn keep(&self, attempt: &Attempt, now_ms: i64) -> anyhow::Result<Kept> {
+        self.keep_with(attempt, now_ms, Caps::DEFAULT)
+    }
+
+    /// [`Store::keep`] under `caps`.
+    pub fn keep_with(&self, attempt: &Attempt, now_ms: i64, caps: Caps) -> anyhow::Result<Kept> {
         anyhow::ensure!(
             copy::safe_name(OsStr::new(&attempt.attempt_id)),
             "the attempt id is not a file name"
@@ -298,7 +317,7 @@ impl Store {
             left_out: Vec::new(),
         };
         if let Some(diag) = open_diag(&attempt.runtime_dir)? {
-            copy_diag(&diag, &out, &mut manifest);
+            copy_diag(&diag, &out, &mut manifest, caps);
         }
         let json = serde_json::to_vec_pretty(&manifest).context("cannot write the manifest")?;
         write_new(&out, OsStr::new(MANIFEST), &json).context("cannot write the manifest")?;
@@ -450,7 +469,7 @@ pub fn read_diag_file(
     Ok((scrub::scrub(&bytes), size, capped))
 }
 
-fn copy_diag(diag: &OwnedFd, out: &OwnedFd, manifest: &mut Manifest) {
+fn copy_diag(diag: &OwnedFd, out: &OwnedFd, manifest: &mut Manifest, caps: Caps) {
     let names = match diag_names(diag, &mut manifest.left_out) {
         Ok(names) => names,
         Err(e) => {
@@ -461,17 +480,17 @@ fn copy_diag(diag: &OwnedFd, out: &OwnedFd, manifest: &mut Manifest) {
             return;
         }
     };
-    let mut budget = PER_ATTEMPT_CAP;
+    let mut budget = caps.per_attempt;
     for name in names {
         let shown = printable(&name);
         if budget == 0 {
             manifest.left_out.push(LeftOut {
                 name: shown,
-                why: format!("the attempt's {PER_ATTEMPT_CAP} bytes were kept already"),
+                why: format!("the attempt's {} bytes were kept already", caps.per_attempt),
             });
             continue;
         }
-        let kept = read_diag_file(diag, &name, PER_FILE_CAP.min(budget)).and_then(
+        let kept = read_diag_file(diag, &name, caps.per_file.min(budget)).and_then(
             |(bytes, size, capped)| {
                 write_new(out, &name, &bytes).map_err(|e| format!("cannot write its copy: {e}"))?;
                 Ok((bytes.len() as u64, size, capped))

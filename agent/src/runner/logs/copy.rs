@@ -28,7 +28,7 @@ pub const MAX_DIAG_ENTRIES: usize = 4096;
 pub const MAX_NAME_LEN: usize = 128;
 
 /// Opens a directory `name` under `dir` without following a link.
-pub(crate) fn open_dir_at(dir: impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
+pub fn open_dir_at(dir: impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
     Ok(rustix::fs::openat(
         dir,
         name,
@@ -39,13 +39,13 @@ pub(crate) fn open_dir_at(dir: impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
 
 /// Opens a directory by path, not following a link in its last component (the components
 /// above a runtime are the agent's own).
-pub(crate) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     open_dir_at(rustix::fs::CWD, path.as_os_str())
 }
 
 /// A regular file `name` under `dir`, opened for reading, and its size; anything else (a link, a
 /// FIFO, a socket, a device, a directory) is refused with why.
-pub(crate) fn open_regular_at(dir: impl AsFd, name: &OsStr) -> Result<(File, u64), String> {
+pub fn open_regular_at(dir: impl AsFd, name: &OsStr) -> Result<(File, u64), String> {
     let fd = rustix::fs::openat(
         dir,
         name,
@@ -77,7 +77,7 @@ pub fn safe_name(name: &OsStr) -> bool {
 
 /// The names at the top of a directory, at most [`MAX_DIAG_ENTRIES`] looked at; `.` and `..`
 /// left out. Whether each is a file is decided when it is opened, not from the listing.
-pub(crate) fn list(dir: impl AsFd) -> io::Result<Vec<std::ffi::OsString>> {
+pub fn list(dir: impl AsFd) -> io::Result<Vec<std::ffi::OsString>> {
     let mut names = Vec::new();
     let mut listing = rustix::fs::Dir::read_from(dir)?;
     for entry in listing.by_ref().take(MAX_DIAG_ENTRIES) {
@@ -91,7 +91,7 @@ pub(crate) fn list(dir: impl AsFd) -> io::Result<Vec<std::ffi::OsString>> {
 }
 
 /// The bytes of a file kept under `cap`: all of it when it fits; else its head and its tail.
-pub(crate) fn read_capped(file: &File, size: u64, cap: u64) -> io::Result<Vec<u8>> {
+pub fn read_capped(file: &File, size: u64, cap: u64) -> io::Result<Vec<u8>> {
     if size <= cap {
         return read_range(file, 0, size);
     }
@@ -102,6 +102,10 @@ pub(crate) fn read_capped(file: &File, size: u64, cap: u64) -> io::Result<Vec<u8
 }
 
 /// Reads up to `len` bytes at `offset` (fewer when the file shrank meanwhile).
+pub fn read_at(file: &File, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+    read_range(file, offset, len)
+}
+
 fn read_range(file: &File, offset: u64, len: u64) -> io::Result<Vec<u8>> {
     let len = usize::try_from(len).map_err(io::Error::other)?;
     let mut buf = vec![0; len];
