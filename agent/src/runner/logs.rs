@@ -53,6 +53,12 @@ pub const PER_FILE_CAP: u64 = 16 << 20;
 /// manifest as left out.
 pub const PER_ATTEMPT_CAP: u64 = 64 << 20;
 
+// Checked when the agent is built: the newest attempt's whole copy fits the smallest store
+// `logs.max_total` allows, and a file's cap is within its attempt's.
+const _: () = assert!(
+    crate::config::logs::MIN_MAX_TOTAL >= PER_ATTEMPT_CAP && PER_FILE_CAP <= PER_ATTEMPT_CAP
+);
+
 /// The caps a keep applies ([`PER_FILE_CAP`], [`PER_ATTEMPT_CAP`]; tests use small ones).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caps {
