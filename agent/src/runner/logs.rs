@@ -322,8 +322,15 @@ impl Store {
             files: Vec::new(),
             left_out: Vec::new(),
         };
-        if let Some(diag) = open_diag(&attempt.runtime_dir)? {
-            copy_diag(&diag, &out, &mut manifest, caps);
+        match open_diag(&attempt.runtime_dir) {
+            Ok(Some(diag)) => copy_diag(&diag, &out, &mut manifest, caps),
+            Ok(None) => {}
+            // A `_diag` that is a link (or not a directory) is the job's doing: the entry says
+            // so rather than be missing.
+            Err(e) => manifest.left_out.push(LeftOut {
+                name: DIAG_DIR.to_owned(),
+                why: format!("{e:#}"),
+            }),
         }
         let json = serde_json::to_vec_pretty(&manifest).context("cannot write the manifest")?;
         write_new(&out, OsStr::new(MANIFEST), &json).context("cannot write the manifest")?;

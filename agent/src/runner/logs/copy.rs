@@ -1,7 +1,7 @@
 //! Reading a runtime's `_diag` safely: the runtime is written by a hostile job, so every name is
 //! opened relative to a directory descriptor, never through a link (`O_NOFOLLOW`), without
 //! blocking on a FIFO or a device (`O_NONBLOCK`), and only a regular file (checked with `fstat`
-//! on the descriptor it was opened as) is read. Only the top level of `_diag` is read: a
+//! on the descriptor it was opened as, with no other name: no hard link) is read. Only the top level of `_diag` is read: a
 //! directory in it (a loop of links, a deep tree) is never entered. A file over its cap keeps
 //! its head and its tail, cut at line ends ([`cap_text`], pure), with one marker line saying how
 //! many bytes were left out.
@@ -58,6 +58,11 @@ pub fn open_regular_at(dir: impl AsFd, name: &OsStr) -> Result<(File, u64), Stri
     })?;
     let stat = rustix::fs::fstat(&fd).map_err(|e| format!("cannot look at it: {e}"))?;
     match FileType::from_raw_mode(stat.st_mode) {
+        // A second name for a file is how a job would show another file's content as its own
+        // (with `fs.protected_hardlinks` off, even one it cannot read); a runner's logs have one.
+        FileType::RegularFile if stat.st_nlink > 1 => {
+            Err("a hard link (a file with another name elsewhere)".to_owned())
+        }
         FileType::RegularFile => Ok((File::from(fd), u64::try_from(stat.st_size).unwrap_or(0))),
         other => Err(format!("not a regular file ({other:?})")),
     }

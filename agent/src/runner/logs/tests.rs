@@ -328,6 +328,8 @@ fn a_hostile_diag_keeps_only_its_regular_files_capped_and_root_only() {
     std::fs::write(diag.join("huge.log"), &huge).unwrap();
     std::fs::write(diag.join("bad\nname"), "x\n").unwrap();
     std::fs::write(diag.join(MANIFEST), "{}").unwrap();
+    // A second name for the root-only file (what `fs.protected_hardlinks = 0` would allow).
+    std::fs::hard_link(&secret, diag.join("Worker_hard.log")).unwrap();
 
     let caps = Caps {
         per_file: 1000,
@@ -354,6 +356,7 @@ fn a_hostile_diag_keeps_only_its_regular_files_capped_and_root_only() {
         why("Worker_link.log").contains("symbolic link"),
         "{manifest:?}"
     );
+    assert!(why("Worker_hard.log").contains("hard link"), "{manifest:?}");
     assert!(
         why("fifo.log").contains("not a regular file"),
         "{manifest:?}"
@@ -401,9 +404,13 @@ fn a_diag_that_is_a_link_is_not_followed() {
     std::fs::write(elsewhere.join("Runner_x.log"), "NOT THE RUNNER'S\n").unwrap();
     std::fs::remove_dir(f.diag()).unwrap();
     std::os::unix::fs::symlink(&elsewhere, f.diag()).unwrap();
-    let kept = f.store.keep(&f.attempt("a2"), 1);
-    assert!(kept.is_err(), "{kept:?}");
-    assert!(!f.store.entry("a2").exists());
+    let Kept::Made(manifest) = f.store.keep(&f.attempt("a2"), 1).unwrap() else {
+        panic!("an entry is made");
+    };
+    assert!(manifest.files.is_empty(), "{manifest:?}");
+    assert_eq!(manifest.left_out[0].name, DIAG_DIR);
+    assert!(manifest.left_out[0].why.contains("a link"), "{manifest:?}");
+    assert!(!kept_text(&f.store, "a2").contains("NOT THE RUNNER'S"));
 }
 
 #[test]
