@@ -247,11 +247,11 @@ pub(crate) fn render_live(runtime: &Path) -> String {
 
 /// What `--follow` has shown of one file.
 #[derive(Default)]
-struct Followed {
+pub(crate) struct Followed {
     /// Bytes of the live file consumed (up to the last whole line).
-    offset: u64,
+    pub(crate) offset: u64,
     /// Lines printed: the kept copy's lines after these are "the rest".
-    lines: usize,
+    pub(crate) lines: usize,
     scrubber: Scrubber,
 }
 
@@ -293,9 +293,7 @@ fn follow_attempt(
         let Ok(bytes) = read_kept_file(&entry, &file.name) else {
             continue;
         };
-        let shown = followed.get(&file.name).map_or(0, |f| f.lines);
-        let rest: Vec<&[u8]> = bytes.split(|b| *b == b'\n').skip(shown).collect();
-        let rest = rest.join(&b'\n');
+        let rest = lines_after(&bytes, followed.get(&file.name).map_or(0, |f| f.lines));
         if !rest.is_empty() {
             crate::out!("--- {} ---\n", file.name);
             let mut text = String::new();
@@ -306,8 +304,20 @@ fn follow_attempt(
     Ok(())
 }
 
+/// What a kept file holds after its first `shown` lines (`--follow` printed those live).
+pub(crate) fn lines_after(bytes: &[u8], shown: usize) -> Vec<u8> {
+    let mut at = 0;
+    for _ in 0..shown {
+        match bytes[at..].iter().position(|b| *b == b'\n') {
+            Some(end) => at += end + 1,
+            None => return Vec::new(),
+        }
+    }
+    bytes[at..].to_vec()
+}
+
 /// One look at the live files: every whole line written since the last look, scrubbed.
-fn follow_once(
+pub(crate) fn follow_once(
     runtime: &Path,
     followed: &mut HashMap<String, Followed>,
     current: &mut Option<String>,

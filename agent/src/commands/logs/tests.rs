@@ -85,3 +85,30 @@ fn a_kept_copy_prints_file_by_file_with_a_header_each() {
     );
     assert!(render_kept(&store, "ffffffffffff").starts_with("(no logs kept"));
 }
+
+#[test]
+fn follow_prints_whole_lines_as_they_come_and_resumes_in_the_kept_copy() {
+    use std::io::Write as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = dir.path().join("runtime");
+    std::fs::create_dir_all(runtime.join("_diag")).unwrap();
+    let path = runtime.join("_diag/Worker_1.log");
+    let mut log = std::fs::File::create(&path).unwrap();
+    let mut followed = HashMap::new();
+    let mut current = None;
+    log.write_all(b"one\ntwo\nthr").unwrap();
+    follow_once(&runtime, &mut followed, &mut current);
+    let seen = &followed["Worker_1.log"];
+    // A line still being written waits for its end.
+    assert_eq!((seen.offset, seen.lines), (8, 2));
+    log.write_all(b"ee\n").unwrap();
+    follow_once(&runtime, &mut followed, &mut current);
+    assert_eq!(followed["Worker_1.log"].lines, 3);
+    assert_eq!(current.as_deref(), Some("Worker_1.log"));
+    // Cleaned up: the kept copy's lines after the three shown are the rest.
+    let kept = b"one\ntwo\nthree\nfour\nfive\n";
+    assert_eq!(lines_after(kept, 3), b"four\nfive\n");
+    assert_eq!(lines_after(kept, 0), kept);
+    assert!(lines_after(kept, 9).is_empty());
+}
