@@ -379,6 +379,19 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
             ))
         }),
     };
+    // Bounds lowered since the last run, and copies past `max_age` on a host that cleaned up
+    // nothing since: pruned now, off the runtime, not only after the next cleanup.
+    if let Some(store) = settings.logs.clone() {
+        tokio::task::spawn_blocking(move || {
+            let now = rm_base::clock::unix_ms(std::time::SystemTime::now());
+            if let Err(e) = store.prune(now) {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "cannot prune the kept runner logs"
+                );
+            }
+        });
+    }
     Ok((settings, version))
 }
 
