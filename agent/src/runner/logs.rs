@@ -130,6 +130,15 @@ pub fn open_output(runtime: &Path, owner: Option<(u32, u32)>) -> io::Result<File
             "{DIAG_DIR}/{OUTPUT_FILE} is not a regular file"
         )));
     }
+    // A file that is also another file (a hard link), or someone else's, is never handed to
+    // the runner's uid: the chown below would give it away.
+    let ours = stat.st_uid == rustix::process::geteuid().as_raw()
+        || owner.is_some_and(|(uid, _)| stat.st_uid == uid);
+    if stat.st_nlink > 1 || !ours {
+        return Err(io::Error::other(format!(
+            "{DIAG_DIR}/{OUTPUT_FILE} is a hard link or belongs to another user"
+        )));
+    }
     if let Some((uid, gid)) = owner {
         let (uid, gid) = (
             Some(rustix::fs::Uid::from_raw(uid)),

@@ -6,7 +6,7 @@
     reason = "a failed step in a test helper should fail the test loudly"
 )]
 
-use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::Path;
 use std::time::Duration;
 
@@ -498,4 +498,13 @@ fn the_output_file_is_made_in_diag_for_appending() {
     std::os::unix::fs::symlink(&target, f.diag().join(OUTPUT_FILE)).unwrap();
     assert!(open_output(&runtime, None).is_err());
     assert!(!target.exists());
+    // Nor a hard link to another file (its owner would become the runner's uid).
+    std::fs::remove_file(f.diag().join(OUTPUT_FILE)).unwrap();
+    std::fs::write(&target, "root's\n").unwrap();
+    std::fs::hard_link(&target, f.diag().join(OUTPUT_FILE)).unwrap();
+    assert!(open_output(&runtime, Some((64_999, 64_999))).is_err());
+    assert_eq!(
+        std::fs::metadata(&target).unwrap().uid(),
+        rustix::process::geteuid().as_raw()
+    );
 }
