@@ -98,6 +98,20 @@ async fn a_queued_webhook_becomes_one_runner_that_takes_its_job_and_leaves_nothi
             .collect::<Vec<_>>()
     );
     assert!(runner.env.iter().any(|v| v.starts_with("TMPDIR=")));
+    // Its stdout and stderr go to a file in its runtime, its uid's like the rest of it (no
+    // pipe to the agent).
+    let live = fleet.attempts();
+    let output = live[0].runtime_dir.join("_diag/rm-output.log");
+    let uid_of = |path: &Path| {
+        std::os::unix::fs::MetadataExt::uid(
+            &std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        )
+    };
+    // Under `none` the agent's own: /proc/self is this test's, the agent's user.
+    let runner_uid = live[0]
+        .uid
+        .unwrap_or_else(|| uid_of(Path::new("/proc/self")));
+    assert_eq!(uid_of(&output), runner_uid);
 
     wait_until(Duration::from_secs(30), "the job completed", || {
         fleet.completed(job)
