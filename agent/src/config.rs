@@ -7,6 +7,7 @@ mod cidr;
 mod duration;
 pub mod fitness;
 pub mod notifications;
+pub mod logs;
 pub mod runner_version;
 mod validate;
 
@@ -57,6 +58,9 @@ pub struct FileConfig {
     pub notifications: NotificationsSection,
     #[serde(default)]
     pub journal: JournalSection,
+    /// `[logs]`: the bounds of the kept runner logs.
+    #[serde(default)]
+    pub logs: logs::LogsSection,
     #[serde(default, rename = "policy")]
     pub policies: Vec<PolicySection>,
 }
@@ -212,6 +216,8 @@ pub struct Config {
     /// `RM_JOURNAL_PASSWORD`, [`crate::secrets::journal_target`]); `None`: the SQLite journal.
     pub pg_journal: Option<rm_journal::PgTarget>,
     pub retention: Retention,
+    /// `[logs]`: how many runner logs are kept, how long, how much in all.
+    pub logs: logs::Logs,
     pub policies: Vec<Policy>,
 }
 

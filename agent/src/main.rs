@@ -112,6 +112,21 @@ enum Command {
         #[arg(long, default_value_t = DEFAULT_LIMIT)]
         limit: usize,
     },
+    /// Print the logs a job's runner left: its `_diag` files and its stdout/stderr
+    /// (`rm-output.log`), kept after cleanup under <data_dir>/logs, or read live from its
+    /// runtime while it runs; scrubbed of secrets. Works with the agent stopped; exits 1 when no
+    /// attempt of this host ran the job or runner.
+    #[command(
+        after_help = "Examples:\n  rm-agent logs 123456789\n  rm-agent logs rm-builder-01-0123456789ab --follow"
+    )]
+    Logs {
+        /// A job id (`workflow_job.id`), a runner name (`rm-<host>-<12 hex>`) or an attempt id.
+        target: String,
+        /// Keep printing what a live runner writes until its attempt is cleaned up, then the
+        /// rest from the kept copy.
+        #[arg(long)]
+        follow: bool,
+    },
     /// List the journalled webhook deliveries, newest first; or replay one.
     #[command(
         after_help = "Examples:\n  rm-agent deliveries --json\n  rm-agent deliveries replay 72d3162e-cc78-11e3-81ab-4c9367dc0958"
@@ -150,6 +165,7 @@ impl Command {
             Command::Explain { .. } => "explain",
             Command::Jobs { .. } => "jobs",
             Command::Runners { .. } => "runners",
+            Command::Logs { .. } => "logs",
             Command::Deliveries {
                 action: Some(DeliveriesAction::Replay { .. }),
                 ..
@@ -248,6 +264,10 @@ fn run(cli: Cli) -> Result<(), Exit> {
         Command::Runners { json, limit } => {
             init_logging(LogFormat::Text, "warn");
             commands::runners(&config, json, limit)
+        }
+        Command::Logs { target, follow } => {
+            init_logging(LogFormat::Text, "warn");
+            commands::logs(&config, &target, follow)
         }
         Command::Deliveries {
             json,

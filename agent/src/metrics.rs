@@ -142,6 +142,15 @@ impl Collector for AgentMetrics {
             "1 while webhook deliveries are trusted to announce jobs (polling only reconciles), else 0",
             i64::from(status.webhooks.trusted),
         )?;
+        // Kept runner logs (`crate::runner::logs`): a failure never holds cleanup up, so it is
+        // counted where an operator looks.
+        let failures = encoder.encode_descriptor(
+            "rm_runner_logs_keep_failures",
+            "Times keeping or pruning a runner's logs failed since the agent started (each logged at warn)",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(crate::runner::logs::keep_failures()).encode(failures)?;
         Ok(())
     }
 }
@@ -218,6 +227,7 @@ mod tests {
             "rm_github_requests_last_hour{charged=\"false\"} 5",
             "rm_polling_pace{pace=\"reconciling\"} 1",
             "rm_webhooks_trusted 1",
+            "# TYPE rm_runner_logs_keep_failures counter",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

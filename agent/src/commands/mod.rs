@@ -5,6 +5,7 @@ pub(crate) mod deliveries;
 pub(crate) mod demo;
 pub(crate) mod explain;
 pub(crate) mod jobs;
+pub(crate) mod logs;
 pub(crate) mod receive;
 pub(crate) mod run;
 pub(crate) mod runners;
@@ -17,6 +18,7 @@ pub use deliveries::{list as deliveries_list, replay as deliveries_replay};
 pub use demo::{fake_runner_mode, run as demo};
 pub use explain::run as explain;
 pub use jobs::run as jobs;
+pub use logs::run as logs;
 pub use receive::run as receive;
 pub use run::run as run_agent;
 pub use runners::run as runners;
@@ -140,6 +142,7 @@ mod tests {
             "deliveries",
             "deliveries replay",
             "runners",
+            "logs",
         ] {
             assert!(refuse_on_postgres(command, &pg).is_ok(), "{command}");
         }

@@ -374,7 +374,27 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
                 .collect(),
             registrations: crate::executor::shared_windows(config.github.pacing),
         }),
+        // `logs.keep = 0`: nothing is kept.
+        logs: (config.logs.keep > 0).then(|| {
+            Arc::new(crate::runner::logs::Store::new(
+                &config.data_dir,
+                config.logs.into(),
+            ))
+        }),
     };
+    // Bounds lowered since the last run, and copies past `max_age` on a host that cleaned up
+    // nothing since: pruned now, off the runtime, not only after the next cleanup.
+    if let Some(store) = settings.logs.clone() {
+        tokio::task::spawn_blocking(move || {
+            let now = rm_base::clock::unix_ms(std::time::SystemTime::now());
+            if let Err(e) = store.prune(now) {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "cannot prune the kept runner logs"
+                );
+            }
+        });
+    }
     Ok((settings, version))
 }
 

@@ -1026,5 +1026,34 @@ fn the_configuration_reference_documents_every_webhook_key() {
             doc.contains(&format!("`{kind}`")),
             "docs/configuration.md does not name the kind `{kind}`"
         );
+fn logs_bounds_take_their_defaults_good_values_and_refuse_what_cannot_hold_a_copy() {
+    assert_eq!(load_text("").unwrap().logs, logs::Logs::default());
+    let config =
+        load_text("[logs]\nkeep = 50\nmax_age = \"3d\"\nmax_total = \"500MiB\"\n").unwrap();
+    assert_eq!(
+        config.logs,
+        logs::Logs {
+            keep: 50,
+            max_age: Duration::from_secs(3 * 24 * 3600),
+            max_total: 500 << 20,
+        }
+    );
+    // `keep = 0`: no logs kept (the other bounds still validated).
+    assert_eq!(load_text("[logs]\nkeep = 0\n").unwrap().logs.keep, 0);
+    for (text, key, says) in [
+        ("[logs]\nmax_age = \"10m\"\n", "logs.max_age", "1h"),
+        ("[logs]\nmax_age = \"soon\"\n", "logs.max_age", "\"30s\""),
+        ("[logs]\nmax_total = \"1MiB\"\n", "logs.max_total", "64MiB"),
+        (
+            "[logs]\nmax_total = \"lots\"\n",
+            "logs.max_total",
+            "not a size",
+        ),
+        ("[logs]\nkeep = -1\n", "logs.keep", ""),
+        ("[logs]\nkeep_all = true\n", "logs", "unknown field"),
+    ] {
+        let err = refusal(text);
+        assert!(err.key.starts_with(key), "{text}: {err}");
+        assert!(err.problem.contains(says), "{text}: {err}");
     }
 }

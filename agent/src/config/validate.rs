@@ -381,6 +381,8 @@ pub(super) fn validate(
         ));
     }
 
+    let logs = super::logs::validate(&file.logs).map_err(|(key, problem)| err(key, problem))?;
+
     // The password never comes from here: a connection string holding one is refused (the
     // error does not repeat the string).
     let pg_journal = match &file.journal.url {
@@ -453,6 +455,7 @@ pub(super) fn validate(
         webhook_notifications,
         pg_journal,
         retention,
+        logs,
         policies,
     })
 }

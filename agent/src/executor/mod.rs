@@ -117,6 +117,9 @@ pub struct Settings {
     /// In a fleet (CONTRACT §9): where its shared journal is; jobs are read and claimed there.
     /// `None`: this host alone, on its own journal.
     pub fleet: Option<FleetSettings>,
+    /// Where each attempt's `_diag` is kept before its runtime is removed
+    /// ([`crate::runner::logs`]); `None`: nothing is kept.
+    pub logs: Option<Arc<crate::runner::logs::Store>>,
 }
 
 /// The execution backends this agent can drive (CONTRACT §7). Each attempt names its own in the

@@ -443,9 +443,22 @@ impl Supervisor {
         fault::crash_point("cleanup");
         let backends = std::sync::Arc::clone(&ctx.execution);
         let (kind, plan) = (record.isolation, ctx.plan(record));
-        let removal = tokio::task::spawn_blocking(move || match backends.of(kind) {
-            Some(backend) => backend.clean(&plan).map_err(|e| e.to_string()),
-            None => Err(super::context::unavailable(kind)),
+        // The runner's logs, before the runtime goes (the runner's group is stopped; a process
+        // that escaped it is the job's, whose writes are evidence anyway). Idempotent, and it
+        // never fails the cleanup (`runner::logs`).
+        let keep = ctx
+            .settings
+            .logs
+            .clone()
+            .map(|store| (store, crate::runner::logs::Attempt::of(record), now));
+        let removal = tokio::task::spawn_blocking(move || {
+            if let Some((store, attempt, now)) = keep {
+                store.keep_and_prune(&attempt, now);
+            }
+            match backends.of(kind) {
+                Some(backend) => backend.clean(&plan).map_err(|e| e.to_string()),
+                None => Err(super::context::unavailable(kind)),
+            }
         })
         .await;
         match removal {

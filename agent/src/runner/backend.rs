@@ -157,7 +157,12 @@ impl Backend for NoIsolation {
             process::runner_environment(std::env::vars_os(), runtime.dir()),
             &plan.env,
         );
-        Ok(process::spawn_listener(runtime.dir(), jit, env, |_| {})?)
+        Ok(process::spawn_listener(
+            runtime.dir(),
+            jit,
+            env,
+            |command| super::logs::capture_output(command, runtime.dir(), None),
+        )?)
     }
 
     fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError> {
@@ -512,7 +517,14 @@ impl Backend for UserIsolation {
             runtime.dir(),
             jit,
             env,
-            |command| setup.install(command),
+            |command| {
+                super::logs::capture_output(
+                    command,
+                    runtime.dir(),
+                    Some((account.uid, account.gid)),
+                );
+                setup.install(command)
+            },
         )?)
     }
 

@@ -3,7 +3,8 @@
 //! runner from a recycled pid, and stops the runner's whole process group. [`package`] fetches
 //! the package `runner.version` names into the cache. [`backend`] is the execution seam the
 //! executor drives (CONTRACT §7): [`isolate`], [`cgroup`], [`uid`] and [`store`] are what
-//! `isolation = "user"` is made of.
+//! `isolation = "user"` is made of. [`logs`] sends a runner's output to a file in its runtime
+//! and keeps its `_diag` before cleanup removes the runtime.
 
 pub mod backend;
 pub mod cgroup;
@@ -12,6 +13,7 @@ pub mod disk;
 pub mod docker;
 pub mod env_file;
 pub mod isolate;
+pub mod logs;
 pub mod network;
 pub mod package;
 pub mod process;

@@ -587,7 +587,8 @@ pub fn spawn_listener(
         .envs(env)
         .env(JIT_ENV, jit.expose_secret())
         // The runner keeps its own logs in `_diag`; its output never reaches the agent's
-        // log, where a job could otherwise write anything.
+        // log, where a job could otherwise write anything. A backend's `configure` points
+        // stdout and stderr at a file in the runtime instead (`runner::logs::capture_output`).
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());

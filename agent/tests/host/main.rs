@@ -18,5 +18,6 @@ mod journal_url;
 mod notify_dbus;
 mod runner_docker;
 mod runner_fake_runner;
+mod runner_logs;
 mod runner_process;
 mod runner_workspace;

@@ -312,6 +312,9 @@ pub(super) struct FakeBackend {
     hold_start: (Mutex<bool>, Condvar),
     /// The pid of each runner by name.
     pids: Mutex<HashMap<String, u32>>,
+    /// The JIT configuration each runner was started with, by runner name (the kept-logs
+    /// tests look for it in what cleanup keeps).
+    pub(super) jits: Mutex<HashMap<String, String>>,
 }
 
 impl FakeBackend {
@@ -392,6 +395,10 @@ impl Backend for FakeBackend {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(config.runner_name.clone(), identity.pid);
+        self.jits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(config.runner_name.clone(), jit.expose_secret().to_owned());
         let program = *self.program.lock().unwrap_or_else(PoisonError::into_inner);
         let (table, clock) = (self.table.clone(), self.clock.clone());
         // Called off the runtime (`spawn_blocking`), whose handle it still has.
@@ -436,9 +443,16 @@ async fn run_program(
         }
         return;
     }
+    // A careless runner that prints the JIT configuration it got (the kept-logs tests look
+    // for it, and must not find it, in what cleanup keeps).
+    let said = format!(
+        "fake runner {}\nJIT {}\n",
+        config.runner_name,
+        config.encode()
+    );
     let log = |name: &str| {
         let _ = std::fs::create_dir_all(&diag);
-        let _ = std::fs::write(diag.join(format!("{name}_{pid}.log")), "fake\n");
+        let _ = std::fs::write(diag.join(format!("{name}_{pid}.log")), &said);
     };
     log("Runner");
     let session = RunnerSession::new(config);
@@ -569,6 +583,7 @@ impl Harness {
             refuse_start: Mutex::new(false),
             hold_start: (Mutex::new(false), Condvar::new()),
             pids: Mutex::new(HashMap::new()),
+            jits: Mutex::new(HashMap::new()),
         });
         let settings = Settings {
             host: HOST.to_owned(),
@@ -593,6 +608,13 @@ impl Harness {
                         super::shared_windows(rm_github::pacing::Pacing::default())
                     }),
                 }),
+            // Beside the journal, as `<data_dir>/logs` is in production.
+            logs: journal.parent().map(|data_dir| {
+                Arc::new(crate::runner::logs::Store::new(
+                    data_dir,
+                    crate::runner::logs::Bounds::default(),
+                ))
+            }),
         };
         let seams = Seams {
             clock: Arc::new(clock.clone()),
@@ -786,6 +808,12 @@ impl Harness {
             .map(|r| r.name)
             .filter(|n| super::owns_runner_name(HOST, n))
             .collect()
+    }
+
+    /// The store of kept runner logs (`<data_dir>/logs`).
+    pub(super) fn kept_logs(&self) -> crate::runner::logs::Store {
+        let data_dir = self.journal_path.parent().expect("the data directory");
+        crate::runner::logs::Store::new(data_dir, crate::runner::logs::Bounds::default())
     }
 
     /// Runtime directories left under the runner root.

@@ -671,3 +671,64 @@ async fn a_runner_stopped_for_its_disk_before_any_job_is_not_replaced() {
     assert_eq!(h.attempts().len(), 1, "replaced: {:#?}", h.attempts());
     assert_eq!(h.attempts()[0].job_id, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleaned_attempts_diag_is_kept_scrubbed_once_and_printed_by_logs() {
+    let mut h = Harness::new(Options::default()).await;
+    let job = h.queue("build", LABELS);
+    h.until("the job completed", |_| {}, |h| h.completed(job))
+        .await;
+    h.until("every attempt cleaned", |_| {}, Harness::all_cleaned)
+        .await;
+    assert!(h.runtimes().is_empty(), "{:?}", h.runtimes());
+    let record = h.attempts().into_iter().next().expect("an attempt");
+    let store = h.kept_logs();
+    let manifest = crate::runner::logs::read_manifest(&store.entry(record.attempt_id.as_str()))
+        .expect("the attempt's logs were kept before its runtime was removed");
+    // The job, when the journal knew it by cleanup (else the journal names it later).
+    assert!(
+        manifest
+            .job_id
+            .is_none_or(|j| j == i64::try_from(job).unwrap())
+    );
+    assert_eq!(manifest.runner_name, record.runner_name);
+    let names: Vec<&str> = manifest.files.iter().map(|f| f.name.as_str()).collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("Worker_"))
+            && names.iter().any(|n| n.starts_with("Runner_")),
+        "{names:?}"
+    );
+    // The runner wrote the JIT configuration it got into its logs; none of it is kept.
+    let jit = h
+        .backend
+        .jits
+        .lock()
+        .unwrap()
+        .get(&record.runner_name)
+        .cloned()
+        .expect("the JIT configuration the runner got");
+    let printed = crate::commands::logs::render_kept(&store, record.attempt_id.as_str());
+    assert!(
+        printed.contains(&format!("fake runner {}", record.runner_name)),
+        "{printed}"
+    );
+    assert!(printed.contains("--- Worker_"), "{printed}");
+    assert!(!printed.contains(&jit), "{printed}");
+    assert!(printed.contains("[redacted base64]"), "{printed}");
+    // `logs <runner>` names this attempt, through the journal and through the copy alike (a
+    // job id through the job's row: `commands::logs`'s own tests).
+    let found = crate::commands::logs::resolve(&record.runner_name, None, &h.attempts(), []);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].attempt_id, record.attempt_id.as_str());
+    let found = crate::commands::logs::resolve(&record.runner_name, None, &[], [manifest.clone()]);
+    assert_eq!(found.len(), 1);
+    // A cleanup run again (an agent that crashed before journalling `cleaned`) keeps nothing
+    // again: the whole copy stays as it was.
+    let again = store
+        .keep(
+            &crate::runner::logs::Attempt::of(&record),
+            rm_base::clock::unix_ms(h.clock.now()),
+        )
+        .unwrap();
+    assert_eq!(again, crate::runner::logs::Kept::Already);
+}

@@ -98,6 +98,20 @@ async fn a_queued_webhook_becomes_one_runner_that_takes_its_job_and_leaves_nothi
             .collect::<Vec<_>>()
     );
     assert!(runner.env.iter().any(|v| v.starts_with("TMPDIR=")));
+    // Its stdout and stderr go to a file in its runtime, its uid's like the rest of it (no
+    // pipe to the agent).
+    let live = fleet.attempts();
+    let output = live[0].runtime_dir.join("_diag/rm-output.log");
+    let uid_of = |path: &Path| {
+        std::os::unix::fs::MetadataExt::uid(
+            &std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        )
+    };
+    // Under `none` the agent's own: /proc/self is this test's, the agent's user.
+    let runner_uid = live[0]
+        .uid
+        .unwrap_or_else(|| uid_of(Path::new("/proc/self")));
+    assert_eq!(uid_of(&output), runner_uid);
 
     wait_until(Duration::from_secs(30), "the job completed", || {
         fleet.completed(job)
@@ -172,10 +186,48 @@ async fn a_queued_webhook_becomes_one_runner_that_takes_its_job_and_leaves_nothi
     assert!(status.success(), "drain exit status {status}");
     let runners_json = fleet.setup.run(&["runners", "--json"]);
     let jobs_json = fleet.setup.run(&["jobs", "--json"]);
+
+    // The runner's `_diag` was kept before its runtime went, and `rm-agent logs <job>` prints
+    // it: the fake runner's own line, under a header naming the attempt.
+    let kept = fleet
+        .setup
+        .dir
+        .path()
+        .join("data/logs")
+        .join(attempt.attempt_id.as_str());
+    let kept_names: Vec<String> = std::fs::read_dir(&kept)
+        .unwrap_or_else(|e| panic!("no kept logs at {}: {e}", kept.display()))
+        .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        kept_names.iter().any(|n| n.starts_with("Runner_"))
+            && kept_names.iter().any(|n| n == "rm-output.log"),
+        "{kept_names:?}"
+    );
+    let printed = fleet.setup.run(&["logs", &job.to_string()]);
+    let text = String::from_utf8_lossy(&printed.stdout).into_owned();
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    assert!(
+        text.contains(&format!("=== attempt {}", attempt.attempt_id.as_str())),
+        "{text}"
+    );
+    assert!(text.contains("registered; listening for jobs"), "{text}");
+    // An id no attempt ran: exit 1, one sentence.
+    let unknown = fleet.setup.run(&["logs", "999999999"]);
+    assert_eq!(unknown.status.code(), Some(1));
+
     let mut haystack = fleet.setup.logs().into_bytes();
     haystack.extend(fleet.journal_bytes());
     haystack.extend(runners_json.stdout);
     haystack.extend(jobs_json.stdout);
+    haystack.extend(printed.stdout);
+    for name in &kept_names {
+        haystack.extend(std::fs::read(kept.join(name)).unwrap());
+    }
     let key = fleet.key.private_pem.expose_secret().to_owned();
     let key_body: String = key.lines().nth(1).unwrap().to_owned();
     let tokens = fleet.fake.issued_tokens();
@@ -193,7 +245,7 @@ async fn a_queued_webhook_becomes_one_runner_that_takes_its_job_and_leaves_nothi
     for (name, secret) in &secrets {
         assert!(
             !contains(&haystack, secret.as_bytes()),
-            "{name} leaked into logs, journal, status or CLI output"
+            "{name} leaked into logs, journal, status, kept runner logs or CLI output"
         );
     }
 }
