@@ -6,8 +6,8 @@ pub mod bounds;
 mod cidr;
 mod duration;
 pub mod fitness;
-pub mod notifications;
 pub mod logs;
+pub mod notifications;
 pub mod runner_version;
 mod validate;
 

@@ -1026,6 +1026,10 @@ fn the_configuration_reference_documents_every_webhook_key() {
             doc.contains(&format!("`{kind}`")),
             "docs/configuration.md does not name the kind `{kind}`"
         );
+    }
+}
+
+#[test]
 fn logs_bounds_take_their_defaults_good_values_and_refuse_what_cannot_hold_a_copy() {
     assert_eq!(load_text("").unwrap().logs, logs::Logs::default());
     let config =
