@@ -4,7 +4,7 @@
 //! GitHub's documented secondary limits ([`crate::pacing`]: a burst of registrations leaves at
 //! once), and stays silent through a secondary limit's wait. A secondary limit also teaches a
 //! scope that GitHub counts its `POST`s as content ([`crate::pacing::content_rule`]); the
-//! per-scope [`ContentSnapshot`] says so, why and until when. It never sleeps for long: a
+//! per-scope [`PacingSnapshot`] says so, why and until when. It never sleeps for long: a
 //! request that would have to wait for a reset, a `retry-after` or more than its wait bound
 //! ([`PACING_WAIT_MAX`] unless the client says otherwise) for room in a window is refused at
 //! once with [`GithubError::RateLimited`], so callers schedule the retry and nothing retries
@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{GithubError, LimitKind, RateHeaders};
-use crate::pacing::{ContentReason, Cost, Pacing, Windows, content_rule};
+use crate::pacing::{ContentReason, Cost, PacedBy, Pacing, Windows, content_rule};
 
 /// GitHub's conservative advice for mutating requests, at most one per second: the spacing of
 /// [`Pacing::Spaced`], which rm used before it paced by the documented limits.
@@ -131,6 +131,8 @@ struct ScopeState {
     /// When GitHub last answered this scope with a secondary limit: its `POST`s count as
     /// content for a while after ([`content_rule`]).
     content_learned_at: Option<SystemTime>,
+    /// The window that held this scope's last request refused for pacing, and until when.
+    paced: Option<(PacedBy, SystemTime)>,
     /// What was sent in the documented limits' windows ([`Pacing::Documented`]).
     windows: Windows,
     /// Requests in flight at once, bounded by the documented concurrency.
@@ -163,10 +165,11 @@ pub struct BudgetSnapshot {
     pub uncharged: u64,
 }
 
-/// One scope's content pacing, for `status`, `/metrics` and `explain`: whether its `POST`s
-/// count as content creation now, why and until when, and what the content windows hold.
+/// One scope's pacing, for `status`, `/metrics` and `explain`: whether its `POST`s count as
+/// content creation now, why and until when, what the content windows hold, and which of rm's
+/// windows held its last refused request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContentSnapshot {
+pub struct PacingSnapshot {
     pub scope: Scope,
     /// `Some` while `POST`s count as content: cautious, or learned at a time until a time.
     pub counted: Option<ContentReason>,
@@ -176,9 +179,11 @@ pub struct ContentSnapshot {
     /// The content limits they are held to while counted (GitHub's documented 80 and 500).
     pub limit_minute: u32,
     pub limit_hour: u32,
+    /// The window that refused this scope's last request for pacing, and until when.
+    pub paced: Option<(PacedBy, SystemTime)>,
 }
 
-impl ContentSnapshot {
+impl PacingSnapshot {
     /// When counting content ends, if it is counted and ends (`cautious` never does).
     pub fn until(&self) -> Option<SystemTime> {
         match self.counted {
@@ -340,6 +345,13 @@ impl Budget {
             let wait = departure.duration_since(now).unwrap_or(Duration::ZERO);
             if wait > wait_max {
                 // GitHub's secondary limits would refuse it: the caller schedules it for then.
+                let by = match pacing {
+                    Pacing::Documented(limits) | Pacing::Cautious(limits) => {
+                        state.windows.binding(template, cost, content, &limits, now)
+                    }
+                    Pacing::Spaced(_) => PacedBy::Spacing,
+                };
+                state.paced = Some((by, departure));
                 return Err(GithubError::RateLimited {
                     kind: LimitKind::Secondary,
                     resource: resource.clone(),
@@ -467,21 +479,22 @@ impl Budget {
     }
 
     /// Every scope's content pacing (scopes seen so far), in scope order.
-    pub fn content(&self, now: SystemTime) -> Vec<ContentSnapshot> {
+    pub fn content(&self, now: SystemTime) -> Vec<PacingSnapshot> {
         self.with(|inner| {
             let limits = inner.pacing.limits().unwrap_or(crate::pacing::DOCUMENTED);
-            let mut out: Vec<ContentSnapshot> = inner
+            let mut out: Vec<PacingSnapshot> = inner
                 .scopes
                 .iter()
                 .map(|(scope, state)| {
                     let (minute, hour) = state.windows.creations(now);
-                    ContentSnapshot {
+                    PacingSnapshot {
                         scope: *scope,
                         counted: content_rule(&inner.pacing, state.content_learned_at, now),
                         creations_minute: minute,
                         creations_hour: hour,
                         limit_minute: limits.creations_per_minute,
                         limit_hour: limits.creations_per_hour,
+                        paced: state.paced.filter(|(_, until)| *until > now),
                     }
                 })
                 .collect();
@@ -493,7 +506,7 @@ impl Budget {
 
 impl crate::client::GithubClient {
     /// Every scope's content pacing now, for `status`, `/metrics` and `explain`.
-    pub fn content_pacing(&self) -> Vec<ContentSnapshot> {
+    pub fn content_pacing(&self) -> Vec<PacingSnapshot> {
         self.inner.budget.content(self.inner.clock.now())
     }
 

@@ -120,6 +120,17 @@ pub enum ContentReason {
     Learned { at: SystemTime, until: SystemTime },
 }
 
+/// Which of rm's windows holds a request back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PacedBy {
+    /// The points window of this path template (900 points a minute per endpoint).
+    Points(&'static str),
+    /// The content-creation windows (80 a minute, 500 an hour).
+    Content,
+    /// One mutation per interval ([`Pacing::Spaced`]).
+    Spacing,
+}
+
 /// Whether a scope's `POST`s count as content at `now`, and why: under [`Pacing::Cautious`]
 /// always; under [`Pacing::Documented`] for [`CONTENT_LEARNED_FOR`] after the scope's last
 /// secondary limit (`learned_at`); never under [`Pacing::Spaced`], whose one-a-second spacing
@@ -259,6 +270,25 @@ impl Windows {
                 return Some(at);
             }
             at = next;
+        }
+    }
+
+    /// Which window holds a request of `cost` to `template` back at `now`: the content windows
+    /// when they alone set a later departure than the points, else the template's points.
+    pub fn binding(
+        &self,
+        template: &'static str,
+        cost: Cost,
+        content: bool,
+        limits: &SecondaryLimits,
+        now: SystemTime,
+    ) -> PacedBy {
+        let by_points = self.departure(template, cost, false, limits, now);
+        let with_content = self.departure(template, cost, content, limits, now);
+        if content && cost == Cost::Creation && with_content > by_points {
+            PacedBy::Content
+        } else {
+            PacedBy::Points(template)
         }
     }
 
@@ -411,6 +441,17 @@ mod tests {
         assert_eq!(departures[180], at(t, 61));
         assert_eq!(w.creations(t), (180, 180));
         assert_eq!(w.points(JIT, t), 900);
+        assert_eq!(
+            w.binding(JIT, Cost::Creation, false, &DOCUMENTED, t),
+            PacedBy::Points(JIT)
+        );
+        // 80 counted as content: the content windows hold the next one, not the points.
+        let mut c = Windows::default();
+        burst(&mut c, JIT, Cost::Creation, true, 80, t);
+        assert_eq!(
+            c.binding(JIT, Cost::Creation, true, &DOCUMENTED, t),
+            PacedBy::Content
+        );
         // Counting content from now, the next registration waits until the minute's 180 have
         // left it (the content windows already hold them), however the points stand.
         assert_eq!(
