@@ -515,13 +515,14 @@ mod tests {
             at: at(t, secs),
             until: at(t, secs) + CONTENT_LEARNED_FOR,
         };
-        let cases: [(
-            &str,
+        type Case = (
+            &'static str,
             Pacing,
             Option<SystemTime>,
             SystemTime,
             Option<ContentReason>,
-        ); 7] = [
+        );
+        let cases: [Case; 7] = [
             ("documented, never limited", documented, None, t, None),
             (
                 "documented, limited now",
