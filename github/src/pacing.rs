@@ -71,7 +71,9 @@ pub const PACED_HOUR: Duration = HOUR.saturating_add(ARRIVAL_MARGIN);
 /// until `T` + 1 h; an hour after the last limit, nothing GitHub counted then is left in any of
 /// its windows, so that answer says nothing more about what GitHub counts now. Each further
 /// limit learns it again from its own time. The paced hour (with the [`ARRIVAL_MARGIN`]) keeps
-/// it on the cautious side of GitHub's.
+/// it on the cautious side of GitHub's. Under a load past the content limit for longer than
+/// this, the learned limit lapses while GitHub still counts: one more secondary limit an hour,
+/// waited out, is the price of returning to the points window alone when GitHub does not.
 pub const CONTENT_LEARNED_FOR: Duration = PACED_HOUR;
 
 /// How a request counts against the secondary limits.
