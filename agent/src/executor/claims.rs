@@ -62,6 +62,14 @@ pub enum RegistrationWindows {
     Fixed(Vec<SpendWindow>),
 }
 
+/// A window that never binds but keeps an hour of the fleet's reservations: the journal forgets
+/// what is older than the longest window of the call, so a host that does not count content
+/// must not let the hour's reservations go, which another host counting content reads.
+pub(crate) const KEEP_THE_HOUR: SpendWindow = SpendWindow {
+    limit: u32::MAX,
+    span: PACED_HOUR,
+};
+
 /// The windows the fleet's hosts share per installation for its JIT registrations, from the
 /// configured pacing and whether the installation's `POST`s count as content now (`content`:
 /// this host learned the content limit from a secondary limit, or paces cautiously). GitHub
@@ -90,6 +98,8 @@ pub fn shared_windows(pacing: Pacing, content: bool) -> Vec<SpendWindow> {
                     limit: limits.creations_per_hour,
                     span: PACED_HOUR,
                 });
+            } else {
+                windows.push(KEEP_THE_HOUR);
             }
             windows
         }
@@ -419,7 +429,7 @@ mod tests {
                 "documented, not learned",
                 Pacing::Documented(DOCUMENTED),
                 false,
-                vec![points],
+                vec![points, KEEP_THE_HOUR],
             ),
             (
                 "documented, learned",
