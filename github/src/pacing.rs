@@ -21,8 +21,10 @@
 //! The windows here are sliding, not refilling buckets: a refilling bucket of 80 admits up to
 //! 160 in one minute (a full bucket, then what it refills), where a sliding window of the last
 //! 60 s holds exactly what GitHub counts in any minute. They run on the client's clock
-//! ([`crate::Clock`]), so a test can move an hour in a step. The decisions are pure; the budget
-//! holds the state and the clock.
+//! ([`crate::Clock`], the wall clock in production), so a test can move an hour in a step; the
+//! price is that a wall-clock step back makes entries look younger, which holds requests longer
+//! (never sends more), by at most the step and never past the window's span. The decisions are
+//! pure; the budget holds the state and the clock.
 
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
