@@ -23,8 +23,8 @@
 //! 60 s holds exactly what GitHub counts in any minute. They run on the client's clock
 //! ([`crate::Clock`], the wall clock in production), so a test can move an hour in a step; the
 //! price is that a wall-clock step back makes entries look younger, which holds requests longer
-//! (never sends more), by at most the step and never past the window's span. The decisions are
-//! pure; the budget holds the state and the clock.
+//! (never sends more), by at most the step. The decisions are pure; the budget holds the state
+//! and the clock.
 
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
