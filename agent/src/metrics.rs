@@ -106,6 +106,33 @@ impl Collector for AgentMetrics {
             "1 while GitHub answers requests, 0 after one got no answer",
             i64::from(reachable),
         )?;
+        // Per installation (and the App): whether its POSTs count as content creation now, and
+        // until when a learned content limit lasts.
+        let content = crate::status_file::content(&self.client.content_pacing());
+        let scopes: Vec<(String, i64, Option<i64>)> = content
+            .iter()
+            .map(|c| (c.scope.clone(), i64::from(c.counted), c.until_ms))
+            .collect();
+        let paced: Vec<(&str, i64)> = scopes.iter().map(|(s, v, _)| (s.as_str(), *v)).collect();
+        gauge_family(
+            &mut encoder,
+            "rm_github_content_paced",
+            "1 while the scope's POSTs count as content creation (80 a minute, 500 an hour): \
+             github.pacing = \"cautious\", or learned from a secondary limit GitHub answered",
+            "scope",
+            &paced,
+        )?;
+        let until: Vec<(&str, i64)> = scopes
+            .iter()
+            .filter_map(|(s, _, u)| Some((s.as_str(), u.map(|ms| ms / 1000)?)))
+            .collect();
+        gauge_family(
+            &mut encoder,
+            "rm_github_content_paced_until_seconds",
+            "When a learned content limit stops counting, in seconds since the Unix epoch",
+            "scope",
+            &until,
+        )?;
         let last_hour = status.requests_last_hour;
         gauge_family(
             &mut encoder,
@@ -223,6 +250,8 @@ mod tests {
             "rm_github_rate_limit_remaining 4321",
             "rm_github_rate_limit_limit 5000",
             "rm_github_reachable 1",
+            // The App's JWT asked once: its POSTs are not counted as content (nothing learned).
+            "rm_github_content_paced{scope=\"app\"} 0",
             "rm_github_requests_last_hour{charged=\"true\"} 3",
             "rm_github_requests_last_hour{charged=\"false\"} 5",
             "rm_polling_pace{pace=\"reconciling\"} 1",

@@ -159,6 +159,9 @@ pub(crate) struct Github {
     /// answered one, or the hourly quota is down to its reserve. Which kind, and until when.
     #[serde(default)]
     pub held: Option<Held>,
+    /// Per installation (and the App): whether its `POST`s count as content creation now.
+    #[serde(default)]
+    pub content: Vec<ContentPacing>,
 }
 
 /// A rate limit holding requests back, as the budget knows it.
@@ -167,18 +170,152 @@ pub(crate) struct Held {
     /// `primary` (the hourly quota) or `secondary` (GitHub's abuse limits).
     pub kind: String,
     pub until_ms: i64,
+    /// Which limit, in words: a resource's primary bucket, a secondary limit GitHub answered,
+    /// or one of rm's pacing windows (a path template's points, the content limit and why).
+    #[serde(default)]
+    pub limit: Option<String>,
 }
 
-/// The rate limit that holds requests back longest at `now`, from the budget's snapshot.
-pub(crate) fn held(budget: &[rm_github::BudgetSnapshot], now: SystemTime) -> Option<Held> {
-    budget
+/// One scope's content pacing, as the budget knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ContentPacing {
+    /// `installation <id>` or `app`.
+    pub scope: String,
+    /// Whether its `POST`s count as content creation now.
+    pub counted: bool,
+    /// While counted: `cautious` (`github.pacing`) or `learned` (GitHub answered a secondary
+    /// limit at `learned_at_ms`; counted until `until_ms`).
+    pub reason: Option<String>,
+    pub learned_at_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+    /// `POST`s sent in the last minute and hour, and the content limits they are held to.
+    pub creations_minute: u32,
+    pub creations_hour: u32,
+    pub limit_minute: u32,
+    pub limit_hour: u32,
+}
+
+/// How a budget scope is named to the operator.
+pub(crate) fn scope_name(scope: rm_github::Scope) -> String {
+    match scope {
+        rm_github::Scope::App => "app".to_owned(),
+        rm_github::Scope::Installation(id) => format!("installation {id}"),
+    }
+}
+
+/// Every scope's content pacing, from the budget's snapshot.
+pub(crate) fn content(pacing: &[rm_github::PacingSnapshot]) -> Vec<ContentPacing> {
+    use rm_github::pacing::ContentReason;
+    pacing
         .iter()
-        .filter_map(|b| b.blocked)
-        .filter(|(_, until)| *until > now)
-        .max_by_key(|(_, until)| *until)
-        .map(|(kind, until)| Held {
+        .map(|p| {
+            let (reason, learned_at_ms, until_ms) = match p.counted {
+                None => (None, None, None),
+                Some(ContentReason::Cautious) => (Some("cautious"), None, None),
+                Some(ContentReason::Learned { at, until }) => {
+                    (Some("learned"), Some(unix_ms(at)), Some(unix_ms(until)))
+                }
+            };
+            ContentPacing {
+                scope: scope_name(p.scope),
+                counted: p.counted.is_some(),
+                reason: reason.map(str::to_owned),
+                learned_at_ms,
+                until_ms,
+                creations_minute: p.creations_minute,
+                creations_hour: p.creations_hour,
+                limit_minute: p.limit_minute,
+                limit_hour: p.limit_hour,
+            }
+        })
+        .collect()
+}
+
+/// The content limit of `p` in words, while it counts.
+fn content_words(p: &rm_github::PacingSnapshot) -> Option<String> {
+    use rm_github::pacing::ContentReason;
+    let limits = format!(
+        "the content limit ({} a minute, {} an hour)",
+        p.limit_minute, p.limit_hour
+    );
+    match p.counted? {
+        ContentReason::Cautious => Some(format!(
+            "{limits}, counted for every POST (github.pacing = \"cautious\")"
+        )),
+        ContentReason::Learned { at, until } => Some(format!(
+            "{limits}, learned from GitHub's secondary limit at {} and counted until {}",
+            crate::output::rfc3339(unix_ms(at)),
+            crate::output::rfc3339(unix_ms(until))
+        )),
+    }
+}
+
+/// The rate limit that holds requests back longest at `now`, from the budget's snapshots: a
+/// limit GitHub answered (or the quota's reserve), or the window of rm's pacing that refused
+/// the scope's last request; with which limit it is, in words.
+pub(crate) fn held(
+    budget: &[rm_github::BudgetSnapshot],
+    pacing: &[rm_github::PacingSnapshot],
+    now: SystemTime,
+) -> Option<Held> {
+    use rm_github::LimitKind;
+    use rm_github::pacing::PacedBy;
+    let content_of = |scope| {
+        pacing
+            .iter()
+            .find(|p| p.scope == scope)
+            .and_then(content_words)
+    };
+    let answered = budget.iter().filter_map(|b| {
+        let (kind, until) = b.blocked?;
+        let words = match kind {
+            LimitKind::Primary => format!(
+                "the primary bucket of resource `{}` ({}) until its reset",
+                b.resource,
+                scope_name(b.scope)
+            ),
+            LimitKind::Secondary => {
+                let mut words = format!(
+                    "a secondary limit GitHub answered ({}), waited out as told",
+                    scope_name(b.scope)
+                );
+                if let Some(content) = content_of(b.scope) {
+                    words.push_str("; from it rm paces by ");
+                    words.push_str(&content);
+                }
+                words
+            }
+        };
+        Some((kind, until, words))
+    });
+    let paced = pacing.iter().filter_map(|p| {
+        let (by, until) = p.paced?;
+        let words = match by {
+            PacedBy::Points(template) => format!(
+                "rm's pacing ({}): the points window of `{template}` (900 points a minute per \
+                 endpoint, 5 a request)",
+                scope_name(p.scope)
+            ),
+            PacedBy::Content => format!(
+                "rm's pacing ({}): {}",
+                scope_name(p.scope),
+                content_words(p).unwrap_or_else(|| "the content limit".to_owned())
+            ),
+            PacedBy::Spacing => format!(
+                "rm's pacing ({}): one mutation a second (github.pacing = \"one_per_second\")",
+                scope_name(p.scope)
+            ),
+        };
+        Some((LimitKind::Secondary, until, words))
+    });
+    answered
+        .chain(paced)
+        .filter(|(_, until, _)| *until > now)
+        .max_by_key(|(_, until, _)| *until)
+        .map(|(kind, until, words)| Held {
             kind: kind.to_string(),
             until_ms: unix_ms(until),
+            limit: Some(words),
         })
 }
 
@@ -235,6 +372,7 @@ impl Snapshot {
                 reachable: contact.reachable,
                 last_contact_at_ms: contact.last_contact_at.map(unix_ms),
                 held: None,
+                content: Vec::new(),
             },
             host: Host { max_runners },
             relay: None,
@@ -322,7 +460,9 @@ pub(crate) fn spawn_publisher(
             snapshot.relay = relay.as_mut().map(|r| Relay::from(&*r.borrow_and_update()));
             // Read at every publication, not only at poll passes: a limit GitHub answered to a
             // burst of registrations shows within [`PUBLISH_EVERY`].
-            snapshot.github.held = held(&client.budget(), SystemTime::now());
+            let pacing = client.content_pacing();
+            snapshot.github.held = held(&client.budget(), &pacing, SystemTime::now());
+            snapshot.github.content = content(&pacing);
             snapshot.allocation = allocation.as_ref().map(|read| read());
             snapshot.fitness = fitness.as_ref().and_then(|read| read());
             let dir = data_dir.clone();
@@ -612,14 +752,57 @@ mod tests {
             line(Some((LimitKind::Primary, at(150)))),
             line(Some((LimitKind::Secondary, at(200)))),
         ];
-        assert_eq!(
-            held(&budget, at(100)),
-            Some(Held {
-                kind: "secondary".to_owned(),
-                until_ms: 200_000
-            })
+        let held_at = |budget: &[BudgetSnapshot], pacing: &[rm_github::PacingSnapshot], t| {
+            held(budget, pacing, at(t)).map(|h| (h.kind, h.until_ms, h.limit.unwrap_or_default()))
+        };
+        let (kind, until, words) = held_at(&budget, &[], 100).unwrap();
+        assert_eq!((kind.as_str(), until), ("secondary", 200_000));
+        assert!(words.contains("secondary limit GitHub answered"), "{words}");
+        assert_eq!(held(&budget, &[], at(200)), None);
+        assert_eq!(held(&budget[..1], &[], at(100)), None);
+        let (_, _, words) = held_at(&budget[..2], &[], 100).unwrap();
+        assert!(
+            words.contains("primary bucket of resource `core`"),
+            "{words}"
         );
-        assert_eq!(held(&budget, at(200)), None);
-        assert_eq!(held(&budget[..1], at(100)), None);
+
+        // A learned content limit is named with its time; rm's own window when it holds longer.
+        use rm_github::pacing::{ContentReason, PacedBy};
+        let template = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig";
+        let pacing = |paced| rm_github::PacingSnapshot {
+            scope: Scope::Installation(1),
+            counted: Some(ContentReason::Learned {
+                at: at(90),
+                until: at(3691),
+            }),
+            creations_minute: 80,
+            creations_hour: 81,
+            limit_minute: 80,
+            limit_hour: 500,
+            paced,
+        };
+        let (_, _, words) = held_at(&budget, &[pacing(None)], 100).unwrap();
+        assert!(
+            words.contains("learned from GitHub's secondary limit at"),
+            "{words}"
+        );
+        let (_, until, words) =
+            held_at(&budget, &[pacing(Some((PacedBy::Content, at(300))))], 100).unwrap();
+        assert_eq!(until, 300_000);
+        assert!(
+            words.starts_with("rm's pacing (installation 1): the content limit"),
+            "{words}"
+        );
+        let (_, _, words) = held_at(
+            &[],
+            &[pacing(Some((PacedBy::Points(template), at(300))))],
+            100,
+        )
+        .unwrap();
+        assert!(words.contains(template), "{words}");
+        let lines = content(&[pacing(None)]);
+        assert_eq!(lines[0].reason.as_deref(), Some("learned"));
+        assert_eq!(lines[0].until_ms, Some(3_691_000));
+        assert!(lines[0].counted);
     }
 }

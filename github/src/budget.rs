@@ -2,26 +2,30 @@
 //! the App itself) and per `x-ratelimit-resource`. It learns the quota from GitHub's
 //! `x-ratelimit-*` headers, refuses to send once only the reserve is left, paces requests inside
 //! GitHub's documented secondary limits ([`crate::pacing`]: a burst of registrations leaves at
-//! once), and stays silent through a secondary limit's wait. It never sleeps for long: a
-//! request that would have to wait for a reset, a `retry-after` or more than
-//! [`PACING_WAIT_MAX`] for room in a window is refused at once with
-//! [`GithubError::RateLimited`], so callers schedule the retry and nothing retries into a limit.
+//! once), and stays silent through a secondary limit's wait. A secondary limit also teaches a
+//! scope that GitHub counts its `POST`s as content ([`crate::pacing::content_rule`]); the
+//! per-scope [`PacingSnapshot`] says so, why and until when. It never sleeps for long: a
+//! request that would have to wait for a reset, a `retry-after` or more than its wait bound
+//! ([`PACING_WAIT_MAX`] unless the client says otherwise) for room in a window is refused at
+//! once with [`GithubError::RateLimited`], so callers schedule the retry and nothing retries
+//! into a limit. Its windows run on the client's clock: the caller passes the time.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
 
 use crate::error::{GithubError, LimitKind, RateHeaders};
-use crate::pacing::{Cost, Pacing, Windows};
+use crate::pacing::{ContentReason, Cost, PacedBy, Pacing, Windows, content_rule};
 
 /// GitHub's conservative advice for mutating requests, at most one per second: the spacing of
 /// [`Pacing::Spaced`], which rm used before it paced by the documented limits.
 pub const MUTATION_SPACING: Duration = Duration::from_secs(1);
-/// The longest a request waits inside the budget for room in a pacing window; a longer wait is
-/// refused with its time, for the caller to schedule.
+/// The longest a request waits inside the budget for room in a pacing window by default; a
+/// longer wait is refused with its time, for the caller to schedule. A few seconds keeps a
+/// burst's tail in one call instead of a retry; the client can set another bound
+/// (`ClientConfig::pacing_wait_max`; zero refuses every wait, for a test on a manual clock).
 pub const PACING_WAIT_MAX: Duration = Duration::from_secs(5);
 /// Longest wait after repeated secondary limits that came without `retry-after`.
 pub const SECONDARY_BACKOFF_CAP: Duration = Duration::from_secs(16 * 60);
@@ -84,8 +88,8 @@ pub fn admit(
 }
 
 /// How long a mutating request must still wait after the previous one, `spacing` apart.
-pub fn mutation_wait(last: Option<Instant>, now: Instant, spacing: Duration) -> Duration {
-    last.map(|l| (l + spacing).saturating_duration_since(now))
+pub fn mutation_wait(last: Option<SystemTime>, now: SystemTime, spacing: Duration) -> Duration {
+    last.and_then(|l| (l + spacing).duration_since(now).ok())
         .unwrap_or(Duration::ZERO)
 }
 
@@ -123,7 +127,12 @@ struct ScopeState {
     secondary_until: Option<SystemTime>,
     secondary_strikes: u32,
     /// When the last mutating request left ([`Pacing::Spaced`]).
-    last_mutation: Option<Instant>,
+    last_mutation: Option<SystemTime>,
+    /// When GitHub last answered this scope with a secondary limit: its `POST`s count as
+    /// content for a while after ([`content_rule`]).
+    content_learned_at: Option<SystemTime>,
+    /// The window that held this scope's last request refused for pacing, and until when.
+    paced: Option<(PacedBy, SystemTime)>,
     /// What was sent in the documented limits' windows ([`Pacing::Documented`]).
     windows: Windows,
     /// Requests in flight at once, bounded by the documented concurrency.
@@ -134,6 +143,8 @@ struct ScopeState {
 struct Inner {
     /// How requests of one scope are paced.
     pacing: Pacing,
+    /// The longest a request sleeps here for room in a window.
+    wait_max: Duration,
     scopes: HashMap<Scope, ScopeState>,
     /// Which resource each endpoint spends, as GitHub last said.
     learned: HashMap<&'static str, String>,
@@ -152,6 +163,34 @@ pub struct BudgetSnapshot {
     pub blocked: Option<(LimitKind, SystemTime)>,
     pub charged: u64,
     pub uncharged: u64,
+}
+
+/// One scope's pacing, for `status`, `/metrics` and `explain`: whether its `POST`s count as
+/// content creation now, why and until when, what the content windows hold, and which of rm's
+/// windows held its last refused request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PacingSnapshot {
+    pub scope: Scope,
+    /// `Some` while `POST`s count as content: cautious, or learned at a time until a time.
+    pub counted: Option<ContentReason>,
+    /// `POST`s sent in the last minute and the last hour (recorded whether counted or not).
+    pub creations_minute: u32,
+    pub creations_hour: u32,
+    /// The content limits they are held to while counted (GitHub's documented 80 and 500).
+    pub limit_minute: u32,
+    pub limit_hour: u32,
+    /// The window that refused this scope's last request for pacing, and until when.
+    pub paced: Option<(PacedBy, SystemTime)>,
+}
+
+impl PacingSnapshot {
+    /// When counting content ends, if it is counted and ends (`cautious` never does).
+    pub fn until(&self) -> Option<SystemTime> {
+        match self.counted {
+            Some(ContentReason::Learned { until, .. }) => Some(until),
+            _ => None,
+        }
+    }
 }
 
 /// The shared budget. Cloning shares it.
@@ -196,11 +235,18 @@ impl Default for Budget {
 }
 
 impl Budget {
-    /// A budget pacing requests by `pacing` (GitHub's documented limits by default).
+    /// A budget pacing requests by `pacing` (GitHub's documented limits by default), sleeping
+    /// up to [`PACING_WAIT_MAX`] for room.
     pub fn new(pacing: Pacing) -> Self {
+        Self::with_wait_max(pacing, PACING_WAIT_MAX)
+    }
+
+    /// A budget pacing by `pacing` that sleeps at most `wait_max` for room in a window.
+    pub fn with_wait_max(pacing: Pacing, wait_max: Duration) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Inner {
                 pacing,
+                wait_max,
                 scopes: HashMap::new(),
                 learned: HashMap::new(),
             })),
@@ -251,7 +297,7 @@ impl Budget {
         now: SystemTime,
     ) -> Result<Permit, GithubError> {
         let concurrency = self.with(|inner| match inner.pacing {
-            Pacing::Documented(limits) => Some(Arc::clone(
+            Pacing::Documented(limits) | Pacing::Cautious(limits) => Some(Arc::clone(
                 inner
                     .scopes
                     .entry(scope)
@@ -273,6 +319,7 @@ impl Budget {
                 .cloned()
                 .unwrap_or_else(|| DEFAULT_RESOURCE.to_owned());
             let pacing = inner.pacing;
+            let wait_max = inner.wait_max;
             let state = inner.scopes.entry(scope).or_default();
             let res = state.resources.entry(resource.clone()).or_default();
             if let Err((kind, retry_at)) = admit(res, state.secondary_until, now) {
@@ -282,20 +329,29 @@ impl Budget {
                     retry_at,
                 });
             }
-            let t = Instant::now();
+            // GitHub counts points per path template: every name and target of it share one.
+            let template = crate::endpoints::template(endpoint).unwrap_or(endpoint);
+            let content = content_rule(&pacing, state.content_learned_at, now).is_some();
             let departure = match pacing {
-                Pacing::Documented(limits) => state
+                Pacing::Documented(limits) | Pacing::Cautious(limits) => state
                     .windows
-                    .departure(endpoint, cost, &limits, t)
-                    .unwrap_or(t + crate::pacing::HOUR),
+                    .departure(template, cost, content, &limits, now)
+                    .unwrap_or(now + crate::pacing::HOUR),
                 Pacing::Spaced(spacing) if cost.mutating() => {
-                    t + mutation_wait(state.last_mutation, t, spacing)
+                    now + mutation_wait(state.last_mutation, now, spacing)
                 }
-                Pacing::Spaced(_) => t,
+                Pacing::Spaced(_) => now,
             };
-            let wait = departure - t;
-            if wait > PACING_WAIT_MAX {
+            let wait = departure.duration_since(now).unwrap_or(Duration::ZERO);
+            if wait > wait_max {
                 // GitHub's secondary limits would refuse it: the caller schedules it for then.
+                let by = match pacing {
+                    Pacing::Documented(limits) | Pacing::Cautious(limits) => {
+                        state.windows.binding(template, cost, content, &limits, now)
+                    }
+                    Pacing::Spaced(_) => PacedBy::Spacing,
+                };
+                state.paced = Some((by, departure));
                 return Err(GithubError::RateLimited {
                     kind: LimitKind::Secondary,
                     resource: resource.clone(),
@@ -304,7 +360,9 @@ impl Budget {
             }
             // Claim the departure now so concurrent requests queue behind this one.
             match pacing {
-                Pacing::Documented(_) => state.windows.spend(endpoint, cost, departure, t),
+                Pacing::Documented(_) | Pacing::Cautious(_) => {
+                    state.windows.spend(template, cost, departure, now)
+                }
                 Pacing::Spaced(_) if cost.mutating() => state.last_mutation = Some(departure),
                 Pacing::Spaced(_) => {}
             }
@@ -355,6 +413,9 @@ impl Budget {
                         now + secondary_backoff(state.secondary_strikes)
                     };
                     state.secondary_until = Some(until);
+                    // GitHub showed it holds this scope to a secondary limit rm did not pace
+                    // by: from now on its POSTs count as content (for `CONTENT_LEARNED_FOR`).
+                    state.content_learned_at = Some(now);
                 }
                 None => state.secondary_strikes = 0,
             }
@@ -407,6 +468,54 @@ impl Budget {
             out.sort_by(|a, b| (a.scope, &a.resource).cmp(&(b.scope, &b.resource)));
             out
         })
+    }
+
+    /// Whether `scope`'s `POST`s count as content at `now`, and why.
+    pub fn content_counted(&self, scope: Scope, now: SystemTime) -> Option<ContentReason> {
+        self.with(|inner| {
+            let learned = inner.scopes.get(&scope).and_then(|s| s.content_learned_at);
+            content_rule(&inner.pacing, learned, now)
+        })
+    }
+
+    /// Every scope's content pacing (scopes seen so far), in scope order.
+    pub fn content(&self, now: SystemTime) -> Vec<PacingSnapshot> {
+        self.with(|inner| {
+            let limits = inner.pacing.limits().unwrap_or(crate::pacing::DOCUMENTED);
+            let mut out: Vec<PacingSnapshot> = inner
+                .scopes
+                .iter()
+                .map(|(scope, state)| {
+                    let (minute, hour) = state.windows.creations(now);
+                    PacingSnapshot {
+                        scope: *scope,
+                        counted: content_rule(&inner.pacing, state.content_learned_at, now),
+                        creations_minute: minute,
+                        creations_hour: hour,
+                        limit_minute: limits.creations_per_minute,
+                        limit_hour: limits.creations_per_hour,
+                        paced: state.paced.filter(|(_, until)| *until > now),
+                    }
+                })
+                .collect();
+            out.sort_by_key(|c| c.scope);
+            out
+        })
+    }
+}
+
+impl crate::client::GithubClient {
+    /// Every scope's content pacing now, for `status`, `/metrics` and `explain`.
+    pub fn content_pacing(&self) -> Vec<PacingSnapshot> {
+        self.inner.budget.content(self.inner.clock.now())
+    }
+
+    /// Whether `installation`'s `POST`s count as content now (the fleet's shared windows follow
+    /// it per registration).
+    pub fn counts_content(&self, installation: u64) -> Option<ContentReason> {
+        self.inner
+            .budget
+            .content_counted(Scope::Installation(installation), self.inner.clock.now())
     }
 }
 
@@ -467,7 +576,7 @@ mod tests {
 
     #[test]
     fn mutations_are_spaced_a_second_apart() {
-        let t = Instant::now();
+        let t = from_unix_secs(1000);
         assert_eq!(mutation_wait(None, t, MUTATION_SPACING), Duration::ZERO);
         assert_eq!(
             mutation_wait(Some(t), t, MUTATION_SPACING),
@@ -511,6 +620,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn spaced_mutations_queue_behind_each_other() {
+        use tokio::time::Instant;
         let budget = Budget::new(Pacing::Spaced(MUTATION_SPACING));
         let now = from_unix_secs(100);
         let start = Instant::now();
@@ -641,12 +751,13 @@ mod tests {
         );
     }
 
-    /// A burst of registrations leaves at once up to the documented 80 a minute; the next is
-    /// refused with the time it may leave (past the budget's short wait), never sent into the
-    /// limit; another installation is not held back.
+    /// Cautious: a burst of registrations leaves at once up to the documented 80 a minute; the
+    /// next is refused with the time it may leave (past the budget's short wait), never sent
+    /// into the limit; another installation is not held back.
     #[tokio::test(start_paused = true)]
-    async fn a_burst_leaves_at_once_inside_the_documented_limits() {
-        let budget = Budget::default();
+    async fn cautious_a_burst_leaves_at_once_inside_the_content_limits() {
+        use tokio::time::Instant;
+        let budget = Budget::new(Pacing::Cautious(DOCUMENTED));
         let now = from_unix_secs(1000);
         let start = Instant::now();
         let scope = Scope::Installation(1);
@@ -686,6 +797,7 @@ mod tests {
     /// request until an earlier one is answered.
     #[tokio::test(start_paused = true)]
     async fn short_waits_are_slept_and_concurrency_is_bounded() {
+        use tokio::time::Instant;
         let limits = SecondaryLimits {
             points_per_minute: 10,
             concurrent: 2,
@@ -725,10 +837,206 @@ mod tests {
         let t = Instant::now();
         let _a = budget.acquire(scope, "get", Cost::Mutation, now).await;
         let _b = budget.acquire(scope, "get", Cost::Mutation, now).await;
-        // Room again once the first leaves the paced minute (61 s): 59 s ahead is over the short
-        // wait, so advance the clock to within it and the budget sleeps the rest.
+        // Room again once the first leaves the paced minute (61 s): 61 s ahead is over the short
+        // wait, so move both clocks to within it and the budget sleeps the rest.
         tokio::time::advance(Duration::from_secs(57)).await;
-        assert!(budget.acquire(scope, "get", Cost::Read, now).await.is_ok());
+        let later = now + Duration::from_secs(57);
+        assert!(
+            budget
+                .acquire(scope, "get", Cost::Read, later)
+                .await
+                .is_ok()
+        );
         assert_eq!(Instant::now(), t + Duration::from_secs(61));
+        // With no wait allowed, the same request is refused with the time it may leave.
+        let budget = Budget::with_wait_max(Pacing::Documented(limits), Duration::ZERO);
+        let _a = budget.acquire(scope, "get", Cost::Mutation, now).await;
+        let _b = budget.acquire(scope, "get", Cost::Mutation, now).await;
+        match budget.acquire(scope, "get", Cost::Read, later).await {
+            Err(GithubError::RateLimited { retry_at, .. }) => {
+                assert_eq!(retry_at, now + Duration::from_secs(61))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Two names of one path template share its points; another repository's registrations
+    /// are the same template (GitHub counts per endpoint, not per path).
+    #[tokio::test]
+    async fn points_are_counted_per_path_template() {
+        let limits = SecondaryLimits {
+            points_per_minute: 2,
+            ..DOCUMENTED
+        };
+        let budget = Budget::with_wait_max(Pacing::Documented(limits), Duration::ZERO);
+        let now = from_unix_secs(1000);
+        let scope = Scope::Installation(1);
+        assert!(
+            budget
+                .acquire(scope, "repos.runners.list", Cost::Read, now)
+                .await
+                .is_ok()
+        );
+        assert!(
+            budget
+                .acquire(scope, "repos.runners.by_name", Cost::Read, now)
+                .await
+                .is_ok()
+        );
+        assert!(
+            budget
+                .acquire(scope, "repos.runners.list", Cost::Read, now)
+                .await
+                .is_err(),
+            "the template's two points were spent under two names"
+        );
+        assert!(
+            budget
+                .acquire(scope, "orgs.runners.list", Cost::Read, now)
+                .await
+                .is_ok()
+        );
+    }
+
+    /// rm's budget against the fake's ledger (GitHub's secondary limits as the fake counts
+    /// them), on a simulated clock with no wait inside the budget: `wanted` registrations of one
+    /// installation from the start, sent in order, each as soon as the budget lets it (a refusal
+    /// names the time). Returns when each was created and GitHub's secondary-limit answers.
+    async fn simulate(
+        pacing: Pacing,
+        github: rm_fake_github::SecondaryLimits,
+        wanted: usize,
+    ) -> (Budget, Vec<SystemTime>, Vec<SystemTime>) {
+        use rm_fake_github::auth::Caller;
+        let budget = Budget::with_wait_max(pacing, Duration::ZERO);
+        let scope = Scope::Installation(7);
+        let template = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig";
+        let mut ledger = rm_fake_github::limits::Ledger::default();
+        let mut now = from_unix_secs(1_000_000);
+        let (mut created, mut limited) = (Vec::new(), Vec::new());
+        while created.len() < wanted {
+            let permit = match budget
+                .acquire(scope, "repos.runners.jit", Cost::Creation, now)
+                .await
+            {
+                Ok(permit) => permit,
+                Err(GithubError::RateLimited { retry_at, .. }) => {
+                    assert!(retry_at > now, "refused without a later time");
+                    now = retry_at;
+                    continue;
+                }
+                Err(other) => panic!("{other}"),
+            };
+            ledger.arrive(Caller::Installation(7));
+            let answer = ledger.admit(Caller::Installation(7), template, "POST", now, &github);
+            ledger.leave(Caller::Installation(7));
+            match answer {
+                Ok(()) => {
+                    budget.record(permit, true, &RateHeaders::default(), None, now);
+                    created.push(now);
+                }
+                Err(refusal) => {
+                    let secs = refusal.retry_after_secs();
+                    let rate = RateHeaders {
+                        retry_after: Some(secs),
+                        ..Default::default()
+                    };
+                    let until = now + Duration::from_secs(secs);
+                    budget.record(
+                        permit,
+                        true,
+                        &rate,
+                        Some((LimitKind::Secondary, until)),
+                        now,
+                    );
+                    limited.push(now);
+                }
+            }
+        }
+        (budget, created, limited)
+    }
+
+    /// A GitHub that does not count registrations as content (loose): 180 leave in the first
+    /// paced minute (the template's 900 points), then 180 each paced minute, and GitHub never
+    /// answers a secondary limit; the scope never starts counting content.
+    #[tokio::test]
+    async fn loose_github_takes_180_registrations_a_minute_without_a_limit() {
+        let loose = rm_fake_github::SecondaryLimits {
+            content: rm_fake_github::ContentCounting::Loose,
+            ..rm_fake_github::SecondaryLimits::GITHUB
+        };
+        let (budget, created, limited) = simulate(Pacing::default(), loose, 540).await;
+        assert!(
+            limited.is_empty(),
+            "GitHub had to refuse a registration: {limited:?}"
+        );
+        let start = created[0];
+        let in_minute = |m: u64| {
+            created
+                .iter()
+                .filter(|t| **t >= start + crate::pacing::PACED_MINUTE * m as u32)
+                .filter(|t| **t < start + crate::pacing::PACED_MINUTE * (m as u32 + 1))
+                .count()
+        };
+        assert_eq!([in_minute(0), in_minute(1), in_minute(2)], [180, 180, 180]);
+        let content = budget.content(start);
+        assert_eq!(content.len(), 1);
+        assert_eq!(content[0].counted, None);
+    }
+
+    /// A GitHub that counts every POST as content (strict): rm sends past 80, meets exactly one
+    /// secondary limit, learns, and from then on paces at 80 a paced minute and 500 an hour
+    /// without another; the snapshot says content is counted, learned when, until when.
+    #[tokio::test]
+    async fn strict_github_answers_one_limit_then_rm_paces_at_eighty_a_minute() {
+        let strict = rm_fake_github::SecondaryLimits::GITHUB;
+        // 500: the hour the learned limit lasts, at the hour's content limit.
+        let (budget, created, limited) = simulate(Pacing::default(), strict, 500).await;
+        assert_eq!(limited.len(), 1, "{limited:?}");
+        let learned = limited[0];
+        assert_eq!(created.iter().filter(|t| **t <= learned).count(), 80);
+        // After the limit: never more than 80 in any paced minute, 500 in any hour.
+        for (i, t) in created.iter().enumerate() {
+            let minute = created[i..]
+                .iter()
+                .take_while(|u| **u < *t + crate::pacing::MINUTE)
+                .count();
+            assert!(minute <= 80, "{minute} in the minute from registration {i}");
+        }
+        let first_hour = created
+            .iter()
+            .filter(|t| **t < created[0] + crate::pacing::HOUR)
+            .count();
+        // The hour's 500 less the refused request, which rm counted too (GitHub did not).
+        assert_eq!(first_hour, 499, "the hour's content limit");
+        let content = budget.content(learned);
+        assert_eq!(
+            content[0].counted,
+            Some(ContentReason::Learned {
+                at: learned,
+                until: learned + crate::pacing::CONTENT_LEARNED_FOR
+            })
+        );
+        assert_eq!(
+            content[0].until(),
+            Some(learned + crate::pacing::CONTENT_LEARNED_FOR)
+        );
+        // An hour after the limit, with none since, POSTs stop counting.
+        let later = learned + crate::pacing::CONTENT_LEARNED_FOR;
+        assert_eq!(budget.content_counted(Scope::Installation(7), later), None);
+    }
+
+    /// Cautious against the same strict GitHub: no limit ever, 80 a paced minute from the start.
+    #[tokio::test]
+    async fn cautious_paces_content_from_the_start() {
+        let strict = rm_fake_github::SecondaryLimits::GITHUB;
+        let (budget, created, limited) = simulate(Pacing::Cautious(DOCUMENTED), strict, 160).await;
+        assert!(limited.is_empty(), "{limited:?}");
+        assert_eq!(created[79], created[0]);
+        assert_eq!(created[80], created[0] + crate::pacing::PACED_MINUTE);
+        assert_eq!(
+            budget.content(created[0])[0].counted,
+            Some(ContentReason::Cautious)
+        );
     }
 }

@@ -44,6 +44,10 @@ pub struct ClientConfig {
     /// How requests of one installation are paced: inside GitHub's documented secondary limits
     /// by default.
     pub pacing: crate::pacing::Pacing,
+    /// The longest a request sleeps in the budget for room in a pacing window
+    /// ([`crate::budget::PACING_WAIT_MAX`]); a longer wait is refused with its time. Zero
+    /// refuses every wait (a test on a manual clock schedules them itself).
+    pub pacing_wait_max: Duration,
 }
 
 impl ClientConfig {
@@ -55,6 +59,7 @@ impl ClientConfig {
             private_key_pem,
             request_timeout: REQUEST_TIMEOUT,
             pacing: crate::pacing::Pacing::default(),
+            pacing_wait_max: crate::budget::PACING_WAIT_MAX,
         }
     }
 }
@@ -67,6 +72,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("private_key_pem", &"<redacted>")
             .field("request_timeout", &self.request_timeout)
             .field("pacing", &self.pacing)
+            .field("pacing_wait_max", &self.pacing_wait_max)
             .finish()
     }
 }
@@ -187,7 +193,7 @@ impl GithubClient {
                 tokens: TokenCache::default(),
                 minting: tokio::sync::Mutex::new(()),
                 installations: Mutex::new(HashMap::new()),
-                budget: Budget::new(config.pacing),
+                budget: Budget::with_wait_max(config.pacing, config.pacing_wait_max),
                 etags: EtagCache::default(),
                 stats: Stats::default(),
                 timeout: config.request_timeout,
@@ -541,6 +547,7 @@ mod tests {
             private_key_pem: SecretString::from("-----BEGIN KEY-----secret"),
             request_timeout: REQUEST_TIMEOUT,
             pacing: crate::pacing::Pacing::default(),
+            pacing_wait_max: crate::budget::PACING_WAIT_MAX,
         };
         assert!(!format!("{c:?}").contains("secret"));
     }

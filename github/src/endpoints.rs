@@ -1,5 +1,7 @@
 //! The endpoints rm calls, one method each, on top of the transport in [`crate::client`]: App
-//! endpoints signed with the JWT, installation endpoints with the installation's token.
+//! endpoints signed with the JWT, installation endpoints with the installation's token. It owns
+//! the one mapping from rm's endpoint names to GitHub's path templates ([`ENDPOINTS`]), which
+//! is what GitHub means by "a single REST endpoint" in its secondary limits.
 
 use std::sync::PoisonError;
 
@@ -11,6 +13,97 @@ use crate::error::GithubError;
 use crate::target::Target;
 use crate::types::*;
 use crate::wire::{next_cursor, percent_encode};
+
+/// Every endpoint name rm sends (`Call::endpoint`), with the method and path template GitHub
+/// documents it under. GitHub's points limit (900 a minute) is per template, so two names of
+/// one template (`repos.runners.list` and `repos.runners.by_name`) share its window, and every
+/// repository's or organization's requests to a template share it too.
+pub(crate) const ENDPOINTS: &[(&str, &str)] = &[
+    ("app.get", "GET /app"),
+    ("app.installations", "GET /app/installations"),
+    (
+        "app.access_tokens",
+        "POST /app/installations/{installation_id}/access_tokens",
+    ),
+    ("app.orgs.installation", "GET /orgs/{org}/installation"),
+    (
+        "app.repos.installation",
+        "GET /repos/{owner}/{repo}/installation",
+    ),
+    ("app.hook_deliveries", "GET /app/hook/deliveries"),
+    (
+        "app.hook_redeliver",
+        "POST /app/hook/deliveries/{delivery_id}/attempts",
+    ),
+    (
+        "orgs.runners.jit",
+        "POST /orgs/{org}/actions/runners/generate-jitconfig",
+    ),
+    (
+        "repos.runners.jit",
+        "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig",
+    ),
+    ("orgs.runners.list", "GET /orgs/{org}/actions/runners"),
+    ("orgs.runners.by_name", "GET /orgs/{org}/actions/runners"),
+    (
+        "repos.runners.list",
+        "GET /repos/{owner}/{repo}/actions/runners",
+    ),
+    (
+        "repos.runners.by_name",
+        "GET /repos/{owner}/{repo}/actions/runners",
+    ),
+    (
+        "orgs.runners.get",
+        "GET /orgs/{org}/actions/runners/{runner_id}",
+    ),
+    (
+        "repos.runners.get",
+        "GET /repos/{owner}/{repo}/actions/runners/{runner_id}",
+    ),
+    (
+        "orgs.runners.delete",
+        "DELETE /orgs/{org}/actions/runners/{runner_id}",
+    ),
+    (
+        "repos.runners.delete",
+        "DELETE /repos/{owner}/{repo}/actions/runners/{runner_id}",
+    ),
+    (
+        "orgs.runner_groups.list",
+        "GET /orgs/{org}/actions/runner-groups",
+    ),
+    (
+        "repos.actions.runs",
+        "GET /repos/{owner}/{repo}/actions/runs",
+    ),
+    (
+        "repos.actions.jobs",
+        "GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
+    ),
+    (
+        "repos.actions.job",
+        "GET /repos/{owner}/{repo}/actions/jobs/{job_id}",
+    ),
+    (
+        "installation.repositories",
+        "GET /installation/repositories",
+    ),
+    (
+        "repos.releases.latest",
+        "GET /repos/{owner}/{repo}/releases/latest",
+    ),
+    ("repos.releases.list", "GET /repos/{owner}/{repo}/releases"),
+    ("rate_limit", "GET /rate_limit"),
+];
+
+/// GitHub's method and path template of the endpoint rm calls `name`, if rm sends it.
+pub(crate) fn template(name: &str) -> Option<&'static str> {
+    ENDPOINTS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, template)| *template)
+}
 
 impl GithubClient {
     // ---- App endpoints (JWT) ----
@@ -346,5 +439,84 @@ impl GithubClient {
             );
         }
         Ok(overview)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GitHub's own OpenAPI description of the endpoints rm calls (a subset of GitHub's file).
+    const OPENAPI: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fake-github/github-rest-subset.json"
+    );
+
+    /// Every name in the table is a method and path GitHub documents, and every name the client
+    /// sends (each endpoint-name literal in this file and in the transport's) is in the table.
+    #[test]
+    fn every_endpoint_name_maps_to_a_documented_template() {
+        let text = std::fs::read_to_string(OPENAPI).unwrap_or_else(|e| panic!("{OPENAPI}: {e}"));
+        let spec: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{OPENAPI}: {e}"));
+        for (name, template) in ENDPOINTS {
+            let (method, path) = template
+                .split_once(' ')
+                .unwrap_or_else(|| panic!("{name}: {template:?} is not METHOD PATH"));
+            assert!(
+                spec["paths"][path]
+                    .get(method.to_ascii_lowercase())
+                    .is_some(),
+                "{name}: {template} is not in GitHub's OpenAPI"
+            );
+        }
+        let mut names: Vec<&str> = ENDPOINTS.iter().map(|(n, _)| *n).collect();
+        names.sort_unstable();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(names.len(), before, "a name is in the table twice");
+
+        // The literals the calls are built with: `"word.word"` strings and `"rate_limit"`, in
+        // the code of this file (not the table, not the tests) and of the transport.
+        let own = include_str!("endpoints.rs");
+        let (before_table, rest) = own
+            .split_once("pub(crate) const ENDPOINTS")
+            .unwrap_or((own, ""));
+        let after_table = rest
+            .split_once("impl GithubClient {")
+            .map_or("", |(_, c)| c);
+        let sources = [before_table, after_table, include_str!("client.rs")];
+        let mut sent = std::collections::BTreeSet::new();
+        for source in sources {
+            let code = source.split("#[cfg(test)]").next().unwrap_or(source);
+            for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                for literal in line.split('"').skip(1).step_by(2) {
+                    let is_name = literal == "rate_limit"
+                        || (literal.contains('.')
+                            && !literal.starts_with('.')
+                            && !literal.ends_with('.')
+                            && literal
+                                .chars()
+                                .all(|c| c.is_ascii_lowercase() || c == '.' || c == '_'));
+                    if is_name {
+                        sent.insert(literal.to_owned());
+                    }
+                }
+            }
+        }
+        assert!(sent.contains("repos.runners.jit") && sent.contains("app.access_tokens"));
+        for name in &sent {
+            assert!(
+                template(name).is_some(),
+                "{name} has no template in ENDPOINTS"
+            );
+        }
+        // Two names of one template share it; the two JIT templates are apart.
+        assert_eq!(
+            template("repos.runners.list"),
+            template("repos.runners.by_name")
+        );
+        assert_ne!(template("orgs.runners.jit"), template("repos.runners.jit"));
+        assert_eq!(template("jit"), None);
     }
 }

@@ -36,7 +36,7 @@ pub mod types;
 pub mod wire;
 
 pub use auth::AppCredentials;
-pub use budget::{BudgetSnapshot, Scope};
+pub use budget::{BudgetSnapshot, PacingSnapshot, Scope};
 pub use client::{ClientConfig, GithubClient, Polled};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{GithubError, LimitKind};

@@ -372,7 +372,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
                 .iter()
                 .filter_map(|p| Some((p.name.clone(), p.fleet_max_runners?)))
                 .collect(),
-            registrations: crate::executor::shared_windows(config.github.pacing),
+            registrations: crate::executor::RegistrationWindows::Paced(config.github.pacing),
         }),
         // `logs.keep = 0`: nothing is kept.
         logs: (config.logs.keep > 0).then(|| {

@@ -336,7 +336,19 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
             "rate_limited": live.and_then(|s| s.github.held.as_ref()).map(|h| json!({
                 "kind": h.kind,
                 "until": rfc3339(h.until_ms),
+                "limit": h.limit,
             })),
+            "content_pacing": live.map(|s| s.github.content.iter().map(|c| json!({
+                "scope": c.scope,
+                "counted": c.counted,
+                "reason": c.reason,
+                "learned_at": c.learned_at_ms.map(rfc3339),
+                "until": c.until_ms.map(rfc3339),
+                "creations_last_minute": c.creations_minute,
+                "creations_last_hour": c.creations_hour,
+                "limit_per_minute": c.limit_minute,
+                "limit_per_hour": c.limit_hour,
+            })).collect::<Vec<_>>()),
         },
         "jobs": {
             "queued": facts.jobs("queued"),
@@ -557,13 +569,16 @@ pub(crate) fn degraded(facts: &Facts) -> Vec<String> {
             && held.until_ms > facts.now_ms
         {
             found.push(format!(
-                "GitHub's {} rate limit holds every request of the installation for {}: no \
+                "GitHub's {} rate limit holds every request of the installation for {}{}: no \
                  runner is registered or removed until then, and the jobs waiting are served \
                  after it. Other tools using the same App installation add to it.",
                 held.kind,
                 ago(Duration::from_millis(
                     u64::try_from(held.until_ms - facts.now_ms).unwrap_or(0)
-                ))
+                )),
+                held.limit
+                    .as_ref()
+                    .map_or_else(String::new, |l| format!(" ({l})"))
             ));
         }
         if let Some(offline) = &polling.offline {
@@ -781,7 +796,26 @@ pub(crate) fn render(facts: &Facts) -> String {
                         ))
                     )
                 });
-                format!("{reach}; {last_contact}; {rate}{held}")
+                let content: Vec<String> = s
+                    .github
+                    .content
+                    .iter()
+                    .filter(|c| c.counted)
+                    .map(|c| match c.until_ms {
+                        Some(until) => format!(
+                            "{} paced as content (learned) until {}",
+                            c.scope,
+                            crate::output::rfc3339(until)
+                        ),
+                        None => format!("{} paced as content (cautious)", c.scope),
+                    })
+                    .collect();
+                let content = if content.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", content.join(", "))
+                };
+                format!("{reach}; {last_contact}; {rate}{held}{content}")
             }
             None => last_contact,
         },
@@ -930,6 +964,7 @@ mod tests {
                 reachable: true,
                 last_contact_at_ms: Some(NOW - 3_000),
                 held: None,
+                content: Vec::new(),
             },
             host: Host { max_runners: 6 },
             relay: None,
@@ -1303,10 +1338,33 @@ mod tests {
             snapshot.github.held = Some(crate::status_file::Held {
                 kind: "secondary".to_owned(),
                 until_ms: NOW + 42_000,
+                limit: Some("rm's pacing (installation 7): the content limit".to_owned()),
             });
+            snapshot.github.content = vec![crate::status_file::ContentPacing {
+                scope: "installation 7".to_owned(),
+                counted: true,
+                reason: Some("learned".to_owned()),
+                learned_at_ms: Some(NOW - 1_000),
+                until_ms: Some(NOW + 3_600_000),
+                creations_minute: 80,
+                creations_hour: 81,
+                limit_minute: 80,
+                limit_hour: 500,
+            }];
         }
         let json = to_json(&facts);
         assert_eq!(json["github"]["rate_limited"]["kind"], "secondary");
+        assert_eq!(
+            json["github"]["rate_limited"]["limit"],
+            "rm's pacing (installation 7): the content limit"
+        );
+        let content = &json["github"]["content_pacing"][0];
+        assert_eq!(
+            (&content["scope"], &content["counted"], &content["reason"]),
+            (&json!("installation 7"), &json!(true), &json!("learned"))
+        );
+        assert_eq!(content["until"], crate::output::rfc3339(NOW + 3_600_000));
+        assert_eq!(content["creations_last_minute"], 80);
         assert_eq!(
             json["github"]["rate_limited"]["until"],
             crate::output::rfc3339(NOW + 42_000)
@@ -1314,6 +1372,13 @@ mod tests {
         let text = render(&facts);
         assert!(
             text.contains("HELD by a secondary rate limit for 42s"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "installation 7 paced as content (learned) until {}",
+                crate::output::rfc3339(NOW + 3_600_000)
+            )),
             "{text}"
         );
         let problems = degraded(&facts);

@@ -103,6 +103,29 @@ fn an_empty_file_takes_every_default() {
 }
 
 #[test]
+fn github_pacing_takes_each_named_value() {
+    use rm_github::pacing::{DOCUMENTED, Pacing};
+    let cases = [
+        ("", Pacing::Documented(DOCUMENTED)),
+        (
+            "[github]\npacing = \"documented\"\n",
+            Pacing::Documented(DOCUMENTED),
+        ),
+        (
+            "[github]\npacing = \"cautious\"\n",
+            Pacing::Cautious(DOCUMENTED),
+        ),
+        (
+            "[github]\npacing = \"one_per_second\"\n",
+            Pacing::Spaced(Duration::from_secs(1)),
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(load_text(text).unwrap().github.pacing, want, "{text:?}");
+    }
+}
+
+#[test]
 fn the_data_dir_flag_wins_over_the_file() {
     let file = parse(None, "data_dir = \"/from/file\"").unwrap();
     let config = validate::validate(
@@ -215,6 +238,11 @@ fn out_of_range_values_are_refused_with_the_remedy() {
             "[github]\npacing = \"fast\"\n",
             "github.pacing",
             "one_per_second",
+        ),
+        (
+            "[github]\npacing = \"careful\"\n",
+            "github.pacing",
+            "\"cautious\"",
         ),
     ];
     for (text, key, hint) in cases {

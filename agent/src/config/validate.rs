@@ -82,6 +82,7 @@ pub(super) fn validate(
     }
     let pacing = match file.github.pacing.as_deref() {
         None | Some("documented") => rm_github::pacing::Pacing::default(),
+        Some("cautious") => rm_github::pacing::Pacing::Cautious(rm_github::pacing::DOCUMENTED),
         Some("one_per_second") => {
             rm_github::pacing::Pacing::Spaced(rm_github::budget::MUTATION_SPACING)
         }
@@ -89,7 +90,7 @@ pub(super) fn validate(
             return Err(err(
                 "github.pacing",
                 format!(
-                    "`{other}` is not a pacing; use \"documented\" (inside GitHub's documented secondary limits, the default) or \"one_per_second\" (a second between two mutations)"
+                    "`{other}` is not a pacing; use \"documented\" (GitHub's documented secondary limits, content creation counted once GitHub shows it counts it; the default), \"cautious\" (every POST counted as content from the start) or \"one_per_second\" (a second between two mutations)"
                 ),
             ));
         }

@@ -18,7 +18,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use rm_github::pacing::{PACED_HOUR, PACED_MINUTE, Pacing};
+use rm_github::GithubClient;
+use rm_github::pacing::{MUTATION_POINTS, PACED_HOUR, PACED_MINUTE, Pacing};
 use rm_journal::{
     ClaimRequest, Claimed, Fleet, FleetError, FleetView, HostInfo, JobId, JobState, JournalError,
     Lease, SpendWindow,
@@ -47,27 +48,61 @@ pub struct FleetSettings {
     /// A policy's fleet-wide ceiling on live runners (claims), by policy name.
     pub max_runners: HashMap<String, u32>,
     /// The windows of GitHub's limits on one installation's JIT registrations, which the
-    /// fleet's hosts spend together ([`shared_windows`]).
-    pub registrations: Vec<SpendWindow>,
+    /// fleet's hosts spend together.
+    pub registrations: RegistrationWindows,
 }
 
+/// Where a fleet host's registration windows come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegistrationWindows {
+    /// From the configured pacing and, per registration, whether this host's client counts the
+    /// installation's `POST`s as content now ([`shared_windows`]): production.
+    Paced(Pacing),
+    /// The same windows for every registration (a test's).
+    Fixed(Vec<SpendWindow>),
+}
+
+/// A window that never binds but keeps an hour of the fleet's reservations: the journal forgets
+/// what is older than the longest window of the call, so a host that does not count content
+/// must not let the hour's reservations go, which another host counting content reads.
+pub(crate) const KEEP_THE_HOUR: SpendWindow = SpendWindow {
+    limit: u32::MAX,
+    span: PACED_HOUR,
+};
+
 /// The windows the fleet's hosts share per installation for its JIT registrations, from the
-/// configured pacing: GitHub counts its secondary limits per installation, not per host, so N
-/// hosts pacing on their own would send up to N times them. Documented pacing: the
-/// content-creation limits (80 a minute, 500 an hour) over rm's paced spans (GitHub's and the
-/// arrival margin); one mutation per interval: one registration per interval fleet-wide.
-pub fn shared_windows(pacing: Pacing) -> Vec<SpendWindow> {
+/// configured pacing and whether the installation's `POST`s count as content now (`content`:
+/// this host learned the content limit from a secondary limit, or paces cautiously). GitHub
+/// counts its secondary limits per installation, not per host, so N hosts pacing on their own
+/// would send up to N times them. Documented or cautious pacing: the JIT template's points
+/// (900 a minute at 5 a registration: 180) over rm's paced minute, and while content counts,
+/// the content-creation limits (80 a minute, 500 an hour) over rm's paced spans; one mutation
+/// per interval: one registration per interval fleet-wide. An organization's and a
+/// repository's registrations are two templates at GitHub but share one window here: the
+/// cautious side. Each host learns the content limit at its own first limit (the learned
+/// state is this host's client's, not shared); until then the other hosts' registrations are
+/// held by the points window alone, and they meet GitHub's limit themselves once.
+pub fn shared_windows(pacing: Pacing, content: bool) -> Vec<SpendWindow> {
     match pacing {
-        Pacing::Documented(limits) => vec![
-            SpendWindow {
-                limit: limits.creations_per_minute,
+        Pacing::Documented(limits) | Pacing::Cautious(limits) => {
+            let mut windows = vec![SpendWindow {
+                limit: limits.points_per_minute / MUTATION_POINTS,
                 span: PACED_MINUTE,
-            },
-            SpendWindow {
-                limit: limits.creations_per_hour,
-                span: PACED_HOUR,
-            },
-        ],
+            }];
+            if content || matches!(pacing, Pacing::Cautious(_)) {
+                windows.push(SpendWindow {
+                    limit: limits.creations_per_minute,
+                    span: PACED_MINUTE,
+                });
+                windows.push(SpendWindow {
+                    limit: limits.creations_per_hour,
+                    span: PACED_HOUR,
+                });
+            } else {
+                windows.push(KEEP_THE_HOUR);
+            }
+            windows
+        }
         Pacing::Spaced(interval) => vec![SpendWindow {
             limit: 1,
             span: interval,
@@ -155,7 +190,9 @@ pub(super) struct Membership {
     connection: Arc<Mutex<Connection>>,
     info: Arc<HostInfo>,
     max_runners: Arc<HashMap<String, u32>>,
-    registrations: Arc<Vec<SpendWindow>>,
+    registrations: Arc<RegistrationWindows>,
+    /// This host's client: whether it counts an installation's `POST`s as content now.
+    github: GithubClient,
 }
 
 /// The fleet's connection, made again after it was lost.
@@ -201,7 +238,11 @@ impl Connection {
 impl Membership {
     /// This host (`info`) in the fleet at `settings.store`; connects on first use, so a
     /// database down at start is tried again by the next call.
-    pub(super) fn new(settings: &FleetSettings, info: HostInfo) -> Membership {
+    pub(super) fn new(
+        settings: &FleetSettings,
+        info: HostInfo,
+        github: GithubClient,
+    ) -> Membership {
         Membership {
             connection: Arc::new(Mutex::new(Connection {
                 store: settings.store.clone(),
@@ -210,6 +251,7 @@ impl Membership {
             info: Arc::new(info),
             max_runners: Arc::new(settings.max_runners.clone()),
             registrations: Arc::new(settings.registrations.clone()),
+            github,
         }
     }
 
@@ -289,12 +331,19 @@ impl Membership {
     }
 
     /// Reserves one JIT registration of `installation` in the fleet's shared windows: `None`
-    /// when reserved (send it now), else how long until there is room.
+    /// when reserved (send it now), else how long until there is room. The windows are
+    /// computed per call: they follow whether this host counts the installation's content now.
     pub(super) async fn reserve_registration(
         &self,
         installation: u64,
     ) -> Result<Option<Duration>, FleetError> {
-        let windows = Arc::clone(&self.registrations);
+        let windows = match self.registrations.as_ref() {
+            RegistrationWindows::Paced(pacing) => {
+                let content = self.github.counts_content(installation).is_some();
+                shared_windows(*pacing, content)
+            }
+            RegistrationWindows::Fixed(windows) => windows.clone(),
+        };
         self.call(move |fleet, info| {
             fleet.reserve(
                 &format!("installation:{installation}:registrations"),
@@ -357,23 +406,48 @@ mod tests {
         assert_eq!(claims_to_make(0, 0, 3, 5), 0);
     }
 
+    /// A table: (pacing, content counted now) → the shared windows.
     #[test]
-    fn the_fleet_shares_the_installation_s_creation_limits_or_its_spacing() {
-        let documented = shared_windows(Pacing::Documented(rm_github::pacing::DOCUMENTED));
-        assert_eq!(
-            documented,
-            [
-                SpendWindow {
-                    limit: 80,
-                    span: PACED_MINUTE
-                },
-                SpendWindow {
-                    limit: 500,
-                    span: PACED_HOUR
-                },
-            ]
-        );
-        let spaced = shared_windows(Pacing::Spaced(Duration::from_secs(1)));
+    fn the_fleet_shares_the_template_s_points_the_learned_content_limits_or_the_spacing() {
+        use rm_github::pacing::DOCUMENTED;
+        let points = SpendWindow {
+            limit: 180,
+            span: PACED_MINUTE,
+        };
+        let content = [
+            SpendWindow {
+                limit: 80,
+                span: PACED_MINUTE,
+            },
+            SpendWindow {
+                limit: 500,
+                span: PACED_HOUR,
+            },
+        ];
+        let cases = [
+            (
+                "documented, not learned",
+                Pacing::Documented(DOCUMENTED),
+                false,
+                vec![points, KEEP_THE_HOUR],
+            ),
+            (
+                "documented, learned",
+                Pacing::Documented(DOCUMENTED),
+                true,
+                vec![points, content[0], content[1]],
+            ),
+            (
+                "cautious",
+                Pacing::Cautious(DOCUMENTED),
+                false,
+                vec![points, content[0], content[1]],
+            ),
+        ];
+        for (name, pacing, counted, want) in cases {
+            assert_eq!(shared_windows(pacing, counted), want, "{name}");
+        }
+        let spaced = shared_windows(Pacing::Spaced(Duration::from_secs(1)), true);
         assert_eq!(
             spaced,
             [SpendWindow {

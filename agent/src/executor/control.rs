@@ -137,6 +137,7 @@ impl Executor {
                     labels: host_labels(&settings.policies),
                     policies: settings.policies.iter().map(|p| p.name.clone()).collect(),
                 },
+                registry.client().clone(),
             )
         });
         let ctx = Context {

@@ -49,7 +49,9 @@ use crate::config::Policy;
 use crate::lifecycle::Timeouts;
 use crate::runner::backend::{Backend, NoIsolation, UserIsolation};
 
-pub use claims::{FleetSettings, FleetStore, LEASE_RENEW, LEASE_TTL, shared_windows};
+pub use claims::{
+    FleetSettings, FleetStore, LEASE_RENEW, LEASE_TTL, RegistrationWindows, shared_windows,
+};
 pub use control::{Executor, Handle};
 pub use recovery::RecoveryIncomplete;
 

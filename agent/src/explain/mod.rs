@@ -736,11 +736,14 @@ fn github_conditions(facts: &Facts<'_>) -> (Option<Condition>, Option<Condition>
                     "rate_limited",
                     format!(
                         "GitHub's {} rate limit holds every request of the installation for {} \
-                         (until {}): no runner is registered until then, and the job is served \
+                         (until {}){}: no runner is registered until then, and the job is served \
                          after it. Other tools using the same App installation add to it.",
                         h.kind,
                         in_phrase(facts.now_ms, h.until_ms),
-                        crate::output::rfc3339(h.until_ms)
+                        crate::output::rfc3339(h.until_ms),
+                        h.limit
+                            .as_ref()
+                            .map_or_else(String::new, |l| format!("; the limit: {l}"))
                     ),
                 ),
                 format!("GitHub's {} rate limit holds registrations", h.kind),

@@ -110,6 +110,7 @@ fn snapshot() -> Snapshot {
             reachable: true,
             last_contact_at_ms: Some(NOW - 500),
             held: None,
+            content: Vec::new(),
         },
         host: Host { max_runners: 4 },
         relay: None,
@@ -359,9 +360,12 @@ fn launch_backoff_says_until_when_and_the_last_failure() {
 #[test]
 fn rate_limited_while_the_budget_holds_a_registration() {
     let mut w = World::new();
+    let limit = "rm's pacing (installation 1): the content limit (80 a minute, 500 an hour), \
+                 learned from GitHub's secondary limit at 2024-01-01T00:00:00Z";
     w.snapshot.as_mut().unwrap().github.held = Some(Held {
         kind: "secondary".to_owned(),
         until_ms: NOW + 8_000,
+        limit: Some(limit.to_owned()),
     });
     w.attempts
         .push(attempt("linux", AttemptState::Allocated, None, NOW - 100));
@@ -374,6 +378,8 @@ fn rate_limited_while_the_budget_holds_a_registration() {
             (Verdict::RateLimited, "rate_limited")
         );
         assert!(e.reasons[0].message.contains("secondary"), "{e:?}");
+        // Which limit holds, as the budget said it.
+        assert!(e.reasons[0].message.contains(limit), "{e:?}");
     }
     // A limit that has lifted holds nothing.
     w.snapshot

@@ -48,6 +48,24 @@ pub(crate) fn client_for(api_url: String, timeout: Duration, clock: &ManualClock
         private_key_pem: key().private_pem.clone(),
         request_timeout: timeout,
         pacing: rm_github::pacing::Pacing::default(),
+        pacing_wait_max: rm_github::budget::PACING_WAIT_MAX,
+    };
+    GithubClient::with_clock(config, Arc::new(clock.clone()))
+        .unwrap_or_else(|e| panic!("client: {e:#}"))
+}
+
+/// A client on `clock` against `api_url` pacing by `pacing`, sleeping at most `wait_max` in
+/// its budget (zero: every wait is refused with its time, for the test to move the clocks).
+pub(crate) fn client_paced(
+    api_url: String,
+    clock: &ManualClock,
+    pacing: rm_github::pacing::Pacing,
+    wait_max: Duration,
+) -> GithubClient {
+    let config = ClientConfig {
+        pacing,
+        pacing_wait_max: wait_max,
+        ..ClientConfig::new(api_url, APP_ID, key().private_pem.clone())
     };
     GithubClient::with_clock(config, Arc::new(clock.clone()))
         .unwrap_or_else(|e| panic!("client: {e:#}"))

@@ -114,6 +114,7 @@ async fn the_fake_refuses_expired_future_and_foreign_jwts() {
         private_key_pem: other.private_pem,
         request_timeout: Duration::from_secs(5),
         pacing: rm_github::pacing::Pacing::default(),
+        pacing_wait_max: rm_github::budget::PACING_WAIT_MAX,
     };
     let stranger =
         rm_github::GithubClient::with_clock(config, std::sync::Arc::new(h.clock.clone()))

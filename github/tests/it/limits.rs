@@ -196,3 +196,80 @@ async fn budgets_are_kept_per_resource_as_github_names_them() {
             .all(|b| b.blocked.is_none())
     );
 }
+
+/// Registrations in their own primary bucket (`actions_runner_registration`, as the fake gives
+/// them on request): every JIT answer carries the bucket's `x-ratelimit-*` headers, the client
+/// keeps that bucket apart from `core` and stops at its reserve before GitHub says no, while
+/// reads of the same installation go on. A second client (another tool on the same App) that
+/// spends the rest meets GitHub's own primary-limit answer.
+#[tokio::test]
+async fn registrations_spend_their_own_bucket_and_stop_at_its_reserve() {
+    let h = harness().await;
+    h.fake.set_registration_limit(3);
+    for name in ["a", "b"] {
+        h.client
+            .generate_jitconfig(&org(), &jit_request(name))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let answered: Vec<_> = h
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/generate-jitconfig"))
+        .collect();
+    let headers = |r: &rm_fake_github::RequestRecord| {
+        (
+            r.response_header("x-ratelimit-resource").map(str::to_owned),
+            r.response_header("x-ratelimit-limit").map(str::to_owned),
+            r.response_header("x-ratelimit-remaining")
+                .map(str::to_owned),
+        )
+    };
+    assert_eq!(
+        headers(&answered[1]),
+        (
+            Some("actions_runner_registration".into()),
+            Some("3".into()),
+            Some("1".into())
+        )
+    );
+    // One left is the reserve (a hundredth, at least one): the client keeps it.
+    let seen = h.fake.requests().len();
+    match h.client.generate_jitconfig(&org(), &jit_request("c")).await {
+        Err(GithubError::RateLimited {
+            kind: LimitKind::Primary,
+            resource,
+            ..
+        }) => assert_eq!(resource, "actions_runner_registration"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        h.fake.requests().len(),
+        seen,
+        "a request left into the reserve"
+    );
+    assert!(h.client.list_runners(&org()).await.is_ok());
+    // Another client of the same App spends the last one; then GitHub itself says no.
+    let other = client_for(h.fake.api_url(), Duration::from_secs(10), &h.clock);
+    other
+        .generate_jitconfig(&org(), &jit_request("d"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let fresh = client_for(h.fake.api_url(), Duration::from_secs(10), &h.clock);
+    match fresh.generate_jitconfig(&org(), &jit_request("e")).await {
+        Err(GithubError::RateLimited {
+            kind: LimitKind::Primary,
+            resource,
+            ..
+        }) => assert_eq!(resource, "actions_runner_registration"),
+        other => panic!("{other:?}"),
+    }
+    let last = h
+        .fake
+        .requests()
+        .pop()
+        .unwrap_or_else(|| panic!("no request"));
+    assert!(matches!(last.status, 403 | 429), "{}", last.status);
+    assert_eq!(last.response_header("x-ratelimit-remaining"), Some("0"));
+}

@@ -45,7 +45,7 @@ use tokio::task::JoinHandle;
 
 pub use jit::{CrashPoint, FakeJitConfig, RunnerBehavior};
 pub use keys::AppKeyPair;
-pub use limits::{LimitStatus, SecondaryLimits};
+pub use limits::{ContentCounting, LimitStatus, SecondaryLimits};
 pub use model::{Delivery, Job, JobStatus, RequestRecord, Runner};
 pub use releases::ReleaseOptions;
 pub use state::{FaultAction, signature};
@@ -89,6 +89,11 @@ pub struct FakeOptions {
     /// Whether the fake's own limit answers are 403 or 429: by default in turn, as GitHub may
     /// give either.
     pub limit_status: LimitStatus,
+    /// `Some(limit)`: JIT registrations spend a primary bucket of their own,
+    /// `x-ratelimit-resource: actions_runner_registration` with `limit` an hour
+    /// ([`limits::REGISTRATION_LIMIT`] is GitHub's), answered 403/429 when spent. `None` (the
+    /// default, which existing tests of the `core` quota rely on): they spend `core`.
+    pub registration_limit: Option<u64>,
 }
 
 impl FakeOptions {
@@ -100,6 +105,7 @@ impl FakeOptions {
             webhook_order: WebhookOrder::default_chaotic(),
             secondary_limits: SecondaryLimits::GITHUB,
             limit_status: LimitStatus::default(),
+            registration_limit: None,
         }
     }
 }
@@ -153,6 +159,9 @@ impl FakeGithub {
         state.webhook_order = options.webhook_order;
         state.secondary_limits = options.secondary_limits;
         state.limit_status = options.limit_status;
+        if let Some(limit) = options.registration_limit {
+            state.set_registration_limit(limit);
+        }
         if let WebhookOrder::Chaotic(chaos) = options.webhook_order {
             state.webhook_rng = webhook::Rng::new(chaos.seed);
         }
@@ -298,6 +307,20 @@ impl FakeGithub {
     /// have named `actions_runner_registration`).
     pub fn set_jit_resource(&self, resource: &str) {
         self.with(|s| s.jit_resource = resource.to_owned())
+    }
+
+    /// Gives JIT registrations their own primary bucket of `limit` an hour
+    /// (`actions_runner_registration`), from a fresh window.
+    pub fn set_registration_limit(&self, limit: u64) {
+        self.with(|s| s.set_registration_limit(limit))
+    }
+
+    /// The registration bucket's quota of `installation` now: `(limit, remaining)`.
+    pub fn registration_quota(&self, installation: u64) -> (u64, u64) {
+        self.with(|s| {
+            let q = s.quota(&installation.to_string(), limits::REGISTRATION_RESOURCE);
+            (q.limit, q.remaining)
+        })
     }
 
     /// Answers every API request with a secondary limit (`status` 403 or 429) for `duration`,

@@ -3,8 +3,13 @@
 //! single REST endpoint (a `GET`, `HEAD` or `OPTIONS` costs 1 point, a `POST`, `PATCH`, `PUT` or
 //! `DELETE` 5), no more than 80 content-creating requests per minute and 500 per hour, and no
 //! more than 100 concurrent requests ("Rate limits for the REST API", secondary rate limits).
-//! GitHub does not say which endpoints create content; the fake counts every `POST`, as rm's
-//! pacing does.
+//! GitHub does not say which endpoints create content, so a test says how this fake reads it
+//! ([`ContentCounting`]): `Strict` (the default) counts every `POST`, `Loose` leaves JIT
+//! registrations out, as the peer terraform-aws-github-runner reads GitHub. A test may also
+//! lower any of the numbers below the documented ones ("limits may change without notice"),
+//! and give registrations their own primary bucket ([`REGISTRATION_RESOURCE`], limit
+//! [`REGISTRATION_LIMIT`] an hour unless the test says otherwise; `FakeOptions::registration_limit`).
+//! So the fake can disagree with rm's reading, and a test sees rm learn from GitHub's answers.
 //!
 //! The windows are sliding (what was sent in the last 60 s or 3600 s, on the fake's own clock),
 //! as GitHub counts "per minute". A request over a limit is refused and spends nothing; the
@@ -28,6 +33,20 @@ pub struct SecondaryLimits {
     pub creations_per_hour: u32,
     /// Requests in flight at once.
     pub concurrent: u32,
+    /// Which `POST`s count as content creation.
+    pub content: ContentCounting,
+}
+
+/// Which requests this fake counts as content creation: GitHub does not list them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContentCounting {
+    /// Every `POST` (the default: the cautious reading, which keeps every limit test exercising
+    /// the content limits).
+    #[default]
+    Strict,
+    /// Every `POST` but a JIT registration (`generate-jitconfig`), as terraform-aws-github-runner
+    /// reads GitHub.
+    Loose,
 }
 
 impl SecondaryLimits {
@@ -37,8 +56,14 @@ impl SecondaryLimits {
         creations_per_minute: 80,
         creations_per_hour: 500,
         concurrent: 100,
+        content: ContentCounting::Strict,
     };
 }
+
+/// The `x-ratelimit-resource` of GitHub's primary bucket for runner registrations.
+pub const REGISTRATION_RESOURCE: &str = "actions_runner_registration";
+/// Its limit an hour, as GitHub staff have given it (actions/runner#1339).
+pub const REGISTRATION_LIMIT: u64 = 10_000;
 
 impl Default for SecondaryLimits {
     fn default() -> Self {
@@ -73,9 +98,14 @@ pub fn points_of(method: &str) -> u32 {
     }
 }
 
-/// Whether a request of `method` counts as content creation (every `POST`).
-pub fn creates(method: &str) -> bool {
+/// Whether a request of `method` to `template` counts as content creation under `counting`:
+/// every `POST`, or (`Loose`) every `POST` but a JIT registration.
+pub fn creates(method: &str, template: &str, counting: ContentCounting) -> bool {
     method == "POST"
+        && match counting {
+            ContentCounting::Strict => true,
+            ContentCounting::Loose => !template.ends_with("/generate-jitconfig"),
+        }
 }
 
 /// Which status a limit is answered with: GitHub documents "403 or 429" for both kinds.
@@ -242,7 +272,7 @@ impl Ledger {
                 retry_after: wait,
             });
         }
-        let creating = creates(method);
+        let creating = creates(method, endpoint, limits.content);
         if creating {
             let per_minute = s
                 .creations_minute
@@ -314,7 +344,47 @@ mod tests {
         for write in ["POST", "PATCH", "PUT", "DELETE"] {
             assert_eq!(points_of(write), 5, "{write}");
         }
-        assert!(creates("POST") && !creates("DELETE") && !creates("GET"));
+        let jit = "POST /orgs/{org}/actions/runners/generate-jitconfig";
+        let strict = ContentCounting::Strict;
+        assert!(creates("POST", jit, strict) && !creates("DELETE", "DELETE /x", strict));
+        assert!(!creates("GET", "GET /x", strict));
+        assert_eq!(d.content, strict);
+    }
+
+    /// Loose: registrations are held by the template's 900 points alone (180 a minute), while
+    /// other `POST`s still count as content.
+    #[test]
+    fn a_loose_github_does_not_count_registrations_as_content() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let limits = SecondaryLimits {
+            content: ContentCounting::Loose,
+            ..SecondaryLimits::GITHUB
+        };
+        let jit = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig";
+        let mut l = Ledger::default();
+        for n in 0..180 {
+            assert_eq!(send(&mut l, INST, jit, "POST", t, &limits), Ok(()), "{n}");
+        }
+        assert_eq!(
+            send(&mut l, INST, jit, "POST", t, &limits).map_err(|r| r.exceeded),
+            Err(Exceeded::Points)
+        );
+        assert_eq!(l.creations(INST, t), (0, 0));
+        let redeliver = "POST /app/hook/deliveries/{delivery_id}/attempts";
+        assert_eq!(send(&mut l, INST, redeliver, "POST", t, &limits), Ok(()));
+        assert_eq!(l.creations(INST, t), (1, 1));
+        // Strict, the same registrations stop at 80.
+        let mut l = Ledger::default();
+        for _ in 0..80 {
+            assert_eq!(
+                send(&mut l, INST, jit, "POST", t, &SecondaryLimits::GITHUB),
+                Ok(())
+            );
+        }
+        assert_eq!(
+            send(&mut l, INST, jit, "POST", t, &SecondaryLimits::GITHUB).map_err(|r| r.exceeded),
+            Err(Exceeded::CreationsPerMinute)
+        );
     }
 
     /// 180 deletions fill one endpoint's 900 points in a minute; the 181st is refused until the

@@ -158,6 +158,9 @@ pub struct State {
     pub exhausted: Vec<(Option<String>, SystemTime)>,
     /// The resource `generate-jitconfig` spends.
     pub jit_resource: String,
+    /// Primary limits of resources that do not take [`State::default_limit`] (the registration
+    /// bucket).
+    pub resource_limits: HashMap<String, u64>,
     pub secondary: Option<Secondary>,
     /// A secondary limit waiting for its place in a burst.
     pub secondary_trigger: Option<SecondaryTrigger>,
@@ -237,6 +240,7 @@ impl State {
             default_limit: DEFAULT_LIMIT,
             exhausted: Vec::new(),
             jit_resource: "core".into(),
+            resource_limits: HashMap::new(),
             secondary: None,
             secondary_trigger: None,
             secondary_limits: SecondaryLimits::GITHUB,
@@ -448,7 +452,11 @@ impl State {
     /// The quota of a scope and resource, refilled if its window has passed.
     pub fn quota(&mut self, scope: &str, resource: &str) -> &mut Quota {
         let now = self.now();
-        let limit = self.default_limit;
+        let limit = self
+            .resource_limits
+            .get(resource)
+            .copied()
+            .unwrap_or(self.default_limit);
         let q = self
             .quotas
             .entry((scope.to_owned(), resource.to_owned()))
@@ -462,6 +470,14 @@ impl State {
             q.reset = now + RATE_WINDOW;
         }
         q
+    }
+
+    /// JIT registrations spend their own bucket of `limit` an hour, from a fresh window.
+    pub fn set_registration_limit(&mut self, limit: u64) {
+        let resource = crate::limits::REGISTRATION_RESOURCE;
+        self.jit_resource = resource.to_owned();
+        self.resource_limits.insert(resource.to_owned(), limit);
+        self.quotas.retain(|(_, r), _| r != resource);
     }
 
     /// The status of the next limit answer the fake gives itself (403 or 429).

@@ -604,9 +604,10 @@ impl Harness {
                 .map(|max_runners| super::FleetSettings {
                     store: super::FleetStore::Local(journal.to_path_buf()),
                     max_runners: max_runners.clone(),
-                    registrations: options.registrations.clone().unwrap_or_else(|| {
-                        super::shared_windows(rm_github::pacing::Pacing::default())
-                    }),
+                    registrations: options.registrations.clone().map_or_else(
+                        || super::RegistrationWindows::Paced(rm_github::pacing::Pacing::default()),
+                        super::RegistrationWindows::Fixed,
+                    ),
                 }),
             // Beside the journal, as `<data_dir>/logs` is in production.
             logs: journal.parent().map(|data_dir| {
