@@ -51,6 +51,15 @@ pub struct FleetSettings {
     pub registrations: Vec<SpendWindow>,
 }
 
+/// The `spends.scope` under which the fleet's hosts count one installation's JIT registrations:
+/// GitHub counts them per installation, and an installation belongs to one App; the App is
+/// named so that an operator reading the table sees which. A free-text key, not a column: no
+/// migration, and rows under the key of an older rm (`installation:{id}:registrations`) leave
+/// the windows within the longest of them (an hour).
+pub(crate) fn registration_scope(app: u64, installation: u64) -> String {
+    format!("app:{app}:installation:{installation}:registrations")
+}
+
 /// The windows the fleet's hosts share per installation for its JIT registrations, from the
 /// configured pacing: GitHub counts its secondary limits per installation, not per host, so N
 /// hosts pacing on their own would send up to N times them. Documented pacing: the
@@ -288,19 +297,16 @@ impl Membership {
             .await
     }
 
-    /// Reserves one JIT registration of `installation` in the fleet's shared windows: `None`
-    /// when reserved (send it now), else how long until there is room.
+    /// Reserves one JIT registration of App `app`'s `installation` in the fleet's shared
+    /// windows: `None` when reserved (send it now), else how long until there is room.
     pub(super) async fn reserve_registration(
         &self,
+        app: u64,
         installation: u64,
     ) -> Result<Option<Duration>, FleetError> {
         let windows = Arc::clone(&self.registrations);
         self.call(move |fleet, info| {
-            fleet.reserve(
-                &format!("installation:{installation}:registrations"),
-                &info.host,
-                &windows,
-            )
+            fleet.reserve(&registration_scope(app, installation), &info.host, &windows)
         })
         .await
     }

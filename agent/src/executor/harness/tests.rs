@@ -472,7 +472,7 @@ async fn a_fleet_host_registers_only_inside_the_fleet_s_shared_window() {
     .await;
     h.executor.renew_lease().await;
     // Another host of the fleet registered a runner for the same installation a moment ago.
-    let scope = format!("installation:{}:registrations", h.installation);
+    let scope = crate::executor::claims::registration_scope(APP_ID, h.installation);
     let mut other = rm_journal::LocalFleet::open(&h.journal_path).unwrap();
     assert_eq!(
         other.reserve(&scope, "other-host", &[window]).unwrap(),
@@ -670,4 +670,58 @@ async fn a_runner_stopped_for_its_disk_before_any_job_is_not_replaced() {
     steps(&mut h, PASSES_AFTER_FENCE).await;
     assert_eq!(h.attempts().len(), 1, "replaced: {:#?}", h.attempts());
     assert_eq!(h.attempts()[0].job_id, None);
+}
+
+/// Three Apps installed on the target and a fourth installed nowhere: a burst of
+/// registrations is spread over the three installations (each gets some, as the fake counts
+/// them), the fourth App is left out, and every runner, whichever App registered it, serves
+/// its job and is removed through the primary's installation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_registrations_is_spread_over_every_app_s_installation() {
+    let mut h = Harness::new(Options {
+        max_runners: 9,
+        policies: vec![policy("linux", &["self-hosted"], 9)],
+        more_apps: vec![(5001, true), (5002, true), (5003, false)],
+        ..Options::default()
+    })
+    .await;
+    jobs_take(&h, 5);
+    let jobs: Vec<u64> = (0..9)
+        .map(|i| h.queue(&format!("matrix ({i})"), LABELS))
+        .collect();
+    h.until(
+        "every job completed and cleaned",
+        |_| {},
+        |h| jobs.iter().all(|j| h.completed(*j)) && h.all_cleaned(),
+    )
+    .await;
+    let counts = h.fake.registrations_by_installation();
+    let mut expected = vec![h.installation];
+    expected.extend(&h.more_installations);
+    let used: Vec<u64> = counts.keys().copied().collect();
+    let mut sorted = expected.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        used, sorted,
+        "every installed App's installation registered runners, no other: {counts:?}"
+    );
+    assert!(counts.values().all(|n| *n >= 1), "{counts:?}");
+    assert_eq!(
+        counts.values().sum::<usize>(),
+        9,
+        "one registration per job"
+    );
+    assert_eq!(h.attempts().len(), 9);
+    assert!(
+        h.our_registrations().is_empty(),
+        "every registration removed"
+    );
+    // The client counted them per App, as `/metrics` shows them.
+    let per_app: Vec<u64> = h
+        .client
+        .registration_counts()
+        .iter()
+        .map(|(app, _, _)| *app)
+        .collect();
+    assert_eq!(per_app, [APP_ID, 5001, 5002]);
 }
