@@ -110,6 +110,7 @@ fn snapshot() -> Snapshot {
             reachable: true,
             last_contact_at_ms: Some(NOW - 500),
             held: None,
+            apps: Vec::new(),
         },
         host: Host { max_runners: 4 },
         relay: None,
