@@ -271,8 +271,8 @@ impl Launch {
         let mut tries = 0;
         loop {
             tries += 1;
-            let error = match self.choose_installation(target).await {
-                Err(refused) => refused,
+            let (error, set_aside) = match self.choose_installation(target).await {
+                Err(refused) => (refused, false),
                 Ok(installation) => {
                     match ctx
                         .registry
@@ -280,12 +280,21 @@ impl Launch {
                         .await
                     {
                         Ok(jit) => return Ok(jit),
-                        Err(e) => e,
+                        Err(e) => {
+                            let aside = ctx.registry.set_aside(installation, &e, ctx.clock.now());
+                            (e, aside)
+                        }
                     }
                 }
             };
             let mut not_before = None;
-            match registry::jit_retry(&error) {
+            // A further App's installation refused for good: the next try goes through another.
+            let retry = if set_aside {
+                JitRetry::Later(None)
+            } else {
+                registry::jit_retry(&error)
+            };
+            match retry {
                 JitRetry::Terminal => {
                     if matches!(error, rm_github::GithubError::Unauthorized { .. }) {
                         ctx.notifier

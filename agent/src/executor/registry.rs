@@ -121,6 +121,19 @@ pub(crate) fn pick(candidates: &[Candidate], now: SystemTime, turn: u64) -> Opti
     })
 }
 
+/// How long an installation of a further App that refused a registration for a reason retrying
+/// cannot fix (its App's key or permission, or it is gone) is left out of the choice: the
+/// other Apps' installations take its share meanwhile; `check` names the App.
+pub(crate) const SET_ASIDE: Duration = Duration::from_secs(10 * 60);
+
+/// Whether a registration refused with `error` through an installation of App `app` (not the
+/// `primary`) sets the installation aside ([`SET_ASIDE`]) and retries through another, instead
+/// of failing the launch: the refusals [`jit_retry`] calls terminal. The primary's stay
+/// terminal: it is what every single-App setup has, and what everything else goes through.
+pub(crate) fn sets_aside(error: &GithubError, app: u64, primary: u64) -> bool {
+    app != primary && jit_retry(error) == JitRetry::Terminal
+}
+
 /// What the registry remembers between registrations to spread them.
 #[derive(Debug, Default)]
 struct Spread {
@@ -178,6 +191,23 @@ impl Registry {
         let turn = spread.turn;
         spread.turn = spread.turn.wrapping_add(1);
         Ok((candidates, turn))
+    }
+
+    /// After `error` from a registration through `installation`: whether it is set aside and the
+    /// registration retried through another App's installation ([`sets_aside`]).
+    pub(crate) fn set_aside(
+        &self,
+        installation: u64,
+        error: &GithubError,
+        now: SystemTime,
+    ) -> bool {
+        let app = self.app_of(installation);
+        if !sets_aside(error, app, self.client.primary_app()) {
+            return false;
+        }
+        tracing::warn!(app, installation, %error, "this App's installation refused a registration; leaving it out for 10 minutes (`rm-agent check` names what it lacks)");
+        self.spread().held.insert(installation, now + SET_ASIDE);
+        true
     }
 
     /// The App `installation` belongs to (the primary's when the client has not looked it up).
@@ -444,6 +474,28 @@ mod tests {
                 listed.iter().map(|(i, f)| candidate(*i, *f)).collect();
             let choice = pick(&candidates, now, turn).map(|c| (c.installation, c.ready));
             assert_eq!(choice, expected, "{listed:?} turn {turn}");
+        }
+    }
+
+    #[test]
+    fn only_a_further_app_s_terminal_refusal_sets_its_installation_aside() {
+        let forbidden = GithubError::Forbidden {
+            endpoint: "orgs.runners.jit",
+            message: "Resource not accessible by integration".into(),
+            remedy: "",
+        };
+        let busy = GithubError::Server {
+            endpoint: "orgs.runners.jit",
+            status: 502,
+            message: String::new(),
+        };
+        // (error, the installation's App, set aside)
+        for (error, app, aside) in [
+            (&forbidden, 2, true),
+            (&forbidden, 1, false),
+            (&busy, 2, false),
+        ] {
+            assert_eq!(sets_aside(error, app, 1), aside, "{error} of App {app}");
         }
     }
 

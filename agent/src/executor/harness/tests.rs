@@ -725,3 +725,48 @@ async fn a_burst_of_registrations_is_spread_over_every_app_s_installation() {
         .collect();
     assert_eq!(per_app, [APP_ID, 5001, 5002]);
 }
+
+/// A further App installed without the registration permission refuses its first
+/// registration (403): its installation is set aside and that registration, like the rest,
+/// goes through the other Apps; no launch fails for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_without_the_permission_is_set_aside_and_no_launch_fails() {
+    let mut h = Harness::new(Options {
+        max_runners: 6,
+        policies: vec![policy("linux", &["self-hosted"], 6)],
+        more_apps: vec![(5001, true), (5002, true)],
+        ..Options::default()
+    })
+    .await;
+    let weak = h.more_installations[1];
+    h.fake.set_permissions(weak, &[("actions", "read")]);
+    jobs_take(&h, 5);
+    let jobs: Vec<u64> = (0..6)
+        .map(|i| h.queue(&format!("matrix ({i})"), LABELS))
+        .collect();
+    h.until(
+        "every job completed and cleaned",
+        |_| {},
+        |h| jobs.iter().all(|j| h.completed(*j)) && h.all_cleaned(),
+    )
+    .await;
+    let counts = h.fake.registrations_by_installation();
+    assert!(!counts.contains_key(&weak), "{counts:?}");
+    assert_eq!(counts.values().sum::<usize>(), 6, "{counts:?}");
+    let refused = h
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/generate-jitconfig") && r.status == 403)
+        .count();
+    // The burst's six launches choose at once, a third of them the weak App's installation,
+    // before the first refusal sets it aside: at most those two ask it, never a later one.
+    assert!((1..=2).contains(&refused), "{refused} refusals");
+    assert!(
+        h.attempts()
+            .iter()
+            .all(|a| a.outcome == Some(AttemptOutcome::CompletedJob)),
+        "{:#?}",
+        h.attempts()
+    );
+}
