@@ -722,7 +722,8 @@ mod tests {
             _ => None,
         };
         let apps = app_budgets(&[1, 2, 3], &budget, app_of, &[(1, 10, 4), (2, 20, 5)]);
-        let shown: Vec<(u64, u64, Vec<(String, Option<u64>)>)> = apps
+        type Shown = (u64, u64, Vec<(String, Option<u64>)>);
+        let shown: Vec<Shown> = apps
             .iter()
             .map(|a| {
                 (

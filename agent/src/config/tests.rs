@@ -892,7 +892,8 @@ fn journal_url_with_a_password_or_what_rm_cannot_use_is_refused_naming_the_key()
 fn one_app_or_several_and_never_both_forms() {
     let p = |s: &str| PathBuf::from(s);
     // (file, primary, its key file, the further Apps, listed)
-    let accepted: [(&str, Option<u64>, Option<PathBuf>, Vec<GithubApp>, bool); 4] = [
+    type Accepted<'a> = (&'a str, Option<u64>, Option<PathBuf>, Vec<GithubApp>, bool);
+    let accepted: [Accepted; 4] = [
         ("", None, None, vec![], false),
         (
             "[github]\napp_id = 7\nprivate_key_file = \"/k/7.pem\"\n",

@@ -45,12 +45,13 @@ const CPU_WEIGHT_MAX: u32 = 10_000;
 /// show as it, so a runner holding it could read them).
 const FORBIDDEN_UIDS: [u32; 2] = [0, 65534];
 
+/// The primary App's id and key file, and the Apps after it.
+type Apps = (Option<u64>, Option<PathBuf>, Vec<GithubApp>);
+
 /// The primary App (id, key file) and the others, from `github.app_id` and
 /// `github.private_key_file` or from `[[github.app]]`: one form or the other, never both, and
 /// no App twice. `Err` names the key and the problem.
-fn apps(
-    section: &GithubSection,
-) -> Result<(Option<u64>, Option<PathBuf>, Vec<GithubApp>), (String, String)> {
+fn apps(section: &GithubSection) -> Result<Apps, (String, String)> {
     if section.apps.is_empty() {
         return Ok((section.app_id, section.private_key_file.clone(), Vec::new()));
     }

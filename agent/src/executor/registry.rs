@@ -443,7 +443,8 @@ mod tests {
     fn registrations_rotate_over_the_installations_that_can_leave_else_wait_for_the_earliest() {
         let now = at(100);
         // (candidates as (installation, free at), turn, the choice as (installation, ready))
-        let cases: [(&[(u64, Option<u64>)], u64, Option<(u64, bool)>); 9] = [
+        type Case<'a> = (&'a [(u64, Option<u64>)], u64, Option<(u64, bool)>);
+        let cases: [Case; 9] = [
             (&[], 0, None),
             (&[(1, None)], 0, Some((1, true))),
             (&[(1, None)], 7, Some((1, true))),
