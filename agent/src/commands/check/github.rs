@@ -210,7 +210,7 @@ fn app_failure(err: &GithubError, app_id: u64, api_url: &str) -> Finding {
             "app",
             format!("GitHub refused the App's JWT (401: {message})"),
             format!(
-                "check that `github.app_id` ({app_id}) is the App's id and that the private key is the App's current one; a host clock more than a minute off also fails (check NTP)"
+                "check that `github.app_id` (or the `[[github.app]]` entry's `id`, {app_id}) is the App's id and that the private key is the App's current one; a host clock more than a minute off also fails (check NTP)"
             ),
         ),
         GithubError::Unreachable { reason, .. } => Finding::fail(
