@@ -552,11 +552,9 @@ impl GithubClient {
 
     /// Forgets which targets `installation` covers, so the next call looks them up again.
     pub fn forget_installation(&self, installation: u64) {
-        {
-            let mut known = self.known();
-            known.by_target.retain(|_, id| *id != installation);
-            known.app_of.remove(&installation);
-        }
+        // Which App it belonged to stays known (installation ids are never reused): a token
+        // asked for it again is still asked with its own App's JWT.
+        self.known().by_target.retain(|_, id| *id != installation);
         self.inner.tokens.invalidate(installation);
     }
 

@@ -799,7 +799,7 @@ pub(crate) fn render(facts: &Facts) -> String {
     // Several Apps share the registrations: each one's share and budgets.
     if let Some(s) = live.filter(|s| s.github.apps.len() > 1) {
         for app in &s.github.apps {
-            line("github app", app_line(app));
+            line("  app", app_line(app));
         }
     }
 
@@ -1134,14 +1134,14 @@ mod tests {
         if let Some(s) = f.snapshot.as_mut() {
             s.github.apps = vec![app(1, 7, "installation:10")];
         }
-        assert!(!render(&f).contains("github app"), "{}", render(&f));
+        assert!(!render(&f).contains("\n  app "), "{}", render(&f));
         assert_eq!(to_json(&f)["github"]["apps"][0]["registrations"], 7);
         if let Some(s) = f.snapshot.as_mut() {
             s.github.apps.push(app(2, 5, "installation:20"));
         }
         let text = render(&f);
         assert!(
-            text.contains("2: 5 registrations; installation:20 4000 of 5000 left"),
+            text.contains("\n  app     2: 5 registrations; installation:20 4000 of 5000 left\n"),
             "{text}"
         );
         let json = to_json(&f);
