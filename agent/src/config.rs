@@ -74,6 +74,18 @@ pub struct GithubSection {
     pub private_key_file: Option<PathBuf>,
     pub webhook_secret_file: Option<PathBuf>,
     pub pacing: Option<String>,
+    /// `[[github.app]]`: several Apps installed on the same targets, the first the primary;
+    /// instead of `app_id` and `private_key_file`.
+    #[serde(default, rename = "app")]
+    pub apps: Vec<AppSection>,
+}
+
+/// One `[[github.app]]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppSection {
+    pub id: u64,
+    pub private_key_file: PathBuf,
 }
 
 /// `[receiver]`: inbound webhooks. Without the table there is no inbound HTTP at all.
@@ -224,11 +236,50 @@ pub struct Config {
 #[derive(Debug)]
 pub struct Github {
     pub api_url: String,
+    /// The primary App: `github.app_id`, or the first `[[github.app]]`. It reads webhook
+    /// deliveries and makes every request but JIT registrations.
     pub app_id: Option<u64>,
     pub private_key_file: Option<PathBuf>,
+    /// The Apps after the first `[[github.app]]`: JIT registrations are spread over every
+    /// App's installation covering a target. Empty with one App.
+    pub more_apps: Vec<GithubApp>,
+    /// The Apps were listed as `[[github.app]]`: every key comes from its file, and
+    /// `$RM_GITHUB_PRIVATE_KEY` (one key, no App named) is refused.
+    pub app_list: bool,
     pub webhook_secret_file: Option<PathBuf>,
     /// `github.pacing`: how requests of one installation are paced.
     pub pacing: rm_github::pacing::Pacing,
+}
+
+/// One App beside the primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GithubApp {
+    pub id: u64,
+    pub private_key_file: PathBuf,
+}
+
+impl Github {
+    /// Every configured App's id and key file (`None`: from `$RM_GITHUB_PRIVATE_KEY`), the
+    /// primary first, each with the key that names its file in the configuration.
+    pub fn apps(&self) -> Vec<(u64, Option<&Path>, String)> {
+        let mut apps = Vec::new();
+        if let Some(id) = self.app_id {
+            let key = if self.app_list {
+                "github.app[0].private_key_file"
+            } else {
+                "github.private_key_file"
+            };
+            apps.push((id, self.private_key_file.as_deref(), key.to_owned()));
+        }
+        for (n, app) in self.more_apps.iter().enumerate() {
+            apps.push((
+                app.id,
+                Some(app.private_key_file.as_path()),
+                format!("github.app[{}].private_key_file", n + 1),
+            ));
+        }
+        apps
+    }
 }
 
 #[derive(Debug)]

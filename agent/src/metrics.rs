@@ -1,6 +1,7 @@
 //! What `rm-agent run` adds to the receiver's `/metrics` (CONTRACT §4): GitHub requests by
-//! endpoint and status, the rate limit, the polling pace and next poll, the requests of the last
-//! hour and whether webhooks are trusted. Read at every scrape from the GitHub client and the
+//! endpoint and status, the rate limit, each App's budgets and JIT registrations (several Apps
+//! may share them), the polling pace and next poll, the requests of the last hour and whether
+//! webhooks are trusted. Read at every scrape from the GitHub client and the
 //! poller's latest status, so nothing here has to be kept up to date.
 
 use std::fmt;
@@ -98,6 +99,46 @@ impl Collector for AgentMetrics {
                 "The binding core rate limit's size per hour",
                 limit,
             )?;
+        }
+        let apps = crate::status_file::app_budgets(
+            &self.client.app_ids(),
+            &self.client.budget(),
+            |installation| self.client.app_of(installation),
+            &self.client.registration_counts(),
+        );
+        {
+            let mut remaining = encoder.encode_descriptor(
+                "rm_github_budget_remaining",
+                "Requests left in a rate-limit resource of a scope (an App's JWT, app:<id>, or an installation, installation:<id>), by the App it belongs to",
+                None,
+                MetricType::Gauge,
+            )?;
+            for app in &apps {
+                let app_id = app.app_id.to_string();
+                for b in &app.budgets {
+                    let Some(left) = b.remaining else { continue };
+                    let labels = [
+                        ("app", app_id.as_str()),
+                        ("scope", b.scope.as_str()),
+                        ("resource", b.resource.as_str()),
+                    ];
+                    ConstGauge::new(i64::try_from(left).unwrap_or(i64::MAX))
+                        .encode(remaining.encode_family(&labels)?)?;
+                }
+            }
+        }
+        {
+            let mut registrations = encoder.encode_descriptor(
+                "rm_github_jit_registrations",
+                "JIT registrations GitHub issued, by the App whose installation asked",
+                None,
+                MetricType::Counter,
+            )?;
+            for app in &apps {
+                let labels = [("app", app.app_id.to_string())];
+                ConstCounter::new(app.registrations)
+                    .encode(registrations.encode_family(&labels)?)?;
+            }
         }
         let reachable = self.client.contact().reachable;
         gauge(
@@ -251,7 +292,9 @@ mod tests {
             "rm_github_rate_limit_limit 5000",
             "rm_github_reachable 1",
             // The App's JWT asked once: its POSTs are not counted as content (nothing learned).
-            "rm_github_content_paced{scope=\"app\"} 0",
+            "rm_github_content_paced{scope=\"app:7\"} 0",
+            "rm_github_jit_registrations_total{app=\"7\"} 0",
+            "rm_github_budget_remaining{app=\"7\",scope=\"app:7\",resource=\"core\"} 4999",
             "rm_github_requests_last_hour{charged=\"true\"} 3",
             "rm_github_requests_last_hour{charged=\"false\"} 5",
             "rm_polling_pace{pace=\"reconciling\"} 1",

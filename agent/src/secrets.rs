@@ -43,10 +43,26 @@ pub(crate) fn webhook_secrets(config: &Config) -> Result<WebhookSecrets, Exit> {
 /// The App's private key as PEM text; wins over `github.private_key_file`.
 pub(crate) const PRIVATE_KEY_ENV: &str = "RM_GITHUB_PRIVATE_KEY";
 
-/// The GitHub App's private key: `$RM_GITHUB_PRIVATE_KEY` (the PEM text) if set, else the file
-/// named by `github.private_key_file`. Whether it is a usable key is for the GitHub client to
-/// say; this only refuses a missing, empty or world-readable one.
+/// The (primary) GitHub App's private key: `$RM_GITHUB_PRIVATE_KEY` (the PEM text) if set,
+/// else the file named by `github.private_key_file`. With `[[github.app]]` the first entry's
+/// file, and the variable is refused: it holds one key and names no App. Whether it is a usable
+/// key is for the GitHub client to say; this only refuses a missing, empty or world-readable
+/// one.
 pub(crate) fn private_key(config: &Config) -> Result<SecretString, Exit> {
+    if config.github.app_list {
+        if std::env::var(PRIVATE_KEY_ENV).is_ok_and(|v| !v.trim().is_empty()) {
+            return Err(Exit::usage(format!(
+                "${PRIVATE_KEY_ENV} is set but {} lists its Apps as `[[github.app]]`, each with its `private_key_file`; unset ${PRIVATE_KEY_ENV}",
+                crate::config::display_file(config.source.as_deref())
+            )));
+        }
+        let Some(path) = &config.github.private_key_file else {
+            return Err(Exit::usage(
+                "no `[[github.app]]` entry names a key file".to_owned(),
+            ));
+        };
+        return key_file(path, "github.app[0].private_key_file");
+    }
     let (pem, from) = match std::env::var(PRIVATE_KEY_ENV) {
         Ok(value) if !value.trim().is_empty() => (value, format!("${PRIVATE_KEY_ENV}")),
         _ => match &config.github.private_key_file {
@@ -68,6 +84,36 @@ pub(crate) fn private_key(config: &Config) -> Result<SecretString, Exit> {
         )));
     }
     Ok(SecretString::from(pem))
+}
+
+/// A key file's PEM text, refused as [`private_key`] refuses the primary's.
+fn key_file(path: &Path, key: &str) -> Result<SecretString, Exit> {
+    let pem = read_secret_file(path, key)?;
+    if pem.trim().is_empty() {
+        return Err(Exit::usage(format!(
+            "{key}: {} is empty; put the App's private key (PEM) there",
+            path.display()
+        )));
+    }
+    Ok(SecretString::from(pem))
+}
+
+/// The keys of the Apps after the primary (`[[github.app]]` entries 1..), each read and refused
+/// as the primary's is.
+pub(crate) fn more_app_keys(config: &Config) -> Result<Vec<rm_github::AppKey>, Exit> {
+    config
+        .github
+        .more_apps
+        .iter()
+        .enumerate()
+        .map(|(n, app)| {
+            let key = format!("github.app[{}].private_key_file", n + 1);
+            Ok(rm_github::AppKey {
+                app_id: app.id,
+                private_key_pem: key_file(&app.private_key_file, &key)?,
+            })
+        })
+        .collect()
 }
 
 /// The relay subscriber token; wins over `relay.token_file`.
@@ -172,22 +218,22 @@ pub(crate) fn refuse_readable_by_runners(
     config: &Config,
     pool: &crate::runner::isolate::Pool,
 ) -> Result<(), Exit> {
-    let files = [
-        (
-            "github.private_key_file".to_owned(),
-            config.github.private_key_file.as_ref(),
-        ),
-        (
-            "github.webhook_secret_file".to_owned(),
-            config.github.webhook_secret_file.as_ref(),
-        ),
-        (
-            "relay.token_file".to_owned(),
-            config.relay.as_ref().and_then(|r| r.token_file.as_ref()),
-        ),
-    ];
+    let mut files: Vec<(String, Option<&Path>)> = config
+        .github
+        .apps()
+        .into_iter()
+        .map(|(_, path, key)| (key, path))
+        .collect();
+    files.push((
+        "github.webhook_secret_file".to_owned(),
+        config.github.webhook_secret_file.as_deref(),
+    ));
+    files.push((
+        "relay.token_file".to_owned(),
+        config.relay.as_ref().and_then(|r| r.token_file.as_deref()),
+    ));
     // A job holding a notification key could forge the agent's alerts to their receiver.
-    let notification_keys =
+    files.extend(
         config
             .webhook_notifications
             .iter()
@@ -195,10 +241,11 @@ pub(crate) fn refuse_readable_by_runners(
             .map(|(index, webhook)| {
                 (
                     format!("notifications.webhook[{index}].secret_file"),
-                    webhook.secret_file.as_ref(),
+                    webhook.secret_file.as_deref(),
                 )
-            });
-    for (key, path) in files.into_iter().chain(notification_keys) {
+            }),
+    );
+    for (key, path) in files {
         let Some(path) = path else { continue };
         let Ok(meta) = std::fs::metadata(path) else {
             continue;
@@ -213,4 +260,52 @@ pub(crate) fn refuse_readable_by_runners(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every further App's key file is read and refused as the primary's is, each refusal
+    /// naming the App's entry: a missing file, one every user can read, an empty one.
+    #[test]
+    fn each_app_s_key_file_is_refused_as_the_primary_s_is() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = |name: &str, text: &str, mode: u32| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .unwrap_or_else(|e| panic!("{e}"));
+            path
+        };
+        let good = file("good.pem", "-----BEGIN RSA PRIVATE KEY-----", 0o600);
+        let open = file("open.pem", "-----BEGIN RSA PRIVATE KEY-----", 0o644);
+        let empty = file("empty.pem", "\n", 0o600);
+        let missing = dir.path().join("missing.pem");
+        let config_with = |second: &Path| {
+            let text = format!(
+                "[[github.app]]\nid = 1\nprivate_key_file = {:?}\n\
+                 [[github.app]]\nid = 2\nprivate_key_file = {:?}\n",
+                good.display().to_string(),
+                second.display().to_string()
+            );
+            crate::config::from_text(&text).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let keys = more_app_keys(&config_with(&good)).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(keys.iter().map(|k| k.app_id).collect::<Vec<_>>(), [2]);
+        for (second, problem) in [
+            (&open, "readable by every user"),
+            (&empty, "is empty"),
+            (&missing, "cannot read"),
+        ] {
+            let refused = more_app_keys(&config_with(second)).err();
+            let message = refused.map(|e| e.message).unwrap_or_default();
+            assert!(
+                message.starts_with("github.app[1].private_key_file") && message.contains(problem),
+                "{}: {message}",
+                second.display()
+            );
+            assert!(!message.contains("BEGIN"), "no key text in {message}");
+        }
+    }
 }

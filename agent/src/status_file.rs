@@ -162,6 +162,68 @@ pub(crate) struct Github {
     /// Per installation (and the App): whether its `POST`s count as content creation now.
     #[serde(default)]
     pub content: Vec<ContentPacing>,
+    /// Each configured App (the primary first): its budgets and the JIT registrations its
+    /// installations made (`[[github.app]]` spreads them over several Apps).
+    #[serde(default)]
+    pub apps: Vec<AppBudget>,
+}
+
+/// One App's share of GitHub: the budgets of its JWT and of its installations, and its
+/// registrations since the agent started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct AppBudget {
+    pub app_id: u64,
+    pub registrations: u64,
+    pub budgets: Vec<ScopeBudget>,
+}
+
+/// One scope's quota of one resource, as the budget learnt it from GitHub's headers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ScopeBudget {
+    /// `app:<id>` (the App's JWT) or `installation:<id>`.
+    pub scope: String,
+    pub resource: String,
+    pub remaining: Option<u64>,
+    pub limit: Option<u64>,
+}
+
+/// Each of `app_ids` (in order) with the budgets of its scopes and its registrations;
+/// `app_of` names an installation's App (the primary's when unknown); `registrations` are the
+/// client's `(app, installation, count)`.
+pub(crate) fn app_budgets(
+    app_ids: &[u64],
+    budget: &[rm_github::BudgetSnapshot],
+    app_of: impl Fn(u64) -> Option<u64>,
+    registrations: &[(u64, u64, u64)],
+) -> Vec<AppBudget> {
+    let primary = app_ids.first().copied().unwrap_or_default();
+    app_ids
+        .iter()
+        .map(|app| {
+            let owner = |scope: rm_github::Scope| match scope {
+                rm_github::Scope::App(id) => id,
+                rm_github::Scope::Installation(id) => app_of(id).unwrap_or(primary),
+            };
+            AppBudget {
+                app_id: *app,
+                registrations: registrations
+                    .iter()
+                    .filter(|(a, _, _)| a == app)
+                    .map(|(_, _, n)| n)
+                    .sum(),
+                budgets: budget
+                    .iter()
+                    .filter(|b| owner(b.scope) == *app)
+                    .map(|b| ScopeBudget {
+                        scope: b.scope.to_string(),
+                        resource: b.resource.clone(),
+                        remaining: b.remaining,
+                        limit: b.limit,
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
 }
 
 /// A rate limit holding requests back, as the budget knows it.
@@ -198,7 +260,7 @@ pub(crate) struct ContentPacing {
 /// How a budget scope is named to the operator.
 pub(crate) fn scope_name(scope: rm_github::Scope) -> String {
     match scope {
-        rm_github::Scope::App => "app".to_owned(),
+        rm_github::Scope::App(id) => format!("App {id}"),
         rm_github::Scope::Installation(id) => format!("installation {id}"),
     }
 }
@@ -217,7 +279,7 @@ pub(crate) fn content(pacing: &[rm_github::PacingSnapshot]) -> Vec<ContentPacing
                 }
             };
             ContentPacing {
-                scope: scope_name(p.scope),
+                scope: p.scope.to_string(),
                 counted: p.counted.is_some(),
                 reason: reason.map(str::to_owned),
                 learned_at_ms,
@@ -373,6 +435,7 @@ impl Snapshot {
                 last_contact_at_ms: contact.last_contact_at.map(unix_ms),
                 held: None,
                 content: Vec::new(),
+                apps: Vec::new(),
             },
             host: Host { max_runners },
             relay: None,
@@ -460,9 +523,16 @@ pub(crate) fn spawn_publisher(
             snapshot.relay = relay.as_mut().map(|r| Relay::from(&*r.borrow_and_update()));
             // Read at every publication, not only at poll passes: a limit GitHub answered to a
             // burst of registrations shows within [`PUBLISH_EVERY`].
+            let budget = client.budget();
             let pacing = client.content_pacing();
-            snapshot.github.held = held(&client.budget(), &pacing, SystemTime::now());
+            snapshot.github.held = held(&budget, &pacing, SystemTime::now());
             snapshot.github.content = content(&pacing);
+            snapshot.github.apps = app_budgets(
+                &client.app_ids(),
+                &budget,
+                |installation| client.app_of(installation),
+                &client.registration_counts(),
+            );
             snapshot.allocation = allocation.as_ref().map(|read| read());
             snapshot.fitness = fitness.as_ref().and_then(|read| read());
             let dir = data_dir.clone();
@@ -804,5 +874,67 @@ mod tests {
         assert_eq!(lines[0].reason.as_deref(), Some("learned"));
         assert_eq!(lines[0].until_ms, Some(3_691_000));
         assert!(lines[0].counted);
+    }
+
+    /// Each App's budgets are its JWT's and its installations' (an installation the client has
+    /// not placed counts as the primary's), its registrations its installations'.
+    #[test]
+    fn budgets_and_registrations_are_shown_per_app() {
+        use rm_github::{BudgetSnapshot, Scope};
+        let line = |scope: Scope, remaining: u64| BudgetSnapshot {
+            scope,
+            resource: "core".to_owned(),
+            limit: Some(5000),
+            remaining: Some(remaining),
+            used: None,
+            reset_at: None,
+            blocked: None,
+            charged: 0,
+            uncharged: 0,
+        };
+        let budget = [
+            line(Scope::App(1), 4990),
+            line(Scope::App(2), 4980),
+            line(Scope::Installation(10), 4000),
+            line(Scope::Installation(20), 3000),
+            line(Scope::Installation(99), 2000),
+        ];
+        let app_of = |installation: u64| match installation {
+            10 => Some(1),
+            20 => Some(2),
+            _ => None,
+        };
+        let apps = app_budgets(&[1, 2, 3], &budget, app_of, &[(1, 10, 4), (2, 20, 5)]);
+        type Shown = (u64, u64, Vec<(String, Option<u64>)>);
+        let shown: Vec<Shown> = apps
+            .iter()
+            .map(|a| {
+                (
+                    a.app_id,
+                    a.registrations,
+                    a.budgets
+                        .iter()
+                        .map(|b| (b.scope.clone(), b.remaining))
+                        .collect(),
+                )
+            })
+            .collect();
+        let s = |scope: &str, left: u64| (scope.to_owned(), Some(left));
+        assert_eq!(
+            shown,
+            [
+                (
+                    1,
+                    4,
+                    vec![
+                        s("app:1", 4990),
+                        s("installation:10", 4000),
+                        s("installation:99", 2000)
+                    ]
+                ),
+                (2, 5, vec![s("app:2", 4980), s("installation:20", 3000)]),
+                (3, 0, vec![]),
+            ]
+        );
     }
 }

@@ -37,10 +37,21 @@ pub const DEFAULT_RESOURCE: &str = "core";
 /// Whose quota a request spends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
-    /// Requests signed with the App JWT.
-    App,
-    /// Requests made with an installation token.
+    /// Requests signed with this App's JWT (its id): each App has its own quota.
+    App(u64),
+    /// Requests made with an installation token. Installation ids are unique across Apps, so
+    /// the id alone names whose quota it is (the client knows which App it belongs to).
     Installation(u64),
+}
+
+impl std::fmt::Display for Scope {
+    /// The label `status` and `/metrics` show: `app:<id>` or `installation:<id>`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scope::App(id) => write!(f, "app:{id}"),
+            Scope::Installation(id) => write!(f, "installation:{id}"),
+        }
+    }
 }
 
 /// How much of the quota to leave unspent: other hosts and the operator share the account, and
@@ -698,7 +709,7 @@ mod tests {
     #[tokio::test]
     async fn secondary_without_retry_after_backs_off_and_a_success_clears_the_strikes() {
         let budget = Budget::default();
-        let scope = Scope::App;
+        let scope = Scope::App(1);
         let now = from_unix_secs(1000);
         for (strike, wait) in [(1u64, 60u64), (2, 120)] {
             let t = now + Duration::from_secs(strike * 10_000);

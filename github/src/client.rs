@@ -3,9 +3,9 @@
 //! before it leaves, and its answer (headers, status) goes back into the budget before the
 //! caller sees it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
@@ -33,13 +33,40 @@ pub const MAX_PAGES: u32 = 10;
 /// The REST API version rm is written against.
 pub const API_VERSION: &str = "2022-11-28";
 
+/// How long an App found not installed on a target (a `404` from its installation lookup) is
+/// left out of that target's registrations before it is asked again: an operator who installs
+/// it later sees it take a share within this time, without a restart.
+pub const ABSENT_RECHECK: Duration = Duration::from_secs(10 * 60);
+
+/// One more App beside the primary: its id and private key.
+#[derive(Clone)]
+pub struct AppKey {
+    pub app_id: u64,
+    pub private_key_pem: SecretString,
+}
+
+impl std::fmt::Debug for AppKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppKey")
+            .field("app_id", &self.app_id)
+            .field("private_key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
 /// What the client needs to know.
 #[derive(Clone)]
 pub struct ClientConfig {
     /// `https://api.github.com`, or a GHES base such as `https://ghe.example.com/api/v3`.
     pub api_url: String,
+    /// The primary App: it reads webhook deliveries and makes every request that is not a JIT
+    /// registration.
     pub app_id: u64,
     pub private_key_pem: SecretString,
+    /// Further Apps installed on the same targets: JIT registrations are spread over every
+    /// App's installation (GitHub limits each installation's registrations a minute), nothing
+    /// else uses them.
+    pub more_apps: Vec<AppKey>,
     pub request_timeout: Duration,
     /// How requests of one installation are paced: inside GitHub's documented secondary limits
     /// by default.
@@ -57,6 +84,7 @@ impl ClientConfig {
             api_url: api_url.into(),
             app_id,
             private_key_pem,
+            more_apps: Vec::new(),
             request_timeout: REQUEST_TIMEOUT,
             pacing: crate::pacing::Pacing::default(),
             pacing_wait_max: crate::budget::PACING_WAIT_MAX,
@@ -70,6 +98,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("api_url", &self.api_url)
             .field("app_id", &self.app_id)
             .field("private_key_pem", &"<redacted>")
+            .field("more_apps", &self.more_apps)
             .field("request_timeout", &self.request_timeout)
             .field("pacing", &self.pacing)
             .field("pacing_wait_max", &self.pacing_wait_max)
@@ -88,14 +117,15 @@ pub struct Polled<T> {
 /// Who a request speaks for.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Auth {
-    App,
+    /// The App of this id, with its JWT.
+    App(u64),
     Installation(u64),
 }
 
 impl Auth {
     fn scope(self) -> Scope {
         match self {
-            Auth::App => Scope::App,
+            Auth::App(id) => Scope::App(id),
             Auth::Installation(id) => Scope::Installation(id),
         }
     }
@@ -135,14 +165,29 @@ pub(crate) struct Answer {
     pub(crate) not_modified: bool,
 }
 
+/// What the client knows of the Apps' installations.
+#[derive(Debug, Default)]
+pub(crate) struct Installations {
+    /// The installation of an App (its id) covering a target.
+    pub(crate) by_target: HashMap<(u64, Target), u64>,
+    /// The App each installation known to the client belongs to: its tokens are minted with
+    /// that App's JWT.
+    pub(crate) app_of: HashMap<u64, u64>,
+    /// Apps GitHub said are not installed on a target (`404`), and when it said so.
+    pub(crate) absent: HashMap<(u64, Target), SystemTime>,
+    /// The (App, target) pairs already logged as not installed: logged once, not per launch.
+    pub(crate) absence_logged: HashSet<(u64, Target)>,
+}
+
 pub(crate) struct Inner {
     pub(crate) octo: Octocrab,
-    pub(crate) creds: AppCredentials,
+    /// Every App, the primary first.
+    pub(crate) apps: Vec<AppCredentials>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) tokens: TokenCache,
     /// Held while an installation token is minted.
     pub(crate) minting: tokio::sync::Mutex<()>,
-    pub(crate) installations: Mutex<HashMap<Target, u64>>,
+    pub(crate) installations: Mutex<Installations>,
     pub(crate) budget: Budget,
     pub(crate) etags: EtagCache,
     pub(crate) stats: Stats,
@@ -158,7 +203,7 @@ pub struct GithubClient {
 impl std::fmt::Debug for GithubClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GithubClient")
-            .field("app_id", &self.inner.creds.app_id())
+            .field("app_ids", &self.app_ids())
             .finish_non_exhaustive()
     }
 }
@@ -176,7 +221,12 @@ impl GithubClient {
     /// A client reading the time from `clock` (tests pass a [`crate::ManualClock`]).
     pub fn with_clock(config: ClientConfig, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
         use anyhow::Context as _;
-        let creds = AppCredentials::new(config.app_id, &config.private_key_pem)?;
+        let mut apps = vec![AppCredentials::new(config.app_id, &config.private_key_pem)?];
+        for more in &config.more_apps {
+            let creds = AppCredentials::new(more.app_id, &more.private_key_pem)
+                .with_context(|| format!("App {}", more.app_id))?;
+            apps.push(creds);
+        }
         let base = config.api_url.trim_end_matches('/').to_owned();
         let octo = Octocrab::builder()
             .base_uri(base.as_str())
@@ -188,11 +238,11 @@ impl GithubClient {
         Ok(Self {
             inner: Arc::new(Inner {
                 octo,
-                creds,
+                apps,
                 clock,
                 tokens: TokenCache::default(),
                 minting: tokio::sync::Mutex::new(()),
-                installations: Mutex::new(HashMap::new()),
+                installations: Mutex::new(Installations::default()),
                 budget: Budget::with_wait_max(config.pacing, config.pacing_wait_max),
                 etags: EtagCache::default(),
                 stats: Stats::default(),
@@ -211,21 +261,61 @@ impl GithubClient {
         self.inner.stats.requests()
     }
 
+    /// JIT registrations issued so far, `(app, installation, count)`, for `status` and
+    /// `/metrics`.
+    pub fn registration_counts(&self) -> Vec<(u64, u64, u64)> {
+        self.inner.stats.registrations()
+    }
+
     /// The budget's view of every scope and resource, for `status` and `/metrics`.
     pub fn budget(&self) -> Vec<BudgetSnapshot> {
         self.inner.budget.snapshot(self.inner.clock.now())
     }
 
+    /// Every App's id, the primary first.
+    pub fn app_ids(&self) -> Vec<u64> {
+        self.inner.apps.iter().map(AppCredentials::app_id).collect()
+    }
+
+    /// The primary App's id.
+    pub fn primary_app(&self) -> u64 {
+        self.inner.apps.first().map_or(0, AppCredentials::app_id)
+    }
+
+    /// The App `installation` belongs to, when the client has looked it up (else `None`; such
+    /// an installation is taken as the primary App's).
+    pub fn app_of(&self, installation: u64) -> Option<u64> {
+        self.known().app_of.get(&installation).copied()
+    }
+
+    pub(crate) fn known(&self) -> std::sync::MutexGuard<'_, Installations> {
+        self.inner
+            .installations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The primary App's JWT.
+    pub(crate) fn primary(&self) -> Auth {
+        Auth::App(self.primary_app())
+    }
+
     async fn authorization(&self, auth: Auth, fresh: bool) -> Result<SecretString, GithubError> {
         let now = self.inner.clock.now();
         match auth {
-            Auth::App => self
-                .inner
-                .creds
-                .jwt(now)
-                .map_err(|e| GithubError::Unauthorized {
+            Auth::App(app_id) => {
+                let creds = self
+                    .inner
+                    .apps
+                    .iter()
+                    .find(|a| a.app_id() == app_id)
+                    .ok_or_else(|| GithubError::Unauthorized {
+                        message: format!("App {app_id} is not configured"),
+                    })?;
+                creds.jwt(now).map_err(|e| GithubError::Unauthorized {
                     message: e.to_string(),
-                }),
+                })
+            }
             Auth::Installation(id) => {
                 if !fresh && let Some(token) = self.inner.tokens.get(id, now) {
                     return Ok(token);
@@ -253,11 +343,15 @@ impl GithubClient {
         }
     }
 
-    /// `POST /app/installations/{id}/access_tokens`: a new token (bypassing the cache).
+    /// `POST /app/installations/{id}/access_tokens`: a new token (bypassing the cache), signed
+    /// by the JWT of the App the installation belongs to.
     pub async fn create_installation_token(
         &self,
         installation: u64,
     ) -> Result<InstallationToken, GithubError> {
+        let app = self
+            .app_of(installation)
+            .unwrap_or_else(|| self.primary_app());
         #[derive(serde::Deserialize)]
         struct Token {
             token: SecretString,
@@ -268,7 +362,7 @@ impl GithubClient {
             method: Method::POST,
             path: format!("/app/installations/{installation}/access_tokens"),
             body: None,
-            auth: Auth::App,
+            auth: Auth::App(app),
             conditional: false,
             charged: true,
         };
@@ -464,11 +558,9 @@ impl GithubClient {
 
     /// Forgets which targets `installation` covers, so the next call looks them up again.
     pub fn forget_installation(&self, installation: u64) {
-        self.inner
-            .installations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|_, id| *id != installation);
+        // Which App it belonged to stays known (installation ids are never reused): a token
+        // asked for it again is still asked with its own App's JWT.
+        self.known().by_target.retain(|_, id| *id != installation);
         self.inner.tokens.invalidate(installation);
     }
 
@@ -545,11 +637,17 @@ mod tests {
             api_url: "http://x".into(),
             app_id: 1,
             private_key_pem: SecretString::from("-----BEGIN KEY-----secret"),
+            more_apps: vec![AppKey {
+                app_id: 2,
+                private_key_pem: SecretString::from("-----BEGIN KEY-----other"),
+            }],
             request_timeout: REQUEST_TIMEOUT,
             pacing: crate::pacing::Pacing::default(),
             pacing_wait_max: crate::budget::PACING_WAIT_MAX,
         };
-        assert!(!format!("{c:?}").contains("secret"));
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("secret") && !shown.contains("other"));
+        assert!(shown.contains("app_id: 2"));
     }
 
     /// A `GET .../actions/runs/{id}/jobs` page shaped as GitHub sends it (the OpenAPI's Job):

@@ -3,12 +3,14 @@
 //! the one mapping from rm's endpoint names to GitHub's path templates ([`ENDPOINTS`]), which
 //! is what GitHub means by "a single REST endpoint" in its secondary limits.
 
-use std::sync::PoisonError;
+use std::time::SystemTime;
 
 use http::{Method, header};
 
 use crate::budget::Scope;
-use crate::client::{Auth, Call, GithubClient, PER_PAGE, Polled, decode, decode_items};
+use crate::client::{
+    ABSENT_RECHECK, Auth, Call, GithubClient, PER_PAGE, Polled, decode, decode_items,
+};
 use crate::error::GithubError;
 use crate::target::Target;
 use crate::types::*;
@@ -108,52 +110,140 @@ pub(crate) fn template(name: &str) -> Option<&'static str> {
 impl GithubClient {
     // ---- App endpoints (JWT) ----
 
-    /// `GET /app`: the App the key belongs to.
+    /// `GET /app`: the primary App.
     pub async fn app(&self) -> Result<App, GithubError> {
-        self.get_json(Call::get("app.get", Auth::App, "/app".into()))
+        self.app_by(self.primary_app()).await
+    }
+
+    /// `GET /app` with the JWT of App `app_id`: whether GitHub accepts that App's key.
+    pub async fn app_by(&self, app_id: u64) -> Result<App, GithubError> {
+        self.get_json(Call::get("app.get", Auth::App(app_id), "/app".into()))
             .await
     }
 
-    /// `GET /app/installations`.
+    /// `GET /app/installations` of the primary App.
     pub async fn list_installations(&self) -> Result<Vec<Installation>, GithubError> {
         let path = format!("/app/installations?per_page={PER_PAGE}");
-        self.get_json(Call::get("app.installations", Auth::App, path))
+        self.get_json(Call::get("app.installations", self.primary(), path))
             .await
     }
 
-    /// The installation covering `target`, from `GET /orgs/{org}/installation` or
-    /// `GET /repos/{owner}/{repo}/installation`, remembered for the life of the client.
+    /// The primary App's installation covering `target`, from `GET /orgs/{org}/installation`
+    /// or `GET /repos/{owner}/{repo}/installation`, remembered for the life of the client.
     pub async fn installation_for(&self, target: &Target) -> Result<u64, GithubError> {
-        let known = {
-            let map = self
-                .inner
-                .installations
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            map.get(target).copied()
-        };
+        let primary = self.primary_app();
+        let known = self
+            .known()
+            .by_target
+            .get(&(primary, target.clone()))
+            .copied();
         if let Some(id) = known {
             return Ok(id);
         }
         Ok(self.installation(target).await?.id)
     }
 
-    /// The installation covering `target`, asked afresh (with its permissions and whether it is
-    /// suspended); its id is remembered as [`GithubClient::installation_for`] does.
+    /// The primary App's installation covering `target`, asked afresh (with its permissions
+    /// and whether it is suspended); its id is remembered as
+    /// [`GithubClient::installation_for`] does.
     pub async fn installation(&self, target: &Target) -> Result<Installation, GithubError> {
+        self.installation_of_app(self.primary_app(), target).await
+    }
+
+    /// App `app_id`'s installation covering `target`, asked afresh with that App's JWT; its id,
+    /// and that it belongs to the App, are remembered.
+    pub async fn installation_of_app(
+        &self,
+        app_id: u64,
+        target: &Target,
+    ) -> Result<Installation, GithubError> {
         let endpoint = match target {
             Target::Org(_) => "app.orgs.installation",
             Target::Repo { .. } => "app.repos.installation",
         };
         let installation: Installation = self
-            .get_json(Call::get(endpoint, Auth::App, target.installation_path()))
+            .get_json(Call::get(
+                endpoint,
+                Auth::App(app_id),
+                target.installation_path(),
+            ))
             .await?;
-        self.inner
-            .installations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(target.clone(), installation.id);
+        let mut known = self.known();
+        known
+            .by_target
+            .insert((app_id, target.clone()), installation.id);
+        known.app_of.insert(installation.id, app_id);
+        known.absent.remove(&(app_id, target.clone()));
         Ok(installation)
+    }
+
+    /// Every App's installation covering `target`, the primary's first: where a JIT
+    /// registration for it may be made. An App GitHub says is not installed there (`404`) is
+    /// left out, logged once, and asked again after [`ABSENT_RECHECK`]; another App's failure
+    /// to answer leaves it out this time. `Err` only when no App covers the target: the
+    /// primary's error (or the last one's when the primary's was a `404`).
+    pub async fn registration_installations(
+        &self,
+        target: &Target,
+    ) -> Result<Vec<u64>, GithubError> {
+        let mut found = Vec::new();
+        let mut first_error = None;
+        for app_id in self.app_ids() {
+            let key = (app_id, target.clone());
+            let (known, absent) = {
+                let known = self.known();
+                (
+                    known.by_target.get(&key).copied(),
+                    known.absent.get(&key).copied(),
+                )
+            };
+            if let Some(id) = known {
+                found.push(id);
+                continue;
+            }
+            let now = self.inner.clock.now();
+            if absent.is_some_and(|at| !absence_expired(at, now)) {
+                continue;
+            }
+            match self.installation_of_app(app_id, target).await {
+                Ok(installation) => found.push(installation.id),
+                Err(e @ GithubError::NotFound { .. }) => {
+                    let mut known = self.known();
+                    known.absent.insert(key.clone(), now);
+                    if known.absence_logged.insert(key) {
+                        tracing::warn!(
+                            app = app_id,
+                            %target,
+                            "this GitHub App is not installed on the target; its registrations go through the other Apps (`rm-agent check` names it)"
+                        );
+                    }
+                    first_error.get_or_insert(e);
+                }
+                Err(e) => {
+                    tracing::warn!(app = app_id, %target, error = %e, "cannot look up this App's installation; registering through the other Apps this time");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) if found.is_empty() => Err(e),
+            _ => Ok(found),
+        }
+    }
+
+    /// When a JIT registration through `installation` for `target` could leave by the
+    /// budget's account (its primary limit and any secondary limit GitHub announced): `None`
+    /// now, else the time. Reserves nothing.
+    pub fn registration_admitted(&self, installation: u64, target: &Target) -> Option<SystemTime> {
+        match self.inner.budget.check(
+            Scope::Installation(installation),
+            jit_endpoint(target),
+            self.inner.clock.now(),
+        ) {
+            Ok(()) => None,
+            Err(GithubError::RateLimited { retry_at, .. }) => Some(retry_at),
+            Err(_) => None,
+        }
     }
 
     /// `GET /app/hook/deliveries`: one page, newest first, and the cursor of the next.
@@ -167,7 +257,7 @@ impl GithubClient {
             path.push_str(&percent_encode(cursor));
         }
         let answer = self
-            .run(&Call::get("app.hook_deliveries", Auth::App, path))
+            .run(&Call::get("app.hook_deliveries", self.primary(), path))
             .await?;
         let next_cursor = answer
             .headers
@@ -187,7 +277,7 @@ impl GithubClient {
             method: Method::POST,
             ..Call::get(
                 "app.hook_redeliver",
-                Auth::App,
+                self.primary(),
                 format!("/app/hook/deliveries/{delivery_id}/attempts"),
             )
         };
@@ -196,17 +286,29 @@ impl GithubClient {
 
     // ---- Installation endpoints ----
 
-    /// `POST .../actions/runners/generate-jitconfig` for an organization or a repository.
+    /// `POST .../actions/runners/generate-jitconfig` for an organization or a repository,
+    /// through the primary App's installation.
     pub async fn generate_jitconfig(
         &self,
         target: &Target,
         request: &JitRequest,
     ) -> Result<JitConfig, GithubError> {
-        let auth = self.installation_of(target).await?;
-        let endpoint = match target {
-            Target::Org(_) => "orgs.runners.jit",
-            Target::Repo { .. } => "repos.runners.jit",
-        };
+        let installation = self.installation_for(target).await?;
+        self.generate_jitconfig_in(installation, target, request)
+            .await
+    }
+
+    /// `POST .../actions/runners/generate-jitconfig` through `installation` (one of
+    /// [`GithubClient::registration_installations`]): the runner registers on `target` whichever
+    /// App's installation asked. Counted per App for `/metrics`.
+    pub async fn generate_jitconfig_in(
+        &self,
+        installation: u64,
+        target: &Target,
+        request: &JitRequest,
+    ) -> Result<JitConfig, GithubError> {
+        let auth = Auth::Installation(installation);
+        let endpoint = jit_endpoint(target);
         let body = serde_json::to_value(request).map_err(|e| GithubError::Unexpected {
             endpoint,
             status: 0,
@@ -221,7 +323,12 @@ impl GithubClient {
                 format!("{}/generate-jitconfig", target.runners_path()),
             )
         };
-        self.get_json(call).await
+        let jit = self.get_json(call).await?;
+        let app = self
+            .app_of(installation)
+            .unwrap_or_else(|| self.primary_app());
+        self.inner.stats.registered(app, installation);
+        Ok(jit)
     }
 
     /// `GET .../actions/runners`: the target's self-hosted runners (conditional).
@@ -442,9 +549,38 @@ impl GithubClient {
     }
 }
 
+/// The endpoint name of a JIT registration for `target`.
+fn jit_endpoint(target: &Target) -> &'static str {
+    match target {
+        Target::Org(_) => "orgs.runners.jit",
+        Target::Repo { .. } => "repos.runners.jit",
+    }
+}
+
+/// Whether an App's absence, noted at `noted`, is old enough at `now` to be asked again.
+fn absence_expired(noted: SystemTime, now: SystemTime) -> bool {
+    now.duration_since(noted).unwrap_or_default() >= ABSENT_RECHECK
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn an_absent_app_is_asked_again_after_the_recheck_interval() {
+        let noted = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        for (after, again) in [
+            (Duration::ZERO, false),
+            (ABSENT_RECHECK - Duration::from_secs(1), false),
+            (ABSENT_RECHECK, true),
+            (ABSENT_RECHECK * 3, true),
+        ] {
+            assert_eq!(absence_expired(noted, noted + after), again, "{after:?}");
+        }
+        // A clock that went back does not make it due.
+        assert!(!absence_expired(noted, noted - Duration::from_secs(5)));
+    }
 
     /// GitHub's own OpenAPI description of the endpoints rm calls (a subset of GitHub's file).
     const OPENAPI: &str = concat!(

@@ -78,10 +78,10 @@ mod tests {
     fn a_full_cache_starts_over() {
         let c = EtagCache::default();
         for i in 0..MAX_ENTRIES {
-            c.store(Scope::App, &format!("/{i}"), "e".into(), Bytes::new());
+            c.store(Scope::App(1), &format!("/{i}"), "e".into(), Bytes::new());
         }
-        c.store(Scope::App, "/new", "e".into(), Bytes::new());
-        assert!(c.etag(Scope::App, "/0").is_none());
-        assert!(c.etag(Scope::App, "/new").is_some());
+        c.store(Scope::App(1), "/new", "e".into(), Bytes::new());
+        assert!(c.etag(Scope::App(1), "/0").is_none());
+        assert!(c.etag(Scope::App(1), "/new").is_some());
     }
 }

@@ -37,7 +37,7 @@ pub mod wire;
 
 pub use auth::AppCredentials;
 pub use budget::{BudgetSnapshot, PacingSnapshot, Scope};
-pub use client::{ClientConfig, GithubClient, Polled};
+pub use client::{AppKey, ClientConfig, GithubClient, Polled};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{GithubError, LimitKind};
 pub use target::Target;

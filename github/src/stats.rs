@@ -1,5 +1,6 @@
 //! What `status` and `/metrics` report about GitHub beyond the budget: whether it answered
-//! lately, and how many requests each endpoint got by status.
+//! lately, how many requests each endpoint got by status, and how many JIT registrations each
+//! App's installation made.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
@@ -24,6 +25,8 @@ type Counts = BTreeMap<(&'static str, u16), u64>;
 #[derive(Debug, Default)]
 pub struct Stats {
     inner: Mutex<(Contact, Counts)>,
+    /// JIT registrations GitHub issued, by (App, installation).
+    registrations: Mutex<BTreeMap<(u64, u64), u64>>,
 }
 
 impl Stats {
@@ -44,6 +47,24 @@ impl Stats {
 
     pub fn contact(&self) -> Contact {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner).0
+    }
+
+    /// One JIT registration issued through App `app`'s `installation`.
+    pub fn registered(&self, app: u64, installation: u64) {
+        let mut g = self
+            .registrations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *g.entry((app, installation)).or_default() += 1;
+    }
+
+    /// `(app, installation, registrations)`, sorted.
+    pub fn registrations(&self) -> Vec<(u64, u64, u64)> {
+        let g = self
+            .registrations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        g.iter().map(|((a, i), n)| (*a, *i, *n)).collect()
     }
 
     /// `(endpoint, status, count)`, sorted; status [`NO_ANSWER`] counts requests without one.
@@ -75,5 +96,14 @@ mod tests {
         s.answered("b", 404, t);
         assert!(s.contact().reachable);
         assert_eq!(s.requests(), [("a", 0, 1), ("a", 200, 2), ("b", 404, 1)]);
+    }
+
+    #[test]
+    fn registrations_are_counted_per_app_and_installation() {
+        let s = Stats::default();
+        s.registered(2, 20);
+        s.registered(1, 10);
+        s.registered(2, 20);
+        assert_eq!(s.registrations(), [(1, 10, 1), (2, 20, 2)]);
     }
 }

@@ -31,13 +31,9 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
             "`rm-agent run` needs the GitHub App's id (its settings page shows it)",
         )
     })?;
-    let key = secrets::private_key(config)?;
-    let client = GithubClient::new(ClientConfig {
-        pacing: config.github.pacing,
-        ..ClientConfig::new(config.github.api_url.clone(), app_id, key)
-    })
-    .context("cannot set up the GitHub client")
-    .map_err(Exit::runtime)?;
+    let client = GithubClient::new(client_config(config, app_id)?)
+        .context("cannot set up the GitHub client")
+        .map_err(Exit::runtime)?;
     let _lock = lock::lock_data_dir(&config.data_dir)?;
     let report = serve(config, client, super::receive::shutdown_signal()).await?;
     tracing::info!(
@@ -46,6 +42,21 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
         "drained; runners still alive are adopted at the next start"
     );
     Ok(())
+}
+
+/// The GitHub client's configuration: the primary App (`app_id`) with its key, every further
+/// `[[github.app]]` with its own, the API and the pacing. Keys are read (and refused when
+/// missing, empty or readable by others) here, once.
+pub(crate) fn client_config(config: &Config, app_id: u64) -> Result<ClientConfig, Exit> {
+    Ok(ClientConfig {
+        pacing: config.github.pacing,
+        more_apps: secrets::more_app_keys(config)?,
+        ..ClientConfig::new(
+            config.github.api_url.clone(),
+            app_id,
+            secrets::private_key(config)?,
+        )
+    })
 }
 
 /// Runs everything `config` asks for with this GitHub client until `shutdown` completes, then

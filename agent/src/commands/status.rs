@@ -349,6 +349,16 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
                 "limit_per_minute": c.limit_minute,
                 "limit_per_hour": c.limit_hour,
             })).collect::<Vec<_>>()),
+            "apps": live.map(|s| s.github.apps.iter().map(|a| json!({
+                "app_id": a.app_id,
+                "registrations": a.registrations,
+                "budgets": a.budgets.iter().map(|b| json!({
+                    "scope": b.scope,
+                    "resource": b.resource,
+                    "remaining": b.remaining,
+                    "limit": b.limit,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>()).unwrap_or_default(),
         },
         "jobs": {
             "queued": facts.jobs("queued"),
@@ -820,6 +830,12 @@ pub(crate) fn render(facts: &Facts) -> String {
             None => last_contact,
         },
     );
+    // Several Apps share the registrations: each one's share and budgets.
+    if let Some(s) = live.filter(|s| s.github.apps.len() > 1) {
+        for app in &s.github.apps {
+            line("  app", app_line(app));
+        }
+    }
 
     let per_policy: Vec<String> = facts
         .demand
@@ -923,6 +939,28 @@ pub(crate) fn render(facts: &Facts) -> String {
     out
 }
 
+/// One App's line: its registrations and each scope's core budget.
+fn app_line(app: &crate::status_file::AppBudget) -> String {
+    let budgets: Vec<String> = app
+        .budgets
+        .iter()
+        .filter(|b| b.resource == "core")
+        .map(|b| match (b.remaining, b.limit) {
+            (Some(remaining), Some(limit)) => format!("{} {remaining} of {limit} left", b.scope),
+            _ => format!("{} not known yet", b.scope),
+        })
+        .collect();
+    let budgets = if budgets.is_empty() {
+        "no request yet".to_owned()
+    } else {
+        budgets.join(", ")
+    };
+    format!(
+        "{}: {} registrations; {budgets}",
+        app.app_id, app.registrations
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -965,6 +1003,7 @@ mod tests {
                 last_contact_at_ms: Some(NOW - 3_000),
                 held: None,
                 content: Vec::new(),
+                apps: Vec::new(),
             },
             host: Host { max_runners: 6 },
             relay: None,
@@ -1108,6 +1147,43 @@ mod tests {
              isolation user: a uid, a cgroup and a private /tmp per runner; uids 0 of 64 held\n\
              \n\
              All is well.\n"
+        );
+    }
+
+    /// With several Apps, each App's registrations and budgets: a line each in the table, and
+    /// `github.apps` in the JSON (one App: the JSON only).
+    #[test]
+    fn several_apps_show_their_registrations_and_budgets() {
+        use crate::status_file::{AppBudget, ScopeBudget};
+        let app = |app_id: u64, registrations: u64, scope: &str| AppBudget {
+            app_id,
+            registrations,
+            budgets: vec![ScopeBudget {
+                scope: scope.to_owned(),
+                resource: "core".to_owned(),
+                remaining: Some(4000),
+                limit: Some(5000),
+            }],
+        };
+        let mut f = facts();
+        if let Some(s) = f.snapshot.as_mut() {
+            s.github.apps = vec![app(1, 7, "installation:10")];
+        }
+        assert!(!render(&f).contains("\n  app "), "{}", render(&f));
+        assert_eq!(to_json(&f)["github"]["apps"][0]["registrations"], 7);
+        if let Some(s) = f.snapshot.as_mut() {
+            s.github.apps.push(app(2, 5, "installation:20"));
+        }
+        let text = render(&f);
+        assert!(
+            text.contains("\n  app     2: 5 registrations; installation:20 4000 of 5000 left\n"),
+            "{text}"
+        );
+        let json = to_json(&f);
+        assert_eq!(json["github"]["apps"][1]["app_id"], 2);
+        assert_eq!(
+            json["github"]["apps"][1]["budgets"][0]["scope"],
+            "installation:20"
         );
     }
 

@@ -1089,3 +1089,115 @@ fn logs_bounds_take_their_defaults_good_values_and_refuse_what_cannot_hold_a_cop
         assert!(err.problem.contains(says), "{text}: {err}");
     }
 }
+
+/// One App as `[github]` keys or several as `[[github.app]]`, the first the primary; both forms
+/// at once, an App twice, an id 0 or an entry without its key file are refused naming the key.
+#[test]
+fn one_app_or_several_and_never_both_forms() {
+    let p = |s: &str| PathBuf::from(s);
+    // (file, primary, its key file, the further Apps, listed)
+    type Accepted<'a> = (&'a str, Option<u64>, Option<PathBuf>, Vec<GithubApp>, bool);
+    let accepted: [Accepted; 4] = [
+        ("", None, None, vec![], false),
+        (
+            "[github]\napp_id = 7\nprivate_key_file = \"/k/7.pem\"\n",
+            Some(7),
+            Some(p("/k/7.pem")),
+            vec![],
+            false,
+        ),
+        (
+            "[[github.app]]\nid = 7\nprivate_key_file = \"/k/7.pem\"\n",
+            Some(7),
+            Some(p("/k/7.pem")),
+            vec![],
+            true,
+        ),
+        (
+            "[github]\napi_url = \"https://api.github.com\"\n\
+             [[github.app]]\nid = 7\nprivate_key_file = \"/k/7.pem\"\n\
+             [[github.app]]\nid = 8\nprivate_key_file = \"/k/8.pem\"\n\
+             [[github.app]]\nid = 9\nprivate_key_file = \"/k/9.pem\"\n",
+            Some(7),
+            Some(p("/k/7.pem")),
+            vec![
+                GithubApp {
+                    id: 8,
+                    private_key_file: p("/k/8.pem"),
+                },
+                GithubApp {
+                    id: 9,
+                    private_key_file: p("/k/9.pem"),
+                },
+            ],
+            true,
+        ),
+    ];
+    for (text, primary, key, more, listed) in accepted {
+        let config = load_text(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let github = &config.github;
+        assert_eq!(github.app_id, primary, "{text}");
+        assert_eq!(github.private_key_file, key, "{text}");
+        assert_eq!(github.more_apps, more, "{text}");
+        assert_eq!(github.app_list, listed, "{text}");
+    }
+    let three = load_text(
+        "[[github.app]]\nid = 7\nprivate_key_file = \"/k/7.pem\"\n\
+         [[github.app]]\nid = 8\nprivate_key_file = \"/k/8.pem\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let keys: Vec<(u64, String)> = three
+        .github
+        .apps()
+        .into_iter()
+        .map(|(id, _, key)| (id, key))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            (7, "github.app[0].private_key_file".to_owned()),
+            (8, "github.app[1].private_key_file".to_owned())
+        ]
+    );
+
+    // (file, the key named, a word of the problem)
+    let refused = [
+        (
+            "[github]\napp_id = 7\n[[github.app]]\nid = 8\nprivate_key_file = \"/k/8.pem\"\n",
+            "github.app_id",
+            "one form",
+        ),
+        (
+            "[github]\nprivate_key_file = \"/k/7.pem\"\n[[github.app]]\nid = 8\nprivate_key_file = \"/k/8.pem\"\n",
+            "github.private_key_file",
+            "one form",
+        ),
+        (
+            "[[github.app]]\nid = 7\nprivate_key_file = \"/k/7.pem\"\n\
+             [[github.app]]\nid = 8\nprivate_key_file = \"/k/8.pem\"\n\
+             [[github.app]]\nid = 7\nprivate_key_file = \"/k/7b.pem\"\n",
+            "github.app[2].id",
+            "listed twice",
+        ),
+        (
+            "[[github.app]]\nid = 0\nprivate_key_file = \"/k/0.pem\"\n",
+            "github.app[0].id",
+            "positive",
+        ),
+        (
+            "[[github.app]]\nid = 7\n",
+            "github.app[0]",
+            "private_key_file",
+        ),
+        (
+            "[[github.app]]\nid = 7\nprivate_key_file = \"/k/7.pem\"\nkey = \"x\"\n",
+            "github.app[0].key",
+            "unknown field `key`",
+        ),
+    ];
+    for (text, key, problem) in refused {
+        let err = refusal(text);
+        assert_eq!(err.key, key, "{text}: {err}");
+        assert!(err.problem.contains(problem), "{text}: {err}");
+    }
+}

@@ -45,6 +45,60 @@ const CPU_WEIGHT_MAX: u32 = 10_000;
 /// show as it, so a runner holding it could read them).
 const FORBIDDEN_UIDS: [u32; 2] = [0, 65534];
 
+/// The primary App's id and key file, and the Apps after it.
+type Apps = (Option<u64>, Option<PathBuf>, Vec<GithubApp>);
+
+/// The primary App (id, key file) and the others, from `github.app_id` and
+/// `github.private_key_file` or from `[[github.app]]`: one form or the other, never both, and
+/// no App twice. `Err` names the key and the problem.
+fn apps(section: &GithubSection) -> Result<Apps, (String, String)> {
+    if section.apps.is_empty() {
+        return Ok((section.app_id, section.private_key_file.clone(), Vec::new()));
+    }
+    let single = [
+        ("github.app_id", section.app_id.is_some()),
+        (
+            "github.private_key_file",
+            section.private_key_file.is_some(),
+        ),
+    ];
+    if let Some((key, _)) = single.iter().find(|(_, set)| *set) {
+        return Err((
+            (*key).to_owned(),
+            "names the App beside `[[github.app]]`; use one form: move it into the first `[[github.app]]` entry (`id`, `private_key_file`), the primary App".to_owned(),
+        ));
+    }
+    let mut seen = Vec::new();
+    for (n, app) in section.apps.iter().enumerate() {
+        if app.id == 0 {
+            return Err((
+                format!("github.app[{n}].id"),
+                "must be the App's id, a positive number".to_owned(),
+            ));
+        }
+        if seen.contains(&app.id) {
+            return Err((
+                format!("github.app[{n}].id"),
+                format!(
+                    "App {} is listed twice; each `[[github.app]]` is a different App (another installation of the same App on a target is the same App)",
+                    app.id
+                ),
+            ));
+        }
+        seen.push(app.id);
+    }
+    let mut apps = section.apps.iter().map(|a| GithubApp {
+        id: a.id,
+        private_key_file: a.private_key_file.clone(),
+    });
+    let primary = apps.next();
+    Ok((
+        primary.as_ref().map(|p| p.id),
+        primary.map(|p| p.private_key_file),
+        apps.collect(),
+    ))
+}
+
 pub(super) fn validate(
     file: FileConfig,
     source: Option<PathBuf>,
@@ -65,6 +119,7 @@ pub(super) fn validate(
     let api_url = file
         .github
         .api_url
+        .clone()
         .unwrap_or_else(|| DEFAULT_API_URL.to_owned());
     if let Err(problem) = transport(&api_url) {
         return Err(err(
@@ -95,10 +150,13 @@ pub(super) fn validate(
             ));
         }
     };
+    let (app_id, private_key_file, more_apps) = apps(&file.github).map_err(|(k, p)| err(&k, p))?;
     let github = Github {
         api_url: api_url.trim_end_matches('/').to_owned(),
-        app_id: file.github.app_id,
-        private_key_file: file.github.private_key_file,
+        app_id,
+        private_key_file,
+        more_apps,
+        app_list: !file.github.apps.is_empty(),
         webhook_secret_file: file.github.webhook_secret_file,
         pacing,
     };

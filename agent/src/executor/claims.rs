@@ -70,6 +70,15 @@ pub(crate) const KEEP_THE_HOUR: SpendWindow = SpendWindow {
     span: PACED_HOUR,
 };
 
+/// The `spends.scope` under which the fleet's hosts count one installation's JIT registrations:
+/// GitHub counts them per installation, and an installation belongs to one App; the App is
+/// named so that an operator reading the table sees which. A free-text key, not a column: no
+/// migration, and rows under the key of an older rm (`installation:{id}:registrations`) leave
+/// the windows within the longest of them (an hour).
+pub(crate) fn registration_scope(app: u64, installation: u64) -> String {
+    format!("app:{app}:installation:{installation}:registrations")
+}
+
 /// The windows the fleet's hosts share per installation for its JIT registrations, from the
 /// configured pacing and whether the installation's `POST`s count as content now (`content`:
 /// this host learned the content limit from a secondary limit, or paces cautiously). GitHub
@@ -330,11 +339,13 @@ impl Membership {
             .await
     }
 
-    /// Reserves one JIT registration of `installation` in the fleet's shared windows: `None`
-    /// when reserved (send it now), else how long until there is room. The windows are
-    /// computed per call: they follow whether this host counts the installation's content now.
+    /// Reserves one JIT registration of App `app`'s `installation` in the fleet's shared
+    /// windows: `None` when reserved (send it now), else how long until there is room. The
+    /// windows are computed per call: they follow whether this host counts the installation's
+    /// content now.
     pub(super) async fn reserve_registration(
         &self,
+        app: u64,
         installation: u64,
     ) -> Result<Option<Duration>, FleetError> {
         let windows = match self.registrations.as_ref() {
@@ -345,11 +356,7 @@ impl Membership {
             RegistrationWindows::Fixed(windows) => windows.clone(),
         };
         self.call(move |fleet, info| {
-            fleet.reserve(
-                &format!("installation:{installation}:registrations"),
-                &info.host,
-                &windows,
-            )
+            fleet.reserve(&registration_scope(app, installation), &info.host, &windows)
         })
         .await
     }

@@ -2,7 +2,9 @@
 //! runner, in the order that makes every crash recoverable:
 //! 1. the runtime directory with a copy of the package (removed again by cleanup);
 //! 2. the JIT registration, retried with back-off while the demand lasts (a 409 for our own
-//!    name removes the stale registration first; a 403 is terminal and names the permission);
+//!    name removes the stale registration first; a 403 is terminal and names the permission),
+//!    each try through the installation, among every configured App's covering the target,
+//!    that can take it now ([`registry::pick`]);
 //! 3. the runner id journalled (`jit_received`) before the process exists;
 //! 4. the process, its JIT configuration in its environment only, its identity journalled
 //!    (`starting`);
@@ -269,15 +271,30 @@ impl Launch {
         let mut tries = 0;
         loop {
             tries += 1;
-            let error = match self.reserve_registration(target).await {
-                Err(refused) => refused,
-                Ok(()) => match ctx.registry.generate(target, request).await {
-                    Ok(jit) => return Ok(jit),
-                    Err(e) => e,
-                },
+            let (error, set_aside) = match self.choose_installation(target).await {
+                Err(refused) => (refused, false),
+                Ok(installation) => {
+                    match ctx
+                        .registry
+                        .generate_in(installation, target, request)
+                        .await
+                    {
+                        Ok(jit) => return Ok(jit),
+                        Err(e) => {
+                            let aside = ctx.registry.set_aside(installation, &e, ctx.clock.now());
+                            (e, aside)
+                        }
+                    }
+                }
             };
             let mut not_before = None;
-            match registry::jit_retry(&error) {
+            // A further App's installation refused for good: the next try goes through another.
+            let retry = if set_aside {
+                JitRetry::Later(None)
+            } else {
+                registry::jit_retry(&error)
+            };
+            match retry {
                 JitRetry::Terminal => {
                     if matches!(error, rm_github::GithubError::Unauthorized { .. }) {
                         ctx.notifier
@@ -331,31 +348,72 @@ impl Launch {
 }
 
 impl Launch {
-    /// In a fleet: reserves this registration in the installation's windows that the fleet's
-    /// hosts share (`claims::shared_windows`); a full window refuses it as GitHub's secondary
-    /// limit would, with the time there is room, and the caller's retry rules wait for it. A
-    /// database that cannot be asked does not hold the launch up: the host's own pacing still
-    /// holds, and the claim it starts for was made moments ago.
-    async fn reserve_registration(
+    /// The installation this try goes through: [`registry::pick`] over every App's
+    /// installation covering the target, then its place in the fleet's shared window. A full
+    /// window takes that installation out of this choice and the next is tried; when none can
+    /// leave now, the earliest is sent through the client, whose budget refuses it at once
+    /// with its own time (nothing leaves early), unless the fleet's window refused it.
+    async fn choose_installation(
         &self,
         target: &rm_github::Target,
-    ) -> Result<(), rm_github::GithubError> {
-        let Some(membership) = &self.ctx.membership else {
-            return Ok(());
-        };
-        let installation = self.ctx.registry.client().installation_for(target).await?;
-        match membership.reserve_registration(installation).await {
-            Ok(None) => Ok(()),
-            Ok(Some(wait)) => Err(rm_github::GithubError::RateLimited {
-                kind: rm_github::LimitKind::Secondary,
-                resource: FLEET_WINDOW.to_owned(),
-                retry_at: self.ctx.clock.now() + wait,
-            }),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot reserve the registration in the fleet's shared window; sending it paced by this host alone");
-                Ok(())
+    ) -> Result<u64, rm_github::GithubError> {
+        let registry = &self.ctx.registry;
+        let now = self.ctx.clock.now();
+        let (mut candidates, turn) = registry.candidates(target, now).await?;
+        // Each refusal takes one candidate out of the ready ones: the loop ends.
+        for _ in 0..=candidates.len() {
+            let Some(choice) = registry::pick(&candidates, now, turn) else {
+                break;
+            };
+            let app = registry.app_of(choice.installation);
+            let Some(until) = self.reserve_registration(app, choice.installation).await else {
+                tracing::debug!(
+                    app,
+                    installation = choice.installation,
+                    "registering through this installation"
+                );
+                return Ok(choice.installation);
+            };
+            if !choice.ready {
+                return Err(fleet_window_full(until));
+            }
+            if let Some(c) = candidates
+                .iter_mut()
+                .find(|c| c.installation == choice.installation)
+            {
+                // Never `now` itself: a window that says "now" after refusing is not ready.
+                c.free_at = Some(until.max(now + Duration::from_millis(1)));
             }
         }
+        let earliest = candidates.iter().filter_map(|c| c.free_at).min();
+        Err(fleet_window_full(earliest.unwrap_or(now)))
+    }
+
+    /// In a fleet: reserves this registration in the installation's windows that the fleet's
+    /// hosts share (`claims::shared_windows`); a full window refuses it as GitHub's secondary
+    /// limit would: `Some` with the time there is room, and the caller's retry rules wait for
+    /// it. A database that cannot be asked does not hold the launch up: the host's own pacing
+    /// still holds, and the claim it starts for was made moments ago.
+    async fn reserve_registration(&self, app: u64, installation: u64) -> Option<SystemTime> {
+        let membership = self.ctx.membership.as_ref()?;
+        match membership.reserve_registration(app, installation).await {
+            Ok(None) => None,
+            Ok(Some(wait)) => Some(self.ctx.clock.now() + wait),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reserve the registration in the fleet's shared window; sending it paced by this host alone");
+                None
+            }
+        }
+    }
+}
+
+/// A registration the fleet's shared window refused until `retry_at`, as GitHub's secondary
+/// limit would.
+fn fleet_window_full(retry_at: SystemTime) -> rm_github::GithubError {
+    rm_github::GithubError::RateLimited {
+        kind: rm_github::LimitKind::Secondary,
+        resource: FLEET_WINDOW.to_owned(),
+        retry_at,
     }
 }
 

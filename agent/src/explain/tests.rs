@@ -111,6 +111,7 @@ fn snapshot() -> Snapshot {
             last_contact_at_ms: Some(NOW - 500),
             held: None,
             content: Vec::new(),
+            apps: Vec::new(),
         },
         host: Host { max_runners: 4 },
         relay: None,

@@ -265,7 +265,7 @@ mod tests {
     #[test]
     fn the_binding_quota_is_the_installation_with_least_left() {
         let budget = [
-            snapshot(Scope::App, CORE, 10),
+            snapshot(Scope::App(1), CORE, 10),
             snapshot(Scope::Installation(1), CORE, 4000),
             snapshot(Scope::Installation(2), CORE, 3000),
             snapshot(Scope::Installation(2), "search", 1),

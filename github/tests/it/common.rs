@@ -46,6 +46,7 @@ pub(crate) fn client_for(api_url: String, timeout: Duration, clock: &ManualClock
         api_url,
         app_id: APP_ID,
         private_key_pem: key().private_pem.clone(),
+        more_apps: Vec::new(),
         request_timeout: timeout,
         pacing: rm_github::pacing::Pacing::default(),
         pacing_wait_max: rm_github::budget::PACING_WAIT_MAX,

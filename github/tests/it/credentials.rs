@@ -109,12 +109,8 @@ async fn the_fake_refuses_expired_future_and_foreign_jwts() {
     assert!(h.client.app().await.is_ok(), "clocks agree again");
     let other = AppKeyPair::generate().unwrap_or_else(|e| panic!("{e}"));
     let config = rm_github::ClientConfig {
-        api_url: h.fake.api_url(),
-        app_id: APP_ID,
-        private_key_pem: other.private_pem,
         request_timeout: Duration::from_secs(5),
-        pacing: rm_github::pacing::Pacing::default(),
-        pacing_wait_max: rm_github::budget::PACING_WAIT_MAX,
+        ..rm_github::ClientConfig::new(h.fake.api_url(), APP_ID, other.private_pem)
     };
     let stranger =
         rm_github::GithubClient::with_clock(config, std::sync::Arc::new(h.clock.clone()))

@@ -1,6 +1,7 @@
-//! The client against the fake GitHub, in one test binary: endpoints, credentials, the budget,
+//! The client against the fake GitHub, in one test binary: endpoints, credentials, several Apps, the budget,
 //! and conformance of both sides to GitHub's own description.
 
+mod apps;
 mod common;
 mod conformance;
 mod credentials;

@@ -218,6 +218,39 @@ impl FakeGithub {
         self.with(|s| s.ensure_installation(login, "User"))
     }
 
+    /// Another GitHub App, `app_id` with its own key pair (the public half here), beside the
+    /// one the fake was started with: large organisations install several on the same
+    /// targets to multiply JIT registrations. It is installed nowhere until
+    /// [`Self::install_app`]; it sends no webhooks.
+    pub fn add_app(&self, app_id: u64, public_key_pem: String) {
+        self.with(|s| {
+            s.more_apps.insert(app_id, public_key_pem);
+        })
+    }
+
+    /// Installs App `app_id` (added by [`Self::add_app`]) on the account `login` (an
+    /// organization or user the primary App is installed on): an installation of its own,
+    /// covering every repository of the account, its tokens valid for it alone. Returns its id.
+    pub fn install_app(&self, app_id: u64, login: &str) -> u64 {
+        self.with(|s| s.install_app(app_id, login))
+    }
+
+    /// JIT registrations GitHub issued (`201` to `generate-jitconfig`), by the installation
+    /// whose token asked.
+    pub fn registrations_by_installation(&self) -> std::collections::BTreeMap<u64, usize> {
+        let mut counts = std::collections::BTreeMap::new();
+        self.with(|s| {
+            for r in &s.requests {
+                if let (true, 201, Some(auth::Caller::Installation(id))) =
+                    (r.path.ends_with("/generate-jitconfig"), r.status, r.caller)
+                {
+                    *counts.entry(id).or_insert(0) += 1;
+                }
+            }
+        });
+        counts
+    }
+
     /// A repository `owner/name` (its owner becomes an organization if unknown); returns its id.
     pub fn add_repo(&self, full_name: &str) -> u64 {
         let (owner, name) = full_name.split_once('/').unwrap_or((full_name, full_name));

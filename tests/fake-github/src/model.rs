@@ -11,6 +11,8 @@ use crate::jit::RunnerBehavior;
 #[derive(Debug, Clone)]
 pub struct Installation {
     pub id: u64,
+    /// The App installed: the fake's primary App, or one added by `FakeGithub::add_app`.
+    pub app_id: u64,
     pub account_login: String,
     pub account_id: u64,
     /// `Organization` or `User`.

@@ -59,7 +59,7 @@ pub fn installation(ctx: &Ctx, i: &Installation) -> Value {
         map.insert("updated_at".into(), created);
     }
     json!({
-        "id": i.id, "app_id": ctx.app_id, "app_slug": ctx.app_slug,
+        "id": i.id, "app_id": i.app_id, "app_slug": ctx.app_slug,
         "target_id": i.account_id, "target_type": target_type,
         "account": account,
         "single_file_name": null, "repository_selection": "all",

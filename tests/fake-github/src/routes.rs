@@ -270,7 +270,7 @@ fn authorize(state: &State, caller: Caller, route: &Route) -> Result<(), Reply> 
             return Err(Reply::error(403, "Resource not accessible by integration"));
         }
         Some(Scope::Repo(o, r)) => match state.repo_by_name(&o, &r) {
-            Some(repo) if repo.installation_id == inst_id => {}
+            Some(repo) if state.covers(inst, repo) => {}
             _ => return Err(not_found()),
         },
         _ => {}
@@ -298,10 +298,24 @@ fn runner_scope(state: &State, scope: &Scope) -> Option<RunnerScope> {
     }
 }
 
-/// Answers an authenticated request.
+/// Answers an authenticated request, as the primary App when it was signed by an App's JWT.
 pub fn answer(
     state: &mut State,
     caller: Caller,
+    route: &Route,
+    query: &str,
+    body: Option<&Value>,
+) -> Reply {
+    let app = state.app_id;
+    answer_as(state, caller, app, route, query, body)
+}
+
+/// Answers an authenticated request; `app` is the App whose JWT signed it (what it may see of
+/// installations: its own).
+pub fn answer_as(
+    state: &mut State,
+    caller: Caller,
+    app: u64,
     route: &Route,
     query: &str,
     body: Option<&Value>,
@@ -310,23 +324,28 @@ pub fn answer(
         return reply;
     }
     match route {
-        Route::App => Reply::json(
-            200,
-            render::app(
-                &state.ctx(),
-                render::user(&state.ctx(), "fake-owner", 2, "Organization"),
-            ),
-        ),
+        Route::App => {
+            let ctx = render::Ctx {
+                app_id: app,
+                ..state.ctx()
+            };
+            Reply::json(
+                200,
+                render::app(&ctx, render::user(&ctx, "fake-owner", 2, "Organization")),
+            )
+        }
         Route::AppInstallations => {
             let all: Vec<Value> = state
                 .installations
                 .values()
+                .filter(|i| i.app_id == app)
                 .map(|i| render::installation(&state.ctx(), i))
                 .collect();
             Reply::json(200, Value::Array(paginate(&all, query)))
         }
         Route::AccessTokens(id) => {
-            if !state.installations.contains_key(id) {
+            // An App mints tokens for its own installations only.
+            if state.installations.get(id).is_none_or(|i| i.app_id != app) {
                 return not_found();
             }
             let (token, expires) = state.issue_token(*id);
@@ -339,7 +358,7 @@ pub fn answer(
                 }),
             )
         }
-        Route::OrgInstallation(org) => match state.installation_by_login(org) {
+        Route::OrgInstallation(org) => match state.app_installation(app, org) {
             Some(i) if i.account_type == "Organization" => {
                 Reply::json(200, render::installation(&state.ctx(), i))
             }
@@ -348,7 +367,7 @@ pub fn answer(
         Route::RepoInstallation(o, r) => {
             let inst = state
                 .repo_by_name(o, r)
-                .and_then(|repo| state.installations.get(&repo.installation_id));
+                .and_then(|repo| state.app_installation(app, &repo.owner));
             match inst {
                 Some(i) => Reply::json(200, render::installation(&state.ctx(), i)),
                 None => not_found(),
@@ -358,10 +377,13 @@ pub fn answer(
             let Caller::Installation(inst) = caller else {
                 return not_found();
             };
+            let Some(inst) = state.installations.get(&inst).cloned() else {
+                return not_found();
+            };
             let repos: Vec<Value> = state
                 .repos
                 .values()
-                .filter(|r| r.installation_id == inst)
+                .filter(|r| state.covers(&inst, r))
                 .map(|r| state.repo_json(r))
                 .collect();
             Reply::json(

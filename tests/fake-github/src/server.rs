@@ -15,10 +15,10 @@ use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::auth::{Caller, bearer, verify_jwt};
+use crate::auth::{Caller, bearer};
 use crate::jit::{Acquired, JobDone, RUNNER_PROTOCOL_PREFIX, Registered, RunnerHello};
 use crate::model::RequestRecord;
-use crate::routes::{Reply, Route, answer};
+use crate::routes::{Reply, Route, answer_as};
 use crate::state::{FaultAction, State};
 
 /// Largest request body the fake reads.
@@ -436,16 +436,15 @@ fn respond_unless_faulted(
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok()),
     );
+    // Which App signed the JWT: every App's JWT requests share the `App` ledger scope, few as
+    // they are, and answers about installations are that App's.
+    let mut app = state.app_id;
     let caller = if route.wants_jwt() {
-        match credential.map(|c| {
-            verify_jwt(
-                c,
-                &state.public_key_pem,
-                state.app_id,
-                crate::time::unix(now),
-            )
-        }) {
-            Some(Ok(())) => Caller::App,
+        match credential.map(|c| state.jwt_app(c, now)) {
+            Some(Ok(signer)) => {
+                app = signer;
+                Caller::App
+            }
             Some(Err(msg)) => return Action::Reply(Reply::error(401, &msg), Vec::new()),
             None => {
                 return Action::Reply(
@@ -522,7 +521,7 @@ fn respond_unless_faulted(
             limits,
         );
     }
-    let mut reply = answer(state, caller, &route, query, body);
+    let mut reply = answer_as(state, caller, app, &route, query, body);
     let mut charged = !route.free();
     if method == "GET"
         && reply.status == 200

@@ -128,6 +128,10 @@ pub struct State {
     pub app_slug: String,
     pub hook_id: u64,
     pub public_key_pem: String,
+    /// Further Apps by id, each with its public key: installed on the same accounts as the
+    /// primary (`FakeGithub::install_app`), with installations of their own. Only the primary
+    /// sends webhooks.
+    pub more_apps: BTreeMap<u64, String>,
     /// API root URL (server root + base path).
     pub api_url: String,
     pub server_url: String,
@@ -219,6 +223,7 @@ impl State {
             app_slug: "rm-fake-app".into(),
             hook_id: 400_000_000 + app_id,
             public_key_pem,
+            more_apps: BTreeMap::new(),
             api_url: format!("{server_url}{base_path}"),
             server_url,
             base_path,
@@ -353,13 +358,10 @@ impl State {
 
     // ---- accounts ----
 
-    /// The installation on `login`, created (as an organization's) if there is none.
+    /// The primary App's installation on `login`, created (as an organization's) if there is
+    /// none.
     pub fn ensure_installation(&mut self, login: &str, account_type: &str) -> u64 {
-        if let Some(i) = self
-            .installations
-            .values()
-            .find(|i| i.account_login == login)
-        {
+        if let Some(i) = self.installation_by_login(login) {
             return i.id;
         }
         let id = self.next_id();
@@ -369,6 +371,7 @@ impl State {
             id,
             Installation {
                 id,
+                app_id: self.app_id,
                 account_login: login.to_owned(),
                 account_id,
                 account_type: account_type.to_owned(),
@@ -389,10 +392,67 @@ impl State {
         id
     }
 
+    /// The primary App's installation on `login`.
     pub fn installation_by_login(&self, login: &str) -> Option<&Installation> {
+        self.app_installation(self.app_id, login)
+    }
+
+    /// App `app_id`'s installation on `login`.
+    pub fn app_installation(&self, app_id: u64, login: &str) -> Option<&Installation> {
         self.installations
             .values()
-            .find(|i| i.account_login == login)
+            .find(|i| i.app_id == app_id && i.account_login == login)
+    }
+
+    /// Installs App `app_id` (one of [`State::more_apps`]) on `login`, an account the primary
+    /// is installed on: a new installation, its id distinct from every other. Returns it.
+    pub fn install_app(&mut self, app_id: u64, login: &str) -> u64 {
+        if let Some(i) = self.app_installation(app_id, login) {
+            return i.id;
+        }
+        let (account_id, account_type) = self
+            .installation_by_login(login)
+            .map(|i| (i.account_id, i.account_type.clone()))
+            .unwrap_or_else(|| (0, "Organization".to_owned()));
+        let id = self.next_id();
+        let now = self.now();
+        self.installations.insert(
+            id,
+            Installation {
+                id,
+                app_id,
+                account_login: login.to_owned(),
+                account_id,
+                account_type,
+                permissions: default_permissions(),
+                created_at: now,
+            },
+        );
+        id
+    }
+
+    /// Whether `installation` reaches `repo`: the primary's through the repository's record,
+    /// another App's through being installed on its owner (every installation here selects
+    /// all repositories).
+    pub fn covers(&self, installation: &Installation, repo: &Repo) -> bool {
+        repo.installation_id == installation.id
+            || (installation.app_id != self.app_id && installation.account_login == repo.owner)
+    }
+
+    /// The App whose key signed `token`, an App JWT: the primary's key is tried first, then
+    /// every other App's. The error is the primary's (GitHub's message for a bad JWT).
+    pub fn jwt_app(&self, token: &str, now: SystemTime) -> Result<u64, String> {
+        let now = crate::time::unix(now);
+        let primary = crate::auth::verify_jwt(token, &self.public_key_pem, self.app_id, now);
+        match primary {
+            Ok(()) => Ok(self.app_id),
+            Err(e) => self
+                .more_apps
+                .iter()
+                .find(|(id, pem)| crate::auth::verify_jwt(token, pem, **id, now).is_ok())
+                .map(|(id, _)| *id)
+                .ok_or(e),
+        }
     }
 
     pub fn repo_by_name(&self, owner: &str, name: &str) -> Option<&Repo> {

@@ -401,3 +401,43 @@ async fn an_api_request_without_a_user_agent_is_refused() {
         .collect();
     assert_eq!(refused.len(), 3, "{refused:?}");
 }
+
+/// Several Apps on the same organization: another App's installation registers runners on the
+/// target the primary's does, each registration counted against the installation that asked
+/// (its own secondary limits), and its token reaches no account the App is not installed on.
+#[tokio::test]
+async fn another_app_s_installation_registers_on_the_same_target_and_nowhere_else() {
+    let h = harness(SecondaryLimits::default()).await;
+    h.fake.add_app(2, String::new());
+    let second = h.fake.install_app(2, "acme");
+    let primary = h
+        .fake
+        .with(|s| s.installation_by_login("acme").map(|i| i.id));
+    assert!(
+        primary.is_some_and(|p| p != second),
+        "installation ids are distinct across Apps"
+    );
+    let token = h.fake.with(|s| s.issue_token(second).0);
+
+    let a = h.jit(&token, "acme", "through-the-second").await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    let b = h.jit(&h.acme, "acme", "through-the-primary").await;
+    assert_eq!(b.status, 201, "{:?}", b.body);
+    let listed = h.list(&h.acme, "acme").await;
+    let names: Vec<&str> = listed.body["runners"]
+        .as_array()
+        .map(|rs| rs.iter().filter_map(|r| r["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        names.len(),
+        2,
+        "both on acme, whoever registered: {names:?}"
+    );
+    assert_eq!(h.fake.creations(Some(second)).0, 1);
+
+    let elsewhere = h.jit(&token, "other", "not-installed-there").await;
+    assert_eq!(elsewhere.status, 403, "{:?}", elsewhere.body);
+    let counts = h.fake.registrations_by_installation();
+    assert_eq!(counts.get(&second), Some(&1));
+    assert_eq!(primary.and_then(|p| counts.get(&p)), Some(&1));
+}

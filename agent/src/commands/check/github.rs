@@ -1,24 +1,27 @@
 //! `check`'s findings at GitHub: the App's JWT accepted, each policy's installation found and
-//! granting what runner registration and polling need, each organization policy's runner group.
+//! granting what runner registration and polling need, each organization policy's runner group;
+//! with several Apps (`[[github.app]]`), every further App's JWT and its installation on every
+//! policy's target with the registration permission, each failure naming the App and target.
 
 use rm_github::auth::AuthError;
 use rm_github::types::Installation;
 use rm_github::{ClientConfig, GithubClient, GithubError, Target};
-use secrecy::SecretString;
 
 use super::{ACTIONS_PERMISSION, Finding, ORG_RUNNER_PERMISSION, REPO_RUNNER_PERMISSION, Status};
 use crate::config::{Config, Policy};
 
-/// The GitHub side: the JWT, then per policy the installation, its permissions and the group.
-pub(super) async fn github(config: &Config, app_id: u64, key: SecretString) -> Vec<Finding> {
+/// The GitHub side: the JWT, then per policy the installation, its permissions and the group;
+/// then every further App's JWT and installations ([`more_app_findings`]).
+pub(super) async fn github(config: &Config, client_config: ClientConfig) -> Vec<Finding> {
     let api_url = &config.github.api_url;
-    let client = match GithubClient::new(ClientConfig::new(api_url.clone(), app_id, key)) {
+    let app_id = client_config.app_id;
+    let client = match GithubClient::new(client_config) {
         Ok(client) => client,
-        Err(err) if err.downcast_ref::<AuthError>().is_some() => {
+        Err(err) if err.chain().any(|e| e.downcast_ref::<AuthError>().is_some()) => {
             return vec![Finding::fail(
                 "private_key",
                 format!("cannot use the App's private key: {err:#}"),
-                "download a new private key (PEM) from the App's settings and point `github.private_key_file` or $RM_GITHUB_PRIVATE_KEY at it",
+                "download a new private key (PEM) from that App's settings and point its key file (`github.private_key_file`, the `[[github.app]]` entry's `private_key_file`, or $RM_GITHUB_PRIVATE_KEY) at it",
             )];
         }
         Err(err) => {
@@ -51,9 +54,88 @@ pub(super) async fn github(config: &Config, app_id: u64, key: SecretString) -> V
                 .map(|f| f.for_policy(policy)),
         );
     }
+    out.extend(more_app_findings(&client, config).await);
     out.extend(host_name_findings(&client, config).await);
     out.extend(super::runner_version::finding(&client, config).await);
     out
+}
+
+/// Every App after the primary: GitHub accepts its JWT, and it is installed on every policy's
+/// target with the permission registrations need (the primary's are checked per policy above).
+/// An App missing on a target still leaves the others registering there, but its share of
+/// the registrations is lost: a failure naming both.
+pub(super) async fn more_app_findings(client: &GithubClient, config: &Config) -> Vec<Finding> {
+    let mut targets: Vec<Target> = Vec::new();
+    for policy in &config.policies {
+        if !targets.contains(&policy.target) {
+            targets.push(policy.target.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for app_id in client.app_ids().into_iter().skip(1) {
+        match client.app_by(app_id).await {
+            Ok(app) => out.push(Finding::ok(
+                "app",
+                format!(
+                    "GitHub accepted the JWT of App \"{}\" (id {app_id})",
+                    app.name
+                ),
+            )),
+            Err(err) => {
+                let mut finding = app_failure(&err, app_id, &config.github.api_url);
+                finding.what = format!("App {app_id}: {}", finding.what);
+                out.push(finding);
+                continue;
+            }
+        }
+        for target in &targets {
+            out.extend(app_installation_findings(client, app_id, target).await);
+        }
+    }
+    out
+}
+
+/// App `app_id`'s installation on `target`, and its registration permission.
+async fn app_installation_findings(
+    client: &GithubClient,
+    app_id: u64,
+    target: &Target,
+) -> Vec<Finding> {
+    match client.installation_of_app(app_id, target).await {
+        Ok(installation) if installation.suspended_at.is_some() => {
+            let mut finding = installation_finding(&installation, target);
+            finding.what = format!("App {app_id}: {}", finding.what);
+            vec![finding]
+        }
+        Ok(installation) => {
+            let mut permission = permission_finding(&installation, target);
+            permission.what = format!("App {app_id}: {}", permission.what);
+            vec![
+                Finding::ok(
+                    "installation",
+                    format!(
+                        "App {app_id} is installed on {target} (installation {}): it takes a share of the registrations there",
+                        installation.id
+                    ),
+                ),
+                permission,
+            ]
+        }
+        Err(GithubError::NotFound { .. }) => vec![Finding::fail(
+            "installation",
+            format!(
+                "App {app_id} is not installed on {target}: registrations there go through the other Apps only, at their rate"
+            ),
+            format!(
+                "install App {app_id} on {target} (the App's page on GitHub, \"Install App\"), or remove its `[[github.app]]` entry"
+            ),
+        )],
+        Err(err) => vec![Finding::fail(
+            "installation",
+            format!("cannot look up App {app_id}'s installation on {target}: {err}"),
+            "retry later if GitHub reports an outage or a rate limit",
+        )],
+    }
 }
 
 /// Lists the runners of each distinct policy target and warns when another host's names start
@@ -128,7 +210,7 @@ fn app_failure(err: &GithubError, app_id: u64, api_url: &str) -> Finding {
             "app",
             format!("GitHub refused the App's JWT (401: {message})"),
             format!(
-                "check that `github.app_id` ({app_id}) is the App's id and that the private key is the App's current one; a host clock more than a minute off also fails (check NTP)"
+                "check that `github.app_id` (or the `[[github.app]]` entry's `id`, {app_id}) is the App's id and that the private key is the App's current one; a host clock more than a minute off also fails (check NTP)"
             ),
         ),
         GithubError::Unreachable { reason, .. } => Finding::fail(

@@ -225,13 +225,13 @@ pub(crate) async fn findings(config: &Config) -> Vec<Finding> {
         ));
         return out;
     }
-    let key = match secrets::private_key(config) {
-        Ok(key) => key,
+    let client_config = match crate::commands::run::client_config(config, app_id) {
+        Ok(client_config) => client_config,
         Err(exit) => {
             out.push(Finding::from_exit(Status::Fail, "private_key", &exit));
             return out;
         }
     };
-    out.extend(github::github(config, app_id, key).await);
+    out.extend(github::github(config, client_config).await);
     out
 }

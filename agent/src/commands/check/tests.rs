@@ -226,3 +226,80 @@ fn notifications_are_checked_only_when_configured_and_their_secrets_read() {
     );
     assert!(finding.remedy.contains("chmod 600"), "{}", finding.remedy);
 }
+
+/// With several Apps, `check` asks every further App's JWT and its installation on every
+/// policy's target: one not installed on a target is a failure naming the App and the target,
+/// one without the registration permission names both too, and one installed everywhere with
+/// it passes.
+#[tokio::test]
+async fn every_app_is_checked_on_every_target_naming_the_app_and_target_that_fails() {
+    use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions};
+    let keys: Vec<AppKeyPair> = (0..3)
+        .map(|_| AppKeyPair::generate().unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let fake = FakeGithub::start(FakeOptions::new(1, keys[0].public_pem.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    fake.add_org("acme");
+    fake.add_org("other");
+    fake.add_repo("other/tool");
+    for (app, key) in [(2, &keys[1]), (3, &keys[2])] {
+        fake.add_app(app, key.public_pem.clone());
+    }
+    // App 2 everywhere; App 3 on acme only, and there without the runner permission.
+    fake.install_app(2, "acme");
+    fake.install_app(2, "other");
+    let weak = fake.install_app(3, "acme");
+    fake.set_permissions(weak, &[("actions", "read")]);
+    let config = crate::config::from_text(&format!(
+        "[github]\napi_url = {:?}\n\
+         [[policy]]\nname = \"org\"\ntarget = \"acme\"\nlabels = [\"self-hosted\"]\n\
+         [[policy]]\nname = \"repo\"\ntarget = \"other/tool\"\nlabels = [\"self-hosted\"]\n",
+        fake.api_url()
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let client = rm_github::GithubClient::new(rm_github::ClientConfig {
+        more_apps: [(2, &keys[1]), (3, &keys[2])]
+            .into_iter()
+            .map(|(app_id, key)| rm_github::AppKey {
+                app_id,
+                private_key_pem: key.private_pem.clone(),
+            })
+            .collect(),
+        ..rm_github::ClientConfig::new(fake.api_url(), 1, keys[0].private_pem.clone())
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+
+    let findings = super::github::more_app_findings(&client, &config).await;
+    let failed: Vec<&str> = findings
+        .iter()
+        .filter(|f| f.status == Status::Fail)
+        .map(|f| f.what.as_str())
+        .collect();
+    assert_eq!(failed.len(), 2, "{findings:#?}");
+    assert!(
+        failed
+            .iter()
+            .any(|w| w.starts_with("App 3 is not installed on other/tool")),
+        "{failed:?}"
+    );
+    assert!(
+        failed
+            .iter()
+            .any(|w| w.starts_with("App 3: runner registration on the organization acme")),
+        "{failed:?}"
+    );
+    let missing = findings
+        .iter()
+        .find(|f| f.what.starts_with("App 3 is not installed"))
+        .map(|f| f.remedy.as_str())
+        .unwrap_or_default();
+    assert!(missing.contains("install App 3 on other/tool"), "{missing}");
+    // App 2: its JWT, then installed with the permission on both targets.
+    let app_2: Vec<Status> = findings
+        .iter()
+        .filter(|f| f.what.contains("App 2") || f.what.contains("(id 2)"))
+        .map(|f| f.status)
+        .collect();
+    assert_eq!(app_2, [Status::Ok; 5], "{findings:#?}");
+}

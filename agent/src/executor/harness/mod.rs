@@ -69,6 +69,15 @@ fn key() -> &'static AppKeyPair {
     KEY.get_or_init(|| AppKeyPair::generate().expect("an App key"))
 }
 
+/// The most Apps beside the primary a harness test configures ([`Options::more_apps`]).
+const MORE_APPS_MAX: usize = 3;
+
+/// The keys of the Apps beside the primary, made once per test binary (only when a test asks).
+fn more_keys() -> &'static [AppKeyPair; MORE_APPS_MAX] {
+    static KEYS: OnceLock<[AppKeyPair; MORE_APPS_MAX]> = OnceLock::new();
+    KEYS.get_or_init(|| std::array::from_fn(|_| AppKeyPair::generate().expect("an App key")))
+}
+
 /// A harness policy on [`REPO`] with `labels`.
 pub(super) fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
     policy_on(REPO, name, labels, max_runners)
@@ -105,6 +114,9 @@ pub(super) struct Options {
     pub fleet: Option<HashMap<String, u32>>,
     /// A fleet host's shared registration windows (`None`: the default pacing's).
     pub registrations: Option<Vec<rm_journal::SpendWindow>>,
+    /// Apps beside the primary (at most [`MORE_APPS_MAX`]), by id, and whether each is
+    /// installed on `acme`: JIT registrations are spread over their installations.
+    pub more_apps: Vec<(u64, bool)>,
 }
 
 impl Default for Options {
@@ -115,6 +127,7 @@ impl Default for Options {
             timeouts: Timeouts::supervision(TIMEOUT, TIMEOUT),
             fleet: None,
             registrations: None,
+            more_apps: Vec::new(),
         }
     }
 }
@@ -495,6 +508,8 @@ pub(super) struct Harness {
     pub fake: FakeGithub,
     /// The App's installation on `acme`.
     pub installation: u64,
+    /// The installations on `acme` of the Apps of [`Options::more_apps`] that are installed.
+    pub more_installations: Vec<u64>,
     pub clock: ManualClock,
     pub processes: FakeProcesses,
     pub backend: Arc<FakeBackend>,
@@ -516,11 +531,26 @@ impl Harness {
             .expect("the fake GitHub");
         let installation = fake.add_org("acme");
         fake.add_repo(REPO);
+        let mut more_apps = Vec::new();
+        let mut more_installations = Vec::new();
+        for ((app_id, installed), key) in options.more_apps.iter().zip(more_keys()) {
+            fake.add_app(*app_id, key.public_pem.clone());
+            if *installed {
+                more_installations.push(fake.install_app(*app_id, "acme"));
+            }
+            more_apps.push(rm_github::AppKey {
+                app_id: *app_id,
+                private_key_pem: key.private_pem.clone(),
+            });
+        }
         // Everything on the manual clock (it starts at the real time): the executor, the
         // poller, the client (tokens, JWTs, pacing) and, moved with it, the fake's.
         let clock = ManualClock::new();
         let client = GithubClient::with_clock(
-            ClientConfig::new(fake.api_url(), APP_ID, key().private_pem.clone()),
+            ClientConfig {
+                more_apps,
+                ..ClientConfig::new(fake.api_url(), APP_ID, key().private_pem.clone())
+            },
             Arc::new(clock.clone()),
         )
         .expect("a client");
@@ -546,6 +576,7 @@ impl Harness {
         Harness {
             fake,
             installation,
+            more_installations,
             clock,
             processes,
             backend,

@@ -472,7 +472,7 @@ async fn a_fleet_host_registers_only_inside_the_fleet_s_shared_window() {
     .await;
     h.executor.renew_lease().await;
     // Another host of the fleet registered a runner for the same installation a moment ago.
-    let scope = format!("installation:{}:registrations", h.installation);
+    let scope = crate::executor::claims::registration_scope(APP_ID, h.installation);
     let mut other = rm_journal::LocalFleet::open(&h.journal_path).unwrap();
     assert_eq!(
         other.reserve(&scope, "other-host", &[window]).unwrap(),
@@ -731,4 +731,103 @@ async fn a_cleaned_attempts_diag_is_kept_scrubbed_once_and_printed_by_logs() {
         )
         .unwrap();
     assert_eq!(again, crate::runner::logs::Kept::Already);
+}
+
+/// Three Apps installed on the target and a fourth installed nowhere: a burst of
+/// registrations is spread over the three installations (each gets some, as the fake counts
+/// them), the fourth App is left out, and every runner, whichever App registered it, serves
+/// its job and is removed through the primary's installation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_registrations_is_spread_over_every_app_s_installation() {
+    let mut h = Harness::new(Options {
+        max_runners: 9,
+        policies: vec![policy("linux", &["self-hosted"], 9)],
+        more_apps: vec![(5001, true), (5002, true), (5003, false)],
+        ..Options::default()
+    })
+    .await;
+    jobs_take(&h, 5);
+    let jobs: Vec<u64> = (0..9)
+        .map(|i| h.queue(&format!("matrix ({i})"), LABELS))
+        .collect();
+    h.until(
+        "every job completed and cleaned",
+        |_| {},
+        |h| jobs.iter().all(|j| h.completed(*j)) && h.all_cleaned(),
+    )
+    .await;
+    let counts = h.fake.registrations_by_installation();
+    let mut expected = vec![h.installation];
+    expected.extend(&h.more_installations);
+    let used: Vec<u64> = counts.keys().copied().collect();
+    let mut sorted = expected.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        used, sorted,
+        "every installed App's installation registered runners, no other: {counts:?}"
+    );
+    assert!(counts.values().all(|n| *n >= 1), "{counts:?}");
+    assert_eq!(
+        counts.values().sum::<usize>(),
+        9,
+        "one registration per job"
+    );
+    assert_eq!(h.attempts().len(), 9);
+    assert!(
+        h.our_registrations().is_empty(),
+        "every registration removed"
+    );
+    // The client counted them per App, as `/metrics` shows them.
+    let per_app: Vec<u64> = h
+        .client
+        .registration_counts()
+        .iter()
+        .map(|(app, _, _)| *app)
+        .collect();
+    assert_eq!(per_app, [APP_ID, 5001, 5002]);
+}
+
+/// A further App installed without the registration permission refuses its first
+/// registration (403): its installation is set aside and that registration, like the rest,
+/// goes through the other Apps; no launch fails for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_without_the_permission_is_set_aside_and_no_launch_fails() {
+    let mut h = Harness::new(Options {
+        max_runners: 6,
+        policies: vec![policy("linux", &["self-hosted"], 6)],
+        more_apps: vec![(5001, true), (5002, true)],
+        ..Options::default()
+    })
+    .await;
+    let weak = h.more_installations[1];
+    h.fake.set_permissions(weak, &[("actions", "read")]);
+    jobs_take(&h, 5);
+    let jobs: Vec<u64> = (0..6)
+        .map(|i| h.queue(&format!("matrix ({i})"), LABELS))
+        .collect();
+    h.until(
+        "every job completed and cleaned",
+        |_| {},
+        |h| jobs.iter().all(|j| h.completed(*j)) && h.all_cleaned(),
+    )
+    .await;
+    let counts = h.fake.registrations_by_installation();
+    assert!(!counts.contains_key(&weak), "{counts:?}");
+    assert_eq!(counts.values().sum::<usize>(), 6, "{counts:?}");
+    let refused = h
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/generate-jitconfig") && r.status == 403)
+        .count();
+    // The burst's six launches choose at once, a third of them the weak App's installation,
+    // before the first refusal sets it aside: at most those two ask it, never a later one.
+    assert!((1..=2).contains(&refused), "{refused} refusals");
+    assert!(
+        h.attempts()
+            .iter()
+            .all(|a| a.outcome == Some(AttemptOutcome::CompletedJob)),
+        "{:#?}",
+        h.attempts()
+    );
 }
