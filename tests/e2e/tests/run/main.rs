@@ -1,10 +1,15 @@
 //! `rm-agent run` end to end, through the real binary, the fake GitHub and the fake runner
-//! package. One test binary for all of them (each file a module), so the suite links once.
+//! package, and the command line around it (`cli`, `status`, `demo`, a receiver's crash modes in
+//! `receiver_crash`). One test binary for all of them (each file a module), so the suite links
+//! once; `rm-agent check` on a host (tests/check.rs) stays apart: it reads the host's state,
+//! which these tests change while they run.
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+mod cli;
 mod crash;
 mod crashed_runner;
+mod demo;
 mod disk;
 mod disk_full;
 mod docker;
@@ -19,7 +24,9 @@ mod limits;
 mod package;
 mod poisoned;
 mod polling;
+mod receiver_crash;
 mod relay;
+mod status;
 
 #[path = "../../../support/busybox_image.rs"]
 mod busybox_image;

@@ -3,8 +3,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
-#[path = "../../support/skip.rs"]
-mod skip;
+use crate::skip;
 
 use rm_e2e::{SECRET, Setup, delivery, json_stdout};
 
