@@ -269,12 +269,17 @@ impl Budget {
         f(&mut guard)
     }
 
-    /// Whether a request of `endpoint` for `scope` would be admitted now, without reserving
-    /// anything: checked before spending other requests (a token) on one that cannot leave.
+    /// Whether a request of `endpoint` for `scope` that costs `cost` would be admitted now,
+    /// without reserving anything: checked before spending other requests (a token) on one that
+    /// cannot leave, and by the choice of the installation a registration goes through (a full
+    /// pacing window says so here, before anything is reserved elsewhere). Refuses as
+    /// [`Budget::acquire`] would: a reported limit, or the pacing windows holding it past the
+    /// wait bound.
     pub fn check(
         &self,
         scope: Scope,
         endpoint: &'static str,
+        cost: Cost,
         now: SystemTime,
     ) -> Result<(), GithubError> {
         self.with(|inner| {
@@ -288,13 +293,31 @@ impl Budget {
             };
             let fresh = ResourceState::default();
             let res = state.resources.get(&resource).unwrap_or(&fresh);
-            admit(res, state.secondary_until, now).map_err(|(kind, retry_at)| {
-                GithubError::RateLimited {
-                    kind,
-                    resource,
-                    retry_at,
+            let refused = |kind, retry_at| GithubError::RateLimited {
+                kind,
+                resource: resource.clone(),
+                retry_at,
+            };
+            admit(res, state.secondary_until, now).map_err(|(kind, at)| refused(kind, at))?;
+            let departure = match inner.pacing {
+                Pacing::Documented(limits) | Pacing::Cautious(limits) => {
+                    let template = crate::endpoints::template(endpoint).unwrap_or(endpoint);
+                    let content =
+                        content_rule(&inner.pacing, state.content_learned_at, now).is_some();
+                    state
+                        .windows
+                        .departure(template, cost, content, &limits, now)
+                        .unwrap_or(now + crate::pacing::HOUR)
                 }
-            })
+                Pacing::Spaced(spacing) if cost.mutating() => {
+                    now + mutation_wait(state.last_mutation, now, spacing)
+                }
+                Pacing::Spaced(_) => now,
+            };
+            match departure.duration_since(now) {
+                Ok(wait) if wait > inner.wait_max => Err(refused(LimitKind::Secondary, departure)),
+                _ => Ok(()),
+            }
         })
     }
 
@@ -1049,5 +1072,55 @@ mod tests {
             budget.content(created[0])[0].counted,
             Some(ContentReason::Cautious)
         );
+    }
+
+    /// `check` sees what `acquire` would wait for: a template's full points window refuses
+    /// with the time there is room (nothing reserved by asking), other templates and other
+    /// installations are free, and a wait inside the bound is not a refusal.
+    #[tokio::test]
+    async fn check_refuses_what_the_pacing_windows_would_hold_past_the_wait_bound() {
+        let limits = SecondaryLimits {
+            points_per_minute: 10,
+            ..DOCUMENTED
+        };
+        let budget = Budget::with_wait_max(Pacing::Documented(limits), Duration::ZERO);
+        let now = from_unix_secs(1_000);
+        let scope = Scope::Installation(1);
+        let jit = "repos.runners.jit";
+        for _ in 0..2 {
+            assert!(budget.check(scope, jit, Cost::Creation, now).is_ok());
+            let permit = budget.acquire(scope, jit, Cost::Creation, now).await;
+            drop(permit.unwrap_or_else(|e| panic!("{e}")));
+        }
+        // 10 points spent on the template: room again a paced minute after the first.
+        let room = now + crate::pacing::PACED_MINUTE;
+        for _ in 0..2 {
+            match budget.check(scope, jit, Cost::Creation, now) {
+                Err(GithubError::RateLimited {
+                    kind: LimitKind::Secondary,
+                    retry_at,
+                    ..
+                }) => assert_eq!(retry_at, room),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(budget.check(scope, jit, Cost::Creation, room).is_ok());
+        assert!(
+            budget
+                .check(scope, "repos.runners.list", Cost::Read, now)
+                .is_ok()
+        );
+        assert!(
+            budget
+                .check(Scope::Installation(2), jit, Cost::Creation, now)
+                .is_ok()
+        );
+        // With the default wait bound, a wait of a few seconds is slept, not refused.
+        let budget = Budget::new(Pacing::Documented(limits));
+        for _ in 0..2 {
+            drop(budget.acquire(scope, jit, Cost::Creation, now).await);
+        }
+        let almost = room - Duration::from_secs(2);
+        assert!(budget.check(scope, jit, Cost::Creation, almost).is_ok());
     }
 }

@@ -395,12 +395,12 @@ impl GithubClient {
     async fn send(&self, call: &Call, fresh_token: bool) -> Result<Answer, GithubError> {
         let inner = &self.inner;
         let scope = call.auth.scope();
+        let cost = crate::pacing::Cost::of_method(&call.method);
         // A request that cannot leave must not spend a token request either.
         inner
             .budget
-            .check(scope, call.endpoint, inner.clock.now())?;
+            .check(scope, call.endpoint, cost, inner.clock.now())?;
         let credential = self.authorization(call.auth, fresh_token).await?;
-        let cost = crate::pacing::Cost::of_method(&call.method);
         let permit = inner
             .budget
             .acquire(scope, call.endpoint, cost, inner.clock.now())

@@ -232,12 +232,14 @@ impl GithubClient {
     }
 
     /// When a JIT registration through `installation` for `target` could leave by the
-    /// budget's account (its primary limit and any secondary limit GitHub announced): `None`
-    /// now, else the time. Reserves nothing.
+    /// budget's account (its primary limit, any secondary limit GitHub announced, and the
+    /// pacing windows: the template's points, and the content limits while they count):
+    /// `None` now, else the time. Reserves nothing.
     pub fn registration_admitted(&self, installation: u64, target: &Target) -> Option<SystemTime> {
         match self.inner.budget.check(
             Scope::Installation(installation),
             jit_endpoint(target),
+            crate::pacing::Cost::Creation,
             self.inner.clock.now(),
         ) {
             Ok(()) => None,
