@@ -747,15 +747,7 @@ async fn a_burst_of_registrations_is_spread_over_every_app_s_installation() {
     })
     .await;
     jobs_take(&h, 5);
-    let jobs: Vec<u64> = (0..9)
-        .map(|i| h.queue(&format!("matrix ({i})"), LABELS))
-        .collect();
-    h.until(
-        "every job completed and cleaned",
-        |_| {},
-        |h| jobs.iter().all(|j| h.completed(*j)) && h.all_cleaned(),
-    )
-    .await;
+    run_matrix(&mut h, 9).await;
     let counts = h.fake.registrations_by_installation();
     let mut expected = vec![h.installation];
     expected.extend(&h.more_installations);
@@ -802,15 +794,7 @@ async fn an_app_without_the_permission_is_set_aside_and_no_launch_fails() {
     let weak = h.more_installations[1];
     h.fake.set_permissions(weak, &[("actions", "read")]);
     jobs_take(&h, 5);
-    let jobs: Vec<u64> = (0..6)
-        .map(|i| h.queue(&format!("matrix ({i})"), LABELS))
-        .collect();
-    h.until(
-        "every job completed and cleaned",
-        |_| {},
-        |h| jobs.iter().all(|j| h.completed(*j)) && h.all_cleaned(),
-    )
-    .await;
+    run_matrix(&mut h, 6).await;
     let counts = h.fake.registrations_by_installation();
     assert!(!counts.contains_key(&weak), "{counts:?}");
     assert_eq!(counts.values().sum::<usize>(), 6, "{counts:?}");
@@ -830,4 +814,17 @@ async fn an_app_without_the_permission_is_set_aside_and_no_launch_fails() {
         "{:#?}",
         h.attempts()
     );
+}
+
+/// Queues a matrix of `n` jobs and steps until every one completed and every attempt is cleaned.
+async fn run_matrix(h: &mut Harness, n: usize) {
+    let jobs: Vec<u64> = (0..n)
+        .map(|i| h.queue(&format!("matrix ({i})"), LABELS))
+        .collect();
+    h.until(
+        "every job completed and cleaned",
+        |_| {},
+        |h| jobs.iter().all(|j| h.completed(*j)) && h.all_cleaned(),
+    )
+    .await;
 }
