@@ -444,21 +444,64 @@ impl Fleet {
     /// then removed), network namespace and veth, and the agent's host table. Through the
     /// agent's own idempotent cleanup; what is already gone is no error.
     fn sweep(&self) {
-        use rm_agent::runner::{cgroup, network};
-        for a in self.attempts() {
-            if let Some(path) = &a.cgroup
-                && path.exists()
-            {
-                let _ = cgroup::kill_and_remove(path, SWEEP_WAIT);
-            }
-            let _ = network::remove(&network::Names::of(a.attempt_id.short()));
-        }
-        let host = network::HostNetwork {
-            table: network::host_table_name(&self.setup.dir.path().join("data")),
-            rules: network::HostRules::new(&[], &[], "", std::iter::empty()),
-        };
-        let _ = host.uninstall();
+        sweep_kernel(
+            &self.setup.dir.path().join("data"),
+            &self.attempts(),
+            parse_uids(&self.uids),
+        );
     }
+}
+
+/// `first-last` as numbers.
+pub fn parse_uids(uids: &str) -> (u32, u32) {
+    let (first, last) = uids.split_once('-').unwrap();
+    (first.parse().unwrap(), last.parse().unwrap())
+}
+
+/// What an agent with this data directory and these runner uids may have left in the kernel:
+/// each journalled attempt's runner cgroup (killed, then removed), network namespace and veth;
+/// any veth holding one of the uids' network slots (an attempt the journal lost, as a poisoned
+/// journal's may, still has one); and the agent's host table. Through the agent's own idempotent
+/// cleanup; what is already gone is no error. Leftovers would hold those slots' addresses for
+/// later tests (and fill the host's nft ruleset run after run).
+pub fn sweep_kernel(data_dir: &Path, attempts: &[AttemptRecord], (first, last): (u32, u32)) {
+    use rm_agent::runner::{cgroup, network};
+    let mut shorts: Vec<String> = Vec::new();
+    for a in attempts {
+        if let Some(path) = &a.cgroup
+            && path.exists()
+        {
+            let _ = cgroup::kill_and_remove(path, SWEEP_WAIT);
+        }
+        shorts.push(a.attempt_id.short().to_owned());
+    }
+    for uid in first..=last {
+        let host = network::addresses(network::slot_of(uid)).host;
+        let Ok(out) = std::process::Command::new("ip")
+            .args(["-o", "-4", "addr", "show", "to", &format!("{host}/32")])
+            .output()
+        else {
+            continue;
+        };
+        // `4: rmv0123456789ab    inet 10.213.0.1/30 ...`
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if let Some(short) = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|veth| veth.split('@').next())
+            .and_then(|veth| veth.strip_prefix(network::VETH_PREFIX))
+        {
+            shorts.push(short.to_owned());
+        }
+    }
+    for short in shorts {
+        let _ = network::remove(&network::Names::of(&short));
+    }
+    let host = network::HostNetwork {
+        table: network::host_table_name(data_dir),
+        rules: network::HostRules::new(&[], &[], "", std::iter::empty()),
+    };
+    let _ = host.uninstall();
 }
 
 /// How long [`Fleet::sweep`] waits for a runner cgroup to empty after its kill.

@@ -256,6 +256,11 @@ impl Drop for FleetHost {
         }
         self.kill();
         self.kill_runner_processes();
+        crate::fleet::sweep_kernel(
+            &self.setup.dir.path().join("data"),
+            &self.attempts(),
+            self.uids,
+        );
     }
 }
 

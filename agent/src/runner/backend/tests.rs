@@ -31,7 +31,7 @@ cd "$(dirname "$0")/.."
   echo "jit=${ACTIONS_RUNNER_INPUT_JITCONFIG:-unset}"
   if echo x > bin/Runner.Listener 2>/dev/null; then echo "package_write=ok"; else echo "package_write=denied"; fi
   if (: </dev/tty) 2>/dev/null; then echo "tty=ok"; else echo "tty=denied"; fi
-  if [ -e /proc/self/fd/47 ]; then echo "inherited_fd=ok"; else echo "inherited_fd=denied"; fi
+  if [ -e /proc/self/fd/947 ]; then echo "inherited_fd=ok"; else echo "inherited_fd=denied"; fi
   if grep -q rm-backend-test-key /proc/keys 2>/dev/null; then echo "session_key=ok"; else echo "session_key=denied"; fi
   echo "processes=$(ls /proc | grep -c '^[0-9]')"
   echo "hostname=$(cat /proc/sys/kernel/hostname)"
@@ -181,9 +181,12 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         rustix::fs::Mode::empty(),
     )
     .unwrap();
-    // SAFETY: dup2 onto a descriptor number this test owns.
-    let leaked_at = unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&leaked), 47) };
-    assert_eq!(leaked_at, 47);
+    // At a number no other test's descriptor has (F_DUPFD: the lowest free one from 947; a dup2
+    // would close whatever another test thread holds there).
+    // SAFETY: fcntl(F_DUPFD) on a descriptor this test owns.
+    let leaked_at =
+        unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&leaked), libc::F_DUPFD, 947) };
+    assert_eq!(leaked_at, 947);
     // SAFETY: add_key with NUL-terminated strings and a buffer of the given length.
     let key = unsafe {
         libc::syscall(
@@ -200,7 +203,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         .start(&plan, &runtime, &SecretString::from("jit-value"))
         .unwrap();
     // SAFETY: closes the descriptor planted above.
-    unsafe { libc::close(47) };
+    unsafe { libc::close(947) };
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while spawned.child.try_wait().unwrap().is_none() {
         assert!(
