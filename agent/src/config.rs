@@ -144,6 +144,8 @@ pub struct RunnerSection {
     pub version: Option<String>,
     pub idle_timeout: Option<ConfigDuration>,
     pub registration_timeout: Option<ConfigDuration>,
+    /// How long an idle runner may live unlisted by GitHub before it is stopped as a ghost.
+    pub ghost_timeout: Option<ConfigDuration>,
     /// How often `version = "latest"` asks GitHub for a new release.
     pub release_check_interval: Option<ConfigDuration>,
 }
@@ -384,6 +386,9 @@ pub struct Runner {
     pub version: Option<String>,
     pub idle_timeout: Duration,
     pub registration_timeout: Duration,
+    /// An idle runner alive while GitHub has not listed it online this long is stopped as a
+    /// ghost (default [`crate::lifecycle::GHOST_AFTER`]).
+    pub ghost_timeout: Duration,
     /// How often `version = "latest"` asks GitHub for a new release (default a day).
     pub release_check_interval: Duration,
 }

@@ -368,10 +368,13 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         max_runners: config.host.max_runners,
         backends: Arc::new(backends),
         package_dir,
-        timeouts: Timeouts::supervision(
-            config.runner.registration_timeout,
-            config.runner.idle_timeout,
-        ),
+        timeouts: Timeouts {
+            ghost: config.runner.ghost_timeout,
+            ..Timeouts::supervision(
+                config.runner.registration_timeout,
+                config.runner.idle_timeout,
+            )
+        },
         policies: config.policies.clone(),
         operator_env,
         fitness: crate::fitness::Gate::default(),

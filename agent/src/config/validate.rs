@@ -363,6 +363,11 @@ pub(super) fn validate(
             file.runner.registration_timeout,
             DEFAULT_REGISTRATION_TIMEOUT,
         )?,
+        ghost_timeout: positive(
+            "runner.ghost_timeout",
+            file.runner.ghost_timeout,
+            crate::lifecycle::GHOST_AFTER,
+        )?,
         release_check_interval: super::runner_version::check_interval(
             file.runner.release_check_interval.map(|d| d.0),
         )

@@ -445,8 +445,11 @@ impl Executor {
     fn take(&mut self, event: Event) {
         match event {
             Event::Wake => {}
-            Event::Exited(attempt) => {
-                tracing::debug!(%attempt, "a runner process exited; supervising it");
+            Event::Exited(attempt, exit) => {
+                tracing::debug!(%attempt, ?exit, "a runner process exited; supervising it");
+                if let Some(exit) = exit {
+                    self.supervisor.note_exit(attempt, exit);
+                }
             }
             Event::Refreshed(at_ms) => self.allocator.journal_refreshed(at_ms),
             Event::Launched {

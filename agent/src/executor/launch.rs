@@ -63,6 +63,17 @@ impl Failure {
     }
 }
 
+/// How a runner's process ended, for the attribution of its end (`None`: neither a status nor a
+/// signal, which `wait` never reports).
+fn exit_seen(status: std::process::ExitStatus) -> Option<crate::lifecycle::ExitSeen> {
+    use crate::lifecycle::ExitSeen;
+    use std::os::unix::process::ExitStatusExt as _;
+    status
+        .code()
+        .map(ExitSeen::Code)
+        .or_else(|| status.signal().map(ExitSeen::Signal))
+}
+
 /// One launch task's inputs.
 pub(super) struct Launch {
     pub(super) ctx: Arc<Context>,
@@ -85,15 +96,17 @@ impl Launch {
                     policy,
                     failed: None,
                 });
-                match child.wait().await {
+                let exit = match child.wait().await {
                     Ok(status) => {
                         tracing::info!(code = status.code(), "runner process exited");
+                        exit_seen(status)
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot wait for the runner process")
+                        tracing::warn!(error = %e, "cannot wait for the runner process");
+                        None
                     }
-                }
-                self.tell(Event::Exited(id));
+                };
+                self.tell(Event::Exited(id, exit));
             }
             Err(failure) => {
                 tracing::warn!(reason = failure.reason.as_str(), detail = %failure.detail, "launch failed");

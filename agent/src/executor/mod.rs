@@ -28,6 +28,7 @@ mod control;
 mod disk_watch;
 pub mod evidence;
 pub(crate) mod fault;
+pub mod findings;
 mod journal;
 mod launch;
 mod recovery;
@@ -69,8 +70,9 @@ enum Event {
         policy: String,
         failed: Option<allocate::LaunchFailure>,
     },
-    /// A runner process this agent started exited.
-    Exited(AttemptId),
+    /// A runner process this agent started exited, with how (`None`: its status could not be
+    /// read).
+    Exited(AttemptId, Option<crate::lifecycle::ExitSeen>),
 }
 
 /// The longest the control loop sleeps between passes when nothing wakes it: timeouts are

@@ -24,10 +24,10 @@ use super::allocate::Concluded;
 use super::context::Context;
 use super::disk_watch::{DiskWatch, Watched};
 use super::registry::{self, Deregistration, Listing};
-use super::{evidence, fault, targets_by_policy};
+use super::{evidence, fault, findings, targets_by_policy};
 use crate::lifecycle::{
-    AttemptFacts, Conclusion, Decision, FailureReason, Observation, ProcessObservation, StopIntent,
-    Timeouts, recovery_decision,
+    AttemptFacts, Conclusion, Decision, ExitSeen, FailureReason, Findings, GithubObservation,
+    Observation, ProcessObservation, StopIntent, Timeouts, recovery_decision,
 };
 use crate::runner::process::{self, ProcessIdentity, ProcessState};
 use crate::runner::{Removal, discover};
@@ -35,6 +35,11 @@ use crate::runner::{Removal, discover};
 /// How old a listing may be for a runner that is still starting: registration is noticed
 /// within this, and a target with runners starting costs at most one request per interval.
 pub(super) const REGISTRATION_CHECK: Duration = Duration::from_secs(5);
+
+/// How old a listing may be while a runner is idle: a ghost (alive, no longer listed online) is
+/// noticed within this, and a target with idle runners costs at most one conditional request
+/// per interval.
+pub(super) const GHOST_CHECK: Duration = Duration::from_secs(30);
 
 /// How long a failed runtime removal waits before it is tried again (doubling per failure).
 pub(super) const CLEAN_RETRY: Duration = Duration::from_secs(30);
@@ -64,6 +69,18 @@ enum Registration<'a> {
     Ask,
 }
 
+/// What one pass knows beside the attempt.
+#[derive(Debug, Clone, Copy)]
+struct Pass {
+    timeouts: Timeouts,
+    /// Startup recovery: listings fetched afresh, deferrals keep recovery incomplete.
+    startup: bool,
+    /// When the pass started (ms).
+    started: i64,
+    /// The journal has the attempt's job completed.
+    job_completed: bool,
+}
+
 /// What supervision remembers between passes; owned by the control loop.
 #[derive(Default)]
 pub(super) struct Supervisor {
@@ -75,6 +92,10 @@ pub(super) struct Supervisor {
     deregister_busy: HashMap<AttemptId, (i64, i64)>,
     /// Live runtimes measured against their policy's `disk_max`, off the loop.
     disk: DiskWatch,
+    /// How the runner processes this agent reaped ended, until their attempts are concluded.
+    exits: HashMap<AttemptId, ExitSeen>,
+    /// Since when (ms) each idle runner seen alive has not been listed online by GitHub.
+    unlisted_since: HashMap<AttemptId, i64>,
 }
 
 /// What a supervision pass found.
@@ -99,6 +120,11 @@ pub(super) struct Took {
 }
 
 impl Supervisor {
+    /// A runner process this agent started exited so (the launch task reaped it).
+    pub(super) fn note_exit(&mut self, attempt: AttemptId, exit: ExitSeen) {
+        self.exits.insert(attempt, exit);
+    }
+
     /// Supervises every attempt that is not being launched (`launching`). `startup`: every
     /// listing is fetched afresh and deferrals make recovery incomplete.
     pub(super) async fn pass(
@@ -116,7 +142,7 @@ impl Supervisor {
             .into_iter()
             .filter(|r| !launching.contains(&r.attempt_id))
             .collect();
-        let (records, took) = note_jobs_taken(ctx, records).await?;
+        let (records, took, completed) = note_jobs_taken(ctx, records).await?;
         // Walks that finished since the last pass count in this one; the next one starts after.
         self.disk.collect();
         let watched = watched(ctx, &records);
@@ -128,14 +154,18 @@ impl Supervisor {
         for record in records {
             let target = targets.get(&record.policy);
             let span = super::attempt_span(&record);
+            let job_completed = completed.contains(&record.runner_name);
             let deferred = self
                 .supervise_one(
                     ctx,
                     &record,
                     target,
-                    timeouts,
-                    startup,
-                    pass_started,
+                    Pass {
+                        timeouts,
+                        startup,
+                        started: pass_started,
+                        job_completed,
+                    },
                     &mut report,
                 )
                 .instrument(span)
@@ -149,17 +179,20 @@ impl Supervisor {
     }
 
     /// Observes, decides and acts for one attempt; returns whether it was deferred.
-    #[allow(clippy::too_many_arguments)]
     async fn supervise_one(
         &mut self,
         ctx: &Context,
         record: &AttemptRecord,
         target: Option<&Target>,
-        timeouts: Timeouts,
-        startup: bool,
-        pass_started: i64,
+        pass: Pass,
         report: &mut PassReport,
     ) -> Result<bool, AttemptError> {
+        let Pass {
+            timeouts,
+            startup,
+            started: pass_started,
+            job_completed,
+        } = pass;
         let now = ctx.now_ms();
         if record.state.is_terminal() && !self.clean_due(&record.attempt_id, now) {
             return Ok(false);
@@ -184,11 +217,14 @@ impl Supervisor {
             None => crate::lifecycle::GithubObservation::NotRegistered,
         };
         let disk_max = ctx.policy(&record.policy).and_then(|p| p.disk_max);
+        let (findings, memory) =
+            self.findings(record, process, github, startup, job_completed, now);
         let observation = Observation {
             process,
             github,
             evidence,
             disk: self.disk.judge(&record.attempt_id, disk_max),
+            findings,
         };
         let decision = recovery_decision(&AttemptFacts::from(record), &observation, &timeouts, now);
         tracing::debug!(
@@ -263,6 +299,9 @@ impl Supervisor {
                 }
             }
             Decision::Conclude(conclusion) => {
+                let detail = detail(conclusion, &findings, memory);
+                self.exits.remove(&record.attempt_id);
+                self.unlisted_since.remove(&record.attempt_id);
                 let deregistration = self
                     .deregister_if_listed(ctx, record, target, listing.as_ref())
                     .await;
@@ -275,7 +314,7 @@ impl Supervisor {
                             from,
                             conclusion.outcome(),
                             conclusion.reason(),
-                            Some(detail(conclusion)),
+                            Some(&detail),
                             at_ms,
                         )?;
                         // The record as concluded, for its cleanup.
@@ -310,6 +349,55 @@ impl Supervisor {
             }
         }
         Ok(false)
+    }
+
+    /// What names why the runner ended (or that it is a ghost), beside the observation. The
+    /// kernel's and the logs' word is read only for a live attempt whose process is gone:
+    /// nothing else is decided from it.
+    fn findings(
+        &mut self,
+        record: &AttemptRecord,
+        process: ProcessObservation,
+        github: GithubObservation,
+        startup: bool,
+        job_completed: bool,
+        now: i64,
+    ) -> (Findings, findings::Memory) {
+        use AttemptState::*;
+        let id = &record.attempt_id;
+        let live = matches!(record.state, Starting | Idle | Busy);
+        // A ghost is an idle runner alive and unlisted; any other sighting ends the count.
+        let unlisted_for = match (record.state, process, github) {
+            (Idle, ProcessObservation::Running, GithubObservation::NotRegistered) => {
+                let since = *self.unlisted_since.entry(id.clone()).or_insert(now);
+                Some(Duration::from_millis(
+                    u64::try_from(now.saturating_sub(since)).unwrap_or(0),
+                ))
+            }
+            // GitHub could not be asked: the count neither grows nor ends.
+            (Idle, ProcessObservation::Running, GithubObservation::Unreachable) => None,
+            _ => {
+                self.unlisted_since.remove(id);
+                None
+            }
+        };
+        let ended = live && process != ProcessObservation::Running;
+        let memory = if ended {
+            findings::memory(record.cgroup.as_deref())
+        } else {
+            findings::Memory::default()
+        };
+        (
+            Findings {
+                exit: self.exits.get(id).copied(),
+                oom_kills: memory.oom_kills,
+                disk_full: ended && findings::disk_full(&record.runtime_dir),
+                unlisted_for,
+                recovering: startup,
+                job_completed,
+            },
+            memory,
+        )
     }
 
     /// The target's listing, fetched if the one held is not fresh enough.
@@ -518,12 +606,12 @@ impl Supervisor {
 }
 
 /// Marks busy the runners the journal says took a job (an `in_progress` or `completed`
-/// delivery naming them); returns the records as they are now, and which runners it learnt a
-/// job of.
+/// delivery naming them); returns the records as they are now, which runners it learnt a job
+/// of, and the runners whose job the journal has completed.
 async fn note_jobs_taken(
     ctx: &Context,
     records: Vec<AttemptRecord>,
-) -> Result<(Vec<AttemptRecord>, Vec<Took>), AttemptError> {
+) -> Result<(Vec<AttemptRecord>, Vec<Took>, HashSet<String>), AttemptError> {
     let names: Vec<String> = records
         .iter()
         .filter(|r| {
@@ -535,22 +623,27 @@ async fn note_jobs_taken(
         .map(|r| r.runner_name.clone())
         .collect();
     if names.is_empty() {
-        return Ok((records, Vec::new()));
+        return Ok((records, Vec::new(), HashSet::new()));
     }
     let jobs = match ctx.journal.jobs_for_runners(names).await {
         Ok(jobs) => jobs,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read which jobs our runners took");
-            return Ok((records, Vec::new()));
+            return Ok((records, Vec::new(), HashSet::new()));
         }
     };
+    let completed: HashSet<String> = jobs
+        .iter()
+        .filter(|j| j.state == rm_handlers::JobState::Completed)
+        .filter_map(|j| j.runner_name.clone())
+        .collect();
     let taken: HashMap<String, JobId> = jobs
         .into_iter()
         .filter(|j| j.state >= rm_handlers::JobState::InProgress)
         .filter_map(|j| Some((j.runner_name?, j.job_id)))
         .collect();
     if !records.iter().any(|r| taken.contains_key(&r.runner_name)) {
-        return Ok((records, Vec::new()));
+        return Ok((records, Vec::new(), completed));
     }
     let now = ctx.now_ms();
     ctx.journal
@@ -584,6 +677,7 @@ async fn note_jobs_taken(
             Ok((updated, took))
         })
         .await
+        .map(|(updated, took)| (updated, took, completed))
 }
 
 /// The live runners the disk watch measures: started (a process may write), with a policy that
@@ -667,6 +761,9 @@ fn freshness_for(
         Allocated | JitReceived if in_state >= timeouts.launch => fresh,
         Starting if in_state >= timeouts.registration => fresh,
         Idle if in_state >= timeouts.idle => fresh,
+        // A ghost is found by asking: an idle runner's listing is at most this old (a `304`
+        // while nothing changed).
+        Idle => Freshness::After(now - rm_base::clock::ms(GHOST_CHECK)),
         Starting => Freshness::After(now - rm_base::clock::ms(REGISTRATION_CHECK)),
         // A registration made before the conclusion shows in a listing made after it: one
         // with a journalled runner id, or a launch that gave up after GitHub issued its JIT
@@ -681,8 +778,35 @@ fn freshness_for(
     }
 }
 
-/// The operator's sentence for a conclusion (the journal's `detail`).
-fn detail(conclusion: Conclusion) -> &'static str {
+/// The operator's sentence for a conclusion (the journal's `detail`), with the evidence of the
+/// attributed failures (how the process ended, the kernel's OOM count and the peak). Never the
+/// runner's own words: those are the job's.
+fn detail(conclusion: Conclusion, findings: &Findings, memory: findings::Memory) -> String {
+    let exit = findings
+        .exit
+        .map_or_else(|| "not seen".to_owned(), ExitSeen::describe);
+    match conclusion {
+        Conclusion::Failed(FailureReason::OomKilled) => {
+            let peak = memory.peak.map_or_else(String::new, |peak| {
+                format!("; memory peak {} MiB", peak / (1024 * 1024))
+            });
+            return format!(
+                "the kernel killed {} process(es) of the runner's cgroup for memory (memory.events oom_kill){peak}; the job needs more than its policy's memory_max",
+                memory.oom_kills
+            );
+        }
+        Conclusion::Failed(FailureReason::RunnerCrashed) => {
+            return format!(
+                "the runner process ended with {exit} in the middle of its job, and the agent had not stopped it; see its kept logs (rm-agent logs)"
+            );
+        }
+        _ => {}
+    }
+    static_detail(conclusion).to_owned()
+}
+
+/// The fixed sentence of a conclusion.
+fn static_detail(conclusion: Conclusion) -> &'static str {
     match conclusion {
         Conclusion::CompletedJob => "the runner ran its job and exited",
         Conclusion::IdleExit => {
@@ -712,6 +836,17 @@ fn detail(conclusion: Conclusion) -> &'static str {
             }
             FailureReason::DiskExceeded => {
                 "the runner's runtime held more than its policy's disk_max and the runner was stopped, busy or not; raise disk_max or make the job write less"
+            }
+            FailureReason::OomKilled => "the kernel killed a process of the runner for memory",
+            FailureReason::DiskFull => {
+                "a write failed for want of space (\"No space left on device\" in the runner's logs, or its filesystem full); free space under host.runner_root or the runner's tmpfs sizes"
+            }
+            FailureReason::RunnerCrashed => "the runner process ended abnormally mid-job",
+            FailureReason::Ghost => {
+                "the runner's process lived on while GitHub no longer listed it online (its registration removed, or the runner disconnected) for runner.ghost_timeout; it could never take a job, and was stopped"
+            }
+            FailureReason::HostLost => {
+                "the agent, starting again after its own stop or the host's reboot, found the runner gone in the middle of its job; GitHub fails the job once the runner stops answering"
             }
         },
     }
@@ -773,10 +908,10 @@ mod tests {
         let now = 1_000_000;
         let running = ProcessObservation::Running;
         let gone = ProcessObservation::Gone;
-        // A live runner under its timers reuses what is held.
+        // An idle runner under its timers reuses a listing younger than the ghost check.
         assert_eq!(
             freshness_for(&record(AttemptState::Idle, now - 1_000), running, t, now),
-            Freshness::Any
+            Freshness::After(now - rm_base::clock::ms(GHOST_CHECK))
         );
         assert_eq!(
             freshness_for(&record(AttemptState::Busy, now - 1_000), running, t, now),

@@ -29,6 +29,12 @@ pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// is stopped so its workspace can go.
 pub const EXIT_GRACE: Duration = Duration::from_secs(60);
 
+/// How long an idle runner's process may stay alive while GitHub no longer lists it online (its
+/// registration deleted, or the runner offline) before it is stopped as a ghost
+/// (actions/runner#4617) instead of holding its slot until `runner.idle_timeout`. Two minutes:
+/// a runner's session reconnect or a brief GitHub outage lists it offline for less.
+pub const GHOST_AFTER: Duration = Duration::from_secs(2 * 60);
+
 /// Why an attempt failed: the journal's `reason`, a closed set of snake_case kinds that logs and
 /// metrics can carry (GitHub's own messages go to `detail`, never to a log field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,10 +57,23 @@ pub enum FailureReason {
     RunnerVersionRejected,
     /// Its runtime held more than the policy's `disk_max`, and it was stopped.
     DiskExceeded,
+    /// The kernel killed a process of its cgroup for memory (`memory.events` `oom_kill`).
+    OomKilled,
+    /// Its logs say a write failed for want of space ("No space left on device"), or its
+    /// filesystem had none left.
+    DiskFull,
+    /// Its process exited non-zero (or by a signal the agent did not send) after it took a job.
+    RunnerCrashed,
+    /// Its process lived on while GitHub no longer listed it online, past [`GHOST_AFTER`]: it
+    /// could never take a job, and was stopped.
+    Ghost,
+    /// The agent, starting again (after its own crash or the host's reboot), found the runner
+    /// gone in the middle of its job, which the journal does not have completed.
+    HostLost,
 }
 
 impl FailureReason {
-    pub const ALL: [FailureReason; 9] = [
+    pub const ALL: [FailureReason; 14] = [
         FailureReason::JitRequestFailed,
         FailureReason::JitExpired,
         FailureReason::LaunchInterrupted,
@@ -64,6 +83,11 @@ impl FailureReason {
         FailureReason::RunnerPackageUnverified,
         FailureReason::RunnerVersionRejected,
         FailureReason::DiskExceeded,
+        FailureReason::OomKilled,
+        FailureReason::DiskFull,
+        FailureReason::RunnerCrashed,
+        FailureReason::Ghost,
+        FailureReason::HostLost,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -79,6 +103,11 @@ impl FailureReason {
             FailureReason::RunnerPackageUnverified => "runner_package_unverified",
             FailureReason::RunnerVersionRejected => "runner_version_rejected",
             FailureReason::DiskExceeded => "disk_exceeded",
+            FailureReason::OomKilled => "oom_killed",
+            FailureReason::DiskFull => "disk_full",
+            FailureReason::RunnerCrashed => "runner_crashed",
+            FailureReason::Ghost => "ghost",
+            FailureReason::HostLost => "host_lost",
         }
     }
 
@@ -168,6 +197,50 @@ pub enum DiskUse {
     Over,
 }
 
+/// How the runner's process ended, as the agent saw when it reaped it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitSeen {
+    /// It exited with this status (under `isolation = "user"` a signal reaches the agent as
+    /// 128 + its number, as a shell reports it).
+    Code(i32),
+    /// A signal ended it.
+    Signal(i32),
+}
+
+impl ExitSeen {
+    pub fn success(self) -> bool {
+        self == ExitSeen::Code(0)
+    }
+
+    /// "exit status 3", "signal 9".
+    pub fn describe(self) -> String {
+        match self {
+            ExitSeen::Code(code) => format!("exit status {code}"),
+            ExitSeen::Signal(signal) => format!("signal {signal}"),
+        }
+    }
+}
+
+/// What else supervision knows that names why a runner ended (or must be stopped): gathered
+/// beside the observation, each from its own source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Findings {
+    /// How the process ended, if this agent reaped it; `None` for a runner it adopted, or one
+    /// that ended while no agent ran.
+    pub exit: Option<ExitSeen>,
+    /// Processes the kernel killed for memory in the runner's cgroup (`memory.events`).
+    pub oom_kills: u64,
+    /// Its logs or its filesystem say the disk was full.
+    pub disk_full: bool,
+    /// How long supervision has watched the runner alive while GitHub did not list it online;
+    /// `None` while it is listed (or not watched yet).
+    pub unlisted_for: Option<Duration>,
+    /// Startup recovery: the previous agent run, not this one, last saw the runner.
+    pub recovering: bool,
+    /// The journal has the attempt's job completed (GitHub said so).
+    pub job_completed: bool,
+}
+
 /// One observation of an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Observation {
@@ -175,6 +248,7 @@ pub struct Observation {
     pub github: GithubObservation,
     pub evidence: JobEvidence,
     pub disk: DiskUse,
+    pub findings: Findings,
 }
 
 /// The part of a journalled attempt the decision reads.
@@ -222,6 +296,8 @@ pub struct Timeouts {
     pub launch: Duration,
     /// How long a concluded attempt's process may keep running.
     pub exit_grace: Duration,
+    /// How long an idle runner may stay unlisted while alive before it is stopped as a ghost.
+    pub ghost: Duration,
 }
 
 impl Timeouts {
@@ -232,6 +308,7 @@ impl Timeouts {
             idle,
             launch: LAUNCH_TIMEOUT,
             exit_grace: EXIT_GRACE,
+            ghost: GHOST_AFTER,
         }
     }
 
@@ -371,6 +448,16 @@ fn alive(
             if let Some(intent) = attempt.intent_for_now() {
                 return Decision::Terminate(intent);
             }
+            // Alive, idle, and GitHub has not listed it online for a while: it can never take a
+            // job (a ghost). Stopped now rather than at the idle timeout.
+            if state == Idle
+                && observation
+                    .findings
+                    .unlisted_for
+                    .is_some_and(|unlisted| unlisted >= timeouts.ghost)
+            {
+                return Decision::Terminate(StopIntent::Ghost);
+            }
             let (limit, intent) = if state == Starting {
                 (timeouts.registration, StopIntent::RegistrationTimeout)
             } else {
@@ -386,11 +473,39 @@ fn alive(
 }
 
 /// A live runner (`starting`, `idle`, `busy`) whose process is dead or not ours; GitHub answered.
+/// The causes the agent stopped it for come first, then what the kernel and the runner's logs
+/// prove (memory, disk), then how its process ended against what the journal knows of its job.
 fn dead(attempt: &AttemptFacts, observation: &Observation) -> Conclusion {
     use AttemptState::*;
-    // Stopped for its disk: that is why it ended, whether it ran a job or not.
-    if attempt.intent_for_now() == Some(StopIntent::DiskExceeded) {
-        return Conclusion::Failed(FailureReason::DiskExceeded);
+    let findings = &observation.findings;
+    // Stopped for its disk, or as a ghost: that is why it ended, whether it ran a job or not.
+    match attempt.intent_for_now() {
+        Some(StopIntent::DiskExceeded) => return Conclusion::Failed(FailureReason::DiskExceeded),
+        Some(StopIntent::Ghost) => return Conclusion::Failed(FailureReason::Ghost),
+        _ => {}
+    }
+    if findings.oom_kills > 0 {
+        return Conclusion::Failed(FailureReason::OomKilled);
+    }
+    if findings.disk_full {
+        return Conclusion::Failed(FailureReason::DiskFull);
+    }
+    let github_busy = observation.github == GithubObservation::Registered { busy: true };
+    let had_job =
+        observation.evidence == JobEvidence::RanAJob || attempt.state == Busy || github_busy;
+    if had_job {
+        // A non-zero exit the agent did not cause (no stop intent, not even a stale one).
+        if let Some(exit) = findings.exit
+            && !exit.success()
+            && attempt.stop_intent.is_none()
+        {
+            return Conclusion::Failed(FailureReason::RunnerCrashed);
+        }
+        // Gone while no agent watched, its job not completed: the host (or the agent) was lost
+        // under it. A job completed meanwhile ended as jobs do.
+        if findings.exit.is_none() && findings.recovering && !findings.job_completed {
+            return Conclusion::Failed(FailureReason::HostLost);
+        }
     }
     if observation.evidence == JobEvidence::RanAJob {
         return Conclusion::CompletedJob;
@@ -404,9 +519,8 @@ fn dead(attempt: &AttemptFacts, observation: &Observation) -> Conclusion {
         Some(StopIntent::RegistrationTimeout) => {
             return Conclusion::Failed(FailureReason::TerminatedAfterRegistrationTimeout);
         }
-        Some(StopIntent::Concluded | StopIntent::DiskExceeded) | None => {}
+        Some(StopIntent::Concluded | StopIntent::DiskExceeded | StopIntent::Ghost) | None => {}
     }
-    let github_busy = observation.github == GithubObservation::Registered { busy: true };
     match (attempt.state, observation.evidence) {
         (Starting, JobEvidence::NoJob) => {
             Conclusion::Failed(FailureReason::ProcessExitedUnexpectedly)

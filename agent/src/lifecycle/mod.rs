@@ -13,7 +13,8 @@
 mod decision;
 
 pub use decision::{
-    AttemptFacts, Conclusion, Decision, DiskUse, EXIT_GRACE, FailureReason, GithubObservation,
-    JobEvidence, LAUNCH_TIMEOUT, Observation, ProcessObservation, Timeouts, recovery_decision,
+    AttemptFacts, Conclusion, Decision, DiskUse, EXIT_GRACE, ExitSeen, FailureReason, Findings,
+    GHOST_AFTER, GithubObservation, JobEvidence, LAUNCH_TIMEOUT, Observation, ProcessObservation,
+    Timeouts, recovery_decision,
 };
 pub use rm_journal::{AttemptOutcome, AttemptState, StopIntent};

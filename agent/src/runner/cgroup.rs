@@ -292,6 +292,29 @@ pub fn valid_runner_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// Parses `memory.events` for its `oom_kill` count: processes of the cgroup (or below it) the
+/// kernel's OOM killer ended. `None` without the key (a kernel before 4.13).
+pub fn parse_oom_kills(events: &str) -> Option<u64> {
+    events.lines().find_map(|line| {
+        let (key, value) = line.split_once(' ')?;
+        (key == "oom_kill").then(|| value.trim().parse().ok())?
+    })
+}
+
+/// What a runner cgroup says of its memory: OOM kills (`memory.events`) and the peak
+/// (`memory.peak`, kernel 5.19+). Zero and `None` where the memory controller is off (no
+/// such files), which is also where no limit could be set.
+pub fn memory_report(path: &Path) -> (u64, Option<u64>) {
+    let kills = fs::read_to_string(path.join("memory.events"))
+        .ok()
+        .and_then(|events| parse_oom_kills(&events))
+        .unwrap_or(0);
+    let peak = fs::read_to_string(path.join("memory.peak"))
+        .ok()
+        .and_then(|peak| peak.trim().parse().ok());
+    (kills, peak)
+}
+
 /// Parses `cgroup.events` for its `populated` key: whether any process is in the cgroup or
 /// below it.
 pub fn parse_populated(events: &str) -> Option<bool> {

@@ -228,14 +228,17 @@ pub enum StopIntent {
     Concluded,
     /// Its runtime holds more than the policy's `disk_max`: a failure, stopped even while busy.
     DiskExceeded,
+    /// Idle, alive, and GitHub has not listed it online for a while (a ghost): a failure.
+    Ghost,
 }
 
 impl StopIntent {
-    pub const ALL: [StopIntent; 4] = [
+    pub const ALL: [StopIntent; 5] = [
         StopIntent::RegistrationTimeout,
         StopIntent::IdleTimeout,
         StopIntent::Concluded,
         StopIntent::DiskExceeded,
+        StopIntent::Ghost,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -244,6 +247,7 @@ impl StopIntent {
             StopIntent::IdleTimeout => "idle_timeout",
             StopIntent::Concluded => "concluded",
             StopIntent::DiskExceeded => "disk_exceeded",
+            StopIntent::Ghost => "ghost",
         }
     }
 
@@ -261,6 +265,9 @@ impl StopIntent {
             // A job that fills the disk is stopped whatever it is doing: the bound protects the
             // host and every other runner on it.
             StopIntent::DiskExceeded => &[Starting, Idle, Busy],
+            // A ghost is idle: once GitHub lists it busy it is no ghost (the record compare-and-
+            // set loses to a runner that took a job meanwhile).
+            StopIntent::Ghost => &[Idle],
         }
     }
 }

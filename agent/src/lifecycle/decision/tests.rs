@@ -16,6 +16,7 @@ const T: Timeouts = Timeouts {
     idle: Duration::from_secs(10),
     launch: Duration::from_secs(10),
     exit_grace: Duration::from_secs(10),
+    ghost: Duration::from_secs(10),
 };
 
 const NOW: i64 = 1_000_000;
@@ -58,6 +59,7 @@ fn decide_disk(
             github,
             evidence,
             disk,
+            findings: Findings::default(),
         },
         &T,
         NOW,
@@ -188,6 +190,7 @@ fn at_startup_an_abandoned_launch_is_decided_at_once() {
         github: IDLE,
         evidence: Unknown,
         disk: DiskUse::Within,
+        findings: Findings::default(),
     };
     assert_eq!(recovery_decision(&facts, &dead, &T, NOW), Decision::Wait);
     assert_eq!(
@@ -214,6 +217,7 @@ fn a_clock_that_went_backwards_starts_no_timer() {
         github: IDLE,
         evidence: NoJob,
         disk: DiskUse::Within,
+        findings: Findings::default(),
     };
     assert_eq!(
         recovery_decision(&facts, &observation, &T, NOW),
@@ -515,4 +519,120 @@ fn a_runner_past_its_disk_bound_is_stopped_busy_or_not_and_fails_for_it() {
         Conclusion::Failed(FailureReason::DiskExceeded).reason(),
         Some("disk_exceeded")
     );
+}
+
+/// [`decide`] with findings.
+fn decide_with(
+    state: AttemptState,
+    secs_in_state: i64,
+    intent: Option<StopIntent>,
+    (process, github, evidence): Seen,
+    findings: Findings,
+) -> Decision {
+    recovery_decision(
+        &AttemptFacts {
+            state,
+            state_changed_at_ms: NOW - secs_in_state * 1000,
+            stop_intent: intent,
+        },
+        &Observation {
+            process,
+            github,
+            evidence,
+            disk: DiskUse::Within,
+            findings,
+        },
+        &T,
+        NOW,
+    )
+}
+
+/// Issue 28: an end that says what happened. Each row: the attempt, what is seen, the
+/// findings, the decision.
+#[test]
+fn ends_are_attributed_to_their_cause() {
+    use Decision::*;
+    use FailureReason::*;
+    let none = Findings::default();
+    let exit = |code| Findings {
+        exit: Some(ExitSeen::Code(code)),
+        ..none
+    };
+    let oom = Findings {
+        oom_kills: 1,
+        exit: Some(ExitSeen::Code(0)),
+        ..none
+    };
+    let full = Findings {
+        disk_full: true,
+        exit: Some(ExitSeen::Code(1)),
+        ..none
+    };
+    let recovering = Findings {
+        recovering: true,
+        ..none
+    };
+    let recovering_done = Findings {
+        job_completed: true,
+        ..recovering
+    };
+    let unlisted = |secs| Findings {
+        unlisted_for: Some(Duration::from_secs(secs)),
+        ..none
+    };
+    #[rustfmt::skip]
+    let rows: &[(AttemptState, Option<StopIntent>, Seen, Findings, Decision)] = &[
+        // The kernel's OOM count names the cause, whatever the exit and the evidence said.
+        (Busy, None, (Exited, NotRegistered, RanAJob), oom, failed(OomKilled)),
+        (Idle, None, (Gone, NotRegistered, NoJob), oom, failed(OomKilled)),
+        (Starting, None, (Gone, NotRegistered, Unknown), oom, failed(OomKilled)),
+        // A write that failed for want of space.
+        (Busy, None, (Exited, NotRegistered, RanAJob), full, failed(DiskFull)),
+        // A non-zero exit or a signal mid-job, which the agent did not cause.
+        (Busy, None, (Exited, NotRegistered, RanAJob), exit(3), failed(RunnerCrashed)),
+        (Busy, None, (Exited, BUSY, Unknown), exit(137), failed(RunnerCrashed)),
+        (Idle, None, (Exited, NotRegistered, RanAJob), Findings { exit: Some(ExitSeen::Signal(11)), ..none }, failed(RunnerCrashed)),
+        // Exit 0 after a job: it ran its job.
+        (Busy, None, (Exited, NotRegistered, RanAJob), exit(0), Conclude(Conclusion::CompletedJob)),
+        // A non-zero exit with no job is not a crash mid-job.
+        (Starting, None, (Exited, NotRegistered, NoJob), exit(1), failed(ProcessExitedUnexpectedly)),
+        (Idle, None, (Exited, NotRegistered, NoJob), exit(1), Conclude(Conclusion::IdleExit)),
+        // The agent stopped it (a stale intent too): its signal is no crash.
+        (Busy, Some(StopIntent::IdleTimeout), (Exited, NotRegistered, RanAJob), exit(143), Conclude(Conclusion::CompletedJob)),
+        // Found gone mid-job by an agent starting again, its job not completed: the host was lost.
+        (Busy, None, (Gone, NotRegistered, RanAJob), recovering, failed(HostLost)),
+        (Busy, None, (Gone, NotRegistered, Unknown), recovering, failed(HostLost)),
+        (Idle, None, (Gone, NotRegistered, RanAJob), recovering, failed(HostLost)),
+        // ... unless the journal has its job completed (it ended while the agent was away).
+        (Busy, None, (Gone, NotRegistered, RanAJob), recovering_done, Conclude(Conclusion::CompletedJob)),
+        (Busy, None, (Gone, NotRegistered, Unknown), recovering_done, Conclude(Conclusion::Orphaned)),
+        // Not recovering, and no exit seen (a runner adopted from an earlier run): as before.
+        (Busy, None, (Gone, NotRegistered, RanAJob), none, Conclude(Conclusion::CompletedJob)),
+        (Busy, None, (Gone, NotRegistered, Unknown), none, Conclude(Conclusion::Orphaned)),
+        // An idle runner left with no job at recovery is no lost host.
+        (Idle, None, (Gone, NotRegistered, NoJob), recovering, Conclude(Conclusion::IdleExit)),
+        // A ghost: alive, idle, unlisted past the bound: stopped (intent first), then failed so.
+        (Idle, None, (Running, NotRegistered, NoJob), unlisted(9), Adopt),
+        (Idle, None, (Running, NotRegistered, NoJob), unlisted(10), Terminate(StopIntent::Ghost)),
+        (Idle, Some(StopIntent::Ghost), (Running, NotRegistered, NoJob), unlisted(11), Terminate(StopIntent::Ghost)),
+        (Idle, Some(StopIntent::Ghost), (Exited, NotRegistered, NoJob), none, failed(Ghost)),
+        (Idle, Some(StopIntent::Ghost), (Gone, NotRegistered, Unknown), exit(143), failed(Ghost)),
+        // A runner that took a job meanwhile is no ghost; a busy one is never one.
+        (Idle, None, (Running, NotRegistered, RanAJob), unlisted(60), Observe(Busy)),
+        (Busy, None, (Running, NotRegistered, RanAJob), unlisted(60), Adopt),
+        // A starting runner unlisted is the registration timeout's business.
+        (Starting, None, (Running, NotRegistered, Unknown), unlisted(9), Adopt),
+    ];
+    for (i, (state, intent, seen, findings, expected)) in rows.iter().enumerate() {
+        assert_eq!(
+            decide_with(*state, 1, *intent, *seen, *findings),
+            *expected,
+            "row {i}: {state:?} {intent:?} {seen:?} {findings:?}"
+        );
+    }
+    for reason in [OomKilled, DiskFull, RunnerCrashed, Ghost, HostLost] {
+        assert_eq!(FailureReason::parse(reason.as_str()), Some(reason));
+        assert!(Conclusion::Failed(reason).is_failure());
+    }
+    assert!(StopIntent::Ghost.applies_to() == [Idle]);
 }
