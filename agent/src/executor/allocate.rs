@@ -305,10 +305,11 @@ impl Allocator {
     }
 
     /// A runner concluded: an idle exit or a registration timeout fences the policy's older
-    /// demand; a completed job the journal has not named is one queued job less until a
-    /// delivery names the runner or the next poll says which.
+    /// demand; a job the runner took (completed, or ended by a crash, the kernel or a lost
+    /// host) that the journal has not named is one queued job less until a delivery names the
+    /// runner or the next poll says which.
     pub(super) fn remember_conclusion(&mut self, concluded: &Concluded) {
-        if concluded.conclusion == Conclusion::CompletedJob && !concluded.job_known {
+        if concluded.ran_job && !concluded.job_known {
             self.unknown_completions
                 .entry(concluded.policy.clone())
                 .or_default()
@@ -412,6 +413,10 @@ pub(super) struct Concluded {
     pub(super) conclusion: Conclusion,
     /// The journal knew which job the runner ran.
     pub(super) job_known: bool,
+    /// The runner took a job (its `_diag` shows a worker, or the journal or GitHub had it
+    /// busy), whatever its end: a crash or a kill mid-job took a queued job as a completion
+    /// does.
+    pub(super) ran_job: bool,
     pub(super) at_ms: i64,
 }
 

@@ -25,6 +25,11 @@ pub const TAIL_BYTES: u64 = 64 * 1024;
 /// thousands to slow supervision down).
 pub const MAX_FILES: usize = 32;
 
+/// What actions/runner's listener prints on its console (`JobDispatcher`: "Job build completed
+/// with result: Succeeded") once its job ended, whatever the result; the agent keeps the
+/// console in [`crate::runner::logs::OUTPUT_FILE`].
+pub const JOB_ENDED_PHRASE: &str = " completed with result: ";
+
 /// The runner cgroup's memory report: OOM kills and the peak, in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Memory {
@@ -51,6 +56,22 @@ pub fn says_disk_full(text: &str) -> bool {
 /// space. A missing runtime or `_diag` says nothing.
 pub fn disk_full(runtime: &Path) -> bool {
     filesystem_full(runtime) || logs_say_disk_full(&runtime.join(copy::DIAG_DIR))
+}
+
+/// Whether the runner's console (the end of its kept stdout) says its job ended. A runner gone
+/// mid-job never printed it; one that finished while no agent watched did.
+pub fn job_ended(runtime: &Path) -> bool {
+    let Ok(dir) = copy::open_dir(&runtime.join(copy::DIAG_DIR)) else {
+        return false;
+    };
+    let Ok((file, size)) =
+        copy::open_regular_at(&dir, std::ffi::OsStr::new(crate::runner::logs::OUTPUT_FILE))
+    else {
+        return false;
+    };
+    let start = size.saturating_sub(TAIL_BYTES);
+    copy::read_at(&file, start, size - start)
+        .is_ok_and(|bytes| String::from_utf8_lossy(&bytes).contains(JOB_ENDED_PHRASE))
 }
 
 fn filesystem_full(runtime: &Path) -> bool {
@@ -119,6 +140,23 @@ mod tests {
         );
         std::fs::write(diag.join("rm-output.log"), words).unwrap();
         assert!(disk_full(runtime.path()));
+    }
+
+    #[test]
+    fn the_runner_s_console_says_when_its_job_ended() {
+        let runtime = tempfile::tempdir().unwrap();
+        assert!(!job_ended(runtime.path()));
+        let diag = runtime.path().join("_diag");
+        std::fs::create_dir(&diag).unwrap();
+        let output = diag.join(crate::runner::logs::OUTPUT_FILE);
+        std::fs::write(&output, "2026-12-03 10:00:00Z: Running job: build\n").unwrap();
+        assert!(!job_ended(runtime.path()), "running, not ended");
+        std::fs::write(
+            &output,
+            "2026-12-03 10:00:00Z: Running job: build\n2026-12-03 10:00:05Z: Job build completed with result: Failed\n",
+        )
+        .unwrap();
+        assert!(job_ended(runtime.path()));
     }
 
     #[test]

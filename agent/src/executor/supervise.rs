@@ -332,6 +332,9 @@ impl Supervisor {
                         runner_name: record.runner_name.clone(),
                         conclusion,
                         job_known: record.job_id.is_some(),
+                        ran_job: observation.evidence == crate::lifecycle::JobEvidence::RanAJob
+                            || record.state == AttemptState::Busy
+                            || observation.github == (GithubObservation::Registered { busy: true }),
                         at_ms,
                     });
                     let registration = match deregistration {
@@ -394,7 +397,9 @@ impl Supervisor {
                 disk_full: ended && findings::disk_full(&record.runtime_dir),
                 unlisted_for,
                 recovering: startup,
-                job_completed,
+                // The journal's word (a `completed` delivery), or the runner's own console.
+                job_completed: job_completed
+                    || (ended && startup && findings::job_ended(&record.runtime_dir)),
             },
             memory,
         )

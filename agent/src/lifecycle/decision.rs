@@ -237,7 +237,8 @@ pub struct Findings {
     pub unlisted_for: Option<Duration>,
     /// Startup recovery: the previous agent run, not this one, last saw the runner.
     pub recovering: bool,
-    /// The journal has the attempt's job completed (GitHub said so).
+    /// The attempt's job ended: the journal has it completed (GitHub said so), or the runner's
+    /// console said so.
     pub job_completed: bool,
 }
 

@@ -223,6 +223,17 @@ async fn run_job(
     }
     session.complete(job.job_id, &behavior.conclusion).await?;
     worker.line(&format!("job finished: {}", behavior.conclusion));
+    // As actions/runner's listener says it on its console (JobDispatcher), which the agent keeps.
+    let result = match behavior.conclusion.as_str() {
+        "success" => "Succeeded",
+        "cancelled" => "Canceled",
+        _ => "Failed",
+    };
+    println!(
+        "{}: Job {} completed with result: {result}",
+        stamp(),
+        job.name
+    );
     diag.line("job done; exiting (ephemeral)");
     Ok(0)
 }
