@@ -14,8 +14,9 @@ use rm_journal::{AttemptRecord, FleetView, JobId, JobRow, PgReader, Reader};
 
 use crate::config::{Config, Isolation};
 use crate::exit::Exit;
-use crate::explain::{self, Explanation, Facts, fleet::FleetFacts};
+use crate::explain::{self, Explanation, Facts, ended::RanAttempt, fleet::FleetFacts};
 use crate::output::print_json;
+use crate::runner::logs::Store;
 use crate::status_file::{self, Liveness, Snapshot, unix_ms};
 
 /// What the decision reads, owned.
@@ -27,6 +28,8 @@ struct Gathered {
     attempts: Vec<AttemptRecord>,
     /// In a fleet: the fleet's hosts and claims.
     fleet: Option<FleetView>,
+    /// This host's attempts that ran the job explained (none for `status`'s waiting jobs).
+    ran: Vec<RanAttempt>,
 }
 
 impl Gathered {
@@ -44,6 +47,7 @@ impl Gathered {
             queued,
             attempts,
             fleet: None,
+            ran: Vec::new(),
         })
     }
 
@@ -82,6 +86,7 @@ impl Gathered {
                 host: &config.host.name,
                 view,
             }),
+            ran: &self.ran,
         }
     }
 }
@@ -119,6 +124,8 @@ pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
             (gathered, job, journal)
         }
     };
+    let mut gathered = gathered;
+    gathered.ran = ran_the_job(config, job_id, job.as_ref()).map_err(Exit::runtime)?;
     let facts = gathered.facts(config);
     let explanation = explain::explain(job_id, job.as_ref(), &facts);
     if json {
@@ -133,6 +140,43 @@ pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
              check the id (the job's URL ends in it) and `rm-agent jobs`"
         ))),
     }
+}
+
+/// This host's attempts that ran `job_id` (named by the job's row, or naming the job), oldest
+/// first, as `rm-agent logs` finds them: from this host's own journal and its kept logs.
+fn ran_the_job(
+    config: &Config,
+    job_id: JobId,
+    job: Option<&JobRow>,
+) -> anyhow::Result<Vec<RanAttempt>> {
+    let store = Store::new(&config.data_dir, config.logs.into());
+    let records = match super::open_local_reader(config).map_err(|e| anyhow::anyhow!("{e}"))? {
+        Some(reader) => reader.attempts(usize::MAX)?,
+        None => Vec::new(),
+    };
+    let kept = store.entries()?;
+    let found = super::logs::resolve(
+        &job_id.get().to_string(),
+        job.and_then(|j| j.runner_name.as_deref()),
+        &records,
+        kept.into_iter().filter_map(|(_, manifest)| manifest),
+    );
+    Ok(found
+        .into_iter()
+        .map(|found| {
+            let entry = store.entry(&found.attempt_id);
+            let record = found.record.as_ref();
+            RanAttempt {
+                runner_name: found.runner_name.clone(),
+                outcome: record.and_then(|r| r.outcome),
+                reason: record.and_then(|r| r.reason.clone()),
+                detail: record.and_then(|r| r.detail.clone()),
+                live: record.is_some_and(|r| r.state != rm_journal::AttemptState::Cleaned),
+                logs: entry.is_dir().then_some(entry),
+                attempt_id: found.attempt_id,
+            }
+        })
+        .collect())
 }
 
 /// The verdict of every queued job, oldest first, for `status`.

@@ -30,6 +30,7 @@
 //! claimed is that host's; otherwise this host's chain follows, saying whether it claimed the
 //! job or nobody has.
 
+pub(crate) mod ended;
 pub(crate) mod fleet;
 pub(crate) mod published;
 #[cfg(test)]
@@ -115,6 +116,9 @@ pub(crate) struct Explanation {
     pub policy: Option<String>,
     /// A short phrase without ids, for grouping waiting jobs in `status`.
     pub summary: String,
+    /// How the runner that took the job ended (a job running or done), from this host's
+    /// journal and kept logs.
+    pub runner_end: Option<ended::RunnerEnd>,
 }
 
 /// Everything the decision looks at, read before it runs.
@@ -135,6 +139,9 @@ pub(crate) struct Facts<'a> {
     pub uid_pool: Option<usize>,
     /// In a fleet: this host and the fleet's claims ([`fleet`]); `queued` is then the fleet's.
     pub fleet: Option<fleet::FleetFacts<'a>>,
+    /// This host's attempts that ran the job explained, oldest first ([`ended`]); empty for
+    /// `status`'s waiting jobs.
+    pub ran: &'a [ended::RanAttempt],
 }
 
 /// A blocking condition with the verdict it gives when it is the first that holds.
@@ -239,16 +246,23 @@ pub(crate) fn explain(job_id: JobId, job: Option<&JobRow>, facts: &Facts<'_>) ->
             runner_name: None,
             policy: None,
             summary: "not seen yet".to_owned(),
+            runner_end: None,
         };
     };
-    let answer = |verdict, reasons: Vec<Reason>, summary: &str| Explanation {
-        job_id,
-        state: Some(job.state.as_str().to_owned()),
-        verdict,
-        reasons,
-        runner_name: job.runner_name.clone(),
-        policy: None,
-        summary: summary.to_owned(),
+    // A job that ran says how its runner ended, and where its logs are.
+    let (end_reasons, runner_end) = ended::reasons(job_id, facts.ran);
+    let answer = |verdict, mut reasons: Vec<Reason>, summary: &str| {
+        reasons.extend(end_reasons.iter().cloned());
+        Explanation {
+            job_id,
+            state: Some(job.state.as_str().to_owned()),
+            verdict,
+            reasons,
+            runner_name: job.runner_name.clone(),
+            policy: None,
+            summary: summary.to_owned(),
+            runner_end: runner_end.clone(),
+        }
     };
     match job.state.as_str() {
         "completed" => answer(
@@ -305,6 +319,7 @@ fn queued(job: &JobRow, facts: &Facts<'_>, queue: &Queue) -> Explanation {
             runner_name: held.runner,
             policy: Some(held.policy),
             summary: held.condition.summary,
+            runner_end: None,
         };
     }
     let routed = &queue.routed;
@@ -340,6 +355,7 @@ fn queued(job: &JobRow, facts: &Facts<'_>, queue: &Queue) -> Explanation {
         runner_name: runner,
         policy: policy_name,
         summary: first.summary,
+        runner_end: None,
     }
 }
 
@@ -935,6 +951,7 @@ pub(crate) fn to_json(explanation: &Explanation, facts: &Facts<'_>) -> serde_jso
         "runner_name": explanation.runner_name,
         "policy": explanation.policy,
         "summary": explanation.summary,
+        "runner_end": explanation.runner_end,
         "agent": {
             "running": facts.agent.is_running(),
             "status_written_at": facts.snapshot.map(|s| crate::output::rfc3339(s.written_at_ms)),

@@ -181,6 +181,7 @@ impl World {
                 .fleet
                 .as_ref()
                 .map(|view| fleet::FleetFacts { host: "h", view }),
+            ran: &[],
         }
     }
 }

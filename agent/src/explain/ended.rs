@@ -1,0 +1,187 @@
+//! How a job's runner ended (issue 28, `explain` for jobs that ran): the attempt that took the
+//! job, its outcome and attributed reason with the journal's evidence sentence, and where its
+//! logs are. Pure: the command gathers the attempts ([`RanAttempt`]) from this host's journal
+//! and its kept logs.
+//!
+//! The reason's code is the attempt's own: its attributed failure (`oom_killed`, `disk_full`,
+//! `runner_crashed`, `ghost`, `host_lost`, or any other failure reason), else its outcome
+//! (`completed_job`, `orphaned`, `idle_exit`); `runner_live` while it has not ended. Then
+//! `logs_kept` (or `logs_live`, or `logs_not_kept`).
+
+use std::path::PathBuf;
+
+use rm_journal::{AttemptOutcome, JobId};
+use serde::Serialize;
+
+use super::{Reason, reason};
+use crate::lifecycle::FailureReason;
+
+/// One attempt of this host that ran the job (by the journal's attempt, or only a kept copy of
+/// its logs once the journal pruned it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RanAttempt {
+    pub attempt_id: String,
+    pub runner_name: String,
+    /// `None`: the journal no longer has the attempt (only its kept logs).
+    pub outcome: Option<AttemptOutcome>,
+    pub reason: Option<String>,
+    pub detail: Option<String>,
+    /// Its runtime may still be there (not cleaned).
+    pub live: bool,
+    /// Its kept logs, when a copy exists.
+    pub logs: Option<PathBuf>,
+}
+
+/// The end beside the contract's fields (`explain --json`'s `runner_end`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct RunnerEnd {
+    pub attempt_id: String,
+    pub runner_name: String,
+    /// `completed_job`, `idle_exit`, `failed`, `orphaned`; null while it runs (or once the
+    /// journal pruned it).
+    pub outcome: Option<&'static str>,
+    pub reason: Option<String>,
+    pub detail: Option<String>,
+    /// The kept copy of its logs.
+    pub logs: Option<String>,
+}
+
+/// The code of an ended attempt: its failure reason when it has one the agent knows, else its
+/// outcome.
+fn code(attempt: &RanAttempt) -> &'static str {
+    match (attempt.outcome, attempt.reason.as_deref()) {
+        (Some(AttemptOutcome::Failed), Some(reason)) => {
+            FailureReason::parse(reason).map_or("failed", FailureReason::as_str)
+        }
+        (Some(outcome), _) => outcome.as_str(),
+        (None, _) if attempt.live => "runner_live",
+        (None, _) => "runner_pruned",
+    }
+}
+
+/// The reasons saying how the last attempt that ran `job_id` ended, and where its logs are;
+/// nothing when no attempt of this host ran it.
+pub(crate) fn reasons(job_id: JobId, ran: &[RanAttempt]) -> (Vec<Reason>, Option<RunnerEnd>) {
+    let Some(last) = ran.last() else {
+        return (Vec::new(), None);
+    };
+    let code = code(last);
+    let mut reasons = Vec::new();
+    let ended = match (last.outcome, &last.reason) {
+        (Some(outcome), Some(why)) => format!("{} ({why})", outcome.as_str()),
+        (Some(outcome), None) => outcome.as_str().to_owned(),
+        (None, _) => String::new(),
+    };
+    let message = match (&ended[..], &last.detail) {
+        ("", _) if last.live => format!("Its runner {} has not ended yet.", last.runner_name),
+        ("", _) => format!(
+            "Its runner {} ran it; this host's journal no longer has how it ended.",
+            last.runner_name
+        ),
+        (ended, Some(detail)) => {
+            format!("Its runner {} ended {ended}: {detail}.", last.runner_name)
+        }
+        (ended, None) => format!("Its runner {} ended {ended}.", last.runner_name),
+    };
+    reasons.push(reason(code, message));
+    match (&last.logs, last.live) {
+        (Some(path), _) => reasons.push(reason(
+            "logs_kept",
+            format!(
+                "Its logs are kept in {}: `rm-agent logs {job_id}` prints them.",
+                path.display()
+            ),
+        )),
+        (None, true) => reasons.push(reason(
+            "logs_live",
+            format!("`rm-agent logs {job_id} --follow` shows its logs as they are written."),
+        )),
+        (None, false) => reasons.push(reason(
+            "logs_not_kept",
+            "No copy of its logs is kept (pruned by [logs] keep, max_age or max_total, or the copy failed: see the agent's log).",
+        )),
+    }
+    let end = RunnerEnd {
+        attempt_id: last.attempt_id.clone(),
+        runner_name: last.runner_name.clone(),
+        outcome: last.outcome.map(AttemptOutcome::as_str),
+        reason: last.reason.clone(),
+        detail: last.detail.clone(),
+        logs: last.logs.as_ref().map(|p| p.display().to_string()),
+    };
+    (reasons, Some(end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(outcome: Option<AttemptOutcome>, reason: Option<&str>, live: bool) -> RanAttempt {
+        RanAttempt {
+            attempt_id: "a1".into(),
+            runner_name: "rm-h-a1".into(),
+            outcome,
+            reason: reason.map(str::to_owned),
+            detail: Some("the evidence".into()),
+            live,
+            logs: (!live).then(|| PathBuf::from("/var/lib/rm/logs/a1")),
+        }
+    }
+
+    #[test]
+    fn each_end_is_said_with_its_own_code_and_where_its_logs_are() {
+        let job = JobId::new(7);
+        assert_eq!(reasons(job, &[]), (Vec::new(), None));
+        for (outcome, why, code) in [
+            (AttemptOutcome::Failed, Some("oom_killed"), "oom_killed"),
+            (AttemptOutcome::Failed, Some("disk_full"), "disk_full"),
+            (
+                AttemptOutcome::Failed,
+                Some("runner_crashed"),
+                "runner_crashed",
+            ),
+            (AttemptOutcome::Failed, Some("ghost"), "ghost"),
+            (AttemptOutcome::Failed, Some("host_lost"), "host_lost"),
+            (
+                AttemptOutcome::Failed,
+                Some("disk_exceeded"),
+                "disk_exceeded",
+            ),
+            (AttemptOutcome::Failed, Some("from a newer agent"), "failed"),
+            (AttemptOutcome::CompletedJob, None, "completed_job"),
+            (AttemptOutcome::Orphaned, None, "orphaned"),
+        ] {
+            let (said, end) = reasons(job, &[attempt(Some(outcome), why, false)]);
+            assert_eq!(said[0].code, code);
+            assert!(
+                said[0].message.contains("the evidence"),
+                "{}",
+                said[0].message
+            );
+            assert_eq!(said[1].code, "logs_kept");
+            assert!(said[1].message.contains("rm-agent logs 7"));
+            let end = end.unwrap();
+            assert_eq!(end.outcome, Some(outcome.as_str()));
+            assert_eq!(end.logs.as_deref(), Some("/var/lib/rm/logs/a1"));
+        }
+        let (said, _) = reasons(job, &[attempt(None, None, true)]);
+        assert_eq!(
+            said.iter().map(|r| r.code).collect::<Vec<_>>(),
+            ["runner_live", "logs_live"]
+        );
+        let mut pruned = attempt(Some(AttemptOutcome::CompletedJob), None, false);
+        pruned.logs = None;
+        let (said, _) = reasons(job, &[pruned]);
+        assert_eq!(said[1].code, "logs_not_kept");
+    }
+
+    #[test]
+    fn the_last_attempt_is_the_one_said() {
+        let mut first = attempt(Some(AttemptOutcome::Failed), Some("runner_crashed"), false);
+        first.attempt_id = "a0".into();
+        let second = attempt(Some(AttemptOutcome::CompletedJob), None, false);
+        let (said, end) = reasons(JobId::new(1), &[first, second]);
+        assert_eq!(said[0].code, "completed_job");
+        assert_eq!(end.unwrap().attempt_id, "a1");
+    }
+}
