@@ -76,8 +76,46 @@ async fn a_runner_that_crashes_mid_job_has_its_job_failed_and_its_registration_r
         1,
         "a runner was started for a finished job"
     );
+    // The end says what happened (issue 28): a crash mid-job, with the exit status the fake
+    // runner exits with, not a completed job.
+    let attempt = &fleet.attempts()[0];
+    assert_eq!(attempt.reason.as_deref(), Some("runner_crashed"), "{attempt:?}");
+    assert!(
+        attempt
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.contains("exit status 3")),
+        "{attempt:?}"
+    );
+    let explained = |when: &str| {
+        let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
+        assert!(out.status.success(), "{when}: {out:?}");
+        let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let codes: Vec<&str> = answer["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["code"].as_str())
+            .collect();
+        assert_eq!(answer["verdict"], "done", "{when}: {answer}");
+        assert!(
+            codes.contains(&"runner_crashed") && codes.contains(&"logs_kept"),
+            "{when}: {answer}"
+        );
+        assert_eq!(answer["runner_end"]["reason"], "runner_crashed", "{when}");
+        answer["runner_end"]["logs"].as_str().unwrap().to_owned()
+    };
+    let kept = explained("live");
+    assert!(std::path::Path::new(&kept).is_dir(), "{kept}");
+    // The kept logs hold the runner's own words about its crash.
+    let logs = fleet.setup.run(&["logs", &job.to_string()]);
+    assert!(
+        String::from_utf8_lossy(&logs.stdout).contains("crashing on purpose during the job"),
+        "{logs:?}"
+    );
     let status = agent.terminate();
     assert!(status.success(), "drain exit status {status}");
+    assert_eq!(explained("with the agent stopped"), kept);
 }
 
 /// The other side of the same rule: a live runner renews its lock, so a job that runs longer
