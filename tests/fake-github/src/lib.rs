@@ -588,6 +588,17 @@ impl FakeGithub {
         self.with(|s| s.runners.values().cloned().collect())
     }
 
+    /// Deletes a runner's registration as an administrator does in GitHub's settings (or as
+    /// GitHub loses one: actions/runner#4617), whatever the runner process does; returns
+    /// whether it was registered.
+    pub fn delete_registration(&self, runner_name: &str) -> bool {
+        self.with(|s| {
+            let before = s.runners.len();
+            s.runners.retain(|_, r| r.name != runner_name);
+            s.runners.len() != before
+        })
+    }
+
     /// How long a finished ephemeral runner stays busy (a DELETE answers `422`) and then listed
     /// (`204`), counted from its job's completion, before GitHub removes it itself (`404`).
     /// Defaults: [`state::EPHEMERAL_BUSY_LAG`], [`state::EPHEMERAL_LISTED_LAG`].

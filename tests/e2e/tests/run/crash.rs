@@ -151,3 +151,56 @@ async fn crash_when_the_runner_is_busy() {
 async fn crash_during_cleanup() {
     crash_at("cleanup").await;
 }
+
+/// The host lost under a busy runner (issue 28): the agent SIGKILLed and the runner's whole
+/// cgroup killed with it, as a power loss or a kernel panic would, mid-job. The agent starting
+/// again finds the runner gone, its job not completed (no `completed` delivery, no "completed
+/// with result" on its console), and concludes it `failed`/`host_lost`; `explain` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_lost_with_its_host_mid_job_ends_host_lost() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 600_000,
+        ..RunnerBehavior::default()
+    });
+    let first = fleet.start_agent(&[]).await;
+    let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "a runner busy with the job",
+        || fleet.any_busy(),
+    )
+    .await;
+    let busy = fleet
+        .attempts()
+        .into_iter()
+        .find(|a| a.state == AttemptState::Busy)
+        .unwrap();
+    first.kill();
+    let cgroup = busy
+        .cgroup
+        .clone()
+        .expect("an isolated runner has a cgroup");
+    rm_agent::runner::cgroup::kill_and_remove(&cgroup, Duration::from_secs(10)).unwrap();
+
+    let second = fleet.start_agent(&[]).await;
+    wait_until(Duration::from_secs(60), "the lost runner concluded", || {
+        fleet
+            .attempts()
+            .iter()
+            .any(|a| a.attempt_id == busy.attempt_id && a.outcome.is_some())
+    })
+    .await;
+    let lost = fleet
+        .attempts()
+        .into_iter()
+        .find(|a| a.attempt_id == busy.attempt_id)
+        .unwrap();
+    assert_eq!(lost.outcome, Some(AttemptOutcome::Failed), "{lost:?}");
+    assert_eq!(lost.reason.as_deref(), Some("host_lost"), "{lost:?}");
+    let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["runner_end"]["reason"], "host_lost", "{answer}");
+    let status = second.terminate();
+    assert!(status.success(), "drain exit status {status}");
+}

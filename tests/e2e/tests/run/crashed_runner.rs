@@ -79,7 +79,11 @@ async fn a_runner_that_crashes_mid_job_has_its_job_failed_and_its_registration_r
     // The end says what happened (issue 28): a crash mid-job, with the exit status the fake
     // runner exits with, not a completed job.
     let attempt = &fleet.attempts()[0];
-    assert_eq!(attempt.reason.as_deref(), Some("runner_crashed"), "{attempt:?}");
+    assert_eq!(
+        attempt.reason.as_deref(),
+        Some("runner_crashed"),
+        "{attempt:?}"
+    );
     assert!(
         attempt
             .detail
@@ -139,6 +143,64 @@ async fn a_job_longer_than_the_lock_timeout_is_kept_by_its_live_runner() {
         Some("success")
     );
     assert!(fleet.fake.abandoned_jobs().is_empty());
+    let status = agent.terminate();
+    assert!(status.success(), "drain exit status {status}");
+}
+
+/// A ghost (issue 28): the runner's process lives on while its registration is gone (deleted
+/// in GitHub's settings, or lost by GitHub): it can never take a job. It is stopped after
+/// `runner.ghost_timeout` rather than at the idle timeout, and concluded `failed`/`ghost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_whose_registration_vanished_is_stopped_as_a_ghost() {
+    let fleet = Fleet::start(FleetOptions::default()).await;
+    let config = std::fs::read_to_string(fleet.setup.config()).unwrap();
+    std::fs::write(
+        fleet.setup.config(),
+        config.replacen("[runner]\n", "[runner]\nghost_timeout = \"3s\"\n", 1),
+    )
+    .unwrap();
+    assert!(
+        std::fs::read_to_string(fleet.setup.config())
+            .unwrap()
+            .contains("ghost_timeout"),
+        "the fleet's configuration has no [runner] section to extend"
+    );
+    // A runner that registers and then waits forever without asking for a job (so the fake's
+    // job never reaches it).
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        hang: true,
+        ..RunnerBehavior::default()
+    });
+    let agent = fleet.start_agent(&[]).await;
+    let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    wait_until(Duration::from_secs(60), "a runner idle", || {
+        fleet
+            .attempts()
+            .iter()
+            .any(|a| a.state == rm_journal::AttemptState::Idle)
+    })
+    .await;
+    let name = fleet.attempts()[0].runner_name.clone();
+    assert!(fleet.fake.delete_registration(&name));
+    wait_until(Duration::from_secs(90), "the ghost concluded", || {
+        fleet
+            .attempts()
+            .iter()
+            .any(|a| a.runner_name == name && a.reason.as_deref() == Some("ghost"))
+    })
+    .await;
+    let ghost = fleet
+        .attempts()
+        .into_iter()
+        .find(|a| a.runner_name == name)
+        .unwrap();
+    assert_eq!(ghost.outcome, Some(rm_journal::AttemptOutcome::Failed));
+    assert_eq!(
+        ghost.stop_intent,
+        Some(rm_journal::StopIntent::Ghost),
+        "stopped as a ghost, intent first"
+    );
+    let _ = job;
     let status = agent.terminate();
     assert!(status.success(), "drain exit status {status}");
 }
