@@ -70,6 +70,10 @@ pub struct RunnerBehavior {
     /// (`_diag/squat.txt` says when the bind worked).
     #[serde(default)]
     pub squat_port: Option<u16>,
+    /// During its job, write to `/tmp` until a write fails (a full disk), print the failure as
+    /// `dd` would, and end the job `failure` (as a real step failing on a full disk does).
+    #[serde(default)]
+    pub fill_tmp: bool,
 }
 
 impl Default for RunnerBehavior {
@@ -84,6 +88,7 @@ impl Default for RunnerBehavior {
             plant_symlink: None,
             version_refused: false,
             squat_port: None,
+            fill_tmp: false,
         }
     }
 }

@@ -190,6 +190,21 @@ fn side_effects(
     Ok(())
 }
 
+/// Writes `/tmp/rm-fill` a MiB at a time until a write fails; the failure.
+fn fill_tmp() -> std::io::Error {
+    use std::io::Write as _;
+    let mut file = match std::fs::File::create("/tmp/rm-fill") {
+        Ok(file) => file,
+        Err(e) => return e,
+    };
+    let chunk = vec![0x5a_u8; 1 << 20];
+    loop {
+        if let Err(e) = file.write_all(&chunk).and_then(|()| file.sync_data()) {
+            return e;
+        }
+    }
+}
+
 async fn run_job(
     session: &RunnerSession,
     behavior: &RunnerBehavior,
@@ -213,6 +228,14 @@ async fn run_job(
     if behavior.crash == Some(CrashPoint::DuringJob) {
         worker.line("crashing on purpose during the job");
         return Ok(CRASH_EXIT);
+    }
+    if behavior.fill_tmp {
+        let failure = fill_tmp();
+        println!("dd: error writing '/tmp/rm-fill': {failure}");
+        worker.line("filled /tmp; the step failed");
+        session.complete(job.job_id, "failure").await?;
+        println!("{}: Job {} completed with result: Failed", stamp(), job.name);
+        return Ok(0);
     }
     // The job takes its duration, or ends early when a test creates FINISH_FILE in `_diag`
     // (a long job that must outlast a step of the test, and then end as a job does).

@@ -98,3 +98,40 @@ async fn a_job_that_writes_past_disk_max_is_stopped_as_disk_exceeded_and_leaves_
     let status = agent.terminate();
     assert!(status.success(), "drain exit status {status}");
 }
+
+/// A job that fills its filesystem (issue 28): the runner's private `/tmp`, sized from the
+/// policy's `memory_max` (16 MiB of 32 MiB here), fills; the step's `No space left on device`
+/// is in the runner's kept console, so the attempt ends `failed`/`disk_full` (not a completed
+/// job), and `explain` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_fills_its_filesystem_ends_disk_full() {
+    let fleet = Fleet::start(FleetOptions {
+        policies: vec![PolicySpec {
+            extra: "memory_max = \"32M\"\n",
+            ..LINUX
+        }],
+        ..FleetOptions::default()
+    })
+    .await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        fill_tmp: true,
+        ..RunnerBehavior::default()
+    });
+    let agent = fleet.start_agent(&[]).await;
+    let job = fleet.fake.queue_job(REPO, "fills /tmp", LABELS).unwrap();
+    wait_until(Duration::from_secs(60), "the attempt cleaned", || {
+        fleet.completed(job) && fleet.all_cleaned()
+    })
+    .await;
+    let attempts = fleet.attempts();
+    let filled = attempts
+        .iter()
+        .find(|a| a.reason.as_deref() == Some("disk_full"))
+        .unwrap_or_else(|| panic!("no attempt ended disk_full: {attempts:?}"));
+    assert_eq!(filled.outcome, Some(AttemptOutcome::Failed));
+    let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["runner_end"]["reason"], "disk_full", "{answer}");
+    let status = agent.terminate();
+    assert!(status.success(), "drain exit status {status}");
+}
