@@ -76,7 +76,7 @@ fn the_state_graph_is_exactly_intended_sending_then_an_answer() {
     // Row: from; columns: to, in `RerunState::ALL` order (intended, sending, sent, refused,
     // unknown).
     let table: [(RerunState, [bool; 5]); 5] = [
-        (Intended, [false, true, false, false, false]),
+        (Intended, [false, true, false, true, false]),
         (Sending, [true, false, true, true, true]),
         (Sent, [false; 5]),
         (Refused, [false; 5]),

@@ -56,12 +56,15 @@ impl RerunState {
     }
 
     /// The states a row may move to `self` from. `sending → intended` is the one step back: a
-    /// request GitHub's limits (or the client's own budget) held back did nothing at GitHub.
+    /// request GitHub did not act on (a limit, the client's own budget, a run still running)
+    /// is sent again later. `intended → refused` gives one up unsent (it waited past the
+    /// agent's bound for its run to finish).
     pub fn allowed_predecessors(self) -> &'static [RerunState] {
         match self {
             RerunState::Intended => &[RerunState::Sending],
             RerunState::Sending => &[RerunState::Intended],
-            RerunState::Sent | RerunState::Refused | RerunState::Unknown => &[RerunState::Sending],
+            RerunState::Refused => &[RerunState::Sending, RerunState::Intended],
+            RerunState::Sent | RerunState::Unknown => &[RerunState::Sending],
         }
     }
 
