@@ -31,6 +31,7 @@ pub(crate) mod fault;
 mod journal;
 mod launch;
 mod recovery;
+mod rerun;
 pub(crate) mod registry;
 pub(crate) mod seams;
 mod supervise;
@@ -122,6 +123,9 @@ pub struct Settings {
     /// Where each attempt's `_diag` is kept before its runtime is removed
     /// ([`crate::runner::logs`]); `None`: nothing is kept.
     pub logs: Option<Arc<crate::runner::logs::Store>>,
+    /// Each policy's re-run rule, by policy name (`policy.rerun_on`); empty: no re-runs, and no
+    /// re-run scan at all.
+    pub reruns: std::collections::BTreeMap<String, crate::config::rerun::RerunPolicy>,
 }
 
 /// The execution backends this agent can drive (CONTRACT §7). Each attempt names its own in the

@@ -117,6 +117,8 @@ pub(super) struct Options {
     /// Apps beside the primary (at most [`MORE_APPS_MAX`]), by id, and whether each is
     /// installed on `acme`: JIT registrations are spread over their installations.
     pub more_apps: Vec<(u64, bool)>,
+    /// Each policy's re-run rule (`policy.rerun_on`), by policy name.
+    pub reruns: std::collections::BTreeMap<String, crate::config::rerun::RerunPolicy>,
 }
 
 impl Default for Options {
@@ -128,6 +130,7 @@ impl Default for Options {
             fleet: None,
             registrations: None,
             more_apps: Vec::new(),
+            reruns: Default::default(),
         }
     }
 }
@@ -647,6 +650,7 @@ impl Harness {
                     crate::runner::logs::Bounds::default(),
                 ))
             }),
+            reruns: options.reruns.clone(),
         };
         let seams = Seams {
             clock: Arc::new(clock.clone()),
