@@ -48,7 +48,8 @@ pub(crate) fn decide(
     let Some(policy) = policy else {
         return Verdict::No("the policy re-runs nothing (no rerun_on)");
     };
-    if attempt.outcome == AttemptOutcome::CompletedJob || attempt.outcome == AttemptOutcome::IdleExit
+    if attempt.outcome == AttemptOutcome::CompletedJob
+        || attempt.outcome == AttemptOutcome::IdleExit
     {
         return Verdict::No("the runner ended normally: the job's own result stands");
     }
@@ -139,23 +140,154 @@ mod tests {
             &'a str,
         );
         let rows: Vec<Row<'_>> = vec![
-            ("killed, finished, listed", Some(&on), failed("oom_killed"), done("failure", 1), None, "rerun"),
-            ("an orphaned attempt counts", Some(&on), Concluded { outcome: Orphaned, reason: Some("host_lost") }, done("failure", 1), None, "rerun"),
-            ("no policy", None, failed("oom_killed"), done("failure", 1), None, "no"),
-            ("reason not listed", Some(&on), failed("disk_full"), done("failure", 1), None, "no"),
-            ("failed on its own", Some(&on), failed("process_exited_unexpectedly"), done("failure", 1), None, "no"),
-            ("no reason", Some(&on), Concluded { outcome: Failed, reason: None }, done("failure", 1), None, "no"),
-            ("the runner completed its job", Some(&on), Concluded { outcome: CompletedJob, reason: Some("oom_killed") }, done("failure", 1), None, "no"),
-            ("idle exit", Some(&on), Concluded { outcome: IdleExit, reason: Some("oom_killed") }, done("failure", 1), None, "no"),
-            ("the job succeeded", Some(&on), failed("oom_killed"), done("success", 1), None, "no"),
-            ("the job was cancelled", Some(&on), failed("oom_killed"), done("cancelled", 1), None, "no"),
-            ("already journalled", Some(&on), failed("oom_killed"), done("failure", 1), Some(&rec), "no"),
-            ("a re-run's job: max 1 reached", Some(&on), failed("oom_killed"), done("failure", 2), None, "no"),
-            ("max 2: once more", Some(&twice), failed("oom_killed"), done("failure", 2), None, "rerun"),
-            ("max 2: reached", Some(&twice), failed("oom_killed"), done("failure", 3), None, "no"),
-            ("not finished at GitHub", Some(&on), failed("oom_killed"), running, None, "not yet"),
-            ("unknown job", Some(&on), failed("runner_crashed"), None, None, "not yet"),
-            ("timed out counts as not success", Some(&on), failed("oom_killed"), done("timed_out", 1), None, "rerun"),
+            (
+                "killed, finished, listed",
+                Some(&on),
+                failed("oom_killed"),
+                done("failure", 1),
+                None,
+                "rerun",
+            ),
+            (
+                "an orphaned attempt counts",
+                Some(&on),
+                Concluded {
+                    outcome: Orphaned,
+                    reason: Some("host_lost"),
+                },
+                done("failure", 1),
+                None,
+                "rerun",
+            ),
+            (
+                "no policy",
+                None,
+                failed("oom_killed"),
+                done("failure", 1),
+                None,
+                "no",
+            ),
+            (
+                "reason not listed",
+                Some(&on),
+                failed("disk_full"),
+                done("failure", 1),
+                None,
+                "no",
+            ),
+            (
+                "failed on its own",
+                Some(&on),
+                failed("process_exited_unexpectedly"),
+                done("failure", 1),
+                None,
+                "no",
+            ),
+            (
+                "no reason",
+                Some(&on),
+                Concluded {
+                    outcome: Failed,
+                    reason: None,
+                },
+                done("failure", 1),
+                None,
+                "no",
+            ),
+            (
+                "the runner completed its job",
+                Some(&on),
+                Concluded {
+                    outcome: CompletedJob,
+                    reason: Some("oom_killed"),
+                },
+                done("failure", 1),
+                None,
+                "no",
+            ),
+            (
+                "idle exit",
+                Some(&on),
+                Concluded {
+                    outcome: IdleExit,
+                    reason: Some("oom_killed"),
+                },
+                done("failure", 1),
+                None,
+                "no",
+            ),
+            (
+                "the job succeeded",
+                Some(&on),
+                failed("oom_killed"),
+                done("success", 1),
+                None,
+                "no",
+            ),
+            (
+                "the job was cancelled",
+                Some(&on),
+                failed("oom_killed"),
+                done("cancelled", 1),
+                None,
+                "no",
+            ),
+            (
+                "already journalled",
+                Some(&on),
+                failed("oom_killed"),
+                done("failure", 1),
+                Some(&rec),
+                "no",
+            ),
+            (
+                "a re-run's job: max 1 reached",
+                Some(&on),
+                failed("oom_killed"),
+                done("failure", 2),
+                None,
+                "no",
+            ),
+            (
+                "max 2: once more",
+                Some(&twice),
+                failed("oom_killed"),
+                done("failure", 2),
+                None,
+                "rerun",
+            ),
+            (
+                "max 2: reached",
+                Some(&twice),
+                failed("oom_killed"),
+                done("failure", 3),
+                None,
+                "no",
+            ),
+            (
+                "not finished at GitHub",
+                Some(&on),
+                failed("oom_killed"),
+                running,
+                None,
+                "not yet",
+            ),
+            (
+                "unknown job",
+                Some(&on),
+                failed("runner_crashed"),
+                None,
+                None,
+                "not yet",
+            ),
+            (
+                "timed out counts as not success",
+                Some(&on),
+                failed("oom_killed"),
+                done("timed_out", 1),
+                None,
+                "rerun",
+            ),
         ];
         for (what, policy, attempt, job, journalled, want) in rows {
             let got = match decide(policy, attempt, job, journalled) {

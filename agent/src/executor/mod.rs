@@ -31,8 +31,8 @@ pub(crate) mod fault;
 mod journal;
 mod launch;
 mod recovery;
-mod rerun;
 pub(crate) mod registry;
+mod rerun;
 pub(crate) mod seams;
 mod supervise;
 

@@ -56,7 +56,8 @@ impl Reruns {
         }
         let now = ctx.now_ms();
         let due = self.last_started_ms.is_none_or(|last| {
-            now.saturating_sub(last) >= i64::try_from(RERUN_SCAN_INTERVAL.as_millis()).unwrap_or(i64::MAX)
+            now.saturating_sub(last)
+                >= i64::try_from(RERUN_SCAN_INTERVAL.as_millis()).unwrap_or(i64::MAX)
                 || now < last
         });
         if !due {
@@ -90,7 +91,10 @@ pub(crate) async fn settle_at_start(ctx: &Context) -> anyhow::Result<()> {
         .await
         .context("cannot settle the re-runs an earlier agent left sending")?;
     for job in settled {
-        tracing::warn!(job_id = job.get(), "a re-run was being sent when the agent stopped: GitHub may have re-run the job; it is not asked again (unknown)");
+        tracing::warn!(
+            job_id = job.get(),
+            "a re-run was being sent when the agent stopped: GitHub may have re-run the job; it is not asked again (unknown)"
+        );
     }
     Ok(())
 }
@@ -206,7 +210,13 @@ async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
         let journalled = detail.clone();
         ctx.journal
             .write(move |a| {
-                a.advance_rerun(job_id, RerunState::Intended, RerunState::Refused, Some(&journalled), now)
+                a.advance_rerun(
+                    job_id,
+                    RerunState::Intended,
+                    RerunState::Refused,
+                    Some(&journalled),
+                    now,
+                )
             })
             .await?;
         notify(ctx, &rerun, RerunState::Refused, &detail);
@@ -214,7 +224,9 @@ async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
     }
     let won = ctx
         .journal
-        .write(move |a| a.advance_rerun(job_id, RerunState::Intended, RerunState::Sending, None, now))
+        .write(move |a| {
+            a.advance_rerun(job_id, RerunState::Intended, RerunState::Sending, None, now)
+        })
         .await
         .context("cannot journal a re-run as sending")?;
     if !won {
@@ -243,7 +255,9 @@ async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
         Sent::Later(why) => {
             tracing::info!(job_id = job_id.get(), %why, "GitHub did not act on the re-run; sent again later");
             ctx.journal
-                .write(move |a| a.advance_rerun(job_id, RerunState::Sending, RerunState::Intended, None, at))
+                .write(move |a| {
+                    a.advance_rerun(job_id, RerunState::Sending, RerunState::Intended, None, at)
+                })
                 .await
                 .context("cannot journal a re-run as intended again")?;
         }
@@ -251,14 +265,24 @@ async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
             let journalled = detail.clone();
             ctx.journal
                 .write(move |a| {
-                    a.advance_rerun(job_id, RerunState::Sending, state, journalled.as_deref(), at)
+                    a.advance_rerun(
+                        job_id,
+                        RerunState::Sending,
+                        state,
+                        journalled.as_deref(),
+                        at,
+                    )
                 })
                 .await
                 .context("cannot journal a re-run's answer")?;
             let detail = detail.unwrap_or_default();
             match state {
-                RerunState::Sent => tracing::info!(job_id = job_id.get(), reason = %rerun.reason, "GitHub re-runs the job"),
-                _ => tracing::warn!(job_id = job_id.get(), reason = %rerun.reason, result = state.as_str(), %detail, "re-run not done"),
+                RerunState::Sent => {
+                    tracing::info!(job_id = job_id.get(), reason = %rerun.reason, "GitHub re-runs the job")
+                }
+                _ => {
+                    tracing::warn!(job_id = job_id.get(), reason = %rerun.reason, result = state.as_str(), %detail, "re-run not done")
+                }
             }
             notify(ctx, &rerun, state, &detail);
         }
