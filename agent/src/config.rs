@@ -8,6 +8,7 @@ mod duration;
 pub mod fitness;
 pub mod logs;
 pub mod notifications;
+pub mod rerun;
 pub mod runner_version;
 mod validate;
 
@@ -209,6 +210,11 @@ pub struct PolicySection {
     pub env_file: Option<PathBuf>,
     /// When set, the only networks this policy's runners reach.
     pub network_allow: Option<Vec<String>>,
+    /// Failure reasons whose job rm asks GitHub to re-run ([`rerun::RERUNNABLE_REASONS`]);
+    /// absent or `[]`: none.
+    pub rerun_on: Option<Vec<String>>,
+    /// At most this many re-runs of one job; absent: [`rerun::DEFAULT_MAX_RERUNS`].
+    pub max_reruns: Option<u32>,
 }
 
 /// The validated configuration.
@@ -233,6 +239,9 @@ pub struct Config {
     /// `[logs]`: how many runner logs are kept, how long, how much in all.
     pub logs: logs::Logs,
     pub policies: Vec<Policy>,
+    /// Each policy's re-run rule (`rerun_on`, `max_reruns`), by policy name; a policy without
+    /// `rerun_on` has none. Beside [`Policy`] rather than in it: only the re-run scan reads it.
+    pub reruns: std::collections::BTreeMap<String, rerun::RerunPolicy>,
 }
 
 #[derive(Debug)]

@@ -21,6 +21,7 @@ pub mod notify;
 pub mod output;
 pub(crate) mod polling;
 pub(crate) mod relay;
+pub(crate) mod rerun;
 pub mod runner;
 pub(crate) mod secrets;
 pub(crate) mod status_file;

@@ -55,6 +55,16 @@ pub enum OperatorEvent {
     DemandWaitingAtCapacity { policy: String, waiting: u32 },
     /// The fitness gate found the host unfit: no new runner is registered ([`crate::fitness`]).
     HostUnfit { problems: Vec<String> },
+    /// rm asked GitHub to re-run a job the infrastructure killed (`policy.rerun_on`), and what
+    /// came of it: `result` is `sent`, `refused` or `unknown` (`crate::rerun`).
+    JobRerun {
+        policy: String,
+        job_id: i64,
+        reason: String,
+        result: String,
+        /// GitHub's refusal or why the outcome is unknown; empty when sent.
+        detail: String,
+    },
 }
 
 impl OperatorEvent {
@@ -65,6 +75,7 @@ impl OperatorEvent {
             OperatorEvent::RunnersFailingToStart { .. } => EventKind::RunnersFailingToStart,
             OperatorEvent::DemandWaitingAtCapacity { .. } => EventKind::DemandWaitingAtCapacity,
             OperatorEvent::HostUnfit { .. } => EventKind::HostUnfit,
+            OperatorEvent::JobRerun { .. } => EventKind::JobRerun,
         }
     }
 
@@ -97,6 +108,23 @@ impl OperatorEvent {
                     "{}. `rm-agent status` says more; allocation resumes by itself once fixed.",
                     problems.join("; ")
                 ),
+            ),
+            OperatorEvent::JobRerun {
+                policy,
+                job_id,
+                reason,
+                result,
+                detail,
+            } => (
+                format!("rm: job {job_id} of policy {policy} re-run ({result})"),
+                match result.as_str() {
+                    "sent" => format!(
+                        "Its runner ended with {reason}; GitHub queued the job again. `rm-agent explain {job_id}` says more."
+                    ),
+                    _ => format!(
+                        "Its runner ended with {reason}; the re-run is {result}: {detail}. `rm-agent explain {job_id}` says more."
+                    ),
+                },
             ),
         }
     }

@@ -91,6 +91,80 @@ impl GithubError {
     }
 }
 
+/// GitHub's message on a 403 for a permission the installation was not granted.
+pub const NOT_ACCESSIBLE_BY_INTEGRATION: &str = "Resource not accessible by integration";
+
+/// GitHub's message on a 403 to a re-run while the job's workflow run is still running.
+pub const RUN_IN_PROGRESS: &str = "is already running";
+
+/// How a re-run request (`GithubClient::rerun_job`) failed, in the classes its caller acts on:
+/// a refusal is final (never asked again), everything else is the request's ordinary error.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RerunError {
+    /// The App lacks the repository permission "Actions: Read and write" (GitHub's 403
+    /// "Resource not accessible by integration"): GitHub did nothing.
+    #[error(
+        "GitHub refused to re-run the job: the App lacks the repository permission \"Actions: Read and write\" (actions: write); grant it and accept it on the installation ({message})"
+    )]
+    MissingActionsWrite { message: String },
+    /// The job's workflow run is still running (another of its jobs is not finished): GitHub
+    /// did nothing, and the same request may succeed once the run is done.
+    #[error("GitHub will not re-run the job while its workflow run is running: {message}")]
+    RunInProgress { message: String },
+    /// GitHub refused this re-run for the job itself (too old to re-run, not found, ...):
+    /// GitHub did nothing.
+    #[error("GitHub refused to re-run the job ({status}): {message}")]
+    Refused { status: u16, message: String },
+    /// Any other failure: a limit (GitHub did nothing), or an error that leaves unknown whether
+    /// GitHub acted (a server error, a lost connection).
+    #[error(transparent)]
+    Github(#[from] GithubError),
+}
+
+impl RerunError {
+    /// Sorts a re-run request's failure: a 403 without a rate limit is a refusal, the missing
+    /// permission and a run still running told apart by GitHub's message; a 404 or 422 is a
+    /// refusal of this job.
+    pub fn from_github(error: GithubError) -> RerunError {
+        match error {
+            GithubError::Forbidden { message, .. } => {
+                if message.contains(NOT_ACCESSIBLE_BY_INTEGRATION) {
+                    RerunError::MissingActionsWrite { message }
+                } else if message.contains(RUN_IN_PROGRESS) {
+                    RerunError::RunInProgress { message }
+                } else {
+                    RerunError::Refused {
+                        status: 403,
+                        message,
+                    }
+                }
+            }
+            GithubError::NotFound { message, .. } => RerunError::Refused {
+                status: 404,
+                message,
+            },
+            GithubError::Unprocessable { message, .. } => RerunError::Refused {
+                status: 422,
+                message,
+            },
+            other => RerunError::Github(other),
+        }
+    }
+
+    /// Whether GitHub certainly did nothing and the same request may be sent later: a rate
+    /// limit (GitHub's answer, or the client's budget holding the request back) or refused
+    /// credentials (the request was not accepted). Every other error may have reached GitHub.
+    pub fn not_acted(&self) -> bool {
+        matches!(
+            self,
+            RerunError::RunInProgress { .. }
+                | RerunError::Github(
+                    GithubError::RateLimited { .. } | GithubError::Unauthorized { .. }
+                )
+        )
+    }
+}
+
 /// The rate-limit headers of one response.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RateHeaders {
@@ -128,7 +202,9 @@ impl RateHeaders {
 
 /// The permission a 403 on an endpoint most likely lacks, phrased as what to do.
 pub fn remedy_for(endpoint: &'static str) -> &'static str {
-    if endpoint.starts_with("orgs.runner") {
+    if endpoint == "repos.actions.job_rerun" {
+        "grant the App the repository permission \"Actions: Read and write\" and accept it on the installation"
+    } else if endpoint.starts_with("orgs.runner") {
         "grant the App the organization permission \"Self-hosted runners: Read and write\" and accept it on the installation"
     } else if endpoint.starts_with("repos.runner") {
         "grant the App the repository permission \"Administration: Read and write\" and accept it on the installation"
@@ -288,6 +364,60 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(remedy_for("repos.runners.jit").contains("Administration"));
+    }
+
+    #[test]
+    fn a_rerun_403_tells_the_missing_permission_from_a_refusal_and_a_limit() {
+        let plenty = headers(&[("x-ratelimit-remaining", "4000")]);
+        let rerun = |status: u16, h: &HeaderMap, message: &str| {
+            RerunError::from_github(classify(
+                "repos.actions.job_rerun",
+                StatusCode::from_u16(status).unwrap_or_else(|e| panic!("{e}")),
+                h,
+                message,
+                at(0),
+            ))
+        };
+        let missing = rerun(403, &plenty, "Resource not accessible by integration");
+        assert!(matches!(missing, RerunError::MissingActionsWrite { .. }));
+        assert!(missing.to_string().contains("actions: write"));
+        assert!(!missing.not_acted());
+        let running = rerun(
+            403,
+            &plenty,
+            "The workflow run containing this job is already running",
+        );
+        assert!(matches!(running, RerunError::RunInProgress { .. }));
+        assert!(
+            running.not_acted(),
+            "GitHub did nothing: sent again once the run is done"
+        );
+        let other = rerun(403, &plenty, "This job cannot be re-run");
+        assert!(matches!(other, RerunError::Refused { status: 403, .. }));
+        assert!(!other.not_acted());
+        assert!(matches!(
+            rerun(404, &plenty, "Not Found"),
+            RerunError::Refused { status: 404, .. }
+        ));
+        assert!(matches!(
+            rerun(422, &plenty, "too old"),
+            RerunError::Refused { status: 422, .. }
+        ));
+        // A limit is no refusal: GitHub did nothing, so it may be sent later.
+        let limited = rerun(403, &headers(&[("retry-after", "30")]), "secondary");
+        assert!(matches!(
+            limited,
+            RerunError::Github(GithubError::RateLimited { .. })
+        ));
+        assert!(limited.not_acted());
+        // A server error may have re-run it.
+        let server = rerun(502, &plenty, "bad gateway");
+        assert!(matches!(
+            server,
+            RerunError::Github(GithubError::Server { .. })
+        ));
+        assert!(!server.not_acted());
+        assert!(remedy_for("repos.actions.job_rerun").contains("Read and write"));
     }
 
     #[test]

@@ -39,5 +39,5 @@ pub use auth::AppCredentials;
 pub use budget::{BudgetSnapshot, PacingSnapshot, Scope};
 pub use client::{AppKey, ClientConfig, GithubClient, Polled};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::{GithubError, LimitKind};
+pub use error::{GithubError, LimitKind, RerunError};
 pub use target::Target;

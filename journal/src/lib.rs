@@ -31,6 +31,7 @@ mod pg;
 mod polls;
 mod read;
 mod replay;
+mod reruns;
 mod retention;
 mod schema;
 mod sync;
@@ -58,6 +59,7 @@ pub use pg::{
 pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, PollStore, QueuedJobRef, Sighting};
 pub use read::{DemandView, Reader};
 pub use replay::replay;
+pub use reruns::{NewRerun, RerunCounts, RerunRecord, RerunState};
 pub use retention::Retention;
 /// A job's state, as `JobRow::state` holds it.
 pub use rm_handlers::JobState;
@@ -82,6 +84,8 @@ mod intake_tests;
 #[cfg(test)]
 #[path = "../../tests/support/postgres.rs"]
 mod pg_server;
+#[cfg(test)]
+mod rerun_tests;
 #[cfg(test)]
 #[path = "../../tests/support/skip.rs"]
 mod skip;

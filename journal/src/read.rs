@@ -8,8 +8,8 @@ use rusqlite::{Connection, OptionalExtension, Row};
 
 use crate::attempts::{ATTEMPT_COLUMNS, attempt_row};
 use crate::{
-    AttemptRecord, DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, StoredDelivery,
-    connection,
+    AttemptRecord, DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, RerunCounts,
+    RerunRecord, RerunState, StoredDelivery, connection,
 };
 
 /// The jobs the demand is counted from, read from one snapshot ([`Reader::demand`]).
@@ -204,6 +204,49 @@ impl Reader {
             .prepare_cached("SELECT state, COUNT(*) FROM attempts GROUP BY state ORDER BY state")?;
         let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Concluded attempts that took a job, concluded (last updated) at or after `since_ms`, with
+    /// a reason among `reasons`, whose job has no re-run journalled yet: the re-run candidates,
+    /// oldest first.
+    pub fn rerun_candidates(
+        &self,
+        since_ms: i64,
+        reasons: &[&str],
+    ) -> Result<Vec<AttemptRecord>, JournalError> {
+        if reasons.is_empty() {
+            return Ok(Vec::new());
+        }
+        let placeholders = (0..reasons.len())
+            .map(|i| format!("?{}", i + 2))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts a
+             WHERE a.outcome IS NOT NULL AND a.job_id IS NOT NULL AND a.updated_at >= ?1
+               AND a.reason IN ({placeholders})
+               AND NOT EXISTS (SELECT 1 FROM reruns r WHERE r.job_id = a.job_id)
+             ORDER BY a.updated_at, a.attempt_id"
+        ))?;
+        let mut values: Vec<&dyn rusqlite::ToSql> = vec![&since_ms];
+        values.extend(reasons.iter().map(|r| r as &dyn rusqlite::ToSql));
+        let rows = stmt.query_map(rusqlite::params_from_iter(values), attempt_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The job's re-run, if the agent journalled one (`explain`: it was re-run, and why).
+    pub fn rerun_for_job(&self, job_id: JobId) -> Result<Option<RerunRecord>, JournalError> {
+        Ok(crate::reruns::for_job(&self.conn, job_id)?)
+    }
+
+    /// How many re-runs are in each state (`status`).
+    pub fn rerun_counts(&self) -> Result<RerunCounts, JournalError> {
+        Ok(crate::reruns::counts(&self.conn)?)
+    }
+
+    /// `(policy, reason, state, count)` of every re-run journalled (`/metrics`).
+    pub fn rerun_totals(&self) -> Result<Vec<(String, String, RerunState, u64)>, JournalError> {
+        Ok(crate::reruns::totals(&self.conn)?)
     }
 
     /// The outcome of `PRAGMA integrity_check`: `["ok"]` for a sound file.

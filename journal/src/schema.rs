@@ -247,6 +247,29 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX spends_scope ON spends (scope, sent_at);
     "#,
+    // v10: re-runs of jobs the infrastructure killed (issue 28, `crate::reruns`): at most one
+    // row per job (the primary key is the fence), written `intended` before anything is sent,
+    // moved to `sending` (compare-and-set) before the request, then to what GitHub answered. A
+    // row found `sending` at start becomes `unknown` and is never sent again. `attempt_id` names
+    // the attempt whose conclusion asked for it (no foreign key: retention removes attempts).
+    r#"
+    CREATE TABLE reruns (
+        job_id      INTEGER PRIMARY KEY NOT NULL,   -- workflow_job.id re-run: one row per job
+        attempt_id  TEXT NOT NULL,
+        policy      TEXT NOT NULL,                  -- [[policy]] name of the attempt
+        reason      TEXT NOT NULL,                  -- the attempt's failure reason, snake_case
+        repository  TEXT NOT NULL,                  -- owner/name, where the request goes
+        run_id      INTEGER NOT NULL,
+        run_attempt INTEGER NOT NULL,               -- the job's run attempt when it was decided
+        state       TEXT NOT NULL
+                    CHECK (state IN ('intended', 'sending', 'sent', 'refused', 'unknown')),
+        detail      TEXT,                           -- one sentence: GitHub's answer, or why unknown
+        created_at  INTEGER NOT NULL,
+        updated_at  INTEGER NOT NULL
+    );
+    CREATE INDEX reruns_attempt ON reruns (attempt_id);
+    CREATE INDEX reruns_open ON reruns (state) WHERE state IN ('intended', 'sending');
+    "#,
 ];
 
 /// The schema version this build writes.

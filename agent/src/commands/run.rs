@@ -395,6 +395,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
                 config.logs.into(),
             ))
         }),
+        reruns: config.reruns.clone(),
     };
     // Bounds lowered since the last run, and copies past `max_age` on a host that cleaned up
     // nothing since: pruned now, off the runtime, not only after the next cleanup.

@@ -41,6 +41,8 @@ pub(crate) struct Facts {
     pub last_delivery_at_ms: Option<i64>,
     pub jobs_by_state: BTreeMap<String, i64>,
     pub attempts_by_state: BTreeMap<String, i64>,
+    /// This host's re-runs of jobs the infrastructure killed, by state (`policy.rerun_on`).
+    pub reruns: rm_journal::RerunCounts,
     /// The queued jobs routed to the configured policies.
     pub demand: Demand,
     /// Queued jobs no policy of this host matches.
@@ -190,6 +192,7 @@ struct Journalled {
     last_delivery_at_ms: Option<i64>,
     jobs_by_state: BTreeMap<String, i64>,
     attempts_by_state: BTreeMap<String, i64>,
+    reruns: rm_journal::RerunCounts,
 }
 
 fn journalled(reader: &Reader) -> anyhow::Result<Journalled> {
@@ -205,6 +208,7 @@ fn journalled(reader: &Reader) -> anyhow::Result<Journalled> {
         last_delivery_at_ms: reader.last_delivery_at()?,
         jobs_by_state: reader.job_counts()?.into_iter().collect(),
         attempts_by_state: reader.attempt_counts()?.into_iter().collect(),
+        reruns: reader.rerun_counts()?,
     })
 }
 
@@ -228,6 +232,7 @@ fn gather(
         last_delivery_at_ms,
         jobs_by_state,
         attempts_by_state,
+        reruns,
     } = journalled;
     let demand = demand::route(&config.policies, &queued);
     let routed: usize = demand.per_policy.values().map(Vec::len).sum();
@@ -258,6 +263,7 @@ fn gather(
         last_delivery_at_ms,
         jobs_by_state,
         attempts_by_state,
+        reruns,
         demand,
         unmatched,
         recent_outcomes,
@@ -371,6 +377,12 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
                 .map(|(policy, jobs)| (policy.clone(), json!(jobs.len())))
                 .collect::<serde_json::Map<_, _>>(),
             "queued_unmatched": facts.unmatched,
+        },
+        "reruns": {
+            "pending": facts.reruns.pending,
+            "sent": facts.reruns.sent,
+            "refused": facts.reruns.refused,
+            "unknown": facts.reruns.unknown,
         },
         "runners": {
             "active": facts.active_runners(),
@@ -1032,6 +1044,12 @@ mod tests {
             attempts_by_state: [("busy", 1), ("idle", 1), ("cleaned", 5)]
                 .map(|(s, n)| (s.to_owned(), n))
                 .into(),
+            reruns: rm_journal::RerunCounts {
+                pending: 0,
+                sent: 2,
+                refused: 1,
+                unknown: 0,
+            },
             demand,
             unmatched: 1,
             recent_outcomes: vec![(AttemptOutcome::CompletedJob, None)],
@@ -1072,6 +1090,10 @@ mod tests {
         );
         assert_eq!(value["jobs"]["queued"], 3);
         assert_eq!(value["jobs"]["in_progress"], 1);
+        assert_eq!(
+            value["reruns"],
+            json!({"pending": 0, "sent": 2, "refused": 1, "unknown": 0})
+        );
         // The running agent's capacity wins over the configuration's.
         assert_eq!(
             value["runners"],

@@ -19,16 +19,18 @@ pub enum EventKind {
     RunnersFailingToStart,
     DemandWaitingAtCapacity,
     HostUnfit,
+    JobRerun,
 }
 
 impl EventKind {
     /// Every kind, in the order the documentation lists them.
-    pub const ALL: [EventKind; 5] = [
+    pub const ALL: [EventKind; 6] = [
         EventKind::WebhooksStopped,
         EventKind::CredentialsRejected,
         EventKind::RunnersFailingToStart,
         EventKind::DemandWaitingAtCapacity,
         EventKind::HostUnfit,
+        EventKind::JobRerun,
     ];
 
     /// The kind's name in `snake_case`, as the configuration and a webhook body write it.
@@ -39,6 +41,7 @@ impl EventKind {
             EventKind::RunnersFailingToStart => "runners_failing_to_start",
             EventKind::DemandWaitingAtCapacity => "demand_waiting_at_capacity",
             EventKind::HostUnfit => "host_unfit",
+            EventKind::JobRerun => "job_rerun",
         }
     }
 

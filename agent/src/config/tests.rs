@@ -1201,3 +1201,70 @@ fn one_app_or_several_and_never_both_forms() {
         assert!(err.problem.contains(problem), "{text}: {err}");
     }
 }
+
+#[test]
+fn rerun_on_defaults_to_none_and_takes_the_rerunnable_reasons() {
+    let base = "[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"self-hosted\"]\n";
+    assert!(
+        load_text(base).unwrap().reruns.is_empty(),
+        "default: no re-runs"
+    );
+    let empty = format!("{base}rerun_on = []\n");
+    assert!(load_text(&empty).unwrap().reruns.is_empty());
+    let text = format!("{base}rerun_on = [\"runner_crashed\", \"oom_killed\", \"oom_killed\"]\n");
+    let config = load_text(&text).unwrap();
+    assert_eq!(
+        config.reruns.get("linux"),
+        Some(&rerun::RerunPolicy {
+            rerun_on: vec!["oom_killed".into(), "runner_crashed".into()],
+            max_reruns: rerun::DEFAULT_MAX_RERUNS,
+        })
+    );
+    let every = rerun::RERUNNABLE_REASONS
+        .iter()
+        .map(|r| format!("\"{r}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let text = format!(
+        "{base}rerun_on = [{every}]\nmax_reruns = {}\n",
+        rerun::MAX_RERUNS_LIMIT
+    );
+    let config = load_text(&text).unwrap();
+    let rule = &config.reruns["linux"];
+    assert_eq!(rule.rerun_on.len(), rerun::RERUNNABLE_REASONS.len());
+    assert_eq!(rule.max_reruns, rerun::MAX_RERUNS_LIMIT);
+}
+
+#[test]
+fn rerun_refusals_name_their_key() {
+    let base = "[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"self-hosted\"]\n";
+    for (extra, key, says) in [
+        (
+            "rerun_on = [\"flaky_test\"]",
+            "policy[0].rerun_on",
+            "flaky_test",
+        ),
+        // A job that failed on its own, or a runner that never registered, is no reason.
+        (
+            "rerun_on = [\"process_exited_unexpectedly\"]",
+            "policy[0].rerun_on",
+            "oom_killed",
+        ),
+        (
+            "rerun_on = [\"oom_killed\"]\nmax_reruns = 0",
+            "policy[0].max_reruns",
+            "1..=3",
+        ),
+        (
+            "rerun_on = [\"oom_killed\"]\nmax_reruns = 4",
+            "policy[0].max_reruns",
+            "1..=3",
+        ),
+        ("max_reruns = 2", "policy[0].max_reruns", "rerun_on"),
+    ] {
+        let text = format!("{base}{extra}\n");
+        let err = refusal(&text);
+        assert_eq!(err.key, key, "{text}: {err}");
+        assert!(err.problem.contains(says), "{text}: {err}");
+    }
+}

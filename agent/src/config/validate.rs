@@ -466,10 +466,16 @@ pub(super) fn validate(
 
     let mut names = HashSet::new();
     let mut policies = Vec::with_capacity(file.policies.len());
-    for (index, section) in file.policies.into_iter().enumerate() {
+    let mut reruns = std::collections::BTreeMap::new();
+    for (index, mut section) in file.policies.into_iter().enumerate() {
         let key = |field: &str| format!("policy[{index}].{field}");
+        let rerun = super::rerun::validate(section.rerun_on.take(), section.max_reruns.take())
+            .map_err(|(field, problem)| err(&key(field), problem))?;
         let policy = validate_policy(section, max_runners, host_facts)
             .map_err(|(field, problem)| err(&key(field), problem))?;
+        if let Some(rerun) = rerun {
+            reruns.insert(policy.name.clone(), rerun);
+        }
         if policy.fleet_max_runners.is_some() && pg_journal.is_none() {
             return Err(err(
                 &key("fleet_max_runners"),
@@ -521,6 +527,7 @@ pub(super) fn validate(
         retention,
         logs,
         policies,
+        reruns,
     })
 }
 

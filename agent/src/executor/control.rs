@@ -66,6 +66,8 @@ pub struct Executor {
     /// runner ran may complete before supervision learns the runner took it, and a claim on a
     /// completed job no longer shows in the fleet: this says it was this host's.
     claimed: HashSet<JobId>,
+    /// The re-run scan (`policy.rerun_on`): when it last started, the one in flight.
+    reruns: super::rerun::Reruns,
 }
 
 /// What the rest of the agent holds of the executor: it can wake the loop, tell it the journal
@@ -168,6 +170,7 @@ impl Executor {
             last_inventory: None,
             renewal: None,
             claimed: HashSet::new(),
+            reruns: super::rerun::Reruns::default(),
         })
     }
 
@@ -247,9 +250,20 @@ impl Executor {
         }
     }
 
+    /// Waits for the re-run scan in flight, if any (the harness, between passes).
+    #[cfg(test)]
+    pub(crate) async fn settle_reruns(&mut self) {
+        self.reruns.settle().await;
+    }
+
     /// Startup recovery: every journalled attempt supervised with the startup timers and GitHub
     /// asked afresh, then GitHub's inventory reconciled.
     pub(crate) async fn recover(&mut self) -> Result<(), RecoveryIncomplete> {
+        // Before any re-run scan can start: a re-run an earlier agent left `sending` is never
+        // sent again.
+        super::rerun::settle_at_start(&self.ctx)
+            .await
+            .map_err(|e| RecoveryIncomplete::Journal(format!("{e:#}")))?;
         let timeouts = self.ctx.settings.timeouts.at_startup();
         let report = self
             .supervisor
@@ -286,6 +300,8 @@ impl Executor {
                 false
             }
         };
+        // Off the loop: a scan in flight is left to finish, a due one started.
+        self.reruns.tick(&self.ctx);
         if self.inventory_due()
             && let Err(e) = recovery::reconcile_inventory(&self.ctx).await
         {

@@ -10,8 +10,9 @@
 
 /// The variable naming the crash point: `jobs_claimed` (a fleet host, right after it claimed
 /// jobs), `attempt_journalled`, `jit_received`, `process_spawned`, `runner_started`,
-/// `runner_busy` or `cleanup`, in lifecycle order (the `crash_point` calls in the executor name
-/// them).
+/// `runner_busy` or `cleanup`, in lifecycle order, and `rerun_sending` (a re-run journalled
+/// `sending`, its request not sent; `executor/rerun.rs`) (the `crash_point` calls in the executor
+/// name them).
 #[cfg(feature = "fault-injection")]
 const CRASH_ENV: &str = "RM_FAULT_CRASH_AT";
 

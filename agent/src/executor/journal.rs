@@ -133,6 +133,17 @@ impl AttemptJournal {
         }
     }
 
+    /// One job as the journal knows it (the re-run decision reads its state and run attempt).
+    pub(super) async fn job(
+        &self,
+        job_id: rm_journal::JobId,
+    ) -> Result<Option<JobRow>, AttemptError> {
+        match &self.fleet {
+            None => self.read(move |reader| reader.job(job_id)).await,
+            Some(fleet) => on_fleet(fleet, move |reader| reader.job(job_id)).await,
+        }
+    }
+
     /// Runs `call` on the attempt writer, on a blocking thread.
     pub(super) async fn write<R, F>(&self, call: F) -> Result<R, AttemptError>
     where

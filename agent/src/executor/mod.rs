@@ -33,6 +33,7 @@ mod journal;
 mod launch;
 mod recovery;
 pub(crate) mod registry;
+mod rerun;
 pub(crate) mod seams;
 mod supervise;
 
@@ -124,6 +125,9 @@ pub struct Settings {
     /// Where each attempt's `_diag` is kept before its runtime is removed
     /// ([`crate::runner::logs`]); `None`: nothing is kept.
     pub logs: Option<Arc<crate::runner::logs::Store>>,
+    /// Each policy's re-run rule, by policy name (`policy.rerun_on`); empty: no re-runs, and no
+    /// re-run scan at all.
+    pub reruns: std::collections::BTreeMap<String, crate::config::rerun::RerunPolicy>,
 }
 
 /// The execution backends this agent can drive (CONTRACT §7). Each attempt names its own in the

@@ -56,6 +56,19 @@ fn fields(event: &OperatorEvent) -> Map<String, Value> {
             vec![("policy", json!(policy)), ("waiting", json!(waiting))]
         }
         OperatorEvent::HostUnfit { problems } => vec![("problems", json!(problems))],
+        // GitHub's refusal, if any, is in the common `detail` (the message's second line).
+        OperatorEvent::JobRerun {
+            policy,
+            job_id,
+            reason,
+            result,
+            ..
+        } => vec![
+            ("policy", json!(policy)),
+            ("job_id", json!(job_id)),
+            ("reason", json!(reason)),
+            ("result", json!(result)),
+        ],
     };
     pairs
         .into_iter()

@@ -128,6 +128,13 @@ fn one_of_each() -> Vec<OperatorEvent> {
                 "`git` is not on the runners' PATH".to_owned(),
             ],
         },
+        OperatorEvent::JobRerun {
+            policy: "linux".to_owned(),
+            job_id: 4_242,
+            reason: "oom_killed".to_owned(),
+            result: "refused".to_owned(),
+            detail: "the App lacks actions: write".to_owned(),
+        },
     ]
 }
 
@@ -169,7 +176,9 @@ fn the_body_of_each_kind_is_the_contracts() {
             "the runner root /r has 1.0 MiB free",
             "`git` is not on the runners' PATH",
         ]}),
+        json!({"policy": "linux", "job_id": 4242, "reason": "oom_killed", "result": "refused"}),
     ];
+    assert_eq!(own_fields.len(), EventKind::ALL.len());
     for (event, own) in one_of_each().iter().zip(own_fields) {
         let bytes = body::body(event, "builder-01", at());
         let parsed: Value = serde_json::from_slice(&bytes).unwrap();

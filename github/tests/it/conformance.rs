@@ -66,13 +66,30 @@ fn sent_though_undocumented(
             .any(|(m, t, s, _)| *m == method && *t == tpl && *s == status)
 }
 
+/// GitHub's OpenAPI subset, with the operations described by hand from GitHub's
+/// documentation pages (`github-rest-described.json`, see its description) added to its paths.
 fn spec() -> Value {
-    let path = concat!(
+    let read = |path: &str| -> Value {
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    };
+    let mut spec = read(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../tests/fake-github/github-rest-subset.json"
-    );
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    ));
+    let described = read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fake-github/github-rest-described.json"
+    ));
+    if let (Some(paths), Some(more)) = (
+        spec["paths"].as_object_mut(),
+        described["paths"].as_object(),
+    ) {
+        for (path, item) in more {
+            paths.entry(path.clone()).or_insert_with(|| item.clone());
+        }
+    }
+    spec
 }
 
 /// The spec path template matching a concrete path, e.g. `/orgs/{org}/installation`.
@@ -330,6 +347,30 @@ async fn exercise(h: &Harness) {
         "{:?}",
         done.value
     );
+    // Re-running the finished job: refused without "Actions: write", then a new job of its run;
+    // then refused while that new job's run is running.
+    let rerun_path = format!("/actions/jobs/{job}/rerun");
+    for (write, status) in [(false, 403), (true, 201), (true, 403)] {
+        h.fake.set_actions_write(h.org_installation, write);
+        let before = h.fake.requests().len();
+        let result = c.rerun_job("acme", "widgets", job_id).await;
+        let requests = h.fake.requests();
+        let last = requests[before..]
+            .last()
+            .unwrap_or_else(|| panic!("the re-run sent no request: {result:?}"));
+        assert!(
+            last.method == "POST" && last.path.ends_with(&rerun_path),
+            "{last:?}"
+        );
+        assert_eq!(last.status, status, "{result:?}");
+        match (write, status, &result) {
+            (false, 403, Err(rm_github::RerunError::MissingActionsWrite { .. })) => {}
+            (true, 201, Ok(())) => {}
+            (true, 403, Err(rm_github::RerunError::RunInProgress { .. })) => {}
+            other => panic!("re-run: {other:?}"),
+        }
+    }
+    assert_eq!(h.fake.reruns().len(), 1);
     let held = h
         .fake
         .queue_waiting_job("acme/widgets", "deploy", &["self-hosted"]);
@@ -486,6 +527,7 @@ async fn fake_answers_and_client_requests_follow_githubs_description() {
         "GET /repos/{owner}/{repo}/actions/runs",
         "GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
         "GET /repos/{owner}/{repo}/actions/jobs/{job_id}",
+        "POST /repos/{owner}/{repo}/actions/jobs/{job_id}/rerun",
         "GET /installation/repositories",
         "GET /app/hook/deliveries",
         "POST /app/hook/deliveries/{delivery_id}/attempts",

@@ -174,6 +174,45 @@ impl Attempts {
         conclude(&self.conn, id, from, outcome, reason, detail, at_ms)
     }
 
+    // ---- re-runs (`crate::reruns`): on this connection, so a decision and its sending are
+    // durable before the request leaves ----
+
+    /// Journals the decision to re-run a job, `intended`. `Ok(false)`: the job has a row already.
+    pub fn intend_rerun(
+        &self,
+        new: &crate::NewRerun<'_>,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        crate::reruns::intend(&self.conn, new, at_ms)
+    }
+
+    /// Moves a job's re-run from `from` to `to`, compare-and-set; `Ok(true)` when this call won.
+    pub fn advance_rerun(
+        &self,
+        job_id: JobId,
+        from: crate::RerunState,
+        to: crate::RerunState,
+        detail: Option<&str>,
+        at_ms: i64,
+    ) -> Result<bool, AttemptError> {
+        crate::reruns::advance(&self.conn, job_id, from, to, detail, at_ms)
+    }
+
+    /// At start: every re-run left `sending` becomes `unknown`; returns those jobs.
+    pub fn settle_interrupted_reruns(&self, at_ms: i64) -> Result<Vec<JobId>, AttemptError> {
+        crate::reruns::settle_interrupted(&self.conn, at_ms)
+    }
+
+    /// The re-runs decided and not sent yet, oldest first.
+    pub fn intended_reruns(&self) -> Result<Vec<crate::RerunRecord>, AttemptError> {
+        crate::reruns::intended(&self.conn)
+    }
+
+    /// The job's re-run, if it has one.
+    pub fn rerun_for_job(&self, job_id: JobId) -> Result<Option<crate::RerunRecord>, AttemptError> {
+        Ok(crate::reruns::for_job(&self.conn, job_id)?)
+    }
+
     /// `finished | failed | orphaned → cleaned`.
     pub fn mark_cleaned(&self, id: &AttemptId, at_ms: i64) -> Result<bool, AttemptError> {
         mark_cleaned(&self.conn, id, at_ms)

@@ -198,6 +198,25 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX spends_scope ON spends (scope, sent_at);
     "#,
+    // v10: re-runs of jobs the infrastructure killed (see SQLite's v10).
+    r#"
+    CREATE TABLE reruns (
+        job_id      BIGINT PRIMARY KEY NOT NULL,
+        attempt_id  TEXT NOT NULL,
+        policy      TEXT NOT NULL,
+        reason      TEXT NOT NULL,
+        repository  TEXT NOT NULL,
+        run_id      BIGINT NOT NULL,
+        run_attempt BIGINT NOT NULL,
+        state       TEXT NOT NULL
+                    CHECK (state IN ('intended', 'sending', 'sent', 'refused', 'unknown')),
+        detail      TEXT,
+        created_at  BIGINT NOT NULL,
+        updated_at  BIGINT NOT NULL
+    );
+    CREATE INDEX reruns_attempt ON reruns (attempt_id);
+    CREATE INDEX reruns_open ON reruns (state) WHERE state IN ('intended', 'sending');
+    "#,
 ];
 
 // The two dialects move together: a migration added to one is added to the other.

@@ -293,6 +293,23 @@ impl FakeGithub {
         })
     }
 
+    /// Grants (or takes back) an installation's "Actions: Read and write": without it, as
+    /// GitHub does, a re-run request is answered 403 "Resource not accessible by integration".
+    /// A fresh installation has "Actions: Read" only (what rm needs without `rerun_on`).
+    pub fn set_actions_write(&self, installation: u64, write: bool) {
+        self.with(|s| {
+            if let Some(i) = s.installations.get_mut(&installation) {
+                let level = if write { "write" } else { "read" };
+                i.permissions.insert("actions".into(), level.into());
+            }
+        })
+    }
+
+    /// Every re-run the fake did: `(job re-run, the new job)`, in order.
+    pub fn reruns(&self) -> Vec<(u64, u64)> {
+        self.with(|s| s.reruns.clone())
+    }
+
     // ---- credentials and time ----
 
     /// How long new installation tokens live.

@@ -124,6 +124,9 @@ pub struct Run {
 pub struct Job {
     pub id: u64,
     pub run_id: u64,
+    /// The run attempt the job belongs to: 1, and one more for each re-run of it (a re-run is
+    /// a new job of the same run; the earlier job keeps its attempt).
+    pub run_attempt: u64,
     pub name: String,
     pub labels: Vec<String>,
     pub status: JobStatus,

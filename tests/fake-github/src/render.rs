@@ -208,7 +208,7 @@ pub fn run(ctx: &Ctx, run: &Run, repo: &Value, status: &str, conclusion: Option<
 pub fn job(ctx: &Ctx, job: &Job, run: &Run, full_name: &str) -> Value {
     let api = ctx.api;
     json!({
-        "id": job.id, "run_id": job.run_id, "run_attempt": run.run_attempt,
+        "id": job.id, "run_id": job.run_id, "run_attempt": job.run_attempt,
         "node_id": format!("CR_{}", job.id), "head_sha": run.head_sha, "head_branch": run.head_branch,
         "workflow_name": run.workflow_name, "name": job.name,
         "url": format!("{api}/repos/{full_name}/actions/jobs/{}", job.id),

@@ -27,6 +27,8 @@ pub enum Route {
     Runs(String, String),
     RunJobs(String, String, u64),
     Job(String, String, u64),
+    /// `POST /repos/{owner}/{repo}/actions/jobs/{job_id}/rerun`.
+    RerunJob(String, String, u64),
     RunnerGroups(String),
     RateLimit,
     /// `GET /repos/{owner}/{repo}/releases/latest` (only actions/runner has releases here).
@@ -83,6 +85,9 @@ impl Route {
                 RunJobs(s(o), s(r), id(run)?)
             }
             ("GET", ["repos", o, r, "actions", "jobs", j]) => Job(s(o), s(r), id(j)?),
+            ("POST", ["repos", o, r, "actions", "jobs", j, "rerun"]) => {
+                RerunJob(s(o), s(r), id(j)?)
+            }
             ("GET", ["orgs", org, "actions", "runner-groups"]) => RunnerGroups(s(org)),
             ("GET", ["rate_limit"]) => RateLimit,
             ("GET", ["repos", o, r, "releases", "latest"]) => LatestRelease(s(o), s(r)),
@@ -120,6 +125,7 @@ impl Route {
             Runs(..) => "GET /repos/{owner}/{repo}/actions/runs",
             RunJobs(..) => "GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
             Job(..) => "GET /repos/{owner}/{repo}/actions/jobs/{job_id}",
+            RerunJob(..) => "POST /repos/{owner}/{repo}/actions/jobs/{job_id}/rerun",
             RunnerGroups(_) => "GET /orgs/{org}/actions/runner-groups",
             RateLimit => "GET /rate_limit",
             LatestRelease(..) => "GET /repos/{owner}/{repo}/releases/latest",
@@ -168,6 +174,8 @@ impl Route {
             Route::ListRunners(s) | Route::GetRunner(s, _) => Some(read(s)),
             Route::RunnerGroups(org) => Some(read(&Scope::Org(org.clone()))),
             Route::Runs(..) | Route::RunJobs(..) | Route::Job(..) => Some(("actions", "read")),
+            // GitHub: "GitHub Apps must have the `actions:write` permission".
+            Route::RerunJob(..) => Some(("actions", "write")),
             _ => None,
         }
     }
@@ -260,9 +268,10 @@ fn authorize(state: &State, caller: Caller, route: &Route) -> Result<(), Reply> 
         | Route::GetRunner(s, _)
         | Route::DeleteRunner(s, _) => Some(s.clone()),
         Route::RunnerGroups(org) => Some(Scope::Org(org.clone())),
-        Route::Runs(o, r) | Route::RunJobs(o, r, _) | Route::Job(o, r, _) => {
-            Some(Scope::Repo(o.clone(), r.clone()))
-        }
+        Route::Runs(o, r)
+        | Route::RunJobs(o, r, _)
+        | Route::Job(o, r, _)
+        | Route::RerunJob(o, r, _) => Some(Scope::Repo(o.clone(), r.clone())),
         _ => None,
     };
     match scope {
@@ -489,6 +498,34 @@ pub fn answer_as(
             match found {
                 Some(v) => Reply::json(200, v),
                 None => not_found(),
+            }
+        }
+        Route::RerunJob(o, r, job_id) => {
+            let Some(repo) = state.repo_by_name(o, r).cloned() else {
+                return not_found();
+            };
+            let in_repo = state
+                .jobs
+                .get(job_id)
+                .and_then(|j| state.runs.get(&j.run_id))
+                .is_some_and(|run| run.repo_id == repo.id);
+            if !in_repo {
+                return not_found();
+            }
+            match state.rerun(*job_id) {
+                Ok(new_id) => {
+                    let mut reply = Reply::json(201, json!({}));
+                    reply
+                        .headers
+                        .push(("x-fake-rerun-job-id".into(), new_id.to_string()));
+                    reply
+                }
+                Err("Not Found") => not_found(),
+                Err(message) => Reply::error_documented(
+                    403,
+                    message,
+                    "https://docs.github.com/rest/actions/workflow-runs#re-run-a-job-from-a-workflow-run",
+                ),
             }
         }
         Route::RunnerGroups(org) => {
@@ -727,6 +764,11 @@ mod tests {
             Route::parse("DELETE", "/repos/a/b/actions/runners/7"),
             Some(Route::DeleteRunner(Scope::Repo("a".into(), "b".into()), 7))
         );
+        assert_eq!(
+            Route::parse("POST", "/repos/a/b/actions/jobs/9/rerun"),
+            Some(Route::RerunJob("a".into(), "b".into(), 9))
+        );
+        assert_eq!(Route::parse("GET", "/repos/a/b/actions/jobs/9/rerun"), None);
         assert_eq!(Route::parse("POST", "/app"), None);
         assert_eq!(Route::parse("GET", "/orgs/acme/actions/runners/x"), None);
         assert!(

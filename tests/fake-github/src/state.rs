@@ -150,6 +150,8 @@ pub struct State {
     pub job_lock_timeout: Duration,
     /// Jobs GitHub gave up because their runner stopped renewing the lock.
     pub abandoned_jobs: Vec<u64>,
+    /// Every re-run GitHub did: `(job re-run, the new job)`, in order.
+    pub reruns: Vec<(u64, u64)>,
     pub runs: BTreeMap<u64, Run>,
     pub jobs: BTreeMap<u64, Job>,
     /// Installation tokens: token → (installation, expiry).
@@ -237,6 +239,7 @@ impl State {
             expired_runners: Vec::new(),
             job_lock_timeout: JOB_LOCK_TIMEOUT,
             abandoned_jobs: Vec::new(),
+            reruns: Vec::new(),
             runs: BTreeMap::new(),
             jobs: BTreeMap::new(),
             tokens: HashMap::new(),
@@ -662,6 +665,7 @@ impl State {
             Job {
                 id: job_id,
                 run_id,
+                run_attempt: 1,
                 name: name.to_owned(),
                 labels: labels.to_vec(),
                 status,
@@ -800,6 +804,48 @@ impl State {
         self.touch_run(run_id);
         self.record_job_event(job_id, "completed");
         true
+    }
+
+    /// Re-runs a completed job as GitHub's "re-run a job" does: a new job (new id, same run,
+    /// the run's attempt one more), queued with its `queued` delivery. GitHub's refusals: the
+    /// job is not finished, or another job of its run is not ("The workflow run containing
+    /// this job is already running"). Returns the new job's id.
+    pub fn rerun(&mut self, job_id: u64) -> Result<u64, &'static str> {
+        let job = self.jobs.get(&job_id).cloned().ok_or("Not Found")?;
+        let running = self
+            .jobs
+            .values()
+            .any(|j| j.run_id == job.run_id && j.status != JobStatus::Completed);
+        if running {
+            return Err("The workflow run containing this job is already running");
+        }
+        let run = self.runs.get_mut(&job.run_id).ok_or("Not Found")?;
+        run.run_attempt += 1;
+        let run_attempt = run.run_attempt;
+        let new_id = self.next_id();
+        let now = self.now();
+        self.jobs.insert(
+            new_id,
+            Job {
+                id: new_id,
+                run_attempt,
+                status: JobStatus::Queued,
+                conclusion: None,
+                runner_id: None,
+                runner_name: None,
+                runner_group_id: None,
+                runner_group_name: None,
+                created_at: now,
+                started_at: None,
+                completed_at: None,
+                lock_renewed_at: None,
+                ..job
+            },
+        );
+        self.reruns.push((job_id, new_id));
+        self.touch_run(job.run_id);
+        self.record_job_event(new_id, "queued");
+        Ok(new_id)
     }
 
     // ---- deliveries ----
@@ -985,6 +1031,34 @@ mod tests {
             },
         );
         id
+    }
+
+    #[test]
+    fn a_rerun_is_a_new_job_of_the_same_run_one_attempt_later_once_the_run_is_done() {
+        let mut s = state();
+        let repo = s.add_repo("acme", "w", "Organization");
+        let labels = vec!["self-hosted".to_owned()];
+        let ids = s
+            .queue_matrix(repo, "test", &labels, &["a".into(), "b".into()])
+            .unwrap_or_default();
+        let (a, b) = (ids[0], ids[1]);
+        // Not finished, or its run is not: refused as GitHub refuses it.
+        let running = Err("The workflow run containing this job is already running");
+        assert_eq!(s.rerun(a), running);
+        assert!(s.complete(a, "failure"));
+        assert_eq!(s.rerun(a), running, "b is still queued");
+        assert!(s.complete(b, "success"));
+        let new = s.rerun(a).unwrap_or_default();
+        let (old, again) = (s.jobs[&a].clone(), s.jobs[&new].clone());
+        assert_ne!(new, a);
+        assert_eq!(again.run_id, old.run_id);
+        assert_eq!((old.run_attempt, again.run_attempt), (1, 2));
+        assert_eq!(again.status, JobStatus::Queued);
+        assert_eq!(again.conclusion, None);
+        assert_eq!(again.name, old.name);
+        assert_eq!(s.runs[&old.run_id].run_attempt, 2);
+        assert_eq!(s.reruns, vec![(a, new)]);
+        assert_eq!(s.rerun(404_404), Err("Not Found"));
     }
 
     #[test]

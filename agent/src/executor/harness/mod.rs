@@ -13,6 +13,7 @@
 //! executor pass) until what it expects holds ([`Harness::until`]); minutes of a runner's life
 //! take a few hundred milliseconds. See docs/development.md, "The executor harness".
 
+mod rerun_tests;
 mod tests;
 
 use std::collections::HashMap;
@@ -117,6 +118,8 @@ pub(super) struct Options {
     /// Apps beside the primary (at most [`MORE_APPS_MAX`]), by id, and whether each is
     /// installed on `acme`: JIT registrations are spread over their installations.
     pub more_apps: Vec<(u64, bool)>,
+    /// Each policy's re-run rule (`policy.rerun_on`), by policy name.
+    pub reruns: std::collections::BTreeMap<String, crate::config::rerun::RerunPolicy>,
 }
 
 impl Default for Options {
@@ -128,6 +131,7 @@ impl Default for Options {
             fleet: None,
             registrations: None,
             more_apps: Vec::new(),
+            reruns: Default::default(),
         }
     }
 }
@@ -647,6 +651,7 @@ impl Harness {
                     crate::runner::logs::Bounds::default(),
                 ))
             }),
+            reruns: options.reruns.clone(),
         };
         let seams = Seams {
             clock: Arc::new(clock.clone()),
@@ -687,6 +692,19 @@ impl Harness {
         )
         .expect("the poller")
         .with_jitter(Box::new(|| 0.0))
+    }
+
+    /// Gives the next executor (after [`Harness::restart`]) these re-run rules.
+    pub(super) fn set_reruns(
+        &mut self,
+        reruns: std::collections::BTreeMap<String, crate::config::rerun::RerunPolicy>,
+    ) {
+        self.options.reruns = reruns;
+    }
+
+    /// The journal's file.
+    pub(super) fn journal_path(&self) -> &Path {
+        &self.journal_path
     }
 
     /// A new executor on the same journal, runner root, fake GitHub and process table: an agent
@@ -822,6 +840,46 @@ impl Harness {
         self.journal
             .record(rm_journal::Incoming {
                 guid: format!("queued-{job_id}"),
+                event: "workflow_job".into(),
+                headers: Vec::new(),
+                body: serde_json::to_vec(&body).expect("JSON"),
+                received_at_ms: rm_handlers::UnixMs::from_system_time(self.clock.now()),
+                source: rm_handlers::Source::Webhook,
+            })
+            .await
+            .expect("the delivery journalled");
+    }
+
+    /// Journals a `completed` webhook delivery of the fake's job `job` as it stands (completed,
+    /// its conclusion and runner), as the receiver would: the journal learns at once what the
+    /// poller's stale checks would learn much later.
+    pub(super) async fn deliver_completed(&self, job: u64) {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/webhooks/workflow_job.completed.1.json");
+        let mut body: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture).expect("the fixture"))
+                .expect("JSON");
+        let seen = self.fake.job(job).expect("the fake's job");
+        let now = humantime::format_rfc3339_seconds(self.clock.now()).to_string();
+        body["installation"] = serde_json::json!({"id": self.installation});
+        body["repository"]["full_name"] = serde_json::json!(REPO);
+        body["repository"]["name"] = serde_json::json!("widgets");
+        body["repository"]["owner"]["login"] = serde_json::json!("acme");
+        let j = &mut body["workflow_job"];
+        j["id"] = serde_json::json!(seen.id);
+        j["run_id"] = serde_json::json!(seen.run_id);
+        j["run_attempt"] = serde_json::json!(seen.run_attempt);
+        j["labels"] = serde_json::json!(seen.labels);
+        j["status"] = serde_json::json!("completed");
+        j["conclusion"] = serde_json::json!(seen.conclusion);
+        j["runner_name"] = serde_json::json!(seen.runner_name);
+        j["runner_id"] = serde_json::json!(seen.runner_id);
+        j["created_at"] = serde_json::json!(now);
+        j["started_at"] = serde_json::json!(now);
+        j["completed_at"] = serde_json::json!(now);
+        self.journal
+            .record(rm_journal::Incoming {
+                guid: format!("completed-{job}"),
                 event: "workflow_job".into(),
                 headers: Vec::new(),
                 body: serde_json::to_vec(&body).expect("JSON"),
