@@ -30,6 +30,8 @@ struct Gathered {
     fleet: Option<FleetView>,
     /// This host's attempts that ran the job explained (none for `status`'s waiting jobs).
     ran: Vec<RanAttempt>,
+    /// The re-run this host journalled for the job explained.
+    rerun: Option<rm_journal::RerunRecord>,
 }
 
 impl Gathered {
@@ -48,6 +50,7 @@ impl Gathered {
             attempts,
             fleet: None,
             ran: Vec::new(),
+            rerun: None,
         })
     }
 
@@ -87,6 +90,7 @@ impl Gathered {
                 view,
             }),
             ran: &self.ran,
+            rerun: self.rerun.as_ref(),
         }
     }
 }
@@ -126,6 +130,10 @@ pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
     };
     let mut gathered = gathered;
     gathered.ran = ran_the_job(config, job_id, job.as_ref()).map_err(Exit::runtime)?;
+    gathered.rerun = match super::open_local_reader(config)? {
+        Some(reader) => reader.rerun_for_job(job_id).map_err(Exit::runtime)?,
+        None => None,
+    };
     let facts = gathered.facts(config);
     let explanation = explain::explain(job_id, job.as_ref(), &facts);
     if json {

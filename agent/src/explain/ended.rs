@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use rm_journal::{AttemptOutcome, JobId};
+use rm_journal::{AttemptOutcome, JobId, RerunRecord, RerunState};
 use serde::Serialize;
 
 use super::{Reason, reason};
@@ -44,6 +44,43 @@ pub(crate) struct RunnerEnd {
     pub detail: Option<String>,
     /// The kept copy of its logs.
     pub logs: Option<String>,
+}
+
+/// The re-run the agent asked GitHub for (issue 28, `policy.rerun_on`), if any.
+pub(crate) fn rerun(rerun: Option<&RerunRecord>) -> Option<Reason> {
+    let rerun = rerun?;
+    let why = format!(
+        "its runner ended {} and policy {} re-runs that (rerun_on)",
+        rerun.reason, rerun.policy
+    );
+    let detail = rerun
+        .detail
+        .as_deref()
+        .map_or_else(String::new, |d| format!(": {d}"));
+    Some(match rerun.state {
+        RerunState::Sent => reason(
+            "rerun_sent",
+            format!(
+                "The agent asked GitHub to re-run the job, because {why}; the re-run is run attempt {} of run {}.",
+                rerun.run_attempt + 1,
+                rerun.run_id
+            ),
+        ),
+        RerunState::Intended | RerunState::Sending => reason(
+            "rerun_pending",
+            format!("The agent will ask GitHub to re-run the job once its run has finished, because {why}."),
+        ),
+        RerunState::Refused => reason(
+            "rerun_refused",
+            format!("The agent asked GitHub to re-run the job, because {why}, and GitHub refused{detail}."),
+        ),
+        RerunState::Unknown => reason(
+            "rerun_unknown",
+            format!(
+                "The agent stopped while asking GitHub to re-run the job ({why}); whether GitHub did is unknown, and it is never asked twice{detail}."
+            ),
+        ),
+    })
 }
 
 /// The code of an ended attempt: its failure reason when it has one the agent knows, else its
@@ -173,6 +210,38 @@ mod tests {
         pruned.logs = None;
         let (said, _) = reasons(job, &[pruned]);
         assert_eq!(said[1].code, "logs_not_kept");
+    }
+
+    #[test]
+    fn a_rerun_says_its_state_and_why() {
+        assert_eq!(rerun(None), None);
+        let mut record = RerunRecord {
+            job_id: JobId::new(7),
+            attempt_id: "a1".into(),
+            policy: "linux".into(),
+            reason: "runner_crashed".into(),
+            repository: "acme/widgets".into(),
+            run_id: 40,
+            run_attempt: 1,
+            state: RerunState::Sent,
+            detail: None,
+            created_at_ms: rm_handlers::UnixMs::new(0),
+            updated_at_ms: rm_handlers::UnixMs::new(0),
+        };
+        for (state, code) in [
+            (RerunState::Sent, "rerun_sent"),
+            (RerunState::Intended, "rerun_pending"),
+            (RerunState::Sending, "rerun_pending"),
+            (RerunState::Refused, "rerun_refused"),
+            (RerunState::Unknown, "rerun_unknown"),
+        ] {
+            record.state = state;
+            let said = rerun(Some(&record)).unwrap();
+            assert_eq!(said.code, code);
+            assert!(said.message.contains("runner_crashed"), "{}", said.message);
+        }
+        record.state = RerunState::Sent;
+        assert!(rerun(Some(&record)).unwrap().message.contains("run attempt 2 of run 40"));
     }
 
     #[test]

@@ -142,6 +142,8 @@ pub(crate) struct Facts<'a> {
     /// This host's attempts that ran the job explained, oldest first ([`ended`]); empty for
     /// `status`'s waiting jobs.
     pub ran: &'a [ended::RanAttempt],
+    /// The re-run this host journalled for the job explained, if any.
+    pub rerun: Option<&'a rm_journal::RerunRecord>,
 }
 
 /// A blocking condition with the verdict it gives when it is the first that holds.
@@ -250,7 +252,8 @@ pub(crate) fn explain(job_id: JobId, job: Option<&JobRow>, facts: &Facts<'_>) ->
         };
     };
     // A job that ran says how its runner ended, and where its logs are.
-    let (end_reasons, runner_end) = ended::reasons(job_id, facts.ran);
+    let (mut end_reasons, runner_end) = ended::reasons(job_id, facts.ran);
+    end_reasons.extend(ended::rerun(facts.rerun));
     let answer = |verdict, mut reasons: Vec<Reason>, summary: &str| {
         reasons.extend(end_reasons.iter().cloned());
         Explanation {
@@ -952,6 +955,12 @@ pub(crate) fn to_json(explanation: &Explanation, facts: &Facts<'_>) -> serde_jso
         "policy": explanation.policy,
         "summary": explanation.summary,
         "runner_end": explanation.runner_end,
+        "rerun": facts.rerun.map(|r| serde_json::json!({
+            "state": r.state.as_str(),
+            "reason": r.reason,
+            "policy": r.policy,
+            "detail": r.detail,
+        })),
         "agent": {
             "running": facts.agent.is_running(),
             "status_written_at": facts.snapshot.map(|s| crate::output::rfc3339(s.written_at_ms)),

@@ -182,6 +182,7 @@ impl World {
                 .as_ref()
                 .map(|view| fleet::FleetFacts { host: "h", view }),
             ran: &[],
+            rerun: None,
         }
     }
 }
