@@ -221,17 +221,42 @@ impl Reader {
             .map(|i| format!("?{}", i + 2))
             .collect::<Vec<_>>()
             .join(", ");
+        // An attempt concluded before any delivery named its runner (a crash right after it
+        // took its job) never learnt its job: the job's row names the runner instead.
         let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT {ATTEMPT_COLUMNS} FROM attempts a
-             WHERE a.outcome IS NOT NULL AND a.job_id IS NOT NULL AND a.updated_at >= ?1
+             WHERE a.outcome IS NOT NULL AND a.updated_at >= ?1
                AND a.reason IN ({placeholders})
-               AND NOT EXISTS (SELECT 1 FROM reruns r WHERE r.job_id = a.job_id)
+               AND (a.job_id IS NOT NULL
+                    OR EXISTS (SELECT 1 FROM jobs j WHERE j.runner_name = a.runner_name))
              ORDER BY a.updated_at, a.attempt_id"
         ))?;
         let mut values: Vec<&dyn rusqlite::ToSql> = vec![&since_ms];
         values.extend(reasons.iter().map(|r| r as &dyn rusqlite::ToSql));
         let rows = stmt.query_map(rusqlite::params_from_iter(values), attempt_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let attempts: Vec<AttemptRecord> = rows.collect::<Result<_, _>>()?;
+        let mut named = self.conn.prepare_cached(
+            "SELECT job_id FROM jobs WHERE runner_name = ?1 ORDER BY job_id DESC LIMIT 1",
+        )?;
+        let mut rerun = self
+            .conn
+            .prepare_cached("SELECT 1 FROM reruns WHERE job_id = ?1")?;
+        let mut candidates = Vec::with_capacity(attempts.len());
+        for mut attempt in attempts {
+            if attempt.job_id.is_none() {
+                attempt.job_id = named
+                    .query_row([&attempt.runner_name], |row| row.get::<_, i64>(0))
+                    .optional()?
+                    .map(JobId::new);
+            }
+            let Some(job_id) = attempt.job_id else {
+                continue;
+            };
+            if !rerun.exists([job_id.get()])? {
+                candidates.push(attempt);
+            }
+        }
+        Ok(candidates)
     }
 
     /// The job's re-run, if the agent journalled one (`explain`: it was re-run, and why).

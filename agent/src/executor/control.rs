@@ -463,9 +463,7 @@ impl Executor {
             Event::Wake => {}
             Event::Exited(attempt, exit) => {
                 tracing::debug!(%attempt, ?exit, "a runner process exited; supervising it");
-                if let Some(exit) = exit {
-                    self.supervisor.note_exit(attempt, exit);
-                }
+                self.supervisor.note_exit(attempt, exit);
             }
             Event::Refreshed(at_ms) => self.allocator.journal_refreshed(at_ms),
             Event::Launched {
@@ -474,6 +472,10 @@ impl Executor {
                 failed,
             } => {
                 self.launching.remove(&attempt);
+                if failed.is_none() {
+                    // Its launch task now waits on the process: its exit comes as an event.
+                    self.supervisor.note_started(attempt.clone());
+                }
                 self.allocator.remember_launch(
                     &policy,
                     failed.as_ref(),

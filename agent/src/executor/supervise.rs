@@ -94,6 +94,10 @@ pub(super) struct Supervisor {
     disk: DiskWatch,
     /// How the runner processes this agent reaped ended, until their attempts are concluded.
     exits: HashMap<AttemptId, ExitSeen>,
+    /// The runners whose process this agent started and its launch task still waits on: one
+    /// seen dead is not concluded before its exit status arrives (the reaper's event is
+    /// imminent), so the end is judged with it.
+    reaping: HashSet<AttemptId>,
     /// Since when (ms) each idle runner seen alive has not been listed online by GitHub.
     unlisted_since: HashMap<AttemptId, i64>,
 }
@@ -120,9 +124,18 @@ pub(super) struct Took {
 }
 
 impl Supervisor {
-    /// A runner process this agent started exited so (the launch task reaped it).
-    pub(super) fn note_exit(&mut self, attempt: AttemptId, exit: ExitSeen) {
-        self.exits.insert(attempt, exit);
+    /// A runner process this agent started runs, and its launch task waits on it.
+    pub(super) fn note_started(&mut self, attempt: AttemptId) {
+        self.reaping.insert(attempt);
+    }
+
+    /// A runner process this agent started exited so (the launch task reaped it; `None`: its
+    /// status could not be read).
+    pub(super) fn note_exit(&mut self, attempt: AttemptId, exit: Option<ExitSeen>) {
+        self.reaping.remove(&attempt);
+        if let Some(exit) = exit {
+            self.exits.insert(attempt, exit);
+        }
     }
 
     /// Supervises every attempt that is not being launched (`launching`). `startup`: every
@@ -198,6 +211,13 @@ impl Supervisor {
             return Ok(false);
         }
         let (process, identity) = observe_process(ctx, record);
+        if process != ProcessObservation::Running
+            && !record.state.is_terminal()
+            && self.reaping.contains(&record.attempt_id)
+        {
+            // Exited, not yet reaped by its launch task: its status comes with `Exited`.
+            return Ok(false);
+        }
         let evidence = evidence::read(&record.runtime_dir);
         let freshness = if startup {
             Freshness::After(pass_started)

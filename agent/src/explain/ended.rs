@@ -68,11 +68,15 @@ pub(crate) fn rerun(rerun: Option<&RerunRecord>) -> Option<Reason> {
         ),
         RerunState::Intended | RerunState::Sending => reason(
             "rerun_pending",
-            format!("The agent will ask GitHub to re-run the job once its run has finished, because {why}."),
+            format!(
+                "The agent will ask GitHub to re-run the job once its run has finished, because {why}."
+            ),
         ),
         RerunState::Refused => reason(
             "rerun_refused",
-            format!("The agent asked GitHub to re-run the job, because {why}, and GitHub refused{detail}."),
+            format!(
+                "The agent asked GitHub to re-run the job, because {why}, and GitHub refused{detail}."
+            ),
         ),
         RerunState::Unknown => reason(
             "rerun_unknown",
@@ -241,7 +245,12 @@ mod tests {
             assert!(said.message.contains("runner_crashed"), "{}", said.message);
         }
         record.state = RerunState::Sent;
-        assert!(rerun(Some(&record)).unwrap().message.contains("run attempt 2 of run 40"));
+        assert!(
+            rerun(Some(&record))
+                .unwrap()
+                .message
+                .contains("run attempt 2 of run 40")
+        );
     }
 
     #[test]

@@ -234,7 +234,11 @@ async fn run_job(
         println!("dd: error writing '/tmp/rm-fill': {failure}");
         worker.line("filled /tmp; the step failed");
         session.complete(job.job_id, "failure").await?;
-        println!("{}: Job {} completed with result: Failed", stamp(), job.name);
+        println!(
+            "{}: Job {} completed with result: Failed",
+            stamp(),
+            job.name
+        );
         return Ok(0);
     }
     // The job takes its duration, or ends early when a test creates FINISH_FILE in `_diag`

@@ -569,6 +569,14 @@ async fn a_fleet_host_starts_runners_only_for_its_claims_under_the_fleet_ceiling
     h.until("every attempt cleaned", |_| {}, Harness::all_cleaned)
         .await;
     assert_eq!(h.attempts().len(), 5, "one runner per job");
+    // A job whose runner concluded before a delivery named it (the fake delays and reorders
+    // them) keeps its claim until the journal learns it ran: a few steps more, never forever.
+    h.until(
+        "every claim ended",
+        |_| {},
+        |h| h.fleet_view().hosts[0].claims.is_empty(),
+    )
+    .await;
     let view = h.fleet_view();
     assert_eq!(view.hosts.len(), 1);
     assert_eq!(view.hosts[0].host, HOST);

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rm_e2e::fleet::{Fleet, FleetOptions, REPO, wait_until};
+use rm_e2e::fleet::{Fleet, FleetOptions, LINUX, PolicySpec, REPO, wait_until};
 use rm_fake_github::{CrashPoint, RunnerBehavior};
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
@@ -120,6 +120,8 @@ async fn a_runner_that_crashes_mid_job_has_its_job_failed_and_its_registration_r
     let status = agent.terminate();
     assert!(status.success(), "drain exit status {status}");
     assert_eq!(explained("with the agent stopped"), kept);
+    // Without `rerun_on`, no re-run is asked for.
+    assert!(rerun_requests(&fleet).is_empty());
 }
 
 /// The other side of the same rule: a live runner renews its lock, so a job that runs longer
@@ -203,4 +205,139 @@ async fn a_runner_whose_registration_vanished_is_stopped_as_a_ghost() {
     let _ = job;
     let status = agent.terminate();
     assert!(status.success(), "drain exit status {status}");
+}
+
+/// The re-run requests the fake got: `POST .../actions/jobs/{id}/rerun`, with their statuses.
+fn rerun_requests(fleet: &Fleet) -> Vec<(String, u16)> {
+    fleet
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/rerun"))
+        .map(|r| (r.path.clone(), r.status))
+        .collect()
+}
+
+/// A policy that re-runs jobs whose runner crashed (issue 28, `policy.rerun_on`).
+const RERUNS: PolicySpec = PolicySpec {
+    extra: "rerun_on = [\"runner_crashed\"]\n",
+    ..LINUX
+};
+
+/// A bounded re-run through the real binary: the runner crashes mid-job, GitHub fails the job,
+/// and the agent asks GitHub once to re-run it; the re-run's runner crashes too, and the bound
+/// (`max_reruns` 1) asks no more. Exactly one request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_runner_crashed_is_re_run_once_and_no_more() {
+    let fleet = Fleet::start(FleetOptions {
+        policies: vec![RERUNS],
+        ..FleetOptions::default()
+    })
+    .await;
+    let installation = fleet.fake.add_org("acme");
+    fleet.fake.set_actions_write(installation, true);
+    fleet.fake.set_job_lock_timeout(LOCK_TIMEOUT);
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        crash: Some(CrashPoint::DuringJob),
+        ..RunnerBehavior::default()
+    });
+    let agent = fleet.start_agent(&[]).await;
+    let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    wait_until(Duration::from_secs(90), "the job re-run", || {
+        !fleet.fake.reruns().is_empty()
+    })
+    .await;
+    let (rerun_of, second) = fleet.fake.reruns()[0];
+    assert_eq!(rerun_of, job);
+    // The re-run's runner crashes as well, and GitHub fails that job too.
+    wait_until(Duration::from_secs(90), "the re-run job given up", || {
+        fleet.fake.abandoned_jobs().contains(&second)
+    })
+    .await;
+    wait_until(Duration::from_secs(60), "every attempt cleaned", || {
+        fleet.all_cleaned() && fleet.attempts().len() == 2
+    })
+    .await;
+    // Two scans of the re-run rule (every 5 s) after the second crash: still one request.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(
+        rerun_requests(&fleet).len(),
+        1,
+        "{:?}",
+        rerun_requests(&fleet)
+    );
+    let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["rerun"]["state"], "sent", "{answer}");
+    let status = fleet.setup.run(&["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["reruns"]["sent"], 1, "{status}");
+    let exit = agent.terminate();
+    assert!(exit.success(), "drain exit status {exit}");
+}
+
+/// The crash point between journalling a re-run as being sent and sending it: the agent
+/// SIGKILLs itself there; the agent started again never sends it (GitHub may or may not have
+/// it: at most once), records it `unknown`, and `explain` says so. Never two requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_while_sending_a_re_run_never_sends_it_twice() {
+    rm_e2e::agent_with("fault-injection");
+    let fleet = Fleet::start(FleetOptions {
+        policies: vec![RERUNS],
+        ..FleetOptions::default()
+    })
+    .await;
+    let installation = fleet.fake.add_org("acme");
+    fleet.fake.set_actions_write(installation, true);
+    fleet.fake.set_job_lock_timeout(LOCK_TIMEOUT);
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        crash: Some(CrashPoint::DuringJob),
+        ..RunnerBehavior::default()
+    });
+    let mut first = fleet
+        .start_agent(&[("RM_FAULT_CRASH_AT", "rerun_sending")])
+        .await;
+    let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
+    wait_until(Duration::from_secs(90), "the agent to kill itself", || {
+        first.exited()
+    })
+    .await;
+    assert!(
+        fleet
+            .setup
+            .logs()
+            .contains("RM_FAULT_CRASH_AT=rerun_sending")
+    );
+    let second = fleet.start_agent(&[]).await;
+    let journal = fleet.setup.journal();
+    wait_until(
+        Duration::from_secs(60),
+        "the re-run recorded unknown",
+        || {
+            rm_journal::Reader::open(&journal)
+                .ok()
+                .and_then(|r| r.rerun_for_job(rm_journal::JobId::new(job as i64)).ok())
+                .flatten()
+                .is_some_and(|r| r.state == rm_journal::RerunState::Unknown)
+        },
+    )
+    .await;
+    // Two scans of the re-run rule (every 5 s) later: nothing was sent.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(
+        rerun_requests(&fleet).is_empty(),
+        "{:?}",
+        rerun_requests(&fleet)
+    );
+    let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let codes: Vec<&str> = answer["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["code"].as_str())
+        .collect();
+    assert!(codes.contains(&"rerun_unknown"), "{answer}");
+    let exit = second.terminate();
+    assert!(exit.success(), "drain exit status {exit}");
 }
