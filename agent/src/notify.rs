@@ -65,6 +65,18 @@ pub enum OperatorEvent {
         /// GitHub's refusal or why the outcome is unknown; empty when sent.
         detail: String,
     },
+    /// A runner ended for a cause the infrastructure, not the job's code, names: the kernel
+    /// killed it for memory, the disk was full, it crashed mid-job, it was a ghost, or the host
+    /// was lost under it (`crate::lifecycle::FailureReason`'s attributed kinds).
+    RunnerFailed {
+        policy: String,
+        runner_name: String,
+        /// The job it had, when the journal knows it.
+        job_id: Option<i64>,
+        reason: String,
+        /// The journal's evidence sentence.
+        detail: String,
+    },
 }
 
 impl OperatorEvent {
@@ -76,6 +88,7 @@ impl OperatorEvent {
             OperatorEvent::DemandWaitingAtCapacity { .. } => EventKind::DemandWaitingAtCapacity,
             OperatorEvent::HostUnfit { .. } => EventKind::HostUnfit,
             OperatorEvent::JobRerun { .. } => EventKind::JobRerun,
+            OperatorEvent::RunnerFailed { .. } => EventKind::RunnerFailed,
         }
     }
 
@@ -123,6 +136,23 @@ impl OperatorEvent {
                     ),
                     _ => format!(
                         "Its runner ended with {reason}; the re-run is {result}: {detail}. `rm-agent explain {job_id}` says more."
+                    ),
+                },
+            ),
+            OperatorEvent::RunnerFailed {
+                policy,
+                runner_name,
+                job_id,
+                reason,
+                detail,
+            } => (
+                format!("rm: a runner of policy {policy} ended {reason}"),
+                match job_id {
+                    Some(job) => format!(
+                        "{runner_name} (job {job}): {detail}. `rm-agent explain {job}` and `rm-agent logs {job}` say more."
+                    ),
+                    None => format!(
+                        "{runner_name}: {detail}. `rm-agent logs {runner_name}` shows its logs."
                     ),
                 },
             ),

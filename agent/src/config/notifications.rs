@@ -20,17 +20,19 @@ pub enum EventKind {
     DemandWaitingAtCapacity,
     HostUnfit,
     JobRerun,
+    RunnerFailed,
 }
 
 impl EventKind {
     /// Every kind, in the order the documentation lists them.
-    pub const ALL: [EventKind; 6] = [
+    pub const ALL: [EventKind; 7] = [
         EventKind::WebhooksStopped,
         EventKind::CredentialsRejected,
         EventKind::RunnersFailingToStart,
         EventKind::DemandWaitingAtCapacity,
         EventKind::HostUnfit,
         EventKind::JobRerun,
+        EventKind::RunnerFailed,
     ];
 
     /// The kind's name in `snake_case`, as the configuration and a webhook body write it.
@@ -42,6 +44,7 @@ impl EventKind {
             EventKind::DemandWaitingAtCapacity => "demand_waiting_at_capacity",
             EventKind::HostUnfit => "host_unfit",
             EventKind::JobRerun => "job_rerun",
+            EventKind::RunnerFailed => "runner_failed",
         }
     }
 

@@ -320,6 +320,7 @@ impl Supervisor {
             }
             Decision::Conclude(conclusion) => {
                 let detail = detail(conclusion, &findings, memory);
+                let told = detail.clone();
                 self.exits.remove(&record.attempt_id);
                 self.unlisted_since.remove(&record.attempt_id);
                 let deregistration = self
@@ -347,6 +348,18 @@ impl Supervisor {
                         reason = conclusion.reason().unwrap_or(""),
                         "runner concluded"
                     );
+                    if let Conclusion::Failed(reason) = conclusion
+                        && reason.is_attributed()
+                    {
+                        ctx.notifier
+                            .notify(crate::notify::OperatorEvent::RunnerFailed {
+                                policy: record.policy.clone(),
+                                runner_name: record.runner_name.clone(),
+                                job_id: concluded.job_id.map(|j| j.get()),
+                                reason: reason.as_str().to_owned(),
+                                detail: told,
+                            });
+                    }
                     report.concluded.push(Concluded {
                         policy: record.policy.clone(),
                         runner_name: record.runner_name.clone(),

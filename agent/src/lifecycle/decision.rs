@@ -114,6 +114,19 @@ impl FailureReason {
     pub fn parse(name: &str) -> Option<FailureReason> {
         Self::ALL.into_iter().find(|r| r.as_str() == name)
     }
+
+    /// An end the infrastructure, not the job's code, names (issue 28): told to the operator
+    /// (`runner_failed`) and re-runnable by `policy.rerun_on`.
+    pub fn is_attributed(self) -> bool {
+        matches!(
+            self,
+            FailureReason::OomKilled
+                | FailureReason::DiskFull
+                | FailureReason::RunnerCrashed
+                | FailureReason::Ghost
+                | FailureReason::HostLost
+        )
+    }
 }
 
 /// How an attempt ends: the journal's outcome and reason together.

@@ -69,6 +69,18 @@ fn fields(event: &OperatorEvent) -> Map<String, Value> {
             ("reason", json!(reason)),
             ("result", json!(result)),
         ],
+        OperatorEvent::RunnerFailed {
+            policy,
+            runner_name,
+            job_id,
+            reason,
+            ..
+        } => vec![
+            ("policy", json!(policy)),
+            ("runner_name", json!(runner_name)),
+            ("job_id", json!(job_id)),
+            ("reason", json!(reason)),
+        ],
     };
     pairs
         .into_iter()

@@ -135,6 +135,13 @@ fn one_of_each() -> Vec<OperatorEvent> {
             result: "refused".to_owned(),
             detail: "the App lacks actions: write".to_owned(),
         },
+        OperatorEvent::RunnerFailed {
+            policy: "linux".to_owned(),
+            runner_name: "rm-builder-01-0123456789ab".to_owned(),
+            job_id: Some(4_243),
+            reason: "oom_killed".to_owned(),
+            detail: "the kernel killed 1 process(es) of the runner's cgroup for memory".to_owned(),
+        },
     ]
 }
 
@@ -177,6 +184,7 @@ fn the_body_of_each_kind_is_the_contracts() {
             "`git` is not on the runners' PATH",
         ]}),
         json!({"policy": "linux", "job_id": 4242, "reason": "oom_killed", "result": "refused"}),
+        json!({"policy": "linux", "runner_name": "rm-builder-01-0123456789ab", "job_id": 4243, "reason": "oom_killed"}),
     ];
     assert_eq!(own_fields.len(), EventKind::ALL.len());
     for (event, own) in one_of_each().iter().zip(own_fields) {
