@@ -169,7 +169,7 @@ mod tests {
         std::os::unix::fs::symlink(&elsewhere, diag.join("Runner_1-utc.log")).unwrap();
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &diag.join("Worker_1-utc.log"),
+            diag.join("Worker_1-utc.log"),
             rustix::fs::FileType::Fifo,
             rustix::fs::Mode::from_raw_mode(0o600),
             0,

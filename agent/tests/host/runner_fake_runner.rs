@@ -248,6 +248,10 @@ async fn a_runner_refused_for_its_version_is_concluded_as_such_from_its_own_log(
             github: GithubObservation::Registered { busy: false },
             evidence,
             disk: DiskUse::Within,
+            findings: rm_agent::lifecycle::Findings {
+                exit: Some(rm_agent::lifecycle::ExitSeen::Code(1)),
+                ..Default::default()
+            },
         },
         &Timeouts::supervision(Duration::from_secs(300), Duration::from_secs(600)),
         1_000,
