@@ -74,6 +74,10 @@ pub struct RunnerBehavior {
     /// `dd` would, and end the job `failure` (as a real step failing on a full disk does).
     #[serde(default)]
     pub fill_tmp: bool,
+    /// During its job, allocate and touch memory until the kernel kills it (a job past its
+    /// `memory_max`).
+    #[serde(default)]
+    pub exhaust_memory: bool,
 }
 
 impl Default for RunnerBehavior {
@@ -89,6 +93,7 @@ impl Default for RunnerBehavior {
             version_refused: false,
             squat_port: None,
             fill_tmp: false,
+            exhaust_memory: false,
         }
     }
 }

@@ -229,6 +229,15 @@ async fn run_job(
         worker.line("crashing on purpose during the job");
         return Ok(CRASH_EXIT);
     }
+    if behavior.exhaust_memory {
+        worker.line("allocating memory until the kernel says no");
+        let mut held: Vec<Vec<u8>> = Vec::new();
+        loop {
+            // Touched, so the pages are really charged to the cgroup.
+            held.push(vec![0x5a_u8; 8 << 20]);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
     if behavior.fill_tmp {
         let failure = fill_tmp();
         println!("dd: error writing '/tmp/rm-fill': {failure}");

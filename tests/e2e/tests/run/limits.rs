@@ -5,8 +5,10 @@
 use std::time::Duration;
 
 use rm_e2e::fleet::{Fleet, FleetOptions, LINUX, PolicySpec, REPO, wait_until};
-use rm_fake_github::RequestRecord;
 use rm_fake_github::auth::Caller;
+use rm_fake_github::{RequestRecord, RunnerBehavior};
+
+use crate::skip;
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
 /// How long the fake's limit holds (its `retry-after`): well past the agent's first JIT retry
@@ -156,6 +158,56 @@ async fn a_secondary_limit_in_the_middle_of_a_burst_is_waited_out_and_every_job_
         fleet.all_cleaned()
     })
     .await;
+    let status = agent.terminate();
+    assert!(status.success(), "drain exit status {status}");
+}
+
+/// A job past its policy's `memory_max` (issue 28): the kernel kills it in the runner's
+/// cgroup, and the attempt ends `failed`/`oom_killed` from the cgroup's own count, with the
+/// peak in its detail; `explain` says so. Needs the memory controller in the runner cgroups'
+/// cgroup v2 (skipped by `RM_TEST_ALLOW_SKIP=memory-controller` where the host has none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_memory_max_ends_oom_killed() {
+    let test = "limits::a_job_past_its_memory_max_ends_oom_killed";
+    let controllers = rm_agent::runner::cgroup::CgroupRoot::resolve(None)
+        .map(|root| root.available())
+        .ok();
+    if !controllers.is_some_and(|c| c.memory) {
+        skip::cannot_run(
+            test,
+            "memory-controller",
+            "the runner cgroups' cgroup v2 offers no memory controller here",
+        );
+        return;
+    }
+    let fleet = Fleet::start(FleetOptions {
+        policies: vec![PolicySpec {
+            extra: "memory_max = \"64M\"\n",
+            ..LINUX
+        }],
+        ..FleetOptions::default()
+    })
+    .await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        exhaust_memory: true,
+        ..RunnerBehavior::default()
+    });
+    let agent = fleet.start_agent(&[]).await;
+    let job = fleet.fake.queue_job(REPO, "eats memory", LABELS).unwrap();
+    wait_until(
+        Duration::from_secs(90),
+        "an attempt ended oom_killed",
+        || {
+            fleet
+                .attempts()
+                .iter()
+                .any(|a| a.reason.as_deref() == Some("oom_killed"))
+        },
+    )
+    .await;
+    let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["runner_end"]["reason"], "oom_killed", "{answer}");
     let status = agent.terminate();
     assert!(status.success(), "drain exit status {status}");
 }
