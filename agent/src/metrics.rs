@@ -49,6 +49,14 @@ fn gauge<V: EncodeGaugeValue>(
 }
 
 /// Encodes one gauge family of `(label name, label value)` samples.
+/// A counter family read from `crate::executor::tally`: name, help, label names, counts.
+type TallyFamily = (
+    &'static str,
+    &'static str,
+    [&'static str; 3],
+    Vec<([String; 3], u64)>,
+);
+
 fn gauge_family<V: EncodeGaugeValue + Copy>(
     encoder: &mut DescriptorEncoder,
     name: &str,
@@ -219,6 +227,32 @@ impl Collector for AgentMetrics {
             MetricType::Counter,
         )?;
         ConstCounter::new(crate::runner::logs::keep_failures()).encode(failures)?;
+        // Why runners ended, and the re-runs asked for (issue 28), since the agent started.
+        let families: [TallyFamily; 2] = [
+            (
+                "rm_runner_ends",
+                "Runners concluded since the agent started, by policy, outcome and reason (oom_killed, disk_full, runner_crashed, ghost, host_lost, ...; empty for none)",
+                ["policy", "outcome", "reason"],
+                crate::executor::tally::ends(),
+            ),
+            (
+                "rm_job_reruns",
+                "Re-runs of jobs the infrastructure killed (policy.rerun_on) since the agent started, by policy, reason and result (sent, refused, unknown)",
+                ["policy", "reason", "result"],
+                crate::executor::tally::reruns(),
+            ),
+        ];
+        for (name, help, names, counts) in families {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (values, count) in counts {
+                let labels = [
+                    (names[0], values[0].as_str()),
+                    (names[1], values[1].as_str()),
+                    (names[2], values[2].as_str()),
+                ];
+                ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
+            }
+        }
         Ok(())
     }
 }

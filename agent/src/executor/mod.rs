@@ -36,6 +36,7 @@ pub(crate) mod registry;
 mod rerun;
 pub(crate) mod seams;
 mod supervise;
+pub(crate) mod tally;
 
 #[cfg(test)]
 mod harness;

@@ -290,7 +290,9 @@ async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Tells the operator (and `/metrics`) what came of a re-run.
 fn notify(ctx: &Context, rerun: &RerunRecord, state: RerunState, detail: &str) {
+    super::tally::rerun(&rerun.policy, &rerun.reason, state.as_str());
     ctx.notifier.notify(OperatorEvent::JobRerun {
         policy: rerun.policy.clone(),
         job_id: rerun.job_id.get(),

@@ -348,6 +348,11 @@ impl Supervisor {
                         reason = conclusion.reason().unwrap_or(""),
                         "runner concluded"
                     );
+                    super::tally::runner_ended(
+                        &record.policy,
+                        conclusion.outcome().as_str(),
+                        conclusion.reason().unwrap_or(""),
+                    );
                     if let Conclusion::Failed(reason) = conclusion
                         && reason.is_attributed()
                     {
