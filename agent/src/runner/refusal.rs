@@ -9,8 +9,11 @@
 //! by its `Worker_*.log` first); it is read bounded, never followed through a link, and only
 //! matched against a fixed phrase: nothing of it is logged or journalled.
 
-use std::io::{Read as _, Seek as _, SeekFrom};
+use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
 use std::path::Path;
+
+use super::logs::copy;
 
 /// What actions/runner writes when GitHub refuses its version
 /// (`src/Runner.Common/RunnerServer.cs` / the broker's `GetRunnerMessageAsync`: a `403` becomes
@@ -28,33 +31,32 @@ pub fn says_refused(text: &str) -> bool {
 }
 
 /// Whether any `Runner_*.log` in the `diag` folder says GitHub refused the runner's version.
-/// Unreadable, missing or linked files say nothing.
+/// Unreadable, missing or linked files say nothing. The folder is the job's to write: every
+/// file is opened relative to the folder's descriptor without following a link and without
+/// waiting on a FIFO ([`copy::open_regular_at`]), so a job that swaps a log for a FIFO or a
+/// link between a look and an open cannot stall supervision or point it elsewhere.
 pub fn refused(diag: &Path) -> bool {
-    let Ok(entries) = std::fs::read_dir(diag) else {
+    let Ok(dir) = copy::open_dir(diag) else {
         return false;
     };
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| {
-            let name = e.file_name();
+    let Ok(names) = copy::list(&dir) else {
+        return false;
+    };
+    names
+        .iter()
+        .filter(|name| {
             let name = name.to_string_lossy();
             name.starts_with("Runner_") && name.ends_with(".log")
         })
         .take(MAX_LOGS)
-        .any(|e| tail(&e.path()).is_some_and(|text| says_refused(&text)))
+        .any(|name| tail(&dir, name).is_some_and(|text| says_refused(&text)))
 }
 
-/// The last [`TAIL_BYTES`] of a regular file (never through a link).
-fn tail(path: &Path) -> Option<String> {
-    let meta = path.symlink_metadata().ok()?;
-    if !meta.is_file() {
-        return None;
-    }
-    let mut file = std::fs::File::open(path).ok()?;
-    let start = meta.len().saturating_sub(TAIL_BYTES);
-    file.seek(SeekFrom::Start(start)).ok()?;
-    let mut bytes = Vec::new();
-    file.take(TAIL_BYTES).read_to_end(&mut bytes).ok()?;
+/// The last [`TAIL_BYTES`] of a regular file of `dir` (never through a link, never a FIFO).
+fn tail(dir: &OwnedFd, name: &OsStr) -> Option<String> {
+    let (file, size) = copy::open_regular_at(dir, name).ok()?;
+    let start = size.saturating_sub(TAIL_BYTES);
+    let bytes = copy::read_at(&file, start, size - start).ok()?;
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
@@ -91,5 +93,23 @@ mod tests {
         std::fs::create_dir(&diag).unwrap();
         std::os::unix::fs::symlink(&elsewhere, diag.join("Runner_1-utc.log")).unwrap();
         assert!(!refused(&diag));
+    }
+
+    #[test]
+    fn a_fifo_named_like_a_listener_log_is_never_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let diag = dir.path().join("_diag");
+        std::fs::create_dir(&diag).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &diag.join("Runner_1-utc.log"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        std::fs::write(diag.join("Runner_2-utc.log"), REAL).unwrap();
+        // Returns (no writer ever opens the FIFO) and still reads the real log beside it.
+        assert!(refused(&diag));
     }
 }
