@@ -61,17 +61,13 @@ pub fn disk_full(runtime: &Path) -> bool {
 /// Whether the runner's console (the end of its kept stdout) says its job ended. A runner gone
 /// mid-job never printed it; one that finished while no agent watched did.
 pub fn job_ended(runtime: &Path) -> bool {
-    let Ok(dir) = copy::open_dir(&runtime.join(copy::DIAG_DIR)) else {
-        return false;
-    };
-    let Ok((file, size)) =
-        copy::open_regular_at(&dir, std::ffi::OsStr::new(crate::runner::logs::OUTPUT_FILE))
-    else {
-        return false;
-    };
-    let start = size.saturating_sub(TAIL_BYTES);
-    copy::read_at(&file, start, size - start)
-        .is_ok_and(|bytes| String::from_utf8_lossy(&bytes).contains(JOB_ENDED_PHRASE))
+    copy::any_tail(
+        &runtime.join(copy::DIAG_DIR),
+        |name| name == crate::runner::logs::OUTPUT_FILE,
+        1,
+        TAIL_BYTES,
+        |text| text.contains(JOB_ENDED_PHRASE),
+    )
 }
 
 fn filesystem_full(runtime: &Path) -> bool {
@@ -79,24 +75,7 @@ fn filesystem_full(runtime: &Path) -> bool {
 }
 
 fn logs_say_disk_full(diag: &Path) -> bool {
-    let Ok(dir) = copy::open_dir(diag) else {
-        return false;
-    };
-    let Ok(names) = copy::list(&dir) else {
-        return false;
-    };
-    names
-        .iter()
-        .filter(|name| copy::safe_name(name))
-        .take(MAX_FILES)
-        .any(|name| {
-            let Ok((file, size)) = copy::open_regular_at(&dir, name) else {
-                return false;
-            };
-            let start = size.saturating_sub(TAIL_BYTES);
-            copy::read_at(&file, start, size - start)
-                .is_ok_and(|bytes| says_disk_full(&String::from_utf8_lossy(&bytes)))
-        })
+    copy::any_tail(diag, copy::safe_name, MAX_FILES, TAIL_BYTES, says_disk_full)
 }
 
 #[cfg(test)]

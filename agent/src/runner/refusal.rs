@@ -9,8 +9,6 @@
 //! by its `Worker_*.log` first); it is read bounded, never followed through a link, and only
 //! matched against a fixed phrase: nothing of it is logged or journalled.
 
-use std::ffi::OsStr;
-use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use super::logs::copy;
@@ -33,31 +31,19 @@ pub fn says_refused(text: &str) -> bool {
 /// Whether any `Runner_*.log` in the `diag` folder says GitHub refused the runner's version.
 /// Unreadable, missing or linked files say nothing. The folder is the job's to write: every
 /// file is opened relative to the folder's descriptor without following a link and without
-/// waiting on a FIFO ([`copy::open_regular_at`]), so a job that swaps a log for a FIFO or a
-/// link between a look and an open cannot stall supervision or point it elsewhere.
+/// waiting on a FIFO ([`copy::any_tail`]), so a job that swaps a log for a FIFO or a link
+/// between a look and an open cannot stall supervision or point it elsewhere.
 pub fn refused(diag: &Path) -> bool {
-    let Ok(dir) = copy::open_dir(diag) else {
-        return false;
-    };
-    let Ok(names) = copy::list(&dir) else {
-        return false;
-    };
-    names
-        .iter()
-        .filter(|name| {
+    copy::any_tail(
+        diag,
+        |name| {
             let name = name.to_string_lossy();
             name.starts_with("Runner_") && name.ends_with(".log")
-        })
-        .take(MAX_LOGS)
-        .any(|name| tail(&dir, name).is_some_and(|text| says_refused(&text)))
-}
-
-/// The last [`TAIL_BYTES`] of a regular file of `dir` (never through a link, never a FIFO).
-fn tail(dir: &OwnedFd, name: &OsStr) -> Option<String> {
-    let (file, size) = copy::open_regular_at(dir, name).ok()?;
-    let start = size.saturating_sub(TAIL_BYTES);
-    let bytes = copy::read_at(&file, start, size - start).ok()?;
-    Some(String::from_utf8_lossy(&bytes).into_owned())
+        },
+        MAX_LOGS,
+        TAIL_BYTES,
+        says_refused,
+    )
 }
 
 #[cfg(test)]

@@ -47,7 +47,25 @@ fn decide_disk(
     observation: Seen,
     disk: DiskUse,
 ) -> Decision {
-    let (process, github, evidence) = observation;
+    decide_all(
+        state,
+        secs_in_state,
+        intent,
+        observation,
+        disk,
+        Findings::default(),
+    )
+}
+
+/// The decision with everything given: the disk watch's word and the findings.
+fn decide_all(
+    state: AttemptState,
+    secs_in_state: i64,
+    intent: Option<StopIntent>,
+    (process, github, evidence): Seen,
+    disk: DiskUse,
+    findings: Findings,
+) -> Decision {
     recovery_decision(
         &AttemptFacts {
             state,
@@ -59,7 +77,7 @@ fn decide_disk(
             github,
             evidence,
             disk,
-            findings: Findings::default(),
+            findings,
         },
         &T,
         NOW,
@@ -526,24 +544,16 @@ fn decide_with(
     state: AttemptState,
     secs_in_state: i64,
     intent: Option<StopIntent>,
-    (process, github, evidence): Seen,
+    seen: Seen,
     findings: Findings,
 ) -> Decision {
-    recovery_decision(
-        &AttemptFacts {
-            state,
-            state_changed_at_ms: NOW - secs_in_state * 1000,
-            stop_intent: intent,
-        },
-        &Observation {
-            process,
-            github,
-            evidence,
-            disk: DiskUse::Within,
-            findings,
-        },
-        &T,
-        NOW,
+    decide_all(
+        state,
+        secs_in_state,
+        intent,
+        seen,
+        DiskUse::Within,
+        findings,
     )
 }
 

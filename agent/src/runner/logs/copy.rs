@@ -106,6 +106,37 @@ pub fn read_capped(file: &File, size: u64, cap: u64) -> io::Result<Vec<u8>> {
     Ok(cap_text(&head, &tail, size))
 }
 
+/// Whether the last `tail` bytes of any of the first `most` regular files of the folder `diag`
+/// whose names `pick` accepts satisfy `says`. Every file is opened through
+/// [`open_regular_at`] (no link, no FIFO wait); a missing or unreadable folder or file says
+/// nothing. For the phrases supervision looks for in a runner's logs.
+pub fn any_tail(
+    diag: &Path,
+    pick: impl Fn(&OsStr) -> bool,
+    most: usize,
+    tail: u64,
+    says: impl Fn(&str) -> bool,
+) -> bool {
+    let Ok(dir) = open_dir(diag) else {
+        return false;
+    };
+    let Ok(names) = list(&dir) else {
+        return false;
+    };
+    names
+        .iter()
+        .filter(|name| pick(name))
+        .take(most)
+        .any(|name| {
+            let Ok((file, size)) = open_regular_at(&dir, name) else {
+                return false;
+            };
+            let start = size.saturating_sub(tail);
+            read_at(&file, start, size - start)
+                .is_ok_and(|bytes| says(&String::from_utf8_lossy(&bytes)))
+        })
+}
+
 /// Reads up to `len` bytes at `offset` (fewer when the file shrank meanwhile).
 pub fn read_at(file: &File, offset: u64, len: u64) -> io::Result<Vec<u8>> {
     read_range(file, offset, len)

@@ -224,11 +224,10 @@ const RERUNS: PolicySpec = PolicySpec {
     ..LINUX
 };
 
-/// A bounded re-run through the real binary: the runner crashes mid-job, GitHub fails the job,
-/// and the agent asks GitHub once to re-run it; the re-run's runner crashes too, and the bound
-/// (`max_reruns` 1) asks no more. Exactly one request.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_whose_runner_crashed_is_re_run_once_and_no_more() {
+/// A fleet whose policy re-runs jobs whose runner crashed, its App allowed to re-run (`actions:
+/// write`), GitHub giving a job up soon after its runner stops, and every runner crashing
+/// mid-job.
+async fn rerun_fleet() -> Fleet {
     let fleet = Fleet::start(FleetOptions {
         policies: vec![RERUNS],
         ..FleetOptions::default()
@@ -241,6 +240,15 @@ async fn a_job_whose_runner_crashed_is_re_run_once_and_no_more() {
         crash: Some(CrashPoint::DuringJob),
         ..RunnerBehavior::default()
     });
+    fleet
+}
+
+/// A bounded re-run through the real binary: the runner crashes mid-job, GitHub fails the job,
+/// and the agent asks GitHub once to re-run it; the re-run's runner crashes too, and the bound
+/// (`max_reruns` 1) asks no more. Exactly one request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_runner_crashed_is_re_run_once_and_no_more() {
+    let fleet = rerun_fleet().await;
     let agent = fleet.start_agent(&[]).await;
     let job = fleet.fake.queue_job(REPO, "build", LABELS).unwrap();
     wait_until(Duration::from_secs(90), "the job re-run", || {
@@ -282,18 +290,7 @@ async fn a_job_whose_runner_crashed_is_re_run_once_and_no_more() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_while_sending_a_re_run_never_sends_it_twice() {
     rm_e2e::agent_with("fault-injection");
-    let fleet = Fleet::start(FleetOptions {
-        policies: vec![RERUNS],
-        ..FleetOptions::default()
-    })
-    .await;
-    let installation = fleet.fake.add_org("acme");
-    fleet.fake.set_actions_write(installation, true);
-    fleet.fake.set_job_lock_timeout(LOCK_TIMEOUT);
-    fleet.fake.set_runner_behavior(RunnerBehavior {
-        crash: Some(CrashPoint::DuringJob),
-        ..RunnerBehavior::default()
-    });
+    let fleet = rerun_fleet().await;
     let mut first = fleet
         .start_agent(&[("RM_FAULT_CRASH_AT", "rerun_sending")])
         .await;
