@@ -88,7 +88,7 @@ mod tests {
         std::fs::create_dir(&diag).unwrap();
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &diag.join("Runner_1-utc.log"),
+            diag.join("Runner_1-utc.log"),
             rustix::fs::FileType::Fifo,
             rustix::fs::Mode::from_raw_mode(0o600),
             0,
