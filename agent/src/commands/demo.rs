@@ -7,6 +7,11 @@
 #[cfg(feature = "demo")]
 mod play;
 
+/// The demo's runner uids, for tests that run beside it and must not share a uid or its
+/// network slot.
+#[cfg(feature = "demo")]
+pub use play::DEMO_UIDS;
+
 use std::process::ExitCode;
 
 use crate::exit::Exit;

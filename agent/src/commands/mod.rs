@@ -3,6 +3,8 @@
 pub(crate) mod check;
 pub(crate) mod deliveries;
 pub(crate) mod demo;
+#[cfg(feature = "demo")]
+pub use demo::DEMO_UIDS;
 pub(crate) mod explain;
 pub(crate) mod jobs;
 pub(crate) mod logs;

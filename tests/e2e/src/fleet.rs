@@ -126,12 +126,26 @@ pub struct Fleet {
 pub const UIDS_PER_FLEET: u32 = 32;
 
 /// A uid range no other fleet of any test process on this host holds: the process id and a
-/// counter pick a block far above any regular account.
+/// counter pick a block far above any regular account. A block whose network slots (a runner's
+/// /30 is its uid's slot, `network::slot_of`) meet the demo's (`rm-agent demo` runs beside the
+/// fleets in the same test binary, on its own fixed uids) is passed over: two runners on one
+/// slot would share an address, and the second could not start.
 pub fn fleet_uids() -> String {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 64;
-    let first = 1_000_000 + (std::process::id() % 4096) * 64 * UIDS_PER_FLEET + n * UIDS_PER_FLEET;
-    format!("{first}-{}", first + UIDS_PER_FLEET - 1)
+    let demo = parse_uids(rm_agent::commands::DEMO_UIDS);
+    let demo_slots: std::collections::HashSet<u32> = (demo.0..=demo.1)
+        .map(rm_agent::runner::network::slot_of)
+        .collect();
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 64;
+        let first =
+            1_000_000 + (std::process::id() % 4096) * 64 * UIDS_PER_FLEET + n * UIDS_PER_FLEET;
+        let last = first + UIDS_PER_FLEET - 1;
+        if (first..=last).all(|uid| !demo_slots.contains(&rm_agent::runner::network::slot_of(uid)))
+        {
+            return format!("{first}-{last}");
+        }
+    }
 }
 
 impl Fleet {

@@ -71,7 +71,7 @@ const RECEIVER_WAIT: Duration = Duration::from_secs(10);
 const NO_REPLACEMENT_WATCH: Duration = Duration::from_millis(2500);
 /// The demo's runner uids: beside the default pool (64200-64263), so a demo next to a running
 /// agent never takes one of its runners' uids.
-const DEMO_UIDS: &str = "64300-64331";
+pub const DEMO_UIDS: &str = "64300-64331";
 /// The scenario gives up after this: a hang guard, not a speed test. The scenario takes about
 /// 10 s on an idle host; on a busy one it is slower, which is not a failure (its time is in
 /// the summary), so only something that never ends trips this.
