@@ -8,6 +8,8 @@
 #[path = "../../../tests/support/busybox_image.rs"]
 #[allow(dead_code, reason = "saved_image serves the end-to-end Docker tests")]
 mod busybox_image;
+#[path = "../../../tests/support/log_capture.rs"]
+mod log_capture;
 #[path = "../../../tests/support/postgres.rs"]
 mod pg_server;
 #[path = "../../../tests/support/skip.rs"]

@@ -11,7 +11,6 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rm_agent::runner::process::{
@@ -143,35 +142,12 @@ fn identity_of(pid: u32) -> ProcessIdentity {
     }
 }
 
-/// Collects every log line the adapters emit while a test runs.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
 #[tokio::test]
 async fn a_runner_gets_run_its_runtime_and_the_jit_in_its_environment_only() {
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    // The shared capture: it also holds a second dispatcher, without which a sibling test
+    // thread reaching the adapters' callsites first caches them as disabled for this one too
+    // (tracing's one-dispatcher shortcut), and the capture comes back empty.
+    let logs = crate::log_capture::LogCapture::start(tracing::Level::TRACE);
 
     let s = setup(PROBE);
     let dir = s.runtime.dir();
