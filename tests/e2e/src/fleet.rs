@@ -432,6 +432,28 @@ impl Fleet {
     }
 }
 
+impl Fleet {
+    /// `rm-agent explain JOB --json`, which must succeed, as JSON.
+    pub fn explain(&self, job: u64) -> serde_json::Value {
+        let out = self.setup.run(&["explain", &job.to_string(), "--json"]);
+        assert!(out.status.success(), "explain {job}: {out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+/// The codes of an `explain --json` answer's reasons, in order.
+pub fn reason_codes(answer: &serde_json::Value) -> Vec<String> {
+    answer["reasons"]
+        .as_array()
+        .map(|reasons| {
+            reasons
+                .iter()
+                .filter_map(|r| r["code"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// `dir` as a `.tar.gz` with entries under `./`, as actions/runner packs its releases.
 pub fn tarball(dir: &Path) -> Vec<u8> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());

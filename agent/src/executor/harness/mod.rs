@@ -837,17 +837,8 @@ impl Harness {
         job["labels"] = serde_json::json!(labels);
         job["created_at"] = serde_json::json!(now);
         job["started_at"] = serde_json::json!(now);
-        self.journal
-            .record(rm_journal::Incoming {
-                guid: format!("queued-{job_id}"),
-                event: "workflow_job".into(),
-                headers: Vec::new(),
-                body: serde_json::to_vec(&body).expect("JSON"),
-                received_at_ms: rm_handlers::UnixMs::from_system_time(self.clock.now()),
-                source: rm_handlers::Source::Webhook,
-            })
-            .await
-            .expect("the delivery journalled");
+        self.journal_webhook(format!("queued-{job_id}"), &body)
+            .await;
     }
 
     /// Journals a `completed` webhook delivery of the fake's job `job` as it stands (completed,
@@ -877,12 +868,18 @@ impl Harness {
         j["created_at"] = serde_json::json!(now);
         j["started_at"] = serde_json::json!(now);
         j["completed_at"] = serde_json::json!(now);
+        self.journal_webhook(format!("completed-{job}"), &body)
+            .await;
+    }
+
+    /// Journals a `workflow_job` webhook delivery of `body` under `guid`, as the receiver would.
+    async fn journal_webhook(&self, guid: String, body: &serde_json::Value) {
         self.journal
             .record(rm_journal::Incoming {
-                guid: format!("completed-{job}"),
+                guid,
                 event: "workflow_job".into(),
                 headers: Vec::new(),
-                body: serde_json::to_vec(&body).expect("JSON"),
+                body: serde_json::to_vec(body).expect("JSON"),
                 received_at_ms: rm_handlers::UnixMs::from_system_time(self.clock.now()),
                 source: rm_handlers::Source::Webhook,
             })

@@ -198,8 +198,7 @@ async fn a_runner_lost_with_its_host_mid_job_ends_host_lost() {
         .unwrap();
     assert_eq!(lost.outcome, Some(AttemptOutcome::Failed), "{lost:?}");
     assert_eq!(lost.reason.as_deref(), Some("host_lost"), "{lost:?}");
-    let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = fleet.explain(job);
     assert_eq!(answer["runner_end"]["reason"], "host_lost", "{answer}");
     let status = second.terminate();
     assert!(status.success(), "drain exit status {status}");

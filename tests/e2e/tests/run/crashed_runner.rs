@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rm_e2e::fleet::{Fleet, FleetOptions, LINUX, PolicySpec, REPO, wait_until};
+use rm_e2e::fleet::{Fleet, FleetOptions, LINUX, PolicySpec, REPO, reason_codes, wait_until};
 use rm_fake_github::{CrashPoint, RunnerBehavior};
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
@@ -92,18 +92,11 @@ async fn a_runner_that_crashes_mid_job_has_its_job_failed_and_its_registration_r
         "{attempt:?}"
     );
     let explained = |when: &str| {
-        let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
-        assert!(out.status.success(), "{when}: {out:?}");
-        let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let codes: Vec<&str> = answer["reasons"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|r| r["code"].as_str())
-            .collect();
+        let answer = fleet.explain(job);
+        let codes = reason_codes(&answer);
         assert_eq!(answer["verdict"], "done", "{when}: {answer}");
         assert!(
-            codes.contains(&"runner_crashed") && codes.contains(&"logs_kept"),
+            codes.iter().any(|c| c == "runner_crashed") && codes.iter().any(|c| c == "logs_kept"),
             "{when}: {answer}"
         );
         assert_eq!(answer["runner_end"]["reason"], "runner_crashed", "{when}");
@@ -274,8 +267,7 @@ async fn a_job_whose_runner_crashed_is_re_run_once_and_no_more() {
         "{:?}",
         rerun_requests(&fleet)
     );
-    let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = fleet.explain(job);
     assert_eq!(answer["rerun"]["state"], "sent", "{answer}");
     let status = fleet.setup.run(&["status", "--json"]);
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
@@ -326,15 +318,11 @@ async fn a_crash_while_sending_a_re_run_never_sends_it_twice() {
         "{:?}",
         rerun_requests(&fleet)
     );
-    let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let codes: Vec<&str> = answer["reasons"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| r["code"].as_str())
-        .collect();
-    assert!(codes.contains(&"rerun_unknown"), "{answer}");
+    let answer = fleet.explain(job);
+    assert!(
+        reason_codes(&answer).iter().any(|c| c == "rerun_unknown"),
+        "{answer}"
+    );
     let exit = second.terminate();
     assert!(exit.success(), "drain exit status {exit}");
 }

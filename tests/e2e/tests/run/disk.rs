@@ -129,8 +129,7 @@ async fn a_job_that_fills_its_filesystem_ends_disk_full() {
         .find(|a| a.reason.as_deref() == Some("disk_full"))
         .unwrap_or_else(|| panic!("no attempt ended disk_full: {attempts:?}"));
     assert_eq!(filled.outcome, Some(AttemptOutcome::Failed));
-    let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = fleet.explain(job);
     assert_eq!(answer["runner_end"]["reason"], "disk_full", "{answer}");
     let status = agent.terminate();
     assert!(status.success(), "drain exit status {status}");

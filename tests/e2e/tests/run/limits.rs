@@ -205,8 +205,7 @@ async fn a_job_past_its_memory_max_ends_oom_killed() {
         },
     )
     .await;
-    let out = fleet.setup.run(&["explain", &job.to_string(), "--json"]);
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = fleet.explain(job);
     assert_eq!(answer["runner_end"]["reason"], "oom_killed", "{answer}");
     let status = agent.terminate();
     assert!(status.success(), "drain exit status {status}");
