@@ -98,7 +98,7 @@ pub(crate) async fn serve_paced(
         .with_context(|| format!("cannot open the journal in {}", config.data_dir.display()))
         .map_err(Exit::runtime)?;
     let notifier = Arc::new(crate::notify::from_config(config)?);
-    let executor = Executor::open(
+    let mut executor = Executor::open(
         settings,
         &journal_path,
         &config.host.runner_root,
@@ -115,7 +115,7 @@ pub(crate) async fn serve_paced(
     crate::fitness::check_once(&fitness_required, &fitness, &notifier).await;
     let fitness_checker =
         crate::fitness::spawn(fitness_required, fitness.clone(), Arc::clone(&notifier));
-    handle.wake_on(fitness.fit_again());
+    executor.wake_on(fitness.fit_again());
     // For `rm-agent status` and `/metrics`: what only the running agent knows.
     let published = client.clone();
     // Checked before anything starts, so a missing token is a usage error at start.
@@ -164,8 +164,8 @@ pub(crate) async fn serve_paced(
         }
     }
     .with_pacing(pacing);
-    handle.wake_on(journal.durable_groups());
-    handle.wake_on(poller.changes());
+    executor.wake_on(journal.durable_groups());
+    executor.wake_on(poller.changes());
     watch_webhook_health(poller.status(), Arc::clone(&notifier));
     crate::status_file::spawn_publisher(
         config.data_dir.clone(),

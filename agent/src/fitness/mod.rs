@@ -304,7 +304,7 @@ impl Gate {
         self.state.borrow().clone()
     }
 
-    /// Changes each time the host becomes fit again (for [`crate::executor::Handle::wake_on`]).
+    /// Changes each time the host becomes fit again (for [`crate::executor::Executor::wake_on`]).
     pub fn fit_again(&self) -> watch::Receiver<u64> {
         self.fit_again.subscribe()
     }
