@@ -15,6 +15,7 @@
 //! while young enough.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rm_github::Target;
@@ -64,8 +65,6 @@ struct Pass {
     timeouts: Timeouts,
     /// Startup recovery: listings fetched afresh, deferrals keep recovery incomplete.
     startup: bool,
-    /// When the pass started (ms).
-    started: i64,
     /// The journal has the attempt's job completed.
     job_completed: bool,
 }
@@ -196,18 +195,32 @@ impl Supervisor {
             took,
             ..PassReport::default()
         };
-        for record in records {
+        let now = ctx.now_ms();
+        let records: Vec<AttemptRecord> = records
+            .into_iter()
+            .filter(|r| !r.state.is_terminal() || self.clean_due(&r.attempt_id, now))
+            .collect();
+        let sights = sight_all(ctx, &records, startup).await;
+        let needs = records.iter().zip(&sights).filter_map(|(record, sight)| {
+            let freshness = if startup {
+                Freshness::After(pass_started)
+            } else {
+                freshness_for(record, sight.process, timeouts, now)
+            };
+            Some((targets.get(&record.policy)?, freshness))
+        });
+        self.refresh_listings(ctx, needs).await;
+        for (record, sight) in records.into_iter().zip(sights) {
             let target = targets.get(&record.policy);
             let span = super::attempt_span(&record);
             let job_completed = completed.contains(&record.runner_name);
             let pass = Pass {
                 timeouts,
                 startup,
-                started: pass_started,
                 job_completed,
             };
             let deferred = self
-                .supervise_one(ctx, &record, target, pass, &mut report)
+                .supervise_one(ctx, &record, target, sight, pass, &mut report)
                 .instrument(span)
                 .await?;
             if deferred {
@@ -218,20 +231,58 @@ impl Supervisor {
         Ok(report)
     }
 
+    /// Brings the listing held of each target up to the freshest `needs` asks of it; the
+    /// targets whose listing is too old are fetched concurrently.
+    async fn refresh_listings<'t>(
+        &mut self,
+        ctx: &Context,
+        needs: impl Iterator<Item = (&'t Target, Freshness)>,
+    ) {
+        let mut strongest: HashMap<&Target, Freshness> = HashMap::new();
+        for (target, freshness) in needs {
+            let entry = strongest.entry(target).or_insert(freshness);
+            *entry = stronger(*entry, freshness);
+        }
+        let stale: Vec<&Target> = strongest
+            .into_iter()
+            .filter(|(target, freshness)| !self.fresh_enough(target, *freshness))
+            .map(|(target, _)| target)
+            .collect();
+        let fetched = futures_util::future::join_all(stale.into_iter().map(|target| async move {
+            let fetched_at = ctx.now_ms();
+            let listing = ctx.registry.list(target).await;
+            if let Err(e) = &listing {
+                tracing::warn!(target = %target, error = %e, "cannot list the target's runners");
+            }
+            (target.clone(), fetched_at, listing)
+        }))
+        .await;
+        for (target, fetched_at, listing) in fetched {
+            self.listings.insert(target, (fetched_at, listing));
+        }
+    }
+
+    /// Whether the listing held of `target` is as fresh as `freshness` asks.
+    fn fresh_enough(&self, target: &Target, freshness: Freshness) -> bool {
+        match (self.listings.get(target), freshness) {
+            (Some((fetched, _)), Freshness::After(ms)) => *fetched >= ms,
+            (Some(_), Freshness::Any) => true,
+            (None, _) => false,
+        }
+    }
+
     /// Observes, decides and acts for one attempt; returns whether it was deferred.
     async fn supervise_one(
         &mut self,
         ctx: &Context,
         record: &AttemptRecord,
         target: Option<&Target>,
+        sight: Sight,
         pass: Pass,
         report: &mut PassReport,
     ) -> Result<bool, AttemptError> {
         let now = ctx.now_ms();
-        if record.state.is_terminal() && !self.clean_due(&record.attempt_id, now) {
-            return Ok(false);
-        }
-        let Some(looked) = self.look(ctx, record, target, pass, now).await else {
+        let Some(looked) = self.look(ctx, record, target, sight, pass, now) else {
             return Ok(false);
         };
         let decision = recovery_decision(
@@ -250,37 +301,40 @@ impl Supervisor {
             .await
     }
 
-    /// What the decision reads of one attempt: its process, its evidence, GitHub's listing
-    /// (fetched only as fresh as the decision needs) and the findings of an ended runner.
-    /// `None`: a runner this agent started has exited and its launch task has not reaped it
-    /// yet; its status comes with `Exited`, and the attempt is looked at then.
-    async fn look(
+    /// What the decision reads of one attempt: what was seen of it on this host (`sight`),
+    /// GitHub's listing (refreshed for this pass only as far as the decisions need) and the
+    /// findings of an ended runner. `None`: a runner this agent started has exited and its
+    /// launch task has not reaped it yet; its status comes with `Exited`, and the attempt is
+    /// looked at then.
+    fn look(
         &mut self,
         ctx: &Context,
         record: &AttemptRecord,
         target: Option<&Target>,
+        sight: Sight,
         pass: Pass,
         now: i64,
     ) -> Option<Looked> {
-        let (process, identity) = observe_process(ctx, record);
+        let Sight {
+            process,
+            identity,
+            evidence,
+            ended,
+        } = sight;
         if process != ProcessObservation::Running
             && !record.state.is_terminal()
             && self.reaping.contains(&record.attempt_id)
         {
             return None;
         }
-        let evidence = evidence::read(&record.runtime_dir);
-        let freshness = if pass.startup {
-            Freshness::After(pass.started)
-        } else {
-            freshness_for(record, process, pass.timeouts, now)
-        };
-        let listing = match target {
-            Some(target) => Some(self.listing(ctx, target, freshness).await),
-            None => None,
-        };
+        let listing = target
+            .and_then(|target| self.listings.get(target))
+            .map(|(_, listing)| listing.clone());
         let github = match &listing {
             Some(listing) => registry::observation(listing, &record.runner_name),
+            // Every configured target's listing was refreshed for this pass; none held is
+            // GitHub not answered.
+            None if target.is_some() => GithubObservation::Unreachable,
             // A policy no longer configured: its target is unknown, so GitHub cannot be asked.
             // Deciding as if unregistered keeps a removed policy from blocking recovery: a busy
             // runner is still left alone, an idle one still times out, a dead one is concluded
@@ -292,8 +346,8 @@ impl Supervisor {
             record,
             process,
             github,
-            pass.startup,
-            pass.job_completed,
+            ended,
+            (pass.startup, pass.job_completed),
             now,
         );
         Some(Looked {
@@ -501,13 +555,12 @@ impl Supervisor {
         record: &AttemptRecord,
         process: ProcessObservation,
         github: GithubObservation,
-        startup: bool,
-        job_completed: bool,
+        ended: Option<Ended>,
+        (startup, job_completed): (bool, bool),
         now: i64,
     ) -> (Findings, findings::Memory) {
         use AttemptState::*;
         let id = &record.attempt_id;
-        let live = matches!(record.state, Starting | Idle | Busy);
         // A ghost is an idle runner alive and unlisted; any other sighting ends the count.
         let unlisted_for = match (record.state, process, github) {
             (Idle, ProcessObservation::Running, GithubObservation::NotRegistered) => {
@@ -523,46 +576,19 @@ impl Supervisor {
                 None
             }
         };
-        let ended = live && process != ProcessObservation::Running;
-        let memory = if ended {
-            findings::memory(record.cgroup.as_deref())
-        } else {
-            findings::Memory::default()
-        };
+        let ended = ended.unwrap_or_default();
         (
             Findings {
                 exit: self.exits.get(id).copied(),
-                oom_kills: memory.oom_kills,
-                disk_full: ended && findings::disk_full(&record.runtime_dir),
+                oom_kills: ended.memory.oom_kills,
+                disk_full: ended.disk_full,
                 unlisted_for,
                 recovering: startup,
                 // The journal's word (a `completed` delivery), or the runner's own console.
-                job_completed: job_completed
-                    || (ended && startup && findings::job_ended(&record.runtime_dir)),
+                job_completed: job_completed || ended.job_ended,
             },
-            memory,
+            ended.memory,
         )
-    }
-
-    /// The target's listing, fetched if the one held is not fresh enough.
-    async fn listing(&mut self, ctx: &Context, target: &Target, freshness: Freshness) -> Listing {
-        let held = self.listings.get(target);
-        let fresh_enough = match (held, freshness) {
-            (Some((fetched, _)), Freshness::After(ms)) => *fetched >= ms,
-            (Some(_), Freshness::Any) => true,
-            (None, _) => false,
-        };
-        if fresh_enough && let Some((_, listing)) = held {
-            return listing.clone();
-        }
-        let fetched_at = ctx.now_ms();
-        let listing = ctx.registry.list(target).await;
-        if let Err(e) = &listing {
-            tracing::warn!(target = %target, error = %e, "cannot list the target's runners");
-        }
-        self.listings
-            .insert(target.clone(), (fetched_at, listing.clone()));
-        listing
     }
 
     fn clean_due(&self, id: &AttemptId, now: i64) -> bool {
@@ -708,11 +734,94 @@ fn watched(ctx: &Context, records: &[AttemptRecord]) -> Vec<Watched> {
         .collect()
 }
 
+/// What supervision sees of one attempt on this host: its process and the evidence in its
+/// runtime, and for a live runner whose process is gone, why it ended.
+struct Sight {
+    process: ProcessObservation,
+    identity: Option<ProcessIdentity>,
+    evidence: crate::lifecycle::JobEvidence,
+    /// Read only for a live attempt whose process is gone: nothing else is decided from it.
+    ended: Option<Ended>,
+}
+
+/// What the kernel and the logs say of an ended runner.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ended {
+    memory: findings::Memory,
+    disk_full: bool,
+    /// Its console says its job ended (read at startup recovery only: while the agent runs,
+    /// the journal's completion is the word).
+    job_ended: bool,
+}
+
+/// What supervision sees of each attempt on this host (`/proc`, the runtime's `_diag`, the
+/// cgroup's memory report), read on one blocking-pool thread: a slow filesystem holds back no
+/// async worker.
+async fn sight_all(ctx: &Context, records: &[AttemptRecord], startup: bool) -> Vec<Sight> {
+    let (execution, processes) = (Arc::clone(&ctx.execution), Arc::clone(&ctx.processes));
+    let records = records.to_vec();
+    let count = records.len();
+    let read = tokio::task::spawn_blocking(move || {
+        records
+            .iter()
+            .map(|record| sight(&*execution, &*processes, record, startup))
+            .collect::<Vec<_>>()
+    })
+    .await;
+    read.unwrap_or_else(|e| {
+        // The read panicked: nothing is decided from a sight not taken.
+        tracing::warn!(error = %e, "cannot look at the runners on this host");
+        (0..count)
+            .map(|_| Sight {
+                process: ProcessObservation::Gone,
+                identity: None,
+                evidence: crate::lifecycle::JobEvidence::Unknown,
+                ended: None,
+            })
+            .collect()
+    })
+}
+
+/// What is seen of one attempt on this host.
+fn sight(
+    execution: &dyn super::seams::Execution,
+    processes: &super::seams::ProcessTable,
+    record: &AttemptRecord,
+    startup: bool,
+) -> Sight {
+    use AttemptState::*;
+    let (process, identity) = observe_process(execution, processes, record);
+    let live = matches!(record.state, Starting | Idle | Busy);
+    let ended = (live && process != ProcessObservation::Running).then(|| Ended {
+        memory: findings::memory(record.cgroup.as_deref()),
+        disk_full: findings::disk_full(&record.runtime_dir),
+        job_ended: startup && findings::job_ended(&record.runtime_dir),
+    });
+    Sight {
+        process,
+        identity,
+        evidence: evidence::read(&record.runtime_dir),
+        ended,
+    }
+}
+
+/// The fresher of two needs: a listing fetched after the later time satisfies both.
+fn stronger(a: Freshness, b: Freshness) -> Freshness {
+    match (a, b) {
+        (Freshness::After(x), Freshness::After(y)) => Freshness::After(x.max(y)),
+        (Freshness::After(x), Freshness::Any) | (Freshness::Any, Freshness::After(x)) => {
+            Freshness::After(x)
+        }
+        (Freshness::Any, Freshness::Any) => Freshness::Any,
+    }
+}
+
 /// The process's state from the journalled identity. An attempt with no identity that may have
 /// a process (`jit_received`: the agent died between spawn and journal) is looked for by its
 /// working directory.
 fn observe_process(
-    ctx: &Context,
+    execution: &dyn super::seams::Execution,
+    processes: &super::seams::ProcessTable,
     record: &AttemptRecord,
 ) -> (ProcessObservation, Option<ProcessIdentity>) {
     let journalled = journalled_identity(record);
@@ -725,9 +834,9 @@ fn observe_process(
     let Some(identity) = identity else {
         return (ProcessObservation::Gone, None);
     };
-    let inspected = match ctx.execution.of(record.isolation) {
+    let inspected = match execution.of(record.isolation) {
         Some(backend) => backend.inspect(identity),
-        None => process::inspect(&*ctx.processes, identity),
+        None => process::inspect(processes, identity),
     };
     let state = match inspected {
         Ok(ProcessState::Running) => ProcessObservation::Running,
