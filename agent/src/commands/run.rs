@@ -86,7 +86,8 @@ pub(crate) async fn serve_paced(
     let follower = crate::runner::package::latest::Follower::for_config(
         config,
         &client,
-        &settings.backends,
+        &settings.backends.none,
+        settings.backends.user.as_ref(),
         &version,
     );
     let webhook_secrets = match &config.receiver {

@@ -12,6 +12,12 @@
 //! - a **launch back-off** per policy after failed launches, so a 403 or a broken package does
 //!   not become a loop of attempts;
 //! - the jobs already reported as overlapping or unresolvable, so each is logged once.
+//!
+//! The fences, back-offs and launches in flight are published, in the shape of [`published`],
+//! for `status` and `explain`, which judge them with this module's rules ([`backing_off`],
+//! [`counts_after_fence`]).
+
+pub(crate) mod published;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -21,12 +27,12 @@ use rm_journal::{
     AttemptId, AttemptRecord, AttemptState, IsolationKind, JobId, NewAttempt, Scope, WorkspaceKind,
 };
 
+use self::published::{AllocationMemory, Backoff, PolicyMemory};
 use super::context::Context;
 use crate::allocation::{self, AllocationInput};
 use crate::config::Policy;
 use crate::config::Workspace;
 use crate::demand::{self, QueuedJob};
-use crate::explain::published::{AllocationMemory, Backoff, PolicyMemory};
 use crate::lifecycle::{Conclusion, FailureReason};
 use crate::notify::{Notifier, OperatorEvent};
 use crate::runner::slot;

@@ -32,7 +32,7 @@ use super::{
     DRAIN_CLEANUP, DRAIN_LAUNCHES, DrainReport, Event, INVENTORY_INTERVAL, PASS_INTERVAL,
     RECOVERY_RETRY, RecoveryIncomplete, STARTUP_SYNC_WAIT, Settings, fault, recovery,
 };
-use crate::explain::published::AllocationMemory;
+use crate::executor::allocate::published::AllocationMemory;
 use crate::notify::Notifier;
 use crate::runner::RunnerRoot;
 
