@@ -13,6 +13,8 @@
 //! executor pass) until what it expects holds ([`Harness::until`]); minutes of a runner's life
 //! take a few hundred milliseconds. See docs/development.md, "The executor harness".
 
+mod ceiling_tests;
+mod log_tests;
 mod rerun_tests;
 mod tests;
 
