@@ -47,7 +47,9 @@ pub(crate) struct Demand {
 }
 
 impl Demand {
-    /// How many jobs `policy` should serve.
+    /// How many jobs `policy` should serve (the tests' shorthand: allocation reads
+    /// `per_policy`).
+    #[cfg(test)]
     pub(crate) fn of(&self, policy: &str) -> usize {
         self.per_policy.get(policy).map_or(0, Vec::len)
     }

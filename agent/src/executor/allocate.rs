@@ -1,10 +1,10 @@
 //! The demand-and-allocation room: from the journal's queued jobs to new attempts. It owns
-//! what allocation remembers between passes ([`Allocator`]) and every rule of "should this host
-//! start a runner": demand routed per policy ([`demand::route`]), the fences, the launch
-//! back-off, the runners whose job the journal does not know yet, and the ceilings
-//! ([`allocation::allocate`]). The control loop asks it per pass and tells it what launches and
-//! supervision concluded; the attempt row ([`create_attempt`]) is a runner's first effect, and
-//! its launch task does the rest.
+//! what allocation remembers between passes ([`Allocator`]: fences, back-offs, unknown
+//! completions) and turns it, with the journal's queue, into each policy's inputs to the plan
+//! ([`Allocator::inputs`]: demand routed per policy by [`demand::route`], less the jobs before
+//! its fence and the completions the journal has not named); [`super::plan`] decides from them,
+//! with the ceilings' one input builder ([`allocation_input`]). The attempt row
+//! ([`create_attempt`]) is a runner's first effect, and its launch task does the rest.
 //!
 //! What it remembers (in memory; a restart forgets it, at the cost of one more attempt at most):
 //! - a **fence** per policy: a runner of the policy that gave up (idle exit, registration
@@ -29,6 +29,7 @@ use rm_journal::{
 
 use self::published::{AllocationMemory, Backoff, PolicyMemory};
 use super::context::Context;
+use super::plan::PolicyInputs;
 use crate::allocation::{self, AllocationInput};
 use crate::config::Policy;
 use crate::config::Workspace;
@@ -196,17 +197,19 @@ impl Allocator {
             .collect()
     }
 
-    /// What each policy wants now, from the journal's queued `jobs`: its routed demand less
-    /// the jobs queued before its fence and the completions the journal has not named
-    /// (`named`: those a journalled job now names). A policy in its launch back-off wants
-    /// none. Overlapping and unresolvable jobs are logged once.
-    pub(super) fn wanted<'p>(
+    /// Each policy's inputs to the plan ([`super::plan::plan`]), from the journal's queued
+    /// `jobs`: its routed demand less the jobs queued before its fence and the completions the
+    /// journal has not named (`named`: those a journalled job now names), its back-off and its
+    /// busy runners whose job is unknown (`busy_unknown`, by policy). Overlapping and
+    /// unresolvable jobs are logged once.
+    pub(super) fn inputs<'p>(
         &mut self,
         policies: &'p [Policy],
         jobs: &[rm_journal::JobRow],
         named: &HashSet<String>,
+        busy_unknown: &HashMap<String, usize>,
         now: i64,
-    ) -> Vec<Wanted<'p>> {
+    ) -> Vec<PolicyInputs<'p>> {
         let first_seen: HashMap<JobId, i64> = jobs
             .iter()
             .map(|j| (j.job_id, j.first_seen_at_ms.get()))
@@ -214,71 +217,54 @@ impl Allocator {
         let queued: Vec<QueuedJob> = jobs.iter().map(QueuedJob::from).collect();
         let demand = demand::route(policies, &queued);
         self.report_unroutable(&demand);
-        let mut wanted = Vec::with_capacity(policies.len());
+        let mut inputs = Vec::with_capacity(policies.len());
         for policy in policies {
-            if self.backing_off(&policy.name, now) {
-                continue;
-            }
             let fence = self.fences.get(&policy.name).copied().unwrap_or(i64::MIN);
-            let routed: Vec<JobId> = demand
+            let routed = demand
                 .per_policy
                 .get(&policy.name)
-                .map(|ids| {
-                    ids.iter()
-                        .copied()
-                        .filter(|id| {
-                            first_seen
-                                .get(id)
-                                .is_some_and(|seen| counts_after_fence(*seen, fence))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+                .map_or(&[][..], Vec::as_slice);
+            let (counted, fenced): (Vec<JobId>, Vec<JobId>) =
+                routed.iter().copied().partition(|id| {
+                    first_seen
+                        .get(id)
+                        .is_some_and(|seen| counts_after_fence(*seen, fence))
+                });
             let done_meanwhile = self
                 .unknown_completions
                 .get(&policy.name)
                 .map_or(0, |c| unknown_completions(c, named, self.refreshed_at, now));
-            let count = u32::try_from(routed.len())
+            let count = u32::try_from(counted.len())
                 .unwrap_or(u32::MAX)
                 .saturating_sub(done_meanwhile);
-            wanted.push(Wanted {
+            inputs.push(PolicyInputs {
                 policy,
-                jobs: routed,
+                backing_off_until: self.backoff.get(&policy.name).map(|b| b.until_ms),
+                jobs: counted,
+                fenced: u32::try_from(fenced.len()).unwrap_or(u32::MAX),
                 count,
+                busy_unknown: busy_unknown.get(&policy.name).copied().unwrap_or(0),
             });
         }
-        wanted
+        inputs
     }
 
-    /// How many runners of `policy` to start now, given the journal's `live` attempts and
-    /// its busy runners whose job is unknown; tells the operator when demand has waited at the
-    /// host's ceiling for long.
-    pub(super) fn runners_to_start(
+    /// Tells the operator when a policy's demand has waited at the host's ceiling for long
+    /// (`limit`: which rule bounded its last plan).
+    pub(super) fn note_waiting(
         &mut self,
-        policy: &Policy,
+        policy: &str,
         demand: u32,
-        live: &LiveView,
-        host_max: u32,
+        limit: allocation::Limit,
         now: i64,
         notifier: &Notifier,
-    ) -> u32 {
-        let decided = allocation::allocate(allocation_input(policy, demand, live, host_max));
-        if waiting_too_long(
-            &mut self.waiting_since,
-            &policy.name,
-            demand,
-            decided.limit,
-            now,
-        ) {
+    ) {
+        if waiting_too_long(&mut self.waiting_since, policy, demand, limit, now) {
             notifier.notify(OperatorEvent::DemandWaitingAtCapacity {
-                policy: policy.name.clone(),
+                policy: policy.to_owned(),
                 waiting: demand,
             });
         }
-        if decided.to_start == 0 && demand > 0 {
-            tracing::debug!(policy = %policy.name, demand, limit = ?decided.limit, "no runner to start");
-        }
-        decided.to_start
     }
 
     /// Says once per exhaustion that the uid pool has no free uid (`exhausted`), and when it
@@ -383,6 +369,11 @@ impl Allocator {
         );
     }
 
+    /// Until when `policy` backs off, if it has failed launches behind it.
+    pub(super) fn backoff_until(&self, policy: &str) -> Option<i64> {
+        self.backoff.get(policy).map(|b| b.until_ms)
+    }
+
     /// Whether `policy` is in its launch back-off at `now`.
     pub(super) fn backing_off(&self, policy: &str, now: i64) -> bool {
         self.backoff
@@ -397,6 +388,7 @@ impl Allocator {
         &self,
         launching: &HashSet<AttemptId>,
         draining: bool,
+        plan: super::plan::Published,
     ) -> AllocationMemory {
         let mut launching: Vec<String> =
             launching.iter().map(|id| id.as_str().to_owned()).collect();
@@ -412,18 +404,9 @@ impl Allocator {
             policies,
             launching,
             draining,
+            plan: (plan.at_ms > 0).then_some(plan),
         }
     }
-}
-
-/// What one policy wants in a pass.
-#[derive(Debug)]
-pub(super) struct Wanted<'p> {
-    pub(super) policy: &'p Policy,
-    /// Its queued jobs that count as demand (routed to it, seen after its fence), oldest first.
-    pub(super) jobs: Vec<JobId>,
-    /// How many runners they want: the jobs less the completions the journal has not named.
-    pub(super) count: u32,
 }
 
 /// A runner's conclusion, as supervision reports it to the loop (and the loop to allocation).
@@ -450,7 +433,7 @@ pub(super) struct LaunchFailure {
     pub(super) why: String,
 }
 
-/// The journal's live attempts as allocation counts them, read once per runner created.
+/// The journal's live attempts as allocation counts them.
 #[derive(Debug)]
 pub(super) struct LiveView {
     pub(super) counts: rm_journal::LiveCounts,
@@ -458,21 +441,20 @@ pub(super) struct LiveView {
     pub(super) busy_unknown: usize,
 }
 
-/// Reads the live counts and `policy`'s busy runners with an unknown job.
-pub(super) async fn live_view(ctx: &Context, policy: &str) -> anyhow::Result<LiveView> {
-    let policy = policy.to_owned();
+/// Reads the live counts and, per policy, its busy runners with an unknown job: once per pass.
+pub(super) async fn live_counts(
+    ctx: &Context,
+) -> anyhow::Result<(rm_journal::LiveCounts, HashMap<String, usize>)> {
     Ok(ctx
         .journal
         .write(move |attempts| {
-            let busy_unknown = attempts
-                .list(Scope::Live, Some(&policy))?
-                .iter()
-                .filter(|a| a.state == AttemptState::Busy && a.job_id.is_none())
-                .count();
-            Ok(LiveView {
-                counts: attempts.live_counts()?,
-                busy_unknown,
-            })
+            let mut busy_unknown: HashMap<String, usize> = HashMap::new();
+            for attempt in attempts.list(Scope::Live, None)? {
+                if attempt.state == AttemptState::Busy && attempt.job_id.is_none() {
+                    *busy_unknown.entry(attempt.policy).or_default() += 1;
+                }
+            }
+            Ok((attempts.live_counts()?, busy_unknown))
         })
         .await?)
 }
@@ -582,16 +564,6 @@ pub(super) async fn create_attempt(
             })
         })
         .await?)
-}
-
-/// Whether `policy` still has queued jobs (a JIT retry stops when the demand is gone). An
-/// unreadable journal says yes: the retry's own limits end it.
-pub(super) async fn still_wanted(ctx: &Context, policy: &Policy) -> bool {
-    let Ok(jobs) = ctx.journal.queued_jobs().await else {
-        return true;
-    };
-    let queued: Vec<QueuedJob> = jobs.iter().map(QueuedJob::from).collect();
-    demand::route(&ctx.settings.policies, &queued).of(&policy.name) > 0 || policy.min_runners > 0
 }
 
 #[cfg(test)]

@@ -121,7 +121,7 @@ pub fn shared_windows(pacing: Pacing, content: bool) -> Vec<SpendWindow> {
 
 /// This host's standing in the fleet, as one pass reads it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(super) struct Standing {
+pub(crate) struct Standing {
     /// This host's claims on queued jobs, per policy, oldest first.
     pub(super) mine: HashMap<String, Vec<JobId>>,
     /// Every job this host holds a live claim on, queued or in progress.

@@ -20,11 +20,12 @@ use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
 use super::allocate::{self, Allocator, NoFreeUid};
-use super::claims::{self, FleetStore, Membership, Standing};
+use super::claims::{self, FleetStore, Membership};
 use super::context::Context;
 use super::effects::{self, Effect, Effected, Outcome};
 use super::journal::{AttemptJournal, JobSource};
 use super::launch::Launch;
+use super::plan::{self, Held, Plan};
 use super::registry::Registry;
 use super::seams::Seams;
 use super::supervise::{self, PassReport, Supervisor};
@@ -73,6 +74,9 @@ pub struct Executor {
     claimed: HashSet<JobId>,
     /// The re-run scan (`policy.rerun_on`): when it last started, the one in flight.
     reruns: super::rerun::Reruns,
+    /// The latest allocation plan, for the launches in flight (is their policy still wanted?)
+    /// and the status snapshot.
+    plans: watch::Sender<Arc<Plan>>,
     /// The stops and cleanups in flight, each a task the loop joins (and a drain waits for).
     effects: JoinSet<Effected>,
     /// The attempt of each effect task, for a task that ends without reporting.
@@ -170,6 +174,7 @@ impl Executor {
             renewal: None,
             claimed: HashSet::new(),
             reruns: super::rerun::Reruns::default(),
+            plans: watch::channel(Arc::new(Plan::default())).0,
             effects: JoinSet::new(),
             effect_of: HashMap::new(),
             wakers: Vec::new(),
@@ -316,21 +321,14 @@ impl Executor {
         self.publish();
     }
 
-    /// Allocates runners for every policy's queued jobs: allocation decides, the loop creates
-    /// the attempts and starts their launches.
+    /// Allocates runners for every policy's queued jobs: the loop gathers the plan's inputs,
+    /// [`plan::plan`] decides, and the loop carries the plan out (claims, then attempts and
+    /// their launches) and publishes it.
     async fn allocate(&mut self) -> anyhow::Result<()> {
-        // An unfit host registers nothing (crate::fitness): a runner would fail its job. The
-        // gate wakes the loop when the host is fit again.
-        if !self.ctx.settings.fitness.is_fit() {
-            return Ok(());
-        }
         let ctx = Arc::clone(&self.ctx);
         let (jobs, named) =
             allocate::demand_view(&ctx, self.allocator.unknown_runner_names()).await?;
-        let now = ctx.now_ms();
-        let wanted = self
-            .allocator
-            .wanted(&ctx.settings.policies, &jobs, &named, now);
+        let (counts, busy_unknown) = allocate::live_counts(&ctx).await?;
         // In a fleet, this host serves the jobs it claims (crate::executor::claims).
         let standing = match &ctx.membership {
             Some(membership) => Some(membership.standing().await.map_err(|e| {
@@ -341,61 +339,91 @@ impl Executor {
         if let Some(standing) = &standing {
             self.claimed = standing.held.clone();
         }
-        for wanted in wanted {
-            let policy = wanted.policy;
-            let demand = match (&ctx.membership, &standing) {
-                (Some(membership), Some(standing)) => {
-                    let (claimed, got) = claim(&ctx, membership, standing, &wanted).await?;
-                    self.claimed.extend(got);
-                    // Never more than the journal's own demand: its count is less the jobs this
-                    // host's runners completed that the journal has not named yet.
-                    claimed.min(wanted.count)
-                }
-                _ => wanted.count,
+        let now = ctx.now_ms();
+        let inputs = plan::Inputs {
+            now_ms: now,
+            // An unfit host registers nothing (crate::fitness): a runner would fail its job.
+            // The gate wakes the loop when the host is fit again.
+            fit: ctx.settings.fitness.is_fit(),
+            host_max: ctx.settings.max_runners,
+            counts: &counts,
+            policies: self.allocator.inputs(
+                &ctx.settings.policies,
+                &jobs,
+                &named,
+                &busy_unknown,
+                now,
+            ),
+            standing: standing.as_ref(),
+        };
+        let mut plan = plan::plan(&inputs);
+        if let Some(membership) = &ctx.membership {
+            for planned in &mut plan.policies {
+                let got = settle_claims(membership, planned).await;
+                self.claimed.extend(got);
+            }
+        }
+        for planned in &plan.policies {
+            self.allocator.note_waiting(
+                &planned.policy,
+                planned.demand,
+                planned.limit,
+                now,
+                &ctx.notifier,
+            );
+        }
+        let started = self.start_planned(&ctx, &mut plan).await;
+        self.plans.send_replace(Arc::new(plan));
+        started
+    }
+
+    /// Starts the runners the plan says, policy by policy: each one journalled
+    /// ([`allocate::create_attempt`]) and handed to its launch task. What stops it short (a
+    /// launch that failed meanwhile backs its policy off; no free uid stops every policy) is
+    /// noted in the plan.
+    async fn start_planned(&mut self, ctx: &Arc<Context>, plan: &mut Plan) -> anyhow::Result<()> {
+        // Which uids other processes run as, read once (a `/proc` scan) and only if a runner is
+        // to start: the uids handed out here are fenced by the journal, and a process that
+        // takes a pool uid after the scan is caught when the runner starts.
+        let mut running_uids = None;
+        for planned in &mut plan.policies {
+            let Some(policy) = ctx.policy(&planned.policy) else {
+                continue;
             };
-            // Which uids other processes run as, read once per policy (a `/proc` scan) and only
-            // if a runner is to start: the uids handed out here are fenced by the journal, and
-            // a process that takes a pool uid after the scan is caught when the runner starts.
-            let mut running_uids = None;
-            loop {
-                let live = allocate::live_view(&ctx, &policy.name).await?;
-                // A launch started by this loop may already have failed (a broken package
-                // fails in milliseconds): its back-off holds the rest of the loop too, or the
-                // loop would replace each failed attempt at once.
+            for started in 0..planned.start {
+                // A launch started by this loop may already have failed (a broken package fails
+                // in milliseconds): its back-off holds the rest of the plan too, or the loop
+                // would replace each failed attempt at once.
                 self.take_waiting();
                 if self.allocator.backing_off(&policy.name, ctx.now_ms()) {
+                    let until_ms = self.allocator.backoff_until(&policy.name).unwrap_or(0);
+                    planned.hold(started, Held::BackingOff { until_ms });
                     break;
                 }
-                let to_start = self.allocator.runners_to_start(
-                    policy,
-                    demand,
-                    &live,
-                    ctx.settings.max_runners,
-                    ctx.now_ms(),
-                    &ctx.notifier,
-                );
-                if to_start == 0 {
-                    break;
-                }
-                let record = match allocate::create_attempt(&ctx, policy, &mut running_uids).await {
+                let record = match allocate::create_attempt(ctx, policy, &mut running_uids).await {
                     Ok(record) => record,
                     // Like a ceiling: nothing starts until cleanup releases a uid.
                     Err(e) if e.downcast_ref::<NoFreeUid>().is_some() => {
                         self.allocator.note_uid_pool(Some(&e));
-                        break;
+                        planned.hold(started, Held::NoFreeUid);
+                        return Ok(());
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        planned.start = started;
+                        return Err(e);
+                    }
                 };
                 self.allocator.note_uid_pool(None);
                 let span = super::attempt_span(&record);
-                span.in_scope(|| tracing::info!(demand, "runner allocated"));
+                span.in_scope(|| tracing::info!(demand = planned.demand, "runner allocated"));
                 fault::crash_point("attempt_journalled");
                 self.launching.insert(record.attempt_id.clone());
                 let launch = Launch {
-                    ctx: Arc::clone(&ctx),
+                    ctx: Arc::clone(ctx),
                     record,
                     events: self.handle.events.clone(),
                     draining: self.draining.subscribe(),
+                    plans: self.plans.subscribe(),
                 };
                 tokio::spawn(launch.run().instrument(span));
             }
@@ -578,73 +606,45 @@ impl Executor {
 
     /// Publishes what only the loop knows, for the status snapshot.
     fn publish(&self) {
-        self.published.send_replace(
-            self.allocator
-                .published(&self.launching, *self.draining.borrow()),
-        );
+        let plan = self.plans.borrow().published();
+        self.published.send_replace(self.allocator.published(
+            &self.launching,
+            *self.draining.borrow(),
+            plan,
+        ));
     }
 }
 
-/// In a fleet: gives back this host's claims on jobs that no longer count for `wanted`'s
-/// policy (fenced: its runner gave up on them), claims as many more as its runners could serve
-/// ([`claims::claims_to_make`]), and returns the policy's demand on this host: its claims on
-/// queued jobs, with the jobs it claimed now.
-async fn claim(
-    ctx: &Context,
-    membership: &Membership,
-    standing: &Standing,
-    wanted: &allocate::Wanted<'_>,
-) -> anyhow::Result<(u32, Vec<JobId>)> {
-    let policy = wanted.policy;
-    let counted: HashSet<JobId> = wanted.jobs.iter().copied().collect();
-    let mut mine = 0u32;
-    for &job_id in standing.mine(&policy.name) {
-        if counted.contains(&job_id) {
-            mine += 1;
-        } else if let Err(e) = membership.release(job_id).await {
+/// In a fleet: gives back this host's claims on jobs that no longer count for the policy, makes
+/// the claims the plan asks for, and tells the plan how many were granted; returns the jobs
+/// claimed now.
+async fn settle_claims(membership: &Membership, planned: &mut plan::PolicyPlan) -> Vec<JobId> {
+    for &job_id in &planned.release {
+        if let Err(e) = membership.release(job_id).await {
             tracing::warn!(job_id = job_id.get(), error = %e, "cannot give back a claim on a job this host no longer serves");
         }
     }
-    let candidates = claims::candidates(&wanted.jobs, &standing.taken);
-    let live = allocate::live_view(ctx, &policy.name).await?;
-    let unassigned = live.counts.policy(&policy.name).unassigned();
-    let could_start = crate::allocation::allocate(crate::allocation::AllocationInput {
-        demand: mine.saturating_add(u32::try_from(candidates.len()).unwrap_or(u32::MAX)),
-        min_runners: policy.min_runners,
-        max_runners: policy.max_runners,
-        unassigned_in_flight: unassigned,
-        policy_live: live.counts.policy(&policy.name).live,
-        host_live: live.counts.host_live(),
-        host_max: ctx.settings.max_runners,
-    })
-    .to_start;
-    let n = claims::claims_to_make(
-        could_start,
-        unassigned,
-        mine,
-        u32::try_from(candidates.len()).unwrap_or(u32::MAX),
-    );
-    if n == 0 {
-        return Ok((mine, Vec::new()));
+    if planned.claim.is_empty() {
+        return Vec::new();
     }
-    let asked: Vec<JobId> = candidates.into_iter().take(n as usize).collect();
-    match membership.claim(&policy.name, asked).await {
+    let policy = planned.policy.clone();
+    match membership.claim(&policy, planned.claim.clone()).await {
         Ok(claimed) => {
             if !claimed.job_ids.is_empty() {
-                tracing::info!(policy = %policy.name, jobs = ?claimed.job_ids, "claimed jobs");
+                tracing::info!(policy = %policy, jobs = ?claimed.job_ids, "claimed jobs");
                 // A host that dies holding claims and no runner for them: the lease hand-over.
                 fault::crash_point("jobs_claimed");
             }
             if claimed.at_ceiling {
-                tracing::info!(policy = %policy.name, "the policy's fleet-wide max_runners holds further jobs back");
+                tracing::info!(policy = %policy, "the policy's fleet-wide max_runners holds further jobs back");
             }
-            let demand =
-                mine.saturating_add(u32::try_from(claimed.job_ids.len()).unwrap_or(u32::MAX));
-            Ok((demand, claimed.job_ids))
+            planned.after_claims(claimed.job_ids.len());
+            claimed.job_ids
         }
         Err(e) => {
-            tracing::warn!(policy = %policy.name, error = %e, "cannot claim jobs; serving only this host's claims");
-            Ok((mine, Vec::new()))
+            tracing::warn!(policy = %policy, error = %e, "cannot claim jobs; serving only this host's claims");
+            planned.after_claims(0);
+            Vec::new()
         }
     }
 }

@@ -92,14 +92,6 @@ impl AttemptJournal {
         })
     }
 
-    /// The queued jobs, oldest first: the demand.
-    pub(super) async fn queued_jobs(&self) -> Result<Vec<JobRow>, AttemptError> {
-        match &self.fleet {
-            None => self.read(|reader| reader.queued_jobs()).await,
-            Some(fleet) => on_fleet(fleet, |reader| reader.queued_jobs()).await,
-        }
-    }
-
     /// The jobs that name one of these runners (their `in_progress` or `completed` sighting).
     pub(super) async fn jobs_for_runners(
         &self,

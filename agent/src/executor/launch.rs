@@ -24,7 +24,7 @@ use rm_journal::{AttemptRecord, AttemptState};
 use secrecy::SecretString;
 use tokio::sync::{mpsc, watch};
 
-use super::allocate::{self, LaunchFailure};
+use super::allocate::LaunchFailure;
 use super::context::Context;
 use super::registry::{self, JitRetry, WORK_FOLDER};
 use super::{Event, fault};
@@ -82,6 +82,8 @@ pub(super) struct Launch {
     pub(super) events: mpsc::UnboundedSender<Event>,
     /// True once the agent drains: a JIT retry gives up.
     pub(super) draining: watch::Receiver<bool>,
+    /// The loop's latest allocation plan: whether the policy still wants runners.
+    pub(super) plans: watch::Receiver<std::sync::Arc<super::plan::Plan>>,
 }
 
 impl Launch {
@@ -387,7 +389,9 @@ impl Launch {
                 "the agent is draining",
             ));
         }
-        if !allocate::still_wanted(&self.ctx, policy).await {
+        // The plan's word: demand this host serves (fences, claims and completions the journal
+        // has not named all counted), or a min_runners to keep.
+        if !self.plans.borrow().wants(policy) {
             return Err(Failure::new(
                 AttemptState::Allocated,
                 FailureReason::JitRequestFailed,

@@ -35,6 +35,7 @@ pub(crate) mod fault;
 pub mod findings;
 mod journal;
 mod launch;
+pub(crate) mod plan;
 mod recovery;
 pub(crate) mod registry;
 mod rerun;

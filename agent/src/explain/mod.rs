@@ -3,8 +3,8 @@
 //! the runner it concerns. It owns no rule of its own: it walks the chain the agent applies,
 //! calling each rule's owner ([`demand::route`] and [`demand::matches`] for policies,
 //! [`allocate::backing_off`] and [`allocate::counts_after_fence`] for the executor's memory,
-//! [`allocation::allocate`] for the policy's and the host's ceilings), so the answer cannot
-//! drift from what the agent does.
+//! the executor's own allocation plan ([`plan::plan`]) for the policy's and the host's
+//! ceilings), so the answer cannot drift from what the agent does.
 //!
 //! The chain for a queued job, in order: the job's labels are routed to one policy (else
 //! `no_matching_policy`); a runner of that policy gave up on jobs this old (`waiting_for_github`,
@@ -41,10 +41,11 @@ use std::time::Duration;
 use rm_journal::{AttemptRecord, AttemptState, JobId, JobRow};
 use serde::Serialize;
 
-use crate::allocation::{self, AllocationInput, Limit};
+use crate::allocation::Limit;
 use crate::config::{Policy, Target};
 use crate::demand::{self, QueuedJob};
 use crate::executor::allocate;
+use crate::executor::plan::{self, Plan};
 use crate::status_file::{Liveness, Snapshot};
 
 /// How many runners an `at_capacity` reason names before it says "and N more".
@@ -166,6 +167,10 @@ fn condition(verdict: Verdict, reason: Reason, summary: impl Into<String>) -> Co
 struct Queue {
     routed: demand::Demand,
     places: HashMap<JobId, (usize, usize)>,
+    /// The executor's plan ([`plan::plan`]) for this queue and the journal's live attempts:
+    /// how many runners each policy's ceilings let start, and which ceiling held the rest.
+    /// Fitness and back-offs are left out of it here: the chain says them as its own reasons.
+    plan: Plan,
 }
 
 /// The fence of `policy` in the snapshot's allocation memory (`i64::MIN`: none).
@@ -204,6 +209,7 @@ impl Queue {
         }
         let routed = demand::route(facts.policies, &jobs);
         let mut places = HashMap::new();
+        let mut counted: HashMap<&str, Vec<JobId>> = HashMap::new();
         for (policy, ids) in &routed.per_policy {
             let fence = fence_of(facts, policy);
             let demand: Vec<JobId> = ids
@@ -218,9 +224,62 @@ impl Queue {
             for (place, id) in demand.iter().enumerate() {
                 places.insert(*id, (place, demand.len()));
             }
+            counted.insert(policy.as_str(), demand);
         }
-        Queue { routed, places }
+        let plan = ceilings_plan(facts, &counted);
+        Queue {
+            routed,
+            places,
+            plan,
+        }
     }
+}
+
+/// The executor's plan for the policies' counted jobs and the journal's live attempts, with the
+/// host fit and no policy backing off: what the ceilings alone let start.
+fn ceilings_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
+    let mut counts = rm_journal::LiveCounts::default();
+    let mut busy_unknown: HashMap<&str, usize> = HashMap::new();
+    for attempt in facts
+        .attempts
+        .iter()
+        .filter(|a| a.state.counts_against_capacity())
+    {
+        let of_policy = counts.per_policy.entry(attempt.policy.clone()).or_default();
+        of_policy.live += 1;
+        if attempt.state == AttemptState::Busy {
+            of_policy.busy += 1;
+            if attempt.job_id.is_none() {
+                *busy_unknown.entry(attempt.policy.as_str()).or_default() += 1;
+            }
+        }
+    }
+    let policies = facts
+        .policies
+        .iter()
+        .map(|policy| {
+            let jobs = counted
+                .get(policy.name.as_str())
+                .cloned()
+                .unwrap_or_default();
+            plan::PolicyInputs {
+                policy,
+                backing_off_until: None,
+                fenced: 0,
+                count: count(jobs.len()),
+                jobs,
+                busy_unknown: busy_unknown.get(policy.name.as_str()).copied().unwrap_or(0),
+            }
+        })
+        .collect();
+    plan::plan(&plan::Inputs {
+        now_ms: facts.now_ms,
+        fit: true,
+        host_max: facts.host_max,
+        counts: &counts,
+        policies,
+        standing: None,
+    })
 }
 
 /// Explains every queued job of `facts`, oldest first (`status`'s waiting jobs): the queue is
@@ -480,7 +539,7 @@ fn served(
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.policies.get(&policy.name));
     let fence = memory.and_then(|m| m.fence_ms).unwrap_or(i64::MIN);
-    let Some(&(position, demand)) = queue
+    let Some(&(position, _)) = queue
         .places
         .get(&job.job_id)
         .filter(|_| allocate::counts_after_fence(job.first_seen_at_ms.get(), fence))
@@ -553,15 +612,12 @@ fn served(
         );
     }
     let slot = position - unassigned.len();
-    let decided = allocation::allocate(AllocationInput {
-        demand: allocate::demand_after_unknown_busy(count(demand), busy_unknown.len()),
-        min_runners: policy.min_runners,
-        max_runners: policy.max_runners,
-        unassigned_in_flight: count(unassigned.len()),
-        policy_live: count(of_policy.len()),
-        host_live: count(live.len()),
-        host_max: facts.host_max,
-    });
+    let (to_start, limit) = queue
+        .plan
+        .policies
+        .iter()
+        .find(|p| p.policy == policy.name)
+        .map_or((0, Limit::Demand), |p| (p.start, p.limit));
     let mut chain = Vec::new();
     let (unreachable, held) = github;
     chain.extend(unreachable);
@@ -588,8 +644,8 @@ fn served(
             format!("{} backs off after failed launches", policy.name),
         ));
     }
-    if u32::try_from(slot).unwrap_or(u32::MAX) >= decided.to_start {
-        chain.push(at_capacity(policy, decided.limit, &of_policy, &live, facts));
+    if u32::try_from(slot).unwrap_or(u32::MAX) >= to_start {
+        chain.push(at_capacity(policy, limit, &of_policy, &live, facts));
     } else if let Some(pool) = facts.uid_pool {
         let held_uids = facts.attempts.iter().filter(|a| a.uid.is_some()).count();
         if held_uids >= pool {

@@ -24,6 +24,10 @@ pub struct AllocationMemory {
     /// The agent is draining: it starts no new runner.
     #[serde(default)]
     pub draining: bool,
+    /// The allocation plan of the loop's last pass: per policy, its demand on this host, the
+    /// runners started and what held the rest back (`None`: no pass has allocated yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::executor::plan::Published>,
 }
 
 /// One policy's fence and launch back-off.

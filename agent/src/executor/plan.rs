@@ -1,0 +1,362 @@
+//! The allocation plan: the one answer, per pass, to "should this host start a runner, and if
+//! not, why not?". [`plan`] is a pure function of what the control loop gathered (the demand
+//! allocation's memory left after fences and unknown completions, the journal's live counts,
+//! the back-offs, fitness, in a fleet this host's claims) and returns, per policy, how many
+//! runners to start, which claims to make and give back, and what held the rest of its demand
+//! back ([`Held`]). The loop carries it out, notes what only carrying it out can find (a claim
+//! another host won, a uid pool found empty, a launch that failed meanwhile) with
+//! [`PolicyPlan::after_claims`] and [`PolicyPlan::hold`], and publishes it: a launch in flight
+//! asks the latest plan whether its policy still wants runners ([`Plan::wants`]), and `status`
+//! and `explain` read it from the status snapshot.
+//!
+//! The ceilings themselves are [`crate::allocation`]'s; this is their one caller.
+
+use std::collections::HashSet;
+
+use rm_journal::{JobId, LiveCounts};
+use serde::{Deserialize, Serialize};
+
+use super::allocate::{LiveView, allocation_input};
+use super::claims::{self, Standing};
+use crate::allocation::{self, AllocationInput, Limit};
+use crate::config::Policy;
+
+/// Why some of a policy's demand gets no runner now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "held", rename_all = "snake_case")]
+pub enum Held {
+    /// The host is unfit (`rm-agent status` says why): nothing is registered.
+    Unfit,
+    /// Launches of the policy failed; none is tried before this time (ms since the epoch).
+    BackingOff { until_ms: i64 },
+    /// This many queued jobs were seen before a runner of the policy gave up on them (its
+    /// fence): they are not demand until GitHub confirms them again.
+    Fenced { jobs: u32 },
+    /// A ceiling: the policy's `max_runners` (`max_runners`) or the host's (`host_capacity`),
+    /// at `ceiling` live runners.
+    AtCapacity { limit: CeilingKind, ceiling: u32 },
+    /// The runner uid pool has no free uid: nothing starts until a cleanup frees one.
+    NoFreeUid,
+    /// In a fleet: this many of the policy's jobs are claimed by other hosts.
+    ClaimedElsewhere { jobs: u32 },
+}
+
+/// Which ceiling held demand back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CeilingKind {
+    MaxRunners,
+    HostCapacity,
+}
+
+/// One policy's part of a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PolicyPlan {
+    pub(crate) policy: String,
+    /// Its queued jobs that want a runner from this host: routed to it, seen after its fence,
+    /// less the completions the journal has not named, and in a fleet no more than its claims.
+    pub(crate) demand: u32,
+    /// Runners to start now.
+    pub(crate) start: u32,
+    /// In a fleet: jobs to claim before starting (oldest first), and claims to give back (jobs
+    /// that no longer count for it).
+    pub(crate) claim: Vec<JobId>,
+    pub(crate) release: Vec<JobId>,
+    /// What held the rest back, in the order found.
+    pub(crate) held: Vec<Held>,
+    /// Which rule bounded `start` (for the notification of demand waiting at the host's
+    /// ceiling).
+    pub(crate) limit: Limit,
+    /// What `start` was computed from, to compute it again once the claims are known.
+    basis: Basis,
+}
+
+/// The facts a policy's `start` came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Basis {
+    /// The ceilings' input, its demand the one assumed before the claims were made.
+    ceilings: AllocationInput,
+    /// Jobs that count, before any claim.
+    count: u32,
+    /// In a fleet: this host's claims on jobs that count.
+    mine: Option<u32>,
+    /// Busy runners of the policy whose job the journal does not know yet.
+    busy_unknown: usize,
+    /// Whether it may start at all (fit, not backing off).
+    may_start: bool,
+}
+
+/// The plan of one pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// When it was made (ms since the epoch).
+    pub(crate) at_ms: i64,
+    pub(crate) policies: Vec<PolicyPlan>,
+}
+
+/// What the loop gathered for one pass.
+#[derive(Debug)]
+pub(crate) struct Inputs<'a> {
+    pub(crate) now_ms: i64,
+    /// The fitness gate says fit.
+    pub(crate) fit: bool,
+    /// `host.max_runners`.
+    pub(crate) host_max: u32,
+    /// The journal's live attempts.
+    pub(crate) counts: &'a LiveCounts,
+    /// Every configured policy, in configuration order (which is also the order in which
+    /// they take the host's room).
+    pub(crate) policies: Vec<PolicyInputs<'a>>,
+    /// In a fleet: this host's claims and every live claim.
+    pub(crate) standing: Option<&'a Standing>,
+}
+
+/// One policy's inputs.
+#[derive(Debug)]
+pub(crate) struct PolicyInputs<'a> {
+    pub(crate) policy: &'a Policy,
+    /// Its launch back-off, if it is in one now: no launch before this time.
+    pub(crate) backing_off_until: Option<i64>,
+    /// Its queued jobs routed to it and seen after its fence, oldest first.
+    pub(crate) jobs: Vec<JobId>,
+    /// Routed jobs held back by its fence.
+    pub(crate) fenced: u32,
+    /// How many runners `jobs` want: less the completions the journal has not named.
+    pub(crate) count: u32,
+    /// Its busy runners whose job the journal does not know yet.
+    pub(crate) busy_unknown: usize,
+}
+
+/// The plan for `inputs`. Policies take the host's room in their order; in a fleet each one's
+/// start assumes its claims are granted ([`PolicyPlan::after_claims`] corrects it).
+pub(crate) fn plan(inputs: &Inputs<'_>) -> Plan {
+    let mut host_live = inputs.counts.host_live();
+    let mut policies = Vec::with_capacity(inputs.policies.len());
+    for p in &inputs.policies {
+        let planned = plan_policy(inputs, p, host_live);
+        host_live = host_live.saturating_add(planned.start);
+        policies.push(planned);
+    }
+    Plan {
+        at_ms: inputs.now_ms,
+        policies,
+    }
+}
+
+/// One policy's plan, with `host_live` runners live or planned before it.
+fn plan_policy(inputs: &Inputs<'_>, p: &PolicyInputs<'_>, host_live: u32) -> PolicyPlan {
+    let mut held = Vec::new();
+    if p.fenced > 0 {
+        held.push(Held::Fenced { jobs: p.fenced });
+    }
+    let backing_off = p.backing_off_until.filter(|until| inputs.now_ms < *until);
+    if !inputs.fit {
+        held.push(Held::Unfit);
+    } else if let Some(until_ms) = backing_off {
+        held.push(Held::BackingOff { until_ms });
+    }
+    let may_start = inputs.fit && backing_off.is_none();
+    let live = LiveView {
+        counts: inputs.counts.clone(),
+        busy_unknown: p.busy_unknown,
+    };
+    // The ceilings' one builder; demand is set by each use.
+    let mut ceilings = allocation_input(p.policy, 0, &live, inputs.host_max);
+    ceilings.host_live = host_live;
+    let (claim, release, mine) = match inputs.standing {
+        Some(standing) if may_start => {
+            let fleet = fleet_claims(standing, p, ceilings);
+            if fleet.elsewhere > 0 {
+                held.push(Held::ClaimedElsewhere {
+                    jobs: fleet.elsewhere,
+                });
+            }
+            (fleet.claim, fleet.release, Some(fleet.mine))
+        }
+        // A policy that may not start now neither claims nor gives back: its claims wait.
+        Some(standing) => {
+            let counted: HashSet<JobId> = p.jobs.iter().copied().collect();
+            let mine = standing
+                .mine(&p.policy.name)
+                .iter()
+                .filter(|id| counted.contains(id))
+                .count();
+            (Vec::new(), Vec::new(), Some(count_u32(mine)))
+        }
+        None => (Vec::new(), Vec::new(), None),
+    };
+    let basis = Basis {
+        ceilings,
+        count: p.count,
+        mine,
+        busy_unknown: p.busy_unknown,
+        may_start,
+    };
+    let mut planned = PolicyPlan {
+        policy: p.policy.name.clone(),
+        demand: 0,
+        start: 0,
+        claim,
+        release,
+        held,
+        limit: Limit::Demand,
+        basis,
+    };
+    let granted = planned.claim.len();
+    planned.decide(granted);
+    planned
+}
+
+/// A fleet policy's claims: which to make, which to give back, how many of its counted jobs
+/// this host holds, and how many others hold.
+struct FleetClaims {
+    claim: Vec<JobId>,
+    release: Vec<JobId>,
+    mine: u32,
+    elsewhere: u32,
+}
+
+/// As many claims as the runners this host could have for the policy's jobs exceed its claims
+/// ([`claims::claims_to_make`]), on jobs no live claim holds; its claims on jobs that no longer
+/// count go back.
+fn fleet_claims(
+    standing: &Standing,
+    p: &PolicyInputs<'_>,
+    ceilings: AllocationInput,
+) -> FleetClaims {
+    let counted: HashSet<JobId> = p.jobs.iter().copied().collect();
+    let (mine, release): (Vec<JobId>, Vec<JobId>) = standing
+        .mine(&p.policy.name)
+        .iter()
+        .partition(|id| counted.contains(id));
+    let mine = count_u32(mine.len());
+    let candidates = claims::candidates(&p.jobs, &standing.taken);
+    let could_start = allocation::allocate(AllocationInput {
+        demand: mine.saturating_add(count_u32(candidates.len())),
+        ..ceilings
+    })
+    .to_start;
+    let n = claims::claims_to_make(
+        could_start,
+        ceilings.unassigned_in_flight,
+        mine,
+        count_u32(candidates.len()),
+    );
+    let elsewhere = count_u32(p.jobs.len())
+        .saturating_sub(mine)
+        .saturating_sub(count_u32(candidates.len()));
+    FleetClaims {
+        claim: candidates.into_iter().take(n as usize).collect(),
+        release,
+        mine,
+        elsewhere,
+    }
+}
+
+impl PolicyPlan {
+    /// In a fleet, the claims made: `granted` of those asked were won (others raced this host
+    /// to the rest). Demand and start follow.
+    pub(crate) fn after_claims(&mut self, granted: usize) {
+        self.held.retain(|h| !matches!(h, Held::AtCapacity { .. }));
+        self.decide(granted);
+    }
+
+    /// Carrying the plan out found a reason it could not start the rest (a launch failed
+    /// meanwhile and backs the policy off, or the uid pool is empty).
+    pub(crate) fn hold(&mut self, started: u32, why: Held) {
+        self.start = started;
+        if !self.held.contains(&why) {
+            self.held.push(why);
+        }
+    }
+
+    /// Demand and start from the basis, with `granted` claims won in a fleet.
+    fn decide(&mut self, granted: usize) {
+        let b = self.basis;
+        self.demand = match b.mine {
+            Some(mine) => mine.saturating_add(count_u32(granted)).min(b.count),
+            None => b.count,
+        };
+        let decided = allocation::allocate(AllocationInput {
+            demand: super::allocate::demand_after_unknown_busy(self.demand, b.busy_unknown),
+            ..b.ceilings
+        });
+        self.limit = decided.limit;
+        self.start = if b.may_start { decided.to_start } else { 0 };
+        let wanted = decided
+            .desired
+            .saturating_sub(b.ceilings.unassigned_in_flight);
+        if b.may_start && decided.to_start < wanted {
+            let (limit, ceiling) = match decided.limit {
+                Limit::MaxRunners => (
+                    CeilingKind::MaxRunners,
+                    b.ceilings.max_runners.max(b.ceilings.min_runners),
+                ),
+                _ => (CeilingKind::HostCapacity, b.ceilings.host_max),
+            };
+            self.held.push(Held::AtCapacity { limit, ceiling });
+        }
+    }
+}
+
+impl Plan {
+    /// Whether `policy` still wants runners: it has demand this host serves, or a
+    /// `min_runners` to keep. A policy the plan does not know (no plan made yet) does.
+    pub(crate) fn wants(&self, policy: &Policy) -> bool {
+        policy.min_runners > 0
+            || self
+                .policies
+                .iter()
+                .find(|p| p.policy == policy.name)
+                .is_none_or(|p| p.demand > 0)
+    }
+
+    /// What `status` and `explain` read of it.
+    pub(crate) fn published(&self) -> Published {
+        Published {
+            at_ms: self.at_ms,
+            policies: self
+                .policies
+                .iter()
+                .map(|p| {
+                    (
+                        p.policy.clone(),
+                        PublishedPolicy {
+                            demand: p.demand,
+                            start: p.start,
+                            held: p.held.clone(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The plan as the status snapshot carries it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Published {
+    /// When the plan was made (ms since the epoch).
+    pub at_ms: i64,
+    /// Per policy name.
+    pub policies: std::collections::BTreeMap<String, PublishedPolicy>,
+}
+
+/// One policy's plan, published.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishedPolicy {
+    /// Queued jobs that want a runner from this host.
+    pub demand: u32,
+    /// Runners the plan started.
+    pub start: u32,
+    /// What held the rest back.
+    #[serde(default)]
+    pub held: Vec<Held>,
+}
+
+fn count_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,232 @@
+//! The plan's rules, as tables: what starts, what is claimed, and what holds demand back.
+
+use std::collections::{HashMap, HashSet};
+
+use rm_journal::{JobId, LiveCounts, PolicyLive};
+
+use super::*;
+use crate::executor::harness::policy;
+
+fn jobs(ids: &[i64]) -> Vec<JobId> {
+    ids.iter().map(|&id| JobId::new(id)).collect()
+}
+
+fn counts(per_policy: &[(&str, u32, u32)]) -> LiveCounts {
+    let mut counts = LiveCounts::default();
+    for &(name, live, busy) in per_policy {
+        counts
+            .per_policy
+            .insert(name.to_owned(), PolicyLive { live, busy });
+    }
+    counts
+}
+
+fn inputs<'a>(p: &'a Policy, queued: &[i64]) -> PolicyInputs<'a> {
+    PolicyInputs {
+        policy: p,
+        backing_off_until: None,
+        jobs: jobs(queued),
+        fenced: 0,
+        count: u32::try_from(queued.len()).unwrap(),
+        busy_unknown: 0,
+    }
+}
+
+fn one(plan: &Plan) -> &PolicyPlan {
+    &plan.policies[0]
+}
+
+#[test]
+fn demand_starts_runners_up_to_the_first_ceiling_and_says_which() {
+    let linux = policy("linux", &["self-hosted"], 3);
+    // (queued, live, busy, host_max, start, held)
+    let at_max = Held::AtCapacity {
+        limit: CeilingKind::MaxRunners,
+        ceiling: 3,
+    };
+    // Both ceilings full: the host's is named (the policy could not start one anyway).
+    let at_host = Held::AtCapacity {
+        limit: CeilingKind::HostCapacity,
+        ceiling: 3,
+    };
+    for (queued, live, busy, host_max, start, held) in [
+        (&[1, 2][..], 0, 0, 4, 2, vec![]),
+        // Runners waiting for a job offset demand: a queued job whose runner starts gets no
+        // second one.
+        (&[1, 2], 2, 0, 4, 0, vec![]),
+        // Busy runners do not; the policy's ceiling counts them.
+        (&[1, 2, 3, 4], 2, 2, 8, 1, vec![at_max.clone()]),
+        (&[1, 2, 3], 3, 3, 8, 0, vec![at_max]),
+        (
+            &[1, 2, 3],
+            0,
+            0,
+            2,
+            2,
+            vec![Held::AtCapacity {
+                limit: CeilingKind::HostCapacity,
+                ceiling: 2,
+            }],
+        ),
+        (&[1, 2, 3], 3, 3, 3, 0, vec![at_host]),
+        (&[], 0, 0, 4, 0, vec![]),
+    ] {
+        let counts = counts(&[("linux", live, busy)]);
+        let plan = plan(&Inputs {
+            now_ms: 1_000,
+            fit: true,
+            host_max,
+            counts: &counts,
+            policies: vec![inputs(&linux, queued)],
+            standing: None,
+        });
+        let p = one(&plan);
+        assert_eq!(
+            (p.demand, p.start, &p.held),
+            (u32::try_from(queued.len()).unwrap(), start, &held),
+            "{queued:?} live {live} busy {busy} host {host_max}"
+        );
+    }
+}
+
+#[test]
+fn policies_take_the_host_s_room_in_their_order() {
+    let (a, b) = (policy("a", &["a"], 10), policy("b", &["b"], 10));
+    let counts = counts(&[]);
+    let plan = plan(&Inputs {
+        now_ms: 1_000,
+        fit: true,
+        host_max: 3,
+        counts: &counts,
+        policies: vec![inputs(&a, &[1, 2]), inputs(&b, &[3, 4])],
+        standing: None,
+    });
+    let starts: Vec<u32> = plan.policies.iter().map(|p| p.start).collect();
+    assert_eq!(starts, [2, 1]);
+    assert_eq!(
+        plan.policies[1].held,
+        [Held::AtCapacity {
+            limit: CeilingKind::HostCapacity,
+            ceiling: 3
+        }]
+    );
+}
+
+#[test]
+fn an_unfit_host_a_back_off_and_a_fence_hold_demand_back_but_it_still_counts() {
+    let linux = policy("linux", &["self-hosted"], 4);
+    let counts = counts(&[]);
+    let mut backing_off = inputs(&linux, &[1, 2]);
+    backing_off.backing_off_until = Some(5_000);
+    let mut fenced = inputs(&linux, &[3]);
+    fenced.fenced = 2;
+    let mut over = inputs(&linux, &[1]);
+    over.backing_off_until = Some(500);
+    // (fit, inputs, start, held)
+    for (fit, p, start, held) in [
+        (false, inputs(&linux, &[1, 2]), 0, vec![Held::Unfit]),
+        (
+            true,
+            backing_off,
+            0,
+            vec![Held::BackingOff { until_ms: 5_000 }],
+        ),
+        // A back-off that is over holds nothing.
+        (true, over, 1, vec![]),
+        (true, fenced, 1, vec![Held::Fenced { jobs: 2 }]),
+    ] {
+        let demand = p.count;
+        let plan = plan(&Inputs {
+            now_ms: 1_000,
+            fit,
+            host_max: 4,
+            counts: &counts,
+            policies: vec![p],
+            standing: None,
+        });
+        let p = one(&plan);
+        assert_eq!((p.demand, p.start, &p.held), (demand, start, &held));
+        // A launch in flight for the policy is still wanted: its jobs are there.
+        assert!(plan.wants(&linux));
+    }
+}
+
+#[test]
+fn busy_runners_whose_job_is_unknown_took_queued_jobs() {
+    let linux = policy("linux", &["self-hosted"], 4);
+    let counts = counts(&[("linux", 1, 1)]);
+    let mut p = inputs(&linux, &[1, 2]);
+    p.busy_unknown = 1;
+    let plan = plan(&Inputs {
+        now_ms: 1_000,
+        fit: true,
+        host_max: 4,
+        counts: &counts,
+        policies: vec![p],
+        standing: None,
+    });
+    assert_eq!((one(&plan).demand, one(&plan).start), (2, 1));
+}
+
+fn standing(mine: &[i64], others: &[i64]) -> Standing {
+    let mine = jobs(mine);
+    let mut taken: HashSet<JobId> = jobs(others).into_iter().collect();
+    taken.extend(mine.iter().copied());
+    Standing {
+        mine: HashMap::from([("linux".to_owned(), mine.clone())]),
+        held: mine.into_iter().collect(),
+        taken,
+    }
+}
+
+#[test]
+fn a_fleet_host_claims_what_it_could_start_gives_back_what_no_longer_counts_and_starts_what_it_won()
+{
+    let linux = policy("linux", &["self-hosted"], 3);
+    let counts = counts(&[]);
+    // Queued 1..=5; this host claims 1, and 9 (no longer queued); another host claims 2.
+    let standing = standing(&[1, 9], &[2]);
+    let mut plan = plan(&Inputs {
+        now_ms: 1_000,
+        fit: true,
+        host_max: 8,
+        counts: &counts,
+        policies: vec![inputs(&linux, &[1, 2, 3, 4, 5])],
+        standing: Some(&standing),
+    });
+    let p = &mut plan.policies[0];
+    // Room for 3 (its max_runners): it holds 1, so it claims the 2 oldest unclaimed.
+    assert_eq!(p.claim, jobs(&[3, 4]));
+    assert_eq!(p.release, jobs(&[9]));
+    assert!(p.held.contains(&Held::ClaimedElsewhere { jobs: 1 }));
+    assert_eq!((p.demand, p.start), (3, 3));
+    // Another host won one of the two.
+    p.after_claims(1);
+    assert_eq!((p.demand, p.start), (2, 2));
+    // It won none, and its claim went away: no demand on this host, and its launches in
+    // flight are not wanted any more.
+    p.after_claims(0);
+    assert_eq!((p.demand, p.start), (1, 1));
+}
+
+#[test]
+fn a_plan_says_a_policy_without_demand_wants_no_runner_unless_it_keeps_a_minimum() {
+    let mut linux = policy("linux", &["self-hosted"], 3);
+    let counts = counts(&[]);
+    let made = |p: &Policy| {
+        plan(&Inputs {
+            now_ms: 1_000,
+            fit: true,
+            host_max: 4,
+            counts: &counts,
+            policies: vec![inputs(p, &[])],
+            standing: None,
+        })
+    };
+    assert!(!made(&linux).wants(&linux));
+    linux.min_runners = 1;
+    assert!(made(&linux).wants(&linux));
+    // No plan yet: a launch goes on.
+    linux.min_runners = 0;
+    assert!(Plan::default().wants(&linux));
+}
