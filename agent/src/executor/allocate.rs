@@ -352,7 +352,7 @@ impl Allocator {
             Backoff {
                 until_ms: until,
                 failures,
-                last_failure: Some(failed.why.clone()),
+                last_failure: Some(failed.why()),
             },
         );
         if failures >= NOTIFY_AFTER_FAILURES {
@@ -429,8 +429,17 @@ pub(super) struct Concluded {
 pub(super) struct LaunchFailure {
     /// Retrying cannot help (credentials, permissions): the longest back-off.
     pub(super) terminal: bool,
-    /// The sentence it is journalled with (`reason: detail`), for `explain`.
-    pub(super) why: String,
+    /// Why, as the attempt is concluded (by supervision, the one owner of conclusions).
+    pub(super) reason: FailureReason,
+    /// One sentence for the operator; never the JIT configuration or a token.
+    pub(super) detail: String,
+}
+
+impl LaunchFailure {
+    /// The sentence the back-off remembers (`reason: detail`), for `explain`.
+    pub(super) fn why(&self) -> String {
+        format!("{}: {}", self.reason.as_str(), self.detail)
+    }
 }
 
 /// The journal's live attempts as allocation counts them.

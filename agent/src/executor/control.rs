@@ -551,7 +551,6 @@ impl Executor {
     /// point).
     fn take(&mut self, event: Event) {
         match event {
-            Event::Wake => {}
             Event::Exited(attempt, exit) => {
                 tracing::debug!(%attempt, ?exit, "a runner process exited; supervising it");
                 self.supervisor.note_exit(attempt, exit);
@@ -563,9 +562,11 @@ impl Executor {
                 failed,
             } => {
                 self.launching.remove(&attempt);
-                if failed.is_none() {
+                match &failed {
                     // Its launch task now waits on the process: its exit comes as an event.
-                    self.supervisor.note_started(attempt.clone());
+                    None => self.supervisor.note_started(attempt.clone()),
+                    // Supervision concludes it at its next pass.
+                    Some(failure) => self.supervisor.note_launch_failed(attempt.clone(), failure),
                 }
                 self.allocator.remember_launch(
                     &policy,

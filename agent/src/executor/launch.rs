@@ -10,17 +10,19 @@
 //!    (`starting`);
 //! 5. then the task waits for the process to exit.
 //!
-//! A failure concludes the attempt `failed` with its reason. The task shares no memory with the
-//! rest of the executor: it reads the [`Context`] and tells the control loop what happened
-//! ([`Event::Launched`], then [`Event::Exited`]). Supervision takes over from there, and it
-//! alone removes a registration the launch made (the runner id is journalled, or the launch
-//! concluded `jit_expired` and the registration is found by its name).
+//! A failure ends the task with its reason, which it tells the loop ([`Event::Launched`]);
+//! supervision, the one owner of conclusions, concludes the attempt `failed` with it at its
+//! next pass. The task shares no memory with the rest of the executor: it reads the
+//! [`Context`] and tells the control loop what happened ([`Event::Launched`], then
+//! [`Event::Exited`]). Supervision takes over from there, and it alone removes a registration
+//! the launch made (the runner id is journalled, or the failure is `jit_expired` and the
+//! registration is found by its name).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rm_github::types::{JitConfig, JitRequest};
-use rm_journal::{AttemptRecord, AttemptState};
+use rm_journal::AttemptRecord;
 use secrecy::SecretString;
 use tokio::sync::{mpsc, watch};
 
@@ -28,7 +30,7 @@ use super::allocate::LaunchFailure;
 use super::context::Context;
 use super::registry::{self, JitRetry, WORK_FOLDER};
 use super::{Event, fault};
-use crate::lifecycle::{Conclusion, FailureReason};
+use crate::lifecycle::FailureReason;
 use crate::runner::{RunnerChild, Runtime, Spawned};
 
 /// How many times one attempt asks GitHub for a JIT configuration.
@@ -43,8 +45,6 @@ pub(super) const MAX_JIT_WAIT: Duration = Duration::from_secs(65);
 /// Why a launch ended without a runner.
 #[derive(Debug)]
 struct Failure {
-    /// The state the attempt is in (the conclusion's compare-and-set).
-    from: AttemptState,
     reason: FailureReason,
     /// One sentence for the operator; never the JIT configuration or a token.
     detail: String,
@@ -53,9 +53,8 @@ struct Failure {
 }
 
 impl Failure {
-    fn new(from: AttemptState, reason: FailureReason, detail: impl Into<String>) -> Self {
+    fn new(reason: FailureReason, detail: impl Into<String>) -> Self {
         Failure {
-            from,
             reason,
             detail: detail.into(),
             terminal: false,
@@ -112,37 +111,19 @@ impl Launch {
             }
             Err(failure) => {
                 tracing::warn!(reason = failure.reason.as_str(), detail = %failure.detail, "launch failed");
-                // The back-off first: until the loop has it, the attempt still counts as a
-                // launch in flight, so no pass replaces it before the policy backs off.
+                // The loop backs the policy off and supervision concludes the attempt (the one
+                // owner of conclusions), then cleans it and its registration, if one was made.
+                // An agent killed before that finds the attempt unlaunched at its next start,
+                // and recovery concludes it.
                 self.tell(Event::Launched {
-                    attempt: id.clone(),
+                    attempt: id,
                     policy,
                     failed: Some(LaunchFailure {
                         terminal: failure.terminal,
-                        why: format!("{}: {}", failure.reason.as_str(), failure.detail),
+                        reason: failure.reason,
+                        detail: failure.detail,
                     }),
                 });
-                let conclusion = Conclusion::Failed(failure.reason);
-                let (from, detail, at_ms) = (failure.from, failure.detail, self.ctx.now_ms());
-                let concluded = self
-                    .ctx
-                    .journal
-                    .write(move |attempts| {
-                        attempts.conclude(
-                            &id,
-                            from,
-                            conclusion.outcome(),
-                            conclusion.reason(),
-                            Some(&detail),
-                            at_ms,
-                        )
-                    })
-                    .await;
-                if let Err(e) = concluded {
-                    tracing::error!(error = %e, "cannot journal the failed launch; recovery will conclude it");
-                }
-                // Then a pass cleans the concluded attempt (and its registration, if one was made).
-                self.tell(Event::Wake);
             }
         }
     }
@@ -158,7 +139,6 @@ impl Launch {
         let (ctx, record) = (&self.ctx, &self.record);
         let Some(policy) = ctx.policy(&record.policy) else {
             return Err(Failure::new(
-                AttemptState::Allocated,
                 FailureReason::LaunchInterrupted,
                 "the policy is no longer configured",
             ));
@@ -182,7 +162,6 @@ impl Launch {
             // Not journalled: supervision finds the registration by the runner's name (a
             // `jit_expired` conclusion asks GitHub afresh), else the inventory reconciliation.
             return Err(Failure::new(
-                AttemptState::Allocated,
                 FailureReason::JitExpired,
                 "the JIT configuration could not be journalled; its registration is removed by cleanup",
             ));
@@ -192,11 +171,7 @@ impl Launch {
             Ok(spawned) => spawned,
             // The runner id is journalled: cleanup removes the registration.
             Err(detail) => {
-                return Err(Failure::new(
-                    AttemptState::JitReceived,
-                    FailureReason::ProcessStartFailed,
-                    detail,
-                ));
+                return Err(Failure::new(FailureReason::ProcessStartFailed, detail));
             }
         };
         fault::crash_point("process_spawned");
@@ -208,7 +183,6 @@ impl Launch {
             // A runner nobody journalled must not live on: stop it before giving up.
             ctx.stop(identity).await;
             return Err(Failure::new(
-                AttemptState::JitReceived,
                 FailureReason::ProcessStartFailed,
                 "the runner's start could not be journalled; it was stopped",
             ));
@@ -230,12 +204,10 @@ impl Launch {
         match made {
             Ok(Ok(runtime)) => Ok(runtime),
             Ok(Err(e)) => Err(Failure::new(
-                AttemptState::Allocated,
                 FailureReason::ProcessStartFailed,
                 format!("cannot prepare the runtime: {e}"),
             )),
             Err(e) => Err(Failure::new(
-                AttemptState::Allocated,
                 FailureReason::ProcessStartFailed,
                 format!("the runtime preparation task failed: {e}"),
             )),
@@ -276,13 +248,7 @@ impl Launch {
         request: &JitRequest,
     ) -> Result<JitConfig, Failure> {
         let ctx = &self.ctx;
-        let fail = |detail: String| {
-            Failure::new(
-                AttemptState::Allocated,
-                FailureReason::JitRequestFailed,
-                detail,
-            )
-        };
+        let fail = |detail: String| Failure::new(FailureReason::JitRequestFailed, detail);
         let mut tries = 0;
         loop {
             tries += 1;
@@ -384,7 +350,6 @@ impl Launch {
     async fn still_worth_a_try(&self, policy: &crate::config::Policy) -> Result<(), Failure> {
         if *self.draining.borrow() {
             return Err(Failure::new(
-                AttemptState::Allocated,
                 FailureReason::LaunchInterrupted,
                 "the agent is draining",
             ));
@@ -393,7 +358,6 @@ impl Launch {
         // has not named all counted), or a min_runners to keep.
         if !self.plans.borrow().wants(policy) {
             return Err(Failure::new(
-                AttemptState::Allocated,
                 FailureReason::JitRequestFailed,
                 "the queued jobs were served or cancelled before GitHub issued a JIT configuration",
             ));

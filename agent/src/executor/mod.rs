@@ -66,12 +66,10 @@ pub use recovery::RecoveryIncomplete;
 /// A message to the control loop: what the rest of the agent and the launch tasks tell it.
 #[derive(Debug)]
 enum Event {
-    /// Something changed that may be demand (durable deliveries, a poll, the host fit again).
-    Wake,
     /// A poll pass that began at this time (ms) brought the journal up to date with GitHub.
     Refreshed(i64),
-    /// A launch task ended its bring-up: a runner runs (`failed: None`), or the attempt was
-    /// concluded failed.
+    /// A launch task ended its bring-up: a runner runs (`failed: None`), or it failed so
+    /// (supervision concludes the attempt with it).
     Launched {
         attempt: AttemptId,
         policy: String,

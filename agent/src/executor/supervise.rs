@@ -22,7 +22,7 @@ use rm_github::Target;
 use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState, JobId};
 use tracing::Instrument as _;
 
-use super::allocate::Concluded;
+use super::allocate::{Concluded, LaunchFailure};
 use super::context::Context;
 use super::disk_watch::{DiskWatch, Watched};
 use super::effects::{Cleanup, Effect, Effected, Outcome};
@@ -105,6 +105,9 @@ pub(super) struct Supervisor {
     /// The attempts with an effect in flight (a stop or a cleanup): left alone until it
     /// reports ([`Supervisor::note_effected`]), so two effects of one attempt never overlap.
     in_flight: HashSet<AttemptId>,
+    /// Launches that failed, with why: concluded so at the next pass (supervision is the one
+    /// owner of conclusions; a launch only says how it ended).
+    launch_failed: HashMap<AttemptId, (FailureReason, String)>,
 }
 
 /// What a supervision pass found, and the slow effects it decided.
@@ -142,6 +145,12 @@ impl Supervisor {
         if let Some(exit) = exit {
             self.exits.insert(attempt, exit);
         }
+    }
+
+    /// A launch ended without a runner, so: the attempt is concluded failed at the next pass.
+    pub(super) fn note_launch_failed(&mut self, attempt: AttemptId, failure: &LaunchFailure) {
+        self.launch_failed
+            .insert(attempt, (failure.reason, failure.detail.clone()));
     }
 
     /// An effect this supervisor decided has ended (`now`: when its report arrived, ms).
@@ -201,15 +210,25 @@ impl Supervisor {
             .filter(|r| !r.state.is_terminal() || self.clean_due(&r.attempt_id, now))
             .collect();
         let sights = sight_all(ctx, &records, startup).await;
-        let needs = records.iter().zip(&sights).filter_map(|(record, sight)| {
-            let freshness = if startup {
-                Freshness::After(pass_started)
-            } else {
-                freshness_for(record, sight.process, timeouts, now)
-            };
-            Some((targets.get(&record.policy)?, freshness))
-        });
-        self.refresh_listings(ctx, needs).await;
+        let launch_failed = &self.launch_failed;
+        let needs: Vec<(&Target, Freshness)> = records
+            .iter()
+            .zip(&sights)
+            .filter_map(|(record, sight)| {
+                let freshness = if startup {
+                    Freshness::After(pass_started)
+                } else if launch_failed.contains_key(&record.attempt_id) {
+                    // A failed launch may have registered a runner (its id journalled, or a JIT
+                    // configuration issued whose answer came too late: found by its name): its
+                    // cleanup deregisters it by a listing made now.
+                    Freshness::After(now - 1)
+                } else {
+                    freshness_for(record, sight.process, timeouts, now)
+                };
+                Some((targets.get(&record.policy)?, freshness))
+            })
+            .collect();
+        self.refresh_listings(ctx, needs.into_iter()).await;
         for (record, sight) in records.into_iter().zip(sights) {
             let target = targets.get(&record.policy);
             let span = super::attempt_span(&record);
@@ -282,22 +301,34 @@ impl Supervisor {
         report: &mut PassReport,
     ) -> Result<bool, AttemptError> {
         let now = ctx.now_ms();
+        let launch_failed = self
+            .launch_failed
+            .remove(&record.attempt_id)
+            .filter(|_| !record.state.is_terminal());
         let Some(looked) = self.look(ctx, record, target, sight, pass, now) else {
             return Ok(false);
         };
-        let decision = recovery_decision(
-            &AttemptFacts::from(record),
-            &looked.observation,
-            &pass.timeouts,
-            now,
-        );
+        let (decision, told) = match launch_failed {
+            Some((reason, detail)) => {
+                (Decision::Conclude(Conclusion::Failed(reason)), Some(detail))
+            }
+            None => (
+                recovery_decision(
+                    &AttemptFacts::from(record),
+                    &looked.observation,
+                    &pass.timeouts,
+                    now,
+                ),
+                None,
+            ),
+        };
         tracing::debug!(
             state = record.state.as_str(),
             observation = ?looked.observation,
             ?decision,
             "supervised"
         );
-        self.act(ctx, record, target, looked, decision, report)
+        self.act(ctx, record, target, looked, (decision, told), report)
             .await
     }
 
@@ -373,7 +404,7 @@ impl Supervisor {
         record: &AttemptRecord,
         target: Option<&Target>,
         looked: Looked,
-        decision: Decision,
+        (decision, told): (Decision, Option<String>),
         report: &mut PassReport,
     ) -> Result<bool, AttemptError> {
         let (id, now) = (record.attempt_id.clone(), ctx.now_ms());
@@ -419,7 +450,7 @@ impl Supervisor {
                 self.terminate(ctx, record, intent, &looked, report).await?
             }
             Decision::Conclude(conclusion) => {
-                self.conclude(ctx, record, target, looked, conclusion, report)
+                self.conclude(ctx, record, target, looked, (conclusion, told), report)
                     .await?;
             }
             Decision::Clean => {
@@ -478,10 +509,12 @@ impl Supervisor {
         record: &AttemptRecord,
         target: Option<&Target>,
         looked: Looked,
-        conclusion: Conclusion,
+        (conclusion, told): (Conclusion, Option<String>),
         report: &mut PassReport,
     ) -> Result<(), AttemptError> {
-        let detail = detail(conclusion, &looked.observation.findings, looked.memory);
+        // A launch's own sentence, or the one the findings give.
+        let detail =
+            told.unwrap_or_else(|| detail(conclusion, &looked.observation.findings, looked.memory));
         let told = detail.clone();
         self.exits.remove(&record.attempt_id);
         self.unlisted_since.remove(&record.attempt_id);
