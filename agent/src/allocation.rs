@@ -50,13 +50,27 @@ pub(crate) struct Allocation {
     pub limit: Limit,
 }
 
+/// The policy ceiling: how many more runners a policy with ceiling `max` (its `max_runners`,
+/// raised to its `min_runners`) may have while `policy_live` of its runners are live, busy ones
+/// included. `.ci/mutants` breaks this rule by name (`policy-ceiling`).
+pub(crate) fn policy_room(max: u32, policy_live: u32) -> u32 {
+    max.saturating_sub(policy_live)
+}
+
+/// The host ceiling: how many more runners of any policy the host may have while `host_live`
+/// are live under its `host.max_runners` (`host_max`); never an underflow when the ceiling was
+/// lowered below what runs. `.ci/mutants` breaks this rule by name (`host-ceiling`).
+pub(crate) fn host_headroom(host_max: u32, host_live: u32) -> u32 {
+    host_max.saturating_sub(host_live)
+}
+
 /// Decides how many runners to start.
 pub(crate) fn allocate(input: AllocationInput) -> Allocation {
     let max = input.max_runners.max(input.min_runners);
     let desired = input.demand.clamp(input.min_runners, max);
     let wanted = desired.saturating_sub(input.unassigned_in_flight);
-    let headroom = input.host_max.saturating_sub(input.host_live);
-    let policy_room = max.saturating_sub(input.policy_live);
+    let headroom = host_headroom(input.host_max, input.host_live);
+    let policy_room = policy_room(max, input.policy_live);
     let to_start = wanted.min(headroom).min(policy_room);
     let limit = if to_start < wanted && policy_room < headroom {
         Limit::MaxRunners
@@ -90,6 +104,15 @@ mod tests {
             policy_live: host_live,
             host_live,
             host_max: 4,
+        }
+    }
+
+    #[test]
+    fn each_ceiling_leaves_the_room_below_it_and_never_underflows() {
+        // (ceiling, live, room): the same rule for a policy's and the host's ceiling.
+        for (ceiling, live, room) in [(2, 0, 2), (2, 1, 1), (2, 2, 0), (2, 5, 0), (0, 0, 0)] {
+            assert_eq!(policy_room(ceiling, live), room, "policy {ceiling} {live}");
+            assert_eq!(host_headroom(ceiling, live), room, "host {ceiling} {live}");
         }
     }
 

@@ -367,7 +367,10 @@ impl Collector for WaitMetrics {
 /// deliveries), then the journal is read every [`RECORD_INTERVAL`]. A journal that cannot be
 /// read is retried at the next round; the histograms only miss what started longer than
 /// [`WINDOW`] before a read succeeds.
-pub(crate) fn spawn_recorder(journal: &Path, metrics: WaitMetrics) -> anyhow::Result<()> {
+pub(crate) fn spawn_recorder(
+    journal: &Path,
+    metrics: WaitMetrics,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let reader = Reader::open(journal)
         .map_err(|e| anyhow::anyhow!("cannot open the journal for wait times: {e}"))?;
     let now = rm_journal::now_ms();
@@ -376,8 +379,7 @@ pub(crate) fn spawn_recorder(journal: &Path, metrics: WaitMetrics) -> anyhow::Re
         .map_err(|e| anyhow::anyhow!("cannot read job wait times from the journal: {e}"))?;
     let recorder = Recorder::seeded(&rows);
     let path: PathBuf = journal.to_owned();
-    tokio::spawn(record(path, reader, recorder, metrics));
-    Ok(())
+    Ok(tokio::spawn(record(path, reader, recorder, metrics)))
 }
 
 fn window_start(now_ms: i64) -> i64 {

@@ -17,6 +17,9 @@ pub(crate) mod latency;
 pub mod lifecycle;
 pub(crate) mod lock;
 pub(crate) mod metrics;
+/// The check that no module above names another that names it back (test code only).
+#[cfg(test)]
+mod module_cycles;
 pub mod notify;
 pub mod output;
 pub(crate) mod polling;

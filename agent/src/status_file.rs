@@ -6,6 +6,13 @@
 //!
 //! The file outlives the agent. A reader tells a live snapshot from a stale one by its age
 //! ([`STALE_AFTER`]) and by whether the process that wrote it is still there ([`liveness`]).
+//!
+//! It owns the document (its sections, [`FORMAT_VERSION`], the write and the read), not every
+//! fact in it: it builds its own sections from what the poller and the relay report, and a fact
+//! another module decides and publishes whole keeps that module's shape (the fitness gate's
+//! [`crate::fitness::Fitness`], allocation's [`crate::executor::allocate::published`]). So
+//! those modules never name this one (the module-cycle check, `crate::module_cycles`), and
+//! `status` and `explain` read such a fact in its owner's terms.
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
@@ -49,28 +56,11 @@ pub(crate) struct Snapshot {
     /// The host's fitness as the gate last judged it (CONTRACT §8: `host_unfit`); `None` before
     /// the first check.
     #[serde(default)]
-    pub fitness: Option<Fitness>,
+    pub fitness: Option<crate::fitness::Fitness>,
     /// What allocation remembers (fences, launch back-offs, launches in flight), for
     /// `explain` and `status`'s waiting jobs (CONTRACT §8); `None` from an agent that has none.
     #[serde(default)]
-    pub allocation: Option<crate::explain::published::AllocationMemory>,
-}
-
-/// The fitness gate's latest judgement: while `problems` is not empty the host registers no new
-/// runner (supervision and cleanup go on).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Fitness {
-    pub checked_at_ms: i64,
-    pub problems: Vec<FitnessProblem>,
-}
-
-/// One reason the host is unfit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FitnessProblem {
-    /// Stable, for scripts: `disk_space`, `not_writable`, `memory`, `missing_tool`.
-    pub code: String,
-    /// One sentence naming what is short and the remedy.
-    pub message: String,
+    pub allocation: Option<crate::executor::allocate::published::AllocationMemory>,
 }
 
 /// The relay subscription as the agent last saw it ([`crate::relay::RelayState`]).
@@ -496,16 +486,16 @@ pub(crate) type Source<T> = std::sync::Arc<dyn Fn() -> T + Send + Sync>;
 /// Publishes the agent's status until the poller stops: at once, whenever `status` changes,
 /// and at least every [`PUBLISH_EVERY`]. A failed write is logged and retried at the next one.
 /// `relay` is the relay subscription's state, when there is one; `allocation` reads the
-/// executor's memory and `fitness` the fitness gate's latest judgement at each publication
-/// (read through closures, so this module depends on neither).
+/// executor's memory and `fitness` the fitness gate's latest judgement at each publication,
+/// through closures: this module names only the shapes they publish, and neither names it.
 pub(crate) fn spawn_publisher(
     data_dir: PathBuf,
     mut status: watch::Receiver<PollerStatus>,
     mut relay: Option<watch::Receiver<crate::relay::RelayState>>,
     client: GithubClient,
     max_runners: u32,
-    allocation: Option<Source<crate::explain::published::AllocationMemory>>,
-    fitness: Option<Source<Option<Fitness>>>,
+    allocation: Option<Source<crate::executor::allocate::published::AllocationMemory>>,
+    fitness: Option<Source<Option<crate::fitness::Fitness>>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let pid = std::process::id();

@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use rm_github::{ClientConfig, GithubClient, SystemClock};
@@ -70,6 +71,11 @@ pub(crate) async fn serve(
     serve_paced(config, client, Pacing::default(), shutdown).await
 }
 
+/// How long the drain waits for `run`'s other tasks (receiver, relay, poller, follower, ...) to
+/// end after the control loop has drained; they were told to stop when the drain began. With
+/// the loop's own drain it keeps the exit within CONTRACT §3's 60 seconds.
+const TASKS_JOIN: Duration = Duration::from_secs(5);
+
 /// [`serve`] with the poller's slow cadences given (the demo's are seconds, not minutes).
 pub(crate) async fn serve_paced(
     config: &Config,
@@ -86,7 +92,8 @@ pub(crate) async fn serve_paced(
     let follower = crate::runner::package::latest::Follower::for_config(
         config,
         &client,
-        &settings.backends,
+        &settings.backends.none,
+        settings.backends.user.as_ref(),
         &version,
     );
     let webhook_secrets = match &config.receiver {
@@ -98,7 +105,7 @@ pub(crate) async fn serve_paced(
         .with_context(|| format!("cannot open the journal in {}", config.data_dir.display()))
         .map_err(Exit::runtime)?;
     let notifier = Arc::new(crate::notify::from_config(config)?);
-    let executor = Executor::open(
+    let mut executor = Executor::open(
         settings,
         &journal_path,
         &config.host.runner_root,
@@ -106,6 +113,8 @@ pub(crate) async fn serve_paced(
         Arc::clone(&notifier),
     )
     .map_err(Exit::runtime)?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = Tasks::default();
     // The fitness gate (crate::fitness): judged once before the first registration, then again
     // in the background; allocation registers nothing while it says unfit.
     let fitness = executor.settings().fitness.clone();
@@ -113,9 +122,11 @@ pub(crate) async fn serve_paced(
     let fitness_required =
         crate::fitness::Requirements::of(config, crate::fitness::probe::runner_path());
     crate::fitness::check_once(&fitness_required, &fitness, &notifier).await;
-    let fitness_checker =
-        crate::fitness::spawn(fitness_required, fitness.clone(), Arc::clone(&notifier));
-    handle.wake_on(fitness.fit_again());
+    tasks.until_aborted(
+        "fitness checker",
+        crate::fitness::spawn(fitness_required, fitness.clone(), Arc::clone(&notifier)),
+    );
+    executor.wake_on(fitness.fit_again());
     // For `rm-agent status` and `/metrics`: what only the running agent knows.
     let published = client.clone();
     // Checked before anything starts, so a missing token is a usage error at start.
@@ -131,108 +142,81 @@ pub(crate) async fn serve_paced(
         ),
         None => None,
     };
-    let poller_config = PollerConfig::from_config(config);
-    let poller = match crate::secrets::journal_target(config) {
-        None => Poller::new(
-            poller_config,
-            client,
-            PollJournal::open(&journal_path).map_err(Exit::runtime)?,
-            Arc::new(SystemClock),
-        )
-        .map_err(Exit::runtime)?,
-        // In a fleet: sightings go to the shared journal, and each target is polled by the
-        // one host that leads it (crate::polling::election): one REST budget for the fleet.
-        Some(target) => {
-            let server = target.describe();
-            // The PostgreSQL client blocks and runs a runtime of its own: connected off this one.
-            let opened = tokio::task::spawn_blocking(move || {
-                Ok::<_, rm_journal::JournalError>((
-                    rm_journal::PgPollJournal::open(&target)?,
-                    rm_journal::PgFleet::open(&target)?,
-                ))
-            })
-            .await
-            .map_err(Exit::runtime)?;
-            let (polls, fleet) = opened.map_err(|e| {
-                Exit::runtime(anyhow::anyhow!(
-                    "cannot reach the fleet's journal ({server}): {e}"
-                ))
-            })?;
-            Poller::new(poller_config, client, polls, Arc::new(SystemClock))
-                .map_err(Exit::runtime)?
-                .with_fleet(fleet, config.host.name.clone())
-        }
-    }
-    .with_pacing(pacing);
-    handle.wake_on(journal.durable_groups());
-    handle.wake_on(poller.changes());
-    watch_webhook_health(poller.status(), Arc::clone(&notifier));
-    crate::status_file::spawn_publisher(
-        config.data_dir.clone(),
-        poller.status(),
-        relay.as_ref().map(Subscription::state),
-        published.clone(),
-        config.host.max_runners,
-        Some({
-            let handle = handle.clone();
-            Arc::new(move || handle.published_memory())
-        }),
-        Some({
-            let fitness = fitness.clone();
-            Arc::new(move || fitness.current())
-        }),
+    let poller = open_poller(config, client, &journal_path)
+        .await?
+        .with_pacing(pacing);
+    executor.wake_on(journal.durable_groups());
+    executor.wake_on(poller.changes());
+    // These end when the poller does (their watch closes).
+    tasks.ending_on_stop(
+        "webhook health watch",
+        tokio::spawn(watch_webhook_health(poller.status(), Arc::clone(&notifier))),
+    );
+    tasks.ending_on_stop(
+        "status publisher",
+        crate::status_file::spawn_publisher(
+            config.data_dir.clone(),
+            poller.status(),
+            relay.as_ref().map(Subscription::state),
+            published.clone(),
+            config.host.max_runners,
+            Some({
+                let handle = handle.clone();
+                Arc::new(move || handle.published_memory())
+            }),
+            Some({
+                let fitness = fitness.clone();
+                Arc::new(move || fitness.current())
+            }),
+        ),
+    );
+    tasks.ending_on_stop(
+        "journal refresh notes",
+        tokio::spawn(note_refreshes(poller.status(), handle.clone())),
     );
     let agent_metrics = crate::metrics::AgentMetrics::new(poller.status(), published);
     let poller_status = poller.status();
-    note_refreshes(poller.status(), handle.clone());
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = move |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let receiver = match (&config.receiver, webhook_secrets) {
-        (Some(settings), Some(secrets)) => {
-            let listener = tokio::net::TcpListener::bind(settings.listen)
-                .await
-                .with_context(|| format!("cannot listen on {} (receiver.listen)", settings.listen))
-                .map_err(Exit::runtime)?;
-            tracing::info!(listen = %listener.local_addr().map_err(Exit::runtime)?, path = %settings.path, "receiver listening");
-            let receiver = Receiver::new(
-                ReceiverConfig {
-                    path: settings.path.clone(),
-                    secrets,
-                    max_body_bytes: MAX_BODY_BYTES,
-                },
-                journal.clone(),
-            );
-            receiver.add_collector(Box::new(agent_metrics));
-            // Wait times since this start (CONTRACT §8): seeded before deliveries are taken.
-            let waits = crate::latency::WaitMetrics::default();
-            crate::latency::spawn_recorder(&journal_path, waits.clone()).map_err(Exit::runtime)?;
-            receiver.add_collector(Box::new(waits));
-            receiver.add_collector(Box::new(crate::fitness::report::FitnessMetrics::new(
-                fitness.clone(),
-            )));
-            if let Some(notifications) = notifier.metrics() {
-                receiver.add_collector(Box::new(notifications));
-            }
-            let shutdown = stopped(stop_rx.clone());
-            Some(tokio::spawn(async move {
-                receiver.serve(listener, shutdown).await
-            }))
+    if let (Some(settings), Some(secrets)) = (&config.receiver, webhook_secrets) {
+        let receiver = Receiver::new(
+            ReceiverConfig {
+                path: settings.path.clone(),
+                secrets,
+                max_body_bytes: MAX_BODY_BYTES,
+            },
+            journal.clone(),
+        );
+        receiver.add_collector(Box::new(agent_metrics));
+        // Wait times since this start (CONTRACT §8): seeded before deliveries are taken.
+        let waits = crate::latency::WaitMetrics::default();
+        tasks.until_aborted(
+            "wait-time recorder",
+            crate::latency::spawn_recorder(&journal_path, waits.clone()).map_err(Exit::runtime)?,
+        );
+        receiver.add_collector(Box::new(waits));
+        receiver.add_collector(Box::new(crate::fitness::report::FitnessMetrics::new(
+            fitness.clone(),
+        )));
+        if let Some(notifications) = notifier.metrics() {
+            receiver.add_collector(Box::new(notifications));
         }
-        _ => {
-            tracing::info!("no [receiver]: jobs are found by polling");
-            None
-        }
-    };
-    let relay = relay.map(|subscription| {
+        let serving = listen(settings, receiver, stopped(stop_rx.clone())).await?;
+        tasks.ending_on_stop("receiver", tokio::spawn(serving));
+    } else {
+        tracing::info!("no [receiver]: jobs are found by polling");
+    }
+    if let Some(subscription) = relay {
         tracing::info!(url = %subscription.url(), "subscribing to the relay");
-        tokio::spawn(subscription.run(stop_rx.clone()))
-    });
-    let polling = tokio::spawn(poller.run(stopped(stop_rx.clone())));
+        tasks.ending_on_stop(
+            "relay subscription",
+            tokio::spawn(subscription.run(stop_rx.clone())),
+        );
+    }
+    tasks.ending_on_stop("poller", tokio::spawn(poller.run(stopped(stop_rx.clone()))));
     if let Some(follower) = follower {
-        tokio::spawn(follower.run(stopped(stop_rx.clone())));
+        tasks.ending_on_stop(
+            "runner release follower",
+            tokio::spawn(follower.run(stopped(stop_rx.clone()))),
+        );
     }
     // A poisoned journal drains like a signal (runners are left running, adopted at the next
     // start), and then the agent exits 1 for its service manager to restart it.
@@ -246,7 +230,6 @@ pub(crate) async fn serve_paced(
         let _ = first_pass.wait_for(|s| s.last_pass.at.is_some()).await;
     };
     let report = executor.run(synced, signal).await;
-    fitness_checker.abort();
     // No runner of this agent is left: neither is its host table (a runner still running keeps
     // it, for the next start to replace).
     if report.left_running == 0
@@ -256,21 +239,7 @@ pub(crate) async fn serve_paced(
     {
         tracing::warn!(error = %e, table = %network.table, "cannot remove the runners' host table");
     }
-    if let Some(receiver) = receiver {
-        match receiver.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "the receiver stopped with an error"),
-            Err(e) => tracing::warn!(error = %e, "the receiver task failed"),
-        }
-    }
-    if let Some(relay) = relay
-        && let Err(e) = relay.await
-    {
-        tracing::warn!(error = %e, "the relay subscription task failed");
-    }
-    if let Err(e) = polling.await {
-        tracing::warn!(error = %e, "the polling task failed");
-    }
+    tasks.join(TASKS_JOIN).await;
     if let Some(exit) = super::receive::poisoned_exit(&journal) {
         tracing::info!(
             left_running = report.left_running,
@@ -282,38 +251,145 @@ pub(crate) async fn serve_paced(
     Ok(report)
 }
 
-/// Tells the executor when a poll pass brought the journal up to date with GitHub.
-fn note_refreshes(mut status: watch::Receiver<PollerStatus>, executor: Handle) {
-    tokio::spawn(async move {
-        while status.changed().await.is_ok() {
-            let pass = status.borrow().last_pass.clone();
-            if pass.polled_demand
-                && let Some(at) = pass.at
-            {
-                executor.journal_refreshed(crate::polling::unix_ms(at));
-            }
-        }
-    });
+/// Completes once `stop` says the agent stops.
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
 }
 
-/// Tells the operator when webhooks stop being trusted and polling takes over.
-fn watch_webhook_health(mut status: watch::Receiver<PollerStatus>, notifier: Arc<Notifier>) {
-    tokio::spawn(async move {
-        let mut trusted = status.borrow().webhooks.trusted;
-        while status.changed().await.is_ok() {
-            let (now_trusted, intake) = {
-                let s = status.borrow();
-                (s.webhooks.trusted, s.webhooks.intake)
-            };
-            if intake && trusted && !now_trusted {
-                tracing::warn!(
-                    "webhook deliveries are not trusted any more; polling at the full schedule"
-                );
-                notifier.notify(OperatorEvent::WebhooksStopped);
-            }
-            trusted = now_trusted;
+/// Binds the receiver's address (a taken port fails the start) and returns its serving, which
+/// ends once `shutdown` completes and the deliveries in flight are answered.
+async fn listen(
+    settings: &crate::config::ReceiverSettings,
+    receiver: Arc<Receiver>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<impl Future<Output = ()> + Send + 'static, Exit> {
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (receiver.listen)", settings.listen))
+        .map_err(Exit::runtime)?;
+    tracing::info!(listen = %listener.local_addr().map_err(Exit::runtime)?, path = %settings.path, "receiver listening");
+    Ok(async move {
+        if let Err(e) = receiver.serve(listener, shutdown).await {
+            tracing::warn!(error = %e, "the receiver stopped with an error");
         }
-    });
+    })
+}
+
+/// The poller: on this host's journal, or in a fleet on the shared one, where each target is
+/// polled by the one host that leads it (crate::polling::election): one REST budget for the
+/// fleet.
+async fn open_poller(
+    config: &Config,
+    client: GithubClient,
+    journal_path: &std::path::Path,
+) -> Result<Poller, Exit> {
+    let poller_config = PollerConfig::from_config(config);
+    let Some(target) = crate::secrets::journal_target(config) else {
+        return Poller::new(
+            poller_config,
+            client,
+            PollJournal::open(journal_path).map_err(Exit::runtime)?,
+            Arc::new(SystemClock),
+        )
+        .map_err(Exit::runtime);
+    };
+    let server = target.describe();
+    // The PostgreSQL client blocks and runs a runtime of its own: connected off this one.
+    let opened = tokio::task::spawn_blocking(move || {
+        Ok::<_, rm_journal::JournalError>((
+            rm_journal::PgPollJournal::open(&target)?,
+            rm_journal::PgFleet::open(&target)?,
+        ))
+    })
+    .await
+    .map_err(Exit::runtime)?;
+    let (polls, fleet) = opened.map_err(|e| {
+        Exit::runtime(anyhow::anyhow!(
+            "cannot reach the fleet's journal ({server}): {e}"
+        ))
+    })?;
+    Ok(
+        Poller::new(poller_config, client, polls, Arc::new(SystemClock))
+            .map_err(Exit::runtime)?
+            .with_fleet(fleet, config.host.name.clone()),
+    )
+}
+
+/// `run`'s long-lived tasks beside the control loop, each named: joined when the loop has
+/// drained, so none outlives the agent unseen and a task that failed is said by name.
+#[derive(Default)]
+struct Tasks {
+    /// Tasks that end by themselves once the agent stops (told through the stop watch, or
+    /// their input closing): waited for, up to [`TASKS_JOIN`].
+    ending: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
+    /// Tasks that run until aborted (periodic checks): aborted, then joined.
+    endless: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
+}
+
+impl Tasks {
+    fn ending_on_stop(&mut self, name: &'static str, task: tokio::task::JoinHandle<()>) {
+        self.ending.push((name, task));
+    }
+
+    fn until_aborted(&mut self, name: &'static str, task: tokio::task::JoinHandle<()>) {
+        self.endless.push((name, task));
+    }
+
+    /// Aborts the endless tasks and waits (at most `within`) for every task to end; one that
+    /// does not is aborted and named, one that failed is named.
+    async fn join(self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        for (_, task) in &self.endless {
+            task.abort();
+        }
+        for (name, mut task) in self.ending.into_iter().chain(self.endless) {
+            match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if e.is_cancelled() => {}
+                Ok(Err(e)) => tracing::warn!(task = name, error = %e, "a task of the agent failed"),
+                Err(_) => {
+                    task.abort();
+                    tracing::warn!(
+                        task = name,
+                        waited_s = within.as_secs(),
+                        "a task of the agent did not end in time after the drain; stopped"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Tells the executor when a poll pass brought the journal up to date with GitHub; ends when
+/// the poller does.
+async fn note_refreshes(mut status: watch::Receiver<PollerStatus>, executor: Handle) {
+    while status.changed().await.is_ok() {
+        let pass = status.borrow().last_pass.clone();
+        if pass.polled_demand
+            && let Some(at) = pass.at
+        {
+            executor.journal_refreshed(crate::polling::unix_ms(at));
+        }
+    }
+}
+
+/// Tells the operator when webhooks stop being trusted and polling takes over; ends when the
+/// poller does.
+async fn watch_webhook_health(mut status: watch::Receiver<PollerStatus>, notifier: Arc<Notifier>) {
+    let mut trusted = status.borrow().webhooks.trusted;
+    while status.changed().await.is_ok() {
+        let (now_trusted, intake) = {
+            let s = status.borrow();
+            (s.webhooks.trusted, s.webhooks.intake)
+        };
+        if intake && trusted && !now_trusted {
+            tracing::warn!(
+                "webhook deliveries are not trusted any more; polling at the full schedule"
+            );
+            notifier.notify(OperatorEvent::WebhooksStopped);
+        }
+        trusted = now_trusted;
+    }
 }
 
 /// The executor's settings, refusing what `run` cannot do yet, and the runner version runners

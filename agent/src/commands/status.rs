@@ -1337,9 +1337,9 @@ mod tests {
     fn an_unfit_host_is_said_in_json_text_and_needs_attention() {
         let mut f = facts();
         assert_eq!(to_json(&f)["host"]["fit"], Value::Null);
-        f.snapshot.as_mut().unwrap().fitness = Some(crate::status_file::Fitness {
+        f.snapshot.as_mut().unwrap().fitness = Some(crate::fitness::Fitness {
             checked_at_ms: NOW,
-            problems: vec![crate::status_file::FitnessProblem {
+            problems: vec![crate::fitness::FitnessProblem {
                 code: "disk_space".to_owned(),
                 message: "the runner root /r has 1.0 MiB free".to_owned(),
             }],

@@ -12,6 +12,12 @@
 //! - a **launch back-off** per policy after failed launches, so a 403 or a broken package does
 //!   not become a loop of attempts;
 //! - the jobs already reported as overlapping or unresolvable, so each is logged once.
+//!
+//! The fences, back-offs and launches in flight are published, in the shape of [`published`],
+//! for `status` and `explain`, which judge them with this module's rules ([`backing_off`],
+//! [`counts_after_fence`]).
+
+pub(crate) mod published;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -21,12 +27,12 @@ use rm_journal::{
     AttemptId, AttemptRecord, AttemptState, IsolationKind, JobId, NewAttempt, Scope, WorkspaceKind,
 };
 
+use self::published::{AllocationMemory, Backoff, PolicyMemory};
 use super::context::Context;
 use crate::allocation::{self, AllocationInput};
 use crate::config::Policy;
 use crate::config::Workspace;
 use crate::demand::{self, QueuedJob};
-use crate::explain::published::{AllocationMemory, Backoff, PolicyMemory};
 use crate::lifecycle::{Conclusion, FailureReason};
 use crate::notify::{Notifier, OperatorEvent};
 use crate::runner::slot;
@@ -156,6 +162,29 @@ pub(crate) fn demand_after_unknown_busy(demand: u32, busy_unknown: usize) -> u32
     demand.saturating_sub(u32::try_from(busy_unknown).unwrap_or(u32::MAX))
 }
 
+/// What the ceilings are computed from for `policy`: its demand less its busy runners whose job
+/// is unknown, its own `min_runners` and `max_runners`, the journal's live counts and the
+/// host's `host_max`. The one place a policy's settings meet the journal's counts, so a
+/// setting left out here is a ceiling the executor does not keep (`.ci/mutants`,
+/// `policy-max-unread`).
+pub(super) fn allocation_input(
+    policy: &Policy,
+    demand: u32,
+    live: &LiveView,
+    host_max: u32,
+) -> AllocationInput {
+    let counts = live.counts.policy(&policy.name);
+    AllocationInput {
+        demand: demand_after_unknown_busy(demand, live.busy_unknown),
+        min_runners: policy.min_runners,
+        max_runners: policy.max_runners,
+        unassigned_in_flight: counts.unassigned(),
+        policy_live: counts.live,
+        host_live: live.counts.host_live(),
+        host_max,
+    }
+}
+
 impl Allocator {
     /// The runners of unknown completions, whose names the journal may meanwhile know (a late
     /// delivery said which job they ran): the caller looks them up for [`Allocator::wanted`].
@@ -233,15 +262,7 @@ impl Allocator {
         now: i64,
         notifier: &Notifier,
     ) -> u32 {
-        let decided = allocation::allocate(AllocationInput {
-            demand: demand_after_unknown_busy(demand, live.busy_unknown),
-            min_runners: policy.min_runners,
-            max_runners: policy.max_runners,
-            unassigned_in_flight: live.counts.policy(&policy.name).unassigned(),
-            policy_live: live.counts.policy(&policy.name).live,
-            host_live: live.counts.host_live(),
-            host_max,
-        });
+        let decided = allocation::allocate(allocation_input(policy, demand, live, host_max));
         if waiting_too_long(
             &mut self.waiting_since,
             &policy.name,
@@ -681,6 +702,57 @@ mod tests {
         // so it no longer stands for one of the queued ones.
         let named: HashSet<String> = ["rm-h-bbbbbbbbbbbb".to_owned()].into();
         assert_eq!(unknown_completions(&both, &named, 0, 300), 1);
+    }
+
+    #[test]
+    fn a_fence_holds_back_only_the_jobs_seen_before_it() {
+        // (first seen, fence, still demand): a job seen when (or before) the runner gave up
+        // was one it could have taken; a later one is new demand.
+        for (seen, fence, counts) in [
+            (100, 200, false),
+            (200, 200, false),
+            (201, 200, true),
+            (i64::MIN, i64::MIN, false),
+            // No fence (`i64::MIN`): every job counts.
+            (0, i64::MIN, true),
+        ] {
+            assert_eq!(
+                counts_after_fence(seen, fence),
+                counts,
+                "seen {seen}, fence {fence}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_allocation_reads_the_policy_s_own_ceilings_and_the_journal_s_counts() {
+        let mut policy = crate::executor::harness::policy("gpu", &["gpu"], 2);
+        policy.min_runners = 1;
+        let mut counts = rm_journal::LiveCounts::default();
+        counts.per_policy.insert(
+            "gpu".to_owned(),
+            rm_journal::PolicyLive { live: 2, busy: 1 },
+        );
+        counts.per_policy.insert(
+            "linux".to_owned(),
+            rm_journal::PolicyLive { live: 3, busy: 3 },
+        );
+        let live = LiveView {
+            counts,
+            busy_unknown: 1,
+        };
+        assert_eq!(
+            allocation_input(&policy, 4, &live, 8),
+            AllocationInput {
+                demand: 3,
+                min_runners: 1,
+                max_runners: 2,
+                unassigned_in_flight: 1,
+                policy_live: 2,
+                host_live: 5,
+                host_max: 8,
+            }
+        );
     }
 
     #[test]

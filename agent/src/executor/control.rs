@@ -1,11 +1,14 @@
 //! The control loop: the one owner of the executor's state between passes (allocation's
-//! memory, supervision's listings and retries, the launches in flight, whether it drains, when
-//! the inventory was last reconciled). Rooms get this state lent for one call and give their
-//! results back as values; launch tasks and the rest of the agent talk to the loop through
-//! [`Event`]s on one channel ([`Handle`]). What only the loop knows is published on a `watch`
-//! after every pass and message, for the status snapshot (`explain`, `status`).
+//! memory, supervision's listings and retries, the launches and effects in flight, whether it
+//! drains, when the inventory was last reconciled). Rooms get this state lent for one call and
+//! give their results back as values. The loop waits on its inputs directly: the `watch`es that
+//! say new demand may be there ([`Executor::wake_on`]), the effect tasks it owns and joins
+//! ([`super::effects`]), and the [`Event`]s launch tasks and the poller send on one channel
+//! ([`Handle`]). No effect runs in a pass: a runner being stopped or cleaned never holds back
+//! the allocation of another. What only the loop knows is published on a `watch` after every
+//! pass and message, for the status snapshot (`explain`, `status`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -13,11 +16,13 @@ use std::time::Duration;
 
 use rm_journal::{AttemptId, HostInfo, JobId};
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
 use super::allocate::{self, Allocator, NoFreeUid};
 use super::claims::{self, FleetStore, Membership, Standing};
 use super::context::Context;
+use super::effects::{self, Effect, Effected, Outcome};
 use super::journal::{AttemptJournal, JobSource};
 use super::launch::Launch;
 use super::registry::Registry;
@@ -27,7 +32,7 @@ use super::{
     DRAIN_CLEANUP, DRAIN_LAUNCHES, DrainReport, Event, INVENTORY_INTERVAL, PASS_INTERVAL,
     RECOVERY_RETRY, RecoveryIncomplete, STARTUP_SYNC_WAIT, Settings, fault, recovery,
 };
-use crate::explain::published::AllocationMemory;
+use crate::executor::allocate::published::AllocationMemory;
 use crate::notify::Notifier;
 use crate::runner::RunnerRoot;
 
@@ -68,6 +73,13 @@ pub struct Executor {
     claimed: HashSet<JobId>,
     /// The re-run scan (`policy.rerun_on`): when it last started, the one in flight.
     reruns: super::rerun::Reruns,
+    /// The stops and cleanups in flight, each a task the loop joins (and a drain waits for).
+    effects: JoinSet<Effected>,
+    /// The attempt of each effect task, for a task that ends without reporting.
+    effect_of: HashMap<tokio::task::Id, AttemptId>,
+    /// What may bring new demand (durable deliveries, a poll that moved a job, the host fit
+    /// again): any change wakes the loop for a pass.
+    wakers: Vec<watch::Receiver<u64>>,
 }
 
 /// What the rest of the agent holds of the executor: it can wake the loop, tell it the journal
@@ -79,19 +91,6 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// Wakes the control loop whenever `changes` changes (durable deliveries, a poll that moved
-    /// a job, the host fit again): new demand is served at once instead of at the next interval.
-    pub fn wake_on(&self, mut changes: watch::Receiver<u64>) {
-        let events = self.events.clone();
-        tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
-                if events.send(Event::Wake).is_err() {
-                    break;
-                }
-            }
-        });
-    }
-
     /// The journal was brought up to date with GitHub by a poll pass that began at `at_ms`.
     pub fn journal_refreshed(&self, at_ms: i64) {
         // A loop that has stopped has no allocation left to correct.
@@ -171,7 +170,16 @@ impl Executor {
             renewal: None,
             claimed: HashSet::new(),
             reruns: super::rerun::Reruns::default(),
+            effects: JoinSet::new(),
+            effect_of: HashMap::new(),
+            wakers: Vec::new(),
         })
+    }
+
+    /// Wakes the control loop whenever `changes` changes (durable deliveries, a poll that moved
+    /// a job, the host fit again): new demand is served at once instead of at the next interval.
+    pub fn wake_on(&mut self, changes: watch::Receiver<u64>) {
+        self.wakers.push(changes);
     }
 
     pub fn settings(&self) -> &Settings {
@@ -221,21 +229,20 @@ impl Executor {
         }
         tracing::info!(host = %self.ctx.settings.host, max_runners = self.ctx.settings.max_runners, "recovery complete; serving queued jobs");
         loop {
-            // A pass that stopped a runner is followed at once by one that concludes it.
-            let wait = if self.pass().await {
-                Duration::ZERO
-            } else {
-                PASS_INTERVAL
-            };
+            self.pass().await;
+            // Whatever arrives first leads to the next pass: an effect that ended (a stopped
+            // runner is concluded, a cleaned one frees its uid), a message, new demand.
             tokio::select! {
                 biased;
                 () = &mut shutdown => break,
+                Some(joined) = self.effects.join_next_with_id() => self.effected(joined),
                 event = self.events.recv() => {
                     if let Some(event) = event {
                         self.take(event);
                     }
                 }
-                () = tokio::time::sleep(wait) => {}
+                () = any_changed(&mut self.wakers) => {}
+                () = tokio::time::sleep(PASS_INTERVAL) => {}
             }
         }
         self.drain().await
@@ -271,7 +278,7 @@ impl Executor {
             .await
             .map_err(|e| RecoveryIncomplete::Journal(e.to_string()))?;
         let deferred = report.deferred;
-        self.supervised(&report).await;
+        self.supervised(report).await;
         if deferred > 0 {
             return Err(RecoveryIncomplete::Deferred(deferred));
         }
@@ -280,26 +287,20 @@ impl Executor {
         Ok(())
     }
 
-    /// One pass: the messages waiting taken, every attempt supervised, the inventory reconciled
-    /// when due, then allocation (unless draining). Returns whether a runner was stopped (a
-    /// pass at once concludes it).
-    pub(crate) async fn pass(&mut self) -> bool {
+    /// One pass: the messages and effect reports waiting taken, every attempt supervised (its
+    /// slow effects started as tasks, never awaited here), the inventory reconciled when due,
+    /// then allocation (unless draining).
+    pub(crate) async fn pass(&mut self) {
         self.take_waiting();
         let timeouts = self.ctx.settings.timeouts;
-        let stopped = match self
+        match self
             .supervisor
             .pass(&self.ctx, &self.launching, timeouts, false)
             .await
         {
-            Ok(report) => {
-                self.supervised(&report).await;
-                report.stopped
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "supervision pass failed");
-                false
-            }
-        };
+            Ok(report) => self.supervised(report).await,
+            Err(e) => tracing::warn!(error = %e, "supervision pass failed"),
+        }
         // Off the loop: a scan in flight is left to finish, a due one started.
         self.reruns.tick(&self.ctx);
         if self.inventory_due()
@@ -313,7 +314,6 @@ impl Executor {
             tracing::warn!(error = %format!("{e:#}"), "allocation pass failed");
         }
         self.publish();
-        stopped
     }
 
     /// Allocates runners for every policy's queued jobs: allocation decides, the loop creates
@@ -416,15 +416,18 @@ impl Executor {
             }
         }
         let launches_unfinished = self.launching.len();
-        let timeouts = self.ctx.settings.timeouts;
-        let last = self
-            .supervisor
-            .pass(&self.ctx, &self.launching, timeouts, false);
-        match tokio::time::timeout(DRAIN_CLEANUP, last).await {
-            Ok(Err(e)) => tracing::warn!(error = %e, "the drain's last supervision pass failed"),
-            Err(_) => tracing::warn!("the drain's last supervision pass did not finish in time"),
-            Ok(Ok(_)) => {}
+        if tokio::time::timeout(DRAIN_CLEANUP, self.last_pass())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                effects_unfinished = self.effects.len(),
+                "the drain's last supervision pass and its cleanups did not finish in time; the next start does what is left"
+            );
         }
+        // Those not finished are stopped here; each one's decision is found again at the next
+        // start (every effect is idempotent).
+        self.effects.abort_all();
         let left_running = self
             .ctx
             .journal
@@ -449,11 +452,71 @@ impl Executor {
         }
     }
 
-    /// Takes every message already waiting.
+    /// The drain's last supervision: the effects in flight, then one more pass for what ended
+    /// since, and the effects it started; all waited for.
+    async fn last_pass(&mut self) {
+        self.settle_effects().await;
+        let timeouts = self.ctx.settings.timeouts;
+        match self
+            .supervisor
+            .pass(&self.ctx, &self.launching, timeouts, false)
+            .await
+        {
+            Ok(report) => self.supervised(report).await,
+            Err(e) => tracing::warn!(error = %e, "the drain's last supervision pass failed"),
+        }
+        self.settle_effects().await;
+    }
+
+    /// Waits for every effect in flight and takes its report.
+    pub(super) async fn settle_effects(&mut self) {
+        while let Some(joined) = self.effects.join_next_with_id().await {
+            self.effected(joined);
+        }
+    }
+
+    /// Takes every message and effect report already waiting.
     fn take_waiting(&mut self) {
+        while let Some(joined) = self.effects.try_join_next_with_id() {
+            self.effected(joined);
+        }
         while let Ok(event) = self.events.try_recv() {
             self.take(event);
         }
+    }
+
+    /// Starts each effect supervision decided as a task of its own, in its attempt's span.
+    fn start_effects(&mut self, effects: Vec<Effect>) {
+        for effect in effects {
+            let span = super::attempt_span(effect.attempt());
+            let attempt = effect.attempt().attempt_id.clone();
+            let task = self
+                .effects
+                .spawn(effects::carry_out(Arc::clone(&self.ctx), effect).instrument(span));
+            self.effect_of.insert(task.id(), attempt);
+        }
+    }
+
+    /// An effect task ended: its report goes to supervision (a task that panicked reports
+    /// [`Outcome::Lost`], so its attempt is supervised again rather than left alone for good).
+    fn effected(&mut self, joined: Result<(tokio::task::Id, Effected), tokio::task::JoinError>) {
+        let effected = match joined {
+            Ok((id, effected)) => {
+                self.effect_of.remove(&id);
+                effected
+            }
+            Err(e) => {
+                let Some(attempt) = self.effect_of.remove(&e.id()) else {
+                    return;
+                };
+                tracing::warn!(%attempt, error = %e, "an effect task ended without reporting; the attempt is supervised again");
+                Effected {
+                    attempt,
+                    outcome: Outcome::Lost,
+                }
+            }
+        };
+        self.supervisor.note_effected(effected, self.ctx.now_ms());
     }
 
     /// One message: the state it changes (a wake changes none: the pass it leads to is the
@@ -488,8 +551,9 @@ impl Executor {
     }
 
     /// What supervision concluded, for allocation's fences and unknown completions; in a
-    /// fleet, the claims of the jobs its runners took.
-    async fn supervised(&mut self, report: &PassReport) {
+    /// fleet, the claims of the jobs its runners took; the effects it decided, started.
+    async fn supervised(&mut self, report: PassReport) {
+        self.start_effects(report.effects);
         for concluded in &report.concluded {
             self.allocator.remember_conclusion(concluded);
         }
@@ -616,5 +680,24 @@ async fn took(membership: &Membership, took: &supervise::Took, claimed: &HashSet
             }
         }
         None => {}
+    }
+}
+
+/// Completes when any of `wakers` changes; never, when there is none. A waker whose sender is
+/// gone is dropped (its source stopped: nothing more comes from it).
+async fn any_changed(wakers: &mut Vec<watch::Receiver<u64>>) {
+    loop {
+        if wakers.is_empty() {
+            return std::future::pending().await;
+        }
+        let (changed, index, _) =
+            futures_util::future::select_all(wakers.iter_mut().map(|w| Box::pin(w.changed())))
+                .await;
+        match changed {
+            Ok(()) => return,
+            Err(_) => {
+                wakers.swap_remove(index);
+            }
+        }
     }
 }

@@ -284,51 +284,17 @@ impl Launch {
         let mut tries = 0;
         loop {
             tries += 1;
-            let (error, set_aside) = match self.choose_installation(target).await {
-                Err(refused) => (refused, false),
-                Ok(installation) => {
-                    match ctx
-                        .registry
-                        .generate_in(installation, target, request)
-                        .await
-                    {
-                        Ok(jit) => return Ok(jit),
-                        Err(e) => {
-                            let aside = ctx.registry.set_aside(installation, &e, ctx.clock.now());
-                            (e, aside)
-                        }
-                    }
-                }
+            let (error, set_aside) = match self.try_jit(target, request).await {
+                Ok(jit) => return Ok(jit),
+                Err(refused) => refused,
             };
-            let mut not_before = None;
-            // A further App's installation refused for good: the next try goes through another.
-            let retry = if set_aside {
-                JitRetry::Later(None)
-            } else {
-                registry::jit_retry(&error)
-            };
-            match retry {
-                JitRetry::Terminal => {
-                    if matches!(error, rm_github::GithubError::Unauthorized { .. }) {
-                        ctx.notifier
-                            .notify(crate::notify::OperatorEvent::CredentialsRejected);
-                    }
-                    return Err(Failure {
-                        terminal: true,
-                        ..fail(format!("GitHub refused to register the runner: {error}"))
-                    });
-                }
-                JitRetry::RemoveStaleName => {
-                    // Our own name, registered by an earlier try whose answer was lost.
-                    tracing::warn!(
-                        "a registration with this runner's name exists; removing it and retrying"
-                    );
-                    if let Err(e) = ctx.registry.remove_by_name(target, &request.name).await {
-                        tracing::warn!(error = %e, "cannot remove the stale registration");
-                    }
-                }
-                JitRetry::Later(at) => not_before = at,
-            }
+            let not_before = self
+                .after_refusal(target, request, &error, set_aside)
+                .await
+                .map_err(|detail| Failure {
+                    terminal: true,
+                    ..fail(detail)
+                })?;
             if tries >= MAX_JIT_TRIES {
                 return Err(fail(format!(
                     "GitHub did not issue a JIT configuration after {tries} tries; the last answer: {error}"
@@ -343,20 +309,92 @@ impl Launch {
             }
             tracing::info!(tries, wait_ms = wait.as_millis() as u64, error = %error, "JIT request failed; retrying");
             tokio::time::sleep(wait).await;
-            if *self.draining.borrow() {
-                return Err(Failure::new(
-                    AttemptState::Allocated,
-                    FailureReason::LaunchInterrupted,
-                    "the agent is draining",
-                ));
-            }
-            if !allocate::still_wanted(ctx, policy).await {
-                return Err(fail(
-                    "the queued jobs were served or cancelled before GitHub issued a JIT configuration"
-                        .to_owned(),
-                ));
+            self.still_worth_a_try(policy).await?;
+        }
+    }
+
+    /// One JIT request through the installation [`Launch::choose_installation`] picks; a
+    /// refusal comes with whether that installation was set aside for it.
+    async fn try_jit(
+        &self,
+        target: &rm_github::Target,
+        request: &JitRequest,
+    ) -> Result<JitConfig, (rm_github::GithubError, bool)> {
+        let ctx = &self.ctx;
+        let installation = self
+            .choose_installation(target)
+            .await
+            .map_err(|refused| (refused, false))?;
+        match ctx
+            .registry
+            .generate_in(installation, target, request)
+            .await
+        {
+            Ok(jit) => Ok(jit),
+            Err(e) => {
+                let aside = ctx.registry.set_aside(installation, &e, ctx.clock.now());
+                Err((e, aside))
             }
         }
+    }
+
+    /// What a refused JIT request means for the next try: `Ok` with the earliest time GitHub
+    /// allows it (if it said), after removing a stale registration of our own name; `Err`
+    /// with the detail when GitHub refused for good.
+    async fn after_refusal(
+        &self,
+        target: &rm_github::Target,
+        request: &JitRequest,
+        error: &rm_github::GithubError,
+        set_aside: bool,
+    ) -> Result<Option<std::time::SystemTime>, String> {
+        let ctx = &self.ctx;
+        // A further App's installation refused for good: the next try goes through another.
+        let retry = if set_aside {
+            JitRetry::Later(None)
+        } else {
+            registry::jit_retry(error)
+        };
+        match retry {
+            JitRetry::Terminal => {
+                if matches!(error, rm_github::GithubError::Unauthorized { .. }) {
+                    ctx.notifier
+                        .notify(crate::notify::OperatorEvent::CredentialsRejected);
+                }
+                Err(format!("GitHub refused to register the runner: {error}"))
+            }
+            JitRetry::RemoveStaleName => {
+                // Our own name, registered by an earlier try whose answer was lost.
+                tracing::warn!(
+                    "a registration with this runner's name exists; removing it and retrying"
+                );
+                if let Err(e) = ctx.registry.remove_by_name(target, &request.name).await {
+                    tracing::warn!(error = %e, "cannot remove the stale registration");
+                }
+                Ok(None)
+            }
+            JitRetry::Later(at) => Ok(at),
+        }
+    }
+
+    /// After a wait between two JIT tries: whether the launch goes on (not draining, and the
+    /// policy's jobs still want a runner).
+    async fn still_worth_a_try(&self, policy: &crate::config::Policy) -> Result<(), Failure> {
+        if *self.draining.borrow() {
+            return Err(Failure::new(
+                AttemptState::Allocated,
+                FailureReason::LaunchInterrupted,
+                "the agent is draining",
+            ));
+        }
+        if !allocate::still_wanted(&self.ctx, policy).await {
+            return Err(Failure::new(
+                AttemptState::Allocated,
+                FailureReason::JitRequestFailed,
+                "the queued jobs were served or cancelled before GitHub issued a JIT configuration",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -1,31 +1,35 @@
 //! The executor: everything `rm-agent run` does between the journal and the runner processes.
 //! It owns this host's runner attempts while the agent runs, in rooms with one owner each that
 //! talk to one control loop through messages, never through each other's memory:
-//! - **the control loop** ([`control`]: [`Executor`]) owns the rooms' state and the launches in
-//!   flight; each pass supervises every attempt, reconciles GitHub's inventory when it is due,
-//!   then allocates. It is woken by messages ([`Event`]): durable deliveries and polls
-//!   ([`Handle::wake_on`]), a poll that refreshed the journal, a launch that ended, a runner that
-//!   exited, or its interval;
+//! - **the control loop** ([`control`]: [`Executor`]) owns the rooms' state, the launches and
+//!   the effects in flight; each pass supervises every attempt, reconciles GitHub's inventory
+//!   when it is due, then allocates, and never waits for a slow effect. It waits on its inputs
+//!   directly: the `watch`es that say new demand may be there ([`Executor::wake_on`]: durable
+//!   deliveries, a poll that moved a job, the host fit again), the effect tasks it joins, the
+//!   messages ([`Event`]: a poll that refreshed the journal, a launch that ended, a runner that
+//!   exited), or its interval;
 //! - **demand and allocation** ([`allocate`]: what to start, under which ceilings, fences and
 //!   back-offs; the attempt row, a runner's first effect);
 //! - **launch** ([`launch`]: one task per launch: runtime, JIT registration, process; it tells the
 //!   loop how it ended);
-//! - **supervision** ([`supervise`]: observe, decide with [`crate::lifecycle`], conclude,
-//!   deregister, clean);
+//! - **supervision** ([`supervise`]: observe, decide with [`crate::lifecycle`], mark, journal a
+//!   stop intent or a conclusion) and its **effects** ([`effects`]: a stop, a cleanup with the
+//!   deregistration, each a task the loop owns and joins, reporting back);
 //! - **recovery** ([`recovery`]: the startup pass and the inventory reconciliation).
 //!
 //! Every decision is a pure function in one of them; the world is read through seams
 //! ([`seams`]: clock, process table, backends), GitHub through [`registry`], and the journal
 //! through [`journal`], whose calls run off the async worker threads. Every effect is preceded
 //! by its journal record (the attempt before the workspace and GitHub, the runner id before the
-//! process, the stop intent before the signal), so an agent killed at any instant restarts into
-//! a state recovery can decide.
+//! process, the stop intent before the signal, the conclusion before the cleanup), so an agent
+//! killed at any instant restarts into a state recovery can decide.
 
 pub(crate) mod allocate;
 mod claims;
 mod context;
 mod control;
 mod disk_watch;
+mod effects;
 pub mod evidence;
 pub(crate) mod fault;
 pub mod findings;

@@ -239,7 +239,12 @@ async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
         .split_once('/')
         .unwrap_or((rerun.repository.as_str(), ""));
     let result = ctx.registry.client().rerun_job(owner, repo, job_id).await;
-    let sent = match result {
+    journal_answer(ctx, &rerun, sent(result)).await
+}
+
+/// What GitHub's answer to a re-run request means.
+fn sent(result: Result<(), RerunError>) -> Sent {
+    match result {
         Ok(()) => Sent::Done(RerunState::Sent, None),
         Err(e) if e.not_acted() => Sent::Later(e.to_string()),
         Err(e @ (RerunError::MissingActionsWrite { .. } | RerunError::Refused { .. })) => {
@@ -249,8 +254,12 @@ async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
             RerunState::Unknown,
             Some(format!("no answer to tell whether GitHub re-ran it: {e}")),
         ),
-    };
-    let at = ctx.now_ms();
+    }
+}
+
+/// Journals what came of a re-run sent, and tells the operator of an end.
+async fn journal_answer(ctx: &Context, rerun: &RerunRecord, sent: Sent) -> anyhow::Result<()> {
+    let (job_id, at) = (rerun.job_id, ctx.now_ms());
     match sent {
         Sent::Later(why) => {
             tracing::info!(job_id = job_id.get(), %why, "GitHub did not act on the re-run; sent again later");
@@ -284,7 +293,7 @@ async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
                     tracing::warn!(job_id = job_id.get(), reason = %rerun.reason, result = state.as_str(), %detail, "re-run not done")
                 }
             }
-            notify(ctx, &rerun, state, &detail);
+            notify(ctx, rerun, state, &detail);
         }
     }
     Ok(())

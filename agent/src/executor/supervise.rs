@@ -1,12 +1,13 @@
 //! The supervision room: one observation and one [`recovery_decision`] per journalled
-//! attempt, and the decision carried out: an attempt marked idle or busy, a runner stopped, an
-//! attempt concluded, and a concluded one cleaned (its registration removed, then its runtime).
-//! It owns what supervision remembers between passes ([`Supervisor`]: the runner listings it
-//! holds, the cleanup retries) and it is the one place that removes the registration of one of
-//! our attempts; the inventory reconciliation ([`super::recovery`]) removes only registrations
-//! no attempt owns. Startup recovery runs the same pass with the startup timers; the only
-//! difference is that GitHub is always asked afresh. What it concluded goes back to the control
-//! loop in its [`PassReport`], for allocation's fences.
+//! attempt, and the decision carried out: an attempt marked idle or busy and a stop intent or a
+//! conclusion journalled here, in the pass; the slow effects (stopping a runner, cleaning a
+//! concluded attempt: its registration removed, then its runtime) handed back to the control
+//! loop in the [`PassReport`], which runs each as a task ([`super::effects`]) so that no
+//! allocation ever waits for one. It owns what supervision remembers between passes
+//! ([`Supervisor`]: the runner listings it holds, the cleanup retries, the effects in flight).
+//! Startup recovery runs the same pass with the startup timers; the only difference is that
+//! GitHub is always asked afresh. What it concluded goes back to the control loop in its
+//! [`PassReport`], for allocation's fences.
 //!
 //! GitHub is asked as little as the decision allows: one conditional runner listing per target
 //! per need (an unchanged list is a free `304`), fetched afresh only where the decision depends
@@ -14,6 +15,7 @@
 //! while young enough.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rm_github::Target;
@@ -23,14 +25,15 @@ use tracing::Instrument as _;
 use super::allocate::Concluded;
 use super::context::Context;
 use super::disk_watch::{DiskWatch, Watched};
-use super::registry::{self, Deregistration, Listing};
+use super::effects::{Cleanup, Effect, Effected, Outcome};
+use super::registry::{self, Listing};
 use super::{evidence, fault, findings, targets_by_policy};
 use crate::lifecycle::{
     AttemptFacts, Conclusion, Decision, ExitSeen, FailureReason, Findings, GithubObservation,
     Observation, ProcessObservation, StopIntent, Timeouts, recovery_decision,
 };
+use crate::runner::discover;
 use crate::runner::process::{self, ProcessIdentity, ProcessState};
-use crate::runner::{Removal, discover};
 
 /// How old a listing may be for a runner that is still starting: registration is noticed
 /// within this, and a target with runners starting costs at most one request per interval.
@@ -56,29 +59,28 @@ enum Freshness {
     Any,
 }
 
-/// What cleanup knows about the runner's registration.
-#[derive(Clone, Copy)]
-enum Registration<'a> {
-    /// Deregistration was already attempted for this conclusion, and settled.
-    Handled,
-    /// Deregistration was just attempted and GitHub answered that the runner is still busy.
-    Busy,
-    /// This listing (fetched after the conclusion) says whether it is still listed.
-    Listed(&'a Listing),
-    /// Ask GitHub.
-    Ask,
-}
-
 /// What one pass knows beside the attempt.
 #[derive(Debug, Clone, Copy)]
 struct Pass {
     timeouts: Timeouts,
     /// Startup recovery: listings fetched afresh, deferrals keep recovery incomplete.
     startup: bool,
-    /// When the pass started (ms).
-    started: i64,
     /// The journal has the attempt's job completed.
     job_completed: bool,
+}
+
+/// What supervision saw of one attempt this pass: what the decision reads, and what carrying
+/// it out needs.
+struct Looked {
+    observation: Observation,
+    /// The process the journal (or the runtime's residents) names, if any.
+    identity: Option<ProcessIdentity>,
+    /// The target's listing, when the attempt's policy is configured.
+    listing: Option<Listing>,
+    /// The kernel's memory counters of an ended runner, for its conclusion's detail.
+    memory: findings::Memory,
+    /// The policy's `disk_max`, for the stop's warning.
+    disk_max: Option<u64>,
 }
 
 /// What supervision remembers between passes; owned by the control loop.
@@ -100,19 +102,23 @@ pub(super) struct Supervisor {
     reaping: HashSet<AttemptId>,
     /// Since when (ms) each idle runner seen alive has not been listed online by GitHub.
     unlisted_since: HashMap<AttemptId, i64>,
+    /// The attempts with an effect in flight (a stop or a cleanup): left alone until it
+    /// reports ([`Supervisor::note_effected`]), so two effects of one attempt never overlap.
+    in_flight: HashSet<AttemptId>,
 }
 
-/// What a supervision pass found.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+/// What a supervision pass found, and the slow effects it decided.
+#[derive(Debug, Default)]
 pub(super) struct PassReport {
     /// Attempts nothing could be decided for (GitHub unreachable, or an unknown policy).
     pub(super) deferred: usize,
     /// The attempts it concluded, for allocation's memory.
     pub(super) concluded: Vec<Concluded>,
-    /// It stopped a runner: another pass at once concludes what the stop ended.
-    pub(super) stopped: bool,
     /// The runners the journal now says took a job (learnt this pass), for a fleet's claims.
     pub(super) took: Vec<Took>,
+    /// The stops and cleanups decided (their intents journalled), for the loop to run as tasks;
+    /// their attempts are left alone until each reports.
+    pub(super) effects: Vec<Effect>,
 }
 
 /// One of this host's runners took a job.
@@ -138,8 +144,31 @@ impl Supervisor {
         }
     }
 
-    /// Supervises every attempt that is not being launched (`launching`). `startup`: every
-    /// listing is fetched afresh and deferrals make recovery incomplete.
+    /// An effect this supervisor decided has ended (`now`: when its report arrived, ms).
+    pub(super) fn note_effected(&mut self, effected: Effected, now: i64) {
+        let Effected { attempt, outcome } = effected;
+        self.in_flight.remove(&attempt);
+        match outcome {
+            Outcome::Stopped | Outcome::Lost => {}
+            Outcome::Cleaned { deregistered } => {
+                self.clean_retry.remove(&attempt);
+                self.deregister_busy.remove(&attempt);
+                if let Some((target, name)) = deregistered
+                    && let Some((_, Ok(runners))) = self.listings.get_mut(&target)
+                {
+                    runners.remove(&name);
+                }
+            }
+            Outcome::DeregisterBusy { first, next } => {
+                self.deregister_busy.insert(attempt, (first, next));
+            }
+            Outcome::CleanFailed => self.clean_failed(&attempt, now),
+        }
+    }
+
+    /// Supervises every attempt that is not being launched (`launching`) and has no effect in
+    /// flight. `startup`: every listing is fetched afresh and deferrals make recovery
+    /// incomplete.
     pub(super) async fn pass(
         &mut self,
         ctx: &Context,
@@ -153,7 +182,9 @@ impl Supervisor {
             .write(|attempts| attempts.list(rm_journal::Scope::Uncleaned, None))
             .await?
             .into_iter()
-            .filter(|r| !launching.contains(&r.attempt_id))
+            .filter(|r| {
+                !launching.contains(&r.attempt_id) && !self.in_flight.contains(&r.attempt_id)
+            })
             .collect();
         let (records, took, completed) = note_jobs_taken(ctx, records).await?;
         // Walks that finished since the last pass count in this one; the next one starts after.
@@ -164,23 +195,32 @@ impl Supervisor {
             took,
             ..PassReport::default()
         };
-        for record in records {
+        let now = ctx.now_ms();
+        let records: Vec<AttemptRecord> = records
+            .into_iter()
+            .filter(|r| !r.state.is_terminal() || self.clean_due(&r.attempt_id, now))
+            .collect();
+        let sights = sight_all(ctx, &records, startup).await;
+        let needs = records.iter().zip(&sights).filter_map(|(record, sight)| {
+            let freshness = if startup {
+                Freshness::After(pass_started)
+            } else {
+                freshness_for(record, sight.process, timeouts, now)
+            };
+            Some((targets.get(&record.policy)?, freshness))
+        });
+        self.refresh_listings(ctx, needs).await;
+        for (record, sight) in records.into_iter().zip(sights) {
             let target = targets.get(&record.policy);
             let span = super::attempt_span(&record);
             let job_completed = completed.contains(&record.runner_name);
+            let pass = Pass {
+                timeouts,
+                startup,
+                job_completed,
+            };
             let deferred = self
-                .supervise_one(
-                    ctx,
-                    &record,
-                    target,
-                    Pass {
-                        timeouts,
-                        startup,
-                        started: pass_started,
-                        job_completed,
-                    },
-                    &mut report,
-                )
+                .supervise_one(ctx, &record, target, sight, pass, &mut report)
                 .instrument(span)
                 .await?;
             if deferred {
@@ -191,83 +231,166 @@ impl Supervisor {
         Ok(report)
     }
 
+    /// Brings the listing held of each target up to the freshest `needs` asks of it; the
+    /// targets whose listing is too old are fetched concurrently.
+    async fn refresh_listings<'t>(
+        &mut self,
+        ctx: &Context,
+        needs: impl Iterator<Item = (&'t Target, Freshness)>,
+    ) {
+        let mut strongest: HashMap<&Target, Freshness> = HashMap::new();
+        for (target, freshness) in needs {
+            let entry = strongest.entry(target).or_insert(freshness);
+            *entry = stronger(*entry, freshness);
+        }
+        let stale: Vec<&Target> = strongest
+            .into_iter()
+            .filter(|(target, freshness)| !self.fresh_enough(target, *freshness))
+            .map(|(target, _)| target)
+            .collect();
+        let fetched = futures_util::future::join_all(stale.into_iter().map(|target| async move {
+            let fetched_at = ctx.now_ms();
+            let listing = ctx.registry.list(target).await;
+            if let Err(e) = &listing {
+                tracing::warn!(target = %target, error = %e, "cannot list the target's runners");
+            }
+            (target.clone(), fetched_at, listing)
+        }))
+        .await;
+        for (target, fetched_at, listing) in fetched {
+            self.listings.insert(target, (fetched_at, listing));
+        }
+    }
+
+    /// Whether the listing held of `target` is as fresh as `freshness` asks.
+    fn fresh_enough(&self, target: &Target, freshness: Freshness) -> bool {
+        match (self.listings.get(target), freshness) {
+            (Some((fetched, _)), Freshness::After(ms)) => *fetched >= ms,
+            (Some(_), Freshness::Any) => true,
+            (None, _) => false,
+        }
+    }
+
     /// Observes, decides and acts for one attempt; returns whether it was deferred.
     async fn supervise_one(
         &mut self,
         ctx: &Context,
         record: &AttemptRecord,
         target: Option<&Target>,
+        sight: Sight,
         pass: Pass,
         report: &mut PassReport,
     ) -> Result<bool, AttemptError> {
-        let Pass {
-            timeouts,
-            startup,
-            started: pass_started,
-            job_completed,
-        } = pass;
         let now = ctx.now_ms();
-        if record.state.is_terminal() && !self.clean_due(&record.attempt_id, now) {
+        let Some(looked) = self.look(ctx, record, target, sight, pass, now) else {
             return Ok(false);
-        }
-        let (process, identity) = observe_process(ctx, record);
+        };
+        let decision = recovery_decision(
+            &AttemptFacts::from(record),
+            &looked.observation,
+            &pass.timeouts,
+            now,
+        );
+        tracing::debug!(
+            state = record.state.as_str(),
+            observation = ?looked.observation,
+            ?decision,
+            "supervised"
+        );
+        self.act(ctx, record, target, looked, decision, report)
+            .await
+    }
+
+    /// What the decision reads of one attempt: what was seen of it on this host (`sight`),
+    /// GitHub's listing (refreshed for this pass only as far as the decisions need) and the
+    /// findings of an ended runner. `None`: a runner this agent started has exited and its
+    /// launch task has not reaped it yet; its status comes with `Exited`, and the attempt is
+    /// looked at then.
+    fn look(
+        &mut self,
+        ctx: &Context,
+        record: &AttemptRecord,
+        target: Option<&Target>,
+        sight: Sight,
+        pass: Pass,
+        now: i64,
+    ) -> Option<Looked> {
+        let Sight {
+            process,
+            identity,
+            evidence,
+            ended,
+        } = sight;
         if process != ProcessObservation::Running
             && !record.state.is_terminal()
             && self.reaping.contains(&record.attempt_id)
         {
-            // Exited, not yet reaped by its launch task: its status comes with `Exited`.
-            return Ok(false);
+            return None;
         }
-        let evidence = evidence::read(&record.runtime_dir);
-        let freshness = if startup {
-            Freshness::After(pass_started)
-        } else {
-            freshness_for(record, process, timeouts, now)
-        };
-        let listing = match target {
-            Some(target) => Some(self.listing(ctx, target, freshness).await),
-            None => None,
-        };
+        let listing = target
+            .and_then(|target| self.listings.get(target))
+            .map(|(_, listing)| listing.clone());
         let github = match &listing {
             Some(listing) => registry::observation(listing, &record.runner_name),
+            // Every configured target's listing was refreshed for this pass; none held is
+            // GitHub not answered.
+            None if target.is_some() => GithubObservation::Unreachable,
             // A policy no longer configured: its target is unknown, so GitHub cannot be asked.
             // Deciding as if unregistered keeps a removed policy from blocking recovery: a busy
             // runner is still left alone, an idle one still times out, a dead one is concluded
             // from its own evidence; only its deregistration is skipped.
-            None => crate::lifecycle::GithubObservation::NotRegistered,
+            None => GithubObservation::NotRegistered,
         };
         let disk_max = ctx.policy(&record.policy).and_then(|p| p.disk_max);
-        let (findings, memory) =
-            self.findings(record, process, github, startup, job_completed, now);
-        let observation = Observation {
+        let (findings, memory) = self.findings(
+            record,
             process,
             github,
-            evidence,
-            disk: self.disk.judge(&record.attempt_id, disk_max),
-            findings,
-        };
-        let decision = recovery_decision(&AttemptFacts::from(record), &observation, &timeouts, now);
-        tracing::debug!(
-            state = record.state.as_str(),
-            ?observation,
-            ?decision,
-            "supervised"
+            ended,
+            (pass.startup, pass.job_completed),
+            now,
         );
-        let id = record.attempt_id.clone();
+        Some(Looked {
+            observation: Observation {
+                process,
+                github,
+                evidence,
+                disk: self.disk.judge(&record.attempt_id, disk_max),
+                findings,
+            },
+            identity,
+            listing,
+            memory,
+            disk_max,
+        })
+    }
+
+    /// Carries out one decision: the journal's marks here, the slow effects handed to the loop
+    /// in `report`. Returns whether the attempt was deferred.
+    async fn act(
+        &mut self,
+        ctx: &Context,
+        record: &AttemptRecord,
+        target: Option<&Target>,
+        looked: Looked,
+        decision: Decision,
+        report: &mut PassReport,
+    ) -> Result<bool, AttemptError> {
+        let (id, now) = (record.attempt_id.clone(), ctx.now_ms());
         match decision {
             Decision::Nothing | Decision::Wait => {}
             Decision::Defer => {
                 if target.is_none() && record.state.is_terminal() {
                     // A policy removed from the configuration: its runner is gone; clean up
                     // locally (its registration, if any, is GitHub's to expire).
-                    self.clean(ctx, record, None, Registration::Handled).await?;
+                    self.start_cleanup(record.clone(), None, None, report);
                     return Ok(false);
                 }
                 return Ok(true);
             }
             Decision::Adopt => {
                 if record.state == AttemptState::JitReceived
-                    && let Some(identity) = identity
+                    && let Some(identity) = looked.identity
                     && ctx.journal.started(&id, identity, now).await?
                 {
                     tracing::info!(
@@ -293,103 +416,135 @@ impl Supervisor {
             }
             Decision::Observe(_) => {}
             Decision::Terminate(intent) => {
-                let recorded = ctx
-                    .journal
-                    .write(move |attempts| attempts.record_stop_intent(&id, intent, now))
-                    .await?;
-                if recorded && intent == StopIntent::DiskExceeded {
-                    tracing::warn!(
-                        disk_max,
-                        measured = self
-                            .disk
-                            .last(&record.attempt_id)
-                            .map(|m| m.describe())
-                            .unwrap_or_default(),
-                        "the runner's runtime holds more than its policy's disk_max; stopping it"
-                    );
-                }
-                if recorded && let Some(identity) = identity {
-                    tracing::info!(
-                        intent = intent.as_str(),
-                        pid = identity.pid,
-                        "stopping a runner"
-                    );
-                    ctx.stop(identity).await;
-                    report.stopped = true;
-                }
+                self.terminate(ctx, record, intent, &looked, report).await?
             }
             Decision::Conclude(conclusion) => {
-                let detail = detail(conclusion, &findings, memory);
-                let told = detail.clone();
-                self.exits.remove(&record.attempt_id);
-                self.unlisted_since.remove(&record.attempt_id);
-                let deregistration = self
-                    .deregister_if_listed(ctx, record, target, listing.as_ref())
-                    .await;
-                let (from, at_ms) = (record.state, ctx.now_ms());
-                let concluded = ctx
-                    .journal
-                    .write(move |attempts| {
-                        let concluded = attempts.conclude(
-                            &id,
-                            from,
-                            conclusion.outcome(),
-                            conclusion.reason(),
-                            Some(&detail),
-                            at_ms,
-                        )?;
-                        // The record as concluded, for its cleanup.
-                        Ok(if concluded { attempts.get(&id)? } else { None })
-                    })
+                self.conclude(ctx, record, target, looked, conclusion, report)
                     .await?;
-                if let Some(concluded) = concluded {
-                    tracing::info!(
-                        outcome = conclusion.outcome().as_str(),
-                        reason = conclusion.reason().unwrap_or(""),
-                        "runner concluded"
-                    );
-                    super::tally::runner_ended(
-                        &record.policy,
-                        conclusion.outcome().as_str(),
-                        conclusion.reason().unwrap_or(""),
-                    );
-                    if let Conclusion::Failed(reason) = conclusion
-                        && reason.is_attributed()
-                    {
-                        ctx.notifier
-                            .notify(crate::notify::OperatorEvent::RunnerFailed {
-                                policy: record.policy.clone(),
-                                runner_name: record.runner_name.clone(),
-                                job_id: concluded.job_id.map(|j| j.get()),
-                                reason: reason.as_str().to_owned(),
-                                detail: told,
-                            });
-                    }
-                    report.concluded.push(Concluded {
-                        policy: record.policy.clone(),
-                        runner_name: record.runner_name.clone(),
-                        conclusion,
-                        job_known: record.job_id.is_some(),
-                        ran_job: observation.evidence == crate::lifecycle::JobEvidence::RanAJob
-                            || record.state == AttemptState::Busy
-                            || observation.github == (GithubObservation::Registered { busy: true }),
-                        at_ms,
-                    });
-                    let registration = match deregistration {
-                        Deregistration::Settled => Registration::Handled,
-                        Deregistration::Busy => Registration::Busy,
-                    };
-                    self.clean(ctx, &concluded, target, registration).await?;
-                }
             }
             Decision::Clean => {
-                let registration = listing
-                    .as_ref()
-                    .map_or(Registration::Ask, Registration::Listed);
-                self.clean(ctx, record, target, registration).await?;
+                self.start_cleanup(record.clone(), target.cloned(), looked.listing, report);
             }
         }
         Ok(false)
+    }
+
+    /// Journals the stop intent, then hands the stop to the loop (the first time only: an
+    /// intent already journalled had its stop).
+    async fn terminate(
+        &mut self,
+        ctx: &Context,
+        record: &AttemptRecord,
+        intent: StopIntent,
+        looked: &Looked,
+        report: &mut PassReport,
+    ) -> Result<(), AttemptError> {
+        let (id, now) = (record.attempt_id.clone(), ctx.now_ms());
+        let recorded = ctx
+            .journal
+            .write(move |attempts| attempts.record_stop_intent(&id, intent, now))
+            .await?;
+        if recorded && intent == StopIntent::DiskExceeded {
+            tracing::warn!(
+                disk_max = looked.disk_max,
+                measured = self
+                    .disk
+                    .last(&record.attempt_id)
+                    .map(|m| m.describe())
+                    .unwrap_or_default(),
+                "the runner's runtime holds more than its policy's disk_max; stopping it"
+            );
+        }
+        if recorded && let Some(identity) = looked.identity {
+            tracing::info!(
+                intent = intent.as_str(),
+                pid = identity.pid,
+                "stopping a runner"
+            );
+            self.in_flight.insert(record.attempt_id.clone());
+            report.effects.push(Effect::Stop {
+                record: record.clone(),
+                identity,
+            });
+        }
+        Ok(())
+    }
+
+    /// Journals the conclusion (with its evidence), tells allocation and the operator, and
+    /// hands the attempt's cleanup to the loop.
+    async fn conclude(
+        &mut self,
+        ctx: &Context,
+        record: &AttemptRecord,
+        target: Option<&Target>,
+        looked: Looked,
+        conclusion: Conclusion,
+        report: &mut PassReport,
+    ) -> Result<(), AttemptError> {
+        let detail = detail(conclusion, &looked.observation.findings, looked.memory);
+        let told = detail.clone();
+        self.exits.remove(&record.attempt_id);
+        self.unlisted_since.remove(&record.attempt_id);
+        let (id, from, at_ms) = (record.attempt_id.clone(), record.state, ctx.now_ms());
+        let concluded = ctx
+            .journal
+            .write(move |attempts| {
+                let concluded = attempts.conclude(
+                    &id,
+                    from,
+                    conclusion.outcome(),
+                    conclusion.reason(),
+                    Some(&detail),
+                    at_ms,
+                )?;
+                // The record as concluded, for its cleanup.
+                Ok(if concluded { attempts.get(&id)? } else { None })
+            })
+            .await?;
+        let Some(concluded) = concluded else {
+            return Ok(());
+        };
+        tracing::info!(
+            outcome = conclusion.outcome().as_str(),
+            reason = conclusion.reason().unwrap_or(""),
+            "runner concluded"
+        );
+        announce(ctx, record, &concluded, conclusion, told);
+        let observation = &looked.observation;
+        report.concluded.push(Concluded {
+            policy: record.policy.clone(),
+            runner_name: record.runner_name.clone(),
+            conclusion,
+            job_known: record.job_id.is_some(),
+            ran_job: observation.evidence == crate::lifecycle::JobEvidence::RanAJob
+                || record.state == AttemptState::Busy
+                || observation.github == (GithubObservation::Registered { busy: true }),
+            at_ms,
+        });
+        self.start_cleanup(concluded, target.cloned(), looked.listing, report);
+        Ok(())
+    }
+
+    /// Hands the cleanup of a concluded attempt to the loop, with how long GitHub has held its
+    /// runner busy so far.
+    fn start_cleanup(
+        &mut self,
+        record: AttemptRecord,
+        target: Option<Target>,
+        listing: Option<Listing>,
+        report: &mut PassReport,
+    ) {
+        let busy_since = self
+            .deregister_busy
+            .get(&record.attempt_id)
+            .map(|(first, _)| *first);
+        self.in_flight.insert(record.attempt_id.clone());
+        report.effects.push(Effect::Clean(Cleanup {
+            record,
+            target,
+            listing,
+            busy_since,
+        }));
     }
 
     /// What names why the runner ended (or that it is a ghost), beside the observation. The
@@ -400,13 +555,12 @@ impl Supervisor {
         record: &AttemptRecord,
         process: ProcessObservation,
         github: GithubObservation,
-        startup: bool,
-        job_completed: bool,
+        ended: Option<Ended>,
+        (startup, job_completed): (bool, bool),
         now: i64,
     ) -> (Findings, findings::Memory) {
         use AttemptState::*;
         let id = &record.attempt_id;
-        let live = matches!(record.state, Starting | Idle | Busy);
         // A ghost is an idle runner alive and unlisted; any other sighting ends the count.
         let unlisted_for = match (record.state, process, github) {
             (Idle, ProcessObservation::Running, GithubObservation::NotRegistered) => {
@@ -422,210 +576,19 @@ impl Supervisor {
                 None
             }
         };
-        let ended = live && process != ProcessObservation::Running;
-        let memory = if ended {
-            findings::memory(record.cgroup.as_deref())
-        } else {
-            findings::Memory::default()
-        };
+        let ended = ended.unwrap_or_default();
         (
             Findings {
                 exit: self.exits.get(id).copied(),
-                oom_kills: memory.oom_kills,
-                disk_full: ended && findings::disk_full(&record.runtime_dir),
+                oom_kills: ended.memory.oom_kills,
+                disk_full: ended.disk_full,
                 unlisted_for,
                 recovering: startup,
                 // The journal's word (a `completed` delivery), or the runner's own console.
-                job_completed: job_completed
-                    || (ended && startup && findings::job_ended(&record.runtime_dir)),
+                job_completed: job_completed || ended.job_ended,
             },
-            memory,
+            ended.memory,
         )
-    }
-
-    /// The target's listing, fetched if the one held is not fresh enough.
-    async fn listing(&mut self, ctx: &Context, target: &Target, freshness: Freshness) -> Listing {
-        let held = self.listings.get(target);
-        let fresh_enough = match (held, freshness) {
-            (Some((fetched, _)), Freshness::After(ms)) => *fetched >= ms,
-            (Some(_), Freshness::Any) => true,
-            (None, _) => false,
-        };
-        if fresh_enough && let Some((_, listing)) = held {
-            return listing.clone();
-        }
-        let fetched_at = ctx.now_ms();
-        let listing = ctx.registry.list(target).await;
-        if let Err(e) = &listing {
-            tracing::warn!(target = %target, error = %e, "cannot list the target's runners");
-        }
-        self.listings
-            .insert(target.clone(), (fetched_at, listing.clone()));
-        listing
-    }
-
-    /// Removes the runner's registration if GitHub (still) lists it: the one place our own
-    /// attempts' registrations are removed. Never blocks a conclusion; a `422` (GitHub still
-    /// holds the runner busy with the job it just finished) is [`Deregistration::Busy`],
-    /// retried by cleanup; any other failure is left to the inventory reconciliation.
-    async fn deregister_if_listed(
-        &mut self,
-        ctx: &Context,
-        record: &AttemptRecord,
-        target: Option<&Target>,
-        listing: Option<&Listing>,
-    ) -> Deregistration {
-        let Some(target) = target else {
-            return Deregistration::Settled;
-        };
-        let runner_id = match listing {
-            Some(Ok(runners)) => match runners.get(&record.runner_name) {
-                Some(listed) => listed.runner_id,
-                None => return Deregistration::Settled,
-            },
-            // Unknown: try by the journalled id (a 404 is fine).
-            _ => match record.runner_id {
-                Some(id) => id,
-                None => return Deregistration::Settled,
-            },
-        };
-        let result = ctx.registry.deregister(target, runner_id).await;
-        let deregistration = registry::deregistration(&result);
-        match result {
-            Err(_) if deregistration == Deregistration::Busy => {
-                tracing::info!(
-                    runner_id = runner_id.get(),
-                    "GitHub still holds the runner busy; removing its registration again shortly"
-                );
-            }
-            Ok(()) => {
-                tracing::info!(runner_id = runner_id.get(), "registration removed");
-                if let Some((_, Ok(runners))) = self.listings.get_mut(target) {
-                    runners.remove(&record.runner_name);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot remove the registration; the inventory reconciliation retries")
-            }
-        }
-        deregistration
-    }
-
-    /// After a `422`: whether cleanup waits and deregisters again (a retry is scheduled), or
-    /// has waited past [`registry::DEREGISTER_BUSY_LIMIT`] and cleans up anyway.
-    fn wait_for_busy_runner(&mut self, record: &AttemptRecord, now: i64) -> bool {
-        let first = self
-            .deregister_busy
-            .get(&record.attempt_id)
-            .map_or(now, |(first, _)| *first);
-        match registry::busy_retry_at(first, now) {
-            Some(next) => {
-                self.deregister_busy
-                    .insert(record.attempt_id.clone(), (first, next));
-                true
-            }
-            None => {
-                self.deregister_busy.remove(&record.attempt_id);
-                tracing::warn!(
-                    waited_s = registry::DEREGISTER_BUSY_LIMIT.as_secs(),
-                    "GitHub still holds the runner busy; cleaning up and leaving its registration to the inventory reconciliation"
-                );
-                false
-            }
-        }
-    }
-
-    /// A concluded attempt: everything it started stopped, its registration removed, its runtime
-    /// removed without following links, and then `cleaned`.
-    async fn clean(
-        &mut self,
-        ctx: &Context,
-        record: &AttemptRecord,
-        target: Option<&Target>,
-        registration: Registration<'_>,
-    ) -> Result<(), AttemptError> {
-        let now = ctx.now_ms();
-        if !self.clean_due(&record.attempt_id, now) {
-            return Ok(());
-        }
-        if let Some(identity) = journalled_identity(record) {
-            ctx.stop(identity).await;
-        }
-        let deregistration = match (registration, target) {
-            (Registration::Handled, _) | (_, None) => Deregistration::Settled,
-            (Registration::Busy, Some(_)) => Deregistration::Busy,
-            (Registration::Listed(listing), Some(_)) => {
-                self.deregister_if_listed(ctx, record, target, Some(listing))
-                    .await
-            }
-            (Registration::Ask, Some(t)) => {
-                let listing = self
-                    .listing(ctx, t, Freshness::After(record.state_changed_at_ms.get()))
-                    .await;
-                self.deregister_if_listed(ctx, record, target, Some(&listing))
-                    .await
-            }
-        };
-        // The registration goes before the workspace: "cleaned" means nothing is left, on
-        // GitHub either, unless GitHub held the runner busy past the limit.
-        if deregistration == Deregistration::Busy && self.wait_for_busy_runner(record, now) {
-            return Ok(());
-        }
-        fault::crash_point("cleanup");
-        let backends = std::sync::Arc::clone(&ctx.execution);
-        let (kind, plan) = (record.isolation, ctx.plan(record));
-        // The runner's logs, before the runtime goes (the runner's group is stopped; a process
-        // that escaped it is the job's, whose writes are evidence anyway). Idempotent, and it
-        // never fails the cleanup (`runner::logs`).
-        let keep = ctx
-            .settings
-            .logs
-            .clone()
-            .map(|store| (store, crate::runner::logs::Attempt::of(record), now));
-        let removal = tokio::task::spawn_blocking(move || {
-            if let Some((store, attempt, now)) = keep {
-                store.keep_and_prune(&attempt, now);
-            }
-            match backends.of(kind) {
-                Some(backend) => backend.clean(&plan).map_err(|e| e.to_string()),
-                None => Err(super::context::unavailable(kind)),
-            }
-        })
-        .await;
-        match removal {
-            Ok(Ok(cleaned)) => {
-                if cleaned.killed > 0 {
-                    tracing::warn!(
-                        killed = cleaned.killed,
-                        "stopped processes that had left the runner's process group"
-                    );
-                }
-                if cleaned.runtime == Removal::Removed {
-                    tracing::debug!("runtime removed (or slot scrubbed down to _work)");
-                }
-            }
-            Ok(Err(e)) => {
-                self.clean_failed(&record.attempt_id, now);
-                tracing::warn!(error = %e, "cannot clean up after the runner; will try again");
-                return Ok(());
-            }
-            Err(e) => {
-                self.clean_failed(&record.attempt_id, now);
-                tracing::warn!(error = %e, "the cleanup task failed");
-                return Ok(());
-            }
-        }
-        let (id, at_ms) = (record.attempt_id.clone(), ctx.now_ms());
-        if ctx
-            .journal
-            .write(move |attempts| attempts.mark_cleaned(&id, at_ms))
-            .await?
-        {
-            tracing::info!("cleaned");
-        }
-        self.clean_retry.remove(&record.attempt_id);
-        self.deregister_busy.remove(&record.attempt_id);
-        Ok(())
     }
 
     fn clean_due(&self, id: &AttemptId, now: i64) -> bool {
@@ -645,6 +608,33 @@ impl Supervisor {
             .map_or(CLEAN_RETRY, |(_, last)| (*last * 2).min(CLEAN_RETRY_MAX));
         let next = now.saturating_add(rm_base::clock::ms(wait));
         self.clean_retry.insert(id.clone(), (next, wait));
+    }
+}
+
+/// A concluded runner's end told to `/metrics` and, for an attributed failure, the operator.
+fn announce(
+    ctx: &Context,
+    record: &AttemptRecord,
+    concluded: &AttemptRecord,
+    conclusion: Conclusion,
+    detail: String,
+) {
+    super::tally::runner_ended(
+        &record.policy,
+        conclusion.outcome().as_str(),
+        conclusion.reason().unwrap_or(""),
+    );
+    if let Conclusion::Failed(reason) = conclusion
+        && reason.is_attributed()
+    {
+        ctx.notifier
+            .notify(crate::notify::OperatorEvent::RunnerFailed {
+                policy: record.policy.clone(),
+                runner_name: record.runner_name.clone(),
+                job_id: concluded.job_id.map(|j| j.get()),
+                reason: reason.as_str().to_owned(),
+                detail,
+            });
     }
 }
 
@@ -744,11 +734,94 @@ fn watched(ctx: &Context, records: &[AttemptRecord]) -> Vec<Watched> {
         .collect()
 }
 
+/// What supervision sees of one attempt on this host: its process and the evidence in its
+/// runtime, and for a live runner whose process is gone, why it ended.
+struct Sight {
+    process: ProcessObservation,
+    identity: Option<ProcessIdentity>,
+    evidence: crate::lifecycle::JobEvidence,
+    /// Read only for a live attempt whose process is gone: nothing else is decided from it.
+    ended: Option<Ended>,
+}
+
+/// What the kernel and the logs say of an ended runner.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ended {
+    memory: findings::Memory,
+    disk_full: bool,
+    /// Its console says its job ended (read at startup recovery only: while the agent runs,
+    /// the journal's completion is the word).
+    job_ended: bool,
+}
+
+/// What supervision sees of each attempt on this host (`/proc`, the runtime's `_diag`, the
+/// cgroup's memory report), read on one blocking-pool thread: a slow filesystem holds back no
+/// async worker.
+async fn sight_all(ctx: &Context, records: &[AttemptRecord], startup: bool) -> Vec<Sight> {
+    let (execution, processes) = (Arc::clone(&ctx.execution), Arc::clone(&ctx.processes));
+    let records = records.to_vec();
+    let count = records.len();
+    let read = tokio::task::spawn_blocking(move || {
+        records
+            .iter()
+            .map(|record| sight(&*execution, &*processes, record, startup))
+            .collect::<Vec<_>>()
+    })
+    .await;
+    read.unwrap_or_else(|e| {
+        // The read panicked: nothing is decided from a sight not taken.
+        tracing::warn!(error = %e, "cannot look at the runners on this host");
+        (0..count)
+            .map(|_| Sight {
+                process: ProcessObservation::Gone,
+                identity: None,
+                evidence: crate::lifecycle::JobEvidence::Unknown,
+                ended: None,
+            })
+            .collect()
+    })
+}
+
+/// What is seen of one attempt on this host.
+fn sight(
+    execution: &dyn super::seams::Execution,
+    processes: &super::seams::ProcessTable,
+    record: &AttemptRecord,
+    startup: bool,
+) -> Sight {
+    use AttemptState::*;
+    let (process, identity) = observe_process(execution, processes, record);
+    let live = matches!(record.state, Starting | Idle | Busy);
+    let ended = (live && process != ProcessObservation::Running).then(|| Ended {
+        memory: findings::memory(record.cgroup.as_deref()),
+        disk_full: findings::disk_full(&record.runtime_dir),
+        job_ended: startup && findings::job_ended(&record.runtime_dir),
+    });
+    Sight {
+        process,
+        identity,
+        evidence: evidence::read(&record.runtime_dir),
+        ended,
+    }
+}
+
+/// The fresher of two needs: a listing fetched after the later time satisfies both.
+fn stronger(a: Freshness, b: Freshness) -> Freshness {
+    match (a, b) {
+        (Freshness::After(x), Freshness::After(y)) => Freshness::After(x.max(y)),
+        (Freshness::After(x), Freshness::Any) | (Freshness::Any, Freshness::After(x)) => {
+            Freshness::After(x)
+        }
+        (Freshness::Any, Freshness::Any) => Freshness::Any,
+    }
+}
+
 /// The process's state from the journalled identity. An attempt with no identity that may have
 /// a process (`jit_received`: the agent died between spawn and journal) is looked for by its
 /// working directory.
 fn observe_process(
-    ctx: &Context,
+    execution: &dyn super::seams::Execution,
+    processes: &super::seams::ProcessTable,
     record: &AttemptRecord,
 ) -> (ProcessObservation, Option<ProcessIdentity>) {
     let journalled = journalled_identity(record);
@@ -761,9 +834,9 @@ fn observe_process(
     let Some(identity) = identity else {
         return (ProcessObservation::Gone, None);
     };
-    let inspected = match ctx.execution.of(record.isolation) {
+    let inspected = match execution.of(record.isolation) {
         Some(backend) => backend.inspect(identity),
-        None => process::inspect(&*ctx.processes, identity),
+        None => process::inspect(processes, identity),
     };
     let state = match inspected {
         Ok(ProcessState::Running) => ProcessObservation::Running,
@@ -779,7 +852,7 @@ fn observe_process(
 }
 
 /// The journalled identity of the attempt's process, if it can name a process in this boot.
-fn journalled_identity(record: &AttemptRecord) -> Option<ProcessIdentity> {
+pub(super) fn journalled_identity(record: &AttemptRecord) -> Option<ProcessIdentity> {
     let (pid, start_time) = (record.pid?, record.pid_start_time?);
     process::same_boot(record.pid_boot_id.as_deref(), process::boot_id())
         .then_some(ProcessIdentity { pid, start_time })

@@ -32,7 +32,6 @@
 
 pub(crate) mod ended;
 pub(crate) mod fleet;
-pub(crate) mod published;
 #[cfg(test)]
 mod tests;
 

@@ -5,12 +5,11 @@ use std::path::PathBuf;
 
 use rm_journal::{AttemptId, AttemptRecord, AttemptState, IsolationKind, JobRow, WorkspaceKind};
 
-use super::published::{AllocationMemory, Backoff, PolicyMemory};
 use super::*;
 use crate::config::{Policy, Workspace};
-use crate::status_file::{
-    Fitness, FitnessProblem, Github, Held, Host, Offline, Polling, Requests, Snapshot, Webhooks,
-};
+use crate::executor::allocate::published::{AllocationMemory, Backoff, PolicyMemory};
+use crate::fitness::{Fitness, FitnessProblem};
+use crate::status_file::{Github, Held, Host, Offline, Polling, Requests, Snapshot, Webhooks};
 
 const NOW: i64 = 1_700_000_100_000;
 

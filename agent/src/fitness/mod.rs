@@ -21,11 +21,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::notify::{Notifier, OperatorEvent};
-use crate::status_file::{Fitness, FitnessProblem};
 
 /// How often a fit host is checked again: a filling disk is noticed within this, at the cost
 /// of two statvfs calls, two small synced writes and one read of `/proc/meminfo`.
@@ -42,6 +42,24 @@ pub(crate) const MEMORY: &str = "memory";
 pub(crate) const MISSING_TOOL: &str = "missing_tool";
 /// Every code, in the order `/metrics` lists them.
 pub(crate) const CODES: [&str; 4] = [DISK_SPACE, NOT_WRITABLE, MEMORY, MISSING_TOOL];
+
+/// The gate's judgement at one check, as [`Gate`] holds it and the status snapshot carries it
+/// ([`crate::status_file::Snapshot::fitness`]): while `problems` is not empty the host registers
+/// no new runner (supervision and cleanup go on).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fitness {
+    pub checked_at_ms: i64,
+    pub problems: Vec<FitnessProblem>,
+}
+
+/// One reason the host is unfit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FitnessProblem {
+    /// Stable, for scripts: `disk_space`, `not_writable`, `memory`, `missing_tool`.
+    pub code: String,
+    /// One sentence naming what is short and the remedy.
+    pub message: String,
+}
 
 /// A directory the gate watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,7 +322,7 @@ impl Gate {
         self.state.borrow().clone()
     }
 
-    /// Changes each time the host becomes fit again (for [`crate::executor::Handle::wake_on`]).
+    /// Changes each time the host becomes fit again (for [`crate::executor::Executor::wake_on`]).
     pub fn fit_again(&self) -> watch::Receiver<u64> {
         self.fit_again.subscribe()
     }

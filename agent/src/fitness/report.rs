@@ -10,9 +10,8 @@ use rm_receiver::prometheus_client::metrics::MetricType;
 use rm_receiver::prometheus_client::metrics::gauge::ConstGauge;
 use serde_json::{Value, json};
 
-use super::{CODES, Gate};
+use super::{CODES, Fitness, Gate};
 use crate::output::rfc3339;
-use crate::status_file::Fitness;
 
 /// `status --json`'s `host`: `fit` is null when no live agent has judged it.
 pub(crate) fn status_json(fitness: Option<&Fitness>) -> Value {
@@ -100,7 +99,7 @@ mod tests {
     use rm_receiver::prometheus_client::registry::Registry;
 
     use super::*;
-    use crate::status_file::FitnessProblem;
+    use crate::fitness::FitnessProblem;
 
     fn unfit() -> Fitness {
         Fitness {

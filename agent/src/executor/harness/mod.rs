@@ -13,6 +13,8 @@
 //! executor pass) until what it expects holds ([`Harness::until`]); minutes of a runner's life
 //! take a few hundred milliseconds. See docs/development.md, "The executor harness".
 
+mod ceiling_tests;
+mod log_tests;
 mod rerun_tests;
 mod tests;
 
@@ -327,6 +329,11 @@ pub(super) struct FakeBackend {
     /// `start` waits while set (an agent that dies between two steps of a launch never gets
     /// past it), at most [`HOLD_LIMIT`].
     hold_start: (Mutex<bool>, Condvar),
+    /// `clean` waits while set (a runtime whose removal takes as long as the test likes: a
+    /// checkout of a few hundred thousand files), at most [`HOLD_LIMIT`].
+    hold_clean: (Mutex<bool>, Condvar),
+    /// How many `clean`s are waiting on [`FakeBackend::hold_clean`] now.
+    cleans_held: Mutex<usize>,
     /// The pid of each runner by name.
     pids: Mutex<HashMap<String, u32>>,
     /// The JIT configuration each runner was started with, by runner name (the kept-logs
@@ -351,6 +358,21 @@ impl FakeBackend {
         let (held, changed) = &self.hold_start;
         *held.lock().unwrap_or_else(PoisonError::into_inner) = hold;
         changed.notify_all();
+    }
+
+    /// Holds (`true`) or lets go of (`false`) every `clean`.
+    pub(super) fn hold_clean(&self, hold: bool) {
+        let (held, changed) = &self.hold_clean;
+        *held.lock().unwrap_or_else(PoisonError::into_inner) = hold;
+        changed.notify_all();
+    }
+
+    /// How many cleanups are held in the middle of their removal now.
+    pub(super) fn cleans_held(&self) -> usize {
+        *self
+            .cleans_held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The pid runner `name` was started as.
@@ -440,6 +462,23 @@ impl Backend for FakeBackend {
     }
 
     fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError> {
+        let (held, changed) = &self.hold_clean;
+        let guard = held.lock().unwrap_or_else(PoisonError::into_inner);
+        if *guard {
+            *self
+                .cleans_held
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) += 1;
+            let _released = changed
+                .wait_timeout_while(guard, HOLD_LIMIT, |held| *held)
+                .unwrap_or_else(PoisonError::into_inner);
+            *self
+                .cleans_held
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) -= 1;
+        } else {
+            drop(guard);
+        }
         self.runtimes.clean(plan)
     }
 }
@@ -617,6 +656,8 @@ impl Harness {
             program: Mutex::new(Program::Runner),
             refuse_start: Mutex::new(false),
             hold_start: (Mutex::new(false), Condvar::new()),
+            hold_clean: (Mutex::new(false), Condvar::new()),
+            cleans_held: Mutex::new(0),
             pids: Mutex::new(HashMap::new()),
             jits: Mutex::new(HashMap::new()),
         });
@@ -742,6 +783,12 @@ impl Harness {
     /// Startup recovery of the current executor.
     pub(super) async fn recover(&mut self) -> Result<(), super::RecoveryIncomplete> {
         self.executor.recover().await
+    }
+
+    /// Waits for the stops and cleanups in flight (recovery and passes hand them to tasks) and
+    /// gives their reports to supervision.
+    pub(super) async fn settle(&mut self) {
+        self.executor.settle_effects().await;
     }
 
     /// One step: the clocks move a [`TICK`], the poller does what is due (the journal learns

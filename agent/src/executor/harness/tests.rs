@@ -375,6 +375,8 @@ async fn an_agent_dead_between_registration_and_process_is_recovered_and_its_job
     dead_agent.refuse_start(true);
     h.restart();
     h.recover().await.expect("recovery completes");
+    // Recovery concluded it and handed its cleanup to a task (allocation never waits for one).
+    h.settle().await;
     let recovered = h
         .attempts()
         .into_iter()
@@ -835,4 +837,67 @@ async fn run_matrix(h: &mut Harness, n: usize) {
         |h| jobs.iter().all(|j| h.completed(*j)) && h.all_cleaned(),
     )
     .await;
+}
+
+/// How long one [`Harness::step`] may take in real time in the tests of a loop that never waits
+/// for an effect: far beyond a pass's few milliseconds, far below [`HOLD_LIMIT`].
+const STEP_LIMIT: Duration = Duration::from_secs(5);
+
+/// Steps until `done` holds; fails the test if a step takes longer than [`STEP_LIMIT`] (a pass
+/// that waited for a held effect) or after [`MAX_STEPS`].
+async fn until_unblocked(h: &mut Harness, what: &str, mut done: impl FnMut(&Harness) -> bool) {
+    for _ in 0..MAX_STEPS {
+        if done(h) {
+            return;
+        }
+        if tokio::time::timeout(STEP_LIMIT, h.step()).await.is_err() {
+            panic!(
+                "{what}: a pass took longer than {STEP_LIMIT:?}: it waited for a runner's cleanup; attempts: {:#?}",
+                h.attempts()
+            );
+        }
+    }
+    panic!(
+        "{what}: not reached in {MAX_STEPS} steps; attempts: {:#?}",
+        h.attempts()
+    );
+}
+
+/// A runner being cleaned never holds back the next job's runner: the runtime's removal is held
+/// (a checkout of a few hundred thousand files, for as long as the test likes), a job is queued
+/// meanwhile, and its runner is allocated, runs its job and is concluded while the first
+/// removal still runs. Before cleanups ran as tasks, the pass that concluded the first runner
+/// waited in its cleanup, and nothing was allocated until the removal ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_being_cleaned_never_holds_back_the_next_start() {
+    let mut h = Harness::new(Options::default()).await;
+    jobs_take(&h, 3);
+    h.backend.hold_clean(true);
+    let first = h.queue("first", LABELS);
+    until_unblocked(&mut h, "the first runner's removal is under way", |h| {
+        h.backend.cleans_held() == 1
+    })
+    .await;
+    assert!(h.completed(first));
+    let second = h.queue("second", LABELS);
+    until_unblocked(&mut h, "the second job ran", |h| h.completed(second)).await;
+    let attempts = h.attempts();
+    assert_eq!(attempts.len(), 2, "{attempts:#?}");
+    let first_runner = h.fake.job(first).and_then(|j| j.runner_name);
+    let first_attempt = attempts
+        .iter()
+        .find(|a| Some(&a.runner_name) == first_runner.as_ref())
+        .expect("the first job's runner");
+    assert_ne!(
+        first_attempt.state,
+        AttemptState::Cleaned,
+        "the first runner's removal was still held while the second ran"
+    );
+    assert!(h.backend.cleans_held() >= 1);
+    h.backend.hold_clean(false);
+    h.until("every attempt cleaned", |_| {}, Harness::all_cleaned)
+        .await;
+    assert!(h.runtimes().is_empty(), "{:?}", h.runtimes());
+    assert!(h.our_registrations().is_empty());
+    assert!(h.processes.alive().is_empty());
 }

@@ -29,9 +29,8 @@ use super::version::{parse_version, version_of_tag};
 use super::window::Window;
 use super::{PackageError, Wanted, progress};
 use crate::config::Config;
-use crate::executor::Backends;
 use crate::exit::Exit;
-use crate::runner::backend::LinkedPackage;
+use crate::runner::backend::{LinkedPackage, NoIsolation, UserIsolation};
 use crate::runner::store::{Leftovers, StoredPackage, tree_in_use};
 
 pub use crate::config::runner_version::{
@@ -237,11 +236,13 @@ pub struct Follower {
 
 impl Follower {
     /// The task for `config`, when it sets `runner.version`; `version` is the one runners
-    /// start from ([`resolve_at_start`] chose it for `"latest"`).
+    /// start from ([`resolve_at_start`] chose it for `"latest"`), and `none` and `user` the
+    /// backends whose packages it updates (the executor's `Backends`).
     pub fn for_config(
         config: &Config,
         client: &GithubClient,
-        backends: &Backends,
+        none: &NoIsolation,
+        user: Option<&UserIsolation>,
         version: &str,
     ) -> Option<Follower> {
         config.runner.version.as_ref()?;
@@ -254,8 +255,8 @@ impl Follower {
             platform: Platform::host()?,
             interval: config.runner.release_check_interval,
             version: version.to_owned(),
-            none: backends.none.package.clone(),
-            linked: backends.user.as_ref().and_then(|u| u.package.clone()),
+            none: none.package.clone(),
+            linked: user.and_then(|u| u.package.clone()),
             retired: Vec::new(),
         })
     }

@@ -1,7 +1,9 @@
-//! What allocation remembers between passes, published in the status snapshot
-//! ([`crate::status_file::Snapshot::allocation`]) so that `rm-agent explain` and `status`, separate
-//! processes, decide a waiting job's verdict with the same facts the running executor has. The
-//! executor owns these facts ([`crate::executor::allocate`]); this module only names their shape.
+//! What allocation remembers between passes, in the shape the executor publishes it: the status
+//! snapshot carries it ([`crate::status_file::Snapshot::allocation`]) so that `rm-agent explain`
+//! and `status`, separate processes, decide a waiting job's verdict with the same facts the
+//! running executor has. The facts and their rules are allocation's ([`super::Allocator`] fills
+//! this in, [`super::backing_off`] and [`super::counts_after_fence`] judge it), so the shape
+//! lives beside them: the snapshot and `explain` read it from here.
 //! Nothing here is secret: a launch failure's detail is the sentence the journal holds for the
 //! attempt (never a JIT configuration or a token).
 

@@ -1,0 +1,251 @@
+//! Supervision's slow effects, each carried out by a task of its own so that the control loop
+//! never waits for one: stopping a runner (SIGTERM, up to [`super::STOP_GRACE`], SIGKILL), and
+//! cleaning a concluded attempt (its registration removed, its leftovers stopped, its logs kept,
+//! its runtime removed, then `cleaned` journalled). Removing a checkout of a few hundred
+//! thousand files takes seconds; a job queued meanwhile is allocated in the very next pass.
+//!
+//! Supervision decides and journals the intent first (the stop intent, the conclusion), then
+//! hands the effect to the loop ([`Effect`]); the loop runs it as a task it owns and joins, and
+//! gives supervision the task's [`Effected`] back. An attempt with an effect in flight is not
+//! supervised again until it reports, so no two effects of one attempt ever overlap. Every
+//! effect is idempotent: an agent killed in the middle of one finds the same decision again at
+//! its next start.
+//!
+//! This is the one place our attempts' registrations are removed
+//! ([`deregister_if_listed`]); the inventory reconciliation ([`super::recovery`]) removes only
+//! registrations no attempt owns.
+
+use std::sync::Arc;
+
+use rm_github::Target;
+use rm_journal::{AttemptId, AttemptRecord};
+
+use super::context::Context;
+use super::fault;
+use super::registry::{self, Deregistration, Listing};
+use crate::runner::Removal;
+use crate::runner::process::ProcessIdentity;
+
+/// A slow effect supervision decided, its intent already journalled.
+#[derive(Debug)]
+pub(super) enum Effect {
+    /// Stop the runner's process group (its stop intent is journalled).
+    Stop {
+        record: AttemptRecord,
+        identity: ProcessIdentity,
+    },
+    /// Clean a concluded attempt.
+    Clean(Cleanup),
+}
+
+/// What cleaning one concluded attempt needs to know.
+#[derive(Debug)]
+pub(super) struct Cleanup {
+    /// The attempt as concluded.
+    pub(super) record: AttemptRecord,
+    /// Its policy's target; `None`: the policy is no longer configured, so GitHub cannot be
+    /// asked (its registration, if any, is GitHub's to expire).
+    pub(super) target: Option<Target>,
+    /// The target's listing, fetched after the conclusion; `None`: leave the registration be.
+    pub(super) listing: Option<Listing>,
+    /// Since when (ms) GitHub has answered that the runner is still busy, if it has.
+    pub(super) busy_since: Option<i64>,
+}
+
+impl Effect {
+    /// The attempt the effect is for.
+    pub(super) fn attempt(&self) -> &AttemptRecord {
+        match self {
+            Effect::Stop { record, .. } | Effect::Clean(Cleanup { record, .. }) => record,
+        }
+    }
+}
+
+/// How an effect ended, for supervision's memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Effected {
+    pub(super) attempt: AttemptId,
+    pub(super) outcome: Outcome,
+}
+
+/// The end of one effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// The stop ended (the runner is gone, or it was not ours to signal any more).
+    Stopped,
+    /// The attempt is cleaned; `deregistered`: the runner name whose registration this cleanup
+    /// removed from the target, so a listing held no longer shows it.
+    Cleaned {
+        deregistered: Option<(Target, String)>,
+    },
+    /// GitHub still holds the runner busy (a `422`): cleanup waits and deregisters again at
+    /// `next` (ms), counting the wait from `first`.
+    DeregisterBusy { first: i64, next: i64 },
+    /// The runtime could not be removed (or the cleanup task failed): tried again later.
+    CleanFailed,
+    /// The effect's task ended without reporting (it panicked or was aborted): supervision
+    /// looks at the attempt afresh.
+    Lost,
+}
+
+/// Carries out `effect`; the task the control loop runs.
+pub(super) async fn carry_out(ctx: Arc<Context>, effect: Effect) -> Effected {
+    match effect {
+        Effect::Stop { record, identity } => {
+            tracing::info!(pid = identity.pid, "stopping a runner");
+            ctx.stop(identity).await;
+            Effected {
+                attempt: record.attempt_id,
+                outcome: Outcome::Stopped,
+            }
+        }
+        Effect::Clean(cleanup) => {
+            let attempt = cleanup.record.attempt_id.clone();
+            let outcome = clean(&ctx, cleanup).await;
+            Effected { attempt, outcome }
+        }
+    }
+}
+
+/// A concluded attempt: everything it started stopped, its registration removed, its runtime
+/// removed without following links, and then `cleaned`.
+async fn clean(ctx: &Context, cleanup: Cleanup) -> Outcome {
+    let Cleanup {
+        record,
+        target,
+        listing,
+        busy_since,
+    } = cleanup;
+    if let Some(identity) = super::supervise::journalled_identity(&record) {
+        ctx.stop(identity).await;
+    }
+    let (deregistration, deregistered) = match (&target, &listing) {
+        (Some(target), Some(listing)) => deregister_if_listed(ctx, &record, target, listing).await,
+        _ => (Deregistration::Settled, None),
+    };
+    // The registration goes before the workspace: "cleaned" means nothing is left, on GitHub
+    // either, unless GitHub held the runner busy past the limit.
+    if deregistration == Deregistration::Busy {
+        let now = ctx.now_ms();
+        let first = busy_since.unwrap_or(now);
+        match registry::busy_retry_at(first, now) {
+            Some(next) => return Outcome::DeregisterBusy { first, next },
+            None => tracing::warn!(
+                waited_s = registry::DEREGISTER_BUSY_LIMIT.as_secs(),
+                "GitHub still holds the runner busy; cleaning up and leaving its registration to the inventory reconciliation"
+            ),
+        }
+    }
+    fault::crash_point("cleanup");
+    if !remove_runtime(ctx, &record).await {
+        return Outcome::CleanFailed;
+    }
+    let (id, at_ms) = (record.attempt_id.clone(), ctx.now_ms());
+    match ctx
+        .journal
+        .write(move |attempts| attempts.mark_cleaned(&id, at_ms))
+        .await
+    {
+        Ok(true) => tracing::info!("cleaned"),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot journal the cleanup; it is done again");
+            return Outcome::CleanFailed;
+        }
+    }
+    Outcome::Cleaned { deregistered }
+}
+
+/// The runner's logs kept, then its runtime removed by its backend, off the async workers;
+/// returns whether the runtime is gone.
+async fn remove_runtime(ctx: &Context, record: &AttemptRecord) -> bool {
+    let backends = Arc::clone(&ctx.execution);
+    let (kind, plan) = (record.isolation, ctx.plan(record));
+    // The runner's logs, before the runtime goes (the runner's group is stopped; a process that
+    // escaped it is the job's, whose writes are evidence anyway). Idempotent, and it never
+    // fails the cleanup (`runner::logs`).
+    let keep = ctx.settings.logs.clone().map(|store| {
+        (
+            store,
+            crate::runner::logs::Attempt::of(record),
+            ctx.now_ms(),
+        )
+    });
+    let removal = tokio::task::spawn_blocking(move || {
+        if let Some((store, attempt, now)) = keep {
+            store.keep_and_prune(&attempt, now);
+        }
+        match backends.of(kind) {
+            Some(backend) => backend.clean(&plan).map_err(|e| e.to_string()),
+            None => Err(super::context::unavailable(kind)),
+        }
+    })
+    .await;
+    match removal {
+        Ok(Ok(cleaned)) => {
+            if cleaned.killed > 0 {
+                tracing::warn!(
+                    killed = cleaned.killed,
+                    "stopped processes that had left the runner's process group"
+                );
+            }
+            if cleaned.runtime == Removal::Removed {
+                tracing::debug!("runtime removed (or slot scrubbed down to _work)");
+            }
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot clean up after the runner; will try again");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the cleanup task failed; will try again");
+            false
+        }
+    }
+}
+
+/// Removes the runner's registration if GitHub (still) lists it, and returns how that went
+/// with the name removed from the target. A `422` (GitHub still holds the runner busy with
+/// the job it just finished) is [`Deregistration::Busy`], retried by a later cleanup; any other
+/// failure is left to the inventory reconciliation.
+async fn deregister_if_listed(
+    ctx: &Context,
+    record: &AttemptRecord,
+    target: &Target,
+    listing: &Listing,
+) -> (Deregistration, Option<(Target, String)>) {
+    let runner_id = match listing {
+        Ok(runners) => match runners.get(&record.runner_name) {
+            Some(listed) => listed.runner_id,
+            None => return (Deregistration::Settled, None),
+        },
+        // Unknown: try by the journalled id (a 404 is fine).
+        Err(_) => match record.runner_id {
+            Some(id) => id,
+            None => return (Deregistration::Settled, None),
+        },
+    };
+    let result = ctx.registry.deregister(target, runner_id).await;
+    let deregistration = registry::deregistration(&result);
+    match result {
+        Err(_) if deregistration == Deregistration::Busy => {
+            tracing::info!(
+                runner_id = runner_id.get(),
+                "GitHub still holds the runner busy; removing its registration again shortly"
+            );
+            (deregistration, None)
+        }
+        Ok(()) => {
+            tracing::info!(runner_id = runner_id.get(), "registration removed");
+            (
+                deregistration,
+                Some((target.clone(), record.runner_name.clone())),
+            )
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot remove the registration; the inventory reconciliation retries");
+            (deregistration, None)
+        }
+    }
+}
