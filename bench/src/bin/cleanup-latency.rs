@@ -1,7 +1,8 @@
 //! `cleanup-latency`: how long a queued job waits for its runner while the agent removes the
 //! runtime of a job that left a large checkout, against the same wait at rest, in one run (see
 //! docs/performance.md). One fake GitHub on loopback, the fake runner package, one real
-//! `rm-agent run` taking webhooks. Each round:
+//! `rm-agent run` taking webhooks (`isolation = "user"` by default, so the bench runs as root).
+//! Each round:
 //!
 //! - **at rest**: one job queued with nothing else going on; its wait is queued → its runner
 //!   registered (the runner process's first request) and queued → job started, on the fake's
