@@ -2,11 +2,12 @@
 //! the real fixtures ([`delivery`]) and drives a receiver with them over keep-alive connections
 //! ([`load`]). `bench/receiver.sh` runs it against rm-agent and the Node receiver side by side;
 //! docs/performance.md says what it measures and why. [`local`] holds what the benchmarks that
-//! start real binaries (`runner-latency`, `relay-latency`) share, and [`package`] the synthetic
-//! runner package shaped like an actions/runner release that `runtime-create` and
-//! `runner-latency --compare-runtimes` make runtimes from. [`intake`] is `receiver-load
-//! --intake`: the journals' intake (SQLite against PostgreSQL) without HTTP. [`fleet`] is
-//! `runner-latency --compare-fleet`: runner starts per second of a fleet, one host against three.
+//! start real binaries (`runner-latency`, `relay-latency`, `cleanup-latency`) share, and
+//! [`package`] the synthetic runner package shaped like an actions/runner release that
+//! `runtime-create` and `runner-latency --compare-runtimes` make runtimes from. [`intake`] is
+//! `receiver-load --intake`: the journals' intake (SQLite against PostgreSQL) without HTTP.
+//! [`fleet`] is `runner-latency --compare-fleet`: runner starts per second of a fleet, one host
+//! against three.
 
 pub mod agent;
 pub mod delivery;

@@ -78,6 +78,12 @@ pub struct RunnerBehavior {
     /// `memory_max`).
     #[serde(default)]
     pub exhaust_memory: bool,
+    /// During its job, before its duration, write this many small files into its checkout
+    /// (`_work/<repo>/<repo>/src/`, a few hundred directories of them), then say so in
+    /// `_diag/checkout.done`: a job that leaves a large checkout for cleanup to remove (the
+    /// `cleanup-latency` benchmark). `0` (the default): none.
+    #[serde(default)]
+    pub checkout_files: u32,
 }
 
 impl Default for RunnerBehavior {
@@ -94,6 +100,7 @@ impl Default for RunnerBehavior {
             squat_port: None,
             fill_tmp: false,
             exhaust_memory: false,
+            checkout_files: 0,
         }
     }
 }

@@ -6,7 +6,7 @@ mod listener;
 
 use std::path::{Path, PathBuf};
 
-pub use listener::{FINISH_FILE, VERSION, listener_main};
+pub use listener::{CHECKOUT_DONE_FILE, FINISH_FILE, VERSION, listener_main};
 
 use anyhow::Context as _;
 

@@ -4,7 +4,7 @@
 //! assigned (writing into `_work/` and `_diag/Worker_*.log`) and exits; without a job it listens
 //! until it is stopped, as a real JIT runner does (writing only `_diag/Runner_*.log`), unless the
 //! fake told it to give up after an idle time. The fake tells it at registration whether to
-//! crash, hang, leave a background process behind or plant a symlink.
+//! crash, hang, leave a background process behind, plant a symlink or leave a large checkout.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -28,6 +28,12 @@ const TERMINATED_EXIT: u8 = 1;
 pub const FINISH_FILE: &str = "finish-job";
 /// How long the background process left behind lives.
 const BACKGROUND_SECS: &str = "300";
+/// Written in the runtime's `_diag` once a job's checkout files are all written
+/// ([`RunnerBehavior::checkout_files`]): `<files> files in <ms> ms`.
+pub const CHECKOUT_DONE_FILE: &str = "checkout.done";
+/// Files per directory of a written checkout: 100,000 files make 400 directories, about the
+/// shape of a large repository, and no directory so large that its own size is what is measured.
+const CHECKOUT_FILES_PER_DIR: u32 = 250;
 
 /// Runs the listener with the process's arguments and environment; returns its exit status.
 /// Any binary can be the package's `bin/Runner.Listener` by calling this (e.g. `rm-agent demo`
@@ -190,6 +196,24 @@ fn side_effects(
     Ok(())
 }
 
+/// Writes `files` small files under `checkout/src/`, [`CHECKOUT_FILES_PER_DIR`] to a
+/// directory, each with a line of its own (real bytes to free, none of them sparse).
+fn write_checkout(checkout: &Path, files: u32) -> std::io::Result<()> {
+    let src = checkout.join("src");
+    for dir in 0..files.div_ceil(CHECKOUT_FILES_PER_DIR) {
+        let dir_path = src.join(format!("d{dir:04}"));
+        std::fs::create_dir_all(&dir_path)?;
+        let first = dir * CHECKOUT_FILES_PER_DIR;
+        for n in first..files.min(first + CHECKOUT_FILES_PER_DIR) {
+            std::fs::write(
+                dir_path.join(format!("f{n:06}.rs")),
+                format!("// file {n} of the checkout\npub const N: u32 = {n};\n"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes `/tmp/rm-fill` a MiB at a time until a write fails; the failure.
 fn fill_tmp() -> std::io::Error {
     use std::io::Write as _;
@@ -225,6 +249,21 @@ async fn run_job(
     let checkout = work.join(repo).join(repo);
     std::fs::create_dir_all(&checkout)?;
     std::fs::write(checkout.join("job.txt"), format!("job {}\n", job.job_id))?;
+    if behavior.checkout_files > 0 {
+        let (files, started) = (behavior.checkout_files, std::time::Instant::now());
+        let dir = checkout.clone();
+        // Off the runtime's one thread: the job's lock renewal goes on while the files are
+        // written (seconds for 100,000 of them).
+        tokio::task::spawn_blocking(move || write_checkout(&dir, files))
+            .await?
+            .context("cannot write the checkout")?;
+        let took = started.elapsed().as_millis();
+        worker.line(&format!("checked out {files} files in {took} ms"));
+        std::fs::write(
+            cwd.join("_diag").join(CHECKOUT_DONE_FILE),
+            format!("{files} files in {took} ms\n"),
+        )?;
+    }
     if behavior.crash == Some(CrashPoint::DuringJob) {
         worker.line("crashing on purpose during the job");
         return Ok(CRASH_EXIT);

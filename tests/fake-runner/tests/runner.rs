@@ -109,6 +109,39 @@ async fn a_runner_takes_one_job_and_exits() {
     assert_eq!(s.fake.expired_runners(), ["rm-h-000000000001"]);
 }
 
+#[tokio::test]
+async fn a_runner_told_to_leaves_a_checkout_of_that_many_files() {
+    let s = setup().await;
+    s.fake.set_runner_behavior(RunnerBehavior {
+        checkout_files: 601,
+        ..quick()
+    });
+    s.fake
+        .queue_job("acme/widgets", "checkout", &["self-hosted"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut child = spawn(&s, "rm-h-000000000009");
+    assert_eq!(exit_code(&mut child).await, 0);
+    let src = s.runtime.join("_work/widgets/widgets/src");
+    let dirs: Vec<_> = std::fs::read_dir(&src)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .map(|d| d.unwrap_or_else(|e| panic!("{e}")).path())
+        .collect();
+    // 250 files a directory: 601 make three.
+    assert_eq!(dirs.len(), 3);
+    let files: usize = dirs
+        .iter()
+        .map(|d| std::fs::read_dir(d).map_or(0, Iterator::count))
+        .sum();
+    assert_eq!(files, 601);
+    let done = std::fs::read_to_string(
+        s.runtime
+            .join("_diag")
+            .join(rm_fake_runner::CHECKOUT_DONE_FILE),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(done.starts_with("601 files in "), "{done}");
+}
+
 /// Longer than the 2 s after which the fake runner used to give up on its own.
 const LONGER_THAN_THE_OLD_IDLE_EXIT: Duration = Duration::from_secs(3);
 
