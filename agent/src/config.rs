@@ -3,7 +3,6 @@
 //! be right. Unknown keys, wrong types and out-of-range values are all refused at start.
 
 pub mod bounds;
-mod cidr;
 mod duration;
 pub mod fitness;
 pub mod logs;
@@ -19,8 +18,12 @@ use std::time::Duration;
 use rm_journal::Retention;
 use serde::Deserialize;
 
-pub use cidr::{Cidr, NETWORK_SLOTS};
+// The values the runner crate acts on are its own types; the configuration parses into them.
 pub use duration::ConfigDuration;
+pub use rm_runner::cgroup::Limits as RunnerLimits;
+pub use rm_runner::docker::{DockerPolicy, RegistryMirror};
+pub use rm_runner::isolate::RunnerUids;
+pub use rm_runner::network::{Cidr, NETWORK_SLOTS};
 
 /// Where the configuration is looked for when neither `--config` nor `$RM_CONFIG` names it.
 pub const DEFAULT_CONFIG_FILE: &str = "rm-agent.toml";
@@ -193,7 +196,7 @@ pub struct PolicySection {
     /// In a fleet (`journal.url`): the policy's ceiling on live runners across all hosts.
     pub fleet_max_runners: Option<u32>,
     pub workspace: Option<String>,
-    /// `true`: each runner gets a rootless Docker daemon of its own ([`crate::runner::docker`]).
+    /// `true`: each runner gets a rootless Docker daemon of its own ([`rm_runner::docker`]).
     pub docker: Option<bool>,
     /// Image tarballs (`docker save` output) loaded into each runner's daemon.
     pub docker_images: Option<Vec<PathBuf>>,
@@ -206,7 +209,7 @@ pub struct PolicySection {
     pub cpu_weight: Option<u32>,
     /// A size, or `"none"`; absent: [`bounds::DEFAULT_DISK_MAX`].
     pub disk_max: Option<String>,
-    /// `KEY=VALUE` lines added to this policy's runners' environment ([`crate::runner::env_file`]).
+    /// `KEY=VALUE` lines added to this policy's runners' environment ([`rm_runner::env_file`]).
     pub env_file: Option<PathBuf>,
     /// When set, the only networks this policy's runners reach.
     pub network_allow: Option<Vec<String>>,
@@ -328,7 +331,7 @@ pub struct Host {
     pub network_deny: Vec<Cidr>,
 }
 
-/// What a runner's network is (CONTRACT §7, `crate::runner::network`).
+/// What a runner's network is (CONTRACT §7, `rm_runner::network`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Network {
     /// A network namespace per runner: the world through NAT; nothing of the host but the
@@ -362,29 +365,6 @@ impl Isolation {
             Isolation::User => "user",
             Isolation::None => "none",
         }
-    }
-}
-
-/// The runner uid pool as configured; accounts are resolved to uids when `run` starts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunnerUids {
-    /// Every uid from `first` to `last`, inclusive; gid = uid.
-    Range { first: u32, last: u32 },
-    /// Existing accounts: their uid and primary gid.
-    Accounts(Vec<String>),
-}
-
-impl RunnerUids {
-    /// How many runners the pool can hold at once.
-    pub fn len(&self) -> usize {
-        match self {
-            RunnerUids::Range { first, last } => (*last - *first) as usize + 1,
-            RunnerUids::Accounts(names) => names.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -440,63 +420,13 @@ pub struct Policy {
     /// gate would otherwise hold a busy host unfit for memory its idle runners never use.
     pub memory_required: Option<u64>,
     /// `disk_max`: the bytes a runner's runtime may hold before supervision stops it
-    /// ([`crate::runner::disk`]); `None`: no bound (`"none"`).
+    /// ([`rm_runner::disk`]); `None`: no bound (`"none"`).
     pub disk_max: Option<u64>,
     /// `env_file`: where operator variables for this policy's runners come from (read once
     /// when `rm-agent run` starts, by `runner::env_file::load_policies`).
     pub env_file: Option<PathBuf>,
     /// `network_allow`: when set, the only networks this policy's runners reach.
     pub network_allow: Option<Vec<Cidr>>,
-}
-
-/// What a policy's runners get of Docker (`policy.docker`, `policy.docker_images`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DockerPolicy {
-    /// Image tarballs (`docker save` output, absolute paths) loaded into each runner's daemon
-    /// before the runner starts: images a job finds without a registry round trip.
-    pub images: Vec<PathBuf>,
-    /// `docker_registry_mirror`: the pull-through mirror the daemon pulls Docker Hub images
-    /// through (as written; [`crate::runner::docker::mirror`] says how the daemon reaches it).
-    pub registry_mirror: Option<RegistryMirror>,
-}
-
-/// A registry mirror's URL, parsed (`policy.docker_registry_mirror`): `http(s)://HOST[:PORT][/]`,
-/// what dockerd's `--registry-mirror` takes (no path, user or query).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RegistryMirror {
-    /// `https://`; otherwise `http://`.
-    pub https: bool,
-    /// The host as written: a name, an IPv4 address, or an IPv6 one in brackets.
-    pub host: String,
-    /// The port written, or the scheme's (80, 443).
-    pub port: u16,
-}
-
-impl RegistryMirror {
-    /// Whether the host is this machine's loopback (`localhost`, 127.0.0.0/8, `[::1]`).
-    pub fn is_loopback(&self) -> bool {
-        validate::is_loopback_host(&self.host)
-    }
-
-    /// `http(s)://HOST:PORT`.
-    pub fn url(&self) -> String {
-        format!(
-            "{}://{}:{}",
-            if self.https { "https" } else { "http" },
-            self.host,
-            self.port
-        )
-    }
-}
-
-/// `memory_max`, `pids_max`, `cpu_weight` of a policy.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RunnerLimits {
-    /// Bytes.
-    pub memory_max: Option<u64>,
-    pub pids_max: Option<u32>,
-    /// 1..=10000 (cgroup v2 `cpu.weight`).
-    pub cpu_weight: Option<u32>,
 }
 
 /// Where the configuration comes from, after the command line and the environment had a say.

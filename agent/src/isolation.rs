@@ -11,13 +11,13 @@ use rm_journal::IsolationKind;
 use crate::config::{Config, Isolation, Network, display_file};
 use crate::executor::Backends;
 use crate::exit::Exit;
-use crate::runner::RunnerRoot;
-use crate::runner::backend::{LinkedPackage, NoIsolation, UserIsolation};
-use crate::runner::cgroup::{CgroupRoot, Controllers};
-use crate::runner::docker;
-use crate::runner::isolate::{self, Pool};
-use crate::runner::network::{self, HostNetwork, HostRules};
-use crate::runner::store::Store;
+use rm_runner::RunnerRoot;
+use rm_runner::backend::{LinkedPackage, NoIsolation, UserIsolation};
+use rm_runner::cgroup::{CgroupRoot, Controllers};
+use rm_runner::docker;
+use rm_runner::isolate::{self, Pool};
+use rm_runner::network::{self, HostNetwork, HostRules};
+use rm_runner::store::Store;
 
 /// What a job can reach under `isolation = "none"`, for `check`, `status` and the start-up log.
 pub(crate) const NONE_REACHES: &str = "jobs run as the agent's own user: a job can read the App's private key and the other secrets, the journal and status, read the agent's memory and environment and signal it, reach every other runner, rewrite the package later runners start from, and leave files in HOME and /tmp and processes behind for later jobs; set [host] isolation = \"user\" (run the agent as root) unless every job runs code you wrote";
@@ -116,7 +116,7 @@ pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, 
     let root = RunnerRoot::open(&config.host.runner_root).map_err(Exit::runtime)?;
     let none = NoIsolation {
         root: root.clone(),
-        package: crate::runner::package::current::CurrentPackage::new(package_dir),
+        package: rm_runner::package::current::CurrentPackage::new(package_dir),
     };
     let can_switch = isolate::can_switch_users();
     let decided = decide(config.host.isolation, can_switch);

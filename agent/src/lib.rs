@@ -1,5 +1,6 @@
 //! rm-agent's library: configuration, secrets, the data-directory lock and the commands. The
-//! binary (`main.rs`) is only the command line on top.
+//! binary (`main.rs`) is only the command line on top. What a runner is made of on the host
+//! (its package store, isolation, process and runtime) is the `rm-runner` crate.
 
 pub(crate) mod allocation;
 pub mod commands;
@@ -10,7 +11,6 @@ pub mod exit;
 pub(crate) mod explain;
 pub mod features;
 pub(crate) mod fitness;
-pub(crate) mod https;
 pub(crate) mod isolation;
 pub(crate) mod journal_auth;
 pub(crate) mod latency;
@@ -22,10 +22,10 @@ pub(crate) mod metrics;
 mod module_cycles;
 pub mod notify;
 pub mod output;
+pub(crate) mod package;
 pub(crate) mod polling;
 pub(crate) mod relay;
 pub(crate) mod rerun;
-pub mod runner;
 pub(crate) mod secrets;
 pub(crate) mod status_file;
 pub(crate) mod trust;

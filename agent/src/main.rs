@@ -195,7 +195,7 @@ pub(crate) fn main() -> ExitCode {
     }
     // Before anything else: no runner (of any uid) may read this process's memory or
     // environment, and what it creates is private to it.
-    if let Err(e) = rm_agent::runner::isolate::harden_agent() {
+    if let Err(e) = rm_runner::isolate::harden_agent() {
         eprintln!("rm-agent: cannot make this process undumpable: {e}");
         return ExitCode::from(1);
     }

@@ -218,7 +218,7 @@ impl Collector for AgentMetrics {
             "1 while webhook deliveries are trusted to announce jobs (polling only reconciles), else 0",
             i64::from(status.webhooks.trusted),
         )?;
-        // Kept runner logs (`crate::runner::logs`): a failure never holds cleanup up, so it is
+        // Kept runner logs (`rm_runner::logs`): a failure never holds cleanup up, so it is
         // counted where an operator looks.
         let failures = encoder.encode_descriptor(
             "rm_runner_logs_keep_failures",
@@ -226,7 +226,7 @@ impl Collector for AgentMetrics {
             None,
             MetricType::Counter,
         )?;
-        ConstCounter::new(crate::runner::logs::keep_failures()).encode(failures)?;
+        ConstCounter::new(rm_runner::logs::keep_failures()).encode(failures)?;
         // Why runners ended, and the re-runs asked for (issue 28), since the agent started.
         let families: [TallyFamily; 2] = [
             (

@@ -324,7 +324,7 @@ pub(crate) fn from_config(config: &Config) -> Result<Notifier, Exit> {
     }
     let webhooks =
         webhook::Webhooks::new(config.host.name.clone(), endpoints, webhook::QUEUE_CAPACITY);
-    let client = crate::https::client()
+    let client = rm_runner::https::client()
         .context("cannot load this host's TLS root certificates for webhook notifications")
         .map_err(Exit::runtime)?;
     let webhooks = webhooks

@@ -216,7 +216,7 @@ fn read_secret_file(path: &Path, key: &str) -> Result<String, Exit> {
 /// holding one of them could mint tokens for every installation or forge deliveries.
 pub(crate) fn refuse_readable_by_runners(
     config: &Config,
-    pool: &crate::runner::isolate::Pool,
+    pool: &rm_runner::isolate::Pool,
 ) -> Result<(), Exit> {
     let mut files: Vec<(String, Option<&Path>)> = config
         .github
@@ -250,7 +250,7 @@ pub(crate) fn refuse_readable_by_runners(
         let Ok(meta) = std::fs::metadata(path) else {
             continue;
         };
-        if let Some(why) = crate::runner::isolate::readable_by_runners(&meta, pool) {
+        if let Some(why) = rm_runner::isolate::readable_by_runners(&meta, pool) {
             return Err(Exit::usage(format!(
                 "{key}: a runner could read {} ({why}); run `chown root:root {} && chmod 600 {}`",
                 path.display(),

@@ -24,7 +24,7 @@ use std::path::{Component, Path, PathBuf};
 
 use crate::config::{Config, display_file};
 use crate::exit::Exit;
-use crate::runner::isolate::Pool;
+use rm_runner::isolate::Pool;
 
 /// How many symbolic links [`trail`] follows before it gives up (the kernel's own limit,
 /// `MAXSYMLINKS`).

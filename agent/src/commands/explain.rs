@@ -16,8 +16,8 @@ use crate::config::{Config, Isolation};
 use crate::exit::Exit;
 use crate::explain::{self, Explanation, Facts, ended::RanAttempt, fleet::FleetFacts};
 use crate::output::print_json;
-use crate::runner::logs::Store;
 use crate::status_file::{self, Liveness, Snapshot, unix_ms};
+use rm_runner::logs::Store;
 
 /// What the decision reads, owned.
 struct Gathered {
@@ -157,7 +157,7 @@ fn ran_the_job(
     job_id: JobId,
     job: Option<&JobRow>,
 ) -> anyhow::Result<Vec<RanAttempt>> {
-    let store = Store::new(&config.data_dir, config.logs.into());
+    let store = Store::new(&config.data_dir, config.logs);
     let records = match super::open_local_reader(config).map_err(|e| anyhow::anyhow!("{e}"))? {
         Some(reader) => reader.attempts(usize::MAX)?,
         None => Vec::new(),

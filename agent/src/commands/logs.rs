@@ -15,7 +15,7 @@ use rm_journal::{AttemptRecord, AttemptState};
 
 use crate::config::Config;
 use crate::exit::Exit;
-use crate::runner::logs::{self, Manifest, PER_FILE_CAP, Store, scrub::Scrubber};
+use rm_runner::logs::{self, Manifest, PER_FILE_CAP, Store, scrub::Scrubber};
 
 /// How often `--follow` looks at the live files and the journal again.
 pub(crate) const FOLLOW_POLL: Duration = Duration::from_millis(500);
@@ -36,7 +36,7 @@ pub(crate) struct Found {
 }
 
 pub fn run(config: &Config, target: &str, follow: bool) -> Result<(), Exit> {
-    let store = Store::new(&config.data_dir, config.logs.into());
+    let store = Store::new(&config.data_dir, config.logs);
     let reader = super::open_local_reader(config)?;
     let records = match &reader {
         Some(reader) => reader.attempts(usize::MAX).map_err(Exit::runtime)?,
@@ -198,10 +198,10 @@ pub(crate) fn render_kept(store: &Store, attempt_id: &str) -> String {
 /// A kept file, opened without following a link (the store is root's, but the habit costs
 /// nothing).
 fn read_kept_file(entry: &Path, name: &str) -> std::io::Result<Vec<u8>> {
-    let dir = crate::runner::logs::copy::open_dir(entry)?;
-    let (file, size) = crate::runner::logs::copy::open_regular_at(&dir, OsStr::new(name))
+    let dir = rm_runner::logs::copy::open_dir(entry)?;
+    let (file, size) = rm_runner::logs::copy::open_regular_at(&dir, OsStr::new(name))
         .map_err(std::io::Error::other)?;
-    crate::runner::logs::copy::read_capped(&file, size, u64::MAX)
+    rm_runner::logs::copy::read_capped(&file, size, u64::MAX)
 }
 
 fn push_text(out: &mut String, bytes: &[u8]) {

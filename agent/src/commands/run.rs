@@ -89,7 +89,7 @@ pub(crate) async fn serve_paced(
         .user
         .as_ref()
         .and_then(|u| u.network.clone());
-    let follower = crate::runner::package::latest::Follower::for_config(
+    let follower = crate::package::follower(
         config,
         &client,
         &settings.backends.none,
@@ -406,11 +406,11 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
     }
     let (package_dir, version) = match (&config.runner.package_dir, &config.runner.version) {
         (Some(dir), _) => (dir.clone(), String::new()),
-        (None, Some(_)) if crate::runner::package::latest::follows_latest(config) => {
-            crate::runner::package::latest::resolve_at_start(config, client).await?
+        (None, Some(_)) if crate::package::follows_latest(config) => {
+            crate::package::resolve_at_start(config, client).await?
         }
         (None, Some(version)) => (
-            crate::runner::package::resolve_configured(config).await?,
+            crate::package::resolve_configured(config).await?,
             version.clone(),
         ),
         (None, None) => {
@@ -422,8 +422,13 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         }
     };
     // Read once, here: a bad line or an unreadable file refuses the start (exit 2).
-    let operator_env = crate::runner::env_file::load_policies(&config.policies)
-        .map_err(|(key, e)| usage(config, &key, &e.to_string()))?;
+    let operator_env = rm_runner::env_file::load_policies(
+        config
+            .policies
+            .iter()
+            .map(|p| (p.name.as_str(), p.env_file.as_deref())),
+    )
+    .map_err(|(key, e)| usage(config, &key, &e.to_string()))?;
     // Before the runners' network and uids are set up: a login to the fleet's journal a job
     // could make too is refused here (crate::journal_auth).
     if let Some(target) = crate::secrets::journal_target(config) {
@@ -465,12 +470,8 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
             registrations: crate::executor::RegistrationWindows::Paced(config.github.pacing),
         }),
         // `logs.keep = 0`: nothing is kept.
-        logs: (config.logs.keep > 0).then(|| {
-            Arc::new(crate::runner::logs::Store::new(
-                &config.data_dir,
-                config.logs.into(),
-            ))
-        }),
+        logs: (config.logs.keep > 0)
+            .then(|| Arc::new(rm_runner::logs::Store::new(&config.data_dir, config.logs))),
         reruns: config.reruns.clone(),
     };
     // Bounds lowered since the last run, and copies past `max_age` on a host that cleaned up

@@ -66,8 +66,8 @@ pub(crate) struct Facts {
     pub waiting: Vec<crate::explain::Explanation>,
     /// Wait times over the last hour, from the journal (CONTRACT §8, [`crate::latency`]).
     pub latency: crate::latency::Latency,
-    /// What the agent last learned about `runner.version` (crate::runner::package::report).
-    pub runner_version: Option<crate::runner::package::report::VersionReport>,
+    /// What the agent last learned about `runner.version` (rm_runner::package::report).
+    pub runner_version: Option<rm_runner::package::report::VersionReport>,
     /// In a fleet (`journal.url`, CONTRACT §9): every host with its lease, claims and runners.
     pub fleet: Option<rm_journal::FleetView>,
 }
@@ -279,7 +279,7 @@ fn gather(
             .runner
             .version
             .as_ref()
-            .and_then(|_| crate::runner::package::report::read(&config.data_dir)),
+            .and_then(|_| rm_runner::package::report::read(&config.data_dir)),
         fleet,
     })
 }
@@ -493,7 +493,7 @@ fn ago(d: Duration) -> String {
 /// What needs a person, one sentence each with what to do; empty when all is well.
 pub(crate) fn degraded(facts: &Facts) -> Vec<String> {
     let mut found = Vec::new();
-    // A pinned runner version GitHub's window is closing on (crate::runner::package::window).
+    // A pinned runner version GitHub's window is closing on (rm_runner::package::window).
     found.extend(
         facts
             .runner_version
@@ -1496,7 +1496,7 @@ mod tests {
     fn a_pinned_version_whose_window_closes_is_named_days_ahead() {
         const DAY_MS: i64 = 86_400_000;
         let mut f = facts();
-        let report = crate::runner::package::report::VersionReport {
+        let report = rm_runner::package::report::VersionReport {
             version: "2.330.0".into(),
             follows_latest: false,
             next_release: Some("2.331.0".into()),
@@ -1517,7 +1517,7 @@ mod tests {
         assert!(render(&f).contains("v2.330.0, GitHub asked 1h ago"));
 
         // Far from closing: nothing to attend to.
-        f.runner_version = Some(crate::runner::package::report::VersionReport {
+        f.runner_version = Some(rm_runner::package::report::VersionReport {
             window_closes_at_ms: Some(f.now_ms + 20 * DAY_MS),
             ..report
         });

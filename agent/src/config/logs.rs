@@ -1,23 +1,23 @@
-//! `[logs]`: the bounds of the kept runner logs (`crate::runner::logs`), their defaults and
-//! their floors.
+//! `[logs]` as written and its floors; the validated bounds and their defaults are the
+//! runner crate's (`rm_runner::logs::Bounds`), which keeps the logs.
 
 use std::time::Duration;
 
 use super::duration::ConfigDuration;
 use super::fitness::parse_size;
 
-/// Default `logs.keep`: how many attempts' logs are kept; `0` keeps none.
-pub const DEFAULT_KEEP: usize = 500;
+pub use rm_runner::logs::{Bounds as Logs, DEFAULT_KEEP, DEFAULT_MAX_AGE, DEFAULT_MAX_TOTAL};
 
-/// Default `logs.max_age`: two weeks, long enough to look into last week's failure.
-pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(14 * 24 * 3600);
-
-/// Default `logs.max_total`.
-pub const DEFAULT_MAX_TOTAL: u64 = 2 << 30;
-
-/// The least `logs.max_total`: one attempt's whole copy (`runner::logs::PER_ATTEMPT_CAP`), so
-/// the newest attempt's logs always fit.
+/// The least `logs.max_total`: one attempt's whole copy (`rm_runner::logs::PER_ATTEMPT_CAP`),
+/// so the newest attempt's logs always fit.
 pub const MIN_MAX_TOTAL: u64 = 64 << 20;
+
+// Checked when the agent is built: the newest attempt's whole copy fits the smallest store
+// `logs.max_total` allows, and a file's cap is within its attempt's.
+const _: () = assert!(
+    MIN_MAX_TOTAL >= rm_runner::logs::PER_ATTEMPT_CAP
+        && rm_runner::logs::PER_FILE_CAP <= rm_runner::logs::PER_ATTEMPT_CAP
+);
 
 /// The least `logs.max_age`: a copy younger than this is never the oldest an operator wants.
 pub const MIN_MAX_AGE: Duration = Duration::from_secs(3600);
@@ -29,25 +29,6 @@ pub struct LogsSection {
     pub keep: Option<usize>,
     pub max_age: Option<ConfigDuration>,
     pub max_total: Option<String>,
-}
-
-/// The validated bounds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Logs {
-    /// `0`: no logs are kept.
-    pub keep: usize,
-    pub max_age: Duration,
-    pub max_total: u64,
-}
-
-impl Default for Logs {
-    fn default() -> Self {
-        Logs {
-            keep: DEFAULT_KEEP,
-            max_age: DEFAULT_MAX_AGE,
-            max_total: DEFAULT_MAX_TOTAL,
-        }
-    }
 }
 
 /// Validates `[logs]`; the error names the key and why.

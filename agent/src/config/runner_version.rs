@@ -1,5 +1,5 @@
 //! `runner.version = "latest"` and `runner.release_check_interval`, validated (following the
-//! releases is `crate::runner::package::latest`, which reads them).
+//! releases is `rm_runner::package::latest`, which `crate::package` starts with them).
 
 use std::time::Duration;
 
@@ -25,4 +25,20 @@ pub fn check_interval(configured: Option<Duration>) -> Result<Duration, String> 
         ));
     }
     Ok(interval)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_check_interval_defaults_to_a_day_and_is_bounded() {
+        assert_eq!(check_interval(None), Ok(DEFAULT_RELEASE_CHECK));
+        assert_eq!(
+            check_interval(Some(Duration::from_secs(5))),
+            Ok(Duration::from_secs(5))
+        );
+        assert!(check_interval(Some(Duration::from_secs(4))).is_err());
+        assert!(check_interval(Some(Duration::from_secs(8 * 24 * 3600))).is_err());
+    }
 }

@@ -867,7 +867,7 @@ fn latest_is_a_runner_version_checked_daily_by_default() {
         crate::config::runner_version::DEFAULT_RELEASE_CHECK
     );
     // Never a release to look up by tag.
-    assert!(crate::runner::package::Wanted::from_config(&config).is_none());
+    assert!(crate::package::wanted(&config).is_none());
     let config =
         from_text("[runner]\nversion = \"latest\"\nrelease_check_interval = \"6h\"\n").unwrap();
     assert_eq!(

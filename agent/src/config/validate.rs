@@ -774,26 +774,12 @@ pub(crate) fn transport(url: &str) -> Result<(), String> {
     }
     let uri: http::Uri = url.parse().map_err(|_| "is not a valid URL".to_owned())?;
     match uri.host() {
-        Some(host) if is_loopback_host(host) => Ok(()),
+        Some(host) if rm_runner::docker::mirror::is_loopback_host(host) => Ok(()),
         _ => Err(
             "uses plain http:// to a host other than this one's loopback, so its tokens would travel in clear (refused); use https://"
                 .to_owned(),
         ),
     }
-}
-
-/// `localhost`, an IPv4 address in 127.0.0.0/8, or `[::1]`, as [`http::Uri::host`] gives them.
-pub(super) fn is_loopback_host(host: &str) -> bool {
-    if host.eq_ignore_ascii_case("localhost") {
-        return true;
-    }
-    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        return v6
-            .parse::<std::net::Ipv6Addr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    }
-    host.parse::<std::net::Ipv4Addr>()
-        .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn default_host_name() -> String {

@@ -36,7 +36,7 @@ use crate::config::Workspace;
 use crate::demand::{self, QueuedJob};
 use crate::lifecycle::{Conclusion, FailureReason};
 use crate::notify::{Notifier, OperatorEvent};
-use crate::runner::slot;
+use rm_runner::slot;
 
 /// The first wait after a failed launch; doubles per consecutive failure.
 pub(crate) const LAUNCH_BACKOFF: Duration = Duration::from_secs(5);
@@ -532,14 +532,14 @@ pub(super) async fn create_attempt(
                 Some(running) => running,
                 None => {
                     // A `/proc` scan: tens of ms on a busy host, off the async workers.
-                    let scanned = tokio::task::spawn_blocking(crate::runner::uid::running_uids)
+                    let scanned = tokio::task::spawn_blocking(rm_runner::uid::running_uids)
                         .await
                         .context("the scan of running uids did not finish")?
                         .context("cannot read which uids are in use")?;
                     running_uids.insert(scanned)
                 }
             };
-            let Some(account) = crate::runner::isolate::pick_uid(&user.pool, &held, running) else {
+            let Some(account) = rm_runner::isolate::pick_uid(&user.pool, &held, running) else {
                 return Err(anyhow::Error::new(NoFreeUid {
                     pool: user.pool.accounts().len(),
                     held: held.len(),

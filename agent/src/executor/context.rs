@@ -12,10 +12,10 @@ use super::seams::{Execution, ProcessTable};
 use super::{STOP_GRACE, Settings};
 use crate::config::Policy;
 use crate::notify::Notifier;
-use crate::runner::RunnerRoot;
-use crate::runner::StopOutcome;
-use crate::runner::backend::Plan;
-use crate::runner::process::{self, ProcessIdentity};
+use rm_runner::RunnerRoot;
+use rm_runner::StopOutcome;
+use rm_runner::backend::Plan;
+use rm_runner::process::{self, ProcessIdentity};
 
 /// The executor's read-only surroundings.
 pub(super) struct Context {
@@ -49,7 +49,7 @@ impl Context {
         let mut plan = Plan::of(record, limits);
         plan.network_allow = policy.and_then(|p| p.network_allow.clone());
         plan.docker = policy.and_then(|p| p.docker.clone());
-        // The operator's variables of the policy's env_file (crate::runner::env_file).
+        // The operator's variables of the policy's env_file (rm_runner::env_file).
         if let Some(env) = self.settings.operator_env.get(&record.policy) {
             plan.env = env.clone();
         }

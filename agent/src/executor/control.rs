@@ -35,7 +35,7 @@ use super::{
 };
 use crate::executor::allocate::published::AllocationMemory;
 use crate::notify::Notifier;
-use crate::runner::RunnerRoot;
+use rm_runner::RunnerRoot;
 
 /// The runner labels a host serves: every label of its policies, once each, sorted.
 fn host_labels(policies: &[crate::config::Policy]) -> Vec<String> {

@@ -1,9 +1,9 @@
 //! The disk watch, part of supervision: each live runner's runtime measured every
-//! [`DISK_CHECK_INTERVAL`] against its policy's `disk_max` ([`crate::runner::disk`]). A walk of a
+//! [`DISK_CHECK_INTERVAL`] against its policy's `disk_max` ([`rm_runner::disk`]). A walk of a
 //! runtime is blocking and may take seconds on a large (or hostile) tree, so the control loop
 //! never waits for one: it starts a walk on the blocking pool and goes on, and a later pass takes
 //! the result. One walk at a time, so the walks' open directories stay within
-//! [`crate::runner::disk::MAX_OPEN_DIRS`] and their CPU within one thread.
+//! [`rm_runner::disk::MAX_OPEN_DIRS`] and their CPU within one thread.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use rm_journal::AttemptId;
 use tokio::sync::oneshot;
 
 use crate::lifecycle::DiskUse;
-use crate::runner::disk::{self, DISK_CHECK_INTERVAL, Measured};
+use rm_runner::disk::{self, DISK_CHECK_INTERVAL, Measured};
 
 /// One walk on the blocking pool.
 struct Walking {

@@ -23,8 +23,8 @@ use rm_journal::{AttemptId, AttemptRecord};
 use super::context::Context;
 use super::fault;
 use super::registry::{self, Deregistration, Listing};
-use crate::runner::Removal;
-use crate::runner::process::ProcessIdentity;
+use rm_runner::Removal;
+use rm_runner::process::ProcessIdentity;
 
 /// A slow effect supervision decided, its intent already journalled.
 #[derive(Debug)]
@@ -164,13 +164,11 @@ async fn remove_runtime(ctx: &Context, record: &AttemptRecord) -> bool {
     // The runner's logs, before the runtime goes (the runner's group is stopped; a process that
     // escaped it is the job's, whose writes are evidence anyway). Idempotent, and it never
     // fails the cleanup (`runner::logs`).
-    let keep = ctx.settings.logs.clone().map(|store| {
-        (
-            store,
-            crate::runner::logs::Attempt::of(record),
-            ctx.now_ms(),
-        )
-    });
+    let keep = ctx
+        .settings
+        .logs
+        .clone()
+        .map(|store| (store, rm_runner::logs::Attempt::of(record), ctx.now_ms()));
     let removal = tokio::task::spawn_blocking(move || {
         if let Some((store, attempt, now)) = keep {
             store.keep_and_prune(&attempt, now);

@@ -35,8 +35,8 @@ pub fn read(runtime: &Path) -> JobEvidence {
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
     match classify(names.iter().map(String::as_str)) {
-        // The listener alone ran: did GitHub refuse its version? (crate::runner::refusal)
-        JobEvidence::NoJob if crate::runner::refusal::refused(&runtime.join(DIAG_DIR)) => {
+        // The listener alone ran: did GitHub refuse its version? (rm_runner::refusal)
+        JobEvidence::NoJob if rm_runner::refusal::refused(&runtime.join(DIAG_DIR)) => {
             JobEvidence::VersionRefused
         }
         other => other,

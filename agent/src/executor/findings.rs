@@ -10,8 +10,8 @@
 
 use std::path::Path;
 
-use crate::runner::cgroup;
-use crate::runner::logs::copy;
+use rm_runner::cgroup;
+use rm_runner::logs::copy;
 
 /// What the C library prints for `ENOSPC`, in every tool a job runs (and .NET's `IOException`
 /// in the runner's own logs): a write failed because the filesystem had no space.
@@ -27,7 +27,7 @@ pub const MAX_FILES: usize = 32;
 
 /// What actions/runner's listener prints on its console (`JobDispatcher`: "Job build completed
 /// with result: Succeeded") once its job ended, whatever the result; the agent keeps the
-/// console in [`crate::runner::logs::OUTPUT_FILE`].
+/// console in [`rm_runner::logs::OUTPUT_FILE`].
 pub const JOB_ENDED_PHRASE: &str = " completed with result: ";
 
 /// The runner cgroup's memory report: OOM kills and the peak, in bytes.
@@ -63,7 +63,7 @@ pub fn disk_full(runtime: &Path) -> bool {
 pub fn job_ended(runtime: &Path) -> bool {
     copy::any_tail(
         &runtime.join(copy::DIAG_DIR),
-        |name| name == crate::runner::logs::OUTPUT_FILE,
+        |name| name == rm_runner::logs::OUTPUT_FILE,
         1,
         TAIL_BYTES,
         |text| text.contains(JOB_ENDED_PHRASE),
@@ -127,7 +127,7 @@ mod tests {
         assert!(!job_ended(runtime.path()));
         let diag = runtime.path().join("_diag");
         std::fs::create_dir(&diag).unwrap();
-        let output = diag.join(crate::runner::logs::OUTPUT_FILE);
+        let output = diag.join(rm_runner::logs::OUTPUT_FILE);
         std::fs::write(&output, "2026-12-03 10:00:00Z: Running job: build\n").unwrap();
         assert!(!job_ended(runtime.path()), "running, not ended");
         std::fs::write(

@@ -215,11 +215,11 @@ impl AttemptJournal {
     pub(super) async fn started(
         &self,
         id: &rm_journal::AttemptId,
-        identity: crate::runner::process::ProcessIdentity,
+        identity: rm_runner::process::ProcessIdentity,
         at_ms: i64,
     ) -> Result<bool, AttemptError> {
         let id = id.clone();
-        self.write(move |attempts| match crate::runner::process::boot_id() {
+        self.write(move |attempts| match rm_runner::process::boot_id() {
             Some(boot) => {
                 attempts.started_on_boot(&id, identity.pid, identity.start_time, boot, at_ms)
             }

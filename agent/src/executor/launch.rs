@@ -31,7 +31,7 @@ use super::context::Context;
 use super::registry::{self, JitRetry, WORK_FOLDER};
 use super::{Event, fault};
 use crate::lifecycle::FailureReason;
-use crate::runner::{RunnerChild, Runtime, Spawned};
+use rm_runner::{RunnerChild, Runtime, Spawned};
 
 /// How many times one attempt asks GitHub for a JIT configuration.
 pub(super) const MAX_JIT_TRIES: u32 = 5;

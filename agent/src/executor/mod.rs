@@ -55,7 +55,7 @@ use rm_journal::{AttemptId, IsolationKind};
 
 use crate::config::Policy;
 use crate::lifecycle::Timeouts;
-use crate::runner::backend::{Backend, NoIsolation, UserIsolation};
+use rm_runner::backend::{Backend, NoIsolation, UserIsolation};
 
 pub use claims::{
     FleetSettings, FleetStore, LEASE_RENEW, LEASE_TTL, RegistrationWindows, shared_windows,
@@ -120,15 +120,15 @@ pub struct Settings {
     /// Policies with an ephemeral workspace.
     pub policies: Vec<Policy>,
     /// Each policy's `env_file` variables, by policy name (read once at start).
-    pub operator_env: HashMap<String, crate::runner::env_file::OperatorEnv>,
+    pub operator_env: HashMap<String, rm_runner::env_file::OperatorEnv>,
     /// The fitness gate: while it says unfit, allocation registers no runner.
     pub fitness: crate::fitness::Gate,
     /// In a fleet (CONTRACT §9): where its shared journal is; jobs are read and claimed there.
     /// `None`: this host alone, on its own journal.
     pub fleet: Option<FleetSettings>,
     /// Where each attempt's `_diag` is kept before its runtime is removed
-    /// ([`crate::runner::logs`]); `None`: nothing is kept.
-    pub logs: Option<Arc<crate::runner::logs::Store>>,
+    /// ([`rm_runner::logs`]); `None`: nothing is kept.
+    pub logs: Option<Arc<rm_runner::logs::Store>>,
     /// Each policy's re-run rule, by policy name (`policy.rerun_on`); empty: no re-runs, and no
     /// re-run scan at all.
     pub reruns: std::collections::BTreeMap<String, crate::config::rerun::RerunPolicy>,

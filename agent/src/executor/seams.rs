@@ -9,8 +9,8 @@ use std::sync::Arc;
 use rm_journal::IsolationKind;
 
 use super::Backends;
-use crate::runner::backend::Backend;
-use crate::runner::{OsProcesses, Processes, RunnerChild};
+use rm_runner::backend::Backend;
+use rm_runner::{OsProcesses, Processes, RunnerChild};
 
 /// Which backend drives an attempt journalled under `kind`; `None` when this agent cannot
 /// drive it. [`Backends`] is the production choice.

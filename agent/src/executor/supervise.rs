@@ -32,8 +32,8 @@ use crate::lifecycle::{
     AttemptFacts, Conclusion, Decision, ExitSeen, FailureReason, Findings, GithubObservation,
     Observation, ProcessObservation, StopIntent, Timeouts, recovery_decision,
 };
-use crate::runner::discover;
-use crate::runner::process::{self, ProcessIdentity, ProcessState};
+use rm_runner::discover;
+use rm_runner::process::{self, ProcessIdentity, ProcessState};
 
 /// How old a listing may be for a runner that is still starting: registration is noticed
 /// within this, and a target with runners starting costs at most one request per interval.

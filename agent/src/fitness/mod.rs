@@ -139,8 +139,8 @@ impl Requirements {
 fn required_tools(config: &Config) -> Vec<String> {
     let mut tools = config.host.fitness.required_tools.clone();
     if config.policies.iter().any(|p| p.docker.is_some()) {
-        for tool in crate::runner::docker::host::TOOLS {
-            let named = crate::runner::docker::host::find(tool.name)
+        for tool in rm_runner::docker::host::TOOLS {
+            let named = rm_runner::docker::host::find(tool.name)
                 .map_or_else(|| tool.name.to_owned(), |p| p.display().to_string());
             if !tools.contains(&named) {
                 tools.push(named);

@@ -97,13 +97,13 @@ fn is_executable(path: &Path) -> bool {
 }
 
 /// The `PATH` runners get: the agent's, or the default a runner gets when the agent has none
-/// (the launch contract's own rule, [`crate::runner::process::runner_environment`]).
+/// (the launch contract's own rule, [`rm_runner::process::runner_environment`]).
 pub(crate) fn runner_path() -> OsString {
-    crate::runner::process::runner_environment(std::env::vars_os(), Path::new("/"))
+    rm_runner::process::runner_environment(std::env::vars_os(), Path::new("/"))
         .into_iter()
         .find(|(key, _)| key == "PATH")
         .map(|(_, value)| value)
-        .unwrap_or_else(|| crate::runner::process::DEFAULT_PATH.into())
+        .unwrap_or_else(|| rm_runner::process::DEFAULT_PATH.into())
 }
 
 #[cfg(test)]

@@ -282,7 +282,7 @@ fn a_policy_with_docker_requires_every_program_of_the_daemon() {
     .unwrap();
     let required = Requirements::of(&config, OsString::from("/bin"));
     assert_eq!(required.tools[0], "git");
-    let tools = crate::runner::docker::host::TOOLS;
+    let tools = rm_runner::docker::host::TOOLS;
     assert_eq!(
         required.tools.len(),
         1 + tools.len(),

@@ -163,7 +163,7 @@ impl Conclusion {
 }
 
 /// What the process adapter found for the journalled identity (pid and start time); the same
-/// three answers as `crate::runner::process::ProcessState`.
+/// three answers as `rm_runner::process::ProcessState`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProcessObservation {
     /// Alive, and its start time matches the journal's: it is our runner.
@@ -194,21 +194,15 @@ pub enum JobEvidence {
     /// Only `Runner_*.log`: the listener ran and no job was ever handed to it.
     NoJob,
     /// Only `Runner_*.log`, saying GitHub refused the runner's version
-    /// ([`crate::runner::refusal`]): it can never take a job.
+    /// ([`rm_runner::refusal`]): it can never take a job.
     VersionRefused,
     /// No `_diag`, or it could not be read in time.
     Unknown,
 }
 
 /// What the last measurement of the runner's runtime says against the policy's `disk_max`
-/// ([`crate::runner::disk::judge`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiskUse {
-    /// Within the bound, no bound, or not measured (yet, or it could not be).
-    Within,
-    /// Past the bound: the runner is stopped.
-    Over,
-}
+/// (judged by [`rm_runner::disk::judge`], which owns the type).
+pub use rm_runner::disk::DiskUse;
 
 /// How the runner's process ended, as the agent saw when it reaped it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,7 +18,7 @@ fn no_module_cycle() {
         "executor",
         "explain",
         "status_file",
-        "runner",
+        "isolation",
         "polling",
     ] {
         assert!(

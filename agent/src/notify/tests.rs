@@ -568,7 +568,7 @@ fn started(endpoints: &[(&str, Option<&str>)], retry: retry::RetryPolicy) -> web
         })
         .collect();
     webhook::Webhooks::new("builder-01".to_owned(), endpoints, webhook::QUEUE_CAPACITY)
-        .start(crate::https::client().unwrap(), retry)
+        .start(rm_runner::https::client().unwrap(), retry)
         .unwrap()
 }
 

@@ -29,7 +29,7 @@ use tokio::sync::Notify;
 use super::OperatorEvent;
 use super::retry::{Attempt, RetryPolicy, Step, retry_after, step};
 use crate::config::notifications::{EventKind, WebhookUrl};
-use crate::https::HttpsClient;
+use rm_runner::https::HttpsClient;
 
 /// Notifications waiting per endpoint. With the notifier's rate limit at most one event per
 /// kind enters per quarter hour, and an endpoint that is down gives each up within minutes

@@ -37,7 +37,7 @@ pub(crate) const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// The pause before an acknowledgement that failed is sent again.
 pub(crate) const ACK_RETRY: Duration = Duration::from_secs(2);
 
-type HttpClient = crate::https::HttpsClient<Full<Bytes>>;
+type HttpClient = rm_runner::https::HttpsClient<Full<Bytes>>;
 
 /// What the subscription reports, for `status`, `/metrics` and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -64,7 +64,8 @@ pub(crate) async fn probe(url: &str, token: &SecretString) -> anyhow::Result<()>
 }
 
 fn http_client() -> anyhow::Result<HttpClient> {
-    crate::https::client().context("cannot load this host's TLS root certificates for the relay")
+    rm_runner::https::client()
+        .context("cannot load this host's TLS root certificates for the relay")
 }
 
 /// Opens the event stream, after `resume_after` when given; the response once the relay said 200.

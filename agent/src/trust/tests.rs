@@ -1,7 +1,7 @@
 use std::os::unix::fs::{PermissionsExt as _, symlink};
 
 use super::*;
-use crate::runner::isolate::Account;
+use rm_runner::isolate::Account;
 
 const AGENT: u32 = 0;
 const RUNNER: u32 = 64_200;

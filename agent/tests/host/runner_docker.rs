@@ -6,7 +6,7 @@
 //! `/var/run/docker.sock` is its own socket; and after the cgroup's kill nothing of the uid or its
 //! subordinate range is left (process, mount, listener), and the runtime can be removed.
 //!
-//! Needs root, a cgroup v2 mount, `ip`, and the tools of `rm_agent::runner::docker::host::TOOLS`
+//! Needs root, a cgroup v2 mount, `ip`, and the tools of `rm_runner::docker::host::TOOLS`
 //! plus `busybox` (`apt-get install docker.io rootlesskit slirp4netns uidmap busybox-static`):
 //! without them the tests fail unless `RM_TEST_ALLOW_SKIP` names `root`, `cgroup` or `docker`.
 
@@ -21,11 +21,11 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use rm_agent::config::RegistryMirror;
-use rm_agent::runner::cgroup;
-use rm_agent::runner::docker::subid::{self, Files, SubRange};
-use rm_agent::runner::docker::{self, DaemonSpec, Layout, Tools};
-use rm_agent::runner::isolate::Account;
-use rm_agent::runner::network::{self, HostNetwork, HostRules, Names};
+use rm_runner::cgroup;
+use rm_runner::docker::subid::{self, Files, SubRange};
+use rm_runner::docker::{self, DaemonSpec, Layout, Tools};
+use rm_runner::isolate::Account;
+use rm_runner::network::{self, HostNetwork, HostRules, Names};
 
 use crate::skip::cannot_run;
 
@@ -547,8 +547,8 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
     // What containers write counts against the runner's disk bound: the disk watch's own walk
     // (`runner::disk::measure`, as root) finds a container's file, written under a subordinate
     // uid inside the daemon's data root, in the runtime.
-    let measured = |runtime: &Path| match rm_agent::runner::disk::measure(runtime, u64::MAX) {
-        Ok(rm_agent::runner::disk::Measured::Bytes(bytes)) => bytes,
+    let measured = |runtime: &Path| match rm_runner::disk::measure(runtime, u64::MAX) {
+        Ok(rm_runner::disk::Measured::Bytes(bytes)) => bytes,
         other => panic!("the runtime could not be measured: {other:?}"),
     };
     let before = measured(&runtime);

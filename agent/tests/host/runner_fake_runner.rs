@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use rm_agent::runner::process::{self, OsProcesses, ProcessState, Processes as _, StopOutcome};
-use rm_agent::runner::{Removal, RunnerRoot, Runtime, Spawned};
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, JobStatus, RunnerBehavior};
+use rm_runner::process::{self, OsProcesses, ProcessState, Processes as _, StopOutcome};
+use rm_runner::{Removal, RunnerRoot, Runtime, Spawned};
 use secrecy::SecretString;
 
 /// Generous bound for a runner that should exit on its own: tests fail rather than hang.

@@ -8,11 +8,11 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
 
-use rm_agent::runner::backend::{Backend as _, NoIsolation, Plan};
-use rm_agent::runner::logs::{self, Attempt, Bounds, Kept, Store};
-use rm_agent::runner::process::LISTENER;
-use rm_agent::runner::{RunnerRoot, Spawned};
 use rm_fake_github::FakeJitConfig;
+use rm_runner::backend::{Backend as _, NoIsolation, Plan};
+use rm_runner::logs::{self, Attempt, Bounds, Kept, Store};
+use rm_runner::process::LISTENER;
+use rm_runner::{RunnerRoot, Spawned};
 use secrecy::SecretString;
 
 const TOKEN: &str = "ghs_16C7e42F292c6912E7710c838347Ae178B4a";
@@ -52,7 +52,7 @@ async fn a_runners_output_is_kept_with_every_line_and_no_secret() {
     let runtime = root.create_ephemeral(attempt_id, &package).unwrap();
     let backend = NoIsolation {
         root: root.clone(),
-        package: rm_agent::runner::package::current::CurrentPackage::new(&package),
+        package: rm_runner::package::current::CurrentPackage::new(&package),
     };
     let plan = Plan {
         attempt_id: attempt_id.to_owned(),

@@ -13,11 +13,11 @@ use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::path::Path;
 use std::time::Duration;
 
-use rm_agent::runner::process::{
+use rm_runner::process::{
     self, INHERITED_ENV, JIT_ENV, LISTENER, OsProcesses, ProcessIdentity, ProcessState,
     Processes as _, StopOutcome, TMP_ENV, parse_stat,
 };
-use rm_agent::runner::{RunnerChild, RunnerRoot, Runtime, Spawned};
+use rm_runner::{RunnerChild, RunnerRoot, Runtime, Spawned};
 use secrecy::SecretString;
 
 /// A JIT configuration shaped like the real one (base64 JSON); tests look for it everywhere.
@@ -429,8 +429,8 @@ async fn a_process_whose_start_time_differs_is_never_signalled() {
 /// is refused by line before any runner could see it.
 #[tokio::test]
 async fn a_policys_env_file_reaches_the_runner_and_reserved_names_are_refused() {
-    use rm_agent::runner::backend::{Backend as _, NoIsolation, Plan};
-    use rm_agent::runner::env_file::{self, EnvFileError};
+    use rm_runner::backend::{Backend as _, NoIsolation, Plan};
+    use rm_runner::env_file::{self, EnvFileError};
 
     let s = setup(PROBE);
     let files = tempfile::tempdir().unwrap();
@@ -444,9 +444,7 @@ async fn a_policys_env_file_reaches_the_runner_and_reserved_names_are_refused() 
     let root_dir = s.runtime.dir().parent().unwrap();
     let backend = NoIsolation {
         root: RunnerRoot::open(root_dir).unwrap(),
-        package: rm_agent::runner::package::current::CurrentPackage::new(
-            &root_dir.join("unused-package"),
-        ),
+        package: rm_runner::package::current::CurrentPackage::new(&root_dir.join("unused-package")),
     };
     let plan = Plan {
         attempt_id: "00000000000a".to_owned(),

@@ -13,10 +13,10 @@ use crate::skip;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
 
-use rm_agent::runner::workspace::{
+use rm_runner::workspace::{
     RunnerRoot, TMP_DIR, WORKSPACE_NAME_LEN, WorkspaceError, workspace_name,
 };
-use rm_agent::runner::{Removal, Runtime};
+use rm_runner::{Removal, Runtime};
 
 const ATTEMPT: &str = "0123456789ab-cdef-4000-8000-000000000001";
 
@@ -519,7 +519,7 @@ fn a_slot_scrub_keeps_a_deep_work_folder_and_removes_the_rest() {
 /// agent's away. (Before the walk, 1 100 levels made the slot unusable for good.)
 #[test]
 fn a_deep_work_folder_is_handed_to_the_next_runner_whole() {
-    use rm_agent::runner::isolate::{Account, chown_tree};
+    use rm_runner::isolate::{Account, chown_tree};
     use std::os::unix::fs::MetadataExt as _;
     if !rustix::process::geteuid().is_root() {
         skip::cannot_run(

@@ -1,7 +1,7 @@
 //! `runtime-create`: how long making one runner runtime takes, with the full copy of the runner
 //! package a runtime gets under `isolation = "none"` (the agent's own
-//! `rm_agent::runner::workspace::copy_tree`) against hard links from the package store
-//! (`rm_agent::runner::store::StoredPackage::link_into` then `verify_runtime`), side by side in
+//! `rm_runner::workspace::copy_tree`) against hard links from the package store
+//! (`rm_runner::store::StoredPackage::link_into` then `verify_runtime`), side by side in
 //! one run on the same synthetic package ([`rm_bench::package`]; see docs/performance.md). In
 //! process: no agent, no runner, only the filesystem work.
 
@@ -13,8 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, Result, ensure};
 use clap::Parser;
-use rm_agent::runner::store::{Store, StoredPackage};
 use rm_bench::package::make_package;
+use rm_runner::store::{Store, StoredPackage};
 
 /// The runtime directory's mode (the agent's `RUNTIME_MODE`).
 const RUNTIME_MODE: u32 = 0o700;
@@ -35,7 +35,7 @@ struct Args {
 
 /// Today's runtime copy (`isolation = "none"`): the agent's own `copy_tree`.
 fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
-    rm_agent::runner::workspace::copy_tree(from, to)
+    rm_runner::workspace::copy_tree(from, to)
 }
 
 /// Flushes the filesystem of `dir`: the write-back a creation left behind, timed separately so

@@ -133,16 +133,14 @@ pub const UIDS_PER_FLEET: u32 = 32;
 pub fn fleet_uids() -> String {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let demo = parse_uids(rm_agent::commands::DEMO_UIDS);
-    let demo_slots: std::collections::HashSet<u32> = (demo.0..=demo.1)
-        .map(rm_agent::runner::network::slot_of)
-        .collect();
+    let demo_slots: std::collections::HashSet<u32> =
+        (demo.0..=demo.1).map(rm_runner::network::slot_of).collect();
     loop {
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 64;
         let first =
             1_000_000 + (std::process::id() % 4096) * 64 * UIDS_PER_FLEET + n * UIDS_PER_FLEET;
         let last = first + UIDS_PER_FLEET - 1;
-        if (first..=last).all(|uid| !demo_slots.contains(&rm_agent::runner::network::slot_of(uid)))
-        {
+        if (first..=last).all(|uid| !demo_slots.contains(&rm_runner::network::slot_of(uid))) {
             return format!("{first}-{last}");
         }
     }
@@ -501,7 +499,7 @@ pub fn parse_uids(uids: &str) -> (u32, u32) {
 /// cleanup; what is already gone is no error. Leftovers would hold those slots' addresses for
 /// later tests (and fill the host's nft ruleset run after run).
 pub fn sweep_kernel(data_dir: &Path, attempts: &[AttemptRecord], (first, last): (u32, u32)) {
-    use rm_agent::runner::{cgroup, network};
+    use rm_runner::{cgroup, network};
     let mut shorts: Vec<String> = Vec::new();
     for a in attempts {
         if let Some(path) = &a.cgroup

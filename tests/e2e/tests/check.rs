@@ -63,7 +63,7 @@ labels = ["self-hosted", "linux"]
 /// Whether this process's cgroup v2 directory offers the `memory` and the `pids` controller
 /// (where `host.cgroup_root = "auto"` would make runner cgroups), found as the agent finds it.
 fn own_limit_controllers() -> (bool, bool) {
-    use rm_agent::runner::cgroup;
+    use rm_runner::cgroup;
     let mounts = cgroup::cgroup2_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap());
     let offered = std::fs::read_to_string("/proc/self/cgroup")
         .ok()

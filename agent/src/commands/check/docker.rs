@@ -1,5 +1,5 @@
 //! `check`'s `docker` findings, only where a policy sets `docker = true` (issue 30): whether this
-//! host can give runners a rootless Docker daemon ([`crate::runner::docker::host`]: the tools,
+//! host can give runners a rootless Docker daemon ([`rm_runner::docker::host`]: the tools,
 //! the tun device, the kernel, the agent's `no_new_privs`, user namespaces, the pool's
 //! subordinate id ranges), and whether each policy's `docker_images` can be read. Looks only:
 //! it writes no `/etc/subuid` line (`run` does) and starts no daemon.
@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 
 use super::Finding;
 use crate::config::Config;
-use crate::runner::docker::host::{Facts, judge};
-use crate::runner::docker::subid::Files;
-use crate::runner::isolate::Pool;
+use rm_runner::docker::host::{Facts, judge};
+use rm_runner::docker::subid::Files;
+use rm_runner::isolate::Pool;
 
 /// A `policy.docker_images` file that cannot be loaded: the policy, the file, why.
 type BadImage = (String, PathBuf, String);
@@ -102,6 +102,35 @@ fn findings(facts: &Facts, bad_images: Vec<BadImage>) -> Vec<Finding> {
 mod tests {
     use super::*;
     use crate::commands::check::Status;
+    use rm_runner::docker::host::{Found, TOOLS};
+
+    /// A host that lacks nothing: every tool at `/usr/bin`, the two id mappers setuid root, a
+    /// kernel of 6.1 with overlay (as `rm_runner::docker::host`'s own tests have it: a test
+    /// fixture is not part of that crate's product, so each test module has its own).
+    fn all_there() -> Facts {
+        Facts {
+            tools: TOOLS
+                .iter()
+                .map(|t| {
+                    (
+                        *t,
+                        Found::At {
+                            path: PathBuf::from("/usr/bin").join(t.name),
+                            setuid_root: t.setuid,
+                        },
+                    )
+                })
+                .collect(),
+            tun: true,
+            tun_open: false,
+            can_mknod: true,
+            overlay: true,
+            kernel: Some((6, 1)),
+            no_new_privs: false,
+            max_user_namespaces: Some(15_000),
+            subids: Ok(vec![]),
+        }
+    }
 
     fn ready() -> Facts {
         Facts {
@@ -111,7 +140,7 @@ mod tests {
                 "/etc/subuid: 64290:1000000000:65536".into(),
                 "/etc/subgid: 64290:1000000000:65536".into(),
             ]),
-            ..crate::runner::docker::host::all_there()
+            ..all_there()
         }
     }
 

@@ -65,7 +65,7 @@ pub(super) fn env_files(config: &Config) -> Vec<Finding> {
         .iter()
         .filter_map(|policy| {
             let path = policy.env_file.as_ref()?;
-            Some(match crate::runner::env_file::load(path) {
+            Some(match rm_runner::env_file::load(path) {
                 Ok(env) => Finding::ok(
                     "env_file",
                     format!(

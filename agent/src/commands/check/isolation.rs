@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use super::{Finding, Status};
 use crate::config::{Config, Isolation, Network};
-use crate::runner::cgroup::{self, Controllers};
-use crate::runner::isolate::{self, Pool};
+use rm_runner::cgroup::{self, Controllers};
+use rm_runner::isolate::{self, Pool};
 
 pub(super) fn isolation(config: &Config) -> Finding {
     if config.host.isolation == Isolation::None {
@@ -136,7 +136,7 @@ pub(super) fn network(config: &Config) -> Finding {
             "set [host] network = \"private\" (the default)",
         );
     }
-    let missing = crate::runner::network::missing_tools();
+    let missing = rm_runner::network::missing_tools();
     if !missing.is_empty() {
         return Finding::fail(
             "network",
@@ -171,7 +171,7 @@ pub(super) fn network(config: &Config) -> Finding {
             } else {
                 ports.join(", ")
             },
-            crate::runner::network::BUILTIN_DENY.join(", "),
+            rm_runner::network::BUILTIN_DENY.join(", "),
             if deny.is_empty() {
                 "nothing".to_owned()
             } else {

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use super::{Finding, Status};
 use crate::config::{self, Config};
-use crate::runner::package;
 use crate::secrets;
+use rm_runner::package;
 
 /// The webhook secret, needed to verify deliveries from the receiver or the relay.
 pub(super) fn webhook_secret(config: &Config) -> Finding {
@@ -98,13 +98,13 @@ pub(super) fn unset(name: &str) -> bool {
 /// The unpacked runner package, when `runner.package_dir` names one (CONTRACT §5), or the
 /// state of the one `runner.version` names: cached, to be downloaded, or not to be had.
 pub(super) async fn runner_package(config: &Config) -> Option<Finding> {
-    if package::latest::follows_latest(config) {
+    if crate::package::follows_latest(config) {
         return Some(Finding::ok(
             "runner_package",
-            package::latest::describe(config),
+            crate::package::describe(config),
         ));
     }
-    if let Some(wanted) = package::Wanted::from_config(config) {
+    if let Some(wanted) = crate::package::wanted(config) {
         return Some(version_finding(config, wanted).await);
     }
     let dir = config.runner.package_dir.as_deref()?;
@@ -150,9 +150,11 @@ async fn version_finding(
                 chosen.source.describe()
             ),
         ),
-        Err(err) => {
-            Finding::from_exit(Status::Fail, "runner_package", &package::exit(config, &err))
-        }
+        Err(err) => Finding::from_exit(
+            Status::Fail,
+            "runner_package",
+            &crate::package::exit(config, &err),
+        ),
     }
 }
 

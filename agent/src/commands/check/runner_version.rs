@@ -1,6 +1,6 @@
 //! `check`'s `runner_version` finding: whether the configured `runner.version` is inside
 //! GitHub's window (GitHub stops giving jobs to runners that have not installed a new release
-//! within 30 days of it), named days ahead ([`crate::runner::package::window`]). One listing of
+//! within 30 days of it), named days ahead ([`rm_runner::package::window`]). One listing of
 //! actions/runner's releases, with the first policy's installation.
 
 use std::time::SystemTime;
@@ -9,8 +9,9 @@ use rm_github::GithubClient;
 
 use super::Finding;
 use crate::config::Config;
-use crate::runner::package::latest::{self, LATEST};
-use crate::runner::package::window::{Window, judge};
+use crate::config::runner_version::LATEST;
+use rm_runner::package::latest;
+use rm_runner::package::window::{Window, judge};
 
 /// The finding, when `runner.version` is set and a policy names an installation to ask with.
 pub(super) async fn finding(client: &GithubClient, config: &Config) -> Option<Finding> {

@@ -8,7 +8,7 @@ use rm_github::types::Installation;
 use super::github::{actions_finding, host_prefix_collision, permission_finding};
 use super::local::runner_package;
 use super::*;
-use crate::runner::package;
+use rm_runner::package;
 
 fn installation(permissions: &[(&str, &str)]) -> Installation {
     Installation {
@@ -121,7 +121,7 @@ async fn a_runner_version_is_reported_missing_downloadable_or_cached() {
         "check never downloads"
     );
 
-    let wanted = package::Wanted::from_config(&config).unwrap().unwrap();
+    let wanted = crate::package::wanted(&config).unwrap().unwrap();
     let cached = dir.path().join("data/packages").join(wanted.name());
     std::fs::create_dir_all(cached.join("bin")).unwrap();
     std::fs::write(cached.join("bin/Runner.Listener"), b"").unwrap();

@@ -306,7 +306,7 @@ fn write_config(
     let package = rm_fake_runner::assemble_package(&exe, &dir.join("package"))?;
     // Isolated where this user may switch users (CONTRACT §7); runners then pass through the
     // demo's directory to their runtimes, so others may search it (not list it).
-    let isolation = if crate::runner::isolate::can_switch_users() {
+    let isolation = if rm_runner::isolate::can_switch_users() {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
         crate::config::Isolation::User
     } else {
@@ -315,7 +315,7 @@ fn write_config(
     // A network namespace per runner where the tools for it are here (CONTRACT §7); without
     // them the demo still runs, in the host's network, and its summary says so.
     let network = if isolation == crate::config::Isolation::User
-        && crate::runner::network::missing_tools().is_empty()
+        && rm_runner::network::missing_tools().is_empty()
     {
         crate::config::Network::Private
     } else {
@@ -776,7 +776,7 @@ impl Summary {
             Ok(entries) => entries
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| {
-                    p.file_name() != Some(std::ffi::OsStr::new(crate::runner::store::STORE_DIR))
+                    p.file_name() != Some(std::ffi::OsStr::new(rm_runner::store::STORE_DIR))
                 })
                 .collect(),
             Err(_) => Vec::new(),

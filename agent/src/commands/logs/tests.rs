@@ -8,7 +8,7 @@
     reason = "a failed step in a test helper should fail the test loudly"
 )]
 
-use crate::runner::logs::{Attempt, Bounds, Kept, Manifest, Store};
+use rm_runner::logs::{Attempt, Bounds, Kept, Manifest, Store};
 
 use super::*;
 

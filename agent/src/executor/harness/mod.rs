@@ -40,13 +40,13 @@ use super::{Backends, Executor, Settings};
 use crate::config::{Policy, RunnerLimits, Workspace};
 use crate::lifecycle::Timeouts;
 use crate::polling::{Poller, PollerConfig};
-use crate::runner::backend::{Backend, BackendError, Cleaned, NoIsolation, Plan};
-use crate::runner::package::current::CurrentPackage;
-use crate::runner::process::{
+use rm_runner::backend::{Backend, BackendError, Cleaned, NoIsolation, Plan};
+use rm_runner::package::current::CurrentPackage;
+use rm_runner::process::{
     self, ProcStat, ProcessError, ProcessIdentity, ProcessState, Processes, Reap, RunnerChild,
     Spawned, StopSignal,
 };
-use crate::runner::{RunnerRoot, Runtime};
+use rm_runner::{RunnerRoot, Runtime};
 
 const APP_ID: u64 = 4711;
 /// The repository every harness policy serves.
@@ -687,9 +687,9 @@ impl Harness {
                 }),
             // Beside the journal, as `<data_dir>/logs` is in production.
             logs: journal.parent().map(|data_dir| {
-                Arc::new(crate::runner::logs::Store::new(
+                Arc::new(rm_runner::logs::Store::new(
                     data_dir,
-                    crate::runner::logs::Bounds::default(),
+                    rm_runner::logs::Bounds::default(),
                 ))
             }),
             reruns: options.reruns.clone(),
@@ -945,9 +945,9 @@ impl Harness {
     }
 
     /// The store of kept runner logs (`<data_dir>/logs`).
-    pub(super) fn kept_logs(&self) -> crate::runner::logs::Store {
+    pub(super) fn kept_logs(&self) -> rm_runner::logs::Store {
         let data_dir = self.journal_path.parent().expect("the data directory");
-        crate::runner::logs::Store::new(data_dir, crate::runner::logs::Bounds::default())
+        rm_runner::logs::Store::new(data_dir, rm_runner::logs::Bounds::default())
     }
 
     /// Runtime directories left under the runner root.

@@ -4,7 +4,7 @@
 use rm_fake_github::RunnerBehavior;
 use rm_journal::{AttemptOutcome, AttemptState};
 
-use crate::runner::process::StopSignal;
+use rm_runner::process::StopSignal;
 
 use super::*;
 
@@ -617,7 +617,7 @@ async fn a_busy_runner_past_its_disk_max_is_stopped_and_fails_for_it() {
     )
     .await;
     // Measured (more than once) within its bound: nothing happens.
-    let interval = crate::runner::disk::DISK_CHECK_INTERVAL.as_secs() as usize;
+    let interval = rm_runner::disk::DISK_CHECK_INTERVAL.as_secs() as usize;
     steps(&mut h, 3 * interval).await;
     let attempt = h.attempts().remove(0);
     assert_eq!(attempt.state, AttemptState::Busy, "{attempt:#?}");
@@ -693,7 +693,7 @@ async fn a_cleaned_attempts_diag_is_kept_scrubbed_once_and_printed_by_logs() {
     assert!(h.runtimes().is_empty(), "{:?}", h.runtimes());
     let record = h.attempts().into_iter().next().expect("an attempt");
     let store = h.kept_logs();
-    let manifest = crate::runner::logs::read_manifest(&store.entry(record.attempt_id.as_str()))
+    let manifest = rm_runner::logs::read_manifest(&store.entry(record.attempt_id.as_str()))
         .expect("the attempt's logs were kept before its runtime was removed");
     // The job, when the journal knew it by cleanup (else the journal names it later).
     assert!(
@@ -736,11 +736,11 @@ async fn a_cleaned_attempts_diag_is_kept_scrubbed_once_and_printed_by_logs() {
     // again: the whole copy stays as it was.
     let again = store
         .keep(
-            &crate::runner::logs::Attempt::of(&record),
+            &rm_runner::logs::Attempt::of(&record),
             rm_base::clock::unix_ms(h.clock.now()),
         )
         .unwrap();
-    assert_eq!(again, crate::runner::logs::Kept::Already);
+    assert_eq!(again, rm_runner::logs::Kept::Already);
 }
 
 /// Three Apps installed on the target and a fourth installed nowhere: a burst of

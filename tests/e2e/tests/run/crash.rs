@@ -181,7 +181,7 @@ async fn a_runner_lost_with_its_host_mid_job_ends_host_lost() {
         .cgroup
         .clone()
         .expect("an isolated runner has a cgroup");
-    rm_agent::runner::cgroup::kill_and_remove(&cgroup, Duration::from_secs(10)).unwrap();
+    rm_runner::cgroup::kill_and_remove(&cgroup, Duration::from_secs(10)).unwrap();
 
     let second = fleet.start_agent(&[]).await;
     wait_until(Duration::from_secs(60), "the lost runner concluded", || {

@@ -17,7 +17,7 @@
 //! - After each job nothing is left: no process of the runner uids or of their subordinate
 //!   ranges, no mount below the runner root, no network namespace, veth or cgroup, no runtime.
 //!
-//! Needs root and the tools of `rm_agent::runner::docker::host::TOOLS` plus `busybox` (the
+//! Needs root and the tools of `rm_runner::docker::host::TOOLS` plus `busybox` (the
 //! images are made from it; never a pull); without them the test fails unless
 //! `RM_TEST_ALLOW_SKIP` names `docker`. The agent writes the pool's subordinate ranges to
 //! `/etc/subuid` and `/etc/subgid`; the test puts both files back as they were.
@@ -286,7 +286,7 @@ async fn docker_fleet(
     script: &str,
     more: impl FnOnce(&Fleet, String) -> String,
 ) -> Option<DockerFleet> {
-    if let Err(e) = rm_agent::runner::docker::Tools::find() {
+    if let Err(e) = rm_runner::docker::Tools::find() {
         skip::cannot_run(test, "docker", &e.to_string());
         return None;
     }

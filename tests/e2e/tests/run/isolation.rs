@@ -350,7 +350,7 @@ fn unique() -> String {
     )
 }
 
-/// The places an isolated runner gets a fresh tmpfs for (`rm_agent::runner::isolate::
+/// The places an isolated runner gets a fresh tmpfs for (`rm_runner::isolate::
 /// PRIVATE_DIRS`): a setup below one of them would be hidden from the job.
 const PRIVATE_DIRS: [&str; 4] = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock"];
 

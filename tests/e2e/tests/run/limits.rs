@@ -169,7 +169,7 @@ async fn a_secondary_limit_in_the_middle_of_a_burst_is_waited_out_and_every_job_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_past_its_memory_max_ends_oom_killed() {
     let test = "limits::a_job_past_its_memory_max_ends_oom_killed";
-    let controllers = rm_agent::runner::cgroup::CgroupRoot::resolve(None)
+    let controllers = rm_runner::cgroup::CgroupRoot::resolve(None)
         .map(|root| root.available())
         .ok();
     if !controllers.is_some_and(|c| c.memory) {

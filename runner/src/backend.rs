@@ -1,0 +1,581 @@
+//! The execution seam (CONTRACT §7, ARCHITECTURE guarantee 7): making a runner's runtime,
+//! starting the runner in it, looking at it, and cleaning up after it go through [`Backend`],
+//! whose implementation is chosen per attempt at allocation and journalled with it
+//! ([`IsolationKind`]), so allocation and supervision never depend on which one runs, and a
+//! container or microVM backend is one more implementation.
+//!
+//! - [`NoIsolation`] (`isolation = "none"`): runners run as the agent's own user from a copy of
+//!   the package; cleanup stops what still works inside the runtime and removes it.
+//! - [`UserIsolation`] (`isolation = "user"`): a uid of the pool, a cgroup and a private mount
+//!   namespace per runner, a runtime of hard links to the verified package store; cleanup kills
+//!   the cgroup and every process of the uid, and only then removes the runtime: a uid is
+//!   released (its attempt `cleaned`) only once nothing of it is left.
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rm_journal::{AttemptRecord, IsolationKind, WorkspaceKind};
+use secrecy::SecretString;
+
+use crate::docker::DockerPolicy;
+
+use super::cgroup::{self, CgroupRoot, Limits};
+use super::docker::{self, DaemonSpec, Tools};
+use super::env_file::{OperatorEnv, with_operator_env};
+use super::isolate::{self, Account, ChildSetup, Pool, Sandbox};
+use super::network::{self, HostNetwork};
+use super::package::current::CurrentPackage;
+use super::process::{self, ProcessError, ProcessIdentity, ProcessState, RunnerChild, Spawned};
+use super::store::{Store, StoreError, StoredPackage};
+use super::workspace::{Removal, RunnerRoot, Runtime, WorkspaceError, create_tmp};
+use super::{OsProcesses, discover, uid};
+
+/// What a backend needs to know about one attempt: the journalled facts and its policy's
+/// limits.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub attempt_id: String,
+    pub workspace: WorkspaceKind,
+    pub runtime_dir: PathBuf,
+    pub uid: Option<u32>,
+    pub cgroup: Option<PathBuf>,
+    pub limits: Limits,
+    /// The policy's operator variables (`env_file`), added to the runner's environment.
+    pub env: OperatorEnv,
+    /// The policy's `network_allow`: when set, the only networks the runner reaches.
+    pub network_allow: Option<Vec<network::Cidr>>,
+    /// The policy's `docker`: the runner gets a rootless Docker daemon of its own, started
+    /// before it with these images loaded ([`super::docker`]); `None`: no Docker.
+    pub docker: Option<DockerPolicy>,
+}
+
+impl Plan {
+    pub fn of(record: &AttemptRecord, limits: Limits) -> Plan {
+        Plan {
+            attempt_id: record.attempt_id.as_str().to_owned(),
+            workspace: record.workspace,
+            runtime_dir: record.runtime_dir.clone(),
+            uid: record.uid,
+            cgroup: record.cgroup.clone(),
+            limits,
+            env: OperatorEnv::default(),
+            network_allow: None,
+            docker: None,
+        }
+    }
+}
+
+/// What a cleanup did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cleaned {
+    /// Processes killed that had outlived the runner (escaped its process group).
+    pub killed: usize,
+    pub runtime: Removal,
+}
+
+/// Why a step of a backend failed. None names the JIT configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    Workspace(#[from] WorkspaceError),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error("the runner's cgroup: {0}")]
+    Cgroup(String),
+    #[error("the runner uid: {0}")]
+    Uid(String),
+    #[error("the runner package store: {0}")]
+    Store(String),
+    #[error("attempt is journalled without a runner uid; it cannot run isolated")]
+    NoUid,
+    #[error("the runner's network: {0}")]
+    Network(#[from] network::NetworkError),
+    #[error("the runner's Docker daemon: {0}")]
+    Docker(String),
+}
+
+/// The seam. Every method blocks (file trees, `/proc`, cgroupfs): call them off the async
+/// runtime (`spawn_blocking`).
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> IsolationKind;
+
+    /// Makes the attempt's runtime ready to hand to its runner.
+    fn prepare(&self, plan: &Plan) -> Result<Runtime, BackendError>;
+
+    /// Starts the runner in the prepared runtime; the JIT configuration goes into its
+    /// environment and nowhere else.
+    fn start(
+        &self,
+        plan: &Plan,
+        runtime: &Runtime,
+        jit: &SecretString,
+    ) -> Result<Spawned<RunnerChild>, BackendError>;
+
+    /// Whether the runner with this identity runs, has exited or is gone.
+    fn inspect(&self, identity: ProcessIdentity) -> Result<ProcessState, ProcessError> {
+        process::inspect(&OsProcesses, identity)
+    }
+
+    /// Everything the attempt left, after its runner's process group was stopped: processes
+    /// that escaped it, the runtime (removed, or a slot scrubbed down to `_work`), and what the
+    /// backend made for it. Returns only when nothing of the runner is left; an error leaves
+    /// the attempt uncleaned (its uid held) for a later try.
+    fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError>;
+}
+
+/// `isolation = "none"`: today's runner, as the agent's own user.
+#[derive(Debug, Clone)]
+pub struct NoIsolation {
+    pub root: RunnerRoot,
+    /// The unpacked package, copied into every runtime (swapped when `runner.version =
+    /// "latest"` moves).
+    pub package: CurrentPackage,
+}
+
+impl Backend for NoIsolation {
+    fn kind(&self) -> IsolationKind {
+        IsolationKind::None
+    }
+
+    fn prepare(&self, plan: &Plan) -> Result<Runtime, BackendError> {
+        // Held until the copy is made: a superseded package is not removed under it.
+        let package = self.package.get();
+        Ok(match plan.workspace {
+            WorkspaceKind::Persistent => self.root.prepare_slot(&plan.runtime_dir, &package)?,
+            WorkspaceKind::Ephemeral => self.root.create_ephemeral(&plan.attempt_id, &package)?,
+        })
+    }
+
+    fn start(
+        &self,
+        plan: &Plan,
+        runtime: &Runtime,
+        jit: &SecretString,
+    ) -> Result<Spawned<RunnerChild>, BackendError> {
+        let env = with_operator_env(
+            process::runner_environment(std::env::vars_os(), runtime.dir()),
+            &plan.env,
+        );
+        Ok(process::spawn_listener(
+            runtime.dir(),
+            jit,
+            env,
+            |command| super::logs::capture_output(command, runtime.dir(), None),
+        )?)
+    }
+
+    fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError> {
+        // A job process that left the group but still works in the runtime; one that left it
+        // too (`cd /; setsid ...`) is beyond what this backend can find: see CONTRACT §7.
+        let killed = discover::kill_residents(&plan.runtime_dir).unwrap_or(0);
+        let runtime = remove_runtime(&self.root, plan)?;
+        Ok(Cleaned { killed, runtime })
+    }
+}
+
+/// The package isolated runtimes are linked from, and what it is made from: a runtime that fails
+/// its check against the manifest has the store verified in full and, when it does not verify,
+/// rebuilt from the source package (CONTRACT §7: a mismatch rebuilds the package).
+#[derive(Debug)]
+pub struct LinkedPackage {
+    store: Store,
+    /// The stored package runtimes are linked from now, and the unpacked package it was
+    /// installed from (a repair reinstalls from it).
+    current: Mutex<(StoredPackage, PathBuf)>,
+}
+
+impl LinkedPackage {
+    /// Installs `source` into `store` (once per content) and verifies it in full.
+    pub fn install(store: Store, source: &Path) -> Result<LinkedPackage, StoreError> {
+        let package = store.install(source)?;
+        package.verify()?;
+        Ok(LinkedPackage {
+            store,
+            current: Mutex::new((package, source.to_path_buf())),
+        })
+    }
+
+    /// The stored package runtimes are linked from now.
+    pub fn current(&self) -> StoredPackage {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+            .clone()
+    }
+
+    /// The store the packages are in.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Makes `source` the package new runtimes link from: installed beside the current one
+    /// (once per content) and verified in full before it is swapped in, so a runtime is only
+    /// ever linked from a verified tree. Returns the superseded stored package: runtimes linked
+    /// from it keep running on it, and it is removed once nothing uses it
+    /// ([`Store::remove_unused`]). Blocking (a package of thousands of files).
+    pub fn switch(&self, source: &Path) -> Result<StoredPackage, StoreError> {
+        let package = self.store.install_beside(source)?;
+        package.verify()?;
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        let (old, _) = std::mem::replace(&mut *current, (package, source.to_path_buf()));
+        Ok(old)
+    }
+
+    /// After a runtime failed its check: the store verified in full, and rebuilt from the
+    /// source when it does not verify. Serialised, so concurrent launches repair once.
+    pub fn repair(&self) -> Result<StoredPackage, StoreError> {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = current.0.verify() {
+            tracing::warn!(error = %e, "the runner package store does not verify; rebuilding it from the package");
+            // Beside the others: a superseded tree may still be linked by running runners.
+            current.0 = self.store.install_beside(&current.1)?;
+        }
+        Ok(current.0.clone())
+    }
+}
+
+/// `isolation = "user"`: a uid, a cgroup and a private mount namespace per runner.
+#[derive(Debug, Clone)]
+pub struct UserIsolation {
+    pub root: RunnerRoot,
+    /// The verified package runtimes are linked from; `None` in a backend that only cleans up
+    /// (an agent now configured otherwise, recovering attempts started isolated).
+    pub package: Option<Arc<LinkedPackage>>,
+    pub pool: Pool,
+    /// Where runner cgroups are made; `None` where no cgroup v2 is writable (every process of
+    /// the uid is then killed at cleanup instead).
+    pub cgroups: Option<CgroupRoot>,
+    /// `host.network = "private"`: the host's part, installed; `None`: runners share the
+    /// host's network. Cleanup removes a runner's network whatever this says (it may have been
+    /// started under another configuration).
+    pub network: Option<Arc<HostNetwork>>,
+    /// The rootless Docker tools, found at start when a policy sets `docker = true` (and the
+    /// pool's subordinate ids ensured); `None`: no runner of this agent gets a Docker daemon.
+    /// Cleanup needs nothing of it: the daemon's tree dies with the runner's cgroup, and its
+    /// files lie in the runtime.
+    pub docker: Option<Tools>,
+}
+
+impl UserIsolation {
+    fn account(&self, plan: &Plan) -> Result<Account, BackendError> {
+        let uid = plan.uid.ok_or(BackendError::NoUid)?;
+        Ok(Account {
+            uid,
+            gid: self.pool.gid_of(uid),
+        })
+    }
+
+    /// Fills a runtime from `package`; `mismatch` is set when the links fail their check (the
+    /// caller repairs the store and tries once more).
+    fn fill(
+        &self,
+        package: &StoredPackage,
+        runtime: &Path,
+        account: Account,
+        slot: bool,
+        mismatch: &Cell<bool>,
+    ) -> std::io::Result<()> {
+        package
+            .link_into(runtime)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        // The check before the runtime is handed over: the links are the verified files.
+        if let Err(e) = package.verify_runtime(runtime) {
+            mismatch.set(true);
+            tracing::warn!(runtime = %runtime.display(), error = %e, "a runtime does not match the package manifest; it is not handed to a runner");
+            return Err(std::io::Error::other(e.to_string()));
+        }
+        if slot {
+            let work = runtime.join(super::workspace::WORK_FOLDER);
+            if work.is_dir() {
+                isolate::chown_tree(&work, account)?;
+            }
+        }
+        create_tmp(runtime)?;
+        isolate::hand_over(runtime, account)
+    }
+
+    /// One try at the runtime from `package`.
+    fn prepare_from(
+        &self,
+        plan: &Plan,
+        account: Account,
+        package: &StoredPackage,
+        mismatch: &Cell<bool>,
+    ) -> Result<Runtime, BackendError> {
+        Ok(match plan.workspace {
+            WorkspaceKind::Persistent => {
+                // The policy's directory: runners pass through it to their slot, list nothing.
+                if let Some(policy_dir) = plan.runtime_dir.parent() {
+                    let made = std::fs::create_dir_all(policy_dir).and_then(|()| {
+                        std::fs::set_permissions(
+                            policy_dir,
+                            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+                        )
+                    });
+                    made.map_err(|source| WorkspaceError::Copy {
+                        runtime: plan.runtime_dir.clone(),
+                        source,
+                    })?;
+                }
+                self.root.prepare_slot_with(&plan.runtime_dir, |rt| {
+                    self.fill(package, rt, account, true, mismatch)
+                })?
+            }
+            WorkspaceKind::Ephemeral => {
+                self.root.create_ephemeral_with(&plan.attempt_id, |rt| {
+                    self.fill(package, rt, account, false, mismatch)
+                })?
+            }
+        })
+    }
+}
+
+impl UserIsolation {
+    /// Starts the runner's rootless Docker daemon as `account` in `runtime`, in the runner's
+    /// cgroup (`procs`) and network namespace, loads the policy's images, and hands the daemon's
+    /// process to a thread that reaps it. Returns `DOCKER_HOST` for the runner.
+    fn start_docker(
+        &self,
+        policy: &DockerPolicy,
+        account: Account,
+        runtime: &Path,
+        procs: Option<&std::os::fd::OwnedFd>,
+        netns: Option<&std::os::fd::OwnedFd>,
+    ) -> Result<String, BackendError> {
+        let tools = self.docker.as_ref().ok_or_else(|| {
+            BackendError::Docker(
+                "this agent did not set up rootless Docker at start (no policy asked for it then)"
+                    .to_owned(),
+            )
+        })?;
+        // Without a cgroup nothing would take the containers at cleanup: they run under
+        // subordinate ids, which a sweep of the runner's uid does not find.
+        let procs = procs.ok_or_else(|| {
+            BackendError::Docker(
+                "the runner has no cgroup, and a daemon's containers can only be stopped through one"
+                    .to_owned(),
+            )
+        })?;
+        // The uid's ranges, again: the lines written at start may have been edited or lost
+        // since (another writer of /etc/subuid renaming its own version over it), and a daemon
+        // without them cannot map its containers. Writes nothing when they are there.
+        docker::subid::ensure(&docker::subid::Files::host(), &[(account.uid, account.gid)])
+            .map_err(|e| BackendError::Docker(e.to_string()))?;
+        let clone = |fd: &std::os::fd::OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| BackendError::Docker(format!("cannot pass a descriptor on: {e}")))
+        };
+        let spec = DaemonSpec {
+            account,
+            runtime: runtime.to_path_buf(),
+            cgroup_procs: clone(procs)?,
+            netns: netns.map(clone).transpose()?,
+            // The host's, as the runner sees it: its loopback resolver is let through to the
+            // host by the runner's network (`network::HostRules`).
+            resolv_conf: None,
+            env: Vec::new(),
+            // In a private network the daemon reaches a loopback mirror at the host end of the
+            // runner's veth (`docker::mirror`).
+            registry_mirror: policy.registry_mirror.as_ref().map(|mirror| {
+                let route = match (&self.network, netns) {
+                    (Some(_), Some(_)) => docker::Route::Private {
+                        host_end: network::addresses(network::slot_of(account.uid)).host,
+                    },
+                    _ => docker::Route::Host,
+                };
+                docker::daemon_mirror(mirror, route)
+            }),
+        };
+        let daemon = docker::start(spec, tools).map_err(|e| BackendError::Docker(e.to_string()))?;
+        let docker_host = daemon.docker_host();
+        let socket = daemon.socket().to_path_buf();
+        tracing::info!(
+            ready_ms = daemon.ready_after.as_millis() as u64,
+            "the runner's Docker daemon answers"
+        );
+        reap(daemon.child);
+        let loaded = docker::load_images(&socket, &policy.images)
+            .map_err(|e| BackendError::Docker(e.to_string()))?;
+        if !loaded.is_empty() {
+            tracing::info!(images = ?loaded, "images loaded into the runner's Docker daemon");
+        }
+        Ok(docker_host)
+    }
+}
+
+/// Waits for a runner's daemon process on a thread of its own, so that it never stays a zombie
+/// of the agent's (a zombie of the runner's uid would hold the uid: `uid::processes_of`). The
+/// thread ends when the daemon does, at the latest when cleanup kills the runner's cgroup.
+fn reap(mut child: std::process::Child) {
+    let pid = child.id();
+    let spawned = std::thread::Builder::new()
+        .name("rm-dockerd-wait".to_owned())
+        .spawn(move || {
+            if let Err(e) = child.wait() {
+                tracing::warn!(pid, error = %e, "cannot reap a runner's Docker daemon");
+            }
+        });
+    if let Err(e) = spawned {
+        // It is still killed with the cgroup; it stays a zombie until the agent exits.
+        tracing::warn!(pid, error = %e, "cannot start a thread to reap a runner's Docker daemon");
+    }
+}
+
+impl Backend for UserIsolation {
+    fn kind(&self) -> IsolationKind {
+        IsolationKind::User
+    }
+
+    fn prepare(&self, plan: &Plan) -> Result<Runtime, BackendError> {
+        let account = self.account(plan)?;
+        let linked = self.package.as_ref().ok_or_else(|| {
+            BackendError::Store(
+                "this agent has no runner package to start isolated runners from".to_owned(),
+            )
+        })?;
+        let mismatch = Cell::new(false);
+        match self.prepare_from(plan, account, &linked.current(), &mismatch) {
+            Err(_) if mismatch.get() => {
+                let repaired = linked
+                    .repair()
+                    .map_err(|e| BackendError::Store(e.to_string()))?;
+                mismatch.set(false);
+                self.prepare_from(plan, account, &repaired, &mismatch)
+            }
+            other => other,
+        }
+    }
+
+    fn start(
+        &self,
+        plan: &Plan,
+        runtime: &Runtime,
+        jit: &SecretString,
+    ) -> Result<Spawned<RunnerChild>, BackendError> {
+        let account = self.account(plan)?;
+        // A uid someone else runs as would share its files and signals with this runner.
+        let running = uid::processes_of(account.uid).map_err(|e| {
+            BackendError::Uid(format!("cannot look for processes of {}: {e}", account.uid))
+        })?;
+        if !running.is_empty() {
+            return Err(BackendError::Uid(format!(
+                "{} process(es) already run as uid {}; it is not given to a runner",
+                running.len(),
+                account.uid
+            )));
+        }
+        let procs = match (&self.cgroups, &plan.cgroup) {
+            (Some(root), Some(path)) => {
+                let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+                    BackendError::Cgroup(format!("{} names no cgroup", path.display()))
+                })?;
+                let made = root
+                    .create(name, &plan.limits)
+                    .map_err(|e| BackendError::Cgroup(e.to_string()))?;
+                Some(made.procs)
+            }
+            _ => None,
+        };
+        // Before the runner's first instruction: its namespace, joined between fork and exec.
+        let netns = match &self.network {
+            Some(host) => {
+                let table = host.runner_table(account.uid, plan.network_allow.as_deref());
+                Some(network::create(&network_names(plan), account.uid, &table)?)
+            }
+            None => None,
+        };
+        let mut env = with_operator_env(
+            isolate::isolated_environment(std::env::vars_os(), runtime.dir()),
+            &plan.env,
+        );
+        // Before the runner: its Docker daemon, in the same cgroup and network namespace, so
+        // that the cgroup's kill at cleanup takes the daemon and every container with it.
+        if let Some(policy) = &plan.docker {
+            let docker_host = self.start_docker(
+                policy,
+                account,
+                runtime.dir(),
+                procs.as_ref(),
+                netns.as_ref(),
+            )?;
+            env.retain(|(key, _)| key != "DOCKER_HOST");
+            env.push(("DOCKER_HOST".into(), docker_host.into()));
+        }
+        let sandbox = Sandbox {
+            cgroup_procs: procs,
+            netns,
+            pids_max: plan.limits.pids_max,
+            memory_max: plan.limits.memory_max,
+            hostname: network_names(plan).netns,
+        };
+        let setup = ChildSetup::new(account, runtime.dir(), sandbox).map_err(|e| {
+            BackendError::Uid(format!("cannot prepare the runner's isolation: {e}"))
+        })?;
+        Ok(process::spawn_listener(
+            runtime.dir(),
+            jit,
+            env,
+            |command| {
+                super::logs::capture_output(
+                    command,
+                    runtime.dir(),
+                    Some((account.uid, account.gid)),
+                );
+                setup.install(command)
+            },
+        )?)
+    }
+
+    fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError> {
+        if let Some(path) = &plan.cgroup {
+            cgroup::kill_and_remove(path, cgroup::KILL_WAIT)
+                .map_err(|e| BackendError::Cgroup(e.to_string()))?;
+        }
+        // With or without a cgroup: the uid is released only when no process runs as it (a
+        // process the cgroup could not hold, or every process where there is no cgroup).
+        let killed = match plan.uid {
+            Some(uid) => uid::kill_all(uid, uid::KILL_UID_WAIT)
+                .map_err(|e| BackendError::Uid(e.to_string()))?,
+            None => 0,
+        };
+        // Nothing runs in it any more: its namespace, veth and table go (whatever the
+        // configuration says now: the attempt may have started under another one).
+        network::remove(&network_names(plan))?;
+        if let Some(uid) = plan.uid {
+            isolate::clear_keyrings(Account {
+                uid,
+                gid: self.pool.gid_of(uid),
+            })
+            .map_err(|e| BackendError::Uid(e.to_string()))?;
+        }
+        let runtime = remove_runtime(&self.root, plan)?;
+        if plan.workspace == WorkspaceKind::Persistent {
+            isolate::take_back(&plan.runtime_dir).map_err(|e| {
+                BackendError::Uid(format!(
+                    "cannot take the slot {} back from uid {:?}: {e}",
+                    plan.runtime_dir.display(),
+                    plan.uid
+                ))
+            })?;
+        }
+        Ok(Cleaned { killed, runtime })
+    }
+}
+
+/// The names of an attempt's network namespace and veth (from its short id).
+fn network_names(plan: &Plan) -> network::Names {
+    let short = plan.attempt_id.get(..12).unwrap_or(&plan.attempt_id);
+    network::Names::of(short)
+}
+
+fn remove_runtime(root: &RunnerRoot, plan: &Plan) -> Result<Removal, WorkspaceError> {
+    match plan.workspace {
+        WorkspaceKind::Persistent => root.scrub_slot(&plan.runtime_dir),
+        WorkspaceKind::Ephemeral => root.remove_runtime(&plan.runtime_dir),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,469 @@
+//! The user backend on the real system (as root): a runner started through it runs as its pool
+//! uid with no other group, `no_new_privs`, in its cgroup, with an empty private `/tmp` and its
+//! HOME in its runtime; what it leaves (a `setsid` daemon, files in `/tmp`) is gone after
+//! `clean`, and so are its cgroup and runtime. Where the agent could not isolate, it says so.
+
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use secrecy::SecretString;
+
+use super::*;
+use crate::cgroup::CgroupRoot;
+use crate::isolate::{Account, Pool};
+use crate::store::Store;
+
+/// A listener that reports what it is, leaves a daemon and a file in /tmp, and exits.
+const LISTENER_SCRIPT: &str = r#"#!/bin/sh
+cd "$(dirname "$0")/.."
+{
+  echo "uid=$(id -u)"
+  echo "groups=$(id -G)"
+  echo "nnp=$(grep NoNewPrivs /proc/self/status | tr -d ' \t' | cut -d: -f2)"
+  echo "cgroup=$(grep '^0::' /proc/self/cgroup | cut -d: -f3)"
+  echo "home=$HOME"
+  echo "tmpdir=$TMPDIR"
+  echo "tmp_entries=$(ls -A /tmp | tr '\n' ' ')"
+  echo "jit=${ACTIONS_RUNNER_INPUT_JITCONFIG:-unset}"
+  if echo x > bin/Runner.Listener 2>/dev/null; then echo "package_write=ok"; else echo "package_write=denied"; fi
+  if (: </dev/tty) 2>/dev/null; then echo "tty=ok"; else echo "tty=denied"; fi
+  if ls /proc/self/fd | grep -qE '^(9[4-9][0-9]|[0-9]{4,})$'; then echo "inherited_fd=ok"; else echo "inherited_fd=denied"; fi
+  if grep -q rm-backend-test-key /proc/keys 2>/dev/null; then echo "session_key=ok"; else echo "session_key=denied"; fi
+  echo "processes=$(ls /proc | grep -c '^[0-9]')"
+  echo "hostname=$(cat /proc/sys/kernel/hostname)"
+} > report.txt
+echo poison > /tmp/rm-backend-test-poison
+setsid -f sleep 300 </dev/null >/dev/null 2>&1
+echo done >> report.txt
+"#;
+
+/// A package with the reporting listener, and a runner root runners can reach, in a temporary
+/// directory.
+fn package_and_root() -> (tempfile::TempDir, std::path::PathBuf, RunnerRoot) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let package = dir.path().join("package");
+    std::fs::create_dir_all(package.join("bin")).unwrap();
+    std::fs::write(package.join("bin/Runner.Listener"), LISTENER_SCRIPT).unwrap();
+    std::fs::set_permissions(
+        package.join("bin/Runner.Listener"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let root = RunnerRoot::open(&dir.path().join("runners")).unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    (dir, package, root)
+}
+
+/// A store changed after it was verified (a file replaced: here by the test, as root) makes the
+/// next runtime fail its check; the store is then verified, rebuilt from the package, and the
+/// runtime made again from the rebuilt store.
+#[test]
+fn a_runtime_that_fails_its_check_rebuilds_the_store() {
+    if !rustix::process::geteuid().is_root() {
+        crate::test_skip::cannot_run(
+            "a_runtime_that_fails_its_check_rebuilds_the_store",
+            "root",
+            "only root can give a runtime to a runner uid",
+        );
+        return;
+    }
+    // A uid no account of this host has: cleanup kills every process of it.
+    let uid = 3_100_000 + std::process::id() % 100_000;
+    let (_dir, package, root) = package_and_root();
+    let linked = LinkedPackage::install(Store::open(root.path()).unwrap(), &package).unwrap();
+    let stored = linked.current().tree().join("bin/Runner.Listener");
+    std::fs::remove_file(&stored).unwrap();
+    std::fs::write(&stored, "#!/bin/sh\necho replaced\n").unwrap();
+    std::fs::set_permissions(&stored, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let backend = UserIsolation {
+        root: root.clone(),
+        package: Some(std::sync::Arc::new(linked)),
+        pool: Pool::new(vec![Account { uid, gid: uid }]),
+        cgroups: None,
+        network: None,
+        docker: None,
+    };
+    let attempt_id = format!("abcdef012345{}", "0".repeat(20));
+    let plan = Plan {
+        attempt_id: attempt_id.clone(),
+        workspace: WorkspaceKind::Ephemeral,
+        runtime_dir: root.ephemeral_path(&attempt_id).unwrap(),
+        uid: Some(uid),
+        cgroup: None,
+        limits: Limits::default(),
+        env: Default::default(),
+        network_allow: None,
+        docker: None,
+    };
+    let runtime = backend.prepare(&plan).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(runtime.dir().join("bin/Runner.Listener")).unwrap(),
+        LISTENER_SCRIPT,
+        "the runtime links the rebuilt store, not the replaced file"
+    );
+    backend
+        .package
+        .as_ref()
+        .unwrap()
+        .current()
+        .verify()
+        .unwrap();
+    assert_eq!(backend.clean(&plan).unwrap().runtime, Removal::Removed);
+}
+
+#[test]
+#[allow(
+    unsafe_code,
+    reason = "the test plants a descriptor and a key as an agent's parent would"
+)]
+fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
+    if !rustix::process::geteuid().is_root() {
+        crate::test_skip::cannot_run(
+            "a_runner_started_isolated_is_its_own_uid_and_leaves_nothing",
+            "root",
+            "only root can switch users",
+        );
+        return;
+    }
+    let (_dir, package, root) = package_and_root();
+    let stored = LinkedPackage::install(Store::open(root.path()).unwrap(), &package).unwrap();
+    let cgroups = match CgroupRoot::resolve(None) {
+        Ok(cgroups) => Some(cgroups),
+        Err(e) => {
+            crate::test_skip::cannot_run(
+                "a_runner_started_isolated_is_its_own_uid_and_leaves_nothing (its cgroup part)",
+                "cgroup",
+                &format!("no writable cgroup v2 here: {e}"),
+            );
+            None
+        }
+    };
+    let uid = 3_000_000 + std::process::id() % 100_000;
+    let backend = UserIsolation {
+        root: root.clone(),
+        package: Some(std::sync::Arc::new(stored)),
+        pool: Pool::new(vec![Account { uid, gid: uid }]),
+        cgroups: cgroups.clone(),
+        network: None,
+        docker: None,
+    };
+    let attempt_id = format!("{:012x}{}", u64::from(uid), "0".repeat(20));
+    let plan = Plan {
+        attempt_id: attempt_id.clone(),
+        workspace: WorkspaceKind::Ephemeral,
+        runtime_dir: root.ephemeral_path(&attempt_id).unwrap(),
+        uid: Some(uid),
+        cgroup: cgroups
+            .as_ref()
+            .map(|c| c.runner_path(&format!("rm-{}", &attempt_id[..12])).unwrap()),
+        limits: Limits::default(),
+        env: Default::default(),
+        network_allow: None,
+        docker: None,
+    };
+    let runtime = backend.prepare(&plan).unwrap();
+    let meta = std::fs::metadata(runtime.dir()).unwrap();
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&meta),
+        uid,
+        "the runtime is the runner's"
+    );
+    // What the agent may hold that no runner may: a descriptor inherited from whatever started
+    // it (not close-on-exec, as a shell's redirection is) and a key in its session keyring.
+    let leaked = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDONLY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    // At a number no other test's descriptor has (F_DUPFD: the lowest free one from 947; a dup2
+    // would close whatever another test thread holds there).
+    // SAFETY: fcntl(F_DUPFD) on a descriptor this test owns.
+    let leaked_at =
+        unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&leaked), libc::F_DUPFD, 947) };
+    assert!(leaked_at >= 947, "{}", std::io::Error::last_os_error());
+    // SAFETY: add_key with NUL-terminated strings and a buffer of the given length.
+    let key = unsafe {
+        libc::syscall(
+            libc::SYS_add_key,
+            c"user".as_ptr(),
+            c"rm-backend-test-key".as_ptr(),
+            c"secret".as_ptr(),
+            6usize,
+            -3i64, // KEY_SPEC_SESSION_KEYRING
+        )
+    };
+    assert!(key > 0, "add_key: {}", std::io::Error::last_os_error());
+    let mut spawned = backend
+        .start(&plan, &runtime, &SecretString::from("jit-value"))
+        .unwrap();
+    // SAFETY: closes the descriptor planted above.
+    unsafe { libc::close(leaked_at) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while spawned.child.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let report = std::fs::read_to_string(runtime.dir().join("report.txt")).unwrap();
+    let get = |key: &str| {
+        report
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key} in {report}"))
+            .to_owned()
+    };
+    assert_eq!(get("uid"), uid.to_string());
+    assert_eq!(get("groups"), uid.to_string(), "no supplementary group");
+    assert_eq!(get("nnp"), "1");
+    assert_eq!(
+        get("home"),
+        runtime.dir().join("home").display().to_string()
+    );
+    assert_eq!(get("tmpdir"), runtime.tmp().display().to_string());
+    // A fresh private /tmp: nothing in it but the way to the runtime, when the runtime itself
+    // lives under /tmp (as this test's does).
+    let way: String = match runtime.dir().strip_prefix("/tmp") {
+        Ok(below) => below
+            .components()
+            .next()
+            .map(|c| format!("{} ", c.as_os_str().to_string_lossy()))
+            .unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    assert_eq!(get("tmp_entries"), way, "a fresh private /tmp");
+    assert_eq!(get("jit"), "jit-value");
+    assert_eq!(get("package_write"), "denied");
+    if let Some(path) = &plan.cgroup {
+        assert!(
+            path.ends_with(get("cgroup").trim_start_matches('/')),
+            "in its cgroup {}: {report}",
+            path.display()
+        );
+    }
+    assert!(report.ends_with("done\n"), "{report}");
+    assert!(
+        !Path::new("/tmp/rm-backend-test-poison").exists(),
+        "/tmp of the host untouched"
+    );
+    assert_eq!(get("tty"), "denied", "no controlling terminal");
+    assert_eq!(get("inherited_fd"), "denied", "no inherited descriptor");
+    assert_eq!(
+        get("session_key"),
+        "denied",
+        "not the agent's session keyring"
+    );
+    let processes: usize = get("processes").parse().unwrap();
+    assert!(
+        processes <= 6,
+        "only its own processes in its /proc: {report}"
+    );
+    assert!(get("hostname").starts_with("rm-"), "{report}");
+    // The daemon it left died with its PID namespace when the runner exited.
+    assert!(
+        uid::processes_of(uid).unwrap().is_empty(),
+        "the setsid daemon outlived its runner"
+    );
+
+    let cleaned = backend.clean(&plan).unwrap();
+    assert_eq!(cleaned.runtime, Removal::Removed);
+    assert!(
+        uid::processes_of(uid).unwrap().is_empty(),
+        "nothing of the uid is left"
+    );
+    assert!(!runtime.dir().exists());
+    if let Some(path) = &plan.cgroup {
+        assert!(!path.exists(), "the cgroup is removed");
+    }
+    // Idempotent: a second clean after a crash finds nothing to do.
+    assert_eq!(backend.clean(&plan).unwrap().runtime, Removal::Absent);
+}
+
+/// A listener that says which interfaces its network has and exits.
+const NETWORK_SCRIPT: &str = r#"#!/bin/sh
+cd "$(dirname "$0")/.."
+awk -F: 'NR > 2 { gsub(/ /, "", $1); printf "%s ", $1 }' /proc/net/dev > report.txt
+"#;
+
+/// A backend whose runners get a private network (or not), its package printing the runner's
+/// interfaces, and a plan maker: what the network test and the start-cost measurement share.
+fn network_backend(
+    private: bool,
+    table: &str,
+) -> (
+    tempfile::TempDir,
+    UserIsolation,
+    impl Fn(u32, usize) -> Plan,
+) {
+    let (dir, package, root) = package_and_root();
+    std::fs::write(package.join("bin/Runner.Listener"), NETWORK_SCRIPT).unwrap();
+    let stored = LinkedPackage::install(Store::open(root.path()).unwrap(), &package).unwrap();
+    let cgroups = CgroupRoot::resolve(None).ok();
+    let base = 3_100_000 + (std::process::id() % 1000) * 16;
+    let network = private.then(|| {
+        let host = HostNetwork {
+            table: table.to_owned(),
+            rules: network::HostRules::new(&[], &[], "", base..base + 16),
+        };
+        host.install().unwrap();
+        Arc::new(host)
+    });
+    let backend = UserIsolation {
+        root: root.clone(),
+        package: Some(Arc::new(stored)),
+        pool: Pool::new(
+            (base..base + 16)
+                .map(|uid| Account { uid, gid: uid })
+                .collect(),
+        ),
+        cgroups: cgroups.clone(),
+        network,
+        docker: None,
+    };
+    let plan = move |uid: u32, n: usize| {
+        let attempt_id = format!("{:08x}{n:04x}{}", uid, "0".repeat(20));
+        Plan {
+            attempt_id: attempt_id.clone(),
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: root.ephemeral_path(&attempt_id).unwrap(),
+            uid: Some(uid),
+            cgroup: cgroups
+                .as_ref()
+                .map(|c| c.runner_path(&format!("rm-{}", &attempt_id[..12])).unwrap()),
+            limits: Limits::default(),
+            env: Default::default(),
+            network_allow: None,
+            docker: None,
+        }
+    };
+    (dir, backend, plan)
+}
+
+/// Starts one runner of `plan` and waits for it to exit; how long `start` took.
+fn run_once(backend: &UserIsolation, plan: &Plan) -> (Duration, String) {
+    let runtime = backend.prepare(plan).unwrap();
+    let started = std::time::Instant::now();
+    let mut spawned = backend
+        .start(plan, &runtime, &SecretString::from("jit"))
+        .unwrap();
+    let took = started.elapsed();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while spawned.child.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let report = std::fs::read_to_string(runtime.dir().join("report.txt")).unwrap_or_default();
+    backend.clean(plan).unwrap();
+    (took, report)
+}
+
+/// Under `host.network = "private"` a runner's network has its loopback and its veth end and
+/// nothing else of the host's; cleanup leaves no namespace and no veth.
+#[test]
+fn a_runner_in_a_private_network_sees_only_its_own_interfaces_and_leaves_none() {
+    if !rustix::process::geteuid().is_root() {
+        crate::test_skip::cannot_run(
+            "a_runner_in_a_private_network_sees_only_its_own_interfaces_and_leaves_none",
+            "root",
+            "only root can make network namespaces",
+        );
+        return;
+    }
+    let table = format!("rm_test_{}", std::process::id());
+    let (_dir, backend, plan_of) = network_backend(true, &table);
+    let uid = backend.pool.accounts()[0].uid;
+    let plan = plan_of(uid, 1);
+    let (_, report) = run_once(&backend, &plan);
+    assert_eq!(report.trim(), "lo eth0", "its own interfaces only");
+    let names = network_names(&plan);
+    assert!(!network::exists(&names), "{names:?} left after cleanup");
+    // The control: the same runner in the host's network sees the host's interfaces.
+    let (_dir2, host_backend, host_plan) = network_backend(false, &table);
+    let uid = host_backend.pool.accounts()[1].uid;
+    let (_, report) = run_once(&host_backend, &host_plan(uid, 2));
+    assert_ne!(
+        report.trim(),
+        "lo eth0",
+        "the control saw only a runner's interfaces"
+    );
+    // A leftover holding the slot's address (another agent with the same uids) is refused, not
+    // shared: replies would go to the other runner.
+    let squat = format!("rmsq{}", std::process::id() % 100_000);
+    let ip = |args: &[&str]| {
+        assert!(
+            std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    ip(&[
+        "link",
+        "add",
+        &squat,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &format!("{squat}p"),
+    ]);
+    let held = network::addresses(network::slot_of(backend.pool.accounts()[2].uid)).host;
+    ip(&["addr", "add", &format!("{held}/30"), "dev", &squat]);
+    let plan3 = plan_of(backend.pool.accounts()[2].uid, 3);
+    let runtime = backend.prepare(&plan3).unwrap();
+    let refused = backend.start(&plan3, &runtime, &SecretString::from("jit"));
+    ip(&["link", "del", &squat]);
+    let why = refused.expect_err("a start on a held address").to_string();
+    assert!(why.contains("already the address of"), "{why}");
+    backend.clean(&plan3).unwrap();
+    assert!(!network::exists(&network_names(&plan3)));
+    backend.network.as_ref().unwrap().uninstall().unwrap();
+}
+
+/// What a private network adds to a runner's start: `start` (namespace, veth, tables, then the
+/// fork and exec) measured for runners with and without one, in one run. Prints p50/p99 for
+/// docs/performance.md; asserts nothing about time.
+/// `cargo test -p rm-agent --lib -- --ignored runner_start_cost --nocapture`
+#[test]
+#[ignore = "a measurement: run by hand for docs/performance.md"]
+fn runner_start_cost_with_and_without_a_private_network() {
+    const RUNS: usize = 40;
+    let table = format!("rm_bench_{}", std::process::id());
+    let mut results = Vec::new();
+    for private in [false, true] {
+        let (_dir, backend, plan) = network_backend(private, &table);
+        let uid = backend.pool.accounts()[0].uid;
+        let mut took: Vec<Duration> = (0..RUNS)
+            .map(|n| run_once(&backend, &plan(uid, n)).0)
+            .collect();
+        took.sort();
+        let p = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
+        results.push((private, p(0.5), p(0.99)));
+        if let Some(network) = &backend.network {
+            network.uninstall().unwrap();
+        }
+    }
+    for (private, p50, p99) in results {
+        println!(
+            "runner start ({}): p50 {:.1} ms, p99 {:.1} ms over {RUNS} runners",
+            if private {
+                "host.network = \"private\""
+            } else {
+                "host.network = \"host\""
+            },
+            p50.as_secs_f64() * 1000.0,
+            p99.as_secs_f64() * 1000.0
+        );
+    }
+}
