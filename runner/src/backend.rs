@@ -1,5 +1,6 @@
 //! The execution seam (CONTRACT §7, ARCHITECTURE guarantee 7): making a runner's runtime,
-//! starting the runner in it, looking at it, and cleaning up after it go through [`Backend`],
+//! starting the runner in it, looking at it and stopping it (a backend is the runner's process
+//! table, [`Processes`]), and cleaning up after it go through [`Backend`],
 //! whose implementation is chosen per attempt at allocation and journalled with it
 //! ([`IsolationKind`]), so allocation and supervision never depend on which one runs, and a
 //! container or microVM backend is one more implementation.
@@ -12,6 +13,7 @@
 //!   released (its attempt `cleaned`) only once nothing of it is left.
 
 use std::cell::Cell;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -26,7 +28,7 @@ use super::env_file::{OperatorEnv, with_operator_env};
 use super::isolate::{self, Account, ChildSetup, Pool, Sandbox};
 use super::network::{self, HostNetwork};
 use super::package::current::CurrentPackage;
-use super::process::{self, ProcessError, ProcessIdentity, ProcessState, RunnerChild, Spawned};
+use super::process::{self, ProcStat, ProcessError, Processes, RunnerChild, Spawned, StopSignal};
 use super::store::{Store, StoreError, StoredPackage};
 use super::workspace::{Removal, RunnerRoot, Runtime, WorkspaceError, create_tmp};
 use super::{OsProcesses, discover, uid};
@@ -112,16 +114,48 @@ pub trait Backend: Send + Sync {
         jit: &SecretString,
     ) -> Result<Spawned<RunnerChild>, BackendError>;
 
-    /// Whether the runner with this identity runs, has exited or is gone.
-    fn inspect(&self, identity: ProcessIdentity) -> Result<ProcessState, ProcessError> {
-        process::inspect(&OsProcesses, identity)
-    }
-
     /// Everything the attempt left, after its runner's process group was stopped: processes
     /// that escaped it, the runtime (removed, or a slot scrubbed down to `_work`), and what the
     /// backend made for it. Returns only when nothing of the runner is left; an error leaves
     /// the attempt uncleaned (its uid held) for a later try.
     fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError>;
+
+    // Where this backend's runners are seen and signalled: every backend is a process table
+    // ([`Processes`], through the impl below), which [`process::inspect`] and [`process::stop`]
+    // read and act on. `none` and `user` both start runners as host processes, so they keep
+    // the host's (`/proc`, `kill(2)`); a container backend would answer for its own, and a
+    // test's backend answers from its fake table. So a runner is started, looked at, stopped
+    // and cleaned through one seam.
+
+    /// `/proc/<pid>/stat` as this backend sees it, or `None` if there is no such process.
+    fn stat(&self, pid: u32) -> io::Result<Option<ProcStat>> {
+        OsProcesses.stat(pid)
+    }
+
+    /// Every process whose process group is `pgid`.
+    fn group(&self, pgid: u32) -> io::Result<Vec<ProcStat>> {
+        OsProcesses.group(pgid)
+    }
+
+    /// Sends `signal` to the process group `pgid`; an empty group is not an error.
+    fn signal_group(&self, pgid: u32, signal: StopSignal) -> io::Result<()> {
+        OsProcesses.signal_group(pgid, signal)
+    }
+}
+
+/// Every backend is the process table its runners are looked at and stopped through.
+impl<B: Backend + ?Sized> Processes for B {
+    fn stat(&self, pid: u32) -> io::Result<Option<ProcStat>> {
+        Backend::stat(self, pid)
+    }
+
+    fn group(&self, pgid: u32) -> io::Result<Vec<ProcStat>> {
+        Backend::group(self, pgid)
+    }
+
+    fn signal_group(&self, pgid: u32, signal: StopSignal) -> io::Result<()> {
+        Backend::signal_group(self, pgid, signal)
+    }
 }
 
 /// `isolation = "none"`: today's runner, as the agent's own user.

@@ -44,7 +44,7 @@ pub use process::{
     OsProcesses, ProcessError, ProcessIdentity, ProcessState, Processes, RunnerChild, Spawned,
     StopOutcome,
 };
-pub use workspace::{Removal, RunnerRoot, Runtime, WorkspaceError, Workspaces};
+pub use workspace::{Removal, RunnerRoot, Runtime, WorkspaceError};
 
 /// A unit test that cannot run here fails unless `RM_TEST_ALLOW_SKIP` names what it lacks.
 #[cfg(test)]

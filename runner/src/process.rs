@@ -364,16 +364,11 @@ pub enum StopOutcome {
     NotOurs,
 }
 
-/// The OS under the runner adapters; [`OsProcesses`] is the production one.
+/// The process table a runner is looked at and signalled through: what [`observe`],
+/// [`inspect`] and [`stop`] read and act on. [`OsProcesses`] is the host's (`/proc`, `kill(2)`);
+/// every [`crate::backend::Backend`] is one, so the executor sees and stops an attempt's runner
+/// through the attempt's backend, its one seam (a test fakes the backend and thereby this).
 pub trait Processes {
-    /// The handle of a started runner.
-    type Child;
-    /// Starts `<runtime>/bin/Runner.Listener run` per CONTRACT §5 in its own process group.
-    fn spawn(
-        &self,
-        runtime: &Path,
-        jit: &SecretString,
-    ) -> Result<Spawned<Self::Child>, ProcessError>;
     /// `/proc/<pid>/stat`, or `None` if there is no such process.
     fn stat(&self, pid: u32) -> io::Result<Option<ProcStat>>;
     /// Every process whose process group is `pgid`.
@@ -508,16 +503,16 @@ impl RunnerChild {
     }
 }
 
-/// The production [`Processes`]: `std::process` to start, `/proc` to look, `kill(2)` on the
-/// process group to signal.
+/// The host's [`Processes`]: `/proc` to look, `kill(2)` on the process group to signal; and
+/// `std::process` to start a runner as the agent's own user ([`OsProcesses::spawn`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OsProcesses;
 
-impl Processes for OsProcesses {
-    type Child = RunnerChild;
-
-    fn spawn(
-        &self,
+impl OsProcesses {
+    /// Starts `<runtime>/bin/Runner.Listener run` per CONTRACT §5 in its own process group,
+    /// with the environment [`runner_environment`] builds and nothing between fork and exec.
+    pub fn spawn(
+        self,
         runtime: &Path,
         jit: &SecretString,
     ) -> Result<Spawned<RunnerChild>, ProcessError> {
@@ -528,7 +523,9 @@ impl Processes for OsProcesses {
             |_| {},
         )
     }
+}
 
+impl Processes for OsProcesses {
     fn stat(&self, pid: u32) -> io::Result<Option<ProcStat>> {
         read_stat(pid)
     }

@@ -2,7 +2,9 @@
 //! copy of the runner package and its `tmp/`, and removing a runtime whole once its runner is
 //! gone. Removal never follows a symbolic link (a job can plant one pointing anywhere), copes
 //! with directories a job made read-only, is idempotent, and refuses any path that is not a
-//! direct child of the canonical runner root.
+//! direct child of the canonical runner root. Both are blocking filesystem work (a package is
+//! thousands of files), done for the backends ([`crate::backend`]), which are called off the
+//! async runtime; a runtime is made and removed only through the attempt's backend.
 //!
 //! Removal works on directory file descriptors (`openat(O_NOFOLLOW)`, `unlinkat`), so every step
 //! happens inside the directory it was checked in: a name that is a link is unlinked as a name,
@@ -116,17 +118,6 @@ impl Runtime {
     pub fn tmp(&self) -> PathBuf {
         self.dir.join(TMP_DIR)
     }
-}
-
-/// The port the lifecycle drives: make a runtime for an attempt, remove it after the runner.
-/// Both are blocking filesystem work (a package is thousands of files): call them from
-/// `tokio::task::spawn_blocking`.
-pub trait Workspaces {
-    /// Creates the attempt's runtime with a copy of `package` in it.
-    fn create_ephemeral(&self, attempt_id: &str, package: &Path)
-    -> Result<Runtime, WorkspaceError>;
-    /// Removes a runtime whole; see [`RunnerRoot::remove_runtime`].
-    fn remove_runtime(&self, runtime: &Path) -> Result<Removal, WorkspaceError>;
 }
 
 /// The runner root (`host.runner_root`), resolved once to its canonical path: every runtime is a
@@ -250,20 +241,6 @@ impl RunnerRoot {
         } else {
             Err(outside())
         }
-    }
-}
-
-impl Workspaces for RunnerRoot {
-    fn create_ephemeral(
-        &self,
-        attempt_id: &str,
-        package: &Path,
-    ) -> Result<Runtime, WorkspaceError> {
-        RunnerRoot::create_ephemeral(self, attempt_id, package)
-    }
-
-    fn remove_runtime(&self, runtime: &Path) -> Result<Removal, WorkspaceError> {
-        RunnerRoot::remove_runtime(self, runtime)
     }
 }
 

@@ -1,6 +1,6 @@
 //! What every room of the executor reads and none of them changes: the settings, the journal
 //! seam, GitHub's runner registry, the runner root, and the seams it observes the world
-//! through (clock, process table, backends). The control loop owns one [`Context`] and hands an
+//! through (clock, backends). The control loop owns one [`Context`] and hands an
 //! `Arc` of it to each launch task; mutable state lives in the rooms, not here.
 
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::claims::Membership;
 use super::journal::AttemptJournal;
 use super::registry::Registry;
-use super::seams::{Execution, ProcessTable};
+use super::seams::Execution;
 use super::{STOP_GRACE, Settings};
 use crate::config::Policy;
 use crate::notify::Notifier;
@@ -23,8 +23,8 @@ pub(super) struct Context {
     pub(super) journal: AttemptJournal,
     pub(super) registry: Registry,
     pub(super) root: RunnerRoot,
-    pub(super) processes: Arc<ProcessTable>,
-    /// The backend of each attempt (the configured [`super::Backends`] in production).
+    /// The backend of each attempt (the configured [`super::Backends`] in production): what
+    /// runs, looks at, stops and cleans up its runner.
     pub(super) execution: Arc<dyn Execution>,
     pub(super) clock: Arc<dyn rm_github::Clock>,
     pub(super) notifier: Arc<Notifier>,
@@ -58,11 +58,12 @@ impl Context {
 }
 
 impl Context {
-    /// Stops a runner's process group (SIGTERM, [`STOP_GRACE`], SIGKILL), re-checking its
-    /// identity before every signal: supervision's stops, and a launch's whose start could not
-    /// be journalled.
-    pub(super) async fn stop(&self, identity: ProcessIdentity) {
-        match process::stop(&*self.processes, identity, STOP_GRACE).await {
+    /// Stops a runner's process group (SIGTERM, [`STOP_GRACE`], SIGKILL) through its attempt's
+    /// backend (`kind`), re-checking its identity before every signal: supervision's stops, and
+    /// a launch's whose start could not be journalled.
+    pub(super) async fn stop(&self, kind: rm_journal::IsolationKind, identity: ProcessIdentity) {
+        let processes = self.execution.processes_of(kind);
+        match process::stop(processes, identity, STOP_GRACE).await {
             Ok(StopOutcome::Stopped { .. }) => {}
             Ok(StopOutcome::NotOurs) => {
                 tracing::warn!(

@@ -151,7 +151,6 @@ impl Executor {
             membership,
             registry,
             root: RunnerRoot::open(runner_root)?,
-            processes: seams.processes,
             execution: seams.execution,
             clock: seams.clock,
             notifier,

@@ -93,7 +93,7 @@ pub(super) async fn carry_out(ctx: Arc<Context>, effect: Effect) -> Effected {
     match effect {
         Effect::Stop { record, identity } => {
             tracing::info!(pid = identity.pid, "stopping a runner");
-            ctx.stop(identity).await;
+            ctx.stop(record.isolation, identity).await;
             Effected {
                 attempt: record.attempt_id,
                 outcome: Outcome::Stopped,
@@ -117,7 +117,7 @@ async fn clean(ctx: &Context, cleanup: Cleanup) -> Outcome {
         busy_since,
     } = cleanup;
     if let Some(identity) = super::supervise::journalled_identity(&record) {
-        ctx.stop(identity).await;
+        ctx.stop(record.isolation, identity).await;
     }
     let (deregistration, deregistered) = match (&target, &listing) {
         (Some(target), Some(listing)) => deregister_if_listed(ctx, &record, target, listing).await,

@@ -181,7 +181,7 @@ impl Launch {
             .await;
         if !matches!(started, Ok(true)) {
             // A runner nobody journalled must not live on: stop it before giving up.
-            ctx.stop(identity).await;
+            ctx.stop(record.isolation, identity).await;
             return Err(Failure::new(
                 FailureReason::ProcessStartFailed,
                 "the runner's start could not be journalled; it was stopped",

@@ -791,13 +791,13 @@ struct Ended {
 /// cgroup's memory report), read on one blocking-pool thread: a slow filesystem holds back no
 /// async worker.
 async fn sight_all(ctx: &Context, records: &[AttemptRecord], startup: bool) -> Vec<Sight> {
-    let (execution, processes) = (Arc::clone(&ctx.execution), Arc::clone(&ctx.processes));
+    let execution = Arc::clone(&ctx.execution);
     let records = records.to_vec();
     let count = records.len();
     let read = tokio::task::spawn_blocking(move || {
         records
             .iter()
-            .map(|record| sight(&*execution, &*processes, record, startup))
+            .map(|record| sight(&*execution, record, startup))
             .collect::<Vec<_>>()
     })
     .await;
@@ -816,14 +816,9 @@ async fn sight_all(ctx: &Context, records: &[AttemptRecord], startup: bool) -> V
 }
 
 /// What is seen of one attempt on this host.
-fn sight(
-    execution: &dyn super::seams::Execution,
-    processes: &super::seams::ProcessTable,
-    record: &AttemptRecord,
-    startup: bool,
-) -> Sight {
+fn sight(execution: &dyn super::seams::Execution, record: &AttemptRecord, startup: bool) -> Sight {
     use AttemptState::*;
-    let (process, identity) = observe_process(execution, processes, record);
+    let (process, identity) = observe_process(execution, record);
     let live = matches!(record.state, Starting | Idle | Busy);
     let ended = (live && process != ProcessObservation::Running).then(|| Ended {
         memory: findings::memory(record.cgroup.as_deref()),
@@ -854,7 +849,6 @@ fn stronger(a: Freshness, b: Freshness) -> Freshness {
 /// working directory.
 fn observe_process(
     execution: &dyn super::seams::Execution,
-    processes: &super::seams::ProcessTable,
     record: &AttemptRecord,
 ) -> (ProcessObservation, Option<ProcessIdentity>) {
     let journalled = journalled_identity(record);
@@ -867,10 +861,7 @@ fn observe_process(
     let Some(identity) = identity else {
         return (ProcessObservation::Gone, None);
     };
-    let inspected = match execution.of(record.isolation) {
-        Some(backend) => backend.inspect(identity),
-        None => process::inspect(processes, identity),
-    };
+    let inspected = process::inspect(execution.processes_of(record.isolation), identity);
     let state = match inspected {
         Ok(ProcessState::Running) => ProcessObservation::Running,
         Ok(ProcessState::Exited) => ProcessObservation::Exited,

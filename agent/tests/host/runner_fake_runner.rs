@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, JobStatus, RunnerBehavior};
-use rm_runner::process::{self, OsProcesses, ProcessState, Processes as _, StopOutcome};
+use rm_runner::process::{self, OsProcesses, ProcessState, StopOutcome};
 use rm_runner::{Removal, RunnerRoot, Runtime, Spawned};
 use secrecy::SecretString;
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use rm_runner::process::{
     self, INHERITED_ENV, JIT_ENV, LISTENER, OsProcesses, ProcessIdentity, ProcessState,
-    Processes as _, StopOutcome, TMP_ENV, parse_stat,
+    StopOutcome, TMP_ENV, parse_stat,
 };
 use rm_runner::{RunnerChild, RunnerRoot, Runtime, Spawned};
 use secrecy::SecretString;

@@ -235,12 +235,6 @@ impl Fake {
 }
 
 impl Processes for Fake {
-    type Child = ();
-
-    fn spawn(&self, _: &Path, _: &SecretString) -> Result<Spawned<()>, ProcessError> {
-        Err(ProcessError::Survived { pid: 0 })
-    }
-
     fn stat(&self, pid: u32) -> io::Result<Option<ProcStat>> {
         let s = self.0.lock().unwrap();
         Ok(s.leader.filter(|l| l.pid == pid))

@@ -1,12 +1,14 @@
 //! The executor's in-process harness (test code only, in the spirit of bors's `BorsTester`):
 //! the real [`Executor`] and the real poller, on a real journal file, against the in-process
-//! fake GitHub (`rm-fake-github`), with three fakes behind the executor's [`Seams`]:
+//! fake GitHub (`rm-fake-github`), with two fakes behind the executor's [`Seams`]:
 //! - a **manual clock** ([`ManualClock`]) the executor, the poller and the GitHub client read,
 //!   moved by the test together with the fake's own clock;
-//! - a **process table** ([`FakeProcesses`]): pids, start times, signals, exits, no real process;
-//! - a **backend** ([`FakeBackend`]) whose `start` puts a process in that table and runs it as a
-//!   runner against the fake (JIT configuration in, register, take a queued job, complete it when
-//!   its job's duration has passed on the manual clock), so GitHub's side is the fake's own.
+//! - a **backend** ([`FakeBackend`]), the executor's one process seam: its process table
+//!   ([`FakeProcesses`]: pids, start times, signals, exits, no real process) is what the
+//!   executor looks at and signals runners in, and its `start` puts a process in that table and
+//!   runs it as a runner against the fake (JIT configuration in, register, take a queued job,
+//!   complete it when its job's duration has passed on the manual clock), so GitHub's side is
+//!   the fake's own.
 //!
 //! Runtimes are real directories (the `none` backend's `prepare` and `clean`), so cleanup is
 //! checked on disk. A test drives passes with [`Harness::step`] (one clock tick, one poll, one
@@ -43,8 +45,7 @@ use crate::polling::{Poller, PollerConfig};
 use rm_runner::backend::{Backend, BackendError, Cleaned, NoIsolation, Plan};
 use rm_runner::package::current::CurrentPackage;
 use rm_runner::process::{
-    self, ProcStat, ProcessError, ProcessIdentity, ProcessState, Processes, Reap, RunnerChild,
-    Spawned, StopSignal,
+    self, ProcStat, ProcessError, ProcessIdentity, Reap, RunnerChild, Spawned, StopSignal,
 };
 use rm_runner::{RunnerRoot, Runtime};
 
@@ -247,16 +248,9 @@ impl FakeProcesses {
     }
 }
 
-impl Processes for FakeProcesses {
-    type Child = RunnerChild;
-
-    fn spawn(&self, _: &Path, _: &SecretString) -> Result<Spawned<RunnerChild>, ProcessError> {
-        Err(ProcessError::Spawn {
-            listener: PathBuf::from("fake"),
-            source: std::io::Error::other("the harness starts runners through its backend"),
-        })
-    }
-
+/// What [`FakeBackend`]'s process table answers (its `Backend::stat`, `group`,
+/// `signal_group`): a signal ends a process.
+impl FakeProcesses {
     fn stat(&self, pid: u32) -> std::io::Result<Option<ProcStat>> {
         Ok(self
             .lock()
@@ -385,12 +379,6 @@ impl FakeBackend {
     }
 }
 
-impl Execution for FakeBackend {
-    fn of(&self, kind: IsolationKind) -> Option<&dyn Backend> {
-        (kind == IsolationKind::None).then_some(self as &dyn Backend)
-    }
-}
-
 impl Backend for FakeBackend {
     fn kind(&self) -> IsolationKind {
         IsolationKind::None
@@ -457,8 +445,16 @@ impl Backend for FakeBackend {
         })
     }
 
-    fn inspect(&self, identity: ProcessIdentity) -> Result<ProcessState, ProcessError> {
-        process::inspect(&self.table, identity)
+    fn stat(&self, pid: u32) -> std::io::Result<Option<ProcStat>> {
+        self.table.stat(pid)
+    }
+
+    fn group(&self, pgid: u32) -> std::io::Result<Vec<ProcStat>> {
+        self.table.group(pgid)
+    }
+
+    fn signal_group(&self, pgid: u32, signal: StopSignal) -> std::io::Result<()> {
+        self.table.signal_group(pgid, signal)
     }
 
     fn clean(&self, plan: &Plan) -> Result<Cleaned, BackendError> {
@@ -696,7 +692,6 @@ impl Harness {
         };
         let seams = Seams {
             clock: Arc::new(clock.clone()),
-            processes: Arc::new(processes.clone()),
             execution: Arc::clone(&backend) as Arc<dyn Execution>,
         };
         let executor = Executor::open_with(
