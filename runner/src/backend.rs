@@ -259,7 +259,7 @@ impl LinkedPackage {
 
     /// After a runtime failed its check: the store verified in full, and rebuilt from the
     /// source when it does not verify. Serialised, so concurrent launches repair once.
-    pub fn repair(&self) -> Result<StoredPackage, StoreError> {
+    pub(crate) fn repair(&self) -> Result<StoredPackage, StoreError> {
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         if let Err(e) = current.0.verify() {
             tracing::warn!(error = %e, "the runner package store does not verify; rebuilding it from the package");

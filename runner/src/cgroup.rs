@@ -27,12 +27,12 @@ use crate::Removal;
 /// cgroup v2 lets a cgroup hand controllers to its children only while it holds no processes
 /// itself (the "no internal processes" rule), so the agent must not stay in the cgroup whose
 /// children are the runners.
-pub const AGENT_LEAF: &str = "rm-agent";
+pub(crate) const AGENT_LEAF: &str = "rm-agent";
 
 /// The directory runner cgroups go in when the agent runs in the kernel's root cgroup (no
 /// systemd unit, no container): the root's other children belong to the rest of the host, and a
 /// recovery sweep over [`CgroupRoot::children`] must only ever see runners.
-pub const ROOT_RUNNERS: &str = "rm-runners";
+pub(crate) const ROOT_RUNNERS: &str = "rm-runners";
 
 /// How long [`kill_and_remove`] waits for a cgroup to empty after killing it. Killed processes
 /// normally exit in milliseconds; one stuck in uninterruptible sleep (a hung NFS mount) holds
@@ -41,10 +41,10 @@ pub const KILL_WAIT: Duration = Duration::from_secs(10);
 
 /// How often [`kill_and_remove`] looks at `cgroup.events` while waiting (and, without
 /// `cgroup.kill`, signals the processes again).
-pub const KILL_POLL: Duration = Duration::from_millis(20);
+pub(crate) const KILL_POLL: Duration = Duration::from_millis(20);
 
 /// The range the kernel accepts for `cpu.weight`.
-pub const CPU_WEIGHT_RANGE: RangeInclusive<u32> = 1..=10_000;
+pub(crate) const CPU_WEIGHT_RANGE: RangeInclusive<u32> = 1..=10_000;
 
 /// Prefix of the probe cgroup [`CgroupRoot::resolve`] creates and removes. The `.` keeps it
 /// apart from every runner name (see [`valid_runner_name`]).
@@ -154,7 +154,7 @@ pub fn cgroup2_mounts(mountinfo: &str) -> Vec<Cgroup2Mount> {
 
 /// The mount point of the first cgroup v2 filesystem in a `/proc/self/mountinfo` text.
 #[cfg(test)]
-pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+pub(crate) fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
     cgroup2_mounts(mountinfo)
         .into_iter()
         .next()
@@ -263,7 +263,7 @@ impl Limits {
 }
 
 /// The control files to write, and what, for `limits` under the `available` controllers.
-pub fn limit_writes(
+pub(crate) fn limit_writes(
     limits: &Limits,
     available: Controllers,
 ) -> Result<Vec<(&'static str, String)>, CgroupError> {
@@ -292,7 +292,7 @@ pub fn limit_writes(
 
 /// Whether `name` can name a runner cgroup: `[A-Za-z0-9_-]+` and not [`AGENT_LEAF`]. No `.`, so
 /// no name is `..`, a probe, or a systemd unit of the host.
-pub fn valid_runner_name(name: &str) -> bool {
+pub(crate) fn valid_runner_name(name: &str) -> bool {
     !name.is_empty()
         && name != AGENT_LEAF
         && name
@@ -325,7 +325,7 @@ pub fn memory_report(path: &Path) -> (u64, Option<u64>) {
 
 /// Parses `cgroup.events` for its `populated` key: whether any process is in the cgroup or
 /// below it.
-pub fn parse_populated(events: &str) -> Option<bool> {
+pub(crate) fn parse_populated(events: &str) -> Option<bool> {
     events
         .lines()
         .find_map(|line| match line.strip_prefix("populated")?.trim() {
@@ -337,7 +337,7 @@ pub fn parse_populated(events: &str) -> Option<bool> {
 
 /// How the agent's own cgroup becomes the runners' root under `host.cgroup_root = "auto"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AutoPlan {
+pub(crate) enum AutoPlan {
     /// The agent already lives in `<root>/rm-agent` (a restart): the root is its parent.
     Parent,
     /// The agent moves into `<own>/rm-agent`, and `<own>` is the root.
@@ -349,7 +349,7 @@ pub enum AutoPlan {
 
 /// Decides [`AutoPlan`] from the agent's cgroup path and whether that is the kernel's root
 /// cgroup (which, unlike a cgroup namespace's root, has no `cgroup.type`).
-pub fn auto_plan(own: &str, kernel_root: bool) -> AutoPlan {
+pub(crate) fn auto_plan(own: &str, kernel_root: bool) -> AutoPlan {
     if kernel_root {
         AutoPlan::Subdir
     } else if Path::new(own).file_name() == Some(AGENT_LEAF.as_ref()) {
@@ -635,7 +635,7 @@ fn configure(path: &Path, writes: &[(&'static str, String)]) -> Result<(), Cgrou
 }
 
 /// Whether the cgroup at `path`, or any cgroup below it, holds a process.
-pub fn is_populated(path: &Path) -> io::Result<bool> {
+pub(crate) fn is_populated(path: &Path) -> io::Result<bool> {
     let events = fs::read_to_string(path.join("cgroup.events"))?;
     parse_populated(&events).ok_or_else(|| {
         io::Error::new(

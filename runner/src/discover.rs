@@ -23,7 +23,7 @@ pub struct Resident {
 }
 
 /// Which of the candidate `(stat, cwd)` pairs work inside `runtime`; pure.
-pub fn residents_of(
+pub(crate) fn residents_of(
     runtime: &Path,
     candidates: impl IntoIterator<Item = (ProcStat, PathBuf)>,
     own_pid: u32,
@@ -77,7 +77,7 @@ pub fn residents(runtime: &Path) -> io::Result<Vec<Resident>> {
 
 /// SIGKILLs every process still working inside `runtime`, each re-identified by its start time
 /// just before the signal. Returns how many were signalled.
-pub fn kill_residents(runtime: &Path) -> io::Result<usize> {
+pub(crate) fn kill_residents(runtime: &Path) -> io::Result<usize> {
     let mut killed = 0;
     for resident in residents(runtime)? {
         let pid = resident.stat.pid;

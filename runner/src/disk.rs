@@ -48,7 +48,7 @@ pub enum DiskUse {
 pub const DISK_CHECK_INTERVAL: Duration = Duration::from_secs(15);
 
 /// The most entries one walk counts; a runtime with more is past its bound.
-pub const MAX_ENTRIES: u64 = 2_000_000;
+pub(crate) const MAX_ENTRIES: u64 = 2_000_000;
 
 /// The most directories one walk keeps open at once (the agent shares its descriptor limit
 /// with its connections and its journal). Reached only by a tree more than this deep whose

@@ -12,7 +12,7 @@
 //! - [`host`]: whether this host can, and why not.
 
 pub mod host;
-pub mod launch;
+pub(crate) mod launch;
 pub mod mirror;
 pub mod subid;
 

@@ -19,17 +19,17 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// The largest env file read: a bigger one is not a list of variables.
-pub const MAX_ENV_FILE_BYTES: u64 = 256 * 1024;
+pub(crate) const MAX_ENV_FILE_BYTES: u64 = 256 * 1024;
 
 /// Names a file may not set: the runner launch contract sets them itself (CONTRACT §5: the JIT
 /// configuration, the temporary directories; §7: `HOME` and the XDG base directories inside the
 /// runtime).
-pub const RESERVED_NAMES: &[&str] = &["HOME", "TMPDIR", "TMP", "TEMP"];
+pub(crate) const RESERVED_NAMES: &[&str] = &["HOME", "TMPDIR", "TMP", "TEMP"];
 
 /// Prefixes a file may not set: `ACTIONS_RUNNER_INPUT_*` are the runner's own inputs (the JIT
 /// configuration among them, CONTRACT §5), `XDG_*` point inside the runtime (CONTRACT §7), and
 /// `RM_*` are the agent's own variables, which never reach a runner.
-pub const RESERVED_PREFIXES: &[&str] = &[
+pub(crate) const RESERVED_PREFIXES: &[&str] = &[
     "ACTIONS_RUNNER_INPUT_",
     "XDG_",
     super::process::AGENT_ENV_PREFIX,
@@ -76,7 +76,7 @@ pub enum EnvFileError {
 }
 
 /// Whether `key` is one a file may not set.
-pub fn is_reserved(key: &str) -> bool {
+pub(crate) fn is_reserved(key: &str) -> bool {
     RESERVED_NAMES.contains(&key) || RESERVED_PREFIXES.iter().any(|p| key.starts_with(p))
 }
 
@@ -172,7 +172,7 @@ pub fn load_policies<'a>(
 /// variables added: an operator's value replaces an inherited one of the same name (`LANG`,
 /// `PATH`, a proxy), a reserved name is never taken (the parser refuses them already; this
 /// keeps the contract whatever built `vars`). Sorted by name.
-pub fn with_operator_env(
+pub(crate) fn with_operator_env(
     mut env: Vec<(OsString, OsString)>,
     vars: &OperatorEnv,
 ) -> Vec<(OsString, OsString)> {

@@ -28,7 +28,7 @@ use super::workspace::{MountKey, TMP_DIR};
 
 /// The runner's home directory inside its runtime: a job's `~/.gitconfig`, `~/.cargo` or
 /// `~/.docker/config.json` goes with the runtime.
-pub const HOME_DIR: &str = "home";
+pub(crate) const HOME_DIR: &str = "home";
 
 /// The shared writable places a runner gets its own empty tmpfs for, where they exist: nothing a
 /// job writes there is seen by another runner or outlives its own.
@@ -125,13 +125,13 @@ impl Pool {
         self.accounts.iter().any(|a| a.uid == uid)
     }
 
-    pub fn contains_gid(&self, gid: u32) -> bool {
+    pub(crate) fn contains_gid(&self, gid: u32) -> bool {
         self.accounts.iter().any(|a| a.gid == gid)
     }
 
     /// The gid that goes with a journalled uid: the pool's, or the uid's own number for a uid
     /// the pool no longer holds (the configuration changed since it was allocated).
-    pub fn gid_of(&self, uid: u32) -> u32 {
+    pub(crate) fn gid_of(&self, uid: u32) -> u32 {
         self.accounts
             .iter()
             .find(|a| a.uid == uid)
@@ -140,7 +140,7 @@ impl Pool {
 }
 
 /// An account's uid and primary gid from `/etc/passwd` text.
-pub fn lookup_account(passwd: &str, name: &str) -> Option<Account> {
+pub(crate) fn lookup_account(passwd: &str, name: &str) -> Option<Account> {
     passwd.lines().find_map(|line| {
         let mut fields = line.split(':');
         if fields.next()? != name {
@@ -173,7 +173,7 @@ pub fn can_switch_users() -> bool {
 }
 
 /// The `CapEff:` bit mask of a `/proc/<pid>/status` text.
-pub fn effective_capabilities(status: &str) -> Option<u64> {
+pub(crate) fn effective_capabilities(status: &str) -> Option<u64> {
     status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
@@ -248,7 +248,7 @@ pub fn readable_by_runners(meta: &std::fs::Metadata, pool: &Pool) -> Option<Stri
 /// variables as for any runner, but `HOME` = `<runtime>/home`, the XDG base directories under
 /// it, `XDG_RUNTIME_DIR` = `<runtime>/tmp`, and no `USER`, `LOGNAME` or `SHELL` of the agent's
 /// (they would name the agent's account). Sorted by name.
-pub fn isolated_environment(
+pub(crate) fn isolated_environment(
     agent_env: impl IntoIterator<Item = (OsString, OsString)>,
     runtime: &Path,
 ) -> Vec<(OsString, OsString)> {
@@ -285,7 +285,7 @@ pub fn isolated_environment(
 /// Makes `<runtime>/tmp` and `<runtime>/home` (if missing) and gives them and the runtime
 /// directory itself to the runner: owner `account`, mode 0700. What the package put in the
 /// runtime stays the agent's.
-pub fn hand_over(runtime: &Path, account: Account) -> io::Result<()> {
+pub(crate) fn hand_over(runtime: &Path, account: Account) -> io::Result<()> {
     for dir in [TMP_DIR, HOME_DIR] {
         let path = runtime.join(dir);
         match std::fs::create_dir(&path) {
@@ -308,7 +308,7 @@ pub fn hand_over(runtime: &Path, account: Account) -> io::Result<()> {
 /// left: the slot directory and its `_work` become the agent's again (mode 0700, not following
 /// a link), so a later runner of the same uid, of any policy, cannot reach the checkout; the
 /// next holder of the slot gets it with [`hand_over`] and [`chown_tree`].
-pub fn take_back(slot: &Path) -> io::Result<()> {
+pub(crate) fn take_back(slot: &Path) -> io::Result<()> {
     let agent = Account {
         uid: rustix::process::geteuid().as_raw(),
         gid: rustix::process::getegid().as_raw(),
@@ -402,12 +402,12 @@ fn chown_next(walk: &mut DirStack, device: MountKey, account: Account) -> io::Re
 /// What bounds each private tmpfs when the policy writes `memory_max = "none"`: a job's `/tmp`
 /// still cannot take half the host's memory (the kernel's default for tmpfs); shared out as a
 /// `memory_max` of this size would be ([`super::tmpfs::private_tmpfs_bounds`]).
-pub const DEFAULT_TMPFS_SIZE: u64 = 4 << 30;
+pub(crate) const DEFAULT_TMPFS_SIZE: u64 = 4 << 30;
 
 /// The mount options of the private tmpfs on `dir`: sticky and world-writable like the real
 /// ones, and bounded by the policy's `memory_max` ([`super::tmpfs::private_tmpfs_bounds`], the
 /// one owner of the shares), or as if it were [`DEFAULT_TMPFS_SIZE`].
-pub fn tmpfs_options(dir: &str, memory_max: Option<u64>) -> String {
+pub(crate) fn tmpfs_options(dir: &str, memory_max: Option<u64>) -> String {
     let bounds =
         super::tmpfs::private_tmpfs_bounds(dir, Some(memory_max.unwrap_or(DEFAULT_TMPFS_SIZE)));
     match bounds {
@@ -428,7 +428,7 @@ const SIGNALLED_EXIT_BASE: i32 = 128;
 
 /// What the child does between fork and exec, prepared before the fork.
 #[derive(Debug)]
-pub struct ChildSetup {
+pub(crate) struct ChildSetup {
     account: Account,
     /// The runner cgroup's `cgroup.procs`, opened by the agent (close-on-exec).
     cgroup_procs: Option<OwnedFd>,
@@ -457,7 +457,7 @@ struct Rebind {
 
 /// What [`ChildSetup`] gives a runner besides its uid.
 #[derive(Debug)]
-pub struct Sandbox {
+pub(crate) struct Sandbox {
     pub cgroup_procs: Option<OwnedFd>,
     pub netns: Option<OwnedFd>,
     pub pids_max: Option<u32>,
@@ -472,7 +472,11 @@ fn c_path(p: &Path) -> io::Result<CString> {
 
 impl ChildSetup {
     /// Prepares the steps for a runner of `account` in `runtime`.
-    pub fn new(account: Account, runtime: &Path, sandbox: Sandbox) -> io::Result<ChildSetup> {
+    pub(crate) fn new(
+        account: Account,
+        runtime: &Path,
+        sandbox: Sandbox,
+    ) -> io::Result<ChildSetup> {
         let mut private_dirs = Vec::new();
         let mut rebind = None;
         for dir in PRIVATE_DIRS {
@@ -509,7 +513,7 @@ impl ChildSetup {
 
     /// Adds the steps to `command`: they run in the child after `fork`, before `exec`.
     #[allow(unsafe_code)]
-    pub fn install(self, command: &mut Command) {
+    pub(crate) fn install(self, command: &mut Command) {
         let setup = self;
         // SAFETY: `pre_exec` runs the closure in the forked child of a multi-threaded process,
         // where only async-signal-safe operations are sound. `apply` makes raw system calls
@@ -758,7 +762,7 @@ fn reap_until(runner: i32) -> ! {
 /// there would otherwise wait for the uid's next job. A child of the agent switches to the uid
 /// (a user keyring is reachable only as its owner) and clears them.
 #[allow(unsafe_code)]
-pub fn clear_keyrings(account: Account) -> io::Result<()> {
+pub(crate) fn clear_keyrings(account: Account) -> io::Result<()> {
     // SAFETY: the child makes raw system calls only and leaves with `_exit`.
     let pid = unsafe { fork_raw()? };
     if pid == 0 {

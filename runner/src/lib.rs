@@ -36,7 +36,7 @@ pub mod process;
 pub mod refusal;
 pub mod slot;
 pub mod store;
-pub mod tmpfs;
+pub(crate) mod tmpfs;
 pub mod uid;
 pub mod workspace;
 

@@ -18,7 +18,7 @@
 //! A job runs as the uid that writes `_diag`: what is kept is the job's evidence, not proof.
 
 pub mod copy;
-pub mod prune;
+pub(crate) mod prune;
 pub mod scrub;
 
 use std::ffi::{OsStr, OsString};
@@ -44,7 +44,7 @@ pub const STORE_DIR: &str = "logs";
 
 /// The manifest in each kept copy: who the attempt was, what was kept and what was left out.
 /// A `_diag` file of this name is not kept (it would be taken for the manifest).
-pub const MANIFEST: &str = "rm-kept.json";
+pub(crate) const MANIFEST: &str = "rm-kept.json";
 
 /// The most bytes kept of one file; a larger one keeps its head and its tail.
 pub const PER_FILE_CAP: u64 = 16 << 20;
@@ -55,13 +55,13 @@ pub const PER_ATTEMPT_CAP: u64 = 64 << 20;
 
 /// The caps a keep applies ([`PER_FILE_CAP`], [`PER_ATTEMPT_CAP`]; tests use small ones).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caps {
+pub(crate) struct Caps {
     pub per_file: u64,
     pub per_attempt: u64,
 }
 
 impl Caps {
-    pub const DEFAULT: Caps = Caps {
+    pub(crate) const DEFAULT: Caps = Caps {
         per_file: PER_FILE_CAP,
         per_attempt: PER_ATTEMPT_CAP,
     };
@@ -83,7 +83,7 @@ pub fn keep_failures() -> u64 {
 /// appending. `owner`: the runner's uid and gid under `isolation = "user"`; the file and `_diag`
 /// become theirs, as the rest of the runtime. Opened relative to the runtime's descriptor and
 /// never through a link: a persistent slot's runtime held a job before.
-pub fn open_output(runtime: &Path, owner: Option<(u32, u32)>) -> io::Result<File> {
+pub(crate) fn open_output(runtime: &Path, owner: Option<(u32, u32)>) -> io::Result<File> {
     let root = copy::open_dir(runtime)?;
     match rustix::fs::mkdirat(&root, DIAG_DIR, Mode::from_raw_mode(0o755)) {
         Ok(()) | Err(rustix::io::Errno::EXIST) => {}
@@ -132,7 +132,7 @@ pub fn open_output(runtime: &Path, owner: Option<(u32, u32)>) -> io::Result<File
 
 /// Points a runner command's stdout and stderr at [`OUTPUT_FILE`]. A file that cannot be made
 /// leaves them at `/dev/null` (a log must never stop a runner); it is said at `warn`.
-pub fn capture_output(
+pub(crate) fn capture_output(
     command: &mut std::process::Command,
     runtime: &Path,
     owner: Option<(u32, u32)>,
@@ -270,7 +270,12 @@ impl Store {
     }
 
     /// [`Store::keep`] under `caps`.
-    pub fn keep_with(&self, attempt: &Attempt, now_ms: i64, caps: Caps) -> anyhow::Result<Kept> {
+    pub(crate) fn keep_with(
+        &self,
+        attempt: &Attempt,
+        now_ms: i64,
+        caps: Caps,
+    ) -> anyhow::Result<Kept> {
         anyhow::ensure!(
             copy::safe_name(OsStr::new(&attempt.attempt_id)),
             "the attempt id is not a file name"

@@ -37,14 +37,14 @@ pub use cidr::{Cidr, NETWORK_SLOTS};
 /// The addresses runner namespaces are numbered from: a /30 per runner (the host end `.1`, the
 /// runner `.2` of it), 16,384 runners. Private, and outside the ranges cloud networks and
 /// Docker's bridges use by default.
-pub const RUNNER_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 213, 0, 0), 16);
+pub(crate) const RUNNER_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 213, 0, 0), 16);
 
 /// Where `ip netns` names namespaces (a bind mount each, so a runner's namespace outlives the
 /// agent that made it).
-pub const NETNS_DIR: &str = "/run/netns";
+pub(crate) const NETNS_DIR: &str = "/run/netns";
 
 /// A runner namespace's name: this and the attempt's short id (12 hex).
-pub const NETNS_PREFIX: &str = "rm-";
+pub(crate) const NETNS_PREFIX: &str = "rm-";
 
 /// The host end of a runner's veth: this and the attempt's short id (15 characters, the most an
 /// interface name holds). The host table matches runners by it.
@@ -135,13 +135,13 @@ impl Names {
     }
 
     /// The namespace's bind mount.
-    pub fn netns_path(&self) -> PathBuf {
+    pub(crate) fn netns_path(&self) -> PathBuf {
         Path::new(NETNS_DIR).join(&self.netns)
     }
 }
 
 /// The nameservers of a `resolv.conf`, in order.
-pub fn nameservers(resolv_conf: &str) -> Vec<IpAddr> {
+pub(crate) fn nameservers(resolv_conf: &str) -> Vec<IpAddr> {
     resolv_conf
         .lines()
         .filter_map(|line| {
@@ -218,7 +218,7 @@ fn set_of<T: fmt::Display>(items: &[T]) -> String {
 }
 
 /// The host's table (`nft -f` text): replaced whole and atomically at each start.
-pub fn host_table(name: &str, rules: &HostRules) -> String {
+pub(crate) fn host_table(name: &str, rules: &HostRules) -> String {
     let veth = format!("\"{VETH_PREFIX}*\"");
     let mut t = String::new();
     // Declared first, so the delete below never fails on a first start; one transaction.
@@ -527,7 +527,7 @@ pub fn missing_tools() -> Vec<&'static str> {
 }
 
 /// Opens a named namespace for `setns`.
-pub fn open_netns(path: &Path) -> Result<OwnedFd, NetworkError> {
+pub(crate) fn open_netns(path: &Path) -> Result<OwnedFd, NetworkError> {
     rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).map_err(|e| {
         NetworkError::Io {
             what: format!("cannot open the runner's namespace {}", path.display()),

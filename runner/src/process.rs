@@ -22,7 +22,7 @@ pub const LISTENER: &str = "bin/Runner.Listener";
 
 /// The listener's argv after its path: exactly `run` (the JIT configuration comes from the
 /// environment; `--jitconfig` on a command line would show it to every user of the host).
-pub const LISTENER_ARGS: [&str; 1] = ["run"];
+pub(crate) const LISTENER_ARGS: [&str; 1] = ["run"];
 
 /// The one variable the JIT configuration travels in.
 pub const JIT_ENV: &str = "ACTIONS_RUNNER_INPUT_JITCONFIG";
@@ -32,7 +32,7 @@ pub const TMP_ENV: [&str; 3] = ["TMPDIR", "TMP", "TEMP"];
 
 /// The agent's own variables (its secrets among them) start with this; none reaches a runner,
 /// even if a later edit put one on [`INHERITED_ENV`].
-pub const AGENT_ENV_PREFIX: &str = "RM_";
+pub(crate) const AGENT_ENV_PREFIX: &str = "RM_";
 
 /// The variables a runner inherits from the agent: where programs are, who and where the user
 /// is, the locale, and the proxy settings a runner behind a proxy cannot reach GitHub without.
@@ -63,14 +63,14 @@ pub const INHERITED_ENV: &[&str] = &[
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// How often a stop looks at the process group again while it waits for it to exit.
-pub const STOP_POLL: Duration = Duration::from_millis(50);
+pub(crate) const STOP_POLL: Duration = Duration::from_millis(50);
 
 /// How long a stop waits after the grace (and SIGKILL) before it reports the group as
 /// surviving: SIGKILL cannot be ignored, but a process in uninterruptible sleep dies late.
-pub const KILL_SETTLE: Duration = Duration::from_secs(5);
+pub(crate) const KILL_SETTLE: Duration = Duration::from_secs(5);
 
 /// How often [`RunnerChild::wait`] checks whether the child has exited.
-pub const WAIT_POLL: Duration = Duration::from_millis(50);
+pub(crate) const WAIT_POLL: Duration = Duration::from_millis(50);
 
 /// Where the kernel shows processes.
 const PROC: &str = "/proc";
@@ -199,7 +199,7 @@ pub fn parse_stat(line: &str) -> Result<ProcStat, StatParseError> {
 }
 
 /// What the process with the identity's pid says about the runner.
-pub fn leader_state(identity: ProcessIdentity, stat: Option<&ProcStat>) -> Leader {
+pub(crate) fn leader_state(identity: ProcessIdentity, stat: Option<&ProcStat>) -> Leader {
     match stat {
         None => Leader::Absent,
         Some(s) if s.pid != identity.pid || s.start_time != identity.start_time => Leader::Recycled,
@@ -209,7 +209,7 @@ pub fn leader_state(identity: ProcessIdentity, stat: Option<&ProcStat>) -> Leade
 }
 
 /// [`ProcessState`] of a runner from its leader: an absent or recycled pid is gone.
-pub fn process_state(leader: Leader) -> ProcessState {
+pub(crate) fn process_state(leader: Leader) -> ProcessState {
     match leader {
         Leader::Running => ProcessState::Running,
         Leader::Exited => ProcessState::Exited,
@@ -219,7 +219,7 @@ pub fn process_state(leader: Leader) -> ProcessState {
 
 /// How many live processes besides the leader are in the runner's process group. A member that
 /// started before the runner cannot have come from it and is not counted.
-pub fn live_members(identity: ProcessIdentity, group: &[ProcStat]) -> usize {
+pub(crate) fn live_members(identity: ProcessIdentity, group: &[ProcStat]) -> usize {
     group
         .iter()
         .filter(|s| {
@@ -233,7 +233,7 @@ pub fn live_members(identity: ProcessIdentity, group: &[ProcStat]) -> usize {
 
 /// Whether an identity could ever be a runner's: pid 0 and 1 never are, and signalling their
 /// "group" would mean the caller's own group or every process the agent may signal.
-pub fn signallable(identity: ProcessIdentity) -> bool {
+pub(crate) fn signallable(identity: ProcessIdentity) -> bool {
     identity.pid > 1 && i32::try_from(identity.pid).is_ok()
 }
 
@@ -246,7 +246,7 @@ pub enum StopSignal {
 
 /// Where a stop is.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StopProgress {
+pub(crate) struct StopProgress {
     /// SIGTERM has been sent to the group.
     pub terminated: bool,
     /// The grace after SIGTERM is over.
@@ -255,7 +255,7 @@ pub struct StopProgress {
 
 /// What a stop does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopAction {
+pub(crate) enum StopAction {
     /// Nothing of the runner is alive.
     Done,
     /// The identity names another process: leave it alone.
@@ -268,7 +268,7 @@ pub enum StopAction {
 /// signalled. While any process is still in the runner's group, the kernel keeps the group's id
 /// (the runner's pid) from being reused, so a recycled leader pid also means the group is empty:
 /// before the first signal that makes the stop none of our business, after it the stop is done.
-pub fn stop_action(
+pub(crate) fn stop_action(
     identity: ProcessIdentity,
     leader: Leader,
     members: usize,
@@ -569,7 +569,7 @@ impl Processes for OsProcesses {
 /// configuration) in its own process group, `configure` adding what a backend needs (the
 /// isolation steps between fork and exec), and reads its identity. A runner that cannot be
 /// identified is killed: it could never be stopped safely later.
-pub fn spawn_listener(
+pub(crate) fn spawn_listener(
     runtime: &Path,
     jit: &SecretString,
     env: Vec<(OsString, OsString)>,
@@ -631,7 +631,7 @@ pub fn spawn_listener(
 /// Close-on-exec rather than closed now: std's own error pipe and a backend's prepared
 /// descriptors are still used until then.
 #[allow(unsafe_code)]
-pub fn seal_session(command: &mut Command) {
+pub(crate) fn seal_session(command: &mut Command) {
     // SAFETY: the closure runs in the forked child before `exec` and makes raw system calls on
     // integers (`setsid`, `close_range`, `keyctl`): async-signal-safe, no allocation, no lock.
     unsafe {

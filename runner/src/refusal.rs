@@ -17,14 +17,14 @@ use super::logs::copy;
 /// (`src/Runner.Common/RunnerServer.cs` / the broker's `GetRunnerMessageAsync`: a `403` becomes
 /// `AccessDeniedException("… Runner version v{version} is deprecated and cannot receive
 /// messages.")`).
-pub const REFUSED_PHRASE: &str = "is deprecated and cannot receive messages";
+pub(crate) const REFUSED_PHRASE: &str = "is deprecated and cannot receive messages";
 /// How much of the end of each listener log is read (the refusal is among its last lines).
 pub const TAIL_BYTES: u64 = 64 * 1024;
 /// How many listener logs are looked at (one per listener start; a runtime has one or two).
 const MAX_LOGS: usize = 8;
 
 /// Whether `text` is the runner saying GitHub refused its version.
-pub fn says_refused(text: &str) -> bool {
+pub(crate) fn says_refused(text: &str) -> bool {
     text.contains(REFUSED_PHRASE)
 }
 

@@ -22,7 +22,7 @@ use super::workspace::{
 use super::{Removal, RunnerRoot, Runtime, WorkspaceError};
 
 /// A slot directory's name is this prefix and the slot number.
-pub const SLOT_PREFIX: &str = "s";
+pub(crate) const SLOT_PREFIX: &str = "s";
 
 /// The lowest slot number not in `held`: a policy's slots are reused from `s0` up, so a policy
 /// with `max_runners = N` never has more than N slot directories.
@@ -74,7 +74,7 @@ impl RunnerRoot {
     }
 
     /// [`RunnerRoot::prepare_slot`] with `fill` putting the runtime's contents beside `_work`.
-    pub fn prepare_slot_with(
+    pub(crate) fn prepare_slot_with(
         &self,
         runtime: &Path,
         fill: impl FnOnce(&Path) -> io::Result<()>,

@@ -25,7 +25,7 @@ const RUN_LOCK_MAX: u64 = 1 << 20;
 
 /// The bounds of one private tmpfs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TmpfsBounds {
+pub(crate) struct TmpfsBounds {
     /// Bytes, a whole number of pages.
     pub size: u64,
     pub nr_inodes: u64,
@@ -34,7 +34,7 @@ pub struct TmpfsBounds {
 impl TmpfsBounds {
     /// The mount options, `size=<bytes>,nr_inodes=<n>`, to add to the tmpfs's others
     /// (`mode=1777`).
-    pub fn mount_options(&self) -> String {
+    pub(crate) fn mount_options(&self) -> String {
         format!("size={},nr_inodes={}", self.size, self.nr_inodes)
     }
 }
@@ -44,7 +44,7 @@ impl TmpfsBounds {
 /// `/tmp` half of it, `/var/tmp` a quarter, `/run/lock` at most a MiB, `/dev/shm` the rest, so
 /// the four together never exceed `memory_max`. `None`: no bound (the policy has no
 /// `memory_max`, or `dir` is not one of them), the kernel's default applies.
-pub fn private_tmpfs_bounds(dir: &str, memory_max: Option<u64>) -> Option<TmpfsBounds> {
+pub(crate) fn private_tmpfs_bounds(dir: &str, memory_max: Option<u64>) -> Option<TmpfsBounds> {
     let total = memory_max?;
     let tmp = total / 2;
     let var_tmp = total / 4;

@@ -20,16 +20,16 @@ use crate::process::read_stat;
 /// milliseconds; a job that forks faster than it is killed loses within a few rounds, so what is
 /// left after this is stuck in the kernel (uninterruptible sleep) and the uid stays out of the
 /// pool until a later sweep.
-pub const KILL_UID_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const KILL_UID_WAIT: Duration = Duration::from_secs(10);
 
 /// How often [`kill_all`] scans `/proc` again while processes of the uid remain.
-pub const KILL_UID_POLL: Duration = Duration::from_millis(20);
+pub(crate) const KILL_UID_POLL: Duration = Duration::from_millis(20);
 
 const PROC: &str = "/proc";
 
 /// What can go wrong killing a uid's processes.
 #[derive(Debug, thiserror::Error)]
-pub enum UidError {
+pub(crate) enum UidError {
     #[error(
         "refusing to kill every process of uid {uid}: it is root or the agent's own user; give runners uids of their own (host.runner_uids)"
     )]
@@ -49,7 +49,7 @@ pub enum UidError {
 }
 
 /// The real, effective, saved and filesystem uids of a `/proc/<pid>/status` text.
-pub fn parse_status_uids(status: &str) -> Option<[u32; 4]> {
+pub(crate) fn parse_status_uids(status: &str) -> Option<[u32; 4]> {
     let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
     let mut fields = line.split_whitespace().map(|f| f.parse::<u32>().ok());
     let uids = [
@@ -62,7 +62,7 @@ pub fn parse_status_uids(status: &str) -> Option<[u32; 4]> {
 }
 
 /// The thread count (`Threads:`) of a `/proc/<pid>/status` text.
-pub fn parse_status_threads(status: &str) -> Option<u32> {
+pub(crate) fn parse_status_threads(status: &str) -> Option<u32> {
     status
         .lines()
         .find_map(|l| l.strip_prefix("Threads:"))?
@@ -73,7 +73,7 @@ pub fn parse_status_threads(status: &str) -> Option<u32> {
 
 /// Whether any of a process's uids is `uid`: a process that kept `uid` only as its saved or
 /// filesystem uid can switch back to it or act with its file rights.
-pub fn runs_as(uids: [u32; 4], uid: u32) -> bool {
+pub(crate) fn runs_as(uids: [u32; 4], uid: u32) -> bool {
     uids.contains(&uid)
 }
 
@@ -166,7 +166,7 @@ fn gone(e: &io::Error) -> bool {
 /// passed. Each process is re-identified through a pidfd just before its signal, so a pid
 /// recycled to another user's process is never hit. Returns how many distinct processes were
 /// signalled. Refused for uid 0 and for the agent's own real or effective uid.
-pub fn kill_all(uid: u32, wait: Duration) -> Result<usize, UidError> {
+pub(crate) fn kill_all(uid: u32, wait: Duration) -> Result<usize, UidError> {
     let own = [
         rustix::process::getuid().as_raw(),
         rustix::process::geteuid().as_raw(),

@@ -181,7 +181,7 @@ impl RunnerRoot {
 
     /// Creates `<root>/<12 hex>/` (mode 0700; refused if it exists) and lets `fill` put the
     /// runtime's contents in it; a runtime `fill` fails on part-way is removed again.
-    pub fn create_ephemeral_with(
+    pub(crate) fn create_ephemeral_with(
         &self,
         attempt_id: &str,
         fill: impl FnOnce(&Path) -> io::Result<()>,
@@ -246,7 +246,7 @@ impl RunnerRoot {
 
 /// Refuses a package that is not a directory or ships a top-level `_work` (of any file type:
 /// a link named `_work` would be worse than a folder).
-pub fn check_package(package: &Path) -> Result<(), WorkspaceError> {
+pub(crate) fn check_package(package: &Path) -> Result<(), WorkspaceError> {
     let fail = |source| WorkspaceError::Package {
         package: package.to_path_buf(),
         source,

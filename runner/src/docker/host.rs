@@ -15,7 +15,7 @@ pub const DAEMON_PATH: &str =
     "/usr/share/docker.io/contrib:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// The tun device rootlesskit and slirp4netns open.
-pub const TUN: &str = "/dev/net/tun";
+pub(crate) const TUN: &str = "/dev/net/tun";
 
 /// The resolver configuration the daemon gets when the caller gives none.
 pub const RESOLV_CONF: &str = "/etc/resolv.conf";
@@ -25,7 +25,7 @@ const CAP_MKNOD: u32 = 27;
 
 /// The kernel a rootless daemon needs: native overlayfs in a user namespace (5.11). Older
 /// kernels need fuse-overlayfs, which rm does not set up.
-pub const MIN_KERNEL: (u32, u32) = (5, 11);
+pub(crate) const MIN_KERNEL: (u32, u32) = (5, 11);
 
 /// A program the daemon tree runs, and the Debian package that has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,7 +220,7 @@ pub fn judge(facts: &Facts) -> Vec<Lack> {
 }
 
 /// `(major, minor)` of a kernel release such as `6.18.44-fc-v1147`. Pure.
-pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
+pub(crate) fn kernel_version(release: &str) -> Option<(u32, u32)> {
     let mut parts = release.trim().split(['.', '-']);
     let major = parts.next()?.parse().ok()?;
     let minor = parts.next()?.parse().ok()?;
@@ -228,7 +228,7 @@ pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
 }
 
 /// Whether `/proc/filesystems` text lists `overlay`. Pure.
-pub fn has_overlay(filesystems: &str) -> bool {
+pub(crate) fn has_overlay(filesystems: &str) -> bool {
     filesystems
         .lines()
         .any(|l| l.split_whitespace().last() == Some("overlay"))
@@ -243,7 +243,7 @@ pub fn no_new_privs(status: &str) -> bool {
 }
 
 /// Whether the agent runs with `no_new_privs`.
-pub fn agent_has_no_new_privs() -> bool {
+pub(crate) fn agent_has_no_new_privs() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|s| no_new_privs(&s))
 }
 

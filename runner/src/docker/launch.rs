@@ -51,24 +51,24 @@ use crate::isolate::Account;
 /// 2.1 s for the first start after boot (cold caches), about 1 s in a runner's network
 /// namespace under load; the bound leaves room for a loaded host without hiding a daemon that
 /// will never come.
-pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How often [`start`] asks while it waits: a few percent of the usual start time.
-pub const READY_POLL: Duration = Duration::from_millis(25);
+pub(crate) const READY_POLL: Duration = Duration::from_millis(25);
 
 /// The most one `/_ping` may take (connect, request, answer) before it counts as "not yet".
-pub const PING_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The most one image load may wait on the daemon between two reads or writes (a 100 MB image
 /// loads in about 1.3 s here; the daemon unpacks as it reads).
-pub const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The most of an `/images/load` answer read (a line per image and layer).
 const MAX_LOAD_ANSWER: u64 = 1 << 20;
 
 /// The longest path a unix socket may have (`sockaddr_un.sun_path` is 108 bytes with its NUL).
 /// The daemon's socket and containerd's, under the exec root, must fit.
-pub const MAX_SOCKET_PATH: usize = 107;
+pub(crate) const MAX_SOCKET_PATH: usize = 107;
 
 /// The deepest socket the daemon makes below its exec root (containerd's).
 const DEEPEST_SOCKET: &str = "containerd/containerd.sock";
@@ -80,7 +80,7 @@ const LOG_TAIL_LINES: usize = 15;
 const LOG_TAIL_BYTES: u64 = 8192;
 
 /// The directory of the runtime the daemon's tree lives in.
-pub const DOCKER_DIR: &str = "docker";
+pub(crate) const DOCKER_DIR: &str = "docker";
 
 /// The size of the daemon's private `/run` (a few links and small files).
 const RUN_TMPFS_OPTIONS: &std::ffi::CStr = c"mode=755,size=1m";
@@ -89,7 +89,7 @@ const RUN_TMPFS_OPTIONS: &std::ffi::CStr = c"mode=755,size=1m";
 /// (`isolate::PRIVATE_DIRS`; `/run/lock` is inside the daemon's private `/run` already):
 /// otherwise a job could reach the host's through a bind mount (`docker run -v /tmp:/t`) and
 /// leave files there for later jobs.
-pub const PRIVATE_DIRS: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
+pub(crate) const PRIVATE_DIRS: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
 
 /// Their tmpfs options: sticky and world-writable like the real ones, and small (dockerd keeps
 /// its temporary files in the data root; these only hold what a job binds and writes).
@@ -147,7 +147,7 @@ impl Layout {
     }
 
     /// Refuses a runtime so deep that a socket's path would not fit a `sockaddr_un`.
-    pub fn check_socket_paths(&self) -> Result<(), DockerError> {
+    pub(crate) fn check_socket_paths(&self) -> Result<(), DockerError> {
         for path in [self.socket.clone(), self.exec.join(DEEPEST_SOCKET)] {
             if path.as_os_str().len() > MAX_SOCKET_PATH {
                 return Err(DockerError::PathTooLong { path });
@@ -170,7 +170,7 @@ impl Layout {
 ///   daemon's `/proc` is the host's, and a container given `-v /proc:/p` lists every process
 ///   of the host, which the runner's own PID namespace hides from the job.
 /// - `--ipcns`: an IPC namespace of its own, so `--ipc=host` is the tree's, never the host's.
-pub fn rootlesskit_flags(layout: &Layout) -> String {
+pub(crate) fn rootlesskit_flags(layout: &Layout) -> String {
     format!(
         "--subid-source=static --pidns --ipcns --state-dir={}",
         layout.rootlesskit.display()
@@ -179,7 +179,7 @@ pub fn rootlesskit_flags(layout: &Layout) -> String {
 
 /// `dockerd`'s arguments (after `dockerd-rootless.sh`), the registry mirror's among them when
 /// one is set. Pure.
-pub fn dockerd_args(layout: &Layout, mirror: Option<&DaemonMirror>) -> Vec<OsString> {
+pub(crate) fn dockerd_args(layout: &Layout, mirror: Option<&DaemonMirror>) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     let mut flag = |name: &str, value: OsString| {
         args.push(name.into());
@@ -197,7 +197,7 @@ pub fn dockerd_args(layout: &Layout, mirror: Option<&DaemonMirror>) -> Vec<OsStr
 
 /// The host's `/etc/passwd` text plus a line for `account` if no line has its uid, so that
 /// `newuidmap` finds a name for it. The name is `rm<uid>`; the home is the daemon's. Pure.
-pub fn passwd_with(host: &str, account: Account, home: &Path) -> String {
+pub(crate) fn passwd_with(host: &str, account: Account, home: &Path) -> String {
     let has = host
         .lines()
         .any(|l| l.split(':').nth(2) == Some(account.uid.to_string().as_str()));
@@ -214,7 +214,7 @@ pub fn passwd_with(host: &str, account: Account, home: &Path) -> String {
 }
 
 /// The host's `/etc/group` text plus a line for `account`'s gid if none has it. Pure.
-pub fn group_with(host: &str, account: Account) -> String {
+pub(crate) fn group_with(host: &str, account: Account) -> String {
     let has = host
         .lines()
         .any(|l| l.split(':').nth(2) == Some(account.gid.to_string().as_str()));
@@ -346,7 +346,7 @@ pub fn start(spec: DaemonSpec, tools: &Tools) -> Result<Daemon, DockerError> {
 }
 
 /// [`start`] with another bound (tests).
-pub fn start_within(
+pub(crate) fn start_within(
     spec: DaemonSpec,
     tools: &Tools,
     timeout: Duration,
@@ -476,7 +476,7 @@ fn load_image(socket: &Path, image: &Path) -> io::Result<Vec<u8>> {
 }
 
 /// What an `/images/load` answer says: the `Loaded image` lines, or the daemon's error. Pure.
-pub fn parse_load_answer(answer: &[u8]) -> Result<Vec<String>, String> {
+pub(crate) fn parse_load_answer(answer: &[u8]) -> Result<Vec<String>, String> {
     let text = String::from_utf8_lossy(answer);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head.lines().next().unwrap_or_default();
@@ -504,7 +504,7 @@ pub fn parse_load_answer(answer: &[u8]) -> Result<Vec<String>, String> {
 
 /// Whether a Docker daemon answers `GET /_ping` with `200 OK` on `socket` within
 /// [`PING_TIMEOUT`]. HTTP/1.0, so the daemon closes the connection after its answer.
-pub fn ping(socket: &Path) -> bool {
+pub(crate) fn ping(socket: &Path) -> bool {
     let answer = (|| -> io::Result<Vec<u8>> {
         let mut stream = UnixStream::connect(socket)?;
         stream.set_read_timeout(Some(PING_TIMEOUT))?;
@@ -518,7 +518,7 @@ pub fn ping(socket: &Path) -> bool {
 }
 
 /// Whether an HTTP answer is `200` with the body `OK`. Pure.
-pub fn ping_answered(answer: &[u8]) -> bool {
+pub(crate) fn ping_answered(answer: &[u8]) -> bool {
     let text = String::from_utf8_lossy(answer);
     let status_ok = text
         .lines()

@@ -113,7 +113,7 @@ pub fn daemon_mirror(mirror: &RegistryMirror, route: Route) -> DaemonMirror {
 }
 
 /// dockerd's flags for `mirror`. Pure.
-pub fn mirror_flags(mirror: &DaemonMirror) -> Vec<String> {
+pub(crate) fn mirror_flags(mirror: &DaemonMirror) -> Vec<String> {
     let mut flags = vec!["--registry-mirror".to_owned(), mirror.url.clone()];
     if let Some(insecure) = &mirror.insecure {
         flags.push("--insecure-registry".to_owned());

@@ -28,12 +28,12 @@ use std::path::{Path, PathBuf};
 
 /// How many subordinate ids each pool uid gets: the 16-bit id space an image expects (root
 /// through `nobody` at 65534).
-pub const RANGE_SIZE: u32 = 65_536;
+pub(crate) const RANGE_SIZE: u32 = 65_536;
 
 /// Where new ranges start: far above the ids `useradd` hands out (`SUB_UID_MIN` 100000, one
 /// 65536 range per account) and above any ordinary account, so rm's ranges stay out of the way
 /// of the host's own. The first free place at or above it is taken.
-pub const ALLOCATION_BASE: u32 = 1_000_000_000;
+pub(crate) const ALLOCATION_BASE: u32 = 1_000_000_000;
 
 /// The first id no range may reach: `(uid_t)-1` means "no id" to the kernel's interfaces.
 const ID_LIMIT: u64 = u32::MAX as u64;
@@ -163,7 +163,7 @@ fn entries(text: &str, names: &BTreeMap<String, u32>) -> Vec<Entry> {
 
 /// Account names and their uids from `/etc/passwd` text (or groups and gids from `/etc/group`:
 /// the same first and third fields).
-pub fn ids_by_name(text: &str) -> BTreeMap<String, u32> {
+pub(crate) fn ids_by_name(text: &str) -> BTreeMap<String, u32> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.split(':');

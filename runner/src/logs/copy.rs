@@ -21,14 +21,14 @@ pub const DIAG_DIR: &str = "_diag";
 
 /// The most entries of one `_diag` looked at: a job that made a million files there does not
 /// make cleanup read a million names.
-pub const MAX_DIAG_ENTRIES: usize = 4096;
+pub(crate) const MAX_DIAG_ENTRIES: usize = 4096;
 
 /// The longest file name kept. Names are also limited to [`safe_name`]'s characters: they are
 /// printed on an operator's terminal.
-pub const MAX_NAME_LEN: usize = 128;
+pub(crate) const MAX_NAME_LEN: usize = 128;
 
 /// Opens a directory `name` under `dir` without following a link.
-pub fn open_dir_at(dir: impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
+pub(crate) fn open_dir_at(dir: impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
     Ok(rustix::fs::openat(
         dir,
         name,
@@ -166,7 +166,7 @@ pub fn marker(left_out: u64) -> String {
 /// A capped file from its first and last bytes (`head`, `tail`) and its whole `size`: the head
 /// up to its last line end, the marker line, the tail from its first line start. Cutting at
 /// line ends means no secret is kept half (a half is too short for the scrubber to know it).
-pub fn cap_text(head: &[u8], tail: &[u8], size: u64) -> Vec<u8> {
+pub(crate) fn cap_text(head: &[u8], tail: &[u8], size: u64) -> Vec<u8> {
     let head = match head.iter().rposition(|b| *b == b'\n') {
         Some(end) => &head[..=end],
         None => &[],
@@ -185,7 +185,8 @@ pub fn cap_text(head: &[u8], tail: &[u8], size: u64) -> Vec<u8> {
 }
 
 /// [`read_capped`] on bytes in memory (tests, and the pure rule's table).
-pub fn cap_bytes(all: &[u8], cap: u64) -> Vec<u8> {
+#[cfg(test)]
+pub(crate) fn cap_bytes(all: &[u8], cap: u64) -> Vec<u8> {
     let size = all.len() as u64;
     if size <= cap {
         return all.to_vec();

@@ -48,7 +48,7 @@ pub struct Entry {
 /// kept, then by attempt id so the order is total); the first that would break a bound goes,
 /// and so does every older one: nothing older outlives something newer, so the store is always
 /// "the newest N" and never has holes an operator would have to explain.
-pub fn to_prune(entries: &[Entry], bounds: Bounds, now_ms: i64) -> Vec<String> {
+pub(crate) fn to_prune(entries: &[Entry], bounds: Bounds, now_ms: i64) -> Vec<String> {
     let mut newest_first: Vec<&Entry> = entries.iter().collect();
     newest_first.sort_by(|a, b| {
         b.kept_at_ms

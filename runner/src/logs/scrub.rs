@@ -16,17 +16,17 @@
 
 /// The shortest body after a `gh?_` prefix taken as a token: GitHub's are 36 characters and
 /// more; a shorter one is a word like `ghs_path`.
-pub const MIN_TOKEN_BODY: usize = 20;
+pub(crate) const MIN_TOKEN_BODY: usize = 20;
 
 /// The shortest run of base64 characters taken as an encoded secret. GitHub's encoded JIT
 /// configuration is well over a kilobyte and each credential inside it (an RSA key's parameters,
 /// a token) is over this; a SHA-256 in hex (64), a git object id (40), a UUID (36) and ordinary
 /// words stay readable. A run with a `/` more often than one character in
 /// [`PATH_SLASH_EVERY`] is a path, not base64, and is kept.
-pub const MIN_BASE64_RUN: usize = 128;
+pub(crate) const MIN_BASE64_RUN: usize = 128;
 
 /// See [`MIN_BASE64_RUN`]: base64 has a `/` once in 64 characters on average; a path far more.
-pub const PATH_SLASH_EVERY: usize = 16;
+pub(crate) const PATH_SLASH_EVERY: usize = 16;
 
 /// The shortest first and second segment of a JWT (`eyJ` + the JSON header; the payload).
 const MIN_JWT_SEGMENT: usize = 10;

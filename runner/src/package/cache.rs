@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::process::LISTENER;
 
 /// The cache's folder in the data directory.
-pub const PACKAGES_DIR: &str = "packages";
+pub(crate) const PACKAGES_DIR: &str = "packages";
 /// Written last into a package's directory, holding the SHA-256 its archive was verified
 /// against: its presence means the directory is complete.
 pub const COMPLETE_MARKER: &str = ".rm-package-complete";
@@ -29,39 +29,39 @@ pub struct Cached {
 
 /// `<data_dir>/packages/`.
 #[derive(Debug, Clone)]
-pub struct Cache {
+pub(crate) struct Cache {
     root: PathBuf,
 }
 
 impl Cache {
-    pub fn new(data_dir: &Path) -> Self {
+    pub(crate) fn new(data_dir: &Path) -> Self {
         Self {
             root: data_dir.join(PACKAGES_DIR),
         }
     }
 
-    pub fn root(&self) -> &Path {
+    pub(crate) fn root(&self) -> &Path {
         &self.root
     }
 
     /// Where the package `name` lives once complete.
-    pub fn package_dir(&self, name: &str) -> PathBuf {
+    pub(crate) fn package_dir(&self, name: &str) -> PathBuf {
         self.root.join(name)
     }
 
     /// Where its archive is downloaded to.
-    pub fn partial_file(&self, name: &str) -> PathBuf {
+    pub(crate) fn partial_file(&self, name: &str) -> PathBuf {
         self.root.join(format!("{PARTIAL_PREFIX}{name}"))
     }
 
     /// Where its archive is unpacked before it is renamed into place.
-    pub fn unpack_dir(&self, name: &str) -> PathBuf {
+    pub(crate) fn unpack_dir(&self, name: &str) -> PathBuf {
         self.root.join(format!("{UNPACK_PREFIX}{name}"))
     }
 
     /// The package `name`, if it is in the cache and complete. Reads two small files; makes no
     /// request.
-    pub fn complete(&self, name: &str) -> Option<Cached> {
+    pub(crate) fn complete(&self, name: &str) -> Option<Cached> {
         let dir = self.package_dir(name);
         let sha256 = is_complete(&dir)?;
         Some(Cached { dir, sha256 })
@@ -71,7 +71,7 @@ impl Cache {
     /// `.partial-*` and `.unpack-*`, and the directory of `name` if it is there without its
     /// marker (which a rename never leaves, but a hand-made copy might). The caller holds the
     /// data directory's lock, so no other attempt is running.
-    pub fn prepare(&self, name: &str) -> io::Result<()> {
+    pub(crate) fn prepare(&self, name: &str) -> io::Result<()> {
         std::fs::create_dir_all(&self.root)?;
         for entry in std::fs::read_dir(&self.root)? {
             let entry = entry?;
@@ -92,7 +92,7 @@ impl Cache {
     /// Moves the unpacked `name` into place: writes the marker with `sha256` into the unpack
     /// directory, flushes the file system, renames the directory to its final name (one step:
     /// a crash before leaves no package, after a complete one), and drops the archive.
-    pub fn commit(&self, name: &str, sha256: &str) -> io::Result<PathBuf> {
+    pub(crate) fn commit(&self, name: &str, sha256: &str) -> io::Result<PathBuf> {
         let unpacked = self.unpack_dir(name);
         let mut marker = std::fs::File::create(unpacked.join(COMPLETE_MARKER))?;
         marker.write_all(format!("{sha256}\n").as_bytes())?;
@@ -109,12 +109,12 @@ impl Cache {
 
     /// Removes the package `name` whole (a superseded one nothing uses any more: see
     /// [`super::latest`]). Absent is fine.
-    pub fn remove_package(&self, name: &str) -> io::Result<()> {
+    pub(crate) fn remove_package(&self, name: &str) -> io::Result<()> {
         remove_any(&self.package_dir(name))
     }
 
     /// Removes what a failed attempt at `name` wrote (its archive and unpack directory).
-    pub fn discard(&self, name: &str) {
+    pub(crate) fn discard(&self, name: &str) {
         for path in [self.partial_file(name), self.unpack_dir(name)] {
             if let Err(e) = remove_any(&path) {
                 tracing::warn!(path = %path.display(), error = %e, "cannot remove a failed runner package download; the next attempt retries");
@@ -125,7 +125,7 @@ impl Cache {
 
 /// The SHA-256 in `dir`'s marker, if `dir` is a complete package: the marker holds one
 /// checksum and the runner's `bin/Runner.Listener` is a file.
-pub fn is_complete(dir: &Path) -> Option<String> {
+pub(crate) fn is_complete(dir: &Path) -> Option<String> {
     let meta = dir.symlink_metadata().ok()?;
     if !meta.is_dir() {
         return None;

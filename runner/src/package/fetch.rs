@@ -17,17 +17,17 @@ use super::progress::Progress;
 use crate::https::HttpsClient;
 
 /// How long the metadata request may take, redirects and body included.
-pub const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest release metadata read (actions/runner's is tens of KiB).
-pub const MAX_METADATA_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_METADATA_BYTES: usize = 4 * 1024 * 1024;
 /// How long each hop may take to answer with its headers.
-pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a download may go without receiving a byte before it is given up.
-pub const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a whole download may take (a ~200 MiB package at ~120 KiB/s).
-pub const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+pub(crate) const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// The most redirects followed (github.com uses one, to its object storage).
-pub const MAX_REDIRECTS: usize = 5;
+pub(crate) const MAX_REDIRECTS: usize = 5;
 /// The media type GitHub's REST API answers in.
 const GITHUB_JSON: &str = "application/vnd.github+json";
 
@@ -65,19 +65,19 @@ pub enum FetchError {
 
 /// A downloaded body: its length and SHA-256 (lower-case hex).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Downloaded {
+pub(crate) struct Downloaded {
     pub bytes: u64,
     pub sha256: String,
 }
 
 /// An HTTP(S) client with the host's root certificates (rustls; no OpenSSL).
-pub struct Http {
+pub(crate) struct Http {
     client: HttpsClient<Empty<Bytes>>,
     user_agent: String,
 }
 
 impl Http {
-    pub fn new() -> Result<Self, FetchError> {
+    pub(crate) fn new() -> Result<Self, FetchError> {
         Ok(Self {
             client: crate::https::client().map_err(FetchError::Tls)?,
             user_agent: format!("rm-agent/{}", env!("CARGO_PKG_VERSION")),
@@ -85,7 +85,7 @@ impl Http {
     }
 
     /// GETs GitHub JSON at `url` and parses it.
-    pub async fn get_json<T: serde::de::DeserializeOwned>(
+    pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(
         &self,
         url: &str,
     ) -> Result<T, FetchError> {
@@ -116,7 +116,7 @@ impl Http {
     /// Streams `url` into `out`, hashing as it goes, refusing more than `limit` bytes, telling
     /// `progress` (`expected` is the size the release lists, used when no `content-length`
     /// comes).
-    pub async fn download(
+    pub(crate) async fn download(
         &self,
         url: &str,
         expected: Option<u64>,
@@ -276,7 +276,7 @@ async fn stream(
 
 /// Where a redirect leads: an absolute URL, or a path on the same host. HTTPS never gives way
 /// to HTTP.
-pub fn next_hop(from: &Uri, location: Option<&http::HeaderValue>) -> Result<Uri, String> {
+pub(crate) fn next_hop(from: &Uri, location: Option<&http::HeaderValue>) -> Result<Uri, String> {
     let location = location
         .and_then(|v| v.to_str().ok())
         .ok_or("a redirect without a Location")?;
@@ -302,7 +302,7 @@ pub fn next_hop(from: &Uri, location: Option<&http::HeaderValue>) -> Result<Uri,
 }
 
 /// `url` without its query (which may carry a signature).
-pub fn shown(url: &str) -> String {
+pub(crate) fn shown(url: &str) -> String {
     url.split(['?', '#']).next().unwrap_or_default().to_owned()
 }
 

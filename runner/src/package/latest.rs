@@ -33,9 +33,9 @@ use crate::store::{Leftovers, StoredPackage, tree_in_use};
 
 /// After a failed check or download, how long until the next try (never longer than the
 /// configured interval).
-pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10 * 60);
+pub(crate) const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10 * 60);
 /// How often superseded packages are looked at for removal while there are any.
-pub const PRUNE_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const PRUNE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What to do with the release GitHub calls latest.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,13 +7,13 @@
 
 pub mod cache;
 pub mod current;
-pub mod fetch;
+pub(crate) mod fetch;
 pub mod latest;
 pub mod progress;
 pub mod release;
 pub mod report;
-pub mod unpack;
-pub mod version;
+pub(crate) mod unpack;
+pub(crate) mod version;
 pub mod window;
 
 use std::path::{Path, PathBuf};
@@ -27,7 +27,7 @@ use progress::Progress;
 use release::{Chosen, Platform, Release, SelectError};
 
 /// The largest package downloaded (actions/runner's are about 200 MiB).
-pub const MAX_PACKAGE_BYTES: u64 = 500 * 1024 * 1024;
+pub(crate) const MAX_PACKAGE_BYTES: u64 = 500 * 1024 * 1024;
 
 /// Which package, and where to look for it.
 #[derive(Debug, Clone)]
@@ -47,7 +47,7 @@ impl Wanted {
     }
 
     /// The release's metadata endpoint.
-    pub fn metadata_url(&self) -> String {
+    pub(crate) fn metadata_url(&self) -> String {
         format!(
             "{}/repos/{}/releases/tags/v{}",
             self.api_url.trim_end_matches('/'),

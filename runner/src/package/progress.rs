@@ -6,12 +6,12 @@ use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
 /// With a known total, a line each time the download crosses another tenth of it.
-pub const LOG_STEP_PERCENT: u64 = 10;
+pub(crate) const LOG_STEP_PERCENT: u64 = 10;
 /// With a known total, a line at least this often even when a tenth takes longer (a slow link
 /// still shows it is alive).
-pub const LOG_HEARTBEAT: Duration = Duration::from_secs(30);
+pub(crate) const LOG_HEARTBEAT: Duration = Duration::from_secs(30);
 /// Without a total, a line this often.
-pub const LOG_INTERVAL_UNKNOWN_TOTAL: Duration = Duration::from_secs(5);
+pub(crate) const LOG_INTERVAL_UNKNOWN_TOTAL: Duration = Duration::from_secs(5);
 
 /// Where the download loop reports. The loop calls [`Progress::begin`] once, then
 /// [`Progress::advance`] with the bytes received so far after each chunk, then
@@ -40,7 +40,12 @@ fn step(done: u64, total: u64) -> u64 {
 /// Whether to write a line now, `elapsed` after the download began, with `done` of `total`
 /// bytes received, given the last line written (none yet: the first chunk is not logged, the
 /// start line is the caller's).
-pub fn log_due(last: Option<Logged>, done: u64, total: Option<u64>, elapsed: Duration) -> bool {
+pub(crate) fn log_due(
+    last: Option<Logged>,
+    done: u64,
+    total: Option<u64>,
+    elapsed: Duration,
+) -> bool {
     let last = last.unwrap_or(Logged {
         step: 0,
         at: Duration::ZERO,
@@ -53,7 +58,7 @@ pub fn log_due(last: Option<Logged>, done: u64, total: Option<u64>, elapsed: Dur
 }
 
 /// Log lines for a service's journal.
-pub struct LogProgress {
+pub(crate) struct LogProgress {
     what: String,
     started: Instant,
     total: Option<u64>,
@@ -61,7 +66,7 @@ pub struct LogProgress {
 }
 
 impl LogProgress {
-    pub fn new(what: impl Into<String>) -> Self {
+    pub(crate) fn new(what: impl Into<String>) -> Self {
         Self {
             what: what.into(),
             started: Instant::now(),
@@ -118,13 +123,13 @@ impl Progress for LogProgress {
 }
 
 /// An indicatif bar on stderr (bytes, total, rate, time left).
-pub struct BarProgress {
+pub(crate) struct BarProgress {
     bar: indicatif::ProgressBar,
     what: String,
 }
 
 impl BarProgress {
-    pub fn new(what: impl Into<String>) -> Self {
+    pub(crate) fn new(what: impl Into<String>) -> Self {
         Self {
             bar: indicatif::ProgressBar::hidden(),
             what: what.into(),

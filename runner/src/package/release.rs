@@ -7,7 +7,7 @@
 use serde::Deserialize;
 
 /// The repository the runner is released from.
-pub const RUNNER_REPOSITORY: &str = "actions/runner";
+pub(crate) const RUNNER_REPOSITORY: &str = "actions/runner";
 
 /// A platform actions/runner publishes a `.tar.gz` package for (the `win-*` ones are `.zip`
 /// and not for this agent).
@@ -53,12 +53,12 @@ impl Platform {
 
 /// `actions-runner-linux-x64-2.330.0`: the asset's name without `.tar.gz`, and the name of the
 /// package's directory in the cache.
-pub fn package_name(platform: Platform, version: &str) -> String {
+pub(crate) fn package_name(platform: Platform, version: &str) -> String {
     format!("actions-runner-{}-{version}", platform.key())
 }
 
 /// `actions-runner-linux-x64-2.330.0.tar.gz`, as the release lists it.
-pub fn asset_name(platform: Platform, version: &str) -> String {
+pub(crate) fn asset_name(platform: Platform, version: &str) -> String {
     format!("{}.tar.gz", package_name(platform, version))
 }
 
@@ -186,7 +186,7 @@ pub fn select(release: &Release, platform: Platform, version: &str) -> Result<Ch
 }
 
 /// The hex of a `sha256:<hex>` digest; `None` for another algorithm or a malformed value.
-pub fn digest_sha256(digest: &str) -> Option<String> {
+pub(crate) fn digest_sha256(digest: &str) -> Option<String> {
     let (algorithm, hex) = digest.trim().split_once(':')?;
     if !algorithm.eq_ignore_ascii_case("sha256") {
         return None;
@@ -197,7 +197,7 @@ pub fn digest_sha256(digest: &str) -> Option<String> {
 /// The checksum between `<!-- BEGIN SHA {key} -->` and `<!-- END SHA {key} -->`. The markers
 /// are matched whole, so `linux-x64` never reads `linux-x64_noexternals`'s value, and other
 /// 64-digit hex strings in the notes are never taken for it.
-pub fn notes_sha256(body: &str, key: &str) -> Option<String> {
+pub(crate) fn notes_sha256(body: &str, key: &str) -> Option<String> {
     let begin = format!("<!-- BEGIN SHA {key} -->");
     let end = format!("<!-- END SHA {key} -->");
     let start = body.find(&begin)? + begin.len();

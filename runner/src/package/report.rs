@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::window::{self, Window};
 
 /// The report's file in the data directory.
-pub const REPORT_FILE: &str = "runner-version.json";
+pub(crate) const REPORT_FILE: &str = "runner-version.json";
 /// The largest report read (a few hundred bytes are written).
 const MAX_REPORT_BYTES: u64 = 64 * 1024;
 

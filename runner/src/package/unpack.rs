@@ -13,9 +13,9 @@ use tar::EntryType;
 
 /// The most a package may unpack to. actions/runner unpacks to well under a gigabyte; the cap
 /// stops a hostile archive (a gzip bomb) from filling the data directory's disk.
-pub const MAX_UNPACKED_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+pub(crate) const MAX_UNPACKED_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 /// The most entries a package may hold (actions/runner has a few thousand).
-pub const MAX_ENTRIES: usize = 200_000;
+pub(crate) const MAX_ENTRIES: usize = 200_000;
 
 /// Why an archive was not unpacked. Paths are the archive's own, as it names them.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +38,7 @@ pub enum UnpackError {
 
 /// `path` as a relative path of plain names (a leading `./` dropped); an empty result is the
 /// archive's root itself. Anything absolute or with `..` is refused.
-pub fn safe_relative(path: &Path) -> Result<PathBuf, UnpackError> {
+pub(crate) fn safe_relative(path: &Path) -> Result<PathBuf, UnpackError> {
     let mut out = PathBuf::new();
     for component in path.components() {
         match component {
@@ -57,7 +57,7 @@ pub fn safe_relative(path: &Path) -> Result<PathBuf, UnpackError> {
 /// Whether a symbolic link at `link` (relative to the package root) pointing at `target` stays
 /// inside the package, resolved by its names alone: the link's own directory, then each
 /// component of the target. An absolute target never does.
-pub fn link_stays_inside(link: &Path, target: &Path) -> bool {
+pub(crate) fn link_stays_inside(link: &Path, target: &Path) -> bool {
     let mut depth: usize = link.components().count().saturating_sub(1);
     for component in target.components() {
         match component {
@@ -76,7 +76,7 @@ pub fn link_stays_inside(link: &Path, target: &Path) -> bool {
 /// Unpacks the gzip-compressed tar `archive` into the existing, empty directory `into`.
 /// Directories are made owner-writable whatever the archive says, so the package can be
 /// removed again; set-id bits are dropped; ownership is not restored.
-pub fn unpack(archive: &Path, into: &Path) -> Result<(), UnpackError> {
+pub(crate) fn unpack(archive: &Path, into: &Path) -> Result<(), UnpackError> {
     let file = File::open(archive)?;
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(BufReader::new(file)));
     tar.set_preserve_permissions(false);

@@ -3,7 +3,7 @@
 //! (`window`).
 
 /// `MAJOR.MINOR.PATCH` as numbers, for ordering; `None` for anything else.
-pub fn parse_version(version: &str) -> Option<[u64; 3]> {
+pub(crate) fn parse_version(version: &str) -> Option<[u64; 3]> {
     let mut parts = version.split('.');
     let mut out = [0; 3];
     for slot in &mut out {
@@ -18,7 +18,7 @@ pub fn parse_version(version: &str) -> Option<[u64; 3]> {
 
 /// The version a release tag names (`v2.330.0` → `2.330.0`); `None` when it names none (it
 /// becomes part of a URL and a directory name).
-pub fn version_of_tag(tag: &str) -> Option<String> {
+pub(crate) fn version_of_tag(tag: &str) -> Option<String> {
     let version = tag.strip_prefix('v').unwrap_or(tag);
     parse_version(version).map(|_| version.to_owned())
 }

@@ -11,9 +11,9 @@ use rm_github::types::ReleaseSummary;
 use super::version::{parse_version, version_of_tag};
 
 /// GitHub's window: a runner must install a new release within this of its publication.
-pub const UPDATE_WINDOW: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+pub(crate) const UPDATE_WINDOW: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 /// How far ahead a closing window is named.
-pub const WARN_AHEAD: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+pub(crate) const WARN_AHEAD: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 /// The judgement.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,23 +10,23 @@ use sha2::{Digest as _, Sha256};
 
 /// Mode of every stored (and linked) directory: the agent may change it, everyone may list and
 /// enter it, nobody else may add, remove or rename a name in it.
-pub const DIR_MODE: u32 = 0o755;
+pub(crate) const DIR_MODE: u32 = 0o755;
 
 /// Mode of a stored file the package ships executable. Read-only even for its owner: one inode
 /// backs the tree and every runtime linking it, so no process of the agent's user should open it
 /// for writing by accident either.
-pub const EXECUTABLE_MODE: u32 = 0o555;
+pub(crate) const EXECUTABLE_MODE: u32 = 0o555;
 
 /// Mode of any other stored file (read-only for everyone, see [`EXECUTABLE_MODE`]).
-pub const FILE_MODE: u32 = 0o444;
+pub(crate) const FILE_MODE: u32 = 0o444;
 
 /// Mode Linux reports for every symbolic link (a link's own mode is never used).
-pub const SYMLINK_MODE: u32 = 0o777;
+pub(crate) const SYMLINK_MODE: u32 = 0o777;
 
 /// How many components an entry path may have. Each level of a walk holds a directory
 /// descriptor (and a stack frame while a tree is scanned), and a package must not be able to
 /// exhaust either; real packages (node_modules included) stay far below this.
-pub const MAX_DEPTH: usize = 128;
+pub(crate) const MAX_DEPTH: usize = 128;
 
 /// Length of a SHA-256 in lower-case hex.
 const SHA256_HEX_LEN: usize = 64;
@@ -79,7 +79,7 @@ pub enum ManifestError {
 
 /// The canonical order of entry paths: component by component, each compared by bytes. This is
 /// a depth-first order (`a`, `a/b`, `a-b`), which plain string order is not (`a`, `a-b`, `a/b`).
-pub fn path_order(a: &str, b: &str) -> Ordering {
+pub(crate) fn path_order(a: &str, b: &str) -> Ordering {
     a.split('/').cmp(b.split('/'))
 }
 
@@ -87,7 +87,7 @@ pub fn path_order(a: &str, b: &str) -> Ordering {
 /// bit (a runner could otherwise run a program as the agent), nothing writable by group or
 /// other, and readable (and, where it matters, searchable or executable) by other, so a runner
 /// that is neither the owner nor in the group can use it.
-pub fn stored_mode(kind: &EntryKind, mode: u32) -> u32 {
+pub(crate) fn stored_mode(kind: &EntryKind, mode: u32) -> u32 {
     match kind {
         EntryKind::Dir => DIR_MODE,
         EntryKind::File if mode & 0o111 != 0 => EXECUTABLE_MODE,
@@ -97,12 +97,12 @@ pub fn stored_mode(kind: &EntryKind, mode: u32) -> u32 {
 }
 
 /// The parent of an entry path; `""` for a top-level entry.
-pub fn parent_of(path: &str) -> &str {
+pub(crate) fn parent_of(path: &str) -> &str {
     path.rsplit_once('/').map_or("", |(parent, _)| parent)
 }
 
 /// The last component of an entry path.
-pub fn name_of(path: &str) -> &str {
+pub(crate) fn name_of(path: &str) -> &str {
     path.rsplit_once('/').map_or(path, |(_, name)| name)
 }
 
@@ -119,7 +119,7 @@ fn is_plain_path(path: &str) -> bool {
 impl Manifest {
     /// The serialisation the digest is taken over: compact JSON, fields in declaration order,
     /// entries in canonical order. Written to the store as is.
-    pub fn canonical_bytes(&self) -> Vec<u8> {
+    pub(crate) fn canonical_bytes(&self) -> Vec<u8> {
         // Serialising plain strings and integers into a Vec cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
     }
@@ -131,7 +131,7 @@ impl Manifest {
     }
 
     /// Bytes of file content in the package.
-    pub fn total_size(&self) -> u64 {
+    pub(crate) fn total_size(&self) -> u64 {
         self.entries.iter().map(|e| e.size).sum()
     }
 

@@ -13,7 +13,7 @@
 //! manifest's depth-first order, so a name is never resolved through a link and no path string is
 //! resolved again below the directory it was opened from.
 
-pub mod manifest;
+pub(crate) mod manifest;
 #[cfg(test)]
 mod tests;
 
@@ -37,14 +37,14 @@ use manifest::{DIR_MODE, MAX_DEPTH, name_of, parent_of, stored_mode};
 pub const STORE_DIR: &str = ".rm-package";
 
 /// The manifest file written next to a stored tree.
-pub const MANIFEST_FILE: &str = "manifest.json";
+pub(crate) const MANIFEST_FILE: &str = "manifest.json";
 
 /// The stored tree's folder inside `<store>/<digest>/`.
-pub const TREE_DIR: &str = "tree";
+pub(crate) const TREE_DIR: &str = "tree";
 
 /// Mode of the store's folder: only the agent may list or enter it, so a runner reaches package
 /// files only through the links in its own runtime.
-pub const STORE_MODE: u32 = 0o700;
+pub(crate) const STORE_MODE: u32 = 0o700;
 
 /// Prefix of the folder a tree is built in before it is renamed to its digest in one step. Any
 /// name in the store but the current digest is removed by the next install, so a build cut
@@ -269,7 +269,7 @@ impl Store {
     /// [`Store::install`] that leaves every other tree in place: for a package that replaces
     /// the current one while runtimes may still be made from that (`runner.version =
     /// "latest"`); [`Store::remove_unused`] removes the superseded one later.
-    pub fn install_beside(&self, source: &Path) -> Result<StoredPackage, StoreError> {
+    pub(crate) fn install_beside(&self, source: &Path) -> Result<StoredPackage, StoreError> {
         check_source(source)?;
         let mut buf = vec![0; BUFFER_SIZE];
         let found = scan(source, &mut buf).map_err(|e| e.into_source_error(source))?;
@@ -394,7 +394,7 @@ impl Store {
     /// packages no longer configured and, with [`Leftovers::Remove`], staging folders a crash left
     /// (only where no build can be under way: at start). Returns the names removed. A failure
     /// only costs space, so it is logged, not returned.
-    pub fn remove_unused(&self, keep: &[String], leftovers: Leftovers) -> Vec<String> {
+    pub(crate) fn remove_unused(&self, keep: &[String], leftovers: Leftovers) -> Vec<String> {
         let mut removed = Vec::new();
         let names = match open_dir(&self.dir).and_then(|store| entry_names(&store)) {
             Ok(names) => names,
@@ -715,7 +715,7 @@ impl StoredPackage {
 
 impl StoreError {
     /// The package path a verification found different, if this is one.
-    pub fn differing_path(&self) -> Option<&str> {
+    pub(crate) fn differing_path(&self) -> Option<&str> {
         match self {
             StoreError::Tampered { path, .. }
             | StoreError::RuntimeMismatch { path, .. }
@@ -738,7 +738,7 @@ pub enum Leftovers {
 /// tree's, so a file of the tree with more than one link is in a runtime. Stops at the first
 /// such file; links are never followed. A tree that cannot be read counts as in use (removing
 /// it can wait for the next pass).
-pub fn tree_in_use(tree: &Path) -> bool {
+pub(crate) fn tree_in_use(tree: &Path) -> bool {
     fn walk(dir: &Path, depth: usize) -> io::Result<bool> {
         if depth > MAX_DEPTH {
             return Ok(false);
