@@ -423,7 +423,7 @@ pub struct Policy {
     /// ([`rm_runner::disk`]); `None`: no bound (`"none"`).
     pub disk_max: Option<u64>,
     /// `env_file`: where operator variables for this policy's runners come from (read once
-    /// when `rm-agent run` starts, by `runner::env_file::load_policies`).
+    /// when `rm-agent run` starts, by `rm_runner::env_file::load_policies`).
     pub env_file: Option<PathBuf>,
     /// `network_allow`: when set, the only networks this policy's runners reach.
     pub network_allow: Option<Vec<Cidr>>,

@@ -1,7 +1,7 @@
 //! The disk bound of a runner (`policy.disk_max`, issue 25): how much its runtime holds, measured
 //! by a walk, and whether that is past the bound ([`judge`], pure). Supervision measures each
 //! live runner every [`DISK_CHECK_INTERVAL`] on a blocking thread, one walk at a time, and stops
-//! a runner whose runtime is past its bound (`crate::executor::supervise`).
+//! a runner whose runtime is past its bound (the agent's `executor::supervise`).
 //!
 //! A walk, not a quota: ext4 and xfs have project quotas, but only where the filesystem was made
 //! and mounted for them, which most hosts' are not; a walk works on every filesystem. The job

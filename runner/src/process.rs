@@ -585,7 +585,7 @@ pub(crate) fn spawn_listener(
         .env(JIT_ENV, jit.expose_secret())
         // The runner keeps its own logs in `_diag`; its output never reaches the agent's
         // log, where a job could otherwise write anything. A backend's `configure` points
-        // stdout and stderr at a file in the runtime instead (`runner::logs::capture_output`).
+        // stdout and stderr at a file in the runtime instead (`crate::logs::capture_output`).
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());

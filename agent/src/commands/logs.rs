@@ -1,6 +1,6 @@
 //! `rm-agent logs JOB_ID|RUNNER [--follow]`: the logs an attempt's runner left, found through
 //! this host's journal (a job id, a runner name or an attempt id), from the kept copy
-//! (`runner::logs`) once it was cleaned up, or from its runtime's `_diag` while it lives (read
+//! (`rm_runner::logs`) once it was cleaned up, or from its runtime's `_diag` while it lives (read
 //! with the same safe opener, capped and scrubbed the same way). `--follow` tails the live files
 //! until the attempt is cleaned, then prints the rest from the kept copy. Works with the agent
 //! stopped; what is printed is what the job's uid wrote: evidence, not proof.

@@ -729,7 +729,7 @@ fn registry_mirror(text: &str) -> Result<RegistryMirror, String> {
 }
 
 /// Under `host.network = "private"` a runner's daemon reaches the host only at a
-/// `host.network_host_ports` port of the host's `127.0.0.1` (`runner::network`): the mirror
+/// `host.network_host_ports` port of the host's `127.0.0.1` (`rm_runner::network`): the mirror
 /// must listen there.
 fn mirror_reachable(mirror: &RegistryMirror, host_ports: &[u16]) -> Result<(), String> {
     let url = mirror.url();

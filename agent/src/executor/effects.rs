@@ -163,7 +163,7 @@ async fn remove_runtime(ctx: &Context, record: &AttemptRecord) -> bool {
     let (kind, plan) = (record.isolation, ctx.plan(record));
     // The runner's logs, before the runtime goes (the runner's group is stopped; a process that
     // escaped it is the job's, whose writes are evidence anyway). Idempotent, and it never
-    // fails the cleanup (`runner::logs`).
+    // fails the cleanup (`rm_runner::logs`).
     let keep = ctx
         .settings
         .logs

@@ -7,8 +7,8 @@
 //! The states and their graph (`allocated → jit_received → starting → idle ⇄ busy → finished |
 //! failed | orphaned → cleaned`) are [`AttemptState`], which lives in `rm-journal` and is
 //! re-exported here: the journal builds every compare-and-set from that graph, so there is one
-//! copy of it. The adapters that carry a decision out (process, GitHub, workspace) live in
-//! `crate::runner`.
+//! copy of it. The adapters that carry a decision out live in `crate::executor` (GitHub) and
+//! the `rm-runner` crate (process, workspace).
 
 mod decision;
 

@@ -545,7 +545,7 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
     }
 
     // What containers write counts against the runner's disk bound: the disk watch's own walk
-    // (`runner::disk::measure`, as root) finds a container's file, written under a subordinate
+    // (`rm_runner::disk::measure`, as root) finds a container's file, written under a subordinate
     // uid inside the daemon's data root, in the runtime.
     let measured = |runtime: &Path| match rm_runner::disk::measure(runtime, u64::MAX) {
         Ok(rm_runner::disk::Measured::Bytes(bytes)) => bytes,

@@ -8,7 +8,7 @@
 //! - slirp4netns makes its outgoing connections in the runner's network namespace
 //!   (`host.network = "private"`), where the host is the host end of the runner's veth. The
 //!   host's table rewrites a runner's connection to that address on a `host.network_host_ports`
-//!   port to the host's `127.0.0.1` (`runner::network::host_table`), which the configuration
+//!   port to the host's `127.0.0.1` (`crate::network::host_table`), which the configuration
 //!   requires of the mirror's port. So the daemon gets the veth's host end, the same port.
 //!   Measured (`agent/tests/host/runner_docker.rs`, the mirror test): with the rewritten URL a
 //!   pull goes through the mirror; with `http://127.0.0.1:PORT` as written the daemon never
