@@ -5,8 +5,15 @@
 //!
 //! - [`backend`] is the execution seam (CONTRACT §7) and the one seam of this crate: a runner's
 //!   runtime is made, its process started, looked at and stopped, and everything it left cleaned
-//!   through the attempt's [`backend::Backend`]. [`isolate`], [`cgroup`], [`uid`], [`network`],
-//!   [`docker`] and [`store`] are what `isolation = "user"` is made of.
+//!   through the attempt's [`backend::Backend`]. A backend is also the process table its
+//!   runners are seen and signalled in ([`process::Processes`], which [`process::inspect`] and
+//!   [`process::stop`] read): the executor reaches a process only through a backend, and a test
+//!   fakes the backend alone. `Processes` stays a trait of its own because the stop and the
+//!   identity checks are written once against it, for every backend and for the host's table
+//!   ([`OsProcesses`], which `none` and `user` keep); it is not a second seam to fill. A runtime
+//!   directory ([`workspace`]) is made and removed only by the backends, so it has no seam.
+//!   [`isolate`], [`cgroup`], [`uid`], [`network`], [`docker`] and [`store`] are what
+//!   `isolation = "user"` is made of.
 //! - [`process`] starts the runner the way CONTRACT §5 says, tells a live runner from a
 //!   recycled pid, and stops a runner's whole process group; [`workspace`] makes and removes a
 //!   runner's runtime directory without following a link out of it; [`slot`] is a persistent
