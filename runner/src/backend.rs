@@ -249,7 +249,7 @@ impl LinkedPackage {
     /// ever linked from a verified tree. Returns the superseded stored package: runtimes linked
     /// from it keep running on it, and it is removed once nothing uses it
     /// ([`Store::remove_unused`]). Blocking (a package of thousands of files).
-    pub fn switch(&self, source: &Path) -> Result<StoredPackage, StoreError> {
+    pub(crate) fn switch(&self, source: &Path) -> Result<StoredPackage, StoreError> {
         let package = self.store.install_beside(source)?;
         package.verify()?;
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);

@@ -453,7 +453,7 @@ impl CgroupRoot {
     /// never [`AGENT_LEAF`] or a probe). The agent never needs it (each runner's cgroup is
     /// journalled before it is made); the tests check what is left with it.
     #[cfg(test)]
-    pub fn children(&self) -> io::Result<Vec<String>> {
+    pub(crate) fn children(&self) -> io::Result<Vec<String>> {
         let mut names = Vec::new();
         for entry in fs::read_dir(&self.path)? {
             let entry = entry?;

@@ -80,7 +80,7 @@ pub struct SubRange {
 
 impl SubRange {
     /// The host ids it covers.
-    pub fn ids(&self) -> Range<u64> {
+    pub(crate) fn ids(&self) -> Range<u64> {
         u64::from(self.start)..u64::from(self.start) + u64::from(self.count)
     }
 

@@ -26,7 +26,7 @@ impl CurrentPackage {
     }
 
     /// Makes `dir` the package from now on; returns the one it replaces.
-    pub fn set(&self, dir: &Path) -> Arc<PathBuf> {
+    pub(crate) fn set(&self, dir: &Path) -> Arc<PathBuf> {
         let mut current = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         std::mem::replace(&mut *current, Arc::new(dir.to_path_buf()))
     }

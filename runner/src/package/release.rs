@@ -46,7 +46,7 @@ impl Platform {
     }
 
     /// `linux-x64`: the middle of the asset name and the checksum markers' key.
-    pub fn key(self) -> String {
+    pub(crate) fn key(self) -> String {
         format!("{}-{}", self.os, self.arch)
     }
 }

@@ -37,7 +37,7 @@ pub enum Window {
 
 impl Window {
     /// The first newer release and when the window closes, when there is one.
-    pub fn deadline(&self) -> Option<(&str, SystemTime)> {
+    pub(crate) fn deadline(&self) -> Option<(&str, SystemTime)> {
         match self {
             Window::Open { next, deadline }
             | Window::Closing { next, deadline, .. }

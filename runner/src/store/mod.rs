@@ -507,7 +507,7 @@ impl StoredPackage {
 
     /// How many handles to this stored package the process holds (clones share one count): a
     /// runtime being linked from it holds one beside its owner's.
-    pub fn holders(&self) -> usize {
+    pub(crate) fn holders(&self) -> usize {
         Arc::strong_count(&self.manifest)
     }
 
