@@ -269,7 +269,7 @@ impl Allocator {
 
     /// Says once per exhaustion that the uid pool has no free uid (`exhausted`), and when it
     /// has again (`None`).
-    pub(super) fn note_uid_pool(&mut self, exhausted: Option<&anyhow::Error>) {
+    pub(super) fn note_uid_pool(&mut self, exhausted: Option<&NoFreeUid>) {
         match exhausted {
             Some(e) if !self.uid_pool_exhausted => {
                 self.uid_pool_exhausted = true;
@@ -450,10 +450,33 @@ pub(super) struct LiveView {
     pub(super) busy_unknown: usize,
 }
 
-/// Reads the live counts and, per policy, its busy runners with an unknown job: once per pass.
-pub(super) async fn live_counts(
-    ctx: &Context,
-) -> anyhow::Result<(rm_journal::LiveCounts, HashMap<String, usize>)> {
+/// What the journal's attempts say to a pass's plan, read in one transaction.
+#[derive(Debug)]
+pub(super) struct LiveRead {
+    pub(super) counts: rm_journal::LiveCounts,
+    /// Per policy, its busy runners whose job the journal does not know yet.
+    pub(super) busy_unknown: HashMap<String, usize>,
+    /// The uids attempts not yet cleaned hold.
+    pub(super) held_uids: Vec<u32>,
+}
+
+impl LiveRead {
+    /// The uids of `pool` no attempt holds (`None` without a pool).
+    pub(super) fn free_uids(&self, pool: Option<&crate::runner::isolate::Pool>) -> Option<u32> {
+        pool.map(|pool| {
+            let free = pool
+                .accounts()
+                .iter()
+                .filter(|a| !self.held_uids.contains(&a.uid))
+                .count();
+            u32::try_from(free).unwrap_or(u32::MAX)
+        })
+    }
+}
+
+/// Reads the live counts, per policy its busy runners with an unknown job, and the uids
+/// attempts hold: once per pass.
+pub(super) async fn live_counts(ctx: &Context) -> anyhow::Result<LiveRead> {
     Ok(ctx
         .journal
         .write(move |attempts| {
@@ -463,7 +486,11 @@ pub(super) async fn live_counts(
                     *busy_unknown.entry(attempt.policy).or_default() += 1;
                 }
             }
-            Ok((attempts.live_counts()?, busy_unknown))
+            Ok(LiveRead {
+                counts: attempts.live_counts()?,
+                busy_unknown,
+                held_uids: attempts.held_uids()?,
+            })
         })
         .await?)
 }
@@ -495,7 +522,7 @@ pub(super) async fn create_attempt(
     ctx: &Context,
     policy: &Policy,
     running_uids: &mut Option<HashSet<u32>>,
-) -> anyhow::Result<AttemptRecord> {
+) -> anyhow::Result<Created> {
     let id = AttemptId::generate();
     let runner_name = id.runner_name(&ctx.settings.host);
     let (workspace, runtime_dir) = match policy.workspace {
@@ -540,7 +567,7 @@ pub(super) async fn create_attempt(
                 }
             };
             let Some(account) = crate::runner::isolate::pick_uid(&user.pool, &held, running) else {
-                return Err(anyhow::Error::new(NoFreeUid {
+                return Ok(Created::NoFreeUid(NoFreeUid {
                     pool: user.pool.accounts().len(),
                     held: held.len(),
                 }));
@@ -557,7 +584,7 @@ pub(super) async fn create_attempt(
         (IsolationKind::None, _) => (None, None),
     };
     let (policy_name, created_at_ms) = (policy.name.clone(), rm_journal::UnixMs::new(ctx.now_ms()));
-    Ok(ctx
+    let record = ctx
         .journal
         .write(move |attempts| {
             attempts.create(&NewAttempt {
@@ -572,7 +599,17 @@ pub(super) async fn create_attempt(
                 cgroup: cgroup.as_deref(),
             })
         })
-        .await?)
+        .await?;
+    Ok(Created::Attempt(Box::new(record)))
+}
+
+/// What [`create_attempt`] came to, short of a failure.
+#[derive(Debug)]
+pub(super) enum Created {
+    Attempt(Box<AttemptRecord>),
+    /// Every uid of the pool is taken (by attempts, or by processes outside rm): like a
+    /// ceiling, nothing starts until cleanup releases one.
+    NoFreeUid(NoFreeUid),
 }
 
 #[cfg(test)]
