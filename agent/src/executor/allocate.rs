@@ -525,48 +525,12 @@ pub(super) async fn create_attempt(
 ) -> anyhow::Result<Created> {
     let id = AttemptId::generate();
     let runner_name = id.runner_name(&ctx.settings.host);
-    let (workspace, runtime_dir) = match policy.workspace {
-        Workspace::Ephemeral => (
-            WorkspaceKind::Ephemeral,
-            ctx.root.ephemeral_path(id.as_str())?,
-        ),
-        Workspace::Persistent => {
-            let name = policy.name.clone();
-            let held: Vec<u32> = ctx
-                .journal
-                .write(move |attempts| attempts.list(Scope::Uncleaned, Some(&name)))
-                .await?
-                .iter()
-                .filter(|a| a.workspace == WorkspaceKind::Persistent)
-                .filter_map(|a| {
-                    a.runtime_dir
-                        .file_name()?
-                        .to_str()
-                        .and_then(slot::slot_number)
-                })
-                .collect();
-            (
-                WorkspaceKind::Persistent,
-                ctx.root.slot_path(&policy.name, slot::free_slot(&held))?,
-            )
-        }
-    };
+    let (workspace, runtime_dir) = workspace_of(ctx, policy, &id).await?;
     let isolation = ctx.settings.backends.isolation;
     let (uid, cgroup) = match (isolation, &ctx.settings.backends.user) {
         (IsolationKind::User, Some(user)) => {
-            let held = ctx.journal.write(|attempts| attempts.held_uids()).await?;
-            let running = match running_uids {
-                Some(running) => running,
-                None => {
-                    // A `/proc` scan: tens of ms on a busy host, off the async workers.
-                    let scanned = tokio::task::spawn_blocking(crate::runner::uid::running_uids)
-                        .await
-                        .context("the scan of running uids did not finish")?
-                        .context("cannot read which uids are in use")?;
-                    running_uids.insert(scanned)
-                }
-            };
-            let Some(account) = crate::runner::isolate::pick_uid(&user.pool, &held, running) else {
+            let Some(uid) = free_uid(ctx, user, running_uids).await? else {
+                let held = ctx.journal.write(|attempts| attempts.held_uids()).await?;
                 return Ok(Created::NoFreeUid(NoFreeUid {
                     pool: user.pool.accounts().len(),
                     held: held.len(),
@@ -576,7 +540,7 @@ pub(super) async fn create_attempt(
                 Some(root) => Some(root.runner_path(&format!("rm-{}", id.short()))?),
                 None => None,
             };
-            (Some(account.uid), cgroup)
+            (Some(uid), cgroup)
         }
         (IsolationKind::User, None) => {
             anyhow::bail!("isolation is `user` but this agent cannot switch users")
@@ -601,6 +565,63 @@ pub(super) async fn create_attempt(
         })
         .await?;
     Ok(Created::Attempt(Box::new(record)))
+}
+
+/// The new attempt's workspace: its own runtime directory (ephemeral), or the lowest slot no
+/// uncleaned attempt of the policy holds (persistent).
+async fn workspace_of(
+    ctx: &Context,
+    policy: &Policy,
+    id: &AttemptId,
+) -> anyhow::Result<(WorkspaceKind, std::path::PathBuf)> {
+    Ok(match policy.workspace {
+        Workspace::Ephemeral => (
+            WorkspaceKind::Ephemeral,
+            ctx.root.ephemeral_path(id.as_str())?,
+        ),
+        Workspace::Persistent => {
+            let name = policy.name.clone();
+            let held: Vec<u32> = ctx
+                .journal
+                .write(move |attempts| attempts.list(Scope::Uncleaned, Some(&name)))
+                .await?
+                .iter()
+                .filter(|a| a.workspace == WorkspaceKind::Persistent)
+                .filter_map(|a| {
+                    a.runtime_dir
+                        .file_name()?
+                        .to_str()
+                        .and_then(slot::slot_number)
+                })
+                .collect();
+            (
+                WorkspaceKind::Persistent,
+                ctx.root.slot_path(&policy.name, slot::free_slot(&held))?,
+            )
+        }
+    })
+}
+
+/// The lowest uid of the pool no uncleaned attempt holds and no process in `running_uids`
+/// (scanned on first use) runs as; `None` when there is none.
+async fn free_uid(
+    ctx: &Context,
+    user: &crate::runner::backend::UserIsolation,
+    running_uids: &mut Option<HashSet<u32>>,
+) -> anyhow::Result<Option<u32>> {
+    let held = ctx.journal.write(|attempts| attempts.held_uids()).await?;
+    let running = match running_uids {
+        Some(running) => running,
+        None => {
+            // A `/proc` scan: tens of ms on a busy host, off the async workers.
+            let scanned = tokio::task::spawn_blocking(crate::runner::uid::running_uids)
+                .await
+                .context("the scan of running uids did not finish")?
+                .context("cannot read which uids are in use")?;
+            running_uids.insert(scanned)
+        }
+    };
+    Ok(crate::runner::isolate::pick_uid(&user.pool, &held, running).map(|account| account.uid))
 }
 
 /// What [`create_attempt`] came to, short of a failure.
