@@ -269,7 +269,7 @@ impl Allocator {
 
     /// Says once per exhaustion that the uid pool has no free uid (`exhausted`), and when it
     /// has again (`None`).
-    pub(super) fn note_uid_pool(&mut self, exhausted: Option<&anyhow::Error>) {
+    pub(super) fn note_uid_pool(&mut self, exhausted: Option<&NoFreeUid>) {
         match exhausted {
             Some(e) if !self.uid_pool_exhausted => {
                 self.uid_pool_exhausted = true;
@@ -450,10 +450,33 @@ pub(super) struct LiveView {
     pub(super) busy_unknown: usize,
 }
 
-/// Reads the live counts and, per policy, its busy runners with an unknown job: once per pass.
-pub(super) async fn live_counts(
-    ctx: &Context,
-) -> anyhow::Result<(rm_journal::LiveCounts, HashMap<String, usize>)> {
+/// What the journal's attempts say to a pass's plan, read in one transaction.
+#[derive(Debug)]
+pub(super) struct LiveRead {
+    pub(super) counts: rm_journal::LiveCounts,
+    /// Per policy, its busy runners whose job the journal does not know yet.
+    pub(super) busy_unknown: HashMap<String, usize>,
+    /// The uids attempts not yet cleaned hold.
+    pub(super) held_uids: Vec<u32>,
+}
+
+impl LiveRead {
+    /// The uids of `pool` no attempt holds (`None` without a pool).
+    pub(super) fn free_uids(&self, pool: Option<&rm_runner::isolate::Pool>) -> Option<u32> {
+        pool.map(|pool| {
+            let free = pool
+                .accounts()
+                .iter()
+                .filter(|a| !self.held_uids.contains(&a.uid))
+                .count();
+            u32::try_from(free).unwrap_or(u32::MAX)
+        })
+    }
+}
+
+/// Reads the live counts, per policy its busy runners with an unknown job, and the uids
+/// attempts hold: once per pass.
+pub(super) async fn live_counts(ctx: &Context) -> anyhow::Result<LiveRead> {
     Ok(ctx
         .journal
         .write(move |attempts| {
@@ -463,7 +486,11 @@ pub(super) async fn live_counts(
                     *busy_unknown.entry(attempt.policy).or_default() += 1;
                 }
             }
-            Ok((attempts.live_counts()?, busy_unknown))
+            Ok(LiveRead {
+                counts: attempts.live_counts()?,
+                busy_unknown,
+                held_uids: attempts.held_uids()?,
+            })
         })
         .await?)
 }
@@ -495,10 +522,59 @@ pub(super) async fn create_attempt(
     ctx: &Context,
     policy: &Policy,
     running_uids: &mut Option<HashSet<u32>>,
-) -> anyhow::Result<AttemptRecord> {
+) -> anyhow::Result<Created> {
     let id = AttemptId::generate();
     let runner_name = id.runner_name(&ctx.settings.host);
-    let (workspace, runtime_dir) = match policy.workspace {
+    let (workspace, runtime_dir) = workspace_of(ctx, policy, &id).await?;
+    let isolation = ctx.settings.backends.isolation;
+    let (uid, cgroup) = match (isolation, &ctx.settings.backends.user) {
+        (IsolationKind::User, Some(user)) => {
+            let Some(uid) = free_uid(ctx, user, running_uids).await? else {
+                let held = ctx.journal.write(|attempts| attempts.held_uids()).await?;
+                return Ok(Created::NoFreeUid(NoFreeUid {
+                    pool: user.pool.accounts().len(),
+                    held: held.len(),
+                }));
+            };
+            let cgroup = match &user.cgroups {
+                Some(root) => Some(root.runner_path(&format!("rm-{}", id.short()))?),
+                None => None,
+            };
+            (Some(uid), cgroup)
+        }
+        (IsolationKind::User, None) => {
+            anyhow::bail!("isolation is `user` but this agent cannot switch users")
+        }
+        (IsolationKind::None, _) => (None, None),
+    };
+    let (policy_name, created_at_ms) = (policy.name.clone(), rm_journal::UnixMs::new(ctx.now_ms()));
+    let record = ctx
+        .journal
+        .write(move |attempts| {
+            attempts.create(&NewAttempt {
+                attempt_id: &id,
+                policy: &policy_name,
+                runner_name: &runner_name,
+                workspace,
+                runtime_dir: &runtime_dir,
+                created_at_ms,
+                isolation,
+                uid,
+                cgroup: cgroup.as_deref(),
+            })
+        })
+        .await?;
+    Ok(Created::Attempt(Box::new(record)))
+}
+
+/// The new attempt's workspace: its own runtime directory (ephemeral), or the lowest slot no
+/// uncleaned attempt of the policy holds (persistent).
+async fn workspace_of(
+    ctx: &Context,
+    policy: &Policy,
+    id: &AttemptId,
+) -> anyhow::Result<(WorkspaceKind, std::path::PathBuf)> {
+    Ok(match policy.workspace {
         Workspace::Ephemeral => (
             WorkspaceKind::Ephemeral,
             ctx.root.ephemeral_path(id.as_str())?,
@@ -523,56 +599,38 @@ pub(super) async fn create_attempt(
                 ctx.root.slot_path(&policy.name, slot::free_slot(&held))?,
             )
         }
-    };
-    let isolation = ctx.settings.backends.isolation;
-    let (uid, cgroup) = match (isolation, &ctx.settings.backends.user) {
-        (IsolationKind::User, Some(user)) => {
-            let held = ctx.journal.write(|attempts| attempts.held_uids()).await?;
-            let running = match running_uids {
-                Some(running) => running,
-                None => {
-                    // A `/proc` scan: tens of ms on a busy host, off the async workers.
-                    let scanned = tokio::task::spawn_blocking(rm_runner::uid::running_uids)
-                        .await
-                        .context("the scan of running uids did not finish")?
-                        .context("cannot read which uids are in use")?;
-                    running_uids.insert(scanned)
-                }
-            };
-            let Some(account) = rm_runner::isolate::pick_uid(&user.pool, &held, running) else {
-                return Err(anyhow::Error::new(NoFreeUid {
-                    pool: user.pool.accounts().len(),
-                    held: held.len(),
-                }));
-            };
-            let cgroup = match &user.cgroups {
-                Some(root) => Some(root.runner_path(&format!("rm-{}", id.short()))?),
-                None => None,
-            };
-            (Some(account.uid), cgroup)
+    })
+}
+
+/// The lowest uid of the pool no uncleaned attempt holds and no process in `running_uids`
+/// (scanned on first use) runs as; `None` when there is none.
+async fn free_uid(
+    ctx: &Context,
+    user: &rm_runner::backend::UserIsolation,
+    running_uids: &mut Option<HashSet<u32>>,
+) -> anyhow::Result<Option<u32>> {
+    let held = ctx.journal.write(|attempts| attempts.held_uids()).await?;
+    let running = match running_uids {
+        Some(running) => running,
+        None => {
+            // A `/proc` scan: tens of ms on a busy host, off the async workers.
+            let scanned = tokio::task::spawn_blocking(rm_runner::uid::running_uids)
+                .await
+                .context("the scan of running uids did not finish")?
+                .context("cannot read which uids are in use")?;
+            running_uids.insert(scanned)
         }
-        (IsolationKind::User, None) => {
-            anyhow::bail!("isolation is `user` but this agent cannot switch users")
-        }
-        (IsolationKind::None, _) => (None, None),
     };
-    let (policy_name, created_at_ms) = (policy.name.clone(), rm_journal::UnixMs::new(ctx.now_ms()));
-    Ok(ctx
-        .journal
-        .write(move |attempts| {
-            attempts.create(&NewAttempt {
-                attempt_id: &id,
-                policy: &policy_name,
-                runner_name: &runner_name,
-                workspace,
-                runtime_dir: &runtime_dir,
-                created_at_ms,
-                isolation,
-                uid,
-                cgroup: cgroup.as_deref(),
-            })
-        })
-        .await?)
+    Ok(rm_runner::isolate::pick_uid(&user.pool, &held, running).map(|account| account.uid))
+}
+
+/// What [`create_attempt`] came to, short of a failure.
+#[derive(Debug)]
+pub(super) enum Created {
+    Attempt(Box<AttemptRecord>),
+    /// Every uid of the pool is taken (by attempts, or by processes outside rm): like a
+    /// ceiling, nothing starts until cleanup releases one.
+    NoFreeUid(NoFreeUid),
 }
 
 #[cfg(test)]

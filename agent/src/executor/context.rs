@@ -42,6 +42,17 @@ impl Context {
         self.settings.policies.iter().find(|p| p.name == name)
     }
 
+    /// The runner uid pool new runners take their uid from: `isolation = "user"`'s.
+    pub(super) fn uid_pool(&self) -> Option<&rm_runner::isolate::Pool> {
+        match (
+            self.settings.backends.isolation,
+            &self.settings.backends.user,
+        ) {
+            (rm_journal::IsolationKind::User, Some(user)) => Some(&user.pool),
+            _ => None,
+        }
+    }
+
     /// What the attempt's backend needs to know about it.
     pub(super) fn plan(&self, record: &rm_journal::AttemptRecord) -> Plan {
         let policy = self.policy(&record.policy);

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
-use super::allocate::{self, Allocator, NoFreeUid};
+use super::allocate::{self, Allocator, Created};
 use super::claims::{self, FleetStore, Membership};
 use super::context::Context;
 use super::effects::{self, Effect, Effected, Outcome};
@@ -327,7 +327,7 @@ impl Executor {
         let ctx = Arc::clone(&self.ctx);
         let (jobs, named) =
             allocate::demand_view(&ctx, self.allocator.unknown_runner_names()).await?;
-        let (counts, busy_unknown) = allocate::live_counts(&ctx).await?;
+        let live = allocate::live_counts(&ctx).await?;
         // In a fleet, this host serves the jobs it claims (crate::executor::claims).
         let standing = match &ctx.membership {
             Some(membership) => Some(membership.standing().await.map_err(|e| {
@@ -345,15 +345,16 @@ impl Executor {
             // The gate wakes the loop when the host is fit again.
             fit: ctx.settings.fitness.is_fit(),
             host_max: ctx.settings.max_runners,
-            counts: &counts,
+            counts: &live.counts,
             policies: self.allocator.inputs(
                 &ctx.settings.policies,
                 &jobs,
                 &named,
-                &busy_unknown,
+                &live.busy_unknown,
                 now,
             ),
             standing: standing.as_ref(),
+            free_uids: live.free_uids(ctx.uid_pool()),
         };
         let mut plan = plan::plan(&inputs);
         if let Some(membership) = &ctx.membership {
@@ -400,10 +401,10 @@ impl Executor {
                     break;
                 }
                 let record = match allocate::create_attempt(ctx, policy, &mut running_uids).await {
-                    Ok(record) => record,
+                    Ok(Created::Attempt(record)) => *record,
                     // Like a ceiling: nothing starts until cleanup releases a uid.
-                    Err(e) if e.downcast_ref::<NoFreeUid>().is_some() => {
-                        self.allocator.note_uid_pool(Some(&e));
+                    Ok(Created::NoFreeUid(none)) => {
+                        self.allocator.note_uid_pool(Some(&none));
                         planned.hold(started, Held::NoFreeUid);
                         return Ok(());
                     }

@@ -21,8 +21,9 @@ use rm_github::Target;
 use rm_journal::{AttemptId, AttemptRecord};
 
 use super::context::Context;
+use super::deregister::{self, Deregistration, Seen, Why};
 use super::fault;
-use super::registry::{self, Deregistration, Listing};
+use super::registry::Listing;
 use rm_runner::Removal;
 use rm_runner::process::ProcessIdentity;
 
@@ -128,10 +129,10 @@ async fn clean(ctx: &Context, cleanup: Cleanup) -> Outcome {
     if deregistration == Deregistration::Busy {
         let now = ctx.now_ms();
         let first = busy_since.unwrap_or(now);
-        match registry::busy_retry_at(first, now) {
+        match deregister::busy_retry_at(first, now) {
             Some(next) => return Outcome::DeregisterBusy { first, next },
             None => tracing::warn!(
-                waited_s = registry::DEREGISTER_BUSY_LIMIT.as_secs(),
+                waited_s = deregister::DEREGISTER_BUSY_LIMIT.as_secs(),
                 "GitHub still holds the runner busy; cleaning up and leaving its registration to the inventory reconciliation"
             ),
         }
@@ -203,47 +204,33 @@ async fn remove_runtime(ctx: &Context, record: &AttemptRecord) -> bool {
     }
 }
 
-/// Removes the runner's registration if GitHub (still) lists it, and returns how that went
-/// with the name removed from the target. A `422` (GitHub still holds the runner busy with
-/// the job it just finished) is [`Deregistration::Busy`], retried by a later cleanup; any other
-/// failure is left to the inventory reconciliation.
+/// Removes the runner's registration if GitHub (still) lists it ([`deregister::decide`]), and
+/// returns how that went with the name removed from the target. A `422` (GitHub still holds
+/// the runner busy with the job it just finished) is [`Deregistration::Busy`], retried by a
+/// later cleanup; any other failure is left to the inventory reconciliation.
 async fn deregister_if_listed(
     ctx: &Context,
     record: &AttemptRecord,
     target: &Target,
     listing: &Listing,
 ) -> (Deregistration, Option<(Target, String)>) {
-    let runner_id = match listing {
-        Ok(runners) => match runners.get(&record.runner_name) {
-            Some(listed) => listed.runner_id,
-            None => return (Deregistration::Settled, None),
-        },
-        // Unknown: try by the journalled id (a 404 is fine).
-        Err(_) => match record.runner_id {
-            Some(id) => id,
-            None => return (Deregistration::Settled, None),
-        },
+    let seen = match listing {
+        Ok(runners) => runners
+            .get(&record.runner_name)
+            .map_or(Seen::NotListed, |listed| Seen::Listed(*listed)),
+        Err(_) => Seen::Unknown,
     };
-    let result = ctx.registry.deregister(target, runner_id).await;
-    let deregistration = registry::deregistration(&result);
-    match result {
-        Err(_) if deregistration == Deregistration::Busy => {
-            tracing::info!(
-                runner_id = runner_id.get(),
-                "GitHub still holds the runner busy; removing its registration again shortly"
-            );
-            (deregistration, None)
-        }
-        Ok(()) => {
-            tracing::info!(runner_id = runner_id.get(), "registration removed");
-            (
-                deregistration,
-                Some((target.clone(), record.runner_name.clone())),
-            )
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot remove the registration; the inventory reconciliation retries");
-            (deregistration, None)
-        }
+    let why = Why::Ended {
+        journalled: record.runner_id,
+    };
+    let deregister::Decision::Remove(runner_id) = deregister::decide(why, seen) else {
+        return (Deregistration::Settled, None);
+    };
+    match deregister::remove(&ctx.registry, target, runner_id, why).await {
+        Deregistration::Settled => (
+            Deregistration::Settled,
+            Some((target.clone(), record.runner_name.clone())),
+        ),
+        other => (other, None),
     }
 }

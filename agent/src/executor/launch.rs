@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::allocate::LaunchFailure;
 use super::context::Context;
+use super::deregister::{self, Decision, Seen, Why};
 use super::registry::{self, JitRetry, WORK_FOLDER};
 use super::{Event, fault};
 use crate::lifecycle::FailureReason;
@@ -336,8 +337,16 @@ impl Launch {
                 tracing::warn!(
                     "a registration with this runner's name exists; removing it and retrying"
                 );
-                if let Err(e) = ctx.registry.remove_by_name(target, &request.name).await {
-                    tracing::warn!(error = %e, "cannot remove the stale registration");
+                let seen = match ctx.registry.find(target, &request.name).await {
+                    Ok(Some(listed)) => Seen::Listed(listed),
+                    Ok(None) => Seen::NotListed,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot find the stale registration");
+                        Seen::Unknown
+                    }
+                };
+                if let Decision::Remove(id) = deregister::decide(Why::NameTaken, seen) {
+                    deregister::remove(&ctx.registry, target, id, Why::NameTaken).await;
                 }
                 Ok(None)
             }

@@ -28,6 +28,7 @@ pub(crate) mod allocate;
 mod claims;
 mod context;
 mod control;
+mod deregister;
 mod disk_watch;
 mod effects;
 pub mod evidence;

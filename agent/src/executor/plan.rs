@@ -58,6 +58,10 @@ pub(crate) struct PolicyPlan {
     pub(crate) demand: u32,
     /// Runners to start now.
     pub(crate) start: u32,
+    /// Runners the ceilings leave room for now, whether or not the policy may start any (fit,
+    /// not backing off, a free uid): `start` is at most this, and a queued job beyond it waits
+    /// for a ceiling ([`Held::AtCapacity`]) whatever else holds it too.
+    pub(crate) room: u32,
     /// In a fleet: jobs to claim before starting (oldest first), and claims to give back (jobs
     /// that no longer count for it).
     pub(crate) claim: Vec<JobId>,
@@ -84,6 +88,9 @@ struct Basis {
     busy_unknown: usize,
     /// Whether it may start at all (fit, not backing off).
     may_start: bool,
+    /// Runner uids of the pool left free after the policies before it took theirs (`None`: no
+    /// uid pool).
+    free_uids: Option<u32>,
 }
 
 /// The plan of one pass.
@@ -109,6 +116,10 @@ pub(crate) struct Inputs<'a> {
     pub(crate) policies: Vec<PolicyInputs<'a>>,
     /// In a fleet: this host's claims and every live claim.
     pub(crate) standing: Option<&'a Standing>,
+    /// Under `isolation = "user"`: the uids of `host.runner_uids` no uncleaned attempt holds
+    /// (`None`: no uid pool). A uid a process outside rm runs as is found only when a runner
+    /// takes one ([`PolicyPlan::hold`]).
+    pub(crate) free_uids: Option<u32>,
 }
 
 /// One policy's inputs.
@@ -131,10 +142,12 @@ pub(crate) struct PolicyInputs<'a> {
 /// start assumes its claims are granted ([`PolicyPlan::after_claims`] corrects it).
 pub(crate) fn plan(inputs: &Inputs<'_>) -> Plan {
     let mut host_live = inputs.counts.host_live();
+    let mut free_uids = inputs.free_uids;
     let mut policies = Vec::with_capacity(inputs.policies.len());
     for p in &inputs.policies {
-        let planned = plan_policy(inputs, p, host_live);
+        let planned = plan_policy(inputs, p, host_live, free_uids);
         host_live = host_live.saturating_add(planned.start);
+        free_uids = free_uids.map(|free| free.saturating_sub(planned.start));
         policies.push(planned);
     }
     Plan {
@@ -143,16 +156,24 @@ pub(crate) fn plan(inputs: &Inputs<'_>) -> Plan {
     }
 }
 
-/// One policy's plan, with `host_live` runners live or planned before it.
-fn plan_policy(inputs: &Inputs<'_>, p: &PolicyInputs<'_>, host_live: u32) -> PolicyPlan {
+/// One policy's plan, with `host_live` runners live or planned before it and `free_uids` uids
+/// left by the policies before it.
+fn plan_policy(
+    inputs: &Inputs<'_>,
+    p: &PolicyInputs<'_>,
+    host_live: u32,
+    free_uids: Option<u32>,
+) -> PolicyPlan {
     let mut held = Vec::new();
     if p.fenced > 0 {
         held.push(Held::Fenced { jobs: p.fenced });
     }
     let backing_off = p.backing_off_until.filter(|until| inputs.now_ms < *until);
+    // Both are said when both hold; either stops the policy's starts.
     if !inputs.fit {
         held.push(Held::Unfit);
-    } else if let Some(until_ms) = backing_off {
+    }
+    if let Some(until_ms) = backing_off {
         held.push(Held::BackingOff { until_ms });
     }
     let may_start = inputs.fit && backing_off.is_none();
@@ -191,11 +212,13 @@ fn plan_policy(inputs: &Inputs<'_>, p: &PolicyInputs<'_>, host_live: u32) -> Pol
         mine,
         busy_unknown: p.busy_unknown,
         may_start,
+        free_uids,
     };
     let mut planned = PolicyPlan {
         policy: p.policy.name.clone(),
         demand: 0,
         start: 0,
+        room: 0,
         claim,
         release,
         held,
@@ -257,7 +280,8 @@ impl PolicyPlan {
     /// In a fleet, the claims made: `granted` of those asked were won (others raced this host
     /// to the rest). Demand and start follow.
     pub(crate) fn after_claims(&mut self, granted: usize) {
-        self.held.retain(|h| !matches!(h, Held::AtCapacity { .. }));
+        self.held
+            .retain(|h| !matches!(h, Held::AtCapacity { .. } | Held::NoFreeUid));
         self.decide(granted);
     }
 
@@ -282,19 +306,26 @@ impl PolicyPlan {
             ..b.ceilings
         });
         self.limit = decided.limit;
+        self.room = decided.to_start;
         self.start = if b.may_start { decided.to_start } else { 0 };
-        let wanted = decided
-            .desired
-            .saturating_sub(b.ceilings.unassigned_in_flight);
-        if b.may_start && decided.to_start < wanted {
-            let (limit, ceiling) = match decided.limit {
-                Limit::MaxRunners => (
-                    CeilingKind::MaxRunners,
-                    b.ceilings.max_runners.max(b.ceilings.min_runners),
-                ),
-                _ => (CeilingKind::HostCapacity, b.ceilings.host_max),
-            };
+        // Said whether or not it may start: a job beyond the room waits for a ceiling too
+        // (`max_runners` also when the runners it allows stand for older jobs already).
+        let ceiling = match decided.limit {
+            Limit::MaxRunners => Some((
+                CeilingKind::MaxRunners,
+                b.ceilings.max_runners.max(b.ceilings.min_runners),
+            )),
+            Limit::HostCapacity => Some((CeilingKind::HostCapacity, b.ceilings.host_max)),
+            Limit::Demand | Limit::MinRunners => None,
+        };
+        if let Some((limit, ceiling)) = ceiling {
             self.held.push(Held::AtCapacity { limit, ceiling });
+        }
+        if let Some(free) = b.free_uids
+            && self.start > free
+        {
+            self.start = free;
+            self.held.push(Held::NoFreeUid);
         }
     }
 }
@@ -324,6 +355,7 @@ impl Plan {
                         PublishedPolicy {
                             demand: p.demand,
                             start: p.start,
+                            room: p.room,
                             held: p.held.clone(),
                         },
                     )
@@ -349,6 +381,9 @@ pub struct PublishedPolicy {
     pub demand: u32,
     /// Runners the plan started.
     pub start: u32,
+    /// Runners the ceilings left room for ([`PolicyPlan::room`]).
+    #[serde(default)]
+    pub room: u32,
     /// What held the rest back.
     #[serde(default)]
     pub held: Vec<Held>,

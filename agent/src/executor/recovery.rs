@@ -8,8 +8,10 @@
 use rm_github::Target;
 use rm_journal::AttemptState;
 use std::collections::{HashMap, HashSet};
+use tracing::Instrument as _;
 
 use super::context::Context;
+use super::deregister::{self, Decision, Seen, Why};
 use super::registry::Listed;
 use super::targets_by_policy;
 
@@ -26,7 +28,8 @@ pub enum RecoveryIncomplete {
 
 /// Removes every registration named `rm-<host>-<12 hex>` on our targets that no live attempt
 /// owns: left by a crash between registration and journal, or by a deregistration that failed.
-/// A busy registration is left alone (GitHub refuses to remove it; it ends with its job).
+/// Which go is [`deregister::decide`]'s (a busy one stays: GitHub refuses to remove it, and it
+/// ends with its job).
 pub(super) async fn reconcile_inventory(ctx: &Context) -> Result<(), RecoveryIncomplete> {
     let targets: HashSet<Target> = targets_by_policy(&ctx.settings.policies)
         .into_values()
@@ -41,17 +44,18 @@ pub(super) async fn reconcile_inventory(ctx: &Context) -> Result<(), RecoveryInc
                     reason: e.to_string(),
                 })?;
         let owners = owners(ctx, &runners).await?;
-        for (name, listed) in &runners {
-            if !ctx.settings.owns_runner_name(name) || listed.busy || owners.contains(name) {
-                continue;
-            }
-            match ctx.registry.deregister(&target, listed.runner_id).await {
-                Ok(()) => {
-                    tracing::info!(runner = %name, target = %target, "removed a registration no live attempt owns");
-                }
-                Err(e) => {
-                    tracing::warn!(runner = %name, error = %e, "cannot remove a registration no live attempt owns");
-                }
+        for (name, listed) in runners
+            .iter()
+            .filter(|(name, _)| ctx.settings.owns_runner_name(name))
+        {
+            let why = Why::Orphan {
+                owned: owners.contains(name),
+            };
+            if let Decision::Remove(id) = deregister::decide(why, Seen::Listed(*listed)) {
+                let span = tracing::info_span!("orphan", runner = %name);
+                deregister::remove(&ctx.registry, &target, id, why)
+                    .instrument(span)
+                    .await;
             }
         }
     }

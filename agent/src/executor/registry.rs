@@ -1,6 +1,7 @@
 //! The executor's view of GitHub's runner registry: JIT registration with its retry rules and
 //! the choice of the installation it goes through (several Apps may cover a target: [`pick`]),
-//! what GitHub lists for a target, and deregistration. A thin adapter over `rm-github`; the
+//! what GitHub lists for a target, and the DELETE of a registration (which ones go is
+//! [`super::deregister`]'s). A thin adapter over `rm-github`; the
 //! rules it applies (what is terminal, what a 409 means, which installation) are pure
 //! functions below.
 
@@ -235,12 +236,14 @@ impl Registry {
         result
     }
 
-    /// Removes the registration called `name`, if there is one (after a 409).
-    pub async fn remove_by_name(&self, target: &Target, name: &str) -> Result<(), GithubError> {
-        if let Some(runner) = self.client.find_runner_by_name(target, name).await? {
-            self.deregister(target, runner.id).await?;
-        }
-        Ok(())
+    /// The registration called `name`, if the target has one (after a 409).
+    pub async fn find(&self, target: &Target, name: &str) -> Result<Option<Listed>, GithubError> {
+        Ok(self
+            .client
+            .find_runner_by_name(target, name)
+            .await?
+            .as_ref()
+            .map(Listed::from))
     }
 
     /// The target's runners (a conditional request: an unchanged list costs no quota).
@@ -253,8 +256,8 @@ impl Registry {
             .collect())
     }
 
-    /// Removes a registration; one that is already gone is fine. A `422` (still busy) is the
-    /// caller's to retry: see [`deregistration`].
+    /// Removes a registration; one that is already gone is fine. Whether one goes, and what a
+    /// `422` (still busy) leads to, is [`super::deregister`]'s.
     pub async fn deregister(
         &self,
         target: &Target,
@@ -265,43 +268,6 @@ impl Registry {
             Err(e) => Err(e),
         }
     }
-}
-
-/// How long a deregistration GitHub refused with `422` (the runner is still busy with the job
-/// it just finished: GitHub lets go of a finished ephemeral runner a moment after the job's
-/// `completed`) waits before it is tried again.
-pub(crate) const DEREGISTER_BUSY_RETRY: Duration = Duration::from_secs(3);
-
-/// How long a runner may stay busy on GitHub after its conclusion before cleanup stops
-/// waiting for it: the workspace goes, and the registration is left to the inventory
-/// reconciliation (and to GitHub, which removes a finished ephemeral runner itself).
-pub(crate) const DEREGISTER_BUSY_LIMIT: Duration = Duration::from_secs(5 * 60);
-
-/// What a DELETE of a registration came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Deregistration {
-    /// Removed, already gone, not listed, or failed for a reason retrying soon will not fix
-    /// (the inventory reconciliation tries again later).
-    Settled,
-    /// GitHub answered `422`: the runner is still running a job (its last one, finishing).
-    Busy,
-}
-
-/// How a DELETE's answer is taken.
-pub(crate) fn deregistration(result: &Result<(), GithubError>) -> Deregistration {
-    match result {
-        Err(GithubError::Unprocessable { .. }) => Deregistration::Busy,
-        _ => Deregistration::Settled,
-    }
-}
-
-/// After a `422` on deregistration: when to try again (ms since the epoch), or `None` once
-/// the runner has been busy past [`DEREGISTER_BUSY_LIMIT`] since `first_busy_ms` (give up
-/// waiting; clean up anyway).
-pub(crate) fn busy_retry_at(first_busy_ms: i64, now_ms: i64) -> Option<i64> {
-    let limit = rm_base::clock::ms(DEREGISTER_BUSY_LIMIT);
-    let retry = rm_base::clock::ms(DEREGISTER_BUSY_RETRY);
-    (now_ms.saturating_sub(first_busy_ms) < limit).then(|| now_ms.saturating_add(retry))
 }
 
 /// How long to wait before JIT retry `n` (1-based): doubling from a second, capped.
@@ -396,30 +362,6 @@ mod tests {
             }),
             JitRetry::Later(Some(at))
         );
-    }
-
-    #[test]
-    fn a_busy_runner_is_deregistered_again_soon_until_the_limit() {
-        let busy: Result<(), GithubError> = Err(GithubError::Unprocessable {
-            endpoint: "orgs.runners.delete",
-            message: "Bad request - Runner \"x\" is still running a job".into(),
-        });
-        assert_eq!(deregistration(&busy), Deregistration::Busy);
-        assert_eq!(deregistration(&Ok(())), Deregistration::Settled);
-        let server: Result<(), GithubError> = Err(GithubError::Server {
-            endpoint: "orgs.runners.delete",
-            status: 502,
-            message: String::new(),
-        });
-        assert_eq!(deregistration(&server), Deregistration::Settled);
-        let retry = i64::try_from(DEREGISTER_BUSY_RETRY.as_millis()).unwrap_or(0);
-        let limit = i64::try_from(DEREGISTER_BUSY_LIMIT.as_millis()).unwrap_or(0);
-        assert_eq!(busy_retry_at(1_000, 1_000), Some(1_000 + retry));
-        assert_eq!(
-            busy_retry_at(1_000, 1_000 + limit - 1),
-            Some(1_000 + limit - 1 + retry)
-        );
-        assert_eq!(busy_retry_at(1_000, 1_000 + limit), None);
     }
 
     #[test]

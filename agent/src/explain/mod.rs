@@ -1,10 +1,10 @@
 //! Why a job is where it is (CONTRACT §8: `rm-agent explain`, and `status`'s waiting jobs): one
 //! pure decision from a journalled job and the facts around it to a verdict, its reasons and
-//! the runner it concerns. It owns no rule of its own: it walks the chain the agent applies,
-//! calling each rule's owner ([`demand::route`] and [`demand::matches`] for policies,
-//! [`allocate::backing_off`] and [`allocate::counts_after_fence`] for the executor's memory,
-//! the executor's own allocation plan ([`plan::plan`]) for the policy's and the host's
-//! ceilings), so the answer cannot drift from what the agent does.
+//! the runner it concerns. It owns no rule of its own: routing is [`demand::route`]'s and
+//! [`demand::matches`]'s, a job's fence [`allocate::counts_after_fence`]'s, and what held a
+//! policy's demand back (the host unfit, a launch back-off, a ceiling, no free uid) is the
+//! allocation plan's ([`plan`]): the running agent's last published plan, else one made here by
+//! the same [`plan::plan`] from the journal and the snapshot. `explain` renders it.
 //!
 //! The chain for a queued job, in order: the job's labels are routed to one policy (else
 //! `no_matching_policy`); a runner of that policy gave up on jobs this old (`waiting_for_github`,
@@ -41,11 +41,11 @@ use std::time::Duration;
 use rm_journal::{AttemptRecord, AttemptState, JobId, JobRow};
 use serde::Serialize;
 
-use crate::allocation::Limit;
 use crate::config::{Policy, Target};
 use crate::demand::{self, QueuedJob};
 use crate::executor::allocate;
-use crate::executor::plan::{self, Plan};
+use crate::executor::allocate::published::PolicyMemory;
+use crate::executor::plan::{self, CeilingKind, Held, Plan};
 use crate::status_file::{Liveness, Snapshot};
 
 /// How many runners an `at_capacity` reason names before it says "and N more".
@@ -167,10 +167,58 @@ fn condition(verdict: Verdict, reason: Reason, summary: impl Into<String>) -> Co
 struct Queue {
     routed: demand::Demand,
     places: HashMap<JobId, (usize, usize)>,
-    /// The executor's plan ([`plan::plan`]) for this queue and the journal's live attempts:
-    /// how many runners each policy's ceilings let start, and which ceiling held the rest.
-    /// Fitness and back-offs are left out of it here: the chain says them as its own reasons.
-    plan: Plan,
+    /// Per policy, the allocation plan the chain renders ([`PolicyView`]).
+    plans: HashMap<String, PolicyView>,
+}
+
+/// One policy's part of the allocation plan, as a waiting job's chain reads it: the running
+/// agent's last published plan ([`plan::Published`]) when there is one, else a plan made here
+/// by the executor's own [`plan::plan`] from the facts (the agent is stopped, or has not
+/// allocated yet). Either way `explain` renders what the plan held back; it decides nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct PolicyView {
+    /// Runners the plan started that now stand for the oldest jobs (a published plan's: they
+    /// are live attempts since, counted before this view): the waiting jobs come after them.
+    started: u32,
+    /// Runners the plan starts now (a made plan's).
+    start: u32,
+    /// Runners the ceilings left room for ([`plan::PolicyPlan::room`]).
+    room: u32,
+    held: Vec<Held>,
+}
+
+impl PolicyView {
+    fn published(p: &plan::PublishedPolicy) -> PolicyView {
+        PolicyView {
+            started: p.start,
+            start: p.start,
+            room: p.room,
+            held: p.held.clone(),
+        }
+    }
+
+    fn made(p: &plan::PolicyPlan) -> PolicyView {
+        PolicyView {
+            started: 0,
+            start: p.start,
+            room: p.room,
+            held: p.held.clone(),
+        }
+    }
+
+    fn backing_off(&self) -> Option<i64> {
+        self.held.iter().find_map(|h| match h {
+            Held::BackingOff { until_ms } => Some(*until_ms),
+            _ => None,
+        })
+    }
+
+    fn ceiling(&self) -> Option<(CeilingKind, u32)> {
+        self.held.iter().find_map(|h| match h {
+            Held::AtCapacity { limit, ceiling } => Some((*limit, *ceiling)),
+            _ => None,
+        })
+    }
 }
 
 /// The fence of `policy` in the snapshot's allocation memory (`i64::MIN`: none).
@@ -226,18 +274,33 @@ impl Queue {
             }
             counted.insert(policy.as_str(), demand);
         }
-        let plan = ceilings_plan(facts, &counted);
+        let made = made_plan(facts, &counted);
+        let published = facts
+            .snapshot
+            .filter(|_| facts.agent.is_running())
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.plan.as_ref());
+        let plans = made
+            .policies
+            .iter()
+            .map(|p| {
+                let view = published
+                    .and_then(|published| published.policies.get(&p.policy))
+                    .map_or_else(|| PolicyView::made(p), PolicyView::published);
+                (p.policy.clone(), view)
+            })
+            .collect();
         Queue {
             routed,
             places,
-            plan,
+            plans,
         }
     }
 }
 
-/// The executor's plan for the policies' counted jobs and the journal's live attempts, with the
-/// host fit and no policy backing off: what the ceilings alone let start.
-fn ceilings_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
+/// The plan the executor would make for the policies' counted jobs from the facts: the
+/// journal's live attempts and held uids, the snapshot's fitness and back-offs.
+fn made_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
     let mut counts = rm_journal::LiveCounts::default();
     let mut busy_unknown: HashMap<&str, usize> = HashMap::new();
     for attempt in facts
@@ -264,7 +327,8 @@ fn ceilings_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan
                 .unwrap_or_default();
             plan::PolicyInputs {
                 policy,
-                backing_off_until: None,
+                backing_off_until: backoff_of(facts, &policy.name),
+                // The fence is the job's own reason ([`served`]), not a count of the plan's.
                 fenced: 0,
                 count: count(jobs.len()),
                 jobs,
@@ -272,14 +336,28 @@ fn ceilings_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan
             }
         })
         .collect();
+    let held_uids = facts.attempts.iter().filter(|a| a.uid.is_some()).count();
     plan::plan(&plan::Inputs {
         now_ms: facts.now_ms,
-        fit: true,
+        fit: unfit(facts).is_none(),
         host_max: facts.host_max,
         counts: &counts,
         policies,
         standing: None,
+        free_uids: facts
+            .uid_pool
+            .map(|pool| count(pool.saturating_sub(held_uids))),
     })
+}
+
+/// The launch back-off of `policy` in the snapshot's allocation memory, if any.
+fn backoff_of(facts: &Facts<'_>, policy: &str) -> Option<i64> {
+    facts
+        .snapshot
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.policies.get(policy))
+        .and_then(|m| m.backoff.as_ref())
+        .map(|b| b.until_ms)
 }
 
 /// Explains every queued job of `facts`, oldest first (`status`'s waiting jobs): the queue is
@@ -611,57 +689,54 @@ fn served(
             Some(runner.runner_name.clone()),
         );
     }
-    let slot = position - unassigned.len();
-    let (to_start, limit) = queue
-        .plan
-        .policies
-        .iter()
-        .find(|p| p.policy == policy.name)
-        .map_or((0, Limit::Demand), |p| (p.start, p.limit));
+    let view = queue.plans.get(&policy.name).cloned().unwrap_or_default();
+    // The job's place in the plan: after the live runners that stand for older jobs, and after
+    // those a published plan started since.
+    let slot = count(position - unassigned.len()).saturating_add(view.started);
     let mut chain = Vec::new();
     let (unreachable, held) = github;
     chain.extend(unreachable);
-    // The fitness gate stops the whole allocation pass before any policy's back-off is read.
-    chain.extend(unfit(facts));
-    if let Some(backoff) = memory.and_then(|m| m.backoff.as_ref())
-        && allocate::backing_off(facts.now_ms, backoff.until_ms)
+    // The plan's own reasons, in the chain's order: the fitness gate stops the whole
+    // allocation pass before any policy's back-off is read; then the ceilings or the uid pool.
+    if view.held.contains(&Held::Unfit) {
+        chain.push(unfit(facts).unwrap_or_else(|| {
+            condition(
+                Verdict::HostUnfit,
+                reason(
+                    "host_unfit",
+                    "The host is unfit, so no new runner is registered until it is fit again \
+                     (`rm-agent status` says why).",
+                ),
+                "the host is unfit",
+            )
+        }));
+    }
+    if let Some(until_ms) = view
+        .backing_off()
+        .filter(|until| allocate::backing_off(facts.now_ms, *until))
     {
+        chain.push(backing_off(policy, until_ms, memory, facts));
+    }
+    if slot >= view.room {
+        if let Some((limit, ceiling)) = view.ceiling() {
+            chain.push(at_capacity(policy, limit, ceiling, &of_policy, &live));
+        }
+    } else if slot >= view.start && view.held.contains(&Held::NoFreeUid) {
         chain.push(condition(
-            Verdict::LaunchBackoff,
+            Verdict::AtCapacity,
             reason(
-                "launch_backoff",
+                "uid_pool",
                 format!(
-                    "`{}` backs off after {} failed launch(es) in a row: no runner of it starts \
-                     for {}. Last failure: {}. `rm-agent runners` shows the failed attempts; \
-                     `rm-agent check` verifies the package, the App's permission and the runner \
-                     group.",
-                    policy.name,
-                    backoff.failures,
-                    in_phrase(facts.now_ms, backoff.until_ms),
-                    backoff.last_failure.as_deref().unwrap_or("not recorded")
+                    "Every runner uid of host.runner_uids{} is held by an attempt not yet \
+                     cleaned (or runs another process): no runner starts until cleanup \
+                     releases one (`rm-agent runners` lists attempts stuck before `cleaned`).",
+                    facts
+                        .uid_pool
+                        .map_or_else(String::new, |pool| format!(" ({pool})"))
                 ),
             ),
-            format!("{} backs off after failed launches", policy.name),
+            "no free runner uid",
         ));
-    }
-    if u32::try_from(slot).unwrap_or(u32::MAX) >= to_start {
-        chain.push(at_capacity(policy, limit, &of_policy, &live, facts));
-    } else if let Some(pool) = facts.uid_pool {
-        let held_uids = facts.attempts.iter().filter(|a| a.uid.is_some()).count();
-        if held_uids >= pool {
-            chain.push(condition(
-                Verdict::AtCapacity,
-                reason(
-                    "uid_pool",
-                    format!(
-                        "Every runner uid of host.runner_uids ({pool}) is held by an attempt not \
-                         yet cleaned: no runner starts until cleanup releases one (`rm-agent \
-                         runners` lists attempts stuck before `cleaned`)."
-                    ),
-                ),
-                "no free runner uid",
-            ));
-        }
     }
     chain.extend(held);
     if !chain.is_empty() {
@@ -689,6 +764,35 @@ fn served(
         format!("a runner of {} is being allocated", policy.name),
     ));
     (chain, None)
+}
+
+/// The policy's launch back-off, with what the snapshot remembers of its failures.
+fn backing_off(
+    policy: &Policy,
+    until_ms: i64,
+    memory: Option<&PolicyMemory>,
+    facts: &Facts<'_>,
+) -> Condition {
+    let backoff = memory.and_then(|m| m.backoff.as_ref());
+    condition(
+        Verdict::LaunchBackoff,
+        reason(
+            "launch_backoff",
+            format!(
+                "`{}` backs off after {} failed launch(es) in a row: no runner of it starts \
+                 for {}. Last failure: {}. `rm-agent runners` shows the failed attempts; \
+                 `rm-agent check` verifies the package, the App's permission and the runner \
+                 group.",
+                policy.name,
+                backoff.map_or(1, |b| b.failures),
+                in_phrase(facts.now_ms, until_ms),
+                backoff
+                    .and_then(|b| b.last_failure.as_deref())
+                    .unwrap_or("not recorded")
+            ),
+        ),
+        format!("{} backs off after failed launches", policy.name),
+    )
 }
 
 fn count(n: usize) -> u32 {
@@ -856,10 +960,10 @@ fn unfit(facts: &Facts<'_>) -> Option<Condition> {
 /// The ceiling allocation stopped at, and who holds it.
 fn at_capacity(
     policy: &Policy,
-    limit: Limit,
+    limit: CeilingKind,
+    ceiling: u32,
     of_policy: &[&AttemptRecord],
     live: &[&AttemptRecord],
-    facts: &Facts<'_>,
 ) -> Condition {
     let holders = |attempts: &[&AttemptRecord]| {
         let mut named: Vec<String> = attempts
@@ -879,20 +983,19 @@ fn at_capacity(
             named.join(", ")
         }
     };
-    if limit == Limit::HostCapacity {
+    if limit == CeilingKind::HostCapacity {
         condition(
             Verdict::AtCapacity,
             reason(
                 "host_capacity",
                 format!(
-                    "The host is at its ceiling, host.max_runners = {} ({} live): the job gets \
-                     a runner when one of them ends. Held by: {}.",
-                    facts.host_max,
+                    "The host is at its ceiling, host.max_runners = {ceiling} ({} live): the job \
+                     gets a runner when one of them ends. Held by: {}.",
                     live.len(),
                     holders(live)
                 ),
             ),
-            format!("at the host's max_runners ({})", facts.host_max),
+            format!("at the host's max_runners ({ceiling})"),
         )
     } else {
         condition(
@@ -900,15 +1003,14 @@ fn at_capacity(
             reason(
                 "policy_capacity",
                 format!(
-                    "`{}` is at its ceiling, max_runners = {} ({} live): the job gets a runner \
-                     when one of them ends. Held by: {}.",
+                    "`{}` is at its ceiling, max_runners = {ceiling} ({} live): the job gets a \
+                     runner when one of them ends. Held by: {}.",
                     policy.name,
-                    policy.max_runners,
                     of_policy.len(),
                     holders(of_policy)
                 ),
             ),
-            format!("at {}'s max_runners ({})", policy.name, policy.max_runners),
+            format!("at {}'s max_runners ({ceiling})", policy.name),
         )
     }
 }

@@ -127,6 +127,8 @@ struct World {
     snapshot: Option<Snapshot>,
     agent: Liveness,
     host_max: u32,
+    /// `host.runner_uids`' size under `isolation = "user"`.
+    uid_pool: Option<usize>,
     /// In a fleet: the view, this host being `h`.
     fleet: Option<rm_journal::FleetView>,
 }
@@ -140,6 +142,7 @@ impl World {
             snapshot: Some(snapshot()),
             agent: Liveness::Running { pid: 42 },
             host_max: 4,
+            uid_pool: None,
             fleet: None,
         }
     }
@@ -175,7 +178,7 @@ impl World {
             attempts: &self.attempts,
             agent: self.agent,
             snapshot: self.snapshot.as_ref(),
-            uid_pool: None,
+            uid_pool: self.uid_pool,
             fleet: self
                 .fleet
                 .as_ref()
@@ -331,6 +334,109 @@ fn launching_when_nothing_holds_the_job_back() {
         (Verdict::Launching, vec!["registering"])
     );
     assert_eq!(e.runner_name, Some(allocated.runner_name));
+}
+
+#[test]
+fn no_free_uid_when_every_uid_of_the_pool_is_held_and_the_ceilings_come_first() {
+    // Two uids, both held by attempts not cleaned yet (one still cleaning up).
+    let mut w = World::new();
+    w.policies[0].max_runners = 8;
+    w.uid_pool = Some(2);
+    let mut busy = attempt("gpu", AttemptState::Busy, Some(10), NOW - 9_000);
+    busy.uid = Some(2_000_000);
+    let mut ended = attempt("gpu", AttemptState::Finished, Some(11), NOW - 9_000);
+    ended.uid = Some(2_000_001);
+    w.attempts.extend([busy, ended]);
+    let j = w.queue(1, LINUX);
+    let e = w.explain(&j);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::AtCapacity, vec!["uid_pool"])
+    );
+    assert!(e.reasons[0].message.contains("(2)"), "{e:?}");
+    // A third uid: nothing holds it back.
+    w.uid_pool = Some(3);
+    assert_eq!(
+        (w.explain(&j).verdict, codes(&w.explain(&j))),
+        (Verdict::Launching, vec!["allocating"])
+    );
+    // A job beyond the policy's ceiling waits for the ceiling, not for a uid.
+    w.uid_pool = Some(2);
+    w.policies[0].max_runners = 1;
+    w.attempts
+        .push(attempt("linux", AttemptState::Busy, Some(12), NOW - 9_000));
+    assert_eq!(codes(&w.explain(&j)), ["policy_capacity"]);
+}
+
+/// A running agent's published plan is what a waiting job is told, even where the journal
+/// alone would say otherwise (a runner ended after the pass): `explain` renders the plan, it
+/// does not decide again. Stopped, the same agent's plan is not current, and the chain comes
+/// from a plan made from the journal (the control).
+#[test]
+fn a_running_agent_s_published_plan_is_rendered_not_decided_again() {
+    let mut w = World::new();
+    w.policies[0].max_runners = 2;
+    let j = w.queue(1, LINUX);
+    let published = |held: Vec<plan::Held>, start: u32, room: u32| plan::Published {
+        at_ms: NOW - 2_000,
+        policies: [(
+            "linux".to_owned(),
+            plan::PublishedPolicy {
+                demand: 1,
+                start,
+                room,
+                held,
+            },
+        )]
+        .into(),
+    };
+    let at_max = plan::Held::AtCapacity {
+        limit: CeilingKind::MaxRunners,
+        ceiling: 2,
+    };
+    w.snapshot
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .plan = Some(published(vec![at_max], 0, 0));
+    let e = w.explain(&j);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::AtCapacity, vec!["policy_capacity"])
+    );
+    // The control: the agent stopped; its plan is not current, the journal's is made.
+    w.agent = Liveness::Stopped { last_seen: None };
+    assert_eq!(codes(&w.explain(&j))[0], "allocating");
+    w.agent = Liveness::Running { pid: 42 };
+    // The plan found the uid pool empty while starting one of two: the job it did not start
+    // waits for a uid; a plan that held nothing back starts it at its next pass.
+    w.snapshot
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .plan = Some(published(vec![plan::Held::NoFreeUid], 0, 1));
+    assert_eq!(codes(&w.explain(&j)), ["uid_pool"]);
+    w.snapshot
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .plan = Some(published(Vec::new(), 0, 1));
+    assert_eq!(codes(&w.explain(&j)), ["allocating"]);
+    // The host unfit in the plan is said even when the snapshot's fitness has no detail.
+    w.snapshot
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .plan = Some(published(vec![plan::Held::Unfit], 0, 1));
+    assert_eq!(w.explain(&j).verdict, Verdict::HostUnfit);
 }
 
 #[test]

@@ -40,17 +40,34 @@ fn spawn(s: &Setup, name: &str) -> Child {
         .fake
         .generate_jitconfig("acme", name, &["self-hosted", "linux"])
         .unwrap_or_else(|e| panic!("{e}"));
-    Command::new(s.runtime.join("bin").join("Runner.Listener"))
+    let mut command = Command::new(s.runtime.join("bin").join("Runner.Listener"));
+    command
         .arg("run")
         .current_dir(&s.runtime)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("ACTIONS_RUNNER_INPUT_JITCONFIG", jit)
         .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("{e}"))
+        .kill_on_drop(true);
+    // `ETXTBSY`: another test of this binary, on another thread, forked while this one's
+    // package was still being written, and its child holds the write descriptor until it
+    // execs. It lets go within moments.
+    let mut tries = 0;
+    loop {
+        match command.spawn() {
+            Err(e) if e.raw_os_error() == Some(ETXTBSY) && tries < SPAWN_TRIES => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            spawned => return spawned.unwrap_or_else(|e| panic!("{e}")),
+        }
+    }
 }
+
+/// Linux's "text file busy".
+const ETXTBSY: i32 = 26;
+/// How often a spawn that met [`ETXTBSY`] is tried again.
+const SPAWN_TRIES: u32 = 40;
 
 async fn exit_code(child: &mut Child) -> i32 {
     let status = tokio::time::timeout(EXIT_WITHIN, child.wait()).await;

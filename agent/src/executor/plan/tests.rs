@@ -79,6 +79,7 @@ fn demand_starts_runners_up_to_the_first_ceiling_and_says_which() {
             counts: &counts,
             policies: vec![inputs(&linux, queued)],
             standing: None,
+            free_uids: None,
         });
         let p = one(&plan);
         assert_eq!(
@@ -100,6 +101,7 @@ fn policies_take_the_host_s_room_in_their_order() {
         counts: &counts,
         policies: vec![inputs(&a, &[1, 2]), inputs(&b, &[3, 4])],
         standing: None,
+        free_uids: None,
     });
     let starts: Vec<u32> = plan.policies.iter().map(|p| p.start).collect();
     assert_eq!(starts, [2, 1]);
@@ -143,6 +145,7 @@ fn an_unfit_host_a_back_off_and_a_fence_hold_demand_back_but_it_still_counts() {
             counts: &counts,
             policies: vec![p],
             standing: None,
+            free_uids: None,
         });
         let p = one(&plan);
         assert_eq!((p.demand, p.start, &p.held), (demand, start, &held));
@@ -164,6 +167,7 @@ fn busy_runners_whose_job_is_unknown_took_queued_jobs() {
         counts: &counts,
         policies: vec![p],
         standing: None,
+        free_uids: None,
     });
     assert_eq!((one(&plan).demand, one(&plan).start), (2, 1));
 }
@@ -193,6 +197,7 @@ fn a_fleet_host_claims_what_it_could_start_gives_back_what_no_longer_counts_and_
         counts: &counts,
         policies: vec![inputs(&linux, &[1, 2, 3, 4, 5])],
         standing: Some(&standing),
+        free_uids: None,
     });
     let p = &mut plan.policies[0];
     // Room for 3 (its max_runners): it holds 1, so it claims the 2 oldest unclaimed.
@@ -221,6 +226,7 @@ fn a_plan_says_a_policy_without_demand_wants_no_runner_unless_it_keeps_a_minimum
             counts: &counts,
             policies: vec![inputs(p, &[])],
             standing: None,
+            free_uids: None,
         })
     };
     assert!(!made(&linux).wants(&linux));
@@ -229,4 +235,68 @@ fn a_plan_says_a_policy_without_demand_wants_no_runner_unless_it_keeps_a_minimum
     // No plan yet: a launch goes on.
     linux.min_runners = 0;
     assert!(Plan::default().wants(&linux));
+}
+
+#[test]
+fn a_ceiling_is_said_even_while_the_policy_may_not_start_and_room_counts_it() {
+    let linux = policy("linux", &["self-hosted"], 2);
+    let counts = counts(&[("linux", 1, 1)]);
+    let mut p = inputs(&linux, &[1, 2, 3]);
+    p.backing_off_until = Some(5_000);
+    let plan = plan(&Inputs {
+        now_ms: 1_000,
+        fit: true,
+        host_max: 8,
+        counts: &counts,
+        policies: vec![p],
+        standing: None,
+        free_uids: None,
+    });
+    let p = one(&plan);
+    // One more runner fits under max_runners = 2; the back-off starts none.
+    assert_eq!((p.demand, p.start, p.room), (3, 0, 1));
+    assert_eq!(
+        p.held,
+        [
+            Held::BackingOff { until_ms: 5_000 },
+            Held::AtCapacity {
+                limit: CeilingKind::MaxRunners,
+                ceiling: 2
+            }
+        ]
+    );
+}
+
+#[test]
+fn free_uids_bound_the_starts_of_every_policy_in_their_order() {
+    let (a, b) = (policy("a", &["a"], 10), policy("b", &["b"], 10));
+    let counts = counts(&[]);
+    // (free uids, starts of a and b, whether each said NoFreeUid)
+    for (free, starts, no_uid) in [
+        (None, [2, 2], [false, false]),
+        (Some(4), [2, 2], [false, false]),
+        (Some(3), [2, 1], [false, true]),
+        (Some(1), [1, 0], [true, true]),
+        (Some(0), [0, 0], [true, true]),
+    ] {
+        let plan = plan(&Inputs {
+            now_ms: 1_000,
+            fit: true,
+            host_max: 8,
+            counts: &counts,
+            policies: vec![inputs(&a, &[1, 2]), inputs(&b, &[3, 4])],
+            standing: None,
+            free_uids: free,
+        });
+        let got: Vec<u32> = plan.policies.iter().map(|p| p.start).collect();
+        assert_eq!(got, starts, "{free:?}");
+        let said: Vec<bool> = plan
+            .policies
+            .iter()
+            .map(|p| p.held.contains(&Held::NoFreeUid))
+            .collect();
+        assert_eq!(said, no_uid, "{free:?}");
+        // The ceilings' room is not the uids'.
+        assert!(plan.policies.iter().all(|p| p.room == 2));
+    }
 }
