@@ -1,6 +1,8 @@
 //! The outbound HTTP(S) client for what is not the GitHub API (the runner package download, the
-//! relay subscription): rustls with the host's root certificates and HTTP/1, the same TLS stack
-//! octocrab links, so no second one (and no OpenSSL) is built.
+//! relay subscription, webhook notifications): rustls with the host's root certificates and
+//! HTTP/1, the same TLS stack octocrab links, so no second one (and no OpenSSL) is built. It
+//! lives here, the lowest crate that downloads (the runner package), so that the agent's relay
+//! subscription and notifications use this one rather than a copy of their own.
 
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;

@@ -170,8 +170,8 @@ pub struct Follower {
 }
 
 impl Follower {
-    /// The task following `source` (the agent builds it from `[runner]`, `crate::package` in
-    /// `rm-agent`), updating the packages of the backends `none` and `user`.
+    /// The task following `source` (`rm-agent`'s `package::follower` builds it from
+    /// `[runner]`), updating the packages of the backends `none` and `user`.
     pub fn new(source: Source, none: &NoIsolation, user: Option<&UserIsolation>) -> Follower {
         Follower {
             follows: source.follows,
