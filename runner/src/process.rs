@@ -595,8 +595,7 @@ pub(crate) fn spawn_listener(
     seal_session(&mut command);
     configure(&mut command);
     // `command` holds the JIT configuration: never format it (its Debug shows the env).
-    let mut child = command
-        .spawn()
+    let mut child = spawn_past_busy_text(&mut command)
         .map_err(|source| ProcessError::Spawn { listener, source })?;
     let pid = child.id();
     tracing::debug!(pid, runtime = %runtime.display(), "runner started");
@@ -619,6 +618,33 @@ pub(crate) fn spawn_listener(
             let _ = child.kill();
             let _ = child.wait();
             Err(ProcessError::Identity { pid, source })
+        }
+    }
+}
+
+/// How often a start that met `ETXTBSY` is tried again, and how long apart. The agent writes
+/// executables (a runtime's copy of the package, under `isolation = "none"`) while its other
+/// threads fork (other launches, a runner's Docker, the tools it runs); a child forked while one
+/// was open for writing holds that descriptor until it execs, moments later, and an `exec` of
+/// the file meanwhile fails with "text file busy". Without the retry the launch fails and its
+/// policy backs off.
+const TEXT_BUSY_TRIES: u32 = 50;
+const TEXT_BUSY_PAUSE: Duration = Duration::from_millis(10);
+
+/// `command.spawn()`, tried again while the executable is busy being written
+/// ([`TEXT_BUSY_TRIES`]). Blocking: called where a runner starts, off the async workers.
+fn spawn_past_busy_text(command: &mut Command) -> io::Result<Child> {
+    let mut tries = 0;
+    loop {
+        match command.spawn() {
+            Err(e)
+                if e.raw_os_error() == Some(rustix::io::Errno::TXTBSY.raw_os_error())
+                    && tries < TEXT_BUSY_TRIES =>
+            {
+                tries += 1;
+                std::thread::sleep(TEXT_BUSY_PAUSE);
+            }
+            spawned => return spawned,
         }
     }
 }

@@ -419,3 +419,33 @@ fn a_sealed_start_inherits_no_descriptor_session_or_keyring() {
         "not a session of its own: {sealed:?}"
     );
 }
+
+/// An executable still open for writing somewhere (a child another thread forked while the
+/// runtime was being copied) cannot be executed: the start waits for it instead of failing.
+/// The control: a plain spawn meets `ETXTBSY`.
+#[test]
+fn a_start_waits_out_an_executable_still_open_for_writing() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("prog");
+    std::fs::write(&program, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let writer = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&program)
+        .unwrap();
+    let busy = Command::new(&program).spawn().map(|mut c| c.wait());
+    assert_eq!(
+        busy.err().and_then(|e| e.raw_os_error()),
+        Some(rustix::io::Errno::TXTBSY.raw_os_error()),
+        "the control: exec of a file open for writing"
+    );
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        drop(writer);
+    });
+    let mut command = Command::new(&program);
+    let status = spawn_past_busy_text(&mut command).unwrap().wait().unwrap();
+    release.join().unwrap();
+    assert!(status.success());
+}
