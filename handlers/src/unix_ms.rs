@@ -9,7 +9,8 @@
 //! `rm_base::clock` does: a time before 1970 is the epoch, one past `i64::MAX` milliseconds is
 //! `i64::MAX`. No clock is read here (the crate has none): callers pass `SystemTime::now()`. With
 //! the `rusqlite` feature (the journal's) it binds and reads as a SQLite integer; the PostgreSQL
-//! code binds `t.get()` and reads `UnixMs::new(row.get(i))` at its edge.
+//! code binds `t.get()` and reads `UnixMs::new(row.get(i))` at its edge. It is read from RFC 3339
+//! (GitHub's dates) and written as it (rm's output) in `timestamp.rs`, and nowhere else.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
