@@ -6,9 +6,9 @@ pub use rm_base::output::{stdout_error, write_stdout};
 // `out!` and `outln!` are rm_base's, re-exported at the crate root (lib.rs).
 
 /// A journal timestamp (ms since the epoch) as RFC 3339 in UTC, to the millisecond: the
-/// workspace's one formatter, [`rm_handlers::UnixMs::to_rfc3339`].
+/// workspace's one formatter, [`rm_vocab::UnixMs::to_rfc3339`].
 pub fn rfc3339(ms: i64) -> String {
-    rm_handlers::UnixMs::new(ms).to_rfc3339()
+    rm_vocab::UnixMs::new(ms).to_rfc3339()
 }
 
 /// Prints `rows` under `header` with columns padded to their widest cell.

@@ -1,8 +1,22 @@
-//! Small pieces of GitHub's wire format: timestamps, query encoding, `Link` cursors.
+//! Small pieces of GitHub's wire format: timestamps (RFC 3339, and the whole seconds of JWT
+//! claims and rate-limit resets), query encoding, `Link` cursors.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use rm_handlers::UnixMs;
+use rm_vocab::UnixMs;
+
+/// Seconds since the Unix epoch, as JWT claims and `x-ratelimit-reset` count them; zero for a
+/// time before it.
+pub fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The inverse of [`unix_secs`].
+pub fn from_unix_secs(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
 
 /// The `cursor` of the `rel="next"` link of a `Link` header.
 pub fn next_cursor(link: &str) -> Option<String> {
@@ -70,8 +84,8 @@ pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
 
 #[cfg(test)]
 mod tests {
+    use super::unix_secs;
     use super::*;
-    use crate::clock::unix_secs;
 
     #[test]
     fn rfc3339_timestamps_parse() {

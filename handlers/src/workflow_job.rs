@@ -8,10 +8,8 @@
 
 use serde::Deserialize;
 
-use crate::{
-    Change, Delivery, JobId, JobObservation, JobState, RunnerId, UnixMs, Verdict, ignore_action,
-    parse,
-};
+use crate::{Change, Delivery, JobObservation, Verdict, ignore_action, parse};
+use rm_vocab::{JobId, JobState, RunnerId, UnixMs};
 
 /// GitHub cancels a job that no runner took within 24 hours, and a job's sightings carry the
 /// times it was created, started and completed: a delivery that arrives longer than this after

@@ -2,9 +2,8 @@
 //! writer and `deliveries replay` both come through here, so a replay does exactly what the
 //! original delivery would have done.
 
-use rm_handlers::{
-    Change, Installation, JobMerge, JobObservation, JobState, Repository, Source, Verdict,
-};
+use rm_handlers::{Change, Installation, JobObservation, Repository, Verdict};
+use rm_vocab::{JobMerge, JobState, Source};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::Outcome;
@@ -150,7 +149,7 @@ pub(crate) fn apply_job(
     let polled = job.source == Source::Poll;
     let announced_now = (!polled).then_some(job.observed_at_ms);
     let polled_now = polled.then_some(job.observed_at_ms);
-    let merge = rm_handlers::merge_job(current_state, job.state);
+    let merge = rm_vocab::merge_job(current_state, job.state);
     // When the job started: GitHub's `started_at`, else the time the journal learned of the
     // `in_progress` transition (a sighting of a finished job without one says nothing of it).
     let started_at = job

@@ -3,10 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
-use rm_handlers::UnixMs;
+use rm_vocab::UnixMs;
 use rusqlite::Connection;
 
 use crate::*;
+use rm_vocab::{JobId, RunnerId};
 
 fn temp_journal() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();

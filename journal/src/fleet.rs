@@ -35,7 +35,7 @@ mod local;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use rm_handlers::{JobId, JobState, UnixMs};
+use rm_vocab::{JobId, JobState, UnixMs};
 use serde::Serialize;
 
 use crate::JournalError;

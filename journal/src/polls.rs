@@ -4,7 +4,7 @@
 //!
 //! What the poller needs is one interface ([`PollStore`]) with two implementations: this SQLite
 //! one ([`PollJournal`]) and the PostgreSQL one of a fleet ([`crate::PgPollJournal`]), over the
-//! same tables and the same forward-only merge (`rm_handlers::merge_job`) as the deliveries', so
+//! same tables and the same forward-only merge (`rm_vocab::merge_job`) as the deliveries', so
 //! a sighting and a webhook for one job merge in one place whichever journal holds them.
 //!
 //! Like [`crate::Attempts`], [`PollJournal`] is the agent's own write connection (WAL,
@@ -15,7 +15,8 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use rm_handlers::{JobId, JobObservation, JobState};
+use rm_handlers::JobObservation;
+use rm_vocab::{JobId, JobState};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::apply::apply_job;
@@ -43,9 +44,9 @@ pub struct QueuedJobRef {
     /// `owner/name`.
     pub repository: String,
     /// When it entered `queued` in the journal.
-    pub updated_at_ms: rm_handlers::UnixMs,
+    pub updated_at_ms: rm_vocab::UnixMs,
     /// When a stale check last asked GitHub about it.
-    pub checked_at_ms: Option<rm_handlers::UnixMs>,
+    pub checked_at_ms: Option<rm_vocab::UnixMs>,
 }
 
 /// What the polling fallback writes and reads, whichever journal holds it. Every call blocks

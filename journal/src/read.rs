@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use rm_handlers::JobId;
+use rm_vocab::JobId;
 use rusqlite::{Connection, OptionalExtension, Row};
 
 use crate::attempts::{ATTEMPT_COLUMNS, attempt_row};

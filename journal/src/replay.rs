@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use rm_handlers::{Delivery, Source, Verdict};
+use rm_handlers::{Delivery, Verdict};
+use rm_vocab::Source;
 use rusqlite::{TransactionBehavior, params};
 
 use crate::apply::apply_verdict;
@@ -58,7 +59,7 @@ pub(crate) fn rerun(
         guid,
         event: &stored.row.event,
         body,
-        received_at_ms: rm_handlers::UnixMs::new(now_ms),
+        received_at_ms: rm_vocab::UnixMs::new(now_ms),
         source: Source::parse(&stored.row.source).unwrap_or(Source::Webhook),
     };
     Ok(

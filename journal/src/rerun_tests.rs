@@ -4,9 +4,10 @@
 
 use std::path::PathBuf;
 
-use rm_handlers::UnixMs;
+use rm_vocab::UnixMs;
 
 use crate::*;
+use rm_vocab::{JobId, RunnerId};
 
 fn temp_journal() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();

@@ -9,7 +9,7 @@
 //! re-run but never ask for one twice. A request GitHub's limits held back (it did nothing) goes
 //! back to `intended` and is sent later.
 
-use rm_handlers::{JobId, UnixMs};
+use rm_vocab::{JobId, UnixMs};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 

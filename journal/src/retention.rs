@@ -37,7 +37,7 @@ impl Default for Retention {
 }
 
 fn cutoff(now_ms: i64, keep: Duration) -> i64 {
-    now_ms.saturating_sub(rm_base::clock::ms(keep))
+    now_ms.saturating_sub(rm_vocab::millis(keep))
 }
 
 /// Runs one bounded step of retention. Returns `true` when there is more to remove.

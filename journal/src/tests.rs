@@ -9,6 +9,7 @@ use rusqlite::Connection;
 
 use crate::intake_tests::{job_delivery, keep_all};
 use crate::*;
+use rm_vocab::JobId;
 
 fn temp_journal() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();

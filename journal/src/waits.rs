@@ -2,7 +2,7 @@
 //! served was queued, when the runner that took it was started, and when it started. The agent
 //! turns them into samples and percentiles (`rm_agent::latency`); this module only reads.
 
-use rm_handlers::{JobId, UnixMs};
+use rm_vocab::{JobId, UnixMs};
 use rusqlite::{Connection, Row};
 
 use crate::JournalError;

@@ -4,11 +4,12 @@
 
 use std::path::PathBuf;
 
-use rm_handlers::{Source, UnixMs};
+use rm_vocab::{Source, UnixMs};
 use rusqlite::Connection;
 use serde_json::json;
 
 use crate::*;
+use rm_vocab::{JobId, RunnerId};
 
 const T0: i64 = 1_700_000_000_000;
 

@@ -19,7 +19,7 @@ use crate::checkpoint;
 use crate::metrics::JournalMetrics;
 use crate::retention::{PRUNE_INTERVAL, Retention, prune_step};
 use crate::sync::{self, Waiter};
-use crate::{Incoming, JournalError, Outcome, Recorded, connection, now_ms};
+use crate::{Incoming, JournalError, Outcome, Recorded, connection};
 
 /// The most deliveries one transaction takes. Bounds the time any one commit holds its callers.
 const MAX_BATCH: usize = 1024;
@@ -364,7 +364,7 @@ impl Writer {
         if Instant::now() < self.next_prune {
             return;
         }
-        match prune_step(&mut self.conn, &self.retention, now_ms()) {
+        match prune_step(&mut self.conn, &self.retention, rm_vocab::now().get()) {
             // More to do: come back after the next batch, so pruning never holds deliveries up
             // for more than one small step.
             Ok(true) => {}

@@ -9,9 +9,9 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming as Body;
-use rm_handlers::Source;
 use rm_http_serve::Limits;
 use rm_journal::{Journal, JournalError, Recorded};
+use rm_vocab::Source;
 use tokio::net::TcpListener;
 use tracing::Instrument as _;
 
@@ -120,7 +120,7 @@ impl<J: ReceiverJournal> Receiver<J> {
     }
 
     async fn webhook(&self, req: Request<Body>) -> Reply {
-        let received_at_ms = rm_journal::now_ms();
+        let received_at_ms = rm_vocab::now().get();
         let headers = req.headers();
         let envelope = match verify::envelope(headers) {
             Ok(envelope) => envelope,

@@ -4,8 +4,8 @@
 //! receiver's rules.
 
 use http::{HeaderMap, HeaderValue, StatusCode};
-use rm_handlers::Source;
 use rm_journal::Incoming;
+use rm_vocab::Source;
 
 use crate::WebhookSecrets;
 
@@ -120,7 +120,7 @@ impl Envelope {
             event: self.event,
             headers: self.kept,
             body,
-            received_at_ms: rm_handlers::UnixMs::new(received_at_ms),
+            received_at_ms: rm_vocab::UnixMs::new(received_at_ms),
             source,
         })
     }

@@ -18,7 +18,7 @@ pub const PRUNE_STEP_ROWS: i64 = 1000;
 
 /// The received-at time (ms since the epoch) before which a delivery is expired at `now_ms`.
 pub fn cutoff_ms(now_ms: i64, retention: Duration) -> i64 {
-    now_ms.saturating_sub(rm_base::clock::ms(retention))
+    now_ms.saturating_sub(rm_vocab::millis(retention))
 }
 
 /// Whether a delivery received at `received_at_ms` is pruned at `now_ms`. A delivery exactly

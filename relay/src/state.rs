@@ -61,7 +61,7 @@ impl Relay {
     /// `/metrics` counts every refusal).
     pub(crate) fn quota_warning_due(&self, now_ms: i64) -> bool {
         let last = self.quota_warned_at_ms.load(Ordering::Relaxed);
-        let interval = rm_base::clock::ms(QUOTA_WARN_INTERVAL);
+        let interval = rm_vocab::millis(QUOTA_WARN_INTERVAL);
         now_ms.saturating_sub(last) >= interval
             && self
                 .quota_warned_at_ms

@@ -169,7 +169,7 @@ pub(crate) async fn ack(relay: &Relay, channel: &str, req: Request<Incoming>) ->
     match relay
         .store
         .write(move |conn| {
-            store::record_ack(conn, &owned_channel, &host, id, rm_base::clock::now_ms())
+            store::record_ack(conn, &owned_channel, &host, id, rm_vocab::now().get())
         })
         .await
     {

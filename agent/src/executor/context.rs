@@ -26,7 +26,7 @@ pub(super) struct Context {
     pub(super) processes: Arc<ProcessTable>,
     /// The backend of each attempt (the configured [`super::Backends`] in production).
     pub(super) execution: Arc<dyn Execution>,
-    pub(super) clock: Arc<dyn rm_github::Clock>,
+    pub(super) clock: Arc<dyn rm_vocab::Clock>,
     pub(super) notifier: Arc<Notifier>,
     /// This host's membership of a fleet, if it is in one.
     pub(super) membership: Option<Membership>,
@@ -35,7 +35,7 @@ pub(super) struct Context {
 impl Context {
     /// Now, in ms since the epoch, on the executor's clock: every time it journals or decides by.
     pub(super) fn now_ms(&self) -> i64 {
-        rm_base::clock::unix_ms(self.clock.now())
+        self.clock.now().get()
     }
 
     pub(super) fn policy(&self, name: &str) -> Option<&Policy> {

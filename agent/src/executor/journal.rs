@@ -128,7 +128,7 @@ impl AttemptJournal {
     /// One job as the journal knows it (the re-run decision reads its state and run attempt).
     pub(super) async fn job(
         &self,
-        job_id: rm_journal::JobId,
+        job_id: rm_vocab::JobId,
     ) -> Result<Option<JobRow>, AttemptError> {
         match &self.fleet {
             None => self.read(move |reader| reader.job(job_id)).await,

@@ -302,7 +302,7 @@ impl Launch {
                     "GitHub did not issue a JIT configuration after {tries} tries; the last answer: {error}"
                 )));
             }
-            let wait = retry_wait(tries, not_before, ctx.clock.now());
+            let wait = retry_wait(tries, not_before, ctx.clock.now().to_system_time());
             if wait > MAX_JIT_WAIT {
                 return Err(fail(format!(
                     "the registration would wait {} s, longer than a launch waits: {error}",
@@ -334,7 +334,9 @@ impl Launch {
         {
             Ok(jit) => Ok(jit),
             Err(e) => {
-                let aside = ctx.registry.set_aside(installation, &e, ctx.clock.now());
+                let aside =
+                    ctx.registry
+                        .set_aside(installation, &e, ctx.clock.now().to_system_time());
                 Err((e, aside))
             }
         }
@@ -413,7 +415,7 @@ impl Launch {
         target: &rm_github::Target,
     ) -> Result<u64, rm_github::GithubError> {
         let registry = &self.ctx.registry;
-        let now = self.ctx.clock.now();
+        let now = self.ctx.clock.now().to_system_time();
         let (mut candidates, turn) = registry.candidates(target, now).await?;
         // Each refusal takes one candidate out of the ready ones: the loop ends.
         for _ in 0..=candidates.len() {
@@ -453,7 +455,7 @@ impl Launch {
         let membership = self.ctx.membership.as_ref()?;
         match membership.reserve_registration(app, installation).await {
             Ok(None) => None,
-            Ok(Some(wait)) => Some(self.ctx.clock.now() + wait),
+            Ok(Some(wait)) => Some(self.ctx.clock.now().to_system_time() + wait),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot reserve the registration in the fleet's shared window; sending it paced by this host alone");
                 None

@@ -32,7 +32,7 @@ pub(crate) type ProcessTable = dyn Processes<Child = RunnerChild> + Send + Sync;
 pub(crate) struct Seams {
     /// Every time the executor journals or decides by (`now` of a lifecycle decision, fences,
     /// back-offs, JIT retry times).
-    pub clock: Arc<dyn rm_github::Clock>,
+    pub clock: Arc<dyn rm_vocab::Clock>,
     pub processes: Arc<ProcessTable>,
     pub execution: Arc<dyn Execution>,
 }
@@ -41,7 +41,7 @@ impl Seams {
     /// The real clock, the real processes, the configured backends.
     pub(crate) fn production(backends: Arc<Backends>) -> Seams {
         Seams {
-            clock: Arc::new(rm_github::SystemClock),
+            clock: Arc::new(rm_vocab::SystemClock),
             processes: Arc::new(OsProcesses),
             execution: backends,
         }

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rm_github::Target;
-use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState, JobId};
+use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState};
+use rm_vocab::JobId;
 use tracing::Instrument as _;
 
 use super::allocate::Concluded;
@@ -606,7 +607,7 @@ impl Supervisor {
             .clean_retry
             .get(id)
             .map_or(CLEAN_RETRY, |(_, last)| (*last * 2).min(CLEAN_RETRY_MAX));
-        let next = now.saturating_add(rm_base::clock::ms(wait));
+        let next = now.saturating_add(rm_vocab::millis(wait));
         self.clean_retry.insert(id.clone(), (next, wait));
     }
 }
@@ -667,12 +668,12 @@ async fn note_jobs_taken(
     };
     let completed: HashSet<String> = jobs
         .iter()
-        .filter(|j| j.state == rm_handlers::JobState::Completed)
+        .filter(|j| j.state == rm_vocab::JobState::Completed)
         .filter_map(|j| j.runner_name.clone())
         .collect();
     let taken: HashMap<String, JobId> = jobs
         .into_iter()
-        .filter(|j| j.state >= rm_handlers::JobState::InProgress)
+        .filter(|j| j.state >= rm_vocab::JobState::InProgress)
         .filter_map(|j| Some((j.runner_name?, j.job_id)))
         .collect();
     if !records.iter().any(|r| taken.contains_key(&r.runner_name)) {
@@ -879,8 +880,8 @@ fn freshness_for(
         Idle if in_state >= timeouts.idle => fresh,
         // A ghost is found by asking: an idle runner's listing is at most this old (a `304`
         // while nothing changed).
-        Idle => Freshness::After(now - rm_base::clock::ms(GHOST_CHECK)),
-        Starting => Freshness::After(now - rm_base::clock::ms(REGISTRATION_CHECK)),
+        Idle => Freshness::After(now - rm_vocab::millis(GHOST_CHECK)),
+        Starting => Freshness::After(now - rm_vocab::millis(REGISTRATION_CHECK)),
         // A registration made before the conclusion shows in a listing made after it: one
         // with a journalled runner id, or a launch that gave up after GitHub issued its JIT
         // configuration but before the id was journalled (found by its name).
@@ -983,18 +984,18 @@ mod tests {
             workspace: WorkspaceKind::Ephemeral,
             runtime_dir: "/r/x".into(),
             state,
-            state_changed_at_ms: rm_handlers::UnixMs::new(changed),
+            state_changed_at_ms: rm_vocab::UnixMs::new(changed),
             outcome: None,
             reason: None,
             detail: None,
-            runner_id: Some(rm_journal::RunnerId::new(1)),
+            runner_id: Some(rm_vocab::RunnerId::new(1)),
             job_id: None,
             pid: Some(5),
             pid_start_time: Some(6),
             stop_intent: None,
             stop_intent_at_ms: None,
-            created_at_ms: rm_handlers::UnixMs::EPOCH,
-            updated_at_ms: rm_handlers::UnixMs::EPOCH,
+            created_at_ms: rm_vocab::UnixMs::EPOCH,
+            updated_at_ms: rm_vocab::UnixMs::EPOCH,
             pid_boot_id: None,
             isolation: rm_journal::IsolationKind::None,
             uid: None,
@@ -1027,7 +1028,7 @@ mod tests {
         // An idle runner under its timers reuses a listing younger than the ghost check.
         assert_eq!(
             freshness_for(&record(AttemptState::Idle, now - 1_000), running, t, now),
-            Freshness::After(now - rm_base::clock::ms(GHOST_CHECK))
+            Freshness::After(now - rm_vocab::millis(GHOST_CHECK))
         );
         assert_eq!(
             freshness_for(&record(AttemptState::Busy, now - 1_000), running, t, now),

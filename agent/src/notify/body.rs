@@ -34,7 +34,7 @@ pub(crate) fn body(event: &OperatorEvent, host: &str, at: SystemTime) -> Vec<u8>
     let body = Body {
         event: event.kind().name(),
         host,
-        at: rm_handlers::UnixMs::from_system_time(at).to_rfc3339(),
+        at: rm_vocab::UnixMs::from_system_time(at).to_rfc3339(),
         summary,
         detail,
         fields: fields(event),

@@ -201,7 +201,7 @@ pub(super) async fn scan(
                 break;
             }
         }
-        let at_ms = super::unix_ms(now);
+        let at_ms = rm_vocab::UnixMs::from_system_time(now).get();
         let id = i64::try_from(failed.delivery_id).unwrap_or(i64::MAX);
         let guid = failed.guid.clone();
         journal
@@ -212,7 +212,7 @@ pub(super) async fn scan(
     // journalled, so nothing is asked for twice.
     if finished && let Some(next) = judgement.cursor.filter(|c| Some(*c) != cursor) {
         let value = i64::try_from(next).unwrap_or(i64::MAX);
-        let at_ms = super::unix_ms(now);
+        let at_ms = rm_vocab::UnixMs::from_system_time(now).get();
         journal
             .call(move |j| j.set_cursor(HOOK_DELIVERY_CURSOR, value, at_ms))
             .await?;

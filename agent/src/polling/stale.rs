@@ -33,7 +33,7 @@ pub(crate) struct StaleReport {
 /// The time before which a queued job counts as stale: [`STALE_AFTER`] ago, or the agent's
 /// start if that is later.
 pub(crate) fn stale_before(now_ms: i64, started_ms: i64) -> i64 {
-    (now_ms - rm_base::clock::ms(STALE_AFTER)).max(started_ms)
+    (now_ms - rm_vocab::millis(STALE_AFTER)).max(started_ms)
 }
 
 /// Checks the stale queued jobs due now; `started` is when this agent started.
@@ -44,10 +44,10 @@ pub(super) async fn check(
     now: SystemTime,
     started: SystemTime,
 ) -> Result<StaleReport, JournalError> {
-    let now_ms = super::unix_ms(now);
-    let before = stale_before(now_ms, super::unix_ms(started));
+    let now_ms = rm_vocab::UnixMs::from_system_time(now).get();
+    let before = stale_before(now_ms, rm_vocab::UnixMs::from_system_time(started).get());
     let due: Vec<_> = journal
-        .call(move |j| j.stale_queued(before, now_ms - rm_base::clock::ms(STALE_RECHECK)))
+        .call(move |j| j.stale_queued(before, now_ms - rm_vocab::millis(STALE_RECHECK)))
         .await?
         .into_iter()
         .filter(|job| targets.iter().any(|t| t.contains(&job.repository)))
@@ -58,7 +58,7 @@ pub(super) async fn check(
 
 /// The recheck bound as the journal query wants it: checked before this time.
 pub(crate) fn recheck_before(now_ms: i64) -> i64 {
-    now_ms - rm_base::clock::ms(STALE_RECHECK)
+    now_ms - rm_vocab::millis(STALE_RECHECK)
 }
 
 /// Asks GitHub about each job and records what it says.
@@ -68,7 +68,7 @@ pub(super) async fn check_jobs(
     due: Vec<QueuedJobRef>,
     now: SystemTime,
 ) -> Result<StaleReport, JournalError> {
-    let now_ms = super::unix_ms(now);
+    let now_ms = rm_vocab::UnixMs::from_system_time(now).get();
     let mut report = StaleReport::default();
     for job in due {
         let Some((owner, name)) = job.repository.split_once('/') else {
@@ -81,7 +81,7 @@ pub(super) async fn check_jobs(
                     let sightings = journal.call(move |j| j.record_sightings(&[seen])).await?;
                     report.resolved += sightings
                         .iter()
-                        .filter(|s| s.state != rm_handlers::JobState::Queued)
+                        .filter(|s| s.state != rm_vocab::JobState::Queued)
                         .count();
                 }
             }
@@ -114,7 +114,7 @@ mod start_tests {
 
     #[test]
     fn jobs_queued_before_the_agent_started_are_stale_at_once() {
-        let ten_min = rm_base::clock::ms(STALE_AFTER);
+        let ten_min = rm_vocab::millis(STALE_AFTER);
         // Just started: everything queued before the start is stale.
         assert_eq!(stale_before(1_000_000, 999_000), 999_000);
         // Long running: the usual bound.

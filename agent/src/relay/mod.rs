@@ -19,9 +19,9 @@ use bytes::Bytes;
 use futures_util::StreamExt as _;
 use http::{Request, StatusCode, header};
 use http_body_util::{BodyExt as _, Full};
-use rm_handlers::Source;
 use rm_journal::{Journal, JournalError};
 use rm_receiver::WebhookSecrets;
+use rm_vocab::Source;
 use secrecy::{ExposeSecret as _, SecretString};
 use tokio::sync::watch;
 
@@ -235,7 +235,7 @@ impl Subscription {
             envelope.verify(
                 &self.secrets,
                 relayed.body,
-                rm_journal::now_ms(),
+                rm_vocab::now().get(),
                 Source::Relay,
             )
         });

@@ -19,7 +19,7 @@ mod types;
 
 use std::path::Path;
 
-use rm_handlers::{JobId, RunnerId};
+use rm_vocab::{JobId, RunnerId};
 use rusqlite::Connection;
 
 use sql::*;

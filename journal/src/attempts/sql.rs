@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use rm_handlers::{JobId, RunnerId};
+use rm_vocab::{JobId, RunnerId};
 use rusqlite::types::ToSql;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, params};
 

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
-use rm_handlers::{JobId, UnixMs};
+use rm_vocab::{JobId, UnixMs};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{
@@ -47,7 +47,7 @@ impl Fleet for LocalFleet {
                 |row| row.get(0),
             )
             .optional()?;
-        let now = crate::now_ms();
+        let now = rm_vocab::now().get();
         let expires_at_ms = expiry(now, ttl);
         let (labels, policies) = (json_names(&info.labels), json_names(&info.policies));
         let renewal = match renewal(current, now) {
@@ -102,7 +102,7 @@ impl Fleet for LocalFleet {
 
     fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<Claimed, FleetError> {
         let tx = self.begin()?;
-        let now = crate::now_ms();
+        let now = rm_vocab::now().get();
         let own: Option<i64> = tx
             .query_row(
                 "SELECT expires_at FROM hosts WHERE host = ?1",
@@ -202,7 +202,7 @@ impl Fleet for LocalFleet {
                 |row| Ok((row.get(0)?, row.get(1)?)),
             )
             .optional()?;
-        let now = crate::now_ms();
+        let now = rm_vocab::now().get();
         let expires = expiry(now, ttl);
         let decision = lead(current.as_ref().map(|(h, e)| (h.as_str(), *e)), host, now);
         match decision {
@@ -243,7 +243,7 @@ impl Fleet for LocalFleet {
         windows: &[SpendWindow],
     ) -> Result<Option<Duration>, FleetError> {
         let tx = self.begin()?;
-        let now = crate::now_ms();
+        let now = rm_vocab::now().get();
         tx.execute(
             "DELETE FROM spends WHERE scope = ?1 AND sent_at <= ?2",
             params![scope, now.saturating_sub(longest_ms(windows))],
@@ -266,7 +266,7 @@ impl Fleet for LocalFleet {
     fn view(&mut self) -> Result<FleetView, FleetError> {
         // A deferred transaction: one consistent snapshot of the three tables.
         let tx = self.conn.transaction()?;
-        let now = crate::now_ms();
+        let now = rm_vocab::now().get();
         let hosts = tx
             .prepare(
                 "SELECT host, registered_at, renewed_at, expires_at, labels, policies

@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use ::postgres::{Client, NoTls};
-use rm_handlers::{JobId, JobState, UnixMs};
+use rm_vocab::{JobId, JobState, UnixMs};
 
 use super::*;
 use crate::intake_tests::{Postgres, Sqlite, job_delivery, off_runtime};

@@ -1,6 +1,6 @@
 //! Applying a handler's verdict to the PostgreSQL journal inside the writer's transaction: the
 //! same rule as SQLite's (`crate::apply`: the outcome from `apply_verdict_with`, the forward-only
-//! merge from `rm_handlers::merge_job`), in PostgreSQL's SQL. Unlike SQLite, several writers
+//! merge from `rm_vocab::merge_job`), in PostgreSQL's SQL. Unlike SQLite, several writers
 //! (one per receiver) run at once, so a job row is read `FOR UPDATE` before it is merged, and an
 //! insert that lost a race to another writer is merged again over the row that won.
 
@@ -8,10 +8,8 @@ use std::collections::HashMap;
 
 use postgres::types::ToSql;
 use postgres::{Row, Statement, Transaction};
-use rm_handlers::{
-    Change, Installation, JobId, JobMerge, JobObservation, JobState, Repository, RunnerId, Source,
-    UnixMs,
-};
+use rm_handlers::{Change, Installation, JobObservation, Repository};
+use rm_vocab::{JobId, JobMerge, JobState, RunnerId, Source, UnixMs};
 
 use crate::apply::{Applied, SCOPE_UNCHANGED, apply_verdict_with, job_unchanged};
 
@@ -184,7 +182,7 @@ pub(crate) fn apply_job(
                 Some(row) => (Some(row.get(0)), row.get(1), row.get(2)),
                 None => (None, None, None),
             };
-        let merge = rm_handlers::merge_job(current.as_deref().and_then(JobState::parse), job.state);
+        let merge = rm_vocab::merge_job(current.as_deref().and_then(JobState::parse), job.state);
         let moved = match merge {
             JobMerge::Insert => {
                 let inserted = sql.execute(

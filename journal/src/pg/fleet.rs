@@ -28,7 +28,7 @@ use std::time::Duration;
 use postgres::{Client, Transaction};
 
 use super::tls::PgConnect;
-use rm_handlers::{JobId, UnixMs};
+use rm_vocab::{JobId, UnixMs};
 
 use crate::JournalError;
 use crate::fleet::{

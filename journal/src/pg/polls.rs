@@ -2,7 +2,7 @@
 //! [`crate::PollStore`]): what the poller of each host in a fleet writes and reads in the shared
 //! database. The same tables as SQLite's (`jobs`, `poll_cursors`, `redeliveries`, the
 //! installations) and the same merge: a sighting goes through the intake's `apply_job`
-//! (`rm_handlers::merge_job`, forward only), so a poll and a webhook for one job meet in one
+//! (`rm_vocab::merge_job`, forward only), so a poll and a webhook for one job meet in one
 //! place whichever arrives first.
 //!
 //! Several writers touch the job rows at once here (the intake writer of every receiver, the
@@ -15,7 +15,8 @@ use std::collections::HashSet;
 use postgres::Client;
 
 use super::tls::PgConnect;
-use rm_handlers::{JobId, JobObservation, UnixMs};
+use rm_handlers::JobObservation;
+use rm_vocab::{JobId, UnixMs};
 
 use super::apply::{ApplyError, Sql, StatementCache, apply_job};
 use crate::JournalError;

@@ -3,7 +3,7 @@
 //! (queued jobs, the jobs its runners took).
 
 use postgres::{Client, GenericClient, Row};
-use rm_handlers::{JobId, RunnerId, UnixMs};
+use rm_vocab::{JobId, RunnerId, UnixMs};
 
 use crate::read::{DELIVERY_COLUMNS, JOB_COLUMNS};
 use crate::{DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, StoredDelivery};

@@ -8,11 +8,13 @@
 use std::time::{Duration, Instant};
 
 use ::postgres::{Client, NoTls};
-use rm_handlers::{JobObservation, JobState, Source};
+use rm_handlers::JobObservation;
+use rm_vocab::{JobState, Source};
 use rusqlite::Connection;
 
 use crate::intake_tests::{Backend, Postgres, Sqlite, job_delivery, off_runtime};
 use crate::*;
+use rm_vocab::JobId;
 
 /// A journal under test that can also open the poller's store on itself.
 trait PollBackend: Backend {
@@ -90,7 +92,7 @@ fn polled(job_id: i64, state: JobState, at_ms: i64) -> JobObservation {
         job_name: Some("build".to_owned()),
         queued_at_ms: None,
         started_at_ms: None,
-        observed_at_ms: rm_handlers::UnixMs::new(at_ms),
+        observed_at_ms: rm_vocab::UnixMs::new(at_ms),
         source: Source::Poll,
     }
 }

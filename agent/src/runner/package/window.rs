@@ -91,7 +91,7 @@ pub fn judge(pinned: &str, releases: &[ReleaseSummary], now: SystemTime) -> Wind
             let version = version_of_tag(&r.tag_name)?;
             let order = parse_version(&version)?;
             let published =
-                rm_handlers::UnixMs::parse_rfc3339(r.published_at.as_deref()?)?.to_system_time();
+                rm_vocab::UnixMs::parse_rfc3339(r.published_at.as_deref()?)?.to_system_time();
             (order > pinned_order).then_some((published, version))
         })
         .min();

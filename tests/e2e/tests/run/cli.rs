@@ -251,7 +251,7 @@ async fn runners_json_follows_the_contract() {
             runner_name: &name,
             workspace: WorkspaceKind::Ephemeral,
             runtime_dir: &runtime,
-            created_at_ms: rm_journal::UnixMs::new(1_700_000_000_000),
+            created_at_ms: rm_vocab::UnixMs::new(1_700_000_000_000),
             isolation: IsolationKind::None,
             uid: None,
             cgroup: None,
@@ -259,13 +259,13 @@ async fn runners_json_follows_the_contract() {
         .unwrap();
     assert!(
         attempts
-            .jit_received(&id, rm_journal::RunnerId::new(77), 1_700_000_000_100)
+            .jit_received(&id, rm_vocab::RunnerId::new(77), 1_700_000_000_100)
             .unwrap()
     );
     assert!(attempts.started(&id, 4242, 99, 1_700_000_000_200).unwrap());
     assert!(
         attempts
-            .mark_busy(&id, Some(rm_journal::JobId::new(501)), 1_700_000_000_300)
+            .mark_busy(&id, Some(rm_vocab::JobId::new(501)), 1_700_000_000_300)
             .unwrap()
     );
 

@@ -3,9 +3,11 @@
 //! reads GitHub's REST answers with it, the agent a release's date) and [`UnixMs::to_rfc3339`]
 //! the formatter of rm's millisecond timestamps (the agent's `output::rfc3339`, a notification's
 //! `at`; a few messages still print whole seconds through humantime, unchanged). Both are
-//! chrono's: humantime, the workspace's duration crate, refuses the numeric offsets GitHub sends (`2021-04-28T22:32:21.000-04:00` in an installation's dates, and
+//! chrono's: humantime, the workspace's duration crate, refuses the numeric offsets GitHub sends
+//! (`2021-04-28T22:32:21.000-04:00` in an installation's dates, and
 //! `2020-01-20T09:42:40.000-08:00` in a job's steps), and octocrab already builds chrono, so the
-//! agent compiles nothing new for it. The handlers still read no clock: parsing is arithmetic.
+//! agent compiles nothing new for it. Parsing is arithmetic: it reads no clock, so the handlers,
+//! which have none, use it.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 
