@@ -26,7 +26,7 @@ use rm_receiver::prometheus_client::encoding::{DescriptorEncoder, EncodeMetric a
 use rm_receiver::prometheus_client::metrics::MetricType;
 use rm_receiver::prometheus_client::metrics::family::Family;
 use rm_receiver::prometheus_client::metrics::histogram::Histogram;
-use rm_vocab::JobId;
+use rm_vocab::{JobId, UnixMs};
 use serde_json::{Value, json};
 
 /// The window `status` reports percentiles over: the waits of jobs that started in the last
@@ -192,7 +192,7 @@ pub(crate) fn summarize(rows: &[WaitRow], now_ms: i64, window: Duration) -> Late
 pub(crate) fn read(reader: &Reader, now_ms: i64) -> anyhow::Result<Latency> {
     let window_ms = rm_vocab::millis(WINDOW);
     let rows = reader
-        .job_waits(now_ms.saturating_sub(window_ms))
+        .job_waits(UnixMs::new(now_ms.saturating_sub(window_ms)))
         .map_err(|e| anyhow::anyhow!("cannot read job wait times from the journal: {e}"))?;
     Ok(summarize(&rows, now_ms, WINDOW))
 }
@@ -376,7 +376,7 @@ pub(crate) fn spawn_recorder(
         .map_err(|e| anyhow::anyhow!("cannot open the journal for wait times: {e}"))?;
     let now = rm_vocab::now().get();
     let rows = reader
-        .job_waits(window_start(now))
+        .job_waits(UnixMs::new(window_start(now)))
         .map_err(|e| anyhow::anyhow!("cannot read job wait times from the journal: {e}"))?;
     let recorder = Recorder::seeded(&rows);
     let path: PathBuf = journal.to_owned();
@@ -404,7 +404,7 @@ async fn record(path: PathBuf, reader: Reader, recorder: Recorder, metrics: Wait
                 *reader = Some(Reader::open(&path)?);
             }
             let since = window_start(rm_vocab::now().get());
-            let rows = match reader.as_ref().map(|r| r.job_waits(since)) {
+            let rows = match reader.as_ref().map(|r| r.job_waits(UnixMs::new(since))) {
                 Some(Ok(rows)) => rows,
                 Some(Err(e)) => {
                     // A fresh connection next round (the file may have been replaced).

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use rm_vocab::Source;
+use rm_vocab::{Source, UnixMs};
 use serde_json::{Value, json};
 
 use crate::pg_server::{self, PgDatabase};
@@ -87,7 +87,7 @@ impl Backend for Sqlite {
         Box::new(move |names| reader.demand(names).unwrap())
     }
     fn replay(&self, guid: &str, now_ms: i64) -> Result<(Outcome, Option<String>), JournalError> {
-        crate::replay(&self.path, guid, now_ms)
+        crate::replay(&self.path, guid, UnixMs::new(now_ms))
     }
     fn run_sql(&self, statements: &str) {
         rusqlite::Connection::open(&self.path)
@@ -184,7 +184,7 @@ impl Backend for Postgres {
     }
     fn replay(&self, guid: &str, now_ms: i64) -> Result<(Outcome, Option<String>), JournalError> {
         let target = PgTarget::parse(&self.db.url()).unwrap();
-        off_runtime(|| replay_pg(&target, guid, now_ms))
+        off_runtime(|| replay_pg(&target, guid, UnixMs::new(now_ms)))
     }
     fn run_sql(&self, statements: &str) {
         let url = self.db.url();
@@ -279,7 +279,7 @@ fn incoming(guid: &str, event: &str, body: Vec<u8>, at_ms: i64) -> Incoming {
         event: event.to_owned(),
         headers: vec![("x-github-event".to_owned(), event.to_owned())],
         body,
-        received_at_ms: rm_vocab::UnixMs::new(at_ms),
+        received_at_ms: UnixMs::new(at_ms),
         source: Source::Webhook,
     }
 }

@@ -11,12 +11,13 @@ use rusqlite::{TransactionBehavior, params};
 use crate::apply::apply_verdict;
 use crate::read::stored_delivery;
 use crate::{JournalError, Outcome, StoredDelivery, connection};
+use rm_vocab::UnixMs;
 
 /// Replays the delivery `guid` and returns its new outcome and reason.
 pub fn replay(
     path: &Path,
     guid: &str,
-    now_ms: i64,
+    now_ms: UnixMs,
 ) -> Result<(Outcome, Option<String>), JournalError> {
     if !path.exists() {
         return Err(JournalError::Missing(path.to_owned()));
@@ -26,7 +27,7 @@ pub fn replay(
     let stored = stored_delivery(&tx, guid)?
         .ok_or_else(|| JournalError::UnknownDelivery(guid.to_owned()))?;
     let verdict = rerun(guid, &stored, now_ms)?;
-    let applied = apply_verdict(&tx, &verdict, now_ms)?;
+    let applied = apply_verdict(&tx, &verdict, now_ms.get())?;
     tx.execute(
         "UPDATE deliveries SET outcome = ?2, reason = ?3, action = COALESCE(?4, action),
              replayed_at = ?5
@@ -49,7 +50,7 @@ pub fn replay(
 pub(crate) fn rerun(
     guid: &str,
     stored: &StoredDelivery,
-    now_ms: i64,
+    now_ms: UnixMs,
 ) -> Result<Verdict, JournalError> {
     let body = stored
         .body
@@ -59,7 +60,7 @@ pub(crate) fn rerun(
         guid,
         event: &stored.row.event,
         body,
-        received_at_ms: rm_vocab::UnixMs::new(now_ms),
+        received_at_ms: now_ms,
         source: Source::parse(&stored.row.source).unwrap_or(Source::Webhook),
     };
     Ok(

@@ -99,7 +99,7 @@ async fn retention_drops_old_bodies_rows_and_finished_jobs() {
     assert!(reader.delivery("old").unwrap().unwrap().body.is_none());
     assert!(reader.delivery("fresh").unwrap().unwrap().body.is_some());
     assert!(matches!(
-        replay(&path, "old", now),
+        replay(&path, "old", rm_vocab::UnixMs::new(now)),
         Err(JournalError::BodyPruned(_))
     ));
     let mut jobs: Vec<i64> = reader

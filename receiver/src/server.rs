@@ -20,6 +20,7 @@ use crate::journal::ReceiverJournal;
 use crate::metrics::Metrics;
 use crate::verify::{self, Refusal};
 use rm_http_serve::budget::{self, BUSY_RETRY_AFTER_SECS, BodyBudget, BodyLimits, Hold, Refused};
+use rm_vocab::UnixMs;
 
 /// A client that has not sent its headers by then is cut off.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -120,7 +121,7 @@ impl<J: ReceiverJournal> Receiver<J> {
     }
 
     async fn webhook(&self, req: Request<Body>) -> Reply {
-        let received_at_ms = rm_vocab::now().get();
+        let received_at_ms = rm_vocab::now();
         let headers = req.headers();
         let envelope = match verify::envelope(headers) {
             Ok(envelope) => envelope,
@@ -138,7 +139,7 @@ impl<J: ReceiverJournal> Receiver<J> {
         &self,
         envelope: verify::Envelope,
         req: Request<Body>,
-        received_at_ms: i64,
+        received_at_ms: UnixMs,
     ) -> Reply {
         let headers = req.headers();
         let declared = headers

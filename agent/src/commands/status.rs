@@ -19,6 +19,7 @@ use crate::demand::{self, Demand, QueuedJob};
 use crate::exit::Exit;
 use crate::output::{print_json, rfc3339};
 use crate::status_file::{self, Liveness, Snapshot};
+use rm_vocab::UnixMs;
 
 /// Under this share of the rate limit left, `status` calls the budget low (percent). The same
 /// threshold stretches the polling pace (`polling::schedule`).
@@ -171,7 +172,7 @@ fn fleet_journalled(
     };
     journalled.outcomes = pg.delivery_outcome_counts()?.into_iter().collect();
     journalled.queued = journalled_queued;
-    journalled.last_delivery_at_ms = pg.last_delivery_at()?;
+    journalled.last_delivery_at_ms = pg.last_delivery_at()?.map(UnixMs::get);
     journalled.jobs_by_state = pg.job_counts()?.into_iter().collect();
     Ok((journalled, InFleet { view, waiting }))
 }
@@ -205,7 +206,7 @@ fn journalled(reader: &Reader) -> anyhow::Result<Journalled> {
             .into_iter()
             .filter_map(|a| a.outcome.map(|o| (o, a.detail.or(a.reason))))
             .collect(),
-        last_delivery_at_ms: reader.last_delivery_at()?,
+        last_delivery_at_ms: reader.last_delivery_at()?.map(UnixMs::get),
         jobs_by_state: reader.job_counts()?.into_iter().collect(),
         attempts_by_state: reader.attempt_counts()?.into_iter().collect(),
         reruns: reader.rerun_counts()?,
@@ -222,7 +223,7 @@ fn gather(
     fleet: Option<InFleet>,
     now: SystemTime,
 ) -> anyhow::Result<Facts> {
-    let now_ms = rm_vocab::UnixMs::from_system_time(now).get();
+    let now_ms = UnixMs::from_system_time(now).get();
     let (snapshot, agent) = status_file::observe(&config.data_dir, now_ms);
     let Journalled {
         outcomes,

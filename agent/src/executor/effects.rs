@@ -143,7 +143,7 @@ async fn clean(ctx: &Context, cleanup: Cleanup) -> Outcome {
     let (id, at_ms) = (record.attempt_id.clone(), ctx.now_ms());
     match ctx
         .journal
-        .write(move |attempts| attempts.mark_cleaned(&id, at_ms))
+        .write(move |attempts| attempts.mark_cleaned(&id, rm_vocab::UnixMs::new(at_ms)))
         .await
     {
         Ok(true) => tracing::info!("cleaned"),

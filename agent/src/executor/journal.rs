@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context as _;
 use rm_journal::{AttemptError, Attempts, JobRow, JournalError, PgReader, Reader};
+use rm_vocab::UnixMs;
 
 /// Where the executor reads jobs from.
 #[derive(Debug, Clone)]
@@ -220,10 +221,14 @@ impl AttemptJournal {
     ) -> Result<bool, AttemptError> {
         let id = id.clone();
         self.write(move |attempts| match crate::runner::process::boot_id() {
-            Some(boot) => {
-                attempts.started_on_boot(&id, identity.pid, identity.start_time, boot, at_ms)
-            }
-            None => attempts.started(&id, identity.pid, identity.start_time, at_ms),
+            Some(boot) => attempts.started_on_boot(
+                &id,
+                identity.pid,
+                identity.start_time,
+                boot,
+                UnixMs::new(at_ms),
+            ),
+            None => attempts.started(&id, identity.pid, identity.start_time, UnixMs::new(at_ms)),
         })
         .await
     }

@@ -30,6 +30,7 @@ use super::registry::{self, JitRetry, WORK_FOLDER};
 use super::{Event, fault};
 use crate::lifecycle::{Conclusion, FailureReason};
 use crate::runner::{RunnerChild, Runtime, Spawned};
+use rm_vocab::UnixMs;
 
 /// How many times one attempt asks GitHub for a JIT configuration.
 pub(super) const MAX_JIT_TRIES: u32 = 5;
@@ -134,7 +135,7 @@ impl Launch {
                             conclusion.outcome(),
                             conclusion.reason(),
                             Some(&detail),
-                            at_ms,
+                            UnixMs::new(at_ms),
                         )
                     })
                     .await;
@@ -176,7 +177,7 @@ impl Launch {
         let (id, at_ms) = (record.attempt_id.clone(), ctx.now_ms());
         let recorded = ctx
             .journal
-            .write(move |attempts| attempts.jit_received(&id, runner_id, at_ms))
+            .write(move |attempts| attempts.jit_received(&id, runner_id, UnixMs::new(at_ms)))
             .await;
         if !matches!(recorded, Ok(true)) {
             // Not journalled: supervision finds the registration by the runner's name (a

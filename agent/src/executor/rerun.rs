@@ -23,6 +23,7 @@ use super::fault;
 use crate::config::rerun::RerunPolicy;
 use crate::notify::OperatorEvent;
 use crate::rerun::{Concluded, JobSeen, Verdict, decide};
+use rm_vocab::UnixMs;
 
 /// How often the journal is scanned for attempts to re-run the job of (and decided re-runs
 /// are sent). A killed job's `completed` arrives minutes after its runner died; seconds more
@@ -87,7 +88,7 @@ pub(crate) async fn settle_at_start(ctx: &Context) -> anyhow::Result<()> {
     let at = ctx.now_ms();
     let settled = ctx
         .journal
-        .write(move |attempts| attempts.settle_interrupted_reruns(at))
+        .write(move |attempts| attempts.settle_interrupted_reruns(UnixMs::new(at)))
         .await
         .context("cannot settle the re-runs an earlier agent left sending")?;
     for job in settled {
@@ -111,7 +112,7 @@ pub(crate) async fn scan(ctx: &Context) -> anyhow::Result<()> {
         .journal
         .read(move |reader| {
             let reasons: Vec<&str> = reasons.iter().map(String::as_str).collect();
-            reader.rerun_candidates(since, &reasons)
+            reader.rerun_candidates(UnixMs::new(since), &reasons)
         })
         .await
         .context("cannot read the re-run candidates")?;
@@ -178,7 +179,7 @@ async fn decide_one(
                     run_id: job.run_id,
                     run_attempt: job.run_attempt,
                 },
-                at,
+                UnixMs::new(at),
             )
         })
         .await
@@ -215,7 +216,7 @@ async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
                     RerunState::Intended,
                     RerunState::Refused,
                     Some(&journalled),
-                    now,
+                    UnixMs::new(now),
                 )
             })
             .await?;
@@ -225,7 +226,13 @@ async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
     let won = ctx
         .journal
         .write(move |a| {
-            a.advance_rerun(job_id, RerunState::Intended, RerunState::Sending, None, now)
+            a.advance_rerun(
+                job_id,
+                RerunState::Intended,
+                RerunState::Sending,
+                None,
+                UnixMs::new(now),
+            )
         })
         .await
         .context("cannot journal a re-run as sending")?;
@@ -265,7 +272,13 @@ async fn journal_answer(ctx: &Context, rerun: &RerunRecord, sent: Sent) -> anyho
             tracing::info!(job_id = job_id.get(), %why, "GitHub did not act on the re-run; sent again later");
             ctx.journal
                 .write(move |a| {
-                    a.advance_rerun(job_id, RerunState::Sending, RerunState::Intended, None, at)
+                    a.advance_rerun(
+                        job_id,
+                        RerunState::Sending,
+                        RerunState::Intended,
+                        None,
+                        UnixMs::new(at),
+                    )
                 })
                 .await
                 .context("cannot journal a re-run as intended again")?;
@@ -279,7 +292,7 @@ async fn journal_answer(ctx: &Context, rerun: &RerunRecord, sent: Sent) -> anyho
                         RerunState::Sending,
                         state,
                         journalled.as_deref(),
-                        at,
+                        UnixMs::new(at),
                     )
                 })
                 .await

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use rm_github::Target;
 use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState};
-use rm_vocab::JobId;
+use rm_vocab::{JobId, UnixMs};
 use tracing::Instrument as _;
 
 use super::allocate::Concluded;
@@ -403,13 +403,13 @@ impl Supervisor {
             Decision::Observe(AttemptState::Idle) => {
                 let from = record.state;
                 ctx.journal
-                    .write(move |attempts| attempts.mark_idle(&id, from, now))
+                    .write(move |attempts| attempts.mark_idle(&id, from, UnixMs::new(now)))
                     .await?;
             }
             Decision::Observe(AttemptState::Busy) => {
                 if ctx
                     .journal
-                    .write(move |attempts| attempts.mark_busy(&id, None, now))
+                    .write(move |attempts| attempts.mark_busy(&id, None, UnixMs::new(now)))
                     .await?
                 {
                     fault::crash_point("runner_busy");
@@ -443,7 +443,7 @@ impl Supervisor {
         let (id, now) = (record.attempt_id.clone(), ctx.now_ms());
         let recorded = ctx
             .journal
-            .write(move |attempts| attempts.record_stop_intent(&id, intent, now))
+            .write(move |attempts| attempts.record_stop_intent(&id, intent, UnixMs::new(now)))
             .await?;
         if recorded && intent == StopIntent::DiskExceeded {
             tracing::warn!(
@@ -496,7 +496,7 @@ impl Supervisor {
                     conclusion.outcome(),
                     conclusion.reason(),
                     Some(&detail),
-                    at_ms,
+                    UnixMs::new(at_ms),
                 )?;
                 // The record as concluded, for its cleanup.
                 Ok(if concluded { attempts.get(&id)? } else { None })
@@ -690,12 +690,12 @@ async fn note_jobs_taken(
                     continue;
                 };
                 let waiting = matches!(record.state, AttemptState::Starting | AttemptState::Idle);
-                let learnt = if waiting && attempts.mark_busy(&record.attempt_id, Some(job_id), now)? {
+                let learnt = if waiting && attempts.mark_busy(&record.attempt_id, Some(job_id), UnixMs::new(now))? {
                     tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, job_id = job_id.get(), "runner took a job");
                     fault::crash_point("runner_busy");
                     true
                 } else if record.state == AttemptState::Busy && record.job_id.is_none() {
-                    attempts.record_job(&record.attempt_id, job_id, now)?
+                    attempts.record_job(&record.attempt_id, job_id, UnixMs::new(now))?
                 } else {
                     false
                 };
@@ -984,7 +984,7 @@ mod tests {
             workspace: WorkspaceKind::Ephemeral,
             runtime_dir: "/r/x".into(),
             state,
-            state_changed_at_ms: rm_vocab::UnixMs::new(changed),
+            state_changed_at_ms: UnixMs::new(changed),
             outcome: None,
             reason: None,
             detail: None,
@@ -994,8 +994,8 @@ mod tests {
             pid_start_time: Some(6),
             stop_intent: None,
             stop_intent_at_ms: None,
-            created_at_ms: rm_vocab::UnixMs::EPOCH,
-            updated_at_ms: rm_vocab::UnixMs::EPOCH,
+            created_at_ms: UnixMs::EPOCH,
+            updated_at_ms: UnixMs::EPOCH,
             pid_boot_id: None,
             isolation: rm_journal::IsolationKind::None,
             uid: None,

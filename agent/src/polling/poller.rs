@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use rm_github::{GithubClient, Target};
 use rm_journal::{Fleet, FleetError, JournalError, PollStore};
-use rm_vocab::Clock;
+use rm_vocab::{Clock, UnixMs};
 use tokio::sync::watch;
 use tracing::Instrument as _;
 
@@ -115,10 +115,7 @@ pub(crate) struct Poller {
 
 /// A small xorshift generator seeded from the clock: jitter only spreads hosts apart.
 fn default_jitter(seed: SystemTime) -> Jitter {
-    let mut state = rm_vocab::UnixMs::from_system_time(seed)
-        .get()
-        .unsigned_abs()
-        | 1;
+    let mut state = UnixMs::from_system_time(seed).get().unsigned_abs() | 1;
     Box::new(move || {
         state ^= state << 13;
         state ^= state >> 7;
@@ -245,7 +242,7 @@ impl Poller {
             .journal
             .call(|j| j.last_delivery_at())
             .await?
-            .map(|ms| rm_vocab::UnixMs::new(ms).to_system_time());
+            .map(UnixMs::to_system_time);
         Ok((self.health.assess(last, now), last))
     }
 

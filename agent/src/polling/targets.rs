@@ -21,7 +21,7 @@ use rm_github::wire::parse_rfc3339;
 use rm_github::{GithubClient, GithubError, Target};
 use rm_handlers::JobObservation;
 use rm_journal::{JournalError, QueuedJobRef};
-use rm_vocab::JobId;
+use rm_vocab::{JobId, UnixMs};
 
 use super::blocking::Store;
 use super::health::is_unannounced;
@@ -230,10 +230,15 @@ async fn note_vanished(
         .filter_map(|status| state.runs.get(&(repository.to_owned(), *status)))
         .flat_map(|runs| runs.keys().copied())
         .collect();
-    let now_ms = rm_vocab::UnixMs::from_system_time(now).get();
+    let now_ms = UnixMs::from_system_time(now).get();
     let repository = repository.to_owned();
     let queued = journal
-        .call(move |j| j.queued_in_repository(&repository, super::stale::recheck_before(now_ms)))
+        .call(move |j| {
+            j.queued_in_repository(
+                &repository,
+                super::stale::recheck_before(UnixMs::new(now_ms)),
+            )
+        })
         .await?;
     report
         .vanished
@@ -314,7 +319,7 @@ async fn record(
     now: SystemTime,
     report: &mut DemandReport,
 ) -> Result<(), DemandError> {
-    let at_ms = rm_vocab::UnixMs::from_system_time(now).get();
+    let at_ms = UnixMs::from_system_time(now).get();
     let (observations, created): (Vec<JobObservation>, Vec<&str>) = jobs
         .iter()
         .filter_map(|j| {
@@ -379,7 +384,7 @@ mod vanished_tests {
         QueuedJobRef {
             job_id: JobId::new(id),
             repository: "acme/widgets".into(),
-            updated_at_ms: rm_vocab::UnixMs::EPOCH,
+            updated_at_ms: UnixMs::EPOCH,
             checked_at_ms: None,
         }
     }

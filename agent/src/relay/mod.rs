@@ -232,12 +232,7 @@ impl Subscription {
             }
         };
         let incoming = rm_receiver::envelope(&relayed.headers).and_then(|envelope| {
-            envelope.verify(
-                &self.secrets,
-                relayed.body,
-                rm_vocab::now().get(),
-                Source::Relay,
-            )
+            envelope.verify(&self.secrets, relayed.body, rm_vocab::now(), Source::Relay)
         });
         let incoming = match incoming {
             Ok(incoming) => incoming,

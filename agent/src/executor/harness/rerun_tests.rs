@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use rm_fake_github::RunnerBehavior;
 use rm_journal::{AttemptOutcome, AttemptState, NewRerun, Reader, RerunState};
-use rm_vocab::{JobId, JobState};
+use rm_vocab::{JobId, JobState, UnixMs};
 
 use crate::config::rerun::RerunPolicy;
 
@@ -84,7 +84,7 @@ async fn killed_by(h: &mut Harness, reason: &str) -> u64 {
             AttemptOutcome::Failed,
             Some(reason),
             Some("seeded by the test"),
-            h.clock.now().get(),
+            h.clock.now(),
         )
         .expect("the conclusion");
     assert!(concluded);
@@ -243,7 +243,7 @@ async fn a_rerun_the_agent_died_sending_is_never_sent_again() {
                         run_id: journalled.run_id,
                         run_attempt: journalled.run_attempt,
                     },
-                    now,
+                    UnixMs::new(now),
                 )
                 .expect("intended")
         );
@@ -255,7 +255,7 @@ async fn a_rerun_the_agent_died_sending_is_never_sent_again() {
                         RerunState::Intended,
                         RerunState::Sending,
                         None,
-                        now,
+                        UnixMs::new(now),
                     )
                     .expect("sending")
             );
