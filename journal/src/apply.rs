@@ -7,6 +7,7 @@ use rm_vocab::{JobMerge, JobState, Source};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::Outcome;
+use rm_vocab::UnixMs;
 
 /// The outcome of a verdict and the reason journalled beside it.
 pub(crate) struct Applied {
@@ -19,7 +20,7 @@ pub(crate) struct Applied {
 pub(crate) fn apply_verdict(
     conn: &Connection,
     verdict: &Verdict,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> rusqlite::Result<Applied> {
     apply_verdict_with(verdict, |change| apply_change(conn, change, at_ms))
 }
@@ -69,7 +70,7 @@ pub(crate) fn apply_verdict_with<E>(
 fn apply_change(
     conn: &Connection,
     change: &Change,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> rusqlite::Result<Option<String>> {
     let changed = match change {
         Change::Job(job) => return apply_job(conn, job),
@@ -260,7 +261,7 @@ pub(crate) fn job_unchanged(job: &JobObservation, current: Option<&str>) -> Stri
 fn upsert_installation(
     conn: &Connection,
     installation: &Installation,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> rusqlite::Result<bool> {
     let mut changed = conn
         .prepare_cached(
@@ -291,7 +292,7 @@ fn upsert_installation(
     Ok(changed)
 }
 
-fn ensure_installation(conn: &Connection, id: i64, at_ms: i64) -> rusqlite::Result<()> {
+fn ensure_installation(conn: &Connection, id: i64, at_ms: UnixMs) -> rusqlite::Result<()> {
     conn.prepare_cached(
         "INSERT INTO installations (id, updated_at) VALUES (?1, ?2) ON CONFLICT (id) DO NOTHING",
     )?

@@ -869,7 +869,9 @@ fn retention_removes_only_attempts_cleaned_long_ago() {
     drop(attempts);
 
     let mut conn = crate::connection::open_writer(&path).unwrap();
-    while crate::retention::prune_step(&mut conn, &Retention::default(), now).unwrap() {}
+    while crate::retention::prune_step(&mut conn, &Retention::default(), rm_vocab::UnixMs::new(now))
+        .unwrap()
+    {}
     let mut left: Vec<_> = Reader::open(&path)
         .unwrap()
         .attempts(10)

@@ -27,7 +27,7 @@ pub fn replay(
     let stored = stored_delivery(&tx, guid)?
         .ok_or_else(|| JournalError::UnknownDelivery(guid.to_owned()))?;
     let verdict = rerun(guid, &stored, now_ms)?;
-    let applied = apply_verdict(&tx, &verdict, now_ms.get())?;
+    let applied = apply_verdict(&tx, &verdict, now_ms)?;
     tx.execute(
         "UPDATE deliveries SET outcome = ?2, reason = ?3, action = COALESCE(?4, action),
              replayed_at = ?5

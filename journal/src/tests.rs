@@ -93,7 +93,9 @@ async fn retention_drops_old_bodies_rows_and_finished_jobs() {
     drop(journal);
 
     let mut conn = crate::connection::open_writer(&path).unwrap();
-    while crate::retention::prune_step(&mut conn, &Retention::default(), now).unwrap() {}
+    while crate::retention::prune_step(&mut conn, &Retention::default(), rm_vocab::UnixMs::new(now))
+        .unwrap()
+    {}
     let reader = Reader::open(&path).unwrap();
     assert!(reader.delivery("ancient").unwrap().is_none());
     assert!(reader.delivery("old").unwrap().unwrap().body.is_none());

@@ -31,7 +31,7 @@ pub fn replay_pg(
         tx: &mut tx,
         cache: &mut cache,
     };
-    let applied = apply_verdict(&mut sql, &verdict, now_ms.get()).map_err(|err| match err {
+    let applied = apply_verdict(&mut sql, &verdict, now_ms).map_err(|err| match err {
         ApplyError::Postgres(err) => JournalError::from(err),
         other => JournalError::Commit(format!("the journal could not apply {guid}: {other}")),
     })?;
