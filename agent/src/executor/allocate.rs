@@ -548,7 +548,7 @@ pub(super) async fn create_attempt(
         }
         (IsolationKind::None, _) => (None, None),
     };
-    let (policy_name, created_at_ms) = (policy.name.clone(), rm_vocab::UnixMs::new(ctx.now_ms()));
+    let (policy_name, created_at_ms) = (policy.name.clone(), ctx.now());
     Ok(ctx
         .journal
         .write(move |attempts| {

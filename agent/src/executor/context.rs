@@ -16,6 +16,7 @@ use crate::runner::RunnerRoot;
 use crate::runner::StopOutcome;
 use crate::runner::backend::Plan;
 use crate::runner::process::{self, ProcessIdentity};
+use rm_vocab::UnixMs;
 
 /// The executor's read-only surroundings.
 pub(super) struct Context {
@@ -33,9 +34,15 @@ pub(super) struct Context {
 }
 
 impl Context {
-    /// Now, in ms since the epoch, on the executor's clock: every time it journals or decides by.
+    /// Now, on the executor's clock: every time it journals or decides by.
+    pub(super) fn now(&self) -> UnixMs {
+        self.clock.now()
+    }
+
+    /// [`Context::now`] as the plain milliseconds the executor's own arithmetic (fences,
+    /// back-offs, allocation's clocks) still counts in.
     pub(super) fn now_ms(&self) -> i64 {
-        self.clock.now().get()
+        self.now().get()
     }
 
     pub(super) fn policy(&self, name: &str) -> Option<&Policy> {

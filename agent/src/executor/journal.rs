@@ -217,18 +217,14 @@ impl AttemptJournal {
         &self,
         id: &rm_journal::AttemptId,
         identity: crate::runner::process::ProcessIdentity,
-        at_ms: i64,
+        at: UnixMs,
     ) -> Result<bool, AttemptError> {
         let id = id.clone();
         self.write(move |attempts| match crate::runner::process::boot_id() {
-            Some(boot) => attempts.started_on_boot(
-                &id,
-                identity.pid,
-                identity.start_time,
-                boot,
-                UnixMs::new(at_ms),
-            ),
-            None => attempts.started(&id, identity.pid, identity.start_time, UnixMs::new(at_ms)),
+            Some(boot) => {
+                attempts.started_on_boot(&id, identity.pid, identity.start_time, boot, at)
+            }
+            None => attempts.started(&id, identity.pid, identity.start_time, at),
         })
         .await
     }

@@ -30,7 +30,6 @@ use super::registry::{self, JitRetry, WORK_FOLDER};
 use super::{Event, fault};
 use crate::lifecycle::{Conclusion, FailureReason};
 use crate::runner::{RunnerChild, Runtime, Spawned};
-use rm_vocab::UnixMs;
 
 /// How many times one attempt asks GitHub for a JIT configuration.
 pub(super) const MAX_JIT_TRIES: u32 = 5;
@@ -124,7 +123,7 @@ impl Launch {
                     }),
                 });
                 let conclusion = Conclusion::Failed(failure.reason);
-                let (from, detail, at_ms) = (failure.from, failure.detail, self.ctx.now_ms());
+                let (from, detail, at) = (failure.from, failure.detail, self.ctx.now());
                 let concluded = self
                     .ctx
                     .journal
@@ -135,7 +134,7 @@ impl Launch {
                             conclusion.outcome(),
                             conclusion.reason(),
                             Some(&detail),
-                            UnixMs::new(at_ms),
+                            at,
                         )
                     })
                     .await;
@@ -174,10 +173,10 @@ impl Launch {
         };
         let jit = self.request_jit(policy, &target, &request).await?;
         let runner_id = jit.runner.id;
-        let (id, at_ms) = (record.attempt_id.clone(), ctx.now_ms());
+        let (id, at) = (record.attempt_id.clone(), ctx.now());
         let recorded = ctx
             .journal
-            .write(move |attempts| attempts.jit_received(&id, runner_id, UnixMs::new(at_ms)))
+            .write(move |attempts| attempts.jit_received(&id, runner_id, at))
             .await;
         if !matches!(recorded, Ok(true)) {
             // Not journalled: supervision finds the registration by the runner's name (a
@@ -203,7 +202,7 @@ impl Launch {
         fault::crash_point("process_spawned");
         let started = ctx
             .journal
-            .started(&record.attempt_id, identity, ctx.now_ms())
+            .started(&record.attempt_id, identity, ctx.now())
             .await;
         if !matches!(started, Ok(true)) {
             // A runner nobody journalled must not live on: stop it before giving up.

@@ -85,10 +85,10 @@ impl Reruns {
 /// At start, before any scan: every re-run left `sending` may have reached GitHub; it becomes
 /// `unknown` and is never sent again.
 pub(crate) async fn settle_at_start(ctx: &Context) -> anyhow::Result<()> {
-    let at = ctx.now_ms();
+    let at = ctx.now();
     let settled = ctx
         .journal
-        .write(move |attempts| attempts.settle_interrupted_reruns(UnixMs::new(at)))
+        .write(move |attempts| attempts.settle_interrupted_reruns(at))
         .await
         .context("cannot settle the re-runs an earlier agent left sending")?;
     for job in settled {
@@ -107,12 +107,12 @@ pub(crate) async fn scan(ctx: &Context) -> anyhow::Result<()> {
         .values()
         .flat_map(|r| r.rerun_on.iter().cloned())
         .collect();
-    let since = ctx.now_ms() - i64::try_from(RERUN_LOOKBACK.as_millis()).unwrap_or(i64::MAX);
+    let since = ctx.now() - RERUN_LOOKBACK;
     let candidates = ctx
         .journal
         .read(move |reader| {
             let reasons: Vec<&str> = reasons.iter().map(String::as_str).collect();
-            reader.rerun_candidates(UnixMs::new(since), &reasons)
+            reader.rerun_candidates(since, &reasons)
         })
         .await
         .context("cannot read the re-run candidates")?;
@@ -165,7 +165,7 @@ async fn decide_one(
     };
     let (attempt_id, policy) = (attempt.attempt_id.clone(), attempt.policy.clone());
     let reason = attempt.reason.clone().unwrap_or_default();
-    let at = ctx.now_ms();
+    let at = ctx.now();
     let won = ctx
         .journal
         .write(move |attempts| {
@@ -179,7 +179,7 @@ async fn decide_one(
                     run_id: job.run_id,
                     run_attempt: job.run_attempt,
                 },
-                UnixMs::new(at),
+                at,
             )
         })
         .await
@@ -266,19 +266,13 @@ fn sent(result: Result<(), RerunError>) -> Sent {
 
 /// Journals what came of a re-run sent, and tells the operator of an end.
 async fn journal_answer(ctx: &Context, rerun: &RerunRecord, sent: Sent) -> anyhow::Result<()> {
-    let (job_id, at) = (rerun.job_id, ctx.now_ms());
+    let (job_id, at) = (rerun.job_id, ctx.now());
     match sent {
         Sent::Later(why) => {
             tracing::info!(job_id = job_id.get(), %why, "GitHub did not act on the re-run; sent again later");
             ctx.journal
                 .write(move |a| {
-                    a.advance_rerun(
-                        job_id,
-                        RerunState::Sending,
-                        RerunState::Intended,
-                        None,
-                        UnixMs::new(at),
-                    )
+                    a.advance_rerun(job_id, RerunState::Sending, RerunState::Intended, None, at)
                 })
                 .await
                 .context("cannot journal a re-run as intended again")?;
@@ -292,7 +286,7 @@ async fn journal_answer(ctx: &Context, rerun: &RerunRecord, sent: Sent) -> anyho
                         RerunState::Sending,
                         state,
                         journalled.as_deref(),
-                        UnixMs::new(at),
+                        at,
                     )
                 })
                 .await

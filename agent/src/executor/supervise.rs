@@ -377,7 +377,7 @@ impl Supervisor {
         decision: Decision,
         report: &mut PassReport,
     ) -> Result<bool, AttemptError> {
-        let (id, now) = (record.attempt_id.clone(), ctx.now_ms());
+        let (id, now) = (record.attempt_id.clone(), ctx.now());
         match decision {
             Decision::Nothing | Decision::Wait => {}
             Decision::Defer => {
@@ -403,13 +403,13 @@ impl Supervisor {
             Decision::Observe(AttemptState::Idle) => {
                 let from = record.state;
                 ctx.journal
-                    .write(move |attempts| attempts.mark_idle(&id, from, UnixMs::new(now)))
+                    .write(move |attempts| attempts.mark_idle(&id, from, now))
                     .await?;
             }
             Decision::Observe(AttemptState::Busy) => {
                 if ctx
                     .journal
-                    .write(move |attempts| attempts.mark_busy(&id, None, UnixMs::new(now)))
+                    .write(move |attempts| attempts.mark_busy(&id, None, now))
                     .await?
                 {
                     fault::crash_point("runner_busy");
@@ -486,7 +486,7 @@ impl Supervisor {
         let told = detail.clone();
         self.exits.remove(&record.attempt_id);
         self.unlisted_since.remove(&record.attempt_id);
-        let (id, from, at_ms) = (record.attempt_id.clone(), record.state, ctx.now_ms());
+        let (id, from, at) = (record.attempt_id.clone(), record.state, ctx.now());
         let concluded = ctx
             .journal
             .write(move |attempts| {
@@ -496,7 +496,7 @@ impl Supervisor {
                     conclusion.outcome(),
                     conclusion.reason(),
                     Some(&detail),
-                    UnixMs::new(at_ms),
+                    at,
                 )?;
                 // The record as concluded, for its cleanup.
                 Ok(if concluded { attempts.get(&id)? } else { None })
@@ -520,7 +520,7 @@ impl Supervisor {
             ran_job: observation.evidence == crate::lifecycle::JobEvidence::RanAJob
                 || record.state == AttemptState::Busy
                 || observation.github == (GithubObservation::Registered { busy: true }),
-            at_ms,
+            at_ms: at.get(),
         });
         self.start_cleanup(concluded, target.cloned(), looked.listing, report);
         Ok(())
