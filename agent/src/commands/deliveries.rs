@@ -7,7 +7,6 @@ use serde_json::json;
 use crate::config::Config;
 use crate::exit::Exit;
 use crate::output::{or_dash, print_json, print_table, rfc3339};
-use rm_vocab::UnixMs;
 
 pub fn list(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
     let deliveries = match crate::secrets::journal_target(config) {
@@ -58,17 +57,18 @@ pub fn list(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
 }
 
 pub fn replay(config: &Config, guid: &str, json: bool) -> Result<(), Exit> {
-    let now = rm_vocab::now().get();
+    let now = rm_vocab::now();
     let (outcome, reason) = match crate::secrets::journal_target(config) {
-        Some(target) => rm_journal::replay_pg(&target, guid, UnixMs::new(now)).map_err(|e| {
+        Some(target) => rm_journal::replay_pg(&target, guid, now).map_err(|e| {
             let what = format!(
                 "cannot replay in the fleet's journal ({})",
                 target.describe()
             );
             Exit::runtime(anyhow::Error::new(e).context(what))
         })?,
-        None => rm_journal::replay(&super::journal_path(config), guid, UnixMs::new(now))
-            .map_err(Exit::runtime)?,
+        None => {
+            rm_journal::replay(&super::journal_path(config), guid, now).map_err(Exit::runtime)?
+        }
     };
     if json {
         print_json(&json!({"guid": guid, "outcome": outcome.as_str(), "reason": reason}));

@@ -23,7 +23,6 @@ use super::fault;
 use crate::config::rerun::RerunPolicy;
 use crate::notify::OperatorEvent;
 use crate::rerun::{Concluded, JobSeen, Verdict, decide};
-use rm_vocab::UnixMs;
 
 /// How often the journal is scanned for attempts to re-run the job of (and decided re-runs
 /// are sent). A killed job's `completed` arrives minutes after its runner died; seconds more
@@ -201,9 +200,9 @@ enum Sent {
 /// its answer journalled. A row that waited past [`RERUN_GIVE_UP`] is given up unsent.
 async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
     let job_id = rerun.job_id;
-    let now = ctx.now_ms();
+    let now = ctx.now();
     let give_up = i64::try_from(RERUN_GIVE_UP.as_millis()).unwrap_or(i64::MAX);
-    if now.saturating_sub(rerun.created_at_ms.get()) > give_up {
+    if now.saturating_sub(rerun.created_at_ms) > give_up {
         let detail = format!(
             "given up unsent: its workflow run was still running {} h after the decision",
             RERUN_GIVE_UP.as_secs() / 3600
@@ -216,7 +215,7 @@ async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
                     RerunState::Intended,
                     RerunState::Refused,
                     Some(&journalled),
-                    UnixMs::new(now),
+                    now,
                 )
             })
             .await?;
@@ -226,13 +225,7 @@ async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
     let won = ctx
         .journal
         .write(move |a| {
-            a.advance_rerun(
-                job_id,
-                RerunState::Intended,
-                RerunState::Sending,
-                None,
-                UnixMs::new(now),
-            )
+            a.advance_rerun(job_id, RerunState::Intended, RerunState::Sending, None, now)
         })
         .await
         .context("cannot journal a re-run as sending")?;

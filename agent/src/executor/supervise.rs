@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use rm_github::Target;
 use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState};
-use rm_vocab::{JobId, UnixMs};
+use rm_vocab::JobId;
 use tracing::Instrument as _;
 
 use super::allocate::Concluded;
@@ -440,10 +440,10 @@ impl Supervisor {
         looked: &Looked,
         report: &mut PassReport,
     ) -> Result<(), AttemptError> {
-        let (id, now) = (record.attempt_id.clone(), ctx.now_ms());
+        let (id, now) = (record.attempt_id.clone(), ctx.now());
         let recorded = ctx
             .journal
-            .write(move |attempts| attempts.record_stop_intent(&id, intent, UnixMs::new(now)))
+            .write(move |attempts| attempts.record_stop_intent(&id, intent, now))
             .await?;
         if recorded && intent == StopIntent::DiskExceeded {
             tracing::warn!(
@@ -679,7 +679,7 @@ async fn note_jobs_taken(
     if !records.iter().any(|r| taken.contains_key(&r.runner_name)) {
         return Ok((records, Vec::new(), completed));
     }
-    let now = ctx.now_ms();
+    let now = ctx.now();
     ctx.journal
         .write(move |attempts| {
             let mut updated = Vec::with_capacity(records.len());
@@ -690,12 +690,12 @@ async fn note_jobs_taken(
                     continue;
                 };
                 let waiting = matches!(record.state, AttemptState::Starting | AttemptState::Idle);
-                let learnt = if waiting && attempts.mark_busy(&record.attempt_id, Some(job_id), UnixMs::new(now))? {
+                let learnt = if waiting && attempts.mark_busy(&record.attempt_id, Some(job_id), now)? {
                     tracing::info!(attempt = %record.attempt_id, runner = %record.runner_name, job_id = job_id.get(), "runner took a job");
                     fault::crash_point("runner_busy");
                     true
                 } else if record.state == AttemptState::Busy && record.job_id.is_none() {
-                    attempts.record_job(&record.attempt_id, job_id, UnixMs::new(now))?
+                    attempts.record_job(&record.attempt_id, job_id, now)?
                 } else {
                     false
                 };
@@ -974,6 +974,7 @@ mod tests {
     use super::*;
     use crate::lifecycle::Timeouts;
     use rm_journal::WorkspaceKind;
+    use rm_vocab::UnixMs;
 
     fn record(state: AttemptState, changed: i64) -> AttemptRecord {
         let id = AttemptId::generate();
