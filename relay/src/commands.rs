@@ -121,7 +121,7 @@ async fn prune_loop(
     loop {
         loop {
             match store
-                .write(move |conn| prune_step(conn, rm_vocab::now().get(), retention))
+                .write(move |conn| prune_step(conn, rm_vocab::now(), retention))
                 .await
             {
                 Ok(removed) => {
@@ -242,7 +242,7 @@ pub fn channel_add(
             name,
             ingest_id: &ingest_id,
             smee_id: &smee_id,
-            created_at_ms: rm_vocab::now().get(),
+            created_at_ms: rm_vocab::now(),
         },
     )
     .map_err(Exit::runtime)?;
@@ -279,7 +279,7 @@ pub fn channel_token(name: &str, host: &str, data_dir: &Path, json: bool) -> Res
         name,
         host,
         &ids::token_digest(&token),
-        rm_vocab::now().get(),
+        rm_vocab::now(),
     )
     .map_err(Exit::runtime)?;
     if !issued {
