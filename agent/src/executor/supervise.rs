@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use rm_github::Target;
 use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState};
-use rm_vocab::JobId;
+use rm_vocab::{JobId, UnixMs};
 use tracing::Instrument as _;
 
 use super::allocate::Concluded;
@@ -290,7 +290,7 @@ impl Supervisor {
             &AttemptFacts::from(record),
             &looked.observation,
             &pass.timeouts,
-            now,
+            UnixMs::new(now),
         );
         tracing::debug!(
             state = record.state.as_str(),
@@ -974,7 +974,6 @@ mod tests {
     use super::*;
     use crate::lifecycle::Timeouts;
     use rm_journal::WorkspaceKind;
-    use rm_vocab::UnixMs;
 
     fn record(state: AttemptState, changed: i64) -> AttemptRecord {
         let id = AttemptId::generate();
