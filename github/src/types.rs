@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
-/// The ids the job and runner types hold (rm's own, shared with the journal).
+// The ids the job and runner types hold (rm's own, shared with the journal).
 use rm_vocab::{JobId, RunnerId};
 
 /// `GET /app`.
