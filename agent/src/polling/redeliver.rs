@@ -202,20 +202,20 @@ pub(super) async fn scan(
                 break;
             }
         }
-        let at_ms = UnixMs::from_system_time(now).get();
+        let at = UnixMs::from_system_time(now);
         let id = i64::try_from(failed.delivery_id).unwrap_or(i64::MAX);
         let guid = failed.guid.clone();
         journal
-            .call(move |j| j.record_redelivery(&guid, id, UnixMs::new(at_ms)))
+            .call(move |j| j.record_redelivery(&guid, id, at))
             .await?;
     }
     // A scan cut short by its bound starts again from the same place; what it asked for is
     // journalled, so nothing is asked for twice.
     if finished && let Some(next) = judgement.cursor.filter(|c| Some(*c) != cursor) {
         let value = i64::try_from(next).unwrap_or(i64::MAX);
-        let at_ms = UnixMs::from_system_time(now).get();
+        let at = UnixMs::from_system_time(now);
         journal
-            .call(move |j| j.set_cursor(HOOK_DELIVERY_CURSOR, value, UnixMs::new(at_ms)))
+            .call(move |j| j.set_cursor(HOOK_DELIVERY_CURSOR, value, at))
             .await?;
     }
     Ok(report)

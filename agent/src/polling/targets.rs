@@ -230,15 +230,10 @@ async fn note_vanished(
         .filter_map(|status| state.runs.get(&(repository.to_owned(), *status)))
         .flat_map(|runs| runs.keys().copied())
         .collect();
-    let now_ms = UnixMs::from_system_time(now).get();
+    let checked_before = super::stale::recheck_before(UnixMs::from_system_time(now));
     let repository = repository.to_owned();
     let queued = journal
-        .call(move |j| {
-            j.queued_in_repository(
-                &repository,
-                super::stale::recheck_before(UnixMs::new(now_ms)),
-            )
-        })
+        .call(move |j| j.queued_in_repository(&repository, checked_before))
         .await?;
     report
         .vanished
