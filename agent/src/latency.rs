@@ -190,9 +190,8 @@ pub(crate) fn summarize(rows: &[WaitRow], now_ms: i64, window: Duration) -> Late
 
 /// [`summarize`] over what the journal holds for the last [`WINDOW`].
 pub(crate) fn read(reader: &Reader, now_ms: i64) -> anyhow::Result<Latency> {
-    let window_ms = rm_vocab::millis(WINDOW);
     let rows = reader
-        .job_waits(UnixMs::new(now_ms.saturating_sub(window_ms)))
+        .job_waits(window_start(UnixMs::new(now_ms)))
         .map_err(|e| anyhow::anyhow!("cannot read job wait times from the journal: {e}"))?;
     Ok(summarize(&rows, now_ms, WINDOW))
 }
@@ -374,17 +373,17 @@ pub(crate) fn spawn_recorder(
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let reader = Reader::open(journal)
         .map_err(|e| anyhow::anyhow!("cannot open the journal for wait times: {e}"))?;
-    let now = rm_vocab::now().get();
     let rows = reader
-        .job_waits(UnixMs::new(window_start(now)))
+        .job_waits(window_start(rm_vocab::now()))
         .map_err(|e| anyhow::anyhow!("cannot read job wait times from the journal: {e}"))?;
     let recorder = Recorder::seeded(&rows);
     let path: PathBuf = journal.to_owned();
     Ok(tokio::spawn(record(path, reader, recorder, metrics)))
 }
 
-fn window_start(now_ms: i64) -> i64 {
-    now_ms.saturating_sub(rm_vocab::millis(WINDOW))
+/// The start of the [`WINDOW`] that ends at `now`.
+fn window_start(now: UnixMs) -> UnixMs {
+    now - WINDOW
 }
 
 async fn record(path: PathBuf, reader: Reader, recorder: Recorder, metrics: WaitMetrics) {
@@ -403,8 +402,8 @@ async fn record(path: PathBuf, reader: Reader, recorder: Recorder, metrics: Wait
             if reader.is_none() {
                 *reader = Some(Reader::open(&path)?);
             }
-            let since = window_start(rm_vocab::now().get());
-            let rows = match reader.as_ref().map(|r| r.job_waits(UnixMs::new(since))) {
+            let since = window_start(rm_vocab::now());
+            let rows = match reader.as_ref().map(|r| r.job_waits(since)) {
                 Some(Ok(rows)) => rows,
                 Some(Err(e)) => {
                     // A fresh connection next round (the file may have been replaced).
@@ -413,7 +412,7 @@ async fn record(path: PathBuf, reader: Reader, recorder: Recorder, metrics: Wait
                 }
                 None => Vec::new(),
             };
-            for sample in recorder.fresh(&rows, since) {
+            for sample in recorder.fresh(&rows, since.get()) {
                 metrics.observe(&sample);
             }
             Ok::<(), rm_journal::JournalError>(())
