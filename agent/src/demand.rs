@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use rm_handlers::JobId;
+use rm_vocab::JobId;
 
 use crate::config::Policy;
 

@@ -20,12 +20,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rm_journal::{JobId, Reader, WaitRow};
+use rm_journal::{Reader, WaitRow};
 use rm_receiver::prometheus_client::collector::Collector;
 use rm_receiver::prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
 use rm_receiver::prometheus_client::metrics::MetricType;
 use rm_receiver::prometheus_client::metrics::family::Family;
 use rm_receiver::prometheus_client::metrics::histogram::Histogram;
+use rm_vocab::{JobId, UnixMs};
 use serde_json::{Value, json};
 
 /// The window `status` reports percentiles over: the waits of jobs that started in the last
@@ -168,7 +169,7 @@ impl Default for Latency {
 /// The window's percentiles from the journal's rows: samples of the jobs that started in
 /// `(now - window, now]`, overall and per policy.
 pub(crate) fn summarize(rows: &[WaitRow], now_ms: i64, window: Duration) -> Latency {
-    let since = now_ms.saturating_sub(rm_base::clock::ms(window));
+    let since = now_ms.saturating_sub(rm_vocab::millis(window));
     let in_window: Vec<Sample> = samples(rows)
         .into_iter()
         .filter(|s| s.started_at_ms > since && s.started_at_ms <= now_ms)
@@ -189,9 +190,8 @@ pub(crate) fn summarize(rows: &[WaitRow], now_ms: i64, window: Duration) -> Late
 
 /// [`summarize`] over what the journal holds for the last [`WINDOW`].
 pub(crate) fn read(reader: &Reader, now_ms: i64) -> anyhow::Result<Latency> {
-    let window_ms = rm_base::clock::ms(WINDOW);
     let rows = reader
-        .job_waits(now_ms.saturating_sub(window_ms))
+        .job_waits(window_start(UnixMs::new(now_ms)))
         .map_err(|e| anyhow::anyhow!("cannot read job wait times from the journal: {e}"))?;
     Ok(summarize(&rows, now_ms, WINDOW))
 }
@@ -373,17 +373,17 @@ pub(crate) fn spawn_recorder(
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let reader = Reader::open(journal)
         .map_err(|e| anyhow::anyhow!("cannot open the journal for wait times: {e}"))?;
-    let now = rm_journal::now_ms();
     let rows = reader
-        .job_waits(window_start(now))
+        .job_waits(window_start(rm_vocab::now()))
         .map_err(|e| anyhow::anyhow!("cannot read job wait times from the journal: {e}"))?;
     let recorder = Recorder::seeded(&rows);
     let path: PathBuf = journal.to_owned();
     Ok(tokio::spawn(record(path, reader, recorder, metrics)))
 }
 
-fn window_start(now_ms: i64) -> i64 {
-    now_ms.saturating_sub(rm_base::clock::ms(WINDOW))
+/// The start of the [`WINDOW`] that ends at `now`.
+fn window_start(now: UnixMs) -> UnixMs {
+    now - WINDOW
 }
 
 async fn record(path: PathBuf, reader: Reader, recorder: Recorder, metrics: WaitMetrics) {
@@ -402,7 +402,7 @@ async fn record(path: PathBuf, reader: Reader, recorder: Recorder, metrics: Wait
             if reader.is_none() {
                 *reader = Some(Reader::open(&path)?);
             }
-            let since = window_start(rm_journal::now_ms());
+            let since = window_start(rm_vocab::now());
             let rows = match reader.as_ref().map(|r| r.job_waits(since)) {
                 Some(Ok(rows)) => rows,
                 Some(Err(e)) => {
@@ -412,7 +412,7 @@ async fn record(path: PathBuf, reader: Reader, recorder: Recorder, metrics: Wait
                 }
                 None => Vec::new(),
             };
-            for sample in recorder.fresh(&rows, since) {
+            for sample in recorder.fresh(&rows, since.get()) {
                 metrics.observe(&sample);
             }
             Ok::<(), rm_journal::JournalError>(())

@@ -255,7 +255,7 @@ fn run(cli: Cli) -> Result<(), Exit> {
         }
         Command::Explain { job_id, json } => {
             init_logging(LogFormat::Text, "warn");
-            commands::explain(&config, rm_journal::JobId::new(job_id), json)
+            commands::explain(&config, rm_vocab::JobId::new(job_id), json)
         }
         Command::Jobs { json, limit } => {
             init_logging(LogFormat::Text, "warn");

@@ -2,15 +2,13 @@
 //! happens when stdout goes away is [`rm_base::output`]'s: a reader that closed the pipe
 //! (`rm-agent jobs | head -1`) only drops the rest of the output, it never panics the command.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 pub use rm_base::output::{stdout_error, write_stdout};
 // `out!` and `outln!` are rm_base's, re-exported at the crate root (lib.rs).
 
-/// A journal timestamp (ms since the epoch) as RFC 3339 in UTC.
+/// A journal timestamp (ms since the epoch) as RFC 3339 in UTC, to the millisecond: the
+/// workspace's one formatter, [`rm_vocab::UnixMs::to_rfc3339`].
 pub fn rfc3339(ms: i64) -> String {
-    let since_epoch = Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_millis(UNIX_EPOCH + since_epoch).to_string()
+    rm_vocab::UnixMs::new(ms).to_rfc3339()
 }
 
 /// Prints `rows` under `header` with columns padded to their widest cell.

@@ -2,7 +2,8 @@
 //! decision over what the journal knows. The I/O (scan, journal, request) is the executor's
 //! (`executor/rerun.rs`); the at-most-once record is the journal's (`rm_journal::RerunState`).
 
-use rm_journal::{AttemptOutcome, JobState, RerunRecord};
+use rm_journal::{AttemptOutcome, RerunRecord};
+use rm_vocab::JobState;
 
 use crate::config::rerun::RerunPolicy;
 
@@ -83,7 +84,8 @@ pub(crate) fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rm_journal::{JobId, RerunState, UnixMs};
+    use rm_journal::RerunState;
+    use rm_vocab::{JobId, UnixMs};
 
     fn policy(reasons: &[&str], max: u32) -> RerunPolicy {
         RerunPolicy {

@@ -264,9 +264,11 @@ pub(crate) fn content(pacing: &[rm_github::PacingSnapshot]) -> Vec<ContentPacing
             let (reason, learned_at_ms, until_ms) = match p.counted {
                 None => (None, None, None),
                 Some(ContentReason::Cautious) => (Some("cautious"), None, None),
-                Some(ContentReason::Learned { at, until }) => {
-                    (Some("learned"), Some(unix_ms(at)), Some(unix_ms(until)))
-                }
+                Some(ContentReason::Learned { at, until }) => (
+                    Some("learned"),
+                    Some(rm_vocab::UnixMs::from_system_time(at).get()),
+                    Some(rm_vocab::UnixMs::from_system_time(until).get()),
+                ),
             };
             ContentPacing {
                 scope: p.scope.to_string(),
@@ -296,8 +298,8 @@ fn content_words(p: &rm_github::PacingSnapshot) -> Option<String> {
         )),
         ContentReason::Learned { at, until } => Some(format!(
             "{limits}, learned from GitHub's secondary limit at {} and counted until {}",
-            crate::output::rfc3339(unix_ms(at)),
-            crate::output::rfc3339(unix_ms(until))
+            crate::output::rfc3339(rm_vocab::UnixMs::from_system_time(at).get()),
+            crate::output::rfc3339(rm_vocab::UnixMs::from_system_time(until).get())
         )),
     }
 }
@@ -366,7 +368,7 @@ pub(crate) fn held(
         .max_by_key(|(_, until, _)| *until)
         .map(|(kind, until, words)| Held {
             kind: kind.to_string(),
-            until_ms: unix_ms(until),
+            until_ms: rm_vocab::UnixMs::from_system_time(until).get(),
             limit: Some(words),
         })
 }
@@ -376,8 +378,6 @@ pub(crate) struct Host {
     /// `host.max_runners` of the running agent.
     pub max_runners: u32,
 }
-
-pub(crate) use crate::polling::unix_ms;
 
 impl Snapshot {
     /// The snapshot of `status` and `contact` at `now`.
@@ -390,12 +390,14 @@ impl Snapshot {
     ) -> Snapshot {
         Snapshot {
             version: FORMAT_VERSION,
-            written_at_ms: unix_ms(now),
+            written_at_ms: rm_vocab::UnixMs::from_system_time(now).get(),
             pid,
             polling: Polling {
                 pace: status.pace.as_str().to_owned(),
                 throttled: status.pace.is_throttled(),
-                next_poll_at_ms: status.next_poll_at.map(unix_ms),
+                next_poll_at_ms: status
+                    .next_poll_at
+                    .map(|t| rm_vocab::UnixMs::from_system_time(t).get()),
                 requests_last_hour: Requests {
                     charged: status.requests_last_hour.charged,
                     uncharged: status.requests_last_hour.uncharged,
@@ -403,18 +405,23 @@ impl Snapshot {
                 rate_limit: status.rate_limit.map(|r| RateLimit {
                     remaining: r.remaining,
                     limit: r.limit,
-                    reset_at_ms: r.reset_at.map(unix_ms),
+                    reset_at_ms: r
+                        .reset_at
+                        .map(|t| rm_vocab::UnixMs::from_system_time(t).get()),
                 }),
                 offline: status.offline.as_ref().map(|o| Offline {
                     description: o.describe(),
-                    since_ms: unix_ms(o.since),
+                    since_ms: rm_vocab::UnixMs::from_system_time(o.since).get(),
                     outlasted_the_queue: o.has_outlasted_the_queue(),
                 }),
                 webhooks: Webhooks {
                     intake: status.webhooks.intake,
                     trusted: status.webhooks.trusted,
                     reason: status.webhooks.reason.to_owned(),
-                    evidence_at_ms: status.webhooks.evidence_at.map(unix_ms),
+                    evidence_at_ms: status
+                        .webhooks
+                        .evidence_at
+                        .map(|t| rm_vocab::UnixMs::from_system_time(t).get()),
                 },
                 last_failure: status.last_pass.failure.map(str::to_owned),
                 unannounced_jobs: status.unannounced_jobs,
@@ -422,7 +429,9 @@ impl Snapshot {
             },
             github: Github {
                 reachable: contact.reachable,
-                last_contact_at_ms: contact.last_contact_at.map(unix_ms),
+                last_contact_at_ms: contact
+                    .last_contact_at
+                    .map(|t| rm_vocab::UnixMs::from_system_time(t).get()),
                 held: None,
                 content: Vec::new(),
                 apps: Vec::new(),
@@ -709,7 +718,10 @@ mod tests {
         let s = Snapshot::capture(&status(), contact, 4, 77, t(60));
         assert_eq!(s.polling.pace, "stretched_low_budget");
         assert!(s.polling.throttled);
-        assert_eq!(s.polling.next_poll_at_ms, Some(unix_ms(t(90))));
+        assert_eq!(
+            s.polling.next_poll_at_ms,
+            Some(rm_vocab::UnixMs::from_system_time(t(90)).get())
+        );
         assert_eq!(
             s.polling.requests_last_hour,
             Requests {
@@ -729,10 +741,19 @@ mod tests {
             (false, "unannounced_job")
         );
         assert_eq!(s.polling.last_failure.as_deref(), Some("offline"));
-        assert_eq!(s.github.last_contact_at_ms, Some(unix_ms(t(20))));
+        assert_eq!(
+            s.github.last_contact_at_ms,
+            Some(rm_vocab::UnixMs::from_system_time(t(20)).get())
+        );
         assert_eq!((s.pid, s.host.max_runners), (77, 4));
-        assert_eq!(s.age(unix_ms(t(75))), Duration::from_secs(15));
-        assert_eq!(s.age(unix_ms(t(0))), Duration::ZERO);
+        assert_eq!(
+            s.age(rm_vocab::UnixMs::from_system_time(t(75)).get()),
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            s.age(rm_vocab::UnixMs::from_system_time(t(0)).get()),
+            Duration::ZERO
+        );
 
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(read(dir.path()).unwrap(), None);
@@ -750,13 +771,13 @@ mod tests {
     #[test]
     fn liveness_needs_a_live_writer_and_a_fresh_snapshot() {
         let mut s = Snapshot::capture(&status(), Contact::default(), 4, 77, t(0));
-        let now = unix_ms(t(10));
+        let now = rm_vocab::UnixMs::from_system_time(t(10)).get();
         let alive = |pid| pid == 77;
         assert_eq!(
             liveness(Some(&s), Some(77), now, alive),
             Liveness::Running { pid: 77 }
         );
-        let later = unix_ms(t(100));
+        let later = rm_vocab::UnixMs::from_system_time(t(100)).get();
         assert_eq!(
             liveness(Some(&s), Some(77), later, alive),
             Liveness::Silent {

@@ -125,8 +125,8 @@ async fn drive<J: Intake>(
                         ("x-hub-signature-256".to_owned(), signature(delivery)),
                     ],
                     body: delivery.body.to_vec(),
-                    received_at_ms: rm_journal::UnixMs::new(rm_journal::now_ms()),
-                    source: rm_handlers::Source::Webhook,
+                    received_at_ms: rm_vocab::now(),
+                    source: rm_vocab::Source::Webhook,
                 };
                 let at = Instant::now();
                 let answer = journal.record(incoming).await?;

@@ -10,7 +10,7 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
 
-use crate::clock::unix_secs;
+use crate::wire::unix_secs;
 
 /// How far in the past the JWT's `iat` is set, against clock drift (GitHub's recommendation).
 pub const JWT_BACKDATE: Duration = Duration::from_secs(60);
@@ -137,7 +137,7 @@ impl TokenCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::from_unix_secs;
+    use crate::wire::from_unix_secs;
 
     #[test]
     fn jwt_is_backdated_and_expires_within_ten_minutes() {

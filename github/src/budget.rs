@@ -128,7 +128,7 @@ pub fn observe(res: &mut ResourceState, charged: bool, rate: &RateHeaders) {
         res.used = Some(used);
     }
     if let Some(reset) = rate.reset {
-        res.reset = Some(crate::clock::from_unix_secs(reset));
+        res.reset = Some(crate::wire::from_unix_secs(reset));
     }
 }
 
@@ -464,7 +464,7 @@ impl Budget {
             res.limit = Some(limit);
             res.remaining = Some(remaining);
             res.used = Some(limit.saturating_sub(remaining));
-            res.reset = Some(crate::clock::from_unix_secs(reset));
+            res.reset = Some(crate::wire::from_unix_secs(reset));
         });
     }
 
@@ -541,7 +541,7 @@ impl Budget {
 impl crate::client::GithubClient {
     /// Every scope's content pacing now, for `status`, `/metrics` and `explain`.
     pub fn content_pacing(&self) -> Vec<PacingSnapshot> {
-        self.inner.budget.content(self.inner.clock.now())
+        self.inner.budget.content(self.inner.now())
     }
 
     /// Whether `installation`'s `POST`s count as content now (the fleet's shared windows follow
@@ -549,15 +549,15 @@ impl crate::client::GithubClient {
     pub fn counts_content(&self, installation: u64) -> Option<ContentReason> {
         self.inner
             .budget
-            .content_counted(Scope::Installation(installation), self.inner.clock.now())
+            .content_counted(Scope::Installation(installation), self.inner.now())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::from_unix_secs;
     use crate::pacing::{DOCUMENTED, SecondaryLimits};
+    use crate::wire::from_unix_secs;
 
     fn res(limit: u64, remaining: u64, reset: u64) -> ResourceState {
         ResourceState {

@@ -17,12 +17,12 @@ use serde_json::Value;
 
 use crate::auth::{AppCredentials, InstallationToken, TokenCache};
 use crate::budget::{Budget, BudgetSnapshot, Scope};
-use crate::clock::{Clock, SystemClock};
 use crate::error::{GithubError, RateHeaders, classify};
 use crate::etag::EtagCache;
 use crate::stats::{Contact, Stats};
 use crate::target::Target;
 use crate::wire::parse_rfc3339;
+use rm_vocab::{Clock, SystemClock};
 
 /// How long one request may take, from sending to the last byte of the answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -194,6 +194,16 @@ pub(crate) struct Inner {
     pub(crate) timeout: Duration,
 }
 
+impl Inner {
+    /// Now, on the client's clock, as the time its budget windows, token expiries and rate-limit
+    /// resets are kept in: they are `SystemTime` plus GitHub's `Duration`s and whole seconds
+    /// (`retry-after`, `x-ratelimit-reset`, JWT claims), so the clock's `UnixMs` is converted
+    /// here, once, rather than at every reading.
+    pub(crate) fn now(&self) -> SystemTime {
+        self.clock.now().to_system_time()
+    }
+}
+
 /// The GitHub client. Cloning shares everything: the budget, tokens and ETags are per process.
 #[derive(Clone)]
 pub struct GithubClient {
@@ -218,7 +228,7 @@ impl GithubClient {
         Self::with_clock(config, Arc::new(SystemClock))
     }
 
-    /// A client reading the time from `clock` (tests pass a [`crate::ManualClock`]).
+    /// A client reading the time from `clock` (tests pass an [`rm_vocab::ManualClock`]).
     pub fn with_clock(config: ClientConfig, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
         use anyhow::Context as _;
         let mut apps = vec![AppCredentials::new(config.app_id, &config.private_key_pem)?];
@@ -269,7 +279,7 @@ impl GithubClient {
 
     /// The budget's view of every scope and resource, for `status` and `/metrics`.
     pub fn budget(&self) -> Vec<BudgetSnapshot> {
-        self.inner.budget.snapshot(self.inner.clock.now())
+        self.inner.budget.snapshot(self.inner.now())
     }
 
     /// Every App's id, the primary first.
@@ -301,7 +311,7 @@ impl GithubClient {
     }
 
     async fn authorization(&self, auth: Auth, fresh: bool) -> Result<SecretString, GithubError> {
-        let now = self.inner.clock.now();
+        let now = self.inner.now();
         match auth {
             Auth::App(app_id) => {
                 let creds = self
@@ -322,7 +332,7 @@ impl GithubClient {
                 }
                 // One mint at a time: callers that queued here find the new token cached.
                 let _minting = self.inner.minting.lock().await;
-                if !fresh && let Some(token) = self.inner.tokens.get(id, self.inner.clock.now()) {
+                if !fresh && let Some(token) = self.inner.tokens.get(id, self.inner.now()) {
                     return Ok(token);
                 }
                 // Boxed: minting a token is itself a (JWT) request through `send`.
@@ -399,11 +409,11 @@ impl GithubClient {
         // A request that cannot leave must not spend a token request either.
         inner
             .budget
-            .check(scope, call.endpoint, cost, inner.clock.now())?;
+            .check(scope, call.endpoint, cost, inner.now())?;
         let credential = self.authorization(call.auth, fresh_token).await?;
         let permit = inner
             .budget
-            .acquire(scope, call.endpoint, cost, inner.clock.now())
+            .acquire(scope, call.endpoint, cost, inner.now())
             .await?;
 
         let mut bearer = HeaderValue::from_str(&format!("Bearer {}", credential.expose_secret()))
@@ -454,7 +464,7 @@ impl GithubClient {
             }
         };
 
-        let now = inner.clock.now();
+        let now = inner.now();
         let rate = RateHeaders::parse(&parts.headers);
         let status = parts.status;
         inner.stats.answered(call.endpoint, status.as_u16(), now);

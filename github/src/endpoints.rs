@@ -15,6 +15,7 @@ use crate::error::{GithubError, RerunError};
 use crate::target::Target;
 use crate::types::*;
 use crate::wire::{next_cursor, percent_encode};
+use rm_vocab::{JobId, RunnerId};
 
 /// Every endpoint name rm sends (`Call::endpoint`), with the method and path template GitHub
 /// documents it under. GitHub's points limit (900 a minute) is per template, so two names of
@@ -205,7 +206,7 @@ impl GithubClient {
                 found.push(id);
                 continue;
             }
-            let now = self.inner.clock.now();
+            let now = self.inner.now();
             if absent.is_some_and(|at| !absence_expired(at, now)) {
                 continue;
             }
@@ -244,7 +245,7 @@ impl GithubClient {
             Scope::Installation(installation),
             jit_endpoint(target),
             crate::pacing::Cost::Creation,
-            self.inner.clock.now(),
+            self.inner.now(),
         ) {
             Ok(()) => None,
             Err(GithubError::RateLimited { retry_at, .. }) => Some(retry_at),

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, StatusCode};
 
-use crate::clock::from_unix_secs;
+use crate::wire::from_unix_secs;
 
 /// How long to wait after a secondary limit that came without `retry-after` (GitHub: "wait at
 /// least one minute").
@@ -41,7 +41,7 @@ pub enum GithubError {
         message: String,
         remedy: &'static str,
     },
-    #[error("GitHub {kind} rate limit on {resource}: no request until {}s after the epoch", crate::clock::unix_secs(*retry_at))]
+    #[error("GitHub {kind} rate limit on {resource}: no request until {}s after the epoch", crate::wire::unix_secs(*retry_at))]
     RateLimited {
         kind: LimitKind,
         resource: String,

@@ -4,7 +4,8 @@
 //! every caller in the process ([`budget`]), conditional requests ([`etag`]), the error classes
 //! callers act on ([`error`]), the transport ([`client`]) and the endpoints on it (`endpoints`,
 //! methods of [`GithubClient`]). It knows nothing about policies, the journal or runners'
-//! processes.
+//! processes. It reads the time of day from an `rm_vocab::Clock` (tests pass a `ManualClock`),
+//! and its job and runner types hold `rm_vocab`'s ids.
 //!
 //! ```no_run
 //! # async fn demo(pem: secrecy::SecretString) -> anyhow::Result<()> {
@@ -25,7 +26,6 @@
 pub mod auth;
 pub mod budget;
 pub mod client;
-pub mod clock;
 mod endpoints;
 pub mod error;
 pub mod etag;
@@ -38,6 +38,5 @@ pub mod wire;
 pub use auth::AppCredentials;
 pub use budget::{BudgetSnapshot, PacingSnapshot, Scope};
 pub use client::{AppKey, ClientConfig, GithubClient, Polled};
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{GithubError, LimitKind, RerunError};
 pub use target::Target;

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
-/// The ids the job and runner types hold (rm's own, shared with the journal).
-pub use rm_handlers::{JobId, RunnerId};
+// The ids the job and runner types hold (rm's own, shared with the journal).
+use rm_vocab::{JobId, RunnerId};
 
 /// `GET /app`.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]

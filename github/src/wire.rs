@@ -1,4 +1,22 @@
-//! Small pieces of GitHub's wire format: timestamps, query encoding, `Link` cursors.
+//! Small pieces of GitHub's wire format: timestamps (RFC 3339, and the whole seconds of JWT
+//! claims and rate-limit resets), query encoding, `Link` cursors.
+
+use std::time::{Duration, SystemTime};
+
+use rm_vocab::UnixMs;
+
+/// Seconds since the Unix epoch, as JWT claims and `x-ratelimit-reset` count them; zero for a
+/// time before it.
+pub fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The inverse of [`unix_secs`].
+pub fn from_unix_secs(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
 
 /// The `cursor` of the `rel="next"` link of a `Link` header.
 pub fn next_cursor(link: &str) -> Option<String> {
@@ -49,51 +67,50 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Parses GitHub's `YYYY-MM-DDTHH:MM:SSZ` (offsets and fractions accepted) as a time.
-pub fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
-    let s = s.trim();
-    let (date, rest) = s.split_once('T')?;
-    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let time = rest.get(0..8)?;
-    let mut t = time.split(':').map(|p| p.parse::<i64>().ok());
-    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
-    let tail = rest.get(8..)?;
-    let tail = tail.trim_start_matches(|c: char| c == '.' || c.is_ascii_digit());
-    let offset = match tail {
-        "Z" | "z" | "" => 0,
-        o => {
-            let sign = if o.starts_with('-') { -1 } else { 1 };
-            let (oh, om) = o.get(1..)?.split_once(':')?;
-            sign * (oh.parse::<i64>().ok()? * 3600 + om.parse::<i64>().ok()? * 60)
-        }
-    };
-    // Days from civil (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss - offset;
-    u64::try_from(secs).ok().map(crate::clock::from_unix_secs)
+/// GitHub's RFC 3339 timestamp (`2016-07-11T22:14:10Z`, `2017-07-08T16:18:44-04:00`) as a
+/// time, read by the workspace's one parser, [`UnixMs::parse_rfc3339`]; this only converts its
+/// answer for the callers that compare with a [`SystemTime`]. `None` for what it refuses, and for
+/// a time before 1970 as before (a `SystemTime` here is never before the epoch), not the epoch
+/// [`UnixMs::to_system_time`] would make of it.
+///
+/// Kept to the millisecond: the hand-written parser this replaced dropped the fraction (GitHub's
+/// REST dates carry none, or `.000`), read a date without an offset as UTC, trimmed surrounding
+/// space, and checked no field's range; the one parser refuses the last three.
+pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+    UnixMs::parse_rfc3339(s)
+        .filter(|at| *at >= UnixMs::EPOCH)
+        .map(UnixMs::to_system_time)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::unix_secs;
     use super::*;
-    use crate::clock::unix_secs;
 
     #[test]
     fn rfc3339_timestamps_parse() {
         let t = |s| parse_rfc3339(s).map(unix_secs);
         assert_eq!(t("1970-01-01T00:00:00Z"), Some(0));
         assert_eq!(t("2016-07-11T22:14:10Z"), Some(1_468_275_250));
-        assert_eq!(t("2016-07-11T22:14:10.123Z"), Some(1_468_275_250));
         assert_eq!(t("2016-07-12T00:14:10+02:00"), Some(1_468_275_250));
+        assert_eq!(t("2017-07-08T16:18:44-04:00"), Some(1_499_545_124));
         assert_eq!(t("2024-02-29T12:00:00Z"), Some(1_709_208_000));
         assert_eq!(t("yesterday"), None);
+        // Before the epoch: `None`, as the hand-written parser answered, not the epoch.
+        assert_eq!(t("1969-12-31T23:59:59Z"), None);
+    }
+
+    /// Where the one parser answers otherwise than the hand-written one it replaced.
+    #[test]
+    fn rfc3339_differences_from_the_old_parser() {
+        let ms = |s| parse_rfc3339(s).map(|at| UnixMs::from_system_time(at).get());
+        // The fraction is kept (it was dropped: 1_468_275_250_000).
+        assert_eq!(ms("2016-07-11T22:14:10.123Z"), Some(1_468_275_250_123));
+        // No offset, surrounding space, a field out of range: refused (they were read).
+        assert_eq!(ms("2016-07-11T22:14:10"), None);
+        assert_eq!(ms(" 2016-07-11T22:14:10Z\n"), None);
+        assert_eq!(ms("2016-13-11T22:14:10Z"), None);
+        assert_eq!(ms("2016-7-11T22:14:10Z"), None);
     }
 
     #[test]

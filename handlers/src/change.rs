@@ -1,7 +1,7 @@
 //! The journal changes a handler can ask for. They are plain values: the journal applies them
 //! inside the transaction that records the delivery.
 
-use crate::{JobId, JobState, RunnerId, Source, UnixMs};
+use rm_vocab::{JobId, JobState, RunnerId, Source, UnixMs};
 
 /// A change to the journal's state.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,58 +8,23 @@
 //! journal keeps it so it can be replayed after a fix. A body whose own dates put it past
 //! anything GitHub would still act on is `stale` and changes nothing.
 //!
-//! The crate also owns the job vocabulary the other crates share: [`JobState`], [`Source`] and
-//! the ids [`JobId`] and [`RunnerId`], and the instant [`UnixMs`] that dates what they describe.
+//! The words they speak (ids, job states, sources, the instant `UnixMs`) are `rm-vocab`'s, which
+//! every other crate imports directly: this crate is only the handlers.
 
 mod change;
-mod ids;
 mod installation;
 mod installation_repositories;
-mod job_state;
 mod ping;
-mod timestamp;
-mod unix_ms;
 mod workflow_job;
 
 pub use change::{Change, Installation, JobObservation, Repository};
-pub use ids::{IdOutOfRange, JobId, RunnerId};
-pub use job_state::{JobMerge, JobState, merge_job};
-pub use unix_ms::UnixMs;
 pub use workflow_job::QUEUE_LIFETIME_MS;
 
+// The vocabulary the handlers speak, from its own crate (not re-exported: other crates import
+// `rm_vocab` themselves).
+use rm_vocab::{Source, UnixMs};
+
 use serde::Deserialize;
-
-/// Where a delivery entered rm. Recorded with the delivery and on the jobs it touches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// Straight from GitHub to this host's receiver.
-    Webhook,
-    /// Through an `rm-relay` subscription.
-    Relay,
-    /// Found by the REST polling fallback.
-    Poll,
-    /// A failed delivery that the agent asked GitHub to send again.
-    Redelivery,
-}
-
-impl Source {
-    /// The stable name used in the journal and in `--json` output.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Webhook => "webhook",
-            Self::Relay => "relay",
-            Self::Poll => "poll",
-            Self::Redelivery => "redelivery",
-        }
-    }
-
-    /// The inverse of [`Source::as_str`].
-    pub fn parse(name: &str) -> Option<Self> {
-        [Self::Webhook, Self::Relay, Self::Poll, Self::Redelivery]
-            .into_iter()
-            .find(|s| s.as_str() == name)
-    }
-}
 
 /// One webhook delivery as a handler sees it.
 #[derive(Debug, Clone, Copy)]

@@ -8,11 +8,8 @@
 
 use serde::Deserialize;
 
-use crate::timestamp::parse_rfc3339_ms;
-use crate::{
-    Change, Delivery, JobId, JobObservation, JobState, RunnerId, UnixMs, Verdict, ignore_action,
-    parse,
-};
+use crate::{Change, Delivery, JobObservation, Verdict, ignore_action, parse};
+use rm_vocab::{JobId, JobState, RunnerId, UnixMs};
 
 /// GitHub cancels a job that no runner took within 24 hours, and a job's sightings carry the
 /// times it was created, started and completed: a delivery that arrives longer than this after
@@ -51,7 +48,8 @@ impl Job {
     fn newest_timestamp_ms(&self) -> Option<i64> {
         [&self.created_at, &self.started_at, &self.completed_at]
             .into_iter()
-            .filter_map(|t| t.as_deref().and_then(parse_rfc3339_ms))
+            .filter_map(|t| t.as_deref().and_then(UnixMs::parse_rfc3339))
+            .map(UnixMs::get)
             .max()
     }
 }
@@ -121,18 +119,13 @@ pub(crate) fn handle(delivery: &Delivery<'_>) -> Verdict {
             .filter(|_| state >= JobState::InProgress),
         workflow_name: job.workflow_name,
         job_name: job.name,
-        queued_at_ms: job
-            .created_at
-            .as_deref()
-            .and_then(parse_rfc3339_ms)
-            .map(UnixMs::new),
+        queued_at_ms: job.created_at.as_deref().and_then(UnixMs::parse_rfc3339),
         // A queued job's `started_at` is its creation time (GitHub fills it before any runner
         // took it), so only a sighting of a started job says when it started.
         started_at_ms: job
             .started_at
             .as_deref()
-            .and_then(parse_rfc3339_ms)
-            .map(UnixMs::new)
+            .and_then(UnixMs::parse_rfc3339)
             .filter(|_| state >= JobState::InProgress),
         observed_at_ms: delivery.received_at_ms,
         source: delivery.source,

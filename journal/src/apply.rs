@@ -2,12 +2,12 @@
 //! writer and `deliveries replay` both come through here, so a replay does exactly what the
 //! original delivery would have done.
 
-use rm_handlers::{
-    Change, Installation, JobMerge, JobObservation, JobState, Repository, Source, Verdict,
-};
+use rm_handlers::{Change, Installation, JobObservation, Repository, Verdict};
+use rm_vocab::{JobMerge, JobState, Source};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::Outcome;
+use rm_vocab::UnixMs;
 
 /// The outcome of a verdict and the reason journalled beside it.
 pub(crate) struct Applied {
@@ -20,7 +20,7 @@ pub(crate) struct Applied {
 pub(crate) fn apply_verdict(
     conn: &Connection,
     verdict: &Verdict,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> rusqlite::Result<Applied> {
     apply_verdict_with(verdict, |change| apply_change(conn, change, at_ms))
 }
@@ -70,7 +70,7 @@ pub(crate) fn apply_verdict_with<E>(
 fn apply_change(
     conn: &Connection,
     change: &Change,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> rusqlite::Result<Option<String>> {
     let changed = match change {
         Change::Job(job) => return apply_job(conn, job),
@@ -150,7 +150,7 @@ pub(crate) fn apply_job(
     let polled = job.source == Source::Poll;
     let announced_now = (!polled).then_some(job.observed_at_ms);
     let polled_now = polled.then_some(job.observed_at_ms);
-    let merge = rm_handlers::merge_job(current_state, job.state);
+    let merge = rm_vocab::merge_job(current_state, job.state);
     // When the job started: GitHub's `started_at`, else the time the journal learned of the
     // `in_progress` transition (a sighting of a finished job without one says nothing of it).
     let started_at = job
@@ -261,7 +261,7 @@ pub(crate) fn job_unchanged(job: &JobObservation, current: Option<&str>) -> Stri
 fn upsert_installation(
     conn: &Connection,
     installation: &Installation,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> rusqlite::Result<bool> {
     let mut changed = conn
         .prepare_cached(
@@ -292,7 +292,7 @@ fn upsert_installation(
     Ok(changed)
 }
 
-fn ensure_installation(conn: &Connection, id: i64, at_ms: i64) -> rusqlite::Result<()> {
+fn ensure_installation(conn: &Connection, id: i64, at_ms: UnixMs) -> rusqlite::Result<()> {
     conn.prepare_cached(
         "INSERT INTO installations (id, updated_at) VALUES (?1, ?2) ON CONFLICT (id) DO NOTHING",
     )?

@@ -3,10 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
-use rm_handlers::UnixMs;
+use rm_vocab::UnixMs;
 use rusqlite::Connection;
 
 use crate::*;
+use rm_vocab::{JobId, RunnerId};
 
 fn temp_journal() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -51,21 +52,35 @@ fn walk_to(attempts: &Attempts, id: &AttemptId, state: AttemptState) {
     for (i, step) in steps.iter().enumerate() {
         let at = 100 + i as i64;
         let won = match step {
-            JitReceived => attempts.jit_received(id, RunnerId::new(7), at),
-            Starting => attempts.started(id, 4242, 1234, at),
-            Idle => attempts.mark_idle(id, Starting, at),
-            Busy => attempts.mark_busy(id, None, at),
-            Finished => attempts.conclude(id, Busy, AttemptOutcome::CompletedJob, None, None, at),
+            JitReceived => attempts.jit_received(id, RunnerId::new(7), UnixMs::new(at)),
+            Starting => attempts.started(id, 4242, 1234, UnixMs::new(at)),
+            Idle => attempts.mark_idle(id, Starting, UnixMs::new(at)),
+            Busy => attempts.mark_busy(id, None, UnixMs::new(at)),
+            Finished => attempts.conclude(
+                id,
+                Busy,
+                AttemptOutcome::CompletedJob,
+                None,
+                None,
+                UnixMs::new(at),
+            ),
             Failed => attempts.conclude(
                 id,
                 Busy,
                 AttemptOutcome::Failed,
                 Some("process_exited_unexpectedly"),
                 None,
-                at,
+                UnixMs::new(at),
             ),
-            Orphaned => attempts.conclude(id, Busy, AttemptOutcome::Orphaned, None, None, at),
-            Cleaned => attempts.mark_cleaned(id, at),
+            Orphaned => attempts.conclude(
+                id,
+                Busy,
+                AttemptOutcome::Orphaned,
+                None,
+                None,
+                UnixMs::new(at),
+            ),
+            Cleaned => attempts.mark_cleaned(id, UnixMs::new(at)),
             Allocated => unreachable!(),
         }
         .unwrap();
@@ -170,10 +185,22 @@ fn an_attempt_walks_every_state_and_keeps_what_each_step_recorded() {
     );
     assert_eq!(created.outcome, None);
 
-    assert!(attempts.jit_received(&a, RunnerId::new(55), 20).unwrap());
-    assert!(attempts.started(&a, 999, 31337, 30).unwrap());
-    assert!(attempts.mark_idle(&a, AttemptState::Starting, 40).unwrap());
-    assert!(attempts.mark_busy(&a, Some(JobId::new(8001)), 50).unwrap());
+    assert!(
+        attempts
+            .jit_received(&a, RunnerId::new(55), UnixMs::new(20))
+            .unwrap()
+    );
+    assert!(attempts.started(&a, 999, 31337, UnixMs::new(30)).unwrap());
+    assert!(
+        attempts
+            .mark_idle(&a, AttemptState::Starting, UnixMs::new(40))
+            .unwrap()
+    );
+    assert!(
+        attempts
+            .mark_busy(&a, Some(JobId::new(8001)), UnixMs::new(50))
+            .unwrap()
+    );
     let busy = attempts.get(&a).unwrap().unwrap();
     assert_eq!(busy.runner_id, Some(RunnerId::new(55)));
     assert_eq!(busy.pid, Some(999));
@@ -192,11 +219,11 @@ fn an_attempt_walks_every_state_and_keeps_what_each_step_recorded() {
                 AttemptOutcome::CompletedJob,
                 None,
                 None,
-                60
+                UnixMs::new(60)
             )
             .unwrap()
     );
-    assert!(attempts.mark_cleaned(&a, 70).unwrap());
+    assert!(attempts.mark_cleaned(&a, UnixMs::new(70)).unwrap());
     let done = attempts.get(&a).unwrap().unwrap();
     assert_eq!(done.state, AttemptState::Cleaned);
     assert_eq!(done.outcome, Some(AttemptOutcome::CompletedJob));
@@ -223,20 +250,40 @@ fn a_transition_only_wins_from_its_predecessors() {
     let a = id(2);
     create(&attempts, &a, "linux", 1);
     // Not yet: no JIT, no process.
-    assert!(!attempts.started(&a, 1, 5, 2).unwrap());
-    assert!(!attempts.mark_idle(&a, AttemptState::Starting, 2).unwrap());
-    assert!(!attempts.mark_busy(&a, Some(JobId::new(3)), 2).unwrap());
-    assert!(!attempts.mark_cleaned(&a, 2).unwrap());
-    assert!(attempts.jit_received(&a, RunnerId::new(7), 3).unwrap());
+    assert!(!attempts.started(&a, 1, 5, UnixMs::new(2)).unwrap());
+    assert!(
+        !attempts
+            .mark_idle(&a, AttemptState::Starting, UnixMs::new(2))
+            .unwrap()
+    );
+    assert!(
+        !attempts
+            .mark_busy(&a, Some(JobId::new(3)), UnixMs::new(2))
+            .unwrap()
+    );
+    assert!(!attempts.mark_cleaned(&a, UnixMs::new(2)).unwrap());
+    assert!(
+        attempts
+            .jit_received(&a, RunnerId::new(7), UnixMs::new(3))
+            .unwrap()
+    );
     // Twice is once.
-    assert!(!attempts.jit_received(&a, RunnerId::new(7), 4).unwrap());
+    assert!(
+        !attempts
+            .jit_received(&a, RunnerId::new(7), UnixMs::new(4))
+            .unwrap()
+    );
     let row = attempts.get(&a).unwrap().unwrap();
     assert_eq!(
         (row.state, row.state_changed_at_ms.get()),
         (AttemptState::JitReceived, 3)
     );
     // An unknown attempt wins nothing.
-    assert!(!attempts.jit_received(&id(99), RunnerId::new(7), 4).unwrap());
+    assert!(
+        !attempts
+            .jit_received(&id(99), RunnerId::new(7), UnixMs::new(4))
+            .unwrap()
+    );
 }
 
 #[test]
@@ -255,17 +302,23 @@ fn two_writers_racing_for_one_transition_never_both_win() {
             AttemptOutcome::IdleExit,
             None,
             None,
-            200,
+            UnixMs::new(200),
         )
         .unwrap();
-    let busy = second.mark_busy(&a, Some(JobId::new(5)), 201).unwrap();
+    let busy = second
+        .mark_busy(&a, Some(JobId::new(5)), UnixMs::new(201))
+        .unwrap();
     assert!(concluded && !busy);
 
     // The other order: busy first, and the conclusion decided on `idle` loses.
     let b = id(4);
     create(&first, &b, "linux", 1);
     walk_to(&first, &b, AttemptState::Idle);
-    assert!(second.mark_busy(&b, Some(JobId::new(6)), 200).unwrap());
+    assert!(
+        second
+            .mark_busy(&b, Some(JobId::new(6)), UnixMs::new(200))
+            .unwrap()
+    );
     assert!(
         !first
             .conclude(
@@ -274,7 +327,7 @@ fn two_writers_racing_for_one_transition_never_both_win() {
                 AttemptOutcome::IdleExit,
                 None,
                 None,
-                201
+                UnixMs::new(201)
             )
             .unwrap()
     );
@@ -289,15 +342,31 @@ fn two_writers_racing_for_one_transition_never_both_win() {
     let c = id(9);
     create(&first, &c, "linux", 1);
     walk_to(&first, &c, AttemptState::Starting);
-    assert!(second.mark_busy(&c, Some(JobId::new(7)), 200).unwrap());
-    assert!(!first.mark_idle(&c, AttemptState::Starting, 201).unwrap());
+    assert!(
+        second
+            .mark_busy(&c, Some(JobId::new(7)), UnixMs::new(200))
+            .unwrap()
+    );
+    assert!(
+        !first
+            .mark_idle(&c, AttemptState::Starting, UnixMs::new(201))
+            .unwrap()
+    );
     assert_eq!(first.get(&c).unwrap().unwrap().state, AttemptState::Busy);
-    assert!(first.mark_idle(&c, AttemptState::Busy, 202).unwrap());
+    assert!(
+        first
+            .mark_idle(&c, AttemptState::Busy, UnixMs::new(202))
+            .unwrap()
+    );
     // A later assignment replaces the withdrawn one.
-    assert!(second.mark_busy(&c, Some(JobId::new(8)), 203).unwrap());
+    assert!(
+        second
+            .mark_busy(&c, Some(JobId::new(8)), UnixMs::new(203))
+            .unwrap()
+    );
     assert_eq!(first.get(&c).unwrap().unwrap().job_id, Some(JobId::new(8)));
     assert!(matches!(
-        first.mark_idle(&c, AttemptState::Allocated, 204),
+        first.mark_idle(&c, AttemptState::Allocated, UnixMs::new(204)),
         Err(AttemptError::IllegalTransition { .. })
     ));
 }
@@ -316,7 +385,7 @@ fn a_conclusion_carries_its_outcome_reason_and_detail() {
                 AttemptOutcome::Failed,
                 Some("jit_request_failed"),
                 Some("GitHub refused JIT registration with 403; check the App's runner permission"),
-                9,
+                UnixMs::new(9),
             )
             .unwrap()
     );
@@ -333,7 +402,7 @@ fn a_conclusion_carries_its_outcome_reason_and_detail() {
             AttemptOutcome::Failed,
             None,
             None,
-            10
+            UnixMs::new(10)
         ),
         Err(AttemptError::IllegalTransition { .. })
     ));
@@ -348,7 +417,7 @@ fn a_conclusion_carries_its_outcome_reason_and_detail() {
         walk_to(&attempts, &b, AttemptState::Busy);
         assert!(
             attempts
-                .conclude(&b, AttemptState::Busy, outcome, None, None, 5)
+                .conclude(&b, AttemptState::Busy, outcome, None, None, UnixMs::new(5))
                 .unwrap()
         );
         assert_eq!(attempts.get(&b).unwrap().unwrap().state, state);
@@ -365,18 +434,18 @@ fn a_stop_intent_is_only_journalled_in_the_state_it_was_decided_for() {
     // Idle timeout does not apply to a runner that has not registered.
     assert!(
         !attempts
-            .record_stop_intent(&a, StopIntent::IdleTimeout, 5)
+            .record_stop_intent(&a, StopIntent::IdleTimeout, UnixMs::new(5))
             .unwrap()
     );
     assert!(
         attempts
-            .record_stop_intent(&a, StopIntent::RegistrationTimeout, 6)
+            .record_stop_intent(&a, StopIntent::RegistrationTimeout, UnixMs::new(6))
             .unwrap()
     );
     // Recorded again (a second signal): the first time is kept.
     assert!(
         attempts
-            .record_stop_intent(&a, StopIntent::RegistrationTimeout, 9)
+            .record_stop_intent(&a, StopIntent::RegistrationTimeout, UnixMs::new(9))
             .unwrap()
     );
     let row = attempts.get(&a).unwrap().unwrap();
@@ -389,17 +458,21 @@ fn a_stop_intent_is_only_journalled_in_the_state_it_was_decided_for() {
     let b = id(11);
     create(&attempts, &b, "linux", 1);
     walk_to(&attempts, &b, AttemptState::Idle);
-    assert!(attempts.mark_busy(&b, Some(JobId::new(1)), 7).unwrap());
+    assert!(
+        attempts
+            .mark_busy(&b, Some(JobId::new(1)), UnixMs::new(7))
+            .unwrap()
+    );
     assert!(
         !attempts
-            .record_stop_intent(&b, StopIntent::IdleTimeout, 8)
+            .record_stop_intent(&b, StopIntent::IdleTimeout, UnixMs::new(8))
             .unwrap()
     );
     assert_eq!(attempts.get(&b).unwrap().unwrap().stop_intent, None);
     // Only its disk bound stops a busy runner, and it is read back as written (no CHECK).
     assert!(
         attempts
-            .record_stop_intent(&b, StopIntent::DiskExceeded, 9)
+            .record_stop_intent(&b, StopIntent::DiskExceeded, UnixMs::new(9))
             .unwrap()
     );
     assert_eq!(
@@ -413,13 +486,17 @@ fn a_stop_intent_is_only_journalled_in_the_state_it_was_decided_for() {
     walk_to(&attempts, &c, AttemptState::Starting);
     assert!(
         attempts
-            .record_stop_intent(&c, StopIntent::RegistrationTimeout, 5)
+            .record_stop_intent(&c, StopIntent::RegistrationTimeout, UnixMs::new(5))
             .unwrap()
     );
-    assert!(attempts.mark_idle(&c, AttemptState::Starting, 6).unwrap());
     assert!(
         attempts
-            .record_stop_intent(&c, StopIntent::IdleTimeout, 7)
+            .mark_idle(&c, AttemptState::Starting, UnixMs::new(6))
+            .unwrap()
+    );
+    assert!(
+        attempts
+            .record_stop_intent(&c, StopIntent::IdleTimeout, UnixMs::new(7))
             .unwrap()
     );
     let row = attempts.get(&c).unwrap().unwrap();
@@ -430,7 +507,7 @@ fn a_stop_intent_is_only_journalled_in_the_state_it_was_decided_for() {
     // `concluded` applies to concluded attempts only.
     assert!(
         !attempts
-            .record_stop_intent(&c, StopIntent::Concluded, 8)
+            .record_stop_intent(&c, StopIntent::Concluded, UnixMs::new(8))
             .unwrap()
     );
     assert!(
@@ -441,13 +518,13 @@ fn a_stop_intent_is_only_journalled_in_the_state_it_was_decided_for() {
                 AttemptOutcome::IdleExit,
                 None,
                 None,
-                9
+                UnixMs::new(9)
             )
             .unwrap()
     );
     assert!(
         attempts
-            .record_stop_intent(&c, StopIntent::Concluded, 10)
+            .record_stop_intent(&c, StopIntent::Concluded, UnixMs::new(10))
             .unwrap()
     );
 }
@@ -458,10 +535,18 @@ fn runner_and_job_ids_are_recorded_once_and_never_overwritten() {
     let attempts = Attempts::open(&path).unwrap();
     let a = id(20);
     create(&attempts, &a, "linux", 1);
-    assert!(attempts.record_runner_id(&a, RunnerId::new(31), 2).unwrap());
-    assert!(!attempts.record_runner_id(&a, RunnerId::new(31), 3).unwrap());
+    assert!(
+        attempts
+            .record_runner_id(&a, RunnerId::new(31), UnixMs::new(2))
+            .unwrap()
+    );
+    assert!(
+        !attempts
+            .record_runner_id(&a, RunnerId::new(31), UnixMs::new(3))
+            .unwrap()
+    );
     assert!(matches!(
-        attempts.record_runner_id(&a, RunnerId::new(32), 3),
+        attempts.record_runner_id(&a, RunnerId::new(32), UnixMs::new(3)),
         Err(AttemptError::Conflict {
             field: "runner_id",
             journalled: 31,
@@ -469,23 +554,31 @@ fn runner_and_job_ids_are_recorded_once_and_never_overwritten() {
             ..
         })
     ));
-    assert!(attempts.record_job(&a, JobId::new(900), 4).unwrap());
+    assert!(
+        attempts
+            .record_job(&a, JobId::new(900), UnixMs::new(4))
+            .unwrap()
+    );
     assert!(matches!(
-        attempts.record_job(&a, JobId::new(901), 4),
+        attempts.record_job(&a, JobId::new(901), UnixMs::new(4)),
         Err(AttemptError::Conflict {
             field: "job_id",
             ..
         })
     ));
     assert!(matches!(
-        attempts.record_job(&id(21), JobId::new(1), 4),
+        attempts.record_job(&id(21), JobId::new(1), UnixMs::new(4)),
         Err(AttemptError::Unknown(_))
     ));
     // A cleaned attempt takes nothing new.
     let b = id(22);
     create(&attempts, &b, "linux", 1);
     walk_to(&attempts, &b, AttemptState::Cleaned);
-    assert!(!attempts.record_job(&b, JobId::new(5), 9).unwrap());
+    assert!(
+        !attempts
+            .record_job(&b, JobId::new(5), UnixMs::new(9))
+            .unwrap()
+    );
     assert_eq!(attempts.get(&b).unwrap().unwrap().job_id, None);
 }
 
@@ -568,7 +661,7 @@ fn creating_refuses_duplicates_bad_names_and_an_occupied_workspace() {
                 AttemptOutcome::Failed,
                 Some("jit_request_failed"),
                 None,
-                4
+                UnixMs::new(4)
             )
             .unwrap()
     );
@@ -576,7 +669,7 @@ fn creating_refuses_duplicates_bad_names_and_an_occupied_workspace() {
         attempts.create(&lease(&second, &second_name, &slot)),
         Err(AttemptError::WorkspaceInUse(_))
     ));
-    assert!(attempts.mark_cleaned(&first, 5).unwrap());
+    assert!(attempts.mark_cleaned(&first, UnixMs::new(5)).unwrap());
     let row = attempts
         .create(&lease(&second, &second_name, &slot))
         .unwrap();
@@ -768,11 +861,17 @@ fn retention_removes_only_attempts_cleaned_long_ago() {
     walk_to(&attempts, &old_failed, AttemptState::Failed);
     walk_to(&attempts, &old_busy, AttemptState::Busy);
     walk_to(&attempts, &fresh_cleaned, AttemptState::Finished);
-    assert!(attempts.mark_cleaned(&fresh_cleaned, now - DAY).unwrap());
+    assert!(
+        attempts
+            .mark_cleaned(&fresh_cleaned, UnixMs::new(now - DAY))
+            .unwrap()
+    );
     drop(attempts);
 
     let mut conn = crate::connection::open_writer(&path).unwrap();
-    while crate::retention::prune_step(&mut conn, &Retention::default(), now).unwrap() {}
+    while crate::retention::prune_step(&mut conn, &Retention::default(), rm_vocab::UnixMs::new(now))
+        .unwrap()
+    {}
     let mut left: Vec<_> = Reader::open(&path)
         .unwrap()
         .attempts(10)
@@ -817,10 +916,14 @@ fn the_boot_of_a_runner_identity_is_journalled_with_it() {
     let attempts = Attempts::open(&path).unwrap();
     let id = id(9);
     create(&attempts, &id, "p", 1);
-    assert!(attempts.jit_received(&id, RunnerId::new(7), 2).unwrap());
     assert!(
         attempts
-            .started_on_boot(&id, 42, 4242, "boot-a", 3)
+            .jit_received(&id, RunnerId::new(7), UnixMs::new(2))
+            .unwrap()
+    );
+    assert!(
+        attempts
+            .started_on_boot(&id, 42, 4242, "boot-a", UnixMs::new(3))
             .unwrap()
     );
     let row = attempts.get(&id).unwrap().unwrap();
@@ -871,12 +974,12 @@ fn a_runner_uid_is_held_by_one_uncleaned_attempt_until_it_is_cleaned() {
                 AttemptOutcome::Failed,
                 Some("x"),
                 None,
-                2
+                UnixMs::new(2)
             )
             .unwrap()
     );
     assert!(new(&b, Path::new("/runners/b"), 64200).is_err());
-    assert!(attempts.mark_cleaned(&a, 3).unwrap());
+    assert!(attempts.mark_cleaned(&a, UnixMs::new(3)).unwrap());
     assert!(attempts.held_uids().unwrap().is_empty());
     assert_eq!(
         new(&b, Path::new("/runners/b"), 64200).unwrap().uid,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rm_handlers::Source;
+use rm_vocab::Source;
 
 use crate::*;
 
@@ -16,7 +16,7 @@ fn ping(guid: &str) -> Incoming {
         event: "ping".to_owned(),
         headers: vec![("x-github-event".to_owned(), "ping".to_owned())],
         body: br#"{"zen":"Keep it logically awesome.","hook_id":1}"#.to_vec(),
-        received_at_ms: rm_handlers::UnixMs::new(1),
+        received_at_ms: rm_vocab::UnixMs::new(1),
         source: Source::Webhook,
     }
 }

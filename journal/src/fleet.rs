@@ -35,7 +35,7 @@ mod local;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use rm_handlers::{JobId, JobState, UnixMs};
+use rm_vocab::{JobId, JobState, UnixMs};
 use serde::Serialize;
 
 use crate::JournalError;
@@ -275,28 +275,28 @@ pub(crate) fn room_after(
     wait.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
-/// A lease (host or leader) holds at `now_ms` while its expiry is still ahead.
-pub(crate) fn lease_live(expires_at_ms: i64, now_ms: i64) -> bool {
-    expires_at_ms > now_ms
+/// A lease (host or leader) holds at `now` while its expiry is still ahead.
+pub(crate) fn lease_live(expires_at: UnixMs, now: UnixMs) -> bool {
+    expires_at > now
 }
 
-/// When a lease taken or renewed at `now_ms` for `ttl` expires.
-pub(crate) fn expiry(now_ms: i64, ttl: Duration) -> i64 {
-    now_ms.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+/// When a lease taken or renewed at `now` for `ttl` expires (saturating).
+pub(crate) fn expiry(now: UnixMs, ttl: Duration) -> UnixMs {
+    now + ttl
 }
 
-/// What a renewal at `now_ms` is, given the host's current lease expiry (`None`: no lease row).
+/// What a renewal at `now` is, given the host's current lease expiry (`None`: no lease row).
 /// `Reacquired` carries no count yet: the caller drops the old claims and fills it in.
-pub(crate) fn renewal(current_expiry: Option<i64>, now_ms: i64) -> Renewal {
+pub(crate) fn renewal(current_expiry: Option<UnixMs>, now: UnixMs) -> Renewal {
     match current_expiry {
         None => Renewal::Registered,
-        Some(expires) if lease_live(expires, now_ms) => Renewal::Renewed,
+        Some(expires) if lease_live(expires, now) => Renewal::Renewed,
         Some(_) => Renewal::Reacquired { dropped_claims: 0 },
     }
 }
 
 /// Whether `host` may lead a role whose lease is `current` (holder and expiry; `None`: nobody
-/// has held it) at `now_ms`.
+/// has held it) at `now`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lead {
     /// Free or expired: `host` takes it.
@@ -307,11 +307,11 @@ pub(crate) enum Lead {
     Refuse,
 }
 
-pub(crate) fn lead(current: Option<(&str, i64)>, host: &str, now_ms: i64) -> Lead {
+pub(crate) fn lead(current: Option<(&str, UnixMs)>, host: &str, now: UnixMs) -> Lead {
     match current {
         None => Lead::Take,
         Some((holder, _)) if holder == host => Lead::Renew,
-        Some((_, expires)) if lease_live(expires, now_ms) => Lead::Refuse,
+        Some((_, expires)) if lease_live(expires, now) => Lead::Refuse,
         Some(_) => Lead::Take,
     }
 }
@@ -339,9 +339,9 @@ pub(crate) fn choose(
 /// A host row as read, before it is judged against the clock.
 pub(crate) struct HostRow {
     pub(crate) host: String,
-    pub(crate) registered_at_ms: i64,
-    pub(crate) renewed_at_ms: i64,
-    pub(crate) expires_at_ms: i64,
+    pub(crate) registered_at_ms: UnixMs,
+    pub(crate) renewed_at_ms: UnixMs,
+    pub(crate) expires_at_ms: UnixMs,
     pub(crate) labels: String,
     pub(crate) policies: String,
 }
@@ -352,11 +352,11 @@ pub(crate) struct ClaimRow {
     pub(crate) view: ClaimView,
 }
 
-/// The [`FleetView`] at `now_ms`: every host with its liveness, the claims that count under
+/// The [`FleetView`] at `now`: every host with its liveness, the claims that count under
 /// the live ones (a dead host's claims and claims on completed jobs are left out), the
 /// leaders whose lease holds.
 pub(crate) fn assemble(
-    now_ms: i64,
+    now: UnixMs,
     hosts: Vec<HostRow>,
     claims: Vec<ClaimRow>,
     leaders: Vec<LeaderView>,
@@ -367,11 +367,11 @@ pub(crate) fn assemble(
         .map(|row| HostView {
             labels: json_list(&row.labels),
             policies: json_list(&row.policies),
-            live: lease_live(row.expires_at_ms, now_ms),
+            live: lease_live(row.expires_at_ms, now),
             host: row.host,
-            registered_at_ms: UnixMs::new(row.registered_at_ms),
-            renewed_at_ms: UnixMs::new(row.renewed_at_ms),
-            expires_at_ms: UnixMs::new(row.expires_at_ms),
+            registered_at_ms: row.registered_at_ms,
+            renewed_at_ms: row.renewed_at_ms,
+            expires_at_ms: row.expires_at_ms,
             claims: Vec::new(),
         })
         .collect();
@@ -384,11 +384,11 @@ pub(crate) fn assemble(
         }
     }
     FleetView {
-        now_ms: UnixMs::new(now_ms),
+        now_ms: now,
         hosts: views,
         leaders: leaders
             .into_iter()
-            .filter(|leader| lease_live(leader.expires_at_ms.get(), now_ms))
+            .filter(|leader| lease_live(leader.expires_at_ms, now))
             .collect(),
     }
 }

@@ -2,7 +2,7 @@
 //! embedded SQLite journal ([`crate::Journal`], the default) and the PostgreSQL journal
 //! ([`crate::PgJournal`], shared by a fleet's receivers). Both judge a body with the same
 //! handler on the caller's thread, apply its verdict with the same forward-only merge
-//! (`rm_handlers::merge_job`), commit in groups on one writer thread, and answer only after the
+//! (`rm_vocab::merge_job`), commit in groups on one writer thread, and answer only after the
 //! commit that holds the delivery: a 2xx means committed, whichever journal is behind it.
 
 use std::future::Future;

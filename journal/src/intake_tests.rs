@@ -11,11 +11,12 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use rm_handlers::Source;
+use rm_vocab::{Source, UnixMs};
 use serde_json::{Value, json};
 
 use crate::pg_server::{self, PgDatabase};
 use crate::*;
+use rm_vocab::JobId;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/webhooks");
 
@@ -86,7 +87,7 @@ impl Backend for Sqlite {
         Box::new(move |names| reader.demand(names).unwrap())
     }
     fn replay(&self, guid: &str, now_ms: i64) -> Result<(Outcome, Option<String>), JournalError> {
-        crate::replay(&self.path, guid, now_ms)
+        crate::replay(&self.path, guid, UnixMs::new(now_ms))
     }
     fn run_sql(&self, statements: &str) {
         rusqlite::Connection::open(&self.path)
@@ -183,7 +184,7 @@ impl Backend for Postgres {
     }
     fn replay(&self, guid: &str, now_ms: i64) -> Result<(Outcome, Option<String>), JournalError> {
         let target = PgTarget::parse(&self.db.url()).unwrap();
-        off_runtime(|| replay_pg(&target, guid, now_ms))
+        off_runtime(|| replay_pg(&target, guid, UnixMs::new(now_ms)))
     }
     fn run_sql(&self, statements: &str) {
         let url = self.db.url();
@@ -278,7 +279,7 @@ fn incoming(guid: &str, event: &str, body: Vec<u8>, at_ms: i64) -> Incoming {
         event: event.to_owned(),
         headers: vec![("x-github-event".to_owned(), event.to_owned())],
         body,
-        received_at_ms: rm_handlers::UnixMs::new(at_ms),
+        received_at_ms: UnixMs::new(at_ms),
         source: Source::Webhook,
     }
 }
@@ -297,7 +298,7 @@ async fn a_new_delivery_is_applied_and_its_guid_is_answered_once<B: Backend>(b: 
 
     assert_eq!(b.delivery_count(), 1);
     let job = b.job(11).unwrap();
-    assert_eq!(job.state, rm_handlers::JobState::Queued);
+    assert_eq!(job.state, rm_vocab::JobState::Queued);
     assert_eq!(job.labels, vec!["self-hosted", "k8s"]);
     assert_eq!(job.repository, "lineville/elastic-machines-testing");
     assert_eq!(job.installation_id, Some(7));
@@ -359,7 +360,7 @@ async fn a_queued_after_completed_never_revives_the_job<B: Backend>(b: B) {
         .await
         .unwrap();
     assert_eq!(again, Recorded::New(Outcome::Duplicate));
-    assert_eq!(b.job(9).unwrap().state, rm_handlers::JobState::Completed);
+    assert_eq!(b.job(9).unwrap().state, rm_vocab::JobState::Completed);
     assert_eq!(b.job_counts(), vec![("completed".to_owned(), 1)]);
 }
 
@@ -373,7 +374,7 @@ async fn a_job_never_moves_backwards<B: Backend>(b: B) {
     let late_queue = b.record(job_delivery("b", 5, "queued", 20)).await.unwrap();
     assert_eq!(late_queue, Recorded::New(Outcome::Duplicate));
     let job = b.job(5).unwrap();
-    assert_eq!(job.state, rm_handlers::JobState::InProgress);
+    assert_eq!(job.state, rm_vocab::JobState::InProgress);
     assert_eq!(job.runner_name.as_deref(), Some("GitHub Actions 6"));
     assert_eq!(job.updated_at_ms.get(), 10);
 
@@ -392,7 +393,7 @@ async fn a_job_never_moves_backwards<B: Backend>(b: B) {
         .unwrap();
     assert_eq!(old, Recorded::New(Outcome::Duplicate));
     let job = b.job(5).unwrap();
-    assert_eq!(job.state, rm_handlers::JobState::Completed);
+    assert_eq!(job.state, rm_vocab::JobState::Completed);
     assert_eq!(job.conclusion.as_deref(), Some("failure"));
     assert_eq!(job.updated_at_ms.get(), 30);
     let reason = b.delivery("e").unwrap().row.reason;
@@ -401,10 +402,10 @@ async fn a_job_never_moves_backwards<B: Backend>(b: B) {
 
 async fn waiting_then_queued_moves_forward_and_a_queued_sighting_names_no_runner<B: Backend>(b: B) {
     b.record(job_delivery("w", 9, "waiting", 1)).await.unwrap();
-    assert_eq!(b.job(9).unwrap().state, rm_handlers::JobState::Waiting);
+    assert_eq!(b.job(9).unwrap().state, rm_vocab::JobState::Waiting);
     b.record(job_delivery("q", 9, "queued", 2)).await.unwrap();
     let job = b.job(9).unwrap();
-    assert_eq!(job.state, rm_handlers::JobState::Queued);
+    assert_eq!(job.state, rm_vocab::JobState::Queued);
     assert_eq!(job.runner_name, None);
 }
 

@@ -61,19 +61,12 @@ pub use read::{DemandView, Reader};
 pub use replay::replay;
 pub use reruns::{NewRerun, RerunCounts, RerunRecord, RerunState};
 pub use retention::Retention;
-/// A job's state, as `JobRow::state` holds it.
-pub use rm_handlers::JobState;
-/// The ids the rows and records hold (`JobRow::job_id`, `AttemptRecord::runner_id`, ...).
-pub use rm_handlers::{JobId, RunnerId, UnixMs};
 pub use schema::SCHEMA_VERSION;
 pub use types::{
     DeliveryRow, Incoming, InstallationRow, JobRow, Outcome, Recorded, StoredDelivery,
 };
 pub use waits::WaitRow;
 pub use writer::Journal;
-
-/// Milliseconds since the Unix epoch, the journal's unit of time ([`rm_base::clock`]).
-pub use rm_base::clock::now_ms;
 
 #[cfg(test)]
 mod attempt_tests;

@@ -4,7 +4,7 @@
 //!
 //! What the poller needs is one interface ([`PollStore`]) with two implementations: this SQLite
 //! one ([`PollJournal`]) and the PostgreSQL one of a fleet ([`crate::PgPollJournal`]), over the
-//! same tables and the same forward-only merge (`rm_handlers::merge_job`) as the deliveries', so
+//! same tables and the same forward-only merge (`rm_vocab::merge_job`) as the deliveries', so
 //! a sighting and a webhook for one job merge in one place whichever journal holds them.
 //!
 //! Like [`crate::Attempts`], [`PollJournal`] is the agent's own write connection (WAL,
@@ -15,11 +15,13 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use rm_handlers::{JobId, JobObservation, JobState};
+use rm_handlers::JobObservation;
+use rm_vocab::{JobId, JobState};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::apply::apply_job;
 use crate::{JournalError, connection};
+use rm_vocab::UnixMs;
 
 /// The `poll_cursors` name of the newest hook delivery the redelivery scan has judged.
 pub const HOOK_DELIVERY_CURSOR: &str = "hook_deliveries";
@@ -43,9 +45,9 @@ pub struct QueuedJobRef {
     /// `owner/name`.
     pub repository: String,
     /// When it entered `queued` in the journal.
-    pub updated_at_ms: rm_handlers::UnixMs,
+    pub updated_at_ms: rm_vocab::UnixMs,
     /// When a stale check last asked GitHub about it.
-    pub checked_at_ms: Option<rm_handlers::UnixMs>,
+    pub checked_at_ms: Option<rm_vocab::UnixMs>,
 }
 
 /// What the polling fallback writes and reads, whichever journal holds it. Every call blocks
@@ -61,20 +63,20 @@ pub trait PollStore: Send {
     /// never-checked first, then the longest-unchecked.
     fn stale_queued(
         &mut self,
-        queued_before_ms: i64,
-        checked_before_ms: i64,
+        queued_before_ms: UnixMs,
+        checked_before_ms: UnixMs,
     ) -> Result<Vec<QueuedJobRef>, JournalError>;
     /// Jobs of `repository` (any case) held as `queued`, with their run, not checked since
     /// `checked_before_ms`.
     fn queued_in_repository(
         &mut self,
         repository: &str,
-        checked_before_ms: i64,
+        checked_before_ms: UnixMs,
     ) -> Result<Vec<(QueuedJobRef, i64)>, JournalError>;
     /// Dates a stale check of `job_id`.
-    fn mark_checked(&mut self, job_id: JobId, at_ms: i64) -> Result<(), JournalError>;
+    fn mark_checked(&mut self, job_id: JobId, at_ms: UnixMs) -> Result<(), JournalError>;
     /// When the newest delivery was journalled (any intake, any receiver).
-    fn last_delivery_at(&mut self) -> Result<Option<i64>, JournalError>;
+    fn last_delivery_at(&mut self) -> Result<Option<UnixMs>, JournalError>;
     /// Which of `guids` the journal holds as deliveries.
     fn known_guids(&mut self, guids: &[&str]) -> Result<HashSet<String>, JournalError>;
     /// Which of `guids` have been asked to be redelivered already.
@@ -84,11 +86,11 @@ pub trait PollStore: Send {
         &mut self,
         guid: &str,
         delivery_id: i64,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, JournalError>;
     /// A named position ([`HOOK_DELIVERY_CURSOR`]).
     fn cursor(&mut self, name: &str) -> Result<Option<i64>, JournalError>;
-    fn set_cursor(&mut self, name: &str, value: i64, at_ms: i64) -> Result<(), JournalError>;
+    fn set_cursor(&mut self, name: &str, value: i64, at_ms: UnixMs) -> Result<(), JournalError>;
     /// The repositories (`owner/name`, sorted bytewise) of the live installations on `account`
     /// (any case).
     fn repositories_of(&mut self, account: &str) -> Result<Vec<String>, JournalError>;
@@ -153,8 +155,8 @@ impl PollJournal {
     /// never-checked first, then the longest-unchecked.
     pub fn stale_queued(
         &self,
-        queued_before_ms: i64,
-        checked_before_ms: i64,
+        queued_before_ms: UnixMs,
+        checked_before_ms: UnixMs,
     ) -> Result<Vec<QueuedJobRef>, JournalError> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT job_id, repository, updated_at, checked_at FROM jobs
@@ -178,7 +180,7 @@ impl PollJournal {
     pub fn queued_in_repository(
         &self,
         repository: &str,
-        checked_before_ms: i64,
+        checked_before_ms: UnixMs,
     ) -> Result<Vec<(QueuedJobRef, i64)>, JournalError> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT job_id, repository, updated_at, checked_at, run_id FROM jobs
@@ -201,7 +203,7 @@ impl PollJournal {
     }
 
     /// Dates a stale check of `job_id`.
-    pub fn mark_checked(&self, job_id: JobId, at_ms: i64) -> Result<(), JournalError> {
+    pub fn mark_checked(&self, job_id: JobId, at_ms: UnixMs) -> Result<(), JournalError> {
         self.conn
             .prepare_cached("UPDATE jobs SET checked_at = ?2 WHERE job_id = ?1")?
             .execute(params![job_id, at_ms])?;
@@ -209,7 +211,7 @@ impl PollJournal {
     }
 
     /// When the newest delivery was journalled (any intake), ms since the Unix epoch.
-    pub fn last_delivery_at(&self) -> Result<Option<i64>, JournalError> {
+    pub fn last_delivery_at(&self) -> Result<Option<UnixMs>, JournalError> {
         crate::read::last_delivery_at(&self.conn)
     }
 
@@ -240,7 +242,7 @@ impl PollJournal {
         &self,
         guid: &str,
         delivery_id: i64,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, JournalError> {
         let n = self
             .conn
@@ -261,7 +263,7 @@ impl PollJournal {
             .optional()?)
     }
 
-    pub fn set_cursor(&self, name: &str, value: i64, at_ms: i64) -> Result<(), JournalError> {
+    pub fn set_cursor(&self, name: &str, value: i64, at_ms: UnixMs) -> Result<(), JournalError> {
         self.conn
             .prepare_cached(
                 "INSERT INTO poll_cursors (name, value, updated_at) VALUES (?1, ?2, ?3)
@@ -304,22 +306,22 @@ impl PollStore for PollJournal {
     }
     fn stale_queued(
         &mut self,
-        queued_before_ms: i64,
-        checked_before_ms: i64,
+        queued_before_ms: UnixMs,
+        checked_before_ms: UnixMs,
     ) -> Result<Vec<QueuedJobRef>, JournalError> {
         PollJournal::stale_queued(self, queued_before_ms, checked_before_ms)
     }
     fn queued_in_repository(
         &mut self,
         repository: &str,
-        checked_before_ms: i64,
+        checked_before_ms: UnixMs,
     ) -> Result<Vec<(QueuedJobRef, i64)>, JournalError> {
         PollJournal::queued_in_repository(self, repository, checked_before_ms)
     }
-    fn mark_checked(&mut self, job_id: JobId, at_ms: i64) -> Result<(), JournalError> {
+    fn mark_checked(&mut self, job_id: JobId, at_ms: UnixMs) -> Result<(), JournalError> {
         PollJournal::mark_checked(self, job_id, at_ms)
     }
-    fn last_delivery_at(&mut self) -> Result<Option<i64>, JournalError> {
+    fn last_delivery_at(&mut self) -> Result<Option<UnixMs>, JournalError> {
         PollJournal::last_delivery_at(self)
     }
     fn known_guids(&mut self, guids: &[&str]) -> Result<HashSet<String>, JournalError> {
@@ -332,14 +334,14 @@ impl PollStore for PollJournal {
         &mut self,
         guid: &str,
         delivery_id: i64,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, JournalError> {
         PollJournal::record_redelivery(self, guid, delivery_id, at_ms)
     }
     fn cursor(&mut self, name: &str) -> Result<Option<i64>, JournalError> {
         PollJournal::cursor(self, name)
     }
-    fn set_cursor(&mut self, name: &str, value: i64, at_ms: i64) -> Result<(), JournalError> {
+    fn set_cursor(&mut self, name: &str, value: i64, at_ms: UnixMs) -> Result<(), JournalError> {
         PollJournal::set_cursor(self, name, value, at_ms)
     }
     fn repositories_of(&mut self, account: &str) -> Result<Vec<String>, JournalError> {

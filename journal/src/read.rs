@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use rm_handlers::JobId;
+use rm_vocab::JobId;
 use rusqlite::{Connection, OptionalExtension, Row};
 
 use crate::attempts::{ATTEMPT_COLUMNS, attempt_row};
@@ -11,6 +11,7 @@ use crate::{
     AttemptRecord, DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, RerunCounts,
     RerunRecord, RerunState, StoredDelivery, connection,
 };
+use rm_vocab::UnixMs;
 
 /// The jobs the demand is counted from, read from one snapshot ([`Reader::demand`]).
 #[derive(Debug, Clone, Default)]
@@ -98,7 +99,7 @@ impl Reader {
 
     /// Jobs that started at or after `since_ms` on a runner of this host, with the ends of their
     /// wait (CONTRACT §8), oldest start first.
-    pub fn job_waits(&self, since_ms: i64) -> Result<Vec<crate::WaitRow>, JournalError> {
+    pub fn job_waits(&self, since_ms: UnixMs) -> Result<Vec<crate::WaitRow>, JournalError> {
         crate::waits::wait_rows(&self.conn, since_ms)
     }
 
@@ -137,7 +138,7 @@ impl Reader {
     }
 
     /// When the newest delivery was journalled (any intake), ms since the Unix epoch.
-    pub fn last_delivery_at(&self) -> Result<Option<i64>, JournalError> {
+    pub fn last_delivery_at(&self) -> Result<Option<UnixMs>, JournalError> {
         last_delivery_at(&self.conn)
     }
 
@@ -211,7 +212,7 @@ impl Reader {
     /// oldest first.
     pub fn rerun_candidates(
         &self,
-        since_ms: i64,
+        since_ms: UnixMs,
         reasons: &[&str],
     ) -> Result<Vec<AttemptRecord>, JournalError> {
         if reasons.is_empty() {
@@ -284,7 +285,7 @@ impl Reader {
 
 /// SQLite takes `-1` as "no limit".
 /// When the newest delivery was journalled, on any connection (the reader's, the poller's).
-pub(crate) fn last_delivery_at(conn: &Connection) -> Result<Option<i64>, JournalError> {
+pub(crate) fn last_delivery_at(conn: &Connection) -> Result<Option<UnixMs>, JournalError> {
     Ok(
         conn.query_row("SELECT MAX(received_at) FROM deliveries", [], |row| {
             row.get(0)

@@ -4,18 +4,20 @@
 
 use std::path::Path;
 
-use rm_handlers::{Delivery, Source, Verdict};
+use rm_handlers::{Delivery, Verdict};
+use rm_vocab::Source;
 use rusqlite::{TransactionBehavior, params};
 
 use crate::apply::apply_verdict;
 use crate::read::stored_delivery;
 use crate::{JournalError, Outcome, StoredDelivery, connection};
+use rm_vocab::UnixMs;
 
 /// Replays the delivery `guid` and returns its new outcome and reason.
 pub fn replay(
     path: &Path,
     guid: &str,
-    now_ms: i64,
+    now_ms: UnixMs,
 ) -> Result<(Outcome, Option<String>), JournalError> {
     if !path.exists() {
         return Err(JournalError::Missing(path.to_owned()));
@@ -48,7 +50,7 @@ pub fn replay(
 pub(crate) fn rerun(
     guid: &str,
     stored: &StoredDelivery,
-    now_ms: i64,
+    now_ms: UnixMs,
 ) -> Result<Verdict, JournalError> {
     let body = stored
         .body
@@ -58,7 +60,7 @@ pub(crate) fn rerun(
         guid,
         event: &stored.row.event,
         body,
-        received_at_ms: rm_handlers::UnixMs::new(now_ms),
+        received_at_ms: now_ms,
         source: Source::parse(&stored.row.source).unwrap_or(Source::Webhook),
     };
     Ok(

@@ -4,9 +4,10 @@
 
 use std::path::PathBuf;
 
-use rm_handlers::UnixMs;
+use rm_vocab::UnixMs;
 
 use crate::*;
+use rm_vocab::{JobId, RunnerId};
 
 fn temp_journal() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -42,12 +43,27 @@ fn concluded(
             cgroup: None,
         })
         .unwrap();
-    assert!(attempts.jit_received(&id, RunnerId::new(7), at).unwrap());
-    assert!(attempts.started(&id, 4242, 1234, at).unwrap());
-    assert!(attempts.mark_busy(&id, Some(JobId::new(job)), at).unwrap());
     assert!(
         attempts
-            .conclude(&id, AttemptState::Busy, outcome, reason, None, at)
+            .jit_received(&id, RunnerId::new(7), UnixMs::new(at))
+            .unwrap()
+    );
+    assert!(attempts.started(&id, 4242, 1234, UnixMs::new(at)).unwrap());
+    assert!(
+        attempts
+            .mark_busy(&id, Some(JobId::new(job)), UnixMs::new(at))
+            .unwrap()
+    );
+    assert!(
+        attempts
+            .conclude(
+                &id,
+                AttemptState::Busy,
+                outcome,
+                reason,
+                None,
+                UnixMs::new(at)
+            )
             .unwrap()
     );
     id
@@ -65,7 +81,7 @@ fn intend(attempts: &Attempts, job: i64, attempt: &AttemptId, at: i64) -> bool {
                 run_id: 77,
                 run_attempt: 1,
             },
-            at,
+            UnixMs::new(at),
         )
         .unwrap()
 }
@@ -122,11 +138,12 @@ fn every_transition_is_a_compare_and_set_on_the_file() {
             for (f, t) in walk {
                 assert!(
                     attempts
-                        .advance_rerun(JobId::new(10), *f, *t, None, 7)
+                        .advance_rerun(JobId::new(10), *f, *t, None, UnixMs::new(7))
                         .unwrap()
                 );
             }
-            let moved = attempts.advance_rerun(JobId::new(10), from, to, Some("why"), 8);
+            let moved =
+                attempts.advance_rerun(JobId::new(10), from, to, Some("why"), UnixMs::new(8));
             let now = attempts.rerun_for_job(JobId::new(10)).unwrap().unwrap();
             if RerunState::can_move(from, to) {
                 assert!(moved.unwrap(), "{from:?} -> {to:?}");
@@ -159,8 +176,20 @@ fn a_stale_compare_and_set_loses_and_only_one_sender_wins() {
     assert!(intend(&attempts, 10, &a, 6));
     let job = JobId::new(10);
     // Two senders of one intended row: only the first moves it to sending.
-    let first = attempts.advance_rerun(job, RerunState::Intended, RerunState::Sending, None, 7);
-    let second = attempts.advance_rerun(job, RerunState::Intended, RerunState::Sending, None, 7);
+    let first = attempts.advance_rerun(
+        job,
+        RerunState::Intended,
+        RerunState::Sending,
+        None,
+        UnixMs::new(7),
+    );
+    let second = attempts.advance_rerun(
+        job,
+        RerunState::Intended,
+        RerunState::Sending,
+        None,
+        UnixMs::new(7),
+    );
     assert!(first.unwrap());
     assert!(!second.unwrap());
     // No row: nothing moves.
@@ -171,7 +200,7 @@ fn a_stale_compare_and_set_loses_and_only_one_sender_wins() {
                 RerunState::Intended,
                 RerunState::Sending,
                 None,
-                7
+                UnixMs::new(7)
             )
             .unwrap()
     );
@@ -229,19 +258,26 @@ fn sending_found_at_start_becomes_unknown_and_is_never_offered_again() {
     use RerunState::*;
     assert!(
         attempts
-            .advance_rerun(j10, Intended, Sending, None, 7)
+            .advance_rerun(j10, Intended, Sending, None, UnixMs::new(7))
             .unwrap()
     );
     assert!(
         attempts
-            .advance_rerun(j11, Intended, Sending, None, 7)
+            .advance_rerun(j11, Intended, Sending, None, UnixMs::new(7))
             .unwrap()
     );
-    assert!(attempts.advance_rerun(j11, Sending, Sent, None, 8).unwrap());
+    assert!(
+        attempts
+            .advance_rerun(j11, Sending, Sent, None, UnixMs::new(8))
+            .unwrap()
+    );
     drop(attempts);
 
     let attempts = Attempts::open(&path).unwrap();
-    assert_eq!(attempts.settle_interrupted_reruns(20).unwrap(), vec![j10]);
+    assert_eq!(
+        attempts.settle_interrupted_reruns(UnixMs::new(20)).unwrap(),
+        vec![j10]
+    );
     let settled = attempts.rerun_for_job(j10).unwrap().unwrap();
     assert_eq!(settled.state, Unknown);
     assert!(settled.detail.unwrap().contains("may have re-run"));
@@ -255,11 +291,16 @@ fn sending_found_at_start_becomes_unknown_and_is_never_offered_again() {
     assert_eq!(open, vec![j12]);
     assert!(
         attempts
-            .advance_rerun(j10, Intended, Sending, None, 21)
+            .advance_rerun(j10, Intended, Sending, None, UnixMs::new(21))
             .map(|won| !won)
             .unwrap()
     );
-    assert!(attempts.settle_interrupted_reruns(22).unwrap().is_empty());
+    assert!(
+        attempts
+            .settle_interrupted_reruns(UnixMs::new(22))
+            .unwrap()
+            .is_empty()
+    );
 
     let reader = Reader::open(&path).unwrap();
     assert_eq!(
@@ -323,7 +364,7 @@ fn candidates_are_concluded_attempts_with_a_listed_reason_a_job_and_no_rerun() {
     let reader = Reader::open(&path).unwrap();
     let ids = |since: i64, reasons: &[&str]| -> Vec<String> {
         reader
-            .rerun_candidates(since, reasons)
+            .rerun_candidates(UnixMs::new(since), reasons)
             .unwrap()
             .into_iter()
             .map(|a| a.attempt_id.as_str().to_owned())

@@ -9,7 +9,7 @@
 //! re-run but never ask for one twice. A request GitHub's limits held back (it did nothing) goes
 //! back to `intended` and is sent later.
 
-use rm_handlers::{JobId, UnixMs};
+use rm_vocab::{JobId, UnixMs};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -159,7 +159,7 @@ pub(crate) fn rerun_row(row: &Row<'_>) -> rusqlite::Result<RerunRecord> {
 pub(crate) fn intend(
     conn: &Connection,
     new: &NewRerun<'_>,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
     let inserted = conn
         .prepare_cached(
@@ -190,7 +190,7 @@ pub(crate) fn advance(
     from: RerunState,
     to: RerunState,
     detail: Option<&str>,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
     if !RerunState::can_move(from, to) {
         return Err(AttemptError::IllegalTransition {
@@ -211,7 +211,7 @@ pub(crate) fn advance(
 /// becomes `unknown` (GitHub may have re-run it). Returns the jobs settled.
 pub(crate) fn settle_interrupted(
     conn: &Connection,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<Vec<JobId>, AttemptError> {
     let mut stmt = conn.prepare_cached(
         "UPDATE reruns SET state = 'unknown', updated_at = ?1,

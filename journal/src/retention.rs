@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use rm_vocab::UnixMs;
 use rusqlite::{Connection, params};
 
 /// How often a retention pass starts.
@@ -36,45 +37,45 @@ impl Default for Retention {
     }
 }
 
-fn cutoff(now_ms: i64, keep: Duration) -> i64 {
-    now_ms.saturating_sub(rm_base::clock::ms(keep))
+fn cutoff(now: UnixMs, keep: Duration) -> UnixMs {
+    now - keep
 }
 
 /// Runs one bounded step of retention. Returns `true` when there is more to remove.
 pub(crate) fn prune_step(
     conn: &mut Connection,
     retention: &Retention,
-    now_ms: i64,
+    now: UnixMs,
 ) -> rusqlite::Result<bool> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let bodies = tx.execute(
         "UPDATE deliveries SET body = NULL WHERE id IN (
              SELECT id FROM deliveries WHERE received_at < ?1 AND body IS NOT NULL LIMIT ?2)",
-        params![cutoff(now_ms, retention.delivery_bodies), PRUNE_STEP_ROWS],
+        params![cutoff(now, retention.delivery_bodies), PRUNE_STEP_ROWS],
     )?;
     let rows = tx.execute(
         "DELETE FROM deliveries WHERE id IN (
              SELECT id FROM deliveries WHERE received_at < ?1 LIMIT ?2)",
-        params![cutoff(now_ms, retention.delivery_rows), PRUNE_STEP_ROWS],
+        params![cutoff(now, retention.delivery_rows), PRUNE_STEP_ROWS],
     )?;
     let jobs = tx.execute(
         "DELETE FROM jobs WHERE job_id IN (
              SELECT job_id FROM jobs WHERE state = 'completed' AND updated_at < ?1 LIMIT ?2)",
-        params![cutoff(now_ms, retention.finished_jobs), PRUNE_STEP_ROWS],
+        params![cutoff(now, retention.finished_jobs), PRUNE_STEP_ROWS],
     )?;
     // Only cleaned attempts: a live or concluded one still has a runner or a workspace behind it.
     let attempts = tx.execute(
         "DELETE FROM attempts WHERE attempt_id IN (
              SELECT attempt_id FROM attempts
              WHERE state = 'cleaned' AND state_changed_at < ?1 LIMIT ?2)",
-        params![cutoff(now_ms, retention.finished_jobs), PRUNE_STEP_ROWS],
+        params![cutoff(now, retention.finished_jobs), PRUNE_STEP_ROWS],
     )?;
     // Redelivery requests only matter inside GitHub's 3-day window; kept as long as the
     // delivery rows they stand beside.
     let redeliveries = tx.execute(
         "DELETE FROM redeliveries WHERE guid IN (
              SELECT guid FROM redeliveries WHERE requested_at < ?1 LIMIT ?2)",
-        params![cutoff(now_ms, retention.delivery_rows), PRUNE_STEP_ROWS],
+        params![cutoff(now, retention.delivery_rows), PRUNE_STEP_ROWS],
     )?;
     tx.commit()?;
     if bodies + rows + jobs + attempts + redeliveries > 0 {

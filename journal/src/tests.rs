@@ -9,6 +9,7 @@ use rusqlite::Connection;
 
 use crate::intake_tests::{job_delivery, keep_all};
 use crate::*;
+use rm_vocab::JobId;
 
 fn temp_journal() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -92,13 +93,15 @@ async fn retention_drops_old_bodies_rows_and_finished_jobs() {
     drop(journal);
 
     let mut conn = crate::connection::open_writer(&path).unwrap();
-    while crate::retention::prune_step(&mut conn, &Retention::default(), now).unwrap() {}
+    while crate::retention::prune_step(&mut conn, &Retention::default(), rm_vocab::UnixMs::new(now))
+        .unwrap()
+    {}
     let reader = Reader::open(&path).unwrap();
     assert!(reader.delivery("ancient").unwrap().is_none());
     assert!(reader.delivery("old").unwrap().unwrap().body.is_none());
     assert!(reader.delivery("fresh").unwrap().unwrap().body.is_some());
     assert!(matches!(
-        replay(&path, "old", now),
+        replay(&path, "old", rm_vocab::UnixMs::new(now)),
         Err(JournalError::BodyPruned(_))
     ));
     let mut jobs: Vec<i64> = reader

@@ -1,6 +1,6 @@
 //! The values that cross the journal's boundary: a delivery coming in, and rows going out.
 
-use rm_handlers::{JobId, JobState, RunnerId, Source, UnixMs};
+use rm_vocab::{JobId, JobState, RunnerId, Source, UnixMs};
 use serde::Serialize;
 
 /// A verified delivery on its way into the journal.

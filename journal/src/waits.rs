@@ -2,7 +2,7 @@
 //! served was queued, when the runner that took it was started, and when it started. The agent
 //! turns them into samples and percentiles (`rm_agent::latency`); this module only reads.
 
-use rm_handlers::{JobId, UnixMs};
+use rm_vocab::{JobId, UnixMs};
 use rusqlite::{Connection, Row};
 
 use crate::JournalError;
@@ -26,7 +26,7 @@ pub struct WaitRow {
 
 /// Jobs that started at or after `since_ms` on a runner of this host (the journal names the
 /// runner GitHub reported; only runners of this host have attempts), oldest start first.
-pub(crate) fn wait_rows(conn: &Connection, since_ms: i64) -> Result<Vec<WaitRow>, JournalError> {
+pub(crate) fn wait_rows(conn: &Connection, since_ms: UnixMs) -> Result<Vec<WaitRow>, JournalError> {
     let mut stmt = conn.prepare_cached(
         "SELECT j.job_id, a.policy, j.queued_at, j.first_seen_at, j.started_at, a.started_at
          FROM jobs j JOIN attempts a ON a.runner_name = j.runner_name

@@ -4,11 +4,12 @@
 
 use std::path::PathBuf;
 
-use rm_handlers::{Source, UnixMs};
+use rm_vocab::{Source, UnixMs};
 use rusqlite::Connection;
 use serde_json::json;
 
 use crate::*;
+use rm_vocab::{JobId, RunnerId};
 
 const T0: i64 = 1_700_000_000_000;
 
@@ -82,17 +83,25 @@ fn started_attempt(attempts: &Attempts, n: u8, policy: &str, started_at: i64) ->
         .unwrap();
     assert!(
         attempts
-            .jit_received(&id, RunnerId::new(7), started_at - 100)
+            .jit_received(&id, RunnerId::new(7), UnixMs::new(started_at - 100))
             .unwrap()
     );
-    assert!(attempts.started(&id, 4242, 99, started_at).unwrap());
+    assert!(
+        attempts
+            .started(&id, 4242, 99, UnixMs::new(started_at))
+            .unwrap()
+    );
     // Later states move `state_changed_at` on; the start must stay.
     assert!(
         attempts
-            .mark_idle(&id, AttemptState::Starting, started_at + 700)
+            .mark_idle(&id, AttemptState::Starting, UnixMs::new(started_at + 700))
             .unwrap()
     );
-    assert!(attempts.mark_busy(&id, None, started_at + 900).unwrap());
+    assert!(
+        attempts
+            .mark_busy(&id, None, UnixMs::new(started_at + 900))
+            .unwrap()
+    );
     name
 }
 
@@ -144,7 +153,7 @@ async fn a_served_job_has_github_s_queue_time_its_runner_s_start_and_its_own_sta
 
     let reader = Reader::open(&path).unwrap();
     assert_eq!(
-        reader.job_waits(T0).unwrap(),
+        reader.job_waits(UnixMs::new(T0)).unwrap(),
         vec![WaitRow {
             job_id: JobId::new(11),
             policy: "linux".to_owned(),
@@ -155,7 +164,12 @@ async fn a_served_job_has_github_s_queue_time_its_runner_s_start_and_its_own_sta
         }]
     );
     // The window is by the job's start.
-    assert!(reader.job_waits(T0 + 9_001).unwrap().is_empty());
+    assert!(
+        reader
+            .job_waits(UnixMs::new(T0 + 9_001))
+            .unwrap()
+            .is_empty()
+    );
 
     // The completion changes none of it.
     journal
@@ -171,7 +185,7 @@ async fn a_served_job_has_github_s_queue_time_its_runner_s_start_and_its_own_sta
         .await
         .unwrap();
     assert_eq!(
-        reader.job_waits(T0).unwrap()[0].job_started_at_ms,
+        reader.job_waits(UnixMs::new(T0)).unwrap()[0].job_started_at_ms,
         UnixMs::new(T0 + 9_000)
     );
 }
@@ -198,7 +212,10 @@ async fn without_github_s_dates_the_journal_s_own_times_stand_in() {
         ))
         .await
         .unwrap();
-    let waits = Reader::open(&path).unwrap().job_waits(0).unwrap();
+    let waits = Reader::open(&path)
+        .unwrap()
+        .job_waits(UnixMs::new(0))
+        .unwrap();
     assert_eq!(waits.len(), 1);
     assert_eq!(waits[0].queued_at_ms, None, "no created_at in any sighting");
     assert_eq!(waits[0].first_seen_at_ms, UnixMs::new(T0 + 1_000));
@@ -230,7 +247,7 @@ async fn a_late_in_progress_fills_github_s_dates_but_never_its_arrival() {
         .unwrap();
     let reader = Reader::open(&path).unwrap();
     assert!(
-        reader.job_waits(0).unwrap().is_empty(),
+        reader.job_waits(UnixMs::new(0)).unwrap().is_empty(),
         "a finished job's arrival is not its start"
     );
     // The reordered in_progress changes no state but says when the job was queued and started.
@@ -246,7 +263,7 @@ async fn a_late_in_progress_fills_github_s_dates_but_never_its_arrival() {
         ))
         .await
         .unwrap();
-    let waits = reader.job_waits(0).unwrap();
+    let waits = reader.job_waits(UnixMs::new(0)).unwrap();
     assert_eq!(waits.len(), 1);
     assert_eq!(waits[0].queued_at_ms, Some(UnixMs::new(T0)));
     assert_eq!(waits[0].job_started_at_ms, UnixMs::new(T0 + 3_000));
@@ -276,7 +293,10 @@ fn the_v7_migration_dates_what_earlier_rows_can_still_date() {
     .unwrap();
     drop(conn);
     drop(crate::connection::open_writer(&path).unwrap());
-    let waits = Reader::open(&path).unwrap().job_waits(0).unwrap();
+    let waits = Reader::open(&path)
+        .unwrap()
+        .job_waits(UnixMs::new(0))
+        .unwrap();
     assert_eq!(
         waits,
         vec![WaitRow {

@@ -19,7 +19,7 @@ use crate::checkpoint;
 use crate::metrics::JournalMetrics;
 use crate::retention::{PRUNE_INTERVAL, Retention, prune_step};
 use crate::sync::{self, Waiter};
-use crate::{Incoming, JournalError, Outcome, Recorded, connection, now_ms};
+use crate::{Incoming, JournalError, Outcome, Recorded, connection};
 
 /// The most deliveries one transaction takes. Bounds the time any one commit holds its callers.
 const MAX_BATCH: usize = 1024;
@@ -364,7 +364,7 @@ impl Writer {
         if Instant::now() < self.next_prune {
             return;
         }
-        match prune_step(&mut self.conn, &self.retention, now_ms()) {
+        match prune_step(&mut self.conn, &self.retention, rm_vocab::now()) {
             // More to do: come back after the next batch, so pruning never holds deliveries up
             // for more than one small step.
             Ok(true) => {}
@@ -408,7 +408,7 @@ fn record_one(
     // is still journalled, as rejected with the reason, so nothing GitHub sent is lost. The
     // savepoint statements are prepared once, not parsed again for every delivery.
     tx.prepare_cached("SAVEPOINT delivery")?.execute([])?;
-    let applied = match apply_verdict(tx, verdict, incoming.received_at_ms.get()) {
+    let applied = match apply_verdict(tx, verdict, incoming.received_at_ms) {
         Ok(applied) => {
             tx.prepare_cached("RELEASE delivery")?.execute([])?;
             Ok(applied)

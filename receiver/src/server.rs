@@ -9,9 +9,9 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming as Body;
-use rm_handlers::Source;
 use rm_http_serve::Limits;
 use rm_journal::{Journal, JournalError, Recorded};
+use rm_vocab::Source;
 use tokio::net::TcpListener;
 use tracing::Instrument as _;
 
@@ -20,6 +20,7 @@ use crate::journal::ReceiverJournal;
 use crate::metrics::Metrics;
 use crate::verify::{self, Refusal};
 use rm_http_serve::budget::{self, BUSY_RETRY_AFTER_SECS, BodyBudget, BodyLimits, Hold, Refused};
+use rm_vocab::UnixMs;
 
 /// A client that has not sent its headers by then is cut off.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -120,7 +121,7 @@ impl<J: ReceiverJournal> Receiver<J> {
     }
 
     async fn webhook(&self, req: Request<Body>) -> Reply {
-        let received_at_ms = rm_journal::now_ms();
+        let received_at_ms = rm_vocab::now();
         let headers = req.headers();
         let envelope = match verify::envelope(headers) {
             Ok(envelope) => envelope,
@@ -138,7 +139,7 @@ impl<J: ReceiverJournal> Receiver<J> {
         &self,
         envelope: verify::Envelope,
         req: Request<Body>,
-        received_at_ms: i64,
+        received_at_ms: UnixMs,
     ) -> Reply {
         let headers = req.headers();
         let declared = headers

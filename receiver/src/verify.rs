@@ -4,10 +4,11 @@
 //! receiver's rules.
 
 use http::{HeaderMap, HeaderValue, StatusCode};
-use rm_handlers::Source;
 use rm_journal::Incoming;
+use rm_vocab::Source;
 
 use crate::WebhookSecrets;
+use rm_vocab::UnixMs;
 
 /// GitHub's delivery GUIDs are 36 characters; anything much longer is not one.
 const MAX_GUID_LEN: usize = 128;
@@ -105,7 +106,7 @@ impl Envelope {
         self,
         secrets: &WebhookSecrets,
         body: Vec<u8>,
-        received_at_ms: i64,
+        received_at_ms: UnixMs,
         source: Source,
     ) -> Result<Incoming, Refusal> {
         if !secrets.verify(self.signature.as_bytes(), &body) {
@@ -120,7 +121,7 @@ impl Envelope {
             event: self.event,
             headers: self.kept,
             body,
-            received_at_ms: rm_handlers::UnixMs::new(received_at_ms),
+            received_at_ms,
             source,
         })
     }
@@ -180,7 +181,7 @@ mod tests {
     fn a_signed_delivery_keeps_only_the_known_headers() {
         let body = br#"{"action":"queued"}"#.to_vec();
         let incoming = envelope(&signed(&body))
-            .and_then(|e| e.verify(&secrets(), body.clone(), 7, Source::Relay))
+            .and_then(|e| e.verify(&secrets(), body.clone(), UnixMs::new(7), Source::Relay))
             .expect("accepted");
         assert_eq!(incoming.guid, "d-1");
         assert_eq!(incoming.event, "workflow_job");
@@ -222,7 +223,14 @@ mod tests {
     #[test]
     fn a_body_changed_by_one_byte_is_refused() {
         let refusal = envelope(&signed(b"{\"a\":1}"))
-            .and_then(|e| e.verify(&secrets(), b"{\"a\":2}".to_vec(), 0, Source::Relay))
+            .and_then(|e| {
+                e.verify(
+                    &secrets(),
+                    b"{\"a\":2}".to_vec(),
+                    UnixMs::new(0),
+                    Source::Relay,
+                )
+            })
             .map(|_| ())
             .unwrap_err();
         assert_eq!(refusal.reason, "signature_mismatch");

@@ -171,11 +171,11 @@ async fn a_signed_delivery_is_committed_before_202_and_its_guid_answered_200_aft
     );
     assert_eq!(
         reader
-            .job(rm_handlers::JobId::new(289_782_451))
+            .job(rm_vocab::JobId::new(289_782_451))
             .unwrap()
             .unwrap()
             .state,
-        rm_handlers::JobState::Queued
+        rm_vocab::JobState::Queued
     );
 
     let (status, _) = rx.send(&delivery).await;

@@ -15,7 +15,6 @@ use crate::limits::IngestLimits;
 use crate::retention::{PRUNE_INTERVAL, PRUNE_STEP_ROWS, prune_step};
 use crate::state::Relay;
 use crate::store::{self, DB_FILE, NewChannel, Store, StoreError};
-use rm_base::clock::now_ms;
 use rm_base::exit::Exit;
 use rm_base::outln;
 
@@ -122,7 +121,7 @@ async fn prune_loop(
     loop {
         loop {
             match store
-                .write(move |conn| prune_step(conn, now_ms(), retention))
+                .write(move |conn| prune_step(conn, rm_vocab::now(), retention))
                 .await
             {
                 Ok(removed) => {
@@ -243,7 +242,7 @@ pub fn channel_add(
             name,
             ingest_id: &ingest_id,
             smee_id: &smee_id,
-            created_at_ms: now_ms(),
+            created_at_ms: rm_vocab::now(),
         },
     )
     .map_err(Exit::runtime)?;
@@ -275,8 +274,14 @@ pub fn channel_token(name: &str, host: &str, data_dir: &Path, json: bool) -> Res
     check_host(host)?;
     let mut conn = open_existing(data_dir)?;
     let token = ids::new_token().map_err(Exit::runtime)?;
-    let issued = store::issue_token(&mut conn, name, host, &ids::token_digest(&token), now_ms())
-        .map_err(Exit::runtime)?;
+    let issued = store::issue_token(
+        &mut conn,
+        name,
+        host,
+        &ids::token_digest(&token),
+        rm_vocab::now(),
+    )
+    .map_err(Exit::runtime)?;
     if !issued {
         return Err(Exit::usage(format!(
             "no channel {name}: create it with `rm-relay channel add {name}`"

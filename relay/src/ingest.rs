@@ -28,7 +28,7 @@ const KEPT_HEADERS: &[&str] = &[
 ];
 
 pub(crate) async fn ingest(relay: &Relay, ingest_id: &str, req: Request<Incoming>) -> Reply {
-    let received_at_ms = rm_base::clock::now_ms();
+    let received_at_ms = rm_vocab::now();
     if !crate::ids::is_channel_id_shaped(ingest_id) {
         return refuse(relay, StatusCode::NOT_FOUND, "not found");
     }
@@ -142,7 +142,7 @@ pub(crate) async fn ingest(relay: &Relay, ingest_id: &str, req: Request<Incoming
             // Every stored delivery is still needed by some host: refusing is the only way
             // not to lose one. GitHub records a failed delivery; redelivery brings it back.
             relay.metrics.limited("quota");
-            if relay.quota_warning_due(rm_base::clock::now_ms()) {
+            if relay.quota_warning_due(rm_vocab::now()) {
                 tracing::warn!(%channel, %guid, "delivery refused: the channel's quota holds only deliveries a host has not acknowledged (a host that is away? revoke the tokens of hosts that are gone)");
             }
             retry_later(

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use rm_vocab::UnixMs;
 use rusqlite::{Connection, params};
 
 /// Deliveries are kept this long unless `serve --retention` says otherwise.
@@ -16,24 +17,24 @@ pub const PRUNE_INTERVAL: Duration = Duration::from_secs(10 * 60);
 /// The most rows one prune step deletes, so no step holds the write lock for long.
 pub const PRUNE_STEP_ROWS: i64 = 1000;
 
-/// The received-at time (ms since the epoch) before which a delivery is expired at `now_ms`.
-pub fn cutoff_ms(now_ms: i64, retention: Duration) -> i64 {
-    now_ms.saturating_sub(rm_base::clock::ms(retention))
+/// The received-at time before which a delivery is expired at `now`.
+pub fn cutoff_ms(now: UnixMs, retention: Duration) -> UnixMs {
+    now - retention
 }
 
-/// Whether a delivery received at `received_at_ms` is pruned at `now_ms`. A delivery exactly
+/// Whether a delivery received at `received_at` is pruned at `now`. A delivery exactly
 /// `retention` old is still kept.
-pub fn is_expired(received_at_ms: i64, now_ms: i64, retention: Duration) -> bool {
-    received_at_ms < cutoff_ms(now_ms, retention)
+pub fn is_expired(received_at: UnixMs, now: UnixMs, retention: Duration) -> bool {
+    received_at < cutoff_ms(now, retention)
 }
 
 /// Deletes up to [`PRUNE_STEP_ROWS`] expired deliveries; returns how many. `is_expired`'s rule,
 /// in SQL.
-pub fn prune_step(conn: &Connection, now_ms: i64, retention: Duration) -> rusqlite::Result<usize> {
+pub fn prune_step(conn: &Connection, now: UnixMs, retention: Duration) -> rusqlite::Result<usize> {
     conn.execute(
         "DELETE FROM deliveries WHERE id IN (
              SELECT id FROM deliveries WHERE received_at_ms < ?1 ORDER BY received_at_ms LIMIT ?2)",
-        params![cutoff_ms(now_ms, retention), PRUNE_STEP_ROWS],
+        params![cutoff_ms(now, retention), PRUNE_STEP_ROWS],
     )
 }
 
@@ -59,13 +60,14 @@ mod tests {
     #[test]
     fn a_delivery_expires_only_once_older_than_the_retention() {
         let retention = Duration::from_secs(72 * 3600);
+        let at = UnixMs::new;
         let now = 1_000 * HOUR_MS;
-        assert!(!is_expired(now, now, retention));
-        assert!(!is_expired(now - 72 * HOUR_MS, now, retention));
-        assert!(is_expired(now - 72 * HOUR_MS - 1, now, retention));
+        assert!(!is_expired(at(now), at(now), retention));
+        assert!(!is_expired(at(now - 72 * HOUR_MS), at(now), retention));
+        assert!(is_expired(at(now - 72 * HOUR_MS - 1), at(now), retention));
         // A clock far in the past never underflows.
-        assert!(!is_expired(0, 5, retention));
-        assert!(!is_expired(i64::MIN, i64::MIN, Duration::MAX));
+        assert!(!is_expired(at(0), at(5), retention));
+        assert!(!is_expired(at(i64::MIN), at(i64::MIN), Duration::MAX));
     }
 
     #[test]
@@ -87,8 +89,8 @@ mod tests {
             )
             .unwrap();
         }
-        assert_eq!(prune_step(&conn, now, retention).unwrap(), 1);
-        assert_eq!(prune_step(&conn, now, retention).unwrap(), 0);
+        assert_eq!(prune_step(&conn, UnixMs::new(now), retention).unwrap(), 1);
+        assert_eq!(prune_step(&conn, UnixMs::new(now), retention).unwrap(), 0);
         let kept: Vec<String> = conn
             .prepare("SELECT guid FROM deliveries ORDER BY id")
             .unwrap()
@@ -98,13 +100,16 @@ mod tests {
             .unwrap();
         assert_eq!(kept, ["edge", "new"]);
         // Pruning the newest row must not let its id be given out again.
-        assert_eq!(prune_step(&conn, now + 2 * HOUR_MS, retention).unwrap(), 2);
+        assert_eq!(
+            prune_step(&conn, UnixMs::new(now + 2 * HOUR_MS), retention).unwrap(),
+            2
+        );
         let next = crate::store::insert_delivery(
             &mut conn,
             &crate::store::NewDelivery {
                 channel: "c".into(),
                 guid: "later".into(),
-                received_at_ms: now,
+                received_at_ms: UnixMs::new(now),
                 headers: serde_json::Map::new(),
                 body: bytes::Bytes::new(),
             },

@@ -6,6 +6,7 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
+use rm_vocab::UnixMs;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -13,7 +14,7 @@ use serde_json::{Map, Value};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredDelivery {
     pub id: i64,
-    pub received_at_ms: i64,
+    pub received_at_ms: UnixMs,
     /// The kept request headers, names lowercased.
     pub headers: Map<String, Value>,
     /// The exact body bytes GitHub sent.
@@ -67,7 +68,7 @@ pub fn smee_event(delivery: &StoredDelivery) -> Bytes {
         headers: &delivery.headers,
         body: &body,
         query: Map::new(),
-        timestamp: delivery.received_at_ms,
+        timestamp: delivery.received_at_ms.get(),
     };
     // Serialising a map of strings, a checked raw value and numbers cannot fail; an empty
     // object keeps the event well-formed should it ever.
@@ -128,7 +129,7 @@ mod tests {
         headers.insert("x-hub-signature-256".into(), "sha256=ab".into());
         StoredDelivery {
             id: 7,
-            received_at_ms: 1_700_000_000_123,
+            received_at_ms: UnixMs::new(1_700_000_000_123),
             headers,
             body: body.to_vec(),
         }

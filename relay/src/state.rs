@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use crate::limits::{Bucket, IngestLimits};
 use crate::metrics::Metrics;
 use crate::store::Store;
+use rm_vocab::UnixMs;
 
 /// A channel refusing deliveries for its full quota is logged at most this often.
 const QUOTA_WARN_INTERVAL: Duration = Duration::from_secs(60);
@@ -59,9 +60,11 @@ impl Relay {
 
     /// Whether a full quota should be logged now (at most once per [`QUOTA_WARN_INTERVAL`];
     /// `/metrics` counts every refusal).
-    pub(crate) fn quota_warning_due(&self, now_ms: i64) -> bool {
+    pub(crate) fn quota_warning_due(&self, now: UnixMs) -> bool {
+        // The last warning's time lives in an atomic, so in plain milliseconds.
+        let now_ms = now.get();
         let last = self.quota_warned_at_ms.load(Ordering::Relaxed);
-        let interval = rm_base::clock::ms(QUOTA_WARN_INTERVAL);
+        let interval = rm_vocab::millis(QUOTA_WARN_INTERVAL);
         now_ms.saturating_sub(last) >= interval
             && self
                 .quota_warned_at_ms

@@ -168,9 +168,7 @@ pub(crate) async fn ack(relay: &Relay, channel: &str, req: Request<Incoming>) ->
     let owned_channel = channel.to_owned();
     match relay
         .store
-        .write(move |conn| {
-            store::record_ack(conn, &owned_channel, &host, id, rm_base::clock::now_ms())
-        })
+        .write(move |conn| store::record_ack(conn, &owned_channel, &host, id, rm_vocab::now()))
         .await
     {
         Ok(_) => {

@@ -371,7 +371,7 @@ impl Store {
                 None => item
                     .metadata()
                     .and_then(|m| m.modified())
-                    .map_or(0, rm_base::clock::unix_ms),
+                    .map_or(0, |t| rm_vocab::UnixMs::from_system_time(t).get()),
             };
             entries.push((
                 Entry {

@@ -57,7 +57,7 @@ pub fn list(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
 }
 
 pub fn replay(config: &Config, guid: &str, json: bool) -> Result<(), Exit> {
-    let now = rm_journal::now_ms();
+    let now = rm_vocab::now();
     let (outcome, reason) = match crate::secrets::journal_target(config) {
         Some(target) => rm_journal::replay_pg(&target, guid, now).map_err(|e| {
             let what = format!(

@@ -10,13 +10,14 @@
 
 use std::time::SystemTime;
 
-use rm_journal::{AttemptRecord, FleetView, JobId, JobRow, PgReader, Reader};
+use rm_journal::{AttemptRecord, FleetView, JobRow, PgReader, Reader};
+use rm_vocab::JobId;
 
 use crate::config::{Config, Isolation};
 use crate::exit::Exit;
 use crate::explain::{self, Explanation, Facts, ended::RanAttempt, fleet::FleetFacts};
 use crate::output::print_json;
-use crate::status_file::{self, Liveness, Snapshot, unix_ms};
+use crate::status_file::{self, Liveness, Snapshot};
 use rm_runner::logs::Store;
 
 /// What the decision reads, owned.
@@ -36,7 +37,7 @@ struct Gathered {
 
 impl Gathered {
     fn read(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::Result<Self> {
-        let now_ms = unix_ms(now);
+        let now_ms = rm_vocab::UnixMs::from_system_time(now).get();
         let (snapshot, agent) = status_file::observe(&config.data_dir, now_ms);
         let (queued, attempts) = match reader {
             Some(reader) => (reader.queued_jobs()?, reader.uncleaned_attempts()?),

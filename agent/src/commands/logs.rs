@@ -46,7 +46,7 @@ pub fn run(config: &Config, target: &str, follow: bool) -> Result<(), Exit> {
     // delivery naming its runner; the job's row also from a poll).
     let job_runner = match (&reader, target.parse::<i64>()) {
         (Some(reader), Ok(job)) => reader
-            .job(rm_journal::JobId::new(job))
+            .job(rm_vocab::JobId::new(job))
             .map_err(Exit::runtime)?
             .and_then(|row| row.runner_name),
         _ => None,

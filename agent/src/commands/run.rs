@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use rm_github::{ClientConfig, GithubClient, SystemClock};
+use rm_github::{ClientConfig, GithubClient};
 use rm_journal::{Journal, PollJournal};
 use rm_receiver::{MAX_BODY_BYTES, Receiver, ReceiverConfig};
+use rm_vocab::SystemClock;
 use tokio::sync::watch;
 
 use crate::config::{Config, display_file};
@@ -368,7 +369,7 @@ async fn note_refreshes(mut status: watch::Receiver<PollerStatus>, executor: Han
         if pass.polled_demand
             && let Some(at) = pass.at
         {
-            executor.journal_refreshed(crate::polling::unix_ms(at));
+            executor.journal_refreshed(rm_vocab::UnixMs::from_system_time(at).get());
         }
     }
 }
@@ -478,7 +479,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
     // nothing since: pruned now, off the runtime, not only after the next cleanup.
     if let Some(store) = settings.logs.clone() {
         tokio::task::spawn_blocking(move || {
-            let now = rm_base::clock::unix_ms(std::time::SystemTime::now());
+            let now = rm_vocab::UnixMs::from_system_time(std::time::SystemTime::now()).get();
             if let Err(e) = store.prune(now) {
                 tracing::warn!(
                     error = format!("{e:#}"),

@@ -18,7 +18,8 @@ use crate::config::Config;
 use crate::demand::{self, Demand, QueuedJob};
 use crate::exit::Exit;
 use crate::output::{print_json, rfc3339};
-use crate::status_file::{self, Liveness, Snapshot, unix_ms};
+use crate::status_file::{self, Liveness, Snapshot};
+use rm_vocab::UnixMs;
 
 /// Under this share of the rate limit left, `status` calls the budget low (percent). The same
 /// threshold stretches the polling pace (`polling::schedule`).
@@ -171,7 +172,7 @@ fn fleet_journalled(
     };
     journalled.outcomes = pg.delivery_outcome_counts()?.into_iter().collect();
     journalled.queued = journalled_queued;
-    journalled.last_delivery_at_ms = pg.last_delivery_at()?;
+    journalled.last_delivery_at_ms = pg.last_delivery_at()?.map(UnixMs::get);
     journalled.jobs_by_state = pg.job_counts()?.into_iter().collect();
     Ok((journalled, InFleet { view, waiting }))
 }
@@ -205,7 +206,7 @@ fn journalled(reader: &Reader) -> anyhow::Result<Journalled> {
             .into_iter()
             .filter_map(|a| a.outcome.map(|o| (o, a.detail.or(a.reason))))
             .collect(),
-        last_delivery_at_ms: reader.last_delivery_at()?,
+        last_delivery_at_ms: reader.last_delivery_at()?.map(UnixMs::get),
         jobs_by_state: reader.job_counts()?.into_iter().collect(),
         attempts_by_state: reader.attempt_counts()?.into_iter().collect(),
         reruns: reader.rerun_counts()?,
@@ -222,7 +223,7 @@ fn gather(
     fleet: Option<InFleet>,
     now: SystemTime,
 ) -> anyhow::Result<Facts> {
-    let now_ms = unix_ms(now);
+    let now_ms = UnixMs::from_system_time(now).get();
     let (snapshot, agent) = status_file::observe(&config.data_dir, now_ms);
     let Journalled {
         outcomes,
@@ -239,7 +240,7 @@ fn gather(
     let unmatched = queued
         .len()
         .saturating_sub(routed + demand.unresolvable.len() + demand.overlapping.len());
-    let overdue_before = now_ms - rm_base::clock::ms(CLEANUP_OVERDUE);
+    let overdue_before = now_ms - rm_vocab::millis(CLEANUP_OVERDUE);
     let cleanup_overdue = uncleaned
         .iter()
         .filter(|a| a.state.is_terminal() && a.state_changed_at_ms.get() < overdue_before)
@@ -463,7 +464,7 @@ fn render_fleet(view: &rm_journal::FleetView, out: &mut String) {
             format!("; {}", leaders.join(", "))
         }
     );
-    let age = |at: rm_journal::UnixMs| ago(view.now_ms.duration_since(at));
+    let age = |at: rm_vocab::UnixMs| ago(view.now_ms.duration_since(at));
     for host in &view.hosts {
         let text = if host.live {
             let running = host
@@ -977,7 +978,7 @@ fn app_line(app: &crate::status_file::AppBudget) -> String {
 mod tests {
     use super::*;
     use crate::status_file::{Github, Host, Offline, Polling, RateLimit, Requests, Webhooks};
-    use rm_journal::JobId;
+    use rm_vocab::JobId;
 
     const NOW: i64 = 1_700_000_100_000;
 
@@ -1527,7 +1528,8 @@ mod tests {
 
     #[test]
     fn a_fleet_shows_each_host_its_lease_and_its_claims() {
-        use rm_journal::{ClaimView, FleetView, HostView, JobState, LeaderView, UnixMs};
+        use rm_journal::{ClaimView, FleetView, HostView, LeaderView};
+        use rm_vocab::{JobState, UnixMs};
         let host = |name: &str, live: bool, claims: Vec<ClaimView>| HostView {
             host: name.to_owned(),
             labels: vec!["self-hosted".to_owned()],
@@ -1539,7 +1541,7 @@ mod tests {
             claims,
         };
         let claim = |job_id: i64, runner: Option<&str>, job_state| ClaimView {
-            job_id: rm_journal::JobId::new(job_id),
+            job_id: rm_vocab::JobId::new(job_id),
             policy: "linux".to_owned(),
             runner_name: runner.map(str::to_owned),
             claimed_at_ms: UnixMs::new(NOW - 10_000),

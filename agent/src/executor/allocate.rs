@@ -24,8 +24,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rm_journal::{
-    AttemptId, AttemptRecord, AttemptState, IsolationKind, JobId, NewAttempt, Scope, WorkspaceKind,
+    AttemptId, AttemptRecord, AttemptState, IsolationKind, NewAttempt, Scope, WorkspaceKind,
 };
+use rm_vocab::JobId;
 
 use self::published::{AllocationMemory, Backoff, PolicyMemory};
 use super::context::Context;
@@ -89,7 +90,7 @@ pub(crate) fn unknown_completions(
     refreshed_at: i64,
     now: i64,
 ) -> u32 {
-    let ttl = rm_base::clock::ms(UNKNOWN_COMPLETION_TTL);
+    let ttl = rm_vocab::millis(UNKNOWN_COMPLETION_TTL);
     let n = concluded
         .iter()
         .filter(|c| {
@@ -138,7 +139,7 @@ pub(crate) fn waiting_too_long(
         return false;
     }
     let since = *waiting_since.entry(policy.to_owned()).or_insert(now_ms);
-    now_ms.saturating_sub(since) >= rm_base::clock::ms(NOTIFY_WAITING_AFTER)
+    now_ms.saturating_sub(since) >= rm_vocab::millis(NOTIFY_WAITING_AFTER)
 }
 
 /// Whether a conclusion fences the policy's older demand: its runner had the chance to take
@@ -346,7 +347,7 @@ impl Allocator {
         };
         let failures = self.backoff.get(policy).map_or(0, |b| b.failures) + 1;
         let wait = launch_backoff(failures, failed.terminal);
-        let until = now.saturating_add(rm_base::clock::ms(wait));
+        let until = now.saturating_add(rm_vocab::millis(wait));
         self.backoff.insert(
             policy.to_owned(),
             Backoff {
@@ -547,7 +548,7 @@ pub(super) async fn create_attempt(
         }
         (IsolationKind::None, _) => (None, None),
     };
-    let (policy_name, created_at_ms) = (policy.name.clone(), rm_journal::UnixMs::new(ctx.now_ms()));
+    let (policy_name, created_at_ms) = (policy.name.clone(), ctx.now());
     let record = ctx
         .journal
         .write(move |attempts| {

@@ -21,9 +21,9 @@ use std::time::Duration;
 use rm_github::GithubClient;
 use rm_github::pacing::{MUTATION_POINTS, PACED_HOUR, PACED_MINUTE, Pacing};
 use rm_journal::{
-    ClaimRequest, Claimed, Fleet, FleetError, FleetView, HostInfo, JobId, JobState, JournalError,
-    Lease, SpendWindow,
+    ClaimRequest, Claimed, Fleet, FleetError, FleetView, HostInfo, JournalError, Lease, SpendWindow,
 };
+use rm_vocab::{JobId, JobState};
 
 /// How long a host's lease lasts without a renewal: a host that dies loses its claims after
 /// this, and other hosts serve their jobs.
@@ -470,9 +470,9 @@ mod tests {
             host: name.to_owned(),
             labels: Vec::new(),
             policies: vec!["linux".to_owned()],
-            registered_at_ms: rm_journal::UnixMs::EPOCH,
-            renewed_at_ms: rm_journal::UnixMs::EPOCH,
-            expires_at_ms: rm_journal::UnixMs::EPOCH,
+            registered_at_ms: rm_vocab::UnixMs::EPOCH,
+            renewed_at_ms: rm_vocab::UnixMs::EPOCH,
+            expires_at_ms: rm_vocab::UnixMs::EPOCH,
             live,
             claims: claims
                 .iter()
@@ -480,13 +480,13 @@ mod tests {
                     job_id: JobId::new(id),
                     policy: "linux".to_owned(),
                     runner_name: None,
-                    claimed_at_ms: rm_journal::UnixMs::EPOCH,
+                    claimed_at_ms: rm_vocab::UnixMs::EPOCH,
                     job_state,
                 })
                 .collect(),
         };
         let view = FleetView {
-            now_ms: rm_journal::UnixMs::EPOCH,
+            now_ms: rm_vocab::UnixMs::EPOCH,
             hosts: vec![
                 host(
                     "a",

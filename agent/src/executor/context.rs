@@ -16,6 +16,7 @@ use rm_runner::RunnerRoot;
 use rm_runner::StopOutcome;
 use rm_runner::backend::Plan;
 use rm_runner::process::{self, ProcessIdentity};
+use rm_vocab::UnixMs;
 
 /// The executor's read-only surroundings.
 pub(super) struct Context {
@@ -26,16 +27,22 @@ pub(super) struct Context {
     /// The backend of each attempt (the configured [`super::Backends`] in production): what
     /// runs, looks at, stops and cleans up its runner.
     pub(super) execution: Arc<dyn Execution>,
-    pub(super) clock: Arc<dyn rm_github::Clock>,
+    pub(super) clock: Arc<dyn rm_vocab::Clock>,
     pub(super) notifier: Arc<Notifier>,
     /// This host's membership of a fleet, if it is in one.
     pub(super) membership: Option<Membership>,
 }
 
 impl Context {
-    /// Now, in ms since the epoch, on the executor's clock: every time it journals or decides by.
+    /// Now, on the executor's clock: every time it journals or decides by.
+    pub(super) fn now(&self) -> UnixMs {
+        self.clock.now()
+    }
+
+    /// [`Context::now`] as the plain milliseconds the executor's own arithmetic (fences,
+    /// back-offs, allocation's clocks) still counts in.
     pub(super) fn now_ms(&self) -> i64 {
-        rm_base::clock::unix_ms(self.clock.now())
+        self.now().get()
     }
 
     pub(super) fn policy(&self, name: &str) -> Option<&Policy> {

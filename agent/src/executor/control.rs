@@ -14,7 +14,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rm_journal::{AttemptId, HostInfo, JobId};
+use rm_journal::{AttemptId, HostInfo};
+use rm_vocab::JobId;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
@@ -597,7 +598,7 @@ impl Executor {
     fn inventory_due(&mut self) -> bool {
         let now = self.ctx.now_ms();
         match self.last_inventory {
-            Some(at) if now.saturating_sub(at) < rm_base::clock::ms(INVENTORY_INTERVAL) => false,
+            Some(at) if now.saturating_sub(at) < rm_vocab::millis(INVENTORY_INTERVAL) => false,
             _ => {
                 self.last_inventory = Some(now);
                 true

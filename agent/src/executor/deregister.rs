@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use rm_github::{GithubError, Target};
-use rm_journal::RunnerId;
+use rm_vocab::RunnerId;
 
 use super::registry::{Listed, Registry};
 
@@ -139,8 +139,8 @@ pub(super) async fn remove(
 /// the runner has been busy past [`DEREGISTER_BUSY_LIMIT`] since `first_busy_ms` (give up
 /// waiting; clean up anyway).
 pub(crate) fn busy_retry_at(first_busy_ms: i64, now_ms: i64) -> Option<i64> {
-    let limit = rm_base::clock::ms(DEREGISTER_BUSY_LIMIT);
-    let retry = rm_base::clock::ms(DEREGISTER_BUSY_RETRY);
+    let limit = rm_vocab::millis(DEREGISTER_BUSY_LIMIT);
+    let retry = rm_vocab::millis(DEREGISTER_BUSY_RETRY);
     (now_ms.saturating_sub(first_busy_ms) < limit).then(|| now_ms.saturating_add(retry))
 }
 

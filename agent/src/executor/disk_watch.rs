@@ -115,7 +115,7 @@ fn due<'a>(
     candidates: impl Iterator<Item = (&'a AttemptId, Option<i64>)>,
     now_ms: i64,
 ) -> Option<&'a AttemptId> {
-    let interval = rm_base::clock::ms(DISK_CHECK_INTERVAL);
+    let interval = rm_vocab::millis(DISK_CHECK_INTERVAL);
     candidates
         .filter(|(_, last)| last.is_none_or(|at| now_ms.saturating_sub(at) >= interval))
         .min_by_key(|(_, last)| last.unwrap_or(i64::MIN))
@@ -133,7 +133,7 @@ mod tests {
             AttemptId::generate(),
             AttemptId::generate(),
         );
-        let interval = rm_base::clock::ms(DISK_CHECK_INTERVAL);
+        let interval = rm_vocab::millis(DISK_CHECK_INTERVAL);
         let now = 1_000_000;
         for (candidates, expected) in [
             // Never measured beats everything.

@@ -141,10 +141,10 @@ async fn clean(ctx: &Context, cleanup: Cleanup) -> Outcome {
     if !remove_runtime(ctx, &record).await {
         return Outcome::CleanFailed;
     }
-    let (id, at_ms) = (record.attempt_id.clone(), ctx.now_ms());
+    let (id, at) = (record.attempt_id.clone(), ctx.now());
     match ctx
         .journal
-        .write(move |attempts| attempts.mark_cleaned(&id, at_ms))
+        .write(move |attempts| attempts.mark_cleaned(&id, at))
         .await
     {
         Ok(true) => tracing::info!("cleaned"),

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context as _;
 use rm_journal::{AttemptError, Attempts, JobRow, JournalError, PgReader, Reader};
+use rm_vocab::UnixMs;
 
 /// Where the executor reads jobs from.
 #[derive(Debug, Clone)]
@@ -128,7 +129,7 @@ impl AttemptJournal {
     /// One job as the journal knows it (the re-run decision reads its state and run attempt).
     pub(super) async fn job(
         &self,
-        job_id: rm_journal::JobId,
+        job_id: rm_vocab::JobId,
     ) -> Result<Option<JobRow>, AttemptError> {
         match &self.fleet {
             None => self.read(move |reader| reader.job(job_id)).await,
@@ -216,14 +217,14 @@ impl AttemptJournal {
         &self,
         id: &rm_journal::AttemptId,
         identity: rm_runner::process::ProcessIdentity,
-        at_ms: i64,
+        at: UnixMs,
     ) -> Result<bool, AttemptError> {
         let id = id.clone();
         self.write(move |attempts| match rm_runner::process::boot_id() {
             Some(boot) => {
-                attempts.started_on_boot(&id, identity.pid, identity.start_time, boot, at_ms)
+                attempts.started_on_boot(&id, identity.pid, identity.start_time, boot, at)
             }
-            None => attempts.started(&id, identity.pid, identity.start_time, at_ms),
+            None => attempts.started(&id, identity.pid, identity.start_time, at),
         })
         .await
     }

@@ -154,10 +154,10 @@ impl Launch {
         };
         let jit = self.request_jit(policy, &target, &request).await?;
         let runner_id = jit.runner.id;
-        let (id, at_ms) = (record.attempt_id.clone(), ctx.now_ms());
+        let (id, at) = (record.attempt_id.clone(), ctx.now());
         let recorded = ctx
             .journal
-            .write(move |attempts| attempts.jit_received(&id, runner_id, at_ms))
+            .write(move |attempts| attempts.jit_received(&id, runner_id, at))
             .await;
         if !matches!(recorded, Ok(true)) {
             // Not journalled: supervision finds the registration by the runner's name (a
@@ -178,7 +178,7 @@ impl Launch {
         fault::crash_point("process_spawned");
         let started = ctx
             .journal
-            .started(&record.attempt_id, identity, ctx.now_ms())
+            .started(&record.attempt_id, identity, ctx.now())
             .await;
         if !matches!(started, Ok(true)) {
             // A runner nobody journalled must not live on: stop it before giving up.
@@ -269,7 +269,7 @@ impl Launch {
                     "GitHub did not issue a JIT configuration after {tries} tries; the last answer: {error}"
                 )));
             }
-            let wait = retry_wait(tries, not_before, ctx.clock.now());
+            let wait = retry_wait(tries, not_before, ctx.clock.now().to_system_time());
             if wait > MAX_JIT_WAIT {
                 return Err(fail(format!(
                     "the registration would wait {} s, longer than a launch waits: {error}",
@@ -301,7 +301,9 @@ impl Launch {
         {
             Ok(jit) => Ok(jit),
             Err(e) => {
-                let aside = ctx.registry.set_aside(installation, &e, ctx.clock.now());
+                let aside =
+                    ctx.registry
+                        .set_aside(installation, &e, ctx.clock.now().to_system_time());
                 Err((e, aside))
             }
         }
@@ -386,7 +388,7 @@ impl Launch {
         target: &rm_github::Target,
     ) -> Result<u64, rm_github::GithubError> {
         let registry = &self.ctx.registry;
-        let now = self.ctx.clock.now();
+        let now = self.ctx.clock.now().to_system_time();
         let (mut candidates, turn) = registry.candidates(target, now).await?;
         // Each refusal takes one candidate out of the ready ones: the loop ends.
         for _ in 0..=candidates.len() {
@@ -426,7 +428,7 @@ impl Launch {
         let membership = self.ctx.membership.as_ref()?;
         match membership.reserve_registration(app, installation).await {
             Ok(None) => None,
-            Ok(Some(wait)) => Some(self.ctx.clock.now() + wait),
+            Ok(Some(wait)) => Some(self.ctx.clock.now().to_system_time() + wait),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot reserve the registration in the fleet's shared window; sending it paced by this host alone");
                 None

@@ -13,7 +13,8 @@
 
 use std::collections::HashSet;
 
-use rm_journal::{JobId, LiveCounts};
+use rm_journal::LiveCounts;
+use rm_vocab::JobId;
 use serde::{Deserialize, Serialize};
 
 use super::allocate::{LiveView, allocation_input};

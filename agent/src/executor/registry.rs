@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use rm_github::types::{JitConfig, JitRequest, Runner};
 use rm_github::{GithubClient, GithubError, Target};
-use rm_journal::RunnerId;
+use rm_vocab::RunnerId;
 
 use crate::lifecycle::GithubObservation;
 

@@ -84,7 +84,7 @@ impl Reruns {
 /// At start, before any scan: every re-run left `sending` may have reached GitHub; it becomes
 /// `unknown` and is never sent again.
 pub(crate) async fn settle_at_start(ctx: &Context) -> anyhow::Result<()> {
-    let at = ctx.now_ms();
+    let at = ctx.now();
     let settled = ctx
         .journal
         .write(move |attempts| attempts.settle_interrupted_reruns(at))
@@ -106,7 +106,7 @@ pub(crate) async fn scan(ctx: &Context) -> anyhow::Result<()> {
         .values()
         .flat_map(|r| r.rerun_on.iter().cloned())
         .collect();
-    let since = ctx.now_ms() - i64::try_from(RERUN_LOOKBACK.as_millis()).unwrap_or(i64::MAX);
+    let since = ctx.now() - RERUN_LOOKBACK;
     let candidates = ctx
         .journal
         .read(move |reader| {
@@ -164,7 +164,7 @@ async fn decide_one(
     };
     let (attempt_id, policy) = (attempt.attempt_id.clone(), attempt.policy.clone());
     let reason = attempt.reason.clone().unwrap_or_default();
-    let at = ctx.now_ms();
+    let at = ctx.now();
     let won = ctx
         .journal
         .write(move |attempts| {
@@ -200,9 +200,9 @@ enum Sent {
 /// its answer journalled. A row that waited past [`RERUN_GIVE_UP`] is given up unsent.
 async fn send(ctx: &Context, rerun: RerunRecord) -> anyhow::Result<()> {
     let job_id = rerun.job_id;
-    let now = ctx.now_ms();
+    let now = ctx.now();
     let give_up = i64::try_from(RERUN_GIVE_UP.as_millis()).unwrap_or(i64::MAX);
-    if now.saturating_sub(rerun.created_at_ms.get()) > give_up {
+    if now.saturating_sub(rerun.created_at_ms) > give_up {
         let detail = format!(
             "given up unsent: its workflow run was still running {} h after the decision",
             RERUN_GIVE_UP.as_secs() / 3600
@@ -259,7 +259,7 @@ fn sent(result: Result<(), RerunError>) -> Sent {
 
 /// Journals what came of a re-run sent, and tells the operator of an end.
 async fn journal_answer(ctx: &Context, rerun: &RerunRecord, sent: Sent) -> anyhow::Result<()> {
-    let (job_id, at) = (rerun.job_id, ctx.now_ms());
+    let (job_id, at) = (rerun.job_id, ctx.now());
     match sent {
         Sent::Later(why) => {
             tracing::info!(job_id = job_id.get(), %why, "GitHub did not act on the re-run; sent again later");

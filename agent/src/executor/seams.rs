@@ -53,7 +53,7 @@ impl<B: Backend> Execution for B {
 pub(crate) struct Seams {
     /// Every time the executor journals or decides by (`now` of a lifecycle decision, fences,
     /// back-offs, JIT retry times).
-    pub clock: Arc<dyn rm_github::Clock>,
+    pub clock: Arc<dyn rm_vocab::Clock>,
     pub execution: Arc<dyn Execution>,
 }
 
@@ -61,7 +61,7 @@ impl Seams {
     /// The real clock, the configured backends.
     pub(crate) fn production(backends: Arc<Backends>) -> Seams {
         Seams {
-            clock: Arc::new(rm_github::SystemClock),
+            clock: Arc::new(rm_vocab::SystemClock),
             execution: backends,
         }
     }

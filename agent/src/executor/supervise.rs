@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rm_github::Target;
-use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState, JobId};
+use rm_journal::{AttemptError, AttemptId, AttemptRecord, AttemptState};
+use rm_vocab::{JobId, UnixMs};
 use tracing::Instrument as _;
 
 use super::allocate::{Concluded, LaunchFailure};
@@ -317,7 +318,7 @@ impl Supervisor {
                     &AttemptFacts::from(record),
                     &looked.observation,
                     &pass.timeouts,
-                    now,
+                    UnixMs::new(now),
                 ),
                 None,
             ),
@@ -407,7 +408,7 @@ impl Supervisor {
         (decision, told): (Decision, Option<String>),
         report: &mut PassReport,
     ) -> Result<bool, AttemptError> {
-        let (id, now) = (record.attempt_id.clone(), ctx.now_ms());
+        let (id, now) = (record.attempt_id.clone(), ctx.now());
         match decision {
             Decision::Nothing | Decision::Wait => {}
             Decision::Defer => {
@@ -470,7 +471,7 @@ impl Supervisor {
         looked: &Looked,
         report: &mut PassReport,
     ) -> Result<(), AttemptError> {
-        let (id, now) = (record.attempt_id.clone(), ctx.now_ms());
+        let (id, now) = (record.attempt_id.clone(), ctx.now());
         let recorded = ctx
             .journal
             .write(move |attempts| attempts.record_stop_intent(&id, intent, now))
@@ -518,7 +519,7 @@ impl Supervisor {
         let told = detail.clone();
         self.exits.remove(&record.attempt_id);
         self.unlisted_since.remove(&record.attempt_id);
-        let (id, from, at_ms) = (record.attempt_id.clone(), record.state, ctx.now_ms());
+        let (id, from, at) = (record.attempt_id.clone(), record.state, ctx.now());
         let concluded = ctx
             .journal
             .write(move |attempts| {
@@ -528,7 +529,7 @@ impl Supervisor {
                     conclusion.outcome(),
                     conclusion.reason(),
                     Some(&detail),
-                    at_ms,
+                    at,
                 )?;
                 // The record as concluded, for its cleanup.
                 Ok(if concluded { attempts.get(&id)? } else { None })
@@ -552,7 +553,7 @@ impl Supervisor {
             ran_job: observation.evidence == crate::lifecycle::JobEvidence::RanAJob
                 || record.state == AttemptState::Busy
                 || observation.github == (GithubObservation::Registered { busy: true }),
-            at_ms,
+            at_ms: at.get(),
         });
         self.start_cleanup(concluded, target.cloned(), looked.listing, report);
         Ok(())
@@ -639,7 +640,7 @@ impl Supervisor {
             .clean_retry
             .get(id)
             .map_or(CLEAN_RETRY, |(_, last)| (*last * 2).min(CLEAN_RETRY_MAX));
-        let next = now.saturating_add(rm_base::clock::ms(wait));
+        let next = now.saturating_add(rm_vocab::millis(wait));
         self.clean_retry.insert(id.clone(), (next, wait));
     }
 }
@@ -700,18 +701,18 @@ async fn note_jobs_taken(
     };
     let completed: HashSet<String> = jobs
         .iter()
-        .filter(|j| j.state == rm_handlers::JobState::Completed)
+        .filter(|j| j.state == rm_vocab::JobState::Completed)
         .filter_map(|j| j.runner_name.clone())
         .collect();
     let taken: HashMap<String, JobId> = jobs
         .into_iter()
-        .filter(|j| j.state >= rm_handlers::JobState::InProgress)
+        .filter(|j| j.state >= rm_vocab::JobState::InProgress)
         .filter_map(|j| Some((j.runner_name?, j.job_id)))
         .collect();
     if !records.iter().any(|r| taken.contains_key(&r.runner_name)) {
         return Ok((records, Vec::new(), completed));
     }
-    let now = ctx.now_ms();
+    let now = ctx.now();
     ctx.journal
         .write(move |attempts| {
             let mut updated = Vec::with_capacity(records.len());
@@ -903,8 +904,8 @@ fn freshness_for(
         Idle if in_state >= timeouts.idle => fresh,
         // A ghost is found by asking: an idle runner's listing is at most this old (a `304`
         // while nothing changed).
-        Idle => Freshness::After(now - rm_base::clock::ms(GHOST_CHECK)),
-        Starting => Freshness::After(now - rm_base::clock::ms(REGISTRATION_CHECK)),
+        Idle => Freshness::After(now - rm_vocab::millis(GHOST_CHECK)),
+        Starting => Freshness::After(now - rm_vocab::millis(REGISTRATION_CHECK)),
         // A registration made before the conclusion shows in a listing made after it: one
         // with a journalled runner id, or a launch that gave up after GitHub issued its JIT
         // configuration but before the id was journalled (found by its name).
@@ -1007,18 +1008,18 @@ mod tests {
             workspace: WorkspaceKind::Ephemeral,
             runtime_dir: "/r/x".into(),
             state,
-            state_changed_at_ms: rm_handlers::UnixMs::new(changed),
+            state_changed_at_ms: UnixMs::new(changed),
             outcome: None,
             reason: None,
             detail: None,
-            runner_id: Some(rm_journal::RunnerId::new(1)),
+            runner_id: Some(rm_vocab::RunnerId::new(1)),
             job_id: None,
             pid: Some(5),
             pid_start_time: Some(6),
             stop_intent: None,
             stop_intent_at_ms: None,
-            created_at_ms: rm_handlers::UnixMs::EPOCH,
-            updated_at_ms: rm_handlers::UnixMs::EPOCH,
+            created_at_ms: UnixMs::EPOCH,
+            updated_at_ms: UnixMs::EPOCH,
             pid_boot_id: None,
             isolation: rm_journal::IsolationKind::None,
             uid: None,
@@ -1051,7 +1052,7 @@ mod tests {
         // An idle runner under its timers reuses a listing younger than the ghost check.
         assert_eq!(
             freshness_for(&record(AttemptState::Idle, now - 1_000), running, t, now),
-            Freshness::After(now - rm_base::clock::ms(GHOST_CHECK))
+            Freshness::After(now - rm_vocab::millis(GHOST_CHECK))
         );
         assert_eq!(
             freshness_for(&record(AttemptState::Busy, now - 1_000), running, t, now),

@@ -10,7 +10,8 @@
 
 use std::path::PathBuf;
 
-use rm_journal::{AttemptOutcome, JobId, RerunRecord, RerunState};
+use rm_journal::{AttemptOutcome, RerunRecord, RerunState};
+use rm_vocab::JobId;
 use serde::Serialize;
 
 use super::{Reason, reason};
@@ -229,8 +230,8 @@ mod tests {
             run_attempt: 1,
             state: RerunState::Sent,
             detail: None,
-            created_at_ms: rm_handlers::UnixMs::new(0),
-            updated_at_ms: rm_handlers::UnixMs::new(0),
+            created_at_ms: rm_vocab::UnixMs::new(0),
+            updated_at_ms: rm_vocab::UnixMs::new(0),
         };
         for (state, code) in [
             (RerunState::Sent, "rerun_sent"),

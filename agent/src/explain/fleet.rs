@@ -7,7 +7,8 @@
 
 use std::collections::HashSet;
 
-use rm_journal::{ClaimView, FleetView, HostView, JobId, JobRow};
+use rm_journal::{ClaimView, FleetView, HostView, JobRow};
+use rm_vocab::JobId;
 
 use super::{Condition, Facts, Reason, Verdict, ago_phrase, condition, reason};
 

@@ -38,7 +38,8 @@ mod tests;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use rm_journal::{AttemptRecord, AttemptState, JobId, JobRow};
+use rm_journal::{AttemptRecord, AttemptState, JobRow};
+use rm_vocab::JobId;
 use serde::Serialize;
 
 use crate::config::{Policy, Target};
@@ -249,7 +250,7 @@ impl Queue {
         let mut first_seen: HashMap<JobId, i64> = mine()
             .map(|j| (j.job_id, j.first_seen_at_ms.get()))
             .collect();
-        if let Some(job) = extra.filter(|j| j.state == rm_handlers::JobState::Queued)
+        if let Some(job) = extra.filter(|j| j.state == rm_vocab::JobState::Queued)
             && !first_seen.contains_key(&job.job_id)
         {
             jobs.push(QueuedJob::from(job));

@@ -40,15 +40,15 @@ fn job(id: i64, state: &str, labels: &[&str], first_seen: i64) -> JobRow {
         repository: "acme/widgets".to_owned(),
         installation_id: Some(1),
         labels: labels.iter().map(|l| (*l).to_owned()).collect(),
-        state: rm_handlers::JobState::parse(state).expect("a job state"),
+        state: rm_vocab::JobState::parse(state).expect("a job state"),
         conclusion: None,
         runner_name: None,
         runner_id: None,
         workflow_name: None,
         job_name: None,
         source: "webhook".to_owned(),
-        first_seen_at_ms: rm_handlers::UnixMs::new(first_seen),
-        updated_at_ms: rm_handlers::UnixMs::new(first_seen),
+        first_seen_at_ms: rm_vocab::UnixMs::new(first_seen),
+        updated_at_ms: rm_vocab::UnixMs::new(first_seen),
     }
 }
 
@@ -61,7 +61,7 @@ fn attempt(policy: &str, state: AttemptState, job_id: Option<i64>, created: i64)
         workspace: WorkspaceKind::Ephemeral,
         runtime_dir: PathBuf::from("/r"),
         state,
-        state_changed_at_ms: rm_handlers::UnixMs::new(created),
+        state_changed_at_ms: rm_vocab::UnixMs::new(created),
         outcome: None,
         reason: None,
         detail: None,
@@ -71,8 +71,8 @@ fn attempt(policy: &str, state: AttemptState, job_id: Option<i64>, created: i64)
         pid_start_time: None,
         stop_intent: None,
         stop_intent_at_ms: None,
-        created_at_ms: rm_handlers::UnixMs::new(created),
-        updated_at_ms: rm_handlers::UnixMs::new(created),
+        created_at_ms: rm_vocab::UnixMs::new(created),
+        updated_at_ms: rm_vocab::UnixMs::new(created),
         pid_boot_id: None,
         isolation: IsolationKind::None,
         uid: None,
@@ -611,7 +611,7 @@ fn running_and_done_name_the_runner() {
     );
     assert_eq!(e.runner_name.as_deref(), Some("rm-h-0123456789ab"));
     let mut done = running.clone();
-    done.state = rm_handlers::JobState::Completed;
+    done.state = rm_vocab::JobState::Completed;
     done.conclusion = Some("success".to_owned());
     let e = w.explain(&done);
     assert_eq!((e.verdict, codes(&e)), (Verdict::Done, vec!["completed"]));
@@ -673,9 +673,9 @@ fn fleet_host(name: &str, live: bool, claims: &[(i64, Option<&str>)]) -> rm_jour
         host: name.to_owned(),
         labels: Vec::new(),
         policies: vec!["linux".to_owned()],
-        registered_at_ms: rm_handlers::UnixMs::new(NOW - 600_000),
-        renewed_at_ms: rm_handlers::UnixMs::new(NOW - 2_000),
-        expires_at_ms: rm_handlers::UnixMs::new(if live { NOW + 28_000 } else { NOW - 1 }),
+        registered_at_ms: rm_vocab::UnixMs::new(NOW - 600_000),
+        renewed_at_ms: rm_vocab::UnixMs::new(NOW - 2_000),
+        expires_at_ms: rm_vocab::UnixMs::new(if live { NOW + 28_000 } else { NOW - 1 }),
         live,
         claims: claims
             .iter()
@@ -683,8 +683,8 @@ fn fleet_host(name: &str, live: bool, claims: &[(i64, Option<&str>)]) -> rm_jour
                 job_id: JobId::new(*job),
                 policy: "linux".to_owned(),
                 runner_name: runner.map(str::to_owned),
-                claimed_at_ms: rm_handlers::UnixMs::new(NOW - 5_000),
-                job_state: rm_handlers::JobState::Queued,
+                claimed_at_ms: rm_vocab::UnixMs::new(NOW - 5_000),
+                job_state: rm_vocab::JobState::Queued,
             })
             .collect(),
     }
@@ -692,7 +692,7 @@ fn fleet_host(name: &str, live: bool, claims: &[(i64, Option<&str>)]) -> rm_jour
 
 fn fleet_of(hosts: Vec<rm_journal::HostView>) -> rm_journal::FleetView {
     rm_journal::FleetView {
-        now_ms: rm_handlers::UnixMs::new(NOW),
+        now_ms: rm_vocab::UnixMs::new(NOW),
         hosts,
         leaders: Vec::new(),
     }

@@ -349,7 +349,7 @@ pub(crate) async fn check_once(required: &Requirements, gate: &Gate, notifier: &
         }
     };
     let fitness = Fitness {
-        checked_at_ms: rm_journal::now_ms(),
+        checked_at_ms: rm_vocab::now().get(),
         problems: judge(required, &facts),
     };
     let problems: Vec<String> = fitness.problems.iter().map(|p| p.message.clone()).collect();

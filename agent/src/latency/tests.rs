@@ -3,7 +3,7 @@
 use rm_receiver::prometheus_client::encoding::text::encode;
 use rm_receiver::prometheus_client::registry::Registry;
 
-use rm_handlers::UnixMs;
+use rm_vocab::UnixMs;
 
 use super::*;
 

@@ -19,6 +19,7 @@
 use std::time::Duration;
 
 use rm_journal::{AttemptOutcome, AttemptRecord, AttemptState, StopIntent};
+use rm_vocab::UnixMs;
 
 /// How long an attempt may stay `allocated` or `jit_received` while this agent runs before
 /// supervision treats its launch as abandoned. A launch concludes its own failures; this only
@@ -263,16 +264,15 @@ pub struct Observation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttemptFacts {
     pub state: AttemptState,
-    /// When the current state was entered, in ms since the Unix epoch.
-    pub state_changed_at_ms: i64,
+    /// When the current state was entered.
+    pub state_changed_at_ms: UnixMs,
     pub stop_intent: Option<StopIntent>,
 }
 
 impl AttemptFacts {
     /// Time spent in the current state; zero if the clock went backwards.
-    fn in_state(&self, now_ms: i64) -> Duration {
-        let ms = now_ms.saturating_sub(self.state_changed_at_ms).max(0);
-        Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    fn in_state(&self, now: UnixMs) -> Duration {
+        now.duration_since(self.state_changed_at_ms)
     }
 
     /// Whether the journalled stop intent was meant for the state the attempt is in now. An
@@ -287,7 +287,7 @@ impl From<&AttemptRecord> for AttemptFacts {
     fn from(record: &AttemptRecord) -> Self {
         AttemptFacts {
             state: record.state,
-            state_changed_at_ms: record.state_changed_at_ms.get(),
+            state_changed_at_ms: record.state_changed_at_ms,
             stop_intent: record.stop_intent,
         }
     }
@@ -361,10 +361,10 @@ pub fn recovery_decision(
     attempt: &AttemptFacts,
     observation: &Observation,
     timeouts: &Timeouts,
-    now_ms: i64,
+    now: UnixMs,
 ) -> Decision {
     use AttemptState::*;
-    let in_state = attempt.in_state(now_ms);
+    let in_state = attempt.in_state(now);
     // An allocated attempt has started no process: whatever the adapter reports is not its
     // runner, so it is never adopted or signalled.
     let running = observation.process == ProcessObservation::Running && attempt.state != Allocated;

@@ -34,7 +34,7 @@ pub(crate) fn body(event: &OperatorEvent, host: &str, at: SystemTime) -> Vec<u8>
     let body = Body {
         event: event.kind().name(),
         host,
-        at: humantime::format_rfc3339_millis(at).to_string(),
+        at: rm_vocab::UnixMs::from_system_time(at).to_rfc3339(),
         summary,
         detail,
         fields: fields(event),

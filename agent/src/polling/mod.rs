@@ -92,8 +92,5 @@ impl PollerConfig {
     }
 }
 
-/// The journal's unit of time (one clock for every crate: [`rm_base::clock`]).
-pub(crate) use rm_base::clock::{from_unix_ms, unix_ms};
-
 #[cfg(test)]
 mod tests;

@@ -10,12 +10,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use rm_github::{Clock, GithubClient, Target};
+use rm_github::{GithubClient, Target};
 use rm_journal::{Fleet, FleetError, JournalError, PollStore};
+use rm_vocab::{Clock, UnixMs};
 use tokio::sync::watch;
 use tracing::Instrument as _;
 
 use super::Pacing;
+use super::PollerConfig;
 use super::blocking::{FleetHandle, Store};
 use super::election::{self, Standing};
 use super::health::{Evidence, Trust, WebhookHealth};
@@ -28,7 +30,6 @@ use super::status::{
     PassReport, PollerStatus, RequestWindow, WebhookStatus, binding_rate_limit, totals,
 };
 use super::targets::{self, DemandError, DemandState};
-use super::{PollerConfig, from_unix_ms};
 
 /// The shortest sleep between two steps (guards against a busy loop).
 const MIN_WAKE: Duration = Duration::from_millis(100);
@@ -114,7 +115,7 @@ pub(crate) struct Poller {
 
 /// A small xorshift generator seeded from the clock: jitter only spreads hosts apart.
 fn default_jitter(seed: SystemTime) -> Jitter {
-    let mut state = super::unix_ms(seed).unsigned_abs() | 1;
+    let mut state = UnixMs::from_system_time(seed).get().unsigned_abs() | 1;
     Box::new(move || {
         state ^= state << 13;
         state ^= state >> 7;
@@ -134,7 +135,7 @@ impl Poller {
         clock: Arc<dyn Clock>,
     ) -> Result<Poller, PollerError> {
         let schedule = PollSchedule::new(config.interval, Some(config.idle_interval))?;
-        let now = clock.now();
+        let now = clock.now().to_system_time();
         let health = WebhookHealth::new(config.intake);
         let mut window = RequestWindow::default();
         window.record(now, totals(&client.budget()));
@@ -241,7 +242,7 @@ impl Poller {
             .journal
             .call(|j| j.last_delivery_at())
             .await?
-            .map(from_unix_ms);
+            .map(UnixMs::to_system_time);
         Ok((self.health.assess(last, now), last))
     }
 
@@ -316,7 +317,7 @@ impl Poller {
 
     /// How long to sleep before the next step.
     pub(crate) async fn next_wake(&mut self) -> Duration {
-        let now = self.clock.now();
+        let now = self.clock.now().to_system_time();
         let trust = self.trust(now).await.map(|(t, _)| t).unwrap_or(Trust {
             trusted: false,
             reason: "journal_unreadable",
@@ -346,7 +347,7 @@ impl Poller {
                 result = self.poll_once() => {
                     if let Err(error) = result {
                         tracing::error!(error = %error, "polling step failed; retrying later");
-                        self.hold_until = Some(self.clock.now() + self.schedule.active());
+                        self.hold_until = Some(self.clock.now().to_system_time() + self.schedule.active());
                     }
                 }
             }
@@ -368,7 +369,7 @@ impl Poller {
     }
 
     async fn pass(&mut self) -> Result<PassReport, PollerError> {
-        let now = self.clock.now();
+        let now = self.clock.now().to_system_time();
         let open = self.hold_until.is_none_or(|hold| now >= hold);
         let mut report = PassReport {
             at: Some(now),

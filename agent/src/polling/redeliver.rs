@@ -17,6 +17,7 @@ use rm_journal::{HOOK_DELIVERY_CURSOR, JournalError};
 
 use super::blocking::Store;
 use super::schedule::Failure;
+use rm_vocab::UnixMs;
 
 /// How often the hook log is read (and once at start).
 pub(crate) const SCAN_INTERVAL: Duration = Duration::from_secs(5 * 60);
@@ -201,20 +202,20 @@ pub(super) async fn scan(
                 break;
             }
         }
-        let at_ms = super::unix_ms(now);
+        let at = UnixMs::from_system_time(now);
         let id = i64::try_from(failed.delivery_id).unwrap_or(i64::MAX);
         let guid = failed.guid.clone();
         journal
-            .call(move |j| j.record_redelivery(&guid, id, at_ms))
+            .call(move |j| j.record_redelivery(&guid, id, at))
             .await?;
     }
     // A scan cut short by its bound starts again from the same place; what it asked for is
     // journalled, so nothing is asked for twice.
     if finished && let Some(next) = judgement.cursor.filter(|c| Some(*c) != cursor) {
         let value = i64::try_from(next).unwrap_or(i64::MAX);
-        let at_ms = super::unix_ms(now);
+        let at = UnixMs::from_system_time(now);
         journal
-            .call(move |j| j.set_cursor(HOOK_DELIVERY_CURSOR, value, at_ms))
+            .call(move |j| j.set_cursor(HOOK_DELIVERY_CURSOR, value, at))
             .await?;
     }
     Ok(report)

@@ -4,7 +4,8 @@
 
 use rm_github::types::WorkflowJob;
 use rm_github::wire::parse_rfc3339;
-use rm_handlers::{JobObservation, JobState, Source, UnixMs};
+use rm_handlers::JobObservation;
+use rm_vocab::{JobState, Source, UnixMs};
 
 /// A job as GitHub's REST API shows it, as a journal sighting with source `poll`. `None` for a
 /// status the journal has no state for (`requested`, `pending`).

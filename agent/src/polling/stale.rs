@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use rm_github::{GithubClient, GithubError, Target};
 use rm_journal::{JournalError, QueuedJobRef};
+use rm_vocab::UnixMs;
 
 use super::blocking::Store;
 use super::schedule::Failure;
@@ -32,8 +33,8 @@ pub(crate) struct StaleReport {
 
 /// The time before which a queued job counts as stale: [`STALE_AFTER`] ago, or the agent's
 /// start if that is later.
-pub(crate) fn stale_before(now_ms: i64, started_ms: i64) -> i64 {
-    (now_ms - rm_base::clock::ms(STALE_AFTER)).max(started_ms)
+pub(crate) fn stale_before(now: UnixMs, started: UnixMs) -> UnixMs {
+    (now - STALE_AFTER).max(started)
 }
 
 /// Checks the stale queued jobs due now; `started` is when this agent started.
@@ -44,10 +45,10 @@ pub(super) async fn check(
     now: SystemTime,
     started: SystemTime,
 ) -> Result<StaleReport, JournalError> {
-    let now_ms = super::unix_ms(now);
-    let before = stale_before(now_ms, super::unix_ms(started));
+    let at = UnixMs::from_system_time(now);
+    let before = stale_before(at, UnixMs::from_system_time(started));
     let due: Vec<_> = journal
-        .call(move |j| j.stale_queued(before, now_ms - rm_base::clock::ms(STALE_RECHECK)))
+        .call(move |j| j.stale_queued(before, recheck_before(at)))
         .await?
         .into_iter()
         .filter(|job| targets.iter().any(|t| t.contains(&job.repository)))
@@ -57,8 +58,8 @@ pub(super) async fn check(
 }
 
 /// The recheck bound as the journal query wants it: checked before this time.
-pub(crate) fn recheck_before(now_ms: i64) -> i64 {
-    now_ms - rm_base::clock::ms(STALE_RECHECK)
+pub(crate) fn recheck_before(now: UnixMs) -> UnixMs {
+    now - STALE_RECHECK
 }
 
 /// Asks GitHub about each job and records what it says.
@@ -68,7 +69,7 @@ pub(super) async fn check_jobs(
     due: Vec<QueuedJobRef>,
     now: SystemTime,
 ) -> Result<StaleReport, JournalError> {
-    let now_ms = super::unix_ms(now);
+    let now_ms = UnixMs::from_system_time(now).get();
     let mut report = StaleReport::default();
     for job in due {
         let Some((owner, name)) = job.repository.split_once('/') else {
@@ -81,7 +82,7 @@ pub(super) async fn check_jobs(
                     let sightings = journal.call(move |j| j.record_sightings(&[seen])).await?;
                     report.resolved += sightings
                         .iter()
-                        .filter(|s| s.state != rm_handlers::JobState::Queued)
+                        .filter(|s| s.state != rm_vocab::JobState::Queued)
                         .count();
                 }
             }
@@ -102,7 +103,7 @@ pub(super) async fn check_jobs(
         report.checked += 1;
         let job_id = job.job_id;
         journal
-            .call(move |j| j.mark_checked(job_id, now_ms))
+            .call(move |j| j.mark_checked(job_id, UnixMs::new(now_ms)))
             .await?;
     }
     Ok(report)
@@ -114,10 +115,11 @@ mod start_tests {
 
     #[test]
     fn jobs_queued_before_the_agent_started_are_stale_at_once() {
-        let ten_min = rm_base::clock::ms(STALE_AFTER);
+        let ten_min = rm_vocab::millis(STALE_AFTER);
+        let at = UnixMs::new;
         // Just started: everything queued before the start is stale.
-        assert_eq!(stale_before(1_000_000, 999_000), 999_000);
+        assert_eq!(stale_before(at(1_000_000), at(999_000)), at(999_000));
         // Long running: the usual bound.
-        assert_eq!(stale_before(10 * ten_min, 0), 9 * ten_min);
+        assert_eq!(stale_before(at(10 * ten_min), at(0)), at(9 * ten_min));
     }
 }

@@ -20,7 +20,8 @@ use rm_github::types::WorkflowJob;
 use rm_github::wire::parse_rfc3339;
 use rm_github::{GithubClient, GithubError, Target};
 use rm_handlers::JobObservation;
-use rm_journal::{JobId, JournalError, QueuedJobRef};
+use rm_journal::{JournalError, QueuedJobRef};
+use rm_vocab::{JobId, UnixMs};
 
 use super::blocking::Store;
 use super::health::is_unannounced;
@@ -229,10 +230,10 @@ async fn note_vanished(
         .filter_map(|status| state.runs.get(&(repository.to_owned(), *status)))
         .flat_map(|runs| runs.keys().copied())
         .collect();
-    let now_ms = super::unix_ms(now);
+    let checked_before = super::stale::recheck_before(UnixMs::from_system_time(now));
     let repository = repository.to_owned();
     let queued = journal
-        .call(move |j| j.queued_in_repository(&repository, super::stale::recheck_before(now_ms)))
+        .call(move |j| j.queued_in_repository(&repository, checked_before))
         .await?;
     report
         .vanished
@@ -313,7 +314,7 @@ async fn record(
     now: SystemTime,
     report: &mut DemandReport,
 ) -> Result<(), DemandError> {
-    let at_ms = super::unix_ms(now);
+    let at_ms = UnixMs::from_system_time(now).get();
     let (observations, created): (Vec<JobObservation>, Vec<&str>) = jobs
         .iter()
         .filter_map(|j| {
@@ -328,8 +329,7 @@ async fn record(
     for (sighting, created) in sightings.iter().zip(created) {
         report.jobs_changed += usize::from(sighting.moved);
         // Counted once: when the poll is the first to put the job in `queued`.
-        if sighting.moved && sighting.state == rm_handlers::JobState::Queued && !sighting.announced
-        {
+        if sighting.moved && sighting.state == rm_vocab::JobState::Queued && !sighting.announced {
             let created = parse_rfc3339(created).unwrap_or(now);
             state.pending.entry(sighting.job_id).or_insert(created);
         }
@@ -379,7 +379,7 @@ mod vanished_tests {
         QueuedJobRef {
             job_id: JobId::new(id),
             repository: "acme/widgets".into(),
-            updated_at_ms: rm_journal::UnixMs::EPOCH,
+            updated_at_ms: UnixMs::EPOCH,
             checked_at_ms: None,
         }
     }

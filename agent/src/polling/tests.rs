@@ -12,8 +12,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, FaultAction};
-use rm_github::{ClientConfig, GithubClient, ManualClock, Target};
-use rm_journal::{JOURNAL_FILE, JobId, Journal, PollJournal, Reader, Retention};
+use rm_github::{ClientConfig, GithubClient, Target};
+use rm_journal::{JOURNAL_FILE, Journal, PollJournal, Reader, Retention};
+use rm_vocab::JobId;
+use rm_vocab::ManualClock;
 
 use super::schedule::Pace;
 use super::status::PassReport;
@@ -129,8 +131,12 @@ async fn step_through(h: &Harness, poller: &mut Poller, until: Duration) -> (usi
 }
 
 fn next_poll_secs(poller: &Poller, h: &Harness) -> u64 {
-    use rm_github::Clock as _;
-    poller.status().borrow().next_poll_in_ms(h.clock.now()) / 1000
+    use rm_vocab::Clock as _;
+    poller
+        .status()
+        .borrow()
+        .next_poll_in_ms(h.clock.now().to_system_time())
+        / 1000
 }
 
 #[tokio::test]
@@ -254,7 +260,7 @@ async fn an_outage_backs_off_as_specified_and_recovery_resumes_the_normal_pace()
         let wake = poller
             .status()
             .borrow()
-            .next_poll_in_ms(rm_github::Clock::now(&h.clock));
+            .next_poll_in_ms(rm_vocab::Clock::now(&h.clock).to_system_time());
         h.advance(Duration::from_millis(wake));
         let report = poller.poll_once().await.unwrap();
         assert_eq!(report.failure, Some("offline"));
@@ -294,7 +300,7 @@ async fn jobs_the_fake_cancelled_stop_being_queued_once_their_runs_vanish() {
     let wake = poller
         .status()
         .borrow()
-        .next_poll_in_ms(rm_github::Clock::now(&h.clock));
+        .next_poll_in_ms(rm_vocab::Clock::now(&h.clock).to_system_time());
     h.advance(Duration::from_millis(wake));
     let first = poller.poll_once().await.unwrap();
     assert_eq!((first.stale_checked, first.stale_resolved), (7, 7));
@@ -332,8 +338,8 @@ async fn an_organizations_repositories_are_listed_again_when_old_or_changed() {
             event: "installation".into(),
             headers: Vec::new(),
             body: serde_json::to_vec(&body).unwrap(),
-            received_at_ms: rm_handlers::UnixMs::new(rm_journal::now_ms()),
-            source: rm_handlers::Source::Webhook,
+            received_at_ms: rm_vocab::now(),
+            source: rm_vocab::Source::Webhook,
         })
         .await
         .unwrap();

@@ -19,9 +19,9 @@ use bytes::Bytes;
 use futures_util::StreamExt as _;
 use http::{Request, StatusCode, header};
 use http_body_util::{BodyExt as _, Full};
-use rm_handlers::Source;
 use rm_journal::{Journal, JournalError};
 use rm_receiver::WebhookSecrets;
+use rm_vocab::Source;
 use secrecy::{ExposeSecret as _, SecretString};
 use tokio::sync::watch;
 
@@ -233,12 +233,7 @@ impl Subscription {
             }
         };
         let incoming = rm_receiver::envelope(&relayed.headers).and_then(|envelope| {
-            envelope.verify(
-                &self.secrets,
-                relayed.body,
-                rm_journal::now_ms(),
-                Source::Relay,
-            )
+            envelope.verify(&self.secrets, relayed.body, rm_vocab::now(), Source::Relay)
         });
         let incoming = match incoming {
             Ok(incoming) => incoming,

@@ -259,7 +259,7 @@ fn receive_on_postgres_commits_before_202_and_stops_on_sigterm() {
             .claim(&rm_journal::ClaimRequest {
                 host: "other-host",
                 policy: "linux",
-                job_ids: &[rm_journal::JobId::new(i64::try_from(job_id).unwrap())],
+                job_ids: &[rm_vocab::JobId::new(i64::try_from(job_id).unwrap())],
                 max_runners: None,
             })
             .unwrap();

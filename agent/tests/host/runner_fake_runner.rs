@@ -240,7 +240,7 @@ async fn a_runner_refused_for_its_version_is_concluded_as_such_from_its_own_log(
     let decision = recovery_decision(
         &AttemptFacts {
             state: AttemptState::Idle,
-            state_changed_at_ms: 0,
+            state_changed_at_ms: rm_vocab::UnixMs::EPOCH,
             stop_intent: None,
         },
         &Observation {
@@ -254,7 +254,7 @@ async fn a_runner_refused_for_its_version_is_concluded_as_such_from_its_own_log(
             },
         },
         &Timeouts::supervision(Duration::from_secs(300), Duration::from_secs(600)),
-        1_000,
+        rm_vocab::UnixMs::new(1_000),
     );
     assert_eq!(
         decision,

@@ -22,7 +22,8 @@ use rm_fake_github::limits::REGISTRATION_LIMIT;
 use rm_fake_github::{AppKeyPair, ContentCounting, FakeGithub, FakeOptions, SecondaryLimits};
 use rm_github::pacing::{DOCUMENTED, Pacing};
 use rm_github::types::JitRequest;
-use rm_github::{ClientConfig, Clock as _, GithubClient, GithubError, ManualClock, Target};
+use rm_github::{ClientConfig, GithubClient, GithubError, Target};
+use rm_vocab::{Clock as _, ManualClock};
 
 const APP_ID: u64 = 4242;
 
@@ -76,13 +77,13 @@ async fn run(
         ..ClientConfig::new(fake.api_url(), APP_ID, key.private_pem.clone())
     };
     let client = GithubClient::with_clock(config, Arc::new(clock.clone()))?;
-    let start = clock.now();
+    let start = clock.now().to_system_time();
     // Wanted registrations by when they may next be tried (index → target), earliest first.
     let mut due: BTreeMap<(SystemTime, usize), ()> =
         (0..args.registrations).map(|n| ((start, n), ())).collect();
     let mut created = Vec::with_capacity(args.registrations);
     while let Some(((at, n), ())) = due.pop_first() {
-        if let Ok(ahead) = at.duration_since(clock.now()) {
+        if let Ok(ahead) = at.duration_since(clock.now().to_system_time()) {
             clock.advance(ahead);
             fake.advance_clock(ahead);
         }
@@ -96,9 +97,9 @@ async fn run(
             .generate_jitconfig(&targets[n % targets.len()], &request)
             .await
         {
-            Ok(_) => created.push(clock.now()),
+            Ok(_) => created.push(clock.now().to_system_time()),
             Err(GithubError::RateLimited { retry_at, .. }) => {
-                let retry = retry_at.max(clock.now() + Duration::from_millis(1));
+                let retry = retry_at.max(clock.now().to_system_time() + Duration::from_millis(1));
                 due.insert((retry, n), ());
             }
             Err(other) => return Err(other).context(format!("registration {n}")),

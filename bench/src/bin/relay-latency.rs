@@ -140,7 +140,7 @@ fn ensure_smee(node_dir: &Path) -> Result<(PathBuf, String)> {
 async fn send(http: &Http, req: Request<Full<Bytes>>) -> Result<(StatusCode, i64, Bytes)> {
     let what = format!("{} {}", req.method(), req.uri());
     let resp = http.request(req).await.context(what)?;
-    let at = rm_journal::now_ms();
+    let at = rm_vocab::now().get();
     let status = resp.status();
     Ok((status, at, resp.into_body().collect().await?.to_bytes()))
 }

@@ -7,7 +7,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions};
-use rm_github::{ClientConfig, GithubClient, ManualClock};
+use rm_github::{ClientConfig, GithubClient};
+use rm_vocab::ManualClock;
 
 pub(crate) const APP_ID: u64 = 4242;
 

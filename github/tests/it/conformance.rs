@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use rm_handlers::JobId;
+use rm_vocab::JobId;
 use serde_json::Value;
 
 use crate::common::*;

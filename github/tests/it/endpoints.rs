@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use rm_fake_github::FaultAction;
 use rm_github::GithubError;
-use rm_handlers::JobId;
+use rm_vocab::JobId;
 use secrecy::ExposeSecret;
 
 use crate::common::*;

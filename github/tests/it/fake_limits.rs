@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use rm_fake_github::{ContentCounting, LimitStatus, SecondaryLimits};
 use rm_github::pacing::{CONTENT_LEARNED_FOR, ContentReason, MINUTE, Pacing};
-use rm_github::{Clock as _, GithubError, LimitKind};
+use rm_github::{GithubError, LimitKind};
+use rm_vocab::Clock as _;
 
 use crate::common::*;
 
@@ -98,7 +99,7 @@ async fn a_tighter_limit_at_github_is_honoured_in_either_status() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         assert!(secs >= 55, "retry-after {secs}");
-        let now = h.clock.now();
+        let now = h.clock.now().to_system_time();
         assert!(
             retry_at >= now + Duration::from_secs(secs - 1),
             "retry-after read"
@@ -141,7 +142,7 @@ async fn a_spent_quota_is_a_primary_limit_in_either_status() {
                 retry_at,
                 ..
             }) => {
-                let now = h.clock.now();
+                let now = h.clock.now().to_system_time();
                 assert!(retry_at > now + Duration::from_secs(590), "{status:?}");
             }
             other => panic!("{status:?}: {other:?}"),
@@ -200,10 +201,10 @@ async fn register_when_allowed(h: &Harness, target: &rm_github::Target, name: &s
             .generate_jitconfig(target, &jit_request(name))
             .await
         {
-            Ok(_) => return h.clock.now(),
+            Ok(_) => return h.clock.now().to_system_time(),
             Err(GithubError::RateLimited { retry_at, .. }) => {
                 let wait = retry_at
-                    .duration_since(h.clock.now())
+                    .duration_since(h.clock.now().to_system_time())
                     .unwrap_or(Duration::ZERO);
                 h.advance(wait.max(Duration::from_millis(1)));
             }
@@ -288,12 +289,12 @@ async fn loose_github_takes_2000_registrations_in_an_hour_without_a_limit() {
         Pacing::default(),
         Duration::ZERO,
     );
-    let start = h.clock.now();
+    let start = h.clock.now().to_system_time();
     // 2,000 in 3,600 s: a burst of 100 every 180 s (each burst inside the template's 180 a
     // minute), the last burst 57 minutes in.
     for burst in 0..20u64 {
         let due = start + Duration::from_secs(burst * 180);
-        if let Ok(ahead) = due.duration_since(h.clock.now()) {
+        if let Ok(ahead) = due.duration_since(h.clock.now().to_system_time()) {
             h.advance(ahead);
         }
         for n in 0..100 {
@@ -301,7 +302,7 @@ async fn loose_github_takes_2000_registrations_in_an_hour_without_a_limit() {
         }
     }
     assert!(
-        h.clock.now() < start + Duration::from_secs(3600),
+        h.clock.now().to_system_time() < start + Duration::from_secs(3600),
         "over the hour"
     );
     let requests = h.fake.requests();

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use rm_github::{GithubError, LimitKind};
-use rm_handlers::RunnerId;
+use rm_vocab::RunnerId;
 
 use crate::common::*;
 

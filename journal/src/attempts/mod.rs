@@ -19,7 +19,7 @@ mod types;
 
 use std::path::Path;
 
-use rm_handlers::{JobId, RunnerId};
+use rm_vocab::{JobId, RunnerId};
 use rusqlite::Connection;
 
 use sql::*;
@@ -27,6 +27,7 @@ pub(crate) use sql::{ATTEMPT_COLUMNS, attempt_row};
 pub use types::*;
 
 use crate::{JournalError, connection};
+use rm_vocab::UnixMs;
 
 /// The agent's handle on the attempt table: its own write connection, opened with the same
 /// settings as the group writer (WAL, `synchronous=FULL`, busy timeout), so a call that returns
@@ -81,7 +82,7 @@ impl Attempts {
         &self,
         id: &AttemptId,
         runner_id: RunnerId,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, AttemptError> {
         jit_received(&self.conn, id, runner_id, at_ms)
     }
@@ -92,7 +93,7 @@ impl Attempts {
         id: &AttemptId,
         pid: u32,
         pid_start_time: u64,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, AttemptError> {
         started(&self.conn, id, pid, pid_start_time, None, at_ms)
     }
@@ -104,7 +105,7 @@ impl Attempts {
         pid: u32,
         pid_start_time: u64,
         boot_id: &str,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, AttemptError> {
         started(&self.conn, id, pid, pid_start_time, Some(boot_id), at_ms)
     }
@@ -114,7 +115,7 @@ impl Attempts {
         &self,
         id: &AttemptId,
         from: AttemptState,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, AttemptError> {
         mark_idle(&self.conn, id, from, at_ms)
     }
@@ -124,7 +125,7 @@ impl Attempts {
         &self,
         id: &AttemptId,
         job_id: Option<JobId>,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, AttemptError> {
         mark_busy(&self.conn, id, job_id, at_ms)
     }
@@ -135,7 +136,7 @@ impl Attempts {
         &self,
         id: &AttemptId,
         runner_id: RunnerId,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, AttemptError> {
         record_once(&self.conn, id, "runner_id", runner_id.get(), at_ms)
     }
@@ -146,7 +147,7 @@ impl Attempts {
         &self,
         id: &AttemptId,
         job_id: JobId,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, AttemptError> {
         record_once(&self.conn, id, "job_id", job_id.get(), at_ms)
     }
@@ -156,7 +157,7 @@ impl Attempts {
         &self,
         id: &AttemptId,
         intent: StopIntent,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, AttemptError> {
         record_stop_intent(&self.conn, id, intent, at_ms)
     }
@@ -169,7 +170,7 @@ impl Attempts {
         outcome: AttemptOutcome,
         reason: Option<&str>,
         detail: Option<&str>,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, AttemptError> {
         conclude(&self.conn, id, from, outcome, reason, detail, at_ms)
     }
@@ -181,7 +182,7 @@ impl Attempts {
     pub fn intend_rerun(
         &self,
         new: &crate::NewRerun<'_>,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, AttemptError> {
         crate::reruns::intend(&self.conn, new, at_ms)
     }
@@ -193,13 +194,13 @@ impl Attempts {
         from: crate::RerunState,
         to: crate::RerunState,
         detail: Option<&str>,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, AttemptError> {
         crate::reruns::advance(&self.conn, job_id, from, to, detail, at_ms)
     }
 
     /// At start: every re-run left `sending` becomes `unknown`; returns those jobs.
-    pub fn settle_interrupted_reruns(&self, at_ms: i64) -> Result<Vec<JobId>, AttemptError> {
+    pub fn settle_interrupted_reruns(&self, at_ms: UnixMs) -> Result<Vec<JobId>, AttemptError> {
         crate::reruns::settle_interrupted(&self.conn, at_ms)
     }
 
@@ -214,7 +215,7 @@ impl Attempts {
     }
 
     /// `finished | failed | orphaned → cleaned`.
-    pub fn mark_cleaned(&self, id: &AttemptId, at_ms: i64) -> Result<bool, AttemptError> {
+    pub fn mark_cleaned(&self, id: &AttemptId, at_ms: UnixMs) -> Result<bool, AttemptError> {
         mark_cleaned(&self.conn, id, at_ms)
     }
 }

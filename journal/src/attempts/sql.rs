@@ -3,12 +3,13 @@
 
 use std::path::PathBuf;
 
-use rm_handlers::{JobId, RunnerId};
+use rm_vocab::{JobId, RunnerId};
 use rusqlite::types::ToSql;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, params};
 
 use super::types::AttemptState::{Busy, Cleaned, Idle, JitReceived, Starting};
 use super::types::*;
+use rm_vocab::UnixMs;
 
 pub(crate) const ATTEMPT_COLUMNS: &str = "attempt_id, policy, runner_name, workspace, runtime_dir, state, \
      state_changed_at, outcome, reason, detail, runner_id, job_id, pid, pid_start_time, stop_intent, \
@@ -231,7 +232,7 @@ pub(super) fn compare_and_set(
     to: AttemptState,
     set: &str,
     extra: &[&dyn ToSql],
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
     for state in from {
         if !AttemptState::can_move(*state, to) {
@@ -263,7 +264,7 @@ pub(crate) fn jit_received(
     conn: &Connection,
     id: &AttemptId,
     runner_id: RunnerId,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
     compare_and_set(
         conn,
@@ -283,7 +284,7 @@ pub(crate) fn started(
     pid: u32,
     pid_start_time: u64,
     boot_id: Option<&str>,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
     compare_and_set(
         conn,
@@ -306,7 +307,7 @@ pub(crate) fn mark_idle(
     conn: &Connection,
     id: &AttemptId,
     from: AttemptState,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
     compare_and_set(conn, id, &[from], Idle, "", &[], at_ms)
 }
@@ -317,7 +318,7 @@ pub(crate) fn mark_busy(
     conn: &Connection,
     id: &AttemptId,
     job_id: Option<JobId>,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
     compare_and_set(
         conn,
@@ -337,7 +338,7 @@ pub(super) fn record_once(
     id: &AttemptId,
     column: &'static str,
     value: i64,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
     let changed = conn
         .prepare_cached(&format!(
@@ -375,7 +376,7 @@ pub(crate) fn record_stop_intent(
     conn: &Connection,
     id: &AttemptId,
     intent: StopIntent,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
     let changed = conn
         .prepare_cached(&format!(
@@ -397,7 +398,7 @@ pub(crate) fn conclude(
     outcome: AttemptOutcome,
     reason: Option<&str>,
     detail: Option<&str>,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
     compare_and_set(
         conn,
@@ -415,7 +416,7 @@ pub(crate) fn conclude(
 pub(crate) fn mark_cleaned(
     conn: &Connection,
     id: &AttemptId,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
     compare_and_set(
         conn,

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
-use rm_handlers::{JobId, UnixMs};
+use rm_vocab::{JobId, UnixMs};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{
@@ -47,10 +47,10 @@ impl Fleet for LocalFleet {
                 |row| row.get(0),
             )
             .optional()?;
-        let now = crate::now_ms();
+        let now = rm_vocab::now();
         let expires_at_ms = expiry(now, ttl);
         let (labels, policies) = (json_names(&info.labels), json_names(&info.policies));
-        let renewal = match renewal(current, now) {
+        let renewal = match renewal(current.map(UnixMs::new), now) {
             Renewal::Renewed => {
                 tx.execute(
                     "UPDATE hosts SET renewed_at = ?2, expires_at = ?3, labels = ?4,
@@ -87,7 +87,7 @@ impl Fleet for LocalFleet {
         tx.commit()?;
         Ok(Lease {
             renewal,
-            expires_at_ms: UnixMs::new(expires_at_ms),
+            expires_at_ms,
         })
     }
 
@@ -102,7 +102,7 @@ impl Fleet for LocalFleet {
 
     fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<Claimed, FleetError> {
         let tx = self.begin()?;
-        let now = crate::now_ms();
+        let now = rm_vocab::now();
         let own: Option<i64> = tx
             .query_row(
                 "SELECT expires_at FROM hosts WHERE host = ?1",
@@ -110,7 +110,7 @@ impl Fleet for LocalFleet {
                 |row| row.get(0),
             )
             .optional()?;
-        if !own.is_some_and(|expires| lease_live(expires, now)) {
+        if !own.is_some_and(|expires| lease_live(UnixMs::new(expires), now)) {
             return Err(FleetError::LeaseExpired {
                 host: request.host.to_owned(),
             });
@@ -128,7 +128,7 @@ impl Fleet for LocalFleet {
                     continue;
                 }
                 let held: Option<i64> = holder.query_row([job_id], |r| r.get(0)).optional()?;
-                if !held.is_some_and(|expires| lease_live(expires, now)) {
+                if !held.is_some_and(|expires| lease_live(UnixMs::new(expires), now)) {
                     free.insert(job_id);
                 }
             }
@@ -145,7 +145,7 @@ impl Fleet for LocalFleet {
                 let expiries = stmt.query_map([request.policy], |row| row.get::<_, i64>(0))?;
                 let mut live = 0;
                 for expires in expiries {
-                    if lease_live(expires?, now) {
+                    if lease_live(UnixMs::new(expires?), now) {
                         live += 1;
                     }
                 }
@@ -202,9 +202,13 @@ impl Fleet for LocalFleet {
                 |row| Ok((row.get(0)?, row.get(1)?)),
             )
             .optional()?;
-        let now = crate::now_ms();
+        let now = rm_vocab::now();
         let expires = expiry(now, ttl);
-        let decision = lead(current.as_ref().map(|(h, e)| (h.as_str(), *e)), host, now);
+        let decision = lead(
+            current.as_ref().map(|(h, e)| (h.as_str(), UnixMs::new(*e))),
+            host,
+            now,
+        );
         match decision {
             Lead::Take => {
                 tx.execute(
@@ -243,16 +247,16 @@ impl Fleet for LocalFleet {
         windows: &[SpendWindow],
     ) -> Result<Option<Duration>, FleetError> {
         let tx = self.begin()?;
-        let now = crate::now_ms();
+        let now = rm_vocab::now();
         tx.execute(
             "DELETE FROM spends WHERE scope = ?1 AND sent_at <= ?2",
-            params![scope, now.saturating_sub(longest_ms(windows))],
+            params![scope, now.get().saturating_sub(longest_ms(windows))],
         )?;
         let sent: Vec<i64> = tx
             .prepare("SELECT sent_at FROM spends WHERE scope = ?1 ORDER BY sent_at")?
             .query_map([scope], |row| row.get(0))?
             .collect::<rusqlite::Result<_>>()?;
-        let wait = room_after(&sent, now, windows);
+        let wait = room_after(&sent, now.get(), windows);
         if wait.is_none() {
             tx.execute(
                 "INSERT INTO spends (scope, sent_at, host) VALUES (?1, ?2, ?3)",
@@ -266,7 +270,7 @@ impl Fleet for LocalFleet {
     fn view(&mut self) -> Result<FleetView, FleetError> {
         // A deferred transaction: one consistent snapshot of the three tables.
         let tx = self.conn.transaction()?;
-        let now = crate::now_ms();
+        let now = rm_vocab::now();
         let hosts = tx
             .prepare(
                 "SELECT host, registered_at, renewed_at, expires_at, labels, policies

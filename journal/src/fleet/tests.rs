@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use ::postgres::{Client, NoTls};
-use rm_handlers::{JobId, JobState, UnixMs};
+use rm_vocab::{JobId, JobState, UnixMs};
 
 use super::*;
 use crate::intake_tests::{Postgres, Sqlite, job_delivery, off_runtime};
@@ -26,34 +26,39 @@ const BOUND: Duration = Duration::from_secs(30);
 
 // --- The pure rules. ---
 
+/// The instant `ms` after the epoch: the pure rules' explicit times.
+fn t(ms: i64) -> UnixMs {
+    UnixMs::new(ms)
+}
+
 #[test]
 fn a_lease_holds_until_its_expiry_and_not_at_it() {
-    assert!(lease_live(1_000, 999));
-    assert!(!lease_live(1_000, 1_000));
-    assert!(!lease_live(1_000, 1_001));
-    assert_eq!(expiry(1_000, Duration::from_millis(250)), 1_250);
-    assert_eq!(expiry(i64::MAX - 1, Duration::from_secs(1)), i64::MAX);
-    assert_eq!(expiry(0, Duration::MAX), i64::MAX);
+    assert!(lease_live(t(1_000), t(999)));
+    assert!(!lease_live(t(1_000), t(1_000)));
+    assert!(!lease_live(t(1_000), t(1_001)));
+    assert_eq!(expiry(t(1_000), Duration::from_millis(250)), t(1_250));
+    assert_eq!(expiry(t(i64::MAX - 1), Duration::from_secs(1)), t(i64::MAX));
+    assert_eq!(expiry(t(0), Duration::MAX), t(i64::MAX));
 }
 
 #[test]
 fn a_renewal_registers_renews_or_reacquires() {
-    assert_eq!(renewal(None, 5), Renewal::Registered);
-    assert_eq!(renewal(Some(6), 5), Renewal::Renewed);
+    assert_eq!(renewal(None, t(5)), Renewal::Registered);
+    assert_eq!(renewal(Some(t(6)), t(5)), Renewal::Renewed);
     assert_eq!(
-        renewal(Some(5), 5),
+        renewal(Some(t(5)), t(5)),
         Renewal::Reacquired { dropped_claims: 0 }
     );
 }
 
 #[test]
 fn a_role_is_taken_when_free_or_expired_and_renewed_by_its_holder() {
-    assert_eq!(lead(None, "a", 5), Lead::Take);
-    assert_eq!(lead(Some(("a", 10)), "a", 5), Lead::Renew);
+    assert_eq!(lead(None, "a", t(5)), Lead::Take);
+    assert_eq!(lead(Some(("a", t(10))), "a", t(5)), Lead::Renew);
     // Its holder renews even an expired lease (nobody took it meanwhile).
-    assert_eq!(lead(Some(("a", 1)), "a", 5), Lead::Renew);
-    assert_eq!(lead(Some(("b", 10)), "a", 5), Lead::Refuse);
-    assert_eq!(lead(Some(("b", 5)), "a", 5), Lead::Take);
+    assert_eq!(lead(Some(("a", t(1))), "a", t(5)), Lead::Renew);
+    assert_eq!(lead(Some(("b", t(10))), "a", t(5)), Lead::Refuse);
+    assert_eq!(lead(Some(("b", t(5))), "a", t(5)), Lead::Take);
 }
 
 #[test]
@@ -113,8 +118,8 @@ fn choosing_keeps_the_request_s_order_each_job_once_and_the_ceiling() {
 fn the_view_shows_claims_only_under_live_hosts_and_only_live_leaders() {
     let host = |name: &str, expires| HostRow {
         host: name.to_owned(),
-        registered_at_ms: 1,
-        renewed_at_ms: 2,
+        registered_at_ms: t(1),
+        renewed_at_ms: t(2),
         expires_at_ms: expires,
         labels: r#"["self-hosted"]"#.to_owned(),
         policies: r#"["small"]"#.to_owned(),
@@ -137,8 +142,8 @@ fn the_view_shows_claims_only_under_live_hosts_and_only_live_leaders() {
         expires_at_ms: UnixMs::new(expires),
     };
     let view = assemble(
-        100,
-        vec![host("a", 200), host("dead", 100)],
+        t(100),
+        vec![host("a", t(200)), host("dead", t(100))],
         vec![
             claim("a", 1, JobState::Queued),
             claim("a", 2, JobState::InProgress),

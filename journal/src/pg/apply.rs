@@ -1,6 +1,6 @@
 //! Applying a handler's verdict to the PostgreSQL journal inside the writer's transaction: the
 //! same rule as SQLite's (`crate::apply`: the outcome from `apply_verdict_with`, the forward-only
-//! merge from `rm_handlers::merge_job`), in PostgreSQL's SQL. Unlike SQLite, several writers
+//! merge from `rm_vocab::merge_job`), in PostgreSQL's SQL. Unlike SQLite, several writers
 //! (one per receiver) run at once, so a job row is read `FOR UPDATE` before it is merged, and an
 //! insert that lost a race to another writer is merged again over the row that won.
 
@@ -8,10 +8,8 @@ use std::collections::HashMap;
 
 use postgres::types::ToSql;
 use postgres::{Row, Statement, Transaction};
-use rm_handlers::{
-    Change, Installation, JobId, JobMerge, JobObservation, JobState, Repository, RunnerId, Source,
-    UnixMs,
-};
+use rm_handlers::{Change, Installation, JobObservation, Repository};
+use rm_vocab::{JobId, JobMerge, JobState, RunnerId, Source, UnixMs};
 
 use crate::apply::{Applied, SCOPE_UNCHANGED, apply_verdict_with, job_unchanged};
 
@@ -90,7 +88,7 @@ impl Sql<'_, '_> {
 pub(crate) fn apply_verdict(
     sql: &mut Sql<'_, '_>,
     verdict: &rm_handlers::Verdict,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<Applied, ApplyError> {
     apply_verdict_with(verdict, |change| apply_change(sql, change, at_ms))
 }
@@ -98,7 +96,7 @@ pub(crate) fn apply_verdict(
 fn apply_change(
     sql: &mut Sql<'_, '_>,
     change: &Change,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<Option<String>, ApplyError> {
     let changed = match change {
         Change::Job(job) => return apply_job(sql, job),
@@ -112,7 +110,7 @@ fn apply_change(
                  ON CONFLICT (id) DO UPDATE SET suspended = excluded.suspended,
                      updated_at = excluded.updated_at
                  WHERE installations.suspended != excluded.suspended",
-                &[installation_id, suspended, &at_ms],
+                &[installation_id, suspended, &at_ms.get()],
             )? > 0
         }
         Change::InstallationRemoved { installation_id } => {
@@ -120,7 +118,7 @@ fn apply_change(
                 "INSERT INTO installations (id, removed, updated_at) VALUES ($1, TRUE, $2)
                  ON CONFLICT (id) DO UPDATE SET removed = TRUE, updated_at = excluded.updated_at
                  WHERE NOT installations.removed",
-                &[installation_id, &at_ms],
+                &[installation_id, &at_ms.get()],
             )?;
             let repos = sql.execute(
                 "DELETE FROM installation_repositories WHERE installation_id = $1",
@@ -135,7 +133,7 @@ fn apply_change(
             sql.execute(
                 "INSERT INTO installations (id, updated_at) VALUES ($1, $2)
                  ON CONFLICT (id) DO NOTHING",
-                &[installation_id, &at_ms],
+                &[installation_id, &at_ms.get()],
             )?;
             add_repositories(sql, *installation_id, repositories)? > 0
         }
@@ -184,7 +182,7 @@ pub(crate) fn apply_job(
                 Some(row) => (Some(row.get(0)), row.get(1), row.get(2)),
                 None => (None, None, None),
             };
-        let merge = rm_handlers::merge_job(current.as_deref().and_then(JobState::parse), job.state);
+        let merge = rm_vocab::merge_job(current.as_deref().and_then(JobState::parse), job.state);
         let moved = match merge {
             JobMerge::Insert => {
                 let inserted = sql.execute(
@@ -305,7 +303,7 @@ fn date_stale_sighting(
 fn upsert_installation(
     sql: &mut Sql<'_, '_>,
     installation: &Installation,
-    at_ms: i64,
+    at_ms: UnixMs,
 ) -> Result<bool, postgres::Error> {
     let mut changed = sql.execute(
         "INSERT INTO installations (id, account, account_type, repository_selection,
@@ -323,7 +321,7 @@ fn upsert_installation(
             &installation.account_type,
             &installation.repository_selection,
             &installation.suspended,
-            &at_ms,
+            &at_ms.get(),
         ],
     )? > 0;
     if let Some(repositories) = &installation.repositories {

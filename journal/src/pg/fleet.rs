@@ -28,7 +28,7 @@ use std::time::Duration;
 use postgres::{Client, Transaction};
 
 use super::tls::PgConnect;
-use rm_handlers::{JobId, UnixMs};
+use rm_vocab::{JobId, UnixMs};
 
 use crate::JournalError;
 use crate::fleet::{
@@ -99,8 +99,8 @@ impl PgFleet {
     }
 }
 
-fn now_ms(tx: &mut Transaction<'_>) -> Result<i64, postgres::Error> {
-    Ok(tx.query_one(NOW_MS, &[])?.get(0))
+fn now_ms(tx: &mut Transaction<'_>) -> Result<UnixMs, postgres::Error> {
+    Ok(UnixMs::new(tx.query_one(NOW_MS, &[])?.get(0)))
 }
 
 impl Fleet for PgFleet {
@@ -115,13 +115,19 @@ impl Fleet for PgFleet {
         let now = now_ms(&mut tx)?;
         let expires_at_ms = expiry(now, ttl);
         let (labels, policies) = (json_names(&info.labels), json_names(&info.policies));
-        let renewal = match renewal(current, now) {
+        let renewal = match renewal(current.map(UnixMs::new), now) {
             Renewal::Renewed => {
                 tx.execute(
                     "UPDATE hosts SET renewed_at = $2, expires_at = $3, labels = $4,
                          policies = $5
                      WHERE host = $1",
-                    &[&info.host, &now, &expires_at_ms, &labels, &policies],
+                    &[
+                        &info.host,
+                        &now.get(),
+                        &expires_at_ms.get(),
+                        &labels,
+                        &policies,
+                    ],
                 )?;
                 Renewal::Renewed
             }
@@ -136,7 +142,13 @@ impl Fleet for PgFleet {
                      ON CONFLICT (host) DO UPDATE SET registered_at = excluded.registered_at,
                          renewed_at = excluded.renewed_at, expires_at = excluded.expires_at,
                          labels = excluded.labels, policies = excluded.policies",
-                    &[&info.host, &now, &expires_at_ms, &labels, &policies],
+                    &[
+                        &info.host,
+                        &now.get(),
+                        &expires_at_ms.get(),
+                        &labels,
+                        &policies,
+                    ],
                 )?;
                 match fresh {
                     Renewal::Reacquired { .. } => Renewal::Reacquired {
@@ -154,7 +166,7 @@ impl Fleet for PgFleet {
         tx.commit()?;
         Ok(Lease {
             renewal,
-            expires_at_ms: UnixMs::new(expires_at_ms),
+            expires_at_ms,
         })
     }
 
@@ -207,14 +219,14 @@ impl Fleet for PgFleet {
             .collect();
         // 5. The clock, after every lock the decision rests on.
         let now = now_ms(&mut tx)?;
-        if !own.is_some_and(|expires| lease_live(expires, now)) {
+        if !own.is_some_and(|expires| lease_live(UnixMs::new(expires), now)) {
             return Err(FleetError::LeaseExpired {
                 host: request.host.to_owned(),
             });
         }
         let taken: HashSet<i64> = held
             .iter()
-            .filter(|(_, expires)| lease_live(*expires, now))
+            .filter(|(_, expires)| lease_live(UnixMs::new(*expires), now))
             .map(|(job_id, _)| *job_id)
             .collect();
         let free: HashSet<JobId> = locked
@@ -233,7 +245,7 @@ impl Fleet for PgFleet {
                     &[&request.policy],
                 )?
                 .iter()
-                .filter(|row| lease_live(row.get(0), now))
+                .filter(|row| lease_live(UnixMs::new(row.get(0)), now))
                 .count(),
         };
         let (job_ids, at_ceiling) = choose(request.job_ids, &free, live, request.max_runners);
@@ -248,7 +260,7 @@ impl Fleet for PgFleet {
                     &super::job_numbers(&job_ids),
                     &request.host,
                     &request.policy,
-                    &now,
+                    &now.get(),
                 ],
             )?;
         }
@@ -289,7 +301,7 @@ impl Fleet for PgFleet {
         let inserted = tx.execute(
             "INSERT INTO leaders (role, host, acquired_at, renewed_at, expires_at)
              VALUES ($1, $2, $3, $3, $4) ON CONFLICT (role) DO NOTHING",
-            &[&role, &host, &now, &expiry(now, ttl)],
+            &[&role, &host, &now.get(), &expiry(now, ttl).get()],
         )?;
         if inserted == 1 {
             tx.commit()?;
@@ -303,14 +315,18 @@ impl Fleet for PgFleet {
             .map(|row| (row.get(0), row.get(1)));
         let now = now_ms(&mut tx)?;
         let expires = expiry(now, ttl);
-        let decision = lead(current.as_ref().map(|(h, e)| (h.as_str(), *e)), host, now);
+        let decision = lead(
+            current.as_ref().map(|(h, e)| (h.as_str(), UnixMs::new(*e))),
+            host,
+            now,
+        );
         let leads = match decision {
             // Resigned between the insert and the lock: whoever inserts first leads.
             Lead::Take if current.is_none() => {
                 tx.execute(
                     "INSERT INTO leaders (role, host, acquired_at, renewed_at, expires_at)
                      VALUES ($1, $2, $3, $3, $4) ON CONFLICT (role) DO NOTHING",
-                    &[&role, &host, &now, &expires],
+                    &[&role, &host, &now.get(), &expires.get()],
                 )? == 1
             }
             Lead::Take => {
@@ -318,14 +334,14 @@ impl Fleet for PgFleet {
                     "UPDATE leaders SET host = $2, acquired_at = $3, renewed_at = $3,
                          expires_at = $4
                      WHERE role = $1",
-                    &[&role, &host, &now, &expires],
+                    &[&role, &host, &now.get(), &expires.get()],
                 )?;
                 true
             }
             Lead::Renew => {
                 tx.execute(
                     "UPDATE leaders SET renewed_at = $2, expires_at = $3 WHERE role = $1",
-                    &[&role, &now, &expires],
+                    &[&role, &now.get(), &expires.get()],
                 )?;
                 true
             }
@@ -359,7 +375,7 @@ impl Fleet for PgFleet {
         let now = now_ms(&mut tx)?;
         tx.execute(
             "DELETE FROM spends WHERE scope = $1 AND sent_at <= $2",
-            &[&scope, &now.saturating_sub(longest_ms(windows))],
+            &[&scope, &now.get().saturating_sub(longest_ms(windows))],
         )?;
         let sent: Vec<i64> = tx
             .query(
@@ -369,11 +385,11 @@ impl Fleet for PgFleet {
             .iter()
             .map(|row| row.get(0))
             .collect();
-        let wait = room_after(&sent, now, windows);
+        let wait = room_after(&sent, now.get(), windows);
         if wait.is_none() {
             tx.execute(
                 "INSERT INTO spends (scope, sent_at, host) VALUES ($1, $2, $3)",
-                &[&scope, &now, &host],
+                &[&scope, &now.get(), &host],
             )?;
         }
         tx.commit()?;
@@ -398,9 +414,9 @@ impl Fleet for PgFleet {
             .iter()
             .map(|row| HostRow {
                 host: row.get(0),
-                registered_at_ms: row.get(1),
-                renewed_at_ms: row.get(2),
-                expires_at_ms: row.get(3),
+                registered_at_ms: UnixMs::new(row.get(1)),
+                renewed_at_ms: UnixMs::new(row.get(2)),
+                expires_at_ms: UnixMs::new(row.get(3)),
                 labels: row.get(4),
                 policies: row.get(5),
             })

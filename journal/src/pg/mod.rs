@@ -27,7 +27,7 @@ pub use replay::replay_pg;
 pub use target::{PgSslMode, PgTarget, PgUrlError};
 pub use writer::PgJournal;
 
-use rm_handlers::JobId;
+use rm_vocab::JobId;
 
 /// A PostgreSQL error in one line: the server's message and SQLSTATE, or what failed on the
 /// way to it (the client's `Display` says only "db error"). Never the connection string.
@@ -42,9 +42,9 @@ pub(crate) fn describe(err: &postgres::Error) -> String {
 }
 
 /// Job ids as a statement binds a list of them (`= ANY($1)`, `unnest($1::bigint[])`). The
-/// `postgres` crate's traits are foreign to [`JobId`] and [`rm_handlers::RunnerId`], so the ids
+/// `postgres` crate's traits are foreign to [`JobId`] and [`rm_vocab::RunnerId`], so the ids
 /// cross this edge as their numbers: `id.get()` bound, `JobId::new(row.get(i))` read. Times
-/// ([`rm_handlers::UnixMs`]) cross it the same way: `t.get()` bound, `UnixMs::new(row.get(i))`
+/// ([`rm_vocab::UnixMs`]) cross it the same way: `t.get()` bound, `UnixMs::new(row.get(i))`
 /// read.
 pub(crate) fn job_numbers(ids: &[JobId]) -> Vec<i64> {
     ids.iter().map(|id| id.get()).collect()

@@ -2,7 +2,7 @@
 //! [`crate::PollStore`]): what the poller of each host in a fleet writes and reads in the shared
 //! database. The same tables as SQLite's (`jobs`, `poll_cursors`, `redeliveries`, the
 //! installations) and the same merge: a sighting goes through the intake's `apply_job`
-//! (`rm_handlers::merge_job`, forward only), so a poll and a webhook for one job meet in one
+//! (`rm_vocab::merge_job`, forward only), so a poll and a webhook for one job meet in one
 //! place whichever arrives first.
 //!
 //! Several writers touch the job rows at once here (the intake writer of every receiver, the
@@ -15,7 +15,8 @@ use std::collections::HashSet;
 use postgres::Client;
 
 use super::tls::PgConnect;
-use rm_handlers::{JobId, JobObservation, UnixMs};
+use rm_handlers::JobObservation;
+use rm_vocab::{JobId, UnixMs};
 
 use super::apply::{ApplyError, Sql, StatementCache, apply_job};
 use crate::JournalError;
@@ -163,8 +164,8 @@ impl PollStore for PgPollJournal {
 
     fn stale_queued(
         &mut self,
-        queued_before_ms: i64,
-        checked_before_ms: i64,
+        queued_before_ms: UnixMs,
+        checked_before_ms: UnixMs,
     ) -> Result<Vec<QueuedJobRef>, JournalError> {
         Ok(self
             .client()?
@@ -173,7 +174,7 @@ impl PollStore for PgPollJournal {
                  WHERE state = 'queued' AND updated_at < $1
                    AND (checked_at IS NULL OR checked_at < $2)
                  ORDER BY checked_at IS NOT NULL, checked_at, updated_at, job_id",
-                &[&queued_before_ms, &checked_before_ms],
+                &[&queued_before_ms.get(), &checked_before_ms.get()],
             )?
             .iter()
             .map(queued_ref)
@@ -183,7 +184,7 @@ impl PollStore for PgPollJournal {
     fn queued_in_repository(
         &mut self,
         repository: &str,
-        checked_before_ms: i64,
+        checked_before_ms: UnixMs,
     ) -> Result<Vec<(QueuedJobRef, i64)>, JournalError> {
         // GitHub's names are case-insensitive (SQLite compares them `COLLATE NOCASE`).
         Ok(self
@@ -193,26 +194,27 @@ impl PollStore for PgPollJournal {
                  WHERE state = 'queued' AND lower(repository) = lower($1)
                    AND (checked_at IS NULL OR checked_at < $2)
                  ORDER BY job_id",
-                &[&repository, &checked_before_ms],
+                &[&repository, &checked_before_ms.get()],
             )?
             .iter()
             .map(|row| (queued_ref(row), row.get(4)))
             .collect())
     }
 
-    fn mark_checked(&mut self, job_id: JobId, at_ms: i64) -> Result<(), JournalError> {
+    fn mark_checked(&mut self, job_id: JobId, at_ms: UnixMs) -> Result<(), JournalError> {
         self.client()?.execute(
             "UPDATE jobs SET checked_at = $2 WHERE job_id = $1",
-            &[&job_id.get(), &at_ms],
+            &[&job_id.get(), &at_ms.get()],
         )?;
         Ok(())
     }
 
-    fn last_delivery_at(&mut self) -> Result<Option<i64>, JournalError> {
+    fn last_delivery_at(&mut self) -> Result<Option<UnixMs>, JournalError> {
         Ok(self
             .client()?
             .query_one("SELECT MAX(received_at) FROM deliveries", &[])?
-            .get(0))
+            .get::<_, Option<i64>>(0)
+            .map(UnixMs::new))
     }
 
     fn known_guids(&mut self, guids: &[&str]) -> Result<HashSet<String>, JournalError> {
@@ -227,12 +229,12 @@ impl PollStore for PgPollJournal {
         &mut self,
         guid: &str,
         delivery_id: i64,
-        at_ms: i64,
+        at_ms: UnixMs,
     ) -> Result<bool, JournalError> {
         let inserted = self.client()?.execute(
             "INSERT INTO redeliveries (guid, delivery_id, requested_at) VALUES ($1, $2, $3)
              ON CONFLICT (guid) DO NOTHING",
-            &[&guid, &delivery_id, &at_ms],
+            &[&guid, &delivery_id, &at_ms.get()],
         )?;
         Ok(inserted > 0)
     }
@@ -244,12 +246,12 @@ impl PollStore for PgPollJournal {
             .map(|row| row.get(0)))
     }
 
-    fn set_cursor(&mut self, name: &str, value: i64, at_ms: i64) -> Result<(), JournalError> {
+    fn set_cursor(&mut self, name: &str, value: i64, at_ms: UnixMs) -> Result<(), JournalError> {
         self.client()?.execute(
             "INSERT INTO poll_cursors (name, value, updated_at) VALUES ($1, $2, $3)
              ON CONFLICT (name) DO UPDATE SET value = excluded.value,
                  updated_at = excluded.updated_at",
-            &[&name, &value, &at_ms],
+            &[&name, &value, &at_ms.get()],
         )?;
         Ok(())
     }

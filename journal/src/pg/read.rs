@@ -3,7 +3,7 @@
 //! (queued jobs, the jobs its runners took).
 
 use postgres::{Client, GenericClient, Row};
-use rm_handlers::{JobId, RunnerId, UnixMs};
+use rm_vocab::{JobId, RunnerId, UnixMs};
 
 use crate::read::{DELIVERY_COLUMNS, JOB_COLUMNS};
 use crate::{DeliveryRow, InstallationRow, JobRow, JournalError, Outcome, StoredDelivery};
@@ -112,11 +112,12 @@ impl PgReader {
     }
 
     /// When the newest delivery was journalled by any receiver, ms since the Unix epoch.
-    pub fn last_delivery_at(&mut self) -> Result<Option<i64>, JournalError> {
+    pub fn last_delivery_at(&mut self) -> Result<Option<UnixMs>, JournalError> {
         Ok(self
             .client
             .query_one("SELECT MAX(received_at) FROM deliveries", &[])?
-            .get(0))
+            .get::<_, Option<i64>>(0)
+            .map(UnixMs::new))
     }
 
     /// How many deliveries the journal holds.

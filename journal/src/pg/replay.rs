@@ -8,6 +8,7 @@
 use super::apply::{ApplyError, Sql, StatementCache, apply_verdict};
 use super::read::stored_delivery;
 use crate::{JournalError, Outcome};
+use rm_vocab::UnixMs;
 
 /// The application name a replay's connection shows in `pg_stat_activity`.
 const REPLAY_APPLICATION: &str = "rm-journal-replay";
@@ -17,7 +18,7 @@ const REPLAY_APPLICATION: &str = "rm-journal-replay";
 pub fn replay_pg(
     target: &super::PgTarget,
     guid: &str,
-    now_ms: i64,
+    now_ms: UnixMs,
 ) -> Result<(Outcome, Option<String>), JournalError> {
     let mut client = target.client_config(REPLAY_APPLICATION).connect()?;
     super::schema::require_current(&mut client)?;
@@ -43,7 +44,7 @@ pub fn replay_pg(
             &applied.outcome.as_str(),
             &applied.reason,
             &verdict.action(),
-            &now_ms,
+            &now_ms.get(),
         ],
     )?;
     tx.commit()?;

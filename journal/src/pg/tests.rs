@@ -8,7 +8,8 @@ use std::time::Duration;
 use postgres::{Client, NoTls};
 
 use crate::intake_tests::{Postgres, job_delivery, off_runtime};
-use crate::{JobId, Outcome, PgJournal, PgReader, Recorded, SCHEMA_VERSION};
+use crate::{Outcome, PgJournal, PgReader, Recorded, SCHEMA_VERSION};
+use rm_vocab::JobId;
 
 /// A client for a plain (not async) test.
 fn client(url: &str) -> Client {
@@ -313,7 +314,7 @@ async fn a_sighting_whose_insert_loses_a_race_merges_over_the_winner() {
             .unwrap()
             .unwrap()
     });
-    assert_eq!(job.state, rm_handlers::JobState::InProgress);
+    assert_eq!(job.state, rm_vocab::JobState::InProgress);
 }
 
 /// A verdict PostgreSQL cannot store (a repository name with a NUL, which its text type
@@ -337,8 +338,8 @@ async fn a_delivery_that_cannot_be_applied_is_rejected_and_its_group_still_commi
         event: "installation_repositories".to_owned(),
         headers: Vec::new(),
         body: serde_json::to_vec(&body).unwrap(),
-        received_at_ms: rm_handlers::UnixMs::new(1),
-        source: rm_handlers::Source::Webhook,
+        received_at_ms: rm_vocab::UnixMs::new(1),
+        source: rm_vocab::Source::Webhook,
     };
     let held = Held::deliveries(&url);
     let tasks = [bad, job_delivery("fine", 3, "queued", 2)].map(|incoming| {
@@ -374,7 +375,7 @@ async fn a_delivery_that_cannot_be_applied_is_rejected_and_its_group_still_commi
         stored.row.reason
     );
     assert!(stored.body.is_some());
-    assert_eq!(job.unwrap().state, rm_handlers::JobState::Queued);
+    assert_eq!(job.unwrap().state, rm_vocab::JobState::Queued);
 }
 
 /// The listings `rm-agent jobs` and `deliveries` read from the fleet's database: newest first,
@@ -409,7 +410,7 @@ async fn jobs_and_deliveries_are_listed_newest_first_up_to_the_limit() {
     });
     let ids: Vec<i64> = jobs.iter().map(|j| j.job_id.get()).collect();
     assert_eq!(ids, [1, 2], "the job changed last comes first");
-    assert_eq!(jobs[0].state, rm_handlers::JobState::InProgress);
+    assert_eq!(jobs[0].state, rm_vocab::JobState::InProgress);
     assert_eq!(first_job.len(), 1);
     let guids: Vec<&str> = deliveries.iter().map(|d| d.guid.as_str()).collect();
     assert_eq!(guids, ["three", "two", "one"]);

@@ -368,7 +368,7 @@ fn write_batch(
     for (index, id, incoming, verdict) in new {
         let (outcome, reason) = match unappliable.get(&index) {
             Some(reason) => (Outcome::Rejected, Some(reason.clone())),
-            None => match apply_verdict(&mut sql, verdict, incoming.received_at_ms.get()) {
+            None => match apply_verdict(&mut sql, verdict, incoming.received_at_ms) {
                 Ok(applied) => (applied.outcome, applied.reason),
                 Err(ApplyError::Postgres(err)) if !is_data_error(&err) => return Err(err.into()),
                 Err(err) => {

@@ -8,11 +8,14 @@
 use std::time::{Duration, Instant};
 
 use ::postgres::{Client, NoTls};
-use rm_handlers::{JobObservation, JobState, Source};
+use rm_handlers::JobObservation;
+use rm_vocab::{JobState, Source};
 use rusqlite::Connection;
 
 use crate::intake_tests::{Backend, Postgres, Sqlite, job_delivery, off_runtime};
 use crate::*;
+use rm_vocab::JobId;
+use rm_vocab::UnixMs;
 
 /// A journal under test that can also open the poller's store on itself.
 trait PollBackend: Backend {
@@ -90,7 +93,7 @@ fn polled(job_id: i64, state: JobState, at_ms: i64) -> JobObservation {
         job_name: Some("build".to_owned()),
         queued_at_ms: None,
         started_at_ms: None,
-        observed_at_ms: rm_handlers::UnixMs::new(at_ms),
+        observed_at_ms: UnixMs::new(at_ms),
         source: Source::Poll,
     }
 }
@@ -239,7 +242,7 @@ async fn stale_queued_jobs_are_listed_never_checked_first_and_rotate_once_checke
         .unwrap()
     });
     assert_eq!(stale_ids(&mut polls, 5_000, 5_000), vec![1, 2]);
-    polls.call(|p| p.mark_checked(JobId::new(1), 4_000).unwrap());
+    polls.call(|p| p.mark_checked(JobId::new(1), UnixMs::new(4_000)).unwrap());
     assert_eq!(
         stale_ids(&mut polls, 5_000, 3_000),
         vec![2],
@@ -254,7 +257,7 @@ async fn stale_queued_jobs_are_listed_never_checked_first_and_rotate_once_checke
 
 fn stale_ids(polls: &mut Polls, queued_before: i64, checked_before: i64) -> Vec<i64> {
     polls.call(|p| {
-        p.stale_queued(queued_before, checked_before)
+        p.stale_queued(UnixMs::new(queued_before), UnixMs::new(checked_before))
             .unwrap()
             .iter()
             .map(|j| j.job_id.get())
@@ -271,9 +274,12 @@ async fn a_repository_s_queued_jobs_are_found_in_any_case_until_checked<B: PollB
             polled(43, JobState::Queued, 1_000),
         ])
         .unwrap();
-        p.mark_checked(JobId::new(43), 5_000).unwrap();
+        p.mark_checked(JobId::new(43), UnixMs::new(5_000)).unwrap();
     });
-    let found = polls.call(|p| p.queued_in_repository("ACME/Widgets", 4_000).unwrap());
+    let found = polls.call(|p| {
+        p.queued_in_repository("ACME/Widgets", UnixMs::new(4_000))
+            .unwrap()
+    });
     assert_eq!(
         found
             .iter()
@@ -284,7 +290,9 @@ async fn a_repository_s_queued_jobs_are_found_in_any_case_until_checked<B: PollB
     );
     assert!(
         polls
-            .call(|p| p.queued_in_repository("acme/other", i64::MAX).unwrap())
+            .call(|p| p
+                .queued_in_repository("acme/other", UnixMs::new(i64::MAX))
+                .unwrap())
             .is_empty()
     );
 }
@@ -293,7 +301,10 @@ async fn cursors_redeliveries_and_known_guids_persist<B: PollBackend>(b: B) {
     let mut polls = b.open_polls();
     assert_eq!(polls.call(|p| p.last_delivery_at().unwrap()), None);
     b.record(delivery("g-1", 1, "queued", 5_000)).await.unwrap();
-    assert_eq!(polls.call(|p| p.last_delivery_at().unwrap()), Some(5_000));
+    assert_eq!(
+        polls.call(|p| p.last_delivery_at().unwrap()),
+        Some(UnixMs::new(5_000))
+    );
     assert_eq!(
         polls.call(|p| p.known_guids(&["g-1", "g-2"]).unwrap()),
         ["g-1".to_owned()].into()
@@ -304,10 +315,15 @@ async fn cursors_redeliveries_and_known_guids_persist<B: PollBackend>(b: B) {
         None
     );
     polls.call(|p| {
-        p.set_cursor(HOOK_DELIVERY_CURSOR, 10, 1).unwrap();
-        p.set_cursor(HOOK_DELIVERY_CURSOR, 12, 2).unwrap();
-        assert!(p.record_redelivery("g-2", 9, 3).unwrap());
-        assert!(!p.record_redelivery("g-2", 11, 4).unwrap(), "once per GUID");
+        p.set_cursor(HOOK_DELIVERY_CURSOR, 10, UnixMs::new(1))
+            .unwrap();
+        p.set_cursor(HOOK_DELIVERY_CURSOR, 12, UnixMs::new(2))
+            .unwrap();
+        assert!(p.record_redelivery("g-2", 9, UnixMs::new(3)).unwrap());
+        assert!(
+            !p.record_redelivery("g-2", 11, UnixMs::new(4)).unwrap(),
+            "once per GUID"
+        );
     });
     drop(polls);
 

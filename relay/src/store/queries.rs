@@ -6,6 +6,7 @@ use serde_json::{Map, Value};
 
 use crate::limits::{Room, make_room};
 use crate::sse::StoredDelivery;
+use rm_vocab::UnixMs;
 
 /// A stream's catch-up reads at most this many deliveries at a time...
 const BATCH_MAX_ROWS: i64 = 64;
@@ -37,7 +38,7 @@ pub struct NewChannel<'a> {
     pub name: &'a str,
     pub ingest_id: &'a str,
     pub smee_id: &'a str,
-    pub created_at_ms: i64,
+    pub created_at_ms: UnixMs,
 }
 
 /// Creates a channel; `false` when the name is taken (nothing changed).
@@ -62,7 +63,7 @@ pub fn issue_token(
     channel: &str,
     host: &str,
     digest: &str,
-    now_ms: i64,
+    now_ms: UnixMs,
 ) -> rusqlite::Result<bool> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let exists = tx
@@ -129,7 +130,7 @@ pub fn host_for_token(
 pub struct NewDelivery {
     pub channel: String,
     pub guid: String,
-    pub received_at_ms: i64,
+    pub received_at_ms: UnixMs,
     /// The kept headers as a JSON object.
     pub headers: Map<String, Value>,
     pub body: bytes::Bytes,
@@ -307,7 +308,7 @@ pub fn record_ack(
     channel: &str,
     host: &str,
     id: i64,
-    now_ms: i64,
+    now_ms: UnixMs,
 ) -> rusqlite::Result<i64> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let newest: i64 = tx.query_row(

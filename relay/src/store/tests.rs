@@ -1,6 +1,7 @@
 use serde_json::Map;
 
 use super::*;
+use rm_vocab::UnixMs;
 
 fn db() -> (tempfile::TempDir, Connection) {
     let dir = tempfile::tempdir().unwrap();
@@ -18,7 +19,7 @@ fn channel(conn: &Connection, name: &str) {
                 name,
                 ingest_id: &ingest,
                 smee_id: &smee,
-                created_at_ms: 1,
+                created_at_ms: UnixMs::new(1),
             },
         )
         .unwrap()
@@ -31,7 +32,7 @@ fn delivery(channel: &str, guid: &str, body: &[u8]) -> NewDelivery {
     NewDelivery {
         channel: channel.into(),
         guid: guid.into(),
-        received_at_ms: 5,
+        received_at_ms: UnixMs::new(5),
         headers,
         body: bytes::Bytes::copy_from_slice(body),
     }
@@ -74,9 +75,18 @@ fn acks_only_move_forward_and_never_past_the_newest_id() {
     for guid in ["1", "2", "3"] {
         insert_delivery(&mut conn, &delivery("a", guid, b"{}"), u64::MAX).unwrap();
     }
-    assert_eq!(record_ack(&mut conn, "a", "h", 2, 1).unwrap(), 2);
-    assert_eq!(record_ack(&mut conn, "a", "h", 1, 1).unwrap(), 2);
-    assert_eq!(record_ack(&mut conn, "a", "h", 1_000, 1).unwrap(), 3);
+    assert_eq!(
+        record_ack(&mut conn, "a", "h", 2, UnixMs::new(1)).unwrap(),
+        2
+    );
+    assert_eq!(
+        record_ack(&mut conn, "a", "h", 1, UnixMs::new(1)).unwrap(),
+        2
+    );
+    assert_eq!(
+        record_ack(&mut conn, "a", "h", 1_000, UnixMs::new(1)).unwrap(),
+        3
+    );
     assert_eq!(acked(&conn, "a", "h").unwrap(), 3);
     assert_eq!(acked(&conn, "a", "other").unwrap(), 0);
 }
@@ -84,14 +94,14 @@ fn acks_only_move_forward_and_never_past_the_newest_id() {
 #[test]
 fn tokens_are_replaced_per_host_and_revoked() {
     let (_dir, mut conn) = db();
-    assert!(!issue_token(&mut conn, "a", "h", "d0", 1).unwrap());
+    assert!(!issue_token(&mut conn, "a", "h", "d0", UnixMs::new(1)).unwrap());
     channel(&conn, "a");
-    assert!(issue_token(&mut conn, "a", "h", "d1", 1).unwrap());
+    assert!(issue_token(&mut conn, "a", "h", "d1", UnixMs::new(1)).unwrap());
     assert_eq!(
         host_for_token(&conn, "a", "d1").unwrap().as_deref(),
         Some("h")
     );
-    assert!(issue_token(&mut conn, "a", "h", "d2", 2).unwrap());
+    assert!(issue_token(&mut conn, "a", "h", "d2", UnixMs::new(2)).unwrap());
     assert_eq!(host_for_token(&conn, "a", "d1").unwrap(), None);
     assert_eq!(host_for_token(&conn, "b", "d2").unwrap(), None);
     assert!(revoke_token(&conn, "a", "h").unwrap());
@@ -115,8 +125,8 @@ fn the_quota_drops_only_acknowledged_deliveries_oldest_first_then_refuses() {
     let body = [b'x'; 100];
     let size = delivery("a", "g00", &body).body.len() as u64 + 27; // {"x-github-delivery":"g00"}
     let quota = 3 * size;
-    assert!(issue_token(&mut conn, "a", "h1", "d1", 1).unwrap());
-    assert!(issue_token(&mut conn, "a", "h2", "d2", 1).unwrap());
+    assert!(issue_token(&mut conn, "a", "h1", "d1", UnixMs::new(1)).unwrap());
+    assert!(issue_token(&mut conn, "a", "h2", "d2", UnixMs::new(1)).unwrap());
     let mut stored = Vec::new();
     for n in 0..3 {
         let got =
@@ -132,7 +142,7 @@ fn the_quota_drops_only_acknowledged_deliveries_oldest_first_then_refuses() {
         insert_delivery(&mut conn, &delivery("a", "g10", &body), quota).unwrap(),
         Inserted::OverQuota
     );
-    record_ack(&mut conn, "a", "h1", stored[2], 1).unwrap();
+    record_ack(&mut conn, "a", "h1", stored[2], UnixMs::new(1)).unwrap();
     assert_eq!(
         insert_delivery(&mut conn, &delivery("a", "g10", &body), quota).unwrap(),
         Inserted::OverQuota,
@@ -145,7 +155,7 @@ fn the_quota_drops_only_acknowledged_deliveries_oldest_first_then_refuses() {
         Inserted::Duplicate(stored[1])
     );
     // Both hosts past the first two: the oldest goes, and only as many as needed.
-    record_ack(&mut conn, "a", "h2", stored[1], 1).unwrap();
+    record_ack(&mut conn, "a", "h2", stored[1], UnixMs::new(1)).unwrap();
     let got = insert_delivery(&mut conn, &delivery("a", "g10", &body), quota).unwrap();
     let Inserted::New {
         id: fourth,
@@ -186,7 +196,12 @@ fn the_quota_drops_only_acknowledged_deliveries_oldest_first_then_refuses() {
         )
         .unwrap();
     assert_eq!(channel_usage(&conn, "a").unwrap(), used as u64);
-    crate::retention::prune_step(&conn, 10_000, std::time::Duration::from_secs(1)).unwrap();
+    crate::retention::prune_step(
+        &conn,
+        UnixMs::new(10_000),
+        std::time::Duration::from_secs(1),
+    )
+    .unwrap();
     assert_eq!(channel_usage(&conn, "a").unwrap(), 0);
     assert_eq!(channel_usage(&conn, "b").unwrap(), 0);
 }

@@ -55,7 +55,7 @@ pub(crate) fn to_prune(entries: &[Entry], bounds: Bounds, now_ms: i64) -> Vec<St
             .cmp(&a.kept_at_ms)
             .then_with(|| b.attempt.cmp(&a.attempt))
     });
-    let oldest_kept_ms = now_ms.saturating_sub(rm_base::clock::ms(bounds.max_age));
+    let oldest_kept_ms = now_ms.saturating_sub(rm_vocab::millis(bounds.max_age));
     let mut total: u64 = 0;
     let mut cut = newest_first.len();
     for (i, entry) in newest_first.iter().enumerate() {

@@ -90,7 +90,8 @@ pub fn judge(pinned: &str, releases: &[ReleaseSummary], now: SystemTime) -> Wind
         .filter_map(|r| {
             let version = version_of_tag(&r.tag_name)?;
             let order = parse_version(&version)?;
-            let published = humantime::parse_rfc3339_weak(r.published_at.as_deref()?).ok()?;
+            let published =
+                rm_vocab::UnixMs::parse_rfc3339(r.published_at.as_deref()?)?.to_system_time();
             (order > pinned_order).then_some((published, version))
         })
         .min();

@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use rm_fake_github::{AppKeyPair, CrashPoint, FakeGithub, FakeOptions, RunnerBehavior};
-use rm_github::types::JobId;
+use rm_vocab::JobId;
 use tokio::process::{Child, Command};
 
 /// Generous bound for a runner that should exit on its own: tests fail rather than hang.

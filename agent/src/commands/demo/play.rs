@@ -21,8 +21,8 @@ use anyhow::Context as _;
 use rm_fake_github::jit::RUNNER_PROTOCOL_PREFIX;
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, JobStatus, RunnerBehavior};
 use rm_github::{ClientConfig, GithubClient};
-use rm_handlers::UnixMs;
 use rm_journal::{AttemptId, AttemptOutcome, AttemptRecord, AttemptState, Reader, StopIntent};
+use rm_vocab::UnixMs;
 use secrecy::{ExposeSecret as _, SecretString};
 
 use crate::commands::run;
@@ -417,7 +417,7 @@ impl Timeline {
     fn new(started: Instant, journal: PathBuf) -> Timeline {
         let elapsed = i64::try_from(started.elapsed().as_millis()).unwrap_or(0);
         Timeline {
-            started_ms: rm_journal::now_ms() - elapsed,
+            started_ms: rm_vocab::now().get() - elapsed,
             journal,
             reader: None,
             printed: HashSet::new(),
@@ -435,7 +435,7 @@ impl Timeline {
         self.printed.insert(key.clone());
         self.pending.push(Event {
             key,
-            at_ms: rm_journal::now_ms(),
+            at_ms: rm_vocab::now().get(),
             who,
             text: text.to_owned(),
         });
@@ -461,7 +461,7 @@ impl Timeline {
             }
         }
         let lag = i64::try_from(PRINT_LAG.as_millis()).unwrap_or(0);
-        self.print_until(rm_journal::now_ms() - lag);
+        self.print_until(rm_vocab::now().get() - lag);
     }
 
     /// Prints every pending event up to `until_ms` (ms since the epoch), oldest first.
@@ -711,7 +711,7 @@ impl Timeline {
             !attempts.is_empty() && attempts.iter().all(|a| a.state == AttemptState::Cleaned);
         let idle_settled = attempts.iter().filter(|a| a.policy == "gpu").any(|a| {
             a.state == AttemptState::Cleaned
-                && rm_journal::now_ms() - a.state_changed_at_ms.get()
+                && rm_vocab::now().get() - a.state_changed_at_ms.get()
                     >= i64::try_from(NO_REPLACEMENT_WATCH.as_millis()).unwrap_or(0)
         });
         jobs_done && all_cleaned && idle_settled

@@ -30,10 +30,11 @@ use std::time::Duration;
 use rm_fake_github::jit::FakeJitConfig;
 use rm_fake_github::runner_client::RunnerSession;
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions};
-use rm_github::{ClientConfig, Clock as _, GithubClient, ManualClock, Target};
+use rm_github::{ClientConfig, GithubClient, Target};
 use rm_journal::{
     AttemptRecord, Attempts, IsolationKind, JOURNAL_FILE, Journal, PollJournal, Retention, Scope,
 };
+use rm_vocab::{Clock as _, ManualClock};
 use secrecy::{ExposeSecret as _, SecretString};
 
 use super::registry::Registry;
@@ -797,7 +798,7 @@ impl Harness {
             // Through the loop's own channel, as the agent's poller tells it.
             self.executor
                 .handle()
-                .journal_refreshed(rm_base::clock::unix_ms(at));
+                .journal_refreshed(rm_vocab::UnixMs::from_system_time(at).get());
         }
         self.executor.pass().await;
         tokio::time::sleep(STEP_PAUSE).await;
@@ -869,7 +870,7 @@ impl Harness {
         let mut body: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(fixture).expect("the fixture"))
                 .expect("JSON");
-        let now = humantime::format_rfc3339_seconds(self.clock.now()).to_string();
+        let now = humantime::format_rfc3339_seconds(self.clock.now().to_system_time()).to_string();
         body["installation"] = serde_json::json!({"id": 4242});
         body["repository"]["full_name"] = serde_json::json!(REPO);
         body["repository"]["name"] = serde_json::json!("widgets");
@@ -893,7 +894,7 @@ impl Harness {
             serde_json::from_str(&std::fs::read_to_string(fixture).expect("the fixture"))
                 .expect("JSON");
         let seen = self.fake.job(job).expect("the fake's job");
-        let now = humantime::format_rfc3339_seconds(self.clock.now()).to_string();
+        let now = humantime::format_rfc3339_seconds(self.clock.now().to_system_time()).to_string();
         body["installation"] = serde_json::json!({"id": self.installation});
         body["repository"]["full_name"] = serde_json::json!(REPO);
         body["repository"]["name"] = serde_json::json!("widgets");
@@ -922,8 +923,8 @@ impl Harness {
                 event: "workflow_job".into(),
                 headers: Vec::new(),
                 body: serde_json::to_vec(body).expect("JSON"),
-                received_at_ms: rm_handlers::UnixMs::from_system_time(self.clock.now()),
-                source: rm_handlers::Source::Webhook,
+                received_at_ms: self.clock.now(),
+                source: rm_vocab::Source::Webhook,
             })
             .await
             .expect("the delivery journalled");

@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 
 use rm_fake_github::RunnerBehavior;
-use rm_journal::{AttemptOutcome, AttemptState, JobId, JobState, NewRerun, Reader, RerunState};
+use rm_journal::{AttemptOutcome, AttemptState, NewRerun, Reader, RerunState};
+use rm_vocab::{JobId, JobState, UnixMs};
 
 use crate::config::rerun::RerunPolicy;
 
@@ -83,7 +84,7 @@ async fn killed_by(h: &mut Harness, reason: &str) -> u64 {
             AttemptOutcome::Failed,
             Some(reason),
             Some("seeded by the test"),
-            rm_base::clock::unix_ms(h.clock.now()),
+            h.clock.now(),
         )
         .expect("the conclusion");
     assert!(concluded);
@@ -229,7 +230,7 @@ async fn a_rerun_the_agent_died_sending_is_never_sent_again() {
             .find(|a| a.job_id == Some(journalled.job_id))
             .expect("the attempt");
         let attempts = Attempts::open(h.journal_path()).expect("the journal");
-        let now = rm_base::clock::unix_ms(h.clock.now());
+        let now = h.clock.now().get();
         assert!(
             attempts
                 .intend_rerun(
@@ -242,7 +243,7 @@ async fn a_rerun_the_agent_died_sending_is_never_sent_again() {
                         run_id: journalled.run_id,
                         run_attempt: journalled.run_attempt,
                     },
-                    now,
+                    UnixMs::new(now),
                 )
                 .expect("intended")
         );
@@ -254,7 +255,7 @@ async fn a_rerun_the_agent_died_sending_is_never_sent_again() {
                         RerunState::Intended,
                         RerunState::Sending,
                         None,
-                        now,
+                        UnixMs::new(now),
                     )
                     .expect("sending")
             );

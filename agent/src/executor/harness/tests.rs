@@ -258,7 +258,7 @@ async fn a_failed_launch_backs_its_policy_off_doubling_and_a_runner_resets_it() 
     }
     let waits: Vec<u64> = at
         .windows(2)
-        .map(|w| w[1].duration_since(w[0]).unwrap_or_default().as_secs())
+        .map(|w| w[1].duration_since(w[0]).as_secs())
         .collect();
     let backoff = super::super::allocate::LAUNCH_BACKOFF.as_secs();
     assert!(waits[0] >= backoff, "waited {waits:?}");
@@ -737,10 +737,7 @@ async fn a_cleaned_attempts_diag_is_kept_scrubbed_once_and_printed_by_logs() {
     // A cleanup run again (an agent that crashed before journalling `cleaned`) keeps nothing
     // again: the whole copy stays as it was.
     let again = store
-        .keep(
-            &rm_runner::logs::Attempt::of(&record),
-            rm_base::clock::unix_ms(h.clock.now()),
-        )
+        .keep(&rm_runner::logs::Attempt::of(&record), h.clock.now().get())
         .unwrap();
     assert_eq!(again, rm_runner::logs::Kept::Already);
 }

@@ -2,7 +2,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rm_journal::{JobId, LiveCounts, PolicyLive};
+use rm_journal::{LiveCounts, PolicyLive};
+use rm_vocab::JobId;
 
 use super::*;
 use crate::executor::harness::policy;

@@ -19,7 +19,7 @@ const T: Timeouts = Timeouts {
     ghost: Duration::from_secs(10),
 };
 
-const NOW: i64 = 1_000_000;
+const NOW: UnixMs = UnixMs::new(1_000_000);
 
 const IDLE: GithubObservation = Registered { busy: false };
 const BUSY: GithubObservation = Registered { busy: true };
@@ -69,7 +69,7 @@ fn decide_all(
     recovery_decision(
         &AttemptFacts {
             state,
-            state_changed_at_ms: NOW - secs_in_state * 1000,
+            state_changed_at_ms: NOW.saturating_add_ms(-secs_in_state * 1000),
             stop_intent: intent,
         },
         &Observation {
@@ -227,7 +227,7 @@ fn at_startup_an_abandoned_launch_is_decided_at_once() {
 fn a_clock_that_went_backwards_starts_no_timer() {
     let facts = AttemptFacts {
         state: Idle,
-        state_changed_at_ms: NOW + 3_600_000,
+        state_changed_at_ms: NOW.saturating_add_ms(3_600_000),
         stop_intent: None,
     };
     let observation = Observation {

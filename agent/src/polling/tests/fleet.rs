@@ -10,7 +10,8 @@
 
 use std::time::Instant;
 
-use rm_journal::{JobId, PgFleet, PgJournal, PgPollJournal};
+use rm_journal::{PgFleet, PgJournal, PgPollJournal};
+use rm_vocab::JobId;
 
 use super::*;
 use crate::test_pg_server::{self as pg_server, PgDatabase};

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use rm_github::Clock as _;
 use rm_receiver::{MAX_BODY_BYTES, Receiver, ReceiverConfig, WebhookSecrets};
+use rm_vocab::Clock as _;
 use secrecy::SecretString;
 
 use super::*;
@@ -61,8 +61,8 @@ async fn delivery_now(h: &Harness, guid: &str) {
             event: "ping".into(),
             headers: Vec::new(),
             body: br#"{"zen":"Keep it logically awesome.","hook_id":1}"#.to_vec(),
-            received_at_ms: rm_handlers::UnixMs::from_system_time(h.clock.now()),
-            source: rm_handlers::Source::Webhook,
+            received_at_ms: h.clock.now(),
+            source: rm_vocab::Source::Webhook,
         })
         .await
         .unwrap();
@@ -100,7 +100,7 @@ async fn failed_deliveries_are_redelivered_once_through_the_normal_intake() {
     assert_eq!(reader.delivery_count().unwrap(), 3);
     for id in jobs {
         let row = h.job(id);
-        assert_eq!(row.state, rm_handlers::JobState::Queued);
+        assert_eq!(row.state, rm_vocab::JobState::Queued);
     }
     // Evidence of lost deliveries (the failures in the hook log, and perhaps the jobs the
     // first pass polled if their redeliveries are still on their way).
@@ -158,7 +158,7 @@ async fn trusted_webhooks_reduce_polling_to_a_slow_reconciliation_pass() {
     assert!(status.webhooks.trusted);
     assert_eq!(status.pace, Pace::Reconciling);
     assert_eq!(
-        status.next_poll_in_ms(h.clock.now()),
+        status.next_poll_in_ms(h.clock.now().to_system_time()),
         u64::try_from(RECONCILE_INTERVAL.as_millis()).unwrap()
     );
     // Waking for the delivery scan does not poll demand early.

@@ -6,6 +6,7 @@
 use crate::skip;
 
 use rm_e2e::{SECRET, Setup, delivery, json_stdout};
+use rm_vocab::UnixMs;
 
 #[tokio::test]
 async fn jobs_and_deliveries_json_follow_the_contract() {
@@ -251,7 +252,7 @@ async fn runners_json_follows_the_contract() {
             runner_name: &name,
             workspace: WorkspaceKind::Ephemeral,
             runtime_dir: &runtime,
-            created_at_ms: rm_journal::UnixMs::new(1_700_000_000_000),
+            created_at_ms: UnixMs::new(1_700_000_000_000),
             isolation: IsolationKind::None,
             uid: None,
             cgroup: None,
@@ -259,13 +260,25 @@ async fn runners_json_follows_the_contract() {
         .unwrap();
     assert!(
         attempts
-            .jit_received(&id, rm_journal::RunnerId::new(77), 1_700_000_000_100)
+            .jit_received(
+                &id,
+                rm_vocab::RunnerId::new(77),
+                UnixMs::new(1_700_000_000_100)
+            )
             .unwrap()
     );
-    assert!(attempts.started(&id, 4242, 99, 1_700_000_000_200).unwrap());
     assert!(
         attempts
-            .mark_busy(&id, Some(rm_journal::JobId::new(501)), 1_700_000_000_300)
+            .started(&id, 4242, 99, UnixMs::new(1_700_000_000_200))
+            .unwrap()
+    );
+    assert!(
+        attempts
+            .mark_busy(
+                &id,
+                Some(rm_vocab::JobId::new(501)),
+                UnixMs::new(1_700_000_000_300)
+            )
             .unwrap()
     );
 

@@ -305,7 +305,7 @@ async fn a_crash_while_sending_a_re_run_never_sends_it_twice() {
         || {
             rm_journal::Reader::open(&journal)
                 .ok()
-                .and_then(|r| r.rerun_for_job(rm_journal::JobId::new(job as i64)).ok())
+                .and_then(|r| r.rerun_for_job(rm_vocab::JobId::new(job as i64)).ok())
                 .flatten()
                 .is_some_and(|r| r.state == rm_journal::RerunState::Unknown)
         },

@@ -85,7 +85,7 @@ fn journalled(fleet: &Fleet, job: u64) -> bool {
     rm_journal::Reader::open(&fleet.setup.journal())
         .ok()
         .and_then(|r| {
-            r.job(rm_journal::JobId::try_from(job).unwrap())
+            r.job(rm_vocab::JobId::try_from(job).unwrap())
                 .ok()
                 .flatten()
         })

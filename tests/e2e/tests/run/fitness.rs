@@ -80,16 +80,16 @@ async fn a_full_runner_root_registers_no_runner_until_space_is_freed() {
         "the job journalled as queued",
         || {
             Reader::open(&fleet.setup.journal())
-                .and_then(|r| r.job(rm_journal::JobId::new(job_id)))
+                .and_then(|r| r.job(rm_vocab::JobId::new(job_id)))
                 .ok()
                 .flatten()
-                .is_some_and(|j| j.state == rm_journal::JobState::Queued)
+                .is_some_and(|j| j.state == rm_vocab::JobState::Queued)
         },
     )
     .await;
     // Allocation passes ran meanwhile (the delivery woke the executor; it passes every 2 s):
     // two of the gate's checks after the job arrived are the positive event waited for.
-    let journalled_at = rm_journal::now_ms();
+    let journalled_at = rm_vocab::now().get();
     wait_until(
         Duration::from_secs(90),
         "two fitness checks after the job arrived",

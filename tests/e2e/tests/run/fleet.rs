@@ -129,7 +129,7 @@ fn check_served_once(fleet: &PgFleet, jobs: &[u64], attempts: &[AttemptRecord]) 
             "job run by {runner}, which no host journalled"
         );
     }
-    let mut job_attempts: HashMap<rm_journal::JobId, &str> = HashMap::new();
+    let mut job_attempts: HashMap<rm_vocab::JobId, &str> = HashMap::new();
     for a in attempts {
         if let Some(job) = a.job_id
             && let Some(other) = job_attempts.insert(job, &a.runner_name)
@@ -321,7 +321,7 @@ async fn three_hosts_and_two_receivers_serve_a_hundred_jobs_once_through_a_kille
                 .map(|h| {
                     h.claims
                         .into_iter()
-                        .filter(|c| c.job_state == rm_journal::JobState::Queued)
+                        .filter(|c| c.job_state == rm_vocab::JobState::Queued)
                         .map(|c| c.job_id.get())
                         .collect()
                 })
@@ -739,7 +739,7 @@ async fn the_database_stopped_mid_burst_loses_no_acknowledged_delivery_and_serve
     for job in &long {
         let a = attempts
             .iter()
-            .find(|a| a.job_id == Some(rm_journal::JobId::try_from(*job).unwrap()))
+            .find(|a| a.job_id == Some(rm_vocab::JobId::try_from(*job).unwrap()))
             .expect("the long job's attempt");
         assert_eq!(a.outcome, Some(AttemptOutcome::CompletedJob));
     }

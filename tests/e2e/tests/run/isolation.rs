@@ -555,7 +555,7 @@ pub(crate) fn attempt_of(fleet: &Fleet, job: u64) -> AttemptRecord {
     let mut of_job: Vec<AttemptRecord> = fleet
         .attempts()
         .into_iter()
-        .filter(|a| a.job_id == Some(rm_journal::JobId::new(job)))
+        .filter(|a| a.job_id == Some(rm_vocab::JobId::new(job)))
         .collect();
     assert_eq!(of_job.len(), 1, "one attempt took job {job}");
     of_job.remove(0)

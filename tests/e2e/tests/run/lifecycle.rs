@@ -150,7 +150,7 @@ async fn a_queued_webhook_becomes_one_runner_that_takes_its_job_and_leaves_nothi
     assert_eq!(attempt.outcome, Some(AttemptOutcome::CompletedJob));
     assert_eq!(
         attempt.job_id,
-        Some(rm_journal::JobId::try_from(job).unwrap())
+        Some(rm_vocab::JobId::try_from(job).unwrap())
     );
     assert!(fleet.our_registrations().is_empty(), "registration left");
     assert!(
@@ -368,7 +368,7 @@ async fn a_persistent_slot_keeps_its_checkout_for_the_next_job_and_nothing_else(
     .await;
     let attempts = fleet.attempts();
     let newest = attempts.first().unwrap();
-    assert_eq!(newest.job_id, rm_journal::JobId::try_from(next).ok());
+    assert_eq!(newest.job_id, rm_vocab::JobId::try_from(next).ok());
     assert!(
         newest.runtime_dir.ends_with("widgets/s0"),
         "{}",

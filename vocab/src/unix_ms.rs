@@ -1,17 +1,20 @@
 //! The time that crosses crates: [`UnixMs`], a wall-clock instant in milliseconds since the Unix
 //! epoch. The handlers date observations with it, the journal keeps it (SQLite's `INTEGER`,
-//! PostgreSQL's `BIGINT`) and hands it back in its rows, and the agent plans, explains and reports
-//! with it; one type, so an instant cannot be passed where a duration or an id is wanted.
+//! PostgreSQL's `BIGINT`) and hands it back in its rows, the clock ([`crate::Clock`]) answers it,
+//! and the agent plans, explains and reports with it; one type, so an instant cannot be passed
+//! where a duration or an id is wanted.
 //!
 //! It follows the ids ([`crate::JobId`]): a signed 64-bit integer that prints, and serializes, as
 //! the plain number, so JSON output and log lines are what they were before the type. It converts
-//! to and from [`SystemTime`] here and nowhere else, saturating instead of failing as
-//! `rm_base::clock` does: a time before 1970 is the epoch, one past `i64::MAX` milliseconds is
-//! `i64::MAX`. No clock is read here (the crate has none): callers pass `SystemTime::now()`. With
-//! the `rusqlite` feature (the journal's) it binds and reads as a SQLite integer; the PostgreSQL
-//! code binds `t.get()` and reads `UnixMs::new(row.get(i))` at its edge.
+//! to and from [`SystemTime`] here and nowhere else, saturating instead of failing: a time before
+//! 1970 is the epoch, one past `i64::MAX` milliseconds is `i64::MAX`; moving it by a [`Duration`]
+//! saturates the same way (where `SystemTime + Duration` would panic). With the `rusqlite` feature
+//! (the journal's) it binds and reads as a SQLite integer; the PostgreSQL code binds `t.get()` and
+//! reads `UnixMs::new(row.get(i))` at its edge. It is read from RFC 3339 (GitHub's dates) and
+//! written as it (rm's output) in `timestamp.rs`, and nowhere else.
 
 use std::fmt;
+use std::ops::{Add, Sub};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -61,6 +64,30 @@ impl UnixMs {
     /// This instant moved by `ms` milliseconds (back when negative), saturating.
     pub const fn saturating_add_ms(self, ms: i64) -> Self {
         Self(self.0.saturating_add(ms))
+    }
+}
+
+/// `d` in milliseconds, the unit of [`UnixMs`], saturating at `i64::MAX`: for arithmetic that
+/// stays in milliseconds inside one crate (a deadline kept as a journal column, a table of ages).
+pub fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// `d` later, saturating.
+impl Add<Duration> for UnixMs {
+    type Output = Self;
+
+    fn add(self, d: Duration) -> Self {
+        self.saturating_add_ms(millis(d))
+    }
+}
+
+/// `d` earlier, saturating.
+impl Sub<Duration> for UnixMs {
+    type Output = Self;
+
+    fn sub(self, d: Duration) -> Self {
+        Self(self.0.saturating_sub(millis(d)))
     }
 }
 
@@ -133,6 +160,22 @@ mod tests {
             UnixMs::EPOCH
         );
         assert_eq!(UnixMs::new(-5).to_system_time(), UNIX_EPOCH);
+    }
+
+    #[test]
+    fn durations_move_it_and_saturate() {
+        let t = UnixMs::new(10_000);
+        assert_eq!(t + Duration::from_millis(1_500), UnixMs::new(11_500));
+        assert_eq!(t - Duration::from_secs(3), UnixMs::new(7_000));
+        // Sub-millisecond parts are dropped, as the journal drops them.
+        assert_eq!(t + Duration::from_micros(1_999), UnixMs::new(10_001));
+        assert_eq!(t + Duration::MAX, UnixMs::new(i64::MAX));
+        assert_eq!(
+            UnixMs::new(i64::MIN + 1) - Duration::MAX,
+            UnixMs::new(i64::MIN)
+        );
+        assert_eq!(millis(Duration::from_secs(3)), 3_000);
+        assert_eq!(millis(Duration::MAX), i64::MAX);
     }
 
     #[test]
