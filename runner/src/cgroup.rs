@@ -50,6 +50,12 @@ pub(crate) const CPU_WEIGHT_RANGE: RangeInclusive<u32> = 1..=10_000;
 /// apart from every runner name (see [`valid_runner_name`]).
 const PROBE_PREFIX: &str = "rm-probe.";
 
+/// Held by tests while they resolve a root: a resolution makes (and removes) a probe cgroup
+/// named after this process, which a test that looks for leftover probes would otherwise see
+/// from another test's thread.
+#[cfg(test)]
+pub(crate) static TEST_RESOLVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// `f_type` of a cgroup v2 filesystem (`statfs(2)`).
 const CGROUP2_SUPER_MAGIC: i128 = 0x6367_7270;
 

@@ -132,7 +132,13 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
     }
     let (_dir, package, root) = package_and_root();
     let stored = LinkedPackage::install(Store::open(root.path()).unwrap(), &package).unwrap();
-    let cgroups = match CgroupRoot::resolve(None) {
+    let resolved = {
+        let _one_at_a_time = crate::cgroup::TEST_RESOLVING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        CgroupRoot::resolve(None)
+    };
+    let cgroups = match resolved {
         Ok(cgroups) => Some(cgroups),
         Err(e) => {
             crate::test_skip::cannot_run(
@@ -305,7 +311,12 @@ fn network_backend(
     let (dir, package, root) = package_and_root();
     std::fs::write(package.join("bin/Runner.Listener"), NETWORK_SCRIPT).unwrap();
     let stored = LinkedPackage::install(Store::open(root.path()).unwrap(), &package).unwrap();
-    let cgroups = CgroupRoot::resolve(None).ok();
+    let cgroups = {
+        let _one_at_a_time = crate::cgroup::TEST_RESOLVING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        CgroupRoot::resolve(None).ok()
+    };
     let base = 3_100_000 + (std::process::id() % 1000) * 16;
     let network = private.then(|| {
         let host = HostNetwork {

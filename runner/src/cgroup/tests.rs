@@ -283,6 +283,9 @@ fn real_root(test: &str) -> Option<CgroupRoot> {
         crate::test_skip::cannot_run(test, need, &why);
         return None;
     }
+    let _one_at_a_time = super::TEST_RESOLVING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     Some(CgroupRoot::resolve(None).expect("cgroup v2 is writable, so auto must resolve"))
 }
 
@@ -354,6 +357,9 @@ fn auto_resolves_to_a_writable_root_without_leftovers() {
     // The agent is never among the runners, and neither is a probe.
     let children = root.children().unwrap();
     assert!(!children.iter().any(|c| c == AGENT_LEAF));
+    let _one_at_a_time = super::TEST_RESOLVING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let probes = fs::read_dir(root.path())
         .unwrap()
         .filter_map(|e| e.unwrap().file_name().into_string().ok())
@@ -626,7 +632,12 @@ fn an_explicit_root_is_created_inside_the_cgroup2_mount_only() {
     };
     let top = root.path().join(unique("explicit"));
     let configured = top.join("runners");
-    let explicit = CgroupRoot::resolve(Some(&configured)).unwrap();
+    let explicit = {
+        let _one_at_a_time = super::TEST_RESOLVING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        CgroupRoot::resolve(Some(&configured)).unwrap()
+    };
     assert_eq!(explicit.path(), configured);
     assert!(configured.is_dir());
     let cgroup = explicit.create("r1", &Limits::default()).unwrap();
