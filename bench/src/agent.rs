@@ -32,6 +32,17 @@ pub async fn fake_github(
     Ok((key, fake))
 }
 
+/// Writes the App's private key as `dir/app.pem`, readable by its owner only (the agent refuses
+/// a key file others can read), and returns its path for `github.private_key_file`.
+pub fn write_app_key(dir: &Path, key: &AppKeyPair) -> Result<PathBuf> {
+    use secrecy::ExposeSecret as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let key_file = dir.join("app.pem");
+    std::fs::write(&key_file, key.private_pem.expose_secret())?;
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
+    Ok(key_file)
+}
+
 /// One running `rm-agent`.
 pub struct AgentProcess {
     name: String,

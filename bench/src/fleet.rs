@@ -21,7 +21,7 @@ use anyhow::{Result, bail};
 use rm_fake_github::JobStatus;
 use rm_fake_github::jit::RUNNER_PROTOCOL_PREFIX;
 use rm_journal::Fleet as _;
-use secrecy::{ExposeSecret as _, SecretString};
+use secrecy::SecretString;
 
 use crate::agent::AgentProcess;
 use crate::local::free_port;
@@ -94,9 +94,7 @@ pub async fn run(
     // Runners run under uids of their own: they pass through the directories above theirs.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))?;
     let package = rm_fake_runner::assemble_package(runner, &dir.path().join("package"))?;
-    let key_file = dir.path().join("app.pem");
-    std::fs::write(&key_file, key.private_pem.expose_secret())?;
-    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
+    let key_file = crate::agent::write_app_key(dir.path(), &key)?;
 
     let port = free_port()?;
     let receiver_dir = dir.path().join("receiver");

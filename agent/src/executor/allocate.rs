@@ -530,12 +530,9 @@ pub(super) async fn create_attempt(
     let isolation = ctx.settings.backends.isolation;
     let (uid, cgroup) = match (isolation, &ctx.settings.backends.user) {
         (IsolationKind::User, Some(user)) => {
-            let Some(uid) = free_uid(ctx, user, running_uids).await? else {
-                let held = ctx.journal.write(|attempts| attempts.held_uids()).await?;
-                return Ok(Created::NoFreeUid(NoFreeUid {
-                    pool: user.pool.accounts().len(),
-                    held: held.len(),
-                }));
+            let uid = match free_uid(ctx, user, running_uids).await? {
+                Ok(uid) => uid,
+                Err(none) => return Ok(Created::NoFreeUid(none)),
             };
             let cgroup = match &user.cgroups {
                 Some(root) => Some(root.runner_path(&format!("rm-{}", id.short()))?),
@@ -604,12 +601,12 @@ async fn workspace_of(
 }
 
 /// The lowest uid of the pool no uncleaned attempt holds and no process in `running_uids`
-/// (scanned on first use) runs as; `None` when there is none.
+/// (scanned on first use) runs as, or what holds them all.
 async fn free_uid(
     ctx: &Context,
     user: &rm_runner::backend::UserIsolation,
     running_uids: &mut Option<HashSet<u32>>,
-) -> anyhow::Result<Option<u32>> {
+) -> anyhow::Result<Result<u32, NoFreeUid>> {
     let held = ctx.journal.write(|attempts| attempts.held_uids()).await?;
     let running = match running_uids {
         Some(running) => running,
@@ -622,7 +619,12 @@ async fn free_uid(
             running_uids.insert(scanned)
         }
     };
-    Ok(rm_runner::isolate::pick_uid(&user.pool, &held, running).map(|account| account.uid))
+    Ok(rm_runner::isolate::pick_uid(&user.pool, &held, running)
+        .map(|account| account.uid)
+        .ok_or(NoFreeUid {
+            pool: user.pool.accounts().len(),
+            held: held.len(),
+        }))
 }
 
 /// What [`create_attempt`] came to, short of a failure.

@@ -224,12 +224,17 @@ impl PolicyView {
 
 /// The fence of `policy` in the snapshot's allocation memory (`i64::MIN`: none).
 fn fence_of(facts: &Facts<'_>, policy: &str) -> i64 {
+    memory_of(facts, policy)
+        .and_then(|m| m.fence_ms)
+        .unwrap_or(i64::MIN)
+}
+
+/// What the snapshot's allocation memory holds of `policy` (its fence and back-off), if any.
+fn memory_of<'a>(facts: &Facts<'a>, policy: &str) -> Option<&'a PolicyMemory> {
     facts
         .snapshot
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.policies.get(policy))
-        .and_then(|m| m.fence_ms)
-        .unwrap_or(i64::MIN)
 }
 
 impl Queue {
@@ -353,10 +358,7 @@ fn made_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
 
 /// The launch back-off of `policy` in the snapshot's allocation memory, if any.
 fn backoff_of(facts: &Facts<'_>, policy: &str) -> Option<i64> {
-    facts
-        .snapshot
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.policies.get(policy))
+    memory_of(facts, policy)
         .and_then(|m| m.backoff.as_ref())
         .map(|b| b.until_ms)
 }
@@ -613,11 +615,8 @@ fn served(
     queue: &Queue,
     facts: &Facts<'_>,
 ) -> (Vec<Condition>, Option<String>) {
-    let memory = facts
-        .snapshot
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.policies.get(&policy.name));
-    let fence = memory.and_then(|m| m.fence_ms).unwrap_or(i64::MIN);
+    let memory = memory_of(facts, &policy.name);
+    let fence = fence_of(facts, &policy.name);
     let Some(&(position, _)) = queue
         .places
         .get(&job.job_id)

@@ -31,7 +31,7 @@ use rm_fake_github::jit::RUNNER_PROTOCOL_PREFIX;
 use rm_fake_github::{FakeGithub, JobStatus, RunnerBehavior};
 use rm_fake_runner::{CHECKOUT_DONE_FILE, FINISH_FILE};
 use rustix::fs::inotify;
-use secrecy::{ExposeSecret as _, SecretString};
+use secrecy::SecretString;
 use tokio::sync::oneshot;
 
 const APP_ID: u64 = 79;
@@ -197,9 +197,7 @@ impl Bench {
         // Under `isolation = "user"` a runner uid must pass through it to its runtime.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))?;
         let package = rm_fake_runner::assemble_package(runner, &dir.path().join("package"))?;
-        let key_file = dir.path().join("app.pem");
-        std::fs::write(&key_file, key.private_pem.expose_secret())?;
-        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
+        let key_file = rm_bench::agent::write_app_key(dir.path(), &key)?;
         let port = free_port()?;
         fake.set_webhook(
             &format!("http://127.0.0.1:{port}/webhook"),

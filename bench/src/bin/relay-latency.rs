@@ -7,7 +7,6 @@
 //! The figure is the agent's `received_at` (journal) minus the instant the 202 arrived, per GUID.
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -22,7 +21,6 @@ use hyper_util::rt::TokioExecutor;
 use rm_bench::delivery::{EVENT, USER_AGENT, sign};
 use rm_bench::local::{free_port, sibling};
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions};
-use secrecy::ExposeSecret as _;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -214,9 +212,7 @@ async fn main() -> Result<()> {
     let fake = FakeGithub::start(FakeOptions::new(APP_ID, key.public_pem.clone())).await?;
     fake.add_org("acme");
     let package = rm_fake_runner::assemble_package(&runner, &dir.join("package"))?;
-    let key_file = dir.join("app.pem");
-    std::fs::write(&key_file, key.private_pem.expose_secret())?;
-    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
+    let key_file = rm_bench::agent::write_app_key(dir, &key)?;
     let config = format!(
         "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n\n\
          [relay]\nurl = \"{sub}\"\n\n[host]\nname = \"bench\"\nmax_runners = 1\n\n[runner]\npackage_dir = \"{package}\"\n\n\

@@ -34,7 +34,7 @@ use rm_bench::local::{free_port, sibling};
 use rm_bench::package::{Size, add_payload, measure};
 use rm_fake_github::jit::RUNNER_PROTOCOL_PREFIX;
 use rm_fake_github::{FakeGithub, JobStatus};
-use secrecy::{ExposeSecret as _, SecretString};
+use secrecy::SecretString;
 
 const APP_ID: u64 = 77;
 const REPO: &str = "acme/widgets";
@@ -143,9 +143,7 @@ async fn start(spec: Spec, plan: &Plan, agent: &Path, runner: &Path) -> Result<M
         Some(package) => package,
         None => rm_fake_runner::assemble_package(runner, &dir.path().join("package"))?,
     };
-    let key_file = dir.path().join("app.pem");
-    std::fs::write(&key_file, key.private_pem.expose_secret())?;
-    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
+    let key_file = rm_bench::agent::write_app_key(dir.path(), &key)?;
     let port = free_port()?;
     let receiver = if spec.webhooks {
         fake.set_webhook(
