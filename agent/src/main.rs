@@ -155,7 +155,7 @@ enum Command {
 }
 
 impl Command {
-    /// The command's name as typed (`commands::refuse_on_postgres` decides by it).
+    /// The command's name as typed (`commands::refuse_on_shared_journal` decides by it).
     fn name(&self) -> &'static str {
         match self {
             Command::Run { .. } => "run",
@@ -223,7 +223,7 @@ fn run(cli: Cli) -> Result<(), Exit> {
         data_dir: cli.data_dir,
     };
     let config = config::load(&sources)?;
-    commands::refuse_on_postgres(cli.command.name(), &config)?;
+    commands::refuse_on_shared_journal(cli.command.name(), &config)?;
     match cli.command {
         Command::Run { log_format } => {
             init_logging(log_format, "info");

@@ -36,6 +36,7 @@ pub enum JournalError {
     Sqlite(#[from] rusqlite::Error),
     /// The PostgreSQL journal (CONTRACT §9): unreachable, refused, or a query failed. Its text
     /// names the server's message, never the connection string (it may hold a password).
+    #[cfg(feature = "postgres")]
     #[error("the PostgreSQL journal: {}", crate::pg::describe(.0))]
     Postgres(#[from] postgres::Error),
     /// A connection string a test or benchmark passed that cannot be used (the agent's own is

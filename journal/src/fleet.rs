@@ -62,6 +62,7 @@ impl From<rusqlite::Error> for FleetError {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl From<postgres::Error> for FleetError {
     fn from(err: postgres::Error) -> Self {
         FleetError::Journal(err.into())

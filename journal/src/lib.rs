@@ -7,6 +7,10 @@
 //! and each caller is answered only after the commit that holds its delivery. Reads go through
 //! [`Reader`], a separate read-only connection (WAL lets readers run beside the writer).
 //!
+//! [`Store`] is where the journal is (this file, and a fleet's shared database when there is
+//! one) and hands out the readers, poll store and fleet on it: the agent asks it, and never
+//! chooses a dialect itself. The PostgreSQL dialect is built only with the `postgres` feature.
+//!
 //! The delivery intake is one interface ([`Intake`]) with two implementations: this SQLite
 //! journal (the default) and the PostgreSQL journal of a fleet ([`PgJournal`], CONTRACT §9).
 //! So is the fleet's shared state (host leases, claims on queued jobs, leader leases:
@@ -34,6 +38,7 @@ mod replay;
 mod reruns;
 mod retention;
 mod schema;
+mod store;
 mod sync;
 mod types;
 mod waits;
@@ -52,16 +57,16 @@ pub use fleet::{
 };
 pub use intake::Intake;
 pub use metrics::JournalMetrics;
-pub use pg::{
-    PgFleet, PgInspection, PgJournal, PgPollJournal, PgReader, PgRight, PgSchemaState, PgSslMode,
-    PgTarget, PgUrlError, replay_pg,
-};
+#[cfg(feature = "postgres")]
+pub use pg::{PgFleet, PgPollJournal, PgReader, replay_pg};
+pub use pg::{PgInspection, PgJournal, PgRight, PgSchemaState, PgSslMode, PgTarget, PgUrlError};
 pub use polls::{HOOK_DELIVERY_CURSOR, PollJournal, PollStore, QueuedJobRef, Sighting};
 pub use read::{DemandView, Reader};
 pub use replay::replay;
 pub use reruns::{NewRerun, RerunCounts, RerunRecord, RerunState};
 pub use retention::Retention;
 pub use schema::SCHEMA_VERSION;
+pub use store::{JobReader, Store};
 pub use types::{
     DeliveryRow, Incoming, InstallationRow, JobRow, Outcome, Recorded, StoredDelivery,
 };
@@ -75,6 +80,7 @@ mod durability_tests;
 #[cfg(test)]
 mod intake_tests;
 #[cfg(test)]
+#[cfg(feature = "postgres")]
 #[path = "../../tests/support/postgres.rs"]
 mod pg_server;
 #[cfg(test)]

@@ -4,13 +4,12 @@
 //! a fleet (CONTRACT §9), so several `rm-agent receive` processes can share one database.
 
 use std::future::Future;
-use std::time::Duration;
 
-use rm_journal::{Intake, Journal, JournalError, JournalMetrics, PgJournal, Reader};
+use rm_journal::{Intake, Journal, JournalError, JournalMetrics, Reader};
 
 /// How long a scrape waits for the PostgreSQL journal's counts: a database that is down must
 /// not hold `/metrics` (the counts are then left as the last scrape saw them).
-const PG_SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
+const PG_SCRAPE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A state name and how many rows are in it.
 pub type StateCounts = Vec<(String, i64)>;
@@ -54,18 +53,17 @@ impl ReceiverJournal for Journal {
     }
 }
 
-impl ReceiverJournal for PgJournal {
+impl ReceiverJournal for rm_journal::PgJournal {
     fn metrics(&self) -> &JournalMetrics {
-        PgJournal::metrics(self)
+        rm_journal::PgJournal::metrics(self)
     }
 
     async fn counts(&self) -> Option<ScrapeCounts> {
         let journal = self.clone();
         // The sync client (and its drop) block: the whole read runs off the runtime.
         let read = tokio::task::spawn_blocking(move || {
-            let mut reader = journal.reader().ok()?;
             Some(ScrapeCounts {
-                jobs: reader.job_counts(),
+                jobs: journal.job_counts(),
                 runners: None,
             })
         });

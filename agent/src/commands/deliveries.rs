@@ -9,13 +9,7 @@ use crate::exit::Exit;
 use crate::output::{or_dash, print_json, print_table, rfc3339};
 
 pub fn list(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
-    let deliveries = match crate::secrets::journal_target(config) {
-        Some(target) => super::fleet_read(&target, |reader| reader.deliveries(limit))?,
-        None => match super::open_reader_or_empty(config, json)? {
-            Some(reader) => reader.deliveries(limit).map_err(Exit::runtime)?,
-            None => Vec::new(),
-        },
-    };
+    let deliveries = super::read_jobs(config, json, |reader| reader.deliveries(limit))?;
     if json {
         let list: Vec<_> = deliveries
             .iter()
@@ -58,18 +52,15 @@ pub fn list(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
 
 pub fn replay(config: &Config, guid: &str, json: bool) -> Result<(), Exit> {
     let now = rm_vocab::now();
-    let (outcome, reason) = match crate::secrets::journal_target(config) {
-        Some(target) => rm_journal::replay_pg(&target, guid, now).map_err(|e| {
-            let what = format!(
-                "cannot replay in the fleet's journal ({})",
-                target.describe()
-            );
-            Exit::runtime(anyhow::Error::new(e).context(what))
-        })?,
-        None => {
-            rm_journal::replay(&super::journal_path(config), guid, now).map_err(Exit::runtime)?
-        }
-    };
+    let store = super::store(config);
+    let (outcome, reason) = store
+        .replay(guid, now)
+        .map_err(|e| match store.is_shared() {
+            true => Exit::runtime(
+                anyhow::Error::new(e).context(format!("cannot replay in {}", store.describe())),
+            ),
+            false => Exit::runtime(e),
+        })?;
     if json {
         print_json(&json!({"guid": guid, "outcome": outcome.as_str(), "reason": reason}));
     } else {

@@ -10,7 +10,7 @@
 
 use std::time::SystemTime;
 
-use rm_journal::{AttemptRecord, FleetView, JobRow, PgReader, Reader};
+use rm_journal::{AttemptRecord, FleetView, JobReader, JobRow, Reader};
 use rm_vocab::JobId;
 
 use crate::config::{Config, Isolation};
@@ -98,8 +98,9 @@ impl Gathered {
 
 pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
     let now = SystemTime::now();
-    let (gathered, job, journal) = match crate::secrets::journal_target(config) {
-        None => {
+    let store = super::store(config);
+    let (gathered, job, journal) = match store.is_shared() {
+        false => {
             let reader = super::open_reader_or_empty(config, json)?;
             let gathered = Gathered::read(config, reader.as_ref(), now).map_err(Exit::runtime)?;
             let job = match &reader {
@@ -112,17 +113,18 @@ pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
                 format!("the journal in {}", config.data_dir.display()),
             )
         }
-        Some(target) => {
+        true => {
             // This host's runners are in its own journal (it may have none yet).
             let local = super::open_local_reader(config)?;
-            let journal = format!("the fleet's journal ({})", target.describe());
-            let read = |pg: &mut PgReader| -> anyhow::Result<(Gathered, Option<JobRow>)> {
-                let view = super::fleet_view(&target)?;
-                let queued = pg.queued_jobs()?;
+            let journal = store.describe();
+            let read = |jobs: &mut JobReader| -> anyhow::Result<(Gathered, Option<JobRow>)> {
+                let view = super::fleet_view(&store)?;
+                let queued = jobs.queued_jobs()?;
                 let gathered = Gathered::read_fleet(config, local.as_ref(), queued, view, now)?;
-                Ok((gathered, pg.job(job_id)?))
+                Ok((gathered, jobs.job(job_id)?))
             };
-            let (gathered, job) = PgReader::open(&target)
+            let (gathered, job) = store
+                .jobs()
                 .map_err(anyhow::Error::new)
                 .and_then(|mut pg| read(&mut pg))
                 .map_err(|e| Exit::runtime(e.context(format!("cannot read {journal}"))))?;

@@ -8,13 +8,7 @@ use crate::exit::Exit;
 use crate::output::{or_dash, print_json, print_table, rfc3339};
 
 pub fn run(config: &Config, json: bool, limit: usize) -> Result<(), Exit> {
-    let jobs = match crate::secrets::journal_target(config) {
-        Some(target) => super::fleet_read(&target, |reader| reader.jobs(limit))?,
-        None => match super::open_reader_or_empty(config, json)? {
-            Some(reader) => reader.jobs(limit).map_err(Exit::runtime)?,
-            None => Vec::new(),
-        },
-    };
+    let jobs = super::read_jobs(config, json, |reader| reader.jobs(limit))?;
     if json {
         let list: Vec<_> = jobs
             .iter()

@@ -28,7 +28,7 @@ pub use status::run as status;
 
 use std::path::PathBuf;
 
-use rm_journal::{JOURNAL_FILE, JournalError, Reader};
+use rm_journal::{JOURNAL_FILE, JobReader, JournalError, Reader, Store};
 
 use crate::config::Config;
 use crate::exit::Exit;
@@ -37,7 +37,7 @@ use crate::exit::Exit;
 /// this host's own, which a fleet host journals in its own SQLite file), but a fleet's `run`
 /// takes no deliveries itself: `[receiver]` and `[relay]` beside `journal.url` are refused
 /// (exit 2), naming the key and the way out.
-pub fn refuse_on_postgres(command: &str, config: &Config) -> Result<(), Exit> {
+pub fn refuse_on_shared_journal(command: &str, config: &Config) -> Result<(), Exit> {
     if config.pg_journal.is_none() || command != "run" {
         return Ok(());
     }
@@ -62,25 +62,41 @@ pub fn refuse_on_postgres(command: &str, config: &Config) -> Result<(), Exit> {
     }
 }
 
-/// Reads the fleet's PostgreSQL journal with `read`, on this (runtime-free) thread: the
-/// listing commands.
-pub fn fleet_read<T>(
-    target: &rm_journal::PgTarget,
-    read: impl FnOnce(&mut rm_journal::PgReader) -> Result<T, JournalError>,
+/// Where this host's journal is: its file in the data directory, and the fleet's shared
+/// journal when `journal.url` names one (its password from the environment).
+pub fn store(config: &Config) -> Store {
+    Store::open(journal_path(config), crate::secrets::journal_target(config))
+}
+
+/// Reads jobs or deliveries with `read`, wherever the store keeps them, on this (runtime-free)
+/// thread: the listing commands. A single host's journal that no agent has made yet is the
+/// empty state under `--json` ([`open_reader_or_empty`]).
+pub fn read_jobs<T: Default>(
+    config: &Config,
+    json: bool,
+    read: impl FnOnce(&mut JobReader) -> Result<T, JournalError>,
 ) -> Result<T, Exit> {
-    let what = || format!("cannot read the fleet's journal ({})", target.describe());
-    let mut reader = rm_journal::PgReader::open(target)
-        .map_err(|e| Exit::runtime(anyhow::Error::new(e).context(what())))?;
-    read(&mut reader).map_err(|e| Exit::runtime(anyhow::Error::new(e).context(what())))
+    let store = store(config);
+    let failed = |e: JournalError| match store.is_shared() {
+        true => Exit::runtime(
+            anyhow::Error::new(e).context(format!("cannot read {}", store.describe())),
+        ),
+        false => Exit::runtime(e),
+    };
+    let mut jobs = match store.jobs() {
+        Ok(jobs) => jobs,
+        Err(err @ JournalError::Missing(_)) if json => {
+            eprintln!("rm-agent: {err}; printing the empty state.");
+            return Ok(T::default());
+        }
+        Err(err) => return Err(failed(err)),
+    };
+    read(&mut jobs).map_err(failed)
 }
 
 /// The fleet's hosts, leases and claims (`status`, `explain`), on this (runtime-free) thread.
-pub(crate) fn fleet_view(
-    target: &rm_journal::PgTarget,
-) -> Result<rm_journal::FleetView, JournalError> {
-    use rm_journal::Fleet as _;
-    let mut fleet = rm_journal::PgFleet::open(target)?;
-    fleet.view().map_err(|e| match e {
+pub(crate) fn fleet_view(store: &Store) -> Result<rm_journal::FleetView, JournalError> {
+    store.fleet()?.view().map_err(|e| match e {
         rm_journal::FleetError::Journal(e) => e,
         other => JournalError::Commit(other.to_string()),
     })
@@ -146,19 +162,19 @@ mod tests {
             "runners",
             "logs",
         ] {
-            assert!(refuse_on_postgres(command, &pg).is_ok(), "{command}");
+            assert!(refuse_on_shared_journal(command, &pg).is_ok(), "{command}");
         }
         // A fleet's `run` takes no deliveries itself: its intake is `receive`.
         let with_receiver = crate::config::from_text(
             "[journal]\nurl = \"postgres://rm@db.example.net/rm\"\n[receiver]\nlisten = \"127.0.0.1:8080\"\n",
         )
         .unwrap();
-        let run = refuse_on_postgres("run", &with_receiver).unwrap_err();
+        let run = refuse_on_shared_journal("run", &with_receiver).unwrap_err();
         assert_eq!(run.code, crate::exit::USAGE);
         assert!(run.message.contains("`receiver`"), "{}", run.message);
-        assert!(refuse_on_postgres("receive", &with_receiver).is_ok());
+        assert!(refuse_on_shared_journal("receive", &with_receiver).is_ok());
         // Without `journal.url` the same file's `run` takes its deliveries.
         let sqlite = crate::config::from_text("[receiver]\nlisten = \"127.0.0.1:8080\"\n").unwrap();
-        assert!(refuse_on_postgres("run", &sqlite).is_ok());
+        assert!(refuse_on_shared_journal("run", &sqlite).is_ok());
     }
 }

@@ -9,7 +9,7 @@
 //! says so, and the writer connects again by itself for the next delivery once it is back.
 
 use anyhow::Context;
-use rm_journal::{Journal, PgJournal, PgTarget};
+use rm_journal::{Journal, PgTarget, Store};
 use rm_receiver::{MAX_BODY_BYTES, Receiver, ReceiverConfig, WebhookSecrets};
 
 use crate::config::Config;
@@ -25,7 +25,7 @@ pub async fn run(config: &Config) -> Result<(), Exit> {
     };
     let secrets = secrets::webhook_secrets(config)?;
     if let Some(target) = secrets::journal_target(config) {
-        return receive_on_postgres(config, settings, secrets, target).await;
+        return receive_on_shared(config, settings, secrets, target).await;
     }
     let _lock = lock::lock_data_dir(&config.data_dir)?;
     let journal_path = super::journal_path(config);
@@ -72,9 +72,9 @@ async fn listen(
     Ok((listener, local))
 }
 
-/// `receive` on the fleet's PostgreSQL journal: connects and migrates (or fails, exit 1, with
-/// the server's reason and never the connection string), then serves until a signal.
-async fn receive_on_postgres(
+/// `receive` on the fleet's shared journal: connects and migrates (or fails, exit 1, with the
+/// server's reason and never the connection string), then serves until a signal.
+async fn receive_on_shared(
     config: &Config,
     settings: &crate::config::ReceiverSettings,
     secrets: WebhookSecrets,
@@ -83,10 +83,12 @@ async fn receive_on_postgres(
     // `receive` runs no jobs: what is unsafe for a runner host is only said.
     crate::journal_auth::enforce(config, crate::journal_auth::Role::Receive, &target)?;
     let server = target.describe();
+    let store = Store::open(super::journal_path(config), Some(target));
     // Connecting blocks (the sync client runs a runtime of its own): off this one.
-    let journal = tokio::task::spawn_blocking(move || PgJournal::open(&target))
+    let journal = tokio::task::spawn_blocking(move || store.shared_intake())
         .await
         .map_err(Exit::runtime)?
+        .ok_or_else(|| Exit::runtime(anyhow::anyhow!("the fleet's journal is not configured")))?
         .with_context(|| {
             format!(
                 "cannot open the PostgreSQL journal {server} (journal.url in {}); check that the database is up and the role may log in (${} holds its password), then run `rm-agent check`",

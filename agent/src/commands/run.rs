@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rm_github::{ClientConfig, GithubClient};
-use rm_journal::{Journal, PollJournal};
+use rm_journal::{Journal, Store};
 use rm_receiver::{MAX_BODY_BYTES, Receiver, ReceiverConfig};
 use rm_vocab::SystemClock;
 use tokio::sync::watch;
 
 use crate::config::{Config, display_file};
 use crate::executor::registry::Registry;
-use crate::executor::{DrainReport, Executor, FleetSettings, FleetStore, Handle, Settings};
+use crate::executor::{DrainReport, Executor, FleetSettings, Handle, Settings};
 use crate::exit::Exit;
 use crate::lifecycle::Timeouts;
 use crate::notify::{Notifier, OperatorEvent};
@@ -101,14 +101,15 @@ pub(crate) async fn serve_paced(
         Some(_) => Some(secrets::webhook_secrets(config)?),
         None => None,
     };
-    let journal_path = super::journal_path(config);
+    let store = super::store(config);
+    let journal_path = store.file().to_owned();
     let journal = Journal::open(&journal_path, config.retention)
         .with_context(|| format!("cannot open the journal in {}", config.data_dir.display()))
         .map_err(Exit::runtime)?;
     let notifier = Arc::new(crate::notify::from_config(config)?);
     let mut executor = Executor::open(
         settings,
-        &journal_path,
+        &store,
         &config.host.runner_root,
         Registry::new(client.clone()),
         Arc::clone(&notifier),
@@ -143,7 +144,7 @@ pub(crate) async fn serve_paced(
         ),
         None => None,
     };
-    let poller = open_poller(config, client, &journal_path)
+    let poller = open_poller(config, client, &store)
         .await?
         .with_pacing(pacing);
     executor.wake_on(journal.durable_groups());
@@ -279,41 +280,29 @@ async fn listen(
 /// The poller: on this host's journal, or in a fleet on the shared one, where each target is
 /// polled by the one host that leads it (crate::polling::election): one REST budget for the
 /// fleet.
-async fn open_poller(
-    config: &Config,
-    client: GithubClient,
-    journal_path: &std::path::Path,
-) -> Result<Poller, Exit> {
+async fn open_poller(config: &Config, client: GithubClient, store: &Store) -> Result<Poller, Exit> {
     let poller_config = PollerConfig::from_config(config);
-    let Some(target) = crate::secrets::journal_target(config) else {
-        return Poller::new(
-            poller_config,
-            client,
-            PollJournal::open(journal_path).map_err(Exit::runtime)?,
-            Arc::new(SystemClock),
-        )
-        .map_err(Exit::runtime);
-    };
-    let server = target.describe();
-    // The PostgreSQL client blocks and runs a runtime of its own: connected off this one.
+    let store = store.clone();
+    let fleet = store.is_shared();
+    let server = store.describe();
+    // A shared journal's client blocks and runs a runtime of its own: connected off this one.
     let opened = tokio::task::spawn_blocking(move || {
-        Ok::<_, rm_journal::JournalError>((
-            rm_journal::PgPollJournal::open(&target)?,
-            rm_journal::PgFleet::open(&target)?,
-        ))
+        let polls = store.polls()?;
+        // Alone, every target is this host's to poll: no election.
+        let fleet = if fleet { Some(store.fleet()?) } else { None };
+        Ok::<_, rm_journal::JournalError>((polls, fleet))
     })
     .await
     .map_err(Exit::runtime)?;
     let (polls, fleet) = opened.map_err(|e| {
-        Exit::runtime(anyhow::anyhow!(
-            "cannot reach the fleet's journal ({server}): {e}"
-        ))
+        Exit::runtime(anyhow::Error::new(e).context(format!("cannot open {server}")))
     })?;
-    Ok(
-        Poller::new(poller_config, client, polls, Arc::new(SystemClock))
-            .map_err(Exit::runtime)?
-            .with_fleet(fleet, config.host.name.clone()),
-    )
+    let poller =
+        Poller::new(poller_config, client, polls, Arc::new(SystemClock)).map_err(Exit::runtime)?;
+    Ok(match fleet {
+        Some(fleet) => poller.with_fleet(fleet, config.host.name.clone()),
+        None => poller,
+    })
 }
 
 /// `run`'s long-lived tasks beside the control loop, each named: joined when the loop has
@@ -461,8 +450,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         operator_env,
         fitness: crate::fitness::Gate::default(),
         // In a fleet, jobs are read and claimed in the shared journal (CONTRACT §9).
-        fleet: crate::secrets::journal_target(config).map(|target| FleetSettings {
-            store: FleetStore::Postgres(Box::new(target)),
+        fleet: config.pg_journal.is_some().then(|| FleetSettings {
             max_runners: config
                 .policies
                 .iter()

@@ -119,8 +119,9 @@ impl Facts {
 }
 
 pub fn run(config: &Config, json: bool) -> Result<(), Exit> {
-    let facts = match crate::secrets::journal_target(config) {
-        None => {
+    let store = super::store(config);
+    let facts = match store.is_shared() {
+        false => {
             let reader = super::open_reader_or_empty(config, json)?;
             let journalled = match &reader {
                 Some(reader) => journalled(reader).map_err(Exit::runtime)?,
@@ -128,13 +129,13 @@ pub fn run(config: &Config, json: bool) -> Result<(), Exit> {
             };
             gather(config, journalled, reader.as_ref(), None, SystemTime::now())
         }
-        Some(target) => {
+        true => {
             // This host's runners are in its own journal (it may have none yet); the fleet's
             // deliveries, jobs and claims are in the shared one.
             let local = super::open_local_reader(config)?;
             let now = SystemTime::now();
             let (journalled, fleet) =
-                fleet_journalled(config, &target, local.as_ref(), now).map_err(Exit::runtime)?;
+                fleet_journalled(config, &store, local.as_ref(), now).map_err(Exit::runtime)?;
             // Wait times join jobs with attempts, which a fleet host keeps apart: not built.
             gather(config, journalled, None, Some(fleet), now)
         }
@@ -153,14 +154,14 @@ pub fn run(config: &Config, json: bool) -> Result<(), Exit> {
 /// as this host sees them ([`super::explain::waiting_in_fleet`]).
 fn fleet_journalled(
     config: &Config,
-    target: &rm_journal::PgTarget,
+    store: &rm_journal::Store,
     local: Option<&Reader>,
     now: SystemTime,
 ) -> anyhow::Result<(Journalled, InFleet)> {
     use anyhow::Context as _;
-    let what = || format!("cannot read the fleet's journal ({})", target.describe());
-    let mut pg = rm_journal::PgReader::open(target).with_context(what)?;
-    let view = super::fleet_view(target).with_context(what)?;
+    let what = || format!("cannot read {}", store.describe());
+    let mut pg = store.jobs().with_context(what)?;
+    let view = super::fleet_view(store).with_context(what)?;
     // Read once: the waiting verdicts and the counts come from the same queue.
     let queued = pg.queued_jobs()?;
     let journalled_queued: Vec<QueuedJob> = queued.iter().map(QueuedJob::from).collect();

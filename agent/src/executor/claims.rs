@@ -14,14 +14,14 @@
 //! jobs.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rm_github::GithubClient;
 use rm_github::pacing::{MUTATION_POINTS, PACED_HOUR, PACED_MINUTE, Pacing};
 use rm_journal::{
-    ClaimRequest, Claimed, Fleet, FleetError, FleetView, HostInfo, JournalError, Lease, SpendWindow,
+    ClaimRequest, Claimed, Fleet, FleetError, FleetView, HostInfo, JournalError, Lease,
+    SpendWindow, Store,
 };
 use rm_vocab::{JobId, JobState};
 
@@ -32,19 +32,10 @@ pub const LEASE_TTL: Duration = Duration::from_secs(30);
 /// How often the lease is renewed: three tries before it runs out.
 pub const LEASE_RENEW: Duration = Duration::from_secs(10);
 
-/// Where the fleet's shared state lives.
-#[derive(Debug, Clone)]
-pub enum FleetStore {
-    /// The PostgreSQL journal `[journal] url` names (its password kept apart, secret).
-    Postgres(Box<rm_journal::PgTarget>),
-    /// This host's SQLite journal file: one host, the same rules (the harness's fleet).
-    Local(PathBuf),
-}
-
-/// A fleet host's settings.
+/// A fleet host's settings. The fleet's shared state is where the executor's store keeps it
+/// ([`rm_journal::Store::fleet`]): the shared journal, or this host's file for a fleet of one.
 #[derive(Debug, Clone)]
 pub struct FleetSettings {
-    pub store: FleetStore,
     /// A policy's fleet-wide ceiling on live runners (claims), by policy name.
     pub max_runners: HashMap<String, u32>,
     /// The windows of GitHub's limits on one installation's JIT registrations, which the
@@ -206,7 +197,7 @@ pub(super) struct Membership {
 
 /// The fleet's connection, made again after it was lost.
 struct Connection {
-    store: FleetStore,
+    store: Store,
     fleet: Option<Box<dyn Fleet + Send>>,
 }
 
@@ -228,10 +219,7 @@ impl Connection {
         let fleet = match &mut self.fleet {
             Some(fleet) => fleet,
             None => {
-                let opened: Box<dyn Fleet + Send> = match &self.store {
-                    FleetStore::Postgres(target) => Box::new(rm_journal::PgFleet::open(target)?),
-                    FleetStore::Local(path) => Box::new(rm_journal::LocalFleet::open(path)?),
-                };
+                let opened = self.store.fleet()?;
                 self.fleet.insert(opened)
             }
         };
@@ -249,14 +237,12 @@ impl Membership {
     /// database down at start is tried again by the next call.
     pub(super) fn new(
         settings: &FleetSettings,
+        store: Store,
         info: HostInfo,
         github: GithubClient,
     ) -> Membership {
         Membership {
-            connection: Arc::new(Mutex::new(Connection {
-                store: settings.store.clone(),
-                fleet: None,
-            })),
+            connection: Arc::new(Mutex::new(Connection { store, fleet: None })),
             info: Arc::new(info),
             max_runners: Arc::new(settings.max_runners.clone()),
             registrations: Arc::new(settings.registrations.clone()),

@@ -14,17 +14,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rm_journal::{AttemptId, HostInfo};
+use rm_journal::{AttemptId, HostInfo, Store};
 use rm_vocab::JobId;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
 use super::allocate::{self, Allocator, Created};
-use super::claims::{self, FleetStore, Membership};
+use super::claims::{self, Membership};
 use super::context::Context;
 use super::effects::{self, Effect, Effected, Outcome};
-use super::journal::{AttemptJournal, JobSource};
+use super::journal::AttemptJournal;
 use super::launch::Launch;
 use super::plan::{self, Held, Plan};
 use super::registry::Registry;
@@ -113,31 +113,28 @@ impl Executor {
     /// Opens the executor's own journal connections and the runner root.
     pub fn open(
         settings: Settings,
-        journal: &Path,
+        store: &Store,
         runner_root: &Path,
         registry: Registry,
         notifier: Arc<Notifier>,
     ) -> anyhow::Result<Executor> {
         let seams = Seams::production(Arc::clone(&settings.backends));
-        Executor::open_with(settings, journal, runner_root, registry, notifier, seams)
+        Executor::open_with(settings, store, runner_root, registry, notifier, seams)
     }
 
     /// [`Executor::open`] reading the world through `seams` (the harness's fakes in tests).
     pub(crate) fn open_with(
         settings: Settings,
-        journal: &Path,
+        store: &Store,
         runner_root: &Path,
         registry: Registry,
         notifier: Arc<Notifier>,
         seams: Seams,
     ) -> anyhow::Result<Executor> {
-        let jobs = match settings.fleet.as_ref().map(|f| &f.store) {
-            Some(FleetStore::Postgres(target)) => JobSource::Fleet(target.clone()),
-            Some(FleetStore::Local(_)) | None => JobSource::Local,
-        };
         let membership = settings.fleet.as_ref().map(|fleet| {
             Membership::new(
                 fleet,
+                store.clone(),
                 HostInfo {
                     host: settings.host.clone(),
                     labels: host_labels(&settings.policies),
@@ -148,7 +145,7 @@ impl Executor {
         });
         let ctx = Context {
             settings,
-            journal: AttemptJournal::open(journal, &jobs)?,
+            journal: AttemptJournal::open(store)?,
             membership,
             registry,
             root: RunnerRoot::open(runner_root)?,

@@ -4,92 +4,44 @@
 //! fsync), and a tokio worker thread blocked on it would stall every other task on it (the
 //! receiver's answers, the launches' GitHub calls); here only a blocking-pool thread waits.
 //!
-//! Jobs (the demand, and which job a runner took) are read from where the deliveries are
-//! journalled ([`JobSource`]): this host's SQLite journal, or in a fleet the shared PostgreSQL
-//! journal (CONTRACT §9). Attempts are always this host's: its processes, its runtimes.
+//! Jobs (the demand, and which job a runner took) are read from where the store keeps them
+//! ([`rm_journal::Store::jobs`]): this host's journal file, or in a fleet the shared journal
+//! (CONTRACT §9). Attempts are always this host's: its processes, its runtimes.
 //!
 //! Nothing here decides anything: the rooms say what to write and when.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context as _;
-use rm_journal::{AttemptError, Attempts, JobRow, JournalError, PgReader, Reader};
+use rm_journal::{AttemptError, Attempts, JobReader, JobRow, JournalError, Reader, Store};
 use rm_vocab::UnixMs;
-
-/// Where the executor reads jobs from.
-#[derive(Debug, Clone)]
-pub(super) enum JobSource {
-    /// This host's journal file: the embedded default.
-    Local,
-    /// The fleet's PostgreSQL journal (`[journal] url`, its password kept apart).
-    Fleet(Box<rm_journal::PgTarget>),
-}
 
 /// The executor's connections to the journal, shared by its loop and its launch tasks.
 #[derive(Clone)]
 pub(super) struct AttemptJournal {
     attempts: Arc<Mutex<Attempts>>,
     reader: Arc<Mutex<Reader>>,
-    /// The fleet's reader, when jobs come from PostgreSQL.
-    fleet: Option<Arc<Mutex<FleetReader>>>,
-}
-
-/// A PostgreSQL reader made again after its connection was lost (a server restart).
-struct FleetReader {
-    target: rm_journal::PgTarget,
-    reader: Option<PgReader>,
-}
-
-impl Drop for FleetReader {
-    fn drop(&mut self) {
-        // A PostgreSQL client closes its connection on drop, which blocks and panics on a
-        // runtime's worker (it runs a runtime of its own).
-        if let Some(reader) = self.reader.take() {
-            std::thread::spawn(move || drop(reader));
-        }
-    }
-}
-
-impl FleetReader {
-    /// Runs `call` on the reader, connecting first if there is none; a failed call drops the
-    /// connection, so the next one connects afresh.
-    fn with<R>(
-        &mut self,
-        call: impl FnOnce(&mut PgReader) -> Result<R, JournalError>,
-    ) -> Result<R, JournalError> {
-        let reader = match &mut self.reader {
-            Some(reader) => reader,
-            None => self.reader.insert(PgReader::open(&self.target)?),
-        };
-        let result = call(reader);
-        if result.is_err() {
-            self.reader = None;
-        }
-        result
-    }
+    /// The jobs, wherever the store keeps them.
+    jobs: Arc<Mutex<JobReader>>,
 }
 
 impl AttemptJournal {
-    /// Opens the executor's own writer and reader on the journal file at `path`, and reads
-    /// jobs from `jobs`.
-    pub(super) fn open(path: &Path, jobs: &JobSource) -> anyhow::Result<AttemptJournal> {
+    /// Opens the executor's own writer and reader on the store's file, and its reader of jobs.
+    pub(super) fn open(store: &Store) -> anyhow::Result<AttemptJournal> {
+        let path = store.file();
         let attempts = Attempts::open(path)
             .with_context(|| format!("cannot open the journal {}", path.display()))?;
         let reader = Reader::open(path)
             .with_context(|| format!("cannot read the journal {}", path.display()))?;
-        let fleet = match jobs {
-            JobSource::Local => None,
-            // Connected on first use: a database down at start is retried by every pass.
-            JobSource::Fleet(target) => Some(Arc::new(Mutex::new(FleetReader {
-                target: (**target).clone(),
-                reader: None,
-            }))),
-        };
+        // On a shared journal, connected on first use: a database down at start is retried
+        // by every pass.
+        let jobs = store
+            .jobs()
+            .with_context(|| format!("cannot read {}", store.describe()))?;
         Ok(AttemptJournal {
             attempts: Arc::new(Mutex::new(attempts)),
             reader: Arc::new(Mutex::new(reader)),
-            fleet,
+            jobs: Arc::new(Mutex::new(jobs)),
         })
     }
 
@@ -98,18 +50,8 @@ impl AttemptJournal {
         &self,
         names: Vec<String>,
     ) -> Result<Vec<JobRow>, AttemptError> {
-        match &self.fleet {
-            None => {
-                self.read(move |reader| reader.jobs_for_runners(&as_strs(&names)))
-                    .await
-            }
-            Some(fleet) => {
-                on_fleet(fleet, move |reader| {
-                    reader.jobs_for_runners(&as_strs(&names))
-                })
-                .await
-            }
-        }
+        self.on_jobs(move |jobs| jobs.jobs_for_runners(&as_strs(&names)))
+            .await
     }
 
     /// The queued jobs and the jobs naming one of these runners, from one snapshot.
@@ -117,13 +59,8 @@ impl AttemptJournal {
         &self,
         names: Vec<String>,
     ) -> Result<rm_journal::DemandView, AttemptError> {
-        match &self.fleet {
-            None => {
-                self.read(move |reader| reader.demand(&as_strs(&names)))
-                    .await
-            }
-            Some(fleet) => on_fleet(fleet, move |reader| reader.demand(&as_strs(&names))).await,
-        }
+        self.on_jobs(move |jobs| jobs.demand(&as_strs(&names)))
+            .await
     }
 
     /// One job as the journal knows it (the re-run decision reads its state and run attempt).
@@ -131,10 +68,16 @@ impl AttemptJournal {
         &self,
         job_id: rm_vocab::JobId,
     ) -> Result<Option<JobRow>, AttemptError> {
-        match &self.fleet {
-            None => self.read(move |reader| reader.job(job_id)).await,
-            Some(fleet) => on_fleet(fleet, move |reader| reader.job(job_id)).await,
-        }
+        self.on_jobs(move |jobs| jobs.job(job_id)).await
+    }
+
+    /// Runs `call` on the reader of jobs, on a blocking thread.
+    async fn on_jobs<R: Send + 'static>(
+        &self,
+        call: impl FnOnce(&mut JobReader) -> Result<R, JournalError> + Send + 'static,
+    ) -> Result<R, AttemptError> {
+        let jobs = Arc::clone(&self.jobs);
+        blocking(move || call(&mut jobs.lock().unwrap_or_else(PoisonError::into_inner))).await
     }
 
     /// Runs `call` on the attempt writer, on a blocking thread.
@@ -170,21 +113,6 @@ impl AttemptJournal {
             Err(e) => Err(not_run(e)),
         }
     }
-}
-
-/// Runs `call` on the fleet's reader, on a blocking thread.
-async fn on_fleet<R: Send + 'static>(
-    fleet: &Arc<Mutex<FleetReader>>,
-    call: impl FnOnce(&mut PgReader) -> Result<R, JournalError> + Send + 'static,
-) -> Result<R, AttemptError> {
-    let fleet = Arc::clone(fleet);
-    blocking(move || {
-        fleet
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .with(call)
-    })
-    .await
 }
 
 fn as_strs(names: &[String]) -> Vec<&str> {

@@ -58,9 +58,7 @@ use crate::config::Policy;
 use crate::lifecycle::Timeouts;
 use rm_runner::backend::{Backend, NoIsolation, UserIsolation};
 
-pub use claims::{
-    FleetSettings, FleetStore, LEASE_RENEW, LEASE_TTL, RegistrationWindows, shared_windows,
-};
+pub use claims::{FleetSettings, LEASE_RENEW, LEASE_TTL, RegistrationWindows, shared_windows};
 pub use control::{Executor, Handle};
 pub use recovery::RecoveryIncomplete;
 

@@ -126,12 +126,12 @@ fn default_jitter(seed: SystemTime) -> Jitter {
 
 impl Poller {
     /// A poller whose first step polls everything (the start-up reconciliation and scan).
-    /// `journal` is where it writes: `rm_journal::PollJournal` (the SQLite file) or
-    /// `rm_journal::PgPollJournal` (a fleet's database).
+    /// `journal` is where it writes ([`rm_journal::Store::polls`]: this host's file, or a
+    /// fleet's shared journal).
     pub(crate) fn new(
         config: PollerConfig,
         client: GithubClient,
-        journal: impl PollStore + 'static,
+        journal: Box<dyn PollStore>,
         clock: Arc<dyn Clock>,
     ) -> Result<Poller, PollerError> {
         let schedule = PollSchedule::new(config.interval, Some(config.idle_interval))?;
@@ -161,7 +161,7 @@ impl Poller {
         };
         Ok(Poller {
             client,
-            journal: Store::new(Box::new(journal)),
+            journal: Store::new(journal),
             fleet: None,
             targets: config.targets,
             schedule,
@@ -192,17 +192,17 @@ impl Poller {
     /// Makes this poller one of a fleet's: `host` (its name in the fleet, unique) polls a target
     /// only while it leads the target's role (`poll:<target>`, `election::role`) and scans the
     /// App's hook deliveries only while it leads `election::SCAN_ROLE`, seeking or renewing
-    /// each lead at every step for [`election::LEAD_TTL`]. `fleet` is the fleet's database
-    /// (`rm_journal::PgFleet`; `rm_journal::LocalFleet` makes a fleet of one); its calls run on
-    /// the blocking pool. The journal given to [`Poller::new`] should be the same database's
-    /// (`rm_journal::PgPollJournal`), so the hosts share what each polled.
+    /// each lead at every step for [`election::LEAD_TTL`]. `fleet` is the fleet's shared state
+    /// ([`rm_journal::Store::fleet`]; on this host's file alone it makes a fleet of one); its
+    /// calls run on the blocking pool. The journal given to [`Poller::new`] should be the same
+    /// store's, so the hosts share what each polled.
     pub(crate) fn with_fleet(
         mut self,
-        fleet: impl Fleet + Send + 'static,
+        fleet: Box<dyn Fleet + Send>,
         host: impl Into<String>,
     ) -> Poller {
         self.fleet = Some(Membership {
-            fleet: FleetHandle::new(Box::new(fleet)),
+            fleet: FleetHandle::new(fleet),
             host: host.into(),
             ttl: election::LEAD_TTL,
             led: HashSet::new(),

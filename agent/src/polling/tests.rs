@@ -68,7 +68,7 @@ impl Harness {
             idle_interval: Duration::from_secs(10),
             intake,
         };
-        let journal = PollJournal::open(&self.path).unwrap();
+        let journal = Box::new(PollJournal::open(&self.path).unwrap());
         Poller::new(
             config,
             self.client.clone(),

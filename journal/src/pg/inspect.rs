@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use postgres::Client;
 
 use super::PgTarget;
+use super::surface::{PgInspection, PgRight, PgSchemaState};
 use crate::{JournalError, SCHEMA_VERSION};
 
 /// What the server is told `check`'s connection is.
@@ -50,41 +51,6 @@ const RM_TABLES: &[&str] = &[
     "spends",
     "rm_schema_version",
 ];
-
-/// Where the database's schema stands against this build's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PgSchemaState {
-    /// At this build's version: nothing to migrate.
-    Current,
-    /// Older (0: never migrated): the first receiver to start migrates it, if its role may.
-    Behind { found: i64 },
-    /// From a newer rm: this build refuses it.
-    Newer { found: i64 },
-    /// The version table exists but this role may not read it.
-    Unreadable,
-}
-
-/// A right the role lacks: `privilege` on `object` (`table deliveries`, `schema public`);
-/// `privilege` is `OWNER` where only the owner (or a member of its role) may act.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PgRight {
-    pub privilege: &'static str,
-    pub object: String,
-}
-
-/// What [`PgInspection::of`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PgInspection {
-    /// The role the connection logged in as.
-    pub role: String,
-    /// The schema (namespace) rm's tables are in: the connection's current schema.
-    pub namespace: String,
-    pub state: PgSchemaState,
-    /// This build's schema version.
-    pub supported: i64,
-    /// Every right the role lacks for the intake (and, when behind, for migrating).
-    pub missing: Vec<PgRight>,
-}
 
 /// What the catalog says about one of rm's tables.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,36 +1,67 @@
-//! The journal on PostgreSQL (CONTRACT §9, first slice): a fleet's receivers record deliveries
-//! into one shared database. This module owns the PostgreSQL dialect of the journal: its schema
-//! and migrations ([`schema`], the same versions as SQLite's), the group-commit writer of the
-//! intake path ([`PgJournal`], behind [`crate::Intake`] like the SQLite journal), the verdict's
-//! SQL (`apply`, the same rule as SQLite's), the reads of what the intake wrote ([`PgReader`]), a delivery's replay ([`replay_pg`]),
-//! what the pollers write and read ([`PgPollJournal`], behind [`crate::PollStore`] like
-//! SQLite's), the fleet's claims, host leases and leader leases ([`PgFleet`], behind
-//! [`crate::Fleet`]), the connection settings a configuration names ([`PgTarget`]) and what
-//! `rm-agent check` asks of a database ([`PgInspection`]).
+//! The journal on PostgreSQL (CONTRACT §9): a fleet's receivers and hosts share one database.
+//! This module owns the PostgreSQL dialect of the journal: its schema and migrations
+//! ([`schema`], the same versions as SQLite's), the group-commit writer of the intake path
+//! ([`PgJournal`], behind [`crate::Intake`] like the SQLite journal), the verdict's SQL
+//! (`apply`, the same rule as SQLite's), the reads of what the intake wrote ([`PgReader`]), a
+//! delivery's replay ([`replay_pg`]), what the pollers write and read ([`PgPollJournal`], behind
+//! [`crate::PollStore`] like SQLite's), the fleet's claims, host leases and leader leases
+//! ([`PgFleet`], behind [`crate::Fleet`]), the connection settings a configuration names
+//! ([`PgTarget`]) and what `rm-agent check` asks of a database ([`PgInspection`]).
+//!
+//! All of it is built only with the `postgres` feature. Without it, [`surface`] (the names the
+//! agent's configuration and `check` use) and `absent` (a target that cannot be made) stand in,
+//! and [`crate::Store`] is the only way to the rest.
 
+mod surface;
+
+// Also in every test build (which has the feature): its refusal is tested in process.
+#[cfg(any(test, not(feature = "postgres")))]
+#[cfg_attr(feature = "postgres", allow(dead_code, unreachable_pub, unused_imports))]
+mod absent;
+#[cfg(feature = "postgres")]
 mod apply;
+#[cfg(feature = "postgres")]
 mod fleet;
+#[cfg(feature = "postgres")]
 mod inspect;
+#[cfg(feature = "postgres")]
 mod polls;
+#[cfg(feature = "postgres")]
 mod read;
+#[cfg(feature = "postgres")]
 mod replay;
+#[cfg(feature = "postgres")]
 pub(crate) mod schema;
+#[cfg(feature = "postgres")]
 mod target;
+#[cfg(feature = "postgres")]
 mod tls;
+#[cfg(feature = "postgres")]
 mod writer;
 
+pub use surface::{PgInspection, PgRight, PgSchemaState, PgSslMode, PgUrlError};
+
+#[cfg(not(feature = "postgres"))]
+pub use absent::{PgJournal, PgTarget};
+#[cfg(feature = "postgres")]
 pub use fleet::PgFleet;
-pub use inspect::{PgInspection, PgRight, PgSchemaState};
+#[cfg(feature = "postgres")]
 pub use polls::PgPollJournal;
+#[cfg(feature = "postgres")]
 pub use read::PgReader;
+#[cfg(feature = "postgres")]
 pub use replay::replay_pg;
-pub use target::{PgSslMode, PgTarget, PgUrlError};
+#[cfg(feature = "postgres")]
+pub use target::PgTarget;
+#[cfg(feature = "postgres")]
 pub use writer::PgJournal;
 
+#[cfg(feature = "postgres")]
 use rm_vocab::JobId;
 
 /// A PostgreSQL error in one line: the server's message and SQLSTATE, or what failed on the
 /// way to it (the client's `Display` says only "db error"). Never the connection string.
+#[cfg(feature = "postgres")]
 pub(crate) fn describe(err: &postgres::Error) -> String {
     if let Some(db) = err.as_db_error() {
         return format!("{} (SQLSTATE {})", db.message(), db.code().code());
@@ -46,13 +77,17 @@ pub(crate) fn describe(err: &postgres::Error) -> String {
 /// cross this edge as their numbers: `id.get()` bound, `JobId::new(row.get(i))` read. Times
 /// ([`rm_vocab::UnixMs`]) cross it the same way: `t.get()` bound, `UnixMs::new(row.get(i))`
 /// read.
+#[cfg(feature = "postgres")]
 pub(crate) fn job_numbers(ids: &[JobId]) -> Vec<i64> {
     ids.iter().map(|id| id.get()).collect()
 }
 
 #[cfg(test)]
+#[cfg(feature = "postgres")]
 mod rights_tests;
 #[cfg(test)]
+#[cfg(feature = "postgres")]
 mod tests;
 #[cfg(test)]
+#[cfg(feature = "postgres")]
 mod tls_tests;

@@ -17,52 +17,8 @@ use postgres::Config;
 use postgres::config::{Host, SslMode};
 use secrecy::{ExposeSecret as _, SecretString};
 
+use super::surface::{PgSslMode, PgUrlError};
 use super::tls::{PgConnect, PgTls, Roots, Verification};
-
-/// Why a connection string is refused. The text never repeats the string (it may hold a
-/// password): it names the part that is wrong and what to write instead.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PgUrlError {
-    #[error(
-        "is not a PostgreSQL connection string ({0}); write it like \"postgres://rm@db.example.net/rm?sslmode=verify-full\" or \"host=/run/postgresql dbname=rm\""
-    )]
-    Invalid(String),
-    #[error(
-        "holds a password; secrets do not live in the configuration file: remove it from the URL and set RM_JOURNAL_PASSWORD in the agent's environment (or use a unix socket with the server's peer authentication)"
-    )]
-    Password,
-    #[error(
-        "names a `passfile`, which rm does not read yet; remove it and set RM_JOURNAL_PASSWORD in the agent's environment instead"
-    )]
-    Passfile,
-    /// An `sslmode` or `sslrootcert` rm cannot honour, or a root file it cannot read.
-    #[error("{0}")]
-    Tls(String),
-}
-
-/// What `sslmode` asks for (libpq's names; `allow` is refused, the client cannot try plain
-/// first and TLS second).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PgSslMode {
-    Disable,
-    /// libpq's default: TLS when the server offers it, unverified; plain otherwise.
-    Prefer,
-    Require,
-    VerifyCa,
-    VerifyFull,
-}
-
-impl PgSslMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PgSslMode::Disable => "disable",
-            PgSslMode::Prefer => "prefer",
-            PgSslMode::Require => "require",
-            PgSslMode::VerifyCa => "verify-ca",
-            PgSslMode::VerifyFull => "verify-full",
-        }
-    }
-}
 
 /// libpq's `sslrootcert=system`: the operating system's store.
 const SYSTEM_ROOTS: &str = "system";

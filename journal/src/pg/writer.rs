@@ -128,6 +128,12 @@ impl PgJournal {
         super::PgReader::start(&self.reads)
     }
 
+    /// Jobs by state, read on a connection of its own (blocking: call it off the async
+    /// runtime): what `/metrics` shows.
+    pub fn job_counts(&self) -> Result<Vec<(String, i64)>, JournalError> {
+        self.reader()?.job_counts()
+    }
+
     /// The writer's metrics (commits, group sizes), as SQLite's.
     pub fn metrics(&self) -> &JournalMetrics {
         &self.metrics

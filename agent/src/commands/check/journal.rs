@@ -23,13 +23,13 @@ pub(super) async fn journal(config: &Config) -> Vec<Finding> {
 }
 
 /// Policies beside `journal.url` with what `run` refuses there (`[receiver]` or `[relay]`,
-/// [`crate::commands::refuse_on_postgres`] decides): say it here, before the operator
+/// [`crate::commands::refuse_on_shared_journal`] decides): say it here, before the operator
 /// finds out from the service manager.
 pub(super) fn run_refused(config: &Config) -> Option<Finding> {
     if config.pg_journal.is_none() || config.policies.is_empty() {
         return None;
     }
-    let refused = crate::commands::refuse_on_postgres("run", config).err()?;
+    let refused = crate::commands::refuse_on_shared_journal("run", config).err()?;
     Some(Finding::warn(
         "journal",
         format!("`rm-agent run` would refuse to start: {}", refused.message),

@@ -675,7 +675,6 @@ impl Harness {
                 .fleet
                 .as_ref()
                 .map(|max_runners| super::FleetSettings {
-                    store: super::FleetStore::Local(journal.to_path_buf()),
                     max_runners: max_runners.clone(),
                     registrations: options.registrations.clone().map_or_else(
                         || super::RegistrationWindows::Paced(rm_github::pacing::Pacing::default()),
@@ -697,7 +696,8 @@ impl Harness {
         };
         let executor = Executor::open_with(
             settings,
-            journal,
+            // A fleet of one host on the journal file, with the same rules as a shared one.
+            &rm_journal::Store::open(journal.to_path_buf(), None),
             root,
             Registry::new(client.clone()),
             Arc::new(crate::notify::Notifier::new(false)),
@@ -724,7 +724,7 @@ impl Harness {
         Poller::new(
             config,
             client.clone(),
-            PollJournal::open(journal).expect("the poll journal"),
+            Box::new(PollJournal::open(journal).expect("the poll journal")),
             Arc::new(clock.clone()),
         )
         .expect("the poller")

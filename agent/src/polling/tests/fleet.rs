@@ -78,12 +78,12 @@ fn host_poller(h: &Harness, url: &str, host: &Host<'_>, targets: &[&str], intake
             PgFleet::connect(url).unwrap(),
         )
     });
-    let poller = Poller::new(config, client, store, Arc::new(h.clock.clone()))
+    let poller = Poller::new(config, client, Box::new(store), Arc::new(h.clock.clone()))
         .unwrap()
         .with_jitter(Box::new(|| 0.0));
     if host.elect {
         poller
-            .with_fleet(fleet, host.name)
+            .with_fleet(Box::new(fleet), host.name)
             .with_lead_ttl(host.lead_ttl)
     } else {
         off_runtime(move || drop(fleet));
