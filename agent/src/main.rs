@@ -17,7 +17,7 @@ const DEFAULT_LIMIT: usize = 100;
 #[derive(Parser)]
 #[command(
     name = "rm-agent",
-    version = rm_agent::features::VERSION,
+    version = rm_agent::features::version(),
     about = "rm's host agent: ephemeral, just-in-time GitHub Actions runners driven by webhooks",
     after_help = "Examples:\n  rm-agent demo\n  rm-agent --config /etc/rm-agent/rm-agent.toml receive\n  rm-agent --data-dir /var/lib/rm-agent jobs --json\n  rm-agent deliveries replay 72d3162e-cc78-11e3-81ab-4c9367dc0958"
 )]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use hdrhistogram::Histogram;
-use rm_journal::{Incoming, Intake, Journal, PgJournal, Recorded, Retention};
+use rm_journal::{Incoming, Intake, Journal, Judged, PgJournal, Recorded, Retention};
 
 use crate::delivery::{Delivery, EVENT};
 use crate::pg_server;
@@ -129,7 +129,8 @@ async fn drive<J: Intake>(
                     source: rm_vocab::Source::Webhook,
                 };
                 let at = Instant::now();
-                let answer = journal.record(incoming).await?;
+                // Judged here, as the receiver judges a body of this size (inline).
+                let answer = journal.record_judged(Judged::of(incoming)?).await?;
                 latency.saturating_record(at.elapsed().as_micros().max(1) as u64);
                 anyhow::ensure!(
                     matches!(answer, Recorded::New(_)),

@@ -6,6 +6,7 @@
 //! [`package`] the synthetic runner package shaped like an actions/runner release that
 //! `runtime-create` and `runner-latency --compare-runtimes` make runtimes from. [`intake`] is
 //! `receiver-load --intake`: the journals' intake (SQLite against PostgreSQL) without HTTP.
+//! [`judge`] is `receiver-load --judge`: what judging a delivery costs, on the worker or off it.
 //! [`fleet`] is `runner-latency --compare-fleet`: runner starts per second of a fleet, one host
 //! against three.
 
@@ -13,6 +14,7 @@ pub mod agent;
 pub mod delivery;
 pub mod fleet;
 pub mod intake;
+pub mod judge;
 pub mod load;
 pub mod local;
 pub mod package;

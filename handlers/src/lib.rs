@@ -94,6 +94,27 @@ pub const HANDLERS: &[(&str, Handler)] = &[
     ),
 ];
 
+/// [`handle`], where a handler that panics does not lose the delivery: the panic is its
+/// verdict, a rejection saying so, so the delivery is journalled and can be replayed once the
+/// handler is fixed. What every intake and every replay runs.
+pub fn judge(delivery: &Delivery<'_>) -> Verdict {
+    judge_with(handle, delivery)
+}
+
+/// [`judge`] with `handler` in place of the table's (the tests' panicking handler).
+fn judge_with(
+    handler: impl FnOnce(&Delivery<'_>) -> Verdict + std::panic::UnwindSafe,
+    delivery: &Delivery<'_>,
+) -> Verdict {
+    std::panic::catch_unwind(|| handler(delivery)).unwrap_or_else(|_| Verdict::Reject {
+        action: None,
+        reason: format!(
+            "the `{}` handler panicked; replay after upgrading",
+            delivery.event
+        ),
+    })
+}
+
 /// Runs the handler for the delivery's event, or ignores an event rm has no handler for. An
 /// `Apply`, `Ignore` or `Stale` verdict means the whole body was read as JSON; a `Reject` may be for a
 /// body that is not JSON at all ([`is_json`] tells).

@@ -497,3 +497,34 @@ fn a_body_that_is_not_json_is_never_applied_or_ignored() {
         Verdict::Ignore { action: None, .. }
     ));
 }
+
+/// A handler that panics does not lose the delivery: its verdict is a rejection saying so (to be
+/// replayed after the fix). The control: the same delivery judged by a handler that does not
+/// panic keeps that handler's verdict.
+#[test]
+fn a_panicking_handler_is_a_rejection_not_a_lost_delivery() {
+    let body = fixture("workflow_job.queued.5");
+    let delivery = Delivery {
+        guid: "g-panic",
+        event: "workflow_job",
+        body: &body,
+        received_at_ms: rm_vocab::UnixMs::new(arrival_of(&body)),
+        source: rm_vocab::Source::Webhook,
+    };
+    let panicked = judge_with(|_| panic!("a handler bug"), &delivery);
+    match panicked {
+        Verdict::Reject { action, reason } => {
+            assert_eq!(action, None);
+            assert_eq!(
+                reason,
+                "the `workflow_job` handler panicked; replay after upgrading"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        matches!(judge(&delivery), Verdict::Apply { .. }),
+        "{:?}",
+        judge(&delivery)
+    );
+}

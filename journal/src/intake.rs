@@ -1,21 +1,20 @@
 //! The journal's delivery intake as one interface with two implementations (CONTRACT §9): the
 //! embedded SQLite journal ([`crate::Journal`], the default) and the PostgreSQL journal
-//! ([`crate::PgJournal`], shared by a fleet's receivers). Both judge a body with the same
-//! handler on the caller's thread, apply its verdict with the same forward-only merge
+//! ([`crate::PgJournal`], shared by a fleet's receivers). Both take a delivery already judged
+//! ([`crate::Judged`]: the caller ran the handler, where it chose), apply its verdict with the same forward-only merge
 //! (`rm_vocab::merge_job`), commit in groups on one writer thread, and answer only after the
 //! commit that holds the delivery: a 2xx means committed, whichever journal is behind it.
 
 use std::future::Future;
 
-use crate::{Incoming, JournalError, Recorded};
+use crate::{JournalError, Judged, Recorded};
 
 /// Where a receiver records the deliveries it verified.
 pub trait Intake: Clone + Send + Sync + 'static {
-    /// Records a delivery once per GUID; returns after the commit that holds it. A body that is
-    /// not JSON at all is refused with [`JournalError::NotJson`] and nothing is written.
-    fn record(
+    /// Records a judged delivery once per GUID; returns after the commit that holds it.
+    fn record_judged(
         &self,
-        incoming: Incoming,
+        judged: Judged,
     ) -> impl Future<Output = Result<Recorded, JournalError>> + Send;
 
     /// Succeeds when the writer is alive and can write (`/healthz`).
@@ -23,11 +22,11 @@ pub trait Intake: Clone + Send + Sync + 'static {
 }
 
 impl Intake for crate::Journal {
-    fn record(
+    fn record_judged(
         &self,
-        incoming: Incoming,
+        judged: Judged,
     ) -> impl Future<Output = Result<Recorded, JournalError>> + Send {
-        crate::Journal::record(self, incoming)
+        crate::Journal::record_judged(self, judged)
     }
 
     fn probe(&self) -> impl Future<Output = Result<(), JournalError>> + Send {

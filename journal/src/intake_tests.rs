@@ -65,7 +65,7 @@ impl Sqlite {
 
 impl Backend for Sqlite {
     async fn record(&self, incoming: Incoming) -> Result<Recorded, JournalError> {
-        Intake::record(&self.journal, incoming).await
+        Intake::record_judged(&self.journal, Judged::of(incoming)?).await
     }
     fn job(&self, job_id: i64) -> Option<JobRow> {
         self.reader().job(JobId::new(job_id)).unwrap()
@@ -154,7 +154,7 @@ pub(crate) fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 impl Backend for Postgres {
     async fn record(&self, incoming: Incoming) -> Result<Recorded, JournalError> {
-        Intake::record(&self.journal, incoming).await
+        Intake::record_judged(&self.journal, Judged::of(incoming)?).await
     }
     fn job(&self, job_id: i64) -> Option<JobRow> {
         self.read(|r| r.job(JobId::new(job_id)).unwrap())

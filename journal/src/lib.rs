@@ -30,6 +30,7 @@ mod connection;
 mod error;
 mod fleet;
 mod intake;
+mod judged;
 mod metrics;
 mod pg;
 mod polls;
@@ -56,6 +57,7 @@ pub use fleet::{
     Lease, LocalFleet, Renewal, SpendWindow,
 };
 pub use intake::Intake;
+pub use judged::Judged;
 pub use metrics::JournalMetrics;
 #[cfg(feature = "postgres")]
 pub use pg::{PgFleet, PgPollJournal, PgReader, replay_pg};

@@ -9,13 +9,13 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rm_handlers::{Delivery, Verdict};
+use rm_handlers::Verdict;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
 use crate::apply::apply_verdict;
-use crate::body;
 use crate::checkpoint;
+use crate::judged::{Judged, Stored};
 use crate::metrics::JournalMetrics;
 use crate::retention::{PRUNE_INTERVAL, Retention, prune_step};
 use crate::sync::{self, Waiter};
@@ -43,24 +43,6 @@ enum Request {
     },
     /// Proves the writer is alive and can take the write lock (`/healthz`).
     Probe(oneshot::Sender<Result<(), JournalError>>),
-}
-
-/// A delivery's columns that are encoded before the writer sees them, so the single writer
-/// thread only does SQL.
-pub(crate) struct Stored {
-    /// The zstd-compressed body.
-    pub(crate) body: Vec<u8>,
-    /// The kept headers as a JSON object.
-    pub(crate) headers: String,
-}
-
-/// The kept headers as the journal's `headers` column holds them: one JSON object.
-fn encode_headers(headers: &[(String, String)]) -> String {
-    let object: serde_json::Map<String, serde_json::Value> = headers
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect();
-    serde_json::Value::Object(object).to_string()
 }
 
 impl Request {
@@ -160,15 +142,15 @@ impl Journal {
         &self.metrics
     }
 
-    /// Records a delivery. The handler runs here, on the caller's thread, so parsing scales with
-    /// the callers and the writer thread only does SQL; its changes are applied in the same
-    /// transaction that records the delivery. Returns once that transaction is committed.
-    ///
-    /// A body that is not JSON at all is refused with [`JournalError::NotJson`] and nothing is
-    /// written: the handler's parse is the only one on the hot path, and only a rejected body is
-    /// read a second time to tell "not JSON" from "JSON a handler cannot use".
-    pub async fn record(&self, incoming: Incoming) -> Result<Recorded, JournalError> {
-        let (verdict, stored) = prepare(&incoming)?;
+    /// Records a judged delivery: its verdict's changes are applied in the same transaction
+    /// that records the delivery. Returns once that transaction is committed (and, as every
+    /// answer of this journal, flushed).
+    pub async fn record_judged(&self, judged: Judged) -> Result<Recorded, JournalError> {
+        let Judged {
+            incoming,
+            verdict,
+            stored,
+        } = judged;
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Request::Record {
@@ -181,6 +163,14 @@ impl Journal {
         answer.await.map_err(|_| JournalError::WriterStopped)?
     }
 
+    /// Judges `incoming` here, on the caller's thread ([`Judged::of`]), and records it: for
+    /// callers with small bodies of their own (the polling fallback's tests, the benches). The
+    /// receiver judges first, off the async workers for a large body, and calls
+    /// [`Journal::record_judged`].
+    pub async fn record(&self, incoming: Incoming) -> Result<Recorded, JournalError> {
+        self.record_judged(Judged::of(incoming)?).await
+    }
+
     /// Succeeds when the writer is alive and can take the write lock.
     pub async fn probe(&self) -> Result<(), JournalError> {
         let (reply, answer) = oneshot::channel();
@@ -189,43 +179,6 @@ impl Journal {
             .map_err(|_| JournalError::WriterStopped)?;
         answer.await.map_err(|_| JournalError::WriterStopped)?
     }
-}
-
-/// What every journal does on the caller's thread before its writer sees a delivery: runs the
-/// handler, refuses a body that is not JSON at all (nothing is written), and encodes the stored
-/// columns. Shared by the SQLite and the PostgreSQL writer, so both judge a body alike.
-pub(crate) fn prepare(incoming: &Incoming) -> Result<(Verdict, Stored), JournalError> {
-    let verdict = run_handler(incoming);
-    if matches!(verdict, Verdict::Reject { .. }) && !rm_handlers::is_json(&incoming.body) {
-        return Err(JournalError::NotJson);
-    }
-    let stored = Stored {
-        body: body::encode(&incoming.body)
-            .map_err(|err| JournalError::Commit(format!("cannot compress the body: {err}")))?,
-        headers: encode_headers(&incoming.headers),
-    };
-    Ok((verdict, stored))
-}
-
-/// Runs the event's handler. A handler that panics must not lose the delivery: it is recorded
-/// as rejected with the reason, to be replayed once the handler is fixed.
-fn run_handler(incoming: &Incoming) -> Verdict {
-    let delivery = Delivery {
-        guid: &incoming.guid,
-        event: &incoming.event,
-        body: &incoming.body,
-        received_at_ms: incoming.received_at_ms,
-        source: incoming.source,
-    };
-    std::panic::catch_unwind(|| rm_handlers::handle(&delivery)).unwrap_or_else(|_| {
-        Verdict::Reject {
-            action: None,
-            reason: format!(
-                "the `{}` handler panicked; replay after upgrading",
-                incoming.event
-            ),
-        }
-    })
 }
 
 struct Writer {

@@ -17,6 +17,7 @@ use tracing::Instrument as _;
 
 use crate::WebhookSecrets;
 use crate::journal::ReceiverJournal;
+use crate::judge;
 use crate::metrics::Metrics;
 use crate::verify::{self, Refusal};
 use rm_http_serve::budget::{self, BUSY_RETRY_AFTER_SECS, BodyBudget, BodyLimits, Hold, Refused};
@@ -189,10 +190,20 @@ impl<J: ReceiverJournal> Receiver<J> {
                     return self.refuse(refusal);
                 }
             };
-        match self.journal.record(incoming).await {
+        let judgement = judge::judge_measured(incoming).await;
+        let off_worker = judgement.off_worker;
+        let recorded = match judgement.judged {
+            Ok(judged) => self.journal.record_judged(judged).await,
+            Err(refused) => Err(refused),
+        };
+        match recorded {
             Ok(Recorded::New(outcome)) => {
                 self.metrics.delivery(&event, outcome.as_str());
-                tracing::debug!(outcome = outcome.as_str(), "delivery journalled");
+                tracing::debug!(
+                    outcome = outcome.as_str(),
+                    judged_off_worker = off_worker,
+                    "delivery journalled"
+                );
                 text(StatusCode::ACCEPTED, "accepted\n")
             }
             Ok(Recorded::AlreadyJournalled) => {

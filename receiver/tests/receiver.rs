@@ -20,8 +20,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rm_journal::{JOURNAL_FILE, Journal, Outcome, Reader, Retention};
 use rm_receiver::{
-    BODY_ALLOWANCE_BYTES, BodyLimits, MAX_BODY_BYTES, Receiver, ReceiverConfig, WebhookSecrets,
-    sign,
+    BODY_ALLOWANCE_BYTES, BodyLimits, INLINE_JUDGE_BYTES, MAX_BODY_BYTES, Receiver, ReceiverConfig,
+    WebhookSecrets, sign,
 };
 use secrecy::SecretString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -293,6 +293,50 @@ async fn every_log_line_about_a_delivery_carries_its_guid_from_the_span() {
             .any(|l| l.contains("delivery journalled")),
         "{log}"
     );
+}
+
+/// A body above [`INLINE_JUDGE_BYTES`] is judged on a thread other than the async worker that
+/// received it (the blocking pool), and journalled as any other; a small body, the control, on
+/// the worker itself. The thread is measured by the receiver, not taken from its rule: on this
+/// current-thread runtime, "off the worker" is only true of a judgement that ran elsewhere.
+#[tokio::test]
+async fn a_large_body_is_judged_off_the_async_worker_and_a_small_one_on_it() {
+    let capture = log_capture::LogCapture::start(tracing::Level::DEBUG);
+    let rx = start(&[SECRET]).await;
+    let small = Delivery::signed("workflow_job", fixture("workflow_job.queued.5"));
+    let mut padded: serde_json::Value =
+        serde_json::from_slice(&fixture("workflow_job.queued.5")).unwrap();
+    padded["workflow_job"]["id"] = serde_json::json!(77_000_001);
+    // A field no handler reads, taking the body past the allowance.
+    padded["padding"] = serde_json::json!("x".repeat(INLINE_JUDGE_BYTES));
+    let large = Delivery::signed("workflow_job", serde_json::to_vec(&padded).unwrap());
+    assert!(large.body.len() > INLINE_JUDGE_BYTES);
+
+    assert_eq!(rx.send(&small).await.0, 202);
+    assert_eq!(rx.send(&large).await.0, 202);
+
+    let log = capture.text();
+    let journalled = |d: &Delivery| -> String {
+        let guid = d.guid.as_deref().unwrap();
+        log.lines()
+            .find(|l| l.contains(guid) && l.contains("delivery journalled"))
+            .unwrap_or_else(|| panic!("no journalled line for {guid}:\n{log}"))
+            .to_owned()
+    };
+    assert!(
+        journalled(&small).contains("judged_off_worker=false"),
+        "{log}"
+    );
+    assert!(
+        journalled(&large).contains("judged_off_worker=true"),
+        "{log}"
+    );
+    let job = Reader::open(&rx.journal_path)
+        .unwrap()
+        .job(rm_vocab::JobId::new(77_000_001))
+        .unwrap()
+        .expect("the large delivery's job");
+    assert_eq!(job.state.as_str(), "queued");
 }
 
 #[tokio::test]

@@ -251,7 +251,12 @@ impl Subscription {
             }
         };
         let guid = incoming.guid.clone();
-        match self.journal.record(incoming).await {
+        // Judged as the receiver judges: off the async workers when the body is large.
+        let recorded = match rm_receiver::judge(incoming).await {
+            Ok(judged) => self.journal.record_judged(judged).await,
+            Err(refused) => Err(refused),
+        };
+        match recorded {
             Ok(recorded) => {
                 tracing::debug!(id, %guid, ?recorded, "relayed delivery journalled");
                 self.state.send_modify(|s| s.journalled += 1);

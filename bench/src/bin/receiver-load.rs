@@ -57,6 +57,14 @@ struct Args {
     /// --intake: concurrent recorders (as many requests in flight in a receiver).
     #[arg(long, default_value_t = 32)]
     recorders: usize,
+    /// Instead of a receiver over HTTP, measure judging a delivery: its cost by body size beside
+    /// a trip to the blocking pool, and small deliveries' waits while large ones are judged on
+    /// their worker or on the blocking pool (docs/performance.md, "Judging a delivery").
+    #[arg(long)]
+    judge: bool,
+    /// --judge: the large body's size in the stall runs.
+    #[arg(long, default_value_t = 8 << 20)]
+    large_bytes: usize,
     /// --intake: the PostgreSQL writer counts to run (one writer per receiver).
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     pg_writers: Vec<usize>,
@@ -72,6 +80,9 @@ fn main() {
 fn real_main(args: Args) -> Result<()> {
     if args.intake {
         return intake(&args);
+    }
+    if args.judge {
+        return judge(&args);
     }
     let secrets = std::env::var(SECRET_ENV)
         .with_context(|| format!("set {SECRET_ENV} to the receiver's webhook secret"))?;
@@ -189,6 +200,59 @@ fn intake(args: &Args) -> Result<()> {
     ))?;
     for run in figures {
         println!("{}", run.summary());
+    }
+    Ok(())
+}
+
+/// `--judge`: one JSON line per body size, one for the blocking pool, one per stall run.
+fn judge(args: &Args) -> Result<()> {
+    use rm_bench::judge;
+    let templates = Templates::load(&args.fixtures)?;
+    let pool = build_pool(&templates, b"judge-bench", 1, 1)?;
+    let small = pool.first().context("no body built")?.body.to_vec();
+    for size in [0, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 8 << 20, 24 << 20] {
+        let body = if size == 0 {
+            small.clone()
+        } else {
+            judge::grown(&small, size)?
+        };
+        let runs = if body.len() > (1 << 20) { 5 } else { 200 };
+        let (p50, max) = judge::cost(&body, runs)?;
+        println!(
+            "{}",
+            serde_json::json!({
+                "judge_bytes": body.len(),
+                "runs": runs,
+                "judge_p50_us": p50.as_micros(),
+                "judge_max_us": max.as_micros(),
+            })
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let (p50, max) = judge::blocking_trip(&runtime, 2000);
+    println!(
+        "{}",
+        serde_json::json!({"blocking_pool_trip_p50_us": p50.as_micros(), "blocking_pool_trip_max_us": max.as_micros()})
+    );
+    let large = judge::grown(&small, args.large_bytes)?;
+    for off_worker in [false, true] {
+        let run = judge::stall(&small, &large, off_worker)?;
+        println!(
+            "{}",
+            serde_json::json!({
+                "large_bytes": large.len(),
+                "large_judged": if run.large_off_worker { "blocking pool" } else { "on the worker" },
+                "large_deliveries": run.large_judged,
+                "small_deliveries": run.small.len(),
+                "small_wait_p50_us": run.small.value_at_quantile(0.50),
+                "small_wait_p99_us": run.small.value_at_quantile(0.99),
+                "small_wait_max_us": run.small.max(),
+            })
+        );
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::future::Future;
 use secrecy::SecretString;
 
 use super::surface::{PgInspection, PgSslMode, PgUrlError};
-use crate::{Incoming, Intake, JournalError, JournalMetrics, Recorded};
+use crate::{Intake, JournalError, JournalMetrics, Judged, Recorded};
 
 /// A value no build without PostgreSQL can make.
 #[derive(Debug, Clone, Copy)]
@@ -86,9 +86,9 @@ impl PgJournal {
 }
 
 impl Intake for PgJournal {
-    fn record(
+    fn record_judged(
         &self,
-        _incoming: Incoming,
+        _judged: Judged,
     ) -> impl Future<Output = Result<Recorded, JournalError>> + Send {
         let never = self.0;
         async move { match never {} }

@@ -16,7 +16,10 @@ mod surface;
 
 // Also in every test build (which has the feature): its refusal is tested in process.
 #[cfg(any(test, not(feature = "postgres")))]
-#[cfg_attr(feature = "postgres", allow(dead_code, unreachable_pub, unused_imports))]
+#[cfg_attr(
+    feature = "postgres",
+    allow(dead_code, unreachable_pub, unused_imports)
+)]
 mod absent;
 #[cfg(feature = "postgres")]
 mod apply;

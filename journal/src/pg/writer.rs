@@ -24,8 +24,8 @@ use tokio::sync::oneshot;
 
 use super::apply::{ApplyError, Sql, StatementCache, apply_verdict};
 use super::schema;
+use crate::judged::{Judged, Stored};
 use crate::metrics::JournalMetrics;
-use crate::writer::{Stored, prepare};
 use crate::{Incoming, JournalError, Outcome, Recorded};
 
 /// The most deliveries one transaction takes (as SQLite's writer).
@@ -139,10 +139,14 @@ impl PgJournal {
         &self.metrics
     }
 
-    /// Records a delivery (see [`crate::Journal::record`]): the handler runs on the caller's
-    /// thread; the answer comes after the COMMIT that holds it.
-    pub async fn record(&self, incoming: Incoming) -> Result<Recorded, JournalError> {
-        let (verdict, stored) = prepare(&incoming)?;
+    /// Records a judged delivery (see [`crate::Journal::record_judged`]): the answer comes
+    /// after the COMMIT that holds it.
+    pub async fn record_judged(&self, judged: Judged) -> Result<Recorded, JournalError> {
+        let Judged {
+            incoming,
+            verdict,
+            stored,
+        } = judged;
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Request::Record {
@@ -153,6 +157,11 @@ impl PgJournal {
             })
             .map_err(|_| JournalError::WriterStopped)?;
         answer.await.map_err(|_| JournalError::WriterStopped)?
+    }
+
+    /// Judges `incoming` on the caller's thread and records it (see [`crate::Journal::record`]).
+    pub async fn record(&self, incoming: Incoming) -> Result<Recorded, JournalError> {
+        self.record_judged(Judged::of(incoming)?).await
     }
 
     /// Succeeds when the writer is alive and its database answers a transaction.
@@ -166,11 +175,11 @@ impl PgJournal {
 }
 
 impl crate::Intake for PgJournal {
-    fn record(
+    fn record_judged(
         &self,
-        incoming: Incoming,
+        judged: Judged,
     ) -> impl Future<Output = Result<Recorded, JournalError>> + Send {
-        PgJournal::record(self, incoming)
+        PgJournal::record_judged(self, judged)
     }
 
     fn probe(&self) -> impl Future<Output = Result<(), JournalError>> + Send {

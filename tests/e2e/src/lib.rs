@@ -74,8 +74,8 @@ pub fn agent_binary() -> PathBuf {
         .clone()
 }
 
-/// [`AGENT`], checked to carry the test feature `feature` (`demo`, `fault-injection`): should it
-/// not, the test fails here, naming the build command, rather than waiting in vain for a demo or
+/// [`AGENT`], checked to carry the feature `feature` (`demo`, `fault-injection`, `fleet`):
+/// should it not, the test fails here, naming the build command, rather than waiting in vain for a demo or
 /// a crash that cannot come.
 pub fn agent_with(feature: &str) -> PathBuf {
     let agent = agent_binary();

@@ -61,6 +61,8 @@ impl PgFleet {
     /// The fake (App installed on `acme`, holding [`REPO`]), the App key and the runner
     /// package; nothing started yet.
     pub async fn new(url: String, options: PgFleetOptions) -> PgFleet {
+        // An agent without the PostgreSQL journal refuses `journal.url`: say how to build one.
+        crate::agent_with("fleet");
         let key = AppKeyPair::generate().unwrap();
         let fake = FakeGithub::start(FakeOptions::new(APP_ID, key.public_pem.clone()))
             .await
