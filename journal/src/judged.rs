@@ -4,7 +4,7 @@
 //! receiver: inline for a small body, on the blocking pool for a large one), and the writer
 //! threads of both journals only do SQL.
 
-use rm_handlers::{Delivery, Verdict};
+use rm_handlers::Verdict;
 
 use crate::{Incoming, JournalError, body};
 
@@ -47,13 +47,7 @@ impl Judged {
     /// Judges `incoming` with its event's handler, here, and encodes it: CPU work in proportion
     /// to the body, so a caller on an async worker does it only for a small body.
     pub fn of(incoming: Incoming) -> Result<Judged, JournalError> {
-        let verdict = rm_handlers::judge(&Delivery {
-            guid: &incoming.guid,
-            event: &incoming.event,
-            body: &incoming.body,
-            received_at_ms: incoming.received_at_ms,
-            source: incoming.source,
-        });
+        let verdict = rm_handlers::judge(&incoming.delivery());
         Judged::new(incoming, verdict)
     }
 

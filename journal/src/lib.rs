@@ -34,6 +34,7 @@ mod judged;
 mod metrics;
 mod pg;
 mod polls;
+mod queue;
 mod read;
 mod replay;
 mod reruns;

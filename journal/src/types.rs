@@ -18,6 +18,19 @@ pub struct Incoming {
     pub source: Source,
 }
 
+impl Incoming {
+    /// The delivery as its event's handler reads it ([`rm_handlers::judge`]).
+    pub fn delivery(&self) -> rm_handlers::Delivery<'_> {
+        rm_handlers::Delivery {
+            guid: &self.guid,
+            event: &self.event,
+            body: &self.body,
+            received_at_ms: self.received_at_ms,
+            source: self.source,
+        }
+    }
+}
+
 /// What became of a delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -11,55 +11,32 @@ use std::time::{Duration, Instant};
 
 use rm_handlers::Verdict;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
-use tokio::sync::oneshot;
 
 use crate::apply::apply_verdict;
 use crate::checkpoint;
 use crate::judged::{Judged, Stored};
 use crate::metrics::JournalMetrics;
+use crate::queue::{self, Queue, Request};
 use crate::retention::{PRUNE_INTERVAL, Retention, prune_step};
 use crate::sync::{self, Waiter};
 use crate::{Incoming, JournalError, Outcome, Recorded, connection};
 
-/// The most deliveries one transaction takes. Bounds the time any one commit holds its callers.
-const MAX_BATCH: usize = 1024;
-
 /// How long the writer sleeps when idle before it looks at retention again.
 const IDLE_WAKEUP: Duration = Duration::from_secs(60);
 
-type Reply = oneshot::Sender<Result<Recorded, JournalError>>;
-
-#[expect(
-    clippy::large_enum_variant,
-    reason = "nearly every request is a Record; boxing it would add an allocation per delivery"
-)]
-enum Request {
-    Record {
-        incoming: Incoming,
-        verdict: Verdict,
-        /// The body and headers as stored, encoded on the caller's thread.
-        stored: Stored,
-        reply: Reply,
-    },
-    /// Proves the writer is alive and can take the write lock (`/healthz`).
-    Probe(oneshot::Sender<Result<(), JournalError>>),
-}
-
-impl Request {
-    /// The request's caller, to be told that its batch failed.
-    fn into_failed_waiter(self) -> Waiter {
-        match self {
-            // The answer is never read: a failed waiter is only ever sent the error.
-            Request::Record { reply, .. } => Waiter::Record(reply, Recorded::AlreadyJournalled),
-            Request::Probe(reply) => Waiter::Probe(reply),
-        }
+/// The request's caller, to be told that its batch failed.
+fn failed_waiter(request: Request) -> Waiter {
+    match request {
+        // The answer is never read: a failed waiter is only ever sent the error.
+        Request::Record { reply, .. } => Waiter::Record(reply, Recorded::AlreadyJournalled),
+        Request::Probe(reply) => Waiter::Probe(reply),
     }
 }
 
 /// A cheap, cloneable handle to the journal's writer thread.
 #[derive(Clone)]
 pub struct Journal {
-    tx: mpsc::Sender<Request>,
+    queue: Queue,
     path: Arc<PathBuf>,
     metrics: JournalMetrics,
     durable: tokio::sync::watch::Receiver<u64>,
@@ -83,7 +60,7 @@ impl Journal {
         let conn = connection::open_group_writer(path)?;
         let (stop_checkpoints, checkpoints_stopped) = mpsc::channel();
         let restart = checkpoint::spawn(path, checkpoints_stopped)?;
-        let (tx, rx) = mpsc::channel();
+        let (queue, rx) = Queue::new();
         let metrics = JournalMetrics::default();
         let poisoned = sync::Poison::new();
         let (durable_tx, durable) = tokio::sync::watch::channel(0);
@@ -104,7 +81,7 @@ impl Journal {
             .spawn(move || writer.run(rx))
             .map_err(|e| JournalError::Commit(format!("cannot start the writer thread: {e}")))?;
         Ok(Journal {
-            tx,
+            queue,
             path: Arc::new(path.to_owned()),
             metrics,
             durable,
@@ -146,21 +123,7 @@ impl Journal {
     /// that records the delivery. Returns once that transaction is committed (and, as every
     /// answer of this journal, flushed).
     pub async fn record_judged(&self, judged: Judged) -> Result<Recorded, JournalError> {
-        let Judged {
-            incoming,
-            verdict,
-            stored,
-        } = judged;
-        let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Request::Record {
-                incoming,
-                verdict,
-                stored,
-                reply,
-            })
-            .map_err(|_| JournalError::WriterStopped)?;
-        answer.await.map_err(|_| JournalError::WriterStopped)?
+        self.queue.record(judged).await
     }
 
     /// Judges `incoming` here, on the caller's thread ([`Judged::of`]), and records it: for
@@ -173,11 +136,7 @@ impl Journal {
 
     /// Succeeds when the writer is alive and can take the write lock.
     pub async fn probe(&self) -> Result<(), JournalError> {
-        let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Request::Probe(reply))
-            .map_err(|_| JournalError::WriterStopped)?;
-        answer.await.map_err(|_| JournalError::WriterStopped)?
+        self.queue.probe().await
     }
 }
 
@@ -212,14 +171,7 @@ impl Writer {
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
             };
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(request) => batch.push(request),
-                    Err(_) => break,
-                }
-            }
-            self.commit(batch);
+            self.commit(queue::group(first, &rx));
             self.maybe_restart_wal();
             self.maybe_prune();
         }
@@ -232,7 +184,7 @@ impl Writer {
         let size = batch.len();
         if self.poisoned.is_set() {
             Waiter::fail_all(
-                batch.into_iter().map(Request::into_failed_waiter).collect(),
+                batch.into_iter().map(failed_waiter).collect(),
                 sync::POISONED,
             );
             return;
@@ -258,7 +210,7 @@ impl Writer {
             }
             Err(err) => {
                 tracing::error!(error = %err, deliveries = size, "journal commit failed");
-                let waiters = batch.into_iter().map(Request::into_failed_waiter).collect();
+                let waiters = batch.into_iter().map(failed_waiter).collect();
                 Waiter::fail_all(waiters, &err.to_string());
             }
         }

@@ -5,7 +5,6 @@
 //! pool would cost more than the work; a larger one on the blocking pool, so it never holds a
 //! worker, and every other connection on it, for the length of its parse.
 
-use rm_handlers::Delivery;
 use rm_journal::{Incoming, JournalError, Judged};
 
 /// The largest body judged on the async worker that received it: where judging costs about
@@ -57,12 +56,6 @@ pub(crate) async fn judge_measured(incoming: Incoming) -> Judgement {
 
 /// The handler's verdict on `incoming`, and its columns encoded, on this thread.
 fn judge_here(incoming: Incoming) -> Result<Judged, JournalError> {
-    let verdict = rm_handlers::judge(&Delivery {
-        guid: &incoming.guid,
-        event: &incoming.event,
-        body: &incoming.body,
-        received_at_ms: incoming.received_at_ms,
-        source: incoming.source,
-    });
+    let verdict = rm_handlers::judge(&incoming.delivery());
     Judged::new(incoming, verdict)
 }

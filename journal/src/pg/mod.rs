@@ -21,46 +21,37 @@ mod surface;
     allow(dead_code, unreachable_pub, unused_imports)
 )]
 mod absent;
-#[cfg(feature = "postgres")]
-mod apply;
-#[cfg(feature = "postgres")]
-mod fleet;
-#[cfg(feature = "postgres")]
-mod inspect;
-#[cfg(feature = "postgres")]
-mod polls;
-#[cfg(feature = "postgres")]
-mod read;
-#[cfg(feature = "postgres")]
-mod replay;
-#[cfg(feature = "postgres")]
-pub(crate) mod schema;
-#[cfg(feature = "postgres")]
-mod target;
-#[cfg(feature = "postgres")]
-mod tls;
-#[cfg(feature = "postgres")]
-mod writer;
-
 pub use surface::{PgInspection, PgRight, PgSchemaState, PgSslMode, PgUrlError};
 
 #[cfg(not(feature = "postgres"))]
 pub use absent::{PgJournal, PgTarget};
-#[cfg(feature = "postgres")]
-pub use fleet::PgFleet;
-#[cfg(feature = "postgres")]
-pub use polls::PgPollJournal;
-#[cfg(feature = "postgres")]
-pub use read::PgReader;
-#[cfg(feature = "postgres")]
-pub use replay::replay_pg;
-#[cfg(feature = "postgres")]
-pub use target::PgTarget;
-#[cfg(feature = "postgres")]
-pub use writer::PgJournal;
 
-#[cfg(feature = "postgres")]
-use rm_vocab::JobId;
+/// Each item, built only with the `postgres` feature.
+macro_rules! with_postgres {
+    ($($item:item)*) => { $( #[cfg(feature = "postgres")] $item )* };
+}
+
+with_postgres! {
+    mod apply;
+    mod fleet;
+    mod inspect;
+    mod polls;
+    mod read;
+    mod replay;
+    pub(crate) mod schema;
+    mod target;
+    mod tls;
+    mod writer;
+
+    pub use fleet::PgFleet;
+    pub use polls::PgPollJournal;
+    pub use read::PgReader;
+    pub use replay::replay_pg;
+    pub use target::PgTarget;
+    pub use writer::PgJournal;
+
+    use rm_vocab::JobId;
+}
 
 /// A PostgreSQL error in one line: the server's message and SQLSTATE, or what failed on the
 /// way to it (the client's `Display` says only "db error"). Never the connection string.

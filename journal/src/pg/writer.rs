@@ -20,16 +20,13 @@ use postgres::{Client, Config};
 
 use super::tls::PgConnect;
 use rm_handlers::Verdict;
-use tokio::sync::oneshot;
 
 use super::apply::{ApplyError, Sql, StatementCache, apply_verdict};
 use super::schema;
 use crate::judged::{Judged, Stored};
 use crate::metrics::JournalMetrics;
+use crate::queue::{self, Queue, Request};
 use crate::{Incoming, JournalError, Outcome, Recorded};
-
-/// The most deliveries one transaction takes (as SQLite's writer).
-const MAX_BATCH: usize = 1024;
 
 /// How many times a group is tried before its callers are answered with the error: a deadlock
 /// between writers or a lost connection usually passes on the next try.
@@ -42,26 +39,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// What the server is told a writer's connection is (`pg_stat_activity`).
 pub(crate) const WRITER_APPLICATION: &str = "rm-journal-writer";
 
-type Reply = oneshot::Sender<Result<Recorded, JournalError>>;
-
-#[expect(
-    clippy::large_enum_variant,
-    reason = "nearly every request is a Record; boxing it would add an allocation per delivery"
-)]
-enum Request {
-    Record {
-        incoming: Incoming,
-        verdict: Verdict,
-        stored: Stored,
-        reply: Reply,
-    },
-    Probe(oneshot::Sender<Result<(), JournalError>>),
-}
-
 /// A cheap, cloneable handle to one PostgreSQL writer (one connection).
 #[derive(Clone)]
 pub struct PgJournal {
-    tx: mpsc::Sender<Request>,
+    queue: Queue,
     metrics: JournalMetrics,
     /// The writer's settings, named as a reader: for [`PgJournal::reader`].
     reads: PgConnect,
@@ -90,7 +71,7 @@ impl PgJournal {
         reads
             .config
             .application_name(super::read::READER_APPLICATION);
-        let (tx, rx) = mpsc::channel();
+        let (queue, rx) = Queue::new();
         let (ready_tx, ready) = mpsc::channel();
         let metrics = JournalMetrics::default();
         let writer_metrics = metrics.clone();
@@ -119,7 +100,11 @@ impl PgJournal {
             })
             .map_err(|e| JournalError::Commit(format!("cannot start the writer thread: {e}")))?;
         ready.recv().map_err(|_| JournalError::WriterStopped)??;
-        Ok(PgJournal { tx, metrics, reads })
+        Ok(PgJournal {
+            queue,
+            metrics,
+            reads,
+        })
     }
 
     /// A new read connection to the same database, as the same role (blocking: call it off
@@ -142,21 +127,7 @@ impl PgJournal {
     /// Records a judged delivery (see [`crate::Journal::record_judged`]): the answer comes
     /// after the COMMIT that holds it.
     pub async fn record_judged(&self, judged: Judged) -> Result<Recorded, JournalError> {
-        let Judged {
-            incoming,
-            verdict,
-            stored,
-        } = judged;
-        let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Request::Record {
-                incoming,
-                verdict,
-                stored,
-                reply,
-            })
-            .map_err(|_| JournalError::WriterStopped)?;
-        answer.await.map_err(|_| JournalError::WriterStopped)?
+        self.queue.record(judged).await
     }
 
     /// Judges `incoming` on the caller's thread and records it (see [`crate::Journal::record`]).
@@ -166,11 +137,7 @@ impl PgJournal {
 
     /// Succeeds when the writer is alive and its database answers a transaction.
     pub async fn probe(&self) -> Result<(), JournalError> {
-        let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Request::Probe(reply))
-            .map_err(|_| JournalError::WriterStopped)?;
-        answer.await.map_err(|_| JournalError::WriterStopped)?
+        self.queue.probe().await
     }
 }
 
@@ -223,14 +190,7 @@ type Answer = Recorded;
 impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Request>) {
         while let Ok(first) = rx.recv() {
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(request) => batch.push(request),
-                    Err(_) => break,
-                }
-            }
-            self.commit(batch);
+            self.commit(queue::group(first, &rx));
         }
         tracing::debug!("PostgreSQL journal writer stopped");
     }
