@@ -3,7 +3,7 @@
 //! jobs, polls and the fleet's claims are in the shared database and the host's own runners
 //! stay in its file. Which dialect answers is decided here, once, by how the store was made
 //! ([`Store::open`]): the agent asks for what it needs (the jobs, the poll store, the fleet,
-//! a replay) and never names a dialect. The shared database exists only in a build with the
+//! its attempts, a replay, the fleet's intake) and never names a dialect. The shared database exists only in a build with the
 //! `postgres` feature; without it a `journal.url` is refused where it is parsed
 //! ([`crate::PgUrlError::NotBuilt`]), so no store here can name one.
 //!
@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use rm_vocab::{JobId, UnixMs};
 
 use crate::{
-    DeliveryRow, DemandView, Fleet, InstallationRow, JobRow, JournalError, LocalFleet, Outcome,
-    PgJournal, PgTarget, PollJournal, PollStore, Reader, StoredDelivery,
+    Attempts, DeliveryRow, DemandView, Fleet, InstallationRow, JobRow, JournalError, LocalFleet,
+    Outcome, PgJournal, PgTarget, PollJournal, PollStore, Reader, StoredDelivery,
 };
 
 /// Where the journal is: this host's file, and the fleet's database when there is one.
@@ -54,6 +54,12 @@ impl Store {
             Some(target) => format!("the fleet's journal ({})", target.describe()),
             None => format!("the journal {}", self.file.display()),
         }
+    }
+
+    /// This host's runner attempts: always its own file, in a fleet too (its processes, its
+    /// runtimes). A writer of its own, each transition a synchronous commit.
+    pub fn attempts(&self) -> Result<Attempts, JournalError> {
+        Attempts::open(&self.file)
     }
 
     /// A reader of jobs and deliveries. On the file it opens now (an `Err` when the file cannot

@@ -29,7 +29,8 @@ impl AttemptJournal {
     /// Opens the executor's own writer and reader on the store's file, and its reader of jobs.
     pub(super) fn open(store: &Store) -> anyhow::Result<AttemptJournal> {
         let path = store.file();
-        let attempts = Attempts::open(path)
+        let attempts = store
+            .attempts()
             .with_context(|| format!("cannot open the journal {}", path.display()))?;
         let reader = Reader::open(path)
             .with_context(|| format!("cannot read the journal {}", path.display()))?;
