@@ -171,7 +171,7 @@ impl World {
 
     fn facts(&self) -> Facts<'_> {
         Facts {
-            now_ms: NOW,
+            now_ms: rm_vocab::UnixMs::new(NOW),
             policies: &self.policies,
             host_max: self.host_max,
             queued: &self.queued,
@@ -378,7 +378,7 @@ fn a_running_agent_s_published_plan_is_rendered_not_decided_again() {
     w.policies[0].max_runners = 2;
     let j = w.queue(1, LINUX);
     let published = |held: Vec<plan::Held>, start: u32, room: u32| plan::Published {
-        at_ms: NOW - 2_000,
+        at_ms: rm_vocab::UnixMs::new(NOW - 2_000),
         policies: [(
             "linux".to_owned(),
             plan::PublishedPolicy {
@@ -445,7 +445,7 @@ fn launch_backoff_says_until_when_and_the_last_failure() {
     *w.memory() = PolicyMemory {
         fence_ms: None,
         backoff: Some(Backoff {
-            until_ms: NOW + 20_000,
+            until_ms: rm_vocab::UnixMs::new(NOW + 20_000),
             failures: 3,
             last_failure: Some("process_exited_unexpectedly: exit status 1".to_owned()),
         }),
@@ -461,7 +461,7 @@ fn launch_backoff_says_until_when_and_the_last_failure() {
     assert!(message.contains("another 20s"), "{message}");
     assert!(message.contains("process_exited_unexpectedly"), "{message}");
     // A back-off that ran out holds nothing (the allocator's `backing_off`).
-    w.memory().backoff.as_mut().unwrap().until_ms = NOW;
+    w.memory().backoff.as_mut().unwrap().until_ms = rm_vocab::UnixMs::new(NOW);
     assert_eq!(w.explain(&j).verdict, Verdict::Launching);
 }
 
@@ -506,7 +506,7 @@ fn github_unreachable_comes_before_the_back_off_it_causes() {
     let mut w = World::new();
     w.snapshot.as_mut().unwrap().github.reachable = false;
     w.memory().backoff = Some(Backoff {
-        until_ms: NOW + 5_000,
+        until_ms: rm_vocab::UnixMs::new(NOW + 5_000),
         failures: 1,
         last_failure: Some("jit_request_failed: GitHub unreachable".to_owned()),
     });
@@ -545,7 +545,7 @@ fn host_unfit_names_the_fitness_gates_problems() {
     assert_eq!(e.summary, "the host is unfit (disk_space)");
     // The gate stops the allocation pass before any back-off is looked at.
     w.memory().backoff = Some(Backoff {
-        until_ms: NOW + 5_000,
+        until_ms: rm_vocab::UnixMs::new(NOW + 5_000),
         failures: 1,
         last_failure: None,
     });
@@ -576,7 +576,7 @@ fn not_seen_when_the_journal_has_no_such_job() {
 fn waiting_for_github_when_fenced_held_for_approval_or_a_runner_took_an_unnamed_job() {
     let mut w = World::new();
     let old = w.queue(1, LINUX);
-    w.memory().fence_ms = Some(old.first_seen_at_ms.get() + 1);
+    w.memory().fence_ms = Some(old.first_seen_at_ms.saturating_add_ms(1));
     let e = w.explain(&old);
     assert_eq!(
         (e.verdict, codes(&e)),
