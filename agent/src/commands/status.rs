@@ -224,7 +224,9 @@ fn gather(
     fleet: Option<InFleet>,
     now: SystemTime,
 ) -> anyhow::Result<Facts> {
-    let now_ms = UnixMs::from_system_time(now).get();
+    let at = UnixMs::from_system_time(now);
+    // `status`'s own facts and the status file still count in plain milliseconds.
+    let now_ms = at.get();
     let (snapshot, agent) = status_file::observe(&config.data_dir, now_ms);
     let Journalled {
         outcomes,
@@ -252,7 +254,7 @@ fn gather(
         None => (None, super::explain::waiting(config, reader, now)?),
     };
     let latency = match reader {
-        Some(reader) => crate::latency::read(reader, now_ms)?,
+        Some(reader) => crate::latency::read(reader, at)?,
         None => crate::latency::Latency::default(),
     };
     Ok(Facts {
