@@ -38,8 +38,7 @@ struct Gathered {
 impl Gathered {
     fn read(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::Result<Self> {
         let now_ms = rm_vocab::UnixMs::from_system_time(now);
-        // The status file still counts in plain milliseconds.
-        let (snapshot, agent) = status_file::observe(&config.data_dir, now_ms.get());
+        let (snapshot, agent) = status_file::observe(&config.data_dir, now_ms);
         let (queued, attempts) = match reader {
             Some(reader) => (reader.queued_jobs()?, reader.uncleaned_attempts()?),
             None => (Vec::new(), Vec::new()),

@@ -881,10 +881,10 @@ fn github_conditions(facts: &Facts<'_>) -> (Option<Condition>, Option<Condition>
         Some(offline) => Some(offline.description.clone()),
         None if !snapshot.github.reachable => Some(format!(
             "GitHub did not answer the agent's last request (its last answer was {})",
-            snapshot.github.last_contact_at_ms.map_or_else(
-                || "never".to_owned(),
-                |at| ago_phrase(facts.now_ms, UnixMs::new(at)),
-            )
+            snapshot
+                .github
+                .last_contact_at_ms
+                .map_or_else(|| "never".to_owned(), |at| ago_phrase(facts.now_ms, at),)
         )),
         None => None,
     }
@@ -905,7 +905,7 @@ fn github_conditions(facts: &Facts<'_>) -> (Option<Condition>, Option<Condition>
         .github
         .held
         .as_ref()
-        .filter(|h| UnixMs::new(h.until_ms) > facts.now_ms)
+        .filter(|h| h.until_ms > facts.now_ms)
         .map(|h| {
             condition(
                 Verdict::RateLimited,
@@ -916,8 +916,8 @@ fn github_conditions(facts: &Facts<'_>) -> (Option<Condition>, Option<Condition>
                          (until {}){}: no runner is registered until then, and the job is served \
                          after it. Other tools using the same App installation add to it.",
                         h.kind,
-                        in_phrase(facts.now_ms, UnixMs::new(h.until_ms)),
-                        crate::output::rfc3339(h.until_ms),
+                        in_phrase(facts.now_ms, h.until_ms),
+                        h.until_ms.to_rfc3339(),
                         h.limit
                             .as_ref()
                             .map_or_else(String::new, |l| format!("; the limit: {l}"))
@@ -1021,10 +1021,7 @@ fn not_seen(job_id: JobId, facts: &Facts<'_>) -> Reason {
         .filter(|_| facts.agent.is_running())
         .and_then(|s| s.polling.next_poll_at_ms)
         .map_or_else(String::new, |at| {
-            format!(
-                " The next poll is {}.",
-                in_phrase(facts.now_ms, UnixMs::new(at))
-            )
+            format!(" The next poll is {}.", in_phrase(facts.now_ms, at))
         });
     reason(
         "not_seen",
@@ -1049,7 +1046,7 @@ fn agent_context(facts: &Facts<'_>) -> Vec<Reason> {
                 "Launch back-off, fences, rate limit, GitHub's reachability and the host's \
                  fitness are as of its last status, written {}; a restart forgets back-off and \
                  fences.",
-                ago_phrase(facts.now_ms, UnixMs::new(s.written_at_ms))
+                ago_phrase(facts.now_ms, s.written_at_ms)
             )
         },
     );
@@ -1122,7 +1119,7 @@ pub(crate) fn to_json(explanation: &Explanation, facts: &Facts<'_>) -> serde_jso
         })),
         "agent": {
             "running": facts.agent.is_running(),
-            "status_written_at": facts.snapshot.map(|s| crate::output::rfc3339(s.written_at_ms)),
+            "status_written_at": facts.snapshot.map(|s| s.written_at_ms.to_rfc3339()),
         },
     })
 }

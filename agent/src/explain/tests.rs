@@ -83,12 +83,12 @@ fn attempt(policy: &str, state: AttemptState, job_id: Option<i64>, created: i64)
 fn snapshot() -> Snapshot {
     Snapshot {
         version: 1,
-        written_at_ms: NOW - 1_000,
+        written_at_ms: UnixMs::new(NOW - 1_000),
         pid: 42,
         polling: Polling {
             pace: "idle".to_owned(),
             throttled: false,
-            next_poll_at_ms: Some(NOW + 10_000),
+            next_poll_at_ms: Some(UnixMs::new(NOW + 10_000)),
             requests_last_hour: Requests {
                 charged: 0,
                 uncharged: 0,
@@ -107,7 +107,7 @@ fn snapshot() -> Snapshot {
         },
         github: Github {
             reachable: true,
-            last_contact_at_ms: Some(NOW - 500),
+            last_contact_at_ms: Some(UnixMs::new(NOW - 500)),
             held: None,
             content: Vec::new(),
             apps: Vec::new(),
@@ -472,7 +472,7 @@ fn rate_limited_while_the_budget_holds_a_registration() {
                  learned from GitHub's secondary limit at 2024-01-01T00:00:00Z";
     w.snapshot.as_mut().unwrap().github.held = Some(Held {
         kind: "secondary".to_owned(),
-        until_ms: NOW + 8_000,
+        until_ms: UnixMs::new(NOW + 8_000),
         limit: Some(limit.to_owned()),
     });
     w.attempts
@@ -497,7 +497,7 @@ fn rate_limited_while_the_budget_holds_a_registration() {
         .held
         .as_mut()
         .unwrap()
-        .until_ms = NOW - 1;
+        .until_ms = UnixMs::new(NOW - 1);
     assert_eq!(w.explain(&covered).verdict, Verdict::Launching);
 }
 
@@ -518,7 +518,7 @@ fn github_unreachable_comes_before_the_back_off_it_causes() {
     let mut w = World::new();
     w.snapshot.as_mut().unwrap().polling.offline = Some(Offline {
         description: "GitHub has been unreachable for 2m".to_owned(),
-        since_ms: NOW - 120_000,
+        since_ms: UnixMs::new(NOW - 120_000),
         outlasted_the_queue: false,
     });
     let j = w.queue(1, LINUX);
@@ -624,7 +624,7 @@ fn a_stopped_agent_is_said_with_the_age_of_what_is_known() {
     w.agent = Liveness::Stopped {
         last_seen: Some(std::time::Duration::from_secs(1)),
     };
-    w.snapshot.as_mut().unwrap().written_at_ms = NOW - 90_000;
+    w.snapshot.as_mut().unwrap().written_at_ms = UnixMs::new(NOW - 90_000);
     let j = w.queue(1, LINUX);
     let e = w.explain(&j);
     assert_eq!(e.verdict, Verdict::Launching);
