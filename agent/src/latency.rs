@@ -56,7 +56,7 @@ pub(crate) struct Sample {
     pub job_id: JobId,
     pub policy: String,
     /// When the job started: what places the sample in a window.
-    pub started_at_ms: i64,
+    pub started_at_ms: UnixMs,
     /// `None` when the journal does not know when the runner was started.
     pub queue_to_runner_started_ms: Option<i64>,
     pub queue_to_job_started_ms: i64,
@@ -70,7 +70,7 @@ pub(crate) fn samples(rows: &[WaitRow]) -> Vec<Sample> {
             Sample {
                 job_id: row.job_id,
                 policy: row.policy.clone(),
-                started_at_ms: row.job_started_at_ms.get(),
+                started_at_ms: row.job_started_at_ms,
                 queue_to_runner_started_ms: row
                     .runner_started_at_ms
                     .map(|at| at.saturating_sub(queued).max(0)),
@@ -168,8 +168,8 @@ impl Default for Latency {
 
 /// The window's percentiles from the journal's rows: samples of the jobs that started in
 /// `(now - window, now]`, overall and per policy.
-pub(crate) fn summarize(rows: &[WaitRow], now_ms: i64, window: Duration) -> Latency {
-    let since = now_ms.saturating_sub(rm_vocab::millis(window));
+pub(crate) fn summarize(rows: &[WaitRow], now_ms: UnixMs, window: Duration) -> Latency {
+    let since = now_ms - window;
     let in_window: Vec<Sample> = samples(rows)
         .into_iter()
         .filter(|s| s.started_at_ms > since && s.started_at_ms <= now_ms)
@@ -189,9 +189,9 @@ pub(crate) fn summarize(rows: &[WaitRow], now_ms: i64, window: Duration) -> Late
 }
 
 /// [`summarize`] over what the journal holds for the last [`WINDOW`].
-pub(crate) fn read(reader: &Reader, now_ms: i64) -> anyhow::Result<Latency> {
+pub(crate) fn read(reader: &Reader, now_ms: UnixMs) -> anyhow::Result<Latency> {
     let rows = reader
-        .job_waits(window_start(UnixMs::new(now_ms)))
+        .job_waits(window_start(now_ms))
         .map_err(|e| anyhow::anyhow!("cannot read job wait times from the journal: {e}"))?;
     Ok(summarize(&rows, now_ms, WINDOW))
 }
@@ -274,7 +274,7 @@ pub(crate) fn render(latency: &Latency) -> String {
 pub(crate) struct Recorder {
     /// Job id → its start, kept while the start is within the window (rows older than that are
     /// never read again, so forgetting them cannot count a job twice).
-    seen: HashMap<JobId, i64>,
+    seen: HashMap<JobId, UnixMs>,
 }
 
 impl Recorder {
@@ -283,13 +283,13 @@ impl Recorder {
         Recorder {
             seen: rows
                 .iter()
-                .map(|r| (r.job_id, r.job_started_at_ms.get()))
+                .map(|r| (r.job_id, r.job_started_at_ms))
                 .collect(),
         }
     }
 
     /// The samples of `rows` not counted yet; forgets jobs that started before `since_ms`.
-    pub(crate) fn fresh(&mut self, rows: &[WaitRow], since_ms: i64) -> Vec<Sample> {
+    pub(crate) fn fresh(&mut self, rows: &[WaitRow], since_ms: UnixMs) -> Vec<Sample> {
         self.seen.retain(|_, started| *started >= since_ms);
         samples(rows)
             .into_iter()
@@ -412,7 +412,7 @@ async fn record(path: PathBuf, reader: Reader, recorder: Recorder, metrics: Wait
                 }
                 None => Vec::new(),
             };
-            for sample in recorder.fresh(&rows, since.get()) {
+            for sample in recorder.fresh(&rows, since) {
                 metrics.observe(&sample);
             }
             Ok::<(), rm_journal::JournalError>(())

@@ -160,7 +160,11 @@ impl Collector for AgentMetrics {
         let content = crate::status_file::content(&self.client.content_pacing());
         let scopes: Vec<(String, i64, Option<i64>)> = content
             .iter()
-            .map(|c| (c.scope.clone(), i64::from(c.counted), c.until_ms))
+            // The gauge is plain seconds since the epoch: the instant ends here.
+            .map(|c| {
+                let until = c.until_ms.map(rm_vocab::UnixMs::get);
+                (c.scope.clone(), i64::from(c.counted), until)
+            })
             .collect();
         let paced: Vec<(&str, i64)> = scopes.iter().map(|(s, v, _)| (s.as_str(), *v)).collect();
         gauge_family(

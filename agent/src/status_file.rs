@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use rm_github::GithubClient;
 use rm_github::stats::Contact;
+use rm_vocab::UnixMs;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
@@ -44,7 +45,7 @@ const TMP_FILE: &str = ".status.json.tmp";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Snapshot {
     pub version: u32,
-    pub written_at_ms: i64,
+    pub written_at_ms: UnixMs,
     /// The agent's process id.
     pub pid: u32,
     pub polling: Polling,
@@ -92,7 +93,7 @@ pub(crate) struct Polling {
     pub pace: String,
     /// Slowed by something the operator should see (a low budget, a limit, an outage).
     pub throttled: bool,
-    pub next_poll_at_ms: Option<i64>,
+    pub next_poll_at_ms: Option<UnixMs>,
     pub requests_last_hour: Requests,
     pub rate_limit: Option<RateLimit>,
     /// Set while GitHub is unreachable.
@@ -117,14 +118,14 @@ pub(crate) struct Requests {
 pub(crate) struct RateLimit {
     pub remaining: u64,
     pub limit: u64,
-    pub reset_at_ms: Option<i64>,
+    pub reset_at_ms: Option<UnixMs>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Offline {
     /// One sentence for `status` ([`crate::polling::schedule::OfflineState::describe`]).
     pub description: String,
-    pub since_ms: i64,
+    pub since_ms: UnixMs,
     /// 24 hours passed: GitHub has cancelled the jobs that were queued.
     pub outlasted_the_queue: bool,
 }
@@ -137,14 +138,14 @@ pub(crate) struct Webhooks {
     /// `deliveries_trusted`, `no_intake`, `unannounced_job` or `failed_delivery`.
     pub reason: String,
     /// When the latest evidence of a lost delivery was seen.
-    pub evidence_at_ms: Option<i64>,
+    pub evidence_at_ms: Option<UnixMs>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Github {
     /// False after a request got no answer, until the next answer.
     pub reachable: bool,
-    pub last_contact_at_ms: Option<i64>,
+    pub last_contact_at_ms: Option<UnixMs>,
     /// Set while a rate limit holds every request of an installation (or the App) back: GitHub
     /// answered one, or the hourly quota is down to its reserve. Which kind, and until when.
     #[serde(default)]
@@ -221,7 +222,7 @@ pub(crate) fn app_budgets(
 pub(crate) struct Held {
     /// `primary` (the hourly quota) or `secondary` (GitHub's abuse limits).
     pub kind: String,
-    pub until_ms: i64,
+    pub until_ms: UnixMs,
     /// Which limit, in words: a resource's primary bucket, a secondary limit GitHub answered,
     /// or one of rm's pacing windows (a path template's points, the content limit and why).
     #[serde(default)]
@@ -238,8 +239,8 @@ pub(crate) struct ContentPacing {
     /// While counted: `cautious` (`github.pacing`) or `learned` (GitHub answered a secondary
     /// limit at `learned_at_ms`; counted until `until_ms`).
     pub reason: Option<String>,
-    pub learned_at_ms: Option<i64>,
-    pub until_ms: Option<i64>,
+    pub learned_at_ms: Option<UnixMs>,
+    pub until_ms: Option<UnixMs>,
     /// `POST`s sent in the last minute and hour, and the content limits they are held to.
     pub creations_minute: u32,
     pub creations_hour: u32,
@@ -266,8 +267,8 @@ pub(crate) fn content(pacing: &[rm_github::PacingSnapshot]) -> Vec<ContentPacing
                 Some(ContentReason::Cautious) => (Some("cautious"), None, None),
                 Some(ContentReason::Learned { at, until }) => (
                     Some("learned"),
-                    Some(rm_vocab::UnixMs::from_system_time(at).get()),
-                    Some(rm_vocab::UnixMs::from_system_time(until).get()),
+                    Some(UnixMs::from_system_time(at)),
+                    Some(UnixMs::from_system_time(until)),
                 ),
             };
             ContentPacing {
@@ -368,7 +369,7 @@ pub(crate) fn held(
         .max_by_key(|(_, until, _)| *until)
         .map(|(kind, until, words)| Held {
             kind: kind.to_string(),
-            until_ms: rm_vocab::UnixMs::from_system_time(until).get(),
+            until_ms: UnixMs::from_system_time(until),
             limit: Some(words),
         })
 }
@@ -390,14 +391,12 @@ impl Snapshot {
     ) -> Snapshot {
         Snapshot {
             version: FORMAT_VERSION,
-            written_at_ms: rm_vocab::UnixMs::from_system_time(now).get(),
+            written_at_ms: UnixMs::from_system_time(now),
             pid,
             polling: Polling {
                 pace: status.pace.as_str().to_owned(),
                 throttled: status.pace.is_throttled(),
-                next_poll_at_ms: status
-                    .next_poll_at
-                    .map(|t| rm_vocab::UnixMs::from_system_time(t).get()),
+                next_poll_at_ms: status.next_poll_at.map(UnixMs::from_system_time),
                 requests_last_hour: Requests {
                     charged: status.requests_last_hour.charged,
                     uncharged: status.requests_last_hour.uncharged,
@@ -405,23 +404,18 @@ impl Snapshot {
                 rate_limit: status.rate_limit.map(|r| RateLimit {
                     remaining: r.remaining,
                     limit: r.limit,
-                    reset_at_ms: r
-                        .reset_at
-                        .map(|t| rm_vocab::UnixMs::from_system_time(t).get()),
+                    reset_at_ms: r.reset_at.map(UnixMs::from_system_time),
                 }),
                 offline: status.offline.as_ref().map(|o| Offline {
                     description: o.describe(),
-                    since_ms: rm_vocab::UnixMs::from_system_time(o.since).get(),
+                    since_ms: UnixMs::from_system_time(o.since),
                     outlasted_the_queue: o.has_outlasted_the_queue(),
                 }),
                 webhooks: Webhooks {
                     intake: status.webhooks.intake,
                     trusted: status.webhooks.trusted,
                     reason: status.webhooks.reason.to_owned(),
-                    evidence_at_ms: status
-                        .webhooks
-                        .evidence_at
-                        .map(|t| rm_vocab::UnixMs::from_system_time(t).get()),
+                    evidence_at_ms: status.webhooks.evidence_at.map(UnixMs::from_system_time),
                 },
                 last_failure: status.last_pass.failure.map(str::to_owned),
                 unannounced_jobs: status.unannounced_jobs,
@@ -429,9 +423,7 @@ impl Snapshot {
             },
             github: Github {
                 reachable: contact.reachable,
-                last_contact_at_ms: contact
-                    .last_contact_at
-                    .map(|t| rm_vocab::UnixMs::from_system_time(t).get()),
+                last_contact_at_ms: contact.last_contact_at.map(UnixMs::from_system_time),
                 held: None,
                 content: Vec::new(),
                 apps: Vec::new(),
@@ -444,8 +436,8 @@ impl Snapshot {
     }
 
     /// How old the snapshot is at `now_ms` (zero when written "in the future").
-    pub(crate) fn age(&self, now_ms: i64) -> Duration {
-        Duration::from_millis(u64::try_from(now_ms - self.written_at_ms).unwrap_or(0))
+    pub(crate) fn age(&self, now_ms: UnixMs) -> Duration {
+        now_ms.duration_since(self.written_at_ms)
     }
 }
 
@@ -598,7 +590,7 @@ impl Liveness {
 pub(crate) fn liveness(
     snapshot: Option<&Snapshot>,
     lock_owner: Option<u32>,
-    now_ms: i64,
+    now_ms: UnixMs,
     is_agent: impl Fn(u32) -> bool,
 ) -> Liveness {
     if let Some(s) = snapshot
@@ -622,7 +614,7 @@ pub(crate) fn liveness(
 /// What a reader process (`status`, `explain`) learns about the agent serving `data_dir` at
 /// `now_ms`: the last snapshot (an unreadable one is logged and ignored) and whether its
 /// writer still runs.
-pub(crate) fn observe(data_dir: &Path, now_ms: i64) -> (Option<Snapshot>, Liveness) {
+pub(crate) fn observe(data_dir: &Path, now_ms: UnixMs) -> (Option<Snapshot>, Liveness) {
     let snapshot = read(data_dir).unwrap_or_else(|problem| {
         tracing::warn!("{problem}; ignoring it");
         None
@@ -720,7 +712,7 @@ mod tests {
         assert!(s.polling.throttled);
         assert_eq!(
             s.polling.next_poll_at_ms,
-            Some(rm_vocab::UnixMs::from_system_time(t(90)).get())
+            Some(UnixMs::from_system_time(t(90)))
         );
         assert_eq!(
             s.polling.requests_last_hour,
@@ -743,17 +735,14 @@ mod tests {
         assert_eq!(s.polling.last_failure.as_deref(), Some("offline"));
         assert_eq!(
             s.github.last_contact_at_ms,
-            Some(rm_vocab::UnixMs::from_system_time(t(20)).get())
+            Some(UnixMs::from_system_time(t(20)))
         );
         assert_eq!((s.pid, s.host.max_runners), (77, 4));
         assert_eq!(
-            s.age(rm_vocab::UnixMs::from_system_time(t(75)).get()),
+            s.age(UnixMs::from_system_time(t(75))),
             Duration::from_secs(15)
         );
-        assert_eq!(
-            s.age(rm_vocab::UnixMs::from_system_time(t(0)).get()),
-            Duration::ZERO
-        );
+        assert_eq!(s.age(UnixMs::from_system_time(t(0))), Duration::ZERO);
 
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(read(dir.path()).unwrap(), None);
@@ -771,13 +760,13 @@ mod tests {
     #[test]
     fn liveness_needs_a_live_writer_and_a_fresh_snapshot() {
         let mut s = Snapshot::capture(&status(), Contact::default(), 4, 77, t(0));
-        let now = rm_vocab::UnixMs::from_system_time(t(10)).get();
+        let now = UnixMs::from_system_time(t(10));
         let alive = |pid| pid == 77;
         assert_eq!(
             liveness(Some(&s), Some(77), now, alive),
             Liveness::Running { pid: 77 }
         );
-        let later = rm_vocab::UnixMs::from_system_time(t(100)).get();
+        let later = UnixMs::from_system_time(t(100));
         assert_eq!(
             liveness(Some(&s), Some(77), later, alive),
             Liveness::Silent {
@@ -837,7 +826,7 @@ mod tests {
             held(budget, pacing, at(t)).map(|h| (h.kind, h.until_ms, h.limit.unwrap_or_default()))
         };
         let (kind, until, words) = held_at(&budget, &[], 100).unwrap();
-        assert_eq!((kind.as_str(), until), ("secondary", 200_000));
+        assert_eq!((kind.as_str(), until), ("secondary", UnixMs::new(200_000)));
         assert!(words.contains("secondary limit GitHub answered"), "{words}");
         assert_eq!(held(&budget, &[], at(200)), None);
         assert_eq!(held(&budget[..1], &[], at(100)), None);
@@ -869,7 +858,7 @@ mod tests {
         );
         let (_, until, words) =
             held_at(&budget, &[pacing(Some((PacedBy::Content, at(300))))], 100).unwrap();
-        assert_eq!(until, 300_000);
+        assert_eq!(until, UnixMs::new(300_000));
         assert!(
             words.starts_with("rm's pacing (installation 1): the content limit"),
             "{words}"
@@ -883,7 +872,7 @@ mod tests {
         assert!(words.contains(template), "{words}");
         let lines = content(&[pacing(None)]);
         assert_eq!(lines[0].reason.as_deref(), Some("learned"));
-        assert_eq!(lines[0].until_ms, Some(3_691_000));
+        assert_eq!(lines[0].until_ms, Some(UnixMs::new(3_691_000)));
         assert!(lines[0].counted);
     }
 

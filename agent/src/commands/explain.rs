@@ -22,7 +22,7 @@ use rm_runner::logs::Store;
 
 /// What the decision reads, owned.
 struct Gathered {
-    now_ms: i64,
+    now_ms: rm_vocab::UnixMs,
     snapshot: Option<Snapshot>,
     agent: Liveness,
     queued: Vec<JobRow>,
@@ -37,7 +37,7 @@ struct Gathered {
 
 impl Gathered {
     fn read(config: &Config, reader: Option<&Reader>, now: SystemTime) -> anyhow::Result<Self> {
-        let now_ms = rm_vocab::UnixMs::from_system_time(now).get();
+        let now_ms = rm_vocab::UnixMs::from_system_time(now);
         let (snapshot, agent) = status_file::observe(&config.data_dir, now_ms);
         let (queued, attempts) = match reader {
             Some(reader) => (reader.queued_jobs()?, reader.uncleaned_attempts()?),

@@ -358,7 +358,7 @@ async fn note_refreshes(mut status: watch::Receiver<PollerStatus>, executor: Han
         if pass.polled_demand
             && let Some(at) = pass.at
         {
-            executor.journal_refreshed(rm_vocab::UnixMs::from_system_time(at).get());
+            executor.journal_refreshed(rm_vocab::UnixMs::from_system_time(at));
         }
     }
 }

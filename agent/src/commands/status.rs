@@ -32,14 +32,14 @@ const RECENT_ATTEMPTS: usize = 20;
 /// Everything `status` reports, gathered before anything is decided (so the rules are pure).
 #[derive(Debug)]
 pub(crate) struct Facts {
-    pub now_ms: i64,
+    pub now_ms: UnixMs,
     pub data_dir: String,
     pub agent: Liveness,
     /// The newest snapshot, current or not.
     pub snapshot: Option<Snapshot>,
     pub deliveries: i64,
     pub rejected: i64,
-    pub last_delivery_at_ms: Option<i64>,
+    pub last_delivery_at_ms: Option<UnixMs>,
     pub jobs_by_state: BTreeMap<String, i64>,
     pub attempts_by_state: BTreeMap<String, i64>,
     /// This host's re-runs of jobs the infrastructure killed, by state (`policy.rerun_on`).
@@ -110,11 +110,11 @@ impl Facts {
 
     fn next_poll_in_ms(&self) -> Option<i64> {
         let at = self.live()?.polling.next_poll_at_ms?;
-        Some((at - self.now_ms).max(0))
+        Some(at.saturating_sub(self.now_ms).max(0))
     }
 
-    fn age_of(&self, at_ms: i64) -> Duration {
-        Duration::from_millis(u64::try_from(self.now_ms - at_ms).unwrap_or(0))
+    fn age_of(&self, at_ms: UnixMs) -> Duration {
+        self.now_ms.duration_since(at_ms)
     }
 }
 
@@ -173,7 +173,7 @@ fn fleet_journalled(
     };
     journalled.outcomes = pg.delivery_outcome_counts()?.into_iter().collect();
     journalled.queued = journalled_queued;
-    journalled.last_delivery_at_ms = pg.last_delivery_at()?.map(UnixMs::get);
+    journalled.last_delivery_at_ms = pg.last_delivery_at()?;
     journalled.jobs_by_state = pg.job_counts()?.into_iter().collect();
     Ok((journalled, InFleet { view, waiting }))
 }
@@ -191,7 +191,7 @@ struct Journalled {
     queued: Vec<QueuedJob>,
     uncleaned: Vec<rm_journal::AttemptRecord>,
     recent_outcomes: Vec<(AttemptOutcome, Option<String>)>,
-    last_delivery_at_ms: Option<i64>,
+    last_delivery_at_ms: Option<UnixMs>,
     jobs_by_state: BTreeMap<String, i64>,
     attempts_by_state: BTreeMap<String, i64>,
     reruns: rm_journal::RerunCounts,
@@ -207,7 +207,7 @@ fn journalled(reader: &Reader) -> anyhow::Result<Journalled> {
             .into_iter()
             .filter_map(|a| a.outcome.map(|o| (o, a.detail.or(a.reason))))
             .collect(),
-        last_delivery_at_ms: reader.last_delivery_at()?.map(UnixMs::get),
+        last_delivery_at_ms: reader.last_delivery_at()?,
         jobs_by_state: reader.job_counts()?.into_iter().collect(),
         attempts_by_state: reader.attempt_counts()?.into_iter().collect(),
         reruns: reader.rerun_counts()?,
@@ -224,7 +224,7 @@ fn gather(
     fleet: Option<InFleet>,
     now: SystemTime,
 ) -> anyhow::Result<Facts> {
-    let now_ms = UnixMs::from_system_time(now).get();
+    let now_ms = UnixMs::from_system_time(now);
     let (snapshot, agent) = status_file::observe(&config.data_dir, now_ms);
     let Journalled {
         outcomes,
@@ -241,10 +241,10 @@ fn gather(
     let unmatched = queued
         .len()
         .saturating_sub(routed + demand.unresolvable.len() + demand.overlapping.len());
-    let overdue_before = now_ms - rm_vocab::millis(CLEANUP_OVERDUE);
+    let overdue_before = now_ms - CLEANUP_OVERDUE;
     let cleanup_overdue = uncleaned
         .iter()
-        .filter(|a| a.state.is_terminal() && a.state_changed_at_ms.get() < overdue_before)
+        .filter(|a| a.state.is_terminal() && a.state_changed_at_ms < overdue_before)
         .count();
     let uids_held = uncleaned.iter().filter(|a| a.uid.is_some()).count();
     let (fleet, waiting) = match fleet {
@@ -294,10 +294,10 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
         "agent": {
             "running": facts.agent.is_running(),
             "pid": facts.agent.pid(),
-            "status_written_at": facts.snapshot.as_ref().map(|s| rfc3339(s.written_at_ms)),
+            "status_written_at": facts.snapshot.as_ref().map(|s| s.written_at_ms.to_rfc3339()),
         },
         "webhooks": {
-            "last_delivery_at": facts.last_delivery_at_ms.map(rfc3339),
+            "last_delivery_at": facts.last_delivery_at_ms.map(UnixMs::to_rfc3339),
             "deliveries": facts.deliveries,
             "rejected": facts.rejected,
             "healthy": facts.webhooks_healthy(),
@@ -324,7 +324,7 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
                 "reason": t.reason,
             })).collect::<Vec<_>>()),
             "offline": live.and_then(|s| s.polling.offline.as_ref()).map(|o| json!({
-                "since": rfc3339(o.since_ms),
+                "since": o.since_ms.to_rfc3339(),
                 "outlasted_the_queue": o.outlasted_the_queue,
                 "description": o.description,
             })),
@@ -335,23 +335,23 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
                 .snapshot
                 .as_ref()
                 .and_then(|s| s.github.last_contact_at_ms)
-                .map(rfc3339),
+                .map(UnixMs::to_rfc3339),
             "rate_limit": {
                 "remaining": rate_limit.map(|r| r.remaining),
                 "limit": rate_limit.map(|r| r.limit),
-                "reset_at": rate_limit.and_then(|r| r.reset_at_ms).map(rfc3339),
+                "reset_at": rate_limit.and_then(|r| r.reset_at_ms).map(UnixMs::to_rfc3339),
             },
             "rate_limited": live.and_then(|s| s.github.held.as_ref()).map(|h| json!({
                 "kind": h.kind,
-                "until": rfc3339(h.until_ms),
+                "until": h.until_ms.to_rfc3339(),
                 "limit": h.limit,
             })),
             "content_pacing": live.map(|s| s.github.content.iter().map(|c| json!({
                 "scope": c.scope,
                 "counted": c.counted,
                 "reason": c.reason,
-                "learned_at": c.learned_at_ms.map(rfc3339),
-                "until": c.until_ms.map(rfc3339),
+                "learned_at": c.learned_at_ms.map(UnixMs::to_rfc3339),
+                "until": c.until_ms.map(UnixMs::to_rfc3339),
                 "creations_last_minute": c.creations_minute,
                 "creations_last_hour": c.creations_hour,
                 "limit_per_minute": c.limit_minute,
@@ -408,7 +408,7 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
         "runner_version": facts.runner_version.as_ref().map(|r| json!({
             "version": r.version,
             "follows_latest": r.follows_latest,
-            "window": r.window(facts.now_ms).as_str(),
+            "window": r.window(facts.now_ms.get()).as_str(),
             "window_closes_at": r.window_closes_at_ms.map(rfc3339),
             "checked_at": rfc3339(r.checked_at_ms),
         })),
@@ -500,7 +500,7 @@ pub(crate) fn degraded(facts: &Facts) -> Vec<String> {
         facts
             .runner_version
             .as_ref()
-            .and_then(|r| r.warning(facts.now_ms)),
+            .and_then(|r| r.warning(facts.now_ms.get())),
     );
     found.extend(crate::fitness::report::degraded(
         facts.live().and_then(|s| s.fitness.as_ref()),
@@ -597,9 +597,7 @@ pub(crate) fn degraded(facts: &Facts) -> Vec<String> {
                  runner is registered or removed until then, and the jobs waiting are served \
                  after it. Other tools using the same App installation add to it.",
                 held.kind,
-                ago(Duration::from_millis(
-                    u64::try_from(held.until_ms - facts.now_ms).unwrap_or(0)
-                )),
+                ago(held.until_ms.duration_since(facts.now_ms)),
                 held.limit
                     .as_ref()
                     .map_or_else(String::new, |l| format!(" ({l})"))
@@ -648,12 +646,7 @@ pub(crate) fn degraded(facts: &Facts) -> Vec<String> {
                 < rate.limit.saturating_mul(LOW_RATE_LIMIT_PERCENT)
         {
             let reset = rate.reset_at_ms.map_or_else(String::new, |at| {
-                format!(
-                    ", resets in {}",
-                    ago(Duration::from_millis(
-                        u64::try_from(at - facts.now_ms).unwrap_or(0)
-                    ))
-                )
+                format!(", resets in {}", ago(at.duration_since(facts.now_ms)))
             });
             let what = if rate.remaining == 0 {
                 "is used up: no request is sent until it resets"
@@ -815,9 +808,7 @@ pub(crate) fn render(facts: &Facts) -> String {
                     format!(
                         "; HELD by a {} rate limit for {}",
                         h.kind,
-                        ago(Duration::from_millis(
-                            u64::try_from(h.until_ms - facts.now_ms).unwrap_or(0)
-                        ))
+                        ago(h.until_ms.duration_since(facts.now_ms))
                     )
                 });
                 let content: Vec<String> = s
@@ -829,7 +820,7 @@ pub(crate) fn render(facts: &Facts) -> String {
                         Some(until) => format!(
                             "{} paced as content (learned) until {}",
                             c.scope,
-                            crate::output::rfc3339(until)
+                            until.to_rfc3339()
                         ),
                         None => format!("{} paced as content (cautious)", c.scope),
                     })
@@ -889,7 +880,7 @@ pub(crate) fn render(facts: &Facts) -> String {
                 } else {
                     ""
                 },
-                ago(facts.age_of(r.checked_at_ms))
+                ago(facts.age_of(UnixMs::new(r.checked_at_ms)))
             ),
         );
     }
@@ -986,12 +977,12 @@ mod tests {
     fn snapshot() -> Snapshot {
         Snapshot {
             version: 1,
-            written_at_ms: NOW - 2_000,
+            written_at_ms: UnixMs::new(NOW - 2_000),
             pid: 42,
             polling: Polling {
                 pace: "reconciling".to_owned(),
                 throttled: false,
-                next_poll_at_ms: Some(NOW + 90_000),
+                next_poll_at_ms: Some(UnixMs::new(NOW + 90_000)),
                 requests_last_hour: Requests {
                     charged: 7,
                     uncharged: 11,
@@ -999,7 +990,7 @@ mod tests {
                 rate_limit: Some(RateLimit {
                     remaining: 4900,
                     limit: 5000,
-                    reset_at_ms: Some(NOW + 600_000),
+                    reset_at_ms: Some(UnixMs::new(NOW + 600_000)),
                 }),
                 offline: None,
                 webhooks: Webhooks {
@@ -1014,7 +1005,7 @@ mod tests {
             },
             github: Github {
                 reachable: true,
-                last_contact_at_ms: Some(NOW - 3_000),
+                last_contact_at_ms: Some(UnixMs::new(NOW - 3_000)),
                 held: None,
                 content: Vec::new(),
                 apps: Vec::new(),
@@ -1033,13 +1024,13 @@ mod tests {
             .insert("linux".to_owned(), vec![JobId::new(1), JobId::new(2)]);
         demand.per_policy.insert("gpu".to_owned(), vec![]);
         Facts {
-            now_ms: NOW,
+            now_ms: UnixMs::new(NOW),
             data_dir: "/var/lib/rm-agent".to_owned(),
             agent: Liveness::Running { pid: 42 },
             snapshot: Some(snapshot()),
             deliveries: 10,
             rejected: 0,
-            last_delivery_at_ms: Some(NOW - 60_000),
+            last_delivery_at_ms: Some(UnixMs::new(NOW - 60_000)),
             jobs_by_state: [("queued", 3), ("in_progress", 1), ("completed", 9)]
                 .map(|(s, n)| (s.to_owned(), n))
                 .into(),
@@ -1247,11 +1238,11 @@ mod tests {
             s.polling.rate_limit = Some(RateLimit {
                 remaining: 400,
                 limit: 5000,
-                reset_at_ms: Some(NOW + 1_800_000),
+                reset_at_ms: Some(UnixMs::new(NOW + 1_800_000)),
             });
             s.polling.offline = Some(Offline {
                 description: "GitHub has been unreachable for 2h (9 failed polls)".to_owned(),
-                since_ms: NOW - 7_200_000,
+                since_ms: UnixMs::new(NOW - 7_200_000),
                 outlasted_the_queue: false,
             });
             s.github.reachable = false;
@@ -1437,15 +1428,15 @@ mod tests {
         if let Some(snapshot) = facts.snapshot.as_mut() {
             snapshot.github.held = Some(crate::status_file::Held {
                 kind: "secondary".to_owned(),
-                until_ms: NOW + 42_000,
+                until_ms: UnixMs::new(NOW + 42_000),
                 limit: Some("rm's pacing (installation 7): the content limit".to_owned()),
             });
             snapshot.github.content = vec![crate::status_file::ContentPacing {
                 scope: "installation 7".to_owned(),
                 counted: true,
                 reason: Some("learned".to_owned()),
-                learned_at_ms: Some(NOW - 1_000),
-                until_ms: Some(NOW + 3_600_000),
+                learned_at_ms: Some(UnixMs::new(NOW - 1_000)),
+                until_ms: Some(UnixMs::new(NOW + 3_600_000)),
                 creations_minute: 80,
                 creations_hour: 81,
                 limit_minute: 80,
@@ -1502,8 +1493,8 @@ mod tests {
             version: "2.330.0".into(),
             follows_latest: false,
             next_release: Some("2.331.0".into()),
-            window_closes_at_ms: Some(f.now_ms + 4 * DAY_MS + 1_000),
-            checked_at_ms: f.now_ms - 3_600_000,
+            window_closes_at_ms: Some(f.now_ms.get() + 4 * DAY_MS + 1_000),
+            checked_at_ms: f.now_ms.get() - 3_600_000,
         };
         f.runner_version = Some(report.clone());
         let problems = degraded(&f);
@@ -1520,7 +1511,7 @@ mod tests {
 
         // Far from closing: nothing to attend to.
         f.runner_version = Some(rm_runner::package::report::VersionReport {
-            window_closes_at_ms: Some(f.now_ms + 20 * DAY_MS),
+            window_closes_at_ms: Some(f.now_ms.get() + 20 * DAY_MS),
             ..report
         });
         assert!(!degraded(&f).iter().any(|p| p.contains("2.330.0")));

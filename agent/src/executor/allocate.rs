@@ -26,7 +26,7 @@ use anyhow::Context as _;
 use rm_journal::{
     AttemptId, AttemptRecord, AttemptState, IsolationKind, NewAttempt, Scope, WorkspaceKind,
 };
-use rm_vocab::JobId;
+use rm_vocab::{JobId, UnixMs};
 
 use self::published::{AllocationMemory, Backoff, PolicyMemory};
 use super::context::Context;
@@ -52,20 +52,35 @@ pub(crate) const NOTIFY_AFTER_FAILURES: u32 = 3;
 pub(crate) const NOTIFY_WAITING_AFTER: Duration = Duration::from_secs(15 * 60);
 
 /// What allocation remembers between passes; owned by the control loop.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Allocator {
-    fences: HashMap<String, i64>,
+    fences: HashMap<String, UnixMs>,
     backoff: HashMap<String, Backoff>,
     reported: HashSet<JobId>,
     /// Per policy: since when its demand has been held back by the host's ceiling.
-    waiting_since: HashMap<String, i64>,
+    waiting_since: HashMap<String, UnixMs>,
     /// Per policy: runners that completed a job the journal had not named when they concluded.
     unknown_completions: HashMap<String, Vec<UnknownCompletion>>,
     /// When the journal was last brought up to date with GitHub (a poll pass began).
-    refreshed_at: i64,
+    refreshed_at: UnixMs,
     /// Whether the runner uid pool was found exhausted (and said so) since a runner last got
     /// a uid: the warning is given once per exhaustion, not every pass.
     uid_pool_exhausted: bool,
+}
+
+/// Remembers nothing yet; the journal counts as refreshed at the epoch, before any conclusion.
+impl Default for Allocator {
+    fn default() -> Self {
+        Self {
+            fences: HashMap::new(),
+            backoff: HashMap::new(),
+            reported: HashSet::new(),
+            waiting_since: HashMap::new(),
+            unknown_completions: HashMap::new(),
+            refreshed_at: UnixMs::EPOCH,
+            uid_pool_exhausted: false,
+        }
+    }
 }
 
 /// How long a completion of an unnamed job keeps one queued job from counting, at most: the
@@ -76,7 +91,7 @@ pub(crate) const UNKNOWN_COMPLETION_TTL: Duration = Duration::from_secs(15 * 60)
 /// `in_progress` delivery was late, or lost): one of the queued jobs is done.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct UnknownCompletion {
-    pub concluded_at_ms: i64,
+    pub concluded_at_ms: UnixMs,
     pub runner_name: String,
 }
 
@@ -87,8 +102,8 @@ pub(crate) struct UnknownCompletion {
 pub(crate) fn unknown_completions(
     concluded: &[UnknownCompletion],
     named: &HashSet<String>,
-    refreshed_at: i64,
-    now: i64,
+    refreshed_at: UnixMs,
+    now: UnixMs,
 ) -> u32 {
     let ttl = rm_vocab::millis(UNKNOWN_COMPLETION_TTL);
     let n = concluded
@@ -114,13 +129,13 @@ pub(crate) fn launch_backoff(failures: u32, terminal: bool) -> Duration {
 
 /// Whether a policy backing off until `until_ms` may launch at `now_ms` (shared with
 /// `rm-agent explain`, which decides from the published back-off).
-pub(crate) fn backing_off(now_ms: i64, until_ms: i64) -> bool {
+pub(crate) fn backing_off(now_ms: UnixMs, until_ms: UnixMs) -> bool {
     now_ms < until_ms
 }
 
 /// Whether a job first seen at `first_seen_ms` is still demand for a policy fenced at
 /// `fence_ms` ([`fences_demand`]): only jobs seen after its runner gave up are.
-pub(crate) fn counts_after_fence(first_seen_ms: i64, fence_ms: i64) -> bool {
+pub(crate) fn counts_after_fence(first_seen_ms: UnixMs, fence_ms: UnixMs) -> bool {
     first_seen_ms > fence_ms
 }
 
@@ -128,11 +143,11 @@ pub(crate) fn counts_after_fence(first_seen_ms: i64, fence_ms: i64) -> bool {
 /// host's ceiling (not by its own `max_runners`: that is the operator's choice); whether it has
 /// now waited [`NOTIFY_WAITING_AFTER`]. Demand that stops waiting starts the clock over.
 pub(crate) fn waiting_too_long(
-    waiting_since: &mut HashMap<String, i64>,
+    waiting_since: &mut HashMap<String, UnixMs>,
     policy: &str,
     demand: u32,
     limit: allocation::Limit,
-    now_ms: i64,
+    now_ms: UnixMs,
 ) -> bool {
     if limit != allocation::Limit::HostCapacity || demand == 0 {
         waiting_since.remove(policy);
@@ -209,18 +224,22 @@ impl Allocator {
         jobs: &[rm_journal::JobRow],
         named: &HashSet<String>,
         busy_unknown: &HashMap<String, usize>,
-        now: i64,
+        now: UnixMs,
     ) -> Vec<PolicyInputs<'p>> {
-        let first_seen: HashMap<JobId, i64> = jobs
+        let first_seen: HashMap<JobId, UnixMs> = jobs
             .iter()
-            .map(|j| (j.job_id, j.first_seen_at_ms.get()))
+            .map(|j| (j.job_id, j.first_seen_at_ms))
             .collect();
         let queued: Vec<QueuedJob> = jobs.iter().map(QueuedJob::from).collect();
         let demand = demand::route(policies, &queued);
         self.report_unroutable(&demand);
         let mut inputs = Vec::with_capacity(policies.len());
         for policy in policies {
-            let fence = self.fences.get(&policy.name).copied().unwrap_or(i64::MIN);
+            let fence = self
+                .fences
+                .get(&policy.name)
+                .copied()
+                .unwrap_or(UnixMs::new(i64::MIN));
             let routed = demand
                 .per_policy
                 .get(&policy.name)
@@ -257,7 +276,7 @@ impl Allocator {
         policy: &str,
         demand: u32,
         limit: allocation::Limit,
-        now: i64,
+        now: UnixMs,
         notifier: &Notifier,
     ) {
         if waiting_too_long(&mut self.waiting_since, policy, demand, limit, now) {
@@ -304,7 +323,7 @@ impl Allocator {
 
     /// The journal was brought up to date with GitHub by a poll pass that began at `at_ms`:
     /// completions before it are reflected in the journal now.
-    pub(super) fn journal_refreshed(&mut self, at_ms: i64) {
+    pub(super) fn journal_refreshed(&mut self, at_ms: UnixMs) {
         self.refreshed_at = self.refreshed_at.max(at_ms);
         let refreshed = self.refreshed_at;
         for concluded in self.unknown_completions.values_mut() {
@@ -338,7 +357,7 @@ impl Allocator {
         &mut self,
         policy: &str,
         failed: Option<&LaunchFailure>,
-        now: i64,
+        now: UnixMs,
         notifier: &Notifier,
     ) {
         let Some(failed) = failed else {
@@ -347,7 +366,7 @@ impl Allocator {
         };
         let failures = self.backoff.get(policy).map_or(0, |b| b.failures) + 1;
         let wait = launch_backoff(failures, failed.terminal);
-        let until = now.saturating_add(rm_vocab::millis(wait));
+        let until = now + wait;
         self.backoff.insert(
             policy.to_owned(),
             Backoff {
@@ -371,12 +390,12 @@ impl Allocator {
     }
 
     /// Until when `policy` backs off, if it has failed launches behind it.
-    pub(super) fn backoff_until(&self, policy: &str) -> Option<i64> {
+    pub(super) fn backoff_until(&self, policy: &str) -> Option<UnixMs> {
         self.backoff.get(policy).map(|b| b.until_ms)
     }
 
     /// Whether `policy` is in its launch back-off at `now`.
-    pub(super) fn backing_off(&self, policy: &str, now: i64) -> bool {
+    pub(super) fn backing_off(&self, policy: &str, now: UnixMs) -> bool {
         self.backoff
             .get(policy)
             .is_some_and(|b| backing_off(now, b.until_ms))
@@ -405,7 +424,7 @@ impl Allocator {
             policies,
             launching,
             draining,
-            plan: (plan.at_ms > 0).then_some(plan),
+            plan: (plan.at_ms > UnixMs::EPOCH).then_some(plan),
         }
     }
 }
@@ -422,7 +441,7 @@ pub(super) struct Concluded {
     /// busy), whatever its end: a crash or a kill mid-job took a queued job as a completion
     /// does.
     pub(super) ran_job: bool,
-    pub(super) at_ms: i64,
+    pub(super) at_ms: UnixMs,
 }
 
 /// Why a launch ended without a runner, as allocation's back-off takes it.
@@ -653,27 +672,28 @@ mod tests {
     fn only_demand_held_back_by_the_host_for_long_is_worth_telling() {
         use allocation::Limit;
         let after = i64::try_from(NOTIFY_WAITING_AFTER.as_millis()).unwrap();
+        let at = UnixMs::new;
         let mut since = HashMap::new();
         assert!(!waiting_too_long(
             &mut since,
             "linux",
             3,
             Limit::HostCapacity,
-            0
+            at(0)
         ));
         assert!(!waiting_too_long(
             &mut since,
             "linux",
             3,
             Limit::HostCapacity,
-            after - 1
+            at(after - 1)
         ));
         assert!(waiting_too_long(
             &mut since,
             "linux",
             2,
             Limit::HostCapacity,
-            after
+            at(after)
         ));
         // A slot freed (or the demand was met): the clock starts over.
         assert!(!waiting_too_long(
@@ -681,38 +701,38 @@ mod tests {
             "linux",
             0,
             Limit::HostCapacity,
-            after + 1
+            at(after + 1)
         ));
         assert!(!waiting_too_long(
             &mut since,
             "linux",
             2,
             Limit::HostCapacity,
-            after + 2
+            at(after + 2)
         ));
         assert!(!waiting_too_long(
             &mut since,
             "linux",
             2,
             Limit::HostCapacity,
-            2 * after
+            at(2 * after)
         ));
         assert!(waiting_too_long(
             &mut since,
             "linux",
             2,
             Limit::HostCapacity,
-            2 * after + 2
+            at(2 * after + 2)
         ));
         // The policy's own ceiling is the operator's choice, not a shortage.
         let mut since = HashMap::new();
-        for at in [0, after, 2 * after] {
+        for ms in [0, after, 2 * after] {
             assert!(!waiting_too_long(
                 &mut since,
                 "gpu",
                 5,
                 Limit::MaxRunners,
-                at
+                at(ms)
             ));
         }
     }
@@ -727,8 +747,9 @@ mod tests {
     #[test]
     fn a_completion_of_an_unnamed_job_counts_until_named_the_next_poll_or_its_ttl() {
         let ttl = i64::try_from(UNKNOWN_COMPLETION_TTL.as_millis()).unwrap();
-        let done = |at: i64, runner: &str| UnknownCompletion {
-            concluded_at_ms: at,
+        let at = UnixMs::new;
+        let done = |ms: i64, runner: &str| UnknownCompletion {
+            concluded_at_ms: at(ms),
             runner_name: runner.to_owned(),
         };
         let both = [
@@ -736,14 +757,17 @@ mod tests {
             done(200, "rm-h-bbbbbbbbbbbb"),
         ];
         let none = HashSet::new();
-        assert_eq!(unknown_completions(&both, &none, 0, 300), 2);
+        assert_eq!(unknown_completions(&both, &none, at(0), at(300)), 2);
         // A poll that began after the first completion has corrected the journal for it.
-        assert_eq!(unknown_completions(&both, &none, 150, 300), 1);
-        assert_eq!(unknown_completions(&both[..1], &none, 0, 100 + ttl), 0);
+        assert_eq!(unknown_completions(&both, &none, at(150), at(300)), 1);
+        assert_eq!(
+            unknown_completions(&both[..1], &none, at(0), at(100 + ttl)),
+            0
+        );
         // A late delivery named the second runner: its job is no longer queued in the journal,
         // so it no longer stands for one of the queued ones.
         let named: HashSet<String> = ["rm-h-bbbbbbbbbbbb".to_owned()].into();
-        assert_eq!(unknown_completions(&both, &named, 0, 300), 1);
+        assert_eq!(unknown_completions(&both, &named, at(0), at(300)), 1);
     }
 
     #[test]
@@ -759,7 +783,7 @@ mod tests {
             (0, i64::MIN, true),
         ] {
             assert_eq!(
-                counts_after_fence(seen, fence),
+                counts_after_fence(UnixMs::new(seen), UnixMs::new(fence)),
                 counts,
                 "seen {seen}, fence {fence}"
             );

@@ -39,12 +39,6 @@ impl Context {
         self.clock.now()
     }
 
-    /// [`Context::now`] as the plain milliseconds the executor's own arithmetic (fences,
-    /// back-offs, allocation's clocks) still counts in.
-    pub(super) fn now_ms(&self) -> i64 {
-        self.now().get()
-    }
-
     pub(super) fn policy(&self, name: &str) -> Option<&Policy> {
         self.settings.policies.iter().find(|p| p.name == name)
     }

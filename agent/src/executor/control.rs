@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rm_journal::{AttemptId, HostInfo, Store};
-use rm_vocab::JobId;
+use rm_vocab::{JobId, UnixMs};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
@@ -65,8 +65,8 @@ pub struct Executor {
     launching: HashSet<AttemptId>,
     /// True once the agent drains; launch tasks read it between JIT tries.
     draining: watch::Sender<bool>,
-    /// When GitHub's inventory was last reconciled (ms, on the executor's clock).
-    last_inventory: Option<i64>,
+    /// When GitHub's inventory was last reconciled (on the executor's clock).
+    last_inventory: Option<UnixMs>,
     /// In a fleet: the task renewing this host's lease while the loop runs.
     renewal: Option<tokio::task::JoinHandle<()>>,
     /// In a fleet: the jobs this host held claims on as of its last allocation. A job its
@@ -97,7 +97,7 @@ pub struct Handle {
 
 impl Handle {
     /// The journal was brought up to date with GitHub by a poll pass that began at `at_ms`.
-    pub fn journal_refreshed(&self, at_ms: i64) {
+    pub fn journal_refreshed(&self, at_ms: UnixMs) {
         // A loop that has stopped has no allocation left to correct.
         self.events.send(Event::Refreshed(at_ms)).ok();
     }
@@ -285,7 +285,7 @@ impl Executor {
             return Err(RecoveryIncomplete::Deferred(deferred));
         }
         recovery::reconcile_inventory(&self.ctx).await?;
-        self.last_inventory = Some(self.ctx.now_ms());
+        self.last_inventory = Some(self.ctx.now());
         Ok(())
     }
 
@@ -336,7 +336,7 @@ impl Executor {
         if let Some(standing) = &standing {
             self.claimed = standing.held.clone();
         }
-        let now = ctx.now_ms();
+        let now = ctx.now();
         let inputs = plan::Inputs {
             now_ms: now,
             // An unfit host registers nothing (crate::fitness): a runner would fail its job.
@@ -393,8 +393,11 @@ impl Executor {
                 // in milliseconds): its back-off holds the rest of the plan too, or the loop
                 // would replace each failed attempt at once.
                 self.take_waiting();
-                if self.allocator.backing_off(&policy.name, ctx.now_ms()) {
-                    let until_ms = self.allocator.backoff_until(&policy.name).unwrap_or(0);
+                if self.allocator.backing_off(&policy.name, ctx.now()) {
+                    let until_ms = self
+                        .allocator
+                        .backoff_until(&policy.name)
+                        .unwrap_or(UnixMs::EPOCH);
                     planned.hold(started, Held::BackingOff { until_ms });
                     break;
                 }
@@ -542,7 +545,7 @@ impl Executor {
                 }
             }
         };
-        self.supervisor.note_effected(effected, self.ctx.now_ms());
+        self.supervisor.note_effected(effected, self.ctx.now());
     }
 
     /// One message: the state it changes (a wake changes none: the pass it leads to is the
@@ -569,7 +572,7 @@ impl Executor {
                 self.allocator.remember_launch(
                     &policy,
                     failed.as_ref(),
-                    self.ctx.now_ms(),
+                    self.ctx.now(),
                     &self.ctx.notifier,
                 );
             }
@@ -593,7 +596,7 @@ impl Executor {
 
     /// Whether the periodic inventory reconciliation is due (and if so, marks it done now).
     fn inventory_due(&mut self) -> bool {
-        let now = self.ctx.now_ms();
+        let now = self.ctx.now();
         match self.last_inventory {
             Some(at) if now.saturating_sub(at) < rm_vocab::millis(INVENTORY_INTERVAL) => false,
             _ => {

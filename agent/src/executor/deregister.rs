@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use rm_github::{GithubError, Target};
-use rm_vocab::RunnerId;
+use rm_vocab::{RunnerId, UnixMs};
 
 use super::registry::{Listed, Registry};
 
@@ -135,13 +135,12 @@ pub(super) async fn remove(
     outcome
 }
 
-/// After a `422` on deregistration: when to try again (ms since the epoch), or `None` once
+/// After a `422` on deregistration: when to try again, or `None` once
 /// the runner has been busy past [`DEREGISTER_BUSY_LIMIT`] since `first_busy_ms` (give up
 /// waiting; clean up anyway).
-pub(crate) fn busy_retry_at(first_busy_ms: i64, now_ms: i64) -> Option<i64> {
+pub(crate) fn busy_retry_at(first_busy_ms: UnixMs, now_ms: UnixMs) -> Option<UnixMs> {
     let limit = rm_vocab::millis(DEREGISTER_BUSY_LIMIT);
-    let retry = rm_vocab::millis(DEREGISTER_BUSY_RETRY);
-    (now_ms.saturating_sub(first_busy_ms) < limit).then(|| now_ms.saturating_add(retry))
+    (now_ms.saturating_sub(first_busy_ms) < limit).then(|| now_ms + DEREGISTER_BUSY_RETRY)
 }
 
 #[cfg(test)]
@@ -209,11 +208,12 @@ mod tests {
         assert_eq!(deregistration(&server), Deregistration::Failed);
         let retry = i64::try_from(DEREGISTER_BUSY_RETRY.as_millis()).unwrap_or(0);
         let limit = i64::try_from(DEREGISTER_BUSY_LIMIT.as_millis()).unwrap_or(0);
-        assert_eq!(busy_retry_at(1_000, 1_000), Some(1_000 + retry));
+        let at = UnixMs::new;
+        assert_eq!(busy_retry_at(at(1_000), at(1_000)), Some(at(1_000 + retry)));
         assert_eq!(
-            busy_retry_at(1_000, 1_000 + limit - 1),
-            Some(1_000 + limit - 1 + retry)
+            busy_retry_at(at(1_000), at(1_000 + limit - 1)),
+            Some(at(1_000 + limit - 1 + retry))
         );
-        assert_eq!(busy_retry_at(1_000, 1_000 + limit), None);
+        assert_eq!(busy_retry_at(at(1_000), at(1_000 + limit)), None);
     }
 }

@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use rm_journal::AttemptId;
+use rm_vocab::UnixMs;
 use tokio::sync::oneshot;
 
 use crate::lifecycle::DiskUse;
@@ -17,17 +18,17 @@ use rm_runner::disk::{self, DISK_CHECK_INTERVAL, Measured};
 /// One walk on the blocking pool.
 struct Walking {
     attempt: AttemptId,
-    started_ms: i64,
+    started_ms: UnixMs,
     result: oneshot::Receiver<std::io::Result<Measured>>,
 }
 
 /// What the watch knows; owned by [`super::supervise::Supervisor`].
 #[derive(Default)]
 pub(super) struct DiskWatch {
-    /// The last finished measurement of each attempt, with when its walk started (ms).
-    measured: HashMap<AttemptId, (i64, Measured)>,
-    /// When each watched attempt's last walk started, finished or not (ms).
-    last_walk: HashMap<AttemptId, i64>,
+    /// The last finished measurement of each attempt, with when its walk started.
+    measured: HashMap<AttemptId, (UnixMs, Measured)>,
+    /// When each watched attempt's last walk started, finished or not.
+    last_walk: HashMap<AttemptId, UnixMs>,
     walking: Option<Walking>,
 }
 
@@ -76,7 +77,7 @@ impl DiskWatch {
 
     /// Forgets attempts no longer watched, and starts a walk of the one measured longest ago
     /// if none is running and it is due.
-    pub(super) fn schedule(&mut self, live: Vec<Watched>, now_ms: i64) {
+    pub(super) fn schedule(&mut self, live: Vec<Watched>, now_ms: UnixMs) {
         let ids: HashSet<&AttemptId> = live.iter().map(|w| &w.attempt).collect();
         self.measured.retain(|id, _| ids.contains(id));
         self.last_walk.retain(|id, _| ids.contains(id));
@@ -112,13 +113,13 @@ impl DiskWatch {
 /// Which attempt to measure next: never measured first, then the one measured longest ago, once
 /// [`DISK_CHECK_INTERVAL`] has passed since its last walk. Pure.
 fn due<'a>(
-    candidates: impl Iterator<Item = (&'a AttemptId, Option<i64>)>,
-    now_ms: i64,
+    candidates: impl Iterator<Item = (&'a AttemptId, Option<UnixMs>)>,
+    now_ms: UnixMs,
 ) -> Option<&'a AttemptId> {
     let interval = rm_vocab::millis(DISK_CHECK_INTERVAL);
     candidates
         .filter(|(_, last)| last.is_none_or(|at| now_ms.saturating_sub(at) >= interval))
-        .min_by_key(|(_, last)| last.unwrap_or(i64::MIN))
+        .min_by_key(|(_, last)| last.unwrap_or(UnixMs::new(i64::MIN)))
         .map(|(id, _)| id)
 }
 
@@ -135,23 +136,18 @@ mod tests {
         );
         let interval = rm_vocab::millis(DISK_CHECK_INTERVAL);
         let now = 1_000_000;
+        let ago = |ms: i64| Some(UnixMs::new(now - ms));
         for (candidates, expected) in [
             // Never measured beats everything.
-            (vec![(&a, Some(now - 10 * interval)), (&b, None)], Some(&b)),
+            (vec![(&a, ago(10 * interval)), (&b, None)], Some(&b)),
             // Then the oldest walk.
-            (
-                vec![(&a, Some(now - interval)), (&b, Some(now - 2 * interval))],
-                Some(&b),
-            ),
+            (vec![(&a, ago(interval)), (&b, ago(2 * interval))], Some(&b)),
             // Not due yet: nothing.
-            (vec![(&a, Some(now - interval + 1))], None),
-            (
-                vec![(&a, Some(now - interval + 1)), (&c, Some(now - interval))],
-                Some(&c),
-            ),
+            (vec![(&a, ago(interval - 1))], None),
+            (vec![(&a, ago(interval - 1)), (&c, ago(interval))], Some(&c)),
             (vec![], None),
         ] {
-            assert_eq!(due(candidates.into_iter(), now), expected);
+            assert_eq!(due(candidates.into_iter(), UnixMs::new(now)), expected);
         }
     }
 }

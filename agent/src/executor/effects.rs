@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use rm_github::Target;
 use rm_journal::{AttemptId, AttemptRecord};
+use rm_vocab::UnixMs;
 
 use super::context::Context;
 use super::deregister::{self, Deregistration, Seen, Why};
@@ -49,8 +50,8 @@ pub(super) struct Cleanup {
     pub(super) target: Option<Target>,
     /// The target's listing, fetched after the conclusion; `None`: leave the registration be.
     pub(super) listing: Option<Listing>,
-    /// Since when (ms) GitHub has answered that the runner is still busy, if it has.
-    pub(super) busy_since: Option<i64>,
+    /// Since when GitHub has answered that the runner is still busy, if it has.
+    pub(super) busy_since: Option<UnixMs>,
 }
 
 impl Effect {
@@ -80,8 +81,8 @@ pub(super) enum Outcome {
         deregistered: Option<(Target, String)>,
     },
     /// GitHub still holds the runner busy (a `422`): cleanup waits and deregisters again at
-    /// `next` (ms), counting the wait from `first`.
-    DeregisterBusy { first: i64, next: i64 },
+    /// `next`, counting the wait from `first`.
+    DeregisterBusy { first: UnixMs, next: UnixMs },
     /// The runtime could not be removed (or the cleanup task failed): tried again later.
     CleanFailed,
     /// The effect's task ended without reporting (it panicked or was aborted): supervision
@@ -127,7 +128,7 @@ async fn clean(ctx: &Context, cleanup: Cleanup) -> Outcome {
     // The registration goes before the workspace: "cleaned" means nothing is left, on GitHub
     // either, unless GitHub held the runner busy past the limit.
     if deregistration == Deregistration::Busy {
-        let now = ctx.now_ms();
+        let now = ctx.now();
         let first = busy_since.unwrap_or(now);
         match deregister::busy_retry_at(first, now) {
             Some(next) => return Outcome::DeregisterBusy { first, next },
@@ -169,7 +170,8 @@ async fn remove_runtime(ctx: &Context, record: &AttemptRecord) -> bool {
         .settings
         .logs
         .clone()
-        .map(|store| (store, rm_runner::logs::Attempt::of(record), ctx.now_ms()));
+        // The log store's manifests count in plain milliseconds (its own edge).
+        .map(|store| (store, rm_runner::logs::Attempt::of(record), ctx.now().get()));
     let removal = tokio::task::spawn_blocking(move || {
         if let Some((store, attempt, now)) = keep {
             store.keep_and_prune(&attempt, now);

@@ -65,8 +65,8 @@ pub use recovery::RecoveryIncomplete;
 /// A message to the control loop: what the rest of the agent and the launch tasks tell it.
 #[derive(Debug)]
 enum Event {
-    /// A poll pass that began at this time (ms) brought the journal up to date with GitHub.
-    Refreshed(i64),
+    /// A poll pass that began at this time brought the journal up to date with GitHub.
+    Refreshed(rm_vocab::UnixMs),
     /// A launch task ended its bring-up: a runner runs (`failed: None`), or it failed so
     /// (supervision concludes the attempt with it).
     Launched {

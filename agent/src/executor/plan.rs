@@ -14,7 +14,7 @@
 use std::collections::HashSet;
 
 use rm_journal::LiveCounts;
-use rm_vocab::JobId;
+use rm_vocab::{JobId, UnixMs};
 use serde::{Deserialize, Serialize};
 
 use super::allocate::{LiveView, allocation_input};
@@ -29,7 +29,7 @@ pub enum Held {
     /// The host is unfit (`rm-agent status` says why): nothing is registered.
     Unfit,
     /// Launches of the policy failed; none is tried before this time (ms since the epoch).
-    BackingOff { until_ms: i64 },
+    BackingOff { until_ms: UnixMs },
     /// This many queued jobs were seen before a runner of the policy gave up on them (its
     /// fence): they are not demand until GitHub confirms them again.
     Fenced { jobs: u32 },
@@ -95,17 +95,28 @@ struct Basis {
 }
 
 /// The plan of one pass.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Plan {
-    /// When it was made (ms since the epoch).
-    pub(crate) at_ms: i64,
+    /// When it was made.
+    pub(crate) at_ms: UnixMs,
     pub(crate) policies: Vec<PolicyPlan>,
+}
+
+/// No plan made yet: made at the epoch, which [`super::allocate::Allocator::published`] leaves
+/// out of the snapshot.
+impl Default for Plan {
+    fn default() -> Self {
+        Self {
+            at_ms: UnixMs::EPOCH,
+            policies: Vec::new(),
+        }
+    }
 }
 
 /// What the loop gathered for one pass.
 #[derive(Debug)]
 pub(crate) struct Inputs<'a> {
-    pub(crate) now_ms: i64,
+    pub(crate) now_ms: UnixMs,
     /// The fitness gate says fit.
     pub(crate) fit: bool,
     /// `host.max_runners`.
@@ -128,7 +139,7 @@ pub(crate) struct Inputs<'a> {
 pub(crate) struct PolicyInputs<'a> {
     pub(crate) policy: &'a Policy,
     /// Its launch back-off, if it is in one now: no launch before this time.
-    pub(crate) backing_off_until: Option<i64>,
+    pub(crate) backing_off_until: Option<UnixMs>,
     /// Its queued jobs routed to it and seen after its fence, oldest first.
     pub(crate) jobs: Vec<JobId>,
     /// Routed jobs held back by its fence.
@@ -367,10 +378,10 @@ impl Plan {
 }
 
 /// The plan as the status snapshot carries it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Published {
-    /// When the plan was made (ms since the epoch).
-    pub at_ms: i64,
+    /// When the plan was made.
+    pub at_ms: UnixMs,
     /// Per policy name.
     pub policies: std::collections::BTreeMap<String, PublishedPolicy>,
 }

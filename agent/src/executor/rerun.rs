@@ -41,7 +41,7 @@ pub(crate) const RERUN_GIVE_UP: Duration = Duration::from_secs(6 * 3600);
 #[derive(Default)]
 pub(crate) struct Reruns {
     scan: Option<tokio::task::JoinHandle<()>>,
-    last_started_ms: Option<i64>,
+    last_started_ms: Option<rm_vocab::UnixMs>,
 }
 
 impl Reruns {
@@ -54,7 +54,7 @@ impl Reruns {
         if self.scan.as_ref().is_some_and(|s| !s.is_finished()) {
             return;
         }
-        let now = ctx.now_ms();
+        let now = ctx.now();
         let due = self.last_started_ms.is_none_or(|last| {
             now.saturating_sub(last)
                 >= i64::try_from(RERUN_SCAN_INTERVAL.as_millis()).unwrap_or(i64::MAX)

@@ -54,8 +54,8 @@ pub(super) const CLEAN_RETRY_MAX: Duration = Duration::from_secs(30 * 60);
 /// How fresh a listing must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Freshness {
-    /// Fetched after this time (ms since the epoch).
-    After(i64),
+    /// Fetched after this time.
+    After(UnixMs),
     /// Any listing will do; fetch one if there is none.
     Any,
 }
@@ -87,12 +87,12 @@ struct Looked {
 /// What supervision remembers between passes; owned by the control loop.
 #[derive(Default)]
 pub(super) struct Supervisor {
-    /// The last listing of each target, with when it was fetched (ms).
-    listings: HashMap<Target, (i64, Listing)>,
-    /// Failed runtime removals: (next try, the last wait), in ms.
-    clean_retry: HashMap<AttemptId, (i64, Duration)>,
-    /// Cleanups waiting for GitHub to let go of a busy runner: (first `422`, next try), in ms.
-    deregister_busy: HashMap<AttemptId, (i64, i64)>,
+    /// The last listing of each target, with when it was fetched.
+    listings: HashMap<Target, (UnixMs, Listing)>,
+    /// Failed runtime removals: (next try, the last wait).
+    clean_retry: HashMap<AttemptId, (UnixMs, Duration)>,
+    /// Cleanups waiting for GitHub to let go of a busy runner: (first `422`, next try).
+    deregister_busy: HashMap<AttemptId, (UnixMs, UnixMs)>,
     /// Live runtimes measured against their policy's `disk_max`, off the loop.
     disk: DiskWatch,
     /// How the runner processes this agent reaped ended, until their attempts are concluded.
@@ -101,8 +101,8 @@ pub(super) struct Supervisor {
     /// seen dead is not concluded before its exit status arrives (the reaper's event is
     /// imminent), so the end is judged with it.
     reaping: HashSet<AttemptId>,
-    /// Since when (ms) each idle runner seen alive has not been listed online by GitHub.
-    unlisted_since: HashMap<AttemptId, i64>,
+    /// Since when each idle runner seen alive has not been listed online by GitHub.
+    unlisted_since: HashMap<AttemptId, UnixMs>,
     /// The attempts with an effect in flight (a stop or a cleanup): left alone until it
     /// reports ([`Supervisor::note_effected`]), so two effects of one attempt never overlap.
     in_flight: HashSet<AttemptId>,
@@ -154,8 +154,8 @@ impl Supervisor {
             .insert(attempt, (failure.reason, failure.detail.clone()));
     }
 
-    /// An effect this supervisor decided has ended (`now`: when its report arrived, ms).
-    pub(super) fn note_effected(&mut self, effected: Effected, now: i64) {
+    /// An effect this supervisor decided has ended (`now`: when its report arrived).
+    pub(super) fn note_effected(&mut self, effected: Effected, now: UnixMs) {
         let Effected { attempt, outcome } = effected;
         self.in_flight.remove(&attempt);
         match outcome {
@@ -186,7 +186,7 @@ impl Supervisor {
         timeouts: Timeouts,
         startup: bool,
     ) -> Result<PassReport, AttemptError> {
-        let pass_started = ctx.now_ms();
+        let pass_started = ctx.now();
         let records: Vec<AttemptRecord> = ctx
             .journal
             .write(|attempts| attempts.list(rm_journal::Scope::Uncleaned, None))
@@ -205,7 +205,7 @@ impl Supervisor {
             took,
             ..PassReport::default()
         };
-        let now = ctx.now_ms();
+        let now = ctx.now();
         let records: Vec<AttemptRecord> = records
             .into_iter()
             .filter(|r| !r.state.is_terminal() || self.clean_due(&r.attempt_id, now))
@@ -222,7 +222,7 @@ impl Supervisor {
                     // A failed launch may have registered a runner (its id journalled, or a JIT
                     // configuration issued whose answer came too late: found by its name): its
                     // cleanup deregisters it by a listing made now.
-                    Freshness::After(now - 1)
+                    Freshness::After(now.saturating_add_ms(-1))
                 } else {
                     freshness_for(record, sight.process, timeouts, now)
                 };
@@ -247,7 +247,7 @@ impl Supervisor {
                 report.deferred += 1;
             }
         }
-        self.disk.schedule(watched, ctx.now_ms());
+        self.disk.schedule(watched, ctx.now());
         Ok(report)
     }
 
@@ -269,7 +269,7 @@ impl Supervisor {
             .map(|(target, _)| target)
             .collect();
         let fetched = futures_util::future::join_all(stale.into_iter().map(|target| async move {
-            let fetched_at = ctx.now_ms();
+            let fetched_at = ctx.now();
             let listing = ctx.registry.list(target).await;
             if let Err(e) = &listing {
                 tracing::warn!(target = %target, error = %e, "cannot list the target's runners");
@@ -301,7 +301,7 @@ impl Supervisor {
         pass: Pass,
         report: &mut PassReport,
     ) -> Result<bool, AttemptError> {
-        let now = ctx.now_ms();
+        let now = ctx.now();
         let launch_failed = self
             .launch_failed
             .remove(&record.attempt_id)
@@ -318,7 +318,7 @@ impl Supervisor {
                     &AttemptFacts::from(record),
                     &looked.observation,
                     &pass.timeouts,
-                    UnixMs::new(now),
+                    now,
                 ),
                 None,
             ),
@@ -345,7 +345,7 @@ impl Supervisor {
         target: Option<&Target>,
         sight: Sight,
         pass: Pass,
-        now: i64,
+        now: UnixMs,
     ) -> Option<Looked> {
         let Sight {
             process,
@@ -553,7 +553,7 @@ impl Supervisor {
             ran_job: observation.evidence == crate::lifecycle::JobEvidence::RanAJob
                 || record.state == AttemptState::Busy
                 || observation.github == (GithubObservation::Registered { busy: true }),
-            at_ms: at.get(),
+            at_ms: at,
         });
         self.start_cleanup(concluded, target.cloned(), looked.listing, report);
         Ok(())
@@ -591,7 +591,7 @@ impl Supervisor {
         github: GithubObservation,
         ended: Option<Ended>,
         (startup, job_completed): (bool, bool),
-        now: i64,
+        now: UnixMs,
     ) -> (Findings, findings::Memory) {
         use AttemptState::*;
         let id = &record.attempt_id;
@@ -625,7 +625,7 @@ impl Supervisor {
         )
     }
 
-    fn clean_due(&self, id: &AttemptId, now: i64) -> bool {
+    fn clean_due(&self, id: &AttemptId, now: UnixMs) -> bool {
         self.clean_retry
             .get(id)
             .is_none_or(|(next, _)| now >= *next)
@@ -635,12 +635,12 @@ impl Supervisor {
                 .is_none_or(|(_, next)| now >= *next)
     }
 
-    fn clean_failed(&mut self, id: &AttemptId, now: i64) {
+    fn clean_failed(&mut self, id: &AttemptId, now: UnixMs) {
         let wait = self
             .clean_retry
             .get(id)
             .map_or(CLEAN_RETRY, |(_, last)| (*last * 2).min(CLEAN_RETRY_MAX));
-        let next = now.saturating_add(rm_vocab::millis(wait));
+        let next = now + wait;
         self.clean_retry.insert(id.clone(), (next, wait));
     }
 }
@@ -888,14 +888,14 @@ fn freshness_for(
     record: &AttemptRecord,
     process: ProcessObservation,
     timeouts: Timeouts,
-    now: i64,
+    now: UnixMs,
 ) -> Freshness {
     use AttemptState::*;
     let in_state = Duration::from_millis(
-        u64::try_from(now.saturating_sub(record.state_changed_at_ms.get())).unwrap_or(0),
+        u64::try_from(now.saturating_sub(record.state_changed_at_ms)).unwrap_or(0),
     );
     let running = process == ProcessObservation::Running;
-    let fresh = Freshness::After(record.state_changed_at_ms.get().max(now - 1));
+    let fresh = Freshness::After(record.state_changed_at_ms.max(now.saturating_add_ms(-1)));
     match record.state {
         // A conclusion and a timer that ran out both act on GitHub's word: ask now.
         Starting | Idle | Busy if !running => fresh,
@@ -904,8 +904,8 @@ fn freshness_for(
         Idle if in_state >= timeouts.idle => fresh,
         // A ghost is found by asking: an idle runner's listing is at most this old (a `304`
         // while nothing changed).
-        Idle => Freshness::After(now - rm_vocab::millis(GHOST_CHECK)),
-        Starting => Freshness::After(now - rm_vocab::millis(REGISTRATION_CHECK)),
+        Idle => Freshness::After(now - GHOST_CHECK),
+        Starting => Freshness::After(now - REGISTRATION_CHECK),
         // A registration made before the conclusion shows in a listing made after it: one
         // with a journalled runner id, or a launch that gave up after GitHub issued its JIT
         // configuration but before the id was journalled (found by its name).
@@ -913,7 +913,7 @@ fn freshness_for(
             if record.runner_id.is_some()
                 || record.reason.as_deref() == Some(FailureReason::JitExpired.as_str()) =>
         {
-            Freshness::After(record.state_changed_at_ms.get())
+            Freshness::After(record.state_changed_at_ms)
         }
         _ => Freshness::Any,
     }
@@ -1047,15 +1047,26 @@ mod tests {
     fn github_is_asked_afresh_only_where_the_decision_depends_on_it() {
         let t = Timeouts::supervision(Duration::from_secs(60), Duration::from_secs(120));
         let now = 1_000_000;
+        let at = UnixMs::new;
         let running = ProcessObservation::Running;
         let gone = ProcessObservation::Gone;
         // An idle runner under its timers reuses a listing younger than the ghost check.
         assert_eq!(
-            freshness_for(&record(AttemptState::Idle, now - 1_000), running, t, now),
-            Freshness::After(now - rm_vocab::millis(GHOST_CHECK))
+            freshness_for(
+                &record(AttemptState::Idle, now - 1_000),
+                running,
+                t,
+                at(now)
+            ),
+            Freshness::After(at(now) - GHOST_CHECK)
         );
         assert_eq!(
-            freshness_for(&record(AttemptState::Busy, now - 1_000), running, t, now),
+            freshness_for(
+                &record(AttemptState::Busy, now - 1_000),
+                running,
+                t,
+                at(now)
+            ),
             Freshness::Any
         );
         // A starting runner: a listing at most REGISTRATION_CHECK old.
@@ -1064,27 +1075,32 @@ mod tests {
                 &record(AttemptState::Starting, now - 1_000),
                 running,
                 t,
-                now
+                at(now)
             ),
-            Freshness::After(now - 5_000)
+            Freshness::After(at(now - 5_000))
         );
         // A dead one, or a timer that ran out: fetched now.
         assert_eq!(
-            freshness_for(&record(AttemptState::Busy, now - 1_000), gone, t, now),
-            Freshness::After(now - 1)
+            freshness_for(&record(AttemptState::Busy, now - 1_000), gone, t, at(now)),
+            Freshness::After(at(now - 1))
         );
         assert_eq!(
-            freshness_for(&record(AttemptState::Idle, now - 120_000), running, t, now),
-            Freshness::After(now - 1)
+            freshness_for(
+                &record(AttemptState::Idle, now - 120_000),
+                running,
+                t,
+                at(now)
+            ),
+            Freshness::After(at(now - 1))
         );
         assert_eq!(
             freshness_for(
                 &record(AttemptState::Starting, now - 60_000),
                 running,
                 t,
-                now
+                at(now)
             ),
-            Freshness::After(now - 1)
+            Freshness::After(at(now - 1))
         );
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 
 use rm_journal::{ClaimView, FleetView, HostView, JobRow};
-use rm_vocab::JobId;
+use rm_vocab::{JobId, UnixMs};
 
 use super::{Condition, Facts, Reason, Verdict, ago_phrase, condition, reason};
 
@@ -52,7 +52,7 @@ pub(super) struct HeldElsewhere {
 pub(super) fn held_elsewhere(
     job: &JobRow,
     fleet: FleetFacts<'_>,
-    now_ms: i64,
+    now_ms: UnixMs,
 ) -> Option<HeldElsewhere> {
     let (holder, claim) = claim_of(fleet.view, job.job_id)?;
     if holder.host == fleet.host {
@@ -72,9 +72,9 @@ pub(super) fn held_elsewhere(
                      renewed {}); no other host starts one while that lease holds. \
                      `rm-agent explain {}` on {} says more.",
                     holder.host,
-                    ago_phrase(now_ms, claim.claimed_at_ms.get()),
+                    ago_phrase(now_ms, claim.claimed_at_ms),
                     claim.policy,
-                    ago_phrase(now_ms, holder.renewed_at_ms.get()),
+                    ago_phrase(now_ms, holder.renewed_at_ms),
                     job.job_id,
                     holder.host,
                 ),
@@ -97,7 +97,7 @@ pub(super) fn own_chain_context(job: &JobRow, facts: &Facts<'_>) -> Option<Reaso
                 "This host ({}) claimed the job {} for its policy {}: no other host starts a \
                  runner for it while this host's lease holds.",
                 fleet.host,
-                ago_phrase(facts.now_ms, claim.claimed_at_ms.get()),
+                ago_phrase(facts.now_ms, claim.claimed_at_ms),
                 claim.policy
             ),
         ));

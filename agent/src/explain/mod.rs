@@ -39,7 +39,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use rm_journal::{AttemptRecord, AttemptState, JobRow};
-use rm_vocab::JobId;
+use rm_vocab::{JobId, UnixMs};
 use serde::Serialize;
 
 use crate::config::{Policy, Target};
@@ -125,7 +125,7 @@ pub(crate) struct Explanation {
 /// Everything the decision looks at, read before it runs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Facts<'a> {
-    pub now_ms: i64,
+    pub now_ms: UnixMs,
     pub policies: &'a [Policy],
     /// `host.max_runners` of the running agent (its snapshot), else of the configuration.
     pub host_max: u32,
@@ -207,7 +207,7 @@ impl PolicyView {
         }
     }
 
-    fn backing_off(&self) -> Option<i64> {
+    fn backing_off(&self) -> Option<UnixMs> {
         self.held.iter().find_map(|h| match h {
             Held::BackingOff { until_ms } => Some(*until_ms),
             _ => None,
@@ -222,11 +222,11 @@ impl PolicyView {
     }
 }
 
-/// The fence of `policy` in the snapshot's allocation memory (`i64::MIN`: none).
-fn fence_of(facts: &Facts<'_>, policy: &str) -> i64 {
+/// The fence of `policy` in the snapshot's allocation memory (the earliest instant: none).
+fn fence_of(facts: &Facts<'_>, policy: &str) -> UnixMs {
     memory_of(facts, policy)
         .and_then(|m| m.fence_ms)
-        .unwrap_or(i64::MIN)
+        .unwrap_or(UnixMs::new(i64::MIN))
 }
 
 /// What the snapshot's allocation memory holds of `policy` (its fence and back-off), if any.
@@ -252,14 +252,13 @@ impl Queue {
                 .filter(|j| !elsewhere.contains(&j.job_id))
         };
         let mut jobs: Vec<QueuedJob> = mine().map(QueuedJob::from).collect();
-        let mut first_seen: HashMap<JobId, i64> = mine()
-            .map(|j| (j.job_id, j.first_seen_at_ms.get()))
-            .collect();
+        let mut first_seen: HashMap<JobId, UnixMs> =
+            mine().map(|j| (j.job_id, j.first_seen_at_ms)).collect();
         if let Some(job) = extra.filter(|j| j.state == rm_vocab::JobState::Queued)
             && !first_seen.contains_key(&job.job_id)
         {
             jobs.push(QueuedJob::from(job));
-            first_seen.insert(job.job_id, job.first_seen_at_ms.get());
+            first_seen.insert(job.job_id, job.first_seen_at_ms);
         }
         let routed = demand::route(facts.policies, &jobs);
         let mut places = HashMap::new();
@@ -357,7 +356,7 @@ fn made_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
 }
 
 /// The launch back-off of `policy` in the snapshot's allocation memory, if any.
-fn backoff_of(facts: &Facts<'_>, policy: &str) -> Option<i64> {
+fn backoff_of(facts: &Facts<'_>, policy: &str) -> Option<UnixMs> {
     memory_of(facts, policy)
         .and_then(|m| m.backoff.as_ref())
         .map(|b| b.until_ms)
@@ -620,7 +619,7 @@ fn served(
     let Some(&(position, _)) = queue
         .places
         .get(&job.job_id)
-        .filter(|_| allocate::counts_after_fence(job.first_seen_at_ms.get(), fence))
+        .filter(|_| allocate::counts_after_fence(job.first_seen_at_ms, fence))
     else {
         return (
             vec![condition(
@@ -769,7 +768,7 @@ fn served(
 /// The policy's launch back-off, with what the snapshot remembers of its failures.
 fn backing_off(
     policy: &Policy,
-    until_ms: i64,
+    until_ms: UnixMs,
     memory: Option<&PolicyMemory>,
     facts: &Facts<'_>,
 ) -> Condition {
@@ -807,7 +806,7 @@ fn covered(
     facts: &Facts<'_>,
 ) -> Vec<Condition> {
     let name = &runner.runner_name;
-    let since = ago_phrase(facts.now_ms, runner.state_changed_at_ms.get());
+    let since = ago_phrase(facts.now_ms, runner.state_changed_at_ms);
     match runner.state {
         AttemptState::Idle => vec![condition(
             Verdict::WaitingForGithub,
@@ -885,7 +884,7 @@ fn github_conditions(facts: &Facts<'_>) -> (Option<Condition>, Option<Condition>
             snapshot
                 .github
                 .last_contact_at_ms
-                .map_or_else(|| "never".to_owned(), |at| ago_phrase(facts.now_ms, at))
+                .map_or_else(|| "never".to_owned(), |at| ago_phrase(facts.now_ms, at),)
         )),
         None => None,
     }
@@ -918,7 +917,7 @@ fn github_conditions(facts: &Facts<'_>) -> (Option<Condition>, Option<Condition>
                          after it. Other tools using the same App installation add to it.",
                         h.kind,
                         in_phrase(facts.now_ms, h.until_ms),
-                        crate::output::rfc3339(h.until_ms),
+                        h.until_ms.to_rfc3339(),
                         h.limit
                             .as_ref()
                             .map_or_else(String::new, |l| format!("; the limit: {l}"))
@@ -949,7 +948,7 @@ fn unfit(facts: &Facts<'_>) -> Option<Condition> {
             format!(
                 "The host is unfit (checked {}), so no new runner is registered until it is \
                  fit again: {}.",
-                ago_phrase(facts.now_ms, fitness.checked_at_ms),
+                ago_phrase(facts.now_ms, UnixMs::new(fitness.checked_at_ms)),
                 messages.join("; ")
             ),
         ),
@@ -1084,7 +1083,7 @@ fn agent_context(facts: &Facts<'_>) -> Vec<Reason> {
     context
 }
 
-fn ago_phrase(now_ms: i64, at_ms: i64) -> String {
+fn ago_phrase(now_ms: UnixMs, at_ms: UnixMs) -> String {
     let d = Duration::from_millis(u64::try_from(now_ms.saturating_sub(at_ms)).unwrap_or(0));
     format!(
         "{} ago",
@@ -1092,7 +1091,7 @@ fn ago_phrase(now_ms: i64, at_ms: i64) -> String {
     )
 }
 
-fn in_phrase(now_ms: i64, at_ms: i64) -> String {
+fn in_phrase(now_ms: UnixMs, at_ms: UnixMs) -> String {
     let d = Duration::from_millis(u64::try_from(at_ms.saturating_sub(now_ms)).unwrap_or(0));
     format!(
         "another {}",
@@ -1120,7 +1119,7 @@ pub(crate) fn to_json(explanation: &Explanation, facts: &Facts<'_>) -> serde_jso
         })),
         "agent": {
             "running": facts.agent.is_running(),
-            "status_written_at": facts.snapshot.map(|s| crate::output::rfc3339(s.written_at_ms)),
+            "status_written_at": facts.snapshot.map(|s| s.written_at_ms.to_rfc3339()),
         },
     })
 }

@@ -83,12 +83,12 @@ fn attempt(policy: &str, state: AttemptState, job_id: Option<i64>, created: i64)
 fn snapshot() -> Snapshot {
     Snapshot {
         version: 1,
-        written_at_ms: NOW - 1_000,
+        written_at_ms: UnixMs::new(NOW - 1_000),
         pid: 42,
         polling: Polling {
             pace: "idle".to_owned(),
             throttled: false,
-            next_poll_at_ms: Some(NOW + 10_000),
+            next_poll_at_ms: Some(UnixMs::new(NOW + 10_000)),
             requests_last_hour: Requests {
                 charged: 0,
                 uncharged: 0,
@@ -107,7 +107,7 @@ fn snapshot() -> Snapshot {
         },
         github: Github {
             reachable: true,
-            last_contact_at_ms: Some(NOW - 500),
+            last_contact_at_ms: Some(UnixMs::new(NOW - 500)),
             held: None,
             content: Vec::new(),
             apps: Vec::new(),
@@ -171,7 +171,7 @@ impl World {
 
     fn facts(&self) -> Facts<'_> {
         Facts {
-            now_ms: NOW,
+            now_ms: rm_vocab::UnixMs::new(NOW),
             policies: &self.policies,
             host_max: self.host_max,
             queued: &self.queued,
@@ -378,7 +378,7 @@ fn a_running_agent_s_published_plan_is_rendered_not_decided_again() {
     w.policies[0].max_runners = 2;
     let j = w.queue(1, LINUX);
     let published = |held: Vec<plan::Held>, start: u32, room: u32| plan::Published {
-        at_ms: NOW - 2_000,
+        at_ms: rm_vocab::UnixMs::new(NOW - 2_000),
         policies: [(
             "linux".to_owned(),
             plan::PublishedPolicy {
@@ -445,7 +445,7 @@ fn launch_backoff_says_until_when_and_the_last_failure() {
     *w.memory() = PolicyMemory {
         fence_ms: None,
         backoff: Some(Backoff {
-            until_ms: NOW + 20_000,
+            until_ms: rm_vocab::UnixMs::new(NOW + 20_000),
             failures: 3,
             last_failure: Some("process_exited_unexpectedly: exit status 1".to_owned()),
         }),
@@ -461,7 +461,7 @@ fn launch_backoff_says_until_when_and_the_last_failure() {
     assert!(message.contains("another 20s"), "{message}");
     assert!(message.contains("process_exited_unexpectedly"), "{message}");
     // A back-off that ran out holds nothing (the allocator's `backing_off`).
-    w.memory().backoff.as_mut().unwrap().until_ms = NOW;
+    w.memory().backoff.as_mut().unwrap().until_ms = rm_vocab::UnixMs::new(NOW);
     assert_eq!(w.explain(&j).verdict, Verdict::Launching);
 }
 
@@ -472,7 +472,7 @@ fn rate_limited_while_the_budget_holds_a_registration() {
                  learned from GitHub's secondary limit at 2024-01-01T00:00:00Z";
     w.snapshot.as_mut().unwrap().github.held = Some(Held {
         kind: "secondary".to_owned(),
-        until_ms: NOW + 8_000,
+        until_ms: UnixMs::new(NOW + 8_000),
         limit: Some(limit.to_owned()),
     });
     w.attempts
@@ -497,7 +497,7 @@ fn rate_limited_while_the_budget_holds_a_registration() {
         .held
         .as_mut()
         .unwrap()
-        .until_ms = NOW - 1;
+        .until_ms = UnixMs::new(NOW - 1);
     assert_eq!(w.explain(&covered).verdict, Verdict::Launching);
 }
 
@@ -506,7 +506,7 @@ fn github_unreachable_comes_before_the_back_off_it_causes() {
     let mut w = World::new();
     w.snapshot.as_mut().unwrap().github.reachable = false;
     w.memory().backoff = Some(Backoff {
-        until_ms: NOW + 5_000,
+        until_ms: rm_vocab::UnixMs::new(NOW + 5_000),
         failures: 1,
         last_failure: Some("jit_request_failed: GitHub unreachable".to_owned()),
     });
@@ -518,7 +518,7 @@ fn github_unreachable_comes_before_the_back_off_it_causes() {
     let mut w = World::new();
     w.snapshot.as_mut().unwrap().polling.offline = Some(Offline {
         description: "GitHub has been unreachable for 2m".to_owned(),
-        since_ms: NOW - 120_000,
+        since_ms: UnixMs::new(NOW - 120_000),
         outlasted_the_queue: false,
     });
     let j = w.queue(1, LINUX);
@@ -545,7 +545,7 @@ fn host_unfit_names_the_fitness_gates_problems() {
     assert_eq!(e.summary, "the host is unfit (disk_space)");
     // The gate stops the allocation pass before any back-off is looked at.
     w.memory().backoff = Some(Backoff {
-        until_ms: NOW + 5_000,
+        until_ms: rm_vocab::UnixMs::new(NOW + 5_000),
         failures: 1,
         last_failure: None,
     });
@@ -576,7 +576,7 @@ fn not_seen_when_the_journal_has_no_such_job() {
 fn waiting_for_github_when_fenced_held_for_approval_or_a_runner_took_an_unnamed_job() {
     let mut w = World::new();
     let old = w.queue(1, LINUX);
-    w.memory().fence_ms = Some(old.first_seen_at_ms.get() + 1);
+    w.memory().fence_ms = Some(old.first_seen_at_ms.saturating_add_ms(1));
     let e = w.explain(&old);
     assert_eq!(
         (e.verdict, codes(&e)),
@@ -624,7 +624,7 @@ fn a_stopped_agent_is_said_with_the_age_of_what_is_known() {
     w.agent = Liveness::Stopped {
         last_seen: Some(std::time::Duration::from_secs(1)),
     };
-    w.snapshot.as_mut().unwrap().written_at_ms = NOW - 90_000;
+    w.snapshot.as_mut().unwrap().written_at_ms = UnixMs::new(NOW - 90_000);
     let j = w.queue(1, LINUX);
     let e = w.explain(&j);
     assert_eq!(e.verdict, Verdict::Launching);

@@ -47,7 +47,7 @@ fn a_wait_runs_from_github_s_queue_time_or_else_the_first_sighting() {
         ]
     );
     assert_eq!(got[2].policy, "gpu");
-    assert_eq!(got[2].started_at_ms, T0 - 400);
+    assert_eq!(got[2].started_at_ms, UnixMs::new(T0 - 400));
 }
 
 #[test]
@@ -94,7 +94,7 @@ fn the_window_holds_the_jobs_that_started_in_the_last_hour_per_policy() {
         ),
         row(4, "gpu", Some(now - 30_000), None, now - 1_000),
     ];
-    let latency = summarize(&rows, now, WINDOW);
+    let latency = summarize(&rows, UnixMs::new(now), WINDOW);
     assert_eq!(latency.window, WINDOW);
     assert_eq!(latency.all.queue_to_job_started.count, 3);
     assert_eq!(latency.all.queue_to_job_started.p50_ms, Some(6_000));
@@ -131,7 +131,7 @@ fn the_json_has_the_contract_shape_with_null_percentiles_when_empty() {
     let now = T0 + 10_000;
     let latency = summarize(
         &[row(1, "linux", Some(T0), Some(T0 + 1_500), T0 + 2_500)],
-        now,
+        UnixMs::new(now),
         WINDOW,
     );
     let value = to_json(&latency);
@@ -156,22 +156,25 @@ fn the_recorder_counts_each_new_job_once_and_not_what_the_journal_held_at_start(
     let mut rows = before.to_vec();
     rows.push(row(2, "linux", Some(T0), Some(T0 + 1), T0 + 3));
     let fresh: Vec<i64> = recorder
-        .fresh(&rows, T0)
+        .fresh(&rows, UnixMs::new(T0))
         .iter()
         .map(|s| s.job_id.get())
         .collect();
     assert_eq!(fresh, vec![2]);
-    assert!(recorder.fresh(&rows, T0).is_empty(), "counted once");
+    assert!(
+        recorder.fresh(&rows, UnixMs::new(T0)).is_empty(),
+        "counted once"
+    );
     // A job GitHub dates before another already counted is still new.
     rows.push(row(3, "gpu", Some(T0), None, T0 + 1));
     let fresh: Vec<i64> = recorder
-        .fresh(&rows, T0)
+        .fresh(&rows, UnixMs::new(T0))
         .iter()
         .map(|s| s.job_id.get())
         .collect();
     assert_eq!(fresh, vec![3]);
     // Past the window the rows are no longer read, and the recorder forgets them.
-    assert!(recorder.fresh(&[], T0 + 10).is_empty());
+    assert!(recorder.fresh(&[], UnixMs::new(T0 + 10)).is_empty());
     assert!(recorder.seen.is_empty());
 }
 
@@ -184,7 +187,7 @@ fn the_histograms_are_labelled_by_policy_with_the_documented_buckets() {
         row(2, "linux", Some(T0), Some(T0 + 2_000), T0 + 4_000),
         row(3, "gpu", Some(T0), None, T0 + 7_200_000),
     ]) {
-        assert!(sample.started_at_ms <= now || sample.job_id == JobId::new(3));
+        assert!(sample.started_at_ms <= UnixMs::new(now) || sample.job_id == JobId::new(3));
         metrics.observe(&sample);
     }
     let mut registry = Registry::default();

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use rm_vocab::UnixMs;
 use serde::{Deserialize, Serialize};
 
 /// Allocation's memory at one publication. Times are milliseconds since the Unix epoch.
@@ -36,7 +37,7 @@ pub struct PolicyMemory {
     /// A runner of the policy gave up (idle exit, registration timeout) at this time: jobs
     /// first seen before it are not demand any more.
     #[serde(default)]
-    pub fence_ms: Option<i64>,
+    pub fence_ms: Option<UnixMs>,
     #[serde(default)]
     pub backoff: Option<Backoff>,
 }
@@ -45,7 +46,7 @@ pub struct PolicyMemory {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Backoff {
     /// No launch of the policy before this time.
-    pub until_ms: i64,
+    pub until_ms: UnixMs,
     /// Consecutive failed launches.
     pub failures: u32,
     /// The latest failure: its reason code and the journal's sentence for it.

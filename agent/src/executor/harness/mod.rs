@@ -798,7 +798,7 @@ impl Harness {
             // Through the loop's own channel, as the agent's poller tells it.
             self.executor
                 .handle()
-                .journal_refreshed(rm_vocab::UnixMs::from_system_time(at).get());
+                .journal_refreshed(rm_vocab::UnixMs::from_system_time(at));
         }
         self.executor.pass().await;
         tokio::time::sleep(STEP_PAUSE).await;

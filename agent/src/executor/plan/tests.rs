@@ -74,7 +74,7 @@ fn demand_starts_runners_up_to_the_first_ceiling_and_says_which() {
     ] {
         let counts = counts(&[("linux", live, busy)]);
         let plan = plan(&Inputs {
-            now_ms: 1_000,
+            now_ms: UnixMs::new(1_000),
             fit: true,
             host_max,
             counts: &counts,
@@ -96,7 +96,7 @@ fn policies_take_the_host_s_room_in_their_order() {
     let (a, b) = (policy("a", &["a"], 10), policy("b", &["b"], 10));
     let counts = counts(&[]);
     let plan = plan(&Inputs {
-        now_ms: 1_000,
+        now_ms: UnixMs::new(1_000),
         fit: true,
         host_max: 3,
         counts: &counts,
@@ -120,11 +120,11 @@ fn an_unfit_host_a_back_off_and_a_fence_hold_demand_back_but_it_still_counts() {
     let linux = policy("linux", &["self-hosted"], 4);
     let counts = counts(&[]);
     let mut backing_off = inputs(&linux, &[1, 2]);
-    backing_off.backing_off_until = Some(5_000);
+    backing_off.backing_off_until = Some(UnixMs::new(5_000));
     let mut fenced = inputs(&linux, &[3]);
     fenced.fenced = 2;
     let mut over = inputs(&linux, &[1]);
-    over.backing_off_until = Some(500);
+    over.backing_off_until = Some(UnixMs::new(500));
     // (fit, inputs, start, held)
     for (fit, p, start, held) in [
         (false, inputs(&linux, &[1, 2]), 0, vec![Held::Unfit]),
@@ -132,7 +132,9 @@ fn an_unfit_host_a_back_off_and_a_fence_hold_demand_back_but_it_still_counts() {
             true,
             backing_off,
             0,
-            vec![Held::BackingOff { until_ms: 5_000 }],
+            vec![Held::BackingOff {
+                until_ms: UnixMs::new(5_000),
+            }],
         ),
         // A back-off that is over holds nothing.
         (true, over, 1, vec![]),
@@ -140,7 +142,7 @@ fn an_unfit_host_a_back_off_and_a_fence_hold_demand_back_but_it_still_counts() {
     ] {
         let demand = p.count;
         let plan = plan(&Inputs {
-            now_ms: 1_000,
+            now_ms: UnixMs::new(1_000),
             fit,
             host_max: 4,
             counts: &counts,
@@ -162,7 +164,7 @@ fn busy_runners_whose_job_is_unknown_took_queued_jobs() {
     let mut p = inputs(&linux, &[1, 2]);
     p.busy_unknown = 1;
     let plan = plan(&Inputs {
-        now_ms: 1_000,
+        now_ms: UnixMs::new(1_000),
         fit: true,
         host_max: 4,
         counts: &counts,
@@ -192,7 +194,7 @@ fn a_fleet_host_claims_what_it_could_start_gives_back_what_no_longer_counts_and_
     // Queued 1..=5; this host claims 1, and 9 (no longer queued); another host claims 2.
     let standing = standing(&[1, 9], &[2]);
     let mut plan = plan(&Inputs {
-        now_ms: 1_000,
+        now_ms: UnixMs::new(1_000),
         fit: true,
         host_max: 8,
         counts: &counts,
@@ -221,7 +223,7 @@ fn a_plan_says_a_policy_without_demand_wants_no_runner_unless_it_keeps_a_minimum
     let counts = counts(&[]);
     let made = |p: &Policy| {
         plan(&Inputs {
-            now_ms: 1_000,
+            now_ms: UnixMs::new(1_000),
             fit: true,
             host_max: 4,
             counts: &counts,
@@ -243,9 +245,9 @@ fn a_ceiling_is_said_even_while_the_policy_may_not_start_and_room_counts_it() {
     let linux = policy("linux", &["self-hosted"], 2);
     let counts = counts(&[("linux", 1, 1)]);
     let mut p = inputs(&linux, &[1, 2, 3]);
-    p.backing_off_until = Some(5_000);
+    p.backing_off_until = Some(UnixMs::new(5_000));
     let plan = plan(&Inputs {
-        now_ms: 1_000,
+        now_ms: UnixMs::new(1_000),
         fit: true,
         host_max: 8,
         counts: &counts,
@@ -259,7 +261,9 @@ fn a_ceiling_is_said_even_while_the_policy_may_not_start_and_room_counts_it() {
     assert_eq!(
         p.held,
         [
-            Held::BackingOff { until_ms: 5_000 },
+            Held::BackingOff {
+                until_ms: UnixMs::new(5_000),
+            },
             Held::AtCapacity {
                 limit: CeilingKind::MaxRunners,
                 ceiling: 2
@@ -281,7 +285,7 @@ fn free_uids_bound_the_starts_of_every_policy_in_their_order() {
         (Some(0), [0, 0], [true, true]),
     ] {
         let plan = plan(&Inputs {
-            now_ms: 1_000,
+            now_ms: UnixMs::new(1_000),
             fit: true,
             host_max: 8,
             counts: &counts,
