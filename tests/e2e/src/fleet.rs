@@ -495,11 +495,22 @@ pub fn parse_uids(uids: &str) -> (u32, u32) {
 /// What an agent with this data directory and these runner uids may have left in the kernel:
 /// each journalled attempt's runner cgroup (killed, then removed), network namespace and veth;
 /// any veth holding one of the uids' network slots (an attempt the journal lost, as a poisoned
-/// journal's may, still has one); and the agent's host table. Through the agent's own idempotent
+/// journal's may, still has one), with the namespace and runner cgroup of that attempt, named
+/// by the veth; and the agent's host table. Through the agent's own idempotent
 /// cleanup; what is already gone is no error. Leftovers would hold those slots' addresses for
 /// later tests (and fill the host's nft ruleset run after run).
 pub fn sweep_kernel(data_dir: &Path, attempts: &[AttemptRecord], (first, last): (u32, u32)) {
     use rm_runner::{cgroup, network};
+    // Where runner cgroups are: beside a journalled one, else where an agent of this process's
+    // cgroup resolves them (as the tests' agents, its children, do).
+    let cgroups = attempts
+        .iter()
+        .find_map(|a| a.cgroup.as_deref()?.parent().map(Path::to_path_buf))
+        .or_else(|| {
+            cgroup::CgroupRoot::resolve(None)
+                .ok()
+                .map(|root| root.path().to_path_buf())
+        });
     let mut shorts: Vec<String> = Vec::new();
     for a in attempts {
         if let Some(path) = &a.cgroup
@@ -525,6 +536,10 @@ pub fn sweep_kernel(data_dir: &Path, attempts: &[AttemptRecord], (first, last): 
             .and_then(|veth| veth.split('@').next())
             .and_then(|veth| veth.strip_prefix(network::VETH_PREFIX))
         {
+            // An attempt the journal lost: its cgroup is named by the same short id.
+            if let Some(root) = &cgroups {
+                let _ = cgroup::kill_and_remove(&root.join(format!("rm-{short}")), SWEEP_WAIT);
+            }
             shorts.push(short.to_owned());
         }
     }
