@@ -92,6 +92,8 @@ mod rerun_tests;
 #[path = "../../tests/support/skip.rs"]
 mod skip;
 #[cfg(test)]
+mod store_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod waits_tests;

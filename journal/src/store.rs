@@ -3,9 +3,9 @@
 //! jobs, polls and the fleet's claims are in the shared database and the host's own runners
 //! stay in its file. Which dialect answers is decided here, once, by how the store was made
 //! ([`Store::open`]): the agent asks for what it needs (the jobs, the poll store, the fleet,
-//! its attempts, a replay, the fleet's intake) and never names a dialect. The shared database exists only in a build with the
-//! `postgres` feature; without it a `journal.url` is refused where it is parsed
-//! ([`crate::PgUrlError::NotBuilt`]), so no store here can name one.
+//! its attempts, a replay, the fleet's intake) and never names a dialect. The shared database
+//! exists only in a build with the `postgres` feature; without it a `journal.url` is refused
+//! where it is parsed ([`crate::PgUrlError::NotBuilt`]), so no store here can name one.
 //!
 //! Everything here blocks (a SQLite commit, a PostgreSQL round trip): call it off the async
 //! workers.

@@ -49,6 +49,8 @@ with_postgres! {
     pub use replay::replay_pg;
     pub use target::PgTarget;
     pub use writer::PgJournal;
+    #[cfg(test)]
+    pub(crate) use read::READER_APPLICATION;
 
     use rm_vocab::JobId;
 }
