@@ -293,6 +293,34 @@ pub struct UserIsolation {
 }
 
 impl UserIsolation {
+    /// What a runner no journal knows any more left on `uid` before it is given to a new one:
+    /// a runner whose attempt was lost with a poisoned journal's last writes is never cleaned,
+    /// and its network would hold the uid's slot (every later start on the uid refused) and its
+    /// cgroup stay forever. Nothing runs as the uid (the caller checked), so nothing of that
+    /// runner is alive: its network and its cgroup, named by its veth, go.
+    fn clear_unknown_runner(&self, uid: u32) -> Result<(), BackendError> {
+        if self.network.is_none() {
+            return Ok(());
+        }
+        let Some(short) = network::runner_holding_slot(uid)? else {
+            return Ok(());
+        };
+        tracing::warn!(
+            uid,
+            runner = %format!("rm-{short}"),
+            "a runner no journal knows left its network and cgroup on this uid; removing them before the uid serves again"
+        );
+        network::remove(&network::Names::of(&short))?;
+        if let Some(root) = &self.cgroups {
+            let path = root
+                .runner_path(&format!("rm-{short}"))
+                .map_err(|e| BackendError::Cgroup(e.to_string()))?;
+            cgroup::kill_and_remove(&path, cgroup::KILL_WAIT)
+                .map_err(|e| BackendError::Cgroup(e.to_string()))?;
+        }
+        Ok(())
+    }
+
     fn account(&self, plan: &Plan) -> Result<Account, BackendError> {
         let uid = plan.uid.ok_or(BackendError::NoUid)?;
         Ok(Account {
@@ -500,6 +528,7 @@ impl Backend for UserIsolation {
                 account.uid
             )));
         }
+        self.clear_unknown_runner(account.uid)?;
         let procs = match (&self.cgroups, &plan.cgroup) {
             (Some(root), Some(path)) => {
                 let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {

@@ -488,6 +488,25 @@ fn address_holder(addr: Ipv4Addr) -> Result<Option<String>, NetworkError> {
         .map(ToOwned::to_owned))
 }
 
+/// The short id of the rm runner whose veth holds `uid`'s slot, if one does: what a runner
+/// the journal no longer knows (its attempt lost with a poisoned journal's last writes) leaves.
+/// `None` when the address is free or held by anything not named like a runner's veth (that
+/// holder is refused at [`create`], not removed: another agent's, or not rm's at all).
+pub fn runner_holding_slot(uid: u32) -> Result<Option<String>, NetworkError> {
+    let holder = address_holder(addresses(slot_of(uid)).host)?;
+    Ok(holder
+        .as_deref()
+        .and_then(runner_short_of_veth)
+        .map(ToOwned::to_owned))
+}
+
+/// `rmv0123456789ab` (or `rmv0123456789ab@if2`, as `ip` names a veth) → `0123456789ab`.
+fn runner_short_of_veth(veth: &str) -> Option<&str> {
+    let name = veth.split('@').next()?;
+    let short = name.strip_prefix(VETH_PREFIX)?;
+    (short.len() == 12 && short.bytes().all(|b| b.is_ascii_hexdigit())).then_some(short)
+}
+
 /// Removes a runner's veth and namespace, whichever exist. The veth first: deleting it is
 /// synchronous, while a namespace's interfaces go asynchronously after its last reference.
 pub fn remove(names: &Names) -> Result<(), NetworkError> {

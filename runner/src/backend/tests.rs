@@ -439,6 +439,59 @@ fn a_runner_in_a_private_network_sees_only_its_own_interfaces_and_leaves_none() 
     assert!(why.contains("already the address of"), "{why}");
     backend.clean(&plan3).unwrap();
     assert!(!network::exists(&network_names(&plan3)));
+
+    // A runner no journal knows (its attempt lost with a poisoned journal's last writes) left
+    // its veth on a uid's slot and its empty cgroup: with nothing running as the uid, both go
+    // and the start goes on. (The squatter above, not named like a runner's veth, is refused.)
+    let lost = format!("{:06x}ab5e17", std::process::id() % 0x100_0000);
+    let lost_names = network::Names::of(&lost);
+    let uid4 = backend.pool.accounts()[3].uid;
+    ip(&["netns", "add", &lost_names.netns]);
+    ip(&[
+        "link",
+        "add",
+        &lost_names.veth,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        &lost_names.netns,
+    ]);
+    let slot4 = network::addresses(network::slot_of(uid4)).host;
+    ip(&[
+        "addr",
+        "add",
+        &format!("{slot4}/30"),
+        "dev",
+        &lost_names.veth,
+    ]);
+    let lost_cgroup = backend
+        .cgroups
+        .as_ref()
+        .map(|root| root.runner_path(&format!("rm-{lost}")).unwrap());
+    if let Some(path) = &lost_cgroup {
+        std::fs::create_dir(path).unwrap();
+    }
+    let plan4 = plan_of(uid4, 4);
+    let (_, report) = run_once(&backend, &plan4);
+    assert_eq!(
+        report.trim(),
+        "lo eth0",
+        "the new runner got the uid's network"
+    );
+    assert!(
+        !network::exists(&lost_names),
+        "the lost runner's network is left"
+    );
+    if let Some(path) = &lost_cgroup {
+        assert!(
+            !path.exists(),
+            "the lost runner's cgroup {} is left",
+            path.display()
+        );
+    }
     backend.network.as_ref().unwrap().uninstall().unwrap();
 }
 

@@ -178,3 +178,18 @@ fn nft_accepts_both_tables() {
         );
     }
 }
+
+#[test]
+fn only_a_veth_named_like_a_runners_names_a_lost_runner() {
+    for (veth, short) in [
+        ("rmv0123456789ab", Some("0123456789ab")),
+        ("rmv0123456789ab@if2", Some("0123456789ab")),
+        ("rmv0123456789a", None),
+        ("rmv0123456789abc", None),
+        ("rmv0123456789xz", None),
+        ("rmsq12345", None),
+        ("eth0", None),
+    ] {
+        assert_eq!(super::runner_short_of_veth(veth), short, "{veth}");
+    }
+}
