@@ -55,12 +55,7 @@ pub fn replay(config: &Config, guid: &str, json: bool) -> Result<(), Exit> {
     let store = super::store(config);
     let (outcome, reason) = store
         .replay(guid, now)
-        .map_err(|e| match store.is_shared() {
-            true => Exit::runtime(
-                anyhow::Error::new(e).context(format!("cannot replay in {}", store.describe())),
-            ),
-            false => Exit::runtime(e),
-        })?;
+        .map_err(|e| super::journal_failed(&store, "replay in", e))?;
     if json {
         print_json(&json!({"guid": guid, "outcome": outcome.as_str(), "reason": reason}));
     } else {

@@ -77,12 +77,7 @@ pub fn read_jobs<T: Default>(
     read: impl FnOnce(&mut JobReader) -> Result<T, JournalError>,
 ) -> Result<T, Exit> {
     let store = store(config);
-    let failed = |e: JournalError| match store.is_shared() {
-        true => Exit::runtime(
-            anyhow::Error::new(e).context(format!("cannot read {}", store.describe())),
-        ),
-        false => Exit::runtime(e),
-    };
+    let failed = |e| journal_failed(&store, "read", e);
     let mut jobs = match store.jobs() {
         Ok(jobs) => jobs,
         Err(err @ JournalError::Missing(_)) if json => {
@@ -92,6 +87,16 @@ pub fn read_jobs<T: Default>(
         Err(err) => return Err(failed(err)),
     };
     read(&mut jobs).map_err(failed)
+}
+
+/// A command's journal error (exit 1): on the fleet's journal it says which database (the
+/// file's errors name the file already).
+pub(crate) fn journal_failed(store: &Store, doing: &str, e: JournalError) -> Exit {
+    if store.is_shared() {
+        Exit::runtime(anyhow::Error::new(e).context(format!("cannot {doing} {}", store.describe())))
+    } else {
+        Exit::runtime(e)
+    }
 }
 
 /// The fleet's hosts, leases and claims (`status`, `explain`), on this (runtime-free) thread.
