@@ -30,6 +30,7 @@ mod endpoints;
 pub mod error;
 pub mod etag;
 pub mod pacing;
+pub mod scaleset;
 pub mod stats;
 pub mod target;
 pub mod types;
