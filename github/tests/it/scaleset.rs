@@ -74,6 +74,33 @@ async fn every_service_call_carries_the_api_version_and_remote_auth_is_done_once
     assert_eq!(service.len(), 3, "create, session, poll");
     // The fake refuses a call without it (400): every one was answered.
     assert!(service.iter().all(|r| r.status != 400), "{service:?}");
+    assert!(
+        service
+            .iter()
+            .filter(|r| r.path.starts_with("/rest/"))
+            .all(|r| r.query.contains("api-version=6.0-preview"))
+    );
+    let poll = service
+        .iter()
+        .find(|r| r.path == "/scalesets/message")
+        .expect("the poll");
+    assert_eq!(poll.header("x-scalesetmaxcapacity"), Some("5"));
+    assert!(
+        poll.header("accept")
+            .is_some_and(|a| a.contains("api-version=6.0-preview"))
+    );
+    assert!(
+        poll.query.contains("scaleSetId="),
+        "the queue URL's query is kept"
+    );
+    let exchange = calls
+        .iter()
+        .find(|r| r.path == "/actions/runner-registration")
+        .expect("the exchange");
+    assert_eq!(
+        exchange.header("authorization"),
+        Some("RemoteAuth <redacted>")
+    );
     assert_eq!(
         h.fake.broker_calls("POST", "/actions/runner-registration"),
         1

@@ -293,7 +293,7 @@ pub async fn answer(
             path: path.to_owned(),
             query: query.to_owned(),
             status: answer.status,
-            headers: Vec::new(),
+            headers: crate::server::redacted(headers),
             body: body.cloned(),
             response_body: answer.body.clone(),
             response_headers: Vec::new(),

@@ -275,7 +275,7 @@ fn caller_of(state: &State, headers: &HeaderMap) -> Option<Caller> {
     }
 }
 
-fn redacted(headers: &HeaderMap) -> Vec<(String, String)> {
+pub(crate) fn redacted(headers: &HeaderMap) -> Vec<(String, String)> {
     headers
         .iter()
         .map(|(k, v)| {
