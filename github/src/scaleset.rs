@@ -488,21 +488,34 @@ impl ScaleSetClient {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(StatusCode, Bytes), ScaleSetError> {
-        let (base, token) = self.admin().await?;
-        let url = with_query(
-            &format!("{}/{path}", base.trim_end_matches('/')),
-            API_VERSION,
-        );
-        self.call(Request {
-            endpoint,
-            method,
-            url,
-            authorization: format!("Bearer {}", token.expose_secret()),
-            body,
-            max_capacity: None,
-            timeout: CALL_TIMEOUT,
-        })
-        .await
+        let mut reconnected = false;
+        loop {
+            let (base, token) = self.admin().await?;
+            let url = with_query(
+                &format!("{}/{path}", base.trim_end_matches('/')),
+                API_VERSION,
+            );
+            let answer = self
+                .call(Request {
+                    endpoint,
+                    method: method.clone(),
+                    url,
+                    authorization: format!("Bearer {}", token.expose_secret()),
+                    body,
+                    max_capacity: None,
+                    timeout: CALL_TIMEOUT,
+                })
+                .await;
+            match answer {
+                // The service no longer takes the admin token before its `exp`: forget it and
+                // make the exchange again, once.
+                Err(ScaleSetError::Unauthorized { .. }) if !reconnected => {
+                    reconnected = true;
+                    *self.admin.lock().await = None;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The scale set `name` in runner group `runner_group_id`, if it exists.

@@ -319,3 +319,42 @@ async fn the_jit_config_never_shows_in_debug() {
     assert!(!shown.contains(&blob), "{shown}");
     assert!(shown.contains("rm-runner-2"));
 }
+
+#[tokio::test]
+async fn an_admin_token_refused_before_its_exp_is_replaced_once() {
+    let (h, client, _) = set_up().await;
+    h.fake.expire_admin_tokens();
+    client.get_scale_set(1, "linux-x64").await.expect("find");
+    assert_eq!(
+        h.fake.broker_calls("POST", "/actions/runner-registration"),
+        2
+    );
+}
+
+#[tokio::test]
+async fn an_ack_with_an_expired_queue_token_refreshes_the_session() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    h.fake.queue_scale_set_job(id, "build").expect("set");
+    let message = client.get_message(&mut s, 0, 5).await.expect("poll");
+    let message_id = message.map(|m| m.id).expect("a message");
+    h.fake.expire_queue_tokens();
+    client
+        .delete_message(&mut s, message_id)
+        .await
+        .expect("ack");
+    assert_eq!(h.fake.broker_calls("PATCH", "/sessions/"), 1);
+    assert_eq!(
+        h.fake
+            .broker_calls("DELETE", &format!("/scalesets/message/{message_id}")),
+        2,
+        "refused, then acknowledged"
+    );
+    assert!(
+        client
+            .get_message(&mut s, 0, 5)
+            .await
+            .expect("poll")
+            .is_none()
+    );
+}

@@ -751,6 +751,11 @@ impl FakeGithub {
         })
     }
 
+    /// Every admin token issued so far stops being accepted (before its `exp`).
+    pub fn expire_admin_tokens(&self) {
+        self.with(|s| s.broker.admin_tokens.clear())
+    }
+
     /// Drops every session, as the broker of scaleset #123 did: the next refresh gets `404`.
     pub fn evict_sessions(&self) {
         self.with(|s| s.broker.sessions.clear())
