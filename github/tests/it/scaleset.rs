@@ -358,3 +358,22 @@ async fn an_ack_with_an_expired_queue_token_refreshes_the_session() {
             .is_none()
     );
 }
+
+#[tokio::test]
+async fn a_session_of_an_unknown_scale_set_is_scale_set_not_found() {
+    let (_h, client, id) = set_up().await;
+    let missing = client.create_session(id + 1000, "rm-test").await;
+    assert!(
+        matches!(missing, Err(ScaleSetError::ScaleSetNotFound { .. })),
+        "{missing:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_queue_token_never_shows_in_debug() {
+    let (_h, client, id) = set_up().await;
+    let s = session(&client, id).await;
+    let token = s.message_queue_access_token.expose_secret().to_owned();
+    assert!(!format!("{s:?}").contains(&token));
+    assert!(!format!("{client:?}").contains(&token));
+}
