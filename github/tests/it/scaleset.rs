@@ -10,7 +10,7 @@ use rm_github::scaleset::{
 };
 use secrecy::ExposeSecret;
 
-use crate::common::{Harness, harness, org};
+use crate::common::{Harness, harness, harness_with, org};
 
 /// How long the fake holds a poll with nothing to deliver.
 const HOLD: Duration = Duration::from_millis(50);
@@ -376,4 +376,32 @@ async fn the_queue_token_never_shows_in_debug() {
     let token = s.message_queue_access_token.expose_secret().to_owned();
     assert!(!format!("{s:?}").contains(&token));
     assert!(!format!("{client:?}").contains(&token));
+}
+
+/// On GHES the REST API sits below `/api/v3`: the exchange goes there, while the service's
+/// absolute URLs (at the server's root here) are used as they are.
+#[tokio::test]
+async fn under_an_api_base_path_the_exchange_uses_it_and_service_urls_stay_absolute() {
+    let h = harness_with("/api/v3", Duration::from_secs(10)).await;
+    h.fake.set_poll_hold(HOLD);
+    let client = ScaleSetClient::new(h.client.clone(), org(), "https://ghes.example/acme")
+        .unwrap_or_else(|e| panic!("client: {e:#}"));
+    let set = client
+        .create_scale_set(1, "linux-x64", &[])
+        .await
+        .expect("create");
+    let mut s = session(&client, set.id).await;
+    assert!(
+        client
+            .get_message(&mut s, 0, 5)
+            .await
+            .expect("poll")
+            .is_none()
+    );
+    assert_eq!(
+        h.fake
+            .broker_calls("POST", "/api/v3/actions/runner-registration"),
+        1
+    );
+    assert_eq!(h.fake.broker_calls("GET", "/scalesets/message"), 1);
 }

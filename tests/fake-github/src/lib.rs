@@ -777,7 +777,7 @@ impl FakeGithub {
     }
 
     /// The broker's requests (`/rest/…`, the queue, the registration exchange) with `method`
-    /// whose path contains `part`.
+    /// whose path (the server's, with the API base path) contains `part`.
     pub fn broker_calls(&self, method: &str, part: &str) -> usize {
         self.with(|s| {
             s.requests
