@@ -23,6 +23,14 @@ use rm_vocab::{JobId, RunnerId};
 /// repository's or organization's requests to a template share it too.
 pub(crate) const ENDPOINTS: &[(&str, &str)] = &[
     ("app.get", "GET /app"),
+    (
+        "orgs.runners.registration_token",
+        "POST /orgs/{org}/actions/runners/registration-token",
+    ),
+    (
+        "repos.runners.registration_token",
+        "POST /repos/{owner}/{repo}/actions/runners/registration-token",
+    ),
     ("app.installations", "GET /app/installations"),
     (
         "app.access_tokens",

@@ -3,8 +3,8 @@
 //! It owns the App JWT and the installation tokens ([`auth`]), the request budget shared by
 //! every caller in the process ([`budget`]), conditional requests ([`etag`]), the error classes
 //! callers act on ([`error`]), the transport ([`client`]) and the endpoints on it (`endpoints`,
-//! methods of [`GithubClient`]). It knows nothing about policies, the journal or runners'
-//! processes. It reads the time of day from an `rm_vocab::Clock` (tests pass a `ManualClock`),
+//! methods of [`GithubClient`]), and the Actions service of runner scale sets ([`scaleset`]).
+//! It knows nothing about policies, the journal or runners' processes. It reads the time of day from an `rm_vocab::Clock` (tests pass a `ManualClock`),
 //! and its job and runner types hold `rm_vocab`'s ids.
 //!
 //! ```no_run
@@ -30,6 +30,7 @@ mod endpoints;
 pub mod error;
 pub mod etag;
 pub mod pacing;
+pub mod scaleset;
 pub mod stats;
 pub mod target;
 pub mod types;

@@ -8,3 +8,4 @@ mod credentials;
 mod endpoints;
 mod fake_limits;
 mod limits;
+mod scaleset;

@@ -19,6 +19,7 @@
 //! ```
 
 pub mod auth;
+pub mod broker;
 pub mod jit;
 pub mod keys;
 pub mod limits;
@@ -724,5 +725,65 @@ impl FakeGithub {
 
     pub fn clear_requests(&self) {
         self.with(|s| s.requests.clear())
+    }
+
+    // ---- the scale-set broker (see [`broker`]) ----
+
+    /// Queues a `JobAssigned` message for scale set `scale_set_id`; its runner request id, or
+    /// `None` for an unknown set.
+    pub fn queue_scale_set_job(&self, scale_set_id: u64, job_name: &str) -> Option<u64> {
+        self.with(|s| s.broker.queue_job(scale_set_id, job_name))
+    }
+
+    /// Queues a message of top-level type `message_type` (one the client may not know); its
+    /// message id.
+    pub fn queue_scale_set_message(&self, scale_set_id: u64, message_type: &str) -> Option<u64> {
+        self.with(|s| s.broker.queue_raw(scale_set_id, message_type))
+    }
+
+    /// The queue token of every session stops being accepted: the next queue call gets `401`
+    /// until the session is refreshed.
+    pub fn expire_queue_tokens(&self) {
+        self.with(|s| {
+            for session in s.broker.sessions.values_mut() {
+                session.token_valid = false;
+            }
+        })
+    }
+
+    /// Every admin token issued so far stops being accepted (before its `exp`).
+    pub fn expire_admin_tokens(&self) {
+        self.with(|s| s.broker.admin_tokens.clear())
+    }
+
+    /// Drops every session, as the broker of scaleset #123 did: the next refresh gets `404`.
+    pub fn evict_sessions(&self) {
+        self.with(|s| s.broker.sessions.clear())
+    }
+
+    /// The next poll is answered `200` with an empty body.
+    pub fn empty_next_poll(&self) {
+        self.with(|s| s.broker.empty_next_poll = true)
+    }
+
+    /// The next JSON answer of the broker starts with a UTF-8 byte-order mark.
+    pub fn bom_next_answer(&self) {
+        self.with(|s| s.broker.bom_next = true)
+    }
+
+    /// How long a poll with nothing to deliver is held before `202`.
+    pub fn set_poll_hold(&self, hold: Duration) {
+        self.with(|s| s.broker.hold = hold)
+    }
+
+    /// The broker's requests (`/rest/…`, the queue, the registration exchange) with `method`
+    /// whose path (the server's, with the API base path) contains `part`.
+    pub fn broker_calls(&self, method: &str, part: &str) -> usize {
+        self.with(|s| {
+            s.requests
+                .iter()
+                .filter(|r| r.method == method && r.path.contains(part))
+                .count()
+        })
     }
 }

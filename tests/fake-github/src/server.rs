@@ -103,6 +103,18 @@ async fn handle(
     if wants_user_agent(&path) && !has_user_agent(&parts.headers) {
         return Ok(shared.with(|state| refuse_without_user_agent(state, &method, &path, &query)));
     }
+    if shared.with(|state| crate::broker::owns(&state.base_path, &path)) {
+        let json_body: Option<Value> = serde_json::from_slice(&body).ok();
+        return Ok(crate::broker::answer(
+            shared.clone(),
+            &method,
+            &path,
+            &query,
+            &parts.headers,
+            json_body.as_ref(),
+        )
+        .await);
+    }
     if let Some(raw) = shared.with(|state| crate::releases::answer(state, &method, &path, &query)) {
         return Ok(raw_response(raw));
     }
@@ -263,7 +275,7 @@ fn caller_of(state: &State, headers: &HeaderMap) -> Option<Caller> {
     }
 }
 
-fn redacted(headers: &HeaderMap) -> Vec<(String, String)> {
+pub(crate) fn redacted(headers: &HeaderMap) -> Vec<(String, String)> {
     headers
         .iter()
         .map(|(k, v)| {

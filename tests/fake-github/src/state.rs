@@ -198,6 +198,8 @@ pub struct State {
     pub behavior_by_name: HashMap<String, RunnerBehavior>,
     /// Published actions/runner releases (see [`crate::releases`]).
     pub releases: crate::releases::Releases,
+    /// The Actions service of runner scale sets (see [`crate::broker`]).
+    pub broker: crate::broker::Broker,
 }
 
 /// `sha256=` + hex HMAC-SHA256 of the exact body, as GitHub signs deliveries.
@@ -267,6 +269,7 @@ impl State {
             default_behavior: RunnerBehavior::default(),
             behavior_by_name: HashMap::new(),
             releases: crate::releases::Releases::default(),
+            broker: crate::broker::Broker::default(),
         }
     }
 

@@ -76,10 +76,22 @@ async fn harness(secondary_limits: SecondaryLimits) -> Harness {
 
 impl Harness {
     async fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> Answer {
+        self.call_as(method, path, &format!("Bearer {token}"), body)
+            .await
+    }
+
+    /// A request with the whole `Authorization` value.
+    async fn call_as(
+        &self,
+        method: &str,
+        path: &str,
+        authorization: &str,
+        body: Option<Value>,
+    ) -> Answer {
         let mut req = http::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.fake.api_url()))
-            .header("authorization", format!("Bearer {token}"))
+            .header("authorization", authorization)
             .header("user-agent", AGENT);
         if body.is_some() {
             req = req.header("content-type", "application/json");
@@ -440,4 +452,97 @@ async fn another_app_s_installation_registers_on_the_same_target_and_nowhere_els
     let counts = h.fake.registrations_by_installation();
     assert_eq!(counts.get(&second), Some(&1));
     assert_eq!(primary.and_then(|p| counts.get(&p)), Some(&1));
+}
+
+/// The scale-set broker: RemoteAuth only with a registration token, the API version required,
+/// the admin and queue tokens each only where they belong, one session per scale set.
+#[tokio::test]
+async fn the_broker_checks_its_credentials_and_api_version() {
+    let h = harness(SecondaryLimits::default()).await;
+    h.fake.set_poll_hold(Duration::from_millis(10));
+    let reg = h
+        .call(
+            "POST",
+            "/orgs/acme/actions/runners/registration-token",
+            &h.acme,
+            None,
+        )
+        .await;
+    assert_eq!(reg.status, 201, "{:?}", reg.body);
+    let reg = reg.body["token"].as_str().unwrap_or_default().to_owned();
+    let body = json!({"url": "https://github.com/acme", "runner_event": "register"});
+    let bearer = h
+        .call(
+            "POST",
+            "/actions/runner-registration",
+            &reg,
+            Some(body.clone()),
+        )
+        .await;
+    assert_eq!(bearer.status, 401, "RemoteAuth is required");
+    let remote = h
+        .call_as(
+            "POST",
+            "/actions/runner-registration",
+            &format!("RemoteAuth {reg}"),
+            Some(body),
+        )
+        .await;
+    assert_eq!(remote.status, 201, "{:?}", remote.body);
+    assert!(
+        remote.body["url"]
+            .as_str()
+            .is_some_and(|u| u.ends_with("/rest/"))
+    );
+    let admin = remote.body["token"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(admin.split('.').count(), 3, "a JWT");
+
+    let sets = "/rest/_apis/runtime/runnerscalesets";
+    let set = json!({"name": "linux", "runnerGroupId": 1});
+    let unversioned = h.call("POST", sets, &admin, Some(set.clone())).await;
+    assert_eq!(unversioned.status, 400);
+    let created = h
+        .call(
+            "POST",
+            &format!("{sets}?api-version=6.0-preview"),
+            &admin,
+            Some(set),
+        )
+        .await;
+    assert_eq!(created.status, 200, "{:?}", created.body);
+    let id = created.body["id"].as_u64().unwrap_or_default();
+    let sessions = format!("{sets}/{id}/sessions?api-version=6.0-preview");
+    let owner = json!({"sessionId": "00000000-0000-0000-0000-000000000000", "ownerName": "t"});
+    let session = h.call("POST", &sessions, &admin, Some(owner.clone())).await;
+    assert_eq!(session.status, 200, "{:?}", session.body);
+    let second = h.call("POST", &sessions, &admin, Some(owner)).await;
+    assert_eq!(second.status, 409);
+    assert!(
+        second.body["typeName"]
+            .as_str()
+            .is_some_and(|t| t.contains("RunnerScaleSetSessionConflictException"))
+    );
+    let queue_token = session.body["messageQueueAccessToken"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let queue = session.body["messageQueueUrl"].as_str().unwrap_or_default();
+    let queue_path = queue
+        .strip_prefix(&h.fake.server_url())
+        .unwrap_or_default()
+        .to_owned();
+    let poll = format!("{queue_path}&api-version=6.0-preview");
+    assert_eq!(
+        h.call("GET", &poll, &admin, None).await.status,
+        401,
+        "admin token on the queue"
+    );
+    assert_eq!(h.call("GET", &poll, &queue_token, None).await.status, 202);
+    let get = format!("{sets}/{id}?api-version=6.0-preview");
+    assert_eq!(
+        h.call("GET", &get, &queue_token, None).await.status,
+        401,
+        "queue token as admin"
+    );
+    assert_eq!(h.call("GET", &get, &admin, None).await.status, 200);
 }

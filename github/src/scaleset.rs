@@ -1,0 +1,896 @@
+//! The Actions service of GitHub's runner scale sets (`github-scale-sets.md` §1.3–1.12): the
+//! RemoteAuth exchange that turns a registration token into the service's URL and an admin
+//! token, scale sets, message sessions, the long-polled message queue, acknowledgement, job
+//! acquisition and scale-set JIT configurations.
+//!
+//! It owns the admin connection (renewed within [`ADMIN_RENEW_BEFORE`] of its JWT's `exp`) and
+//! the mapping of the service's errors, read by the `typeName` of their JSON body, to
+//! [`ScaleSetError`]. It rides on [`GithubClient`]: the registration token is a REST call with
+//! its installation token, and every request goes through the same octocrab transport. A
+//! session's queue token is the caller's, in the [`Session`] it holds. Every token is a
+//! `secrecy` value; the JIT configuration too.
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode, header};
+use http_body_util::BodyExt;
+use octocrab::Octocrab;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::client::{Call, GithubClient};
+use crate::error::GithubError;
+use crate::target::Target;
+use crate::wire::{from_unix_secs, percent_encode};
+
+/// The API version of every Actions-service call.
+pub const API_VERSION: &str = "api-version=6.0-preview";
+/// How long a call other than the poll may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a poll may take: the service holds it about 50 s before `202`, so this must be
+/// well above that.
+pub const POLL_TIMEOUT: Duration = Duration::from_secs(120);
+/// Renew the admin token this long before its `exp` (the Go client's margin).
+pub const ADMIN_RENEW_BEFORE: Duration = Duration::from_secs(60);
+/// The UTF-8 byte-order mark some answers start with.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+/// The nil UUID the Go client sends as a new session's id.
+const NIL_SESSION: &str = "00000000-0000-0000-0000-000000000000";
+
+/// What went wrong talking to the Actions service; the variants callers act on are typed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScaleSetError {
+    /// The scale set already has an active session (`RunnerScaleSetSessionConflictException`).
+    #[error("the scale set already has an active session: {message}")]
+    SessionConflict { message: String },
+    /// The session no longer exists (a refresh answered 404): create a new one.
+    #[error("the message session is gone: {message}")]
+    SessionGone { message: String },
+    /// The scale set does not exist (`RunnerScaleSetNotFoundException`).
+    #[error("the scale set was not found: {message}")]
+    ScaleSetNotFound { message: String },
+    /// A runner of that name exists (`AgentExistsException`).
+    #[error("a runner of that name already exists: {message}")]
+    AgentExists { message: String },
+    /// The poll answered 200 without a readable message: transient, poll again after a while.
+    #[error("the message queue answered 200 without a readable message: {reason}")]
+    UnreadableMessage { reason: String },
+    /// The credential was refused (401).
+    #[error("the Actions service refused the credential on {endpoint}: {message}")]
+    Unauthorized {
+        endpoint: &'static str,
+        message: String,
+    },
+    /// Any other refusal, with its `typeName` (empty when the body had none).
+    #[error("the Actions service answered {status} on {endpoint}: {type_name} {message}")]
+    Service {
+        endpoint: &'static str,
+        status: u16,
+        type_name: String,
+        message: String,
+    },
+    /// No answer.
+    #[error("the Actions service is unreachable on {endpoint}: {reason}")]
+    Unreachable {
+        endpoint: &'static str,
+        reason: String,
+    },
+    /// An answer that is not what the protocol says.
+    #[error("unexpected answer from the Actions service on {endpoint}: {message}")]
+    Unexpected {
+        endpoint: &'static str,
+        message: String,
+    },
+    /// The REST side (the registration token).
+    #[error(transparent)]
+    Github(#[from] GithubError),
+}
+
+/// The service's counters, as sessions and messages carry them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Statistics {
+    pub total_available_jobs: i64,
+    pub total_acquired_jobs: i64,
+    pub total_assigned_jobs: i64,
+    pub total_running_jobs: i64,
+    pub total_registered_runners: i64,
+    pub total_busy_runners: i64,
+    pub total_idle_runners: i64,
+}
+
+/// A label of a scale set.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Label {
+    pub name: String,
+}
+
+/// A runner scale set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleSet {
+    pub id: u64,
+    pub name: String,
+    #[serde(default)]
+    pub runner_group_id: u64,
+    #[serde(default)]
+    pub labels: Vec<Label>,
+}
+
+/// A message session: the caller holds it, and the poll refreshes its queue token in place.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Session {
+    pub session_id: String,
+    #[serde(default)]
+    pub owner_name: String,
+    pub message_queue_url: String,
+    pub message_queue_access_token: SecretString,
+    #[serde(default)]
+    pub statistics: Option<Statistics>,
+    /// The scale set it belongs to (not in the answer; set by [`ScaleSetClient::create_session`]).
+    #[serde(skip)]
+    pub scale_set_id: u64,
+}
+
+/// One element of a job message's `body`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobMessage {
+    /// `JobAvailable`, `JobAssigned`, `JobStarted`, `JobCompleted`, or one not known yet.
+    pub message_type: String,
+    #[serde(default)]
+    pub runner_request_id: i64,
+    #[serde(default)]
+    pub job_id: String,
+    #[serde(default)]
+    pub job_display_name: String,
+    #[serde(default)]
+    pub request_labels: Vec<String>,
+    #[serde(default)]
+    pub runner_name: Option<String>,
+    #[serde(default)]
+    pub result: Option<String>,
+}
+
+/// What a message carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MessageBody {
+    /// `RunnerScaleSetJobMessages`: its `body`, decoded.
+    Jobs(Vec<JobMessage>),
+    /// A top-level type this client does not know: kept as it came, for the caller to log.
+    Unknown { message_type: String, body: String },
+}
+
+/// A message of the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub id: u64,
+    pub statistics: Option<Statistics>,
+    pub body: MessageBody,
+}
+
+/// A scale-set runner's JIT configuration. The encoded configuration is a secret until the
+/// runner has used it: it never appears in `Debug`.
+#[derive(Debug, Clone)]
+pub struct ScaleSetJit {
+    pub runner_id: u64,
+    pub runner_name: String,
+    pub encoded_jit_config: SecretString,
+}
+
+/// The service's URL and admin token, and when the token expires.
+struct AdminConnection {
+    url: String,
+    token: SecretString,
+    expires_at: SystemTime,
+}
+
+/// The client of one target's Actions service.
+pub struct ScaleSetClient {
+    github: GithubClient,
+    target: Target,
+    /// The scope's URL as the service knows it (`https://github.com/acme`).
+    config_url: String,
+    /// The transport for the service's absolute URLs (no base path of its own).
+    http: Octocrab,
+    admin: tokio::sync::Mutex<Option<AdminConnection>>,
+}
+
+impl std::fmt::Debug for ScaleSetClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScaleSetClient")
+            .field("target", &self.target)
+            .field("config_url", &self.config_url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `body` without a leading UTF-8 byte-order mark.
+pub fn strip_bom(body: &[u8]) -> &[u8] {
+    body.strip_prefix(BOM).unwrap_or(body)
+}
+
+/// When the JWT `token` expires, read from its `exp` without verifying it.
+pub fn jwt_expiry(token: &str) -> Option<SystemTime> {
+    #[derive(Deserialize)]
+    struct Exp {
+        exp: u64,
+    }
+    jsonwebtoken::dangerous::insecure_decode::<Exp>(token)
+        .ok()
+        .map(|data| from_unix_secs(data.claims.exp))
+}
+
+/// `url` with `param` added to its query.
+fn with_query(url: &str, param: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{param}")
+}
+
+/// `url` with `segment` appended to its path, its query kept.
+fn with_segment(url: &str, segment: &str) -> String {
+    match url.split_once('?') {
+        Some((path, query)) => format!("{}/{segment}?{query}", path.trim_end_matches('/')),
+        None => format!("{}/{segment}", url.trim_end_matches('/')),
+    }
+}
+
+/// The error an answer other than 2xx means, by the `typeName` of its body.
+fn service_error(endpoint: &'static str, status: StatusCode, body: &[u8]) -> ScaleSetError {
+    let body = strip_bom(body);
+    let (type_name, message) = match serde_json::from_slice::<Value>(body) {
+        Ok(v) => (
+            v.get("typeName")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            v.get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+        ),
+        Err(_) => (
+            String::new(),
+            String::from_utf8_lossy(body).chars().take(200).collect(),
+        ),
+    };
+    if type_name.contains("RunnerScaleSetSessionConflictException") {
+        ScaleSetError::SessionConflict { message }
+    } else if type_name.contains("AgentExistsException") {
+        ScaleSetError::AgentExists { message }
+    } else if type_name.contains("RunnerScaleSetNotFoundException") {
+        ScaleSetError::ScaleSetNotFound { message }
+    } else if status == StatusCode::UNAUTHORIZED {
+        ScaleSetError::Unauthorized { endpoint, message }
+    } else {
+        ScaleSetError::Service {
+            endpoint,
+            status: status.as_u16(),
+            type_name,
+            message,
+        }
+    }
+}
+
+/// `body` (a byte-order mark stripped) as `T`.
+fn decode<T: DeserializeOwned>(endpoint: &'static str, body: &[u8]) -> Result<T, ScaleSetError> {
+    serde_json::from_slice(strip_bom(body)).map_err(|e| ScaleSetError::Unexpected {
+        endpoint,
+        message: format!("cannot read the answer: {e}"),
+    })
+}
+
+/// A request to the service.
+#[derive(Clone)]
+struct Request<'a> {
+    endpoint: &'static str,
+    method: Method,
+    url: String,
+    /// The whole `Authorization` value.
+    authorization: String,
+    body: Option<&'a Value>,
+    /// For the queue: `X-ScaleSetMaxCapacity`.
+    max_capacity: Option<u32>,
+    timeout: Duration,
+}
+
+impl ScaleSetClient {
+    /// A client of `target`'s scale sets; `config_url` is the scope as the service knows it
+    /// (`https://github.com/acme`).
+    pub fn new(
+        github: GithubClient,
+        target: Target,
+        config_url: impl Into<String>,
+    ) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        // The service's URLs are absolute; a base without a path leaves them as they are.
+        let http = Octocrab::builder()
+            .base_uri("http://localhost/")
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .build()
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("cannot build the HTTP client")?;
+        Ok(Self {
+            github,
+            target,
+            config_url: config_url.into(),
+            http,
+            admin: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// Sends `request` through `octo`; the status and the body of any answer.
+    async fn exchange(
+        octo: &Octocrab,
+        request: Request<'_>,
+    ) -> Result<(StatusCode, Bytes), ScaleSetError> {
+        let endpoint = request.endpoint;
+        let unreachable = |reason: String| ScaleSetError::Unreachable { endpoint, reason };
+        let mut authorization = HeaderValue::from_str(&request.authorization).map_err(|_| {
+            ScaleSetError::Unauthorized {
+                endpoint,
+                message: "the credential is not a valid header value".into(),
+            }
+        })?;
+        authorization.set_sensitive(true);
+        let mut builder = http::Request::builder()
+            .method(request.method)
+            .uri(request.url.as_str())
+            .header(header::AUTHORIZATION, authorization)
+            .header(header::ACCEPT, format!("application/json; {API_VERSION}"));
+        if let Some(capacity) = request.max_capacity {
+            builder = builder.header("X-ScaleSetMaxCapacity", capacity.to_string());
+        }
+        let built = octo
+            .build_request(builder, request.body)
+            .map_err(|e| unreachable(format!("cannot build the request: {e}")))?;
+        let exchange = async {
+            let response = octo.execute(built).await.map_err(|e| e.to_string())?;
+            let (parts, body) = response.into_parts();
+            let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+            Ok::<_, String>((parts, body))
+        };
+        match tokio::time::timeout(request.timeout, exchange).await {
+            Ok(Ok((parts, body))) => {
+                tracing::debug!(
+                    endpoint,
+                    status = parts.status.as_u16(),
+                    activity_id = parts
+                        .headers
+                        .get("ActivityId")
+                        .and_then(|v| v.to_str().ok()),
+                    request_id = parts
+                        .headers
+                        .get("X-GitHub-Request-Id")
+                        .and_then(|v| v.to_str().ok()),
+                    "actions service request"
+                );
+                Ok((parts.status, body))
+            }
+            Ok(Err(reason)) => Err(unreachable(reason)),
+            Err(_) => Err(unreachable(format!(
+                "no answer within {:?}",
+                request.timeout
+            ))),
+        }
+    }
+
+    /// The answer's body on 2xx, its error otherwise.
+    async fn call(&self, request: Request<'_>) -> Result<(StatusCode, Bytes), ScaleSetError> {
+        let endpoint = request.endpoint;
+        let (status, body) = Self::exchange(&self.http, request).await?;
+        if status.is_success() {
+            Ok((status, body))
+        } else {
+            Err(service_error(endpoint, status, &body))
+        }
+    }
+
+    /// A registration token for the target (REST, with the installation token).
+    async fn registration_token(&self) -> Result<SecretString, ScaleSetError> {
+        #[derive(Deserialize)]
+        struct Token {
+            token: SecretString,
+        }
+        let (endpoint, path) = match &self.target {
+            Target::Org(org) => (
+                "orgs.runners.registration_token",
+                format!("/orgs/{org}/actions/runners/registration-token"),
+            ),
+            Target::Repo { owner, repo } => (
+                "repos.runners.registration_token",
+                format!("/repos/{owner}/{repo}/actions/runners/registration-token"),
+            ),
+        };
+        let auth = self.github.installation_of(&self.target).await?;
+        let call = Call {
+            method: Method::POST,
+            ..Call::get(endpoint, auth, path)
+        };
+        let token: Token = self.github.get_json(call).await?;
+        Ok(token.token)
+    }
+
+    /// The RemoteAuth exchange: the service's URL and a fresh admin token.
+    async fn connect(&self) -> Result<AdminConnection, ScaleSetError> {
+        const ENDPOINT: &str = "actions.runner_registration";
+        #[derive(Deserialize)]
+        struct Connection {
+            url: String,
+            token: SecretString,
+        }
+        let registration = self.registration_token().await?;
+        let body = json!({"url": self.config_url, "runner_event": "register"});
+        let request = Request {
+            endpoint: ENDPOINT,
+            method: Method::POST,
+            // Relative: the REST client's base (with its path, on GHES) is put before it.
+            url: "/actions/runner-registration".into(),
+            authorization: format!("RemoteAuth {}", registration.expose_secret()),
+            body: Some(&body),
+            max_capacity: None,
+            timeout: CALL_TIMEOUT,
+        };
+        let (status, answer) = Self::exchange(&self.github.inner.octo, request).await?;
+        if !status.is_success() {
+            return Err(service_error(ENDPOINT, status, &answer));
+        }
+        let connection: Connection = decode(ENDPOINT, &answer)?;
+        if connection.url.is_empty() || connection.token.expose_secret().is_empty() {
+            return Err(ScaleSetError::Unexpected {
+                endpoint: ENDPOINT,
+                message: "the answer has an empty url or token".into(),
+            });
+        }
+        let expires_at = jwt_expiry(connection.token.expose_secret()).ok_or_else(|| {
+            ScaleSetError::Unexpected {
+                endpoint: ENDPOINT,
+                message: "the admin token is not a JWT with an exp".into(),
+            }
+        })?;
+        Ok(AdminConnection {
+            url: connection.url,
+            token: connection.token,
+            expires_at,
+        })
+    }
+
+    /// The service's URL and the admin token, renewed when within [`ADMIN_RENEW_BEFORE`] of
+    /// its expiry.
+    async fn admin(&self) -> Result<(String, SecretString), ScaleSetError> {
+        let mut admin = self.admin.lock().await;
+        let now = self.github.inner.now();
+        let due = admin
+            .as_ref()
+            .is_none_or(|a| now + ADMIN_RENEW_BEFORE >= a.expires_at);
+        if due {
+            *admin = Some(self.connect().await?);
+        }
+        match admin.as_ref() {
+            Some(a) => Ok((a.url.clone(), a.token.clone())),
+            None => Err(ScaleSetError::Unexpected {
+                endpoint: "actions.runner_registration",
+                message: "no admin connection".into(),
+            }),
+        }
+    }
+
+    /// An admin-token call to `path` below the service's URL (`_apis/runtime/…`, with any
+    /// query but the API version).
+    async fn admin_call(
+        &self,
+        endpoint: &'static str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, Bytes), ScaleSetError> {
+        let mut reconnected = false;
+        loop {
+            let (base, token) = self.admin().await?;
+            let url = with_query(
+                &format!("{}/{path}", base.trim_end_matches('/')),
+                API_VERSION,
+            );
+            let answer = self
+                .call(Request {
+                    endpoint,
+                    method: method.clone(),
+                    url,
+                    authorization: format!("Bearer {}", token.expose_secret()),
+                    body,
+                    max_capacity: None,
+                    timeout: CALL_TIMEOUT,
+                })
+                .await;
+            match answer {
+                // The service no longer takes the admin token before its `exp`: forget it and
+                // make the exchange again, once.
+                Err(ScaleSetError::Unauthorized { .. }) if !reconnected => {
+                    reconnected = true;
+                    *self.admin.lock().await = None;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The scale set `name` in runner group `runner_group_id`, if it exists.
+    pub async fn get_scale_set(
+        &self,
+        runner_group_id: u64,
+        name: &str,
+    ) -> Result<Option<ScaleSet>, ScaleSetError> {
+        const ENDPOINT: &str = "runnerscalesets.find";
+        #[derive(Deserialize)]
+        struct List {
+            count: usize,
+            value: Vec<ScaleSet>,
+        }
+        let path = format!(
+            "_apis/runtime/runnerscalesets?runnerGroupId={runner_group_id}&name={}",
+            percent_encode(name)
+        );
+        let (_, body) = self.admin_call(ENDPOINT, Method::GET, &path, None).await?;
+        let mut list: List = decode(ENDPOINT, &body)?;
+        if list.count > 1 || list.value.len() > 1 {
+            return Err(ScaleSetError::Unexpected {
+                endpoint: ENDPOINT,
+                message: format!("{} scale sets named {name:?}", list.count),
+            });
+        }
+        Ok(list.value.pop())
+    }
+
+    /// Creates the scale set `name` in runner group `runner_group_id` with `labels` (its name
+    /// alone when empty); runners it starts are not auto-updated.
+    pub async fn create_scale_set(
+        &self,
+        runner_group_id: u64,
+        name: &str,
+        labels: &[String],
+    ) -> Result<ScaleSet, ScaleSetError> {
+        const ENDPOINT: &str = "runnerscalesets.create";
+        let labels: Vec<&str> = if labels.is_empty() {
+            vec![name]
+        } else {
+            labels.iter().map(String::as_str).collect()
+        };
+        let body = json!({
+            "name": name,
+            "runnerGroupId": runner_group_id,
+            "labels": labels.iter().map(|l| json!({"type": "System", "name": l})).collect::<Vec<_>>(),
+            // Sic: the service spells it with a capital R.
+            "RunnerSetting": {"disableUpdate": true},
+        });
+        let (_, answer) = self
+            .admin_call(
+                ENDPOINT,
+                Method::POST,
+                "_apis/runtime/runnerscalesets",
+                Some(&body),
+            )
+            .await?;
+        decode(ENDPOINT, &answer)
+    }
+
+    /// Opens the message session of scale set `scale_set_id` as `owner_name`. A second one
+    /// is refused with [`ScaleSetError::SessionConflict`].
+    pub async fn create_session(
+        &self,
+        scale_set_id: u64,
+        owner_name: &str,
+    ) -> Result<Session, ScaleSetError> {
+        const ENDPOINT: &str = "runnerscalesets.sessions.create";
+        let body = json!({"sessionId": NIL_SESSION, "ownerName": owner_name});
+        let path = format!("_apis/runtime/runnerscalesets/{scale_set_id}/sessions");
+        let (_, answer) = self
+            .admin_call(ENDPOINT, Method::POST, &path, Some(&body))
+            .await?;
+        let mut session: Session = decode(ENDPOINT, &answer)?;
+        if session.message_queue_url.is_empty() {
+            return Err(ScaleSetError::Unexpected {
+                endpoint: ENDPOINT,
+                message: "the session has no message queue URL".into(),
+            });
+        }
+        session.scale_set_id = scale_set_id;
+        Ok(session)
+    }
+
+    /// Refreshes `session` in place (a new queue token). A session the service no longer
+    /// knows is [`ScaleSetError::SessionGone`].
+    pub async fn refresh_session(&self, session: &mut Session) -> Result<(), ScaleSetError> {
+        const ENDPOINT: &str = "runnerscalesets.sessions.refresh";
+        let path = format!(
+            "_apis/runtime/runnerscalesets/{}/sessions/{}",
+            session.scale_set_id, session.session_id
+        );
+        let answer = match self.admin_call(ENDPOINT, Method::PATCH, &path, None).await {
+            Ok((_, answer)) => answer,
+            // See: https://github.com/actions/scaleset/issues/123 (a broker that evicts every
+            // session answers 404, typeName RunnerAdminException).
+            Err(ScaleSetError::Service {
+                status: 404,
+                message,
+                ..
+            }) => return Err(ScaleSetError::SessionGone { message }),
+            Err(e) => return Err(e),
+        };
+        let mut fresh: Session = decode(ENDPOINT, &answer)?;
+        fresh.scale_set_id = session.scale_set_id;
+        *session = fresh;
+        Ok(())
+    }
+
+    /// Closes `session`; one the service already let go of is closed too.
+    pub async fn delete_session(&self, session: &Session) -> Result<(), ScaleSetError> {
+        const ENDPOINT: &str = "runnerscalesets.sessions.delete";
+        let path = format!(
+            "_apis/runtime/runnerscalesets/{}/sessions/{}",
+            session.scale_set_id, session.session_id
+        );
+        match self.admin_call(ENDPOINT, Method::DELETE, &path, None).await {
+            Ok(_) => Ok(()),
+            Err(ScaleSetError::Service { type_name, .. })
+                if type_name.contains("RunnerScaleSetSessionExpiredException") =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A queue-token call (`request` with the session's queue token); on 401 the session is
+    /// refreshed once and the call made again.
+    async fn queue_call(
+        &self,
+        session: &mut Session,
+        request: Request<'_>,
+    ) -> Result<(StatusCode, Bytes), ScaleSetError> {
+        let mut refreshed = false;
+        loop {
+            let authorization = format!(
+                "Bearer {}",
+                session.message_queue_access_token.expose_secret()
+            );
+            match self
+                .call(Request {
+                    authorization,
+                    ..request.clone()
+                })
+                .await
+            {
+                Err(ScaleSetError::Unauthorized { .. }) if !refreshed => {
+                    refreshed = true;
+                    self.refresh_session(session).await?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Long-polls the queue for the message after `last_message_id` (0: the first one still
+    /// there), telling the service this client can run `max_capacity` runners now. `None` when
+    /// nothing came within the service's hold. An empty or unreadable `200` is
+    /// [`ScaleSetError::UnreadableMessage`]: transient.
+    pub async fn get_message(
+        &self,
+        session: &mut Session,
+        last_message_id: u64,
+        max_capacity: u32,
+    ) -> Result<Option<Message>, ScaleSetError> {
+        const ENDPOINT: &str = "scalesets.message.get";
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Raw {
+            message_id: u64,
+            message_type: String,
+            #[serde(default)]
+            statistics: Option<Statistics>,
+            #[serde(default)]
+            body: Option<String>,
+        }
+        let mut url = session.message_queue_url.clone();
+        if last_message_id > 0 {
+            url = with_query(&url, &format!("lastMessageId={last_message_id}"));
+        }
+        let (status, answer) = self
+            .queue_call(
+                session,
+                Request {
+                    endpoint: ENDPOINT,
+                    method: Method::GET,
+                    url,
+                    authorization: String::new(),
+                    body: None,
+                    max_capacity: Some(max_capacity),
+                    timeout: POLL_TIMEOUT,
+                },
+            )
+            .await?;
+        if status == StatusCode::ACCEPTED {
+            return Ok(None);
+        }
+        let unreadable = |reason: String| ScaleSetError::UnreadableMessage { reason };
+        let answer = strip_bom(&answer);
+        if answer.iter().all(u8::is_ascii_whitespace) {
+            return Err(unreadable("an empty body".into()));
+        }
+        let raw: Raw =
+            serde_json::from_slice(answer).map_err(|e| unreadable(format!("the message: {e}")))?;
+        let text = raw.body.unwrap_or_default();
+        let body = if raw.message_type == "RunnerScaleSetJobMessages" {
+            let jobs = if text.trim().is_empty() {
+                Vec::new()
+            } else {
+                serde_json::from_str(&text)
+                    .map_err(|e| unreadable(format!("the message's body: {e}")))?
+            };
+            MessageBody::Jobs(jobs)
+        } else {
+            tracing::warn!(
+                message_type = raw.message_type,
+                message_id = raw.message_id,
+                "a scale-set message of a type rm does not know"
+            );
+            MessageBody::Unknown {
+                message_type: raw.message_type,
+                body: text,
+            }
+        };
+        Ok(Some(Message {
+            id: raw.message_id,
+            statistics: raw.statistics,
+            body,
+        }))
+    }
+
+    /// Acknowledges (deletes) message `message_id`; one already deleted is acknowledged too.
+    pub async fn delete_message(
+        &self,
+        session: &mut Session,
+        message_id: u64,
+    ) -> Result<(), ScaleSetError> {
+        const ENDPOINT: &str = "scalesets.message.delete";
+        let url = with_segment(&session.message_queue_url, &message_id.to_string());
+        match self
+            .queue_call(
+                session,
+                Request {
+                    endpoint: ENDPOINT,
+                    method: Method::DELETE,
+                    url,
+                    authorization: String::new(),
+                    body: None,
+                    max_capacity: None,
+                    timeout: CALL_TIMEOUT,
+                },
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(ScaleSetError::Service { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Acquires the jobs of `runner_request_ids` (with the queue token); the ids acquired.
+    pub async fn acquire_jobs(
+        &self,
+        session: &mut Session,
+        runner_request_ids: &[i64],
+    ) -> Result<Vec<i64>, ScaleSetError> {
+        const ENDPOINT: &str = "runnerscalesets.acquirejobs";
+        #[derive(Deserialize)]
+        struct Acquired {
+            #[serde(default)]
+            value: Vec<i64>,
+        }
+        let (base, _) = self.admin().await?;
+        let url = with_query(
+            &format!(
+                "{}/_apis/runtime/runnerscalesets/{}/acquirejobs",
+                base.trim_end_matches('/'),
+                session.scale_set_id
+            ),
+            API_VERSION,
+        );
+        let body = json!(runner_request_ids);
+        let (_, answer) = self
+            .queue_call(
+                session,
+                Request {
+                    endpoint: ENDPOINT,
+                    method: Method::POST,
+                    url,
+                    authorization: String::new(),
+                    body: Some(&body),
+                    max_capacity: None,
+                    timeout: CALL_TIMEOUT,
+                },
+            )
+            .await?;
+        Ok(decode::<Acquired>(ENDPOINT, &answer)?.value)
+    }
+
+    /// A JIT configuration for a new runner `name` of scale set `scale_set_id`. A name taken
+    /// is [`ScaleSetError::AgentExists`].
+    pub async fn generate_jit_config(
+        &self,
+        scale_set_id: u64,
+        name: &str,
+        work_folder: &str,
+    ) -> Result<ScaleSetJit, ScaleSetError> {
+        const ENDPOINT: &str = "runnerscalesets.generatejitconfig";
+        #[derive(Deserialize)]
+        struct Runner {
+            id: u64,
+            name: String,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Jit {
+            runner: Runner,
+            #[serde(rename = "encodedJITConfig")]
+            encoded_jit_config: SecretString,
+        }
+        let body = json!({"name": name, "workFolder": work_folder});
+        let path = format!("_apis/runtime/runnerscalesets/{scale_set_id}/generatejitconfig");
+        let (_, answer) = self
+            .admin_call(ENDPOINT, Method::POST, &path, Some(&body))
+            .await?;
+        let jit: Jit = decode(ENDPOINT, &answer)?;
+        Ok(ScaleSetJit {
+            runner_id: jit.runner.id,
+            runner_name: jit.runner.name,
+            encoded_jit_config: jit.encoded_jit_config,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_keep_the_queue_query() {
+        assert_eq!(
+            with_segment("https://b/scalesets/message?scaleSetId=3", "17"),
+            "https://b/scalesets/message/17?scaleSetId=3"
+        );
+        assert_eq!(with_segment("https://b/m/", "17"), "https://b/m/17");
+        assert_eq!(with_query("https://b/m", "a=1"), "https://b/m?a=1");
+        assert_eq!(with_query("https://b/m?x=2", "a=1"), "https://b/m?x=2&a=1");
+    }
+
+    #[test]
+    fn errors_are_read_by_type_name_not_status() {
+        let conflict = br#"{"typeName":"GitHub.Actions.RunnerScaleSetSessionConflictException, x","message":"m"}"#;
+        assert!(matches!(
+            service_error("e", StatusCode::BAD_REQUEST, conflict),
+            ScaleSetError::SessionConflict { .. }
+        ));
+        let mut bom = BOM.to_vec();
+        bom.extend_from_slice(br#"{"typeName":"AgentExistsException","message":"m"}"#);
+        assert!(matches!(
+            service_error("e", StatusCode::CONFLICT, &bom),
+            ScaleSetError::AgentExists { .. }
+        ));
+        assert!(matches!(
+            service_error("e", StatusCode::CONFLICT, b"plain text"),
+            ScaleSetError::Service { status: 409, .. }
+        ));
+    }
+
+    #[test]
+    fn the_admin_token_expiry_is_its_exp() {
+        // {"alg":"none"} . {"exp":1700000000} . sig
+        let token = "eyJhbGciOiJIUzI1NiJ9.eyJleHAiOjE3MDAwMDAwMDB9.c2ln";
+        assert_eq!(jwt_expiry(token), Some(from_unix_secs(1_700_000_000)));
+        assert_eq!(jwt_expiry("not a jwt"), None);
+    }
+}

@@ -1,0 +1,407 @@
+//! The scale-set client (`rm_github::scaleset`) against the fake's broker: the RemoteAuth
+//! exchange and the admin token's renewal, sessions and their typed errors, the long poll
+//! (202, redelivery, 401 then refresh, empty 200, a byte-order mark), acknowledgement,
+//! acquisition and JIT configurations.
+
+use std::time::Duration;
+
+use rm_github::scaleset::{
+    ADMIN_RENEW_BEFORE, MessageBody, ScaleSetClient, ScaleSetError, Session,
+};
+use secrecy::ExposeSecret;
+
+use crate::common::{Harness, harness, harness_with, org};
+
+/// How long the fake holds a poll with nothing to deliver.
+const HOLD: Duration = Duration::from_millis(50);
+
+async fn set_up() -> (Harness, ScaleSetClient, u64) {
+    let h = harness().await;
+    h.fake.set_poll_hold(HOLD);
+    let client = ScaleSetClient::new(h.client.clone(), org(), "https://github.com/acme")
+        .unwrap_or_else(|e| panic!("client: {e:#}"));
+    let set = client
+        .create_scale_set(1, "linux-x64", &[])
+        .await
+        .unwrap_or_else(|e| panic!("create: {e}"));
+    (h, client, set.id)
+}
+
+async fn session(client: &ScaleSetClient, set: u64) -> Session {
+    client
+        .create_session(set, "rm-test")
+        .await
+        .unwrap_or_else(|e| panic!("session: {e}"))
+}
+
+#[tokio::test]
+async fn a_scale_set_is_found_by_name_in_its_group_after_it_is_created() {
+    let (_h, client, id) = set_up().await;
+    let found = client.get_scale_set(1, "linux-x64").await.expect("find");
+    assert_eq!(found.map(|s| s.id), Some(id));
+    assert!(
+        client
+            .get_scale_set(2, "linux-x64")
+            .await
+            .expect("find")
+            .is_none()
+    );
+    assert!(
+        client
+            .get_scale_set(1, "other")
+            .await
+            .expect("find")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn every_service_call_carries_the_api_version_and_remote_auth_is_done_once() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    assert!(
+        client
+            .get_message(&mut s, 0, 5)
+            .await
+            .expect("poll")
+            .is_none()
+    );
+    let calls = h.fake.requests();
+    let service: Vec<_> = calls
+        .iter()
+        .filter(|r| r.path.starts_with("/rest/") || r.path.starts_with("/scalesets/"))
+        .collect();
+    assert_eq!(service.len(), 3, "create, session, poll");
+    // The fake refuses a call without it (400): every one was answered.
+    assert!(service.iter().all(|r| r.status != 400), "{service:?}");
+    assert!(
+        service
+            .iter()
+            .filter(|r| r.path.starts_with("/rest/"))
+            .all(|r| r.query.contains("api-version=6.0-preview"))
+    );
+    let poll = service
+        .iter()
+        .find(|r| r.path == "/scalesets/message")
+        .expect("the poll");
+    assert_eq!(poll.header("x-scalesetmaxcapacity"), Some("5"));
+    assert!(
+        poll.header("accept")
+            .is_some_and(|a| a.contains("api-version=6.0-preview"))
+    );
+    assert!(
+        poll.query.contains("scaleSetId="),
+        "the queue URL's query is kept"
+    );
+    let exchange = calls
+        .iter()
+        .find(|r| r.path == "/actions/runner-registration")
+        .expect("the exchange");
+    assert_eq!(
+        exchange.header("authorization"),
+        Some("RemoteAuth <redacted>")
+    );
+    assert_eq!(
+        h.fake.broker_calls("POST", "/actions/runner-registration"),
+        1
+    );
+    assert_eq!(h.fake.broker_calls("POST", "/registration-token"), 1);
+}
+
+#[tokio::test]
+async fn the_admin_token_is_renewed_near_its_exp() {
+    let (h, client, _) = set_up().await;
+    // The fake's admin tokens live an hour: within ADMIN_RENEW_BEFORE of it, a new exchange.
+    h.advance(Duration::from_secs(3600) - ADMIN_RENEW_BEFORE + Duration::from_secs(1));
+    client.get_scale_set(1, "linux-x64").await.expect("find");
+    assert_eq!(
+        h.fake.broker_calls("POST", "/actions/runner-registration"),
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_second_session_is_a_conflict() {
+    let (_h, client, id) = set_up().await;
+    let _first = session(&client, id).await;
+    let second = client.create_session(id, "another").await;
+    assert!(
+        matches!(second, Err(ScaleSetError::SessionConflict { .. })),
+        "{second:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_session_deleted_again_is_ok_and_frees_the_set() {
+    let (_h, client, id) = set_up().await;
+    let s = session(&client, id).await;
+    client.delete_session(&s).await.expect("delete");
+    client
+        .delete_session(&s)
+        .await
+        .expect("already gone is fine");
+    session(&client, id).await;
+}
+
+#[tokio::test]
+async fn an_expired_queue_token_is_refreshed_once_and_the_poll_succeeds() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    let before = s.message_queue_access_token.expose_secret().to_owned();
+    h.fake.queue_scale_set_job(id, "build").expect("set");
+    h.fake.expire_queue_tokens();
+    let message = client.get_message(&mut s, 0, 5).await.expect("poll");
+    assert!(message.is_some());
+    assert_eq!(h.fake.broker_calls("PATCH", "/sessions/"), 1);
+    assert_ne!(s.message_queue_access_token.expose_secret(), before);
+}
+
+#[tokio::test]
+async fn a_refresh_after_eviction_is_session_gone() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    h.fake.evict_sessions();
+    let refreshed = client.refresh_session(&mut s).await;
+    assert!(
+        matches!(refreshed, Err(ScaleSetError::SessionGone { .. })),
+        "{refreshed:?}"
+    );
+    // And a poll on the evicted session's token: 401, refresh, gone.
+    let polled = client.get_message(&mut s, 0, 5).await;
+    assert!(
+        matches!(polled, Err(ScaleSetError::SessionGone { .. })),
+        "{polled:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_empty_200_is_a_transient_error() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    h.fake.empty_next_poll();
+    let polled = client.get_message(&mut s, 0, 5).await;
+    assert!(
+        matches!(polled, Err(ScaleSetError::UnreadableMessage { .. })),
+        "{polled:?}"
+    );
+    // The next poll is answered as usual.
+    assert!(
+        client
+            .get_message(&mut s, 0, 5)
+            .await
+            .expect("poll")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn a_body_after_a_byte_order_mark_is_read() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    h.fake.queue_scale_set_job(id, "build").expect("set");
+    h.fake.bom_next_answer();
+    let message = client.get_message(&mut s, 0, 5).await.expect("poll");
+    let Some(message) = message else {
+        panic!("no message")
+    };
+    let MessageBody::Jobs(jobs) = message.body else {
+        panic!("not jobs: {message:?}")
+    };
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].message_type, "JobAssigned");
+    assert_eq!(jobs[0].job_display_name, "build");
+    assert_eq!(message.statistics.map(|s| s.total_assigned_jobs), Some(1));
+}
+
+#[tokio::test]
+async fn no_message_within_the_hold_is_none() {
+    let (_h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    let started = std::time::Instant::now();
+    assert!(
+        client
+            .get_message(&mut s, 0, 5)
+            .await
+            .expect("poll")
+            .is_none()
+    );
+    assert!(started.elapsed() >= HOLD, "the poll was held");
+}
+
+#[tokio::test]
+async fn a_message_is_redelivered_until_deleted_and_last_message_id_skips_it() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    h.fake.queue_scale_set_job(id, "one").expect("set");
+    h.fake.queue_scale_set_job(id, "two").expect("set");
+    let first = client.get_message(&mut s, 0, 5).await.expect("poll");
+    let again = client.get_message(&mut s, 0, 5).await.expect("poll");
+    let first_id = first.as_ref().map(|m| m.id).expect("a message");
+    assert_eq!(again.map(|m| m.id), Some(first_id), "redelivered");
+    let next = client.get_message(&mut s, first_id, 5).await.expect("poll");
+    let next_id = next.map(|m| m.id).expect("the second");
+    assert!(next_id > first_id, "ids increase");
+    client.delete_message(&mut s, first_id).await.expect("ack");
+    client
+        .delete_message(&mut s, first_id)
+        .await
+        .expect("ack twice is fine");
+    let after = client.get_message(&mut s, 0, 5).await.expect("poll");
+    assert_eq!(after.map(|m| m.id), Some(next_id), "not the deleted one");
+    client.delete_message(&mut s, next_id).await.expect("ack");
+    assert!(
+        client
+            .get_message(&mut s, 0, 5)
+            .await
+            .expect("poll")
+            .is_none()
+    );
+    assert_eq!(h.fake.broker_calls("DELETE", "/scalesets/message/"), 3);
+}
+
+#[tokio::test]
+async fn a_message_of_an_unknown_type_is_kept_not_an_error() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    h.fake
+        .queue_scale_set_message(id, "RunnerScaleSetFutureThing")
+        .expect("set");
+    let message = client.get_message(&mut s, 0, 5).await.expect("poll");
+    let body = message.map(|m| m.body);
+    assert!(
+        matches!(&body, Some(MessageBody::Unknown { message_type, .. }) if message_type == "RunnerScaleSetFutureThing"),
+        "{body:?}"
+    );
+}
+
+#[tokio::test]
+async fn jobs_are_acquired_with_the_queue_token() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    let request = h.fake.queue_scale_set_job(id, "build").expect("set");
+    let request = i64::try_from(request).expect("small");
+    let acquired = client
+        .acquire_jobs(&mut s, &[request])
+        .await
+        .expect("acquire");
+    assert_eq!(acquired, [request]);
+    let again = client
+        .acquire_jobs(&mut s, &[request])
+        .await
+        .expect("acquire");
+    assert!(again.is_empty(), "acquired once");
+}
+
+#[tokio::test]
+async fn a_jit_name_taken_is_agent_exists() {
+    let (_h, client, id) = set_up().await;
+    client
+        .generate_jit_config(id, "rm-runner-1", "_work")
+        .await
+        .expect("jit");
+    let again = client.generate_jit_config(id, "rm-runner-1", "_work").await;
+    assert!(
+        matches!(again, Err(ScaleSetError::AgentExists { .. })),
+        "{again:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_jit_config_never_shows_in_debug() {
+    let (_h, client, id) = set_up().await;
+    let jit = client
+        .generate_jit_config(id, "rm-runner-2", "_work")
+        .await
+        .expect("jit");
+    let blob = jit.encoded_jit_config.expose_secret().to_owned();
+    assert!(blob.len() > 16);
+    let shown = format!("{jit:?}");
+    assert!(!shown.contains(&blob), "{shown}");
+    assert!(shown.contains("rm-runner-2"));
+}
+
+#[tokio::test]
+async fn an_admin_token_refused_before_its_exp_is_replaced_once() {
+    let (h, client, _) = set_up().await;
+    h.fake.expire_admin_tokens();
+    client.get_scale_set(1, "linux-x64").await.expect("find");
+    assert_eq!(
+        h.fake.broker_calls("POST", "/actions/runner-registration"),
+        2
+    );
+}
+
+#[tokio::test]
+async fn an_ack_with_an_expired_queue_token_refreshes_the_session() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    h.fake.queue_scale_set_job(id, "build").expect("set");
+    let message = client.get_message(&mut s, 0, 5).await.expect("poll");
+    let message_id = message.map(|m| m.id).expect("a message");
+    h.fake.expire_queue_tokens();
+    client
+        .delete_message(&mut s, message_id)
+        .await
+        .expect("ack");
+    assert_eq!(h.fake.broker_calls("PATCH", "/sessions/"), 1);
+    assert_eq!(
+        h.fake
+            .broker_calls("DELETE", &format!("/scalesets/message/{message_id}")),
+        2,
+        "refused, then acknowledged"
+    );
+    assert!(
+        client
+            .get_message(&mut s, 0, 5)
+            .await
+            .expect("poll")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn a_session_of_an_unknown_scale_set_is_scale_set_not_found() {
+    let (_h, client, id) = set_up().await;
+    let missing = client.create_session(id + 1000, "rm-test").await;
+    assert!(
+        matches!(missing, Err(ScaleSetError::ScaleSetNotFound { .. })),
+        "{missing:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_queue_token_never_shows_in_debug() {
+    let (_h, client, id) = set_up().await;
+    let s = session(&client, id).await;
+    let token = s.message_queue_access_token.expose_secret().to_owned();
+    assert!(!format!("{s:?}").contains(&token));
+    assert!(!format!("{client:?}").contains(&token));
+}
+
+/// On GHES the REST API sits below `/api/v3`: the exchange goes there, while the service's
+/// absolute URLs (at the server's root here) are used as they are.
+#[tokio::test]
+async fn under_an_api_base_path_the_exchange_uses_it_and_service_urls_stay_absolute() {
+    let h = harness_with("/api/v3", Duration::from_secs(10)).await;
+    h.fake.set_poll_hold(HOLD);
+    let client = ScaleSetClient::new(h.client.clone(), org(), "https://ghes.example/acme")
+        .unwrap_or_else(|e| panic!("client: {e:#}"));
+    let set = client
+        .create_scale_set(1, "linux-x64", &[])
+        .await
+        .expect("create");
+    let mut s = session(&client, set.id).await;
+    assert!(
+        client
+            .get_message(&mut s, 0, 5)
+            .await
+            .expect("poll")
+            .is_none()
+    );
+    assert_eq!(
+        h.fake
+            .broker_calls("POST", "/api/v3/actions/runner-registration"),
+        1
+    );
+    assert_eq!(h.fake.broker_calls("GET", "/scalesets/message"), 1);
+}

@@ -1,0 +1,702 @@
+//! The fake's Actions service for runner scale sets (the "broker"): the registration token and
+//! the RemoteAuth exchange, scale sets, message sessions, the long-polled message queue, job
+//! acquisition and scale-set JIT configurations, as `actions/scaleset` and ARC see them (see
+//! `github-scale-sets.md` §1.3–1.12). It owns the broker's state ([`Broker`]) and its answers;
+//! [`crate::server`] hands it every request it owns ([`owns`]) before anything else.
+//!
+//! Paths: `{api}/actions/runner-registration` and `{api}/{orgs|repos}/…/registration-token`
+//! below the API base; the service itself at `{server}/rest/_apis/runtime/…`; the queue at
+//! `{server}/scalesets/message?scaleSetId={id}` (its query kept, ids appended to its path).
+//! Every service call must carry `api-version=6.0-preview` (in the query, or for the queue in
+//! `Accept`), and the admin token or, for the queue and `acquirejobs`, the session's queue
+//! token.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use bytes::Bytes;
+use http::{HeaderMap, Response, StatusCode};
+use http_body_util::Full;
+use serde_json::{Value, json};
+
+use crate::model::RequestRecord;
+use crate::server::Shared;
+use crate::state::State;
+
+/// The API version every Actions-service call carries.
+pub const API_VERSION: &str = "api-version=6.0-preview";
+/// How long the fake's admin tokens live (the real TTL is undocumented; one hour assumed).
+pub const ADMIN_TOKEN_TTL: Duration = Duration::from_secs(3600);
+/// How long a registration token lives, as GitHub's.
+pub const REGISTRATION_TOKEN_TTL: Duration = Duration::from_secs(3600);
+/// How long a poll waits for a message before `202`, by default (GitHub holds ~50 s).
+pub const DEFAULT_HOLD: Duration = Duration::from_millis(50);
+/// How often a held poll looks for a message.
+const HOLD_STEP: Duration = Duration::from_millis(5);
+/// The queue's path on the server.
+const QUEUE_PATH: &str = "/scalesets/message";
+/// The service's path on the server.
+const SERVICE_PREFIX: &str = "/rest/";
+
+/// A scale set.
+#[derive(Debug, Clone)]
+pub struct ScaleSet {
+    pub id: u64,
+    pub name: String,
+    pub runner_group_id: u64,
+    pub labels: Vec<String>,
+    /// Messages not yet deleted, oldest first.
+    pub pending: Vec<Message>,
+    /// Runner request ids announced and not yet acquired.
+    pub acquirable: Vec<u64>,
+}
+
+/// A message of the queue.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub id: u64,
+    /// The job messages of its `body`.
+    pub jobs: Vec<Value>,
+}
+
+/// A message session: one per scale set.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub id: String,
+    pub owner: String,
+    pub queue_token: String,
+    /// Whether the queue token is still accepted.
+    pub token_valid: bool,
+}
+
+/// The broker's state, inside the fake's [`State`].
+#[derive(Debug)]
+pub struct Broker {
+    pub registration_tokens: HashMap<String, SystemTime>,
+    pub admin_tokens: HashMap<String, SystemTime>,
+    pub scale_sets: BTreeMap<u64, ScaleSet>,
+    /// Sessions by scale-set id.
+    pub sessions: BTreeMap<u64, Session>,
+    /// Scale-set runners by name, with their ids.
+    pub runners: BTreeMap<String, u64>,
+    next_id: u64,
+    next_message_id: u64,
+    /// How long a poll is held before `202`.
+    pub hold: Duration,
+    /// Answer the next poll with an empty `200`.
+    pub empty_next_poll: bool,
+    /// Prefix the next JSON answer with a UTF-8 byte-order mark.
+    pub bom_next: bool,
+}
+
+impl Default for Broker {
+    fn default() -> Self {
+        Broker {
+            registration_tokens: HashMap::new(),
+            admin_tokens: HashMap::new(),
+            scale_sets: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+            runners: BTreeMap::new(),
+            next_id: 1,
+            next_message_id: 100_000,
+            hold: DEFAULT_HOLD,
+            empty_next_poll: false,
+            bom_next: false,
+        }
+    }
+}
+
+impl Broker {
+    fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Queues a `JobAssigned` message for scale set `id`; its runner request id, or `None`
+    /// for an unknown set.
+    pub fn queue_job(&mut self, id: u64, job_name: &str) -> Option<u64> {
+        let request_id = self.next_id();
+        self.next_message_id += 1;
+        let message_id = self.next_message_id;
+        let set = self.scale_sets.get_mut(&id)?;
+        set.acquirable.push(request_id);
+        set.pending.push(Message {
+            id: message_id,
+            jobs: vec![json!({
+                "messageType": "JobAssigned",
+                "runnerRequestId": request_id,
+                "jobId": format!("job-{request_id}"),
+                "jobDisplayName": job_name,
+                "repositoryName": "widgets",
+                "ownerName": "acme",
+                "requestLabels": set.labels,
+            })],
+        });
+        Some(request_id)
+    }
+
+    /// Queues a message of a top-level type the client does not know.
+    pub fn queue_raw(&mut self, id: u64, message_type: &str) -> Option<u64> {
+        self.next_message_id += 1;
+        let message_id = self.next_message_id;
+        let set = self.scale_sets.get_mut(&id)?;
+        set.pending.push(Message {
+            id: message_id,
+            jobs: vec![json!({"messageType": message_type})],
+        });
+        Some(message_id)
+    }
+
+    fn statistics(set: &ScaleSet) -> Value {
+        let assigned: usize = set.pending.iter().map(|m| m.jobs.len()).sum();
+        json!({
+            "totalAvailableJobs": 0, "totalAcquiredJobs": 0, "totalAssignedJobs": assigned,
+            "totalRunningJobs": 0, "totalRegisteredRunners": 0, "totalBusyRunners": 0,
+            "totalIdleRunners": 0,
+        })
+    }
+
+    fn scale_set_json(set: &ScaleSet) -> Value {
+        json!({
+            "id": set.id, "name": set.name, "runnerGroupId": set.runner_group_id,
+            "runnerGroupName": "Default",
+            "labels": set.labels.iter().map(|l| json!({"type": "System", "name": l})).collect::<Vec<_>>(),
+            "RunnerSetting": {"disableUpdate": true},
+            "statistics": Self::statistics(set),
+        })
+    }
+}
+
+/// Whether the broker answers `path` (the server path, before the API base is taken off).
+pub fn owns(base_path: &str, path: &str) -> bool {
+    if path.starts_with(SERVICE_PREFIX) || path.starts_with(QUEUE_PATH) {
+        return true;
+    }
+    let Some(rel) = path.strip_prefix(base_path) else {
+        return false;
+    };
+    rel == "/actions/runner-registration" || rel.ends_with("/actions/runners/registration-token")
+}
+
+/// An answer of the broker.
+struct Answer {
+    status: u16,
+    body: Option<Value>,
+    /// The raw body, when it is not JSON (an injected empty `200`).
+    raw: Option<Bytes>,
+}
+
+impl Answer {
+    fn json(status: u16, body: Value) -> Self {
+        Answer {
+            status,
+            body: Some(body),
+            raw: None,
+        }
+    }
+
+    fn empty(status: u16) -> Self {
+        Answer {
+            status,
+            body: None,
+            raw: None,
+        }
+    }
+
+    /// An Actions-service error: `typeName` and `message`.
+    fn error(status: u16, type_name: &str, message: &str) -> Self {
+        Answer::json(status, json!({"typeName": type_name, "message": message}))
+    }
+}
+
+/// One request, as the broker reads it.
+struct Ask<'a> {
+    method: &'a str,
+    path: &'a str,
+    query: &'a str,
+    headers: &'a HeaderMap,
+    body: Option<&'a Value>,
+}
+
+impl Ask<'_> {
+    fn authorization(&self, scheme: &str) -> Option<&str> {
+        self.headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix(scheme))
+            .map(str::trim)
+    }
+
+    fn has_api_version(&self) -> bool {
+        self.query.split('&').any(|kv| kv == API_VERSION)
+            || self
+                .headers
+                .get(http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.contains(API_VERSION))
+    }
+
+    fn param(&self, name: &str) -> Option<&str> {
+        self.query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+    }
+}
+
+/// Answers a request [`owns`] says is the broker's, holding a poll up to [`Broker::hold`].
+pub async fn answer(
+    shared: Arc<Shared>,
+    method: &str,
+    path: &str,
+    query: &str,
+    headers: &HeaderMap,
+    body: Option<&Value>,
+) -> Response<Full<Bytes>> {
+    let ask = Ask {
+        method,
+        path,
+        query,
+        headers,
+        body,
+    };
+    let polling = method == "GET" && path == QUEUE_PATH;
+    let deadline = tokio::time::Instant::now() + shared.with(|s| s.broker.hold);
+    let answer = loop {
+        let answer = shared.with(|state| respond(state, &ask));
+        match answer {
+            // Nothing for the poll yet: hold it.
+            Some(a) => break a,
+            None if polling && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(HOLD_STEP).await;
+            }
+            None => break Answer::empty(202),
+        }
+    };
+    shared.with(|state| {
+        let bom = answer.body.is_some() && std::mem::take(&mut state.broker.bom_next);
+        let mut bytes = answer
+            .raw
+            .clone()
+            .unwrap_or_else(|| match &answer.body {
+                Some(v) => Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
+                None => Bytes::new(),
+            })
+            .to_vec();
+        if bom {
+            bytes.splice(0..0, [0xEF, 0xBB, 0xBF]);
+        }
+        state.requests.push(RequestRecord {
+            method: method.to_owned(),
+            path: path.to_owned(),
+            query: query.to_owned(),
+            status: answer.status,
+            headers: crate::server::redacted(headers),
+            body: body.cloned(),
+            response_body: answer.body.clone(),
+            response_headers: Vec::new(),
+            caller: None,
+            at: state.now(),
+        });
+        Response::builder()
+            .status(
+                StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            )
+            .header("content-type", "application/json; charset=utf-8")
+            .body(Full::new(Bytes::from(bytes)))
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+    })
+}
+
+/// The answer to `ask`, or `None` for a poll with nothing to deliver yet.
+fn respond(state: &mut State, ask: &Ask<'_>) -> Option<Answer> {
+    let rel = ask
+        .path
+        .strip_prefix(state.base_path.as_str())
+        .unwrap_or(ask.path);
+    if !ask.path.starts_with(SERVICE_PREFIX) && !ask.path.starts_with(QUEUE_PATH) {
+        if rel.ends_with("/actions/runners/registration-token") && ask.method == "POST" {
+            return Some(registration_token(state, ask));
+        }
+        if rel == "/actions/runner-registration" && ask.method == "POST" {
+            return Some(remote_auth(state, ask));
+        }
+        return Some(Answer::error(404, "NotFound", "no such route"));
+    }
+    if !ask.has_api_version() {
+        return Some(Answer::error(
+            400,
+            "VssInvalidApiVersionException",
+            "api-version=6.0-preview is required",
+        ));
+    }
+    if let Some(rest) = ask.path.strip_prefix(QUEUE_PATH) {
+        return queue(state, ask, rest);
+    }
+    let now = state.now();
+    let Some(rest) = ask.path.strip_prefix("/rest/_apis/runtime/runnerscalesets") else {
+        return Some(Answer::error(404, "NotFound", "no such route"));
+    };
+    let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    // acquirejobs takes the queue token; everything else the admin token.
+    if let [id, "acquirejobs"] = segments.as_slice() {
+        return Some(acquire_jobs(state, ask, id));
+    }
+    let admin = ask
+        .authorization("Bearer ")
+        .and_then(|t| state.broker.admin_tokens.get(t))
+        .is_some_and(|exp| *exp > now);
+    if !admin {
+        return Some(Answer::error(
+            401,
+            "UnauthorizedException",
+            "the admin token is missing, unknown or expired",
+        ));
+    }
+    let server = state.server_url.clone();
+    let broker = &mut state.broker;
+    Some(match (ask.method, segments.as_slice()) {
+        ("GET", []) => {
+            let name = ask.param("name").unwrap_or("");
+            let group: Option<u64> = ask.param("runnerGroupId").and_then(|g| g.parse().ok());
+            let found: Vec<Value> = broker
+                .scale_sets
+                .values()
+                .filter(|s| s.name == name && group.is_none_or(|g| s.runner_group_id == g))
+                .map(Broker::scale_set_json)
+                .collect();
+            Answer::json(200, json!({"count": found.len(), "value": found}))
+        }
+        ("POST", []) => create_scale_set(broker, ask.body),
+        ("GET", [id]) => match id
+            .parse()
+            .ok()
+            .and_then(|id: u64| broker.scale_sets.get(&id))
+        {
+            Some(set) => Answer::json(200, Broker::scale_set_json(set)),
+            None => not_found_set(),
+        },
+        ("POST", [id, "sessions"]) => create_session(broker, &server, id, ask.body),
+        ("PATCH", [id, "sessions", session]) => refresh_session(broker, &server, id, session),
+        ("DELETE", [id, "sessions", session]) => {
+            let id: u64 = id.parse().unwrap_or(0);
+            match broker.sessions.get(&id) {
+                Some(s) if s.id == *session => {
+                    broker.sessions.remove(&id);
+                    Answer::empty(204)
+                }
+                _ => Answer::error(
+                    400,
+                    "RunnerScaleSetSessionExpiredException",
+                    "the session has expired or does not exist",
+                ),
+            }
+        }
+        ("POST", [id, "generatejitconfig"]) => generate_jit(broker, id, ask.body),
+        _ => Answer::error(404, "NotFound", "no such route"),
+    })
+}
+
+fn not_found_set() -> Answer {
+    Answer::error(
+        404,
+        "RunnerScaleSetNotFoundException",
+        "the runner scale set was not found",
+    )
+}
+
+fn random_token(prefix: &str) -> String {
+    format!("{prefix}{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A JWT shaped token (unsigned) carrying `exp`.
+fn jwt_with_exp(exp: SystemTime) -> String {
+    let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"RS256","typ":"JWT"}"#);
+    let claims = json!({"exp": crate::time::unix(exp), "jti": uuid::Uuid::new_v4().to_string()});
+    let claims = URL_SAFE_NO_PAD.encode(claims.to_string());
+    let signature = URL_SAFE_NO_PAD.encode(uuid::Uuid::new_v4().as_bytes());
+    format!("{header}.{claims}.{signature}")
+}
+
+fn registration_token(state: &mut State, ask: &Ask<'_>) -> Answer {
+    let now = state.now();
+    let valid = ask
+        .authorization("Bearer ")
+        .or_else(|| ask.authorization("token "))
+        .and_then(|t| state.tokens.get(t))
+        .is_some_and(|(_, exp)| *exp > now);
+    if !valid {
+        return Answer::json(401, json!({"message": "Bad credentials"}));
+    }
+    let token = random_token("AREG");
+    let expires = now + REGISTRATION_TOKEN_TTL;
+    state
+        .broker
+        .registration_tokens
+        .insert(token.clone(), expires);
+    Answer::json(
+        201,
+        json!({"token": token, "expires_at": crate::time::rfc3339(expires)}),
+    )
+}
+
+fn remote_auth(state: &mut State, ask: &Ask<'_>) -> Answer {
+    let now = state.now();
+    let valid = ask
+        .authorization("RemoteAuth ")
+        .and_then(|t| state.broker.registration_tokens.get(t))
+        .is_some_and(|exp| *exp > now);
+    if !valid {
+        return Answer::json(401, json!({"message": "Bad credentials"}));
+    }
+    let exp = now + ADMIN_TOKEN_TTL;
+    let token = jwt_with_exp(exp);
+    state.broker.admin_tokens.insert(token.clone(), exp);
+    Answer::json(
+        201,
+        json!({"url": format!("{}{SERVICE_PREFIX}", state.server_url), "token": token}),
+    )
+}
+
+fn create_scale_set(broker: &mut Broker, body: Option<&Value>) -> Answer {
+    let body = body.cloned().unwrap_or(Value::Null);
+    let name = body.get("name").and_then(Value::as_str).unwrap_or("");
+    let group = body
+        .get("runnerGroupId")
+        .and_then(Value::as_u64)
+        .unwrap_or(1);
+    if name.is_empty() {
+        return Answer::error(400, "ArgumentException", "name is required");
+    }
+    if broker
+        .scale_sets
+        .values()
+        .any(|s| s.name == name && s.runner_group_id == group)
+    {
+        return Answer::error(
+            409,
+            "RunnerScaleSetExistsException",
+            "a scale set of that name exists in the runner group",
+        );
+    }
+    let mut labels: Vec<String> = body
+        .get("labels")
+        .and_then(Value::as_array)
+        .map(|ls| {
+            ls.iter()
+                .filter_map(|l| l.get("name").and_then(Value::as_str).map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    if labels.is_empty() {
+        labels.push(name.to_owned());
+    }
+    let id = broker.next_id();
+    let set = ScaleSet {
+        id,
+        name: name.to_owned(),
+        runner_group_id: group,
+        labels,
+        pending: Vec::new(),
+        acquirable: Vec::new(),
+    };
+    let answer = Answer::json(200, Broker::scale_set_json(&set));
+    broker.scale_sets.insert(id, set);
+    answer
+}
+
+fn session_json(broker: &Broker, set_id: u64, server: &str) -> Option<Value> {
+    let set = broker.scale_sets.get(&set_id)?;
+    let session = broker.sessions.get(&set_id)?;
+    Some(json!({
+        "sessionId": session.id,
+        "ownerName": session.owner,
+        "runnerScaleSet": Broker::scale_set_json(set),
+        "messageQueueUrl": format!("{server}{QUEUE_PATH}?scaleSetId={set_id}"),
+        "messageQueueAccessToken": session.queue_token,
+        "statistics": Broker::statistics(set),
+    }))
+}
+
+fn create_session(broker: &mut Broker, server: &str, id: &str, body: Option<&Value>) -> Answer {
+    let Some(id) = id
+        .parse::<u64>()
+        .ok()
+        .filter(|id| broker.scale_sets.contains_key(id))
+    else {
+        return not_found_set();
+    };
+    if broker.sessions.contains_key(&id) {
+        return Answer::error(
+            409,
+            "RunnerScaleSetSessionConflictException",
+            &format!("The actions runner scaleset {id} already has an active session"),
+        );
+    }
+    let owner = body
+        .and_then(|b| b.get("ownerName"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    broker.sessions.insert(
+        id,
+        Session {
+            id: uuid::Uuid::new_v4().to_string(),
+            owner,
+            queue_token: jwt_with_exp(SystemTime::now() + ADMIN_TOKEN_TTL),
+            token_valid: true,
+        },
+    );
+    match session_json(broker, id, server) {
+        Some(v) => Answer::json(200, v),
+        None => not_found_set(),
+    }
+}
+
+fn refresh_session(broker: &mut Broker, server: &str, id: &str, session: &str) -> Answer {
+    let id: u64 = id.parse().unwrap_or(0);
+    match broker.sessions.get_mut(&id) {
+        Some(s) if s.id == session => {
+            s.queue_token = jwt_with_exp(SystemTime::now() + ADMIN_TOKEN_TTL);
+            s.token_valid = true;
+        }
+        _ => {
+            return Answer::error(
+                404,
+                "RunnerAdminException",
+                "runner referenced a session ID that doesn't exist in redis",
+            );
+        }
+    }
+    match session_json(broker, id, server) {
+        Some(v) => Answer::json(200, v),
+        None => not_found_set(),
+    }
+}
+
+fn generate_jit(broker: &mut Broker, id: &str, body: Option<&Value>) -> Answer {
+    let Some(id) = id
+        .parse::<u64>()
+        .ok()
+        .filter(|id| broker.scale_sets.contains_key(id))
+    else {
+        return not_found_set();
+    };
+    let name = body
+        .and_then(|b| b.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    if name.is_empty() {
+        return Answer::error(400, "ArgumentException", "name is required");
+    }
+    if broker.runners.contains_key(&name) {
+        return Answer::error(
+            409,
+            "AgentExistsException",
+            &format!("Agent exists with name {name}"),
+        );
+    }
+    let runner_id = broker.next_id();
+    broker.runners.insert(name.clone(), runner_id);
+    let blob = STANDARD.encode(
+        json!({"runnerName": name, "runnerId": runner_id, "scaleSetId": id, "secret": random_token("jit")})
+            .to_string(),
+    );
+    Answer::json(
+        200,
+        json!({"runner": {"id": runner_id, "name": name, "runnerScaleSetId": id}, "encodedJITConfig": blob}),
+    )
+}
+
+/// The scale set whose session holds the queue token of `ask`, if it is still valid.
+fn queue_owner(broker: &Broker, ask: &Ask<'_>) -> Option<u64> {
+    let token = ask.authorization("Bearer ")?;
+    broker
+        .sessions
+        .iter()
+        .find(|(_, s)| s.queue_token == token && s.token_valid)
+        .map(|(id, _)| *id)
+}
+
+fn acquire_jobs(state: &mut State, ask: &Ask<'_>, id: &str) -> Answer {
+    let broker = &mut state.broker;
+    let Some(owner) = queue_owner(broker, ask) else {
+        return Answer::error(401, "UnauthorizedException", "the queue token is not valid");
+    };
+    if id.parse::<u64>().ok() != Some(owner) {
+        return Answer::error(403, "AccessDeniedException", "not this scale set's session");
+    }
+    let asked: Vec<u64> = ask
+        .body
+        .and_then(Value::as_array)
+        .map(|ids| ids.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    let Some(set) = broker.scale_sets.get_mut(&owner) else {
+        return not_found_set();
+    };
+    let acquired: Vec<u64> = asked
+        .into_iter()
+        .filter(|r| set.acquirable.contains(r))
+        .collect();
+    set.acquirable.retain(|r| !acquired.contains(r));
+    Answer::json(200, json!({"count": acquired.len(), "value": acquired}))
+}
+
+/// The queue: `GET` polls (`None` while there is nothing to deliver), `DELETE /{id}` acks.
+fn queue(state: &mut State, ask: &Ask<'_>, rest: &str) -> Option<Answer> {
+    let broker = &mut state.broker;
+    let Some(owner) = queue_owner(broker, ask) else {
+        return Some(Answer::error(
+            401,
+            "UnauthorizedException",
+            "the queue token is not valid",
+        ));
+    };
+    let set = broker.scale_sets.get_mut(&owner)?;
+    match (ask.method, rest.trim_start_matches('/')) {
+        ("GET", "") => {
+            if std::mem::take(&mut broker.empty_next_poll) {
+                return Some(Answer {
+                    status: 200,
+                    body: None,
+                    raw: Some(Bytes::new()),
+                });
+            }
+            let last: u64 = ask
+                .param("lastMessageId")
+                .and_then(|l| l.parse().ok())
+                .unwrap_or(0);
+            let message = set.pending.iter().find(|m| m.id > last)?;
+            let body = Value::Array(message.jobs.clone()).to_string();
+            Some(Answer::json(
+                200,
+                json!({
+                    "messageId": message.id,
+                    "messageType": message
+                        .jobs
+                        .first()
+                        .and_then(|j| j.get("messageType"))
+                        .and_then(Value::as_str)
+                        .filter(|t| !t.starts_with("Job"))
+                        .unwrap_or("RunnerScaleSetJobMessages"),
+                    "statistics": Broker::statistics(set),
+                    "body": body,
+                }),
+            ))
+        }
+        ("DELETE", id) => {
+            let id: u64 = id.parse().unwrap_or(0);
+            let before = set.pending.len();
+            set.pending.retain(|m| m.id != id);
+            Some(if set.pending.len() < before {
+                Answer::empty(204)
+            } else {
+                Answer::error(404, "MessageNotFoundException", "no such message")
+            })
+        }
+        _ => Some(Answer::error(404, "NotFound", "no such route")),
+    }
+}
