@@ -26,6 +26,8 @@ use crate::error::GithubError;
 use crate::target::Target;
 use crate::wire::{from_unix_secs, percent_encode};
 
+pub mod listener;
+
 /// The API version of every Actions-service call.
 pub const API_VERSION: &str = "api-version=6.0-preview";
 /// How long a call other than the poll may take.
@@ -628,10 +630,21 @@ impl ScaleSetClient {
 
     /// Closes `session`; one the service already let go of is closed too.
     pub async fn delete_session(&self, session: &Session) -> Result<(), ScaleSetError> {
+        self.delete_session_by_id(session.scale_set_id, &session.session_id)
+            .await
+    }
+
+    /// Closes session `session_id` of scale set `scale_set_id` by its id alone: the way to
+    /// free a session a crashed process left open, its id read back from the journal.
+    pub async fn delete_session_by_id(
+        &self,
+        scale_set_id: u64,
+        session_id: &str,
+    ) -> Result<(), ScaleSetError> {
         const ENDPOINT: &str = "runnerscalesets.sessions.delete";
         let path = format!(
-            "_apis/runtime/runnerscalesets/{}/sessions/{}",
-            session.scale_set_id, session.session_id
+            "_apis/runtime/runnerscalesets/{scale_set_id}/sessions/{}",
+            percent_encode(session_id)
         );
         match self.admin_call(ENDPOINT, Method::DELETE, &path, None).await {
             Ok(_) => Ok(()),
