@@ -1,10 +1,16 @@
 //! The scale-set client (`rm_github::scaleset`) against the fake's broker: the RemoteAuth
 //! exchange and the admin token's renewal, sessions and their typed errors, the long poll
 //! (202, redelivery, 401 then refresh, empty 200, a byte-order mark), acknowledgement,
-//! acquisition and JIT configurations.
+//! acquisition and JIT configurations; and the listener (`rm_github::scaleset::listener`)
+//! driving them through eviction, an empty 200, a stale session of ours or another holder's,
+//! and a restart without an acknowledgement.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use rm_github::scaleset::listener::{
+    Activity, BACKOFF_BASE, Listener, STANDBY_BASE, standby_delay,
+};
 use rm_github::scaleset::{
     ADMIN_RENEW_BEFORE, MessageBody, ScaleSetClient, ScaleSetError, Session,
 };
@@ -404,4 +410,140 @@ async fn under_an_api_base_path_the_exchange_uses_it_and_service_urls_stay_absol
         1
     );
     assert_eq!(h.fake.broker_calls("GET", "/scalesets/message"), 1);
+}
+
+/// How long (in tokio's time, paused in the listener's tests) a listener step may take
+/// before the test fails: well under any back-off that is not the first, so a listener that
+/// waits where it should not, or spins, is caught.
+const STEP_LIMIT: Duration = Duration::from_secs(10);
+
+/// A listener of `set` on `client` with `stale` as the journalled session id.
+fn listener(client: &Arc<ScaleSetClient>, set: u64, stale: Option<String>) -> Listener {
+    Listener::new(Arc::clone(client), set, "rm-test", stale)
+}
+
+/// `listener.next(0, 5)` within [`STEP_LIMIT`].
+async fn next_within_limit(listener: &mut Listener) -> Option<rm_github::scaleset::Message> {
+    tokio::time::timeout(STEP_LIMIT, listener.next(0, 5))
+        .await
+        .unwrap_or_else(|_| panic!("no answer within {STEP_LIMIT:?}: {listener:?}"))
+        .unwrap_or_else(|e| panic!("next: {e}"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn listener_replaces_an_evicted_session_and_delivers_the_message_queued_before() {
+    let (h, client, id) = set_up().await;
+    let client = Arc::new(client);
+    let mut l = listener(&client, id, None);
+    assert!(next_within_limit(&mut l).await.is_none(), "202");
+    let first = l.session_id().map(str::to_owned).expect("a session");
+    h.fake.queue_scale_set_job(id, "build").expect("set");
+    h.fake.evict_sessions();
+    let message = next_within_limit(&mut l).await.expect("the message");
+    assert!(matches!(message.body, MessageBody::Jobs(ref jobs) if jobs.len() == 1));
+    let second = l.session_id().map(str::to_owned).expect("a session");
+    assert_ne!(second, first, "a new session");
+    assert_eq!(h.fake.broker_calls("POST", "/sessions"), 2);
+    assert_eq!(h.fake.broker_calls("PATCH", "/sessions/"), 1, "refresh 404");
+}
+
+#[tokio::test(start_paused = true)]
+async fn listener_backs_off_once_on_an_empty_200_then_delivers() {
+    let (h, client, id) = set_up().await;
+    let client = Arc::new(client);
+    let mut l = listener(&client, id, None);
+    h.fake.queue_scale_set_job(id, "build").expect("set");
+    h.fake.empty_next_poll();
+    let started = tokio::time::Instant::now();
+    let message = next_within_limit(&mut l).await;
+    assert!(message.is_some(), "delivered, not an exit");
+    let waited = started.elapsed();
+    assert!(
+        waited >= BACKOFF_BASE && waited < BACKOFF_BASE * 2,
+        "one back-off: {waited:?}"
+    );
+    assert_eq!(h.fake.broker_calls("GET", "/scalesets/message"), 2);
+    assert_eq!(l.state().failures, 0, "reset by the answered poll");
+}
+
+#[tokio::test(start_paused = true)]
+async fn listener_deletes_our_stale_session_by_its_journalled_id_and_proceeds() {
+    let (h, client, id) = set_up().await;
+    let client = Arc::new(client);
+    // The session a crashed process left open, its id in the journal.
+    let old = session(&client, id).await;
+    h.fake.queue_scale_set_job(id, "build").expect("set");
+    let mut l = listener(&client, id, Some(old.session_id.clone()));
+    assert!(next_within_limit(&mut l).await.is_some());
+    assert_ne!(l.session_id(), Some(old.session_id.as_str()));
+    assert_eq!(
+        h.fake
+            .broker_calls("DELETE", &format!("/sessions/{}", old.session_id)),
+        1
+    );
+    assert_eq!(
+        h.fake.broker_calls("POST", "/sessions"),
+        3,
+        "old, 409, ours"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn listener_without_the_stale_id_stands_by_without_spinning_then_recovers() {
+    let (h, client, id) = set_up().await;
+    let client = Arc::new(client);
+    let holder = session(&client, id).await;
+    let mut l = listener(&client, id, None);
+    const WINDOW: Duration = Duration::from_secs(600);
+    let stood_by = tokio::time::timeout(WINDOW, l.next(0, 5)).await;
+    assert!(stood_by.is_err(), "still on standby: {stood_by:?}");
+    // Attempts at 0 s and after each standby delay that ends within the window.
+    let mut expected = 1;
+    let mut at = Duration::ZERO;
+    loop {
+        at += standby_delay(expected);
+        if at >= WINDOW {
+            break;
+        }
+        expected += 1;
+    }
+    assert!(expected >= 2 && u64::from(expected) < WINDOW.as_secs() / STANDBY_BASE.as_secs());
+    assert_eq!(
+        h.fake.broker_calls("POST", "/sessions"),
+        1 + usize::try_from(expected).expect("small"),
+        "the holder's, then ours on the standby schedule"
+    );
+    assert!(matches!(l.activity(), Activity::Standby { .. }), "{l:?}");
+    assert_eq!(l.session_id(), None);
+    // The holder lets go: the listener takes over at its next attempt.
+    client.delete_session(&holder).await.expect("delete");
+    h.fake.queue_scale_set_job(id, "build").expect("set");
+    let message = tokio::time::timeout(WINDOW, l.next(0, 5))
+        .await
+        .expect("within a standby delay")
+        .expect("next");
+    assert!(message.is_some());
+    assert!(l.session_id().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn listener_a_message_not_acked_comes_again_after_a_restart() {
+    let (h, client, id) = set_up().await;
+    let client = Arc::new(client);
+    h.fake.queue_scale_set_job(id, "build").expect("set");
+    let mut l = listener(&client, id, None);
+    let first = next_within_limit(&mut l).await.expect("the message");
+    // A crash before the ack: the journalled session is deleted by the next process.
+    let journalled = l.session_id().map(str::to_owned).expect("a session");
+    drop(l);
+    client
+        .delete_session_by_id(id, &journalled)
+        .await
+        .expect("delete");
+    let mut l = listener(&client, id, None);
+    let again = next_within_limit(&mut l).await.expect("redelivered");
+    assert_eq!(again.id, first.id);
+    // Acknowledged, it is gone.
+    l.ack(again.id).await.expect("ack");
+    assert!(next_within_limit(&mut l).await.is_none());
 }
