@@ -307,6 +307,10 @@ impl Listener {
     /// `tokio::time::sleep`). The errors are [`ScaleSetError::ScaleSetNotFound`] (the caller
     /// re-finds or re-creates the set and resets its cursor to 0) and those that do not pass.
     /// The message is not acknowledged: see the module's delivery contract.
+    ///
+    /// Cancel-safe in the sense that matters: dropped mid-step (e.g. under a
+    /// `tokio::time::timeout` or a shutdown `select!`), the step it was in is taken again, a
+    /// wait in full, by the next call.
     pub async fn next(
         &mut self,
         last_message_id: u64,
@@ -410,7 +414,13 @@ impl Listener {
                 }
                 Action::GiveUp => {
                     self.activity = Activity::Idle;
-                    self.pending = Action::CreateSession;
+                    // A session still held is polled next time, not created again: a second
+                    // create would conflict with our own session.
+                    self.pending = if self.session.is_some() {
+                        Action::Poll
+                    } else {
+                        Action::CreateSession
+                    };
                     return Err(error.unwrap_or(ScaleSetError::Unexpected {
                         endpoint: "listener",
                         message: "gave up".into(),

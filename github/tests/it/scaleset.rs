@@ -547,3 +547,36 @@ async fn listener_a_message_not_acked_comes_again_after_a_restart() {
     l.ack(again.id).await.expect("ack");
     assert!(next_within_limit(&mut l).await.is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn listener_of_a_deleted_scale_set_returns_scale_set_not_found_at_once() {
+    let (h, client, id) = set_up().await;
+    let client = Arc::new(client);
+    let mut l = listener(&client, id + 1000, None);
+    let gone = tokio::time::timeout(STEP_LIMIT, l.next(0, 5))
+        .await
+        .expect("at once, not backed off");
+    assert!(
+        matches!(gone, Err(ScaleSetError::ScaleSetNotFound { .. })),
+        "{gone:?}"
+    );
+    assert_eq!(h.fake.broker_calls("POST", "/sessions"), 1, "no retry");
+}
+
+#[tokio::test(start_paused = true)]
+async fn listener_debug_shows_the_session_id_not_the_queue_token() {
+    let (_h, client, id) = set_up().await;
+    let client = Arc::new(client);
+    let mut l = listener(&client, id, None);
+    assert!(next_within_limit(&mut l).await.is_none());
+    let token = l
+        .session()
+        .map(|s| s.message_queue_access_token.expose_secret().to_owned())
+        .expect("a session");
+    let shown = format!("{l:?}");
+    assert!(!shown.contains(&token), "{shown}");
+    assert!(
+        shown.contains(l.session_id().expect("a session")),
+        "{shown}"
+    );
+}
