@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rm_github::scaleset::listener::{
-    Activity, BACKOFF_BASE, Listener, STANDBY_BASE, standby_delay,
+    Activity, BACKOFF_BASE, BACKOFF_CAP, Listener, STANDBY_BASE, backoff_delay, standby_delay,
 };
 use rm_github::scaleset::{
     ADMIN_RENEW_BEFORE, MessageBody, ScaleSetClient, ScaleSetError, Session,
@@ -579,4 +579,61 @@ async fn listener_debug_shows_the_session_id_not_the_queue_token() {
         shown.contains(l.session_id().expect("a session")),
         "{shown}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn listener_backs_off_a_5xx_burst_boundedly_and_resets_after_an_answered_poll() {
+    let (h, client, id) = set_up().await;
+    let client = Arc::new(client);
+    let mut l = listener(&client, id, None);
+    assert!(next_within_limit(&mut l).await.is_none(), "a session, 202");
+    h.fake.queue_scale_set_job(id, "build").expect("set");
+    h.fake.fail_next_polls(3, 503);
+    let started = tokio::time::Instant::now();
+    let message = tokio::time::timeout(BACKOFF_CAP, l.next(0, 5))
+        .await
+        .expect("within the cap")
+        .expect("next");
+    assert!(message.is_some(), "delivered after the burst");
+    let waited = started.elapsed();
+    let expected = backoff_delay(1) + backoff_delay(2) + backoff_delay(3);
+    assert!(
+        waited >= expected && waited < expected + BACKOFF_BASE,
+        "doubling back-off: {waited:?}, expected {expected:?}"
+    );
+    assert_eq!(l.state().failures, 0, "reset by the answered poll");
+    // The next failure waits the base again, not the burst's last delay doubled.
+    h.fake.fail_next_polls(1, 503);
+    let started = tokio::time::Instant::now();
+    assert!(
+        next_within_limit(&mut l).await.is_some(),
+        "not acked: again"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= BACKOFF_BASE && waited < BACKOFF_BASE * 2,
+        "{waited:?}"
+    );
+    assert_eq!(h.fake.broker_calls("POST", "/sessions"), 1, "one session");
+}
+
+#[tokio::test(start_paused = true)]
+async fn listener_gives_up_on_a_403_at_once_and_keeps_its_session() {
+    let (h, client, id) = set_up().await;
+    let client = Arc::new(client);
+    let mut l = listener(&client, id, None);
+    assert!(next_within_limit(&mut l).await.is_none(), "a session, 202");
+    h.fake.fail_next_polls(1, 403);
+    let refused = tokio::time::timeout(STEP_LIMIT, l.next(0, 5))
+        .await
+        .expect("at once, not backed off");
+    assert!(
+        matches!(refused, Err(ScaleSetError::Service { status: 403, .. })),
+        "{refused:?}"
+    );
+    // Called again (the caller's choice), it polls the session it holds: no conflicting
+    // second create.
+    assert!(next_within_limit(&mut l).await.is_none());
+    assert_eq!(h.fake.broker_calls("POST", "/sessions"), 1);
+    assert_eq!(h.fake.broker_calls("GET", "/scalesets/message"), 3);
 }

@@ -90,6 +90,10 @@ pub struct Broker {
     pub empty_next_poll: bool,
     /// Prefix the next JSON answer with a UTF-8 byte-order mark.
     pub bom_next: bool,
+    /// Answer this many next polls with [`Broker::failing_status`].
+    pub failing_polls: u32,
+    /// The status of a failing poll (a 5xx outage, a 403).
+    pub failing_status: u16,
 }
 
 impl Default for Broker {
@@ -105,6 +109,8 @@ impl Default for Broker {
             hold: DEFAULT_HOLD,
             empty_next_poll: false,
             bom_next: false,
+            failing_polls: 0,
+            failing_status: 500,
         }
     }
 }
@@ -658,6 +664,14 @@ fn queue(state: &mut State, ask: &Ask<'_>, rest: &str) -> Option<Answer> {
     let set = broker.scale_sets.get_mut(&owner)?;
     match (ask.method, rest.trim_start_matches('/')) {
         ("GET", "") => {
+            if broker.failing_polls > 0 {
+                broker.failing_polls -= 1;
+                return Some(Answer::error(
+                    broker.failing_status,
+                    "InjectedFailureException",
+                    "a failure the test asked for",
+                ));
+            }
             if std::mem::take(&mut broker.empty_next_poll) {
                 return Some(Answer {
                     status: 200,

@@ -771,6 +771,14 @@ impl FakeGithub {
         self.with(|s| s.broker.bom_next = true)
     }
 
+    /// The next `count` polls are answered `status` (a 5xx burst, a 403), with a JSON error.
+    pub fn fail_next_polls(&self, count: u32, status: u16) {
+        self.with(|s| {
+            s.broker.failing_polls = count;
+            s.broker.failing_status = status;
+        })
+    }
+
     /// How long a poll with nothing to deliver is held before `202`.
     pub fn set_poll_hold(&self, hold: Duration) {
         self.with(|s| s.broker.hold = hold)
