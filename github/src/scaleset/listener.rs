@@ -11,6 +11,11 @@
 //! Delivery contract: [`Listener::next`] hands out a message and never acknowledges it. The
 //! caller journals the message durably first, then calls [`Listener::ack`]; a crash in between
 //! gets the message again (redelivery until acknowledged, §1.10), which the journal dedups.
+//! The caller also journals [`Listener::session_id`] whenever it changes (after each `next`),
+//! and hands it back to [`Listener::new`] after a crash: a `409` on our own stale session is
+//! then a delete and a create, not a standby until the service expires it. A create whose
+//! answer was lost (a cancel mid-call, a dropped connection) leaves a session the listener
+//! cannot know; that one is waited out on standby.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
