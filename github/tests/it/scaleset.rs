@@ -637,3 +637,23 @@ async fn listener_gives_up_on_a_403_at_once_and_keeps_its_session() {
     assert_eq!(h.fake.broker_calls("POST", "/sessions"), 1);
     assert_eq!(h.fake.broker_calls("GET", "/scalesets/message"), 3);
 }
+
+/// A scale set deleted out of band: the poll of its live session, the session's refresh and a
+/// new session are each `ScaleSetNotFound`, not a 401 or a held 202.
+#[tokio::test]
+async fn a_scale_set_deleted_out_of_band_is_not_found_on_the_next_call() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    assert!(h.fake.delete_scale_set(id), "it existed");
+    let poll = client.get_message(&mut s, 0, 5).await;
+    assert!(
+        matches!(poll, Err(ScaleSetError::ScaleSetNotFound { .. })),
+        "{poll:?}"
+    );
+    let again = client.create_session(id, "rm-test").await;
+    assert!(
+        matches!(again, Err(ScaleSetError::ScaleSetNotFound { .. })),
+        "{again:?}"
+    );
+    assert!(!h.fake.delete_scale_set(id), "gone once");
+}

@@ -144,6 +144,13 @@ impl Broker {
         Some(request_id)
     }
 
+    /// Deletes scale set `id` out of band; its session is left in place so that the next call
+    /// on the set, queue calls included, is `404 RunnerScaleSetNotFoundException`. Whether
+    /// it existed.
+    pub fn delete_scale_set(&mut self, id: u64) -> bool {
+        self.scale_sets.remove(&id).is_some()
+    }
+
     /// Queues a message of a top-level type the client does not know.
     pub fn queue_raw(&mut self, id: u64, message_type: &str) -> Option<u64> {
         self.next_message_id += 1;
@@ -661,7 +668,11 @@ fn queue(state: &mut State, ask: &Ask<'_>, rest: &str) -> Option<Answer> {
             "the queue token is not valid",
         ));
     };
-    let set = broker.scale_sets.get_mut(&owner)?;
+    // A set deleted out of band keeps its session's token valid, so the queue can say the
+    // set is gone (404) rather than that the token is bad, as the real service does.
+    let Some(set) = broker.scale_sets.get_mut(&owner) else {
+        return Some(not_found_set());
+    };
     match (ask.method, rest.trim_start_matches('/')) {
         ("GET", "") => {
             if broker.failing_polls > 0 {

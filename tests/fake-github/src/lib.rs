@@ -741,6 +741,12 @@ impl FakeGithub {
         self.with(|s| s.broker.queue_raw(scale_set_id, message_type))
     }
 
+    /// Deletes scale set `scale_set_id` out of band (scenario 9 of §6.6): the next call on it,
+    /// polls included, is `404 RunnerScaleSetNotFoundException`. Whether it existed.
+    pub fn delete_scale_set(&self, scale_set_id: u64) -> bool {
+        self.with(|s| s.broker.delete_scale_set(scale_set_id))
+    }
+
     /// The queue token of every session stops being accepted: the next queue call gets `401`
     /// until the session is refreshed.
     pub fn expire_queue_tokens(&self) {
