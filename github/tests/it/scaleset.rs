@@ -12,7 +12,7 @@ use rm_github::scaleset::listener::{
     Activity, BACKOFF_BASE, BACKOFF_CAP, Listener, STANDBY_BASE, backoff_delay, standby_delay,
 };
 use rm_github::scaleset::{
-    ADMIN_RENEW_BEFORE, MessageBody, ScaleSetClient, ScaleSetError, Session,
+    ADMIN_RENEW_BEFORE, MessageBody, ScaleSetClient, ScaleSetError, Session, Statistics,
 };
 use secrecy::ExposeSecret;
 
@@ -656,4 +656,197 @@ async fn a_scale_set_deleted_out_of_band_is_not_found_on_the_next_call() {
         "{again:?}"
     );
     assert!(!h.fake.delete_scale_set(id), "gone once");
+}
+
+/// The job messages of the message polled after `last` with capacity `capacity` (`None` when
+/// the poll is held to 202), and the message's id and statistics.
+async fn poll_jobs(
+    client: &ScaleSetClient,
+    s: &mut Session,
+    last: u64,
+    capacity: u32,
+) -> Option<(
+    u64,
+    Vec<rm_github::scaleset::JobMessage>,
+    Option<Statistics>,
+)> {
+    let message = client
+        .get_message(s, last, capacity)
+        .await
+        .unwrap_or_else(|e| panic!("poll: {e}"))?;
+    let MessageBody::Jobs(jobs) = message.body else {
+        panic!("not jobs: {message:?}")
+    };
+    Some((message.id, jobs, message.statistics))
+}
+
+/// A burst of 120 jobs arrives as 50 + 50 + 20 job messages (the README's batch limit), each
+/// message redelivered until it is acked and the next only then; every job once.
+#[tokio::test]
+async fn a_burst_of_120_jobs_arrives_in_batches_of_at_most_50() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    let names: Vec<String> = (0..120).map(|n| format!("job-{n}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    h.fake.queue_scale_set_jobs(id, &names).expect("set");
+    let mut sizes = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some((message_id, jobs, _)) = poll_jobs(&client, &mut s, 0, 1000).await {
+        let (again, _, _) = poll_jobs(&client, &mut s, 0, 1000).await.expect("again");
+        assert_eq!(again, message_id, "redelivered until acked");
+        sizes.push(jobs.len());
+        seen.extend(jobs.iter().map(|j| j.runner_request_id));
+        client
+            .delete_message(&mut s, message_id)
+            .await
+            .expect("ack");
+    }
+    assert_eq!(sizes, [50, 50, 20]);
+    assert_eq!(seen.len(), 120, "every job once");
+}
+
+/// Jobs are assigned only while assigned-but-unfinished jobs are below the last polled
+/// `X-ScaleSetMaxCapacity`: capacity 2 assigns two of five, a completion frees a place for
+/// the next, and capacity 0 assigns nothing however many wait.
+#[tokio::test]
+async fn assignment_honours_the_polled_capacity_and_zero_assigns_nothing() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    assert!(poll_jobs(&client, &mut s, 0, 2).await.is_none());
+    let jobs = h
+        .fake
+        .queue_scale_set_jobs(id, &["a", "b", "c", "d", "e"])
+        .expect("set");
+    let (first, assigned, stats) = poll_jobs(&client, &mut s, 0, 2).await.expect("message");
+    let kinds: Vec<_> = assigned.iter().map(|j| j.message_type.as_str()).collect();
+    assert_eq!(kinds, ["JobAssigned", "JobAssigned"], "two of five");
+    assert_eq!(stats.map(|s| s.total_assigned_jobs), Some(2));
+    client.delete_message(&mut s, first).await.expect("ack");
+    assert!(
+        poll_jobs(&client, &mut s, first, 2).await.is_none(),
+        "the rest wait"
+    );
+
+    assert!(h.fake.complete_scale_set_job(jobs[0], "succeeded"));
+    let (second, messages, _) = poll_jobs(&client, &mut s, first, 2).await.expect("message");
+    let kinds: Vec<_> = messages
+        .iter()
+        .map(|j| (j.message_type.as_str(), j.runner_request_id))
+        .collect();
+    let (done, next) = (
+        i64::try_from(jobs[0]).expect("small"),
+        i64::try_from(jobs[2]).expect("small"),
+    );
+    assert_eq!(kinds, [("JobCompleted", done), ("JobAssigned", next)]);
+    client.delete_message(&mut s, second).await.expect("ack");
+
+    assert!(poll_jobs(&client, &mut s, second, 0).await.is_none());
+    assert!(h.fake.complete_scale_set_job(jobs[1], "succeeded"));
+    let (third, messages, stats) = poll_jobs(&client, &mut s, second, 0)
+        .await
+        .expect("message");
+    let kinds: Vec<_> = messages.iter().map(|j| j.message_type.as_str()).collect();
+    assert_eq!(kinds, ["JobCompleted"], "capacity 0 assigns nothing");
+    assert_eq!(stats.map(|s| s.total_assigned_jobs), Some(1));
+    client.delete_message(&mut s, third).await.expect("ack");
+    assert!(poll_jobs(&client, &mut s, third, 0).await.is_none());
+}
+
+/// GHES mode: a job appears as `JobAvailable` with its runner request id and, not acquired,
+/// stays available over polls (scaleset #75); acquired, it is assigned.
+#[tokio::test]
+async fn in_ghes_mode_a_job_is_assigned_only_once_acquired() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    h.fake.set_scale_set_ghes(true);
+    let request = h.fake.queue_scale_set_job(id, "build").expect("set");
+    let request = i64::try_from(request).expect("small");
+    let (first, jobs, stats) = poll_jobs(&client, &mut s, 0, 5).await.expect("message");
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].message_type, "JobAvailable");
+    assert_eq!(jobs[0].runner_request_id, request);
+    let stats = stats.expect("statistics");
+    assert_eq!(
+        (stats.total_available_jobs, stats.total_assigned_jobs),
+        (1, 0)
+    );
+    client.delete_message(&mut s, first).await.expect("ack");
+    for _ in 0..3 {
+        assert!(
+            poll_jobs(&client, &mut s, first, 5).await.is_none(),
+            "not acquired: never assigned"
+        );
+    }
+    let acquired = client
+        .acquire_jobs(&mut s, &[request])
+        .await
+        .expect("acquire");
+    assert_eq!(acquired, [request]);
+    let (_, jobs, stats) = poll_jobs(&client, &mut s, first, 5).await.expect("message");
+    let kinds: Vec<_> = jobs
+        .iter()
+        .map(|j| (j.message_type.as_str(), j.runner_request_id))
+        .collect();
+    assert_eq!(kinds, [("JobAssigned", request)]);
+    let stats = stats.expect("statistics");
+    assert_eq!(
+        (stats.total_available_jobs, stats.total_assigned_jobs),
+        (0, 1)
+    );
+}
+
+/// A job moved along by the controls: `JobStarted` names the runner, `JobCompleted` carries
+/// the result, and the statistics on every message and on a new session follow the job
+/// (assigned, running, busy and idle runners).
+#[tokio::test]
+async fn started_and_completed_jobs_are_announced_and_counted() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    client
+        .generate_jit_config(id, "runner-1", "_work")
+        .await
+        .expect("jit");
+    let request = h.fake.queue_scale_set_job(id, "build").expect("set");
+    let (first, _, _) = poll_jobs(&client, &mut s, 0, 5).await.expect("assigned");
+    client.delete_message(&mut s, first).await.expect("ack");
+    assert!(h.fake.start_scale_set_job(request, "runner-1"));
+    assert!(!h.fake.start_scale_set_job(request, "runner-1"), "once");
+    let (second, jobs, stats) = poll_jobs(&client, &mut s, first, 5).await.expect("started");
+    assert_eq!(jobs[0].message_type, "JobStarted");
+    assert_eq!(jobs[0].runner_name.as_deref(), Some("runner-1"));
+    let stats = stats.expect("statistics");
+    assert_eq!(
+        (
+            stats.total_assigned_jobs,
+            stats.total_running_jobs,
+            stats.total_registered_runners,
+            stats.total_busy_runners,
+            stats.total_idle_runners
+        ),
+        (1, 1, 1, 1, 0)
+    );
+    client.delete_message(&mut s, second).await.expect("ack");
+    client.delete_session(&s).await.expect("delete");
+    let mut s = session(&client, id).await;
+    let fresh = s.statistics.clone().expect("session statistics");
+    assert_eq!((fresh.total_running_jobs, fresh.total_busy_runners), (1, 1));
+
+    assert!(h.fake.complete_scale_set_job(request, "failed"));
+    assert!(!h.fake.complete_scale_set_job(request, "failed"), "once");
+    let (_, jobs, stats) = poll_jobs(&client, &mut s, second, 5)
+        .await
+        .expect("completed");
+    assert_eq!(jobs[0].message_type, "JobCompleted");
+    assert_eq!(jobs[0].result.as_deref(), Some("failed"));
+    assert_eq!(jobs[0].runner_name.as_deref(), Some("runner-1"));
+    let stats = stats.expect("statistics");
+    assert_eq!(
+        (
+            stats.total_assigned_jobs,
+            stats.total_running_jobs,
+            stats.total_busy_runners,
+            stats.total_idle_runners
+        ),
+        (0, 0, 0, 1)
+    );
 }

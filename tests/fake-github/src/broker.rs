@@ -10,6 +10,12 @@
 //! Every service call must carry `api-version=6.0-preview` (in the query, or for the queue in
 //! `Accept`), and the admin token or, for the queue and `acquirejobs`, the session's queue
 //! token.
+//!
+//! Jobs follow `queued → available/assigned → running → completed` ([`JobState`]): assigned
+//! only while the set's unfinished assigned jobs are below the last `X-ScaleSetMaxCapacity`,
+//! in GHES mode announced `JobAvailable` and assigned only once acquired; their job messages
+//! are batched at most [`MAX_JOBS_PER_MESSAGE`] a message, and the statistics on every
+//! message and session are computed from their states.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -36,6 +42,9 @@ pub const REGISTRATION_TOKEN_TTL: Duration = Duration::from_secs(3600);
 pub const DEFAULT_HOLD: Duration = Duration::from_millis(50);
 /// How often a held poll looks for a message.
 const HOLD_STEP: Duration = Duration::from_millis(5);
+/// The most job messages one queue message carries; a larger backlog is split over several
+/// messages (the `actions/scaleset` README: "at most 50 job messages per response").
+pub const MAX_JOBS_PER_MESSAGE: usize = 50;
 /// The queue's path on the server.
 const QUEUE_PATH: &str = "/scalesets/message";
 /// The service's path on the server.
@@ -52,6 +61,40 @@ pub struct ScaleSet {
     pub pending: Vec<Message>,
     /// Runner request ids announced and not yet acquired.
     pub acquirable: Vec<u64>,
+    /// Its jobs by runner request id, in the order they were queued.
+    pub jobs: BTreeMap<u64, ScaleSetJob>,
+    /// Job messages not yet put into a [`Message`].
+    pub outbox: Vec<Value>,
+    /// The `X-ScaleSetMaxCapacity` of the last poll; `None` (no limit) before the first, so
+    /// that a job queued before any poll is assigned at once, as the service does.
+    pub capacity: Option<u64>,
+}
+
+/// Where a scale-set job is (`github-scale-sets.md` §6.6: queued → available/assigned →
+/// running → completed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Waiting for capacity to be assigned (github.com).
+    Queued,
+    /// Announced as `JobAvailable`, waiting for `acquirejobs` (GHES mode).
+    Available,
+    /// Acquired, waiting for capacity to be assigned (GHES mode).
+    Acquired,
+    /// Assigned to the scale set (`JobAssigned` sent).
+    Assigned,
+    /// Picked up by a runner (`JobStarted` sent).
+    Running,
+    /// Finished (`JobCompleted` sent).
+    Completed,
+}
+
+/// A job of a scale set.
+#[derive(Debug, Clone)]
+pub struct ScaleSetJob {
+    pub name: String,
+    pub state: JobState,
+    /// The runner that started it.
+    pub runner_name: Option<String>,
 }
 
 /// A message of the queue.
@@ -94,6 +137,8 @@ pub struct Broker {
     pub failing_polls: u32,
     /// The status of a failing poll (a 5xx outage, a 403).
     pub failing_status: u16,
+    /// GHES mode: jobs are announced `JobAvailable` and assigned only once acquired.
+    pub ghes: bool,
 }
 
 impl Default for Broker {
@@ -111,6 +156,7 @@ impl Default for Broker {
             bom_next: false,
             failing_polls: 0,
             failing_status: 500,
+            ghes: false,
         }
     }
 }
@@ -121,27 +167,175 @@ impl Broker {
         self.next_id
     }
 
-    /// Queues a `JobAssigned` message for scale set `id`; its runner request id, or `None`
-    /// for an unknown set.
+    /// Queues a job for scale set `id`: announced `JobAvailable` in GHES mode, else assigned
+    /// (`JobAssigned`) as soon as capacity allows. Its runner request id, or `None` for an
+    /// unknown set.
     pub fn queue_job(&mut self, id: u64, job_name: &str) -> Option<u64> {
-        let request_id = self.next_id();
-        self.next_message_id += 1;
-        let message_id = self.next_message_id;
+        Some(self.queue_jobs(id, &[job_name])?[0])
+    }
+
+    /// Queues `names` as one burst, so that their messages are batched together (at most
+    /// [`MAX_JOBS_PER_MESSAGE`] a message); their runner request ids, or `None` for an unknown
+    /// set.
+    pub fn queue_jobs(&mut self, id: u64, names: &[&str]) -> Option<Vec<u64>> {
+        if !self.scale_sets.contains_key(&id) {
+            return None;
+        }
+        let ids: Vec<u64> = names.iter().map(|_| self.next_id()).collect();
+        let ghes = self.ghes;
         let set = self.scale_sets.get_mut(&id)?;
-        set.acquirable.push(request_id);
-        set.pending.push(Message {
-            id: message_id,
-            jobs: vec![json!({
-                "messageType": "JobAssigned",
-                "runnerRequestId": request_id,
-                "jobId": format!("job-{request_id}"),
-                "jobDisplayName": job_name,
-                "repositoryName": "widgets",
-                "ownerName": "acme",
-                "requestLabels": set.labels,
-            })],
-        });
-        Some(request_id)
+        for (request_id, name) in ids.iter().zip(names) {
+            set.acquirable.push(*request_id);
+            let state = if ghes {
+                JobState::Available
+            } else {
+                JobState::Queued
+            };
+            set.jobs.insert(
+                *request_id,
+                ScaleSetJob {
+                    name: (*name).to_owned(),
+                    state,
+                    runner_name: None,
+                },
+            );
+            if ghes {
+                let mut message = Self::job_message(set, *request_id, "JobAvailable");
+                message["acquireJobUrl"] = json!(format!(
+                    "{SERVICE_PREFIX}_apis/runtime/runnerscalesets/{id}/acquirejobs"
+                ));
+                set.outbox.push(message);
+            }
+        }
+        self.settle(id);
+        Some(ids)
+    }
+
+    /// A job message of `kind` for job `request_id` of `set`.
+    fn job_message(set: &ScaleSet, request_id: u64, kind: &str) -> Value {
+        let job = set.jobs.get(&request_id);
+        json!({
+            "messageType": kind,
+            "runnerRequestId": request_id,
+            "jobId": format!("job-{request_id}"),
+            "jobDisplayName": job.map(|j| j.name.as_str()).unwrap_or(""),
+            "repositoryName": "widgets",
+            "ownerName": "acme",
+            "requestLabels": set.labels,
+        })
+    }
+
+    /// Assigns waiting jobs of set `id` while its assigned-but-unfinished jobs are below the
+    /// last capacity polled, then puts the outbox into messages of at most
+    /// [`MAX_JOBS_PER_MESSAGE`] jobs. Called after every change of jobs or capacity, so that
+    /// freed capacity is used at once.
+    fn settle(&mut self, id: u64) {
+        let next_message_id = &mut self.next_message_id;
+        let Some(set) = self.scale_sets.get_mut(&id) else {
+            return;
+        };
+        let capacity = set
+            .capacity
+            .and_then(|c| usize::try_from(c).ok())
+            .unwrap_or(usize::MAX);
+        let busy = Self::count(set, &[JobState::Assigned, JobState::Running]);
+        // The oldest waiting jobs first, as many as the capacity leaves room for.
+        let waiting: Vec<u64> = set
+            .jobs
+            .iter()
+            .filter(|(_, j)| matches!(j.state, JobState::Queued | JobState::Acquired))
+            .map(|(r, _)| *r)
+            .take(capacity.saturating_sub(busy))
+            .collect();
+        for request_id in waiting {
+            if let Some(job) = set.jobs.get_mut(&request_id) {
+                job.state = JobState::Assigned;
+            }
+            let message = Self::job_message(set, request_id, "JobAssigned");
+            set.outbox.push(message);
+        }
+        while !set.outbox.is_empty() {
+            let take = set.outbox.len().min(MAX_JOBS_PER_MESSAGE);
+            *next_message_id += 1;
+            set.pending.push(Message {
+                id: *next_message_id,
+                jobs: set.outbox.drain(..take).collect(),
+            });
+        }
+    }
+
+    /// The set holding job `request_id`.
+    fn set_of_job(&self, request_id: u64) -> Option<u64> {
+        self.scale_sets
+            .values()
+            .find(|s| s.jobs.contains_key(&request_id))
+            .map(|s| s.id)
+    }
+
+    /// Job `request_id`, assigned, is picked up by runner `runner_name` (`JobStarted`).
+    /// Whether it was assigned.
+    pub fn start_job(&mut self, request_id: u64, runner_name: &str) -> bool {
+        let runner_id = self.runners.get(runner_name).copied().unwrap_or(0);
+        let Some(set) = self
+            .set_of_job(request_id)
+            .and_then(|id| self.scale_sets.get_mut(&id))
+        else {
+            return false;
+        };
+        let id = set.id;
+        match set.jobs.get_mut(&request_id) {
+            Some(job) if job.state == JobState::Assigned => {
+                job.state = JobState::Running;
+                job.runner_name = Some(runner_name.to_owned());
+            }
+            _ => return false,
+        }
+        let mut message = Self::job_message(set, request_id, "JobStarted");
+        message["runnerId"] = json!(runner_id);
+        message["runnerName"] = json!(runner_name);
+        set.outbox.push(message);
+        self.settle(id);
+        true
+    }
+
+    /// Job `request_id` finishes with `result` (`JobCompleted`), from any state short of
+    /// completed (a job cancelled before it ran completes too); its capacity is freed.
+    /// Whether it was not yet completed.
+    pub fn complete_job(&mut self, request_id: u64, result: &str) -> bool {
+        let Some(set) = self
+            .set_of_job(request_id)
+            .and_then(|id| self.scale_sets.get_mut(&id))
+        else {
+            return false;
+        };
+        let id = set.id;
+        let runner_name = match set.jobs.get_mut(&request_id) {
+            Some(job) if job.state != JobState::Completed => {
+                job.state = JobState::Completed;
+                job.runner_name.clone()
+            }
+            _ => return false,
+        };
+        set.acquirable.retain(|r| *r != request_id);
+        let mut message = Self::job_message(set, request_id, "JobCompleted");
+        message["result"] = json!(result);
+        if let Some(name) = runner_name {
+            message["runnerId"] = json!(self.runners.get(&name).copied().unwrap_or(0));
+            message["runnerName"] = json!(name);
+        }
+        if let Some(set) = self.scale_sets.get_mut(&id) {
+            set.outbox.push(message);
+        }
+        self.settle(id);
+        true
+    }
+
+    /// How many jobs of `set` are in `state`.
+    fn count(set: &ScaleSet, states: &[JobState]) -> usize {
+        set.jobs
+            .values()
+            .filter(|j| states.contains(&j.state))
+            .count()
     }
 
     /// Deletes scale set `id` out of band; its session is left in place so that the next call
@@ -163,22 +357,34 @@ impl Broker {
         Some(message_id)
     }
 
-    fn statistics(set: &ScaleSet) -> Value {
-        let assigned: usize = set.pending.iter().map(|m| m.jobs.len()).sum();
+    /// The statistics of `set`, computed from its jobs. `totalAssignedJobs` counts running
+    /// jobs too (assigned to the set and not finished), which is what ARC scales on.
+    fn statistics(&self, set: &ScaleSet) -> Value {
+        let busy: std::collections::BTreeSet<&str> = set
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Running)
+            .filter_map(|j| j.runner_name.as_deref())
+            .collect();
+        let registered = self.runners.len();
         json!({
-            "totalAvailableJobs": 0, "totalAcquiredJobs": 0, "totalAssignedJobs": assigned,
-            "totalRunningJobs": 0, "totalRegisteredRunners": 0, "totalBusyRunners": 0,
-            "totalIdleRunners": 0,
+            "totalAvailableJobs": Self::count(set, &[JobState::Available]),
+            "totalAcquiredJobs": Self::count(set, &[JobState::Acquired]),
+            "totalAssignedJobs": Self::count(set, &[JobState::Assigned, JobState::Running]),
+            "totalRunningJobs": Self::count(set, &[JobState::Running]),
+            "totalRegisteredRunners": registered,
+            "totalBusyRunners": busy.len(),
+            "totalIdleRunners": registered.saturating_sub(busy.len()),
         })
     }
 
-    fn scale_set_json(set: &ScaleSet) -> Value {
+    fn scale_set_json(&self, set: &ScaleSet) -> Value {
         json!({
             "id": set.id, "name": set.name, "runnerGroupId": set.runner_group_id,
             "runnerGroupName": "Default",
             "labels": set.labels.iter().map(|l| json!({"type": "System", "name": l})).collect::<Vec<_>>(),
             "RunnerSetting": {"disableUpdate": true},
-            "statistics": Self::statistics(set),
+            "statistics": self.statistics(set),
         })
     }
 }
@@ -374,11 +580,12 @@ fn respond(state: &mut State, ask: &Ask<'_>) -> Option<Answer> {
         ("GET", []) => {
             let name = ask.param("name").unwrap_or("");
             let group: Option<u64> = ask.param("runnerGroupId").and_then(|g| g.parse().ok());
+            let broker = &*broker;
             let found: Vec<Value> = broker
                 .scale_sets
                 .values()
                 .filter(|s| s.name == name && group.is_none_or(|g| s.runner_group_id == g))
-                .map(Broker::scale_set_json)
+                .map(|s| broker.scale_set_json(s))
                 .collect();
             Answer::json(200, json!({"count": found.len(), "value": found}))
         }
@@ -388,7 +595,7 @@ fn respond(state: &mut State, ask: &Ask<'_>) -> Option<Answer> {
             .ok()
             .and_then(|id: u64| broker.scale_sets.get(&id))
         {
-            Some(set) => Answer::json(200, Broker::scale_set_json(set)),
+            Some(set) => Answer::json(200, broker.scale_set_json(set)),
             None => not_found_set(),
         },
         ("POST", [id, "sessions"]) => create_session(broker, &server, id, ask.body),
@@ -514,8 +721,11 @@ fn create_scale_set(broker: &mut Broker, body: Option<&Value>) -> Answer {
         labels,
         pending: Vec::new(),
         acquirable: Vec::new(),
+        jobs: BTreeMap::new(),
+        outbox: Vec::new(),
+        capacity: None,
     };
-    let answer = Answer::json(200, Broker::scale_set_json(&set));
+    let answer = Answer::json(200, broker.scale_set_json(&set));
     broker.scale_sets.insert(id, set);
     answer
 }
@@ -526,10 +736,10 @@ fn session_json(broker: &Broker, set_id: u64, server: &str) -> Option<Value> {
     Some(json!({
         "sessionId": session.id,
         "ownerName": session.owner,
-        "runnerScaleSet": Broker::scale_set_json(set),
+        "runnerScaleSet": broker.scale_set_json(set),
         "messageQueueUrl": format!("{server}{QUEUE_PATH}?scaleSetId={set_id}"),
         "messageQueueAccessToken": session.queue_token,
-        "statistics": Broker::statistics(set),
+        "statistics": broker.statistics(set),
     }))
 }
 
@@ -655,6 +865,16 @@ fn acquire_jobs(state: &mut State, ask: &Ask<'_>, id: &str) -> Answer {
         .filter(|r| set.acquirable.contains(r))
         .collect();
     set.acquirable.retain(|r| !acquired.contains(r));
+    // In GHES mode an acquired job waits only for capacity now; without this call it would
+    // stay available forever (scaleset #75).
+    for request_id in &acquired {
+        if let Some(job) = set.jobs.get_mut(request_id)
+            && job.state == JobState::Available
+        {
+            job.state = JobState::Acquired;
+        }
+    }
+    broker.settle(owner);
     Answer::json(200, json!({"count": acquired.len(), "value": acquired}))
 }
 
@@ -673,6 +893,18 @@ fn queue(state: &mut State, ask: &Ask<'_>, rest: &str) -> Option<Answer> {
     let Some(set) = broker.scale_sets.get_mut(&owner) else {
         return Some(not_found_set());
     };
+    // The capacity the client can run now bounds what is assigned from this poll on; a poll
+    // without the header leaves the last one in force.
+    if ask.method == "GET"
+        && let Some(capacity) = ask
+            .headers
+            .get("x-scalesetmaxcapacity")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        set.capacity = Some(capacity);
+        broker.settle(owner);
+    }
     match (ask.method, rest.trim_start_matches('/')) {
         ("GET", "") => {
             if broker.failing_polls > 0 {
@@ -694,6 +926,8 @@ fn queue(state: &mut State, ask: &Ask<'_>, rest: &str) -> Option<Answer> {
                 .param("lastMessageId")
                 .and_then(|l| l.parse().ok())
                 .unwrap_or(0);
+            let broker = &*broker;
+            let set = broker.scale_sets.get(&owner)?;
             let message = set.pending.iter().find(|m| m.id > last)?;
             let body = Value::Array(message.jobs.clone()).to_string();
             Some(Answer::json(
@@ -707,13 +941,14 @@ fn queue(state: &mut State, ask: &Ask<'_>, rest: &str) -> Option<Answer> {
                         .and_then(Value::as_str)
                         .filter(|t| !t.starts_with("Job"))
                         .unwrap_or("RunnerScaleSetJobMessages"),
-                    "statistics": Broker::statistics(set),
+                    "statistics": broker.statistics(set),
                     "body": body,
                 }),
             ))
         }
         ("DELETE", id) => {
             let id: u64 = id.parse().unwrap_or(0);
+            let set = broker.scale_sets.get_mut(&owner)?;
             let before = set.pending.len();
             set.pending.retain(|m| m.id != id);
             Some(if set.pending.len() < before {

@@ -735,6 +735,31 @@ impl FakeGithub {
         self.with(|s| s.broker.queue_job(scale_set_id, job_name))
     }
 
+    /// Queues `names` as one burst for scale set `scale_set_id` (their messages batched, at
+    /// most [`broker::MAX_JOBS_PER_MESSAGE`] a message); their runner request ids, or `None`
+    /// for an unknown set.
+    pub fn queue_scale_set_jobs(&self, scale_set_id: u64, names: &[&str]) -> Option<Vec<u64>> {
+        self.with(|s| s.broker.queue_jobs(scale_set_id, names))
+    }
+
+    /// GHES mode on or off: jobs queued from now on are announced `JobAvailable` and assigned
+    /// only once `acquirejobs` names them (scaleset #75).
+    pub fn set_scale_set_ghes(&self, on: bool) {
+        self.with(|s| s.broker.ghes = on)
+    }
+
+    /// The assigned job `request_id` is picked up by runner `runner_name` (`JobStarted`).
+    /// Whether it was assigned.
+    pub fn start_scale_set_job(&self, request_id: u64, runner_name: &str) -> bool {
+        self.with(|s| s.broker.start_job(request_id, runner_name))
+    }
+
+    /// Job `request_id` finishes with `result` (`JobCompleted`), freeing its capacity.
+    /// Whether it had not finished yet.
+    pub fn complete_scale_set_job(&self, request_id: u64, result: &str) -> bool {
+        self.with(|s| s.broker.complete_job(request_id, result))
+    }
+
     /// Queues a message of top-level type `message_type` (one the client may not know); its
     /// message id.
     pub fn queue_scale_set_message(&self, scale_set_id: u64, message_type: &str) -> Option<u64> {
