@@ -293,32 +293,37 @@ pub struct UserIsolation {
 }
 
 impl UserIsolation {
-    /// What a runner no journal knows any more left on `uid` before it is given to a new one:
-    /// a runner whose attempt was lost with a poisoned journal's last writes is never cleaned,
-    /// and its network would hold the uid's slot (every later start on the uid refused) and its
-    /// cgroup stay forever. Nothing runs as the uid (the caller checked), so nothing of that
-    /// runner is alive: its network and its cgroup, named by its veth, go.
-    fn clear_unknown_runner(&self, uid: u32) -> Result<(), BackendError> {
-        if self.network.is_none() {
-            return Ok(());
+    /// The runner's network, made after removing what a runner no journal knows any more left
+    /// on its uid's slot: a runner whose attempt was lost with a poisoned journal's last writes
+    /// is never cleaned, and its network would hold the slot (every later start on the uid
+    /// refused) and its cgroup stay forever. Nothing runs as the uid (the caller checked), so
+    /// nothing of that runner is alive: its network and its cgroup, named by its veth, go, and
+    /// the network is made again, once. Any other holder of the slot stays refused.
+    fn runner_network(
+        &self,
+        names: &network::Names,
+        uid: u32,
+        table: &str,
+    ) -> Result<std::os::fd::OwnedFd, BackendError> {
+        match network::create(names, uid, table) {
+            Err(network::NetworkError::HeldByRunner { short, .. }) => {
+                tracing::warn!(
+                    uid,
+                    runner = %format!("rm-{short}"),
+                    "a runner no journal knows left its network and cgroup on this uid; removing them before the uid serves again"
+                );
+                network::remove(&network::Names::of(&short))?;
+                if let Some(root) = &self.cgroups {
+                    let path = root
+                        .runner_path(&format!("rm-{short}"))
+                        .map_err(|e| BackendError::Cgroup(e.to_string()))?;
+                    cgroup::kill_and_remove(&path, cgroup::KILL_WAIT)
+                        .map_err(|e| BackendError::Cgroup(e.to_string()))?;
+                }
+                Ok(network::create(names, uid, table)?)
+            }
+            made => Ok(made?),
         }
-        let Some(short) = network::runner_holding_slot(uid)? else {
-            return Ok(());
-        };
-        tracing::warn!(
-            uid,
-            runner = %format!("rm-{short}"),
-            "a runner no journal knows left its network and cgroup on this uid; removing them before the uid serves again"
-        );
-        network::remove(&network::Names::of(&short))?;
-        if let Some(root) = &self.cgroups {
-            let path = root
-                .runner_path(&format!("rm-{short}"))
-                .map_err(|e| BackendError::Cgroup(e.to_string()))?;
-            cgroup::kill_and_remove(&path, cgroup::KILL_WAIT)
-                .map_err(|e| BackendError::Cgroup(e.to_string()))?;
-        }
-        Ok(())
     }
 
     fn account(&self, plan: &Plan) -> Result<Account, BackendError> {
@@ -528,7 +533,6 @@ impl Backend for UserIsolation {
                 account.uid
             )));
         }
-        self.clear_unknown_runner(account.uid)?;
         let procs = match (&self.cgroups, &plan.cgroup) {
             (Some(root), Some(path)) => {
                 let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
@@ -545,7 +549,7 @@ impl Backend for UserIsolation {
         let netns = match &self.network {
             Some(host) => {
                 let table = host.runner_table(account.uid, plan.network_allow.as_deref());
-                Some(network::create(&network_names(plan), account.uid, &table)?)
+                Some(self.runner_network(&network_names(plan), account.uid, &table)?)
             }
             None => None,
         };

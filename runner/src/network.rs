@@ -78,6 +78,13 @@ pub enum NetworkError {
     },
     #[error("`{command}` failed: {stderr}")]
     Failed { command: String, stderr: String },
+    /// The uid's slot is held by a veth named like an rm runner's (`rmv<short>`) that is not
+    /// this runner's: a runner no journal knows any more left it (see
+    /// `UserIsolation::start`, which removes it when nothing runs as the uid, and tries again).
+    #[error(
+        "{address} is already the address of {VETH_PREFIX}{short}: another runner's network holds this uid's slot (two agents with overlapping host.runner_uids, or a runner left running)"
+    )]
+    HeldByRunner { address: Ipv4Addr, short: String },
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -412,6 +419,12 @@ fn build(names: &Names, addresses: Addresses, table: &str) -> Result<OwnedFd, Ne
     // Two veths with one /30 would send one runner's replies to the other: a leftover of
     // another agent given the same uids, or of a runner something outside rm keeps alive.
     if let Some(holder) = address_holder(addresses.host)? {
+        if let Some(short) = runner_short_of_veth(&holder) {
+            return Err(NetworkError::HeldByRunner {
+                address: addresses.host,
+                short: short.to_owned(),
+            });
+        }
         return Err(NetworkError::Failed {
             command: format!("ip addr add {}/30 dev {veth}", addresses.host),
             stderr: format!(
@@ -485,18 +498,6 @@ fn address_holder(addr: Ipv4Addr) -> Result<Option<String>, NetworkError> {
     Ok(String::from_utf8_lossy(&output.stdout)
         .split_whitespace()
         .nth(1)
-        .map(ToOwned::to_owned))
-}
-
-/// The short id of the rm runner whose veth holds `uid`'s slot, if one does: what a runner
-/// the journal no longer knows (its attempt lost with a poisoned journal's last writes) leaves.
-/// `None` when the address is free or held by anything not named like a runner's veth (that
-/// holder is refused at [`create`], not removed: another agent's, or not rm's at all).
-pub fn runner_holding_slot(uid: u32) -> Result<Option<String>, NetworkError> {
-    let holder = address_holder(addresses(slot_of(uid)).host)?;
-    Ok(holder
-        .as_deref()
-        .and_then(runner_short_of_veth)
         .map(ToOwned::to_owned))
 }
 
