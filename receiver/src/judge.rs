@@ -1,5 +1,5 @@
-//! Judging a verified delivery before the journal records it: the event's handler parses the
-//! body ([`rm_handlers::judge`]) and the journal's columns are encoded ([`Judged::new`]). Both
+//! Judging a verified delivery before the journal records it ([`Judged::of`]): the event's
+//! handler parses the body (`rm_handlers::judge`) and the journal's columns are encoded. Both
 //! are CPU work in proportion to the body, which may be up to 25 MiB: a small body (nearly all
 //! of GitHub's) is judged on the async worker that received it, where a trip to the blocking
 //! pool would cost more than the work; a larger one on the blocking pool, so it never holds a
@@ -32,7 +32,7 @@ pub async fn judge(incoming: Incoming) -> Result<Judged, JournalError> {
 pub(crate) async fn judge_measured(incoming: Incoming) -> Judgement {
     let asked_on = std::thread::current().id();
     let inline = incoming.body.len() <= INLINE_JUDGE_BYTES;
-    let judge = move || (judge_here(incoming), std::thread::current().id());
+    let judge = move || (Judged::of(incoming), std::thread::current().id());
     let (judged, judged_on) = if inline {
         judge()
     } else {
@@ -52,10 +52,4 @@ pub(crate) async fn judge_measured(incoming: Incoming) -> Judgement {
         judged,
         off_worker: judged_on != asked_on,
     }
-}
-
-/// The handler's verdict on `incoming`, and its columns encoded, on this thread.
-fn judge_here(incoming: Incoming) -> Result<Judged, JournalError> {
-    let verdict = rm_handlers::judge(&incoming.delivery());
-    Judged::new(incoming, verdict)
 }
