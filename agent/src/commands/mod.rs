@@ -78,15 +78,10 @@ pub fn read_jobs<T: Default>(
 ) -> Result<T, Exit> {
     let store = store(config);
     let failed = |e| journal_failed(&store, "read", e);
-    let mut jobs = match store.jobs() {
-        Ok(jobs) => jobs,
-        Err(err @ JournalError::Missing(_)) if json => {
-            eprintln!("rm-agent: {err}; printing the empty state.");
-            return Ok(T::default());
-        }
-        Err(err) => return Err(failed(err)),
-    };
-    read(&mut jobs).map_err(failed)
+    match empty_if_missing(store.jobs(), json).map_err(failed)? {
+        Some(mut jobs) => read(&mut jobs).map_err(failed),
+        None => Ok(T::default()),
+    }
 }
 
 /// A command's journal error (exit 1): on the fleet's journal it says which database (the
@@ -123,13 +118,22 @@ pub fn open_reader(config: &Config) -> Result<Reader, Exit> {
 /// agent has run here, so a wrong `--data-dir` is noticed. Without `--json` a missing journal
 /// stays an error (exit 1) that names the path.
 pub fn open_reader_or_empty(config: &Config, json: bool) -> Result<Option<Reader>, Exit> {
-    match Reader::open(&journal_path(config)) {
-        Ok(reader) => Ok(Some(reader)),
+    empty_if_missing(Reader::open(&journal_path(config)), json).map_err(Exit::runtime)
+}
+
+/// `opened`, or under `--json` the empty state (`None`, said on stderr) when the journal file
+/// does not exist yet ([`open_reader_or_empty`]).
+fn empty_if_missing<T>(
+    opened: Result<T, JournalError>,
+    json: bool,
+) -> Result<Option<T>, JournalError> {
+    match opened {
+        Ok(opened) => Ok(Some(opened)),
         Err(err @ JournalError::Missing(_)) if json => {
             eprintln!("rm-agent: {err}; printing the empty state.");
             Ok(None)
         }
-        Err(err) => Err(Exit::runtime(err)),
+        Err(err) => Err(err),
     }
 }
 

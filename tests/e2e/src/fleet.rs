@@ -502,15 +502,18 @@ pub fn parse_uids(uids: &str) -> (u32, u32) {
 pub fn sweep_kernel(data_dir: &Path, attempts: &[AttemptRecord], (first, last): (u32, u32)) {
     use rm_runner::{cgroup, network};
     // Where runner cgroups are: beside a journalled one, else where an agent of this process's
-    // cgroup resolves them (as the tests' agents, its children, do).
-    let cgroups = attempts
+    // cgroup resolves them (as the tests' agents, its children, do). Resolved (a probe cgroup
+    // made and removed) only when a lost attempt is found.
+    let journalled_root = attempts
         .iter()
-        .find_map(|a| a.cgroup.as_deref()?.parent().map(Path::to_path_buf))
-        .or_else(|| {
+        .find_map(|a| a.cgroup.as_deref()?.parent().map(Path::to_path_buf));
+    let cgroup_root = || {
+        journalled_root.clone().or_else(|| {
             cgroup::CgroupRoot::resolve(None)
                 .ok()
                 .map(|root| root.path().to_path_buf())
-        });
+        })
+    };
     let mut shorts: Vec<String> = Vec::new();
     for a in attempts {
         if let Some(path) = &a.cgroup
@@ -537,7 +540,7 @@ pub fn sweep_kernel(data_dir: &Path, attempts: &[AttemptRecord], (first, last): 
             .and_then(|veth| veth.strip_prefix(network::VETH_PREFIX))
         {
             // An attempt the journal lost: its cgroup is named by the same short id.
-            if let Some(root) = &cgroups {
+            if let Some(root) = cgroup_root() {
                 let _ = cgroup::kill_and_remove(&root.join(format!("rm-{short}")), SWEEP_WAIT);
             }
             shorts.push(short.to_owned());
