@@ -9,6 +9,7 @@ pub mod logs;
 pub mod notifications;
 pub mod rerun;
 pub mod runner_version;
+pub mod scale_sets;
 mod validate;
 
 use std::net::SocketAddr;
@@ -67,6 +68,9 @@ pub struct FileConfig {
     pub logs: logs::LogsSection,
     #[serde(default, rename = "policy")]
     pub policies: Vec<PolicySection>,
+    /// `[[scale_set]]`: GitHub runner scale sets served by a policy's runners.
+    #[serde(default, rename = "scale_set")]
+    pub scale_sets: Vec<scale_sets::ScaleSetSection>,
 }
 
 /// `[github]`: the App and where GitHub's API is.
@@ -245,6 +249,8 @@ pub struct Config {
     /// Each policy's re-run rule (`rerun_on`, `max_reruns`), by policy name; a policy without
     /// `rerun_on` has none. Beside [`Policy`] rather than in it: only the re-run scan reads it.
     pub reruns: std::collections::BTreeMap<String, rerun::RerunPolicy>,
+    /// `[[scale_set]]`, in the file's order; each one's policy names it in [`Policy::scale_set`].
+    pub scale_sets: Vec<scale_sets::ScaleSet>,
 }
 
 #[derive(Debug)]
@@ -427,6 +433,9 @@ pub struct Policy {
     pub env_file: Option<PathBuf>,
     /// `network_allow`: when set, the only networks this policy's runners reach.
     pub network_allow: Option<Vec<Cidr>>,
+    /// The `[[scale_set]]` this policy's runners serve ([`scale_sets`]): its demand comes from
+    /// the scale set's statistics, never from webhook or polled jobs. `None`: a webhook policy.
+    pub scale_set: Option<String>,
 }
 
 /// Where the configuration comes from, after the command line and the environment had a say.

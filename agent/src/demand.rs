@@ -66,7 +66,12 @@ pub(crate) fn route(policies: &[Policy], jobs: &[QueuedJob]) -> Demand {
             demand.unresolvable.push(job.job_id);
             continue;
         }
-        let matching: Vec<&Policy> = policies.iter().filter(|p| matches(p, job)).collect();
+        // A scale set's policy is served by the scale set's own demand (its statistics), never
+        // by journalled jobs: the same job also arrives as a webhook.
+        let matching: Vec<&Policy> = policies
+            .iter()
+            .filter(|p| p.scale_set.is_none() && matches(p, job))
+            .collect();
         match matching.as_slice() {
             [] => {}
             [policy] => demand
@@ -120,6 +125,7 @@ mod tests {
             disk_max: None,
             env_file: None,
             network_allow: None,
+            scale_set: None,
         }
     }
 
@@ -184,5 +190,19 @@ mod tests {
     fn policies_with_no_demand_are_listed_with_zero() {
         let demand = route(&[policy("idle", "acme", &["x"])], &[]);
         assert_eq!(demand.per_policy.get("idle"), Some(&vec![]));
+    }
+
+    #[test]
+    fn a_scale_set_s_policy_never_takes_journalled_jobs() {
+        // The job for a scale set arrives as a webhook too; only the scale set serves it.
+        let mut set = policy("set", "acme", &["big"]);
+        set.scale_set = Some("big".to_owned());
+        let jobs = [job(1, "acme/widgets", &["big"])];
+        let demand = route(&[set.clone()], &jobs);
+        assert_eq!(demand.of("set"), 0);
+        assert!(demand.overlapping.is_empty());
+        // Control: the same policy without its scale set takes it.
+        set.scale_set = None;
+        assert_eq!(route(&[set], &jobs).of("set"), 1);
     }
 }

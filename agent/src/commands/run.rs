@@ -117,6 +117,9 @@ pub(crate) async fn serve_paced(
     .map_err(Exit::runtime)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Tasks::default();
+    let board = Arc::clone(&executor.settings().scale_sets);
+    executor.wake_on(board.subscribe());
+    spawn_scale_set_listeners(config, &board, &journal_path, &stop_rx, &mut tasks);
     // The fitness gate (crate::fitness): judged once before the first registration, then again
     // in the background; allocation registers nothing while it says unfit.
     let fitness = executor.settings().fitness.clone();
@@ -251,6 +254,62 @@ pub(crate) async fn serve_paced(
         return Err(exit);
     }
     Ok(report)
+}
+
+/// One source per `[[scale_set]]`, each with a client of its policy's target's Actions service.
+fn scale_set_board(
+    config: &Config,
+    client: &GithubClient,
+) -> anyhow::Result<crate::scaleset::Board> {
+    let mut sources = Vec::with_capacity(config.scale_sets.len());
+    for set in &config.scale_sets {
+        let policy = config
+            .policies
+            .iter()
+            .find(|p| p.name == set.policy)
+            .with_context(|| format!("scale set `{}`: no policy `{}`", set.name, set.policy))?;
+        let scale_set_client = rm_github::scaleset::ScaleSetClient::new(
+            client.clone(),
+            policy.target.clone(),
+            crate::scaleset::config_url(&config.github.api_url, &policy.target),
+        )?;
+        sources.push(Arc::new(crate::scaleset::Source::new(
+            set.clone(),
+            Arc::new(scale_set_client),
+        )));
+    }
+    Ok(crate::scaleset::Board::new(sources))
+}
+
+/// Starts the listener of every scale set (they end when the agent stops, closing their
+/// sessions).
+fn spawn_scale_set_listeners(
+    config: &Config,
+    board: &Arc<crate::scaleset::Board>,
+    journal: &std::path::Path,
+    stop: &watch::Receiver<bool>,
+    tasks: &mut Tasks,
+) {
+    for source in board.sources() {
+        let capacity = config
+            .policies
+            .iter()
+            .find(|p| p.name == source.set.policy)
+            .map_or(0, |p| p.max_runners.max(p.min_runners))
+            .min(config.host.max_runners);
+        tracing::info!(scale_set = %source.set.name, policy = %source.set.policy, capacity, "listening to the scale set");
+        tasks.ending_on_stop(
+            "scale-set listener",
+            tokio::spawn(crate::scaleset::listen::run(
+                Arc::clone(source),
+                Arc::clone(board),
+                journal.to_owned(),
+                config.host.name.clone(),
+                capacity,
+                stop.clone(),
+            )),
+        );
+    }
 }
 
 /// Completes once `stop` says the agent stops.
@@ -462,6 +521,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         logs: (config.logs.keep > 0)
             .then(|| Arc::new(rm_runner::logs::Store::new(&config.data_dir, config.logs))),
         reruns: config.reruns.clone(),
+        scale_sets: Arc::new(scale_set_board(config, client).map_err(Exit::runtime)?),
     };
     // Bounds lowered since the last run, and copies past `max_age` on a host that cleaned up
     // nothing since: pruned now, off the runtime, not only after the next cleanup.

@@ -71,6 +71,98 @@ pub(crate) struct Facts {
     pub runner_version: Option<rm_runner::package::report::VersionReport>,
     /// In a fleet (`journal.url`, CONTRACT §9): every host with its lease, claims and runners.
     pub fleet: Option<rm_journal::FleetView>,
+    /// Each `[[scale_set]]` with what the journal holds of it (`None`: never listened to yet).
+    pub scale_sets: Vec<ScaleSetFacts>,
+}
+
+/// A scale set as `status` shows it.
+#[derive(Debug)]
+pub(crate) struct ScaleSetFacts {
+    pub name: String,
+    pub policy: String,
+    pub record: Option<rm_journal::ScaleSetRecord>,
+}
+
+/// What the journal holds of each configured scale set. The journal is only read where it
+/// exists (`status` never creates one).
+fn scale_set_facts(config: &Config) -> anyhow::Result<Vec<ScaleSetFacts>> {
+    if config.scale_sets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let file = super::store(config).file().to_owned();
+    let records = if file.exists() {
+        rm_journal::ScaleSets::open(&file)?.all()?
+    } else {
+        Vec::new()
+    };
+    Ok(config
+        .scale_sets
+        .iter()
+        .map(|set| ScaleSetFacts {
+            name: set.name.clone(),
+            policy: set.policy.clone(),
+            record: records.iter().find(|r| r.name == set.name).cloned(),
+        })
+        .collect())
+}
+
+fn scale_set_json(set: &ScaleSetFacts) -> Value {
+    let record = set.record.as_ref();
+    let statistics = record.and_then(|r| r.statistics.as_ref());
+    json!({
+        "name": set.name,
+        "policy": set.policy,
+        "scale_set_id": record.and_then(|r| r.scale_set_id),
+        "session_id": record.and_then(|r| r.session_id.clone()),
+        "last_message_id": record.map(|r| r.last_message_id),
+        "last_message_at": record.and_then(|r| r.last_message_at).map(UnixMs::to_rfc3339),
+        "messages": record.map(|r| r.messages),
+        "statistics": statistics.map(|s| json!({
+            "available": s.available,
+            "acquired": s.acquired,
+            "assigned": s.assigned,
+            "running": s.running,
+            "registered_runners": s.registered,
+            "busy_runners": s.busy,
+            "idle_runners": s.idle,
+        })),
+        "statistics_at": record.and_then(|r| r.statistics_at).map(UnixMs::to_rfc3339),
+        "note": record.and_then(|r| r.note.clone()),
+    })
+}
+
+fn render_scale_set(set: &ScaleSetFacts, now_ms: UnixMs) -> String {
+    let Some(record) = &set.record else {
+        return format!("{} (policy {}): not listened to yet", set.name, set.policy);
+    };
+    let session = record
+        .session_id
+        .as_deref()
+        .map_or_else(|| "no session".to_owned(), |id| format!("session {id}"));
+    let last = record.last_message_at.map_or_else(
+        || "no message yet".to_owned(),
+        |at| {
+            format!(
+                "last message {} {} ago",
+                record.last_message_id,
+                ago(now_ms.duration_since(at))
+            )
+        },
+    );
+    let statistics = record.statistics.as_ref().map_or_else(String::new, |s| {
+        format!(
+            "; {} assigned, {} running, {} runners idle",
+            s.assigned, s.running, s.idle
+        )
+    });
+    let note = record
+        .note
+        .as_deref()
+        .map_or_else(String::new, |note| format!("; {note}"));
+    format!(
+        "{} (policy {}): {session}, {last}{statistics}{note}",
+        set.name, set.policy
+    )
 }
 
 /// How long an attempt may stay concluded before `status` says its cleanup is failing (a clean
@@ -283,6 +375,7 @@ fn gather(
             .as_ref()
             .and_then(|_| rm_runner::package::report::read(&config.data_dir)),
         fleet,
+        scale_sets: scale_set_facts(config)?,
     })
 }
 
@@ -413,6 +506,7 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
             "checked_at": rfc3339(r.checked_at_ms),
         })),
         "fleet": facts.fleet.as_ref().map(fleet_json),
+        "scale_sets": facts.scale_sets.iter().map(scale_set_json).collect::<Vec<_>>(),
         "degraded": degraded(facts),
     })
 }
@@ -928,6 +1022,9 @@ pub(crate) fn render(facts: &Facts) -> String {
         line("host", crate::fitness::report::status_line(Some(fitness)));
     }
 
+    for set in &facts.scale_sets {
+        let _ = writeln!(out, "{:<9} {}", "scale set", render_scale_set(set, facts.now_ms));
+    }
     if let Some(fleet) = &facts.fleet {
         render_fleet(fleet, &mut out);
     }
@@ -1056,6 +1153,7 @@ mod tests {
             latency: crate::latency::Latency::default(),
             runner_version: None,
             fleet: None,
+            scale_sets: Vec::new(),
         }
     }
 

@@ -508,6 +508,8 @@ pub(super) fn validate(
         }
         policies.push(policy);
     }
+    let scale_sets = super::scale_sets::validate(file.scale_sets, &mut policies)
+        .map_err(|(key, problem)| err(&key, problem))?;
 
     Ok(Config {
         source,
@@ -528,6 +530,7 @@ pub(super) fn validate(
         logs,
         policies,
         reruns,
+        scale_sets,
     })
 }
 
@@ -689,6 +692,7 @@ fn validate_policy(
         docker,
         env_file: section.env_file,
         network_allow,
+        scale_set: None,
     })
 }
 

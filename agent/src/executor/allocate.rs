@@ -224,6 +224,8 @@ impl Allocator {
         jobs: &[rm_journal::JobRow],
         named: &HashSet<String>,
         busy_unknown: &HashMap<String, usize>,
+        live: &rm_journal::LiveCounts,
+        scale_sets: &crate::scaleset::Board,
         now: UnixMs,
     ) -> Vec<PolicyInputs<'p>> {
         let first_seen: HashMap<JobId, UnixMs> = jobs
@@ -235,6 +237,26 @@ impl Allocator {
         self.report_unroutable(&demand);
         let mut inputs = Vec::with_capacity(policies.len());
         for policy in policies {
+            // A scale set's policy: a count from its statistics, no journalled jobs (they are
+            // not its demand: `demand::route` gives it none), no fence, and its busy runners
+            // already counted in it.
+            if let Some(assigned) = scale_sets.assigned(&policy.name) {
+                let busy = live.policy(&policy.name).busy;
+                inputs.push(PolicyInputs {
+                    policy,
+                    backing_off_until: self.backoff.get(&policy.name).map(|b| b.until_ms),
+                    jobs: Vec::new(),
+                    fenced: 0,
+                    count: crate::scaleset::runners_wanted(
+                        policy.min_runners,
+                        policy.max_runners,
+                        assigned,
+                        busy,
+                    ),
+                    busy_unknown: 0,
+                });
+                continue;
+            }
             let fence = self
                 .fences
                 .get(&policy.name)

@@ -32,9 +32,10 @@ use super::seams::Seams;
 use super::supervise::{self, PassReport, Supervisor};
 use super::{
     DRAIN_CLEANUP, DRAIN_LAUNCHES, DrainReport, Event, INVENTORY_INTERVAL, PASS_INTERVAL,
-    RECOVERY_RETRY, RecoveryIncomplete, STARTUP_SYNC_WAIT, Settings, fault, recovery,
+    RECOVERY_RETRY, RecoveryIncomplete, STARTUP_SYNC_WAIT, Settings, recovery,
 };
 use crate::executor::allocate::published::AllocationMemory;
+use crate::fault;
 use crate::notify::Notifier;
 use rm_runner::RunnerRoot;
 
@@ -349,6 +350,8 @@ impl Executor {
                 &jobs,
                 &named,
                 &live.busy_unknown,
+                &live.counts,
+                &ctx.settings.scale_sets,
                 now,
             ),
             standing: standing.as_ref(),

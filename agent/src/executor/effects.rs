@@ -23,7 +23,7 @@ use rm_vocab::UnixMs;
 
 use super::context::Context;
 use super::deregister::{self, Deregistration, Seen, Why};
-use super::fault;
+use crate::fault;
 use super::registry::Listing;
 use rm_runner::Removal;
 use rm_runner::process::ProcessIdentity;

@@ -30,9 +30,16 @@ use super::allocate::LaunchFailure;
 use super::context::Context;
 use super::deregister::{self, Decision, Seen, Why};
 use super::registry::{self, JitRetry, WORK_FOLDER};
-use super::{Event, fault};
+use super::Event;
+use crate::fault;
 use crate::lifecycle::FailureReason;
 use rm_runner::{RunnerChild, Runtime, Spawned};
+
+/// A JIT configuration, whoever issued it (the REST API or a scale set's Actions service).
+struct Issued {
+    runner_id: rm_vocab::RunnerId,
+    encoded_jit_config: SecretString,
+}
 
 /// How many times one attempt asks GitHub for a JIT configuration.
 pub(super) const MAX_JIT_TRIES: u32 = 5;
@@ -152,8 +159,17 @@ impl Launch {
             labels: policy.labels.clone(),
             work_folder: WORK_FOLDER.to_owned(),
         };
-        let jit = self.request_jit(policy, &target, &request).await?;
-        let runner_id = jit.runner.id;
+        let jit = match ctx.settings.scale_sets.of_policy(&policy.name) {
+            Some(source) => self.scale_set_jit(policy, source, &record.runner_name).await?,
+            None => {
+                let jit = self.request_jit(policy, &target, &request).await?;
+                Issued {
+                    runner_id: jit.runner.id,
+                    encoded_jit_config: jit.encoded_jit_config,
+                }
+            }
+        };
+        let runner_id = jit.runner_id;
         let (id, at) = (record.attempt_id.clone(), ctx.now());
         let recorded = ctx
             .journal
@@ -277,6 +293,66 @@ impl Launch {
                 )));
             }
             tracing::info!(tries, wait_ms = wait.as_millis() as u64, error = %error, "JIT request failed; retrying");
+            tokio::time::sleep(wait).await;
+            self.still_worth_a_try(policy).await?;
+        }
+    }
+
+    /// Asks the scale set's Actions service for a JIT configuration (no REST request: the
+    /// scale set's own endpoint, with its admin token), retrying what passes while the demand
+    /// lasts. A name already registered is an earlier try's whose answer was lost: removed,
+    /// then asked again.
+    async fn scale_set_jit(
+        &self,
+        policy: &crate::config::Policy,
+        source: &crate::scaleset::Source,
+        name: &str,
+    ) -> Result<Issued, Failure> {
+        use rm_github::scaleset::ScaleSetError;
+        use rm_github::scaleset::listener::Outcome;
+        let fail = |detail: String| Failure::new(FailureReason::JitRequestFailed, detail);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let error = match source.id() {
+                None => "the scale set is not found or created yet".to_owned(),
+                Some(id) => match source
+                    .client
+                    .generate_jit_config(id, name, WORK_FOLDER)
+                    .await
+                {
+                    Ok(jit) => {
+                        let runner_id = rm_vocab::RunnerId::try_from(jit.runner_id).map_err(|e| {
+                            fail(format!("the service answered runner id {}: {e}", jit.runner_id))
+                        })?;
+                        return Ok(Issued {
+                            runner_id,
+                            encoded_jit_config: jit.encoded_jit_config,
+                        });
+                    }
+                    Err(ScaleSetError::AgentExists { message }) => {
+                        tracing::warn!(%message, "a runner with this name exists in the scale set; removing it and retrying");
+                        crate::scaleset::remove_by_name(source, name).await;
+                        message
+                    }
+                    Err(e) if Outcome::of(&e) == Outcome::Transient => e.to_string(),
+                    Err(e) => {
+                        return Err(Failure {
+                            terminal: true,
+                            ..fail(format!(
+                                "the scale set's Actions service refused to register the runner: {e}"
+                            ))
+                        });
+                    }
+                },
+            };
+            if tries >= MAX_JIT_TRIES {
+                return Err(fail(format!(
+                    "the scale set did not issue a JIT configuration after {tries} tries; the last answer: {error}"
+                )));
+            }
+            let wait = registry::jit_backoff(tries);
+            tracing::info!(tries, wait_ms = wait.as_millis() as u64, error = %error, "scale-set JIT request failed; retrying");
             tokio::time::sleep(wait).await;
             self.still_worth_a_try(policy).await?;
         }

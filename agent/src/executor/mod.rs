@@ -32,7 +32,7 @@ mod deregister;
 mod disk_watch;
 mod effects;
 pub mod evidence;
-pub(crate) mod fault;
+
 pub mod findings;
 mod journal;
 mod launch;
@@ -131,6 +131,9 @@ pub struct Settings {
     /// Each policy's re-run rule, by policy name (`policy.rerun_on`); empty: no re-runs, and no
     /// re-run scan at all.
     pub reruns: std::collections::BTreeMap<String, crate::config::rerun::RerunPolicy>,
+    /// The `[[scale_set]]`s: their statistics are their policies' demand, and their runners
+    /// are registered through the scale set's own JIT endpoint. Empty: none.
+    pub scale_sets: Arc<crate::scaleset::Board>,
 }
 
 /// The execution backends this agent can drive (CONTRACT §7). Each attempt names its own in the

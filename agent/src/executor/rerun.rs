@@ -19,7 +19,7 @@ use rm_github::RerunError;
 use rm_journal::{AttemptRecord, NewRerun, RerunRecord, RerunState};
 
 use super::context::Context;
-use super::fault;
+use crate::fault;
 use crate::config::rerun::RerunPolicy;
 use crate::notify::OperatorEvent;
 use crate::rerun::{Concluded, JobSeen, Verdict, decide};

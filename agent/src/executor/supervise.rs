@@ -28,7 +28,8 @@ use super::context::Context;
 use super::disk_watch::{DiskWatch, Watched};
 use super::effects::{Cleanup, Effect, Effected, Outcome};
 use super::registry::{self, Listing};
-use super::{evidence, fault, findings, targets_by_policy};
+use super::{evidence, findings, targets_by_policy};
+use crate::fault;
 use crate::lifecycle::{
     AttemptFacts, Conclusion, Decision, ExitSeen, FailureReason, Findings, GithubObservation,
     Observation, ProcessObservation, StopIntent, Timeouts, recovery_decision,

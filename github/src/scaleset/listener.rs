@@ -244,6 +244,11 @@ pub struct Listener {
     /// The action [`Listener::next`] takes first.
     pending: Action,
     activity: Activity,
+    /// Told each new session's id as soon as the service answers, before it is polled: the
+    /// caller journals it, so that its successor after a crash can delete it by id.
+    on_session: Option<Box<dyn Fn(&str) + Send + Sync>>,
+    /// Told when the listener starts to wait (on standby or backing off), for `status`.
+    on_wait: Option<Box<dyn Fn(&Activity) + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Listener {
@@ -280,7 +285,30 @@ impl Listener {
             },
             pending: Action::CreateSession,
             activity: Activity::Idle,
+            on_session: None,
+            on_wait: None,
         }
+    }
+
+    /// Has `record` told each wait (standby, back-off) as it begins (a short synchronous write:
+    /// the caller journals it for `status`).
+    pub fn on_wait(mut self, record: impl Fn(&Activity) + Send + Sync + 'static) -> Self {
+        self.on_wait = Some(Box::new(record));
+        self
+    }
+
+    fn waiting(&mut self, activity: Activity) {
+        if let Some(record) = &self.on_wait {
+            record(&activity);
+        }
+        self.activity = activity;
+    }
+
+    /// Has `record` told each new session's id, before the session is first polled (a short
+    /// synchronous write: the caller journals it there).
+    pub fn on_session(mut self, record: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.on_session = Some(Box::new(record));
+        self
     }
 
     /// The id of the session held, for the caller to journal (so that a restart after a crash
@@ -344,6 +372,9 @@ impl Listener {
                                 session_id = session.session_id,
                                 "scale-set session created"
                             );
+                            if let Some(record) = &self.on_session {
+                                record(&session.session_id);
+                            }
                             self.session = Some(session);
                             (Outcome::SessionCreated, None, None)
                         }
@@ -382,19 +413,19 @@ impl Listener {
                         delay_secs = delay.as_secs(),
                         "the scale set has another session: on standby"
                     );
-                    self.activity = Activity::Standby {
+                    self.waiting(Activity::Standby {
                         since,
                         until: since + delay,
-                    };
+                    });
                     tokio::time::sleep(delay).await;
                     self.pending = Action::CreateSession;
                     continue;
                 }
                 Action::BackOff { delay } => {
-                    self.activity = Activity::BackingOff {
+                    self.waiting(Activity::BackingOff {
                         until: SystemTime::now() + delay,
                         failures: self.state.failures,
-                    };
+                    });
                     tokio::time::sleep(delay).await;
                     self.pending = if self.session.is_some() {
                         Action::Poll
@@ -486,6 +517,18 @@ impl Listener {
             self.pending = Action::CreateSession;
         }
         acked
+    }
+
+    /// Acquires the jobs of `runner_request_ids` with the session held (the `JobAvailable`
+    /// jobs of a message, where the service still wants them acquired: GHES, §1.11); the ids
+    /// acquired.
+    pub async fn acquire(&mut self, runner_request_ids: &[i64]) -> Result<Vec<i64>, ScaleSetError> {
+        let Some(session) = self.session.as_mut() else {
+            return Err(ScaleSetError::SessionGone {
+                message: "no session held".into(),
+            });
+        };
+        self.client.acquire_jobs(session, runner_request_ids).await
     }
 
     /// Closes the session held, on shutdown, so that the next process is not refused.

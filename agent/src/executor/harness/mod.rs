@@ -105,6 +105,7 @@ pub(super) fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: 
         disk_max: None,
         env_file: None,
         network_allow: None,
+        scale_set: None,
     }
 }
 
@@ -689,6 +690,7 @@ impl Harness {
                 ))
             }),
             reruns: options.reruns.clone(),
+            scale_sets: Default::default(),
         };
         let seams = Seams {
             clock: Arc::new(clock.clone()),

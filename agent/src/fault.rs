@@ -10,9 +10,9 @@
 
 /// The variable naming the crash point: `jobs_claimed` (a fleet host, right after it claimed
 /// jobs), `attempt_journalled`, `jit_received`, `process_spawned`, `runner_started`,
-/// `runner_busy` or `cleanup`, in lifecycle order, and `rerun_sending` (a re-run journalled
+/// `runner_busy` or `cleanup`, in lifecycle order; `rerun_sending` (a re-run journalled
 /// `sending`, its request not sent; `executor/rerun.rs`) (the `crash_point` calls in the executor
-/// name them).
+/// name them); and `scale_set_message_journalled` (a scale-set message journalled, not yet acknowledged; `scaleset/listen.rs`).
 #[cfg(feature = "fault-injection")]
 const CRASH_ENV: &str = "RM_FAULT_CRASH_AT";
 

@@ -1,0 +1,361 @@
+//! The listener task of one scale set: finds or creates the scale set, holds its message
+//! session (journalled as soon as it exists, so a successor after a crash deletes it by id),
+//! long-polls the queue, and for each message: acquires its `JobAvailable` jobs where the
+//! service wants that (GHES), journals it, tells the executor, and only then acknowledges it.
+//! A message that cannot be journalled is not acknowledged (it comes again); an event inside
+//! one that cannot be handled is journalled as such and never blocks the queue.
+//!
+//! The rules of the protocol (sessions, eviction, back-off, standby) are
+//! `rm_github::scaleset::listener`'s; this task only adds the journal and the agent.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rm_github::scaleset::listener::{Activity, Listener};
+use rm_github::scaleset::{JobMessage, Message, MessageBody, ScaleSetError, Statistics};
+use rm_journal::{IncomingMessage, JobEvent, Recorded, ScaleSetStatistics, ScaleSets};
+use tokio::sync::watch;
+
+use super::{Board, Source};
+
+/// How long the task waits after an error that waiting does not fix (a refused credential, a
+/// 403) before it tries again from the start: an operator may fix it meanwhile.
+pub const GIVE_UP_RETRY: Duration = Duration::from_secs(300);
+
+/// How long the task waits before trying a journal write again that failed (a full disk):
+/// the message is not acknowledged meanwhile, so nothing is lost.
+pub const JOURNAL_RETRY: Duration = Duration::from_secs(5);
+
+/// How long the task waits after failing to find or create the scale set.
+pub const SETUP_RETRY: Duration = Duration::from_secs(30);
+
+/// Runs the listener of `source` until `shutdown` turns true, then closes its session.
+pub async fn run(
+    source: Arc<Source>,
+    board: Arc<Board>,
+    journal: PathBuf,
+    owner: String,
+    capacity: u32,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let name = source.set.name.clone();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        // `serve` watches `shutdown` itself, to close its session first.
+        let outcome = serve(&source, &board, &journal, &owner, capacity, &mut shutdown).await;
+        let wait = match outcome {
+            Served::Shutdown => return,
+            Served::ScaleSetGone => {
+                tracing::warn!(scale_set = name, "the scale set was deleted at GitHub; finding or creating it again");
+                Duration::ZERO
+            }
+            Served::SetupFailed(e) => {
+                tracing::warn!(scale_set = name, error = %e, "cannot find or create the scale set; trying again");
+                note(&source, &board, &journal, format!("cannot find or create the scale set: {e}")).await;
+                SETUP_RETRY
+            }
+            Served::GaveUp(e) => {
+                tracing::error!(scale_set = name, error = %e, "the scale-set listener was refused; trying again in 5 minutes");
+                note(&source, &board, &journal, format!("refused: {e}")).await;
+                GIVE_UP_RETRY
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+enum Served {
+    Shutdown,
+    ScaleSetGone,
+    SetupFailed(ScaleSetError),
+    GaveUp(ScaleSetError),
+}
+
+/// Says what stops the listener, in memory and in the journal (for `status`).
+async fn note(source: &Source, board: &Board, journal: &std::path::Path, activity: String) {
+    let name = source.set.name.clone();
+    let text = activity.clone();
+    if let Err(e) = blocking(journal, move |j| j.record_note(&name, Some(&text), rm_vocab::now())).await {
+        tracing::warn!(scale_set = source.set.name, error = %e, "cannot journal the scale set's note");
+    }
+    source.update(|seen| seen.activity = activity);
+    board.changed();
+}
+
+/// Opens the journal's scale-set record off the async workers.
+async fn blocking<T: Send + 'static>(
+    journal: &std::path::Path,
+    work: impl FnOnce(&ScaleSets) -> Result<T, rm_journal::JournalError> + Send + 'static,
+) -> Result<T, rm_journal::JournalError> {
+    let path = journal.to_owned();
+    tokio::task::spawn_blocking(move || work(&ScaleSets::open(&path)?))
+        .await
+        .unwrap_or_else(|e| {
+            Err(rm_journal::JournalError::Commit(format!(
+                "the journal task failed: {e}"
+            )))
+        })
+}
+
+/// One life of the listener: from finding the scale set to the error that ends it.
+async fn serve(
+    source: &Arc<Source>,
+    board: &Arc<Board>,
+    journal: &std::path::Path,
+    owner: &str,
+    capacity: u32,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Served {
+    let set = &source.set;
+    let name = set.name.clone();
+    let known = {
+        let name = name.clone();
+        blocking(journal, move |j| j.get(&name)).await.ok().flatten()
+    };
+    let found = match source
+        .client
+        .get_scale_set(set.runner_group_id, &set.name)
+        .await
+    {
+        Ok(Some(found)) => found,
+        Ok(None) => match source
+            .client
+            .create_scale_set(set.runner_group_id, &set.name, &set.labels)
+            .await
+        {
+            Ok(created) => {
+                tracing::info!(scale_set = name, id = created.id, "scale set created");
+                created
+            }
+            Err(e) => return Served::SetupFailed(e),
+        },
+        Err(e) => return Served::SetupFailed(e),
+    };
+    let id = found.id;
+    source.set_id(id);
+    let journalled_id = known.as_ref().and_then(|k| k.scale_set_id);
+    let mut last_message_id = match journalled_id {
+        // Another scale set than the one the cursor belongs to (deleted and made again): its
+        // queue starts over.
+        Some(old) if old != id as i64 => {
+            let name = name.clone();
+            let at = rm_vocab::now();
+            if let Err(e) = blocking(journal, move |j| j.reset_cursor(&name, id as i64, at)).await {
+                tracing::warn!(scale_set = set.name, error = %e, "cannot journal the new scale set's id");
+            }
+            0
+        }
+        _ => known
+            .as_ref()
+            .map_or(0, |k| u64::try_from(k.last_message_id).unwrap_or(0)),
+    };
+    let stale = known.as_ref().and_then(|k| k.session_id.clone());
+    let record_path = journal.to_owned();
+    let record_name = name.clone();
+    let listener = Listener::new(Arc::clone(&source.client), id, owner, stale).on_session(
+        move |session_id| {
+            // Before the session is first polled: a successor deletes it by this id.
+            let at = rm_vocab::now();
+            let written = ScaleSets::open(&record_path).and_then(|j| {
+                j.record_session(&record_name, id as i64, Some(session_id), at)
+            });
+            if let Err(e) = written {
+                tracing::warn!(scale_set = record_name, error = %e, "cannot journal the scale-set session");
+            }
+        },
+    );
+    // A wait is journalled as the scale set's note for `status` (another process), and cleared
+    // by the next answered poll.
+    let noted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let listener = {
+        let (path, name, noted) = (journal.to_owned(), name.clone(), Arc::clone(&noted));
+        listener.on_wait(move |waiting| {
+            let text = activity(waiting);
+            let written = ScaleSets::open(&path)
+                .and_then(|j| j.record_note(&name, Some(&text), rm_vocab::now()));
+            match written {
+                Ok(()) => noted.store(true, std::sync::atomic::Ordering::Release),
+                Err(e) => tracing::warn!(scale_set = name, error = %e, "cannot journal the scale set's note"),
+            }
+        })
+    };
+    let mut listener = listener;
+    source.update(|seen| {
+        seen.last_message_id = last_message_id;
+        seen.activity = "opening a session".to_owned();
+    });
+    board.changed();
+    loop {
+        let next = tokio::select! {
+            next = listener.next(last_message_id, capacity) => next,
+            _ = shutdown.changed() => {
+                close(listener, journal, &name, id).await;
+                return Served::Shutdown;
+            }
+        };
+        let session_statistics = listener.session().and_then(|s| s.statistics.clone());
+        source.update(|seen| {
+            seen.session_id = listener.session_id().map(str::to_owned);
+            seen.activity = activity(listener.activity());
+            if seen.statistics.is_none() {
+                // The session's statistics are the starting state (a cold start with jobs
+                // already assigned scales on them before any message).
+                seen.statistics = session_statistics;
+            }
+        });
+        board.changed();
+        if next.is_ok() && noted.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            let name = name.clone();
+            if let Err(e) = blocking(journal, move |j| j.record_note(&name, None, rm_vocab::now())).await {
+                tracing::warn!(scale_set = set.name, error = %e, "cannot clear the scale set's note");
+            }
+        }
+        let message = match next {
+            Ok(Some(message)) => message,
+            Ok(None) => {
+                source.update(|seen| seen.activity = "polling".to_owned());
+                continue;
+            }
+            Err(ScaleSetError::ScaleSetNotFound { .. }) => return Served::ScaleSetGone,
+            Err(e) => return Served::GaveUp(e),
+        };
+        acquire_available(&mut listener, &message, &name).await;
+        let incoming = incoming(&message);
+        let statistics = message.statistics.clone();
+        let message_id = message.id;
+        loop {
+            let (name, incoming) = (name.clone(), incoming.clone());
+            match blocking(journal, move |j| j.record_message(&name, &incoming)).await {
+                Ok(Recorded::New) => break,
+                Ok(Recorded::AlreadyJournalled) => {
+                    tracing::info!(scale_set = set.name, message_id, "message redelivered; already journalled");
+                    break;
+                }
+                Err(e) => {
+                    // Not acknowledged: it comes again; the write is tried again meanwhile.
+                    tracing::error!(scale_set = set.name, message_id, error = %e, "cannot journal a scale-set message; it is not acknowledged");
+                    tokio::select! {
+                        _ = tokio::time::sleep(JOURNAL_RETRY) => {}
+                        _ = shutdown.changed() => {
+                            close(listener, journal, &name, id).await;
+                            return Served::Shutdown;
+                        }
+                    }
+                }
+            }
+        }
+        crate::fault::crash_point("scale_set_message_journalled");
+        source.update(|seen| {
+            if let Some(statistics) = statistics {
+                seen.statistics = Some(statistics);
+            }
+            seen.last_message_id = message_id;
+        });
+        board.changed();
+        if let Err(e) = listener.ack(message_id).await {
+            // Journalled: the redelivery is recognised. Nothing else to do.
+            tracing::warn!(scale_set = set.name, message_id, error = %e, "cannot acknowledge a scale-set message; it comes again and is recognised");
+        }
+        last_message_id = message_id;
+    }
+}
+
+/// Acquires the message's `JobAvailable` jobs (GHES assigns a job only once acquired, §1.11;
+/// github.com announces none). A failure is logged: the service announces them again.
+async fn acquire_available(listener: &mut Listener, message: &Message, name: &str) {
+    let MessageBody::Jobs(jobs) = &message.body else {
+        return;
+    };
+    let ids: Vec<i64> = jobs
+        .iter()
+        .filter(|j| j.message_type == "JobAvailable" && j.runner_request_id > 0)
+        .map(|j| j.runner_request_id)
+        .collect();
+    if ids.is_empty() {
+        return;
+    }
+    match listener.acquire(&ids).await {
+        Ok(acquired) => {
+            tracing::info!(scale_set = name, offered = ids.len(), acquired = acquired.len(), "scale-set jobs acquired");
+        }
+        Err(e) => {
+            tracing::warn!(scale_set = name, error = %e, "cannot acquire the scale set's available jobs");
+        }
+    }
+}
+
+async fn close(listener: Listener, journal: &std::path::Path, name: &str, id: u64) {
+    match listener.close().await {
+        Ok(()) => {
+            let (name, at) = (name.to_owned(), rm_vocab::now());
+            if let Err(e) = blocking(journal, move |j| j.record_session(&name, id as i64, None, at)).await {
+                tracing::warn!(error = %e, "cannot journal that the scale-set session is closed");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(scale_set = name, error = %e, "cannot close the scale-set session; the next start deletes it by its journalled id");
+        }
+    }
+}
+
+fn activity(activity: &Activity) -> String {
+    match activity {
+        Activity::Idle | Activity::Polling { .. } => "polling".to_owned(),
+        Activity::Opening => "opening a session".to_owned(),
+        Activity::Standby { until, .. } => format!(
+            "on standby: another listener holds the scale set's session (next try at {})",
+            rm_vocab::UnixMs::from(*until)
+        ),
+        Activity::BackingOff { until, failures } => format!(
+            "backing off after {failures} failure(s) (next try at {})",
+            rm_vocab::UnixMs::from(*until)
+        ),
+    }
+}
+
+/// The message as the journal keeps it.
+pub(crate) fn incoming(message: &Message) -> IncomingMessage {
+    let (events, unknown_type) = match &message.body {
+        MessageBody::Jobs(jobs) => (jobs.iter().map(event).collect(), None),
+        MessageBody::Unknown { message_type, .. } => (Vec::new(), Some(message_type.clone())),
+    };
+    IncomingMessage {
+        message_id: i64::try_from(message.id).unwrap_or(i64::MAX),
+        statistics: message.statistics.as_ref().map(statistics),
+        events,
+        unknown_type,
+        received_at: rm_vocab::now(),
+    }
+}
+
+fn event(job: &JobMessage) -> JobEvent {
+    JobEvent {
+        kind: job.message_type.clone(),
+        job_id: job.job_id.clone(),
+        runner_request_id: job.runner_request_id,
+        repository: String::new(),
+        workflow_run_id: None,
+        display_name: job.job_display_name.clone(),
+        labels: job.request_labels.clone(),
+        runner_name: job.runner_name.clone(),
+        result: job.result.clone(),
+    }
+}
+
+pub(crate) fn statistics(s: &Statistics) -> ScaleSetStatistics {
+    ScaleSetStatistics {
+        available: s.total_available_jobs,
+        acquired: s.total_acquired_jobs,
+        assigned: s.total_assigned_jobs,
+        running: s.total_running_jobs,
+        registered: s.total_registered_runners,
+        busy: s.total_busy_runners,
+        idle: s.total_idle_runners,
+    }
+}

@@ -1,0 +1,236 @@
+//! GitHub's runner scale sets as a demand source (issue 29). This module owns the agent's side
+//! of it: one [`Source`] per `[[scale_set]]` (its client of the Actions service, the scale set's
+//! id once found, what its listener last saw), the [`Board`] the listener tasks and the
+//! executor share, and the rule that turns a scale set's statistics into runners
+//! ([`runners_wanted`]). The listener task is [`listen`]; the protocol is `rm_github::scaleset`.
+//!
+//! The delivery contract: a message is journalled (`rm_journal::ScaleSets::record_message`)
+//! before it is acknowledged, so a crash on either side of the write loses nothing and handles
+//! nothing twice (a redelivered message is recognised as already journalled). Runners are not
+//! tied to jobs: the service hands any job of the scale set to any of its idle runners, so
+//! demand is a count, `min(min_idle + assigned, max)`, not a list of jobs.
+
+pub mod listen;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rm_github::scaleset::{ScaleSetClient, Statistics};
+use tokio::sync::watch;
+
+use crate::config::scale_sets::ScaleSet;
+
+/// How many runners of a scale set's policy are wanted besides its busy ones: the scale set's
+/// target `min(min_idle + assigned, max)` (ARC's, GARM's and GitHub's own example's rule,
+/// `github-scale-sets.md` §1.14) less the runners busy with a job. `assigned` counts the jobs
+/// assigned to the scale set, running ones included; the executor offsets the runners still
+/// starting or idle itself, so a job assigned while its runner starts never causes a second.
+pub fn runners_wanted(min_idle: u32, max: u32, assigned: i64, busy: u32) -> u32 {
+    let assigned = u32::try_from(assigned.max(0)).unwrap_or(u32::MAX);
+    min_idle
+        .saturating_add(assigned)
+        .min(max.max(min_idle))
+        .saturating_sub(busy)
+}
+
+/// The scope's URL as the Actions service knows it (`https://github.com/acme`), from the REST
+/// API's URL: `api.github.com` and `api.<host>` (GHE.com) drop the `api.`, GHES drops `/api/v3`;
+/// anything else (a test's fake) is taken as it is.
+pub fn config_url(api_url: &str, target: &rm_github::Target) -> String {
+    let api = api_url.trim_end_matches('/');
+    let web = if let Some(host) = api.strip_prefix("https://api.") {
+        format!("https://{host}")
+    } else if let Some(base) = api.strip_suffix("/api/v3") {
+        base.to_owned()
+    } else {
+        api.to_owned()
+    };
+    match target {
+        rm_github::Target::Org(org) => format!("{web}/{org}"),
+        rm_github::Target::Repo { owner, repo } => format!("{web}/{owner}/{repo}"),
+    }
+}
+
+/// Removes the scale set's runner `name` (an earlier try's registration whose answer was
+/// lost, met as `AgentExistsException`). Best effort: a failure is logged, and the JIT request
+/// that follows says whether the name is still taken.
+pub async fn remove_by_name(source: &Source, name: &str) {
+    match source.client.find_runner(name).await {
+        Ok(Some(runner)) => {
+            if let Err(e) = source.client.remove_runner(runner.id).await {
+                tracing::warn!(runner = name, error = %e, "cannot remove the scale set's stale runner");
+            }
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(runner = name, error = %e, "cannot look the scale set's stale runner up"),
+    }
+}
+
+/// What the listener of one scale set last saw, for the executor and `status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// The last statistics (a session's or a message's); `None` before the first.
+    pub statistics: Option<Statistics>,
+    /// The session held, if any.
+    pub session_id: Option<String>,
+    /// The last message journalled.
+    pub last_message_id: u64,
+    /// What the listener is doing, in words (`polling`, `on standby: …`, `backing off: …`).
+    pub activity: String,
+}
+
+/// One `[[scale_set]]` while the agent runs.
+#[derive(Debug)]
+pub struct Source {
+    pub set: ScaleSet,
+    pub client: Arc<ScaleSetClient>,
+    /// The scale set's id at GitHub; 0 until the listener found or created it.
+    id: AtomicU64,
+    seen: Mutex<Seen>,
+}
+
+impl Source {
+    pub fn new(set: ScaleSet, client: Arc<ScaleSetClient>) -> Self {
+        Self {
+            set,
+            client,
+            id: AtomicU64::new(0),
+            seen: Mutex::new(Seen::default()),
+        }
+    }
+
+    /// The scale set's id, once found.
+    pub fn id(&self) -> Option<u64> {
+        Some(self.id.load(Ordering::Acquire)).filter(|id| *id != 0)
+    }
+
+    pub(crate) fn set_id(&self, id: u64) {
+        self.id.store(id, Ordering::Release);
+    }
+
+    pub fn seen(&self) -> Seen {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn update(&self, change: impl FnOnce(&mut Seen)) {
+        change(&mut self.seen.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+}
+
+/// Every scale set of this agent, by the policy that serves it, and the signal that one of
+/// them changed (the executor wakes on it).
+#[derive(Debug)]
+pub struct Board {
+    by_policy: BTreeMap<String, Arc<Source>>,
+    changes: watch::Sender<u64>,
+}
+
+impl Default for Board {
+    fn default() -> Self {
+        Self::new(Vec::new())
+    }
+}
+
+impl Board {
+    pub fn new(sources: Vec<Arc<Source>>) -> Self {
+        Self {
+            by_policy: sources
+                .into_iter()
+                .map(|s| (s.set.policy.clone(), s))
+                .collect(),
+            changes: watch::channel(0).0,
+        }
+    }
+
+    /// The scale set `policy` serves.
+    pub fn of_policy(&self, policy: &str) -> Option<&Arc<Source>> {
+        self.by_policy.get(policy)
+    }
+
+    pub fn sources(&self) -> impl Iterator<Item = &Arc<Source>> {
+        self.by_policy.values()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_policy.is_empty()
+    }
+
+    /// Wakes whoever watches (the executor's control loop).
+    pub fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// The jobs assigned to `policy`'s scale set, from its last statistics; `None` when the
+    /// policy serves no scale set, `Some(0)` before the first statistics.
+    pub fn assigned(&self, policy: &str) -> Option<i64> {
+        self.of_policy(policy).map(|source| {
+            source
+                .seen()
+                .statistics
+                .map_or(0, |s| s.total_assigned_jobs)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scale_set_wants_min_idle_plus_assigned_capped_by_max_less_its_busy_runners() {
+        // (min_idle, max, assigned, busy, wanted besides the busy ones)
+        let cases: [(u32, u32, i64, u32, u32); 10] = [
+            (0, 5, 0, 0, 0),
+            (0, 5, 3, 0, 3),
+            // Running jobs are assigned too: their busy runners are not wanted again.
+            (0, 5, 3, 2, 1),
+            (0, 5, 3, 3, 0),
+            // Idle runners kept ready on top of the assigned jobs.
+            (2, 5, 0, 0, 2),
+            (2, 5, 1, 1, 2),
+            // The ceiling counts busy runners.
+            (0, 5, 120, 0, 5),
+            (0, 5, 120, 5, 0),
+            (2, 5, 4, 4, 1),
+            // Statistics out of range never wrap.
+            (0, 5, -3, 0, 0),
+        ];
+        for (min_idle, max, assigned, busy, wanted) in cases {
+            assert_eq!(
+                runners_wanted(min_idle, max, assigned, busy),
+                wanted,
+                "min_idle {min_idle} max {max} assigned {assigned} busy {busy}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_scope_url_is_the_web_url_of_the_target() {
+        let org = rm_github::Target::Org("acme".into());
+        let repo: rm_github::Target = "acme/widgets".parse().expect("a target");
+        // (API URL, target, scope URL)
+        let cases = [
+            ("https://api.github.com", &org, "https://github.com/acme"),
+            ("https://api.github.com/", &repo, "https://github.com/acme/widgets"),
+            ("https://api.octo.ghe.com", &org, "https://octo.ghe.com/acme"),
+            ("https://ghes.example/api/v3", &org, "https://ghes.example/acme"),
+            ("http://127.0.0.1:4711", &repo, "http://127.0.0.1:4711/acme/widgets"),
+        ];
+        for (api, target, url) in cases {
+            assert_eq!(config_url(api, target), url, "{api}");
+        }
+    }
+
+    #[test]
+    fn min_idle_above_max_is_the_ceiling() {
+        assert_eq!(runners_wanted(3, 1, 0, 0), 3);
+    }
+}
