@@ -435,7 +435,7 @@ pub struct Policy {
     pub network_allow: Option<Vec<Cidr>>,
     /// The `[[scale_set]]` this policy's runners serve ([`scale_sets`]): its demand comes from
     /// the scale set's statistics, never from webhook or polled jobs. `None`: a webhook policy.
-    pub scale_set: Option<String>,
+    pub scale_set: Option<scale_sets::ScaleSet>,
 }
 
 /// Where the configuration comes from, after the command line and the environment had a say.

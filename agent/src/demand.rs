@@ -196,7 +196,12 @@ mod tests {
     fn a_scale_set_s_policy_never_takes_journalled_jobs() {
         // The job for a scale set arrives as a webhook too; only the scale set serves it.
         let mut set = policy("set", "acme", &["big"]);
-        set.scale_set = Some("big".to_owned());
+        set.scale_set = Some(crate::config::scale_sets::ScaleSet {
+            name: "big".to_owned(),
+            policy: "set".to_owned(),
+            labels: vec!["big".to_owned()],
+            runner_group_id: 1,
+        });
         let jobs = [job(1, "acme/widgets", &["big"])];
         let demand = route(&[set.clone()], &jobs);
         assert_eq!(demand.of("set"), 0);

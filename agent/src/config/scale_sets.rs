@@ -91,7 +91,7 @@ pub(super) fn validate(
             ));
         }
         if let Some(policy) = policies.iter_mut().find(|p| p.name == set.policy) {
-            policy.scale_set = Some(set.name.clone());
+            policy.scale_set = Some(set.clone());
         }
     }
     Ok(sets)
@@ -139,6 +139,17 @@ fn one(section: ScaleSetSection, policies: &[Policy]) -> Result<ScaleSet, (&'sta
             .runner_group_id
             .unwrap_or(policy.runner_group_id.max(DEFAULT_RUNNER_GROUP)),
     })
+}
+
+impl ScaleSet {
+    /// Whether a job with `labels` is this scale set's: every one of its labels is the scale
+    /// set's (compared case-insensitively, as GitHub does).
+    pub fn takes(&self, labels: &[String]) -> bool {
+        !labels.is_empty()
+            && labels
+                .iter()
+                .all(|l| self.labels.iter().any(|own| own.eq_ignore_ascii_case(l)))
+    }
 }
 
 /// The first of `labels` another owner carries too (case-insensitively, as GitHub compares

@@ -348,6 +348,7 @@ fn fields_of(table: Option<&str>) -> Option<Vec<String>> {
     let text = match table {
         None => format!("{PROBE} = 1\n"),
         Some("policy") => format!("[[policy]]\n{PROBE} = 1\n"),
+        Some("scale_set") => format!("[[scale_set]]\n{PROBE} = 1\n"),
         Some(t) => format!("[{t}]\n{PROBE} = 1\n"),
     };
     let err = parse(None, &text).err()?;
@@ -1267,4 +1268,94 @@ fn rerun_refusals_name_their_key() {
         assert_eq!(err.key, key, "{text}: {err}");
         assert!(err.problem.contains(says), "{text}: {err}");
     }
+}
+
+const SCALE_SET_BASE: &str = r#"
+[[policy]]
+name = "big"
+target = "acme"
+labels = ["self-hosted", "big"]
+max_runners = 4
+
+[[policy]]
+name = "linux"
+target = "acme"
+labels = ["self-hosted", "linux"]
+"#;
+
+#[test]
+fn a_scale_set_names_its_policy_which_then_serves_it_alone() {
+    let config = load_text(&format!(
+        "{SCALE_SET_BASE}\n[[scale_set]]\nname = \"acme-big\"\npolicy = \"big\"\nlabels = [\"gpu\"]\n"
+    ))
+    .expect("loads");
+    assert_eq!(
+        config.scale_sets,
+        vec![scale_sets::ScaleSet {
+            name: "acme-big".into(),
+            policy: "big".into(),
+            labels: vec!["acme-big".into(), "gpu".into()],
+            runner_group_id: 1,
+        }]
+    );
+    let served: Vec<_> = config
+        .policies
+        .iter()
+        .map(|p| (p.name.as_str(), p.scale_set.as_ref().map(|s| s.name.as_str())))
+        .collect();
+    assert_eq!(served, [("big", Some("acme-big")), ("linux", None)]);
+}
+
+/// The double-demand guard: `rm-agent check` and `run` refuse a scale-set label a webhook
+/// policy also carries (a job would get a runner from each), and the other mistakes name their
+/// key.
+#[test]
+fn scale_set_mistakes_and_overlapping_labels_are_refused() {
+    let cases: [(&str, &str, &str); 7] = [
+        (
+            "[[scale_set]]\nname = \"linux\"\npolicy = \"big\"\n",
+            "scale_set[0].labels",
+            "also carried by policy `linux`",
+        ),
+        (
+            "[[scale_set]]\nname = \"acme-big\"\npolicy = \"big\"\nlabels = [\"LINUX\"]\n",
+            "scale_set[0].labels",
+            "also carried by policy `linux`",
+        ),
+        (
+            "[[scale_set]]\nname = \"acme-big\"\npolicy = \"nope\"\n",
+            "scale_set[0].policy",
+            "not a policy",
+        ),
+        (
+            "[[scale_set]]\nname = \"has space\"\npolicy = \"big\"\n",
+            "scale_set[0].name",
+            "letters, digits",
+        ),
+        (
+            "[[scale_set]]\nname = \"a\"\npolicy = \"big\"\n[[scale_set]]\nname = \"b\"\npolicy = \"big\"\n",
+            "scale_set[1].policy",
+            "already serves",
+        ),
+        (
+            "[[scale_set]]\nname = \"a\"\npolicy = \"big\"\n[[scale_set]]\nname = \"A\"\npolicy = \"linux\"\n",
+            "scale_set[1].name",
+            "unique",
+        ),
+        (
+            "[[scale_set]]\nname = \"a\"\npolicy = \"big\"\nlabels = [\"x\"]\n[[scale_set]]\nname = \"b\"\npolicy = \"linux\"\nlabels = [\"x\"]\n",
+            "scale_set[1].labels",
+            "also scale set `a`",
+        ),
+    ];
+    for (extra, key, problem) in cases {
+        let err = refusal(&format!("{SCALE_SET_BASE}\n{extra}"));
+        assert_eq!(err.key, key, "{extra}: {err:?}");
+        assert!(err.problem.contains(problem), "{extra}: {}", err.problem);
+    }
+    // Control: the policy that serves the scale set may carry its label itself.
+    load_text(&format!(
+        "{SCALE_SET_BASE}\n[[scale_set]]\nname = \"big\"\npolicy = \"big\"\n"
+    ))
+    .expect("the serving policy's own label is no overlap");
 }

@@ -67,6 +67,8 @@ pub(crate) enum Verdict {
     WaitingForGithub,
     Running,
     Done,
+    /// The job is a scale set's: GitHub assigns it to one of the scale set's runners.
+    ScaleSet,
 }
 
 impl Verdict {
@@ -83,6 +85,7 @@ impl Verdict {
             Verdict::WaitingForGithub => "waiting_for_github",
             Verdict::Running => "running",
             Verdict::Done => "done",
+            Verdict::ScaleSet => "scale_set",
         }
     }
 }
@@ -537,6 +540,26 @@ fn unrouted(job: &JobRow, routed: &demand::Demand, policies: &[Policy]) -> Condi
                 ),
             ),
             format!("{labels} matches {} policies", both.len()),
+        );
+    }
+    if let Some((set, policy)) = policies
+        .iter()
+        .find_map(|p| p.scale_set.as_ref().filter(|s| s.takes(&job.labels)).map(|s| (s, p)))
+    {
+        return condition(
+            Verdict::ScaleSet,
+            reason(
+                "scale_set",
+                format!(
+                    "The job's labels {labels} are scale set `{}`'s: GitHub assigns it to the \
+                     scale set, whose runners (policy `{}`) rm starts as the scale set's \
+                     statistics ask, and one of them takes it. Webhooks and polling do not start \
+                     runners for it. `rm-agent status` shows the scale set's session and \
+                     statistics.",
+                    set.name, policy.name
+                ),
+            ),
+            format!("served by scale set {}", set.name),
         );
     }
     let job_q = QueuedJob::from(job);

@@ -781,3 +781,27 @@ fn in_a_fleet_the_jobs_other_hosts_claimed_leave_this_host_s_queue() {
     );
     assert_eq!(codes(&waiting[0]), vec!["claimed_by_host"]);
 }
+
+#[test]
+fn a_scale_set_s_job_names_its_scale_set_and_policy() {
+    let mut w = World::new();
+    let mut big = policy("big", &["whatever"], 4);
+    big.scale_set = Some(crate::config::scale_sets::ScaleSet {
+        name: "acme-big".to_owned(),
+        policy: "big".to_owned(),
+        labels: vec!["acme-big".to_owned(), "gpu".to_owned()],
+        runner_group_id: 1,
+    });
+    w.policies.push(big);
+    let j = w.queue(1, &["ACME-BIG", "gpu"]);
+    let e = w.explain(&j);
+    assert_eq!(e.verdict, Verdict::ScaleSet);
+    assert_eq!(e.verdict.as_str(), "scale_set");
+    assert_eq!(codes(&e)[0], "scale_set");
+    assert!(e.reasons[0].message.contains("scale set `acme-big`"), "{:?}", e.reasons);
+    assert!(e.reasons[0].message.contains("policy `big`"), "{:?}", e.reasons);
+    assert_eq!(e.summary, "served by scale set acme-big");
+    // A label the scale set lacks: not its job, and no policy matches.
+    let other = w.queue(2, &["acme-big", "windows"]);
+    assert_eq!(w.explain(&other).verdict, Verdict::NoMatchingPolicy);
+}
