@@ -12,7 +12,9 @@
 /// jobs), `attempt_journalled`, `jit_received`, `process_spawned`, `runner_started`,
 /// `runner_busy` or `cleanup`, in lifecycle order; `rerun_sending` (a re-run journalled
 /// `sending`, its request not sent; `executor/rerun.rs`) (the `crash_point` calls in the executor
-/// name them); and `scale_set_message_journalled` (a scale-set message journalled, not yet acknowledged; `scaleset/listen.rs`).
+/// name them); `scale_set_message_received` and `scale_set_message_journalled` (a scale-set message
+/// received and not yet journalled, and journalled and not yet acknowledged;
+/// `scaleset/listen.rs`).
 #[cfg(feature = "fault-injection")]
 const CRASH_ENV: &str = "RM_FAULT_CRASH_AT";
 

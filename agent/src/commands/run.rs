@@ -191,6 +191,9 @@ pub(crate) async fn serve_paced(
             journal.clone(),
         );
         receiver.add_collector(Box::new(agent_metrics));
+        receiver.add_collector(Box::new(crate::scaleset::metrics::ScaleSetMetrics::new(
+            Arc::clone(&board),
+        )));
         // Wait times since this start (CONTRACT §8): seeded before deliveries are taken.
         let waits = crate::latency::WaitMetrics::default();
         tasks.until_aborted(

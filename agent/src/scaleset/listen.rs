@@ -225,6 +225,7 @@ async fn serve(
             Err(ScaleSetError::ScaleSetNotFound { .. }) => return Served::ScaleSetGone,
             Err(e) => return Served::GaveUp(e),
         };
+        crate::fault::crash_point("scale_set_message_received");
         acquire_available(&mut listener, &message, &name).await;
         let incoming = incoming(&message);
         let statistics = message.statistics.clone();

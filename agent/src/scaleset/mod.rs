@@ -11,6 +11,7 @@
 //! demand is a count, `min(min_idle + assigned, max)`, not a list of jobs.
 
 pub mod listen;
+pub mod metrics;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -86,6 +86,8 @@ pub struct FleetOptions {
     /// Where the setup directory (data, key, package, runner root) is made instead of the
     /// system's temporary directory.
     pub base_dir: Option<PathBuf>,
+    /// TOML appended to the configuration as it is (`[[scale_set]]` tables, ...).
+    pub tail: String,
 }
 
 impl Default for FleetOptions {
@@ -105,6 +107,7 @@ impl Default for FleetOptions {
             isolation: None,
             host_extra: String::new(),
             base_dir: None,
+            tail: String::new(),
         }
     }
 }
@@ -242,6 +245,7 @@ impl Fleet {
                 p.extra
             ));
         }
+        config.push_str(&options.tail);
         std::fs::write(self.setup.config(), config).unwrap();
     }
 
