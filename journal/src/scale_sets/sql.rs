@@ -8,9 +8,11 @@ use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehav
 use super::types::*;
 use crate::JournalError;
 
+/// The columns [`record_row`] reads, in its order.
 const RECORD_COLUMNS: &str = "name, scale_set_id, session_id, last_message_id, last_message_at, \
      statistics, statistics_at, messages, generation, note, note_at";
 
+/// The columns [`job_row`] reads, in its order.
 const JOB_COLUMNS: &str = "scale_set, job_id, runner_request_id, state, repository, \
      workflow_run_id, display_name, labels, runner_name, result, first_seen, updated_at, \
      message_id, unhandled";
