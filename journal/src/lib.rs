@@ -20,7 +20,10 @@
 //! Every state change is compare-and-set (`UPDATE ... WHERE state_rank < ?`) so that two writers
 //! (the agent's writer and a `deliveries replay` from the CLI) can never both win. Runner
 //! attempts are written synchronously on the agent's own connection ([`Attempts`]), each
-//! transition compare-and-set over the lifecycle's graph ([`AttemptState`]).
+//! transition compare-and-set over the lifecycle's graph ([`AttemptState`]). GitHub's runner
+//! scale sets as this host's listener sees them ([`ScaleSets`]: each queue message journalled
+//! before it is acknowledged, a redelivery recognised, the jobs moved forward only) are on a
+//! connection of their own too.
 
 mod apply;
 mod attempts;
@@ -39,6 +42,7 @@ mod read;
 mod replay;
 mod reruns;
 mod retention;
+mod scale_sets;
 mod schema;
 mod store;
 mod sync;
@@ -68,6 +72,10 @@ pub use read::{DemandView, Reader};
 pub use replay::replay;
 pub use reruns::{NewRerun, RerunCounts, RerunRecord, RerunState};
 pub use retention::Retention;
+pub use scale_sets::{
+    IncomingMessage, JobEvent, MessageRecorded, ScaleSetJobRow, ScaleSetJobState, ScaleSetRecord,
+    ScaleSetStatistics, ScaleSets,
+};
 pub use schema::SCHEMA_VERSION;
 pub use store::{JobReader, Store};
 pub use types::{
@@ -88,6 +96,8 @@ mod intake_tests;
 mod pg_server;
 #[cfg(test)]
 mod rerun_tests;
+#[cfg(test)]
+mod scale_set_tests;
 #[cfg(test)]
 #[path = "../../tests/support/skip.rs"]
 mod skip;

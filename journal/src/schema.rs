@@ -270,6 +270,66 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE INDEX reruns_attempt ON reruns (attempt_id);
     CREATE INDEX reruns_open ON reruns (state) WHERE state IN ('intended', 'sending');
     "#,
+    // v11: GitHub's runner scale sets as this host's listener sees them (issue 29,
+    // `crate::scale_sets`). `scale_sets`: one row per scale set, its id, the session held (written
+    // before it is used, so a successor can delete a crashed agent's session), the message
+    // cursor and the last statistics. `scale_set_messages`: every message journalled before it
+    // is acknowledged; the primary key recognises a redelivery within a generation (a re-created
+    // scale set numbers its messages anew, `reset_cursor` starts a new generation).
+    // `scale_set_jobs`: one row per job, moved forward only by its events. The queue's token and
+    // JIT configurations are never stored.
+    r#"
+    CREATE TABLE scale_sets (
+        name            TEXT PRIMARY KEY NOT NULL,  -- the scale set's configured name
+        scale_set_id    INTEGER,                    -- GitHub's id, new when re-created
+        session_id      TEXT,                       -- the session held; NULL once closed
+        session_at      INTEGER,
+        generation      INTEGER NOT NULL DEFAULT 0, -- cursor resets so far
+        last_message_id INTEGER NOT NULL DEFAULT 0, -- highest id journalled in this generation
+        last_message_at INTEGER,
+        statistics      TEXT,                       -- JSON object, the last known
+        statistics_at   INTEGER,
+        messages        INTEGER NOT NULL DEFAULT 0, -- journalled so far, every generation
+        note            TEXT,                       -- one sentence for the operator
+        note_at         INTEGER,
+        updated_at      INTEGER NOT NULL
+    );
+
+    CREATE TABLE scale_set_messages (
+        scale_set    TEXT NOT NULL,
+        generation   INTEGER NOT NULL,
+        message_id   INTEGER NOT NULL,
+        received_at  INTEGER NOT NULL,
+        statistics   TEXT,                          -- JSON object; NULL when GitHub sent null
+        event_count  INTEGER NOT NULL,
+        unhandled    INTEGER NOT NULL,              -- events that named no job
+        unknown_type TEXT,                          -- a top-level type not understood
+        events       TEXT NOT NULL,                 -- JSON array of the events, for audit
+        PRIMARY KEY (scale_set, generation, message_id)
+    );
+    CREATE INDEX scale_set_messages_received ON scale_set_messages (received_at);
+
+    CREATE TABLE scale_set_jobs (
+        scale_set         TEXT NOT NULL,
+        job_id            TEXT NOT NULL,            -- GitHub's jobId (a string)
+        runner_request_id INTEGER NOT NULL,
+        state             TEXT NOT NULL
+                          CHECK (state IN ('available', 'assigned', 'started', 'completed')),
+        repository        TEXT NOT NULL,            -- owner/name, may be empty
+        workflow_run_id   INTEGER,
+        display_name      TEXT NOT NULL,
+        labels            TEXT NOT NULL,            -- JSON array
+        runner_name       TEXT,
+        result            TEXT,
+        first_seen        INTEGER NOT NULL,
+        updated_at        INTEGER NOT NULL,
+        message_id        INTEGER NOT NULL,         -- the message that last moved it
+        unhandled         TEXT,                     -- why an event for it was not handled
+        PRIMARY KEY (scale_set, job_id)
+    );
+    CREATE INDEX scale_set_jobs_updated ON scale_set_jobs (updated_at);
+    CREATE INDEX scale_set_jobs_job ON scale_set_jobs (job_id);
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -16,7 +16,7 @@ use rm_vocab::{JobId, UnixMs};
 
 use crate::{
     Attempts, DeliveryRow, DemandView, Fleet, InstallationRow, JobRow, JournalError, LocalFleet,
-    Outcome, PgJournal, PgTarget, PollJournal, PollStore, Reader, StoredDelivery,
+    Outcome, PgJournal, PgTarget, PollJournal, PollStore, Reader, ScaleSets, StoredDelivery,
 };
 
 /// Where the journal is: this host's file, and the fleet's database when there is one.
@@ -60,6 +60,13 @@ impl Store {
     /// runtimes). A writer of its own, each transition a synchronous commit.
     pub fn attempts(&self) -> Result<Attempts, JournalError> {
         Attempts::open(&self.file)
+    }
+
+    /// This host's record of GitHub's runner scale sets: always its own file, in a fleet too
+    /// (one message session per scale set per host). A writer of its own, each message a
+    /// synchronous commit made before the message is acknowledged.
+    pub fn scale_sets(&self) -> Result<ScaleSets, JournalError> {
+        ScaleSets::open(&self.file)
     }
 
     /// A reader of jobs and deliveries. On the file it opens now (an `Err` when the file cannot

@@ -217,6 +217,61 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE INDEX reruns_attempt ON reruns (attempt_id);
     CREATE INDEX reruns_open ON reruns (state) WHERE state IN ('intended', 'sending');
     "#,
+    // v11: runner scale sets (see SQLite's v11). Their rows live in each host's file (one
+    // session per scale set per host) and nothing writes them here; the tables exist so the two
+    // dialects keep one version for the same tables, as `attempts` and `reruns` do.
+    r#"
+    CREATE TABLE scale_sets (
+        name            TEXT PRIMARY KEY NOT NULL,
+        scale_set_id    BIGINT,
+        session_id      TEXT,
+        session_at      BIGINT,
+        generation      BIGINT NOT NULL DEFAULT 0,
+        last_message_id BIGINT NOT NULL DEFAULT 0,
+        last_message_at BIGINT,
+        statistics      TEXT,
+        statistics_at   BIGINT,
+        messages        BIGINT NOT NULL DEFAULT 0,
+        note            TEXT,
+        note_at         BIGINT,
+        updated_at      BIGINT NOT NULL
+    );
+
+    CREATE TABLE scale_set_messages (
+        scale_set    TEXT NOT NULL,
+        generation   BIGINT NOT NULL,
+        message_id   BIGINT NOT NULL,
+        received_at  BIGINT NOT NULL,
+        statistics   TEXT,
+        event_count  BIGINT NOT NULL,
+        unhandled    BIGINT NOT NULL,
+        unknown_type TEXT,
+        events       TEXT NOT NULL,
+        PRIMARY KEY (scale_set, generation, message_id)
+    );
+    CREATE INDEX scale_set_messages_received ON scale_set_messages (received_at);
+
+    CREATE TABLE scale_set_jobs (
+        scale_set         TEXT NOT NULL,
+        job_id            TEXT NOT NULL,
+        runner_request_id BIGINT NOT NULL,
+        state             TEXT NOT NULL
+                          CHECK (state IN ('available', 'assigned', 'started', 'completed')),
+        repository        TEXT NOT NULL,
+        workflow_run_id   BIGINT,
+        display_name      TEXT NOT NULL,
+        labels            TEXT NOT NULL,
+        runner_name       TEXT,
+        result            TEXT,
+        first_seen        BIGINT NOT NULL,
+        updated_at        BIGINT NOT NULL,
+        message_id        BIGINT NOT NULL,
+        unhandled         TEXT,
+        PRIMARY KEY (scale_set, job_id)
+    );
+    CREATE INDEX scale_set_jobs_updated ON scale_set_jobs (updated_at);
+    CREATE INDEX scale_set_jobs_job ON scale_set_jobs (job_id);
+    "#,
 ];
 
 // The two dialects move together: a migration added to one is added to the other.
