@@ -77,17 +77,42 @@ pub(crate) fn prune_step(
              SELECT guid FROM redeliveries WHERE requested_at < ?1 LIMIT ?2)",
         params![cutoff(now, retention.delivery_rows), PRUNE_STEP_ROWS],
     )?;
+    // Scale-set messages as long as delivery rows (a pruned message redelivered would be taken
+    // as new; GitHub redelivers only until it is acknowledged), their finished jobs as long as
+    // finished jobs. The scale sets' own rows (cursor, session) are never pruned.
+    let messages = tx.execute(
+        "DELETE FROM scale_set_messages WHERE rowid IN (
+             SELECT rowid FROM scale_set_messages WHERE received_at < ?1 LIMIT ?2)",
+        params![cutoff(now, retention.delivery_rows), PRUNE_STEP_ROWS],
+    )?;
+    let scale_set_jobs = tx.execute(
+        "DELETE FROM scale_set_jobs WHERE rowid IN (
+             SELECT rowid FROM scale_set_jobs
+             WHERE state = 'completed' AND updated_at < ?1 LIMIT ?2)",
+        params![cutoff(now, retention.finished_jobs), PRUNE_STEP_ROWS],
+    )?;
     tx.commit()?;
-    if bodies + rows + jobs + attempts + redeliveries > 0 {
+    let counts = [
+        bodies,
+        rows,
+        jobs,
+        attempts,
+        redeliveries,
+        messages,
+        scale_set_jobs,
+    ];
+    if counts.iter().sum::<usize>() > 0 {
         tracing::debug!(
             bodies,
             rows,
             jobs,
             attempts,
             redeliveries,
+            messages,
+            scale_set_jobs,
             "journal retention step"
         );
     }
     let step = usize::try_from(PRUNE_STEP_ROWS).unwrap_or(usize::MAX);
-    Ok(bodies == step || rows == step || jobs == step || attempts == step || redeliveries == step)
+    Ok(counts.contains(&step))
 }

@@ -565,8 +565,21 @@ fn prune_removes_old_messages_and_completed_jobs_and_never_a_scale_set() {
         &message(2, 100, vec![event("JobCompleted", "done-new")]),
     )
     .unwrap();
-    // One message and one completed job are older than 50.
-    assert_eq!(sets.prune(UnixMs::new(50)).unwrap(), 2);
+    // The journal's retention (`retention::prune_step`) owns pruning: messages are kept as long
+    // as delivery rows, completed jobs as long as finished jobs. Both cut at 50 here: one
+    // message and one completed job are older.
+    let prune = |cut: i64| {
+        let now = 1_000_000_i64;
+        let keep = std::time::Duration::from_millis(u64::try_from(now - cut).unwrap());
+        let retention = Retention {
+            delivery_rows: keep,
+            finished_jobs: keep,
+            ..Retention::default()
+        };
+        let mut conn = Connection::open(&path).unwrap();
+        while crate::retention::prune_step(&mut conn, &retention, UnixMs::new(now)).unwrap() {}
+    };
+    prune(50);
     assert_eq!(sets.job("done-old").unwrap(), None);
     assert!(sets.job("running-old").unwrap().is_some(), "not completed");
     assert!(sets.job("done-new").unwrap().is_some(), "too recent");
@@ -582,7 +595,12 @@ fn prune_removes_old_messages_and_completed_jobs_and_never_a_scale_set() {
         "a kept message is still recognised"
     );
     // Even with everything gone, the scale set's row stays.
-    assert_eq!(sets.prune(UnixMs::new(i64::MAX)).unwrap(), 2);
+    prune(999_999);
+    assert_eq!(
+        sets.jobs(None, 10).unwrap().len(),
+        1,
+        "only the running job"
+    );
     assert!(sets.get(SET).unwrap().is_some());
     assert!(sets.job("running-old").unwrap().is_some());
 }

@@ -1023,7 +1023,12 @@ pub(crate) fn render(facts: &Facts) -> String {
     }
 
     for set in &facts.scale_sets {
-        let _ = writeln!(out, "{:<9} {}", "scale set", render_scale_set(set, facts.now_ms));
+        let _ = writeln!(
+            out,
+            "{:<9} {}",
+            "scale set",
+            render_scale_set(set, facts.now_ms)
+        );
     }
     if let Some(fleet) = &facts.fleet {
         render_fleet(fleet, &mut out);

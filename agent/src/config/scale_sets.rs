@@ -55,7 +55,10 @@ pub(super) fn validate(
         if let Some(other) = sets.iter().find(|s| s.name.eq_ignore_ascii_case(&set.name)) {
             return Err((
                 key("name"),
-                format!("`{}` is used by another scale set; names must be unique", other.name),
+                format!(
+                    "`{}` is used by another scale set; names must be unique",
+                    other.name
+                ),
             ));
         }
         if let Some(other) = sets.iter().find(|s| s.policy == set.policy) {
@@ -67,7 +70,9 @@ pub(super) fn validate(
                 ),
             ));
         }
-        if let Some((label, other)) = shared_label(&set.labels, sets.iter().map(|s| (&s.name, &s.labels))) {
+        if let Some((label, other)) =
+            shared_label(&set.labels, sets.iter().map(|s| (&s.name, &s.labels)))
+        {
             return Err((
                 key("labels"),
                 format!(
@@ -160,7 +165,10 @@ fn shared_label<'a>(
 ) -> Option<(String, String)> {
     let ours: HashSet<String> = labels.iter().map(|l| l.to_ascii_lowercase()).collect();
     for (owner, theirs) in others {
-        if let Some(label) = theirs.iter().find(|l| ours.contains(&l.to_ascii_lowercase())) {
+        if let Some(label) = theirs
+            .iter()
+            .find(|l| ours.contains(&l.to_ascii_lowercase()))
+        {
             return Some((label.clone(), owner.clone()));
         }
     }

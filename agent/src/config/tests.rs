@@ -1301,7 +1301,12 @@ fn a_scale_set_names_its_policy_which_then_serves_it_alone() {
     let served: Vec<_> = config
         .policies
         .iter()
-        .map(|p| (p.name.as_str(), p.scale_set.as_ref().map(|s| s.name.as_str())))
+        .map(|p| {
+            (
+                p.name.as_str(),
+                p.scale_set.as_ref().map(|s| s.name.as_str()),
+            )
+        })
         .collect();
     assert_eq!(served, [("big", Some("acme-big")), ("linux", None)]);
 }

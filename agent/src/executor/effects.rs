@@ -23,8 +23,8 @@ use rm_vocab::UnixMs;
 
 use super::context::Context;
 use super::deregister::{self, Deregistration, Seen, Why};
-use crate::fault;
 use super::registry::Listing;
+use crate::fault;
 use rm_runner::Removal;
 use rm_runner::process::ProcessIdentity;
 
@@ -259,7 +259,10 @@ async fn scale_set_deregistration(
             Deregistration::Settled
         }
         Err(rm_github::scaleset::ScaleSetError::JobStillRunning { .. }) => {
-            tracing::info!(runner_id = id, "the scale set still holds the runner busy; removing it again shortly");
+            tracing::info!(
+                runner_id = id,
+                "the scale set still holds the runner busy; removing it again shortly"
+            );
             Deregistration::Busy
         }
         Err(e) => {

@@ -26,11 +26,11 @@ use rm_journal::AttemptRecord;
 use secrecy::SecretString;
 use tokio::sync::{mpsc, watch};
 
+use super::Event;
 use super::allocate::LaunchFailure;
 use super::context::Context;
 use super::deregister::{self, Decision, Seen, Why};
 use super::registry::{self, JitRetry, WORK_FOLDER};
-use super::Event;
 use crate::fault;
 use crate::lifecycle::FailureReason;
 use rm_runner::{RunnerChild, Runtime, Spawned};
@@ -160,7 +160,10 @@ impl Launch {
             work_folder: WORK_FOLDER.to_owned(),
         };
         let jit = match ctx.settings.scale_sets.of_policy(&policy.name) {
-            Some(source) => self.scale_set_jit(policy, source, &record.runner_name).await?,
+            Some(source) => {
+                self.scale_set_jit(policy, source, &record.runner_name)
+                    .await?
+            }
             None => {
                 let jit = self.request_jit(policy, &target, &request).await?;
                 Issued {
@@ -322,9 +325,13 @@ impl Launch {
                     .await
                 {
                     Ok(jit) => {
-                        let runner_id = rm_vocab::RunnerId::try_from(jit.runner_id).map_err(|e| {
-                            fail(format!("the service answered runner id {}: {e}", jit.runner_id))
-                        })?;
+                        let runner_id =
+                            rm_vocab::RunnerId::try_from(jit.runner_id).map_err(|e| {
+                                fail(format!(
+                                    "the service answered runner id {}: {e}",
+                                    jit.runner_id
+                                ))
+                            })?;
                         return Ok(Issued {
                             runner_id,
                             encoded_jit_config: jit.encoded_jit_config,

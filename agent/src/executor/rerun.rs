@@ -19,8 +19,8 @@ use rm_github::RerunError;
 use rm_journal::{AttemptRecord, NewRerun, RerunRecord, RerunState};
 
 use super::context::Context;
-use crate::fault;
 use crate::config::rerun::RerunPolicy;
+use crate::fault;
 use crate::notify::OperatorEvent;
 use crate::rerun::{Concluded, JobSeen, Verdict, decide};
 

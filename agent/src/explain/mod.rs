@@ -542,10 +542,12 @@ fn unrouted(job: &JobRow, routed: &demand::Demand, policies: &[Policy]) -> Condi
             format!("{labels} matches {} policies", both.len()),
         );
     }
-    if let Some((set, policy)) = policies
-        .iter()
-        .find_map(|p| p.scale_set.as_ref().filter(|s| s.takes(&job.labels)).map(|s| (s, p)))
-    {
+    if let Some((set, policy)) = policies.iter().find_map(|p| {
+        p.scale_set
+            .as_ref()
+            .filter(|s| s.takes(&job.labels))
+            .map(|s| (s, p))
+    }) {
         return condition(
             Verdict::ScaleSet,
             reason(

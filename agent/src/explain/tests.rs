@@ -798,8 +798,16 @@ fn a_scale_set_s_job_names_its_scale_set_and_policy() {
     assert_eq!(e.verdict, Verdict::ScaleSet);
     assert_eq!(e.verdict.as_str(), "scale_set");
     assert_eq!(codes(&e)[0], "scale_set");
-    assert!(e.reasons[0].message.contains("scale set `acme-big`"), "{:?}", e.reasons);
-    assert!(e.reasons[0].message.contains("policy `big`"), "{:?}", e.reasons);
+    assert!(
+        e.reasons[0].message.contains("scale set `acme-big`"),
+        "{:?}",
+        e.reasons
+    );
+    assert!(
+        e.reasons[0].message.contains("policy `big`"),
+        "{:?}",
+        e.reasons
+    );
     assert_eq!(e.summary, "served by scale set acme-big");
     // A label the scale set lacks: not its job, and no policy matches.
     let other = w.queue(2, &["acme-big", "windows"]);

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use rm_github::scaleset::listener::{Activity, Listener};
 use rm_github::scaleset::{JobMessage, Message, MessageBody, ScaleSetError, Statistics};
-use rm_journal::{IncomingMessage, JobEvent, Recorded, ScaleSetStatistics, ScaleSets};
+use rm_journal::{IncomingMessage, JobEvent, MessageRecorded, ScaleSetStatistics, ScaleSets};
 use tokio::sync::watch;
 
 use super::{Board, Source};
@@ -49,12 +49,21 @@ pub async fn run(
         let wait = match outcome {
             Served::Shutdown => return,
             Served::ScaleSetGone => {
-                tracing::warn!(scale_set = name, "the scale set was deleted at GitHub; finding or creating it again");
+                tracing::warn!(
+                    scale_set = name,
+                    "the scale set was deleted at GitHub; finding or creating it again"
+                );
                 Duration::ZERO
             }
             Served::SetupFailed(e) => {
                 tracing::warn!(scale_set = name, error = %e, "cannot find or create the scale set; trying again");
-                note(&source, &board, &journal, format!("cannot find or create the scale set: {e}")).await;
+                note(
+                    &source,
+                    &board,
+                    &journal,
+                    format!("cannot find or create the scale set: {e}"),
+                )
+                .await;
                 SETUP_RETRY
             }
             Served::GaveUp(e) => {
@@ -81,7 +90,11 @@ enum Served {
 async fn note(source: &Source, board: &Board, journal: &std::path::Path, activity: String) {
     let name = source.set.name.clone();
     let text = activity.clone();
-    if let Err(e) = blocking(journal, move |j| j.record_note(&name, Some(&text), rm_vocab::now())).await {
+    if let Err(e) = blocking(journal, move |j| {
+        j.record_note(&name, Some(&text), rm_vocab::now())
+    })
+    .await
+    {
         tracing::warn!(scale_set = source.set.name, error = %e, "cannot journal the scale set's note");
     }
     source.update(|seen| seen.activity = activity);
@@ -116,7 +129,10 @@ async fn serve(
     let name = set.name.clone();
     let known = {
         let name = name.clone();
-        blocking(journal, move |j| j.get(&name)).await.ok().flatten()
+        blocking(journal, move |j| j.get(&name))
+            .await
+            .ok()
+            .flatten()
     };
     let found = match source
         .client
@@ -200,19 +216,35 @@ async fn serve(
             }
         };
         let session_statistics = listener.session().and_then(|s| s.statistics.clone());
+        let mut first_statistics = None;
         source.update(|seen| {
             seen.session_id = listener.session_id().map(str::to_owned);
             seen.activity = activity(listener.activity());
-            if seen.statistics.is_none() {
+            if seen.statistics.is_none() && session_statistics.is_some() {
                 // The session's statistics are the starting state (a cold start with jobs
                 // already assigned scales on them before any message).
-                seen.statistics = session_statistics;
+                seen.statistics = session_statistics.clone();
+                first_statistics = session_statistics;
             }
         });
+        if let Some(first) = first_statistics {
+            let (name, first) = (name.clone(), statistics(&first));
+            if let Err(e) = blocking(journal, move |j| {
+                j.record_statistics(&name, &first, rm_vocab::now())
+            })
+            .await
+            {
+                tracing::warn!(scale_set = set.name, error = %e, "cannot journal the session's statistics");
+            }
+        }
         board.changed();
         if next.is_ok() && noted.swap(false, std::sync::atomic::Ordering::AcqRel) {
             let name = name.clone();
-            if let Err(e) = blocking(journal, move |j| j.record_note(&name, None, rm_vocab::now())).await {
+            if let Err(e) = blocking(journal, move |j| {
+                j.record_note(&name, None, rm_vocab::now())
+            })
+            .await
+            {
                 tracing::warn!(scale_set = set.name, error = %e, "cannot clear the scale set's note");
             }
         }
@@ -231,11 +263,15 @@ async fn serve(
         let statistics = message.statistics.clone();
         let message_id = message.id;
         loop {
-            let (name, incoming) = (name.clone(), incoming.clone());
-            match blocking(journal, move |j| j.record_message(&name, &incoming)).await {
-                Ok(Recorded::New) => break,
-                Ok(Recorded::AlreadyJournalled) => {
-                    tracing::info!(scale_set = set.name, message_id, "message redelivered; already journalled");
+            let (set_name, incoming) = (name.clone(), incoming.clone());
+            match blocking(journal, move |j| j.record_message(&set_name, &incoming)).await {
+                Ok(MessageRecorded::New) => break,
+                Ok(MessageRecorded::AlreadyJournalled) => {
+                    tracing::info!(
+                        scale_set = set.name,
+                        message_id,
+                        "message redelivered; already journalled"
+                    );
                     break;
                 }
                 Err(e) => {
@@ -283,7 +319,12 @@ async fn acquire_available(listener: &mut Listener, message: &Message, name: &st
     }
     match listener.acquire(&ids).await {
         Ok(acquired) => {
-            tracing::info!(scale_set = name, offered = ids.len(), acquired = acquired.len(), "scale-set jobs acquired");
+            tracing::info!(
+                scale_set = name,
+                offered = ids.len(),
+                acquired = acquired.len(),
+                "scale-set jobs acquired"
+            );
         }
         Err(e) => {
             tracing::warn!(scale_set = name, error = %e, "cannot acquire the scale set's available jobs");
@@ -295,7 +336,11 @@ async fn close(listener: Listener, journal: &std::path::Path, name: &str, id: u6
     match listener.close().await {
         Ok(()) => {
             let (name, at) = (name.to_owned(), rm_vocab::now());
-            if let Err(e) = blocking(journal, move |j| j.record_session(&name, id as i64, None, at)).await {
+            if let Err(e) = blocking(journal, move |j| {
+                j.record_session(&name, id as i64, None, at)
+            })
+            .await
+            {
                 tracing::warn!(error = %e, "cannot journal that the scale-set session is closed");
             }
         }

@@ -61,11 +61,11 @@ impl Collector for ScaleSetMetrics {
             ),
         ];
         for (name, help, value) in gauges {
-            let mut family =
-                encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for (set, seen) in &seen {
                 if let Some(v) = value(seen) {
-                    ConstGauge::new(v).encode(family.encode_family(&[("scale_set", set.as_str())])?)?;
+                    ConstGauge::new(v)
+                        .encode(family.encode_family(&[("scale_set", set.as_str())])?)?;
                 }
             }
         }

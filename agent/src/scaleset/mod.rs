@@ -64,7 +64,9 @@ pub async fn remove_by_name(source: &Source, name: &str) {
             }
         }
         Ok(None) => {}
-        Err(e) => tracing::warn!(runner = name, error = %e, "cannot look the scale set's stale runner up"),
+        Err(e) => {
+            tracing::warn!(runner = name, error = %e, "cannot look the scale set's stale runner up")
+        }
     }
 }
 
@@ -220,10 +222,26 @@ mod tests {
         // (API URL, target, scope URL)
         let cases = [
             ("https://api.github.com", &org, "https://github.com/acme"),
-            ("https://api.github.com/", &repo, "https://github.com/acme/widgets"),
-            ("https://api.octo.ghe.com", &org, "https://octo.ghe.com/acme"),
-            ("https://ghes.example/api/v3", &org, "https://ghes.example/acme"),
-            ("http://127.0.0.1:4711", &repo, "http://127.0.0.1:4711/acme/widgets"),
+            (
+                "https://api.github.com/",
+                &repo,
+                "https://github.com/acme/widgets",
+            ),
+            (
+                "https://api.octo.ghe.com",
+                &org,
+                "https://octo.ghe.com/acme",
+            ),
+            (
+                "https://ghes.example/api/v3",
+                &org,
+                "https://ghes.example/acme",
+            ),
+            (
+                "http://127.0.0.1:4711",
+                &repo,
+                "http://127.0.0.1:4711/acme/widgets",
+            ),
         ];
         for (api, target, url) in cases {
             assert_eq!(config_url(api, target), url, "{api}");

@@ -128,12 +128,4 @@ impl ScaleSets {
     pub fn job(&self, job_id: &str) -> Result<Option<ScaleSetJobRow>, JournalError> {
         sql::job(&self.conn, job_id)
     }
-
-    /// Removes messages received before `older_than` and completed jobs last changed before it;
-    /// how many rows went. Scale sets' own rows stay (their id, session and cursor are state,
-    /// not history). A redelivery is recognised only while its message is kept, so
-    /// `older_than` must be far older than anything GitHub would still redeliver.
-    pub fn prune(&self, older_than: UnixMs) -> Result<usize, JournalError> {
-        sql::prune(&self.conn, older_than)
-    }
 }

@@ -424,15 +424,3 @@ pub(super) fn job(conn: &Connection, job_id: &str) -> Result<Option<ScaleSetJobR
         .query_row([job_id], job_row)
         .optional()?)
 }
-
-pub(super) fn prune(conn: &Connection, older_than: UnixMs) -> Result<usize, JournalError> {
-    let tx = begin(conn)?;
-    let messages = tx
-        .prepare_cached("DELETE FROM scale_set_messages WHERE received_at < ?1")?
-        .execute([older_than])?;
-    let jobs = tx
-        .prepare_cached("DELETE FROM scale_set_jobs WHERE state = 'completed' AND updated_at < ?1")?
-        .execute([older_than])?;
-    tx.commit()?;
-    Ok(messages + jobs)
-}
