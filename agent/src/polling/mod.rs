@@ -67,10 +67,12 @@ pub(crate) struct PollerConfig {
 }
 
 impl PollerConfig {
-    /// The targets of every policy, each once (GitHub's names are case-insensitive).
+    /// The targets of every webhook policy, each once (GitHub's names are case-insensitive). A
+    /// scale set's policy is not polled: its demand is the scale set's, whose messages GitHub
+    /// redelivers until they are acknowledged, so polling would only spend REST budget.
     pub(crate) fn from_config(config: &Config) -> PollerConfig {
         let mut targets: Vec<rm_github::Target> = Vec::new();
-        for policy in &config.policies {
+        for policy in config.policies.iter().filter(|p| p.scale_set.is_none()) {
             let target = policy.target.clone();
             let key = target.to_string().to_ascii_lowercase();
             if !targets

@@ -389,6 +389,28 @@ fn targets_shared_by_policies_are_polled_once() {
 }
 
 #[test]
+fn a_scale_set_s_policy_is_not_polled() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rm-agent.toml");
+    let text = "[[policy]]\nname = \"hooks\"\ntarget = \"acme/widgets\"\nlabels = [\"self-hosted\"]\n\
+                [[policy]]\nname = \"big\"\ntarget = \"acme\"\nlabels = [\"big\"]\n\
+                [[scale_set]]\nname = \"acme-big\"\npolicy = \"big\"\n";
+    std::fs::write(&file, text).unwrap();
+    let config = crate::config::load(&crate::config::Sources {
+        explicit_file: Some(file),
+        data_dir: Some(dir.path().to_owned()),
+    })
+    .unwrap();
+    assert_eq!(
+        PollerConfig::from_config(&config).targets,
+        vec![Target::Repo {
+            owner: "acme".into(),
+            repo: "widgets".into()
+        }]
+    );
+}
+
+#[test]
 fn the_loop_can_be_spawned() {
     fn spawnable<T: Send + 'static>(_: T) {}
     // Type-checked, never called: `run` must be a future `tokio::spawn` takes.

@@ -1,6 +1,6 @@
 //! The statements over `scale_sets`, `scale_set_messages` and `scale_set_jobs`: journalling a
 //! message with everything it changes in one transaction, the listener's own writes (session,
-//! statistics, cursor reset, note), the reads and pruning.
+//! statistics, cursor reset, note), and the reads (pruning is the journal's retention step, `retention.rs`).
 
 use rm_vocab::UnixMs;
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
