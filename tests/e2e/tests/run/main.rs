@@ -26,6 +26,7 @@ mod poisoned;
 mod polling;
 mod receiver_crash;
 mod relay;
+mod scale_set;
 mod status;
 
 #[path = "../../../support/busybox_image.rs"]

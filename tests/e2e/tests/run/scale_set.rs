@@ -1,0 +1,212 @@
+//! A `[[scale_set]]` end to end (issue 29), through the real binary against the fake broker and
+//! the fake runner: the scale set created by the agent, jobs queued while it was down served at
+//! its next start from the session's statistics (a cold start), each job by exactly one runner
+//! registered through the scale set's JIT endpoint, the job's webhook twin served by nobody,
+//! every runner removed through the service, nothing left on disk; no message lost or handled
+//! twice when the agent is SIGKILLed on either side of a message's journal write; a
+//! `JobCompleted` that comes early never stops the runner still running the job.
+
+use std::time::{Duration, SystemTime};
+
+use rm_e2e::fleet::{Fleet, FleetOptions, PolicySpec, REPO, wait_until};
+use rm_fake_github::RequestKind;
+use rm_fake_github::broker::JobState;
+use rm_journal::AttemptOutcome;
+
+const SCALE_SET: &str = "acme-big";
+
+/// The policy whose runners serve the scale set.
+const BIG: PolicySpec = PolicySpec {
+    name: "big",
+    target: "acme",
+    labels: &["acme-big"],
+    max_runners: 4,
+    workspace: "ephemeral",
+    extra: "",
+};
+
+fn options() -> FleetOptions {
+    FleetOptions {
+        policies: vec![BIG],
+        tail: format!("\n[[scale_set]]\nname = \"{SCALE_SET}\"\npolicy = \"big\"\n"),
+        ..FleetOptions::default()
+    }
+}
+
+/// The scale set's id, once the agent journalled it.
+async fn scale_set_id(fleet: &Fleet) -> u64 {
+    let mut id = None;
+    wait_until(Duration::from_secs(60), "the scale set found or created", || {
+        id = rm_journal::ScaleSets::open(&fleet.setup.journal())
+            .ok()
+            .and_then(|j| j.get(SCALE_SET).ok().flatten())
+            .and_then(|r| r.scale_set_id);
+        id.is_some()
+    })
+    .await;
+    u64::try_from(id.unwrap()).unwrap()
+}
+
+fn jobs_done(fleet: &Fleet, jobs: &[u64]) -> bool {
+    jobs.iter().all(|j| {
+        fleet
+            .fake
+            .scale_set_job(*j)
+            .is_some_and(|job| job.state == JobState::Completed)
+    })
+}
+
+/// Every job ran on a runner of its own, each an attempt of this agent that completed it;
+/// every attempt is cleaned, no scale-set runner is left registered and no runtime on disk.
+async fn assert_one_runner_each_and_nothing_left(fleet: &Fleet, id: u64, jobs: &[u64]) {
+    wait_until(Duration::from_secs(120), "every runner cleaned and removed", || {
+        fleet.all_cleaned() && fleet.fake.scale_set_runners(id).is_empty()
+    })
+    .await;
+    let attempts = fleet.attempts();
+    let summary: Vec<String> = attempts
+        .iter()
+        .map(|a| format!("{} {:?} {:?}", a.runner_name, a.outcome, a.reason))
+        .collect();
+    assert_eq!(attempts.len(), jobs.len(), "one runner per job: {summary:?}");
+    let mut runners: Vec<String> = jobs
+        .iter()
+        .map(|j| fleet.fake.scale_set_job(*j).unwrap().runner_name.unwrap())
+        .collect();
+    runners.sort();
+    runners.dedup();
+    assert_eq!(runners.len(), jobs.len(), "each job on its own runner");
+    for runner in &runners {
+        let attempt = attempts.iter().find(|a| &a.runner_name == runner);
+        assert!(
+            attempt.is_some_and(|a| a.outcome == Some(AttemptOutcome::CompletedJob)),
+            "{runner}: {summary:?}"
+        );
+    }
+    assert!(fleet.our_registrations().is_empty(), "{:?}", fleet.our_registrations());
+    assert!(fleet.runtimes().is_empty(), "{:?}", fleet.runtimes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_set_serves_each_job_with_one_runner_from_a_cold_start_and_leaves_nothing() {
+    let fleet = Fleet::start(options()).await;
+    // The first start creates the scale set; a stop closes its session.
+    let first = fleet.start_agent(&[]).await;
+    let id = scale_set_id(&fleet).await;
+    assert!(first.terminate().success());
+
+    // Queued while the agent is down: the next session's statistics say 3 assigned.
+    let before = fleet
+        .fake
+        .queue_scale_set_jobs(id, &["cold 1", "cold 2", "cold 3"])
+        .unwrap();
+    // GitHub also sends the job's webhook; nothing but the scale set may serve it.
+    let twin = fleet.fake.queue_job(REPO, "webhook twin", &[SCALE_SET]).unwrap();
+    let started = SystemTime::now();
+    let _agent = fleet.start_agent(&[]).await;
+    wait_until(Duration::from_secs(120), "the cold start's jobs done", || {
+        jobs_done(&fleet, &before)
+    })
+    .await;
+    let after = fleet
+        .fake
+        .queue_scale_set_jobs(id, &["warm 1", "warm 2"])
+        .unwrap();
+    wait_until(Duration::from_secs(120), "the later jobs done", || {
+        jobs_done(&fleet, &after)
+    })
+    .await;
+    let all: Vec<u64> = before.iter().chain(&after).copied().collect();
+    assert_one_runner_each_and_nothing_left(&fleet, id, &all).await;
+
+    // No runner was registered through the REST API; the webhook twin is still queued, and
+    // `explain` names the scale set.
+    assert_eq!(fleet.jit_requests(), 0);
+    let rest: Vec<_> = fleet
+        .fake
+        .request_counts_since(started)
+        .into_iter()
+        .filter(|((kind, endpoint), _)| {
+            *kind == RequestKind::Rest && endpoint.contains("jitconfig")
+        })
+        .collect();
+    assert!(rest.is_empty(), "{rest:?}");
+    assert_eq!(
+        fleet.fake.job(twin).unwrap().status,
+        rm_fake_github::JobStatus::Queued
+    );
+    let answer = fleet.explain(twin);
+    assert_eq!(answer["verdict"], "scale_set", "{answer}");
+    assert!(
+        answer["reasons"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains(SCALE_SET),
+        "{answer}"
+    );
+    // `status` shows the scale set with its session and its last message.
+    let out = fleet.setup.run(&["status", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let set = &status["scale_sets"][0];
+    assert_eq!(set["name"], SCALE_SET, "{status}");
+    assert_eq!(set["scale_set_id"], id, "{status}");
+    assert!(set["session_id"].is_string(), "{status}");
+    assert!(set["last_message_id"].as_i64().unwrap() > 0, "{status}");
+}
+
+/// SIGKILL right after a message is received (before its journal write) and right after it is
+/// journalled (before its acknowledgement): either way the message comes again, is handled
+/// once, and the job gets one runner. The killed agent's session is deleted by its journalled
+/// id at the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_survives_a_crash_on_either_side_of_its_journal_write() {
+    let fleet = Fleet::start(options()).await;
+    let first = fleet.start_agent(&[]).await;
+    let id = scale_set_id(&fleet).await;
+    assert!(first.terminate().success());
+    let mut jobs = Vec::new();
+    for point in ["scale_set_message_received", "scale_set_message_journalled"] {
+        let job = fleet.fake.queue_scale_set_job(id, point).unwrap();
+        let crashing = fleet
+            .run_agent_until_exit(&[("RM_FAULT_CRASH_AT", point)], Duration::from_secs(60))
+            .await;
+        assert!(!crashing.success(), "{point}: the agent was to kill itself");
+        let deletes_before = fleet.fake.broker_calls("DELETE", "sessions");
+        let agent = fleet.start_agent(&[]).await;
+        wait_until(Duration::from_secs(120), "the job done after the crash", || {
+            jobs_done(&fleet, &[job])
+        })
+        .await;
+        assert!(
+            fleet.fake.broker_calls("DELETE", "sessions") > deletes_before,
+            "{point}: the stale session was not deleted by its journalled id"
+        );
+        assert!(agent.terminate().success());
+        jobs.push(job);
+    }
+    assert_one_runner_each_and_nothing_left(&fleet, id, &jobs).await;
+}
+
+/// Scenario 16: GitHub says `JobCompleted` while the runner still runs the job. rm never stops
+/// a runner for that: the runner finishes the job and exits by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_job_completed_never_stops_the_runner_running_the_job() {
+    let fleet = Fleet::start(options()).await;
+    fleet.fake.set_runner_behavior(rm_fake_github::jit::RunnerBehavior {
+        job_duration_ms: 4_000,
+        ..rm_fake_github::jit::RunnerBehavior::default()
+    });
+    let _agent = fleet.start_agent(&[]).await;
+    let id = scale_set_id(&fleet).await;
+    let job = fleet.fake.queue_scale_set_job(id, "long").unwrap();
+    wait_until(Duration::from_secs(60), "the job running", || {
+        fleet
+            .fake
+            .scale_set_job(job)
+            .is_some_and(|j| j.state == JobState::Running)
+    })
+    .await;
+    assert!(fleet.fake.complete_scale_set_job_early(job));
+    assert_one_runner_each_and_nothing_left(&fleet, id, &[job]).await;
+}
