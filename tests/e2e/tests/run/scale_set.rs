@@ -9,7 +9,7 @@
 use std::time::{Duration, SystemTime};
 
 use rm_e2e::fleet::{Fleet, FleetOptions, PolicySpec, REPO, wait_until};
-use rm_fake_github::RequestKind;
+use rm_fake_github::{RequestKind, RunnerBehavior};
 use rm_fake_github::broker::JobState;
 use rm_journal::AttemptOutcome;
 
@@ -167,11 +167,19 @@ async fn a_message_survives_a_crash_on_either_side_of_its_journal_write() {
     assert!(first.terminate().success());
     let mut jobs = Vec::new();
     for point in ["scale_set_message_received", "scale_set_message_journalled"] {
+        let mut crashing = fleet.start_agent(&[("RM_FAULT_CRASH_AT", point)]).await;
         let job = fleet.fake.queue_scale_set_job(id, point).unwrap();
-        let crashing = fleet
-            .run_agent_until_exit(&[("RM_FAULT_CRASH_AT", point)], Duration::from_secs(60))
-            .await;
-        assert!(!crashing.success(), "{point}: the agent was to kill itself");
+        wait_until(Duration::from_secs(60), "the agent to kill itself", || {
+            crashing.exited()
+        })
+        .await;
+        assert!(
+            fleet
+                .setup
+                .logs()
+                .contains(&format!("RM_FAULT_CRASH_AT={point}")),
+            "the agent did not reach {point}"
+        );
         let deletes_before = fleet.fake.broker_calls("DELETE", "sessions");
         let agent = fleet.start_agent(&[]).await;
         wait_until(Duration::from_secs(120), "the job done after the crash", || {
@@ -193,9 +201,9 @@ async fn a_message_survives_a_crash_on_either_side_of_its_journal_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_early_job_completed_never_stops_the_runner_running_the_job() {
     let fleet = Fleet::start(options()).await;
-    fleet.fake.set_runner_behavior(rm_fake_github::jit::RunnerBehavior {
+    fleet.fake.set_runner_behavior(RunnerBehavior {
         job_duration_ms: 4_000,
-        ..rm_fake_github::jit::RunnerBehavior::default()
+        ..RunnerBehavior::default()
     });
     let _agent = fleet.start_agent(&[]).await;
     let id = scale_set_id(&fleet).await;
