@@ -240,8 +240,19 @@ impl Allocator {
             // A scale set's policy: a count from its statistics, no journalled jobs (they are
             // not its demand: `demand::route` gives it none), no fence, and its busy runners
             // already counted in it.
-            if let Some(assigned) = scale_sets.assigned(&policy.name) {
+            if let Some((assigned, statistics_at)) = scale_sets.assigned(&policy.name) {
                 let busy = live.policy(&policy.name).busy;
+                // A runner that finished its job after the statistics were received is still
+                // counted in them as assigned: one assigned job less until the next message.
+                let done_meanwhile = self.unknown_completions.get(&policy.name).map_or(0, |c| {
+                    unknown_completions(
+                        c,
+                        &HashSet::new(),
+                        statistics_at.unwrap_or(UnixMs::EPOCH),
+                        now,
+                    )
+                });
+                let assigned = assigned.saturating_sub(i64::from(done_meanwhile));
                 inputs.push(PolicyInputs {
                     policy,
                     backing_off_until: self.backoff.get(&policy.name).map(|b| b.until_ms),

@@ -224,6 +224,7 @@ async fn serve(
                 // The session's statistics are the starting state (a cold start with jobs
                 // already assigned scales on them before any message).
                 seen.statistics = session_statistics.clone();
+                seen.statistics_at = Some(rm_vocab::now());
                 first_statistics = session_statistics;
             }
         });
@@ -260,6 +261,7 @@ async fn serve(
         crate::fault::crash_point("scale_set_message_received");
         acquire_available(&mut listener, &message, &name).await;
         let incoming = incoming(&message);
+        let received_at = incoming.received_at;
         let statistics = message.statistics.clone();
         let message_id = message.id;
         loop {
@@ -291,6 +293,7 @@ async fn serve(
         source.update(|seen| {
             if let Some(statistics) = statistics {
                 seen.statistics = Some(statistics);
+                seen.statistics_at = Some(received_at);
             }
             seen.last_message_id = message_id;
         });

@@ -75,6 +75,9 @@ pub async fn remove_by_name(source: &Source, name: &str) {
 pub struct Seen {
     /// The last statistics (a session's or a message's); `None` before the first.
     pub statistics: Option<Statistics>,
+    /// When they were received: a runner that finished its job after this is not yet
+    /// reflected in them.
+    pub statistics_at: Option<rm_vocab::UnixMs>,
     /// The session held, if any.
     pub session_id: Option<String>,
     /// The last message journalled.
@@ -171,14 +174,16 @@ impl Board {
         self.changes.subscribe()
     }
 
-    /// The jobs assigned to `policy`'s scale set, from its last statistics; `None` when the
-    /// policy serves no scale set, `Some(0)` before the first statistics.
-    pub fn assigned(&self, policy: &str) -> Option<i64> {
+    /// The jobs assigned to `policy`'s scale set, from its last statistics, and when those
+    /// were received; `None` when the policy serves no scale set, `Some((0, None))` before the
+    /// first statistics.
+    pub fn assigned(&self, policy: &str) -> Option<(i64, Option<rm_vocab::UnixMs>)> {
         self.of_policy(policy).map(|source| {
-            source
-                .seen()
-                .statistics
-                .map_or(0, |s| s.total_assigned_jobs)
+            let seen = source.seen();
+            (
+                seen.statistics.map_or(0, |s| s.total_assigned_jobs),
+                seen.statistics_at,
+            )
         })
     }
 }
