@@ -296,6 +296,7 @@ impl State {
     /// reads or changes the state, so every answer sees the runner where GitHub would have it.
     pub fn age_runners(&mut self) {
         let now = self.now();
+        self.broker.now = now;
         let lag = self.ephemeral_lag;
         let mut expired = Vec::new();
         for runner in self.runners.values_mut() {
@@ -316,6 +317,38 @@ impl State {
             }
         }
         self.abandon_unrenewed_jobs();
+        self.abandon_unrenewed_scale_set_jobs();
+        self.broker.reassign_overdue();
+    }
+
+    /// [`State::abandon_unrenewed_jobs`] for scale-set jobs: a running job whose runner has
+    /// not renewed the lock within the timeout completes `failed` (`JobCompleted`), and its
+    /// runner is listed offline and idle.
+    fn abandon_unrenewed_scale_set_jobs(&mut self) {
+        let now = self.now();
+        let timeout = self.job_lock_timeout;
+        let stale: Vec<(u64, Option<u64>)> = self
+            .broker
+            .scale_sets
+            .values()
+            .flat_map(|s| s.jobs.iter())
+            .filter(|(_, j)| j.state == crate::broker::JobState::Running)
+            .filter(|(_, j)| {
+                j.lock_renewed_at
+                    .or(j.started_at)
+                    .is_some_and(|at| now.duration_since(at).unwrap_or(Duration::ZERO) >= timeout)
+            })
+            .map(|(r, j)| (*r, j.runner_id))
+            .collect();
+        for (request_id, runner_id) in stale {
+            self.broker.complete_job(request_id, "failed");
+            if let Some(r) = runner_id.and_then(|id| self.runners.get_mut(&id)) {
+                r.job_done_at = None;
+                r.busy = false;
+                r.online = false;
+                r.abandoned = true;
+            }
+        }
     }
 
     /// Gives up the running jobs whose runner has not renewed the lock within
@@ -353,6 +386,20 @@ impl State {
     /// (GitHub gave it up, or it was never this runner's).
     pub fn renew_job(&mut self, runner_id: u64, job_id: u64) -> bool {
         let now = self.now();
+        if self.scale_set_runner(runner_id).is_some() {
+            // Its job is the broker's; a job completed early is still the runner's to run.
+            let holding = self
+                .runners
+                .get(&runner_id)
+                .is_some_and(|r| r.busy && r.job_done_at.is_none());
+            return match self.broker.job_mut(job_id) {
+                Some(j) if j.runner_id == Some(runner_id) && holding => {
+                    j.lock_renewed_at = Some(now);
+                    true
+                }
+                _ => false,
+            };
+        }
         match self.jobs.get_mut(&job_id) {
             Some(j) if j.runner_id == Some(runner_id) && j.status == JobStatus::InProgress => {
                 j.lock_renewed_at = Some(now);
@@ -730,12 +777,31 @@ impl State {
                 .all(|l| runner.labels.iter().any(|r| r.eq_ignore_ascii_case(l)))
     }
 
-    /// Gives the oldest fitting queued job to a registered, idle runner.
+    /// The scale set runner `runner_id` belongs to, if it is a scale-set runner.
+    pub fn scale_set_runner(&self, runner_id: u64) -> Option<u64> {
+        self.runners.get(&runner_id)?.scale_set_id
+    }
+
+    /// Gives the oldest fitting queued job to a registered, idle runner: a REST job to a REST
+    /// runner, the oldest assigned job of its scale set to a scale-set runner (`JobStarted`).
     pub fn assign(&mut self, runner_id: u64) -> Option<AssignedJob> {
         let runner = self.runners.get(&runner_id)?.clone();
         // An ephemeral runner takes one job, ever.
         if !runner.online || runner.busy || runner.job_done_at.is_some() || runner.abandoned {
             return None;
+        }
+        if let Some(set_id) = runner.scale_set_id {
+            let request_id = self.broker.take_job(set_id, runner.id, &runner.name)?;
+            if let Some(r) = self.runners.get_mut(&runner_id) {
+                r.busy = true;
+            }
+            let job = self.broker.job(request_id)?;
+            return Some(AssignedJob {
+                job_id: request_id,
+                run_id: job.workflow_run_id,
+                name: job.name.clone(),
+                repository: job.repository.clone(),
+            });
         }
         let job_id = self
             .jobs
@@ -807,6 +873,49 @@ impl State {
         self.touch_run(run_id);
         self.record_job_event(job_id, "completed");
         true
+    }
+
+    /// Scale-set runner `runner_id` reports its job `request_id` done with `conclusion`: a
+    /// job still running completes (`JobCompleted`, the conclusion as the service names it);
+    /// one completed already (early, or by a test) stays as it was. Either way the runner
+    /// starts its lag as an ephemeral REST runner does. Whether the job was this runner's.
+    pub fn finish_scale_set_job(
+        &mut self,
+        runner_id: u64,
+        request_id: u64,
+        conclusion: &str,
+    ) -> bool {
+        let now = self.now();
+        let Some(job) = self
+            .broker
+            .job(request_id)
+            .filter(|j| j.runner_id == Some(runner_id))
+        else {
+            return false;
+        };
+        if job.state == crate::broker::JobState::Running {
+            self.broker
+                .complete_job(request_id, crate::broker::scale_set_result(conclusion));
+        }
+        if let Some(r) = self.runners.get_mut(&runner_id)
+            && r.job_done_at.is_none()
+        {
+            r.job_done_at = Some(now);
+        }
+        true
+    }
+
+    /// The runner of scale-set job `request_id`, if it still holds it, starts its lag: the
+    /// job is over for it (completed by a test rather than by the runner).
+    pub fn release_scale_set_runner(&mut self, request_id: u64) {
+        let now = self.now();
+        let runner = self.broker.job(request_id).and_then(|j| j.runner_id);
+        if let Some(r) = runner.and_then(|id| self.runners.get_mut(&id))
+            && r.busy
+            && r.job_done_at.is_none()
+        {
+            r.job_done_at = Some(now);
+        }
     }
 
     /// Re-runs a completed job as GitHub's "re-run a job" does: a new job (new id, same run,
@@ -1031,6 +1140,7 @@ mod tests {
                 abandoned: false,
                 token: "t".into(),
                 behavior: None,
+                scale_set_id: None,
             },
         );
         id
