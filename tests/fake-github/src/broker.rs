@@ -484,6 +484,30 @@ impl Broker {
             .count()
     }
 
+    /// A scale set made without the service (for the fake's own tests): named `name`,
+    /// labelled with its name, in group 1 of `scope`, its jobs from `acme/widgets`.
+    #[cfg(test)]
+    pub(crate) fn add_set_for_test(&mut self, name: &str, scope: RunnerScope) -> u64 {
+        let id = self.next_id();
+        self.scale_sets.insert(
+            id,
+            ScaleSet {
+                id,
+                name: name.to_owned(),
+                runner_group_id: 1,
+                labels: vec![name.to_owned()],
+                scope,
+                default_repository: "acme/widgets".into(),
+                pending: Vec::new(),
+                acquirable: Vec::new(),
+                jobs: BTreeMap::new(),
+                outbox: Vec::new(),
+                capacity: None,
+            },
+        );
+        id
+    }
+
     /// Deletes scale set `id` out of band; its session is left in place so that the next call
     /// on the set, queue calls included, is `404 RunnerScaleSetNotFoundException`. Whether
     /// it existed.
@@ -1326,5 +1350,82 @@ fn queue(state: &mut State, ask: &Ask<'_>, rest: &str) -> Option<Answer> {
             })
         }
         _ => Some(Answer::error(404, "NotFound", "no such route")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The types (and results) of every job message of set `id` not yet acknowledged.
+    fn kinds(broker: &Broker, id: u64) -> Vec<String> {
+        broker.scale_sets[&id]
+            .pending
+            .iter()
+            .flat_map(|m| m.jobs.iter())
+            .map(|j| match j["result"].as_str() {
+                Some(result) => format!("{} {result}", j["messageType"].as_str().unwrap_or("")),
+                None => j["messageType"].as_str().unwrap_or("").to_owned(),
+            })
+            .collect()
+    }
+
+    /// A job assigned and not started within the timer is cancelled and assigned again, three
+    /// times at most; a started job never is; with no timer nothing is.
+    #[test]
+    fn an_unstarted_job_is_cancelled_and_reassigned_at_most_three_times() {
+        let mut b = Broker {
+            now: SystemTime::UNIX_EPOCH + Duration::from_secs(1000),
+            ..Broker::default()
+        };
+        let id = b.add_set_for_test("linux", RunnerScope::Org("acme".into()));
+        let waiting = b.queue_job(id, "waits").unwrap_or_default();
+        let started = b.queue_job(id, "starts").unwrap_or_default();
+        assert!(b.start_job(started, 77, "r"));
+        let step = Duration::from_secs(1);
+        b.now += step * 5;
+        b.reassign_overdue();
+        assert_eq!(kinds(&b, id).len(), 3, "no timer, no reassignment");
+        b.reassign_after = Some(step);
+        for _ in 0..6 {
+            b.now += step;
+            b.reassign_overdue();
+        }
+        let again = ["JobCompleted canceled", "JobAssigned"];
+        let mut expected = vec!["JobAssigned", "JobAssigned", "JobStarted"];
+        for _ in 0..MAX_REASSIGNMENTS {
+            expected.extend(again);
+        }
+        assert_eq!(kinds(&b, id), expected);
+        let job = &b.scale_sets[&id].jobs[&waiting];
+        assert_eq!((job.state, job.reassignments), (JobState::Assigned, 3));
+        assert_eq!(b.scale_sets[&id].jobs[&started].reassignments, 0);
+        let message = &b.scale_sets[&id].pending.last().map(|m| m.jobs[0].clone());
+        let message = message.clone().unwrap_or_default();
+        assert_eq!(
+            message["runnerRequestId"],
+            json!(waiting),
+            "the same job each time"
+        );
+        assert_eq!(message["repositoryName"], "widgets");
+        assert_eq!(message["ownerName"], "acme");
+        assert!(message["workflowRunId"].as_u64().is_some());
+        assert_eq!(
+            message["jobWorkflowRef"],
+            "acme/widgets/.github/workflows/ci.yml@refs/heads/main"
+        );
+    }
+
+    #[test]
+    fn runner_conclusions_are_named_as_the_service_names_results() {
+        assert_eq!(scale_set_result("success"), "succeeded");
+        assert_eq!(scale_set_result("failure"), "failed");
+        assert_eq!(scale_set_result("cancelled"), "canceled");
+        assert_eq!(scale_set_result("skipped"), "skipped");
+    }
+
+    #[test]
+    fn query_values_are_percent_decoded() {
+        assert_eq!(percent_decode("rm-h%2Fa+b%zz%4"), "rm-h/a b%zz%4");
     }
 }

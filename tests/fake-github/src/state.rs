@@ -1146,6 +1146,130 @@ mod tests {
         id
     }
 
+    /// A registered scale-set runner of set `set` in `acme`, labelled like a REST runner.
+    fn scale_set_runner(s: &mut State, set: u64) -> u64 {
+        let id = online_runner(
+            s,
+            RunnerScope::Org("acme".into()),
+            &["self-hosted", "linux"],
+        );
+        if let Some(r) = s.runners.get_mut(&id) {
+            r.scale_set_id = Some(set);
+        }
+        id
+    }
+
+    fn set_job(s: &State, request_id: u64) -> crate::broker::ScaleSetJob {
+        s.broker
+            .job(request_id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no job {request_id}"))
+    }
+
+    /// A scale-set runner takes the oldest assigned job of its own set only (`JobStarted`
+    /// naming it), never a REST job its labels would fit; a REST runner never takes a
+    /// scale-set job. Done, the job completes with the runner's conclusion as the service's
+    /// result, and the runner lingers busy like an ephemeral REST runner.
+    #[test]
+    fn a_scale_set_runner_takes_only_its_sets_jobs_and_a_rest_runner_only_rest_jobs() {
+        let mut s = state();
+        let repo = s.add_repo("acme", "widgets", "Organization");
+        let labels = vec!["self-hosted".to_owned(), "linux".to_owned()];
+        let acme = RunnerScope::Org("acme".into());
+        let mine = s.broker.add_set_for_test("mine", acme.clone());
+        let other = s.broker.add_set_for_test("other", acme.clone());
+        let runner = scale_set_runner(&mut s, mine);
+        let rest_job = s.queue_job(repo, "rest", &labels).unwrap_or_default();
+        let others = s.broker.queue_job(other, "theirs").unwrap_or_default();
+        assert!(
+            s.assign(runner).is_none(),
+            "neither a REST job nor another set's"
+        );
+        let first = s.broker.queue_job(mine, "first").unwrap_or_default();
+        let second = s.broker.queue_job(mine, "second").unwrap_or_default();
+        let rest_runner = online_runner(&mut s, acme, &["self-hosted", "linux"]);
+        assert_eq!(
+            s.assign(rest_runner).map(|a| a.job_id),
+            Some(rest_job),
+            "the REST job, not a scale-set one"
+        );
+        let another_rest = online_runner(&mut s, RunnerScope::Org("acme".into()), &["self-hosted"]);
+        assert!(
+            s.assign(another_rest).is_none(),
+            "no scale-set job for a REST runner"
+        );
+        let taken = s.assign(runner);
+        assert_eq!(taken.as_ref().map(|a| a.job_id), Some(first), "the oldest");
+        assert_eq!(
+            taken.map(|a| (a.name, a.repository)),
+            Some(("first".into(), "acme/widgets".into()))
+        );
+        let job = set_job(&s, first);
+        assert_eq!(job.state, crate::broker::JobState::Running);
+        assert_eq!(job.runner_id, Some(runner));
+        assert!(s.runners[&runner].busy);
+        assert!(s.assign(runner).is_none(), "one job at a time");
+        assert!(
+            !s.finish_scale_set_job(runner, second, "success"),
+            "not its job"
+        );
+        assert!(s.renew_job(runner, first));
+        assert!(s.finish_scale_set_job(runner, first, "failure"));
+        let job = set_job(&s, first);
+        assert_eq!(
+            (job.state, job.result.as_deref()),
+            (crate::broker::JobState::Completed, Some("failed"))
+        );
+        assert!(!s.renew_job(runner, first), "done");
+        assert!(s.runners[&runner].busy, "busy for its lag");
+        assert!(s.assign(runner).is_none(), "ephemeral: one job ever");
+        s.clock_offset = s.ephemeral_lag.busy;
+        s.age_runners();
+        assert!(!s.runners[&runner].busy, "idle after its lag");
+        assert_eq!(set_job(&s, second).state, crate::broker::JobState::Assigned);
+        assert_eq!(set_job(&s, others).state, crate::broker::JobState::Assigned);
+    }
+
+    /// `JobCompleted` sent while the runner still runs the job (early completion): the runner
+    /// stays busy and holds its lock; its own report later is accepted and changes nothing but
+    /// its lag (no second `JobCompleted`).
+    #[test]
+    fn a_scale_set_job_completed_early_stays_its_runners_until_it_reports_done() {
+        let mut s = state();
+        s.add_repo("acme", "widgets", "Organization");
+        let set = s
+            .broker
+            .add_set_for_test("mine", RunnerScope::Org("acme".into()));
+        let runner = scale_set_runner(&mut s, set);
+        let job = s.broker.queue_job(set, "build").unwrap_or_default();
+        assert_eq!(s.assign(runner).map(|a| a.job_id), Some(job));
+        assert!(s.broker.complete_job(job, "succeeded"));
+        let completed = |s: &State| {
+            s.broker.scale_sets[&set]
+                .pending
+                .iter()
+                .flat_map(|m| m.jobs.iter())
+                .filter(|j| j["messageType"] == "JobCompleted")
+                .count()
+        };
+        assert_eq!(completed(&s), 1);
+        assert!(s.runners[&runner].busy, "still running it");
+        assert!(s.renew_job(runner, job), "the runner still holds it");
+        s.clock_offset = s.ephemeral_lag.busy * 2;
+        s.age_runners();
+        assert!(s.runners[&runner].busy, "no lag before it reports");
+        assert!(s.finish_scale_set_job(runner, job, "success"));
+        assert!(
+            s.finish_scale_set_job(runner, job, "success"),
+            "again: harmless"
+        );
+        assert_eq!(completed(&s), 1, "no second JobCompleted");
+        assert_eq!(set_job(&s, job).result.as_deref(), Some("succeeded"));
+        s.clock_offset += s.ephemeral_lag.busy;
+        s.age_runners();
+        assert!(!s.runners[&runner].busy);
+    }
+
     #[test]
     fn a_rerun_is_a_new_job_of_the_same_run_one_attempt_later_once_the_run_is_done() {
         let mut s = state();
