@@ -1092,6 +1092,8 @@ async fn a_job_completed_early_keeps_its_runner_busy_until_it_reports_done() {
         jobs.last().and_then(|j| j.result.as_deref()),
         Some("succeeded")
     );
+    // Longer than a finished runner lingers busy: this one has not finished.
+    h.advance(Duration::from_secs(3));
     let runners = h.fake.scale_set_runners(id);
     assert!(runners.iter().all(|r| r.busy), "still running it");
     let busy = client.remove_runner(runner_id).await;
