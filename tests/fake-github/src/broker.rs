@@ -1,11 +1,13 @@
 //! The fake's Actions service for runner scale sets (the "broker"): the registration token and
 //! the RemoteAuth exchange, scale sets, message sessions, the long-polled message queue, job
-//! acquisition and scale-set JIT configurations, as `actions/scaleset` and ARC see them (see
-//! `github-scale-sets.md` §1.3–1.12). It owns the broker's state ([`Broker`]) and its answers;
-//! [`crate::server`] hands it every request it owns ([`owns`]) before anything else.
+//! acquisition, scale-set JIT configurations and runners, as `actions/scaleset` and ARC see
+//! them (see `github-scale-sets.md` §1.3–1.13). It owns the broker's state ([`Broker`]) and
+//! its answers; [`crate::server`] hands it every request it owns ([`owns`]) before anything
+//! else.
 //!
 //! Paths: `{api}/actions/runner-registration` and `{api}/{orgs|repos}/…/registration-token`
-//! below the API base; the service itself at `{server}/rest/_apis/runtime/…`; the queue at
+//! below the API base; the service itself at `{server}/rest/_apis/runtime/…` and
+//! `{server}/rest/_apis/distributedtask/pools/0/agents`; the queue at
 //! `{server}/scalesets/message?scaleSetId={id}` (its query kept, ids appended to its path).
 //! Every service call must carry `api-version=6.0-preview` (in the query, or for the queue in
 //! `Accept`), and the admin token or, for the queue and `acquirejobs`, the session's queue
@@ -14,8 +16,21 @@
 //! Jobs follow `queued → available/assigned → running → completed` ([`JobState`]): assigned
 //! only while the set's unfinished assigned jobs are below the last `X-ScaleSetMaxCapacity`,
 //! in GHES mode announced `JobAvailable` and assigned only once acquired; their job messages
-//! are batched at most [`MAX_JOBS_PER_MESSAGE`] a message, and the statistics on every
-//! message and session are computed from their states.
+//! (repository, owner, run id, workflow ref, labels; the runner on started and completed) are
+//! batched at most [`MAX_JOBS_PER_MESSAGE`] a message, and the statistics on every message
+//! and session are computed from their states. With [`Broker::reassign_after`] set, a job
+//! assigned and not started in time is cancelled and assigned again, at most
+//! [`MAX_REASSIGNMENTS`] times.
+//!
+//! Scale-set runners are runners of the fake ([`State::runners`], with
+//! [`Runner::scale_set_id`]): `generatejitconfig` registers one in the set's target (the
+//! RemoteAuth `url`: an organization or a repository), listed by its REST runner list, with the
+//! fake's [`crate::jit::FakeJitConfig`] as `encodedJITConfig`. Through the runner protocol it
+//! takes the oldest assigned job of its own set only ([`State::assign`]) and reports it done
+//! (`JobCompleted` with its conclusion as the service's result); REST runners never take
+//! scale-set jobs. The service's runner endpoints (`_apis/distributedtask/pools/0/agents`)
+//! find, get and remove the runners of the admin token's target: removal is `204` also for a
+//! runner gone, `JobStillRunningException` while it is busy (its job, then its lag).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
