@@ -321,18 +321,28 @@ impl State {
         self.broker.reassign_overdue();
     }
 
-    /// [`State::abandon_unrenewed_jobs`] for scale-set jobs: a running job whose runner has
-    /// not renewed the lock within the timeout completes `failed` (`JobCompleted`), and its
-    /// runner is listed offline and idle.
+    /// [`State::abandon_unrenewed_jobs`] for scale-set jobs: a job whose runner still holds
+    /// it (running, or completed early) and has not renewed the lock within the timeout is
+    /// given up: a running one completes `failed` (`JobCompleted`), and the runner is listed
+    /// offline and idle.
     fn abandon_unrenewed_scale_set_jobs(&mut self) {
         let now = self.now();
         let timeout = self.job_lock_timeout;
+        let runners = &self.runners;
+        let holds = |runner: Option<u64>| {
+            runner
+                .and_then(|id| runners.get(&id))
+                .is_some_and(|r| r.busy && r.job_done_at.is_none() && !r.abandoned)
+        };
         let stale: Vec<(u64, Option<u64>)> = self
             .broker
             .scale_sets
             .values()
             .flat_map(|s| s.jobs.iter())
-            .filter(|(_, j)| j.state == crate::broker::JobState::Running)
+            .filter(|(_, j)| {
+                j.state == crate::broker::JobState::Running
+                    || (j.state == crate::broker::JobState::Completed && holds(j.runner_id))
+            })
             .filter(|(_, j)| {
                 j.lock_renewed_at
                     .or(j.started_at)
@@ -791,6 +801,7 @@ impl State {
             return None;
         }
         if let Some(set_id) = runner.scale_set_id {
+            self.broker.now = self.now();
             let request_id = self.broker.take_job(set_id, runner.id, &runner.name)?;
             if let Some(r) = self.runners.get_mut(&runner_id) {
                 r.busy = true;
@@ -1228,6 +1239,40 @@ mod tests {
         assert!(!s.runners[&runner].busy, "idle after its lag");
         assert_eq!(set_job(&s, second).state, crate::broker::JobState::Assigned);
         assert_eq!(set_job(&s, others).state, crate::broker::JobState::Assigned);
+    }
+
+    /// A scale-set runner that stops renewing its lock (it crashed) has its job given up
+    /// after the lock timeout: `JobCompleted` `failed`, the runner offline and idle. One whose
+    /// job was completed early is let go of the same way.
+    #[test]
+    fn a_scale_set_job_whose_runner_stops_renewing_is_failed_after_the_lock_timeout() {
+        let mut s = state();
+        s.add_repo("acme", "widgets", "Organization");
+        let set = s
+            .broker
+            .add_set_for_test("mine", RunnerScope::Org("acme".into()));
+        let crashed = scale_set_runner(&mut s, set);
+        let early = scale_set_runner(&mut s, set);
+        let job = s.broker.queue_job(set, "a").unwrap_or_default();
+        let other = s.broker.queue_job(set, "b").unwrap_or_default();
+        assert_eq!(s.assign(crashed).map(|a| a.job_id), Some(job));
+        assert_eq!(s.assign(early).map(|a| a.job_id), Some(other));
+        assert!(s.broker.complete_job(other, "succeeded"));
+        s.clock_offset = s.job_lock_timeout - Duration::from_secs(1);
+        s.age_runners();
+        assert_eq!(set_job(&s, job).state, crate::broker::JobState::Running);
+        s.clock_offset = s.job_lock_timeout;
+        s.age_runners();
+        let given_up = set_job(&s, job);
+        assert_eq!(
+            (given_up.state, given_up.result.as_deref()),
+            (crate::broker::JobState::Completed, Some("failed"))
+        );
+        assert_eq!(set_job(&s, other).result.as_deref(), Some("succeeded"));
+        for id in [crashed, early] {
+            let r = &s.runners[&id];
+            assert!(!r.busy && !r.online && r.abandoned, "{id} let go of");
+        }
     }
 
     /// `JobCompleted` sent while the runner still runs the job (early completion): the runner
