@@ -70,6 +70,8 @@ impl Outcome {
             // An answer out of protocol (e.g. a session without a queue URL, §2.3) is broker
             // degradation: it passes.
             ScaleSetError::Unreachable { .. } | ScaleSetError::Unexpected { .. } => Self::Transient,
+            // Not the listener's (runner removal), but it passes once the runner is idle.
+            ScaleSetError::JobStillRunning { .. } => Self::Transient,
             ScaleSetError::Service { status, .. } => {
                 if *status >= 500 || *status == 408 || *status == 429 {
                     Self::Transient

@@ -57,6 +57,10 @@ pub enum ScaleSetError {
     /// A runner of that name exists (`AgentExistsException`).
     #[error("a runner of that name already exists: {message}")]
     AgentExists { message: String },
+    /// The runner holds a job and cannot be removed now (`JobStillRunningException`, 400 per
+    /// ARC's ADR, 409 in the Go client's test): try again once it is idle.
+    #[error("the runner is still running a job: {message}")]
+    JobStillRunning { message: String },
     /// The poll answered 200 without a readable message: transient, poll again after a while.
     #[error("the message queue answered 200 without a readable message: {reason}")]
     UnreadableMessage { reason: String },
@@ -150,12 +154,36 @@ pub struct JobMessage {
     pub job_id: String,
     #[serde(default)]
     pub job_display_name: String,
+    /// The repository's name, without its owner.
+    #[serde(default)]
+    pub repository_name: String,
+    #[serde(default)]
+    pub owner_name: String,
+    #[serde(default)]
+    pub workflow_run_id: Option<i64>,
+    /// `owner/repo/.github/workflows/ci.yml@refs/heads/main`.
+    #[serde(default)]
+    pub job_workflow_ref: String,
     #[serde(default)]
     pub request_labels: Vec<String>,
+    /// On `JobStarted` and `JobCompleted`: the runner that took the job.
+    #[serde(default)]
+    pub runner_id: Option<i64>,
     #[serde(default)]
     pub runner_name: Option<String>,
+    /// On `JobCompleted`: `succeeded`, `failed`, `canceled`, ...
     #[serde(default)]
     pub result: Option<String>,
+}
+
+/// A runner as the service's runner endpoints show it (`github-scale-sets.md` §1.13).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ScaleSetRunner {
+    pub id: u64,
+    pub name: String,
+    /// The scale set it belongs to; 0 for a runner of none.
+    #[serde(default, rename = "runnerScaleSetId")]
+    pub scale_set_id: u64,
 }
 
 /// What a message carries.
@@ -200,6 +228,8 @@ pub struct ScaleSetClient {
     /// The transport for the service's absolute URLs (no base path of its own).
     http: Octocrab,
     admin: tokio::sync::Mutex<Option<AdminConnection>>,
+    /// The `version` of the `User-Agent` (see [`ScaleSetClient::with_version`]).
+    version: String,
 }
 
 impl std::fmt::Debug for ScaleSetClient {
@@ -264,6 +294,8 @@ fn service_error(endpoint: &'static str, status: StatusCode, body: &[u8]) -> Sca
         ScaleSetError::SessionConflict { message }
     } else if type_name.contains("AgentExistsException") {
         ScaleSetError::AgentExists { message }
+    } else if type_name.contains("JobStillRunningException") {
+        ScaleSetError::JobStillRunning { message }
     } else if type_name.contains("RunnerScaleSetNotFoundException") {
         ScaleSetError::ScaleSetNotFound { message }
     } else if status == StatusCode::UNAUTHORIZED {
@@ -300,6 +332,30 @@ struct Request<'a> {
     timeout: Duration,
 }
 
+/// Which part of a scale-set manager makes a call, for the `User-Agent`: the listener
+/// (sessions, the queue, acquisition) or the agent (scale sets, JIT configurations, runners).
+fn subsystem(endpoint: &str) -> &'static str {
+    if endpoint.starts_with("scalesets.message")
+        || endpoint.starts_with("runnerscalesets.sessions")
+        || endpoint == "runnerscalesets.acquirejobs"
+    {
+        "listener"
+    } else {
+        "agent"
+    }
+}
+
+/// The scale set a service URL is about (`…/runnerscalesets/{id}…` or `scaleSetId={id}`).
+fn scale_set_of(url: &str) -> Option<u64> {
+    ["runnerscalesets/", "scaleSetId="]
+        .iter()
+        .find_map(|marker| {
+            let (_, rest) = url.split_once(marker)?;
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+}
+
 impl ScaleSetClient {
     /// A client of `target`'s scale sets; `config_url` is the scope as the service knows it
     /// (`https://github.com/acme`).
@@ -322,13 +378,37 @@ impl ScaleSetClient {
             config_url: config_url.into(),
             http,
             admin: tokio::sync::Mutex::new(None),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
         })
+    }
+
+    /// The version the `User-Agent` names (default: this crate's).
+    #[must_use]
+    pub fn with_version(mut self, version: impl Into<String>) -> Self {
+        self.version = version.into();
+        self
+    }
+
+    /// The JSON `User-Agent` of a service call (`github-scale-sets.md` §1.5; the Go client
+    /// sends the same shape): what is calling, from which part, about which scale set.
+    fn user_agent(&self, endpoint: &str, url: &str) -> String {
+        let mut agent = json!({
+            "system": "rm-agent",
+            "version": self.version,
+            "subsystem": subsystem(endpoint),
+            "kind": "scaleset",
+        });
+        if let Some(id) = scale_set_of(url) {
+            agent["scale_set_id"] = json!(id);
+        }
+        agent.to_string()
     }
 
     /// Sends `request` through `octo`; the status and the body of any answer.
     async fn exchange(
         octo: &Octocrab,
         request: Request<'_>,
+        user_agent: Option<String>,
     ) -> Result<(StatusCode, Bytes), ScaleSetError> {
         let endpoint = request.endpoint;
         let unreachable = |reason: String| ScaleSetError::Unreachable { endpoint, reason };
@@ -346,6 +426,9 @@ impl ScaleSetClient {
             .header(header::ACCEPT, format!("application/json; {API_VERSION}"));
         if let Some(capacity) = request.max_capacity {
             builder = builder.header("X-ScaleSetMaxCapacity", capacity.to_string());
+        }
+        if let Some(agent) = user_agent {
+            builder = builder.header(header::USER_AGENT, agent);
         }
         let built = octo
             .build_request(builder, request.body)
@@ -384,7 +467,8 @@ impl ScaleSetClient {
     /// The answer's body on 2xx, its error otherwise.
     async fn call(&self, request: Request<'_>) -> Result<(StatusCode, Bytes), ScaleSetError> {
         let endpoint = request.endpoint;
-        let (status, body) = Self::exchange(&self.http, request).await?;
+        let user_agent = self.user_agent(endpoint, &request.url);
+        let (status, body) = Self::exchange(&self.http, request, Some(user_agent)).await?;
         if status.is_success() {
             Ok((status, body))
         } else {
@@ -437,7 +521,7 @@ impl ScaleSetClient {
             max_capacity: None,
             timeout: CALL_TIMEOUT,
         };
-        let (status, answer) = Self::exchange(&self.github.inner.octo, request).await?;
+        let (status, answer) = Self::exchange(&self.github.inner.octo, request, None).await?;
         if !status.is_success() {
             return Err(service_error(ENDPOINT, status, &answer));
         }
@@ -863,6 +947,50 @@ impl ScaleSetClient {
             encoded_jit_config: jit.encoded_jit_config,
         })
     }
+
+    /// The runner named `name`, of this scale set or another (its `scale_set_id` says
+    /// which; 0 for none): what to look at before removing a runner whose JIT configuration
+    /// was lost (§1.12, ARC's recovery from `AgentExistsException`).
+    pub async fn find_runner(&self, name: &str) -> Result<Option<ScaleSetRunner>, ScaleSetError> {
+        const ENDPOINT: &str = "agents.find";
+        #[derive(Deserialize)]
+        struct List {
+            #[serde(default)]
+            value: Vec<ScaleSetRunner>,
+        }
+        let path = format!(
+            "_apis/distributedtask/pools/0/agents?agentName={}",
+            percent_encode(name)
+        );
+        let (_, body) = self.admin_call(ENDPOINT, Method::GET, &path, None).await?;
+        let list: List = decode(ENDPOINT, &body)?;
+        Ok(list.value.into_iter().find(|r| r.name == name))
+    }
+
+    /// Runner `runner_id`, `None` when the service does not know it.
+    pub async fn get_runner(
+        &self,
+        runner_id: u64,
+    ) -> Result<Option<ScaleSetRunner>, ScaleSetError> {
+        const ENDPOINT: &str = "agents.get";
+        let path = format!("_apis/distributedtask/pools/0/agents/{runner_id}");
+        match self.admin_call(ENDPOINT, Method::GET, &path, None).await {
+            Ok((_, body)) => Ok(Some(decode(ENDPOINT, &body)?)),
+            Err(ScaleSetError::Service { status: 404, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes runner `runner_id`; one already gone (`204` or `404`) is removed too. A runner
+    /// holding a job is [`ScaleSetError::JobStillRunning`], whatever the status.
+    pub async fn remove_runner(&self, runner_id: u64) -> Result<(), ScaleSetError> {
+        const ENDPOINT: &str = "agents.remove";
+        let path = format!("_apis/distributedtask/pools/0/agents/{runner_id}");
+        match self.admin_call(ENDPOINT, Method::DELETE, &path, None).await {
+            Ok(_) | Err(ScaleSetError::Service { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -897,6 +1025,34 @@ mod tests {
             service_error("e", StatusCode::CONFLICT, b"plain text"),
             ScaleSetError::Service { status: 409, .. }
         ));
+        let busy = br#"{"typeName":"GitHub.DistributedTask.WebApi.JobStillRunningException","message":"m"}"#;
+        for status in [StatusCode::BAD_REQUEST, StatusCode::CONFLICT] {
+            assert!(matches!(
+                service_error("e", status, busy),
+                ScaleSetError::JobStillRunning { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn the_user_agent_names_the_subsystem_and_the_scale_set() {
+        assert_eq!(subsystem("scalesets.message.get"), "listener");
+        assert_eq!(subsystem("runnerscalesets.sessions.create"), "listener");
+        assert_eq!(subsystem("runnerscalesets.acquirejobs"), "listener");
+        assert_eq!(subsystem("runnerscalesets.generatejitconfig"), "agent");
+        assert_eq!(subsystem("agents.remove"), "agent");
+        assert_eq!(
+            scale_set_of("https://b/rest/_apis/runtime/runnerscalesets/12/sessions"),
+            Some(12)
+        );
+        assert_eq!(
+            scale_set_of("https://b/scalesets/message?scaleSetId=7&x=1"),
+            Some(7)
+        );
+        assert_eq!(
+            scale_set_of("https://b/rest/_apis/runtime/runnerscalesets?name=x"),
+            None
+        );
     }
 
     #[test]

@@ -8,13 +8,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rm_fake_github::runner_client::RunnerSession;
+use rm_fake_github::{FakeJitConfig, RequestKind};
 use rm_github::scaleset::listener::{
     Activity, BACKOFF_BASE, BACKOFF_CAP, Listener, STANDBY_BASE, backoff_delay, standby_delay,
 };
 use rm_github::scaleset::{
-    ADMIN_RENEW_BEFORE, MessageBody, ScaleSetClient, ScaleSetError, Session, Statistics,
+    ADMIN_RENEW_BEFORE, MessageBody, ScaleSetClient, ScaleSetError, ScaleSetRunner, Session,
+    Statistics,
 };
 use secrecy::ExposeSecret;
+use serde_json::json;
 
 use crate::common::{Harness, harness, harness_with, org};
 
@@ -849,4 +853,304 @@ async fn started_and_completed_jobs_are_announced_and_counted() {
         ),
         (0, 0, 0, 1)
     );
+}
+
+/// A registered fake runner of scale set `set`, from a JIT configuration of the client: what
+/// the agent starts with `ACTIONS_RUNNER_INPUT_JITCONFIG`.
+async fn scale_set_runner(client: &ScaleSetClient, set: u64, name: &str) -> (u64, RunnerSession) {
+    let jit = client
+        .generate_jit_config(set, name, "_work")
+        .await
+        .unwrap_or_else(|e| panic!("jit: {e}"));
+    let config = FakeJitConfig::decode(jit.encoded_jit_config.expose_secret())
+        .unwrap_or_else(|e| panic!("the fake runner reads it: {e}"));
+    assert_eq!(config.runner_id, jit.runner_id);
+    let session = RunnerSession::new(config);
+    session
+        .register()
+        .await
+        .unwrap_or_else(|e| panic!("register: {e}"));
+    (jit.runner_id, session)
+}
+
+/// The next job messages after `last`, acknowledged: the id to poll after, and the messages.
+async fn next_jobs(
+    client: &ScaleSetClient,
+    s: &mut Session,
+    last: u64,
+) -> (u64, Vec<rm_github::scaleset::JobMessage>) {
+    let (id, jobs, _) = poll_jobs(client, s, last, 5).await.expect("a message");
+    client.delete_message(s, id).await.expect("ack");
+    (id, jobs)
+}
+
+/// A scale-set runner's life through the client and the runner protocol: the job assigned
+/// with its repository, run and workflow ref; the runner takes it (`JobStarted` naming it);
+/// removal while it runs is `JobStillRunning` whether the service answers 400 or 409; done,
+/// `JobCompleted` carries its result; removal is still refused while GitHub lists it busy,
+/// then done, and done again once gone. Every service call says who calls in a JSON
+/// `User-Agent`, and after set-up nothing but the service, tokens and the runner protocol is
+/// asked.
+#[tokio::test]
+async fn a_scale_set_runner_takes_its_job_and_is_removed_only_once_idle() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    let since = h.fake.now();
+    h.fake
+        .set_ephemeral_lag(Duration::from_secs(2), Duration::from_secs(60));
+    let (runner_id, runner) = scale_set_runner(&client, id, "ss-1").await;
+    let found = client.find_runner("ss-1").await.expect("find");
+    assert_eq!(
+        found,
+        Some(ScaleSetRunner {
+            id: runner_id,
+            name: "ss-1".into(),
+            scale_set_id: id
+        })
+    );
+    assert_eq!(client.find_runner("ss-2").await.expect("find"), None);
+    let got = client.get_runner(runner_id).await.expect("get");
+    assert_eq!(got.map(|r| r.scale_set_id), Some(id));
+
+    let request = h
+        .fake
+        .queue_scale_set_job_in(id, "build", "acme/widgets")
+        .expect("set");
+    let (last, jobs) = next_jobs(&client, &mut s, 0).await;
+    let assigned = &jobs[0];
+    assert_eq!(assigned.message_type, "JobAssigned");
+    assert_eq!(
+        (
+            assigned.owner_name.as_str(),
+            assigned.repository_name.as_str()
+        ),
+        ("acme", "widgets")
+    );
+    assert!(assigned.workflow_run_id.is_some());
+    assert!(
+        assigned
+            .job_workflow_ref
+            .starts_with("acme/widgets/.github/workflows/")
+    );
+    assert_eq!(assigned.request_labels, ["linux-x64"]);
+    let job = runner.acquire().await.expect("acquire").expect("its job");
+    assert_eq!(job.job_id, request);
+    assert_eq!(job.repository, "acme/widgets");
+    let (last, jobs) = next_jobs(&client, &mut s, last).await;
+    assert_eq!(jobs[0].message_type, "JobStarted");
+    assert_eq!(jobs[0].runner_id, i64::try_from(runner_id).ok());
+    assert_eq!(jobs[0].runner_name.as_deref(), Some("ss-1"));
+
+    let busy = client.remove_runner(runner_id).await;
+    assert!(
+        matches!(busy, Err(ScaleSetError::JobStillRunning { .. })),
+        "{busy:?}"
+    );
+    h.fake.set_job_still_running_status(409);
+    let busy = client.remove_runner(runner_id).await;
+    assert!(
+        matches!(busy, Err(ScaleSetError::JobStillRunning { .. })),
+        "{busy:?}"
+    );
+    runner.complete(job.job_id, "failure").await.expect("done");
+    let (_, jobs) = next_jobs(&client, &mut s, last).await;
+    assert_eq!(jobs[0].message_type, "JobCompleted");
+    assert_eq!(jobs[0].result.as_deref(), Some("failed"));
+    assert_eq!(jobs[0].runner_name.as_deref(), Some("ss-1"));
+    assert_eq!(jobs[0].runner_id, i64::try_from(runner_id).ok());
+    let lingering = client.remove_runner(runner_id).await;
+    assert!(
+        matches!(lingering, Err(ScaleSetError::JobStillRunning { .. })),
+        "busy for its lag: {lingering:?}"
+    );
+    h.advance(Duration::from_secs(2));
+    client
+        .remove_runner(runner_id)
+        .await
+        .expect("idle: removed");
+    client
+        .remove_runner(runner_id)
+        .await
+        .expect("gone: removed");
+    assert_eq!(client.get_runner(runner_id).await.expect("get"), None);
+
+    let counts = h.fake.request_counts_since(since);
+    let rest: Vec<_> = counts
+        .keys()
+        .filter(|(kind, _)| *kind == RequestKind::Rest)
+        .collect();
+    assert!(rest.is_empty(), "no REST request after set-up: {rest:?}");
+    assert_eq!(
+        counts.get(&(
+            RequestKind::Broker,
+            "DELETE /rest/_apis/distributedtask/pools/{id}/agents/{id}".into()
+        )),
+        Some(&5)
+    );
+    for r in h.fake.requests_since(since) {
+        if r.kind() != RequestKind::Broker {
+            continue;
+        }
+        let agent: serde_json::Value = r
+            .header("user-agent")
+            .and_then(|a| serde_json::from_str(a).ok())
+            .unwrap_or_else(|| panic!("a JSON User-Agent on {} {}", r.method, r.path));
+        assert_eq!(
+            (&agent["system"], &agent["kind"]),
+            (&json!("rm-agent"), &json!("scaleset"))
+        );
+        let subsystem = if r.path.starts_with("/scalesets/") {
+            "listener"
+        } else {
+            "agent"
+        };
+        assert_eq!(agent["subsystem"], subsystem, "{} {}", r.method, r.path);
+    }
+}
+
+/// A job assigned and not started in time is cancelled (`JobCompleted` `canceled`) and
+/// assigned again, three times at most; the one a runner then takes runs to completion.
+#[tokio::test]
+async fn an_unstarted_job_is_reassigned_at_most_three_times() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    h.fake
+        .set_scale_set_reassign_after(Duration::from_millis(30));
+    let request = h.fake.queue_scale_set_job(id, "build").expect("set");
+    let mut kinds = Vec::new();
+    let mut last = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while kinds.len() < 7 && tokio::time::Instant::now() < deadline {
+        if let Some((message, jobs, _)) = poll_jobs(&client, &mut s, last, 5).await {
+            client.delete_message(&mut s, message).await.expect("ack");
+            last = message;
+            for j in jobs {
+                assert_eq!(j.runner_request_id, i64::try_from(request).expect("small"));
+                kinds.push(format!(
+                    "{} {}",
+                    j.message_type,
+                    j.result.unwrap_or_default()
+                ));
+            }
+        }
+    }
+    let again = ["JobCompleted canceled", "JobAssigned "];
+    assert_eq!(
+        kinds,
+        [
+            "JobAssigned ",
+            again[0],
+            again[1],
+            again[0],
+            again[1],
+            again[0],
+            again[1]
+        ]
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(
+        poll_jobs(&client, &mut s, last, 5).await.is_none(),
+        "no fourth time"
+    );
+    let jobs = h.fake.scale_set_jobs(id);
+    assert_eq!(jobs[0].1.reassignments, 3);
+    let (_, runner) = scale_set_runner(&client, id, "late").await;
+    let job = runner
+        .acquire()
+        .await
+        .expect("acquire")
+        .expect("still assigned");
+    assert_eq!(job.job_id, request);
+    runner.complete(job.job_id, "success").await.expect("done");
+    let done = h.fake.scale_set_job(request).expect("job");
+    assert_eq!(
+        (done.result.as_deref(), done.runner_name.as_deref()),
+        (Some("succeeded"), Some("late"))
+    );
+}
+
+/// `JobCompleted` while the runner still runs its job (early completion, §6.6 scenario 16):
+/// the runner stays busy, its removal refused; its own report later is accepted and announces
+/// nothing more.
+#[tokio::test]
+async fn a_job_completed_early_keeps_its_runner_busy_until_it_reports_done() {
+    let (h, client, id) = set_up().await;
+    let mut s = session(&client, id).await;
+    h.fake
+        .set_ephemeral_lag(Duration::from_secs(2), Duration::from_secs(60));
+    let (runner_id, runner) = scale_set_runner(&client, id, "ss-1").await;
+    let request = h.fake.queue_scale_set_job(id, "build").expect("set");
+    let job = runner.acquire().await.expect("acquire").expect("its job");
+    let (last, _) = next_jobs(&client, &mut s, 0).await;
+    let (last, jobs) = next_jobs(&client, &mut s, last).await;
+    assert_eq!(jobs[0].message_type, "JobStarted");
+    assert!(h.fake.complete_scale_set_job_early(request));
+    let (last, jobs) = next_jobs(&client, &mut s, last).await;
+    let kinds: Vec<_> = jobs.iter().map(|j| j.message_type.as_str()).collect();
+    assert_eq!(kinds, ["JobCompleted"]);
+    assert_eq!(
+        jobs.last().and_then(|j| j.result.as_deref()),
+        Some("succeeded")
+    );
+    // Longer than a finished runner lingers busy: this one has not finished.
+    h.advance(Duration::from_secs(3));
+    let runners = h.fake.scale_set_runners(id);
+    assert!(runners.iter().all(|r| r.busy), "still running it");
+    let busy = client.remove_runner(runner_id).await;
+    assert!(
+        matches!(busy, Err(ScaleSetError::JobStillRunning { .. })),
+        "{busy:?}"
+    );
+    runner
+        .complete(job.job_id, "success")
+        .await
+        .expect("done later");
+    assert!(
+        poll_jobs(&client, &mut s, last, 5).await.is_none(),
+        "no second JobCompleted"
+    );
+    h.advance(Duration::from_secs(2));
+    client
+        .remove_runner(runner_id)
+        .await
+        .expect("idle: removed");
+}
+
+/// A scale-set runner never takes a REST job its labels fit, and a REST runner never takes
+/// a scale-set job.
+#[tokio::test]
+async fn a_scale_set_runner_never_takes_a_rest_job_nor_a_rest_runner_a_scale_set_job() {
+    let (h, client, id) = set_up().await;
+    let (_, scale_set) = scale_set_runner(&client, id, "ss-1").await;
+    let rest_job = h
+        .fake
+        .queue_job("acme/widgets", "rest", &["linux-x64"])
+        .expect("queue");
+    assert_eq!(scale_set.acquire().await.expect("acquire"), None);
+    let request = h.fake.queue_scale_set_job(id, "build").expect("set");
+    let encoded = h
+        .fake
+        .generate_jitconfig("acme", "rest-1", &["linux-x64"])
+        .expect("jit");
+    let rest = RunnerSession::new(FakeJitConfig::decode(&encoded).expect("config"));
+    rest.register().await.expect("register");
+    let taken = rest.acquire().await.expect("acquire").map(|j| j.job_id);
+    assert_eq!(taken, Some(rest_job), "the REST job");
+    let encoded = h
+        .fake
+        .generate_jitconfig("acme", "rest-2", &["linux-x64"])
+        .expect("jit");
+    let idle = RunnerSession::new(FakeJitConfig::decode(&encoded).expect("config"));
+    idle.register().await.expect("register");
+    assert_eq!(
+        idle.acquire().await.expect("acquire"),
+        None,
+        "not the scale-set job"
+    );
+    let taken = scale_set
+        .acquire()
+        .await
+        .expect("acquire")
+        .map(|j| j.job_id);
+    assert_eq!(taken, Some(request));
 }

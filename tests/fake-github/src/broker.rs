@@ -1,11 +1,13 @@
 //! The fake's Actions service for runner scale sets (the "broker"): the registration token and
 //! the RemoteAuth exchange, scale sets, message sessions, the long-polled message queue, job
-//! acquisition and scale-set JIT configurations, as `actions/scaleset` and ARC see them (see
-//! `github-scale-sets.md` §1.3–1.12). It owns the broker's state ([`Broker`]) and its answers;
-//! [`crate::server`] hands it every request it owns ([`owns`]) before anything else.
+//! acquisition, scale-set JIT configurations and runners, as `actions/scaleset` and ARC see
+//! them (see `github-scale-sets.md` §1.3–1.13). It owns the broker's state ([`Broker`]) and
+//! its answers; [`crate::server`] hands it every request it owns ([`owns`]) before anything
+//! else.
 //!
 //! Paths: `{api}/actions/runner-registration` and `{api}/{orgs|repos}/…/registration-token`
-//! below the API base; the service itself at `{server}/rest/_apis/runtime/…`; the queue at
+//! below the API base; the service itself at `{server}/rest/_apis/runtime/…` and
+//! `{server}/rest/_apis/distributedtask/pools/0/agents`; the queue at
 //! `{server}/scalesets/message?scaleSetId={id}` (its query kept, ids appended to its path).
 //! Every service call must carry `api-version=6.0-preview` (in the query, or for the queue in
 //! `Accept`), and the admin token or, for the queue and `acquirejobs`, the session's queue
@@ -14,21 +16,34 @@
 //! Jobs follow `queued → available/assigned → running → completed` ([`JobState`]): assigned
 //! only while the set's unfinished assigned jobs are below the last `X-ScaleSetMaxCapacity`,
 //! in GHES mode announced `JobAvailable` and assigned only once acquired; their job messages
-//! are batched at most [`MAX_JOBS_PER_MESSAGE`] a message, and the statistics on every
-//! message and session are computed from their states.
+//! (repository, owner, run id, workflow ref, labels; the runner on started and completed) are
+//! batched at most [`MAX_JOBS_PER_MESSAGE`] a message, and the statistics on every message
+//! and session are computed from their states. With [`Broker::reassign_after`] set, a job
+//! assigned and not started in time is cancelled and assigned again, at most
+//! [`MAX_REASSIGNMENTS`] times.
+//!
+//! Scale-set runners are runners of the fake ([`State::runners`], with
+//! [`Runner::scale_set_id`]): `generatejitconfig` registers one in the set's target (the
+//! RemoteAuth `url`: an organization or a repository), listed by its REST runner list, with the
+//! fake's [`crate::jit::FakeJitConfig`] as `encodedJITConfig`. Through the runner protocol it
+//! takes the oldest assigned job of its own set only ([`State::assign`]) and reports it done
+//! (`JobCompleted` with its conclusion as the service's result); REST runners never take
+//! scale-set jobs. The service's runner endpoints (`_apis/distributedtask/pools/0/agents`)
+//! find, get and remove the runners of the admin token's target: removal is `204` also for a
+//! runner gone, `JobStillRunningException` while it is busy (its job, then its lag).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::{Value, json};
 
-use crate::model::RequestRecord;
+use crate::model::{RequestRecord, Runner, RunnerScope};
 use crate::server::Shared;
 use crate::state::State;
 
@@ -49,6 +64,11 @@ pub const MAX_JOBS_PER_MESSAGE: usize = 50;
 const QUEUE_PATH: &str = "/scalesets/message";
 /// The service's path on the server.
 const SERVICE_PREFIX: &str = "/rest/";
+/// The service's runner endpoints (`github-scale-sets.md` §1.13).
+const AGENTS_PATH: &str = "/rest/_apis/distributedtask/pools/0/agents";
+/// How many times a job assigned and not started is cancelled and assigned again (the
+/// `actions/scaleset` README: "up to 3 times").
+pub const MAX_REASSIGNMENTS: u32 = 3;
 
 /// A scale set.
 #[derive(Debug, Clone)]
@@ -57,6 +77,10 @@ pub struct ScaleSet {
     pub name: String,
     pub runner_group_id: u64,
     pub labels: Vec<String>,
+    /// Where its runners are registered: the target of the admin token that created it.
+    pub scope: RunnerScope,
+    /// The repository (`owner/name`) its jobs come from unless queued in another one.
+    pub default_repository: String,
     /// Messages not yet deleted, oldest first.
     pub pending: Vec<Message>,
     /// Runner request ids announced and not yet acquired.
@@ -93,8 +117,32 @@ pub enum JobState {
 pub struct ScaleSetJob {
     pub name: String,
     pub state: JobState,
+    /// `owner/name`.
+    pub repository: String,
+    pub workflow_run_id: u64,
     /// The runner that started it.
     pub runner_name: Option<String>,
+    pub runner_id: Option<u64>,
+    /// When it was last assigned (on the fake's clock): the reassignment timer counts from it.
+    pub assigned_at: Option<SystemTime>,
+    /// How many times it was cancelled and assigned again for want of a runner.
+    pub reassignments: u32,
+    /// When its runner took it, and last renewed its lock (see [`crate::state::JOB_LOCK_TIMEOUT`]).
+    pub started_at: Option<SystemTime>,
+    pub lock_renewed_at: Option<SystemTime>,
+    /// Its `JobCompleted` result.
+    pub result: Option<String>,
+}
+
+/// A runner's conclusion (`success`, `failure`, `cancelled`) as the service's `result`
+/// (`succeeded`, `failed`, `canceled`); any other as it is.
+pub fn scale_set_result(conclusion: &str) -> &str {
+    match conclusion {
+        "success" => "succeeded",
+        "failure" => "failed",
+        "cancelled" => "canceled",
+        other => other,
+    }
 }
 
 /// A message of the queue.
@@ -121,10 +169,11 @@ pub struct Broker {
     pub registration_tokens: HashMap<String, SystemTime>,
     pub admin_tokens: HashMap<String, SystemTime>,
     pub scale_sets: BTreeMap<u64, ScaleSet>,
+    /// The target (organization or repository) of each admin token, from the RemoteAuth
+    /// exchange's `url`.
+    pub admin_targets: HashMap<String, RunnerScope>,
     /// Sessions by scale-set id.
     pub sessions: BTreeMap<u64, Session>,
-    /// Scale-set runners by name, with their ids.
-    pub runners: BTreeMap<String, u64>,
     next_id: u64,
     next_message_id: u64,
     /// How long a poll is held before `202`.
@@ -139,6 +188,14 @@ pub struct Broker {
     pub failing_status: u16,
     /// GHES mode: jobs are announced `JobAvailable` and assigned only once acquired.
     pub ghes: bool,
+    /// A job assigned and not started within this is cancelled (`JobCompleted` `canceled`)
+    /// and assigned again, at most [`MAX_REASSIGNMENTS`] times. `None` (the default): never.
+    pub reassign_after: Option<Duration>,
+    /// The status of `JobStillRunningException` when a busy runner is deleted: 400 as ARC's
+    /// ADR saw it, 409 as the Go client's test has it (a client must read the `typeName`).
+    pub job_still_running_status: u16,
+    /// The fake's clock, set by [`State::age_runners`] before every change.
+    pub now: SystemTime,
 }
 
 impl Default for Broker {
@@ -147,8 +204,8 @@ impl Default for Broker {
             registration_tokens: HashMap::new(),
             admin_tokens: HashMap::new(),
             scale_sets: BTreeMap::new(),
+            admin_targets: HashMap::new(),
             sessions: BTreeMap::new(),
-            runners: BTreeMap::new(),
             next_id: 1,
             next_message_id: 100_000,
             hold: DEFAULT_HOLD,
@@ -157,6 +214,9 @@ impl Default for Broker {
             failing_polls: 0,
             failing_status: 500,
             ghes: false,
+            reassign_after: None,
+            job_still_running_status: 400,
+            now: SystemTime::UNIX_EPOCH,
         }
     }
 }
@@ -178,13 +238,28 @@ impl Broker {
     /// [`MAX_JOBS_PER_MESSAGE`] a message); their runner request ids, or `None` for an unknown
     /// set.
     pub fn queue_jobs(&mut self, id: u64, names: &[&str]) -> Option<Vec<u64>> {
-        if !self.scale_sets.contains_key(&id) {
-            return None;
-        }
-        let ids: Vec<u64> = names.iter().map(|_| self.next_id()).collect();
+        self.queue_jobs_in(id, names, None)
+    }
+
+    /// [`Broker::queue_jobs`] from repository `owner/name` (`None`: the set's
+    /// [`ScaleSet::default_repository`]).
+    pub fn queue_jobs_in(
+        &mut self,
+        id: u64,
+        names: &[&str],
+        repository: Option<&str>,
+    ) -> Option<Vec<u64>> {
+        let repository = match repository {
+            Some(r) => r.to_owned(),
+            None => self.scale_sets.get(&id)?.default_repository.clone(),
+        };
+        let ids: Vec<(u64, u64)> = names
+            .iter()
+            .map(|_| (self.next_id(), self.next_id()))
+            .collect();
         let ghes = self.ghes;
         let set = self.scale_sets.get_mut(&id)?;
-        for (request_id, name) in ids.iter().zip(names) {
+        for ((request_id, run_id), name) in ids.iter().zip(names) {
             set.acquirable.push(*request_id);
             let state = if ghes {
                 JobState::Available
@@ -196,7 +271,15 @@ impl Broker {
                 ScaleSetJob {
                     name: (*name).to_owned(),
                     state,
+                    repository: repository.clone(),
+                    workflow_run_id: *run_id,
                     runner_name: None,
+                    runner_id: None,
+                    assigned_at: None,
+                    reassignments: 0,
+                    started_at: None,
+                    lock_renewed_at: None,
+                    result: None,
                 },
             );
             if ghes {
@@ -208,21 +291,34 @@ impl Broker {
             }
         }
         self.settle(id);
-        Some(ids)
+        Some(ids.into_iter().map(|(request_id, _)| request_id).collect())
     }
 
-    /// A job message of `kind` for job `request_id` of `set`.
+    /// A job message of `kind` for job `request_id` of `set`: `JobStarted` and
+    /// `JobCompleted` name the job's runner, if it has one.
     fn job_message(set: &ScaleSet, request_id: u64, kind: &str) -> Value {
         let job = set.jobs.get(&request_id);
-        json!({
+        let repository = job.map(|j| j.repository.as_str()).unwrap_or("");
+        let (owner, name) = repository.split_once('/').unwrap_or(("", repository));
+        let mut message = json!({
             "messageType": kind,
             "runnerRequestId": request_id,
             "jobId": format!("job-{request_id}"),
             "jobDisplayName": job.map(|j| j.name.as_str()).unwrap_or(""),
-            "repositoryName": "widgets",
-            "ownerName": "acme",
+            "repositoryName": name,
+            "ownerName": owner,
+            "workflowRunId": job.map(|j| j.workflow_run_id),
+            "jobWorkflowRef": format!("{repository}/.github/workflows/ci.yml@refs/heads/main"),
+            "eventName": "push",
             "requestLabels": set.labels,
-        })
+        });
+        if matches!(kind, "JobStarted" | "JobCompleted")
+            && let Some(job) = job.filter(|j| j.runner_name.is_some())
+        {
+            message["runnerId"] = json!(job.runner_id.unwrap_or(0));
+            message["runnerName"] = json!(job.runner_name);
+        }
+        message
     }
 
     /// Assigns waiting jobs of set `id` while its assigned-but-unfinished jobs are below the
@@ -230,6 +326,7 @@ impl Broker {
     /// [`MAX_JOBS_PER_MESSAGE`] jobs. Called after every change of jobs or capacity, so that
     /// freed capacity is used at once.
     fn settle(&mut self, id: u64) {
+        let now = self.now;
         let next_message_id = &mut self.next_message_id;
         let Some(set) = self.scale_sets.get_mut(&id) else {
             return;
@@ -250,6 +347,7 @@ impl Broker {
         for request_id in waiting {
             if let Some(job) = set.jobs.get_mut(&request_id) {
                 job.state = JobState::Assigned;
+                job.assigned_at = Some(now);
             }
             let message = Self::job_message(set, request_id, "JobAssigned");
             set.outbox.push(message);
@@ -274,8 +372,8 @@ impl Broker {
 
     /// Job `request_id`, assigned, is picked up by runner `runner_name` (`JobStarted`).
     /// Whether it was assigned.
-    pub fn start_job(&mut self, request_id: u64, runner_name: &str) -> bool {
-        let runner_id = self.runners.get(runner_name).copied().unwrap_or(0);
+    pub fn start_job(&mut self, request_id: u64, runner_id: u64, runner_name: &str) -> bool {
+        let now = self.now;
         let Some(set) = self
             .set_of_job(request_id)
             .and_then(|id| self.scale_sets.get_mut(&id))
@@ -287,15 +385,84 @@ impl Broker {
             Some(job) if job.state == JobState::Assigned => {
                 job.state = JobState::Running;
                 job.runner_name = Some(runner_name.to_owned());
+                job.runner_id = Some(runner_id);
+                job.started_at = Some(now);
             }
             _ => return false,
         }
-        let mut message = Self::job_message(set, request_id, "JobStarted");
-        message["runnerId"] = json!(runner_id);
-        message["runnerName"] = json!(runner_name);
+        let message = Self::job_message(set, request_id, "JobStarted");
         set.outbox.push(message);
         self.settle(id);
         true
+    }
+
+    /// The oldest assigned job of scale set `set_id`, started by runner `runner_id`
+    /// (`JobStarted`): what a scale-set runner asking for a job gets. Its runner request id.
+    pub fn take_job(&mut self, set_id: u64, runner_id: u64, runner_name: &str) -> Option<u64> {
+        let request_id = self
+            .scale_sets
+            .get(&set_id)?
+            .jobs
+            .iter()
+            .find(|(_, j)| j.state == JobState::Assigned)
+            .map(|(r, _)| *r)?;
+        self.start_job(request_id, runner_id, runner_name)
+            .then_some(request_id)
+    }
+
+    /// Job `request_id` of any set.
+    pub fn job(&self, request_id: u64) -> Option<&ScaleSetJob> {
+        let set = self.set_of_job(request_id)?;
+        self.scale_sets.get(&set)?.jobs.get(&request_id)
+    }
+
+    /// Job `request_id` of any set, to change.
+    pub fn job_mut(&mut self, request_id: u64) -> Option<&mut ScaleSetJob> {
+        let set = self.set_of_job(request_id)?;
+        self.scale_sets.get_mut(&set)?.jobs.get_mut(&request_id)
+    }
+
+    /// Cancels and assigns again every job assigned longer than [`Broker::reassign_after`]
+    /// without a runner starting it (`JobCompleted` `canceled`, then `JobAssigned`), each at
+    /// most [`MAX_REASSIGNMENTS`] times; after that it stays assigned.
+    pub fn reassign_overdue(&mut self) {
+        let Some(after) = self.reassign_after else {
+            return;
+        };
+        let now = self.now;
+        let ids: Vec<u64> = self.scale_sets.keys().copied().collect();
+        for id in ids {
+            let Some(set) = self.scale_sets.get_mut(&id) else {
+                continue;
+            };
+            let overdue: Vec<u64> = set
+                .jobs
+                .iter()
+                .filter(|(_, j)| {
+                    j.state == JobState::Assigned && j.reassignments < MAX_REASSIGNMENTS
+                })
+                .filter(|(_, j)| {
+                    j.assigned_at
+                        .is_some_and(|at| now.duration_since(at).unwrap_or(Duration::ZERO) >= after)
+                })
+                .map(|(r, _)| *r)
+                .collect();
+            if overdue.is_empty() {
+                continue;
+            }
+            for request_id in overdue {
+                let mut cancelled = Self::job_message(set, request_id, "JobCompleted");
+                cancelled["result"] = json!("canceled");
+                set.outbox.push(cancelled);
+                let assigned = Self::job_message(set, request_id, "JobAssigned");
+                set.outbox.push(assigned);
+                if let Some(job) = set.jobs.get_mut(&request_id) {
+                    job.reassignments += 1;
+                    job.assigned_at = Some(now);
+                }
+            }
+            self.settle(id);
+        }
     }
 
     /// Job `request_id` finishes with `result` (`JobCompleted`), from any state short of
@@ -309,23 +476,17 @@ impl Broker {
             return false;
         };
         let id = set.id;
-        let runner_name = match set.jobs.get_mut(&request_id) {
+        match set.jobs.get_mut(&request_id) {
             Some(job) if job.state != JobState::Completed => {
                 job.state = JobState::Completed;
-                job.runner_name.clone()
+                job.result = Some(result.to_owned());
             }
             _ => return false,
-        };
+        }
         set.acquirable.retain(|r| *r != request_id);
         let mut message = Self::job_message(set, request_id, "JobCompleted");
         message["result"] = json!(result);
-        if let Some(name) = runner_name {
-            message["runnerId"] = json!(self.runners.get(&name).copied().unwrap_or(0));
-            message["runnerName"] = json!(name);
-        }
-        if let Some(set) = self.scale_sets.get_mut(&id) {
-            set.outbox.push(message);
-        }
+        set.outbox.push(message);
         self.settle(id);
         true
     }
@@ -336,6 +497,30 @@ impl Broker {
             .values()
             .filter(|j| states.contains(&j.state))
             .count()
+    }
+
+    /// A scale set made without the service (for the fake's own tests): named `name`,
+    /// labelled with its name, in group 1 of `scope`, its jobs from `acme/widgets`.
+    #[cfg(test)]
+    pub(crate) fn add_set_for_test(&mut self, name: &str, scope: RunnerScope) -> u64 {
+        let id = self.next_id();
+        self.scale_sets.insert(
+            id,
+            ScaleSet {
+                id,
+                name: name.to_owned(),
+                runner_group_id: 1,
+                labels: vec![name.to_owned()],
+                scope,
+                default_repository: "acme/widgets".into(),
+                pending: Vec::new(),
+                acquirable: Vec::new(),
+                jobs: BTreeMap::new(),
+                outbox: Vec::new(),
+                capacity: None,
+            },
+        );
+        id
     }
 
     /// Deletes scale set `id` out of band; its session is left in place so that the next call
@@ -357,16 +542,20 @@ impl Broker {
         Some(message_id)
     }
 
-    /// The statistics of `set`, computed from its jobs. `totalAssignedJobs` counts running
-    /// jobs too (assigned to the set and not finished), which is what ARC scales on.
-    fn statistics(&self, set: &ScaleSet) -> Value {
+    /// The statistics of `set`, computed from its jobs and its runners (those `runners`
+    /// created for it). `totalAssignedJobs` counts running jobs too (assigned to the set and
+    /// not finished), which is what ARC scales on.
+    fn statistics(&self, set: &ScaleSet, runners: &BTreeMap<u64, Runner>) -> Value {
         let busy: std::collections::BTreeSet<&str> = set
             .jobs
             .values()
             .filter(|j| j.state == JobState::Running)
             .filter_map(|j| j.runner_name.as_deref())
             .collect();
-        let registered = self.runners.len();
+        let registered = runners
+            .values()
+            .filter(|r| r.scale_set_id == Some(set.id))
+            .count();
         json!({
             "totalAvailableJobs": Self::count(set, &[JobState::Available]),
             "totalAcquiredJobs": Self::count(set, &[JobState::Acquired]),
@@ -378,13 +567,13 @@ impl Broker {
         })
     }
 
-    fn scale_set_json(&self, set: &ScaleSet) -> Value {
+    fn scale_set_json(&self, set: &ScaleSet, runners: &BTreeMap<u64, Runner>) -> Value {
         json!({
             "id": set.id, "name": set.name, "runnerGroupId": set.runner_group_id,
             "runnerGroupName": "Default",
             "labels": set.labels.iter().map(|l| json!({"type": "System", "name": l})).collect::<Vec<_>>(),
             "RunnerSetting": {"disableUpdate": true},
-            "statistics": self.statistics(set),
+            "statistics": self.statistics(set, runners),
         })
     }
 }
@@ -555,27 +744,48 @@ fn respond(state: &mut State, ask: &Ask<'_>) -> Option<Answer> {
         return queue(state, ask, rest);
     }
     let now = state.now();
-    let Some(rest) = ask.path.strip_prefix("/rest/_apis/runtime/runnerscalesets") else {
+    let agents = ask.path.strip_prefix(AGENTS_PATH);
+    let Some(rest) = ask
+        .path
+        .strip_prefix("/rest/_apis/runtime/runnerscalesets")
+        .or(agents)
+    else {
         return Some(Answer::error(404, "NotFound", "no such route"));
     };
     let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     // acquirejobs takes the queue token; everything else the admin token.
-    if let [id, "acquirejobs"] = segments.as_slice() {
+    if agents.is_none()
+        && let [id, "acquirejobs"] = segments.as_slice()
+    {
         return Some(acquire_jobs(state, ask, id));
     }
-    let admin = ask
-        .authorization("Bearer ")
-        .and_then(|t| state.broker.admin_tokens.get(t))
-        .is_some_and(|exp| *exp > now);
-    if !admin {
+    let target = ask.authorization("Bearer ").and_then(|t| {
+        let valid = state
+            .broker
+            .admin_tokens
+            .get(t)
+            .is_some_and(|exp| *exp > now);
+        valid.then(|| state.broker.admin_targets.get(t).cloned())
+    });
+    let Some(target) = target else {
         return Some(Answer::error(
             401,
             "UnauthorizedException",
             "the admin token is missing, unknown or expired",
         ));
+    };
+    if agents.is_some() {
+        return Some(agents_call(state, ask, target, &segments));
     }
+    if let ("POST", [id, "generatejitconfig"]) = (ask.method, segments.as_slice()) {
+        return Some(generate_jit(state, id, ask.body));
+    }
+    let default_repository = default_repository(state, target.as_ref());
     let server = state.server_url.clone();
-    let broker = &mut state.broker;
+    let State {
+        broker, runners, ..
+    } = state;
+    let runners = &*runners;
     Some(match (ask.method, segments.as_slice()) {
         ("GET", []) => {
             let name = ask.param("name").unwrap_or("");
@@ -585,21 +795,29 @@ fn respond(state: &mut State, ask: &Ask<'_>) -> Option<Answer> {
                 .scale_sets
                 .values()
                 .filter(|s| s.name == name && group.is_none_or(|g| s.runner_group_id == g))
-                .map(|s| broker.scale_set_json(s))
+                .map(|s| broker.scale_set_json(s, runners))
                 .collect();
             Answer::json(200, json!({"count": found.len(), "value": found}))
         }
-        ("POST", []) => create_scale_set(broker, ask.body),
+        ("POST", []) => create_scale_set(
+            broker,
+            runners,
+            ask.body,
+            target.unwrap_or_else(|| RunnerScope::Org(String::new())),
+            default_repository,
+        ),
         ("GET", [id]) => match id
             .parse()
             .ok()
             .and_then(|id: u64| broker.scale_sets.get(&id))
         {
-            Some(set) => Answer::json(200, broker.scale_set_json(set)),
+            Some(set) => Answer::json(200, broker.scale_set_json(set, runners)),
             None => not_found_set(),
         },
-        ("POST", [id, "sessions"]) => create_session(broker, &server, id, ask.body),
-        ("PATCH", [id, "sessions", session]) => refresh_session(broker, &server, id, session),
+        ("POST", [id, "sessions"]) => create_session(broker, runners, &server, id, ask.body),
+        ("PATCH", [id, "sessions", session]) => {
+            refresh_session(broker, runners, &server, id, session)
+        }
         ("DELETE", [id, "sessions", session]) => {
             let id: u64 = id.parse().unwrap_or(0);
             match broker.sessions.get(&id) {
@@ -614,9 +832,114 @@ fn respond(state: &mut State, ask: &Ask<'_>) -> Option<Answer> {
                 ),
             }
         }
-        ("POST", [id, "generatejitconfig"]) => generate_jit(broker, id, ask.body),
         _ => Answer::error(404, "NotFound", "no such route"),
     })
+}
+
+/// The repository a new scale set's jobs come from by default: the target's, or for an
+/// organization its first repository in the fake (`{org}/widgets` without one).
+fn default_repository(state: &State, target: Option<&RunnerScope>) -> String {
+    match target {
+        Some(RunnerScope::Repo(id)) => state
+            .repos
+            .get(id)
+            .map(|r| r.full_name())
+            .unwrap_or_default(),
+        Some(RunnerScope::Org(org)) => state
+            .repos
+            .values()
+            .find(|r| r.owner == *org)
+            .map(|r| r.full_name())
+            .unwrap_or_else(|| format!("{org}/widgets")),
+        None => "acme/widgets".to_owned(),
+    }
+}
+
+/// A runner as the service's runner endpoints show it.
+fn agent_json(runner: &Runner) -> Value {
+    json!({
+        "id": runner.id,
+        "name": runner.name,
+        "runnerScaleSetId": runner.scale_set_id.unwrap_or(0),
+        "status": if runner.online { "online" } else { "offline" },
+        "busy": runner.busy,
+    })
+}
+
+/// The service's runner endpoints (`github-scale-sets.md` §1.13) over the runners of the admin
+/// token's target, scale-set runners and others (`runnerScaleSetId` 0): find by name, get,
+/// and remove (`204` also when it does not exist; `JobStillRunningException` while busy).
+fn agents_call(
+    state: &mut State,
+    ask: &Ask<'_>,
+    target: Option<RunnerScope>,
+    segments: &[&str],
+) -> Answer {
+    let in_target = |r: &Runner| target.as_ref().is_none_or(|t| r.scope == *t);
+    match (ask.method, segments) {
+        ("GET", []) => {
+            let name = ask.param("agentName").map(percent_decode);
+            let found: Vec<Value> = state
+                .runners
+                .values()
+                .filter(|r| in_target(r) && name.as_ref().is_none_or(|n| *n == r.name))
+                .map(agent_json)
+                .collect();
+            Answer::json(200, json!({"count": found.len(), "value": found}))
+        }
+        ("GET", [id]) => match id
+            .parse::<u64>()
+            .ok()
+            .and_then(|id| state.runners.get(&id))
+            .filter(|r| in_target(r))
+        {
+            Some(r) => Answer::json(200, agent_json(r)),
+            None => Answer::error(404, "AgentNotFoundException", "the runner was not found"),
+        },
+        ("DELETE", [id]) => {
+            let id: u64 = id.parse().unwrap_or(0);
+            match state.runners.get(&id).filter(|r| in_target(r)) {
+                None => Answer::empty(204),
+                Some(r) if r.busy => Answer::error(
+                    state.broker.job_still_running_status,
+                    "GitHub.DistributedTask.WebApi.JobStillRunningException",
+                    &format!("The runner {} is still running a job", r.name),
+                ),
+                Some(_) => {
+                    state.runners.remove(&id);
+                    Answer::empty(204)
+                }
+            }
+        }
+        _ => Answer::error(404, "NotFound", "no such route"),
+    }
+}
+
+/// `%XX` escapes and `+` of a query value decoded.
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let escaped = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                if let Some(b) = escaped {
+                    out.push(b);
+                    i += 3;
+                    continue;
+                }
+                out.push(b'%');
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn not_found_set() -> Answer {
@@ -671,16 +994,45 @@ fn remote_auth(state: &mut State, ask: &Ask<'_>) -> Answer {
     if !valid {
         return Answer::json(401, json!({"message": "Bad credentials"}));
     }
+    let url = ask
+        .body
+        .and_then(|b| b.get("url"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let Some(target) = target_of_url(state, url) else {
+        return Answer::json(404, json!({"message": "Not Found"}));
+    };
     let exp = now + ADMIN_TOKEN_TTL;
     let token = jwt_with_exp(exp);
     state.broker.admin_tokens.insert(token.clone(), exp);
+    state.broker.admin_targets.insert(token.clone(), target);
     Answer::json(
         201,
         json!({"url": format!("{}{SERVICE_PREFIX}", state.server_url), "token": token}),
     )
 }
 
-fn create_scale_set(broker: &mut Broker, body: Option<&Value>) -> Answer {
+/// The runner scope a RemoteAuth `url` (`https://github.com/acme`, `…/acme/widgets`) names;
+/// `None` for a repository the fake does not have, or no URL at all.
+fn target_of_url(state: &State, url: &str) -> Option<RunnerScope> {
+    let path = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let segments: Vec<&str> = path.split('/').skip(1).filter(|s| !s.is_empty()).collect();
+    match segments.as_slice() {
+        ["enterprises", name] | [name] => Some(RunnerScope::Org((*name).to_owned())),
+        [owner, repo] => state
+            .repo_by_name(owner, repo)
+            .map(|r| RunnerScope::Repo(r.id)),
+        _ => None,
+    }
+}
+
+fn create_scale_set(
+    broker: &mut Broker,
+    runners: &BTreeMap<u64, Runner>,
+    body: Option<&Value>,
+    scope: RunnerScope,
+    default_repository: String,
+) -> Answer {
     let body = body.cloned().unwrap_or(Value::Null);
     let name = body.get("name").and_then(Value::as_str).unwrap_or("");
     let group = body
@@ -719,31 +1071,44 @@ fn create_scale_set(broker: &mut Broker, body: Option<&Value>) -> Answer {
         name: name.to_owned(),
         runner_group_id: group,
         labels,
+        scope,
+        default_repository,
         pending: Vec::new(),
         acquirable: Vec::new(),
         jobs: BTreeMap::new(),
         outbox: Vec::new(),
         capacity: None,
     };
-    let answer = Answer::json(200, broker.scale_set_json(&set));
+    let answer = Answer::json(200, broker.scale_set_json(&set, runners));
     broker.scale_sets.insert(id, set);
     answer
 }
 
-fn session_json(broker: &Broker, set_id: u64, server: &str) -> Option<Value> {
+fn session_json(
+    broker: &Broker,
+    runners: &BTreeMap<u64, Runner>,
+    set_id: u64,
+    server: &str,
+) -> Option<Value> {
     let set = broker.scale_sets.get(&set_id)?;
     let session = broker.sessions.get(&set_id)?;
     Some(json!({
         "sessionId": session.id,
         "ownerName": session.owner,
-        "runnerScaleSet": broker.scale_set_json(set),
+        "runnerScaleSet": broker.scale_set_json(set, runners),
         "messageQueueUrl": format!("{server}{QUEUE_PATH}?scaleSetId={set_id}"),
         "messageQueueAccessToken": session.queue_token,
-        "statistics": broker.statistics(set),
+        "statistics": broker.statistics(set, runners),
     }))
 }
 
-fn create_session(broker: &mut Broker, server: &str, id: &str, body: Option<&Value>) -> Answer {
+fn create_session(
+    broker: &mut Broker,
+    runners: &BTreeMap<u64, Runner>,
+    server: &str,
+    id: &str,
+    body: Option<&Value>,
+) -> Answer {
     let Some(id) = id
         .parse::<u64>()
         .ok()
@@ -772,13 +1137,19 @@ fn create_session(broker: &mut Broker, server: &str, id: &str, body: Option<&Val
             token_valid: true,
         },
     );
-    match session_json(broker, id, server) {
+    match session_json(broker, runners, id, server) {
         Some(v) => Answer::json(200, v),
         None => not_found_set(),
     }
 }
 
-fn refresh_session(broker: &mut Broker, server: &str, id: &str, session: &str) -> Answer {
+fn refresh_session(
+    broker: &mut Broker,
+    runners: &BTreeMap<u64, Runner>,
+    server: &str,
+    id: &str,
+    session: &str,
+) -> Answer {
     let id: u64 = id.parse().unwrap_or(0);
     match broker.sessions.get_mut(&id) {
         Some(s) if s.id == session => {
@@ -793,44 +1164,77 @@ fn refresh_session(broker: &mut Broker, server: &str, id: &str, session: &str) -
             );
         }
     }
-    match session_json(broker, id, server) {
+    match session_json(broker, runners, id, server) {
         Some(v) => Answer::json(200, v),
         None => not_found_set(),
     }
 }
 
-fn generate_jit(broker: &mut Broker, id: &str, body: Option<&Value>) -> Answer {
-    let Some(id) = id
+/// A JIT configuration for a new runner of scale set `id`: a runner of the fake's runner
+/// model ([`State::runners`]) in the set's scope, group and labels, belonging to the set, with
+/// the fake's own [`crate::jit::FakeJitConfig`] as `encodedJITConfig`. A name taken in that
+/// scope is `409 AgentExistsException`.
+fn generate_jit(state: &mut State, id: &str, body: Option<&Value>) -> Answer {
+    let Some(set) = id
         .parse::<u64>()
         .ok()
-        .filter(|id| broker.scale_sets.contains_key(id))
+        .and_then(|id| state.broker.scale_sets.get(&id))
     else {
         return not_found_set();
     };
-    let name = body
-        .and_then(|b| b.get("name"))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
+    let (id, scope, labels, group_id) = (
+        set.id,
+        set.scope.clone(),
+        set.labels.clone(),
+        set.runner_group_id,
+    );
+    let field = |name: &str| body.and_then(|b| b.get(name)).and_then(Value::as_str);
+    let name = field("name").unwrap_or("").to_owned();
     if name.is_empty() {
         return Answer::error(400, "ArgumentException", "name is required");
     }
-    if broker.runners.contains_key(&name) {
+    let work_folder = field("workFolder").unwrap_or("_work").to_owned();
+    if state
+        .runners
+        .values()
+        .any(|r| r.scope == scope && r.name == name)
+    {
         return Answer::error(
             409,
             "AgentExistsException",
             &format!("Agent exists with name {name}"),
         );
     }
-    let runner_id = broker.next_id();
-    broker.runners.insert(name.clone(), runner_id);
-    let blob = STANDARD.encode(
-        json!({"runnerName": name, "runnerId": runner_id, "scaleSetId": id, "secret": random_token("jit")})
-            .to_string(),
+    let runner_id = state.next_id();
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let encoded = crate::jit::FakeJitConfig {
+        server_url: state.server_url.clone(),
+        runner_id,
+        runner_name: name.clone(),
+        token: token.clone(),
+        work_folder,
+    }
+    .encode();
+    state.runners.insert(
+        runner_id,
+        Runner {
+            id: runner_id,
+            name: name.clone(),
+            scope,
+            labels,
+            group_id,
+            online: false,
+            busy: false,
+            job_done_at: None,
+            abandoned: false,
+            token,
+            behavior: None,
+            scale_set_id: Some(id),
+        },
     );
     Answer::json(
         200,
-        json!({"runner": {"id": runner_id, "name": name, "runnerScaleSetId": id}, "encodedJITConfig": blob}),
+        json!({"runner": {"id": runner_id, "name": name, "runnerScaleSetId": id}, "encodedJITConfig": encoded}),
     )
 }
 
@@ -880,7 +1284,10 @@ fn acquire_jobs(state: &mut State, ask: &Ask<'_>, id: &str) -> Answer {
 
 /// The queue: `GET` polls (`None` while there is nothing to deliver), `DELETE /{id}` acks.
 fn queue(state: &mut State, ask: &Ask<'_>, rest: &str) -> Option<Answer> {
-    let broker = &mut state.broker;
+    let State {
+        broker, runners, ..
+    } = state;
+    let runners = &*runners;
     let Some(owner) = queue_owner(broker, ask) else {
         return Some(Answer::error(
             401,
@@ -941,7 +1348,7 @@ fn queue(state: &mut State, ask: &Ask<'_>, rest: &str) -> Option<Answer> {
                         .and_then(Value::as_str)
                         .filter(|t| !t.starts_with("Job"))
                         .unwrap_or("RunnerScaleSetJobMessages"),
-                    "statistics": broker.statistics(set),
+                    "statistics": broker.statistics(set, runners),
                     "body": body,
                 }),
             ))
@@ -958,5 +1365,82 @@ fn queue(state: &mut State, ask: &Ask<'_>, rest: &str) -> Option<Answer> {
             })
         }
         _ => Some(Answer::error(404, "NotFound", "no such route")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The types (and results) of every job message of set `id` not yet acknowledged.
+    fn kinds(broker: &Broker, id: u64) -> Vec<String> {
+        broker.scale_sets[&id]
+            .pending
+            .iter()
+            .flat_map(|m| m.jobs.iter())
+            .map(|j| match j["result"].as_str() {
+                Some(result) => format!("{} {result}", j["messageType"].as_str().unwrap_or("")),
+                None => j["messageType"].as_str().unwrap_or("").to_owned(),
+            })
+            .collect()
+    }
+
+    /// A job assigned and not started within the timer is cancelled and assigned again, three
+    /// times at most; a started job never is; with no timer nothing is.
+    #[test]
+    fn an_unstarted_job_is_cancelled_and_reassigned_at_most_three_times() {
+        let mut b = Broker {
+            now: SystemTime::UNIX_EPOCH + Duration::from_secs(1000),
+            ..Broker::default()
+        };
+        let id = b.add_set_for_test("linux", RunnerScope::Org("acme".into()));
+        let waiting = b.queue_job(id, "waits").unwrap_or_default();
+        let started = b.queue_job(id, "starts").unwrap_or_default();
+        assert!(b.start_job(started, 77, "r"));
+        let step = Duration::from_secs(1);
+        b.now += step * 5;
+        b.reassign_overdue();
+        assert_eq!(kinds(&b, id).len(), 3, "no timer, no reassignment");
+        b.reassign_after = Some(step);
+        for _ in 0..6 {
+            b.now += step;
+            b.reassign_overdue();
+        }
+        let again = ["JobCompleted canceled", "JobAssigned"];
+        let mut expected = vec!["JobAssigned", "JobAssigned", "JobStarted"];
+        for _ in 0..MAX_REASSIGNMENTS {
+            expected.extend(again);
+        }
+        assert_eq!(kinds(&b, id), expected);
+        let job = &b.scale_sets[&id].jobs[&waiting];
+        assert_eq!((job.state, job.reassignments), (JobState::Assigned, 3));
+        assert_eq!(b.scale_sets[&id].jobs[&started].reassignments, 0);
+        let message = &b.scale_sets[&id].pending.last().map(|m| m.jobs[0].clone());
+        let message = message.clone().unwrap_or_default();
+        assert_eq!(
+            message["runnerRequestId"],
+            json!(waiting),
+            "the same job each time"
+        );
+        assert_eq!(message["repositoryName"], "widgets");
+        assert_eq!(message["ownerName"], "acme");
+        assert!(message["workflowRunId"].as_u64().is_some());
+        assert_eq!(
+            message["jobWorkflowRef"],
+            "acme/widgets/.github/workflows/ci.yml@refs/heads/main"
+        );
+    }
+
+    #[test]
+    fn runner_conclusions_are_named_as_the_service_names_results() {
+        assert_eq!(scale_set_result("success"), "succeeded");
+        assert_eq!(scale_set_result("failure"), "failed");
+        assert_eq!(scale_set_result("cancelled"), "canceled");
+        assert_eq!(scale_set_result("skipped"), "skipped");
+    }
+
+    #[test]
+    fn query_values_are_percent_decoded() {
+        assert_eq!(percent_decode("rm-h%2Fa+b%zz%4"), "rm-h/a b%zz%4");
     }
 }

@@ -47,7 +47,7 @@ use tokio::task::JoinHandle;
 pub use jit::{CrashPoint, FakeJitConfig, RunnerBehavior};
 pub use keys::AppKeyPair;
 pub use limits::{ContentCounting, LimitStatus, SecondaryLimits};
-pub use model::{Delivery, Job, JobStatus, RequestRecord, Runner};
+pub use model::{Delivery, Job, JobStatus, RequestKind, RequestRecord, Runner};
 pub use releases::ReleaseOptions;
 pub use state::{FaultAction, signature};
 pub use webhook::{Chaos, WebhookOrder};
@@ -727,12 +727,59 @@ impl FakeGithub {
         self.with(|s| s.requests.clear())
     }
 
+    /// The fake's clock now (what [`RequestRecord::at`] is stamped with): take it before a
+    /// phase of a test to look at the requests of that phase only.
+    pub fn now(&self) -> std::time::SystemTime {
+        self.with(|s| s.now())
+    }
+
+    /// Every request answered at or after `since` (the fake's clock, [`Self::now`]).
+    pub fn requests_since(&self, since: std::time::SystemTime) -> Vec<RequestRecord> {
+        self.with(|s| {
+            s.requests
+                .iter()
+                .filter(|r| r.at >= since)
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// How many requests of each endpoint ([`RequestRecord::endpoint`]: `METHOD path`, ids as
+    /// `{id}`) and kind ([`RequestKind`]) were answered at or after `since`: e.g. that a
+    /// scale-set agent made no [`RequestKind::Rest`] request after its start-up, only
+    /// [`RequestKind::Token`] ones.
+    pub fn request_counts_since(
+        &self,
+        since: std::time::SystemTime,
+    ) -> std::collections::BTreeMap<(RequestKind, String), usize> {
+        let mut counts = std::collections::BTreeMap::new();
+        for r in self.requests_since(since) {
+            *counts.entry((r.kind(), r.endpoint())).or_insert(0) += 1;
+        }
+        counts
+    }
+
     // ---- the scale-set broker (see [`broker`]) ----
 
-    /// Queues a `JobAssigned` message for scale set `scale_set_id`; its runner request id, or
-    /// `None` for an unknown set.
+    /// Queues a job for scale set `scale_set_id` from its default repository (the target's,
+    /// or the organization's first); its runner request id, or `None` for an unknown set.
     pub fn queue_scale_set_job(&self, scale_set_id: u64, job_name: &str) -> Option<u64> {
         self.with(|s| s.broker.queue_job(scale_set_id, job_name))
+    }
+
+    /// [`Self::queue_scale_set_job`] from repository `owner/name`, as its job messages'
+    /// `ownerName` and `repositoryName` say.
+    pub fn queue_scale_set_job_in(
+        &self,
+        scale_set_id: u64,
+        job_name: &str,
+        repository: &str,
+    ) -> Option<u64> {
+        self.with(|s| {
+            s.broker
+                .queue_jobs_in(scale_set_id, &[job_name], Some(repository))
+                .and_then(|ids| ids.first().copied())
+        })
     }
 
     /// Queues `names` as one burst for scale set `scale_set_id` (their messages batched, at
@@ -748,16 +795,88 @@ impl FakeGithub {
         self.with(|s| s.broker.ghes = on)
     }
 
-    /// The assigned job `request_id` is picked up by runner `runner_name` (`JobStarted`).
-    /// Whether it was assigned.
+    /// The assigned job `request_id` is picked up by runner `runner_name` (`JobStarted`)
+    /// without the runner asking: a runner of that name is listed busy. Whether it was
+    /// assigned. A scale-set runner asking through the runner protocol does this itself.
     pub fn start_scale_set_job(&self, request_id: u64, runner_name: &str) -> bool {
-        self.with(|s| s.broker.start_job(request_id, runner_name))
+        self.with(|s| {
+            let runner_id = s
+                .runners
+                .values()
+                .find(|r| r.name == runner_name && r.scale_set_id.is_some())
+                .map(|r| r.id);
+            let started = s
+                .broker
+                .start_job(request_id, runner_id.unwrap_or(0), runner_name);
+            if let Some(r) = runner_id.and_then(|id| s.runners.get_mut(&id))
+                && started
+            {
+                r.busy = true;
+            }
+            started
+        })
     }
 
-    /// Job `request_id` finishes with `result` (`JobCompleted`), freeing its capacity.
-    /// Whether it had not finished yet.
+    /// Job `request_id` finishes with `result` (`JobCompleted`), freeing its capacity; its
+    /// runner, if it has one, is done with it (busy for its lag, then idle). Whether it had
+    /// not finished yet.
     pub fn complete_scale_set_job(&self, request_id: u64, result: &str) -> bool {
-        self.with(|s| s.broker.complete_job(request_id, result))
+        self.with(|s| {
+            let completed = s.broker.complete_job(request_id, result);
+            if completed {
+                s.release_scale_set_runner(request_id);
+            }
+            completed
+        })
+    }
+
+    /// Sends `JobCompleted` (`succeeded`) for job `request_id` while its runner keeps running
+    /// it (§6.6 scenario 16): the runner stays busy and reports done later through the runner
+    /// protocol, which then changes nothing but the runner's lag. Whether it had not finished.
+    pub fn complete_scale_set_job_early(&self, request_id: u64) -> bool {
+        self.with(|s| s.broker.complete_job(request_id, "succeeded"))
+    }
+
+    /// A job assigned and not started within `after` is cancelled (`JobCompleted` with result
+    /// `canceled`) and assigned again (`JobAssigned`), at most [`broker::MAX_REASSIGNMENTS`]
+    /// times. Off by default.
+    pub fn set_scale_set_reassign_after(&self, after: Duration) {
+        self.with(|s| s.broker.reassign_after = Some(after))
+    }
+
+    /// The status of `JobStillRunningException` when a busy runner is removed through the
+    /// service: 400 by default (ARC's ADR), 409 as the Go client's test has it.
+    pub fn set_job_still_running_status(&self, status: u16) {
+        self.with(|s| s.broker.job_still_running_status = status)
+    }
+
+    /// The runners created for scale set `scale_set_id` (`generatejitconfig`) still listed,
+    /// with their state (`online`, `busy`).
+    pub fn scale_set_runners(&self, scale_set_id: u64) -> Vec<Runner> {
+        self.with(|s| {
+            s.runners
+                .values()
+                .filter(|r| r.scale_set_id == Some(scale_set_id))
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// The jobs of scale set `scale_set_id` by runner request id, oldest first: their state,
+    /// runner, result and reassignments.
+    pub fn scale_set_jobs(&self, scale_set_id: u64) -> Vec<(u64, broker::ScaleSetJob)> {
+        self.with(|s| {
+            s.broker
+                .scale_sets
+                .get(&scale_set_id)
+                .map(|set| set.jobs.iter().map(|(r, j)| (*r, j.clone())).collect())
+                .unwrap_or_default()
+        })
+    }
+
+    /// Scale-set job `request_id`, of any set.
+    pub fn scale_set_job(&self, request_id: u64) -> Option<broker::ScaleSetJob> {
+        self.with(|s| s.broker.job(request_id).cloned())
     }
 
     /// Queues a message of top-level type `message_type` (one the client may not know); its

@@ -84,6 +84,9 @@ pub struct Runner {
     /// The runner's credential in the fake's runner protocol.
     pub token: String,
     pub behavior: Option<RunnerBehavior>,
+    /// The scale set it was created for (`generatejitconfig`): it takes only that set's
+    /// assigned jobs, never a REST job (see [`crate::broker`]). `None`: a REST JIT runner.
+    pub scale_set_id: Option<u64>,
 }
 
 /// A job's status, as GitHub names them.
@@ -195,7 +198,60 @@ pub struct RequestRecord {
     pub at: SystemTime,
 }
 
+/// What kind of request a [`RequestRecord`] was, by its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RequestKind {
+    /// A credential: an installation token, a registration token, the RemoteAuth exchange.
+    Token,
+    /// The Actions service of scale sets (`/rest/…`) or its message queue.
+    Broker,
+    /// The fake's runner protocol (what runners say, not what a manager asks).
+    RunnerProtocol,
+    /// A release download (github.com, not the API).
+    Download,
+    /// Any other REST API request.
+    Rest,
+}
+
 impl RequestRecord {
+    /// What kind of request it was.
+    pub fn kind(&self) -> RequestKind {
+        let path = self.path.as_str();
+        if path.ends_with("/access_tokens")
+            || path.ends_with("/registration-token")
+            || path.ends_with("/actions/runner-registration")
+        {
+            RequestKind::Token
+        } else if path.starts_with("/rest/") || path.starts_with("/scalesets/") {
+            RequestKind::Broker
+        } else if path.starts_with(crate::jit::RUNNER_PROTOCOL_PREFIX) {
+            RequestKind::RunnerProtocol
+        } else if path.starts_with(crate::releases::DOWNLOAD_PREFIX)
+            || path.starts_with(crate::releases::ASSET_STORAGE_PREFIX)
+        {
+            RequestKind::Download
+        } else {
+            RequestKind::Rest
+        }
+    }
+
+    /// `METHOD path` with every numeric path segment as `{id}`: what
+    /// [`crate::FakeGithub::request_counts_since`] counts by.
+    pub fn endpoint(&self) -> String {
+        let path: Vec<&str> = self
+            .path
+            .split('/')
+            .map(|seg| {
+                if !seg.is_empty() && seg.bytes().all(|b| b.is_ascii_digit()) {
+                    "{id}"
+                } else {
+                    seg
+                }
+            })
+            .collect();
+        format!("{} {}", self.method, path.join("/"))
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()

@@ -677,6 +677,7 @@ fn jit(state: &mut State, scope: &Scope, body: Option<&Value>) -> Reply {
         abandoned: false,
         token: token.clone(),
         behavior: None,
+        scale_set_id: None,
     };
     let encoded = crate::jit::FakeJitConfig {
         server_url: state.server_url.clone(),

@@ -607,6 +607,14 @@ fn runner_protocol(state: &mut State, method: &str, rest: &str, body: Option<&Va
         "/complete" => {
             let done: Option<JobDone> = body.and_then(|b| serde_json::from_value(b.clone()).ok());
             match done {
+                // A scale-set runner's job is the broker's.
+                Some(d) if state.scale_set_runner(d.runner_id).is_some() => {
+                    if state.finish_scale_set_job(d.runner_id, d.job_id, &d.conclusion) {
+                        Reply::json(200, json!({}))
+                    } else {
+                        Reply::error(422, "not this runner's job")
+                    }
+                }
                 Some(d)
                     if state
                         .jobs

@@ -296,6 +296,7 @@ impl State {
     /// reads or changes the state, so every answer sees the runner where GitHub would have it.
     pub fn age_runners(&mut self) {
         let now = self.now();
+        self.broker.now = now;
         let lag = self.ephemeral_lag;
         let mut expired = Vec::new();
         for runner in self.runners.values_mut() {
@@ -316,6 +317,48 @@ impl State {
             }
         }
         self.abandon_unrenewed_jobs();
+        self.abandon_unrenewed_scale_set_jobs();
+        self.broker.reassign_overdue();
+    }
+
+    /// [`State::abandon_unrenewed_jobs`] for scale-set jobs: a job whose runner still holds
+    /// it (running, or completed early) and has not renewed the lock within the timeout is
+    /// given up: a running one completes `failed` (`JobCompleted`), and the runner is listed
+    /// offline and idle.
+    fn abandon_unrenewed_scale_set_jobs(&mut self) {
+        let now = self.now();
+        let timeout = self.job_lock_timeout;
+        let runners = &self.runners;
+        let holds = |runner: Option<u64>| {
+            runner
+                .and_then(|id| runners.get(&id))
+                .is_some_and(|r| r.busy && r.job_done_at.is_none() && !r.abandoned)
+        };
+        let stale: Vec<(u64, Option<u64>)> = self
+            .broker
+            .scale_sets
+            .values()
+            .flat_map(|s| s.jobs.iter())
+            .filter(|(_, j)| {
+                j.state == crate::broker::JobState::Running
+                    || (j.state == crate::broker::JobState::Completed && holds(j.runner_id))
+            })
+            .filter(|(_, j)| {
+                j.lock_renewed_at
+                    .or(j.started_at)
+                    .is_some_and(|at| now.duration_since(at).unwrap_or(Duration::ZERO) >= timeout)
+            })
+            .map(|(r, j)| (*r, j.runner_id))
+            .collect();
+        for (request_id, runner_id) in stale {
+            self.broker.complete_job(request_id, "failed");
+            if let Some(r) = runner_id.and_then(|id| self.runners.get_mut(&id)) {
+                r.job_done_at = None;
+                r.busy = false;
+                r.online = false;
+                r.abandoned = true;
+            }
+        }
     }
 
     /// Gives up the running jobs whose runner has not renewed the lock within
@@ -353,6 +396,20 @@ impl State {
     /// (GitHub gave it up, or it was never this runner's).
     pub fn renew_job(&mut self, runner_id: u64, job_id: u64) -> bool {
         let now = self.now();
+        if self.scale_set_runner(runner_id).is_some() {
+            // Its job is the broker's; a job completed early is still the runner's to run.
+            let holding = self
+                .runners
+                .get(&runner_id)
+                .is_some_and(|r| r.busy && r.job_done_at.is_none());
+            return match self.broker.job_mut(job_id) {
+                Some(j) if j.runner_id == Some(runner_id) && holding => {
+                    j.lock_renewed_at = Some(now);
+                    true
+                }
+                _ => false,
+            };
+        }
         match self.jobs.get_mut(&job_id) {
             Some(j) if j.runner_id == Some(runner_id) && j.status == JobStatus::InProgress => {
                 j.lock_renewed_at = Some(now);
@@ -730,12 +787,32 @@ impl State {
                 .all(|l| runner.labels.iter().any(|r| r.eq_ignore_ascii_case(l)))
     }
 
-    /// Gives the oldest fitting queued job to a registered, idle runner.
+    /// The scale set runner `runner_id` belongs to, if it is a scale-set runner.
+    pub fn scale_set_runner(&self, runner_id: u64) -> Option<u64> {
+        self.runners.get(&runner_id)?.scale_set_id
+    }
+
+    /// Gives the oldest fitting queued job to a registered, idle runner: a REST job to a REST
+    /// runner, the oldest assigned job of its scale set to a scale-set runner (`JobStarted`).
     pub fn assign(&mut self, runner_id: u64) -> Option<AssignedJob> {
         let runner = self.runners.get(&runner_id)?.clone();
         // An ephemeral runner takes one job, ever.
         if !runner.online || runner.busy || runner.job_done_at.is_some() || runner.abandoned {
             return None;
+        }
+        if let Some(set_id) = runner.scale_set_id {
+            self.broker.now = self.now();
+            let request_id = self.broker.take_job(set_id, runner.id, &runner.name)?;
+            if let Some(r) = self.runners.get_mut(&runner_id) {
+                r.busy = true;
+            }
+            let job = self.broker.job(request_id)?;
+            return Some(AssignedJob {
+                job_id: request_id,
+                run_id: job.workflow_run_id,
+                name: job.name.clone(),
+                repository: job.repository.clone(),
+            });
         }
         let job_id = self
             .jobs
@@ -807,6 +884,49 @@ impl State {
         self.touch_run(run_id);
         self.record_job_event(job_id, "completed");
         true
+    }
+
+    /// Scale-set runner `runner_id` reports its job `request_id` done with `conclusion`: a
+    /// job still running completes (`JobCompleted`, the conclusion as the service names it);
+    /// one completed already (early, or by a test) stays as it was. Either way the runner
+    /// starts its lag as an ephemeral REST runner does. Whether the job was this runner's.
+    pub fn finish_scale_set_job(
+        &mut self,
+        runner_id: u64,
+        request_id: u64,
+        conclusion: &str,
+    ) -> bool {
+        let now = self.now();
+        let Some(job) = self
+            .broker
+            .job(request_id)
+            .filter(|j| j.runner_id == Some(runner_id))
+        else {
+            return false;
+        };
+        if job.state == crate::broker::JobState::Running {
+            self.broker
+                .complete_job(request_id, crate::broker::scale_set_result(conclusion));
+        }
+        if let Some(r) = self.runners.get_mut(&runner_id)
+            && r.job_done_at.is_none()
+        {
+            r.job_done_at = Some(now);
+        }
+        true
+    }
+
+    /// The runner of scale-set job `request_id`, if it still holds it, starts its lag: the
+    /// job is over for it (completed by a test rather than by the runner).
+    pub fn release_scale_set_runner(&mut self, request_id: u64) {
+        let now = self.now();
+        let runner = self.broker.job(request_id).and_then(|j| j.runner_id);
+        if let Some(r) = runner.and_then(|id| self.runners.get_mut(&id))
+            && r.busy
+            && r.job_done_at.is_none()
+        {
+            r.job_done_at = Some(now);
+        }
     }
 
     /// Re-runs a completed job as GitHub's "re-run a job" does: a new job (new id, same run,
@@ -1031,9 +1151,168 @@ mod tests {
                 abandoned: false,
                 token: "t".into(),
                 behavior: None,
+                scale_set_id: None,
             },
         );
         id
+    }
+
+    /// A registered scale-set runner of set `set` in `acme`, labelled like a REST runner.
+    fn scale_set_runner(s: &mut State, set: u64) -> u64 {
+        let id = online_runner(
+            s,
+            RunnerScope::Org("acme".into()),
+            &["self-hosted", "linux"],
+        );
+        if let Some(r) = s.runners.get_mut(&id) {
+            r.scale_set_id = Some(set);
+        }
+        id
+    }
+
+    fn set_job(s: &State, request_id: u64) -> crate::broker::ScaleSetJob {
+        s.broker
+            .job(request_id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no job {request_id}"))
+    }
+
+    /// A scale-set runner takes the oldest assigned job of its own set only (`JobStarted`
+    /// naming it), never a REST job its labels would fit; a REST runner never takes a
+    /// scale-set job. Done, the job completes with the runner's conclusion as the service's
+    /// result, and the runner lingers busy like an ephemeral REST runner.
+    #[test]
+    fn a_scale_set_runner_takes_only_its_sets_jobs_and_a_rest_runner_only_rest_jobs() {
+        let mut s = state();
+        let repo = s.add_repo("acme", "widgets", "Organization");
+        let labels = vec!["self-hosted".to_owned(), "linux".to_owned()];
+        let acme = RunnerScope::Org("acme".into());
+        let mine = s.broker.add_set_for_test("mine", acme.clone());
+        let other = s.broker.add_set_for_test("other", acme.clone());
+        let runner = scale_set_runner(&mut s, mine);
+        let rest_job = s.queue_job(repo, "rest", &labels).unwrap_or_default();
+        let others = s.broker.queue_job(other, "theirs").unwrap_or_default();
+        assert!(
+            s.assign(runner).is_none(),
+            "neither a REST job nor another set's"
+        );
+        let first = s.broker.queue_job(mine, "first").unwrap_or_default();
+        let second = s.broker.queue_job(mine, "second").unwrap_or_default();
+        let rest_runner = online_runner(&mut s, acme, &["self-hosted", "linux"]);
+        assert_eq!(
+            s.assign(rest_runner).map(|a| a.job_id),
+            Some(rest_job),
+            "the REST job, not a scale-set one"
+        );
+        let another_rest = online_runner(&mut s, RunnerScope::Org("acme".into()), &["self-hosted"]);
+        assert!(
+            s.assign(another_rest).is_none(),
+            "no scale-set job for a REST runner"
+        );
+        let taken = s.assign(runner);
+        assert_eq!(taken.as_ref().map(|a| a.job_id), Some(first), "the oldest");
+        assert_eq!(
+            taken.map(|a| (a.name, a.repository)),
+            Some(("first".into(), "acme/widgets".into()))
+        );
+        let job = set_job(&s, first);
+        assert_eq!(job.state, crate::broker::JobState::Running);
+        assert_eq!(job.runner_id, Some(runner));
+        assert!(s.runners[&runner].busy);
+        assert!(s.assign(runner).is_none(), "one job at a time");
+        assert!(
+            !s.finish_scale_set_job(runner, second, "success"),
+            "not its job"
+        );
+        assert!(s.renew_job(runner, first));
+        assert!(s.finish_scale_set_job(runner, first, "failure"));
+        let job = set_job(&s, first);
+        assert_eq!(
+            (job.state, job.result.as_deref()),
+            (crate::broker::JobState::Completed, Some("failed"))
+        );
+        assert!(!s.renew_job(runner, first), "done");
+        assert!(s.runners[&runner].busy, "busy for its lag");
+        assert!(s.assign(runner).is_none(), "ephemeral: one job ever");
+        s.clock_offset = s.ephemeral_lag.busy;
+        s.age_runners();
+        assert!(!s.runners[&runner].busy, "idle after its lag");
+        assert_eq!(set_job(&s, second).state, crate::broker::JobState::Assigned);
+        assert_eq!(set_job(&s, others).state, crate::broker::JobState::Assigned);
+    }
+
+    /// A scale-set runner that stops renewing its lock (it crashed) has its job given up
+    /// after the lock timeout: `JobCompleted` `failed`, the runner offline and idle. One whose
+    /// job was completed early is let go of the same way.
+    #[test]
+    fn a_scale_set_job_whose_runner_stops_renewing_is_failed_after_the_lock_timeout() {
+        let mut s = state();
+        s.add_repo("acme", "widgets", "Organization");
+        let set = s
+            .broker
+            .add_set_for_test("mine", RunnerScope::Org("acme".into()));
+        let crashed = scale_set_runner(&mut s, set);
+        let early = scale_set_runner(&mut s, set);
+        let job = s.broker.queue_job(set, "a").unwrap_or_default();
+        let other = s.broker.queue_job(set, "b").unwrap_or_default();
+        assert_eq!(s.assign(crashed).map(|a| a.job_id), Some(job));
+        assert_eq!(s.assign(early).map(|a| a.job_id), Some(other));
+        assert!(s.broker.complete_job(other, "succeeded"));
+        s.clock_offset = s.job_lock_timeout - Duration::from_secs(1);
+        s.age_runners();
+        assert_eq!(set_job(&s, job).state, crate::broker::JobState::Running);
+        s.clock_offset = s.job_lock_timeout;
+        s.age_runners();
+        let given_up = set_job(&s, job);
+        assert_eq!(
+            (given_up.state, given_up.result.as_deref()),
+            (crate::broker::JobState::Completed, Some("failed"))
+        );
+        assert_eq!(set_job(&s, other).result.as_deref(), Some("succeeded"));
+        for id in [crashed, early] {
+            let r = &s.runners[&id];
+            assert!(!r.busy && !r.online && r.abandoned, "{id} let go of");
+        }
+    }
+
+    /// `JobCompleted` sent while the runner still runs the job (early completion): the runner
+    /// stays busy and holds its lock; its own report later is accepted and changes nothing but
+    /// its lag (no second `JobCompleted`).
+    #[test]
+    fn a_scale_set_job_completed_early_stays_its_runners_until_it_reports_done() {
+        let mut s = state();
+        s.add_repo("acme", "widgets", "Organization");
+        let set = s
+            .broker
+            .add_set_for_test("mine", RunnerScope::Org("acme".into()));
+        let runner = scale_set_runner(&mut s, set);
+        let job = s.broker.queue_job(set, "build").unwrap_or_default();
+        assert_eq!(s.assign(runner).map(|a| a.job_id), Some(job));
+        assert!(s.broker.complete_job(job, "succeeded"));
+        let completed = |s: &State| {
+            s.broker.scale_sets[&set]
+                .pending
+                .iter()
+                .flat_map(|m| m.jobs.iter())
+                .filter(|j| j["messageType"] == "JobCompleted")
+                .count()
+        };
+        assert_eq!(completed(&s), 1);
+        assert!(s.runners[&runner].busy, "still running it");
+        assert!(s.renew_job(runner, job), "the runner still holds it");
+        s.clock_offset = s.ephemeral_lag.busy * 2;
+        s.age_runners();
+        assert!(s.runners[&runner].busy, "no lag before it reports");
+        assert!(s.finish_scale_set_job(runner, job, "success"));
+        assert!(
+            s.finish_scale_set_job(runner, job, "success"),
+            "again: harmless"
+        );
+        assert_eq!(completed(&s), 1, "no second JobCompleted");
+        assert_eq!(set_job(&s, job).result.as_deref(), Some("succeeded"));
+        s.clock_offset += s.ephemeral_lag.busy;
+        s.age_runners();
+        assert!(!s.runners[&runner].busy);
     }
 
     #[test]

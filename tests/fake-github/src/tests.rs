@@ -546,3 +546,134 @@ async fn the_broker_checks_its_credentials_and_api_version() {
     );
     assert_eq!(h.call("GET", &get, &admin, None).await.status, 200);
 }
+
+impl Harness {
+    /// An admin token of the broker for `url` (registration token, then RemoteAuth).
+    async fn admin_token(&self, url: &str) -> String {
+        let remote = self.remote_auth(url).await;
+        assert_eq!(remote.status, 201, "{:?}", remote.body);
+        remote.body["token"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// The RemoteAuth exchange for `url` with a fresh registration token of `acme`.
+    async fn remote_auth(&self, url: &str) -> Answer {
+        let reg = self
+            .call(
+                "POST",
+                "/orgs/acme/actions/runners/registration-token",
+                &self.acme,
+                None,
+            )
+            .await;
+        let reg = reg.body["token"].as_str().unwrap_or_default().to_owned();
+        self.call_as(
+            "POST",
+            "/actions/runner-registration",
+            &format!("RemoteAuth {reg}"),
+            Some(json!({"url": url, "runner_event": "register"})),
+        )
+        .await
+    }
+}
+
+/// A scale-set runner from `generatejitconfig` is a runner of the fake: listed by its
+/// organization's REST runner list, found and got through the service's runner endpoints
+/// (`runnerScaleSetId` its set), speaking the runner protocol with its `encodedJITConfig`;
+/// busy, its removal is `JobStillRunningException` (400, or the status a test sets); idle,
+/// `204`, and `204` again once it is gone. A repository the fake does not have is no target.
+#[tokio::test]
+async fn a_scale_set_runner_is_a_runner_of_its_target_and_is_removed_through_the_service() {
+    let h = harness(SecondaryLimits::default()).await;
+    let nowhere = h.remote_auth("https://github.com/acme/nowhere").await;
+    assert_eq!(nowhere.status, 404, "no such repository");
+    let admin = h.admin_token("https://github.com/acme").await;
+    let v = "api-version=6.0-preview";
+    let sets = "/rest/_apis/runtime/runnerscalesets";
+    let created = h
+        .call(
+            "POST",
+            &format!("{sets}?{v}"),
+            &admin,
+            Some(json!({"name": "linux", "runnerGroupId": 1})),
+        )
+        .await;
+    let set = created.body["id"].as_u64().unwrap_or_default();
+    let jit = format!("{sets}/{set}/generatejitconfig?{v}");
+    let body = json!({"name": "ss-1", "workFolder": "_work"});
+    let made = h.call("POST", &jit, &admin, Some(body.clone())).await;
+    assert_eq!(made.status, 200, "{:?}", made.body);
+    assert_eq!(made.body["runner"]["runnerScaleSetId"], json!(set));
+    let runner_id = made.body["runner"]["id"].as_u64().unwrap_or_default();
+    let config = crate::FakeJitConfig::decode(made.body["encodedJITConfig"].as_str().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("the fake runner's config: {e}"));
+    assert_eq!(
+        (config.runner_id, config.runner_name.as_str()),
+        (runner_id, "ss-1")
+    );
+    let again = h.call("POST", &jit, &admin, Some(body)).await;
+    assert_eq!(again.status, 409);
+    assert_eq!(again.body["typeName"], "AgentExistsException");
+
+    let listed = h
+        .call("GET", "/orgs/acme/actions/runners", &h.acme, None)
+        .await;
+    assert_eq!(
+        listed.body["runners"][0]["name"], "ss-1",
+        "{:?}",
+        listed.body
+    );
+    let agents = "/rest/_apis/distributedtask/pools/0/agents";
+    let found = h
+        .call("GET", &format!("{agents}?agentName=ss-1&{v}"), &admin, None)
+        .await;
+    assert_eq!(found.body["count"], 1, "{:?}", found.body);
+    assert_eq!(found.body["value"][0]["runnerScaleSetId"], json!(set));
+    let none = h
+        .call("GET", &format!("{agents}?agentName=ss-2&{v}"), &admin, None)
+        .await;
+    assert_eq!(none.body["count"], 0);
+    let one = format!("{agents}/{runner_id}?{v}");
+    let got = h.call("GET", &one, &admin, None).await;
+    assert_eq!((got.status, &got.body["name"]), (200, &json!("ss-1")));
+    assert_eq!(h.call("GET", &one, &h.acme, None).await.status, 401);
+    assert_eq!(
+        h.call("GET", &format!("{agents}/{runner_id}"), &admin, None)
+            .await
+            .status,
+        400,
+        "api-version"
+    );
+
+    let session = crate::runner_client::RunnerSession::new(config);
+    session.register().await.unwrap_or_else(|e| panic!("{e}"));
+    let request = h.fake.queue_scale_set_job(set, "build").unwrap_or_default();
+    let job = session.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(job.as_ref().map(|j| j.job_id), Some(request));
+    let busy = h.call("DELETE", &one, &admin, None).await;
+    assert_eq!(busy.status, 400);
+    assert!(
+        busy.body["typeName"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("JobStillRunningException"))
+    );
+    h.fake.set_job_still_running_status(409);
+    assert_eq!(h.call("DELETE", &one, &admin, None).await.status, 409);
+    h.fake
+        .set_ephemeral_lag(Duration::ZERO, Duration::from_secs(30));
+    session
+        .complete(request, "success")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(h.call("DELETE", &one, &admin, None).await.status, 204);
+    assert_eq!(
+        h.call("DELETE", &one, &admin, None).await.status,
+        204,
+        "gone"
+    );
+    let gone = h.call("GET", &one, &admin, None).await;
+    assert_eq!(
+        (gone.status, &gone.body["typeName"]),
+        (404, &json!("AgentNotFoundException"))
+    );
+    assert!(h.fake.scale_set_runners(set).is_empty());
+}
