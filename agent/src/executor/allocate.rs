@@ -61,6 +61,9 @@ pub(super) struct Allocator {
     waiting_since: HashMap<String, UnixMs>,
     /// Per policy: runners that completed a job the journal had not named when they concluded.
     unknown_completions: HashMap<String, Vec<UnknownCompletion>>,
+    /// Per policy: runners that finished a job, known or not, within [`UNKNOWN_COMPLETION_TTL`]:
+    /// a scale set's statistics count their jobs until the `JobCompleted` comes.
+    finished: HashMap<String, Vec<UnknownCompletion>>,
     /// When the journal was last brought up to date with GitHub (a poll pass began).
     refreshed_at: UnixMs,
     /// Whether the runner uid pool was found exhausted (and said so) since a runner last got
@@ -77,6 +80,7 @@ impl Default for Allocator {
             reported: HashSet::new(),
             waiting_since: HashMap::new(),
             unknown_completions: HashMap::new(),
+            finished: HashMap::new(),
             refreshed_at: UnixMs::EPOCH,
             uid_pool_exhausted: false,
         }
@@ -240,19 +244,21 @@ impl Allocator {
             // A scale set's policy: a count from its statistics, no journalled jobs (they are
             // not its demand: `demand::route` gives it none), no fence, and its busy runners
             // already counted in it.
-            if let Some((assigned, statistics_at)) = scale_sets.assigned(&policy.name) {
+            // A runner of the scale set's that finished its job is counted as assigned by the
+            // statistics until its `JobCompleted` comes: not a job to start a runner for.
+            let ttl = rm_vocab::millis(UNKNOWN_COMPLETION_TTL);
+            let finished: Vec<&str> = self
+                .finished
+                .get(&policy.name)
+                .map(|c| {
+                    c.iter()
+                        .filter(|c| now.saturating_sub(c.concluded_at_ms) < ttl)
+                        .map(|c| c.runner_name.as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let Some(assigned) = scale_sets.assigned(&policy.name, &finished) {
                 let busy = live.policy(&policy.name).busy;
-                // A runner that finished its job after the statistics were received is still
-                // counted in them as assigned: one assigned job less until the next message.
-                let done_meanwhile = self.unknown_completions.get(&policy.name).map_or(0, |c| {
-                    unknown_completions(
-                        c,
-                        &HashSet::new(),
-                        statistics_at.unwrap_or(UnixMs::EPOCH),
-                        now,
-                    )
-                });
-                let assigned = assigned.saturating_sub(i64::from(done_meanwhile));
                 inputs.push(PolicyInputs {
                     policy,
                     backing_off_until: self.backoff.get(&policy.name).map(|b| b.until_ms),
@@ -369,6 +375,15 @@ impl Allocator {
     /// host) that the journal has not named is one queued job less until a delivery names the
     /// runner or the next poll says which.
     pub(super) fn remember_conclusion(&mut self, concluded: &Concluded) {
+        if concluded.ran_job {
+            let ttl = rm_vocab::millis(UNKNOWN_COMPLETION_TTL);
+            let finished = self.finished.entry(concluded.policy.clone()).or_default();
+            finished.retain(|c| concluded.at_ms.saturating_sub(c.concluded_at_ms) < ttl);
+            finished.push(UnknownCompletion {
+                concluded_at_ms: concluded.at_ms,
+                runner_name: concluded.runner_name.clone(),
+            });
+        }
         if concluded.ran_job && !concluded.job_known {
             self.unknown_completions
                 .entry(concluded.policy.clone())

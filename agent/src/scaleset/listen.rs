@@ -262,6 +262,12 @@ async fn serve(
         acquire_available(&mut listener, &message, &name).await;
         let incoming = incoming(&message);
         let received_at = incoming.received_at;
+        let completed: Vec<String> = incoming
+            .events
+            .iter()
+            .filter(|e| e.kind == "JobCompleted")
+            .filter_map(|e| e.runner_name.clone())
+            .collect();
         let statistics = message.statistics.clone();
         let message_id = message.id;
         loop {
@@ -294,6 +300,12 @@ async fn serve(
             if let Some(statistics) = statistics {
                 seen.statistics = Some(statistics);
                 seen.statistics_at = Some(received_at);
+            }
+            for runner in &completed {
+                if seen.completed_runners.len() >= super::REMEMBERED_COMPLETIONS {
+                    seen.completed_runners.pop_front();
+                }
+                seen.completed_runners.push_back(runner.clone());
             }
             seen.last_message_id = message_id;
         });

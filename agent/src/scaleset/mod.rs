@@ -70,14 +70,35 @@ pub async fn remove_by_name(source: &Source, name: &str) {
     }
 }
 
+/// The statistics' `assigned` less the jobs of `finished` runners whose `JobCompleted` is not
+/// among `completed` yet: the statistics came before it, and still count those jobs.
+pub fn still_assigned(
+    assigned: i64,
+    finished: &[&str],
+    completed: &std::collections::VecDeque<String>,
+) -> i64 {
+    let unseen = finished
+        .iter()
+        .filter(|name| !completed.iter().any(|c| c == *name))
+        .count();
+    assigned.saturating_sub(i64::try_from(unseen).unwrap_or(i64::MAX))
+}
+
+/// How many runner names with a journalled `JobCompleted` a [`Seen`] remembers: far more than
+/// the runners that can finish between two messages.
+pub const REMEMBERED_COMPLETIONS: usize = 4096;
+
 /// What the listener of one scale set last saw, for the executor and `status`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Seen {
     /// The last statistics (a session's or a message's); `None` before the first.
     pub statistics: Option<Statistics>,
-    /// When they were received: a runner that finished its job after this is not yet
-    /// reflected in them.
+    /// When they were received.
     pub statistics_at: Option<rm_vocab::UnixMs>,
+    /// The runners whose `JobCompleted` was journalled, the newest [`REMEMBERED_COMPLETIONS`]:
+    /// a runner of ours that finished its job and is not among them is still counted in the
+    /// statistics as assigned (the message saying so has not come yet).
+    pub completed_runners: std::collections::VecDeque<String>,
     /// The session held, if any.
     pub session_id: Option<String>,
     /// The last message journalled.
@@ -174,15 +195,17 @@ impl Board {
         self.changes.subscribe()
     }
 
-    /// The jobs assigned to `policy`'s scale set, from its last statistics, and when those
-    /// were received; `None` when the policy serves no scale set, `Some((0, None))` before the
-    /// first statistics.
-    pub fn assigned(&self, policy: &str) -> Option<(i64, Option<rm_vocab::UnixMs>)> {
+    /// The jobs assigned to `policy`'s scale set, from its last statistics, less those of
+    /// `finished` (this host's runners of the policy that finished a job) whose `JobCompleted`
+    /// has not been journalled yet: the statistics still count them. `None` when the policy
+    /// serves no scale set; 0 before the first statistics.
+    pub fn assigned(&self, policy: &str, finished: &[&str]) -> Option<i64> {
         self.of_policy(policy).map(|source| {
             let seen = source.seen();
-            (
+            still_assigned(
                 seen.statistics.map_or(0, |s| s.total_assigned_jobs),
-                seen.statistics_at,
+                finished,
+                &seen.completed_runners,
             )
         })
     }
@@ -251,6 +274,31 @@ mod tests {
         for (api, target, url) in cases {
             assert_eq!(config_url(api, target), url, "{api}");
         }
+    }
+
+    #[test]
+    fn a_finished_runner_s_job_counts_until_its_job_completed_is_journalled() {
+        let completed: std::collections::VecDeque<String> =
+            ["rm-h-1".to_owned()].into_iter().collect();
+        // (assigned in the statistics, runners that finished a job, still assigned)
+        let cases: [(i64, &[&str], i64); 5] = [
+            (2, &[], 2),
+            // Its JobCompleted came: the statistics with it no longer count the job.
+            (1, &["rm-h-1"], 1),
+            // Not yet: the statistics still count it.
+            (2, &["rm-h-2"], 1),
+            (2, &["rm-h-1", "rm-h-2", "rm-h-3"], 0),
+            (0, &["rm-h-2"], -1),
+        ];
+        for (assigned, finished, still) in cases {
+            assert_eq!(
+                still_assigned(assigned, finished, &completed),
+                still,
+                "{finished:?}"
+            );
+        }
+        // Below zero wants nothing.
+        assert_eq!(runners_wanted(0, 4, -1, 0), 0);
     }
 
     #[test]

@@ -9,8 +9,8 @@
 use std::time::{Duration, SystemTime};
 
 use rm_e2e::fleet::{Fleet, FleetOptions, PolicySpec, REPO, wait_until};
-use rm_fake_github::{RequestKind, RunnerBehavior};
 use rm_fake_github::broker::JobState;
+use rm_fake_github::{RequestKind, RunnerBehavior};
 use rm_journal::AttemptOutcome;
 
 const SCALE_SET: &str = "acme-big";
@@ -36,13 +36,17 @@ fn options() -> FleetOptions {
 /// The scale set's id, once the agent journalled it.
 async fn scale_set_id(fleet: &Fleet) -> u64 {
     let mut id = None;
-    wait_until(Duration::from_secs(60), "the scale set found or created", || {
-        id = rm_journal::ScaleSets::open(&fleet.setup.journal())
-            .ok()
-            .and_then(|j| j.get(SCALE_SET).ok().flatten())
-            .and_then(|r| r.scale_set_id);
-        id.is_some()
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the scale set found or created",
+        || {
+            id = rm_journal::ScaleSets::open(&fleet.setup.journal())
+                .ok()
+                .and_then(|j| j.get(SCALE_SET).ok().flatten())
+                .and_then(|r| r.scale_set_id);
+            id.is_some()
+        },
+    )
     .await;
     u64::try_from(id.unwrap()).unwrap()
 }
@@ -59,16 +63,22 @@ fn jobs_done(fleet: &Fleet, jobs: &[u64]) -> bool {
 /// Every job ran on a runner of its own, each an attempt of this agent that completed it;
 /// every attempt is cleaned, no scale-set runner is left registered and no runtime on disk.
 async fn assert_one_runner_each_and_nothing_left(fleet: &Fleet, id: u64, jobs: &[u64]) {
-    wait_until(Duration::from_secs(120), "every runner cleaned and removed", || {
-        fleet.all_cleaned() && fleet.fake.scale_set_runners(id).is_empty()
-    })
+    wait_until(
+        Duration::from_secs(120),
+        "every runner cleaned and removed",
+        || fleet.all_cleaned() && fleet.fake.scale_set_runners(id).is_empty(),
+    )
     .await;
     let attempts = fleet.attempts();
     let summary: Vec<String> = attempts
         .iter()
         .map(|a| format!("{} {:?} {:?}", a.runner_name, a.outcome, a.reason))
         .collect();
-    assert_eq!(attempts.len(), jobs.len(), "one runner per job: {summary:?}");
+    assert_eq!(
+        attempts.len(),
+        jobs.len(),
+        "one runner per job: {summary:?}"
+    );
     let mut runners: Vec<String> = jobs
         .iter()
         .map(|j| fleet.fake.scale_set_job(*j).unwrap().runner_name.unwrap())
@@ -83,8 +93,58 @@ async fn assert_one_runner_each_and_nothing_left(fleet: &Fleet, id: u64, jobs: &
             "{runner}: {summary:?}"
         );
     }
-    assert!(fleet.our_registrations().is_empty(), "{:?}", fleet.our_registrations());
+    assert!(
+        fleet.our_registrations().is_empty(),
+        "{:?}",
+        fleet.our_registrations()
+    );
     assert!(fleet.runtimes().is_empty(), "{:?}", fleet.runtimes());
+    // No message lost: the journal holds each job's assignment, start and completion, each
+    // handled once (a message redelivered after a crash is recognised, not journalled again).
+    let conn = rusqlite::Connection::open(fleet.setup.journal()).unwrap();
+    let mut events: Vec<(String, String)> = Vec::new();
+    let mut statement = conn
+        .prepare("SELECT events FROM scale_set_messages WHERE scale_set = ?1")
+        .unwrap();
+    let rows = statement
+        .query_map([SCALE_SET], |row| row.get::<_, String>(0))
+        .unwrap();
+    for row in rows {
+        let list: Vec<serde_json::Value> = serde_json::from_str(&row.unwrap()).unwrap();
+        events.extend(list.iter().map(|e| {
+            (
+                e["kind"].as_str().unwrap_or_default().to_owned(),
+                e["job_id"].as_str().unwrap_or_default().to_owned(),
+            )
+        }));
+    }
+    for job in jobs {
+        for kind in ["JobAssigned", "JobStarted", "JobCompleted"] {
+            let seen = events
+                .iter()
+                .filter(|(k, id)| k == kind && *id == format!("job-{job}"))
+                .count();
+            assert_eq!(
+                seen, 1,
+                "job {job}: {kind} journalled {seen} times: {events:?}"
+            );
+        }
+    }
+    let journalled = rm_journal::ScaleSets::open(&fleet.setup.journal())
+        .unwrap()
+        .jobs(Some(SCALE_SET), 10_000)
+        .unwrap();
+    for job in jobs {
+        let row = journalled
+            .iter()
+            .find(|r| r.runner_request_id == i64::try_from(*job).unwrap());
+        assert!(
+            row.is_some_and(
+                |r| r.state == rm_journal::ScaleSetJobState::Completed && r.runner_name.is_some()
+            ),
+            "job {job} not journalled completed: {row:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,12 +161,17 @@ async fn a_scale_set_serves_each_job_with_one_runner_from_a_cold_start_and_leave
         .queue_scale_set_jobs(id, &["cold 1", "cold 2", "cold 3"])
         .unwrap();
     // GitHub also sends the job's webhook; nothing but the scale set may serve it.
-    let twin = fleet.fake.queue_job(REPO, "webhook twin", &[SCALE_SET]).unwrap();
+    let twin = fleet
+        .fake
+        .queue_job(REPO, "webhook twin", &[SCALE_SET])
+        .unwrap();
     let started = SystemTime::now();
     let _agent = fleet.start_agent(&[]).await;
-    wait_until(Duration::from_secs(120), "the cold start's jobs done", || {
-        jobs_done(&fleet, &before)
-    })
+    wait_until(
+        Duration::from_secs(120),
+        "the cold start's jobs done",
+        || jobs_done(&fleet, &before),
+    )
     .await;
     let after = fleet
         .fake
@@ -135,6 +200,19 @@ async fn a_scale_set_serves_each_job_with_one_runner_from_a_cold_start_and_leave
         fleet.fake.job(twin).unwrap().status,
         rm_fake_github::JobStatus::Queued
     );
+    // Its webhook comes late (the fake delays deliveries up to 400 ms).
+    wait_until(
+        Duration::from_secs(30),
+        "the twin's webhook journalled",
+        || {
+            fleet
+                .setup
+                .run(&["explain", &twin.to_string(), "--json"])
+                .status
+                .success()
+        },
+    )
+    .await;
     let answer = fleet.explain(twin);
     assert_eq!(answer["verdict"], "scale_set", "{answer}");
     assert!(
@@ -166,7 +244,12 @@ async fn a_message_survives_a_crash_on_either_side_of_its_journal_write() {
     let id = scale_set_id(&fleet).await;
     assert!(first.terminate().success());
     let mut jobs = Vec::new();
+    let mut serving = None;
     for point in ["scale_set_message_received", "scale_set_message_journalled"] {
+        if let Some(agent) = serving.take() {
+            let agent: rm_e2e::Agent = agent;
+            assert!(agent.terminate().success());
+        }
         let mut crashing = fleet.start_agent(&[("RM_FAULT_CRASH_AT", point)]).await;
         let job = fleet.fake.queue_scale_set_job(id, point).unwrap();
         wait_until(Duration::from_secs(60), "the agent to kill itself", || {
@@ -182,15 +265,17 @@ async fn a_message_survives_a_crash_on_either_side_of_its_journal_write() {
         );
         let deletes_before = fleet.fake.broker_calls("DELETE", "sessions");
         let agent = fleet.start_agent(&[]).await;
-        wait_until(Duration::from_secs(120), "the job done after the crash", || {
-            jobs_done(&fleet, &[job])
-        })
+        wait_until(
+            Duration::from_secs(120),
+            "the job done after the crash",
+            || jobs_done(&fleet, &[job]),
+        )
         .await;
         assert!(
             fleet.fake.broker_calls("DELETE", "sessions") > deletes_before,
             "{point}: the stale session was not deleted by its journalled id"
         );
-        assert!(agent.terminate().success());
+        serving = Some(agent);
         jobs.push(job);
     }
     assert_one_runner_each_and_nothing_left(&fleet, id, &jobs).await;
