@@ -220,18 +220,19 @@ impl Allocator {
     /// Each policy's inputs to the plan ([`super::plan::plan`]), from the journal's queued
     /// `jobs`: its routed demand less the jobs queued before its fence and the completions the
     /// journal has not named (`named`: those a journalled job now names), its back-off and its
-    /// busy runners whose job is unknown (`busy_unknown`, by policy). Overlapping and
-    /// unresolvable jobs are logged once.
+    /// busy runners whose job is unknown (`live.busy_unknown`, by policy). A scale set's policy
+    /// gets the count its statistics ask for instead ([`crate::scaleset::runners_wanted`]).
+    /// Overlapping and unresolvable jobs are logged once.
     pub(super) fn inputs<'p>(
         &mut self,
         policies: &'p [Policy],
         jobs: &[rm_journal::JobRow],
         named: &HashSet<String>,
-        busy_unknown: &HashMap<String, usize>,
-        live: &rm_journal::LiveCounts,
+        live: &LiveRead,
         scale_sets: &crate::scaleset::Board,
         now: UnixMs,
     ) -> Vec<PolicyInputs<'p>> {
+        let busy_unknown = &live.busy_unknown;
         let first_seen: HashMap<JobId, UnixMs> = jobs
             .iter()
             .map(|j| (j.job_id, j.first_seen_at_ms))
@@ -258,7 +259,7 @@ impl Allocator {
                 })
                 .unwrap_or_default();
             if let Some(assigned) = scale_sets.assigned(&policy.name, &finished) {
-                let busy = live.policy(&policy.name).busy;
+                let busy = live.counts.policy(&policy.name).busy;
                 inputs.push(PolicyInputs {
                     policy,
                     backing_off_until: self.backoff.get(&policy.name).map(|b| b.until_ms),

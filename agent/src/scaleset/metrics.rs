@@ -11,6 +11,9 @@ use rm_receiver::prometheus_client::metrics::gauge::ConstGauge;
 
 use super::Board;
 
+/// How a gauge reads its value from what a listener saw (`None`: not known yet).
+type Reading = fn(&super::Seen) -> Option<i64>;
+
 /// The scale sets' gauges.
 #[derive(Debug)]
 pub struct ScaleSetMetrics {
@@ -33,7 +36,7 @@ impl Collector for ScaleSetMetrics {
             .sources()
             .map(|s| (s.set.name.clone(), s.seen()))
             .collect();
-        let gauges: [(&str, &str, fn(&super::Seen) -> Option<i64>); 5] = [
+        let gauges: [(&str, &str, Reading); 5] = [
             (
                 "rm_scale_set_assigned_jobs",
                 "Jobs assigned to the scale set (running ones included), from its last statistics",
@@ -80,8 +83,9 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn each_scale_set_has_its_statistics_and_session_as_gauges() {
+    // A runtime: the HTTP client, never called, is built on one.
+    #[tokio::test]
+    async fn each_scale_set_has_its_statistics_and_session_as_gauges() {
         let set = crate::config::scale_sets::ScaleSet {
             name: "acme-big".into(),
             policy: "big".into(),

@@ -235,6 +235,9 @@ pub enum Activity {
     BackingOff { until: SystemTime, failures: u32 },
 }
 
+/// A caller's short synchronous write, told a value by the listener.
+type Hook<T> = Box<dyn Fn(&T) + Send + Sync>;
+
 /// The listener of one scale set: [`Listener::next`] hides the session's creation, refresh
 /// and re-creation, and the back-off, applying [`decide`].
 pub struct Listener {
@@ -248,9 +251,9 @@ pub struct Listener {
     activity: Activity,
     /// Told each new session's id as soon as the service answers, before it is polled: the
     /// caller journals it, so that its successor after a crash can delete it by id.
-    on_session: Option<Box<dyn Fn(&str) + Send + Sync>>,
+    on_session: Option<Hook<str>>,
     /// Told when the listener starts to wait (on standby or backing off), for `status`.
-    on_wait: Option<Box<dyn Fn(&Activity) + Send + Sync>>,
+    on_wait: Option<Hook<Activity>>,
 }
 
 impl std::fmt::Debug for Listener {
