@@ -97,8 +97,9 @@ async fn note(source: &Source, board: &Board, journal: &std::path::Path, activit
     {
         tracing::warn!(scale_set = source.set.name, error = %e, "cannot journal the scale set's note");
     }
-    source.update(|seen| seen.activity = activity);
-    board.changed();
+    if source.update(|seen| seen.activity = activity) {
+        board.changed();
+    }
 }
 
 /// Opens the journal's scale-set record off the async workers.
@@ -202,11 +203,12 @@ async fn serve(
         })
     };
     let mut listener = listener;
-    source.update(|seen| {
+    if source.update(|seen| {
         seen.last_message_id = last_message_id;
         seen.activity = "opening a session".to_owned();
-    });
-    board.changed();
+    }) {
+        board.changed();
+    }
     loop {
         let next = tokio::select! {
             next = listener.next(last_message_id, capacity) => next,
@@ -217,7 +219,7 @@ async fn serve(
         };
         let session_statistics = listener.session().and_then(|s| s.statistics.clone());
         let mut first_statistics = None;
-        source.update(|seen| {
+        let changed = source.update(|seen| {
             seen.session_id = listener.session_id().map(str::to_owned);
             seen.activity = activity(listener.activity());
             if seen.statistics.is_none() && session_statistics.is_some() {
@@ -238,7 +240,9 @@ async fn serve(
                 tracing::warn!(scale_set = set.name, error = %e, "cannot journal the session's statistics");
             }
         }
-        board.changed();
+        if changed {
+            board.changed();
+        }
         if next.is_ok() && noted.swap(false, std::sync::atomic::Ordering::AcqRel) {
             let name = name.clone();
             if let Err(e) = blocking(journal, move |j| {
@@ -251,10 +255,9 @@ async fn serve(
         }
         let message = match next {
             Ok(Some(message)) => message,
-            Ok(None) => {
-                source.update(|seen| seen.activity = "polling".to_owned());
-                continue;
-            }
+            // Held and answered `202`: nothing new (the update above said whether the session
+            // or its statistics changed).
+            Ok(None) => continue,
             Err(ScaleSetError::ScaleSetNotFound { .. }) => return Served::ScaleSetGone,
             Err(e) => return Served::GaveUp(e),
         };

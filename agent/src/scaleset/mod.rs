@@ -143,8 +143,13 @@ impl Source {
             .clone()
     }
 
-    pub(crate) fn update(&self, change: impl FnOnce(&mut Seen)) {
-        change(&mut self.seen.lock().unwrap_or_else(PoisonError::into_inner));
+    /// Applies `change`; whether it changed anything (a long poll answered `202` changes
+    /// nothing, and must not wake the executor for nothing).
+    pub(crate) fn update(&self, change: impl FnOnce(&mut Seen)) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = seen.clone();
+        change(&mut seen);
+        *seen != before
     }
 }
 
