@@ -29,6 +29,7 @@ pub mod client;
 mod endpoints;
 pub mod error;
 pub mod etag;
+pub mod https;
 pub mod pacing;
 pub mod scaleset;
 pub mod stats;

@@ -34,7 +34,9 @@ pub mod discover;
 pub mod disk;
 pub mod docker;
 pub mod env_file;
-pub mod https;
+/// The outbound HTTP(S) client, owned by `rm-github` (which the service client of scale sets
+/// needs too); re-exported where its users always found it.
+pub use rm_github::https;
 pub mod isolate;
 pub mod logs;
 pub mod network;

@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
 use http_body_util::BodyExt;
+use http_body_util::Full;
 use octocrab::Octocrab;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
@@ -212,6 +213,17 @@ pub struct ScaleSetJit {
     pub encoded_jit_config: SecretString,
 }
 
+/// The HTTP client of the Actions service and its queue (absolute URLs).
+type ServiceHttp = crate::https::HttpsClient<Full<Bytes>>;
+
+/// Which client a call goes through: the REST API's (its base, its `User-Agent`) for the
+/// RemoteAuth exchange, the service's for everything after it.
+#[derive(Clone, Copy)]
+enum Transport<'a> {
+    Rest(&'a Octocrab),
+    Service(&'a ServiceHttp),
+}
+
 /// The service's URL and admin token, and when the token expires.
 struct AdminConnection {
     url: String,
@@ -226,7 +238,7 @@ pub struct ScaleSetClient {
     /// The scope's URL as the service knows it (`https://github.com/acme`).
     config_url: String,
     /// The transport for the service's absolute URLs (no base path of its own).
-    http: Octocrab,
+    http: ServiceHttp,
     admin: tokio::sync::Mutex<Option<AdminConnection>>,
     /// The `version` of the `User-Agent` (see [`ScaleSetClient::with_version`]).
     version: String,
@@ -365,13 +377,9 @@ impl ScaleSetClient {
         config_url: impl Into<String>,
     ) -> anyhow::Result<Self> {
         use anyhow::Context as _;
-        // The service's URLs are absolute; a base without a path leaves them as they are.
-        let http = Octocrab::builder()
-            .base_uri("http://localhost/")
-            .map_err(|e| anyhow::anyhow!("{e}"))?
-            .build()
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .context("cannot build the HTTP client")?;
+        // Not octocrab: it adds its own `User-Agent` to every request, and the service's calls
+        // carry ours (a second one would make the header a list).
+        let http = crate::https::client().context("cannot build the HTTP client")?;
         Ok(Self {
             github,
             target,
@@ -404,9 +412,9 @@ impl ScaleSetClient {
         agent.to_string()
     }
 
-    /// Sends `request` through `octo`; the status and the body of any answer.
+    /// Sends `request` through `transport`; the status and the body of any answer.
     async fn exchange(
-        octo: &Octocrab,
+        transport: Transport<'_>,
         request: Request<'_>,
         user_agent: Option<String>,
     ) -> Result<(StatusCode, Bytes), ScaleSetError> {
@@ -430,14 +438,34 @@ impl ScaleSetClient {
         if let Some(agent) = user_agent {
             builder = builder.header(header::USER_AGENT, agent);
         }
-        let built = octo
-            .build_request(builder, request.body)
-            .map_err(|e| unreachable(format!("cannot build the request: {e}")))?;
         let exchange = async {
-            let response = octo.execute(built).await.map_err(|e| e.to_string())?;
-            let (parts, body) = response.into_parts();
-            let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
-            Ok::<_, String>((parts, body))
+            match transport {
+                Transport::Rest(octo) => {
+                    let built = octo
+                        .build_request(builder, request.body)
+                        .map_err(|e| format!("cannot build the request: {e}"))?;
+                    let response = octo.execute(built).await.map_err(|e| e.to_string())?;
+                    let (parts, body) = response.into_parts();
+                    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+                    Ok::<_, String>((parts, body))
+                }
+                Transport::Service(http) => {
+                    let body = match request.body {
+                        Some(value) => {
+                            Bytes::from(serde_json::to_vec(value).map_err(|e| e.to_string())?)
+                        }
+                        None => Bytes::new(),
+                    };
+                    let built = builder
+                        .header(header::CONTENT_TYPE, "application/json")
+                        .body(Full::new(body))
+                        .map_err(|e| format!("cannot build the request: {e}"))?;
+                    let response = http.request(built).await.map_err(|e| e.to_string())?;
+                    let (parts, body) = response.into_parts();
+                    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+                    Ok((parts, body))
+                }
+            }
         };
         match tokio::time::timeout(request.timeout, exchange).await {
             Ok(Ok((parts, body))) => {
@@ -468,7 +496,8 @@ impl ScaleSetClient {
     async fn call(&self, request: Request<'_>) -> Result<(StatusCode, Bytes), ScaleSetError> {
         let endpoint = request.endpoint;
         let user_agent = self.user_agent(endpoint, &request.url);
-        let (status, body) = Self::exchange(&self.http, request, Some(user_agent)).await?;
+        let (status, body) =
+            Self::exchange(Transport::Service(&self.http), request, Some(user_agent)).await?;
         if status.is_success() {
             Ok((status, body))
         } else {
@@ -521,7 +550,8 @@ impl ScaleSetClient {
             max_capacity: None,
             timeout: CALL_TIMEOUT,
         };
-        let (status, answer) = Self::exchange(&self.github.inner.octo, request, None).await?;
+        let (status, answer) =
+            Self::exchange(Transport::Rest(&self.github.inner.octo), request, None).await?;
         if !status.is_success() {
             return Err(service_error(ENDPOINT, status, &answer));
         }

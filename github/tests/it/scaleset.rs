@@ -991,6 +991,13 @@ async fn a_scale_set_runner_takes_its_job_and_is_removed_only_once_idle() {
         if r.kind() != RequestKind::Broker {
             continue;
         }
+        // Exactly one: a second (an HTTP library's own) would make the header a list.
+        let agents = r
+            .headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("user-agent"))
+            .count();
+        assert_eq!(agents, 1, "User-Agent headers on {} {}", r.method, r.path);
         let agent: serde_json::Value = r
             .header("user-agent")
             .and_then(|a| serde_json::from_str(a).ok())

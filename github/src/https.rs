@@ -1,8 +1,9 @@
-//! The outbound HTTP(S) client for what is not the GitHub API (the runner package download, the
-//! relay subscription, webhook notifications): rustls with the host's root certificates and
-//! HTTP/1, the same TLS stack octocrab links, so no second one (and no OpenSSL) is built. It
-//! lives here, the lowest crate that downloads (the runner package), so that the agent's relay
-//! subscription and notifications use this one rather than a copy of their own.
+//! The outbound HTTP(S) client for what is not the GitHub REST API (a scale set's Actions service
+//! and message queue, the runner package download, the relay subscription, webhook
+//! notifications): rustls with the host's root certificates and HTTP/1, the same TLS stack
+//! octocrab links, so no second one (and no OpenSSL) is built. It lives here, the lowest crate
+//! that needs it (the scale sets' service client), and `rm_runner::https` re-exports it, so that
+//! every user has this one rather than a copy of its own.
 
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
