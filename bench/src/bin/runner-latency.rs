@@ -458,6 +458,8 @@ struct Burst {
     removed: Option<Duration>,
     /// Every request the fake answered from queueing until the runners were removed.
     counts: std::collections::BTreeMap<(RequestKind, String), usize>,
+    /// The same by the fake's answer (status code).
+    statuses: HashMap<(RequestKind, String), std::collections::BTreeMap<u16, usize>>,
 }
 
 impl Burst {
@@ -573,6 +575,14 @@ async fn burst(mode: &mut Mode, plan: &Plan) -> Result<Burst> {
         .collect::<std::collections::HashSet<_>>()
         .len();
     let counts = mode.fake.request_counts_since(began);
+    let mut statuses: HashMap<_, std::collections::BTreeMap<u16, usize>> = HashMap::new();
+    for request in mode.fake.requests_since(began) {
+        *statuses
+            .entry((request.kind(), request.endpoint()))
+            .or_default()
+            .entry(request.status)
+            .or_default() += 1;
+    }
     let jit = counts
         .iter()
         .filter(|((_, endpoint), _)| endpoint.contains("jitconfig"))
@@ -590,6 +600,7 @@ async fn burst(mode: &mut Mode, plan: &Plan) -> Result<Burst> {
         jit,
         removed,
         counts,
+        statuses,
     })
 }
 
@@ -682,9 +693,24 @@ async fn compare_scale_set(
     endpoints.dedup();
     for key in endpoints {
         let (kind, endpoint) = key;
+        // `120 (200: 120)`: the count, then by the fake's answer.
         let row: Vec<String> = bursts
             .iter()
-            .map(|(_, b)| b.counts.get(key).copied().unwrap_or(0).to_string())
+            .map(|(_, b)| {
+                let count = b.counts.get(key).copied().unwrap_or(0);
+                let answers: Vec<String> = b
+                    .statuses
+                    .get(key)
+                    .into_iter()
+                    .flatten()
+                    .map(|(status, n)| format!("{status}: {n}"))
+                    .collect();
+                if answers.is_empty() {
+                    count.to_string()
+                } else {
+                    format!("{count} ({})", answers.join(", "))
+                }
+            })
             .collect();
         println!("| {kind:?} | `{endpoint}` | {} |", row.join(" | "));
     }
