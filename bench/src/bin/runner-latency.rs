@@ -655,7 +655,11 @@ async fn compare_scale_set(
         );
         let burst = burst(&mut mode, plan).await?;
         mode.agent.stop().await?;
-        eprintln!("{}: done; its log: {}", mode.name, keep_log(&mode).display());
+        eprintln!(
+            "{}: done; its log: {}",
+            mode.name,
+            keep_log(&mode).display()
+        );
         bursts.push((mode.name, burst));
     }
     let secs = |d: Duration| format!("{:.2} s", d.as_secs_f64());
@@ -685,7 +689,14 @@ async fn compare_scale_set(
     println!();
     println!("Requests from queueing until every runner was removed, by endpoint:");
     println!();
-    println!("| kind | endpoint | {} |", bursts.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" | "));
+    println!(
+        "| kind | endpoint | {} |",
+        bursts
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
     println!("|---|---|{}", "---|".repeat(bursts.len()));
     let mut endpoints: Vec<&(RequestKind, String)> =
         bursts.iter().flat_map(|(_, b)| b.counts.keys()).collect();
