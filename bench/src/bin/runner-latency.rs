@@ -574,11 +574,19 @@ async fn burst(mode: &mut Mode, plan: &Plan) -> Result<Burst> {
         .filter_map(|j| j.runner_id)
         .collect::<std::collections::HashSet<_>>()
         .len();
-    let counts = mode.fake.request_counts_since(began);
+    // The agent keeps polling while this counts: one snapshot, cut at `end`, gives the counts
+    // and their answers (counted as `request_counts_since` counts: by kind and endpoint).
+    let end = mode.fake.now();
+    let mut counts = std::collections::BTreeMap::new();
     let mut statuses: HashMap<_, std::collections::BTreeMap<u16, usize>> = HashMap::new();
     for request in mode.fake.requests_since(began) {
+        if request.at >= end {
+            continue;
+        }
+        let key = (request.kind(), request.endpoint());
+        *counts.entry(key.clone()).or_insert(0) += 1;
         *statuses
-            .entry((request.kind(), request.endpoint()))
+            .entry(key)
             .or_default()
             .entry(request.status)
             .or_default() += 1;
