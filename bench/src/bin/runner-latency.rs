@@ -19,6 +19,11 @@
 //!
 //! With `--compare-fleet`, a fleet on PostgreSQL of one host, then one of three
 //! ([`rm_bench::fleet`]), each through the same matrix queued at once: runner starts per second.
+//!
+//! With `--compare-scale-set`, the same burst queued at once for an agent taking webhooks (the
+//! jobs queued as REST jobs) and then for an agent with no receiver serving a `[[scale_set]]`
+//! (the jobs queued at the fake's broker): how soon runners start against the host's capacity,
+//! how many are alive at once, and every request each agent sent during its burst, by endpoint.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -33,7 +38,7 @@ use rm_bench::fleet::{self, FleetPlan};
 use rm_bench::local::{free_port, sibling};
 use rm_bench::package::{Size, add_payload, measure};
 use rm_fake_github::jit::RUNNER_PROTOCOL_PREFIX;
-use rm_fake_github::{FakeGithub, JobStatus};
+use rm_fake_github::{FakeGithub, JobStatus, RequestKind};
 use secrecy::SecretString;
 
 const APP_ID: u64 = 77;
@@ -86,6 +91,12 @@ struct Args {
     /// fleet after the other [defaults: --jobs 120, --host-max 4].
     #[arg(long, conflicts_with_all = ["compare_runtimes", "compare_pacing"])]
     compare_fleet: bool,
+    /// Compare demand sources for a burst queued at once: webhooks (REST jobs, JIT
+    /// registrations through the REST API) against a runner scale set (no receiver; the jobs
+    /// queued at the fake's broker, runners registered through the scale set's
+    /// `generatejitconfig`), one agent after the other [defaults: --jobs 120, --host-max 8].
+    #[arg(long, conflicts_with_all = ["compare_runtimes", "compare_pacing", "compare_fleet"])]
+    compare_scale_set: bool,
     /// The rm-agent binary (default: next to this one).
     #[arg(long)]
     agent: Option<PathBuf>,
@@ -115,6 +126,9 @@ struct Spec {
     package: Option<PathBuf>,
     /// `github.pacing`; `None` leaves the agent's default (`documented`).
     pacing: Option<&'static str>,
+    /// A `[[scale_set]]` of this name served by the agent's policy (whose only label is then
+    /// the scale set's name); `None` for a webhook policy labelled [`LABELS`].
+    scale_set: Option<&'static str>,
 }
 
 /// One agent with its fake GitHub.
@@ -122,8 +136,13 @@ struct Mode {
     name: &'static str,
     fake: FakeGithub,
     agent: AgentProcess,
-    /// From starting the agent to its first ask for the runner inventory.
+    /// From starting the agent to its first ask for the runner inventory (with a scale set:
+    /// to its session journalled).
     ready_after: Duration,
+    /// `host.runner_uids`, first and last.
+    uids: (u32, u32),
+    /// The scale set's id at the fake, once the agent created it.
+    scale_set_id: Option<u64>,
     dir: tempfile::TempDir,
 }
 
@@ -157,7 +176,7 @@ async fn start(spec: Spec, plan: &Plan, agent: &Path, runner: &Path) -> Result<M
     let config = format!(
         "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n{pacing}\n\
          {receiver}[polling]\ninterval = \"30s\"\nidle_interval = \"5s\"\n\n[host]\nname = \"bench\"\nmax_runners = {max}\n\
-         runner_root = \"{root}\"\nrunner_uids = \"{uids}\"\nnetwork_host_ports = [{port}]\n{isolation}\n[runner]\npackage_dir = \"{package}\"\n\n[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"self-hosted\", \"linux\"]\nmax_runners = {max}\n",
+         runner_root = \"{root}\"\nrunner_uids = \"{uids}\"\nnetwork_host_ports = [{port}]\n{isolation}\n[runner]\npackage_dir = \"{package}\"\n\n[[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = {labels}\nmax_runners = {max}\n{scale_set}",
         data = dir.path().join("data").display(),
         api = fake.api_url(),
         port = fake.port(),
@@ -174,6 +193,14 @@ async fn start(spec: Spec, plan: &Plan, agent: &Path, runner: &Path) -> Result<M
             .pacing
             .map(|p| format!("pacing = \"{p}\"\n"))
             .unwrap_or_default(),
+        labels = match spec.scale_set {
+            Some(set) => format!("[\"{set}\"]"),
+            None => format!("{LABELS:?}"),
+        },
+        scale_set = spec
+            .scale_set
+            .map(|set| format!("\n[[scale_set]]\nname = \"{set}\"\npolicy = \"linux\"\n"))
+            .unwrap_or_default(),
     );
     let config_file = dir.path().join("rm-agent.toml");
     std::fs::write(&config_file, config)?;
@@ -186,21 +213,46 @@ async fn start(spec: Spec, plan: &Plan, agent: &Path, runner: &Path) -> Result<M
         SECRET,
         dir.path().join("agent.log"),
     )?;
+    let uids = spec
+        .uids
+        .split_once('-')
+        .and_then(|(from, to)| Some((from.parse().ok()?, to.parse().ok()?)))
+        .context("host.runner_uids is FROM-TO")?;
     let mut mode = Mode {
         name,
         fake,
         agent,
         ready_after: Duration::ZERO,
+        uids,
+        scale_set_id: None,
         dir,
     };
-    // Ready once the agent has asked the fake for its runner inventory (recovery).
+    // Ready once the agent has asked the fake for its runner inventory (recovery); with a
+    // scale set, once it has journalled the scale set's id and its message session.
+    let journal = mode.dir.path().join("data").join(rm_journal::JOURNAL_FILE);
     let deadline = Instant::now() + STARTUP;
-    while !mode
-        .fake
-        .requests()
-        .iter()
-        .any(|r| r.path.ends_with("/actions/runners"))
-    {
+    loop {
+        if let Some(set) = spec.scale_set {
+            let record = journal
+                .exists()
+                .then(|| rm_journal::ScaleSets::open(&journal).ok()?.get(set).ok()?)
+                .flatten();
+            if let Some(record) = record
+                && record.session_id.is_some()
+            {
+                mode.scale_set_id = record.scale_set_id.and_then(|id| u64::try_from(id).ok());
+            }
+            if mode.scale_set_id.is_some() {
+                break;
+            }
+        } else if mode
+            .fake
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("/actions/runners"))
+        {
+            break;
+        }
         mode.agent.check_running()?;
         if Instant::now() > deadline {
             bail!("{name}: rm-agent did not start");
@@ -320,6 +372,378 @@ async fn compare_fleet(
     Ok(())
 }
 
+/// The scale set of `--compare-scale-set`'s second agent (its policy's only label).
+const SCALE_SET: &str = "rm-burst";
+/// How long a burst may take, from queueing to its last job completed.
+const BURST_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a burst's runners may then take to be removed at the fake.
+const REMOVAL_TIMEOUT: Duration = Duration::from_secs(90);
+/// How often a burst is looked at: its jobs, and the host's live runners.
+const SAMPLE: Duration = Duration::from_millis(100);
+
+/// How many uids in `uids` (inclusive) own a live process now: the runners alive on the host,
+/// since each runner has a uid of its own while it runs (`isolation = "user"`).
+fn live_runner_uids(uids: (u32, u32)) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    for entry in entries.flatten() {
+        if !entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        // The real uid (a process gone meanwhile is skipped).
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let uid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|u| u.parse::<u32>().ok());
+        if let Some(uid) = uid
+            && (uids.0..=uids.1).contains(&uid)
+        {
+            seen.insert(uid);
+        }
+    }
+    seen.len()
+}
+
+/// One job of a burst, whichever way it was queued.
+struct JobView {
+    started_at: Option<SystemTime>,
+    runner_id: Option<u64>,
+    completed: bool,
+}
+
+fn job_view(mode: &Mode, id: u64) -> Option<JobView> {
+    if mode.scale_set_id.is_some() {
+        let job = mode.fake.scale_set_job(id)?;
+        Some(JobView {
+            started_at: job.started_at,
+            runner_id: job.runner_id,
+            completed: job.state == rm_fake_github::broker::JobState::Completed,
+        })
+    } else {
+        let job = mode.fake.job(id)?;
+        Some(JobView {
+            started_at: job.started_at,
+            runner_id: job.runner_id,
+            completed: job.status == JobStatus::Completed,
+        })
+    }
+}
+
+/// What one agent did with a burst, from the moment it was queued (the fake's clock).
+struct Burst {
+    jobs: usize,
+    first_registered: Duration,
+    started_p50: Duration,
+    all_started: Duration,
+    all_completed: Duration,
+    /// Most runner uids with a live process at once, sampled every [`SAMPLE`].
+    most_alive: usize,
+    /// Runners that registered (their first runner-protocol request) since the burst.
+    registered: usize,
+    /// Distinct runners that took the burst's jobs.
+    runners_for_jobs: usize,
+    /// JIT configurations asked for, REST or scale set.
+    jit: usize,
+    /// From queueing until the fake listed no runner any more; `None` if that took longer than
+    /// [`REMOVAL_TIMEOUT`] after the last job completed.
+    removed: Option<Duration>,
+    /// Every request the fake answered from queueing until the runners were removed.
+    counts: std::collections::BTreeMap<(RequestKind, String), usize>,
+    /// The same by the fake's answer (status code).
+    statuses: HashMap<(RequestKind, String), std::collections::BTreeMap<u16, usize>>,
+}
+
+impl Burst {
+    fn of_kind(&self, kind: RequestKind) -> usize {
+        self.counts
+            .iter()
+            .filter(|((k, _), _)| *k == kind)
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+/// Queues `plan.jobs` jobs at once for `mode` (REST jobs, or at its scale set), waits until
+/// every one has completed and every runner is removed, and measures.
+async fn burst(mode: &mut Mode, plan: &Plan) -> Result<Burst> {
+    let names: Vec<String> = (0..plan.jobs).map(|n| format!("job {n}")).collect();
+    let began = mode.fake.now();
+    let started = Instant::now();
+    let ids: Vec<u64> = match mode.scale_set_id {
+        Some(set) => {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            mode.fake
+                .queue_scale_set_jobs(set, &names)
+                .context("the fake does not know the scale set")?
+        }
+        None => {
+            let mut ids = Vec::with_capacity(names.len());
+            for name in &names {
+                ids.push(mode.fake.queue_job(REPO, name, LABELS)?);
+            }
+            ids
+        }
+    };
+    let mut most_alive = 0;
+    loop {
+        most_alive = most_alive.max(live_runner_uids(mode.uids));
+        let done = ids
+            .iter()
+            .filter(|id| job_view(mode, **id).is_some_and(|j| j.completed))
+            .count();
+        if done == ids.len() {
+            break;
+        }
+        mode.agent.check_running()?;
+        if started.elapsed() > BURST_TIMEOUT {
+            let kept = keep_log(mode);
+            bail!(
+                "{}: {done} of {} jobs completed within {BURST_TIMEOUT:?}; its log: {}",
+                mode.name,
+                ids.len(),
+                kept.display()
+            );
+        }
+        tokio::time::sleep(SAMPLE).await;
+    }
+    let jobs_done = Instant::now();
+    let removed = loop {
+        most_alive = most_alive.max(live_runner_uids(mode.uids));
+        if mode.fake.runners().is_empty() {
+            break Some(started.elapsed());
+        }
+        if jobs_done.elapsed() > REMOVAL_TIMEOUT {
+            break None;
+        }
+        tokio::time::sleep(SAMPLE).await;
+    };
+    let since = |at: SystemTime| at.duration_since(began).unwrap_or_default();
+    let jobs: Vec<JobView> = ids.iter().filter_map(|id| job_view(mode, *id)).collect();
+    let mut starts: Vec<Duration> = jobs
+        .iter()
+        .filter_map(|j| j.started_at.map(since))
+        .collect();
+    ensure!(
+        starts.len() == ids.len(),
+        "{}: a job without its start",
+        mode.name
+    );
+    starts.sort_unstable();
+    // A job's end is its runner's report (`/complete`, answered 200) on the fake's clock.
+    let complete = format!("{RUNNER_PROTOCOL_PREFIX}/complete");
+    let mut completed_at: HashMap<u64, SystemTime> = HashMap::new();
+    for request in mode.fake.requests_since(began) {
+        let job = request
+            .body
+            .as_ref()
+            .and_then(|b| b.get("job_id"))
+            .and_then(serde_json::Value::as_u64);
+        if request.path == complete
+            && request.status == 200
+            && let Some(job) = job
+        {
+            completed_at.entry(job).or_insert(request.at);
+        }
+    }
+    let ends: Vec<Duration> = ids
+        .iter()
+        .filter_map(|id| completed_at.get(id).copied().map(since))
+        .collect();
+    ensure!(
+        ends.len() == ids.len(),
+        "{}: {} of {} jobs without their runner's report",
+        mode.name,
+        ids.len() - ends.len(),
+        ids.len()
+    );
+    let registered: Vec<Duration> = registered_at(&mode.fake)
+        .into_values()
+        .filter(|at| *at >= began)
+        .map(since)
+        .collect();
+    let runners_for_jobs = jobs
+        .iter()
+        .filter_map(|j| j.runner_id)
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    // The agent keeps polling while this counts: one snapshot, cut at `end`, gives the counts
+    // and their answers (counted as `request_counts_since` counts: by kind and endpoint).
+    let end = mode.fake.now();
+    let mut counts = std::collections::BTreeMap::new();
+    let mut statuses: HashMap<_, std::collections::BTreeMap<u16, usize>> = HashMap::new();
+    for request in mode.fake.requests_since(began) {
+        if request.at >= end {
+            continue;
+        }
+        let key = (request.kind(), request.endpoint());
+        *counts.entry(key.clone()).or_insert(0) += 1;
+        *statuses
+            .entry(key)
+            .or_default()
+            .entry(request.status)
+            .or_default() += 1;
+    }
+    let jit = counts
+        .iter()
+        .filter(|((_, endpoint), _)| endpoint.contains("jitconfig"))
+        .map(|(_, n)| n)
+        .sum();
+    Ok(Burst {
+        jobs: ids.len(),
+        first_registered: registered.iter().min().copied().unwrap_or_default(),
+        started_p50: percentile(&starts, 50.0),
+        all_started: starts.last().copied().unwrap_or_default(),
+        all_completed: ends.iter().max().copied().unwrap_or_default(),
+        most_alive,
+        registered: registered.len(),
+        runners_for_jobs,
+        jit,
+        removed,
+        counts,
+        statuses,
+    })
+}
+
+/// Copies the agent's log out of its temporary directory (removed with it); the copy's path.
+fn keep_log(mode: &Mode) -> PathBuf {
+    let kept = mode.dir.path().with_extension("log");
+    let _ = std::fs::copy(mode.dir.path().join("agent.log"), &kept);
+    kept
+}
+
+/// `--compare-scale-set`: the same burst through webhooks, then through a scale set; one agent
+/// at a time, so neither shares the two cores with the other's runners.
+async fn compare_scale_set(
+    plan: &Plan,
+    agent: &Path,
+    runner: &Path,
+    uids: impl Fn(u32) -> String,
+) -> Result<()> {
+    let specs = [
+        Spec {
+            name: "webhooks",
+            webhooks: true,
+            isolation: None,
+            uids: uids(0),
+            package: None,
+            pacing: None,
+            scale_set: None,
+        },
+        Spec {
+            name: "scale set",
+            webhooks: false,
+            isolation: None,
+            uids: uids(1),
+            package: None,
+            pacing: None,
+            scale_set: Some(SCALE_SET),
+        },
+    ];
+    eprintln!(
+        "queueing {} jobs at once per agent, one agent after the other, {} runners per host, \
+         jobs of {:?}",
+        plan.jobs, plan.host_max, plan.job_duration
+    );
+    let wall = Instant::now();
+    let mut bursts = Vec::new();
+    for spec in specs {
+        let mut mode = start(spec, plan, agent, runner).await?;
+        eprintln!(
+            "{}: ready {:.1} s after start",
+            mode.name,
+            mode.ready_after.as_secs_f64()
+        );
+        let burst = burst(&mut mode, plan).await?;
+        mode.agent.stop().await?;
+        eprintln!(
+            "{}: done; its log: {}",
+            mode.name,
+            keep_log(&mode).display()
+        );
+        bursts.push((mode.name, burst));
+    }
+    let secs = |d: Duration| format!("{:.2} s", d.as_secs_f64());
+    println!(
+        "| agent | jobs | host max | first runner registered | job started p50 | every job started | every job completed | most runners alive at once | runners registered | runners that took a job | JIT configs | runners all removed | REST | tokens | broker |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for (name, b) in &bursts {
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            b.jobs,
+            plan.host_max,
+            secs(b.first_registered),
+            secs(b.started_p50),
+            secs(b.all_started),
+            secs(b.all_completed),
+            b.most_alive,
+            b.registered,
+            b.runners_for_jobs,
+            b.jit,
+            b.removed
+                .map_or_else(|| format!("not within {REMOVAL_TIMEOUT:?}"), secs),
+            b.of_kind(RequestKind::Rest),
+            b.of_kind(RequestKind::Token),
+            b.of_kind(RequestKind::Broker),
+        );
+    }
+    println!();
+    println!("Requests from queueing until every runner was removed, by endpoint:");
+    println!();
+    println!(
+        "| kind | endpoint | {} |",
+        bursts
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    println!("|---|---|{}", "---|".repeat(bursts.len()));
+    let mut endpoints: Vec<&(RequestKind, String)> =
+        bursts.iter().flat_map(|(_, b)| b.counts.keys()).collect();
+    endpoints.sort();
+    endpoints.dedup();
+    for key in endpoints {
+        let (kind, endpoint) = key;
+        // `120 (200: 120)`: the count, then by the fake's answer.
+        let row: Vec<String> = bursts
+            .iter()
+            .map(|(_, b)| {
+                let count = b.counts.get(key).copied().unwrap_or(0);
+                let answers: Vec<String> = b
+                    .statuses
+                    .get(key)
+                    .into_iter()
+                    .flatten()
+                    .map(|(status, n)| format!("{status}: {n}"))
+                    .collect();
+                if answers.is_empty() {
+                    count.to_string()
+                } else {
+                    format!("{count} ({})", answers.join(", "))
+                }
+            })
+            .collect();
+        println!("| {kind:?} | `{endpoint}` | {} |", row.join(" | "));
+    }
+    println!(
+        "wall time {:.0} s; finished {}",
+        wall.elapsed().as_secs_f64(),
+        humantime::format_rfc3339_seconds(SystemTime::now())
+    );
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -360,6 +784,15 @@ async fn main() -> Result<()> {
         };
         return compare_fleet(&plan, &agent, &runner, uids).await;
     }
+    if args.compare_scale_set {
+        let plan = Plan {
+            jobs: args.jobs.unwrap_or(120),
+            every: Duration::ZERO,
+            job_duration: args.job_duration,
+            host_max: args.host_max.unwrap_or(8),
+        };
+        return compare_scale_set(&plan, &agent, &runner, uids).await;
+    }
     let shared = passable_tempdir()?;
     let specs = if compare {
         let (package, _) = release_sized_package(&runner, shared.path())?;
@@ -371,6 +804,7 @@ async fn main() -> Result<()> {
                 uids: uids(0),
                 package: Some(package.clone()),
                 pacing: None,
+                scale_set: None,
             },
             Spec {
                 name: "store links (isolation user)",
@@ -379,6 +813,7 @@ async fn main() -> Result<()> {
                 uids: uids(1),
                 package: Some(package),
                 pacing: None,
+                scale_set: None,
             },
         ]
     } else if args.compare_pacing {
@@ -390,6 +825,7 @@ async fn main() -> Result<()> {
                 uids: uids(0),
                 package: None,
                 pacing: Some("documented"),
+                scale_set: None,
             },
             Spec {
                 name: "one per second",
@@ -398,6 +834,7 @@ async fn main() -> Result<()> {
                 uids: uids(1),
                 package: None,
                 pacing: Some("one_per_second"),
+                scale_set: None,
             },
         ]
     } else {
@@ -409,6 +846,7 @@ async fn main() -> Result<()> {
                 uids: uids(0),
                 package: None,
                 pacing: None,
+                scale_set: None,
             },
             Spec {
                 name: "polling alone",
@@ -417,6 +855,7 @@ async fn main() -> Result<()> {
                 uids: uids(1),
                 package: None,
                 pacing: None,
+                scale_set: None,
             },
         ]
     };
