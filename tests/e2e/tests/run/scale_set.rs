@@ -63,13 +63,20 @@ fn jobs_done(fleet: &Fleet, jobs: &[u64]) -> bool {
 /// Every job ran on a runner of its own, each an attempt of this agent that completed it;
 /// every attempt is cleaned, no scale-set runner is left registered and no runtime on disk.
 async fn assert_one_runner_each_and_nothing_left(fleet: &Fleet, id: u64, jobs: &[u64]) {
-    assert_served_once(fleet, id, jobs, false).await;
+    assert_served_once(fleet, id, jobs, false, 0).await;
 }
 
 /// [`assert_one_runner_each_and_nothing_left`]; with `reassigned`, a job's `JobAssigned` and
 /// a `JobCompleted` `canceled` may come again (the service cancelled and assigned it again),
-/// but it starts and completes (any other result) once.
-async fn assert_served_once(fleet: &Fleet, id: u64, jobs: &[u64], reassigned: bool) {
+/// but it starts and completes (any other result) once. `crashed` more attempts than jobs
+/// are expected: launches the agent died in, concluded at its next start without a job.
+async fn assert_served_once(
+    fleet: &Fleet,
+    id: u64,
+    jobs: &[u64],
+    reassigned: bool,
+    crashed: usize,
+) {
     wait_until(
         Duration::from_secs(120),
         "every runner cleaned and removed",
@@ -83,6 +90,14 @@ async fn assert_served_once(fleet: &Fleet, id: u64, jobs: &[u64], reassigned: bo
         .collect();
     assert_eq!(
         attempts.len(),
+        jobs.len() + crashed,
+        "one runner per job: {summary:?}"
+    );
+    assert_eq!(
+        attempts
+            .iter()
+            .filter(|a| a.outcome == Some(AttemptOutcome::CompletedJob))
+            .count(),
         jobs.len(),
         "one runner per job: {summary:?}"
     );
@@ -479,25 +494,64 @@ async fn ghes_jobs_are_acquired_and_a_scale_set_deleted_at_github_is_made_again(
     assert_one_runner_each_and_nothing_left(&fleet, new_id, &all).await;
 }
 
-/// Scenarios 11 and 10: the answer to a JIT request is lost after the service registered the
-/// runner; asked again, the name is taken (`409 AgentExistsException`): the agent removes the
-/// stale registration and asks again. Removing a finished runner the service still holds busy
-/// is refused (`JobStillRunningException`, here with status 409, not 400) and tried again
-/// later, until it succeeds: nothing is left registered.
+/// Scenarios 11 and 10. The agent dies right after a JIT configuration is journalled, its
+/// runner registered and never started: the next start concludes that launch, removes its
+/// registration, and serves the job with a runner of another name. Then the answer to a JIT
+/// request is lost after the service registered the runner; asked again, the name is taken
+/// (`409 AgentExistsException`): the agent removes the stale registration and asks again.
+/// Removing a finished runner the service still holds busy is refused
+/// (`JobStillRunningException`, here with status 409, not 400) and tried again later, until it
+/// succeeds: nothing is left registered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_jit_answer_and_a_busy_removal_leave_one_runner_and_nothing_registered() {
+async fn a_crash_after_jit_a_lost_jit_answer_and_a_busy_removal_leave_one_runner_per_job() {
     let fleet = Fleet::start(options()).await;
     fleet.fake.set_job_still_running_status(409);
     // Busy for a while after its job, as GitHub holds a finished runner.
     fleet
         .fake
         .set_ephemeral_lag(Duration::from_secs(4), Duration::from_secs(30));
-    let _agent = fleet.start_agent(&[]).await;
+    let mut crashing = fleet
+        .start_agent(&[("RM_FAULT_CRASH_AT", "jit_received")])
+        .await;
     let id = scale_set_id(&fleet).await;
+    let crashed = fleet
+        .fake
+        .queue_scale_set_job(id, "crash after jit")
+        .unwrap();
+    wait_until(Duration::from_secs(60), "the agent to kill itself", || {
+        crashing.exited()
+    })
+    .await;
+    assert!(
+        fleet
+            .setup
+            .logs()
+            .contains("RM_FAULT_CRASH_AT=jit_received"),
+        "the agent did not reach jit_received"
+    );
+    assert_eq!(
+        fleet.fake.scale_set_runners(id).len(),
+        1,
+        "registered, never started"
+    );
+    let _agent = fleet.start_agent(&[]).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the job done after the crash",
+        || jobs_done(&fleet, &[crashed]),
+    )
+    .await;
+
+    // Its runner removed (after a busy refusal or two) before the next fault.
+    wait_until(Duration::from_secs(60), "the first runner removed", || {
+        fleet.all_cleaned() && fleet.fake.scale_set_runners(id).is_empty()
+    })
+    .await;
+    let lost_at = fleet.fake.now();
     fleet.fake.lose_next_jit_answers(1);
     let job = serve_one(&fleet, id, "lost answer").await;
-    assert_one_runner_each_and_nothing_left(&fleet, id, &[job]).await;
-    let requests = fleet.fake.requests();
+    assert_served_once(&fleet, id, &[crashed, job], false, 1).await;
+    let requests = fleet.fake.requests_since(lost_at);
     let jit: Vec<u16> = requests
         .iter()
         .filter(|r| r.path.contains("generatejitconfig"))
@@ -551,5 +605,5 @@ async fn reassigned_jobs_are_served_once_each() {
             Some("succeeded")
         );
     }
-    assert_served_once(&fleet, id, &jobs, true).await;
+    assert_served_once(&fleet, id, &jobs, true, 0).await;
 }
