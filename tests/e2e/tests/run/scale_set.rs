@@ -203,13 +203,15 @@ async fn a_scale_set_serves_each_job_with_one_runner_from_a_cold_start_and_leave
         .fake
         .queue_scale_set_jobs(id, &["cold 1", "cold 2", "cold 3"])
         .unwrap();
-    // GitHub also sends the job's webhook; nothing but the scale set may serve it.
+    let started = SystemTime::now();
+    let _agent = fleet.start_agent(&[]).await;
+    // GitHub also sends the job's webhook; nothing but the scale set may serve it. Queued once
+    // the receiver listens: a delivery before that is lost, and polling (webhooks trusted)
+    // would find the job only at its next pass, after the wait below.
     let twin = fleet
         .fake
         .queue_job(REPO, "webhook twin", &[SCALE_SET])
         .unwrap();
-    let started = SystemTime::now();
-    let _agent = fleet.start_agent(&[]).await;
     wait_until(
         Duration::from_secs(120),
         "the cold start's jobs done",
