@@ -293,6 +293,16 @@ async fn a_message_survives_a_crash_on_either_side_of_its_journal_write() {
     for point in ["scale_set_message_received", "scale_set_message_journalled"] {
         if let Some(agent) = serving.take() {
             let agent: rm_e2e::Agent = agent;
+            // Its last job's messages all journalled and its runner cleaned: nothing left in
+            // the queue for the crashing agent but the message of the job queued for it (a
+            // leftover would crash it before it is healthy, or before the job is queued).
+            let last = *jobs.last().unwrap();
+            wait_until(
+                Duration::from_secs(60),
+                "the last job journalled done",
+                || journalled_completed(&fleet, last) && fleet.all_cleaned(),
+            )
+            .await;
             assert!(agent.terminate().success());
         }
         let mut crashing = fleet.start_agent(&[("RM_FAULT_CRASH_AT", point)]).await;
@@ -347,6 +357,19 @@ async fn an_early_job_completed_never_stops_the_runner_running_the_job() {
     .await;
     assert!(fleet.fake.complete_scale_set_job_early(job));
     assert_one_runner_each_and_nothing_left(&fleet, id, &[job]).await;
+}
+
+/// Whether the journal has job `job`'s `JobCompleted`.
+fn journalled_completed(fleet: &Fleet, job: u64) -> bool {
+    rm_journal::ScaleSets::open(&fleet.setup.journal())
+        .ok()
+        .and_then(|j| j.jobs(Some(SCALE_SET), 10_000).ok())
+        .is_some_and(|rows| {
+            rows.iter().any(|r| {
+                r.runner_request_id == i64::try_from(job).unwrap()
+                    && r.state == rm_journal::ScaleSetJobState::Completed
+            })
+        })
 }
 
 /// The journal's record of the scale set.
@@ -637,17 +660,7 @@ async fn a_runner_finished_while_the_agent_was_down_hides_no_job_queued_meanwhil
     wait_until(
         Duration::from_secs(30),
         "its JobCompleted journalled",
-        || {
-            rm_journal::ScaleSets::open(&fleet.setup.journal())
-                .ok()
-                .and_then(|j| j.jobs(Some(SCALE_SET), 100).ok())
-                .is_some_and(|rows| {
-                    rows.iter().any(|r| {
-                        r.runner_request_id == i64::try_from(job).unwrap()
-                            && r.state == rm_journal::ScaleSetJobState::Completed
-                    })
-                })
-        },
+        || journalled_completed(&fleet, job),
     )
     .await;
     // Stopped while the runner still runs the job; it finishes meanwhile.
