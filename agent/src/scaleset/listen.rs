@@ -203,7 +203,34 @@ async fn serve(
         })
     };
     let mut listener = listener;
+    // The runners whose `JobCompleted` an earlier process journalled (and acknowledged: it
+    // never comes again): a runner of ours recovered as finished at this start must not be
+    // taken for one whose job the statistics still count (`still_assigned`), or it hides a
+    // job assigned meanwhile until it is forgotten.
+    let journalled_completions: Vec<String> = {
+        let name = name.clone();
+        blocking(journal, move |j| j.jobs(Some(&name), super::REMEMBERED_COMPLETIONS))
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(scale_set = set.name, error = %e, "cannot read the scale set's journalled jobs");
+                Vec::new()
+            })
+            .into_iter()
+            .rev()
+            .filter(|row| row.state == rm_journal::ScaleSetJobState::Completed)
+            .filter_map(|row| row.runner_name)
+            .collect()
+    };
     if source.update(|seen| {
+        for runner in journalled_completions {
+            if seen.completed_runners.contains(&runner) {
+                continue;
+            }
+            if seen.completed_runners.len() >= super::REMEMBERED_COMPLETIONS {
+                seen.completed_runners.pop_front();
+            }
+            seen.completed_runners.push_back(runner);
+        }
         seen.last_message_id = last_message_id;
         seen.activity = "opening a session".to_owned();
     }) {

@@ -194,6 +194,13 @@ pub struct Broker {
     /// The status of `JobStillRunningException` when a busy runner is deleted: 400 as ARC's
     /// ADR saw it, 409 as the Go client's test has it (a client must read the `typeName`).
     pub job_still_running_status: u16,
+    /// Lose the answers of this many next `generatejitconfig` calls: the runner is registered
+    /// and the caller gets `503` (a timeout after the service acted, §1.12): asking again with
+    /// the same name is `409 AgentExistsException`.
+    pub lost_jit_answers: u32,
+    /// Scale-set runners asking for a job get none (runners slow to come: an assigned job
+    /// waits, and is reassigned if [`Broker::reassign_after`] says so).
+    pub runners_paused: bool,
     /// The fake's clock, set by [`State::age_runners`] before every change.
     pub now: SystemTime,
 }
@@ -216,6 +223,8 @@ impl Default for Broker {
             ghes: false,
             reassign_after: None,
             job_still_running_status: 400,
+            lost_jit_answers: 0,
+            runners_paused: false,
             now: SystemTime::UNIX_EPOCH,
         }
     }
@@ -399,6 +408,9 @@ impl Broker {
     /// The oldest assigned job of scale set `set_id`, started by runner `runner_id`
     /// (`JobStarted`): what a scale-set runner asking for a job gets. Its runner request id.
     pub fn take_job(&mut self, set_id: u64, runner_id: u64, runner_name: &str) -> Option<u64> {
+        if self.runners_paused {
+            return None;
+        }
         let request_id = self
             .scale_sets
             .get(&set_id)?
@@ -778,7 +790,16 @@ fn respond(state: &mut State, ask: &Ask<'_>) -> Option<Answer> {
         return Some(agents_call(state, ask, target, &segments));
     }
     if let ("POST", [id, "generatejitconfig"]) = (ask.method, segments.as_slice()) {
-        return Some(generate_jit(state, id, ask.body));
+        let answer = generate_jit(state, id, ask.body);
+        if answer.status == 200 && state.broker.lost_jit_answers > 0 {
+            state.broker.lost_jit_answers -= 1;
+            return Some(Answer::error(
+                503,
+                "ServiceUnavailableException",
+                "the answer was lost after the runner was registered",
+            ));
+        }
+        return Some(answer);
     }
     let default_repository = default_repository(state, target.as_ref());
     let server = state.server_url.clone();

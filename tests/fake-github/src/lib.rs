@@ -850,6 +850,19 @@ impl FakeGithub {
         self.with(|s| s.broker.job_still_running_status = status)
     }
 
+    /// The next `count` scale-set JIT configurations are made (the runner registered) and
+    /// their answers lost (`503`): the caller's next request with the same name meets
+    /// `409 AgentExistsException` (§6.6 scenario 11).
+    pub fn lose_next_jit_answers(&self, count: u32) {
+        self.with(|s| s.broker.lost_jit_answers = count)
+    }
+
+    /// While `paused`, scale-set runners asking for a job get none: runners slow to come, their
+    /// assigned jobs waiting (and reassigned, with [`Self::set_scale_set_reassign_after`]).
+    pub fn pause_scale_set_runners(&self, paused: bool) {
+        self.with(|s| s.broker.runners_paused = paused)
+    }
+
     /// The runners created for scale set `scale_set_id` (`generatejitconfig`) still listed,
     /// with their state (`online`, `busy`).
     pub fn scale_set_runners(&self, scale_set_id: u64) -> Vec<Runner> {

@@ -63,6 +63,20 @@ fn jobs_done(fleet: &Fleet, jobs: &[u64]) -> bool {
 /// Every job ran on a runner of its own, each an attempt of this agent that completed it;
 /// every attempt is cleaned, no scale-set runner is left registered and no runtime on disk.
 async fn assert_one_runner_each_and_nothing_left(fleet: &Fleet, id: u64, jobs: &[u64]) {
+    assert_served_once(fleet, id, jobs, false, 0).await;
+}
+
+/// [`assert_one_runner_each_and_nothing_left`]; with `reassigned`, a job's `JobAssigned` and
+/// a `JobCompleted` `canceled` may come again (the service cancelled and assigned it again),
+/// but it starts and completes (any other result) once. `crashed` more attempts than jobs
+/// are expected: launches the agent died in, concluded at its next start without a job.
+async fn assert_served_once(
+    fleet: &Fleet,
+    id: u64,
+    jobs: &[u64],
+    reassigned: bool,
+    crashed: usize,
+) {
     wait_until(
         Duration::from_secs(120),
         "every runner cleaned and removed",
@@ -76,12 +90,32 @@ async fn assert_one_runner_each_and_nothing_left(fleet: &Fleet, id: u64, jobs: &
         .collect();
     assert_eq!(
         attempts.len(),
+        jobs.len() + crashed,
+        "one runner per job: {summary:?}"
+    );
+    assert_eq!(
+        attempts
+            .iter()
+            .filter(|a| a.outcome == Some(AttemptOutcome::CompletedJob))
+            .count(),
         jobs.len(),
         "one runner per job: {summary:?}"
     );
+    // A job of a scale set deleted since is known by the journal alone.
+    let journalled_jobs = rm_journal::ScaleSets::open(&fleet.setup.journal())
+        .unwrap()
+        .jobs(Some(SCALE_SET), 10_000)
+        .unwrap();
     let mut runners: Vec<String> = jobs
         .iter()
-        .map(|j| fleet.fake.scale_set_job(*j).unwrap().runner_name.unwrap())
+        .map(|j| match fleet.fake.scale_set_job(*j) {
+            Some(job) => job.runner_name.unwrap(),
+            None => journalled_jobs
+                .iter()
+                .find(|r| r.runner_request_id == i64::try_from(*j).unwrap())
+                .and_then(|r| r.runner_name.clone())
+                .unwrap_or_else(|| panic!("job {j}: no runner")),
+        })
         .collect();
     runners.sort();
     runners.dedup();
@@ -102,7 +136,7 @@ async fn assert_one_runner_each_and_nothing_left(fleet: &Fleet, id: u64, jobs: &
     // No message lost: the journal holds each job's assignment, start and completion, each
     // handled once (a message redelivered after a crash is recognised, not journalled again).
     let conn = rusqlite::Connection::open(fleet.setup.journal()).unwrap();
-    let mut events: Vec<(String, String)> = Vec::new();
+    let mut events: Vec<(String, String, String)> = Vec::new();
     let mut statement = conn
         .prepare("SELECT events FROM scale_set_messages WHERE scale_set = ?1")
         .unwrap();
@@ -115,6 +149,7 @@ async fn assert_one_runner_each_and_nothing_left(fleet: &Fleet, id: u64, jobs: &
             (
                 e["kind"].as_str().unwrap_or_default().to_owned(),
                 e["job_id"].as_str().unwrap_or_default().to_owned(),
+                e["result"].as_str().unwrap_or_default().to_owned(),
             )
         }));
     }
@@ -122,8 +157,16 @@ async fn assert_one_runner_each_and_nothing_left(fleet: &Fleet, id: u64, jobs: &
         for kind in ["JobAssigned", "JobStarted", "JobCompleted"] {
             let seen = events
                 .iter()
-                .filter(|(k, id)| k == kind && *id == format!("job-{job}"))
+                .filter(|(k, id, result)| {
+                    k == kind
+                        && *id == format!("job-{job}")
+                        && !(reassigned && result == "canceled")
+                })
                 .count();
+            if reassigned && kind == "JobAssigned" {
+                assert!(seen >= 1, "job {job}: never assigned: {events:?}");
+                continue;
+            }
             assert_eq!(
                 seen, 1,
                 "job {job}: {kind} journalled {seen} times: {events:?}"
@@ -160,13 +203,15 @@ async fn a_scale_set_serves_each_job_with_one_runner_from_a_cold_start_and_leave
         .fake
         .queue_scale_set_jobs(id, &["cold 1", "cold 2", "cold 3"])
         .unwrap();
-    // GitHub also sends the job's webhook; nothing but the scale set may serve it.
+    let started = SystemTime::now();
+    let _agent = fleet.start_agent(&[]).await;
+    // GitHub also sends the job's webhook; nothing but the scale set may serve it. Queued once
+    // the receiver listens: a delivery before that is lost, and polling (webhooks trusted)
+    // would find the job only at its next pass, after the wait below.
     let twin = fleet
         .fake
         .queue_job(REPO, "webhook twin", &[SCALE_SET])
         .unwrap();
-    let started = SystemTime::now();
-    let _agent = fleet.start_agent(&[]).await;
     wait_until(
         Duration::from_secs(120),
         "the cold start's jobs done",
@@ -248,6 +293,16 @@ async fn a_message_survives_a_crash_on_either_side_of_its_journal_write() {
     for point in ["scale_set_message_received", "scale_set_message_journalled"] {
         if let Some(agent) = serving.take() {
             let agent: rm_e2e::Agent = agent;
+            // Its last job's messages all journalled and its runner cleaned: nothing left in
+            // the queue for the crashing agent but the message of the job queued for it (a
+            // leftover would crash it before it is healthy, or before the job is queued).
+            let last = *jobs.last().unwrap();
+            wait_until(
+                Duration::from_secs(60),
+                "the last job journalled done",
+                || journalled_completed(&fleet, last) && fleet.all_cleaned(),
+            )
+            .await;
             assert!(agent.terminate().success());
         }
         let mut crashing = fleet.start_agent(&[("RM_FAULT_CRASH_AT", point)]).await;
@@ -302,4 +357,336 @@ async fn an_early_job_completed_never_stops_the_runner_running_the_job() {
     .await;
     assert!(fleet.fake.complete_scale_set_job_early(job));
     assert_one_runner_each_and_nothing_left(&fleet, id, &[job]).await;
+}
+
+/// Whether the journal has job `job`'s `JobCompleted`.
+fn journalled_completed(fleet: &Fleet, job: u64) -> bool {
+    rm_journal::ScaleSets::open(&fleet.setup.journal())
+        .ok()
+        .and_then(|j| j.jobs(Some(SCALE_SET), 10_000).ok())
+        .is_some_and(|rows| {
+            rows.iter().any(|r| {
+                r.runner_request_id == i64::try_from(job).unwrap()
+                    && r.state == rm_journal::ScaleSetJobState::Completed
+            })
+        })
+}
+
+/// The journal's record of the scale set.
+fn journalled(fleet: &Fleet) -> Option<rm_journal::ScaleSetRecord> {
+    rm_journal::ScaleSets::open(&fleet.setup.journal())
+        .ok()
+        .and_then(|j| j.get(SCALE_SET).ok().flatten())
+}
+
+/// Queues one job on scale set `id` and waits until it is done.
+async fn serve_one(fleet: &Fleet, id: u64, name: &str) -> u64 {
+    let job = fleet.fake.queue_scale_set_job(id, name).unwrap();
+    wait_until(Duration::from_secs(60), name, || jobs_done(fleet, &[job])).await;
+    job
+}
+
+/// The queue polls (`GET` of the queue) answered so far.
+fn polls(fleet: &Fleet) -> usize {
+    fleet.fake.broker_calls("GET", "/scalesets/message")
+}
+
+/// Scenarios 6, 7 and 8 while one agent runs, a job served after each fault: the queue token
+/// expires (401 → the session refreshed → the poll retried), the admin token expires (the
+/// JIT request re-authenticates), the session is evicted (its refresh 404 → a new session, the
+/// cursor kept), an empty `200` (backed off, polled again), and a 5xx outage (backed off,
+/// doubling: a handful of polls in seconds, not a hot loop; recovered once it ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_rides_out_expired_tokens_an_eviction_an_empty_answer_and_an_outage() {
+    let fleet = Fleet::start(options()).await;
+    let _agent = fleet.start_agent(&[]).await;
+    let id = scale_set_id(&fleet).await;
+    let mut jobs = vec![serve_one(&fleet, id, "before").await];
+
+    // Queue token: the poll's 401 refreshes the session and polls again.
+    let refreshes = fleet.fake.broker_calls("PATCH", "sessions");
+    let sessions = fleet.fake.broker_calls("POST", "sessions");
+    fleet.fake.expire_queue_tokens();
+    jobs.push(serve_one(&fleet, id, "queue token expired").await);
+    assert!(
+        fleet.fake.broker_calls("PATCH", "sessions") > refreshes,
+        "the session was not refreshed"
+    );
+    assert_eq!(
+        fleet.fake.broker_calls("POST", "sessions"),
+        sessions,
+        "a refresh, not a new session"
+    );
+
+    // Admin token: the next service call (the JIT request) exchanges the credentials again.
+    let exchanges = fleet.fake.broker_calls("POST", "runner-registration");
+    fleet.fake.expire_admin_tokens();
+    jobs.push(serve_one(&fleet, id, "admin token expired").await);
+    assert!(
+        fleet.fake.broker_calls("POST", "runner-registration") > exchanges,
+        "no re-authentication"
+    );
+
+    // Eviction: the refresh is 404, a new session is made, and its polls keep the cursor.
+    let cursor = journalled(&fleet).unwrap().last_message_id;
+    assert!(cursor > 0);
+    let evicted_at = fleet.fake.now();
+    fleet.fake.evict_sessions();
+    jobs.push(serve_one(&fleet, id, "session evicted").await);
+    assert!(
+        fleet.fake.broker_calls("POST", "sessions") > sessions,
+        "no new session after the eviction"
+    );
+    let cursors: Vec<i64> = fleet
+        .fake
+        .requests_since(evicted_at)
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.contains("/scalesets/message"))
+        .map(|r| {
+            r.query
+                .split('&')
+                .find_map(|p| p.strip_prefix("lastMessageId="))
+                .map_or(0, |v| v.parse().unwrap())
+        })
+        .collect();
+    assert!(
+        !cursors.is_empty() && cursors.iter().all(|c| *c >= cursor),
+        "the cursor {cursor} was not kept: {cursors:?}"
+    );
+
+    // An empty 200: backed off and polled again, not an exit.
+    fleet.fake.empty_next_poll();
+    jobs.push(serve_one(&fleet, id, "empty answer").await);
+
+    // A 5xx outage: polls back off 1 s doubling, so a few in 4 s (a hot loop: hundreds).
+    let before = polls(&fleet);
+    fleet.fake.fail_next_polls(u32::MAX, 503);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let during = polls(&fleet) - before;
+    fleet.fake.fail_next_polls(0, 503);
+    assert!(
+        (1..=5).contains(&during),
+        "{during} polls in 4 s of outage: not a doubling back-off"
+    );
+    jobs.push(serve_one(&fleet, id, "after the outage").await);
+
+    assert_one_runner_each_and_nothing_left(&fleet, id, &jobs).await;
+}
+
+/// Scenarios 13 and 9: in GHES mode jobs come as `JobAvailable` and are assigned only once
+/// acquired (scaleset #75): the agent acquires them and they are served. Then the scale set is
+/// deleted out of band: the agent creates it again (a new id, the journal's cursor reset), and
+/// a job queued on the new set is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ghes_jobs_are_acquired_and_a_scale_set_deleted_at_github_is_made_again() {
+    let fleet = Fleet::start(options()).await;
+    let _agent = fleet.start_agent(&[]).await;
+    let id = scale_set_id(&fleet).await;
+    fleet.fake.set_scale_set_ghes(true);
+    let ghes = fleet
+        .fake
+        .queue_scale_set_jobs(id, &["ghes 1", "ghes 2"])
+        .unwrap();
+    wait_until(Duration::from_secs(60), "the GHES jobs done", || {
+        jobs_done(&fleet, &ghes)
+    })
+    .await;
+    assert!(fleet.fake.broker_calls("POST", "acquirejobs") > 0);
+    fleet.fake.set_scale_set_ghes(false);
+    assert_one_runner_each_and_nothing_left(&fleet, id, &ghes).await;
+
+    let before = journalled(&fleet).unwrap();
+    assert!(before.last_message_id > 0);
+    assert!(fleet.fake.delete_scale_set(id));
+    let mut again = None;
+    wait_until(Duration::from_secs(60), "the scale set made again", || {
+        again = journalled(&fleet).filter(|r| r.scale_set_id.is_some_and(|n| n != id as i64));
+        again.is_some()
+    })
+    .await;
+    let again = again.unwrap();
+    assert!(
+        again.generation > before.generation,
+        "{before:?} → {again:?}"
+    );
+    let new_id = u64::try_from(again.scale_set_id.unwrap()).unwrap();
+    let job = serve_one(&fleet, new_id, "on the new set").await;
+    let after = journalled(&fleet).unwrap();
+    assert!(after.scale_set_id == Some(new_id as i64), "{after:?}");
+    let all: Vec<u64> = ghes.iter().copied().chain([job]).collect();
+    assert!(fleet.fake.scale_set_runners(id).is_empty());
+    assert_one_runner_each_and_nothing_left(&fleet, new_id, &all).await;
+}
+
+/// Scenarios 11 and 10. The agent dies right after a JIT configuration is journalled, its
+/// runner registered and never started: the next start concludes that launch, removes its
+/// registration, and serves the job with a runner of another name. Then the answer to a JIT
+/// request is lost after the service registered the runner; asked again, the name is taken
+/// (`409 AgentExistsException`): the agent removes the stale registration and asks again.
+/// Removing a finished runner the service still holds busy is refused
+/// (`JobStillRunningException`, here with status 409, not 400) and tried again later, until it
+/// succeeds: nothing is left registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_jit_a_lost_jit_answer_and_a_busy_removal_leave_one_runner_per_job() {
+    let fleet = Fleet::start(options()).await;
+    fleet.fake.set_job_still_running_status(409);
+    // Busy for a while after its job, as GitHub holds a finished runner.
+    fleet
+        .fake
+        .set_ephemeral_lag(Duration::from_secs(4), Duration::from_secs(30));
+    let mut crashing = fleet
+        .start_agent(&[("RM_FAULT_CRASH_AT", "jit_received")])
+        .await;
+    let id = scale_set_id(&fleet).await;
+    let crashed = fleet
+        .fake
+        .queue_scale_set_job(id, "crash after jit")
+        .unwrap();
+    wait_until(Duration::from_secs(60), "the agent to kill itself", || {
+        crashing.exited()
+    })
+    .await;
+    assert!(
+        fleet
+            .setup
+            .logs()
+            .contains("RM_FAULT_CRASH_AT=jit_received"),
+        "the agent did not reach jit_received"
+    );
+    assert_eq!(
+        fleet.fake.scale_set_runners(id).len(),
+        1,
+        "registered, never started"
+    );
+    let _agent = fleet.start_agent(&[]).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the job done after the crash",
+        || jobs_done(&fleet, &[crashed]),
+    )
+    .await;
+
+    // Its runner removed (after a busy refusal or two) before the next fault.
+    wait_until(Duration::from_secs(60), "the first runner removed", || {
+        fleet.all_cleaned() && fleet.fake.scale_set_runners(id).is_empty()
+    })
+    .await;
+    let lost_at = fleet.fake.now();
+    fleet.fake.lose_next_jit_answers(1);
+    let job = serve_one(&fleet, id, "lost answer").await;
+    assert_served_once(&fleet, id, &[crashed, job], false, 1).await;
+    let requests = fleet.fake.requests_since(lost_at);
+    let jit: Vec<u16> = requests
+        .iter()
+        .filter(|r| r.path.contains("generatejitconfig"))
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(jit, [503, 409, 200], "lost, taken, issued");
+    let removals: Vec<u16> = requests
+        .iter()
+        .filter(|r| r.method == "DELETE" && r.path.contains("/agents/"))
+        .map(|r| r.status)
+        .collect();
+    assert!(
+        removals.first() == Some(&204) && removals.contains(&409) && removals.last() == Some(&204),
+        "the stale one removed, the busy one refused, then removed: {removals:?}"
+    );
+}
+
+/// Scenario 12: the service cancels and assigns again the jobs no runner started in time
+/// (`JobCompleted` `canceled`, then `JobAssigned`), while the runners are slow to come: every
+/// job is served once, by a runner of its own, and no runner is started for a reassignment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reassigned_jobs_are_served_once_each() {
+    let fleet = Fleet::start(options()).await;
+    let _agent = fleet.start_agent(&[]).await;
+    let id = scale_set_id(&fleet).await;
+    fleet
+        .fake
+        .set_scale_set_reassign_after(Duration::from_millis(300));
+    fleet.fake.pause_scale_set_runners(true);
+    let jobs = fleet
+        .fake
+        .queue_scale_set_jobs(id, &["slow 1", "slow 2", "slow 3"])
+        .unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "every job reassigned twice",
+        || {
+            jobs.iter()
+                .all(|j| fleet.fake.scale_set_job(*j).unwrap().reassignments >= 2)
+        },
+    )
+    .await;
+    fleet.fake.pause_scale_set_runners(false);
+    wait_until(Duration::from_secs(60), "the jobs done", || {
+        jobs_done(&fleet, &jobs)
+    })
+    .await;
+    for job in &jobs {
+        assert_eq!(
+            fleet.fake.scale_set_job(*job).unwrap().result.as_deref(),
+            Some("succeeded")
+        );
+    }
+    assert_served_once(&fleet, id, &jobs, true, 0).await;
+}
+
+/// A restart after a runner finished its job while the agent was down, the job's (early)
+/// `JobCompleted` journalled and acknowledged by the previous process: the runner, recovered as
+/// finished, is not taken for one whose job the statistics still count, so a job queued
+/// meanwhile gets its runner at once (not after the finished runner is forgotten).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_finished_while_the_agent_was_down_hides_no_job_queued_meanwhile() {
+    let fleet = Fleet::start(options()).await;
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 3_000,
+        ..RunnerBehavior::default()
+    });
+    let first = fleet.start_agent(&[]).await;
+    let id = scale_set_id(&fleet).await;
+    let job = fleet
+        .fake
+        .queue_scale_set_job(id, "finished while down")
+        .unwrap();
+    wait_until(Duration::from_secs(60), "the job running", || {
+        fleet
+            .fake
+            .scale_set_job(job)
+            .is_some_and(|j| j.state == JobState::Running)
+    })
+    .await;
+    assert!(fleet.fake.complete_scale_set_job_early(job));
+    wait_until(
+        Duration::from_secs(30),
+        "its JobCompleted journalled",
+        || journalled_completed(&fleet, job),
+    )
+    .await;
+    // Stopped while the runner still runs the job; it finishes meanwhile.
+    assert!(first.terminate().success());
+    wait_until(
+        Duration::from_secs(30),
+        "the runner done with its job",
+        || {
+            fleet
+                .fake
+                .scale_set_runners(id)
+                .iter()
+                .all(|r| r.job_done_at.is_some())
+        },
+    )
+    .await;
+    let meanwhile = fleet
+        .fake
+        .queue_scale_set_job(id, "queued meanwhile")
+        .unwrap();
+    let _agent = fleet.start_agent(&[]).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the job queued meanwhile done",
+        || jobs_done(&fleet, &[meanwhile]),
+    )
+    .await;
+    assert_one_runner_each_and_nothing_left(&fleet, id, &[job, meanwhile]).await;
 }
