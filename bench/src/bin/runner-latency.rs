@@ -288,19 +288,29 @@ fn summary(sample: &mut [Duration]) -> (f64, f64, f64) {
 
 /// When each runner first spoke to the fake (its registration), by runner id.
 fn registered_at(fake: &FakeGithub) -> HashMap<u64, SystemTime> {
-    let register = format!("{RUNNER_PROTOCOL_PREFIX}/register");
+    first_answered(fake.requests(), "register", "runner_id")
+}
+
+/// The first time each value of `field` in the body of a runner-protocol request to `call`
+/// (`register`, `complete`) was answered 200, by that value, on the fake's clock.
+fn first_answered(
+    requests: Vec<rm_fake_github::RequestRecord>,
+    call: &str,
+    field: &str,
+) -> HashMap<u64, SystemTime> {
+    let path = format!("{RUNNER_PROTOCOL_PREFIX}/{call}");
     let mut first = HashMap::new();
-    for request in fake.requests() {
-        let runner = request
+    for request in requests {
+        let value = request
             .body
             .as_ref()
-            .and_then(|b| b.get("runner_id"))
+            .and_then(|b| b.get(field))
             .and_then(serde_json::Value::as_u64);
-        if request.path == register
+        if request.path == path
             && request.status == 200
-            && let Some(runner) = runner
+            && let Some(value) = value
         {
-            first.entry(runner).or_insert(request.at);
+            first.entry(value).or_insert(request.at);
         }
     }
     first
@@ -540,21 +550,7 @@ async fn burst(mode: &mut Mode, plan: &Plan) -> Result<Burst> {
     );
     starts.sort_unstable();
     // A job's end is its runner's report (`/complete`, answered 200) on the fake's clock.
-    let complete = format!("{RUNNER_PROTOCOL_PREFIX}/complete");
-    let mut completed_at: HashMap<u64, SystemTime> = HashMap::new();
-    for request in mode.fake.requests_since(began) {
-        let job = request
-            .body
-            .as_ref()
-            .and_then(|b| b.get("job_id"))
-            .and_then(serde_json::Value::as_u64);
-        if request.path == complete
-            && request.status == 200
-            && let Some(job) = job
-        {
-            completed_at.entry(job).or_insert(request.at);
-        }
-    }
+    let completed_at = first_answered(mode.fake.requests_since(began), "complete", "job_id");
     let ends: Vec<Duration> = ids
         .iter()
         .filter_map(|id| completed_at.get(id).copied().map(since))
