@@ -1268,6 +1268,63 @@ mod tests {
         );
     }
 
+    /// Each scale set: a line with its session, last message, statistics and what holds it, and
+    /// `scale_sets` in the JSON; one never listened to yet says so.
+    #[test]
+    fn each_scale_set_shows_its_session_last_message_statistics_and_note() {
+        let mut facts = facts();
+        facts.scale_sets = vec![
+            ScaleSetFacts {
+                name: "acme-big".into(),
+                policy: "big".into(),
+                record: Some(rm_journal::ScaleSetRecord {
+                    name: "acme-big".into(),
+                    scale_set_id: Some(7),
+                    session_id: Some("s-1".into()),
+                    last_message_id: 100_004,
+                    last_message_at: Some(UnixMs::new(NOW - 2_000)),
+                    statistics: Some(rm_journal::ScaleSetStatistics {
+                        assigned: 3,
+                        running: 1,
+                        idle: 2,
+                        ..Default::default()
+                    }),
+                    statistics_at: Some(UnixMs::new(NOW - 2_000)),
+                    messages: 12,
+                    generation: 0,
+                    note: Some("backing off after 2 failure(s)".into()),
+                    note_at: Some(UnixMs::new(NOW - 1_000)),
+                }),
+            },
+            ScaleSetFacts {
+                name: "acme-gpu".into(),
+                policy: "gpu".into(),
+                record: None,
+            },
+        ];
+        let text = render(&facts);
+        assert!(
+            text.contains(
+                "scale set acme-big (policy big): session s-1, last message 100004 2s ago; 3 assigned, 1 running, 2 runners idle; backing off after 2 failure(s)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("scale set acme-gpu (policy gpu): not listened to yet\n"),
+            "{text}"
+        );
+        let json = to_json(&facts);
+        let set = &json["scale_sets"][0];
+        assert_eq!(set["scale_set_id"], 7);
+        assert_eq!(set["session_id"], "s-1");
+        assert_eq!(set["last_message_id"], 100_004);
+        assert_eq!(set["messages"], 12);
+        assert_eq!(set["statistics"]["assigned"], 3);
+        assert_eq!(set["statistics"]["idle_runners"], 2);
+        assert_eq!(set["note"], "backing off after 2 failure(s)");
+        assert_eq!(json["scale_sets"][1]["session_id"], serde_json::Value::Null);
+    }
+
     /// With several Apps, each App's registrations and budgets: a line each in the table, and
     /// `github.apps` in the JSON (one App: the JSON only).
     #[test]
