@@ -225,7 +225,8 @@ impl Supervisor {
                     // cleanup deregisters it by a listing made now.
                     Freshness::After(now.saturating_add_ms(-1))
                 } else {
-                    freshness_for(record, sight.process, timeouts, now)
+                    let by_service = ctx.settings.scale_sets.of_policy(&record.policy).is_some();
+                    freshness_for(record, sight.process, timeouts, now, by_service)
                 };
                 Some((targets.get(&record.policy)?, freshness))
             })
@@ -885,11 +886,15 @@ pub(super) fn journalled_identity(record: &AttemptRecord) -> Option<ProcessIdent
 }
 
 /// How fresh GitHub's view must be for this attempt's decision.
+///
+/// `by_service`: the attempt's registration is removed through a scale set's Actions service
+/// by its journalled id ([`super::effects`]), so a concluded one with an id needs no listing.
 fn freshness_for(
     record: &AttemptRecord,
     process: ProcessObservation,
     timeouts: Timeouts,
     now: UnixMs,
+    by_service: bool,
 ) -> Freshness {
     use AttemptState::*;
     let in_state = Duration::from_millis(
@@ -910,6 +915,7 @@ fn freshness_for(
         // A registration made before the conclusion shows in a listing made after it: one
         // with a journalled runner id, or a launch that gave up after GitHub issued its JIT
         // configuration but before the id was journalled (found by its name).
+        Finished | Failed | Orphaned if by_service && record.runner_id.is_some() => Freshness::Any,
         Finished | Failed | Orphaned
             if record.runner_id.is_some()
                 || record.reason.as_deref() == Some(FailureReason::JitExpired.as_str()) =>
@@ -1057,7 +1063,8 @@ mod tests {
                 &record(AttemptState::Idle, now - 1_000),
                 running,
                 t,
-                at(now)
+                at(now),
+                false
             ),
             Freshness::After(at(now) - GHOST_CHECK)
         );
@@ -1066,7 +1073,8 @@ mod tests {
                 &record(AttemptState::Busy, now - 1_000),
                 running,
                 t,
-                at(now)
+                at(now),
+                false
             ),
             Freshness::Any
         );
@@ -1076,13 +1084,20 @@ mod tests {
                 &record(AttemptState::Starting, now - 1_000),
                 running,
                 t,
-                at(now)
+                at(now),
+                false
             ),
             Freshness::After(at(now - 5_000))
         );
         // A dead one, or a timer that ran out: fetched now.
         assert_eq!(
-            freshness_for(&record(AttemptState::Busy, now - 1_000), gone, t, at(now)),
+            freshness_for(
+                &record(AttemptState::Busy, now - 1_000),
+                gone,
+                t,
+                at(now),
+                false
+            ),
             Freshness::After(at(now - 1))
         );
         assert_eq!(
@@ -1090,7 +1105,8 @@ mod tests {
                 &record(AttemptState::Idle, now - 120_000),
                 running,
                 t,
-                at(now)
+                at(now),
+                false
             ),
             Freshness::After(at(now - 1))
         );
@@ -1099,9 +1115,22 @@ mod tests {
                 &record(AttemptState::Starting, now - 60_000),
                 running,
                 t,
-                at(now)
+                at(now),
+                false
             ),
             Freshness::After(at(now - 1))
+        );
+        // A concluded runner with a journalled id: a fresh listing to deregister it by, unless a
+        // scale set's service removes it by that id.
+        let mut concluded = record(AttemptState::Finished, now - 1_000);
+        concluded.runner_id = Some(rm_vocab::RunnerId::new(9));
+        assert_eq!(
+            freshness_for(&concluded, gone, t, at(now), false),
+            Freshness::After(at(now - 1_000))
+        );
+        assert_eq!(
+            freshness_for(&concluded, gone, t, at(now), true),
+            Freshness::Any
         );
     }
 }
