@@ -4,8 +4,9 @@
 //! answer was lost: [`super::launch`]), and the recovery's inventory reconciliation (a
 //! registration named like ours that no live attempt owns: [`super::recovery`]). [`decide`] is
 //! the pure rule (a table test below), [`remove`] carries a decision out through
-//! [`Registry::deregister`], and [`busy_retry_at`] says when a removal GitHub refused because the
-//! runner is still busy is tried again.
+//! [`Registry::deregister`] ([`remove_from_scale_set`] through a scale set's Actions service),
+//! and [`busy_retry_at`] says when a removal GitHub refused because the runner is still busy is
+//! tried again.
 
 use std::time::Duration;
 
@@ -135,6 +136,44 @@ pub(super) async fn remove(
     outcome
 }
 
+/// How a removal through a scale set's Actions service went: a runner still busy with its job
+/// (`JobStillRunningException`, by its name whatever the status code) is [`Deregistration::Busy`]
+/// as a `422` is on the REST path; the client counts one already gone as removed.
+pub(crate) fn scale_set_deregistration(
+    result: &Result<(), rm_github::scaleset::ScaleSetError>,
+) -> Deregistration {
+    match result {
+        Ok(()) => Deregistration::Settled,
+        Err(rm_github::scaleset::ScaleSetError::JobStillRunning { .. }) => Deregistration::Busy,
+        Err(_) => Deregistration::Failed,
+    }
+}
+
+/// Removes a scale set's runner through its Actions service, by its journalled id.
+pub(super) async fn remove_from_scale_set(
+    source: &crate::scaleset::Source,
+    runner_id: RunnerId,
+) -> Deregistration {
+    let id = u64::try_from(runner_id.get()).unwrap_or_default();
+    let result = source.client.remove_runner(id).await;
+    let outcome = scale_set_deregistration(&result);
+    match (&result, outcome) {
+        (Ok(()), _) => {
+            tracing::info!(runner_id = id, scale_set = %source.set.name, "scale-set runner removed");
+        }
+        (_, Deregistration::Busy) => tracing::info!(
+            runner_id = id,
+            "the scale set still holds the runner busy; removing it again shortly"
+        ),
+        (Err(e), _) => tracing::warn!(
+            runner_id = id,
+            error = %e,
+            "cannot remove the scale-set runner; the inventory reconciliation retries"
+        ),
+    }
+    outcome
+}
+
 /// After a `422` on deregistration: when to try again, or `None` once
 /// the runner has been busy past [`DEREGISTER_BUSY_LIMIT`] since `first_busy_ms` (give up
 /// waiting; clean up anyway).
@@ -189,6 +228,27 @@ mod tests {
             (orphan, Seen::Unknown, Decision::Keep(Kept::Unknown)),
         ] {
             assert_eq!(decide(why, seen), decision, "{why:?} {seen:?}");
+        }
+    }
+
+    #[test]
+    fn a_scale_set_s_busy_runner_is_named_by_its_exception_whatever_the_status() {
+        use rm_github::scaleset::ScaleSetError;
+        let busy = ScaleSetError::JobStillRunning {
+            message: "JobStillRunningException".into(),
+        };
+        let refused = ScaleSetError::Service {
+            endpoint: "agents.remove",
+            status: 400,
+            type_name: "SomethingElseException".into(),
+            message: String::new(),
+        };
+        for (result, outcome) in [
+            (Ok(()), Deregistration::Settled),
+            (Err(busy), Deregistration::Busy),
+            (Err(refused), Deregistration::Failed),
+        ] {
+            assert_eq!(scale_set_deregistration(&result), outcome, "{result:?}");
         }
     }
 

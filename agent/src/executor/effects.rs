@@ -231,7 +231,10 @@ async fn deregister_if_listed(
         ctx.settings.scale_sets.of_policy(&record.policy),
         record.runner_id,
     ) {
-        return (scale_set_deregistration(source, runner_id).await, None);
+        return (
+            deregister::remove_from_scale_set(source, runner_id).await,
+            None,
+        );
     }
     let deregister::Decision::Remove(runner_id) = deregister::decide(why, seen) else {
         return (Deregistration::Settled, None);
@@ -242,32 +245,5 @@ async fn deregister_if_listed(
             Some((target.clone(), record.runner_name.clone())),
         ),
         other => (other, None),
-    }
-}
-
-/// Removes a scale set's runner through its Actions service: a runner still busy with its job
-/// (`JobStillRunningException`, whatever the status code) is [`Deregistration::Busy`], retried
-/// by a later cleanup; one already gone is settled.
-async fn scale_set_deregistration(
-    source: &crate::scaleset::Source,
-    runner_id: rm_vocab::RunnerId,
-) -> Deregistration {
-    let id = u64::try_from(runner_id.get()).unwrap_or_default();
-    match source.client.remove_runner(id).await {
-        Ok(()) => {
-            tracing::info!(runner_id = id, scale_set = %source.set.name, "scale-set runner removed");
-            Deregistration::Settled
-        }
-        Err(rm_github::scaleset::ScaleSetError::JobStillRunning { .. }) => {
-            tracing::info!(
-                runner_id = id,
-                "the scale set still holds the runner busy; removing it again shortly"
-            );
-            Deregistration::Busy
-        }
-        Err(e) => {
-            tracing::warn!(runner_id = id, error = %e, "cannot remove the scale-set runner; the inventory reconciliation retries");
-            Deregistration::Failed
-        }
     }
 }

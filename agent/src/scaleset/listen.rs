@@ -8,8 +8,8 @@
 //! The rules of the protocol (sessions, eviction, back-off, standby) are
 //! `rm_github::scaleset::listener`'s; this task only adds the journal and the agent.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use rm_github::scaleset::listener::{Activity, Listener};
@@ -30,6 +30,28 @@ pub const JOURNAL_RETRY: Duration = Duration::from_secs(5);
 /// How long the task waits after failing to find or create the scale set.
 pub const SETUP_RETRY: Duration = Duration::from_secs(30);
 
+/// The journal's scale-set record, one write connection for the task's life (not one per
+/// message); used off the async workers ([`blocking`]), or, from the listener's hooks, for one
+/// short write in place.
+type Journal = Arc<Mutex<ScaleSets>>;
+
+fn lock(journal: &Journal) -> MutexGuard<'_, ScaleSets> {
+    journal.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Opens the journal's scale-set record off the async workers.
+async fn open(path: &Path) -> Result<Journal, rm_journal::JournalError> {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || ScaleSets::open(&path))
+        .await
+        .unwrap_or_else(|e| {
+            Err(rm_journal::JournalError::Commit(format!(
+                "the journal task failed: {e}"
+            )))
+        })
+        .map(|j| Arc::new(Mutex::new(j)))
+}
+
 /// Runs the listener of `source` until `shutdown` turns true, then closes its session.
 pub async fn run(
     source: Arc<Source>,
@@ -40,6 +62,22 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let name = source.set.name.clone();
+    // Nothing is polled before the journal can take what comes.
+    let journal = loop {
+        match open(&journal).await {
+            Ok(opened) => break opened,
+            Err(e) => {
+                tracing::error!(scale_set = name, error = %e, "cannot open the journal's scale-set record; trying again");
+                if source.update(|seen| seen.activity = format!("cannot open the journal: {e}")) {
+                    board.changed();
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(SETUP_RETRY) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+        }
+    };
     loop {
         if *shutdown.borrow() {
             return;
@@ -87,7 +125,7 @@ enum Served {
 }
 
 /// Says what stops the listener, in memory and in the journal (for `status`).
-async fn note(source: &Source, board: &Board, journal: &std::path::Path, activity: String) {
+async fn note(source: &Source, board: &Board, journal: &Journal, activity: String) {
     let name = source.set.name.clone();
     let text = activity.clone();
     if let Err(e) = blocking(journal, move |j| {
@@ -102,13 +140,13 @@ async fn note(source: &Source, board: &Board, journal: &std::path::Path, activit
     }
 }
 
-/// Opens the journal's scale-set record off the async workers.
+/// Runs `work` on the journal's scale-set record off the async workers.
 async fn blocking<T: Send + 'static>(
-    journal: &std::path::Path,
+    journal: &Journal,
     work: impl FnOnce(&ScaleSets) -> Result<T, rm_journal::JournalError> + Send + 'static,
 ) -> Result<T, rm_journal::JournalError> {
-    let path = journal.to_owned();
-    tokio::task::spawn_blocking(move || work(&ScaleSets::open(&path)?))
+    let journal = Arc::clone(journal);
+    tokio::task::spawn_blocking(move || work(&lock(&journal)))
         .await
         .unwrap_or_else(|e| {
             Err(rm_journal::JournalError::Commit(format!(
@@ -121,7 +159,7 @@ async fn blocking<T: Send + 'static>(
 async fn serve(
     source: &Arc<Source>,
     board: &Arc<Board>,
-    journal: &std::path::Path,
+    journal: &Journal,
     owner: &str,
     capacity: u32,
     shutdown: &mut watch::Receiver<bool>,
@@ -173,15 +211,13 @@ async fn serve(
             .map_or(0, |k| u64::try_from(k.last_message_id).unwrap_or(0)),
     };
     let stale = known.as_ref().and_then(|k| k.session_id.clone());
-    let record_path = journal.to_owned();
-    let record_name = name.clone();
+    let (record, record_name) = (Arc::clone(journal), name.clone());
     let listener = Listener::new(Arc::clone(&source.client), id, owner, stale).on_session(
         move |session_id| {
             // Before the session is first polled: a successor deletes it by this id.
             let at = rm_vocab::now();
-            let written = ScaleSets::open(&record_path).and_then(|j| {
-                j.record_session(&record_name, id as i64, Some(session_id), at)
-            });
+            let written =
+                lock(&record).record_session(&record_name, id as i64, Some(session_id), at);
             if let Err(e) = written {
                 tracing::warn!(scale_set = record_name, error = %e, "cannot journal the scale-set session");
             }
@@ -191,11 +227,10 @@ async fn serve(
     // by the next answered poll.
     let noted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let listener = {
-        let (path, name, noted) = (journal.to_owned(), name.clone(), Arc::clone(&noted));
+        let (record, name, noted) = (Arc::clone(journal), name.clone(), Arc::clone(&noted));
         listener.on_wait(move |waiting| {
             let text = activity(waiting);
-            let written = ScaleSets::open(&path)
-                .and_then(|j| j.record_note(&name, Some(&text), rm_vocab::now()));
+            let written = lock(&record).record_note(&name, Some(&text), rm_vocab::now());
             match written {
                 Ok(()) => noted.store(true, std::sync::atomic::Ordering::Release),
                 Err(e) => tracing::warn!(scale_set = name, error = %e, "cannot journal the scale set's note"),
@@ -223,13 +258,7 @@ async fn serve(
     };
     if source.update(|seen| {
         for runner in journalled_completions {
-            if seen.completed_runners.contains(&runner) {
-                continue;
-            }
-            if seen.completed_runners.len() >= super::REMEMBERED_COMPLETIONS {
-                seen.completed_runners.pop_front();
-            }
-            seen.completed_runners.push_back(runner);
+            seen.remember_completed(runner);
         }
         seen.last_message_id = last_message_id;
         seen.activity = "opening a session".to_owned();
@@ -253,7 +282,6 @@ async fn serve(
                 // The session's statistics are the starting state (a cold start with jobs
                 // already assigned scales on them before any message).
                 seen.statistics = session_statistics.clone();
-                seen.statistics_at = Some(rm_vocab::now());
                 first_statistics = session_statistics;
             }
         });
@@ -291,7 +319,6 @@ async fn serve(
         crate::fault::crash_point("scale_set_message_received");
         acquire_available(&mut listener, &message, &name).await;
         let incoming = incoming(&message);
-        let received_at = incoming.received_at;
         let completed: Vec<String> = incoming
             .events
             .iter()
@@ -329,13 +356,9 @@ async fn serve(
         source.update(|seen| {
             if let Some(statistics) = statistics {
                 seen.statistics = Some(statistics);
-                seen.statistics_at = Some(received_at);
             }
-            for runner in &completed {
-                if seen.completed_runners.len() >= super::REMEMBERED_COMPLETIONS {
-                    seen.completed_runners.pop_front();
-                }
-                seen.completed_runners.push_back(runner.clone());
+            for runner in completed {
+                seen.remember_completed(runner);
             }
             seen.last_message_id = message_id;
         });
@@ -377,7 +400,7 @@ async fn acquire_available(listener: &mut Listener, message: &Message, name: &st
     }
 }
 
-async fn close(listener: Listener, journal: &std::path::Path, name: &str, id: u64) {
+async fn close(listener: Listener, journal: &Journal, name: &str, id: u64) {
     match listener.close().await {
         Ok(()) => {
             let (name, at) = (name.to_owned(), rm_vocab::now());

@@ -93,8 +93,6 @@ pub const REMEMBERED_COMPLETIONS: usize = 4096;
 pub struct Seen {
     /// The last statistics (a session's or a message's); `None` before the first.
     pub statistics: Option<Statistics>,
-    /// When they were received.
-    pub statistics_at: Option<rm_vocab::UnixMs>,
     /// The runners whose `JobCompleted` was journalled, the newest [`REMEMBERED_COMPLETIONS`]:
     /// a runner of ours that finished its job and is not among them is still counted in the
     /// statistics as assigned (the message saying so has not come yet).
@@ -105,6 +103,20 @@ pub struct Seen {
     pub last_message_id: u64,
     /// What the listener is doing, in words (`polling`, `on standby: …`, `backing off: …`).
     pub activity: String,
+}
+
+impl Seen {
+    /// Remembers that `runner`'s `JobCompleted` was journalled, forgetting the oldest past
+    /// [`REMEMBERED_COMPLETIONS`].
+    pub(crate) fn remember_completed(&mut self, runner: String) {
+        if self.completed_runners.contains(&runner) {
+            return;
+        }
+        if self.completed_runners.len() >= REMEMBERED_COMPLETIONS {
+            self.completed_runners.pop_front();
+        }
+        self.completed_runners.push_back(runner);
+    }
 }
 
 /// One `[[scale_set]]` while the agent runs.
@@ -137,10 +149,13 @@ impl Source {
     }
 
     pub fn seen(&self) -> Seen {
-        self.seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.read(Seen::clone)
+    }
+
+    /// Reads what the listener saw in place: the allocation pass asks on every pass, and the
+    /// remembered completions are too many to copy each time.
+    pub fn read<T>(&self, reading: impl FnOnce(&Seen) -> T) -> T {
+        reading(&self.seen.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Applies `change`; whether it changed anything (a long poll answered `202` changes
@@ -206,12 +221,15 @@ impl Board {
     /// serves no scale set; 0 before the first statistics.
     pub fn assigned(&self, policy: &str, finished: &[&str]) -> Option<i64> {
         self.of_policy(policy).map(|source| {
-            let seen = source.seen();
-            still_assigned(
-                seen.statistics.map_or(0, |s| s.total_assigned_jobs),
-                finished,
-                &seen.completed_runners,
-            )
+            source.read(|seen| {
+                still_assigned(
+                    seen.statistics
+                        .as_ref()
+                        .map_or(0, |s| s.total_assigned_jobs),
+                    finished,
+                    &seen.completed_runners,
+                )
+            })
         })
     }
 }
