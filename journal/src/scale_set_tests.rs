@@ -618,3 +618,23 @@ fn the_store_keeps_scale_sets_in_the_host_s_file_in_a_fleet_too() {
     let sets = ScaleSets::open(&path).unwrap();
     assert_eq!(sets.get(SET).unwrap().unwrap().scale_set_id, Some(42));
 }
+
+#[test]
+fn the_read_only_handle_reads_and_never_creates_or_writes() {
+    let (_dir, path) = temp_journal();
+    assert!(matches!(
+        ScaleSets::open_read_only(&path),
+        Err(JournalError::Missing(_))
+    ));
+    assert!(!path.exists(), "a reader created the journal");
+    ScaleSets::open(&path)
+        .unwrap()
+        .record_message(SET, &message(1, 10, vec![event("JobAssigned", "a")]))
+        .unwrap();
+    let reader = ScaleSets::open_read_only(&path).unwrap();
+    assert_eq!(reader.get(SET).unwrap().unwrap().last_message_id, 1);
+    assert!(
+        reader.record_note(SET, Some("x"), UnixMs::new(20)).is_err(),
+        "a reader wrote"
+    );
+}

@@ -83,15 +83,15 @@ pub(crate) struct ScaleSetFacts {
     pub record: Option<rm_journal::ScaleSetRecord>,
 }
 
-/// What the journal holds of each configured scale set. The journal is only read where it
-/// exists (`status` never creates one).
+/// What the journal holds of each configured scale set, read-only: `status` never creates or
+/// migrates a journal.
 fn scale_set_facts(config: &Config) -> anyhow::Result<Vec<ScaleSetFacts>> {
     if config.scale_sets.is_empty() {
         return Ok(Vec::new());
     }
     let file = super::store(config).file().to_owned();
     let records = if file.exists() {
-        rm_journal::ScaleSets::open(&file)?.all()?
+        rm_journal::ScaleSets::open_read_only(&file)?.all()?
     } else {
         Vec::new()
     };

@@ -44,6 +44,14 @@ impl ScaleSets {
         })
     }
 
+    /// Opens an existing journal read-only, for the readers (`status`): never creates or
+    /// migrates it; its writes fail.
+    pub fn open_read_only(path: &Path) -> Result<ScaleSets, JournalError> {
+        Ok(ScaleSets {
+            conn: connection::open_reader(path)?,
+        })
+    }
+
     /// Journals a message of `scale_set`'s queue and applies it, in one transaction; call it
     /// before acknowledging the message. A message of this scale set with this id already
     /// journalled (since the cursor was last reset) is [`MessageRecorded::AlreadyJournalled`]
