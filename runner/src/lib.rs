@@ -38,6 +38,7 @@ pub mod env_file;
 /// needs too); re-exported where its users always found it.
 pub use rm_github::https;
 pub mod isolate;
+pub mod listening;
 pub mod logs;
 pub mod network;
 pub mod package;

@@ -168,10 +168,41 @@ pub(super) async fn remove_from_scale_set(
         (Err(e), _) => tracing::warn!(
             runner_id = id,
             error = %e,
-            "cannot remove the scale-set runner; the inventory reconciliation retries"
+            "cannot remove the scale-set runner; its cleanup tries again"
         ),
     }
     outcome
+}
+
+/// Removes an ended attempt's scale-set runner through the scale set's Actions service: by its
+/// journalled id, or, with none journalled (a launch that gave up after the JIT request, its
+/// answer lost or not yet journalled), by its name looked up through the service. Which one
+/// goes is [`decide`]'s, as for a REST registration; no REST request is made.
+pub(super) async fn remove_ended_from_scale_set(
+    source: &crate::scaleset::Source,
+    runner_name: &str,
+    journalled: Option<RunnerId>,
+) -> Deregistration {
+    let seen = match journalled {
+        // The service removes by id, and counts one already gone as removed.
+        Some(_) => Seen::Unknown,
+        None => match source.client.find_runner(runner_name).await {
+            Ok(Some(found)) => Seen::Listed(Listed {
+                runner_id: RunnerId::try_from(found.id).unwrap_or(RunnerId::new(0)),
+                registered: true,
+                busy: false,
+            }),
+            Ok(None) => Seen::NotListed,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look the scale-set runner up by name; trying again");
+                return Deregistration::Failed;
+            }
+        },
+    };
+    match decide(Why::Ended { journalled }, seen) {
+        Decision::Remove(runner_id) => remove_from_scale_set(source, runner_id).await,
+        Decision::Keep(_) => Deregistration::Settled,
+    }
 }
 
 /// After a `422` on deregistration: when to try again, or `None` once

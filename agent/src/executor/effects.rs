@@ -121,8 +121,27 @@ async fn clean(ctx: &Context, cleanup: Cleanup) -> Outcome {
     if let Some(identity) = super::supervise::journalled_identity(&record) {
         ctx.stop(record.isolation, identity).await;
     }
-    let (deregistration, deregistered) = match (&target, &listing) {
-        (Some(target), Some(listing)) => deregister_if_listed(ctx, &record, target, listing).await,
+    let scale_set = ctx.settings.scale_sets.of_policy(&record.policy);
+    let (deregistration, deregistered) = match (scale_set, &target, &listing) {
+        // A scale set's runner is removed through the scale set's Actions service (no REST
+        // request), which refuses a busy one by the name of its exception. Nothing else can
+        // remove it (no REST inventory reconciliation covers a scale set), so a removal that
+        // failed is tried again with the cleanup, the runtime kept until then.
+        (Some(source), Some(_), _) => {
+            let removal = deregister::remove_ended_from_scale_set(
+                source,
+                &record.runner_name,
+                record.runner_id,
+            )
+            .await;
+            if removal == Deregistration::Failed {
+                return Outcome::CleanFailed;
+            }
+            (removal, None)
+        }
+        (None, Some(target), Some(listing)) => {
+            deregister_if_listed(ctx, &record, target, listing).await
+        }
         _ => (Deregistration::Settled, None),
     };
     // The registration goes before the workspace: "cleaned" means nothing is left, on GitHub
@@ -225,17 +244,6 @@ async fn deregister_if_listed(
     let why = Why::Ended {
         journalled: record.runner_id,
     };
-    // A scale set's runner is removed through the scale set's Actions service (no REST
-    // request), which refuses a busy one by the name of its exception.
-    if let (Some(source), Some(runner_id)) = (
-        ctx.settings.scale_sets.of_policy(&record.policy),
-        record.runner_id,
-    ) {
-        return (
-            deregister::remove_from_scale_set(source, runner_id).await,
-            None,
-        );
-    }
     let deregister::Decision::Remove(runner_id) = deregister::decide(why, seen) else {
         return (Deregistration::Settled, None);
     };

@@ -172,6 +172,8 @@ impl Launch {
                 }
             }
         };
+        // Registered at GitHub, and the journal does not know its id yet: found by its name.
+        fault::crash_point("jit_issued");
         let runner_id = jit.runner_id;
         let (id, at) = (record.attempt_id.clone(), ctx.now());
         let recorded = ctx

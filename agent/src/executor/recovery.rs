@@ -2,7 +2,9 @@
 //! timers (no launch of this process can own an attempt yet) and GitHub asked afresh for every
 //! target (the control loop runs it: [`super::Executor::recover`]); then GitHub's inventory
 //! reconciled for our exact `rm-<host>-<12 hex>` names ([`reconcile_inventory`], also run every
-//! [`super::INVENTORY_INTERVAL`]): a registration with no live attempt is removed. Anything that
+//! [`super::INVENTORY_INTERVAL`]): a registration with no live attempt is removed (a scale set's
+//! runners are left to their cleanup through the Actions service: its policies' targets are
+//! not listed). Anything that
 //! could not be decided keeps recovery incomplete, and no runner is launched until it completes.
 
 use rm_github::Target;
@@ -31,8 +33,13 @@ pub enum RecoveryIncomplete {
 /// Which go is [`deregister::decide`]'s (a busy one stays: GitHub refuses to remove it, and it
 /// ends with its job).
 pub(super) async fn reconcile_inventory(ctx: &Context) -> Result<(), RecoveryIncomplete> {
+    // A scale set's runners are not listed by REST (issue 29: no REST request after the
+    // token); their registrations are removed by their cleanup through the Actions service. A
+    // target is listed here only for the webhook policies on it.
     let targets: HashSet<Target> = targets_by_policy(&ctx.settings.policies)
-        .into_values()
+        .into_iter()
+        .filter(|(policy, _)| ctx.settings.scale_sets.of_policy(policy).is_none())
+        .map(|(_, target)| target)
         .collect();
     for target in targets {
         let runners =

@@ -69,6 +69,9 @@ struct Pass {
     startup: bool,
     /// The journal has the attempt's job completed.
     job_completed: bool,
+    /// The attempt's policy serves a scale set: its runner is watched on this host alone
+    /// ([`scale_set_observation`]), never through GitHub's REST listing.
+    scale_set: bool,
 }
 
 /// What supervision saw of one attempt this pass: what the decision reads, and what carrying
@@ -211,12 +214,22 @@ impl Supervisor {
             .into_iter()
             .filter(|r| !r.state.is_terminal() || self.clean_due(&r.attempt_id, now))
             .collect();
-        let sights = sight_all(ctx, &records, startup).await;
+        let scale_set: Vec<bool> = records
+            .iter()
+            .map(|r| ctx.settings.scale_sets.of_policy(&r.policy).is_some())
+            .collect();
+        let sights = sight_all(ctx, &records, &scale_set, startup).await;
         let launch_failed = &self.launch_failed;
         let needs: Vec<(&Target, Freshness)> = records
             .iter()
             .zip(&sights)
-            .filter_map(|(record, sight)| {
+            .zip(&scale_set)
+            .filter_map(|((record, sight), scale_set)| {
+                // A scale set's runners are watched on this host and removed through the
+                // Actions service: no REST listing is ever needed for them.
+                if *scale_set {
+                    return None;
+                }
                 let freshness = if startup {
                     Freshness::After(pass_started)
                 } else if launch_failed.contains_key(&record.attempt_id) {
@@ -225,14 +238,13 @@ impl Supervisor {
                     // cleanup deregisters it by a listing made now.
                     Freshness::After(now.saturating_add_ms(-1))
                 } else {
-                    let by_service = ctx.settings.scale_sets.of_policy(&record.policy).is_some();
-                    freshness_for(record, sight.process, timeouts, now, by_service)
+                    freshness_for(record, sight.process, timeouts, now)
                 };
                 Some((targets.get(&record.policy)?, freshness))
             })
             .collect();
         self.refresh_listings(ctx, needs.into_iter()).await;
-        for (record, sight) in records.into_iter().zip(sights) {
+        for ((record, sight), scale_set) in records.into_iter().zip(sights).zip(scale_set) {
             let target = targets.get(&record.policy);
             let span = super::attempt_span(&record);
             let job_completed = completed.contains(&record.runner_name);
@@ -240,6 +252,7 @@ impl Supervisor {
                 timeouts,
                 startup,
                 job_completed,
+                scale_set,
             };
             let deferred = self
                 .supervise_one(ctx, &record, target, sight, pass, &mut report)
@@ -353,6 +366,7 @@ impl Supervisor {
             process,
             identity,
             evidence,
+            listening,
             ended,
         } = sight;
         if process != ProcessObservation::Running
@@ -362,9 +376,11 @@ impl Supervisor {
             return None;
         }
         let listing = target
+            .filter(|_| !pass.scale_set)
             .and_then(|target| self.listings.get(target))
             .map(|(_, listing)| listing.clone());
         let github = match &listing {
+            _ if pass.scale_set => scale_set_observation(record.state, listening),
             Some(listing) => registry::observation(listing, &record.runner_name),
             // Every configured target's listing was refreshed for this pass; none held is
             // GitHub not answered.
@@ -776,6 +792,9 @@ struct Sight {
     process: ProcessObservation,
     identity: Option<ProcessIdentity>,
     evidence: crate::lifecycle::JobEvidence,
+    /// A scale set's starting runner says its listener is connected ([`rm_runner::listening`]);
+    /// read for nothing else.
+    listening: bool,
     /// Read only for a live attempt whose process is gone: nothing else is decided from it.
     ended: Option<Ended>,
 }
@@ -793,14 +812,21 @@ struct Ended {
 /// What supervision sees of each attempt on this host (`/proc`, the runtime's `_diag`, the
 /// cgroup's memory report), read on one blocking-pool thread: a slow filesystem holds back no
 /// async worker.
-async fn sight_all(ctx: &Context, records: &[AttemptRecord], startup: bool) -> Vec<Sight> {
+async fn sight_all(
+    ctx: &Context,
+    records: &[AttemptRecord],
+    scale_set: &[bool],
+    startup: bool,
+) -> Vec<Sight> {
     let execution = Arc::clone(&ctx.execution);
     let records = records.to_vec();
+    let scale_set = scale_set.to_vec();
     let count = records.len();
     let read = tokio::task::spawn_blocking(move || {
         records
             .iter()
-            .map(|record| sight(&*execution, record, startup))
+            .zip(scale_set)
+            .map(|(record, scale_set)| sight(&*execution, record, scale_set, startup))
             .collect::<Vec<_>>()
     })
     .await;
@@ -812,6 +838,7 @@ async fn sight_all(ctx: &Context, records: &[AttemptRecord], startup: bool) -> V
                 process: ProcessObservation::Gone,
                 identity: None,
                 evidence: crate::lifecycle::JobEvidence::Unknown,
+                listening: false,
                 ended: None,
             })
             .collect()
@@ -819,7 +846,12 @@ async fn sight_all(ctx: &Context, records: &[AttemptRecord], startup: bool) -> V
 }
 
 /// What is seen of one attempt on this host.
-fn sight(execution: &dyn super::seams::Execution, record: &AttemptRecord, startup: bool) -> Sight {
+fn sight(
+    execution: &dyn super::seams::Execution,
+    record: &AttemptRecord,
+    scale_set: bool,
+    startup: bool,
+) -> Sight {
     use AttemptState::*;
     let (process, identity) = observe_process(execution, record);
     let live = matches!(record.state, Starting | Idle | Busy);
@@ -832,6 +864,9 @@ fn sight(execution: &dyn super::seams::Execution, record: &AttemptRecord, startu
         process,
         identity,
         evidence: evidence::read(&record.runtime_dir),
+        listening: scale_set
+            && record.state == Starting
+            && rm_runner::listening::listening(&record.runtime_dir.join(evidence::DIAG_DIR)),
         ended,
     }
 }
@@ -894,7 +929,6 @@ fn freshness_for(
     process: ProcessObservation,
     timeouts: Timeouts,
     now: UnixMs,
-    by_service: bool,
 ) -> Freshness {
     use AttemptState::*;
     let in_state = Duration::from_millis(
@@ -915,7 +949,6 @@ fn freshness_for(
         // A registration made before the conclusion shows in a listing made after it: one
         // with a journalled runner id, or a launch that gave up after GitHub issued its JIT
         // configuration but before the id was journalled (found by its name).
-        Finished | Failed | Orphaned if by_service && record.runner_id.is_some() => Freshness::Any,
         Finished | Failed | Orphaned
             if record.runner_id.is_some()
                 || record.reason.as_deref() == Some(FailureReason::JitExpired.as_str()) =>
@@ -923,6 +956,21 @@ fn freshness_for(
             Freshness::After(record.state_changed_at_ms)
         }
         _ => Freshness::Any,
+    }
+}
+
+/// What stands for GitHub's listing of a scale set's runner, from this host alone: a starting
+/// runner is registered once its listener says it is connected (`listening`), an idle one stays
+/// so (it was seen connected), a busy one is busy (it ran a job: its `Worker_*.log`); nothing
+/// else is. GitHub's REST listing is never asked for these runners (issue 29: no REST request
+/// after the token), so a ghost is not looked for: a scale set's runner whose registration the
+/// service dropped exits by itself, and an idle one still meets `runner.idle_timeout`.
+fn scale_set_observation(state: AttemptState, listening: bool) -> GithubObservation {
+    match state {
+        AttemptState::Busy => GithubObservation::Registered { busy: true },
+        AttemptState::Idle => GithubObservation::Registered { busy: false },
+        AttemptState::Starting if listening => GithubObservation::Registered { busy: false },
+        _ => GithubObservation::NotRegistered,
     }
 }
 
@@ -1063,8 +1111,7 @@ mod tests {
                 &record(AttemptState::Idle, now - 1_000),
                 running,
                 t,
-                at(now),
-                false
+                at(now)
             ),
             Freshness::After(at(now) - GHOST_CHECK)
         );
@@ -1073,8 +1120,7 @@ mod tests {
                 &record(AttemptState::Busy, now - 1_000),
                 running,
                 t,
-                at(now),
-                false
+                at(now)
             ),
             Freshness::Any
         );
@@ -1084,20 +1130,13 @@ mod tests {
                 &record(AttemptState::Starting, now - 1_000),
                 running,
                 t,
-                at(now),
-                false
+                at(now)
             ),
             Freshness::After(at(now - 5_000))
         );
         // A dead one, or a timer that ran out: fetched now.
         assert_eq!(
-            freshness_for(
-                &record(AttemptState::Busy, now - 1_000),
-                gone,
-                t,
-                at(now),
-                false
-            ),
+            freshness_for(&record(AttemptState::Busy, now - 1_000), gone, t, at(now)),
             Freshness::After(at(now - 1))
         );
         assert_eq!(
@@ -1105,8 +1144,7 @@ mod tests {
                 &record(AttemptState::Idle, now - 120_000),
                 running,
                 t,
-                at(now),
-                false
+                at(now)
             ),
             Freshness::After(at(now - 1))
         );
@@ -1115,22 +1153,41 @@ mod tests {
                 &record(AttemptState::Starting, now - 60_000),
                 running,
                 t,
-                at(now),
-                false
+                at(now)
             ),
             Freshness::After(at(now - 1))
         );
-        // A concluded runner with a journalled id: a fresh listing to deregister it by, unless a
-        // scale set's service removes it by that id.
+        // A concluded runner with a journalled id: a fresh listing to deregister it by.
         let mut concluded = record(AttemptState::Finished, now - 1_000);
         concluded.runner_id = Some(rm_vocab::RunnerId::new(9));
         assert_eq!(
-            freshness_for(&concluded, gone, t, at(now), false),
+            freshness_for(&concluded, gone, t, at(now)),
             Freshness::After(at(now - 1_000))
         );
-        assert_eq!(
-            freshness_for(&concluded, gone, t, at(now), true),
-            Freshness::Any
-        );
+    }
+
+    #[test]
+    fn a_scale_set_s_runner_is_registered_once_its_listener_says_so() {
+        use AttemptState::*;
+        use GithubObservation::*;
+        for (state, listening, seen) in [
+            (Allocated, true, NotRegistered),
+            (JitReceived, true, NotRegistered),
+            // Spawned: not registered until its listener says it is connected (the
+            // registration timeout runs meanwhile).
+            (Starting, false, NotRegistered),
+            (Starting, true, Registered { busy: false }),
+            // Seen connected: stays so whatever its log says now (it is not read again).
+            (Idle, false, Registered { busy: false }),
+            (Busy, false, Registered { busy: true }),
+            (Finished, true, NotRegistered),
+            (Failed, true, NotRegistered),
+        ] {
+            assert_eq!(
+                scale_set_observation(state, listening),
+                seen,
+                "{state:?} listening={listening}"
+            );
+        }
     }
 }

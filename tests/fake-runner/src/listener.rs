@@ -105,7 +105,12 @@ async fn run() -> anyhow::Result<u8> {
     let work = cwd.join(&config.work_folder);
     let session = RunnerSession::new(config);
     let behavior = session.register().await?;
-    diag.line("registered; listening for jobs");
+    // actions/runner's own words once its session is open, as its terminal traces them into
+    // the listener log (what supervision reads of a scale set's runner: `rm_runner::listening`).
+    diag.line(&format!(
+        "INFO Terminal] WRITE LINE: {}: Listening for Jobs",
+        stamp()
+    ));
     side_effects(&behavior, &work, &cwd, &diag)?;
     if behavior.hang {
         diag.line("hanging on purpose");

@@ -215,7 +215,7 @@ async fn a_queued_webhook_becomes_one_runner_that_takes_its_job_and_leaves_nothi
         text.contains(&format!("=== attempt {}", attempt.attempt_id.as_str())),
         "{text}"
     );
-    assert!(text.contains("registered; listening for jobs"), "{text}");
+    assert!(text.contains("Listening for Jobs"), "{text}");
     // An id no attempt ran: exit 1, one sentence.
     let unknown = fleet.setup.run(&["logs", "999999999"]);
     assert_eq!(unknown.status.code(), Some(1));
