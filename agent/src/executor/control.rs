@@ -277,7 +277,7 @@ impl Executor {
         let timeouts = self.ctx.settings.timeouts.at_startup();
         let report = self
             .supervisor
-            .pass(&self.ctx, &self.launching, timeouts, true)
+            .pass(&self.ctx, &self.launching, timeouts, true, &HashMap::new())
             .await
             .map_err(|e| RecoveryIncomplete::Journal(e.to_string()))?;
         let deferred = report.deferred;
@@ -296,9 +296,10 @@ impl Executor {
     pub(crate) async fn pass(&mut self) {
         self.take_waiting();
         let timeouts = self.ctx.settings.timeouts;
+        let surplus = self.scale_set_surplus();
         match self
             .supervisor
-            .pass(&self.ctx, &self.launching, timeouts, false)
+            .pass(&self.ctx, &self.launching, timeouts, false, &surplus)
             .await
         {
             Ok(report) => self.supervised(report).await,
@@ -317,6 +318,22 @@ impl Executor {
             tracing::warn!(error = %format!("{e:#}"), "allocation pass failed");
         }
         self.publish();
+    }
+
+    /// The last plan's surplus of each scale set's policy: its idle runners beyond its count,
+    /// which supervision scales down. A pass late at most, and scaled down only past
+    /// [`crate::scaleset::SCALE_DOWN_GRACE`] of idleness; a draining agent scales nothing down.
+    fn scale_set_surplus(&self) -> HashMap<String, u32> {
+        if *self.draining.borrow() {
+            return HashMap::new();
+        }
+        self.plans
+            .borrow()
+            .policies
+            .iter()
+            .filter(|p| self.ctx.settings.scale_sets.of_policy(&p.policy).is_some())
+            .map(|p| (p.policy.clone(), p.surplus()))
+            .collect()
     }
 
     /// Allocates runners for every policy's queued jobs: the loop gathers the plan's inputs,
@@ -490,7 +507,7 @@ impl Executor {
         let timeouts = self.ctx.settings.timeouts;
         match self
             .supervisor
-            .pass(&self.ctx, &self.launching, timeouts, false)
+            .pass(&self.ctx, &self.launching, timeouts, false, &HashMap::new())
             .await
         {
             Ok(report) => self.supervised(report).await,

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use rm_github::Target;
-use rm_journal::{AttemptId, AttemptRecord};
+use rm_journal::{AttemptId, AttemptRecord, StopIntent};
 use rm_vocab::UnixMs;
 
 use super::context::Context;
@@ -38,6 +38,11 @@ pub(super) enum Effect {
     },
     /// Clean a concluded attempt.
     Clean(Cleanup),
+    /// Scale down an idle runner of a scale set that wants fewer ([`scale_down`]).
+    ScaleDown {
+        record: AttemptRecord,
+        identity: ProcessIdentity,
+    },
 }
 
 /// What cleaning one concluded attempt needs to know.
@@ -58,7 +63,9 @@ impl Effect {
     /// The attempt the effect is for.
     pub(super) fn attempt(&self) -> &AttemptRecord {
         match self {
-            Effect::Stop { record, .. } | Effect::Clean(Cleanup { record, .. }) => record,
+            Effect::Stop { record, .. }
+            | Effect::Clean(Cleanup { record, .. })
+            | Effect::ScaleDown { record, .. } => record,
         }
     }
 }
@@ -105,6 +112,59 @@ pub(super) async fn carry_out(ctx: Arc<Context>, effect: Effect) -> Effected {
             let attempt = cleanup.record.attempt_id.clone();
             let outcome = clean(&ctx, cleanup).await;
             Effected { attempt, outcome }
+        }
+        Effect::ScaleDown { record, identity } => {
+            scale_down(&ctx, &record, identity).await;
+            Effected {
+                attempt: record.attempt_id,
+                outcome: Outcome::Stopped,
+            }
+        }
+    }
+}
+
+/// Scales down an idle scale-set runner: removed from the scale set first, since the service
+/// refuses a runner that took a job meanwhile (`JobStillRunningException`), so a runner is
+/// never stopped under a job; only then its stop intent journalled (a compare-and-set on
+/// `idle`) and its process stopped. A removal that fails leaves the runner running (the next
+/// pass decides again). A crash between the removal and the intent leaves an idle runner
+/// without a registration, which ends by itself (actions/runner exits when its registration
+/// is gone) or at its idle timeout, concluded an idle exit either way.
+async fn scale_down(ctx: &Context, record: &AttemptRecord, identity: ProcessIdentity) {
+    let (Some(source), Some(runner_id)) = (
+        ctx.settings.scale_sets.of_policy(&record.policy),
+        record.runner_id,
+    ) else {
+        return;
+    };
+    let id = u64::try_from(runner_id.get()).unwrap_or_default();
+    match source.client.remove_runner(id).await {
+        Ok(()) => {}
+        Err(rm_github::scaleset::ScaleSetError::JobStillRunning { .. }) => {
+            tracing::info!("the scale set's surplus runner took a job meanwhile; it stays");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot remove the scale set's surplus runner; it stays for now");
+            return;
+        }
+    }
+    let (attempt, now) = (record.attempt_id.clone(), ctx.now());
+    match ctx
+        .journal
+        .write(move |attempts| attempts.record_stop_intent(&attempt, StopIntent::ScaleDown, now))
+        .await
+    {
+        Ok(true) => {
+            tracing::info!(
+                pid = identity.pid,
+                "scaling down: the scale set wants fewer runners; removed from it, stopping the runner"
+            );
+            ctx.stop(record.isolation, identity).await;
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot journal the scale-down; the runner ends by itself")
         }
     }
 }

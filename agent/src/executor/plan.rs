@@ -289,6 +289,17 @@ fn fleet_claims(
 }
 
 impl PolicyPlan {
+    /// Its runners live and not busy beyond what its count wants: for a scale set's policy, the
+    /// idle runners to scale down ([`crate::scaleset::scale_down`]; the scale set's target
+    /// fell, its jobs cancelled or taken by other runners). A webhook policy's are not scaled
+    /// down: they end at `runner.idle_timeout`.
+    pub(crate) fn surplus(&self) -> u32 {
+        self.basis
+            .ceilings
+            .unassigned_in_flight
+            .saturating_sub(self.basis.count)
+    }
+
     /// In a fleet, the claims made: `granted` of those asked were won (others raced this host
     /// to the rest). Demand and start follow.
     pub(crate) fn after_claims(&mut self, granted: usize) {

@@ -46,6 +46,9 @@ pub(super) const REGISTRATION_CHECK: Duration = Duration::from_secs(5);
 /// per interval.
 pub(super) const GHOST_CHECK: Duration = Duration::from_secs(30);
 
+/// The detail of a scale set's idle runner stopped because the scale set wanted fewer runners.
+const SCALED_DOWN: &str = "the runner's scale set wanted fewer runners than it had (jobs cancelled, or taken by other runners): removed from the scale set while idle, then stopped; not replaced";
+
 /// How long a failed runtime removal waits before it is tried again (doubling per failure).
 pub(super) const CLEAN_RETRY: Duration = Duration::from_secs(30);
 
@@ -110,6 +113,11 @@ pub(super) struct Supervisor {
     /// The attempts with an effect in flight (a stop or a cleanup): left alone until it
     /// reports ([`Supervisor::note_effected`]), so two effects of one attempt never overlap.
     in_flight: HashSet<AttemptId>,
+    /// The scale-set runners being scaled down, with their policy: from the pick until the
+    /// runner is concluded (or its removal was refused). No more of a policy's runners are
+    /// picked meanwhile: the plan's surplus still counts these until a plan made after their
+    /// end.
+    scaling_down: HashMap<AttemptId, String>,
     /// Launches that failed, with why: concluded so at the next pass (supervision is the one
     /// owner of conclusions; a launch only says how it ended).
     launch_failed: HashMap<AttemptId, (FailureReason, String)>,
@@ -189,6 +197,7 @@ impl Supervisor {
         launching: &HashSet<AttemptId>,
         timeouts: Timeouts,
         startup: bool,
+        surplus: &HashMap<String, u32>,
     ) -> Result<PassReport, AttemptError> {
         let pass_started = ctx.now();
         let records: Vec<AttemptRecord> = ctx
@@ -244,7 +253,12 @@ impl Supervisor {
             })
             .collect();
         self.refresh_listings(ctx, needs.into_iter()).await;
+        self.scale_down(&records, &sights, surplus, now, &mut report);
         for ((record, sight), scale_set) in records.into_iter().zip(sights).zip(scale_set) {
+            // Being scaled down (just decided): looked at again once that reports.
+            if self.in_flight.contains(&record.attempt_id) {
+                continue;
+            }
             let target = targets.get(&record.policy);
             let span = super::attempt_span(&record);
             let job_completed = completed.contains(&record.runner_name);
@@ -264,6 +278,60 @@ impl Supervisor {
         }
         self.disk.schedule(watched, ctx.now());
         Ok(report)
+    }
+
+    /// Hands the loop the scale-down of the idle runners of each scale set's policy that has
+    /// `surplus` runners beyond its count (the last plan's, [`super::plan::PolicyPlan::surplus`]):
+    /// which go is [`crate::scaleset::scale_down`]'s, among the runners seen idle, alive, with
+    /// no job in their logs, no stop intent and a journalled id (the service removes by id).
+    fn scale_down(
+        &mut self,
+        records: &[AttemptRecord],
+        sights: &[Sight],
+        surplus: &HashMap<String, u32>,
+        now: UnixMs,
+        report: &mut PassReport,
+    ) {
+        // Still being scaled down: its effect in flight, or stopped with the intent journalled
+        // and not concluded yet.
+        let in_flight = &self.in_flight;
+        self.scaling_down.retain(|id, _| {
+            in_flight.contains(id)
+                || records.iter().any(|r| {
+                    &r.attempt_id == id
+                        && !r.state.is_terminal()
+                        && r.stop_intent == Some(StopIntent::ScaleDown)
+                })
+        });
+        for (policy, &surplus) in surplus.iter().filter(|(_, s)| **s > 0) {
+            if self.scaling_down.values().any(|p| p == policy) {
+                continue;
+            }
+            let idle: Vec<(&AttemptRecord, ProcessIdentity)> = records
+                .iter()
+                .zip(sights)
+                .filter(|(r, sight)| {
+                    &r.policy == policy
+                        && r.state == AttemptState::Idle
+                        && r.stop_intent.is_none()
+                        && r.runner_id.is_some()
+                        && sight.process == ProcessObservation::Running
+                        && sight.evidence == crate::lifecycle::JobEvidence::NoJob
+                })
+                .filter_map(|(r, sight)| Some((r, sight.identity?)))
+                .collect();
+            let since: Vec<UnixMs> = idle.iter().map(|(r, _)| r.state_changed_at_ms).collect();
+            for pick in crate::scaleset::scale_down(surplus, &since, now) {
+                let (record, identity) = idle[pick];
+                self.in_flight.insert(record.attempt_id.clone());
+                self.scaling_down
+                    .insert(record.attempt_id.clone(), record.policy.clone());
+                report.effects.push(Effect::ScaleDown {
+                    record: record.clone(),
+                    identity,
+                });
+            }
+        }
     }
 
     /// Brings the listing held of each target up to the freshest `needs` asks of it; the
@@ -532,8 +600,15 @@ impl Supervisor {
         report: &mut PassReport,
     ) -> Result<(), AttemptError> {
         // A launch's own sentence, or the one the findings give.
-        let detail =
-            told.unwrap_or_else(|| detail(conclusion, &looked.observation.findings, looked.memory));
+        let detail = told.unwrap_or_else(|| {
+            if conclusion == Conclusion::IdleExit
+                && record.stop_intent == Some(StopIntent::ScaleDown)
+            {
+                SCALED_DOWN.to_owned()
+            } else {
+                detail(conclusion, &looked.observation.findings, looked.memory)
+            }
+        });
         let told = detail.clone();
         self.exits.remove(&record.attempt_id);
         self.unlisted_since.remove(&record.attempt_id);

@@ -523,7 +523,7 @@ fn dead(attempt: &AttemptFacts, observation: &Observation) -> Conclusion {
         return Conclusion::Failed(FailureReason::RunnerVersionRejected);
     }
     match attempt.intent_for_now() {
-        Some(StopIntent::IdleTimeout) => return Conclusion::IdleExit,
+        Some(StopIntent::IdleTimeout | StopIntent::ScaleDown) => return Conclusion::IdleExit,
         Some(StopIntent::RegistrationTimeout) => {
             return Conclusion::Failed(FailureReason::TerminatedAfterRegistrationTimeout);
         }

@@ -35,6 +35,30 @@ pub fn runners_wanted(min_idle: u32, max: u32, assigned: i64, busy: u32) -> u32 
         .saturating_sub(busy)
 }
 
+/// How long a scale set's runner must have been idle before it may be scaled down: longer than
+/// a new job's `JobAssigned` takes to come (the statistics the surplus is computed from lag
+/// it), so a runner about to be given a job is not removed for a count a moment old.
+pub const SCALE_DOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Which idle runners go when a scale set has `surplus` more runners than it wants: of those
+/// idle since `idle_since` (by index), only those idle for [`SCALE_DOWN_GRACE`], the longest
+/// idle first (the nearest to their idle timeout anyway), at most `surplus`. Busy runners are
+/// never among them: the caller offers idle ones only, and the service refuses to remove one
+/// that took a job meanwhile.
+pub fn scale_down(
+    surplus: u32,
+    idle_since: &[rm_vocab::UnixMs],
+    now: rm_vocab::UnixMs,
+) -> Vec<usize> {
+    let grace = rm_vocab::millis(SCALE_DOWN_GRACE);
+    let mut eligible: Vec<usize> = (0..idle_since.len())
+        .filter(|&i| now.saturating_sub(idle_since[i]) >= grace)
+        .collect();
+    eligible.sort_by_key(|&i| (idle_since[i], i));
+    eligible.truncate(usize::try_from(surplus).unwrap_or(usize::MAX));
+    eligible
+}
+
 /// The scope's URL as the Actions service knows it (`https://github.com/acme`), from the REST
 /// API's URL: `api.github.com` and `api.<host>` (GHE.com) drop the `api.`, GHES drops `/api/v3`;
 /// anything else (a test's fake) is taken as it is.
@@ -237,6 +261,25 @@ impl Board {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_longest_idle_past_the_grace_go_first_and_no_more_than_the_surplus() {
+        let at = rm_vocab::UnixMs::new;
+        let now = at(100_000);
+        // Idle since: 0 → 90 s, 1 → 5 s (inside the grace), 2 → 60 s, 3 → exactly the grace.
+        let idle = [at(10_000), at(95_000), at(40_000), at(85_000)];
+        for (surplus, gone) in [
+            (0, vec![]),
+            (1, vec![0]),
+            (2, vec![0, 2]),
+            (3, vec![0, 2, 3]),
+            // The one idle for 5 s stays whatever the surplus: its job may be on its way.
+            (9, vec![0, 2, 3]),
+        ] {
+            assert_eq!(scale_down(surplus, &idle, now), gone, "surplus {surplus}");
+        }
+        assert!(scale_down(3, &[], now).is_empty());
+    }
 
     #[test]
     fn a_scale_set_wants_min_idle_plus_assigned_capped_by_max_less_its_busy_runners() {

@@ -230,15 +230,19 @@ pub enum StopIntent {
     DiskExceeded,
     /// Idle, alive, and GitHub has not listed it online for a while (a ghost): a failure.
     Ghost,
+    /// An idle runner of a scale set that wants fewer runners than it has (its jobs cancelled
+    /// or taken elsewhere): removed from the scale set, then stopped; an idle exit.
+    ScaleDown,
 }
 
 impl StopIntent {
-    pub const ALL: [StopIntent; 5] = [
+    pub const ALL: [StopIntent; 6] = [
         StopIntent::RegistrationTimeout,
         StopIntent::IdleTimeout,
         StopIntent::Concluded,
         StopIntent::DiskExceeded,
         StopIntent::Ghost,
+        StopIntent::ScaleDown,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -248,6 +252,7 @@ impl StopIntent {
             StopIntent::Concluded => "concluded",
             StopIntent::DiskExceeded => "disk_exceeded",
             StopIntent::Ghost => "ghost",
+            StopIntent::ScaleDown => "scale_down",
         }
     }
 
@@ -268,6 +273,9 @@ impl StopIntent {
             // A ghost is idle: once GitHub lists it busy it is no ghost (the record compare-and-
             // set loses to a runner that took a job meanwhile).
             StopIntent::Ghost => &[Idle],
+            // Idle only: a runner that took a job since is not stopped (and the scale set
+            // refused its removal then).
+            StopIntent::ScaleDown => &[Idle],
         }
     }
 }

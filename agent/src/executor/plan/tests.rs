@@ -92,6 +92,42 @@ fn demand_starts_runners_up_to_the_first_ceiling_and_says_which() {
 }
 
 #[test]
+fn the_surplus_is_the_runners_waiting_for_a_job_beyond_the_count() {
+    let set = policy("set", &["set"], 8);
+    // (count, live, busy, surplus)
+    for (count, live, busy, surplus) in [
+        (0, 0, 0, 0),
+        // Two idle runners, one job: one too many.
+        (1, 2, 0, 1),
+        (2, 2, 0, 0),
+        // Busy runners are not surplus: the count is already less them.
+        (0, 3, 3, 0),
+        (1, 4, 2, 1),
+        // Fewer than wanted: runners start instead.
+        (3, 1, 0, 0),
+    ] {
+        let counts = counts(&[("set", live, busy)]);
+        let plan = plan(&Inputs {
+            now_ms: UnixMs::new(1_000),
+            fit: true,
+            host_max: 8,
+            counts: &counts,
+            policies: vec![PolicyInputs {
+                count,
+                ..inputs(&set, &[])
+            }],
+            standing: None,
+            free_uids: None,
+        });
+        assert_eq!(
+            one(&plan).surplus(),
+            surplus,
+            "count {count} live {live} busy {busy}"
+        );
+    }
+}
+
+#[test]
 fn policies_take_the_host_s_room_in_their_order() {
     let (a, b) = (policy("a", &["a"], 10), policy("b", &["b"], 10));
     let counts = counts(&[]);

@@ -135,6 +135,11 @@ fn the_decision_table() {
         (Starting, 20, Some(RegistrationTimeout), (Gone, IDLE, Unknown), failed(TerminatedAfterRegistrationTimeout)),
         (Idle, 20, Some(IdleTimeout), (Exited, IDLE, Unknown), Conclude(Conclusion::IdleExit)),
         (Idle, 20, Some(IdleTimeout), (Exited, NotRegistered, NoJob), Conclude(Conclusion::IdleExit)),
+        // A scale set's surplus runner, removed from the scale set and stopped: an idle exit;
+        // still alive, signalled again; busy since, the intent is stale and it is left alone.
+        (Idle, 1, Some(ScaleDown), (Exited, NotRegistered, NoJob), Conclude(Conclusion::IdleExit)),
+        (Idle, 1, Some(ScaleDown), (Running, IDLE, NoJob), Terminate(ScaleDown)),
+        (Busy, 1, Some(ScaleDown), (Running, BUSY, RanAJob), Adopt),
         // Evidence beats intent: a Worker log means it ran a job.
         (Starting, 20, Some(RegistrationTimeout), (Exited, NotRegistered, RanAJob), Conclude(Conclusion::CompletedJob)),
         (Idle, 20, Some(IdleTimeout), (Exited, NotRegistered, RanAJob), Conclude(Conclusion::CompletedJob)),

@@ -739,3 +739,63 @@ async fn a_runner_finished_while_the_agent_was_down_hides_no_job_queued_meanwhil
     .await;
     assert_one_runner_each_and_nothing_left(&fleet, id, &[job, meanwhile]).await;
 }
+
+/// Scale-down, idle runners only (issue 29). Three jobs are assigned while the runners get
+/// none; two of them are cancelled. The scale set then wants one runner, has three idle: two
+/// are removed from the scale set and stopped (stop intent `scale_down`, concluded an idle exit)
+/// long before `runner.idle_timeout`, and the one left serves the remaining job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_runners_beyond_what_the_scale_set_wants_are_scaled_down() {
+    let fleet = Fleet::start(options()).await;
+    let _agent = fleet.start_agent(&[]).await;
+    let id = scale_set_id(&fleet).await;
+    fleet.fake.pause_scale_set_runners(true);
+    let jobs = fleet
+        .fake
+        .queue_scale_set_jobs(id, &["kept", "cancelled 1", "cancelled 2"])
+        .unwrap();
+    wait_until(Duration::from_secs(60), "three idle runners", || {
+        fleet
+            .attempts()
+            .iter()
+            .filter(|a| a.state == rm_journal::AttemptState::Idle)
+            .count()
+            == 3
+    })
+    .await;
+    for cancelled in &jobs[1..] {
+        assert!(fleet.fake.complete_scale_set_job(*cancelled, "canceled"));
+    }
+    wait_until(Duration::from_secs(60), "two runners scaled down", || {
+        fleet
+            .attempts()
+            .iter()
+            .filter(|a| a.outcome == Some(AttemptOutcome::IdleExit))
+            .count()
+            == 2
+    })
+    .await;
+    let attempts = fleet.attempts();
+    for scaled in attempts
+        .iter()
+        .filter(|a| a.outcome == Some(AttemptOutcome::IdleExit))
+    {
+        assert_eq!(
+            scaled.stop_intent,
+            Some(rm_journal::StopIntent::ScaleDown),
+            "{scaled:?}"
+        );
+    }
+    // Not one more: the runner the remaining job wants stays.
+    assert_eq!(
+        attempts.iter().filter(|a| a.outcome.is_none()).count(),
+        1,
+        "{attempts:?}"
+    );
+    fleet.fake.pause_scale_set_runners(false);
+    wait_until(Duration::from_secs(60), "the job kept served", || {
+        jobs_done(&fleet, &jobs[..1])
+    })
+    .await;
+    assert_served_once(&fleet, id, &jobs[..1], false, 2).await;
+}
