@@ -149,6 +149,7 @@ async fn scale_down(ctx: &Context, record: &AttemptRecord, identity: ProcessIden
             return;
         }
     }
+    fault::crash_point("scale_down_removed");
     let (attempt, now) = (record.attempt_id.clone(), ctx.now());
     match ctx
         .journal

@@ -746,8 +746,25 @@ async fn a_runner_finished_while_the_agent_was_down_hides_no_job_queued_meanwhil
 /// long before `runner.idle_timeout`, and the one left serves the remaining job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_runners_beyond_what_the_scale_set_wants_are_scaled_down() {
+    scale_down(false).await;
+}
+
+/// The same, the agent SIGKILLed after a surplus runner was removed from the scale set and
+/// before its stop intent was journalled: the next start scales it down again (its removal
+/// finds it gone), and nothing else changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_in_the_middle_of_a_scale_down_scales_down_once_more() {
+    scale_down(true).await;
+}
+
+async fn scale_down(crash: bool) {
     let fleet = Fleet::start(options()).await;
-    let _agent = fleet.start_agent(&[]).await;
+    let env: &[(&str, &str)] = if crash {
+        &[("RM_FAULT_CRASH_AT", "scale_down_removed")]
+    } else {
+        &[]
+    };
+    let mut agent = fleet.start_agent(env).await;
     let id = scale_set_id(&fleet).await;
     fleet.fake.pause_scale_set_runners(true);
     let jobs = fleet
@@ -766,20 +783,35 @@ async fn idle_runners_beyond_what_the_scale_set_wants_are_scaled_down() {
     for cancelled in &jobs[1..] {
         assert!(fleet.fake.complete_scale_set_job(*cancelled, "canceled"));
     }
-    wait_until(Duration::from_secs(60), "two runners scaled down", || {
+    if crash {
+        wait_until(Duration::from_secs(60), "the agent to kill itself", || {
+            agent.exited()
+        })
+        .await;
+        assert!(
+            fleet
+                .setup
+                .logs()
+                .contains("RM_FAULT_CRASH_AT=scale_down_removed")
+        );
+        agent = fleet.start_agent(&[]).await;
+    }
+    wait_until(Duration::from_secs(90), "two runners scaled down", || {
         fleet
             .attempts()
             .iter()
             .filter(|a| a.outcome == Some(AttemptOutcome::IdleExit))
             .count()
-            == 2
+            >= 2
     })
     .await;
     let attempts = fleet.attempts();
-    for scaled in attempts
+    let scaled: Vec<_> = attempts
         .iter()
         .filter(|a| a.outcome == Some(AttemptOutcome::IdleExit))
-    {
+        .collect();
+    assert_eq!(scaled.len(), 2, "no more than the surplus: {attempts:?}");
+    for scaled in scaled {
         assert_eq!(
             scaled.stop_intent,
             Some(rm_journal::StopIntent::ScaleDown),
@@ -798,4 +830,5 @@ async fn idle_runners_beyond_what_the_scale_set_wants_are_scaled_down() {
     })
     .await;
     assert_served_once(&fleet, id, &jobs[..1], false, 2).await;
+    drop(agent);
 }
