@@ -137,11 +137,76 @@ fn a_job_moves_forward_only_and_a_completion_always_wins() {
     ];
     for &(current, event, moves) in table {
         assert_eq!(
-            ScaleSetJobState::moves(current, event),
+            ScaleSetJobState::moves(current, false, event),
             moves,
             "{current:?} on {event:?}"
         );
     }
+    // Cancelled before any runner took it: assigned (or started) again moves it back; a
+    // later completion still wins; an older state never comes back.
+    for (event, moves) in [
+        (Available, false),
+        (Assigned, true),
+        (Started, true),
+        (Completed, true),
+    ] {
+        assert_eq!(
+            ScaleSetJobState::moves(Some(Completed), true, event),
+            moves,
+            "reassignable on {event:?}"
+        );
+    }
+    for (state, result, runner, reassignable) in [
+        (Completed, Some("canceled"), None, true),
+        (Completed, Some("canceled"), Some("rm-host-0001"), false),
+        (Completed, Some("succeeded"), None, false),
+        (Completed, None, None, false),
+        (Assigned, Some("canceled"), None, false),
+    ] {
+        assert_eq!(
+            ScaleSetJobState::reassignable(state, result, runner),
+            reassignable,
+            "{state:?} {result:?} {runner:?}"
+        );
+    }
+}
+
+#[test]
+fn a_job_cancelled_before_it_started_and_assigned_again_is_assigned_again() {
+    let (_dir, path) = temp_journal();
+    let sets = ScaleSets::open(&path).unwrap();
+    let cancelled = JobEvent {
+        runner_name: None,
+        result: Some("canceled".to_owned()),
+        ..event("JobCompleted", "j1")
+    };
+    for (id, e) in [
+        (1, event("JobAssigned", "j1")),
+        (2, cancelled),
+        (3, event("JobAssigned", "j1")),
+    ] {
+        sets.record_message(SET, &message(id, 1_000 + id, vec![e]))
+            .unwrap();
+    }
+    let job = sets.job("j1").unwrap().unwrap();
+    assert_eq!(
+        (job.state, job.result.as_deref(), job.message_id),
+        (ScaleSetJobState::Assigned, None, 3),
+        "assigned again, the cancellation's result gone"
+    );
+    for (id, kind) in [(4, "JobStarted"), (5, "JobCompleted")] {
+        sets.record_message(SET, &message(id, 1_000 + id, vec![event(kind, "j1")]))
+            .unwrap();
+    }
+    let job = sets.job("j1").unwrap().unwrap();
+    assert_eq!(
+        (job.state, job.result.as_deref(), job.runner_name.as_deref()),
+        (
+            ScaleSetJobState::Completed,
+            Some("succeeded"),
+            Some("rm-host-0001")
+        )
+    );
 }
 
 #[test]
@@ -177,7 +242,7 @@ fn events_in_any_order_end_in_the_same_job() {
         for (i, kind) in kinds.iter().enumerate() {
             let id = i as i64 + 1;
             let state = ScaleSetJobState::of_event(kind).unwrap();
-            if ScaleSetJobState::moves(rank, state) {
+            if ScaleSetJobState::moves(rank, false, state) {
                 rank = Some(state);
                 moved_by = id;
             }

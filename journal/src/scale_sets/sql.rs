@@ -173,10 +173,19 @@ fn apply_event(
     if event.job_id.is_empty() {
         return Ok(false);
     }
-    let current: Option<ScaleSetJobState> = tx
-        .prepare_cached("SELECT state FROM scale_set_jobs WHERE scale_set = ?1 AND job_id = ?2")?
-        .query_row([scale_set, &event.job_id], |r| r.get(0))
+    let row: Option<(ScaleSetJobState, Option<String>, Option<String>)> = tx
+        .prepare_cached(
+            "SELECT state, result, runner_name FROM scale_set_jobs
+             WHERE scale_set = ?1 AND job_id = ?2",
+        )?
+        .query_row([scale_set, &event.job_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
         .optional()?;
+    let current = row.as_ref().map(|(state, _, _)| *state);
+    let reassignable = row.as_ref().is_some_and(|(state, result, runner)| {
+        ScaleSetJobState::reassignable(*state, result.as_deref(), runner.as_deref())
+    });
     let labels = to_json(&event.labels)?;
     let Some(state) = ScaleSetJobState::of_event(&event.kind) else {
         let why = format!(
@@ -203,9 +212,11 @@ fn apply_event(
         }
         return Ok(true);
     };
-    if !ScaleSetJobState::moves(current, state) {
+    if !ScaleSetJobState::moves(current, reassignable, state) {
         return Ok(true);
     }
+    // Assigned again after a cancellation: the cancellation's result no longer holds.
+    let reassigned = reassignable && state != ScaleSetJobState::Completed;
     if current.is_none() {
         insert_job(tx, scale_set, message_id, event, state, &labels, None, at)?;
         return Ok(true);
@@ -222,7 +233,7 @@ fn apply_event(
              display_name = CASE WHEN display_name = '' THEN ?7 ELSE display_name END,
              labels = CASE WHEN labels = '[]' THEN ?8 ELSE labels END,
              runner_name = coalesce(?9, runner_name),
-             result = coalesce(?10, result),
+             result = CASE WHEN ?13 THEN NULL ELSE coalesce(?10, result) END,
              updated_at = ?11,
              message_id = ?12
          WHERE scale_set = ?1 AND job_id = ?2",
@@ -240,6 +251,7 @@ fn apply_event(
         result_of(state, event),
         at,
         message_id,
+        reassigned,
     ])?;
     Ok(true)
 }

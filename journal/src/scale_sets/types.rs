@@ -128,12 +128,38 @@ impl ScaleSetJobState {
     /// Whether an event announcing `event` moves a job now in `current` (`None`: no record
     /// yet). Forward only: a later state wins, an earlier or equal one is kept, except that a
     /// completion always wins, so a second `JobCompleted` (a job cancelled and completed again)
-    /// leaves its result and runner.
-    pub fn moves(current: Option<ScaleSetJobState>, event: ScaleSetJobState) -> bool {
+    /// leaves its result and runner. `reassignable`: the job was completed `canceled` before any
+    /// runner took it, which is how the service takes back a job no runner started in time;
+    /// assigned or started again after that, it moves back (the service's messages come in
+    /// order, so a `JobAssigned` after the cancellation is the new assignment, not the old one).
+    pub fn moves(
+        current: Option<ScaleSetJobState>,
+        reassignable: bool,
+        event: ScaleSetJobState,
+    ) -> bool {
         match current {
             None => true,
+            Some(ScaleSetJobState::Completed)
+                if reassignable
+                    && matches!(
+                        event,
+                        ScaleSetJobState::Assigned | ScaleSetJobState::Started
+                    ) =>
+            {
+                true
+            }
             Some(current) => event > current || event == ScaleSetJobState::Completed,
         }
+    }
+
+    /// Whether a job completed with `result` and run by `runner` may be assigned again
+    /// ([`ScaleSetJobState::moves`]): cancelled before any runner took it.
+    pub fn reassignable(
+        state: ScaleSetJobState,
+        result: Option<&str>,
+        runner: Option<&str>,
+    ) -> bool {
+        state == ScaleSetJobState::Completed && result == Some("canceled") && runner.is_none()
     }
 }
 
