@@ -79,6 +79,9 @@ pub struct Executor {
     /// The latest allocation plan, for the launches in flight (is their policy still wanted?)
     /// and the status snapshot.
     plans: watch::Sender<Arc<Plan>>,
+    /// The scale sets' policies whose count the last plan read from their listener's
+    /// statistics (not the default before the first): only their surplus is scaled down.
+    counted: HashSet<String>,
     /// The stops and cleanups in flight, each a task the loop joins (and a drain waits for).
     effects: JoinSet<Effected>,
     /// The attempt of each effect task, for a task that ends without reporting.
@@ -173,6 +176,7 @@ impl Executor {
             claimed: HashSet::new(),
             reruns: super::rerun::Reruns::default(),
             plans: watch::channel(Arc::new(Plan::default())).0,
+            counted: HashSet::new(),
             effects: JoinSet::new(),
             effect_of: HashMap::new(),
             wakers: Vec::new(),
@@ -331,7 +335,9 @@ impl Executor {
             .borrow()
             .policies
             .iter()
-            .filter(|p| self.ctx.settings.scale_sets.of_policy(&p.policy).is_some())
+            // A plan made before its listener's first statistics (a start) had the count
+            // defaulted, not known: nothing is scaled down on it.
+            .filter(|p| self.counted.contains(&p.policy))
             .map(|p| (p.policy.clone(), p.surplus()))
             .collect()
     }
@@ -355,6 +361,14 @@ impl Executor {
             self.claimed = standing.held.clone();
         }
         let now = ctx.now();
+        // Read before the counts: statistics that come meanwhile count at the next plan.
+        let counted: HashSet<String> = ctx
+            .settings
+            .scale_sets
+            .sources()
+            .filter(|source| source.read(|seen| seen.statistics.is_some()))
+            .map(|source| source.set.policy.clone())
+            .collect();
         let inputs = plan::Inputs {
             now_ms: now,
             // An unfit host registers nothing (crate::fitness): a runner would fail its job.
@@ -391,6 +405,7 @@ impl Executor {
         }
         let started = self.start_planned(&ctx, &mut plan).await;
         self.plans.send_replace(Arc::new(plan));
+        self.counted = counted;
         started
     }
 

@@ -82,6 +82,9 @@ pub(super) struct Effected {
 pub(super) enum Outcome {
     /// The stop ended (the runner is gone, or it was not ours to signal any more).
     Stopped,
+    /// A scale-down left the runner running (the service refused its removal, or it could not
+    /// be asked): another may be picked.
+    ScaleDownKept,
     /// The attempt is cleaned; `deregistered`: the runner name whose registration this cleanup
     /// removed from the target, so a listing held no longer shows it.
     Cleaned {
@@ -114,60 +117,68 @@ pub(super) async fn carry_out(ctx: Arc<Context>, effect: Effect) -> Effected {
             Effected { attempt, outcome }
         }
         Effect::ScaleDown { record, identity } => {
-            scale_down(&ctx, &record, identity).await;
+            let stopped = scale_down(&ctx, &record, identity).await;
             Effected {
                 attempt: record.attempt_id,
-                outcome: Outcome::Stopped,
+                outcome: if stopped {
+                    Outcome::Stopped
+                } else {
+                    Outcome::ScaleDownKept
+                },
             }
         }
     }
 }
 
-/// Scales down an idle scale-set runner: removed from the scale set first, since the service
-/// refuses a runner that took a job meanwhile (`JobStillRunningException`), so a runner is
-/// never stopped under a job; only then its stop intent journalled (a compare-and-set on
-/// `idle`) and its process stopped. A removal that fails leaves the runner running (the next
-/// pass decides again). A crash between the removal and the intent leaves an idle runner
-/// without a registration, which ends by itself (actions/runner exits when its registration
-/// is gone) or at its idle timeout, concluded an idle exit either way.
-async fn scale_down(ctx: &Context, record: &AttemptRecord, identity: ProcessIdentity) {
+/// Scales down an idle scale-set runner; returns whether it was stopped. Its stop intent is
+/// journalled first (a compare-and-set on `idle`: one that took a job since is left alone), so
+/// a crash at any step leaves the decision behind for the next start, which resumes it. Then
+/// the runner is removed from the scale set: the service refuses one it just handed a job
+/// (`JobStillRunningException`), and such a runner is not stopped (its intent, inert, is
+/// dropped by its next state). Only once removed is its process stopped.
+async fn scale_down(ctx: &Context, record: &AttemptRecord, identity: ProcessIdentity) -> bool {
     let (Some(source), Some(runner_id)) = (
         ctx.settings.scale_sets.of_policy(&record.policy),
         record.runner_id,
     ) else {
-        return;
+        return false;
     };
-    let id = u64::try_from(runner_id.get()).unwrap_or_default();
-    match source.client.remove_runner(id).await {
-        Ok(()) => {}
-        Err(rm_github::scaleset::ScaleSetError::JobStillRunning { .. }) => {
-            tracing::info!("the scale set's surplus runner took a job meanwhile; it stays");
-            return;
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot remove the scale set's surplus runner; it stays for now");
-            return;
-        }
-    }
-    fault::crash_point("scale_down_removed");
     let (attempt, now) = (record.attempt_id.clone(), ctx.now());
     match ctx
         .journal
         .write(move |attempts| attempts.record_stop_intent(&attempt, StopIntent::ScaleDown, now))
         .await
     {
-        Ok(true) => {
-            tracing::info!(
-                pid = identity.pid,
-                "scaling down: the scale set wants fewer runners; removed from it, stopping the runner"
-            );
-            ctx.stop(record.isolation, identity).await;
-        }
-        Ok(false) => {}
+        Ok(true) => {}
+        Ok(false) => return false,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot journal the scale-down; the runner ends by itself")
+            tracing::warn!(error = %e, "cannot journal the scale-down; the runner stays for now");
+            return false;
         }
     }
+    fault::crash_point("scale_down_intended");
+    let id = u64::try_from(runner_id.get()).unwrap_or_default();
+    let removal = source.client.remove_runner(id).await;
+    match deregister::scale_set_deregistration(&removal) {
+        Deregistration::Settled => {}
+        Deregistration::Busy => {
+            tracing::info!("the scale set's surplus runner took a job meanwhile; it stays");
+            return false;
+        }
+        Deregistration::Failed => {
+            if let Err(e) = removal {
+                tracing::warn!(error = %e, "cannot remove the scale set's surplus runner; it stays for now");
+            }
+            return false;
+        }
+    }
+    fault::crash_point("scale_down_removed");
+    tracing::info!(
+        pid = identity.pid,
+        "scaling down: the scale set wants fewer runners; removed from it, stopping the runner"
+    );
+    ctx.stop(record.isolation, identity).await;
+    true
 }
 
 /// A concluded attempt: everything it started stopped, its registration removed, its runtime

@@ -114,10 +114,11 @@ pub(super) struct Supervisor {
     /// reports ([`Supervisor::note_effected`]), so two effects of one attempt never overlap.
     in_flight: HashSet<AttemptId>,
     /// The scale-set runners being scaled down, with their policy: from the pick until the
-    /// runner is concluded (or its removal was refused). No more of a policy's runners are
-    /// picked meanwhile: the plan's surplus still counts these until a plan made after their
-    /// end.
-    scaling_down: HashMap<AttemptId, String>,
+    /// runner is concluded, or, when its removal was refused, until the time given (one
+    /// [`crate::scaleset::SCALE_DOWN_GRACE`] later). No more of a policy's runners are picked
+    /// meanwhile: the plan's surplus still counts these until a plan made after their end, and
+    /// a service that refuses is not asked again at every pass.
+    scaling_down: HashMap<AttemptId, (String, Option<UnixMs>)>,
     /// Launches that failed, with why: concluded so at the next pass (supervision is the one
     /// owner of conclusions; a launch only says how it ended).
     launch_failed: HashMap<AttemptId, (FailureReason, String)>,
@@ -172,6 +173,11 @@ impl Supervisor {
         self.in_flight.remove(&attempt);
         match outcome {
             Outcome::Stopped | Outcome::Lost => {}
+            Outcome::ScaleDownKept => {
+                if let Some((_, kept_until)) = self.scaling_down.get_mut(&attempt) {
+                    *kept_until = Some(now + crate::scaleset::SCALE_DOWN_GRACE);
+                }
+            }
             Outcome::Cleaned { deregistered } => {
                 self.clean_retry.remove(&attempt);
                 self.deregister_busy.remove(&attempt);
@@ -283,7 +289,8 @@ impl Supervisor {
     /// Hands the loop the scale-down of the idle runners of each scale set's policy that has
     /// `surplus` runners beyond its count (the last plan's, [`super::plan::PolicyPlan::surplus`]):
     /// which go is [`crate::scaleset::scale_down`]'s, among the runners seen idle, alive, with
-    /// no job in their logs, no stop intent and a journalled id (the service removes by id).
+    /// no job in their logs, no stop intent but a scale-down's and a journalled id (the service
+    /// removes by id).
     fn scale_down(
         &mut self,
         records: &[AttemptRecord],
@@ -295,16 +302,20 @@ impl Supervisor {
         // Still being scaled down: its effect in flight, or stopped with the intent journalled
         // and not concluded yet.
         let in_flight = &self.in_flight;
-        self.scaling_down.retain(|id, _| {
-            in_flight.contains(id)
-                || records.iter().any(|r| {
-                    &r.attempt_id == id
-                        && !r.state.is_terminal()
-                        && r.stop_intent == Some(StopIntent::ScaleDown)
-                })
-        });
+        self.scaling_down
+            .retain(|id, (_, kept_until)| match kept_until {
+                Some(until) => now < *until,
+                None => {
+                    in_flight.contains(id)
+                        || records.iter().any(|r| {
+                            &r.attempt_id == id
+                                && !r.state.is_terminal()
+                                && r.stop_intent == Some(StopIntent::ScaleDown)
+                        })
+                }
+            });
         for (policy, &surplus) in surplus.iter().filter(|(_, s)| **s > 0) {
-            if self.scaling_down.values().any(|p| p == policy) {
+            if self.scaling_down.values().any(|(p, _)| p == policy) {
                 continue;
             }
             let idle: Vec<(&AttemptRecord, ProcessIdentity)> = records
@@ -313,19 +324,26 @@ impl Supervisor {
                 .filter(|(r, sight)| {
                     &r.policy == policy
                         && r.state == AttemptState::Idle
-                        && r.stop_intent.is_none()
+                        && matches!(r.stop_intent, None | Some(StopIntent::ScaleDown))
                         && r.runner_id.is_some()
                         && sight.process == ProcessObservation::Running
                         && sight.evidence == crate::lifecycle::JobEvidence::NoJob
                 })
                 .filter_map(|(r, sight)| Some((r, sight.identity?)))
                 .collect();
-            let since: Vec<UnixMs> = idle.iter().map(|(r, _)| r.state_changed_at_ms).collect();
+            // One whose scale-down was decided before (the agent died in it) goes first.
+            let since: Vec<UnixMs> = idle
+                .iter()
+                .map(|(r, _)| match r.stop_intent {
+                    Some(StopIntent::ScaleDown) => UnixMs::EPOCH,
+                    _ => r.state_changed_at_ms,
+                })
+                .collect();
             for pick in crate::scaleset::scale_down(surplus, &since, now) {
                 let (record, identity) = idle[pick];
                 self.in_flight.insert(record.attempt_id.clone());
                 self.scaling_down
-                    .insert(record.attempt_id.clone(), record.policy.clone());
+                    .insert(record.attempt_id.clone(), (record.policy.clone(), None));
                 report.effects.push(Effect::ScaleDown {
                     record: record.clone(),
                     identity,

@@ -452,8 +452,14 @@ fn alive(
             Decision::Observe(Idle)
         }
         state => {
-            // Signalled already, and still alive: signal again (the adapter escalates).
-            if let Some(intent) = attempt.intent_for_now() {
+            // Signalled already, and still alive: signal again (the adapter escalates). Not a
+            // scale-down: its intent is journalled before the scale set is asked to let the
+            // runner go, and only that effect, once the service removed it, stops the runner
+            // (a refusal means the service just handed it a job).
+            if let Some(intent) = attempt
+                .intent_for_now()
+                .filter(|i| *i != StopIntent::ScaleDown)
+            {
                 return Decision::Terminate(intent);
             }
             // Alive, idle, and GitHub has not listed it online for a while: it can never take a

@@ -198,6 +198,10 @@ pub struct Broker {
     /// and the caller gets `503` (a timeout after the service acted, §1.12): asking again with
     /// the same name is `409 AgentExistsException`.
     pub lost_jit_answers: u32,
+    /// Refuse this many next removals of an existing runner with `JobStillRunningException`,
+    /// busy or not: the service handing the runner a job at the instant it is removed (a race
+    /// a scale-down must lose gracefully).
+    pub refused_removals: u32,
     /// Scale-set runners asking for a job get none (runners slow to come: an assigned job
     /// waits, and is reassigned if [`Broker::reassign_after`] says so).
     pub runners_paused: bool,
@@ -224,6 +228,7 @@ impl Default for Broker {
             reassign_after: None,
             job_still_running_status: 400,
             lost_jit_answers: 0,
+            refused_removals: 0,
             runners_paused: false,
             now: SystemTime::UNIX_EPOCH,
         }
@@ -921,11 +926,17 @@ fn agents_call(
             let id: u64 = id.parse().unwrap_or(0);
             match state.runners.get(&id).filter(|r| in_target(r)) {
                 None => Answer::empty(204),
-                Some(r) if r.busy => Answer::error(
-                    state.broker.job_still_running_status,
-                    "GitHub.DistributedTask.WebApi.JobStillRunningException",
-                    &format!("The runner {} is still running a job", r.name),
-                ),
+                Some(r) if r.busy || state.broker.refused_removals > 0 => {
+                    state.broker.refused_removals = state
+                        .broker
+                        .refused_removals
+                        .saturating_sub(u32::from(!r.busy));
+                    Answer::error(
+                        state.broker.job_still_running_status,
+                        "GitHub.DistributedTask.WebApi.JobStillRunningException",
+                        &format!("The runner {} is still running a job", r.name),
+                    )
+                }
                 Some(_) => {
                     state.runners.remove(&id);
                     Answer::empty(204)

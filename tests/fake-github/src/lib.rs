@@ -857,6 +857,13 @@ impl FakeGithub {
         self.with(|s| s.broker.lost_jit_answers = count)
     }
 
+    /// The next `count` removals of an idle runner through the service are refused with
+    /// `JobStillRunningException`, as when the service hands the runner a job at the instant it
+    /// is removed.
+    pub fn refuse_next_removals(&self, count: u32) {
+        self.with(|s| s.broker.refused_removals = count)
+    }
+
     /// While `paused`, scale-set runners asking for a job get none: runners slow to come, their
     /// assigned jobs waiting (and reassigned, with [`Self::set_scale_set_reassign_after`]).
     pub fn pause_scale_set_runners(&self, paused: bool) {

@@ -664,6 +664,9 @@ async fn a_scale_set_runner_is_a_runner_of_its_target_and_is_removed_through_the
         .complete(request, "success")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    // Idle, and a removal refused once as if the service handed it a job at that instant.
+    h.fake.refuse_next_removals(1);
+    assert_eq!(h.call("DELETE", &one, &admin, None).await.status, 409);
     assert_eq!(h.call("DELETE", &one, &admin, None).await.status, 204);
     assert_eq!(
         h.call("DELETE", &one, &admin, None).await.status,

@@ -135,10 +135,13 @@ fn the_decision_table() {
         (Starting, 20, Some(RegistrationTimeout), (Gone, IDLE, Unknown), failed(TerminatedAfterRegistrationTimeout)),
         (Idle, 20, Some(IdleTimeout), (Exited, IDLE, Unknown), Conclude(Conclusion::IdleExit)),
         (Idle, 20, Some(IdleTimeout), (Exited, NotRegistered, NoJob), Conclude(Conclusion::IdleExit)),
-        // A scale set's surplus runner, removed from the scale set and stopped: an idle exit;
-        // still alive, signalled again; busy since, the intent is stale and it is left alone.
+        // A scale set's surplus runner, removed from the scale set and stopped: an idle exit.
+        // Still alive, it is not signalled by the decision (only the scale-down, once the
+        // service let it go), and its idle timeout still holds; busy since, the intent is
+        // stale and it is left alone.
         (Idle, 1, Some(ScaleDown), (Exited, NotRegistered, NoJob), Conclude(Conclusion::IdleExit)),
-        (Idle, 1, Some(ScaleDown), (Running, IDLE, NoJob), Terminate(ScaleDown)),
+        (Idle, 1, Some(ScaleDown), (Running, IDLE, NoJob), Adopt),
+        (Idle, 10, Some(ScaleDown), (Running, IDLE, NoJob), Terminate(IdleTimeout)),
         (Busy, 1, Some(ScaleDown), (Running, BUSY, RanAJob), Adopt),
         // Evidence beats intent: a Worker log means it ran a job.
         (Starting, 20, Some(RegistrationTimeout), (Exited, NotRegistered, RanAJob), Conclude(Conclusion::CompletedJob)),

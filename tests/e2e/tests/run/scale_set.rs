@@ -746,25 +746,49 @@ async fn a_runner_finished_while_the_agent_was_down_hides_no_job_queued_meanwhil
 /// long before `runner.idle_timeout`, and the one left serves the remaining job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_runners_beyond_what_the_scale_set_wants_are_scaled_down() {
-    scale_down(false).await;
+    scale_down(ScaleDownFault::None).await;
 }
 
-/// The same, the agent SIGKILLed after a surplus runner was removed from the scale set and
-/// before its stop intent was journalled: the next start scales it down again (its removal
-/// finds it gone), and nothing else changes.
+/// Scenario 10 in a scale-down: the service refuses the removal of an idle runner
+/// (`JobStillRunningException`, as when it hands that runner a job at that instant): the runner
+/// is not stopped then; it is removed and stopped only once the service lets it go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_down_the_service_refuses_leaves_the_runner_running() {
+    scale_down(ScaleDownFault::Refused).await;
+}
+
+/// The same, the agent SIGKILLed after a surplus runner's scale-down was journalled and the
+/// runner removed from the scale set, before it was stopped; then (another fleet) after the
+/// scale-down was journalled, before the removal. The next start resumes that scale-down
+/// rather than choosing another runner, and nothing else changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_in_the_middle_of_a_scale_down_scales_down_once_more() {
-    scale_down(true).await;
+    scale_down(ScaleDownFault::Crash("scale_down_removed")).await;
+    scale_down(ScaleDownFault::Crash("scale_down_intended")).await;
 }
 
-async fn scale_down(crash: bool) {
-    let fleet = Fleet::start(options()).await;
-    let env: &[(&str, &str)] = if crash {
-        &[("RM_FAULT_CRASH_AT", "scale_down_removed")]
-    } else {
-        &[]
+/// What goes wrong in [`scale_down`].
+#[derive(PartialEq)]
+enum ScaleDownFault {
+    None,
+    /// The agent is SIGKILLed at this point: after the intent and before the removal, or after
+    /// the removal and before the runner is stopped.
+    Crash(&'static str),
+    /// The service refuses the first removal.
+    Refused,
+}
+
+async fn scale_down(fault: ScaleDownFault) {
+    let crash_at = match fault {
+        ScaleDownFault::Crash(point) => Some(point),
+        _ => None,
     };
-    let mut agent = fleet.start_agent(env).await;
+    let fleet = Fleet::start(options()).await;
+    let env: Vec<(&str, &str)> = crash_at
+        .map(|point| ("RM_FAULT_CRASH_AT", point))
+        .into_iter()
+        .collect();
+    let mut agent = fleet.start_agent(&env).await;
     let id = scale_set_id(&fleet).await;
     fleet.fake.pause_scale_set_runners(true);
     let jobs = fleet
@@ -780,10 +804,14 @@ async fn scale_down(crash: bool) {
             == 3
     })
     .await;
+    let cancelled_at = fleet.fake.now();
+    if fault == ScaleDownFault::Refused {
+        fleet.fake.refuse_next_removals(1);
+    }
     for cancelled in &jobs[1..] {
         assert!(fleet.fake.complete_scale_set_job(*cancelled, "canceled"));
     }
-    if crash {
+    if let Some(point) = crash_at {
         wait_until(Duration::from_secs(60), "the agent to kill itself", || {
             agent.exited()
         })
@@ -792,7 +820,7 @@ async fn scale_down(crash: bool) {
             fleet
                 .setup
                 .logs()
-                .contains("RM_FAULT_CRASH_AT=scale_down_removed")
+                .contains(&format!("RM_FAULT_CRASH_AT={point}"))
         );
         agent = fleet.start_agent(&[]).await;
     }
@@ -824,6 +852,18 @@ async fn scale_down(crash: bool) {
         1,
         "{attempts:?}"
     );
+    // Each runner stopped was removed from the scale set first; a refused removal stopped
+    // nothing, and was tried again.
+    let removals: Vec<u16> = fleet
+        .fake
+        .requests_since(cancelled_at)
+        .iter()
+        .filter(|r| r.method == "DELETE" && r.path.contains("/agents/"))
+        .map(|r| r.status)
+        .collect();
+    let refused = removals.iter().filter(|s| **s != 204).count();
+    let expected_refusals = usize::from(fault == ScaleDownFault::Refused);
+    assert_eq!(refused, expected_refusals, "{removals:?}");
     fleet.fake.pause_scale_set_runners(false);
     wait_until(Duration::from_secs(60), "the job kept served", || {
         jobs_done(&fleet, &jobs[..1])
