@@ -5,6 +5,11 @@
 //! A message that cannot be journalled is not acknowledged (it comes again); an event inside
 //! one that cannot be handled is journalled as such and never blocks the queue.
 //!
+//! Each poll sends the capacity the allocation pass last published ([`super::capacity`]); a
+//! poll held while it changes is cut short and sent again with the new one, no sooner than
+//! [`CAPACITY_RECUT_AFTER`] after it began, so the service learns of freed (or lost) room
+//! within about a second instead of at the end of its ~50 s hold.
+//!
 //! The rules of the protocol (sessions, eviction, back-off, standby) are
 //! `rm_github::scaleset::listener`'s; this task only adds the journal and the agent.
 
@@ -29,6 +34,11 @@ pub const JOURNAL_RETRY: Duration = Duration::from_secs(5);
 
 /// How long the task waits after failing to find or create the scale set.
 pub const SETUP_RETRY: Duration = Duration::from_secs(30);
+
+/// How long a poll is held at least before a capacity change cuts it short (to be sent again
+/// with the new capacity): a capacity that changes at every allocation pass costs at most one
+/// poll a second, never a loop of them.
+pub const CAPACITY_RECUT_AFTER: Duration = Duration::from_secs(1);
 
 /// The journal's scale-set record, one write connection for the task's life (not one per
 /// message); used off the async workers ([`blocking`]), or, from the listener's hooks, for one
@@ -58,7 +68,6 @@ pub async fn run(
     board: Arc<Board>,
     journal: PathBuf,
     owner: String,
-    capacity: u32,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let name = source.set.name.clone();
@@ -83,7 +92,7 @@ pub async fn run(
             return;
         }
         // `serve` watches `shutdown` itself, to close its session first.
-        let outcome = serve(&source, &board, &journal, &owner, capacity, &mut shutdown).await;
+        let outcome = serve(&source, &board, &journal, &owner, &mut shutdown).await;
         let wait = match outcome {
             Served::Shutdown => return,
             Served::ScaleSetGone => {
@@ -161,7 +170,6 @@ async fn serve(
     board: &Arc<Board>,
     journal: &Journal,
     owner: &str,
-    capacity: u32,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Served {
     let set = &source.set;
@@ -265,9 +273,21 @@ async fn serve(
     }) {
         board.changed();
     }
+    let mut capacities = source.watch_capacity();
+    let mut sent = None;
     loop {
+        let capacity = *capacities.borrow_and_update();
+        if sent != Some(capacity) {
+            tracing::debug!(scale_set = set.name, capacity, "the scale set's capacity");
+            sent = Some(capacity);
+        }
+        // With a session held and no failure behind, `next` is one poll: cutting it short
+        // costs that poll only (a back-off or standby wait cut short would be waited again in
+        // full, so those are left alone).
+        let polling = listener.session_id().is_some() && listener.state().failures == 0;
         let next = tokio::select! {
             next = listener.next(last_message_id, capacity) => next,
+            () = capacity_changed(&mut capacities, capacity), if polling => continue,
             _ = shutdown.changed() => {
                 close(listener, journal, &name, id).await;
                 return Served::Shutdown;
@@ -371,6 +391,15 @@ async fn serve(
     }
 }
 
+/// Completes once the published capacity is other than `sent`, no sooner than
+/// [`CAPACITY_RECUT_AFTER`] from now; never if the publisher is gone.
+async fn capacity_changed(capacities: &mut watch::Receiver<u32>, sent: u32) {
+    tokio::time::sleep(CAPACITY_RECUT_AFTER).await;
+    if capacities.wait_for(|c| *c != sent).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Acquires the message's `JobAvailable` jobs (GHES assigns a job only once acquired, §1.11;
 /// github.com announces none). A failure is logged: the service announces them again.
 async fn acquire_available(listener: &mut Listener, message: &Message, name: &str) {
@@ -471,5 +500,36 @@ pub(crate) fn statistics(s: &Statistics) -> ScaleSetStatistics {
         registered: s.total_registered_runners,
         busy: s.total_busy_runners,
         idle: s.total_idle_runners,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_capacity_change_cuts_a_held_poll_short_but_not_within_its_first_second() {
+        let (publisher, mut capacities) = watch::channel(2u32);
+        // Changed at once: the poll is still held its first second.
+        publisher.send_replace(3);
+        let started = Instant::now();
+        capacity_changed(&mut capacities, 2).await;
+        assert!(started.elapsed() >= CAPACITY_RECUT_AFTER);
+        // The capacity the poll sent: nothing to cut.
+        let wait = CAPACITY_RECUT_AFTER + Duration::from_millis(300);
+        assert!(
+            tokio::time::timeout(wait, capacity_changed(&mut capacities, 3))
+                .await
+                .is_err()
+        );
+        // No publisher any more: never (not a loop of polls).
+        drop(publisher);
+        assert!(
+            tokio::time::timeout(wait, capacity_changed(&mut capacities, 3))
+                .await
+                .is_err()
+        );
     }
 }
