@@ -63,6 +63,16 @@ async fn polled_capacity(fleet: &Fleet, id: u64, capacity: u64) {
     .await;
 }
 
+/// Waits until set `id` was polled twice more: the listener has sent the capacity the
+/// allocation pass published before this call.
+async fn polled_again(fleet: &Fleet) {
+    let polls = fleet.fake.broker_calls("GET", "/scalesets/message");
+    wait_until(Duration::from_secs(30), "two more polls", || {
+        fleet.fake.broker_calls("GET", "/scalesets/message") >= polls + 2
+    })
+    .await;
+}
+
 fn jobs_done(fleet: &Fleet, jobs: &[u64]) -> bool {
     jobs.iter().all(|j| {
         fleet
@@ -209,7 +219,9 @@ async fn a_host_full_of_other_runners_sends_capacity_0_until_they_end() {
     })
     .await;
     fleet.fake.set_runner_behavior(RunnerBehavior::default());
-    polled_capacity(&fleet, id, 0).await;
+    // Their attempts were journalled (and counted by the pass that started them) before they
+    // were busy.
+    polled_again(&fleet).await;
 
     let jobs = fleet
         .fake
@@ -225,9 +237,11 @@ async fn a_host_full_of_other_runners_sends_capacity_0_until_they_end() {
             .map(|j| fleet.fake.scale_set_job(*j).unwrap().state)
             .collect();
         let started = fleet.attempts().iter().any(|a| a.policy == BIG.name);
+        let capacity = fleet.fake.scale_set_capacity(id);
         if webhook.iter().any(|j| fleet.completed(*j)) {
             break;
         }
+        assert_eq!(capacity, Some(0), "the capacity polled on a full host");
         assert!(
             states.iter().all(|s| *s == JobState::Queued),
             "assigned with no room on the host: {states:?}"
@@ -268,7 +282,11 @@ async fn a_burst_on_a_small_host_gets_one_runner_per_job_and_no_more_than_the_ho
     fleet.fake.set_scale_set_jobs_per_message(3);
     let _agent = fleet.start_agent(&[]).await;
     let id = scale_set_id(&fleet).await;
-    polled_capacity(&fleet, id, 4).await;
+    // Polled after the first allocation pass (before it: 0).
+    wait_until(Duration::from_secs(30), "a poll with room", || {
+        fleet.fake.scale_set_capacity(id).is_some_and(|c| c > 0)
+    })
+    .await;
 
     let names: Vec<String> = (1..=40).map(|n| format!("burst {n}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -294,6 +312,13 @@ async fn a_burst_on_a_small_host_gets_one_runner_per_job_and_no_more_than_the_ho
     }
     // The host was used, not trickled: several runners at once.
     assert!(most_live >= 2, "at most {most_live} live runners at once");
+    // No surplus runner (one would wait for its idle timeout): as many as jobs.
+    let runners = fleet
+        .attempts()
+        .iter()
+        .filter(|a| a.policy == BIG.name)
+        .count();
+    assert_eq!(runners, jobs.len(), "runners for 40 jobs");
     assert_served_once(&fleet, id, &jobs).await;
     // The messages came truncated: none carried more than 3 job messages, and the assignments
     // alone took more than one.
