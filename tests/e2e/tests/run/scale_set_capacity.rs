@@ -337,3 +337,59 @@ async fn a_burst_on_a_small_host_gets_one_runner_per_job_and_no_more_than_the_ho
     assert!(sizes.iter().all(|n| *n <= 3), "{sizes:?}");
     assert!(sizes.len() >= 40, "{} messages for 120 events", sizes.len());
 }
+
+/// The host takes no new runner while it is unfit (here: a required tool is missing), so the
+/// scale set's polls say capacity 0 and its jobs wait unassigned, with no runner; once the tool
+/// is installed the same agent finds the host fit, the capacity comes back and every job is
+/// served once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfit_host_sends_capacity_0_until_it_is_fit_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let tool = dir.path().join("required-tool");
+    let fleet = Fleet::start(FleetOptions {
+        host_extra: format!("required_tools = [\"{}\"]\n", tool.display()),
+        ..options(4, vec![BIG])
+    })
+    .await;
+    let _agent = fleet.start_agent(&[]).await;
+    let id = scale_set_id(&fleet).await;
+    wait_until(Duration::from_secs(60), "status says unfit", || {
+        let out = fleet.setup.run(&["status", "--json"]);
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        status["host"]["fit"] == false
+    })
+    .await;
+    polled_again(&fleet).await;
+    polled_capacity(&fleet, id, 0).await;
+    let jobs = fleet
+        .fake
+        .queue_scale_set_jobs(id, &["unfit 1", "unfit 2"])
+        .unwrap();
+    // A few passes and polls: nothing assigned, no runner.
+    for _ in 0..20 {
+        assert_eq!(fleet.fake.scale_set_capacity(id), Some(0));
+        for job in &jobs {
+            assert_eq!(
+                fleet.fake.scale_set_job(*job).unwrap().state,
+                JobState::Queued
+            );
+        }
+        assert!(fleet.attempts().is_empty(), "a runner on an unfit host");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_until(Duration::from_secs(30), "status shows capacity 0", || {
+        status_capacity(&fleet) == 0
+    })
+    .await;
+
+    std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    wait_until(
+        Duration::from_secs(120),
+        "the jobs done once the host is fit",
+        || jobs_done(&fleet, &jobs),
+    )
+    .await;
+    assert_served_once(&fleet, id, &jobs).await;
+    polled_capacity(&fleet, id, 4).await;
+}
