@@ -360,7 +360,11 @@ async fn an_unfit_host_sends_capacity_0_until_it_is_fit_again() {
     })
     .await;
     polled_again(&fleet).await;
-    polled_capacity(&fleet, id, 0).await;
+    assert_eq!(
+        fleet.fake.scale_set_capacity(id),
+        Some(0),
+        "the capacity polled on an unfit host"
+    );
     let jobs = fleet
         .fake
         .queue_scale_set_jobs(id, &["unfit 1", "unfit 2"])
