@@ -189,7 +189,7 @@ impl Source {
     }
 
     /// The capacity the allocation pass last published.
-    pub fn capacity(&self) -> u32 {
+    pub fn current_capacity(&self) -> u32 {
         *self.capacity.borrow()
     }
 
@@ -294,7 +294,7 @@ impl Board {
     /// Each scale set's name and the capacity last published, for the status snapshot.
     pub fn capacities(&self) -> BTreeMap<String, u32> {
         self.sources()
-            .map(|s| (s.set.name.clone(), s.capacity()))
+            .map(|s| (s.set.name.clone(), s.current_capacity()))
             .collect()
     }
 
