@@ -5,10 +5,12 @@
 //! A message that cannot be journalled is not acknowledged (it comes again); an event inside
 //! one that cannot be handled is journalled as such and never blocks the queue.
 //!
-//! Each poll sends the capacity the allocation pass last published ([`super::capacity`]); a
-//! poll held while it changes is cut short and sent again with the new one, no sooner than
-//! [`CAPACITY_RECUT_AFTER`] after it began, so the service learns of freed (or lost) room
-//! within about a second instead of at the end of its ~50 s hold.
+//! Each poll sends the capacity the allocation pass last published ([`super::capacity`]); no
+//! session is opened before the first pass has published one (recovery incomplete: the host
+//! takes nothing, and GitHub keeps the messages). A poll held while the capacity changes is
+//! cut short and sent again with the new one, no sooner than [`CAPACITY_RECUT_AFTER`] after it
+//! began, so the service learns of freed (or lost) room within about a second instead of at
+//! the end of its ~50 s hold.
 //!
 //! The rules of the protocol (sessions, eviction, back-off, standby) are
 //! `rm_github::scaleset::listener`'s; this task only adds the journal and the agent.
@@ -220,8 +222,15 @@ async fn serve(
     };
     let stale = known.as_ref().and_then(|k| k.session_id.clone());
     let (record, record_name) = (Arc::clone(journal), name.clone());
+    // Whether the step `next` is in may be cut short for a capacity change: a poll, with a
+    // session held. Set before each call, and by the session's creation within one (what
+    // follows it is the poll); never while a session is being made, whose answer a cut would
+    // lose (the session left behind is waited out on standby).
+    let cuttable = Arc::new(watch::channel(false).0);
+    let opened = Arc::clone(&cuttable);
     let listener = Listener::new(Arc::clone(&source.client), id, owner, stale).on_session(
         move |session_id| {
+            opened.send_replace(true);
             // Before the session is first polled: a successor deletes it by this id.
             let at = rm_vocab::now();
             let written =
@@ -264,19 +273,35 @@ async fn serve(
             .filter_map(|row| row.runner_name)
             .collect()
     };
+    let mut capacities = source.watch_capacity();
+    let waiting = capacities.borrow().is_none();
     if source.update(|seen| {
         for runner in journalled_completions {
             seen.remember_completed(runner);
         }
         seen.last_message_id = last_message_id;
-        seen.activity = "opening a session".to_owned();
+        seen.activity = if waiting {
+            "waiting for the host's first allocation pass (recovery)".to_owned()
+        } else {
+            "opening a session".to_owned()
+        };
     }) {
         board.changed();
     }
-    let mut capacities = source.watch_capacity();
+    // Nothing is polled before the host says what it can take: a first poll sent with a
+    // capacity it does not know yet would be held (~50 s) before the right one could go.
+    tokio::select! {
+        published = capacities.wait_for(Option::is_some) => {
+            if published.is_err() {
+                // No allocation pass will ever publish: the agent is stopping.
+                return Served::Shutdown;
+            }
+        }
+        _ = shutdown.changed() => return Served::Shutdown,
+    }
     let mut sent = None;
     loop {
-        let capacity = *capacities.borrow_and_update();
+        let capacity = capacities.borrow_and_update().unwrap_or(0);
         if sent != Some(capacity) {
             tracing::debug!(scale_set = set.name, capacity, "the scale set's capacity");
             sent = Some(capacity);
@@ -284,10 +309,10 @@ async fn serve(
         // With a session held and no failure behind, `next` is one poll: cutting it short
         // costs that poll only (a back-off or standby wait cut short would be waited again in
         // full, so those are left alone).
-        let polling = listener.session_id().is_some() && listener.state().failures == 0;
+        cuttable.send_replace(listener.session_id().is_some() && listener.state().failures == 0);
         let next = tokio::select! {
             next = listener.next(last_message_id, capacity) => next,
-            () = capacity_changed(&mut capacities, capacity), if polling => continue,
+            () = capacity_changed(&mut capacities, capacity, cuttable.subscribe()) => continue,
             _ = shutdown.changed() => {
                 close(listener, journal, &name, id).await;
                 return Served::Shutdown;
@@ -391,11 +416,18 @@ async fn serve(
     }
 }
 
-/// Completes once the published capacity is other than `sent`, no sooner than
-/// [`CAPACITY_RECUT_AFTER`] from now; never if the publisher is gone.
-async fn capacity_changed(capacities: &mut watch::Receiver<u32>, sent: u32) {
+/// Completes once the published capacity is other than `sent` while the step in flight may
+/// be cut (`cuttable`), no sooner than [`CAPACITY_RECUT_AFTER`] from now; never if either
+/// publisher is gone.
+async fn capacity_changed(
+    capacities: &mut watch::Receiver<Option<u32>>,
+    sent: u32,
+    mut cuttable: watch::Receiver<bool>,
+) {
     tokio::time::sleep(CAPACITY_RECUT_AFTER).await;
-    if capacities.wait_for(|c| *c != sent).await.is_err() {
+    if cuttable.wait_for(|cut| *cut).await.is_err()
+        || capacities.wait_for(|c| *c != Some(sent)).await.is_err()
+    {
         std::future::pending::<()>().await;
     }
 }
@@ -511,23 +543,35 @@ mod tests {
 
     #[tokio::test]
     async fn a_capacity_change_cuts_a_held_poll_short_but_not_within_its_first_second() {
-        let (publisher, mut capacities) = watch::channel(2u32);
+        let (publisher, mut capacities) = watch::channel(Some(2u32));
+        let (polling, cuttable) = watch::channel(true);
         // Changed at once: the poll is still held its first second.
-        publisher.send_replace(3);
+        publisher.send_replace(Some(3));
         let started = Instant::now();
-        capacity_changed(&mut capacities, 2).await;
+        capacity_changed(&mut capacities, 2, cuttable.clone()).await;
         assert!(started.elapsed() >= CAPACITY_RECUT_AFTER);
         // The capacity the poll sent: nothing to cut.
         let wait = CAPACITY_RECUT_AFTER + Duration::from_millis(300);
         assert!(
-            tokio::time::timeout(wait, capacity_changed(&mut capacities, 3))
+            tokio::time::timeout(wait, capacity_changed(&mut capacities, 3, cuttable.clone()))
                 .await
                 .is_err()
         );
+        // Not a poll in flight (a session being made, a back-off): not until it is one.
+        polling.send_replace(false);
+        {
+            let cut = capacity_changed(&mut capacities, 2, cuttable.clone());
+            tokio::pin!(cut);
+            assert!(tokio::time::timeout(wait, &mut cut).await.is_err());
+            polling.send_replace(true);
+            tokio::time::timeout(Duration::from_millis(300), &mut cut)
+                .await
+                .expect("cut once the session is made");
+        }
         // No publisher any more: never (not a loop of polls).
         drop(publisher);
         assert!(
-            tokio::time::timeout(wait, capacity_changed(&mut capacities, 3))
+            tokio::time::timeout(wait, capacity_changed(&mut capacities, 3, cuttable))
                 .await
                 .is_err()
         );

@@ -172,9 +172,9 @@ pub struct Source {
     id: AtomicU64,
     seen: Mutex<Seen>,
     /// The capacity the allocation pass last published ([`capacity`]); the listener sends it
-    /// at its next poll. 0 until the first pass: before recovery completes this host takes
-    /// nothing.
-    capacity: watch::Sender<u32>,
+    /// at its next poll. `None` until the first pass: before recovery completes this host
+    /// takes nothing, and the listener opens no session (GitHub keeps the messages).
+    capacity: watch::Sender<Option<u32>>,
 }
 
 impl Source {
@@ -184,26 +184,26 @@ impl Source {
             client,
             id: AtomicU64::new(0),
             seen: Mutex::new(Seen::default()),
-            capacity: watch::channel(0).0,
+            capacity: watch::channel(None).0,
         }
     }
 
-    /// The capacity the allocation pass last published.
-    pub fn current_capacity(&self) -> u32 {
+    /// The capacity the allocation pass last published; `None` before its first pass.
+    pub fn current_capacity(&self) -> Option<u32> {
         *self.capacity.borrow()
     }
 
     /// Watches the capacity the allocation pass publishes (the listener, to cut a held poll
     /// short when it changes).
-    pub(crate) fn watch_capacity(&self) -> watch::Receiver<u32> {
+    pub(crate) fn watch_capacity(&self) -> watch::Receiver<Option<u32>> {
         self.capacity.subscribe()
     }
 
     /// Publishes the capacity (the allocation pass); a watcher is told only of a change.
     pub(crate) fn set_capacity(&self, capacity: u32) {
         self.capacity.send_if_modified(|c| {
-            let changed = *c != capacity;
-            *c = capacity;
+            let changed = *c != Some(capacity);
+            *c = Some(capacity);
             changed
         });
     }
@@ -291,10 +291,11 @@ impl Board {
         }
     }
 
-    /// Each scale set's name and the capacity last published, for the status snapshot.
+    /// Each scale set's name and the capacity last published (none before the first pass),
+    /// for the status snapshot and `/metrics`.
     pub fn capacities(&self) -> BTreeMap<String, u32> {
         self.sources()
-            .map(|s| (s.set.name.clone(), s.current_capacity()))
+            .filter_map(|s| Some((s.set.name.clone(), s.current_capacity()?)))
             .collect()
     }
 

@@ -397,3 +397,39 @@ async fn an_unfit_host_sends_capacity_0_until_it_is_fit_again() {
     assert_served_once(&fleet, id, &jobs).await;
     polled_capacity(&fleet, id, 4).await;
 }
+
+/// A poll held while the capacity changes is cut short and sent again with the new one: with
+/// the broker holding polls 30 s, a slot a webhook runner takes reaches the broker as a lower
+/// capacity within seconds, not at the end of the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capacity_change_reaches_the_broker_while_it_holds_the_poll() {
+    let fleet = Fleet::start(options(2, vec![LINUX, BIG])).await;
+    fleet.fake.set_poll_hold(Duration::from_secs(30));
+    fleet.fake.set_runner_behavior(RunnerBehavior {
+        job_duration_ms: 5_000,
+        ..RunnerBehavior::default()
+    });
+    let _agent = fleet.start_agent(&[]).await;
+    let id = scale_set_id(&fleet).await;
+    // The first poll may have gone out before the first allocation pass (capacity 0).
+    wait_until(
+        Duration::from_secs(10),
+        "capacity 2 while polls are held 30 s",
+        || fleet.fake.scale_set_capacity(id) == Some(2),
+    )
+    .await;
+    let webhook = fleet
+        .fake
+        .queue_job(REPO, "takes a slot", &["self-hosted", "linux"])
+        .unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "capacity 1 while polls are held 30 s",
+        || fleet.fake.scale_set_capacity(id) == Some(1),
+    )
+    .await;
+    wait_until(Duration::from_secs(60), "the webhook job done", || {
+        fleet.completed(webhook)
+    })
+    .await;
+}
