@@ -5,12 +5,11 @@
 //! A message that cannot be journalled is not acknowledged (it comes again); an event inside
 //! one that cannot be handled is journalled as such and never blocks the queue.
 //!
-//! Each poll sends the capacity the allocation pass last published ([`super::capacity`]); no
-//! session is opened before the first pass has published one (recovery incomplete: the host
-//! takes nothing, and GitHub keeps the messages). A poll held while the capacity changes is
-//! cut short and sent again with the new one, no sooner than [`CAPACITY_RECUT_AFTER`] after it
-//! began, so the service learns of freed (or lost) room within about a second instead of at
-//! the end of its ~50 s hold.
+//! Each poll sends the capacity the allocation pass last published ([`super::capacity`]; 0
+//! before its first pass: recovery is incomplete and the host takes nothing). A poll held while
+//! the capacity changes is cut short and sent again with the new one, no sooner than
+//! [`CAPACITY_RECUT_AFTER`] after it began, so the service learns of freed (or lost) room
+//! within about a second instead of at the end of its ~50 s hold.
 //!
 //! The rules of the protocol (sessions, eviction, back-off, standby) are
 //! `rm_github::scaleset::listener`'s; this task only adds the journal and the agent.
@@ -273,32 +272,16 @@ async fn serve(
             .filter_map(|row| row.runner_name)
             .collect()
     };
-    let mut capacities = source.watch_capacity();
-    let waiting = capacities.borrow().is_none();
     if source.update(|seen| {
         for runner in journalled_completions {
             seen.remember_completed(runner);
         }
         seen.last_message_id = last_message_id;
-        seen.activity = if waiting {
-            "waiting for the host's first allocation pass (recovery)".to_owned()
-        } else {
-            "opening a session".to_owned()
-        };
+        seen.activity = "opening a session".to_owned();
     }) {
         board.changed();
     }
-    // Nothing is polled before the host says what it can take: a first poll sent with a
-    // capacity it does not know yet would be held (~50 s) before the right one could go.
-    tokio::select! {
-        published = capacities.wait_for(Option::is_some) => {
-            if published.is_err() {
-                // No allocation pass will ever publish: the agent is stopping.
-                return Served::Shutdown;
-            }
-        }
-        _ = shutdown.changed() => return Served::Shutdown,
-    }
+    let mut capacities = source.watch_capacity();
     let mut sent = None;
     loop {
         let capacity = capacities.borrow_and_update().unwrap_or(0);

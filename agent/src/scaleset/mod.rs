@@ -172,8 +172,8 @@ pub struct Source {
     id: AtomicU64,
     seen: Mutex<Seen>,
     /// The capacity the allocation pass last published ([`capacity`]); the listener sends it
-    /// at its next poll. `None` until the first pass: before recovery completes this host
-    /// takes nothing, and the listener opens no session (GitHub keeps the messages).
+    /// at its next poll. `None` until the first pass (sent as 0: before recovery completes
+    /// this host takes nothing).
     capacity: watch::Sender<Option<u32>>,
 }
 
