@@ -294,13 +294,8 @@ fn spawn_scale_set_listeners(
     tasks: &mut Tasks,
 ) {
     for source in board.sources() {
-        let capacity = config
-            .policies
-            .iter()
-            .find(|p| p.name == source.set.policy)
-            .map_or(0, |p| p.max_runners.max(p.min_runners))
-            .min(config.host.max_runners);
-        tracing::info!(scale_set = %source.set.name, policy = %source.set.policy, capacity, "listening to the scale set");
+        // The capacity each poll sends is the allocation pass's (crate::scaleset::capacity).
+        tracing::info!(scale_set = %source.set.name, policy = %source.set.policy, "listening to the scale set");
         tasks.ending_on_stop(
             "scale-set listener",
             tokio::spawn(crate::scaleset::listen::run(
@@ -308,7 +303,6 @@ fn spawn_scale_set_listeners(
                 Arc::clone(board),
                 journal.to_owned(),
                 config.host.name.clone(),
-                capacity,
                 stop.clone(),
             )),
         );

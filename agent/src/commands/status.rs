@@ -106,7 +106,9 @@ fn scale_set_facts(config: &Config) -> anyhow::Result<Vec<ScaleSetFacts>> {
         .collect())
 }
 
-fn scale_set_json(set: &ScaleSetFacts) -> Value {
+/// `capacity`: what the running agent's allocation pass last published for the scale set
+/// (`None` without a running agent).
+fn scale_set_json(set: &ScaleSetFacts, capacity: Option<u32>) -> Value {
     let record = set.record.as_ref();
     let statistics = record.and_then(|r| r.statistics.as_ref());
     json!({
@@ -128,10 +130,11 @@ fn scale_set_json(set: &ScaleSetFacts) -> Value {
         })),
         "statistics_at": record.and_then(|r| r.statistics_at).map(UnixMs::to_rfc3339),
         "note": record.and_then(|r| r.note.clone()),
+        "capacity": capacity,
     })
 }
 
-fn render_scale_set(set: &ScaleSetFacts, now_ms: UnixMs) -> String {
+fn render_scale_set(set: &ScaleSetFacts, now_ms: UnixMs, capacity: Option<u32>) -> String {
     let Some(record) = &set.record else {
         return format!("{} (policy {}): not listened to yet", set.name, set.policy);
     };
@@ -155,12 +158,13 @@ fn render_scale_set(set: &ScaleSetFacts, now_ms: UnixMs) -> String {
             s.assigned, s.running, s.idle
         )
     });
+    let capacity = capacity.map_or_else(String::new, |c| format!("; capacity {c}"));
     let note = record
         .note
         .as_deref()
         .map_or_else(String::new, |note| format!("; {note}"));
     format!(
-        "{} (policy {}): {session}, {last}{statistics}{note}",
+        "{} (policy {}): {session}, {last}{statistics}{capacity}{note}",
         set.name, set.policy
     )
 }
@@ -177,6 +181,14 @@ impl Facts {
         } else {
             None
         }
+    }
+
+    /// The capacity the running agent last published for scale set `name`
+    /// ([`crate::scaleset::capacity`]).
+    fn scale_set_capacity(&self, name: &str) -> Option<u32> {
+        self.live()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.scale_set_capacity.get(name).copied())
     }
 
     fn jobs(&self, state: &str) -> i64 {
@@ -506,7 +518,11 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
             "checked_at": rfc3339(r.checked_at_ms),
         })),
         "fleet": facts.fleet.as_ref().map(fleet_json),
-        "scale_sets": facts.scale_sets.iter().map(scale_set_json).collect::<Vec<_>>(),
+        "scale_sets": facts
+            .scale_sets
+            .iter()
+            .map(|set| scale_set_json(set, facts.scale_set_capacity(&set.name)))
+            .collect::<Vec<_>>(),
         "degraded": degraded(facts),
     })
 }
@@ -1027,7 +1043,7 @@ pub(crate) fn render(facts: &Facts) -> String {
             out,
             "{:<9} {}",
             "scale set",
-            render_scale_set(set, facts.now_ms)
+            render_scale_set(set, facts.now_ms, facts.scale_set_capacity(&set.name))
         );
     }
     if let Some(fleet) = &facts.fleet {
@@ -1271,8 +1287,14 @@ mod tests {
     /// Each scale set: a line with its session, last message, statistics and what holds it, and
     /// `scale_sets` in the JSON; one never listened to yet says so.
     #[test]
-    fn each_scale_set_shows_its_session_last_message_statistics_and_note() {
+    fn each_scale_set_shows_its_session_last_message_statistics_capacity_and_note() {
         let mut facts = facts();
+        // The running agent's allocation pass published the first scale set's capacity only.
+        let mut allocation = crate::executor::allocate::published::AllocationMemory::default();
+        allocation
+            .scale_set_capacity
+            .insert("acme-big".to_owned(), 2);
+        facts.snapshot.as_mut().expect("a snapshot").allocation = Some(allocation);
         facts.scale_sets = vec![
             ScaleSetFacts {
                 name: "acme-big".into(),
@@ -1305,7 +1327,7 @@ mod tests {
         let text = render(&facts);
         assert!(
             text.contains(
-                "scale set acme-big (policy big): session s-1, last message 100004 2s ago; 3 assigned, 1 running, 2 runners idle; backing off after 2 failure(s)\n"
+                "scale set acme-big (policy big): session s-1, last message 100004 2s ago; 3 assigned, 1 running, 2 runners idle; capacity 2; backing off after 2 failure(s)\n"
             ),
             "{text}"
         );
@@ -1322,7 +1344,16 @@ mod tests {
         assert_eq!(set["statistics"]["assigned"], 3);
         assert_eq!(set["statistics"]["idle_runners"], 2);
         assert_eq!(set["note"], "backing off after 2 failure(s)");
+        assert_eq!(set["capacity"], 2);
         assert_eq!(json["scale_sets"][1]["session_id"], serde_json::Value::Null);
+        assert_eq!(json["scale_sets"][1]["capacity"], serde_json::Value::Null);
+        // No agent running: no capacity is said.
+        facts.agent = Liveness::Stopped { last_seen: None };
+        assert!(
+            render(&facts).contains("2 runners idle; backing off"),
+            "{}",
+            render(&facts)
+        );
     }
 
     /// With several Apps, each App's registrations and budgets: a line each in the table, and

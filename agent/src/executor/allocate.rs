@@ -473,6 +473,8 @@ impl Allocator {
             policies,
             launching,
             draining,
+            // The control loop adds them from the scale sets' board.
+            scale_set_capacity: Default::default(),
             plan: (plan.at_ms > UnixMs::EPOCH).then_some(plan),
         }
     }

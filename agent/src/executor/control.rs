@@ -404,6 +404,7 @@ impl Executor {
             );
         }
         let started = self.start_planned(&ctx, &mut plan).await;
+        publish_capacities(&ctx, &self.allocator, &live, &plan, inputs.fit, now);
         self.plans.send_replace(Arc::new(plan));
         self.counted = counted;
         started
@@ -470,6 +471,8 @@ impl Executor {
     /// [`DRAIN_LAUNCHES`] to finish, ended runners are cleaned, live ones are left running.
     async fn drain(mut self) -> DrainReport {
         self.draining.send_replace(true);
+        // No new runner: no scale set takes a job on this host any more.
+        self.ctx.settings.scale_sets.close();
         self.publish();
         tracing::info!("draining: no new runners; running ones are left to finish");
         let deadline = tokio::time::Instant::now() + DRAIN_LAUNCHES;
@@ -643,11 +646,54 @@ impl Executor {
     /// Publishes what only the loop knows, for the status snapshot.
     fn publish(&self) {
         let plan = self.plans.borrow().published();
-        self.published.send_replace(self.allocator.published(
-            &self.launching,
-            *self.draining.borrow(),
-            plan,
-        ));
+        let mut memory = self
+            .allocator
+            .published(&self.launching, *self.draining.borrow(), plan);
+        memory.scale_set_capacity = self.ctx.settings.scale_sets.capacities();
+        self.published.send_replace(memory);
+    }
+}
+
+/// Publishes each scale set's capacity ([`crate::scaleset::capacity`]) from what this pass
+/// had: the journal's live counts and free uids with the plan's starts added, fitness (`fit`)
+/// and the policy's launch back-off. Its listener sends it at its next poll.
+fn publish_capacities(
+    ctx: &Context,
+    allocator: &Allocator,
+    live: &allocate::LiveRead,
+    plan: &Plan,
+    fit: bool,
+    now: UnixMs,
+) {
+    let starts = |policy: Option<&str>| -> u32 {
+        plan.policies
+            .iter()
+            .filter(|p| policy.is_none_or(|name| p.policy == name))
+            .map(|p| p.start)
+            .sum()
+    };
+    let host_live = live.counts.host_live().saturating_add(starts(None));
+    let free_uids = live
+        .free_uids(ctx.uid_pool())
+        .map(|free| free.saturating_sub(starts(None)));
+    for source in ctx.settings.scale_sets.sources() {
+        let Some(policy) = ctx.policy(&source.set.policy) else {
+            continue;
+        };
+        let capacity = crate::scaleset::capacity(crate::scaleset::CapacityInput {
+            open: fit && !allocator.backing_off(&policy.name, now),
+            max_runners: policy.max_runners,
+            min_runners: policy.min_runners,
+            policy_live: live
+                .counts
+                .policy(&policy.name)
+                .live
+                .saturating_add(starts(Some(&policy.name))),
+            host_live,
+            host_max: ctx.settings.max_runners,
+            free_uids,
+        });
+        source.set_capacity(capacity);
     }
 }
 

@@ -5,6 +5,12 @@
 //! A message that cannot be journalled is not acknowledged (it comes again); an event inside
 //! one that cannot be handled is journalled as such and never blocks the queue.
 //!
+//! Each poll sends the capacity the allocation pass last published ([`super::capacity`]; 0
+//! before its first pass: recovery is incomplete and the host takes nothing). A poll held while
+//! the capacity changes is cut short and sent again with the new one, no sooner than
+//! [`CAPACITY_RECUT_AFTER`] after it began, so the service learns of freed (or lost) room
+//! within about a second instead of at the end of its ~50 s hold.
+//!
 //! The rules of the protocol (sessions, eviction, back-off, standby) are
 //! `rm_github::scaleset::listener`'s; this task only adds the journal and the agent.
 
@@ -29,6 +35,11 @@ pub const JOURNAL_RETRY: Duration = Duration::from_secs(5);
 
 /// How long the task waits after failing to find or create the scale set.
 pub const SETUP_RETRY: Duration = Duration::from_secs(30);
+
+/// How long a poll is held at least before a capacity change cuts it short (to be sent again
+/// with the new capacity): a capacity that changes at every allocation pass costs at most one
+/// poll a second, never a loop of them.
+pub const CAPACITY_RECUT_AFTER: Duration = Duration::from_secs(1);
 
 /// The journal's scale-set record, one write connection for the task's life (not one per
 /// message); used off the async workers ([`blocking`]), or, from the listener's hooks, for one
@@ -58,7 +69,6 @@ pub async fn run(
     board: Arc<Board>,
     journal: PathBuf,
     owner: String,
-    capacity: u32,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let name = source.set.name.clone();
@@ -83,7 +93,7 @@ pub async fn run(
             return;
         }
         // `serve` watches `shutdown` itself, to close its session first.
-        let outcome = serve(&source, &board, &journal, &owner, capacity, &mut shutdown).await;
+        let outcome = serve(&source, &board, &journal, &owner, &mut shutdown).await;
         let wait = match outcome {
             Served::Shutdown => return,
             Served::ScaleSetGone => {
@@ -161,7 +171,6 @@ async fn serve(
     board: &Arc<Board>,
     journal: &Journal,
     owner: &str,
-    capacity: u32,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Served {
     let set = &source.set;
@@ -212,8 +221,15 @@ async fn serve(
     };
     let stale = known.as_ref().and_then(|k| k.session_id.clone());
     let (record, record_name) = (Arc::clone(journal), name.clone());
+    // Whether the step `next` is in may be cut short for a capacity change: a poll, with a
+    // session held. Set before each call, and by the session's creation within one (what
+    // follows it is the poll); never while a session is being made, whose answer a cut would
+    // lose (the session left behind is waited out on standby).
+    let cuttable = Arc::new(watch::channel(false).0);
+    let opened = Arc::clone(&cuttable);
     let listener = Listener::new(Arc::clone(&source.client), id, owner, stale).on_session(
         move |session_id| {
+            opened.send_replace(true);
             // Before the session is first polled: a successor deletes it by this id.
             let at = rm_vocab::now();
             let written =
@@ -265,9 +281,21 @@ async fn serve(
     }) {
         board.changed();
     }
+    let mut capacities = source.watch_capacity();
+    let mut sent = None;
     loop {
+        let capacity = capacities.borrow_and_update().unwrap_or(0);
+        if sent != Some(capacity) {
+            tracing::debug!(scale_set = set.name, capacity, "the scale set's capacity");
+            sent = Some(capacity);
+        }
+        // With a session held and no failure behind, `next` is one poll: cutting it short
+        // costs that poll only (a back-off or standby wait cut short would be waited again in
+        // full, so those are left alone).
+        cuttable.send_replace(listener.session_id().is_some() && listener.state().failures == 0);
         let next = tokio::select! {
             next = listener.next(last_message_id, capacity) => next,
+            () = capacity_changed(&mut capacities, capacity, cuttable.subscribe()) => continue,
             _ = shutdown.changed() => {
                 close(listener, journal, &name, id).await;
                 return Served::Shutdown;
@@ -371,6 +399,22 @@ async fn serve(
     }
 }
 
+/// Completes once the published capacity is other than `sent` while the step in flight may
+/// be cut (`cuttable`), no sooner than [`CAPACITY_RECUT_AFTER`] from now; never if either
+/// publisher is gone.
+async fn capacity_changed(
+    capacities: &mut watch::Receiver<Option<u32>>,
+    sent: u32,
+    mut cuttable: watch::Receiver<bool>,
+) {
+    tokio::time::sleep(CAPACITY_RECUT_AFTER).await;
+    if cuttable.wait_for(|cut| *cut).await.is_err()
+        || capacities.wait_for(|c| *c != Some(sent)).await.is_err()
+    {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Acquires the message's `JobAvailable` jobs (GHES assigns a job only once acquired, §1.11;
 /// github.com announces none). A failure is logged: the service announces them again.
 async fn acquire_available(listener: &mut Listener, message: &Message, name: &str) {
@@ -471,5 +515,48 @@ pub(crate) fn statistics(s: &Statistics) -> ScaleSetStatistics {
         registered: s.total_registered_runners,
         busy: s.total_busy_runners,
         idle: s.total_idle_runners,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_capacity_change_cuts_a_held_poll_short_but_not_within_its_first_second() {
+        let (publisher, mut capacities) = watch::channel(Some(2u32));
+        let (polling, cuttable) = watch::channel(true);
+        // Changed at once: the poll is still held its first second.
+        publisher.send_replace(Some(3));
+        let started = Instant::now();
+        capacity_changed(&mut capacities, 2, cuttable.clone()).await;
+        assert!(started.elapsed() >= CAPACITY_RECUT_AFTER);
+        // The capacity the poll sent: nothing to cut.
+        let wait = CAPACITY_RECUT_AFTER + Duration::from_millis(300);
+        assert!(
+            tokio::time::timeout(wait, capacity_changed(&mut capacities, 3, cuttable.clone()))
+                .await
+                .is_err()
+        );
+        // Not a poll in flight (a session being made, a back-off): not until it is one.
+        polling.send_replace(false);
+        {
+            let cut = capacity_changed(&mut capacities, 2, cuttable.clone());
+            tokio::pin!(cut);
+            assert!(tokio::time::timeout(wait, &mut cut).await.is_err());
+            polling.send_replace(true);
+            tokio::time::timeout(Duration::from_millis(300), &mut cut)
+                .await
+                .expect("cut once the session is made");
+        }
+        // No publisher any more: never (not a loop of polls).
+        drop(publisher);
+        assert!(
+            tokio::time::timeout(wait, capacity_changed(&mut capacities, 3, cuttable))
+                .await
+                .is_err()
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! `/metrics` for the scale sets, from the live [`Board`]: per scale set, the statistics its
-//! listener last saw, the last message journalled, and whether it holds a session.
+//! listener last saw, the last message journalled, whether it holds a session, and the
+//! capacity the allocation pass last published for it.
 
 use std::fmt;
 use std::sync::Arc;
@@ -72,6 +73,16 @@ impl Collector for ScaleSetMetrics {
                 }
             }
         }
+        let mut family = encoder.encode_descriptor(
+            "rm_scale_set_capacity",
+            "The jobs the scale set may have assigned at once on this host now (X-ScaleSetMaxCapacity of its next poll); 0 while the host takes no new runner",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (set, capacity) in self.board.capacities() {
+            ConstGauge::new(i64::from(capacity))
+                .encode(family.encode_family(&[("scale_set", set.as_str())])?)?;
+        }
         Ok(())
     }
 }
@@ -85,7 +96,7 @@ mod tests {
 
     // A runtime: the HTTP client, never called, is built on one.
     #[tokio::test]
-    async fn each_scale_set_has_its_statistics_and_session_as_gauges() {
+    async fn each_scale_set_has_its_statistics_session_and_capacity_as_gauges() {
         let set = crate::config::scale_sets::ScaleSet {
             name: "acme-big".into(),
             policy: "big".into(),
@@ -117,6 +128,7 @@ mod tests {
             seen.last_message_id = 100_004;
             seen.session_id = Some("s".into());
         });
+        source.set_capacity(3);
         let mut registry = Registry::default();
         registry.register_collector(Box::new(ScaleSetMetrics::new(Arc::new(Board::new(vec![
             source,
@@ -129,6 +141,7 @@ mod tests {
             "rm_scale_set_idle_runners{scale_set=\"acme-big\"} 2",
             "rm_scale_set_last_message_id{scale_set=\"acme-big\"} 100004",
             "rm_scale_set_session{scale_set=\"acme-big\"} 1",
+            "rm_scale_set_capacity{scale_set=\"acme-big\"} 3",
         ] {
             assert!(text.contains(line), "{line} not in {text}");
         }

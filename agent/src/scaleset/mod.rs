@@ -2,7 +2,10 @@
 //! of it: one [`Source`] per `[[scale_set]]` (its client of the Actions service, the scale set's
 //! id once found, what its listener last saw), the [`Board`] the listener tasks and the
 //! executor share, and the rule that turns a scale set's statistics into runners
-//! ([`runners_wanted`]). The listener task is [`listen`]; the protocol is `rm_github::scaleset`.
+//! ([`runners_wanted`]), and the rule that says how many jobs the scale set may have assigned
+//! at once on this host now ([`capacity`]: the allocation pass publishes it on the [`Board`],
+//! the listener sends it as `X-ScaleSetMaxCapacity` at its next poll). The listener task is
+//! [`listen`]; the protocol is `rm_github::scaleset`.
 //!
 //! The delivery contract: a message is journalled (`rm_journal::ScaleSets::record_message`)
 //! before it is acknowledged, so a crash on either side of the write loses nothing and handles
@@ -57,6 +60,47 @@ pub fn scale_down(
     eligible.sort_by_key(|&i| (idle_since[i], i));
     eligible.truncate(usize::try_from(surplus).unwrap_or(usize::MAX));
     eligible
+}
+
+/// What a scale set's capacity is computed from: numbers the allocation pass already has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapacityInput {
+    /// Whether this host takes a new runner of the scale set's policy now: the allocation pass
+    /// ran (recovery is complete), the agent is not draining, the host is fit (disk, memory and
+    /// the other fitness fences), and the policy is not in its launch back-off.
+    pub open: bool,
+    /// The policy's `max_runners` and `min_runners` (its ceiling is the larger, as allocation
+    /// reads it).
+    pub max_runners: u32,
+    pub min_runners: u32,
+    /// The policy's live runners, busy ones included, this pass's starts included.
+    pub policy_live: u32,
+    /// Live runners of every policy on this host, this pass's starts included.
+    pub host_live: u32,
+    /// `host.max_runners`.
+    pub host_max: u32,
+    /// Runner uids no attempt holds, after this pass's starts (`None`: no uid pool).
+    pub free_uids: Option<u32>,
+}
+
+/// How many jobs the scale set may have assigned at once on this host now, sent as
+/// `X-ScaleSetMaxCapacity` (`github-scale-sets.md` §1.8): the service assigns the set no job
+/// beyond it, so a job is never assigned here while this host cannot start its runner, and
+/// stays free for the service to hold until it can. At most the policy's ceiling; at most its
+/// live runners (each can take an assigned job) plus the host's free slots, which other
+/// policies' live runners take too (and free uids, under `isolation = "user"`); 0 while the
+/// host takes no new runner of the policy at all (`open`). The host's room is allocation's own
+/// rule ([`crate::allocation::host_headroom`]).
+pub fn capacity(input: CapacityInput) -> u32 {
+    if !input.open {
+        return 0;
+    }
+    let free = crate::allocation::host_headroom(input.host_max, input.host_live);
+    let free = input.free_uids.map_or(free, |uids| free.min(uids));
+    input
+        .max_runners
+        .max(input.min_runners)
+        .min(input.policy_live.saturating_add(free))
 }
 
 /// The scope's URL as the Actions service knows it (`https://github.com/acme`), from the REST
@@ -151,6 +195,10 @@ pub struct Source {
     /// The scale set's id at GitHub; 0 until the listener found or created it.
     id: AtomicU64,
     seen: Mutex<Seen>,
+    /// The capacity the allocation pass last published ([`capacity`]); the listener sends it
+    /// at its next poll. `None` until the first pass (sent as 0: before recovery completes
+    /// this host takes nothing).
+    capacity: watch::Sender<Option<u32>>,
 }
 
 impl Source {
@@ -160,7 +208,28 @@ impl Source {
             client,
             id: AtomicU64::new(0),
             seen: Mutex::new(Seen::default()),
+            capacity: watch::channel(None).0,
         }
+    }
+
+    /// The capacity the allocation pass last published; `None` before its first pass.
+    pub fn current_capacity(&self) -> Option<u32> {
+        *self.capacity.borrow()
+    }
+
+    /// Watches the capacity the allocation pass publishes (the listener, to cut a held poll
+    /// short when it changes).
+    pub(crate) fn watch_capacity(&self) -> watch::Receiver<Option<u32>> {
+        self.capacity.subscribe()
+    }
+
+    /// Publishes the capacity (the allocation pass); a watcher is told only of a change.
+    pub(crate) fn set_capacity(&self, capacity: u32) {
+        self.capacity.send_if_modified(|c| {
+            let changed = *c != Some(capacity);
+            *c = Some(capacity);
+            changed
+        });
     }
 
     /// The scale set's id, once found.
@@ -237,6 +306,21 @@ impl Board {
 
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
+    }
+
+    /// Every scale set's capacity 0: the host takes no new runner (the agent drains).
+    pub(crate) fn close(&self) {
+        for source in self.sources() {
+            source.set_capacity(0);
+        }
+    }
+
+    /// Each scale set's name and the capacity last published (none before the first pass),
+    /// for the status snapshot and `/metrics`.
+    pub fn capacities(&self) -> BTreeMap<String, u32> {
+        self.sources()
+            .filter_map(|s| Some((s.set.name.clone(), s.current_capacity()?)))
+            .collect()
     }
 
     /// The jobs assigned to `policy`'s scale set, from its last statistics, less those of
@@ -365,6 +449,51 @@ mod tests {
         }
         // Below zero wants nothing.
         assert_eq!(runners_wanted(0, 4, -1, 0), 0);
+    }
+
+    #[test]
+    fn the_capacity_is_the_policy_s_live_runners_plus_the_host_s_free_slots_under_its_ceiling() {
+        let input = |open, max, policy_live, host_live, host_max, free_uids| CapacityInput {
+            open,
+            max_runners: max,
+            min_runners: 0,
+            policy_live,
+            host_live,
+            host_max,
+            free_uids,
+        };
+        // (input, capacity)
+        let cases = [
+            // An empty host: the policy's ceiling or the host's, the lower.
+            (input(true, 8, 0, 0, 4, None), 4),
+            (input(true, 2, 0, 0, 4, None), 2),
+            // Its own live runners keep their jobs' places.
+            (input(true, 8, 3, 3, 4, None), 4),
+            (input(true, 2, 2, 2, 4, None), 2),
+            // Other policies' live runners take the host's slots (scenario 14: every slot).
+            (input(true, 8, 0, 4, 4, None), 0),
+            (input(true, 8, 1, 3, 4, None), 2),
+            (input(true, 8, 2, 4, 4, None), 2),
+            // A ceiling lowered below what runs never underflows.
+            (input(true, 8, 0, 6, 4, None), 0),
+            (input(true, 1, 3, 3, 4, None), 1),
+            // Under `isolation = "user"` a runner needs a free uid too.
+            (input(true, 8, 1, 1, 4, Some(1)), 2),
+            (input(true, 8, 0, 0, 4, Some(0)), 0),
+            // The host takes no new runner (draining, unfit, recovering, backing off): 0,
+            // whatever runs.
+            (input(false, 8, 0, 0, 4, None), 0),
+            (input(false, 8, 3, 3, 4, None), 0),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(capacity(input), expected, "{input:?}");
+        }
+        // The policy's ceiling is its `max_runners` raised to its `min_runners`.
+        let raised = CapacityInput {
+            min_runners: 3,
+            ..input(true, 1, 0, 0, 4, None)
+        };
+        assert_eq!(capacity(raised), 3);
     }
 
     #[test]

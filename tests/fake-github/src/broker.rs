@@ -17,7 +17,7 @@
 //! only while the set's unfinished assigned jobs are below the last `X-ScaleSetMaxCapacity`,
 //! in GHES mode announced `JobAvailable` and assigned only once acquired; their job messages
 //! (repository, owner, run id, workflow ref, labels; the runner on started and completed) are
-//! batched at most [`MAX_JOBS_PER_MESSAGE`] a message, and the statistics on every message
+//! batched at most [`Broker::jobs_per_message`] a message, and the statistics on every message
 //! and session are computed from their states. With [`Broker::reassign_after`] set, a job
 //! assigned and not started in time is cancelled and assigned again, at most
 //! [`MAX_REASSIGNMENTS`] times.
@@ -205,6 +205,9 @@ pub struct Broker {
     /// Scale-set runners asking for a job get none (runners slow to come: an assigned job
     /// waits, and is reassigned if [`Broker::reassign_after`] says so).
     pub runners_paused: bool,
+    /// The most job messages one queue message carries: [`MAX_JOBS_PER_MESSAGE`] as the
+    /// service, less for a test that wants a small burst truncated over several messages.
+    pub jobs_per_message: usize,
     /// The fake's clock, set by [`State::age_runners`] before every change.
     pub now: SystemTime,
 }
@@ -230,6 +233,7 @@ impl Default for Broker {
             lost_jit_answers: 0,
             refused_removals: 0,
             runners_paused: false,
+            jobs_per_message: MAX_JOBS_PER_MESSAGE,
             now: SystemTime::UNIX_EPOCH,
         }
     }
@@ -249,7 +253,7 @@ impl Broker {
     }
 
     /// Queues `names` as one burst, so that their messages are batched together (at most
-    /// [`MAX_JOBS_PER_MESSAGE`] a message); their runner request ids, or `None` for an unknown
+    /// [`Broker::jobs_per_message`] a message); their runner request ids, or `None` for an unknown
     /// set.
     pub fn queue_jobs(&mut self, id: u64, names: &[&str]) -> Option<Vec<u64>> {
         self.queue_jobs_in(id, names, None)
@@ -337,10 +341,12 @@ impl Broker {
 
     /// Assigns waiting jobs of set `id` while its assigned-but-unfinished jobs are below the
     /// last capacity polled, then puts the outbox into messages of at most
-    /// [`MAX_JOBS_PER_MESSAGE`] jobs. Called after every change of jobs or capacity, so that
+    /// [`Broker::jobs_per_message`] jobs. Called after every change of jobs or capacity, so that
     /// freed capacity is used at once.
     fn settle(&mut self, id: u64) {
         let now = self.now;
+        // At least one a message, or the outbox would never empty.
+        let per_message = self.jobs_per_message.max(1);
         let next_message_id = &mut self.next_message_id;
         let Some(set) = self.scale_sets.get_mut(&id) else {
             return;
@@ -367,7 +373,7 @@ impl Broker {
             set.outbox.push(message);
         }
         while !set.outbox.is_empty() {
-            let take = set.outbox.len().min(MAX_JOBS_PER_MESSAGE);
+            let take = set.outbox.len().min(per_message);
             *next_message_id += 1;
             set.pending.push(Message {
                 id: *next_message_id,
@@ -1461,6 +1467,48 @@ mod tests {
             message["jobWorkflowRef"],
             "acme/widgets/.github/workflows/ci.yml@refs/heads/main"
         );
+    }
+
+    /// Assignment stops at the capacity last polled, and resumes as jobs finish or the
+    /// capacity grows; a burst is truncated over messages of at most `jobs_per_message` jobs.
+    #[test]
+    fn jobs_are_assigned_within_the_capacity_in_messages_of_the_batch_limit() {
+        let mut b = Broker {
+            jobs_per_message: 3,
+            ..Broker::default()
+        };
+        let id = b.add_set_for_test("linux", RunnerScope::Org("acme".into()));
+        if let Some(set) = b.scale_sets.get_mut(&id) {
+            set.capacity = Some(0);
+        }
+        let names: Vec<String> = (0..8).map(|n| format!("burst {n}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let jobs = b.queue_jobs(id, &names).unwrap_or_default();
+        assert!(kinds(&b, id).is_empty(), "capacity 0 assigns nothing");
+        if let Some(set) = b.scale_sets.get_mut(&id) {
+            set.capacity = Some(4);
+        }
+        b.settle(id);
+        assert_eq!(kinds(&b, id), ["JobAssigned"; 4]);
+        let sizes: Vec<usize> = b.scale_sets[&id]
+            .pending
+            .iter()
+            .map(|m| m.jobs.len())
+            .collect();
+        assert_eq!(sizes, [3, 1], "truncated at the batch limit");
+        // One finished: one more assigned, never more than the capacity at once.
+        assert!(b.start_job(jobs[0], 1, "r"));
+        assert!(b.complete_job(jobs[0], "succeeded"));
+        let unfinished = |b: &Broker| {
+            b.scale_sets[&id]
+                .jobs
+                .values()
+                .filter(|j| matches!(j.state, JobState::Assigned | JobState::Running))
+                .count()
+        };
+        assert_eq!(unfinished(&b), 4);
+        assert_eq!(b.scale_sets[&id].jobs[&jobs[4]].state, JobState::Assigned);
+        assert_eq!(b.scale_sets[&id].jobs[&jobs[5]].state, JobState::Queued);
     }
 
     #[test]

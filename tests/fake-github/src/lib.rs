@@ -783,10 +783,23 @@ impl FakeGithub {
     }
 
     /// Queues `names` as one burst for scale set `scale_set_id` (their messages batched, at
-    /// most [`broker::MAX_JOBS_PER_MESSAGE`] a message); their runner request ids, or `None`
+    /// most [`broker::MAX_JOBS_PER_MESSAGE`] a message, or what
+    /// [`Self::set_scale_set_jobs_per_message`] says); their runner request ids, or `None`
     /// for an unknown set.
     pub fn queue_scale_set_jobs(&self, scale_set_id: u64, names: &[&str]) -> Option<Vec<u64>> {
         self.with(|s| s.broker.queue_jobs(scale_set_id, names))
+    }
+
+    /// At most `limit` job messages a queue message (the service's: 50): a burst smaller
+    /// than 50 comes truncated over several messages too.
+    pub fn set_scale_set_jobs_per_message(&self, limit: usize) {
+        self.with(|s| s.broker.jobs_per_message = limit)
+    }
+
+    /// The `X-ScaleSetMaxCapacity` of scale set `scale_set_id`'s last poll (`None`: not
+    /// polled yet, or no such set).
+    pub fn scale_set_capacity(&self, scale_set_id: u64) -> Option<u64> {
+        self.with(|s| s.broker.scale_sets.get(&scale_set_id)?.capacity)
     }
 
     /// GHES mode on or off: jobs queued from now on are announced `JobAvailable` and assigned

@@ -25,6 +25,10 @@ pub struct AllocationMemory {
     /// The agent is draining: it starts no new runner.
     #[serde(default)]
     pub draining: bool,
+    /// Per scale set name, the capacity the last pass published for it
+    /// ([`crate::scaleset::capacity`]): the `X-ScaleSetMaxCapacity` of its next poll.
+    #[serde(default)]
+    pub scale_set_capacity: BTreeMap<String, u32>,
     /// The allocation plan of the loop's last pass: per policy, its demand on this host, the
     /// runners started and what held the rest back (`None`: no pass has allocated yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
