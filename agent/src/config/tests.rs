@@ -1381,7 +1381,11 @@ fn an_enterprise_scale_set_names_its_enterprise_and_its_token_file() {
             token_file: PathBuf::from("/etc/rm-agent/enterprise.pat"),
         })
     );
-    let big = config.policies.iter().find(|p| p.name == "big").expect("big");
+    let big = config
+        .policies
+        .iter()
+        .find(|p| p.name == "big")
+        .expect("big");
     assert_eq!(
         big.scale_set.as_ref().and_then(|s| s.enterprise.as_ref()),
         config.scale_sets[0].enterprise.as_ref()
