@@ -653,6 +653,13 @@ impl ScaleSetClient {
         Ok(registration.token)
     }
 
+    /// Whether GitHub issues the scope's registration token to this client's credential:
+    /// what `rm-agent check` asks of an enterprise's PAT. The token is dropped (it expires in
+    /// an hour, unused).
+    pub async fn verify_credential(&self) -> Result<(), ScaleSetError> {
+        self.registration_token().await.map(drop)
+    }
+
     /// The RemoteAuth exchange: the service's URL and a fresh admin token.
     async fn connect(&self) -> Result<AdminConnection, ScaleSetError> {
         const ENDPOINT: &str = "actions.runner_registration";
