@@ -27,6 +27,7 @@ mod polling;
 mod receiver_crash;
 mod relay;
 mod scale_set;
+mod scale_set_enterprise;
 mod status;
 
 #[path = "../../../support/busybox_image.rs"]
