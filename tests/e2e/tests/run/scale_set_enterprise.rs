@@ -57,11 +57,11 @@ async fn enterprise_fleet(token: &str) -> Fleet {
 /// listing, and the installation lookup and installation token that listing is made with.
 /// Everything else of the App would be the scale set's.
 fn executor_inventory(method: &str, path: &str) -> bool {
-    (method == "GET" && path == "/orgs/acme/actions/runners")
-        || (method == "GET" && path == "/orgs/acme/installation")
-        || (method == "POST"
-            && path.starts_with("/app/installations/")
-            && path.ends_with("/access_tokens"))
+    match method {
+        "GET" => path == "/orgs/acme/actions/runners" || path == "/orgs/acme/installation",
+        "POST" => path.starts_with("/app/installations/") && path.ends_with("/access_tokens"),
+        _ => false,
+    }
 }
 
 /// Every App request (with its JWT or an installation token, or an installation lookup) the
