@@ -340,6 +340,45 @@ mod tests {
         }
     }
 
+    /// An enterprise's PAT file a runner uid owns is refused at start like every secret file a
+    /// runner could read, naming its scale set's key.
+    #[test]
+    fn an_enterprise_token_file_a_runner_uid_owns_is_refused() {
+        use rm_runner::isolate::{Pool, RunnerUids};
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("enterprise.pat");
+        std::fs::write(&path, "ghp_secret123").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let config = crate::config::from_text(&format!(
+            "[[policy]]\nname = \"ent\"\ntarget = \"acme\"\nlabels = [\"ent\"]\n\
+             [[scale_set]]\nname = \"ent\"\npolicy = \"ent\"\nenterprise = \"octo\"\ntoken_file = {:?}\n",
+            path.display().to_string()
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let pool = Pool::resolve(&RunnerUids::Range {
+            first: 4_100_000,
+            last: 4_100_003,
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            refuse_readable_by_runners(&config, &pool).is_ok(),
+            "root's own"
+        );
+        if let Err(e) = std::os::unix::fs::chown(&path, Some(4_100_001), None) {
+            eprintln!("skipped: cannot give the file to a runner uid ({e}); not root");
+            return;
+        }
+        let message = refuse_readable_by_runners(&config, &pool)
+            .err()
+            .map(|e| e.message)
+            .unwrap_or_default();
+        assert!(
+            message.starts_with("scale_set[0].token_file: a runner could read"),
+            "{message}"
+        );
+    }
+
     /// The token is read trimmed; a file open to its group, an empty one and a missing one
     /// are refused naming the key, never with the token's text.
     #[test]
