@@ -1392,6 +1392,36 @@ fn an_enterprise_scale_set_names_its_enterprise_and_its_token_file() {
     );
 }
 
+/// Releases are read through the first policy registering through the App: an enterprise
+/// scale set's policy (whose target the App may not be installed on) is passed over.
+#[test]
+fn releases_are_read_through_a_policy_of_the_app() {
+    let enterprise_first = "[[policy]]\nname = \"ent\"\ntarget = \"elsewhere\"\nlabels = [\"ent\"]\n\
+         [[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"linux\"]\n\
+         [[scale_set]]\nname = \"ent\"\npolicy = \"ent\"\nenterprise = \"octo\"\ntoken_file = \"/t\"\n";
+    let config = load_text(enterprise_first).expect("loads");
+    let served: Vec<bool> = config
+        .policies
+        .iter()
+        .map(Policy::registers_through_app)
+        .collect();
+    assert_eq!(served, [false, true]);
+    assert_eq!(
+        config.reading_target().map(ToString::to_string).as_deref(),
+        Some("acme")
+    );
+    // Enterprise scale sets alone: the first policy's, as before.
+    let alone = load_text(
+        "[[policy]]\nname = \"ent\"\ntarget = \"elsewhere\"\nlabels = [\"ent\"]\n\
+         [[scale_set]]\nname = \"ent\"\npolicy = \"ent\"\nenterprise = \"octo\"\ntoken_file = \"/t\"\n",
+    )
+    .expect("loads");
+    assert_eq!(
+        alone.reading_target().map(ToString::to_string).as_deref(),
+        Some("elsewhere")
+    );
+}
+
 /// `enterprise` and `token_file` go together, the slug stays in its URL segment, and an
 /// enterprise's jobs (from any repository of it) never share a persistent workspace.
 #[test]

@@ -222,10 +222,7 @@ fn enterprise_of<'a>(config: &'a Config, policy: &Policy) -> Option<(usize, &'a 
 /// The policies whose runners register through the App (every one but an enterprise scale
 /// set's): the ones whose targets the App's findings look at.
 fn app_policies(config: &Config) -> impl Iterator<Item = &Policy> {
-    config
-        .policies
-        .iter()
-        .filter(|p| enterprise_of(config, p).is_none())
+    config.policies.iter().filter(|p| p.registers_through_app())
 }
 
 /// An enterprise scale set's PAT: read as `run` reads it (refused when missing, empty or open
