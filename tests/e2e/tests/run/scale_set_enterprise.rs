@@ -139,6 +139,11 @@ async fn an_enterprise_scale_set_serves_its_jobs_with_its_pat_and_never_the_app(
     let status = fleet.setup.run(&["status", "--json"]);
     assert!(status.status.success(), "{status:?}");
     assert!(!String::from_utf8_lossy(&status.stdout).contains(PAT));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(
+        status["scale_sets"][0]["enterprise"], ENTERPRISE,
+        "{status}"
+    );
     let runner_reports: Vec<PathBuf> = std::fs::read_dir(&reports)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -204,4 +209,30 @@ async fn a_wrong_pat_starts_no_runner_shows_the_refusal_and_the_agent_keeps_runn
         assert!(!text.contains(secret), "a PAT in status");
         assert!(!note.contains(secret), "a PAT in the note");
     }
+}
+
+/// A PAT file open to its group refuses the start (exit 2), naming the key and the fix, never
+/// the token; nothing is asked of GitHub for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_file_open_to_its_group_refuses_the_start() {
+    let fleet = enterprise_fleet(PAT).await;
+    let token_file = fleet.setup.dir.path().join("enterprise.pat");
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let started = fleet.fake.now();
+    let (status, stderr) = fleet.run_agent_until_exit(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("scale_set[0].token_file") && stderr.contains("open to its group"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("chmod 600"), "{stderr}");
+    assert!(!stderr.contains(PAT), "the PAT in the refusal");
+    let asked: Vec<String> = fleet
+        .fake
+        .requests_since(started)
+        .into_iter()
+        .filter(|r| r.path.starts_with("/enterprises/"))
+        .map(|r| r.path)
+        .collect();
+    assert!(asked.is_empty(), "{asked:?}");
 }
