@@ -1277,3 +1277,28 @@ async fn a_refused_enterprise_pat_is_token_refused_and_permanent() {
         }
     }
 }
+
+/// On GHES (an API base path) the enterprise's registration token is asked below it, as the
+/// RemoteAuth exchange is.
+#[tokio::test]
+async fn under_an_api_base_path_the_enterprise_token_is_asked_below_it() {
+    let h = harness_with("/api/v3", Duration::from_secs(10)).await;
+    h.fake.set_enterprise_pat("octo", "ghp_enterprise_pat");
+    let client = ScaleSetClient::with_credential(
+        h.client.clone(),
+        Credential::EnterprisePat {
+            slug: "octo".into(),
+            token: secrecy::SecretString::from("ghp_enterprise_pat"),
+        },
+        "https://ghes.example/enterprises/octo",
+    )
+    .unwrap_or_else(|e| panic!("client: {e:#}"));
+    client.verify_credential().await.expect("issued");
+    assert_eq!(
+        h.fake.broker_calls(
+            "POST",
+            "/api/v3/enterprises/octo/actions/runners/registration-token"
+        ),
+        1
+    );
+}
