@@ -438,6 +438,30 @@ pub struct Policy {
     pub scale_set: Option<scale_sets::ScaleSet>,
 }
 
+impl Policy {
+    /// Whether the App's installation on [`Policy::target`] is what this policy's runners are
+    /// registered through: every policy's but an enterprise scale set's (registered with the
+    /// enterprise's PAT; its target is then not where it lives).
+    pub fn registers_through_app(&self) -> bool {
+        self.scale_set
+            .as_ref()
+            .is_none_or(|set| set.enterprise.is_none())
+    }
+}
+
+impl Config {
+    /// The target whose App installation reads what any installation may read (the runner
+    /// releases of `actions/runner`): the first policy registering through the App, else the
+    /// first policy's (an agent serving enterprise scale sets only).
+    pub fn reading_target(&self) -> Option<&Target> {
+        self.policies
+            .iter()
+            .find(|p| p.registers_through_app())
+            .or(self.policies.first())
+            .map(|p| &p.target)
+    }
+}
+
 /// Where the configuration comes from, after the command line and the environment had a say.
 #[derive(Debug, Clone)]
 pub struct Sources {

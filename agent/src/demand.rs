@@ -201,6 +201,7 @@ mod tests {
             policy: "set".to_owned(),
             labels: vec!["big".to_owned()],
             runner_group_id: 1,
+            enterprise: None,
         });
         let jobs = [job(1, "acme/widgets", &["big"])];
         let demand = route(&[set.clone()], &jobs);

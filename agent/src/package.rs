@@ -85,10 +85,11 @@ pub(crate) fn describe(config: &Config) -> String {
     }
 }
 
-/// The installation the releases are read with: the first policy's (any installation token
-/// may read a public repository; the request is charged to that installation's budget).
+/// The installation the releases are read with: [`Config::reading_target`]'s (any
+/// installation token may read a public repository; the request is charged to that
+/// installation's budget).
 pub(crate) fn reader(config: &Config) -> Option<Target> {
-    config.policies.first().map(|p| p.target.clone())
+    config.reading_target().cloned()
 }
 
 /// The package runners start from when `rm-agent run` begins: GitHub's latest release,

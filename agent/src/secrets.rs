@@ -181,6 +181,46 @@ pub(crate) fn notification_secret(path: &Path, key: &str) -> Result<SecretString
     Ok(SecretString::from(secret.to_owned()))
 }
 
+/// An enterprise scale set's classic PAT (`scale_set[N].token_file`, named by `key`): the
+/// file's text without its surrounding whitespace. Stricter than the other secret files: a
+/// token that manages every runner of an enterprise is refused when its group or others have
+/// any access to the file, not only when every user can read it.
+pub(crate) fn enterprise_token(path: &Path, key: &str) -> Result<SecretString, Exit> {
+    let metadata = std::fs::metadata(path).map_err(|err| {
+        Exit::usage(format!(
+            "{key}: cannot read {} ({err}); create it or fix the path",
+            path.display()
+        ))
+    })?;
+    if let Some(who) = open_to_others(metadata.permissions().mode()) {
+        return Err(Exit::usage(format!(
+            "{key}: {} is open to {who}; it holds an enterprise's runner-management token: run `chmod 600 {}`",
+            path.display(),
+            path.display()
+        )));
+    }
+    let text = read_secret_file(path, key)?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(Exit::usage(format!(
+            "{key}: {} is empty; put the enterprise's classic personal access token (scope `manage_runners:enterprise`) there",
+            path.display()
+        )));
+    }
+    Ok(SecretString::from(token.to_owned()))
+}
+
+/// Who besides the owner has some access to a file of `mode`: its group, others, or both;
+/// `None` for an owner-only file (`0600`, `0400`).
+fn open_to_others(mode: u32) -> Option<&'static str> {
+    match (mode & 0o070 != 0, mode & 0o007 != 0) {
+        (false, false) => None,
+        (true, false) => Some("its group"),
+        (false, true) => Some("every user"),
+        (true, true) => Some("its group and every user"),
+    }
+}
+
 fn split(text: &str, separator: char) -> Vec<SecretString> {
     text.split(separator)
         .map(str::trim)
@@ -245,6 +285,20 @@ pub(crate) fn refuse_readable_by_runners(
                 )
             }),
     );
+    // A job holding an enterprise's PAT could register (or remove) runners across it.
+    files.extend(
+        config
+            .scale_sets
+            .iter()
+            .enumerate()
+            .filter_map(|(index, set)| {
+                let enterprise = set.enterprise.as_ref()?;
+                Some((
+                    format!("scale_set[{index}].token_file"),
+                    Some(enterprise.token_file.as_path()),
+                ))
+            }),
+    );
     for (key, path) in files {
         let Some(path) = path else { continue };
         let Ok(meta) = std::fs::metadata(path) else {
@@ -265,6 +319,99 @@ pub(crate) fn refuse_readable_by_runners(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use secrecy::ExposeSecret as _;
+
+    /// An enterprise PAT's file: any access by its group or others refuses it (not only the
+    /// world-readable bit the other secret files are refused for).
+    #[test]
+    fn an_enterprise_token_file_is_its_owner_s_alone() {
+        // (mode, who else has access)
+        let cases: [(u32, Option<&str>); 7] = [
+            (0o600, None),
+            (0o400, None),
+            (0o100600, None),
+            (0o640, Some("its group")),
+            (0o620, Some("its group")),
+            (0o602, Some("every user")),
+            (0o644, Some("its group and every user")),
+        ];
+        for (mode, who) in cases {
+            assert_eq!(open_to_others(mode), who, "{mode:o}");
+        }
+    }
+
+    /// An enterprise's PAT file a runner uid owns is refused at start like every secret file a
+    /// runner could read, naming its scale set's key.
+    #[test]
+    fn an_enterprise_token_file_a_runner_uid_owns_is_refused() {
+        use rm_runner::isolate::{Pool, RunnerUids};
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("enterprise.pat");
+        std::fs::write(&path, "ghp_secret123").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let config = crate::config::from_text(&format!(
+            "[[policy]]\nname = \"ent\"\ntarget = \"acme\"\nlabels = [\"ent\"]\n\
+             [[scale_set]]\nname = \"ent\"\npolicy = \"ent\"\nenterprise = \"octo\"\ntoken_file = {:?}\n",
+            path.display().to_string()
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let pool = Pool::resolve(&RunnerUids::Range {
+            first: 4_100_000,
+            last: 4_100_003,
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            refuse_readable_by_runners(&config, &pool).is_ok(),
+            "root's own"
+        );
+        if let Err(e) = std::os::unix::fs::chown(&path, Some(4_100_001), None) {
+            eprintln!("skipped: cannot give the file to a runner uid ({e}); not root");
+            return;
+        }
+        let message = refuse_readable_by_runners(&config, &pool)
+            .err()
+            .map(|e| e.message)
+            .unwrap_or_default();
+        assert!(
+            message.starts_with("scale_set[0].token_file: a runner could read"),
+            "{message}"
+        );
+    }
+
+    /// The token is read trimmed; a file open to its group, an empty one and a missing one
+    /// are refused naming the key, never with the token's text.
+    #[test]
+    fn an_enterprise_token_is_read_trimmed_and_refused_as_its_rule_says() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = |name: &str, text: &str, mode: u32| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .unwrap_or_else(|e| panic!("{e}"));
+            path
+        };
+        let key = "scale_set[0].token_file";
+        let good = file("good", "  ghp_secret123\n", 0o600);
+        let token = enterprise_token(&good, key).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(token.expose_secret(), "ghp_secret123");
+        for (path, problem) in [
+            (file("group", "ghp_secret123", 0o640), "open to its group"),
+            (file("empty", " \n", 0o600), "is empty"),
+            (dir.path().join("missing"), "cannot read"),
+        ] {
+            let message = enterprise_token(&path, key)
+                .err()
+                .map(|e| e.message)
+                .unwrap_or_default();
+            assert!(
+                message.starts_with(key) && message.contains(problem),
+                "{}: {message}",
+                path.display()
+            );
+            assert!(!message.contains("ghp_"), "no token in {message}");
+        }
+    }
 
     /// Every further App's key file is read and refused as the primary's is, each refusal
     /// naming the App's entry: a missing file, one every user can read, an empty one.

@@ -259,23 +259,39 @@ pub(crate) async fn serve_paced(
     Ok(report)
 }
 
-/// One source per `[[scale_set]]`, each with a client of its policy's target's Actions service.
-fn scale_set_board(
-    config: &Config,
-    client: &GithubClient,
-) -> anyhow::Result<crate::scaleset::Board> {
+/// One source per `[[scale_set]]`, each with a client of its scope's Actions service: its
+/// policy's target through the App's installation there, or its enterprise through the PAT
+/// read (and refused when missing, empty or open to others: exit 2) here, once.
+fn scale_set_board(config: &Config, client: &GithubClient) -> Result<crate::scaleset::Board, Exit> {
+    use rm_github::scaleset::{Credential, ScaleSetClient};
     let mut sources = Vec::with_capacity(config.scale_sets.len());
-    for set in &config.scale_sets {
+    for (index, set) in config.scale_sets.iter().enumerate() {
         let policy = config
             .policies
             .iter()
             .find(|p| p.name == set.policy)
-            .with_context(|| format!("scale set `{}`: no policy `{}`", set.name, set.policy))?;
-        let scale_set_client = rm_github::scaleset::ScaleSetClient::new(
-            client.clone(),
-            policy.target.clone(),
-            crate::scaleset::config_url(&config.github.api_url, &policy.target),
-        )?;
+            .with_context(|| format!("scale set `{}`: no policy `{}`", set.name, set.policy))
+            .map_err(Exit::runtime)?;
+        let api = &config.github.api_url;
+        let (credential, config_url) = match &set.enterprise {
+            None => (
+                Credential::App(policy.target.clone()),
+                crate::scaleset::config_url(api, &policy.target),
+            ),
+            Some(enterprise) => (
+                Credential::EnterprisePat {
+                    slug: enterprise.slug.clone(),
+                    token: secrets::enterprise_token(
+                        &enterprise.token_file,
+                        &format!("scale_set[{index}].token_file"),
+                    )?,
+                },
+                crate::scaleset::enterprise_config_url(api, &enterprise.slug),
+            ),
+        };
+        let scale_set_client =
+            ScaleSetClient::with_credential(client.clone(), credential, config_url)
+                .map_err(Exit::runtime)?;
         sources.push(Arc::new(crate::scaleset::Source::new(
             set.clone(),
             Arc::new(scale_set_client),
@@ -518,7 +534,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         logs: (config.logs.keep > 0)
             .then(|| Arc::new(rm_runner::logs::Store::new(&config.data_dir, config.logs))),
         reruns: config.reruns.clone(),
-        scale_sets: Arc::new(scale_set_board(config, client).map_err(Exit::runtime)?),
+        scale_sets: Arc::new(scale_set_board(config, client)?),
     };
     // Bounds lowered since the last run, and copies past `max_age` on a host that cleaned up
     // nothing since: pruned now, off the runtime, not only after the next cleanup.

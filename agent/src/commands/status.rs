@@ -80,6 +80,8 @@ pub(crate) struct Facts {
 pub(crate) struct ScaleSetFacts {
     pub name: String,
     pub policy: String,
+    /// The enterprise it lives in (its slug), for an enterprise scale set.
+    pub enterprise: Option<String>,
     pub record: Option<rm_journal::ScaleSetRecord>,
 }
 
@@ -101,6 +103,7 @@ fn scale_set_facts(config: &Config) -> anyhow::Result<Vec<ScaleSetFacts>> {
         .map(|set| ScaleSetFacts {
             name: set.name.clone(),
             policy: set.policy.clone(),
+            enterprise: set.enterprise.as_ref().map(|e| e.slug.clone()),
             record: records.iter().find(|r| r.name == set.name).cloned(),
         })
         .collect())
@@ -114,6 +117,7 @@ fn scale_set_json(set: &ScaleSetFacts, capacity: Option<u32>) -> Value {
     json!({
         "name": set.name,
         "policy": set.policy,
+        "enterprise": set.enterprise,
         "scale_set_id": record.and_then(|r| r.scale_set_id),
         "session_id": record.and_then(|r| r.session_id.clone()),
         "last_message_id": record.map(|r| r.last_message_id),
@@ -135,8 +139,12 @@ fn scale_set_json(set: &ScaleSetFacts, capacity: Option<u32>) -> Value {
 }
 
 fn render_scale_set(set: &ScaleSetFacts, now_ms: UnixMs, capacity: Option<u32>) -> String {
+    let scope = match &set.enterprise {
+        Some(slug) => format!("policy {}, enterprise {slug}", set.policy),
+        None => format!("policy {}", set.policy),
+    };
     let Some(record) = &set.record else {
-        return format!("{} (policy {}): not listened to yet", set.name, set.policy);
+        return format!("{} ({scope}): not listened to yet", set.name);
     };
     let session = record
         .session_id
@@ -164,8 +172,8 @@ fn render_scale_set(set: &ScaleSetFacts, now_ms: UnixMs, capacity: Option<u32>) 
         .as_deref()
         .map_or_else(String::new, |note| format!("; {note}"));
     format!(
-        "{} (policy {}): {session}, {last}{statistics}{capacity}{note}",
-        set.name, set.policy
+        "{} ({scope}): {session}, {last}{statistics}{capacity}{note}",
+        set.name
     )
 }
 
@@ -1299,6 +1307,7 @@ mod tests {
             ScaleSetFacts {
                 name: "acme-big".into(),
                 policy: "big".into(),
+                enterprise: None,
                 record: Some(rm_journal::ScaleSetRecord {
                     name: "acme-big".into(),
                     scale_set_id: Some(7),
@@ -1321,6 +1330,13 @@ mod tests {
             ScaleSetFacts {
                 name: "acme-gpu".into(),
                 policy: "gpu".into(),
+                enterprise: None,
+                record: None,
+            },
+            ScaleSetFacts {
+                name: "octo-big".into(),
+                policy: "octo".into(),
+                enterprise: Some("octo-corp".into()),
                 record: None,
             },
         ];
@@ -1333,6 +1349,13 @@ mod tests {
         );
         assert!(
             text.contains("scale set acme-gpu (policy gpu): not listened to yet\n"),
+            "{text}"
+        );
+        // An enterprise scale set names its enterprise.
+        assert!(
+            text.contains(
+                "scale set octo-big (policy octo, enterprise octo-corp): not listened to yet\n"
+            ),
             "{text}"
         );
         let json = to_json(&facts);
@@ -1354,6 +1377,8 @@ mod tests {
             "{}",
             render(&facts)
         );
+        assert_eq!(json["scale_sets"][0]["enterprise"], serde_json::Value::Null);
+        assert_eq!(json["scale_sets"][2]["enterprise"], "octo-corp");
     }
 
     /// With several Apps, each App's registrations and budgets: a line each in the table, and

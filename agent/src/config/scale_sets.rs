@@ -3,9 +3,12 @@
 //! serves it alone; its labels (its name when none are written) are its own; and no webhook
 //! policy carries one of them, since a job for the scale set also arrives as a webhook and would
 //! then start a second runner (the double-demand guard, which `rm-agent check` reports the
-//! same way, being this validation).
+//! same way, being this validation). It also owns where a scale set lives: its policy's target
+//! (the App's installation), or an enterprise (`enterprise`, with the classic PAT in
+//! `token_file`; the file itself is read and refused by `crate::secrets`, never here).
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 
 use serde::Deserialize;
 
@@ -30,6 +33,21 @@ pub struct ScaleSetSection {
     pub labels: Option<Vec<String>>,
     /// The runner group it is created in; absent: the policy's, else `Default` (1).
     pub runner_group_id: Option<u64>,
+    /// The enterprise (its slug, as in `https://github.com/enterprises/<slug>`) the scale set
+    /// lives in instead of the policy's target.
+    pub enterprise: Option<String>,
+    /// The file holding the classic personal access token (`manage_runners:enterprise`) of an
+    /// enterprise scale set: the one credential GitHub takes for that scope.
+    pub token_file: Option<PathBuf>,
+}
+
+/// An enterprise scale set's scope and credential (`enterprise`, `token_file`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enterprise {
+    /// The enterprise's slug.
+    pub slug: String,
+    /// Where its classic PAT is read from (`crate::secrets::enterprise_token`).
+    pub token_file: PathBuf,
 }
 
 /// A validated scale set.
@@ -40,6 +58,9 @@ pub struct ScaleSet {
     /// Its labels, its name first.
     pub labels: Vec<String>,
     pub runner_group_id: u64,
+    /// `Some`: an enterprise scale set, registered with its PAT (no App request is made for
+    /// it); `None`: it lives in its policy's target, through the App's installation there.
+    pub enterprise: Option<Enterprise>,
 }
 
 /// Validates the sections against the policies and marks each served policy
@@ -127,6 +148,11 @@ fn one(section: ScaleSetSection, policies: &[Policy]) -> Result<ScaleSet, (&'sta
             ),
         ));
     };
+    let enterprise = enterprise(
+        section.enterprise,
+        section.token_file,
+        policy.workspace == super::Workspace::Persistent,
+    )?;
     let mut labels = vec![section.name.clone()];
     for label in section.labels.unwrap_or_default() {
         if label.trim().is_empty() {
@@ -143,7 +169,55 @@ fn one(section: ScaleSetSection, policies: &[Policy]) -> Result<ScaleSet, (&'sta
         runner_group_id: section
             .runner_group_id
             .unwrap_or(policy.runner_group_id.max(DEFAULT_RUNNER_GROUP)),
+        enterprise,
     })
+}
+
+/// The enterprise scope of a scale set from its `enterprise` and `token_file` keys: both or
+/// neither (the PAT is the only credential GitHub takes for an enterprise, and the App's
+/// installation the only one rm uses for anything else). A policy with a persistent workspace
+/// is refused: an enterprise's jobs come from every repository of it, and a slot's `_work`
+/// must not be shared across repositories.
+pub(super) fn enterprise(
+    slug: Option<String>,
+    token_file: Option<PathBuf>,
+    persistent_workspace: bool,
+) -> Result<Option<Enterprise>, (&'static str, String)> {
+    match (slug, token_file) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err((
+            "token_file",
+            "is the classic PAT of an enterprise scale set: set `enterprise` too, or remove it (an organization or repository scale set registers through the App)".to_owned(),
+        )),
+        (Some(_), None) => Err((
+            "token_file",
+            "is required with `enterprise`: GitHub takes only a classic personal access token with `manage_runners:enterprise` for an enterprise's scale sets; name the file holding it (mode 0600)".to_owned(),
+        )),
+        (Some(slug), Some(_)) if !valid_slug(&slug) => Err((
+            "enterprise",
+            format!(
+                "`{slug}` is not an enterprise slug: letters, digits, `-`, `_` or `.`, as in https://github.com/enterprises/<slug>"
+            ),
+        )),
+        (Some(_), Some(path)) if path.as_os_str().is_empty() => {
+            Err(("token_file", "is empty; name the file holding the PAT".to_owned()))
+        }
+        (Some(_), Some(_)) if persistent_workspace => Err((
+            "enterprise",
+            "its policy has `workspace = \"persistent\"`: an enterprise scale set's jobs come from every repository of the enterprise, and a slot's _work must not be shared across repositories; use an ephemeral workspace".to_owned(),
+        )),
+        (Some(slug), Some(token_file)) => Ok(Some(Enterprise { slug, token_file })),
+    }
+}
+
+/// An enterprise slug as it appears in URLs; nothing that could leave its path segment.
+fn valid_slug(slug: &str) -> bool {
+    !slug.is_empty()
+        && slug != "."
+        && slug != ".."
+        && slug
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 impl ScaleSet {

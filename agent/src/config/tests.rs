@@ -1296,6 +1296,7 @@ fn a_scale_set_names_its_policy_which_then_serves_it_alone() {
             policy: "big".into(),
             labels: vec!["acme-big".into(), "gpu".into()],
             runner_group_id: 1,
+            enterprise: None,
         }]
     );
     let served: Vec<_> = config
@@ -1363,4 +1364,109 @@ fn scale_set_mistakes_and_overlapping_labels_are_refused() {
         "{SCALE_SET_BASE}\n[[scale_set]]\nname = \"big\"\npolicy = \"big\"\n"
     ))
     .expect("the serving policy's own label is no overlap");
+}
+
+/// An enterprise scale set: `enterprise` with its PAT's `token_file`, kept on the scale set;
+/// its runners are still its policy's.
+#[test]
+fn an_enterprise_scale_set_names_its_enterprise_and_its_token_file() {
+    let config = load_text(&format!(
+        "{SCALE_SET_BASE}\n[[scale_set]]\nname = \"ent-big\"\npolicy = \"big\"\nenterprise = \"octo-corp\"\ntoken_file = \"/etc/rm-agent/enterprise.pat\"\n"
+    ))
+    .expect("loads");
+    assert_eq!(
+        config.scale_sets[0].enterprise,
+        Some(scale_sets::Enterprise {
+            slug: "octo-corp".into(),
+            token_file: PathBuf::from("/etc/rm-agent/enterprise.pat"),
+        })
+    );
+    let big = config
+        .policies
+        .iter()
+        .find(|p| p.name == "big")
+        .expect("big");
+    assert_eq!(
+        big.scale_set.as_ref().and_then(|s| s.enterprise.as_ref()),
+        config.scale_sets[0].enterprise.as_ref()
+    );
+}
+
+/// Releases are read through the first policy registering through the App: an enterprise
+/// scale set's policy (whose target the App may not be installed on) is passed over.
+#[test]
+fn releases_are_read_through_a_policy_of_the_app() {
+    let enterprise_first = "[[policy]]\nname = \"ent\"\ntarget = \"elsewhere\"\nlabels = [\"ent\"]\n\
+         [[policy]]\nname = \"linux\"\ntarget = \"acme\"\nlabels = [\"linux\"]\n\
+         [[scale_set]]\nname = \"ent\"\npolicy = \"ent\"\nenterprise = \"octo\"\ntoken_file = \"/t\"\n";
+    let config = load_text(enterprise_first).expect("loads");
+    let served: Vec<bool> = config
+        .policies
+        .iter()
+        .map(Policy::registers_through_app)
+        .collect();
+    assert_eq!(served, [false, true]);
+    assert_eq!(
+        config.reading_target().map(ToString::to_string).as_deref(),
+        Some("acme")
+    );
+    // Enterprise scale sets alone: the first policy's, as before.
+    let alone = load_text(
+        "[[policy]]\nname = \"ent\"\ntarget = \"elsewhere\"\nlabels = [\"ent\"]\n\
+         [[scale_set]]\nname = \"ent\"\npolicy = \"ent\"\nenterprise = \"octo\"\ntoken_file = \"/t\"\n",
+    )
+    .expect("loads");
+    assert_eq!(
+        alone.reading_target().map(ToString::to_string).as_deref(),
+        Some("elsewhere")
+    );
+}
+
+/// `enterprise` and `token_file` go together, the slug stays in its URL segment, and an
+/// enterprise's jobs (from any repository of it) never share a persistent workspace.
+#[test]
+fn enterprise_scale_set_mistakes_name_their_key() {
+    let persistent = "\n[[policy]]\nname = \"slot\"\ntarget = \"acme/widgets\"\nlabels = [\"slot\"]\nworkspace = \"persistent\"\n";
+    let cases: [(&str, &str, &str); 6] = [
+        (
+            "[[scale_set]]\nname = \"e\"\npolicy = \"big\"\nenterprise = \"octo\"\n",
+            "scale_set[0].token_file",
+            "required with `enterprise`",
+        ),
+        (
+            "[[scale_set]]\nname = \"e\"\npolicy = \"big\"\ntoken_file = \"/t\"\n",
+            "scale_set[0].token_file",
+            "set `enterprise` too",
+        ),
+        (
+            "[[scale_set]]\nname = \"e\"\npolicy = \"big\"\nenterprise = \"octo/x\"\ntoken_file = \"/t\"\n",
+            "scale_set[0].enterprise",
+            "not an enterprise slug",
+        ),
+        (
+            "[[scale_set]]\nname = \"e\"\npolicy = \"big\"\nenterprise = \"\"\ntoken_file = \"/t\"\n",
+            "scale_set[0].enterprise",
+            "not an enterprise slug",
+        ),
+        (
+            "[[scale_set]]\nname = \"e\"\npolicy = \"big\"\nenterprise = \"octo\"\ntoken_file = \"\"\n",
+            "scale_set[0].token_file",
+            "is empty",
+        ),
+        (
+            "[[scale_set]]\nname = \"e\"\npolicy = \"slot\"\nenterprise = \"octo\"\ntoken_file = \"/t\"\n",
+            "scale_set[0].enterprise",
+            "persistent",
+        ),
+    ];
+    for (extra, key, problem) in cases {
+        let err = refusal(&format!("{SCALE_SET_BASE}{persistent}\n{extra}"));
+        assert_eq!(err.key, key, "{extra}: {err:?}");
+        assert!(err.problem.contains(problem), "{extra}: {}", err.problem);
+    }
+    // Control: a persistent policy may serve a scale set of its own repository.
+    load_text(&format!(
+        "{SCALE_SET_BASE}{persistent}\n[[scale_set]]\nname = \"s\"\npolicy = \"slot\"\n"
+    ))
+    .expect("a repository scale set may be persistent");
 }

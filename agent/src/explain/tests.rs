@@ -791,6 +791,7 @@ fn a_scale_set_s_job_names_its_scale_set_and_policy() {
         policy: "big".to_owned(),
         labels: vec!["acme-big".to_owned(), "gpu".to_owned()],
         runner_group_id: 1,
+        enterprise: None,
     });
     w.policies.push(big);
     let j = w.queue(1, &["ACME-BIG", "gpu"]);

@@ -104,15 +104,10 @@ pub async fn run(
                 Duration::ZERO
             }
             Served::SetupFailed(e) => {
-                tracing::warn!(scale_set = name, error = %e, "cannot find or create the scale set; trying again");
-                note(
-                    &source,
-                    &board,
-                    &journal,
-                    format!("cannot find or create the scale set: {e}"),
-                )
-                .await;
-                SETUP_RETRY
+                let (text, wait) = after_setup_failure(&e);
+                tracing::warn!(scale_set = name, error = %e, wait_s = wait.as_secs(), "cannot find or create the scale set; trying again");
+                note(&source, &board, &journal, text).await;
+                wait
             }
             Served::GaveUp(e) => {
                 tracing::error!(scale_set = name, error = %e, "the scale-set listener was refused; trying again in 5 minutes");
@@ -124,6 +119,21 @@ pub async fn run(
             _ = tokio::time::sleep(wait) => {}
             _ = shutdown.changed() => return,
         }
+    }
+}
+
+/// What `status` is told, and how long to wait, after the scale set could not be found or
+/// created: a refusal that waiting does not fix (a refused credential, an enterprise's PAT
+/// among them; a 403) is reported as one and tried again after [`GIVE_UP_RETRY`], as a
+/// refusal later in the listener's life is; anything else after [`SETUP_RETRY`].
+fn after_setup_failure(error: &ScaleSetError) -> (String, Duration) {
+    use rm_github::scaleset::listener::Outcome;
+    match Outcome::of(error) {
+        Outcome::Permanent => (format!("refused: {error}"), GIVE_UP_RETRY),
+        _ => (
+            format!("cannot find or create the scale set: {error}"),
+            SETUP_RETRY,
+        ),
     }
 }
 
@@ -558,5 +568,50 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    /// A refusal at setup (an enterprise's PAT refused, a 403) is reported as one and waits
+    /// like a refusal later on; a failure that passes is tried again sooner.
+    #[test]
+    fn a_refusal_at_setup_is_reported_as_one() {
+        let service = |status| ScaleSetError::Service {
+            endpoint: "e",
+            status,
+            type_name: String::new(),
+            message: String::new(),
+        };
+        let refused_pat = ScaleSetError::TokenRefused {
+            endpoint: "e",
+            status: 401,
+            message: "Bad credentials".into(),
+        };
+        let unreachable = ScaleSetError::Unreachable {
+            endpoint: "e",
+            reason: "reset".into(),
+        };
+        // (error, the note starts with, the wait)
+        let cases = [
+            (
+                refused_pat,
+                "refused: GitHub refused the enterprise's",
+                GIVE_UP_RETRY,
+            ),
+            (service(403), "refused: ", GIVE_UP_RETRY),
+            (
+                service(503),
+                "cannot find or create the scale set: ",
+                SETUP_RETRY,
+            ),
+            (
+                unreachable,
+                "cannot find or create the scale set: ",
+                SETUP_RETRY,
+            ),
+        ];
+        for (error, note, wait) in cases {
+            let (text, waited) = after_setup_failure(&error);
+            assert!(text.starts_with(note), "{text}");
+            assert_eq!(waited, wait, "{text}");
+        }
     }
 }

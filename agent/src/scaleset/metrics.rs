@@ -102,6 +102,7 @@ mod tests {
             policy: "big".into(),
             labels: vec!["acme-big".into()],
             runner_group_id: 1,
+            enterprise: None,
         };
         // Never called: the gauges read what the listener saw.
         let key = rm_fake_github::AppKeyPair::generate().expect("a key");

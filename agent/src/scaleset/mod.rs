@@ -107,17 +107,29 @@ pub fn capacity(input: CapacityInput) -> u32 {
 /// API's URL: `api.github.com` and `api.<host>` (GHE.com) drop the `api.`, GHES drops `/api/v3`;
 /// anything else (a test's fake) is taken as it is.
 pub fn config_url(api_url: &str, target: &rm_github::Target) -> String {
+    let web = web_url(api_url);
+    match target {
+        rm_github::Target::Org(org) => format!("{web}/{org}"),
+        rm_github::Target::Repo { owner, repo } => format!("{web}/{owner}/{repo}"),
+    }
+}
+
+/// An enterprise's URL as the Actions service knows it (`https://github.com/enterprises/octo`),
+/// by the same host rules as [`config_url`].
+pub fn enterprise_config_url(api_url: &str, slug: &str) -> String {
+    format!("{}/enterprises/{slug}", web_url(api_url))
+}
+
+/// GitHub's web URL from its REST API's: `api.github.com` and `api.<host>` (GHE.com) drop the
+/// `api.`, GHES drops `/api/v3`; anything else (a test's fake) is taken as it is.
+fn web_url(api_url: &str) -> String {
     let api = api_url.trim_end_matches('/');
-    let web = if let Some(host) = api.strip_prefix("https://api.") {
+    if let Some(host) = api.strip_prefix("https://api.") {
         format!("https://{host}")
     } else if let Some(base) = api.strip_suffix("/api/v3") {
         base.to_owned()
     } else {
         api.to_owned()
-    };
-    match target {
-        rm_github::Target::Org(org) => format!("{web}/{org}"),
-        rm_github::Target::Repo { owner, repo } => format!("{web}/{owner}/{repo}"),
     }
 }
 
@@ -423,6 +435,28 @@ mod tests {
         ];
         for (api, target, url) in cases {
             assert_eq!(config_url(api, target), url, "{api}");
+        }
+        // An enterprise, by the same host rules.
+        let enterprises = [
+            (
+                "https://api.github.com/",
+                "https://github.com/enterprises/octo",
+            ),
+            (
+                "https://api.octo.ghe.com",
+                "https://octo.ghe.com/enterprises/octo",
+            ),
+            (
+                "https://ghes.example/api/v3",
+                "https://ghes.example/enterprises/octo",
+            ),
+            (
+                "http://127.0.0.1:4711",
+                "http://127.0.0.1:4711/enterprises/octo",
+            ),
+        ];
+        for (api, url) in enterprises {
+            assert_eq!(enterprise_config_url(api, "octo"), url, "{api}");
         }
     }
 

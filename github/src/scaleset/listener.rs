@@ -80,9 +80,9 @@ impl Outcome {
                 }
             }
             // The client already re-authenticated (admin) or refreshed (queue) once.
-            ScaleSetError::Unauthorized { .. } | ScaleSetError::AgentExists { .. } => {
-                Self::Permanent
-            }
+            ScaleSetError::Unauthorized { .. }
+            | ScaleSetError::AgentExists { .. }
+            | ScaleSetError::TokenRefused { .. } => Self::Permanent,
             ScaleSetError::Github(e) => match e {
                 GithubError::RateLimited { .. }
                 | GithubError::Server { .. }
@@ -749,6 +749,15 @@ mod tests {
                 reason: String::new()
             }),
             Outcome::Unreadable
+        );
+        // An enterprise's PAT refused: only a new token fixes it.
+        assert_eq!(
+            Outcome::of(&ScaleSetError::TokenRefused {
+                endpoint: "e",
+                status: 401,
+                message: String::new()
+            }),
+            Outcome::Permanent
         );
         assert_eq!(
             Outcome::of(&ScaleSetError::Github(GithubError::Forbidden {

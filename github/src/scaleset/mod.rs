@@ -6,9 +6,10 @@
 //! It owns the admin connection (renewed within [`ADMIN_RENEW_BEFORE`] of its JWT's `exp`) and
 //! the mapping of the service's errors, read by the `typeName` of their JSON body, to
 //! [`ScaleSetError`]. It rides on [`GithubClient`]: the registration token is a REST call with
-//! its installation token, and every request goes through the same octocrab transport. A
-//! session's queue token is the caller's, in the [`Session`] it holds. Every token is a
-//! `secrecy` value; the JIT configuration too.
+//! the [`Credential`] of the scope (the App's installation token for an organization or a
+//! repository, a classic PAT for an enterprise), and every request goes through the same
+//! octocrab transport. A session's queue token is the caller's, in the [`Session`] it holds.
+//! Every token is a `secrecy` value; the PAT and the JIT configuration too.
 
 use std::time::{Duration, SystemTime};
 
@@ -89,6 +90,17 @@ pub enum ScaleSetError {
     #[error("unexpected answer from the Actions service on {endpoint}: {message}")]
     Unexpected {
         endpoint: &'static str,
+        message: String,
+    },
+    /// GitHub refused the enterprise's personal access token on the registration-token
+    /// request (401 or 403): wrong, expired or revoked, or without `manage_runners:enterprise`.
+    /// Waiting does not fix it; replacing the token does.
+    #[error(
+        "GitHub refused the enterprise's personal access token ({status} on {endpoint}: {message}); it must be a valid classic PAT with the scope `manage_runners:enterprise`"
+    )]
+    TokenRefused {
+        endpoint: &'static str,
+        status: u16,
         message: String,
     },
     /// The REST side (the registration token).
@@ -231,10 +243,47 @@ struct AdminConnection {
     expires_at: SystemTime,
 }
 
-/// The client of one target's Actions service.
+/// What the registration token is asked with, and for which scope.
+pub enum Credential {
+    /// The App's installation covering an organization or a repository target.
+    App(Target),
+    /// A classic personal access token (`manage_runners:enterprise`) of enterprise `slug`: the
+    /// one credential GitHub takes for an enterprise's scale sets. No App request is made.
+    EnterprisePat { slug: String, token: SecretString },
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::App(target) => f.debug_tuple("App").field(target).finish(),
+            // The token's text never, not even redacted by `secrecy`'s own `Debug`.
+            Credential::EnterprisePat { slug, .. } => f
+                .debug_struct("EnterprisePat")
+                .field("slug", slug)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+/// The endpoint name of the enterprise registration-token request (a REST call: GitHub's
+/// media type, not the service's).
+const ENTERPRISE_TOKEN_ENDPOINT: &str = "enterprises.runners.registration_token";
+
+/// The `Accept` of a request to `endpoint`: GitHub's REST media type for the enterprise
+/// registration token, the service's API version for everything else (the RemoteAuth
+/// exchange included, as the Go client sends it).
+fn accept(endpoint: &str) -> String {
+    if endpoint == ENTERPRISE_TOKEN_ENDPOINT {
+        "application/vnd.github+json".to_owned()
+    } else {
+        format!("application/json; {API_VERSION}")
+    }
+}
+
+/// The client of one scope's Actions service.
 pub struct ScaleSetClient {
     github: GithubClient,
-    target: Target,
+    credential: Credential,
     /// The scope's URL as the service knows it (`https://github.com/acme`).
     config_url: String,
     /// The transport for the service's absolute URLs (no base path of its own).
@@ -247,7 +296,7 @@ pub struct ScaleSetClient {
 impl std::fmt::Debug for ScaleSetClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ScaleSetClient")
-            .field("target", &self.target)
+            .field("credential", &self.credential)
             .field("config_url", &self.config_url)
             .finish_non_exhaustive()
     }
@@ -330,6 +379,27 @@ fn decode<T: DeserializeOwned>(endpoint: &'static str, body: &[u8]) -> Result<T,
     })
 }
 
+/// A registration token as GitHub answers it (its `expires_at` is not needed: the admin token
+/// it is exchanged for at once carries its own expiry).
+#[derive(Deserialize)]
+struct RegistrationToken {
+    token: SecretString,
+}
+
+/// A REST error body's `message` (`Bad credentials`), at most 200 characters of it; the
+/// body's text when it is not JSON.
+fn rest_message(body: &[u8]) -> String {
+    let text = match serde_json::from_slice::<Value>(strip_bom(body)) {
+        Ok(v) => v
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        Err(_) => String::from_utf8_lossy(body).into_owned(),
+    };
+    text.chars().take(200).collect()
+}
+
 /// A request to the service.
 #[derive(Clone)]
 struct Request<'a> {
@@ -369,11 +439,23 @@ fn scale_set_of(url: &str) -> Option<u64> {
 }
 
 impl ScaleSetClient {
-    /// A client of `target`'s scale sets; `config_url` is the scope as the service knows it
-    /// (`https://github.com/acme`).
+    /// A client of `target`'s scale sets through the App's installation there; `config_url`
+    /// is the scope as the service knows it (`https://github.com/acme`).
     pub fn new(
         github: GithubClient,
         target: Target,
+        config_url: impl Into<String>,
+    ) -> anyhow::Result<Self> {
+        Self::with_credential(github, Credential::App(target), config_url)
+    }
+
+    /// A client of the scale sets of the scope `credential` opens; `config_url` is that scope
+    /// as the service knows it (`https://github.com/enterprises/octo` for an enterprise).
+    /// `github` is the transport (the API's base URL); an enterprise's client never asks it
+    /// for an App or installation token.
+    pub fn with_credential(
+        github: GithubClient,
+        credential: Credential,
         config_url: impl Into<String>,
     ) -> anyhow::Result<Self> {
         use anyhow::Context as _;
@@ -382,7 +464,7 @@ impl ScaleSetClient {
         let http = crate::https::client().context("cannot build the HTTP client")?;
         Ok(Self {
             github,
-            target,
+            credential,
             config_url: config_url.into(),
             http,
             admin: tokio::sync::Mutex::new(None),
@@ -431,7 +513,7 @@ impl ScaleSetClient {
             .method(request.method)
             .uri(request.url.as_str())
             .header(header::AUTHORIZATION, authorization)
-            .header(header::ACCEPT, format!("application/json; {API_VERSION}"));
+            .header(header::ACCEPT, accept(endpoint));
         if let Some(capacity) = request.max_capacity {
             builder = builder.header("X-ScaleSetMaxCapacity", capacity.to_string());
         }
@@ -505,13 +587,16 @@ impl ScaleSetClient {
         }
     }
 
-    /// A registration token for the target (REST, with the installation token).
+    /// A registration token for the scope: REST, with the installation token of the App's
+    /// installation on the target, or with an enterprise's PAT.
     async fn registration_token(&self) -> Result<SecretString, ScaleSetError> {
-        #[derive(Deserialize)]
-        struct Token {
-            token: SecretString,
-        }
-        let (endpoint, path) = match &self.target {
+        let target = match &self.credential {
+            Credential::App(target) => target,
+            Credential::EnterprisePat { slug, token } => {
+                return self.enterprise_registration_token(slug, token).await;
+            }
+        };
+        let (endpoint, path) = match target {
             Target::Org(org) => (
                 "orgs.runners.registration_token",
                 format!("/orgs/{org}/actions/runners/registration-token"),
@@ -521,13 +606,58 @@ impl ScaleSetClient {
                 format!("/repos/{owner}/{repo}/actions/runners/registration-token"),
             ),
         };
-        let auth = self.github.installation_of(&self.target).await?;
+        let auth = self.github.installation_of(target).await?;
         let call = Call {
             method: Method::POST,
             ..Call::get(endpoint, auth, path)
         };
-        let token: Token = self.github.get_json(call).await?;
+        let token: RegistrationToken = self.github.get_json(call).await?;
         Ok(token.token)
+    }
+
+    /// `POST /enterprises/{slug}/actions/runners/registration-token` with the PAT as its
+    /// bearer. Not through the App's client: the PAT is no installation's, and its requests
+    /// (one an hour, at the admin token's renewal) are outside the App's budget. A 401 or 403
+    /// is [`ScaleSetError::TokenRefused`].
+    async fn enterprise_registration_token(
+        &self,
+        slug: &str,
+        token: &SecretString,
+    ) -> Result<SecretString, ScaleSetError> {
+        let request = Request {
+            endpoint: ENTERPRISE_TOKEN_ENDPOINT,
+            method: Method::POST,
+            // Relative: the REST client's base (with its path, on GHES) is put before it.
+            url: format!(
+                "/enterprises/{}/actions/runners/registration-token",
+                percent_encode(slug)
+            ),
+            authorization: format!("Bearer {}", token.expose_secret()),
+            body: None,
+            max_capacity: None,
+            timeout: CALL_TIMEOUT,
+        };
+        let (status, answer) =
+            Self::exchange(Transport::Rest(&self.github.inner.octo), request, None).await?;
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err(ScaleSetError::TokenRefused {
+                endpoint: ENTERPRISE_TOKEN_ENDPOINT,
+                status: status.as_u16(),
+                message: rest_message(&answer),
+            });
+        }
+        if !status.is_success() {
+            return Err(service_error(ENTERPRISE_TOKEN_ENDPOINT, status, &answer));
+        }
+        let registration: RegistrationToken = decode(ENTERPRISE_TOKEN_ENDPOINT, &answer)?;
+        Ok(registration.token)
+    }
+
+    /// Whether GitHub issues the scope's registration token to this client's credential:
+    /// what `rm-agent check` asks of an enterprise's PAT. The token is dropped (it expires in
+    /// an hour, unused).
+    pub async fn verify_credential(&self) -> Result<(), ScaleSetError> {
+        self.registration_token().await.map(drop)
     }
 
     /// The RemoteAuth exchange: the service's URL and a fresh admin token.
@@ -1026,6 +1156,34 @@ impl ScaleSetClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_enterprise_registration_token_asks_for_github_s_media_type() {
+        assert_eq!(
+            accept(ENTERPRISE_TOKEN_ENDPOINT),
+            "application/vnd.github+json"
+        );
+        for endpoint in ["actions.runner_registration", "scalesets.message.get"] {
+            assert_eq!(
+                accept(endpoint),
+                "application/json; api-version=6.0-preview"
+            );
+        }
+    }
+
+    #[test]
+    fn an_enterprise_credential_never_shows_its_token() {
+        let credential = Credential::EnterprisePat {
+            slug: "octo".into(),
+            token: SecretString::from("ghp_secret123"),
+        };
+        let shown = format!("{credential:?}");
+        assert!(shown.contains("octo") && !shown.contains("ghp_"), "{shown}");
+        assert_eq!(
+            rest_message(br#"{"message":"Bad credentials"}"#),
+            "Bad credentials"
+        );
+    }
 
     #[test]
     fn urls_keep_the_queue_query() {

@@ -14,8 +14,8 @@ use rm_github::scaleset::listener::{
     Activity, BACKOFF_BASE, BACKOFF_CAP, Listener, STANDBY_BASE, backoff_delay, standby_delay,
 };
 use rm_github::scaleset::{
-    ADMIN_RENEW_BEFORE, MessageBody, ScaleSetClient, ScaleSetError, ScaleSetRunner, Session,
-    Statistics,
+    ADMIN_RENEW_BEFORE, Credential, MessageBody, ScaleSetClient, ScaleSetError, ScaleSetRunner,
+    Session, Statistics,
 };
 use secrecy::ExposeSecret;
 use serde_json::json;
@@ -1160,4 +1160,145 @@ async fn a_scale_set_runner_never_takes_a_rest_job_nor_a_rest_runner_a_scale_set
         .expect("acquire")
         .map(|j| j.job_id);
     assert_eq!(taken, Some(request));
+}
+
+/// An enterprise client asks the registration token with its PAT (GitHub's media type, the
+/// PAT as bearer) and exchanges it for the enterprise's config URL; the protocol after that is
+/// the organization's. No App JWT or installation token is ever asked for.
+#[tokio::test]
+async fn an_enterprise_client_uses_its_pat_and_never_the_app() {
+    let h = harness().await;
+    h.fake.set_poll_hold(HOLD);
+    h.fake.set_enterprise_pat("octo", "ghp_enterprise_pat");
+    let client = ScaleSetClient::with_credential(
+        h.client.clone(),
+        Credential::EnterprisePat {
+            slug: "octo".into(),
+            token: secrecy::SecretString::from("ghp_enterprise_pat"),
+        },
+        "https://github.com/enterprises/octo",
+    )
+    .unwrap_or_else(|e| panic!("client: {e:#}"));
+    let before = h.fake.requests().len();
+    let set = client
+        .create_scale_set(1, "ent-x64", &[])
+        .await
+        .unwrap_or_else(|e| panic!("create: {e}"));
+    let mut s = session(&client, set.id).await;
+    assert!(
+        client
+            .get_message(&mut s, 0, 5)
+            .await
+            .expect("poll")
+            .is_none()
+    );
+    let jit = client
+        .generate_jit_config(set.id, "ent-1", "_work")
+        .await
+        .unwrap_or_else(|e| panic!("jit: {e}"));
+    let runners = h.fake.scale_set_runners(set.id);
+    assert_eq!(runners.len(), 1);
+    assert_eq!(runners[0].id, jit.runner_id);
+    assert_eq!(
+        runners[0].scope,
+        rm_fake_github::RunnerScope::Enterprise("octo".into())
+    );
+    let requests: Vec<_> = h.fake.requests().into_iter().skip(before).collect();
+    let tokens: Vec<_> = requests
+        .iter()
+        .filter(|r| r.path.ends_with("/registration-token"))
+        .collect();
+    assert_eq!(tokens.len(), 1, "one registration token");
+    assert_eq!(
+        tokens[0].path,
+        "/enterprises/octo/actions/runners/registration-token"
+    );
+    let header = |name: &str| {
+        tokens[0]
+            .headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        header("authorization").as_deref(),
+        Some("Bearer <redacted>")
+    );
+    assert_eq!(
+        header("accept").as_deref(),
+        Some("application/vnd.github+json")
+    );
+    let app: Vec<_> = requests
+        .iter()
+        .filter(|r| r.path.contains("/app") || r.path.ends_with("/installation"))
+        .map(|r| r.path.clone())
+        .collect();
+    assert!(app.is_empty(), "App requests for an enterprise: {app:?}");
+    assert!(!format!("{client:?}").contains("ghp_"), "{client:?}");
+}
+
+/// A wrong PAT, or an App's installation token where the PAT belongs, is
+/// [`ScaleSetError::TokenRefused`] (401, 403): a refusal waiting does not fix, whose words
+/// never carry the token.
+#[tokio::test]
+async fn a_refused_enterprise_pat_is_token_refused_and_permanent() {
+    let h = harness().await;
+    h.fake.set_enterprise_pat("octo", "ghp_enterprise_pat");
+    let installation = h
+        .client
+        .create_installation_token(h.org_installation)
+        .await
+        .unwrap_or_else(|e| panic!("installation token: {e}"));
+    for (presented, status) in [
+        ("ghp_wrong_pat".to_owned(), 401),
+        (installation.token.expose_secret().to_owned(), 403),
+    ] {
+        let client = ScaleSetClient::with_credential(
+            h.client.clone(),
+            Credential::EnterprisePat {
+                slug: "octo".into(),
+                token: secrecy::SecretString::from(presented.clone()),
+            },
+            "https://github.com/enterprises/octo",
+        )
+        .unwrap_or_else(|e| panic!("client: {e:#}"));
+        let refused = client.get_scale_set(1, "ent-x64").await;
+        match &refused {
+            Err(e @ ScaleSetError::TokenRefused { status: s, .. }) if *s == status => {
+                let words = e.to_string();
+                assert!(!words.contains(&presented), "{words}");
+                assert!(words.contains("manage_runners:enterprise"), "{words}");
+                assert_eq!(
+                    rm_github::scaleset::listener::Outcome::of(e),
+                    rm_github::scaleset::listener::Outcome::Permanent
+                );
+            }
+            other => panic!("{status}: {other:?}"),
+        }
+    }
+}
+
+/// On GHES (an API base path) the enterprise's registration token is asked below it, as the
+/// RemoteAuth exchange is.
+#[tokio::test]
+async fn under_an_api_base_path_the_enterprise_token_is_asked_below_it() {
+    let h = harness_with("/api/v3", Duration::from_secs(10)).await;
+    h.fake.set_enterprise_pat("octo", "ghp_enterprise_pat");
+    let client = ScaleSetClient::with_credential(
+        h.client.clone(),
+        Credential::EnterprisePat {
+            slug: "octo".into(),
+            token: secrecy::SecretString::from("ghp_enterprise_pat"),
+        },
+        "https://ghes.example/enterprises/octo",
+    )
+    .unwrap_or_else(|e| panic!("client: {e:#}"));
+    client.verify_credential().await.expect("issued");
+    assert_eq!(
+        h.fake.broker_calls(
+            "POST",
+            "/api/v3/enterprises/octo/actions/runners/registration-token"
+        ),
+        1
+    );
 }

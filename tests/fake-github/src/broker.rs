@@ -1,12 +1,16 @@
 //! The fake's Actions service for runner scale sets (the "broker"): the registration token and
 //! the RemoteAuth exchange, scale sets, message sessions, the long-polled message queue, job
 //! acquisition, scale-set JIT configurations and runners, as `actions/scaleset` and ARC see
-//! them (see `github-scale-sets.md` §1.3–1.13). It owns the broker's state ([`Broker`]) and
+//! them (see `github-scale-sets.md` §1.3–1.13). An enterprise
+//! ([`Broker::enterprise_pats`]) takes only its classic PAT for its registration token (an
+//! installation token is `403`, anything else `401`), and that token opens only the
+//! enterprise's config URL (`…/enterprises/{slug}`); its scale sets are served like an
+//! organization's. It owns the broker's state ([`Broker`]) and
 //! its answers; [`crate::server`] hands it every request it owns ([`owns`]) before anything
 //! else.
 //!
-//! Paths: `{api}/actions/runner-registration` and `{api}/{orgs|repos}/…/registration-token`
-//! below the API base; the service itself at `{server}/rest/_apis/runtime/…` and
+//! Paths: `{api}/actions/runner-registration` and
+//! `{api}/{orgs|repos|enterprises}/…/registration-token` below the API base; the service itself at `{server}/rest/_apis/runtime/…` and
 //! `{server}/rest/_apis/distributedtask/pools/0/agents`; the queue at
 //! `{server}/scalesets/message?scaleSetId={id}` (its query kept, ids appended to its path).
 //! Every service call must carry `api-version=6.0-preview` (in the query, or for the queue in
@@ -167,6 +171,11 @@ pub struct Session {
 #[derive(Debug)]
 pub struct Broker {
     pub registration_tokens: HashMap<String, SystemTime>,
+    /// The enterprise each registration token issued with an enterprise's PAT is for: it
+    /// opens that enterprise's config URL and no other (and no other token opens it).
+    pub enterprise_registrations: HashMap<String, String>,
+    /// The enterprises the fake has, by slug, each with the one classic PAT it accepts.
+    pub enterprise_pats: HashMap<String, String>,
     pub admin_tokens: HashMap<String, SystemTime>,
     pub scale_sets: BTreeMap<u64, ScaleSet>,
     /// The target (organization or repository) of each admin token, from the RemoteAuth
@@ -216,6 +225,8 @@ impl Default for Broker {
     fn default() -> Self {
         Broker {
             registration_tokens: HashMap::new(),
+            enterprise_registrations: HashMap::new(),
+            enterprise_pats: HashMap::new(),
             admin_tokens: HashMap::new(),
             scale_sets: BTreeMap::new(),
             admin_targets: HashMap::new(),
@@ -749,7 +760,7 @@ fn respond(state: &mut State, ask: &Ask<'_>) -> Option<Answer> {
         .unwrap_or(ask.path);
     if !ask.path.starts_with(SERVICE_PREFIX) && !ask.path.starts_with(QUEUE_PATH) {
         if rel.ends_with("/actions/runners/registration-token") && ask.method == "POST" {
-            return Some(registration_token(state, ask));
+            return Some(registration_token(state, ask, rel));
         }
         if rel == "/actions/runner-registration" && ask.method == "POST" {
             return Some(remote_auth(state, ask));
@@ -883,6 +894,13 @@ fn default_repository(state: &State, target: Option<&RunnerScope>) -> String {
             .find(|r| r.owner == *org)
             .map(|r| r.full_name())
             .unwrap_or_else(|| format!("{org}/widgets")),
+        // Any repository of the enterprise: the fake's first.
+        Some(RunnerScope::Enterprise(_)) => state
+            .repos
+            .values()
+            .next()
+            .map(|r| r.full_name())
+            .unwrap_or_else(|| "acme/widgets".to_owned()),
         None => "acme/widgets".to_owned(),
     }
 }
@@ -1001,7 +1019,10 @@ fn jwt_with_exp(exp: SystemTime) -> String {
     format!("{header}.{claims}.{signature}")
 }
 
-fn registration_token(state: &mut State, ask: &Ask<'_>) -> Answer {
+fn registration_token(state: &mut State, ask: &Ask<'_>, rel: &str) -> Answer {
+    if let Some(slug) = enterprise_of_path(rel) {
+        return enterprise_registration_token(state, ask, slug);
+    }
     let now = state.now();
     let valid = ask
         .authorization("Bearer ")
@@ -1023,10 +1044,56 @@ fn registration_token(state: &mut State, ask: &Ask<'_>) -> Answer {
     )
 }
 
+/// The enterprise slug of `/enterprises/{slug}/actions/runners/registration-token`.
+fn enterprise_of_path(rel: &str) -> Option<&str> {
+    rel.strip_prefix("/enterprises/")?
+        .strip_suffix("/actions/runners/registration-token")
+        .filter(|slug| !slug.is_empty() && !slug.contains('/'))
+}
+
+/// An enterprise's registration token: only its classic PAT, as a bearer, gets one. An
+/// installation token is refused `403` as GitHub refuses an App on an enterprise endpoint.
+fn enterprise_registration_token(state: &mut State, ask: &Ask<'_>, slug: &str) -> Answer {
+    let now = state.now();
+    let presented = ask
+        .authorization("Bearer ")
+        .or_else(|| ask.authorization("token "));
+    let Some(pat) = state.broker.enterprise_pats.get(slug) else {
+        return Answer::json(404, json!({"message": "Not Found"}));
+    };
+    if presented != Some(pat.as_str()) {
+        let installation = presented
+            .and_then(|t| state.tokens.get(t))
+            .is_some_and(|(_, exp)| *exp > now);
+        return if installation {
+            Answer::json(
+                403,
+                json!({"message": "Resource not accessible by integration"}),
+            )
+        } else {
+            Answer::json(401, json!({"message": "Bad credentials"}))
+        };
+    }
+    let token = random_token("AREG");
+    let expires = now + REGISTRATION_TOKEN_TTL;
+    state
+        .broker
+        .registration_tokens
+        .insert(token.clone(), expires);
+    state
+        .broker
+        .enterprise_registrations
+        .insert(token.clone(), slug.to_owned());
+    Answer::json(
+        201,
+        json!({"token": token, "expires_at": crate::time::rfc3339(expires)}),
+    )
+}
+
 fn remote_auth(state: &mut State, ask: &Ask<'_>) -> Answer {
     let now = state.now();
-    let valid = ask
-        .authorization("RemoteAuth ")
+    let presented = ask.authorization("RemoteAuth ");
+    let valid = presented
         .and_then(|t| state.broker.registration_tokens.get(t))
         .is_some_and(|exp| *exp > now);
     if !valid {
@@ -1040,6 +1107,18 @@ fn remote_auth(state: &mut State, ask: &Ask<'_>) -> Answer {
     let Some(target) = target_of_url(state, url) else {
         return Answer::json(404, json!({"message": "Not Found"}));
     };
+    // An enterprise's token opens that enterprise alone, and only its token opens it.
+    let issued_for = presented.and_then(|t| state.broker.enterprise_registrations.get(t));
+    let opened = match &target {
+        RunnerScope::Enterprise(slug) => Some(slug),
+        _ => None,
+    };
+    if issued_for != opened {
+        return Answer::json(
+            403,
+            json!({"message": "the registration token is not this scope's"}),
+        );
+    }
     let exp = now + ADMIN_TOKEN_TTL;
     let token = jwt_with_exp(exp);
     state.broker.admin_tokens.insert(token.clone(), exp);
@@ -1050,13 +1129,19 @@ fn remote_auth(state: &mut State, ask: &Ask<'_>) -> Answer {
     )
 }
 
-/// The runner scope a RemoteAuth `url` (`https://github.com/acme`, `…/acme/widgets`) names;
-/// `None` for a repository the fake does not have, or no URL at all.
+/// The runner scope a RemoteAuth `url` (`https://github.com/acme`, `…/acme/widgets`,
+/// `…/enterprises/octo`) names; `None` for a repository or an enterprise the fake does not
+/// have, or no URL at all.
 fn target_of_url(state: &State, url: &str) -> Option<RunnerScope> {
     let path = url.split_once("://").map_or(url, |(_, rest)| rest);
     let segments: Vec<&str> = path.split('/').skip(1).filter(|s| !s.is_empty()).collect();
     match segments.as_slice() {
-        ["enterprises", name] | [name] => Some(RunnerScope::Org((*name).to_owned())),
+        ["enterprises", slug] => state
+            .broker
+            .enterprise_pats
+            .contains_key(*slug)
+            .then(|| RunnerScope::Enterprise((*slug).to_owned())),
+        [name] => Some(RunnerScope::Org((*name).to_owned())),
         [owner, repo] => state
             .repo_by_name(owner, repo)
             .map(|r| RunnerScope::Repo(r.id)),

@@ -47,7 +47,7 @@ use tokio::task::JoinHandle;
 pub use jit::{CrashPoint, FakeJitConfig, RunnerBehavior};
 pub use keys::AppKeyPair;
 pub use limits::{ContentCounting, LimitStatus, SecondaryLimits};
-pub use model::{Delivery, Job, JobStatus, RequestKind, RequestRecord, Runner};
+pub use model::{Delivery, Job, JobStatus, RequestKind, RequestRecord, Runner, RunnerScope};
 pub use releases::ReleaseOptions;
 pub use state::{FaultAction, signature};
 pub use webhook::{Chaos, WebhookOrder};
@@ -959,6 +959,16 @@ impl FakeGithub {
         self.with(|s| {
             s.broker.failing_polls = count;
             s.broker.failing_status = status;
+        })
+    }
+
+    /// An enterprise `slug` whose registration token is issued to the classic PAT `pat` alone
+    /// (set again: the PAT is replaced, and the old one refused from then on).
+    pub fn set_enterprise_pat(&self, slug: &str, pat: &str) {
+        self.with(|s| {
+            s.broker
+                .enterprise_pats
+                .insert(slug.to_owned(), pat.to_owned());
         })
     }
 

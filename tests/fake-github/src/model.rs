@@ -63,6 +63,9 @@ pub struct RunnerGroup {
 pub enum RunnerScope {
     Org(String),
     Repo(u64),
+    /// An enterprise, by its slug: its runners may take jobs of every repository (the fake
+    /// does not model which organizations an enterprise holds).
+    Enterprise(String),
 }
 
 #[derive(Debug, Clone)]

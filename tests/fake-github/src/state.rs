@@ -779,6 +779,7 @@ impl State {
         let scope_ok = match &runner.scope {
             RunnerScope::Org(org) => *org == repo.owner,
             RunnerScope::Repo(id) => *id == repo.id,
+            RunnerScope::Enterprise(_) => true,
         };
         scope_ok
             && job
@@ -847,6 +848,8 @@ impl State {
         let org = match &runner.scope {
             RunnerScope::Org(org) => Some(org.clone()),
             RunnerScope::Repo(id) => self.repos.get(id).map(|r| r.owner.clone()),
+            // Enterprise runner groups are not modelled: Default.
+            RunnerScope::Enterprise(_) => None,
         };
         org.and_then(|o| self.runner_groups.get(&o))
             .and_then(|gs| gs.iter().find(|g| g.id == runner.group_id))

@@ -547,6 +547,93 @@ async fn the_broker_checks_its_credentials_and_api_version() {
     assert_eq!(h.call("GET", &get, &admin, None).await.status, 200);
 }
 
+/// An enterprise: its registration token only for its PAT (an installation token `403`, a
+/// wrong PAT `401`), and that token opens only its own config URL (not an organization's, nor
+/// another enterprise's), while an organization's token does not open it; its scale sets and
+/// runners are served like an organization's, the runners in the enterprise's scope.
+#[tokio::test]
+async fn an_enterprise_takes_only_its_pat_and_its_token_opens_only_the_enterprise() {
+    let h = harness(SecondaryLimits::default()).await;
+    h.fake.set_enterprise_pat("octo", "ghp_enterprise");
+    h.fake.set_enterprise_pat("other", "ghp_other");
+    let path = "/enterprises/octo/actions/runners/registration-token";
+    assert_eq!(
+        h.call("POST", path, &h.acme, None).await.status,
+        403,
+        "an App"
+    );
+    assert_eq!(h.call("POST", path, "ghp_wrong", None).await.status, 401);
+    assert_eq!(h.call("POST", path, "ghp_other", None).await.status, 401);
+    let nowhere = "/enterprises/none/actions/runners/registration-token";
+    assert_eq!(
+        h.call("POST", nowhere, "ghp_enterprise", None).await.status,
+        404
+    );
+    let reg = h.call("POST", path, "ghp_enterprise", None).await;
+    assert_eq!(reg.status, 201, "{:?}", reg.body);
+    let reg = reg.body["token"].as_str().unwrap_or_default().to_owned();
+    for elsewhere in [
+        "https://github.com/acme",
+        "https://github.com/enterprises/other",
+    ] {
+        assert_eq!(h.exchange(elsewhere, &reg).await.status, 403, "{elsewhere}");
+    }
+    let enterprise = "https://github.com/enterprises/octo";
+    let org_token = h
+        .call(
+            "POST",
+            "/orgs/acme/actions/runners/registration-token",
+            &h.acme,
+            None,
+        )
+        .await;
+    let org_token = org_token.body["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(h.exchange(enterprise, &org_token).await.status, 403);
+    let remote = h.exchange(enterprise, &reg).await;
+    assert_eq!(remote.status, 201, "{:?}", remote.body);
+    let admin = remote.body["token"].as_str().unwrap_or_default().to_owned();
+    let v = "api-version=6.0-preview";
+    let sets = "/rest/_apis/runtime/runnerscalesets";
+    let created = h
+        .call(
+            "POST",
+            &format!("{sets}?{v}"),
+            &admin,
+            Some(json!({"name": "ent", "runnerGroupId": 1})),
+        )
+        .await;
+    assert_eq!(created.status, 200, "{:?}", created.body);
+    let set = created.body["id"].as_u64().unwrap_or_default();
+    let made = h
+        .call(
+            "POST",
+            &format!("{sets}/{set}/generatejitconfig?{v}"),
+            &admin,
+            Some(json!({"name": "ent-1", "workFolder": "_work"})),
+        )
+        .await;
+    assert_eq!(made.status, 200, "{:?}", made.body);
+    let runners = h.fake.scale_set_runners(set);
+    assert_eq!(runners.len(), 1);
+    assert_eq!(
+        runners[0].scope,
+        crate::RunnerScope::Enterprise("octo".into())
+    );
+    // Not an organization's runner: `acme`'s REST list does not show it.
+    let listed = h
+        .call("GET", "/orgs/acme/actions/runners", &h.acme, None)
+        .await;
+    assert_eq!(listed.body["total_count"], 0, "{:?}", listed.body);
+    // The PAT is never kept in the requests the fake records.
+    assert!(
+        !format!("{:?}", h.fake.requests()).contains("ghp_enterprise"),
+        "the PAT was recorded"
+    );
+}
+
 impl Harness {
     /// An admin token of the broker for `url` (registration token, then RemoteAuth).
     async fn admin_token(&self, url: &str) -> String {
@@ -566,6 +653,11 @@ impl Harness {
             )
             .await;
         let reg = reg.body["token"].as_str().unwrap_or_default().to_owned();
+        self.exchange(url, &reg).await
+    }
+
+    /// The RemoteAuth exchange for `url` with the registration token `reg`.
+    async fn exchange(&self, url: &str, reg: &str) -> Answer {
         self.call_as(
             "POST",
             "/actions/runner-registration",

@@ -2,12 +2,15 @@
 //! granting what runner registration and polling need, each organization policy's runner group;
 //! with several Apps (`[[github.app]]`), every further App's JWT and its installation on every
 //! policy's target with the registration permission, each failure naming the App and target.
+//! A policy serving an enterprise scale set is checked with the enterprise's PAT instead (a
+//! registration-token request), never the App: the App is not what registers its runners.
 
 use rm_github::auth::AuthError;
 use rm_github::types::Installation;
 use rm_github::{ClientConfig, GithubClient, GithubError, Target};
 
 use super::{ACTIONS_PERMISSION, Finding, ORG_RUNNER_PERMISSION, REPO_RUNNER_PERMISSION, Status};
+use crate::config::scale_sets::Enterprise;
 use crate::config::{Config, Policy};
 
 /// The GitHub side: the JWT, then per policy the installation, its permissions and the group;
@@ -47,12 +50,13 @@ pub(super) async fn github(config: &Config, client_config: ClientConfig) -> Vec<
         }
     }
     for policy in &config.policies {
-        out.extend(
-            policy_findings(&client, policy)
-                .await
-                .into_iter()
-                .map(|f| f.for_policy(policy)),
-        );
+        let findings = match enterprise_of(config, policy) {
+            Some((index, enterprise)) => {
+                vec![enterprise_finding(&client, config, index, enterprise).await]
+            }
+            None => policy_findings(&client, policy).await,
+        };
+        out.extend(findings.into_iter().map(|f| f.for_policy(policy)));
     }
     out.extend(more_app_findings(&client, config).await);
     out.extend(host_name_findings(&client, config).await);
@@ -66,7 +70,7 @@ pub(super) async fn github(config: &Config, client_config: ClientConfig) -> Vec<
 /// the registrations is lost: a failure naming both.
 pub(super) async fn more_app_findings(client: &GithubClient, config: &Config) -> Vec<Finding> {
     let mut targets: Vec<Target> = Vec::new();
-    for policy in &config.policies {
+    for policy in app_policies(config) {
         if !targets.contains(&policy.target) {
             targets.push(policy.target.clone());
         }
@@ -143,7 +147,7 @@ async fn app_installation_findings(
 /// cannot be listed is already named by the permission findings above.
 async fn host_name_findings(client: &GithubClient, config: &Config) -> Vec<Finding> {
     let mut targets: Vec<Target> = Vec::new();
-    for policy in &config.policies {
+    for policy in app_policies(config) {
         let target = policy.target.clone();
         if !targets.contains(&target) {
             targets.push(target);
@@ -202,6 +206,84 @@ pub(super) fn host_prefix_collision(host: &str, names: &[String]) -> Option<Find
             "give each host a distinct `[host] name` that is not another host's name followed by `-` (e.g. `{host}-a` and `{host}-b` instead of `{host}` and `{host}-2`)"
         ),
     ))
+}
+
+/// The enterprise scale set `policy` serves, with the scale set's index in the file (for its
+/// key); `None` for a policy whose runners register through the App.
+fn enterprise_of<'a>(config: &'a Config, policy: &Policy) -> Option<(usize, &'a Enterprise)> {
+    config
+        .scale_sets
+        .iter()
+        .enumerate()
+        .find(|(_, set)| set.policy == policy.name)
+        .and_then(|(index, set)| Some((index, set.enterprise.as_ref()?)))
+}
+
+/// The policies whose runners register through the App (every one but an enterprise scale
+/// set's): the ones whose targets the App's findings look at.
+fn app_policies(config: &Config) -> impl Iterator<Item = &Policy> {
+    config.policies.iter().filter(|p| p.registers_through_app())
+}
+
+/// An enterprise scale set's PAT: read as `run` reads it (refused when missing, empty or open
+/// to others), then a registration token asked with it, as the listener's first request is.
+async fn enterprise_finding(
+    client: &GithubClient,
+    config: &Config,
+    index: usize,
+    enterprise: &Enterprise,
+) -> Finding {
+    use rm_github::scaleset::{Credential, ScaleSetClient, ScaleSetError};
+    let key = format!("scale_set[{index}].token_file");
+    let token = match crate::secrets::enterprise_token(&enterprise.token_file, &key) {
+        Ok(token) => token,
+        Err(exit) => return Finding::from_exit(Status::Fail, "enterprise_token", &exit),
+    };
+    let slug = &enterprise.slug;
+    let scale_sets = ScaleSetClient::with_credential(
+        client.clone(),
+        Credential::EnterprisePat {
+            slug: slug.clone(),
+            token,
+        },
+        crate::scaleset::enterprise_config_url(&config.github.api_url, slug),
+    );
+    let verified = match scale_sets {
+        Ok(scale_sets) => scale_sets.verify_credential().await,
+        Err(err) => {
+            return Finding::fail(
+                "enterprise_token",
+                format!("cannot make the enterprise's client: {err:#}"),
+                "check `github.api_url`",
+            );
+        }
+    };
+    match verified {
+        Ok(()) => Finding::ok(
+            "enterprise_token",
+            format!(
+                "GitHub issued a registration token of the enterprise {slug} to the PAT in {}",
+                enterprise.token_file.display()
+            ),
+        ),
+        Err(ScaleSetError::TokenRefused {
+            status, message, ..
+        }) => Finding::fail(
+            "enterprise_token",
+            format!(
+                "GitHub refused the PAT in {} for the enterprise {slug} ({status}: {message})",
+                enterprise.token_file.display()
+            ),
+            format!(
+                "put a valid classic personal access token with the scope `manage_runners:enterprise`, of an owner of the enterprise {slug}, in `{key}` (mode 0600)"
+            ),
+        ),
+        Err(err) => Finding::fail(
+            "enterprise_token",
+            format!("cannot ask the enterprise {slug}'s registration token: {err}"),
+            "check the enterprise's slug (`enterprise`, as in https://github.com/enterprises/<slug>); retry later if GitHub reports an outage or a rate limit",
+        ),
+    }
 }
 
 fn app_failure(err: &GithubError, app_id: u64, api_url: &str) -> Finding {

@@ -60,7 +60,7 @@ pub(crate) struct Finding {
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
     /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`,
     /// `fitness`, `env_file`, `runner_version`, `journal`, `protected_links`, `docker`,
-    /// `notifications`.
+    /// `notifications`, `enterprise_token`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,

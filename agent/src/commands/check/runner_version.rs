@@ -16,7 +16,7 @@ use rm_runner::package::window::{Window, judge};
 /// The finding, when `runner.version` is set and a policy names an installation to ask with.
 pub(super) async fn finding(client: &GithubClient, config: &Config) -> Option<Finding> {
     let version = config.runner.version.as_deref()?;
-    let target = config.policies.first()?.target.clone();
+    let target = config.reading_target()?.clone();
     if version == LATEST {
         return Some(Finding::ok(
             "runner_version",

@@ -303,3 +303,71 @@ async fn every_app_is_checked_on_every_target_naming_the_app_and_target_that_fai
         .collect();
     assert_eq!(app_2, [Status::Ok; 5], "{findings:#?}");
 }
+
+/// A policy serving an enterprise scale set is checked with the enterprise's PAT (a
+/// registration-token request), not the App: no installation is looked up on its target; a
+/// refused PAT fails `enterprise_token`, saying so and what the token needs, never its text.
+#[tokio::test]
+async fn an_enterprise_scale_set_is_checked_with_its_pat_not_the_app() {
+    use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions};
+    use std::os::unix::fs::PermissionsExt as _;
+    let key = AppKeyPair::generate().unwrap_or_else(|e| panic!("{e}"));
+    let fake = FakeGithub::start(FakeOptions::new(1, key.public_pem.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    fake.add_org("acme");
+    fake.set_enterprise_pat("octo", "ghp_enterprise_pat");
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let pat = dir.path().join("enterprise.pat");
+    let config = crate::config::from_text(&format!(
+        "[github]\napi_url = {:?}\n\
+         [[policy]]\nname = \"ent\"\ntarget = \"elsewhere\"\nlabels = [\"ent\"]\n\
+         [[scale_set]]\nname = \"ent\"\npolicy = \"ent\"\nenterprise = \"octo\"\ntoken_file = {:?}\n",
+        fake.api_url(),
+        pat.display().to_string()
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let client_config = || rm_github::ClientConfig::new(fake.api_url(), 1, key.private_pem.clone());
+    // (the file's text, the finding's status, words in it)
+    let cases = [
+        (
+            "ghp_enterprise_pat\n",
+            Status::Ok,
+            "GitHub issued a registration token",
+        ),
+        ("ghp_wrong_pat\n", Status::Fail, "GitHub refused the PAT"),
+    ];
+    for (text, status, words) in cases {
+        std::fs::write(&pat, text).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::set_permissions(&pat, std::fs::Permissions::from_mode(0o600))
+            .unwrap_or_else(|e| panic!("{e}"));
+        fake.clear_requests();
+        let findings = super::github::github(&config, client_config()).await;
+        let ours: Vec<&Finding> = findings
+            .iter()
+            .filter(|f| f.policy.as_deref() == Some("ent"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{findings:#?}");
+        assert_eq!(ours[0].check, "enterprise_token", "{findings:#?}");
+        assert_eq!(ours[0].status, status, "{findings:#?}");
+        assert!(ours[0].what.contains(words), "{}", ours[0].what);
+        if status == Status::Fail {
+            assert!(
+                ours[0].remedy.contains("manage_runners:enterprise"),
+                "{}",
+                ours[0].remedy
+            );
+        }
+        assert!(
+            !format!("{findings:?}").contains("ghp_"),
+            "a PAT in the findings"
+        );
+        let looked_up: Vec<String> = fake
+            .requests()
+            .into_iter()
+            .map(|r| r.path)
+            .filter(|p| p.contains("elsewhere") || p.contains("/access_tokens"))
+            .collect();
+        assert!(looked_up.is_empty(), "App requests: {looked_up:?}");
+    }
+}

@@ -28,6 +28,7 @@ mod receiver_crash;
 mod relay;
 mod scale_set;
 mod scale_set_capacity;
+mod scale_set_enterprise;
 mod status;
 
 #[path = "../../../support/busybox_image.rs"]

@@ -13,7 +13,7 @@ use rm_fake_github::broker::JobState;
 use rm_fake_github::{RequestKind, RunnerBehavior};
 use rm_journal::AttemptOutcome;
 
-const SCALE_SET: &str = "acme-big";
+pub(crate) const SCALE_SET: &str = "acme-big";
 
 /// The policy whose runners serve the scale set.
 const BIG: PolicySpec = PolicySpec {
@@ -34,7 +34,7 @@ fn options() -> FleetOptions {
 }
 
 /// The scale set's id, once the agent journalled it.
-async fn scale_set_id(fleet: &Fleet) -> u64 {
+pub(crate) async fn scale_set_id(fleet: &Fleet) -> u64 {
     let mut id = None;
     wait_until(
         Duration::from_secs(60),
@@ -67,7 +67,7 @@ fn credentials(endpoint: &str) -> bool {
     .any(|c| endpoint.contains(c))
 }
 
-fn jobs_done(fleet: &Fleet, jobs: &[u64]) -> bool {
+pub(crate) fn jobs_done(fleet: &Fleet, jobs: &[u64]) -> bool {
     jobs.iter().all(|j| {
         fleet
             .fake
@@ -86,7 +86,7 @@ async fn assert_one_runner_each_and_nothing_left(fleet: &Fleet, id: u64, jobs: &
 /// a `JobCompleted` `canceled` may come again (the service cancelled and assigned it again),
 /// but it starts and completes (any other result) once. `crashed` more attempts than jobs
 /// are expected: launches the agent died in, concluded at its next start without a job.
-async fn assert_served_once(
+pub(crate) async fn assert_served_once(
     fleet: &Fleet,
     id: u64,
     jobs: &[u64],
