@@ -99,7 +99,12 @@ pub(crate) async fn assert_served_once(
         || fleet.all_cleaned() && fleet.fake.scale_set_runners(id).is_empty(),
     )
     .await;
-    let attempts = fleet.attempts();
+    // The scale set's policy's attempts (a webhook policy beside it has its own).
+    let attempts: Vec<_> = fleet
+        .attempts()
+        .into_iter()
+        .filter(|a| a.policy == BIG.name)
+        .collect();
     let summary: Vec<String> = attempts
         .iter()
         .map(|a| format!("{} {:?} {:?}", a.runner_name, a.outcome, a.reason))

@@ -11,9 +11,9 @@ use std::time::Duration;
 use rm_e2e::fleet::{Fleet, FleetOptions, LINUX, PolicySpec, REPO, wait_until};
 use rm_fake_github::RunnerBehavior;
 use rm_fake_github::broker::JobState;
-use rm_journal::{AttemptOutcome, AttemptState};
+use rm_journal::AttemptState;
 
-const SCALE_SET: &str = "acme-big";
+use super::scale_set::{SCALE_SET, assert_served_once, jobs_done, scale_set_id};
 
 /// The policy whose runners serve the scale set: its own ceiling above the host's, so the
 /// host is what bounds it.
@@ -35,24 +35,6 @@ fn options(host_max: u32, policies: Vec<PolicySpec>) -> FleetOptions {
     }
 }
 
-/// The scale set's id, once the agent journalled it.
-async fn scale_set_id(fleet: &Fleet) -> u64 {
-    let mut id = None;
-    wait_until(
-        Duration::from_secs(60),
-        "the scale set found or created",
-        || {
-            id = rm_journal::ScaleSets::open(&fleet.setup.journal())
-                .ok()
-                .and_then(|j| j.get(SCALE_SET).ok().flatten())
-                .and_then(|r| r.scale_set_id);
-            id.is_some()
-        },
-    )
-    .await;
-    u64::try_from(id.unwrap()).unwrap()
-}
-
 /// Waits until the fake broker's last poll of set `id` said `capacity`.
 async fn polled_capacity(fleet: &Fleet, id: u64, capacity: u64) {
     wait_until(
@@ -71,15 +53,6 @@ async fn polled_again(fleet: &Fleet) {
         fleet.fake.broker_calls("GET", "/scalesets/message") >= polls + 2
     })
     .await;
-}
-
-fn jobs_done(fleet: &Fleet, jobs: &[u64]) -> bool {
-    jobs.iter().all(|j| {
-        fleet
-            .fake
-            .scale_set_job(*j)
-            .is_some_and(|job| job.state == JobState::Completed)
-    })
 }
 
 /// The scale set's jobs assigned and not finished, as the fake broker holds them.
@@ -107,80 +80,6 @@ fn status_capacity(fleet: &Fleet) -> serde_json::Value {
     assert!(out.status.success(), "{out:?}");
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     status["scale_sets"][0]["capacity"].clone()
-}
-
-/// Every scale-set job ran on a runner of the scale set's policy of its own, each an attempt
-/// that completed it, and the policy had no other attempt; every attempt is cleaned, no
-/// scale-set runner is left registered, and the journal holds each job's assignment, start and
-/// completion once.
-async fn assert_served_once(fleet: &Fleet, id: u64, jobs: &[u64]) {
-    wait_until(
-        Duration::from_secs(120),
-        "every runner cleaned and removed",
-        || fleet.all_cleaned() && fleet.fake.scale_set_runners(id).is_empty(),
-    )
-    .await;
-    let attempts: Vec<_> = fleet
-        .attempts()
-        .into_iter()
-        .filter(|a| a.policy == BIG.name)
-        .collect();
-    let summary: Vec<String> = attempts
-        .iter()
-        .map(|a| format!("{} {:?} {:?}", a.runner_name, a.outcome, a.reason))
-        .collect();
-    assert_eq!(
-        attempts.len(),
-        jobs.len(),
-        "one runner per job: {summary:?}"
-    );
-    let mut runners: Vec<String> = jobs
-        .iter()
-        .map(|j| fleet.fake.scale_set_job(*j).unwrap().runner_name.unwrap())
-        .collect();
-    runners.sort();
-    runners.dedup();
-    assert_eq!(runners.len(), jobs.len(), "each job on its own runner");
-    for runner in &runners {
-        assert!(
-            attempts.iter().any(
-                |a| &a.runner_name == runner && a.outcome == Some(AttemptOutcome::CompletedJob)
-            ),
-            "{runner}: {summary:?}"
-        );
-    }
-    assert!(
-        fleet.our_registrations().is_empty(),
-        "{:?}",
-        fleet.our_registrations()
-    );
-    assert!(fleet.runtimes().is_empty(), "{:?}", fleet.runtimes());
-    let conn = rusqlite::Connection::open(fleet.setup.journal()).unwrap();
-    let mut events: Vec<(String, String)> = Vec::new();
-    let mut statement = conn
-        .prepare("SELECT events FROM scale_set_messages WHERE scale_set = ?1")
-        .unwrap();
-    let rows = statement
-        .query_map([SCALE_SET], |row| row.get::<_, String>(0))
-        .unwrap();
-    for row in rows {
-        let list: Vec<serde_json::Value> = serde_json::from_str(&row.unwrap()).unwrap();
-        events.extend(list.iter().map(|e| {
-            (
-                e["kind"].as_str().unwrap_or_default().to_owned(),
-                e["job_id"].as_str().unwrap_or_default().to_owned(),
-            )
-        }));
-    }
-    for job in jobs {
-        for kind in ["JobAssigned", "JobStarted", "JobCompleted"] {
-            let seen = events
-                .iter()
-                .filter(|(k, id)| k == kind && *id == format!("job-{job}"))
-                .count();
-            assert_eq!(seen, 1, "job {job}: {kind} journalled {seen} times");
-        }
-    }
 }
 
 /// Scenario 14: both of the host's slots are held by a webhook policy's busy runners, so the
@@ -261,7 +160,7 @@ async fn a_host_full_of_other_runners_sends_capacity_0_until_they_end() {
         || jobs_done(&fleet, &jobs),
     )
     .await;
-    assert_served_once(&fleet, id, &jobs).await;
+    assert_served_once(&fleet, id, &jobs, false, 0).await;
     // An idle host again: the capacity is the host's, in the broker and in `status`.
     polled_capacity(&fleet, id, 2).await;
     let mut shown = serde_json::Value::Null;
@@ -319,7 +218,7 @@ async fn a_burst_on_a_small_host_gets_one_runner_per_job_and_no_more_than_the_ho
         .filter(|a| a.policy == BIG.name)
         .count();
     assert_eq!(runners, jobs.len(), "runners for 40 jobs");
-    assert_served_once(&fleet, id, &jobs).await;
+    assert_served_once(&fleet, id, &jobs, false, 0).await;
     // The messages came truncated: none carried more than 3 job messages, and the assignments
     // alone took more than one.
     let conn = rusqlite::Connection::open(fleet.setup.journal()).unwrap();
@@ -394,7 +293,7 @@ async fn an_unfit_host_sends_capacity_0_until_it_is_fit_again() {
         || jobs_done(&fleet, &jobs),
     )
     .await;
-    assert_served_once(&fleet, id, &jobs).await;
+    assert_served_once(&fleet, id, &jobs, false, 0).await;
     polled_capacity(&fleet, id, 4).await;
 }
 
