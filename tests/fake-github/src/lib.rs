@@ -939,6 +939,29 @@ impl FakeGithub {
         self.with(|s| s.broker.admin_tokens.clear())
     }
 
+    /// Another listener (another rm, an ARC) holds a session of scale set `scale_set_id`: a
+    /// session created meanwhile is refused `409 RunnerScaleSetSessionConflictException` until
+    /// it is dropped ([`Self::evict_sessions`]). Whether the set exists and had no session.
+    pub fn hold_session_elsewhere(&self, scale_set_id: u64, owner: &str) -> bool {
+        self.with(|s| {
+            if !s.broker.scale_sets.contains_key(&scale_set_id)
+                || s.broker.sessions.contains_key(&scale_set_id)
+            {
+                return false;
+            }
+            s.broker.sessions.insert(
+                scale_set_id,
+                broker::Session {
+                    id: format!("held-by-{owner}"),
+                    owner: owner.to_owned(),
+                    queue_token: String::new(),
+                    token_valid: false,
+                },
+            );
+            true
+        })
+    }
+
     /// Drops every session, as the broker of scaleset #123 did: the next refresh gets `404`.
     pub fn evict_sessions(&self) {
         self.with(|s| s.broker.sessions.clear())

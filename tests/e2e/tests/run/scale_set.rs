@@ -877,3 +877,85 @@ async fn scale_down(fault: ScaleDownFault) {
     assert_served_once(&fleet, id, &jobs[..1], false, 2).await;
     drop(agent);
 }
+
+/// Scenario 5, the other holder: another listener (another rm, an ARC) holds the scale set's
+/// session when the agent starts. Its session is not ours (none is journalled by that id), so
+/// it is waited out on standby, said in `status`, and no runner starts; once the other holder
+/// lets go, the agent's next try opens its own session and the job queued meanwhile is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_another_listener_holds_is_waited_out_on_standby() {
+    let fleet = Fleet::start(options()).await;
+    let id = {
+        let _first = fleet.start_agent(&[]).await;
+        scale_set_id(&fleet).await
+    };
+    fleet.fake.evict_sessions();
+    assert!(fleet.fake.hold_session_elsewhere(id, "another-listener"));
+    let job = fleet.fake.queue_scale_set_job(id, "while held").unwrap();
+    let _agent = fleet.start_agent(&[]).await;
+    let mut note = String::new();
+    wait_until(Duration::from_secs(60), "standby in status", || {
+        let out = fleet.setup.run(&["status", "--json"]);
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        note = status["scale_sets"][0]["note"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        note.starts_with("on standby")
+    })
+    .await;
+    assert!(
+        fleet.attempts().is_empty(),
+        "no runner while another holds the session"
+    );
+    let state = fleet.fake.scale_set_job(job).map(|j| j.state);
+    assert!(
+        matches!(state, Some(JobState::Queued | JobState::Assigned)),
+        "{state:?} {note}"
+    );
+    fleet.fake.evict_sessions();
+    wait_until(
+        Duration::from_secs(90),
+        "the job served after the standby",
+        || jobs_done(&fleet, &[job]),
+    )
+    .await;
+    assert_served_once(&fleet, id, &[job], false, 0).await;
+}
+
+/// Scenario 15 through the binary: a webhook policy carrying one of the scale set's labels
+/// would serve its jobs a second time (through their webhooks), so `check` and `run` both
+/// refuse the file with exit 2, naming the label and the policy, and start nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_run_refuse_a_webhook_policy_carrying_a_scale_set_s_label() {
+    const TWIN: PolicySpec = PolicySpec {
+        name: "twin",
+        target: "acme",
+        labels: &["self-hosted", "ACME-BIG"],
+        max_runners: 2,
+        workspace: "ephemeral",
+        extra: "",
+    };
+    let fleet = Fleet::start(FleetOptions {
+        policies: vec![BIG, TWIN],
+        ..options()
+    })
+    .await;
+    for command in ["check", "run"] {
+        let out = fleet.setup.run(&[command]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(
+            stderr.contains("label `ACME-BIG` is also carried by policy `twin`"),
+            "{command}: {stderr}"
+        );
+    }
+    assert!(fleet.attempts().is_empty());
+    assert!(
+        fleet
+            .fake
+            .requests_since(SystemTime::UNIX_EPOCH)
+            .iter()
+            .all(|r| !r.path.contains("scaleset"))
+    );
+}
