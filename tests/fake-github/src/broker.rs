@@ -323,6 +323,28 @@ impl Broker {
         Some(ids.into_iter().map(|(request_id, _)| request_id).collect())
     }
 
+    /// `acquirejobs` on set `id`: the jobs of `asked` still acquirable are acquired (the
+    /// others ignored) and assigned as capacity allows; `None` if there is no such set.
+    pub fn acquire(&mut self, id: u64, asked: Vec<u64>) -> Option<Vec<u64>> {
+        let set = self.scale_sets.get_mut(&id)?;
+        let acquired: Vec<u64> = asked
+            .into_iter()
+            .filter(|r| set.acquirable.contains(r))
+            .collect();
+        set.acquirable.retain(|r| !acquired.contains(r));
+        // In GHES mode an acquired job waits only for capacity now; without this call it
+        // would stay available forever (scaleset #75).
+        for request_id in &acquired {
+            if let Some(job) = set.jobs.get_mut(request_id)
+                && job.state == JobState::Available
+            {
+                job.state = JobState::Acquired;
+            }
+        }
+        self.settle(id);
+        Some(acquired)
+    }
+
     /// A job message of `kind` for job `request_id` of `set`: `JobStarted` and
     /// `JobCompleted` name the job's runner, if it has one.
     fn job_message(set: &ScaleSet, request_id: u64, kind: &str) -> Value {
@@ -1384,24 +1406,9 @@ fn acquire_jobs(state: &mut State, ask: &Ask<'_>, id: &str) -> Answer {
         .and_then(Value::as_array)
         .map(|ids| ids.iter().filter_map(Value::as_u64).collect())
         .unwrap_or_default();
-    let Some(set) = broker.scale_sets.get_mut(&owner) else {
+    let Some(acquired) = broker.acquire(owner, asked) else {
         return not_found_set();
     };
-    let acquired: Vec<u64> = asked
-        .into_iter()
-        .filter(|r| set.acquirable.contains(r))
-        .collect();
-    set.acquirable.retain(|r| !acquired.contains(r));
-    // In GHES mode an acquired job waits only for capacity now; without this call it would
-    // stay available forever (scaleset #75).
-    for request_id in &acquired {
-        if let Some(job) = set.jobs.get_mut(request_id)
-            && job.state == JobState::Available
-        {
-            job.state = JobState::Acquired;
-        }
-    }
-    broker.settle(owner);
     Answer::json(200, json!({"count": acquired.len(), "value": acquired}))
 }
 
@@ -1594,6 +1601,43 @@ mod tests {
         assert_eq!(unfinished(&b), 4);
         assert_eq!(b.scale_sets[&id].jobs[&jobs[4]].state, JobState::Assigned);
         assert_eq!(b.scale_sets[&id].jobs[&jobs[5]].state, JobState::Queued);
+    }
+
+    /// Scenario 13's model (scaleset #75): in GHES mode a job is only announced
+    /// (`JobAvailable`) and never assigned, however long it waits with room to spare, until
+    /// its listener acquires it; a job acquired twice is acquired once.
+    #[test]
+    fn a_ghes_job_is_assigned_only_once_acquired() {
+        let mut b = Broker {
+            ghes: true,
+            now: SystemTime::UNIX_EPOCH + Duration::from_secs(1000),
+            reassign_after: Some(Duration::from_secs(1)),
+            ..Broker::default()
+        };
+        let id = b.add_set_for_test("linux", RunnerScope::Org("acme".into()));
+        let jobs = b.queue_jobs(id, &["one", "two"]).unwrap_or_default();
+        assert_eq!(kinds(&b, id), ["JobAvailable"; 2]);
+        for _ in 0..10 {
+            b.now += Duration::from_secs(60);
+            b.reassign_overdue();
+            b.settle(id);
+        }
+        assert_eq!(
+            kinds(&b, id),
+            ["JobAvailable"; 2],
+            "no acquire, never assigned"
+        );
+        assert_eq!(b.scale_sets[&id].jobs[&jobs[0]].state, JobState::Available);
+
+        assert_eq!(b.acquire(id, vec![jobs[0], 999]), Some(vec![jobs[0]]));
+        assert_eq!(b.acquire(id, vec![jobs[0]]), Some(vec![]), "acquired once");
+        assert_eq!(
+            kinds(&b, id),
+            ["JobAvailable", "JobAvailable", "JobAssigned"]
+        );
+        assert_eq!(b.scale_sets[&id].jobs[&jobs[0]].state, JobState::Assigned);
+        assert_eq!(b.scale_sets[&id].jobs[&jobs[1]].state, JobState::Available);
+        assert_eq!(b.acquire(id + 1, vec![jobs[1]]), None, "no such set");
     }
 
     #[test]
