@@ -195,6 +195,9 @@ pub struct Broker {
     pub failing_polls: u32,
     /// The status of a failing poll (a 5xx outage, a 403).
     pub failing_status: u16,
+    /// The Actions service is down: every request to it (sessions, polls, acknowledgements,
+    /// JIT configurations, removals) is answered `503` until this is cleared.
+    pub down: bool,
     /// GHES mode: jobs are announced `JobAvailable` and assigned only once acquired.
     pub ghes: bool,
     /// A job assigned and not started within this is cancelled (`JobCompleted` `canceled`)
@@ -238,6 +241,7 @@ impl Default for Broker {
             bom_next: false,
             failing_polls: 0,
             failing_status: 500,
+            down: false,
             ghes: false,
             reassign_after: None,
             job_still_running_status: 400,
@@ -788,6 +792,13 @@ fn respond(state: &mut State, ask: &Ask<'_>) -> Option<Answer> {
             return Some(remote_auth(state, ask));
         }
         return Some(Answer::error(404, "NotFound", "no such route"));
+    }
+    if state.broker.down {
+        return Some(Answer::error(
+            503,
+            "ServiceUnavailableException",
+            "the service is down (an outage the test asked for)",
+        ));
     }
     if !ask.has_api_version() {
         return Some(Answer::error(

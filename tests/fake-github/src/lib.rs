@@ -985,6 +985,12 @@ impl FakeGithub {
         })
     }
 
+    /// Takes the Actions service down (`true`: every request to it is answered `503`) or
+    /// brings it back; the REST API and the token exchange stay up.
+    pub fn set_broker_down(&self, down: bool) {
+        self.with(|s| s.broker.down = down)
+    }
+
     /// An enterprise `slug` whose registration token is issued to the classic PAT `pat` alone
     /// (set again: the PAT is replaced, and the old one refused from then on).
     pub fn set_enterprise_pat(&self, slug: &str, pat: &str) {

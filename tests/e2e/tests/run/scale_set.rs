@@ -415,7 +415,9 @@ fn polls(fleet: &Fleet) -> usize {
 /// expires (401 → the session refreshed → the poll retried), the admin token expires (the
 /// JIT request re-authenticates), the session is evicted (its refresh 404 → a new session, the
 /// cursor kept), an empty `200` (backed off, polled again), and a 5xx outage (backed off,
-/// doubling: a handful of polls in seconds, not a hot loop; recovered once it ends).
+/// doubling: a handful of polls in seconds, not a hot loop; recovered once it ends), then the
+/// whole service down with the tokens and the session lost behind it (a few requests, then a
+/// new session and the job queued meanwhile served).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_listener_rides_out_expired_tokens_an_eviction_an_empty_answer_and_an_outage() {
     let fleet = Fleet::start(options()).await;
@@ -478,7 +480,8 @@ async fn the_listener_rides_out_expired_tokens_an_eviction_an_empty_answer_and_a
     fleet.fake.empty_next_poll();
     jobs.push(serve_one(&fleet, id, "empty answer").await);
 
-    // A 5xx outage: polls back off 1 s doubling, so a few in 4 s (a hot loop: hundreds).
+    // A 5xx outage of the polls: they back off 1 s doubling, so a few in 4 s (a hot loop:
+    // hundreds).
     let before = polls(&fleet);
     fleet.fake.fail_next_polls(u32::MAX, 503);
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -489,6 +492,43 @@ async fn the_listener_rides_out_expired_tokens_an_eviction_an_empty_answer_and_a
         "{during} polls in 4 s of outage: not a doubling back-off"
     );
     jobs.push(serve_one(&fleet, id, "after the outage").await);
+
+    // The whole service down, and what an outage of minutes leaves behind: both tokens expired
+    // and the session gone when it comes back, a job queued meanwhile. A few requests in 8 s
+    // of it, then the session made again and the job served.
+    let down_at = fleet.fake.now();
+    let sessions = fleet.fake.broker_calls("POST", "sessions");
+    fleet.fake.set_broker_down(true);
+    let queued = fleet
+        .fake
+        .queue_scale_set_job(id, "queued while the service was down")
+        .unwrap();
+    fleet.fake.expire_queue_tokens();
+    fleet.fake.expire_admin_tokens();
+    fleet.fake.evict_sessions();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let during = fleet
+        .fake
+        .requests_since(down_at)
+        .iter()
+        .filter(|r| r.path.starts_with("/rest/") || r.path.starts_with("/scalesets/"))
+        .count();
+    fleet.fake.set_broker_down(false);
+    assert!(
+        (1..=7).contains(&during),
+        "{during} requests to the service in 8 s of its outage: not a doubling back-off"
+    );
+    wait_until(
+        Duration::from_secs(90),
+        "the job queued in the outage",
+        || jobs_done(&fleet, &[queued]),
+    )
+    .await;
+    assert!(
+        fleet.fake.broker_calls("POST", "sessions") > sessions,
+        "no new session after the outage"
+    );
+    jobs.push(queued);
 
     assert_one_runner_each_and_nothing_left(&fleet, id, &jobs).await;
 }
