@@ -495,7 +495,15 @@ async fn the_listener_rides_out_expired_tokens_an_eviction_an_empty_answer_and_a
 
     // The whole service down, and what an outage of minutes leaves behind: both tokens expired
     // and the session gone when it comes back, a job queued meanwhile. A few requests in 8 s
-    // of it, then the session made again and the job served.
+    // of it, then the session made again and the job served. (It begins with every runner
+    // removed: a removal it refused is tried again 30 s later, by when GitHub would have
+    // removed the finished runner itself, and this test counts the agent's removals.)
+    wait_until(
+        Duration::from_secs(60),
+        "every runner removed before the outage",
+        || fleet.all_cleaned() && fleet.fake.scale_set_runners(id).is_empty(),
+    )
+    .await;
     let down_at = fleet.fake.now();
     let sessions = fleet.fake.broker_calls("POST", "sessions");
     fleet.fake.set_broker_down(true);
