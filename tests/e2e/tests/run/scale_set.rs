@@ -411,7 +411,8 @@ fn polls(fleet: &Fleet) -> usize {
     fleet.fake.broker_calls("GET", "/scalesets/message")
 }
 
-/// Scenarios 6, 7 and 8 while one agent runs, a job served after each fault: the queue token
+/// Scenarios 6, 7 and 8 while one agent runs, a job served after each fault: messages it
+/// cannot handle (journalled as such, acknowledged, never blocking the queue), the queue token
 /// expires (401 → the session refreshed → the poll retried), the admin token expires (the
 /// JIT request re-authenticates), the session is evicted (its refresh 404 → a new session, the
 /// cursor kept), an empty `200` (backed off, polled again), and a 5xx outage (backed off,
@@ -424,6 +425,49 @@ async fn the_listener_rides_out_expired_tokens_an_eviction_an_empty_answer_and_a
     let _agent = fleet.start_agent(&[]).await;
     let id = scale_set_id(&fleet).await;
     let mut jobs = vec![serve_one(&fleet, id, "before").await];
+
+    // Messages the agent cannot handle (a top-level type it does not know, a job event of a
+    // kind it does not know) are journalled as such and acknowledged: the job behind them is
+    // served.
+    let odd_at = fleet.fake.now();
+    let odd = [
+        fleet
+            .fake
+            .queue_scale_set_message(id, "RunnerScaleSetFutureThing")
+            .unwrap(),
+        fleet
+            .fake
+            .queue_scale_set_message(id, "JobTeleported")
+            .unwrap(),
+    ];
+    jobs.push(serve_one(&fleet, id, "behind messages it cannot handle").await);
+    let conn = rusqlite::Connection::open(fleet.setup.journal()).unwrap();
+    for (message, column) in odd.iter().zip(["unknown_type", "unhandled"]) {
+        let kept: String = conn
+            .query_row(
+                &format!(
+                    "SELECT COALESCE(CAST({column} AS TEXT), '') FROM scale_set_messages \
+                     WHERE message_id = ?1"
+                ),
+                [*message as i64],
+                |r| r.get(0),
+            )
+            .unwrap_or_else(|e| panic!("message {message} not journalled: {e}"));
+        assert!(
+            !kept.is_empty() && kept != "0",
+            "message {message}: {column} {kept:?}"
+        );
+        let acknowledged = fleet
+            .fake
+            .requests_since(odd_at)
+            .iter()
+            .filter(|r| {
+                r.method == "DELETE" && r.path.ends_with(&format!("/scalesets/message/{message}"))
+            })
+            .count();
+        assert_eq!(acknowledged, 1, "message {message} acknowledged once");
+    }
+    drop(conn);
 
     // Queue token: the poll's 401 refreshes the session and polls again.
     let refreshes = fleet.fake.broker_calls("PATCH", "sessions");
