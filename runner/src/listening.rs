@@ -19,23 +19,12 @@ pub(crate) const LISTENING_PHRASE: &str = "Listening for Jobs";
 /// traces (tens of KiB on a real runner) and before anything else is written, so the end of a
 /// log not yet past a MiB holds it.
 pub const READ_BYTES: u64 = 1024 * 1024;
-/// How many listener logs are looked at (one per listener start; a runtime has one or two).
-const MAX_LOGS: usize = 8;
 
 /// Whether any `Runner_*.log` in the `diag` folder says the listener is connected. Unreadable,
 /// missing or linked files say nothing; every file is opened relative to the folder without
-/// following a link and without waiting on a FIFO ([`copy::any_tail`]).
+/// following a link and without waiting on a FIFO ([`copy::any_listener_log_tail`]).
 pub fn listening(diag: &Path) -> bool {
-    copy::any_tail(
-        diag,
-        |name| {
-            let name = name.to_string_lossy();
-            name.starts_with("Runner_") && name.ends_with(".log")
-        },
-        MAX_LOGS,
-        READ_BYTES,
-        |text| text.contains(LISTENING_PHRASE),
-    )
+    copy::any_listener_log_tail(diag, READ_BYTES, |text| text.contains(LISTENING_PHRASE))
 }
 
 #[cfg(test)]

@@ -20,8 +20,6 @@ use super::logs::copy;
 pub(crate) const REFUSED_PHRASE: &str = "is deprecated and cannot receive messages";
 /// How much of the end of each listener log is read (the refusal is among its last lines).
 pub const TAIL_BYTES: u64 = 64 * 1024;
-/// How many listener logs are looked at (one per listener start; a runtime has one or two).
-const MAX_LOGS: usize = 8;
 
 /// Whether `text` is the runner saying GitHub refused its version.
 pub(crate) fn says_refused(text: &str) -> bool {
@@ -31,19 +29,10 @@ pub(crate) fn says_refused(text: &str) -> bool {
 /// Whether any `Runner_*.log` in the `diag` folder says GitHub refused the runner's version.
 /// Unreadable, missing or linked files say nothing. The folder is the job's to write: every
 /// file is opened relative to the folder's descriptor without following a link and without
-/// waiting on a FIFO ([`copy::any_tail`]), so a job that swaps a log for a FIFO or a link
+/// waiting on a FIFO ([`copy::any_listener_log_tail`]), so a job that swaps a log for a FIFO or a link
 /// between a look and an open cannot stall supervision or point it elsewhere.
 pub fn refused(diag: &Path) -> bool {
-    copy::any_tail(
-        diag,
-        |name| {
-            let name = name.to_string_lossy();
-            name.starts_with("Runner_") && name.ends_with(".log")
-        },
-        MAX_LOGS,
-        TAIL_BYTES,
-        says_refused,
-    )
+    copy::any_listener_log_tail(diag, TAIL_BYTES, says_refused)
 }
 
 #[cfg(test)]

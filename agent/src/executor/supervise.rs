@@ -1013,10 +1013,8 @@ pub(super) fn journalled_identity(record: &AttemptRecord) -> Option<ProcessIdent
         .then_some(ProcessIdentity { pid, start_time })
 }
 
-/// How fresh GitHub's view must be for this attempt's decision.
-///
-/// `by_service`: the attempt's registration is removed through a scale set's Actions service
-/// by its journalled id ([`super::effects`]), so a concluded one with an id needs no listing.
+/// How fresh GitHub's view must be for this attempt's decision (not asked for a scale set's
+/// attempts: they need no listing, [`scale_set_observation`]).
 fn freshness_for(
     record: &AttemptRecord,
     process: ProcessObservation,

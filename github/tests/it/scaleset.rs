@@ -1162,6 +1162,19 @@ async fn a_scale_set_runner_never_takes_a_rest_job_nor_a_rest_runner_a_scale_set
     assert_eq!(taken, Some(request));
 }
 
+/// A client of enterprise `octo` presenting `pat`, its config URL `url`.
+fn enterprise_client(h: &Harness, pat: impl Into<String>, url: &str) -> ScaleSetClient {
+    ScaleSetClient::with_credential(
+        h.client.clone(),
+        Credential::EnterprisePat {
+            slug: "octo".into(),
+            token: secrecy::SecretString::from(pat.into()),
+        },
+        url,
+    )
+    .unwrap_or_else(|e| panic!("client: {e:#}"))
+}
+
 /// An enterprise client asks the registration token with its PAT (GitHub's media type, the
 /// PAT as bearer) and exchanges it for the enterprise's config URL; the protocol after that is
 /// the organization's. No App JWT or installation token is ever asked for.
@@ -1170,15 +1183,11 @@ async fn an_enterprise_client_uses_its_pat_and_never_the_app() {
     let h = harness().await;
     h.fake.set_poll_hold(HOLD);
     h.fake.set_enterprise_pat("octo", "ghp_enterprise_pat");
-    let client = ScaleSetClient::with_credential(
-        h.client.clone(),
-        Credential::EnterprisePat {
-            slug: "octo".into(),
-            token: secrecy::SecretString::from("ghp_enterprise_pat"),
-        },
+    let client = enterprise_client(
+        &h,
+        "ghp_enterprise_pat",
         "https://github.com/enterprises/octo",
-    )
-    .unwrap_or_else(|e| panic!("client: {e:#}"));
+    );
     let before = h.fake.requests().len();
     let set = client
         .create_scale_set(1, "ent-x64", &[])
@@ -1253,15 +1262,8 @@ async fn a_refused_enterprise_pat_is_token_refused_and_permanent() {
         ("ghp_wrong_pat".to_owned(), 401),
         (installation.token.expose_secret().to_owned(), 403),
     ] {
-        let client = ScaleSetClient::with_credential(
-            h.client.clone(),
-            Credential::EnterprisePat {
-                slug: "octo".into(),
-                token: secrecy::SecretString::from(presented.clone()),
-            },
-            "https://github.com/enterprises/octo",
-        )
-        .unwrap_or_else(|e| panic!("client: {e:#}"));
+        let client =
+            enterprise_client(&h, presented.clone(), "https://github.com/enterprises/octo");
         let refused = client.get_scale_set(1, "ent-x64").await;
         match &refused {
             Err(e @ ScaleSetError::TokenRefused { status: s, .. }) if *s == status => {
@@ -1284,15 +1286,11 @@ async fn a_refused_enterprise_pat_is_token_refused_and_permanent() {
 async fn under_an_api_base_path_the_enterprise_token_is_asked_below_it() {
     let h = harness_with("/api/v3", Duration::from_secs(10)).await;
     h.fake.set_enterprise_pat("octo", "ghp_enterprise_pat");
-    let client = ScaleSetClient::with_credential(
-        h.client.clone(),
-        Credential::EnterprisePat {
-            slug: "octo".into(),
-            token: secrecy::SecretString::from("ghp_enterprise_pat"),
-        },
+    let client = enterprise_client(
+        &h,
+        "ghp_enterprise_pat",
         "https://ghes.example/enterprises/octo",
-    )
-    .unwrap_or_else(|e| panic!("client: {e:#}"));
+    );
     client.verify_credential().await.expect("issued");
     assert_eq!(
         h.fake.broker_calls(

@@ -137,6 +137,24 @@ pub fn any_tail(
         })
 }
 
+/// How many listener logs are looked at (one per listener start; a runtime has one or two).
+const MAX_LISTENER_LOGS: usize = 8;
+
+/// Whether the last `tail` bytes of any of actions/runner's listener logs (`Runner_*.log`,
+/// written before any job runs) in the folder `diag` satisfy `says` ([`any_tail`]).
+pub fn any_listener_log_tail(diag: &Path, tail: u64, says: impl Fn(&str) -> bool) -> bool {
+    any_tail(
+        diag,
+        |name| {
+            let name = name.to_string_lossy();
+            name.starts_with("Runner_") && name.ends_with(".log")
+        },
+        MAX_LISTENER_LOGS,
+        tail,
+        says,
+    )
+}
+
 /// Reads up to `len` bytes at `offset` (fewer when the file shrank meanwhile).
 pub fn read_at(file: &File, offset: u64, len: u64) -> io::Result<Vec<u8>> {
     read_range(file, offset, len)

@@ -1065,16 +1065,22 @@ fn registration_token(state: &mut State, ask: &Ask<'_>, rel: &str) -> Answer {
     if !valid {
         return Answer::json(401, json!({"message": "Bad credentials"}));
     }
+    issue_registration_token(state).1
+}
+
+/// A new registration token, good for [`REGISTRATION_TOKEN_TTL`], and the `201` carrying it.
+fn issue_registration_token(state: &mut State) -> (String, Answer) {
     let token = random_token("AREG");
-    let expires = now + REGISTRATION_TOKEN_TTL;
+    let expires = state.now() + REGISTRATION_TOKEN_TTL;
     state
         .broker
         .registration_tokens
         .insert(token.clone(), expires);
-    Answer::json(
+    let answer = Answer::json(
         201,
         json!({"token": token, "expires_at": crate::time::rfc3339(expires)}),
-    )
+    );
+    (token, answer)
 }
 
 /// The enterprise slug of `/enterprises/{slug}/actions/runners/registration-token`.
@@ -1107,20 +1113,12 @@ fn enterprise_registration_token(state: &mut State, ask: &Ask<'_>, slug: &str) -
             Answer::json(401, json!({"message": "Bad credentials"}))
         };
     }
-    let token = random_token("AREG");
-    let expires = now + REGISTRATION_TOKEN_TTL;
-    state
-        .broker
-        .registration_tokens
-        .insert(token.clone(), expires);
+    let (token, answer) = issue_registration_token(state);
     state
         .broker
         .enterprise_registrations
-        .insert(token.clone(), slug.to_owned());
-    Answer::json(
-        201,
-        json!({"token": token, "expires_at": crate::time::rfc3339(expires)}),
-    )
+        .insert(token, slug.to_owned());
+    answer
 }
 
 fn remote_auth(state: &mut State, ask: &Ask<'_>) -> Answer {

@@ -15,8 +15,9 @@ use rm_journal::AttemptOutcome;
 
 pub(crate) const SCALE_SET: &str = "acme-big";
 
-/// The policy whose runners serve the scale set.
-const BIG: PolicySpec = PolicySpec {
+/// The policy whose runners serve the scale set. Its `target` is required by the file's
+/// format; an enterprise scale set does not live there.
+pub(crate) const BIG: PolicySpec = PolicySpec {
     name: "big",
     target: "acme",
     labels: &["acme-big"],
@@ -397,6 +398,26 @@ fn journalled(fleet: &Fleet) -> Option<rm_journal::ScaleSetRecord> {
     rm_journal::ScaleSets::open(&fleet.setup.journal())
         .ok()
         .and_then(|j| j.get(SCALE_SET).ok().flatten())
+}
+
+/// The note `status --json` shows for the (only) scale set, once it starts with `prefix`.
+pub(crate) async fn status_note(fleet: &Fleet, prefix: &str) -> String {
+    let mut note = String::new();
+    wait_until(
+        Duration::from_secs(60),
+        &format!("\"{prefix}…\" in status"),
+        || {
+            let out = fleet.setup.run(&["status", "--json"]);
+            let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            note = status["scale_sets"][0]["note"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            note.starts_with(prefix)
+        },
+    )
+    .await;
+    note
 }
 
 /// Queues one job on scale set `id` and waits until it is done.
@@ -985,17 +1006,7 @@ async fn a_session_another_listener_holds_is_waited_out_on_standby() {
     assert!(fleet.fake.hold_session_elsewhere(id, "another-listener"));
     let job = fleet.fake.queue_scale_set_job(id, "while held").unwrap();
     let _agent = fleet.start_agent(&[]).await;
-    let mut note = String::new();
-    wait_until(Duration::from_secs(60), "standby in status", || {
-        let out = fleet.setup.run(&["status", "--json"]);
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        note = status["scale_sets"][0]["note"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        note.starts_with("on standby")
-    })
-    .await;
+    let note = status_note(&fleet, "on standby").await;
     assert!(
         fleet.attempts().is_empty(),
         "no runner while another holds the session"

@@ -10,25 +10,14 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use rm_e2e::fleet::{Fleet, FleetOptions, PolicySpec, wait_until};
+use rm_e2e::fleet::{Fleet, FleetOptions, wait_until};
 
-use super::scale_set::{SCALE_SET, assert_served_once, jobs_done, scale_set_id};
+use super::scale_set::{BIG, SCALE_SET, assert_served_once, jobs_done, scale_set_id, status_note};
 
 /// The enterprise's slug at the fake.
 const ENTERPRISE: &str = "octo-corp";
 /// The PAT the fake's enterprise takes: distinctive, so a grep finds any copy of it.
 const PAT: &str = "ghp_e2eEnterprisePAT7f3c9a";
-
-/// The policy whose runners serve the scale set. Its `target` is required by the file's
-/// format; the scale set does not live there.
-const BIG: PolicySpec = PolicySpec {
-    name: "big",
-    target: "acme",
-    labels: &["acme-big"],
-    max_runners: 4,
-    workspace: "ephemeral",
-    extra: "",
-};
 
 /// A fleet whose scale set lives in the enterprise, its PAT file holding `token` (mode 0600,
 /// root's: no runner uid reads it), under a base directory a runner can reach (its report).
@@ -158,17 +147,7 @@ async fn a_wrong_pat_starts_no_runner_shows_the_refusal_and_the_agent_keeps_runn
     let fleet = enterprise_fleet(WRONG).await;
     let started = fleet.fake.now();
     let mut agent = fleet.start_agent(&[]).await;
-    let mut note = String::new();
-    wait_until(Duration::from_secs(60), "status shows the refusal", || {
-        let out = fleet.setup.run(&["status", "--json"]);
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        note = status["scale_sets"][0]["note"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        note.starts_with("refused: ")
-    })
-    .await;
+    let note = status_note(&fleet, "refused: ").await;
     assert!(
         note.contains("personal access token") && note.contains("401"),
         "{note}"
