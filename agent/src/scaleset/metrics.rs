@@ -97,28 +97,8 @@ mod tests {
     // A runtime: the HTTP client, never called, is built on one.
     #[tokio::test]
     async fn each_scale_set_has_its_statistics_session_and_capacity_as_gauges() {
-        let set = crate::config::scale_sets::ScaleSet {
-            name: "acme-big".into(),
-            policy: "big".into(),
-            labels: vec!["acme-big".into()],
-            runner_group_id: 1,
-            enterprise: None,
-        };
         // Never called: the gauges read what the listener saw.
-        let key = rm_fake_github::AppKeyPair::generate().expect("a key");
-        let client = rm_github::GithubClient::new(rm_github::ClientConfig::new(
-            "http://127.0.0.1:9",
-            1,
-            key.private_pem.clone(),
-        ))
-        .expect("a client");
-        let scale_set_client = rm_github::scaleset::ScaleSetClient::new(
-            client,
-            rm_github::Target::Org("acme".into()),
-            "http://127.0.0.1:9/acme",
-        )
-        .expect("a client");
-        let source = Arc::new(super::super::Source::new(set, Arc::new(scale_set_client)));
+        let source = Arc::new(super::super::test_source());
         source.update(|seen| {
             seen.statistics = Some(rm_github::scaleset::Statistics {
                 total_assigned_jobs: 3,

@@ -185,7 +185,30 @@ pub struct Seen {
     pub activity: String,
 }
 
+/// What tells one [`Seen`] from another ([`Source::update`]): every field but the remembered
+/// completions, which only [`Seen::remember_completed`] changes (a name not remembered yet
+/// pushed at the back, the oldest dropped at the front), by their count and their newest.
+type Fingerprint = (
+    Option<Statistics>,
+    Option<String>,
+    u64,
+    String,
+    usize,
+    Option<String>,
+);
+
 impl Seen {
+    fn fingerprint(&self) -> Fingerprint {
+        (
+            self.statistics.clone(),
+            self.session_id.clone(),
+            self.last_message_id,
+            self.activity.clone(),
+            self.completed_runners.len(),
+            self.completed_runners.back().cloned(),
+        )
+    }
+
     /// Remembers that `runner`'s `JobCompleted` was journalled, forgetting the oldest past
     /// [`REMEMBERED_COMPLETIONS`].
     pub(crate) fn remember_completed(&mut self, runner: String) {
@@ -264,12 +287,13 @@ impl Source {
     }
 
     /// Applies `change`; whether it changed anything (a long poll answered `202` changes
-    /// nothing, and must not wake the executor for nothing).
+    /// nothing, and must not wake the executor for nothing). Compared by
+    /// [`Seen::fingerprint`], not by a copy of the remembered completions at every poll.
     pub(crate) fn update(&self, change: impl FnOnce(&mut Seen)) -> bool {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        let before = seen.clone();
+        let before = seen.fingerprint();
         change(&mut seen);
-        *seen != before
+        seen.fingerprint() != before
     }
 }
 
@@ -354,9 +378,63 @@ impl Board {
     }
 }
 
+/// A source of scale set `acme-big` (policy `big`) whose client is never called: for the tests
+/// of what a listener saw. Needs a runtime (the HTTP client is built on one).
+#[cfg(test)]
+pub(crate) fn test_source() -> Source {
+    let set = crate::config::scale_sets::ScaleSet {
+        name: "acme-big".into(),
+        policy: "big".into(),
+        labels: vec!["acme-big".into()],
+        runner_group_id: 1,
+        enterprise: None,
+    };
+    let key = rm_fake_github::AppKeyPair::generate().expect("a key");
+    let client = rm_github::GithubClient::new(rm_github::ClientConfig::new(
+        "http://127.0.0.1:9",
+        1,
+        key.private_pem.clone(),
+    ))
+    .expect("a client");
+    let scale_set_client = rm_github::scaleset::ScaleSetClient::new(
+        client,
+        rm_github::Target::Org("acme".into()),
+        "http://127.0.0.1:9/acme",
+    )
+    .expect("a client");
+    Source::new(set, Arc::new(scale_set_client))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An update says whether it changed anything: an answer that changes nothing does not
+    /// wake the executor; a completion remembered does, also once the memory is full.
+    // A runtime: the HTTP client, never called, is built on one.
+    #[tokio::test]
+    async fn an_update_says_whether_it_changed_what_was_seen() {
+        let source = test_source();
+        assert!(!source.update(|_| {}));
+        assert!(source.update(|seen| seen.activity = "polling".into()));
+        assert!(!source.update(|seen| seen.activity = "polling".into()));
+        assert!(source.update(|seen| seen.last_message_id = 7));
+        for n in 0..REMEMBERED_COMPLETIONS {
+            assert!(source.update(|seen| seen.remember_completed(format!("r{n}"))));
+        }
+        assert!(
+            !source.update(|seen| seen.remember_completed("r5".into())),
+            "known"
+        );
+        assert!(
+            source.update(|seen| seen.remember_completed("new".into())),
+            "full"
+        );
+        assert_eq!(
+            source.read(|seen| seen.completed_runners.len()),
+            REMEMBERED_COMPLETIONS
+        );
+    }
 
     #[test]
     fn the_longest_idle_past_the_grace_go_first_and_no_more_than_the_surplus() {
