@@ -11,7 +11,7 @@ use rm_fake_github::{AppKeyPair, FakeGithub, FakeOptions, ReleaseOptions};
 use rm_journal::{AttemptRecord, Reader};
 use secrecy::{ExposeSecret as _, SecretString};
 
-use crate::{Agent, SECRET, Setup, binary};
+use crate::{Agent, SECRET, STARTUP_TIMEOUT, Setup, binary};
 
 /// The App id of every fleet.
 pub const APP_ID: u64 = 9090;
@@ -277,9 +277,11 @@ impl Fleet {
             .stdout(Stdio::null())
             .stderr(log);
         configure(&mut command);
-        let agent = Agent::spawn(command, self.setup.addr);
-        if self.options.receiver {
-            agent.wait_healthy().await;
+        let mut agent = Agent::spawn(command, self.setup.addr);
+        if self.options.receiver
+            && let Err(why) = agent.healthy_within(STARTUP_TIMEOUT).await
+        {
+            panic!("rm-agent run {why}\n{}", self.setup.failure_report());
         }
         agent
     }

@@ -28,7 +28,7 @@ use hyper_util::rt::TokioExecutor;
 pub const SECRET: &str = "e2e-webhook-secret-0f3c9a";
 
 /// How long a started binary may take to answer `/healthz`.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/webhooks");
 
@@ -109,13 +109,39 @@ pub fn runtimes_in(runner_root: &Path) -> Vec<PathBuf> {
     }
 }
 
-/// A port on loopback that was free a moment ago.
+/// The lowest port [`free_port`] hands out: above the well-known and registered ports most
+/// daemons take.
+const FIRST_TEST_PORT: u16 = 10_000;
+
+/// A port on loopback that was free a moment ago, below the kernel's ephemeral range and never
+/// handed out before in this process. A test that restarts a binary on its port needs both: a
+/// port from the ephemeral range may meanwhile be the local end of any outgoing connection of a
+/// test running beside it (then the restart fails to bind), and a port handed out twice may be
+/// taken by the other test's binary while this one is down.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let end = u32::from(ephemeral_range_start()).max(u32::from(FIRST_TEST_PORT) + 1);
+    let span = end - u32::from(FIRST_TEST_PORT);
+    // Test binaries running at once start at different places of the range.
+    let start = std::process::id() % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = u16::try_from(u32::from(FIRST_TEST_PORT) + offset).unwrap();
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on loopback below the ephemeral range");
+}
+
+/// The first port of the kernel's ephemeral range (`ip_local_port_range`), or Linux's default
+/// when it cannot be read.
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// A data directory and configuration for one agent.
@@ -193,8 +219,10 @@ impl Setup {
             .env("RM_LOG", "debug")
             .stdout(Stdio::null())
             .stderr(log);
-        let agent = Agent::spawn(command, self.addr);
-        agent.wait_healthy().await;
+        let mut agent = Agent::spawn(command, self.addr);
+        if let Err(why) = agent.healthy_within(STARTUP_TIMEOUT).await {
+            panic!("rm-agent receive {why}\n{}", self.failure_report());
+        }
         agent
     }
 
@@ -289,13 +317,26 @@ impl Agent {
     }
 
     /// Waits until the agent answers `/healthz` with 200.
-    pub async fn wait_healthy(&self) {
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
+    pub async fn wait_healthy(&mut self) {
+        if let Err(why) = self.healthy_within(STARTUP_TIMEOUT).await {
+            panic!("rm-agent {why}");
+        }
+    }
+
+    /// Waits until the agent answers `/healthz` with 200; says why not when it exits first or
+    /// does not answer within `timeout`.
+    pub async fn healthy_within(&mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
         loop {
             if let Ok((200, _)) = self.get("/healthz").await {
-                return;
+                return Ok(());
             }
-            assert!(Instant::now() < deadline, "rm-agent did not become healthy");
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Err(format!("exited before it became healthy: {status}"));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("did not become healthy within {timeout:?}"));
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

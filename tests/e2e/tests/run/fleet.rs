@@ -641,8 +641,8 @@ async fn the_database_stopped_mid_burst_loses_no_acknowledged_delivery_and_serve
     };
     let url = server.url();
     let fleet = PgFleet::new(url.clone(), options()).await;
-    let r1 = fleet.start_receiver().await;
-    let r2 = fleet.start_receiver().await;
+    let mut r1 = fleet.start_receiver().await;
+    let mut r2 = fleet.start_receiver().await;
     fleet.deliver_to(&[&r1, &r2]);
     let mut hosts: Vec<FleetHost> = ["o1", "o2"].iter().map(|n| fleet.host(n)).collect();
     for host in &mut hosts {
@@ -689,7 +689,7 @@ async fn the_database_stopped_mid_burst_loses_no_acknowledged_delivery_and_serve
     // GitHub does not redeliver failed deliveries by itself: the operator redelivers them from
     // the App's settings (docs/fleet.md), once the receivers answer again. Each GUID that never
     // got a 2xx, once.
-    for r in [&r1, &r2] {
+    for r in [&mut r1, &mut r2] {
         r.agent.wait_healthy().await;
     }
     let deliveries = fleet.fake.deliveries();
