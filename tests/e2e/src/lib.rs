@@ -144,6 +144,30 @@ fn ephemeral_range_start() -> u16 {
         .unwrap_or(32_768)
 }
 
+/// Makes the process `command` starts get SIGTERM when the thread that starts it ends (the
+/// test's thread, or the whole test process killed: an interrupted `cargo test`, a CI timeout).
+/// A test's [`Agent`] is killed when it is dropped, but a test process that is killed drops
+/// nothing: its agents ran on for as long as the host stayed up, polling a fake GitHub that
+/// was gone and keeping their nft tables, network slots and runner uids from the next run. On
+/// SIGTERM an agent drains and exits as it would under systemd.
+#[allow(unsafe_code)]
+pub fn ends_with_its_test(command: &mut Command) -> &mut Command {
+    let parent = libc::pid_t::try_from(std::process::id()).unwrap();
+    // SAFETY: the closure runs between fork and exec and makes raw system calls only.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(command, move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the signal was asked for: it will never come.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("the test process is gone"));
+            }
+            Ok(())
+        })
+    }
+}
+
 /// A data directory and configuration for one agent.
 pub struct Setup {
     pub dir: tempfile::TempDir,
@@ -189,9 +213,11 @@ impl Setup {
         self.dir.path().join("data").join(rm_journal::JOURNAL_FILE)
     }
 
-    /// `rm-agent --config <this config> ARGS`, with the secret in the environment.
+    /// `rm-agent --config <this config> ARGS`, with the secret in the environment, ending
+    /// with its test ([`ends_with_its_test`]).
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(agent_binary());
+        ends_with_its_test(&mut cmd);
         cmd.arg("--config").arg(self.config()).args(args);
         cmd.env("RM_WEBHOOK_SECRET", SECRET)
             .env_remove("RM_DATA_DIR")

@@ -18,7 +18,7 @@ fn demo_plays_every_scenario_and_leaves_nothing_behind() {
     let tmp = tempfile::tempdir().unwrap();
     let cwd = tempfile::tempdir().unwrap();
     let started = Instant::now();
-    let output = Command::new(agent_with("demo"))
+    let output = rm_e2e::ends_with_its_test(&mut Command::new(agent_with("demo")))
         .arg("demo")
         .current_dir(cwd.path())
         .env("TMPDIR", tmp.path())

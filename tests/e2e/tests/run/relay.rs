@@ -34,7 +34,7 @@ impl Relay {
             .append(true)
             .open(data.join("relay.log"))
             .unwrap();
-        let child = Command::new(binary("rm-relay"))
+        let child = rm_e2e::ends_with_its_test(&mut Command::new(binary("rm-relay")))
             .args(["serve", "--listen", &addr, "--data-dir"])
             .arg(data)
             .args(["--public-url", &format!("http://{addr}")])
