@@ -1,5 +1,6 @@
 //! The pure rules (scrub, head/tail cap, pruning) by table; the safe copier against a hostile
-//! `_diag` in a temporary directory; a keep made again after a simulated crash.
+//! `_diag` in a temporary directory; a keep made again after a simulated crash; which files a
+//! listener-log check (`any_listener_log_tail`) reads.
 
 #![allow(
     clippy::unwrap_used,
@@ -10,7 +11,7 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::Path;
 use std::time::Duration;
 
-use super::copy::{cap_bytes, marker};
+use super::copy::{self, cap_bytes, marker};
 use super::prune::{Bounds, Entry, to_prune};
 use super::scrub::{MIN_BASE64_RUN, scrub};
 use super::*;
@@ -507,4 +508,59 @@ fn the_output_file_is_made_in_diag_for_appending() {
         std::fs::metadata(&target).unwrap().uid(),
         rustix::process::geteuid().as_raw()
     );
+}
+
+// ---- any_listener_log_tail: which files a listener-log check reads ----
+
+/// The words every check below looks for.
+const WORDS: &str = "the runner's own words\n";
+
+fn says_words(diag: &Path) -> bool {
+    copy::any_listener_log_tail(diag, 1024, |text| text.contains(WORDS))
+}
+
+#[test]
+fn only_the_tail_of_a_listener_log_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(!says_words(dir.path()));
+    assert!(!says_words(&dir.path().join("missing")));
+    // In a file that is not the listener's: not the runner's word.
+    std::fs::write(dir.path().join("Worker_1-utc.log"), WORDS).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), WORDS).unwrap();
+    assert!(!says_words(dir.path()));
+    // Before the tail: not read.
+    let early = format!("{WORDS}{}", "x".repeat(2048));
+    std::fs::write(dir.path().join("Runner_1-utc.log"), early).unwrap();
+    assert!(!says_words(dir.path()));
+    std::fs::write(dir.path().join("Runner_2-utc.log"), WORDS).unwrap();
+    assert!(says_words(dir.path()));
+}
+
+#[test]
+fn a_link_named_like_a_listener_log_is_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = dir.path().join("elsewhere.txt");
+    std::fs::write(&elsewhere, WORDS).unwrap();
+    let diag = dir.path().join("_diag");
+    std::fs::create_dir(&diag).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, diag.join("Runner_1-utc.log")).unwrap();
+    assert!(!says_words(&diag));
+}
+
+#[test]
+fn a_fifo_named_like_a_listener_log_is_never_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let diag = dir.path().join("_diag");
+    std::fs::create_dir(&diag).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        diag.join("Runner_1-utc.log"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    std::fs::write(diag.join("Runner_2-utc.log"), WORDS).unwrap();
+    // Returns (no writer ever opens the FIFO) and still reads the real log beside it.
+    assert!(says_words(&diag));
 }
