@@ -22,7 +22,7 @@ use serde::Deserialize;
 // The values the runner crate acts on are its own types; the configuration parses into them.
 pub use duration::ConfigDuration;
 pub use rm_runner::cgroup::Limits as RunnerLimits;
-pub use rm_runner::docker::{DockerPolicy, RegistryMirror};
+pub use rm_runner::docker::{DockerPolicy, ImageFile, RegistryMirror};
 pub use rm_runner::isolate::RunnerUids;
 pub use rm_runner::network::{Cidr, NETWORK_SLOTS};
 
@@ -202,10 +202,15 @@ pub struct PolicySection {
     pub workspace: Option<String>,
     /// `true`: each runner gets a rootless Docker daemon of its own ([`rm_runner::docker`]).
     pub docker: Option<bool>,
-    /// Image tarballs (`docker save` output) loaded into each runner's daemon.
-    pub docker_images: Option<Vec<PathBuf>>,
+    /// Image tarballs (`docker save` output) loaded into each runner's daemon, each an absolute
+    /// path, optionally pinned to the file's SHA-256 (`path@sha256:<hex>`,
+    /// [`rm_runner::docker::ImageFile`]).
+    pub docker_images: Option<Vec<String>>,
     /// A pull-through registry mirror each runner's daemon pulls Docker Hub images through.
     pub docker_registry_mirror: Option<String>,
+    /// What the policy accepts its Docker jobs may take without bound where the host cannot
+    /// bound it (`"memory"`, `"pids"`).
+    pub docker_unbounded: Option<Vec<String>>,
     /// A size, or `"none"`; absent: [`bounds::default_memory_max`].
     pub memory_max: Option<String>,
     /// A count, or `"none"`; absent: [`bounds::DEFAULT_PIDS_MAX`].

@@ -15,6 +15,7 @@ use rm_runner::RunnerRoot;
 use rm_runner::backend::{LinkedPackage, NoIsolation, UserIsolation};
 use rm_runner::cgroup::{CgroupRoot, Controllers};
 use rm_runner::docker;
+use rm_runner::docker::unbounded::Unbounded;
 use rm_runner::isolate::{self, Pool};
 use rm_runner::network::{self, HostNetwork, HostRules};
 use rm_runner::store::Store;
@@ -84,7 +85,26 @@ fn docker_for_runners(
     }
     let accounts: Vec<(u32, u32)> = pool.accounts().iter().map(|a| (a.uid, a.gid)).collect();
     let files = docker::subid::Files::host();
-    let lacks = docker::judge(&docker::Facts::gather(&accounts, &files));
+    let facts = docker::Facts::gather(&accounts, &files);
+    let available = cgroups.map(CgroupRoot::available).unwrap_or_default();
+    for bounds in docker_bounds(config, available, facts.kernel) {
+        if !bounds.unaccepted.is_empty() {
+            return Err(usage(
+                config,
+                &format!("policy.docker_unbounded (policy `{}`)", bounds.policy),
+                &unbounded_refusal(&bounds.unaccepted),
+            ));
+        }
+        for accepted in bounds.accepted {
+            tracing::warn!(
+                policy = bounds.policy,
+                unbounded = accepted.as_str(),
+                "accepted by docker_unbounded: {}",
+                accepted.why()
+            );
+        }
+    }
+    let lacks = docker::judge(&facts);
     if !lacks.is_empty() {
         let said: Vec<String> = lacks
             .iter()
@@ -105,6 +125,58 @@ fn docker_for_runners(
     let tools = docker::Tools::find().map_err(|e| refuse(e.to_string()))?;
     tracing::info!(script = %tools.rootless_script.display(), "runners of policies with docker = true get a rootless Docker daemon each");
     Ok(Some(tools))
+}
+
+/// What one `docker = true` policy's runners leave unbounded here
+/// ([`docker::unbounded::unbounded`]), split by whether its `docker_unbounded` accepted it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DockerBounds {
+    pub policy: String,
+    /// Unbounded and not accepted: `run` refuses to start, `check` fails.
+    pub unaccepted: Vec<Unbounded>,
+    /// Unbounded and accepted by name: a warning at start and in `check`.
+    pub accepted: Vec<Unbounded>,
+}
+
+/// [`DockerBounds`] of every `docker = true` policy with something unbounded, for runner
+/// cgroups offering `available` on a kernel `kernel`. Pure.
+pub(crate) fn docker_bounds(
+    config: &Config,
+    available: Controllers,
+    kernel: Option<(u32, u32)>,
+) -> Vec<DockerBounds> {
+    config
+        .policies
+        .iter()
+        .filter_map(|p| {
+            let docker = p.docker.as_ref()?;
+            let unbounded = docker::unbounded::unbounded(&p.limits, available, kernel);
+            let unaccepted = docker::unbounded::unaccepted(&unbounded, &docker.unbounded);
+            let accepted = unbounded
+                .into_iter()
+                .filter(|u| !unaccepted.contains(u))
+                .collect::<Vec<_>>();
+            (!unaccepted.is_empty() || !accepted.is_empty()).then(|| DockerBounds {
+                policy: p.name.clone(),
+                unaccepted,
+                accepted,
+            })
+        })
+        .collect()
+}
+
+/// Why a policy's Docker is refused, with both ways out: bound it, or accept it by name.
+pub(crate) fn unbounded_refusal(unaccepted: &[Unbounded]) -> String {
+    let why: Vec<&str> = unaccepted.iter().map(|u| u.why()).collect();
+    let names: Vec<String> = unaccepted
+        .iter()
+        .map(|u| format!("\"{}\"", u.as_str()))
+        .collect();
+    format!(
+        "{}; give the runner cgroups the controller (cgroup v2 with memory and pids delegated: Delegate=yes for the agent's unit, or a host.cgroup_root that has them), or accept it for this policy with docker_unbounded = [{}]",
+        why.join("; "),
+        names.join(", ")
+    )
 }
 
 /// The mode of the runner root under `user`: runners pass through it to their own runtime
@@ -170,7 +242,8 @@ pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, 
             isolate::check_traversable(root.path(), &config.data_dir)
                 .map_err(|problem| usage(config, "host.runner_root", &problem))?;
             let store = Store::open(root.path()).map_err(Exit::runtime)?;
-            let package = LinkedPackage::install(store, package_dir).map_err(Exit::runtime)?;
+            let package =
+                LinkedPackage::install(store, package_dir, &pool).map_err(Exit::runtime)?;
             let cgroups = match CgroupRoot::resolve(config.host.cgroup_root.as_deref()) {
                 Ok(cgroups) => {
                     warn_unavailable_limits(config, &cgroups);
@@ -348,6 +421,67 @@ mod tests {
             "isolation = \"none\"",
         ] {
             assert!(default.contains(words), "{default}");
+        }
+    }
+
+    /// `run` refuses, and `check` fails, a Docker policy that leaves a resource unbounded it
+    /// did not accept by name; one that accepted it is only warned about.
+    #[test]
+    fn docker_without_a_bound_is_refused_unless_the_policy_accepts_it_by_name() {
+        let policy = |name: &str, extra: &str| {
+            format!(
+                "[[policy]]\nname = \"{name}\"\ntarget = \"acme\"\nlabels = [\"self-hosted\", \"{name}\"]\nmemory_max = \"2G\"\n{extra}\n"
+            )
+        };
+        let config = crate::config::from_text(&format!(
+            "{}{}{}{}",
+            policy("plain", "docker = true"),
+            policy(
+                "accepting",
+                "docker = true\ndocker_unbounded = [\"memory\"]"
+            ),
+            policy("no-docker", ""),
+            policy(
+                "opted-out",
+                "docker = true\nmemory_max = \"none\"\npids_max = \"none\""
+            )
+            .replace("memory_max = \"2G\"\n", ""),
+        ))
+        .unwrap();
+        let none = Controllers::default();
+        let all = Controllers {
+            memory: true,
+            pids: true,
+            cpu: true,
+        };
+        assert_eq!(
+            docker_bounds(&config, none, Some((6, 1))),
+            [
+                DockerBounds {
+                    policy: "plain".into(),
+                    unaccepted: vec![Unbounded::Memory],
+                    accepted: vec![],
+                },
+                DockerBounds {
+                    policy: "accepting".into(),
+                    unaccepted: vec![],
+                    accepted: vec![Unbounded::Memory],
+                },
+            ]
+        );
+        // An old kernel lets containers escape pids_max too, which neither accepted.
+        let old = docker_bounds(&config, none, Some((5, 10)));
+        assert_eq!(old[0].unaccepted, [Unbounded::Memory, Unbounded::Pids]);
+        assert_eq!(old[1].unaccepted, [Unbounded::Pids]);
+        assert_eq!(docker_bounds(&config, all, Some((5, 10))), []);
+        let said = unbounded_refusal(&old[0].unaccepted);
+        for words in [
+            "no memory controller",
+            "no pids controller",
+            "Delegate=yes",
+            "docker_unbounded = [\"memory\", \"pids\"]",
+        ] {
+            assert!(said.contains(words), "{said}");
         }
     }
 }

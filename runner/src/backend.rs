@@ -29,7 +29,7 @@ use super::isolate::{self, Account, ChildSetup, Pool, Sandbox};
 use super::network::{self, HostNetwork};
 use super::package::current::CurrentPackage;
 use super::process::{self, ProcStat, ProcessError, Processes, RunnerChild, Spawned, StopSignal};
-use super::store::{Store, StoreError, StoredPackage};
+use super::store::{self, Store, StoreError, StoredPackage};
 use super::workspace::{Removal, RunnerRoot, Runtime, WorkspaceError, create_tmp};
 use super::{OsProcesses, discover, uid};
 
@@ -210,22 +210,29 @@ impl Backend for NoIsolation {
 
 /// The package isolated runtimes are linked from, and what it is made from: a runtime that fails
 /// its check against the manifest has the store verified in full and, when it does not verify,
-/// rebuilt from the source package (CONTRACT §7: a mismatch rebuilds the package).
+/// rebuilt from the source package (CONTRACT §7: a mismatch rebuilds the package). The source
+/// is judged right before each time it is read ([`crate::trust`]): one a runner uid could have
+/// changed is not stored.
 #[derive(Debug)]
 pub struct LinkedPackage {
     store: Store,
+    /// The runner uids the source is judged against.
+    pool: Pool,
     /// The stored package runtimes are linked from now, and the unpacked package it was
     /// installed from (a repair reinstalls from it).
     current: Mutex<(StoredPackage, PathBuf)>,
 }
 
 impl LinkedPackage {
-    /// Installs `source` into `store` (once per content) and verifies it in full.
-    pub fn install(store: Store, source: &Path) -> Result<LinkedPackage, StoreError> {
+    /// Installs `source` into `store` (once per content) and verifies it in full; a source
+    /// `pool` could change is refused.
+    pub fn install(store: Store, source: &Path, pool: &Pool) -> Result<LinkedPackage, StoreError> {
+        store::refuse_changeable(source, pool)?;
         let package = store.install(source)?;
         package.verify()?;
         Ok(LinkedPackage {
             store,
+            pool: pool.clone(),
             current: Mutex::new((package, source.to_path_buf())),
         })
     }
@@ -250,6 +257,7 @@ impl LinkedPackage {
     /// from it keep running on it, and it is removed once nothing uses it
     /// ([`Store::remove_unused`]). Blocking (a package of thousands of files).
     pub(crate) fn switch(&self, source: &Path) -> Result<StoredPackage, StoreError> {
+        store::refuse_changeable(source, &self.pool)?;
         let package = self.store.install_beside(source)?;
         package.verify()?;
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
@@ -264,6 +272,7 @@ impl LinkedPackage {
         if let Err(e) = current.0.verify() {
             tracing::warn!(error = %e, "the runner package store does not verify; rebuilding it from the package");
             // Beside the others: a superseded tree may still be linked by running runners.
+            store::refuse_changeable(&current.1, &self.pool)?;
             current.0 = self.store.install_beside(&current.1)?;
         }
         Ok(current.0.clone())
@@ -406,6 +415,7 @@ impl UserIsolation {
     fn start_docker(
         &self,
         policy: &DockerPolicy,
+        plan: &Plan,
         account: Account,
         runtime: &Path,
         procs: Option<&std::os::fd::OwnedFd>,
@@ -436,6 +446,9 @@ impl UserIsolation {
         };
         let spec = DaemonSpec {
             account,
+            // The runner's: the job's `hostname` and its daemon's `docker info` agree.
+            hostname: network_names(plan).netns,
+            pids_max: plan.limits.pids_max,
             runtime: runtime.to_path_buf(),
             cgroup_procs: clone(procs)?,
             netns: netns.map(clone).transpose()?,
@@ -463,7 +476,7 @@ impl UserIsolation {
             "the runner's Docker daemon answers"
         );
         reap(daemon.child);
-        let loaded = docker::load_images(&socket, &policy.images)
+        let loaded = docker::load_images(&socket, &policy.images, &self.pool)
             .map_err(|e| BackendError::Docker(e.to_string()))?;
         if !loaded.is_empty() {
             tracing::info!(images = ?loaded, "images loaded into the runner's Docker daemon");
@@ -562,6 +575,7 @@ impl Backend for UserIsolation {
         if let Some(policy) = &plan.docker {
             let docker_host = self.start_docker(
                 policy,
+                plan,
                 account,
                 runtime.dir(),
                 procs.as_ref(),

@@ -616,16 +616,7 @@ impl ChildSetup {
         }
         set_stop_signals(libc::SIG_DFL)?;
         if let Some(max) = self.pids_max {
-            // Counted per real uid: the runner's uid is its own, so this caps the job's
-            // processes even where the cgroup pids controller is not available.
-            let limit = u64::from(max);
-            rustix::process::setrlimit(
-                rustix::process::Resource::Nproc,
-                rustix::process::Rlimit {
-                    current: Some(limit),
-                    maximum: Some(limit),
-                },
-            )?;
+            limit_processes(max)?;
         }
         rustix::thread::set_no_new_privs(true)?;
         rustix::thread::clear_ambient_capability_set()?;
@@ -635,25 +626,52 @@ impl ChildSetup {
         rustix::thread::set_thread_res_gid(gid, gid, gid)?;
         // From root to a non-zero uid: the kernel clears every capability.
         rustix::thread::set_thread_res_uid(uid, uid, uid)?;
-        // A session keyring of its own, owned by the runner: not the agent's (which every
-        // runner would otherwise possess, with the keys in it).
-        // SAFETY: `keyctl` with integer arguments only.
-        let joined = unsafe {
-            libc::syscall(
-                libc::SYS_keyctl,
-                KEYCTL_JOIN_SESSION_KEYRING,
-                std::ptr::null::<libc::c_char>(),
-            )
-        };
-        if joined < 0 {
-            let e = rustix::io::Errno::from_raw_os_error(errno());
-            // A kernel without keyrings has none to share.
-            if e != rustix::io::Errno::NOSYS {
-                return Err(e.into());
-            }
-        }
-        Ok(())
+        join_own_session_keyring()
     }
+}
+
+/// Caps the processes (and threads) of the calling process's real uid at `max`
+/// (`RLIMIT_NPROC`, soft and hard), between fork and exec, as root before the identity changes.
+/// Counted per real uid: a runner's uid is its own, so this caps the job's processes even where
+/// the cgroup pids controller is not available. Since Linux 5.14 the count is kept per user
+/// namespace and charged up to the namespace's creator too, and the limit a user namespace
+/// enforces for its creator is the creator's own `RLIMIT_NPROC` when it made it: so a runner's
+/// Docker daemon started under this cap bounds its containers as well, whatever subordinate
+/// uid they run as (`docker::launch`). Raw system call only: async-signal-safe.
+pub(crate) fn limit_processes(max: u32) -> io::Result<()> {
+    let limit = u64::from(max);
+    rustix::process::setrlimit(
+        rustix::process::Resource::Nproc,
+        rustix::process::Rlimit {
+            current: Some(limit),
+            maximum: Some(limit),
+        },
+    )?;
+    Ok(())
+}
+
+/// Joins a new, empty session keyring owned by the caller's (new) uid, after the identity
+/// changed: not the agent's (which every runner, or a runner's Docker daemon, would otherwise
+/// possess, with the keys in it), nor the root-owned one `process::seal_session` made before
+/// the change. Raw system call only: async-signal-safe.
+#[allow(unsafe_code)]
+pub(crate) fn join_own_session_keyring() -> io::Result<()> {
+    // SAFETY: `keyctl` with integer arguments only.
+    let joined = unsafe {
+        libc::syscall(
+            libc::SYS_keyctl,
+            KEYCTL_JOIN_SESSION_KEYRING,
+            std::ptr::null::<libc::c_char>(),
+        )
+    };
+    if joined < 0 {
+        let e = rustix::io::Errno::from_raw_os_error(errno());
+        // A kernel without keyrings has none to share.
+        if e != rustix::io::Errno::NOSYS {
+            return Err(e.into());
+        }
+    }
+    Ok(())
 }
 
 /// Sets the disposition of the signals a stop sends (SIGTERM) and a terminal sends (SIGINT).

@@ -21,7 +21,8 @@
 //! - [`package`] fetches, verifies and caches the package `runner.version` names, and follows
 //!   releases; [`logs`] sends a runner's output to a file in its runtime and keeps its `_diag`
 //!   before cleanup removes the runtime; [`disk`] measures a runtime against its bound;
-//!   [`discover`] and [`refusal`] read what a runner left behind.
+//!   [`discover`] and [`refusal`] read what a runner left behind; [`trust`] judges whether a
+//!   job could change what later runners get from disk (the package, env files, images).
 //!
 //! The value types the configuration parses into (a policy's [`cgroup::Limits`],
 //! [`docker::DockerPolicy`], [`network::Cidr`], the uid pool [`isolate::RunnerUids`], the kept
@@ -47,6 +48,7 @@ pub mod refusal;
 pub mod slot;
 pub mod store;
 pub(crate) mod tmpfs;
+pub mod trust;
 pub mod uid;
 pub mod workspace;
 

@@ -67,6 +67,52 @@ impl Caps {
     };
 }
 
+/// What is left to read of one attempt's `_diag`: each file is read to at most
+/// [`PER_FILE_CAP`] and what is left of [`PER_ATTEMPT_CAP`], and what was read of it (line ends
+/// looked for included) is spent. The kept copy and the live view (`rm-agent logs`) spend it
+/// the same way, so neither reads more of a job's files than [`PER_ATTEMPT_CAP`] and the two
+/// chunks [`copy::stream_capped`] may read again, whatever the job put there (4096 sparse
+/// files of a terabyte each).
+#[derive(Debug, Clone)]
+pub struct Budget {
+    caps: Caps,
+    left: u64,
+}
+
+impl Budget {
+    /// The budget of one attempt, under the default caps.
+    pub fn attempt() -> Budget {
+        Budget::with(Caps::DEFAULT)
+    }
+
+    pub(crate) fn with(caps: Caps) -> Budget {
+        Budget {
+            caps,
+            left: caps.per_attempt,
+        }
+    }
+
+    /// The cap of the next file; `None` once the attempt's bytes are spent.
+    pub fn next_cap(&self) -> Option<u64> {
+        (self.left > 0).then(|| self.caps.per_file.min(self.left))
+    }
+
+    /// Spends what a file's read took: what it read, and at least its size up to the `cap` it
+    /// was read under, so a file read short (cut at a line end, shrunk meanwhile) still spends
+    /// its share and a budget always runs out.
+    pub fn spend(&mut self, size: u64, cap: u64, read: u64) {
+        self.left = self.left.saturating_sub(read.max(size.min(cap)));
+    }
+
+    /// Why a file is left out once the budget is spent.
+    pub fn spent(&self) -> String {
+        format!(
+            "the attempt's {} bytes were read already",
+            self.caps.per_attempt
+        )
+    }
+}
+
 /// The prefix of a copy being made; a crash leaves one, which the next keep of the same
 /// attempt removes and the pruning ignores.
 const TEMP_PREFIX: &str = ".tmp-";
@@ -462,16 +508,48 @@ fn printable(name: &OsStr) -> String {
     }
 }
 
-/// Reads one `_diag` file safely: capped at `cap`, scrubbed. `Err` says why it is not read.
-pub fn read_diag_file(
+/// One `_diag` file as [`stream_diag_file`] read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiagRead {
+    /// Its size when it was opened.
+    pub size: u64,
+    /// It was over its cap: the middle was left out.
+    pub capped: bool,
+    /// What reading it took.
+    pub streamed: copy::Streamed,
+}
+
+/// Streams one `_diag` file safely ([`copy::open_regular_at`]) to `sink`: capped at `cap`
+/// ([`copy::stream_capped`]), scrubbed piece by piece. `Err` says why it is not read (or why
+/// its reading stopped).
+pub fn stream_diag_file(
     diag: impl AsFd,
     name: &OsStr,
     cap: u64,
-) -> Result<(Vec<u8>, u64, bool), String> {
+    sink: copy::Sink<'_>,
+) -> Result<DiagRead, String> {
     let (file, size) = copy::open_regular_at(diag, name)?;
-    let capped = size > cap;
-    let bytes = copy::read_capped(&file, size, cap).map_err(|e| format!("cannot read it: {e}"))?;
-    Ok((scrub::scrub(&bytes), size, capped))
+    let streamed =
+        stream_scrubbed(&file, size, cap, sink).map_err(|e| format!("cannot read it: {e}"))?;
+    Ok(DiagRead {
+        size,
+        capped: size > cap,
+        streamed,
+    })
+}
+
+/// Streams a file opened with [`copy::open_regular_at`] (of `size` bytes then) to `sink`,
+/// capped at `cap` ([`copy::stream_capped`]) and scrubbed piece by piece.
+pub fn stream_scrubbed(
+    file: &File,
+    size: u64,
+    cap: u64,
+    sink: copy::Sink<'_>,
+) -> io::Result<copy::Streamed> {
+    let mut scrubber = scrub::Scrubber::default();
+    copy::stream_capped(file, size, cap, &mut |piece, ends| {
+        sink(&scrubber.piece(piece, ends), ends)
+    })
 }
 
 fn copy_diag(diag: &OwnedFd, out: &OwnedFd, manifest: &mut Manifest, caps: Caps) {
@@ -485,32 +563,39 @@ fn copy_diag(diag: &OwnedFd, out: &OwnedFd, manifest: &mut Manifest, caps: Caps)
             return;
         }
     };
-    let mut budget = caps.per_attempt;
+    let mut budget = Budget::with(caps);
     for name in names {
         let shown = printable(&name);
-        if budget == 0 {
+        let Some(cap) = budget.next_cap() else {
             manifest.left_out.push(LeftOut {
                 name: shown,
-                why: format!("the attempt's {} bytes were kept already", caps.per_attempt),
+                why: budget.spent(),
             });
             continue;
-        }
-        let kept = read_diag_file(diag, &name, caps.per_file.min(budget)).and_then(
-            |(bytes, size, capped)| {
-                write_new(out, &name, &bytes).map_err(|e| format!("cannot write its copy: {e}"))?;
-                Ok((bytes.len() as u64, size, capped))
-            },
-        );
-        match kept {
-            Ok((kept_bytes, original_bytes, capped)) => {
-                budget = budget.saturating_sub(kept_bytes);
-                manifest.files.push(KeptFile {
-                    name: shown,
-                    original_bytes,
-                    kept_bytes,
-                    capped,
-                });
+        };
+        // A kept file is at most a cap (and its marker line): it is written whole.
+        let mut bytes = Vec::new();
+        let read = stream_diag_file(diag, &name, cap, &mut |piece, ends| {
+            bytes.extend_from_slice(piece);
+            if ends {
+                bytes.push(b'\n');
             }
+            Ok(())
+        });
+        if let Ok(read) = &read {
+            budget.spend(read.size, cap, read.streamed.read);
+        }
+        let kept = read.and_then(|read| {
+            write_new(out, &name, &bytes).map_err(|e| format!("cannot write its copy: {e}"))?;
+            Ok(read)
+        });
+        match kept {
+            Ok(read) => manifest.files.push(KeptFile {
+                name: shown,
+                original_bytes: read.size,
+                kept_bytes: bytes.len() as u64,
+                capped: read.capped,
+            }),
             Err(why) => manifest.left_out.push(LeftOut { name: shown, why }),
         }
     }

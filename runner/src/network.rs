@@ -16,6 +16,13 @@
 //!   resolver are rewritten to the host end of the veth, and `policy.network_allow`, when set,
 //!   is the only egress.
 //!
+//! Runners have no IPv6 beyond their own loopback: it is off on `eth0` and on any interface
+//! made later in the namespace ([`RUNNER_IPV6`]), so a router advertisement reaching the veth
+//! (a host that runs `radvd` on every interface) gives a runner no address and no route around
+//! the IPv4 rules above, and the host's table drops any IPv6 a runner's veth still forwards.
+//! Both tables are IPv4 rules; there is no key to turn runner IPv6 on, as there is no IPv6
+//! `network_allow`, deny list or NAT for it to go through.
+//!
 //! The rules are pure functions of the configuration (table tests below); the adapter
 //! ([`HostNetwork::install`], [`create`], [`remove`]) runs `ip` and `nft`. Nothing here is a
 //! process that outlives a step: a runner's namespace, veth and table are kernel objects, kept
@@ -66,6 +73,22 @@ const DNS_PORT: u16 = 53;
 
 /// `net.ipv4.ip_forward`: runners' packets are routed through the host.
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+/// A namespace's IPv6 settings; absent when the kernel has no IPv6 (`ipv6.disable=1`), and
+/// then there is nothing to turn off.
+const IPV6_CONF: &str = "/proc/sys/net/ipv6/conf";
+
+/// `disable_ipv6` inside a runner's namespace, written in this order before `eth0` comes up:
+/// `all` turns IPv6 off on the interfaces there (`lo`, `eth0`) and `default` on any made later,
+/// `eth0` is said by name; then `lo` alone gets it back, so that `::1` stays: the runner reads
+/// the host's `/etc/hosts`, where `localhost` is `::1` too, and a job's server bound to it must
+/// not fail. `lo` leaves nothing out of the namespace.
+const RUNNER_IPV6: &[(&str, &str)] = &[
+    ("all", "1"),
+    ("default", "1"),
+    (RUNNER_IF, "1"),
+    ("lo", "0"),
+];
 
 /// Why a runner's network could not be made or removed. Carries `ip`'s or `nft`'s own words.
 #[derive(Debug, thiserror::Error)]
@@ -267,40 +290,35 @@ pub(crate) fn host_table(name: &str, rules: &HostRules) -> String {
          iifname {veth} ct status dnat ip daddr 127.0.0.0/8 accept\n    \
          iifname {veth} reject with icmpx type admin-prohibited\n  }}\n"
     ));
-    // Through the host: not to another runner, not to a service the host publishes by DNAT
+    // Through the host: no IPv6 at all (a runner has none; this holds if its namespace were
+    // given some), and then not to another runner, not to a service the host publishes by DNAT
     // (a container's published port), not to a denied network; nothing new towards a runner.
-    let mut v4 = Vec::new();
-    let mut v6 = Vec::new();
-    for cidr in &rules.deny {
-        match cidr.addr {
-            IpAddr::V4(_) => v4.push(cidr.to_string()),
-            IpAddr::V6(_) => v6.push(cidr.to_string()),
-        }
-    }
+    // The IPv6 entries of the deny list and IPv6 resolvers need no rule of their own: the
+    // first rule drops everything they would match.
+    let mut v4: Vec<String> = rules
+        .deny
+        .iter()
+        .filter(|cidr| cidr.addr.is_ipv4())
+        .map(ToString::to_string)
+        .collect();
     v4.push(format!("{}/{}", RUNNER_NET.0, RUNNER_NET.1));
     t.push_str(&format!(
         "  chain forward {{\n    type filter hook forward priority 0; policy accept;\n    \
+         iifname {veth} meta nfproto ipv6 counter drop\n    \
          oifname {veth} ct state established,related accept\n    \
          oifname {veth} reject with icmpx type admin-prohibited\n    \
          iifname {veth} ct state established,related accept\n    \
          iifname {veth} ct status dnat reject with icmpx type admin-prohibited\n"
     ));
-    for resolver in &rules.resolvers {
-        let family = if resolver.is_ipv4() { "ip" } else { "ip6" };
+    for resolver in rules.resolvers.iter().filter(|r| r.is_ipv4()) {
         t.push_str(&format!(
-            "    iifname {veth} {family} daddr {resolver} meta l4proto {{ tcp, udp }} th dport {DNS_PORT} accept\n"
+            "    iifname {veth} ip daddr {resolver} meta l4proto {{ tcp, udp }} th dport {DNS_PORT} accept\n"
         ));
     }
     t.push_str(&format!(
         "    iifname {veth} ip daddr {} reject with icmpx type admin-prohibited\n",
         set_of(&v4)
     ));
-    if !v6.is_empty() {
-        t.push_str(&format!(
-            "    iifname {veth} ip6 daddr {} reject with icmpx type admin-prohibited\n",
-            set_of(&v6)
-        ));
-    }
     t.push_str("  }\n");
     t.push_str(&format!(
         "  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    \
@@ -464,6 +482,8 @@ fn build(names: &Names, addresses: Addresses, table: &str) -> Result<OwnedFd, Ne
                     what: format!("cannot enter the runner's namespace {netns}"),
                     source: e.into(),
                 })?;
+                // Before `eth0` is up: no router advertisement is ever taken.
+                runner_ipv6_off()?;
                 ip_batch(&format!(
                     "link set lo up\naddr add {runner}/30 dev {RUNNER_IF}\nlink set {RUNNER_IF} up\nroute add default via {host}\n"
                 ))?;
@@ -557,10 +577,25 @@ pub(crate) fn open_netns(path: &Path) -> Result<OwnedFd, NetworkError> {
 }
 
 fn write_sysctl(path: &str) -> Result<(), NetworkError> {
-    std::fs::write(path, "1").map_err(|source| NetworkError::Io {
-        what: format!("cannot set {path}"),
+    write_sysctl_value(path, "1")
+}
+
+fn write_sysctl_value(path: &str, value: &str) -> Result<(), NetworkError> {
+    std::fs::write(path, value).map_err(|source| NetworkError::Io {
+        what: format!("cannot set {path} to {value}"),
         source,
     })
+}
+
+/// Writes [`RUNNER_IPV6`] in the calling thread's network namespace (a runner's).
+fn runner_ipv6_off() -> Result<(), NetworkError> {
+    if !Path::new(IPV6_CONF).exists() {
+        return Ok(());
+    }
+    for (interface, value) in RUNNER_IPV6 {
+        write_sysctl_value(&format!("{IPV6_CONF}/{interface}/disable_ipv6"), value)?;
+    }
+    Ok(())
 }
 
 fn ip(args: &[&str]) -> Result<(), NetworkError> {

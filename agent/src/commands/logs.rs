@@ -3,11 +3,16 @@
 //! (`rm_runner::logs`) once it was cleaned up, or from its runtime's `_diag` while it lives (read
 //! with the same safe opener, capped and scrubbed the same way). `--follow` tails the live files
 //! until the attempt is cleaned, then prints the rest from the kept copy. Works with the agent
-//! stopped; what is printed is what the job's uid wrote: evidence, not proof.
+//! stopped; what is printed is what the job's uid wrote: evidence, not proof. Every byte of a
+//! job's files reaches the terminal escaped ([`terminal::escape`]) and streamed: files are read
+//! a chunk at a time and printed piece by piece through one bounded buffer, and the live view
+//! reads no more of an attempt than its kept copy would ([`Budget`]).
+
+mod terminal;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::fmt::Write as _;
+use std::io;
 use std::path::Path;
 use std::time::Duration;
 
@@ -15,14 +20,19 @@ use rm_journal::{AttemptRecord, AttemptState};
 
 use crate::config::Config;
 use crate::exit::Exit;
-use rm_runner::logs::{self, Manifest, PER_FILE_CAP, Store, scrub::Scrubber};
+use rm_runner::logs::copy::{self, Streamed};
+use rm_runner::logs::{self, Budget, Manifest, Store, scrub::Scrubber};
 
 /// How often `--follow` looks at the live files and the journal again.
 pub(crate) const FOLLOW_POLL: Duration = Duration::from_millis(500);
 
 /// The most bytes `--follow` reads of one file per look: a job writing fast is shown in steps,
-/// never read whole into memory.
-pub(crate) const FOLLOW_CHUNK: u64 = 1 << 20;
+/// never read whole into memory. A line longer than this is shown in pieces of it.
+pub(crate) const FOLLOW_CHUNK: u64 = copy::MAX_PIECE as u64;
+
+/// The buffer between the escaped text and standard output: what is printed is written out
+/// in writes of this size, never gathered whole.
+pub(crate) const OUTPUT_BUFFER: usize = 64 << 10;
 
 /// One attempt the argument names, from the journal or only from its kept copy (the journal
 /// prunes cleaned attempts before the store may).
@@ -65,18 +75,106 @@ pub fn run(config: &Config, target: &str, follow: bool) -> Result<(), Exit> {
         )));
     }
     let last = found.len() - 1;
+    let mut out = Printer::new(io::BufWriter::with_capacity(OUTPUT_BUFFER, Stdout));
     for (i, attempt) in found.iter().enumerate() {
-        crate::out!("{}", header(attempt));
+        out.own(&header(attempt));
         let live = attempt.record.as_ref().filter(|r| is_live(r.state));
         match live {
             Some(record) if follow && i == last => {
-                return follow_attempt(reader.as_ref(), &store, record);
+                return follow_attempt(reader.as_ref(), &store, record, &mut out);
             }
-            Some(record) => crate::out!("{}", render_live(&record.runtime_dir)),
-            None => crate::out!("{}", render_kept(&store, &attempt.attempt_id)),
+            Some(record) => {
+                render_live(&record.runtime_dir, &mut out);
+            }
+            None => {
+                render_kept(&store, &attempt.attempt_id, &mut out);
+            }
         }
     }
+    out.flush();
     Ok(())
+}
+
+/// Standard output through `crate::output::write_stdout` (a reader that closed the pipe only
+/// drops the rest). Written only whole pieces of escaped text, so always UTF-8.
+struct Stdout;
+
+impl io::Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        crate::output::write_stdout(format_args!("{}", String::from_utf8_lossy(buf)));
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Where `logs` prints: rm's own lines as they are, a job's bytes escaped
+/// ([`terminal::escape`]), piece by piece.
+pub(crate) struct Printer<W: io::Write> {
+    out: W,
+    /// The next byte printed starts a line.
+    line_start: bool,
+    /// One piece, escaped (reused: at most a piece's escaped size).
+    text: String,
+}
+
+impl<W: io::Write> Printer<W> {
+    pub(crate) fn new(out: W) -> Printer<W> {
+        Printer {
+            out,
+            line_start: true,
+            text: String::new(),
+        }
+    }
+
+    /// One of rm's own lines (a header, a note), on a line of its own: a job's file that did not
+    /// end its last line gets a line end first.
+    pub(crate) fn own(&mut self, line: &str) {
+        self.end_line();
+        self.write(line.as_bytes());
+        self.write(b"\n");
+        self.line_start = true;
+    }
+
+    /// A piece of a job's file; `ends`: a line end followed it.
+    pub(crate) fn job(&mut self, piece: &[u8], ends: bool) {
+        let mut text = std::mem::take(&mut self.text);
+        text.clear();
+        terminal::escape(piece, self.line_start, &mut text);
+        if ends {
+            text.push('\n');
+        }
+        self.write(text.as_bytes());
+        self.line_start = ends || (self.line_start && piece.is_empty());
+        self.text = text;
+    }
+
+    /// Ends a job's line left open (its file ended without a line end).
+    pub(crate) fn end_line(&mut self) {
+        if !self.line_start {
+            self.write(b"\n");
+            self.line_start = true;
+        }
+    }
+
+    /// Writes out what is buffered (between looks of `--follow`, and at the end).
+    pub(crate) fn flush(&mut self) {
+        let _ = self.out.flush();
+    }
+
+    /// The printer's writer (tests read what was printed).
+    #[cfg(test)]
+    pub(crate) fn into_inner(self) -> W {
+        self.out
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Standard output never fails here (a lost stdout drops the rest and is reported at
+        // exit); a test's writer is memory.
+        let _ = self.out.write_all(bytes);
+    }
 }
 
 /// Whether the attempt's runtime may still be there (not yet cleaned).
@@ -159,16 +257,22 @@ fn header(attempt: &Found) -> String {
     )
 }
 
-/// The kept copy of an attempt, file by file with a header line each.
-pub(crate) fn render_kept(store: &Store, attempt_id: &str) -> String {
+/// The kept copy of an attempt, file by file with a header line each, streamed to `out`;
+/// returns what reading it took.
+pub(crate) fn render_kept<W: io::Write>(
+    store: &Store,
+    attempt_id: &str,
+    out: &mut Printer<W>,
+) -> Streamed {
+    let mut streamed = Streamed::default();
     let entry = store.entry(attempt_id);
     let Some(manifest) = logs::read_manifest(&entry) else {
-        return format!(
-            "(no logs kept: pruned by the [logs] bounds, not kept (`logs.keep = 0`), or the attempt had no runtime; {} has no copy)\n",
+        out.own(&format!(
+            "(no logs kept: pruned by the [logs] bounds, not kept (`logs.keep = 0`), or the attempt had no runtime; {} has no copy)",
             entry.display()
-        );
+        ));
+        return streamed;
     };
-    let mut out = String::new();
     for file in &manifest.files {
         let note = if file.capped {
             format!(
@@ -178,71 +282,113 @@ pub(crate) fn render_kept(store: &Store, attempt_id: &str) -> String {
         } else {
             format!("{} bytes", file.original_bytes)
         };
-        let _ = writeln!(out, "--- {} ({note}) ---", file.name);
-        match read_kept_file(&entry, &file.name) {
-            Ok(text) => push_text(&mut out, &text),
-            Err(e) => {
-                let _ = writeln!(out, "(cannot read the kept copy: {e})");
-            }
+        out.own(&format!("--- {} ({note}) ---", file.name));
+        match print_kept_file(&entry, &file.name, 0, out) {
+            Ok(read) => streamed.add(read),
+            Err(e) => out.own(&format!("(cannot read the kept copy: {e})")),
         }
     }
     for left in &manifest.left_out {
-        let _ = writeln!(out, "--- {} (left out: {}) ---", left.name, left.why);
+        out.own(&format!("--- {} (left out: {}) ---", left.name, left.why));
     }
     if manifest.files.is_empty() && manifest.left_out.is_empty() {
-        out.push_str("(the runtime had no _diag files)\n");
+        out.own("(the runtime had no _diag files)");
     }
-    out
+    streamed
 }
 
-/// A kept file, opened without following a link (the store is root's, but the habit costs
-/// nothing).
-fn read_kept_file(entry: &Path, name: &str) -> std::io::Result<Vec<u8>> {
-    let dir = rm_runner::logs::copy::open_dir(entry)?;
-    let (file, size) = rm_runner::logs::copy::open_regular_at(&dir, OsStr::new(name))
-        .map_err(std::io::Error::other)?;
-    rm_runner::logs::copy::read_capped(&file, size, u64::MAX)
+/// What [`render_kept`] prints of an attempt, as text (tests).
+#[cfg(test)]
+pub(crate) fn kept_text(store: &Store, attempt_id: &str) -> String {
+    let mut out = Printer::new(Vec::new());
+    render_kept(store, attempt_id, &mut out);
+    String::from_utf8(out.into_inner()).unwrap_or_default()
 }
 
-fn push_text(out: &mut String, bytes: &[u8]) {
-    out.push_str(&String::from_utf8_lossy(bytes));
-    if !bytes.is_empty() && !bytes.ends_with(b"\n") {
-        out.push('\n');
-    }
+/// Prints a kept file after its first `skip` lines (`--follow` printed those live), opened
+/// without following a link (the store is root's, but the habit costs nothing) and streamed.
+fn print_kept_file<W: io::Write>(
+    entry: &Path,
+    name: &str,
+    skip: usize,
+    out: &mut Printer<W>,
+) -> io::Result<Streamed> {
+    let dir = copy::open_dir(entry)?;
+    let (file, _) = copy::open_regular_at(&dir, OsStr::new(name)).map_err(io::Error::other)?;
+    let mut lines = 0;
+    let read = copy::stream_all(&file, &mut |piece, ends| {
+        if lines >= skip {
+            out.job(piece, ends);
+        }
+        if ends {
+            lines += 1;
+        }
+        Ok(())
+    })?;
+    out.end_line();
+    Ok(read)
 }
 
-/// A live attempt's `_diag`, read as cleanup would keep it (capped, scrubbed).
-pub(crate) fn render_live(runtime: &Path) -> String {
-    let mut out = String::new();
+/// A live attempt's `_diag`, read as cleanup would keep it (capped under the attempt's
+/// [`Budget`], scrubbed) and streamed to `out`; returns what reading it took.
+pub(crate) fn render_live<W: io::Write>(runtime: &Path, out: &mut Printer<W>) -> Streamed {
+    let mut streamed = Streamed::default();
     let diag = match logs::open_diag(runtime) {
         Ok(Some(diag)) => diag,
-        Ok(None) => return "(live: its runtime has no _diag yet)\n".to_owned(),
-        Err(e) => return format!("(live: cannot open its _diag: {e:#})\n"),
+        Ok(None) => {
+            out.own("(live: its runtime has no _diag yet)");
+            return streamed;
+        }
+        Err(e) => {
+            out.own(&format!("(live: cannot open its _diag: {e:#})"));
+            return streamed;
+        }
     };
     let mut left_out = Vec::new();
     let names = match logs::diag_names(&diag, &mut left_out) {
         Ok(names) => names,
-        Err(e) => return format!("(live: cannot list its _diag: {e})\n"),
+        Err(e) => {
+            out.own(&format!("(live: cannot list its _diag: {e})"));
+            return streamed;
+        }
     };
+    let mut budget = Budget::attempt();
     for name in names {
-        match logs::read_diag_file(&diag, &name, PER_FILE_CAP) {
-            Ok((bytes, size, _)) => {
-                let _ = writeln!(
-                    out,
-                    "--- {} (live, {size} bytes) ---",
-                    name.to_string_lossy()
-                );
-                push_text(&mut out, &bytes);
-            }
+        let shown = name.to_string_lossy();
+        let Some(cap) = budget.next_cap() else {
+            out.own(&format!("--- {shown} (left out: {}) ---", budget.spent()));
+            continue;
+        };
+        let (file, size) = match copy::open_regular_at(&diag, &name) {
+            Ok(opened) => opened,
             Err(why) => {
-                let _ = writeln!(out, "--- {} (not read: {why}) ---", name.to_string_lossy());
+                out.own(&format!("--- {shown} (not read: {why}) ---"));
+                continue;
             }
+        };
+        let note = if size > cap {
+            format!("live, {size} bytes, read to {cap}: head and tail")
+        } else {
+            format!("live, {size} bytes")
+        };
+        out.own(&format!("--- {shown} ({note}) ---"));
+        let read = logs::stream_scrubbed(&file, size, cap, &mut |piece, ends| {
+            out.job(piece, ends);
+            Ok(())
+        });
+        match read {
+            Ok(read) => {
+                budget.spend(size, cap, read.read);
+                streamed.add(read);
+                out.end_line();
+            }
+            Err(e) => out.own(&format!("(cannot read it: {e})")),
         }
     }
     for left in left_out {
-        let _ = writeln!(out, "--- {} (left out: {}) ---", left.name, left.why);
+        out.own(&format!("--- {} (left out: {}) ---", left.name, left.why));
     }
-    out
+    streamed
 }
 
 /// What `--follow` has shown of one file.
@@ -257,15 +403,17 @@ pub(crate) struct Followed {
 
 /// Tails the live `_diag` files until the attempt is cleaned, then prints from the kept copy
 /// what the live files had not shown yet (lines after those printed: scrubbing keeps lines).
-fn follow_attempt(
+fn follow_attempt<W: io::Write>(
     reader: Option<&rm_journal::Reader>,
     store: &Store,
     record: &AttemptRecord,
+    out: &mut Printer<W>,
 ) -> Result<(), Exit> {
     let mut followed: HashMap<String, Followed> = HashMap::new();
     let mut current: Option<String> = None;
     loop {
-        follow_once(&record.runtime_dir, &mut followed, &mut current);
+        follow_once(&record.runtime_dir, &mut followed, &mut current, out);
+        out.flush();
         let state = match reader {
             Some(reader) => reader
                 .attempts(usize::MAX)
@@ -282,55 +430,48 @@ fn follow_attempt(
     }
     let entry = store.entry(record.attempt_id.as_str());
     let Some(manifest) = logs::read_manifest(&entry) else {
-        crate::out!(
-            "=== the attempt was cleaned up; no kept copy at {} ===\n",
+        out.own(&format!(
+            "=== the attempt was cleaned up; no kept copy at {} ===",
             entry.display()
-        );
+        ));
+        out.flush();
         return Ok(());
     };
-    crate::out!("=== the attempt was cleaned up; the rest from its kept copy ===\n");
+    out.own("=== the attempt was cleaned up; the rest from its kept copy ===");
     for file in &manifest.files {
-        let Ok(bytes) = read_kept_file(&entry, &file.name) else {
-            continue;
-        };
-        let rest = lines_after(&bytes, followed.get(&file.name).map_or(0, |f| f.lines));
-        if !rest.is_empty() {
-            crate::out!("--- {} ---\n", file.name);
-            let mut text = String::new();
-            push_text(&mut text, &rest);
-            crate::out!("{text}");
+        let shown = followed.get(&file.name).map_or(0, |f| f.lines);
+        out.own(&format!("--- {} (after line {shown}) ---", file.name));
+        if let Err(e) = print_kept_file(&entry, &file.name, shown, out) {
+            out.own(&format!("(cannot read the kept copy: {e})"));
         }
     }
+    out.flush();
     Ok(())
 }
 
-/// What a kept file holds after its first `shown` lines (`--follow` printed those live).
-pub(crate) fn lines_after(bytes: &[u8], shown: usize) -> Vec<u8> {
-    let mut at = 0;
-    for _ in 0..shown {
-        match bytes[at..].iter().position(|b| *b == b'\n') {
-            Some(end) => at += end + 1,
-            None => return Vec::new(),
-        }
-    }
-    bytes[at..].to_vec()
-}
-
-/// One look at the live files: every whole line written since the last look, scrubbed.
-pub(crate) fn follow_once(
+/// One look at the live files: every whole line written since the last look, scrubbed, at most
+/// [`FOLLOW_CHUNK`] of each file and the attempt's [`Budget`] in all; a line longer than a
+/// chunk is shown in pieces. Returns what the look read.
+pub(crate) fn follow_once<W: io::Write>(
     runtime: &Path,
     followed: &mut HashMap<String, Followed>,
     current: &mut Option<String>,
-) {
+    out: &mut Printer<W>,
+) -> u64 {
+    let mut read = 0;
     let Ok(Some(diag)) = logs::open_diag(runtime) else {
-        return;
+        return read;
     };
     let mut left_out = Vec::new();
     let Ok(names) = logs::diag_names(&diag, &mut left_out) else {
-        return;
+        return read;
     };
+    let mut budget = Budget::attempt();
     for name in names {
-        let Ok((file, size)) = logs::copy::open_regular_at(&diag, &name) else {
+        let Some(cap) = budget.next_cap() else {
+            break;
+        };
+        let Ok((file, size)) = copy::open_regular_at(&diag, &name) else {
             continue;
         };
         let key = name.to_string_lossy().into_owned();
@@ -339,26 +480,44 @@ pub(crate) fn follow_once(
             // Truncated: start again from its beginning.
             state.offset = 0;
         }
-        let want = (size - state.offset).min(FOLLOW_CHUNK);
-        let Ok(bytes) = logs::copy::read_at(&file, state.offset, want) else {
+        let want = (size - state.offset).min(FOLLOW_CHUNK).min(cap);
+        let Ok(bytes) = copy::read_at(&file, state.offset, want) else {
             continue;
         };
-        let Some(end) = bytes.iter().rposition(|b| *b == b'\n') else {
+        budget.spend(want, cap, bytes.len() as u64);
+        read += bytes.len() as u64;
+        let Some((shown, consumed, whole_lines)) = split_shown(&bytes) else {
             continue;
         };
-        let whole = &bytes[..end];
-        state.offset += end as u64 + 1;
-        let mut text = String::new();
-        for line in whole.split(|b| *b == b'\n') {
-            text.push_str(&String::from_utf8_lossy(&state.scrubber.line(line)));
-            text.push('\n');
-            state.lines += 1;
-        }
         if current.as_deref() != Some(key.as_str()) {
-            crate::out!("--- {key} ---\n");
+            out.own(&format!("--- {key} ---"));
             *current = Some(key);
         }
-        crate::out!("{text}");
+        if whole_lines {
+            for line in shown.split(|b| *b == b'\n') {
+                out.job(&state.scrubber.piece(line, true), true);
+                state.lines += 1;
+            }
+        } else {
+            out.job(&state.scrubber.piece(shown, false), false);
+        }
+        state.offset += consumed as u64;
+    }
+    read
+}
+
+/// What one look of `--follow` shows of the bytes it read (pure): the text shown, how many
+/// bytes that consumed, and whether it is whole lines (shown without the last line end). A
+/// full chunk with no line end is a piece of one long line, cut as [`copy::cut_at`] cuts;
+/// `None`: nothing yet (a line still being written).
+pub(crate) fn split_shown(bytes: &[u8]) -> Option<(&[u8], usize, bool)> {
+    match bytes.iter().rposition(|b| *b == b'\n') {
+        Some(end) => Some((&bytes[..end], end + 1, true)),
+        None if bytes.len() as u64 >= FOLLOW_CHUNK => {
+            let cut = copy::cut_at(bytes, bytes.len() - 1);
+            Some((&bytes[..cut], cut, false))
+        }
+        None => None,
     }
 }
 

@@ -483,6 +483,10 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
             ));
         }
     };
+    // What every runner gets from disk must be out of every job's reach (CONTRACT §7): judged
+    // before anything of it is read (the env files right below, the package when it is stored,
+    // each image again right before it is loaded).
+    crate::trust::refuse_changeable(config, &package_dir)?;
     // Read once, here: a bad line or an unreadable file refuses the start (exit 2).
     let operator_env = rm_runner::env_file::load_policies(
         config
@@ -500,8 +504,6 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
             &target,
         )?;
     }
-    // What every runner gets from disk must be out of every job's reach (CONTRACT §7).
-    crate::trust::refuse_changeable(config)?;
     for off in crate::trust::protected_links_off() {
         tracing::warn!("{off}: {}", crate::trust::PROTECTED_LINKS_FIX);
     }

@@ -2,6 +2,7 @@
 //! naming its key.
 
 use super::*;
+use rm_runner::docker::unbounded::Unbounded;
 
 const CONTRACT_EXAMPLE: &str = r#"
 data_dir = "/var/lib/rm-agent"
@@ -575,9 +576,29 @@ fn isolation_mistakes_name_their_key() {
             "absolute",
         ),
         (
+            policy("docker = true\ndocker_images = [\"/srv/images/pg.tar@sha256:abc\"]"),
+            "policy[0].docker_images",
+            "64 hex digits",
+        ),
+        (
             format!("[host]\nisolation = \"none\"\n{}", policy("docker = true")),
             "policy[0].docker",
             "isolation = \"user\"",
+        ),
+        (
+            policy("docker_unbounded = [\"memory\"]"),
+            "policy[0].docker_unbounded",
+            "docker = true",
+        ),
+        (
+            policy("docker = true\ndocker_unbounded = [\"cpu\"]"),
+            "policy[0].docker_unbounded",
+            "neither \"memory\" nor \"pids\"",
+        ),
+        (
+            policy("docker = true\ndocker_unbounded = [\"memory\", \"memory\"]"),
+            "policy[0].docker_unbounded",
+            "twice",
         ),
     ];
     for (text, key, hint) in cases {
@@ -592,9 +613,37 @@ fn isolation_mistakes_name_their_key() {
     assert_eq!(
         docker.policies[0].docker,
         Some(DockerPolicy {
-            images: vec!["/srv/images/pg.tar".into(), "/srv/images/node.tar".into()],
+            images: vec![
+                PathBuf::from("/srv/images/pg.tar").into(),
+                PathBuf::from("/srv/images/node.tar").into()
+            ],
             registry_mirror: None,
+            unbounded: vec![],
         })
+    );
+    assert_eq!(
+        load_text(&policy(
+            "docker = true\ndocker_unbounded = [\"pids\", \"memory\"]"
+        ))
+        .unwrap()
+        .policies[0]
+            .docker
+            .as_ref()
+            .map(|d| d.unbounded.clone()),
+        Some(vec![Unbounded::Pids, Unbounded::Memory])
+    );
+    // A pin: the file's SHA-256 after `@sha256:`.
+    let pinned = load_text(&policy(&format!(
+        "docker = true\ndocker_images = [\"/srv/images/pg.tar@sha256:{}\"]",
+        "AB".repeat(32)
+    )))
+    .unwrap();
+    assert_eq!(
+        pinned.policies[0].docker.as_ref().unwrap().images,
+        [ImageFile {
+            path: "/srv/images/pg.tar".into(),
+            sha256: Some("ab".repeat(32)),
+        }]
     );
     assert_eq!(load_text(&policy("")).unwrap().policies[0].docker, None);
     assert_eq!(

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use rm_journal::Retention;
+use rm_runner::docker::unbounded::Unbounded;
 
 use super::*;
 
@@ -613,6 +614,7 @@ fn validate_policy(
         .map(registry_mirror)
         .transpose()
         .map_err(|problem| ("docker_registry_mirror", problem))?;
+    let unbounded = docker_unbounded(docker_on, section.docker_unbounded)?;
     let docker = match (docker_on, section.docker_images) {
         (false, Some(images)) if !images.is_empty() => {
             return Err((
@@ -623,19 +625,25 @@ fn validate_policy(
         }
         (false, _) => None,
         (true, images) => {
-            let images = images.unwrap_or_default();
-            if let Some(relative) = images.iter().find(|p| !p.is_absolute()) {
+            let images = images
+                .unwrap_or_default()
+                .iter()
+                .map(|written| ImageFile::parse(written))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|problem| ("docker_images", problem))?;
+            if let Some(relative) = images.iter().find(|i| !i.path.is_absolute()) {
                 return Err((
                     "docker_images",
                     format!(
                         "`{}` must be an absolute path to an image tarball (`docker save` output)",
-                        relative.display()
+                        relative.path.display()
                     ),
                 ));
             }
             Some(DockerPolicy {
                 images,
                 registry_mirror,
+                unbounded,
             })
         }
     };
@@ -694,6 +702,32 @@ fn validate_policy(
         network_allow,
         scale_set: None,
     })
+}
+
+/// `policy.docker_unbounded` parsed: only beside `docker = true`, each entry once. Whether
+/// the host needs it is decided at start (`rm_runner::docker::unbounded`), not here.
+fn docker_unbounded(
+    docker_on: bool,
+    written: Option<Vec<String>>,
+) -> Result<Vec<Unbounded>, (&'static str, String)> {
+    const KEY: &str = "docker_unbounded";
+    let written = written.unwrap_or_default();
+    if !docker_on && !written.is_empty() {
+        return Err((
+            KEY,
+            "accepts what a runner's own Docker leaves unbounded: set `docker = true` too"
+                .to_owned(),
+        ));
+    }
+    let mut accepted = Vec::new();
+    for entry in &written {
+        let resource = Unbounded::parse(entry).map_err(|problem| (KEY, problem))?;
+        if accepted.contains(&resource) {
+            return Err((KEY, format!("names \"{entry}\" twice")));
+        }
+        accepted.push(resource);
+    }
+    Ok(accepted)
 }
 
 /// `policy.docker_registry_mirror` parsed: `http(s)://HOST[:PORT]`, at most a `/` after it

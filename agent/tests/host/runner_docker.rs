@@ -24,7 +24,7 @@ use rm_agent::config::RegistryMirror;
 use rm_runner::cgroup;
 use rm_runner::docker::subid::{self, Files, SubRange};
 use rm_runner::docker::{self, DaemonSpec, Layout, Tools};
-use rm_runner::isolate::Account;
+use rm_runner::isolate::{Account, Pool};
 use rm_runner::network::{self, HostNetwork, HostRules, Names};
 
 use crate::skip::cannot_run;
@@ -351,6 +351,8 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
     let daemon = docker::start(
         DaemonSpec {
             account,
+            hostname: "rm-test".to_owned(),
+            pids_max: None,
             runtime: runtime.clone(),
             cgroup_procs: host.procs(),
             netns: Some(netns.try_clone().unwrap()),
@@ -414,14 +416,37 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
         "docker save",
     );
     ok(docker(&layout, account, &["rmi", IMAGE]), "docker rmi");
-    let loaded = docker::load_images(daemon.socket(), std::slice::from_ref(&saved)).unwrap();
+    // The file lies in the runner's home: `run` judges it against the pool; here it is loaded
+    // as it is, by no pool.
+    let no_pool = Pool::new(Vec::new());
+    let pinned = |sha256: String| docker::ImageFile {
+        path: saved.clone(),
+        sha256: Some(sha256),
+    };
+    // Pinned to another SHA-256 (docker_images = ["saved.tar@sha256:..."]): refused, and the
+    // daemon, whose body was cut short before the tarball's end, loaded nothing.
+    let mismatch =
+        docker::load_images(daemon.socket(), &[pinned("0".repeat(64))], &no_pool).unwrap_err();
+    assert!(
+        matches!(mismatch, docker::ImageError::Digest { .. }),
+        "{mismatch}"
+    );
+    assert!(
+        !docker(&layout, account, &["image", "inspect", IMAGE])
+            .status
+            .success(),
+        "an image that is not the pinned one was loaded"
+    );
+    let sha256 = crate::busybox_image::sha256_hex(&std::fs::read(&saved).unwrap());
+    let loaded = docker::load_images(daemon.socket(), &[pinned(sha256)], &no_pool).unwrap();
     assert!(
         loaded.iter().any(|l| l.contains(IMAGE)),
         "loaded: {loaded:?}"
     );
     let not_an_image = host.dir.path().join("not-an-image.tar");
     std::fs::write(&not_an_image, "plain text").unwrap();
-    let refused = docker::load_images(daemon.socket(), &[not_an_image]).unwrap_err();
+    let refused =
+        docker::load_images(daemon.socket(), &[not_an_image.into()], &no_pool).unwrap_err();
     eprintln!("a file that is not an image: {refused}");
     ok(
         docker(&layout, account, &["run", "--rm", IMAGE, "/bin/true"]),
@@ -802,6 +827,8 @@ fn docker_costs() {
         let mut daemon = docker::start(
             DaemonSpec {
                 account,
+                hostname: "rm-test".to_owned(),
+                pids_max: None,
                 runtime,
                 cgroup_procs: host.procs(),
                 netns: Some(host.netns_fd()),
@@ -880,6 +907,8 @@ fn a_daemon_that_cannot_start_says_why_and_leaves_nothing() {
     let err = docker::start(
         DaemonSpec {
             account,
+            hostname: "rm-test".to_owned(),
+            pids_max: None,
             runtime: runtime.clone(),
             cgroup_procs: host.procs(),
             netns: Some(host.netns_fd()),
@@ -1159,6 +1188,8 @@ fn daemon_with_mirror(
     docker::start(
         DaemonSpec {
             account,
+            hostname: "rm-test".to_owned(),
+            pids_max: None,
             runtime: host.runtime("runtime", account),
             cgroup_procs: host.procs(),
             netns: Some(net.netns.try_clone().unwrap()),
@@ -1331,7 +1362,12 @@ fn docker_mirror_costs() {
             saved_size = std::fs::metadata(&saved).unwrap().len();
             ok(docker(&layout, account, &["rmi", name]), "docker rmi");
             let started = Instant::now();
-            docker::load_images(daemon.socket(), std::slice::from_ref(&saved)).unwrap();
+            docker::load_images(
+                daemon.socket(),
+                &[saved.clone().into()],
+                &Pool::new(Vec::new()),
+            )
+            .unwrap();
             load.push(started.elapsed());
             ok(docker(&layout, account, &["rmi", name]), "docker rmi");
             std::fs::remove_file(&saved).unwrap();
@@ -1372,4 +1408,341 @@ fn summary(what: &str, mut v: Vec<Duration>) -> String {
         v.len(),
         at(0),
     )
+}
+
+/// The uid of [`a_runners_docker_tree_is_sealed_as_the_runner_is`].
+const UID_SEAL: u32 = 64295;
+
+/// `pids_max` of the sealed daemon: room for the tree's own tasks (rootlesskit, slirp4netns,
+/// dockerd, containerd and their threads: about 150 here) and a container, far below [`FORKS`].
+const SEAL_PIDS_MAX: u32 = 800;
+
+/// How many processes the container tries to start.
+const FORKS: u32 = 1500;
+
+/// The top of the daemon's tree, in place of `dockerd-rootless.sh`: writes what it inherited
+/// (every descriptor of its shell with its target, whether it possesses the key, its host
+/// name, its cgroup, its process limit) to `$XDG_RUNTIME_DIR/probe.txt`, then runs the real
+/// script with its arguments, unless `@REAL@` is empty (the control). Every process of the
+/// tree descends from it, and none of rootlesskit, slirp4netns, dockerd or containerd changes
+/// what it inherits of these.
+const PROBE: &str = r#"#!/bin/sh
+{
+    echo "fds $(ls -l /proc/$$/fd/ | tr '\n' ' ')"
+    echo "keys $(grep -c '@KEY@' /proc/keys)"
+    echo "hostname $(cat /proc/sys/kernel/hostname)"
+    echo "cgroup $(grep '^0::' /proc/self/cgroup)"
+    echo "nproc $(grep 'Max processes' /proc/self/limits | tr -s ' ')"
+} > "$XDG_RUNTIME_DIR/probe.txt"
+if [ -n '@REAL@' ]; then exec '@REAL@' "$@"; fi
+"#;
+
+/// A session keyring of this thread's own holding a key named `name` (what an agent started
+/// from a shell has: the shell's session keyring), so that a process forked from this thread
+/// possesses it unless it joins another.
+#[allow(unsafe_code)]
+fn thread_session_key(name: &str) {
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL) and add_key on strings this test owns.
+    unsafe {
+        assert!(
+            libc::syscall(libc::SYS_keyctl, 1, std::ptr::null::<libc::c_char>()) >= 0,
+            "keyctl: {}",
+            std::io::Error::last_os_error()
+        );
+        let payload = b"the operator's secret";
+        let key = libc::syscall(
+            libc::SYS_add_key,
+            c"user".as_ptr(),
+            name.as_ptr(),
+            payload.as_ptr(),
+            payload.len(),
+            -3 as libc::c_long, // KEY_SPEC_SESSION_KEYRING
+        );
+        assert!(key >= 0, "add_key: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// The probe's lines, by their first word.
+fn probe_lines(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// Starts a daemon for `account` in a fresh runtime of `host`, its tree's top being the probe,
+/// with `pids_max`; returns the daemon and what the probe saw.
+fn probed_daemon(
+    host: &Host,
+    tools: &Tools,
+    account: Account,
+    hostname: &str,
+    pids_max: Option<u32>,
+    key: &str,
+) -> (docker::Daemon, std::collections::BTreeMap<String, String>) {
+    let probe = host.dir.path().join("probe.sh");
+    std::fs::write(
+        &probe,
+        PROBE
+            .replace("@KEY@", key)
+            .replace("@REAL@", &tools.rootless_script.display().to_string()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let runtime = host.runtime("runtime", account);
+    let daemon = docker::start(
+        DaemonSpec {
+            account,
+            hostname: hostname.to_owned(),
+            pids_max,
+            runtime,
+            cgroup_procs: host.procs(),
+            netns: Some(host.netns_fd()),
+            resolv_conf: None,
+            env: vec![],
+            registry_mirror: None,
+        },
+        &Tools {
+            rootless_script: probe,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let seen = std::fs::read_to_string(daemon.layout.run.join("probe.txt")).unwrap();
+    eprintln!("the daemon's tree started with:\n{seen}");
+    (daemon, probe_lines(&seen))
+}
+
+/// How many processes a container started before it could start no more (at most [`FORKS`]):
+/// it writes its count to a bound directory after each, since the shell exits at the first
+/// fork that fails, and the container with it.
+fn container_forks(layout: &Layout, account: Account, out: &Path) -> u32 {
+    std::fs::create_dir(out).unwrap();
+    std::os::unix::fs::chown(out, Some(account.uid), Some(account.gid)).unwrap();
+    let script = format!(
+        "i=0; while [ $i -lt {FORKS} ]; do sleep 300 & i=$((i + 1)); echo $i > /out/n; done"
+    );
+    let bind = format!("{}:/out", out.display());
+    // Its status says nothing: the shell dies at the failed fork, and the daemon may fail to
+    // answer while the tree has no process left to spare.
+    let _ = docker(
+        layout,
+        account,
+        &["run", "--rm", "-v", &bind, IMAGE, "sh", "-c", &script],
+    );
+    std::fs::read_to_string(out.join("n"))
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+/// Issue 38: a runner's Docker daemon is sealed as the runner is. The agent that starts it holds
+/// a descriptor on a root-only file (not close-on-exec, as a shell's redirection leaves one)
+/// and a key in its session keyring; the tree starts with neither, with the runner's host name
+/// in a UTS namespace of its own, in a cgroup namespace rooted at the runner's cgroup, and
+/// under the runner's `RLIMIT_NPROC`. Through the daemon, as a job would: `docker info` and a
+/// `--uts=host` container name the runner, not the host; a `--cgroupns=host` container sees no
+/// host cgroup path; a `--privileged --pid=host` container finds the descriptor in no process of
+/// the tree; a container's fork bomb stops below `pids_max` (its processes run as the uid's
+/// subordinate ids, which a per-uid count alone would miss).
+///
+/// Controls, so each part can fail: the same probe started without the seal (a plain child
+/// switched to the uid) sees the descriptor, the key and the host's name; and a daemon without
+/// `pids_max` lets the same container start every one of its processes.
+#[test]
+fn a_runners_docker_tree_is_sealed_as_the_runner_is() {
+    let test = "a_runners_docker_tree_is_sealed_as_the_runner_is";
+    let Some(tools) = needs(test) else {
+        return;
+    };
+    let account = Account {
+        uid: UID_SEAL,
+        gid: UID_SEAL,
+    };
+    no_passwd_entry(account.uid);
+    let range = sub_ranges(account);
+    let host = Host::new("seal");
+    let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let runner_name = format!("rm-seal{}", std::process::id());
+    assert_ne!(host_name.trim(), runner_name);
+
+    // What an agent started from a shell may hold.
+    let root_only = host.dir.path().join("root-only.txt");
+    std::fs::write(&root_only, "").unwrap();
+    std::fs::set_permissions(&root_only, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let inherited = rustix::fs::open(
+        &root_only,
+        rustix::fs::OFlags::WRONLY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    let key = format!("rm-test-agent-key-{}", std::process::id());
+    thread_session_key(&key);
+
+    // The control: the probe as a plain child of the uid sees all three.
+    let control_out = host.dir.path().join("control");
+    std::fs::create_dir(&control_out).unwrap();
+    std::os::unix::fs::chown(&control_out, Some(account.uid), None).unwrap();
+    let control_probe = host.dir.path().join("control-probe.sh");
+    std::fs::write(
+        &control_probe,
+        PROBE.replace("@KEY@", &key).replace("@REAL@", ""),
+    )
+    .unwrap();
+    std::fs::set_permissions(&control_probe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let status = Command::new(&control_probe)
+        .env_clear()
+        .env("PATH", docker::host::DAEMON_PATH)
+        .env("XDG_RUNTIME_DIR", &control_out)
+        .uid(account.uid)
+        .gid(account.gid)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let control = probe_lines(&std::fs::read_to_string(control_out.join("probe.txt")).unwrap());
+    eprintln!("the control saw: {control:?}");
+    assert!(
+        control["fds"].contains(&root_only.display().to_string()),
+        "the control must hold the descriptor: {control:?}"
+    );
+    assert_eq!(control["keys"], "1", "the control must possess the key");
+    assert_eq!(control["hostname"], host_name.trim());
+
+    let (mut daemon, seen) = probed_daemon(
+        &host,
+        &tools,
+        account,
+        &runner_name,
+        Some(SEAL_PIDS_MAX),
+        &key,
+    );
+    drop(inherited);
+    let layout = daemon.layout.clone();
+    assert!(
+        !seen["fds"].contains(&root_only.display().to_string()),
+        "the tree holds the agent's descriptor: {}",
+        seen["fds"]
+    );
+    assert_eq!(seen["keys"], "0", "the tree possesses the agent's key");
+    assert_eq!(seen["hostname"], runner_name);
+    assert_eq!(seen["cgroup"], "0::/", "the tree's cgroup namespace");
+    assert!(
+        seen["nproc"].contains(&format!("{SEAL_PIDS_MAX} {SEAL_PIDS_MAX}")),
+        "{}",
+        seen["nproc"]
+    );
+
+    let tar = host.dir.path().join("image.tar");
+    image_tar(&tar);
+    ok(
+        docker(
+            &layout,
+            account,
+            &["import", &tar.display().to_string(), IMAGE],
+        ),
+        "docker import",
+    );
+    let name = ok(
+        docker(&layout, account, &["info", "--format", "{{.Name}}"]),
+        "docker info",
+    );
+    assert_eq!(name.trim(), runner_name, "docker info names the runner");
+    let uts = ok(
+        docker(
+            &layout,
+            account,
+            &[
+                "run",
+                "--rm",
+                "--uts=host",
+                IMAGE,
+                "cat",
+                "/proc/sys/kernel/hostname",
+            ],
+        ),
+        "a --uts=host container",
+    );
+    assert_eq!(uts.trim(), runner_name);
+    let cgroup_name = host
+        .cgroup
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let cgroups = docker(
+        &layout,
+        account,
+        &[
+            "run",
+            "--rm",
+            "--cgroupns=host",
+            IMAGE,
+            "cat",
+            "/proc/self/cgroup",
+        ],
+    );
+    let cgroups = String::from_utf8_lossy(&cgroups.stdout).into_owned()
+        + &String::from_utf8_lossy(&cgroups.stderr);
+    assert!(
+        !cgroups.contains(&cgroup_name),
+        "a --cgroupns=host container sees the host's cgroup path: {cgroups}"
+    );
+    let fds = ok(
+        docker(
+            &layout,
+            account,
+            &[
+                "run",
+                "--rm",
+                "--privileged",
+                "--pid=host",
+                IMAGE,
+                "sh",
+                "-c",
+                "ls -l /proc/[0-9]*/fd/ 2>/dev/null; echo listed",
+            ],
+        ),
+        "a --privileged --pid=host container",
+    );
+    assert!(fds.contains("listed") && fds.contains("socket:"), "{fds}");
+    assert!(
+        !fds.contains(&root_only.display().to_string()),
+        "a process of the tree holds the agent's descriptor: {fds}"
+    );
+
+    let forks = container_forks(&layout, account, &host.dir.path().join("forks"));
+    eprintln!("a container started {forks} of {FORKS} processes under pids_max {SEAL_PIDS_MAX}");
+    assert!(forks > 0, "the container started nothing");
+    assert!(
+        forks < SEAL_PIDS_MAX,
+        "a container started {forks} processes under pids_max {SEAL_PIDS_MAX}"
+    );
+    host.kill();
+    daemon.child.wait().unwrap();
+    nothing_left(account.uid, range);
+
+    // The control: the same container of a daemon without pids_max starts every process.
+    let unbounded = Host::new("sealnone");
+    let (mut daemon, seen) = probed_daemon(&unbounded, &tools, account, &runner_name, None, &key);
+    assert!(
+        !seen["nproc"].contains(&format!("{SEAL_PIDS_MAX} {SEAL_PIDS_MAX}")),
+        "{}",
+        seen["nproc"]
+    );
+    let layout = daemon.layout.clone();
+    ok(
+        docker(
+            &layout,
+            account,
+            &["import", &tar.display().to_string(), IMAGE],
+        ),
+        "docker import",
+    );
+    let forks = container_forks(&layout, account, &unbounded.dir.path().join("forks"));
+    eprintln!("without pids_max a container started {forks} of {FORKS} processes");
+    assert_eq!(forks, FORKS, "the control must start every process");
+    unbounded.kill();
+    daemon.child.wait().unwrap();
+    nothing_left(account.uid, range);
 }

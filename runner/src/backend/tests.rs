@@ -75,7 +75,9 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
     // A uid no account of this host has: cleanup kills every process of it.
     let uid = 3_100_000 + std::process::id() % 100_000;
     let (_dir, package, root) = package_and_root();
-    let linked = LinkedPackage::install(Store::open(root.path()).unwrap(), &package).unwrap();
+    let pool = Pool::new(vec![Account { uid, gid: uid }]);
+    let linked =
+        LinkedPackage::install(Store::open(root.path()).unwrap(), &package, &pool).unwrap();
     let stored = linked.current().tree().join("bin/Runner.Listener");
     std::fs::remove_file(&stored).unwrap();
     std::fs::write(&stored, "#!/bin/sh\necho replaced\n").unwrap();
@@ -131,7 +133,12 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         return;
     }
     let (_dir, package, root) = package_and_root();
-    let stored = LinkedPackage::install(Store::open(root.path()).unwrap(), &package).unwrap();
+    let stored = LinkedPackage::install(
+        Store::open(root.path()).unwrap(),
+        &package,
+        &Pool::new(Vec::new()),
+    )
+    .unwrap();
     let resolved = {
         let _one_at_a_time = crate::cgroup::TEST_RESOLVING
             .lock()
@@ -310,7 +317,12 @@ fn network_backend(
 ) {
     let (dir, package, root) = package_and_root();
     std::fs::write(package.join("bin/Runner.Listener"), NETWORK_SCRIPT).unwrap();
-    let stored = LinkedPackage::install(Store::open(root.path()).unwrap(), &package).unwrap();
+    let stored = LinkedPackage::install(
+        Store::open(root.path()).unwrap(),
+        &package,
+        &Pool::new(Vec::new()),
+    )
+    .unwrap();
     let cgroups = {
         let _one_at_a_time = crate::cgroup::TEST_RESOLVING
             .lock()

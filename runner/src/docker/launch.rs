@@ -21,6 +21,16 @@
 //!   through the daemon (`-v /proc:/p`, `-v /tmp:/t`, `--pid=host`, `--ipc=host`) a job reaches
 //!   no more of the host than the runner's own namespaces let it.
 //!
+//! The tree is sealed as the runner is, by the same steps: `process::seal_session` (a session of
+//! its own, every descriptor above stderr closed at exec, a new session keyring), then, as the
+//! runner's uid, a session keyring of its own (`isolate::join_own_session_keyring`) and the
+//! runner's `RLIMIT_NPROC` (`isolate::limit_processes`), which since Linux 5.14 bounds the
+//! containers too: a user namespace charges its processes to its creator's uid and enforces the
+//! creator's limit there, whatever subordinate uid a container runs as. It also gets a UTS
+//! namespace with the runner's host name and a cgroup namespace rooted at the runner's cgroup
+//! (with that cgroup v2 view mounted), so neither `docker info` nor a `--uts=host` or
+//! `--cgroupns=host` container names the host or its cgroup tree.
+//!
 //! The tree runs **without** `no_new_privs`: rootlesskit needs the setuid `newuidmap` and
 //! `newgidmap` to map its subordinate ids, and under `no_new_privs` the kernel ignores the
 //! setuid bit. The runner itself keeps `no_new_privs`. rootlesskit takes the ranges from
@@ -178,8 +188,14 @@ pub(crate) fn rootlesskit_flags(layout: &Layout) -> String {
 }
 
 /// `dockerd`'s arguments (after `dockerd-rootless.sh`), the registry mirror's among them when
-/// one is set. Pure.
-pub(crate) fn dockerd_args(layout: &Layout, mirror: Option<&DaemonMirror>) -> Vec<OsString> {
+/// one is set, and the containers' default `nproc` ulimit at `pids_max` (the tree's own
+/// `RLIMIT_NPROC` bounds them already; this makes each container's limit say so, and `docker
+/// run --ulimit` cannot raise it past the tree's hard limit). Pure.
+pub(crate) fn dockerd_args(
+    layout: &Layout,
+    mirror: Option<&DaemonMirror>,
+    pids_max: Option<u32>,
+) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     let mut flag = |name: &str, value: OsString| {
         args.push(name.into());
@@ -189,6 +205,9 @@ pub(crate) fn dockerd_args(layout: &Layout, mirror: Option<&DaemonMirror>) -> Ve
     flag("--exec-root", layout.exec.clone().into_os_string());
     flag("--host", layout.docker_host().into());
     flag("--pidfile", layout.pidfile.clone().into_os_string());
+    if let Some(max) = pids_max {
+        flag("--default-ulimit", format!("nproc={max}:{max}").into());
+    }
     if let Some(mirror) = mirror {
         args.extend(mirror_flags(mirror).into_iter().map(OsString::from));
     }
@@ -237,6 +256,13 @@ fn with_newline(text: &str) -> String {
 #[derive(Debug)]
 pub struct DaemonSpec {
     pub account: Account,
+    /// The runner's host name (its UTS namespace's): the daemon's tree gets a UTS namespace of
+    /// its own with the same name, never the host's.
+    pub hostname: String,
+    /// The runner's `pids_max`: the tree's `RLIMIT_NPROC` (which, shared with the runner's own
+    /// processes through the uid, bounds runner, daemon and containers together) and the
+    /// containers' default `nproc` ulimit. `None`: the policy opted out (`"none"`).
+    pub pids_max: Option<u32>,
     /// The runner's runtime: the daemon's tree goes in `<runtime>/docker/`, which must not exist.
     pub runtime: PathBuf,
     /// The runner cgroup's `cgroup.procs`, opened by the agent (close-on-exec): the daemon
@@ -360,7 +386,11 @@ pub(crate) fn start_within(
     let setup = DaemonChild::new(&spec, &layout)?;
     let mut command = Command::new(&tools.rootless_script);
     command
-        .args(dockerd_args(&layout, spec.registry_mirror.as_ref()))
+        .args(dockerd_args(
+            &layout,
+            spec.registry_mirror.as_ref(),
+            spec.pids_max,
+        ))
         .env_clear()
         .env("PATH", DAEMON_PATH)
         .env("HOME", &layout.home)
@@ -374,7 +404,7 @@ pub(crate) fn start_within(
         .stdin(Stdio::null())
         .stdout(log_stdio(&log, &layout)?)
         .stderr(log_stdio(&log, &layout)?);
-    setup.install(&mut command);
+    install_steps(&mut command, setup);
     let started = Instant::now();
     let mut child = command.spawn().map_err(|source| DockerError::Spawn {
         script: tools.rootless_script.clone(),
@@ -420,6 +450,14 @@ pub(crate) fn start_within(
     }
 }
 
+/// What the daemon's child does between fork and exec: the runner's own first steps
+/// (`process::seal_session`: a session, descriptors closed at exec, a keyring), the same
+/// function that seals a runner, then the daemon's ([`DaemonChild::apply`]).
+fn install_steps(command: &mut Command, setup: DaemonChild) {
+    crate::process::seal_session(command);
+    setup.install(command);
+}
+
 /// Kills the process started (its session: the tree's processes that stayed in it) and reaps it.
 fn give_up(child: &mut Child) {
     if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
@@ -431,18 +469,27 @@ fn give_up(child: &mut Child) {
 
 /// Loads image tarballs (`docker save` output) into a runner's daemon (`policy.docker_images`):
 /// the agent reads each file (the runner's uid need not be able to) and posts it to
-/// `/images/load` on the daemon's socket, as `docker load` does. Returns what the daemon said it
-/// loaded, one line per image.
-pub fn load_images(socket: &Path, images: &[PathBuf]) -> Result<Vec<String>, ImageError> {
+/// `/images/load` on the daemon's socket, as `docker load` does. Each file is judged right
+/// before it is read, by the rule `run` judged it by at start ([`crate::trust`]: a tarball a job
+/// could have rewritten since is refused); a pinned one is checked against its SHA-256 as it is
+/// streamed ([`load_image`]). Returns what the daemon said it loaded, one line per image.
+pub fn load_images(
+    socket: &Path,
+    images: &[super::ImageFile],
+    pool: &crate::isolate::Pool,
+) -> Result<Vec<String>, ImageError> {
     let mut loaded = Vec::new();
     for image in images {
-        let answer = load_image(socket, image).map_err(|source| ImageError::Io {
-            image: image.clone(),
-            source,
-        })?;
+        if let Some(why) = crate::trust::changeable(&image.path, crate::trust::Kind::File, pool) {
+            return Err(ImageError::Changeable {
+                image: image.path.clone(),
+                why,
+            });
+        }
+        let answer = load_image(socket, image)?;
         loaded.extend(
             parse_load_answer(&answer).map_err(|said| ImageError::Refused {
-                image: image.clone(),
+                image: image.path.clone(),
                 said,
             })?,
         );
@@ -457,21 +504,92 @@ pub enum ImageError {
     Io { image: PathBuf, source: io::Error },
     #[error("the runner's daemon refused {image}: {said}; is it `docker save` output?")]
     Refused { image: PathBuf, said: String },
+    #[error("{image} is not loaded: a job could have changed it: {why}")]
+    Changeable { image: PathBuf, why: String },
+    #[error(
+        "{image} is not loaded: its SHA-256 is {found}, not the {pinned} docker_images pins; if the file was replaced on purpose, pin its new digest (`sha256sum {image}`), else restore it"
+    )]
+    Digest {
+        image: PathBuf,
+        pinned: String,
+        found: String,
+    },
 }
 
-fn load_image(socket: &Path, image: &Path) -> io::Result<Vec<u8>> {
-    let mut file = std::fs::File::open(image)?;
-    let length = file.metadata()?.len();
-    let mut stream = UnixStream::connect(socket)?;
-    stream.set_read_timeout(Some(LOAD_TIMEOUT))?;
-    stream.set_write_timeout(Some(LOAD_TIMEOUT))?;
+/// How much of the end of a pinned image tarball [`load_image`] keeps back until the whole
+/// file's SHA-256 is known: a tarball's end (its last entry and the end-of-archive blocks) never
+/// reaches the daemon unless the file is the pinned one, so the daemon's load of one that is
+/// not ends cut short. Small enough to hold in memory.
+pub(crate) const HELD_BACK: u64 = 1 << 20;
+
+/// Posts `image` to the daemon and returns its answer. An unpinned file is streamed as it is;
+/// a pinned one is hashed as it is streamed, all but its last [`HELD_BACK`] bytes sent at once,
+/// those only once the file proved to have the pinned SHA-256 (else the connection is closed
+/// with the body short, and [`ImageError::Digest`] returned). One read of the file, never whole
+/// in memory.
+fn load_image(socket: &Path, image: &super::ImageFile) -> Result<Vec<u8>, ImageError> {
+    use sha2::Digest as _;
+    let failed = |source| ImageError::Io {
+        image: image.path.clone(),
+        source,
+    };
+    let mut file = std::fs::File::open(&image.path).map_err(failed)?;
+    let length = file.metadata().map_err(failed)?.len();
+    let mut stream = UnixStream::connect(&socket).map_err(failed)?;
+    stream
+        .set_read_timeout(Some(LOAD_TIMEOUT))
+        .map_err(failed)?;
+    stream
+        .set_write_timeout(Some(LOAD_TIMEOUT))
+        .map_err(failed)?;
     write!(
         stream,
         "POST /images/load?quiet=1 HTTP/1.0\r\nHost: docker\r\nContent-Type: application/x-tar\r\nContent-Length: {length}\r\n\r\n"
-    )?;
-    io::copy(&mut file, &mut stream)?;
+    )
+    .map_err(failed)?;
+    match &image.sha256 {
+        None => {
+            io::copy(&mut (&mut file).take(length), &mut stream).map_err(failed)?;
+        }
+        Some(pinned) => {
+            let mut hasher = sha2::Sha256::new();
+            let head = length.saturating_sub(HELD_BACK);
+            let mut sent = (&mut file).take(head);
+            let mut buf = vec![0; 64 * 1024];
+            loop {
+                let n = sent.read(&mut buf).map_err(failed)?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+                stream.write_all(&buf[..n]).map_err(failed)?;
+            }
+            let short = sent.limit() != 0;
+            // One byte more than is due: a file that grew since its length was sent differs.
+            let mut tail = Vec::new();
+            (&mut file)
+                .take(length - head + 1)
+                .read_to_end(&mut tail)
+                .map_err(failed)?;
+            hasher.update(&tail);
+            let found = hex::encode(hasher.finalize());
+            if found != *pinned || short || head + tail.len() as u64 != length {
+                // Dropped with the body short: the daemon's load fails on the early end.
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+                return Err(ImageError::Digest {
+                    image: image.path.clone(),
+                    pinned: pinned.clone(),
+                    found,
+                });
+            }
+            stream.write_all(&tail).map_err(failed)?;
+        }
+    }
     let mut answer = Vec::new();
-    stream.take(MAX_LOAD_ANSWER).read_to_end(&mut answer)?;
+    stream
+        .take(MAX_LOAD_ANSWER)
+        .read_to_end(&mut answer)
+        .map_err(failed)?;
     Ok(answer)
 }
 
@@ -643,6 +761,13 @@ struct DaemonChild {
     socket: CString,
     /// The [`PRIVATE_DIRS`] that exist on this host.
     private_dirs: Vec<CString>,
+    /// The runner's host name, set in the tree's UTS namespace.
+    hostname: CString,
+    /// Where the host mounts cgroup v2: each mounted again inside the tree's cgroup namespace,
+    /// so that what the daemon sees there is the runner's cgroup and below, not the host's tree.
+    cgroup2: Vec<CString>,
+    /// The tree's `RLIMIT_NPROC` ([`DaemonSpec::pids_max`]).
+    pids_max: Option<u32>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -704,7 +829,18 @@ impl DaemonChild {
                 source,
             })
         };
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let cgroup2 = crate::cgroup::cgroup2_mounts(&mountinfo)
+            .iter()
+            .map(|mount| c(&mount.mount_point))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(DaemonChild {
+            hostname: CString::new(spec.hostname.as_bytes()).map_err(|e| DockerError::Prepare {
+                path: PathBuf::from("hostname"),
+                source: io::Error::new(io::ErrorKind::InvalidInput, e),
+            })?,
+            cgroup2,
+            pids_max: spec.pids_max,
             uid: account.uid,
             gid: account.gid,
             cgroup_procs: dup(&spec.cgroup_procs, Path::new("cgroup.procs"))?,
@@ -757,29 +893,47 @@ impl DaemonChild {
         }
     }
 
-    /// The child's steps: into the cgroup first (everything after is counted and killable), its
-    /// own session, the network namespace (joining needs root, and must precede the mount
-    /// namespace so `/sys/class/net` would match), the mount namespace and its files while still
-    /// root, then the identity. No `no_new_privs` (see the module's comment).
+    /// The child's steps, after `process::seal_session`'s (its own session, descriptors closed
+    /// at exec): into the cgroup first (everything after is counted and killable), the network
+    /// namespace (joining needs root, and must precede the mount namespace so `/sys/class/net`
+    /// would match), the mount, UTS and cgroup namespaces and their files while still root
+    /// (the cgroup namespace after the cgroup is joined: its root is the runner's cgroup), the
+    /// process limit, then the identity and a keyring of its own. No `no_new_privs` (see the
+    /// module's comment).
     #[allow(unsafe_code)]
     fn apply(&self) -> io::Result<()> {
         use rustix::mount::{MountFlags, MountPropagationFlags};
+        use rustix::thread::UnshareFlags;
         rustix::process::umask(Mode::from_raw_mode(0o022));
         rustix::io::write(self.cgroup_procs.as_fd(), b"0")?;
-        rustix::process::setsid()?;
         if let Some(netns) = &self.netns {
             rustix::thread::move_into_link_name_space(
                 netns.as_fd(),
                 Some(rustix::thread::LinkNameSpaceType::Network),
             )?;
         }
+        let namespaces = UnshareFlags::NEWNS | UnshareFlags::NEWUTS | UnshareFlags::NEWCGROUP;
         // SAFETY: the child is single-threaded; no other thread shares its file system state.
-        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)? };
+        unsafe { rustix::thread::unshare_unsafe(namespaces)? };
+        rustix::system::sethostname(self.hostname.as_bytes())?;
         // Nothing mounted here reaches the host, and nothing the host mounts later reaches in.
         rustix::mount::mount_change(
             c"/",
             MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
         )?;
+        for mount in &self.cgroup2 {
+            // Mounted from inside the new cgroup namespace: its root is the runner's cgroup.
+            // The copy of the host's mount goes first: the kernel refuses the same
+            // filesystem twice on one mount point (EBUSY).
+            rustix::mount::unmount(mount.as_c_str(), rustix::mount::UnmountFlags::DETACH)?;
+            rustix::mount::mount(
+                c"cgroup2",
+                mount.as_c_str(),
+                c"cgroup2",
+                MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                c"",
+            )?;
+        }
         // Not `nodev`: the tun node below lives here.
         rustix::mount::mount(
             c"tmpfs",
@@ -837,6 +991,9 @@ impl DaemonChild {
         }
         rustix::fs::symlink(self.socket.as_c_str(), RUN_SOCKET_LINK)?;
 
+        if let Some(max) = self.pids_max {
+            crate::isolate::limit_processes(max)?;
+        }
         rustix::thread::clear_ambient_capability_set()?;
         let gid = rustix::process::Gid::from_raw(self.gid);
         let uid = rustix::process::Uid::from_raw(self.uid);
@@ -844,7 +1001,7 @@ impl DaemonChild {
         rustix::thread::set_thread_res_gid(gid, gid, gid)?;
         // From root to a non-zero uid: the kernel clears every capability.
         rustix::thread::set_thread_res_uid(uid, uid, uid)?;
-        Ok(())
+        crate::isolate::join_own_session_keyring()
     }
 }
 
@@ -897,7 +1054,7 @@ mod tests {
             "--subid-source=static --pidns --ipcns --state-dir=/srv/rm/runners/0123456789ab/docker/run/rootlesskit"
         );
         let args = |mirror: Option<&DaemonMirror>| -> Vec<String> {
-            dockerd_args(&layout, mirror)
+            dockerd_args(&layout, mirror, None)
                 .into_iter()
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect()

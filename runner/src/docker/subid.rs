@@ -12,19 +12,27 @@
 //! - it overlaps **no other entry** of the file (whoever owns it: two uids sharing sub-ids can
 //!   signal, trace and write each other's container processes and files) and **no real id** (an
 //!   account of `/etc/passwd` or a group of `/etc/group`, and every pool uid: a container process
-//!   would *be* that account on the host).
+//!   would *be* that account on the host);
+//! - a **new** range covers no id a live user namespace maps (read from `/proc/<pid>/uid_map`
+//!   and `gid_map`): a range whose line was removed, or lost to a concurrent writer, while a
+//!   daemon still runs on it is never handed out a second time. rm never changes or removes a
+//!   line, so a range in use is never taken from its owner either.
 //!
 //! [`plan`] decides (pure, table tests below): which entry each pool uid keeps, which lines to
-//! add, or why it cannot. [`ensure`] is the adapter: it reads the files, plans both, and appends
-//! the new lines atomically (temporary file and rename, the other lines, the owner and the mode
-//! kept). A second run finds every entry and writes nothing.
+//! add, or why it cannot. [`ensure`] is the adapter: it reads the files, plans both, and when
+//! lines are missing takes the lock shadow-utils' writers take (`useradd`, `usermod`, `vipw`:
+//! glibc's `lckpwdf`, a write lock on `/etc/.pwd.lock`), reads and plans again under it, and
+//! appends the new lines atomically (temporary file and rename, the other lines, the owner and
+//! the mode kept). A second run finds every entry and writes nothing, and takes no lock.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::io::{self, Write as _};
 use std::ops::Range;
+use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// How many subordinate ids each pool uid gets: the 16-bit id space an image expects (root
 /// through `nobody` at 65534).
@@ -38,6 +46,13 @@ pub(crate) const ALLOCATION_BASE: u32 = 1_000_000_000;
 /// The first id no range may reach: `(uid_t)-1` means "no id" to the kernel's interfaces.
 const ID_LIMIT: u64 = u32::MAX as u64;
 
+/// How long [`ensure`] waits for the shadow lock before it gives up: as long as glibc's
+/// `lckpwdf` waits (its `TIMEOUT`, 15 s), so rm is as patient with `useradd` as it is with rm.
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(15);
+
+/// How often a held shadow lock is tried again while [`ensure`] waits.
+const LOCK_RETRY: Duration = Duration::from_millis(50);
+
 /// The host's files. Paths are parameters so tests (and a future chroot) can point elsewhere.
 #[derive(Debug, Clone)]
 pub struct Files {
@@ -45,6 +60,11 @@ pub struct Files {
     pub group: PathBuf,
     pub subuid: PathBuf,
     pub subgid: PathBuf,
+    /// The lock every writer of the account files takes (glibc's `lckpwdf`, which shadow-utils
+    /// calls before it changes `/etc/subuid`): held while rm reads, plans and renames.
+    pub lock: PathBuf,
+    /// Where the live processes' user namespace maps are read (`<proc>/<pid>/uid_map`).
+    pub proc: PathBuf,
 }
 
 impl Files {
@@ -55,6 +75,8 @@ impl Files {
             group: PathBuf::from("/etc/group"),
             subuid: PathBuf::from("/etc/subuid"),
             subgid: PathBuf::from("/etc/subgid"),
+            lock: PathBuf::from("/etc/.pwd.lock"),
+            proc: PathBuf::from("/proc"),
         }
     }
 }
@@ -185,12 +207,15 @@ fn overlaps(a: &Range<u64>, b: &Range<u64>) -> bool {
 /// - `pool`: the runner uids, in the order new ranges are handed out;
 /// - `names`: account names to uids (`/etc/passwd`), to know whose a named entry is;
 /// - `real`: the ids no range may cover (for `/etc/subuid` the uids of `/etc/passwd`, for
-///   `/etc/subgid` the gids of `/etc/group` and the pool's gids). The pool uids are added.
+///   `/etc/subgid` the gids of `/etc/group` and the pool's gids). The pool uids are added;
+/// - `in_use`: the ids live user namespaces map ([`check`] reads them under `/proc`), which no
+///   new range covers.
 pub fn plan(
     file: &str,
     pool: &[u32],
     names: &BTreeMap<String, u32>,
     real: &BTreeSet<u32>,
+    in_use: &[Range<u64>],
 ) -> Result<Plan, Vec<Problem>> {
     let entries = entries(file, names);
     let mut reserved: BTreeSet<u32> = real.clone();
@@ -275,9 +300,10 @@ pub fn plan(
     }
 
     // New ranges go in the first gap at or above the base that no entry, no range handed out
-    // here and no real id falls into.
+    // here, no real id and no live namespace's map falls into.
     let mut taken: Vec<Range<u64>> = entries.iter().map(|e| e.ids.clone()).collect();
     taken.extend(reserved.iter().map(|&id| u64::from(id)..u64::from(id) + 1));
+    taken.extend(in_use.iter().cloned());
     let mut add = Vec::new();
     for uid in wanting {
         let mut start = u64::from(ALLOCATION_BASE);
@@ -337,6 +363,15 @@ pub enum SubIdError {
         path: PathBuf,
         problems: Vec<Problem>,
     },
+    #[error(
+        "{path} stayed locked for {}s: another program is changing the account files (useradd, usermod, vipw); rm writes /etc/subuid and /etc/subgid only under that lock, try again when it is done",
+        waited.as_secs()
+    )]
+    Locked { path: PathBuf, waited: Duration },
+    #[error(
+        "cannot take the lock {path} to write the subordinate id files: {source}; add the lines `rm-agent check` names by hand, or let the agent write /etc (it must be root, and systemd's ProtectSystem=strict keeps /etc read-only)"
+    )]
+    Lock { path: PathBuf, source: io::Error },
 }
 
 /// What [`plan`] says about both files, from their current text.
@@ -362,24 +397,114 @@ pub fn check(files: &Files, pool: &[(u32, u32)]) -> Result<(Plan, Plan), SubIdEr
         let path = path.to_owned();
         move |problems| SubIdError::Refused { path, problems }
     };
-    let for_uids =
-        plan(&read(&files.subuid)?, &uids, &users, &real_uids).map_err(refused(&files.subuid))?;
-    let for_gids =
-        plan(&read(&files.subgid)?, &uids, &users, &real_gids).map_err(refused(&files.subgid))?;
+    let in_use = mapped(&files.proc)?;
+    let for_uids = plan(
+        &read(&files.subuid)?,
+        &uids,
+        &users,
+        &real_uids,
+        &in_use.uids,
+    )
+    .map_err(refused(&files.subuid))?;
+    let for_gids = plan(
+        &read(&files.subgid)?,
+        &uids,
+        &users,
+        &real_gids,
+        &in_use.gids,
+    )
+    .map_err(refused(&files.subgid))?;
     Ok((for_uids, for_gids))
 }
 
-/// Serialises [`ensure`]'s read, plan and rename within the agent.
+/// The host ids a `uid_map` or `gid_map` maps (`INSIDE OUTSIDE COUNT` lines, as read from the
+/// agent's namespace): `OUTSIDE..OUTSIDE+COUNT` each.
+fn map_ranges(text: &str) -> Vec<Range<u64>> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let _inside: u64 = fields.next()?.parse().ok()?;
+            let outside: u64 = fields.next()?.parse().ok()?;
+            let count: u64 = fields.next()?.parse().ok()?;
+            Some(outside..outside.saturating_add(count))
+        })
+        .collect()
+}
+
+/// The host ids live user namespaces map.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct InUse {
+    uids: Vec<Range<u64>>,
+    gids: Vec<Range<u64>>,
+}
+
+/// The host uids and gids the live user namespaces other than the agent's own map, from
+/// `<proc>/<pid>/{uid_map,gid_map}`: one read per namespace. A process that ends while it is
+/// read is skipped (its namespace, if it lives on, has other processes or none to map for).
+fn mapped(proc: &Path) -> Result<InUse, SubIdError> {
+    let unreadable = |source| SubIdError::Read {
+        path: proc.to_owned(),
+        source,
+    };
+    // The agent's own namespace maps every id (the initial one) or the agent's own: not a
+    // daemon's range.
+    let own = std::fs::read_link(proc.join("self/ns/user")).map_err(unreadable)?;
+    let mut seen = BTreeSet::new();
+    let mut in_use = InUse::default();
+    for entry in std::fs::read_dir(proc).map_err(unreadable)? {
+        let Ok(entry) = entry else { continue };
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let dir = entry.path();
+        let Ok(namespace) = std::fs::read_link(dir.join("ns/user")) else {
+            continue;
+        };
+        if namespace == own || !seen.insert(namespace) {
+            continue;
+        }
+        if let Ok(text) = std::fs::read_to_string(dir.join("uid_map")) {
+            in_use.uids.extend(map_ranges(&text));
+        }
+        if let Ok(text) = std::fs::read_to_string(dir.join("gid_map")) {
+            in_use.gids.extend(map_ranges(&text));
+        }
+    }
+    Ok(in_use)
+}
+
+/// Serialises [`ensure`]'s read, plan and rename within the agent (the shadow lock below
+/// excludes the other programs; this keeps the agent's own threads from polling it in turn).
 static WRITER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Gives every pool account (`(uid, gid)`) a subordinate uid and gid range: checks the files and
-/// appends what is missing. Idempotent.
+/// appends what is missing, under the shadow lock ([`LOCK_WAIT`] at most). Idempotent.
 pub fn ensure(files: &Files, pool: &[(u32, u32)]) -> Result<Assigned, SubIdError> {
-    // One writer at a time in this process: two launches that each read the file and rename
-    // their own version over it would lose one's line.
+    ensure_waiting(files, pool, LOCK_WAIT)
+}
+
+/// [`ensure`], waiting `wait` at most for the shadow lock.
+fn ensure_waiting(
+    files: &Files,
+    pool: &[(u32, u32)],
+    wait: Duration,
+) -> Result<Assigned, SubIdError> {
     let _one_writer = WRITER
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (for_uids, for_gids) = check(files, pool)?;
+    if for_uids.add.is_empty() && for_gids.add.is_empty() {
+        // Nothing to write, no lock: an agent whose /etc is read-only finds its lines there.
+        return Ok(Assigned {
+            added: 0,
+            uids: for_uids.ranges,
+            gids: for_gids.ranges,
+        });
+    }
+    // Read and planned again under the lock: a `useradd` that added a range since the read
+    // above keeps its line, and its range is not handed out twice.
+    let _lock = ShadowLock::take(&files.lock, wait)?;
     let (for_uids, for_gids) = check(files, pool)?;
     append(&files.subuid, &for_uids.add)?;
     append(&files.subgid, &for_gids.add)?;
@@ -388,6 +513,72 @@ pub fn ensure(files: &Files, pool: &[(u32, u32)]) -> Result<Assigned, SubIdError
         uids: for_uids.ranges,
         gids: for_gids.ranges,
     })
+}
+
+/// The shadow lock, held: a write lock on the whole of `/etc/.pwd.lock`, released when dropped
+/// (its descriptor closed).
+///
+/// glibc's `lckpwdf` takes a classic `fcntl` record lock (owned by the process); this one is an
+/// open file description lock (`F_OFD_SETLK`), which conflicts with it in both directions and,
+/// unlike a classic one, is neither shared by the agent's other threads nor dropped when another
+/// descriptor of the file is closed.
+#[derive(Debug)]
+struct ShadowLock {
+    _file: std::fs::File,
+}
+
+impl ShadowLock {
+    /// Opens (creating it `0600`, as `lckpwdf` does) and locks `path`, trying again every
+    /// [`LOCK_RETRY`] for `wait` at most.
+    fn take(path: &Path, wait: Duration) -> Result<ShadowLock, SubIdError> {
+        let failed = |source| SubIdError::Lock {
+            path: path.to_owned(),
+            source,
+        };
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .map_err(failed)?;
+        let deadline = Instant::now() + wait;
+        loop {
+            if try_write_lock(&file).map_err(failed)? {
+                return Ok(ShadowLock { _file: file });
+            }
+            if Instant::now() >= deadline {
+                return Err(SubIdError::Locked {
+                    path: path.to_owned(),
+                    waited: wait,
+                });
+            }
+            std::thread::sleep(LOCK_RETRY);
+        }
+    }
+}
+
+/// Tries once to take an open file description write lock on the whole of `file`: `false` when
+/// another holds a conflicting lock.
+#[allow(unsafe_code)]
+fn try_write_lock(file: &std::fs::File) -> io::Result<bool> {
+    // SAFETY: `flock` is plain data, valid all zeros (a lock of the whole file, `l_pid` 0 as
+    // F_OFD_SETLK requires) before the two fields set below.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: the descriptor is open for the whole call (borrowed from `file`), and `lock` is a
+    // valid `flock` the kernel only reads.
+    let done = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
+    if done == 0 {
+        return Ok(true);
+    }
+    let error = io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EAGAIN | libc::EACCES) => Ok(false),
+        _ => Err(error),
+    }
 }
 
 /// Appends `lines` to `path` by writing the whole new file beside it and renaming it over the

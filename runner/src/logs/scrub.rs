@@ -1,7 +1,8 @@
 //! Scrubbing kept logs of secrets (pure). The JIT configuration a runner got is never in the
 //! agent's hands at cleanup (it is not journalled), so secrets are found by their shape, line by
 //! line: a line never grows a secret across lines except a PEM block, which [`Scrubber`]
-//! follows from its `BEGIN` line to its `END` line.
+//! follows from its `BEGIN` line to its `END` line. A line too long to hold whole is scrubbed
+//! in pieces ([`Scrubber::piece`]), cut where no secret's shape is cut (`copy::cut_at`).
 //!
 //! What is replaced, each by a `[redacted …]` marker that says which rule fired:
 //! - GitHub tokens: `ghp_`, `gho_`, `ghs_`, `ghu_`, `ghr_` followed by
@@ -38,24 +39,47 @@ const GITHUB_PAT: &[u8] = b"github_pat_";
 #[derive(Debug, Default, Clone)]
 pub struct Scrubber {
     in_private_key: bool,
+    /// The line being scrubbed in pieces had an `Authorization` value: its next pieces are
+    /// that value too.
+    in_authorization: bool,
 }
 
 impl Scrubber {
     /// The line (without its newline) with every secret replaced.
     pub fn line(&mut self, line: &[u8]) -> Vec<u8> {
+        self.scrub(line).0
+    }
+
+    /// A piece of a line too long to be scrubbed whole (see `copy::MAX_PIECE`); `ends`: the
+    /// line ends after it. An `Authorization` value goes on to the line's end, whatever
+    /// pieces it is in; every other rule applies to each piece.
+    pub fn piece(&mut self, piece: &[u8], ends: bool) -> Vec<u8> {
+        if self.in_authorization {
+            self.in_authorization = !ends;
+            return Vec::new();
+        }
+        let (scrubbed, authorization) = self.scrub(piece);
+        self.in_authorization = authorization && !ends;
+        scrubbed
+    }
+
+    /// The line scrubbed, and whether an `Authorization` value was taken to its end.
+    fn scrub(&mut self, line: &[u8]) -> (Vec<u8>, bool) {
         if self.in_private_key {
             if is_pem_boundary(line, b"-----END") {
                 self.in_private_key = false;
             }
-            return b"[redacted private key line]".to_vec();
+            return (b"[redacted private key line]".to_vec(), false);
         }
         if is_pem_boundary(line, b"-----BEGIN") {
             // A one-line block (BEGIN and END together) ends where it starts.
             self.in_private_key = !is_pem_boundary(line, b"-----END");
-            return b"[redacted private key]".to_vec();
+            return (b"[redacted private key]".to_vec(), false);
         }
-        let line = authorization(line);
-        scrub_words(&line)
+        match authorization(line) {
+            Some(line) => (scrub_words(&line), true),
+            None => (scrub_words(line), false),
+        }
     }
 
     /// A whole text: every line scrubbed, newlines kept (so line counts stay as they were).
@@ -93,13 +117,16 @@ fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
         .map(|at| at + from)
 }
 
-/// An `Authorization` header's value, to the end of the line: whatever scheme it has (`Bearer`,
-/// `token`, `Basic`), it is a credential.
-fn authorization(line: &[u8]) -> Vec<u8> {
+/// The line with an `Authorization` header's value taken to the end of the line (whatever
+/// scheme it has, `Bearer`, `token`, `Basic`, it is a credential); `None` when it has none.
+fn authorization(line: &[u8]) -> Option<Vec<u8>> {
     const NAME: &[u8] = b"authorization";
-    let lower = line.to_ascii_lowercase();
-    let mut from = 0;
-    while let Some(at) = find(&lower, NAME, from) {
+    // Where the name starts, in any case, without a lowered copy of a long line.
+    let starts = (0..line.len().saturating_sub(NAME.len() - 1)).filter(|at| {
+        line[*at].eq_ignore_ascii_case(&NAME[0])
+            && line[*at..*at + NAME.len()].eq_ignore_ascii_case(NAME)
+    });
+    for at in starts {
         let mut i = at + NAME.len();
         // `Authorization:`, `"authorization": "…"`, `authorization=…`.
         while i < line.len() && matches!(line[i], b'"' | b'\'' | b' ' | b'\t') {
@@ -108,11 +135,10 @@ fn authorization(line: &[u8]) -> Vec<u8> {
         if i < line.len() && matches!(line[i], b':' | b'=') {
             let mut out = line[..=i].to_vec();
             out.extend_from_slice(b" [redacted]");
-            return out;
+            return Some(out);
         }
-        from = at + 1;
     }
-    line.to_vec()
+    None
 }
 
 fn is_token_char(b: u8) -> bool {
@@ -133,7 +159,9 @@ fn scrub_words(line: &[u8]) -> Vec<u8> {
     let mut i = 0;
     while i < line.len() {
         // A match only starts where a word starts: `xghp_…` is not a token's prefix.
-        let boundary = i == 0 || !is_base64_char(line[i - 1]);
+        // Every shape starts with a base64 character: a run of anything else (a sparse
+        // file's zeros) is copied without trying each rule at each byte.
+        let boundary = is_base64_char(line[i]) && (i == 0 || !is_base64_char(line[i - 1]));
         if boundary && let Some((end, what)) = secret_at(line, i) {
             out.extend_from_slice(format!("[redacted {what}]").as_bytes());
             i = end;

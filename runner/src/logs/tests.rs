@@ -148,6 +148,162 @@ fn a_file_over_its_cap_keeps_its_head_and_tail_at_line_ends() {
     }
 }
 
+/// What `stream_capped_in` handed on, joined as the file's text: each piece, a line end after
+/// those that had one; and the pieces themselves.
+fn streamed(file: &[u8], cap: u64, sizes: copy::Sizes) -> (Vec<u8>, Vec<Vec<u8>>, copy::Streamed) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.log");
+    std::fs::write(&path, file).unwrap();
+    let opened = std::fs::File::open(&path).unwrap();
+    let (mut text, mut pieces) = (Vec::new(), Vec::new());
+    let stats = copy::stream_capped_in(&opened, file.len() as u64, cap, sizes, &mut |p, ends| {
+        text.extend_from_slice(p);
+        pieces.push(p.to_vec());
+        if ends {
+            text.push(b'\n');
+        }
+        Ok(())
+    })
+    .unwrap();
+    (text, pieces, stats)
+}
+
+#[test]
+fn streaming_a_file_hands_on_what_the_head_and_tail_rule_keeps() {
+    let lines: Vec<u8> = (0..300)
+        .flat_map(|i| format!("line {i:03} of a log\n").into_bytes())
+        .collect();
+    let files: [&[u8]; 6] = [
+        b"short\n",
+        b"no line end",
+        b"aaa\nbbbbbbbbbbbbbbbbbbbbbbb\nyyy\nzzz",
+        &[b'x'; 50],
+        b"\n\n\n\n\n\n\n\n\n\n\n\n",
+        &lines,
+    ];
+    for file in files {
+        for cap in [0, 1, 10, 12, 13, 64, 1000, 100_000] {
+            // Chunks of every small size cross every line end and window edge somewhere.
+            for chunk in [1, 2, 3, 7, 64, 1 << 16] {
+                let sizes = copy::Sizes {
+                    chunk,
+                    piece: 1 << 20,
+                };
+                let (text, _, stats) = streamed(file, cap, sizes);
+                assert_eq!(
+                    String::from_utf8_lossy(&text),
+                    String::from_utf8_lossy(&cap_bytes(file, cap)),
+                    "cap {cap} chunk {chunk}"
+                );
+                // Its own count: a file under its cap once; over it, at most the cap and what
+                // is read again of the chunk each line end was found in.
+                let len = file.len() as u64;
+                if len <= cap {
+                    assert_eq!(stats.read, len, "cap {cap} chunk {chunk}");
+                } else {
+                    let most = cap + 2 * (chunk as u64).min(cap / 2);
+                    assert!(stats.read <= most, "read {} > {most}", stats.read);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_line_longer_than_a_piece_is_handed_on_in_pieces_cut_between_words() {
+    let sizes = copy::Sizes {
+        chunk: 4,
+        piece: 16,
+    };
+    let token = "ghp_0123456789abcdefghijABCDEFGHIJ";
+    let words = format!(
+        "one two {token} three \u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9} four\nend\n"
+    );
+    let zeros = vec![0u8; 100];
+    for file in [words.as_bytes(), &zeros] {
+        let (text, pieces, stats) = streamed(file, u64::MAX, sizes);
+        // Nothing lost, nothing added.
+        assert_eq!(text, file);
+        for piece in &pieces {
+            assert!(piece.len() <= sizes.piece, "{piece:?}");
+            // A UTF-8 character is never cut.
+            assert!(std::str::from_utf8(piece).is_ok(), "{piece:?}");
+        }
+        // A chunk, and a line of at most a piece and a chunk.
+        assert!(
+            stats.held <= sizes.chunk + sizes.piece + sizes.chunk,
+            "{stats:?}"
+        );
+    }
+    // The token is not cut: it is longer than a piece, so it has pieces of its own, each a
+    // run of word characters only where no cut could fall; the scrubber sees it whole up to
+    // the piece size (see `scrubbing_in_pieces_...`).
+    let (_, pieces, _) = streamed(words.as_bytes(), u64::MAX, sizes);
+    assert!(pieces.iter().any(|p| p.starts_with(b"ghp_")), "{pieces:?}");
+}
+
+#[test]
+fn a_long_line_is_cut_after_the_last_byte_no_secret_holds() {
+    // (line, most, cut)
+    let cases: [(&[u8], usize, usize); 7] = [
+        (b"abc def ghi", 9, 8),
+        (b"abc\x1bdef ghi", 9, 8),
+        (b"abc=def/ghi+jkl", 9, 9),
+        (b"a\xc3\xa9b", 2, 1),
+        (b"\xc3\xa9\xc3\xa9", 3, 2),
+        (b"abcdef", 6, 6),
+        (b"\x80\x80\x80\x80\x80\x80", 5, 5),
+    ];
+    for (line, most, cut) in cases {
+        assert_eq!(copy::cut_at(line, most), cut, "{line:?} at most {most}");
+    }
+}
+
+#[test]
+fn scrubbing_in_pieces_takes_an_authorization_value_to_the_line_end() {
+    let mut scrubber = scrub::Scrubber::default();
+    let pieces: [(&[u8], bool, &[u8]); 5] = [
+        (
+            b"Authorization: Bearer ",
+            false,
+            b"Authorization: [redacted]",
+        ),
+        (b"s3cr3t value", false, b""),
+        (b"still it", true, b""),
+        (
+            b"next line ghp_0123456789abcdefghijABCDEFGHIJ",
+            false,
+            b"next line [redacted github token]",
+        ),
+        (b" and more", true, b" and more"),
+    ];
+    for (piece, ends, expected) in pieces {
+        assert_eq!(
+            String::from_utf8_lossy(&scrubber.piece(piece, ends)),
+            String::from_utf8_lossy(expected)
+        );
+    }
+}
+
+#[test]
+fn an_attempts_budget_caps_each_file_and_all_of_them() {
+    let mut budget = Budget::with(Caps {
+        per_file: 10,
+        per_attempt: 25,
+    });
+    let mut caps = Vec::new();
+    // (size, read): a file under its cap; one read short of its cap (an odd cap's halves); one
+    // read past it (a line end's chunk read again); one read short of what is left.
+    for (size, read) in [(4, 4), (50, 9), (50, 12), (50, 0), (1, 1)] {
+        let cap = budget.next_cap();
+        caps.push(cap);
+        budget.spend(size, cap.unwrap_or(0), read);
+    }
+    // 25 - 4 - 10 - 12 = 0: spent, and nothing after it is read.
+    assert_eq!(caps, [Some(10), Some(10), Some(10), None, None]);
+    assert!(budget.spent().contains("25 bytes"));
+}
+
 // ---- pruning ----
 
 fn entry(attempt: &str, kept_at_ms: i64, bytes: u64) -> Entry {
@@ -332,9 +488,11 @@ fn a_hostile_diag_keeps_only_its_regular_files_capped_and_root_only() {
     // A second name for the root-only file (what `fs.protected_hardlinks = 0` would allow).
     std::fs::hard_link(&secret, diag.join("Worker_hard.log")).unwrap();
 
+    // The attempt's budget is spent by what is read: the capped `huge.log` takes its cap and
+    // what is read again of its line ends' chunks, and `loop` after it is still looked at.
     let caps = Caps {
         per_file: 1000,
-        per_attempt: 1500,
+        per_attempt: 2500,
     };
     let Kept::Made(manifest) = f.store.keep_with(&f.attempt("a1"), 1, caps).unwrap() else {
         panic!("a copy is made");

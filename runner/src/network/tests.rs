@@ -79,11 +79,19 @@ fn the_host_table_lets_runners_reach_only_the_named_host_ports() {
         "oifname \"rmv*\" reject",
         "iifname \"rmv*\" ct status dnat reject",
         "ip daddr { 169.254.0.0/16, 10.0.0.0/8, 10.213.0.0/16 } reject",
-        "ip6 daddr { fd00:ec2::254/128, fe80::/10 } reject",
         "iifname \"rmv*\" oifname != \"rmv*\" masquerade",
     ] {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
     }
+    // No IPv6 is forwarded from a runner, counted, before anything is accepted; the IPv6 deny
+    // entries (fd00:ec2::254, fe80::/10) need no rule after it.
+    let forward = &text[text.find("chain forward").unwrap()..];
+    let first_rule = forward.lines().nth(2).unwrap().trim();
+    assert_eq!(
+        first_rule, "iifname \"rmv*\" meta nfproto ipv6 counter drop",
+        "{text}"
+    );
+    assert!(!text.contains("ip6 "), "{text}");
     // Without ports or a loopback resolver, nothing is rewritten to the host.
     let bare = host_table("t", &HostRules::new(&[], &[], "nameserver 1.1.1.1\n", [1]));
     assert!(!bare.contains("dnat ip to"), "{bare}");
@@ -192,4 +200,198 @@ fn only_a_veth_named_like_a_runners_names_a_lost_runner() {
     ] {
         assert_eq!(super::runner_short_of_veth(veth), short, "{veth}");
     }
+}
+
+/// A runner's namespace made by [`create`] for a test, removed on drop (even when the test fails
+/// half-way).
+struct TestRunner {
+    names: Names,
+    netns: OwnedFd,
+}
+
+impl TestRunner {
+    fn new(short_id: &str, uid: u32) -> TestRunner {
+        let names = Names::of(short_id);
+        let table = runner_table(addresses(slot_of(uid)), &[], None, &[], None);
+        match create(&names, uid, &table) {
+            Ok(netns) => TestRunner { names, netns },
+            Err(e) => panic!("cannot make the runner's network {short_id}: {e}"),
+        }
+    }
+
+    /// Runs `f` in a thread inside the runner's namespace (its `ip` sees the runner's network).
+    fn inside<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let netns = &self.netns;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(move || {
+                    rustix::thread::move_into_link_name_space(
+                        netns.as_fd(),
+                        Some(rustix::thread::LinkNameSpaceType::Network),
+                    )
+                    .unwrap();
+                    f()
+                })
+                .join()
+                .unwrap()
+        })
+    }
+
+    /// `ip ARGS`, inside.
+    fn ip(&self, args: &[&str]) -> String {
+        self.inside(|| {
+            let out = Command::new("ip").args(args).output().unwrap();
+            assert!(out.status.success(), "ip {args:?}: {out:?}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+    }
+
+    /// The interface index of the host end of the veth.
+    fn host_ifindex(&self) -> u32 {
+        let path = Path::new("/sys/class/net")
+            .join(&self.names.veth)
+            .join("ifindex");
+        std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for TestRunner {
+    fn drop(&mut self) {
+        if let Err(e) = remove(&self.names) {
+            eprintln!("cannot remove the runner's network {:?}: {e}", self.names);
+        }
+    }
+}
+
+/// A router advertisement (RFC 4861 §4.2), as `radvd` sends it: this host is a default router
+/// for 30 minutes, and `PREFIX`/64 is on-link for stateless autoconfiguration (flags L and A).
+/// The kernel fills in the ICMPv6 checksum of a raw ICMPv6 socket.
+fn router_advertisement(prefix: std::net::Ipv6Addr) -> Vec<u8> {
+    let mut ra = vec![134, 0, 0, 0, 64, 0];
+    ra.extend_from_slice(&1800u16.to_be_bytes()); // router lifetime, seconds
+    ra.extend_from_slice(&0u32.to_be_bytes()); // reachable time
+    ra.extend_from_slice(&0u32.to_be_bytes()); // retransmission timer
+    ra.extend_from_slice(&[3, 4, 64, 0xc0]); // prefix information, 32 bytes, /64, L and A
+    ra.extend_from_slice(&86_400u32.to_be_bytes()); // valid lifetime
+    ra.extend_from_slice(&14_400u32.to_be_bytes()); // preferred lifetime
+    ra.extend_from_slice(&0u32.to_be_bytes());
+    ra.extend_from_slice(&prefix.octets());
+    ra
+}
+
+/// Sends `ra` to all nodes (`ff02::1`) on the interface `ifindex`, hop limit 255 (a router
+/// advertisement with any other is dropped). `false` while the interface's link-local address
+/// is still being checked (duplicate address detection), which leaves it without a source.
+fn advertise(ra: &[u8], ifindex: u32) -> bool {
+    use rustix::net::{AddressFamily, SendFlags, SocketType, ipproto, sockopt};
+    let socket =
+        rustix::net::socket(AddressFamily::INET6, SocketType::RAW, Some(ipproto::ICMPV6)).unwrap();
+    sockopt::set_ipv6_multicast_if(&socket, ifindex).unwrap();
+    sockopt::set_ipv6_multicast_hops(&socket, 255).unwrap();
+    let all_nodes = std::net::SocketAddrV6::new("ff02::1".parse().unwrap(), 0, 0, ifindex);
+    match rustix::net::sendto(&socket, ra, SendFlags::empty(), &all_nodes) {
+        Ok(_) => true,
+        Err(rustix::io::Errno::ADDRNOTAVAIL) => false,
+        Err(e) => panic!("cannot send the router advertisement on {ifindex}: {e}"),
+    }
+}
+
+/// How long the control waits for the advertised route: the host end's link-local address
+/// takes a second or two of duplicate address detection before anything is sent.
+const ADVERTISED_WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// A runner whose host sends router advertisements on its veth gets no IPv6 address and no
+/// IPv6 route (issue 38); the control, a second runner given IPv6 back on `eth0`, takes both
+/// from the same advertisements, so a runner that accepted them would fail here.
+#[test]
+fn a_router_advertisement_gives_a_runner_no_ipv6_route() {
+    const TEST: &str = "a_router_advertisement_gives_a_runner_no_ipv6_route";
+    if rustix::process::geteuid().as_raw() != 0 {
+        crate::test_skip::cannot_run(TEST, "root", "a network namespace needs CAP_SYS_ADMIN");
+        return;
+    }
+    if let Some(package) = missing_tools().first() {
+        crate::test_skip::cannot_run(
+            TEST,
+            package,
+            "the runner's network is made with ip and nft",
+        );
+        return;
+    }
+    if !Path::new(IPV6_CONF).exists() {
+        crate::test_skip::cannot_run(TEST, "IPv6", "the kernel has no IPv6 to advertise");
+        return;
+    }
+    // Slots half the space away from the backend tests' block of this process.
+    let uid = 3_100_000 + (std::process::id() % 1000) * 16 + NETWORK_SLOTS / 2;
+    let pid = std::process::id();
+    let sealed = TestRunner::new(&format!("{pid:08x}a6e0"), uid);
+    let control = TestRunner::new(&format!("{pid:08x}a6e1"), uid + 1);
+    control.inside(|| {
+        std::fs::write(format!("{IPV6_CONF}/{RUNNER_IF}/disable_ipv6"), "0").unwrap();
+    });
+
+    let ra = router_advertisement("2001:db8:38::".parse().unwrap());
+    let deadline = std::time::Instant::now() + ADVERTISED_WITHIN;
+    let mut sent_to_sealed = 0;
+    let has_default = |runner: &TestRunner| {
+        !runner
+            .ip(&["-6", "route", "show", "default"])
+            .trim()
+            .is_empty()
+    };
+    loop {
+        // The sealed runner's first, so that it has had every advertisement the control had.
+        sent_to_sealed += usize::from(advertise(&ra, sealed.host_ifindex()));
+        advertise(&ra, control.host_ifindex());
+        if sent_to_sealed > 0 && has_default(&control) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the control took no route from {sent_to_sealed} advertisements in {ADVERTISED_WITHIN:?}: {}",
+            control.ip(&["-6", "addr"])
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let control_global = control.ip(&["-6", "-o", "addr", "show", "scope", "global"]);
+    assert!(
+        control_global.contains("2001:db8:38:"),
+        "the control autoconfigured an address: {control_global}"
+    );
+    assert!(
+        control
+            .ip(&["-6", "route", "show", "default"])
+            .contains("via fe80::"),
+        "the control's default route is the host end"
+    );
+
+    // One more, and the time the control needed, for the last to be taken if it were.
+    advertise(&ra, sealed.host_ifindex());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let routes = sealed.ip(&["-6", "route"]);
+    let global = sealed.ip(&["-6", "-o", "addr", "show", "scope", "global"]);
+    assert!(!has_default(&sealed), "an IPv6 default route: {routes}");
+    assert!(global.trim().is_empty(), "a global IPv6 address: {global}");
+    assert!(
+        sealed
+            .ip(&["-6", "-o", "addr", "show", "dev", RUNNER_IF])
+            .trim()
+            .is_empty(),
+        "eth0 has no IPv6 at all, not even a link-local address"
+    );
+    assert!(
+        sealed
+            .ip(&["-6", "-o", "addr", "show", "dev", "lo"])
+            .contains("::1/128"),
+        "the loopback keeps ::1"
+    );
+    // A job binding a new interface's IPv6 finds it off too.
+    let default_off = sealed
+        .inside(|| std::fs::read_to_string(format!("{IPV6_CONF}/default/disable_ipv6")).unwrap());
+    assert_eq!(default_off.trim(), "1");
 }

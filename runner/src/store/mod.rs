@@ -112,6 +112,8 @@ pub enum StoreError {
         path: String,
         source: io::Error,
     },
+    #[error("the runner package {package} is not stored: a job could change it: {why}")]
+    Changeable { package: PathBuf, why: String },
     #[error(
         "the runner package {package} has a top-level `_work` folder; remove it from the package (the runner creates its own)"
     )]
@@ -773,6 +775,24 @@ fn euid() -> u32 {
 /// Refuses a source that is not a directory or ships a top-level `_work` (of any file type: a
 /// link named `_work` would be worse than a folder). The source itself may be reached through a
 /// link (it is the agent's own configured path); nothing below it is.
+/// Refuses a package source a job could change ([`crate::trust`], the rule `run` and `check`
+/// judge it by at start): called right before the source is read into the store, so one changed
+/// since the start (a directory made writable, an entry given to a runner uid, a link out) is
+/// not stored. Apart from [`Store::install`], which takes no pool: the store's own tests and
+/// tools install packages with no runner uids about.
+pub(crate) fn refuse_changeable(
+    source: &Path,
+    pool: &crate::isolate::Pool,
+) -> Result<(), StoreError> {
+    match crate::trust::changeable(source, crate::trust::Kind::Tree, pool) {
+        Some(why) => Err(StoreError::Changeable {
+            package: source.to_path_buf(),
+            why,
+        }),
+        None => Ok(()),
+    }
+}
+
 fn check_source(source: &Path) -> Result<(), StoreError> {
     use crate::WorkspaceError;
     // The same rule a copied runtime's package is held to.

@@ -704,3 +704,26 @@ fn a_superseded_tree_a_runtime_still_links_is_kept_until_the_runtime_goes() {
     assert!(!leftover.exists());
     assert_eq!(setup.store_names(), [new.digest()]);
 }
+
+/// Right before a source is read into the store it is judged by the rule `run` judged it by at
+/// start (`crate::trust`): one a job could have changed since (here a group-writable file, as
+/// a tarball might carry) is refused naming the entry and the fix; put right, it is accepted.
+#[test]
+fn a_source_a_job_could_change_is_not_stored() {
+    let setup = Setup::new();
+    let source = setup.source();
+    let pool = crate::isolate::Pool::new(vec![crate::isolate::Account {
+        uid: RUNNER_UID,
+        gid: RUNNER_UID,
+    }]);
+    let err = refuse_changeable(&source, &pool).unwrap_err();
+    let said = err.to_string();
+    assert!(matches!(err, StoreError::Changeable { .. }), "{said}");
+    assert!(
+        said.contains(&format!("chmod go-w {}", source.join("bin/f").display())),
+        "{said}"
+    );
+    chmod(&source.join("bin/f"), 0o644);
+    chmod(&source.join("config.sh"), 0o755);
+    refuse_changeable(&source, &pool).unwrap();
+}

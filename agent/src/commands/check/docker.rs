@@ -1,13 +1,16 @@
 //! `check`'s `docker` findings, only where a policy sets `docker = true` (issue 30): whether this
 //! host can give runners a rootless Docker daemon ([`rm_runner::docker::host`]: the tools,
 //! the tun device, the kernel, the agent's `no_new_privs`, user namespaces, the pool's
-//! subordinate id ranges), and whether each policy's `docker_images` can be read. Looks only:
+//! subordinate id ranges), whether each policy's `docker_images` can be read, and what a
+//! policy's Docker would leave unbounded here (`fail` unless its `docker_unbounded` accepts it,
+//! then `warn`: [`crate::isolation::docker_bounds`], the rule `run` refuses by). Looks only:
 //! it writes no `/etc/subuid` line (`run` does) and starts no daemon.
 
 use std::path::{Path, PathBuf};
 
 use super::Finding;
 use crate::config::Config;
+use crate::isolation::{DockerBounds, unbounded_refusal};
 use rm_runner::docker::host::{Facts, judge};
 use rm_runner::docker::subid::Files;
 use rm_runner::isolate::Pool;
@@ -20,9 +23,10 @@ pub(super) fn docker(config: &Config) -> Vec<Finding> {
         .policies
         .iter()
         .filter_map(|p| {
-            p.docker
-                .as_ref()
-                .map(|d| (p.name.clone(), d.images.clone()))
+            p.docker.as_ref().map(|d| {
+                let paths: Vec<PathBuf> = d.images.iter().map(|i| i.path.clone()).collect();
+                (p.name.clone(), paths)
+            })
         })
         .collect();
     if with_docker.is_empty() {
@@ -40,6 +44,11 @@ pub(super) fn docker(config: &Config) -> Vec<Finding> {
     };
     let accounts: Vec<(u32, u32)> = pool.accounts().iter().map(|a| (a.uid, a.gid)).collect();
     let facts = Facts::gather(&accounts, &Files::host());
+    // Where no runner cgroup can be had, `isolation` fails already; nothing is offered then.
+    let available = super::isolation::cgroup_evidence(config)
+        .map(|(_, controllers)| controllers)
+        .unwrap_or_default();
+    let bounds = crate::isolation::docker_bounds(config, available, facts.kernel);
     let bad_images = with_docker
         .iter()
         .flat_map(|(policy, images)| {
@@ -48,7 +57,46 @@ pub(super) fn docker(config: &Config) -> Vec<Finding> {
             })
         })
         .collect();
-    findings(&facts, bad_images)
+    let mut out = findings(&facts, bad_images);
+    out.extend(bounds.into_iter().flat_map(unbounded_findings));
+    out
+}
+
+/// A policy's unbounded resources as findings: `fail` for those it did not accept (`run`
+/// refuses them), `warn` for those it accepted by name. Pure.
+fn unbounded_findings(bounds: DockerBounds) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if !bounds.unaccepted.is_empty() {
+        let mut finding = Finding::fail(
+            "docker",
+            format!(
+                "docker_unbounded: {}",
+                bounds
+                    .unaccepted
+                    .iter()
+                    .map(|u| u.why())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+            unbounded_refusal(&bounds.unaccepted),
+        );
+        finding.policy = Some(bounds.policy.clone());
+        out.push(finding);
+    }
+    for accepted in bounds.accepted {
+        let mut finding = Finding::warn(
+            "docker",
+            format!(
+                "accepted by docker_unbounded = [\"{}\"]: {}",
+                accepted.as_str(),
+                accepted.why()
+            ),
+            "give the runner cgroups the controller, then drop it from docker_unbounded",
+        );
+        finding.policy = Some(bounds.policy.clone());
+        out.push(finding);
+    }
+    out
 }
 
 /// Why an image tarball cannot be loaded, if it cannot.
@@ -172,5 +220,30 @@ mod tests {
         assert!(out.iter().all(|f| !f.remedy.is_empty()));
         assert_eq!(out[2].policy.as_deref(), Some("ci"));
         assert!(out[2].what.contains("/srv/pg.tar"));
+    }
+
+    #[test]
+    fn what_docker_leaves_unbounded_fails_unless_accepted_then_warns() {
+        use rm_runner::docker::unbounded::Unbounded;
+        let out = unbounded_findings(DockerBounds {
+            policy: "ci".into(),
+            unaccepted: vec![Unbounded::Pids],
+            accepted: vec![Unbounded::Memory],
+        });
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(out[0].status, Status::Fail);
+        assert!(
+            out[0].what.contains("no pids controller"),
+            "{}",
+            out[0].what
+        );
+        assert!(
+            out[0].remedy.contains("docker_unbounded = [\"pids\"]"),
+            "{}",
+            out[0].remedy
+        );
+        assert_eq!(out[1].status, Status::Warn);
+        assert!(out[1].what.contains("docker_unbounded = [\"memory\"]"));
+        assert!(out.iter().all(|f| f.policy.as_deref() == Some("ci")));
     }
 }

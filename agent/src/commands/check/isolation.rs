@@ -193,7 +193,7 @@ fn describe_pool(pool: &Pool) -> String {
 
 /// Where runner cgroups would go and what the place offers to its children, without changing
 /// anything: the configured directory, or (auto) the agent's own cgroup.
-fn cgroup_evidence(config: &Config) -> Result<(PathBuf, Controllers), String> {
+pub(super) fn cgroup_evidence(config: &Config) -> Result<(PathBuf, Controllers), String> {
     let dir = match &config.host.cgroup_root {
         Some(dir) => dir.clone(),
         None => {

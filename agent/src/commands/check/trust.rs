@@ -1,33 +1,19 @@
-//! `check`'s findings on what a job could change ([`crate::trust`]): a `runner.package_dir` or
-//! an `env_file` a runner uid owns or others may write, on the way or itself (`fail`, as `run`
-//! refuses to start), and the kernel's link protections (`protected_links`: `fail` when off).
+//! `check`'s findings on what a job could change ([`crate::trust`]): a `runner.package_dir`
+//! (the way to it and every entry in it), an `env_file` or a `docker_images` tarball a runner
+//! uid owns or others may write, or a link out of the package (`fail`, as `run` refuses to
+//! start), and the kernel's link protections (`protected_links`: `fail` when off).
 
 use super::Finding;
 use crate::config::Config;
-use crate::trust;
+use crate::trust::{self, Trusted};
 
 pub(super) fn trust(config: &Config) -> Vec<Finding> {
     let pool = trust::pool_of(config);
-    let mut out: Vec<Finding> = trust::trusted_paths(config)
+    let mut out: Vec<Finding> = trust::trusted_paths(config, None)
         .into_iter()
-        .filter_map(|(key, policy, path)| {
-            let why = trust::changeable(&path, &pool)?;
-            let (problem, remedy) = super::split_remedy(&why);
-            let check = if policy.is_some() {
-                "env_file"
-            } else {
-                "runner_package"
-            };
-            let mut finding = Finding::fail(
-                check,
-                format!(
-                    "`{key}` {}: a job could change what every later runner gets: {problem}",
-                    path.display()
-                ),
-                format!("{remedy}; `rm-agent run` refuses to start until then"),
-            );
-            finding.policy = policy;
-            Some(finding)
+        .filter_map(|trusted| {
+            let why = trust::changeable(&trusted, &pool)?;
+            Some(finding(&trusted, &why))
         })
         .collect();
     let off = trust::protected_links_off();
@@ -47,4 +33,26 @@ pub(super) fn trust(config: &Config) -> Vec<Finding> {
         )
     });
     out
+}
+
+/// The `fail` finding for `trusted`, which a job could change (`why`: "problem; fix"), under
+/// the check its key names: `runner_package`, `env_file` or `docker_images`.
+fn finding(trusted: &Trusted, why: &str) -> Finding {
+    let (problem, remedy) = super::split_remedy(why);
+    let check = match trusted.key.rsplit_once('.') {
+        Some((_, "env_file")) => "env_file",
+        Some((_, "docker_images")) => "docker_images",
+        _ => "runner_package",
+    };
+    let mut finding = Finding::fail(
+        check,
+        format!(
+            "`{}` {}: a job could change what every later runner gets: {problem}",
+            trusted.key,
+            trusted.path.display()
+        ),
+        format!("{remedy}; `rm-agent run` refuses to start until then"),
+    );
+    finding.policy = trusted.policy.clone();
+    finding
 }

@@ -719,7 +719,7 @@ async fn a_cleaned_attempts_diag_is_kept_scrubbed_once_and_printed_by_logs() {
         .get(&record.runner_name)
         .cloned()
         .expect("the JIT configuration the runner got");
-    let printed = crate::commands::logs::render_kept(&store, record.attempt_id.as_str());
+    let printed = crate::commands::logs::kept_text(&store, record.attempt_id.as_str());
     assert!(
         printed.contains(&format!("fake runner {}", record.runner_name)),
         "{printed}"

@@ -1517,10 +1517,11 @@ async fn check_findings(fleet: &Fleet, names: &[&str]) -> (Option<i32>, Vec<serd
     (out.status.code(), findings)
 }
 
-/// What the agent hands every runner must be out of every job's reach (issue 25): a
+/// What the agent hands every runner must be out of every job's reach (issues 25 and 38): a
 /// `runner.package_dir` owned by a runner uid (the classic layout: a runner account's home) or
-/// writable by others, or an `env_file` others may write, is refused by `run` (exit 2, naming the
-/// key, the path and the fix, before any runner) and fails `check`.
+/// writable by others, anything inside it so (a 0777 `bin/`, a file a runner uid owns) or a link
+/// out of it, an `env_file` or a `docker_images` tarball others may write, is refused by `run`
+/// (exit 2, naming the key, the path and the fix, before any runner) and fails `check`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_package_source_or_env_file_a_job_could_change_is_refused_at_start() {
     use std::os::unix::fs::chown;
@@ -1532,7 +1533,8 @@ async fn a_package_source_or_env_file_a_job_could_change_is_refused_at_start() {
     let refused = async |what: &str, names: &[&str]| {
         let (status, stderr) = fleet.run_agent_until_exit(Duration::from_secs(30)).await;
         assert_eq!(status.code(), Some(2), "{what}: run must refuse: {stderr}");
-        let (code, findings) = check_findings(&fleet, &["runner_package", "env_file"]).await;
+        let (code, findings) =
+            check_findings(&fleet, &["runner_package", "env_file", "docker_images"]).await;
         assert_eq!(code, Some(1), "{what}: check must fail: {findings:?}");
         let failed: Vec<&serde_json::Value> =
             findings.iter().filter(|f| f["status"] == "fail").collect();
@@ -1574,6 +1576,39 @@ async fn a_package_source_or_env_file_a_job_could_change_is_refused_at_start() {
     refused("package mode 0777", &[&shown, "chmod go-w"]).await;
     std::fs::set_permissions(&package, std::fs::Permissions::from_mode(0o755)).unwrap();
 
+    // Inside a root-owned package: its `bin/` writable by every user (a job could replace the
+    // listener), a file a runner uid owns, a link out of the package.
+    let bin = package.join("bin");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o777)).unwrap();
+    refused(
+        "a 0777 subdirectory",
+        &[
+            "runner.package_dir",
+            &format!("chmod go-w {}", bin.display()),
+        ],
+    )
+    .await;
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let listener = bin.join("Runner.Listener");
+    chown(&listener, Some(runner_uid), None).unwrap();
+    refused(
+        "a file owned by a runner uid",
+        &[&format!("chown root:root {}", listener.display())],
+    )
+    .await;
+    chown(&listener, Some(0), None).unwrap();
+    let out = bin.join("libcoreclr.so");
+    std::os::unix::fs::symlink("/home/runner/libcoreclr.so", &out).unwrap();
+    refused(
+        "a link out of the package",
+        &[
+            "/home/runner/libcoreclr.so",
+            &format!("rm {}", out.display()),
+        ],
+    )
+    .await;
+    std::fs::remove_file(&out).unwrap();
+
     // An env_file every user may write.
     let env_file = fleet.setup.dir.path().join("runner.env");
     std::fs::write(&env_file, "LANG=C.UTF-8\n").unwrap();
@@ -1594,8 +1629,33 @@ async fn a_package_source_or_env_file_a_job_could_change_is_refused_at_start() {
     )
     .await;
 
-    // Put right, neither is refused any more.
     std::fs::set_permissions(&env_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    // A `docker_images` tarball every user may write (a job could save a trojaned image over
+    // it).
+    let image = fleet.setup.dir.path().join("pg.tar");
+    std::fs::write(&image, "a tarball").unwrap();
+    std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let config = std::fs::read_to_string(fleet.setup.config()).unwrap();
+    std::fs::write(
+        fleet.setup.config(),
+        format!(
+            "{config}docker = true\ndocker_images = [\"{}\"]\n",
+            image.display()
+        ),
+    )
+    .unwrap();
+    refused(
+        "docker_images mode 0666",
+        &[
+            "policy[0].docker_images",
+            &format!("chmod go-w {}", image.display()),
+        ],
+    )
+    .await;
+    std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    // Put right, none is refused any more.
     let (_, findings) = check_findings(&fleet, &["runner_package", "env_file"]).await;
     assert!(findings.iter().all(|f| f["status"] == "ok"), "{findings:?}");
 }
