@@ -284,8 +284,9 @@ fn router_advertisement(prefix: std::net::Ipv6Addr) -> Vec<u8> {
 }
 
 /// Sends `ra` to all nodes (`ff02::1`) on the interface `ifindex`, hop limit 255 (a router
-/// advertisement with any other is dropped). `false` while the interface's link-local address
-/// is still being checked (duplicate address detection), which leaves it without a source.
+/// advertisement with any other is dropped). `false` while the interface is not ready for IPv6:
+/// its link-local address still being checked (duplicate address detection) leaves it without a
+/// source, and right after it comes up it has no multicast route yet.
 fn advertise(ra: &[u8], ifindex: u32) -> bool {
     use rustix::net::{AddressFamily, SendFlags, SocketType, ipproto, sockopt};
     let socket =
@@ -295,7 +296,7 @@ fn advertise(ra: &[u8], ifindex: u32) -> bool {
     let all_nodes = std::net::SocketAddrV6::new("ff02::1".parse().unwrap(), 0, 0, ifindex);
     match rustix::net::sendto(&socket, ra, SendFlags::empty(), &all_nodes) {
         Ok(_) => true,
-        Err(rustix::io::Errno::ADDRNOTAVAIL) => false,
+        Err(rustix::io::Errno::ADDRNOTAVAIL | rustix::io::Errno::NETUNREACH) => false,
         Err(e) => panic!("cannot send the router advertisement on {ifindex}: {e}"),
     }
 }
