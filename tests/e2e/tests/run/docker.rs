@@ -13,7 +13,10 @@
 //!   copy; its own runtime, the control, is written: the bind works, the uid confines it),
 //!   `--pid=host` (a marker process of the host is not seen), `--net=host` (the agent's receiver
 //!   on the host's loopback is not reached), the host's disk as a device, and the host
-//!   daemon's socket.
+//!   daemon's socket; and, through its own daemon (issue 38), what the agent inherited from the
+//!   shell that started it: a `--privileged --pid=host` container finds the agent's descriptor
+//!   in no process of the daemon's tree, and `docker info` and a `--uts=host` container name
+//!   the runner, not the host.
 //! - After each job nothing is left: no process of the runner uids or of their subordinate
 //!   ranges, no mount below the runner root, no network namespace, veth or cgroup, no runtime.
 //!
@@ -101,6 +104,9 @@ else
     try net_host_gateway docker run --rm --net=host $BASE wget -q -T 3 -O - http://10.0.2.2:@RECEIVER@/healthz
     try device docker run --rm --device @DEVICE@ $BASE head -c 512 @DEVICE@
     try host_socket docker -H unix:///var/run/docker.sock info
+    try inherited_fd docker run --rm --privileged --pid=host $BASE sh -c 'ls -l /proc/[0-9]*/fd/ 2>/dev/null'
+    try daemon_name docker info --format '{{.Name}}'
+    try uts_host docker run --rm --uts=host $BASE cat /proc/sys/kernel/hostname
 fi
 say done yes
 exec "$HERE/bin/Runner.Listener.real" "$@"
@@ -313,7 +319,13 @@ async fn docker_fleet(
     let saved = images.path().join("base.tar");
     std::fs::write(&saved, saved_image(&rootfs, BASE_IMAGE)).unwrap();
     let extra: &'static str = Box::leak(
-        format!("docker = true\ndocker_images = [\"{}\"]\n", saved.display()).into_boxed_str(),
+        // On a host whose runner cgroups get no memory controller (this kind of machine), the
+        // policy must accept that a Docker job's memory is unbounded there, or `run` refuses.
+        format!(
+            "docker = true\ndocker_images = [\"{}\"]\ndocker_unbounded = [\"memory\"]\n",
+            saved.display()
+        )
+        .into_boxed_str(),
     );
     let fleet = Fleet::start(FleetOptions {
         host_max: 1,
@@ -403,7 +415,16 @@ async fn a_jobs_own_docker_runs_builds_serves_and_reaches_nothing_of_the_host() 
         job_duration_ms: 300,
         ..RunnerBehavior::default()
     });
-    let _agent = fleet.start_agent(&[]).await;
+    // What an agent started from a root shell holds: a descriptor on a root-only file, a key
+    // in its session keyring, a terminal (`isolation::agent_inherits`).
+    let root_only_file = root_only.join("root-only.txt");
+    std::fs::write(&root_only_file, "").unwrap();
+    std::fs::set_permissions(&root_only_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let _agent = fleet
+        .start_agent_with(&[], |command| {
+            crate::isolation::agent_inherits(command, &root_only_file)
+        })
+        .await;
 
     let run = async |name: &str| {
         let before: Vec<_> = fleet.attempts().into_iter().map(|a| a.attempt_id).collect();
@@ -514,6 +535,21 @@ async fn a_jobs_own_docker_runs_builds_serves_and_reaches_nothing_of_the_host() 
         !ok,
         "the job reached a daemon at /var/run/docker.sock: {out}"
     );
+    // Through its own daemon, nothing the agent inherited: the listing works (the tree's
+    // sockets are in it) and names no descriptor on the agent's root-only file.
+    let (ok, out) = step(&two, "inherited_fd");
+    assert!(
+        ok && out.contains("socket:") && !out.contains(&root_only_file.display().to_string()),
+        "a process of the job's daemon holds the agent's descriptor: {out}"
+    );
+    let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    for name in ["daemon_name", "uts_host"] {
+        let (ok, out) = step(&two, name);
+        assert!(
+            ok && out.trim().starts_with("rm-") && out.trim() != host_name.trim(),
+            "{name} names the host, not the runner: {out}"
+        );
+    }
 
     for a in [&first, &second] {
         assert_eq!(a.state, AttemptState::Cleaned, "{a:?}");

@@ -478,7 +478,7 @@ async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
 /// holding a key, and a controlling terminal (a pty whose master the test keeps open, as a
 /// root shell would).
 #[allow(unsafe_code)]
-fn agent_inherits(command: &mut std::process::Command, root_only: &Path) {
+pub(crate) fn agent_inherits(command: &mut std::process::Command, root_only: &Path) {
     let path = std::ffi::CString::new(root_only.display().to_string()).unwrap();
     // SAFETY: posix_openpt and friends on a descriptor this test owns; the master is leaked on
     // purpose (kept open while the agent runs: the terminal stays alive).
