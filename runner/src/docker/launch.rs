@@ -535,7 +535,7 @@ fn load_image(socket: &Path, image: &super::ImageFile) -> Result<Vec<u8>, ImageE
     };
     let mut file = std::fs::File::open(&image.path).map_err(failed)?;
     let length = file.metadata().map_err(failed)?.len();
-    let mut stream = UnixStream::connect(&socket).map_err(failed)?;
+    let mut stream = UnixStream::connect(socket).map_err(failed)?;
     stream
         .set_read_timeout(Some(LOAD_TIMEOUT))
         .map_err(failed)?;

@@ -64,6 +64,16 @@ fn link_out(path: &str, target: &str) -> Option<Untrusted> {
 /// The package tree of the table's in-tree cases.
 const TREE: &str = "/opt/runner";
 
+/// One case of the rule: what it is, the object, the directory it was found in, the tree it
+/// lies in, what the rule says.
+type Case<'a> = (
+    &'a str,
+    Seen,
+    Option<&'a Seen>,
+    Option<&'a str>,
+    Option<Untrusted>,
+);
+
 /// The one rule, case by case: an object, the directory it was found in, in a tree or on the
 /// way to a path.
 #[test]
@@ -74,7 +84,7 @@ fn the_rule_decides_each_object_by_owner_mode_kind_and_link() {
     let bin = seen("/opt/runner/bin", 0, DIR | 0o755);
     let opt = seen("/opt", 0, DIR | 0o755);
     #[rustfmt::skip]
-    let table: Vec<(&str, Seen, Option<&Seen>, Option<&str>, Option<Untrusted>)> = vec![
+    let table: Vec<Case> = vec![
         ("root's directory", seen("/opt/runner/bin", 0, DIR | 0o755), Some(&plain), Some(TREE), None),
         ("another user's file, not a runner's", seen("/opt/runner/bin/x", ALICE, FILE | 0o755), Some(&plain), Some(TREE), None),
         ("a file owned by a runner uid, mode 0600", seen("/opt/runner/bin/Runner.Listener", RUNNER, FILE | 0o600), Some(&plain), Some(TREE), owned("/opt/runner/bin/Runner.Listener", RUNNER)),
