@@ -5,6 +5,10 @@
 //! reaches it the same way, and a job reaches it: from its own network namespace through the
 //! host's NAT (the server sees the host's address), or on loopback under `host.network =
 //! "host"`. Such a job connects as the fleet's role and can take every host's claims and leases.
+//! A unix socket is no different to rm: the server could tell the uids apart (`peer`), but rm
+//! cannot see that it does, and under `local ... trust` a job that reaches the socket got in as
+//! the fleet's role (tried: a fleet's socket under `/run`). So a passwordless login is refused
+//! over either where isolated runners run.
 //!
 //! The decision is [`judge`], a pure function of [`Facts`]: `run` refuses (exit 2) what it says
 //! to refuse and logs the warnings; `receive` runs no jobs and only warns.
@@ -60,7 +64,14 @@ pub(crate) enum Verdict {
 const TRUST_OVER_TCP: &str = "the server then lets this host in on its address alone (`trust` in pg_hba.conf), and so it lets in a job of this host too (its traffic leaves through the host), as the fleet's role, able to take every host's claims and leases";
 
 /// What to do instead of a passwordless TCP login.
-const TCP_FIX: &str = "set RM_JOURNAL_PASSWORD in the agent's environment (the role's password, `scram-sha-256` in pg_hba.conf), or connect over the server's unix socket (host=/run/postgresql) with `peer` authentication";
+const TCP_FIX: &str = "set RM_JOURNAL_PASSWORD in the agent's environment (the role's password, `scram-sha-256` on the role's `host`/`hostssl` line in pg_hba.conf, never `trust`)";
+
+/// Why a passwordless login over a unix socket is refused too: what the server checks there is
+/// invisible to rm, and `trust` is a common default for `local` lines.
+const TRUST_OVER_SOCKET: &str = "rm cannot read pg_hba.conf to tell `peer` from `trust`, and under `trust` the server lets in whoever can open the socket, so a job of this host that can reach the socket's path logs in as the fleet's role, able to take every host's claims and leases";
+
+/// What to do instead of a passwordless login over a unix socket.
+const SOCKET_FIX: &str = "set RM_JOURNAL_PASSWORD in the agent's environment (the role's password) and make the role's `local` line in pg_hba.conf `scram-sha-256`, never `trust`";
 
 /// The verdicts for `role` logging in as `facts` says, refusals first.
 pub(crate) fn judge(role: Role, facts: Facts) -> Vec<Verdict> {
@@ -79,9 +90,9 @@ pub(crate) fn judge(role: Role, facts: Facts) -> Vec<Verdict> {
                 "a job on any runner host that reaches it"
             }
         ))),
-        (false, false, Role::Run(Isolation::User)) => verdicts.push(Verdict::Warn(
-            "connects over a unix socket without a password: keep the server's `local` lines in pg_hba.conf at `peer` (runners are other uids, so peer keeps their jobs out); `trust` lets a job that reaches the socket in as the fleet's role".to_owned(),
-        )),
+        (false, false, Role::Run(Isolation::User)) => verdicts.push(Verdict::Refuse(format!(
+            "connects over a unix socket without a password: {TRUST_OVER_SOCKET}; {SOCKET_FIX}"
+        ))),
         _ => {}
     }
     if runs_jobs && !isolated {
@@ -229,14 +240,16 @@ mod tests {
                 false,
                 1,
             ),
-            // A unix socket: the server can tell the uid; `peer` is the rule, said once.
+            // A unix socket without a password: refused as TCP is (rm cannot tell `peer` from
+            // `trust`); a receiver runs no jobs, and under `none` the isolation warning says it.
             (
                 "host=/var/run/postgresql user=rm dbname=rm",
                 false,
                 RUN,
-                false,
-                1,
+                true,
+                0,
             ),
+            ("postgresql:///rm?host=/run/postgresql", false, RUN, true, 0),
             (
                 "host=/var/run/postgresql user=rm dbname=rm",
                 false,
@@ -272,14 +285,30 @@ mod tests {
 
     #[test]
     fn a_refusal_says_why_and_the_fix() {
-        let verdicts = judge(RUN, TCP);
-        let Some(Verdict::Refuse(why)) = verdicts.first() else {
-            panic!("{verdicts:?}")
+        let socket = Facts {
+            over_tcp: false,
+            loopback_only: true,
+            ..TCP
         };
-        assert!(why.contains("without a password"), "{why}");
-        assert!(why.contains("trust"), "{why}");
-        assert!(why.contains("RM_JOURNAL_PASSWORD"), "{why}");
-        assert!(why.contains("peer"), "{why}");
+        for (facts, over, because) in [
+            (TCP, "over TCP", "address alone"),
+            (socket, "over a unix socket", "cannot read pg_hba.conf"),
+        ] {
+            let verdicts = judge(RUN, facts);
+            let Some(Verdict::Refuse(why)) = verdicts.first() else {
+                panic!("{verdicts:?}")
+            };
+            for says in [
+                over,
+                "without a password",
+                because,
+                "`trust`",
+                "RM_JOURNAL_PASSWORD",
+                "scram-sha-256",
+            ] {
+                assert!(why.contains(says), "{says}: {why}");
+            }
+        }
     }
 
     #[test]

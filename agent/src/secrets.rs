@@ -149,8 +149,8 @@ pub(crate) const JOURNAL_PASSWORD_ENV: &str = "RM_JOURNAL_PASSWORD";
 
 /// The fleet's PostgreSQL journal to connect to, when `journal.url` names one: the configured
 /// target with `$RM_JOURNAL_PASSWORD` as its password if set (taken as is: a password may
-/// begin or end with spaces), else none (the server's own authentication: peer on a unix
-/// socket; `run` refuses a TCP login without a password, crate::journal_auth).
+/// begin or end with spaces), else none (the server's own authentication; `run` with isolated
+/// runners refuses a login without a password, over TCP or a unix socket, crate::journal_auth).
 pub(crate) fn journal_target(config: &Config) -> Option<rm_journal::PgTarget> {
     let target = config.pg_journal.clone()?;
     Some(

@@ -590,6 +590,11 @@ impl Backend for UserIsolation {
             pids_max: plan.limits.pids_max,
             memory_max: plan.limits.memory_max,
             hostname: network_names(plan).netns,
+            // Its own daemon's socket where tools that ignore `DOCKER_HOST` look for one.
+            docker_socket: plan
+                .docker
+                .as_ref()
+                .map(|_| docker::Layout::of(runtime.dir()).socket),
         };
         let setup = ChildSetup::new(account, runtime.dir(), sandbox).map_err(|e| {
             BackendError::Uid(format!("cannot prepare the runner's isolation: {e}"))

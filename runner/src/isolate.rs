@@ -31,8 +31,23 @@ use super::workspace::{MountKey, TMP_DIR};
 pub(crate) const HOME_DIR: &str = "home";
 
 /// The shared writable places a runner gets its own empty tmpfs for, where they exist: nothing a
-/// job writes there is seen by another runner or outlives its own.
-pub const PRIVATE_DIRS: [&str; 4] = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock"];
+/// job writes there is seen by another runner or outlives its own. `/run` is among them for
+/// what it holds rather than for what a job could write there: the host's services put their
+/// unix sockets in it (a fleet's PostgreSQL under `local trust`, D-Bus, a container engine's),
+/// which a job would otherwise reach as its uid. The fresh `/run` gets back only what a job
+/// needs ([`RunDir`]).
+pub const PRIVATE_DIRS: [&str; 4] = ["/tmp", "/var/tmp", "/dev/shm", RUN];
+
+/// The host's runtime directory, which a runner sees empty but for [`RunDir`].
+pub(crate) const RUN: &str = "/run";
+
+/// `/run/lock` inside the runner's fresh `/run`: lock files (sticky, world-writable as the
+/// host's), on the `/run` tmpfs and within its bound.
+const RUN_LOCK: &std::ffi::CStr = c"/run/lock";
+
+/// Where a job finds its own Docker daemon's socket in its `/run` (`/var/run/docker.sock`, the
+/// path tools that ignore `DOCKER_HOST` use): a link to the socket in its runtime.
+const RUN_DOCKER_SOCKET: &std::ffi::CStr = c"/run/docker.sock";
 
 /// The umask a runner starts with (the agent's own is 077, which would make every file a job
 /// creates unreadable to the tools it starts under other users, such as a container engine).
@@ -410,9 +425,102 @@ pub(crate) const DEFAULT_TMPFS_SIZE: u64 = 4 << 30;
 pub(crate) fn tmpfs_options(dir: &str, memory_max: Option<u64>) -> String {
     let bounds =
         super::tmpfs::private_tmpfs_bounds(dir, Some(memory_max.unwrap_or(DEFAULT_TMPFS_SIZE)));
+    // `/run` is root's and not writable by others, as the host's is; the rest are sticky and
+    // world-writable.
+    let mode = if dir == RUN { "mode=755" } else { "mode=1777" };
     match bounds {
-        Some(b) => format!("mode=1777,{}", b.mount_options()),
-        None => "mode=1777".to_owned(),
+        Some(b) => format!("{mode},{}", b.mount_options()),
+        None => mode.to_owned(),
+    }
+}
+
+/// Where `/etc/resolv.conf` puts the resolver file when a fresh tmpfs hides `/run`: nowhere to
+/// go when it is not under `/run`, or, where it is a link into `/run` (systemd-resolved's
+/// `stub-resolv.conf`, resolvconf's), the directories to recreate in the fresh `/run`
+/// (outermost first) and the file. Pure.
+pub(crate) fn resolv_in_run(resolved: &Path) -> io::Result<Option<(Vec<CString>, CString)>> {
+    let Ok(below) = resolved.strip_prefix(RUN) else {
+        return Ok(None);
+    };
+    let mut dirs = Vec::new();
+    let mut at = PathBuf::from(RUN);
+    let parts: Vec<_> = below.components().collect();
+    for part in parts.iter().take(parts.len().saturating_sub(1)) {
+        at.push(part);
+        dirs.push(c_path(&at)?);
+    }
+    Ok(Some((dirs, c_path(resolved)?)))
+}
+
+/// What a runner's fresh `/run` holds, prepared before the fork: `/run/lock`, the resolver file
+/// where `/etc/resolv.conf` links into `/run`, and the link to its own Docker daemon's socket.
+#[derive(Debug, Default)]
+struct RunDir {
+    /// The host has a `/run/lock` (Debian's `/var/lock` links to it).
+    lock: bool,
+    /// [`resolv_in_run`]'s directories and file, and the host's resolver text for it.
+    resolv: Option<(Vec<CString>, CString, Vec<u8>)>,
+    /// The runner's Docker daemon's socket, linked at `/run/docker.sock`.
+    docker_socket: Option<CString>,
+}
+
+impl RunDir {
+    fn prepare(docker_socket: Option<&Path>) -> io::Result<RunDir> {
+        let resolv = match std::fs::canonicalize(super::network::RESOLV_CONF) {
+            // No resolver file (or a dangling link): the runner gets none either.
+            Err(_) => None,
+            Ok(resolved) => match resolv_in_run(&resolved)? {
+                None => None,
+                Some((dirs, file)) => {
+                    let text = std::fs::read(&resolved).unwrap_or_default();
+                    Some((dirs, file, text))
+                }
+            },
+        };
+        Ok(RunDir {
+            lock: std::fs::symlink_metadata("/run/lock").is_ok_and(|m| m.is_dir()),
+            resolv,
+            docker_socket: docker_socket.map(c_path).transpose()?,
+        })
+    }
+
+    /// Fills the fresh `/run`, in the child, as root: raw calls only.
+    fn fill(&self) -> io::Result<()> {
+        if self.lock {
+            mkdir_here(RUN_LOCK)?;
+            // The umask took the sticky and write bits of group and others.
+            rustix::fs::chmod(RUN_LOCK, Mode::from_raw_mode(0o1777))?;
+        }
+        if let Some((dirs, file, text)) = &self.resolv {
+            for dir in dirs {
+                mkdir_here(dir.as_c_str())?;
+            }
+            let fd = rustix::fs::open(
+                file.as_c_str(),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o644),
+            )?;
+            let mut rest = text.as_slice();
+            while !rest.is_empty() {
+                let n = rustix::io::write(&fd, rest)?;
+                if n == 0 {
+                    return Err(io::Error::from(io::ErrorKind::WriteZero));
+                }
+                rest = &rest[n..];
+            }
+        }
+        if let Some(socket) = &self.docker_socket {
+            rustix::fs::symlink(socket.as_c_str(), RUN_DOCKER_SOCKET)?;
+        }
+        Ok(())
+    }
+}
+
+/// `mkdir` (mode 0755 under the runner's umask), an existing one taken as it is.
+fn mkdir_here(dir: &std::ffi::CStr) -> io::Result<()> {
+    match rustix::fs::mkdir(dir, Mode::from_raw_mode(0o755)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -444,6 +552,8 @@ pub(crate) struct ChildSetup {
     /// bind-mounted back from `runtime_fd`.
     rebind: Option<Rebind>,
     pids_max: Option<u32>,
+    /// What the fresh `/run` gets back; `None` where the host has no `/run` directory.
+    run: Option<RunDir>,
 }
 
 /// The runtime is the child's working directory (std changes into it before the setup runs),
@@ -463,6 +573,8 @@ pub(crate) struct Sandbox {
     pub pids_max: Option<u32>,
     pub memory_max: Option<u64>,
     pub hostname: String,
+    /// The runner's Docker daemon's socket (`policy.docker`), linked at `/run/docker.sock`.
+    pub docker_socket: Option<PathBuf>,
 }
 
 fn c_path(p: &Path) -> io::Result<CString> {
@@ -500,7 +612,16 @@ impl ChildSetup {
             }
         }
         let invalid = |e| io::Error::new(io::ErrorKind::InvalidInput, e);
+        let run = if private_dirs
+            .iter()
+            .any(|(dir, _)| dir.as_bytes() == RUN.as_bytes())
+        {
+            Some(RunDir::prepare(sandbox.docker_socket.as_deref())?)
+        } else {
+            None
+        };
         Ok(ChildSetup {
+            run,
             account,
             cgroup_procs: sandbox.cgroup_procs,
             netns: sandbox.netns,
@@ -579,6 +700,9 @@ impl ChildSetup {
                 flags,
                 options.as_c_str(),
             )?;
+        }
+        if let Some(run) = &self.run {
+            run.fill()?;
         }
         if let Some(rebind) = &self.rebind {
             for dir in &rebind.dirs {

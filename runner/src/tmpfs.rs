@@ -1,5 +1,5 @@
 //! How large a runner's private tmpfs may grow (issue 25): each of `/tmp`, `/var/tmp`,
-//! `/dev/shm` and `/run/lock` gets a `size=` and an `nr_inodes=` so that all of them together
+//! `/dev/shm` and `/run` (its `/run/lock` inside) gets a `size=` and an `nr_inodes=` so that all of them together
 //! stay within the runner's `memory_max`. Unsized, each tmpfs may grow to half the host's RAM,
 //! and where no memory controller charges its pages to the job (a cgroup v1 host, or a root
 //! without `memory` delegated), nothing else bounds them.
@@ -19,8 +19,8 @@ const BYTES_PER_INODE: u64 = 16 << 10;
 /// lock files and sockets.
 const MIN_INODES: u64 = 64;
 
-/// `/run/lock` holds lock files, which are empty: a MiB at most, 1/16 of `memory_max` on a
-/// tiny one.
+/// `/run` holds a runner's lock files (`/run/lock`), which are empty, a resolver file and a
+/// link: a MiB at most, 1/16 of `memory_max` on a tiny one.
 const RUN_LOCK_MAX: u64 = 1 << 20;
 
 /// The bounds of one private tmpfs.
@@ -41,7 +41,7 @@ impl TmpfsBounds {
 
 /// The bounds of the private tmpfs mounted on `dir` (one of
 /// [`crate::isolate::PRIVATE_DIRS`]) for a runner whose `memory_max` is `memory_max`:
-/// `/tmp` half of it, `/var/tmp` a quarter, `/run/lock` at most a MiB, `/dev/shm` the rest, so
+/// `/tmp` half of it, `/var/tmp` a quarter, `/run` at most a MiB, `/dev/shm` the rest, so
 /// the four together never exceed `memory_max`. `None`: no bound (the policy has no
 /// `memory_max`, or `dir` is not one of them), the kernel's default applies.
 pub(crate) fn private_tmpfs_bounds(dir: &str, memory_max: Option<u64>) -> Option<TmpfsBounds> {
@@ -54,7 +54,7 @@ pub(crate) fn private_tmpfs_bounds(dir: &str, memory_max: Option<u64>) -> Option
         "/tmp" => tmp,
         "/var/tmp" => var_tmp,
         "/dev/shm" => dev_shm,
-        "/run/lock" => run_lock,
+        "/run" => run_lock,
         _ => return None,
     };
     // At least a page: `size=0` would mean "unlimited" to the kernel.
@@ -78,18 +78,18 @@ mod tests {
         for (dir, memory_max, size, nr_inodes) in [
             ("/tmp", 8 * GIB, 4 * GIB, 4 * GIB / (16 << 10)),
             ("/var/tmp", 8 * GIB, 2 * GIB, 2 * GIB / (16 << 10)),
-            ("/run/lock", 8 * GIB, MIB, 64),
+            ("/run", 8 * GIB, MIB, 64),
             (
                 "/dev/shm",
                 8 * GIB,
                 2 * GIB - MIB,
                 (2 * GIB - MIB) / (16 << 10),
             ),
-            // A small memory_max: /run/lock takes 1/16, sizes are whole pages.
-            ("/run/lock", 8 * MIB, 512 << 10, 64),
+            // A small memory_max: /run takes 1/16, sizes are whole pages.
+            ("/run", 8 * MIB, 512 << 10, 64),
             ("/tmp", 8 * MIB + 100, 4 * MIB, 256),
             // Tiny: never size=0 (unlimited to the kernel), never fewer than 64 inodes.
-            ("/run/lock", 1000, 4096, 64),
+            ("/run", 1000, 4096, 64),
             ("/dev/shm", 1000, 4096, 64),
         ] {
             assert_eq!(

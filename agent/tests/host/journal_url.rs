@@ -326,12 +326,14 @@ impl Drop for Stopped {
     }
 }
 
-/// `run` with isolated runners (the default) refuses a `journal.url` over TCP when no password
-/// is set: the server would let this host in on its address alone, and a job of the host with it
-/// (docs/fleet.md, "Logging in: the password rule"). Exit 2 before anything is set up, naming
-/// the key, the reason and the fix. The rule's table is `journal_auth::tests`.
+/// `run` with isolated runners (the default) refuses a `journal.url` without a password, over
+/// TCP or over a unix socket: rm cannot see the server's pg_hba.conf, and a server that lets this
+/// host in on its address (`trust` on a `host` line), or whoever opens its socket (`trust` on a
+/// `local` line), lets a job of the host in with it (docs/fleet.md, "Logging in: the password
+/// rule"). Exit 2 before anything is set up, naming the key, the reason and the fix. The rule's
+/// table is `journal_auth::tests`.
 #[test]
-fn run_refuses_a_fleet_journal_over_tcp_without_a_password() {
+fn run_refuses_a_fleet_journal_without_a_password_over_tcp_or_a_unix_socket() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("app.pem");
     let made = Command::new("openssl")
@@ -350,29 +352,53 @@ fn run_refuses_a_fleet_journal_over_tcp_without_a_password() {
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let package = dir.path().join("package");
     std::fs::create_dir_all(&package).unwrap();
-    let config = write_config(
-        dir.path(),
-        &format!(
-            "[github]\napp_id = 1\nprivate_key_file = \"{}\"\n\n[runner]\npackage_dir = \"{}\"\n\n\
-             [journal]\nurl = \"postgres://rm@127.0.0.1:1/rm\"\n\n\
-             [[policy]]\nname = \"linux\"\ntarget = \"octo-org\"\nlabels = [\"linux\"]\n",
-            key.display(),
-            package.display()
+    // (journal.url, what the refusal says beside the key, the password and `trust`)
+    let cases: [(&str, &[&str]); 2] = [
+        (
+            "postgres://rm@127.0.0.1:1/rm",
+            &["over TCP without a password", "address alone"],
         ),
-    );
-    let out = agent(&config, dir.path(), &["run"])
-        .env_remove("RM_JOURNAL_PASSWORD")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    for says in [
-        "`journal.url`",
-        "over TCP without a password",
-        "`trust`",
-        "RM_JOURNAL_PASSWORD",
-        "peer",
-    ] {
-        assert!(stderr.contains(says), "{says}: {stderr}");
+        (
+            "host=/run/postgresql user=rm dbname=rm",
+            &[
+                "over a unix socket without a password",
+                "cannot read pg_hba.conf to tell `peer` from `trust`",
+                "`local` line",
+            ],
+        ),
+    ];
+    for (url, specific) in cases {
+        let config = write_config(
+            dir.path(),
+            &format!(
+                "[github]\napp_id = 1\nprivate_key_file = \"{}\"\n\n[runner]\npackage_dir = \"{}\"\n\n\
+                 [journal]\nurl = \"{url}\"\n\n\
+                 [[policy]]\nname = \"linux\"\ntarget = \"octo-org\"\nlabels = [\"linux\"]\n",
+                key.display(),
+                package.display()
+            ),
+        );
+        let out = agent(&config, dir.path(), &["run"])
+            .env_remove("RM_JOURNAL_PASSWORD")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
+        for says in [
+            "`journal.url`",
+            "`trust`",
+            "RM_JOURNAL_PASSWORD",
+            "scram-sha-256",
+        ]
+        .iter()
+        .chain(specific)
+        {
+            assert!(stderr.contains(says), "{url}: {says}: {stderr}");
+        }
+        // Refused before anything is set up: no journal of attempts made.
+        assert!(
+            !dir.path().join("data").join("journal.sqlite3").exists(),
+            "{url}"
+        );
     }
 }

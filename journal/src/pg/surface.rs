@@ -11,7 +11,7 @@ pub enum PgUrlError {
     )]
     Invalid(String),
     #[error(
-        "holds a password; secrets do not live in the configuration file: remove it from the URL and set RM_JOURNAL_PASSWORD in the agent's environment (or use a unix socket with the server's peer authentication)"
+        "holds a password; secrets do not live in the configuration file: remove it from the URL and set RM_JOURNAL_PASSWORD in the agent's environment"
     )]
     Password,
     #[error(

@@ -862,21 +862,15 @@ impl DaemonChild {
         resolved: &Path,
         c: impl Fn(&Path) -> Result<CString, DockerError>,
     ) -> Result<ResolvTarget, DockerError> {
-        Ok(match resolved.strip_prefix("/run") {
-            Ok(below) => {
-                let mut dirs = Vec::new();
-                let mut at = PathBuf::from("/run");
-                let parts: Vec<_> = below.components().collect();
-                for part in parts.iter().take(parts.len().saturating_sub(1)) {
-                    at.push(part);
-                    dirs.push(c(&at)?);
-                }
-                ResolvTarget::InRun {
-                    dirs,
-                    file: c(resolved)?,
-                }
-            }
-            Err(_) => ResolvTarget::Bind(c(resolved)?),
+        // One rule for where the file goes in a fresh `/run`: the runner's (`isolate`).
+        let in_run =
+            crate::isolate::resolv_in_run(resolved).map_err(|source| DockerError::Prepare {
+                path: resolved.to_owned(),
+                source,
+            })?;
+        Ok(match in_run {
+            Some((dirs, file)) => ResolvTarget::InRun { dirs, file },
+            None => ResolvTarget::Bind(c(resolved)?),
         })
     }
 

@@ -18,6 +18,11 @@ use crate::{Agent, SECRET, Setup, binary};
 /// Every host's name starts with this: runner names are `rm-e2e-<host>-…`.
 pub const HOST_PREFIX: &str = "e2e-";
 
+/// `$RM_JOURNAL_PASSWORD` of every `run` host: `run` with isolated runners refuses a login
+/// without a password (agent/src/journal_auth.rs). The test server trusts its socket
+/// (tests/support/postgres.rs), so it never asks for this one.
+const JOURNAL_PASSWORD: &str = "e2e-fleet-journal";
+
 /// How the hosts are configured.
 #[derive(Debug, Clone)]
 pub struct PgFleetOptions {
@@ -194,6 +199,7 @@ impl FleetHost {
         )))
         .unwrap();
         let mut command = self.setup.command(&["run"]);
+        command.env("RM_JOURNAL_PASSWORD", JOURNAL_PASSWORD);
         command.envs(env.iter().copied());
         command
             .env("RM_LOG", "debug")

@@ -68,6 +68,10 @@ const ATTACKS: &[(&str, &str)] = &[
         "connect to a service on the host's loopback",
     ),
     ("receiver_port", "connect to the agent's receiver port"),
+    (
+        "host_unix_socket",
+        "connect to a host service's unix socket under /run",
+    ),
     ("metadata", "reach the (stand-in) cloud metadata address"),
     (
         "agent_session_key",
@@ -230,6 +234,7 @@ attacks() {
 
     try host_loopback perl -MIO::Socket::INET -e "$CONNECT" '@LOOPBACK@'
     try receiver_port perl -MIO::Socket::INET -e "$CONNECT" '@RECEIVER@'
+    try host_unix_socket perl -MIO::Socket::UNIX -e 'IO::Socket::UNIX->new(Peer => $ARGV[0]) or die "$!\n"' '@UNIX_SOCKET@'
     try metadata sh -c 'perl -MIO::Socket::INET -e "$1" "$2" | grep -q METADATA-SECRET' _ "$GET" '@METADATA@:80'
     try agent_session_key grep -q rm-e2e-agent-key /proc/keys
     try inherited_fd sh -c 'echo pwned >&47'
@@ -294,6 +299,8 @@ struct Hostile {
     leftovers: Leftovers,
     /// Listening on the host's loopback while the jobs try to connect.
     _loopback: std::net::TcpListener,
+    /// A host service's unix socket under `/run` that any uid may connect to.
+    _unix: HostSocket,
     standin: StandIn,
     /// Opened for writing by the agent's parent and left to the agent as descriptor 47.
     root_only: PathBuf,
@@ -352,7 +359,7 @@ fn unique() -> String {
 
 /// The places an isolated runner gets a fresh tmpfs for (`rm_runner::isolate::
 /// PRIVATE_DIRS`): a setup below one of them would be hidden from the job.
-const PRIVATE_DIRS: [&str; 4] = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock"];
+const PRIVATE_DIRS: [&str; 4] = ["/tmp", "/var/tmp", "/dev/shm", "/run"];
 
 /// Where the setups go when `CARGO_TARGET_TMPDIR` cannot serve (a checkout under `/tmp`, or
 /// below a directory other uids may not pass).
@@ -429,6 +436,7 @@ async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
     .unwrap();
     // A service only the host's loopback should reach, and what lies beyond the host.
     let loopback = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let unix = HostSocket::new();
     let standin = StandIn::start();
     // The agent's own descriptor (not close-on-exec, as a shell's redirection leaves it) on a
     // file only root may write.
@@ -456,6 +464,7 @@ async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
         .replace("@FORKS@", &FORKS.to_string())
         .replace("@LOOPBACK@", &loopback.local_addr().unwrap().to_string())
         .replace("@RECEIVER@", &fleet.setup.addr.to_string())
+        .replace("@UNIX_SOCKET@", &unix.path.display().to_string())
         .replace("@FAKE@", &format!("127.0.0.1:{}", fleet.fake.port()))
         .replace("@PUBLIC@", &standin.public.to_string())
         .replace("@METADATA@", &standin.metadata.to_string())
@@ -468,8 +477,39 @@ async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
         script,
         leftovers,
         _loopback: loopback,
+        _unix: unix,
         standin,
         root_only,
+    }
+}
+
+/// A host service's unix socket in `/run/rm-e2e-<unique>/`, mode 0777 (as a PostgreSQL under
+/// `local trust`, or any service that lets every local user connect): removed on drop.
+struct HostSocket {
+    path: PathBuf,
+    _listener: std::os::unix::net::UnixListener,
+}
+
+impl HostSocket {
+    fn new() -> HostSocket {
+        let dir = PathBuf::from(format!("/run/rm-e2e-{}", unique()));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.join("service.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+        HostSocket {
+            path,
+            _listener: listener,
+        }
+    }
+}
+
+impl Drop for HostSocket {
+    fn drop(&mut self) {
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -1161,6 +1201,7 @@ async fn the_same_hostile_job_under_isolation_none_reaches_everything() {
         "peer_found",
         "host_loopback",
         "receiver_port",
+        "host_unix_socket",
         "metadata",
     ];
     for attacker in &phases.attackers {
