@@ -486,36 +486,54 @@ pub(crate) fn follow_once<W: io::Write>(
         };
         budget.spend(want, cap, bytes.len() as u64);
         read += bytes.len() as u64;
-        let Some((shown, consumed, whole_lines)) = split_shown(&bytes) else {
+        let Some(shown) = split_shown(&bytes) else {
             continue;
         };
         if current.as_deref() != Some(key.as_str()) {
             out.own(&format!("--- {key} ---"));
             *current = Some(key);
         }
-        if whole_lines {
-            for line in shown.split(|b| *b == b'\n') {
+        if shown.whole_lines {
+            for line in shown.text.split(|b| *b == b'\n') {
                 out.job(&state.scrubber.piece(line, true), true);
                 state.lines += 1;
             }
         } else {
-            out.job(&state.scrubber.piece(shown, false), false);
+            out.job(&state.scrubber.piece(shown.text, false), false);
         }
-        state.offset += consumed as u64;
+        state.offset += shown.consumed as u64;
     }
     read
 }
 
-/// What one look of `--follow` shows of the bytes it read (pure): the text shown, how many
-/// bytes that consumed, and whether it is whole lines (shown without the last line end). A
-/// full chunk with no line end is a piece of one long line, cut as [`copy::cut_at`] cuts;
+/// What one look of `--follow` shows of the bytes it read.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Shown<'a> {
+    /// The text shown: whole lines without the last line end, or a piece of one long line.
+    pub(crate) text: &'a [u8],
+    /// How many of the bytes read it consumed.
+    pub(crate) consumed: usize,
+    /// Whether `text` is whole lines.
+    pub(crate) whole_lines: bool,
+}
+
+/// What one look of `--follow` shows of the bytes it read (pure): the whole lines; or, when a
+/// full chunk has no line end, a piece of its one long line, cut as [`copy::cut_at`] cuts;
 /// `None`: nothing yet (a line still being written).
-pub(crate) fn split_shown(bytes: &[u8]) -> Option<(&[u8], usize, bool)> {
+pub(crate) fn split_shown(bytes: &[u8]) -> Option<Shown<'_>> {
     match bytes.iter().rposition(|b| *b == b'\n') {
-        Some(end) => Some((&bytes[..end], end + 1, true)),
+        Some(end) => Some(Shown {
+            text: &bytes[..end],
+            consumed: end + 1,
+            whole_lines: true,
+        }),
         None if bytes.len() as u64 >= FOLLOW_CHUNK => {
             let cut = copy::cut_at(bytes, bytes.len() - 1);
-            Some((&bytes[..cut], cut, false))
+            Some(Shown {
+                text: &bytes[..cut],
+                consumed: cut,
+                whole_lines: false,
+            })
         }
         None => None,
     }
