@@ -52,6 +52,13 @@ const APPLETS: &[&str] = &[
 /// The port the `services:`-style container publishes in the runner's network.
 const SERVICE_PORT: u16 = 38518;
 
+/// `pids_max` of the Docker policy: room for the runner, its daemon's tree (about 150 tasks
+/// with their threads) and the first job's builds, far below [`FORKS`].
+const PIDS_MAX: u32 = 1000;
+
+/// How many processes the second job's container tries to start.
+const FORKS: u32 = 1500;
+
 /// The argument of the host's marker process `--pid=host` must not show.
 const MARKER_SECONDS: &str = "3133731";
 
@@ -104,9 +111,17 @@ else
     try net_host_gateway docker run --rm --net=host $BASE wget -q -T 3 -O - http://10.0.2.2:@RECEIVER@/healthz
     try device docker run --rm --device @DEVICE@ $BASE head -c 512 @DEVICE@
     try host_socket docker -H unix:///var/run/docker.sock info --format '{{.Name}}'
-    try inherited_fd docker run --rm --privileged --pid=host $BASE sh -c 'ls -l /proc/[0-9]*/fd/ 2>/dev/null'
+    # `ls` fails when a process it lists ends meanwhile: the listing is what counts.
+    try inherited_fd docker run --rm --privileged --pid=host $BASE sh -c 'ls -l /proc/[0-9]*/fd/ 2>/dev/null; true'
     try daemon_name docker info --format '{{.Name}}'
     try uts_host docker run --rm --uts=host $BASE cat /proc/sys/kernel/hostname
+    try unix_socket_runner ls @UNIX_SOCKET@
+    try unix_socket_daemon docker run --rm -v /run:/hostrun $BASE ls /hostrun@UNIX_SOCKET_BELOW_RUN@
+    # Last: past pids_max the daemon itself may fail to start a thread. The container's shell
+    # exits at the first fork that fails; the count of those that worked is in the bound dir.
+    mkdir -p "$HERE/forks"
+    docker run --rm -v "$HERE/forks:/out" $BASE sh -c 'i=0; while [ $i -lt @FORKS@ ]; do sleep 300 & i=$((i + 1)); echo $i > /out/n; done' >/dev/null 2>&1
+    say forks "ok $(cat "$HERE/forks/n" 2>/dev/null)"
 fi
 say done yes
 exec "$HERE/bin/Runner.Listener.real" "$@"
@@ -322,7 +337,7 @@ async fn docker_fleet(
         // On a host whose runner cgroups get no memory controller (this kind of machine), the
         // policy must accept that a Docker job's memory is unbounded there, or `run` refuses.
         format!(
-            "docker = true\ndocker_images = [\"{}\"]\ndocker_unbounded = [\"memory\"]\n",
+            "docker = true\ndocker_images = [\"{}\"]\ndocker_unbounded = [\"memory\"]\npids_max = {PIDS_MAX}\n",
             saved.display()
         )
         .into_boxed_str(),
@@ -391,10 +406,21 @@ async fn a_jobs_own_docker_runs_builds_serves_and_reaches_nothing_of_the_host() 
         .unwrap();
     std::fs::set_permissions(root_only.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let device = root_only_device();
+    // A host service's socket under `/run` every uid may connect to.
+    let unix = crate::isolation::HostSocket::new();
+    let below_run = unix
+        .path
+        .strip_prefix("/run")
+        .unwrap()
+        .display()
+        .to_string();
     let Some(docker) = docker_fleet("docker::a_jobs_own_docker", SCRIPT, |fleet, script| {
         script
             .replace("@ROOT_ONLY@", &root_only.path().display().to_string())
             .replace("@DEVICE@", &device.display().to_string())
+            .replace("@UNIX_SOCKET@", &unix.path.display().to_string())
+            .replace("@UNIX_SOCKET_BELOW_RUN@", &format!("/{below_run}"))
+            .replace("@FORKS@", &FORKS.to_string())
             .replace("@SERVICE_PORT@", &SERVICE_PORT.to_string())
             .replace("@RECEIVER@", &fleet.setup.addr.port().to_string())
     })
@@ -544,6 +570,20 @@ async fn a_jobs_own_docker_runs_builds_serves_and_reaches_nothing_of_the_host() 
     assert!(
         ok && out.contains("socket:") && !out.contains(&root_only_file.display().to_string()),
         "a process of the job's daemon holds the agent's descriptor: {out}"
+    );
+    // A host service's unix socket under `/run`: neither the runner (its `/run` is its own)
+    // nor a container bound to the daemon's `/run` finds it.
+    for name in ["unix_socket_runner", "unix_socket_daemon"] {
+        let (ok, out) = step(&two, name);
+        assert!(!ok, "{name}: the job found the host's socket: {out}");
+    }
+    // More processes than pids_max, as a container's (its uids subordinate ones): stopped
+    // below it, the runner's and the daemon's own counted in.
+    let (_, forks) = step(&two, "forks");
+    let forks: u32 = forks.trim().parse().unwrap_or(0);
+    assert!(
+        forks > 0 && forks < PIDS_MAX,
+        "a container started {forks} of {FORKS} processes under pids_max {PIDS_MAX}"
     );
     let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     for name in ["daemon_name", "uts_host"] {

@@ -485,13 +485,13 @@ async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
 
 /// A host service's unix socket in `/run/rm-e2e-<unique>/`, mode 0777 (as a PostgreSQL under
 /// `local trust`, or any service that lets every local user connect): removed on drop.
-struct HostSocket {
-    path: PathBuf,
+pub(crate) struct HostSocket {
+    pub(crate) path: PathBuf,
     _listener: std::os::unix::net::UnixListener,
 }
 
 impl HostSocket {
-    fn new() -> HostSocket {
+    pub(crate) fn new() -> HostSocket {
         let dir = PathBuf::from(format!("/run/rm-e2e-{}", unique()));
         std::fs::create_dir(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
