@@ -65,12 +65,16 @@ fn host_network(config: &Config, pool: &Pool) -> Result<HostNetwork, Exit> {
 /// policy asks for Docker.
 fn docker_for_runners(
     config: &Config,
+    root: &Path,
     pool: &Pool,
     cgroups: Option<&CgroupRoot>,
 ) -> Result<Option<docker::Tools>, Exit> {
     let Some(policy) = config.policies.iter().find(|p| p.docker.is_some()) else {
         return Ok(None);
     };
+    if let Some(problem) = docker_runner_root(config, root) {
+        return Err(usage(config, "host.runner_root", &problem));
+    }
     let refuse = |problem: String| {
         usage(
             config,
@@ -125,6 +129,40 @@ fn docker_for_runners(
     let tools = docker::Tools::find().map_err(|e| refuse(e.to_string()))?;
     tracing::info!(script = %tools.rootless_script.display(), "runners of policies with docker = true get a rootless Docker daemon each");
     Ok(Some(tools))
+}
+
+/// Why no runner of some `docker = true` policy could start its Docker daemon under the runner
+/// root `root` (canonical), naming the policy, the reason and the fix; `None` when the deepest
+/// runtime of every such policy can hold one. The rule is `docker::check_runner_root`, the one
+/// each launch applies to its runtime: judged here, `run` refuses at start (and `check` fails)
+/// what would otherwise fail every launch as `process_start_failed`, backing off for minutes.
+pub(crate) fn docker_runner_root(config: &Config, root: &Path) -> Option<String> {
+    config
+        .policies
+        .iter()
+        .filter(|p| p.docker.is_some())
+        .find_map(|policy| {
+            let slots = (policy.workspace == crate::config::Workspace::Persistent)
+                .then_some((policy.name.as_str(), policy.max_runners));
+            let err = docker::check_runner_root(root, slots).err()?;
+            let whose = format!(
+                "each runner of policy `{}` (docker = true) keeps its Docker daemon's tree in its runtime under {}",
+                policy.name,
+                root.display()
+            );
+            Some(match err {
+                docker::DockerError::UnderPrivateDir { dir, .. } => format!(
+                    "{whose}, which lies under {dir}: the daemon gets an empty tmpfs of its own on {dir}, so it would not find its runtime and every launch would fail; choose a host.runner_root outside {} (such as /var/lib/rm-agent/runners)",
+                    docker::daemon_tmpfs_dirs()
+                ),
+                docker::DockerError::PathTooLong { path } => format!(
+                    "{whose}, too deep for the daemon's unix sockets: {} would be {} bytes, longer than a socket's path may be, so every launch would fail; choose a shorter host.runner_root",
+                    path.display(),
+                    path.as_os_str().len()
+                ),
+                other => format!("{whose}: {other}"),
+            })
+        })
 }
 
 /// What one `docker = true` policy's runners leave unbounded here
@@ -264,7 +302,7 @@ pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, 
                     None
                 }
             };
-            let docker = docker_for_runners(config, &pool, cgroups.as_ref())?;
+            let docker = docker_for_runners(config, root.path(), &pool, cgroups.as_ref())?;
             tracing::info!(uids = pool.accounts().len(), cgroup_root = ?cgroups.as_ref().map(CgroupRoot::path), package = %package.current().tree().display(), network = config.host.network.as_str(), "runners are isolated: a uid, a cgroup, and mount, PID, IPC and UTS namespaces each");
             Ok(Backends {
                 isolation: IsolationKind::User,
@@ -483,5 +521,69 @@ mod tests {
         ] {
             assert!(said.contains(words), "{said}");
         }
+    }
+
+    /// `run` refuses, and `check` fails, a runner root no Docker policy's runner could start
+    /// its daemon in, naming the policy, the reason and the fix; a policy without Docker, or a
+    /// root that fits, says nothing. Persistent slots are judged at the policy's highest one.
+    #[test]
+    fn a_runner_root_docker_cannot_serve_is_named_with_its_policy_and_the_fix() {
+        let policy = |name: &str, extra: &str| {
+            format!(
+                "[[policy]]\nname = \"{name}\"\ntarget = \"acme/app\"\nlabels = [\"self-hosted\", \"{name}\"]\n{extra}\n"
+            )
+        };
+        let plain = crate::config::from_text(&policy("plain", "")).unwrap();
+        let docker = crate::config::from_text(&format!(
+            "{}{}",
+            policy("plain", ""),
+            policy("builds", "docker = true")
+        ))
+        .unwrap();
+        assert_eq!(
+            docker_runner_root(&plain, Path::new("/tmp/rm/runners")),
+            None
+        );
+        assert_eq!(
+            docker_runner_root(&docker, Path::new("/var/lib/rm-agent/runners")),
+            None
+        );
+        for (root, says) in [
+            ("/tmp/rm/runners", "lies under /tmp"),
+            ("/dev/shm/runners", "lies under /dev/shm"),
+            ("/run/rm-agent/runners", "lies under /run"),
+        ] {
+            let said = docker_runner_root(&docker, Path::new(root)).unwrap();
+            for words in [
+                "policy `builds`",
+                says,
+                "empty tmpfs",
+                "every launch would fail",
+                "choose a host.runner_root outside /run, /tmp, /var/tmp, /dev/shm",
+            ] {
+                assert!(said.contains(words), "{words}: {said}");
+            }
+        }
+        // 56 bytes: an ephemeral runtime's containerd socket is 108, one more than fits.
+        let deep = format!("/{}", "r".repeat(55));
+        let said = docker_runner_root(&docker, Path::new(&deep)).unwrap();
+        for words in ["too deep", "108 bytes", "choose a shorter host.runner_root"] {
+            assert!(said.contains(words), "{words}: {said}");
+        }
+        // 55 bytes: an ephemeral runtime (`/` and 12 hex digits) fits, as does a slot of the
+        // nine-letter `docker-ci` up to `s9`; an eleventh slot, `s10`, is one byte too long.
+        let root = format!("/{}", "r".repeat(54));
+        assert_eq!(docker_runner_root(&docker, Path::new(&root)), None);
+        let slots = |max: u32| {
+            crate::config::from_text(&policy(
+                "docker-ci",
+                &format!("docker = true\nworkspace = \"persistent\"\nmax_runners = {max}"),
+            ))
+            .unwrap()
+        };
+        assert_eq!(docker_runner_root(&slots(1), Path::new(&root)), None);
+        assert_eq!(docker_runner_root(&slots(10), Path::new(&root)), None);
+        let said = docker_runner_root(&slots(11), Path::new(&root)).unwrap();
+        assert!(said.contains("/docker-ci/s10/docker/"), "{said}");
     }
 }

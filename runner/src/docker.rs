@@ -20,7 +20,10 @@ pub mod subid;
 pub mod unbounded;
 
 pub use host::{Facts, Lack, Tools, judge};
-pub use launch::{Daemon, DaemonSpec, DockerError, ImageError, Layout, load_images, start};
+pub use launch::{
+    Daemon, DaemonSpec, DockerError, ImageError, Layout, check_runner_root, check_runtime,
+    daemon_tmpfs_dirs, load_images, start,
+};
 pub use mirror::{DaemonMirror, RegistryMirror, Route, daemon_mirror};
 
 use std::path::PathBuf;

@@ -39,6 +39,12 @@ pub fn slot_number(name: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
+/// `<root>/<policy>/s<slot>`, where `policy`'s slot `slot` lives under the runner root `root`.
+/// Pure; [`RunnerRoot::slot_path`] checks the policy's name too.
+pub(crate) fn slot_dir(root: &Path, policy: &str, slot: u32) -> PathBuf {
+    root.join(policy).join(format!("{SLOT_PREFIX}{slot}"))
+}
+
 /// Whether `name` can be a policy's directory: the configuration allows letters, digits, `-`
 /// and `_`; checked again here because a slot path is built from it.
 fn is_policy_dir(name: &OsStr) -> bool {
@@ -52,10 +58,7 @@ fn is_policy_dir(name: &OsStr) -> bool {
 impl RunnerRoot {
     /// Where `policy`'s slot `slot` lives; touches nothing.
     pub fn slot_path(&self, policy: &str, slot: u32) -> Result<PathBuf, WorkspaceError> {
-        let path = self
-            .path()
-            .join(policy)
-            .join(format!("{SLOT_PREFIX}{slot}"));
+        let path = slot_dir(self.path(), policy, slot);
         if is_policy_dir(OsStr::new(policy)) {
             Ok(path)
         } else {

@@ -156,8 +156,9 @@ impl Layout {
         }
     }
 
-    /// Refuses a runtime so deep that a socket's path would not fit a `sockaddr_un`.
-    pub(crate) fn check_socket_paths(&self) -> Result<(), DockerError> {
+    /// Refuses a runtime so deep that a socket's path would not fit a `sockaddr_un` (part of
+    /// [`check_runtime`]).
+    fn check_socket_paths(&self) -> Result<(), DockerError> {
         for path in [self.socket.clone(), self.exec.join(DEEPEST_SOCKET)] {
             if path.as_os_str().len() > MAX_SOCKET_PATH {
                 return Err(DockerError::PathTooLong { path });
@@ -170,6 +171,53 @@ impl Layout {
     pub fn docker_host(&self) -> String {
         format!("unix://{}", self.socket.display())
     }
+}
+
+/// The daemon's `/run`: an empty tmpfs in its mount namespace, as [`PRIVATE_DIRS`] are.
+const DAEMON_RUN: &str = "/run";
+
+/// Whether a runner's daemon can keep its tree in `runtime`, the one rule for it: not below a
+/// directory the daemon's mount namespace gets an empty tmpfs on (its `/run` and
+/// [`PRIVATE_DIRS`]: the daemon would find its data root, exec root and socket directory
+/// hidden), and no socket path of its [`Layout`] longer than a `sockaddr_un` holds
+/// ([`MAX_SOCKET_PATH`]). Pure: `runtime` as the runner root resolved it (canonical, so a link
+/// such as `/var/run` is already `/run`). Judged at each launch ([`start`]) and, for the deepest
+/// runtime a policy's runners can get, when `run` starts ([`check_runner_root`]).
+pub fn check_runtime(runtime: &Path) -> Result<(), DockerError> {
+    for dir in std::iter::once(DAEMON_RUN).chain(PRIVATE_DIRS) {
+        if runtime.starts_with(dir) {
+            return Err(DockerError::UnderPrivateDir {
+                runtime: runtime.to_owned(),
+                dir,
+            });
+        }
+    }
+    Layout::of(runtime).check_socket_paths()
+}
+
+/// The directories [`check_runtime`] keeps runtimes out of, as a message names them
+/// (`/run, /tmp, ...`).
+pub fn daemon_tmpfs_dirs() -> String {
+    let dirs: Vec<&str> = std::iter::once(DAEMON_RUN).chain(PRIVATE_DIRS).collect();
+    dirs.join(", ")
+}
+
+/// [`check_runtime`] for the deepest runtime a `docker = true` policy's runners can get under
+/// the runner root `root` (canonical): `<root>/<12 hex>` for ephemeral runtimes, or, with
+/// `persistent_slots = Some((policy, max_runners))`, its highest slot `<root>/<policy>/s<N>`
+/// (slots are reused lowest first, so `N` stays below `max_runners`). Pure: what `run` refuses
+/// at start instead of failing every launch.
+pub fn check_runner_root(
+    root: &Path,
+    persistent_slots: Option<(&str, u32)>,
+) -> Result<(), DockerError> {
+    let deepest = match persistent_slots {
+        None => root.join("f".repeat(crate::workspace::WORKSPACE_NAME_LEN)),
+        Some((policy, max_runners)) => {
+            crate::slot::slot_dir(root, policy, max_runners.saturating_sub(1))
+        }
+    };
+    check_runtime(&deepest)
 }
 
 /// The rootlesskit flags the launcher adds (`DOCKERD_ROOTLESS_ROOTLESSKIT_FLAGS`). Pure.
@@ -337,7 +385,8 @@ pub enum DockerError {
     )]
     PathTooLong { path: PathBuf },
     #[error(
-        "the runtime {runtime} lies under {dir}, which the daemon gets an empty tmpfs on; choose a host.runner_root elsewhere"
+        "the runtime {runtime} lies under {dir}, which the daemon gets an empty tmpfs on; choose a host.runner_root outside {hidden}",
+        hidden = daemon_tmpfs_dirs()
     )]
     UnderPrivateDir { runtime: PathBuf, dir: &'static str },
     #[error("{path} already exists: a daemon's directory is made fresh for each runner")]
@@ -380,8 +429,8 @@ pub(crate) fn start_within(
     if tools::agent_has_no_new_privs() {
         return Err(DockerError::NoNewPrivs);
     }
+    check_runtime(&spec.runtime)?;
     let layout = Layout::of(&spec.runtime);
-    layout.check_socket_paths()?;
     let log = prepare(&layout, spec.account)?;
     let setup = DaemonChild::new(&spec, &layout)?;
     let mut command = Command::new(&tools.rootless_script);
@@ -798,14 +847,9 @@ impl DaemonChild {
         if !tun.is_some_and(|m| m.file_type().is_char_device()) {
             return Err(DockerError::NoTun);
         }
+        // A runtime below one of these was refused already ([`check_runtime`], in [`start`]).
         let mut private_dirs = Vec::new();
         for dir in PRIVATE_DIRS {
-            if spec.runtime.starts_with(dir) {
-                return Err(DockerError::UnderPrivateDir {
-                    runtime: spec.runtime.clone(),
-                    dir,
-                });
-            }
             // A link (e.g. /var/tmp -> /tmp) is not mounted over.
             if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
                 private_dirs.push(c(Path::new(dir))?);
@@ -1076,14 +1120,105 @@ mod tests {
         assert!(layout.check_socket_paths().is_ok());
     }
 
+    /// What a check refused: the directory a runtime lies under, or the socket path too long.
+    fn refusal(checked: Result<(), DockerError>) -> Option<String> {
+        match checked {
+            Ok(()) => None,
+            Err(DockerError::UnderPrivateDir { dir, .. }) => Some(dir.to_owned()),
+            Err(DockerError::PathTooLong { path }) => Some(format!("long {}", path.display())),
+            Err(other) => panic!("{other}"),
+        }
+    }
+
+    /// A path of `len` bytes: `/` and `len - 1` times `r`.
+    fn path_of(len: usize) -> String {
+        format!("/{}", "r".repeat(len - 1))
+    }
+
     #[test]
-    fn a_runtime_too_deep_for_a_socket_path_is_refused() {
-        let deep = format!("/{}", "d".repeat(80));
-        let err = Layout::of(Path::new(&deep))
-            .check_socket_paths()
-            .unwrap_err();
-        assert!(matches!(err, DockerError::PathTooLong { .. }), "{err}");
-        assert!(err.to_string().contains("runner_root"), "{err}");
+    fn the_runtime_rule_over_hidden_directories_and_socket_lengths() {
+        // The deepest socket, containerd's, is the runtime and 39 bytes: 68 bytes fit.
+        let longest = path_of(MAX_SOCKET_PATH - "/docker/exec/containerd/containerd.sock".len());
+        let too_long = format!("{longest}r");
+        let table: &[(&str, Option<&str>)] = &[
+            ("/srv/rm/runners/0123456789ab", None),
+            ("/var/lib/rm-agent/runners/0123456789ab", None),
+            ("/tmp/rm/runners/0123456789ab", Some("/tmp")),
+            ("/tmp", Some("/tmp")),
+            ("/var/tmp/runners/0123456789ab", Some("/var/tmp")),
+            ("/dev/shm/runners/0123456789ab", Some("/dev/shm")),
+            ("/run/rm-agent/runners/0123456789ab", Some("/run")),
+            // Whole components only: these are not below /tmp or /run.
+            ("/tmpfs/runners/0123456789ab", None),
+            ("/runners/0123456789ab", None),
+            ("/var/lib/tmp/0123456789ab", None),
+            (&longest, None),
+        ];
+        for (runtime, refused) in table {
+            assert_eq!(
+                refusal(check_runtime(Path::new(runtime))).as_deref(),
+                *refused,
+                "{runtime}"
+            );
+        }
+        let deep = format!("{too_long}/docker/exec/{DEEPEST_SOCKET}");
+        assert_eq!(
+            refusal(check_runtime(Path::new(&too_long))),
+            Some(format!("long {deep}"))
+        );
+        let err = check_runtime(Path::new("/tmp/r/0123456789ab")).unwrap_err();
+        for says in [
+            "/tmp",
+            "empty tmpfs",
+            "host.runner_root",
+            "/run, /tmp, /var/tmp, /dev/shm",
+        ] {
+            assert!(err.to_string().contains(says), "{says}: {err}");
+        }
+        let err = check_runtime(Path::new(&too_long)).unwrap_err();
+        assert!(err.to_string().contains("host.runner_root"), "{err}");
+    }
+
+    #[test]
+    fn a_runner_root_is_judged_by_the_deepest_runtime_a_policy_s_runners_get() {
+        // An ephemeral runtime is the root, `/` and 12 hex digits: a root of 55 bytes fits.
+        let ephemeral = MAX_SOCKET_PATH - "/docker/exec/containerd/containerd.sock".len() - 13;
+        // A slot is the root, `/linux/s` and its number: with ten slots (`s9`), 59 bytes fit.
+        let slotted = ephemeral + 13 - "/linux/s9".len();
+        // (runner root, persistent slots, whether it fits)
+        type Case = (String, Option<(&'static str, u32)>, bool);
+        let table: &[Case] = &[
+            ("/var/lib/rm-agent/runners".to_owned(), None, true),
+            (
+                "/var/lib/rm-agent/runners".to_owned(),
+                Some(("linux", 50)),
+                true,
+            ),
+            (path_of(ephemeral), None, true),
+            (path_of(ephemeral + 1), None, false),
+            (path_of(slotted), Some(("linux", 10)), true),
+            // An eleventh slot, `s10`, is one byte longer.
+            (path_of(slotted), Some(("linux", 11)), false),
+            (path_of(slotted + 1), Some(("linux", 10)), false),
+            // A policy that may run one runner: `s0`.
+            (path_of(slotted), Some(("linux", 1)), true),
+            (path_of(slotted), Some(("linux", 0)), true),
+        ];
+        for (root, slots, fits) in table {
+            let checked = check_runner_root(Path::new(root), *slots);
+            assert_eq!(checked.is_ok(), *fits, "{root} {slots:?}: {checked:?}");
+        }
+        for root in ["/tmp/rm/runners", "/run/rm", "/dev/shm/r", "/var/tmp/r"] {
+            for slots in [None, Some(("linux", 4))] {
+                assert!(
+                    matches!(
+                        check_runner_root(Path::new(root), slots),
+                        Err(DockerError::UnderPrivateDir { .. })
+                    ),
+                    "{root} {slots:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -32,14 +32,18 @@ pub(super) fn docker(config: &Config) -> Vec<Finding> {
     if with_docker.is_empty() {
         return Vec::new();
     }
+    // What `run` refuses first (crate::isolation::docker_runner_root), said whatever else fails.
+    let root = runner_root_finding(config);
     let pool = match Pool::resolve(&config.host.runner_uids) {
         Ok(pool) => pool,
         Err(problem) => {
-            return vec![Finding::fail(
+            let mut out = vec![Finding::fail(
                 "docker",
                 format!("the runner uid pool cannot be used: {problem}"),
                 "fix `host.runner_uids`",
             )];
+            out.extend(root);
+            return out;
         }
     };
     let accounts: Vec<(u32, u32)> = pool.accounts().iter().map(|a| (a.uid, a.gid)).collect();
@@ -58,8 +62,39 @@ pub(super) fn docker(config: &Config) -> Vec<Finding> {
         })
         .collect();
     let mut out = findings(&facts, bad_images);
+    out.extend(root);
     out.extend(bounds.into_iter().flat_map(unbounded_findings));
     out
+}
+
+/// `host.runner_root` where a Docker policy's runner could not start its daemon: `fail`, with
+/// the words `run` refuses it with.
+fn runner_root_finding(config: &Config) -> Option<Finding> {
+    let root = resolved(&config.host.runner_root);
+    let problem = crate::isolation::docker_runner_root(config, &root)?;
+    Some(Finding::fail(
+        "docker",
+        format!("`rm-agent run` would refuse `host.runner_root`: {problem}"),
+        "set host.runner_root to a shorter directory outside the daemon's tmpfs (docs/configuration.md, host.runner_root)",
+    ))
+}
+
+/// `path` as `run` will resolve it (it makes the runner root, then canonicalizes it), without
+/// making anything: its deepest existing ancestor canonicalized, the rest as written. A link
+/// such as `/var/run` is judged as the `/run` it leads to.
+fn resolved(path: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    for ancestor in path.ancestors() {
+        if let Ok(real) = ancestor.canonicalize() {
+            return rest.iter().rev().fold(real, |at, part| at.join(part));
+        }
+        match ancestor.file_name() {
+            Some(name) => rest.push(name.to_owned()),
+            // A `..` below what does not exist: judged as written.
+            None => break,
+        }
+    }
+    path.to_owned()
 }
 
 /// A policy's unbounded resources as findings: `fail` for those it did not accept (`run`
@@ -220,6 +255,38 @@ mod tests {
         assert!(out.iter().all(|f| !f.remedy.is_empty()));
         assert_eq!(out[2].policy.as_deref(), Some("ci"));
         assert!(out[2].what.contains("/srv/pg.tar"));
+    }
+
+    /// A runner root under the daemon's tmpfs fails `check` in the words `run` refuses it
+    /// with, judged where it leads (a link to `/dev/shm`), before the directory exists.
+    #[test]
+    fn a_runner_root_docker_cannot_serve_fails_where_it_leads() {
+        let base = tempfile::tempdir().unwrap();
+        let link = base.path().join("link");
+        std::os::unix::fs::symlink("/dev/shm", &link).unwrap();
+        let root = link.join("rm").join("runners");
+        assert_eq!(resolved(&root), Path::new("/dev/shm/rm/runners"));
+        let config = crate::config::from_text(&format!(
+            "[host]\nrunner_root = \"{}\"\n\n[[policy]]\nname = \"ci\"\ntarget = \"acme\"\nlabels = [\"x\"]\ndocker = true\n",
+            root.display()
+        ))
+        .unwrap();
+        let failed = runner_root_finding(&config).unwrap();
+        assert_eq!(failed.status, Status::Fail);
+        for words in [
+            "`rm-agent run` would refuse `host.runner_root`",
+            "policy `ci`",
+            "lies under /dev/shm",
+            "choose a host.runner_root outside",
+        ] {
+            assert!(failed.what.contains(words), "{words}: {}", failed.what);
+        }
+        assert!(docker(&config).iter().any(|f| f.what == failed.what));
+        let fine = crate::config::from_text(
+            "[host]\nrunner_root = \"/var/lib/rm-agent/runners\"\n\n[[policy]]\nname = \"ci\"\ntarget = \"acme\"\nlabels = [\"x\"]\ndocker = true\n",
+        )
+        .unwrap();
+        assert!(runner_root_finding(&fine).is_none());
     }
 
     #[test]

@@ -658,3 +658,73 @@ async fn an_agent_killed_while_runners_have_docker_leaves_nothing_of_it() {
         );
     }
 }
+
+/// A runner root Docker cannot serve is refused when `run` starts (issue 38), not found at each
+/// launch: under `/tmp`, which each runner's daemon gets an empty tmpfs on, every launch of a
+/// `docker = true` policy failed as `process_start_failed`, backing off for minutes. `run`
+/// exits 2 naming `host.runner_root`, the reason and the fix, before any runner and before it
+/// writes a subordinate range; `check`'s `docker` finding fails in the same words. Needs no
+/// Docker tools: the runner root is judged first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_root_under_the_daemon_s_tmpfs_is_refused_at_start() {
+    // Another Docker test may write /etc/subuid meanwhile, which this one reads.
+    let _one = ONE_AT_A_TIME.lock().await;
+    let fleet = Fleet::start(FleetOptions {
+        host_max: 1,
+        policies: vec![PolicySpec {
+            name: "docker",
+            target: "acme",
+            labels: LABELS,
+            max_runners: 1,
+            workspace: "ephemeral",
+            extra: "docker = true\ndocker_unbounded = [\"memory\"]\n",
+        }],
+        base_dir: Some(PathBuf::from("/tmp")),
+        ..FleetOptions::default()
+    })
+    .await;
+    let subuid = std::fs::read_to_string("/etc/subuid").unwrap_or_default();
+    let (status, stderr) = fleet.run_agent_until_exit(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    let says = [
+        "`host.runner_root`",
+        "policy `docker`",
+        "lies under /tmp",
+        "empty tmpfs",
+        "choose a host.runner_root outside /run, /tmp, /var/tmp, /dev/shm",
+    ];
+    for words in says {
+        assert!(stderr.contains(words), "{words}: {stderr}");
+    }
+    assert!(fleet.attempts().is_empty(), "a runner was started");
+    assert_eq!(
+        std::fs::read_to_string("/etc/subuid").unwrap_or_default(),
+        subuid,
+        "a subordinate range was written"
+    );
+
+    let mut command = fleet.setup.command(&["check", "--json"]);
+    let out = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let failed: Vec<&serde_json::Value> = doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == "docker" && f["status"] == "fail")
+        .filter(|f| {
+            f["what"]
+                .as_str()
+                .is_some_and(|w| w.contains("host.runner_root"))
+        })
+        .collect();
+    assert_eq!(out.status.code(), Some(1), "{doc}");
+    assert_eq!(failed.len(), 1, "{doc}");
+    for words in &says[1..] {
+        assert!(
+            failed[0]["what"].as_str().unwrap().contains(words),
+            "{words}: {doc}"
+        );
+    }
+}
