@@ -10,14 +10,15 @@
 
 /// The variable naming the crash point: `jobs_claimed` (a fleet host, right after it claimed
 /// jobs), `attempt_journalled`, `jit_issued` (GitHub's JIT answer in hand, not yet journalled),
-/// `jit_received`, `process_spawned`, `runner_started`,
-/// `runner_busy` or `cleanup`, in lifecycle order; `scale_down_intended` and
+/// `jit_received`, `process_spawned`, `runner_started`, `runner_busy`, `cleanup` (concluded, its
+/// runtime not removed yet) or `released` (its runtime removed and its uid released, its
+/// registration not removed yet), in lifecycle order; `scale_down_intended` and
 /// `scale_down_removed` (a scale set's surplus runner's stop intent journalled, and then it
-/// removed from the scale set, not yet stopped; `executor/effects.rs`); `rerun_sending` (a re-run journalled
-/// `sending`, its request not sent; `executor/rerun.rs`) (the `crash_point` calls in the executor
-/// name them); `scale_set_message_received` and `scale_set_message_journalled` (a scale-set message
-/// received and not yet journalled, and journalled and not yet acknowledged;
-/// `scaleset/listen.rs`).
+/// removed from the scale set, not yet stopped; `executor/effects.rs`); `rerun_sending` (a
+/// re-run journalled `sending`, its request not sent; `executor/rerun.rs`) (the `crash_point`
+/// calls in the executor name them); `scale_set_message_received` and
+/// `scale_set_message_journalled` (a scale-set message received and not yet journalled, and
+/// journalled and not yet acknowledged; `scaleset/listen.rs`).
 #[cfg(feature = "fault-injection")]
 const CRASH_ENV: &str = "RM_FAULT_CRASH_AT";
 

@@ -831,10 +831,10 @@ fn the_schema_itself_refuses_inconsistent_rows() {
         .collect::<Result<_, _>>()
         .unwrap();
     // v5 added `isolation` (a closed set), `uid` (a number) and `cgroup` (a path the agent
-    // builds from the attempt id); v7 `started_at` (a time in ms).
+    // builds from the attempt id); v7 `started_at` and v12 `released_at` (times in ms).
     assert_eq!(
         columns.len(),
-        23,
+        24,
         "a new column: check it cannot hold a secret"
     );
     for column in &columns {
@@ -990,4 +990,64 @@ fn a_runner_uid_is_held_by_one_uncleaned_attempt_until_it_is_cleaned() {
         create(&attempts, &id(3), "linux", 4).isolation,
         IsolationKind::None
     );
+}
+
+/// A concluded attempt released (its processes gone, its runtime removed) frees its uid at once
+/// while it stays uncleaned for its registration: the next attempt may take the uid, the
+/// release is written once and only for a concluded attempt, and the uid stays on its record.
+#[test]
+fn a_released_attempt_frees_its_uid_before_it_is_cleaned() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    let new = |id: &AttemptId, uid: u32| {
+        attempts.create(&NewAttempt {
+            attempt_id: id,
+            policy: "linux",
+            runner_name: &id.runner_name("host"),
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: &PathBuf::from(format!("/runners/{}", id.short())),
+            created_at_ms: UnixMs::new(1),
+            isolation: IsolationKind::User,
+            uid: Some(uid),
+            cgroup: None,
+        })
+    };
+    let (a, b) = (id(1), id(2));
+    new(&a, 64200).unwrap();
+    // A live attempt is never released: its runner may still run as the uid.
+    walk_to(&attempts, &a, AttemptState::Busy);
+    assert!(!attempts.mark_released(&a, UnixMs::new(5)).unwrap());
+    assert_eq!(attempts.held_uids().unwrap(), [64200]);
+    assert!(
+        attempts
+            .conclude(
+                &a,
+                AttemptState::Busy,
+                AttemptOutcome::Failed,
+                Some("disk_exceeded"),
+                None,
+                UnixMs::new(6)
+            )
+            .unwrap()
+    );
+    assert!(matches!(new(&b, 64200), Err(AttemptError::UidInUse(64200))));
+    assert!(attempts.mark_released(&a, UnixMs::new(7)).unwrap());
+    // Written once: a second release (a cleanup run again after a crash) changes nothing.
+    assert!(!attempts.mark_released(&a, UnixMs::new(8)).unwrap());
+    let released = attempts.get(&a).unwrap().unwrap();
+    assert_eq!(released.state, AttemptState::Failed);
+    assert_eq!(released.released_at_ms, Some(UnixMs::new(7)));
+    assert_eq!(
+        released.uid,
+        Some(64200),
+        "the record keeps which uid ran it"
+    );
+    assert!(attempts.held_uids().unwrap().is_empty());
+    // Still uncleaned (its registration waits), and its uid already another runner's.
+    let uncleaned = attempts.list(Scope::Uncleaned, None).unwrap();
+    assert_eq!(uncleaned.len(), 1);
+    assert_eq!(new(&b, 64200).unwrap().uid, Some(64200));
+    assert_eq!(attempts.held_uids().unwrap(), [64200]);
+    assert!(attempts.mark_cleaned(&a, UnixMs::new(9)).unwrap());
+    assert!(!attempts.mark_released(&a, UnixMs::new(10)).unwrap());
 }

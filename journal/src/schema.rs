@@ -330,6 +330,17 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE INDEX scale_set_jobs_updated ON scale_set_jobs (updated_at);
     CREATE INDEX scale_set_jobs_job ON scale_set_jobs (job_id);
     "#,
+    // v12: when a concluded attempt was released (issue 38): its processes proven gone, its
+    // runtime removed (or its slot scrubbed) and its runner uid free for the next runner, while
+    // its registration may still wait for GitHub to let go of it (a runner GitHub holds busy);
+    // the attempt is `cleaned` once that is settled too. The uid fence counts only attempts not
+    // released: a released attempt never touches its uid again.
+    r#"
+    ALTER TABLE attempts ADD COLUMN released_at INTEGER;
+    DROP INDEX attempts_uid_held;
+    CREATE UNIQUE INDEX attempts_uid_held ON attempts (uid)
+        WHERE state != 'cleaned' AND released_at IS NULL AND uid IS NOT NULL;
+    "#,
 ];
 
 /// The schema version this build writes.

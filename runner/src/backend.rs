@@ -10,7 +10,8 @@
 //! - [`UserIsolation`] (`isolation = "user"`): a uid of the pool, a cgroup and a private mount
 //!   namespace per runner, a runtime of hard links to the verified package store; cleanup kills
 //!   the cgroup and every process of the uid, and only then removes the runtime: a uid is
-//!   released (its attempt `cleaned`) only once nothing of it is left.
+//!   released (its attempt journalled released, before its registration is removed and it is
+//!   `cleaned`) only once nothing of it is left.
 
 use std::cell::Cell;
 use std::io;

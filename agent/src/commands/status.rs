@@ -56,11 +56,11 @@ pub(crate) struct Facts {
     pub isolation: crate::config::Isolation,
     /// `host.network` of the configuration.
     pub network: crate::config::Network,
-    /// Runner uids held by attempts not yet cleaned.
+    /// Runner uids held by attempts neither cleaned nor released.
     pub uids_held: usize,
     /// How many uids `host.runner_uids` holds.
     pub uid_pool: usize,
-    /// Attempts concluded longer than [`CLEANUP_OVERDUE`] ago and still not cleaned: their
+    /// Attempts concluded longer than [`CLEANUP_OVERDUE`] ago and still not released: their
     /// cleanup keeps failing, and their uids stay held.
     pub cleanup_overdue: usize,
     /// Every queued job's verdict, oldest first (CONTRACT §8, [`crate::explain`]).
@@ -353,12 +353,7 @@ fn gather(
     let unmatched = queued
         .len()
         .saturating_sub(routed + demand.unresolvable.len() + demand.overlapping.len());
-    let overdue_before = now_ms - CLEANUP_OVERDUE;
-    let cleanup_overdue = uncleaned
-        .iter()
-        .filter(|a| a.state.is_terminal() && a.state_changed_at_ms < overdue_before)
-        .count();
-    let uids_held = uncleaned.iter().filter(|a| a.uid.is_some()).count();
+    let (uids_held, cleanup_overdue) = holding(&uncleaned, now_ms - CLEANUP_OVERDUE);
     let (fleet, waiting) = match fleet {
         Some(InFleet { view, waiting }) => (Some(view), waiting),
         None => (None, super::explain::waiting(config, reader, now)?),
@@ -642,7 +637,7 @@ pub(crate) fn degraded(facts: &Facts) -> Vec<String> {
         && facts.uids_held >= facts.uid_pool
     {
         found.push(format!(
-            "Every runner uid of host.runner_uids ({}) is held by an attempt not yet cleaned: no \
+            "Every runner uid of host.runner_uids ({}) is held by an attempt not yet cleaned up: no \
              runner can start until one is. Fix the cleanup the agent's log names (`cannot clean \
              up after the runner`), or give host.runner_uids more uids.",
             facts.uid_pool
@@ -1090,6 +1085,25 @@ fn app_line(app: &crate::status_file::AppBudget) -> String {
         "{}: {} registrations; {budgets}",
         app.app_id, app.registrations
     )
+}
+
+/// Of the attempts not cleaned: how many hold a runner uid, and how many concluded before
+/// `overdue_before` are still not released (their runtime removal keeps failing). A released
+/// attempt (its runtime removed, its registration waiting for GitHub) holds no uid and is not
+/// overdue: its uid already serves the pool again.
+fn holding(uncleaned: &[rm_journal::AttemptRecord], overdue_before: UnixMs) -> (usize, usize) {
+    let holds = |a: &&rm_journal::AttemptRecord| a.released_at_ms.is_none();
+    let uids_held = uncleaned
+        .iter()
+        .filter(holds)
+        .filter(|a| a.uid.is_some())
+        .count();
+    let overdue = uncleaned
+        .iter()
+        .filter(holds)
+        .filter(|a| a.state.is_terminal() && a.state_changed_at_ms < overdue_before)
+        .count();
+    (uids_held, overdue)
 }
 
 #[cfg(test)]
@@ -1802,5 +1816,65 @@ mod tests {
         assert_eq!(json["fleet"]["leaders"][0]["role"], "poll:acme");
         // A host alone has no fleet.
         assert_eq!(to_json(&facts())["fleet"], Value::Null);
+    }
+
+    #[test]
+    fn a_released_attempt_holds_no_uid_and_is_not_overdue() {
+        use rm_journal::{AttemptId, AttemptRecord, AttemptState, IsolationKind, WorkspaceKind};
+        let record = |state: AttemptState, changed: i64, released: Option<i64>| {
+            let id = AttemptId::generate();
+            AttemptRecord {
+                runner_name: id.runner_name("h"),
+                attempt_id: id,
+                policy: "linux".into(),
+                workspace: WorkspaceKind::Ephemeral,
+                runtime_dir: "/r/x".into(),
+                state,
+                state_changed_at_ms: UnixMs::new(changed),
+                outcome: None,
+                reason: None,
+                detail: None,
+                runner_id: None,
+                job_id: None,
+                pid: None,
+                pid_start_time: None,
+                stop_intent: None,
+                stop_intent_at_ms: None,
+                created_at_ms: UnixMs::EPOCH,
+                updated_at_ms: UnixMs::EPOCH,
+                pid_boot_id: None,
+                isolation: IsolationKind::User,
+                uid: Some(64_200),
+                cgroup: None,
+                released_at_ms: released.map(UnixMs::new),
+            }
+        };
+        let overdue_before = UnixMs::new(1_000);
+        use AttemptState::{Busy, Failed, Finished};
+        for (attempts, held, overdue) in [
+            // A live runner holds its uid; a concluded one too until it is released.
+            (vec![record(Busy, 10, None)], 1, 0),
+            (vec![record(Finished, 2_000, None)], 1, 0),
+            // Concluded long ago and not released: its runtime removal keeps failing.
+            (vec![record(Failed, 10, None)], 1, 1),
+            // Released, its registration still waiting for GitHub: neither.
+            (vec![record(Failed, 10, Some(20))], 0, 0),
+            (vec![record(Finished, 2_000, Some(2_001))], 0, 0),
+            (
+                vec![
+                    record(Busy, 10, None),
+                    record(Failed, 10, None),
+                    record(Failed, 10, Some(20)),
+                ],
+                2,
+                1,
+            ),
+        ] {
+            assert_eq!(
+                holding(&attempts, overdue_before),
+                (held, overdue),
+                "{attempts:#?}"
+            );
+        }
     }
 }

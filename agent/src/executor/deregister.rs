@@ -21,8 +21,9 @@ use super::registry::{Listed, Registry};
 pub(crate) const DEREGISTER_BUSY_RETRY: Duration = Duration::from_secs(3);
 
 /// How long a runner may stay busy on GitHub after its conclusion before cleanup stops
-/// waiting for it: the workspace goes, and the registration is left to the inventory
-/// reconciliation (and to GitHub, which removes a finished ephemeral runner itself).
+/// waiting for it: the attempt is `cleaned` (its runtime and uid went before the first try:
+/// [`super::cleanup`]), and the registration is left to the inventory reconciliation (and to
+/// GitHub, which removes a finished ephemeral runner itself).
 pub(crate) const DEREGISTER_BUSY_LIMIT: Duration = Duration::from_secs(5 * 60);
 
 /// Why a registration is considered for removal.
@@ -207,7 +208,7 @@ pub(super) async fn remove_ended_from_scale_set(
 
 /// After a `422` on deregistration: when to try again, or `None` once
 /// the runner has been busy past [`DEREGISTER_BUSY_LIMIT`] since `first_busy_ms` (give up
-/// waiting; clean up anyway).
+/// waiting; the attempt is `cleaned` anyway).
 pub(crate) fn busy_retry_at(first_busy_ms: UnixMs, now_ms: UnixMs) -> Option<UnixMs> {
     let limit = rm_vocab::millis(DEREGISTER_BUSY_LIMIT);
     (now_ms.saturating_sub(first_busy_ms) < limit).then(|| now_ms + DEREGISTER_BUSY_RETRY)

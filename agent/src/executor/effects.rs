@@ -1,8 +1,10 @@
 //! Supervision's slow effects, each carried out by a task of its own so that the control loop
 //! never waits for one: stopping a runner (SIGTERM, up to [`super::STOP_GRACE`], SIGKILL), and
-//! cleaning a concluded attempt (its registration removed, its leftovers stopped, its logs kept,
-//! its runtime removed, then `cleaned` journalled). Removing a checkout of a few hundred
-//! thousand files takes seconds; a job queued meanwhile is allocated in the very next pass.
+//! cleaning a concluded attempt in [`super::cleanup`]'s order (its leftovers stopped, its logs
+//! kept, its runtime removed and its release journalled, which frees its uid; then its
+//! registration removed, retried while GitHub holds the runner busy; then `cleaned`
+//! journalled). Removing a checkout of a few hundred thousand files takes seconds; a job queued
+//! meanwhile is allocated in the very next pass.
 //!
 //! Supervision decides and journals the intent first (the stop intent, the conclusion), then
 //! hands the effect to the loop ([`Effect`]); the loop runs it as a task it owns and joins, and
@@ -21,6 +23,7 @@ use rm_github::Target;
 use rm_journal::{AttemptId, AttemptRecord, StopIntent};
 use rm_vocab::UnixMs;
 
+use super::cleanup::{self, Registration, Step};
 use super::context::Context;
 use super::deregister::{self, Deregistration, Seen, Why};
 use super::registry::Listing;
@@ -93,7 +96,8 @@ pub(super) enum Outcome {
     /// GitHub still holds the runner busy (a `422`): cleanup waits and deregisters again at
     /// `next`, counting the wait from `first`.
     DeregisterBusy { first: UnixMs, next: UnixMs },
-    /// The runtime could not be removed (or the cleanup task failed): tried again later.
+    /// The runtime could not be removed or the release journalled, a scale set's runner could
+    /// not be removed from it, or the cleanup task failed: tried again later.
     CleanFailed,
     /// The effect's task ended without reporting (it panicked or was aborted): supervision
     /// looks at the attempt afresh.
@@ -181,8 +185,9 @@ async fn scale_down(ctx: &Context, record: &AttemptRecord, identity: ProcessIden
     true
 }
 
-/// A concluded attempt: everything it started stopped, its registration removed, its runtime
-/// removed without following links, and then `cleaned`.
+/// A concluded attempt, in [`cleanup::next`]'s order: everything it started stopped, its
+/// runtime removed without following links and its release journalled (its uid free), then its
+/// registration removed (or waited for while GitHub holds the runner busy), and then `cleaned`.
 async fn clean(ctx: &Context, cleanup: Cleanup) -> Outcome {
     let Cleanup {
         record,
@@ -190,48 +195,42 @@ async fn clean(ctx: &Context, cleanup: Cleanup) -> Outcome {
         listing,
         busy_since,
     } = cleanup;
-    if let Some(identity) = super::supervise::journalled_identity(&record) {
-        ctx.stop(record.isolation, identity).await;
-    }
-    let scale_set = ctx.settings.scale_sets.of_policy(&record.policy);
-    let (deregistration, deregistered) = match (scale_set, &target, &listing) {
-        // A scale set's runner is removed through the scale set's Actions service (no REST
-        // request), which refuses a busy one by the name of its exception. Nothing else can
-        // remove it (no REST inventory reconciliation covers a scale set), so a removal that
-        // failed is tried again with the cleanup, the runtime kept until then.
-        (Some(source), Some(_), _) => {
-            let removal = deregister::remove_ended_from_scale_set(
-                source,
-                &record.runner_name,
-                record.runner_id,
-            )
-            .await;
-            if removal == Deregistration::Failed {
-                return Outcome::CleanFailed;
+    let mut released = record.released_at_ms.is_some();
+    let mut registration = Registration::Untried;
+    let mut deregistered = None;
+    loop {
+        match cleanup::next(released, registration, ctx.now()) {
+            Step::Release => {
+                if !release(ctx, &record).await {
+                    return Outcome::CleanFailed;
+                }
+                released = true;
+                fault::crash_point("released");
             }
-            (removal, None)
-        }
-        (None, Some(target), Some(listing)) => {
-            deregister_if_listed(ctx, &record, target, listing).await
-        }
-        _ => (Deregistration::Settled, None),
-    };
-    // The registration goes before the workspace: "cleaned" means nothing is left, on GitHub
-    // either, unless GitHub held the runner busy past the limit.
-    if deregistration == Deregistration::Busy {
-        let now = ctx.now();
-        let first = busy_since.unwrap_or(now);
-        match deregister::busy_retry_at(first, now) {
-            Some(next) => return Outcome::DeregisterBusy { first, next },
-            None => tracing::warn!(
-                waited_s = deregister::DEREGISTER_BUSY_LIMIT.as_secs(),
-                "GitHub still holds the runner busy; cleaning up and leaving its registration to the inventory reconciliation"
-            ),
+            Step::Deregister => {
+                let (settled, removed) =
+                    deregister_ended(ctx, &record, target.as_ref(), listing.as_ref()).await;
+                registration = match settled {
+                    Deregistration::Settled => Registration::Settled,
+                    Deregistration::Busy => Registration::Busy {
+                        first: busy_since.unwrap_or_else(|| ctx.now()),
+                    },
+                    Deregistration::Failed => Registration::Failed {
+                        retried_here: ctx.settings.scale_sets.of_policy(&record.policy).is_some(),
+                    },
+                };
+                deregistered = removed;
+            }
+            Step::DeregisterAt { first, next } => return Outcome::DeregisterBusy { first, next },
+            Step::RetryLater => return Outcome::CleanFailed,
+            Step::Finish => break,
         }
     }
-    fault::crash_point("cleanup");
-    if !remove_runtime(ctx, &record).await {
-        return Outcome::CleanFailed;
+    if let Registration::Busy { .. } = registration {
+        tracing::warn!(
+            waited_s = deregister::DEREGISTER_BUSY_LIMIT.as_secs(),
+            "GitHub still holds the runner busy; leaving its registration to the inventory reconciliation"
+        );
     }
     let (id, at) = (record.attempt_id.clone(), ctx.now());
     match ctx
@@ -247,6 +246,66 @@ async fn clean(ctx: &Context, cleanup: Cleanup) -> Outcome {
         }
     }
     Outcome::Cleaned { deregistered }
+}
+
+/// The host's part of a cleanup: what the runner started stopped, its logs kept, its runtime
+/// removed by its backend (which kills its cgroup and every process of its uid first), and only
+/// then the release journalled, which frees the uid. Returns whether the attempt is released.
+async fn release(ctx: &Context, record: &AttemptRecord) -> bool {
+    if let Some(identity) = super::supervise::journalled_identity(record) {
+        ctx.stop(record.isolation, identity).await;
+    }
+    fault::crash_point("cleanup");
+    if !remove_runtime(ctx, record).await {
+        return false;
+    }
+    let (id, at) = (record.attempt_id.clone(), ctx.now());
+    match ctx
+        .journal
+        .write(move |attempts| attempts.mark_released(&id, at))
+        .await
+    {
+        Ok(true) => {
+            tracing::info!(uid = record.uid, "runtime removed and runner uid released");
+            true
+        }
+        // Released before (a cleanup run again after a crash) or cleaned meanwhile.
+        Ok(false) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot journal the release; the cleanup is done again");
+            false
+        }
+    }
+}
+
+/// GitHub's part of a cleanup: the ended runner's registration removed, through its scale set's
+/// Actions service or the REST API, and the name removed from the target for the listing held.
+async fn deregister_ended(
+    ctx: &Context,
+    record: &AttemptRecord,
+    target: Option<&Target>,
+    listing: Option<&Listing>,
+) -> (Deregistration, Option<(Target, String)>) {
+    let scale_set = ctx.settings.scale_sets.of_policy(&record.policy);
+    match (scale_set, target, listing) {
+        // A scale set's runner is removed through the scale set's Actions service (no REST
+        // request), which refuses a busy one by the name of its exception. Nothing else can
+        // remove it (no REST inventory reconciliation covers a scale set), so a removal that
+        // failed is tried again with the cleanup.
+        (Some(source), Some(_), _) => {
+            let removal = deregister::remove_ended_from_scale_set(
+                source,
+                &record.runner_name,
+                record.runner_id,
+            )
+            .await;
+            (removal, None)
+        }
+        (None, Some(target), Some(listing)) => {
+            deregister_if_listed(ctx, record, target, listing).await
+        }
+        _ => (Deregistration::Settled, None),
+    }
 }
 
 /// The runner's logs kept, then its runtime removed by its backend, off the async workers;

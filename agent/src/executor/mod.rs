@@ -26,6 +26,7 @@
 
 pub(crate) mod allocate;
 mod claims;
+mod cleanup;
 mod context;
 mod control;
 mod deregister;

@@ -1,9 +1,9 @@
 //! The supervision room: one observation and one [`recovery_decision`] per journalled
 //! attempt, and the decision carried out: an attempt marked idle or busy and a stop intent or a
 //! conclusion journalled here, in the pass; the slow effects (stopping a runner, cleaning a
-//! concluded attempt: its registration removed, then its runtime) handed back to the control
-//! loop in the [`PassReport`], which runs each as a task ([`super::effects`]) so that no
-//! allocation ever waits for one. It owns what supervision remembers between passes
+//! concluded attempt: its runtime removed and its uid released, then its registration) handed
+//! back to the control loop in the [`PassReport`], which runs each as a task
+//! ([`super::effects`]) so that no allocation ever waits for one. It owns what supervision remembers between passes
 //! ([`Supervisor`]: the runner listings it holds, the cleanup retries, the effects in flight).
 //! Startup recovery runs the same pass with the startup timers; the only difference is that
 //! GitHub is always asked afresh. What it concluded goes back to the control loop in its
@@ -1170,6 +1170,7 @@ mod tests {
             isolation: rm_journal::IsolationKind::None,
             uid: None,
             cgroup: None,
+            released_at_ms: None,
         }
     }
 

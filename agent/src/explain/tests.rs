@@ -78,6 +78,7 @@ fn attempt(policy: &str, state: AttemptState, job_id: Option<i64>, created: i64)
         isolation: IsolationKind::None,
         uid: None,
         cgroup: None,
+        released_at_ms: None,
     }
 }
 

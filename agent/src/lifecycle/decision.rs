@@ -351,8 +351,8 @@ pub enum Decision {
     /// Deregister if GitHub still lists it (best effort, never blocking), conclude from the
     /// current state (`Attempts::conclude`), then clean.
     Conclude(Conclusion),
-    /// Concluded and its process is gone: deregister if listed, remove or scrub the workspace,
-    /// mark it cleaned.
+    /// Concluded and its process is gone: remove or scrub the workspace and release the uid,
+    /// then deregister if listed, then mark it cleaned.
     Clean,
 }
 

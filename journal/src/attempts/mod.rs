@@ -67,7 +67,8 @@ impl Attempts {
         list(&self.conn, scope, policy)
     }
 
-    /// The runner uids that uncleaned attempts hold (allocation picks a free one).
+    /// The runner uids that attempts neither cleaned nor released hold (allocation picks a free
+    /// one).
     pub fn held_uids(&self) -> Result<Vec<u32>, AttemptError> {
         held_uids(&self.conn)
     }
@@ -212,6 +213,12 @@ impl Attempts {
     /// The job's re-run, if it has one.
     pub fn rerun_for_job(&self, job_id: JobId) -> Result<Option<crate::RerunRecord>, AttemptError> {
         Ok(crate::reruns::for_job(&self.conn, job_id)?)
+    }
+
+    /// Records that a concluded attempt's processes are gone and its runtime removed: its uid is
+    /// free from now on, whatever its registration still waits for. `Ok(true)` the first time.
+    pub fn mark_released(&self, id: &AttemptId, at_ms: UnixMs) -> Result<bool, AttemptError> {
+        mark_released(&self.conn, id, at_ms)
     }
 
     /// `finished | failed | orphaned → cleaned`.

@@ -13,7 +13,7 @@ use rm_vocab::UnixMs;
 
 pub(crate) const ATTEMPT_COLUMNS: &str = "attempt_id, policy, runner_name, workspace, runtime_dir, state, \
      state_changed_at, outcome, reason, detail, runner_id, job_id, pid, pid_start_time, stop_intent, \
-     stop_intent_at, created_at, updated_at, pid_boot_id, isolation, uid, cgroup";
+     stop_intent_at, created_at, updated_at, pid_boot_id, isolation, uid, cgroup, released_at";
 
 /// `'a', 'b'` for an SQL `IN` list. The names come from the enums, never from input.
 pub(super) fn in_list(states: &[AttemptState]) -> String {
@@ -57,6 +57,7 @@ pub(crate) fn attempt_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
         isolation: row.get(19)?,
         uid: row.get(20)?,
         cgroup: row.get::<_, Option<String>>(21)?.map(PathBuf::from),
+        released_at_ms: row.get(22)?,
     })
 }
 
@@ -134,7 +135,7 @@ pub(crate) fn create(
                 let held: bool = conn
                     .prepare_cached(
                         "SELECT EXISTS (SELECT 1 FROM attempts
-                             WHERE uid = ?1 AND state != 'cleaned')",
+                             WHERE uid = ?1 AND state != 'cleaned' AND released_at IS NULL)",
                     )?
                     .query_row([uid], |r| r.get(0))?;
                 if held {
@@ -148,10 +149,12 @@ pub(crate) fn create(
     get(conn, id)?.ok_or_else(|| AttemptError::Unknown(id.clone()))
 }
 
-/// The runner uids uncleaned attempts hold.
+/// The runner uids attempts neither cleaned nor released hold (spelled as the partial index
+/// `attempts_uid_held` spells it).
 pub(crate) fn held_uids(conn: &Connection) -> Result<Vec<u32>, AttemptError> {
     let mut stmt = conn.prepare_cached(
-        "SELECT uid FROM attempts WHERE state != 'cleaned' AND uid IS NOT NULL ORDER BY uid",
+        "SELECT uid FROM attempts
+         WHERE state != 'cleaned' AND released_at IS NULL AND uid IS NOT NULL ORDER BY uid",
     )?;
     let rows = stmt.query_map([], |r| r.get::<_, u32>(0))?;
     Ok(rows.collect::<Result<_, _>>()?)
@@ -409,6 +412,25 @@ pub(crate) fn conclude(
         &[&outcome, &reason, &detail],
         at_ms,
     )
+}
+
+/// Records that a concluded attempt (`finished | failed | orphaned`) is released: its processes
+/// are proven gone and its runtime removed (or its slot scrubbed), so its runner uid is free for
+/// the next runner while its registration may still wait for GitHub. Write-once: `Ok(true)`
+/// only the first time; `Ok(false)` for an attempt already released, cleaned or not concluded.
+pub(crate) fn mark_released(
+    conn: &Connection,
+    id: &AttemptId,
+    at_ms: UnixMs,
+) -> Result<bool, AttemptError> {
+    let changed = conn
+        .prepare_cached(&format!(
+            "UPDATE attempts SET released_at = ?2, updated_at = ?2
+             WHERE attempt_id = ?1 AND state IN ({}) AND released_at IS NULL",
+            in_list(&AttemptState::TERMINAL)
+        ))?
+        .execute(params![id.as_str(), at_ms])?;
+    Ok(changed == 1)
 }
 
 /// `finished | failed | orphaned → cleaned`: deregistered (or given up on) and the workspace

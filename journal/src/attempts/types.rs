@@ -370,7 +370,7 @@ pub struct NewAttempt<'a> {
     pub runtime_dir: &'a Path,
     pub created_at_ms: UnixMs,
     pub isolation: IsolationKind,
-    /// The runner uid, held until the attempt is cleaned (`user` isolation only).
+    /// The runner uid, held until the attempt is released or cleaned (`user` isolation only).
     pub uid: Option<u32>,
     /// The runner's cgroup directory (`user` isolation where cgroup v2 is writable).
     pub cgroup: Option<&'a Path>,
@@ -407,10 +407,15 @@ pub struct AttemptRecord {
     pub pid_boot_id: Option<String>,
     /// The backend the attempt was started under.
     pub isolation: IsolationKind,
-    /// The runner uid the attempt holds until it is cleaned.
+    /// The runner uid the attempt holds until it is released or cleaned (kept for the record
+    /// afterwards: the fence reads [`AttemptRecord::released_at_ms`] too).
     pub uid: Option<u32>,
     /// The runner's cgroup directory.
     pub cgroup: Option<PathBuf>,
+    /// When the concluded attempt was released: its processes proven gone, its runtime removed
+    /// (or its slot scrubbed) and its uid free for another runner. `None` until then; the
+    /// attempt is `cleaned` once its registration is settled too.
+    pub released_at_ms: Option<UnixMs>,
 }
 
 /// Which attempts a listing returns.

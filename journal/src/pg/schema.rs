@@ -272,6 +272,14 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE INDEX scale_set_jobs_updated ON scale_set_jobs (updated_at);
     CREATE INDEX scale_set_jobs_job ON scale_set_jobs (job_id);
     "#,
+    // v12: when a concluded attempt's runtime was removed and its uid released (see SQLite's
+    // v12).
+    r#"
+    ALTER TABLE attempts ADD COLUMN released_at BIGINT;
+    DROP INDEX attempts_uid_held;
+    CREATE UNIQUE INDEX attempts_uid_held ON attempts (uid)
+        WHERE state != 'cleaned' AND released_at IS NULL AND uid IS NOT NULL;
+    "#,
 ];
 
 // The two dialects move together: a migration added to one is added to the other.

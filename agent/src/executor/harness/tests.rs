@@ -652,6 +652,91 @@ async fn a_busy_runner_past_its_disk_max_is_stopped_and_fails_for_it() {
     assert!(h.runtimes().is_empty(), "{:?}", h.runtimes());
 }
 
+/// A runner stopped for its disk while GitHub still holds it busy (its job not given up yet)
+/// is released at once: its runtime removed and its release journalled (the uid fence lets
+/// go of it: `rm_journal`'s `a_released_attempt_frees_its_uid_before_it_is_cleaned`) while its
+/// registration waits, busy, and the attempt stays uncleaned for it. An agent started again in
+/// between (as after a crash between the release and the deregistration) keeps waiting, and
+/// once GitHub lets go of the runner this agent removes the registration (GitHub did not expire
+/// it) and only then is the attempt `cleaned`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_stopped_for_its_disk_is_released_before_github_lets_go_of_it() {
+    const MIB: u64 = 1 << 20;
+    // How long GitHub holds the killed runner's job before giving it up: many busy retries
+    // long, and well within the cleanup's own limit.
+    const HELD: Duration = Duration::from_secs(90);
+    const _: () =
+        assert!(HELD.as_secs() < super::super::deregister::DEREGISTER_BUSY_LIMIT.as_secs());
+    let mut linux = policy("linux", LABELS, 10);
+    linux.disk_max = Some(4 * MIB);
+    let mut h = Harness::new(Options {
+        policies: vec![linux],
+        ..Options::default()
+    })
+    .await;
+    h.fake.set_job_lock_timeout(HELD);
+    jobs_take(&h, 3_600);
+    let job = h.queue("fills the disk", LABELS);
+    h.until(
+        "the runner is busy",
+        |_| {},
+        |h| {
+            h.attempts()
+                .first()
+                .is_some_and(|a| a.state == AttemptState::Busy)
+        },
+    )
+    .await;
+    let attempt = h.attempts().remove(0);
+    std::fs::write(
+        attempt.runtime_dir.join("filler"),
+        vec![7u8; (8 * MIB) as usize],
+    )
+    .unwrap();
+    h.until(
+        "the runner is released",
+        |_| {},
+        |h| h.attempts()[0].released_at_ms.is_some(),
+    )
+    .await;
+    let busy_at_github = |h: &Harness| {
+        h.fake
+            .runners()
+            .into_iter()
+            .find(|r| r.name == attempt.runner_name)
+            .is_some_and(|r| r.busy)
+    };
+    let released = h.attempts().remove(0);
+    assert_eq!(released.state, AttemptState::Failed, "{released:#?}");
+    assert_eq!(released.reason.as_deref(), Some("disk_exceeded"));
+    assert!(!attempt.runtime_dir.exists(), "its runtime is gone");
+    assert!(h.runtimes().is_empty(), "{:?}", h.runtimes());
+    assert!(busy_at_github(&h), "GitHub still holds it busy");
+    assert!(!h.fake.abandoned_jobs().contains(&job));
+
+    // Busy retries: the registration waits, the attempt with it, released.
+    steps(&mut h, 15).await;
+    assert!(busy_at_github(&h));
+    let waiting = h.attempts().remove(0);
+    assert_eq!(waiting.state, AttemptState::Failed, "{waiting:#?}");
+    assert_eq!(waiting.released_at_ms, released.released_at_ms);
+    // A restart between the release and the deregistration: the registration only.
+    h.restart();
+    h.recover().await.expect("recovery completes");
+    h.until("the attempt is cleaned", |_| {}, Harness::all_cleaned)
+        .await;
+    assert!(
+        h.fake.abandoned_jobs().contains(&job),
+        "cleaned only after GitHub let go of the runner"
+    );
+    assert!(h.our_registrations().is_empty(), "registration left");
+    assert!(
+        !h.fake.expired_runners().contains(&attempt.runner_name),
+        "the agent removed the registration, GitHub did not expire it"
+    );
+    assert!(h.runtimes().is_empty(), "{:?}", h.runtimes());
+}
+
 /// A runner stopped for its disk before it took any job (its runtime past `disk_max` with no
 /// job in it: a persistent slot's `_work` that outgrew the bound, here a bound below the
 /// package) fences the demand it was started for, as an idle exit does: without the fence each

@@ -152,6 +152,14 @@ async fn crash_during_cleanup() {
     crash_at("cleanup").await;
 }
 
+/// Killed once the runtime is removed and the uid's release journalled, before the
+/// registration is removed: the next agent removes the registration alone (the uid may be
+/// another runner's by then) and cleans the attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_the_runner_is_released() {
+    crash_at("released").await;
+}
+
 /// The host lost under a busy runner (issue 28): the agent SIGKILLed and the runner's whole
 /// cgroup killed with it, as a power loss or a kernel panic would, mid-job. The agent starting
 /// again finds the runner gone, its job not completed (no `completed` delivery, no "completed

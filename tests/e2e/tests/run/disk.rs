@@ -1,8 +1,9 @@
 //! The disk bound (`policy.disk_max`, issue 25) through `rm-agent run`: a job that writes past
 //! its policy's bound is stopped while busy, its attempt ends `failed` with reason
-//! `disk_exceeded`, and nothing of it is left: no runtime, no registration, no attempt waiting
-//! for cleanup. The rule itself is tested in the executor harness; this is the whole path, with
-//! the real walk of a real runtime under the default isolation.
+//! `disk_exceeded`, its runtime and uid are given back while GitHub still holds the runner busy
+//! (issue 38), and nothing of it is left: no runtime, no registration, no attempt waiting for
+//! cleanup. The rules themselves are tested in the executor harness; this is the whole path,
+//! with the real walk of a real runtime under the default isolation.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
@@ -13,8 +14,9 @@ use rm_journal::AttemptOutcome;
 
 const LABELS: &[&str] = &["self-hosted", "linux"];
 /// GitHub gives a job up after about ten minutes without a lock renewal; seconds here, so the
-/// stopped runner's registration can be removed within the test.
-const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
+/// stopped runner's registration can be removed within the test, yet long enough for its
+/// runtime and uid to be seen given back while GitHub still holds it busy.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The job: once its listener runs, it writes 32 MiB of real data into its runtime (past the
 /// policy's 16 MiB), then waits; the listener takes the job and would run it for ten minutes.
@@ -83,6 +85,42 @@ async fn a_job_that_writes_past_disk_max_is_stopped_as_disk_exceeded_and_leaves_
         "{attempt:#?}"
     );
     assert!(!fleet.completed(job) || fleet.fake.abandoned_jobs().contains(&job));
+
+    // Released (its processes killed, its runtime removed, its uid free) while GitHub still
+    // holds the runner busy with the job it was stopped in.
+    wait_until(Duration::from_secs(60), "the attempt released", || {
+        fleet
+            .attempts()
+            .first()
+            .is_some_and(|a| a.released_at_ms.is_some())
+    })
+    .await;
+    let released = fleet.attempts().remove(0);
+    let busy_at_github = fleet
+        .fake
+        .runners()
+        .into_iter()
+        .any(|r| r.name == released.runner_name && r.busy);
+    assert!(busy_at_github, "GitHub let go first: {released:#?}");
+    assert_ne!(
+        released.state,
+        rm_journal::AttemptState::Cleaned,
+        "{released:#?}"
+    );
+    assert!(fleet.runtimes().is_empty(), "{:?}", fleet.runtimes());
+    // The default isolation (`user`): the runner ran as a uid of the pool.
+    let uid = released.uid.expect("a runner uid");
+    assert!(
+        rm_e2e::pg_fleet::processes_of_uids((uid, uid)).is_empty(),
+        "a process still runs as the released uid {uid}"
+    );
+    let held = rm_journal::Reader::open(&fleet.setup.journal())
+        .unwrap()
+        .uncleaned_attempts()
+        .unwrap()
+        .into_iter()
+        .any(|a| a.uid == Some(uid) && a.released_at_ms.is_none());
+    assert!(!held, "uid {uid} still held in the journal");
 
     wait_until(Duration::from_secs(120), "the attempt cleaned", || {
         fleet.all_cleaned()
