@@ -8,11 +8,13 @@
 //! - [`subid`]: each pool uid's range in `/etc/subuid` and `/etc/subgid` (decided purely,
 //!   appended atomically).
 //! - [`launch`]: starting one daemon and waiting until it answers.
+//! - `copy_up`: sizing rootlesskit's `/etc` and `/run` copies once it answers.
 //! - [`mirror`]: the pull-through registry mirror as the daemon must address it.
 //! - [`host`]: whether this host can, and why not.
 //! - [`unbounded`]: what a runner's Docker leaves unbounded here, and whether the policy
 //!   accepted it.
 
+mod copy_up;
 pub mod host;
 pub(crate) mod launch;
 pub mod mirror;

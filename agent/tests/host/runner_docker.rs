@@ -1711,6 +1711,45 @@ fn a_runners_docker_tree_is_sealed_as_the_runner_is() {
         "a process of the tree holds the agent's descriptor: {fds}"
     );
 
+    // rootlesskit's `/etc` and `/run` copies are sized (unsized, each could take half the
+    // host's memory): a privileged container writing into the daemon's `/etc` runs out of space.
+    let child = std::fs::read_to_string(layout.rootlesskit.join("child_pid")).unwrap();
+    let mountinfo = std::fs::read_to_string(format!("/proc/{}/mountinfo", child.trim())).unwrap();
+    for (dir, size) in [("/etc", "size=16384k"), ("/run", "size=65536k")] {
+        let line = mountinfo
+            .lines()
+            .rfind(|l| l.split_whitespace().nth(4) == Some(dir))
+            .unwrap_or_else(|| panic!("no mount on {dir} in the daemon's namespace"));
+        assert!(
+            line.contains(" - tmpfs ") && line.contains(size),
+            "the daemon's {dir}: {line}"
+        );
+    }
+    let filled = docker(
+        &layout,
+        account,
+        &[
+            "run",
+            "--rm",
+            "--privileged",
+            "-v",
+            "/:/host",
+            IMAGE,
+            "sh",
+            "-c",
+            "head -c 33554432 /dev/zero > /host/etc/rm-filler 2>/dev/null; wc -c < /host/etc/rm-filler",
+        ],
+    );
+    let written: u64 = String::from_utf8_lossy(&filled.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{filled:?}"));
+    eprintln!("a privileged container wrote {written} of 32 MiB into the daemon's /etc");
+    assert!(
+        written <= 16 << 20,
+        "{written} bytes written into the daemon's /etc"
+    );
+
     let forks = container_forks(&layout, account, &host.dir.path().join("forks"));
     eprintln!("a container started {forks} of {FORKS} processes under pids_max {SEAL_PIDS_MAX}");
     assert!(forks > 0, "the container started nothing");

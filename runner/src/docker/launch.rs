@@ -393,6 +393,10 @@ pub enum DockerError {
     Exists { path: PathBuf },
     #[error("cannot prepare {path}: {source}")]
     Prepare { path: PathBuf, source: io::Error },
+    #[error(
+        "cannot bound the daemon's /etc and /run copies (rootlesskit's copy-up tmpfs), so it is not used: {source}; its log is {log}"
+    )]
+    CopyUp { log: PathBuf, source: io::Error },
     #[error("cannot start {script}: {source}")]
     Spawn { script: PathBuf, source: io::Error },
     #[error("the daemon exited ({status}) before it answered; its log {log} ends with:\n{tail}")]
@@ -480,6 +484,14 @@ pub(crate) fn start_within(
             }
         }
         if ping(&layout.socket) {
+            // Before any job can write them: rootlesskit's `/etc` and `/run` copies, sized.
+            if let Err(source) = super::copy_up::bound(&layout.rootlesskit) {
+                give_up(&mut child);
+                return Err(DockerError::CopyUp {
+                    log: layout.log.clone(),
+                    source,
+                });
+            }
             return Ok(Daemon {
                 child,
                 ready_after: started.elapsed(),

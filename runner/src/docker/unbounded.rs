@@ -8,8 +8,7 @@
 //! the uid's *subordinate* ids, so a per-uid count misses them unless the kernel charges a user
 //! namespace's processes to its creator (Linux 5.14 and later: the daemon tree is started under
 //! the runner's `RLIMIT_NPROC`, `docker::launch`). Without a memory controller nothing bounds the
-//! daemon's memory, its containers' or their tmpfs (rootlesskit's `/etc` and `/run` copies are
-//! unsized).
+//! daemon's memory or its containers' (the daemon's own tmpfs are sized: `docker::copy_up`).
 
 use crate::cgroup::{Controllers, Limits};
 
