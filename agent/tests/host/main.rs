@@ -12,6 +12,8 @@ mod busybox_image;
 mod log_capture;
 #[path = "../../../tests/support/postgres.rs"]
 mod pg_server;
+#[path = "../../../tests/support/runner_base.rs"]
+mod runner_base;
 #[path = "../../../tests/support/skip.rs"]
 mod skip;
 

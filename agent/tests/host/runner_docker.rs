@@ -116,10 +116,11 @@ struct Host {
 
 impl Host {
     fn new(name: &str) -> Host {
-        // Not under /tmp: the daemon gets a tmpfs of its own there, which would hide it.
+        // Not under /tmp (a checkout there included): the daemon gets a tmpfs of its own
+        // there, which would hide it.
         let dir = tempfile::Builder::new()
             .prefix("rm-docker-")
-            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .tempdir_in(crate::runner_base::base_dir())
             .unwrap();
         // The runner's uid must reach its runtime below it.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();

@@ -36,5 +36,7 @@ mod busybox_image;
 /// A real PostgreSQL server for the fleet's tests (fleet.rs), shared with the journal's tests.
 #[path = "../../../support/postgres.rs"]
 mod pg_server;
+#[path = "../../../support/runner_base.rs"]
+mod runner_base;
 #[path = "../../../support/skip.rs"]
 mod skip;
