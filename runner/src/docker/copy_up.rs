@@ -35,8 +35,7 @@ const CHILD_PID: &str = "child_pid";
 pub(crate) fn remount_flags(mountinfo: &str, mount_point: &str) -> Option<MountFlags> {
     let top = mountinfo
         .lines()
-        .filter(|line| line.split_whitespace().nth(4) == Some(mount_point))
-        .next_back()?;
+        .rfind(|line| line.split_whitespace().nth(4) == Some(mount_point))?;
     let fields: Vec<&str> = top.split_whitespace().collect();
     let dash = fields.iter().skip(6).position(|f| *f == "-")? + 6;
     if *fields.get(dash + 1)? != "tmpfs" {
