@@ -474,6 +474,7 @@ impl UserIsolation {
         let socket = daemon.socket().to_path_buf();
         tracing::info!(
             ready_ms = daemon.ready_after.as_millis() as u64,
+            copies_bounded_ms = daemon.copies_bounded_in.as_millis() as u64,
             "the runner's Docker daemon answers"
         );
         reap(daemon.child);

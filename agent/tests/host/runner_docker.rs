@@ -800,6 +800,7 @@ fn docker_costs() {
     sub_ranges(account);
     let mut baseline = Vec::new();
     let mut ready = Vec::new();
+    let mut bounded = Vec::new();
     let mut import = Vec::new();
     let mut first_run = Vec::new();
     let mut kill = Vec::new();
@@ -841,6 +842,7 @@ fn docker_costs() {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         ready.push(daemon.ready_after);
+        bounded.push(daemon.copies_bounded_in);
         let layout = daemon.layout.clone();
         let started = Instant::now();
         ok(
@@ -877,7 +879,8 @@ fn docker_costs() {
         account.uid
     );
     line("without Docker: spawn the uid's `true`", baseline);
-    line("daemon ready (spawn until /_ping answers)", ready);
+    line("daemon ready (spawn, /_ping answers, sized)", ready);
+    line("  of which: sizing rootlesskit's copies", bounded);
     line("docker import (busybox rootfs, 2 MB)", import);
     line("first docker run --rm (client included)", first_run);
     line("cgroup kill until empty, removed", kill);

@@ -341,6 +341,8 @@ pub struct Daemon {
     pub layout: Layout,
     /// How long the daemon took to answer.
     pub ready_after: Duration,
+    /// Of that, how long sizing rootlesskit's copies took once the daemon answered.
+    pub copies_bounded_in: Duration,
 }
 
 impl Daemon {
@@ -484,6 +486,7 @@ pub(crate) fn start_within(
             }
         }
         if ping(&layout.socket) {
+            let answered = started.elapsed();
             // Before any job can write them: rootlesskit's `/etc` and `/run` copies, sized.
             if let Err(source) = super::copy_up::bound(&layout.rootlesskit) {
                 give_up(&mut child);
@@ -494,6 +497,7 @@ pub(crate) fn start_within(
             }
             return Ok(Daemon {
                 child,
+                copies_bounded_in: started.elapsed().saturating_sub(answered),
                 ready_after: started.elapsed(),
                 layout,
             });
