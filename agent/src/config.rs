@@ -134,6 +134,8 @@ pub struct HostSection {
     pub network_host_ports: Option<Vec<u16>>,
     /// Networks no runner reaches, besides the built-in ones.
     pub network_deny: Option<Vec<String>>,
+    /// What of the host's `/run` runners keep in the empty `/run` each gets.
+    pub runner_run_keep: Option<Vec<PathBuf>>,
 }
 
 /// `host.runner_uids` as written: a range `"64200-64263"` or a list of account names.
@@ -340,6 +342,9 @@ pub struct Host {
     pub network_host_ports: Vec<u16>,
     /// `host.network_deny` (the built-in list is added by the runner's network).
     pub network_deny: Vec<Cidr>,
+    /// `host.runner_run_keep`: each a plain path below `/run`
+    /// ([`rm_runner::isolate::run_keep_entry`]).
+    pub runner_run_keep: Vec<PathBuf>,
 }
 
 /// What a runner's network is (CONTRACT §7, `rm_runner::network`).

@@ -246,6 +246,7 @@ pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, 
                     cgroups: None,
                     network: None,
                     docker: None,
+                    run_keep: Vec::new(),
                 }),
                 _ => None,
             };
@@ -314,6 +315,7 @@ pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, 
                     cgroups,
                     network,
                     docker,
+                    run_keep: config.host.runner_run_keep.clone(),
                 }),
             })
         }

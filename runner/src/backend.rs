@@ -300,6 +300,9 @@ pub struct UserIsolation {
     /// Cleanup needs nothing of it: the daemon's tree dies with the runner's cgroup, and its
     /// files lie in the runtime.
     pub docker: Option<Tools>,
+    /// `host.runner_run_keep`: what of the host's `/run` each runner, and its Docker daemon,
+    /// keeps in the empty `/run` it gets.
+    pub run_keep: Vec<PathBuf>,
 }
 
 impl UserIsolation {
@@ -449,6 +452,7 @@ impl UserIsolation {
             account,
             // The runner's: the job's `hostname` and its daemon's `docker info` agree.
             hostname: network_names(plan).netns,
+            run_keep: self.run_keep.clone(),
             pids_max: plan.limits.pids_max,
             runtime: runtime.to_path_buf(),
             cgroup_procs: clone(procs)?,
@@ -592,6 +596,7 @@ impl Backend for UserIsolation {
             pids_max: plan.limits.pids_max,
             memory_max: plan.limits.memory_max,
             hostname: network_names(plan).netns,
+            run_keep: self.run_keep.clone(),
             // Its own daemon's socket where tools that ignore `DOCKER_HOST` look for one.
             docker_socket: plan
                 .docker

@@ -462,10 +462,12 @@ struct RunDir {
     resolv: Option<(Vec<CString>, CString, Vec<u8>)>,
     /// The runner's Docker daemon's socket, linked at `/run/docker.sock`.
     docker_socket: Option<CString>,
+    /// What the operator keeps of the host's `/run` (`host.runner_run_keep`).
+    kept: KeptInRun,
 }
 
 impl RunDir {
-    fn prepare(docker_socket: Option<&Path>) -> io::Result<RunDir> {
+    fn prepare(docker_socket: Option<&Path>, keep: &[PathBuf]) -> io::Result<RunDir> {
         let resolv = match std::fs::canonicalize(super::network::RESOLV_CONF) {
             // No resolver file (or a dangling link): the runner gets none either.
             Err(_) => None,
@@ -481,11 +483,13 @@ impl RunDir {
             lock: std::fs::symlink_metadata("/run/lock").is_ok_and(|m| m.is_dir()),
             resolv,
             docker_socket: docker_socket.map(c_path).transpose()?,
+            kept: KeptInRun::prepare(keep)?,
         })
     }
 
-    /// Fills the fresh `/run`, in the child, as root: raw calls only.
-    fn fill(&self) -> io::Result<()> {
+    /// Fills the fresh `/run` (with `kept`, [`KeptInRun::detach`]ed before it was mounted), in
+    /// the child, as root: raw calls only.
+    fn fill(&self, kept: Detached) -> io::Result<()> {
         if self.lock {
             mkdir_here(RUN_LOCK)?;
             // The umask took the sticky and write bits of group and others.
@@ -511,6 +515,148 @@ impl RunDir {
         }
         if let Some(socket) = &self.docker_socket {
             rustix::fs::symlink(socket.as_c_str(), RUN_DOCKER_SOCKET)?;
+        }
+        self.kept.attach(kept)
+    }
+}
+
+/// Whether `path` may be a `host.runner_run_keep` entry: an absolute, plain path strictly below
+/// `/run` (no `.`, `..`, empty component or trailing `/`), and not one of the places a runner's
+/// `/run` has of its own (`/run/lock`, `/run/docker.sock`). Pure.
+pub fn run_keep_entry(path: &Path) -> Result<(), String> {
+    let text = path.to_string_lossy();
+    let below = text
+        .strip_prefix("/run/")
+        .filter(|below| !below.is_empty())
+        .ok_or_else(|| format!("`{text}` is not below /run"))?;
+    if below
+        .split('/')
+        .any(|part| part.is_empty() || part == "." || part == "..")
+    {
+        return Err(format!(
+            "`{text}` must be a plain path (no `.`, `..`, `//` or trailing `/`)"
+        ));
+    }
+    for own in [RUN_LOCK, RUN_DOCKER_SOCKET] {
+        let own = own.to_string_lossy();
+        if text == own || text.starts_with(&format!("{own}/")) {
+            return Err(format!("`{own}` is each runner's own"));
+        }
+    }
+    Ok(())
+}
+
+/// The most entries `host.runner_run_keep` may name: the child holds a descriptor for each in a
+/// fixed array (no allocation between fork and exec).
+pub const MAX_RUN_KEEP: usize = 16;
+
+/// What of the host's `/run` a runner (and its Docker daemon) keeps in its fresh one
+/// (`host.runner_run_keep`), prepared before the fork. Between fork and exec, in the child's
+/// new mount namespace and before its `/run` is covered, each entry is cloned as a detached
+/// mount ([`KeptInRun::detach`]: `open_tree`, never through a link); once the fresh `/run` is
+/// there, each clone is attached at its place in it ([`KeptInRun::attach`]). An entry missing
+/// when the runner starts (a service not started yet), or a link (which could lead anywhere of
+/// the host), is left out, with a warning when it is known before the fork.
+#[derive(Debug, Default)]
+pub(crate) struct KeptInRun {
+    entries: Vec<Kept>,
+}
+
+#[derive(Debug)]
+struct Kept {
+    target: CString,
+    /// The directories between `/run` and `target`, outermost first.
+    parents: Vec<CString>,
+    dir: bool,
+}
+
+/// [`KeptInRun`]'s detached clones, in its order; `None` where the entry was not there.
+pub(crate) struct Detached([Option<OwnedFd>; MAX_RUN_KEEP]);
+
+impl KeptInRun {
+    pub(crate) fn prepare(paths: &[PathBuf]) -> io::Result<KeptInRun> {
+        let mut entries = Vec::new();
+        for path in paths.iter().take(MAX_RUN_KEEP) {
+            let meta = match std::fs::symlink_metadata(path) {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    tracing::warn!(path = %path.display(), "host.runner_run_keep names a link, which a runner does not get: name what it points to");
+                    continue;
+                }
+                Ok(meta) => meta,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    tracing::warn!(path = %path.display(), "host.runner_run_keep: not there when this runner starts; it does not get it");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let mut parents = Vec::new();
+            let mut at = PathBuf::from(RUN);
+            if let Ok(below) = path.strip_prefix(RUN) {
+                let parts: Vec<_> = below.components().collect();
+                for part in parts.iter().take(parts.len().saturating_sub(1)) {
+                    at.push(part);
+                    parents.push(c_path(&at)?);
+                }
+            }
+            entries.push(Kept {
+                target: c_path(path)?,
+                parents,
+                dir: meta.is_dir(),
+            });
+        }
+        Ok(KeptInRun { entries })
+    }
+
+    /// Clones each entry as a detached mount, in the child's new mount namespace, before its
+    /// `/run` is covered: raw calls only. An entry gone since [`KeptInRun::prepare`] is `None`.
+    pub(crate) fn detach(&self) -> io::Result<Detached> {
+        use rustix::mount::OpenTreeFlags;
+        let mut detached = Detached(Default::default());
+        for (kept, slot) in self.entries.iter().zip(detached.0.iter_mut()) {
+            match rustix::mount::open_tree(
+                rustix::fs::CWD,
+                kept.target.as_c_str(),
+                OpenTreeFlags::OPEN_TREE_CLONE
+                    | OpenTreeFlags::OPEN_TREE_CLOEXEC
+                    | OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                Ok(fd) => *slot = Some(fd),
+                Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(detached)
+    }
+
+    /// Attaches each clone at its place in the fresh `/run`, in the child, as root: raw calls
+    /// only.
+    pub(crate) fn attach(&self, detached: Detached) -> io::Result<()> {
+        use rustix::mount::MoveMountFlags;
+        for (kept, clone) in self.entries.iter().zip(detached.0) {
+            let Some(clone) = clone else { continue };
+            for dir in &kept.parents {
+                mkdir_here(dir.as_c_str())?;
+            }
+            if kept.dir {
+                mkdir_here(kept.target.as_c_str())?;
+            } else {
+                // A mount point for a socket or a file: an empty file of root's.
+                match rustix::fs::open(
+                    kept.target.as_c_str(),
+                    OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o644),
+                ) {
+                    Ok(_) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            rustix::mount::move_mount(
+                &clone,
+                c"",
+                rustix::fs::CWD,
+                kept.target.as_c_str(),
+                MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+            )?;
         }
         Ok(())
     }
@@ -575,6 +721,8 @@ pub(crate) struct Sandbox {
     pub hostname: String,
     /// The runner's Docker daemon's socket (`policy.docker`), linked at `/run/docker.sock`.
     pub docker_socket: Option<PathBuf>,
+    /// `host.runner_run_keep`: what of the host's `/run` the runner keeps.
+    pub run_keep: Vec<PathBuf>,
 }
 
 fn c_path(p: &Path) -> io::Result<CString> {
@@ -616,7 +764,10 @@ impl ChildSetup {
             .iter()
             .any(|(dir, _)| dir.as_bytes() == RUN.as_bytes())
         {
-            Some(RunDir::prepare(sandbox.docker_socket.as_deref())?)
+            Some(RunDir::prepare(
+                sandbox.docker_socket.as_deref(),
+                &sandbox.run_keep,
+            )?)
         } else {
             None
         };
@@ -691,6 +842,11 @@ impl ChildSetup {
             c"/",
             MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
         )?;
+        // What the operator keeps of the host's `/run`, taken before the fresh one covers it.
+        let kept = match &self.run {
+            Some(run) => Some(run.kept.detach()?),
+            None => None,
+        };
         let flags = MountFlags::NOSUID | MountFlags::NODEV;
         for (dir, options) in &self.private_dirs {
             rustix::mount::mount(
@@ -701,8 +857,8 @@ impl ChildSetup {
                 options.as_c_str(),
             )?;
         }
-        if let Some(run) = &self.run {
-            run.fill()?;
+        if let (Some(run), Some(kept)) = (&self.run, kept) {
+            run.fill(kept)?;
         }
         if let Some(rebind) = &self.rebind {
             for dir in &rebind.dirs {
@@ -1079,6 +1235,36 @@ mod tests {
         assert!(as_uid(false), "the control: the key outlives its process");
         clear_keyrings(account).unwrap();
         assert!(!as_uid(false), "the key outlived the cleanup");
+    }
+
+    #[test]
+    fn what_of_the_hosts_run_may_be_kept() {
+        for (path, problem) in [
+            ("/run/postgresql/.s.PGSQL.5432", None),
+            ("/run/dbus/system_bus_socket", None),
+            ("/run/sccache", None),
+            ("/run", Some("not below /run")),
+            ("/run/", Some("not below /run")),
+            ("/var/run/dbus", Some("not below /run")),
+            ("run/dbus", Some("not below /run")),
+            ("/run/../etc/shadow", Some("plain path")),
+            ("/run/dbus/", Some("plain path")),
+            ("/run//dbus", Some("plain path")),
+            ("/run/./dbus", Some("plain path")),
+            ("/run/lock", Some("each runner's own")),
+            ("/run/lock/x", Some("each runner's own")),
+            ("/run/docker.sock", Some("each runner's own")),
+            ("/run/locked", None),
+        ] {
+            let said = run_keep_entry(Path::new(path));
+            match problem {
+                None => assert_eq!(said, Ok(()), "{path}"),
+                Some(words) => assert!(
+                    said.as_ref().is_err_and(|e| e.contains(words)),
+                    "{path}: {said:?}"
+                ),
+            }
+        }
     }
 
     #[test]

@@ -1519,3 +1519,40 @@ fn enterprise_scale_set_mistakes_name_their_key() {
     ))
     .expect("a repository scale set may be persistent");
 }
+
+/// `host.runner_run_keep`: plain paths below `/run`, at most `MAX_RUN_KEEP`; the rule itself is
+/// `rm_runner::isolate::run_keep_entry`'s table.
+#[test]
+fn what_runners_keep_of_the_hosts_run_is_read_and_bounded() {
+    let host = |keep: &str| format!("[host]\nrunner_run_keep = {keep}\n");
+    let config = load_text(&host(
+        r#"["/run/postgresql/.s.PGSQL.5432", "/run/sccache"]"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        config.host.runner_run_keep,
+        [
+            PathBuf::from("/run/postgresql/.s.PGSQL.5432"),
+            PathBuf::from("/run/sccache")
+        ]
+    );
+    assert!(load_text("").unwrap().host.runner_run_keep.is_empty());
+    for (keep, hint) in [
+        (r#"["/etc/shadow"]"#.to_owned(), "not below /run"),
+        (r#"["/run/lock"]"#.to_owned(), "each runner's own"),
+        (
+            format!(
+                "[{}]",
+                (0..=rm_runner::isolate::MAX_RUN_KEEP)
+                    .map(|n| format!("\"/run/s{n}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            "more than",
+        ),
+    ] {
+        let err = refusal(&host(&keep));
+        assert_eq!(err.key, "host.runner_run_keep", "{keep}");
+        assert!(err.problem.contains(hint), "{keep}: {err}");
+    }
+}

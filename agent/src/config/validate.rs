@@ -281,6 +281,21 @@ pub(super) fn validate(
     }
     let network_deny = cidrs(file.host.network_deny.unwrap_or_default())
         .map_err(|problem| err("host.network_deny", problem))?;
+    let runner_run_keep = file.host.runner_run_keep.unwrap_or_default();
+    if runner_run_keep.len() > rm_runner::isolate::MAX_RUN_KEEP {
+        return Err(err(
+            "host.runner_run_keep",
+            format!(
+                "names {} paths, more than {}; keep a directory that holds them",
+                runner_run_keep.len(),
+                rm_runner::isolate::MAX_RUN_KEEP
+            ),
+        ));
+    }
+    for path in &runner_run_keep {
+        rm_runner::isolate::run_keep_entry(path)
+            .map_err(|problem| err("host.runner_run_keep", problem))?;
+    }
     if network == Network::Private && runner_uids.len() > NETWORK_SLOTS as usize {
         return Err(err(
             "host.runner_uids",
@@ -322,6 +337,7 @@ pub(super) fn validate(
         network,
         network_host_ports,
         network_deny,
+        runner_run_keep,
     };
 
     if file.runner.package_dir.is_some() && file.runner.version.is_some() {

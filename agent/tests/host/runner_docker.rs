@@ -353,6 +353,7 @@ fn a_runners_rootless_docker_works_and_leaves_nothing_after_the_cgroup_kill() {
         DaemonSpec {
             account,
             hostname: "rm-test".to_owned(),
+            run_keep: vec![],
             pids_max: None,
             runtime: runtime.clone(),
             cgroup_procs: host.procs(),
@@ -830,6 +831,7 @@ fn docker_costs() {
             DaemonSpec {
                 account,
                 hostname: "rm-test".to_owned(),
+                run_keep: vec![],
                 pids_max: None,
                 runtime,
                 cgroup_procs: host.procs(),
@@ -912,6 +914,7 @@ fn a_daemon_that_cannot_start_says_why_and_leaves_nothing() {
         DaemonSpec {
             account,
             hostname: "rm-test".to_owned(),
+            run_keep: vec![],
             pids_max: None,
             runtime: runtime.clone(),
             cgroup_procs: host.procs(),
@@ -1193,6 +1196,7 @@ fn daemon_with_mirror(
         DaemonSpec {
             account,
             hostname: "rm-test".to_owned(),
+            run_keep: vec![],
             pids_max: None,
             runtime: host.runtime("runtime", account),
             cgroup_procs: host.procs(),
@@ -1484,6 +1488,7 @@ fn probed_daemon(
     hostname: &str,
     pids_max: Option<u32>,
     key: &str,
+    run_keep: Vec<PathBuf>,
 ) -> (docker::Daemon, std::collections::BTreeMap<String, String>) {
     let probe = host.dir.path().join("probe.sh");
     std::fs::write(
@@ -1499,6 +1504,7 @@ fn probed_daemon(
         DaemonSpec {
             account,
             hostname: hostname.to_owned(),
+            run_keep,
             pids_max,
             runtime,
             cgroup_procs: host.procs(),
@@ -1613,6 +1619,12 @@ fn a_runners_docker_tree_is_sealed_as_the_runner_is() {
     assert_eq!(control["keys"], "1", "the control must possess the key");
     assert_eq!(control["hostname"], host_name.trim());
 
+    // A host service's socket under /run the operator keeps (`host.runner_run_keep`), and
+    // one it does not.
+    let services = Path::new("/run").join(format!("rm-seal-{}", std::process::id()));
+    std::fs::create_dir_all(&services).unwrap();
+    let _kept = std::os::unix::net::UnixListener::bind(services.join("kept.sock")).unwrap();
+    let _hidden = std::os::unix::net::UnixListener::bind(services.join("hidden.sock")).unwrap();
     let (mut daemon, seen) = probed_daemon(
         &host,
         &tools,
@@ -1620,6 +1632,7 @@ fn a_runners_docker_tree_is_sealed_as_the_runner_is() {
         &runner_name,
         Some(SEAL_PIDS_MAX),
         &key,
+        vec![services.join("kept.sock")],
     );
     drop(inherited);
     let layout = daemon.layout.clone();
@@ -1754,6 +1767,28 @@ fn a_runners_docker_tree_is_sealed_as_the_runner_is() {
         "{written} bytes written into the daemon's /etc"
     );
 
+    // Of the host's /run, a container bound to the daemon's finds what the operator kept only.
+    let listed = docker(
+        &layout,
+        account,
+        &[
+            "run",
+            "--rm",
+            "-v",
+            &format!("{}:/services", services.display()),
+            IMAGE,
+            "ls",
+            "/services",
+        ],
+    );
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned()
+        + &String::from_utf8_lossy(&listed.stderr);
+    assert!(
+        listed.contains("kept.sock") && !listed.contains("hidden.sock"),
+        "the daemon's /run: {listed}"
+    );
+    let _ = std::fs::remove_dir_all(&services);
+
     let forks = container_forks(&layout, account, &host.dir.path().join("forks"));
     eprintln!("a container started {forks} of {FORKS} processes under pids_max {SEAL_PIDS_MAX}");
     assert!(forks > 0, "the container started nothing");
@@ -1767,7 +1802,15 @@ fn a_runners_docker_tree_is_sealed_as_the_runner_is() {
 
     // The control: the same container of a daemon without pids_max starts every process.
     let unbounded = Host::new("sealnone");
-    let (mut daemon, seen) = probed_daemon(&unbounded, &tools, account, &runner_name, None, &key);
+    let (mut daemon, seen) = probed_daemon(
+        &unbounded,
+        &tools,
+        account,
+        &runner_name,
+        None,
+        &key,
+        vec![],
+    );
     assert!(
         !seen["nproc"].contains(&format!("{SEAL_PIDS_MAX} {SEAL_PIDS_MAX}")),
         "{}",

@@ -35,6 +35,9 @@ cd "$(dirname "$0")/.."
   if grep -q rm-backend-test-key /proc/keys 2>/dev/null; then echo "session_key=ok"; else echo "session_key=denied"; fi
   echo "processes=$(ls /proc | grep -c '^[0-9]')"
   echo "hostname=$(cat /proc/sys/kernel/hostname)"
+  echo "run_entries=$(ls -A /run | tr '\n' ' ')"
+  if [ -S "$KEPT_SOCKET" ]; then echo "kept_socket=ok"; else echo "kept_socket=denied"; fi
+  if [ -e "$HIDDEN_SOCKET" ]; then echo "hidden_socket=ok"; else echo "hidden_socket=denied"; fi
 } > report.txt
 echo poison > /tmp/rm-backend-test-poison
 setsid -f sleep 300 </dev/null >/dev/null 2>&1
@@ -89,6 +92,7 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
         cgroups: None,
         network: None,
         docker: None,
+        run_keep: vec![],
     };
     let attempt_id = format!("abcdef012345{}", "0".repeat(20));
     let plan = Plan {
@@ -157,6 +161,12 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         }
     };
     let uid = 3_000_000 + std::process::id() % 100_000;
+    // Two host services' sockets under /run, any uid may connect to: the operator keeps one
+    // (`host.runner_run_keep`), the runner's empty /run hides the other.
+    let services = Path::new("/run").join(format!("rm-backend-test-{}", std::process::id()));
+    std::fs::create_dir_all(&services).unwrap();
+    let _kept = std::os::unix::net::UnixListener::bind(services.join("kept.sock")).unwrap();
+    let _hidden = std::os::unix::net::UnixListener::bind(services.join("hidden.sock")).unwrap();
     let backend = UserIsolation {
         root: root.clone(),
         package: Some(std::sync::Arc::new(stored)),
@@ -164,6 +174,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         cgroups: cgroups.clone(),
         network: None,
         docker: None,
+        run_keep: vec![services.join("kept.sock"), services.join("absent.sock")],
     };
     let attempt_id = format!("{:012x}{}", u64::from(uid), "0".repeat(20));
     let plan = Plan {
@@ -175,7 +186,16 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
             .as_ref()
             .map(|c| c.runner_path(&format!("rm-{}", &attempt_id[..12])).unwrap()),
         limits: Limits::default(),
-        env: Default::default(),
+        env: OperatorEnv::new(vec![
+            (
+                "KEPT_SOCKET".to_owned(),
+                services.join("kept.sock").display().to_string(),
+            ),
+            (
+                "HIDDEN_SOCKET".to_owned(),
+                services.join("hidden.sock").display().to_string(),
+            ),
+        ]),
         network_allow: None,
         docker: None,
     };
@@ -279,6 +299,16 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         "only its own processes in its /proc: {report}"
     );
     assert!(get("hostname").starts_with("rm-"), "{report}");
+    // Its /run: empty but for its lock directory and what the operator kept (an entry absent
+    // when the runner starts is left out).
+    assert_eq!(
+        get("run_entries"),
+        format!("lock {} ", services.file_name().unwrap().to_string_lossy()),
+        "{report}"
+    );
+    assert_eq!(get("kept_socket"), "ok", "the kept socket: {report}");
+    assert_eq!(get("hidden_socket"), "denied", "a host socket: {report}");
+    let _ = std::fs::remove_dir_all(&services);
     // The daemon it left died with its PID namespace when the runner exited.
     assert!(
         uid::processes_of(uid).unwrap().is_empty(),
@@ -349,6 +379,7 @@ fn network_backend(
         cgroups: cgroups.clone(),
         network,
         docker: None,
+        run_keep: vec![],
     };
     let plan = move |uid: u32, n: usize| {
         let attempt_id = format!("{:08x}{n:04x}{}", uid, "0".repeat(20));

@@ -311,6 +311,9 @@ pub struct DaemonSpec {
     /// processes through the uid, bounds runner, daemon and containers together) and the
     /// containers' default `nproc` ulimit. `None`: the policy opted out (`"none"`).
     pub pids_max: Option<u32>,
+    /// `host.runner_run_keep`: what of the host's `/run` the daemon's private `/run` keeps, as
+    /// the runner's does (a kept socket a container binds from `/run` is the host's).
+    pub run_keep: Vec<PathBuf>,
     /// The runner's runtime: the daemon's tree goes in `<runtime>/docker/`, which must not exist.
     pub runtime: PathBuf,
     /// The runner cgroup's `cgroup.procs`, opened by the agent (close-on-exec): the daemon
@@ -833,6 +836,8 @@ struct DaemonChild {
     cgroup2: Vec<CString>,
     /// The tree's `RLIMIT_NPROC` ([`DaemonSpec::pids_max`]).
     pids_max: Option<u32>,
+    /// [`DaemonSpec::run_keep`], opened.
+    kept: crate::isolate::KeptInRun,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -901,6 +906,12 @@ impl DaemonChild {
             })?,
             cgroup2,
             pids_max: spec.pids_max,
+            kept: crate::isolate::KeptInRun::prepare(&spec.run_keep).map_err(|source| {
+                DockerError::Prepare {
+                    path: PathBuf::from("/run"),
+                    source,
+                }
+            })?,
             uid: account.uid,
             gid: account.gid,
             cgroup_procs: dup(&spec.cgroup_procs, Path::new("cgroup.procs"))?,
@@ -988,6 +999,8 @@ impl DaemonChild {
                 c"",
             )?;
         }
+        // What the operator keeps of the host's `/run`, taken before the private one covers it.
+        let kept = self.kept.detach()?;
         // Not `nodev`: the tun node below lives here.
         rustix::mount::mount(
             c"tmpfs",
@@ -1044,6 +1057,7 @@ impl DaemonChild {
             Err(e) => return Err(e.into()),
         }
         rustix::fs::symlink(self.socket.as_c_str(), RUN_SOCKET_LINK)?;
+        self.kept.attach(kept)?;
 
         if let Some(max) = self.pids_max {
             crate::isolate::limit_processes(max)?;
