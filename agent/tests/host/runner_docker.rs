@@ -1418,6 +1418,15 @@ fn summary(what: &str, mut v: Vec<Duration>) -> String {
     )
 }
 
+/// A directory of the host's removed when the test ends, failed or not.
+struct RemovedOnDrop(PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The uid of [`a_runners_docker_tree_is_sealed_as_the_runner_is`].
 const UID_SEAL: u32 = 64295;
 
@@ -1623,6 +1632,7 @@ fn a_runners_docker_tree_is_sealed_as_the_runner_is() {
     // one it does not.
     let services = Path::new("/run").join(format!("rm-seal-{}", std::process::id()));
     std::fs::create_dir_all(&services).unwrap();
+    let _remove = RemovedOnDrop(services.clone());
     let _kept = std::os::unix::net::UnixListener::bind(services.join("kept.sock")).unwrap();
     let _hidden = std::os::unix::net::UnixListener::bind(services.join("hidden.sock")).unwrap();
     let (mut daemon, seen) = probed_daemon(
@@ -1787,7 +1797,6 @@ fn a_runners_docker_tree_is_sealed_as_the_runner_is() {
         listed.contains("kept.sock") && !listed.contains("hidden.sock"),
         "the daemon's /run: {listed}"
     );
-    let _ = std::fs::remove_dir_all(&services);
 
     let forks = container_forks(&layout, account, &host.dir.path().join("forks"));
     eprintln!("a container started {forks} of {FORKS} processes under pids_max {SEAL_PIDS_MAX}");

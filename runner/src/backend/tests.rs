@@ -44,6 +44,15 @@ setsid -f sleep 300 </dev/null >/dev/null 2>&1
 echo done >> report.txt
 "#;
 
+/// A directory of the host's removed when the test ends, failed or not.
+struct RemovedOnDrop(std::path::PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A package with the reporting listener, and a runner root runners can reach, in a temporary
 /// directory.
 fn package_and_root() -> (tempfile::TempDir, std::path::PathBuf, RunnerRoot) {
@@ -165,6 +174,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
     // (`host.runner_run_keep`), the runner's empty /run hides the other.
     let services = Path::new("/run").join(format!("rm-backend-test-{}", std::process::id()));
     std::fs::create_dir_all(&services).unwrap();
+    let _remove = RemovedOnDrop(services.clone());
     let _kept = std::os::unix::net::UnixListener::bind(services.join("kept.sock")).unwrap();
     let _hidden = std::os::unix::net::UnixListener::bind(services.join("hidden.sock")).unwrap();
     let backend = UserIsolation {
@@ -308,7 +318,6 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
     );
     assert_eq!(get("kept_socket"), "ok", "the kept socket: {report}");
     assert_eq!(get("hidden_socket"), "denied", "a host socket: {report}");
-    let _ = std::fs::remove_dir_all(&services);
     // The daemon it left died with its PID namespace when the runner exited.
     assert!(
         uid::processes_of(uid).unwrap().is_empty(),
