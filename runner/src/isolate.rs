@@ -499,19 +499,7 @@ impl RunDir {
             for dir in dirs {
                 mkdir_here(dir.as_c_str())?;
             }
-            let fd = rustix::fs::open(
-                file.as_c_str(),
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o644),
-            )?;
-            let mut rest = text.as_slice();
-            while !rest.is_empty() {
-                let n = rustix::io::write(&fd, rest)?;
-                if n == 0 {
-                    return Err(io::Error::from(io::ErrorKind::WriteZero));
-                }
-                rest = &rest[n..];
-            }
+            write_new(file.as_c_str(), text)?;
         }
         if let Some(socket) = &self.docker_socket {
             rustix::fs::symlink(socket.as_c_str(), RUN_DOCKER_SOCKET)?;
@@ -662,8 +650,28 @@ impl KeptInRun {
     }
 }
 
-/// `mkdir` (mode 0755 under the runner's umask), an existing one taken as it is.
-fn mkdir_here(dir: &std::ffi::CStr) -> io::Result<()> {
+/// Creates `path` (mode 0644, root's) with `bytes`, between fork and exec (a runner's fresh
+/// `/run`, its Docker daemon's): raw calls only.
+pub(crate) fn write_new(path: &std::ffi::CStr, bytes: &[u8]) -> io::Result<()> {
+    let fd = rustix::fs::open(
+        path,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )?;
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let n = rustix::io::write(&fd, rest)?;
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        rest = &rest[n..];
+    }
+    Ok(())
+}
+
+/// `mkdir` (mode 0755 under a umask of 022), an existing one taken as it is; between fork and
+/// exec: raw calls only.
+pub(crate) fn mkdir_here(dir: &std::ffi::CStr) -> io::Result<()> {
     match rustix::fs::mkdir(dir, Mode::from_raw_mode(0o755)) {
         Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
         Err(e) => Err(e.into()),

@@ -227,6 +227,11 @@ pub(crate) fn kernel_version(release: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
+/// The running kernel's `(major, minor)`, `None` where it cannot be read.
+pub fn running_kernel() -> Option<(u32, u32)> {
+    kernel_version(&std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default())
+}
+
 /// Whether `/proc/filesystems` text lists `overlay`. Pure.
 pub(crate) fn has_overlay(filesystems: &str) -> bool {
     filesystems
@@ -281,7 +286,7 @@ impl Facts {
             can_mknod: crate::isolate::effective_capabilities(&read("/proc/self/status"))
                 .is_some_and(|caps| caps & (1 << CAP_MKNOD) != 0),
             overlay: has_overlay(&read("/proc/filesystems")),
-            kernel: kernel_version(&read("/proc/sys/kernel/osrelease")),
+            kernel: running_kernel(),
             no_new_privs: agent_has_no_new_privs(),
             max_user_namespaces: read("/proc/sys/user/max_user_namespaces")
                 .trim()

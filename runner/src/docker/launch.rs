@@ -55,7 +55,7 @@ use rustix::fs::{FileType, Mode, OFlags};
 
 use super::host::{self as tools, DAEMON_PATH, Tools};
 use super::mirror::{DaemonMirror, mirror_flags};
-use crate::isolate::Account;
+use crate::isolate::{Account, mkdir_here, write_new};
 
 /// How long [`start`] waits for the daemon to answer `/_ping`. Measured here: 0.4-0.65 s warm,
 /// 2.1 s for the first start after boot (cold caches), about 1 s in a runner's network
@@ -1031,10 +1031,7 @@ impl DaemonChild {
             }
             ResolvTarget::InRun { dirs, file } => {
                 for dir in dirs {
-                    match rustix::fs::mkdir(dir.as_c_str(), Mode::from_raw_mode(0o755)) {
-                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                        Err(e) => return Err(e.into()),
-                    }
+                    mkdir_here(dir.as_c_str())?;
                 }
                 write_new(file.as_c_str(), &self.resolv)?;
             }
@@ -1071,24 +1068,6 @@ impl DaemonChild {
         rustix::thread::set_thread_res_uid(uid, uid, uid)?;
         crate::isolate::join_own_session_keyring()
     }
-}
-
-/// Creates `path` (mode 0644, root's) with `bytes`, in the child: raw calls only.
-fn write_new(path: &std::ffi::CStr, bytes: &[u8]) -> io::Result<()> {
-    let fd = rustix::fs::open(
-        path,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o644),
-    )?;
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        let n = rustix::io::write(&fd, rest)?;
-        if n == 0 {
-            return Err(io::Error::from(io::ErrorKind::WriteZero));
-        }
-        rest = &rest[n..];
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -69,11 +69,16 @@ pub fn unbounded(
     if limits.memory_max.is_some() && !available.memory {
         out.push(Unbounded::Memory);
     }
-    let charged_to_creator = kernel.is_some_and(|k| k >= NPROC_CHARGED_TO_CREATOR_SINCE);
-    if limits.pids_max.is_some() && !available.pids && !charged_to_creator {
+    if limits.pids_max.is_some() && !available.pids && !charged_to_creator(kernel) {
         out.push(Unbounded::Pids);
     }
     out
+}
+
+/// Whether kernel `kernel` (`None`: unknown, taken as too old) bounds a runner's containers
+/// by the runner's `RLIMIT_NPROC`. Pure.
+pub fn charged_to_creator(kernel: Option<(u32, u32)>) -> bool {
+    kernel.is_some_and(|k| k >= NPROC_CHARGED_TO_CREATOR_SINCE)
 }
 
 /// What of `unbounded` the policy did not accept. Pure.
