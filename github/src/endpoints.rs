@@ -93,6 +93,10 @@ pub(crate) const ENDPOINTS: &[(&str, &str)] = &[
         "GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
     ),
     (
+        "repos.actions.run",
+        "GET /repos/{owner}/{repo}/actions/runs/{run_id}",
+    ),
+    (
         "repos.actions.job",
         "GET /repos/{owner}/{repo}/actions/jobs/{job_id}",
     ),
@@ -457,6 +461,24 @@ impl GithubClient {
         let auth = self.installation_of(&target).await?;
         let path = format!("/repos/{owner}/{repo}/actions/runs/{run_id}/jobs");
         self.list("repos.actions.jobs", auth, &path, "", "jobs")
+            .await
+    }
+
+    /// `GET /repos/{owner}/{repo}/actions/runs/{run_id}`: who a run is (its event, branch and
+    /// head repository), which the host-local cache scopes a job's entries by.
+    pub async fn get_run(
+        &self,
+        owner: &str,
+        repo: &str,
+        run_id: u64,
+    ) -> Result<RunIdentity, GithubError> {
+        let target = Target::Repo {
+            owner: owner.to_owned(),
+            repo: repo.to_owned(),
+        };
+        let auth = self.installation_of(&target).await?;
+        let path = format!("/repos/{owner}/{repo}/actions/runs/{run_id}");
+        self.get_json(Call::get("repos.actions.run", auth, path))
             .await
     }
 

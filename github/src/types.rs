@@ -82,6 +82,29 @@ pub struct WorkflowRun {
     pub updated_at: String,
 }
 
+/// What a workflow run says about who it is (`GET /repos/{owner}/{repo}/actions/runs/{run_id}`):
+/// the fields the host-local cache scopes a job by, nothing else.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct RunIdentity {
+    pub id: u64,
+    /// `push`, `pull_request`, `pull_request_target`, `schedule`, ...
+    pub event: String,
+    /// `null` for a run on a tag or a detached commit.
+    pub head_branch: Option<String>,
+    pub repository: RunRepository,
+    /// `null` when the head repository was deleted (a fork's).
+    pub head_repository: Option<RunRepository>,
+}
+
+/// A run's repository or head repository (GitHub's "minimal repository").
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct RunRepository {
+    pub full_name: String,
+    /// Absent from some minimal repositories: the caller treats a run without it as unscoped.
+    #[serde(default)]
+    pub default_branch: Option<String>,
+}
+
 /// A workflow job.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct WorkflowJob {
