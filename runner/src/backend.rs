@@ -591,6 +591,7 @@ impl Backend for UserIsolation {
             env.push(("DOCKER_HOST".into(), docker_host.into()));
         }
         let sandbox = Sandbox {
+            lent: Vec::new(),
             cgroup_procs: procs,
             netns,
             pids_max: plan.limits.pids_max,

@@ -462,12 +462,17 @@ struct RunDir {
     resolv: Option<(Vec<CString>, CString, Vec<u8>)>,
     /// The runner's Docker daemon's socket, linked at `/run/docker.sock`.
     docker_socket: Option<CString>,
-    /// What the operator keeps of the host's `/run` (`host.runner_run_keep`).
+    /// What the operator keeps of the host's `/run` (`host.runner_run_keep`), and what the
+    /// agent lends the runner read-only there ([`Sandbox::lent`]).
     kept: KeptInRun,
 }
 
 impl RunDir {
-    fn prepare(docker_socket: Option<&Path>, keep: &[PathBuf]) -> io::Result<RunDir> {
+    fn prepare(
+        docker_socket: Option<&Path>,
+        keep: &[PathBuf],
+        lent: &[Lent],
+    ) -> io::Result<RunDir> {
         let resolv = match std::fs::canonicalize(super::network::RESOLV_CONF) {
             // No resolver file (or a dangling link): the runner gets none either.
             Err(_) => None,
@@ -483,7 +488,7 @@ impl RunDir {
             lock: std::fs::symlink_metadata("/run/lock").is_ok_and(|m| m.is_dir()),
             resolv,
             docker_socket: docker_socket.map(c_path).transpose()?,
-            kept: KeptInRun::prepare(keep)?,
+            kept: KeptInRun::prepare(keep, lent)?,
         })
     }
 
@@ -552,7 +557,12 @@ pub(crate) struct KeptInRun {
 
 #[derive(Debug)]
 struct Kept {
+    /// What is cloned: `target` itself for a kept entry, a directory of the agent's for a lent
+    /// one.
+    source: CString,
     target: CString,
+    /// Attached read-only (and no exec, no devices, no set-uid): a lent directory.
+    read_only: bool,
     /// The directories between `/run` and `target`, outermost first.
     parents: Vec<CString>,
     dir: bool,
@@ -561,11 +571,32 @@ struct Kept {
 /// [`KeptInRun`]'s detached clones, in its order; `None` where the entry was not there.
 pub(crate) struct Detached([Option<OwnedFd>; MAX_RUN_KEEP]);
 
+/// A directory of the agent's a runner gets read-only at a place of its own `/run` (the host's
+/// action archives, `policy.cache`): cloned like a kept entry, from anywhere of the host (the
+/// agent's data directory, which no runner may enter), then made read-only where it is
+/// attached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lent {
+    /// The agent's directory.
+    pub source: PathBuf,
+    /// Where the runner finds it: a plain path below `/run` ([`run_keep_entry`]'s rule).
+    pub target: PathBuf,
+}
+
 impl KeptInRun {
-    pub(crate) fn prepare(paths: &[PathBuf]) -> io::Result<KeptInRun> {
+    pub(crate) fn prepare(paths: &[PathBuf], lent: &[Lent]) -> io::Result<KeptInRun> {
         let mut entries = Vec::new();
-        for path in paths.iter().take(MAX_RUN_KEEP) {
-            let meta = match std::fs::symlink_metadata(path) {
+        let lent_entries = lent.iter().map(|l| (&l.source, &l.target, true));
+        let kept_entries = paths.iter().map(|p| (p, p, false));
+        // Lent first: what the agent lends is never the entry left out past the bound.
+        for (source, path, read_only) in lent_entries.chain(kept_entries).take(MAX_RUN_KEEP) {
+            if read_only && run_keep_entry(path).is_err() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{} is not a plain place below /run", path.display()),
+                ));
+            }
+            let meta = match std::fs::symlink_metadata(source) {
                 Ok(meta) if meta.file_type().is_symlink() => {
                     tracing::warn!(path = %path.display(), "host.runner_run_keep names a link, which a runner does not get: name what it points to");
                     continue;
@@ -587,7 +618,9 @@ impl KeptInRun {
                 }
             }
             entries.push(Kept {
+                source: c_path(source)?,
                 target: c_path(path)?,
+                read_only,
                 parents,
                 dir: meta.is_dir(),
             });
@@ -603,7 +636,7 @@ impl KeptInRun {
         for (kept, slot) in self.entries.iter().zip(detached.0.iter_mut()) {
             match rustix::mount::open_tree(
                 rustix::fs::CWD,
-                kept.target.as_c_str(),
+                kept.source.as_c_str(),
                 OpenTreeFlags::OPEN_TREE_CLONE
                     | OpenTreeFlags::OPEN_TREE_CLOEXEC
                     | OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
@@ -619,7 +652,7 @@ impl KeptInRun {
     /// Attaches each clone at its place in the fresh `/run`, in the child, as root: raw calls
     /// only.
     pub(crate) fn attach(&self, detached: Detached) -> io::Result<()> {
-        use rustix::mount::MoveMountFlags;
+        use rustix::mount::{MountFlags, MoveMountFlags};
         for (kept, clone) in self.entries.iter().zip(detached.0) {
             let Some(clone) = clone else { continue };
             for dir in &kept.parents {
@@ -645,6 +678,17 @@ impl KeptInRun {
                 kept.target.as_c_str(),
                 MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
             )?;
+            if kept.read_only {
+                rustix::mount::mount_remount(
+                    kept.target.as_c_str(),
+                    MountFlags::BIND
+                        | MountFlags::RDONLY
+                        | MountFlags::NOSUID
+                        | MountFlags::NODEV
+                        | MountFlags::NOEXEC,
+                    c"",
+                )?;
+            }
         }
         Ok(())
     }
@@ -731,6 +775,9 @@ pub(crate) struct Sandbox {
     pub docker_socket: Option<PathBuf>,
     /// `host.runner_run_keep`: what of the host's `/run` the runner keeps.
     pub run_keep: Vec<PathBuf>,
+    /// Directories of the agent's the runner gets read-only in its `/run` (counted with
+    /// `run_keep` against [`MAX_RUN_KEEP`]).
+    pub lent: Vec<Lent>,
 }
 
 fn c_path(p: &Path) -> io::Result<CString> {
@@ -775,6 +822,7 @@ impl ChildSetup {
             Some(RunDir::prepare(
                 sandbox.docker_socket.as_deref(),
                 &sandbox.run_keep,
+                &sandbox.lent,
             )?)
         } else {
             None

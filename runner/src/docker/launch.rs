@@ -906,7 +906,7 @@ impl DaemonChild {
             })?,
             cgroup2,
             pids_max: spec.pids_max,
-            kept: crate::isolate::KeptInRun::prepare(&spec.run_keep).map_err(|source| {
+            kept: crate::isolate::KeptInRun::prepare(&spec.run_keep, &[]).map_err(|source| {
                 DockerError::Prepare {
                     path: PathBuf::from("/run"),
                     source,
