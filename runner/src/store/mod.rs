@@ -14,6 +14,7 @@
 //! resolved again below the directory it was opened from.
 
 pub(crate) mod manifest;
+pub mod redirect;
 #[cfg(test)]
 mod tests;
 
@@ -23,7 +24,7 @@ use std::io::{self, Read as _, Write as _};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use sha2::{Digest as _, Sha256};
@@ -205,6 +206,9 @@ pub struct StoredPackage {
     /// a runtime's links must be.
     dev: u64,
     inodes: Arc<[u64]>,
+    /// The cache-redirected package derived from this one, once this process made or verified
+    /// it ([`StoredPackage::redirected`]); shared by clones.
+    redirect: Arc<Mutex<Option<StoredPackage>>>,
 }
 
 impl Store {
@@ -336,6 +340,7 @@ impl Store {
             inodes: inodes_of(&manifest, found.iter().map(|f| f.ino)),
             manifest: Arc::new(manifest),
             dev,
+            redirect: Arc::default(),
         })
     }
 
@@ -380,6 +385,7 @@ impl Store {
             manifest: Arc::new(manifest),
             dev,
             inodes,
+            redirect: Arc::default(),
         })
     }
 
@@ -391,8 +397,9 @@ impl Store {
         Ok(())
     }
 
-    /// Removes everything in the store but the digests in `keep` and the trees a runtime still
-    /// links ([`tree_in_use`]: a runner finishes on the package it started from): trees of
+    /// Removes everything in the store but the digests in `keep` (with the trees derived from
+    /// them by the current [`redirect::DERIVATION`]) and the trees a runtime still links
+    /// ([`tree_in_use`]: a runner finishes on the package it started from): trees of
     /// packages no longer configured and, with [`Leftovers::Remove`], staging folders a crash left
     /// (only where no build can be under way: at start). Returns the names removed. A failure
     /// only costs space, so it is logged, not returned.
@@ -406,7 +413,9 @@ impl Store {
             }
         };
         for name in names {
-            if keep.iter().any(|k| name.to_bytes() == k.as_bytes()) {
+            if keep.iter().any(|k| {
+                name.to_bytes() == k.as_bytes() || redirect::is_derived_of(name.to_bytes(), k)
+            }) {
                 continue;
             }
             let shown = name.to_string_lossy().into_owned();
@@ -508,9 +517,16 @@ impl StoredPackage {
     }
 
     /// How many handles to this stored package the process holds (clones share one count): a
-    /// runtime being linked from it holds one beside its owner's.
+    /// runtime being linked from it holds one beside its owner's, and so does one being linked
+    /// from the package derived from it (beyond the hold this one keeps on it).
     pub(crate) fn holders(&self) -> usize {
-        Arc::strong_count(&self.manifest)
+        let derived = self
+            .redirect
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, |d| d.holders().saturating_sub(1));
+        Arc::strong_count(&self.manifest) + derived
     }
 
     /// What the stored tree holds, and what every runtime made from it must hold.
@@ -736,35 +752,73 @@ pub enum Leftovers {
     Keep,
 }
 
-/// Whether a runtime still links the stored `tree`: a runtime's files are hard links to the
-/// tree's, so a file of the tree with more than one link is in a runtime. Stops at the first
-/// such file; links are never followed. A tree that cannot be read counts as in use (removing
-/// it can wait for the next pass).
+/// Whether a runtime still links the stored `tree` or a tree of its group (the stored package
+/// and the trees derived from it, [`redirect`], which hard-link its files): a runtime's files
+/// are hard links to a tree's, so a file with more links than the group's trees hold is in a
+/// runtime. Links are never followed. A tree that cannot be read counts as in use (removing it
+/// can wait for the next pass).
 pub(crate) fn tree_in_use(tree: &Path) -> bool {
-    fn walk(dir: &Path, depth: usize) -> io::Result<bool> {
+    /// Per file of the walked trees: its link count, and how many of the walked names are it.
+    type Links = std::collections::HashMap<(u64, u64), (u64, u64)>;
+    fn walk(dir: &Path, depth: usize, links: &mut Links) -> io::Result<()> {
         if depth > MAX_DEPTH {
-            return Ok(false);
+            return Ok(());
         }
         for entry in std::fs::read_dir(dir)? {
             let entry = entry?;
             let meta = entry.path().symlink_metadata()?;
-            if meta.is_file() && meta.nlink() > 1 {
-                return Ok(true);
+            if meta.is_file() {
+                links
+                    .entry((meta.dev(), meta.ino()))
+                    .or_insert((meta.nlink(), 0))
+                    .1 += 1;
             }
-            if meta.is_dir() && walk(&entry.path(), depth + 1)? {
-                return Ok(true);
+            if meta.is_dir() {
+                walk(&entry.path(), depth + 1, links)?;
             }
         }
-        Ok(false)
+        Ok(())
     }
-    match walk(tree, 0) {
-        Ok(linked) => linked,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-        Err(e) => {
-            tracing::warn!(tree = %tree.display(), error = %e, "cannot tell whether a stored runner package is in use; kept");
-            true
+    let group = tree_group(tree);
+    let mut links = Links::new();
+    for member in &group {
+        match walk(member, 0, &mut links) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(tree = %member.display(), error = %e, "cannot tell whether a stored runner package is in use; kept");
+                return true;
+            }
         }
     }
+    links.values().any(|(nlink, seen)| nlink > seen)
+}
+
+/// `tree` (`<store>/<name>/tree`) and the trees of every store name of its group: the stored
+/// package `<base>` and its derivations `<base>+...`.
+fn tree_group(tree: &Path) -> Vec<PathBuf> {
+    let mut group = vec![tree.to_path_buf()];
+    let Some(folder) = tree.parent() else {
+        return group;
+    };
+    let (Some(store), Some(name)) = (folder.parent(), folder.file_name()) else {
+        return group;
+    };
+    let name = name.to_string_lossy();
+    let base = redirect::base_of(&name);
+    if let Ok(entries) = std::fs::read_dir(store) {
+        for entry in entries.filter_map(Result::ok) {
+            let other = entry.file_name().to_string_lossy().into_owned();
+            let member = other == base
+                || other
+                    .strip_prefix(base)
+                    .is_some_and(|rest| rest.starts_with('+'));
+            if member && other != *name {
+                group.push(store.join(other).join(TREE_DIR));
+            }
+        }
+    }
+    group
 }
 
 /// The agent's effective uid: the owner of everything it stores.
