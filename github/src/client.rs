@@ -32,6 +32,8 @@ pub const PER_PAGE: usize = 100;
 pub const MAX_PAGES: u32 = 10;
 /// The REST API version rm is written against.
 pub const API_VERSION: &str = "2022-11-28";
+/// The media type GitHub's REST API answers JSON in.
+pub(crate) const GITHUB_JSON: &str = "application/vnd.github+json";
 
 /// How long an App found not installed on a target (a `404` from its installation lookup) is
 /// left out of that target's registrations before it is asked again: an operator who installs
@@ -142,6 +144,12 @@ pub(crate) struct Call {
     pub(crate) conditional: bool,
     /// Whether GitHub counts this request against the primary limit.
     pub(crate) charged: bool,
+    /// The media type asked for: [`GITHUB_JSON`] but where an endpoint offers a lighter one
+    /// (a commit's bare SHA, `application/vnd.github.sha`).
+    pub(crate) accept: &'static str,
+    /// Whether a redirect (3xx) is the answer, its `Location` in the headers: an archive
+    /// download's first hop, which GitHub answers with a redirect to codeload.
+    pub(crate) redirect: bool,
 }
 
 impl Call {
@@ -154,6 +162,8 @@ impl Call {
             auth,
             conditional: false,
             charged: true,
+            accept: GITHUB_JSON,
+            redirect: false,
         }
     }
 }
@@ -375,6 +385,8 @@ impl GithubClient {
             auth: Auth::App(app),
             conditional: false,
             charged: true,
+            accept: GITHUB_JSON,
+            redirect: false,
         };
         let answer = self.send(&call, false).await?;
         let t: Token = decode(call.endpoint, &answer.body)?;
@@ -425,7 +437,7 @@ impl GithubClient {
             .method(call.method.clone())
             .uri(call.path.as_str())
             .header(header::AUTHORIZATION, bearer)
-            .header(header::ACCEPT, "application/vnd.github+json");
+            .header(header::ACCEPT, call.accept);
         let cached_etag = call
             .conditional
             .then(|| inner.etags.etag(scope, &call.path))
@@ -487,7 +499,9 @@ impl GithubClient {
                 not_modified: true,
             });
         }
-        if status.is_success() {
+        let redirected =
+            call.redirect && status.is_redirection() && status != StatusCode::NOT_MODIFIED;
+        if status.is_success() || redirected {
             inner.budget.record(permit, call.charged, &rate, None, now);
             if call.conditional
                 && let Some(etag) = parts

@@ -113,6 +113,11 @@ pub(crate) const ENDPOINTS: &[(&str, &str)] = &[
         "GET /repos/{owner}/{repo}/releases/latest",
     ),
     ("repos.releases.list", "GET /repos/{owner}/{repo}/releases"),
+    (
+        "repos.commits.get",
+        "GET /repos/{owner}/{repo}/commits/{ref}",
+    ),
+    ("repos.tarball", "GET /repos/{owner}/{repo}/tarball/{ref}"),
     ("rate_limit", "GET /rate_limit"),
 ];
 

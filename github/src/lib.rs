@@ -23,6 +23,7 @@
 //! # let _ = jit; Ok(()) }
 //! ```
 
+pub mod archives;
 pub mod auth;
 pub mod budget;
 pub mod client;
@@ -37,6 +38,7 @@ pub mod target;
 pub mod types;
 pub mod wire;
 
+pub use archives::ArchiveError;
 pub use auth::AppCredentials;
 pub use budget::{BudgetSnapshot, PacingSnapshot, Scope};
 pub use client::{AppKey, ClientConfig, GithubClient, Polled};

@@ -2,6 +2,7 @@
 //! and conformance of both sides to GitHub's own description.
 
 mod apps;
+mod archives;
 mod common;
 mod conformance;
 mod credentials;

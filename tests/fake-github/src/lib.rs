@@ -18,6 +18,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod archives;
 pub mod auth;
 pub mod broker;
 pub mod jit;

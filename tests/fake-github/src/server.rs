@@ -123,6 +123,11 @@ async fn handle(
         let base = state.base_path.clone();
         // In flight from here until the answer is handed to hyper (or the hung request is
         // given up): what the concurrency limit counts.
+    if let Some(raw) =
+        shared.with(|state| crate::archives::answer(state, &method, &path, &query, &parts.headers))
+    {
+        return Ok(raw_response(raw));
+    }
         let caller = if path.strip_prefix(RUNNER_PROTOCOL_PREFIX).is_some() {
             None
         } else {

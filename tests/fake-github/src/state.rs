@@ -198,6 +198,8 @@ pub struct State {
     pub behavior_by_name: HashMap<String, RunnerBehavior>,
     /// Published actions/runner releases (see [`crate::releases`]).
     pub releases: crate::releases::Releases,
+    /// Action repositories and their archives (see [`crate::archives`]).
+    pub archives: crate::archives::Archives,
     /// The Actions service of runner scale sets (see [`crate::broker`]).
     pub broker: crate::broker::Broker,
 }
@@ -269,6 +271,7 @@ impl State {
             default_behavior: RunnerBehavior::default(),
             behavior_by_name: HashMap::new(),
             releases: crate::releases::Releases::default(),
+            archives: crate::archives::Archives::default(),
             broker: crate::broker::Broker::default(),
         }
     }
