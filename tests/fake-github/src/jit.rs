@@ -118,14 +118,40 @@ pub struct Registered {
     pub behavior: RunnerBehavior,
 }
 
-/// A job handed to a runner.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+/// A job handed to a runner: what actions/runner's job message gives its worker, as far as the
+/// fake runner uses it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct AssignedJob {
     pub job_id: u64,
     pub run_id: u64,
     pub name: String,
     /// `owner/name`.
     pub repository: String,
+    /// `GITHUB_REF`: `refs/heads/<branch>`, or `refs/pull/<n>/merge` for a pull request.
+    #[serde(default)]
+    pub git_ref: String,
+    /// `GITHUB_SHA`.
+    #[serde(default)]
+    pub sha: String,
+    /// `GITHUB_EVENT_NAME`.
+    #[serde(default)]
+    pub event: String,
+    /// The results service's URL (`ACTIONS_RESULTS_URL` in the job message's system
+    /// connection): the fake's stand-in, [`crate::results::RESULTS_PREFIX`] on its server.
+    #[serde(default)]
+    pub results_url: String,
+    /// `ACTIONS_RUNTIME_TOKEN`: JWT-shaped, naming the job's repository and ref
+    /// ([`crate::results::runtime_token`]). A credential: never logged.
+    #[serde(default)]
+    pub runtime_token: String,
+    /// The actions the job's steps use, `owner/repo@sha`, in order: what "Set up job" fetches.
+    #[serde(default)]
+    pub uses: Vec<String>,
+    /// The job's `GITHUB_TOKEN` (an installation token of the repository's installation),
+    /// which actions/runner downloads the actions' tarballs with; empty for a job that uses
+    /// none. A credential: never logged.
+    #[serde(default)]
+    pub github_token: String,
 }
 
 /// The answer to asking for a job.

@@ -27,6 +27,7 @@ pub mod limits;
 pub mod model;
 pub mod releases;
 pub mod render;
+pub mod results;
 pub mod routes;
 pub mod runner_client;
 pub mod server;
@@ -48,7 +49,9 @@ use tokio::task::JoinHandle;
 pub use jit::{CrashPoint, FakeJitConfig, RunnerBehavior};
 pub use keys::AppKeyPair;
 pub use limits::{ContentCounting, LimitStatus, SecondaryLimits};
-pub use model::{Delivery, Job, JobStatus, RequestKind, RequestRecord, Runner, RunnerScope};
+pub use model::{
+    Delivery, Job, JobOrigin, JobStatus, RequestKind, RequestRecord, Runner, RunnerScope,
+};
 pub use releases::ReleaseOptions;
 pub use state::{FaultAction, signature};
 pub use webhook::{Chaos, WebhookOrder};
@@ -520,6 +523,39 @@ impl FakeGithub {
     /// Queues a job (in a new workflow run) in `owner/name`; sends its `queued` webhook.
     pub fn queue_job(&self, repo: &str, name: &str, labels: &[&str]) -> anyhow::Result<u64> {
         self.in_repo(repo, labels, |s, id, labels| s.queue_job(id, name, labels))
+    }
+
+    /// [`Self::queue_job`] for a job whose run is `origin`'s: its branch, event and head
+    /// repository (what `GET /repos/{owner}/{repo}/actions/runs/{run_id}` and the job's
+    /// webhooks say), the repository's default branch, the actions its steps use.
+    pub fn queue_job_as(
+        &self,
+        repo: &str,
+        name: &str,
+        labels: &[&str],
+        origin: &JobOrigin,
+    ) -> anyhow::Result<u64> {
+        self.in_repo(repo, labels, |s, id, labels| {
+            s.queue_job_as(id, name, labels, origin)
+        })
+    }
+
+    /// The results service's URL jobs are given (`ACTIONS_RESULTS_URL`): the fake's stand-in
+    /// ([`results`]).
+    pub fn results_url(&self) -> String {
+        results::results_url(&self.server_url())
+    }
+
+    /// Every request the results stand-in answered (a job's cache or artifact calls that
+    /// reached "GitHub"), oldest first.
+    pub fn results_requests(&self) -> Vec<RequestRecord> {
+        self.with(|s| {
+            s.requests
+                .iter()
+                .filter(|r| r.kind() == RequestKind::Results)
+                .cloned()
+                .collect()
+        })
     }
 
     /// Runs `queue` on the state with the id of repository `owner/name` and the labels owned;

@@ -43,6 +43,9 @@ pub struct Repo {
     pub private: bool,
     pub installation_id: u64,
     pub created_at: SystemTime,
+    /// The branch GitHub names `default_branch` (`main` unless a test says otherwise): the
+    /// branch whose caches every ref of the repository may restore.
+    pub default_branch: String,
 }
 
 impl Repo {
@@ -122,8 +125,56 @@ pub struct Run {
     pub workflow_name: String,
     pub head_sha: String,
     pub head_branch: String,
+    /// What triggered the run (`push`, `pull_request`, ...), as the run's `event` says.
+    pub event: String,
+    /// `owner/name` of the repository the head commit is in: the run's own, or a fork's for a
+    /// pull request from a fork.
+    pub head_repository: String,
+    /// The pull request's number for a `pull_request` run (its `GITHUB_REF` is
+    /// `refs/pull/<n>/merge`); `None` otherwise.
+    pub pull_number: Option<u64>,
     pub created_at: SystemTime,
     pub updated_at: SystemTime,
+}
+
+impl Run {
+    /// The ref a job of this run checks out and runs for (`GITHUB_REF`): the pull request's
+    /// merge ref for a pull request, the branch otherwise.
+    pub fn git_ref(&self) -> String {
+        match self.pull_number {
+            Some(n) => format!("refs/pull/{n}/merge"),
+            None => format!("refs/heads/{}", self.head_branch),
+        }
+    }
+}
+
+/// Who a queued job is, beyond its repository: what its run says of the branch, the event and
+/// the head repository, the repository's default branch, and the actions its steps use. What
+/// the agent learns a job's cache scope from, and what the fake runner's job message carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobOrigin {
+    /// `main` by default.
+    pub head_branch: String,
+    /// `push` by default; `pull_request` makes the run a pull request's (a number of its own).
+    pub event: String,
+    /// `owner/name`; `None` (the default): the job's own repository.
+    pub head_repository: Option<String>,
+    /// Sets the repository's default branch before the job is queued; `None` leaves it.
+    pub default_branch: Option<String>,
+    /// The actions the job's steps use, `owner/repo@sha`, in order (none by default).
+    pub uses: Vec<String>,
+}
+
+impl Default for JobOrigin {
+    fn default() -> Self {
+        JobOrigin {
+            head_branch: "main".into(),
+            event: "push".into(),
+            head_repository: None,
+            default_branch: None,
+            uses: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -146,6 +197,8 @@ pub struct Job {
     pub completed_at: Option<SystemTime>,
     /// When the runner running it last renewed its lock (`None`: not since it started).
     pub lock_renewed_at: Option<SystemTime>,
+    /// The actions its steps use, `owner/repo@sha` ([`JobOrigin::uses`]).
+    pub uses: Vec<String>,
 }
 
 /// One attempt to deliver a webhook.
@@ -212,6 +265,9 @@ pub enum RequestKind {
     RunnerProtocol,
     /// A release download (github.com, not the API).
     Download,
+    /// GitHub's results service (cache v2, artifacts), the fake's stand-in for it
+    /// ([`crate::results`]): a job's cache calls that were not redirected land here.
+    Results,
     /// Any other REST API request.
     Rest,
 }
@@ -227,6 +283,8 @@ impl RequestRecord {
             RequestKind::Token
         } else if path.starts_with("/rest/") || path.starts_with("/scalesets/") {
             RequestKind::Broker
+        } else if path.starts_with(crate::results::RESULTS_PREFIX) {
+            RequestKind::Results
         } else if path.starts_with(crate::jit::RUNNER_PROTOCOL_PREFIX) {
             RequestKind::RunnerProtocol
         } else if path.starts_with(crate::releases::DOWNLOAD_PREFIX)

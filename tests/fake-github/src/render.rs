@@ -80,7 +80,7 @@ pub fn repository(ctx: &Ctx, r: &Repo, owner_type: &str) -> Value {
         "owner": user(ctx, &r.owner, r.owner_id, owner_type), "private": r.private,
         "html_url": format!("{}/{full}", ctx.web), "description": null, "fork": false,
         "url": u, "homepage": null, "language": null, "mirror_url": null, "license": null,
-        "archived": false, "disabled": false, "default_branch": "main", "size": 1,
+        "archived": false, "disabled": false, "default_branch": r.default_branch, "size": 1,
         "forks": 0, "forks_count": 0, "open_issues": 0, "open_issues_count": 0,
         "stargazers_count": 0, "watchers": 0, "watchers_count": 0,
         "has_downloads": true, "has_issues": true, "has_projects": false, "has_wiki": false,
@@ -173,7 +173,16 @@ pub fn runner_group(ctx: &Ctx, org: &str, g: &RunnerGroup) -> Value {
     })
 }
 
-pub fn run(ctx: &Ctx, run: &Run, repo: &Value, status: &str, conclusion: Option<&str>) -> Value {
+/// A workflow run; `head_repo` is the repository its head commit is in (`repo` itself unless
+/// the run is a fork's pull request).
+pub fn run(
+    ctx: &Ctx,
+    run: &Run,
+    repo: &Value,
+    head_repo: &Value,
+    status: &str,
+    conclusion: Option<&str>,
+) -> Value {
     let full = repo.get("full_name").cloned().unwrap_or(Value::Null);
     let base = format!(
         "{}/repos/{}/actions/runs/{}",
@@ -185,7 +194,7 @@ pub fn run(ctx: &Ctx, run: &Run, repo: &Value, status: &str, conclusion: Option<
         "id": run.id, "node_id": format!("WFR_{}", run.id), "name": run.workflow_name,
         "head_branch": run.head_branch, "head_sha": run.head_sha, "path": ".github/workflows/ci.yml",
         "display_title": run.workflow_name, "run_number": run.run_number, "run_attempt": run.run_attempt,
-        "event": "push", "status": status, "conclusion": conclusion, "workflow_id": 1,
+        "event": run.event, "status": status, "conclusion": conclusion, "workflow_id": 1,
         "url": base, "html_url": format!("{}/{}/actions/runs/{}", ctx.web, full.as_str().unwrap_or(""), run.id),
         "created_at": rfc3339(run.created_at), "updated_at": rfc3339(run.updated_at),
         "run_started_at": rfc3339(run.created_at),
@@ -194,15 +203,32 @@ pub fn run(ctx: &Ctx, run: &Run, repo: &Value, status: &str, conclusion: Option<
         "cancel_url": format!("{base}/cancel"), "rerun_url": format!("{base}/rerun"),
         "artifacts_url": format!("{base}/artifacts"),
         "workflow_url": format!("{}/repos/{}/actions/workflows/1", ctx.api, full.as_str().unwrap_or("")),
-        "pull_requests": [],
+        "pull_requests": pull_requests(ctx, run, repo, head_repo),
         "head_commit": {
             "id": run.head_sha, "tree_id": run.head_sha, "message": "fake commit",
             "timestamp": rfc3339(run.created_at),
             "author": {"name": "Fake", "email": "fake@example.invalid"},
             "committer": {"name": "Fake", "email": "fake@example.invalid"},
         },
-        "repository": repo, "head_repository": repo,
+        "repository": repo, "head_repository": head_repo,
     })
+}
+
+/// A run's `pull_requests`: its pull request for a `pull_request` run from a branch of the
+/// repository itself; none otherwise (GitHub leaves a fork's pull request out of this list).
+fn pull_requests(ctx: &Ctx, run: &Run, repo: &Value, head_repo: &Value) -> Value {
+    let (Some(number), true) = (run.pull_number, repo["full_name"] == head_repo["full_name"])
+    else {
+        return json!([]);
+    };
+    let full = repo["full_name"].as_str().unwrap_or("");
+    let minimal = json!({"id": repo["id"], "url": repo["url"], "name": repo["name"]});
+    json!([{
+        "id": 7_000_000 + number, "number": number,
+        "url": format!("{}/repos/{full}/pulls/{number}", ctx.api),
+        "head": {"ref": run.head_branch, "sha": run.head_sha, "repo": minimal},
+        "base": {"ref": repo["default_branch"], "sha": run.head_sha, "repo": minimal},
+    }])
 }
 
 pub fn job(ctx: &Ctx, job: &Job, run: &Run, full_name: &str) -> Value {

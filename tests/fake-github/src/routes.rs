@@ -25,6 +25,9 @@ pub enum Route {
     GetRunner(Scope, u64),
     DeleteRunner(Scope, u64),
     Runs(String, String),
+    /// `GET /repos/{owner}/{repo}/actions/runs/{run_id}`: who a job is (its run's event,
+    /// branch, head repository), what a cache learns a job's scope from.
+    Run(String, String, u64),
     RunJobs(String, String, u64),
     Job(String, String, u64),
     /// `POST /repos/{owner}/{repo}/actions/jobs/{job_id}/rerun`.
@@ -81,6 +84,7 @@ impl Route {
                 DeleteRunner(Scope::Repo(s(o), s(r)), id(n)?)
             }
             ("GET", ["repos", o, r, "actions", "runs"]) => Runs(s(o), s(r)),
+            ("GET", ["repos", o, r, "actions", "runs", run]) => Run(s(o), s(r), id(run)?),
             ("GET", ["repos", o, r, "actions", "runs", run, "jobs"]) => {
                 RunJobs(s(o), s(r), id(run)?)
             }
@@ -123,6 +127,7 @@ impl Route {
                 "DELETE /repos/{owner}/{repo}/actions/runners/{runner_id}"
             }
             Runs(..) => "GET /repos/{owner}/{repo}/actions/runs",
+            Run(..) => "GET /repos/{owner}/{repo}/actions/runs/{run_id}",
             RunJobs(..) => "GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs",
             Job(..) => "GET /repos/{owner}/{repo}/actions/jobs/{job_id}",
             RerunJob(..) => "POST /repos/{owner}/{repo}/actions/jobs/{job_id}/rerun",
@@ -173,7 +178,9 @@ impl Route {
             Route::Jit(s) | Route::DeleteRunner(s, _) => Some(write(s)),
             Route::ListRunners(s) | Route::GetRunner(s, _) => Some(read(s)),
             Route::RunnerGroups(org) => Some(read(&Scope::Org(org.clone()))),
-            Route::Runs(..) | Route::RunJobs(..) | Route::Job(..) => Some(("actions", "read")),
+            Route::Runs(..) | Route::Run(..) | Route::RunJobs(..) | Route::Job(..) => {
+                Some(("actions", "read"))
+            }
             // GitHub: "GitHub Apps must have the `actions:write` permission".
             Route::RerunJob(..) => Some(("actions", "write")),
             _ => None,
@@ -269,6 +276,7 @@ fn authorize(state: &State, caller: Caller, route: &Route) -> Result<(), Reply> 
         | Route::DeleteRunner(s, _) => Some(s.clone()),
         Route::RunnerGroups(org) => Some(Scope::Org(org.clone())),
         Route::Runs(o, r)
+        | Route::Run(o, r, _)
         | Route::RunJobs(o, r, _)
         | Route::Job(o, r, _)
         | Route::RerunJob(o, r, _) => Some(Scope::Repo(o.clone(), r.clone())),
@@ -461,6 +469,7 @@ pub fn answer_as(
             }
         }
         Route::Runs(o, r) => runs(state, o, r, query),
+        Route::Run(o, r, run_id) => run(state, o, r, *run_id),
         Route::RunJobs(o, r, run_id) => {
             let Some(repo) = state.repo_by_name(o, r).cloned() else {
                 return not_found();
@@ -711,13 +720,44 @@ fn runs(state: &State, owner: &str, name: &str, query: &str) -> Reply {
                 None => true,
                 Some(w) => w == status || conclusion.as_deref() == Some(w),
             };
-            matches.then(|| render::run(&state.ctx(), r, &repo_json, status, conclusion.as_deref()))
+            let head = state.head_repo_json(r);
+            matches.then(|| {
+                render::run(
+                    &state.ctx(),
+                    r,
+                    &repo_json,
+                    &head,
+                    status,
+                    conclusion.as_deref(),
+                )
+            })
         })
         .collect();
     runs.reverse();
     Reply::json(
         200,
         json!({"total_count": runs.len(), "workflow_runs": paginate(&runs, query)}),
+    )
+}
+
+fn run(state: &State, owner: &str, name: &str, run_id: u64) -> Reply {
+    let Some(repo) = state.repo_by_name(owner, name) else {
+        return not_found();
+    };
+    let Some(run) = state.runs.get(&run_id).filter(|r| r.repo_id == repo.id) else {
+        return not_found();
+    };
+    let (status, conclusion) = state.run_status(run.id);
+    Reply::json(
+        200,
+        render::run(
+            &state.ctx(),
+            run,
+            &state.repo_json(repo),
+            &state.head_repo_json(run),
+            status,
+            conclusion.as_deref(),
+        ),
     )
 }
 
@@ -770,6 +810,10 @@ mod tests {
             Some(Route::RerunJob("a".into(), "b".into(), 9))
         );
         assert_eq!(Route::parse("GET", "/repos/a/b/actions/jobs/9/rerun"), None);
+        assert_eq!(
+            Route::parse("GET", "/repos/a/b/actions/runs/12"),
+            Some(Route::Run("a".into(), "b".into(), 12))
+        );
         assert_eq!(Route::parse("POST", "/app"), None);
         assert_eq!(Route::parse("GET", "/orgs/acme/actions/runners/x"), None);
         assert!(

@@ -100,6 +100,11 @@ async fn handle(
     let method = parts.method.as_str().to_owned();
     let path = parts.uri.path().to_owned();
     let query = parts.uri.query().unwrap_or("").to_owned();
+    if let Some(raw) = shared
+        .with(|state| crate::results::answer(state, &method, &path, &query, &parts.headers, &body))
+    {
+        return Ok(raw_response(raw));
+    }
     if wants_user_agent(&path) && !has_user_agent(&parts.headers) {
         return Ok(shared.with(|state| refuse_without_user_agent(state, &method, &path, &query)));
     }

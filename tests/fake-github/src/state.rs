@@ -549,6 +549,7 @@ impl State {
                 private: true,
                 installation_id,
                 created_at: now,
+                default_branch: "main".into(),
             },
         );
         id
@@ -562,6 +563,30 @@ impl State {
 
     pub fn repo_json(&self, repo: &Repo) -> serde_json::Value {
         render::repository(&self.ctx(), repo, &self.owner_type(&repo.owner))
+    }
+
+    /// The repository `run`'s head commit is in, as GitHub renders it: the run's own, another
+    /// of the fake's, or a fork the fake does not hold (rendered from its name, as public).
+    pub fn head_repo_json(&self, run: &Run) -> serde_json::Value {
+        let (owner, name) = run
+            .head_repository
+            .split_once('/')
+            .unwrap_or((run.head_repository.as_str(), ""));
+        if let Some(repo) = self.repo_by_name(owner, name) {
+            return self.repo_json(repo);
+        }
+        let fork = Repo {
+            // An id of its own, far from the fake's.
+            id: 500_000_000 + run.id,
+            owner: owner.to_owned(),
+            owner_id: 600_000_000 + run.id,
+            name: name.to_owned(),
+            private: false,
+            installation_id: 0,
+            created_at: run.created_at,
+            default_branch: "main".into(),
+        };
+        render::repository(&self.ctx(), &fork, "User")
     }
 
     // ---- tokens ----
@@ -627,7 +652,28 @@ impl State {
 
     /// Queues a job in a new workflow run of `repo_id` and records its `queued` delivery.
     pub fn queue_job(&mut self, repo_id: u64, name: &str, labels: &[String]) -> Option<u64> {
-        self.create_job(repo_id, name, labels, JobStatus::Queued)
+        self.create_job(
+            repo_id,
+            name,
+            labels,
+            JobStatus::Queued,
+            &JobOrigin::default(),
+        )
+    }
+
+    /// [`Self::queue_job`] for a job whose run is `origin`'s (branch, event, head repository),
+    /// using `origin`'s actions; `origin.default_branch` becomes the repository's first.
+    pub fn queue_job_as(
+        &mut self,
+        repo_id: u64,
+        name: &str,
+        labels: &[String],
+        origin: &JobOrigin,
+    ) -> Option<u64> {
+        if let Some(branch) = &origin.default_branch {
+            self.repos.get_mut(&repo_id)?.default_branch = branch.clone();
+        }
+        self.create_job(repo_id, name, labels, JobStatus::Queued, origin)
     }
 
     /// Queues a matrix: one workflow run of `repo_id` with a job `name (variant)` per variant,
@@ -679,7 +725,13 @@ impl State {
         name: &str,
         labels: &[String],
     ) -> Option<u64> {
-        self.create_job(repo_id, name, labels, JobStatus::Waiting)
+        self.create_job(
+            repo_id,
+            name,
+            labels,
+            JobStatus::Waiting,
+            &JobOrigin::default(),
+        )
     }
 
     /// Approves a waiting job: it becomes `queued` (and says so in a delivery).
@@ -704,10 +756,13 @@ impl State {
         name: &str,
         labels: &[String],
         status: JobStatus,
+        origin: &JobOrigin,
     ) -> Option<u64> {
-        self.repos.get(&repo_id)?;
+        let full_name = self.repos.get(&repo_id)?.full_name();
         let run_id = self.next_id();
         let job_id = self.next_id();
+        // A pull request's number: small, and unique within the fake.
+        let pull_number = (origin.event == "pull_request").then(|| run_id - 1000);
         let now = self.now();
         self.runs.insert(
             run_id,
@@ -718,7 +773,10 @@ impl State {
                 run_attempt: 1,
                 workflow_name: "CI".into(),
                 head_sha: random_hex(20),
-                head_branch: "main".into(),
+                head_branch: origin.head_branch.clone(),
+                event: origin.event.clone(),
+                head_repository: origin.head_repository.clone().unwrap_or(full_name),
+                pull_number,
                 created_at: now,
                 updated_at: now,
             },
@@ -741,6 +799,7 @@ impl State {
                 started_at: None,
                 completed_at: None,
                 lock_renewed_at: None,
+                uses: origin.uses.clone(),
             },
         );
         self.record_job_event(job_id, status.as_str());
@@ -810,12 +869,19 @@ impl State {
             if let Some(r) = self.runners.get_mut(&runner_id) {
                 r.busy = true;
             }
-            let job = self.broker.job(request_id)?;
+            let job = self.broker.job(request_id)?.clone();
+            // A scale-set job's run is not modelled: a push to `main` of its repository.
+            let git_ref = "refs/heads/main";
             return Some(AssignedJob {
                 job_id: request_id,
                 run_id: job.workflow_run_id,
                 name: job.name.clone(),
                 repository: job.repository.clone(),
+                git_ref: git_ref.into(),
+                event: "push".into(),
+                results_url: crate::results::results_url(&self.server_url),
+                runtime_token: crate::results::runtime_token(&job.repository, git_ref),
+                ..AssignedJob::default()
             });
         }
         let job_id = self
@@ -832,18 +898,34 @@ impl State {
         job.runner_name = Some(runner.name.clone());
         job.runner_group_id = Some(runner.group_id);
         job.runner_group_name = Some(group_name);
-        let (run_id, name) = (job.run_id, job.name.clone());
+        let (run_id, name, uses) = (job.run_id, job.name.clone(), job.uses.clone());
         if let Some(r) = self.runners.get_mut(&runner_id) {
             r.busy = true;
         }
         self.touch_run(run_id);
         self.record_job_event(job_id, "in_progress");
-        let repository = self.repo_of_run(run_id)?.full_name();
+        let repo = self.repo_of_run(run_id)?.clone();
+        let run = self.runs.get(&run_id)?.clone();
+        let repository = repo.full_name();
+        // The job's GITHUB_TOKEN, for the action downloads of "Set up job": issued only to a
+        // job that uses actions, the one thing the fake runner needs it for.
+        let github_token = if uses.is_empty() {
+            String::new()
+        } else {
+            self.issue_token(repo.installation_id).0
+        };
         Some(AssignedJob {
             job_id,
             run_id,
             name,
+            git_ref: run.git_ref(),
+            sha: run.head_sha.clone(),
+            event: run.event.clone(),
+            results_url: crate::results::results_url(&self.server_url),
+            runtime_token: crate::results::runtime_token(&repository, &run.git_ref()),
             repository,
+            uses,
+            github_token,
         })
     }
 

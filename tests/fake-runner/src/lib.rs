@@ -3,10 +3,14 @@
 //! package directory around a binary for tests and `rm-agent demo`.
 
 mod listener;
+mod worker;
 
 use std::path::{Path, PathBuf};
 
 pub use listener::{CHECKOUT_DONE_FILE, FINISH_FILE, VERSION, listener_main};
+pub use worker::{
+    ARCHIVE_CACHE_ENV, REDIRECTABLE, SETUP_DONE_FILE, STEP_SCRIPT, WORKER_DLL, synthetic_worker_dll,
+};
 
 use anyhow::Context as _;
 
@@ -25,8 +29,10 @@ pub fn locate_binary() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Lays out a runner package in `dir`: `bin/Runner.Listener` (a copy of `binary`, executable)
-/// and the files a real package has at its top (`run.sh`, `config.sh`). Returns `dir`.
+/// Lays out a runner package in `dir`: `bin/Runner.Listener` (a copy of `binary`, executable),
+/// `bin/Runner.Worker.dll` (synthetic, holding the literals the real worker sets
+/// `ACTIONS_RESULTS_URL` and `ACTIONS_CACHE_URL` by, once each: [`synthetic_worker_dll`]) and
+/// the files a real package has at its top (`run.sh`, `config.sh`). Returns `dir`.
 pub fn assemble_package(binary: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).with_context(|| format!("cannot create {}", bin.display()))?;
@@ -38,6 +44,7 @@ pub fn assemble_package(binary: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&listener, std::fs::Permissions::from_mode(0o755))?;
     }
+    std::fs::write(bin.join(WORKER_DLL), synthetic_worker_dll(&REDIRECTABLE))?;
     let script = "#!/bin/sh\n# Fake runner package: rm starts bin/Runner.Listener directly.\nexec \"$(dirname \"$0\")/bin/Runner.Listener\" run \"$@\"\n";
     std::fs::write(dir.join("run.sh"), script)?;
     std::fs::write(

@@ -5,6 +5,7 @@
 //! until it is stopped, as a real JIT runner does (writing only `_diag/Runner_*.log`), unless the
 //! fake told it to give up after an idle time. The fake tells it at registration whether to
 //! crash, hang, leave a background process behind, plant a symlink or leave a large checkout.
+//! A job's "Set up job" (its actions) and its step are the worker's ([`crate::worker`]).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -103,6 +104,7 @@ async fn run() -> anyhow::Result<u8> {
         config.runner_name, config.runner_id
     ));
     let work = cwd.join(&config.work_folder);
+    let server_url = config.server_url.clone();
     let session = RunnerSession::new(config);
     let behavior = session.register().await?;
     // actions/runner's own words once its session is open, as its terminal traces them into
@@ -141,7 +143,12 @@ async fn run() -> anyhow::Result<u8> {
             Err(e) => return Err(e),
         };
         if let Some(job) = acquired {
-            return run_job(&session, &behavior, job, &work, &cwd, &diag).await;
+            let places = Places {
+                work: &work,
+                cwd: &cwd,
+                server_url: &server_url,
+            };
+            return run_job(&session, &behavior, job, &places, &diag).await;
         }
         if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
             diag.line("no job within the idle time; exiting");
@@ -234,14 +241,21 @@ fn fill_tmp() -> std::io::Error {
     }
 }
 
+/// Where a job runs: the work folder, the runtime, and the fake GitHub's server root.
+struct Places<'a> {
+    work: &'a Path,
+    cwd: &'a Path,
+    server_url: &'a str,
+}
+
 async fn run_job(
     session: &RunnerSession,
     behavior: &RunnerBehavior,
     job: AssignedJob,
-    work: &Path,
-    cwd: &Path,
+    places: &Places<'_>,
     diag: &Log,
 ) -> anyhow::Result<u8> {
+    let (work, cwd) = (places.work, places.cwd);
     diag.line(&format!("running job {} ({})", job.job_id, job.name));
     let worker = Log::open(&cwd.join("_diag"), "Worker")?;
     worker.line(&format!(
@@ -251,6 +265,14 @@ async fn run_job(
     let Some((_, repo)) = job.repository.split_once('/') else {
         bail!("job repository {:?} is not owner/name", job.repository);
     };
+    // "Set up job": the actions, before any step (a failure fails the job, as the worker's).
+    match crate::worker::timed_set_up(&job, places.server_url, work, &cwd.join("_diag")).await {
+        Ok(lines) => lines.iter().for_each(|l| worker.line(l)),
+        Err(e) => {
+            worker.line(&format!("Set up job failed: {e:#}"));
+            return finish(session, &job, "failure", diag).await;
+        }
+    }
     let checkout = work.join(repo).join(repo);
     std::fs::create_dir_all(&checkout)?;
     std::fs::write(checkout.join("job.txt"), format!("job {}\n", job.job_id))?;
@@ -294,17 +316,51 @@ async fn run_job(
         );
         return Ok(0);
     }
+    let package = crate::worker::Package::running()?;
+    let mut conclusion = behavior.conclusion.clone();
+    if let Some(script) = package.step() {
+        let dirs = crate::worker::StepDirs {
+            workspace: checkout.clone(),
+            temp: work.join("_temp"),
+        };
+        let names = package.worker_names();
+        worker.line(&format!(
+            "step: {} (the worker sets {names:?} from the job message)",
+            script.display()
+        ));
+        let (ok, output) = crate::worker::run_step(&script, &job, &dirs, &names).await?;
+        for line in output.lines() {
+            worker.line(line);
+        }
+        worker.line(&format!(
+            "step exited {}",
+            if ok { "0" } else { "non-zero" }
+        ));
+        if !ok {
+            conclusion = "failure".into();
+        }
+    }
     // The job takes its duration, or ends early when a test creates FINISH_FILE in `_diag`
     // (a long job that must outlast a step of the test, and then end as a job does).
     let done = tokio::time::Instant::now() + Duration::from_millis(behavior.job_duration_ms);
-    let finish = cwd.join("_diag").join(FINISH_FILE);
-    while tokio::time::Instant::now() < done && !finish.exists() {
+    let finish_file = cwd.join("_diag").join(FINISH_FILE);
+    while tokio::time::Instant::now() < done && !finish_file.exists() {
         tokio::time::sleep(ACQUIRE_POLL.min(done - tokio::time::Instant::now())).await;
     }
-    session.complete(job.job_id, &behavior.conclusion).await?;
-    worker.line(&format!("job finished: {}", behavior.conclusion));
+    worker.line(&format!("job finished: {conclusion}"));
+    finish(session, &job, &conclusion, diag).await
+}
+
+/// Reports `job` done with `conclusion` and says so as actions/runner's listener does.
+async fn finish(
+    session: &RunnerSession,
+    job: &AssignedJob,
+    conclusion: &str,
+    diag: &Log,
+) -> anyhow::Result<u8> {
+    session.complete(job.job_id, conclusion).await?;
     // As actions/runner's listener says it on its console (JobDispatcher), which the agent keeps.
-    let result = match behavior.conclusion.as_str() {
+    let result = match conclusion {
         "success" => "Succeeded",
         "cancelled" => "Canceled",
         _ => "Failed",
