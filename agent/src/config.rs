@@ -3,6 +3,7 @@
 //! be right. Unknown keys, wrong types and out-of-range values are all refused at start.
 
 pub mod bounds;
+pub mod cache;
 mod duration;
 pub mod fitness;
 pub mod logs;
@@ -66,6 +67,9 @@ pub struct FileConfig {
     /// `[logs]`: the bounds of the kept runner logs.
     #[serde(default)]
     pub logs: logs::LogsSection,
+    /// `[cache]`: the host-local cache service; absent, no runner is cached.
+    #[serde(default)]
+    pub cache: Option<cache::CacheSection>,
     #[serde(default, rename = "policy")]
     pub policies: Vec<PolicySection>,
     /// `[[scale_set]]`: GitHub runner scale sets served by a policy's runners.
@@ -224,6 +228,8 @@ pub struct PolicySection {
     pub env_file: Option<PathBuf>,
     /// When set, the only networks this policy's runners reach.
     pub network_allow: Option<Vec<String>>,
+    /// `cache = true`: the policy's runners use the host-local cache (`[cache]`).
+    pub cache: Option<bool>,
     /// Failure reasons whose job rm asks GitHub to re-run ([`rerun::RERUNNABLE_REASONS`]);
     /// absent or `[]`: none.
     pub rerun_on: Option<Vec<String>>,
@@ -252,6 +258,9 @@ pub struct Config {
     pub retention: Retention,
     /// `[logs]`: how many runner logs are kept, how long, how much in all.
     pub logs: logs::Logs,
+    /// `[cache]`: the host-local cache service (`rm_cache`), run by `rm-agent run` when a
+    /// policy sets `cache = true`.
+    pub cache: Option<cache::Cache>,
     pub policies: Vec<Policy>,
     /// Each policy's re-run rule (`rerun_on`, `max_reruns`), by policy name; a policy without
     /// `rerun_on` has none. Beside [`Policy`] rather than in it: only the re-run scan reads it.
@@ -443,6 +452,9 @@ pub struct Policy {
     pub env_file: Option<PathBuf>,
     /// `network_allow`: when set, the only networks this policy's runners reach.
     pub network_allow: Option<Vec<Cidr>>,
+    /// `cache = true`: the policy's runners use the host-local cache service for actions/cache
+    /// and the action archives (`[cache]`), when their runner package takes the redirect.
+    pub cache: bool,
     /// The `[[scale_set]]` this policy's runners serve ([`scale_sets`]): its demand comes from
     /// the scale set's statistics, never from webhook or polled jobs. `None`: a webhook policy.
     pub scale_set: Option<scale_sets::ScaleSet>,

@@ -125,6 +125,7 @@ mod tests {
             disk_max: None,
             env_file: None,
             network_allow: None,
+            cache: false,
             scale_set: None,
         }
     }

@@ -3,6 +3,7 @@
 //! (its package store, isolation, process and runtime) is the `rm-runner` crate.
 
 pub(crate) mod allocation;
+pub(crate) mod cache;
 pub mod commands;
 pub mod config;
 pub(crate) mod demand;

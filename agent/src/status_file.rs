@@ -62,6 +62,10 @@ pub(crate) struct Snapshot {
     /// `explain` and `status`'s waiting jobs (CONTRACT §8); `None` from an agent that has none.
     #[serde(default)]
     pub allocation: Option<crate::executor::allocate::published::AllocationMemory>,
+    /// The host-local cache (`[cache]`), when a policy uses it: its totals and whether the
+    /// installed runner package takes its redirect.
+    #[serde(default)]
+    pub cache: Option<crate::cache::report::CacheReport>,
 }
 
 /// The relay subscription as the agent last saw it ([`crate::relay::RelayState`]).
@@ -432,6 +436,7 @@ impl Snapshot {
             relay: None,
             fitness: None,
             allocation: None,
+            cache: None,
         }
     }
 
@@ -497,6 +502,7 @@ pub(crate) fn spawn_publisher(
     max_runners: u32,
     allocation: Option<Source<crate::executor::allocate::published::AllocationMemory>>,
     fitness: Option<Source<Option<crate::fitness::Fitness>>>,
+    cache: Option<crate::cache::report::Board>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let pid = std::process::id();
@@ -526,6 +532,12 @@ pub(crate) fn spawn_publisher(
             );
             snapshot.allocation = allocation.as_ref().map(|read| read());
             snapshot.fitness = fitness.as_ref().and_then(|read| read());
+            snapshot.cache = cache.as_ref().and_then(|board| {
+                board
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone()
+            });
             let dir = data_dir.clone();
             match tokio::task::spawn_blocking(move || write(&dir, &snapshot)).await {
                 Ok(Ok(())) => warned = false,

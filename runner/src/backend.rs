@@ -14,6 +14,7 @@
 //!   `cleaned`) only once nothing of it is left.
 
 use std::cell::Cell;
+use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -51,6 +52,43 @@ pub struct Plan {
     /// The policy's `docker`: the runner gets a rootless Docker daemon of its own, started
     /// before it with these images loaded ([`super::docker`]); `None`: no Docker.
     pub docker: Option<DockerPolicy>,
+    /// The policy's `cache`: the runner is linked from the redirected package and pointed at
+    /// the host-local cache ([`CachePlan`]); `None`: no cache.
+    pub cache: Option<CachePlan>,
+}
+
+/// What a cached runner gets (`policy.cache`, the `rm_cache` service): its runtime linked from
+/// the stored package's redirected derivation ([`StoredPackage::redirected`]), so that the
+/// runner's worker leaves the two URLs below as the runner's environment says; and the host's
+/// action archives, read-only at [`ARCHIVES_IN_RUN`]. Fails closed: a runner whose runtime's
+/// worker is not redirected gets none of the environment (it runs uncached, against GitHub, and
+/// says so), never a URL its worker would overwrite.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachePlan {
+    /// The service as the runner reaches it: `http://127.0.0.1:PORT/`.
+    pub url: String,
+    /// The host's action archives (`<owner>_<repo>/<sha>.tar.gz`); `None`: none kept.
+    pub archives: Option<PathBuf>,
+}
+
+/// Where a cached runner finds the host's action archives: read-only, in its own `/run`.
+pub const ARCHIVES_IN_RUN: &str = "/run/rm-actions";
+
+/// The environment that points a redirected runner's steps at the local service
+/// (`ACTIONS_RESULTS_URL` for cache v2, `ACTIONS_CACHE_URL` for v1) and its action downloads at
+/// the archives. Pure.
+pub fn cache_environment(plan: &CachePlan) -> Vec<(OsString, OsString)> {
+    let mut env = vec![
+        ("ACTIONS_RESULTS_URL".into(), plan.url.clone().into()),
+        ("ACTIONS_CACHE_URL".into(), plan.url.clone().into()),
+    ];
+    if plan.archives.is_some() {
+        env.push((
+            "ACTIONS_RUNNER_ACTION_ARCHIVE_CACHE".into(),
+            ARCHIVES_IN_RUN.into(),
+        ));
+    }
+    env
 }
 
 impl Plan {
@@ -65,6 +103,7 @@ impl Plan {
             env: OperatorEnv::default(),
             network_allow: None,
             docker: None,
+            cache: None,
         }
     }
 }
@@ -413,6 +452,32 @@ impl UserIsolation {
 }
 
 impl UserIsolation {
+    /// Whether the worker this runtime would run is the redirected derivation's: the same
+    /// inode as the verified derived tree's file (runtimes are hard links to the store), so the
+    /// cache's URLs are given only to a runner whose worker leaves them in place. The package
+    /// switched since the runtime was made, or a derivation that cannot be had, is a reason.
+    fn worker_redirected(&self, runtime: &Path) -> Result<(), String> {
+        use std::os::unix::fs::MetadataExt as _;
+        let linked = self
+            .package
+            .as_ref()
+            .ok_or("this agent has no runner package")?;
+        let redirected = linked.current().redirected().map_err(|e| e.to_string())?;
+        let file = store::redirect::WORKER_DLL;
+        let stat = |path: &Path| {
+            std::fs::symlink_metadata(path)
+                .map(|m| (m.dev(), m.ino()))
+                .map_err(|e| format!("{}: {e}", path.display()))
+        };
+        if stat(&runtime.join(file))? == stat(&redirected.tree().join(file))? {
+            Ok(())
+        } else {
+            Err(format!(
+                "its {file} is not the redirected package's (the package changed since the runtime was made, or the derivation could not be had)"
+            ))
+        }
+    }
+
     /// Starts the runner's rootless Docker daemon as `account` in `runtime`, in the runner's
     /// cgroup (`procs`) and network namespace, loads the policy's images, and hands the daemon's
     /// process to a thread that reaps it. Returns `DOCKER_HOST` for the runner.
@@ -522,7 +587,20 @@ impl Backend for UserIsolation {
             )
         })?;
         let mismatch = Cell::new(false);
-        match self.prepare_from(plan, account, &linked.current(), &mismatch) {
+        let current = linked.current();
+        // A cached runner's runtime comes from the redirected derivation; one that cannot be
+        // had runs uncached (its start finds the worker unredirected and says so).
+        let package = match &plan.cache {
+            Some(_) => match current.redirected() {
+                Ok(redirected) => redirected,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the runner package does not take the cache redirect; this runner runs uncached");
+                    current
+                }
+            },
+            None => current,
+        };
+        match self.prepare_from(plan, account, &package, &mismatch) {
             Err(_) if mismatch.get() => {
                 let repaired = linked
                     .repair()
@@ -590,8 +668,28 @@ impl Backend for UserIsolation {
             env.retain(|(key, _)| key != "DOCKER_HOST");
             env.push(("DOCKER_HOST".into(), docker_host.into()));
         }
+        // The cache's URLs only where the runtime's worker is redirected (fail closed).
+        let mut lent = Vec::new();
+        if let Some(cache) = &plan.cache {
+            match self.worker_redirected(runtime.dir()) {
+                Ok(()) => {
+                    let extra = cache_environment(cache);
+                    env.retain(|(key, _)| !extra.iter().any(|(k, _)| k == key));
+                    env.extend(extra);
+                    if let Some(archives) = &cache.archives {
+                        lent.push(isolate::Lent {
+                            source: archives.clone(),
+                            target: PathBuf::from(ARCHIVES_IN_RUN),
+                        });
+                    }
+                }
+                Err(why) => {
+                    tracing::warn!(attempt = %plan.attempt_id, why = %why, "this runner runs uncached: its worker is not redirected to the host-local cache");
+                }
+            }
+        }
         let sandbox = Sandbox {
-            lent: Vec::new(),
+            lent,
             cgroup_procs: procs,
             netns,
             pids_max: plan.limits.pids_max,

@@ -147,6 +147,46 @@ pub(crate) async fn serve_paced(
         ),
         None => None,
     };
+    // The host-local cache (`[cache]`, `policy.cache`): listening before any runner starts.
+    let cache = match crate::cache::wanted(config) {
+        Some(cache) => {
+            let uids = executor
+                .settings()
+                .backends
+                .user
+                .as_ref()
+                .map(|user| user.pool.accounts().iter().map(|a| a.uid).collect())
+                .unwrap_or_default();
+            let jobs = store
+                .jobs()
+                .context("cannot read the journal's jobs for the cache")
+                .map_err(Exit::runtime)?;
+            let running = crate::cache::start(
+                cache,
+                uids,
+                journal_path.clone(),
+                jobs,
+                client.clone(),
+                stopped(stop_rx.clone()),
+            )
+            .await
+            .map_err(Exit::runtime)?;
+            tasks.ending_on_stop("cache service", tokio::spawn(running.serving));
+            let board = crate::cache::report::Board::default();
+            let package = executor
+                .settings()
+                .backends
+                .user
+                .as_ref()
+                .and_then(|user| user.package.clone());
+            tasks.until_aborted(
+                "cache report",
+                crate::cache::report::spawn(running.service, package, board.clone()),
+            );
+            Some(board)
+        }
+        None => None,
+    };
     let poller = open_poller(config, client, &store)
         .await?
         .with_pacing(pacing);
@@ -173,6 +213,7 @@ pub(crate) async fn serve_paced(
                 let fitness = fitness.clone();
                 Arc::new(move || fitness.current())
             }),
+            cache.clone(),
         ),
     );
     tasks.ending_on_stop(
@@ -204,6 +245,11 @@ pub(crate) async fn serve_paced(
         receiver.add_collector(Box::new(crate::fitness::report::FitnessMetrics::new(
             fitness.clone(),
         )));
+        if let Some(board) = &cache {
+            receiver.add_collector(Box::new(crate::cache::report::CacheMetrics::new(
+                board.clone(),
+            )));
+        }
         if let Some(notifications) = notifier.metrics() {
             receiver.add_collector(Box::new(notifications));
         }
@@ -537,6 +583,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
             .then(|| Arc::new(rm_runner::logs::Store::new(&config.data_dir, config.logs))),
         reruns: config.reruns.clone(),
         scale_sets: Arc::new(scale_set_board(config, client)?),
+        cache: crate::cache::wanted(config).map(crate::cache::plan),
     };
     // Bounds lowered since the last run, and copies past `max_age` on a host that cleaned up
     // nothing since: pruned now, off the runtime, not only after the next cleanup.

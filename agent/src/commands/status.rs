@@ -1154,6 +1154,7 @@ mod tests {
             relay: None,
             fitness: None,
             allocation: None,
+            cache: None,
         }
     }
 

@@ -275,9 +275,23 @@ pub(super) fn validate(
             ));
         }
     };
-    let network_host_ports = file.host.network_host_ports.unwrap_or_default();
+    let mut network_host_ports = file.host.network_host_ports.unwrap_or_default();
     if network_host_ports.contains(&0) {
         return Err(err("host.network_host_ports", "0 is not a port".to_owned()));
+    }
+    let cache = file
+        .cache
+        .map(|section| super::cache::validate(section, &data_dir))
+        .transpose()
+        .map_err(|(key, problem)| err(key, problem))?;
+    let cached = file.policies.iter().any(|p| p.cache == Some(true));
+    // Runners reach the service through their network's host-port path: its port is one of
+    // them whenever a policy uses it (said in configuration.md).
+    if let Some(cache) = &cache
+        && cached
+        && !network_host_ports.contains(&cache.port)
+    {
+        network_host_ports.push(cache.port);
     }
     let network_deny = cidrs(file.host.network_deny.unwrap_or_default())
         .map_err(|problem| err("host.network_deny", problem))?;
@@ -499,6 +513,10 @@ pub(super) fn validate(
                 "is a fleet's ceiling across hosts and needs `journal.url`; on one host, `max_runners` is the policy's ceiling".to_owned(),
             ));
         }
+        if policy.cache {
+            cache_reachable(cache.as_ref(), isolation, network)
+                .map_err(|problem| err(&key("cache"), problem))?;
+        }
         if policy.docker.is_some() && isolation != Isolation::User {
             return Err(err(
                 &key("docker"),
@@ -545,6 +563,7 @@ pub(super) fn validate(
         pg_journal,
         retention,
         logs,
+        cache,
         policies,
         reruns,
         scale_sets,
@@ -716,8 +735,30 @@ fn validate_policy(
         docker,
         env_file: section.env_file,
         network_allow,
+        cache: section.cache.unwrap_or(false),
         scale_set: None,
     })
+}
+
+/// `policy.cache = true` needs `[cache]`, and runners the service can tell apart: each in its
+/// own uid and network namespace, so the address a connection comes from names its runner
+/// (`rm_cache::Callers`); on the host's network every runner would come from the host itself.
+fn cache_reachable(
+    cache: Option<&super::cache::Cache>,
+    isolation: Isolation,
+    network: Network,
+) -> Result<(), String> {
+    if cache.is_none() {
+        return Err(
+            "needs a `[cache]` section (where the host-local cache keeps its entries)".to_owned(),
+        );
+    }
+    if isolation != Isolation::User || network != Network::Private {
+        return Err(
+            "needs host.isolation = \"user\" and host.network = \"private\": the cache knows a runner by the address of its own network, and scopes its entries by that runner's job".to_owned(),
+        );
+    }
+    Ok(())
 }
 
 /// `policy.docker_unbounded` parsed: only beside `docker = true`, each entry once. Whether

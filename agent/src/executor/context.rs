@@ -61,6 +61,11 @@ impl Context {
         let mut plan = Plan::of(record, limits);
         plan.network_allow = policy.and_then(|p| p.network_allow.clone());
         plan.docker = policy.and_then(|p| p.docker.clone());
+        plan.cache = self
+            .settings
+            .cache
+            .clone()
+            .filter(|_| policy.is_some_and(|p| p.cache));
         // The operator's variables of the policy's env_file (rm_runner::env_file).
         if let Some(env) = self.settings.operator_env.get(&record.policy) {
             plan.env = env.clone();

@@ -135,6 +135,8 @@ pub struct Settings {
     /// The `[[scale_set]]`s: their statistics are their policies' demand, and their runners
     /// are registered through the scale set's own JIT endpoint. Empty: none.
     pub scale_sets: Arc<crate::scaleset::Board>,
+    /// What a runner of a policy with `cache = true` is given (`[cache]`); `None`: no cache.
+    pub cache: Option<rm_runner::backend::CachePlan>,
 }
 
 /// The execution backends this agent can drive (CONTRACT §7). Each attempt names its own in the

@@ -29,6 +29,7 @@ fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
         disk_max: None,
         env_file: None,
         network_allow: None,
+        cache: false,
         scale_set: None,
     }
 }
@@ -118,6 +119,7 @@ fn snapshot() -> Snapshot {
         relay: None,
         fitness: None,
         allocation: Some(AllocationMemory::default()),
+        cache: None,
     }
 }
 

@@ -105,6 +105,7 @@ pub(super) fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: 
         disk_max: None,
         env_file: None,
         network_allow: None,
+        cache: false,
         scale_set: None,
     }
 }
@@ -671,6 +672,7 @@ impl Harness {
             timeouts: options.timeouts,
             policies: options.policies.clone(),
             operator_env: HashMap::new(),
+            cache: None,
             fitness: crate::fitness::Gate::default(),
             fleet: options
                 .fleet
