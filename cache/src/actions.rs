@@ -437,6 +437,12 @@ impl ArchiveStore {
         result
     }
 
+    /// Gives a failed download up: its temporary file is removed.
+    pub fn abandon(&self, staged: Staged) {
+        // Already gone is fine; any other failure leaves it to the next `open`'s sweep.
+        let _ = fs::remove_file(&staged.temp);
+    }
+
     fn finish(&self, staged: &Staged) -> Result<PathBuf, ArchiveError> {
         let temp = &staged.temp;
         staged.file.sync_all().map_err(io_at(temp))?;
