@@ -842,3 +842,111 @@ async fn a_killed_upload_leaves_nothing_after_reopen() {
     );
     assert_eq!(reopened.totals().unwrap().entries, 0);
 }
+
+/// The real `@actions/cache` client (its `restoreCache`/`saveCache`, through Node) against this
+/// server: `RM_CACHE_NODE_CLIENT` names the directory holding `node_modules/@actions/cache`
+/// (`npm install --prefix DIR @actions/cache`). Node connects from 127.0.0.1, attributed here to
+/// a default-branch job.
+const NODE_SCRIPT: &str = r#"
+const [mode, client, key, ...paths] = process.argv.slice(2);
+const cache = await import(`${client}/node_modules/@actions/cache/lib/cache.js`);
+if (mode === 'save') {
+  const id = await cache.saveCache(paths, key);
+  console.log(JSON.stringify({ saved: id }));
+} else {
+  const hit = await cache.restoreCache(paths, key, [key.slice(0, 4)]);
+  console.log(JSON.stringify({ restored: hit ?? null }));
+}
+"#;
+
+/// Runs the script in `cwd` with the runner's cache environment for `protocol` (`v1`/`v2`).
+fn node(addr: SocketAddr, protocol: &str, cwd: &std::path::Path, args: &[&str]) -> Value {
+    let script = cwd.join("client.mjs");
+    std::fs::write(&script, NODE_SCRIPT).unwrap();
+    let temp = cwd.join("runner-temp");
+    std::fs::create_dir_all(&temp).unwrap();
+    let mut command = std::process::Command::new("node");
+    command
+        .arg(&script)
+        .args(args)
+        .current_dir(cwd)
+        .env("RUNNER_TEMP", &temp)
+        .env("GITHUB_WORKSPACE", cwd)
+        .env("ACTIONS_RUNTIME_TOKEN", "forged-token")
+        .env("GITHUB_SERVER_URL", "https://github.com")
+        .env_remove("ACTIONS_CACHE_SERVICE_V2")
+        .env_remove("ACTIONS_RESULTS_URL")
+        .env_remove("ACTIONS_CACHE_URL");
+    let base = format!("http://{addr}/");
+    if protocol == "v2" {
+        command
+            .env("ACTIONS_CACHE_SERVICE_V2", "1")
+            .env("ACTIONS_RESULTS_URL", &base);
+    } else {
+        command.env("ACTIONS_CACHE_URL", &base);
+    }
+    let out = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "node failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = stdout.lines().rev().find(|l| l.starts_with('{')).unwrap();
+    serde_json::from_str(last).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs node and RM_CACHE_NODE_CLIENT (a directory with @actions/cache installed)"]
+async fn the_real_actions_cache_client_saves_and_restores_through_v2_and_v1() {
+    let client = std::env::var("RM_CACHE_NODE_CLIENT").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = Service::open(Settings {
+        dir: dir.path().join("cache"),
+        max_size: u64::MAX,
+        max_age: Duration::from_secs(3600),
+        repo_quota: None,
+        upstream: None,
+        public_base: format!("http://{addr}/"),
+    })
+    .unwrap();
+    let main = caller(1, "acme/app", "push", "acme/app", "main");
+    let callers: Arc<dyn Callers> = Arc::new(FakeCallers(
+        [("127.0.0.1".parse().unwrap(), main)].into_iter().collect(),
+    ));
+    let serving = service.clone();
+    tokio::spawn(async move {
+        serving
+            .serve(listener, callers, std::future::pending())
+            .await;
+    });
+    // Sizes: one Put Blob (under the SDK's 128 MiB single shot) and blocks (over it); random
+    // bytes so the archive stays that large.
+    let sizes: &[(&str, usize)] = &[("v2", 5 << 20), ("v2", 150 << 20), ("v1", 40 << 20)];
+    for (n, (protocol, size)) in sizes.iter().enumerate() {
+        let work = dir.path().join(format!("work{n}"));
+        let data_dir = work.join("data");
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let mut bytes = vec![0u8; *size];
+        getrandom::fill(&mut bytes).unwrap();
+        std::fs::write(data_dir.join("blob.bin"), &bytes).unwrap();
+        let key = format!("key-{n}-{protocol}");
+        let run = |mode: &'static str| {
+            let (work, client, key) = (work.clone(), client.clone(), key.clone());
+            let protocol = (*protocol).to_owned();
+            tokio::task::spawn_blocking(move || {
+                node(addr, &protocol, &work, &[mode, &client, &key, "data"])
+            })
+        };
+        let saved = run("save").await.unwrap();
+        assert!(saved["saved"].as_i64().unwrap() > 0, "{saved}");
+        std::fs::remove_dir_all(&data_dir).unwrap();
+        let restored = run("restore").await.unwrap();
+        assert_eq!(restored["restored"], json!(key));
+        assert_eq!(std::fs::read(data_dir.join("blob.bin")).unwrap(), bytes);
+    }
+    let report = disk_report(&dir.path().join("cache")).unwrap();
+    assert_eq!((report.entries, report.staged_files), (3, 0));
+}
