@@ -138,9 +138,31 @@ pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
         None => None,
     };
     let facts = gathered.facts(config);
-    let explanation = explain::explain(job_id, job.as_ref(), &facts);
+    let mut explanation = explain::explain(job_id, job.as_ref(), &facts);
+    let cache_facts = job_cache(config, job_id, &gathered)?;
+    explanation
+        .reasons
+        .extend(explain::cache::reasons(&explain::cache::JobCache {
+            policy: cache_facts
+                .policy
+                .as_ref()
+                .map(|(name, cached)| (name.as_str(), *cached)),
+            redirect: gathered
+                .snapshot
+                .as_ref()
+                .and_then(|s| s.cache.as_ref())
+                .and_then(|c| c.redirect.as_ref()),
+            counters: cache_facts.counters,
+        }));
     if json {
-        print_json(&explain::to_json(&explanation, &facts));
+        let mut value = explain::to_json(&explanation, &facts);
+        value["cache"] = serde_json::json!(cache_facts.counters.map(|c| serde_json::json!({
+            "hits": c.hits,
+            "misses": c.misses,
+            "bytes_up": c.bytes_up,
+            "bytes_down": c.bytes_down,
+        })));
+        print_json(&value);
     } else {
         crate::out!("{}", explain::render(&explanation));
     }
@@ -188,6 +210,42 @@ fn ran_the_job(
             }
         })
         .collect())
+}
+
+/// What `explain` reads about a job's cache: the policy of the last attempt of this host that
+/// ran it (and whether it sets `cache`), and the job's counters in the cache's index.
+struct CacheFacts {
+    policy: Option<(String, bool)>,
+    counters: Option<rm_cache::Counters>,
+}
+
+fn job_cache(config: &Config, job_id: JobId, gathered: &Gathered) -> Result<CacheFacts, Exit> {
+    let last = gathered.ran.last().map(|ran| ran.attempt_id.as_str());
+    let policy = match (last, super::open_local_reader(config)?) {
+        (Some(attempt), Some(reader)) => reader
+            .attempts(usize::MAX)
+            .map_err(Exit::runtime)?
+            .into_iter()
+            .find(|a| a.attempt_id.as_str() == attempt)
+            .map(|a| {
+                let cached = config
+                    .policies
+                    .iter()
+                    .any(|p| p.name == a.policy && p.cache);
+                (a.policy, cached)
+            }),
+        _ => None,
+    };
+    let counters = match &config.cache {
+        Some(cache) if policy.as_ref().is_some_and(|(_, cached)| *cached) => {
+            rm_cache::job_counters(&cache.dir, job_id.get()).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot read the cache's counters");
+                None
+            })
+        }
+        _ => None,
+    };
+    Ok(CacheFacts { policy, counters })
 }
 
 /// The verdict of every queued job, oldest first, for `status`.

@@ -30,6 +30,7 @@
 //! claimed is that host's; otherwise this host's chain follows, saying whether it claimed the
 //! job or nobody has.
 
+pub(crate) mod cache;
 pub(crate) mod ended;
 pub(crate) mod fleet;
 #[cfg(test)]
