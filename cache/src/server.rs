@@ -937,11 +937,18 @@ async fn upload(
                 .await
                 .map_err(|err| Fail::internal(&err))?;
             let mut hasher = Sha256::new();
-            let size = write_body(req.into_body(), &mut file, Some(&mut hasher), budget).await?;
+            // Put Blob replaces whatever was sent before: its budget is the whole entry.
+            let size = write_body(
+                req.into_body(),
+                &mut file,
+                Some(&mut hasher),
+                MAX_ENTRY_SIZE,
+            )
+            .await?;
             let digest = hex::encode(hasher.finalize());
             let answer = azure_created(&digest)?;
             if let Some(staging) = lock(&inner.staging).get_mut(&id) {
-                staging.received += size;
+                staging.received = size;
                 staging.complete = Some((digest, size));
             }
             Ok(answer)

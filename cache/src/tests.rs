@@ -1,6 +1,10 @@
 //! In-process tests of the service over HTTP: each protocol end to end, the scoping a hostile
 //! job meets, signed URLs bound to their runner, and the upstream pass-through. Callers are told
 //! apart by their loopback source address (127.0.0.2, .3, ...), as runners are by theirs.
+//!
+//! One ignored test drives the real `@actions/cache` client through Node:
+//! `npm install --prefix /tmp/ac @actions/cache@6.3.0`, then
+//! `RM_CACHE_NODE_CLIENT=/tmp/ac cargo test -p rm-cache real_actions -- --ignored`.
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
