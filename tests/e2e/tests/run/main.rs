@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+mod cache;
 mod cli;
 mod crash;
 mod crashed_runner;
@@ -33,6 +34,8 @@ mod status;
 
 #[path = "../../../support/busybox_image.rs"]
 mod busybox_image;
+#[path = "../../../support/npm.rs"]
+mod npm;
 /// A real PostgreSQL server for the fleet's tests (fleet.rs), shared with the journal's tests.
 #[path = "../../../support/postgres.rs"]
 mod pg_server;
