@@ -489,21 +489,34 @@ pub(crate) fn read(data_dir: &Path) -> Result<Option<Snapshot>, String> {
 /// How the publisher reads a fact another part of the agent owns, at each publication.
 pub(crate) type Source<T> = std::sync::Arc<dyn Fn() -> T + Send + Sync>;
 
+/// What the publisher reads of other parts of the agent at each publication, through closures
+/// and boards: this module names only the shapes they publish, and none of them names it.
+#[derive(Default)]
+pub(crate) struct Readers {
+    /// The executor's memory.
+    pub allocation: Option<Source<crate::executor::allocate::published::AllocationMemory>>,
+    /// The fitness gate's latest judgement.
+    pub fitness: Option<Source<Option<crate::fitness::Fitness>>>,
+    /// The host-local cache's last report, when it runs.
+    pub cache: Option<crate::cache::report::Board>,
+}
+
 /// Publishes the agent's status until the poller stops: at once, whenever `status` changes,
 /// and at least every [`PUBLISH_EVERY`]. A failed write is logged and retried at the next one.
-/// `relay` is the relay subscription's state, when there is one; `allocation` reads the
-/// executor's memory and `fitness` the fitness gate's latest judgement at each publication,
-/// through closures: this module names only the shapes they publish, and neither names it.
+/// `relay` is the relay subscription's state, when there is one; `readers` the other parts'.
 pub(crate) fn spawn_publisher(
     data_dir: PathBuf,
     mut status: watch::Receiver<PollerStatus>,
     mut relay: Option<watch::Receiver<crate::relay::RelayState>>,
     client: GithubClient,
     max_runners: u32,
-    allocation: Option<Source<crate::executor::allocate::published::AllocationMemory>>,
-    fitness: Option<Source<Option<crate::fitness::Fitness>>>,
-    cache: Option<crate::cache::report::Board>,
+    readers: Readers,
 ) -> tokio::task::JoinHandle<()> {
+    let Readers {
+        allocation,
+        fitness,
+        cache,
+    } = readers;
     tokio::spawn(async move {
         let pid = std::process::id();
         let mut tick = tokio::time::interval(PUBLISH_EVERY);

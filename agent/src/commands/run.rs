@@ -172,6 +172,19 @@ pub(crate) async fn serve_paced(
             .await
             .map_err(Exit::runtime)?;
             tasks.ending_on_stop("cache service", tokio::spawn(running.serving));
+            // Validated with the configuration: a bad entry never gets here.
+            let actions = rm_cache::actions::parse_actions(&cache.actions)
+                .map_err(|e| usage(config, "cache.actions", &e.to_string()))?;
+            tasks.ending_on_stop(
+                "action archives",
+                tokio::spawn(crate::cache::actions::refresh_loop(
+                    client.clone(),
+                    cache.dir.join(rm_cache::actions::ACTIONS_DIR),
+                    actions,
+                    config.reading_target().cloned(),
+                    stopped(stop_rx.clone()),
+                )),
+            );
             let board = crate::cache::report::Board::default();
             let package = executor
                 .settings()
@@ -205,15 +218,17 @@ pub(crate) async fn serve_paced(
             relay.as_ref().map(Subscription::state),
             published.clone(),
             config.host.max_runners,
-            Some({
-                let handle = handle.clone();
-                Arc::new(move || handle.published_memory())
-            }),
-            Some({
-                let fitness = fitness.clone();
-                Arc::new(move || fitness.current())
-            }),
-            cache.clone(),
+            crate::status_file::Readers {
+                allocation: Some({
+                    let handle = handle.clone();
+                    Arc::new(move || handle.published_memory())
+                }),
+                fitness: Some({
+                    let fitness = fitness.clone();
+                    Arc::new(move || fitness.current())
+                }),
+                cache: cache.clone(),
+            },
         ),
     );
     tasks.ending_on_stop(
