@@ -7,30 +7,42 @@
 //! the runner's own (actions/runner 2.336.0, commit 258d6c8,
 //! `src/Runner.Worker/Handlers/NodeScriptActionHandler.cs`: `Environment["ACTIONS_CACHE_URL"] =
 //! cacheUrl;` and `Environment["ACTIONS_RESULTS_URL"] = resultsUrl;`, the same two lines in
-//! `ContainerActionHandler.cs`; no other source of the `Runner.Worker` project names either).
-//! Both names are C# string literals, so the compiled `bin/Runner.Worker.dll` holds each once in
-//! its `#US` (user strings) metadata heap: ECMA-335 §II.24.2.4 stores a literal as a blob whose
-//! compressed length (§II.23.2: one byte below 0x80, two from 0x80, four from 0x4000) is
-//! `2 × UTF-16 code units + 1`, then the UTF-16LE code units, then one flag byte (1 when a
-//! character needs more than 8-bit handling, else 0); the compiler writes each distinct literal
-//! once. Renaming a literal to another of the same length and flag (`ACTIONS_RESULTS_URL` →
-//! `ACTIONS_RESULTS_ORL`) leaves every offset, token and length in the assembly as it was: the
-//! worker then sets `ACTIONS_RESULTS_ORL`, which nothing reads, and the step keeps the runner's
-//! `ACTIONS_RESULTS_URL`.
+//! `ContainerActionHandler.cs`; no other source of the runner names either). A host step's
+//! process starts from the worker's own environment with that dictionary laid over it
+//! (`src/Runner.Sdk/ProcessInvoker.cs`), so once the worker sets another name the runner's
+//! value reaches the step. A step in a job container or a container action gets only the
+//! dictionary's names (`docker exec -e NAME`, `StepHost.cs`; `docker run`,
+//! `DockerCommandManager.cs`): with the redirect it gets neither variable (the agent must give
+//! those steps the names some other way; falcondev-oss/github-actions-cache-server#126 is
+//! `upload-artifact` failing in a container action for this reason).
+//!
+//! Both names are C# string literals, so the compiled `bin/Runner.Worker.dll` (IL with its
+//! metadata: the project sets no `PublishReadyToRun`) holds each once in its `#US` (user
+//! strings) heap: ECMA-335 §II.24.2.4 stores a literal as a blob whose compressed length
+//! (§II.23.2: one byte below 0x80, two from 0x80, four from 0x4000) is `2 × UTF-16 code units +
+//! 1`, then the UTF-16LE code units, then one byte that is 1 when a character has a bit in its
+//! high byte or a low byte in 0x01–0x08, 0x0E–0x1F, 0x27, 0x2D, 0x7F, else 0 (`BlobBuilder.
+//! WriteUserString` in .NET's System.Reflection.Metadata documents the same); the compiler adds
+//! each distinct literal once (`MetadataBuilder.GetOrAddUserString`: "if it's not there
+//! already"). Renaming a literal to another of the same length and flag (`ACTIONS_RESULTS_URL`
+//! → `ACTIONS_RESULTS_ORL`) leaves every offset, token and length in the assembly as it was:
+//! the worker then sets `ACTIONS_RESULTS_ORL`, which nothing reads, and the step keeps the
+//! runner's `ACTIONS_RESULTS_URL`.
 //!
 //! One **occurrence** of a name is, anywhere in the file, the byte sequence: the compressed blob
 //! length for the name (`2 × len + 1`), the name in UTF-16LE, then a byte `0x00` or `0x01`.
 //! A longer literal that merely contains the name is not one: the byte before the name inside it
 //! is the previous character's high byte, and the byte after is the next character's low byte.
-//! Only a literal whose characters happen to spell the frame (a character U+27xx right before
-//! `ACTIONS_RESULTS_URL` and one ending in 0x00/0x01 right after) could look like one; that
-//! makes the count wrong, so the package is refused: the count fails closed.
+//! Only a literal whose characters happen to spell the frame (U+27xx right before
+//! `ACTIONS_RESULTS_URL`, U+23xx before `ACTIONS_CACHE_URL`, and a character whose low byte is
+//! 0x00 or 0x01 right after) could look like one; that makes the count 2, so the package is
+//! refused: the count fails closed.
 //!
 //! The rule ([`derive`]) applies the table [`REWRITES`] only when each `from` occurs exactly the
 //! declared number of times and each `to` not at all; otherwise the package is [`Unfit`] and its
 //! runners run uncached (a worker whose strings moved, or a release that renamed them, is never
-//! patched by guess). This is the check falcondev-oss/github-actions-cache-server's recipe lacks
-//! (its issue #265: releases where the rewrite silently did nothing).
+//! patched by guess; falcondev-oss/github-actions-cache-server#265 is a patched runner whose
+//! releases silently did not carry the patch).
 //!
 //! The derived package is a tree of its own, `<store>/<digest>+cache-redirect-v1/` with its own
 //! manifest, never a change to the stored tree: runtimes hard-link the stored files, so patching

@@ -6,6 +6,7 @@
 //! PostgreSQL journal (reachable, schema version, the role's rights). Every finding carries the
 //! remedy for it.
 
+mod cache;
 mod docker;
 mod fitness;
 mod github;
@@ -60,7 +61,7 @@ pub(crate) struct Finding {
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
     /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`,
     /// `fitness`, `env_file`, `runner_version`, `journal`, `protected_links`, `docker`,
-    /// `notifications`, `enterprise_token`.
+    /// `notifications`, `enterprise_token`, `cache`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,
@@ -201,6 +202,7 @@ pub(crate) async fn findings(config: &Config) -> Vec<Finding> {
     out.extend(trust::trust(config));
     out.extend(fitness::fitness(config).await);
     out.extend(docker::docker(config));
+    out.extend(cache::cache(config).await);
 
     let Some(app_id) = config.github.app_id else {
         out.push(Finding::fail(
