@@ -119,7 +119,7 @@ fn of(policies: &[&str], package: &Package, judged: &Judged) -> Finding {
             format!(
                 "{runner} does not fit the cache redirect: {unfit}; its jobs run uncached {for_policies}"
             ),
-            "run a runner release the redirect fits (docs/caching.md names what it checks), or set cache = false on the policy; the jobs run either way, uncached",
+            "run a runner release the redirect fits, or set cache = false on the policy; the jobs run either way, uncached",
         ),
         Judged::Unjudged(why) => Finding::warn(
             "cache",
