@@ -602,9 +602,18 @@ impl Backend for UserIsolation {
         };
         match self.prepare_from(plan, account, &package, &mismatch) {
             Err(_) if mismatch.get() => {
-                let repaired = linked
+                let mut repaired = linked
                     .repair()
                     .map_err(|e| BackendError::Store(e.to_string()))?;
+                // The derivation is checked again too (rebuilt when it does not verify).
+                if plan.cache.is_some() {
+                    match repaired.redirected() {
+                        Ok(redirected) => repaired = redirected,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the runner package does not take the cache redirect; this runner runs uncached");
+                        }
+                    }
+                }
                 mismatch.set(false);
                 self.prepare_from(plan, account, &repaired, &mismatch)
             }
