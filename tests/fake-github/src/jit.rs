@@ -137,7 +137,7 @@ pub struct AssignedJob {
     #[serde(default)]
     pub event: String,
     /// The results service's URL (`ACTIONS_RESULTS_URL` in the job message's system
-    /// connection): the fake's stand-in, [`crate::results::RESULTS_PREFIX`] on its server.
+    /// connection): the fake's stand-in, its server root ([`crate::results`]).
     #[serde(default)]
     pub results_url: String,
     /// `ACTIONS_RUNTIME_TOKEN`: JWT-shaped, naming the job's repository and ref

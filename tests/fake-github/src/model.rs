@@ -283,7 +283,7 @@ impl RequestRecord {
             RequestKind::Token
         } else if path.starts_with("/rest/") || path.starts_with("/scalesets/") {
             RequestKind::Broker
-        } else if path.starts_with(crate::results::RESULTS_PREFIX) {
+        } else if crate::results::owns(path) {
             RequestKind::Results
         } else if path.starts_with(crate::jit::RUNNER_PROTOCOL_PREFIX) {
             RequestKind::RunnerProtocol

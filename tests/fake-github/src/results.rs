@@ -1,8 +1,12 @@
 //! A stand-in for GitHub's results service (`results-receiver.actions.githubusercontent.com`:
-//! cache v2 and artifacts, Twirp JSON over POST), at [`RESULTS_PREFIX`] on the fake's server.
-//! A job message names it as the job's `ACTIONS_RESULTS_URL`, so a job whose cache calls were
-//! not redirected to a runner manager's local cache sends them here, and the fake records each
-//! one ([`crate::RequestKind::Results`]): a test can say "GitHub saw no cache request at all".
+//! cache v2 and artifacts, Twirp JSON over POST). GitHub's service is a host of its own whose
+//! Twirp services sit at its root (`/twirp/github.actions.results.api.v1.*`), and
+//! `@actions/cache` keeps only the origin of `ACTIONS_RESULTS_URL` (`new URL('/twirp/...',
+//! base)`), so the stand-in owns [`TWIRP_PREFIX`] at the fake's server root (the REST API has
+//! no such path), and the results URL a job message names is the server root
+//! ([`results_url`]). A job whose cache calls were not redirected to a runner manager's local
+//! cache sends them here, and the fake records each one ([`crate::RequestKind::Results`]): a
+//! test can say "GitHub saw no cache request at all".
 //!
 //! It serves nothing of the cache: every call is answered `404` (Twirp's `bad_route`), which
 //! `@actions/cache` takes as a miss or a failed save and goes on without. One artifact call,
@@ -21,21 +25,30 @@ use crate::model::RequestRecord;
 use crate::releases::Raw;
 use crate::state::State;
 
-/// Where the stand-in lives on the fake's server (the root, not below the API base path: the
-/// results service is a host of its own).
-pub const RESULTS_PREFIX: &str = "/_fake/results/";
+/// The results service's Twirp calls, at the fake's server root (not below the API base path:
+/// the results service is a host of its own).
+pub const TWIRP_PREFIX: &str = "/twirp/";
 
-/// The artifact call answered `200` (below [`RESULTS_PREFIX`]).
+/// Where the stand-in's "signed" upload URLs point (nothing is stored there).
+pub const UPLOAD_PREFIX: &str = "/_fake/results/upload/";
+
+/// The artifact call answered `200`.
 pub const CREATE_ARTIFACT: &str =
-    "twirp/github.actions.results.api.v1.ArtifactService/CreateArtifact";
+    "/twirp/github.actions.results.api.v1.ArtifactService/CreateArtifact";
 
 /// The header a results request's record carries in place of its credential: the SHA-256 (hex)
 /// of the whole `Authorization` value ([`fingerprint`]).
 pub const AUTHORIZATION_FINGERPRINT: &str = "x-fake-authorization-sha256";
 
-/// The results service's URL on a fake whose server root is `server_url`.
+/// The results service's URL on a fake whose server root is `server_url`: the root, as
+/// GitHub's `ACTIONS_RESULTS_URL` is its host's.
 pub fn results_url(server_url: &str) -> String {
-    format!("{}{RESULTS_PREFIX}", server_url.trim_end_matches('/'))
+    format!("{}/", server_url.trim_end_matches('/'))
+}
+
+/// Whether a request to `path` (at the server root) is the results service's.
+pub fn owns(path: &str) -> bool {
+    path.starts_with(TWIRP_PREFIX) || path.starts_with(UPLOAD_PREFIX)
 }
 
 /// What a record keeps of an `Authorization` value: its SHA-256, hex.
@@ -78,11 +91,13 @@ pub fn answer(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Option<Raw> {
-    let call = path.strip_prefix(RESULTS_PREFIX)?;
-    let (status, answer) = if method == "POST" && call == CREATE_ARTIFACT {
+    if !owns(path) {
+        return None;
+    }
+    let (status, answer) = if method == "POST" && path == CREATE_ARTIFACT {
         let upload = format!(
-            "{}upload/{}",
-            results_url(&state.server_url),
+            "{}{UPLOAD_PREFIX}{}",
+            state.server_url.trim_end_matches('/'),
             uuid::Uuid::new_v4().simple()
         );
         (200, json!({"ok": true, "signed_upload_url": upload}))
@@ -90,7 +105,7 @@ pub fn answer(
         // Twirp's answer to a method it does not serve.
         (
             404,
-            json!({"code": "bad_route", "msg": format!("no handler for path \"/{call}\"")}),
+            json!({"code": "bad_route", "msg": format!("no handler for path \"{path}\"")}),
         )
     };
     let mut recorded = crate::server::redacted(headers);
@@ -148,11 +163,11 @@ mod tests {
                 auth.parse().unwrap_or_else(|_| unreachable!()),
             );
         }
-        let path = format!("{RESULTS_PREFIX}{call}");
+        let path = call;
         answer(
             state,
             "POST",
-            &path,
+            path,
             "",
             &headers,
             &Bytes::from_static(b"{}"),
@@ -163,14 +178,14 @@ mod tests {
     #[test]
     fn every_call_is_recorded_and_only_create_artifact_is_served() {
         let mut s = state();
-        let cache = "twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL";
+        let cache = "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL";
         assert_eq!(post(&mut s, cache, Some("Bearer a.b.c")).status, 404);
         let created = post(&mut s, CREATE_ARTIFACT, Some("Bearer a.b.c"));
         assert_eq!(created.status, 200);
         let body: Value = serde_json::from_slice(&created.body).unwrap_or_default();
         assert_eq!(body["ok"], true);
         assert!(body["signed_upload_url"].is_string());
-        assert_eq!(post(&mut s, "anything/else", None).status, 404);
+        assert_eq!(post(&mut s, "/twirp/anything/else", None).status, 404);
         let kinds: Vec<crate::RequestKind> = s.requests.iter().map(RequestRecord::kind).collect();
         assert_eq!(kinds, [crate::RequestKind::Results; 3]);
         // The credential is not kept; its fingerprint is.
@@ -261,7 +276,7 @@ mod tests {
         assert_eq!(assigned.job_id, job_id);
         assert_eq!(assigned.git_ref, format!("refs/pull/{number}/merge"));
         assert_eq!(assigned.event, "pull_request");
-        assert_eq!(assigned.results_url, "http://127.0.0.1:9/_fake/results/");
+        assert_eq!(assigned.results_url, "http://127.0.0.1:9/");
         assert_eq!(assigned.uses, [format!("actions/cache@{sha}")]);
         assert!(s.tokens.contains_key(&assigned.github_token));
         let claims = token_claims(&assigned.runtime_token).unwrap_or_default();
@@ -302,9 +317,9 @@ mod tests {
 
     #[test]
     fn the_results_url_ends_with_a_slash_as_the_runner_gives_it() {
-        assert_eq!(
-            results_url("http://127.0.0.1:7/"),
-            "http://127.0.0.1:7/_fake/results/"
-        );
+        assert_eq!(results_url("http://127.0.0.1:7/"), "http://127.0.0.1:7/");
+        assert_eq!(results_url("http://127.0.0.1:7"), "http://127.0.0.1:7/");
+        assert!(owns(CREATE_ARTIFACT) && owns("/_fake/results/upload/x"));
+        assert!(!owns("/repos/a/b/actions/runs") && !owns("/_fake/runner/register"));
     }
 }

@@ -499,7 +499,7 @@ mod tests {
             git_ref: "refs/heads/main".into(),
             sha: "abc".into(),
             event: "push".into(),
-            results_url: "http://127.0.0.1:1/_fake/results/".into(),
+            results_url: "http://127.0.0.1:1/".into(),
             runtime_token: "a.b.c".into(),
             ..AssignedJob::default()
         };
@@ -519,8 +519,8 @@ mod tests {
             ("RUNNER_TEMP", "/w/_temp"),
             ("ACTIONS_RUNTIME_TOKEN", "a.b.c"),
             ("ACTIONS_CACHE_SERVICE_V2", "true"),
-            ("ACTIONS_RESULTS_URL", "http://127.0.0.1:1/_fake/results/"),
-            ("ACTIONS_CACHE_URL", "http://127.0.0.1:1/_fake/results/"),
+            ("ACTIONS_RESULTS_URL", "http://127.0.0.1:1/"),
+            ("ACTIONS_CACHE_URL", "http://127.0.0.1:1/"),
         ] {
             assert_eq!(get(&all, k).as_deref(), Some(v), "{k}");
         }

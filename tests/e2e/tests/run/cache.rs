@@ -18,6 +18,10 @@
 //!   through the client and through raw Twirp calls for A's key and version it reads nothing,
 //!   and what it writes is not what a later acme/widgets job restores.
 //! - Every job saw the agent's service as its results URL; the fake recorded no cache call.
+//! - The control: a package whose worker holds `ACTIONS_RESULTS_URL` twice does not fit the
+//!   redirect, so its job runs uncached: its step is given the fake's results service, and the
+//!   fake records its cache calls (what the first test's "no cache call" would see had the
+//!   agent's redirect not applied).
 //!
 //! Needs `node` and `npm` (the test installs `@actions/cache` under the setups' base directory,
 //! where runner uids can read it); without them it fails unless `RM_TEST_ALLOW_SKIP` names
@@ -87,7 +91,13 @@ fn node_path() -> PathBuf {
         .unwrap()
 }
 
+/// [`cache_fleet_with`] the package's own synthetic worker.
 async fn cache_fleet(test: &str) -> Option<CacheFleet> {
+    cache_fleet_with(test, None).await
+}
+
+/// A cached fleet; `worker`, when given, replaces the package's `bin/Runner.Worker.dll`.
+async fn cache_fleet_with(test: &str, worker: Option<Vec<u8>>) -> Option<CacheFleet> {
     if let Err(why) = npm::node_and_npm() {
         skip::cannot_run(test, "node", &why);
         return None;
@@ -125,6 +135,13 @@ async fn cache_fleet(test: &str) -> Option<CacheFleet> {
         .replace("@REPORTS@", &reports.display().to_string())
         .replace("@CACHE_LIB@", &cache_lib.display().to_string())
         .replace("@NODE@", &node_path().display().to_string());
+    if let Some(worker) = worker {
+        std::fs::write(
+            fleet.package.join("bin").join(rm_fake_runner::WORKER_DLL),
+            worker,
+        )
+        .unwrap();
+    }
     let step_file = fleet.package.join("bin").join(rm_fake_runner::STEP_SCRIPT);
     std::fs::write(&step_file, step).unwrap();
     std::fs::set_permissions(&step_file, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -384,11 +401,7 @@ async fn jobs_share_a_cache_scoped_by_who_their_runner_is() {
     let paths: Vec<&str> = results.iter().map(|r| r.path.as_str()).collect();
     assert_eq!(
         paths,
-        [format!(
-            "{}{}",
-            rm_fake_github::results::RESULTS_PREFIX,
-            rm_fake_github::results::CREATE_ARTIFACT
-        )],
+        [rm_fake_github::results::CREATE_ARTIFACT],
         "the fake GitHub's results service saw more than E's artifact call"
     );
     assert!(results.iter().all(|r| r.kind() == RequestKind::Results));
@@ -398,4 +411,54 @@ async fn jobs_share_a_cache_scoped_by_who_their_runner_is() {
         "the artifact call reached GitHub with another Authorization"
     );
     assert_eq!(fleet.attempts().len(), 7, "one runner per job");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_package_the_redirect_does_not_fit_runs_uncached_and_github_sees_its_cache_calls() {
+    // `ACTIONS_RESULTS_URL` twice: the derivation's count does not hold.
+    let worker = rm_fake_runner::synthetic_worker_dll(&[
+        "ACTIONS_RESULTS_URL",
+        "ACTIONS_CACHE_URL",
+        "ACTIONS_RESULTS_URL",
+    ]);
+    let Some(cf) = cache_fleet_with(
+        "cache::a_package_the_redirect_does_not_fit_runs_uncached",
+        Some(worker),
+    )
+    .await
+    else {
+        return;
+    };
+    let fleet = &cf.fleet;
+    let _agent = fleet.start_agent(&[]).await;
+    let report = cf
+        .job(
+            "uncached",
+            REPO,
+            &default_branch(),
+            json!([{"op": "save", "key": "deps-u", "bytes": SMALL_BYTES}]),
+        )
+        .await;
+    let github = fleet.fake.results_url();
+    assert_eq!(
+        (report["results_url"].as_str(), report["cache_url"].as_str()),
+        (Some(github.as_str()), Some(github.as_str())),
+        "an unfit package's job was not left to GitHub's results service"
+    );
+    assert_eq!(
+        ran(&report, 0)["id"],
+        json!(-1),
+        "the fake's results service stored nothing"
+    );
+    let cache_calls: Vec<String> = fleet
+        .fake
+        .results_requests()
+        .into_iter()
+        .map(|r| r.path)
+        .filter(|p| p.contains("CacheService"))
+        .collect();
+    assert!(
+        !cache_calls.is_empty(),
+        "the fake recorded none of the uncached job's cache calls"
+    );
 }
