@@ -123,16 +123,16 @@ async fn handle(
     if let Some(raw) = shared.with(|state| crate::releases::answer(state, &method, &path, &query)) {
         return Ok(raw_response(raw));
     }
-    let json_body: Option<Value> = serde_json::from_slice(&body).ok();
-    let (action, caller) = shared.with(|state| {
-        let base = state.base_path.clone();
-        // In flight from here until the answer is handed to hyper (or the hung request is
-        // given up): what the concurrency limit counts.
     if let Some(raw) =
         shared.with(|state| crate::archives::answer(state, &method, &path, &query, &parts.headers))
     {
         return Ok(raw_response(raw));
     }
+    let json_body: Option<Value> = serde_json::from_slice(&body).ok();
+    let (action, caller) = shared.with(|state| {
+        let base = state.base_path.clone();
+        // In flight from here until the answer is handed to hyper (or the hung request is
+        // given up): what the concurrency limit counts.
         let caller = if path.strip_prefix(RUNNER_PROTOCOL_PREFIX).is_some() {
             None
         } else {
