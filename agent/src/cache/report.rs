@@ -47,6 +47,31 @@ pub(crate) struct CacheReport {
 /// The last report, shared.
 pub(crate) type Board = Arc<Mutex<Option<CacheReport>>>;
 
+/// `status`'s line: the redirect's verdict first (the reason runners would run uncached), then
+/// what the cache holds and did. Pure.
+pub(crate) fn status_line(report: &CacheReport) -> String {
+    let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20));
+    let redirect = match &report.redirect {
+        Some(r) if r.active => format!("active (runner package {})", r.package),
+        Some(r) => format!(
+            "INACTIVE: {}",
+            r.why
+                .as_deref()
+                .unwrap_or("the runner package does not take the redirect")
+        ),
+        None => "no stored runner package".to_owned(),
+    };
+    format!(
+        "{redirect}; {} entries, {}; {} hits, {} misses; {} saved, {} restored",
+        report.entries,
+        mib(report.bytes_stored),
+        report.hits,
+        report.misses,
+        mib(report.bytes_up),
+        mib(report.bytes_down)
+    )
+}
+
 /// The redirect's verdict on `package`.
 pub(crate) fn redirect_of(package: &rm_runner::store::StoredPackage) -> Redirect {
     let digest = package.digest();
@@ -201,6 +226,37 @@ mod tests {
     use rm_receiver::prometheus_client::registry::Registry;
 
     use super::*;
+
+    #[test]
+    fn the_status_line_puts_an_inactive_redirect_first() {
+        let mut report = CacheReport {
+            hits: 2,
+            misses: 1,
+            bytes_up: 64 << 20,
+            bytes_down: 128 << 20,
+            entries: 1,
+            bytes_stored: 64 << 20,
+            redirect: Some(Redirect {
+                package: "abc".to_owned(),
+                active: true,
+                why: None,
+            }),
+        };
+        assert_eq!(
+            status_line(&report),
+            "active (runner package abc); 1 entries, 64.0 MiB; 2 hits, 1 misses; 64.0 MiB saved, 128.0 MiB restored"
+        );
+        report.redirect = Some(Redirect {
+            package: "abc".to_owned(),
+            active: false,
+            why: Some("runner package abc does not fit".to_owned()),
+        });
+        assert!(
+            status_line(&report).starts_with("INACTIVE: runner package abc does not fit;"),
+            "{}",
+            status_line(&report)
+        );
+    }
 
     #[test]
     fn metrics_say_what_the_board_holds_and_nothing_before() {

@@ -512,6 +512,8 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
         })).collect::<Vec<_>>(),
         // The fitness gate's judgement (crate::fitness); `fit` null without a live agent.
         "host": crate::fitness::report::status_json(live.and_then(|s| s.fitness.as_ref())),
+        // The host-local cache, when a policy uses it (crate::cache::report); null otherwise.
+        "cache": live.and_then(|s| s.cache.as_ref()),
         "latency": crate::latency::to_json(&facts.latency),
         "runner_version": facts.runner_version.as_ref().map(|r| json!({
             "version": r.version,
@@ -618,6 +620,21 @@ pub(crate) fn degraded(facts: &Facts) -> Vec<String> {
     found.extend(crate::fitness::report::degraded(
         facts.live().and_then(|s| s.fitness.as_ref()),
     ));
+    // Cached policies whose runners run uncached: said, never silent.
+    if let Some(redirect) = facts
+        .live()
+        .and_then(|s| s.cache.as_ref())
+        .and_then(|c| c.redirect.as_ref())
+        .filter(|r| !r.active)
+    {
+        found.push(format!(
+            "The host-local cache is not used: {}.",
+            redirect
+                .why
+                .as_deref()
+                .unwrap_or("the runner package does not take the redirect")
+        ));
+    }
     if facts.isolation == crate::config::Isolation::None {
         found.push(format!(
             "Runners are not isolated (host.isolation = \"none\"): {}.",
@@ -1039,6 +1056,9 @@ pub(crate) fn render(facts: &Facts) -> String {
     // An agent publishes its fitness gate's judgement once it has checked (crate::fitness).
     if let Some(fitness) = live.and_then(|s| s.fitness.as_ref()) {
         line("host", crate::fitness::report::status_line(Some(fitness)));
+    }
+    if let Some(cache) = live.and_then(|s| s.cache.as_ref()) {
+        line("cache", crate::cache::report::status_line(cache));
     }
 
     for set in &facts.scale_sets {
@@ -1555,6 +1575,44 @@ mod tests {
         assert!(degraded(&f).is_empty());
         assert_eq!(to_json(&f)["webhooks"]["healthy"], false);
         assert!(render(&f).contains("webhooks  no receiver or relay configured"));
+    }
+
+    #[test]
+    fn the_cache_is_said_and_an_unused_one_needs_attention() {
+        let mut f = facts();
+        assert_eq!(to_json(&f)["cache"], Value::Null);
+        let mut report = crate::cache::report::CacheReport {
+            hits: 1,
+            entries: 1,
+            bytes_stored: 1 << 20,
+            redirect: Some(crate::cache::report::Redirect {
+                package: "0123456789ab".to_owned(),
+                active: true,
+                why: None,
+            }),
+            ..Default::default()
+        };
+        f.snapshot.as_mut().unwrap().cache = Some(report.clone());
+        assert_eq!(to_json(&f)["cache"]["hits"], 1);
+        let text = render(&f);
+        assert!(
+            text.contains("cache     active (runner package 0123456789ab)"),
+            "{text}"
+        );
+        assert!(degraded(&f).is_empty(), "{:?}", degraded(&f));
+        report.redirect = Some(crate::cache::report::Redirect {
+            package: "0123456789ab".to_owned(),
+            active: false,
+            why: Some("runner package 0123456789ab does not fit the cache redirect".to_owned()),
+        });
+        f.snapshot.as_mut().unwrap().cache = Some(report);
+        assert!(
+            degraded(&f)
+                .iter()
+                .any(|d| d.starts_with("The host-local cache is not used: runner package")),
+            "{:?}",
+            degraded(&f)
+        );
     }
 
     #[test]
