@@ -1556,3 +1556,39 @@ fn what_runners_keep_of_the_hosts_run_is_read_and_bounded() {
         assert!(err.problem.contains(hint), "{keep}: {err}");
     }
 }
+
+/// `policy.cache` needs `[cache]`, runners the service can tell apart (its own uid and network
+/// each) and a webhook policy; a cached policy makes the cache's port one runners reach.
+#[test]
+fn a_cached_policy_needs_the_cache_and_runners_it_can_tell_apart() {
+    let cached =
+        "[[policy]]\nname = \"c\"\ntarget = \"acme\"\nlabels = [\"self-hosted\"]\ncache = true\n";
+    let config = load_text(&format!("[cache]\nport = 9123\n{cached}")).unwrap();
+    assert!(config.policies[0].cache);
+    assert!(config.host.network_host_ports.contains(&9123));
+    // Without a cached policy the port is not opened to runners.
+    let idle = load_text("[cache]\nport = 9123\n").unwrap();
+    assert!(!idle.host.network_host_ports.contains(&9123));
+    for (text, key, words) in [
+        (cached.to_owned(), "policy[0].cache", "needs a `[cache]`"),
+        (
+            format!("[host]\nisolation = \"none\"\n[cache]\n{cached}"),
+            "policy[0].cache",
+            "host.isolation = \"user\"",
+        ),
+        (
+            format!("[host]\nnetwork = \"host\"\n[cache]\n{cached}"),
+            "policy[0].cache",
+            "host.network = \"private\"",
+        ),
+        (
+            format!("[cache]\n{cached}[[scale_set]]\nname = \"acme-c\"\npolicy = \"c\"\n"),
+            "policy[0].cache",
+            "scale_set",
+        ),
+    ] {
+        let refused = load_text(&text).unwrap_err();
+        assert_eq!(refused.key, key, "{text}: {refused}");
+        assert!(refused.problem.contains(words), "{text}: {refused}");
+    }
+}

@@ -545,6 +545,18 @@ pub(super) fn validate(
     }
     let scale_sets = super::scale_sets::validate(file.scale_sets, &mut policies)
         .map_err(|(key, problem)| err(&key, problem))?;
+    // The cache scopes a runner by its job's journalled row and GitHub's run of it; a scale
+    // set's jobs are journalled apart (their runners would only ever be refused).
+    if let Some((index, _)) = policies
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.cache && p.scale_set.is_some())
+    {
+        return Err(err(
+            &format!("policy[{index}].cache"),
+            "is not available to a policy that serves a [[scale_set]] yet: its jobs are not scoped; leave `cache` off it".to_owned(),
+        ));
+    }
 
     Ok(Config {
         source,
