@@ -82,8 +82,9 @@ pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Connections served at once (the runners of one host, each with a few parallel transfers).
 pub const MAX_CONNECTIONS: usize = 1024;
 
-/// How long a shutdown waits for requests in flight.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a shutdown waits for requests in flight: within the 5 s `rm-agent run` gives its
+/// tasks after the drain (a longer wait would be cut short there and named as hung).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// The largest Twirp or v1 JSON request body.
 const MAX_JSON_BODY: usize = 64 * 1024;
