@@ -18,10 +18,26 @@
 //!   through the client and through raw Twirp calls for A's key and version it reads nothing,
 //!   and what it writes is not what a later acme/widgets job restores.
 //! - Every job saw the agent's service as its results URL; the fake recorded no cache call.
+//! - Action archives from the host: `[cache] actions` names an action published on the fake;
+//!   once the agent has fetched its archive, job A (using it at that commit) sets it up from the
+//!   host (the fake worker's `_diag/setup.done`, and no download at the fake), while job B, using
+//!   an action not configured, downloads it (the control). A's step, through the directory the
+//!   runner is lent (`ACTIONS_RUNNER_ACTION_ARCHIVE_CACHE`), tries to create, replace, append
+//!   to, rename, remove and chmod: each refused as a read-only file system (the host's files
+//!   were opened to everyone first, so the read-only view alone refuses), and the host's archive
+//!   is byte for byte what it was.
+//! - `rm-agent explain` says `cache_active` for A with the bytes it saved, and `rm-agent check`
+//!   says caching is active for the package.
 //! - The control: a package whose worker holds `ACTIONS_RESULTS_URL` twice does not fit the
 //!   redirect, so its job runs uncached: its step is given the fake's results service, and the
 //!   fake records its cache calls (what the first test's "no cache call" would see had the
-//!   agent's redirect not applied).
+//!   agent's redirect not applied). `check` says the package does not fit and its jobs run
+//!   uncached; the agent's status says the redirect is inactive, and `explain` `cache_inactive`.
+//! - The agent SIGKILLed while a job's save streams its blob: the job's step creates an entry
+//!   (raw Twirp, its own token) and sends part of its Put Blob, then stalls; the test kills
+//!   `rm-agent` (the staged bytes are on disk), starts it again, and once the job is done and
+//!   its runner cleaned the cache holds no entry, no staged file and no orphaned blob
+//!   (`rm_cache::disk_report`); a later job misses that key and saves it anew.
 //!
 //! Needs `node` and `npm` (the test installs `@actions/cache` under the setups' base directory,
 //! where runner uids can read it); without them it fails unless `RM_TEST_ALLOW_SKIP` names
@@ -53,6 +69,20 @@ const SAVED_BYTES: u64 = 64 << 20;
 /// What the jobs' own later saves write.
 const SMALL_BYTES: u64 = 1 << 20;
 
+/// The action `[cache] actions` names (public on the fake), and the commit its `v1` names.
+const HOST_ACTION: &str = "actions/setup-tool";
+const HOST_ACTION_SHA: &str = "5f3c7a1e9b2d4c6e8f0a1b3c5d7e9f1a2b4c6d8e";
+/// An action no `[cache] actions` entry names: jobs download it.
+const OTHER_ACTION: &str = "actions/other-tool";
+const OTHER_ACTION_SHA: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678";
+const ACTION_FILES: &[(&str, &[u8])] = &[
+    (
+        "action.yml",
+        b"name: tool\nruns:\n  using: node20\n  main: index.js\n",
+    ),
+    ("index.js", b"console.log('tool');\n"),
+];
+
 /// The job's step: node with the test's script, the job's plan and report named by the job.
 const STEP: &str = r#"#!/bin/sh
 # The job's one step (tests/e2e/tests/run/cache.rs): @actions/cache through node.
@@ -78,6 +108,8 @@ struct CacheFleet {
     reports: PathBuf,
     /// The agent's cache service's port on the host's loopback.
     port: u16,
+    /// `cache.dir`.
+    dir: PathBuf,
 }
 
 /// `node` by its full path (the runner's `PATH` is not the test's).
@@ -91,13 +123,18 @@ fn node_path() -> PathBuf {
         .unwrap()
 }
 
-/// [`cache_fleet_with`] the package's own synthetic worker.
+/// [`cache_fleet_with`] the package's own synthetic worker, no action archives.
 async fn cache_fleet(test: &str) -> Option<CacheFleet> {
-    cache_fleet_with(test, None).await
+    cache_fleet_with(test, None, &[]).await
 }
 
-/// A cached fleet; `worker`, when given, replaces the package's `bin/Runner.Worker.dll`.
-async fn cache_fleet_with(test: &str, worker: Option<Vec<u8>>) -> Option<CacheFleet> {
+/// A cached fleet; `worker`, when given, replaces the package's `bin/Runner.Worker.dll`;
+/// `actions` are `[cache] actions`.
+async fn cache_fleet_with(
+    test: &str,
+    worker: Option<Vec<u8>>,
+    actions: &[&str],
+) -> Option<CacheFleet> {
     if let Err(why) = npm::node_and_npm() {
         skip::cannot_run(test, "node", &why);
         return None;
@@ -123,10 +160,13 @@ async fn cache_fleet_with(test: &str, worker: Option<Vec<u8>>) -> Option<CacheFl
     fleet.fake.add_repo(OTHER_REPO);
     // The service's settings, where the fake's results service is "GitHub's" for the calls it
     // does not serve.
+    let dir = fleet.setup.dir.path().join("cache");
+    let actions: Vec<String> = actions.iter().map(|a| format!("\"{a}\"")).collect();
     options.tail = format!(
-        "\n[cache]\ndir = \"{dir}\"\nport = {port}\nmax_size = \"1GiB\"\nupstream = \"{upstream}\"\n",
-        dir = fleet.setup.dir.path().join("cache").display(),
+        "\n[cache]\ndir = \"{dir}\"\nport = {port}\nmax_size = \"1GiB\"\nupstream = \"{upstream}\"\nactions = [{actions}]\n",
+        dir = dir.display(),
         upstream = fleet.fake.results_url(),
+        actions = actions.join(", "),
     );
     fleet.configure(&options);
     let reports = fleet.reports_dir();
@@ -153,6 +193,7 @@ async fn cache_fleet_with(test: &str, worker: Option<Vec<u8>>) -> Option<CacheFl
         fleet,
         reports,
         port,
+        dir,
     })
 }
 
@@ -161,25 +202,28 @@ async fn cache_fleet_with(test: &str, worker: Option<Vec<u8>>) -> Option<CacheFl
 const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl CacheFleet {
-    /// Queues job `name` in `repo` as `origin` with `plan` (the script's operations), waits until
-    /// it is done and every runner cleaned, and returns its report.
-    async fn job(&self, name: &str, repo: &str, origin: &JobOrigin, plan: Value) -> Value {
+    /// Queues job `name` in `repo` as `origin` with `plan` (the script's operations); its id.
+    fn queue(&self, name: &str, repo: &str, origin: &JobOrigin, plan: &Value) -> u64 {
         std::fs::write(
             self.reports.join(format!("{name}.plan.json")),
             plan.to_string(),
         )
         .unwrap();
-        let job = self
-            .fleet
+        self.fleet
             .fake
             .queue_job_as(repo, name, LABELS, origin)
-            .unwrap();
+            .unwrap()
+    }
+
+    /// Waits until job `job` (named `name`) is done and every runner cleaned; its report, with
+    /// the job's id added as `job_id`.
+    async fn finished(&self, name: &str, job: u64) -> Value {
         wait_until(JOB_TIMEOUT, &format!("job {name} done"), || {
             self.fleet.completed(job) && self.fleet.all_cleaned()
         })
         .await;
         let path = self.reports.join(format!("{name}.json"));
-        let report: Value = match std::fs::read(&path) {
+        let mut report: Value = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap(),
             Err(e) => panic!(
                 "job {name} wrote no report {} ({e}); its conclusion: {:?}",
@@ -188,7 +232,70 @@ impl CacheFleet {
             ),
         };
         eprintln!("job {name}: {report:#}");
+        report["job_id"] = json!(job);
         report
+    }
+
+    /// [`Self::queue`], then [`Self::finished`].
+    async fn job(&self, name: &str, repo: &str, origin: &JobOrigin, plan: Value) -> Value {
+        let job = self.queue(name, repo, origin, &plan);
+        self.finished(name, job).await
+    }
+
+    /// The cache's files, read as the agent left them.
+    fn disk(&self) -> rm_cache::DiskReport {
+        rm_cache::disk_report(&self.dir).unwrap()
+    }
+
+    /// Where the agent keeps `repository`'s archive of commit `sha`.
+    fn archive(&self, repository: &str, sha: &str) -> PathBuf {
+        rm_cache::actions::archive_path(
+            &self.dir.join(rm_cache::actions::ACTIONS_DIR),
+            &rm_cache::actions::ArchiveKey {
+                repository: repository.to_owned(),
+                sha: sha.to_owned(),
+            },
+        )
+    }
+
+    /// `rm-agent explain JOB --json` of `report`'s job: its `cache_*` reason's code and message.
+    fn explained_cache(&self, report: &Value) -> (String, String, Value) {
+        let job = report["job_id"].as_u64().unwrap();
+        let answer = self.fleet.explain(job);
+        let reason = answer["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["code"].as_str().is_some_and(|c| c.starts_with("cache_")))
+            .unwrap_or_else(|| panic!("explain {job} says nothing of the cache: {answer}"));
+        (
+            reason["code"].as_str().unwrap().to_owned(),
+            reason["message"].as_str().unwrap().to_owned(),
+            answer["cache"].clone(),
+        )
+    }
+
+    /// `rm-agent check --json`'s `cache` finding (the fake answers on this process's runtime,
+    /// so the command runs off it).
+    async fn check_finding(&self) -> Value {
+        let mut command = self.fleet.setup.command(&["check", "--json"]);
+        let out = tokio::task::spawn_blocking(move || command.output().unwrap())
+            .await
+            .unwrap();
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "check --json printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let found: Vec<&Value> = doc["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["check"] == "cache")
+            .collect();
+        assert_eq!(found.len(), 1, "one cache finding: {doc}");
+        found[0].clone()
     }
 
     /// The agent's service as a job's results URL.
@@ -221,39 +328,164 @@ fn default_branch() -> JobOrigin {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_share_a_cache_scoped_by_who_their_runner_is() {
-    let Some(cf) = cache_fleet("cache::jobs_share_a_cache_scoped_by_who_their_runner_is").await
+    let Some(cf) = cache_fleet_with(
+        "cache::jobs_share_a_cache_scoped_by_who_their_runner_is",
+        None,
+        &[&format!("{HOST_ACTION}@v1")],
+    )
+    .await
     else {
         return;
     };
     let fleet = &cf.fleet;
+    fleet
+        .fake
+        .publish_action(HOST_ACTION, true, &[("v1", HOST_ACTION_SHA)], ACTION_FILES);
+    fleet.fake.publish_action(
+        OTHER_ACTION,
+        true,
+        &[("v1", OTHER_ACTION_SHA)],
+        ACTION_FILES,
+    );
     let _agent = fleet.start_agent(&[]).await;
+    let archive = cf.archive(HOST_ACTION, HOST_ACTION_SHA);
+    wait_until(
+        Duration::from_secs(60),
+        "the agent fetched the configured action's archive",
+        || archive.is_file(),
+    )
+    .await;
+    // The host's files opened to everyone: what refuses a job's change is the read-only view
+    // the runner is lent, alone.
+    let lent = cf.dir.join(rm_cache::actions::ACTIONS_DIR);
+    for (path, mode) in [
+        (&lent, 0o777),
+        (&archive.parent().unwrap().to_path_buf(), 0o777),
+        (&archive, 0o666),
+    ] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let archive_bytes = std::fs::read(&archive).unwrap();
+    let downloads = fleet.fake.action_downloads();
 
-    // A: the default branch saves 64 MiB.
+    // A: the default branch saves 64 MiB, with the configured action set up from the host; its
+    // step tries to change the host's archives.
+    let with_host_action = JobOrigin {
+        uses: vec![format!("{HOST_ACTION}@{HOST_ACTION_SHA}")],
+        ..default_branch()
+    };
+    let below_lent = archive.strip_prefix(&lent).unwrap().display().to_string();
     let a = cf
         .job(
             "save-a",
             REPO,
-            &default_branch(),
-            json!([{"op": "save", "key": "deps-a", "bytes": SAVED_BYTES}]),
+            &with_host_action,
+            json!([
+                {"op": "save", "key": "deps-a", "bytes": SAVED_BYTES},
+                {"op": "archives", "archive": below_lent},
+            ]),
         )
         .await;
     let saved = ran(&a, 0);
     assert_ne!(saved["id"], json!(-1), "job A's save failed: {saved}");
     let a_digest = saved["sha256"].clone();
     assert!(a_digest.is_string());
+    assert!(
+        a["setup"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("1 actions from host ")),
+        "job A's action did not come from the host: {}",
+        a["setup"]
+    );
+    assert_eq!(
+        fleet.fake.action_downloads(),
+        downloads,
+        "job A downloaded the action the host holds"
+    );
+    assert_eq!(
+        a["archive_cache"].as_str(),
+        Some(rm_runner::backend::ARCHIVES_IN_RUN)
+    );
+    let changes = ran(&a, 1);
+    let tries = changes["tries"].as_object().unwrap();
+    assert_eq!(tries.len(), 8, "{changes}");
+    for (what, outcome) in tries {
+        assert_eq!(
+            outcome, "EROFS",
+            "job A's {what} of the host's archives was not refused as read-only: {changes}"
+        );
+    }
+    assert_eq!(changes["readable"], json!(archive_bytes.len()));
+    assert_eq!(
+        std::fs::read(&archive).unwrap(),
+        archive_bytes,
+        "the host's archive changed"
+    );
+    let names = |dir: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert_eq!(
+        (names(&lent), names(archive.parent().unwrap())),
+        (
+            vec![rm_cache::actions::repository_dir(HOST_ACTION)],
+            vec![format!("{HOST_ACTION_SHA}.tar.gz")]
+        ),
+        "the job changed the host's archive directory"
+    );
 
-    // B: another runner, later, restores it byte for byte.
+    // explain: the cache served A, and says what it saved; check: caching is active.
+    let (code, message, counters) = cf.explained_cache(&a);
+    assert_eq!(code, "cache_active", "{message}");
+    let bytes_up = counters["bytes_up"].as_u64().unwrap();
+    assert!(
+        (SAVED_BYTES..SAVED_BYTES + (1 << 20)).contains(&bytes_up),
+        "explain says A saved {bytes_up} bytes"
+    );
+    assert!(
+        message.contains(&format!(
+            "{:.1} MiB saved",
+            bytes_up as f64 / f64::from(1 << 20)
+        )),
+        "{message}"
+    );
+    let finding = cf.check_finding().await;
+    assert_eq!(finding["status"], "ok", "{finding}");
+    assert!(
+        finding["what"]
+            .as_str()
+            .unwrap()
+            .contains("caching active for the runner at"),
+        "{finding}"
+    );
+
+    // B: another runner, later, restores it byte for byte; the action it uses, which no
+    // `[cache] actions` names, is downloaded (the control).
+    let with_other_action = JobOrigin {
+        uses: vec![format!("{OTHER_ACTION}@{OTHER_ACTION_SHA}")],
+        ..default_branch()
+    };
     let b = cf
         .job(
             "restore-b",
             REPO,
-            &default_branch(),
+            &with_other_action,
             json!([{"op": "restore", "key": "deps-a"}]),
         )
         .await;
     let restored = ran(&b, 0);
     assert_eq!(restored["hit"], json!("deps-a"), "job B missed A's entry");
     assert_eq!(restored["sha256"], a_digest, "job B restored other bytes");
+    assert!(
+        b["setup"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("1 actions from download ")),
+        "job B's action, not configured, did not come from GitHub: {}",
+        b["setup"]
+    );
+    assert_eq!(fleet.fake.action_downloads(), downloads + 1);
 
     // C: another repository misses it, by its key and by prefix.
     let c = cf
@@ -424,6 +656,7 @@ async fn a_package_the_redirect_does_not_fit_runs_uncached_and_github_sees_its_c
     let Some(cf) = cache_fleet_with(
         "cache::a_package_the_redirect_does_not_fit_runs_uncached",
         Some(worker),
+        &[],
     )
     .await
     else {
@@ -461,4 +694,141 @@ async fn a_package_the_redirect_does_not_fit_runs_uncached_and_github_sees_its_c
         !cache_calls.is_empty(),
         "the fake recorded none of the uncached job's cache calls"
     );
+
+    // check says so, and so do the agent's status and explain.
+    let finding = cf.check_finding().await;
+    assert_eq!(finding["status"], "warn", "{finding}");
+    let what = finding["what"].as_str().unwrap();
+    for words in [
+        "does not fit the cache redirect",
+        "ACTIONS_RESULTS_URL",
+        "its jobs run uncached",
+    ] {
+        assert!(what.contains(words), "{words}: {what}");
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "the agent's status to say the redirect is inactive",
+        || {
+            let out = fleet.setup.run(&["status", "--json"]);
+            serde_json::from_slice::<Value>(&out.stdout)
+                .is_ok_and(|s| s["cache"]["redirect"]["active"] == json!(false))
+        },
+    )
+    .await;
+    let (code, message, _) = cf.explained_cache(&report);
+    assert_eq!(code, "cache_inactive", "{message}");
+    assert!(
+        message.contains("does not fit the cache redirect"),
+        "{message}"
+    );
+    assert!(message.contains("went to GitHub"), "{message}");
+}
+
+/// How much of its blob the stalled save sends before it stalls.
+const STALLED_MIB: u64 = 8;
+
+/// The bytes staged under the cache's `uploads/` (uploads begun, not finalized).
+fn staged_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(items) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    items
+        .flatten()
+        .map(|item| match item.file_type() {
+            Ok(kind) if kind.is_dir() => staged_bytes(&item.path()),
+            _ => item.metadata().map(|m| m.len()).unwrap_or(0),
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_mid_upload_leaves_no_entry_and_no_bytes_behind() {
+    let Some(cf) =
+        cache_fleet("cache::an_agent_killed_mid_upload_leaves_no_entry_and_no_bytes_behind").await
+    else {
+        return;
+    };
+    let fleet = &cf.fleet;
+    let first = fleet.start_agent(&[]).await;
+    let marker = cf.reports.join("stalled.marker");
+    let stalled = cf.queue(
+        "stalled",
+        REPO,
+        &default_branch(),
+        &json!([{
+            "op": "stall_upload",
+            "key": "deps-killed",
+            "mib": STALLED_MIB,
+            "marker": marker,
+            "stall_ms": 100_000,
+        }]),
+    );
+    // The step has sent its bytes and stalls; the agent has staged some of them.
+    let uploads = cf.dir.join("uploads");
+    wait_until(JOB_TIMEOUT, "the save to stall midway", || {
+        marker.is_file() && staged_bytes(&uploads) >= 1 << 20
+    })
+    .await;
+    first.kill();
+    let crashed = cf.disk();
+    assert!(
+        crashed.staged_files > 0,
+        "the killed agent left no staged upload to recover: {crashed:?}"
+    );
+    assert_eq!(crashed.entries, 0, "a half upload became an entry");
+
+    let _second = fleet.start_agent(&[]).await;
+    let report = cf.finished("stalled", stalled).await;
+    let stall = op(&report, 0);
+    assert_eq!(stall["create"], json!(200), "{stall}");
+    assert_eq!(stall["sent_mib"], json!(STALLED_MIB), "{stall}");
+    assert!(
+        stall["upload"]["status"].is_null(),
+        "the stalled upload was answered: {stall}"
+    );
+    assert_eq!(
+        cf.disk(),
+        rm_cache::DiskReport {
+            entries: 0,
+            blob_files: 0,
+            orphaned_blobs: 0,
+            staged_files: 0,
+        },
+        "the restarted agent's cache kept something of the killed upload"
+    );
+
+    // A later job misses the key, and saves it anew: no reservation of the killed save is left.
+    let later = cf
+        .job(
+            "after",
+            REPO,
+            &default_branch(),
+            json!([
+                {"op": "restore", "key": "deps-killed", "restore_keys": ["deps-"]},
+                {"op": "save", "key": "deps-killed", "bytes": SMALL_BYTES},
+            ]),
+        )
+        .await;
+    assert_eq!(
+        ran(&later, 0)["hit"],
+        Value::Null,
+        "a later job restored the killed upload"
+    );
+    assert_ne!(ran(&later, 1)["id"], json!(-1), "{later}");
+    let after = cf.disk();
+    assert_eq!(
+        (after.entries, after.orphaned_blobs, after.staged_files),
+        (1, 0, 0),
+        "{after:?}"
+    );
+    // Nothing of either runner is left.
+    assert!(fleet.all_cleaned());
+    assert!(fleet.runtimes().is_empty(), "{:?}", fleet.runtimes());
+    assert!(
+        fleet.our_registrations().is_empty(),
+        "{:?}",
+        fleet.our_registrations()
+    );
+    assert_eq!(fleet.attempts().len(), 2, "one runner per job");
 }

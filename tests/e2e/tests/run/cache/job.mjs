@@ -20,9 +20,17 @@ const report = {
   uid: process.getuid(),
   results_url: process.env.ACTIONS_RESULTS_URL || null,
   cache_url: process.env.ACTIONS_CACHE_URL || null,
+  archive_cache: process.env.ACTIONS_RUNNER_ACTION_ARCHIVE_CACHE || null,
+  // What the worker's "Set up job" wrote (where the job's actions came from): the fake
+  // runner's `_diag/setup.done`, three levels above the workspace (`_work/<repo>/<repo>`).
+  setup: readOrNull(path.resolve('..', '..', '..', '_diag', 'setup.done')),
   ops: [],
 };
 const DIR = 'data';
+
+function readOrNull(file) {
+  try { return fs.readFileSync(file, 'utf8'); } catch { return null; }
+}
 const SERVICE = 'twirp/github.actions.results.api.v1.CacheService/';
 
 // The SHA-256 of every file under `dir`, by sorted relative name: what "byte for byte" means.
@@ -154,6 +162,62 @@ async function run(op) {
       }
       const finalize = await twirp('FinalizeCacheEntryUpload', { key: op.key, version: v, size_bytes: String(poison.length) }, token);
       return { lookup, fetched, create, upload, finalize };
+    }
+    case 'archives': {
+      // Tries to change the host's action archives through the directory the runner is lent
+      // (`op.archive`: one archive's path below it): each attempt's error code, or "done".
+      const dir = process.env.ACTIONS_RUNNER_ACTION_ARCHIVE_CACHE;
+      if (!dir) throw new Error('no ACTIONS_RUNNER_ACTION_ARCHIVE_CACHE');
+      const archive = path.join(dir, op.archive);
+      const tries = {};
+      const attempt = (name, change) => {
+        try { change(); tries[name] = 'done'; } catch (e) { tries[name] = e.code || String(e); }
+      };
+      attempt('create', () => fs.writeFileSync(path.join(dir, 'planted.tar.gz'), 'planted'));
+      attempt('mkdir', () => fs.mkdirSync(path.join(dir, 'evil_action')));
+      attempt('overwrite', () => fs.writeFileSync(archive, 'replaced'));
+      attempt('append', () => fs.appendFileSync(archive, 'appended'));
+      attempt('rename', () => fs.renameSync(archive, `${archive}.moved`));
+      attempt('remove', () => fs.unlinkSync(archive));
+      attempt('chmod', () => fs.chmodSync(archive, 0o777));
+      attempt('remove_dir', () => fs.rmSync(path.dirname(archive), { recursive: true }));
+      return { tries, readable: fs.existsSync(archive) ? fs.readFileSync(archive).length : null };
+    }
+    case 'stall_upload': {
+      // A save that dies midway: raw CreateCacheEntry with the job's own token, then a Put Blob
+      // whose body sends `op.mib` MiB, writes `op.marker`, and then sends nothing for
+      // `op.stall_ms` (the test kills the agent meanwhile, which ends the request).
+      const v = await version();
+      const create = await twirp('CreateCacheEntry', { key: op.key, version: v }, process.env.ACTIONS_RUNTIME_TOKEN);
+      const target = create.json && (create.json.signed_upload_url || create.json.signedUploadUrl);
+      if (!target) throw new Error(`CreateCacheEntry answered ${create.status}: ${JSON.stringify(create.json)}`);
+      const chunk = randomBytes(1 << 20);
+      let sent = 0;
+      const body = new ReadableStream({
+        async pull(controller) {
+          if (sent < op.mib) {
+            controller.enqueue(new Uint8Array(chunk));
+            sent += 1;
+            return;
+          }
+          fs.writeFileSync(op.marker, `${sent}\n`);
+          await new Promise((resolve) => setTimeout(resolve, op.stall_ms));
+          controller.close();
+        },
+      });
+      let upload;
+      try {
+        const answer = await fetch(target, {
+          method: 'PUT',
+          headers: { 'x-ms-blob-type': 'BlockBlob', 'content-type': 'application/octet-stream' },
+          body,
+          duplex: 'half',
+        });
+        upload = { status: answer.status };
+      } catch (e) {
+        upload = { failed: String((e && e.cause && (e.cause.code || e.cause.message)) || e) };
+      }
+      return { create: create.status, sent_mib: sent, upload };
     }
     default:
       throw new Error(`unknown op ${op.op}`);
