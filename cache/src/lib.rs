@@ -63,6 +63,10 @@ pub struct Caller {
     pub attempt: String,
     /// Where the job may read and write.
     pub scope: scope::Scope,
+    /// The base URL this caller reaches the service at (e.g. the host end of its runner's
+    /// network, which its containers reach too), for the signed URLs handed to it; `None`:
+    /// [`Settings::public_base`].
+    pub base: Option<String>,
 }
 
 /// Why a request is refused before anything is read.

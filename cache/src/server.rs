@@ -261,8 +261,10 @@ impl Inner {
         self.store.evict(self.bounds(), store::now_ms())
     }
 
-    /// A new signed URL for `target`, bound to `attempt`.
-    fn sign(&self, attempt: &str, target: Target, ttl: Duration) -> Result<String, Fail> {
+    /// A new signed URL for `target`, bound to `caller`'s attempt, on the base it reaches the
+    /// service at.
+    fn sign(&self, caller: &Caller, target: Target, ttl: Duration) -> Result<String, Fail> {
+        let attempt = caller.attempt.as_str();
         let token = random_token()?;
         let now = Instant::now();
         let mut grants = lock(&self.grants);
@@ -275,7 +277,7 @@ impl Inner {
                 expires: now + ttl,
             },
         );
-        let base = &self.settings.public_base;
+        let base = caller.base.as_ref().unwrap_or(&self.settings.public_base);
         let slash = if base.ends_with('/') { "" } else { "/" };
         Ok(format!("{base}{slash}blob/{token}"))
     }
@@ -540,7 +542,7 @@ async fn twirp(
         "CreateCacheEntry" => {
             let request: CreateRequest = parse_json(&body)?;
             let id = reserve(inner, caller, &request.key, &request.version).await?;
-            let url = inner.sign(&caller.attempt, Target::Upload(id), UPLOAD_URL_TTL)?;
+            let url = inner.sign(caller, Target::Upload(id), UPLOAD_URL_TTL)?;
             Ok(json_response(
                 StatusCode::OK,
                 &json!({"ok": true, "signed_upload_url": url}),
@@ -744,11 +746,7 @@ async fn lookup(
     inner.count(caller.job, delta).await;
     match found {
         Some(entry) => {
-            let url = inner.sign(
-                &caller.attempt,
-                Target::Download(entry.id),
-                DOWNLOAD_URL_TTL,
-            )?;
+            let url = inner.sign(caller, Target::Download(entry.id), DOWNLOAD_URL_TTL)?;
             Ok(Some((entry, url)))
         }
         None => Ok(None),

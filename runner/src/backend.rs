@@ -59,34 +59,68 @@ pub struct Plan {
 
 /// What a cached runner gets (`policy.cache`, the `rm_cache` service): its runtime linked from
 /// the stored package's redirected derivation ([`StoredPackage::redirected`]), so that the
-/// runner's worker leaves the two URLs below as the runner's environment says; and the host's
-/// action archives, read-only at [`ARCHIVES_IN_RUN`]. Fails closed: a runner whose runtime's
-/// worker is not redirected gets none of the environment (it runs uncached, against GitHub, and
+/// runner's worker leaves the service's URLs ([`cache_environment`]) as the runner's environment
+/// says; the host's action archives, read-only at [`ARCHIVES_IN_RUN`]; and a job-started hook,
+/// read-only at [`HOOK_IN_RUN`], that copies the URLs into the job's own environment, so steps in
+/// a container (which get only the job's variables) have them too. Fails closed: a runner whose
+/// runtime's worker is not redirected gets none of it (it runs uncached, against GitHub, and
 /// says so), never a URL its worker would overwrite.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CachePlan {
-    /// The service as the runner reaches it: `http://127.0.0.1:PORT/`.
-    pub url: String,
+    /// The service's port on the host's loopback; a runner reaches it at the host end of its
+    /// network, as its containers do.
+    pub port: u16,
     /// The host's action archives (`<owner>_<repo>/<sha>.tar.gz`); `None`: none kept.
     pub archives: Option<PathBuf>,
+    /// The agent's job-started hook file; `None`: none.
+    pub hook: Option<PathBuf>,
 }
 
 /// Where a cached runner finds the host's action archives: read-only, in its own `/run`.
 pub const ARCHIVES_IN_RUN: &str = "/run/rm-actions";
 
+/// Where a cached runner finds the agent's job-started hook: read-only, in its own `/run`.
+pub const HOOK_IN_RUN: &str = "/run/rm-cache/job-started.sh";
+
+/// The runner's variable naming its job-started hook (actions/runner's "pre-job script").
+pub const JOB_STARTED_HOOK: &str = "ACTIONS_RUNNER_HOOK_JOB_STARTED";
+
+/// Where the agent's hook finds the operator's own job-started hook, which it runs after its
+/// own lines (an `env_file` that names one keeps it).
+pub const OPERATOR_JOB_STARTED_HOOK: &str = "RM_OPERATOR_JOB_STARTED_HOOK";
+
+/// The service's URL as a runner at `host_end` reaches it (its containers too).
+pub fn cache_url(plan: &CachePlan, host_end: std::net::Ipv4Addr) -> String {
+    format!("http://{host_end}:{}/", plan.port)
+}
+
 /// The environment that points a redirected runner's steps at the local service
-/// (`ACTIONS_RESULTS_URL` for cache v2, `ACTIONS_CACHE_URL` for v1) and its action downloads at
-/// the archives. Pure.
-pub fn cache_environment(plan: &CachePlan) -> Vec<(OsString, OsString)> {
-    let mut env = vec![
-        ("ACTIONS_RESULTS_URL".into(), plan.url.clone().into()),
-        ("ACTIONS_CACHE_URL".into(), plan.url.clone().into()),
+/// (`ACTIONS_RESULTS_URL` for cache v2, `ACTIONS_CACHE_URL` for v1, `RM_CACHE_URL` for the
+/// hook), its action downloads at the archives and its job-started hook at the agent's; an
+/// operator's hook (`operator_hook`, from the policy's `env_file`) is kept for the agent's hook
+/// to run. Pure.
+pub fn cache_environment(
+    plan: &CachePlan,
+    host_end: std::net::Ipv4Addr,
+    operator_hook: Option<&std::ffi::OsStr>,
+) -> Vec<(OsString, OsString)> {
+    let url = cache_url(plan, host_end);
+    let mut env: Vec<(OsString, OsString)> = vec![
+        ("ACTIONS_RESULTS_URL".into(), url.clone().into()),
+        ("ACTIONS_CACHE_URL".into(), url.clone().into()),
+        ("RM_CACHE_URL".into(), url.into()),
     ];
     if plan.archives.is_some() {
         env.push((
             "ACTIONS_RUNNER_ACTION_ARCHIVE_CACHE".into(),
             ARCHIVES_IN_RUN.into(),
         ));
+    }
+    if plan.hook.is_some() {
+        env.push((JOB_STARTED_HOOK.into(), HOOK_IN_RUN.into()));
+        if let Some(theirs) = operator_hook {
+            env.push((OPERATOR_JOB_STARTED_HOOK.into(), theirs.to_owned()));
+        }
     }
     env
 }
@@ -680,16 +714,33 @@ impl Backend for UserIsolation {
         // The cache's URLs only where the runtime's worker is redirected (fail closed).
         let mut lent = Vec::new();
         if let Some(cache) = &plan.cache {
-            match self.worker_redirected(runtime.dir()) {
-                Ok(()) => {
-                    let extra = cache_environment(cache);
+            // The host end of the runner's own network: its containers reach it too.
+            let host_end = self
+                .network
+                .as_ref()
+                .map(|_| network::addresses(network::slot_of(account.uid)).host);
+            match host_end
+                .ok_or_else(|| "the runner has no network of its own".to_owned())
+                .and_then(|host_end| Ok((host_end, self.worker_redirected(runtime.dir())?)))
+            {
+                Ok((host_end, ())) => {
+                    let operator_hook = env
+                        .iter()
+                        .find(|(key, _)| key == JOB_STARTED_HOOK)
+                        .map(|(_, value)| value.clone());
+                    let extra = cache_environment(cache, host_end, operator_hook.as_deref());
                     env.retain(|(key, _)| !extra.iter().any(|(k, _)| k == key));
                     env.extend(extra);
-                    if let Some(archives) = &cache.archives {
-                        lent.push(isolate::Lent {
-                            source: archives.clone(),
-                            target: PathBuf::from(ARCHIVES_IN_RUN),
-                        });
+                    for (source, target) in [
+                        (&cache.archives, ARCHIVES_IN_RUN),
+                        (&cache.hook, HOOK_IN_RUN),
+                    ] {
+                        if let Some(source) = source {
+                            lent.push(isolate::Lent {
+                                source: source.clone(),
+                                target: PathBuf::from(target),
+                            });
+                        }
                     }
                 }
                 Err(why) => {

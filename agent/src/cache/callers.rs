@@ -80,6 +80,8 @@ enum Described {
 /// The agent's [`Callers`].
 pub(crate) struct RunnerCallers {
     addresses: HashMap<Ipv4Addr, u32>,
+    /// The service's port: a runner's signed URLs are on the host end of its network.
+    port: u16,
     /// This host's journal file (its attempts).
     journal: PathBuf,
     jobs: Mutex<JobReader>,
@@ -90,12 +92,14 @@ pub(crate) struct RunnerCallers {
 impl RunnerCallers {
     pub(crate) fn new(
         uids: impl IntoIterator<Item = u32>,
+        port: u16,
         journal: PathBuf,
         jobs: JobReader,
         client: GithubClient,
     ) -> RunnerCallers {
         RunnerCallers {
             addresses: runner_addresses(uids),
+            port,
             journal,
             jobs: Mutex::new(jobs),
             client,
@@ -188,10 +192,13 @@ impl RunnerCallers {
                 facts.repository
             )));
         }
+        let host_end = rm_runner::network::addresses(rm_runner::network::slot_of(uid)).host;
         Ok(Caller {
             job: job.get(),
             attempt,
             scope: scope_of(&facts),
+            // Where the runner, and its containers, reach the service.
+            base: Some(format!("http://{host_end}:{}/", self.port)),
         })
     }
 }

@@ -114,6 +114,7 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
         env: Default::default(),
         network_allow: None,
         docker: None,
+        cache: None,
     };
     let runtime = backend.prepare(&plan).unwrap();
     assert_eq!(
@@ -208,6 +209,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         ]),
         network_allow: None,
         docker: None,
+        cache: None,
     };
     let runtime = backend.prepare(&plan).unwrap();
     let meta = std::fs::metadata(runtime.dir()).unwrap();
@@ -404,6 +406,7 @@ fn network_backend(
             env: Default::default(),
             network_allow: None,
             docker: None,
+            cache: None,
         }
     };
     (dir, backend, plan)
@@ -582,4 +585,50 @@ fn runner_start_cost_with_and_without_a_private_network() {
             p99.as_secs_f64() * 1000.0
         );
     }
+}
+
+#[test]
+fn a_cached_runner_is_pointed_at_the_host_end_of_its_network_and_keeps_an_operators_hook() {
+    let host_end = std::net::Ipv4Addr::new(10, 213, 0, 5);
+    let plan = CachePlan {
+        port: 8736,
+        archives: Some(PathBuf::from("/var/lib/rm-agent/cache/actions")),
+        hook: Some(PathBuf::from(
+            "/var/lib/rm-agent/cache/hooks/job-started.sh",
+        )),
+    };
+    let get = |env: &[(OsString, OsString)], key: &str| {
+        env.iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.to_string_lossy().into_owned())
+    };
+    let env = cache_environment(&plan, host_end, None);
+    for key in ["ACTIONS_RESULTS_URL", "ACTIONS_CACHE_URL", "RM_CACHE_URL"] {
+        assert_eq!(
+            get(&env, key).as_deref(),
+            Some("http://10.213.0.5:8736/"),
+            "{key}"
+        );
+    }
+    assert_eq!(
+        get(&env, "ACTIONS_RUNNER_ACTION_ARCHIVE_CACHE").as_deref(),
+        Some(ARCHIVES_IN_RUN)
+    );
+    assert_eq!(get(&env, JOB_STARTED_HOOK).as_deref(), Some(HOOK_IN_RUN));
+    assert_eq!(get(&env, OPERATOR_JOB_STARTED_HOOK), None);
+    // The operator's hook is run by the agent's.
+    let theirs = std::ffi::OsString::from("/etc/rm-agent/hooks/started.sh");
+    let env = cache_environment(&plan, host_end, Some(&theirs));
+    assert_eq!(
+        get(&env, OPERATOR_JOB_STARTED_HOOK).as_deref(),
+        Some("/etc/rm-agent/hooks/started.sh")
+    );
+    // Nothing kept, no hook: only the URLs.
+    let bare = CachePlan {
+        archives: None,
+        hook: None,
+        ..plan
+    };
+    let env = cache_environment(&bare, host_end, Some(&theirs));
+    assert_eq!(env.len(), 3, "{env:?}");
 }
