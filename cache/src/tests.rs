@@ -813,6 +813,99 @@ async fn max_size_holds_under_a_stream_of_saves_and_the_least_recently_used_go()
     }
 }
 
+/// The bytes of the files in the cache's `blobs/`: what the disk holds, whatever the index says.
+fn blob_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir.join("blobs"))
+        .unwrap()
+        .map(|item| item.unwrap().metadata().unwrap().len())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_size_holds_under_a_stream_of_saves_and_the_least_recently_used_go() {
+    /// Each entry's size, the bound, how many saves (three times what the bound holds).
+    const ENTRY: usize = 1 << 20;
+    const MAX_SIZE: u64 = 8 << 20;
+    const SAVES: usize = 24;
+    /// How long the eviction a finalize starts in the background may take to show.
+    const SETTLE: Duration = Duration::from_secs(10);
+    let h = start_with(MAX_SIZE, None).await;
+    // Two digits: no key is a prefix of another (a lookup matches prefixes too).
+    let key = |i: usize| format!("stream-{i:02}");
+    let data = |i: usize| bytes_of(ENTRY, u8::try_from(i).unwrap());
+    let scope = caller(1, "acme/app", "push", "acme/app", "main").scope;
+    // Which saves have an entry, read from the index without using (touching) any.
+    let present = || -> Vec<usize> {
+        (0..SAVES)
+            .filter(|i| {
+                !h.service
+                    .inner
+                    .store
+                    .list(&scope.repository, &scope.read, &key(*i))
+                    .unwrap()
+                    .is_empty()
+            })
+            .collect()
+    };
+    for i in 0..SAVES {
+        let saved = save_v2(h.addr, MAIN_A, &key(i), &data(i)).await;
+        assert_eq!(saved.status, StatusCode::OK, "save {i}");
+        // Kept: the first entry (restored after every save, so never the least recently used)
+        // and the newest saves the rest of the bound holds; every other went, oldest first.
+        let newest = (i + 2).saturating_sub(MAX_SIZE as usize / ENTRY).max(1);
+        let expected: Vec<usize> = std::iter::once(0).chain(newest..=i).collect();
+        let deadline = std::time::Instant::now() + SETTLE;
+        loop {
+            let stored = h.service.totals().unwrap().bytes_stored;
+            // Until the finalize's eviction has run, at most the entry just saved is over.
+            assert!(
+                stored <= MAX_SIZE + ENTRY as u64,
+                "after save {i}: {stored} bytes stored"
+            );
+            if stored <= MAX_SIZE && present() == expected {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "after save {i}: {stored} bytes stored (max_size {MAX_SIZE}), entries {:?}, expected {expected:?}",
+                present()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let disk = disk_report(h.dir.path()).unwrap();
+        assert_eq!(
+            (disk.blob_files, disk.orphaned_blobs, disk.staged_files),
+            (expected.len() as u64, 0, 0),
+            "after save {i}"
+        );
+        assert!(blob_bytes(h.dir.path()) <= MAX_SIZE, "after save {i}");
+        // The first entry, restored between saves, survives byte for byte.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let (matched, first) = restore_v2(h.addr, MAIN_A, &key(0), &[])
+            .await
+            .unwrap_or_else(|| panic!("the restored entry went after save {i}"));
+        assert_eq!(
+            (matched, first.as_ref()),
+            (key(0), data(0).as_slice()),
+            "after save {i}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // Through the protocol: the evicted miss, the kept restore their own bytes.
+    let kept = present();
+    assert_eq!(kept.len(), MAX_SIZE as usize / ENTRY);
+    for i in 0..SAVES {
+        let restored = restore_v2(h.addr, MAIN_B, &key(i), &[]).await;
+        match restored {
+            Some((matched, bytes)) => {
+                assert!(kept.contains(&i), "evicted entry {i} restored");
+                assert_eq!((matched, bytes.as_ref()), (key(i), data(i).as_slice()));
+            }
+            None => assert!(!kept.contains(&i), "kept entry {i} missed"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn unknown_services_are_proxied_upstream_with_the_authorization_intact() {
     // A tiny upstream recording what it got.
