@@ -298,9 +298,12 @@ impl CacheFleet {
         found[0].clone()
     }
 
-    /// The agent's service as a job's results URL.
-    fn local_url(&self) -> String {
-        format!("http://127.0.0.1:{}/", self.port)
+    /// The agent's service as the job of `report` reaches it: at the host end of its runner's
+    /// network (the runner's uid's slot), on the service's port.
+    fn local_url(&self, report: &Value) -> String {
+        let uid = u32::try_from(report["uid"].as_u64().unwrap()).unwrap();
+        let host_end = rm_runner::network::addresses(rm_runner::network::slot_of(uid)).host;
+        format!("http://{host_end}:{}/", self.port)
     }
 }
 
@@ -620,9 +623,10 @@ async fn jobs_share_a_cache_scoped_by_who_their_runner_is() {
 
     // Every job's step saw the agent's service, through the derived package.
     for report in [&a, &b, &c, &d, &e, &hostile, &f] {
+        let local = cf.local_url(report);
         assert_eq!(
             (report["results_url"].as_str(), report["cache_url"].as_str()),
-            (Some(cf.local_url().as_str()), Some(cf.local_url().as_str())),
+            (Some(local.as_str()), Some(local.as_str())),
             "job {} was not given the local cache",
             report["job"]
         );
