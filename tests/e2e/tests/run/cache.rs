@@ -442,7 +442,9 @@ async fn jobs_share_a_cache_scoped_by_who_their_runner_is() {
     // explain: the cache served A, and says what it saved; check: caching is active.
     let (code, message, counters) = cf.explained_cache(&a);
     assert_eq!(code, "cache_active", "{message}");
-    let bytes_up = counters["bytes_up"].as_u64().unwrap();
+    let bytes_up = counters["bytes_up"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("explain gave no cache counters for A: {counters}; {message}"));
     assert!(
         (SAVED_BYTES..SAVED_BYTES + (1 << 20)).contains(&bytes_up),
         "explain says A saved {bytes_up} bytes"
