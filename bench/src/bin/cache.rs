@@ -346,6 +346,8 @@ fn one_job() -> Arc<dyn Callers> {
             event: "push".into(),
             head_repository: "acme/app".into(),
         }),
+        // Signed URLs on the service's `public_base`: the link's address for a stand-in.
+        base: None,
     }))
 }
 
@@ -625,7 +627,11 @@ fn text(rng: &mut Rng, phrases: &[String], len: usize) -> Vec<u8> {
     while out.len() < len {
         let phrase = &phrases[(rng.next() % phrases.len() as u64) as usize];
         out.extend_from_slice(phrase.as_bytes());
-        out.push(if rng.next() % 4 == 0 { b'\n' } else { b' ' });
+        out.push(if rng.next().is_multiple_of(4) {
+            b'\n'
+        } else {
+            b' '
+        });
     }
     out.truncate(len);
     out
@@ -1020,7 +1026,7 @@ fn secs(d: Duration) -> String {
 }
 
 fn size(mib: usize) -> String {
-    if mib >= 1024 && mib % 1024 == 0 {
+    if mib >= 1024 && mib.is_multiple_of(1024) {
         format!("{} GiB", mib / 1024)
     } else {
         format!("{mib} MiB")
