@@ -41,16 +41,12 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Empty, Full, Limited};
 use hyper::body::{Frame, Incoming};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use serde::{Deserialize, Deserializer};
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
 use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 
 use crate::evict::{Bounds, EVICTION_INTERVAL};
 use crate::proxy::Upstream;
@@ -327,73 +323,53 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
-/// The accept loop (see [`crate::Service::serve`]).
+/// Serves `listener` (see [`crate::Service::serve`]) through the accept loop the workspace's
+/// servers share (`rm_http_serve`: bounded connections, per peer too, header timeout, graceful
+/// drain), with eviction every [`EVICTION_INTERVAL`] beside it.
 pub(crate) async fn serve(
     inner: Arc<Inner>,
     listener: TcpListener,
     callers: Arc<dyn Callers>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut tick = tokio::time::interval(EVICTION_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let permit = tokio::select! {
-            permit = Arc::clone(&slots).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    tracing::warn!(error = %err, "cache accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = tick.tick() => {
+    let evicting = {
+        let inner = Arc::clone(&inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(EVICTION_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
                 let inner = Arc::clone(&inner);
-                tokio::task::spawn_blocking(move || {
-                    if let Err(err) = inner.evict() {
-                        tracing::warn!(error = %err, "cache eviction failed");
-                    }
-                });
-                continue;
+                let evicted = tokio::task::spawn_blocking(move || inner.evict()).await;
+                if let Ok(Err(err)) = evicted {
+                    tracing::warn!(error = %err, "cache eviction failed");
+                }
             }
-            () = &mut shutdown => break,
-        };
-        let _ = stream.set_nodelay(true);
+        })
+    };
+    let limits = rm_http_serve::Limits {
+        max_connections: MAX_CONNECTIONS,
+        header_read_timeout: HEADER_READ_TIMEOUT,
+        drain_timeout: DRAIN_TIMEOUT,
+    };
+    let answer = move |req: Request<Incoming>| {
         let inner = Arc::clone(&inner);
         let callers = Arc::clone(&callers);
-        let service = service_fn(move |req| {
-            let inner = Arc::clone(&inner);
-            let callers = Arc::clone(&callers);
-            async move { Ok::<_, Infallible>(handle(inner, callers.as_ref(), peer, req).await) }
-        });
-        let conn = http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT)
-            .serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(err) = conn.await {
-                tracing::debug!(%peer, error = %err, "cache connection ended with an error");
+        async move {
+            match req.extensions().get::<rm_http_serve::Peer>().copied() {
+                Some(rm_http_serve::Peer(peer)) => handle(inner, callers.as_ref(), peer, req).await,
+                // The shared loop always says; without it nobody is known.
+                None => Fail::new(
+                    StatusCode::FORBIDDEN,
+                    "permission_denied",
+                    "the connection's address is not known",
+                )
+                .into_response(),
             }
-            drop(permit);
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("cache requests still in flight after the drain timeout");
-    }
+        }
+    };
+    rm_http_serve::serve(listener, limits, answer, shutdown, || {}).await;
+    evicting.abort();
 }
 
 async fn handle(

@@ -11,7 +11,7 @@ pub mod budget;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -86,6 +86,12 @@ impl Drop for PeerSlot {
     }
 }
 
+/// The address a request's connection comes from, in the request's extensions: a server that
+/// knows its clients by where they connect from (the host-local cache knows runners so) reads it
+/// there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
+
 /// The bounds a server runs under.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -144,7 +150,8 @@ pub async fn serve<H, F, B>(
         // Answers are small writes that must leave at once.
         let _ = stream.set_nodelay(true);
         let handle = handle.clone();
-        let service = service_fn(move |req| {
+        let service = service_fn(move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(Peer(peer));
             let answer = handle(req);
             async move { Ok::<_, Infallible>(answer.await) }
         });
