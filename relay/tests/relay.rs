@@ -16,6 +16,8 @@ mod container;
 mod disk_full;
 #[path = "relay/limits.rs"]
 mod limits;
+#[path = "../../tests/support/npm.rs"]
+mod npm;
 #[path = "../../tests/support/skip.rs"]
 mod skip;
 #[path = "relay/smee.rs"]

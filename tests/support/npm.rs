@@ -1,7 +1,7 @@
-//! npm packages for tests that run a real Node client (the e2e cache test's `@actions/cache`):
-//! installed once per version under a directory the test names, reused afterwards. The same
-//! rule as rm-relay's smee interop test (relay/tests/relay/smee.rs), for tests whose package
-//! must sit where a runner uid can read it.
+//! npm packages for tests that run a real Node client (the e2e cache test's `@actions/cache`,
+//! rm-relay's smee-client and `@octokit/webhooks`): installed once per version under a
+//! directory the test names (where a runner uid can read it, for the cache test), reused
+//! afterwards.
 //!
 //! One file, included by path (`#[path = ".../tests/support/npm.rs"] mod npm;`).
 

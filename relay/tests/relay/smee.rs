@@ -14,61 +14,22 @@ const OCTOKIT_WEBHOOKS_VERSION: &str = "14.2.0";
 
 /// Whether node and npm are installed; `false` after a loud line.
 fn node_available(what: &str) -> bool {
-    for tool in ["node", "npm"] {
-        let found = std::process::Command::new(tool).arg("--version").output();
-        if !found.is_ok_and(|out| out.status.success()) {
-            crate::skip::cannot_run(
-                what,
-                "node",
-                &format!("`{tool}` is not installed (apt-get install nodejs npm)"),
-            );
-            return false;
+    match crate::npm::node_and_npm() {
+        Ok(()) => true,
+        Err(why) => {
+            crate::skip::cannot_run(what, "node", &why);
+            false
         }
     }
-    true
 }
 
-/// Held while a package is looked for and installed: the tests of this binary run at once, and
-/// two `npm install`s into one prefix race (`ENOTEMPTY` on rmdir, seen in a clean-clone run).
-static NPM_INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Installs `package@version` with npm under the target directory once and reuses it; the
-/// prefix it is installed under.
+/// `package@version` installed once under the target directory (`tests/support/npm.rs`).
 fn npm_package(package: &str, version: &str) -> std::path::PathBuf {
-    let _one_at_a_time = NPM_INSTALL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let prefix = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "{}-{version}",
-        package.trim_start_matches('@').replace('/', "-")
-    ));
-    let installed = std::fs::read_to_string(
-        prefix
-            .join("node_modules")
-            .join(package)
-            .join("package.json"),
+    crate::npm::npm_package(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+        package,
+        version,
     )
-    .is_ok_and(|p| p.contains(&format!("\"version\": \"{version}\"")));
-    if !installed {
-        let out = std::process::Command::new("npm")
-            .args([
-                "install",
-                "--no-audit",
-                "--no-fund",
-                "--loglevel=error",
-                "--prefix",
-            ])
-            .arg(&prefix)
-            .arg(format!("{package}@{version}"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "npm install {package}@{version}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    prefix
 }
 
 /// `bin/smee.js` of the pinned smee-client; `None` (after a loud line) without node or npm.
