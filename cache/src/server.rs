@@ -1180,29 +1180,6 @@ async fn download(
     Ok(Response::from_parts(parts, FileBody { rx }.boxed_unsync()))
 }
 
-/// RFC 3339 UTC of Unix milliseconds (v1's `creationTime`).
-fn rfc3339(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let of_day = secs.rem_euclid(86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        of_day / 3600,
-        of_day % 3600 / 60,
-        of_day % 60
-    )
-}
-
 #[derive(Deserialize)]
 struct ReserveRequest {
     #[serde(default)]
@@ -1271,7 +1248,7 @@ async fn v1(
                         "cacheKey": entry.key,
                         "scope": entry.scope,
                         "cacheVersion": entry.version,
-                        "creationTime": rfc3339(entry.created_ms),
+                        "creationTime": rm_vocab::UnixMs::new(entry.created_ms).to_rfc3339(),
                         "archiveLocation": url,
                     }),
                 )),
@@ -1290,7 +1267,7 @@ async fn v1(
                         "cacheKey": e.key,
                         "cacheVersion": e.version,
                         "scope": e.scope,
-                        "creationTime": rfc3339(e.created_ms),
+                        "creationTime": rm_vocab::UnixMs::new(e.created_ms).to_rfc3339(),
                     })
                 })
                 .collect();
@@ -1465,15 +1442,5 @@ mod tests {
         assert_eq!(params["x"], "");
         assert_eq!(percent_decode("a%2"), "a%2");
         assert_eq!(percent_decode("100%"), "100%");
-    }
-
-    #[test]
-    fn rfc3339_of_unix_ms() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_796_601_600_000), "2026-12-07T00:00:00Z");
-        assert_eq!(
-            rfc3339(951_782_400_000 + 86_399_000),
-            "2000-02-29T23:59:59Z"
-        );
     }
 }
