@@ -48,7 +48,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
-/// The client measured, as a job's `actions/cache@v4`/`v5` bundles it.
+/// The client measured: the npm package `actions/cache` (5.x: `^5.0.5`) and the `setup-*`
+/// actions (setup-node: `^6.2.0`) bundle; 6.3.0 is the one rm-cache's own test drives.
 const CLIENT_PACKAGE: &str = "@actions/cache";
 const CLIENT_VERSION: &str = "6.3.0";
 /// The most a proxy reads at once: one chunk through the delay line.
