@@ -3,11 +3,15 @@
 //! package directory around a binary for tests and `rm-agent demo`.
 
 mod listener;
+mod steps;
 mod worker;
 
 use std::path::{Path, PathBuf};
 
 pub use listener::{CHECKOUT_DONE_FILE, FINISH_FILE, VERSION, listener_main};
+pub use steps::{
+    CONTAINER_IMAGE_FILE, CONTAINER_REPORTS_FILE, CONTAINER_STEP_SCRIPT, JOB_STARTED_HOOK_ENV,
+};
 pub use worker::{
     ARCHIVE_CACHE_ENV, REDIRECTABLE, SETUP_DONE_FILE, STEP_SCRIPT, WORKER_DLL, synthetic_worker_dll,
 };

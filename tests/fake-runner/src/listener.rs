@@ -5,7 +5,8 @@
 //! until it is stopped, as a real JIT runner does (writing only `_diag/Runner_*.log`), unless the
 //! fake told it to give up after an idle time. The fake tells it at registration whether to
 //! crash, hang, leave a background process behind, plant a symlink or leave a large checkout.
-//! A job's "Set up job" (its actions) and its step are the worker's ([`crate::worker`]).
+//! A job's "Set up job" (its actions) is the worker's ([`crate::worker`]); its job-started hook
+//! and steps, on the host and in a container, are [`crate::steps`]'.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -275,6 +276,42 @@ async fn run_job(
     }
     let checkout = work.join(repo).join(repo);
     std::fs::create_dir_all(&checkout)?;
+    let dirs = crate::worker::StepDirs {
+        workspace: checkout.clone(),
+        temp: work.join("_temp"),
+    };
+    // The job's dictionary: what its steps' `$GITHUB_ENV` add, from the hook on.
+    let mut job_env = crate::steps::JobEnv::new();
+    // The job-started hook, before the first step (a failure fails the job, and no step runs).
+    if let Some(hook) =
+        std::env::var_os(crate::steps::JOB_STARTED_HOOK_ENV).filter(|h| !h.is_empty())
+    {
+        let hook = std::path::PathBuf::from(hook);
+        worker.line(&format!(
+            "A job started hook has been configured: {}",
+            hook.display()
+        ));
+        let identity = crate::worker::identity_env(&job, &dirs);
+        let ran = crate::steps::run_job_started_hook(&hook, &identity, &dirs, &mut job_env).await;
+        match ran {
+            Ok(ran) if ran.ok => {
+                ran.output.lines().for_each(|l| worker.line(l));
+                let names: Vec<&String> = job_env.keys().collect();
+                worker.line(&format!(
+                    "job started hook done; the job's environment: {names:?}"
+                ));
+            }
+            Ok(ran) => {
+                ran.output.lines().for_each(|l| worker.line(l));
+                worker.line("job started hook exited non-zero");
+                return finish(session, &job, "failure", diag).await;
+            }
+            Err(e) => {
+                worker.line(&format!("job started hook failed: {e:#}"));
+                return finish(session, &job, "failure", diag).await;
+            }
+        }
+    }
     std::fs::write(checkout.join("job.txt"), format!("job {}\n", job.job_id))?;
     if behavior.checkout_files > 0 {
         let (files, started) = (behavior.checkout_files, std::time::Instant::now());
@@ -318,25 +355,62 @@ async fn run_job(
     }
     let package = crate::worker::Package::running()?;
     let mut conclusion = behavior.conclusion.clone();
+    let names = package.worker_names();
+    let handler = crate::worker::step_env(&job, &dirs, &names);
     if let Some(script) = package.step() {
-        let dirs = crate::worker::StepDirs {
-            workspace: checkout.clone(),
-            temp: work.join("_temp"),
-        };
-        let names = package.worker_names();
         worker.line(&format!(
             "step: {} (the worker sets {names:?} from the job message)",
             script.display()
         ));
-        let (ok, output) = crate::worker::run_step(&script, &job, &dirs, &names).await?;
-        for line in output.lines() {
-            worker.line(line);
-        }
+        let ran = crate::steps::run_host_step(&script, &handler, &dirs, &mut job_env).await;
+        let ok = match ran {
+            Ok(ran) => {
+                ran.output.lines().for_each(|l| worker.line(l));
+                for name in &ran.skipped {
+                    worker.line(&format!(
+                        "Can't store {name} output parameter using '$GITHUB_ENV' command."
+                    ));
+                }
+                ran.ok
+            }
+            Err(e) => {
+                worker.line(&format!("the step's file commands failed: {e:#}"));
+                false
+            }
+        };
         worker.line(&format!(
             "step exited {}",
             if ok { "0" } else { "non-zero" }
         ));
         if !ok {
+            conclusion = "failure".into();
+        }
+    }
+    let container = crate::steps::ContainerStep::of(&package.bin);
+    match container {
+        Ok(Some(step)) if conclusion != "failure" => {
+            worker.line(&format!("container step in {}", step.image));
+            let ok = match step.run(&job, &handler, &job_env).await {
+                Ok((ok, output)) => {
+                    output.lines().for_each(|l| worker.line(l));
+                    ok
+                }
+                Err(e) => {
+                    worker.line(&format!("the container step failed: {e:#}"));
+                    false
+                }
+            };
+            worker.line(&format!(
+                "container step exited {}",
+                if ok { "0" } else { "non-zero" }
+            ));
+            if !ok {
+                conclusion = "failure".into();
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            worker.line(&format!("the container step cannot run: {e:#}"));
             conclusion = "failure".into();
         }
     }

@@ -10,13 +10,14 @@
 //!   `_diag/`[`SETUP_DONE_FILE`]. (The real worker sends the token as `Basic`
 //!   `x-access-token:<token>`; the fake GitHub reads `token`/`Bearer` credentials only, so the
 //!   fake worker sends `token <token>`: the same credential, another scheme.)
-//! - **A step**: when the package has `bin/`[`STEP_SCRIPT`], it runs as the job's one step
-//!   (`sh`, in the job's workspace) with the runner's environment plus what the worker sets for
-//!   a node action's step. Among those, `ACTIONS_RESULTS_URL` and `ACTIONS_CACHE_URL` are set
-//!   from the job message (the results service), overwriting the runner's environment, exactly
-//!   for the names the package's `bin/Runner.Worker.dll` holds as UTF-16 strings: the real
-//!   worker sets a variable by a string literal of its own, so a package whose literals were
-//!   renamed (`ACTIONS_RESULTS_ORL`) leaves the runner's value (a local cache) in place.
+//! - **What a node action's step is given** ([`step_env`]): the job's identity ([`identity_env`])
+//!   and what the handler sets by literals of its own, among them `ACTIONS_RESULTS_URL` and
+//!   `ACTIONS_CACHE_URL` from the job message (the results service), exactly for the names the
+//!   package's `bin/Runner.Worker.dll` holds as UTF-16 strings: a package whose literals were
+//!   renamed (`ACTIONS_RESULTS_ORL`) sets neither, and the step keeps the value it has from the
+//!   job's dictionary or the runner's environment (a local cache).
+//! - **The steps** after Set up job (the job-started hook, `$GITHUB_ENV`, the step on the host
+//!   `bin/`[`STEP_SCRIPT`], the step in a container) are [`crate::steps`]'.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -138,15 +139,10 @@ pub(crate) struct StepDirs {
     pub(crate) temp: PathBuf,
 }
 
-/// What the worker adds to (or sets over) the runner's environment for a node action's step of
-/// `job`; `worker_names` are the variables its assembly sets from the job message
-/// ([`names_in_worker`]).
-pub(crate) fn step_env(
-    job: &AssignedJob,
-    dirs: &StepDirs,
-    worker_names: &[&str],
-) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = [
+/// The job's identity as the worker gives it to every step, the job-started hook's included
+/// (the `github` context's variables and the job's folders).
+pub(crate) fn identity_env(job: &AssignedJob, dirs: &StepDirs) -> Vec<(String, String)> {
+    [
         ("GITHUB_ACTIONS", "true".to_owned()),
         ("CI", "true".to_owned()),
         ("GITHUB_REPOSITORY", job.repository.clone()),
@@ -158,12 +154,28 @@ pub(crate) fn step_env(
         ("GITHUB_SERVER_URL", SERVER_URL.to_owned()),
         ("GITHUB_WORKSPACE", dirs.workspace.display().to_string()),
         ("RUNNER_TEMP", dirs.temp.display().to_string()),
-        ("ACTIONS_RUNTIME_TOKEN", job.runtime_token.clone()),
-        ("ACTIONS_CACHE_SERVICE_V2", "true".to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
-    .collect();
+    .collect()
+}
+
+/// What the worker's handler sets for a node (or container) action's step of `job`, over the
+/// job's dictionary: its identity, the runtime token, and the results service from the job
+/// message for the names of `worker_names` ([`names_in_worker`]).
+pub(crate) fn step_env(
+    job: &AssignedJob,
+    dirs: &StepDirs,
+    worker_names: &[&str],
+) -> Vec<(String, String)> {
+    let mut env = identity_env(job, dirs);
+    env.extend(
+        [
+            ("ACTIONS_RUNTIME_TOKEN", job.runtime_token.clone()),
+            ("ACTIONS_CACHE_SERVICE_V2", "true".to_owned()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
     for name in REDIRECTABLE {
         if worker_names.contains(&name) {
             env.push((name.to_owned(), job.results_url.clone()));
@@ -355,28 +367,6 @@ impl Package {
             .map(|dll| names_in_worker(&dll))
             .unwrap_or_default()
     }
-}
-
-/// Runs the step `script` for `job`: its exit status, and its output (stdout, then stderr).
-pub(crate) async fn run_step(
-    script: &Path,
-    job: &AssignedJob,
-    dirs: &StepDirs,
-    worker_names: &[&str],
-) -> anyhow::Result<(bool, String)> {
-    std::fs::create_dir_all(&dirs.workspace)?;
-    std::fs::create_dir_all(&dirs.temp)?;
-    let out = tokio::process::Command::new("sh")
-        .arg(script)
-        .current_dir(&dirs.workspace)
-        .envs(step_env(job, dirs, worker_names))
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .with_context(|| format!("cannot run {}", script.display()))?;
-    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.push_str(&String::from_utf8_lossy(&out.stderr));
-    Ok((out.status.success(), text))
 }
 
 /// A synthetic `Runner.Worker.dll`: filler bytes with each of `names` as an entry of a .NET
