@@ -69,6 +69,10 @@ fn write_hook(dir: &std::path::Path) -> anyhow::Result<()> {
         .recursive(true)
         .mode(0o755)
         .create(hooks)
+        .and_then(|()| {
+            // The agent's umask (077) took the mode's group and other bits at creation.
+            std::fs::set_permissions(hooks, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        })
         .with_context(|| format!("cannot create {}", hooks.display()))?;
     let staged = hooks.join(".job-started.sh.tmp");
     let _ = std::fs::remove_file(&staged);
@@ -78,7 +82,9 @@ fn write_hook(dir: &std::path::Path) -> anyhow::Result<()> {
         .mode(0o644)
         .open(&staged)
         .with_context(|| format!("cannot write {}", staged.display()))?;
-    file.write_all(HOOK_SCRIPT.as_bytes())
+    // Under the agent's umask the file was made 0600: runners (other uids) could not read it.
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .and_then(|()| file.write_all(HOOK_SCRIPT.as_bytes()))
         .and_then(|()| file.sync_all())
         .with_context(|| format!("cannot write {}", staged.display()))?;
     std::fs::rename(&staged, &path)
