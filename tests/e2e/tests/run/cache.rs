@@ -58,7 +58,7 @@ use crate::{npm, skip};
 /// @actions/cache version`).
 const ACTIONS_CACHE_VERSION: &str = "6.3.0";
 
-const LABELS: &[&str] = &["self-hosted", "cache"];
+pub(crate) const LABELS: &[&str] = &["self-hosted", "cache"];
 
 /// Another repository of the organization the policy serves.
 const OTHER_REPO: &str = "acme/gadgets";
@@ -103,9 +103,9 @@ const CACHED: PolicySpec = PolicySpec {
 };
 
 /// A fleet whose runners run the cache client as their step.
-struct CacheFleet {
-    fleet: Fleet,
-    reports: PathBuf,
+pub(crate) struct CacheFleet {
+    pub(crate) fleet: Fleet,
+    pub(crate) reports: PathBuf,
     /// The agent's cache service's port on the host's loopback.
     port: u16,
     /// `cache.dir`.
@@ -125,15 +125,17 @@ fn node_path() -> PathBuf {
 
 /// [`cache_fleet_with`] the package's own synthetic worker, no action archives.
 async fn cache_fleet(test: &str) -> Option<CacheFleet> {
-    cache_fleet_with(test, None, &[]).await
+    cache_fleet_with(test, None, &[], |_| String::new()).await
 }
 
 /// A cached fleet; `worker`, when given, replaces the package's `bin/Runner.Worker.dll`;
-/// `actions` are `[cache] actions`.
-async fn cache_fleet_with(
+/// `actions` are `[cache] actions`; `policy_extra` gives more lines of the cached policy, once
+/// the fleet's setup directory is made.
+pub(crate) async fn cache_fleet_with(
     test: &str,
     worker: Option<Vec<u8>>,
     actions: &[&str],
+    policy_extra: impl FnOnce(&Fleet) -> String,
 ) -> Option<CacheFleet> {
     if let Err(why) = npm::node_and_npm() {
         skip::cannot_run(test, "node", &why);
@@ -168,6 +170,10 @@ async fn cache_fleet_with(
         upstream = fleet.fake.results_url(),
         actions = actions.join(", "),
     );
+    let extra = policy_extra(&fleet);
+    if !extra.is_empty() {
+        options.policies[0].extra = Box::leak(format!("{}{extra}", CACHED.extra).into_boxed_str());
+    }
     fleet.configure(&options);
     let reports = fleet.reports_dir();
     std::fs::write(reports.join("job.mjs"), include_str!("cache/job.mjs")).unwrap();
@@ -199,11 +205,11 @@ async fn cache_fleet_with(
 
 /// How long one job may take, runner start and cleanup included (a 64 MiB save is a few
 /// seconds of tar and zstd on this 2-core machine).
-const JOB_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl CacheFleet {
     /// Queues job `name` in `repo` as `origin` with `plan` (the script's operations); its id.
-    fn queue(&self, name: &str, repo: &str, origin: &JobOrigin, plan: &Value) -> u64 {
+    pub(crate) fn queue(&self, name: &str, repo: &str, origin: &JobOrigin, plan: &Value) -> u64 {
         std::fs::write(
             self.reports.join(format!("{name}.plan.json")),
             plan.to_string(),
@@ -217,7 +223,7 @@ impl CacheFleet {
 
     /// Waits until job `job` (named `name`) is done and every runner cleaned; its report, with
     /// the job's id added as `job_id`.
-    async fn finished(&self, name: &str, job: u64) -> Value {
+    pub(crate) async fn finished(&self, name: &str, job: u64) -> Value {
         wait_until(JOB_TIMEOUT, &format!("job {name} done"), || {
             self.fleet.completed(job) && self.fleet.all_cleaned()
         })
@@ -300,7 +306,7 @@ impl CacheFleet {
 
     /// The agent's service as the job of `report` reaches it: at the host end of its runner's
     /// network (the runner's uid's slot), on the service's port.
-    fn local_url(&self, report: &Value) -> String {
+    pub(crate) fn local_url(&self, report: &Value) -> String {
         let uid = u32::try_from(report["uid"].as_u64().unwrap()).unwrap();
         let host_end = rm_runner::network::addresses(rm_runner::network::slot_of(uid)).host;
         format!("http://{host_end}:{}/", self.port)
@@ -313,7 +319,7 @@ fn op(report: &Value, n: usize) -> &Value {
 }
 
 /// That operation `n` of `report` ran without an error.
-fn ran(report: &Value, n: usize) -> &Value {
+pub(crate) fn ran(report: &Value, n: usize) -> &Value {
     let op = op(report, n);
     assert!(
         op["error"].is_null(),
@@ -331,7 +337,7 @@ fn actions_from(report: &Value) -> Option<&str> {
     report["setup"].as_str()?.split(" in ").next()
 }
 
-fn default_branch() -> JobOrigin {
+pub(crate) fn default_branch() -> JobOrigin {
     JobOrigin::default()
 }
 
@@ -341,6 +347,7 @@ async fn jobs_share_a_cache_scoped_by_who_their_runner_is() {
         "cache::jobs_share_a_cache_scoped_by_who_their_runner_is",
         None,
         &[&format!("{HOST_ACTION}@v1")],
+        |_| String::new(),
     )
     .await
     else {
@@ -665,6 +672,7 @@ async fn a_package_the_redirect_does_not_fit_runs_uncached_and_github_sees_its_c
         "cache::a_package_the_redirect_does_not_fit_runs_uncached",
         Some(worker),
         &[],
+        |_| String::new(),
     )
     .await
     else {

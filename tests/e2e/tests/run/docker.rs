@@ -41,7 +41,7 @@ use crate::skip;
 const LABELS: &[&str] = &["self-hosted", "docker"];
 
 /// The preloaded image (`docker_images`); the job imports `rm-e2e-imported` itself.
-const BASE_IMAGE: &str = "rm-e2e-base";
+pub(crate) const BASE_IMAGE: &str = "rm-e2e-base";
 
 /// The programs of the images: links to busybox.
 const APPLETS: &[&str] = &[
@@ -146,7 +146,7 @@ fn root_only_device() -> PathBuf {
 
 /// The lines the agent adds to `/etc/subuid` and `/etc/subgid` for a fleet's uids, removed on
 /// drop (only those: tests running at the same time keep theirs).
-struct SubIds(std::ops::RangeInclusive<u32>);
+pub(crate) struct SubIds(pub(crate) std::ops::RangeInclusive<u32>);
 
 impl SubIds {
     /// Each fleet uid's subordinate uid range, from `/etc/subuid` as the agent left it.
@@ -302,11 +302,16 @@ struct DockerFleet {
     _subids: SubIds,
 }
 
-async fn docker_fleet(
-    test: &str,
-    script: &str,
-    more: impl FnOnce(&Fleet, String) -> String,
-) -> Option<DockerFleet> {
+/// What a policy needs to give its runners Docker with the base image preloaded: the images'
+/// directory (`rootfs.tar` for `docker import`, `base.tar` for `docker_images`, both made of
+/// `rootfs`) and the policy's lines; `None` (a skip recorded) where this host cannot run
+/// Docker. Shared with the cache's Docker test (`cache_docker`).
+pub(crate) struct DockerPolicy {
+    pub(crate) images: tempfile::TempDir,
+    pub(crate) extra: String,
+}
+
+pub(crate) fn docker_policy(test: &str, rootfs: &[u8]) -> Option<DockerPolicy> {
     if let Err(e) = rm_runner::docker::Tools::find() {
         skip::cannot_run(test, "docker", &e.to_string());
         return None;
@@ -324,30 +329,36 @@ async fn docker_fleet(
         .tempdir_in(base_dir())
         .unwrap();
     std::fs::set_permissions(images.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let rootfs = rootfs_tar();
-    std::fs::write(images.path().join("rootfs.tar"), &rootfs).unwrap();
+    std::fs::write(images.path().join("rootfs.tar"), rootfs).unwrap();
     std::fs::set_permissions(
         images.path().join("rootfs.tar"),
         std::fs::Permissions::from_mode(0o644),
     )
     .unwrap();
     let saved = images.path().join("base.tar");
-    std::fs::write(&saved, saved_image(&rootfs, BASE_IMAGE)).unwrap();
-    let extra: &'static str = Box::leak(
-        // On a host whose runner cgroups get no memory controller (this kind of machine), the
-        // policy must accept that a Docker job's memory is unbounded there, or `run` refuses;
-        // on a kernel older than 5.14 without the pids controller, its processes too.
-        format!(
-            "docker = true\ndocker_images = [\"{}\"]\ndocker_unbounded = [{}]\npids_max = {PIDS_MAX}\n",
-            saved.display(),
-            if bounded_by_nproc() {
-                "\"memory\""
-            } else {
-                "\"memory\", \"pids\""
-            }
-        )
-        .into_boxed_str(),
+    std::fs::write(&saved, saved_image(rootfs, BASE_IMAGE)).unwrap();
+    // On a host whose runner cgroups get no memory controller (this kind of machine), the
+    // policy must accept that a Docker job's memory is unbounded there, or `run` refuses; on a
+    // kernel older than 5.14 without the pids controller, its processes too.
+    let extra = format!(
+        "docker = true\ndocker_images = [\"{}\"]\ndocker_unbounded = [{}]\npids_max = {PIDS_MAX}\n",
+        saved.display(),
+        if bounded_by_nproc() {
+            "\"memory\""
+        } else {
+            "\"memory\", \"pids\""
+        }
     );
+    Some(DockerPolicy { images, extra })
+}
+
+async fn docker_fleet(
+    test: &str,
+    script: &str,
+    more: impl FnOnce(&Fleet, String) -> String,
+) -> Option<DockerFleet> {
+    let DockerPolicy { images, extra } = docker_policy(test, &rootfs_tar())?;
+    let extra: &'static str = Box::leak(extra.into_boxed_str());
     let fleet = Fleet::start(FleetOptions {
         host_max: 1,
         policies: vec![PolicySpec {
@@ -386,10 +397,10 @@ fn bounded_by_nproc() -> bool {
 /// One Docker test at a time: each fleet's agent writes `/etc/subuid` and `/etc/subgid` by
 /// renaming its own version over them, and a test removes its lines the same way at its end;
 /// two at once could each drop the other's line.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// This fleet's runner uids.
-fn uids_of(fleet: &Fleet) -> std::ops::RangeInclusive<u32> {
+pub(crate) fn uids_of(fleet: &Fleet) -> std::ops::RangeInclusive<u32> {
     let (first, last) = fleet.uids.split_once('-').unwrap();
     first.parse().unwrap()..=last.parse().unwrap()
 }

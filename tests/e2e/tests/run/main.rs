@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 mod cache;
+mod cache_docker;
 mod cli;
 mod crash;
 mod crashed_runner;

@@ -163,6 +163,35 @@ async function run(op) {
       const finalize = await twirp('FinalizeCacheEntryUpload', { key: op.key, version: v, size_bytes: String(poison.length) }, token);
       return { lookup, fetched, create, upload, finalize };
     }
+    case 'raw_save': {
+      // A save by raw Twirp calls with the job's own token, under the plan's key and version
+      // (`op.version`, any string: what a step in a container looks the entry up by): create,
+      // Put Blob to the signed URL, finalize. Reports the bytes' SHA-256 and the signed URL's
+      // origin (never its token).
+      const token = process.env.ACTIONS_RUNTIME_TOKEN;
+      const bytes = randomBytes(op.bytes);
+      const create = await twirp('CreateCacheEntry', { key: op.key, version: op.version }, token);
+      const target = create.json && (create.json.signed_upload_url || create.json.signedUploadUrl);
+      if (!target) throw new Error(`CreateCacheEntry answered ${create.status}: ${JSON.stringify(create.json)}`);
+      const put = await fetch(target, {
+        method: 'PUT',
+        headers: { 'x-ms-blob-type': 'BlockBlob', 'content-type': 'application/octet-stream' },
+        body: bytes,
+      });
+      const finalize = await twirp('FinalizeCacheEntryUpload', { key: op.key, version: op.version, size_bytes: String(bytes.length) }, token);
+      return {
+        create: create.status,
+        upload_origin: new URL(target).origin,
+        upload: put.status,
+        finalize: finalize.status,
+        finalized: finalize.json,
+        sha256: createHash('sha256').update(bytes).digest('hex'),
+      };
+    }
+    case 'env': {
+      // The step's values of `op.names` (null where unset).
+      return { values: Object.fromEntries(op.names.map((n) => [n, process.env[n] ?? null])) };
+    }
     case 'archives': {
       // Tries to change the host's action archives through the directory the runner is lent
       // (`op.archive`: one archive's path below it): each attempt's error code, or "done".
