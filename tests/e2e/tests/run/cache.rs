@@ -109,7 +109,7 @@ pub(crate) struct CacheFleet {
     /// The agent's cache service's port on the host's loopback.
     port: u16,
     /// `cache.dir`.
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
 }
 
 /// `node` by its full path (the runner's `PATH` is not the test's).

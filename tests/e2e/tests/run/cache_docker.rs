@@ -18,6 +18,8 @@
 //!   prints the bytes' SHA-256: the host step's. The URL it was given, and the signed URL's base,
 //!   are the runner's host end; the worker's own variables (`RM_CACHE_URL`) are not in the
 //!   container; the fake GitHub saw no cache call.
+//! - The hook is root's, lent read-only: the host step's attempts to append to, overwrite,
+//!   chmod, rename or remove it fail, and the host's file is unchanged.
 //! - The operator's own hook (`ACTIONS_RUNNER_HOOK_JOB_STARTED` in the policy's `env_file`) still
 //!   runs, after the agent's: what it writes to `$GITHUB_ENV` reaches the host step and the
 //!   container.
@@ -212,6 +214,9 @@ async fn a_step_in_a_container_reaches_the_cache_through_the_job_started_hook() 
         0o644,
     );
     let _agent = fleet.start_agent(&[]).await;
+    // The hook the agent wrote at its start, as the host holds it.
+    let hook_file = cf.dir.join("hooks").join("job-started.sh");
+    let hook_bytes = std::fs::read(&hook_file).unwrap();
 
     // The host step saves; the container step, given the URL by the hook, restores it.
     let (host, container, conclusion) = job(
@@ -220,6 +225,7 @@ async fn a_step_in_a_container_reaches_the_cache_through_the_job_started_hook() 
         json!([
             {"op": "raw_save", "key": KEY, "version": VERSION, "bytes": SAVED_BYTES},
             {"op": "env", "names": ["OPERATOR_HOOK"]},
+            {"op": "change_file", "path": rm_runner::backend::HOOK_IN_RUN},
         ]),
     )
     .await;
@@ -267,6 +273,18 @@ async fn a_step_in_a_container_reaches_the_cache_through_the_job_started_hook() 
         "the operator's job-started hook did not run"
     );
     assert_eq!(said(&container, "operator_hook"), "ran");
+    // The hook is the agent's: the job changes none of it for the next job.
+    let tries = ran(&host, 2)["tries"].as_object().unwrap().clone();
+    assert_eq!(tries.len(), 5, "{tries:?}");
+    assert!(
+        tries.values().all(|outcome| outcome != "done"),
+        "the job changed the job-started hook it was lent: {tries:?}"
+    );
+    assert_eq!(
+        std::fs::read(&hook_file).unwrap(),
+        hook_bytes,
+        "the host's job-started hook changed"
+    );
     assert_eq!(conclusion.as_deref(), Some("success"));
 
     // The control: no hook, so the container has no URL (the runner, on the host, still does).

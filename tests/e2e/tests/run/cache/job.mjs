@@ -188,6 +188,20 @@ async function run(op) {
         sha256: createHash('sha256').update(bytes).digest('hex'),
       };
     }
+    case 'change_file': {
+      // Tries to change `op.path` (a file the runner is lent): each attempt's error code, or
+      // "done".
+      const tries = {};
+      const attempt = (name, change) => {
+        try { change(); tries[name] = 'done'; } catch (e) { tries[name] = e.code || String(e); }
+      };
+      attempt('append', () => fs.appendFileSync(op.path, '\necho planted\n'));
+      attempt('overwrite', () => fs.writeFileSync(op.path, 'echo planted\n'));
+      attempt('chmod', () => fs.chmodSync(op.path, 0o777));
+      attempt('rename', () => fs.renameSync(op.path, `${op.path}.moved`));
+      attempt('remove', () => fs.unlinkSync(op.path));
+      return { tries };
+    }
     case 'env': {
       // The step's values of `op.names` (null where unset).
       return { values: Object.fromEntries(op.names.map((n) => [n, process.env[n] ?? null])) };
