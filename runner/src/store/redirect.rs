@@ -12,9 +12,10 @@
 //! (`src/Runner.Sdk/ProcessInvoker.cs`), so once the worker sets another name the runner's
 //! value reaches the step. A step in a job container or a container action gets only the
 //! dictionary's names (`docker exec -e NAME`, `StepHost.cs`; `docker run`,
-//! `DockerCommandManager.cs`): with the redirect it gets neither variable (the agent must give
-//! those steps the names some other way; falcondev-oss/github-actions-cache-server#126 is
-//! `upload-artifact` failing in a container action for this reason).
+//! `DockerCommandManager.cs`): with the redirect it gets neither variable from the
+//! worker (falcondev-oss/github-actions-cache-server#126 is `upload-artifact` failing in a
+//! container action for this reason): the agent's job-started hook puts both in the job's own
+//! environment (`$GITHUB_ENV`), whose names every step gets (`rm_runner::backend::CachePlan`).
 //!
 //! Both names are C# string literals, so the compiled `bin/Runner.Worker.dll` (IL with its
 //! metadata: the project sets no `PublishReadyToRun`) holds each once in its `#US` (user

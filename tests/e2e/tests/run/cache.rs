@@ -694,6 +694,16 @@ async fn a_package_the_redirect_does_not_fit_runs_uncached_and_github_sees_its_c
         (Some(github.as_str()), Some(github.as_str())),
         "an unfit package's job was not left to GitHub's results service"
     );
+    // Fail closed: its runner was given none of the cache's environment (the worker would
+    // overwrite the URLs, but the runner must not look cached at all).
+    assert_eq!(
+        (
+            report["rm_cache_url"].as_str(),
+            report["job_started_hook"].as_str()
+        ),
+        (None, None),
+        "a runner whose worker is not redirected was given the cache: {report}"
+    );
     assert_eq!(
         ran(&report, 0)["id"],
         json!(-1),

@@ -21,6 +21,10 @@ const report = {
   results_url: process.env.ACTIONS_RESULTS_URL || null,
   cache_url: process.env.ACTIONS_CACHE_URL || null,
   archive_cache: process.env.ACTIONS_RUNNER_ACTION_ARCHIVE_CACHE || null,
+  // What only a runner given the cache has in its own environment (the worker's, which a host
+  // step inherits): the hook's URL and the hook itself.
+  rm_cache_url: process.env.RM_CACHE_URL || null,
+  job_started_hook: process.env.ACTIONS_RUNNER_HOOK_JOB_STARTED || null,
   // What the worker's "Set up job" wrote (where the job's actions came from): the fake
   // runner's `_diag/setup.done`, three levels above the workspace (`_work/<repo>/<repo>`).
   setup: readOrNull(path.resolve('..', '..', '..', '_diag', 'setup.done')),
