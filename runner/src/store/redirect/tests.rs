@@ -438,9 +438,15 @@ fn a_changed_derived_tree_is_built_again() {
     bytes[0] = b'X';
     std::fs::write(&dll, &bytes).unwrap();
     std::fs::set_permissions(&dll, std::fs::Permissions::from_mode(0o444)).unwrap();
+    // Held open, so the file system cannot give its inode number to the rebuilt file.
+    let _tampered = std::fs::File::open(&dll).unwrap();
     // The handle that made it notices (the rewritten file is hashed on every call) ...
     let rebuilt = base.redirected().unwrap();
     assert_ne!(ino(&rebuilt.tree().join(WORKER_DLL)), old);
+    assert_ne!(
+        std::fs::read(rebuilt.tree().join(WORKER_DLL)).unwrap(),
+        bytes
+    );
     rebuilt.verify().unwrap();
     // ... and so does a fresh one, for a linked file replaced by a copy.
     let lib = rebuilt.tree().join("bin/Lib.dll");
