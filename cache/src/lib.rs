@@ -190,3 +190,13 @@ impl Service {
 
 #[cfg(test)]
 mod tests;
+
+/// A unit test that cannot run here fails unless `RM_TEST_ALLOW_SKIP` names what it lacks.
+#[cfg(test)]
+#[path = "../../tests/support/skip.rs"]
+mod test_skip;
+
+/// npm packages for the test that runs the real `@actions/cache` client.
+#[cfg(test)]
+#[path = "../../tests/support/npm.rs"]
+mod test_npm;

@@ -2,9 +2,9 @@
 //! job meets, signed URLs bound to their runner, and the upstream pass-through. Callers are told
 //! apart by their loopback source address (127.0.0.2, .3, ...), as runners are by theirs.
 //!
-//! One ignored test drives the real `@actions/cache` client through Node:
-//! `npm install --prefix /tmp/ac @actions/cache@6.3.0`, then
-//! `RM_CACHE_NODE_CLIENT=/tmp/ac cargo test -p rm-cache real_actions -- --ignored`.
+//! One test drives the real `@actions/cache` client through Node (v2 with one Put Blob and with
+//! blocks, and v1), installing it with npm beside the test binaries; without `node` and `npm` it
+//! fails unless `RM_TEST_ALLOW_SKIP` names `node`.
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
@@ -950,10 +950,13 @@ async fn a_killed_upload_leaves_nothing_after_reopen() {
     assert_eq!(reopened.totals().unwrap().entries, 0);
 }
 
+/// The `@actions/cache` release the real-client test installs: the one the e2e cache tests
+/// drive (tests/e2e/tests/run/cache.rs), its current release when written.
+const ACTIONS_CACHE_VERSION: &str = "6.3.0";
+
 /// The real `@actions/cache` client (its `restoreCache`/`saveCache`, through Node) against this
-/// server: `RM_CACHE_NODE_CLIENT` names the directory holding `node_modules/@actions/cache`
-/// (`npm install --prefix DIR @actions/cache`). Node connects from 127.0.0.1, attributed here to
-/// a default-branch job.
+/// server, installed with npm beside the test binaries once. Node connects from 127.0.0.1,
+/// attributed here to a default-branch job.
 const NODE_SCRIPT: &str = r#"
 const [mode, client, key, ...paths] = process.argv.slice(2);
 const cache = await import(`${client}/node_modules/@actions/cache/lib/cache.js`);
@@ -1004,9 +1007,22 @@ fn node(addr: SocketAddr, protocol: &str, cwd: &std::path::Path, args: &[&str]) 
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs node and RM_CACHE_NODE_CLIENT (a directory with @actions/cache installed)"]
 async fn the_real_actions_cache_client_saves_and_restores_through_v2_and_v1() {
-    let client = std::env::var("RM_CACHE_NODE_CLIENT").unwrap();
+    if let Err(why) = crate::test_npm::node_and_npm() {
+        crate::test_skip::cannot_run("rm-cache real @actions/cache client", "node", &why);
+        return;
+    }
+    // Beside the test binaries (`<target>/<profile>/rm-npm`), wherever the checkout is.
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(std::path::Path::parent).unwrap();
+    let client = tokio::task::spawn_blocking({
+        let base = profile.join("rm-npm");
+        move || crate::test_npm::npm_package(&base, "@actions/cache", ACTIONS_CACHE_VERSION)
+    })
+    .await
+    .unwrap()
+    .display()
+    .to_string();
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
