@@ -67,6 +67,22 @@ const READ_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::NOFOLLOW)
     .union(OFlags::CLOEXEC);
 
+/// The manifest the unpacked package at `source` is stored under: every entry scanned (never
+/// through a link) and hashed, with the modes the store gives it. Its digest names the stored
+/// tree ([`Store::install`]) and what `check` calls the package (`redirect::source_digest`).
+pub(crate) fn source_manifest(source: &Path, buf: &mut [u8]) -> Result<Manifest, StoreError> {
+    let found = scan(source, buf).map_err(|e| e.into_source_error(source))?;
+    Ok(Manifest {
+        entries: found
+            .into_iter()
+            .map(|f| Entry {
+                mode: stored_mode(&f.entry.kind, f.entry.mode),
+                ..f.entry
+            })
+            .collect(),
+    })
+}
+
 /// How an entry on disk differs from the manifest.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Difference {
@@ -278,16 +294,7 @@ impl Store {
     pub(crate) fn install_beside(&self, source: &Path) -> Result<StoredPackage, StoreError> {
         check_source(source)?;
         let mut buf = vec![0; BUFFER_SIZE];
-        let found = scan(source, &mut buf).map_err(|e| e.into_source_error(source))?;
-        let manifest = Manifest {
-            entries: found
-                .into_iter()
-                .map(|f| Entry {
-                    mode: stored_mode(&f.entry.kind, f.entry.mode),
-                    ..f.entry
-                })
-                .collect(),
-        };
+        let manifest = source_manifest(source, &mut buf)?;
         let digest = manifest.digest();
         let stored = self.dir.join(&digest);
         let existing = match std::fs::symlink_metadata(&stored) {

@@ -70,11 +70,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use sha2::{Digest as _, Sha256};
 
-use super::manifest::{self, DIR_MODE, parent_of, stored_mode};
+use super::manifest::{self, DIR_MODE, parent_of};
 use super::{
-    BUFFER_SIZE, DIR_FLAGS, Difference, DirStack, Entry, EntryKind, MANIFEST_FILE, Manifest,
-    READ_FLAGS, STAGING_MODE, STAGING_PREFIX, Staging, Store, StoreError, StoredPackage, TREE_DIR,
-    check_tree, entry_name, scan,
+    BUFFER_SIZE, DIR_FLAGS, Difference, DirStack, EntryKind, MANIFEST_FILE, Manifest, READ_FLAGS,
+    STAGING_MODE, STAGING_PREFIX, Staging, Store, StoreError, StoredPackage, TREE_DIR, check_tree,
+    entry_name,
 };
 use crate::workspace::open_dir;
 
@@ -280,17 +280,7 @@ pub fn source_fits(package: &Path) -> Result<(), Unfit> {
 /// hashed, as [`Store::install`] does): what `check` names a package by.
 pub fn source_digest(package: &Path) -> Result<String, StoreError> {
     let mut buf = vec![0; BUFFER_SIZE];
-    let found = scan(package, &mut buf).map_err(|e| e.into_source_error(package))?;
-    let manifest = Manifest {
-        entries: found
-            .into_iter()
-            .map(|f| Entry {
-                mode: stored_mode(&f.entry.kind, f.entry.mode),
-                ..f.entry
-            })
-            .collect(),
-    };
-    Ok(manifest.digest())
+    Ok(super::source_manifest(package, &mut buf)?.digest())
 }
 
 /// The file at entry path `path` below `root`, opened component by component without following
