@@ -21,3 +21,4 @@ pub mod package;
 /// The PostgreSQL server the intake benchmark starts (the tests' helper, shared by path).
 #[path = "../../tests/support/postgres.rs"]
 pub mod pg_server;
+pub mod rng;

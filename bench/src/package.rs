@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
+use crate::rng::Rng;
+
 /// Small `.dll`-like files in `bin/`, as in an actions/runner release.
 const BIN_FILES: usize = 2_500;
 /// Their size range (uniform).
@@ -49,23 +51,6 @@ impl Size {
     }
 }
 
-/// xorshift64*: deterministic content that does not compress to nothing, fast enough that
-/// generating 400 MB is not the run's cost.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn between(&mut self, (low, high): (u64, u64)) -> u64 {
-        low + self.next() % (high - low + 1)
-    }
-}
-
 /// Writes files of pseudo-random bytes and counts them.
 struct Writer {
     rng: Rng,
@@ -90,7 +75,7 @@ impl Writer {
         let mut left = size;
         while left > 0 {
             for word in chunk.chunks_exact_mut(8) {
-                word.copy_from_slice(&self.rng.next().to_le_bytes());
+                word.copy_from_slice(&self.rng.next_u64().to_le_bytes());
             }
             let n = usize::try_from(left.min(64 << 10))?;
             file.write_all(&chunk[..n])?;

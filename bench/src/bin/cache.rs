@@ -38,6 +38,7 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use rm_bench::rng::Rng;
 use rm_cache::scope::{RunFacts, scope_of};
 use rm_cache::{Caller, Callers, Refusal, Service, Settings};
 use rm_fake_github::{AppKeyPair, FakeGithub, FakeJitConfig, FakeOptions, JobOrigin};
@@ -47,6 +48,10 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
+
+/// npm packages installed once and reused (shared with the tests by path).
+#[path = "../../../tests/support/npm.rs"]
+mod npm;
 
 /// The client measured: the npm package `actions/cache` (5.x: `^5.0.5`) and the `setup-*`
 /// actions (setup-node: `^6.2.0`) bundle; 6.3.0 is the one rm-cache's own test drives.
@@ -442,37 +447,11 @@ fn tar_shim(dir: &Path) -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// `@actions/cache` installed once under `npm_dir`; the prefix.
+/// `@actions/cache` installed once under `npm_dir` (the tests' rule, `tests/support/npm.rs`);
+/// the prefix.
 fn ensure_client(npm_dir: &Path) -> Result<PathBuf> {
-    let prefix = npm_dir.join(format!("actions-cache-{CLIENT_VERSION}"));
-    let package = prefix.join("node_modules/@actions/cache/package.json");
-    let installed = std::fs::read(&package)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-        .is_some_and(|v| v["version"] == CLIENT_VERSION);
-    if !installed {
-        eprintln!(
-            "installing {CLIENT_PACKAGE}@{CLIENT_VERSION} under {}",
-            prefix.display()
-        );
-        let status = Command::new("npm")
-            .args([
-                "install",
-                "--no-audit",
-                "--no-fund",
-                "--loglevel=error",
-                "--prefix",
-            ])
-            .arg(&prefix)
-            .arg(format!("{CLIENT_PACKAGE}@{CLIENT_VERSION}"))
-            .status()
-            .context("cannot run npm")?;
-        ensure!(
-            status.success(),
-            "npm install {CLIENT_PACKAGE}@{CLIENT_VERSION} failed"
-        );
-    }
-    Ok(prefix)
+    npm::node_and_npm().map_err(anyhow::Error::msg)?;
+    Ok(npm::npm_package(npm_dir, CLIENT_PACKAGE, CLIENT_VERSION))
 }
 
 /// What the client machinery needs for every run.
@@ -557,25 +536,6 @@ fn node_op(
 // ---------------------------------------------------------------------------------------------
 // Data
 
-/// xorshift64*: fast bytes no compressor shrinks (not for secrets).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let word = self.next().to_le_bytes();
-            chunk.copy_from_slice(&word[..chunk.len()]);
-        }
-    }
-}
-
 /// `mib` MiB of random bytes in `files` files under `dir/data`.
 fn random_tree(dir: &Path, mib: usize, files: usize, seed: u64) -> Result<()> {
     let data = dir.join("data");
@@ -626,9 +586,9 @@ fn same_tree(a: &Path, b: &Path) -> Result<u64> {
 fn text(rng: &mut Rng, phrases: &[String], len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len + 128);
     while out.len() < len {
-        let phrase = &phrases[(rng.next() % phrases.len() as u64) as usize];
+        let phrase = &phrases[(rng.next_u64() % phrases.len() as u64) as usize];
         out.extend_from_slice(phrase.as_bytes());
-        out.push(if rng.next().is_multiple_of(4) {
+        out.push(if rng.next_u64().is_multiple_of(4) {
             b'\n'
         } else {
             b' '
@@ -642,17 +602,17 @@ fn text(rng: &mut Rng, phrases: &[String], len: usize) -> Vec<u8> {
 fn action_files(rng: &mut Rng, tar_bytes: usize, files: usize) -> Vec<(String, Vec<u8>)> {
     let vocabulary: Vec<String> = (0..1024)
         .map(|_| {
-            let len = 2 + (rng.next() % 9) as usize;
+            let len = 2 + (rng.next_u64() % 9) as usize;
             (0..len)
-                .map(|_| char::from(b'a' + (rng.next() % 26) as u8))
+                .map(|_| char::from(b'a' + (rng.next_u64() % 26) as u8))
                 .collect()
         })
         .collect();
     let phrases: Vec<String> = (0..1024)
         .map(|_| {
-            let words = 3 + (rng.next() % 8) as usize;
+            let words = 3 + (rng.next_u64() % 8) as usize;
             (0..words)
-                .map(|_| vocabulary[(rng.next() % 1024) as usize].as_str())
+                .map(|_| vocabulary[(rng.next_u64() % 1024) as usize].as_str())
                 .collect::<Vec<_>>()
                 .join(" ")
         })
