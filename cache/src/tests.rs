@@ -1107,3 +1107,51 @@ async fn signed_urls_are_on_the_base_the_caller_reaches() {
         "{url}"
     );
 }
+
+/// A job holds at most [`MAX_UPLOADS_PER_ATTEMPT`] uploads open, and declares no entry over
+/// [`MAX_ENTRY_SIZE`]; another job is not held back by the first one's uploads.
+#[tokio::test]
+async fn a_job_s_open_uploads_and_entry_size_are_bounded() {
+    let h = start().await;
+    for n in 0..MAX_UPLOADS_PER_ATTEMPT {
+        let created = twirp(
+            h.addr,
+            MAIN_A,
+            "CreateCacheEntry",
+            json!({"key": format!("open-{n:02}"), "version": "v"}),
+        )
+        .await;
+        assert_eq!(created.status, StatusCode::OK, "upload {n}");
+    }
+    let one_more = twirp(
+        h.addr,
+        MAIN_A,
+        "CreateCacheEntry",
+        json!({"key": "open-more", "version": "v"}),
+    )
+    .await;
+    assert_eq!(one_more.status, StatusCode::TOO_MANY_REQUESTS);
+    let other_job = twirp(
+        h.addr,
+        MAIN_B,
+        "CreateCacheEntry",
+        json!({"key": "open-other", "version": "v"}),
+    )
+    .await;
+    assert_eq!(other_job.status, StatusCode::OK);
+    let too_large = call(
+        h.addr,
+        BRANCH,
+        Method::POST,
+        "/_apis/artifactcache/caches",
+        &[("content-type", "application/json")],
+        json!({"key": "huge", "version": "v", "cacheSize": MAX_ENTRY_SIZE + 1}).to_string(),
+    )
+    .await;
+    assert_eq!(too_large.status, StatusCode::BAD_REQUEST);
+    assert!(
+        String::from_utf8_lossy(&too_large.body).contains("over the"),
+        "{:?}",
+        too_large.body
+    );
+}
