@@ -55,6 +55,9 @@ pub struct Plan {
     /// The policy's `cache`: the runner is linked from the redirected package and pointed at
     /// the host-local cache ([`CachePlan`]); `None`: no cache.
     pub cache: Option<CachePlan>,
+    /// The policy's `image`: the runner's root is the image's verified root under a per-runner
+    /// overlay ([`crate::image_root`]); `None`: the host's root. `user` isolation only.
+    pub image: Option<crate::image_root::ImagePlan>,
 }
 
 /// What a cached runner gets (`policy.cache`, the `rm_cache` service): its runtime linked from
@@ -138,6 +141,7 @@ impl Plan {
             network_allow: None,
             docker: None,
             cache: None,
+            image: None,
         }
     }
 }
@@ -693,10 +697,14 @@ impl Backend for UserIsolation {
             }
             None => None,
         };
-        let mut env = with_operator_env(
-            isolate::isolated_environment(std::env::vars_os(), runtime.dir()),
-            &plan.env,
-        );
+        let isolated = isolate::isolated_environment(std::env::vars_os(), runtime.dir());
+        // An image's `ENV` goes over the host's; the operator's variables and what rm sets
+        // below (its Docker, its cache) go over the image's.
+        let isolated = match &plan.image {
+            Some(image) => crate::image_root::with_image_env(isolated, &image.env),
+            None => isolated,
+        };
+        let mut env = with_operator_env(isolated, &plan.env);
         // Before the runner: its Docker daemon, in the same cgroup and network namespace, so
         // that the cgroup's kill at cleanup takes the daemon and every container with it.
         if let Some(policy) = &plan.docker {
@@ -748,7 +756,31 @@ impl Backend for UserIsolation {
                 }
             }
         }
+        // The image root's upper is made last, once nothing before it can fail the start: a
+        // start that fails leaves it to the runtime's removal like the rest.
+        let image = match &plan.image {
+            Some(image) => {
+                let resolv = std::fs::read(network::RESOLV_CONF).ok();
+                Some(
+                    crate::image_root::prepare(
+                        runtime.dir(),
+                        image,
+                        account,
+                        &network_names(plan).netns,
+                        resolv.as_deref(),
+                    )
+                    .map_err(|e| {
+                        BackendError::Uid(format!(
+                            "cannot prepare the runner's root from image {}: {e}",
+                            image.id
+                        ))
+                    })?,
+                )
+            }
+            None => None,
+        };
         let sandbox = Sandbox {
+            image,
             lent,
             cgroup_procs: procs,
             netns,

@@ -472,7 +472,18 @@ impl RunDir {
         docker_socket: Option<&Path>,
         keep: &[PathBuf],
         lent: &[Lent],
+        in_image: bool,
     ) -> io::Result<RunDir> {
+        if in_image {
+            // The image's `/etc` has the resolver file (its upper holds the host's), and its
+            // `/run/lock` is made as a host's would be.
+            return Ok(RunDir {
+                lock: true,
+                resolv: None,
+                docker_socket: docker_socket.map(c_path).transpose()?,
+                kept: KeptInRun::prepare(keep, lent)?,
+            });
+        }
         let resolv = match std::fs::canonicalize(super::network::RESOLV_CONF) {
             // No resolver file (or a dangling link): the runner gets none either.
             Err(_) => None,
@@ -752,6 +763,9 @@ pub(crate) struct ChildSetup {
     pids_max: Option<u32>,
     /// What the fresh `/run` gets back; `None` where the host has no `/run` directory.
     run: Option<RunDir>,
+    /// The runner's root is an image (`policy.image`): entered before the private places are
+    /// made, which are then the image's.
+    image: Option<super::image_root::ImageRootSetup>,
 }
 
 /// The runtime is the child's working directory (std changes into it before the setup runs),
@@ -778,6 +792,8 @@ pub(crate) struct Sandbox {
     /// Directories of the agent's the runner gets read-only in its `/run` (counted with
     /// `run_keep` against [`MAX_RUN_KEEP`]).
     pub lent: Vec<Lent>,
+    /// The image root (`policy.image`), prepared ([`super::image_root::prepare`]).
+    pub image: Option<super::image_root::ImageRootSetup>,
 }
 
 fn c_path(p: &Path) -> io::Result<CString> {
@@ -794,9 +810,11 @@ impl ChildSetup {
     ) -> io::Result<ChildSetup> {
         let mut private_dirs = Vec::new();
         let mut rebind = None;
+        let in_image = sandbox.image.is_some();
         for dir in PRIVATE_DIRS {
             // A link (e.g. /var/lock -> /run/lock) is not mounted over: its target is, if listed.
-            let is_dir = std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir());
+            // An image root has every one (made in it where the image lacks them).
+            let is_dir = in_image || std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir());
             if !is_dir {
                 continue;
             }
@@ -823,6 +841,7 @@ impl ChildSetup {
                 sandbox.docker_socket.as_deref(),
                 &sandbox.run_keep,
                 &sandbox.lent,
+                in_image,
             )?)
         } else {
             None
@@ -836,6 +855,7 @@ impl ChildSetup {
             hostname: CString::new(sandbox.hostname).map_err(invalid)?,
             rebind,
             pids_max: sandbox.pids_max,
+            image: sandbox.image,
         })
     }
 
@@ -903,6 +923,9 @@ impl ChildSetup {
             Some(run) => Some(run.kept.detach()?),
             None => None,
         };
+        if let Some(image) = &self.image {
+            image.enter()?;
+        }
         let flags = MountFlags::NOSUID | MountFlags::NODEV;
         for (dir, options) in &self.private_dirs {
             rustix::mount::mount(

@@ -38,6 +38,7 @@ pub mod env_file;
 /// The outbound HTTP(S) client, owned by `rm-github` (which the service client of scale sets
 /// needs too); re-exported where its users always found it.
 pub use rm_github::https;
+pub mod image_root;
 pub mod isolate;
 pub mod listening;
 pub mod logs;

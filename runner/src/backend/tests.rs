@@ -115,6 +115,7 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
         network_allow: None,
         docker: None,
         cache: None,
+        image: None,
     };
     let runtime = backend.prepare(&plan).unwrap();
     assert_eq!(
@@ -210,6 +211,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         network_allow: None,
         docker: None,
         cache: None,
+        image: None,
     };
     let runtime = backend.prepare(&plan).unwrap();
     let meta = std::fs::metadata(runtime.dir()).unwrap();
@@ -407,6 +409,7 @@ fn network_backend(
             network_allow: None,
             docker: None,
             cache: None,
+            image: None,
         }
     };
     (dir, backend, plan)
@@ -631,4 +634,196 @@ fn a_cached_runner_is_pointed_at_the_host_end_of_its_network_and_keeps_an_operat
     };
     let env = cache_environment(&bare, host_end, Some(&theirs));
     assert_eq!(env.len(), 3, "{env:?}");
+}
+
+/// A listener that reports what of the host and of the image it sees, then writes into the
+/// image's tree.
+const IMAGE_SCRIPT: &str = r#"#!/bin/sh
+cd "$(dirname "$0")/.."
+{
+  echo "os=$(cat /etc/os-release)"
+  echo "user=$(id -un)"
+  echo "path=$PATH"
+  echo "from_image=${TEST_FROM_IMAGE:-unset}"
+  echo "root=$(ls -A / | tr '\n' ' ')"
+  echo "dev=$(ls -A /dev | tr '\n' ' ')"
+  if [ -e "$HOST_MARKER" ]; then echo "host_marker=seen"; else echo "host_marker=hidden"; fi
+  if [ -e /srv/scratch/left ]; then echo "left=seen"; else echo "left=absent"; fi
+  if echo x > /etc/rm-written 2>/dev/null; then echo "etc_write=ok"; else echo "etc_write=denied"; fi
+  if echo x > /dev/null; then echo "dev_null=ok"; else echo "dev_null=broken"; fi
+  echo "tmp_entries=$(ls -A /tmp | tr '\n' ' ')"
+} > report.txt
+echo left > /srv/scratch/left
+echo done >> report.txt
+"#;
+
+/// A root filesystem of the host's static busybox: `/bin/<applet>` links, an `os-release` of
+/// its own, a world-writable `/srv/scratch` and a set-uid-free tree.
+fn busybox_rootfs(dir: &Path) -> Option<std::path::PathBuf> {
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists())?;
+    let root = dir.join("rootfs");
+    for d in ["bin", "etc", "srv/scratch"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::set_permissions(
+        root.join("srv/scratch"),
+        std::fs::Permissions::from_mode(0o1777),
+    )
+    .unwrap();
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    for applet in ["sh", "cat", "ls", "id", "echo", "tr", "dirname"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+    }
+    std::fs::write(root.join("etc/os-release"), "ID=rm-test-image\n").unwrap();
+    Some(root)
+}
+
+#[test]
+fn a_runner_with_an_image_sees_the_image_and_none_of_the_host() {
+    let name = "a_runner_with_an_image_sees_the_image_and_none_of_the_host";
+    if !rustix::process::geteuid().is_root() {
+        crate::test_skip::cannot_run(name, "root", "only root can mount and switch users");
+        return;
+    }
+    let (dir, package, root) = package_and_root();
+    std::fs::write(package.join("bin/Runner.Listener"), IMAGE_SCRIPT).unwrap();
+    let Some(rootfs) = busybox_rootfs(dir.path()) else {
+        crate::test_skip::cannot_run(name, "busybox", "busybox-static is not installed");
+        return;
+    };
+    let marker = Path::new("/etc").join(format!("rm-image-test-marker-{}", std::process::id()));
+    std::fs::write(&marker, "host").unwrap();
+    let _marker = RemovedOnDrop(marker.clone());
+    let uid = 3_200_000 + std::process::id() % 100_000;
+    let stored = LinkedPackage::install(
+        Store::open(root.path()).unwrap(),
+        &package,
+        &Pool::new(Vec::new()),
+    )
+    .unwrap();
+    let backend = UserIsolation {
+        root: root.clone(),
+        package: Some(Arc::new(stored)),
+        pool: Pool::new(vec![Account { uid, gid: uid }]),
+        cgroups: None,
+        network: None,
+        docker: None,
+        run_keep: vec![],
+    };
+    let run = |n: u64| {
+        let attempt_id = format!("{:012x}{}", u64::from(uid) * 16 + n, "0".repeat(20));
+        let plan = Plan {
+            attempt_id: attempt_id.clone(),
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: root.ephemeral_path(&attempt_id).unwrap(),
+            uid: Some(uid),
+            cgroup: None,
+            limits: Limits::default(),
+            env: OperatorEnv::new(vec![(
+                "HOST_MARKER".to_owned(),
+                marker.display().to_string(),
+            )]),
+            network_allow: None,
+            docker: None,
+            cache: None,
+            image: Some(crate::image_root::ImagePlan {
+                id: "sha256:test".to_owned(),
+                rootfs: rootfs.clone(),
+                env: vec![
+                    ("PATH".to_owned(), "/bin".to_owned()),
+                    ("TEST_FROM_IMAGE".to_owned(), "yes".to_owned()),
+                    ("HOME".to_owned(), "/root".to_owned()),
+                ],
+            }),
+        };
+        let runtime = backend.prepare(&plan).unwrap();
+        let mut spawned = backend
+            .start(&plan, &runtime, &SecretString::from("jit-value"))
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while spawned.child.try_wait().unwrap().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the listener did not exit"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let report = std::fs::read_to_string(runtime.dir().join("report.txt"))
+            .unwrap_or_else(|e| panic!("no report ({e}): {}", backend_log(runtime.dir())));
+        assert_eq!(backend.clean(&plan).unwrap().runtime, Removal::Removed);
+        assert!(!runtime.dir().exists());
+        report
+    };
+    let first = run(1);
+    let get = |report: &str, key: &str| {
+        report
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key} in {report}"))
+            .to_owned()
+    };
+    assert_eq!(get(&first, "os"), "ID=rm-test-image", "{first}");
+    assert_eq!(get(&first, "user"), "runner", "{first}");
+    assert_eq!(get(&first, "path"), "/bin", "the image's PATH: {first}");
+    assert_eq!(get(&first, "from_image"), "yes", "{first}");
+    assert_eq!(get(&first, "host_marker"), "hidden", "{first}");
+    assert_eq!(
+        get(&first, "etc_write"),
+        "denied",
+        "the image's /etc is root's: {first}"
+    );
+    assert_eq!(get(&first, "dev_null"), "ok", "{first}");
+    assert_eq!(get(&first, "left"), "absent", "{first}");
+    assert!(first.ends_with("done\n"), "{first}");
+    let dev = get(&first, "dev");
+    for want in [
+        "null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm",
+    ] {
+        assert!(
+            dev.split(' ').any(|d| d == want),
+            "/dev lacks {want}: {first}"
+        );
+    }
+    assert!(
+        !dev.split(' ')
+            .any(|d| d == "sda" || d == "mem" || d == "kmsg"),
+        "{first}"
+    );
+    // The second runner does not see what the first wrote into the image's tree, and the
+    // image's own directory in the store is untouched.
+    let second = run(2);
+    assert_eq!(get(&second, "left"), "absent", "{second}");
+    assert!(
+        !rootfs.join("srv/scratch/left").exists(),
+        "the store's tree was written"
+    );
+}
+
+/// The runner's captured output, for a failure message.
+fn backend_log(runtime: &Path) -> String {
+    let mut out = String::new();
+    for entry in walk_files(runtime) {
+        if entry.extension().is_some_and(|e| e == "log") {
+            out.push_str(&std::fs::read_to_string(&entry).unwrap_or_default());
+        }
+    }
+    out
+}
+
+fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                out.extend(walk_files(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
 }
