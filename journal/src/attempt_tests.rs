@@ -33,6 +33,7 @@ fn create(attempts: &Attempts, id: &AttemptId, policy: &str, at_ms: i64) -> Atte
             isolation: IsolationKind::None,
             uid: None,
             cgroup: None,
+            image: None,
         })
         .unwrap()
 }
@@ -599,6 +600,7 @@ fn creating_refuses_duplicates_bad_names_and_an_occupied_workspace() {
         isolation: IsolationKind::None,
         uid: None,
         cgroup: None,
+        image: None,
     };
     assert!(matches!(
         attempts.create(&again),
@@ -644,6 +646,7 @@ fn creating_refuses_duplicates_bad_names_and_an_occupied_workspace() {
             isolation: IsolationKind::None,
             uid: None,
             cgroup: None,
+            image: None,
         }
     }
     let (first_name, second_name) = (first.runner_name("host"), second.runner_name("host"));
@@ -822,6 +825,27 @@ fn the_schema_itself_refuses_inconsistent_rows() {
         );
     }
     insert(good, name, "cleaned", Some("idle_exit")).unwrap();
+    // An image is a sha256 digest in lowercase hex, or nothing.
+    let image = |text: Option<&str>| {
+        conn.execute(
+            "UPDATE attempts SET image = ?2 WHERE attempt_id = ?1",
+            rusqlite::params![good, text],
+        )
+    };
+    let hex = "0123456789abcdef".repeat(4);
+    for bad in [
+        format!("sha256:{}", hex.to_uppercase()),
+        format!("sha512:{hex}"),
+        format!("sha256:{}", &hex[1..]),
+        format!("sha256:{hex}0"),
+        format!("sha256:{}g", &hex[1..]),
+        hex.clone(),
+        String::new(),
+    ] {
+        assert!(image(Some(&bad)).is_err(), "{bad:?}");
+    }
+    image(Some(&format!("sha256:{hex}"))).unwrap();
+    image(None).unwrap();
     // No column could hold a JIT configuration or a token.
     let columns: Vec<String> = conn
         .prepare("SELECT name FROM pragma_table_info('attempts')")
@@ -831,10 +855,11 @@ fn the_schema_itself_refuses_inconsistent_rows() {
         .collect::<Result<_, _>>()
         .unwrap();
     // v5 added `isolation` (a closed set), `uid` (a number) and `cgroup` (a path the agent
-    // builds from the attempt id); v7 `started_at` and v12 `released_at` (times in ms).
+    // builds from the attempt id); v7 `started_at` and v12 `released_at` (times in ms); v13
+    // `image` (a digest, checked below).
     assert_eq!(
         columns.len(),
-        24,
+        25,
         "a new column: check it cannot hold a secret"
     );
     for column in &columns {
@@ -950,6 +975,7 @@ fn a_runner_uid_is_held_by_one_uncleaned_attempt_until_it_is_cleaned() {
             isolation: IsolationKind::User,
             uid: Some(uid),
             cgroup: Some(Path::new("/sys/fs/cgroup/rm/rm-0100")),
+            image: None,
         })
     };
     let (a, b) = (id(1), id(2));
@@ -1010,6 +1036,7 @@ fn a_released_attempt_frees_its_uid_before_it_is_cleaned() {
             isolation: IsolationKind::User,
             uid: Some(uid),
             cgroup: None,
+            image: None,
         })
     };
     let (a, b) = (id(1), id(2));
@@ -1050,4 +1077,129 @@ fn a_released_attempt_frees_its_uid_before_it_is_cleaned() {
     assert_eq!(attempts.held_uids().unwrap(), [64200]);
     assert!(attempts.mark_cleaned(&a, UnixMs::new(9)).unwrap());
     assert!(!attempts.mark_released(&a, UnixMs::new(10)).unwrap());
+}
+
+fn image_id(fill: char) -> String {
+    format!("sha256:{}", fill.to_string().repeat(64))
+}
+
+/// The image a runner ran is journalled with its attempt at creation, read back by every read
+/// (by id, by runner name, the listings, the reader's) and still there after the file is opened
+/// again; an attempt on the host's root has none.
+#[test]
+fn an_attempt_s_image_is_journalled_and_survives_reopening() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    let (a, b) = (id(70), id(71));
+    let image = image_id('a');
+    let dir = PathBuf::from("/runners/a");
+    let row = attempts
+        .create(&NewAttempt {
+            attempt_id: &a,
+            policy: "linux",
+            runner_name: &a.runner_name("host"),
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: &dir,
+            created_at_ms: UnixMs::new(1),
+            isolation: IsolationKind::User,
+            uid: Some(64_300),
+            cgroup: None,
+            image: Some(&image),
+        })
+        .unwrap();
+    assert_eq!(row.image.as_deref(), Some(image.as_str()));
+    assert_eq!(create(&attempts, &b, "linux", 2).image, None);
+    // The image is the attempt's for its whole life: a transition leaves it as it was.
+    walk_to(&attempts, &a, AttemptState::Finished);
+    drop(attempts);
+
+    let attempts = Attempts::open(&path).unwrap();
+    let read = attempts.get(&a).unwrap().unwrap();
+    assert_eq!(read.state, AttemptState::Finished);
+    assert_eq!(read.image.as_deref(), Some(image.as_str()));
+    assert_eq!(
+        attempts
+            .by_runner_name(&a.runner_name("host"))
+            .unwrap()
+            .unwrap()
+            .image,
+        read.image
+    );
+    let listed: Vec<_> = attempts
+        .list(Scope::All, None)
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.attempt_id, r.image))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![(a.clone(), Some(image.clone())), (b.clone(), None)]
+    );
+    let reader = Reader::open(&path).unwrap();
+    let mut images: Vec<_> = reader
+        .attempts(10)
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.attempt_id, r.image))
+        .collect();
+    images.sort();
+    assert_eq!(images, listed);
+    assert_eq!(
+        reader.uncleaned_attempts().unwrap()[0].image.as_deref(),
+        Some(image.as_str())
+    );
+}
+
+/// Only an image id is journalled: anything else is refused before the row is written.
+#[test]
+fn an_image_that_is_not_an_image_id_is_refused() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    let a = id(72);
+    let dir = PathBuf::from("/runners/b");
+    let hex = "f".repeat(64);
+    for bad in [
+        "docker://debian:12".to_owned(),
+        hex.clone(),
+        format!("sha256:{}", hex.to_uppercase()),
+        format!("sha256:{}", &hex[1..]),
+    ] {
+        let refused = attempts.create(&NewAttempt {
+            attempt_id: &a,
+            policy: "linux",
+            runner_name: &a.runner_name("host"),
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: &dir,
+            created_at_ms: UnixMs::new(1),
+            isolation: IsolationKind::None,
+            uid: None,
+            cgroup: None,
+            image: Some(&bad),
+        });
+        assert!(
+            matches!(&refused, Err(AttemptError::InvalidImage(text)) if *text == bad),
+            "{bad:?}: {refused:?}"
+        );
+    }
+    assert_eq!(attempts.get(&a).unwrap(), None);
+}
+
+#[test]
+fn an_image_id_is_sha256_and_64_lowercase_hex() {
+    let hex = "0123456789abcdef".repeat(4);
+    for (text, ok) in [
+        (format!("sha256:{hex}"), true),
+        (image_id('0'), true),
+        (format!("sha256:{}", hex.to_uppercase()), false),
+        (format!("sha256:{}", &hex[2..]), false),
+        (format!("sha256:{hex}ab"), false),
+        (format!("sha384:{hex}"), false),
+        (format!("SHA256:{hex}"), false),
+        (format!("sha256:{}-", &hex[1..]), false),
+        (hex.clone(), false),
+        ("sha256:".to_owned(), false),
+        (String::new(), false),
+    ] {
+        assert_eq!(crate::attempts::is_image_id(&text), ok, "{text:?}");
+    }
 }

@@ -41,6 +41,7 @@ fn concluded(
             isolation: IsolationKind::None,
             uid: None,
             cgroup: None,
+            image: None,
         })
         .unwrap();
     assert!(

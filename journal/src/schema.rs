@@ -341,6 +341,14 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE UNIQUE INDEX attempts_uid_held ON attempts (uid)
         WHERE state != 'cleaned' AND released_at IS NULL AND uid IS NOT NULL;
     "#,
+    // v13: the image each attempt's runner ran (issue 40): the image's id (its config digest,
+    // `sha256:<64 hex>`, the key of the image store), chosen at allocation and never changed;
+    // NULL for a runner on the host's own root, as every earlier attempt was.
+    r#"
+    ALTER TABLE attempts ADD COLUMN image TEXT
+        CHECK (image IS NULL OR (length(image) = 71 AND substr(image, 1, 7) = 'sha256:'
+                                 AND substr(image, 8) NOT GLOB '*[^0-9a-f]*'));
+    "#,
 ];
 
 /// The schema version this build writes.

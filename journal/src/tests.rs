@@ -201,11 +201,73 @@ fn migrations_run_from_every_earlier_version() {
             // Attempts journalled before v5 ran as the agent's own user and hold no uid.
             assert_eq!(attempts[1].isolation, IsolationKind::None, "from v{start}");
             assert_eq!(attempts[1].uid, None);
+            // Attempts journalled before v13 ran on the host's root: no image.
+            assert!(attempts.iter().all(|a| a.image.is_none()), "from v{start}");
         } else {
             // The table exists (the reader would fail otherwise) and starts empty.
             assert!(attempts.is_empty(), "from v{start}");
         }
     }
+}
+
+/// A file from the rm before images (v12) opens: its attempts read no image (they ran on the
+/// host's root), keep everything else, and the next attempt journals its image beside them.
+#[test]
+fn attempts_from_before_images_read_none_and_new_ones_keep_theirs() {
+    let (_dir, path) = temp_journal();
+    let mut conn = Connection::open(&path).unwrap();
+    schema::migrate_to(&mut conn, &path, 12).unwrap();
+    seed(&conn, 12);
+    let has_image: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('attempts') WHERE name = 'image')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(!has_image, "v12 is the schema before images");
+    drop(conn);
+
+    let attempts = Attempts::open(&path).unwrap();
+    let old = AttemptId::parse("0123456789abcdef0123456789abcdef").unwrap();
+    let row = attempts.get(&old).unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.pid, row.image),
+        (AttemptState::Busy, Some(4242), None)
+    );
+    let new = AttemptId::parse("00112233445566778899aabbccddeeff").unwrap();
+    let image = format!("sha256:{}", "ab".repeat(32));
+    let dir = PathBuf::from("/r/00112233");
+    attempts
+        .create(&NewAttempt {
+            attempt_id: &new,
+            policy: "linux",
+            runner_name: &new.runner_name("h"),
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: &dir,
+            created_at_ms: rm_vocab::UnixMs::new(10),
+            isolation: IsolationKind::User,
+            uid: Some(64_200),
+            cgroup: None,
+            image: Some(&image),
+        })
+        .unwrap();
+    drop(attempts);
+    let reader = Reader::open(&path).unwrap();
+    let images: Vec<_> = reader
+        .attempts(10)
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.attempt_id.as_str().to_owned(), a.image))
+        .collect();
+    assert_eq!(
+        images,
+        vec![
+            (new.as_str().to_owned(), Some(image)),
+            ("fedcba9876543210fedcba9876543210".to_owned(), None),
+            (old.as_str().to_owned(), None),
+        ]
+    );
 }
 
 #[test]

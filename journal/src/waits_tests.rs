@@ -79,6 +79,7 @@ fn started_attempt(attempts: &Attempts, n: u8, policy: &str, started_at: i64) ->
             isolation: IsolationKind::None,
             uid: None,
             cgroup: None,
+            image: None,
         })
         .unwrap();
     assert!(

@@ -1906,6 +1906,7 @@ mod tests {
                 uid: Some(64_200),
                 cgroup: None,
                 released_at_ms: released.map(UnixMs::new),
+                image: None,
             }
         };
         let overdue_before = UnixMs::new(1_000);

@@ -629,6 +629,8 @@ pub(super) async fn create_attempt(
                 isolation,
                 uid,
                 cgroup: cgroup.as_deref(),
+                // The host's root: allocation names the policy's image here (issue 40).
+                image: None,
             })
         })
         .await?;

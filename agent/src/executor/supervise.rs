@@ -1171,6 +1171,7 @@ mod tests {
             uid: None,
             cgroup: None,
             released_at_ms: None,
+            image: None,
         }
     }
 

@@ -80,6 +80,7 @@ fn attempt(policy: &str, state: AttemptState, job_id: Option<i64>, created: i64)
         uid: None,
         cgroup: None,
         released_at_ms: None,
+        image: None,
     }
 }
 

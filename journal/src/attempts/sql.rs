@@ -13,7 +13,7 @@ use rm_vocab::UnixMs;
 
 pub(crate) const ATTEMPT_COLUMNS: &str = "attempt_id, policy, runner_name, workspace, runtime_dir, state, \
      state_changed_at, outcome, reason, detail, runner_id, job_id, pid, pid_start_time, stop_intent, \
-     stop_intent_at, created_at, updated_at, pid_boot_id, isolation, uid, cgroup, released_at";
+     stop_intent_at, created_at, updated_at, pid_boot_id, isolation, uid, cgroup, released_at, image";
 
 /// `'a', 'b'` for an SQL `IN` list. The names come from the enums, never from input.
 pub(super) fn in_list(states: &[AttemptState]) -> String {
@@ -58,6 +58,7 @@ pub(crate) fn attempt_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
         uid: row.get(20)?,
         cgroup: row.get::<_, Option<String>>(21)?.map(PathBuf::from),
         released_at_ms: row.get(22)?,
+        image: row.get(23)?,
     })
 }
 
@@ -90,11 +91,14 @@ pub(crate) fn create(
         ),
         None => None,
     };
+    if let Some(image) = new.image.filter(|image| !is_image_id(image)) {
+        return Err(AttemptError::InvalidImage(image.to_owned()));
+    }
     let inserted = conn
         .prepare_cached(
             "INSERT INTO attempts (attempt_id, policy, runner_name, workspace, runtime_dir, state,
-                 state_changed_at, created_at, updated_at, isolation, uid, cgroup)
-             VALUES (?1, ?2, ?3, ?4, ?5, 'allocated', ?6, ?6, ?6, ?7, ?8, ?9)",
+                 state_changed_at, created_at, updated_at, isolation, uid, cgroup, image)
+             VALUES (?1, ?2, ?3, ?4, ?5, 'allocated', ?6, ?6, ?6, ?7, ?8, ?9, ?10)",
         )?
         .execute(params![
             id.as_str(),
@@ -106,6 +110,7 @@ pub(crate) fn create(
             new.isolation,
             new.uid,
             cgroup,
+            new.image,
         ]);
     match inserted {
         Ok(_) => {}

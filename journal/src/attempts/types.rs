@@ -374,6 +374,26 @@ pub struct NewAttempt<'a> {
     pub uid: Option<u32>,
     /// The runner's cgroup directory (`user` isolation where cgroup v2 is writable).
     pub cgroup: Option<&'a Path>,
+    /// The id of the image the runner's root is (its config digest, `sha256:<64 lowercase
+    /// hex>`: the image store's key); `None` for a runner on the host's own root.
+    pub image: Option<&'a str>,
+}
+
+/// An image id's algorithm prefix: the only digest the image store keys on.
+const IMAGE_ID_PREFIX: &str = "sha256:";
+
+/// Hex characters of a sha256 image id after its prefix.
+const IMAGE_ID_HEX_LEN: usize = 64;
+
+/// Whether `text` is an image id as the journal stores it: `sha256:` and 64 lowercase hex
+/// characters (the schema's CHECK says the same).
+pub(crate) fn is_image_id(text: &str) -> bool {
+    text.strip_prefix(IMAGE_ID_PREFIX).is_some_and(|hex| {
+        hex.len() == IMAGE_ID_HEX_LEN
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 /// One attempt as the journal holds it.
@@ -416,6 +436,9 @@ pub struct AttemptRecord {
     /// (or its slot scrubbed) and its uid free for another runner. `None` until then; the
     /// attempt is `cleaned` once its registration is settled too.
     pub released_at_ms: Option<UnixMs>,
+    /// The id of the image the runner ran in (`sha256:<64 hex>`); `None` for a runner on the
+    /// host's own root, and for every attempt journalled before rm recorded it (schema v13).
+    pub image: Option<String>,
 }
 
 /// Which attempts a listing returns.
@@ -474,6 +497,9 @@ pub enum AttemptError {
     },
     #[error("runtime directory {0} is not UTF-8; choose a runner_root with a UTF-8 path")]
     NonUtf8Path(PathBuf),
+    /// The image named is not an image id (`sha256:` and 64 lowercase hex characters).
+    #[error("{0:?} is not an image id (sha256: and 64 lowercase hex characters)")]
+    InvalidImage(String),
     #[error("attempt {attempt_id} or runner name {runner_name} is already journalled")]
     AlreadyJournalled {
         attempt_id: AttemptId,

@@ -280,6 +280,10 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE UNIQUE INDEX attempts_uid_held ON attempts (uid)
         WHERE state != 'cleaned' AND released_at IS NULL AND uid IS NOT NULL;
     "#,
+    // v13: the image each attempt's runner ran (see SQLite's v13).
+    r#"
+    ALTER TABLE attempts ADD COLUMN image TEXT CHECK (image ~ '^sha256:[0-9a-f]{64}$');
+    "#,
 ];
 
 // The two dialects move together: a migration added to one is added to the other.

@@ -94,6 +94,74 @@ fn receivers_starting_together_migrate_once_to_sqlite_s_version() {
     drop(pg);
 }
 
+/// A database from the rm before images (v12) migrates to v13: its attempts read no image
+/// (they ran on the host's root), and the column takes an image id and nothing else, as
+/// SQLite's does.
+#[test]
+fn attempts_from_before_images_migrate_to_no_image() {
+    let Some(pg) = Postgres::new("attempts_from_before_images_migrate_to_no_image") else {
+        return;
+    };
+    // `Postgres::new` migrated its database already; a fresh one is built to v12 by hand.
+    let db = crate::pg_server::shared()
+        .unwrap()
+        .database("images_from_v12")
+        .unwrap();
+    let url = db.url();
+    let mut client = client(&url);
+    let mut tx = client.transaction().unwrap();
+    for sql in &crate::pg::schema::MIGRATIONS[..12] {
+        tx.batch_execute(sql).unwrap();
+    }
+    tx.batch_execute(
+        "CREATE TABLE rm_schema_version (
+             one     BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+             version BIGINT NOT NULL
+         );
+         INSERT INTO rm_schema_version (version) VALUES (12);
+         INSERT INTO attempts (attempt_id, policy, runner_name, workspace, runtime_dir, state,
+             state_changed_at, created_at, updated_at)
+             VALUES ('0123456789abcdef0123456789abcdef', 'linux', 'rm-h-0123456789ab',
+                 'ephemeral', '/r/0123456789ab', 'busy', 5, 1, 5);",
+    )
+    .unwrap();
+    tx.commit().unwrap();
+
+    drop(PgJournal::connect(&url).unwrap());
+    let version: i64 = client
+        .query_one("SELECT version FROM rm_schema_version", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, SCHEMA_VERSION);
+    let image: Option<String> = client
+        .query_one("SELECT image FROM attempts", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(image, None);
+    let set = |client: &mut Client, text: &str| {
+        client.execute("UPDATE attempts SET image = $1", &[&text])
+    };
+    let hex = "0123456789abcdef".repeat(4);
+    for bad in [
+        format!("sha256:{}", hex.to_uppercase()),
+        format!("sha256:{hex}0"),
+        format!("sha512:{hex}"),
+        hex.clone(),
+    ] {
+        assert!(set(&mut client, &bad).is_err(), "{bad:?}");
+    }
+    let good = format!("sha256:{hex}");
+    set(&mut client, &good).unwrap();
+    let image: Option<String> = client
+        .query_one("SELECT image FROM attempts", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(image, Some(good));
+    drop(client);
+    drop(db);
+    drop(pg);
+}
+
 /// Two receivers, each with its own writer and connection, racing. First, two sightings of
 /// each job (`queued` on one, `in_progress` on the other, distinct GUIDs) inserted at the same
 /// moment: they merge forward, every job ends in progress. Then the same GUIDs on both (a

@@ -256,6 +256,7 @@ async fn runners_json_follows_the_contract() {
             isolation: IsolationKind::None,
             uid: None,
             cgroup: None,
+            image: None,
         })
         .unwrap();
     assert!(
