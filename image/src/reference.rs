@@ -177,11 +177,7 @@ impl ImageRef {
             Transport::OciArchive { file, tag }
         } else if let Some(body) = rest.strip_prefix("docker-archive:") {
             let (file, name) = match body.split_once(':') {
-                Some((path, name)) => {
-                    let (registry, repository, tag) = docker_name(name, false)?;
-                    let tag = tag.unwrap_or_else(|| DEFAULT_TAG.to_owned());
-                    (path, Some(format!("{registry}/{repository}:{tag}")))
-                }
+                Some((path, name)) => (path, Some(normalise_docker_name(name)?)),
                 None => (body, None),
             };
             Transport::DockerArchive {
@@ -349,6 +345,14 @@ fn docker_name(name: &str, pinned: bool) -> Result<(String, String, Option<Strin
         tag => tag,
     };
     Ok((registry, repository, tag))
+}
+
+/// A Docker image name (as in a Docker archive's `RepoTags`) normalised as Docker does:
+/// `registry/repository:tag`, [`DEFAULT_TAG`] when it has no tag.
+pub(crate) fn normalise_docker_name(name: &str) -> Result<String, RefError> {
+    let (registry, repository, tag) = docker_name(name, false)?;
+    let tag = tag.unwrap_or_else(|| DEFAULT_TAG.to_owned());
+    Ok(format!("{registry}/{repository}:{tag}"))
 }
 
 /// A host name (letters, digits, `.` and `-`) with an optional numeric port.
