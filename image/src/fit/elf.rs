@@ -229,6 +229,12 @@ impl<R: ReadAt + ?Sized> Reader<'_, R> {
     /// The NUL-terminated string at `offset`, read no further than `limit` (the end of its
     /// table) nor [`MAX_STRING_LEN`].
     fn string(&mut self, offset: u64, limit: u64, what: &str) -> Result<String, ElfError> {
+        if offset >= self.size {
+            return Err(malformed(format!(
+                "{what} at offset {offset} lies past the end of the file ({} bytes)",
+                self.size
+            )));
+        }
         let room = limit.min(self.size).saturating_sub(offset);
         let max = usize::try_from(room).unwrap_or(usize::MAX).min(MAX_STRING_LEN);
         let mut out = Vec::new();

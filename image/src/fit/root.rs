@@ -327,3 +327,6 @@ impl ConfWalk {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -225,18 +225,37 @@ fn lying_offsets_are_malformed() {
 }
 
 #[test]
-fn the_read_budget_bounds_a_huge_dynamic_section() {
-    // A dynamic section claiming 2 MiB of entries without a DT_NULL in the first
-    // MAX_DYNAMIC_ENTRIES: no more than the budget is read, and it is malformed.
+fn a_dynamic_section_without_end_is_read_no_further_than_its_bound() {
+    // 2 MiB of entries and no DT_NULL: MAX_DYNAMIC_ENTRIES are read, then it is malformed.
     let mut built = typical(Class::Elf64, Endian::Little);
     let filesz_at = built.phoff + 2 * 56 + 32;
     let dynamic = built.dynamic;
+    built.bytes.truncate(dynamic + 5 * 16);
     built.bytes.resize(dynamic + (2 << 20), 0x11);
     set64(&mut built.bytes, filesz_at, 2 << 20);
     let counting = Counting { inner: built.bytes.as_slice(), read: std::cell::Cell::new(0) };
-    let got = parse(&counting);
-    assert!(matches!(got, Err(ElfError::Malformed(_))), "{got:?}");
+    match parse(&counting) {
+        Err(ElfError::Malformed(why)) => assert!(why.contains("no DT_NULL"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(counting.read.get() <= MAX_DYNAMIC_ENTRIES * 16 + 4096, "read {}", counting.read.get());
+}
+
+#[test]
+fn the_read_budget_bounds_what_one_file_costs() {
+    // 400 needed names of 4000 bytes each: reading them all would take 1.6 MB.
+    let long: Vec<String> = (0..400).map(|i| format!("lib{i:04}{}", "x".repeat(3992))).collect();
+    let names: Vec<&str> = long.iter().map(String::as_str).collect();
+    let built = build(Class::Elf64, Endian::Little, None, &names, None);
+    let counting = Counting { inner: built.bytes.as_slice(), read: std::cell::Cell::new(0) };
+    match parse(&counting) {
+        Err(ElfError::Malformed(why)) => assert!(why.contains("more than"), "{why}"),
+        other => panic!("{:?}", other.map(|e| e.needed.len())),
+    }
     assert!(counting.read.get() <= MAX_BYTES_READ, "read {}", counting.read.get());
+    // The same names, fewer of them, parse.
+    let built = build(Class::Elf64, Endian::Little, None, &names[..100], None);
+    assert_eq!(parse(built.bytes.as_slice()).unwrap().needed.len(), 100);
 }
 
 /// A [`ReadAt`] that counts what is read from it.
