@@ -328,7 +328,10 @@ fn walk(
             files.push(path);
         } else if meta.is_dir() {
             if depth + 1 >= MAX_PACKAGE_DEPTH {
-                notes.push(format!("{}: deeper than {MAX_PACKAGE_DEPTH} levels: not checked", path.display()));
+                notes.push(format!(
+                    "{}: deeper than {MAX_PACKAGE_DEPTH} levels: not checked",
+                    path.display()
+                ));
                 continue;
             }
             walk(&path, depth + 1, walked, files, notes);
@@ -393,7 +396,9 @@ fn name_list(names: &[String]) -> String {
         [] => String::new(),
         [one] => one.clone(),
         _ if names.len() <= MAX_NEEDED_BY_NAMED => {
-            let (last, rest) = names.split_last().map_or((&names[0], &names[..0]), |(l, r)| (l, r));
+            let (last, rest) = names
+                .split_last()
+                .map_or((&names[0], &names[..0]), |(l, r)| (l, r));
             format!("{} and {last}", rest.join(", "))
         }
         _ => format!(
@@ -402,6 +407,22 @@ fn name_list(names: &[String]) -> String {
             names.len() - MAX_NEEDED_BY_NAMED
         ),
     }
+}
+
+/// `path` with its `..` components taken lexically (`bin/../lib/x` is `lib/x`), for a name
+/// in the report: the package is the store's copy and its links are not followed here.
+fn tidy(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// The fix for a missing library.
@@ -529,9 +550,12 @@ impl Checker {
         // Only the program the kernel execs has its interpreter used; a library's PT_INTERP
         // (libc.so.6 has one) is not, so only the package's files are held to theirs.
         if let (Some(interp), Origin::Package(_)) = (&elf.interpreter, &subject.origin) {
-            let found = self.root.open_file(interp).ok().flatten().is_some_and(|f| {
-                elf::parse(&f).is_ok_and(|i| i.arch == elf.arch)
-            });
+            let found = self
+                .root
+                .open_file(interp)
+                .ok()
+                .flatten()
+                .is_some_and(|f| elf::parse(&f).is_ok_and(|i| i.arch == elf.arch));
             if !found {
                 collector.add(
                     interp,
@@ -544,6 +568,7 @@ impl Checker {
             match self.find(name, elf.arch, elf.search_path(), &subject.origin) {
                 Some(Found::Package(file, path)) => {
                     // One under bin/ is examined on its own; one elsewhere is queued here.
+                    let path = tidy(&path);
                     let label = path
                         .strip_prefix(&self.package)
                         .unwrap_or(&path)
@@ -585,7 +610,9 @@ impl Checker {
         origin: &Origin,
     ) -> Option<Found> {
         if name.contains('/') {
-            return self.in_image(name, arch).map(|f| Found::Image(f, name.to_owned()));
+            return self
+                .in_image(name, arch)
+                .map(|f| Found::Image(f, name.to_owned()));
         }
         let mut image_dirs = Vec::new();
         let mut package_dirs = Vec::new();
@@ -636,7 +663,8 @@ impl Checker {
                 .then_some(file),
             Ok(None) => None,
             Err(e) => {
-                self.notes.push(format!("{path} in the image: cannot open it: {e}"));
+                self.notes
+                    .push(format!("{path} in the image: cannot open it: {e}"));
                 None
             }
         }
@@ -649,7 +677,10 @@ impl Checker {
         if !marker.is_file() {
             return;
         }
-        let arch = match File::open(&marker).map_err(|e| ElfError::Io(e.to_string())).and_then(|f| elf::parse(&f)) {
+        let arch = match File::open(&marker)
+            .map_err(|e| ElfError::Io(e.to_string()))
+            .and_then(|f| elf::parse(&f))
+        {
             Ok(elf) => elf.arch,
             Err(e) => {
                 self.notes.push(format!(
@@ -667,21 +698,34 @@ impl Checker {
                 .find_map(|alt| self.find_in_dirs(alt, arch, &dirs));
             match found {
                 Some((file, path)) => self.enqueue_image_file(file, path, !load.required),
-                None if load.required => self.missing.add(load.what, &needed_by, load.fix.to_owned()),
-                None => self.optional.add(load.what, &needed_by, load.fix.to_owned()),
+                None if load.required => {
+                    self.missing.add(load.what, &needed_by, load.fix.to_owned())
+                }
+                None => self
+                    .optional
+                    .add(load.what, &needed_by, load.fix.to_owned()),
             }
         }
     }
 
     /// The first file of `arch` named `pattern` (a glob matched against each directory's
     /// names) in `dirs` of the image.
-    fn find_in_dirs(&mut self, pattern: &str, arch: Arch, dirs: &[String]) -> Option<(File, String)> {
+    fn find_in_dirs(
+        &mut self,
+        pattern: &str,
+        arch: Arch,
+        dirs: &[String],
+    ) -> Option<(File, String)> {
         for dir in dirs {
             let names = if root::is_glob(pattern) {
                 match self.root.list_dir(dir) {
-                    Ok(names) => names.into_iter().filter(|n| root::glob_match(pattern, n)).collect(),
+                    Ok(names) => names
+                        .into_iter()
+                        .filter(|n| root::glob_match(pattern, n))
+                        .collect(),
                     Err(e) => {
-                        self.notes.push(format!("{dir} in the image: cannot list it: {e}"));
+                        self.notes
+                            .push(format!("{dir} in the image: cannot list it: {e}"));
                         Vec::new()
                     }
                 }

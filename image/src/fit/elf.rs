@@ -236,7 +236,9 @@ impl<R: ReadAt + ?Sized> Reader<'_, R> {
             )));
         }
         let room = limit.min(self.size).saturating_sub(offset);
-        let max = usize::try_from(room).unwrap_or(usize::MAX).min(MAX_STRING_LEN);
+        let max = usize::try_from(room)
+            .unwrap_or(usize::MAX)
+            .min(MAX_STRING_LEN);
         let mut out = Vec::new();
         while out.len() < max {
             let take = STRING_CHUNK.min(max - out.len());
@@ -470,4 +472,4 @@ fn split_search_path(path: &str) -> impl Iterator<Item = String> + '_ {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -49,7 +49,12 @@ const MULTIARCH: &[(Class, Endian, u16, &[&str])] = &[
     (Class::Elf64, Endian::Little, 21, &["powerpc64le-linux-gnu"]),
     (Class::Elf64, Endian::Big, 21, &["powerpc64-linux-gnu"]),
     (Class::Elf64, Endian::Big, 22, &["s390x-linux-gnu"]),
-    (Class::Elf64, Endian::Little, 258, &["loongarch64-linux-gnu"]),
+    (
+        Class::Elf64,
+        Endian::Little,
+        258,
+        &["loongarch64-linux-gnu"],
+    ),
 ];
 
 /// The multiarch triplets of `arch` (none for one Debian does not name).
@@ -275,7 +280,8 @@ impl ConfWalk {
             Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
             Ok(None) => return,
             Err(e) => {
-                self.notes.push(format!("{path} in the image: cannot read it: {e}"));
+                self.notes
+                    .push(format!("{path} in the image: cannot read it: {e}"));
                 return;
             }
         };
@@ -321,7 +327,8 @@ impl ConfWalk {
                 .map(|n| format!("{dir}/{n}"))
                 .collect(),
             Err(e) => {
-                self.notes.push(format!("{dir} in the image: cannot list it: {e}"));
+                self.notes
+                    .push(format!("{dir} in the image: cannot list it: {e}"));
                 Vec::new()
             }
         }

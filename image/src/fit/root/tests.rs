@@ -6,7 +6,11 @@ use std::os::unix::fs::symlink;
 
 use super::*;
 
-const X86_64: Arch = Arch { class: Class::Elf64, endian: Endian::Little, machine: 62 };
+const X86_64: Arch = Arch {
+    class: Class::Elf64,
+    endian: Endian::Little,
+    machine: 62,
+};
 
 #[test]
 fn the_loader_configuration_parses_as_ldconfig_reads_it() {
@@ -76,10 +80,19 @@ fn search_dirs_put_the_configuration_first_then_multiarch_then_defaults() {
             "/usr/lib",
         ]
     );
-    let arm64 = Arch { machine: 183, ..X86_64 };
-    assert_eq!(search_dirs(arm64, &[])[..2], ["/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu"]);
+    let arm64 = Arch {
+        machine: 183,
+        ..X86_64
+    };
+    assert_eq!(
+        search_dirs(arm64, &[])[..2],
+        ["/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu"]
+    );
     // An architecture Debian has no triplet for gets the defaults only.
-    let odd = Arch { machine: 9999, ..X86_64 };
+    let odd = Arch {
+        machine: 9999,
+        ..X86_64
+    };
     assert_eq!(search_dirs(odd, &[]), DEFAULT_DIRS);
 }
 
@@ -95,11 +108,23 @@ fn fake_root() -> tempfile::TempDir {
     std::fs::write(r.join("opt/real/libfoo.so.1.2.3"), b"the real foo").unwrap();
     // libfoo.so.1 -> libfoo.so.1.2 (relative) -> /opt/real/libfoo.so.1.2.3 (absolute: in the
     // root, not on the host).
-    symlink("libfoo.so.1.2", r.join("usr/lib/x86_64-linux-gnu/libfoo.so.1")).unwrap();
-    symlink("/opt/real/libfoo.so.1.2.3", r.join("usr/lib/x86_64-linux-gnu/libfoo.so.1.2")).unwrap();
+    symlink(
+        "libfoo.so.1.2",
+        r.join("usr/lib/x86_64-linux-gnu/libfoo.so.1"),
+    )
+    .unwrap();
+    symlink(
+        "/opt/real/libfoo.so.1.2.3",
+        r.join("usr/lib/x86_64-linux-gnu/libfoo.so.1.2"),
+    )
+    .unwrap();
     // Links at files the host has and the root lacks.
     symlink("/etc/passwd", r.join("usr/lib/passwd-abs")).unwrap();
-    symlink("../../../../../../../../etc/passwd", r.join("usr/lib/passwd-dotdot")).unwrap();
+    symlink(
+        "../../../../../../../../etc/passwd",
+        r.join("usr/lib/passwd-dotdot"),
+    )
+    .unwrap();
     symlink("/proc/self/root/etc/passwd", r.join("usr/lib/passwd-magic")).unwrap();
     symlink("nowhere", r.join("usr/lib/dangling")).unwrap();
     symlink("loop-b", r.join("usr/lib/loop-a")).unwrap();
@@ -121,14 +146,23 @@ fn read(root: &Root, path: &str) -> Option<Vec<u8>> {
 
 #[test]
 fn lookups_follow_links_inside_the_root_only() {
-    assert!(Path::new("/etc/passwd").is_file(), "the host has /etc/passwd (else this proves nothing)");
+    assert!(
+        Path::new("/etc/passwd").is_file(),
+        "the host has /etc/passwd (else this proves nothing)"
+    );
     let dir = fake_root();
     let root = Root::open(dir.path()).unwrap();
     let cases: &[(&str, Option<&[u8]>)] = &[
         // Through /lib -> usr/lib and two links, the second absolute.
         ("/lib/x86_64-linux-gnu/libfoo.so.1", Some(b"the real foo")),
-        ("/usr/lib/x86_64-linux-gnu/libfoo.so.1", Some(b"the real foo")),
-        ("usr/lib/x86_64-linux-gnu/../x86_64-linux-gnu/libfoo.so.1", Some(b"the real foo")),
+        (
+            "/usr/lib/x86_64-linux-gnu/libfoo.so.1",
+            Some(b"the real foo"),
+        ),
+        (
+            "usr/lib/x86_64-linux-gnu/../x86_64-linux-gnu/libfoo.so.1",
+            Some(b"the real foo"),
+        ),
         // Would be the host's /etc/passwd if resolved on the host.
         ("/usr/lib/passwd-abs", None),
         ("/usr/lib/passwd-dotdot", None),
@@ -147,15 +181,24 @@ fn lookups_follow_links_inside_the_root_only() {
     // Planting the file in the root makes the escaping links resolve to it.
     std::fs::create_dir_all(dir.path().join("etc")).unwrap();
     std::fs::write(dir.path().join("etc/passwd"), b"the image's").unwrap();
-    assert_eq!(read(&root, "/usr/lib/passwd-abs").as_deref(), Some(&b"the image's"[..]));
-    assert_eq!(read(&root, "/usr/lib/passwd-dotdot").as_deref(), Some(&b"the image's"[..]));
+    assert_eq!(
+        read(&root, "/usr/lib/passwd-abs").as_deref(),
+        Some(&b"the image's"[..])
+    );
+    assert_eq!(
+        read(&root, "/usr/lib/passwd-dotdot").as_deref(),
+        Some(&b"the image's"[..])
+    );
 }
 
 #[test]
 fn listing_a_directory_inside_the_root() {
     let dir = fake_root();
     let root = Root::open(dir.path()).unwrap();
-    assert_eq!(root.list_dir("/lib/x86_64-linux-gnu").unwrap(), ["libfoo.so.1", "libfoo.so.1.2"]);
+    assert_eq!(
+        root.list_dir("/lib/x86_64-linux-gnu").unwrap(),
+        ["libfoo.so.1", "libfoo.so.1.2"]
+    );
     assert!(root.list_dir("/nonexistent").unwrap().is_empty());
     // A link to the host's /etc lists the root's /etc.
     symlink("/etc", dir.path().join("hostetc")).unwrap();
@@ -166,14 +209,26 @@ fn listing_a_directory_inside_the_root() {
 fn the_loader_configuration_is_read_with_its_includes_inside_the_root() {
     let dir = fake_root();
     let r = dir.path();
-    std::fs::write(r.join("etc/ld.so.conf"), "include /etc/ld.so.conf.d/*.conf\n/opt/top\n").unwrap();
-    std::fs::write(r.join("etc/ld.so.conf.d/b.conf"), "/opt/b\ninclude more/*.conf\n").unwrap();
+    std::fs::write(
+        r.join("etc/ld.so.conf"),
+        "include /etc/ld.so.conf.d/*.conf\n/opt/top\n",
+    )
+    .unwrap();
+    std::fs::write(
+        r.join("etc/ld.so.conf.d/b.conf"),
+        "/opt/b\ninclude more/*.conf\n",
+    )
+    .unwrap();
     std::fs::write(r.join("etc/ld.so.conf.d/a.conf"), "# a\n/opt/a\n").unwrap();
     std::fs::write(r.join("etc/ld.so.conf.d/a.conf.dpkg-old"), "/opt/old\n").unwrap();
     std::fs::create_dir_all(r.join("etc/ld.so.conf.d/more")).unwrap();
     std::fs::write(r.join("etc/ld.so.conf.d/more/c.conf"), "/opt/c\n").unwrap();
     // A link to the host's own configuration reads the root's.
-    symlink("/etc/ld.so.conf.d/a.conf", r.join("etc/ld.so.conf.d/z.conf")).unwrap();
+    symlink(
+        "/etc/ld.so.conf.d/a.conf",
+        r.join("etc/ld.so.conf.d/z.conf"),
+    )
+    .unwrap();
     let root = Root::open(r).unwrap();
     let (dirs, notes) = root.conf_dirs();
     assert_eq!(dirs, ["/opt/a", "/opt/b", "/opt/c", "/opt/a", "/opt/top"]);
