@@ -6,6 +6,7 @@ pub mod bounds;
 pub mod cache;
 mod duration;
 pub mod fitness;
+pub mod image;
 pub mod logs;
 pub mod notifications;
 pub mod rerun;
@@ -230,6 +231,13 @@ pub struct PolicySection {
     pub network_allow: Option<Vec<String>>,
     /// `cache = true`: the policy's runners use the host-local cache (`[cache]`).
     pub cache: Option<bool>,
+    /// The image the policy's runners run in (`oci:`, `oci-archive:`, `docker-archive:`,
+    /// `docker://`), [`image`].
+    pub image: Option<String>,
+    /// How often a tag of `image` is resolved again; absent: only at start.
+    pub image_refresh: Option<ConfigDuration>,
+    /// The registry's `user:password`, for a `docker://` image.
+    pub image_credentials_file: Option<PathBuf>,
     /// Failure reasons whose job rm asks GitHub to re-run ([`rerun::RERUNNABLE_REASONS`]);
     /// absent or `[]`: none.
     pub rerun_on: Option<Vec<String>>,
@@ -455,6 +463,9 @@ pub struct Policy {
     /// `cache = true`: the policy's runners use the host-local cache service for actions/cache
     /// and the action archives (`[cache]`), when their runner package takes the redirect.
     pub cache: bool,
+    /// `image`: the runners' root is this image ([`image::PolicyImage`], `crate::image`);
+    /// `None`: the host's.
+    pub image: Option<image::PolicyImage>,
     /// The `[[scale_set]]` this policy's runners serve ([`scale_sets`]): its demand comes from
     /// the scale set's statistics, never from webhook or polled jobs. `None`: a webhook policy.
     pub scale_set: Option<scale_sets::ScaleSet>,

@@ -12,6 +12,7 @@ pub mod exit;
 pub(crate) mod explain;
 pub(crate) mod fault;
 pub mod features;
+pub mod image;
 pub(crate) mod fitness;
 pub(crate) mod isolation;
 pub(crate) mod journal_auth;

@@ -210,6 +210,28 @@ pub(crate) fn enterprise_token(path: &Path, key: &str) -> Result<SecretString, E
     Ok(SecretString::from(token.to_owned()))
 }
 
+/// A registry's credentials for a policy's `docker://` image (`image_credentials_file`, named
+/// by `key`): one line `user:password` (a registry token is its password), refused when
+/// missing, empty, without the `:` or readable by every user, like every secret file.
+pub(crate) fn registry_credentials(
+    path: &Path,
+    key: &str,
+) -> Result<rm_image::registry::Credentials, Exit> {
+    let text = read_secret_file(path, key)?;
+    match text.trim().split_once(':') {
+        Some((user, password)) if !user.is_empty() && !password.is_empty() => {
+            Ok(rm_image::registry::Credentials {
+                user: user.to_owned(),
+                password: SecretString::from(password.to_owned()),
+            })
+        }
+        _ => Err(Exit::usage(format!(
+            "{key}: {} does not hold one line `user:password` (for a token: any user name, the token as the password)",
+            path.display()
+        ))),
+    }
+}
+
 /// Who besides the owner has some access to a file of `mode`: its group, others, or both;
 /// `None` for an owner-only file (`0600`, `0400`).
 fn open_to_others(mode: u32) -> Option<&'static str> {

@@ -196,6 +196,12 @@ pub(crate) fn prepare(
     hostname: &str,
     resolv_conf: Option<&[u8]>,
 ) -> io::Result<ImageRootSetup> {
+    if !plan.rootfs.is_absolute() || !plan.rootfs.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("image {} is not in the image store", plan.id),
+        ));
+    }
     let dirs = RootDirs::of(runtime);
     match std::fs::symlink_metadata(&dirs.dir) {
         Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&dirs.dir)?,

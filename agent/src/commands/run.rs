@@ -569,6 +569,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         tracing::warn!("{off}: {}", crate::trust::PROTECTED_LINKS_FIX);
     }
     let backends = crate::isolation::backends(config, &package_dir)?;
+    let images = crate::image::start(config, &backends).await?;
     let settings = Settings {
         host: config.host.name.clone(),
         max_runners: config.host.max_runners,
@@ -599,6 +600,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         reruns: config.reruns.clone(),
         scale_sets: Arc::new(scale_set_board(config, client)?),
         cache: crate::cache::wanted(config).map(crate::cache::plan),
+        images,
     };
     // Bounds lowered since the last run, and copies past `max_age` on a host that cleaned up
     // nothing since: pruned now, off the runtime, not only after the next cleanup.

@@ -517,6 +517,12 @@ pub(super) fn validate(
             cache_reachable(cache.as_ref(), isolation, network)
                 .map_err(|problem| err(&key("cache"), problem))?;
         }
+        if policy.image.is_some() && isolation != Isolation::User {
+            return Err(err(
+                &key("image"),
+                "is mounted as each runner's root in the runner's own mount namespace, and needs host.isolation = \"user\"".to_owned(),
+            ));
+        }
         if policy.docker.is_some() && isolation != Isolation::User {
             return Err(err(
                 &key("docker"),
@@ -647,11 +653,19 @@ fn validate_policy(
             "\"persistent\" is for repository targets only: a slot's _work must not be shared across repositories".to_owned(),
         ));
     }
+    let image = super::image::validate(
+        section.image.as_deref(),
+        section.image_refresh.map(|d| d.0),
+        section.image_credentials_file.clone(),
+    )?;
     let docker_on = section.docker.unwrap_or(false);
-    if !docker_on && section.docker_registry_mirror.is_some() {
+    let pulls_image = image
+        .as_ref()
+        .is_some_and(|i| !i.reference.is_local());
+    if !docker_on && !pulls_image && section.docker_registry_mirror.is_some() {
         return Err((
             "docker_registry_mirror",
-            "is what each runner's own Docker daemon pulls through: set `docker = true` too"
+            "is what each runner's own Docker daemon, and a `docker://` image, pull through: set `docker = true` or such an image too"
                 .to_owned(),
         ));
     }
@@ -661,6 +675,10 @@ fn validate_policy(
         .map(registry_mirror)
         .transpose()
         .map_err(|problem| ("docker_registry_mirror", problem))?;
+    let image = image.map(|mut image| {
+        image.mirror = registry_mirror.clone().filter(|_| pulls_image);
+        image
+    });
     let unbounded = docker_unbounded(docker_on, section.docker_unbounded)?;
     let docker = match (docker_on, section.docker_images) {
         (false, Some(images)) if !images.is_empty() => {
@@ -748,6 +766,7 @@ fn validate_policy(
         env_file: section.env_file,
         network_allow,
         cache: section.cache.unwrap_or(false),
+        image,
         scale_set: None,
     })
 }

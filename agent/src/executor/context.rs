@@ -66,6 +66,12 @@ impl Context {
             .cache
             .clone()
             .filter(|_| policy.is_some_and(|p| p.cache));
+        // The attempt's own image, journalled when it was created, whatever the policy names
+        // now; an attempt with one is never started on the host's root.
+        plan.image = record
+            .image
+            .as_deref()
+            .map(|id| crate::image::plan_of(self.settings.images.as_deref(), id));
         // The operator's variables of the policy's env_file (rm_runner::env_file).
         if let Some(env) = self.settings.operator_env.get(&record.policy) {
             plan.env = env.clone();

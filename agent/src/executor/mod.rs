@@ -137,6 +137,9 @@ pub struct Settings {
     pub scale_sets: Arc<crate::scaleset::Board>,
     /// What a runner of a policy with `cache = true` is given (`[cache]`); `None`: no cache.
     pub cache: Option<rm_runner::backend::CachePlan>,
+    /// The job images (`policy.image`): each policy's current one, recorded with each new
+    /// attempt, and the store a runner is started from; `None`: no policy has an image.
+    pub images: Option<Arc<crate::image::Images>>,
 }
 
 /// The execution backends this agent can drive (CONTRACT §7). Each attempt names its own in the

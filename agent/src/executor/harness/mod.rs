@@ -673,6 +673,7 @@ impl Harness {
             policies: options.policies.clone(),
             operator_env: HashMap::new(),
             cache: None,
+            images: None,
             fitness: crate::fitness::Gate::default(),
             fleet: options
                 .fleet
