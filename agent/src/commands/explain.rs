@@ -206,6 +206,7 @@ fn ran_the_job(
                 detail: record.and_then(|r| r.detail.clone()),
                 live: record.is_some_and(|r| r.state != rm_journal::AttemptState::Cleaned),
                 logs: entry.is_dir().then_some(entry),
+                image: record.and_then(|r| r.image.clone()),
                 attempt_id: found.attempt_id,
             }
         })

@@ -63,6 +63,8 @@ pub(crate) struct Facts {
     /// Attempts concluded longer than [`CLEANUP_OVERDUE`] ago and still not released: their
     /// cleanup keeps failing, and their uids stay held.
     pub cleanup_overdue: usize,
+    /// The runners not yet cleaned up that run (or ran) in an image, oldest first (issue 40).
+    pub runner_images: Vec<RunnerImage>,
     /// Every queued job's verdict, oldest first (CONTRACT §8, [`crate::explain`]).
     pub waiting: Vec<crate::explain::Explanation>,
     /// Wait times over the last hour, from the journal (CONTRACT §8, [`crate::latency`]).
@@ -73,6 +75,59 @@ pub(crate) struct Facts {
     pub fleet: Option<rm_journal::FleetView>,
     /// Each `[[scale_set]]` with what the journal holds of it (`None`: never listened to yet).
     pub scale_sets: Vec<ScaleSetFacts>,
+}
+
+/// A runner not yet cleaned up and the image it runs in (issue 40): what `status` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunnerImage {
+    pub runner_name: String,
+    pub policy: String,
+    pub state: AttemptState,
+    /// The image's id, `sha256:<64 hex>`.
+    pub image: String,
+}
+
+/// Of the attempts not cleaned, those whose runner's root is an image, in the order given.
+fn runner_images(uncleaned: &[rm_journal::AttemptRecord]) -> Vec<RunnerImage> {
+    uncleaned
+        .iter()
+        .filter_map(|a| {
+            Some(RunnerImage {
+                runner_name: a.runner_name.clone(),
+                policy: a.policy.clone(),
+                state: a.state,
+                image: a.image.clone()?,
+            })
+        })
+        .collect()
+}
+
+/// `status`'s line of images: each image (short) with the runners in it, in the order they
+/// first appear; `None` when no runner runs in an image.
+fn images_line(runners: &[RunnerImage]) -> Option<String> {
+    let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
+    for r in runners {
+        match groups.iter_mut().find(|(image, _)| *image == r.image) {
+            Some((_, names)) => names.push(&r.runner_name),
+            None => groups.push((&r.image, vec![&r.runner_name])),
+        }
+    }
+    if groups.is_empty() {
+        return None;
+    }
+    Some(
+        groups
+            .iter()
+            .map(|(image, names)| {
+                format!(
+                    "{} ({})",
+                    super::runners::short_image(image),
+                    names.join(", ")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    )
 }
 
 /// A scale set as `status` shows it.
@@ -354,6 +409,7 @@ fn gather(
         .len()
         .saturating_sub(routed + demand.unresolvable.len() + demand.overlapping.len());
     let (uids_held, cleanup_overdue) = holding(&uncleaned, now_ms - CLEANUP_OVERDUE);
+    let runner_images = runner_images(&uncleaned);
     let (fleet, waiting) = match fleet {
         Some(InFleet { view, waiting }) => (Some(view), waiting),
         None => (None, super::explain::waiting(config, reader, now)?),
@@ -382,6 +438,7 @@ fn gather(
         uids_held,
         uid_pool: config.host.runner_uids.len(),
         cleanup_overdue,
+        runner_images,
         waiting,
         latency,
         runner_version: config
@@ -498,6 +555,13 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
             "active": facts.active_runners(),
             "capacity": facts.capacity(),
             "by_state": facts.attempts_by_state,
+            // Issue 40: each runner not yet cleaned up that runs in an image, with its full id.
+            "images": facts.runner_images.iter().map(|r| json!({
+                "runner_name": r.runner_name,
+                "policy": r.policy,
+                "state": r.state.as_str(),
+                "image": r.image,
+            })).collect::<Vec<_>>(),
         },
         "isolation": {
             "mode": facts.isolation.as_str(),
@@ -1040,6 +1104,10 @@ pub(crate) fn render(facts: &Facts) -> String {
         ),
     );
 
+    if let Some(images) = images_line(&facts.runner_images) {
+        line("images", images);
+    }
+
     line(
         "isolation",
         match facts.isolation {
@@ -1213,6 +1281,7 @@ mod tests {
             uids_held: 0,
             uid_pool: 64,
             cleanup_overdue: 0,
+            runner_images: Vec::new(),
             waiting: Vec::new(),
             latency: crate::latency::Latency::default(),
             runner_version: None,
@@ -1936,5 +2005,87 @@ mod tests {
                 "{attempts:#?}"
             );
         }
+    }
+
+    /// Issue 40: `status` names the image each runner not yet cleaned up runs in, the full id
+    /// in JSON and the short one in text, and says nothing of images when every runner runs on
+    /// the host's root.
+    #[test]
+    fn status_names_the_image_each_runner_runs_in() {
+        use rm_journal::{AttemptId, AttemptRecord, IsolationKind, WorkspaceKind};
+        let a = format!("sha256:{}", "a".repeat(64));
+        let b = format!("sha256:{}", "0123456789abcdef".repeat(4));
+        let record = |n: u8, state: AttemptState, image: Option<&str>| {
+            let id = AttemptId::parse(&format!("{n:02x}{}", "0".repeat(30))).unwrap();
+            AttemptRecord {
+                runner_name: id.runner_name("h"),
+                attempt_id: id,
+                policy: if n == 3 { "gpu" } else { "linux" }.into(),
+                workspace: WorkspaceKind::Ephemeral,
+                runtime_dir: "/r/x".into(),
+                state,
+                state_changed_at_ms: UnixMs::EPOCH,
+                outcome: None,
+                reason: None,
+                detail: None,
+                runner_id: None,
+                job_id: None,
+                pid: None,
+                pid_start_time: None,
+                stop_intent: None,
+                stop_intent_at_ms: None,
+                created_at_ms: UnixMs::EPOCH,
+                updated_at_ms: UnixMs::EPOCH,
+                pid_boot_id: None,
+                isolation: IsolationKind::User,
+                uid: None,
+                cgroup: None,
+                released_at_ms: None,
+                image: image.map(str::to_owned),
+            }
+        };
+        let uncleaned = [
+            record(1, AttemptState::Busy, Some(&a)),
+            record(2, AttemptState::Idle, None),
+            record(3, AttemptState::Starting, Some(&b)),
+            record(4, AttemptState::Finished, Some(&a)),
+        ];
+        let images = runner_images(&uncleaned);
+        assert_eq!(
+            images
+                .iter()
+                .map(|r| (r.runner_name.as_str(), r.state, r.image.as_str()))
+                .collect::<Vec<_>>(),
+            [
+                ("rm-h-010000000000", AttemptState::Busy, a.as_str()),
+                ("rm-h-030000000000", AttemptState::Starting, b.as_str()),
+                ("rm-h-040000000000", AttemptState::Finished, a.as_str()),
+            ]
+        );
+
+        let mut f = facts();
+        f.runner_images = images;
+        let json = to_json(&f);
+        let listed = json["runners"]["images"].as_array().unwrap();
+        assert_eq!(listed.len(), 3);
+        assert_eq!(listed[0]["runner_name"], "rm-h-010000000000");
+        assert_eq!(listed[0]["image"], a.as_str());
+        assert_eq!(listed[1]["policy"], "gpu");
+        assert_eq!(listed[1]["state"], "starting");
+        assert_eq!(listed[1]["image"], b.as_str());
+        let text = render(&f);
+        assert!(
+            text.contains(
+                "images    sha256:aaaaaaaaaaaa (rm-h-010000000000, rm-h-040000000000); \
+                 sha256:0123456789ab (rm-h-030000000000)\n"
+            ),
+            "{text}"
+        );
+
+        // Every runner on the host's root: an empty list, and no line.
+        let f = facts();
+        assert_eq!(to_json(&f)["runners"]["images"], json!([]));
+        assert!(!render(&f).contains("images"), "{}", render(&f));
+        assert_eq!(images_line(&runner_images(&uncleaned[1..2])), None);
     }
 }

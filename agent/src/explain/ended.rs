@@ -6,7 +6,9 @@
 //! The reason's code is the attempt's own: its attributed failure (`oom_killed`, `disk_full`,
 //! `runner_crashed`, `ghost`, `host_lost`, or any other failure reason), else its outcome
 //! (`completed_job`, `orphaned`, `idle_exit`); `runner_live` while it has not ended. Then
-//! `logs_kept` (or `logs_live`, or `logs_not_kept`).
+//! `logs_kept` (or `logs_live`, or `logs_not_kept`). Between them, `runner_image` for each
+//! attempt whose runner's root was an image (issue 40), naming the image's full id; nothing for
+//! a runner on the host's root.
 
 use std::path::PathBuf;
 
@@ -31,6 +33,9 @@ pub(crate) struct RanAttempt {
     pub live: bool,
     /// Its kept logs, when a copy exists.
     pub logs: Option<PathBuf>,
+    /// The id of the image its runner ran in (`sha256:<64 hex>`); `None` on the host's root, or
+    /// once the journal pruned the attempt.
+    pub image: Option<String>,
 }
 
 /// The end beside the contract's fields (`explain --json`'s `runner_end`).
@@ -45,6 +50,8 @@ pub(crate) struct RunnerEnd {
     pub detail: Option<String>,
     /// The kept copy of its logs.
     pub logs: Option<String>,
+    /// The id of the image its runner ran in; null on the host's root (issue 40).
+    pub image: Option<String>,
 }
 
 /// The re-run the agent asked GitHub for (issue 28, `policy.rerun_on`), if any.
@@ -126,6 +133,7 @@ pub(crate) fn reasons(job_id: JobId, ran: &[RanAttempt]) -> (Vec<Reason>, Option
         (ended, None) => format!("Its runner {} ended {ended}.", last.runner_name),
     };
     reasons.push(reason(code, message));
+    reasons.extend(images(ran));
     match (&last.logs, last.live) {
         (Some(path), _) => reasons.push(reason(
             "logs_kept",
@@ -150,8 +158,30 @@ pub(crate) fn reasons(job_id: JobId, ran: &[RanAttempt]) -> (Vec<Reason>, Option
         reason: last.reason.clone(),
         detail: last.detail.clone(),
         logs: last.logs.as_ref().map(|p| p.display().to_string()),
+        image: last.image.clone(),
     };
     (reasons, Some(end))
+}
+
+/// `runner_image` for each attempt that ran the job in an image, oldest first: the last is the
+/// job's runner, any earlier one a runner that took the job before it.
+fn images(ran: &[RanAttempt]) -> Vec<Reason> {
+    let last = ran.len().saturating_sub(1);
+    ran.iter()
+        .enumerate()
+        .filter_map(|(n, attempt)| {
+            let image = attempt.image.as_deref()?;
+            let name = &attempt.runner_name;
+            let message = match (n == last, attempt.live && attempt.outcome.is_none()) {
+                (true, true) => format!("Its runner {name} runs in image {image}."),
+                (true, false) => format!("Its runner {name} ran in image {image}."),
+                (false, _) => {
+                    format!("Runner {name}, which took the job before, ran in image {image}.")
+                }
+            };
+            Some(reason("runner_image", message))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -167,7 +197,56 @@ mod tests {
             detail: Some("the evidence".into()),
             live,
             logs: (!live).then(|| PathBuf::from("/var/lib/rm/logs/a1")),
+            image: None,
         }
+    }
+
+    const IMAGE: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    /// Issue 40: each attempt's image is named with its full id, between the end and the logs;
+    /// a runner on the host's root adds nothing.
+    #[test]
+    fn the_image_each_attempt_ran_in_is_named_in_full() {
+        let job = JobId::new(7);
+        let codes = |said: &[Reason]| said.iter().map(|r| r.code).collect::<Vec<_>>();
+        let mut ran = attempt(Some(AttemptOutcome::CompletedJob), None, false);
+        let (said, end) = reasons(job, std::slice::from_ref(&ran));
+        assert_eq!(codes(&said), ["completed_job", "logs_kept"]);
+        assert_eq!(end.unwrap().image, None);
+
+        ran.image = Some(IMAGE.into());
+        let (said, end) = reasons(job, std::slice::from_ref(&ran));
+        assert_eq!(codes(&said), ["completed_job", "runner_image", "logs_kept"]);
+        assert_eq!(
+            said[1].message,
+            format!("Its runner rm-h-a1 ran in image {IMAGE}.")
+        );
+        assert_eq!(end.unwrap().image.as_deref(), Some(IMAGE));
+
+        let mut running = attempt(None, None, true);
+        running.image = Some(IMAGE.into());
+        let (said, _) = reasons(job, &[running]);
+        assert_eq!(
+            said[1].message,
+            format!("Its runner rm-h-a1 runs in image {IMAGE}.")
+        );
+
+        // Two attempts took the job: each is named, the earlier one as such.
+        let other = format!("sha256:{}", "f".repeat(64));
+        let mut first = attempt(Some(AttemptOutcome::Failed), Some("runner_crashed"), false);
+        first.runner_name = "rm-h-a0".into();
+        first.image = Some(other.clone());
+        let (said, end) = reasons(job, &[first, ran]);
+        assert_eq!(
+            codes(&said),
+            ["completed_job", "runner_image", "runner_image", "logs_kept"]
+        );
+        assert_eq!(
+            said[1].message,
+            format!("Runner rm-h-a0, which took the job before, ran in image {other}.")
+        );
+        assert!(said[2].message.contains(IMAGE), "{}", said[2].message);
+        assert_eq!(end.unwrap().image.as_deref(), Some(IMAGE));
     }
 
     #[test]

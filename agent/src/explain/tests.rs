@@ -31,6 +31,7 @@ fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
         network_allow: None,
         cache: false,
         scale_set: None,
+        image: None,
     }
 }
 
