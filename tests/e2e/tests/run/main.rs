@@ -20,6 +20,7 @@ mod failures;
 mod fitness;
 mod fleet;
 mod isolation;
+mod job_image_support;
 mod latency;
 mod lifecycle;
 mod limits;
@@ -35,6 +36,8 @@ mod status;
 
 #[path = "../../../support/busybox_image.rs"]
 mod busybox_image;
+#[path = "../../../support/job_image.rs"]
+mod job_image;
 #[path = "../../../support/npm.rs"]
 mod npm;
 /// A real PostgreSQL server for the fleet's tests (fleet.rs), shared with the journal's tests.
