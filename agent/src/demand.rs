@@ -126,6 +126,7 @@ mod tests {
             env_file: None,
             network_allow: None,
             cache: false,
+            image: None,
             scale_set: None,
         }
     }

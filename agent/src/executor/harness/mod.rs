@@ -106,6 +106,7 @@ pub(super) fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: 
         env_file: None,
         network_allow: None,
         cache: false,
+        image: None,
         scale_set: None,
     }
 }
