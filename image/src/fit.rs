@@ -14,11 +14,11 @@
 //!   `LD_LIBRARY_PATH` from the image's `ENV` is not followed.
 //! - for a .NET runner (`bin/libcoreclr.so` present), the libraries the .NET runtime loads by
 //!   name at run time, as actions/runner's `installdependencies.sh` lists them
-//!   ([`DOTNET_RUNTIME_LOADS`]; any ICU and any OpenSSL version the runtime accepts).
+//!   (`DOTNET_RUNTIME_LOADS`; any ICU and any OpenSSL version the runtime accepts).
 //!
-//! Image paths are looked up with links resolved inside the image ([`root`]); the package is
+//! Image paths are looked up with links resolved inside the image (`root`); the package is
 //! the store's verified copy and is read as it is. Files are read through a bounded ELF reader
-//! ([`elf`]); a file that starts like an ELF file but cannot be read is skipped with a note.
+//! (`elf`); a file that starts like an ELF file but cannot be read is skipped with a note.
 
 mod elf;
 mod root;
@@ -248,9 +248,13 @@ pub fn check(rootfs: &Path, package: &Path) -> FitReport {
     }
     checker.dotnet_runtime_loads();
     checker.run();
+    let missing = checker.missing.into_missing();
+    let mut optional = checker.optional.into_missing();
+    // What a required file lacks is named there; an optional file's need of it adds nothing.
+    optional.retain(|o| !missing.iter().any(|m| m.what == o.what));
     FitReport {
-        missing: checker.missing.into_missing(),
-        optional: checker.optional.into_missing(),
+        missing,
+        optional,
         notes: checker.notes,
         examined: checker.examined,
     }
@@ -640,12 +644,14 @@ impl Checker {
         }
         for dir in package_dirs {
             let path = dir.join(name);
-            if let Ok(file) = File::open(&path) {
-                let fits = file.metadata().is_ok_and(|m| m.is_file())
-                    && elf::parse(&file).is_ok_and(|e| e.arch == arch);
-                if fits {
-                    return Some(Found::Package(file, path));
-                }
+            // Regular files only, looked at before opening: opening a FIFO would block.
+            if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+                continue;
+            }
+            if let Ok(file) = File::open(&path)
+                && elf::parse(&file).is_ok_and(|e| e.arch == arch)
+            {
+                return Some(Found::Package(file, path));
             }
         }
         image_dirs.extend(root::search_dirs(arch, &self.conf_dirs));

@@ -287,6 +287,26 @@ fn the_tracepoint_providers_needs_are_optional() {
 }
 
 #[test]
+fn what_a_required_file_lacks_is_not_also_listed_as_optional() {
+    let image = tempfile::tempdir().unwrap();
+    let package = tempfile::tempdir().unwrap();
+    let (root, pkg) = (image.path(), package.path());
+    fake_image(root);
+    lib(
+        &pkg.join("bin/libcoreclrtraceptprovider.so"),
+        &["liblttng-ust.so.0"],
+    );
+    lib(&pkg.join("bin/libtrace.so"), &["liblttng-ust.so.0"]);
+    let report = check(root, pkg);
+    assert_eq!(
+        missing(&report),
+        pairs(&[("liblttng-ust.so.0", "bin/libtrace.so")]),
+        "{report}"
+    );
+    assert!(report.optional.is_empty(), "{report}");
+}
+
+#[test]
 fn an_unreadable_root_is_unfit() {
     let package = tempfile::tempdir().unwrap();
     let report = check(Path::new("/nonexistent/rootfs"), package.path());
