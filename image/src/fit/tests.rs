@@ -307,6 +307,43 @@ fn what_a_required_file_lacks_is_not_also_listed_as_optional() {
 }
 
 #[test]
+fn an_image_librarys_origin_is_its_directory_in_the_image() {
+    let image = tempfile::tempdir().unwrap();
+    let package = tempfile::tempdir().unwrap();
+    let (root, pkg) = (image.path(), package.path());
+    fake_image(root);
+    lib(&root.join("usr/lib/libbar.so.2"), &[]);
+    write_elf(
+        &root.join("opt/foo/lib/libfoo.so.1"),
+        Class::Elf64,
+        None,
+        &["libp.so"],
+        Some("$ORIGIN/../private"),
+    );
+    lib(&pkg.join("bin/tool"), &["libfoo.so.1"]);
+    assert_eq!(
+        missing(&check(root, pkg)),
+        pairs(&[("libp.so", "/opt/foo/lib/libfoo.so.1 in the image")])
+    );
+    lib(&root.join("opt/foo/private/libp.so"), &[]);
+    let report = check(root, pkg);
+    assert!(report.is_fit(), "{report}");
+}
+
+#[test]
+fn objects_the_loader_does_not_run_are_not_examined() {
+    let image = tempfile::tempdir().unwrap();
+    let package = tempfile::tempdir().unwrap();
+    let mut object = build(Class::Elf64, Endian::Little, None, &["libnothere.so"], None).bytes;
+    object[16] = 1; // ET_REL: a .o file
+    std::fs::create_dir_all(package.path().join("bin")).unwrap();
+    std::fs::write(package.path().join("bin/thing.o"), object).unwrap();
+    let report = check(image.path(), package.path());
+    assert!(report.is_fit(), "{report}");
+    assert_eq!(report.examined, 0);
+}
+
+#[test]
 fn an_unreadable_root_is_unfit() {
     let package = tempfile::tempdir().unwrap();
     let report = check(Path::new("/nonexistent/rootfs"), package.path());

@@ -395,3 +395,19 @@ fn the_hosts_own_binaries_parse() {
     );
     assert!(elf.needed.iter().any(|n| n == "libc.so.6"), "{elf:?}");
 }
+
+#[test]
+fn rpath_is_the_search_path_only_without_runpath() {
+    let mut built = typical(Class::Elf64, Endian::Little);
+    // The fifth entry is DT_RUNPATH: make it DT_RPATH.
+    set64(&mut built.bytes, built.dynamic + 4 * 16, DT_RPATH);
+    let elf = parse(built.bytes.as_slice()).unwrap();
+    assert_eq!(elf.rpath, ["$ORIGIN", "/opt/x/lib"]);
+    assert!(elf.runpath.is_empty());
+    assert_eq!(elf.search_path(), ["$ORIGIN", "/opt/x/lib"]);
+    let both = Elf {
+        runpath: vec!["/run".into()],
+        ..elf
+    };
+    assert_eq!(both.search_path(), ["/run"]);
+}
