@@ -1321,7 +1321,12 @@ mod tests {
         // The running agent's capacity wins over the configuration's.
         assert_eq!(
             value["runners"],
-            json!({"active": 2, "capacity": 6, "by_state": {"busy": 1, "idle": 1, "cleaned": 5}})
+            json!({
+                "active": 2,
+                "capacity": 6,
+                "by_state": {"busy": 1, "idle": 1, "cleaned": 5},
+                "images": [],
+            })
         );
         // Extras beside the contract.
         assert_eq!(value["agent"]["running"], true);

@@ -313,10 +313,51 @@ async fn runners_json_follows_the_contract() {
         ),
         (Some("busy"), Some(77), Some(501))
     );
-    // Journalled without isolation: no uid (CONTRACT §7).
+    // Journalled without isolation: no uid (CONTRACT §7); on the host's root: no image.
     assert!(runner["uid"].is_null(), "{runner}");
+    assert!(runner["image"].is_null(), "{runner}");
     let table = String::from_utf8(setup.run(&["runners"]).stdout).unwrap();
     assert!(table.contains(&name) && table.contains("busy"), "{table}");
+    assert!(!table.contains("IMAGE"), "{table}");
+
+    // A runner whose root is an image (issue 40): its full id in JSON, the short one in the table.
+    let image = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let imaged = AttemptId::generate();
+    let imaged_name = imaged.runner_name("e2e-host");
+    let imaged_runtime = setup.dir.path().join("runners").join(imaged.short());
+    attempts
+        .create(&NewAttempt {
+            attempt_id: &imaged,
+            policy: "linux",
+            runner_name: &imaged_name,
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: &imaged_runtime,
+            created_at_ms: UnixMs::new(1_700_000_001_000),
+            isolation: IsolationKind::None,
+            uid: None,
+            cgroup: None,
+            image: Some(&image),
+        })
+        .unwrap();
+    let runners = json_stdout(&setup.run(&["runners", "--json"]));
+    let listed: Vec<_> = runners
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["runner_name"].as_str().unwrap(), r["image"].as_str()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (imaged_name.as_str(), Some(image.as_str())),
+            (name.as_str(), None)
+        ]
+    );
+    let table = String::from_utf8(setup.run(&["runners"]).stdout).unwrap();
+    let row = table.lines().find(|l| l.contains(&imaged_name)).unwrap();
+    assert!(table.contains("IMAGE"), "{table}");
+    assert!(row.contains("sha256:0123456789ab "), "{table}");
+    assert!(!row.contains(&image), "{table}");
 }
 
 /// An agent that may not switch users refuses `run` when the configuration does not name
