@@ -164,7 +164,9 @@ pub enum RegistryError {
     #[error("{registry}: {detail}")]
     Protocol { registry: String, detail: String },
     /// Plain HTTP where only HTTPS is allowed (a redirect or token realm off loopback).
-    #[error("{registry}: refused plain HTTP to {url}: only loopback registries and an http:// mirror are reached without TLS")]
+    #[error(
+        "{registry}: refused plain HTTP to {url}: only loopback registries and an http:// mirror are reached without TLS"
+    )]
     Insecure { registry: String, url: String },
     /// Writing the layout failed.
     #[error("cannot write the image layout at {}: {source}", path.display())]
@@ -206,6 +208,8 @@ impl std::fmt::Display for Reference {
 pub struct Registry {
     client: Client,
     mirror: Option<Endpoint>,
+    /// Docker Hub's endpoint (a field so that tests can stand a fake in for it).
+    hub: Endpoint,
 }
 
 impl Registry {
@@ -214,7 +218,16 @@ impl Registry {
     pub fn new(options: RegistryOptions) -> Result<Registry, RegistryError> {
         let mirror = options.mirror.as_ref().map(mirror_endpoint).transpose()?;
         let client = Client::new(options.credentials).map_err(RegistryError::Roots)?;
-        Ok(Registry { client, mirror })
+        let hub = Endpoint {
+            name: DOCKER_HUB.to_owned(),
+            base: DOCKER_HUB_API.to_owned(),
+            plain_host: None,
+        };
+        Ok(Registry {
+            client,
+            mirror,
+            hub,
+        })
     }
 
     /// The digest of the manifest `tag` names in `repository` of `registry` (a `HEAD`, its
@@ -268,11 +281,7 @@ impl Registry {
     /// The endpoints to try in order for `registry`: the mirror first for Docker Hub.
     fn endpoints(&self, registry: &str) -> Result<Vec<Endpoint>, RegistryError> {
         if DOCKER_HUB_ALIASES.contains(&registry.to_ascii_lowercase().as_str()) {
-            let hub = Endpoint {
-                name: DOCKER_HUB.to_owned(),
-                base: DOCKER_HUB_API.to_owned(),
-                plain_host: None,
-            };
+            let hub = self.hub.clone();
             return Ok(self.mirror.iter().cloned().chain([hub]).collect());
         }
         let authority: http::uri::Authority =
@@ -371,15 +380,16 @@ impl Registry {
             } => (top, media_type, config, layers),
             Manifest::Index { manifests, .. } => {
                 let (arch, variant) = manifest::this_platform();
-                let entry = manifest::pick_platform(&manifests, arch, variant).ok_or_else(|| {
-                    RegistryError::NoPlatform {
-                        registry: ep.name.clone(),
-                        what: what.clone(),
-                        arch: arch.to_owned(),
-                        available: manifest::platforms(&manifests).join(", "),
-                    }
-                })?;
-                let reference = Reference::Digest(entry.digest.clone());
+                let entry =
+                    manifest::pick_platform(&manifests, arch, variant).ok_or_else(|| {
+                        RegistryError::NoPlatform {
+                            registry: ep.name.clone(),
+                            what: what.clone(),
+                            arch: arch.to_owned(),
+                            available: manifest::platforms(&manifests).join(", "),
+                        }
+                    })?;
+                let reference = Reference::Digest(entry.digest);
                 let image = self
                     .manifest(ep, repository, &reference, Some(entry.size), layout, into)
                     .await?;
@@ -431,7 +441,7 @@ impl Registry {
         into: &Path,
     ) -> Result<Fetched, RegistryError> {
         if let Reference::Digest(digest) = reference {
-            let (held, wanted) = (layout.clone(), digest.clone());
+            let (held, wanted) = (layout.clone(), *digest);
             let present = blocking(into, move || {
                 held.read_verified(&wanted, MAX_MANIFEST_BYTES)
             })
@@ -440,14 +450,18 @@ impl Registry {
                 && size.is_none_or(|s| s == bytes.len() as u64)
             {
                 return Ok(Fetched {
-                    digest: digest.clone(),
+                    digest: *digest,
                     bytes,
                     content_type: None,
                 });
             }
         }
         let fetched = self.fetch_manifest(ep, repository, reference, size).await?;
-        let (held, digest, bytes) = (layout.clone(), fetched.digest.clone(), fetched.bytes.clone());
+        let (held, digest, bytes) = (
+            layout.clone(),
+            fetched.digest,
+            fetched.bytes.clone(),
+        );
         blocking(into, move || held.put(&digest, &bytes)).await?;
         Ok(fetched)
     }
@@ -487,7 +501,7 @@ impl Registry {
         let bytes = client::read_bounded(ep, response, MAX_MANIFEST_BYTES, &what).await?;
         let digest = Digest::of(&bytes);
         let expected = match reference {
-            Reference::Digest(d) => Some(d.clone()),
+            Reference::Digest(d) => Some(*d),
             Reference::Tag(_) => claimed,
         };
         if let Some(expected) = expected
@@ -528,19 +542,19 @@ impl Registry {
         layout: &Layout,
         into: &Path,
     ) -> Result<(), RegistryError> {
-        let (held, digest, size) = (layout.clone(), blob.digest.clone(), blob.size);
+        let (held, digest, size) = (layout.clone(), blob.digest, blob.size);
         if blocking(into, move || held.verified(&digest, Some(size))).await? {
             return Ok(());
         }
-        let partial = layout.partial_path(&blob.digest);
-        let result = self
-            .stream_blob(ep, repository, blob, &partial, &layout.blob_path(&blob.digest))
-            .await;
-        if result.is_err() {
-            // Nothing unverified stays: the partial file goes (it may not exist yet).
-            let _ = tokio::fs::remove_file(&partial).await;
-        }
-        result
+        let partial = Partial(layout.partial_path(&blob.digest));
+        self.stream_blob(
+            ep,
+            repository,
+            blob,
+            &partial.0,
+            &layout.blob_path(&blob.digest),
+        )
+        .await
     }
 
     async fn stream_blob(
@@ -605,9 +619,7 @@ impl Registry {
         }
         file.sync_all().await.map_err(io_error)?;
         drop(file);
-        tokio::fs::rename(partial, target)
-            .await
-            .map_err(io_error)?;
+        tokio::fs::rename(partial, target).await.map_err(io_error)?;
         tracing::debug!(blob = %blob.digest, size = blob.size, "blob downloaded and verified");
         Ok(())
     }
@@ -615,6 +627,22 @@ impl Registry {
     /// The user of the credentials, for messages.
     fn user(&self) -> Option<&str> {
         self.client.user()
+    }
+}
+
+/// A partial blob file, removed when the download of its blob ends, however it ends: renamed
+/// into place (then there is nothing to remove), failed, or dropped unfinished because another
+/// blob of the image failed. Nothing unverified stays.
+struct Partial(PathBuf);
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        match std::fs::remove_file(&self.0) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(path = %self.0.display(), error = %e,
+                "cannot remove a partial blob (the next download removes it)"),
+        }
     }
 }
 

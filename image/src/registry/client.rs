@@ -111,7 +111,14 @@ impl Client {
         let mut challenged = false;
         loop {
             let response = self
-                .follow(ep, method.clone(), &url, accept, authorization.as_ref(), what)
+                .follow(
+                    ep,
+                    method.clone(),
+                    &url,
+                    accept,
+                    authorization.as_ref(),
+                    what,
+                )
                 .await?;
             if response.status() != StatusCode::UNAUTHORIZED || challenged {
                 return Ok(response);

@@ -95,9 +95,11 @@ pub(crate) fn parse(bytes: &[u8], content_type: Option<&str>) -> Result<Manifest
             .as_deref()
             .is_some_and(|m| DOCKER_SCHEMA1.contains(&m))
     {
-        return Err("the image has a Docker schema 1 manifest, which is not supported: \
+        return Err(
+            "the image has a Docker schema 1 manifest, which is not supported: \
                     push it again with a current client"
-            .to_owned());
+                .to_owned(),
+        );
     }
     if doc.schema_version != Some(2) {
         return Err(format!(
@@ -125,10 +127,12 @@ pub(crate) fn parse(bytes: &[u8], content_type: Option<&str>) -> Result<Manifest
                 layers,
             })
         }
-        (Some(other), ..) if ![OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, DOCKER_MANIFEST]
-            .contains(&other) =>
+        (Some(other), ..)
+            if ![OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, DOCKER_MANIFEST].contains(&other) =>
         {
-            Err(format!("the manifest's media type {other:?} is not one this client reads"))
+            Err(format!(
+                "the manifest's media type {other:?} is not one this client reads"
+            ))
         }
         _ => Err("the manifest is neither an image manifest nor an index".to_owned()),
     }
