@@ -457,11 +457,7 @@ impl Registry {
             }
         }
         let fetched = self.fetch_manifest(ep, repository, reference, size).await?;
-        let (held, digest, bytes) = (
-            layout.clone(),
-            fetched.digest,
-            fetched.bytes.clone(),
-        );
+        let (held, digest, bytes) = (layout.clone(), fetched.digest, fetched.bytes.clone());
         blocking(into, move || held.put(&digest, &bytes)).await?;
         Ok(fetched)
     }
