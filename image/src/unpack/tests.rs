@@ -6,7 +6,7 @@ mod skip;
 
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
 use tar::EntryType;
