@@ -360,6 +360,104 @@ async fn runners_json_follows_the_contract() {
     assert!(!row.contains(&image), "{table}");
 }
 
+/// Issue 40 through the real binary: `explain JOB` names the full id of the image the job's
+/// runner ran in (a `runner_image` reason and `runner_end.image`), and `status` names it for the
+/// runner while it is not cleaned up (`runners.images`, the `images` line).
+#[tokio::test]
+async fn explain_and_status_name_the_image_a_runner_ran_in() {
+    use rm_journal::{AttemptId, AttemptOutcome, AttemptState, Attempts, IsolationKind};
+    use rm_journal::{NewAttempt, WorkspaceKind};
+    let setup = Setup::new();
+    let agent = setup.start_receiver().await;
+    let started = delivery("workflow_job.in_progress.4", Some(777));
+    assert_eq!(agent.deliver(&started).await, Ok(202));
+    drop(agent);
+
+    let image = format!("sha256:{}", "fedcba9876543210".repeat(4));
+    let attempts = Attempts::open(&setup.journal()).unwrap();
+    let id = AttemptId::generate();
+    let name = id.runner_name("e2e-host");
+    let runtime = setup.dir.path().join("runners").join(id.short());
+    attempts
+        .create(&NewAttempt {
+            attempt_id: &id,
+            policy: "linux",
+            runner_name: &name,
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: &runtime,
+            created_at_ms: UnixMs::new(1_700_000_000_000),
+            isolation: IsolationKind::None,
+            uid: None,
+            cgroup: None,
+            image: Some(&image),
+        })
+        .unwrap();
+    let at = |ms: i64| UnixMs::new(1_700_000_000_000 + ms);
+    assert!(
+        attempts
+            .jit_received(&id, rm_vocab::RunnerId::new(78), at(1))
+            .unwrap()
+    );
+    assert!(attempts.started(&id, 4243, 99, at(2)).unwrap());
+    assert!(
+        attempts
+            .mark_busy(&id, Some(rm_vocab::JobId::new(777)), at(3))
+            .unwrap()
+    );
+    assert!(
+        attempts
+            .conclude(
+                &id,
+                AttemptState::Busy,
+                AttemptOutcome::CompletedJob,
+                None,
+                None,
+                at(4)
+            )
+            .unwrap()
+    );
+
+    let answer = json_stdout(&setup.run(&["explain", "777", "--json"]));
+    assert_eq!(
+        answer["runner_end"]["runner_name"],
+        name.as_str(),
+        "{answer}"
+    );
+    assert_eq!(answer["runner_end"]["image"], image.as_str(), "{answer}");
+    let named: Vec<_> = answer["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["code"] == "runner_image")
+        .map(|r| r["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        named,
+        [format!("Its runner {name} ran in image {image}.")],
+        "{answer}"
+    );
+    let text = String::from_utf8(setup.run(&["explain", "777"]).stdout).unwrap();
+    assert!(text.contains(&image), "{text}");
+
+    // Concluded, not yet cleaned up: status names it.
+    let status = json_stdout(&setup.run(&["status", "--json"]));
+    assert_eq!(
+        status["runners"]["images"],
+        serde_json::json!([{
+            "runner_name": name,
+            "policy": "linux",
+            "state": "finished",
+            "image": image,
+        }]),
+        "{status}"
+    );
+    let text = String::from_utf8(setup.run(&["status"]).stdout).unwrap();
+    assert!(
+        text.contains(&format!("images    sha256:fedcba987654 ({name})")),
+        "{text}"
+    );
+}
+
 /// An agent that may not switch users refuses `run` when the configuration does not name
 /// `isolation = "none"` (CONTRACT §7), exit 2, with both ways out; named, `none` is accepted.
 #[test]
