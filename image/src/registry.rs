@@ -251,8 +251,11 @@ impl Registry {
     /// Downloads the image `reference` (a tag or a `sha256:` digest) names into an OCI image
     /// layout at `into` (created as needed; blobs already there and verifying are kept) and
     /// returns the digest of the manifest `index.json` names: the image manifest for
-    /// `linux/<this arch>`, which is the reference's own digest unless it names an index.
-    /// One download at a time per `into`.
+    /// `linux/<this arch>`. That is the reference's own digest unless the reference names an
+    /// index (a multi-platform image, whose pin and [`Registry::resolve`] give the index's
+    /// digest): a caller must not compare the two. A digest reference is verified here (the
+    /// bytes fetched or kept must hash to it), so there is nothing left to compare. One
+    /// download at a time per `into`.
     pub async fn download(
         &self,
         registry: &str,
