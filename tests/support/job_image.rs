@@ -33,7 +33,7 @@ use sha2::Digest as _;
 
 /// Bumped when what [`debian_root`] or the cached layout contain changes, so a target dir made
 /// by an older version of this file makes them anew.
-pub(crate) const CACHE_VERSION: u32 = 1;
+pub(crate) const CACHE_VERSION: u32 = 2;
 
 /// The Debian packages the root is made of (with their dependencies: `gcc-12-base`): libc and
 /// libgcc for a dynamically linked Rust binary (the fake runner), busybox for `/bin/sh` and the
@@ -154,18 +154,32 @@ pub(crate) fn cache_dir() -> PathBuf {
 /// [`SCRATCH_DIR`], no device nodes), made once per target dir; its path. Shared: never change
 /// it.
 pub(crate) fn debian_root() -> PathBuf {
+    root_with(true)
+}
+
+/// [`debian_root`] without the Docker CLI (which is 45 MB of its 58): about 13 MB, the base of
+/// [`padded_image`].
+pub(crate) fn slim_root() -> PathBuf {
+    root_with(false)
+}
+
+/// [`debian_root`], with the Docker CLI or without.
+fn root_with(docker: bool) -> PathBuf {
     let codename = host_codename();
     let sources = host_sources(&codename);
     let key = cache_key(&[
         &format!("root {CACHE_VERSION}"),
         &codename,
         &PACKAGES.join(","),
-        DOCKER_PACKAGE,
+        if docker { DOCKER_PACKAGE } else { "" },
         &sources.join("\n--\n"),
     ]);
-    let name = format!("debian-{codename}-{key}");
+    let name = format!(
+        "debian-{codename}{}-{key}",
+        if docker { "" } else { "-slim" }
+    );
     cached(&cache_dir(), &name, |tmp| {
-        make_debian_root(tmp, &codename, &sources)
+        make_debian_root(tmp, &codename, &sources, docker)
     })
     .unwrap_or_else(|e| panic!("making the Debian root {name}: {e:#}"))
 }
@@ -200,7 +214,7 @@ pub(crate) fn debian_image() -> DebianImage {
 /// [`IMAGE_WORKDIR`], its manifest, and index.json naming it `tag`. The same root gives the
 /// same bytes.
 pub(crate) fn oci_layout(root: &Path, out: &Path, tag: &str) -> ImageInfo {
-    let marker = read_marker(root);
+    let marker = marker(root);
     write_layout(out, tag, &marker, &mut |blobs: &Path| {
         Ok(vec![write_layer(blobs, Compress::Gzip, &mut |tar| {
             append_tree(tar, root)
@@ -219,7 +233,7 @@ pub(crate) fn oci_layout(root: &Path, out: &Path, tag: &str) -> ImageInfo {
 /// incompressible bytes (gzip would gain nothing on them), generated and written in chunks: the
 /// 10 MiB and 1 GiB images of the setup benchmark.
 pub(crate) fn padded_layout(root: &Path, out: &Path, tag: &str, size: u64) -> ImageInfo {
-    let marker = read_marker(root);
+    let marker = marker(root);
     write_layout(out, tag, &marker, &mut |blobs: &Path| {
         let base = write_layer(blobs, Compress::Gzip, &mut |tar| append_tree(tar, root))?;
         let pad = write_layer(blobs, Compress::None, &mut |tar| {
@@ -229,6 +243,32 @@ pub(crate) fn padded_layout(root: &Path, out: &Path, tag: &str, size: u64) -> Im
         Ok(vec![base, pad])
     })
     .unwrap_or_else(|e| panic!("writing a padded layout at {}: {e}", out.display()))
+}
+
+/// [`padded_layout`] of [`slim_root`] with `size` bytes of padding, tagged [`DEBIAN_TAG`], made
+/// once per target dir and size (the padding's bytes are the same every time): the setup
+/// benchmark's small image (`padded_image(0)`, about 13 MB) and large one (`padded_image(1 <<
+/// 30)`), alike but for the size of their second layer.
+pub(crate) fn padded_image(size: u64) -> DebianImage {
+    let root = slim_root();
+    let root_name = root
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_else(|| panic!("{}: no name", root.display()));
+    let name = format!("padded-{size}-{CACHE_VERSION}-{root_name}");
+    let layout = cached(&cache_dir(), &name, |tmp| {
+        padded_layout(&root, tmp, DEBIAN_TAG, size);
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("writing the layout {name}: {e:#}"));
+    let info = read_info(&layout, DEBIAN_TAG, &root)
+        .unwrap_or_else(|e| panic!("reading the layout {}: {e}", layout.display()));
+    DebianImage {
+        root,
+        layout,
+        tag: DEBIAN_TAG,
+        info,
+    }
 }
 
 /// `skopeo copy oci:<layout>:<tag> oci-archive:<file>:<tag>`; the archive's manifest digest
@@ -300,6 +340,9 @@ pub(crate) struct HostileImage {
     pub(crate) host_escape: Option<PathBuf>,
     /// The name of the hostile entry in the layer (what an error or the report should name).
     pub(crate) entry: String,
+    /// For [`Hostile::HardLinkEscape`], the host file the link names (`/etc/hostname`): the
+    /// test asserts no file of the unpacked image is that file (its inode).
+    pub(crate) host_link_target: Option<PathBuf>,
 }
 
 /// How deep the escaping names climb: more than any unpack root's depth.
@@ -414,6 +457,7 @@ pub(crate) fn hostile_layout(kind: Hostile, out: &Path, tag: &str) -> HostileIma
         info,
         host_escape: host_escape.then(|| Path::new("/etc").join(&escape_name)),
         entry,
+        host_link_target: (kind == Hostile::HardLinkEscape).then(|| PathBuf::from("/etc/hostname")),
     }
 }
 
@@ -572,7 +616,12 @@ fn one_line_of_suite(text: &str, codename: &str) -> Vec<String> {
 }
 
 /// Makes the root in `dir` (which does not exist yet).
-fn make_debian_root(dir: &Path, codename: &str, sources: &[String]) -> io::Result<()> {
+fn make_debian_root(
+    dir: &Path,
+    codename: &str,
+    sources: &[String],
+    docker: bool,
+) -> io::Result<()> {
     let work = dir.with_extension("work");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
@@ -600,24 +649,9 @@ fn make_debian_root(dir: &Path, codename: &str, sources: &[String]) -> io::Resul
         .arg(dir)
         .args(&mirrors))?;
 
-    // The Docker CLI out of its package.
-    run(Command::new("apt-get")
-        .args(["download", "--quiet", DOCKER_PACKAGE])
-        .current_dir(&work))?;
-    let deb = std::fs::read_dir(&work)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|e| e == "deb"))
-        .ok_or_else(|| io::Error::other(format!("apt-get download {DOCKER_PACKAGE}: no .deb")))?;
-    let extracted = work.join("deb");
-    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&extracted))?;
-    std::fs::copy(extracted.join("usr/bin/docker"), dir.join("usr/bin/docker")).or_else(|_| {
-        std::fs::create_dir_all(dir.join("usr/bin"))?;
-        std::fs::copy(extracted.join("usr/bin/docker"), dir.join("usr/bin/docker"))
-    })?;
-    std::fs::set_permissions(
-        dir.join("usr/bin/docker"),
-        std::fs::Permissions::from_mode(0o755),
-    )?;
+    if docker {
+        docker_cli(dir, &work)?;
+    }
 
     // What an image has no use for, or holds of the host: apt's own state, the host's
     // resolv.conf and hostname (a runner's are mounted on these, so they stay, empty).
@@ -668,6 +702,18 @@ fn make_debian_root(dir: &Path, codename: &str, sources: &[String]) -> io::Resul
         }
     }
 
+    // As base-files' postinst (not run by the `extract` variant) makes them, and as a runner's
+    // mounts meet them: `/var/run/docker.sock` is `/run/docker.sock` in a Debian image.
+    for (link, to) in [("var/run", "/run"), ("var/lock", "/run/lock")] {
+        let _ = std::fs::remove_dir(dir.join(link));
+        std::os::unix::fs::symlink(to, dir.join(link))?;
+    }
+    std::fs::create_dir_all(dir.join("run/lock"))?;
+    std::fs::set_permissions(
+        dir.join("run/lock"),
+        std::fs::Permissions::from_mode(0o1777),
+    )?;
+
     std::fs::create_dir_all(dir.join(SCRATCH_DIR))?;
     std::fs::set_permissions(
         dir.join(SCRATCH_DIR),
@@ -678,8 +724,29 @@ fn make_debian_root(dir: &Path, codename: &str, sources: &[String]) -> io::Resul
     Ok(())
 }
 
-/// The marker of a root [`debian_root`] made.
-fn read_marker(root: &Path) -> String {
+/// Puts the Docker CLI of [`DOCKER_PACKAGE`] at `<root>/usr/bin/docker`, the package downloaded
+/// into `work`.
+fn docker_cli(dir: &Path, work: &Path) -> io::Result<()> {
+    run(Command::new("apt-get")
+        .args(["download", "--quiet", DOCKER_PACKAGE])
+        .current_dir(work))?;
+    let deb = std::fs::read_dir(work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .ok_or_else(|| io::Error::other(format!("apt-get download {DOCKER_PACKAGE}: no .deb")))?;
+    let extracted = work.join("deb");
+    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&extracted))?;
+    std::fs::create_dir_all(dir.join("usr/bin"))?;
+    std::fs::copy(extracted.join("usr/bin/docker"), dir.join("usr/bin/docker"))?;
+    std::fs::set_permissions(
+        dir.join("usr/bin/docker"),
+        std::fs::Permissions::from_mode(0o755),
+    )?;
+    Ok(())
+}
+
+/// The marker of a root [`debian_root`] made: the content of its [`MARKER_FILE`].
+pub(crate) fn marker(root: &Path) -> String {
     std::fs::read_to_string(root.join(MARKER_FILE))
         .unwrap_or_else(|e| panic!("{}: {e}", root.join(MARKER_FILE).display()))
 }
@@ -995,7 +1062,7 @@ fn read_info(layout: &Path, tag: &str, root: &Path) -> io::Result<ImageInfo> {
         manifest_digest,
         config_digest,
         layers,
-        marker: read_marker(root),
+        marker: marker(root),
     })
 }
 

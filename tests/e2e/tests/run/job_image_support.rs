@@ -104,7 +104,7 @@ fn the_debian_root_runs_a_shell_the_docker_cli_and_the_fake_runner() {
             "/bin/sh",
             "-c",
             "cat /etc/rm-test-image; echo; docker --version; . /etc/os-release; echo \"$ID $VERSION_CODENAME\"; \
-             id -un; ls /srv; mkdir /tmp/d && touch /tmp/d/f && test -f /tmp/d/f && echo ok",
+             id -un; ls /srv; readlink /var/run; mkdir /tmp/d && touch /tmp/d/f && test -f /tmp/d/f && echo ok",
         ],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -119,7 +119,8 @@ fn the_debian_root_runs_a_shell_the_docker_cli_and_the_fake_runner() {
     assert_eq!(lines[2], "debian bookworm");
     assert_eq!(lines[3], "root");
     assert_eq!(lines[4], "scratch");
-    assert_eq!(lines[5], "ok");
+    assert_eq!(lines[5], "/run");
+    assert_eq!(lines[6], "ok");
 
     use std::os::unix::fs::PermissionsExt as _;
     let scratch = std::fs::metadata(root.join(job_image::SCRATCH_DIR)).unwrap();
@@ -212,17 +213,25 @@ fn the_layouts_are_what_skopeo_reads() {
 
     // The padded image: the same base, one more plain layer of the size asked.
     let pad_size = 3 << 20;
-    let padded = job_image::padded_layout(&image.root, &tmp.path().join("padded"), tag, pad_size);
-    assert_eq!(padded.layers.len(), 2);
-    assert_eq!(padded.layers[0], image.info.layers[0]);
+    let padded = job_image::padded_image(pad_size);
+    assert_eq!(padded.info.layers.len(), 2);
+    let base = layer_entries(&job_image::blob_path(
+        &padded.layout,
+        &padded.info.layers[0],
+    ));
+    assert!(base.iter().any(|e| e.0 == "bin/sh"));
+    assert!(!base.iter().any(|e| e.0 == "usr/bin/docker"), "not slim");
+    let pad = layer_entries(&job_image::blob_path(
+        &padded.layout,
+        &padded.info.layers[1],
+    ));
+    assert_eq!(pad.len(), 1);
+    assert_eq!(pad[0].0, "rm-padding");
     assert_eq!(
-        job_image::skopeo_digest(&format!(
-            "oci:{}:{tag}",
-            tmp.path().join("padded").display()
-        )),
-        padded.manifest_digest
+        job_image::skopeo_digest(&format!("oci:{}:{tag}", padded.layout.display())),
+        padded.info.manifest_digest
     );
-    let pad_blob = job_image::blob_path(&tmp.path().join("padded"), &padded.layers[1]);
+    let pad_blob = job_image::blob_path(&padded.layout, &padded.info.layers[1]);
     let pad_len = std::fs::metadata(&pad_blob).unwrap().len();
     assert!(pad_len > pad_size && pad_len < pad_size + 8192, "{pad_len}");
 }
@@ -260,6 +269,7 @@ fn hostile_layouts_carry_their_entry_and_a_corrupted_blob_fails_a_copy() {
                 && e.3.starts_with("../../../"))),
             Hostile::HardLinkEscape => {
                 assert_eq!(entry.1, tar::EntryType::Link);
+                assert!(hostile.host_link_target.as_deref().unwrap().is_file());
                 assert!(entry.3.starts_with("../../../"), "{entry:?}");
             }
             Hostile::DeviceNode => assert_eq!(entry.1, tar::EntryType::Char),
