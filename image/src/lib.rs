@@ -13,3 +13,9 @@ pub mod registry;
 pub mod source;
 pub mod store;
 pub mod unpack;
+
+/// The shared skip rule for tests (`tests/support/skip.rs`), included once for the crate: a
+/// module's tests `use crate::skip;` (including the file again trips clippy's `duplicate_mod`).
+#[cfg(test)]
+#[path = "../../tests/support/skip.rs"]
+mod skip;

@@ -1,7 +1,6 @@
 //! Tests of [`super`]: installs that succeed, fail, panic and race; crash leftovers; removal.
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use crate::skip;
 
 use std::fs;
 use std::io;

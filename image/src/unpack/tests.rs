@@ -1,8 +1,7 @@
 //! Tests of [`super`]: the pure decisions as tables, then real layers (tars built here, hostile
 //! ones byte by byte) applied as root onto temporary roots, with the host around them checked.
 
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use crate::skip;
 
 use std::fs;
 use std::io::{self, Read};
