@@ -3,9 +3,10 @@
 //! libgcc, busybox and its applets, base-files, and the Docker CLI taken out of `docker.io`'s
 //! package), written as an OCI image layout ([`oci_layout`], deterministic, made here with tar,
 //! flate2 and sha2) and copied by skopeo into the other transports ([`oci_archive`],
-//! [`docker_archive`]); the same image with an extra layer of incompressible bytes
-//! ([`padded_layout`], for the 10 MiB vs 1 GiB benchmark); hostile layouts for the unpack tests
-//! ([`hostile_layout`]) and a corrupted blob ([`corrupt_one_byte`]).
+//! [`docker_archive`]); the root without the Docker CLI ([`slim_root`]) with an extra layer of
+//! incompressible bytes ([`padded_layout`], [`padded_image`]: the setup benchmark's small and
+//! 1 GiB images); hostile layouts for the unpack tests ([`hostile_layout`]) and a corrupted blob
+//! ([`corrupt_one_byte`]).
 //!
 //! What is made once is cached under `<target>/rm-test-images/`, keyed by its inputs (the
 //! Debian suite, the packages, the host's apt sources, [`CACHE_VERSION`]): made in a temporary
