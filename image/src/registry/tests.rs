@@ -535,6 +535,31 @@ async fn the_token_flow_gets_one_token_and_sends_it_to_the_registry_only() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn docker_schema2_lists_and_manifests_download_like_oci_ones() {
+    let images = image::multi_arch_as(image::Flavour::Docker, "docker types");
+    let fake = Fake::start(FakeConfig::default(), &images, "t").await;
+    let registry = registry_with(None, None);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let digest = registry
+        .download(&fake.registry(), "acme/img", "t", dir.path())
+        .await
+        .expect("download");
+    assert_eq!(digest, images.ours.manifest.digest());
+    image::assert_layout(dir.path(), &images.ours);
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("index.json")).expect("index.json"))
+            .expect("json");
+    assert_eq!(
+        index["manifests"][0]["mediaType"],
+        manifest::DOCKER_MANIFEST
+    );
+    assert_eq!(
+        index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
+        "t"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn wrong_or_missing_credentials_are_refused_clearly_without_secrets() {
     let images = image::multi_arch("refused");
     let bearer = Fake::start(

@@ -5,13 +5,43 @@
 use std::io::Write as _;
 use std::path::Path;
 
-use super::super::manifest::{OCI_INDEX, OCI_MANIFEST};
+use super::super::manifest::{DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST};
 use crate::reference::Digest;
 
-/// OCI's gzip layer media type.
-const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-/// OCI's config media type.
-const CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+/// Which media types an image is written with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Flavour {
+    Oci,
+    /// Docker's schema 2: a manifest list, `vnd.docker` manifests, config and layers.
+    Docker,
+}
+
+impl Flavour {
+    fn layer(self) -> &'static str {
+        match self {
+            Flavour::Oci => "application/vnd.oci.image.layer.v1.tar+gzip",
+            Flavour::Docker => "application/vnd.docker.image.rootfs.diff.tar.gzip",
+        }
+    }
+    fn config(self) -> &'static str {
+        match self {
+            Flavour::Oci => "application/vnd.oci.image.config.v1+json",
+            Flavour::Docker => "application/vnd.docker.container.image.v1+json",
+        }
+    }
+    fn manifest(self) -> &'static str {
+        match self {
+            Flavour::Oci => OCI_MANIFEST,
+            Flavour::Docker => DOCKER_MANIFEST,
+        }
+    }
+    fn index(self) -> &'static str {
+        match self {
+            Flavour::Oci => OCI_INDEX,
+            Flavour::Docker => DOCKER_LIST,
+        }
+    }
+}
 
 /// Bytes and what they are.
 #[derive(Clone)]
@@ -91,7 +121,7 @@ impl TestIndex {
 
 /// A gzip layer holding `etc/marker` with `marker` (and a blob of `filler` bytes, to make a
 /// layer big enough to stream in several pieces); returns the layer and its diff id.
-fn layer(marker: &str, filler: usize) -> (Blob, Digest) {
+fn layer(flavour: Flavour, marker: &str, filler: usize) -> (Blob, Digest) {
     let mut tar = tar::Builder::new(Vec::new());
     let mut add = |name: &str, data: &[u8]| {
         let mut header = tar::Header::new_gnu();
@@ -120,7 +150,7 @@ fn layer(marker: &str, filler: usize) -> (Blob, Digest) {
     let bytes = gz.finish().expect("gzip");
     (
         Blob {
-            media_type: LAYER_GZIP,
+            media_type: flavour.layer(),
             bytes,
         },
         diff_id,
@@ -128,9 +158,9 @@ fn layer(marker: &str, filler: usize) -> (Blob, Digest) {
 }
 
 /// An image for `arch` with two layers (the second one of about 300 KiB).
-pub(crate) fn image(arch: &str, marker: &str) -> TestImage {
-    let (first, first_id) = layer(marker, 10);
-    let (second, second_id) = layer(&format!("{marker} again"), 300 * 1024);
+pub(crate) fn image(flavour: Flavour, arch: &str, marker: &str) -> TestImage {
+    let (first, first_id) = layer(flavour, marker, 10);
+    let (second, second_id) = layer(flavour, &format!("{marker} again"), 300 * 1024);
     let config = serde_json::json!({
         "architecture": arch,
         "os": "linux",
@@ -138,12 +168,12 @@ pub(crate) fn image(arch: &str, marker: &str) -> TestImage {
         "rootfs": { "type": "layers", "diff_ids": [first_id.to_string(), second_id.to_string()] },
     });
     let config = Blob {
-        media_type: CONFIG,
+        media_type: flavour.config(),
         bytes: config.to_string().into_bytes(),
     };
     let manifest = serde_json::json!({
         "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
+        "mediaType": flavour.manifest(),
         "config": config.descriptor(),
         "layers": [first.descriptor(), second.descriptor()],
     });
@@ -151,22 +181,27 @@ pub(crate) fn image(arch: &str, marker: &str) -> TestImage {
         config,
         layers: vec![first, second],
         manifest: Blob {
-            media_type: OCI_MANIFEST,
+            media_type: flavour.manifest(),
             bytes: manifest.to_string().into_bytes(),
         },
     }
 }
 
-/// The index over an image for this machine and one for another architecture.
+/// The index (OCI) over an image for this machine and one for another architecture.
 pub(crate) fn multi_arch(marker: &str) -> TestIndex {
+    multi_arch_as(Flavour::Oci, marker)
+}
+
+/// The index over an image for this machine and one for another architecture.
+pub(crate) fn multi_arch_as(flavour: Flavour, marker: &str) -> TestIndex {
     let (ours_arch, _) = super::super::manifest::this_platform();
     let other_arch = if ours_arch == "s390x" {
         "amd64"
     } else {
         "s390x"
     };
-    let ours = image(ours_arch, marker);
-    let other = image(other_arch, &format!("{marker} elsewhere"));
+    let ours = image(flavour, ours_arch, marker);
+    let other = image(flavour, other_arch, &format!("{marker} elsewhere"));
     let entry = |img: &TestImage, arch: &str| {
         let mut d = img.manifest.descriptor();
         d["platform"] = serde_json::json!({ "os": "linux", "architecture": arch });
@@ -174,14 +209,14 @@ pub(crate) fn multi_arch(marker: &str) -> TestIndex {
     };
     let index = serde_json::json!({
         "schemaVersion": 2,
-        "mediaType": OCI_INDEX,
+        "mediaType": flavour.index(),
         "manifests": [entry(&other, other_arch), entry(&ours, ours_arch)],
     });
     TestIndex {
         ours,
         other,
         index: Blob {
-            media_type: OCI_INDEX,
+            media_type: flavour.index(),
             bytes: index.to_string().into_bytes(),
         },
     }
