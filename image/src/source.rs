@@ -847,14 +847,14 @@ fn open_docker(
     let id = Digest::of(&config_json);
     // `docker save` names the config by the image ID (`<hex>.json`, or `blobs/sha256/<hex>`
     // since Docker 25): a name that says a digest must be it.
-    if let Some(named) = digest_in_name(&entry.config) {
-        if named != id {
-            return Err(SourceError::Digest {
-                what: config_what,
-                expected: named,
-                actual: id,
-            });
-        }
+    if let Some(named) = digest_in_name(&entry.config)
+        && named != id
+    {
+        return Err(SourceError::Digest {
+            what: config_what,
+            expected: named,
+            actual: id,
+        });
     }
     check_pin(reference, id)?;
     let (image_config, rootfs) = json_config(&config_what, &config_json, host_architecture()?)?;

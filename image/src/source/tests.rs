@@ -10,10 +10,7 @@ use flate2::write::GzEncoder;
 use serde_json::{Value, json};
 
 use super::*;
-
-#[cfg(test)]
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use crate::skip;
 
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const OCI_INDEX_TYPE: &str = "application/vnd.oci.image.index.v1+json";
@@ -37,6 +34,8 @@ fn layer_tar(entries: &[Entry<'_>]) -> Vec<u8> {
     for entry in entries {
         let mut header = tar::Header::new_gnu();
         header.set_mtime(1_700_000_000);
+        header.set_uid(0);
+        header.set_gid(0);
         match entry {
             Entry::Dir(path) => {
                 header.set_entry_type(tar::EntryType::Directory);
@@ -709,4 +708,251 @@ fn a_registry_reference_is_not_opened_here() {
         open(&parse("docker://busybox")),
         Err(SourceError::NotLocal { reference }) if reference == "docker://docker.io/library/busybox:latest"
     ));
+}
+
+// ---- pulling into a store
+
+/// The names in the store's directory: what a failed install must not leave.
+fn store_names(store: &Store) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(store.dir())
+        .expect("read the store")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// The test image's files once both layers are applied.
+fn assert_test_rootfs(rootfs: &Path) {
+    assert_eq!(
+        fs::read(rootfs.join("etc/os-release")).expect("os-release"),
+        b"ID=rmtest\n"
+    );
+    assert_eq!(
+        fs::read(rootfs.join("etc/marker")).expect("marker"),
+        b"from the second layer"
+    );
+    assert!(rootfs.join("usr/bin/tool").is_file());
+    assert!(rootfs.join("tmp").is_dir());
+    assert!(
+        !rootfs.join("tmp/gone").exists(),
+        "the second layer's whiteout deleted it"
+    );
+    assert!(
+        !rootfs.join("tmp/.wh.gone").exists(),
+        "a whiteout is not a file"
+    );
+}
+
+#[test]
+fn pull_installs_an_image_once_from_any_of_its_transports() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let layout = Layout::new(&tmp.path().join("layout"));
+    let built = layout.image(arch(), None);
+    layout.write_index(&[(built.manifest.clone(), Some("v1"))]);
+    let store = Store::open(&tmp.path().join("store")).expect("open the store");
+
+    let pinned = oci_ref(&layout.dir, &format!(":v1@{}", built.manifest_digest));
+    let installed = pull(&pinned, &store).expect("pull");
+    assert!(installed.unpacked);
+    assert_eq!(installed.stored.id, built.config);
+    assert_eq!(installed.image.id, built.config);
+    assert_eq!(installed.stored.config_json, installed.image.config_json);
+    assert_test_rootfs(&installed.stored.rootfs);
+    assert_eq!(store.list().expect("list"), [built.config]);
+    assert_eq!(store_names(&store), [built.config.hex()]);
+
+    // The same image again, from its layout, an OCI archive or a Docker archive: the entry
+    // there is, nothing unpacked.
+    let archive = tmp.path().join("image.tar");
+    tar_dir(&layout.dir, ".", &archive);
+    let docker = tmp.path().join("docker.tar");
+    assert_eq!(docker_archive(&docker, &["team/ci:1"], None), built.config);
+    for reference in [
+        pinned.clone(),
+        parse(&format!("oci-archive:{}:v1", archive.display())),
+        parse(&format!(
+            "docker-archive:{}@{}",
+            docker.display(),
+            built.config
+        )),
+    ] {
+        let again = pull(&reference, &store).unwrap_or_else(|e| panic!("{reference}: {e}"));
+        assert!(!again.unpacked, "{reference}");
+        assert_eq!(again.stored, installed.stored, "{reference}");
+    }
+
+    // A Docker archive into a store of its own: its plain layers, read out of the archive.
+    let other = Store::open(&tmp.path().join("other")).expect("open the store");
+    let from_docker = pull(
+        &parse(&format!("docker-archive:{}", docker.display())),
+        &other,
+    )
+    .expect("pull the docker archive");
+    assert!(from_docker.unpacked);
+    assert_eq!(from_docker.stored.id, built.config);
+    assert_test_rootfs(&from_docker.stored.rootfs);
+}
+
+#[test]
+fn a_flipped_byte_in_a_layer_is_refused_before_a_file_is_written() {
+    for layer in [0, 1] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let layout = Layout::new(&tmp.path().join("layout"));
+        let built = layout.image(arch(), None);
+        layout.write_index(&[(built.manifest.clone(), None)]);
+        let blob = layout.dir.join(oci_blob(&built.layers[layer]));
+        let mut bytes = fs::read(&blob).expect("read");
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x01;
+        fs::write(&blob, &bytes).expect("write");
+        let store = Store::open(&tmp.path().join("store")).expect("open the store");
+
+        let err = pull(&oci_ref(&layout.dir, ""), &store).expect_err("refused");
+        assert!(
+            matches!(&err, PullError::Source(SourceError::Digest { expected, what, .. })
+                if *expected == built.layers[layer] && what.contains(&built.layers[layer].hex())),
+            "layer {layer}: {err}"
+        );
+        assert_eq!(store.get(&built.config), None);
+        assert_eq!(store.list().expect("list"), []);
+        // Refused before the store was asked: not even a staging directory was made.
+        assert_eq!(store_names(&store), Vec::<String>::new(), "layer {layer}");
+    }
+}
+
+#[test]
+fn a_wrong_diff_id_fails_the_install_and_nothing_is_committed() {
+    for layer in [0, 1] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let layout = Layout::new(&tmp.path().join("layout"));
+        let mut diff_ids: Vec<Digest> = test_layers().iter().map(|t| Digest::of(t)).collect();
+        diff_ids[layer] = Digest::of(b"not this layer");
+        let built = layout.image(arch(), Some(diff_ids.clone()));
+        layout.write_index(&[(built.manifest.clone(), None)]);
+        let store = Store::open(&tmp.path().join("store")).expect("open the store");
+
+        let opened = open(&oci_ref(&layout.dir, "")).expect("open");
+        opened
+            .verify_layers()
+            .expect("the blobs are what the manifest names");
+        let err = pull(&oci_ref(&layout.dir, ""), &store).expect_err("refused");
+        assert!(
+            matches!(&err, PullError::Source(SourceError::DiffId { layer: l, expected, .. })
+                if *l == built.layers[layer] && *expected == diff_ids[layer]),
+            "layer {layer}: {err}"
+        );
+        assert_eq!(store.get(&built.config), None);
+        assert_eq!(store.list().expect("list"), []);
+        assert_eq!(store_names(&store), Vec::<String>::new(), "layer {layer}");
+    }
+}
+
+// ---- skopeo, the real peer
+
+/// Runs skopeo with `args`, failing the test with its output when it fails.
+fn skopeo(args: &[&str]) {
+    let output = std::process::Command::new("skopeo")
+        .arg("--insecure-policy")
+        .args(args)
+        .output()
+        .expect("run skopeo");
+    assert!(
+        output.status.success(),
+        "skopeo {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn archives_skopeo_writes_read_back_to_the_same_image() {
+    const TEST: &str = "source::tests::archives_skopeo_writes_read_back_to_the_same_image";
+    if std::process::Command::new("skopeo")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        skip::cannot_run(
+            TEST,
+            "skopeo",
+            "skopeo is not installed (apt-get install skopeo)",
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let layout = Layout::new(&tmp.path().join("layout"));
+    let built = layout.image(arch(), None);
+    layout.write_index(&[(built.manifest.clone(), Some("v1"))]);
+    let source = format!("oci:{}:v1", layout.dir.display());
+    let oci_archive = tmp.path().join("skopeo-oci.tar");
+    let docker = tmp.path().join("skopeo-docker.tar");
+    skopeo(&[
+        "copy",
+        &source,
+        &format!("oci-archive:{}:v1", oci_archive.display()),
+    ]);
+    skopeo(&[
+        "copy",
+        &source,
+        &format!("docker-archive:{}:team/ci:1", docker.display()),
+    ]);
+    // And back: our own Docker archive, as skopeo reads it, written as an OCI layout.
+    let ours = tmp.path().join("ours-docker.tar");
+    docker_archive(&ours, &["team/ci:2"], None);
+    let relayout = tmp.path().join("relayout");
+    skopeo(&[
+        "copy",
+        &format!("docker-archive:{}", ours.display()),
+        &format!("oci:{}:again", relayout.display()),
+    ]);
+
+    let store = Store::open(&tmp.path().join("store")).expect("open the store");
+    let config = ImageConfig::parse(&config_json(arch(), &built.diff_ids)).expect("parse");
+    // skopeo keeps the config's bytes when it writes an archive, so the image ID is the same;
+    // converting a Docker archive to OCI it writes the config anew (its own field order, the
+    // empty WorkingDir dropped): the same image under another ID.
+    let references = [
+        (format!("oci-archive:{}:v1", oci_archive.display()), true),
+        (
+            format!("docker-archive:{}:team/ci:1", docker.display()),
+            true,
+        ),
+        (
+            format!("docker-archive:{}@{}", docker.display(), built.config),
+            true,
+        ),
+        (format!("oci:{}:again", relayout.display()), false),
+    ];
+    for (n, (reference, same_id)) in references.iter().enumerate() {
+        let opened = open(&parse(reference)).unwrap_or_else(|e| panic!("{reference}: {e}"));
+        assert_eq!(opened.image.id == built.config, *same_id, "{reference}");
+        assert_eq!(opened.image.config, config, "{reference}");
+        assert_eq!(
+            opened
+                .image
+                .layers
+                .iter()
+                .map(|l| l.diff_id)
+                .collect::<Vec<_>>(),
+            built.diff_ids,
+            "{reference}"
+        );
+        opened
+            .verify_layers()
+            .unwrap_or_else(|e| panic!("{reference}: {e}"));
+        let installed =
+            pull(&parse(reference), &store).unwrap_or_else(|e| panic!("{reference}: {e}"));
+        assert_eq!(
+            installed.unpacked,
+            n == 0 || !same_id,
+            "{reference}: installed once"
+        );
+        assert_eq!(installed.stored.id, opened.image.id);
+        assert_test_rootfs(&installed.stored.rootfs);
+    }
 }
