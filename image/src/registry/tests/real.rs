@@ -3,9 +3,6 @@
 //! (`skopeo copy --all` of an OCI layout made here): what the client reads is what another
 //! implementation wrote. The registry's access log says which requests reached it.
 
-#[path = "../../../../tests/support/skip.rs"]
-mod skip;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -13,6 +10,7 @@ use std::time::Duration;
 use super::image::{self, TestIndex};
 use super::{PASSWORD, clean_message, credentials, registry_with};
 use crate::registry::RegistryError;
+use crate::skip;
 
 /// How long a registry may take to listen (polled; a bound, not a measurement).
 const START_WAIT: Duration = Duration::from_secs(20);
