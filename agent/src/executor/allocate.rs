@@ -615,6 +615,22 @@ pub(super) async fn create_attempt(
         }
         (IsolationKind::None, _) => (None, None),
     };
+    // The image the runner will run in, journalled with it: a runner is started from its
+    // attempt's image, whatever the policy names by then. A policy with an image and none
+    // installed gets no runner (never one on the host's root in its place).
+    let image = match &policy.image {
+        None => None,
+        Some(_) => Some(
+            ctx.settings
+                .images
+                .as_ref()
+                .and_then(|images| images.current(&policy.name))
+                .map(|current| current.id.to_string())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("policy `{}` has no image installed", policy.name)
+                })?,
+        ),
+    };
     let (policy_name, created_at_ms) = (policy.name.clone(), ctx.now());
     let record = ctx
         .journal
@@ -629,8 +645,7 @@ pub(super) async fn create_attempt(
                 isolation,
                 uid,
                 cgroup: cgroup.as_deref(),
-                // The host's root: allocation names the policy's image here (issue 40).
-                image: None,
+                image: image.as_deref(),
             })
         })
         .await?;

@@ -202,8 +202,9 @@ impl Drop for Marker {
     }
 }
 
-/// The images' root filesystem, with a page for the service to serve.
-fn rootfs_tar() -> Vec<u8> {
+/// The images' root filesystem, with a page for the service to serve (the job image test's
+/// Docker policy preloads it too).
+pub(crate) fn rootfs_tar() -> Vec<u8> {
     busybox_image::rootfs(APPLETS, b"served-by-the-jobs-service\n", 0)
 }
 

@@ -19,6 +19,7 @@ mod explain;
 mod failures;
 mod fitness;
 mod fleet;
+mod image;
 mod isolation;
 mod job_image_support;
 mod latency;
