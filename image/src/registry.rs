@@ -242,10 +242,14 @@ impl Registry {
         check_repository(repository)?;
         check_tag(tag)?;
         let endpoints = self.endpoints(registry)?;
-        self.on_endpoints(&endpoints, async |ep: &Endpoint| {
-            self.resolve_at(ep, repository, tag).await
-        })
-        .await
+        let mut last = None;
+        for (i, ep) in endpoints.iter().enumerate() {
+            match self.resolve_at(ep, repository, tag).await {
+                Ok(digest) => return Ok(digest),
+                Err(e) => last = Some(next_endpoint(e, ep, i, endpoints.len())?),
+            }
+        }
+        Err(no_endpoint(last))
     }
 
     /// Downloads the image `reference` (a tag or a `sha256:` digest) names into an OCI image
@@ -268,11 +272,17 @@ impl Registry {
         let endpoints = self.endpoints(registry)?;
         let dir = into.to_owned();
         let layout = blocking(into, move || Layout::prepare(&dir)).await?;
-        self.on_endpoints(&endpoints, async |ep: &Endpoint| {
-            self.download_at(ep, repository, &reference, &layout, into)
+        let mut last = None;
+        for (i, ep) in endpoints.iter().enumerate() {
+            match self
+                .download_at(ep, repository, &reference, &layout, into)
                 .await
-        })
-        .await
+            {
+                Ok(digest) => return Ok(digest),
+                Err(e) => last = Some(next_endpoint(e, ep, i, endpoints.len())?),
+            }
+        }
+        Err(no_endpoint(last))
     }
 
     /// How many HTTP requests this registry client has sent.
@@ -306,30 +316,6 @@ impl Registry {
             base: format!("{scheme}://{authority}"),
             plain_host: None,
         }])
-    }
-
-    /// Runs `op` on each endpoint in turn until one succeeds; a local error (the request, the
-    /// disk) stops at once, since another endpoint would fail alike.
-    async fn on_endpoints<T>(
-        &self,
-        endpoints: &[Endpoint],
-        op: impl AsyncFn(&Endpoint) -> Result<T, RegistryError>,
-    ) -> Result<T, RegistryError> {
-        let mut last = None;
-        for (i, ep) in endpoints.iter().enumerate() {
-            match op(ep).await {
-                Ok(value) => return Ok(value),
-                Err(e) if e.is_remote() && i + 1 < endpoints.len() => {
-                    tracing::warn!(endpoint = %ep.name, error = %e,
-                        "the registry mirror failed; asking the registry itself");
-                    last = Some(e);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| RegistryError::Invalid {
-            detail: "no endpoint to ask".to_owned(),
-        }))
     }
 
     async fn resolve_at(
@@ -421,8 +407,13 @@ impl Registry {
                 blobs.push(blob);
             }
         }
-        futures_util::stream::iter(blobs.iter())
+        // The futures are made first: a closure making them inside the stream would leave
+        // the whole download's future not `Send` (rustc's higher-ranked lifetime limits).
+        let fetches: Vec<_> = blobs
+            .iter()
             .map(|blob| self.fetch_blob(ep, repository, blob, layout, into))
+            .collect();
+        futures_util::stream::iter(fetches)
             .buffer_unordered(MAX_PARALLEL_BLOBS)
             .try_collect::<Vec<()>>()
             .await?;
@@ -643,6 +634,31 @@ impl Drop for Partial {
                 "cannot remove a partial blob (the next download removes it)"),
         }
     }
+}
+
+/// After endpoint `i` of `count` failed with `e`: the error to remember while the next one is
+/// asked, or `Err` to stop. Only a remote error on an endpoint that is not the last moves on
+/// (a mirror's failure); a local one (the request, the disk) would fail alike anywhere.
+fn next_endpoint(
+    e: RegistryError,
+    ep: &Endpoint,
+    i: usize,
+    count: usize,
+) -> Result<RegistryError, RegistryError> {
+    if e.is_remote() && i + 1 < count {
+        tracing::warn!(endpoint = %ep.name, error = %e,
+            "the registry mirror failed; asking the registry itself");
+        Ok(e)
+    } else {
+        Err(e)
+    }
+}
+
+/// The error when every endpoint failed (the last one's), or when there was none.
+fn no_endpoint(last: Option<RegistryError>) -> RegistryError {
+    last.unwrap_or_else(|| RegistryError::Invalid {
+        detail: "no endpoint to ask".to_owned(),
+    })
 }
 
 /// A manifest's bytes, verified.

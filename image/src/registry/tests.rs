@@ -396,6 +396,55 @@ fn endpoints_put_the_mirror_first_for_docker_hub_only() {
 }
 
 #[test]
+fn only_a_remote_failure_of_the_mirror_moves_on_to_the_next_endpoint() {
+    let ep = Endpoint {
+        name: "m".to_owned(),
+        base: "http://127.0.0.1:1".to_owned(),
+        plain_host: None,
+    };
+    let remote = || RegistryError::Status {
+        registry: "m".to_owned(),
+        what: "x".to_owned(),
+        status: 503,
+        codes: String::new(),
+    };
+    let local = || RegistryError::Io {
+        path: "/x".into(),
+        source: std::io::Error::other("disk full"),
+    };
+    let invalid = || RegistryError::Invalid {
+        detail: "bad".to_owned(),
+    };
+    let cases: [(RegistryError, usize, usize, bool); 5] = [
+        (remote(), 0, 2, true),
+        (remote(), 1, 2, false),
+        (remote(), 0, 1, false),
+        (local(), 0, 2, false),
+        (invalid(), 0, 2, false),
+    ];
+    for (e, i, count, moves_on) in cases {
+        let text = e.to_string();
+        assert_eq!(
+            next_endpoint(e, &ep, i, count).is_ok(),
+            moves_on,
+            "{text} at {i}/{count}"
+        );
+    }
+}
+
+/// The agent runs downloads in spawned tasks: the futures must be `Send`, the client shared.
+#[test]
+fn the_client_and_its_futures_can_cross_threads() {
+    fn send<T: Send>(_: &T) {}
+    fn shared<T: Send + Sync>() {}
+    shared::<Registry>();
+    let registry = registry_with(None, None);
+    let dir = std::path::PathBuf::from("/nonexistent");
+    send(&registry.download("r.example", "a/b", "t", &dir));
+    send(&registry.resolve("r.example", "a/b", "t"));
+}
+
+#[test]
 fn index_json_names_the_manifest_and_its_tag() {
     let digest = Digest::of(b"m");
     let by_tag: serde_json::Value = serde_json::from_slice(&index_json(
