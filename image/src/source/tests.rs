@@ -956,3 +956,69 @@ fn archives_skopeo_writes_read_back_to_the_same_image() {
         assert_test_rootfs(&installed.stored.rootfs);
     }
 }
+
+/// A layout of one image with one layer, `blob` of `media_type`, whose diff_id is `diff_id`.
+fn one_layer_layout(dir: &Path, blob: &[u8], media_type: &str, diff_id: Digest) -> Layout {
+    let layout = Layout::new(dir);
+    let (config, _) = layout.blob(OCI_CONFIG, &config_json(arch(), &[diff_id]));
+    let (layer, _) = layout.blob(media_type, blob);
+    let manifest = serde_json::to_vec(
+        &json!({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config, "layers": [layer]}),
+    )
+    .expect("serialise");
+    let (manifest, _) = layout.blob(OCI_MANIFEST, &manifest);
+    layout.write_index(&[(manifest, None)]);
+    layout
+}
+
+#[test]
+fn a_layer_changed_after_its_verification_is_caught_while_it_is_unpacked() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let tar = layer_tar(&[Entry::File("marker", b"the layer as verified")]);
+    let layout = one_layer_layout(&tmp.path().join("layout"), &tar, OCI_TAR, Digest::of(&tar));
+    let opened = open(&oci_ref(&layout.dir, "")).expect("open");
+    opened.verify_layers().expect("intact");
+    // Between the check and the unpack, a byte of the file's data changes (the tar still
+    // parses): the stream's own digests catch it.
+    let blob = layout.dir.join(oci_blob(&Digest::of(&tar)));
+    let mut bytes = tar.clone();
+    bytes[512] ^= 0x01;
+    fs::write(&blob, &bytes).expect("write");
+    let root = tmp.path().join("root");
+    fs::create_dir(&root).expect("mkdir");
+    let err = opened
+        .apply_layer(0, &root, &mut UnpackReport::default())
+        .expect_err("refused");
+    assert!(
+        matches!(&err, PullError::Source(SourceError::Digest { expected, .. }) if *expected == Digest::of(&tar)),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_layers_padding_after_its_tar_is_covered_by_its_diff_id() {
+    // Writers pad a tar to their record size: the diff_id is of the whole stream.
+    let tar = layer_tar(&[Entry::File("marker", b"x")]);
+    let mut padded = tar.clone();
+    padded.resize(tar.len() + 64 * 1024, 0);
+    for (diff_id, accepted) in [(Digest::of(&padded), true), (Digest::of(&tar), false)] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let layout = one_layer_layout(tmp.path(), &gzip(&padded), OCI_TAR_GZIP, diff_id);
+        let store = Store::open(&tmp.path().join("store")).expect("open the store");
+        match pull(&oci_ref(&layout.dir, ""), &store) {
+            Ok(installed) if accepted => {
+                assert_eq!(
+                    fs::read(installed.stored.rootfs.join("marker")).expect("read"),
+                    b"x"
+                );
+            }
+            Err(PullError::Source(SourceError::DiffId {
+                expected, actual, ..
+            })) if !accepted => {
+                assert_eq!((expected, actual), (Digest::of(&tar), Digest::of(&padded)));
+                assert_eq!(store.list().expect("list"), []);
+            }
+            other => panic!("diff_id {diff_id}: {other:?}"),
+        }
+    }
+}
