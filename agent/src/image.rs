@@ -104,29 +104,29 @@ impl Images {
         let reference = self.local_reference(policy, image).await?;
         let images = Arc::clone(self);
         let written = image.reference.to_string();
-        let installed = tokio::task::spawn_blocking(move || {
-            rm_image::source::pull(&reference, &images.store)
-        })
-        .await
-        .context("the image install task failed")?
-        .with_context(|| format!("cannot install image `{written}`"))?;
+        let installed =
+            tokio::task::spawn_blocking(move || rm_image::source::pull(&reference, &images.store))
+                .await
+                .context("the image install task failed")?
+                .with_context(|| format!("cannot install image `{written}`"))?;
         if let Some(package) = package {
             let rootfs = installed.stored.rootfs.clone();
-            let report = tokio::task::spawn_blocking(move || rm_image::fit::check(&rootfs, &package))
-                .await
-                .context("the image fitness task failed")?;
+            let report =
+                tokio::task::spawn_blocking(move || rm_image::fit::check(&rootfs, &package))
+                    .await
+                    .context("the image fitness task failed")?;
             if !report.is_fit() {
                 return Err(Unfit {
                     reference: written,
-                    id: installed.image.id.clone(),
+                    id: installed.image.id,
                     report: report.to_string(),
                 }
                 .into());
             }
         }
         let current = Current {
-            id: installed.image.id.clone(),
-            manifest: installed.image.manifest.clone(),
+            id: installed.image.id,
+            manifest: installed.image.manifest,
             reference: written,
         };
         self.current
@@ -168,18 +168,18 @@ impl Images {
             (None, Some(tag)) => tag.clone(),
             (None, None) => anyhow::bail!("`{}` names neither a tag nor a digest", image.reference),
         };
-        let manifest = client
+        // A pinned reference is fetched by its digest, which the download checks the bytes
+        // against (an index's digest too, for a multi-platform image).
+        client
             .download(registry, repository, &wanted, &into)
             .await
             .with_context(|| format!("cannot download `{}`", image.reference))?;
-        if let Some(pin) = &image.reference.pin
-            && *pin != manifest
-        {
-            anyhow::bail!("`{}` resolved to {manifest}, not its pin", image.reference);
-        }
         // The download verified every blob; the pull verifies them again from the layout.
         Ok(ImageRef {
-            transport: Transport::OciLayout { dir: into, tag: None },
+            transport: Transport::OciLayout {
+                dir: into,
+                tag: None,
+            },
             pin: None,
         })
     }
@@ -208,7 +208,9 @@ impl Images {
             match self.store.remove(&id) {
                 Ok(true) => removed.push(id),
                 Ok(false) => {}
-                Err(e) => tracing::warn!(image = %id, error = %e, "cannot remove an image no runner uses"),
+                Err(e) => {
+                    tracing::warn!(image = %id, error = %e, "cannot remove an image no runner uses")
+                }
             }
         }
         removed
@@ -229,36 +231,35 @@ pub fn plan_of(images: Option<&Images>, id: &str) -> ImagePlan {
 }
 
 /// `rm-agent run`'s images: the store opened and every policy's image installed and checked
-/// against the runner package the `user` backend starts runners from, before any runner
-/// starts; then what no runner uses is removed. `None` when no policy has an image.
+/// against the runner package runners start from (`package`, the `user` backend's stored
+/// tree), before any runner starts; then what no runner uses is removed. `None` when no policy
+/// has an image.
 pub async fn start(
     config: &crate::config::Config,
-    backends: &crate::executor::Backends,
+    package: Option<PathBuf>,
+    journal: &rm_journal::Store,
 ) -> Result<Option<Arc<Images>>, crate::exit::Exit> {
     use crate::exit::Exit;
     if !config.policies.iter().any(|p| p.image.is_some()) {
         return Ok(None);
     }
     let images = Arc::new(Images::open(&config.data_dir).map_err(Exit::runtime)?);
-    let package = backends
-        .user
-        .as_ref()
-        .and_then(|user| user.package.as_ref())
-        .map(|linked| linked.current().tree().to_path_buf());
     install_all(&images, &config.policies, package)
         .await
         .map_err(|e| match e.downcast_ref::<Unfit>() {
             Some(_) => Exit::usage(format!("{e:#}")),
             None => Exit::runtime(e),
         })?;
-    let journal = crate::commands::store(config);
-    match in_use(&journal) {
+    match in_use(journal) {
         Ok(used) => {
             for id in images.collect(&used) {
                 tracing::info!(image = %id, "removed an image no runner uses any more");
             }
         }
-        Err(e) => tracing::warn!(error = format!("{e:#}"), "cannot read which images runners use; none removed"),
+        Err(e) => tracing::warn!(
+            error = format!("{e:#}"),
+            "cannot read which images runners use; none removed"
+        ),
     }
     Ok(Some(images))
 }
@@ -266,7 +267,9 @@ pub async fn start(
 /// The images of this host's attempts that are not cleaned (a runner may still run from one,
 /// or be cleaned up after a crash).
 pub fn in_use(journal: &rm_journal::Store) -> anyhow::Result<BTreeSet<String>> {
-    let attempts = journal.attempts().context("cannot open the journal's attempts")?;
+    let attempts = journal
+        .attempts()
+        .context("cannot open the journal's attempts")?;
     Ok(attempts
         .list(rm_journal::Scope::Uncleaned, None)
         .context("cannot list the journal's attempts")?
@@ -330,7 +333,9 @@ pub async fn refresh_loop<F>(
 ) where
     F: Fn() -> anyhow::Result<BTreeSet<String>> + Send + Sync + 'static,
 {
-    let Some(image) = policy.image.clone() else { return };
+    let Some(image) = policy.image.clone() else {
+        return;
+    };
     let Some(every) = image.refresh else { return };
     tokio::pin!(stop);
     loop {
@@ -354,8 +359,10 @@ pub async fn refresh_loop<F>(
                     tracing::info!(image = %id, "removed an image no runner uses any more");
                 }
             }
-            Err(e) => tracing::warn!(error = format!("{e:#}"), "cannot read which images runners use; none removed"),
+            Err(e) => tracing::warn!(
+                error = format!("{e:#}"),
+                "cannot read which images runners use; none removed"
+            ),
         }
     }
 }
-

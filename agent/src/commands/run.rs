@@ -569,7 +569,16 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         tracing::warn!("{off}: {}", crate::trust::PROTECTED_LINKS_FIX);
     }
     let backends = crate::isolation::backends(config, &package_dir)?;
-    let images = crate::image::start(config, &backends).await?;
+    let images = crate::image::start(
+        config,
+        backends
+            .user
+            .as_ref()
+            .and_then(|user| user.package.as_ref())
+            .map(|linked| linked.current().tree().to_path_buf()),
+        &super::store(config),
+    )
+    .await?;
     let settings = Settings {
         host: config.host.name.clone(),
         max_runners: config.host.max_runners,

@@ -35,10 +35,16 @@ pub fn validate(
 ) -> Result<Option<PolicyImage>, (&'static str, String)> {
     let Some(text) = image else {
         if refresh.is_some() {
-            return Err(("image_refresh", "is how often `image` is resolved again: set `image` too".to_owned()));
+            return Err((
+                "image_refresh",
+                "is how often `image` is resolved again: set `image` too".to_owned(),
+            ));
         }
         if credentials_file.is_some() {
-            return Err(("image_credentials_file", "is the registry's credentials for `image`: set `image` too".to_owned()));
+            return Err((
+                "image_credentials_file",
+                "is the registry's credentials for `image`: set `image` too".to_owned(),
+            ));
         }
         return Ok(None);
     };
@@ -47,7 +53,9 @@ pub fn validate(
         if reference.pin.is_some() {
             return Err((
                 "image_refresh",
-                format!("`{text}` is pinned to a digest, which never changes: drop the pin to follow a tag, or drop image_refresh"),
+                format!(
+                    "`{text}` is pinned to a digest, which never changes: drop the pin to follow a tag, or drop image_refresh"
+                ),
             ));
         }
         if every < MIN_IMAGE_REFRESH {
@@ -91,7 +99,12 @@ mod tests {
     fn an_image_is_validated_with_its_refresh_and_credentials() {
         let five = Some(Duration::from_secs(300));
         let creds = || Some(PathBuf::from("/etc/rm/registry"));
-        type Case = (Option<&'static str>, Option<Duration>, Option<PathBuf>, Result<bool, &'static str>);
+        type Case = (
+            Option<&'static str>,
+            Option<Duration>,
+            Option<PathBuf>,
+            Result<bool, &'static str>,
+        );
         let cases: Vec<Case> = vec![
             (None, None, None, Ok(false)),
             (Some("oci:/srv/images/ci:24.04"), None, None, Ok(true)),
@@ -102,14 +115,31 @@ mod tests {
             (Some("ci:latest"), None, None, Err("image")),
             (Some("oci:relative/dir"), None, None, Err("image")),
             (
-                Some("docker://ghcr.io/acme/ci@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"),
+                Some(
+                    "docker://ghcr.io/acme/ci@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+                ),
                 five,
                 None,
                 Err("image_refresh"),
             ),
-            (Some("docker://ghcr.io/acme/ci:1"), Some(Duration::from_secs(5)), None, Err("image_refresh")),
-            (Some("oci:/srv/images/ci"), None, creds(), Err("image_credentials_file")),
-            (Some("docker://ghcr.io/acme/ci:1"), None, Some(PathBuf::from("registry")), Err("image_credentials_file")),
+            (
+                Some("docker://ghcr.io/acme/ci:1"),
+                Some(Duration::from_secs(5)),
+                None,
+                Err("image_refresh"),
+            ),
+            (
+                Some("oci:/srv/images/ci"),
+                None,
+                creds(),
+                Err("image_credentials_file"),
+            ),
+            (
+                Some("docker://ghcr.io/acme/ci:1"),
+                None,
+                Some(PathBuf::from("registry")),
+                Err("image_credentials_file"),
+            ),
         ];
         for (image, refresh, credentials, want) in cases {
             let got = validate(image, refresh, credentials)

@@ -659,9 +659,7 @@ fn validate_policy(
         section.image_credentials_file.clone(),
     )?;
     let docker_on = section.docker.unwrap_or(false);
-    let pulls_image = image
-        .as_ref()
-        .is_some_and(|i| !i.reference.is_local());
+    let pulls_image = image.as_ref().is_some_and(|i| !i.reference.is_local());
     if !docker_on && !pulls_image && section.docker_registry_mirror.is_some() {
         return Err((
             "docker_registry_mirror",

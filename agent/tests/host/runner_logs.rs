@@ -65,6 +65,7 @@ async fn a_runners_output_is_kept_with_every_line_and_no_secret() {
         network_allow: None,
         docker: None,
         cache: None,
+        image: None,
     };
     let jit = FakeJitConfig {
         server_url: "http://127.0.0.1:4711".to_owned(),

@@ -457,6 +457,7 @@ async fn a_policys_env_file_reaches_the_runner_and_reserved_names_are_refused() 
         network_allow: None,
         docker: None,
         cache: None,
+        image: None,
     };
     let Spawned {
         identity,
