@@ -449,7 +449,9 @@ impl Opened {
                     actual: size,
                 });
             }
-            let mut hashing = Hashing::new(reader);
+            // One byte past the size it should have: a file that grows while it is read is
+            // caught by its count without being read to its (possibly no) end.
+            let mut hashing = Hashing::new(reader.take(layer.size + 1));
             io::copy(&mut hashing, &mut io::sink()).map_err(|source| SourceError::Io {
                 what: what(),
                 source,
