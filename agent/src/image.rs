@@ -41,6 +41,9 @@ pub struct Images {
     store: rm_image::store::Store,
     dir: PathBuf,
     current: Mutex<BTreeMap<String, Current>>,
+    /// The runner uids a local image's source is judged against right before each read
+    /// ([`crate::trust::image_source`]); `None`: not judged (tests of the store alone).
+    judged_against: Option<rm_runner::isolate::Pool>,
 }
 
 impl Images {
@@ -53,7 +56,15 @@ impl Images {
             store,
             dir,
             current: Mutex::new(BTreeMap::new()),
+            judged_against: None,
         })
+    }
+
+    /// Judges each local image's source against `pool` right before it is read (every install
+    /// and refresh), as `run` judged it at start: one a job could change since is refused.
+    pub fn judging_sources_against(mut self, pool: rm_runner::isolate::Pool) -> Images {
+        self.judged_against = Some(pool);
+        self
     }
 
     /// The image id new runners of `policy` get; `None` for a policy without an image.
@@ -104,11 +115,19 @@ impl Images {
         let reference = self.local_reference(policy, image).await?;
         let images = Arc::clone(self);
         let written = image.reference.to_string();
-        let installed =
-            tokio::task::spawn_blocking(move || rm_image::source::pull(&reference, &images.store))
-                .await
-                .context("the image install task failed")?
-                .with_context(|| format!("cannot install image `{written}`"))?;
+        let source = crate::trust::image_source(&image.reference);
+        let installed = tokio::task::spawn_blocking(move || {
+            // Judged again right before it is read: what `run` judged at start may have changed.
+            if let (Some(pool), Some((path, kind))) = (&images.judged_against, source)
+                && let Some(why) = rm_runner::trust::changeable(&path, kind, pool)
+            {
+                anyhow::bail!("a job could change what every later runner gets: {why}");
+            }
+            Ok(rm_image::source::pull(&reference, &images.store)?)
+        })
+        .await
+        .context("the image install task failed")?
+        .with_context(|| format!("cannot install image `{written}`"))?;
         if let Some(package) = package {
             let rootfs = installed.stored.rootfs.clone();
             let report =
@@ -243,7 +262,11 @@ pub async fn start(
     if !config.policies.iter().any(|p| p.image.is_some()) {
         return Ok(None);
     }
-    let images = Arc::new(Images::open(&config.data_dir).map_err(Exit::runtime)?);
+    let images = Arc::new(
+        Images::open(&config.data_dir)
+            .map_err(Exit::runtime)?
+            .judging_sources_against(crate::trust::pool_of(config)),
+    );
     install_all(&images, &config.policies, package)
         .await
         .map_err(|e| match e.downcast_ref::<Unfit>() {

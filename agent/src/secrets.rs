@@ -321,6 +321,17 @@ pub(crate) fn refuse_readable_by_runners(
                 ))
             }),
     );
+    // A job holding a registry's credentials could push to it (a tag every later runner pulls)
+    // or read what else it keeps.
+    files.extend(config.policies.iter().enumerate().map(|(index, policy)| {
+        (
+            format!("policy[{index}].image_credentials_file"),
+            policy
+                .image
+                .as_ref()
+                .and_then(|image| image.credentials_file.as_deref()),
+        )
+    }));
     for (key, path) in files {
         let Some(path) = path else { continue };
         let Ok(meta) = std::fs::metadata(path) else {
@@ -397,6 +408,65 @@ mod tests {
             .unwrap_or_default();
         assert!(
             message.starts_with("scale_set[0].token_file: a runner could read"),
+            "{message}"
+        );
+    }
+
+    /// A policy image's registry credentials are a secret file like the others: refused at
+    /// start when every user may read it, or a runner uid owns it, naming the policy's key;
+    /// root's own `0600` file is not.
+    #[test]
+    fn an_image_credentials_file_a_runner_could_read_is_refused() {
+        use rm_runner::isolate::{Pool, RunnerUids};
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("registry");
+        std::fs::write(&path, "ci:hunter2").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let config = crate::config::from_text(&format!(
+            "[[policy]]\nname = \"plain\"\ntarget = \"acme\"\nlabels = [\"plain\"]\n\n\
+             [[policy]]\nname = \"ci\"\ntarget = \"acme\"\nlabels = [\"ci\"]\n\
+             image = \"docker://ghcr.io/acme/ci:1\"\nimage_credentials_file = {:?}\n",
+            path.display().to_string()
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let pool = Pool::resolve(&RunnerUids::Range {
+            first: 4_100_000,
+            last: 4_100_003,
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        let refused = || {
+            refuse_readable_by_runners(&config, &pool)
+                .err()
+                .map(|e| e.message)
+                .unwrap_or_default()
+        };
+        assert_eq!(refused(), "", "root's own 0600 file");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o604))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let message = refused();
+        assert!(
+            message.starts_with("policy[1].image_credentials_file: a runner could read")
+                && message.contains("readable by every user")
+                && message.contains(&format!("chmod 600 {}", path.display())),
+            "{message}"
+        );
+        assert!(!message.contains("hunter2"), "no password in {message}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .unwrap_or_else(|e| panic!("{e}"));
+        if !rustix::process::geteuid().is_root() {
+            crate::test_skip::cannot_run(
+                "an_image_credentials_file_a_runner_could_read_is_refused",
+                "root",
+                "giving a file to a runner uid takes root",
+            );
+            return;
+        }
+        std::os::unix::fs::chown(&path, Some(4_100_002), None).unwrap_or_else(|e| panic!("{e}"));
+        let message = refused();
+        assert!(
+            message.starts_with("policy[1].image_credentials_file: a runner could read")
+                && message.contains("owned by runner uid 4100002"),
             "{message}"
         );
     }

@@ -1,7 +1,8 @@
 //! What the agent takes from disk and hands to every later runner, and who may change it
 //! (CONTRACT §7): the runner package (`runner.package_dir`, or the package `runner.version`
-//! downloaded), each policy's `env_file` and each `docker_images` tarball. A job that can change
-//! one of them (the classic layout puts the package in a runner account's home) backdoors every
+//! downloaded), each policy's `env_file`, each `docker_images` tarball, and each policy's local
+//! `image` source (an OCI layout directory, every entry in it, or an archive file: the root
+//! every runner of the policy gets). A job that can change one of them (the classic layout puts the package in a runner account's home) backdoors every
 //! runner that reads it next, so `run` refuses to start (exit 2) and `check` fails while any of
 //! them, the way to it, or (for the package) anything in it is something a job could change.
 //! Also the kernel's link protections (`fs.protected_symlinks`, `fs.protected_hardlinks`) the
@@ -10,9 +11,12 @@
 //! The rule and its adapters are [`rm_runner::trust`] (one rule, also applied where the runner
 //! crate reads these: the package right before it is stored, an image right before it is
 //! loaded); this module names what the configuration hands over ([`trusted_paths`]) and turns a
-//! finding into `run`'s refusal ([`refuse_changeable`]).
+//! finding into `run`'s refusal ([`refuse_changeable`]). A policy image's source is judged again
+//! each time it is read ([`image_source`], by `crate::image` before every install and refresh).
 
 use std::path::{Path, PathBuf};
+
+use rm_image::reference::{ImageRef, Transport};
 
 use crate::config::{Config, display_file};
 use crate::exit::Exit;
@@ -39,7 +43,7 @@ pub(crate) struct Trusted {
 
 /// What `run` and `check` judge: `package` (the package directory runners start from:
 /// `runner.package_dir`, or the one `runner.version` resolved to; `None` where it is not known
-/// yet), and each policy's `env_file` and `docker_images`.
+/// yet), and each policy's `env_file`, `docker_images` and local `image` source.
 pub(crate) fn trusted_paths(config: &Config, package: Option<&Path>) -> Vec<Trusted> {
     let mut paths = Vec::new();
     if let Some(dir) = package.or(config.runner.package_dir.as_deref()) {
@@ -68,8 +72,34 @@ pub(crate) fn trusted_paths(config: &Config, package: Option<&Path>) -> Vec<Trus
         for image in policy.docker.iter().flat_map(|d| &d.images) {
             paths.push(file(format!("policy[{index}].docker_images"), &image.path));
         }
+        if let Some((path, kind)) = policy
+            .image
+            .as_ref()
+            .and_then(|image| image_source(&image.reference))
+        {
+            paths.push(Trusted {
+                key: format!("policy[{index}].image"),
+                policy: Some(policy.name.clone()),
+                path,
+                kind,
+            });
+        }
     }
     paths
+}
+
+/// Where a local image is read from, and how it is judged: an OCI layout's directory as a tree
+/// (its `index.json` names what the tag is, its `blobs/` what the image holds: a job that could
+/// swap either, or add a link out, chooses every later runner's root), an archive as one file.
+/// `None` for a registry's image, which is downloaded into the agent's own store. Pure.
+pub(crate) fn image_source(reference: &ImageRef) -> Option<(PathBuf, Kind)> {
+    match &reference.transport {
+        Transport::OciLayout { dir, .. } => Some((dir.clone(), Kind::Tree)),
+        Transport::OciArchive { file, .. } | Transport::DockerArchive { file, .. } => {
+            Some((file.clone(), Kind::File))
+        }
+        Transport::Registry { .. } => None,
+    }
 }
 
 /// The runner uid pool for judging ownership: the configured one, or none where it does not
@@ -84,8 +114,8 @@ pub(crate) fn changeable(trusted: &Trusted, pool: &Pool) -> Option<String> {
     rm_runner::trust::changeable(&trusted.path, trusted.kind, pool)
 }
 
-/// `run`'s refusal (exit 2) of a package, `env_file` or image tarball a job could change,
-/// naming the key, the path and the fix. `package`: the package directory runners start from.
+/// `run`'s refusal (exit 2) of a package, `env_file`, image tarball or image source a job could
+/// change, naming the key, the path and the fix. `package`: the package directory runners start from.
 pub(crate) fn refuse_changeable(config: &Config, package: &Path) -> Result<(), Exit> {
     let pool = pool_of(config);
     for trusted in trusted_paths(config, Some(package)) {

@@ -20,6 +20,10 @@ mod runner_version;
 mod tests;
 mod trust;
 
+/// The trust findings alone, for `crate::trust`'s tests of what `run` and `check` both refuse.
+#[cfg(test)]
+pub(crate) use trust::trust as trust_findings;
+
 use serde_json::json;
 
 use crate::config::{self, Config, Policy};
