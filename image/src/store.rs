@@ -144,7 +144,16 @@ impl Store {
             )
             .into());
         }
-        if let Some(found) = self.get(id) {
+        // An entry that exists but cannot be read is an error, not a reason to unpack again:
+        // the rename would fail on it anyway, and removing it is the caller's call (a runner
+        // may have it mounted).
+        let unreadable = |e: io::Error| {
+            io::Error::new(
+                e.kind(),
+                format!("the store entry of image {id} cannot be read (remove it): {e}"),
+            )
+        };
+        if let Some(found) = self.read_entry(id).map_err(unreadable)? {
             return Ok(found);
         }
         let staging = Staging::make(self, id)?;
@@ -177,12 +186,14 @@ impl Store {
             Ok(()) => {}
             Err(rustix::io::Errno::EXIST | rustix::io::Errno::NOTEMPTY) => {
                 drop(staging);
-                return self.get(id).ok_or_else(|| {
-                    io::Error::other(format!(
-                        "image {id} was installed concurrently but cannot be read back"
+                return match self.read_entry(id) {
+                    Ok(Some(found)) => Ok(found),
+                    Ok(None) => Err(io::Error::other(format!(
+                        "image {id} was installed and removed while this install ran"
                     ))
-                    .into()
-                });
+                    .into()),
+                    Err(e) => Err(unreadable(e).into()),
+                };
             }
             Err(e) => return Err(io::Error::from(e).into()),
         }

@@ -303,6 +303,14 @@ fn an_entry_whose_config_was_altered_is_not_returned() {
     let installed = store.install(&id, &bytes, fill_with("x")).expect("install");
     fs::write(installed.dir.join("config.json"), b"{}").expect("alter");
     assert_eq!(store.get(&id), None);
+    // Installing it again is an error naming the fix, not a second unpack.
+    let err = store
+        .install(&id, &bytes, |_: &Path| -> Result<UnpackReport, io::Error> {
+            panic!("an unreadable entry was filled again")
+        })
+        .expect_err("unreadable entry");
+    assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    assert!(err.to_string().contains("(remove it)"), "{err}");
     // It is still listed (by name) and can be removed.
     assert_eq!(store.list().expect("list"), [id]);
     assert!(store.remove(&id).expect("remove"));
