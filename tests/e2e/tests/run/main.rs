@@ -20,6 +20,7 @@ mod failures;
 mod fitness;
 mod fleet;
 mod image;
+mod image_failures;
 mod isolation;
 mod job_image_support;
 mod latency;
