@@ -430,6 +430,11 @@ pub(crate) fn hostile_layout(kind: Hostile, out: &Path, tag: &str) -> HostileIma
                     let mut header = tar::Header::new_gnu();
                     header.set_entry_type(tar::EntryType::Char);
                     header.set_mode(0o666);
+                    // Owner and mtime written as numbers: left all NUL, the entry is refused
+                    // as unreadable before the device is ever weighed.
+                    header.set_uid(0);
+                    header.set_gid(0);
+                    header.set_mtime(0);
                     header.set_size(0);
                     header.set_device_major(1)?;
                     header.set_device_minor(1)?;

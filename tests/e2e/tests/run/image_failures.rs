@@ -348,8 +348,18 @@ async fn hostile_layers_are_refused_or_neutralised_and_the_host_is_untouched() {
                 );
                 assert!(!stored, "{kind:?} left {}", dir.display());
             }
-            // Installed, neutralised, then refused as unfit (no libc in the image); or refused
-            // at unpack with nothing stored.
+            // A device node and setuid bits are neutralised, not refused: the image is
+            // installed, then refused as unfit (no libc in the hostile base).
+            Hostile::DeviceNode | Hostile::Setuid => {
+                assert!(stored, "{kind:?} was not installed neutralised: {stderr}");
+                assert_eq!(*code, Some(2), "{kind:?}: {stderr}");
+                assert!(
+                    stderr.contains("cannot run the runner"),
+                    "{kind:?}: refused as unfit: {stderr}"
+                );
+            }
+            // An escaping link: its file lands in the image (installed, then refused as unfit)
+            // or the entry is refused at unpack with nothing stored.
             _ => {
                 if stored {
                     assert_eq!(*code, Some(2), "{kind:?}: {stderr}");
