@@ -34,7 +34,7 @@ use sha2::Digest as _;
 
 /// Bumped when what [`debian_root`] or the cached layout contain changes, so a target dir made
 /// by an older version of this file makes them anew.
-pub(crate) const CACHE_VERSION: u32 = 2;
+pub(crate) const CACHE_VERSION: u32 = 3;
 
 /// The Debian packages the root is made of (with their dependencies: `gcc-12-base`): libc and
 /// libgcc for a dynamically linked Rust binary (the fake runner), busybox for `/bin/sh` and the
@@ -135,14 +135,15 @@ pub(crate) fn missing_tool() -> Option<(&'static str, String)> {
     None
 }
 
-/// `<target>/rm-test-images/`: beside the profile dir (`<target>/debug`) the test binary runs
-/// from, created if need be.
+/// `<target>/rm-test-images/`: beside the profile dir (`<target>/debug`) the test binary (or
+/// the bench binary, `bench/src/bin/job-image.rs`) runs from, created if need be.
 pub(crate) fn cache_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("the test binary's path: {e}"));
-    // <target>/<profile>/deps/<test binary>
+    // <target>/<profile>/deps/<test binary>, or <target>/<profile>/<binary> for a bench binary.
+    let in_deps = exe.parent().and_then(Path::file_name) == Some("deps".as_ref());
     let target = exe
         .ancestors()
-        .nth(3)
+        .nth(if in_deps { 3 } else { 2 })
         .unwrap_or_else(|| panic!("{} has no target dir", exe.display()));
     let dir = target.join(CACHE_DIR);
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
@@ -1077,6 +1078,10 @@ fn file_header(mode: u32, size: u64) -> tar::Header {
     let mut header = tar::Header::new_gnu();
     header.set_entry_type(tar::EntryType::Regular);
     header.set_mode(mode);
+    // Root's, written out: a header left zeroed has empty owner fields, which rm-image refuses
+    // as unreadable.
+    header.set_uid(0);
+    header.set_gid(0);
     header.set_size(size);
     header.set_mtime(0);
     header
