@@ -540,6 +540,22 @@ async fn an_agent_killed_mid_unpack_leaves_no_entry_and_the_next_installs_it_who
     assert!(left.is_empty(), "left: {left:#?}");
 }
 
+/// The processes of the fleet's runner uids whose root is the image (its marker file there
+/// reads `marker`).
+fn processes_in_image(fleet: &Fleet, marker: &str) -> Vec<u32> {
+    let (first, last) = fleet.uids.split_once('-').unwrap();
+    let uids: std::ops::RangeInclusive<u32> = first.parse().unwrap()..=last.parse().unwrap();
+    processes()
+        .into_iter()
+        .filter(|p| !p.zombie() && p.uids.iter().any(|u| uids.contains(u)))
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{}/root/{}", p.pid, job_image::MARKER_FILE))
+                .is_ok_and(|m| m == marker)
+        })
+        .map(|p| p.pid)
+        .collect()
+}
+
 /// The agent kills itself at `point` of a runner's start in the image; the next agent recovers
 /// the job, and nothing of the runner is left.
 async fn crash_in_an_image(test: &str, point: &str) {
@@ -572,24 +588,26 @@ async fn crash_in_an_image(test: &str, point: &str) {
         "the agent did not reach {point}\n{}",
         fleet.setup.failure_report()
     );
-    // The runner outlives the agent (its own session and cgroup); it runs in the image.
+    // The runner outlives the agent (its own session and cgroup); once it started, it runs
+    // in the image: a process of the runner uids whose root holds the image's marker.
     let crashed = fleet.attempts();
     let live: Vec<u32> = crashed
         .iter()
         .filter_map(|a| a.pid)
         .filter(|pid| Path::new(&format!("/proc/{pid}")).exists())
         .collect();
-    for pid in &live {
-        if let Ok(marker) =
-            std::fs::read_to_string(format!("/proc/{pid}/root/{}", job_image::MARKER_FILE))
-        {
-            assert_eq!(marker, image.info.marker, "runner {pid}'s root");
-        }
-    }
+    let in_image = processes_in_image(&fleet, &image.info.marker);
     eprintln!(
-        "{point}: {} attempt(s) after the crash, live runner pids {live:?}",
+        "{point}: {} attempt(s) after the crash, live journalled runner pids {live:?}, runner \
+         processes in the image {in_image:?}",
         crashed.len()
     );
+    if point == "runner_started" {
+        assert!(
+            !in_image.is_empty(),
+            "no runner process in the image after the crash"
+        );
+    }
 
     let _second = fleet.start_agent(&[]).await;
     wait_until(
@@ -631,7 +649,7 @@ async fn crash_in_an_image(test: &str, point: &str) {
             .all(|a| a.image.as_deref() == Some(image.info.config_digest.as_str())),
         "every attempt ran the image: {summary:?}"
     );
-    for pid in &live {
+    for pid in live.iter().chain(&in_image) {
         assert!(
             !Path::new(&format!("/proc/{pid}")).exists()
                 || std::fs::read_to_string(format!("/proc/{pid}/status"))
