@@ -389,3 +389,7 @@ pub async fn refresh_loop<F>(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "image_tests.rs"]
+pub(crate) mod tests;

@@ -200,6 +200,34 @@ pub(crate) async fn serve_paced(
         }
         None => None,
     };
+    // Each policy's `image_refresh` (crate::image): its tag resolved again, what no uncleaned
+    // attempt uses any more removed.
+    if let Some(images) = executor.settings().images.clone() {
+        let package = executor
+            .settings()
+            .backends
+            .user
+            .as_ref()
+            .and_then(|user| user.package.as_ref())
+            .map(|linked| linked.current().tree().to_path_buf());
+        for policy in config
+            .policies
+            .iter()
+            .filter(|p| p.image.as_ref().is_some_and(|i| i.refresh.is_some()))
+        {
+            let journal = store.clone();
+            tasks.ending_on_stop(
+                "image refresh",
+                tokio::spawn(crate::image::refresh_loop(
+                    Arc::clone(&images),
+                    policy.clone(),
+                    package.clone(),
+                    move || crate::image::in_use(&journal),
+                    stopped(stop_rx.clone()),
+                )),
+            );
+        }
+    }
     let poller = open_poller(config, client, &store)
         .await?
         .with_pacing(pacing);

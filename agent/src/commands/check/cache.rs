@@ -20,9 +20,10 @@ enum Judged {
     Unjudged(String),
 }
 
-/// Which package runners would start from, and how a reader names it.
+/// Which package runners would start from, and how a reader names it (the `image` finding
+/// judges images against it too).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Package {
+pub(super) enum Package {
     /// An unpacked package: its name (`runner 2.330.0`, `the runner at DIR`) and directory.
     At { runner: String, dir: PathBuf },
     /// None on this host yet: what `run` will do.
@@ -54,7 +55,7 @@ pub(super) async fn cache(config: &Config) -> Option<Finding> {
 
 /// The package `run` would start runners from, without downloading or storing anything;
 /// `None` where the `runner_package` finding already fails (there is nothing to judge).
-async fn which_package(config: &Config) -> Option<Package> {
+pub(super) async fn which_package(config: &Config) -> Option<Package> {
     if crate::package::follows_latest(config) {
         let cached = Platform::host().and_then(|p| latest::newest_cached(&config.data_dir, p));
         return Some(match cached {

@@ -10,6 +10,7 @@ mod cache;
 mod docker;
 mod fitness;
 mod github;
+mod image;
 mod isolation;
 mod journal;
 #[cfg(test)]
@@ -65,7 +66,7 @@ pub(crate) struct Finding {
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
     /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`,
     /// `fitness`, `env_file`, `runner_version`, `journal`, `protected_links`, `docker`,
-    /// `notifications`, `enterprise_token`, `cache`.
+    /// `notifications`, `enterprise_token`, `cache`, `image`, `docker_images`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,
@@ -207,6 +208,7 @@ pub(crate) async fn findings(config: &Config) -> Vec<Finding> {
     out.extend(fitness::fitness(config).await);
     out.extend(docker::docker(config));
     out.extend(cache::cache(config).await);
+    out.extend(image::images(config).await);
 
     let Some(app_id) = config.github.app_id else {
         out.push(Finding::fail(
