@@ -228,7 +228,8 @@ fn of(reference: &str, seen: &Seen) -> Finding {
         Seen::Verified { id, layers } => Finding::ok(
             "image",
             format!(
-                "{image} ({id}) reads and verifies ({layers} layers); `rm-agent run` unpacks it at start and checks then that it can run the runner"
+                "{image} ({id}) reads and verifies ({layers} {}); `rm-agent run` unpacks it at start and checks then that it can run the runner",
+                if *layers == 1 { "layer" } else { "layers" }
             ),
         ),
         Seen::Unreadable(why) => Finding::fail(

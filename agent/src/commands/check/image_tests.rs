@@ -65,6 +65,14 @@ fn each_sighting_is_its_finding() {
             ],
         ),
         (
+            Seen::Verified {
+                id: id(2),
+                layers: 1,
+            },
+            Status::Ok,
+            vec!["reads and verifies (1 layer)".into()],
+        ),
+        (
             Seen::Unreadable("cannot read index.json: No such file".into()),
             Status::Fail,
             vec!["cannot be read: cannot read index.json: No such file".into()],
