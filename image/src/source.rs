@@ -131,21 +131,18 @@ pub struct Installed {
 pub enum SourceError {
     #[error("{reference} is not a local image: a docker:// image is downloaded first")]
     NotLocal { reference: String },
-    #[error("cannot read {what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: io::Error,
-    },
+    // Each cause is in the message, and so not also a `source()`: a caller that prints the
+    // chain (anyhow's `{:#}`, as `rm-agent run` does) would say it twice.
+    #[error("cannot read {what}: {error}")]
+    Io { what: String, error: io::Error },
     #[error("{what} is missing")]
     Missing { what: String },
     #[error("{what} is larger than the {limit} bytes allowed")]
     TooLarge { what: String, limit: u64 },
-    #[error("{what} is not valid JSON of its kind: {source}")]
+    #[error("{what} is not valid JSON of its kind: {error}")]
     Json {
         what: String,
-        #[source]
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
     #[error("{what} is malformed: {why}")]
     Malformed { what: String, why: String },
@@ -211,19 +208,22 @@ pub enum SourceError {
     },
 }
 
-/// Why [`pull`] failed.
+/// Why [`pull`] failed. Its message holds every cause, none of which is also a `source()`
+/// (printed as a chain, it would be said twice).
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
     #[error(transparent)]
     Source(#[from] SourceError),
-    #[error("cannot unpack layer {layer}: {source}")]
-    Unpack {
-        layer: Digest,
-        #[source]
-        source: UnpackError,
-    },
+    #[error("cannot unpack layer {layer}: {error}")]
+    Unpack { layer: Digest, error: UnpackError },
     #[error("the image store: {0}")]
-    Store(#[from] io::Error),
+    Store(io::Error),
+}
+
+impl From<io::Error> for PullError {
+    fn from(error: io::Error) -> Self {
+        PullError::Store(error)
+    }
 }
 
 /// How a layer blob is compressed.
@@ -454,7 +454,7 @@ impl Opened {
             let mut hashing = Hashing::new(reader.take(layer.size + 1));
             io::copy(&mut hashing, &mut io::sink()).map_err(|source| SourceError::Io {
                 what: what(),
-                source,
+                error: source,
             })?;
             hashing.check(&what(), layer)?;
         }
@@ -494,7 +494,7 @@ impl Opened {
             let mut tar = Hashing::new(decoded);
             apply_layer(root, &mut tar, report).map_err(|source| PullError::Unpack {
                 layer: layer.digest,
-                source,
+                error: source,
             })?;
             drain(&mut tar, &what)?;
             Digest::from_hasher(tar.hasher)
@@ -521,7 +521,7 @@ fn drain(reader: &mut impl Read, what: &str) -> Result<(), SourceError> {
         .map(drop)
         .map_err(|source| SourceError::Io {
             what: what.to_owned(),
-            source,
+            error: source,
         })
 }
 
@@ -575,7 +575,7 @@ impl<R: Read> Read for Hashing<R> {
 fn json<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, SourceError> {
     serde_json::from_slice(bytes).map_err(|source| SourceError::Json {
         what: what.to_owned(),
-        source,
+        error: source,
     })
 }
 
@@ -788,7 +788,7 @@ fn json_config(
 ) -> Result<(ImageConfig, RawRootfs), SourceError> {
     let (config, rootfs) = parse_config(bytes).map_err(|source| SourceError::Json {
         what: what.to_owned(),
-        source,
+        error: source,
     })?;
     if config.os != "linux" || config.architecture != architecture {
         return Err(SourceError::WrongPlatform {

@@ -143,21 +143,22 @@ pub enum UnpackError {
     TooManyEntries,
     /// The tar stream itself could not be read (truncated, a bad header checksum, or the
     /// caller's reader failed, e.g. its digest check).
+    // Each cause is in the message, and so not also a `source()`: a caller that prints the
+    // chain (anyhow's `{:#}`, as `rm-agent run` does) would say it twice.
     #[error("reading the layer: {0}")]
-    Read(#[source] io::Error),
+    Read(io::Error),
     /// Making an entry failed.
-    #[error("layer entry {entry:?}: {op}: {source}")]
+    #[error("layer entry {entry:?}: {op}: {error}")]
     Write {
         /// The entry's name.
         entry: String,
         /// What was being done.
         op: &'static str,
         /// The system's answer.
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     /// The root (or another file the caller handles) could not be used.
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] io::Error),
 }
 
@@ -305,7 +306,7 @@ impl Applier<'_> {
         let planned = plan(&raw).map_err(unsafe_entry)?;
         let write = |op: &'static str| {
             let entry = text.clone();
-            move |source: io::Error| UnpackError::Write { entry, op, source }
+            move |error: io::Error| UnpackError::Write { entry, op, error }
         };
         match planned {
             Planned::Ignore => Ok(()),
@@ -386,7 +387,7 @@ impl Applier<'_> {
     ) -> Result<(), UnpackError> {
         let write = |op: &'static str| {
             let entry = text.to_owned();
-            move |source: io::Error| UnpackError::Write { entry, op, source }
+            move |error: io::Error| UnpackError::Write { entry, op, error }
         };
         let Some((name, parent)) = comps.split_last() else {
             // The root itself ("./"): only a directory may name it.
@@ -512,7 +513,7 @@ impl Applier<'_> {
                 .map_err(|source| UnpackError::Write {
                     entry: String::from_utf8_lossy(&path).into_owned(),
                     op: "setting the directory's mtime",
-                    source,
+                    error: source,
                 })?;
         }
         Ok(())

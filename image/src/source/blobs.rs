@@ -58,7 +58,7 @@ impl Blobs {
     pub(crate) fn open(&self, name: &str) -> Result<(Box<dyn Read + Send>, u64), SourceError> {
         let io_error = |source| SourceError::Io {
             what: self.describe(name),
-            source,
+            error: source,
         };
         match self {
             Self::Dir(dir) => {
@@ -100,7 +100,7 @@ impl Blobs {
             .read_to_end(&mut bytes)
             .map_err(|source| SourceError::Io {
                 what: self.describe(name),
-                source,
+                error: source,
             })?;
         if bytes.len() as u64 > limit {
             return Err(SourceError::TooLarge {
@@ -118,7 +118,7 @@ impl TarIndex {
         let what = || file.display().to_string();
         let io_error = |source| SourceError::Io {
             what: what(),
-            source,
+            error: source,
         };
         let mut archive = tar::Archive::new(File::open(file).map_err(io_error)?);
         let mut members = HashMap::new();
