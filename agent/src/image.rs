@@ -347,14 +347,15 @@ pub async fn install_all(
 /// installed and checked, then new runners get it; the old one is removed once no attempt that
 /// is not cleaned uses it (`in_use` reads the journal). A refresh that fails keeps the image the
 /// policy has, and says so.
-pub async fn refresh_loop<F>(
+pub async fn refresh_loop<F, P>(
     images: Arc<Images>,
     policy: Policy,
-    package: Option<PathBuf>,
+    package: P,
     in_use: F,
     stop: impl std::future::Future<Output = ()>,
 ) where
     F: Fn() -> anyhow::Result<BTreeSet<String>> + Send + Sync + 'static,
+    P: Fn() -> Option<PathBuf> + Send + Sync + 'static,
 {
     let Some(image) = policy.image.clone() else {
         return;
@@ -367,7 +368,8 @@ pub async fn refresh_loop<F>(
             () = tokio::time::sleep(every) => {}
         }
         let before = images.current(&policy.name);
-        match images.install(&policy.name, &image, package.clone()).await {
+        // The package runners start from now (`runner.version = "latest"` follows releases).
+        match images.install(&policy.name, &image, package()).await {
             Ok(now) if before.as_ref().map(|b| &b.id) != Some(&now.id) => {
                 tracing::info!(policy = %policy.name, image = %now.reference, id = %now.id, "the policy's image changed; new runners get it");
             }

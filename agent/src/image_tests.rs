@@ -328,7 +328,7 @@ async fn the_refresh_loop_follows_the_tag_collects_and_stops() {
     let looping = tokio::spawn(refresh_loop(
         Arc::clone(&images),
         policy,
-        None,
+        || None,
         in_use,
         async move {
             let _ = stop_rx.await;
@@ -371,7 +371,7 @@ async fn no_refresh_configured_is_no_loop() {
         refresh_loop(
             images,
             policy,
-            None,
+            || None,
             || Ok(BTreeSet::new()),
             std::future::pending(),
         ),

@@ -203,13 +203,12 @@ pub(crate) async fn serve_paced(
     // Each policy's `image_refresh` (crate::image): its tag resolved again, what no uncleaned
     // attempt uses any more removed.
     if let Some(images) = executor.settings().images.clone() {
-        let package = executor
+        let linked = executor
             .settings()
             .backends
             .user
             .as_ref()
-            .and_then(|user| user.package.as_ref())
-            .map(|linked| linked.current().tree().to_path_buf());
+            .and_then(|user| user.package.clone());
         for policy in config
             .policies
             .iter()
@@ -221,7 +220,14 @@ pub(crate) async fn serve_paced(
                 tokio::spawn(crate::image::refresh_loop(
                     Arc::clone(&images),
                     policy.clone(),
-                    package.clone(),
+                    {
+                        let linked = linked.clone();
+                        move || {
+                            linked
+                                .as_ref()
+                                .map(|linked| linked.current().tree().to_path_buf())
+                        }
+                    },
                     move || crate::image::in_use(&journal),
                     stopped(stop_rx.clone()),
                 )),
