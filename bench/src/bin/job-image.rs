@@ -65,7 +65,7 @@ const FIRST_UID: u32 = 3_400_000;
 )]
 struct Args {
     /// Runners started per root (after one warm-up start each, not counted).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 100)]
     runs: usize,
     /// Unpacks of each image into a fresh store (and as many `tar -x`).
     #[arg(long, default_value_t = 3)]
@@ -185,7 +185,9 @@ fn millis(d: Duration) -> f64 {
 
 /// A duration for the report: milliseconds below a second, seconds above.
 fn seconds(d: Duration) -> String {
-    if d < Duration::from_secs(1) {
+    if d < Duration::from_millis(10) {
+        format!("{:.2} ms", millis(d))
+    } else if d < Duration::from_secs(1) {
         format!("{:.1} ms", millis(d))
     } else {
         format!("{:.2} s", d.as_secs_f64())
@@ -355,6 +357,7 @@ fn run_runner(backend: &UserIsolation, plan: &Plan, setup: Option<&mut Setup>) -
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     ensure!(
         args.runs > 0 && args.unpack_runs > 0,
         "--runs and --unpack-runs must be at least 1"
@@ -477,11 +480,12 @@ fn main() -> Result<()> {
 
     // The report.
     println!(
-        "rm-bench job-image, {} cores, kernel {}",
+        "rm-bench job-image, {} cores, kernel {}, load average before the run {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .unwrap_or_default()
-            .trim()
+            .trim(),
+        load_before.split(' ').take(3).collect::<Vec<_>>().join(" ")
     );
     for image in [&small, &large] {
         println!(
