@@ -42,10 +42,13 @@ impl Meta {
         entry: &mut tar::Entry<'_, R>,
     ) -> Result<(Meta, Vec<String>), &'static str> {
         let header = entry.header();
-        let mut uid = header.uid().map_err(|_| "an unreadable uid")?;
-        let mut gid = header.gid().map_err(|_| "an unreadable gid")?;
-        let mode = header.mode().map_err(|_| "an unreadable mode")?;
-        let secs = header.mtime().map_err(|_| "an unreadable mtime")?;
+        let old = header.as_old();
+        let mut uid = empty_is_zero(&old.uid, header.uid()).ok_or("an unreadable uid")?;
+        let mut gid = empty_is_zero(&old.gid, header.gid()).ok_or("an unreadable gid")?;
+        let mode = empty_is_zero(&old.mode, header.mode().map(u64::from))
+            .and_then(|m| u32::try_from(m).ok())
+            .ok_or("an unreadable mode")?;
+        let secs = empty_is_zero(&old.mtime, header.mtime()).ok_or("an unreadable mtime")?;
         let mut mtime = (i64::try_from(secs).map_err(|_| "an mtime out of range")?, 0);
         let mut xattrs = Vec::new();
         if let Some(pax) = entry
@@ -95,6 +98,17 @@ impl Meta {
 }
 
 /// A uid or gid as the kernel takes it: `u32::MAX` is `-1`, "leave unchanged", never an owner.
+/// A numeric header field read as tar tools read it: a field left empty (all NUL or spaces)
+/// is 0, as GNU tar and Go's `archive/tar` (Docker's and containerd's) take it, so an image
+/// they accept is not refused for it; any other unreadable value is refused.
+fn empty_is_zero(field: &[u8], parsed: std::io::Result<u64>) -> Option<u64> {
+    match parsed {
+        Ok(value) => Some(value),
+        Err(_) if field.iter().all(|b| *b == 0 || *b == b' ') => Some(0),
+        Err(_) => None,
+    }
+}
+
 fn id_of(v: u64) -> Option<u32> {
     u32::try_from(v).ok().filter(|v| *v != u32::MAX)
 }

@@ -682,6 +682,49 @@ fn unsupported_entries_and_broken_tars_are_errors() {
     ));
 }
 
+/// A header whose uid, gid, mode and mtime fields are left empty (all NUL, as some image
+/// builders write a device node's) reads them as 0, as GNU tar and Go's `archive/tar` do; a
+/// field of garbage is refused.
+#[test]
+fn empty_numeric_fields_read_as_zero_and_garbage_is_refused() {
+    if !as_root("empty_numeric_fields_read_as_zero_and_garbage_is_refused") {
+        return;
+    }
+    let layer = |fill: u8| {
+        let mut h = tar::Header::new_gnu();
+        h.set_path("empty").expect("path");
+        h.set_entry_type(EntryType::Regular);
+        h.set_size(0);
+        let old = h.as_old_mut();
+        for field in [
+            &mut old.uid[..],
+            &mut old.gid[..],
+            &mut old.mode[..],
+            &mut old.mtime[..],
+        ] {
+            field.fill(fill);
+        }
+        h.set_cksum();
+        let mut b = tar::Builder::new(Vec::new());
+        b.append(&h, &b""[..]).expect("append");
+        b.into_inner().expect("finish")
+    };
+    let (_host, root) = scratch();
+    let mut report = UnpackReport::default();
+    apply_layer(&root, &layer(0)[..], &mut report).expect("an empty field is 0");
+    let meta = lstat(&root.join("empty"));
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o7777, meta.mtime()),
+        (0, 0, 0, 0)
+    );
+    let (_host, root) = scratch();
+    assert!(matches!(
+        apply_layer(&root, &layer(b'x')[..], &mut report),
+        Err(UnpackError::Unsafe { .. })
+    ));
+    assert!(!exists(&root.join("empty")));
+}
+
 /// A reader that counts what was read from it.
 struct Counting<'a>(&'a [u8], usize);
 
