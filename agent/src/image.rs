@@ -343,6 +343,33 @@ pub async fn install_all(
     Ok(())
 }
 
+/// The runner release follower's admission of a new package (`runner.version = "latest"`):
+/// every policy's current image must be able to run it, or runners keep the package they have
+/// (a new release that needs a library an image lacks never leaves a policy with runners that
+/// die at exec).
+pub fn admission(images: Arc<Images>) -> rm_runner::package::latest::Admission {
+    Arc::new(move |package: &Path| {
+        let mut unfit = Vec::new();
+        for (policy, current) in images.all_current() {
+            let Some(plan) = images.stored(&current.id.to_string()) else {
+                continue;
+            };
+            let report = rm_image::fit::check(&plan.rootfs, package);
+            if !report.is_fit() {
+                unfit.push(format!(
+                    "policy `{policy}`'s image `{}` ({}) cannot run it: {report}",
+                    current.reference, current.id
+                ));
+            }
+        }
+        if unfit.is_empty() {
+            Ok(())
+        } else {
+            Err(unfit.join("; "))
+        }
+    })
+}
+
 /// Resolves `policy`'s image again every `image_refresh` until `stop`: a new digest is
 /// installed and checked, then new runners get it; the old one is removed once no attempt that
 /// is not cleaned uses it (`in_use` reads the journal). A refresh that fails keeps the image the

@@ -379,3 +379,30 @@ async fn no_refresh_configured_is_no_loop() {
     .await
     .expect("returns without waiting for a stop");
 }
+
+/// A new runner release is adopted only when every policy's image can run it: a package whose
+/// program needs libraries the image lacks is refused, naming the policy and the library; a
+/// package of scripts is admitted.
+#[tokio::test]
+async fn a_release_no_image_can_run_is_not_admitted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    write_layout(&layout, "ci", &[("etc/release", b"one\n")]);
+    let images = Arc::new(Images::open(&tmp.path().join("data")).unwrap());
+    let policy = policy(&layout);
+    images
+        .install("ci", &image_of(&policy), None)
+        .await
+        .unwrap();
+    let admit = admission(Arc::clone(&images));
+    let scripts = tmp.path().join("scripts");
+    std::fs::create_dir_all(scripts.join("bin")).unwrap();
+    std::fs::write(scripts.join("bin/Runner.Listener"), "#!/bin/sh\n").unwrap();
+    assert_eq!(admit(&scripts), Ok(()));
+    let native = tmp.path().join("native");
+    std::fs::create_dir_all(native.join("bin")).unwrap();
+    std::fs::copy("/bin/ls", native.join("bin/Runner.Listener")).unwrap();
+    let refused = admit(&native).unwrap_err();
+    assert!(refused.contains("policy `ci`"), "{refused}");
+    assert!(refused.contains("libc.so.6"), "{refused}");
+}

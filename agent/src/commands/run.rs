@@ -96,7 +96,12 @@ pub(crate) async fn serve_paced(
         &settings.backends.none,
         settings.backends.user.as_ref(),
         &version,
-    );
+    )
+    .map(|follower| match &settings.images {
+        // A release no policy's image can run is not adopted (crate::image::admission).
+        Some(images) => follower.admitting(crate::image::admission(Arc::clone(images))),
+        None => follower,
+    });
     let webhook_secrets = match &config.receiver {
         Some(_) => Some(secrets::webhook_secrets(config)?),
         None => None,

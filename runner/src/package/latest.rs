@@ -167,7 +167,13 @@ pub struct Follower {
     none: CurrentPackage,
     linked: Option<Arc<LinkedPackage>>,
     retired: Vec<Retired>,
+    /// What a new release must pass before runners start from it ([`Follower::admitting`]).
+    admission: Option<Admission>,
 }
+
+/// A judgement of a downloaded, verified package directory before it is adopted: `Err` says
+/// why it is not (e.g. a policy's job image cannot run it). Run on the blocking pool.
+pub type Admission = Arc<dyn Fn(&std::path::Path) -> Result<(), String> + Send + Sync>;
 
 impl Follower {
     /// The task following `source` (`rm-agent`'s `package::follower` builds it from
@@ -185,7 +191,15 @@ impl Follower {
             none: none.package.clone(),
             linked: user.and_then(|u| u.package.clone()),
             retired: Vec::new(),
+            admission: None,
         }
+    }
+
+    /// A new release is adopted only once `admission` accepts its package; a refused one is
+    /// logged and asked about again at the next check, and runners keep the current one.
+    pub fn admitting(mut self, admission: Admission) -> Follower {
+        self.admission = Some(admission);
+        self
     }
 
     /// Checks every interval (the first right away: the start's answer is a free `304` then)
@@ -255,6 +269,13 @@ impl Follower {
         // In the background: log lines, never a bar over the agent's output.
         let mut progress = progress::LogProgress::new(wanted.name());
         let dir = super::resolve(&wanted, &mut progress).await?;
+        if let Some(admission) = &self.admission {
+            let (admission, source) = (Arc::clone(admission), dir.clone());
+            if let Err(why) = tokio::task::spawn_blocking(move || admission(&source)).await? {
+                tracing::warn!(version = %version, why = %why, "actions/runner's new release is not adopted; runners keep starting from v{}", self.version);
+                return Ok(());
+            }
+        }
         let stored = match &self.linked {
             Some(linked) => {
                 let (linked, source) = (Arc::clone(linked), dir.clone());
