@@ -173,6 +173,8 @@ pub enum BackendError {
     Network(#[from] network::NetworkError),
     #[error("the runner's Docker daemon: {0}")]
     Docker(String),
+    #[error("the runner's image: {0}")]
+    Image(String),
 }
 
 /// The seam. Every method blocks (file trees, `/proc`, cgroupfs): call them off the async
@@ -770,7 +772,7 @@ impl Backend for UserIsolation {
                         resolv.as_deref(),
                     )
                     .map_err(|e| {
-                        BackendError::Uid(format!(
+                        BackendError::Image(format!(
                             "cannot prepare the runner's root from image {}: {e}",
                             image.id
                         ))
