@@ -4,7 +4,7 @@
 //! refused at start, with the fix), resolved again every `image_refresh`, and the store's
 //! entries no runner uses any more removed. Which image a runner ran is its attempt's, journalled
 //! when it is created ([`Images::current`]); a runner is always started from its attempt's image,
-//! never from what the policy names now ([`Images::plan`]). The images themselves (references,
+//! never from what the policy names now ([`plan_of`]). The images themselves (references,
 //! transports, unpacking, verification, fitness) are `rm_image`'s.
 
 use std::collections::{BTreeMap, BTreeSet};

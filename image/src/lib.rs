@@ -1,5 +1,5 @@
 //! rm-image: the job images of `policy.image` (issue 40). An image is named in the transport
-//! syntax of skopeo and podman ([`reference`]), read from an OCI layout, an OCI or Docker
+//! syntax of skopeo and podman ([`reference`](mod@reference)), read from an OCI layout, an OCI or Docker
 //! archive, or a registry ([`source`], [`registry`]), unpacked once per digest into a
 //! root-owned store whose entries are complete and verified or absent ([`store`], [`unpack`]:
 //! whiteouts applied, nothing written outside the entry, hostile entries refused or
