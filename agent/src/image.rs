@@ -156,7 +156,8 @@ impl Images {
     }
 
     /// The reference `source::pull` reads: the configured one for a local transport; for a
-    /// registry, the OCI layout it was downloaded into (pinned to the manifest it resolved to).
+    /// registry, the OCI layout it was downloaded into (kept, so a refresh whose tag has not
+    /// moved downloads nothing again).
     async fn local_reference(&self, policy: &str, image: &PolicyImage) -> anyhow::Result<ImageRef> {
         let Transport::Registry {
             registry,
