@@ -108,6 +108,24 @@ impl Store {
         Ok(store)
     }
 
+    /// The store at `dir` as it is, for a reader that must change nothing (`rm-agent check`):
+    /// not made, its mode not set, no leftover removed; `None` where there is no store.
+    pub fn existing(dir: &Path) -> io::Result<Option<Store>> {
+        let fd = match rustix::fs::open(
+            dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Some(Store {
+            dir: dir.to_path_buf(),
+            fd,
+        }))
+    }
+
     /// The store's directory.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -7,7 +7,6 @@
 //! `run` downloads it at start). Looks only: nothing is written, the store is read without
 //! being opened as `run` opens it (which makes it and removes a crash's leftovers).
 
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use rm_image::reference::{Digest, ImageRef, Transport};
@@ -188,21 +187,11 @@ fn examine_local(
     }
 }
 
-/// The store's complete entry for `id`, read as `rm_image::store` lays it out (`<hex>/`
-/// holding `config.json`, whose digest is the id, and the `rootfs` directory) without opening
-/// the store: its root, or `None` when the store does not hold it (or cannot be read).
+/// The store's complete entry for `id` (`rm_image::store`'s rule), read without changing the
+/// store: its root, or `None` when the store does not hold it (or cannot be read).
 fn stored_rootfs(store: &Path, id: &Digest) -> Option<PathBuf> {
-    let entry = store.join(id.hex());
-    let mut config = Vec::new();
-    std::fs::File::open(entry.join("config.json"))
-        .ok()?
-        // A config is bounded as the source's reader bounds it before it is stored.
-        .take(rm_image::source::MAX_JSON_BYTES + 1)
-        .read_to_end(&mut config)
-        .ok()?;
-    let rootfs = entry.join("rootfs");
-    let is_dir = std::fs::symlink_metadata(&rootfs).ok()?.is_dir();
-    (Digest::of(&config) == *id && is_dir).then_some(rootfs)
+    let store = rm_image::store::Store::existing(store).ok().flatten()?;
+    store.get(id).map(|stored| stored.rootfs)
 }
 
 /// The finding for `reference` (as configured) and what was found about it. Pure.

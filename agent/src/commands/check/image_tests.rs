@@ -227,6 +227,11 @@ fn a_stored_entry_is_recognised_only_when_complete() {
     assert_eq!(stored_rootfs(tmp.path(), &id), None);
     std::fs::create_dir_all(&entry).unwrap();
     std::fs::write(entry.join("config.json"), config).unwrap();
+    std::fs::write(
+        entry.join("unpack.json"),
+        serde_json::to_vec(&rm_image::unpack::UnpackReport::default()).unwrap(),
+    )
+    .unwrap();
     assert_eq!(stored_rootfs(tmp.path(), &id), None, "no rootfs");
     std::fs::write(entry.join("rootfs"), "a file").unwrap();
     assert_eq!(
