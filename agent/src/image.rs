@@ -274,7 +274,14 @@ pub async fn start(
             Some(_) => Exit::usage(format!("{e:#}")),
             None => Exit::runtime(e),
         })?;
-    match in_use(journal) {
+    collect_unused(&images, in_use(journal));
+    Ok(Some(images))
+}
+
+/// Removes what no runner uses any more ([`Images::collect`]) and says so; with no answer from
+/// the journal (`used` failed), nothing.
+fn collect_unused(images: &Images, used: anyhow::Result<BTreeSet<String>>) {
+    match used {
         Ok(used) => {
             for id in images.collect(&used) {
                 tracing::info!(image = %id, "removed an image no runner uses any more");
@@ -285,7 +292,6 @@ pub async fn start(
             "cannot read which images runners use; none removed"
         ),
     }
-    Ok(Some(images))
 }
 
 /// The images of this host's attempts that are not cleaned (a runner may still run from one,
@@ -406,17 +412,7 @@ pub async fn refresh_loop<F, P>(
                 tracing::warn!(policy = %policy.name, error = format!("{e:#}"), "cannot refresh the policy's image; its runners keep the one they have");
             }
         }
-        match in_use() {
-            Ok(used) => {
-                for id in images.collect(&used) {
-                    tracing::info!(image = %id, "removed an image no runner uses any more");
-                }
-            }
-            Err(e) => tracing::warn!(
-                error = format!("{e:#}"),
-                "cannot read which images runners use; none removed"
-            ),
-        }
+        collect_unused(&images, in_use());
     }
 }
 
