@@ -16,6 +16,10 @@
 //! - A `docker://` image from a real registry (Debian's `docker-registry`, basic auth): a job
 //!   runs in it with the right credentials and the password is never logged; a wrong password
 //!   refuses the start naming the registry and no password.
+//! - A Docker Hub image (`docker://rm-e2e-ci:1`) with `docker_registry_mirror` set comes from
+//!   the mirror (a real `docker-registry`, anonymous): a job runs in it, the mirror's access log
+//!   shows the agent's manifest and blob GETs. With no mirror listening (and no Docker Hub from
+//!   here) the start is refused naming the mirror and Docker Hub's failure; nothing is stored.
 
 use std::io::Read as _;
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
@@ -705,7 +709,7 @@ async fn an_agent_killed_after_a_runner_in_an_image_was_spawned_leaves_nothing()
 const REGISTRY_START_WAIT: Duration = Duration::from_secs(20);
 
 /// Debian's `docker-registry` on a free loopback port, storage in a temporary directory,
-/// htpasswd basic auth for one user; killed on drop.
+/// htpasswd basic auth for one user or none; killed on drop.
 struct Registry {
     child: Child,
     port: u16,
@@ -721,27 +725,29 @@ impl Drop for Registry {
 }
 
 impl Registry {
-    fn start(user: &str, password: &str) -> Registry {
+    /// Started with basic auth for `auth`'s `(user, password)`, or anonymous when `None`.
+    fn start(auth: Option<(&str, &str)>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port();
-        let htpasswd = dir.path().join("htpasswd");
-        let out = Command::new("htpasswd")
-            .args(["-Bbn", user, password])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "htpasswd: {out:?}");
-        std::fs::write(&htpasswd, &out.stdout).unwrap();
-        let config = format!(
+        let port = free_port();
+        let mut config = format!(
             "version: 0.1\nlog:\n  level: info\n\
              storage:\n  filesystem:\n    rootdirectory: {}\n\
-             http:\n  addr: 127.0.0.1:{port}\n  secret: test-only\n\
-             auth:\n  htpasswd:\n    realm: basic-realm\n    path: {}\n",
+             http:\n  addr: 127.0.0.1:{port}\n  secret: test-only\n",
             dir.path().join("data").display(),
-            htpasswd.display()
         );
+        if let Some((user, password)) = auth {
+            let htpasswd = dir.path().join("htpasswd");
+            let out = Command::new("htpasswd")
+                .args(["-Bbn", user, password])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "htpasswd: {out:?}");
+            std::fs::write(&htpasswd, &out.stdout).unwrap();
+            config.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: basic-realm\n    path: {}\n",
+                htpasswd.display()
+            ));
+        }
         let config_path = dir.path().join("config.yml");
         std::fs::write(&config_path, config).unwrap();
         let log = dir.path().join("registry.log");
@@ -788,6 +794,40 @@ impl Registry {
     }
 }
 
+/// A loopback port nothing listened on a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+/// Pushes the Debian test image to `reference` (a `docker://` one on `registry`) with skopeo,
+/// with `creds` (`user:password`) when given.
+fn push(image: &job_image::DebianImage, registry: &Registry, reference: &str, creds: Option<&str>) {
+    let mut command = Command::new("skopeo");
+    command.args([
+        "--insecure-policy",
+        "copy",
+        "--quiet",
+        "--dest-tls-verify=false",
+    ]);
+    if let Some(creds) = creds {
+        command.arg(format!("--dest-creds={creds}"));
+    }
+    let out = command
+        .arg(format!("oci:{}:{}", image.layout.display(), image.tag))
+        .arg(reference)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "skopeo copy: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        registry.log_text()
+    );
+}
+
 /// Whether `tool` is on the PATH.
 fn installed(tool: &str) -> bool {
     Command::new("sh")
@@ -795,6 +835,58 @@ fn installed(tool: &str) -> bool {
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// Whether every `(tool, package)` is installed; records the skip of the first that is not.
+fn tools_installed(test: &str, tools: &[(&str, &str)]) -> bool {
+    for (tool, package) in tools {
+        if !installed(tool) {
+            skip::cannot_run(
+                test,
+                tool,
+                &format!("`{tool}` is not installed (apt-get install {package})"),
+            );
+            return false;
+        }
+    }
+    true
+}
+
+/// Runs one job under the fleet's agent (its listener wrapped in [`SCRIPT`]) and checks that
+/// it ran in `image`, pushed to a registry: the marker its job wrote to the kept report, the
+/// attempt's image (the config digest), the store's entry. Its attempt.
+async fn run_in_pushed_image(
+    fleet: &Fleet,
+    image: &job_image::DebianImage,
+    name: &str,
+) -> AttemptRecord {
+    let attempt = run_one_job(fleet, name).await;
+    let report_path = fleet
+        .setup
+        .dir
+        .path()
+        .join("data/logs")
+        .join(attempt.attempt_id.as_str())
+        .join(REPORT);
+    let report = std::fs::read_to_string(&report_path).unwrap_or_else(|e| {
+        panic!(
+            "no report at {} ({e})\n{}",
+            report_path.display(),
+            fleet.setup.logs()
+        )
+    });
+    assert_eq!(
+        report.trim(),
+        format!("marker={}", image.info.marker),
+        "the job ran in the pushed image"
+    );
+    assert_eq!(attempt.outcome, Some(AttemptOutcome::CompletedJob));
+    assert_eq!(
+        attempt.image.as_deref(),
+        Some(image.info.config_digest.as_str())
+    );
+    assert!(entry(fleet, &image.info.config_digest).exists());
+    attempt
 }
 
 /// Writes `user:password` to `path`, mode 0600.
@@ -810,42 +902,26 @@ async fn a_registry_image_with_basic_auth_runs_a_job_and_no_password_is_logged()
     if !can_run(test) {
         return;
     }
-    for (tool, package) in [
-        ("docker-registry", "docker-registry"),
-        ("htpasswd", "apache2-utils"),
-    ] {
-        if !installed(tool) {
-            skip::cannot_run(
-                test,
-                tool,
-                &format!("`{tool}` is not installed (apt-get install {package})"),
-            );
-            return;
-        }
+    if !tools_installed(
+        test,
+        &[
+            ("docker-registry", "docker-registry"),
+            ("htpasswd", "apache2-utils"),
+        ],
+    ) {
+        return;
     }
     let image = job_image::debian_image();
     let user = "ci-bot";
     let password = format!("pw-{}", uuid::Uuid::new_v4().simple());
     let wrong = format!("wrong-{}", uuid::Uuid::new_v4().simple());
-    let registry = Registry::start(user, &password);
+    let registry = Registry::start(Some((user, &password)));
     let reference = format!("docker://{}/acme/ci:1", registry.address());
-    let out = Command::new("skopeo")
-        .args([
-            "--insecure-policy",
-            "copy",
-            "--quiet",
-            "--dest-tls-verify=false",
-        ])
-        .arg(format!("--dest-creds={user}:{password}"))
-        .arg(format!("oci:{}:{}", image.layout.display(), image.tag))
-        .arg(&reference)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "skopeo copy: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        registry.log_text()
+    push(
+        &image,
+        &registry,
+        &reference,
+        Some(&format!("{user}:{password}")),
     );
 
     let fleet = Fleet::start(options("")).await;
@@ -885,32 +961,7 @@ async fn a_registry_image_with_basic_auth_runs_a_job_and_no_password_is_logged()
             .replace("@MARKER_FILE@", job_image::MARKER_FILE),
     );
     let _agent = fleet.start_agent(&[]).await;
-    let attempt = run_one_job(&fleet, "from-the-registry").await;
-    let report_path = fleet
-        .setup
-        .dir
-        .path()
-        .join("data/logs")
-        .join(attempt.attempt_id.as_str())
-        .join(REPORT);
-    let report = std::fs::read_to_string(&report_path).unwrap_or_else(|e| {
-        panic!(
-            "no report at {} ({e})\n{}",
-            report_path.display(),
-            fleet.setup.logs()
-        )
-    });
-    assert_eq!(
-        report.trim(),
-        format!("marker={}", image.info.marker),
-        "the job ran in the pushed image"
-    );
-    assert_eq!(attempt.outcome, Some(AttemptOutcome::CompletedJob));
-    assert_eq!(
-        attempt.image.as_deref(),
-        Some(image.info.config_digest.as_str())
-    );
-    assert!(entry(&fleet, &image.info.config_digest).exists());
+    run_in_pushed_image(&fleet, &image, "from-the-registry").await;
 
     // Neither password in anything the agent wrote: its logs (debug), its journal.
     let logs = fleet.setup.logs();
@@ -929,6 +980,119 @@ async fn a_registry_image_with_basic_auth_runs_a_job_and_no_password_is_logged()
             "a password in the journal"
         );
     }
+    let left = left_of(&fleet, &fleet.attempts()).await;
+    assert!(left.is_empty(), "left: {left:#?}");
+}
+
+/// The Docker Hub name of the mirror test's image (`docker.io/library/rm-e2e-ci:1`), and its
+/// repository as the mirror serves it.
+const HUB_IMAGE: &str = "docker://rm-e2e-ci:1";
+const HUB_REPOSITORY: &str = "library/rm-e2e-ci";
+const HUB_IMAGE_NORMALISED: &str = "docker://docker.io/library/rm-e2e-ci:1";
+
+/// The registry client's warning when the mirror failed and Docker Hub is asked next.
+const MIRROR_FAILED: &str = "the registry mirror failed; asking the registry itself";
+
+/// The agent's User-Agent (rm_image's registry client): tells its requests in a registry's
+/// access log from skopeo's.
+const AGENT_USER_AGENT: &str = "rm-image/";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_docker_hub_image_comes_through_the_registry_mirror() {
+    let test = "image_failures::a_docker_hub_image_comes_through_the_registry_mirror";
+    if !can_run(test) || !tools_installed(test, &[("docker-registry", "docker-registry")]) {
+        return;
+    }
+    let image = job_image::debian_image();
+    // `docker = true` is not set: the mirror is the image's alone.
+    let policy = |port: u16| {
+        options(&format!(
+            "image = \"{HUB_IMAGE}\"\ndocker_registry_mirror = \"http://127.0.0.1:{port}\"\n"
+        ))
+    };
+    let fleet = Fleet::start(options("")).await;
+
+    // No mirror on its port, and no Docker Hub from here: refused, naming both; nothing
+    // stored, no runner.
+    let dead = free_port();
+    fleet.configure(&policy(dead));
+    let (status, stderr) = fleet.run_agent_until_exit(REFUSAL_WAIT).await;
+    eprintln!("no mirror: {status}: {stderr}");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    // The mirror's failure is a warning (Docker's rule: Docker Hub is asked next); the refusal
+    // is Docker Hub's failure.
+    assert!(
+        stderr.contains(&format!("cannot reach the mirror http://127.0.0.1:{dead}")),
+        "the output names the mirror's failure: {stderr}"
+    );
+    let refusal = stderr
+        .lines()
+        .find(|l| l.starts_with("rm-agent: "))
+        .unwrap_or_else(|| panic!("no refusal: {stderr}"));
+    assert!(
+        refusal.contains(HUB_IMAGE_NORMALISED) && refusal.contains("cannot reach docker.io"),
+        "the refusal names the image and Docker Hub's failure: {refusal}"
+    );
+    assert!(
+        refusal.contains(POLICY),
+        "the refusal names the policy: {refusal}"
+    );
+    assert_eq!(store_names(&fleet), Vec::<String>::new());
+    let downloaded: Vec<PathBuf> = walk(&store(&fleet).join(".downloads"))
+        .into_iter()
+        .filter(|(_, meta)| !meta.is_dir())
+        .map(|(path, _)| path)
+        .collect();
+    assert_eq!(downloaded, Vec::<PathBuf>::new(), "downloaded files");
+    assert_eq!(fleet.jit_requests(), 0);
+    assert!(fleet.attempts().is_empty(), "{:?}", fleet.attempts());
+
+    // The mirror holds the image under Docker Hub's name: the job runs in it.
+    let mirror = Registry::start(None);
+    push(
+        &image,
+        &mirror,
+        &format!("docker://{}/{HUB_REPOSITORY}:1", mirror.address()),
+        None,
+    );
+    fleet.configure(&policy(mirror.port));
+    fleet.wrap_listener(
+        &SCRIPT
+            .replace("@REPORT@", REPORT)
+            .replace("@MARKER_FILE@", job_image::MARKER_FILE),
+    );
+    let _agent = fleet.start_agent(&[]).await;
+    run_in_pushed_image(&fleet, &image, "through-the-mirror").await;
+
+    // The mirror served the manifest and every blob to the agent; the agent never went on to
+    // Docker Hub.
+    let access = mirror.log_text();
+    let served: Vec<&str> = access
+        .lines()
+        .filter(|l| l.contains(AGENT_USER_AGENT) && l.contains("\"GET /v2/"))
+        .collect();
+    eprintln!("the mirror served the agent: {served:#?}");
+    let got = |path: &str| {
+        served.iter().any(|l| {
+            l.contains(&format!(
+                "\"GET /v2/{HUB_REPOSITORY}/{path} HTTP/1.1\" 200 "
+            ))
+        })
+    };
+    assert!(got("manifests/1"), "no manifest GET: {served:#?}");
+    for blob in std::iter::once(&image.info.config_digest).chain(&image.info.layers) {
+        assert!(
+            got(&format!("blobs/{blob}")),
+            "no GET of {blob}: {served:#?}"
+        );
+    }
+    // The refused start's warning is the only one in the logs.
+    let logs = fleet.setup.logs();
+    assert_eq!(
+        logs.matches(MIRROR_FAILED).count(),
+        stderr.matches(MIRROR_FAILED).count(),
+        "the agent went past the mirror: {logs}"
+    );
     let left = left_of(&fleet, &fleet.attempts()).await;
     assert!(left.is_empty(), "left: {left:#?}");
 }
