@@ -84,6 +84,13 @@ pub struct RegistryOptions {
 /// Why a registry operation failed. No variant holds a credential or a token.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
+    /// The registry itself failed after its mirror had: both are said, the registry's first.
+    #[error("{error}; before it, {mirror}")]
+    AfterMirror {
+        /// The mirror's failure, as it was said.
+        mirror: String,
+        error: Box<RegistryError>,
+    },
     /// A registry, repository, tag or digest that cannot be asked for.
     #[error("{detail}")]
     Invalid { detail: String },
@@ -246,7 +253,7 @@ impl Registry {
         for (i, ep) in endpoints.iter().enumerate() {
             match self.resolve_at(ep, repository, tag).await {
                 Ok(digest) => return Ok(digest),
-                Err(e) => last = Some(next_endpoint(e, ep, i, endpoints.len())?),
+                Err(e) => last = Some(next_endpoint(e, ep, i, endpoints.len(), last.take())?),
             }
         }
         Err(no_endpoint(last))
@@ -279,7 +286,7 @@ impl Registry {
                 .await
             {
                 Ok(digest) => return Ok(digest),
-                Err(e) => last = Some(next_endpoint(e, ep, i, endpoints.len())?),
+                Err(e) => last = Some(next_endpoint(e, ep, i, endpoints.len(), last.take())?),
             }
         }
         Err(no_endpoint(last))
@@ -636,21 +643,30 @@ impl Drop for Partial {
     }
 }
 
-/// After endpoint `i` of `count` failed with `e`: the error to remember while the next one is
-/// asked, or `Err` to stop. Only a remote error on an endpoint that is not the last moves on
-/// (a mirror's failure); a local one (the request, the disk) would fail alike anywhere.
+/// After endpoint `i` of `count` failed with `e` (and the one before it with `before`, a
+/// mirror's failure): the error to remember while the next one is asked, or `Err` to stop.
+/// Only a remote error on an endpoint that is not the last moves on (a mirror's failure); a
+/// local one (the request, the disk) would fail alike anywhere. The error that stops says the
+/// mirror's too, so an operator sees why neither served.
 fn next_endpoint(
     e: RegistryError,
     ep: &Endpoint,
     i: usize,
     count: usize,
+    before: Option<RegistryError>,
 ) -> Result<RegistryError, RegistryError> {
     if e.is_remote() && i + 1 < count {
         tracing::warn!(endpoint = %ep.name, error = %e,
             "the registry mirror failed; asking the registry itself");
         Ok(e)
     } else {
-        Err(e)
+        Err(match before {
+            Some(mirror) => RegistryError::AfterMirror {
+                mirror: mirror.to_string(),
+                error: Box::new(e),
+            },
+            None => e,
+        })
     }
 }
 

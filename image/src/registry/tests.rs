@@ -425,11 +425,29 @@ fn only_a_remote_failure_of_the_mirror_moves_on_to_the_next_endpoint() {
     for (e, i, count, moves_on) in cases {
         let text = e.to_string();
         assert_eq!(
-            next_endpoint(e, &ep, i, count).is_ok(),
+            next_endpoint(e, &ep, i, count, None).is_ok(),
             moves_on,
             "{text} at {i}/{count}"
         );
     }
+    // The registry failing after its mirror: the error that stops says both.
+    let unreachable = |registry: &str| RegistryError::Unreachable {
+        registry: registry.to_owned(),
+        detail: "connection refused".to_owned(),
+    };
+    let both = next_endpoint(
+        unreachable("docker.io"),
+        &ep,
+        1,
+        2,
+        Some(unreachable("the mirror http://127.0.0.1:1")),
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        both,
+        "cannot reach docker.io: connection refused; before it, cannot reach the mirror http://127.0.0.1:1: connection refused"
+    );
 }
 
 /// The agent runs downloads in spawned tasks: the futures must be `Send`, the client shared.

@@ -1030,8 +1030,10 @@ async fn a_docker_hub_image_comes_through_the_registry_mirror() {
         .find(|l| l.starts_with("rm-agent: "))
         .unwrap_or_else(|| panic!("no refusal: {stderr}"));
     assert!(
-        refusal.contains(HUB_IMAGE_NORMALISED) && refusal.contains("cannot reach docker.io"),
-        "the refusal names the image and Docker Hub's failure: {refusal}"
+        refusal.contains(HUB_IMAGE_NORMALISED)
+            && refusal.contains("cannot reach docker.io")
+            && refusal.contains(&format!("cannot reach the mirror http://127.0.0.1:{dead}")),
+        "the refusal names the image, Docker Hub's failure and the mirror's: {refusal}"
     );
     assert!(
         refusal.contains(POLICY),
