@@ -35,8 +35,15 @@
 //! scale-set jobs. The service's runner endpoints (`_apis/distributedtask/pools/0/agents`)
 //! find, get and remove the runners of the admin token's target: removal is `204` also for a
 //! runner gone, `JobStillRunningException` while it is busy (its job, then its lag).
+//!
+//! By default it answers as `actions/scaleset` expects the service to; knobs make it answer as
+//! other services and proxies do, each decided by its status first: unsecured admin and queue
+//! tokens ([`Broker::alg_none_tokens`]), a session conflict under another type name or none
+//! ([`Broker::session_conflict_type`]), a bare `404` on the queue for a session it dropped
+//! ([`Broker::drop_sessions`]) and for a scale set that does not exist
+//! ([`Broker::bare_not_found`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -73,6 +80,9 @@ const AGENTS_PATH: &str = "/rest/_apis/distributedtask/pools/0/agents";
 /// How many times a job assigned and not started is cancelled and assigned again (the
 /// `actions/scaleset` README: "up to 3 times").
 pub const MAX_REASSIGNMENTS: u32 = 3;
+/// The exception type name of the `409` a session create meets while the set has a session,
+/// as the service names it.
+pub const SESSION_CONFLICT_TYPE: &str = "RunnerScaleSetSessionConflictException";
 
 /// A scale set.
 #[derive(Debug, Clone)]
@@ -220,6 +230,23 @@ pub struct Broker {
     /// The most job messages one queue message carries: [`MAX_JOBS_PER_MESSAGE`] as the
     /// service, less for a test that wants a small burst truncated over several messages.
     pub jobs_per_message: usize,
+    /// Issue the admin and queue tokens as unsecured JWTs (`"alg": "none"`, an empty
+    /// signature), as an emulator of the service others wrote does: a client reads their
+    /// `exp` whatever the header's algorithm, or not at all. Off: `RS256`-shaped tokens.
+    pub alg_none_tokens: bool,
+    /// The `typeName` of the `409` a session create meets while the set has a session:
+    /// [`SESSION_CONFLICT_TYPE`] by default, another name, or `None` (a body with a message
+    /// and no type name): a client must decide on the status.
+    pub session_conflict_type: Option<String>,
+    /// Queue tokens of sessions the broker dropped ([`Broker::drop_sessions`]): a queue call
+    /// (poll, acknowledgement) or `acquirejobs` carrying one is answered `404` without a type
+    /// name (the session is gone, not the token unknown). Empty by default: a token of no
+    /// session is `401`.
+    pub dropped_queue_tokens: HashSet<String>,
+    /// A scale set that does not exist is answered with a bare `404` (a message, no
+    /// `RunnerScaleSetNotFoundException`), as a proxy or another version of the service may
+    /// answer: a client must decide on the status. Off by default.
+    pub bare_not_found: bool,
     /// The fake's clock, set by [`State::age_runners`] before every change.
     pub now: SystemTime,
 }
@@ -249,6 +276,10 @@ impl Default for Broker {
             refused_removals: 0,
             runners_paused: false,
             jobs_per_message: MAX_JOBS_PER_MESSAGE,
+            alg_none_tokens: false,
+            session_conflict_type: Some(SESSION_CONFLICT_TYPE.to_owned()),
+            dropped_queue_tokens: HashSet::new(),
+            bare_not_found: false,
             now: SystemTime::UNIX_EPOCH,
         }
     }
@@ -584,10 +615,24 @@ impl Broker {
     }
 
     /// Deletes scale set `id` out of band; its session is left in place so that the next call
-    /// on the set, queue calls included, is `404 RunnerScaleSetNotFoundException`. Whether
-    /// it existed.
+    /// on the set, queue calls included, is `404 RunnerScaleSetNotFoundException` (a bare
+    /// `404` with [`Broker::bare_not_found`]). Whether it existed.
     pub fn delete_scale_set(&mut self, id: u64) -> bool {
         self.scale_sets.remove(&id).is_some()
+    }
+
+    /// Drops every session, its queue token then answered `404` without a type name (see
+    /// [`Broker::dropped_queue_tokens`]): a service that lost its sessions, not a token it
+    /// does not know.
+    pub fn drop_sessions(&mut self) {
+        let dropped = std::mem::take(&mut self.sessions);
+        self.dropped_queue_tokens
+            .extend(dropped.into_values().map(|s| s.queue_token));
+    }
+
+    /// A token carrying `exp`, shaped as [`Broker::alg_none_tokens`] says.
+    fn token_with_exp(&self, exp: SystemTime) -> String {
+        jwt_with_exp(exp, self.alg_none_tokens)
     }
 
     /// Queues a message of a top-level type the client does not know.
@@ -888,7 +933,7 @@ fn respond(state: &mut State, ask: &Ask<'_>) -> Option<Answer> {
             .and_then(|id: u64| broker.scale_sets.get(&id))
         {
             Some(set) => Answer::json(200, broker.scale_set_json(set, runners)),
-            None => not_found_set(),
+            None => not_found_set(broker),
         },
         ("POST", [id, "sessions"]) => create_session(broker, runners, &server, id, ask.body),
         ("PATCH", [id, "sessions", session]) => {
@@ -1031,23 +1076,44 @@ fn percent_decode(value: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn not_found_set() -> Answer {
-    Answer::error(
-        404,
-        "RunnerScaleSetNotFoundException",
-        "the runner scale set was not found",
-    )
+/// The `404` of a scale set that does not exist: `RunnerScaleSetNotFoundException`, or with
+/// [`Broker::bare_not_found`] a message alone.
+fn not_found_set(broker: &Broker) -> Answer {
+    const MESSAGE: &str = "the runner scale set was not found";
+    if broker.bare_not_found {
+        return Answer::json(404, json!({ "message": MESSAGE }));
+    }
+    Answer::error(404, "RunnerScaleSetNotFoundException", MESSAGE)
+}
+
+/// The answer to a queue call or `acquirejobs` whose queue token opens no session: `404`
+/// without a type name for the token of a session the broker dropped
+/// ([`Broker::dropped_queue_tokens`]), else `401`.
+fn no_session(broker: &Broker, ask: &Ask<'_>) -> Answer {
+    let dropped = ask
+        .authorization("Bearer ")
+        .is_some_and(|t| broker.dropped_queue_tokens.contains(t));
+    if dropped {
+        return Answer::json(404, json!({"message": "the message session was not found"}));
+    }
+    Answer::error(401, "UnauthorizedException", "the queue token is not valid")
 }
 
 fn random_token(prefix: &str) -> String {
     format!("{prefix}{}", uuid::Uuid::new_v4().simple())
 }
 
-/// A JWT shaped token (unsigned) carrying `exp`.
-fn jwt_with_exp(exp: SystemTime) -> String {
-    let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"RS256","typ":"JWT"}"#);
+/// A JWT shaped token carrying `exp`: `RS256` in its header with a random (never checked)
+/// signature, or with `alg_none` an unsecured JWT (`"alg": "none"`, an empty signature,
+/// RFC 7519 §6.1).
+fn jwt_with_exp(exp: SystemTime, alg_none: bool) -> String {
     let claims = json!({"exp": crate::time::unix(exp), "jti": uuid::Uuid::new_v4().to_string()});
     let claims = URL_SAFE_NO_PAD.encode(claims.to_string());
+    if alg_none {
+        let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"none","typ":"JWT"}"#);
+        return format!("{header}.{claims}.");
+    }
+    let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"RS256","typ":"JWT"}"#);
     let signature = URL_SAFE_NO_PAD.encode(uuid::Uuid::new_v4().as_bytes());
     format!("{header}.{claims}.{signature}")
 }
@@ -1151,7 +1217,7 @@ fn remote_auth(state: &mut State, ask: &Ask<'_>) -> Answer {
         );
     }
     let exp = now + ADMIN_TOKEN_TTL;
-    let token = jwt_with_exp(exp);
+    let token = state.broker.token_with_exp(exp);
     state.broker.admin_tokens.insert(token.clone(), exp);
     state.broker.admin_targets.insert(token.clone(), target);
     Answer::json(
@@ -1268,14 +1334,14 @@ fn create_session(
         .ok()
         .filter(|id| broker.scale_sets.contains_key(id))
     else {
-        return not_found_set();
+        return not_found_set(broker);
     };
     if broker.sessions.contains_key(&id) {
-        return Answer::error(
-            409,
-            "RunnerScaleSetSessionConflictException",
-            &format!("The actions runner scaleset {id} already has an active session"),
-        );
+        let message = format!("The actions runner scaleset {id} already has an active session");
+        return match &broker.session_conflict_type {
+            Some(type_name) => Answer::error(409, type_name, &message),
+            None => Answer::json(409, json!({ "message": message })),
+        };
     }
     let owner = body
         .and_then(|b| b.get("ownerName"))
@@ -1287,13 +1353,13 @@ fn create_session(
         Session {
             id: uuid::Uuid::new_v4().to_string(),
             owner,
-            queue_token: jwt_with_exp(SystemTime::now() + ADMIN_TOKEN_TTL),
+            queue_token: broker.token_with_exp(SystemTime::now() + ADMIN_TOKEN_TTL),
             token_valid: true,
         },
     );
     match session_json(broker, runners, id, server) {
         Some(v) => Answer::json(200, v),
-        None => not_found_set(),
+        None => not_found_set(broker),
     }
 }
 
@@ -1305,9 +1371,10 @@ fn refresh_session(
     session: &str,
 ) -> Answer {
     let id: u64 = id.parse().unwrap_or(0);
+    let queue_token = broker.token_with_exp(SystemTime::now() + ADMIN_TOKEN_TTL);
     match broker.sessions.get_mut(&id) {
         Some(s) if s.id == session => {
-            s.queue_token = jwt_with_exp(SystemTime::now() + ADMIN_TOKEN_TTL);
+            s.queue_token = queue_token;
             s.token_valid = true;
         }
         _ => {
@@ -1320,7 +1387,7 @@ fn refresh_session(
     }
     match session_json(broker, runners, id, server) {
         Some(v) => Answer::json(200, v),
-        None => not_found_set(),
+        None => not_found_set(broker),
     }
 }
 
@@ -1334,7 +1401,7 @@ fn generate_jit(state: &mut State, id: &str, body: Option<&Value>) -> Answer {
         .ok()
         .and_then(|id| state.broker.scale_sets.get(&id))
     else {
-        return not_found_set();
+        return not_found_set(&state.broker);
     };
     let (id, scope, labels, group_id) = (
         set.id,
@@ -1405,7 +1472,7 @@ fn queue_owner(broker: &Broker, ask: &Ask<'_>) -> Option<u64> {
 fn acquire_jobs(state: &mut State, ask: &Ask<'_>, id: &str) -> Answer {
     let broker = &mut state.broker;
     let Some(owner) = queue_owner(broker, ask) else {
-        return Answer::error(401, "UnauthorizedException", "the queue token is not valid");
+        return no_session(broker, ask);
     };
     if id.parse::<u64>().ok() != Some(owner) {
         return Answer::error(403, "AccessDeniedException", "not this scale set's session");
@@ -1416,7 +1483,7 @@ fn acquire_jobs(state: &mut State, ask: &Ask<'_>, id: &str) -> Answer {
         .map(|ids| ids.iter().filter_map(Value::as_u64).collect())
         .unwrap_or_default();
     let Some(acquired) = broker.acquire(owner, asked) else {
-        return not_found_set();
+        return not_found_set(broker);
     };
     Answer::json(200, json!({"count": acquired.len(), "value": acquired}))
 }
@@ -1428,16 +1495,12 @@ fn queue(state: &mut State, ask: &Ask<'_>, rest: &str) -> Option<Answer> {
     } = state;
     let runners = &*runners;
     let Some(owner) = queue_owner(broker, ask) else {
-        return Some(Answer::error(
-            401,
-            "UnauthorizedException",
-            "the queue token is not valid",
-        ));
+        return Some(no_session(broker, ask));
     };
     // A set deleted out of band keeps its session's token valid, so the queue can say the
     // set is gone (404) rather than that the token is bad, as the real service does.
     let Some(set) = broker.scale_sets.get_mut(&owner) else {
-        return Some(not_found_set());
+        return Some(not_found_set(broker));
     };
     // The capacity the client can run now bounds what is assigned from this poll on; a poll
     // without the header leaves the last one in force.
@@ -1647,6 +1710,101 @@ mod tests {
         assert_eq!(b.scale_sets[&id].jobs[&jobs[0]].state, JobState::Assigned);
         assert_eq!(b.scale_sets[&id].jobs[&jobs[1]].state, JobState::Available);
         assert_eq!(b.acquire(id + 1, vec![jobs[1]]), None, "no such set");
+    }
+
+    /// A session create on a set with a session is `409` with the type name the broker is
+    /// set to answer, or none; a missing set is `404` with or without its type name.
+    #[test]
+    fn conflicts_and_missing_sets_carry_the_type_name_they_are_set_to() {
+        let runners = BTreeMap::new();
+        let cases: [(Option<&str>, bool, Value, Value); 3] = [
+            (
+                Some(SESSION_CONFLICT_TYPE),
+                false,
+                json!(SESSION_CONFLICT_TYPE),
+                json!("RunnerScaleSetNotFoundException"),
+            ),
+            (
+                Some("SomethingElse"),
+                true,
+                json!("SomethingElse"),
+                Value::Null,
+            ),
+            (None, true, Value::Null, Value::Null),
+        ];
+        for (conflict, bare, conflict_type, missing_type) in cases {
+            let mut b = Broker {
+                session_conflict_type: conflict.map(str::to_owned),
+                bare_not_found: bare,
+                ..Broker::default()
+            };
+            let id = b.add_set_for_test("linux", RunnerScope::Org("acme".into()));
+            let id = id.to_string();
+            let first = create_session(&mut b, &runners, "http://s", &id, None);
+            assert_eq!(first.status, 200);
+            let second = create_session(&mut b, &runners, "http://s", &id, None);
+            let body = second.body.unwrap_or_default();
+            assert_eq!((second.status, &body["typeName"]), (409, &conflict_type));
+            assert!(body["message"].is_string(), "{body}");
+            let missing = create_session(&mut b, &runners, "http://s", "999", None);
+            let body = missing.body.unwrap_or_default();
+            assert_eq!((missing.status, &body["typeName"]), (404, &missing_type));
+        }
+    }
+
+    /// A dropped session's queue token is `404` without a type name; a token of no session the
+    /// broker ever had is `401`, as it was before any drop.
+    #[test]
+    fn a_dropped_session_s_queue_token_is_a_bare_404() {
+        let runners = BTreeMap::new();
+        let mut b = Broker::default();
+        let id = b.add_set_for_test("linux", RunnerScope::Org("acme".into()));
+        create_session(&mut b, &runners, "http://s", &id.to_string(), None);
+        let token = b.sessions[&id].queue_token.clone();
+        let answer = |b: &Broker, token: &str| {
+            let mut headers = HeaderMap::new();
+            let bearer = format!("Bearer {token}");
+            headers.insert(
+                http::header::AUTHORIZATION,
+                bearer.parse().unwrap_or(http::HeaderValue::from_static("")),
+            );
+            let ask = Ask {
+                method: "GET",
+                path: QUEUE_PATH,
+                query: "",
+                headers: &headers,
+                body: None,
+            };
+            let a = no_session(b, &ask);
+            (a.status, a.body.unwrap_or_default()["typeName"].clone())
+        };
+        assert_eq!(answer(&b, &token).0, 401, "not dropped yet");
+        b.drop_sessions();
+        assert!(b.sessions.is_empty());
+        assert_eq!(answer(&b, &token), (404, Value::Null));
+        assert_eq!(answer(&b, "never-issued").0, 401);
+    }
+
+    /// `alg_none_tokens`: an unsecured JWT (`alg: none`, an empty signature) whose payload
+    /// carries the `exp`; otherwise `RS256` with a signature.
+    #[test]
+    fn alg_none_tokens_are_unsecured_jwts_with_an_exp() {
+        let exp = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let part = |token: &str, n: usize| -> Value {
+            let part = token.split('.').nth(n).unwrap_or_default();
+            let bytes = URL_SAFE_NO_PAD.decode(part).unwrap_or_default();
+            serde_json::from_slice(&bytes).unwrap_or_default()
+        };
+        for (alg_none, alg) in [(true, "none"), (false, "RS256")] {
+            let b = Broker {
+                alg_none_tokens: alg_none,
+                ..Broker::default()
+            };
+            let token = b.token_with_exp(exp);
+            assert_eq!(part(&token, 0)["alg"], alg, "{token}");
+            assert_eq!(part(&token, 1)["exp"], 1_700_000_000, "{token}");
+            assert_eq!(token.ends_with('.'), alg_none, "{token}");
+        }
     }
 
     #[test]

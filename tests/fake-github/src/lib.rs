@@ -961,6 +961,35 @@ impl FakeGithub {
         self.with(|s| s.broker.delete_scale_set(scale_set_id))
     }
 
+    /// The admin and queue tokens issued from now on are unsecured JWTs (`"alg": "none"`, an
+    /// empty signature), as an emulator of the service others wrote issues them; `false`:
+    /// `RS256`-shaped, as by default.
+    pub fn set_alg_none_tokens(&self, on: bool) {
+        self.with(|s| s.broker.alg_none_tokens = on)
+    }
+
+    /// The `typeName` of the `409` a session create meets while the scale set has a session:
+    /// `Some(name)` (by default [`broker::SESSION_CONFLICT_TYPE`]) or `None`, a message with no
+    /// type name at all.
+    pub fn set_session_conflict_type(&self, type_name: Option<&str>) {
+        self.with(|s| s.broker.session_conflict_type = type_name.map(str::to_owned))
+    }
+
+    /// Drops every session as a service that lost them: a poll, an acknowledgement or an
+    /// `acquirejobs` with a dropped session's queue token is answered `404` without a type
+    /// name (not the `401` of [`Self::evict_sessions`]); its refresh is `404`, a new session
+    /// is made as usual.
+    pub fn drop_sessions(&self) {
+        self.with(|s| s.broker.drop_sessions())
+    }
+
+    /// While `on`, a scale set that does not exist (deleted, or never made) is answered with a
+    /// bare `404` (a message, no `RunnerScaleSetNotFoundException`) wherever it is named:
+    /// getting it, its sessions, the queue of its session, `acquirejobs`, JIT configurations.
+    pub fn set_bare_not_found(&self, on: bool) {
+        self.with(|s| s.broker.bare_not_found = on)
+    }
+
     /// The queue token of every session stops being accepted: the next queue call gets `401`
     /// until the session is refreshed.
     pub fn expire_queue_tokens(&self) {
