@@ -480,8 +480,14 @@ fn activity(activity: &Activity) -> String {
             "on standby: another listener holds the scale set's session (next try at {})",
             rm_vocab::UnixMs::from(*until)
         ),
-        Activity::BackingOff { until, failures } => format!(
-            "backing off after {failures} failure(s) (next try at {})",
+        // The last failure's error says why: an answer the listener does not know is said,
+        // never waited out silently.
+        Activity::BackingOff {
+            until,
+            failures,
+            reason,
+        } => format!(
+            "backing off after {failures} failure(s): {reason} (next try at {})",
             rm_vocab::UnixMs::from(*until)
         ),
     }

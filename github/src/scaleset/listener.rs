@@ -2,11 +2,18 @@
 //! after each step of the session/poll cycle, as a pure function ([`decide`]), and a thin
 //! driver ([`Listener`]) that applies it over a [`ScaleSetClient`].
 //!
-//! Every failure mode other listeners died of has a row here: an evicted session (refresh
-//! 404) gets a new session; an empty or unreadable `200` is backed off and polled again, never
-//! an exit; 5xx bursts are backed off with a bounded delay reset by the next answered poll; a
-//! `409` at start is our own stale session (deleted by its journalled id) or another holder
-//! (standby, backed off, not an error); a deleted scale set is handed back to the caller.
+//! Every failure mode other listeners died of has a row here: an evicted session (a 404 on
+//! its refresh, poll, acknowledgement or acquisition) gets a new session at once; an empty or
+//! unreadable `200` is backed off and polled again, never an exit; 5xx bursts are backed off
+//! with a bounded delay reset by the next answered poll; a `409` at start is our own stale
+//! session (deleted by its journalled id) or another holder (standby, backed off, not an
+//! error); a deleted scale set is handed back to the caller; an answer the rules do not know
+//! (another 4xx) is backed off like a 5xx and said in the wait's reason, never a silent stall.
+//!
+//! The rules key on the status of an answer, the type name only refines it (the client's
+//! mapping of answers to [`ScaleSetError`]): a service version, a GHES or a proxy in between
+//! that names an answer otherwise, or not at all, is read the same way. GitHub's own listener
+//! decides on the status too.
 //!
 //! Delivery contract: [`Listener::next`] hands out a message and never acknowledges it. The
 //! caller journals the message durably first, then calls [`Listener::ack`]; a crash in between
@@ -53,9 +60,14 @@ pub enum Outcome {
     SessionConflict,
     /// A failure that passes: 5xx, 408, 429, no answer, a malformed answer.
     Transient,
+    /// An answer the rules do not know: a 4xx other than 401, 403, 404, 408, 409 and 429, or
+    /// a 404 or 409 where it means nothing known. It may be a proxy's or a new service
+    /// version's, and may pass: backed off like a transient failure (at most [`BACKOFF_CAP`]),
+    /// its error said in the wait's reason, never an exit.
+    Unrecognised,
     /// The scale set does not exist ([`ScaleSetError::ScaleSetNotFound`]).
     ScaleSetNotFound,
-    /// A refusal that will not pass by waiting (403, 401 after re-authentication, 4xx).
+    /// A refusal that will not pass by waiting (403, 401 after re-authentication).
     Permanent,
 }
 
@@ -72,13 +84,11 @@ impl Outcome {
             ScaleSetError::Unreachable { .. } | ScaleSetError::Unexpected { .. } => Self::Transient,
             // Not the listener's (runner removal), but it passes once the runner is idle.
             ScaleSetError::JobStillRunning { .. } => Self::Transient,
-            ScaleSetError::Service { status, .. } => {
-                if *status >= 500 || *status == 408 || *status == 429 {
-                    Self::Transient
-                } else {
-                    Self::Permanent
-                }
-            }
+            ScaleSetError::Service { status, .. } => match *status {
+                408 | 429 | 500.. => Self::Transient,
+                401 | 403 => Self::Permanent,
+                _ => Self::Unrecognised,
+            },
             // The client already re-authenticated (admin) or refreshed (queue) once.
             ScaleSetError::Unauthorized { .. }
             | ScaleSetError::AgentExists { .. }
@@ -174,7 +184,7 @@ pub fn decide(state: &State, outcome: Outcome) -> Decision {
             next.stale_session = None;
             Action::CreateSession
         }
-        Outcome::Unreadable | Outcome::Transient => {
+        Outcome::Unreadable | Outcome::Transient | Outcome::Unrecognised => {
             next.failures = state.failures.saturating_add(1);
             Action::BackOff {
                 delay: backoff_delay(next.failures),
@@ -231,8 +241,12 @@ pub enum Activity {
         since: SystemTime,
         until: SystemTime,
     },
-    /// Backing off after a transient failure until then.
-    BackingOff { until: SystemTime, failures: u32 },
+    /// Backing off after a failure until then; `reason` is the last one's error.
+    BackingOff {
+        until: SystemTime,
+        failures: u32,
+        reason: String,
+    },
 }
 
 /// A caller's short synchronous write, told a value by the listener.
@@ -248,6 +262,8 @@ pub struct Listener {
     state: State,
     /// The action [`Listener::next`] takes first.
     pending: Action,
+    /// The error of the last step that failed: what a back-off is said to be about.
+    last_error: String,
     activity: Activity,
     /// Told each new session's id as soon as the service answers, before it is polled: the
     /// caller journals it, so that its successor after a crash can delete it by id.
@@ -289,6 +305,7 @@ impl Listener {
                 ..State::default()
             },
             pending: Action::CreateSession,
+            last_error: String::new(),
             activity: Activity::Idle,
             on_session: None,
             on_wait: None,
@@ -430,6 +447,7 @@ impl Listener {
                     self.waiting(Activity::BackingOff {
                         until: SystemTime::now() + delay,
                         failures: self.state.failures,
+                        reason: self.last_error.clone(),
                     });
                     tokio::time::sleep(delay).await;
                     self.pending = if self.session.is_some() {
@@ -440,12 +458,11 @@ impl Listener {
                     continue;
                 }
             };
-            let decision = decide(&self.state, outcome);
-            self.state = decision.state;
-            if !self.state.has_session {
-                self.session = None;
+            if let Some(e) = &error {
+                self.last_error = e.to_string();
             }
-            match decision.action {
+            self.apply(decide(&self.state, outcome), outcome);
+            match self.pending.clone() {
                 Action::ScaleSetGone => {
                     self.activity = Activity::Idle;
                     self.pending = Action::CreateSession;
@@ -468,7 +485,14 @@ impl Listener {
                     }));
                 }
                 action => {
-                    if let Some(e) = &error {
+                    if outcome == Outcome::Unrecognised {
+                        tracing::warn!(
+                            scale_set_id = self.scale_set_id,
+                            error = self.last_error,
+                            next = ?action,
+                            "the Actions service gave an answer the listener does not know; backing off"
+                        );
+                    } else if let Some(e) = &error {
                         tracing::warn!(
                             scale_set_id = self.scale_set_id,
                             error = %e,
@@ -476,7 +500,6 @@ impl Listener {
                             "scale-set listener step failed"
                         );
                     }
-                    self.pending = action;
                 }
             }
             if let Some(delivered) = delivered {
@@ -484,6 +507,39 @@ impl Listener {
                 return Ok(delivered);
             }
         }
+    }
+
+    /// Takes `decision`, made after `outcome`. A session dropped because the service said it
+    /// is gone keeps its id as stale: were it alive after all (a 404 meaning something else),
+    /// the next create's `409` deletes it by that id rather than standing by on our own.
+    fn apply(&mut self, decision: Decision, outcome: Outcome) {
+        self.state = decision.state;
+        if !self.state.has_session
+            && let Some(dropped) = self.session.take()
+            && outcome == Outcome::SessionGone
+        {
+            self.state.stale_session = Some(dropped.session_id);
+        }
+        self.pending = decision.action;
+    }
+
+    /// After a failed acknowledgement or acquisition: a session gone is dropped, and the
+    /// next call to [`Listener::next`] makes a new one (by the rules: at once, or backed off
+    /// if the last one was evicted too).
+    fn after_session_call<T>(
+        &mut self,
+        answer: Result<T, ScaleSetError>,
+    ) -> Result<T, ScaleSetError> {
+        if let Err(e) = &answer
+            && Outcome::of(e) == Outcome::SessionGone
+        {
+            self.last_error = e.to_string();
+            self.apply(
+                decide(&self.state, Outcome::SessionGone),
+                Outcome::SessionGone,
+            );
+        }
+        answer
     }
 
     /// One poll with the session held.
@@ -515,25 +571,21 @@ impl Listener {
             });
         };
         let acked = self.client.delete_message(session, message_id).await;
-        if let Err(ScaleSetError::SessionGone { .. }) = &acked {
-            // Let `next` make a new session rather than poll a gone one.
-            self.session = None;
-            self.state.has_session = false;
-            self.pending = Action::CreateSession;
-        }
-        acked
+        // A gone session: `next` makes a new one rather than poll it.
+        self.after_session_call(acked)
     }
 
     /// Acquires the jobs of `runner_request_ids` with the session held (the `JobAvailable`
     /// jobs of a message, where the service still wants them acquired: GHES, §1.11); the ids
-    /// acquired.
+    /// acquired. A session gone is dropped, as by [`Listener::ack`].
     pub async fn acquire(&mut self, runner_request_ids: &[i64]) -> Result<Vec<i64>, ScaleSetError> {
         let Some(session) = self.session.as_mut() else {
             return Err(ScaleSetError::SessionGone {
                 message: "no session held".into(),
             });
         };
-        self.client.acquire_jobs(session, runner_request_ids).await
+        let acquired = self.client.acquire_jobs(session, runner_request_ids).await;
+        self.after_session_call(acquired)
     }
 
     /// Closes the session held, on shutdown, so that the next process is not refused.
@@ -695,11 +747,218 @@ mod tests {
                 Action::GiveUp,
                 0,
             ),
+            (
+                "an answer not known: back off, never give up",
+                state(0, true, None),
+                Outcome::Unrecognised,
+                Action::BackOff {
+                    delay: BACKOFF_BASE,
+                },
+                1,
+            ),
+            (
+                "an answer not known, again and again: the back-off stays at its cap",
+                state(1000, false, None),
+                Outcome::Unrecognised,
+                Action::BackOff { delay: BACKOFF_CAP },
+                1001,
+            ),
         ];
         for (row, before, outcome, action, failures) in rows {
             let decision = decide(&before, outcome);
             assert_eq!(decision.action, action, "{row}");
             assert_eq!(decision.state.failures, failures, "{row}");
+        }
+    }
+
+    /// From the service's answer to the decision, status first (the client's `service_error`, then
+    /// [`Outcome::of`], then [`decide`]).
+    #[test]
+    fn each_answer_has_its_decision_whatever_its_type_name() {
+        use crate::scaleset::{
+            ACQUIRE, MESSAGE_DELETE, MESSAGE_GET, SCALE_SET_FIND, SESSION_CREATE, service_error,
+        };
+        let named = |name: &str| format!(r#"{{"typeName":"{name}","message":"m"}}"#);
+        let conflict = named("GitHub.Actions.RunnerScaleSetSessionConflictException");
+        let other = named("GitHub.Actions.SessionBusyException");
+        let set_gone = named("GitHub.Actions.RunnerScaleSetNotFoundException");
+        let delete_s1 = Action::DeleteStaleSession {
+            session_id: "s-1".into(),
+        };
+        let standby = Action::Standby {
+            delay: STANDBY_BASE,
+        };
+        let backoff = Action::BackOff {
+            delay: BACKOFF_BASE,
+        };
+        /// (what happened, the endpoint, the status, the body, the state before, what to do)
+        type Row<'a> = (&'a str, &'static str, u16, &'a [u8], State, Action);
+        let rows: Vec<Row> = vec![
+            (
+                "409 named as rm knows it, our stale session journalled",
+                SESSION_CREATE,
+                409,
+                conflict.as_bytes(),
+                state(0, false, Some("s-1")),
+                delete_s1.clone(),
+            ),
+            (
+                "409 with another type name, our stale session journalled",
+                SESSION_CREATE,
+                409,
+                other.as_bytes(),
+                state(0, false, Some("s-1")),
+                delete_s1.clone(),
+            ),
+            (
+                "409 without a type name, our stale session journalled",
+                SESSION_CREATE,
+                409,
+                b"",
+                state(0, false, Some("s-1")),
+                delete_s1.clone(),
+            ),
+            (
+                "409 with another type name, nothing journalled: another holder",
+                SESSION_CREATE,
+                409,
+                other.as_bytes(),
+                state(0, false, None),
+                standby.clone(),
+            ),
+            (
+                "409 without a type name, nothing journalled: another holder",
+                SESSION_CREATE,
+                409,
+                b"",
+                state(0, false, None),
+                standby.clone(),
+            ),
+            (
+                "404 on the poll, no type name: a new session at once",
+                MESSAGE_GET,
+                404,
+                b"",
+                state(0, true, None),
+                Action::CreateSession,
+            ),
+            (
+                "404 on the poll with another type name: a new session at once",
+                MESSAGE_GET,
+                404,
+                other.as_bytes(),
+                state(0, true, None),
+                Action::CreateSession,
+            ),
+            (
+                "404 on the acknowledgement, no type name: a new session at once",
+                MESSAGE_DELETE,
+                404,
+                b"",
+                state(0, true, None),
+                Action::CreateSession,
+            ),
+            (
+                "404 on acquisition, no type name: a new session at once",
+                ACQUIRE,
+                404,
+                b"",
+                state(0, true, None),
+                Action::CreateSession,
+            ),
+            (
+                "404 on the poll naming the scale set: the set is gone",
+                MESSAGE_GET,
+                404,
+                set_gone.as_bytes(),
+                state(0, true, None),
+                Action::ScaleSetGone,
+            ),
+            (
+                "a bare 404 on the session's creation: the set is gone",
+                SESSION_CREATE,
+                404,
+                b"",
+                state(0, false, None),
+                Action::ScaleSetGone,
+            ),
+            (
+                "a 404 of an unknown name on the session's creation: the set is gone",
+                SESSION_CREATE,
+                404,
+                other.as_bytes(),
+                state(0, false, None),
+                Action::ScaleSetGone,
+            ),
+            (
+                "a bare 404 on the set's find: the set is gone",
+                SCALE_SET_FIND,
+                404,
+                b"",
+                state(0, false, None),
+                Action::ScaleSetGone,
+            ),
+            (
+                "a 400 on the poll: backed off, not given up",
+                MESSAGE_GET,
+                400,
+                other.as_bytes(),
+                state(0, true, None),
+                backoff.clone(),
+            ),
+            (
+                "a 422 on the session's creation: backed off",
+                SESSION_CREATE,
+                422,
+                b"",
+                state(0, false, None),
+                backoff.clone(),
+            ),
+            (
+                "a 410 on the acknowledgement: backed off",
+                MESSAGE_DELETE,
+                410,
+                b"",
+                state(0, true, None),
+                backoff.clone(),
+            ),
+            (
+                "a 409 on the poll (no meaning there): backed off",
+                MESSAGE_GET,
+                409,
+                b"",
+                state(0, true, None),
+                backoff.clone(),
+            ),
+            (
+                "an unknown 4xx in a long run: at most the cap",
+                MESSAGE_GET,
+                400,
+                b"",
+                state(1000, true, None),
+                Action::BackOff { delay: BACKOFF_CAP },
+            ),
+            (
+                "a 403: give up (a refusal; the agent says so and tries again later)",
+                MESSAGE_GET,
+                403,
+                b"",
+                state(0, true, None),
+                Action::GiveUp,
+            ),
+            (
+                "a 429: back off",
+                MESSAGE_GET,
+                429,
+                b"",
+                state(0, true, None),
+                backoff.clone(),
+            ),
+        ];
+        for (row, endpoint, status, body, before, action) in rows {
+            let status = http::StatusCode::from_u16(status).expect("a status");
+            let outcome = Outcome::of(&service_error(endpoint, status, body));
+            assert_eq!(decide(&before, outcome).action, action, "{row}");
         }
     }
 
@@ -736,7 +995,16 @@ mod tests {
         };
         assert_eq!(Outcome::of(&service(503)), Outcome::Transient);
         assert_eq!(Outcome::of(&service(429)), Outcome::Transient);
+        assert_eq!(Outcome::of(&service(408)), Outcome::Transient);
         assert_eq!(Outcome::of(&service(403)), Outcome::Permanent);
+        // An answer the rules do not know passes as far as they can tell: never a give-up.
+        for status in [400, 404, 405, 409, 410, 412, 415, 422, 451, 302] {
+            assert_eq!(
+                Outcome::of(&service(status)),
+                Outcome::Unrecognised,
+                "{status}"
+            );
+        }
         assert_eq!(
             Outcome::of(&ScaleSetError::Unreachable {
                 endpoint: "e",

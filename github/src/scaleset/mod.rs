@@ -237,10 +237,13 @@ enum Transport<'a> {
 }
 
 /// The service's URL and admin token, and when the token expires.
+#[derive(Clone)]
 struct AdminConnection {
     url: String,
     token: SecretString,
-    expires_at: SystemTime,
+    /// `None` when the token's `exp` cannot be read: it is used until the service refuses it
+    /// (401 or 403), then renewed.
+    expires_at: Option<SystemTime>,
 }
 
 /// What the registration token is asked with, and for which scope.
@@ -307,15 +310,49 @@ pub fn strip_bom(body: &[u8]) -> &[u8] {
     body.strip_prefix(BOM).unwrap_or(body)
 }
 
-/// When the JWT `token` expires, read from its `exp` without verifying it.
+/// When the JWT `token` expires: the `exp` of its payload, whatever its header's `alg` says
+/// (`none` included). rm never verifies the admin token's signature (the service does), so the
+/// header has nothing to tell it; GitHub's own client reads it the same way (golang-jwt's
+/// `ParseUnverified`). `None` when the payload cannot be read: the caller uses the token until
+/// the service refuses it.
 pub fn jwt_expiry(token: &str) -> Option<SystemTime> {
-    #[derive(Deserialize)]
-    struct Exp {
-        exp: u64,
+    let payload = token.split('.').nth(1)?;
+    let claims: Value = serde_json::from_slice(&base64url(payload)?).ok()?;
+    let exp = claims.get("exp")?;
+    // A NumericDate may be written with a fraction (RFC 7519 §2); its seconds are enough
+    // (a float cast to an integer saturates, never wraps).
+    let secs = exp.as_u64().or_else(|| {
+        exp.as_f64()
+            .filter(|f| f.is_finite() && *f >= 0.0)
+            .map(|f| f as u64)
+    })?;
+    Some(from_unix_secs(secs))
+}
+
+/// The bytes of base64url `text` (RFC 4648 §5; padding and the standard alphabet's `+` and
+/// `/` taken too); `None` on any other character. Written out here: the one decoding rm needs
+/// of it, and `jsonwebtoken`'s own refuses a header it does not know.
+fn base64url(text: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in text.trim_end_matches('=').bytes() {
+        let value = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'-' | b'+' => 62,
+            b'_' | b'/' => 63,
+            _ => return None,
+        };
+        acc = (acc << 6) | u32::from(value);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push(u8::try_from(acc >> bits).ok()?);
+            acc &= (1 << bits) - 1;
+        }
     }
-    jsonwebtoken::dangerous::insecure_decode::<Exp>(token)
-        .ok()
-        .map(|data| from_unix_secs(data.claims.exp))
+    Some(out)
 }
 
 /// `url` with `param` added to its query.
@@ -332,7 +369,37 @@ fn with_segment(url: &str, segment: &str) -> String {
     }
 }
 
-/// The error an answer other than 2xx means, by the `typeName` of its body.
+/// The endpoint that opens a session: a `409` there is a session the scale set has already.
+const SESSION_CREATE: &str = "runnerscalesets.sessions.create";
+/// The endpoint that gives a session a new queue token.
+const SESSION_REFRESH: &str = "runnerscalesets.sessions.refresh";
+/// The message long poll.
+const MESSAGE_GET: &str = "scalesets.message.get";
+/// The acknowledgement: the message's deletion.
+const MESSAGE_DELETE: &str = "scalesets.message.delete";
+/// Job acquisition, with the session's queue token.
+const ACQUIRE: &str = "runnerscalesets.acquirejobs";
+/// The scale set found by its name.
+const SCALE_SET_FIND: &str = "runnerscalesets.find";
+/// The endpoints of our session: a `404` there is the session gone, whatever the type name
+/// (unless it names the scale set).
+const SESSION_ENDPOINTS: [&str; 4] = [MESSAGE_GET, MESSAGE_DELETE, ACQUIRE, SESSION_REFRESH];
+/// The endpoints of the scale set itself: a `404` there is the scale set gone, whatever the
+/// type name.
+const SCALE_SET_ENDPOINTS: [&str; 2] = [SCALE_SET_FIND, SESSION_CREATE];
+
+/// The error an answer other than 2xx to `endpoint` means: by its status first, then by the
+/// `typeName` of its body, which only refines (a service version, a GHES or a proxy in between
+/// may name it otherwise, or not at all; GitHub's own client decides on the status too).
+///
+/// - `RunnerScaleSetNotFoundException` anywhere: the scale set is gone.
+/// - `401`: the credential was refused (the caller re-authenticates once).
+/// - `409` on the session's creation: the scale set has a session.
+/// - `404` on the poll, the acknowledgement, acquisition or the session's refresh: our session
+///   is gone (but on the acknowledgement, `MessageNotFoundException` is the message deleted
+///   already); on the scale set's find or a session's creation: the scale set is gone.
+/// - otherwise the names rm knows (`AgentExistsException`, `JobStillRunningException`, the
+///   session conflict's), else [`ScaleSetError::Service`] with its status and type name.
 fn service_error(endpoint: &'static str, status: StatusCode, body: &[u8]) -> ScaleSetError {
     let body = strip_bom(body);
     let (type_name, message) = match serde_json::from_slice::<Value>(body) {
@@ -351,23 +418,49 @@ fn service_error(endpoint: &'static str, status: StatusCode, body: &[u8]) -> Sca
             String::from_utf8_lossy(body).chars().take(200).collect(),
         ),
     };
-    if type_name.contains("RunnerScaleSetSessionConflictException") {
-        ScaleSetError::SessionConflict { message }
-    } else if type_name.contains("AgentExistsException") {
-        ScaleSetError::AgentExists { message }
-    } else if type_name.contains("JobStillRunningException") {
-        ScaleSetError::JobStillRunning { message }
-    } else if type_name.contains("RunnerScaleSetNotFoundException") {
-        ScaleSetError::ScaleSetNotFound { message }
-    } else if status == StatusCode::UNAUTHORIZED {
-        ScaleSetError::Unauthorized { endpoint, message }
-    } else {
-        ScaleSetError::Service {
+    let named = |name: &str| type_name.contains(name);
+    // With its type name, so that a log says what the service called it.
+    let said = || {
+        if type_name.is_empty() {
+            message.clone()
+        } else {
+            format!("{type_name}: {message}")
+        }
+    };
+    match status.as_u16() {
+        _ if named("RunnerScaleSetNotFoundException") => {
+            ScaleSetError::ScaleSetNotFound { message }
+        }
+        401 => ScaleSetError::Unauthorized { endpoint, message },
+        409 if endpoint == SESSION_CREATE => ScaleSetError::SessionConflict { message: said() },
+        // The message, not the session, is gone: deleted already (the caller's ack is done).
+        404 if endpoint == MESSAGE_DELETE && named("MessageNotFoundException") => {
+            ScaleSetError::Service {
+                endpoint,
+                status: 404,
+                type_name,
+                message,
+            }
+        }
+        // See: https://github.com/actions/scaleset/issues/123 (a broker that evicts every
+        // session answers its refresh 404, typeName RunnerAdminException).
+        404 if SESSION_ENDPOINTS.contains(&endpoint) => {
+            ScaleSetError::SessionGone { message: said() }
+        }
+        404 if SCALE_SET_ENDPOINTS.contains(&endpoint) => {
+            ScaleSetError::ScaleSetNotFound { message: said() }
+        }
+        _ if named("RunnerScaleSetSessionConflictException") => {
+            ScaleSetError::SessionConflict { message }
+        }
+        _ if named("AgentExistsException") => ScaleSetError::AgentExists { message },
+        _ if named("JobStillRunningException") => ScaleSetError::JobStillRunning { message },
+        status => ScaleSetError::Service {
             endpoint,
-            status: status.as_u16(),
+            status,
             type_name,
             message,
-        }
+        },
     }
 }
 
@@ -692,12 +785,13 @@ impl ScaleSetClient {
                 message: "the answer has an empty url or token".into(),
             });
         }
-        let expires_at = jwt_expiry(connection.token.expose_secret()).ok_or_else(|| {
-            ScaleSetError::Unexpected {
-                endpoint: ENDPOINT,
-                message: "the admin token is not a JWT with an exp".into(),
-            }
-        })?;
+        let expires_at = jwt_expiry(connection.token.expose_secret());
+        if expires_at.is_none() {
+            // Never a reason to stop: the service, not rm, judges the token.
+            tracing::warn!(
+                "the admin token's exp cannot be read; it is used until the service refuses it"
+            );
+        }
         Ok(AdminConnection {
             url: connection.url,
             token: connection.token,
@@ -706,18 +800,19 @@ impl ScaleSetClient {
     }
 
     /// The service's URL and the admin token, renewed when within [`ADMIN_RENEW_BEFORE`] of
-    /// its expiry.
-    async fn admin(&self) -> Result<(String, SecretString), ScaleSetError> {
+    /// its expiry (one whose expiry is unknown, only once refused: see [`Self::admin_call`]).
+    async fn admin(&self) -> Result<AdminConnection, ScaleSetError> {
         let mut admin = self.admin.lock().await;
         let now = self.github.inner.now();
-        let due = admin
-            .as_ref()
-            .is_none_or(|a| now + ADMIN_RENEW_BEFORE >= a.expires_at);
+        let due = admin.as_ref().is_none_or(|a| {
+            a.expires_at
+                .is_some_and(|expires_at| now + ADMIN_RENEW_BEFORE >= expires_at)
+        });
         if due {
             *admin = Some(self.connect().await?);
         }
         match admin.as_ref() {
-            Some(a) => Ok((a.url.clone(), a.token.clone())),
+            Some(a) => Ok(a.clone()),
             None => Err(ScaleSetError::Unexpected {
                 endpoint: "actions.runner_registration",
                 message: "no admin connection".into(),
@@ -736,7 +831,11 @@ impl ScaleSetClient {
     ) -> Result<(StatusCode, Bytes), ScaleSetError> {
         let mut reconnected = false;
         loop {
-            let (base, token) = self.admin().await?;
+            let AdminConnection {
+                url: base,
+                token,
+                expires_at,
+            } = self.admin().await?;
             let url = with_query(
                 &format!("{}/{path}", base.trim_end_matches('/')),
                 API_VERSION,
@@ -753,9 +852,16 @@ impl ScaleSetClient {
                 })
                 .await;
             match answer {
-                // The service no longer takes the admin token before its `exp`: forget it and
-                // make the exchange again, once.
+                // The service no longer takes the admin token before its `exp` (or one whose
+                // `exp` rm cannot read, refused either way): forget it and make the exchange
+                // again, once.
                 Err(ScaleSetError::Unauthorized { .. }) if !reconnected => {
+                    reconnected = true;
+                    *self.admin.lock().await = None;
+                }
+                Err(ScaleSetError::Service { status: 403, .. })
+                    if !reconnected && expires_at.is_none() =>
+                {
                     reconnected = true;
                     *self.admin.lock().await = None;
                 }
@@ -770,7 +876,7 @@ impl ScaleSetClient {
         runner_group_id: u64,
         name: &str,
     ) -> Result<Option<ScaleSet>, ScaleSetError> {
-        const ENDPOINT: &str = "runnerscalesets.find";
+        const ENDPOINT: &str = SCALE_SET_FIND;
         #[derive(Deserialize)]
         struct List {
             count: usize,
@@ -780,7 +886,12 @@ impl ScaleSetClient {
             "_apis/runtime/runnerscalesets?runnerGroupId={runner_group_id}&name={}",
             percent_encode(name)
         );
-        let (_, body) = self.admin_call(ENDPOINT, Method::GET, &path, None).await?;
+        let body = match self.admin_call(ENDPOINT, Method::GET, &path, None).await {
+            Ok((_, body)) => body,
+            // A 404, named or bare: there is no such set (the caller creates it).
+            Err(ScaleSetError::ScaleSetNotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
         let mut list: List = decode(ENDPOINT, &body)?;
         if list.count > 1 || list.value.len() > 1 {
             return Err(ScaleSetError::Unexpected {
@@ -824,13 +935,14 @@ impl ScaleSetClient {
     }
 
     /// Opens the message session of scale set `scale_set_id` as `owner_name`. A second one
-    /// is refused with [`ScaleSetError::SessionConflict`].
+    /// is refused with [`ScaleSetError::SessionConflict`] (any `409`), a scale set gone with
+    /// [`ScaleSetError::ScaleSetNotFound`] (any `404`).
     pub async fn create_session(
         &self,
         scale_set_id: u64,
         owner_name: &str,
     ) -> Result<Session, ScaleSetError> {
-        const ENDPOINT: &str = "runnerscalesets.sessions.create";
+        const ENDPOINT: &str = SESSION_CREATE;
         let body = json!({"sessionId": NIL_SESSION, "ownerName": owner_name});
         let path = format!("_apis/runtime/runnerscalesets/{scale_set_id}/sessions");
         let (_, answer) = self
@@ -848,24 +960,16 @@ impl ScaleSetClient {
     }
 
     /// Refreshes `session` in place (a new queue token). A session the service no longer
-    /// knows is [`ScaleSetError::SessionGone`].
+    /// knows (a `404`) is [`ScaleSetError::SessionGone`].
     pub async fn refresh_session(&self, session: &mut Session) -> Result<(), ScaleSetError> {
-        const ENDPOINT: &str = "runnerscalesets.sessions.refresh";
+        const ENDPOINT: &str = SESSION_REFRESH;
         let path = format!(
             "_apis/runtime/runnerscalesets/{}/sessions/{}",
             session.scale_set_id, session.session_id
         );
-        let answer = match self.admin_call(ENDPOINT, Method::PATCH, &path, None).await {
-            Ok((_, answer)) => answer,
-            // See: https://github.com/actions/scaleset/issues/123 (a broker that evicts every
-            // session answers 404, typeName RunnerAdminException).
-            Err(ScaleSetError::Service {
-                status: 404,
-                message,
-                ..
-            }) => return Err(ScaleSetError::SessionGone { message }),
-            Err(e) => return Err(e),
-        };
+        let (_, answer) = self
+            .admin_call(ENDPOINT, Method::PATCH, &path, None)
+            .await?;
         let mut fresh: Session = decode(ENDPOINT, &answer)?;
         fresh.scale_set_id = session.scale_set_id;
         *session = fresh;
@@ -892,6 +996,8 @@ impl ScaleSetClient {
         );
         match self.admin_call(ENDPOINT, Method::DELETE, &path, None).await {
             Ok(_) => Ok(()),
+            // Gone already (a 404, whatever its type name) is what the delete wanted.
+            Err(ScaleSetError::Service { status: 404, .. }) => Ok(()),
             Err(ScaleSetError::Service { type_name, .. })
                 if type_name.contains("RunnerScaleSetSessionExpiredException") =>
             {
@@ -940,7 +1046,7 @@ impl ScaleSetClient {
         last_message_id: u64,
         max_capacity: u32,
     ) -> Result<Option<Message>, ScaleSetError> {
-        const ENDPOINT: &str = "scalesets.message.get";
+        const ENDPOINT: &str = MESSAGE_GET;
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Raw {
@@ -1006,13 +1112,17 @@ impl ScaleSetClient {
         }))
     }
 
-    /// Acknowledges (deletes) message `message_id`; one already deleted is acknowledged too.
+    /// Acknowledges (deletes) message `message_id`; one deleted already
+    /// (`404 MessageNotFoundException`) is acknowledged too. Any other `404` is
+    /// [`ScaleSetError::SessionGone`] (or [`ScaleSetError::ScaleSetNotFound`] when its type
+    /// name says so): the message comes again after a new session, and the caller's journal
+    /// recognises it.
     pub async fn delete_message(
         &self,
         session: &mut Session,
         message_id: u64,
     ) -> Result<(), ScaleSetError> {
-        const ENDPOINT: &str = "scalesets.message.delete";
+        const ENDPOINT: &str = MESSAGE_DELETE;
         let url = with_segment(&session.message_queue_url, &message_id.to_string());
         match self
             .queue_call(
@@ -1029,25 +1139,25 @@ impl ScaleSetClient {
             )
             .await
         {
-            Ok(_) => Ok(()),
-            Err(ScaleSetError::Service { status: 404, .. }) => Ok(()),
+            Ok(_) | Err(ScaleSetError::Service { status: 404, .. }) => Ok(()),
             Err(e) => Err(e),
         }
     }
 
-    /// Acquires the jobs of `runner_request_ids` (with the queue token); the ids acquired.
+    /// Acquires the jobs of `runner_request_ids` (with the queue token); the ids acquired. A
+    /// `404` is [`ScaleSetError::SessionGone`], as on the poll.
     pub async fn acquire_jobs(
         &self,
         session: &mut Session,
         runner_request_ids: &[i64],
     ) -> Result<Vec<i64>, ScaleSetError> {
-        const ENDPOINT: &str = "runnerscalesets.acquirejobs";
+        const ENDPOINT: &str = ACQUIRE;
         #[derive(Deserialize)]
         struct Acquired {
             #[serde(default)]
             value: Vec<i64>,
         }
-        let (base, _) = self.admin().await?;
+        let base = self.admin().await?.url;
         let url = with_query(
             &format!(
                 "{}/_apis/runtime/runnerscalesets/{}/acquirejobs",
@@ -1196,30 +1306,91 @@ mod tests {
         assert_eq!(with_query("https://b/m?x=2", "a=1"), "https://b/m?x=2&a=1");
     }
 
-    #[test]
-    fn errors_are_read_by_type_name_not_status() {
-        let conflict = br#"{"typeName":"GitHub.Actions.RunnerScaleSetSessionConflictException, x","message":"m"}"#;
-        assert!(matches!(
-            service_error("e", StatusCode::BAD_REQUEST, conflict),
-            ScaleSetError::SessionConflict { .. }
-        ));
-        let mut bom = BOM.to_vec();
-        bom.extend_from_slice(br#"{"typeName":"AgentExistsException","message":"m"}"#);
-        assert!(matches!(
-            service_error("e", StatusCode::CONFLICT, &bom),
-            ScaleSetError::AgentExists { .. }
-        ));
-        assert!(matches!(
-            service_error("e", StatusCode::CONFLICT, b"plain text"),
-            ScaleSetError::Service { status: 409, .. }
-        ));
-        let busy = br#"{"typeName":"GitHub.DistributedTask.WebApi.JobStillRunningException","message":"m"}"#;
-        for status in [StatusCode::BAD_REQUEST, StatusCode::CONFLICT] {
-            assert!(matches!(
-                service_error("e", status, busy),
-                ScaleSetError::JobStillRunning { .. }
-            ));
+    /// The kind of error an answer is, as a word for the table below.
+    fn kind(error: &ScaleSetError) -> String {
+        match error {
+            ScaleSetError::SessionConflict { .. } => "conflict".into(),
+            ScaleSetError::SessionGone { .. } => "session gone".into(),
+            ScaleSetError::ScaleSetNotFound { .. } => "set gone".into(),
+            ScaleSetError::AgentExists { .. } => "agent exists".into(),
+            ScaleSetError::JobStillRunning { .. } => "still running".into(),
+            ScaleSetError::Unauthorized { .. } => "unauthorized".into(),
+            ScaleSetError::Service { status, .. } => format!("service {status}"),
+            other => format!("{other:?}"),
         }
+    }
+
+    /// Status first, the type name refining: (endpoint, status, body, the error).
+    #[test]
+    fn answers_are_read_by_status_first_then_type_name() {
+        let named = |name: &str| format!(r#"{{"typeName":"{name}","message":"m"}}"#);
+        let conflict = named("GitHub.Actions.RunnerScaleSetSessionConflictException, x");
+        let other = named("GitHub.Actions.SomethingElseException");
+        let set_gone = named("GitHub.Actions.RunnerScaleSetNotFoundException");
+        let admin = named("RunnerAdminException");
+        let message_gone = named("MessageNotFoundException");
+        let agent = named("AgentExistsException");
+        let busy = named("GitHub.DistributedTask.WebApi.JobStillRunningException");
+        let mut bom = BOM.to_vec();
+        bom.extend_from_slice(agent.as_bytes());
+        let rows: Vec<(&str, u16, &[u8], &str)> = vec![
+            // A session exists, whatever the name, or none.
+            (SESSION_CREATE, 409, conflict.as_bytes(), "conflict"),
+            (SESSION_CREATE, 409, other.as_bytes(), "conflict"),
+            (SESSION_CREATE, 409, b"", "conflict"),
+            (SESSION_CREATE, 409, b"plain text", "conflict"),
+            // The name alone still says it, on another status.
+            ("e", 400, conflict.as_bytes(), "conflict"),
+            // Our session gone: a 404 on its endpoints, named or not.
+            (MESSAGE_GET, 404, b"", "session gone"),
+            (MESSAGE_GET, 404, other.as_bytes(), "session gone"),
+            (MESSAGE_DELETE, 404, b"", "session gone"),
+            (MESSAGE_DELETE, 404, other.as_bytes(), "session gone"),
+            // ... but a message not found is the message deleted already.
+            (MESSAGE_DELETE, 404, message_gone.as_bytes(), "service 404"),
+            (ACQUIRE, 404, b"", "session gone"),
+            (SESSION_REFRESH, 404, admin.as_bytes(), "session gone"),
+            // ... unless the name says the scale set is.
+            (MESSAGE_GET, 404, set_gone.as_bytes(), "set gone"),
+            (MESSAGE_DELETE, 404, set_gone.as_bytes(), "set gone"),
+            // The scale set gone: a bare (or unknown) 404 on the set itself.
+            (SESSION_CREATE, 404, b"", "set gone"),
+            (SESSION_CREATE, 404, other.as_bytes(), "set gone"),
+            (SCALE_SET_FIND, 404, b"", "set gone"),
+            (SESSION_CREATE, 409, set_gone.as_bytes(), "set gone"),
+            // 401 is the credential, whatever the endpoint.
+            (MESSAGE_GET, 401, b"", "unauthorized"),
+            (SESSION_CREATE, 401, other.as_bytes(), "unauthorized"),
+            // The names that refine a status with no meaning of its own there.
+            (
+                "runnerscalesets.generatejitconfig",
+                409,
+                &bom,
+                "agent exists",
+            ),
+            ("agents.remove", 400, busy.as_bytes(), "still running"),
+            ("agents.remove", 409, busy.as_bytes(), "still running"),
+            // Anything else keeps its status, for the rules to judge.
+            ("e", 409, b"plain text", "service 409"),
+            (MESSAGE_GET, 409, b"", "service 409"),
+            ("runnerscalesets.generatejitconfig", 404, b"", "service 404"),
+            (MESSAGE_GET, 400, other.as_bytes(), "service 400"),
+            (SESSION_CREATE, 403, b"", "service 403"),
+            (MESSAGE_GET, 503, b"", "service 503"),
+        ];
+        for (endpoint, status, body, expected) in rows {
+            let status = StatusCode::from_u16(status).expect("a status");
+            let error = service_error(endpoint, status, body);
+            assert_eq!(kind(&error), expected, "{status} on {endpoint}: {error:?}");
+        }
+        // An unnamed answer says what it was; a named one, its name.
+        let unnamed = service_error(SESSION_CREATE, StatusCode::CONFLICT, b"busy");
+        assert!(unnamed.to_string().ends_with("busy"), "{unnamed}");
+        let renamed = service_error(SESSION_CREATE, StatusCode::CONFLICT, other.as_bytes());
+        assert!(
+            renamed.to_string().contains("SomethingElseException"),
+            "{renamed}"
+        );
     }
 
     #[test]
@@ -1244,10 +1415,48 @@ mod tests {
     }
 
     #[test]
-    fn the_admin_token_expiry_is_its_exp() {
-        // {"alg":"none"} . {"exp":1700000000} . sig
-        let token = "eyJhbGciOiJIUzI1NiJ9.eyJleHAiOjE3MDAwMDAwMDB9.c2ln";
-        assert_eq!(jwt_expiry(token), Some(from_unix_secs(1_700_000_000)));
-        assert_eq!(jwt_expiry("not a jwt"), None);
+    fn the_admin_token_expiry_is_its_exp_whatever_its_alg() {
+        let at = Some(from_unix_secs(1_700_000_000));
+        // (the token, its expiry): header . payload . signature
+        let rows = [
+            // {"alg":"HS256"} . {"exp":1700000000} . sig
+            ("eyJhbGciOiJIUzI1NiJ9.eyJleHAiOjE3MDAwMDAwMDB9.c2ln", at),
+            // {"alg":"none","typ":"JWT"} . {"exp":1700000000} . (no signature)
+            (
+                "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJleHAiOjE3MDAwMDAwMDB9.",
+                at,
+            ),
+            // {"alg":"whatever"} . {"exp":1700000000}, padded . sig
+            (
+                "eyJhbGciOiJ3aGF0ZXZlciJ9.eyJleHAiOjE3MDAwMDAwMDB9==.c2ln",
+                at,
+            ),
+            // {"alg":"RS256"} . {"sub":"a","exp":1700000000.5,"x":"?>"} (url-safe `-`, `_`)
+            (
+                "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhIiwiZXhwIjoxNzAwMDAwMDAwLjUsIngiOiI_PiJ9.c2ln",
+                at,
+            ),
+            // {"alg":"none"} . {"sub":"a"}: no exp
+            ("eyJhbGciOiJub25lIn0.eyJzdWIiOiJhIn0.", None),
+            // {"alg":"none"} . {"exp":"soon"}
+            ("eyJhbGciOiJub25lIn0.eyJleHAiOiJzb29uIn0.", None),
+            ("eyJhbGciOiJub25lIn0.not*base64.", None),
+            ("not a jwt", None),
+            ("", None),
+        ];
+        for (token, expiry) in rows {
+            assert_eq!(jwt_expiry(token), expiry, "{token}");
+        }
+    }
+
+    #[test]
+    fn base64url_decodes_both_alphabets_and_refuses_other_characters() {
+        assert_eq!(base64url("").as_deref(), Some(&b""[..]));
+        assert_eq!(base64url("Zg").as_deref(), Some(&b"f"[..]));
+        assert_eq!(base64url("Zm8=").as_deref(), Some(&b"fo"[..]));
+        assert_eq!(base64url("Zm9v").as_deref(), Some(&b"foo"[..]));
+        assert_eq!(base64url("-_-_").as_deref(), Some(&[0xfb, 0xff, 0xbf][..]));
+        assert_eq!(base64url("+/+/").as_deref(), Some(&[0xfb, 0xff, 0xbf][..]));
+        assert_eq!(base64url("Zm 9v"), None);
     }
 }
