@@ -32,6 +32,7 @@ mod polling;
 mod receiver_crash;
 mod relay;
 mod scale_set;
+mod scale_set_answers;
 mod scale_set_capacity;
 mod scale_set_enterprise;
 mod status;
