@@ -77,6 +77,13 @@ pub enum OperatorEvent {
         /// The journal's evidence sentence.
         detail: String,
     },
+    /// A scale set's listener backs off: after an answer of the Actions service it does not
+    /// know, or after failures in a row (`crate::scaleset::listen`). Its jobs wait meanwhile.
+    ScaleSetBackingOff {
+        scale_set: String,
+        /// The last failure's error.
+        reason: String,
+    },
 }
 
 impl OperatorEvent {
@@ -89,6 +96,7 @@ impl OperatorEvent {
             OperatorEvent::HostUnfit { .. } => EventKind::HostUnfit,
             OperatorEvent::JobRerun { .. } => EventKind::JobRerun,
             OperatorEvent::RunnerFailed { .. } => EventKind::RunnerFailed,
+            OperatorEvent::ScaleSetBackingOff { .. } => EventKind::ScaleSetBackingOff,
         }
     }
 
@@ -155,6 +163,12 @@ impl OperatorEvent {
                         "{runner_name}: {detail}. `rm-agent logs {runner_name}` shows its logs."
                     ),
                 },
+            ),
+            OperatorEvent::ScaleSetBackingOff { scale_set, reason } => (
+                format!("rm: scale set {scale_set}'s listener backs off"),
+                format!(
+                    "{reason}. Its jobs wait until the Actions service answers again; `rm-agent status` shows the listener's note."
+                ),
             ),
         }
     }

@@ -33,6 +33,8 @@ struct Gathered {
     ran: Vec<RanAttempt>,
     /// The re-run this host journalled for the job explained.
     rerun: Option<rm_journal::RerunRecord>,
+    /// This host's journalled scale sets (their listeners' notes).
+    scale_sets: Vec<rm_journal::ScaleSetRecord>,
 }
 
 impl Gathered {
@@ -52,6 +54,7 @@ impl Gathered {
             fleet: None,
             ran: Vec::new(),
             rerun: None,
+            scale_sets: scale_set_records(config)?,
         })
     }
 
@@ -92,8 +95,22 @@ impl Gathered {
             }),
             ran: &self.ran,
             rerun: self.rerun.as_ref(),
+            scale_sets: &self.scale_sets,
         }
     }
+}
+
+/// This host's journalled scale sets, read-only (as `status` reads them); none without scale
+/// sets or a journal.
+fn scale_set_records(config: &Config) -> anyhow::Result<Vec<rm_journal::ScaleSetRecord>> {
+    if config.scale_sets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let file = super::store(config).file().to_owned();
+    if !file.exists() {
+        return Ok(Vec::new());
+    }
+    Ok(rm_journal::ScaleSets::open_read_only(&file)?.all()?)
 }
 
 pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {

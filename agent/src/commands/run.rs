@@ -124,7 +124,14 @@ pub(crate) async fn serve_paced(
     let mut tasks = Tasks::default();
     let board = Arc::clone(&executor.settings().scale_sets);
     executor.wake_on(board.subscribe());
-    spawn_scale_set_listeners(config, &board, &journal_path, &stop_rx, &mut tasks);
+    spawn_scale_set_listeners(
+        config,
+        &board,
+        &journal_path,
+        &notifier,
+        &stop_rx,
+        &mut tasks,
+    );
     // The fitness gate (crate::fitness): judged once before the first registration, then again
     // in the background; allocation registers nothing while it says unfit.
     let fitness = executor.settings().fitness.clone();
@@ -406,6 +413,7 @@ fn spawn_scale_set_listeners(
     config: &Config,
     board: &Arc<crate::scaleset::Board>,
     journal: &std::path::Path,
+    notifier: &Arc<Notifier>,
     stop: &watch::Receiver<bool>,
     tasks: &mut Tasks,
 ) {
@@ -419,6 +427,7 @@ fn spawn_scale_set_listeners(
                 Arc::clone(board),
                 journal.to_owned(),
                 config.host.name.clone(),
+                Arc::clone(notifier),
                 stop.clone(),
             )),
         );

@@ -21,11 +21,12 @@ pub enum EventKind {
     HostUnfit,
     JobRerun,
     RunnerFailed,
+    ScaleSetBackingOff,
 }
 
 impl EventKind {
     /// Every kind, in the order the documentation lists them.
-    pub const ALL: [EventKind; 7] = [
+    pub const ALL: [EventKind; 8] = [
         EventKind::WebhooksStopped,
         EventKind::CredentialsRejected,
         EventKind::RunnersFailingToStart,
@@ -33,6 +34,7 @@ impl EventKind {
         EventKind::HostUnfit,
         EventKind::JobRerun,
         EventKind::RunnerFailed,
+        EventKind::ScaleSetBackingOff,
     ];
 
     /// The kind's name in `snake_case`, as the configuration and a webhook body write it.
@@ -45,6 +47,7 @@ impl EventKind {
             EventKind::HostUnfit => "host_unfit",
             EventKind::JobRerun => "job_rerun",
             EventKind::RunnerFailed => "runner_failed",
+            EventKind::ScaleSetBackingOff => "scale_set_backing_off",
         }
     }
 

@@ -149,6 +149,8 @@ pub(crate) struct Facts<'a> {
     pub ran: &'a [ended::RanAttempt],
     /// The re-run this host journalled for the job explained, if any.
     pub rerun: Option<&'a rm_journal::RerunRecord>,
+    /// This host's journalled scale sets: their notes say why a listener is not serving.
+    pub scale_sets: &'a [rm_journal::ScaleSetRecord],
 }
 
 /// A blocking condition with the verdict it gives when it is the first that holds.
@@ -478,7 +480,11 @@ fn queued(job: &JobRow, facts: &Facts<'_>, queue: &Queue) -> Explanation {
             let (chain, runner) = served(job, policy, queue, facts);
             (chain, runner, Some(policy.name.clone()))
         }
-        None => (vec![unrouted(job, routed, facts.policies)], None, None),
+        None => {
+            let mut chain = vec![unrouted(job, routed, facts.policies)];
+            chain.extend(scale_set_listener(job, facts));
+            (chain, None, None)
+        }
     };
     let mut chain = chain.into_iter();
     let first = chain.next().unwrap_or_else(|| {
@@ -508,6 +514,33 @@ fn label_list(labels: &[String]) -> String {
     let mut sorted: Vec<String> = labels.iter().map(|l| l.to_ascii_lowercase()).collect();
     sorted.sort();
     format!("[{}]", sorted.join(", "))
+}
+
+/// Why a scale set's job is not being served, when its listener says so: the note `status`
+/// shows (backing off, refused, on standby, cannot find the scale set), cleared by the next
+/// answered poll. A further reason after the `scale_set` verdict's own.
+fn scale_set_listener(job: &JobRow, facts: &Facts<'_>) -> Option<Condition> {
+    let set = facts
+        .policies
+        .iter()
+        .find_map(|p| p.scale_set.as_ref().filter(|s| s.takes(&job.labels)))?;
+    let record = facts.scale_sets.iter().find(|r| r.name == set.name)?;
+    let note = record.note.as_deref().filter(|n| !n.is_empty())?;
+    let since = record
+        .note_at
+        .map_or_else(String::new, |at| format!(" (since {})", at.to_rfc3339()));
+    Some(condition(
+        Verdict::ScaleSet,
+        reason(
+            "scale_set_listener",
+            format!(
+                "The listener of scale set `{}` is not being answered: {note}{since}. Until it \
+                 polls again, GitHub assigns the job to no runner of this host.",
+                set.name
+            ),
+        ),
+        format!("served by scale set {}", set.name),
+    ))
 }
 
 /// Why no single policy serves the job: an unevaluated label, two policies, or none, with the

@@ -137,6 +137,8 @@ struct World {
     uid_pool: Option<usize>,
     /// In a fleet: the view, this host being `h`.
     fleet: Option<rm_journal::FleetView>,
+    /// The journal's scale-set records.
+    scale_sets: Vec<rm_journal::ScaleSetRecord>,
 }
 
 impl World {
@@ -150,6 +152,7 @@ impl World {
             host_max: 4,
             uid_pool: None,
             fleet: None,
+            scale_sets: Vec::new(),
         }
     }
 
@@ -191,6 +194,7 @@ impl World {
                 .map(|view| fleet::FleetFacts { host: "h", view }),
             ran: &[],
             rerun: None,
+            scale_sets: &self.scale_sets,
         }
     }
 }
@@ -818,4 +822,55 @@ fn a_scale_set_s_job_names_its_scale_set_and_policy() {
     // A label the scale set lacks: not its job, and no policy matches.
     let other = w.queue(2, &["acme-big", "windows"]);
     assert_eq!(w.explain(&other).verdict, Verdict::NoMatchingPolicy);
+}
+
+/// A scale set whose listener backs off says so after its verdict: why the job waits.
+#[test]
+fn a_scale_set_s_job_says_its_listener_backs_off() {
+    let mut w = World::new();
+    let mut big = policy("big", &["whatever"], 4);
+    big.scale_set = Some(crate::config::scale_sets::ScaleSet {
+        name: "acme-big".to_owned(),
+        policy: "big".to_owned(),
+        labels: vec!["acme-big".to_owned()],
+        runner_group_id: 1,
+        enterprise: None,
+    });
+    w.policies.push(big);
+    let j = w.queue(1, &["acme-big"]);
+    let record = |note: Option<&str>| rm_journal::ScaleSetRecord {
+        name: "acme-big".to_owned(),
+        scale_set_id: Some(7),
+        session_id: None,
+        last_message_id: 0,
+        last_message_at: None,
+        statistics: None,
+        statistics_at: None,
+        messages: 0,
+        generation: 0,
+        note: note.map(str::to_owned),
+        note_at: note.map(|_| UnixMs::new(NOW - 5_000)),
+    };
+    // Polling: nothing to add.
+    w.scale_sets = vec![record(None)];
+    assert_eq!(codes(&w.explain(&j))[..1], ["scale_set"]);
+    assert!(!codes(&w.explain(&j)).contains(&"scale_set_listener"));
+    let note = "backing off after 1 failure(s): the Actions service answered 418 on poll:  \
+                teapot (next try at 2023-11-14T22:15:00.000Z)";
+    w.scale_sets = vec![record(Some(note))];
+    let e = w.explain(&j);
+    assert_eq!(e.verdict, Verdict::ScaleSet);
+    assert_eq!(codes(&e)[..2], ["scale_set", "scale_set_listener"]);
+    assert!(
+        e.reasons[1].message.contains("scale set `acme-big`"),
+        "{:?}",
+        e.reasons
+    );
+    assert!(e.reasons[1].message.contains(note), "{:?}", e.reasons);
+    // Another scale set's note is not this one's.
+    w.scale_sets = vec![rm_journal::ScaleSetRecord {
+        name: "acme-small".to_owned(),
+        ..record(Some(note))
+    }];
+    assert!(!codes(&w.explain(&j)).contains(&"scale_set_listener"));
 }

@@ -81,6 +81,9 @@ fn fields(event: &OperatorEvent) -> Map<String, Value> {
             ("job_id", json!(job_id)),
             ("reason", json!(reason)),
         ],
+        OperatorEvent::ScaleSetBackingOff { scale_set, reason } => {
+            vec![("scale_set", json!(scale_set)), ("reason", json!(reason))]
+        }
     };
     pairs
         .into_iter()

@@ -142,6 +142,10 @@ fn one_of_each() -> Vec<OperatorEvent> {
             reason: "oom_killed".to_owned(),
             detail: "the kernel killed 1 process(es) of the runner's cgroup for memory".to_owned(),
         },
+        OperatorEvent::ScaleSetBackingOff {
+            scale_set: "acme-big".to_owned(),
+            reason: "the Actions service answered 418 on poll:  I'm a teapot".to_owned(),
+        },
     ]
 }
 
@@ -160,6 +164,24 @@ fn each_kind_has_one_name_and_one_event() {
         );
     }
     assert_eq!(EventKind::from_name("WebhooksStopped"), None);
+}
+
+/// A scale set's back-off names the scale set and the answer, and where to look.
+#[test]
+fn a_scale_set_backing_off_says_which_and_why() {
+    let event = OperatorEvent::ScaleSetBackingOff {
+        scale_set: "acme-big".to_owned(),
+        reason: "the Actions service answered 418 on poll:  I'm a teapot".to_owned(),
+    };
+    assert_eq!(event.kind(), EventKind::ScaleSetBackingOff);
+    assert_eq!(event.kind().name(), "scale_set_backing_off");
+    let (summary, detail) = event.message();
+    assert_eq!(summary, "rm: scale set acme-big's listener backs off");
+    assert!(
+        detail.starts_with("the Actions service answered 418"),
+        "{detail}"
+    );
+    assert!(detail.contains("rm-agent status"), "{detail}");
 }
 
 #[test]
@@ -185,6 +207,7 @@ fn the_body_of_each_kind_is_the_contracts() {
         ]}),
         json!({"policy": "linux", "job_id": 4242, "reason": "oom_killed", "result": "refused"}),
         json!({"policy": "linux", "runner_name": "rm-builder-01-0123456789ab", "job_id": 4243, "reason": "oom_killed"}),
+        json!({"scale_set": "acme-big", "reason": "the Actions service answered 418 on poll:  I'm a teapot"}),
     ];
     assert_eq!(own_fields.len(), EventKind::ALL.len());
     for (event, own) in one_of_each().iter().zip(own_fields) {

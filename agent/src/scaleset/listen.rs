@@ -12,7 +12,9 @@
 //! within about a second instead of at the end of its ~50 s hold.
 //!
 //! The rules of the protocol (sessions, eviction, back-off, standby) are
-//! `rm_github::scaleset::listener`'s; this task only adds the journal and the agent.
+//! `rm_github::scaleset::listener`'s; this task only adds the journal, the agent and the
+//! operator's notification: a back-off after an answer the listener does not know, or after
+//! [`NOTIFY_AFTER_FAILURES`] failures in a row, is told once per streak ([`tell_backoff`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -24,6 +26,7 @@ use rm_journal::{IncomingMessage, JobEvent, MessageRecorded, ScaleSetStatistics,
 use tokio::sync::watch;
 
 use super::{Board, Source};
+use crate::notify::{Notifier, OperatorEvent};
 
 /// How long the task waits after an error that waiting does not fix (a refused credential, a
 /// 403) before it tries again from the start: an operator may fix it meanwhile.
@@ -40,6 +43,41 @@ pub const SETUP_RETRY: Duration = Duration::from_secs(30);
 /// with the new capacity): a capacity that changes at every allocation pass costs at most one
 /// poll a second, never a loop of them.
 pub const CAPACITY_RECUT_AFTER: Duration = Duration::from_secs(1);
+
+/// Failures in a row after which a back-off is told the operator even when each one passes by
+/// itself (a 5xx, no answer): with the listener's doubling back-off from 1 s, about half a
+/// minute without the service, long enough not to be a blip.
+pub const NOTIFY_AFTER_FAILURES: u32 = 5;
+
+/// Whether a back-off that begins after `failures` failures in a row, the last one `reason`,
+/// is told the operator: not if this streak was told already (`told`; a streak ends at the next
+/// answered poll), else when the answer is one the listener does not know, or after
+/// [`NOTIFY_AFTER_FAILURES`].
+pub fn tell_backoff(told: bool, failures: u32, reason: &str) -> bool {
+    !told && (failures >= NOTIFY_AFTER_FAILURES || unrecognised_answer(reason))
+}
+
+/// Whether `reason`, a failure's error as the listener's back-off says it, is an answer the
+/// listener does not know. The wait carries the error's text only, so its status is read back
+/// from the text of `ScaleSetError::Service` and judged by the listener's own rules
+/// (`Outcome::of`), not by a second copy of them.
+fn unrecognised_answer(reason: &str) -> bool {
+    use rm_github::scaleset::listener::Outcome;
+    let Some(rest) = reason.strip_prefix("the Actions service answered ") else {
+        return false;
+    };
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let Ok(status) = digits.parse::<u16>() else {
+        return false;
+    };
+    let service = ScaleSetError::Service {
+        endpoint: "",
+        status,
+        type_name: String::new(),
+        message: String::new(),
+    };
+    Outcome::of(&service) == Outcome::Unrecognised
+}
 
 /// The journal's scale-set record, one write connection for the task's life (not one per
 /// message); used off the async workers ([`blocking`]), or, from the listener's hooks, for one
@@ -69,9 +107,13 @@ pub async fn run(
     board: Arc<Board>,
     journal: PathBuf,
     owner: String,
+    notifier: Arc<Notifier>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let name = source.set.name.clone();
+    // Whether this back-off streak was told the operator: across the listener's lives, so a
+    // listener that gives up and starts again does not tell the same trouble twice.
+    let told = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Nothing is polled before the journal can take what comes.
     let journal = loop {
         match open(&journal).await {
@@ -93,7 +135,15 @@ pub async fn run(
             return;
         }
         // `serve` watches `shutdown` itself, to close its session first.
-        let outcome = serve(&source, &board, &journal, &owner, &mut shutdown).await;
+        let outcome = serve(
+            &source,
+            &board,
+            &journal,
+            &owner,
+            (&notifier, &told),
+            &mut shutdown,
+        )
+        .await;
         let wait = match outcome {
             Served::Shutdown => return,
             Served::ScaleSetGone => {
@@ -181,6 +231,7 @@ async fn serve(
     board: &Arc<Board>,
     journal: &Journal,
     owner: &str,
+    (notifier, told): (&Arc<Notifier>, &Arc<std::sync::atomic::AtomicBool>),
     shutdown: &mut watch::Receiver<bool>,
 ) -> Served {
     let set = &source.set;
@@ -250,11 +301,27 @@ async fn serve(
         },
     );
     // A wait is journalled as the scale set's note for `status` (another process), and cleared
-    // by the next answered poll.
+    // by the next answered poll; a back-off worth it is told the operator, once a streak.
     let noted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let listener = {
         let (record, name, noted) = (Arc::clone(journal), name.clone(), Arc::clone(&noted));
+        let (notifier, told) = (Arc::clone(notifier), Arc::clone(told));
         listener.on_wait(move |waiting| {
+            if let Activity::BackingOff {
+                failures, reason, ..
+            } = waiting
+                && tell_backoff(
+                    told.load(std::sync::atomic::Ordering::Acquire),
+                    *failures,
+                    reason,
+                )
+            {
+                told.store(true, std::sync::atomic::Ordering::Release);
+                notifier.notify(OperatorEvent::ScaleSetBackingOff {
+                    scale_set: name.clone(),
+                    reason: reason.clone(),
+                });
+            }
             let text = activity(waiting);
             let written = lock(&record).record_note(&name, Some(&text), rm_vocab::now());
             match written {
@@ -335,6 +402,10 @@ async fn serve(
         }
         if changed {
             board.changed();
+        }
+        if next.is_ok() {
+            // Answered: the streak is over; the next one is told again.
+            told.store(false, std::sync::atomic::Ordering::Release);
         }
         if next.is_ok() && noted.swap(false, std::sync::atomic::Ordering::AcqRel) {
             let name = name.clone();
@@ -574,6 +645,51 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    /// A back-off is told once a streak: at once for an answer the listener does not know,
+    /// after [`NOTIFY_AFTER_FAILURES`] for failures that pass, never twice.
+    #[test]
+    fn a_back_off_is_told_once_a_streak_when_it_is_worth_it() {
+        let service = |status| {
+            ScaleSetError::Service {
+                endpoint: "poll",
+                status,
+                type_name: "SomeNewException".into(),
+                message: "no idea".into(),
+            }
+            .to_string()
+        };
+        let unreachable = ScaleSetError::Unreachable {
+            endpoint: "poll",
+            reason: "reset".into(),
+        }
+        .to_string();
+        let n = NOTIFY_AFTER_FAILURES;
+        // (told already, failures, reason, told now)
+        let cases = [
+            (false, 1, service(418), true),
+            (false, 1, service(400), true),
+            (false, 1, service(404), true),
+            (true, 1, service(418), false),
+            (true, n + 3, service(418), false),
+            (false, 1, service(503), false),
+            (false, 1, service(429), false),
+            (false, 1, service(408), false),
+            (false, 1, unreachable.clone(), false),
+            (false, n - 1, unreachable.clone(), false),
+            (false, n, unreachable.clone(), true),
+            (false, n, service(503), true),
+            (true, n, unreachable.clone(), false),
+            (false, 1, String::new(), false),
+        ];
+        for (told, failures, reason, tell) in cases {
+            assert_eq!(
+                tell_backoff(told, failures, &reason),
+                tell,
+                "{told} {failures} {reason}"
+            );
+        }
     }
 
     /// A refusal at setup (an enterprise's PAT refused, a 403) is reported as one and waits
