@@ -49,34 +49,12 @@ pub const CAPACITY_RECUT_AFTER: Duration = Duration::from_secs(1);
 /// minute without the service, long enough not to be a blip.
 pub const NOTIFY_AFTER_FAILURES: u32 = 5;
 
-/// Whether a back-off that begins after `failures` failures in a row, the last one `reason`,
-/// is told the operator: not if this streak was told already (`told`; a streak ends at the next
-/// answered poll), else when the answer is one the listener does not know, or after
-/// [`NOTIFY_AFTER_FAILURES`].
-pub fn tell_backoff(told: bool, failures: u32, reason: &str) -> bool {
-    !told && (failures >= NOTIFY_AFTER_FAILURES || unrecognised_answer(reason))
-}
-
-/// Whether `reason`, a failure's error as the listener's back-off says it, is an answer the
-/// listener does not know. The wait carries the error's text only, so its status is read back
-/// from the text of `ScaleSetError::Service` and judged by the listener's own rules
-/// (`Outcome::of`), not by a second copy of them.
-fn unrecognised_answer(reason: &str) -> bool {
-    use rm_github::scaleset::listener::Outcome;
-    let Some(rest) = reason.strip_prefix("the Actions service answered ") else {
-        return false;
-    };
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    let Ok(status) = digits.parse::<u16>() else {
-        return false;
-    };
-    let service = ScaleSetError::Service {
-        endpoint: "",
-        status,
-        type_name: String::new(),
-        message: String::new(),
-    };
-    Outcome::of(&service) == Outcome::Unrecognised
+/// Whether a back-off that begins after `failures` failures in a row is told the operator: not
+/// if this streak was told already (`told`; a streak ends at the next answered poll), else when
+/// the last answer is one the listener does not know (`unrecognised`, the listener's own
+/// judgement, `Outcome::Unrecognised`), or after [`NOTIFY_AFTER_FAILURES`]. Pure.
+pub fn tell_backoff(told: bool, failures: u32, unrecognised: bool) -> bool {
+    !told && (failures >= NOTIFY_AFTER_FAILURES || unrecognised)
 }
 
 /// The journal's scale-set record, one write connection for the task's life (not one per
@@ -308,12 +286,15 @@ async fn serve(
         let (notifier, told) = (Arc::clone(notifier), Arc::clone(told));
         listener.on_wait(move |waiting| {
             if let Activity::BackingOff {
-                failures, reason, ..
+                failures,
+                reason,
+                unrecognised,
+                ..
             } = waiting
                 && tell_backoff(
                     told.load(std::sync::atomic::Ordering::Acquire),
                     *failures,
-                    reason,
+                    *unrecognised,
                 )
             {
                 told.store(true, std::sync::atomic::Ordering::Release);
@@ -557,6 +538,7 @@ fn activity(activity: &Activity) -> String {
             until,
             failures,
             reason,
+            ..
         } => format!(
             "backing off after {failures} failure(s): {reason} (next try at {})",
             rm_vocab::UnixMs::from(*until)
@@ -651,43 +633,42 @@ mod tests {
     /// after [`NOTIFY_AFTER_FAILURES`] for failures that pass, never twice.
     #[test]
     fn a_back_off_is_told_once_a_streak_when_it_is_worth_it() {
+        use rm_github::scaleset::listener::Outcome;
+        // What the listener judges each failure (`Outcome::of`), as its back-off carries it.
+        let unrecognised = |e: ScaleSetError| Outcome::of(&e) == Outcome::Unrecognised;
         let service = |status| {
-            ScaleSetError::Service {
+            unrecognised(ScaleSetError::Service {
                 endpoint: "poll",
                 status,
                 type_name: "SomeNewException".into(),
                 message: "no idea".into(),
-            }
-            .to_string()
+            })
         };
-        let unreachable = ScaleSetError::Unreachable {
+        let unreachable = unrecognised(ScaleSetError::Unreachable {
             endpoint: "poll",
             reason: "reset".into(),
-        }
-        .to_string();
+        });
         let n = NOTIFY_AFTER_FAILURES;
-        // (told already, failures, reason, told now)
+        // (told already, failures, the last answer unrecognised, told now)
         let cases = [
             (false, 1, service(418), true),
             (false, 1, service(400), true),
-            (false, 1, service(404), true),
             (true, 1, service(418), false),
             (true, n + 3, service(418), false),
             (false, 1, service(503), false),
             (false, 1, service(429), false),
             (false, 1, service(408), false),
-            (false, 1, unreachable.clone(), false),
-            (false, n - 1, unreachable.clone(), false),
-            (false, n, unreachable.clone(), true),
+            (false, 1, unreachable, false),
+            (false, n - 1, unreachable, false),
+            (false, n, unreachable, true),
             (false, n, service(503), true),
-            (true, n, unreachable.clone(), false),
-            (false, 1, String::new(), false),
+            (true, n, unreachable, false),
         ];
-        for (told, failures, reason, tell) in cases {
+        for (told, failures, unknown, tell) in cases {
             assert_eq!(
-                tell_backoff(told, failures, &reason),
+                tell_backoff(told, failures, unknown),
                 tell,
-                "{told} {failures} {reason}"
+                "{told} {failures} {unknown}"
             );
         }
     }

@@ -241,11 +241,13 @@ pub enum Activity {
         since: SystemTime,
         until: SystemTime,
     },
-    /// Backing off after a failure until then; `reason` is the last one's error.
+    /// Backing off after a failure until then; `reason` is the last one's error, and
+    /// `unrecognised` whether it was an answer the listener does not know ([`Outcome::Unrecognised`]).
     BackingOff {
         until: SystemTime,
         failures: u32,
         reason: String,
+        unrecognised: bool,
     },
 }
 
@@ -264,6 +266,8 @@ pub struct Listener {
     pending: Action,
     /// The error of the last step that failed: what a back-off is said to be about.
     last_error: String,
+    /// Whether the last failure was an answer the listener does not know.
+    last_unrecognised: bool,
     activity: Activity,
     /// Told each new session's id as soon as the service answers, before it is polled: the
     /// caller journals it, so that its successor after a crash can delete it by id.
@@ -306,6 +310,7 @@ impl Listener {
             },
             pending: Action::CreateSession,
             last_error: String::new(),
+            last_unrecognised: false,
             activity: Activity::Idle,
             on_session: None,
             on_wait: None,
@@ -448,6 +453,7 @@ impl Listener {
                         until: SystemTime::now() + delay,
                         failures: self.state.failures,
                         reason: self.last_error.clone(),
+                        unrecognised: self.last_unrecognised,
                     });
                     tokio::time::sleep(delay).await;
                     self.pending = if self.session.is_some() {
@@ -460,6 +466,7 @@ impl Listener {
             };
             if let Some(e) = &error {
                 self.last_error = e.to_string();
+                self.last_unrecognised = outcome == Outcome::Unrecognised;
             }
             self.apply(decide(&self.state, outcome), outcome);
             match self.pending.clone() {
@@ -534,6 +541,7 @@ impl Listener {
             && Outcome::of(e) == Outcome::SessionGone
         {
             self.last_error = e.to_string();
+            self.last_unrecognised = false;
             self.apply(
                 decide(&self.state, Outcome::SessionGone),
                 Outcome::SessionGone,
