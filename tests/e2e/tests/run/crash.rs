@@ -206,6 +206,15 @@ async fn a_runner_lost_with_its_host_mid_job_ends_host_lost() {
         .unwrap();
     assert_eq!(lost.outcome, Some(AttemptOutcome::Failed), "{lost:?}");
     assert_eq!(lost.reason.as_deref(), Some("host_lost"), "{lost:?}");
+    // Which runner took the job is journalled from GitHub's word (the job's `in_progress`
+    // delivery, which the fake may delay and reorder, or a poll), which may come after the
+    // attempt is concluded: explain names the runner's end once it has come.
+    wait_until(
+        Duration::from_secs(60),
+        "explain names the lost runner's end",
+        || fleet.explain(job)["runner_end"]["reason"] == "host_lost",
+    )
+    .await;
     let answer = fleet.explain(job);
     assert_eq!(answer["runner_end"]["reason"], "host_lost", "{answer}");
     let status = second.terminate();
