@@ -234,8 +234,9 @@ fn steps(report: &str, job: &str) -> BTreeMap<String, (bool, String)> {
 }
 
 /// What is left of `attempts` on this host: processes of the runner uids or their subordinate
-/// ranges, mounts below the runner root, network namespaces, veths, cgroups and runtimes.
-fn left_of(
+/// ranges, mounts below the runner root or of an image root, network namespaces, veths, cgroups
+/// and runtimes. Shared with the job image tests (`image_failures`).
+pub(crate) fn left_of(
     fleet: &Fleet,
     attempts: &[AttemptRecord],
     subranges: &[std::ops::Range<u64>],
@@ -257,7 +258,7 @@ fn left_of(
         std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap()
             .lines()
-            .filter(|l| l.contains(&root))
+            .filter(|l| l.contains(&root) || l.contains(rm_runner::image_root::IMAGE_ROOT_DIR))
             .map(|l| format!("mount {l}")),
     );
     for a in attempts {

@@ -32,7 +32,7 @@ use rm_e2e::fleet::{Fleet, FleetOptions, PolicySpec, REPO, wait_until};
 use rm_fake_github::RunnerBehavior;
 use rm_journal::{AttemptOutcome, AttemptRecord, AttemptState};
 
-use crate::isolation::{base_dir, cgroups_left, names_with_prefix, processes};
+use crate::isolation::{base_dir, names_with_prefix, processes};
 use crate::job_image::{self, Hostile};
 use crate::skip;
 
@@ -180,58 +180,18 @@ fn spawn_agent(fleet: &Fleet, env: &[(&str, &str)]) -> Agent {
     Agent::spawn(command, fleet.setup.addr)
 }
 
-/// What is left of the fleet's runners on this host: live processes of its runner uids (a
-/// zombie is given a moment to be reaped by init), mounts naming the runner root or an image
-/// root (`.rm-root`), each attempt's network namespace, veth and cgroup, and runtimes.
+/// What is left of the fleet's runners on this host ([`crate::docker::left_of`]: processes of
+/// its runner uids, mounts naming the runner root or an image root, network namespaces, veths,
+/// cgroups, runtimes), given a moment for killed processes to be reaped.
 async fn left_of(fleet: &Fleet, attempts: &[AttemptRecord]) -> Vec<String> {
-    let (first, last) = fleet.uids.split_once('-').unwrap();
-    let uids: std::ops::RangeInclusive<u32> = first.parse().unwrap()..=last.parse().unwrap();
-    let of_uids = || {
-        processes()
-            .into_iter()
-            .filter(|p| p.uids.iter().any(|u| uids.contains(u)))
-            .collect::<Vec<_>>()
-    };
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while of_uids().iter().any(|p| p.zombie()) && Instant::now() < deadline {
+    let mut left = Vec::new();
+    for _ in 0..150 {
+        left = crate::docker::left_of(fleet, attempts, &[]);
+        if left.is_empty() {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut left: Vec<String> = of_uids()
-        .iter()
-        .map(|p| format!("process {}", p.describe()))
-        .collect();
-    let root = fleet.runner_root.display().to_string();
-    left.extend(
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .filter(|l| l.contains(&root) || l.contains(rm_runner::image_root::IMAGE_ROOT_DIR))
-            .map(|l| format!("mount {l}")),
-    );
-    for a in attempts {
-        let short = a.attempt_id.short();
-        for (dir, prefix, what) in [
-            ("/run/netns", format!("rm-{short}"), "netns"),
-            ("/sys/class/net", format!("rmv{short}"), "veth"),
-        ] {
-            left.extend(
-                names_with_prefix(Path::new(dir), &prefix)
-                    .into_iter()
-                    .map(|n| format!("{what} {n}")),
-            );
-        }
-    }
-    left.extend(
-        cgroups_left(attempts)
-            .into_iter()
-            .map(|c| format!("cgroup {}", c.display())),
-    );
-    left.extend(
-        fleet
-            .runtimes()
-            .into_iter()
-            .map(|r| format!("runtime {}", r.display())),
-    );
     left
 }
 
