@@ -49,6 +49,9 @@ pub struct Plan {
     pub env: OperatorEnv,
     /// The policy's `network_allow`: when set, the only networks the runner reaches.
     pub network_allow: Option<Vec<network::Cidr>>,
+    /// The policy's `egress`: the runner reaches what the agent's resolver opens for it
+    /// ([`network::egress`]); `None`: `network_allow` decides.
+    pub egress: Option<network::EgressRules>,
     /// The policy's `docker`: the runner gets a rootless Docker daemon of its own, started
     /// before it with these images loaded ([`super::docker`]); `None`: no Docker.
     pub docker: Option<DockerPolicy>,
@@ -139,6 +142,7 @@ impl Plan {
             limits,
             env: OperatorEnv::default(),
             network_allow: None,
+            egress: None,
             docker: None,
             cache: None,
             image: None,
@@ -694,7 +698,11 @@ impl Backend for UserIsolation {
         // Before the runner's first instruction: its namespace, joined between fork and exec.
         let netns = match &self.network {
             Some(host) => {
-                let table = host.runner_table(account.uid, plan.network_allow.as_deref());
+                let table = host.runner_table(
+                    account.uid,
+                    plan.network_allow.as_deref(),
+                    plan.egress.as_ref(),
+                );
                 Some(self.runner_network(&network_names(plan), account.uid, &table)?)
             }
             None => None,

@@ -39,7 +39,9 @@ use std::process::{Command, Stdio};
 use rustix::fs::{Mode, OFlags};
 
 mod cidr;
+pub mod egress;
 pub use cidr::{Cidr, NETWORK_SLOTS};
+pub use egress::{EGRESS_DNS_PORT, EgressRules};
 
 /// The addresses runner namespaces are numbered from: a /30 per runner (the host end `.1`, the
 /// runner `.2` of it), 16,384 runners. Private, and outside the ranges cloud networks and
@@ -198,6 +200,9 @@ pub struct HostRules {
     /// This agent's runners' /30s (from its uid pool): the host ports are rewritten for them
     /// alone, so another agent's runners on the same host do not reach this one's ports.
     pub runner_nets: Vec<Ipv4Addr>,
+    /// The port of the agent's egress resolver on the host's loopback (`policy.egress`):
+    /// [`EGRESS_DNS_PORT`] at a runner's host end is rewritten to it. `None`: no resolver.
+    pub egress_resolver: Option<u16>,
 }
 
 impl HostRules {
@@ -230,6 +235,7 @@ impl HostRules {
             loopback_resolver,
             resolvers,
             runner_nets,
+            egress_resolver: None,
         }
     }
 }
@@ -281,6 +287,11 @@ pub(crate) fn host_table(name: &str, rules: &HostRules) -> String {
                 "    {from} meta l4proto {{ tcp, udp }} th dport {DNS_PORT} dnat ip to {resolver}\n"
             ));
         }
+        if let Some(port) = rules.egress_resolver {
+            t.push_str(&format!(
+                "    {from} meta l4proto {{ tcp, udp }} th dport {EGRESS_DNS_PORT} dnat ip to 127.0.0.1:{port}\n"
+            ));
+        }
     }
     t.push_str("  }\n");
     // Nothing of the host itself, but what the rewrites above let in.
@@ -328,13 +339,16 @@ pub(crate) fn host_table(name: &str, rules: &HostRules) -> String {
 }
 
 /// The table inside a runner's namespace (`nft -f` text): the host ports and the loopback
-/// resolver rewritten to the host end of the veth, and `allow`, when set, the only egress.
+/// resolver rewritten to the host end of the veth, and `allow`, when set, the only egress; or,
+/// under egress by name (`egress`), the runner's DNS rewritten to the agent's resolver and
+/// only what it opened reachable ([`egress`]).
 pub fn runner_table(
     addresses: Addresses,
     host_ports: &[u16],
     loopback_resolver: Option<Ipv4Addr>,
     resolvers: &[IpAddr],
     allow: Option<&[Cidr]>,
+    egress: Option<&EgressRules>,
 ) -> String {
     let host = addresses.host;
     let mut t = String::from("table ip rm {\n");
@@ -345,10 +359,15 @@ pub fn runner_table(
             set_of(host_ports)
         ));
     }
-    if let Some(resolver) = loopback_resolver {
-        t.push_str(&format!(
-            "    ip daddr {resolver} meta l4proto {{ tcp, udp }} th dport {DNS_PORT} dnat to {host}\n"
-        ));
+    match egress {
+        Some(rules) => egress::dns_rewrite(&mut t, host, rules),
+        None => {
+            if let Some(resolver) = loopback_resolver {
+                t.push_str(&format!(
+                    "    ip daddr {resolver} meta l4proto {{ tcp, udp }} th dport {DNS_PORT} dnat to {host}\n"
+                ));
+            }
+        }
     }
     t.push_str("  }\n");
     // What was rewritten leaves with the runner's address, not a loopback one.
@@ -357,7 +376,9 @@ pub fn runner_table(
          oifname \"{RUNNER_IF}\" ip saddr 127.0.0.0/8 snat to {}\n  }}\n",
         addresses.runner
     ));
-    if let Some(allow) = allow {
+    if let Some(rules) = egress {
+        egress::chains(&mut t, addresses, host_ports, rules);
+    } else if let Some(allow) = allow {
         t.push_str(&format!(
             "  chain output {{\n    type filter hook output priority 0; policy accept;\n    \
              oifname \"lo\" accept\n    ct state established,related accept\n    \
@@ -408,14 +429,21 @@ impl HostNetwork {
         ))
     }
 
-    /// The table of a runner of `uid` whose policy allows `allow`.
-    pub fn runner_table(&self, uid: u32, allow: Option<&[Cidr]>) -> String {
+    /// The table of a runner of `uid` whose policy allows `allow`, or decides by name
+    /// (`egress`).
+    pub fn runner_table(
+        &self,
+        uid: u32,
+        allow: Option<&[Cidr]>,
+        egress: Option<&EgressRules>,
+    ) -> String {
         runner_table(
             addresses(slot_of(uid)),
             &self.rules.host_ports,
             self.rules.loopback_resolver,
             &self.rules.resolvers,
             allow,
+            egress,
         )
     }
 }
@@ -608,6 +636,29 @@ fn ip_batch(script: &str) -> Result<(), NetworkError> {
 
 fn nft(script: &str) -> Result<(), NetworkError> {
     run("nft", "nftables", &["-f", "-"], Some(script))
+}
+
+/// `nft ARGS`' standard output.
+fn nft_output(args: &[&str]) -> Result<String, NetworkError> {
+    let output = Command::new("nft")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| NetworkError::Missing {
+            program: "nft",
+            package: "nftables",
+            source,
+        })?;
+    if !output.status.success() {
+        return Err(NetworkError::Failed {
+            command: format!("nft {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        });
+    }
+    String::from_utf8(output.stdout).map_err(|e| NetworkError::Failed {
+        command: format!("nft {}", args.join(" ")),
+        stderr: format!("not UTF-8: {e}"),
+    })
 }
 
 fn run(

@@ -63,6 +63,7 @@ async fn a_runners_output_is_kept_with_every_line_and_no_secret() {
         limits: Default::default(),
         env: Default::default(),
         network_allow: None,
+        egress: None,
         docker: None,
         cache: None,
         image: None,

@@ -455,6 +455,7 @@ async fn a_policys_env_file_reaches_the_runner_and_reserved_names_are_refused() 
         limits: Default::default(),
         env,
         network_allow: None,
+        egress: None,
         docker: None,
         cache: None,
         image: None,

@@ -101,7 +101,14 @@ fn the_host_table_lets_runners_reach_only_the_named_host_ports() {
 #[test]
 fn the_runner_table_rewrites_loopback_ports_and_allows_only_the_allow_list() {
     let a = addresses(3);
-    let open = runner_table(a, &[8080], Some(Ipv4Addr::new(127, 0, 0, 53)), &[], None);
+    let open = runner_table(
+        a,
+        &[8080],
+        Some(Ipv4Addr::new(127, 0, 0, 53)),
+        &[],
+        None,
+        None,
+    );
     assert!(open.contains("ip daddr 127.0.0.1 tcp dport { 8080 } dnat to 10.213.0.13"));
     assert!(
         open.contains(
@@ -114,7 +121,14 @@ fn the_runner_table_rewrites_loopback_ports_and_allows_only_the_allow_list() {
         "no allow list: no filter"
     );
     let allow: Vec<Cidr> = vec!["203.0.113.0/24".parse().unwrap()];
-    let closed = runner_table(a, &[], None, &["10.0.0.2".parse().unwrap()], Some(&allow));
+    let closed = runner_table(
+        a,
+        &[],
+        None,
+        &["10.0.0.2".parse().unwrap()],
+        Some(&allow),
+        None,
+    );
     for want in [
         "ip daddr 10.213.0.13 accept",
         "ip daddr 10.0.0.2 meta l4proto { tcp, udp } th dport 53 accept",
@@ -164,6 +178,23 @@ fn nft_accepts_both_tables() {
             rules.loopback_resolver,
             &rules.resolvers,
             Some(&allow),
+            None,
+        ),
+        runner_table(
+            addresses(1),
+            &[8080],
+            rules.loopback_resolver,
+            &rules.resolvers,
+            None,
+            Some(&egress_rules(false)),
+        ),
+        runner_table(
+            addresses(1),
+            &[],
+            rules.loopback_resolver,
+            &rules.resolvers,
+            None,
+            Some(&egress_rules(true)),
         ),
     ] {
         let mut child = Command::new("nft")
@@ -211,9 +242,13 @@ struct TestRunner {
 
 impl TestRunner {
     fn new(short_id: &str, uid: u32) -> TestRunner {
+        let table = runner_table(addresses(slot_of(uid)), &[], None, &[], None, None);
+        TestRunner::with_table(short_id, uid, &table)
+    }
+
+    fn with_table(short_id: &str, uid: u32, table: &str) -> TestRunner {
         let names = Names::of(short_id);
-        let table = runner_table(addresses(slot_of(uid)), &[], None, &[], None);
-        match create(&names, uid, &table) {
+        match create(&names, uid, table) {
             Ok(netns) => TestRunner { names, netns },
             Err(e) => panic!("cannot make the runner's network {short_id}: {e}"),
         }
@@ -395,4 +430,199 @@ fn a_router_advertisement_gives_a_runner_no_ipv6_route() {
     let default_off = sealed
         .inside(|| std::fs::read_to_string(format!("{IPV6_CONF}/default/disable_ipv6")).unwrap());
     assert_eq!(default_off.trim(), "1");
+}
+
+fn egress_rules(audit: bool) -> EgressRules {
+    EgressRules {
+        audit,
+        networks: vec!["10.20.0.0/16".parse().unwrap()],
+        nameservers: vec![Ipv4Addr::new(127, 0, 0, 53), Ipv4Addr::new(10, 0, 0, 2)],
+    }
+}
+
+#[test]
+fn under_egress_by_name_dns_goes_to_the_resolver_and_only_what_it_opened_is_reached() {
+    let a = addresses(3);
+    let enforce = runner_table(
+        a,
+        &[8080],
+        Some(Ipv4Addr::new(127, 0, 0, 53)),
+        &[],
+        None,
+        Some(&egress_rules(false)),
+    );
+    // The resolv.conf nameservers lead to the agent's resolver, at the host end.
+    assert!(
+        enforce.contains(&format!(
+            "ip daddr {{ 127.0.0.53, 10.0.0.2 }} meta l4proto {{ tcp, udp }} th dport 53 dnat to {}:{EGRESS_DNS_PORT}",
+            a.host
+        )),
+        "{enforce}"
+    );
+    // Not the host's own loopback resolver any more.
+    assert!(
+        !enforce.contains(&format!("th dport 53 dnat to {}\n", a.host)),
+        "{enforce}"
+    );
+    for line in [
+        "set allowed {\n    type ipv4_addr; flags timeout; size 4096;",
+        "elements = { 10.20.0.0/16 }",
+        "th dport 53 counter name dns_other reject with icmp type admin-prohibited",
+        "ip daddr @allowed meta l4proto { tcp, udp } update @reached { ip daddr . th dport } accept",
+        "ip daddr @nets accept",
+        "update @denied { ip daddr . th dport } reject with icmp type admin-prohibited",
+        "tcp dport { 8080 } accept",
+    ] {
+        assert!(enforce.contains(line), "missing {line:?} in\n{enforce}");
+    }
+    // Audit refuses nothing and records everything.
+    let audit = runner_table(a, &[], None, &[], None, Some(&egress_rules(true)));
+    assert!(!audit.contains("reject"), "{audit}");
+    assert!(
+        audit.contains("th dport 53 counter name dns_other accept"),
+        "{audit}"
+    );
+    assert!(
+        audit.contains("meta l4proto { tcp, udp } update @reached { ip daddr . th dport } accept"),
+        "{audit}"
+    );
+    // Without egress, nothing of it.
+    let plain = runner_table(a, &[], None, &[], None, None);
+    assert!(!plain.contains("@allowed"), "{plain}");
+}
+
+#[test]
+fn the_host_table_leads_the_egress_port_to_the_resolver_only_when_there_is_one() {
+    let mut rules = HostRules::new(&[], &[], "nameserver 127.0.0.53\n", [64200]);
+    assert!(!host_table("rm_t", &rules).contains(&EGRESS_DNS_PORT.to_string()));
+    rules.egress_resolver = Some(40123);
+    let table = host_table("rm_t", &rules);
+    assert!(
+        table.contains(&format!(
+            "th dport {EGRESS_DNS_PORT} dnat ip to 127.0.0.1:40123"
+        )),
+        "{table}"
+    );
+}
+
+#[test]
+fn opening_an_address_renews_its_timeout_in_one_transaction() {
+    let script = egress::open_script(&[
+        (
+            Ipv4Addr::new(203, 0, 113, 7),
+            std::time::Duration::from_secs(60),
+        ),
+        (
+            Ipv4Addr::new(203, 0, 113, 8),
+            std::time::Duration::from_millis(200),
+        ),
+    ]);
+    assert_eq!(
+        script,
+        "add element ip rm allowed { 203.0.113.7 timeout 60s }\n\
+         delete element ip rm allowed { 203.0.113.7 }\n\
+         add element ip rm allowed { 203.0.113.7 timeout 60s }\n\
+         add element ip rm allowed { 203.0.113.8 timeout 1s }\n\
+         delete element ip rm allowed { 203.0.113.8 }\n\
+         add element ip rm allowed { 203.0.113.8 timeout 1s }\n"
+    );
+}
+
+#[test]
+fn what_a_runner_reached_is_read_from_nfts_own_json() {
+    // `nft -j list table ip rm` of a runner table, as nftables 1.0.6 writes it.
+    let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "ip", "name": "rm", "handle": 1}}, {"counter": {"family": "ip", "name": "dns_other", "table": "rm", "handle": 2, "packets": 3, "bytes": 87}}, {"set": {"family": "ip", "name": "allowed", "table": "rm", "type": "ipv4_addr", "handle": 3, "size": 4096, "flags": ["timeout"]}}, {"set": {"family": "ip", "name": "reached", "table": "rm", "type": ["ipv4_addr", "inet_service"], "handle": 4, "size": 8, "elem": [{"elem": {"val": {"concat": ["10.77.0.1", 53]}, "counter": {"packets": 1, "bytes": 29}}}, {"elem": {"val": {"concat": ["1.2.3.4", 443]}, "counter": {"packets": 2, "bytes": 120}}}], "stmt": [{"counter": null}]}}, {"set": {"family": "ip", "name": "denied", "table": "rm", "type": ["ipv4_addr", "inet_service"], "handle": 5, "size": 8, "stmt": [{"counter": null}]}}]}"#;
+    let observed = egress::parse_observed(json).unwrap();
+    assert_eq!(observed.dns_other, 3);
+    assert_eq!(
+        observed.reached,
+        vec![
+            (Ipv4Addr::new(10, 77, 0, 1), 53, 1),
+            (Ipv4Addr::new(1, 2, 3, 4), 443, 2)
+        ]
+    );
+    assert!(observed.denied.is_empty());
+    assert!(egress::parse_observed("not json").is_err());
+}
+
+/// In a real namespace: an address the agent opened is reached, one it did not is refused at
+/// once, DNS to another resolver is refused, and all of it is read back as the agent reads it.
+#[test]
+fn an_opened_address_is_reached_and_the_rest_refused_and_recorded_in_the_kernel() {
+    let uid = 64_941;
+    let pid = std::process::id();
+    let runner = TestRunner::with_table(
+        &format!("{pid:08x}e9e5"),
+        uid,
+        &runner_table(
+            addresses(slot_of(uid)),
+            &[],
+            None,
+            &[],
+            None,
+            Some(&EgressRules {
+                audit: false,
+                networks: vec![],
+                nameservers: vec![Ipv4Addr::new(127, 0, 0, 53)],
+            }),
+        ),
+    );
+    // TEST-NET addresses. The opened one is given to the host end of the veth, so what the
+    // table lets through stops at this host (which has no listener there); the closed one
+    // never leaves the runner's namespace.
+    let opened = Ipv4Addr::new(192, 0, 2, 77);
+    let closed = Ipv4Addr::new(192, 0, 2, 78);
+    super::ip(&[
+        "addr",
+        "add",
+        &format!("{opened}/32"),
+        "dev",
+        &runner.names.veth,
+    ])
+    .unwrap();
+    egress::open(
+        &runner.names,
+        &[(opened, std::time::Duration::from_secs(30))],
+    )
+    .unwrap();
+    let connect = |addr: Ipv4Addr, port: u16| {
+        runner.inside(|| {
+            std::net::TcpStream::connect_timeout(
+                &std::net::SocketAddr::from((addr, port)),
+                std::time::Duration::from_millis(300),
+            )
+            .map(drop)
+            .map_err(|e| e.kind())
+        })
+    };
+    // The opened address passes the table: the host refuses it (or drops it, behind a host
+    // firewall), never the runner's table.
+    let through = connect(opened, 443);
+    assert!(
+        matches!(
+            through,
+            Err(std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::TimedOut)
+        ),
+        "{through:?}"
+    );
+    assert_eq!(
+        connect(closed, 443),
+        Err(std::io::ErrorKind::HostUnreachable)
+    );
+    // DNS to another resolver: refused (the send itself, or the ICMP error it gets, fails the
+    // socket; either way it is counted).
+    runner.inside(|| {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        let _ = socket.send_to(b"q", (closed, 53));
+    });
+    let observed = egress::observe(&runner.names).unwrap();
+    assert_eq!(observed.reached, vec![(opened, 443, 1)], "{observed:?}");
+    assert!(observed.denied.contains(&(closed, 443, 1)), "{observed:?}");
+    assert_eq!(observed.dns_other, 1, "{observed:?}");
+    // Opening again renews, never fails on an element already there.
+    egress::open(
+        &runner.names,
+        &[(opened, std::time::Duration::from_secs(60))],
+    )
+    .unwrap();
 }
