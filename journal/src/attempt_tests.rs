@@ -1203,3 +1203,63 @@ fn an_image_id_is_sha256_and_64_lowercase_hex() {
         assert_eq!(crate::attempts::is_image_id(&text), ok, "{text:?}");
     }
 }
+
+/// What a runner asked for and reached under `policy.egress` is kept per attempt, replaced by
+/// each flush, listed by policy and time, and goes with its attempt.
+#[test]
+fn an_attempt_s_egress_record_is_replaced_listed_and_goes_with_it() {
+    let (_dir, path) = temp_journal();
+    let attempts = Attempts::open(&path).unwrap();
+    let (a, b, c) = (id(80), id(81), id(82));
+    create(&attempts, &a, "build", 10);
+    create(&attempts, &b, "build", 20);
+    create(&attempts, &c, "lint", 30);
+    assert_eq!(attempts.egress(&a).unwrap(), None);
+    attempts
+        .write_egress(&a, r#"{"names":[]}"#, UnixMs::new(11))
+        .unwrap();
+    attempts
+        .write_egress(&a, r#"{"names":[{"name":"x"}]}"#, UnixMs::new(12))
+        .unwrap();
+    attempts
+        .write_egress(&b, r#"{"names":[]}"#, UnixMs::new(21))
+        .unwrap();
+    attempts
+        .write_egress(&c, r#"{"names":[]}"#, UnixMs::new(31))
+        .unwrap();
+    assert_eq!(
+        attempts.egress(&a).unwrap().as_deref(),
+        Some(r#"{"names":[{"name":"x"}]}"#)
+    );
+    // Not JSON: refused by the table.
+    assert!(attempts.write_egress(&a, "{", UnixMs::new(13)).is_err());
+    // Of an attempt the journal does not have: refused.
+    assert!(
+        attempts
+            .write_egress(&id(89), "{}", UnixMs::new(13))
+            .is_err()
+    );
+    let listed: Vec<AttemptId> = attempts
+        .egress_of_policy("build", UnixMs::new(15))
+        .unwrap()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(listed, vec![b.clone()]);
+    assert_eq!(
+        attempts
+            .egress_of_policy("build", UnixMs::new(0))
+            .unwrap()
+            .len(),
+        2
+    );
+    // An attempt removed (retention) takes its record with it.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.pragma_update(None, "foreign_keys", "ON").unwrap();
+    conn.execute("DELETE FROM attempts WHERE attempt_id = ?1", [a.as_str()])
+        .unwrap();
+    let left: i64 = conn
+        .query_row("SELECT count(*) FROM attempt_egress", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(left, 2);
+}

@@ -349,6 +349,18 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         CHECK (image IS NULL OR (length(image) = 71 AND substr(image, 1, 7) = 'sha256:'
                                  AND substr(image, 8) NOT GLOB '*[^0-9a-f]*'));
     "#,
+    // v14: what each attempt's runner asked for and reached under `policy.egress` (issue 41):
+    // one JSON record per attempt (`rm_egress::record::Record`, bounded there), rewritten as
+    // the agent flushes its resolver's tally; gone with its attempt. A table of its own, so
+    // that reading attempts never reads it.
+    r#"
+    CREATE TABLE attempt_egress (
+        attempt_id  TEXT PRIMARY KEY NOT NULL
+                    REFERENCES attempts (attempt_id) ON DELETE CASCADE,
+        record      TEXT NOT NULL CHECK (json_valid(record)),
+        updated_at  INTEGER NOT NULL
+    );
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -225,4 +225,57 @@ impl Attempts {
     pub fn mark_cleaned(&self, id: &AttemptId, at_ms: UnixMs) -> Result<bool, AttemptError> {
         mark_cleaned(&self.conn, id, at_ms)
     }
+
+    /// Keeps `record` (JSON, `rm_egress::record::Record`) as what the attempt's runner asked
+    /// for and reached, replacing what was kept.
+    pub fn write_egress(
+        &self,
+        id: &AttemptId,
+        record: &str,
+        at_ms: UnixMs,
+    ) -> Result<(), AttemptError> {
+        self.conn.execute(
+            "INSERT INTO attempt_egress (attempt_id, record, updated_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT (attempt_id) DO UPDATE SET record = excluded.record,
+                                                    updated_at = excluded.updated_at",
+            rusqlite::params![id.as_str(), record, at_ms.get()],
+        )?;
+        Ok(())
+    }
+
+    /// What was kept of the attempt's egress (JSON), if anything.
+    pub fn egress(&self, id: &AttemptId) -> Result<Option<String>, AttemptError> {
+        use rusqlite::OptionalExtension as _;
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT record FROM attempt_egress WHERE attempt_id = ?1",
+                [id.as_str()],
+                |row| row.get(0),
+            )
+            .optional()?)
+    }
+
+    /// The egress records of `policy`'s attempts created at or after `since`, oldest first.
+    pub fn egress_of_policy(
+        &self,
+        policy: &str,
+        since: UnixMs,
+    ) -> Result<Vec<(AttemptId, String)>, AttemptError> {
+        let mut statement = self.conn.prepare(
+            "SELECT a.attempt_id, e.record FROM attempt_egress e
+             JOIN attempts a ON a.attempt_id = e.attempt_id
+             WHERE a.policy = ?1 AND a.created_at >= ?2
+             ORDER BY a.created_at, a.attempt_id",
+        )?;
+        let rows = statement.query_map(rusqlite::params![policy, since.get()], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, record) = row?;
+            out.push((AttemptId::parse(&id)?, record));
+        }
+        Ok(out)
+    }
 }

@@ -284,6 +284,15 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE attempts ADD COLUMN image TEXT CHECK (image ~ '^sha256:[0-9a-f]{64}$');
     "#,
+    // v14: what each attempt's runner asked for and reached (see SQLite's v14).
+    r#"
+    CREATE TABLE attempt_egress (
+        attempt_id  TEXT PRIMARY KEY NOT NULL
+                    REFERENCES attempts (attempt_id) ON DELETE CASCADE,
+        record      JSONB NOT NULL,
+        updated_at  BIGINT NOT NULL
+    );
+    "#,
 ];
 
 // The two dialects move together: a migration added to one is added to the other.
