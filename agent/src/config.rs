@@ -5,6 +5,7 @@
 pub mod bounds;
 pub mod cache;
 mod duration;
+pub mod egress;
 pub mod fitness;
 pub mod image;
 pub mod logs;
@@ -141,6 +142,10 @@ pub struct HostSection {
     pub network_deny: Option<Vec<String>>,
     /// What of the host's `/run` runners keep in the empty `/run` each gets.
     pub runner_run_keep: Option<Vec<PathBuf>>,
+    /// What every `policy.egress` allows besides its own list ([`egress`]).
+    pub egress_allow: Option<Vec<String>>,
+    /// The resolver the agent's egress resolver forwards allowed names to (`"ADDR:PORT"`).
+    pub dns_upstream: Option<String>,
 }
 
 /// `host.runner_uids` as written: a range `"64200-64263"` or a list of account names.
@@ -229,6 +234,8 @@ pub struct PolicySection {
     pub env_file: Option<PathBuf>,
     /// When set, the only networks this policy's runners reach.
     pub network_allow: Option<Vec<String>>,
+    /// `[policy.egress]`: the names its runners reach ([`egress`]).
+    pub egress: Option<egress::EgressSection>,
     /// `cache = true`: the policy's runners use the host-local cache (`[cache]`).
     pub cache: Option<bool>,
     /// The image the policy's runners run in (`oci:`, `oci-archive:`, `docker-archive:`,
@@ -362,6 +369,8 @@ pub struct Host {
     /// `host.runner_run_keep`: each a plain path below `/run`
     /// ([`rm_runner::isolate::run_keep_entry`]).
     pub runner_run_keep: Vec<PathBuf>,
+    /// `host.egress_allow` and `host.dns_upstream` ([`egress`]).
+    pub egress: egress::HostEgress,
 }
 
 /// What a runner's network is (CONTRACT §7, `rm_runner::network`).
@@ -460,6 +469,10 @@ pub struct Policy {
     pub env_file: Option<PathBuf>,
     /// `network_allow`: when set, the only networks this policy's runners reach.
     pub network_allow: Option<Vec<Cidr>>,
+    /// `[policy.egress]`: its runners reach only the names (and networks) it and
+    /// `host.egress_allow` list, or, in audit mode, what they would not is recorded
+    /// ([`egress::PolicyEgress`], `crate::egress`); `None`: `network_allow` decides.
+    pub egress: Option<egress::PolicyEgress>,
     /// `cache = true`: the policy's runners use the host-local cache service for actions/cache
     /// and the action archives (`[cache]`), when their runner package takes the redirect.
     pub cache: bool,

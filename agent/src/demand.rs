@@ -125,6 +125,7 @@ mod tests {
             disk_max: None,
             env_file: None,
             network_allow: None,
+            egress: None,
             cache: false,
             image: None,
             scale_set: None,

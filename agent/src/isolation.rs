@@ -27,7 +27,11 @@ pub(crate) const NONE_REACHES: &str = "jobs run as the agent's own user: a job c
 pub(crate) const HOST_NETWORK_REACHES: &str = "runners share the host's network: a job reaches every service of the host on loopback (the receiver's port, a local proxy or database), can bind a port before the agent does after a restart, reaches the cloud metadata service and every other runner; set [host] network = \"private\" (the default)";
 
 /// The host's part of `host.network = "private"`, installed: forwarding and the agent's table.
-fn host_network(config: &Config, pool: &Pool) -> Result<HostNetwork, Exit> {
+fn host_network(
+    config: &Config,
+    pool: &Pool,
+    egress_resolver: Option<u16>,
+) -> Result<HostNetwork, Exit> {
     let uids = pool.accounts().iter().map(|a| a.uid);
     if let Some((a, b)) = network::slots_collide(uids.clone()) {
         return Err(usage(
@@ -42,14 +46,16 @@ fn host_network(config: &Config, pool: &Pool) -> Result<HostNetwork, Exit> {
     }
     // Unreadable or absent: no resolver is let through (a runner then resolves nothing).
     let resolv = std::fs::read_to_string(network::RESOLV_CONF).unwrap_or_default();
+    let mut rules = HostRules::new(
+        &config.host.network_host_ports,
+        &config.host.network_deny,
+        &resolv,
+        uids,
+    );
+    rules.egress_resolver = egress_resolver;
     let host = HostNetwork {
         table: network::host_table_name(&config.data_dir),
-        rules: HostRules::new(
-            &config.host.network_host_ports,
-            &config.host.network_deny,
-            &resolv,
-            uids,
-        ),
+        rules,
     };
     host.install().map_err(|e| {
         Exit::runtime(anyhow::anyhow!(
@@ -222,7 +228,13 @@ pub(crate) fn unbounded_refusal(unaccepted: &[Unbounded]) -> String {
 const RUNNER_ROOT_MODE: u32 = 0o711;
 
 /// The backends for `config`, refusing (exit 2) an isolation this host cannot give.
-pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, Exit> {
+/// `egress_resolver`: the egress resolver's port on the host's loopback, when one runs
+/// (`crate::egress`).
+pub(crate) fn backends(
+    config: &Config,
+    package_dir: &Path,
+    egress_resolver: Option<u16>,
+) -> Result<Backends, Exit> {
     let root = RunnerRoot::open(&config.host.runner_root).map_err(Exit::runtime)?;
     let none = NoIsolation {
         root: root.clone(),
@@ -297,7 +309,11 @@ pub(crate) fn backends(config: &Config, package_dir: &Path) -> Result<Backends, 
                 }
             };
             let network = match config.host.network {
-                Network::Private => Some(std::sync::Arc::new(host_network(config, &pool)?)),
+                Network::Private => Some(std::sync::Arc::new(host_network(
+                    config,
+                    &pool,
+                    egress_resolver,
+                )?)),
                 Network::Host => {
                     tracing::warn!("host.network = \"host\": {HOST_NETWORK_REACHES}");
                     None

@@ -7,6 +7,7 @@ pub(crate) mod cache;
 pub mod commands;
 pub mod config;
 pub(crate) mod demand;
+pub mod egress;
 pub mod executor;
 pub mod exit;
 pub(crate) mod explain;

@@ -212,6 +212,19 @@ pub(crate) async fn serve_paced(
         }
         None => None,
     };
+    // The egress resolver (crate::egress): answering before any runner starts; what runners
+    // asked for and reached written to the journal as they run.
+    if let Some(egress) = executor.settings().egress.clone() {
+        tasks.until_aborted("egress resolver", tokio::spawn(Arc::clone(&egress).serve()));
+        tasks.ending_on_stop(
+            "egress records",
+            tokio::spawn(crate::egress::flush_loop(
+                egress,
+                store.clone(),
+                stopped(stop_rx.clone()),
+            )),
+        );
+    }
     // Each policy's `image_refresh` (crate::image): its tag resolved again, what no uncleaned
     // attempt uses any more removed.
     if let Some(images) = executor.settings().images.clone() {
@@ -282,6 +295,7 @@ pub(crate) async fn serve_paced(
         tokio::spawn(note_refreshes(poller.status(), handle.clone())),
     );
     let agent_metrics = crate::metrics::AgentMetrics::new(poller.status(), published);
+    let executor_egress = executor.settings().egress.clone();
     let poller_status = poller.status();
     if let (Some(settings), Some(secrets)) = (&config.receiver, webhook_secrets) {
         let receiver = Receiver::new(
@@ -296,6 +310,9 @@ pub(crate) async fn serve_paced(
         receiver.add_collector(Box::new(crate::scaleset::metrics::ScaleSetMetrics::new(
             Arc::clone(&board),
         )));
+        if let Some(egress) = &executor_egress {
+            receiver.add_collector(Box::new(egress.metrics()));
+        }
         // Wait times since this start (CONTRACT §8): seeded before deliveries are taken.
         let waits = crate::latency::WaitMetrics::default();
         tasks.until_aborted(
@@ -616,7 +633,10 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
     for off in crate::trust::protected_links_off() {
         tracing::warn!("{off}: {}", crate::trust::PROTECTED_LINKS_FIX);
     }
-    let backends = crate::isolation::backends(config, &package_dir)?;
+    // Bound before the runners' network is set up: the host's table leads to its port.
+    let egress = crate::egress::Egress::start(config, &super::store(config)).await?;
+    let backends =
+        crate::isolation::backends(config, &package_dir, egress.as_ref().map(|e| e.port()))?;
     let images = crate::image::start(
         config,
         backends
@@ -658,6 +678,7 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         scale_sets: Arc::new(scale_set_board(config, client)?),
         cache: crate::cache::wanted(config).map(crate::cache::plan),
         images,
+        egress,
     };
     // Bounds lowered since the last run, and copies past `max_age` on a host that cleaned up
     // nothing since: pruned now, off the runtime, not only after the next cleanup.

@@ -352,6 +352,8 @@ pub(super) fn validate(
         network_host_ports,
         network_deny,
         runner_run_keep,
+        egress: super::egress::validate_host(file.host.egress_allow, file.host.dns_upstream)
+            .map_err(|(key, problem)| err(&format!("host.{key}"), problem))?,
     };
 
     if file.runner.package_dir.is_some() && file.runner.version.is_some() {
@@ -502,7 +504,7 @@ pub(super) fn validate(
         let key = |field: &str| format!("policy[{index}].{field}");
         let rerun = super::rerun::validate(section.rerun_on.take(), section.max_reruns.take())
             .map_err(|(field, problem)| err(&key(field), problem))?;
-        let policy = validate_policy(section, max_runners, host_facts)
+        let mut policy = validate_policy(section, max_runners, host_facts)
             .map_err(|(field, problem)| err(&key(field), problem))?;
         if let Some(rerun) = rerun {
             reruns.insert(policy.name.clone(), rerun);
@@ -516,6 +518,11 @@ pub(super) fn validate(
         if policy.cache {
             cache_reachable(cache.as_ref(), isolation, network)
                 .map_err(|problem| err(&key("cache"), problem))?;
+        }
+        if let Some(egress) = &mut policy.egress {
+            egress_possible(isolation, network, policy.network_allow.is_some())
+                .map_err(|problem| err(&key("egress"), problem))?;
+            egress.allow = std::sync::Arc::new(egress.own.with(&host.egress.allow));
         }
         if policy.image.is_some() && isolation != Isolation::User {
             return Err(err(
@@ -743,6 +750,7 @@ fn validate_policy(
         .map(cidrs)
         .transpose()
         .map_err(|problem| ("network_allow", problem))?;
+    let egress = super::egress::validate_policy(section.egress)?;
     let limits = RunnerLimits {
         memory_max,
         pids_max,
@@ -763,10 +771,31 @@ fn validate_policy(
         docker,
         env_file: section.env_file,
         network_allow,
+        egress,
         cache: section.cache.unwrap_or(false),
         image,
         scale_set: None,
     })
+}
+
+/// `policy.egress` is enforced in each runner's own network namespace, by the resolver its
+/// namespace address names: it needs both, and says the networks `network_allow` would.
+fn egress_possible(
+    isolation: Isolation,
+    network: Network,
+    network_allow: bool,
+) -> Result<(), String> {
+    if isolation != Isolation::User || network != Network::Private {
+        return Err(
+            "needs host.isolation = \"user\" and host.network = \"private\": egress is enforced in each runner's own network namespace, and the agent's resolver knows a runner by that namespace's address".to_owned(),
+        );
+    }
+    if network_allow {
+        return Err(
+            "and network_allow both say what runners reach: put the networks into egress.allow (\"10.20.0.0/16\") and drop network_allow".to_owned(),
+        );
+    }
+    Ok(())
 }
 
 /// `policy.cache = true` needs `[cache]`, and runners the service can tell apart: each in its

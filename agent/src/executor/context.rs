@@ -60,6 +60,11 @@ impl Context {
         let limits = policy.map(|p| p.limits).unwrap_or_default();
         let mut plan = Plan::of(record, limits);
         plan.network_allow = policy.and_then(|p| p.network_allow.clone());
+        plan.egress = self
+            .settings
+            .egress
+            .as_ref()
+            .and_then(|egress| egress.rules(&record.policy));
         plan.docker = policy.and_then(|p| p.docker.clone());
         plan.cache = self
             .settings

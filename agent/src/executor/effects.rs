@@ -311,6 +311,26 @@ async fn deregister_ended(
 /// The runner's logs kept, then its runtime removed by its backend, off the async workers;
 /// returns whether the runtime is gone.
 async fn remove_runtime(ctx: &Context, record: &AttemptRecord) -> bool {
+    // What the runner asked for and reached, read from its table before its network goes.
+    if let Some(egress) = ctx.settings.egress.as_ref().filter(|e| e.covers(record)) {
+        let id = record.attempt_id.clone();
+        let kept = ctx
+            .journal
+            .write(move |attempts| attempts.egress(&id))
+            .await
+            .ok()
+            .flatten();
+        if let Some((json, _flushing)) = egress.last_record(record, kept).await {
+            let (id, at) = (record.attempt_id.clone(), ctx.now());
+            if let Err(e) = ctx
+                .journal
+                .write(move |attempts| attempts.write_egress(&id, &json, at))
+                .await
+            {
+                tracing::warn!(error = %e, "cannot journal what the runner reached");
+            }
+        }
+    }
     let backends = Arc::clone(&ctx.execution);
     let (kind, plan) = (record.isolation, ctx.plan(record));
     // The runner's logs, before the runtime goes (the runner's group is stopped; a process that

@@ -243,6 +243,10 @@ impl Launch {
         runtime: &Runtime,
         jit: SecretString,
     ) -> Result<Spawned<RunnerChild>, String> {
+        // Before its first query: the resolver answers the runner from its first instruction.
+        if let Some(egress) = &self.ctx.settings.egress {
+            egress.register(&self.record, None);
+        }
         let backends = Arc::clone(&self.ctx.execution);
         let (kind, plan, runtime) = (
             self.record.isolation,

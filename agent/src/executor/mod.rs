@@ -140,6 +140,10 @@ pub struct Settings {
     /// The job images (`policy.image`): each policy's current one, recorded with each new
     /// attempt, and the store a runner is started from; `None`: no policy has an image.
     pub images: Option<Arc<crate::image::Images>>,
+    /// The egress resolver (`policy.egress`): each runner of an egress policy is registered
+    /// with it before it starts and its record written before its network goes; `None`: no
+    /// policy has egress.
+    pub egress: Option<Arc<crate::egress::Egress>>,
 }
 
 /// The execution backends this agent can drive (CONTRACT §7). Each attempt names its own in the

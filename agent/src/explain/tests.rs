@@ -29,6 +29,7 @@ fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
         disk_max: None,
         env_file: None,
         network_allow: None,
+        egress: None,
         cache: false,
         scale_set: None,
         image: None,

@@ -1139,7 +1139,7 @@ impl RunnerNetwork {
             netns: rustix::fs::open("/", rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty())
                 .unwrap(),
         };
-        let table = made.host.runner_table(account.uid, None);
+        let table = made.host.runner_table(account.uid, None, None);
         made.netns =
             network::create(&made.names, account.uid, &table).unwrap_or_else(|e| panic!("{e}"));
         made

@@ -105,6 +105,7 @@ pub(super) fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: 
         disk_max: None,
         env_file: None,
         network_allow: None,
+        egress: None,
         cache: false,
         image: None,
         scale_set: None,
@@ -675,6 +676,7 @@ impl Harness {
             operator_env: HashMap::new(),
             cache: None,
             images: None,
+            egress: None,
             fitness: crate::fitness::Gate::default(),
             fleet: options
                 .fleet
