@@ -1239,7 +1239,9 @@ fn an_attempt_s_egress_record_is_replaced_listed_and_goes_with_it() {
             .write_egress(&id(89), "{}", UnixMs::new(13))
             .is_err()
     );
-    let listed: Vec<AttemptId> = attempts
+    let reader = crate::Reader::open(&path).unwrap();
+    assert_eq!(reader.egress(&a).unwrap(), attempts.egress(&a).unwrap());
+    let listed: Vec<AttemptId> = reader
         .egress_of_policy("build", UnixMs::new(15))
         .unwrap()
         .into_iter()
@@ -1247,7 +1249,7 @@ fn an_attempt_s_egress_record_is_replaced_listed_and_goes_with_it() {
         .collect();
     assert_eq!(listed, vec![b.clone()]);
     assert_eq!(
-        attempts
+        reader
             .egress_of_policy("build", UnixMs::new(0))
             .unwrap()
             .len(),

@@ -30,6 +30,7 @@ mod attempts;
 mod body;
 mod checkpoint;
 mod connection;
+mod egress;
 mod error;
 mod fleet;
 mod intake;

@@ -188,6 +188,20 @@ impl Reader {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// What the attempt's runner asked for and reached (`policy.egress`, JSON), if kept.
+    pub fn egress(&self, id: &crate::AttemptId) -> Result<Option<String>, crate::AttemptError> {
+        crate::egress::of_attempt(&self.conn, id)
+    }
+
+    /// The egress records of `policy`'s attempts created at or after `since`, oldest first.
+    pub fn egress_of_policy(
+        &self,
+        policy: &str,
+        since: UnixMs,
+    ) -> Result<Vec<(crate::AttemptId, String)>, crate::AttemptError> {
+        crate::egress::of_policy(&self.conn, policy, since)
+    }
+
     /// Every attempt not yet cleaned (what holds a runner uid or awaits cleanup), oldest first.
     pub fn uncleaned_attempts(&self) -> Result<Vec<AttemptRecord>, JournalError> {
         let mut stmt = self.conn.prepare_cached(&format!(

@@ -234,48 +234,11 @@ impl Attempts {
         record: &str,
         at_ms: UnixMs,
     ) -> Result<(), AttemptError> {
-        self.conn.execute(
-            "INSERT INTO attempt_egress (attempt_id, record, updated_at) VALUES (?1, ?2, ?3)
-             ON CONFLICT (attempt_id) DO UPDATE SET record = excluded.record,
-                                                    updated_at = excluded.updated_at",
-            rusqlite::params![id.as_str(), record, at_ms.get()],
-        )?;
-        Ok(())
+        crate::egress::write(&self.conn, id, record, at_ms)
     }
 
     /// What was kept of the attempt's egress (JSON), if anything.
     pub fn egress(&self, id: &AttemptId) -> Result<Option<String>, AttemptError> {
-        use rusqlite::OptionalExtension as _;
-        Ok(self
-            .conn
-            .query_row(
-                "SELECT record FROM attempt_egress WHERE attempt_id = ?1",
-                [id.as_str()],
-                |row| row.get(0),
-            )
-            .optional()?)
-    }
-
-    /// The egress records of `policy`'s attempts created at or after `since`, oldest first.
-    pub fn egress_of_policy(
-        &self,
-        policy: &str,
-        since: UnixMs,
-    ) -> Result<Vec<(AttemptId, String)>, AttemptError> {
-        let mut statement = self.conn.prepare(
-            "SELECT a.attempt_id, e.record FROM attempt_egress e
-             JOIN attempts a ON a.attempt_id = e.attempt_id
-             WHERE a.policy = ?1 AND a.created_at >= ?2
-             ORDER BY a.created_at, a.attempt_id",
-        )?;
-        let rows = statement.query_map(rusqlite::params![policy, since.get()], |row| {
-            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (id, record) = row?;
-            out.push((AttemptId::parse(&id)?, record));
-        }
-        Ok(out)
+        crate::egress::of_attempt(&self.conn, id)
     }
 }
