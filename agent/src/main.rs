@@ -88,6 +88,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show what the runners of a job asked for and reached under `policy.egress`: each name and
+    /// connection with its verdict (allowed, denied, would_deny) and count. With `--policy`
+    /// instead of a job: propose an `allow` list from what that policy's jobs really used.
+    #[command(
+        after_help = "Examples:\n  rm-agent egress 123456789\n  rm-agent egress --policy build --since 7d"
+    )]
+    Egress {
+        /// The job's id (`workflow_job.id`).
+        #[arg(required_unless_present = "policy", conflicts_with = "policy")]
+        job_id: Option<i64>,
+        /// Propose an allow list from this policy's runners.
+        #[arg(long)]
+        policy: Option<String>,
+        /// With `--policy`: the runners started this long ago or later (e.g. `7d`, `12h`).
+        #[arg(long, requires = "policy", value_parser = humantime::parse_duration)]
+        since: Option<std::time::Duration>,
+        /// One JSON document on stdout instead of a report.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the journalled workflow jobs and their states, most recently changed first.
     #[command(
         after_help = "Example:\n  rm-agent jobs --json | jq '.[] | select(.state == \"queued\")'"
@@ -163,6 +183,7 @@ impl Command {
             Command::Check { .. } => "check",
             Command::Status { .. } => "status",
             Command::Explain { .. } => "explain",
+            Command::Egress { .. } => "egress",
             Command::Jobs { .. } => "jobs",
             Command::Runners { .. } => "runners",
             Command::Logs { .. } => "logs",
@@ -256,6 +277,26 @@ fn run(cli: Cli) -> Result<(), Exit> {
         Command::Explain { job_id, json } => {
             init_logging(LogFormat::Text, "warn");
             commands::explain(&config, rm_vocab::JobId::new(job_id), json)
+        }
+        Command::Egress {
+            job_id,
+            policy,
+            since,
+            json,
+        } => {
+            init_logging(LogFormat::Text, "warn");
+            match (job_id, policy) {
+                (_, Some(policy)) => commands::egress_policy(
+                    &config,
+                    &policy,
+                    since.unwrap_or(commands::EGRESS_DEFAULT_SINCE),
+                    json,
+                ),
+                (Some(job_id), None) => {
+                    commands::egress_job(&config, rm_vocab::JobId::new(job_id), json)
+                }
+                (None, None) => Err(Exit::usage("name a job, or --policy".to_owned())),
+            }
         }
         Command::Jobs { json, limit } => {
             init_logging(LogFormat::Text, "warn");

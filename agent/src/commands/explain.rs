@@ -171,8 +171,16 @@ pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
                 .and_then(|c| c.redirect.as_ref()),
             counters: cache_facts.counters,
         }));
+    let egress = egress_of(config, &gathered.ran)?;
+    explanation.reasons.extend(explain::egress::reasons(
+        &egress
+            .iter()
+            .map(|e| (e.runner_name.clone(), e.egress.clone()))
+            .collect::<Vec<_>>(),
+    ));
     if json {
         let mut value = explain::to_json(&explanation, &facts);
+        value["egress"] = serde_json::json!(egress);
         value["cache"] = serde_json::json!(cache_facts.counters.map(|c| serde_json::json!({
             "hits": c.hits,
             "misses": c.misses,
@@ -194,7 +202,7 @@ pub fn run(config: &Config, job_id: JobId, json: bool) -> Result<(), Exit> {
 
 /// This host's attempts that ran `job_id` (named by the job's row, or naming the job), oldest
 /// first, as `rm-agent logs` finds them: from this host's own journal and its kept logs.
-fn ran_the_job(
+pub(crate) fn ran_the_job(
     config: &Config,
     job_id: JobId,
     job: Option<&JobRow>,
@@ -228,6 +236,42 @@ fn ran_the_job(
             }
         })
         .collect())
+}
+
+/// One runner's egress record, as `explain --json` and `rm-agent egress --json` show it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct AttemptEgress {
+    pub attempt_id: String,
+    pub runner_name: String,
+    pub egress: rm_egress::record::Record,
+}
+
+/// The egress records of the runners that ran the job (`ran`), oldest first; none for runners
+/// of policies without egress. A record that does not read is said in the log and left out.
+pub(crate) fn egress_of(config: &Config, ran: &[RanAttempt]) -> Result<Vec<AttemptEgress>, Exit> {
+    let Some(reader) = super::open_local_reader(config)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for attempt in ran {
+        let Ok(id) = rm_journal::AttemptId::parse(&attempt.attempt_id) else {
+            continue;
+        };
+        let Some(json) = reader.egress(&id).map_err(Exit::runtime)? else {
+            continue;
+        };
+        match serde_json::from_str(&json) {
+            Ok(egress) => out.push(AttemptEgress {
+                attempt_id: attempt.attempt_id.clone(),
+                runner_name: attempt.runner_name.clone(),
+                egress,
+            }),
+            Err(e) => {
+                tracing::warn!(attempt = %attempt.attempt_id, error = %e, "an egress record does not read")
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// What `explain` reads about a job's cache: the policy of the last attempt of this host that

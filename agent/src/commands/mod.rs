@@ -3,6 +3,7 @@
 pub(crate) mod check;
 pub(crate) mod deliveries;
 pub(crate) mod demo;
+pub(crate) mod egress;
 #[cfg(feature = "demo")]
 pub use demo::DEMO_UIDS;
 pub(crate) mod explain;
@@ -18,6 +19,9 @@ pub(crate) mod status;
 pub use check::run as check;
 pub use deliveries::{list as deliveries_list, replay as deliveries_replay};
 pub use demo::{fake_runner_mode, run as demo};
+pub use egress::{
+    DEFAULT_SINCE as EGRESS_DEFAULT_SINCE, job as egress_job, policy as egress_policy,
+};
 pub use explain::run as explain;
 pub use jobs::run as jobs;
 pub use logs::run as logs;
@@ -165,6 +169,7 @@ mod tests {
             "run",
             "status",
             "explain",
+            "egress",
             "jobs",
             "deliveries",
             "deliveries replay",

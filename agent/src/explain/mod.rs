@@ -31,6 +31,7 @@
 //! job or nobody has.
 
 pub(crate) mod cache;
+pub(crate) mod egress;
 pub(crate) mod ended;
 pub(crate) mod fleet;
 #[cfg(test)]
