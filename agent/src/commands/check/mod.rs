@@ -8,6 +8,7 @@
 
 mod cache;
 mod docker;
+mod egress;
 mod fitness;
 mod github;
 mod image;
@@ -66,7 +67,7 @@ pub(crate) struct Finding {
     /// A stable name for scripts: `config`, `webhook_secret`, `runner_package`, `private_key`,
     /// `app`, `installation`, `permission`, `runner_group`, `host_name`, `relay`, `isolation`,
     /// `fitness`, `env_file`, `runner_version`, `journal`, `protected_links`, `docker`,
-    /// `notifications`, `enterprise_token`, `cache`, `image`, `docker_images`.
+    /// `notifications`, `enterprise_token`, `cache`, `image`, `docker_images`, `egress`.
     pub check: &'static str,
     /// The policy the finding is about, if any.
     pub policy: Option<String>,
@@ -209,6 +210,7 @@ pub(crate) async fn findings(config: &Config) -> Vec<Finding> {
     out.extend(docker::docker(config));
     out.extend(cache::cache(config).await);
     out.extend(image::images(config).await);
+    out.extend(egress::egress(config));
 
     let Some(app_id) = config.github.app_id else {
         out.push(Finding::fail(
