@@ -3,8 +3,11 @@
 //! runner of an egress policy registered with it before the runner starts and again after an
 //! agent restart ([`Egress::start`], [`Egress::register`]), what each runner asked for and
 //! reached written to the journal every [`FLUSH_INTERVAL`] and a last time before its network
-//! goes ([`flush_loop`], [`Egress::last_record`]), and the resolver's counts for `/metrics`
-//! ([`EgressMetrics`]). The resolver, the list and the records are `rm_egress`'s; the tables
+//! goes ([`flush_loop`], [`Egress::last_record`]), the resolver's counts for `/metrics`
+//! ([`EgressMetrics`]), and, so that a workflow's author sees why a connection failed, a
+//! job-completed hook each runner runs that prints what its policy refused into the job's own
+//! log ([`JOB_COMPLETED_HOOK`], written fresh when the hook asks the resolver for
+//! `rm_egress::resolver::REPORT_NAME`), which the runner's kept logs then hold too. The resolver, the list and the records are `rm_egress`'s; the tables
 //! `rm_runner::network`'s.
 
 use std::collections::HashMap;
@@ -31,6 +34,81 @@ pub const FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 /// DNS's port, where the host's `resolv.conf` nameservers answer.
 const DNS_PORT: u16 = 53;
 
+/// Under the data directory: a directory per egress runner (its hook and its report), lent
+/// read-only into the runner at `rm_runner::backend::EGRESS_IN_RUN`.
+pub const EGRESS_DIR: &str = "egress";
+
+/// The hook's file name in a runner's directory (`rm_runner::backend::EGRESS_HOOK_IN_RUN`).
+const HOOK_FILE: &str = "job-completed.sh";
+
+/// The report's file name in a runner's directory.
+const REPORT_FILE: &str = "report";
+
+/// The job-completed hook every egress runner runs (actions/runner runs it after the job's last
+/// step; its output is the job's log). It asks the agent's resolver for the report name, which
+/// has the report written first (an absolute name: no search domain is tried), prints the
+/// report, then runs the operator's own hook, if the policy's `env_file` named one.
+pub const JOB_COMPLETED_HOOK: &str = r#"#!/bin/sh
+# rm: what this job's egress policy refused (policy.egress; `rm-agent egress <job id>` on the
+# runner's host lists everything). Written by rm-agent; read-only here.
+getent hosts report.rm-egress.invalid. >/dev/null 2>&1 ||
+    nslookup report.rm-egress.invalid. >/dev/null 2>&1 || true
+cat /run/rm-egress/report 2>/dev/null || true
+if [ -n "${RM_OPERATOR_JOB_COMPLETED_HOOK:-}" ]; then
+    if command -v bash >/dev/null 2>&1; then
+        exec bash -e "$RM_OPERATOR_JOB_COMPLETED_HOOK"
+    fi
+    exec sh -e "$RM_OPERATOR_JOB_COMPLETED_HOOK"
+fi
+"#;
+
+/// Writes a runner's report for its hook: its tally joined with what its table counted.
+struct ReportWriter {
+    dir: std::path::PathBuf,
+}
+
+impl rm_egress::resolver::Reporter for ReportWriter {
+    fn report(&self, runner: &Runner, tally: &Tally) {
+        let observed = network::exists(&runner.names)
+            .then(|| network::egress::observe(&runner.names).ok())
+            .flatten();
+        let record = tally.record(observed.as_ref(), &runner.allow);
+        if let Err(e) = write_report(&self.dir.join(&runner.attempt_id), &record) {
+            tracing::warn!(attempt = %runner.attempt_id, error = %e, "cannot write the runner's egress report");
+        }
+    }
+}
+
+/// Replaces a runner's report (a new file renamed over the old: the hook never reads half).
+fn write_report(dir: &std::path::Path, record: &Record) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let staged = dir.join(".report.new");
+    std::fs::write(&staged, record.job_log())?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o644))?;
+    std::fs::rename(&staged, dir.join(REPORT_FILE))
+}
+
+/// Makes a runner's directory with the hook and an empty report (mode 0755 and 0644, root's:
+/// the runner reads them through a read-only mount).
+fn make_runner_dir(dir: &std::path::Path, mode: Mode) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    let hook = dir.join(HOOK_FILE);
+    std::fs::write(&hook, JOB_COMPLETED_HOOK)?;
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755))?;
+    write_report(
+        dir,
+        &Record {
+            mode,
+            ..Record::default()
+        },
+    )
+}
+
 /// The firewall the resolver opens addresses in: the runner's own table, through `nft` in its
 /// namespace.
 struct Nft;
@@ -48,6 +126,8 @@ pub struct Egress {
     nameservers: Vec<Ipv4Addr>,
     /// Each egress policy's, by name.
     policies: HashMap<String, PolicyEgress>,
+    /// `<data_dir>/egress`: a directory per registered runner ([`EGRESS_DIR`]).
+    dir: std::path::PathBuf,
     /// One flush at a time, and none while a runner's last record is written.
     flushing: tokio::sync::Mutex<()>,
 }
@@ -127,13 +207,19 @@ impl Egress {
             upstreams = ?upstreams,
             "the egress resolver answers runners of egress policies"
         );
+        let dir = config.data_dir.join(EGRESS_DIR);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Exit::runtime(anyhow::anyhow!("cannot make {}: {e}", dir.display())))?;
+        resolver.set_reporter(Arc::new(ReportWriter { dir: dir.clone() }));
         let egress = Arc::new(Egress {
             resolver,
             nameservers,
             policies,
+            dir,
             flushing: tokio::sync::Mutex::new(()),
         });
         egress.register_running(journal).await;
+        egress.sweep();
         Ok(Some(egress))
     }
 
@@ -172,10 +258,43 @@ impl Egress {
     }
 
     /// Answers the attempt's runner from now on (before it starts), its record going on from
-    /// `earlier`.
+    /// `earlier`, and makes its directory (its job-completed hook and report) when it has none.
     pub fn register(&self, record: &AttemptRecord, earlier: Option<Record>) {
         if let Some(runner) = self.runner_of(record) {
+            let dir = self.dir.join(&runner.attempt_id);
+            if !dir.join(HOOK_FILE).is_file()
+                && let Err(e) = make_runner_dir(&dir, runner.mode)
+            {
+                tracing::warn!(error = %e, dir = %dir.display(), "cannot make the runner's egress directory; its job's log will not say what was refused");
+            }
             self.resolver.register(runner, earlier);
+        }
+    }
+
+    /// The runner's directory, lent into it, when it was made ([`Egress::register`]).
+    pub fn report_dir(&self, record: &AttemptRecord) -> Option<std::path::PathBuf> {
+        self.runner_of(record)?;
+        let dir = self.dir.join(record.attempt_id.as_str());
+        dir.join(HOOK_FILE).is_file().then_some(dir)
+    }
+
+    /// Removes the directories of runners no longer registered (a crash between a runner's
+    /// last record and its directory's removal left them).
+    fn sweep(&self) {
+        let registered: std::collections::HashSet<String> = self
+            .resolver
+            .tallies()
+            .into_iter()
+            .map(|(runner, _)| runner.attempt_id)
+            .collect();
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !registered.contains(&name) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
         }
     }
 
@@ -230,6 +349,8 @@ impl Egress {
     ) -> Option<(String, tokio::sync::MutexGuard<'_, ()>)> {
         let flushing = self.flushing.lock().await;
         let runner = self.runner_of(record)?;
+        // The runner is stopped: its directory is not read any more.
+        let _ = std::fs::remove_dir_all(self.dir.join(&runner.attempt_id));
         let tally = match self
             .resolver
             .unregister(runner.address, record.attempt_id.as_str())
@@ -240,7 +361,7 @@ impl Egress {
                 None => Tally::new(runner.mode),
             },
         };
-        match record_of(&runner, &tally).await {
+        match record_of(&runner, &tally).await.and_then(|r| to_json(&r)) {
             Ok(json) => Some((json, flushing)),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot write what the runner reached");
@@ -253,7 +374,11 @@ impl Egress {
     async fn flush(&self, attempts: &Arc<std::sync::Mutex<Attempts>>) {
         let _flushing = self.flushing.lock().await;
         for (runner, tally) in self.resolver.tallies() {
-            let json = match record_of(&runner, &tally).await {
+            let json = match record_of(&runner, &tally).await.and_then(|record| {
+                // The hook's report too, for a job that ends between two reports it asks.
+                let _ = write_report(&self.dir.join(&runner.attempt_id), &record);
+                to_json(&record)
+            }) {
                 Ok(json) => json,
                 Err(e) => {
                     tracing::debug!(error = %e, "cannot write what a runner reached");
@@ -288,9 +413,9 @@ impl Egress {
     }
 }
 
-/// The runner's record as JSON: its tally joined with what its table counted (read in its
-/// namespace, off the async workers; a namespace already gone gives the tally alone).
-async fn record_of(runner: &Runner, tally: &Tally) -> Result<String, String> {
+/// The runner's record: its tally joined with what its table counted (read in its namespace,
+/// off the async workers; a namespace already gone gives the tally alone).
+async fn record_of(runner: &Runner, tally: &Tally) -> Result<Record, String> {
     let names = runner.names.clone();
     let observed = tokio::task::spawn_blocking(move || {
         network::exists(&names)
@@ -299,8 +424,11 @@ async fn record_of(runner: &Runner, tally: &Tally) -> Result<String, String> {
     })
     .await
     .map_err(|e| e.to_string())?;
-    let record = tally.record(observed.as_ref(), &runner.allow);
-    serde_json::to_string(&record).map_err(|e| e.to_string())
+    Ok(tally.record(observed.as_ref(), &runner.allow))
+}
+
+fn to_json(record: &Record) -> Result<String, String> {
+    serde_json::to_string(record).map_err(|e| e.to_string())
 }
 
 /// Writes what runners asked for and reached every [`FLUSH_INTERVAL`], until `stop`.
@@ -393,6 +521,43 @@ mod tests {
             vec![Ipv4Addr::new(127, 0, 0, 53), Ipv4Addr::new(10, 0, 0, 2)]
         );
         assert!(nameservers("").is_empty());
+    }
+
+    #[test]
+    fn a_runners_directory_holds_the_hook_and_a_report_replaced_whole() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("0123");
+        make_runner_dir(&dir, Mode::Enforce).unwrap();
+        let mode =
+            |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&dir), 0o755);
+        assert_eq!(mode(&dir.join(HOOK_FILE)), 0o755);
+        assert_eq!(
+            std::fs::read_to_string(dir.join(HOOK_FILE)).unwrap(),
+            JOB_COMPLETED_HOOK
+        );
+        // The hook asks the very name the resolver answers by writing the report.
+        assert!(JOB_COMPLETED_HOOK.contains(&format!("{}.", rm_egress::resolver::REPORT_NAME)));
+        assert!(JOB_COMPLETED_HOOK.contains(rm_runner::backend::EGRESS_IN_RUN));
+        assert_eq!(mode(&dir.join(REPORT_FILE)), 0o644);
+        assert_eq!(
+            std::fs::read_to_string(dir.join(REPORT_FILE)).unwrap(),
+            "rm egress (enforce): nothing refused (0 name(s) asked, all allowed)\n"
+        );
+        let mut tally = Tally::new(Mode::Enforce);
+        tally.query("denied.test", rm_egress::record::Verdict::Denied, &[], 6);
+        let record = tally.record(None, &rm_egress::allow::AllowList::empty());
+        write_report(&dir, &record).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.join(REPORT_FILE)).unwrap(),
+            record.job_log()
+        );
+        assert!(!dir.join(".report.new").exists());
+        // A runner whose directory is gone gets none made by a late report.
+        std::fs::remove_dir_all(&dir).unwrap();
+        write_report(&dir, &record).unwrap();
+        assert!(!dir.exists());
     }
 
     #[test]

@@ -134,6 +134,87 @@ pub struct Record {
     pub names_dropped: u64,
 }
 
+/// The most names or connections one line of [`Record::job_log`] names.
+pub const LOG_LISTED: usize = 10;
+
+impl Record {
+    /// The lines the job's own log ends with (the agent's job-completed hook prints them), so
+    /// a workflow's author sees why a connection failed. Pure.
+    pub fn job_log(&self) -> String {
+        let (refused, word) = match self.mode {
+            Mode::Enforce => (Verdict::Denied, "refused"),
+            Mode::Audit => (Verdict::WouldDeny, "would have been refused (audit mode)"),
+        };
+        let mode = self.mode.as_str();
+        let listed = |items: Vec<String>| {
+            let more = items.len().saturating_sub(LOG_LISTED);
+            let mut out: Vec<String> = items.into_iter().take(LOG_LISTED).collect();
+            if more > 0 {
+                out.push(format!("and {more} more"));
+            }
+            out.join(", ")
+        };
+        let names: Vec<String> = self
+            .names
+            .iter()
+            .filter(|n| n.verdict == refused)
+            .map(|n| format!("{} ({}x)", n.name, n.queries))
+            .collect();
+        let connections: Vec<String> = self
+            .addresses
+            .iter()
+            .filter(|a| a.verdict == refused)
+            .map(|a| format!("{}:{} ({}x)", a.address, a.port, a.connections))
+            .collect();
+        let mut lines = Vec::new();
+        if !names.is_empty() {
+            lines.push(format!(
+                "rm egress ({mode}): {} of {} name(s) asked {word}: {}",
+                names.len(),
+                self.names.len(),
+                listed(names)
+            ));
+        }
+        if !connections.is_empty() {
+            lines.push(format!(
+                "rm egress ({mode}): {} connection(s) {word}: {}",
+                connections.len(),
+                listed(connections)
+            ));
+        }
+        if self.other_resolver > 0 {
+            lines.push(format!(
+                "rm egress ({mode}): {} DNS packet(s) to a resolver other than the host's {}",
+                self.other_resolver,
+                if self.mode == Mode::Enforce {
+                    "refused"
+                } else {
+                    "let through"
+                }
+            ));
+        }
+        if self.rate_limited > 0 {
+            lines.push(format!(
+                "rm egress ({mode}): {} DNS query(ies) refused for their rate",
+                self.rate_limited
+            ));
+        }
+        if lines.is_empty() {
+            lines.push(format!(
+                "rm egress ({mode}): nothing refused ({} name(s) asked, all allowed)",
+                self.names.len()
+            ));
+        } else {
+            lines.push(format!(
+                "rm egress ({mode}): the runner's host lists everything with `rm-agent egress <job id>`; allowed names go in the policy's egress.allow"
+            ));
+        }
+        let mut text = lines.join("\n");
+        text.push('\n');
+        text
+    }
+}
+
 /// The resolver's running tally of one runner.
 #[derive(Debug, Clone, Default)]
 pub struct Tally {

@@ -126,6 +126,16 @@ pub struct Runner {
     pub names: Names,
 }
 
+/// The name a runner asks to have its report written now (the agent's job-completed hook asks
+/// it before it prints the report): answered NXDOMAIN after [`Reporter::report`], never
+/// recorded, never sent upstream. `.invalid` is reserved (RFC 6761): no real name is it.
+pub const REPORT_NAME: &str = "report.rm-egress.invalid";
+
+/// Writes a runner's report where its job-completed hook reads it (the agent's). Blocking.
+pub trait Reporter: Send + Sync + 'static {
+    fn report(&self, runner: &Runner, tally: &Tally);
+}
+
 /// Opens addresses in a runner's table (`rm_runner::network::egress::open`; tests give their
 /// own). Blocking: it runs `nft`.
 pub trait Firewall: Send + Sync + 'static {
@@ -158,6 +168,7 @@ struct Inner {
     runners: Mutex<HashMap<Ipv4Addr, Entry>>,
     upstreams: Vec<SocketAddr>,
     firewall: Arc<dyn Firewall>,
+    reporter: std::sync::OnceLock<Arc<dyn Reporter>>,
     counters: Counters,
 }
 
@@ -213,6 +224,7 @@ impl Resolver {
                             runners: Mutex::new(HashMap::new()),
                             upstreams,
                             firewall,
+                            reporter: std::sync::OnceLock::new(),
                             counters: Counters::default(),
                         }),
                         udp: Arc::new(udp),
@@ -226,6 +238,12 @@ impl Resolver {
         Err(ResolverError::Bind(last.unwrap_or_else(|| {
             std::io::Error::other("no port free for both UDP and TCP")
         })))
+    }
+
+    /// Who writes a runner's report when it asks [`REPORT_NAME`] (once; later calls are
+    /// ignored). Without one, the name is answered NXDOMAIN and nothing is written.
+    pub fn set_reporter(&self, reporter: Arc<dyn Reporter>) {
+        let _ = self.inner.reporter.set(reporter);
     }
 
     /// The port on `127.0.0.1`.
@@ -375,6 +393,8 @@ impl Resolver {
                     if !entry.bucket.take(Instant::now()) || entry.in_flight >= MAX_IN_FLIGHT {
                         entry.tally.rate_limited();
                         Err(Refusal::Rate)
+                    } else if query.name == REPORT_NAME {
+                        Err(Refusal::Report)
                     } else {
                         let (decision, verdict) =
                             decide(&entry.runner.allow, entry.runner.mode, &query.name);
@@ -391,6 +411,10 @@ impl Resolver {
             }
         };
         let (decision, verdict, names) = match admitted {
+            Err(Refusal::Report) => {
+                self.report(from.ip()).await;
+                return Some(dns::respond(message, &query, dns::NXDOMAIN));
+            }
             Err(Refusal::Unknown) => {
                 counters.unknown_source.fetch_add(1, Ordering::Relaxed);
                 return Some(dns::respond(message, &query, dns::REFUSED));
@@ -435,6 +459,21 @@ impl Resolver {
             }
         };
         Some(result)
+    }
+
+    /// Has the runner's report written now ([`REPORT_NAME`]).
+    async fn report(&self, from: &Ipv4Addr) {
+        let Some(reporter) = self.inner.reporter.get().cloned() else {
+            return;
+        };
+        let found = self
+            .inner
+            .runners()
+            .get(from)
+            .map(|entry| (entry.runner.clone(), entry.tally.clone()));
+        if let Some((runner, tally)) = found {
+            let _ = tokio::task::spawn_blocking(move || reporter.report(&runner, &tally)).await;
+        }
     }
 
     /// Records a forwarded query and releases its place in flight.
@@ -526,9 +565,12 @@ enum Transport {
     Tcp,
 }
 
+/// Why a query is answered without the allow list: no runner there, its rate, or the report
+/// name.
 enum Refusal {
     Unknown,
     Rate,
+    Report,
 }
 
 type Asked<'a> =

@@ -52,6 +52,10 @@ pub struct Plan {
     /// The policy's `egress`: the runner reaches what the agent's resolver opens for it
     /// ([`network::egress`]); `None`: `network_allow` decides.
     pub egress: Option<network::EgressRules>,
+    /// With `egress`: the agent's directory for this runner (its job-completed hook and the
+    /// report it prints), lent read-only at [`EGRESS_IN_RUN`] and named by
+    /// [`JOB_COMPLETED_HOOK`], so the job's own log says what its egress policy refused.
+    pub egress_report: Option<PathBuf>,
     /// The policy's `docker`: the runner gets a rootless Docker daemon of its own, started
     /// before it with these images loaded ([`super::docker`]); `None`: no Docker.
     pub docker: Option<DockerPolicy>,
@@ -94,6 +98,30 @@ pub const JOB_STARTED_HOOK: &str = "ACTIONS_RUNNER_HOOK_JOB_STARTED";
 /// Where the agent's hook finds the operator's own job-started hook, which it runs after its
 /// own lines (an `env_file` that names one keeps it).
 pub const OPERATOR_JOB_STARTED_HOOK: &str = "RM_OPERATOR_JOB_STARTED_HOOK";
+
+/// Where an egress runner finds the agent's directory for it: read-only, in its own `/run`.
+pub const EGRESS_IN_RUN: &str = "/run/rm-egress";
+
+/// The job-completed hook an egress runner runs, in [`EGRESS_IN_RUN`].
+pub const EGRESS_HOOK_IN_RUN: &str = "/run/rm-egress/job-completed.sh";
+
+/// The runner's variable naming its job-completed hook (actions/runner's "post-job script").
+pub const JOB_COMPLETED_HOOK: &str = "ACTIONS_RUNNER_HOOK_JOB_COMPLETED";
+
+/// Where the agent's job-completed hook finds the operator's own, which it runs after its own
+/// lines (an `env_file` that names one keeps it).
+pub const OPERATOR_JOB_COMPLETED_HOOK: &str = "RM_OPERATOR_JOB_COMPLETED_HOOK";
+
+/// The environment that points an egress runner at the agent's job-completed hook, keeping an
+/// operator's (`operator_hook`, from the policy's `env_file`) for it to run. Pure.
+pub fn egress_environment(operator_hook: Option<&std::ffi::OsStr>) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> =
+        vec![(JOB_COMPLETED_HOOK.into(), EGRESS_HOOK_IN_RUN.into())];
+    if let Some(theirs) = operator_hook {
+        env.push((OPERATOR_JOB_COMPLETED_HOOK.into(), theirs.to_owned()));
+    }
+    env
+}
 
 /// The service's URL as a runner at `host_end` reaches it (its containers too).
 pub fn cache_url(plan: &CachePlan, host_end: std::net::Ipv4Addr) -> String {
@@ -143,6 +171,7 @@ impl Plan {
             env: OperatorEnv::default(),
             network_allow: None,
             egress: None,
+            egress_report: None,
             docker: None,
             cache: None,
             image: None,
@@ -765,6 +794,20 @@ impl Backend for UserIsolation {
                     tracing::warn!(attempt = %plan.attempt_id, why = %why, "this runner runs uncached: its worker is not redirected to the host-local cache");
                 }
             }
+        }
+        // Egress: the job's own log ends with what its policy refused (the agent's hook).
+        if let Some(dir) = &plan.egress_report {
+            let operator_hook = env
+                .iter()
+                .find(|(key, _)| key == JOB_COMPLETED_HOOK)
+                .map(|(_, value)| value.clone());
+            let extra = egress_environment(operator_hook.as_deref());
+            env.retain(|(key, _)| !extra.iter().any(|(k, _)| k == key));
+            env.extend(extra);
+            lent.push(isolate::Lent {
+                source: dir.clone(),
+                target: PathBuf::from(EGRESS_IN_RUN),
+            });
         }
         // The image root's upper is made last, once nothing before it can fail the start: a
         // start that fails leaves it to the runtime's removal like the rest.

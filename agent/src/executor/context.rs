@@ -65,6 +65,11 @@ impl Context {
             .egress
             .as_ref()
             .and_then(|egress| egress.rules(&record.policy));
+        plan.egress_report = self
+            .settings
+            .egress
+            .as_ref()
+            .and_then(|egress| egress.report_dir(record));
         plan.docker = policy.and_then(|p| p.docker.clone());
         plan.cache = self
             .settings

@@ -64,6 +64,7 @@ async fn a_runners_output_is_kept_with_every_line_and_no_secret() {
         env: Default::default(),
         network_allow: None,
         egress: None,
+        egress_report: None,
         docker: None,
         cache: None,
         image: None,

@@ -456,6 +456,7 @@ async fn a_policys_env_file_reaches_the_runner_and_reserved_names_are_refused() 
         env,
         network_allow: None,
         egress: None,
+        egress_report: None,
         docker: None,
         cache: None,
         image: None,

@@ -170,3 +170,39 @@ fn modes_and_verdicts_read_and_say_their_names() {
     assert_eq!(Verdict::of_name(false, Mode::Enforce), Verdict::Denied);
     assert_eq!(Verdict::WouldDeny.as_str(), "would_deny");
 }
+
+#[test]
+fn the_job_log_says_what_was_refused_or_that_nothing_was() {
+    let mut tally = Tally::new(Mode::Enforce);
+    tally.query("public.test", Verdict::Allowed, &[PUBLIC], 6);
+    tally.query("denied.test", Verdict::Denied, &[], 6);
+    let observed = Observed {
+        reached: vec![(PUBLIC, 80, 1)],
+        denied: vec![(FORBIDDEN, 80, 2)],
+        dns_other: 1,
+    };
+    let log = tally.record(Some(&observed), &AllowList::empty()).job_log();
+    assert_eq!(
+        log,
+        "rm egress (enforce): 1 of 2 name(s) asked refused: denied.test (1x)\n\
+         rm egress (enforce): 1 connection(s) refused: 203.0.113.101:80 (2x)\n\
+         rm egress (enforce): 1 DNS packet(s) to a resolver other than the host's refused\n\
+         rm egress (enforce): the runner's host lists everything with `rm-agent egress <job id>`; allowed names go in the policy's egress.allow\n"
+    );
+    let mut quiet = Tally::new(Mode::Audit);
+    quiet.query("public.test", Verdict::Allowed, &[PUBLIC], 6);
+    assert_eq!(
+        quiet.record(None, &AllowList::empty()).job_log(),
+        "rm egress (audit): nothing refused (1 name(s) asked, all allowed)\n"
+    );
+    let mut many = Tally::new(Mode::Audit);
+    for i in 0..LOG_LISTED + 3 {
+        many.query(&format!("n{i}.test"), Verdict::WouldDeny, &[], 3);
+    }
+    let log = many.record(None, &AllowList::empty()).job_log();
+    assert!(
+        log.contains("would have been refused (audit mode)"),
+        "{log}"
+    );
+    assert!(log.contains(", and 3 more"), "{log}");
+}

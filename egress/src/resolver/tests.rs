@@ -374,3 +374,51 @@ fn the_bucket_gives_a_burst_then_the_rate() {
     // A clock that goes back gives nothing.
     assert!(!bucket.take(start));
 }
+
+/// Records the reports it was asked to write.
+#[derive(Default)]
+struct Reports(Mutex<Vec<(String, usize)>>);
+
+impl Reporter for Reports {
+    fn report(&self, runner: &Runner, tally: &Tally) {
+        let names = tally.record(None, &AllowList::empty()).names.len();
+        self.0
+            .lock()
+            .unwrap()
+            .push((runner.attempt_id.clone(), names));
+    }
+}
+
+#[tokio::test]
+async fn the_report_name_has_the_report_written_and_is_never_recorded_or_sent() {
+    let s = setup(Mode::Enforce, &["public.test"]).await;
+    // Without a reporter: only NXDOMAIN.
+    let reply = ask(&s.resolver, Ipv4Addr::LOCALHOST, &query(1, REPORT_NAME)).await;
+    assert_eq!(rcode(&reply), crate::dns::NXDOMAIN);
+    let reports = Arc::new(Reports::default());
+    s.resolver.set_reporter(reports.clone());
+    ask(&s.resolver, Ipv4Addr::LOCALHOST, &query(2, "public.test")).await;
+    let reply = ask(&s.resolver, Ipv4Addr::LOCALHOST, &query(3, REPORT_NAME)).await;
+    assert_eq!(rcode(&reply), crate::dns::NXDOMAIN);
+    assert_eq!(
+        reports.0.lock().unwrap().clone(),
+        vec![("a1".to_owned(), 1)]
+    );
+    let (_, tally) = s.resolver.tallies().pop().unwrap();
+    let names: Vec<String> = tally
+        .record(None, &AllowList::empty())
+        .names
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert_eq!(names, vec!["public.test"]);
+    assert!(!s.seen.lock().unwrap().iter().any(|n| n == REPORT_NAME));
+    // Another source's report name writes nothing.
+    ask(
+        &s.resolver,
+        Ipv4Addr::new(127, 0, 0, 2),
+        &query(4, REPORT_NAME),
+    )
+    .await;
+    assert_eq!(reports.0.lock().unwrap().len(), 1);
+}

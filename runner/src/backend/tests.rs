@@ -114,6 +114,7 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
         env: Default::default(),
         network_allow: None,
         egress: None,
+        egress_report: None,
         docker: None,
         cache: None,
         image: None,
@@ -211,6 +212,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         ]),
         network_allow: None,
         egress: None,
+        egress_report: None,
         docker: None,
         cache: None,
         image: None,
@@ -410,6 +412,7 @@ fn network_backend(
             env: Default::default(),
             network_allow: None,
             egress: None,
+            egress_report: None,
             docker: None,
             cache: None,
             image: None,
@@ -731,6 +734,7 @@ fn a_runner_with_an_image_sees_the_image_and_none_of_the_host() {
             )]),
             network_allow: None,
             egress: None,
+            egress_report: None,
             docker: None,
             cache: None,
             image: Some(crate::image_root::ImagePlan {
@@ -830,4 +834,23 @@ fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+#[test]
+fn an_egress_runner_runs_the_agents_job_completed_hook_and_keeps_an_operators() {
+    let env = egress_environment(None);
+    assert_eq!(
+        env,
+        vec![(
+            OsString::from(JOB_COMPLETED_HOOK),
+            OsString::from(EGRESS_HOOK_IN_RUN)
+        )]
+    );
+    assert!(EGRESS_HOOK_IN_RUN.starts_with(EGRESS_IN_RUN));
+    let theirs = OsString::from("/etc/rm-agent/hooks/completed.sh");
+    let env = egress_environment(Some(&theirs));
+    assert_eq!(
+        env[1],
+        (OsString::from(OPERATOR_JOB_COMPLETED_HOOK), theirs.clone())
+    );
 }

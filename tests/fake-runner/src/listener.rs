@@ -292,7 +292,7 @@ async fn run_job(
             hook.display()
         ));
         let identity = crate::worker::identity_env(&job, &dirs);
-        let ran = crate::steps::run_job_started_hook(&hook, &identity, &dirs, &mut job_env).await;
+        let ran = crate::steps::run_job_hook(&hook, &identity, &dirs, &mut job_env).await;
         match ran {
             Ok(ran) if ran.ok => {
                 ran.output.lines().for_each(|l| worker.line(l));
@@ -420,6 +420,31 @@ async fn run_job(
     let finish_file = cwd.join("_diag").join(FINISH_FILE);
     while tokio::time::Instant::now() < done && !finish_file.exists() {
         tokio::time::sleep(ACQUIRE_POLL.min(done - tokio::time::Instant::now())).await;
+    }
+    // The job-completed hook, after the last step (its failure fails the job).
+    if let Some(hook) =
+        std::env::var_os(crate::steps::JOB_COMPLETED_HOOK_ENV).filter(|h| !h.is_empty())
+    {
+        let hook = std::path::PathBuf::from(hook);
+        worker.line(&format!(
+            "A job completed hook has been configured: {}",
+            hook.display()
+        ));
+        let identity = crate::worker::identity_env(&job, &dirs);
+        let mut after = crate::steps::JobEnv::new();
+        match crate::steps::run_job_hook(&hook, &identity, &dirs, &mut after).await {
+            Ok(ran) => {
+                ran.output.lines().for_each(|l| worker.line(l));
+                if !ran.ok {
+                    worker.line("job completed hook exited non-zero");
+                    conclusion = "failure".into();
+                }
+            }
+            Err(e) => {
+                worker.line(&format!("job completed hook failed: {e:#}"));
+                conclusion = "failure".into();
+            }
+        }
     }
     worker.line(&format!("job finished: {conclusion}"));
     finish(session, &job, &conclusion, diag).await

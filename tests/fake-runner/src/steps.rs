@@ -9,7 +9,9 @@
 //!   `.js`). Its environment is the worker's own, the job's identity (`GITHUB_*`) and a fresh
 //!   `$GITHUB_ENV`, none of the job's dictionary (the hook's handler is given an empty one). A
 //!   hook that is missing, is not a `.sh`, exits non-zero or leaves a malformed `$GITHUB_ENV`
-//!   fails the job, and no step runs.
+//!   fails the job, and no step runs. The job-completed hook (`ACTIONS_RUNNER_HOOK_JOB_COMPLETED`)
+//!   runs the same way after the job's last step; its output goes to the job's log, and its
+//!   failure fails the job.
 //! - **`$GITHUB_ENV`** (`FileCommandManager`, `SetEnvFileCommand`): each step the worker runs
 //!   on the host gets a fresh, empty file; once the step is done its `NAME=value` lines and
 //!   `NAME<<DELIM` heredocs ([`parse_env_file`], `EnvFileKeyValuePairs`'s reading, malformed
@@ -43,6 +45,9 @@ use crate::worker::StepDirs;
 
 /// The worker's variable naming the job-started hook (actions/runner's "pre-job script").
 pub const JOB_STARTED_HOOK_ENV: &str = "ACTIONS_RUNNER_HOOK_JOB_STARTED";
+/// The worker's variable naming the job-completed hook (actions/runner's "post-job script"):
+/// run after the job's last step, its output in the job's log.
+pub const JOB_COMPLETED_HOOK_ENV: &str = "ACTIONS_RUNNER_HOOK_JOB_COMPLETED";
 /// The job's container step, in the package's `bin/`: a `sh` script run in a container.
 pub const CONTAINER_STEP_SCRIPT: &str = "container-step.sh";
 /// In the package's `bin/`: the image the container step runs in (one line).
@@ -284,10 +289,10 @@ async fn run_on_host(
     })
 }
 
-/// Runs the job-started hook `hook` (step 0): its environment is the worker's, the job's
-/// identity (`identity`) and `$GITHUB_ENV`. A hook that is not there or not a `.sh` is an error,
-/// as it fails the real runner's step.
-pub(crate) async fn run_job_started_hook(
+/// Runs a job hook `hook` (the job-started one as step 0, the job-completed one after the last
+/// step): its environment is the worker's, the job's identity (`identity`) and `$GITHUB_ENV`. A
+/// hook that is not there or not a `.sh` is an error, as it fails the real runner's step.
+pub(crate) async fn run_job_hook(
     hook: &Path,
     identity: &[(String, String)],
     dirs: &StepDirs,
@@ -603,7 +608,7 @@ mod tests {
         .unwrap();
         let identity = pairs(&[("GITHUB_JOB", "build")]);
         let mut job_env = JobEnv::from([("EARLIER".into(), "1".into())]);
-        let done = run_job_started_hook(&hook, &identity, &dirs, &mut job_env)
+        let done = run_job_hook(&hook, &identity, &dirs, &mut job_env)
             .await
             .unwrap();
         assert!(done.ok, "{}", done.output);
@@ -616,16 +621,16 @@ mod tests {
 
         // `-e`: a failing command fails the hook.
         std::fs::write(&hook, "false\necho 'LATE=1' >> \"$GITHUB_ENV\"\n").unwrap();
-        let failed = run_job_started_hook(&hook, &identity, &dirs, &mut job_env)
+        let failed = run_job_hook(&hook, &identity, &dirs, &mut job_env)
             .await
             .unwrap();
         assert!(!failed.ok);
         assert!(!job_env.contains_key("LATE"));
         std::fs::write(&hook, "echo 'not a pair' >> \"$GITHUB_ENV\"\n").unwrap();
-        let malformed = run_job_started_hook(&hook, &identity, &dirs, &mut job_env).await;
+        let malformed = run_job_hook(&hook, &identity, &dirs, &mut job_env).await;
         assert!(malformed.is_err_and(|e| e.to_string().contains("Invalid format 'not a pair'")));
         let missing =
-            run_job_started_hook(&dir.path().join("none.sh"), &identity, &dirs, &mut job_env).await;
+            run_job_hook(&dir.path().join("none.sh"), &identity, &dirs, &mut job_env).await;
         assert!(missing.is_err());
 
         // The host step after it: the dictionary, then the handler's values over it.
