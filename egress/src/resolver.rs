@@ -131,6 +131,11 @@ pub struct Runner {
 /// recorded, never sent upstream. `.invalid` is reserved (RFC 6761): no real name is it.
 pub const REPORT_NAME: &str = "report.rm-egress.invalid";
 
+/// A runner's report is written at most this often on its asking ([`REPORT_NAME`]): each
+/// writing reads the runner's table with `nft`, and a job asking in a loop must not make the
+/// agent do that a hundred times a second.
+pub const REPORT_EVERY: Duration = Duration::from_secs(1);
+
 /// Writes a runner's report where its job-completed hook reads it (the agent's). Blocking.
 pub trait Reporter: Send + Sync + 'static {
     fn report(&self, runner: &Runner, tally: &Tally);
@@ -162,6 +167,8 @@ struct Entry {
     opened: HashMap<Ipv4Addr, Instant>,
     in_flight: usize,
     tcp: usize,
+    /// When its report was last written on its asking.
+    reported: Option<Instant>,
 }
 
 struct Inner {
@@ -269,6 +276,7 @@ impl Resolver {
             opened: HashMap::new(),
             in_flight: 0,
             tcp: 0,
+            reported: None,
         };
         self.inner.runners().insert(runner.address, entry);
     }
@@ -466,11 +474,17 @@ impl Resolver {
         let Some(reporter) = self.inner.reporter.get().cloned() else {
             return;
         };
-        let found = self
-            .inner
-            .runners()
-            .get(from)
-            .map(|entry| (entry.runner.clone(), entry.tally.clone()));
+        let now = Instant::now();
+        let found = self.inner.runners().get_mut(from).and_then(|entry| {
+            if entry
+                .reported
+                .is_some_and(|at| now.saturating_duration_since(at) < REPORT_EVERY)
+            {
+                return None;
+            }
+            entry.reported = Some(now);
+            Some((entry.runner.clone(), entry.tally.clone()))
+        });
         if let Some((runner, tally)) = found {
             let _ = tokio::task::spawn_blocking(move || reporter.report(&runner, &tally)).await;
         }

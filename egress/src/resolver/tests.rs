@@ -404,6 +404,10 @@ async fn the_report_name_has_the_report_written_and_is_never_recorded_or_sent() 
         reports.0.lock().unwrap().clone(),
         vec![("a1".to_owned(), 1)]
     );
+    // Asked again at once: answered, not written again (at most once per REPORT_EVERY).
+    let reply = ask(&s.resolver, Ipv4Addr::LOCALHOST, &query(5, REPORT_NAME)).await;
+    assert_eq!(rcode(&reply), crate::dns::NXDOMAIN);
+    assert_eq!(reports.0.lock().unwrap().len(), 1);
     let (_, tally) = s.resolver.tallies().pop().unwrap();
     let names: Vec<String> = tally
         .record(None, &AllowList::empty())
