@@ -15,6 +15,7 @@ mod demo;
 mod disk;
 mod disk_full;
 mod docker;
+mod egress;
 mod explain;
 mod failures;
 mod fitness;
