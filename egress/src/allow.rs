@@ -393,9 +393,18 @@ const REVERSE_ZONES: &[&str] = &["in-addr.arpa", "ip6.arpa"];
 ///   itself is kept if it was asked: a wildcard does not cover its apex);
 /// - each address becomes its `/32`.
 ///
-/// What a hostile job asked is in `names` too (a burst of unique names of one zone becomes that
-/// zone's wildcard): the proposal is for an operator to read, not to apply unseen.
-pub fn propose(names: &[(String, u64)], direct: &[Ipv4Addr]) -> Vec<String> {
+/// - no name at or under a zone in `tunnelled` (zones where jobs were seen tunnelling through
+///   DNS) is listed, and no wildcard is made that would cover one (its names stay listed one by
+///   one).
+///
+/// What a hostile job asked is in `names` too: the proposal is for an operator to read, not to
+/// apply unseen.
+pub fn propose(names: &[(String, u64)], direct: &[Ipv4Addr], tunnelled: &[String]) -> Vec<String> {
+    let in_tunnel = |name: &str| {
+        tunnelled
+            .iter()
+            .any(|zone| name == zone || name.ends_with(&format!(".{zone}")))
+    };
     let asked: BTreeSet<String> = names
         .iter()
         .filter_map(|(name, _)| match name.parse::<Entry>() {
@@ -407,6 +416,7 @@ pub fn propose(names: &[(String, u64)], direct: &[Ipv4Addr]) -> Vec<String> {
                 .iter()
                 .any(|zone| name == zone || name.ends_with(&format!(".{zone}")))
         })
+        .filter(|name| !in_tunnel(name))
         .collect();
     let mut children: BTreeMap<&str, usize> = BTreeMap::new();
     for name in &asked {
@@ -418,7 +428,11 @@ pub fn propose(names: &[(String, u64)], direct: &[Ipv4Addr]) -> Vec<String> {
     }
     let mut list = AllowList::empty();
     for (parent, count) in children {
-        if count >= WILDCARD_AT {
+        // A wildcard over a zone jobs tunnelled through would allow the channel.
+        let covers_tunnel = tunnelled
+            .iter()
+            .any(|zone| zone == parent || zone.ends_with(&format!(".{parent}")));
+        if count >= WILDCARD_AT && !covers_tunnel {
             list.wildcards.insert(parent.to_string());
         }
     }
@@ -446,21 +460,16 @@ pub fn propose(names: &[(String, u64)], direct: &[Ipv4Addr]) -> Vec<String> {
     list.entries()
 }
 
-/// The zone a name is counted under for tunnelling: its last two labels (`a.b.exfil.test` ->
-/// `exfil.test`; a name of two labels or fewer is its own zone), a trailing dot left out.
-///
-/// An approximation: without the public-suffix list, every name under a two-label public
-/// suffix (`x.co.uk`) shares the one zone `co.uk`, which only makes the count of unique names
-/// per zone larger, that is the tunnelling check stricter, for those names.
-pub fn zone_of(name: &str) -> &str {
-    let name = match name.strip_suffix('.') {
-        Some(stripped) if !stripped.is_empty() => stripped,
-        _ => name,
-    };
-    match name.rmatch_indices('.').nth(1) {
-        Some((at, _)) => &name[at + 1..],
-        None => name,
-    }
+/// The zones a name is counted under for tunnelling: every suffix of it of at least two labels,
+/// the name itself left out, nearest first (`a.b.exfil.test` -> `b.exfil.test`,
+/// `exfil.test`); a trailing dot left out. A channel through DNS varies the labels in front of
+/// a zone it controls, one label or several, so each refused name counts for every zone above
+/// it and the nearest zone that many distinct names share is the channel's.
+pub fn zones_of(name: &str) -> impl Iterator<Item = &str> {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.match_indices('.')
+        .map(move |(at, _)| &name[at + 1..])
+        .filter(|zone| zone.contains('.'))
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::net::Ipv4Addr;
 use rm_runner::network::egress::Observed;
 use serde::{Deserialize, Serialize};
 
-use crate::allow::{AllowList, zone_of};
+use crate::allow::{AllowList, zones_of};
 
 /// The most distinct names kept per runner: past it, a name's queries are still decided and
 /// answered but only counted in [`Record::names_dropped`].
@@ -19,8 +19,13 @@ pub const MAX_NAMES: usize = 1024;
 /// The most addresses kept per name.
 pub const MAX_ADDRESSES_PER_NAME: usize = 16;
 
-/// The most distinct denied names counted per zone (a tunnelling burst is told well before).
-pub const MAX_UNIQUE_PER_ZONE: usize = 4096;
+/// The most distinct refused names counted per zone (by a hash each): a tunnelling burst is
+/// told at [`TUNNEL_UNIQUE_NAMES`], long before; a count past it stays there.
+pub const MAX_UNIQUE_PER_ZONE: usize = 256;
+
+/// The most zones a runner's refused names are counted under (every zone above each name):
+/// past it, names of new zones are not counted.
+pub const MAX_ZONES: usize = 256;
 
 /// A zone with at least this many distinct refused names is said to be tunnelled through:
 /// ordinary lookups of a refused zone repeat a few names, a channel through DNS makes a new
@@ -193,6 +198,12 @@ impl Record {
                 }
             ));
         }
+        for t in &self.tunnelling {
+            lines.push(format!(
+                "rm egress ({mode}): {} distinct refused name(s) under {}: a channel through DNS, or a misconfigured tool",
+                t.unique_names, t.zone
+            ));
+        }
         if self.rate_limited > 0 {
             lines.push(format!(
                 "rm egress ({mode}): {} DNS query(ies) refused for their rate",
@@ -220,8 +231,9 @@ impl Record {
 pub struct Tally {
     mode: Mode,
     names: BTreeMap<String, NameUse>,
-    /// Distinct refused names per zone, and whether one had a long label.
-    refused_zones: BTreeMap<String, (BTreeSet<String>, bool)>,
+    /// Per zone above a refused name ([`zones_of`]): the distinct refused names under it (their
+    /// hashes), and whether one right under it had a long label.
+    refused_zones: BTreeMap<String, (BTreeSet<u64>, bool)>,
     rate_limited: u64,
     names_dropped: u64,
     /// Kernel counts seen before the last restart of the resolver (kept by the journal), so
@@ -265,12 +277,22 @@ impl Tally {
         longest_label: usize,
     ) {
         if verdict != Verdict::Allowed {
-            let zone = zone_of(name).to_owned();
-            let (unique, long) = self.refused_zones.entry(zone).or_default();
-            if unique.len() < MAX_UNIQUE_PER_ZONE {
-                unique.insert(name.to_owned());
+            let hash = {
+                use std::hash::{Hash as _, Hasher as _};
+                let mut hasher = std::hash::DefaultHasher::new();
+                name.hash(&mut hasher);
+                hasher.finish()
+            };
+            for (depth, zone) in zones_of(name).enumerate() {
+                if !self.refused_zones.contains_key(zone) && self.refused_zones.len() >= MAX_ZONES {
+                    continue;
+                }
+                let (unique, long) = self.refused_zones.entry(zone.to_owned()).or_default();
+                if unique.len() < MAX_UNIQUE_PER_ZONE {
+                    unique.insert(hash);
+                }
+                *long |= depth == 0 && longest_label >= TUNNEL_LABEL;
             }
-            *long |= longest_label >= TUNNEL_LABEL;
         }
         let full = self.names.len() >= MAX_NAMES;
         match self.names.get_mut(name) {
@@ -363,10 +385,22 @@ impl Tally {
             }
             other_resolver = other_resolver.max(observed.dns_other);
         }
-        let tunnelling = self
+        let flagged: Vec<&String> = self
             .refused_zones
             .iter()
             .filter(|(_, (unique, long))| unique.len() >= TUNNEL_UNIQUE_NAMES || *long)
+            .map(|(zone, _)| zone)
+            .collect();
+        // The nearest zone of a channel: a flagged zone none of whose zones below is flagged.
+        let nearest = |zone: &&String| {
+            !flagged
+                .iter()
+                .any(|other| other.len() > zone.len() && other.ends_with(&format!(".{zone}")))
+        };
+        let tunnelling = self
+            .refused_zones
+            .iter()
+            .filter(|(zone, _)| flagged.contains(zone) && nearest(zone))
             .map(|(zone, (unique, _))| Tunnelling {
                 zone: zone.clone(),
                 unique_names: unique.len() as u64,

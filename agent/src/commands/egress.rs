@@ -104,11 +104,18 @@ pub(crate) fn render(records: &[AttemptEgress]) -> String {
     out
 }
 
-/// The proposed list from `records`, leaving out names `host` already allows. Pure.
+/// The proposed list from `records`, leaving out names `host` already allows and every name of a
+/// zone a job tunnelled through (no wildcard covers one either). Pure.
 pub(crate) fn proposal(records: &[Record], host: &rm_egress::allow::AllowList) -> Vec<String> {
     let mut names: BTreeMap<String, u64> = BTreeMap::new();
     let mut direct: Vec<Ipv4Addr> = Vec::new();
+    let mut tunnelled: Vec<String> = Vec::new();
     for record in records {
+        for t in &record.tunnelling {
+            if !tunnelled.contains(&t.zone) {
+                tunnelled.push(t.zone.clone());
+            }
+        }
         for n in &record.names {
             if !host.allows_name(&n.name) {
                 *names.entry(n.name.clone()).or_default() += n.queries;
@@ -122,7 +129,7 @@ pub(crate) fn proposal(records: &[Record], host: &rm_egress::allow::AllowList) -
         }
     }
     let names: Vec<(String, u64)> = names.into_iter().collect();
-    propose(&names, &direct)
+    propose(&names, &direct, &tunnelled)
 }
 
 /// `rm-agent egress --policy P --since D`.
@@ -229,6 +236,24 @@ mod tests {
             }
         }
         assert!(proposal(&[], &host).is_empty());
+        // A zone a job tunnelled through is never proposed, nor widened over.
+        let mut hostile = used(
+            &[
+                "a.test.example",
+                "b.test.example",
+                "c.test.example",
+                "x1.exfil.test.example",
+            ],
+            &[],
+        );
+        hostile.tunnelling.push(rm_egress::record::Tunnelling {
+            zone: "exfil.test.example".to_owned(),
+            unique_names: 40,
+        });
+        assert_eq!(
+            proposal(&[hostile], &host),
+            vec!["a.test.example", "b.test.example", "c.test.example"]
+        );
     }
 
     #[test]

@@ -328,39 +328,62 @@ fn proposals_list_what_jobs_used_with_families_as_wildcards() {
         ),
     ];
     for (names, want) in cases {
-        assert_eq!(propose(&asked(names), none), *want, "{names:?}");
+        assert_eq!(propose(&asked(names), none, &[]), *want, "{names:?}");
     }
     // A name's count does not weigh in: asked once, it is needed.
     let counted = vec![
         ("once.test".to_string(), 1),
         ("often.test".to_string(), 1000),
     ];
-    assert_eq!(propose(&counted, none), ["often.test", "once.test"]);
+    assert_eq!(propose(&counted, none, &[]), ["often.test", "once.test"]);
     let direct = [
         Ipv4Addr::new(203, 0, 113, 12),
         Ipv4Addr::new(10, 0, 0, 1),
         Ipv4Addr::new(203, 0, 113, 12),
     ];
-    let proposed = propose(&asked(&["public.test"]), &direct);
+    let proposed = propose(&asked(&["public.test"]), &direct, &[]);
     assert_eq!(proposed, ["10.0.0.1/32", "203.0.113.12/32", "public.test"]);
     AllowList::parse(&proposed).unwrap();
 }
 
 #[test]
-fn zones_are_the_last_two_labels() {
-    let cases: &[(&str, &str)] = &[
-        ("a.b.exfil.test", "exfil.test"),
-        ("exfil.test", "exfil.test"),
-        ("exfil.test.", "exfil.test"),
-        ("x.exfil.test.", "exfil.test"),
-        ("test", "test"),
-        (".", "."),
-        ("", ""),
-        ("x.co.uk", "co.uk"),
+fn a_name_counts_for_every_zone_above_it() {
+    let cases: &[(&str, &[&str])] = &[
+        ("a.b.exfil.test", &["b.exfil.test", "exfil.test"]),
+        ("x.exfil.test.", &["exfil.test"]),
+        ("exfil.test", &[]),
+        ("test", &[]),
+        (".", &[]),
+        ("", &[]),
+        ("x.co.uk", &["co.uk"]),
     ];
     for (name, want) in cases {
-        assert_eq!(zone_of(name), *want, "{name}");
+        assert_eq!(zones_of(name).collect::<Vec<_>>(), *want, "{name}");
     }
+}
+
+#[test]
+fn a_proposal_never_allows_a_zone_jobs_tunnelled_through() {
+    let used = asked(&[
+        "public.e2e.test",
+        "denied.e2e.test",
+        "direct.e2e.test",
+        "x1.exfil.e2e.test",
+        "x2.exfil.e2e.test",
+        "x3.exfil.e2e.test",
+    ]);
+    // Without the tunnel known: one wildcard over everything, the channel included.
+    assert_eq!(propose(&used, &[], &[]), ["*.e2e.test"]);
+    let tunnelled = ["exfil.e2e.test".to_owned()];
+    let proposed = propose(&used, &[], &tunnelled);
+    assert_eq!(
+        proposed,
+        ["denied.e2e.test", "direct.e2e.test", "public.e2e.test"]
+    );
+    assert!(
+        !list(&proposed.iter().map(String::as_str).collect::<Vec<_>>())
+            .allows_name("x9.exfil.e2e.test")
+    );
 }
 
 #[test]

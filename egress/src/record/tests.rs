@@ -206,3 +206,40 @@ fn the_job_log_says_what_was_refused_or_that_nothing_was() {
     );
     assert!(log.contains(", and 3 more"), "{log}");
 }
+
+#[test]
+fn a_channel_is_told_at_its_nearest_zone_whatever_labels_it_varies() {
+    let mut tally = Tally::new(Mode::Enforce);
+    for i in 0..20 {
+        // One varying label under exfil.e2e.test, beside a name refused once above it.
+        tally.query(&format!("x{i}.exfil.e2e.test"), Verdict::Denied, &[], 3);
+        // Two varying labels under zone.test (dnscat2 writes data so).
+        tally.query(&format!("a{i}.b{i}.zone.test"), Verdict::Denied, &[], 3);
+    }
+    tally.query("denied.e2e.test", Verdict::Denied, &[], 6);
+    let zones: Vec<(String, u64)> = tally
+        .record(None, &AllowList::empty())
+        .tunnelling
+        .into_iter()
+        .map(|t| (t.zone, t.unique_names))
+        .collect();
+    assert_eq!(
+        zones,
+        vec![
+            ("exfil.e2e.test".to_owned(), 20),
+            ("zone.test".to_owned(), 20)
+        ]
+    );
+}
+
+#[test]
+fn zones_counted_are_bounded() {
+    let mut tally = Tally::new(Mode::Enforce);
+    for i in 0..MAX_ZONES + 50 {
+        tally.query(&format!("a.z{i}.test"), Verdict::Denied, &[], 1);
+    }
+    // Every name is still a name of the record; the zones past the bound are not counted.
+    let record = tally.record(None, &AllowList::empty());
+    assert_eq!(record.names.len(), MAX_ZONES + 50);
+    assert!(record.tunnelling.is_empty());
+}

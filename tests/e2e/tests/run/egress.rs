@@ -733,27 +733,18 @@ async fn enforce_allows_names_and_refuses_the_rest() {
             record["other_resolver"]
         ));
     }
-    // The burst is counted as tunnelling, in the zone or (rm-egress's `zone_of` takes a name's
-    // last two labels) one above it.
+    // The burst is counted as tunnelling, in the zone itself (not one above it, which the
+    // denied name shares).
     let tunnelled = tunnelling_over(&record, standin::EXFIL_ZONE);
     if !tunnelled
         .iter()
-        .any(|(_, unique)| *unique >= u64::from(EXFIL_NAMES))
+        .any(|(zone, unique)| zone == standin::EXFIL_ZONE && *unique >= u64::from(EXFIL_NAMES))
     {
         findings.push(format!(
-            "record: tunnelling does not count the {EXFIL_NAMES} names of {}: {}",
+            "record: tunnelling does not count the {EXFIL_NAMES} names of {} there: {}",
             standin::EXFIL_ZONE,
             record["tunnelling"]
         ));
-    }
-    if !tunnelled
-        .iter()
-        .any(|(zone, _)| zone == standin::EXFIL_ZONE)
-    {
-        eprintln!(
-            "NOTE: tunnelling counts the burst under {tunnelled:?}, not the zone {} itself",
-            standin::EXFIL_ZONE
-        );
     }
     let text = egress.fleet.setup.run(&["egress", &job.to_string()]);
     let shown = String::from_utf8_lossy(&text.stdout).into_owned();
@@ -764,6 +755,27 @@ async fn enforce_allows_names_and_refuses_the_rest() {
     {
         findings.push(format!(
             "rm-agent egress {job} does not list both names: {text:?}"
+        ));
+    }
+    // The job's own log ends with what was refused (the agent's job-completed hook), and the
+    // runner's kept logs hold it.
+    let logs = egress.fleet.setup.run(&["logs", &job.to_string()]);
+    let kept = String::from_utf8_lossy(&logs.stdout).into_owned();
+    let said: Vec<&str> = kept
+        .lines()
+        .filter(|l| l.contains("rm egress (enforce):"))
+        .collect();
+    eprintln!("the job's log says:\n{}", said.join("\n"));
+    if !said
+        .iter()
+        .any(|l| l.contains("name(s) asked refused") && l.contains(standin::DENIED_NAME))
+        || !said.iter().any(|l| {
+            l.contains("connection(s) refused") && l.contains(&standin.forbidden.to_string())
+        })
+    {
+        findings.push(format!(
+            "the job's kept log does not say what was refused: {said:?} (rm-agent logs: {:?})",
+            logs.status
         ));
     }
 
@@ -891,6 +903,13 @@ async fn audit_records_everything_and_its_proposal_passes_in_enforce() {
         if !listed.iter().any(|entry| covers(entry, name)) {
             findings.push(format!("the proposal does not cover {name}: {listed:?}"));
         }
+    }
+    // Never the zone the job tunnelled through, by name or by a wildcard over it.
+    let channel = format!("anything.{}", standin::EXFIL_ZONE);
+    if let Some(entry) = listed.iter().find(|entry| covers(entry, &channel)) {
+        findings.push(format!(
+            "the proposal allows the zone the job tunnelled through ({entry}): {listed:?}"
+        ));
     }
     // The text: the list as one TOML line (comments around it allowed).
     let text = fleet
