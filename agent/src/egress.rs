@@ -318,6 +318,28 @@ impl Egress {
         match found {
             Ok(Ok(found)) => {
                 for (record, earlier) in found {
+                    if !self.covers(&record) {
+                        continue;
+                    }
+                    // Its namespace named again where this agent's mount namespace lost the
+                    // name (the resolver opens addresses in it by name).
+                    if let Some(identity) = crate::executor::journalled_identity(&record) {
+                        let names = Names::of(record.attempt_id.short());
+                        let reattached = tokio::task::spawn_blocking(move || {
+                            network::egress::reattach(&names, identity)
+                        })
+                        .await;
+                        match reattached {
+                            Ok(Ok(true)) => {
+                                tracing::info!(attempt = %record.attempt_id, "named a surviving runner's network namespace again")
+                            }
+                            Ok(Ok(false)) => {}
+                            Ok(Err(e)) => {
+                                tracing::warn!(attempt = %record.attempt_id, error = %e, "cannot reach a surviving runner's network namespace; its DNS answers fail closed")
+                            }
+                            Err(e) => tracing::warn!(error = %e, "the reattach task failed"),
+                        }
+                    }
                     let earlier = earlier.and_then(|json| serde_json::from_str(&json).ok());
                     self.register(&record, earlier);
                 }

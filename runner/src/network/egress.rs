@@ -161,6 +161,64 @@ pub fn open(names: &Names, addresses: &[(Ipv4Addr, Duration)]) -> Result<(), Net
     in_namespace(names, || super::nft(&script))
 }
 
+/// `statfs`'s type of the namespace file system: what a usable `/run/netns/<name>` is.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// Makes the runner's named namespace usable by this agent again, from its process
+/// (`identity`, the journalled runner process): an agent started in another mount namespace
+/// than the one that named it (a restart under systemd's `ProtectSystem`, a test's own mount
+/// namespace) finds `/run/netns/<name>` an empty file, not the namespace. The namespace is
+/// opened through the process, whose start time is checked after the open (so a pid taken by
+/// another process since is never named), and bound at the name. `Ok(false)`: the name was
+/// usable already; an error: the process is gone or is another.
+pub fn reattach(
+    names: &Names,
+    identity: crate::process::ProcessIdentity,
+) -> Result<bool, NetworkError> {
+    let path = names.netns_path();
+    if usable(&path) {
+        return Ok(false);
+    }
+    let io = |what: String| move |source: std::io::Error| NetworkError::Io { what, source };
+    let ns = std::fs::File::open(format!("/proc/{}/ns/net", identity.pid)).map_err(io(format!(
+        "cannot open the network namespace of runner process {}",
+        identity.pid
+    )))?;
+    let same = crate::process::read_stat(identity.pid)
+        .map_err(io(format!("cannot read process {}", identity.pid)))?
+        .is_some_and(|stat| stat.start_time == identity.start_time);
+    if !same {
+        return Err(NetworkError::Failed {
+            command: format!("reattach {}", names.netns),
+            stderr: format!(
+                "process {} is no longer the runner's: its namespace is not named again",
+                identity.pid
+            ),
+        });
+    }
+    // What the other mount namespace left under the name: an empty file, no namespace.
+    if path.exists() {
+        std::fs::remove_file(&path).map_err(io(format!("cannot remove {}", path.display())))?;
+    }
+    std::fs::create_dir_all(super::NETNS_DIR)
+        .map_err(io(format!("cannot make {}", super::NETNS_DIR)))?;
+    std::fs::File::create(&path).map_err(io(format!("cannot make {}", path.display())))?;
+    let source = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&ns));
+    rustix::mount::mount_bind(source.as_str(), &path).map_err(|e| NetworkError::Io {
+        what: format!("cannot bind the runner's namespace at {}", path.display()),
+        source: e.into(),
+    })?;
+    Ok(true)
+}
+
+/// Whether `path` is a network namespace (not an empty file left by another mount namespace).
+fn usable(path: &std::path::Path) -> bool {
+    open_netns(path)
+        .ok()
+        .and_then(|fd| rustix::fs::fstatfs(&fd).ok())
+        .is_some_and(|stat| i64::from(stat.f_type) == NSFS_MAGIC)
+}
+
 /// What the kernel kept of one runner's egress.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observed {

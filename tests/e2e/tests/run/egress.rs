@@ -224,7 +224,35 @@ victim() {
     : >"$REPORT/stop-flood"
 }
 
+# wait_for FILE: until the test creates FILE (at most two minutes).
+wait_for() {
+    i=0
+    while [ ! -e "$1" ] && [ "$i" -lt 600 ]; do
+        sleep 0.2
+        i=$((i + 1))
+    done
+}
+
+# Across an agent crash: before it, while no agent runs, and under the next agent.
+crash() {
+    try before_resolves resolves public.rm-e2e.test "$PUBLIC"
+    try before_connects get http://public.rm-e2e.test/ PUBLIC-OK
+    : >"$REPORT/phase1"
+    wait_for "$REPORT/go1"
+    try down_resolves resolves public.rm-e2e.test "$PUBLIC"
+    try down_opened get "http://$PUBLIC/" PUBLIC-OK
+    try down_forbidden get "http://$FORBIDDEN/" FORBIDDEN-REACHED
+    try down_direct get "http://$DIRECT/" DIRECT-OK
+    : >"$REPORT/phase2"
+    wait_for "$REPORT/go2"
+    try after_resolves resolves direct.rm-e2e.test "$DIRECT"
+    try after_connects get "http://$DIRECT/" DIRECT-OK
+    try after_denied resolves denied.rm-e2e.test "$FORBIDDEN"
+    try after_forbidden get "http://$FORBIDDEN/" FORBIDDEN-REACHED
+}
+
 case "$PROBES" in
+crash) crash ;;
 all) probes all ;;
 names) probes names ;;
 containers) containers ;;
@@ -1192,6 +1220,162 @@ async fn a_hostile_job_cannot_change_its_rules_or_flood_others() {
     assert!(
         findings.is_empty(),
         "a hostile job:\n{}",
+        findings.join("\n")
+    );
+}
+
+/// Across an agent crash (SIGKILL while an egress runner runs): the runner's table keeps
+/// enforcing with no agent (its DNS answered by nobody, an address opened before still open,
+/// everything else refused), the next agent registers the runner again from the journal and
+/// answers it, and the runner's record goes on from what was journalled before the crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_egress_runner_stays_enforced_across_an_agent_crash() {
+    if !tools_here("egress::an_egress_runner_stays_enforced_across_an_agent_crash") {
+        return;
+    }
+    let egress = egress_fleet(options(vec![policy(
+        "egress",
+        EGRESS,
+        egress_lines(ALLOW, "enforce"),
+    )]))
+    .await;
+    let fleet = &egress.fleet;
+    let standin = &egress.standin;
+    egress.probes("crash");
+    let first = egress.start_agent().await;
+    let job = fleet.fake.queue_job(REPO, "crash", EGRESS).unwrap();
+    let phase = |name: &str| egress.reports.join(name);
+    wait_until(Duration::from_secs(90), "the job's first probes", || {
+        phase("phase1").exists()
+    })
+    .await;
+    let attempt = fleet.attempts().pop().expect("the runner's attempt");
+    // What the runner asked before the crash, journalled (flushed every 10 s).
+    let journal = fleet.setup.journal();
+    let kept = || {
+        rm_journal::Reader::open(&journal)
+            .ok()
+            .and_then(|reader| reader.egress(&attempt.attempt_id).ok().flatten())
+            .unwrap_or_default()
+    };
+    wait_until(
+        Duration::from_secs(40),
+        "the runner's record journalled with the name it asked",
+        || kept().contains(standin::PUBLIC_NAME),
+    )
+    .await;
+    let pid = fleet
+        .attempts()
+        .pop()
+        .and_then(|a| a.pid)
+        .expect("the runner's pid");
+    first.kill();
+    assert!(
+        Path::new(&format!("/proc/{pid}")).exists(),
+        "the runner did not survive the agent's SIGKILL"
+    );
+    std::fs::write(phase("go1"), "").unwrap();
+    wait_until(
+        Duration::from_secs(90),
+        "the job's probes with no agent",
+        || phase("phase2").exists(),
+    )
+    .await;
+    // With no agent, the runner's table is still there and still refusing (read through the
+    // runner's process: the agent named its namespace in a mount namespace of its own).
+    let table = std::process::Command::new("nsenter")
+        .args([
+            &format!("--net=/proc/{pid}/ns/net"),
+            "nft",
+            "list",
+            "table",
+            "ip",
+            "rm",
+        ])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&table.stdout).into_owned();
+    let _second = egress.start_agent().await;
+    std::fs::write(phase("go2"), "").unwrap();
+    wait_until(
+        Duration::from_secs(120),
+        "the job done and its attempt cleaned",
+        || fleet.completed(job) && fleet.all_cleaned(),
+    )
+    .await;
+
+    let mut findings = Vec::new();
+    if !table.status.success() || !listed.contains("set allowed") {
+        findings.push(format!(
+            "the runner's table while no agent ran: {:?} {listed}",
+            table.status
+        ));
+    }
+    let attempt = fleet
+        .attempts()
+        .into_iter()
+        .find(|a| a.attempt_id == attempt.attempt_id)
+        .unwrap();
+    let report = egress.report(&attempt);
+    expect(
+        &report,
+        &["before_resolves", "before_connects", "down_opened"],
+        "ok",
+        "around the crash",
+        &mut findings,
+    );
+    expect(
+        &report,
+        &["down_resolves", "down_forbidden", "down_direct"],
+        "denied",
+        "with no agent",
+        &mut findings,
+    );
+    expect(
+        &report,
+        &["after_resolves", "after_connects"],
+        "ok",
+        "under the next agent",
+        &mut findings,
+    );
+    expect(
+        &report,
+        &["after_denied", "after_forbidden"],
+        "denied",
+        "under the next agent",
+        &mut findings,
+    );
+    if standin.connections.of(&standin.forbidden.to_string()) != 0 {
+        findings.push("the forbidden server was reached".to_owned());
+    }
+    // The record goes on across the crash: the name asked before it, the ones asked after.
+    let records = records_in(&fleet.explain(job));
+    match records.as_slice() {
+        [record] => {
+            for (name, want) in [
+                (standin::PUBLIC_NAME, "allowed"),
+                (standin::DIRECT_NAME, "allowed"),
+                (standin::DENIED_NAME, "denied"),
+            ] {
+                if name_verdict(record, name).as_deref() != Some(want) {
+                    findings.push(format!("record: {name} is not {want}: {record}"));
+                }
+            }
+            if !address_verdicts(record, standin.forbidden).contains(&"denied".to_owned()) {
+                findings.push(format!(
+                    "record: the forbidden address is not denied: {record}"
+                ));
+            }
+        }
+        other => findings.push(format!("not one egress record: {other:?}")),
+    }
+    let left = nothing_left(fleet).await;
+    if !left.is_empty() {
+        findings.push(format!("left in the kernel: {left:?}"));
+    }
+    assert!(
+        findings.is_empty(),
+        "egress across an agent crash:\n{}",
         findings.join("\n")
     );
 }
