@@ -213,10 +213,13 @@ pub fn reattach(
 
 /// Whether `path` is a network namespace (not an empty file left by another mount namespace).
 fn usable(path: &std::path::Path) -> bool {
+    // `f_type`'s width is the architecture's (`i64` here, `u32` on some): widened to compare.
+    #[allow(clippy::useless_conversion)]
+    let nsfs = |f_type| i64::from(f_type) == NSFS_MAGIC;
     open_netns(path)
         .ok()
         .and_then(|fd| rustix::fs::fstatfs(&fd).ok())
-        .is_some_and(|stat| i64::from(stat.f_type) == NSFS_MAGIC)
+        .is_some_and(|stat| nsfs(stat.f_type))
 }
 
 /// What the kernel kept of one runner's egress.
