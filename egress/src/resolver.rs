@@ -452,7 +452,7 @@ impl Resolver {
             Some((bytes, answer)) => {
                 let addresses: Vec<Ipv4Addr> = answer.a.iter().map(|(a, _)| *a).collect();
                 let opened = if decision == Decision::ForwardAndOpen {
-                    self.open(from.ip(), &names, &answer.a).await
+                    self.open_answer(from.ip(), &names, &answer.a).await
                 } else {
                     true
                 };
@@ -502,7 +502,12 @@ impl Resolver {
 
     /// Opens what the answer gave that is not open long enough already; whether the table now
     /// lets the answer's addresses through.
-    async fn open(&self, from: &Ipv4Addr, names: &Names, records: &[(Ipv4Addr, u32)]) -> bool {
+    async fn open_answer(
+        &self,
+        from: &Ipv4Addr,
+        names: &Names,
+        records: &[(Ipv4Addr, u32)],
+    ) -> bool {
         let now = Instant::now();
         let wanted: Vec<(Ipv4Addr, Duration)> = {
             let runners = self.inner.runners();
