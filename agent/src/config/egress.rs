@@ -121,6 +121,21 @@ mod tests {
     }
 
     #[test]
+    fn a_cached_egress_policy_must_allow_the_caches_upstream() {
+        let text = |host: &str, mode: &str| {
+            format!(
+                "[host]\nisolation = \"user\"\nnetwork = \"private\"\n{host}\n[cache]\n[[policy]]\nname = \"build\"\ntarget = \"acme\"\nlabels = [\"self-hosted\"]\ncache = true\n[policy.egress]\nmode = \"{mode}\"\n"
+            )
+        };
+        // The default host list covers GitHub's results service.
+        crate::config::from_text(&text("", "enforce")).unwrap();
+        let refused = crate::config::from_text(&text("egress_allow = []", "enforce")).unwrap_err();
+        assert!(refused.to_string().contains("cache.upstream"), "{refused}");
+        // Audit refuses nothing, the cache's upstream included.
+        crate::config::from_text(&text("egress_allow = []", "audit")).unwrap();
+    }
+
+    #[test]
     fn the_host_allows_githubs_endpoints_unless_told_otherwise() {
         let host = validate_host(None, None).unwrap();
         assert!(host.allow.allows_name("api.github.com"));

@@ -523,6 +523,11 @@ pub(super) fn validate(
             egress_possible(isolation, network, policy.network_allow.is_some())
                 .map_err(|problem| err(&key("egress"), problem))?;
             egress.allow = std::sync::Arc::new(egress.own.with(&host.egress.allow));
+            // The cache reaches its upstream for the runner: only where the runner may itself.
+            if let (true, Some(cache)) = (policy.cache, &cache) {
+                cache_upstream_allowed(&cache.upstream, egress)
+                    .map_err(|problem| err(&key("egress"), problem))?;
+            }
         }
         if policy.image.is_some() && isolation != Isolation::User {
             return Err(err(
@@ -796,6 +801,33 @@ fn egress_possible(
         );
     }
     Ok(())
+}
+
+/// A cached egress policy: the cache passes its runners' unserved calls to `cache.upstream`,
+/// so the upstream's host must be one the policy's runners may reach themselves (in enforce
+/// mode); otherwise the cache would be a way around the list.
+fn cache_upstream_allowed(
+    upstream: &str,
+    egress: &super::egress::PolicyEgress,
+) -> Result<(), String> {
+    if egress.mode == rm_egress::record::Mode::Audit {
+        return Ok(());
+    }
+    let host = upstream
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|uri| uri.host().map(str::to_owned))
+        .unwrap_or_default();
+    let allowed = match host.parse::<std::net::Ipv4Addr>() {
+        Ok(address) => egress.allow.allows_address(address),
+        Err(_) => egress.allow.allows_name(&host),
+    };
+    if allowed {
+        return Ok(());
+    }
+    Err(format!(
+        "with cache = true, the cache passes its runners' other calls to cache.upstream ({upstream}), whose host `{host}` egress.allow (with host.egress_allow) does not allow: add it, or the cache would reach for the job what the job may not"
+    ))
 }
 
 /// `policy.cache = true` needs `[cache]`, and runners the service can tell apart: each in its

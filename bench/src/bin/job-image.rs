@@ -453,6 +453,8 @@ fn main() -> Result<()> {
             limits: Limits::default(),
             env: Default::default(),
             network_allow: None,
+            egress: None,
+            egress_report: None,
             docker: None,
             cache: None,
             image,
