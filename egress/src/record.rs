@@ -135,6 +135,10 @@ pub struct Record {
     pub tunnelling: Vec<Tunnelling>,
     /// Queries answered REFUSED because the runner asked faster than its bound.
     pub rate_limited: u64,
+    /// Packets to the resolver its own table dropped, past the packet rate a runner may send
+    /// it (a flood stopped before the agent).
+    #[serde(default)]
+    pub rate_dropped: u64,
     /// Queries of names past [`MAX_NAMES`].
     pub names_dropped: u64,
 }
@@ -204,10 +208,10 @@ impl Record {
                 t.unique_names, t.zone
             ));
         }
-        if self.rate_limited > 0 {
+        if self.rate_limited > 0 || self.rate_dropped > 0 {
             lines.push(format!(
-                "rm egress ({mode}): {} DNS query(ies) refused for their rate",
-                self.rate_limited
+                "rm egress ({mode}): {} DNS query(ies) refused and {} packet(s) dropped for their rate",
+                self.rate_limited, self.rate_dropped
             ));
         }
         if lines.is_empty() {
@@ -354,6 +358,7 @@ impl Tally {
             addresses.insert((old.address, old.port, old.verdict), old.clone());
         }
         let mut other_resolver = earlier.map_or(0, |r| r.other_resolver);
+        let mut rate_dropped = earlier.map_or(0, |r| r.rate_dropped);
         if let Some(observed) = observed {
             let name_of = |addr: &Ipv4Addr| by_address.get(addr).map(|n| n.name.clone());
             let allowed_by_name = |addr: &Ipv4Addr| {
@@ -384,6 +389,7 @@ impl Tally {
                 );
             }
             other_resolver = other_resolver.max(observed.dns_other);
+            rate_dropped = rate_dropped.max(observed.dns_flood);
         }
         let flagged: Vec<&String> = self
             .refused_zones
@@ -420,6 +426,7 @@ impl Tally {
             other_resolver,
             tunnelling,
             rate_limited: self.rate_limited,
+            rate_dropped,
             names_dropped: self.names_dropped,
         }
     }

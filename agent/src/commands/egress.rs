@@ -97,8 +97,8 @@ pub(crate) fn render(records: &[AttemptEgress]) -> String {
             ));
         }
         out.push_str(&format!(
-            "  rate limited: {} query(ies); names past the bound: {}\n",
-            r.rate_limited, r.names_dropped
+            "  rate limited: {} query(ies) refused, {} packet(s) dropped; names past the bound: {}\n",
+            r.rate_limited, r.rate_dropped, r.names_dropped
         ));
     }
     out

@@ -83,10 +83,10 @@ fn message(runner: &str, record: &Record) -> String {
             t.unique_names, t.zone
         ));
     }
-    if record.rate_limited > 0 {
+    if record.rate_limited > 0 || record.rate_dropped > 0 {
         parts.push(format!(
-            "{} query(ies) were refused for their rate.",
-            record.rate_limited
+            "{} query(ies) were refused and {} packet(s) dropped for their rate.",
+            record.rate_limited, record.rate_dropped
         ));
     }
     if !names.is_empty() || !addresses.is_empty() {
@@ -135,6 +135,7 @@ mod tests {
                 unique_names: 50,
             }],
             rate_limited: 7,
+            rate_dropped: 0,
             names_dropped: 0,
         };
         let said = reasons(&[("rm-h-a1".to_owned(), record)]);
@@ -147,7 +148,7 @@ mod tests {
             "Connections that refused: 203.0.113.9:443 (1x).",
             "1 DNS packet(s) to a resolver other than the agent's were refused.",
             "50 distinct refused name(s) under exfil.test",
-            "7 query(ies) were refused for their rate.",
+            "7 query(ies) were refused and 0 packet(s) dropped for their rate.",
             "rm-agent egress --policy P --since 7d",
         ] {
             assert!(m.contains(part), "{part:?} not in {m}");

@@ -45,6 +45,7 @@ fn addresses_are_told_by_the_names_that_gave_them_and_the_networks() {
         reached: vec![(PUBLIC, 80, 2), (NET, 22, 1), (FORBIDDEN, 80, 1)],
         denied: vec![(FORBIDDEN, 443, 3)],
         dns_other: 4,
+        dns_flood: 0,
     };
     let list = allow(&["10.20.0.0/16"]);
     let mut audit = Tally::new(Mode::Audit);
@@ -74,7 +75,24 @@ fn addresses_are_told_by_the_names_that_gave_them_and_the_networks() {
         ]
     );
     assert_eq!(record.other_resolver, 4);
+    assert_eq!(record.rate_dropped, 0);
     assert_eq!(record.mode, Mode::Audit);
+    // What the runner's table dropped for its rate is the record's too.
+    let flooded = audit.record(
+        Some(&Observed {
+            dns_flood: 12,
+            ..Observed::default()
+        }),
+        &list,
+    );
+    assert_eq!(flooded.rate_dropped, 12);
+    assert!(
+        flooded
+            .job_log()
+            .contains("0 DNS query(ies) refused and 12 packet(s) dropped"),
+        "{}",
+        flooded.job_log()
+    );
 }
 
 #[test]
@@ -142,6 +160,7 @@ fn a_resumed_tally_never_goes_backwards() {
             reached: vec![(PUBLIC, 80, 5)],
             denied: vec![],
             dns_other: 2,
+            dns_flood: 0,
         }),
         &AllowList::empty(),
     );
@@ -180,6 +199,7 @@ fn the_job_log_says_what_was_refused_or_that_nothing_was() {
         reached: vec![(PUBLIC, 80, 1)],
         denied: vec![(FORBIDDEN, 80, 2)],
         dns_other: 1,
+        dns_flood: 0,
     };
     let log = tally.record(Some(&observed), &AllowList::empty()).job_log();
     assert_eq!(

@@ -29,6 +29,14 @@ pub const MAX_ADDRESSES: u32 = 4096;
 /// refused: beyond, new ones are let through or refused as before but not recorded.
 pub const MAX_RECORDED: u32 = 4096;
 
+/// Packets a second a runner may send to the agent's resolver (and the burst before the rate
+/// applies), past which its own table drops them: a flood is stopped in the flooding runner's
+/// namespace, before it costs the agent anything, so other runners' answers are not held up
+/// behind it. Above the resolver's own rate (`rm_egress::resolver::QUERIES_PER_SECOND`, whose
+/// excess is answered REFUSED): a job asking a little too fast is told, a flood is dropped.
+pub const RESOLVER_PACKETS_PER_SECOND: u32 = 250;
+pub const RESOLVER_PACKET_BURST: u32 = 500;
+
 /// How a runner's egress is decided: by the agent's resolver ([`EgressRules`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EgressRules {
@@ -74,7 +82,7 @@ pub(super) fn chains(
             "  set {set} {{\n    type ipv4_addr . inet_service; size {MAX_RECORDED}; flags dynamic; counter;\n  }}"
         );
     }
-    t.push_str("  counter dns_other {}\n");
+    t.push_str("  counter dns_other {}\n  counter dns_flood {}\n");
     let verdict = if rules.audit {
         "accept"
     } else {
@@ -82,7 +90,11 @@ pub(super) fn chains(
     };
     t.push_str("  chain output {\n    type filter hook output priority 0; policy accept;\n");
     t.push_str("    oifname \"lo\" accept\n    ct state established,related accept\n");
-    // The agent's resolver, which the DNS rewrite leads to.
+    // The agent's resolver, which the DNS rewrite leads to, at a bounded rate.
+    let _ = writeln!(
+        t,
+        "    ip daddr {host} meta l4proto {{ tcp, udp }} th dport {EGRESS_DNS_PORT} limit rate over {RESOLVER_PACKETS_PER_SECOND}/second burst {RESOLVER_PACKET_BURST} packets counter name dns_flood drop"
+    );
     let _ = writeln!(
         t,
         "    ip daddr {host} meta l4proto {{ tcp, udp }} th dport {EGRESS_DNS_PORT} accept"
@@ -231,6 +243,8 @@ pub struct Observed {
     pub denied: Vec<(Ipv4Addr, u16, u64)>,
     /// DNS packets to anything but the agent's resolver.
     pub dns_other: u64,
+    /// Packets to the agent's resolver dropped for their rate ([`RESOLVER_PACKETS_PER_SECOND`]).
+    pub dns_flood: u64,
 }
 
 /// Reads what the runner named `names` reached and was refused, from its table.
@@ -255,8 +269,11 @@ pub fn parse_observed(json: &str) -> Result<Observed, String> {
     let mut observed = Observed::default();
     for item in items {
         if let Some(counter) = item.get("counter") {
-            if counter.get("name").and_then(|n| n.as_str()) == Some("dns_other") {
-                observed.dns_other = counter.get("packets").and_then(|p| p.as_u64()).unwrap_or(0);
+            let packets = counter.get("packets").and_then(|p| p.as_u64()).unwrap_or(0);
+            match counter.get("name").and_then(|n| n.as_str()) {
+                Some("dns_other") => observed.dns_other = packets,
+                Some("dns_flood") => observed.dns_flood = packets,
+                _ => {}
             }
             continue;
         }

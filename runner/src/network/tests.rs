@@ -465,6 +465,7 @@ fn under_egress_by_name_dns_goes_to_the_resolver_and_only_what_it_opened_is_reac
         "{enforce}"
     );
     for line in [
+        "limit rate over 250/second burst 500 packets counter name dns_flood drop",
         "set allowed {\n    type ipv4_addr; flags timeout; size 4096;",
         "elements = { 10.20.0.0/16 }",
         "th dport 53 counter name dns_other reject with icmp type admin-prohibited",
@@ -531,9 +532,10 @@ fn opening_an_address_renews_its_timeout_in_one_transaction() {
 #[test]
 fn what_a_runner_reached_is_read_from_nfts_own_json() {
     // `nft -j list table ip rm` of a runner table, as nftables 1.0.6 writes it.
-    let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "ip", "name": "rm", "handle": 1}}, {"counter": {"family": "ip", "name": "dns_other", "table": "rm", "handle": 2, "packets": 3, "bytes": 87}}, {"set": {"family": "ip", "name": "allowed", "table": "rm", "type": "ipv4_addr", "handle": 3, "size": 4096, "flags": ["timeout"]}}, {"set": {"family": "ip", "name": "reached", "table": "rm", "type": ["ipv4_addr", "inet_service"], "handle": 4, "size": 8, "elem": [{"elem": {"val": {"concat": ["10.77.0.1", 53]}, "counter": {"packets": 1, "bytes": 29}}}, {"elem": {"val": {"concat": ["1.2.3.4", 443]}, "counter": {"packets": 2, "bytes": 120}}}], "stmt": [{"counter": null}]}}, {"set": {"family": "ip", "name": "denied", "table": "rm", "type": ["ipv4_addr", "inet_service"], "handle": 5, "size": 8, "stmt": [{"counter": null}]}}]}"#;
+    let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "ip", "name": "rm", "handle": 1}}, {"counter": {"family": "ip", "name": "dns_other", "table": "rm", "handle": 2, "packets": 3, "bytes": 87}}, {"counter": {"family": "ip", "name": "dns_flood", "table": "rm", "handle": 6, "packets": 9, "bytes": 400}}, {"set": {"family": "ip", "name": "allowed", "table": "rm", "type": "ipv4_addr", "handle": 3, "size": 4096, "flags": ["timeout"]}}, {"set": {"family": "ip", "name": "reached", "table": "rm", "type": ["ipv4_addr", "inet_service"], "handle": 4, "size": 8, "elem": [{"elem": {"val": {"concat": ["10.77.0.1", 53]}, "counter": {"packets": 1, "bytes": 29}}}, {"elem": {"val": {"concat": ["1.2.3.4", 443]}, "counter": {"packets": 2, "bytes": 120}}}], "stmt": [{"counter": null}]}}, {"set": {"family": "ip", "name": "denied", "table": "rm", "type": ["ipv4_addr", "inet_service"], "handle": 5, "size": 8, "stmt": [{"counter": null}]}}]}"#;
     let observed = egress::parse_observed(json).unwrap();
     assert_eq!(observed.dns_other, 3);
+    assert_eq!(observed.dns_flood, 9);
     assert_eq!(
         observed.reached,
         vec![
