@@ -147,12 +147,46 @@ pub struct Record {
 pub const LOG_LISTED: usize = 10;
 
 impl Record {
+    /// The verdict of what this record's mode refuses (or, in audit mode, would).
+    pub fn refusing(&self) -> Verdict {
+        match self.mode {
+            Mode::Enforce => Verdict::Denied,
+            Mode::Audit => Verdict::WouldDeny,
+        }
+    }
+
+    /// Each name refused (or that would be), `name (Nx)`.
+    pub fn refused_names(&self) -> Vec<String> {
+        let refused = self.refusing();
+        self.names
+            .iter()
+            .filter(|n| n.verdict == refused)
+            .map(|n| format!("{} ({}x)", n.name, n.queries))
+            .collect()
+    }
+
+    /// Each connection refused (or that would be), `address:port (Nx)`, or with the name that
+    /// gave the address, `address:port (name, Nx)`, when `named`.
+    pub fn refused_connections(&self, named: bool) -> Vec<String> {
+        let refused = self.refusing();
+        self.addresses
+            .iter()
+            .filter(|a| a.verdict == refused)
+            .map(|a| match (&a.name, named) {
+                (Some(name), true) => {
+                    format!("{}:{} ({name}, {}x)", a.address, a.port, a.connections)
+                }
+                _ => format!("{}:{} ({}x)", a.address, a.port, a.connections),
+            })
+            .collect()
+    }
+
     /// The lines the job's own log ends with (the agent's job-completed hook prints them), so
     /// a workflow's author sees why a connection failed. Pure.
     pub fn job_log(&self) -> String {
-        let (refused, word) = match self.mode {
-            Mode::Enforce => (Verdict::Denied, "refused"),
-            Mode::Audit => (Verdict::WouldDeny, "would have been refused (audit mode)"),
+        let word = match self.mode {
+            Mode::Enforce => "refused",
+            Mode::Audit => "would have been refused (audit mode)",
         };
         let mode = self.mode.as_str();
         let listed = |items: Vec<String>| {
@@ -163,18 +197,8 @@ impl Record {
             }
             out.join(", ")
         };
-        let names: Vec<String> = self
-            .names
-            .iter()
-            .filter(|n| n.verdict == refused)
-            .map(|n| format!("{} ({}x)", n.name, n.queries))
-            .collect();
-        let connections: Vec<String> = self
-            .addresses
-            .iter()
-            .filter(|a| a.verdict == refused)
-            .map(|a| format!("{}:{} ({}x)", a.address, a.port, a.connections))
-            .collect();
+        let names = self.refused_names();
+        let connections = self.refused_connections(false);
         let mut lines = Vec::new();
         if !names.is_empty() {
             lines.push(format!(

@@ -28,10 +28,6 @@ pub(crate) fn reasons(runs: &[(String, Record)]) -> Vec<Reason> {
 }
 
 fn message(runner: &str, record: &Record) -> String {
-    let refused = match record.mode {
-        Mode::Enforce => Verdict::Denied,
-        Mode::Audit => Verdict::WouldDeny,
-    };
     let word = match record.mode {
         Mode::Enforce => "refused",
         Mode::Audit => "would have been refused (audit mode: nothing was)",
@@ -41,21 +37,8 @@ fn message(runner: &str, record: &Record) -> String {
         .iter()
         .filter(|n| n.verdict == Verdict::Allowed)
         .count();
-    let names: Vec<String> = record
-        .names
-        .iter()
-        .filter(|n| n.verdict == refused)
-        .map(|n| format!("{} ({}x)", n.name, n.queries))
-        .collect();
-    let addresses: Vec<String> = record
-        .addresses
-        .iter()
-        .filter(|a| a.verdict == refused)
-        .map(|a| match &a.name {
-            Some(name) => format!("{}:{} ({name}, {}x)", a.address, a.port, a.connections),
-            None => format!("{}:{} ({}x)", a.address, a.port, a.connections),
-        })
-        .collect();
+    let names = record.refused_names();
+    let addresses = record.refused_connections(true);
     let mut parts = vec![format!(
         "Runner {runner} (egress {}) asked for {} name(s), {allowed} allowed.",
         record.mode.as_str(),

@@ -30,7 +30,7 @@ use rm_fake_github::RunnerBehavior;
 use rm_journal::{AttemptOutcome, AttemptRecord, AttemptState};
 use serde_json::Value;
 
-use crate::isolation::{base_dir, names_with_prefix};
+use crate::isolation::base_dir;
 use crate::skip;
 
 const EGRESS: &[&str] = &["self-hosted", "egress"];
@@ -612,10 +612,11 @@ fn shown<'s>(summary: &'s BTreeMap<String, String>, key: &str) -> &'s str {
     summary.get(key).map_or("?", String::as_str)
 }
 
-/// What is left in the kernel of `attempts` once cleaned: their network namespaces, veths and
-/// any nftables table of the host naming them; and whether the agent's host table is there.
+/// What is left of `attempts` once cleaned ([`crate::docker::left_of`]: processes, mounts,
+/// network namespaces, veths, cgroups, runtimes), any nftables table of the host naming them,
+/// and whether the agent's host table is there.
 fn kernel_left(fleet: &Fleet, attempts: &[AttemptRecord]) -> Vec<String> {
-    let mut left = Vec::new();
+    let mut left = crate::docker::left_of(fleet, attempts, &[]);
     let tables = std::process::Command::new("nft")
         .args(["list", "ruleset"])
         .output()
@@ -623,16 +624,6 @@ fn kernel_left(fleet: &Fleet, attempts: &[AttemptRecord]) -> Vec<String> {
     let ruleset = String::from_utf8_lossy(&tables.stdout).into_owned();
     for a in attempts {
         let short = a.attempt_id.short();
-        left.extend(
-            names_with_prefix(Path::new("/run/netns"), &format!("rm-{short}"))
-                .into_iter()
-                .map(|n| format!("netns {n}")),
-        );
-        left.extend(
-            names_with_prefix(Path::new("/sys/class/net"), &format!("rmv{short}"))
-                .into_iter()
-                .map(|n| format!("veth {n}")),
-        );
         if ruleset.contains(short) {
             left.push(format!("the host's nftables ruleset names attempt {short}"));
         }
