@@ -838,6 +838,16 @@ fn main() -> Result<()> {
             .join(", "),
         sent.saturating_sub(answered),
     );
+    let counters = resolver.counters();
+    println!(
+        "  the resolver over the whole run: {} allowed, {} denied, {} refused for rate, {} from an unknown source, {} with no upstream answer (SERVFAIL after {} s)",
+        counters.allowed.load(Ordering::Relaxed),
+        counters.denied.load(Ordering::Relaxed),
+        counters.rate_limited.load(Ordering::Relaxed),
+        counters.unknown_source.load(Ordering::Relaxed),
+        counters.upstream_failed.load(Ordering::Relaxed),
+        rm_egress::resolver::UPSTREAM_TIMEOUT.as_secs(),
+    );
 
     drop(resolver);
     cleanup.run();

@@ -89,12 +89,14 @@ pub(super) fn chains(
         "reject with icmp type admin-prohibited"
     };
     t.push_str("  chain output {\n    type filter hook output priority 0; policy accept;\n");
-    t.push_str("    oifname \"lo\" accept\n    ct state established,related accept\n");
-    // The agent's resolver, which the DNS rewrite leads to, at a bounded rate.
+    // What goes to the agent's resolver, at a bounded rate, first: DNS to a loopback nameserver
+    // rewritten to the host end still leaves by `lo` here, and one socket's queries are one
+    // established flow once the first is answered; neither must pass it.
     let _ = writeln!(
         t,
         "    ip daddr {host} meta l4proto {{ tcp, udp }} th dport {EGRESS_DNS_PORT} limit rate over {RESOLVER_PACKETS_PER_SECOND}/second burst {RESOLVER_PACKET_BURST} packets counter name dns_flood drop"
     );
+    t.push_str("    oifname \"lo\" accept\n    ct state established,related accept\n");
     let _ = writeln!(
         t,
         "    ip daddr {host} meta l4proto {{ tcp, udp }} th dport {EGRESS_DNS_PORT} accept"
