@@ -352,7 +352,9 @@ fn tool(tool: &str) -> bool {
 /// Whether the tools the job uses are here; if not, records the skip (or fails, as the skip
 /// rule says).
 fn tools_here(test: &str) -> bool {
-    for need in ["curl", "busybox", "perl", "getent", "unshare", "nft", "ip"] {
+    for need in [
+        "curl", "wget", "busybox", "perl", "getent", "unshare", "nsenter", "nft", "ip",
+    ] {
         if !tool(need) {
             skip::cannot_run(test, need, &format!("{need} is not installed"));
             return false;
