@@ -426,3 +426,51 @@ async fn the_report_name_has_the_report_written_and_is_never_recorded_or_sent() 
     .await;
     assert_eq!(reports.0.lock().unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn a_runner_holds_at_most_its_tcp_connections() {
+    let s = setup(Mode::Enforce, &["public.test"]).await;
+    let mut held = Vec::new();
+    for _ in 0..MAX_TCP_CONNECTIONS {
+        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, s.resolver.port()))
+            .await
+            .unwrap();
+        // Each is served: a query answered proves the resolver took it.
+        stream
+            .write_all(&crate::dns::frame(&query(1, "public.test")))
+            .await
+            .unwrap();
+        let mut len = [0u8; 2];
+        stream.read_exact(&mut len).await.unwrap();
+        let mut reply = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        stream.read_exact(&mut reply).await.unwrap();
+        held.push(stream);
+    }
+    // One more is closed at once, unanswered.
+    let mut extra = TcpStream::connect((Ipv4Addr::LOCALHOST, s.resolver.port()))
+        .await
+        .unwrap();
+    let _ = extra
+        .write_all(&crate::dns::frame(&query(2, "public.test")))
+        .await;
+    let mut buf = [0u8; 2];
+    let read = tokio::time::timeout(Duration::from_secs(5), extra.read(&mut buf))
+        .await
+        .expect("the extra connection is closed, not left open");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    // A held one closed frees its place.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut again = TcpStream::connect((Ipv4Addr::LOCALHOST, s.resolver.port()))
+        .await
+        .unwrap();
+    again
+        .write_all(&crate::dns::frame(&query(3, "public.test")))
+        .await
+        .unwrap();
+    let mut len = [0u8; 2];
+    tokio::time::timeout(Duration::from_secs(5), again.read_exact(&mut len))
+        .await
+        .expect("a freed place is taken again")
+        .unwrap();
+}
