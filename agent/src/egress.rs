@@ -526,6 +526,13 @@ impl rm_receiver::prometheus_client::collector::Collector for EgressMetrics {
             MetricType::Counter,
         )?;
         ConstCounter::new(counters.upstream_failed.load(Ordering::Relaxed)).encode(failed)?;
+        let unsent = encoder.encode_descriptor(
+            "rm_egress_reply_failures",
+            "UDP replies to runners the kernel would not take",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(counters.reply_failed.load(Ordering::Relaxed)).encode(unsent)?;
         Ok(())
     }
 }

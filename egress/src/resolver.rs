@@ -156,6 +156,8 @@ pub struct Counters {
     pub rate_limited: AtomicU64,
     pub unknown_source: AtomicU64,
     pub upstream_failed: AtomicU64,
+    /// UDP replies the kernel would not take (the runner gets none and asks again).
+    pub reply_failed: AtomicU64,
 }
 
 struct Entry {
@@ -324,8 +326,14 @@ impl Resolver {
             let message = buf[..len].to_vec();
             let this = self.clone();
             tokio::spawn(async move {
-                if let Some(reply) = this.answer(&message, from, Transport::Udp).await {
-                    let _ = this.udp.send_to(&reply, from).await;
+                if let Some(reply) = this.answer(&message, from, Transport::Udp).await
+                    && let Err(e) = this.udp.send_to(&reply, from).await
+                {
+                    this.inner
+                        .counters
+                        .reply_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%from, error = %e, "the egress resolver's reply was not sent");
                 }
             });
         }

@@ -840,13 +840,14 @@ fn main() -> Result<()> {
     );
     let counters = resolver.counters();
     println!(
-        "  the resolver over the whole run: {} allowed, {} denied, {} refused for rate, {} from an unknown source, {} with no upstream answer (SERVFAIL after {} s)",
+        "  the resolver over the whole run: {} allowed, {} denied, {} refused for rate, {} from an unknown source, {} with no upstream answer (SERVFAIL after {} s), {} replies not sent",
         counters.allowed.load(Ordering::Relaxed),
         counters.denied.load(Ordering::Relaxed),
         counters.rate_limited.load(Ordering::Relaxed),
         counters.unknown_source.load(Ordering::Relaxed),
         counters.upstream_failed.load(Ordering::Relaxed),
         rm_egress::resolver::UPSTREAM_TIMEOUT.as_secs(),
+        counters.reply_failed.load(Ordering::Relaxed),
     );
 
     drop(resolver);
