@@ -589,6 +589,40 @@ mod tests {
         assert!(!dir.exists());
     }
 
+    /// The resolver's counts are on `/metrics` as the contract names them, read at scrape time.
+    #[tokio::test]
+    async fn the_resolvers_counts_are_scraped() {
+        use rm_receiver::prometheus_client::encoding::text::encode;
+        use rm_receiver::prometheus_client::registry::Registry;
+        let root = tempfile::tempdir().unwrap();
+        let resolver = Resolver::bind(vec!["127.0.0.1:9".parse().unwrap()], Arc::new(Nft))
+            .await
+            .unwrap();
+        let egress = Arc::new(Egress {
+            resolver,
+            nameservers: vec![],
+            policies: HashMap::new(),
+            dir: root.path().to_path_buf(),
+            flushing: tokio::sync::Mutex::new(()),
+        });
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(egress.metrics()));
+        let counters = egress.resolver.counters();
+        counters.denied.fetch_add(3, Ordering::Relaxed);
+        counters.reply_failed.fetch_add(1, Ordering::Relaxed);
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        for line in [
+            "rm_egress_queries_total{verdict=\"denied\"} 3",
+            "rm_egress_queries_total{verdict=\"allowed\"} 0",
+            "rm_egress_queries_total{verdict=\"rate_limited\"} 0",
+            "rm_egress_upstream_failures_total 0",
+            "rm_egress_reply_failures_total 1",
+        ] {
+            assert!(text.contains(line), "{line:?} not in\n{text}");
+        }
+    }
+
     #[test]
     fn the_upstream_is_the_configured_one_or_the_nameservers() {
         let ns = [Ipv4Addr::new(127, 0, 0, 53), Ipv4Addr::new(10, 0, 0, 2)];
