@@ -323,7 +323,11 @@ impl Egress {
                     }
                     // Its namespace named again where this agent's mount namespace lost the
                     // name (the resolver opens addresses in it by name).
-                    if let Some(identity) = crate::executor::journalled_identity(&record) {
+                    if let Some(identity) = rm_runner::process::journalled(
+                        record.pid,
+                        record.pid_start_time,
+                        record.pid_boot_id.as_deref(),
+                    ) {
                         let names = Names::of(record.attempt_id.short());
                         let reattached = tokio::task::spawn_blocking(move || {
                             network::egress::reattach(&names, identity)

@@ -110,6 +110,17 @@ pub struct ProcessIdentity {
     pub start_time: u64,
 }
 
+/// A journalled runner process's identity, when it was journalled on this boot (a pid of
+/// another boot names nothing now). Pure over the boot id read once ([`boot_id`]).
+pub fn journalled(
+    pid: Option<u32>,
+    start_time: Option<u64>,
+    boot: Option<&str>,
+) -> Option<ProcessIdentity> {
+    let (pid, start_time) = (pid?, start_time?);
+    same_boot(boot, boot_id()).then_some(ProcessIdentity { pid, start_time })
+}
+
 /// What became of a runner process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProcessState {

@@ -62,9 +62,6 @@ use rm_runner::backend::{Backend, NoIsolation, UserIsolation};
 pub use claims::{FleetSettings, LEASE_RENEW, LEASE_TTL, RegistrationWindows, shared_windows};
 pub use control::{Executor, Handle};
 pub use recovery::RecoveryIncomplete;
-/// The journalled runner process of an attempt, on this boot (the egress resolver names a
-/// surviving runner's namespace again from it).
-pub(crate) use supervise::journalled_identity;
 
 /// A message to the control loop: what the rest of the agent and the launch tasks tell it.
 #[derive(Debug)]

@@ -1007,10 +1007,12 @@ fn observe_process(
 }
 
 /// The journalled identity of the attempt's process, if it can name a process in this boot.
-pub(crate) fn journalled_identity(record: &AttemptRecord) -> Option<ProcessIdentity> {
-    let (pid, start_time) = (record.pid?, record.pid_start_time?);
-    process::same_boot(record.pid_boot_id.as_deref(), process::boot_id())
-        .then_some(ProcessIdentity { pid, start_time })
+pub(super) fn journalled_identity(record: &AttemptRecord) -> Option<ProcessIdentity> {
+    process::journalled(
+        record.pid,
+        record.pid_start_time,
+        record.pid_boot_id.as_deref(),
+    )
 }
 
 /// How fresh GitHub's view must be for this attempt's decision (not asked for a scale set's
