@@ -44,6 +44,9 @@ const HOOK_FILE: &str = "job-completed.sh";
 /// The report's file name in a runner's directory.
 const REPORT_FILE: &str = "report";
 
+/// In [`EGRESS_DIR`]: the resolver's port, which the next start takes again when it is free.
+const PORT_FILE: &str = "resolver-port";
+
 /// The job-completed hook every egress runner runs (actions/runner runs it after the job's last
 /// step; its output is the job's log). It asks the agent's resolver for the report name, which
 /// has the report written first (an absolute name: no search domain is tried), prints the
@@ -192,9 +195,20 @@ impl Egress {
             )));
         }
         let upstreams = upstreams(config.host.egress.dns_upstream, &nameservers);
-        let resolver = Resolver::bind(upstreams.clone(), Arc::new(Nft))
+        let dir = config.data_dir.join(EGRESS_DIR);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Exit::runtime(anyhow::anyhow!("cannot make {}: {e}", dir.display())))?;
+        // The port the last agent of this data directory used, kept (see `bind_preferring`).
+        let port_file = dir.join(PORT_FILE);
+        let preferred = std::fs::read_to_string(&port_file)
+            .ok()
+            .and_then(|text| text.trim().parse::<u16>().ok());
+        let resolver = Resolver::bind_preferring(preferred, upstreams.clone(), Arc::new(Nft))
             .await
             .map_err(|e| Exit::runtime(anyhow::anyhow!(e)))?;
+        if let Err(e) = std::fs::write(&port_file, resolver.port().to_string()) {
+            tracing::warn!(error = %e, file = %port_file.display(), "cannot keep the egress resolver's port for the next start");
+        }
         let missing = uncovered(&config.host.egress.allow, GITHUB_ESSENTIAL);
         if !missing.is_empty() {
             tracing::warn!(
@@ -207,9 +221,6 @@ impl Egress {
             upstreams = ?upstreams,
             "the egress resolver answers runners of egress policies"
         );
-        let dir = config.data_dir.join(EGRESS_DIR);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Exit::runtime(anyhow::anyhow!("cannot make {}: {e}", dir.display())))?;
         resolver.set_reporter(Arc::new(ReportWriter { dir: dir.clone() }));
         let egress = Arc::new(Egress {
             resolver,
@@ -292,7 +303,8 @@ impl Egress {
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !registered.contains(&name) {
+            let runner_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if runner_dir && !registered.contains(&name) {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }

@@ -217,14 +217,35 @@ impl Resolver {
         upstreams: Vec<SocketAddr>,
         firewall: Arc<dyn Firewall>,
     ) -> Result<Resolver, ResolverError> {
+        Resolver::bind_preferring(None, upstreams, firewall).await
+    }
+
+    /// [`Resolver::bind`] on `preferred` when it is free for both UDP and TCP (the port an
+    /// earlier agent of the same data directory used), else on a free one. Keeping the port
+    /// across a restart matters: the host's connection tracking keeps each runner's DNS flow
+    /// rewritten to the port it first went to for up to two minutes, so a surviving runner
+    /// whose client reuses a source port would send to a port nobody answers.
+    pub async fn bind_preferring(
+        preferred: Option<u16>,
+        upstreams: Vec<SocketAddr>,
+        firewall: Arc<dyn Firewall>,
+    ) -> Result<Resolver, ResolverError> {
         if upstreams.is_empty() {
             return Err(ResolverError::NoUpstream);
         }
         let mut last = None;
-        for _ in 0..BIND_TRIES {
-            let udp = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
-                .await
-                .map_err(ResolverError::Bind)?;
+        let ports = preferred
+            .into_iter()
+            .chain(std::iter::repeat_n(0, BIND_TRIES));
+        for wanted in ports {
+            let udp = match UdpSocket::bind((Ipv4Addr::LOCALHOST, wanted)).await {
+                Ok(udp) => udp,
+                Err(e) if wanted != 0 => {
+                    last = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(ResolverError::Bind(e)),
+            };
             let port = udp.local_addr().map_err(ResolverError::Bind)?.port();
             match TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await {
                 Ok(tcp) => {

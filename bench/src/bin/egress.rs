@@ -100,6 +100,9 @@ const LISTEN_PORT: u16 = 80;
 /// ([`QUERIES_PER_SECOND`]), so no measured query is refused for it.
 const PACE_PER_SECOND: f64 = QUERIES_PER_SECOND * 0.8;
 
+/// The port the bench's resolver takes on the loopback when it is free (any unused port).
+const RESOLVER_PORT: u16 = 53_153;
+
 /// How long a query waits for its answer before it counts as unanswered (a C library's
 /// resolver waits 5 s, then asks again).
 const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -661,7 +664,11 @@ fn main() -> Result<()> {
     }
 
     serve_upstream()?;
-    let resolver = runtime.block_on(Resolver::bind(
+    // One port for every run, as an agent keeps its port across restarts: the host's
+    // connection tracking keeps a runner address's DNS flows rewritten to the port they first
+    // went to for two minutes, and runs back to back reuse the runners' addresses.
+    let resolver = runtime.block_on(Resolver::bind_preferring(
+        Some(RESOLVER_PORT),
         vec![SocketAddr::from((UPSTREAM, DNS_PORT))],
         Arc::new(Nft),
     ))?;

@@ -474,3 +474,24 @@ async fn a_runner_holds_at_most_its_tcp_connections() {
         .expect("a freed place is taken again")
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_resolver_takes_the_port_it_is_asked_for_when_free() {
+    let firewall: Arc<dyn Firewall> = Arc::new(Recorded::default());
+    let upstream = vec!["127.0.0.1:9".parse().unwrap()];
+    let first = Resolver::bind(upstream.clone(), firewall.clone())
+        .await
+        .unwrap();
+    let port = first.port();
+    // Taken: another port.
+    let second = Resolver::bind_preferring(Some(port), upstream.clone(), firewall.clone())
+        .await
+        .unwrap();
+    assert_ne!(second.port(), port);
+    // Free again (the earlier agent gone): the same port.
+    drop(first);
+    let third = Resolver::bind_preferring(Some(port), upstream, firewall)
+        .await
+        .unwrap();
+    assert_eq!(third.port(), port);
+}
