@@ -144,17 +144,13 @@ impl std::fmt::Debug for Egress {
     }
 }
 
-/// The IPv4 nameservers of a `resolv.conf` text. Pure.
+/// The IPv4 nameservers of a `resolv.conf` text (as the runner's network reads them). Pure.
 pub fn nameservers(resolv_conf: &str) -> Vec<Ipv4Addr> {
-    resolv_conf
-        .lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            (words.next()? == "nameserver").then_some(())?;
-            match words.next()?.parse::<IpAddr>().ok()? {
-                IpAddr::V4(v4) => Some(v4),
-                IpAddr::V6(_) => None,
-            }
+    network::nameservers(resolv_conf)
+        .into_iter()
+        .filter_map(|server| match server {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(_) => None,
         })
         .collect()
 }

@@ -173,7 +173,7 @@ impl Names {
 }
 
 /// The nameservers of a `resolv.conf`, in order.
-pub(crate) fn nameservers(resolv_conf: &str) -> Vec<IpAddr> {
+pub fn nameservers(resolv_conf: &str) -> Vec<IpAddr> {
     resolv_conf
         .lines()
         .filter_map(|line| {
@@ -496,39 +496,51 @@ fn build(names: &Names, addresses: Addresses, table: &str) -> Result<OwnedFd, Ne
     let fd = open_netns(&names.netns_path())?;
     let runner = addresses.runner;
     let host = addresses.host;
-    let fd_ref = &fd;
-    // The steps inside: one thread joins the namespace (a thread's namespace is its own; the
-    // programs it starts inherit it), the agent's other threads stay where they are.
+    inside(&fd, netns, || {
+        // Before `eth0` is up: no router advertisement is ever taken.
+        runner_ipv6_off()?;
+        ip_batch(&format!(
+            "link set lo up\naddr add {runner}/30 dev {RUNNER_IF}\nlink set {RUNNER_IF} up\nroute add default via {host}\n"
+        ))?;
+        // Inside too: the rewritten loopback connections leave through eth0.
+        write_sysctl("/proc/sys/net/ipv4/conf/all/route_localnet")?;
+        write_sysctl(&format!(
+            "/proc/sys/net/ipv4/conf/{RUNNER_IF}/route_localnet"
+        ))?;
+        nft(table)
+    })?;
+    Ok(fd)
+}
+
+/// Runs `step` on a thread that joined the namespace `fd` (named `netns`, for errors): a
+/// thread's namespace is its own and the programs it starts inherit it, so the agent's other
+/// threads stay where they are.
+pub(crate) fn inside<T: Send>(
+    fd: &OwnedFd,
+    netns: &str,
+    step: impl FnOnce() -> Result<T, NetworkError> + Send,
+) -> Result<T, NetworkError> {
     std::thread::scope(|scope| {
         scope
-            .spawn(move || -> Result<(), NetworkError> {
+            .spawn(move || {
                 rustix::thread::move_into_link_name_space(
-                    fd_ref.as_fd(),
+                    fd.as_fd(),
                     Some(rustix::thread::LinkNameSpaceType::Network),
                 )
                 .map_err(|e| NetworkError::Io {
                     what: format!("cannot enter the runner's namespace {netns}"),
                     source: e.into(),
                 })?;
-                // Before `eth0` is up: no router advertisement is ever taken.
-                runner_ipv6_off()?;
-                ip_batch(&format!(
-                    "link set lo up\naddr add {runner}/30 dev {RUNNER_IF}\nlink set {RUNNER_IF} up\nroute add default via {host}\n"
-                ))?;
-                // Inside too: the rewritten loopback connections leave through eth0.
-                write_sysctl("/proc/sys/net/ipv4/conf/all/route_localnet")?;
-                write_sysctl(&format!("/proc/sys/net/ipv4/conf/{RUNNER_IF}/route_localnet"))?;
-                nft(table)
+                step()
             })
             .join()
             .unwrap_or_else(|_| {
                 Err(NetworkError::Io {
-                    what: "configuring the runner's namespace".to_owned(),
+                    what: format!("working in the runner's namespace {netns}"),
                     source: std::io::Error::other("the thread panicked"),
                 })
             })
-    })?;
-    Ok(fd)
+    })
 }
 
 /// The interface that has `addr`, if one has.

@@ -75,10 +75,7 @@ async fn upstream() -> (SocketAddr, Seen) {
     tokio::spawn(async move {
         loop {
             let (mut stream, _) = tcp.accept().await.unwrap();
-            let mut len = [0u8; 2];
-            stream.read_exact(&mut len).await.unwrap();
-            let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
-            stream.read_exact(&mut q).await.unwrap();
+            let q = read_framed(&mut stream).await.unwrap();
             tcp_seen
                 .lock()
                 .unwrap()
@@ -309,10 +306,7 @@ async fn tcp_queries_are_answered_over_tcp() {
             .write_all(&crate::dns::frame(&query(id, name)))
             .await
             .unwrap();
-        let mut len = [0u8; 2];
-        stream.read_exact(&mut len).await.unwrap();
-        let mut reply = vec![0u8; usize::from(u16::from_be_bytes(len))];
-        stream.read_exact(&mut reply).await.unwrap();
+        let reply = read_framed(&mut stream).await.unwrap();
         assert_eq!(rcode(&reply), want, "{name}");
     }
     assert_eq!(s.firewall.opened.lock().unwrap().len(), 1);
@@ -440,10 +434,8 @@ async fn a_runner_holds_at_most_its_tcp_connections() {
             .write_all(&crate::dns::frame(&query(1, "public.test")))
             .await
             .unwrap();
-        let mut len = [0u8; 2];
-        stream.read_exact(&mut len).await.unwrap();
-        let mut reply = vec![0u8; usize::from(u16::from_be_bytes(len))];
-        stream.read_exact(&mut reply).await.unwrap();
+        let reply = read_framed(&mut stream).await.unwrap();
+        assert_eq!(rcode(&reply), crate::dns::NOERROR);
         held.push(stream);
     }
     // One more is closed at once, unanswered.

@@ -11,7 +11,6 @@
 
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
-use std::os::fd::AsFd as _;
 use std::time::Duration;
 
 use super::{Addresses, Cidr, DNS_PORT, Names, NetworkError, open_netns, set_of};
@@ -320,33 +319,11 @@ pub fn parse_observed(json: &str) -> Result<Observed, String> {
     Ok(observed)
 }
 
-/// Runs `step` on a thread that joined the runner's network namespace (the programs it starts
-/// inherit it); the agent's other threads stay where they are.
+/// Runs `step` inside the runner's network namespace, opened by its name.
 fn in_namespace<T: Send>(
     names: &Names,
     step: impl FnOnce() -> Result<T, NetworkError> + Send,
 ) -> Result<T, NetworkError> {
     let fd = open_netns(&names.netns_path())?;
-    let netns = &names.netns;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(move || {
-                rustix::thread::move_into_link_name_space(
-                    fd.as_fd(),
-                    Some(rustix::thread::LinkNameSpaceType::Network),
-                )
-                .map_err(|e| NetworkError::Io {
-                    what: format!("cannot enter the runner's namespace {netns}"),
-                    source: e.into(),
-                })?;
-                step()
-            })
-            .join()
-            .unwrap_or_else(|_| {
-                Err(NetworkError::Io {
-                    what: format!("working in the runner's namespace {netns}"),
-                    source: std::io::Error::other("the thread panicked"),
-                })
-            })
-    })
+    super::inside(&fd, &names.netns, step)
 }
