@@ -194,7 +194,7 @@ impl Fleet {
         std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
         let mut config = format!(
             "data_dir = \"{data}\"\n\n[github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n\n\
-             {receiver}{relay}[notifications]\ndesktop = {desktop}\n\n[polling]\nidle_interval = \"{idle_poll}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\nrunner_uids = \"{uids}\"\nnetwork_host_ports = [{port}]\n{host_extra}{isolation}\n\
+             {receiver}{relay}[notifications]\ndesktop = {desktop}\n\n[polling]\nidle_interval = \"{idle_poll}\"\n\n[host]\nname = \"{HOST}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\nrunner_uids = \"{uids}\"\nnetwork_host_ports = [{port}]\n{free}{host_extra}{isolation}\n\
              [runner]\n{package}idle_timeout = \"{idle}\"\nregistration_timeout = \"{registration}\"\n",
             data = self.setup.dir.path().join("data").display(),
             api = self.fake.api_url(),
@@ -215,6 +215,7 @@ impl Fleet {
             uids = self.uids,
             // The fake GitHub, on the host's loopback: runners in their own network reach it.
             port = self.fake.port(),
+            free = crate::HOST_FREE_SPACE,
             host_extra = options.host_extra,
             isolation = match options.isolation {
                 Some(isolation) => format!("isolation = \"{isolation}\"\n"),

@@ -27,6 +27,13 @@ use hyper_util::rt::TokioExecutor;
 /// The webhook secret every test receiver accepts. Tests check it never appears in output.
 pub const SECRET: &str = "e2e-webhook-secret-0f3c9a";
 
+/// The fitness gate's thresholds in every configuration the harness writes: low enough that a
+/// test machine with little free disk still registers runners (the defaults ask for 2 GiB under
+/// the runner root), high enough to stay a real check. The gate itself is tested on a small
+/// tmpfs (`run/fitness.rs`), which replaces these lines.
+pub const HOST_FREE_SPACE: &str =
+    "min_free_space = \"64MiB\"\ndata_dir_min_free_space = \"16MiB\"\n";
+
 /// How long a started binary may take to answer `/healthz`.
 pub(crate) const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
 

@@ -146,13 +146,14 @@ impl PgFleet {
                 "data_dir = \"{data}\"\n\n[journal]\nurl = \"{url}\"\n\n\
                  [github]\napi_url = \"{api}\"\napp_id = {APP_ID}\nprivate_key_file = \"{key}\"\n\n\
                  [notifications]\ndesktop = false\n\n\
-                 [host]\nname = \"{name}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\nrunner_uids = \"{first}-{last}\"\nnetwork_host_ports = [{port}]\n\n\
+                 [host]\nname = \"{name}\"\nmax_runners = {max}\nrunner_root = \"{root}\"\nrunner_uids = \"{first}-{last}\"\nnetwork_host_ports = [{port}]\n{free}\n\
                  [runner]\npackage_dir = \"{package}\"\nidle_timeout = \"{idle}\"\nregistration_timeout = \"{registration}\"\n\n\
                  [[policy]]\nname = \"{policy}\"\ntarget = \"{target}\"\nlabels = [{labels}]\nmax_runners = {policy_max}\nworkspace = \"{workspace}\"\n{extra}",
                 data = setup.dir.path().join("data").display(),
                 url = self.url,
                 api = self.fake.api_url(),
                 port = self.fake.port(),
+                free = crate::HOST_FREE_SPACE,
                 key = self.key_file.display(),
                 max = o.host_max,
                 root = runner_root.display(),

@@ -41,6 +41,8 @@ private_key_file = "{key}"
 [receiver]
 listen = "{addr}"
 
+[host]
+{free}
 [[policy]]
 name = "org"
 target = "acme"
@@ -56,6 +58,7 @@ labels = ["self-hosted", "linux"]
         api = fake.api_url(),
         key = key_file.display(),
         addr = setup.addr,
+        free = rm_e2e::HOST_FREE_SPACE,
     );
     std::fs::write(setup.config(), config).unwrap();
 }
@@ -367,11 +370,7 @@ async fn isolation_none_is_a_warning_and_a_key_runners_could_read_fails() {
     let config = std::fs::read_to_string(setup.config()).unwrap();
     std::fs::write(
         setup.config(),
-        config.replacen(
-            "[[policy]]",
-            "[host]\nisolation = \"none\"\n\n[[policy]]",
-            1,
-        ),
+        config.replacen("[host]\n", "[host]\nisolation = \"none\"\n", 1),
     )
     .unwrap();
     let out = check(&setup, &["--json"]).await;

@@ -21,11 +21,15 @@ async fn a_full_disk_refuses_deliveries_and_leaves_the_busy_runner_alone() {
     // The data directory's 16 MiB are below the fitness gate's default threshold; the runner
     // is to start on it (the gate's own test is fitness.rs).
     let config = std::fs::read_to_string(fleet.setup.config()).unwrap();
+    assert!(
+        config.contains("data_dir_min_free_space = \"16MiB\"\n"),
+        "{config}"
+    );
     std::fs::write(
         fleet.setup.config(),
         config.replacen(
-            "[host]\n",
-            "[host]\ndata_dir_min_free_space = \"1MiB\"\n",
+            "data_dir_min_free_space = \"16MiB\"\n",
+            "data_dir_min_free_space = \"1MiB\"\n",
             1,
         ),
     )

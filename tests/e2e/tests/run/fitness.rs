@@ -35,11 +35,12 @@ async fn a_full_runner_root_registers_no_runner_until_space_is_freed() {
     let fleet = Fleet::start(FleetOptions::default()).await;
     let _tmpfs = Tmpfs::mount(&fleet.runner_root, TMPFS_SIZE);
     let config = std::fs::read_to_string(fleet.setup.config()).unwrap();
+    assert!(config.contains("min_free_space = \"64MiB\"\n"), "{config}");
     std::fs::write(
         fleet.setup.config(),
         config.replacen(
-            "[host]\n",
-            &format!("[host]\nmin_free_space = \"{MIN_FREE}\"\n"),
+            "min_free_space = \"64MiB\"\n",
+            &format!("min_free_space = \"{MIN_FREE}\"\n"),
             1,
         ),
     )
