@@ -264,8 +264,10 @@ async fn a_failed_launch_backs_its_policy_off_doubling_and_a_runner_resets_it() 
     assert!(waits[0] >= backoff, "waited {waits:?}");
     assert!(waits[1] >= 2 * backoff, "the back-off doubles: {waits:?}");
     // Each failed start's JIT registration is removed by its cleanup (supervision, the one
-    // place our registrations are removed), the pass after its conclusion: long before the
-    // inventory reconciliation could.
+    // place our registrations are removed), within passes of its conclusion: long before the
+    // inventory reconciliation could. Cleanup is an effect beside the loop, so on a loaded
+    // machine it may land a few steps later (3 seen in CI); the bound is the inventory's
+    // interval, what the rule is about, not a count of passes.
     let steps = h
         .until(
             "each failed start's JIT registration removed",
@@ -273,7 +275,11 @@ async fn a_failed_launch_backs_its_policy_off_doubling_and_a_runner_resets_it() 
             |h| h.our_registrations().is_empty(),
         )
         .await;
-    assert!(steps <= 2, "removed {steps} steps after the conclusion");
+    let inventory_steps = super::super::INVENTORY_INTERVAL.as_secs() / TICK.as_secs();
+    assert!(
+        (steps as u64) < inventory_steps / 10,
+        "removed {steps} steps after the conclusion"
+    );
     // The package is fixed: the next launch (after the back-off) runs the job.
     h.backend.refuse_start(false);
     h.until(
