@@ -272,6 +272,7 @@ impl Allocator {
                         busy,
                     ),
                     busy_unknown: 0,
+                    shaped: Default::default(),
                 });
                 continue;
             }
@@ -304,6 +305,7 @@ impl Allocator {
                 fenced: u32::try_from(fenced.len()).unwrap_or(u32::MAX),
                 count,
                 busy_unknown: busy_unknown.get(&policy.name).copied().unwrap_or(0),
+                shaped: Default::default(),
             });
         }
         inputs

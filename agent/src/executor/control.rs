@@ -386,6 +386,7 @@ impl Executor {
             ),
             standing: standing.as_ref(),
             free_uids: live.free_uids(ctx.uid_pool()),
+            packing: Default::default(),
         };
         let mut plan = plan::plan(&inputs);
         if let Some(membership) = &ctx.membership {

@@ -11,7 +11,7 @@
 //!
 //! The ceilings themselves are [`crate::allocation`]'s; this is their one caller.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rm_journal::LiveCounts;
 use rm_vocab::{JobId, UnixMs};
@@ -21,6 +21,7 @@ use super::allocate::{LiveView, allocation_input};
 use super::claims::{self, Standing};
 use crate::allocation::{self, AllocationInput, Limit};
 use crate::config::Policy;
+use pack::{Need, Room, Wait};
 
 /// Why some of a policy's demand gets no runner now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +41,11 @@ pub enum Held {
     NoFreeUid,
     /// In a fleet: this many of the policy's jobs are claimed by other hosts.
     ClaimedElsewhere { jobs: u32 },
+    /// Jobs wait for what running runners hold (issue 42): the first short resource of the
+    /// oldest of them; each job's own wait is in [`PublishedPolicy::waits`].
+    WaitingForRoom { resource: pack::Resource },
+    /// This many jobs ask for more than the host has at all: they never start here.
+    ShapeExceedsHost { jobs: u32 },
 }
 
 /// Which ceiling held demand back.
@@ -69,11 +75,59 @@ pub(crate) struct PolicyPlan {
     pub(crate) release: Vec<JobId>,
     /// What held the rest back, in the order found.
     pub(crate) held: Vec<Held>,
+    /// What each of the `start` runners is for, in the order they start: `start` is their
+    /// number once packing decided ([`PolicyPlan::pack`]).
+    pub(crate) starts: Vec<Start>,
+    /// The jobs packing left waiting, and why.
+    pub(crate) waits: Vec<(JobId, Wait)>,
     /// Which rule bounded `start` (for the notification of demand waiting at the host's
     /// ceiling).
     pub(crate) limit: Limit,
     /// What `start` was computed from, to compute it again once the claims are known.
     basis: Basis,
+}
+
+/// One runner the plan starts: for a job's shape, or a warm runner of the policy's own
+/// (`min_runners`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Start {
+    /// The job whose shape it has; `None`: the policy's default shape.
+    pub(crate) job: Option<JobId>,
+    /// Its shape's key ([`Sized::key`]).
+    pub(crate) key: String,
+}
+
+/// A counted job as packing sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Sized {
+    /// Its shape's key (`crate::shape::Shape::key`, "" for the policy's default shape): a live
+    /// runner of a key stands for a queued job of that key only.
+    pub(crate) key: String,
+    /// What its runner would take from the host.
+    pub(crate) need: Need,
+    /// When it was first seen queued.
+    pub(crate) queued_at_ms: UnixMs,
+}
+
+/// A policy's shapes, for packing (issue 42). The default (no sizes, nothing in flight, a
+/// warm runner needing nothing) packs as the ceilings alone did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Shaped {
+    /// The counted jobs' shapes (a job missing here has the default shape and needs nothing).
+    pub(crate) sizes: HashMap<JobId, Sized>,
+    /// The policy's live runners not busy, per shape key.
+    pub(crate) in_flight: BTreeMap<String, u32>,
+    /// What a runner of the policy's default shape takes (a warm runner's).
+    pub(crate) warm: Need,
+}
+
+/// The host's side of packing: its capacity and what its live runners hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Packing {
+    /// `[host] capacity` with the host's devices (the default: unbounded, no devices).
+    pub(crate) capacity: Room,
+    /// What each live runner holds.
+    pub(crate) held: Vec<Need>,
 }
 
 /// The facts a policy's `start` came from.
@@ -92,6 +146,10 @@ struct Basis {
     /// Runner uids of the pool left free after the policies before it took theirs (`None`: no
     /// uid pool).
     free_uids: Option<u32>,
+    /// Runners its jobs want beyond what the live runners offset as a number: a live runner
+    /// stands for a job of its own shape only, so an idle runner of one shape leaves a job of
+    /// another uncovered ([`uncovered_beyond_count`]).
+    uncovered_extra: u32,
 }
 
 /// The plan of one pass.
@@ -132,6 +190,8 @@ pub(crate) struct Inputs<'a> {
     /// (`None`: no uid pool). A uid a process outside rm runs as is found only when a runner
     /// takes one ([`PolicyPlan::hold`]).
     pub(crate) free_uids: Option<u32>,
+    /// The host's capacity and what runs (issue 42).
+    pub(crate) packing: Packing,
 }
 
 /// One policy's inputs.
@@ -148,6 +208,8 @@ pub(crate) struct PolicyInputs<'a> {
     pub(crate) count: u32,
     /// Its busy runners whose job the journal does not know yet.
     pub(crate) busy_unknown: usize,
+    /// Its jobs' shapes and its live runners' (issue 42).
+    pub(crate) shaped: Shaped,
 }
 
 /// The plan for `inputs`. Policies take the host's room in their order; in a fleet each one's
@@ -155,9 +217,11 @@ pub(crate) struct PolicyInputs<'a> {
 pub(crate) fn plan(inputs: &Inputs<'_>) -> Plan {
     let mut host_live = inputs.counts.host_live();
     let mut free_uids = inputs.free_uids;
+    let mut room = Room::left(&inputs.packing.capacity, &inputs.packing.held);
     let mut policies = Vec::with_capacity(inputs.policies.len());
     for p in &inputs.policies {
-        let planned = plan_policy(inputs, p, host_live, free_uids);
+        let mut planned = plan_policy(inputs, p, host_live, free_uids);
+        planned.pack(&mut room, &inputs.packing.capacity, p, inputs.now_ms);
         host_live = host_live.saturating_add(planned.start);
         free_uids = free_uids.map(|free| free.saturating_sub(planned.start));
         policies.push(planned);
@@ -225,6 +289,7 @@ fn plan_policy(
         busy_unknown: p.busy_unknown,
         may_start,
         free_uids,
+        uncovered_extra: uncovered_beyond_count(p),
     };
     let mut planned = PolicyPlan {
         policy: p.policy.name.clone(),
@@ -234,6 +299,8 @@ fn plan_policy(
         claim,
         release,
         held,
+        starts: Vec::new(),
+        waits: Vec::new(),
         limit: Limit::Demand,
         basis,
     };
@@ -305,13 +372,18 @@ impl PolicyPlan {
     pub(crate) fn after_claims(&mut self, granted: usize) {
         self.held
             .retain(|h| !matches!(h, Held::AtCapacity { .. } | Held::NoFreeUid));
+        let packed = self.start;
         self.decide(granted);
+        // Packing took the host's room for what it started; claims lost start fewer.
+        self.start = self.start.min(packed);
+        self.starts.truncate(self.start as usize);
     }
 
     /// Carrying the plan out found a reason it could not start the rest (a launch failed
     /// meanwhile and backs the policy off, or the uid pool is empty).
     pub(crate) fn hold(&mut self, started: u32, why: Held) {
         self.start = started;
+        self.starts.truncate(started as usize);
         if !self.held.contains(&why) {
             self.held.push(why);
         }
@@ -325,7 +397,8 @@ impl PolicyPlan {
             None => b.count,
         };
         let decided = allocation::allocate(AllocationInput {
-            demand: super::allocate::demand_after_unknown_busy(self.demand, b.busy_unknown),
+            demand: super::allocate::demand_after_unknown_busy(self.demand, b.busy_unknown)
+                .saturating_add(b.uncovered_extra),
             ..b.ceilings
         });
         self.limit = decided.limit;
@@ -351,6 +424,107 @@ impl PolicyPlan {
             self.held.push(Held::NoFreeUid);
         }
     }
+}
+
+impl PolicyPlan {
+    /// Packs the `start` runners the ceilings allow into what is left of the host (`room`,
+    /// taken from as they start; `capacity` the whole host): the jobs no live runner of their
+    /// shape stands for, in queue order ([`pack::pack`]), then warm runners of the default
+    /// shape for `min_runners`. `start` becomes what fits.
+    fn pack(&mut self, room: &mut Room, capacity: &Room, p: &PolicyInputs<'_>, now_ms: UnixMs) {
+        let default = Sized {
+            key: String::new(),
+            need: p.shaped.warm.clone(),
+            queued_at_ms: now_ms,
+        };
+        let uncovered = uncovered_jobs(p);
+        let wants: Vec<pack::Want<'_>> = uncovered
+            .iter()
+            .map(|id| {
+                let sized = p.shaped.sizes.get(id).unwrap_or(&default);
+                pack::Want {
+                    job_id: *id,
+                    need: &sized.need,
+                    waited: std::time::Duration::from_millis(
+                        u64::try_from(now_ms.saturating_sub(sized.queued_at_ms)).unwrap_or(0),
+                    ),
+                }
+            })
+            .collect();
+        let packed = pack::pack(room, capacity, &wants, self.start);
+        let mut starts: Vec<Start> = packed
+            .start
+            .iter()
+            .map(|&i| Start {
+                job: Some(wants[i].job_id),
+                key: p
+                    .shaped
+                    .sizes
+                    .get(&wants[i].job_id)
+                    .map_or_else(String::new, |s| s.key.clone()),
+            })
+            .collect();
+        // Warm runners for `min_runners`: what the ceilings allow beyond the uncovered jobs.
+        let warm = self.start.saturating_sub(count_u32(uncovered.len()));
+        for _ in 0..warm {
+            if room.reserved_for.is_some() || room.short_of(&default.need).is_some() {
+                break;
+            }
+            room.take(&default.need);
+            starts.push(Start {
+                job: None,
+                key: String::new(),
+            });
+        }
+        let mut exceeding = 0;
+        let mut first_short = None;
+        for (_, wait) in &packed.wait {
+            match wait {
+                Wait::ExceedsHost { .. } => exceeding += 1,
+                Wait::Room { resource } if first_short.is_none() => {
+                    first_short = Some(resource.clone());
+                }
+                _ => {}
+            }
+        }
+        if let Some(resource) = first_short {
+            self.held.push(Held::WaitingForRoom { resource });
+        }
+        if exceeding > 0 {
+            self.held.push(Held::ShapeExceedsHost { jobs: exceeding });
+        }
+        self.start = count_u32(starts.len());
+        self.starts = starts;
+        self.waits = packed.wait;
+    }
+}
+
+/// The policy's counted jobs no live runner of their shape stands for, in queue order: per
+/// shape key, the oldest jobs are the ones its runners are counted against.
+fn uncovered_jobs(p: &PolicyInputs<'_>) -> Vec<JobId> {
+    let mut covered: BTreeMap<&str, u32> = BTreeMap::new();
+    p.jobs
+        .iter()
+        .copied()
+        .filter(|id| {
+            let key = p.shaped.sizes.get(id).map_or("", |s| s.key.as_str());
+            let used = covered.entry(key).or_default();
+            if *used < p.shaped.in_flight.get(key).copied().unwrap_or(0) {
+                *used += 1;
+                false
+            } else {
+                true
+            }
+        })
+        .collect()
+}
+
+/// How many more runners the policy's jobs want than its count less its runners in flight
+/// says: a runner of one shape offsets that count but stands for no job of another.
+fn uncovered_beyond_count(p: &PolicyInputs<'_>) -> u32 {
+    let in_flight: u32 = p.shaped.in_flight.values().sum();
+    let by_count = count_u32(p.jobs.len()).saturating_sub(in_flight);
+    count_u32(uncovered_jobs(p).len()).saturating_sub(by_count)
 }
 
 impl Plan {
@@ -380,6 +554,14 @@ impl Plan {
                             start: p.start,
                             room: p.room,
                             held: p.held.clone(),
+                            waits: p
+                                .waits
+                                .iter()
+                                .map(|(job_id, wait)| JobWait {
+                                    job_id: *job_id,
+                                    wait: wait.clone(),
+                                })
+                                .collect(),
                         },
                     )
                 })
@@ -410,11 +592,24 @@ pub struct PublishedPolicy {
     /// What held the rest back.
     #[serde(default)]
     pub held: Vec<Held>,
+    /// The jobs packing left waiting, and why (issue 42).
+    #[serde(default)]
+    pub waits: Vec<JobWait>,
+}
+
+/// A job packing left waiting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobWait {
+    pub job_id: JobId,
+    #[serde(flatten)]
+    pub wait: Wait,
 }
 
 fn count_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
+
+pub(crate) mod pack;
 
 #[cfg(test)]
 mod tests;

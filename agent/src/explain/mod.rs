@@ -345,6 +345,7 @@ fn made_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
                 count: count(jobs.len()),
                 jobs,
                 busy_unknown: busy_unknown.get(policy.name.as_str()).copied().unwrap_or(0),
+                shaped: Default::default(),
             }
         })
         .collect();
@@ -359,6 +360,7 @@ fn made_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
         free_uids: facts
             .uid_pool
             .map(|pool| count(pool.saturating_sub(held_uids))),
+        packing: Default::default(),
     })
 }
 

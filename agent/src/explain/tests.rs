@@ -397,6 +397,7 @@ fn a_running_agent_s_published_plan_is_rendered_not_decided_again() {
                 start,
                 room,
                 held,
+                waits: Vec::new(),
             },
         )]
         .into(),

@@ -30,6 +30,7 @@ fn inputs<'a>(p: &'a Policy, queued: &[i64]) -> PolicyInputs<'a> {
         fenced: 0,
         count: u32::try_from(queued.len()).unwrap(),
         busy_unknown: 0,
+        shaped: Shaped::default(),
     }
 }
 
@@ -81,6 +82,7 @@ fn demand_starts_runners_up_to_the_first_ceiling_and_says_which() {
             policies: vec![inputs(&linux, queued)],
             standing: None,
             free_uids: None,
+            packing: Packing::default(),
         });
         let p = one(&plan);
         assert_eq!(
@@ -118,6 +120,7 @@ fn the_surplus_is_the_runners_waiting_for_a_job_beyond_the_count() {
             }],
             standing: None,
             free_uids: None,
+            packing: Packing::default(),
         });
         assert_eq!(
             one(&plan).surplus(),
@@ -139,6 +142,7 @@ fn policies_take_the_host_s_room_in_their_order() {
         policies: vec![inputs(&a, &[1, 2]), inputs(&b, &[3, 4])],
         standing: None,
         free_uids: None,
+        packing: Packing::default(),
     });
     let starts: Vec<u32> = plan.policies.iter().map(|p| p.start).collect();
     assert_eq!(starts, [2, 1]);
@@ -185,6 +189,7 @@ fn an_unfit_host_a_back_off_and_a_fence_hold_demand_back_but_it_still_counts() {
             policies: vec![p],
             standing: None,
             free_uids: None,
+            packing: Packing::default(),
         });
         let p = one(&plan);
         assert_eq!((p.demand, p.start, &p.held), (demand, start, &held));
@@ -207,6 +212,7 @@ fn busy_runners_whose_job_is_unknown_took_queued_jobs() {
         policies: vec![p],
         standing: None,
         free_uids: None,
+        packing: Packing::default(),
     });
     assert_eq!((one(&plan).demand, one(&plan).start), (2, 1));
 }
@@ -237,6 +243,7 @@ fn a_fleet_host_claims_what_it_could_start_gives_back_what_no_longer_counts_and_
         policies: vec![inputs(&linux, &[1, 2, 3, 4, 5])],
         standing: Some(&standing),
         free_uids: None,
+        packing: Packing::default(),
     });
     let p = &mut plan.policies[0];
     // Room for 3 (its max_runners): it holds 1, so it claims the 2 oldest unclaimed.
@@ -266,6 +273,7 @@ fn a_plan_says_a_policy_without_demand_wants_no_runner_unless_it_keeps_a_minimum
             policies: vec![inputs(p, &[])],
             standing: None,
             free_uids: None,
+            packing: Packing::default(),
         })
     };
     assert!(!made(&linux).wants(&linux));
@@ -290,6 +298,7 @@ fn a_ceiling_is_said_even_while_the_policy_may_not_start_and_room_counts_it() {
         policies: vec![p],
         standing: None,
         free_uids: None,
+        packing: Packing::default(),
     });
     let p = one(&plan);
     // One more runner fits under max_runners = 2; the back-off starts none.
@@ -328,6 +337,7 @@ fn free_uids_bound_the_starts_of_every_policy_in_their_order() {
             policies: vec![inputs(&a, &[1, 2]), inputs(&b, &[3, 4])],
             standing: None,
             free_uids: free,
+            packing: Packing::default(),
         });
         let got: Vec<u32> = plan.policies.iter().map(|p| p.start).collect();
         assert_eq!(got, starts, "{free:?}");
@@ -339,5 +349,181 @@ fn free_uids_bound_the_starts_of_every_policy_in_their_order() {
         assert_eq!(said, no_uid, "{free:?}");
         // The ceilings' room is not the uids'.
         assert!(plan.policies.iter().all(|p| p.room == 2));
+    }
+}
+
+/// Packing (issue 42): sizes in CPUs (each also 1 GiB), on a host of `cpus` CPUs.
+mod packing {
+    use super::*;
+    use crate::executor::plan::pack::{Need, Resource, Room, Wait};
+
+    fn need(cpus: u64) -> Need {
+        Need {
+            cpu_millis: cpus * 1000,
+            memory: 1 << 30,
+            ..Need::default()
+        }
+    }
+
+    fn host(cpus: u64, held: &[u64]) -> Packing {
+        Packing {
+            capacity: Room {
+                cpu_millis: Some(cpus * 1000),
+                ..Room::default()
+            },
+            held: held.iter().map(|c| need(*c)).collect(),
+        }
+    }
+
+    /// A policy's inputs: `queued` as (job, key, cpus), `in_flight` per key.
+    fn shaped<'a>(
+        p: &'a Policy,
+        queued: &[(i64, &str, u64)],
+        in_flight: &[(&str, u32)],
+        warm: u64,
+    ) -> PolicyInputs<'a> {
+        let ids: Vec<i64> = queued.iter().map(|q| q.0).collect();
+        PolicyInputs {
+            shaped: Shaped {
+                sizes: queued
+                    .iter()
+                    .map(|&(id, key, cpus)| {
+                        (
+                            JobId::new(id),
+                            Sized {
+                                key: key.to_owned(),
+                                need: need(cpus),
+                                queued_at_ms: UnixMs::new(1_000),
+                            },
+                        )
+                    })
+                    .collect(),
+                in_flight: in_flight
+                    .iter()
+                    .map(|(k, n)| ((*k).to_owned(), *n))
+                    .collect(),
+                warm: need(warm),
+            },
+            ..inputs(p, &ids)
+        }
+    }
+
+    fn planned(packing: Packing, live: u32, policies: Vec<PolicyInputs<'_>>) -> Plan {
+        let counts = counts(&[("linux", live, 0)]);
+        plan(&Inputs {
+            now_ms: UnixMs::new(1_000),
+            fit: true,
+            host_max: 8,
+            counts: &counts,
+            policies,
+            standing: None,
+            free_uids: None,
+            packing,
+        })
+    }
+
+    fn started(p: &PolicyPlan) -> Vec<Option<i64>> {
+        p.starts.iter().map(|s| s.job.map(|j| j.get())).collect()
+    }
+
+    #[test]
+    fn a_live_runner_of_one_shape_stands_for_no_job_of_another() {
+        let linux = policy("linux", &["self-hosted"], 4);
+        // An idle default runner, one large job queued: the job gets a runner of its own.
+        let plan = planned(
+            host(8, &[1]),
+            1,
+            vec![shaped(&linux, &[(1, "rm-cpu=4", 4)], &[("", 1)], 1)],
+        );
+        assert_eq!(started(one(&plan)), vec![Some(1)]);
+        assert_eq!(one(&plan).starts[0].key, "rm-cpu=4");
+        // A starting runner of its own shape: nothing more.
+        let plan = planned(
+            host(8, &[4]),
+            1,
+            vec![shaped(&linux, &[(1, "rm-cpu=4", 4)], &[("rm-cpu=4", 1)], 1)],
+        );
+        assert_eq!(one(&plan).start, 0);
+    }
+
+    #[test]
+    fn what_does_not_fit_waits_and_says_for_what() {
+        let linux = policy("linux", &["self-hosted"], 8);
+        let plan = planned(
+            host(8, &[]),
+            0,
+            vec![shaped(
+                &linux,
+                &[
+                    (1, "rm-cpu=6", 6),
+                    (2, "rm-cpu=6", 6),
+                    (3, "rm-cpu=2", 2),
+                    (4, "rm-cpu=16", 16),
+                ],
+                &[],
+                1,
+            )],
+        );
+        let p = one(&plan);
+        assert_eq!(started(p), vec![Some(1), Some(3)]);
+        assert_eq!(
+            p.waits,
+            vec![
+                (
+                    JobId::new(2),
+                    Wait::Room {
+                        resource: Resource::Cpu
+                    }
+                ),
+                (
+                    JobId::new(4),
+                    Wait::ExceedsHost {
+                        resource: Resource::Cpu
+                    }
+                ),
+            ]
+        );
+        assert!(p.held.contains(&Held::WaitingForRoom {
+            resource: Resource::Cpu
+        }));
+        assert!(p.held.contains(&Held::ShapeExceedsHost { jobs: 1 }));
+        let published = plan.published();
+        assert_eq!(published.policies["linux"].waits.len(), 2);
+    }
+
+    #[test]
+    fn policies_share_the_host_s_room_in_their_order_and_warm_runners_come_last() {
+        let mut a = policy("a", &["a"], 4);
+        a.min_runners = 2;
+        let b = policy("b", &["b"], 4);
+        let plan = planned(
+            host(8, &[]),
+            0,
+            vec![
+                shaped(&a, &[(1, "rm-cpu=4", 4)], &[], 2),
+                shaped(&b, &[(2, "rm-cpu=4", 4)], &[], 1),
+            ],
+        );
+        // a (planned first): a runner for its job (4 CPUs) and one warm runner of its default
+        // shape (2 CPUs) for `min_runners = 2`; b's job (4 CPUs) does not fit the 2 left.
+        assert_eq!(started(&plan.policies[0]), vec![Some(1), None]);
+        assert_eq!(plan.policies[1].start, 0);
+        assert_eq!(
+            plan.policies[1].waits,
+            vec![(
+                JobId::new(2),
+                Wait::Room {
+                    resource: Resource::Cpu
+                }
+            )]
+        );
+    }
+
+    #[test]
+    fn without_capacity_or_shapes_the_plan_is_the_ceilings_alone() {
+        let linux = policy("linux", &["self-hosted"], 3);
+        let plan = planned(Packing::default(), 0, vec![inputs(&linux, &[1, 2, 3, 4])]);
+        assert_eq!(one(&plan).start, 3);
+        assert!(one(&plan).waits.is_empty());
     }
 }
