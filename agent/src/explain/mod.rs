@@ -48,6 +48,7 @@ use crate::config::{Policy, Target};
 use crate::demand::{self, QueuedJob};
 use crate::executor::allocate;
 use crate::executor::allocate::published::PolicyMemory;
+use crate::executor::plan::pack::{Resource, Wait};
 use crate::executor::plan::{self, CeilingKind, Held, Plan};
 use crate::status_file::{Liveness, Snapshot};
 
@@ -71,6 +72,8 @@ pub(crate) enum Verdict {
     Done,
     /// The job is a scale set's: GitHub assigns it to one of the scale set's runners.
     ScaleSet,
+    /// Its shape (`rm-` labels) is refused or larger than the host: it never starts here.
+    ShapeRefused,
 }
 
 impl Verdict {
@@ -88,6 +91,7 @@ impl Verdict {
             Verdict::Running => "running",
             Verdict::Done => "done",
             Verdict::ScaleSet => "scale_set",
+            Verdict::ShapeRefused => "shape_refused",
         }
     }
 }
@@ -193,6 +197,8 @@ struct PolicyView {
     /// Runners the ceilings left room for ([`plan::PolicyPlan::room`]).
     room: u32,
     held: Vec<Held>,
+    /// The jobs packing left waiting, and why (issue 42).
+    waits: HashMap<JobId, Wait>,
 }
 
 impl PolicyView {
@@ -202,6 +208,7 @@ impl PolicyView {
             start: p.start,
             room: p.room,
             held: p.held.clone(),
+            waits: p.waits.iter().map(|w| (w.job_id, w.wait.clone())).collect(),
         }
     }
 
@@ -211,6 +218,7 @@ impl PolicyView {
             start: p.start,
             room: p.room,
             held: p.held.clone(),
+            waits: p.waits.iter().cloned().collect(),
         }
     }
 
@@ -799,6 +807,9 @@ fn served(
             "no free runner uid",
         ));
     }
+    if let Some(wait) = view.waits.get(&job.job_id) {
+        chain.push(packing_wait(policy, wait));
+    }
     chain.extend(held);
     if !chain.is_empty() {
         return (chain, None);
@@ -825,6 +836,57 @@ fn served(
         format!("a runner of {} is being allocated", policy.name),
     ));
     (chain, None)
+}
+
+/// Why packing left the job waiting (issue 42): the room running runners hold, a device, an
+/// older job that reserved the room, or a shape larger than the host.
+fn packing_wait(policy: &Policy, wait: &Wait) -> Condition {
+    match wait {
+        Wait::Room {
+            resource: resource @ Resource::Device(group),
+        } => condition(
+            Verdict::AtCapacity,
+            reason(
+                "waiting_for_device",
+                format!(
+                    "Every {resource} of this host is held by a running runner: the job starts                      when one returns to the pool at its runner's cleanup (`rm-agent status`                      lists the devices and their holders)."
+                ),
+            ),
+            format!("waiting for a {group} device"),
+        ),
+        Wait::Room { resource } => condition(
+            Verdict::AtCapacity,
+            reason(
+                "waiting_for_capacity",
+                format!(
+                    "What the running runners hold leaves too little {resource} for this job's                      shape on this host: it starts when enough is freed (`rm-agent status` shows                      the capacity used and free)."
+                ),
+            ),
+            format!("waiting for {resource}"),
+        ),
+        Wait::Behind { job_id } => condition(
+            Verdict::AtCapacity,
+            reason(
+                "waiting_behind",
+                format!(
+                    "Job {job_id} has waited {} minutes for room and now reserves it: no job                      queued after it starts before it does.",
+                    plan::pack::RESERVE_AFTER.as_secs() / 60
+                ),
+            ),
+            format!("waiting behind job {job_id}"),
+        ),
+        Wait::ExceedsHost { resource } => condition(
+            Verdict::ShapeRefused,
+            reason(
+                "shape_exceeds_host",
+                format!(
+                    "The job asks for more {resource} than this host has at all (host.capacity,                      [[host.device]]): no runner of `{}` on this host can take it. Ask for                      less in its rm- labels, or serve it from a larger host.",
+                    policy.name
+                ),
+            ),
+            "its shape exceeds this host",
+        ),
+    }
 }
 
 /// The policy's launch back-off, with what the snapshot remembers of its failures.
