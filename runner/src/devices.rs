@@ -28,9 +28,11 @@
 //! - **`/proc/<pid>/root` of a host process.** The runner has a PID namespace of its own with
 //!   its own `/proc` ([`crate::isolate`]): no host process is there to go through (the test
 //!   looks for its own pid in the runner's `/proc` and does not find it). Its namespace's pid 1
-//!   is root's, which a runner uid cannot `ptrace`, so its `root` link is closed too.
-//! - **`/sys`.** The host's `/sys` stays visible, but sysfs holds attributes, not device nodes;
-//!   what in it touches hardware (PCI `resource*`, `config` writes) is root's alone.
+//!   is root's, which a runner uid cannot `ptrace`, so its `root` link is closed too (the test
+//!   lists `/proc/1/root/` and is refused).
+//! - **`/sys`** (not tested here). The host's `/sys` stays visible, but sysfs holds attributes,
+//!   not device nodes; what in it touches hardware (PCI `resource*`, `config` writes) is root's
+//!   alone.
 //!
 //! - **Its Docker daemon.** A runner's own Docker daemon ([`crate::docker`]) has a mount
 //!   namespace of its own, which sees the host's `/dev`: a job could have it pass any node into

@@ -861,8 +861,9 @@ fn an_egress_runner_runs_the_agents_job_completed_hook_and_keeps_an_operators() 
 
 /// A listener that tries every way to a device node it knows of: the one it was given
 /// (`NODE_A`), the one it was not (`NODE_B`), a clone of that one outside `/dev`
-/// (`CLONE_B`, in its own runtime), making one with B's number itself, and a host process's
-/// `/proc` entry (the test's own pid). Each attempt prints `ok` or the error it met.
+/// (`CLONE_B`, in its own runtime), making one with B's number itself, a host process's
+/// `/proc` entry (the test's own pid), and the root of its namespace's pid 1. Each attempt
+/// prints `ok` or the error it met.
 const DEVICE_SCRIPT: &str = r#"#!/bin/sh
 cd "$(dirname "$0")/.."
 opens() {
@@ -875,6 +876,7 @@ opens() {
   if out=$(mknod "$TMPDIR/made" c 1 3 2>&1); then echo "mknod=ok"; else echo "mknod=$out"; fi
   echo "dev=$(ls -A /dev | tr '\n' ' ')"
   if [ -e "/proc/$AGENT_PID" ]; then echo "agent_proc=present"; else echo "agent_proc=absent"; fi
+  if ls /proc/1/root/ >/dev/null 2>&1; then echo "pid1_root=ok"; else echo "pid1_root=denied"; fi
 } > report.txt
 echo done >> report.txt
 "#;
@@ -906,7 +908,8 @@ fn null_clone(path: &Path) {
 /// On a host that declares devices, a runner given node A opens A and nothing else: B is not in
 /// its `/dev` (ENOENT), a clone of B outside `/dev` does not open (its mount is `nodev`), it
 /// cannot make B's number itself (EPERM: no capabilities), no other host node is in its `/dev`,
-/// and no host process is in its `/proc`. A runner given none opens neither. The control:
+/// no host process is in its `/proc`, and its namespace's pid 1 (root's) does not lend it its
+/// root. A runner given none opens neither. The control:
 /// the same runner on a host without devices opens B and its clone (the attack works without
 /// the defence). A plan naming what is not a device node under /dev/ starts no runner.
 #[test]
@@ -1044,6 +1047,11 @@ fn a_runner_opens_only_the_devices_it_was_given() {
         "only the basic nodes and A's directory"
     );
     assert_eq!(get(&given_a, "agent_proc"), "absent", "{given_a}");
+    assert_eq!(
+        get(&given_a, "pid1_root"),
+        "denied",
+        "its namespace's pid 1 is root's: {given_a}"
+    );
 
     // Given none, on a device host.
     let given_none = run(&plan_of(2, Some(crate::devices::DevicePlan::default())));
@@ -1112,4 +1120,130 @@ fn a_runner_opens_only_the_devices_it_was_given() {
         ))
     ));
     none.clean(&plan).unwrap();
+}
+
+/// [`DEVICE_SCRIPT`] for an image of busybox's few applets: shell redirections only.
+const IMAGE_DEVICE_SCRIPT: &str = r#"#!/bin/sh
+cd "$(dirname "$0")/.."
+{
+  if (echo x > "$NODE_A") 2>/dev/null; then echo "a=ok"; else echo "a=denied"; fi
+  if [ -e "$NODE_B" ]; then echo "b=present"; else echo "b=absent"; fi
+  if [ -c "$CLONE_B" ]; then echo "clone_node=present"; else echo "clone_node=absent"; fi
+  if (echo x > "$CLONE_B") 2>/dev/null; then echo "clone=ok"; else echo "clone=denied"; fi
+  echo "dev=$(ls -A /dev | tr '\n' ' ')"
+} > report.txt
+echo done >> report.txt
+"#;
+
+/// A runner whose root is an image gets its given nodes in the image's own `/dev`, and on a
+/// device host the clone of another node in its runtime does not open there either.
+#[test]
+fn an_image_runner_on_a_device_host_gets_its_nodes_in_its_own_dev() {
+    let name = "an_image_runner_on_a_device_host_gets_its_nodes_in_its_own_dev";
+    if !rustix::process::geteuid().is_root() {
+        crate::test_skip::cannot_run(name, "root", "only root can make device nodes and mount");
+        return;
+    }
+    let (dir, package, root) = package_and_root();
+    std::fs::write(package.join("bin/Runner.Listener"), IMAGE_DEVICE_SCRIPT).unwrap();
+    let Some(rootfs) = busybox_rootfs(dir.path()) else {
+        crate::test_skip::cannot_run(name, "busybox", "busybox-static is not installed");
+        return;
+    };
+    let pid = std::process::id();
+    // Numbered apart from the other device test's, which runs in this process at the same time.
+    let dirs: Vec<PathBuf> = (2..4)
+        .map(|n| PathBuf::from(format!("/dev/rm-test-{pid}-{n}")))
+        .collect();
+    let _remove = TestDevices(dirs.clone());
+    for dir in &dirs {
+        std::fs::create_dir(dir).unwrap();
+        null_clone(&dir.join("node"));
+    }
+    let (node_a, node_b) = (dirs[0].join("node"), dirs[1].join("node"));
+    let uid = 3_500_000 + pid % 100_000;
+    let stored = LinkedPackage::install(
+        Store::open(root.path()).unwrap(),
+        &package,
+        &Pool::new(Vec::new()),
+    )
+    .unwrap();
+    let backend = UserIsolation {
+        root: root.clone(),
+        package: Some(Arc::new(stored)),
+        pool: Pool::new(vec![Account { uid, gid: uid }]),
+        cgroups: None,
+        network: None,
+        docker: None,
+        run_keep: vec![],
+    };
+    let attempt_id = format!("{:012x}{}", u64::from(uid) * 16 + 1, "0".repeat(20));
+    let runtime_dir = root.ephemeral_path(&attempt_id).unwrap();
+    let plan = Plan {
+        attempt_id,
+        workspace: WorkspaceKind::Ephemeral,
+        env: OperatorEnv::new(vec![
+            ("NODE_A".to_owned(), node_a.display().to_string()),
+            ("NODE_B".to_owned(), node_b.display().to_string()),
+            (
+                "CLONE_B".to_owned(),
+                runtime_dir.join("clone-of-b").display().to_string(),
+            ),
+        ]),
+        runtime_dir,
+        uid: Some(uid),
+        cgroup: None,
+        limits: Limits::default(),
+        network_allow: None,
+        egress: None,
+        egress_report: None,
+        docker: None,
+        cache: None,
+        image: Some(crate::image_root::ImagePlan {
+            id: "sha256:test".to_owned(),
+            rootfs,
+            env: vec![("PATH".to_owned(), "/bin".to_owned())],
+        }),
+        devices: Some(crate::devices::DevicePlan {
+            nodes: vec![node_a.clone()],
+        }),
+    };
+    let report = {
+        let runtime = backend.prepare(&plan).unwrap();
+        null_clone(&runtime.dir().join("clone-of-b"));
+        let mut spawned = backend
+            .start(&plan, &runtime, &SecretString::from("jit"))
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while spawned.child.try_wait().unwrap().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the listener did not exit"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let report = std::fs::read_to_string(runtime.dir().join("report.txt"))
+            .unwrap_or_else(|e| panic!("no report ({e}): {}", backend_log(runtime.dir())));
+        assert_eq!(backend.clean(&plan).unwrap().runtime, Removal::Removed);
+        report
+    };
+    assert!(report.ends_with("done\n"), "{report}");
+    for (key, want) in [
+        ("a", "ok"),
+        ("b", "absent"),
+        ("clone_node", "present"),
+        ("clone", "denied"),
+    ] {
+        assert!(
+            report.contains(&format!("{key}={want}\n")),
+            "{key}: {report}"
+        );
+    }
+    let a_dir = dirs[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        report
+            .lines()
+            .any(|l| l.starts_with("dev=") && l.split(' ').any(|d| d == a_dir)),
+        "{report}"
+    );
 }
