@@ -65,6 +65,11 @@ pub struct Plan {
     /// The policy's `image`: the runner's root is the image's verified root under a per-runner
     /// overlay ([`crate::image_root`]); `None`: the host's root. `user` isolation only.
     pub image: Option<crate::image_root::ImagePlan>,
+    /// The host declares devices (`[[host.device]]`): the runner gets a `/dev` of its own with
+    /// exactly these nodes (none when it was given none), and no other device node opens
+    /// ([`crate::devices`]); `None`: the host declares none, and the runner sees the host's
+    /// `/dev`. `user` isolation only (`none` refuses a plan with devices).
+    pub devices: Option<crate::devices::DevicePlan>,
 }
 
 /// What a cached runner gets (`policy.cache`, the `rm_cache` service): its runtime linked from
@@ -175,6 +180,7 @@ impl Plan {
             docker: None,
             cache: None,
             image: None,
+            devices: None,
         }
     }
 }
@@ -208,6 +214,8 @@ pub enum BackendError {
     Docker(String),
     #[error("the runner's image: {0}")]
     Image(String),
+    #[error("the runner's devices: {0}")]
+    Device(#[from] crate::devices::DeviceError),
 }
 
 /// The seam. Every method blocks (file trees, `/proc`, cgroupfs): call them off the async
@@ -300,6 +308,11 @@ impl Backend for NoIsolation {
         runtime: &Runtime,
         jit: &SecretString,
     ) -> Result<Spawned<RunnerChild>, BackendError> {
+        // A runner as the agent's own user sees every device node the agent does: it cannot be
+        // held to the devices it was given.
+        if plan.devices.is_some() {
+            return Err(crate::devices::DeviceError::NotIsolated.into());
+        }
         let env = with_operator_env(
             process::runner_environment(std::env::vars_os(), runtime.dir()),
             &plan.env,
@@ -701,6 +714,16 @@ impl Backend for UserIsolation {
         jit: &SecretString,
     ) -> Result<Spawned<RunnerChild>, BackendError> {
         let account = self.account(plan)?;
+        // Checked first, before anything is made for the runner: a node that is not a device
+        // under /dev/ is the operator's to fix, and no runner starts with it.
+        let devices = plan
+            .devices
+            .as_ref()
+            .map(crate::devices::DevSetup::prepare)
+            .transpose()?;
+        if devices.is_some() && plan.docker.is_some() {
+            return Err(crate::devices::DeviceError::WithDocker.into());
+        }
         // A uid someone else runs as would share its files and signals with this runner.
         let running = uid::processes_of(account.uid).map_err(|e| {
             BackendError::Uid(format!("cannot look for processes of {}: {e}", account.uid))
@@ -833,6 +856,7 @@ impl Backend for UserIsolation {
             None => None,
         };
         let sandbox = Sandbox {
+            devices,
             image,
             lent,
             cgroup_procs: procs,

@@ -6,8 +6,9 @@
 //! that double-fork and `setsid` away from the runner's process group.
 //!
 //! Paths and values are parsed by pure functions ([`cgroup2_mounts`], [`own_cgroup_path`],
-//! [`parse_controllers`], [`parse_populated`], [`limit_writes`]); the rest are thin wrappers
-//! around cgroupfs reads and writes.
+//! [`parse_controllers`], [`parse_populated`], [`limit_writes`], [`cpu_max_value`],
+//! [`parse_cpu_usage`], [`parse_memory_peak`]); the rest are thin wrappers around cgroupfs
+//! reads and writes, among them what a runner used ([`read_usage`]).
 
 use std::collections::HashSet;
 use std::fs;
@@ -45,6 +46,17 @@ pub(crate) const KILL_POLL: Duration = Duration::from_millis(20);
 
 /// The range the kernel accepts for `cpu.weight`.
 pub(crate) const CPU_WEIGHT_RANGE: RangeInclusive<u32> = 1..=10_000;
+
+/// The period of a runner's `cpu.max`, in microseconds: the kernel's default (100 ms), over
+/// which a quota of `millis * CPU_QUOTA_US_PER_MILLI` is a share of `millis / 1000` CPUs.
+pub const CPU_MAX_PERIOD_US: u64 = 100_000;
+
+/// Microseconds of quota per [`CPU_MAX_PERIOD_US`] for one CPU milli (1000 millis: one whole
+/// period, one CPU).
+pub const CPU_QUOTA_US_PER_MILLI: u64 = CPU_MAX_PERIOD_US / 1000;
+
+/// The smallest quota the kernel takes in `cpu.max` (1 ms): a smaller share is raised to it.
+pub const CPU_MIN_QUOTA_US: u64 = 1_000;
 
 /// Prefix of the probe cgroup [`CgroupRoot::resolve`] creates and removes. The `.` keeps it
 /// apart from every runner name (see [`valid_runner_name`]).
@@ -240,9 +252,9 @@ pub fn parse_controllers(text: &str) -> Controllers {
     controllers
 }
 
-/// A runner's limits (a policy's `memory_max`, `pids_max`, `cpu_weight`: the agent's
-/// configuration parses into this type); `None` leaves the kernel's default (no limit, weight
-/// 100).
+/// A runner's limits (a policy's `memory_max`, `pids_max`, `cpu_weight`, a job's shape's CPUs:
+/// the agent's configuration parses into this type); `None` leaves the kernel's default (no
+/// limit, weight 100).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
     /// Bytes.
@@ -250,17 +262,20 @@ pub struct Limits {
     pub pids_max: Option<u32>,
     /// 1..=10000 (cgroup v2 `cpu.weight`).
     pub cpu_weight: Option<u32>,
+    /// CPU millis (1000: one CPU), a hard bound: cgroup v2 `cpu.max` ([`cpu_max_value`]).
+    pub cpu_max: Option<u64>,
 }
 
 impl Limits {
     /// The limits asked for whose controller the cgroup root does not offer, by their policy
-    /// key (`memory_max`, `pids_max`, `cpu_weight`): [`CgroupRoot::create`] skips them and the
-    /// caller says so.
+    /// key (`memory_max`, `pids_max`, `cpu_weight`, and `cpu` for a shape's CPUs):
+    /// [`CgroupRoot::create`] skips them and the caller says so.
     pub fn unapplied(&self, available: Controllers) -> Vec<&'static str> {
         [
             (self.memory_max.is_some() && !available.memory, "memory_max"),
             (self.pids_max.is_some() && !available.pids, "pids_max"),
             (self.cpu_weight.is_some() && !available.cpu, "cpu_weight"),
+            (self.cpu_max.is_some() && !available.cpu, "cpu"),
         ]
         .into_iter()
         .filter_map(|(skipped, key)| skipped.then_some(key))
@@ -293,7 +308,20 @@ pub(crate) fn limit_writes(
             writes.push(("cpu.weight", weight.to_string()));
         }
     }
+    if let Some(millis) = limits.cpu_max.filter(|_| available.cpu) {
+        writes.push(("cpu.max", cpu_max_value(millis)));
+    }
     Ok(writes)
+}
+
+/// The `cpu.max` text for a bound of `millis` CPU millis: `"<quota> <period>"`, the quota
+/// `millis * 100` µs per [`CPU_MAX_PERIOD_US`] (so 1000 millis is one CPU's whole period, 2500
+/// two and a half CPUs' across several), never below the kernel's [`CPU_MIN_QUOTA_US`]. Pure.
+pub fn cpu_max_value(millis: u64) -> String {
+    let quota = millis
+        .saturating_mul(CPU_QUOTA_US_PER_MILLI)
+        .max(CPU_MIN_QUOTA_US);
+    format!("{quota} {CPU_MAX_PERIOD_US}")
 }
 
 /// Whether `name` can name a runner cgroup: `[A-Za-z0-9_-]+` and not [`AGENT_LEAF`]. No `.`, so
@@ -325,8 +353,45 @@ pub fn memory_report(path: &Path) -> (u64, Option<u64>) {
         .unwrap_or(0);
     let peak = fs::read_to_string(path.join("memory.peak"))
         .ok()
-        .and_then(|peak| peak.trim().parse().ok());
+        .and_then(|peak| parse_memory_peak(&peak));
     (kills, peak)
+}
+
+/// What a runner used, read from its cgroup at the end of its run ([`read_usage`]): what the
+/// operator right-sizes its shapes by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Usage {
+    /// The most memory the cgroup held at once, in bytes (`memory.peak`: the memory controller
+    /// and Linux 5.19); `None` where it is not there.
+    pub peak_memory: Option<u64>,
+    /// The CPU time its processes used, in microseconds (`cpu.stat`'s `usage_usec`, in every
+    /// cgroup v2 cgroup with or without the cpu controller); `None` where it cannot be read.
+    pub cpu_usec: Option<u64>,
+}
+
+/// Parses `cpu.stat` for its `usage_usec` key: the CPU time (user and system) of the cgroup's
+/// processes, in microseconds. Pure.
+pub fn parse_cpu_usage(cpu_stat: &str) -> Option<u64> {
+    cpu_stat.lines().find_map(|line| {
+        let (key, value) = line.split_once(' ')?;
+        (key == "usage_usec").then(|| value.trim().parse().ok())?
+    })
+}
+
+/// Parses `memory.peak`: one number of bytes. Pure.
+pub fn parse_memory_peak(text: &str) -> Option<u64> {
+    text.trim().parse().ok()
+}
+
+/// What the runner cgroup at `cgroup_dir` used ([`Usage`]): read it at the end of the runner's
+/// run, before [`kill_and_remove`] removes the cgroup. A file that is missing or unreadable
+/// leaves its number `None`: what a runner used is a report, never a reason to fail cleanup.
+pub fn read_usage(cgroup_dir: &Path) -> Usage {
+    let read = |file: &str| fs::read_to_string(cgroup_dir.join(file)).ok();
+    Usage {
+        peak_memory: read("memory.peak").and_then(|text| parse_memory_peak(&text)),
+        cpu_usec: read("cpu.stat").and_then(|text| parse_cpu_usage(&text)),
+    }
 }
 
 /// Parses `cgroup.events` for its `populated` key: whether any process is in the cgroup or

@@ -5,7 +5,8 @@
 //! host's resolver file, a `hosts` naming the runner, `passwd` and `group` with the runner's
 //! uid). Between fork and exec ([`ImageRootSetup::enter`], raw calls only): the overlay of the
 //! image's verified root (read-only lower) and that upper, `pivot_root` into it with the host's
-//! root detached, the runtime bound back at its own path, and a minimal `/dev`. The private
+//! root detached, the runtime bound back at its own path, and a minimal `/dev` (the one
+//! [`crate::devices`] makes, with the runner's given device nodes on a device host). The private
 //! `/tmp`, `/var/tmp`, `/dev/shm` and `/run` and the runner's `/proc` are then made by
 //! [`crate::isolate`] as for any runner, inside the image. Also the environment rule
 //! ([`with_image_env`], pure).
@@ -255,38 +256,9 @@ pub(crate) fn prepare(
     ImageRootSetup::new(runtime, &plan.rootfs, &dirs)
 }
 
-/// The character devices of a runner's `/dev` (name, major, minor): what programs expect to
-/// open, none that reaches hardware or the host's memory.
-const DEVICES: [(&CStr, u32, u32); 6] = [
-    (c"/dev/null", 1, 3),
-    (c"/dev/zero", 1, 5),
-    (c"/dev/full", 1, 7),
-    (c"/dev/random", 1, 8),
-    (c"/dev/urandom", 1, 9),
-    (c"/dev/tty", 5, 0),
-];
-
-/// The links of a runner's `/dev` (link, target).
-const DEV_LINKS: [(&CStr, &CStr); 5] = [
-    (c"/dev/ptmx", c"pts/ptmx"),
-    (c"/dev/fd", c"/proc/self/fd"),
-    (c"/dev/stdin", c"/proc/self/fd/0"),
-    (c"/dev/stdout", c"/proc/self/fd/1"),
-    (c"/dev/stderr", c"/proc/self/fd/2"),
-];
-
 /// The directories every image root gets if the image lacks them: where the runner's own
 /// `/proc`, `/dev` and private temporary places are mounted.
 const MOUNT_POINTS: [&CStr; 6] = [c"/proc", c"/dev", c"/tmp", c"/run", c"/var", c"/var/tmp"];
-
-/// The size of the runner's `/dev` tmpfs: device nodes, links and directories only.
-const DEV_TMPFS_OPTIONS: &CStr = c"mode=755,size=64k,nr_inodes=64";
-
-/// `devpts`: a new instance of the runner's own (its ptys are not the host's).
-const DEVPTS_OPTIONS: &CStr = c"newinstance,ptmxmode=0666,mode=0620";
-
-/// Mode of a `/dev` character device: anyone reads and writes (the umask would take it).
-const DEVICE_MODE: u32 = 0o666;
 
 /// The child's steps for an image root, prepared before the fork.
 #[derive(Debug)]
@@ -320,8 +292,10 @@ impl ImageRootSetup {
 
     /// Between fork and exec, in the runner's new mount namespace (already a slave of the
     /// host's), as root, with the runtime as the working directory: the runner's root becomes
-    /// the image. Raw calls only. On return the working directory is the runtime again.
-    pub(crate) fn enter(&self) -> io::Result<()> {
+    /// the image, with its own `/dev` holding `devices`' nodes too
+    /// ([`crate::devices::private_dev`]). Raw calls only. On return the working directory is
+    /// the runtime again.
+    pub(crate) fn enter(&self, devices: Option<&crate::devices::DevSetup>) -> io::Result<()> {
         use rustix::mount::{MountFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags};
         // The runtime, cloned before the host's tree goes: bound back at its path inside.
         let runtime: OwnedFd = rustix::mount::open_tree(
@@ -355,46 +329,10 @@ impl ImageRootSetup {
             self.runtime.as_c_str(),
             MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
         )?;
-        make_dev()?;
+        crate::devices::private_dev(devices)?;
         rustix::process::chdir(self.runtime.as_c_str())?;
         Ok(())
     }
-}
-
-/// The runner's `/dev`: a small tmpfs with [`DEVICES`], its own `devpts`, an empty `shm` (the
-/// private tmpfs goes there) and [`DEV_LINKS`]. Raw calls only.
-fn make_dev() -> io::Result<()> {
-    use rustix::mount::MountFlags;
-    rustix::mount::mount(
-        c"tmpfs",
-        c"/dev",
-        c"tmpfs",
-        MountFlags::NOSUID | MountFlags::NOEXEC,
-        DEV_TMPFS_OPTIONS,
-    )?;
-    for (path, major, minor) in DEVICES {
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            path,
-            FileType::CharacterDevice,
-            Mode::from_raw_mode(DEVICE_MODE),
-            rustix::fs::makedev(major, minor),
-        )?;
-        rustix::fs::chmod(path, Mode::from_raw_mode(DEVICE_MODE))?;
-    }
-    mkdir_here(c"/dev/pts")?;
-    rustix::mount::mount(
-        c"devpts",
-        c"/dev/pts",
-        c"devpts",
-        MountFlags::NOSUID | MountFlags::NOEXEC,
-        DEVPTS_OPTIONS,
-    )?;
-    mkdir_here(c"/dev/shm")?;
-    for (link, target) in DEV_LINKS {
-        rustix::fs::symlink(target, link)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

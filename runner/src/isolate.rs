@@ -1,6 +1,8 @@
 //! What `isolation = "user"` does to a runner besides its cgroup (CONTRACT §7): the steps the
 //! child takes between fork and exec ([`ChildSetup`]: into its cgroup, a private mount namespace
-//! with fresh `/tmp`, `/var/tmp`, `/dev/shm` and an IPC namespace of its own, its process limit, `no_new_privs`, then the
+//! with fresh `/tmp`, `/var/tmp`, `/dev/shm` (and, on a host that declares devices, every mount
+//! `nodev` and a `/dev` of its own with only its given device nodes: [`super::devices`]) and an
+//! IPC namespace of its own, its process limit, `no_new_privs`, then the
 //! runner's uid and gid with no supplementary groups), the environment it gets (`HOME`, `XDG_*`
 //! and the temporary directories inside its runtime), handing a runtime to the runner's uid
 //! ([`chown_tree`]), the uid pool ([`Pool`], [`pick_uid`]), and the checks that tell whether the
@@ -766,6 +768,9 @@ pub(crate) struct ChildSetup {
     /// The runner's root is an image (`policy.image`): entered before the private places are
     /// made, which are then the image's.
     image: Option<super::image_root::ImageRootSetup>,
+    /// The host declares devices: every mount `nodev`, then a `/dev` of the runner's own with
+    /// exactly these nodes ([`super::devices`]). `None`: the host's `/dev` (an image's own).
+    devices: Option<super::devices::DevSetup>,
 }
 
 /// The runtime is the child's working directory (std changes into it before the setup runs),
@@ -794,6 +799,9 @@ pub(crate) struct Sandbox {
     pub lent: Vec<Lent>,
     /// The image root (`policy.image`), prepared ([`super::image_root::prepare`]).
     pub image: Option<super::image_root::ImageRootSetup>,
+    /// The device nodes the runner gets in a `/dev` of its own, on a host that declares
+    /// devices ([`super::devices::DevSetup::prepare`]); `None`: the host declares none.
+    pub devices: Option<super::devices::DevSetup>,
 }
 
 fn c_path(p: &Path) -> io::Result<CString> {
@@ -856,6 +864,7 @@ impl ChildSetup {
             rebind,
             pids_max: sandbox.pids_max,
             image: sandbox.image,
+            devices: sandbox.devices,
         })
     }
 
@@ -918,13 +927,22 @@ impl ChildSetup {
             c"/",
             MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
         )?;
+        // On a device host, before anything of the host is cloned into this namespace (what
+        // is kept of `/run`, an image runner's runtime): no device node outside the runner's
+        // own `/dev`, made after this, opens.
+        if self.devices.is_some() {
+            super::devices::nodev_everywhere()?;
+        }
         // What the operator keeps of the host's `/run`, taken before the fresh one covers it.
         let kept = match &self.run {
             Some(run) => Some(run.kept.detach()?),
             None => None,
         };
         if let Some(image) = &self.image {
-            image.enter()?;
+            image.enter(self.devices.as_ref())?;
+        } else if let Some(devices) = &self.devices {
+            // Before the private tmpfs on `/dev/shm`, which this `/dev` would hide.
+            super::devices::private_dev(Some(devices))?;
         }
         let flags = MountFlags::NOSUID | MountFlags::NODEV;
         for (dir, options) in &self.private_dirs {

@@ -12,8 +12,8 @@
 //!   identity checks are written once against it, for every backend and for the host's table
 //!   ([`OsProcesses`], which `none` and `user` keep); it is not a second seam to fill. A runtime
 //!   directory ([`workspace`]) is made and removed only by the backends, so it has no seam.
-//!   [`isolate`], [`cgroup`], [`uid`], [`network`], [`docker`] and [`store`] are what
-//!   `isolation = "user"` is made of.
+//!   [`isolate`], [`cgroup`], [`uid`], [`network`], [`docker`], [`store`] and [`devices`] are
+//!   what `isolation = "user"` is made of.
 //! - [`process`] starts the runner the way CONTRACT §5 says, tells a live runner from a
 //!   recycled pid, and stops a runner's whole process group; [`workspace`] makes and removes a
 //!   runner's runtime directory without following a link out of it; [`slot`] is a persistent
@@ -31,6 +31,7 @@
 
 pub mod backend;
 pub mod cgroup;
+pub mod devices;
 pub mod discover;
 pub mod disk;
 pub mod docker;
@@ -53,6 +54,8 @@ pub mod trust;
 pub mod uid;
 pub mod workspace;
 
+pub use cgroup::{Usage, read_usage};
+pub use devices::{DeviceError, DevicePlan};
 pub use process::{
     OsProcesses, ProcessError, ProcessIdentity, ProcessState, Processes, RunnerChild, Spawned,
     StopOutcome,

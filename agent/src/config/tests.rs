@@ -441,7 +441,8 @@ fn isolation_is_user_by_default_and_none_only_when_named() {
         RunnerLimits {
             memory_max: Some(8 << 30),
             pids_max: Some(4096),
-            cpu_weight: Some(100)
+            cpu_weight: Some(100),
+            cpu_max: None,
         }
     );
 }
@@ -465,6 +466,7 @@ fn a_policy_is_bounded_by_default_and_none_opts_out() {
             memory_max: Some(3 << 30),
             pids_max: Some(bounds::DEFAULT_PIDS_MAX),
             cpu_weight: None,
+            cpu_max: None,
         }
     );
     assert_eq!(default.disk_max, Some(bounds::DEFAULT_DISK_MAX));

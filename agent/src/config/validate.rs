@@ -760,6 +760,7 @@ fn validate_policy(
         memory_max,
         pids_max,
         cpu_weight: section.cpu_weight,
+        cpu_max: None,
     };
     Ok(Policy {
         limits,

@@ -68,6 +68,7 @@ async fn a_runners_output_is_kept_with_every_line_and_no_secret() {
         docker: None,
         cache: None,
         image: None,
+        devices: None,
     };
     let jit = FakeJitConfig {
         server_url: "http://127.0.0.1:4711".to_owned(),

@@ -460,6 +460,7 @@ async fn a_policys_env_file_reaches_the_runner_and_reserved_names_are_refused() 
         docker: None,
         cache: None,
         image: None,
+        devices: None,
     };
     let Spawned {
         identity,

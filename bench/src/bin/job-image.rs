@@ -458,6 +458,7 @@ fn main() -> Result<()> {
             docker: None,
             cache: None,
             image,
+            devices: None,
         })
     };
     let roots = [Root::Host, Root::Small, Root::Large];

@@ -118,6 +118,7 @@ fn a_runtime_that_fails_its_check_rebuilds_the_store() {
         docker: None,
         cache: None,
         image: None,
+        devices: None,
     };
     let runtime = backend.prepare(&plan).unwrap();
     assert_eq!(
@@ -216,6 +217,7 @@ fn a_runner_started_isolated_is_its_own_uid_and_leaves_nothing() {
         docker: None,
         cache: None,
         image: None,
+        devices: None,
     };
     let runtime = backend.prepare(&plan).unwrap();
     let meta = std::fs::metadata(runtime.dir()).unwrap();
@@ -416,6 +418,7 @@ fn network_backend(
             docker: None,
             cache: None,
             image: None,
+            devices: None,
         }
     };
     (dir, backend, plan)
@@ -746,6 +749,7 @@ fn a_runner_with_an_image_sees_the_image_and_none_of_the_host() {
                     ("HOME".to_owned(), "/root".to_owned()),
                 ],
             }),
+            devices: None,
         };
         let runtime = backend.prepare(&plan).unwrap();
         let mut spawned = backend
@@ -852,5 +856,394 @@ fn an_egress_runner_runs_the_agents_job_completed_hook_and_keeps_an_operators() 
     assert_eq!(
         env[1],
         (OsString::from(OPERATOR_JOB_COMPLETED_HOOK), theirs.clone())
+    );
+}
+
+/// A listener that tries every way to a device node it knows of: the one it was given
+/// (`NODE_A`), the one it was not (`NODE_B`), a clone of that one outside `/dev`
+/// (`CLONE_B`, in its own runtime), making one with B's number itself, a host process's
+/// `/proc` entry (the test's own pid), and the root of its namespace's pid 1. Each attempt
+/// prints `ok` or the error it met.
+const DEVICE_SCRIPT: &str = r#"#!/bin/sh
+cd "$(dirname "$0")/.."
+opens() {
+  if out=$(dd if=/dev/zero of="$1" bs=1 count=1 conv=nocreat 2>&1); then echo ok; else echo "$out" | tail -n 1; fi
+}
+{
+  echo "a=$(opens "$NODE_A")"
+  echo "b=$(opens "$NODE_B")"
+  echo "clone=$(opens "$CLONE_B")"
+  if out=$(mknod "$TMPDIR/made" c 1 3 2>&1); then echo "mknod=ok"; else echo "mknod=$out"; fi
+  echo "dev=$(ls -A /dev | tr '\n' ' ')"
+  if [ -e "/proc/$AGENT_PID" ]; then echo "agent_proc=present"; else echo "agent_proc=absent"; fi
+  if ls /proc/1/root/ >/dev/null 2>&1; then echo "pid1_root=ok"; else echo "pid1_root=denied"; fi
+} > report.txt
+echo done >> report.txt
+"#;
+
+/// Device nodes the test made under `/dev`, removed when it ends, failed or not.
+struct TestDevices(Vec<PathBuf>);
+
+impl Drop for TestDevices {
+    fn drop(&mut self) {
+        for dir in &self.0 {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Makes a character device of `/dev/null`'s number (1:3), mode 0666, at `path`.
+fn null_clone(path: &Path) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::CharacterDevice,
+        rustix::fs::Mode::from_raw_mode(0o666),
+        rustix::fs::makedev(1, 3),
+    )
+    .unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).unwrap();
+}
+
+/// On a host that declares devices, a runner given node A opens A and nothing else: B is not in
+/// its `/dev` (ENOENT), a clone of B outside `/dev` does not open (its mount is `nodev`), it
+/// cannot make B's number itself (EPERM: no capabilities), no other host node is in its `/dev`,
+/// no host process is in its `/proc`, and its namespace's pid 1 (root's) does not lend it its
+/// root. A runner given none opens neither. The control:
+/// the same runner on a host without devices opens B and its clone (the attack works without
+/// the defence). A plan naming what is not a device node under /dev/ starts no runner.
+#[test]
+fn a_runner_opens_only_the_devices_it_was_given() {
+    let name = "a_runner_opens_only_the_devices_it_was_given";
+    if !rustix::process::geteuid().is_root() {
+        crate::test_skip::cannot_run(
+            name,
+            "root",
+            "only root can make device nodes and switch users",
+        );
+        return;
+    }
+    let pid = std::process::id();
+    let dirs: Vec<PathBuf> = (0..2)
+        .map(|n| PathBuf::from(format!("/dev/rm-test-{pid}-{n}")))
+        .collect();
+    let _remove = TestDevices(dirs.clone());
+    for dir in &dirs {
+        std::fs::create_dir(dir).unwrap();
+        null_clone(&dir.join("node"));
+    }
+    let (node_a, node_b) = (dirs[0].join("node"), dirs[1].join("node"));
+    let (_dir, package, root) = package_and_root();
+    std::fs::write(package.join("bin/Runner.Listener"), DEVICE_SCRIPT).unwrap();
+    let uid = 3_400_000 + pid % 100_000;
+    let stored = LinkedPackage::install(
+        Store::open(root.path()).unwrap(),
+        &package,
+        &Pool::new(Vec::new()),
+    )
+    .unwrap();
+    let backend = UserIsolation {
+        root: root.clone(),
+        package: Some(Arc::new(stored)),
+        pool: Pool::new(vec![Account { uid, gid: uid }]),
+        cgroups: None,
+        network: None,
+        docker: None,
+        run_keep: vec![],
+    };
+    let plan_of = |n: u64, devices: Option<crate::devices::DevicePlan>| {
+        let attempt_id = format!("{:012x}{}", u64::from(uid) * 16 + n, "0".repeat(20));
+        let runtime_dir = root.ephemeral_path(&attempt_id).unwrap();
+        Plan {
+            attempt_id,
+            workspace: WorkspaceKind::Ephemeral,
+            env: OperatorEnv::new(vec![
+                ("NODE_A".to_owned(), node_a.display().to_string()),
+                ("NODE_B".to_owned(), node_b.display().to_string()),
+                (
+                    "CLONE_B".to_owned(),
+                    runtime_dir.join("clone-of-b").display().to_string(),
+                ),
+                ("AGENT_PID".to_owned(), pid.to_string()),
+            ]),
+            runtime_dir,
+            uid: Some(uid),
+            cgroup: None,
+            limits: Limits::default(),
+            network_allow: None,
+            egress: None,
+            egress_report: None,
+            docker: None,
+            cache: None,
+            image: None,
+            devices,
+        }
+    };
+    let run = |plan: &Plan| -> String {
+        let runtime = backend.prepare(plan).unwrap();
+        // Another path to B's node, where the runner can reach it: its own runtime.
+        null_clone(&runtime.dir().join("clone-of-b"));
+        let mut spawned = backend
+            .start(plan, &runtime, &SecretString::from("jit-value"))
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while spawned.child.try_wait().unwrap().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the listener did not exit"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let report = std::fs::read_to_string(runtime.dir().join("report.txt"))
+            .unwrap_or_else(|e| panic!("no report ({e}): {}", backend_log(runtime.dir())));
+        assert_eq!(backend.clean(plan).unwrap().runtime, Removal::Removed);
+        assert!(report.ends_with("done\n"), "{report}");
+        report
+    };
+    let get = |report: &str, key: &str| {
+        report
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key} in {report}"))
+            .to_owned()
+    };
+    let basic = "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero";
+    let sorted_dev = |report: &str| {
+        let mut entries: Vec<String> = get(report, "dev")
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        entries.sort();
+        entries.join(" ")
+    };
+    let test_dir = |n: usize| dirs[n].file_name().unwrap().to_string_lossy().into_owned();
+
+    // Given A.
+    let given_a = run(&plan_of(
+        1,
+        Some(crate::devices::DevicePlan {
+            nodes: vec![node_a.clone()],
+        }),
+    ));
+    assert_eq!(get(&given_a, "a"), "ok", "its own device: {given_a}");
+    assert!(
+        get(&given_a, "b").contains("No such file or directory"),
+        "B is not in its /dev: {given_a}"
+    );
+    assert!(
+        get(&given_a, "clone").contains("Permission denied"),
+        "a clone of B outside /dev is on a nodev mount: {given_a}"
+    );
+    assert!(
+        get(&given_a, "mknod").contains("Operation not permitted"),
+        "no capability to make a node: {given_a}"
+    );
+    let mut want: Vec<String> = basic.split(' ').map(str::to_owned).collect();
+    want.push(test_dir(0));
+    want.sort();
+    assert_eq!(
+        sorted_dev(&given_a),
+        want.join(" "),
+        "only the basic nodes and A's directory"
+    );
+    assert_eq!(get(&given_a, "agent_proc"), "absent", "{given_a}");
+    assert_eq!(
+        get(&given_a, "pid1_root"),
+        "denied",
+        "its namespace's pid 1 is root's: {given_a}"
+    );
+
+    // Given none, on a device host.
+    let given_none = run(&plan_of(2, Some(crate::devices::DevicePlan::default())));
+    for node in ["a", "b"] {
+        assert!(
+            get(&given_none, node).contains("No such file or directory"),
+            "{node}: {given_none}"
+        );
+    }
+    assert!(
+        get(&given_none, "clone").contains("Permission denied"),
+        "{given_none}"
+    );
+    assert_eq!(sorted_dev(&given_none), basic, "{given_none}");
+
+    // The control: a host without devices, where the runner sees the host's /dev.
+    let control = run(&plan_of(3, None));
+    assert_eq!(
+        get(&control, "b"),
+        "ok",
+        "the control could not open B: {control}"
+    );
+    assert_eq!(
+        get(&control, "clone"),
+        "ok",
+        "the control could not open the clone: {control}"
+    );
+    assert!(
+        sorted_dev(&control).split(' ').any(|d| d == test_dir(1)),
+        "{control}"
+    );
+    assert!(
+        get(&control, "mknod").contains("Operation not permitted"),
+        "{control}"
+    );
+    assert_eq!(get(&control, "agent_proc"), "absent", "{control}");
+
+    // What is not a device node under /dev/ starts no runner, and says which path it is.
+    let plan = plan_of(
+        4,
+        Some(crate::devices::DevicePlan {
+            nodes: vec![node_a.clone(), PathBuf::from("/etc/passwd")],
+        }),
+    );
+    let runtime = backend.prepare(&plan).unwrap();
+    let refused = backend
+        .start(&plan, &runtime, &SecretString::from("jit"))
+        .expect_err("a plan naming /etc/passwd");
+    assert!(
+        matches!(&refused, BackendError::Device(_)) && refused.to_string().contains("/etc/passwd"),
+        "{refused}"
+    );
+    assert!(!runtime.dir().join("report.txt").exists());
+    backend.clean(&plan).unwrap();
+    // Not isolated, a runner cannot be held to its devices: refused.
+    let none = NoIsolation {
+        root: root.clone(),
+        package: crate::package::current::CurrentPackage::new(&package),
+    };
+    let plan = plan_of(5, Some(crate::devices::DevicePlan::default()));
+    let runtime = none.prepare(&plan).unwrap();
+    assert!(matches!(
+        none.start(&plan, &runtime, &SecretString::from("jit")),
+        Err(BackendError::Device(
+            crate::devices::DeviceError::NotIsolated
+        ))
+    ));
+    none.clean(&plan).unwrap();
+}
+
+/// [`DEVICE_SCRIPT`] for an image of busybox's few applets: shell redirections only.
+const IMAGE_DEVICE_SCRIPT: &str = r#"#!/bin/sh
+cd "$(dirname "$0")/.."
+{
+  if (echo x > "$NODE_A") 2>/dev/null; then echo "a=ok"; else echo "a=denied"; fi
+  if [ -e "$NODE_B" ]; then echo "b=present"; else echo "b=absent"; fi
+  if [ -c "$CLONE_B" ]; then echo "clone_node=present"; else echo "clone_node=absent"; fi
+  if (echo x > "$CLONE_B") 2>/dev/null; then echo "clone=ok"; else echo "clone=denied"; fi
+  echo "dev=$(ls -A /dev | tr '\n' ' ')"
+} > report.txt
+echo done >> report.txt
+"#;
+
+/// A runner whose root is an image gets its given nodes in the image's own `/dev`, and on a
+/// device host the clone of another node in its runtime does not open there either.
+#[test]
+fn an_image_runner_on_a_device_host_gets_its_nodes_in_its_own_dev() {
+    let name = "an_image_runner_on_a_device_host_gets_its_nodes_in_its_own_dev";
+    if !rustix::process::geteuid().is_root() {
+        crate::test_skip::cannot_run(name, "root", "only root can make device nodes and mount");
+        return;
+    }
+    let (dir, package, root) = package_and_root();
+    std::fs::write(package.join("bin/Runner.Listener"), IMAGE_DEVICE_SCRIPT).unwrap();
+    let Some(rootfs) = busybox_rootfs(dir.path()) else {
+        crate::test_skip::cannot_run(name, "busybox", "busybox-static is not installed");
+        return;
+    };
+    let pid = std::process::id();
+    // Numbered apart from the other device test's, which runs in this process at the same time.
+    let dirs: Vec<PathBuf> = (2..4)
+        .map(|n| PathBuf::from(format!("/dev/rm-test-{pid}-{n}")))
+        .collect();
+    let _remove = TestDevices(dirs.clone());
+    for dir in &dirs {
+        std::fs::create_dir(dir).unwrap();
+        null_clone(&dir.join("node"));
+    }
+    let (node_a, node_b) = (dirs[0].join("node"), dirs[1].join("node"));
+    let uid = 3_500_000 + pid % 100_000;
+    let stored = LinkedPackage::install(
+        Store::open(root.path()).unwrap(),
+        &package,
+        &Pool::new(Vec::new()),
+    )
+    .unwrap();
+    let backend = UserIsolation {
+        root: root.clone(),
+        package: Some(Arc::new(stored)),
+        pool: Pool::new(vec![Account { uid, gid: uid }]),
+        cgroups: None,
+        network: None,
+        docker: None,
+        run_keep: vec![],
+    };
+    let attempt_id = format!("{:012x}{}", u64::from(uid) * 16 + 1, "0".repeat(20));
+    let runtime_dir = root.ephemeral_path(&attempt_id).unwrap();
+    let plan = Plan {
+        attempt_id,
+        workspace: WorkspaceKind::Ephemeral,
+        env: OperatorEnv::new(vec![
+            ("NODE_A".to_owned(), node_a.display().to_string()),
+            ("NODE_B".to_owned(), node_b.display().to_string()),
+            (
+                "CLONE_B".to_owned(),
+                runtime_dir.join("clone-of-b").display().to_string(),
+            ),
+        ]),
+        runtime_dir,
+        uid: Some(uid),
+        cgroup: None,
+        limits: Limits::default(),
+        network_allow: None,
+        egress: None,
+        egress_report: None,
+        docker: None,
+        cache: None,
+        image: Some(crate::image_root::ImagePlan {
+            id: "sha256:test".to_owned(),
+            rootfs,
+            env: vec![("PATH".to_owned(), "/bin".to_owned())],
+        }),
+        devices: Some(crate::devices::DevicePlan {
+            nodes: vec![node_a.clone()],
+        }),
+    };
+    let report = {
+        let runtime = backend.prepare(&plan).unwrap();
+        null_clone(&runtime.dir().join("clone-of-b"));
+        let mut spawned = backend
+            .start(&plan, &runtime, &SecretString::from("jit"))
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while spawned.child.try_wait().unwrap().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the listener did not exit"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let report = std::fs::read_to_string(runtime.dir().join("report.txt"))
+            .unwrap_or_else(|e| panic!("no report ({e}): {}", backend_log(runtime.dir())));
+        assert_eq!(backend.clean(&plan).unwrap().runtime, Removal::Removed);
+        report
+    };
+    assert!(report.ends_with("done\n"), "{report}");
+    for (key, want) in [
+        ("a", "ok"),
+        ("b", "absent"),
+        ("clone_node", "present"),
+        ("clone", "denied"),
+    ] {
+        assert!(
+            report.contains(&format!("{key}={want}\n")),
+            "{key}: {report}"
+        );
+    }
+    let a_dir = dirs[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        report
+            .lines()
+            .any(|l| l.starts_with("dev=") && l.split(' ').any(|d| d == a_dir)),
+        "{report}"
     );
 }

@@ -177,6 +177,7 @@ fn limits_are_written_only_where_their_controller_is() {
         memory_max: Some(8 << 30),
         pids_max: Some(4096),
         cpu_weight: Some(100),
+        cpu_max: Some(2000),
     };
     let all = Controllers {
         memory: true,
@@ -190,6 +191,7 @@ fn limits_are_written_only_where_their_controller_is() {
             ("memory.oom.group", "1".to_owned()),
             ("pids.max", "4096".to_owned()),
             ("cpu.weight", "100".to_owned()),
+            ("cpu.max", "200000 100000".to_owned()),
         ]
     );
     assert!(limits.unapplied(all).is_empty());
@@ -204,7 +206,7 @@ fn limits_are_written_only_where_their_controller_is() {
     );
     assert_eq!(
         limits.unapplied(pids_only),
-        vec!["memory_max", "cpu_weight"]
+        vec!["memory_max", "cpu_weight", "cpu"]
     );
     assert!(
         Limits::default()
@@ -212,6 +214,77 @@ fn limits_are_written_only_where_their_controller_is() {
             .is_empty()
     );
     assert!(limit_writes(&Limits::default(), all).unwrap().is_empty());
+}
+
+#[test]
+fn cpu_max_is_a_quota_of_a_hundred_microseconds_per_milli_over_a_100ms_period() {
+    for (millis, written) in [
+        (1000, "100000 100000"),
+        (4000, "400000 100000"),
+        (2500, "250000 100000"),
+        (500, "50000 100000"),
+        (16, "1600 100000"),
+        // The kernel's smallest quota is 1 ms: a smaller share is raised to it.
+        (10, "1000 100000"),
+        (1, "1000 100000"),
+        (0, "1000 100000"),
+        (u64::MAX, "18446744073709551615 100000"),
+    ] {
+        assert_eq!(cpu_max_value(millis), written, "{millis} millis");
+        let limits = Limits {
+            cpu_max: Some(millis),
+            ..Limits::default()
+        };
+        let cpu = Controllers {
+            cpu: true,
+            ..Controllers::default()
+        };
+        assert_eq!(
+            limit_writes(&limits, cpu).unwrap(),
+            vec![("cpu.max", written.to_owned())]
+        );
+        assert!(limits.unapplied(cpu).is_empty());
+        // Without the cpu controller: nothing written, and `cpu` named unapplied.
+        assert!(
+            limit_writes(&limits, Controllers::default())
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(limits.unapplied(Controllers::default()), vec!["cpu"]);
+    }
+}
+
+#[test]
+fn usage_is_read_from_cpu_stat_and_memory_peak() {
+    // A cgroup without the cpu controller (this machine's): the core's three keys only.
+    let core = "usage_usec 1520441\nuser_usec 1201356\nsystem_usec 319085\n";
+    assert_eq!(parse_cpu_usage(core), Some(1_520_441));
+    // With the cpu controller: the bandwidth keys follow (and one is named like ours).
+    let full = "usage_usec 93211\nuser_usec 61200\nsystem_usec 32011\nnr_periods 12\n\
+                nr_throttled 3\nthrottled_usec 48112\nnr_bursts 0\nburst_usec 0\n";
+    assert_eq!(parse_cpu_usage(full), Some(93_211));
+    assert_eq!(parse_cpu_usage("user_usec 5\nsystem_usec 6\n"), None);
+    assert_eq!(parse_cpu_usage("usage_usec x\n"), None);
+    assert_eq!(parse_cpu_usage("usage_usecs 5\n"), None);
+    assert_eq!(parse_cpu_usage(""), None);
+    assert_eq!(parse_memory_peak("268435456\n"), Some(268_435_456));
+    assert_eq!(parse_memory_peak("0\n"), Some(0));
+    assert_eq!(parse_memory_peak("max\n"), None);
+    assert_eq!(parse_memory_peak(""), None);
+    // The reader on files as the kernel writes them; absent files are `None`.
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(read_usage(dir.path()), Usage::default());
+    fs::write(dir.path().join("cpu.stat"), full).unwrap();
+    assert_eq!(
+        read_usage(dir.path()),
+        Usage {
+            peak_memory: None,
+            cpu_usec: Some(93_211)
+        }
+    );
+    fs::write(dir.path().join("memory.peak"), "268435456\n").unwrap();
+    assert_eq!(read_usage(dir.path()).peak_memory, Some(268_435_456));
+    assert_eq!(memory_report(dir.path()), (0, Some(268_435_456)));
 }
 
 #[test]
@@ -446,6 +519,7 @@ fn what_is_not_written_is_exactly_what_is_reported_unapplied() {
         memory_max: Some(256 << 20),
         pids_max: Some(64),
         cpu_weight: Some(50),
+        cpu_max: Some(1500),
     };
     let cgroup = root.create(&unique("limits"), &limits).unwrap();
     let available = root.available();
@@ -453,6 +527,7 @@ fn what_is_not_written_is_exactly_what_is_reported_unapplied() {
         ("memory.max", available.memory),
         ("pids.max", available.pids),
         ("cpu.weight", available.cpu),
+        ("cpu.max", available.cpu),
     ]
     .iter()
     .filter(|(file, on)| {
@@ -461,7 +536,7 @@ fn what_is_not_written_is_exactly_what_is_reported_unapplied() {
         *on
     })
     .count();
-    assert_eq!(written + limits.unapplied(available).len(), 3);
+    assert_eq!(written + limits.unapplied(available).len(), 4);
     kill_and_remove(&cgroup.path, KILL_WAIT).unwrap();
 }
 
@@ -544,6 +619,61 @@ fn cpu_weight_lands_in_cpu_weight() {
             .unwrap()
             .trim(),
         "50"
+    );
+    kill_and_remove(&cgroup.path, KILL_WAIT).unwrap();
+}
+
+#[test]
+fn cpu_max_lands_in_cpu_max() {
+    let test = "cpu_max_lands_in_cpu_max";
+    let Some(root) = root_with(test, "cpu") else {
+        return;
+    };
+    let limits = Limits {
+        cpu_max: Some(1500),
+        ..Limits::default()
+    };
+    let cgroup = root.create(&unique("cpumax"), &limits).unwrap();
+    assert_eq!(
+        fs::read_to_string(cgroup.path.join("cpu.max"))
+            .unwrap()
+            .trim(),
+        "150000 100000"
+    );
+    kill_and_remove(&cgroup.path, KILL_WAIT).unwrap();
+}
+
+/// A process that burnt CPU in a runner cgroup shows in what the cgroup says it used: the
+/// core's `cpu.stat`, there with or without the cpu controller.
+#[test]
+fn a_runner_cgroup_reports_the_cpu_time_its_processes_used() {
+    let Some(root) = real_root("a_runner_cgroup_reports_the_cpu_time_its_processes_used") else {
+        return;
+    };
+    let cgroup = root.create(&unique("usage"), &Limits::default()).unwrap();
+    let before = read_usage(&cgroup.path);
+    assert_eq!(before.cpu_usec, Some(0), "a new cgroup has used nothing");
+    // It waits on its stdin until it has been moved, so all its work is counted in there.
+    let mut burner = Command::new("sh")
+        .args([
+            "-c",
+            "read go; i=0; while [ $i -lt 300000 ]; do i=$((i + 1)); done",
+        ])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    move_in(&cgroup.path, burner.id());
+    burner.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(burner.wait().unwrap().success());
+    let after = read_usage(&cgroup.path);
+    let used = after.cpu_usec.unwrap();
+    // 300 000 shell iterations take tens of milliseconds at the least.
+    assert!(used > 10_000, "{after:?}");
+    // The memory peak is there exactly where the memory controller is.
+    assert_eq!(
+        after.peak_memory.is_some(),
+        root.available().memory && cgroup.path.join("memory.peak").exists(),
+        "{after:?}"
     );
     kill_and_remove(&cgroup.path, KILL_WAIT).unwrap();
 }

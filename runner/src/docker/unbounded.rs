@@ -100,11 +100,13 @@ mod tests {
             memory_max: Some(1 << 30),
             pids_max: Some(4096),
             cpu_weight: None,
+            cpu_max: None,
         };
         let none = Limits {
             memory_max: None,
             pids_max: None,
             cpu_weight: None,
+            cpu_max: None,
         };
         let offered = |memory, pids| Controllers {
             memory,
