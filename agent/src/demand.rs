@@ -123,6 +123,8 @@ mod tests {
             limits: Default::default(),
             memory_required: None,
             disk_max: None,
+        disk_required: None,
+        shapes: Default::default(),
             env_file: None,
             network_allow: None,
             egress: None,
