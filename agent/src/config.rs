@@ -13,6 +13,7 @@ pub mod notifications;
 pub mod rerun;
 pub mod runner_version;
 pub mod scale_sets;
+pub mod shape;
 mod validate;
 
 use std::net::SocketAddr;
@@ -28,6 +29,8 @@ pub use rm_runner::cgroup::Limits as RunnerLimits;
 pub use rm_runner::docker::{DockerPolicy, ImageFile, RegistryMirror};
 pub use rm_runner::isolate::RunnerUids;
 pub use rm_runner::network::{Cidr, NETWORK_SLOTS};
+// What shapes are made of (issue 42): the host's capacity and devices, a policy's shapes.
+pub use shape::{Device, HostCapacity, PolicyShapes, ShapeBounds};
 
 /// Where the configuration is looked for when neither `--config` nor `$RM_CONFIG` names it.
 pub const DEFAULT_CONFIG_FILE: &str = "rm-agent.toml";
@@ -146,6 +149,14 @@ pub struct HostSection {
     pub egress_allow: Option<Vec<String>>,
     /// The resolver the agent's egress resolver forwards allowed names to (`"ADDR:PORT"`).
     pub dns_upstream: Option<String>,
+    /// What the host offers jobs' shapes: CPUs, memory, disk ([`shape`]); absent: the machine
+    /// less `reserve`.
+    pub capacity: Option<shape::ResourcesSection>,
+    /// What of the machine is kept for the host when `capacity` is not written.
+    pub reserve: Option<shape::ResourcesSection>,
+    /// `[[host.device]]`: the devices a job may be given, each whole.
+    #[serde(default, rename = "device")]
+    pub devices: Vec<shape::DeviceSection>,
 }
 
 /// `host.runner_uids` as written: a range `"64200-64263"` or a list of account names.
@@ -250,6 +261,13 @@ pub struct PolicySection {
     pub rerun_on: Option<Vec<String>>,
     /// At most this many re-runs of one job; absent: [`rerun::DEFAULT_MAX_RERUNS`].
     pub max_reruns: Option<u32>,
+    /// The CPUs of a runner whose job asks none (`8`, `0.5`; [`shape`]).
+    pub cpu: Option<toml::Value>,
+    /// The most a job's shape labels may ask (`{ cpu = 16, memory = "64G", gpu = 2 }`).
+    pub shape_max: Option<shape::ShapeSection>,
+    /// `[[policy.shape]]`: named shapes a job picks with `rm-shape=NAME`.
+    #[serde(default, rename = "shape")]
+    pub shapes: Vec<shape::NamedShapeSection>,
 }
 
 /// The validated configuration.
@@ -371,6 +389,10 @@ pub struct Host {
     pub runner_run_keep: Vec<PathBuf>,
     /// `host.egress_allow` and `host.dns_upstream` ([`egress`]).
     pub egress: egress::HostEgress,
+    /// What the host offers jobs' shapes (`host.capacity`, or the machine less `host.reserve`).
+    pub capacity: HostCapacity,
+    /// `[[host.device]]`, in the file's order; each node in one device only.
+    pub devices: Vec<Device>,
 }
 
 /// What a runner's network is (CONTRACT §7, `rm_runner::network`).
@@ -464,6 +486,13 @@ pub struct Policy {
     /// `disk_max`: the bytes a runner's runtime may hold before supervision stops it
     /// ([`rm_runner::disk`]); `None`: no bound (`"none"`).
     pub disk_max: Option<u64>,
+    /// `disk_max` as the file wrote it: what a runner of the policy whose job asks no disk
+    /// takes from the host's disk capacity (`crate::shape::reservation`); the default bound is
+    /// a ceiling, not a reservation, as for [`Policy::memory_required`].
+    pub disk_required: Option<u64>,
+    /// `cpu`, `shape_max` and `[[policy.shape]]`: the shapes its jobs may ask for
+    /// (`crate::shape`); empty: every runner the same size, as before shapes.
+    pub shapes: PolicyShapes,
     /// `env_file`: where operator variables for this policy's runners come from (read once
     /// when `rm-agent run` starts, by `rm_runner::env_file::load_policies`).
     pub env_file: Option<PathBuf>,
@@ -537,18 +566,17 @@ pub fn load(sources: &Sources) -> Result<Config, ConfigError> {
         },
     };
     let file = parse(path.as_deref(), &text)?;
-    validate::validate(
-        file,
-        path,
-        sources.data_dir.clone(),
-        bounds::HostFacts::probe(),
-    )
+    let facts =
+        bounds::HostFacts::probe(&validate::runner_root(&file, sources.data_dir.as_deref()));
+    validate::validate(file, path, sources.data_dir.clone(), facts)
 }
 
 /// Loads and validates configuration text that comes from no file (tests, embedded examples),
 /// on this host.
 pub fn from_text(text: &str) -> Result<Config, ConfigError> {
-    from_text_on(text, bounds::HostFacts::probe())
+    let file = parse(None, text)?;
+    let facts = bounds::HostFacts::probe(&validate::runner_root(&file, None));
+    validate::validate(file, None, None, facts)
 }
 
 /// [`from_text`] as if on a host with these facts.

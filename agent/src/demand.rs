@@ -4,14 +4,20 @@
 //! since whichever runner came up first would take the job and the other would idle).
 //!
 //! A policy matches a job when the job is `queued` in the policy's target and every one of the
-//! job's labels is carried by the policy, compared case-insensitively as GitHub does. `waiting`
-//! jobs (held by an environment) are not demand.
+//! job's labels is carried by the policy, compared case-insensitively as GitHub does. A policy
+//! that accepts shapes (`shape_max` or `[[policy.shape]]`, issue 42) carries every *non-shape*
+//! label of the job: its shape labels (`rm-cpu=8`, [`crate::shape::is_shape_label`]) are
+//! resolved into the runner's shape, not matched, since its runners are registered with the
+//! job's own shape labels. A policy without shapes matches as before: every label literally
+//! carried, so it never takes a job asking for a shape it cannot give. `waiting` jobs (held by an
+//! environment) are not demand.
 
 use std::collections::BTreeMap;
 
 use rm_vocab::JobId;
 
 use crate::config::Policy;
+use crate::shape::is_shape_label;
 
 /// The part of a journalled job that demand looks at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,13 +95,18 @@ pub(crate) fn route(policies: &[Policy], jobs: &[QueuedJob]) -> Demand {
 
 /// Whether `policy` would serve `job`.
 pub(crate) fn matches(policy: &Policy, job: &QueuedJob) -> bool {
+    let shaped = policy.shapes.accepts_shapes();
     policy.target.contains(&job.repository)
-        && job.labels.iter().all(|label| {
-            policy
-                .labels
-                .iter()
-                .any(|carried| carried.eq_ignore_ascii_case(label))
-        })
+        && job
+            .labels
+            .iter()
+            .filter(|label| !(shaped && is_shape_label(label)))
+            .all(|label| {
+                policy
+                    .labels
+                    .iter()
+                    .any(|carried| carried.eq_ignore_ascii_case(label))
+            })
 }
 
 /// A label GitHub did not evaluate: `runs-on: ${{ matrix.os }}` sent verbatim.
@@ -123,6 +134,8 @@ mod tests {
             limits: Default::default(),
             memory_required: None,
             disk_max: None,
+            disk_required: None,
+            shapes: Default::default(),
             env_file: None,
             network_allow: None,
             egress: None,
@@ -156,6 +169,63 @@ mod tests {
             &job(1, "acme/widgets", &["self-hosted", "gpu"])
         ));
         assert!(!matches(&linux, &job(1, "other/widgets", &["self-hosted"])));
+    }
+
+    /// `policy` taking shapes (an empty `shape_max`: only whether it takes them matters here).
+    fn shaped(mut policy: Policy) -> Policy {
+        policy.shapes.max = Some(crate::config::ShapeBounds::default());
+        policy
+    }
+
+    #[test]
+    fn shape_labels_are_resolved_by_a_shaped_policy_and_never_matched_by_another() {
+        let plain = policy("plain", "acme", &["self-hosted", "linux"]);
+        let sized = shaped(policy("sized", "acme", &["self-hosted", "linux"]));
+        let named = policy("named", "acme", &["self-hosted", "linux"]);
+        let named = {
+            let mut named = named;
+            named
+                .shapes
+                .named
+                .push(("large".to_owned(), Default::default()));
+            named
+        };
+        // (job labels, plain matches, sized matches, named matches)
+        let cases: [(&[&str], bool, bool, bool); 7] = [
+            (&["self-hosted", "linux"], true, true, true),
+            (&["self-hosted", "linux", "rm-cpu=4"], false, true, true),
+            (&["linux", "RM-CPU=4", "Rm-Gpu=1"], false, true, true),
+            (&["SELF-HOSTED", "rm-shape=large"], false, true, true),
+            // Non-shape labels are still matched: a shaped policy does not take a GPU job of
+            // another label set.
+            (&["self-hosted", "windows", "rm-cpu=4"], false, false, false),
+            // Unreadable shape labels are still shape labels: matched here, refused by
+            // resolution (`explain` names them), never taken by an unshaped policy.
+            (&["linux", "rm-cpu=lots"], false, true, true),
+            (&["linux", "rmcpu=4"], false, false, false),
+        ];
+        for (labels, on_plain, on_sized, on_named) in cases {
+            let job = job(1, "acme/widgets", labels);
+            assert_eq!(matches(&plain, &job), on_plain, "plain {labels:?}");
+            assert_eq!(matches(&sized, &job), on_sized, "sized {labels:?}");
+            assert_eq!(matches(&named, &job), on_named, "named {labels:?}");
+        }
+        // Routed: the shaped job goes to the shaped policy alone, with no overlap.
+        let demand = route(
+            &[plain, sized],
+            &[
+                job(1, "acme/a", &["linux", "rm-cpu=4"]),
+                job(2, "acme/a", &["linux"]),
+            ],
+        );
+        assert_eq!(demand.per_policy["sized"], vec![JobId::new(1)]);
+        assert_eq!(
+            demand.overlapping,
+            vec![(JobId::new(2), vec!["plain".to_owned(), "sized".to_owned()])]
+        );
+        // An unshaped policy that carries an `rm-` label literally matches it as before.
+        let literal = policy("literal", "acme", &["linux", "rm-cpu=4"]);
+        assert!(matches(&literal, &job(1, "acme/a", &["linux", "RM-CPU=4"])));
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub(crate) mod relay;
 pub(crate) mod rerun;
 pub mod scaleset;
 pub(crate) mod secrets;
+pub mod shape;
 pub(crate) mod status_file;
 pub(crate) mod trust;
 

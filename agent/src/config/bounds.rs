@@ -14,8 +14,11 @@
 //! - `disk_max`: [`DEFAULT_DISK_MAX`], a little over the free disk GitHub's hosted runners give
 //!   a job (about 14 GB), so a job written for them fits.
 //!
-//! What the host is (its memory) comes in as [`HostFacts`], read by [`HostFacts::probe`] where
-//! the file is loaded: validation stays pure.
+//! What the host is (its memory, its CPUs, the runner root's filesystem) comes in as
+//! [`HostFacts`], read by [`HostFacts::probe`] where the file is loaded: validation stays pure.
+//! The same facts size the host's capacity for shapes (`super::shape::host_capacity`).
+
+use std::path::Path;
 
 /// Processes and threads per runner when the policy writes no `pids_max`.
 pub const DEFAULT_PIDS_MAX: u32 = 4096;
@@ -33,23 +36,45 @@ pub const NO_BOUND: &str = "none";
 /// Where the host's memory is read.
 const MEMINFO: &str = "/proc/meminfo";
 
-/// What validation needs to know about this host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What validation needs to know about this host. `Default`: nothing known.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostFacts {
     /// `MemTotal`, in bytes; `None` where the kernel does not say (then no default memory
-    /// bound can be computed, and none is applied).
+    /// bound can be computed, and none is applied; the memory capacity is unbounded unless
+    /// written).
     pub mem_total: Option<u64>,
+    /// CPUs this process may run on (`std::thread::available_parallelism`: online CPUs, less
+    /// what affinity or a cgroup quota takes away); `None`: unknown, the CPU capacity is
+    /// unbounded unless written.
+    pub cpus: Option<u64>,
+    /// The runner root's filesystem's size in bytes (`statvfs`: blocks × fragment size);
+    /// `None`: unknown, the disk capacity is unbounded unless written.
+    pub disk_total: Option<u64>,
 }
 
 impl HostFacts {
-    /// This host's facts.
-    pub fn probe() -> HostFacts {
+    /// This host's facts, the disk's for `runner_root` (or, before it exists, for its nearest
+    /// existing ancestor: the filesystem it will be made on).
+    pub fn probe(runner_root: &Path) -> HostFacts {
         HostFacts {
             mem_total: std::fs::read_to_string(MEMINFO)
                 .ok()
                 .and_then(|text| mem_total(&text)),
+            cpus: std::thread::available_parallelism()
+                .ok()
+                .and_then(|n| u64::try_from(n.get()).ok()),
+            disk_total: filesystem_size(runner_root),
         }
     }
+}
+
+/// The size of the filesystem `path` is on, or would be made on (its nearest existing
+/// ancestor), in bytes.
+pub fn filesystem_size(path: &Path) -> Option<u64> {
+    path.ancestors().find_map(|dir| {
+        let stat = rustix::fs::statvfs(dir).ok()?;
+        stat.f_blocks.checked_mul(stat.f_frsize)
+    })
 }
 
 /// `MemTotal` of a `/proc/meminfo` text, in bytes.
@@ -159,6 +184,18 @@ mod tests {
                 "{mem_total} bytes, {runners} runners"
             );
         }
+    }
+
+    #[test]
+    fn the_filesystem_size_is_read_from_the_nearest_existing_ancestor() {
+        let dir = tempfile::tempdir().unwrap();
+        let existing = filesystem_size(dir.path()).unwrap();
+        assert!(existing > 0);
+        // A runner root not made yet is sized by the filesystem it will be made on.
+        assert_eq!(
+            filesystem_size(&dir.path().join("not/yet/made")),
+            Some(existing)
+        );
     }
 
     #[test]

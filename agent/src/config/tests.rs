@@ -59,7 +59,7 @@ fn load_text(text: &str) -> Result<Config, ConfigError> {
         parse(Some(path), text)?,
         Some(path.to_owned()),
         None,
-        bounds::HostFacts::probe(),
+        bounds::HostFacts::probe(Path::new("/")),
     )
 }
 
@@ -133,7 +133,7 @@ fn the_data_dir_flag_wins_over_the_file() {
         file,
         None,
         Some(PathBuf::from("/from/flag")),
-        bounds::HostFacts::probe(),
+        bounds::HostFacts::probe(Path::new("/")),
     )
     .unwrap();
     assert_eq!(config.data_dir, PathBuf::from("/from/flag"));
@@ -301,8 +301,13 @@ fn every_example_configuration_in_deploy_loads() {
         if path.extension().is_some_and(|e| e == "toml") {
             let text = std::fs::read_to_string(&path).unwrap();
             let file = parse(Some(&path), &text).unwrap_or_else(|e| panic!("{e}"));
-            validate::validate(file, Some(path.clone()), None, bounds::HostFacts::probe())
-                .unwrap_or_else(|e| panic!("{e}"));
+            validate::validate(
+                file,
+                Some(path.clone()),
+                None,
+                bounds::HostFacts::probe(Path::new("/")),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
             seen += 1;
         }
     }
@@ -451,6 +456,7 @@ fn isolation_is_user_by_default_and_none_only_when_named() {
 fn a_policy_is_bounded_by_default_and_none_opts_out() {
     let host = bounds::HostFacts {
         mem_total: Some(16 << 30),
+        ..Default::default()
     };
     let policy = |extra: &str| {
         let text = format!(
@@ -487,7 +493,7 @@ fn a_policy_is_bounded_by_default_and_none_opts_out() {
     // A host whose memory is unknown gets no memory default rather than a guess.
     let unknown = from_text_on(
         "[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"x\"]\n",
-        bounds::HostFacts { mem_total: None },
+        bounds::HostFacts::default(),
     )
     .unwrap();
     assert_eq!(unknown.policies[0].limits.memory_max, None);
@@ -1593,4 +1599,419 @@ fn a_cached_policy_needs_the_cache_and_runners_it_can_tell_apart() {
         assert_eq!(refused.key, key, "{text}: {refused}");
         assert!(refused.problem.contains(words), "{text}: {refused}");
     }
+}
+
+/// A machine of 8 CPUs, 32 GiB and a 200 GiB runner filesystem, for the shape tests.
+const MACHINE: bounds::HostFacts = bounds::HostFacts {
+    mem_total: Some(32 << 30),
+    cpus: Some(8),
+    disk_total: Some(200 << 30),
+};
+
+/// `text` validated on a machine with `facts`.
+fn on(facts: bounds::HostFacts, text: &str) -> Result<Config, ConfigError> {
+    from_text_on(text, facts)
+}
+
+#[test]
+fn the_host_s_capacity_devices_and_a_policy_s_shapes_are_read() {
+    let config = on(
+        MACHINE,
+        r#"
+[host]
+capacity = { cpu = 6, memory = "24G", disk = "150G" }
+[[host.device]]
+group = "gpu"
+nodes = ["/dev/nvidia0"]
+shared_nodes = ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+[[host.device]]
+group = "gpu"
+nodes = ["/dev/nvidia1", "/dev/nvidia1-extra"]
+shared_nodes = ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+
+[[policy]]
+name = "p"
+target = "acme"
+labels = ["linux"]
+cpu = 1.5
+shape_max = { cpu = 6, memory = "24G", disk = "100G", gpu = 2 }
+[[policy.shape]]
+name = "large"
+cpu = "4"
+memory = "16G"
+gpu = 1
+[[policy.shape]]
+name = "tiny-1"
+cpu = 0.25
+"#,
+    )
+    .unwrap();
+    assert_eq!(
+        config.host.capacity,
+        HostCapacity {
+            cpu_millis: Some(6000),
+            memory: Some(24 << 30),
+            disk: Some(150 << 30),
+        }
+    );
+    assert_eq!(config.host.devices.len(), 2);
+    let second = &config.host.devices[1];
+    assert_eq!(second.group, "gpu");
+    assert_eq!(second.id(), Path::new("/dev/nvidia1"));
+    assert_eq!(
+        second.shared_nodes,
+        vec![
+            PathBuf::from("/dev/nvidiactl"),
+            PathBuf::from("/dev/nvidia-uvm")
+        ]
+    );
+    let shapes = &config.policies[0].shapes;
+    assert!(shapes.accepts_shapes());
+    assert_eq!(shapes.cpu_millis, Some(1500));
+    assert_eq!(
+        shapes.max,
+        Some(ShapeBounds {
+            cpu_millis: Some(6000),
+            memory: Some(24 << 30),
+            disk: Some(100 << 30),
+            devices: [("gpu".to_owned(), 2)].into(),
+        })
+    );
+    assert_eq!(
+        shapes.named,
+        vec![
+            (
+                "large".to_owned(),
+                ShapeBounds {
+                    cpu_millis: Some(4000),
+                    memory: Some(16 << 30),
+                    disk: None,
+                    devices: [("gpu".to_owned(), 1)].into(),
+                }
+            ),
+            (
+                "tiny-1".to_owned(),
+                ShapeBounds {
+                    cpu_millis: Some(250),
+                    ..ShapeBounds::default()
+                }
+            ),
+        ]
+    );
+    // A policy writing none of it takes no shapes, and a written disk_max counts as written.
+    let plain = on(
+        MACHINE,
+        "[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"x\"]\ndisk_max = \"20G\"\n",
+    )
+    .unwrap();
+    assert_eq!(plain.policies[0].shapes, PolicyShapes::default());
+    assert!(!plain.policies[0].shapes.accepts_shapes());
+    assert_eq!(plain.policies[0].disk_required, Some(20 << 30));
+    assert!(plain.host.devices.is_empty());
+}
+
+#[test]
+fn the_default_capacity_is_the_machine_less_a_reserve_capped_by_its_size() {
+    const GIB: u64 = 1 << 30;
+    let facts = |cpus, mem_total, disk_total| bounds::HostFacts {
+        mem_total,
+        cpus,
+        disk_total,
+    };
+    let cases = [
+        // Half a CPU, 1 GiB and 10 GiB kept.
+        (
+            facts(Some(8), Some(32 * GIB), Some(200 * GIB)),
+            "",
+            (Some(7500), Some(31 * GIB), Some(190 * GIB)),
+        ),
+        // Never more than a quarter of the CPUs, an eighth of the memory, a tenth of the disk.
+        (
+            facts(Some(1), Some(4 * GIB), Some(50 * GIB)),
+            "",
+            (Some(750), Some(3584 << 20), Some(45 * GIB)),
+        ),
+        // Unknown and not written: unbounded.
+        (facts(None, None, None), "", (None, None, None)),
+        // A written reserve is taken as written (uncapped), 0 included.
+        (
+            facts(Some(8), Some(32 * GIB), Some(200 * GIB)),
+            "reserve = { cpu = 2, memory = \"8G\", disk = \"0\" }",
+            (Some(6000), Some(24 * GIB), Some(200 * GIB)),
+        ),
+        (
+            facts(Some(8), Some(32 * GIB), Some(200 * GIB)),
+            "reserve = { cpu = 0 }",
+            (Some(8000), Some(31 * GIB), Some(190 * GIB)),
+        ),
+        // A written capacity wins over the machine, in the dimensions it writes.
+        (
+            facts(Some(8), Some(32 * GIB), None),
+            "capacity = { memory = \"16G\", disk = \"1T\" }",
+            (Some(7500), Some(16 * GIB), Some(1024 * GIB)),
+        ),
+    ];
+    for (facts, host, (cpu_millis, memory, disk)) in cases {
+        let config = on(facts, &format!("[host]\n{host}\n")).unwrap();
+        assert_eq!(
+            config.host.capacity,
+            HostCapacity {
+                cpu_millis,
+                memory,
+                disk
+            },
+            "{facts:?} {host}"
+        );
+    }
+}
+
+#[test]
+fn host_capacity_and_device_mistakes_are_refused_at_start() {
+    let device = |group: &str, nodes: &str, shared: &str| {
+        format!("[[host.device]]\ngroup = \"{group}\"\nnodes = {nodes}\nshared_nodes = {shared}\n")
+    };
+    let gpu0 = device("gpu", "[\"/dev/nvidia0\"]", "[\"/dev/nvidiactl\"]");
+    let cases = [
+        (
+            "[host]\ncapacity = { cpu = 0 }\n".to_owned(),
+            "host.capacity.cpu",
+            "must be more than 0 CPUs",
+        ),
+        (
+            "[host]\ncapacity = { cpu = 1.2345 }\n".to_owned(),
+            "host.capacity.cpu",
+            "`1.2345` is not a number of CPUs",
+        ),
+        (
+            "[host]\ncapacity = { memory = \"lots\" }\n".to_owned(),
+            "host.capacity.memory",
+            "`lots` is not a size",
+        ),
+        (
+            "[host]\ncapacity = { cpu = 4 }\nreserve = { cpu = 1 }\n".to_owned(),
+            "host.reserve.cpu",
+            "drop one of them",
+        ),
+        (
+            "[host]\nreserve = { memory = \"32G\" }\n".to_owned(),
+            "host.reserve.memory",
+            "32G leaves nothing of this machine's 32G for runners; lower host.reserve.memory or write host.capacity.memory",
+        ),
+        (
+            "[host]\ncapacity = { gpu = 1 }\n".to_owned(),
+            "host.capacity.gpu",
+            "unknown field `gpu`",
+        ),
+        (
+            device("GPU", "[\"/dev/nvidia0\"]", "[]"),
+            "host.device[0].group",
+            "`GPU` is not a device group name",
+        ),
+        (
+            device("memory", "[\"/dev/nvidia0\"]", "[]"),
+            "host.device[0].group",
+            "not one of cpu, mem, memory, disk, shape",
+        ),
+        (
+            device("a_group_name_too_long", "[\"/dev/x\"]", "[]"),
+            "host.device[0].group",
+            "at most 16",
+        ),
+        (
+            device("gpu", "[]", "[]"),
+            "host.device[0].nodes",
+            "must list the device's own nodes",
+        ),
+        (
+            device("gpu", "[\"/tmp/nvidia0\"]", "[]"),
+            "host.device[0].nodes",
+            "`/tmp/nvidia0` is not a device node",
+        ),
+        (
+            device("gpu", "[\"dev/nvidia0\"]", "[]"),
+            "host.device[0].nodes",
+            "is not a device node",
+        ),
+        (
+            device("gpu", "[\"/dev/../etc/shadow\"]", "[]"),
+            "host.device[0].nodes",
+            "is not a device node",
+        ),
+        (
+            device("gpu", "[\"/dev/\"]", "[]"),
+            "host.device[0].nodes",
+            "is not a device node",
+        ),
+        (
+            device("gpu", "[\"/dev/nvidia0\"]", "[\"/etc/passwd\"]"),
+            "host.device[0].shared_nodes",
+            "`/etc/passwd` is not a device node",
+        ),
+        (
+            device("gpu", "[\"/dev/nvidia0\", \"/dev/nvidia0\"]", "[]"),
+            "host.device[0].nodes",
+            "`/dev/nvidia0` is listed twice",
+        ),
+        (
+            format!("{gpu0}{}", device("gpu", "[\"/dev/nvidia0\"]", "[]")),
+            "host.device[1].nodes",
+            "`/dev/nvidia0` is listed twice",
+        ),
+        (
+            format!("{gpu0}{}", device("gpu", "[\"/dev/nvidiactl\"]", "[]")),
+            "host.device[1].nodes",
+            "`/dev/nvidiactl` is listed twice",
+        ),
+        (
+            format!(
+                "{gpu0}{}",
+                device("gpu", "[\"/dev/nvidia1\"]", "[\"/dev/nvidia0\"]")
+            ),
+            "host.device[1].shared_nodes",
+            "`/dev/nvidia0` is another device's own node",
+        ),
+    ];
+    for (text, key, words) in cases {
+        let refused = on(MACHINE, &text).unwrap_err();
+        assert_eq!(refused.key, key, "{text}: {refused}");
+        assert!(refused.problem.contains(words), "{text}: {refused}");
+    }
+    // Two devices of one group share their shared nodes.
+    let two = format!(
+        "{gpu0}{}",
+        device("gpu", "[\"/dev/nvidia1\"]", "[\"/dev/nvidiactl\"]")
+    );
+    assert_eq!(on(MACHINE, &two).unwrap().host.devices.len(), 2);
+}
+
+#[test]
+fn policy_shape_mistakes_are_refused_at_start_with_the_fix() {
+    let host = "[host]\ncapacity = { cpu = 8, memory = \"32G\", disk = \"200G\" }\n[[host.device]]\ngroup = \"gpu\"\nnodes = [\"/dev/nvidia0\"]\n[[host.device]]\ngroup = \"fpga\"\nnodes = [\"/dev/fpga0\"]\n";
+    let policy = |extra: &str| {
+        format!(
+            "{host}[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"linux\"]\n{extra}\n"
+        )
+    };
+    let cases = [
+        ("cpu = 0", "policy[0].cpu", "must be more than 0 CPUs"),
+        (
+            "cpu = \"two\"",
+            "policy[0].cpu",
+            "`two` is not a number of CPUs",
+        ),
+        (
+            "cpu = 9",
+            "policy[0].cpu",
+            "9 CPUs is more than this host's capacity of 8 CPUs; lower cpu to 8 or raise host.capacity.cpu",
+        ),
+        (
+            "cpu = 4\nshape_max = { cpu = 2 }",
+            "policy[0].cpu",
+            "4 CPUs is more than shape_max.cpu (2)",
+        ),
+        (
+            "shape_max = { gpus = 1 }",
+            "policy[0].shape_max.gpus",
+            "is neither cpu, memory, disk nor a device group of this host (its groups: fpga, gpu); fix the key or add a [[host.device]] with group = \"gpus\"",
+        ),
+        (
+            "shape_max = { mem = \"8G\" }",
+            "policy[0].shape_max.mem",
+            "is neither cpu, memory, disk nor a device group",
+        ),
+        (
+            "shape_max = { gpu = 0 }",
+            "policy[0].shape_max.gpu",
+            "`0` is not a device count",
+        ),
+        (
+            "shape_max = { memory = \"1.5G\" }",
+            "policy[0].shape_max.memory",
+            "`1.5G` is not a size",
+        ),
+        (
+            "shape_max = { cpu = 16 }",
+            "policy[0].shape_max.cpu",
+            "16 CPUs is more than this host's capacity of 8 CPUs; lower shape_max.cpu to 8 or raise host.capacity.cpu",
+        ),
+        (
+            "shape_max = { memory = \"64G\" }",
+            "policy[0].shape_max.memory",
+            "64G is more than this host's capacity of 32G; lower shape_max.memory to 32G or raise host.capacity.memory",
+        ),
+        (
+            "shape_max = { disk = \"300G\" }",
+            "policy[0].shape_max.disk",
+            "lower shape_max.disk to 200G or raise host.capacity.disk",
+        ),
+        (
+            "shape_max = { gpu = 2 }",
+            "policy[0].shape_max.gpu",
+            "2 `gpu` devices is more than the 1 this host has; lower shape_max.gpu to 1 or add [[host.device]] entries with group = \"gpu\"",
+        ),
+        (
+            "[[policy.shape]]\nname = \"huge\"\ncpu = 12",
+            "policy[0].shape[0].cpu",
+            "12 CPUs is more than this host's capacity of 8 CPUs; lower shape[0].cpu to 8 or raise host.capacity.cpu",
+        ),
+        (
+            "shape_max = { cpu = 4, memory = \"8G\", fpga = 1 }\n[[policy.shape]]\nname = \"a\"\ncpu = 2\n[[policy.shape]]\nname = \"b\"\nmemory = \"16G\"",
+            "policy[0].shape[1].memory",
+            "16G is more than shape_max.memory (8G); lower it or raise shape_max.memory",
+        ),
+        (
+            "shape_max = { cpu = 4 }\n[[policy.shape]]\nname = \"a\"\ncpu = 6",
+            "policy[0].shape[0].cpu",
+            "6 is more than shape_max.cpu (4)",
+        ),
+        (
+            "shape_max = { gpu = 1 }\n[[policy.shape]]\nname = \"a\"\ngpu = 2",
+            "policy[0].shape[0].gpu",
+            "2 is more than shape_max.gpu (1)",
+        ),
+        (
+            "[[policy.shape]]\nname = \"Large\"",
+            "policy[0].shape[0].name",
+            "`Large` is not a shape name",
+        ),
+        (
+            "[[policy.shape]]\nname = \"a\"\n[[policy.shape]]\nname = \"a\"",
+            "policy[0].shape[1].name",
+            "`a` names another shape of this policy too",
+        ),
+        (
+            "[[policy.shape]]\nname = \"a\"\ntpu = 1",
+            "policy[0].shape[0].tpu",
+            "is neither cpu, memory, disk nor a device group",
+        ),
+    ];
+    for (extra, key, words) in cases {
+        let refused = on(MACHINE, &policy(extra)).unwrap_err();
+        assert_eq!(refused.key, key, "{extra}: {refused}");
+        assert!(refused.problem.contains(words), "{extra}: {refused}");
+    }
+    // A shaped policy's own label may not look like a shape label; an unshaped one's may.
+    let labelled = |extra: &str| {
+        format!(
+            "[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"linux\", \"RM-big\"]\n{extra}\n"
+        )
+    };
+    let refused = on(MACHINE, &labelled("shape_max = { cpu = 2 }")).unwrap_err();
+    assert_eq!(refused.key, "policy[0].labels");
+    assert!(
+        refused.problem.contains("`RM-big` starts with `rm-`"),
+        "{refused}"
+    );
+    assert!(on(MACHINE, &labelled("")).is_ok());
+    // With no device of the group, no machine size and no shape_max: the named shape stays
+    // within what is known, so it is accepted.
+    let unknown = on(
+        bounds::HostFacts::default(),
+        "[[policy]]\nname = \"p\"\ntarget = \"acme\"\nlabels = [\"x\"]\n[[policy.shape]]\nname = \"big\"\ncpu = 64\nmemory = \"1T\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        unknown.policies[0].shapes.named[0].1.cpu_millis,
+        Some(64_000)
+    );
 }

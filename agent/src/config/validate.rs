@@ -113,6 +113,7 @@ pub(super) fn validate(
         problem,
     };
 
+    let runner_root = runner_root(&file, data_dir_override.as_deref());
     let data_dir = data_dir_override
         .or(file.data_dir)
         .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
@@ -331,13 +332,14 @@ pub(super) fn validate(
             ));
         }
     };
+    let capacity = super::shape::host_capacity(file.host.capacity, file.host.reserve, &host_facts)
+        .map_err(|(key, problem)| err(&format!("host.{key}"), problem))?;
+    let devices = super::shape::devices(file.host.devices)
+        .map_err(|(key, problem)| err(&format!("host.{key}"), problem))?;
     let host = Host {
         name: host_name,
         max_runners,
-        runner_root: file
-            .host
-            .runner_root
-            .unwrap_or_else(|| data_dir.join("runners")),
+        runner_root,
         isolation,
         isolation_named,
         runner_uids,
@@ -354,6 +356,8 @@ pub(super) fn validate(
         runner_run_keep,
         egress: super::egress::validate_host(file.host.egress_allow, file.host.dns_upstream)
             .map_err(|(key, problem)| err(&format!("host.{key}"), problem))?,
+        capacity,
+        devices,
     };
 
     if file.runner.package_dir.is_some() && file.runner.version.is_some() {
@@ -504,8 +508,30 @@ pub(super) fn validate(
         let key = |field: &str| format!("policy[{index}].{field}");
         let rerun = super::rerun::validate(section.rerun_on.take(), section.max_reruns.take())
             .map_err(|(field, problem)| err(&key(field), problem))?;
+        let shapes = super::shape::PolicyShapesSection {
+            cpu: section.cpu.take(),
+            shape_max: section.shape_max.take(),
+            shapes: std::mem::take(&mut section.shapes),
+        };
         let mut policy = validate_policy(section, max_runners, host_facts)
             .map_err(|(field, problem)| err(&key(field), problem))?;
+        policy.shapes = super::shape::policy_shapes(shapes, &host.capacity, &host.devices)
+            .map_err(|(field, problem)| err(&key(&field), problem))?;
+        // A policy that takes shapes reads every job label starting with `rm-` as one: a
+        // runner label of its own starting so could never be asked for.
+        if policy.shapes.accepts_shapes()
+            && let Some(label) = policy
+                .labels
+                .iter()
+                .find(|l| super::shape::is_shape_label(l))
+        {
+            return Err(err(
+                &key("labels"),
+                format!(
+                    "`{label}` starts with `rm-`, which a policy with shape_max or [[policy.shape]] reads as a job's shape label; rename the label"
+                ),
+            ));
+        }
         if let Some(rerun) = rerun {
             reruns.insert(policy.name.clone(), rerun);
         }
@@ -737,9 +763,9 @@ fn validate_policy(
     let pids_max = bounds::written_count(section.pids_max.as_ref())
         .map_err(|problem| ("pids_max", problem))?
         .or(Some(bounds::DEFAULT_PIDS_MAX));
-    let disk_max = bounds::written_size(section.disk_max.as_deref(), parse_bytes)
-        .map_err(|problem| ("disk_max", problem))?
-        .or(Some(bounds::DEFAULT_DISK_MAX));
+    let disk_written = bounds::written_size(section.disk_max.as_deref(), parse_bytes)
+        .map_err(|problem| ("disk_max", problem))?;
+    let disk_max = disk_written.or(Some(bounds::DEFAULT_DISK_MAX));
     if let Some(weight) = section.cpu_weight
         && !(CPU_WEIGHT_MIN..=CPU_WEIGHT_MAX).contains(&weight)
     {
@@ -766,6 +792,9 @@ fn validate_policy(
         limits,
         memory_required: memory_written.or(None),
         disk_max,
+        disk_required: disk_written.or(None),
+        // Filled by the caller, which knows the host's capacity and devices.
+        shapes: PolicyShapes::default(),
         name: section.name,
         target,
         labels: section.labels,
@@ -1032,6 +1061,17 @@ fn runner_uids(section: RunnerUidsSection) -> Result<RunnerUids, String> {
             Ok(RunnerUids::Accounts(names))
         }
     }
+}
+
+/// Where runners are made: `host.runner_root`, else `<data_dir>/runners` (the data directory
+/// as `--data-dir` or the file names it). Where the disk capacity is measured, too.
+pub(super) fn runner_root(file: &FileConfig, data_dir_override: Option<&Path>) -> PathBuf {
+    file.host.runner_root.clone().unwrap_or_else(|| {
+        data_dir_override
+            .or(file.data_dir.as_deref())
+            .unwrap_or(Path::new(DEFAULT_DATA_DIR))
+            .join("runners")
+    })
 }
 
 /// `"8G"`, `"512M"`, `"1024K"`, `"1T"` (powers of 1024) or plain bytes.

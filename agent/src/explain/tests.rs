@@ -27,6 +27,8 @@ fn policy(name: &str, labels: &[&str], max_runners: u32) -> Policy {
         limits: Default::default(),
         memory_required: None,
         disk_max: None,
+        disk_required: None,
+        shapes: Default::default(),
         env_file: None,
         network_allow: None,
         egress: None,

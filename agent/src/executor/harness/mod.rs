@@ -103,6 +103,8 @@ pub(super) fn policy_on(target: &str, name: &str, labels: &[&str], max_runners: 
         limits: RunnerLimits::default(),
         memory_required: None,
         disk_max: None,
+        disk_required: None,
+        shapes: Default::default(),
         env_file: None,
         network_allow: None,
         egress: None,
