@@ -203,14 +203,14 @@ impl Reader {
     }
 
     /// Every device held on this host and its holder, by device id (`status`).
-    pub fn held_devices(&self) -> Result<Vec<(String, crate::AttemptId)>, crate::AttemptError> {
+    pub fn held_devices(&self) -> Result<Vec<(String, crate::AttemptId)>, JournalError> {
         crate::shapes::held_devices(&self.conn)
     }
 
     /// The shapes of the attempts neither cleaned nor released, oldest first (`status`).
     pub fn live_shapes(
         &self,
-    ) -> Result<Vec<(crate::AttemptId, crate::AttemptShape)>, crate::AttemptError> {
+    ) -> Result<Vec<(crate::AttemptId, crate::AttemptShape)>, JournalError> {
         crate::shapes::live_shapes(&self.conn)
     }
 
@@ -220,7 +220,7 @@ impl Reader {
         &self,
         policy: &str,
         since: UnixMs,
-    ) -> Result<Vec<crate::ShapeUsage>, crate::AttemptError> {
+    ) -> Result<Vec<crate::ShapeUsage>, JournalError> {
         crate::shapes::shape_usage(&self.conn, policy, since)
     }
 

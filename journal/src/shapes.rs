@@ -18,6 +18,7 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, ErrorCode, OptionalExtension as _, Row, params};
 use serde::Serialize;
 
+use crate::JournalError;
 use crate::attempts::{AttemptError, AttemptId};
 use rm_vocab::UnixMs;
 
@@ -153,7 +154,7 @@ pub(crate) fn free(conn: &Connection, id: &AttemptId) -> Result<(), AttemptError
 }
 
 /// Every device held on this host and its holder, by device id.
-pub(crate) fn held_devices(conn: &Connection) -> Result<Vec<(String, AttemptId)>, AttemptError> {
+pub(crate) fn held_devices(conn: &Connection) -> Result<Vec<(String, AttemptId)>, JournalError> {
     let mut stmt =
         conn.prepare_cached("SELECT device, attempt_id FROM device_holds ORDER BY device")?;
     let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
@@ -165,7 +166,7 @@ pub(crate) fn held_devices(conn: &Connection) -> Result<Vec<(String, AttemptId)>
 /// restart. Attempts without a shape are left out.
 pub(crate) fn live_shapes(
     conn: &Connection,
-) -> Result<Vec<(AttemptId, AttemptShape)>, AttemptError> {
+) -> Result<Vec<(AttemptId, AttemptShape)>, JournalError> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT attempt_id, {SHAPE_COLUMNS} FROM attempts
          WHERE state != 'cleaned' AND released_at IS NULL AND shape_labels IS NOT NULL
@@ -218,7 +219,7 @@ pub(crate) fn shape_usage(
     conn: &Connection,
     policy: &str,
     since: UnixMs,
-) -> Result<Vec<ShapeUsage>, AttemptError> {
+) -> Result<Vec<ShapeUsage>, JournalError> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT a.attempt_id, a.job_id, j.job_name, a.usage_peak_memory, a.usage_cpu_usec,
                 a.usage_at - j.started_at, {}

@@ -248,14 +248,14 @@ impl Attempts {
     /// written with its attempt ([`Attempts::create`]) and freed when the attempt is released
     /// or cleaned, whichever comes first.
     pub fn held_devices(&self) -> Result<Vec<(String, AttemptId)>, AttemptError> {
-        crate::shapes::held_devices(&self.conn)
+        Ok(crate::shapes::held_devices(&self.conn)?)
     }
 
     /// The shapes of the attempts neither cleaned nor released (they occupy the host: their
     /// processes may still run), oldest first; attempts without a shape are left out. What
     /// packing starts from after a restart.
     pub fn live_shapes(&self) -> Result<Vec<(AttemptId, crate::AttemptShape)>, AttemptError> {
-        crate::shapes::live_shapes(&self.conn)
+        Ok(crate::shapes::live_shapes(&self.conn)?)
     }
 
     /// Records what the attempt's runner used (`memory.peak` bytes, `cpu.stat` `usage_usec`),
@@ -278,6 +278,6 @@ impl Attempts {
         policy: &str,
         since: UnixMs,
     ) -> Result<Vec<crate::ShapeUsage>, AttemptError> {
-        crate::shapes::shape_usage(&self.conn, policy, since)
+        Ok(crate::shapes::shape_usage(&self.conn, policy, since)?)
     }
 }
