@@ -34,6 +34,7 @@ fn create(attempts: &Attempts, id: &AttemptId, policy: &str, at_ms: i64) -> Atte
             uid: None,
             cgroup: None,
             image: None,
+            shape: None,
         })
         .unwrap()
 }
@@ -601,6 +602,7 @@ fn creating_refuses_duplicates_bad_names_and_an_occupied_workspace() {
         uid: None,
         cgroup: None,
         image: None,
+        shape: None,
     };
     assert!(matches!(
         attempts.create(&again),
@@ -647,6 +649,7 @@ fn creating_refuses_duplicates_bad_names_and_an_occupied_workspace() {
             uid: None,
             cgroup: None,
             image: None,
+            shape: None,
         }
     }
     let (first_name, second_name) = (first.runner_name("host"), second.runner_name("host"));
@@ -856,10 +859,11 @@ fn the_schema_itself_refuses_inconsistent_rows() {
         .unwrap();
     // v5 added `isolation` (a closed set), `uid` (a number) and `cgroup` (a path the agent
     // builds from the attempt id); v7 `started_at` and v12 `released_at` (times in ms); v13
-    // `image` (a digest, checked below).
+    // `image` (a digest, checked below); v15 the shape (the job's own labels and device ids,
+    // JSON arrays the schema checks, and numbers) and the usage (numbers and a time).
     assert_eq!(
         columns.len(),
-        25,
+        33,
         "a new column: check it cannot hold a secret"
     );
     for column in &columns {
@@ -976,6 +980,7 @@ fn a_runner_uid_is_held_by_one_uncleaned_attempt_until_it_is_cleaned() {
             uid: Some(uid),
             cgroup: Some(Path::new("/sys/fs/cgroup/rm/rm-0100")),
             image: None,
+            shape: None,
         })
     };
     let (a, b) = (id(1), id(2));
@@ -1037,6 +1042,7 @@ fn a_released_attempt_frees_its_uid_before_it_is_cleaned() {
             uid: Some(uid),
             cgroup: None,
             image: None,
+            shape: None,
         })
     };
     let (a, b) = (id(1), id(2));
@@ -1105,6 +1111,7 @@ fn an_attempt_s_image_is_journalled_and_survives_reopening() {
             uid: Some(64_300),
             cgroup: None,
             image: Some(&image),
+            shape: None,
         })
         .unwrap();
     assert_eq!(row.image.as_deref(), Some(image.as_str()));
@@ -1175,6 +1182,7 @@ fn an_image_that_is_not_an_image_id_is_refused() {
             uid: None,
             cgroup: None,
             image: Some(&bad),
+            shape: None,
         });
         assert!(
             matches!(&refused, Err(AttemptError::InvalidImage(text)) if *text == bad),

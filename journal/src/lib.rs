@@ -45,6 +45,7 @@ mod reruns;
 mod retention;
 mod scale_sets;
 mod schema;
+mod shapes;
 mod store;
 mod sync;
 mod types;
@@ -78,6 +79,7 @@ pub use scale_sets::{
     ScaleSetStatistics, ScaleSets,
 };
 pub use schema::SCHEMA_VERSION;
+pub use shapes::{AttemptShape, ShapeUsage};
 pub use store::{JobReader, Store};
 pub use types::{
     DeliveryRow, Incoming, InstallationRow, JobRow, Outcome, Recorded, StoredDelivery,
@@ -99,6 +101,8 @@ mod pg_server;
 mod rerun_tests;
 #[cfg(test)]
 mod scale_set_tests;
+#[cfg(test)]
+mod shape_tests;
 #[cfg(test)]
 #[path = "../../tests/support/skip.rs"]
 mod skip;

@@ -202,6 +202,28 @@ impl Reader {
         crate::egress::of_policy(&self.conn, policy, since)
     }
 
+    /// Every device held on this host and its holder, by device id (`status`).
+    pub fn held_devices(&self) -> Result<Vec<(String, crate::AttemptId)>, JournalError> {
+        crate::shapes::held_devices(&self.conn)
+    }
+
+    /// The shapes of the attempts neither cleaned nor released, oldest first (`status`).
+    pub fn live_shapes(
+        &self,
+    ) -> Result<Vec<(crate::AttemptId, crate::AttemptShape)>, JournalError> {
+        crate::shapes::live_shapes(&self.conn)
+    }
+
+    /// What `policy`'s attempts created at or after `since` asked for against what they used,
+    /// oldest first (`rm-agent shapes`).
+    pub fn shape_usage(
+        &self,
+        policy: &str,
+        since: UnixMs,
+    ) -> Result<Vec<crate::ShapeUsage>, JournalError> {
+        crate::shapes::shape_usage(&self.conn, policy, since)
+    }
+
     /// Every attempt not yet cleaned (what holds a runner uid or awaits cleanup), oldest first.
     pub fn uncleaned_attempts(&self) -> Result<Vec<AttemptRecord>, JournalError> {
         let mut stmt = self.conn.prepare_cached(&format!(

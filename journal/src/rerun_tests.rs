@@ -42,6 +42,7 @@ fn concluded(
             uid: None,
             cgroup: None,
             image: None,
+            shape: None,
         })
         .unwrap();
     assert!(

@@ -361,6 +361,38 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         updated_at  INTEGER NOT NULL
     );
     "#,
+    // v15: what each attempt's runner takes from its host, the devices it holds, and what it
+    // used (issue 42, `crate::shapes`). On `attempts`: the shape, written with the row and never
+    // changed (its labels and device ids as JSON arrays of strings, CPU in thousandths, memory
+    // and disk in bytes; all NULL together for an attempt of no shape, as every earlier one
+    // is), and the usage recorded once at the runner's end (`usage_at`; either reading may be
+    // unknown). `device_holds`: one row per device held, the primary key the fence, inserted in
+    // the attempt's creating transaction and deleted in the one that releases or cleans it. The
+    // file is this host's, so a hold names no host.
+    r#"
+    ALTER TABLE attempts ADD COLUMN shape_labels TEXT
+        CHECK (shape_labels IS NULL OR json_type(shape_labels) = 'array');
+    ALTER TABLE attempts ADD COLUMN shape_cpu_millis INTEGER CHECK (shape_cpu_millis >= 0);
+    ALTER TABLE attempts ADD COLUMN shape_memory INTEGER CHECK (shape_memory >= 0);
+    ALTER TABLE attempts ADD COLUMN shape_disk INTEGER CHECK (shape_disk >= 0);
+    ALTER TABLE attempts ADD COLUMN shape_devices TEXT
+        CHECK (shape_devices IS NULL OR json_type(shape_devices) = 'array')
+        CHECK ((shape_labels IS NULL) = (shape_devices IS NULL)
+               AND (shape_labels IS NULL) = (shape_cpu_millis IS NULL)
+               AND (shape_labels IS NULL) = (shape_memory IS NULL)
+               AND (shape_labels IS NULL) = (shape_disk IS NULL));
+    ALTER TABLE attempts ADD COLUMN usage_peak_memory INTEGER CHECK (usage_peak_memory >= 0);
+    ALTER TABLE attempts ADD COLUMN usage_cpu_usec INTEGER CHECK (usage_cpu_usec >= 0);
+    ALTER TABLE attempts ADD COLUMN usage_at INTEGER
+        CHECK (usage_at IS NOT NULL OR (usage_peak_memory IS NULL AND usage_cpu_usec IS NULL));
+
+    CREATE TABLE device_holds (
+        device      TEXT PRIMARY KEY NOT NULL CHECK (device != ''),   -- its first node path
+        attempt_id  TEXT NOT NULL REFERENCES attempts (attempt_id) ON DELETE CASCADE,
+        held_at     INTEGER NOT NULL
+    );
+    CREATE INDEX device_holds_attempt ON device_holds (attempt_id);
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -203,6 +203,8 @@ fn migrations_run_from_every_earlier_version() {
             assert_eq!(attempts[1].uid, None);
             // Attempts journalled before v13 ran on the host's root: no image.
             assert!(attempts.iter().all(|a| a.image.is_none()), "from v{start}");
+            // Attempts journalled before v15 declared no shape.
+            assert!(attempts.iter().all(|a| a.shape.is_none()), "from v{start}");
         } else {
             // The table exists (the reader would fail otherwise) and starts empty.
             assert!(attempts.is_empty(), "from v{start}");
@@ -250,6 +252,7 @@ fn attempts_from_before_images_read_none_and_new_ones_keep_theirs() {
             uid: Some(64_200),
             cgroup: None,
             image: Some(&image),
+            shape: None,
         })
         .unwrap();
     drop(attempts);

@@ -80,6 +80,7 @@ fn started_attempt(attempts: &Attempts, n: u8, policy: &str, started_at: i64) ->
             uid: None,
             cgroup: None,
             image: None,
+            shape: None,
         })
         .unwrap();
     assert!(

@@ -1981,6 +1981,7 @@ mod tests {
                 cgroup: None,
                 released_at_ms: released.map(UnixMs::new),
                 image: None,
+                shape: None,
             }
         };
         let overdue_before = UnixMs::new(1_000);
@@ -2047,6 +2048,7 @@ mod tests {
                 cgroup: None,
                 released_at_ms: None,
                 image: image.map(str::to_owned),
+                shape: None,
             }
         };
         let uncleaned = [

@@ -648,6 +648,7 @@ pub(super) async fn create_attempt(
                 uid,
                 cgroup: cgroup.as_deref(),
                 image: image.as_deref(),
+                shape: None,
             })
         })
         .await?;

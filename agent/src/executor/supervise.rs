@@ -1174,6 +1174,7 @@ mod tests {
             cgroup: None,
             released_at_ms: None,
             image: None,
+            shape: None,
         }
     }
 

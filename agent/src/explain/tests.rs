@@ -85,6 +85,7 @@ fn attempt(policy: &str, state: AttemptState, job_id: Option<i64>, created: i64)
         cgroup: None,
         released_at_ms: None,
         image: None,
+        shape: None,
     }
 }
 

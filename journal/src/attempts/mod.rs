@@ -241,4 +241,43 @@ impl Attempts {
     pub fn egress(&self, id: &AttemptId) -> Result<Option<String>, AttemptError> {
         crate::egress::of_attempt(&self.conn, id)
     }
+
+    // ---- shapes, device holds and usage (`crate::shapes`, schema v15) ----
+
+    /// Every device held on this host and the attempt holding it, by device id. A hold is
+    /// written with its attempt ([`Attempts::create`]) and freed when the attempt is released
+    /// or cleaned, whichever comes first.
+    pub fn held_devices(&self) -> Result<Vec<(String, AttemptId)>, AttemptError> {
+        Ok(crate::shapes::held_devices(&self.conn)?)
+    }
+
+    /// The shapes of the attempts neither cleaned nor released (they occupy the host: their
+    /// processes may still run), oldest first; attempts without a shape are left out. What
+    /// packing starts from after a restart.
+    pub fn live_shapes(&self) -> Result<Vec<(AttemptId, crate::AttemptShape)>, AttemptError> {
+        Ok(crate::shapes::live_shapes(&self.conn)?)
+    }
+
+    /// Records what the attempt's runner used (`memory.peak` bytes, `cpu.stat` `usage_usec`),
+    /// once, at its end `at_ms`. `Ok(true)` when recorded now; `Ok(false)` when it was recorded
+    /// already or the attempt is cleaned.
+    pub fn record_usage(
+        &self,
+        id: &AttemptId,
+        peak_memory: Option<u64>,
+        cpu_usec: Option<u64>,
+        at_ms: UnixMs,
+    ) -> Result<bool, AttemptError> {
+        crate::shapes::record_usage(&self.conn, id, peak_memory, cpu_usec, at_ms)
+    }
+
+    /// The attempts of `policy` created at or after `since` that recorded usage, oldest first:
+    /// what each asked for against what it used.
+    pub fn shape_usage(
+        &self,
+        policy: &str,
+        since: UnixMs,
+    ) -> Result<Vec<crate::ShapeUsage>, AttemptError> {
+        Ok(crate::shapes::shape_usage(&self.conn, policy, since)?)
+    }
 }

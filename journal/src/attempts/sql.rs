@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use rm_vocab::{JobId, RunnerId};
 use rusqlite::types::ToSql;
-use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, params};
+use rusqlite::{
+    Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior, params,
+};
 
 use super::types::AttemptState::{Busy, Cleaned, Idle, JitReceived, Starting};
 use super::types::*;
@@ -13,7 +15,11 @@ use rm_vocab::UnixMs;
 
 pub(crate) const ATTEMPT_COLUMNS: &str = "attempt_id, policy, runner_name, workspace, runtime_dir, state, \
      state_changed_at, outcome, reason, detail, runner_id, job_id, pid, pid_start_time, stop_intent, \
-     stop_intent_at, created_at, updated_at, pid_boot_id, isolation, uid, cgroup, released_at, image";
+     stop_intent_at, created_at, updated_at, pid_boot_id, isolation, uid, cgroup, released_at, image, \
+     shape_labels, shape_cpu_millis, shape_memory, shape_disk, shape_devices";
+
+/// Where [`ATTEMPT_COLUMNS`]' shape columns (`crate::shapes::SHAPE_COLUMNS`) start.
+const SHAPE_FIRST: usize = 24;
 
 /// `'a', 'b'` for an SQL `IN` list. The names come from the enums, never from input.
 pub(super) fn in_list(states: &[AttemptState]) -> String {
@@ -59,10 +65,12 @@ pub(crate) fn attempt_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
         cgroup: row.get::<_, Option<String>>(21)?.map(PathBuf::from),
         released_at_ms: row.get(22)?,
         image: row.get(23)?,
+        shape: crate::shapes::shape_at(row, SHAPE_FIRST)?,
     })
 }
 
-/// Journals a new attempt in `allocated` and returns its row.
+/// Journals a new attempt in `allocated` and returns its row: the row and the holds of its
+/// shape's devices in one transaction, so both are written or neither is.
 pub(crate) fn create(
     conn: &Connection,
     new: &NewAttempt<'_>,
@@ -94,11 +102,21 @@ pub(crate) fn create(
     if let Some(image) = new.image.filter(|image| !is_image_id(image)) {
         return Err(AttemptError::InvalidImage(image.to_owned()));
     }
+    if let Some(shape) = new.shape {
+        crate::shapes::check_devices(shape)?;
+    }
+    let (shape_labels, shape_devices) = crate::shapes::shape_lists(new.shape)?;
+    // Immediate: the write lock is taken at BEGIN, so a second writer waits here rather than
+    // failing to upgrade a read transaction. Dropped without commit on any error: rolled back.
+    let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+    let conn: &Connection = &tx;
     let inserted = conn
         .prepare_cached(
             "INSERT INTO attempts (attempt_id, policy, runner_name, workspace, runtime_dir, state,
-                 state_changed_at, created_at, updated_at, isolation, uid, cgroup, image)
-             VALUES (?1, ?2, ?3, ?4, ?5, 'allocated', ?6, ?6, ?6, ?7, ?8, ?9, ?10)",
+                 state_changed_at, created_at, updated_at, isolation, uid, cgroup, image,
+                 shape_labels, shape_cpu_millis, shape_memory, shape_disk, shape_devices)
+             VALUES (?1, ?2, ?3, ?4, ?5, 'allocated', ?6, ?6, ?6, ?7, ?8, ?9, ?10,
+                     ?11, ?12, ?13, ?14, ?15)",
         )?
         .execute(params![
             id.as_str(),
@@ -111,6 +129,11 @@ pub(crate) fn create(
             new.uid,
             cgroup,
             new.image,
+            shape_labels,
+            new.shape.map(|s| s.cpu_millis),
+            new.shape.map(|s| s.memory),
+            new.shape.map(|s| s.disk),
+            shape_devices,
         ]);
     match inserted {
         Ok(_) => {}
@@ -151,7 +174,12 @@ pub(crate) fn create(
         }
         Err(err) => return Err(err.into()),
     }
-    get(conn, id)?.ok_or_else(|| AttemptError::Unknown(id.clone()))
+    if let Some(shape) = new.shape {
+        crate::shapes::hold(conn, id, &shape.devices, new.created_at_ms)?;
+    }
+    let record = get(conn, id)?.ok_or_else(|| AttemptError::Unknown(id.clone()))?;
+    tx.commit()?;
+    Ok(record)
 }
 
 /// The runner uids attempts neither cleaned nor released hold (spelled as the partial index
@@ -420,38 +448,51 @@ pub(crate) fn conclude(
 }
 
 /// Records that a concluded attempt (`finished | failed | orphaned`) is released: its processes
-/// are proven gone and its runtime removed (or its slot scrubbed), so its runner uid is free for
-/// the next runner while its registration may still wait for GitHub. Write-once: `Ok(true)`
-/// only the first time; `Ok(false)` for an attempt already released, cleaned or not concluded.
+/// are proven gone and its runtime removed (or its slot scrubbed), so its runner uid and its
+/// devices are free for the next runner while its registration may still wait for GitHub. The
+/// devices are freed in the same transaction. Write-once: `Ok(true)` only the first time;
+/// `Ok(false)` for an attempt already released, cleaned or not concluded.
 pub(crate) fn mark_released(
     conn: &Connection,
     id: &AttemptId,
     at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
-    let changed = conn
+    let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+    let changed = tx
         .prepare_cached(&format!(
             "UPDATE attempts SET released_at = ?2, updated_at = ?2
              WHERE attempt_id = ?1 AND state IN ({}) AND released_at IS NULL",
             in_list(&AttemptState::TERMINAL)
         ))?
         .execute(params![id.as_str(), at_ms])?;
+    if changed == 1 {
+        crate::shapes::free(&tx, id)?;
+    }
+    tx.commit()?;
     Ok(changed == 1)
 }
 
 /// `finished | failed | orphaned → cleaned`: deregistered (or given up on) and the workspace
-/// removed or scrubbed. Frees the runtime directory for the next attempt.
+/// removed or scrubbed. Frees the runtime directory, and the devices of an attempt cleaned
+/// without being released first (in the same transaction), for the next attempt.
 pub(crate) fn mark_cleaned(
     conn: &Connection,
     id: &AttemptId,
     at_ms: UnixMs,
 ) -> Result<bool, AttemptError> {
-    compare_and_set(
-        conn,
+    let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+    let won = compare_and_set(
+        &tx,
         id,
         Cleaned.allowed_predecessors(),
         Cleaned,
         "",
         &[],
         at_ms,
-    )
+    )?;
+    if won {
+        crate::shapes::free(&tx, id)?;
+    }
+    tx.commit()?;
+    Ok(won)
 }

@@ -9,6 +9,7 @@ use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, 
 use serde::Serialize;
 
 use crate::JournalError;
+use crate::shapes::AttemptShape;
 
 /// Length of an attempt id: 128 random bits as lowercase hex.
 pub const ATTEMPT_ID_LEN: usize = 32;
@@ -53,6 +54,13 @@ impl AttemptId {
     /// `rm-<host>-<short id>`, the runner's name at GitHub (CONTRACT §5).
     pub fn runner_name(&self, host: &str) -> String {
         format!("rm-{host}-{}", self.short())
+    }
+}
+
+/// Read back as written: a stored id that is not one is a conversion error, never an id.
+impl FromSql for AttemptId {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        AttemptId::parse(value.as_str()?).map_err(|err| FromSqlError::Other(Box::new(err)))
     }
 }
 
@@ -377,6 +385,9 @@ pub struct NewAttempt<'a> {
     /// The id of the image the runner's root is (its config digest, `sha256:<64 lowercase
     /// hex>`: the image store's key); `None` for a runner on the host's own root.
     pub image: Option<&'a str>,
+    /// What the runner takes from the host and the devices it holds, written with the row (the
+    /// holds in the same transaction); `None` for a runner of no declared shape.
+    pub shape: Option<&'a AttemptShape>,
 }
 
 /// An image id's algorithm prefix: the only digest the image store keys on.
@@ -439,6 +450,10 @@ pub struct AttemptRecord {
     /// The id of the image the runner ran in (`sha256:<64 hex>`); `None` for a runner on the
     /// host's own root, and for every attempt journalled before rm recorded it (schema v13).
     pub image: Option<String>,
+    /// What the runner took from the host and the devices it held (kept for the record after
+    /// they are freed: the holds themselves are [`crate::Attempts::held_devices`]); `None` for
+    /// an attempt journalled without one, and for every attempt from before schema v15.
+    pub shape: Option<AttemptShape>,
 }
 
 /// Which attempts a listing returns.
@@ -508,6 +523,13 @@ pub enum AttemptError {
     /// The uid fence: an attempt that is not cleaned yet holds this runner uid.
     #[error("runner uid {0} is still held by an attempt that is not cleaned")]
     UidInUse(u32),
+    /// The device fence: an attempt neither released nor cleaned holds this device. Nothing of
+    /// the refused attempt was written.
+    #[error("device {device} is held by attempt {holder}, which is neither released nor cleaned")]
+    DeviceHeld { device: String, holder: AttemptId },
+    /// A shape's device list names a device twice, or an empty id.
+    #[error("device {0:?} is listed twice in one shape, or is no device id")]
+    InvalidDevice(String),
     /// The workspace fence: an attempt that is not cleaned yet holds this directory or slot.
     #[error("runtime directory {0} still belongs to an attempt that is not cleaned")]
     WorkspaceInUse(PathBuf),

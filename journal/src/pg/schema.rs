@@ -293,6 +293,34 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         updated_at  BIGINT NOT NULL
     );
     "#,
+    // v15: each attempt's shape and usage, and the device holds (see SQLite's v15). The
+    // constraints spanning columns are the table's.
+    r#"
+    ALTER TABLE attempts ADD COLUMN shape_labels JSONB
+        CHECK (jsonb_typeof(shape_labels) = 'array');
+    ALTER TABLE attempts ADD COLUMN shape_cpu_millis BIGINT CHECK (shape_cpu_millis >= 0);
+    ALTER TABLE attempts ADD COLUMN shape_memory BIGINT CHECK (shape_memory >= 0);
+    ALTER TABLE attempts ADD COLUMN shape_disk BIGINT CHECK (shape_disk >= 0);
+    ALTER TABLE attempts ADD COLUMN shape_devices JSONB
+        CHECK (jsonb_typeof(shape_devices) = 'array');
+    ALTER TABLE attempts ADD CONSTRAINT attempts_shape_whole
+        CHECK ((shape_labels IS NULL) = (shape_devices IS NULL)
+               AND (shape_labels IS NULL) = (shape_cpu_millis IS NULL)
+               AND (shape_labels IS NULL) = (shape_memory IS NULL)
+               AND (shape_labels IS NULL) = (shape_disk IS NULL));
+    ALTER TABLE attempts ADD COLUMN usage_peak_memory BIGINT CHECK (usage_peak_memory >= 0);
+    ALTER TABLE attempts ADD COLUMN usage_cpu_usec BIGINT CHECK (usage_cpu_usec >= 0);
+    ALTER TABLE attempts ADD COLUMN usage_at BIGINT;
+    ALTER TABLE attempts ADD CONSTRAINT attempts_usage_at
+        CHECK (usage_at IS NOT NULL OR (usage_peak_memory IS NULL AND usage_cpu_usec IS NULL));
+
+    CREATE TABLE device_holds (
+        device      TEXT PRIMARY KEY NOT NULL CHECK (device != ''),
+        attempt_id  TEXT NOT NULL REFERENCES attempts (attempt_id) ON DELETE CASCADE,
+        held_at     BIGINT NOT NULL
+    );
+    CREATE INDEX device_holds_attempt ON device_holds (attempt_id);
+    "#,
 ];
 
 // The two dialects move together: a migration added to one is added to the other.

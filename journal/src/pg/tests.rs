@@ -162,6 +162,108 @@ fn attempts_from_before_images_migrate_to_no_image() {
     drop(pg);
 }
 
+/// A database from the rm before shapes (v14) migrates to v15 in place: its attempts read no
+/// shape and no usage, and the database itself keeps what SQLite's keeps: a shape whole, usage
+/// tied to its time, one holder per device (a second holder's transaction fails, and the
+/// attempt row written in it goes too), a freed device taken again, a hold gone with its
+/// attempt.
+#[test]
+fn attempts_from_before_shapes_migrate_and_the_database_fences_devices() {
+    let Some(pg) = Postgres::new("attempts_from_before_shapes_migrate") else {
+        return;
+    };
+    let db = crate::pg_server::shared()
+        .unwrap()
+        .database("shapes_from_v14")
+        .unwrap();
+    let url = db.url();
+    let mut client = client(&url);
+    let mut tx = client.transaction().unwrap();
+    for sql in &crate::pg::schema::MIGRATIONS[..14] {
+        tx.batch_execute(sql).unwrap();
+    }
+    tx.batch_execute(
+        "CREATE TABLE rm_schema_version (
+             one     BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+             version BIGINT NOT NULL
+         );
+         INSERT INTO rm_schema_version (version) VALUES (14);
+         INSERT INTO attempts (attempt_id, policy, runner_name, workspace, runtime_dir, state,
+             state_changed_at, created_at, updated_at)
+             VALUES ('0123456789abcdef0123456789abcdef', 'linux', 'rm-h-0123456789ab',
+                 'ephemeral', '/r/0123456789ab', 'busy', 5, 1, 5);",
+    )
+    .unwrap();
+    tx.commit().unwrap();
+
+    drop(PgJournal::connect(&url).unwrap());
+    let version: i64 = client
+        .query_one("SELECT version FROM rm_schema_version", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, SCHEMA_VERSION);
+    let row = client
+        .query_one(
+            "SELECT shape_labels IS NULL AND shape_cpu_millis IS NULL AND shape_devices IS NULL
+                    AND usage_at IS NULL
+             FROM attempts",
+            &[],
+        )
+        .unwrap();
+    assert!(row.get::<_, bool>(0));
+    for bad in [
+        "UPDATE attempts SET shape_memory = 1",
+        "UPDATE attempts SET shape_labels = '[]', shape_devices = '[]', shape_cpu_millis = 1,
+             shape_memory = 1, shape_disk = -1",
+        "UPDATE attempts SET shape_labels = '{}', shape_devices = '[]', shape_cpu_millis = 1,
+             shape_memory = 1, shape_disk = 1",
+        "UPDATE attempts SET usage_cpu_usec = 1",
+    ] {
+        assert!(client.batch_execute(bad).is_err(), "{bad}");
+    }
+    client
+        .batch_execute(
+            "UPDATE attempts SET shape_labels = '[\"rm-gpu=1\"]',
+                 shape_devices = '[\"/dev/nvidia0\"]', shape_cpu_millis = 1000,
+                 shape_memory = 1, shape_disk = 1, usage_at = 9, usage_cpu_usec = 3;
+             INSERT INTO device_holds (device, attempt_id, held_at)
+                 VALUES ('/dev/nvidia0', '0123456789abcdef0123456789abcdef', 1);",
+        )
+        .unwrap();
+    let second = "INSERT INTO attempts (attempt_id, policy, runner_name, workspace, runtime_dir,
+             state, state_changed_at, created_at, updated_at)
+             VALUES ('fedcba9876543210fedcba9876543210', 'linux', 'rm-h-fedcba987654',
+                 'ephemeral', '/r/fedcba987654', 'allocated', 6, 6, 6);
+         INSERT INTO device_holds (device, attempt_id, held_at)
+             VALUES ('/dev/nvidia0', 'fedcba9876543210fedcba9876543210', 6);";
+    let mut tx = client.transaction().unwrap();
+    assert!(tx.batch_execute(second).is_err());
+    drop(tx);
+    let count =
+        |client: &mut Client, sql: &str| -> i64 { client.query_one(sql, &[]).unwrap().get(0) };
+    assert_eq!(count(&mut client, "SELECT count(*) FROM attempts"), 1);
+    client
+        .batch_execute(
+            "DELETE FROM device_holds WHERE attempt_id = '0123456789abcdef0123456789abcdef'",
+        )
+        .unwrap();
+    let mut tx = client.transaction().unwrap();
+    tx.batch_execute(second).unwrap();
+    tx.commit().unwrap();
+    let holder: String = client
+        .query_one("SELECT attempt_id FROM device_holds", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(holder, "fedcba9876543210fedcba9876543210");
+    client
+        .batch_execute("DELETE FROM attempts WHERE attempt_id = 'fedcba9876543210fedcba9876543210'")
+        .unwrap();
+    assert_eq!(count(&mut client, "SELECT count(*) FROM device_holds"), 0);
+    drop(client);
+    drop(db);
+    drop(pg);
+}
+
 /// Two receivers, each with its own writer and connection, racing. First, two sightings of
 /// each job (`queued` on one, `in_progress` on the other, distinct GUIDs) inserted at the same
 /// moment: they merge forward, every job ends in progress. Then the same GUIDs on both (a

@@ -34,6 +34,7 @@ fn attempt(image: Option<&str>) -> AttemptRecord {
         cgroup: None,
         released_at_ms: None,
         image: image.map(str::to_owned),
+        shape: None,
     }
 }
 

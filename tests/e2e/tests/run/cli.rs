@@ -257,6 +257,7 @@ async fn runners_json_follows_the_contract() {
             uid: None,
             cgroup: None,
             image: None,
+            shape: None,
         })
         .unwrap();
     assert!(
@@ -337,6 +338,7 @@ async fn runners_json_follows_the_contract() {
             uid: None,
             cgroup: None,
             image: Some(&image),
+            shape: None,
         })
         .unwrap();
     let runners = json_stdout(&setup.run(&["runners", "--json"]));
@@ -390,6 +392,7 @@ async fn explain_and_status_name_the_image_a_runner_ran_in() {
             uid: None,
             cgroup: None,
             image: Some(&image),
+            shape: None,
         })
         .unwrap();
     let at = |ms: i64| UnixMs::new(1_700_000_000_000 + ms);
