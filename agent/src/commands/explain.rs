@@ -96,6 +96,8 @@ impl Gathered {
             ran: &self.ran,
             rerun: self.rerun.as_ref(),
             scale_sets: &self.scale_sets,
+            capacity: config.host.capacity,
+            devices: &config.host.devices,
         }
     }
 }

@@ -679,6 +679,8 @@ async fn settings(config: &Config, client: &GithubClient) -> Result<(Settings, S
         cache: crate::cache::wanted(config).map(crate::cache::plan),
         images,
         egress,
+        capacity: config.host.capacity,
+        devices: config.host.devices.clone(),
     };
     // Bounds lowered since the last run, and copies past `max_age` on a host that cleaned up
     // nothing since: pruned now, off the runtime, not only after the next cleanup.

@@ -336,6 +336,14 @@ pub(super) fn validate(
         .map_err(|(key, problem)| err(&format!("host.{key}"), problem))?;
     let devices = super::shape::devices(file.host.devices)
         .map_err(|(key, problem)| err(&format!("host.{key}"), problem))?;
+    // Only an isolated runner gets a `/dev` of its own: under `none` every job would see
+    // every device.
+    if !devices.is_empty() && isolation != Isolation::User {
+        return Err(err(
+            "host.device",
+            "gives each runner only its own devices in a /dev of its own, which needs host.isolation = \"user\"".to_owned(),
+        ));
+    }
     let host = Host {
         name: host_name,
         max_runners,
@@ -559,6 +567,15 @@ pub(super) fn validate(
             return Err(err(
                 &key("image"),
                 "is mounted as each runner's root in the runner's own mount namespace, and needs host.isolation = \"user\"".to_owned(),
+            ));
+        }
+        // A runner's own Docker daemon sees the host's `/dev`, not the runner's private one: a
+        // job could hand itself any device with `docker run --device`. Refused until the
+        // daemon gets the runner's `/dev` too (issue 42).
+        if policy.docker.is_some() && !host.devices.is_empty() {
+            return Err(err(
+                &key("docker"),
+                "cannot be used on a host with [[host.device]]: a runner's own Docker daemon sees every device node of the host's /dev; serve Docker jobs from a host without devices".to_owned(),
             ));
         }
         if policy.docker.is_some() && isolation != Isolation::User {

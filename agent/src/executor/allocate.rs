@@ -223,6 +223,10 @@ impl Allocator {
     /// busy runners whose job is unknown (`live.busy_unknown`, by policy). A scale set's policy
     /// gets the count its statistics ask for instead ([`crate::scaleset::runners_wanted`]).
     /// Overlapping and unresolvable jobs are logged once.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the plan's inputs, each read once per pass"
+    )]
     pub(super) fn inputs<'p>(
         &mut self,
         policies: &'p [Policy],
@@ -230,6 +234,7 @@ impl Allocator {
         named: &HashSet<String>,
         live: &LiveRead,
         scale_sets: &crate::scaleset::Board,
+        host: super::sizing::Host<'_>,
         now: UnixMs,
     ) -> Vec<PolicyInputs<'p>> {
         let busy_unknown = &live.busy_unknown;
@@ -291,6 +296,17 @@ impl Allocator {
                         .get(id)
                         .is_some_and(|seen| counts_after_fence(*seen, fence))
                 });
+            // Jobs whose shape its policy refuses are no demand: said once, never guessed.
+            let rows: Vec<&rm_journal::JobRow> = counted
+                .iter()
+                .filter_map(|id| jobs.iter().find(|j| j.job_id == *id))
+                .collect();
+            let (shaped, refused) = super::sizing::shaped(host, policy, &rows, &live.attempts);
+            self.report_refused(&policy.name, &refused);
+            let counted: Vec<JobId> = counted
+                .into_iter()
+                .filter(|id| !refused.iter().any(|(r, _)| r == id))
+                .collect();
             let done_meanwhile = self
                 .unknown_completions
                 .get(&policy.name)
@@ -305,7 +321,7 @@ impl Allocator {
                 fenced: u32::try_from(fenced.len()).unwrap_or(u32::MAX),
                 count,
                 busy_unknown: busy_unknown.get(&policy.name).copied().unwrap_or(0),
-                shaped: Default::default(),
+                shaped,
             });
         }
         inputs
@@ -347,6 +363,15 @@ impl Allocator {
     }
 
     /// Logs each overlapping or unresolvable job once.
+    /// Logs each job whose shape its policy refuses, once.
+    fn report_refused(&mut self, policy: &str, refused: &[(JobId, crate::shape::Refusal)]) {
+        for (job_id, refusal) in refused {
+            if self.reported.insert(*job_id) {
+                tracing::warn!(job_id = job_id.get(), policy, "{refusal}");
+            }
+        }
+    }
+
     fn report_unroutable(&mut self, demand: &demand::Demand) {
         for (job_id, policies) in &demand.overlapping {
             if self.reported.insert(*job_id) {
@@ -531,6 +556,8 @@ pub(super) struct LiveRead {
     pub(super) busy_unknown: HashMap<String, usize>,
     /// The uids attempts not yet cleaned hold.
     pub(super) held_uids: Vec<u32>,
+    /// The live attempts (their shapes are what packing counts).
+    pub(super) attempts: Vec<AttemptRecord>,
 }
 
 impl LiveRead {
@@ -554,15 +581,17 @@ pub(super) async fn live_counts(ctx: &Context) -> anyhow::Result<LiveRead> {
         .journal
         .write(move |attempts| {
             let mut busy_unknown: HashMap<String, usize> = HashMap::new();
-            for attempt in attempts.list(Scope::Live, None)? {
+            let live = attempts.list(Scope::Live, None)?;
+            for attempt in &live {
                 if attempt.state == AttemptState::Busy && attempt.job_id.is_none() {
-                    *busy_unknown.entry(attempt.policy).or_default() += 1;
+                    *busy_unknown.entry(attempt.policy.clone()).or_default() += 1;
                 }
             }
             Ok(LiveRead {
                 counts: attempts.live_counts()?,
                 busy_unknown,
                 held_uids: attempts.held_uids()?,
+                attempts: live,
             })
         })
         .await?)
@@ -594,6 +623,7 @@ pub(super) async fn demand_view(
 pub(super) async fn create_attempt(
     ctx: &Context,
     policy: &Policy,
+    shape: &crate::shape::Shape,
     running_uids: &mut Option<HashSet<u32>>,
 ) -> anyhow::Result<Created> {
     let id = AttemptId::generate();
@@ -633,8 +663,25 @@ pub(super) async fn create_attempt(
                 })?,
         ),
     };
+    // The shape it journals, with the devices it takes: the lowest free of each group it asks
+    // for. The journal's holds fence them (one holder each, written with the attempt's row): a
+    // device another attempt took meanwhile refuses this one and writes nothing of it.
+    let host = ctx.settings.sizing_host();
+    let need = host.need(policy, shape);
+    let held: Vec<String> = ctx
+        .journal
+        .write(|attempts| attempts.held_devices())
+        .await?
+        .into_iter()
+        .map(|(device, _)| device)
+        .collect();
+    let devices = match super::sizing::pick_devices(&shape.devices, host.devices, &held) {
+        Ok(devices) => devices,
+        Err(group) => return Ok(Created::NoFreeDevice(group)),
+    };
+    let attempt_shape = super::sizing::attempt_shape(shape, &need, devices);
     let (policy_name, created_at_ms) = (policy.name.clone(), ctx.now());
-    let record = ctx
+    let created = ctx
         .journal
         .write(move |attempts| {
             attempts.create(&NewAttempt {
@@ -648,11 +695,20 @@ pub(super) async fn create_attempt(
                 uid,
                 cgroup: cgroup.as_deref(),
                 image: image.as_deref(),
-                shape: None,
+                shape: Some(&attempt_shape),
             })
         })
-        .await?;
-    Ok(Created::Attempt(Box::new(record)))
+        .await;
+    match created {
+        Ok(record) => Ok(Created::Attempt(Box::new(record))),
+        Err(rm_journal::AttemptError::DeviceHeld { device, .. }) => Ok(Created::NoFreeDevice(
+            host.devices
+                .iter()
+                .find(|d| d.id().as_os_str() == device.as_str())
+                .map_or(device, |d| d.group.clone()),
+        )),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The new attempt's workspace: its own runtime directory (ephemeral), or the lowest slot no
@@ -724,6 +780,8 @@ pub(super) enum Created {
     /// Every uid of the pool is taken (by attempts, or by processes outside rm): like a
     /// ceiling, nothing starts until cleanup releases one.
     NoFreeUid(NoFreeUid),
+    /// Too few devices of this group are free for the shape (issue 42).
+    NoFreeDevice(String),
 }
 
 #[cfg(test)]

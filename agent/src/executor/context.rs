@@ -43,6 +43,12 @@ impl Context {
         self.settings.policies.iter().find(|p| p.name == name)
     }
 
+    /// The disk bound of `record`'s runtime: its shape's, else its policy's `disk_max`.
+    pub(super) fn disk_max(&self, record: &rm_journal::AttemptRecord) -> Option<u64> {
+        self.policy(&record.policy)
+            .and_then(|policy| super::sizing::bounds(policy, record).disk_max)
+    }
+
     /// The runner uid pool new runners take their uid from: `isolation = "user"`'s.
     pub(super) fn uid_pool(&self) -> Option<&rm_runner::isolate::Pool> {
         match (
@@ -57,8 +63,24 @@ impl Context {
     /// What the attempt's backend needs to know about it.
     pub(super) fn plan(&self, record: &rm_journal::AttemptRecord) -> Plan {
         let policy = self.policy(&record.policy);
-        let limits = policy.map(|p| p.limits).unwrap_or_default();
+        let mut limits = policy.map(|p| p.limits).unwrap_or_default();
+        // The attempt's shape (issue 42): its memory and CPUs where it writes them, else the
+        // policy's. Its private tmpfs sizes follow its memory_max.
+        if let Some(policy) = policy {
+            let bounds = super::sizing::bounds(policy, record);
+            limits.memory_max = bounds.memory_max;
+            limits.cpu_max = bounds.cpu_max;
+        }
         let mut plan = Plan::of(record, limits);
+        // On a host with devices every isolated runner gets a `/dev` of its own, holding only
+        // the nodes of the devices its attempt journalled (none for most): without it, a
+        // runner would see every device of the host's `/dev`.
+        if !self.settings.devices.is_empty() {
+            let held = record.shape.as_ref().map_or(&[][..], |s| &s.devices[..]);
+            plan.devices = Some(rm_runner::DevicePlan {
+                nodes: super::sizing::device_nodes(&self.settings.devices, held),
+            });
+        }
         plan.network_allow = policy.and_then(|p| p.network_allow.clone());
         plan.egress = self
             .settings

@@ -382,11 +382,16 @@ impl Executor {
                 &named,
                 &live,
                 &ctx.settings.scale_sets,
+                ctx.settings.sizing_host(),
                 now,
             ),
             standing: standing.as_ref(),
             free_uids: live.free_uids(ctx.uid_pool()),
-            packing: Default::default(),
+            packing: super::sizing::packing(
+                ctx.settings.sizing_host(),
+                &ctx.settings.policies,
+                &live.attempts,
+            ),
         };
         let mut plan = plan::plan(&inputs);
         if let Some(membership) = &ctx.membership {
@@ -404,7 +409,7 @@ impl Executor {
                 &ctx.notifier,
             );
         }
-        let started = self.start_planned(&ctx, &mut plan).await;
+        let started = self.start_planned(&ctx, &mut plan, &jobs).await;
         publish_capacities(&ctx, &self.allocator, &live, &plan, inputs.fit, now);
         self.plans.send_replace(Arc::new(plan));
         self.counted = counted;
@@ -415,7 +420,12 @@ impl Executor {
     /// ([`allocate::create_attempt`]) and handed to its launch task. What stops it short (a
     /// launch that failed meanwhile backs its policy off; no free uid stops every policy) is
     /// noted in the plan.
-    async fn start_planned(&mut self, ctx: &Arc<Context>, plan: &mut Plan) -> anyhow::Result<()> {
+    async fn start_planned(
+        &mut self,
+        ctx: &Arc<Context>,
+        plan: &mut Plan,
+        jobs: &[rm_journal::JobRow],
+    ) -> anyhow::Result<()> {
         // Which uids other processes run as, read once (a `/proc` scan) and only if a runner is
         // to start: the uids handed out here are fenced by the journal, and a process that
         // takes a pool uid after the scan is caught when the runner starts.
@@ -424,7 +434,8 @@ impl Executor {
             let Some(policy) = ctx.policy(&planned.policy) else {
                 continue;
             };
-            for started in 0..planned.start {
+            let starts = planned.starts.clone();
+            for (started, start) in (0u32..).zip(&starts) {
                 // A launch started by this loop may already have failed (a broken package fails
                 // in milliseconds): its back-off holds the rest of the plan too, or the loop
                 // would replace each failed attempt at once.
@@ -437,19 +448,39 @@ impl Executor {
                     planned.hold(started, Held::BackingOff { until_ms });
                     break;
                 }
-                let record = match allocate::create_attempt(ctx, policy, &mut running_uids).await {
-                    Ok(Created::Attempt(record)) => *record,
-                    // Like a ceiling: nothing starts until cleanup releases a uid.
-                    Ok(Created::NoFreeUid(none)) => {
-                        self.allocator.note_uid_pool(Some(&none));
-                        planned.hold(started, Held::NoFreeUid);
-                        return Ok(());
-                    }
-                    Err(e) => {
-                        planned.start = started;
-                        return Err(e);
-                    }
-                };
+                let shape = start
+                    .job
+                    .and_then(|id| jobs.iter().find(|j| j.job_id == id))
+                    .map_or_else(
+                        || crate::shape::resolve(policy, &[]),
+                        |job| crate::shape::resolve(policy, &job.labels),
+                    )
+                    .unwrap_or_default();
+                let record =
+                    match allocate::create_attempt(ctx, policy, &shape, &mut running_uids).await {
+                        Ok(Created::Attempt(record)) => *record,
+                        // Another runner took the device meanwhile (a cleanup not yet seen by the
+                        // plan's read, or one the journal's fence caught): it waits like a ceiling.
+                        Ok(Created::NoFreeDevice(group)) => {
+                            planned.hold(
+                                started,
+                                Held::WaitingForRoom {
+                                    resource: super::plan::pack::Resource::Device(group),
+                                },
+                            );
+                            break;
+                        }
+                        // Like a ceiling: nothing starts until cleanup releases a uid.
+                        Ok(Created::NoFreeUid(none)) => {
+                            self.allocator.note_uid_pool(Some(&none));
+                            planned.hold(started, Held::NoFreeUid);
+                            return Ok(());
+                        }
+                        Err(e) => {
+                            planned.start = started;
+                            return Err(e);
+                        }
+                    };
                 self.allocator.note_uid_pool(None);
                 let span = super::attempt_span(&record);
                 span.in_scope(|| tracing::info!(demand = planned.demand, "runner allocated"));

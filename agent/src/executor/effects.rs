@@ -256,6 +256,7 @@ async fn release(ctx: &Context, record: &AttemptRecord) -> bool {
         ctx.stop(record.isolation, identity).await;
     }
     fault::crash_point("cleanup");
+    record_usage(ctx, record).await;
     if !remove_runtime(ctx, record).await {
         return false;
     }
@@ -275,6 +276,31 @@ async fn release(ctx: &Context, record: &AttemptRecord) -> bool {
             tracing::warn!(error = %e, "cannot journal the release; the cleanup is done again");
             false
         }
+    }
+}
+
+/// What the runner used (issue 42: `memory.peak`, `cpu.stat`), read from its cgroup once its
+/// processes are stopped and before its backend removes the cgroup, and journalled once for
+/// `rm-agent shapes`. Nothing is recorded where nothing could be read (no cgroup, or one a
+/// cleanup before a crash already removed).
+async fn record_usage(ctx: &Context, record: &AttemptRecord) {
+    let Some(cgroup) = record.cgroup.clone() else {
+        return;
+    };
+    let usage = match tokio::task::spawn_blocking(move || rm_runner::read_usage(&cgroup)).await {
+        Ok(usage) => usage,
+        Err(_) => return,
+    };
+    if usage.peak_memory.is_none() && usage.cpu_usec.is_none() {
+        return;
+    }
+    let (id, at) = (record.attempt_id.clone(), ctx.now());
+    if let Err(e) = ctx
+        .journal
+        .write(move |attempts| attempts.record_usage(&id, usage.peak_memory, usage.cpu_usec, at))
+        .await
+    {
+        tracing::warn!(error = %e, "cannot journal what the runner used");
     }
 }
 

@@ -156,7 +156,14 @@ impl Launch {
         let request = JitRequest {
             name: record.runner_name.clone(),
             runner_group_id: policy.runner_group_id,
-            labels: policy.labels.clone(),
+            // The policy's labels and the job's shape labels (issue 42): GitHub routes the job
+            // that asked for this shape to this runner, and no job of another shape.
+            labels: policy
+                .labels
+                .iter()
+                .chain(record.shape.iter().flat_map(|s| s.labels.iter()))
+                .cloned()
+                .collect(),
             work_folder: WORK_FOLDER.to_owned(),
         };
         let jit = match ctx.settings.scale_sets.of_policy(&policy.name) {

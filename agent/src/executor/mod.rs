@@ -42,6 +42,7 @@ mod recovery;
 pub(crate) mod registry;
 mod rerun;
 pub(crate) mod seams;
+pub(crate) mod sizing;
 mod supervise;
 pub(crate) mod tally;
 
@@ -144,6 +145,11 @@ pub struct Settings {
     /// with it before it starts and its record written before its network goes; `None`: no
     /// policy has egress.
     pub egress: Option<Arc<crate::egress::Egress>>,
+    /// `[host] capacity`, resolved: what packing fits runners into (issue 42).
+    pub capacity: crate::config::HostCapacity,
+    /// `[[host.device]]`: the devices runners are given one at a time; non-empty, every
+    /// isolated runner gets a `/dev` of its own holding only its own.
+    pub devices: Vec<crate::config::Device>,
 }
 
 /// The execution backends this agent can drive (CONTRACT §7). Each attempt names its own in the
@@ -170,6 +176,15 @@ impl Backends {
 }
 
 impl Settings {
+    /// The host's shape facts ([`sizing::Host`]).
+    pub(crate) fn sizing_host(&self) -> sizing::Host<'_> {
+        sizing::Host {
+            capacity: &self.capacity,
+            devices: &self.devices,
+            max_runners: self.max_runners,
+        }
+    }
+
     /// Whether GitHub's runner `name` is one of this host's: exactly `rm-<host>-<12 hex>`
     /// (CONTRACT §5), the only names this agent ever removes.
     pub fn owns_runner_name(&self, name: &str) -> bool {

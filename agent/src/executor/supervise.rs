@@ -477,7 +477,7 @@ impl Supervisor {
             // from its own evidence; only its deregistration is skipped.
             None => GithubObservation::NotRegistered,
         };
-        let disk_max = ctx.policy(&record.policy).and_then(|p| p.disk_max);
+        let disk_max = ctx.disk_max(record);
         let (findings, memory) = self.findings(
             record,
             process,
@@ -873,7 +873,7 @@ fn watched(ctx: &Context, records: &[AttemptRecord]) -> Vec<Watched> {
             Some(Watched {
                 attempt: r.attempt_id.clone(),
                 runtime_dir: r.runtime_dir.clone(),
-                disk_max: ctx.policy(&r.policy)?.disk_max?,
+                disk_max: ctx.disk_max(r)?,
             })
         })
         .collect()

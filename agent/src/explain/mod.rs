@@ -50,6 +50,7 @@ use crate::executor::allocate;
 use crate::executor::allocate::published::PolicyMemory;
 use crate::executor::plan::pack::{Resource, Wait};
 use crate::executor::plan::{self, CeilingKind, Held, Plan};
+use crate::executor::sizing;
 use crate::status_file::{Liveness, Snapshot};
 
 /// How many runners an `at_capacity` reason names before it says "and N more".
@@ -156,6 +157,9 @@ pub(crate) struct Facts<'a> {
     pub rerun: Option<&'a rm_journal::RerunRecord>,
     /// This host's journalled scale sets: their notes say why a listener is not serving.
     pub scale_sets: &'a [rm_journal::ScaleSetRecord],
+    /// `[host] capacity` and `[[host.device]]` (issue 42): what packing fits runners into.
+    pub capacity: crate::config::HostCapacity,
+    pub devices: &'a [crate::config::Device],
 }
 
 /// A blocking condition with the verdict it gives when it is the first that holds.
@@ -280,6 +284,13 @@ impl Queue {
         let mut counted: HashMap<&str, Vec<JobId>> = HashMap::new();
         for (policy, ids) in &routed.per_policy {
             let fence = fence_of(facts, policy);
+            let of = facts.policies.iter().find(|p| &p.name == policy);
+            // A job whose shape its policy refuses is no demand (the allocator's rule): it
+            // has no place, and says why ([`shape_refused`]).
+            let refused = |id: &JobId| {
+                of.zip(jobs.iter().find(|j| j.job_id == *id))
+                    .is_some_and(|(p, j)| crate::shape::resolve(p, &j.labels).is_err())
+            };
             let demand: Vec<JobId> = ids
                 .iter()
                 .copied()
@@ -287,6 +298,7 @@ impl Queue {
                     first_seen
                         .get(id)
                         .is_some_and(|seen| allocate::counts_after_fence(*seen, fence))
+                        && !refused(id)
                 })
                 .collect();
             for (place, id) in demand.iter().enumerate() {
@@ -321,6 +333,11 @@ impl Queue {
 /// The plan the executor would make for the policies' counted jobs from the facts: the
 /// journal's live attempts and held uids, the snapshot's fitness and back-offs.
 fn made_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
+    let host = sizing::Host {
+        capacity: &facts.capacity,
+        devices: facts.devices,
+        max_runners: facts.host_max,
+    };
     let mut counts = rm_journal::LiveCounts::default();
     let mut busy_unknown: HashMap<&str, usize> = HashMap::new();
     for attempt in facts
@@ -345,6 +362,11 @@ fn made_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
                 .get(policy.name.as_str())
                 .cloned()
                 .unwrap_or_default();
+            let rows: Vec<&JobRow> = jobs
+                .iter()
+                .filter_map(|id| facts.queued.iter().find(|j| j.job_id == *id))
+                .collect();
+            let (shaped, _) = sizing::shaped(host, policy, &rows, facts.attempts);
             plan::PolicyInputs {
                 policy,
                 backing_off_until: backoff_of(facts, &policy.name),
@@ -353,7 +375,7 @@ fn made_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
                 count: count(jobs.len()),
                 jobs,
                 busy_unknown: busy_unknown.get(policy.name.as_str()).copied().unwrap_or(0),
-                shaped: Default::default(),
+                shaped,
             }
         })
         .collect();
@@ -368,7 +390,7 @@ fn made_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
         free_uids: facts
             .uid_pool
             .map(|pool| count(pool.saturating_sub(held_uids))),
-        packing: Default::default(),
+        packing: sizing::packing(host, facts.policies, facts.attempts),
     })
 }
 
@@ -684,6 +706,16 @@ fn served(
     queue: &Queue,
     facts: &Facts<'_>,
 ) -> (Vec<Condition>, Option<String>) {
+    if let Err(refusal) = crate::shape::resolve(policy, &job.labels) {
+        return (
+            vec![condition(
+                Verdict::ShapeRefused,
+                reason("shape_refused", refusal.to_string()),
+                format!("its shape is refused by {}", policy.name),
+            )],
+            None,
+        );
+    }
     let memory = memory_of(facts, &policy.name);
     let fence = fence_of(facts, &policy.name);
     let Some(&(position, _)) = queue

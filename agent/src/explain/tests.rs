@@ -192,6 +192,8 @@ impl World {
             agent: self.agent,
             snapshot: self.snapshot.as_ref(),
             uid_pool: self.uid_pool,
+            capacity: Default::default(),
+            devices: &[],
             fleet: self
                 .fleet
                 .as_ref()

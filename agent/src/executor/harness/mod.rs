@@ -130,6 +130,8 @@ pub(super) struct Options {
     pub more_apps: Vec<(u64, bool)>,
     /// Each policy's re-run rule (`policy.rerun_on`), by policy name.
     pub reruns: std::collections::BTreeMap<String, crate::config::rerun::RerunPolicy>,
+    /// `[host] capacity` (issue 42); the default: unbounded.
+    pub capacity: crate::config::HostCapacity,
 }
 
 impl Default for Options {
@@ -142,6 +144,7 @@ impl Default for Options {
             registrations: None,
             more_apps: Vec::new(),
             reruns: Default::default(),
+            capacity: Default::default(),
         }
     }
 }
@@ -679,6 +682,8 @@ impl Harness {
             cache: None,
             images: None,
             egress: None,
+            capacity: options.capacity,
+            devices: Vec::new(),
             fitness: crate::fitness::Gate::default(),
             fleet: options
                 .fleet
