@@ -115,7 +115,8 @@ pub(crate) struct Sized {
 pub(crate) struct Shaped {
     /// The counted jobs' shapes (a job missing here has the default shape and needs nothing).
     pub(crate) sizes: HashMap<JobId, Sized>,
-    /// The policy's live runners not busy, per shape key.
+    /// The policy's live runners that stand for its queued jobs, per shape key: not busy, or
+    /// busy with a job the journal does not know yet.
     pub(crate) in_flight: BTreeMap<String, u32>,
     /// What a runner of the policy's default shape takes (a warm runner's).
     pub(crate) warm: Need,

@@ -132,10 +132,13 @@ pub(crate) fn shaped(
             Err(refusal) => refused.push((job.job_id, refusal)),
         }
     }
+    // Runners stand for queued jobs of their own shape: those not busy yet, and busy ones
+    // whose job the journal does not know yet (they took one of the queued jobs, which the
+    // plan's count already takes off: `demand_after_unknown_busy`).
     for attempt in live.iter().filter(|a| {
         a.policy == policy.name
             && a.state.counts_against_capacity()
-            && a.state != AttemptState::Busy
+            && (a.state != AttemptState::Busy || a.job_id.is_none())
     }) {
         let key = attempt
             .shape

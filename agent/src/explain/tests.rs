@@ -143,6 +143,9 @@ struct World {
     fleet: Option<rm_journal::FleetView>,
     /// The journal's scale-set records.
     scale_sets: Vec<rm_journal::ScaleSetRecord>,
+    /// `[host] capacity` and `[[host.device]]`.
+    capacity: crate::config::HostCapacity,
+    devices: Vec<crate::config::Device>,
 }
 
 impl World {
@@ -157,6 +160,8 @@ impl World {
             uid_pool: None,
             fleet: None,
             scale_sets: Vec::new(),
+            capacity: Default::default(),
+            devices: Vec::new(),
         }
     }
 
@@ -192,8 +197,8 @@ impl World {
             agent: self.agent,
             snapshot: self.snapshot.as_ref(),
             uid_pool: self.uid_pool,
-            capacity: Default::default(),
-            devices: &[],
+            capacity: self.capacity,
+            devices: &self.devices,
             fleet: self
                 .fleet
                 .as_ref()
@@ -880,4 +885,89 @@ fn a_scale_set_s_job_says_its_listener_backs_off() {
         ..record(Some(note))
     }];
     assert!(!codes(&w.explain(&j)).contains(&"scale_set_listener"));
+}
+
+/// Shapes (issue 42): a job whose shape its policy refuses says why and takes no place; a job
+/// packing holds back says what it waits for, from a running agent's plan or one made here.
+#[test]
+fn a_shaped_job_says_why_its_shape_is_refused_or_what_it_waits_for() {
+    use crate::config::{Device, HostCapacity, PolicyShapes, ShapeBounds};
+    use crate::executor::plan::pack::{Resource, Wait};
+    let mut w = World::new();
+    w.policies[0].shapes = PolicyShapes {
+        cpu_millis: None,
+        max: Some(ShapeBounds {
+            cpu_millis: Some(4000),
+            ..ShapeBounds::default()
+        }),
+        named: Vec::new(),
+    };
+    w.capacity = HostCapacity {
+        cpu_millis: Some(4000),
+        memory: None,
+        disk: None,
+    };
+    // Over shape_max, and an unreadable label: refused, with the policy's bound in the text.
+    let over = w.queue(1, &["self-hosted", "linux", "rm-cpu=8"]);
+    let e = w.explain(&over);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::ShapeRefused, vec!["shape_refused"])
+    );
+    assert!(
+        e.reasons[0].message.contains("shape_max"),
+        "{:?}",
+        e.reasons
+    );
+    let odd = w.queue(2, &["self-hosted", "linux", "rm-colour=red"]);
+    assert_eq!(codes(&w.explain(&odd)), ["shape_refused"]);
+    // A device group this host lacks: the plan made here says it exceeds the host.
+    w.agent = Liveness::Stopped { last_seen: None };
+    w.queued.clear();
+    let gpu = w.queue(3, &["self-hosted", "linux", "rm-gpu=1"]);
+    let e = w.explain(&gpu);
+    assert_eq!(
+        (e.verdict, codes(&e)[0]),
+        (Verdict::ShapeRefused, "shape_exceeds_host")
+    );
+    // With one GPU on the host, held by a running runner: the running agent's plan says the
+    // job waits for a device.
+    w.devices = vec![Device {
+        group: "gpu".to_owned(),
+        nodes: vec!["/dev/nvidia0".into()],
+        shared_nodes: Vec::new(),
+    }];
+    w.agent = Liveness::Running { pid: 42 };
+    w.snapshot
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .plan = Some(plan::Published {
+        at_ms: rm_vocab::UnixMs::new(NOW - 2_000),
+        policies: [(
+            "linux".to_owned(),
+            plan::PublishedPolicy {
+                demand: 1,
+                start: 0,
+                room: 1,
+                held: vec![plan::Held::WaitingForRoom {
+                    resource: Resource::Device("gpu".to_owned()),
+                }],
+                waits: vec![plan::JobWait {
+                    job_id: gpu.job_id,
+                    wait: Wait::Room {
+                        resource: Resource::Device("gpu".to_owned()),
+                    },
+                }],
+            },
+        )]
+        .into(),
+    });
+    let e = w.explain(&gpu);
+    assert_eq!(
+        (e.verdict, codes(&e)),
+        (Verdict::AtCapacity, vec!["waiting_for_device"])
+    );
 }

@@ -18,6 +18,7 @@
 mod ceiling_tests;
 mod log_tests;
 mod rerun_tests;
+mod shape_tests;
 mod tests;
 
 use std::collections::HashMap;

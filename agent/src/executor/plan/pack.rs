@@ -242,8 +242,9 @@ mod tests {
 
     #[test]
     fn jobs_start_in_queue_order_while_they_fit_and_a_small_one_passes_a_large_one() {
-        // (host cpus, mem GiB, held, queue, started job ids, waits)
-        let cases: Vec<(Room, Vec<Need>, Vec<Need>, Vec<i64>, Vec<(i64, Wait)>)> = vec![
+        /// (host, held, queue, started job ids, waits)
+        type Case = (Room, Vec<Need>, Vec<Need>, Vec<i64>, Vec<(i64, Wait)>);
+        let cases: Vec<Case> = vec![
             // Both fit: a 2-CPU job starts beside a 6-CPU one on 8 CPUs.
             (
                 host(8, 32, 0),
