@@ -719,7 +719,7 @@ impl Backend for UserIsolation {
         let devices = plan
             .devices
             .as_ref()
-            .map(crate::devices::DevSetup::prepare)
+            .map(|plan| crate::devices::DevSetup::prepare(plan, Some((account.uid, account.gid))))
             .transpose()?;
         if devices.is_some() && plan.docker.is_some() {
             return Err(crate::devices::DeviceError::WithDocker.into());

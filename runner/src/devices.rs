@@ -7,7 +7,8 @@
 //! path under `/dev/`, a character or block device) and its type, device number, permission bits
 //! and owner are read from the host's node. Between fork and exec ([`private_dev`], raw calls
 //! only): the tmpfs on `/dev`, the basic nodes, then each given node made with `mknod` as the
-//! host's is and given the host node's owner.
+//! host's is (its number and mode) and owned by the runner's uid (it has no supplementary
+//! groups, so a node the host gives a group would not open for it otherwise).
 //!
 //! What else a hostile job could use to reach a device it was not given, and why it cannot (each
 //! verified by `backend::tests::a_runner_opens_only_the_devices_it_was_given`, as root, with two
@@ -272,17 +273,30 @@ impl DevSetup {
     /// Checks every node of `plan` and reads each from the host, before the fork: any path that
     /// is not a device node under `/dev/` is an error naming it, and the runner does not start.
     /// A node listed twice (two devices of one group each bring its shared nodes) is made once.
-    pub(crate) fn prepare(plan: &DevicePlan) -> Result<DevSetup, DeviceError> {
+    ///
+    /// With `owner` (the runner's uid and gid), each node is made the runner's: the runner has
+    /// no supplementary groups, so a node the host gives a group (`0660 root:render`) would not
+    /// open for it otherwise, and the copy is in its own `/dev` alone. Its mode stays the
+    /// host's.
+    pub(crate) fn prepare(
+        plan: &DevicePlan,
+        owner: Option<(u32, u32)>,
+    ) -> Result<DevSetup, DeviceError> {
         let mut paths: Vec<&PathBuf> = plan.nodes.iter().collect();
         paths.sort();
         paths.dedup();
         if paths.len() > MAX_DEVICE_NODES {
             return Err(DeviceError::TooMany { count: paths.len() });
         }
-        let nodes = paths
+        let mut nodes: Vec<DeviceNode> = paths
             .into_iter()
             .map(|path| DeviceNode::of(path))
             .collect::<Result<_, _>>()?;
+        if let Some((uid, gid)) = owner {
+            for node in &mut nodes {
+                (node.uid, node.gid) = (uid, gid);
+            }
+        }
         Ok(DevSetup { nodes })
     }
 }
@@ -417,7 +431,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("file");
         std::fs::write(&file, "x").unwrap();
-        let refused = |nodes: Vec<PathBuf>| DevSetup::prepare(&DevicePlan { nodes }).unwrap_err();
+        let refused =
+            |nodes: Vec<PathBuf>| DevSetup::prepare(&DevicePlan { nodes }, None).unwrap_err();
         // Outside /dev, even a real device node (the path is the host's way to it anyway).
         assert!(matches!(
             refused(vec![file.clone()]),
@@ -458,7 +473,7 @@ mod tests {
             DeviceError::TooMany { count } if count == MAX_DEVICE_NODES + 1
         ));
         assert!(
-            DevSetup::prepare(&DevicePlan::default())
+            DevSetup::prepare(&DevicePlan::default(), None)
                 .unwrap()
                 .nodes
                 .is_empty()
@@ -478,9 +493,12 @@ mod tests {
         }
         let path = PathBuf::from(format!("/dev/rm-test-file-{}", std::process::id()));
         std::fs::write(&path, "x").unwrap();
-        let said = DevSetup::prepare(&DevicePlan {
-            nodes: vec![path.clone()],
-        });
+        let said = DevSetup::prepare(
+            &DevicePlan {
+                nodes: vec![path.clone()],
+            },
+            None,
+        );
         std::fs::remove_file(&path).unwrap();
         assert!(
             matches!(&said, Err(DeviceError::NotADevice { path: p, kind: "regular file" }) if *p == path),

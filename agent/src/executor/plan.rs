@@ -613,4 +613,6 @@ fn count_u32(n: usize) -> u32 {
 pub(crate) mod pack;
 
 #[cfg(test)]
+mod day;
+#[cfg(test)]
 mod tests;

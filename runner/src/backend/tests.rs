@@ -933,6 +933,9 @@ fn a_runner_opens_only_the_devices_it_was_given() {
         null_clone(&dir.join("node"));
     }
     let (node_a, node_b) = (dirs[0].join("node"), dirs[1].join("node"));
+    // A is group-only on the host (as a `render` node is): the runner, with no supplementary
+    // groups, opens it because its copy in the runner's /dev is the runner's own.
+    std::fs::set_permissions(&node_a, std::fs::Permissions::from_mode(0o660)).unwrap();
     let (_dir, package, root) = package_and_root();
     std::fs::write(package.join("bin/Runner.Listener"), DEVICE_SCRIPT).unwrap();
     let uid = 3_400_000 + pid % 100_000;
@@ -1025,7 +1028,11 @@ fn a_runner_opens_only_the_devices_it_was_given() {
             nodes: vec![node_a.clone()],
         }),
     ));
-    assert_eq!(get(&given_a, "a"), "ok", "its own device: {given_a}");
+    assert_eq!(
+        get(&given_a, "a"),
+        "ok",
+        "its own device, group-only on the host: {given_a}"
+    );
     assert!(
         get(&given_a, "b").contains("No such file or directory"),
         "B is not in its /dev: {given_a}"
@@ -1088,6 +1095,11 @@ fn a_runner_opens_only_the_devices_it_was_given() {
         "{control}"
     );
     assert_eq!(get(&control, "agent_proc"), "absent", "{control}");
+    // Without its own copy, the group-only A does not open for the runner's uid.
+    assert!(
+        get(&control, "a").contains("Permission denied"),
+        "{control}"
+    );
 
     // What is not a device node under /dev/ starts no runner, and says which path it is.
     let plan = plan_of(
