@@ -31,8 +31,8 @@ const MIX: [(&str, u32, u64, u64, i64); 3] = [
     ("build", 15, 6, 24, 20),
 ];
 
-/// Arrivals an hour: with [`MIX`] about 400 CPU-minutes of work an hour on a host of 480.
-const ARRIVALS_PER_HOUR: f64 = 15.0;
+/// Arrivals an hour: with [`MIX`] about 320 CPU-minutes of work an hour on a host of 480 (two thirds), and two thirds of its memory.
+const ARRIVALS_PER_HOUR: f64 = 12.0;
 
 #[derive(Clone, Copy)]
 enum Strategy {
