@@ -7,6 +7,7 @@
 //! `cpu.stat`), so the report covers this host's runners; in a fleet the job names come from the
 //! fleet's journal (the jobs live there). Works with the agent stopped.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
@@ -328,13 +329,16 @@ fn name_from_fleet(store: &rm_journal::Store, usages: &mut [ShapeUsage]) -> Resu
         let Some(job_id) = usage.job_id else {
             continue;
         };
-        if !names.contains_key(&job_id) {
-            let row = jobs
-                .job(job_id)
-                .map_err(|e| super::journal_failed(store, "read", e))?;
-            names.insert(job_id, row.and_then(|r| r.job_name));
-        }
-        usage.job_name = names.get(&job_id).cloned().flatten();
+        let name = match names.entry(job_id) {
+            Entry::Occupied(known) => known.get().clone(),
+            Entry::Vacant(unknown) => {
+                let row = jobs
+                    .job(job_id)
+                    .map_err(|e| super::journal_failed(store, "read", e))?;
+                unknown.insert(row.and_then(|r| r.job_name)).clone()
+            }
+        };
+        usage.job_name = name;
     }
     Ok(())
 }
@@ -445,7 +449,10 @@ mod tests {
         // Exactly 90 % is not over it; a byte more is.
         let ten = shape(&[], 4000, 10 * GIB);
         assert_eq!(hint(Some(&ten), Some(9 * GIB), Some(100)), Hint::Fits);
-        assert_eq!(hint(Some(&ten), Some(9 * GIB + 1), Some(100)), Hint::Undersized);
+        assert_eq!(
+            hint(Some(&ten), Some(9 * GIB + 1), Some(100)),
+            Hint::Undersized
+        );
         assert_eq!(hint(None, Some(GIB), Some(1)), Hint::Unmeasured);
         assert_eq!(
             hint(Some(&shape(&[], 4000, 0)), Some(GIB), Some(1)),
@@ -480,12 +487,36 @@ mod tests {
         let small = || Some(shape(&["rm-cpu=2", "rm-mem=4g"], 2000, 4 * GIB));
         let usages = [
             // build in the large shape: three runs, at most 6 GiB and 2 CPUs of 8.
-            usage(Some("build"), large(), Some(6 * GIB), Some(120_000_000), Some(60_000)),
-            usage(Some("build"), large(), Some(2 * GIB), Some(30_000_000), Some(60_000)),
-            usage(Some("build"), large(), Some(4 * GIB), Some(60_000_000), Some(60_000)),
+            usage(
+                Some("build"),
+                large(),
+                Some(6 * GIB),
+                Some(120_000_000),
+                Some(60_000),
+            ),
+            usage(
+                Some("build"),
+                large(),
+                Some(2 * GIB),
+                Some(30_000_000),
+                Some(60_000),
+            ),
+            usage(
+                Some("build"),
+                large(),
+                Some(4 * GIB),
+                Some(60_000_000),
+                Some(60_000),
+            ),
             // build in a small shape (labels in another order and case: the same shape),
             // near its memory bound.
-            usage(Some("build"), small(), Some(3 * GIB), Some(60_000_000), Some(60_000)),
+            usage(
+                Some("build"),
+                small(),
+                Some(3 * GIB),
+                Some(60_000_000),
+                Some(60_000),
+            ),
             usage(
                 Some("build"),
                 Some(shape(&["RM-MEM=4g", "rm-cpu=2"], 2000, 4 * GIB)),
@@ -549,7 +580,10 @@ mod tests {
             ]
         );
         // What was asked is the newest run's shape.
-        assert_eq!(report.rows[0].asked.as_ref().unwrap().labels[0], "RM-MEM=4g");
+        assert_eq!(
+            report.rows[0].asked.as_ref().unwrap().labels[0],
+            "RM-MEM=4g"
+        );
         assert_eq!(report.rows[1].asked, large());
         assert_eq!(super::report(&[]), Report::default());
     }
@@ -570,7 +604,10 @@ mod tests {
         let value = to_json("build", UnixMs::new(1_700_000_000_000), &report);
         assert_eq!(value["policy"], "build");
         assert_eq!(value["since"], "2023-11-14T22:13:20.000Z");
-        assert_eq!((value["runs"].clone(), value["without_job"].clone()), (json!(2), json!(0)));
+        assert_eq!(
+            (value["runs"].clone(), value["without_job"].clone()),
+            (json!(2), json!(0))
+        );
         assert_eq!(
             value["rows"][1],
             json!({
@@ -610,15 +647,14 @@ mod tests {
     #[test]
     fn an_unknown_policy_is_a_usage_error_naming_the_policies() {
         let config = crate::config::from_text(
-            "[[policy]]\nname = \"build\"\nlabels = [\"self-hosted\"]\n[[policy]]\nname = \"gpu\"\nlabels = [\"gpu\"]\n",
+            "[[policy]]\nname = \"build\"\ntarget = \"acme\"\nlabels = [\"self-hosted\"]\n[[policy]]\nname = \"gpu\"\ntarget = \"acme\"\nlabels = [\"gpu\"]\n",
         )
         .unwrap();
         assert!(known_policy(&config, "build").is_ok());
         let refused = known_policy(&config, "biuld").unwrap_err();
         assert_eq!(refused.code, crate::exit::USAGE);
         assert!(
-            refused.message.contains("no policy `biuld`")
-                && refused.message.contains("build, gpu"),
+            refused.message.contains("no policy `biuld`") && refused.message.contains("build, gpu"),
             "{}",
             refused.message
         );

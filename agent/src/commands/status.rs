@@ -134,7 +134,11 @@ pub(crate) fn host_use(
     };
     let packing = crate::executor::sizing::packing(host, &config.policies, uncleaned);
     let sum = |take: fn(&crate::executor::plan::pack::Need) -> u64| {
-        packing.held.iter().map(take).fold(0u64, u64::saturating_add)
+        packing
+            .held
+            .iter()
+            .map(take)
+            .fold(0u64, u64::saturating_add)
     };
     let mut groups: BTreeMap<String, Vec<DeviceUse>> = BTreeMap::new();
     for device in &config.host.devices {
@@ -217,11 +221,7 @@ fn capacity_lines(capacity: &HostUse) -> (String, Option<String>) {
         _ => format!("{name} {} used (unbounded)", show(u.used)),
     };
     let resources = [
-        dimension(
-            "cpu",
-            capacity.cpu_millis,
-            crate::config::shape::format_cpu,
-        ),
+        dimension("cpu", capacity.cpu_millis, crate::config::shape::format_cpu),
         dimension("memory", capacity.memory, crate::fitness::bytes),
         dimension("disk", capacity.disk, crate::fitness::bytes),
     ]
@@ -2303,12 +2303,20 @@ labels = ["linux"]
             })
         };
         let uncleaned = [
-            attempt(1, AttemptState::Busy, shaped(4000, 16 * GIB, &["/dev/nvidia1"])),
+            attempt(
+                1,
+                AttemptState::Busy,
+                shaped(4000, 16 * GIB, &["/dev/nvidia1"]),
+            ),
             // Journalled without a shape: the policy's default, capacity over max_runners.
             attempt(2, AttemptState::Idle, None),
             // Concluded: it no longer counts against capacity, its device is held until
             // cleanup frees it.
-            attempt(3, AttemptState::Finished, shaped(2000, 4 * GIB, &["/dev/fpga0"])),
+            attempt(
+                3,
+                AttemptState::Finished,
+                shaped(2000, 4 * GIB, &["/dev/fpga0"]),
+            ),
         ];
         let holds = [
             ("/dev/fpga0".to_owned(), uncleaned[2].attempt_id.clone()),
@@ -2354,7 +2362,10 @@ labels = ["linux"]
         );
         // Nothing live: all free.
         let empty = host_use(&config, &[], &[]);
-        assert_eq!((empty.cpu_millis.used, empty.cpu_millis.free()), (0, Some(8000)));
+        assert_eq!(
+            (empty.cpu_millis.used, empty.cpu_millis.free()),
+            (0, Some(8000))
+        );
         assert!(empty.groups["gpu"].iter().all(|d| d.holder.is_none()));
 
         // The same in status's JSON and text.
