@@ -108,6 +108,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Right-size a policy's shapes: per job name and shape, what its runners asked for (CPUs,
+    /// memory, disk) against what they used (peak memory, average CPUs; max and p50 over the
+    /// runs), with a hint: oversized, undersized, fits or unmeasured. Reads this host's journal.
+    #[command(
+        after_help = "Examples:\n  rm-agent shapes --policy build\n  rm-agent shapes --policy build --since 30d --json | jq '.rows[] | select(.hint != \"fits\")'"
+    )]
+    Shapes {
+        /// The policy whose runs to report.
+        #[arg(long)]
+        policy: String,
+        /// The runners started this long ago or later (e.g. `7d`, `12h`). Default: 7d.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        since: Option<std::time::Duration>,
+        /// One JSON document on stdout instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the journalled workflow jobs and their states, most recently changed first.
     #[command(
         after_help = "Example:\n  rm-agent jobs --json | jq '.[] | select(.state == \"queued\")'"
@@ -184,6 +201,7 @@ impl Command {
             Command::Status { .. } => "status",
             Command::Explain { .. } => "explain",
             Command::Egress { .. } => "egress",
+            Command::Shapes { .. } => "shapes",
             Command::Jobs { .. } => "jobs",
             Command::Runners { .. } => "runners",
             Command::Logs { .. } => "logs",
@@ -297,6 +315,19 @@ fn run(cli: Cli) -> Result<(), Exit> {
                 }
                 (None, None) => Err(Exit::usage("name a job, or --policy".to_owned())),
             }
+        }
+        Command::Shapes {
+            policy,
+            since,
+            json,
+        } => {
+            init_logging(LogFormat::Text, "warn");
+            commands::shapes(
+                &config,
+                &policy,
+                since.unwrap_or(commands::SHAPES_DEFAULT_SINCE),
+                json,
+            )
         }
         Command::Jobs { json, limit } => {
             init_logging(LogFormat::Text, "warn");

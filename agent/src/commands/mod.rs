@@ -12,6 +12,7 @@ pub(crate) mod logs;
 pub(crate) mod receive;
 pub(crate) mod run;
 pub(crate) mod runners;
+pub(crate) mod shapes;
 pub(crate) mod status;
 
 // The entry point of each command, for the binary's dispatch (`main.rs`); everything else of a
@@ -28,6 +29,7 @@ pub use logs::run as logs;
 pub use receive::run as receive;
 pub use run::run as run_agent;
 pub use runners::run as runners;
+pub use shapes::{DEFAULT_SINCE as SHAPES_DEFAULT_SINCE, run as shapes};
 pub use status::run as status;
 
 use std::path::PathBuf;

@@ -75,6 +75,179 @@ pub(crate) struct Facts {
     pub fleet: Option<rm_journal::FleetView>,
     /// Each `[[scale_set]]` with what the journal holds of it (`None`: never listened to yet).
     pub scale_sets: Vec<ScaleSetFacts>,
+    /// `host.name`: this host in the fleet's view.
+    pub host_name: String,
+    /// This host's capacity, what its live runners take of it, and its devices (issue 42).
+    pub capacity: HostUse,
+}
+
+/// One dimension of the host's capacity (issue 42): what it offers and what live runners take.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    /// `None`: unbounded (the machine's size is unknown and `host.capacity` writes none).
+    pub total: Option<u64>,
+    /// The sum of what the live runners' shapes take.
+    pub used: u64,
+}
+
+impl Usage {
+    /// What is left; `None` when unbounded. Never negative: a configuration lowered under what
+    /// runners already hold shows none free.
+    fn free(self) -> Option<u64> {
+        self.total.map(|total| total.saturating_sub(self.used))
+    }
+}
+
+/// A `[[host.device]]` and the runner holding it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DeviceUse {
+    /// Its id (its first node).
+    pub device: String,
+    /// The holder's runner name (its attempt id if the attempt is not among those read).
+    pub holder: Option<String>,
+}
+
+/// This host's capacity per resource and its devices per group, as allocation packs them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct HostUse {
+    pub cpu_millis: Usage,
+    pub memory: Usage,
+    pub disk: Usage,
+    /// Per group (by name), its devices in configuration order.
+    pub groups: BTreeMap<String, Vec<DeviceUse>>,
+}
+
+/// What the host offers and what its live runners take: each live attempt's journalled shape,
+/// or its policy's default shape for one journalled without (as allocation counts it,
+/// [`crate::executor::sizing::packing`]); each device with its holder from the journal's holds
+/// (a device held after its attempt concluded stays held until cleanup frees it). A hold of a
+/// device the configuration no longer lists counts nowhere. Pure.
+pub(crate) fn host_use(
+    config: &Config,
+    uncleaned: &[rm_journal::AttemptRecord],
+    holds: &[(String, rm_journal::AttemptId)],
+) -> HostUse {
+    let host = crate::executor::sizing::Host {
+        capacity: &config.host.capacity,
+        devices: &config.host.devices,
+        max_runners: config.host.max_runners,
+    };
+    let packing = crate::executor::sizing::packing(host, &config.policies, uncleaned);
+    let sum = |take: fn(&crate::executor::plan::pack::Need) -> u64| {
+        packing
+            .held
+            .iter()
+            .map(take)
+            .fold(0u64, u64::saturating_add)
+    };
+    let mut groups: BTreeMap<String, Vec<DeviceUse>> = BTreeMap::new();
+    for device in &config.host.devices {
+        let id = device.id().to_string_lossy().into_owned();
+        let holder = holds.iter().find(|(d, _)| *d == id).map(|(_, attempt)| {
+            uncleaned
+                .iter()
+                .find(|a| &a.attempt_id == attempt)
+                .map_or_else(|| attempt.to_string(), |a| a.runner_name.clone())
+        });
+        groups
+            .entry(device.group.clone())
+            .or_default()
+            .push(DeviceUse { device: id, holder });
+    }
+    HostUse {
+        cpu_millis: Usage {
+            total: config.host.capacity.cpu_millis,
+            used: sum(|n| n.cpu_millis),
+        },
+        memory: Usage {
+            total: config.host.capacity.memory,
+            used: sum(|n| n.memory),
+        },
+        disk: Usage {
+            total: config.host.capacity.disk,
+            used: sum(|n| n.disk),
+        },
+        groups,
+    }
+}
+
+/// CPUs in thousandths as a JSON number of CPUs.
+fn cpus(millis: u64) -> Value {
+    // Thousandths of a CPU are far inside f64's exact integers.
+    #[expect(clippy::cast_precision_loss, reason = "CPUs for people and scripts")]
+    let cpus = millis as f64 / 1000.0;
+    json!(cpus)
+}
+
+/// `status --json`'s `capacity` (issue 42).
+fn capacity_json(host: &str, capacity: &HostUse) -> Value {
+    let dimension = |u: Usage, value: fn(u64) -> Value| {
+        json!({
+            "total": u.total.map(value),
+            "used": value(u.used),
+            "free": u.free().map(value),
+        })
+    };
+    json!({
+        "host": host,
+        "cpu": dimension(capacity.cpu_millis, cpus),
+        "memory": dimension(capacity.memory, |b| json!(b)),
+        "disk": dimension(capacity.disk, |b| json!(b)),
+        "devices": capacity.groups.iter().map(|(group, devices)| {
+            let held: Vec<&DeviceUse> = devices.iter().filter(|d| d.holder.is_some()).collect();
+            json!({
+                "group": group,
+                "total": devices.len(),
+                "held": held.len(),
+                "free": devices.len() - held.len(),
+                "holders": held.iter().map(|d| json!({
+                    "device": d.device,
+                    "runner": d.holder,
+                })).collect::<Vec<_>>(),
+            })
+        }).collect::<Vec<_>>(),
+    })
+}
+
+/// `status`'s `capacity` line, and a `devices` line when the host has devices.
+fn capacity_lines(capacity: &HostUse) -> (String, Option<String>) {
+    let dimension = |name: &str, u: Usage, show: fn(u64) -> String| match (u.total, u.free()) {
+        (Some(total), Some(free)) => format!(
+            "{name} {} of {} used, {} free",
+            show(u.used),
+            show(total),
+            show(free)
+        ),
+        _ => format!("{name} {} used (unbounded)", show(u.used)),
+    };
+    let resources = [
+        dimension("cpu", capacity.cpu_millis, crate::config::shape::format_cpu),
+        dimension("memory", capacity.memory, crate::fitness::bytes),
+        dimension("disk", capacity.disk, crate::fitness::bytes),
+    ]
+    .join("; ");
+    let groups: Vec<String> = capacity
+        .groups
+        .iter()
+        .map(|(group, devices)| {
+            let held: Vec<String> = devices
+                .iter()
+                .filter_map(|d| Some(format!("{} by {}", d.device, d.holder.as_deref()?)))
+                .collect();
+            let free = devices.len() - held.len();
+            if held.is_empty() {
+                format!("{group} {} free of {}", free, devices.len())
+            } else {
+                format!(
+                    "{group} {} of {} held ({}), {free} free",
+                    held.len(),
+                    devices.len(),
+                    held.join(", ")
+                )
+            }
+        })
+        .collect();
+    (resources, (!groups.is_empty()).then(|| groups.join("; ")))
 }
 
 /// A runner not yet cleaned up and the image it runs in (issue 40): what `status` names.
@@ -362,6 +535,8 @@ struct Journalled {
     jobs_by_state: BTreeMap<String, i64>,
     attempts_by_state: BTreeMap<String, i64>,
     reruns: rm_journal::RerunCounts,
+    /// This host's device holds and their holders' attempts (issue 42).
+    holds: Vec<(String, rm_journal::AttemptId)>,
 }
 
 fn journalled(reader: &Reader) -> anyhow::Result<Journalled> {
@@ -378,6 +553,7 @@ fn journalled(reader: &Reader) -> anyhow::Result<Journalled> {
         jobs_by_state: reader.job_counts()?.into_iter().collect(),
         attempts_by_state: reader.attempt_counts()?.into_iter().collect(),
         reruns: reader.rerun_counts()?,
+        holds: reader.held_devices()?,
     })
 }
 
@@ -402,6 +578,7 @@ fn gather(
         jobs_by_state,
         attempts_by_state,
         reruns,
+        holds,
     } = journalled;
     let demand = demand::route(&config.policies, &queued);
     let routed: usize = demand.per_policy.values().map(Vec::len).sum();
@@ -410,6 +587,7 @@ fn gather(
         .saturating_sub(routed + demand.unresolvable.len() + demand.overlapping.len());
     let (uids_held, cleanup_overdue) = holding(&uncleaned, now_ms - CLEANUP_OVERDUE);
     let runner_images = runner_images(&uncleaned);
+    let capacity = host_use(config, &uncleaned, &holds);
     let (fleet, waiting) = match fleet {
         Some(InFleet { view, waiting }) => (Some(view), waiting),
         None => (None, super::explain::waiting(config, reader, now)?),
@@ -448,6 +626,8 @@ fn gather(
             .and_then(|_| rm_runner::package::report::read(&config.data_dir)),
         fleet,
         scale_sets: scale_set_facts(config)?,
+        host_name: config.host.name.clone(),
+        capacity,
     })
 }
 
@@ -586,7 +766,9 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
             "window_closes_at": r.window_closes_at_ms.map(rfc3339),
             "checked_at": rfc3339(r.checked_at_ms),
         })),
-        "fleet": facts.fleet.as_ref().map(fleet_json),
+        // Issue 42: this host's capacity per resource and its devices per group.
+        "capacity": capacity_json(&facts.host_name, &facts.capacity),
+        "fleet": facts.fleet.as_ref().map(|view| fleet_json(view, facts)),
         "scale_sets": facts
             .scale_sets
             .iter()
@@ -596,10 +778,13 @@ pub(crate) fn to_json(facts: &Facts) -> Value {
     })
 }
 
-/// The fleet in `status --json`: hosts with their lease and claims, and the leaders.
-fn fleet_json(view: &rm_journal::FleetView) -> Value {
+/// The fleet in `status --json`: hosts with their lease and claims, and the leaders. A host's
+/// `capacity` is known for this host only: the fleet's journal holds no host's shapes.
+fn fleet_json(view: &rm_journal::FleetView, facts: &Facts) -> Value {
     json!({
         "hosts": view.hosts.iter().map(|h| json!({
+            "capacity": (h.host == facts.host_name)
+                .then(|| capacity_json(&facts.host_name, &facts.capacity)),
             "host": h.host,
             "live": h.live,
             "labels": h.labels,
@@ -1107,6 +1292,11 @@ pub(crate) fn render(facts: &Facts) -> String {
     if let Some(images) = images_line(&facts.runner_images) {
         line("images", images);
     }
+    let (resources, devices) = capacity_lines(&facts.capacity);
+    line("capacity", resources);
+    if let Some(devices) = devices {
+        line("devices", devices);
+    }
 
     line(
         "isolation",
@@ -1287,6 +1477,22 @@ mod tests {
             runner_version: None,
             fleet: None,
             scale_sets: Vec::new(),
+            host_name: "builder-01".to_owned(),
+            capacity: HostUse {
+                cpu_millis: Usage {
+                    total: Some(8000),
+                    used: 2500,
+                },
+                memory: Usage {
+                    total: Some(32 << 30),
+                    used: 8 << 30,
+                },
+                disk: Usage {
+                    total: None,
+                    used: 40 << 30,
+                },
+                groups: BTreeMap::new(),
+            },
         }
     }
 
@@ -1395,6 +1601,7 @@ mod tests {
              jobs      3 queued (gpu 0, linux 2), 1 in progress; 1 queued match no policy here\n\
              latency   no job started on this host in the last 1h\n\
              runners   2 active of 6 (idle 1, busy 1, cleaned 5)\n\
+             capacity  cpu 2.5 of 8 used, 5.5 free; memory 8.0 GiB of 32.0 GiB used, 24.0 GiB free; disk 40.0 GiB used (unbounded)\n\
              isolation user: a uid, a cgroup and a private /tmp per runner; uids 0 of 64 held\n\
              \n\
              All is well.\n"
@@ -1903,6 +2110,7 @@ mod tests {
             job_state,
         };
         let mut f = facts();
+        f.host_name = "a".to_owned();
         f.fleet = Some(FleetView {
             now_ms: UnixMs::new(NOW),
             hosts: vec![
@@ -1946,6 +2154,11 @@ mod tests {
         assert_eq!(hosts[0]["claims"][0]["job_state"], "in_progress");
         assert_eq!(hosts[0]["claims"][1]["runner"], Value::Null);
         assert_eq!(hosts[1]["live"], false);
+        // Issue 42: a host's capacity is known for this host only (the fleet's journal holds
+        // no host's shapes).
+        assert_eq!(hosts[0]["capacity"]["host"], "a");
+        assert_eq!(hosts[0]["capacity"]["cpu"]["used"], 2.5);
+        assert_eq!(hosts[1]["capacity"], Value::Null);
         assert_eq!(json["fleet"]["leaders"][0]["role"], "poll:acme");
         // A host alone has no fleet.
         assert_eq!(to_json(&facts())["fleet"], Value::Null);
@@ -2011,6 +2224,186 @@ mod tests {
                 "{attempts:#?}"
             );
         }
+    }
+
+    /// An attempt of policy `linux` in `state`, holding `shape` (`None`: journalled without one).
+    fn attempt(
+        n: u8,
+        state: AttemptState,
+        shape: Option<rm_journal::AttemptShape>,
+    ) -> rm_journal::AttemptRecord {
+        use rm_journal::{AttemptId, AttemptRecord, IsolationKind, WorkspaceKind};
+        let id = AttemptId::parse(&format!("{n:02x}{}", "0".repeat(30))).unwrap();
+        AttemptRecord {
+            runner_name: id.runner_name("h"),
+            attempt_id: id,
+            policy: "linux".into(),
+            workspace: WorkspaceKind::Ephemeral,
+            runtime_dir: "/r/x".into(),
+            state,
+            state_changed_at_ms: UnixMs::EPOCH,
+            outcome: None,
+            reason: None,
+            detail: None,
+            runner_id: None,
+            job_id: None,
+            pid: None,
+            pid_start_time: None,
+            stop_intent: None,
+            stop_intent_at_ms: None,
+            created_at_ms: UnixMs::EPOCH,
+            updated_at_ms: UnixMs::EPOCH,
+            pid_boot_id: None,
+            isolation: IsolationKind::User,
+            uid: None,
+            cgroup: None,
+            released_at_ms: None,
+            image: None,
+            shape,
+        }
+    }
+
+    /// Issue 42: used is the sum of the live runners' shapes (a runner journalled without one
+    /// takes its policy's default, an even share), free what is left, and each device is held
+    /// by the runner the journal's holds name, until cleanup frees it.
+    #[test]
+    fn capacity_is_what_live_runners_take_and_devices_name_their_holders() {
+        const GIB: u64 = 1 << 30;
+        let config = crate::config::from_text(
+            r#"
+[host]
+max_runners = 4
+capacity = { cpu = 8, memory = "32G", disk = "100G" }
+[[host.device]]
+group = "gpu"
+nodes = ["/dev/nvidia0"]
+shared_nodes = ["/dev/nvidiactl"]
+[[host.device]]
+group = "gpu"
+nodes = ["/dev/nvidia1"]
+shared_nodes = ["/dev/nvidiactl"]
+[[host.device]]
+group = "fpga"
+nodes = ["/dev/fpga0"]
+
+[[policy]]
+name = "linux"
+target = "acme"
+labels = ["linux"]
+"#,
+        )
+        .unwrap();
+        let shaped = |cpu_millis, memory, devices: &[&str]| {
+            Some(rm_journal::AttemptShape {
+                labels: vec!["rm-gpu=1".to_owned()],
+                cpu_millis,
+                memory,
+                disk: 10 * GIB,
+                devices: devices.iter().map(|d| (*d).to_owned()).collect(),
+            })
+        };
+        let uncleaned = [
+            attempt(
+                1,
+                AttemptState::Busy,
+                shaped(4000, 16 * GIB, &["/dev/nvidia1"]),
+            ),
+            // Journalled without a shape: the policy's default, capacity over max_runners.
+            attempt(2, AttemptState::Idle, None),
+            // Concluded: it no longer counts against capacity, its device is held until
+            // cleanup frees it.
+            attempt(
+                3,
+                AttemptState::Finished,
+                shaped(2000, 4 * GIB, &["/dev/fpga0"]),
+            ),
+        ];
+        let holds = [
+            ("/dev/fpga0".to_owned(), uncleaned[2].attempt_id.clone()),
+            ("/dev/nvidia1".to_owned(), uncleaned[0].attempt_id.clone()),
+        ];
+        let used = host_use(&config, &uncleaned, &holds);
+        assert_eq!(
+            (used.cpu_millis, used.memory, used.disk),
+            (
+                Usage {
+                    total: Some(8000),
+                    used: 4000 + 2000
+                },
+                Usage {
+                    total: Some(32 * GIB),
+                    used: 16 * GIB + 8 * GIB
+                },
+                Usage {
+                    total: Some(100 * GIB),
+                    used: 10 * GIB + 25 * GIB
+                },
+            )
+        );
+        let holder = |d: &str, runner: Option<&str>| DeviceUse {
+            device: d.to_owned(),
+            holder: runner.map(str::to_owned),
+        };
+        assert_eq!(
+            used.groups,
+            BTreeMap::from([
+                (
+                    "fpga".to_owned(),
+                    vec![holder("/dev/fpga0", Some("rm-h-030000000000"))]
+                ),
+                (
+                    "gpu".to_owned(),
+                    vec![
+                        holder("/dev/nvidia0", None),
+                        holder("/dev/nvidia1", Some("rm-h-010000000000")),
+                    ]
+                ),
+            ])
+        );
+        // Nothing live: all free.
+        let empty = host_use(&config, &[], &[]);
+        assert_eq!(
+            (empty.cpu_millis.used, empty.cpu_millis.free()),
+            (0, Some(8000))
+        );
+        assert!(empty.groups["gpu"].iter().all(|d| d.holder.is_none()));
+
+        // The same in status's JSON and text.
+        let mut f = facts();
+        f.capacity = used;
+        let value = to_json(&f);
+        assert_eq!(
+            value["capacity"],
+            json!({
+                "host": "builder-01",
+                "cpu": {"total": 8.0, "used": 6.0, "free": 2.0},
+                "memory": {"total": 32 * GIB, "used": 24 * GIB, "free": 8 * GIB},
+                "disk": {"total": 100 * GIB, "used": 35 * GIB, "free": 65 * GIB},
+                "devices": [
+                    {"group": "fpga", "total": 1, "held": 1, "free": 0,
+                     "holders": [{"device": "/dev/fpga0", "runner": "rm-h-030000000000"}]},
+                    {"group": "gpu", "total": 2, "held": 1, "free": 1,
+                     "holders": [{"device": "/dev/nvidia1", "runner": "rm-h-010000000000"}]},
+                ],
+            })
+        );
+        let text = render(&f);
+        for line in [
+            "capacity  cpu 6 of 8 used, 2 free; memory 24.0 GiB of 32.0 GiB used, 8.0 GiB free; \
+             disk 35.0 GiB of 100.0 GiB used, 65.0 GiB free\n",
+            "devices   fpga 1 of 1 held (/dev/fpga0 by rm-h-030000000000), 0 free; \
+             gpu 1 of 2 held (/dev/nvidia1 by rm-h-010000000000), 1 free\n",
+        ] {
+            assert!(text.contains(line), "{line:?} not in\n{text}");
+        }
+        // A host without devices has no devices line, and an unbounded dimension says so.
+        let text = render(&facts());
+        assert!(!text.contains("devices"), "{text}");
+        assert!(text.contains("disk 40.0 GiB used (unbounded)\n"), "{text}");
+        assert_eq!(
+            to_json(&facts())["capacity"]["disk"],
+            json!({"total": null, "used": 40u64 << 30, "free": null})
+        );
     }
 
     /// Issue 40: `status` names the image each runner not yet cleaned up runs in, the full id
