@@ -752,12 +752,12 @@ async fn settle_claims(membership: &Membership, planned: &mut plan::PolicyPlan) 
             if claimed.at_ceiling {
                 tracing::info!(policy = %policy, "the policy's fleet-wide max_runners holds further jobs back");
             }
-            planned.after_claims(claimed.job_ids.len());
+            planned.after_claims(&claimed.job_ids);
             claimed.job_ids
         }
         Err(e) => {
             tracing::warn!(policy = %policy, error = %e, "cannot claim jobs; serving only this host's claims");
-            planned.after_claims(0);
+            planned.after_claims(&[]);
             Vec::new()
         }
     }

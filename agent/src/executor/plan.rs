@@ -80,6 +80,9 @@ pub(crate) struct PolicyPlan {
     pub(crate) starts: Vec<Start>,
     /// The jobs packing left waiting, and why.
     pub(crate) waits: Vec<(JobId, Wait)>,
+    /// In a fleet: the jobs this host serves (its claims, and those it is about to make):
+    /// packing starts runners for their shapes only.
+    serving: Option<HashSet<JobId>>,
     /// Which rule bounded `start` (for the notification of demand waiting at the host's
     /// ceiling).
     pub(crate) limit: Limit,
@@ -221,7 +224,7 @@ pub(crate) fn plan(inputs: &Inputs<'_>) -> Plan {
     let mut room = Room::left(&inputs.packing.capacity, &inputs.packing.held);
     let mut policies = Vec::with_capacity(inputs.policies.len());
     for p in &inputs.policies {
-        let mut planned = plan_policy(inputs, p, host_live, free_uids);
+        let mut planned = plan_policy(inputs, p, host_live, free_uids, &room);
         planned.pack(&mut room, &inputs.packing.capacity, p, inputs.now_ms);
         host_live = host_live.saturating_add(planned.start);
         free_uids = free_uids.map(|free| free.saturating_sub(planned.start));
@@ -240,6 +243,7 @@ fn plan_policy(
     p: &PolicyInputs<'_>,
     host_live: u32,
     free_uids: Option<u32>,
+    room: &Room,
 ) -> PolicyPlan {
     let mut held = Vec::new();
     if p.fenced > 0 {
@@ -261,27 +265,34 @@ fn plan_policy(
     // The ceilings' one builder; demand is set by each use.
     let mut ceilings = allocation_input(p.policy, 0, &live, inputs.host_max);
     ceilings.host_live = host_live;
-    let (claim, release, mine) = match inputs.standing {
+    let (claim, release, mine, serving) = match inputs.standing {
         Some(standing) if may_start => {
-            let fleet = fleet_claims(standing, p, ceilings);
+            let fleet = fleet_claims(standing, p, ceilings, room, &inputs.packing.capacity);
             if fleet.elsewhere > 0 {
                 held.push(Held::ClaimedElsewhere {
                     jobs: fleet.elsewhere,
                 });
             }
-            (fleet.claim, fleet.release, Some(fleet.mine))
+            let serving = fleet.held.iter().chain(&fleet.claim).copied().collect();
+            (fleet.claim, fleet.release, Some(fleet.mine), Some(serving))
         }
         // A policy that may not start now neither claims nor gives back: its claims wait.
         Some(standing) => {
             let counted: HashSet<JobId> = p.jobs.iter().copied().collect();
-            let mine = standing
+            let mine: HashSet<JobId> = standing
                 .mine(&p.policy.name)
                 .iter()
                 .filter(|id| counted.contains(id))
-                .count();
-            (Vec::new(), Vec::new(), Some(count_u32(mine)))
+                .copied()
+                .collect();
+            (
+                Vec::new(),
+                Vec::new(),
+                Some(count_u32(mine.len())),
+                Some(mine),
+            )
         }
-        None => (Vec::new(), Vec::new(), None),
+        None => (Vec::new(), Vec::new(), None, None),
     };
     let basis = Basis {
         ceilings,
@@ -302,6 +313,7 @@ fn plan_policy(
         held,
         starts: Vec::new(),
         waits: Vec::new(),
+        serving,
         limit: Limit::Demand,
         basis,
     };
@@ -316,6 +328,8 @@ struct FleetClaims {
     claim: Vec<JobId>,
     release: Vec<JobId>,
     mine: u32,
+    /// The counted jobs this host holds claims on.
+    held: Vec<JobId>,
     elsewhere: u32,
 }
 
@@ -326,14 +340,22 @@ fn fleet_claims(
     standing: &Standing,
     p: &PolicyInputs<'_>,
     ceilings: AllocationInput,
+    room: &Room,
+    capacity: &Room,
 ) -> FleetClaims {
     let counted: HashSet<JobId> = p.jobs.iter().copied().collect();
-    let (mine, release): (Vec<JobId>, Vec<JobId>) = standing
+    let (held, release): (Vec<JobId>, Vec<JobId>) = standing
         .mine(&p.policy.name)
         .iter()
         .partition(|id| counted.contains(id));
-    let mine = count_u32(mine.len());
-    let candidates = claims::candidates(&p.jobs, &standing.taken);
+    let mine = count_u32(held.len());
+    // Only jobs whose shape fits what this host has left now (after its own claims' jobs): a
+    // job another host can fit is left to it, not held here waiting for room (issue 42).
+    let unclaimed = claims::candidates(&p.jobs, &standing.taken);
+    let candidates = fitting(p, &held, &unclaimed, room, capacity);
+    let elsewhere = count_u32(p.jobs.len())
+        .saturating_sub(mine)
+        .saturating_sub(count_u32(unclaimed.len()));
     let could_start = allocation::allocate(AllocationInput {
         demand: mine.saturating_add(count_u32(candidates.len())),
         ..ceilings
@@ -345,15 +367,43 @@ fn fleet_claims(
         mine,
         count_u32(candidates.len()),
     );
-    let elsewhere = count_u32(p.jobs.len())
-        .saturating_sub(mine)
-        .saturating_sub(count_u32(candidates.len()));
     FleetClaims {
         claim: candidates.into_iter().take(n as usize).collect(),
         release,
         mine,
+        held,
         elsewhere,
     }
+}
+
+/// Which of `candidates` (queue order) would start in `room` after the jobs this host already
+/// holds (`held`) took theirs: packed as the plan packs ([`pack::pack`]).
+fn fitting(
+    p: &PolicyInputs<'_>,
+    held: &[JobId],
+    candidates: &[JobId],
+    room: &Room,
+    capacity: &Room,
+) -> Vec<JobId> {
+    let default = p.shaped.warm.clone();
+    let need = |id: &JobId| p.shaped.sizes.get(id).map_or(&default, |s| &s.need);
+    let wants: Vec<pack::Want<'_>> = held
+        .iter()
+        .chain(candidates)
+        .map(|id| pack::Want {
+            job_id: *id,
+            need: need(id),
+            // Claims are made for room now: no reservation is simulated.
+            waited: std::time::Duration::ZERO,
+        })
+        .collect();
+    let packed = pack::pack(&mut room.clone(), capacity, &wants, u32::MAX);
+    packed
+        .start
+        .into_iter()
+        .filter(|&i| i >= held.len())
+        .map(|i| wants[i].job_id)
+        .collect()
 }
 
 impl PolicyPlan {
@@ -370,14 +420,22 @@ impl PolicyPlan {
 
     /// In a fleet, the claims made: `granted` of those asked were won (others raced this host
     /// to the rest). Demand and start follow.
-    pub(crate) fn after_claims(&mut self, granted: usize) {
+    pub(crate) fn after_claims(&mut self, granted: &[JobId]) {
         self.held
             .retain(|h| !matches!(h, Held::AtCapacity { .. } | Held::NoFreeUid));
-        let packed = self.start;
-        self.decide(granted);
-        // Packing took the host's room for what it started; claims lost start fewer.
-        self.start = self.start.min(packed);
+        self.decide(granted.len());
+        // Packing took the host's room for the jobs it meant to serve; those whose claim
+        // another host won get no runner of their shape here.
+        let lost: Vec<JobId> = self
+            .claim
+            .iter()
+            .filter(|id| !granted.contains(id))
+            .copied()
+            .collect();
+        self.starts
+            .retain(|s| s.job.is_none_or(|job| !lost.contains(&job)));
         self.starts.truncate(self.start as usize);
+        self.start = count_u32(self.starts.len());
     }
 
     /// Carrying the plan out found a reason it could not start the rest (a launch failed
@@ -438,7 +496,10 @@ impl PolicyPlan {
             need: p.shaped.warm.clone(),
             queued_at_ms: now_ms,
         };
-        let uncovered = uncovered_jobs(p);
+        let mut uncovered = uncovered_jobs(p);
+        if let Some(serving) = &self.serving {
+            uncovered.retain(|id| serving.contains(id));
+        }
         let wants: Vec<pack::Want<'_>> = uncovered
             .iter()
             .map(|id| {

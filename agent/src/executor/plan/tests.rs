@@ -252,11 +252,11 @@ fn a_fleet_host_claims_what_it_could_start_gives_back_what_no_longer_counts_and_
     assert!(p.held.contains(&Held::ClaimedElsewhere { jobs: 1 }));
     assert_eq!((p.demand, p.start), (3, 3));
     // Another host won one of the two.
-    p.after_claims(1);
+    p.after_claims(&jobs(&[3]));
     assert_eq!((p.demand, p.start), (2, 2));
     // It won none, and its claim went away: no demand on this host, and its launches in
     // flight are not wanted any more.
-    p.after_claims(0);
+    p.after_claims(&[]);
     assert_eq!((p.demand, p.start), (1, 1));
 }
 
@@ -517,6 +517,39 @@ mod packing {
                 }
             )]
         );
+    }
+
+    #[test]
+    fn a_fleet_host_claims_only_the_jobs_its_room_fits_and_leaves_the_rest_to_others() {
+        let linux = policy("linux", &["self-hosted"], 8);
+        let counts = counts(&[("linux", 1, 1)]);
+        // 4 of its 8 CPUs held; queued: a 6-CPU job, a 2-CPU job, another 6-CPU job.
+        let standing = standing(&[], &[]);
+        let mut made = plan(&Inputs {
+            now_ms: UnixMs::new(1_000),
+            fit: true,
+            host_max: 8,
+            counts: &counts,
+            policies: vec![shaped(
+                &linux,
+                &[(1, "rm-cpu=6", 6), (2, "rm-cpu=2", 2), (3, "rm-cpu=6", 6)],
+                &[],
+                1,
+            )],
+            standing: Some(&standing),
+            free_uids: None,
+            packing: host(8, &[4]),
+        });
+        let p = &mut made.policies[0];
+        // Only the 2-CPU job fits: it alone is claimed; the 6-CPU ones are left to hosts that
+        // fit them, neither claimed nor waiting here.
+        assert_eq!(p.claim, jobs(&[2]));
+        assert_eq!(started(p), vec![Some(2)]);
+        assert!(p.waits.is_empty(), "{:?}", p.waits);
+        // Another host won it: no runner of its shape starts here.
+        p.after_claims(&[]);
+        assert_eq!(p.start, 0);
+        assert!(p.starts.is_empty());
     }
 
     #[test]
