@@ -881,7 +881,9 @@ fn packing_wait(policy: &Policy, wait: &Wait) -> Condition {
             reason(
                 "waiting_for_device",
                 format!(
-                    "Every {resource} of this host is held by a running runner: the job starts                      when one returns to the pool at its runner's cleanup (`rm-agent status`                      lists the devices and their holders)."
+                    "Every {resource} of this host is held by a running runner: the job starts \
+                     when one returns to the pool at its runner's cleanup (`rm-agent status` \
+                     lists the devices and their holders)."
                 ),
             ),
             format!("waiting for a {group} device"),
@@ -891,7 +893,9 @@ fn packing_wait(policy: &Policy, wait: &Wait) -> Condition {
             reason(
                 "waiting_for_capacity",
                 format!(
-                    "What the running runners hold leaves too little {resource} for this job's                      shape on this host: it starts when enough is freed (`rm-agent status` shows                      the capacity used and free)."
+                    "What the running runners hold leaves too little {resource} for this job's \
+                     shape on this host: it starts when enough is freed (`rm-agent status` shows \
+                     the capacity used and free)."
                 ),
             ),
             format!("waiting for {resource}"),
@@ -901,7 +905,8 @@ fn packing_wait(policy: &Policy, wait: &Wait) -> Condition {
             reason(
                 "waiting_behind",
                 format!(
-                    "Job {job_id} has waited {} minutes for room and now reserves it: no job                      queued after it starts before it does.",
+                    "Job {job_id} has waited {} minutes for room and now reserves it: no job \
+                     queued after it starts before it does.",
                     plan::pack::RESERVE_AFTER.as_secs() / 60
                 ),
             ),
@@ -912,7 +917,13 @@ fn packing_wait(policy: &Policy, wait: &Wait) -> Condition {
             reason(
                 "shape_exceeds_host",
                 format!(
-                    "The job asks for more {resource} than this host has at all (host.capacity,                      [[host.device]]): no runner of `{}` on this host can take it. Ask for                      less in its rm- labels, or serve it from a larger host.",
+                    "The job asks for more {} than this host has at all (host.capacity, \
+                     [[host.device]]): no runner of `{}` on this host can take it. Ask for \
+                     less in its rm- labels, or serve it from a larger host.",
+                    match resource {
+                        Resource::Device(group) => format!("`{group}` devices"),
+                        other => other.to_string(),
+                    },
                     policy.name
                 ),
             ),
