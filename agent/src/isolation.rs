@@ -423,7 +423,17 @@ pub(crate) fn unavailable_limits(
         .policies
         .iter()
         .filter_map(|p| {
-            let missing = p.limits.unapplied(available);
+            let mut limits = p.limits;
+            // A shape's CPUs are a `cpu.max` (issue 42): the policy's `cpu`, a named shape's,
+            // or a job's `rm-cpu` within `shape_max`.
+            let shapes = &p.shapes;
+            if shapes.cpu_millis.is_some()
+                || shapes.max.is_some()
+                || shapes.named.iter().any(|(_, b)| b.cpu_millis.is_some())
+            {
+                limits.cpu_max = Some(1);
+            }
+            let missing = limits.unapplied(available);
             (!missing.is_empty()).then(|| (p.name.clone(), missing))
         })
         .collect()
@@ -538,6 +548,35 @@ mod tests {
             "docker_unbounded = [\"memory\", \"pids\"]",
         ] {
             assert!(said.contains(words), "{said}");
+        }
+    }
+
+    /// A policy whose runners may get CPUs from a shape (its `cpu`, `shape_max`, a named
+    /// shape's) needs the cpu controller; without it, `check` and the log name `cpu`.
+    #[test]
+    fn a_shape_s_cpus_without_the_cpu_controller_are_named() {
+        let policy = |extra: &str| {
+            format!(
+                "[[policy]]\nname = \"p\"\ntarget = \"acme/app\"\nlabels = [\"self-hosted\"]\npids_max = \"none\"\nmemory_max = \"none\"\n{extra}\n"
+            )
+        };
+        let no_cpu = Controllers {
+            memory: true,
+            pids: true,
+            cpu: false,
+        };
+        for (extra, named) in [
+            ("", false),
+            ("cpu = 1", true),
+            ("shape_max = { memory = \"1G\" }", true),
+        ] {
+            let config = crate::config::from_text(&policy(extra)).unwrap();
+            let missing = unavailable_limits(&config, no_cpu);
+            assert_eq!(
+                missing.iter().any(|(_, m)| m.contains(&"cpu")),
+                named,
+                "{extra}: {missing:?}"
+            );
         }
     }
 
