@@ -42,6 +42,11 @@ const MIB: u64 = 1 << 20;
 /// on a busy two-core machine): generous, never a measure.
 const PATIENCE: Duration = Duration::from_secs(120);
 
+/// `runner.idle_timeout` of the fleets that start runners: demand is advisory (a runner started
+/// for a job another runner took is a surplus, stopped at its idle timeout), short here so the
+/// tests can see every attempt cleaned.
+const IDLE_TIMEOUT: &str = "5s";
+
 /// The shaped policy of the first two tests: sizes up to 2 CPUs and 1 GiB, and a named shape
 /// `small` (half a CPU, 256 MiB). The `[[policy.shape]]` table ends the policy.
 const SHAPED: &str = "shape_max = { cpu = 2, memory = \"1G\" }\n\n[[policy.shape]]\nname = \"small\"\ncpu = 0.5\nmemory = \"256M\"\n";
@@ -189,6 +194,7 @@ async fn two_shapes_reach_their_runners_and_their_registrations() {
         isolation: Some("user"),
         host_extra: CAPACITY.to_owned(),
         base_dir: Some(base_dir()),
+        idle_timeout: IDLE_TIMEOUT,
         ..FleetOptions::default()
     })
     .await;
@@ -245,6 +251,15 @@ async fn two_shapes_reach_their_runners_and_their_registrations() {
         .filter(|a| a.job_id.is_some())
         .collect();
     assert_eq!(served.len(), 2, "one runner per job: {served:?}");
+    // A surplus (a runner started for a job another runner took) ran nothing and says so.
+    for a in fleet.attempts().iter().filter(|a| a.job_id.is_none()) {
+        eprintln!(
+            "surplus runner {} of shape {:?}: {:?}",
+            a.runner_name,
+            a.shape.as_ref().map(|s| &s.labels),
+            a.outcome
+        );
+    }
     for a in &served {
         let job = u64::try_from(a.job_id.unwrap().get()).unwrap();
         let (shape_labels, cpu_millis, memory) = &expected[&job];
@@ -530,6 +545,7 @@ async fn devices_are_handed_out_one_job_at_a_time_and_survive_an_agent_crash() {
         let control = Fleet::start(FleetOptions {
             policies: vec![policy("plain", "")],
             isolation: Some("user"),
+            idle_timeout: IDLE_TIMEOUT,
             base_dir: Some(base_dir()),
             ..FleetOptions::default()
         })
@@ -554,6 +570,7 @@ async fn devices_are_handed_out_one_job_at_a_time_and_survive_an_agent_crash() {
         isolation: Some("user"),
         base_dir: Some(base_dir()),
         tail: nodes.host_devices(),
+        idle_timeout: IDLE_TIMEOUT,
         ..FleetOptions::default()
     })
     .await;
