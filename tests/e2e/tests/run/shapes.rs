@@ -217,26 +217,30 @@ async fn two_shapes_reach_their_runners_and_their_registrations() {
 
     // What each busy runner's cgroup says, read from the host while it runs.
     let mut cgroup_files: HashMap<String, (Option<String>, Option<String>)> = HashMap::new();
-    wait_until(PATIENCE, "both jobs completed, every attempt cleaned", || {
-        for a in fleet.attempts() {
-            if a.state != AttemptState::Busy {
-                continue;
+    wait_until(
+        PATIENCE,
+        "both jobs completed, every attempt cleaned",
+        || {
+            for a in fleet.attempts() {
+                if a.state != AttemptState::Busy {
+                    continue;
+                }
+                if let Some(dir) = &a.cgroup {
+                    let read = |f: &str| {
+                        std::fs::read_to_string(dir.join(f))
+                            .ok()
+                            .map(|t| t.trim().to_owned())
+                    };
+                    let entry = cgroup_files
+                        .entry(a.attempt_id.as_str().to_owned())
+                        .or_default();
+                    entry.0 = read("memory.max").or(entry.0.take());
+                    entry.1 = read("cpu.max").or(entry.1.take());
+                }
             }
-            if let Some(dir) = &a.cgroup {
-                let read = |f: &str| {
-                    std::fs::read_to_string(dir.join(f))
-                        .ok()
-                        .map(|t| t.trim().to_owned())
-                };
-                let entry = cgroup_files
-                    .entry(a.attempt_id.as_str().to_owned())
-                    .or_default();
-                entry.0 = read("memory.max").or(entry.0.take());
-                entry.1 = read("cpu.max").or(entry.1.take());
-            }
-        }
-        fleet.completed(sized) && fleet.completed(named) && fleet.all_cleaned()
-    })
+            fleet.completed(sized) && fleet.completed(named) && fleet.all_cleaned()
+        },
+    )
     .await;
 
     // (shape labels, CPU millis, memory bytes) each job's runner must have had.
@@ -265,7 +269,10 @@ async fn two_shapes_reach_their_runners_and_their_registrations() {
         let (shape_labels, cpu_millis, memory) = &expected[&job];
         let who = format!("the runner {} of job {job}", a.runner_name);
         // The journal's shape is the job's.
-        let shape = a.shape.as_ref().unwrap_or_else(|| panic!("{who}: no shape"));
+        let shape = a
+            .shape
+            .as_ref()
+            .unwrap_or_else(|| panic!("{who}: no shape"));
         assert_eq!(shape.labels, *shape_labels, "{who}: {shape:?}");
         assert_eq!(shape.cpu_millis, *cpu_millis, "{who}: {shape:?}");
         assert_eq!(shape.memory, *memory, "{who}: {shape:?}");
@@ -327,8 +334,15 @@ async fn a_shape_larger_than_the_host_is_refused_with_the_fix() {
     .await;
     let (status, stderr) = fleet.run_agent_until_exit(Duration::from_secs(30)).await;
     assert_eq!(status.code(), Some(2), "{stderr}");
-    for said in ["shape_max.cpu", "host.capacity.cpu", "lower shape_max.cpu to 2"] {
-        assert!(stderr.contains(said), "the refusal does not say {said:?}: {stderr}");
+    for said in [
+        "shape_max.cpu",
+        "host.capacity.cpu",
+        "lower shape_max.cpu to 2",
+    ] {
+        assert!(
+            stderr.contains(said),
+            "the refusal does not say {said:?}: {stderr}"
+        );
     }
     // The control: the same file with shape_max within the host starts.
     fleet.options.policies = vec![policy("shaped", "shape_max = { cpu = 2 }\n")];
@@ -358,7 +372,8 @@ async fn a_shape_larger_than_the_host_is_refused_with_the_fix() {
         let mut last = serde_json::Value::Null;
         wait_until(PATIENCE, &format!("explain {job} says {code}"), || {
             last = explain(&fleet, job);
-            last["verdict"] == verdict && reason_codes(&last).first().map(String::as_str) == Some(code)
+            last["verdict"] == verdict
+                && reason_codes(&last).first().map(String::as_str) == Some(code)
         })
         .await;
         let message = last["reasons"][0]["message"].as_str().unwrap_or_default();
@@ -370,9 +385,11 @@ async fn a_shape_larger_than_the_host_is_refused_with_the_fix() {
         .fake
         .queue_job(REPO, "within", &labels_with(&["rm-cpu=1"]))
         .unwrap();
-    wait_until(PATIENCE, "the job within bounds served, attempts cleaned", || {
-        fleet.completed(within) && fleet.all_cleaned()
-    })
+    wait_until(
+        PATIENCE,
+        "the job within bounds served, attempts cleaned",
+        || fleet.completed(within) && fleet.all_cleaned(),
+    )
     .await;
     let registered: Vec<Vec<String>> = jit_labels(&fleet).into_values().map(sorted).collect();
     let want = sorted(
@@ -381,11 +398,18 @@ async fn a_shape_larger_than_the_host_is_refused_with_the_fix() {
             .map(|l| (*l).to_owned())
             .collect(),
     );
-    assert_eq!(registered, vec![want], "registrations besides the job within bounds");
+    assert_eq!(
+        registered,
+        vec![want],
+        "registrations besides the job within bounds"
+    );
     assert_eq!(fleet.attempts().len(), 1, "{:?}", fleet.attempts());
     for (job, verdict, code, _) in refused {
         let answer = fleet.explain(job);
-        assert_eq!(answer["verdict"], verdict, "job {job} after the others: {answer}");
+        assert_eq!(
+            answer["verdict"], verdict,
+            "job {job} after the others: {answer}"
+        );
         assert_eq!(reason_codes(&answer)[0], code, "{answer}");
         assert_eq!(
             fleet.fake.job(job).unwrap().status,
@@ -429,7 +453,12 @@ impl DeviceNodes {
     fn host_devices(&self) -> String {
         self.paths()
             .iter()
-            .map(|p| format!("\n[[host.device]]\ngroup = \"gpu\"\nnodes = [\"{}\"]\n", p.display()))
+            .map(|p| {
+                format!(
+                    "\n[[host.device]]\ngroup = \"gpu\"\nnodes = [\"{}\"]\n",
+                    p.display()
+                )
+            })
             .collect()
     }
 
@@ -589,29 +618,35 @@ async fn devices_are_handed_out_one_job_at_a_time_and_survive_an_agent_crash() {
         .collect();
     let mut watch = HoldWatch::default();
 
-    // Two run at once.
-    wait_until(PATIENCE, "two runners busy at once", || {
+    // Two run at once, each known to have taken its job.
+    let mut busy: Vec<u64> = Vec::new();
+    wait_until(PATIENCE, "two runners busy at once with their jobs", || {
         watch.sample(&fleet);
-        watch.most_busy >= 2
+        busy = fleet
+            .attempts()
+            .iter()
+            .filter(|a| a.state == AttemptState::Busy)
+            .filter_map(|a| a.job_id.map(|j| u64::try_from(j.get()).unwrap()))
+            .collect();
+        busy.len() >= 2
     })
     .await;
-    let busy: Vec<u64> = fleet
-        .attempts()
-        .iter()
-        .filter(|a| a.state == AttemptState::Busy)
-        .filter_map(|a| a.job_id.map(|j| u64::try_from(j.get()).unwrap()))
-        .collect();
+    assert!(watch.most_busy >= 2);
     let waiting: Vec<u64> = jobs.iter().copied().filter(|j| !busy.contains(j)).collect();
     assert_eq!(waiting.len(), 1, "busy {busy:?} of {jobs:?}");
     let third = waiting[0];
     // The third waits for a device.
     let mut answer = serde_json::Value::Null;
-    wait_until(Duration::from_secs(30), "explain says waiting_for_device", || {
-        watch.sample(&fleet);
-        answer = explain(&fleet, third);
-        answer["verdict"] == "at_capacity"
-            && reason_codes(&answer).first().map(String::as_str) == Some("waiting_for_device")
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "explain says waiting_for_device",
+        || {
+            watch.sample(&fleet);
+            answer = explain(&fleet, third);
+            answer["verdict"] == "at_capacity"
+                && reason_codes(&answer).first().map(String::as_str) == Some("waiting_for_device")
+        },
+    )
     .await;
     // SIGKILL while both still run, then a fresh agent on the same journal.
     assert!(
@@ -621,10 +656,14 @@ async fn devices_are_handed_out_one_job_at_a_time_and_survive_an_agent_crash() {
     agent.kill();
     watch.sample(&fleet);
     let _second = fleet.start_agent(&[]).await;
-    wait_until(PATIENCE, "every job completed, every attempt cleaned", || {
-        watch.sample(&fleet);
-        jobs.iter().all(|j| fleet.completed(*j)) && fleet.all_cleaned()
-    })
+    wait_until(
+        PATIENCE,
+        "every job completed, every attempt cleaned",
+        || {
+            watch.sample(&fleet);
+            jobs.iter().all(|j| fleet.completed(*j)) && fleet.all_cleaned()
+        },
+    )
     .await;
     assert!(watch.violations.is_empty(), "{:?}", watch.violations);
 
@@ -633,8 +672,17 @@ async fn devices_are_handed_out_one_job_at_a_time_and_survive_an_agent_crash() {
     let attempts = fleet.attempts();
     let mut by_device: HashMap<String, Vec<&AttemptRecord>> = HashMap::new();
     for a in &attempts {
-        let devices = a.shape.as_ref().map(|s| s.devices.clone()).unwrap_or_default();
-        assert_eq!(devices.len(), 1, "attempt {} held {devices:?}", a.attempt_id);
+        let devices = a
+            .shape
+            .as_ref()
+            .map(|s| s.devices.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            devices.len(),
+            1,
+            "attempt {} held {devices:?}",
+            a.attempt_id
+        );
         by_device.entry(devices[0].clone()).or_default().push(a);
     }
     for (device, mut holders) in by_device {
@@ -656,22 +704,32 @@ async fn devices_are_handed_out_one_job_at_a_time_and_survive_an_agent_crash() {
         .unwrap_or_else(|| panic!("no attempt ran job {third}: {attempts:?}"));
     let third_device = &third_runner.shape.as_ref().unwrap().devices[0];
     assert!(
-        attempts.iter().any(|a| a.attempt_id != third_runner.attempt_id
-            && a.shape.as_ref().unwrap().devices[0] == *third_device
-            && freed_at(a).is_some_and(|t| t <= third_runner.created_at_ms.get())),
+        attempts
+            .iter()
+            .any(|a| a.attempt_id != third_runner.attempt_id
+                && a.shape.as_ref().unwrap().devices[0] == *third_device
+                && freed_at(a).is_some_and(|t| t <= third_runner.created_at_ms.get())),
         "the third job's device {third_device} was not freed by an earlier attempt: {attempts:?}"
     );
 
     // Each job saw only its own node, and opened it and not the other.
     for a in attempts.iter().filter(|a| a.job_id.is_some()) {
         let own = Path::new(&a.shape.as_ref().unwrap().devices[0]).to_path_buf();
-        let (mine, other) = if own == gpu0 { ("gpu0", "gpu1") } else { ("gpu1", "gpu0") };
+        let (mine, other) = if own == gpu0 {
+            ("gpu0", "gpu1")
+        } else {
+            ("gpu1", "gpu0")
+        };
         assert!(own == gpu0 || own == gpu1, "{}", own.display());
         let report = report_of(&reports, a);
         let who = format!("attempt {} holding {mine}", a.attempt_id.short());
         assert_eq!(report["seen"], mine, "{who}: {report:?}");
         assert_eq!(report[&format!("open_{mine}")], "ok", "{who}: {report:?}");
-        assert_eq!(report[&format!("open_{other}")], "denied", "{who}: {report:?}");
+        assert_eq!(
+            report[&format!("open_{other}")],
+            "denied",
+            "{who}: {report:?}"
+        );
     }
 
     // Nothing is left: no hold, process, mount, network namespace, cgroup or runtime.
