@@ -741,3 +741,39 @@ async fn devices_are_handed_out_one_job_at_a_time_and_survive_an_agent_crash() {
     let left = crate::docker::left_of(&fleet, &attempts, &[]);
     assert!(left.is_empty(), "left: {left:?}");
 }
+
+/// `explain`'s packing reasons are sentences an operator reads: no run of spaces inside them
+/// (a string literal broken over source lines without `\` keeps the indentation). The reason
+/// here is `shape_exceeds_host`, of a job asking for a device group the host has none of; the
+/// control is the `shape_refused` reason of a job over `shape_max`, from the same answer path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_s_shape_reasons_read_as_single_spaced_sentences() {
+    let fleet = Fleet::start(FleetOptions {
+        policies: vec![policy("shaped", "shape_max = { cpu = 1 }\n")],
+        host_extra: "capacity = { cpu = 2 }\n".to_owned(),
+        ..FleetOptions::default()
+    })
+    .await;
+    let _agent = fleet.start_agent(&[]).await;
+    let over = fleet
+        .fake
+        .queue_job(REPO, "over", &labels_with(&["rm-cpu=2"]))
+        .unwrap();
+    let no_device = fleet
+        .fake
+        .queue_job(REPO, "no device", &labels_with(&["rm-gpu=1"]))
+        .unwrap();
+    for (job, code) in [(over, "shape_refused"), (no_device, "shape_exceeds_host")] {
+        let mut last = serde_json::Value::Null;
+        wait_until(PATIENCE, &format!("explain {job} says {code}"), || {
+            last = explain(&fleet, job);
+            reason_codes(&last).first().map(String::as_str) == Some(code)
+        })
+        .await;
+        let message = last["reasons"][0]["message"].as_str().unwrap_or_default();
+        assert!(
+            !message.contains("  "),
+            "the {code} reason has a run of spaces: {message:?}"
+        );
+    }
+}
