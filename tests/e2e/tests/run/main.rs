@@ -36,6 +36,7 @@ mod scale_set;
 mod scale_set_answers;
 mod scale_set_capacity;
 mod scale_set_enterprise;
+mod shapes;
 mod status;
 
 #[path = "../../../support/busybox_image.rs"]
