@@ -557,7 +557,7 @@ mod tests {
     fn a_shape_s_cpus_without_the_cpu_controller_are_named() {
         let policy = |extra: &str| {
             format!(
-                "[[policy]]\nname = \"p\"\ntarget = \"acme/app\"\nlabels = [\"self-hosted\"]\npids_max = \"none\"\nmemory_max = \"none\"\n{extra}\n"
+                "[host]\ncapacity = {{ cpu = 4 }}\n\n[[policy]]\nname = \"p\"\ntarget = \"acme/app\"\nlabels = [\"self-hosted\"]\npids_max = \"none\"\nmemory_max = \"none\"\n{extra}\n"
             )
         };
         let no_cpu = Controllers {
