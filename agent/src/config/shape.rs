@@ -9,7 +9,7 @@
 //! has, could never run here, and is refused with the fix rather than left to queue forever.
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -408,13 +408,15 @@ pub(super) fn devices(sections: Vec<DeviceSection>) -> Result<Vec<Device>, (Stri
             ("nodes", &section.nodes),
             ("shared_nodes", &section.shared_nodes),
         ] {
-            if let Some(bad) = list.iter().find(|node| !is_dev_node(node)) {
+            // The runner's rule for a node it may be given (`rm_runner::devices`), at start.
+            if let Some((bad, why)) = list.iter().find_map(|node| {
+                rm_runner::devices::device_path(node)
+                    .err()
+                    .map(|why| (node, why))
+            }) {
                 return Err((
                     key(field),
-                    format!(
-                        "`{}` is not a device node: write an absolute path under /dev/, without `.` or `..`",
-                        bad.display()
-                    ),
+                    format!("`{}` is not a device node: {why}", bad.display()),
                 ));
             }
         }
@@ -455,24 +457,6 @@ pub(super) fn devices(sections: Vec<DeviceSection>) -> Result<Vec<Device>, (Stri
         });
     }
     Ok(devices)
-}
-
-/// An absolute path strictly under `/dev/`, written plainly (no `.`, `..`, `//`, no trailing
-/// `/`): the components a path's parser would quietly drop are refused, so the node compared for
-/// uniqueness is the node written.
-fn is_dev_node(path: &Path) -> bool {
-    let text = path.to_string_lossy();
-    let mut components = path.components();
-    components.next() == Some(Component::RootDir)
-        && components.next() == Some(Component::Normal("dev".as_ref()))
-        && path.components().count() >= 3
-        && path
-            .components()
-            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
-        && !text.ends_with('/')
-        && !text.ends_with("/.")
-        && !text.contains("//")
-        && !text.contains("/./")
 }
 
 /// A policy's shape keys as written, taken out of its section before the rest is validated.
@@ -634,16 +618,11 @@ fn bounds(
     })
 }
 
-/// A named shape within `shape_max`, in each dimension both write.
-fn within_max(shape: &ShapeBounds, max: &ShapeBounds, at: &str) -> Result<(), (String, String)> {
-    let over = |what: &str, asked: String, most: String| {
-        Err((
-            format!("{at}.{what}"),
-            format!(
-                "{asked} is more than shape_max.{what} ({most}); lower it or raise shape_max.{what}"
-            ),
-        ))
-    };
+/// The first dimension in which `shape` asks more than `max` (of those both write), as
+/// (what, asked, most), each as the file or a label writes it: the one rule for a named shape
+/// against `shape_max` at start and a job's shape against it (`crate::shape`).
+pub fn over_max(shape: &ShapeBounds, max: &ShapeBounds) -> Option<(String, String, String)> {
+    let over = |what: &str, asked: String, most: String| Some((what.to_owned(), asked, most));
     if let (Some(asked), Some(most)) = (shape.cpu_millis, max.cpu_millis)
         && asked > most
     {
@@ -659,14 +638,25 @@ fn within_max(shape: &ShapeBounds, max: &ShapeBounds, at: &str) -> Result<(), (S
     {
         return over("disk", format_size(asked), format_size(most));
     }
-    for (group, asked) in &shape.devices {
-        if let Some(most) = max.devices.get(group)
-            && asked > most
-        {
-            return over(group, asked.to_string(), most.to_string());
-        }
+    shape.devices.iter().find_map(|(group, asked)| {
+        max.devices
+            .get(group)
+            .filter(|most| asked > *most)
+            .and_then(|most| over(group, asked.to_string(), most.to_string()))
+    })
+}
+
+/// A named shape within `shape_max`, in each dimension both write.
+fn within_max(shape: &ShapeBounds, max: &ShapeBounds, at: &str) -> Result<(), (String, String)> {
+    match over_max(shape, max) {
+        None => Ok(()),
+        Some((what, asked, most)) => Err((
+            format!("{at}.{what}"),
+            format!(
+                "{asked} is more than shape_max.{what} ({most}); lower it or raise shape_max.{what}"
+            ),
+        )),
     }
-    Ok(())
 }
 
 /// A shape the host could hold: within its capacity and its devices. `at` is its key.

@@ -153,38 +153,18 @@ pub fn resolve(policy: &Policy, job_labels: &[String]) -> Result<Shape, Refusal>
     Ok(shape)
 }
 
-/// `shape` within `max` in every dimension `max` writes.
+/// `shape` within `max` in every dimension `max` writes ([`crate::config::shape::over_max`]).
 fn within(shape: &Shape, max: &ShapeBounds) -> Result<(), Refusal> {
-    let over = |what: &str, asked: String, max: String| {
-        Err(Refusal::OverMax {
-            what: what.to_owned(),
-            asked,
-            max,
-        })
+    let asked = ShapeBounds {
+        cpu_millis: shape.cpu_millis,
+        memory: shape.memory,
+        disk: shape.disk,
+        devices: shape.devices.clone(),
     };
-    if let (Some(asked), Some(most)) = (shape.cpu_millis, max.cpu_millis)
-        && asked > most
-    {
-        return over("cpu", format_cpu(asked), format_cpu(most));
+    match crate::config::shape::over_max(&asked, max) {
+        None => Ok(()),
+        Some((what, asked, max)) => Err(Refusal::OverMax { what, asked, max }),
     }
-    if let (Some(asked), Some(most)) = (shape.memory, max.memory)
-        && asked > most
-    {
-        return over("memory", format_size(asked), format_size(most));
-    }
-    if let (Some(asked), Some(most)) = (shape.disk, max.disk)
-        && asked > most
-    {
-        return over("disk", format_size(asked), format_size(most));
-    }
-    for (group, asked) in &shape.devices {
-        if let Some(most) = max.devices.get(group)
-            && asked > most
-        {
-            return over(group, asked.to_string(), most.to_string());
-        }
-    }
-    Ok(())
 }
 
 /// What a runner takes from the host's capacity, per dimension. `0` where the host's capacity
