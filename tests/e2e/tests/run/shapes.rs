@@ -663,6 +663,24 @@ async fn devices_are_handed_out_one_job_at_a_time_and_survive_an_agent_crash() {
         },
     )
     .await;
+    // `status` names both devices held, by the two busy runners, and none free.
+    let status = rm_e2e::json_stdout(&fleet.setup.run(&["status", "--json"]));
+    let gpu = &status["capacity"]["devices"][0];
+    assert_eq!(
+        (
+            gpu["group"].as_str(),
+            gpu["total"].as_u64(),
+            gpu["held"].as_u64(),
+            gpu["free"].as_u64()
+        ),
+        (Some("gpu"), Some(2), Some(2), Some(0)),
+        "{status}"
+    );
+    let holders: Vec<&str> = gpu["holders"]
+        .as_array()
+        .map(|h| h.iter().filter_map(|h| h["runner"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(holders.len(), 2, "{status}");
     // SIGKILL while both still run, then a fresh agent on the same journal.
     assert!(
         busy.iter().all(|j| !fleet.completed(*j)),
