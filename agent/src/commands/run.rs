@@ -136,12 +136,14 @@ pub(crate) async fn serve_paced(
     // in the background; allocation registers nothing while it says unfit.
     let fitness = executor.settings().fitness.clone();
     let handle = executor.handle();
-    let fitness_required =
-        crate::fitness::Requirements::of(config, crate::fitness::probe::runner_path());
-    crate::fitness::check_once(&fitness_required, &fitness, &notifier).await;
+    let mut fitness_prober = crate::fitness::Prober::host(crate::fitness::Requirements::of(
+        config,
+        crate::fitness::probe::runner_path(),
+    ));
+    crate::fitness::check_once(&mut fitness_prober, &fitness, &notifier).await;
     tasks.until_aborted(
         "fitness checker",
-        crate::fitness::spawn(fitness_required, fitness.clone(), Arc::clone(&notifier)),
+        crate::fitness::spawn(fitness_prober, fitness.clone(), Arc::clone(&notifier)),
     );
     executor.wake_on(fitness.fit_again());
     // For `rm-agent status` and `/metrics`: what only the running agent knows.

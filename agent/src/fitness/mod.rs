@@ -7,12 +7,16 @@
 //!
 //! - [`judge`] is the decision: a pure function of measured [`Facts`] against the
 //!   [`Requirements`] the configuration makes;
-//! - [`probe`] measures (statvfs, a real write of a probe file, `/proc/meminfo`, the `PATH`);
+//! - [`probe`] measures (statvfs, a real write of a probe file, `/proc/meminfo`, the `PATH`)
+//!   behind the [`probe::Probes`] trait, and [`deadline::Prober`] runs each probe on a thread of
+//!   its own under [`PROBE_DEADLINE`]: a probe that does not answer in time (a hung NFS mount) is
+//!   a problem of its own, `probe_timeout`, and the gate answers all the same;
 //! - [`Gate`] holds the latest judgement for allocation, the status snapshot and `/metrics`;
 //!   [`spawn`] re-judges every [`CHECK_INTERVAL`] ([`RECHECK_WHILE_UNFIT`] while unfit), logs
 //!   and notifies the transitions, and wakes allocation when the host is fit again;
 //! - [`report`] says it in `status`, `/metrics` and `check`.
 
+pub(crate) mod deadline;
 pub(crate) mod probe;
 pub(crate) mod report;
 
@@ -26,6 +30,7 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::notify::{Notifier, OperatorEvent};
+pub(crate) use deadline::Prober;
 
 /// How often a fit host is checked again: a filling disk is noticed within this, at the cost
 /// of two statvfs calls, two small synced writes and one read of `/proc/meminfo`.
@@ -35,13 +40,28 @@ pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(30);
 /// being freed.
 pub(crate) const RECHECK_WHILE_UNFIT: Duration = Duration::from_secs(5);
 
+/// How long one round of probes may take before a probe that has not answered is a
+/// `probe_timeout` problem. A local filesystem answers statvfs and a small synced write in
+/// milliseconds, and a loaded one within a second or two; a mount that has not answered in ten
+/// seconds is hung as far as a job is concerned (its runner would hang on it the same way).
+/// The next round starts [`RECHECK_WHILE_UNFIT`] after a round ends, so a hung host is judged
+/// again about every 15 seconds, and the gate never waits on a probe longer than this.
+pub(crate) const PROBE_DEADLINE: Duration = Duration::from_secs(10);
+
 /// The stable problem codes (CONTRACT §8, `status --json` `host.problems[].code`).
 pub(crate) const DISK_SPACE: &str = "disk_space";
 pub(crate) const NOT_WRITABLE: &str = "not_writable";
 pub(crate) const MEMORY: &str = "memory";
 pub(crate) const MISSING_TOOL: &str = "missing_tool";
+pub(crate) const PROBE_TIMEOUT: &str = "probe_timeout";
 /// Every code, in the order `/metrics` lists them.
-pub(crate) const CODES: [&str; 4] = [DISK_SPACE, NOT_WRITABLE, MEMORY, MISSING_TOOL];
+pub(crate) const CODES: [&str; 5] = [
+    DISK_SPACE,
+    NOT_WRITABLE,
+    MEMORY,
+    MISSING_TOOL,
+    PROBE_TIMEOUT,
+];
 
 /// The gate's judgement at one check, as [`Gate`] holds it and the status snapshot carries it
 /// ([`crate::status_file::Snapshot::fitness`]): while `problems` is not empty the host registers
@@ -55,7 +75,8 @@ pub struct Fitness {
 /// One reason the host is unfit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FitnessProblem {
-    /// Stable, for scripts: `disk_space`, `not_writable`, `memory`, `missing_tool`.
+    /// Stable, for scripts: `disk_space`, `not_writable`, `memory`, `missing_tool`,
+    /// `probe_timeout`.
     pub code: String,
     /// One sentence naming what is short and the remedy.
     pub message: String,
@@ -102,6 +123,8 @@ pub(crate) struct Requirements {
     pub tools: Vec<String>,
     /// The `PATH` runners get, where tool names are looked up.
     pub path: OsString,
+    /// How long a round of probes may take ([`PROBE_DEADLINE`]; shorter in tests).
+    pub deadline: Duration,
 }
 
 impl Requirements {
@@ -128,6 +151,7 @@ impl Requirements {
                 .max_by_key(|(m, _)| *m),
             tools: required_tools(config),
             path,
+            deadline: PROBE_DEADLINE,
         }
     }
 }
@@ -150,26 +174,38 @@ fn required_tools(config: &Config) -> Vec<String> {
     tools
 }
 
+/// One probe's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Probed<T> {
+    /// What it measured.
+    Answered(T),
+    /// No answer within [`Requirements::deadline`]: a `probe_timeout` problem.
+    TimedOut,
+}
+
 /// What was measured of one directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DirFacts {
     /// Bytes available to unprivileged users (runners) on its filesystem, or why not known.
-    pub free: Result<u64, String>,
+    pub free: Probed<Result<u64, String>>,
     /// Whether a probe file could be created, written, synced and removed, or why not.
-    pub write: Result<(), String>,
+    pub write: Probed<Result<(), String>>,
 }
 
 /// What was measured, in the order of the [`Requirements`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Facts {
     pub dirs: Vec<DirFacts>,
-    /// `MemAvailable` in bytes; `None` where the kernel does not say (nothing is judged then).
-    pub mem_available: Option<u64>,
+    /// `MemAvailable` in bytes; `None` where the kernel does not say, or no policy writes a
+    /// `memory_max` (nothing is judged then).
+    pub mem_available: Probed<Option<u64>>,
     /// Per required tool: where it was found.
-    pub tools: Vec<Option<PathBuf>>,
+    pub tools: Vec<Probed<Option<PathBuf>>>,
 }
 
-/// The judgement: every problem, one sentence each with its remedy; none means fit.
+/// The judgement: every problem, one sentence each with its remedy; none means fit. A probe
+/// that did not answer is a `probe_timeout` naming it and its path (the statvfs and the write of
+/// one directory together in one), beside whatever the probes that answered show.
 pub(crate) fn judge(required: &Requirements, facts: &Facts) -> Vec<FitnessProblem> {
     let mut problems = Vec::new();
     let mut problem = |code: &str, message: String| {
@@ -178,10 +214,30 @@ pub(crate) fn judge(required: &Requirements, facts: &Facts) -> Vec<FitnessProble
             message,
         });
     };
+    let within = format!("{:?}", required.deadline);
     for (dir, measured) in required.dirs.iter().zip(&facts.dirs) {
         let what = dir.role.describe();
         let path = dir.path.display();
-        if let Err(reason) = &measured.write {
+        let hung: Vec<&str> = [
+            (
+                matches!(measured.free, Probed::TimedOut),
+                "free-space check (statvfs)",
+            ),
+            (matches!(measured.write, Probed::TimedOut), "write probe"),
+        ]
+        .into_iter()
+        .filter_map(|(hung, probe)| hung.then_some(probe))
+        .collect();
+        if !hung.is_empty() {
+            problem(
+                PROBE_TIMEOUT,
+                format!(
+                    "the {} of {what} {path} did not answer within {within} (a hung filesystem, such as an NFS mount whose server is gone): no new runner is registered until it answers; check the mount and its server",
+                    hung.join(" and the ")
+                ),
+            );
+        }
+        if let Probed::Answered(Err(reason)) = &measured.write {
             problem(
                 NOT_WRITABLE,
                 format!(
@@ -190,7 +246,7 @@ pub(crate) fn judge(required: &Requirements, facts: &Facts) -> Vec<FitnessProble
             );
         }
         match &measured.free {
-            Ok(free) if *free < dir.min_free => problem(
+            Probed::Answered(Ok(free)) if *free < dir.min_free => problem(
                 DISK_SPACE,
                 format!(
                     "{what} {path} has {} free, below {} ({}): no new runner is registered until space is freed (remove old files, grow the filesystem or lower {})",
@@ -200,10 +256,10 @@ pub(crate) fn judge(required: &Requirements, facts: &Facts) -> Vec<FitnessProble
                     dir.role.threshold_key()
                 ),
             ),
-            Ok(_) => {}
+            Probed::Answered(Ok(_)) | Probed::TimedOut => {}
             // A write error above already says the directory is unusable.
-            Err(_) if measured.write.is_err() => {}
-            Err(reason) => problem(
+            Probed::Answered(Err(_)) if matches!(measured.write, Probed::Answered(Err(_))) => {}
+            Probed::Answered(Err(reason)) => problem(
                 NOT_WRITABLE,
                 format!(
                     "cannot tell the free space of {what} {path} ({reason}): no new runner is registered until it can be; check that it exists and is mounted"
@@ -211,20 +267,43 @@ pub(crate) fn judge(required: &Requirements, facts: &Facts) -> Vec<FitnessProble
             ),
         }
     }
-    if let (Some((needed, policy)), Some(available)) = (&required.memory, facts.mem_available)
-        && available < *needed
-    {
-        problem(
-            MEMORY,
-            format!(
-                "{} of memory available, less than policy {policy}'s memory_max ({}): no new runner is registered until memory is freed (or lower memory_max)",
-                bytes(available),
-                bytes(*needed)
+    if let Some((needed, policy)) = &required.memory {
+        match facts.mem_available {
+            Probed::Answered(Some(available)) if available < *needed => problem(
+                MEMORY,
+                format!(
+                    "{} of memory available, less than policy {policy}'s memory_max ({}): no new runner is registered until memory is freed (or lower memory_max)",
+                    bytes(available),
+                    bytes(*needed)
+                ),
             ),
-        );
+            Probed::Answered(_) => {}
+            Probed::TimedOut => problem(
+                PROBE_TIMEOUT,
+                format!(
+                    "reading {} did not answer within {within}: no new runner is registered until it answers; the host is starved (check its load and the kernel log)",
+                    probe::MEMINFO
+                ),
+            ),
+        }
     }
     for (tool, found) in required.tools.iter().zip(&facts.tools) {
-        if found.is_none() {
+        if found == &Probed::TimedOut {
+            let looked = if tool.starts_with('/') {
+                format!("the lookup of required tool {tool}")
+            } else {
+                format!(
+                    "the lookup of required tool `{tool}` on the runners' PATH ({})",
+                    required.path.to_string_lossy()
+                )
+            };
+            problem(
+                PROBE_TIMEOUT,
+                format!(
+                    "{looked} did not answer within {within} (a hung filesystem on its path, such as an NFS mount whose server is gone): no new runner is registered until it answers; check the mounts on that path"
+                ),
+            );
+        } else if found == &Probed::Answered(None) {
             let where_ = if tool.starts_with('/') {
                 "does not exist or is not executable".to_owned()
             } else {
@@ -338,19 +417,19 @@ impl Gate {
     }
 }
 
-/// Measures, judges and records once; logs and notifies a transition.
-pub(crate) async fn check_once(required: &Requirements, gate: &Gate, notifier: &Notifier) {
-    let measuring = required.clone();
-    let facts = match tokio::task::spawn_blocking(move || probe::measure(&measuring)).await {
+/// Measures, judges and records once, within the probes' deadline whatever they do; logs and
+/// notifies a transition.
+pub(crate) async fn check_once(prober: &mut Prober, gate: &Gate, notifier: &Notifier) {
+    let facts = match prober.measure().await {
         Ok(facts) => facts,
         Err(e) => {
-            tracing::warn!(error = %e, "the fitness probe task failed; the last judgement stands");
+            tracing::warn!(error = %e, "the fitness probes failed; the last judgement stands");
             return;
         }
     };
     let fitness = Fitness {
         checked_at_ms: rm_vocab::now().get(),
-        problems: judge(required, &facts),
+        problems: judge(prober.required(), &facts),
     };
     let problems: Vec<String> = fitness.problems.iter().map(|p| p.message.clone()).collect();
     match gate.record(fitness) {
@@ -375,7 +454,7 @@ pub(crate) async fn check_once(required: &Requirements, gate: &Gate, notifier: &
 /// Re-checks until the task is aborted: every [`CHECK_INTERVAL`], every
 /// [`RECHECK_WHILE_UNFIT`] while unfit.
 pub(crate) fn spawn(
-    required: Requirements,
+    mut prober: Prober,
     gate: Gate,
     notifier: Arc<Notifier>,
 ) -> tokio::task::JoinHandle<()> {
@@ -387,7 +466,7 @@ pub(crate) fn spawn(
                 RECHECK_WHILE_UNFIT
             };
             tokio::time::sleep(wait).await;
-            check_once(&required, &gate, &notifier).await;
+            check_once(&mut prober, &gate, &notifier).await;
         }
     })
 }

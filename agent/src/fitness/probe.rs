@@ -1,7 +1,8 @@
 //! The fitness gate's measurements: the thin adapter between the host and [`super::judge`].
 //! statvfs for free space, a real create-write-sync-remove of a probe file for writability (a
 //! read-only remount or a full disk answers only to a write), `/proc/meminfo` for available
-//! memory, and the runners' `PATH` for tools. Blocking: run it off the async runtime.
+//! memory, and the runners' `PATH` for tools. Blocking, and possibly for ever on a hung
+//! filesystem: [`super::deadline`] runs each behind [`Probes`] on a thread of its own.
 
 use std::ffi::{OsStr, OsString};
 use std::io::Write as _;
@@ -9,34 +10,47 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
-use super::{DirFacts, Facts, Requirements};
-
 /// The probe file written in each watched directory and removed again. A leftover (an agent
 /// killed between the two) is removed by the next probe.
 pub(crate) const PROBE_FILE: &str = ".rm-fitness-probe";
 
 /// Where the kernel says how much memory is available.
-const MEMINFO: &str = "/proc/meminfo";
+pub(crate) const MEMINFO: &str = "/proc/meminfo";
 
-/// Measures everything `required` names.
-pub(crate) fn measure(required: &Requirements) -> Facts {
-    Facts {
-        dirs: required
-            .dirs
-            .iter()
-            .map(|dir| DirFacts {
-                free: free_bytes(&dir.path),
-                write: write_probe(&dir.path),
-            })
-            .collect(),
-        mem_available: std::fs::read_to_string(MEMINFO)
+/// The probes, one blocking call each: the host's ([`HostProbes`]) or a test's (one that never
+/// returns, to show the gate answers by its deadline all the same).
+pub(crate) trait Probes: Send + Sync + 'static {
+    /// Bytes available to runners on the filesystem holding `dir`, or why not known.
+    fn free_bytes(&self, dir: &Path) -> Result<u64, String>;
+    /// Whether a file can be created, written, synced and removed in `dir`, or why not.
+    fn write(&self, dir: &Path) -> Result<(), String>;
+    /// `MemAvailable` in bytes; `None` where the kernel does not say.
+    fn mem_available(&self) -> Option<u64>;
+    /// Where `tool` is, looked up as a runner would on `path`.
+    fn find_tool(&self, tool: &str, path: &OsStr) -> Option<PathBuf>;
+}
+
+/// The host's own probes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HostProbes;
+
+impl Probes for HostProbes {
+    fn free_bytes(&self, dir: &Path) -> Result<u64, String> {
+        free_bytes(dir)
+    }
+
+    fn write(&self, dir: &Path) -> Result<(), String> {
+        write_probe(dir)
+    }
+
+    fn mem_available(&self) -> Option<u64> {
+        std::fs::read_to_string(MEMINFO)
             .ok()
-            .and_then(|text| mem_available(&text)),
-        tools: required
-            .tools
-            .iter()
-            .map(|tool| find_tool(tool, &required.path))
-            .collect(),
+            .and_then(|text| mem_available(&text))
+    }
+
+    fn find_tool(&self, tool: &str, path: &OsStr) -> Option<PathBuf> {
+        find_tool(tool, path)
     }
 }
 

@@ -81,7 +81,7 @@ impl Collector for FitnessMetrics {
         ConstGauge::new(i64::from(fitness.problems.is_empty())).encode(metric)?;
         let mut family = encoder.encode_descriptor(
             "rm_host_fitness_problem",
-            "1 for each kind of problem that makes the host unfit now (disk_space, not_writable, memory, missing_tool)",
+            "1 for each kind of problem that makes the host unfit now (disk_space, not_writable, memory, missing_tool, probe_timeout)",
             None,
             MetricType::Gauge,
         )?;

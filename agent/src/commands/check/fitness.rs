@@ -4,7 +4,7 @@
 
 use super::Finding;
 use crate::config::Config;
-use crate::fitness::{self, Requirements, probe};
+use crate::fitness::{self, Prober, Requirements, probe};
 
 /// One `fitness` finding per problem (`fail`: no runner would be registered), or one `ok`.
 pub(super) async fn fitness(config: &Config) -> Vec<Finding> {
@@ -16,8 +16,9 @@ pub(super) async fn fitness(config: &Config) -> Vec<Finding> {
             dir.path = existing.to_owned();
         }
     }
-    let measuring = required.clone();
-    let facts = match tokio::task::spawn_blocking(move || probe::measure(&measuring)).await {
+    // Under the gate's deadline: a hung mount is a `probe_timeout` finding, not a hung check.
+    let mut prober = Prober::host(required.clone());
+    let facts = match prober.measure().await {
         Ok(facts) => facts,
         Err(e) => {
             return vec![Finding::warn(
