@@ -157,7 +157,9 @@ mod tests {
     #[test]
     fn a_binary_is_stale_when_a_source_is_newer_or_gone() {
         let (a, b) = (Path::new("a.rs"), Path::new("b.rs"));
-        let cases: &[(&str, u64, &[(&Path, Option<u64>)], Option<Stale>)] = &[
+        /// What, the binary's mtime, its sources' (`None`: gone), the verdict.
+        type Case<'a> = (&'a str, u64, &'a [(&'a Path, Option<u64>)], Option<Stale>);
+        let cases: &[Case] = &[
             ("all older", 100, &[(a, Some(50)), (b, Some(99))], None),
             ("one as old (same tick)", 100, &[(a, Some(100))], None),
             (
