@@ -7,14 +7,16 @@
     reason = "test harness: a failed step should fail the test loudly"
 )]
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub mod disk;
 pub mod fleet;
+pub mod fresh;
 pub mod pg_fleet;
 pub mod standin;
 
@@ -39,8 +41,12 @@ pub(crate) const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/webhooks");
 
-/// A workspace binary next to this test executable (`cargo test --workspace` builds them all).
+/// A workspace binary next to this test executable (`cargo test --workspace` builds them all),
+/// refused (the test fails, naming the build command) when it is missing or older than a source
+/// it is built from ([`fresh`]). Checked once per binary and test process: the first call stats
+/// the few hundred sources, later ones reuse the verdict.
 pub fn binary(name: &str) -> PathBuf {
+    static CHECKED: OnceLock<Mutex<HashMap<String, Result<(), String>>>> = OnceLock::new();
     let exe = std::env::current_exe().unwrap();
     let mut dir = exe.parent().unwrap().to_path_buf();
     if dir.ends_with("deps") {
@@ -49,9 +55,20 @@ pub fn binary(name: &str) -> PathBuf {
     let path = dir.join(name);
     assert!(
         path.exists(),
-        "{} is missing: build it first (`cargo build -p rm-agent --all-features -p rm-relay -p rm-fake-runner`; `cargo test --workspace` does it; see docs/development.md)",
-        path.display()
+        "{} is missing: build it first (`{}`; `cargo test --workspace` does it; see docs/development.md)",
+        path.display(),
+        fresh::BUILD_COMMAND
     );
+    let verdict = CHECKED
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .entry(name.to_owned())
+        .or_insert_with(|| fresh::check(&path))
+        .clone();
+    if let Err(why) = verdict {
+        panic!("{why}");
+    }
     path
 }
 

@@ -115,6 +115,26 @@ const POISON: &[&str] = &[
     "poison_dev_shm",
 ];
 
+/// The key the agent's parent puts in the agent's session keyring ([`agent_inherits`]), and what
+/// it holds: the job's `agent_session_key` attack succeeds only if it reads exactly this.
+const AGENT_KEY: &str = "rm-e2e-agent-key";
+const AGENT_KEY_SECRET: &str = "agent-secret-5d1c";
+
+/// What an attacker runs to take a key by name (perl, which the job has; `keyctl` of keyutils
+/// may not be installed): `request_key(2)` without a callout searches every keyring the caller
+/// possesses (its thread's, process's and session keyrings, then its user's), finding a key the
+/// caller may search; then `KEYCTL_READ` (11) reads it, which a key's possessor may. Prints the
+/// key's payload; dies with the errno otherwise (`ENOKEY`: not found, `EACCES`: found, not
+/// readable). Perl's `syscall` passes a string argument as a pointer to its bytes and writes into
+/// it, hence the variables rather than literals.
+fn steal_key_program() -> String {
+    format!(
+        r#"my ($type, $name) = ("user", $ARGV[0]); my $id = syscall({request_key}, $type, $name, 0, 0); die "request_key: $!\n" if $id < 0; my $buf = "\0" x 4096; my $n = syscall({keyctl}, 11, $id, $buf, 4096); die "KEYCTL_READ of key $id: $!\n" if $n < 0; print substr($buf, 0, $n);"#,
+        request_key = libc::SYS_request_key,
+        keyctl = libc::SYS_keyctl,
+    )
+}
+
 /// The hostile job. `@NAME@` are replaced with the fleet's paths.
 const SCRIPT: &str = r#"#!/bin/sh
 # A hostile job (issue 11): tries each attack, reports `name=ok|denied detail` for each, then
@@ -142,6 +162,9 @@ GET='my $s = IO::Socket::INET->new(PeerAddr => $ARGV[0], Timeout => 3) or die "$
 
 # Connects to ADDR:PORT and leaves; fails if it cannot connect.
 CONNECT='IO::Socket::INET->new(PeerAddr => $ARGV[0], Timeout => 3) or die "$!\n";'
+
+# Finds the key named $ARGV[0] in the keyrings this job possesses and prints what it holds.
+STEAL_KEY='@STEAL_KEY@'
 
 say() {
     printf '%s=%s %s\n' "$1" "$2" "$3" >>"$OUT" 2>/dev/null
@@ -236,7 +259,7 @@ attacks() {
     try receiver_port perl -MIO::Socket::INET -e "$CONNECT" '@RECEIVER@'
     try host_unix_socket perl -MIO::Socket::UNIX -e 'IO::Socket::UNIX->new(Peer => $ARGV[0]) or die "$!\n"' '@UNIX_SOCKET@'
     try metadata sh -c 'perl -MIO::Socket::INET -e "$1" "$2" | grep -q METADATA-SECRET' _ "$GET" '@METADATA@:80'
-    try agent_session_key grep -q rm-e2e-agent-key /proc/keys
+    try agent_session_key sh -c 'perl -e "$1" "$2" | grep -x "$3"' _ "$STEAL_KEY" '@AGENT_KEY@' '@AGENT_KEY_SECRET@'
     try inherited_fd sh -c 'echo pwned >&47'
     try tty sh -c ': </dev/tty'
     try egress_public sh -c 'perl -MIO::Socket::INET -e "$1" "$2" | grep -q PUBLIC-OK' _ "$GET" '@PUBLIC@:80'
@@ -432,7 +455,10 @@ async fn hostile_fleet(isolation: Option<&'static str>) -> Hostile {
         .replace("@FAKE@", &format!("127.0.0.1:{}", fleet.fake.port()))
         .replace("@PUBLIC@", &standin.public.to_string())
         .replace("@METADATA@", &standin.metadata.to_string())
-        .replace("@NAME@", standin::PUBLIC_NAME);
+        .replace("@NAME@", standin::PUBLIC_NAME)
+        .replace("@STEAL_KEY@", &steal_key_program())
+        .replace("@AGENT_KEY@", AGENT_KEY)
+        .replace("@AGENT_KEY_SECRET@", AGENT_KEY_SECRET);
     let real_listener = fleet.wrap_listener(&script);
     Hostile {
         fleet,
@@ -498,6 +524,7 @@ pub(crate) fn agent_inherits(command: &mut std::process::Command, root_only: &Pa
         assert_eq!(libc::unlockpt(master), 0);
         std::ffi::CStr::from_ptr(libc::ptsname(master)).to_owned()
     };
+    let key = SessionKey::new();
     // SAFETY: the closure runs between fork and exec and makes raw system calls only, on
     // strings made before the fork.
     unsafe {
@@ -516,23 +543,107 @@ pub(crate) fn agent_inherits(command: &mut std::process::Command, root_only: &Pa
                 return Err(std::io::Error::last_os_error());
             }
             libc::close(tty);
-            // KEYCTL_JOIN_SESSION_KEYRING, then a key in it.
+            key.plant()
+        });
+    }
+}
+
+/// [`AGENT_KEY`] in a session keyring of its own, as a root shell's `keyctl add user NAME DATA
+/// @s` leaves it: planted between fork and exec, made before the fork.
+struct SessionKey {
+    name: std::ffi::CString,
+    secret: std::ffi::CString,
+}
+
+impl SessionKey {
+    fn new() -> SessionKey {
+        SessionKey {
+            name: std::ffi::CString::new(AGENT_KEY).unwrap(),
+            secret: std::ffi::CString::new(AGENT_KEY_SECRET).unwrap(),
+        }
+    }
+
+    /// Joins a new session keyring and adds the key to it, with the kernel's default
+    /// permissions for a `user` key: its possessor may find and read it (any uid: possession is
+    /// reaching the key from one's own keyrings), its owner only see it. So a process that
+    /// shares this session keyring (a runner the agent started without a keyring of its own,
+    /// whatever its uid) possesses the key and reads it. Raw system calls only.
+    #[allow(unsafe_code)]
+    fn plant(&self) -> std::io::Result<()> {
+        // SAFETY: `keyctl` with integer arguments and a null name; `add_key` with
+        // NUL-terminated strings and the payload's length.
+        unsafe {
+            // KEYCTL_JOIN_SESSION_KEYRING with no name: a new, empty session keyring.
             if libc::syscall(libc::SYS_keyctl, 1, std::ptr::null::<libc::c_char>()) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             let key = libc::syscall(
                 libc::SYS_add_key,
                 c"user".as_ptr(),
-                c"rm-e2e-agent-key".as_ptr(),
-                c"agent-secret".as_ptr(),
-                12usize,
-                -3i64,
+                self.name.as_ptr(),
+                self.secret.as_ptr(),
+                self.secret.as_bytes().len(),
+                // KEY_SPEC_SESSION_KEYRING
+                -3 as libc::c_long,
             );
             if key < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            Ok(())
-        });
+        }
+        Ok(())
+    }
+}
+
+/// The hostile job's `agent_session_key` attack, shown able to succeed: a process of another
+/// uid that shares the session keyring the key was planted in (a runner started without a
+/// keyring of its own) takes the key; the same process after joining a session keyring of its
+/// own (what a runner does) finds nothing. So `agent_session_key=denied` in the suite means the
+/// runner left the agent's keyring, not that the probe cannot find or read a planted key.
+#[test]
+#[allow(unsafe_code)]
+fn the_session_key_attack_takes_a_key_only_from_a_shared_session_keyring() {
+    /// An unprivileged uid for the thief (`nobody`): the key's owner is root.
+    const THIEF: libc::uid_t = 65_534;
+    for own_keyring in [false, true] {
+        let key = SessionKey::new();
+        let mut command = std::process::Command::new("perl");
+        command.args(["-e", &steal_key_program(), AGENT_KEY]);
+        // SAFETY: raw system calls between fork and exec, on strings made before the fork.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                key.plant()?;
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(THIEF, THIEF, THIEF) != 0
+                    || libc::setresuid(THIEF, THIEF, THIEF) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if own_keyring
+                    && libc::syscall(libc::SYS_keyctl, 1, std::ptr::null::<libc::c_char>()) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = command.output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        if own_keyring {
+            assert!(
+                !out.status.success() && stdout.is_empty() && stderr.contains("request_key"),
+                "a keyring of its own: the key was found ({}: {stdout:?} {stderr:?})",
+                out.status
+            );
+        } else {
+            assert!(
+                out.status.success() && stdout == AGENT_KEY_SECRET,
+                "the shared session keyring: the key was not taken ({}: {stdout:?} {stderr:?})",
+                out.status
+            );
+        }
     }
 }
 
