@@ -256,20 +256,7 @@ impl TestRunner {
 
     /// Runs `f` in a thread inside the runner's namespace (its `ip` sees the runner's network).
     fn inside<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let netns = &self.netns;
-        std::thread::scope(|scope| {
-            scope
-                .spawn(move || {
-                    rustix::thread::move_into_link_name_space(
-                        netns.as_fd(),
-                        Some(rustix::thread::LinkNameSpaceType::Network),
-                    )
-                    .unwrap();
-                    f()
-                })
-                .join()
-                .unwrap()
-        })
+        in_netns(&self.netns, f)
     }
 
     /// `ip ARGS`, inside.
@@ -635,4 +622,308 @@ fn an_opened_address_is_reached_and_the_rest_refused_and_recorded_in_the_kernel(
         &[(opened, std::time::Duration::from_secs(60))],
     )
     .unwrap();
+}
+
+// Reachability with real traffic: runner networks made as the agent makes them (the host's
+// table installed by `HostNetwork::install`, each runner's table from
+// `HostNetwork::runner_table`, its namespace by `create`), TCP listeners in them and in
+// stand-in networks, and connections that are refused or answered.
+
+/// How long a connection that should be answered may take; a refusal comes back at once (an
+/// ICMP error from a reject rule), so this bounds only the controls.
+const CONNECT_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Slots for the reachability tests: half the space away from the backend tests' block of this
+/// process, after the router advertisement test's two.
+fn reachability_uid(n: u32) -> u32 {
+    3_100_000 + (std::process::id() % 1000) * 16 + NETWORK_SLOTS / 2 + 2 + n
+}
+
+/// Runs `f` on a thread that joined the network namespace `netns`; a socket it makes stays in
+/// that namespace after the thread ends.
+fn in_netns<T: Send>(netns: &OwnedFd, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                rustix::thread::move_into_link_name_space(
+                    netns.as_fd(),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )
+                .unwrap();
+                f()
+            })
+            .join()
+            .unwrap()
+    })
+}
+
+/// A TCP connection to `to` from the calling thread's namespace: answered, or why not.
+fn connect(to: std::net::SocketAddr) -> Result<(), std::io::ErrorKind> {
+    std::net::TcpStream::connect_timeout(&to, CONNECT_WITHIN)
+        .map(drop)
+        .map_err(|e| e.kind())
+}
+
+/// An agent's host table for a test, installed as the agent installs it and removed on drop.
+struct TestHostTable(HostNetwork);
+
+impl TestHostTable {
+    fn install(name: &str, uids: &[u32]) -> TestHostTable {
+        let host = HostNetwork {
+            table: name.to_owned(),
+            rules: HostRules::new(&[], &[], "", uids.iter().copied()),
+        };
+        // The guard first: a half-made table is removed too.
+        let table = TestHostTable(host);
+        table.0.install().unwrap();
+        table
+    }
+
+    /// A runner of `uid` whose policy says `allow`, made as the agent makes it.
+    fn runner(&self, short_id: &str, uid: u32, allow: Option<&[Cidr]>) -> TestRunner {
+        TestRunner::with_table(short_id, uid, &self.0.runner_table(uid, allow, None))
+    }
+
+    fn loaded(&self) -> bool {
+        nft_output(&["list", "table", "inet", &self.0.table]).is_ok()
+    }
+}
+
+impl Drop for TestHostTable {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.uninstall() {
+            eprintln!("cannot remove the host table {}: {e}", self.0.table);
+        }
+    }
+}
+
+/// A network a runner may be allowed to reach, standing in for one outside the host: a
+/// namespace joined to the host by a veth, a /30 of TEST-NET-2 (198.51.100.0/24: this host's
+/// own network is TEST-NET-1, the e2e stand-ins use TEST-NET-3), and a TCP listener at the far
+/// end. The host routes to it as to any network it is attached to; nothing leaves the machine.
+struct StandIn {
+    netns: String,
+    /// Not `rmv*`: the host table would take it for a runner's.
+    veth: String,
+    net: Cidr,
+    listener: std::net::TcpListener,
+}
+
+impl StandIn {
+    /// The stand-in `index` (below 64) of this process.
+    fn start(index: u8) -> StandIn {
+        assert!(index < 64, "one /30 each in a /24");
+        let pid = std::process::id();
+        let netns = format!("rmn-{pid}-s{index}");
+        let veth = format!("rmn{pid:x}s{index}");
+        let base = u32::from(Ipv4Addr::new(198, 51, 100, 0)) + 4 * u32::from(index);
+        let (host_end, far_end) = (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2));
+        let net: Cidr = format!("{}/30", Ipv4Addr::from(base)).parse().unwrap();
+        let _ = Command::new("ip").args(["link", "del", &veth]).output();
+        let _ = Command::new("ip").args(["netns", "del", &netns]).output();
+        // Removed on drop from here on, whatever step below fails.
+        let made = StandInObjects {
+            netns: netns.clone(),
+            veth: veth.clone(),
+        };
+        super::ip(&["netns", "add", &netns]).unwrap();
+        super::ip(&[
+            "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &netns,
+        ])
+        .unwrap();
+        super::ip(&["addr", "add", &format!("{host_end}/30"), "dev", &veth]).unwrap();
+        super::ip(&["link", "set", &veth, "up"]).unwrap();
+        for line in [
+            "link set lo up".to_owned(),
+            format!("addr add {far_end}/30 dev eth0"),
+            "link set eth0 up".to_owned(),
+            format!("route add default via {host_end}"),
+        ] {
+            let mut args = vec!["-n", netns.as_str()];
+            args.extend(line.split_whitespace());
+            super::ip(&args).unwrap();
+        }
+        let fd = open_netns(&Path::new(NETNS_DIR).join(&netns)).unwrap();
+        let listener = in_netns(&fd, || std::net::TcpListener::bind((far_end, 0)).unwrap());
+        std::mem::forget(made);
+        StandIn {
+            netns,
+            veth,
+            net,
+            listener,
+        }
+    }
+
+    fn address(&self) -> std::net::SocketAddr {
+        self.listener.local_addr().unwrap()
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        drop(StandInObjects {
+            netns: std::mem::take(&mut self.netns),
+            veth: std::mem::take(&mut self.veth),
+        });
+    }
+}
+
+/// The kernel objects of a stand-in, removed on drop.
+struct StandInObjects {
+    netns: String,
+    veth: String,
+}
+
+impl Drop for StandInObjects {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.veth])
+            .output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .output();
+    }
+}
+
+/// Whether a test of real traffic can run here; says why not when it cannot.
+fn can_make_networks(test: &str) -> bool {
+    if rustix::process::geteuid().as_raw() != 0 {
+        crate::test_skip::cannot_run(test, "root", "a network namespace needs CAP_SYS_ADMIN");
+        return false;
+    }
+    if let Some(package) = missing_tools().first() {
+        crate::test_skip::cannot_run(
+            test,
+            package,
+            "the runner's network is made with ip and nft",
+        );
+        return false;
+    }
+    true
+}
+
+/// "A runner cannot reach another runner" (the host table's forward chain) "nor an address of
+/// the host" (its input chain), with real connections between two runner networks made as the
+/// agent makes them: runner B is refused by a listener in runner A's namespace and by one on
+/// A's host end, while the host itself reaches both, so they were there to be reached.
+#[test]
+fn a_runner_reaches_neither_another_runner_nor_its_host_end() {
+    const TEST: &str = "a_runner_reaches_neither_another_runner_nor_its_host_end";
+    if !can_make_networks(TEST) {
+        return;
+    }
+    let pid = std::process::id();
+    let (uid_a, uid_b) = (reachability_uid(0), reachability_uid(1));
+    let host = TestHostTable::install(&format!("rm_test_n{pid}a"), &[uid_a, uid_b]);
+    let a = host.runner(&format!("{pid:08x}4e00"), uid_a, None);
+    let b = host.runner(&format!("{pid:08x}4e01"), uid_b, None);
+    let a_addresses = addresses(slot_of(uid_a));
+    // A job's server in runner A, on every address it has.
+    let in_a = a.inside(|| std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap());
+    let in_a = std::net::SocketAddr::from((a_addresses.runner, in_a.local_addr().unwrap().port()));
+    // A host service bound to A's end of its veth (as a daemon bound to every address is).
+    let a_host_end = std::net::TcpListener::bind((a_addresses.host, 0)).unwrap();
+    let a_host_end = a_host_end.local_addr().unwrap();
+
+    // The controls: both listeners answer, from the host, and A's from inside A.
+    assert_eq!(
+        connect(in_a),
+        Ok(()),
+        "the host reaches runner A's listener"
+    );
+    assert_eq!(
+        connect(a_host_end),
+        Ok(()),
+        "the host reaches its own address"
+    );
+    assert_eq!(
+        a.inside(|| connect(in_a)),
+        Ok(()),
+        "runner A reaches itself"
+    );
+
+    assert_eq!(
+        b.inside(|| connect(in_a)),
+        Err(std::io::ErrorKind::HostUnreachable),
+        "runner B reached runner A at {in_a}"
+    );
+    assert_eq!(
+        b.inside(|| connect(a_host_end)),
+        Err(std::io::ErrorKind::HostUnreachable),
+        "runner B reached the host at A's end {a_host_end}"
+    );
+    assert_eq!(
+        a.inside(|| connect(a_host_end)),
+        Err(std::io::ErrorKind::HostUnreachable),
+        "runner A reached the host at its own end {a_host_end}"
+    );
+
+    // Nothing is left: namespaces, veths, the table.
+    let names = [a.names.clone(), b.names.clone()];
+    drop((a, b));
+    host.0.uninstall().unwrap();
+    assert!(!host.loaded(), "the host table is left");
+    for names in &names {
+        assert!(!exists(names), "{names:?} is left");
+    }
+}
+
+/// `policy.network_allow` is "the only networks reached", with real connections: a runner
+/// allowed one stand-in network reaches a listener there and is refused by one in a second
+/// stand-in network; the control, a runner without `network_allow` on the same host table,
+/// reaches both, so the second was reachable and only the allow list kept the runner out.
+#[test]
+fn a_runner_with_network_allow_reaches_only_the_allowed_network() {
+    const TEST: &str = "a_runner_with_network_allow_reaches_only_the_allowed_network";
+    if !can_make_networks(TEST) {
+        return;
+    }
+    let pid = std::process::id();
+    let (uid_allowed, uid_open) = (reachability_uid(2), reachability_uid(3));
+    let allowed = StandIn::start(0);
+    let other = StandIn::start(1);
+    let host = TestHostTable::install(&format!("rm_test_n{pid}b"), &[uid_allowed, uid_open]);
+    let allow = [allowed.net];
+    let limited = host.runner(&format!("{pid:08x}4e02"), uid_allowed, Some(&allow));
+    let open = host.runner(&format!("{pid:08x}4e03"), uid_open, None);
+
+    // The control: without an allow list, both stand-ins answer through the host.
+    assert_eq!(open.inside(|| connect(allowed.address())), Ok(()));
+    assert_eq!(open.inside(|| connect(other.address())), Ok(()));
+
+    assert_eq!(
+        limited.inside(|| connect(allowed.address())),
+        Ok(()),
+        "the allowed network {} is reached",
+        allowed.net
+    );
+    assert_eq!(
+        limited.inside(|| connect(other.address())),
+        Err(std::io::ErrorKind::HostUnreachable),
+        "{} is outside network_allow = [{}]",
+        other.address(),
+        allowed.net
+    );
+
+    let names = [limited.names.clone(), open.names.clone()];
+    let stand_ins = [
+        (allowed.netns.clone(), allowed.veth.clone()),
+        (other.netns.clone(), other.veth.clone()),
+    ];
+    drop((limited, open, allowed, other));
+    host.0.uninstall().unwrap();
+    assert!(!host.loaded(), "the host table is left");
+    for names in &names {
+        assert!(!exists(names), "{names:?} is left");
+    }
+    for (netns, veth) in &stand_ins {
+        assert!(
+            !Path::new(NETNS_DIR).join(netns).exists(),
+            "{netns} is left"
+        );
+        assert!(
+            !Path::new("/sys/class/net").join(veth).exists(),
+            "{veth} is left"
+        );
+    }
 }
