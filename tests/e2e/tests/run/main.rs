@@ -27,6 +27,7 @@ mod job_image_support;
 mod latency;
 mod lifecycle;
 mod limits;
+mod min_runners;
 mod package;
 mod poisoned;
 mod polling;
