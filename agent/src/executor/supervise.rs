@@ -1099,7 +1099,7 @@ fn static_detail(conclusion: Conclusion) -> &'static str {
     match conclusion {
         Conclusion::CompletedJob => "the runner ran its job and exited",
         Conclusion::IdleExit => {
-            "the runner got no job within runner.idle_timeout and exited; not replaced"
+            "the runner got no job within runner.idle_timeout and exited; replaced only to keep the policy's min_runners"
         }
         Conclusion::Orphaned => {
             "the runner died while GitHub had it on a job; the job's result is GitHub's"

@@ -179,7 +179,8 @@ pub enum AttemptOutcome {
     /// It ran its job.
     CompletedJob,
     /// It got no job and was stopped or left on its own. Demand is advisory, so this is the
-    /// expected fate of a surplus runner: never a failure, never replaced.
+    /// expected fate of a surplus runner: never a failure, and replaced only to keep its
+    /// policy's `min_runners`.
     IdleExit,
     /// It failed; `reason` says how.
     Failed,
