@@ -92,11 +92,47 @@ pub fn dep_info_sources(text: &str) -> Vec<PathBuf> {
     sources
 }
 
+/// Where cargo's dep-info for `binary` is: `<binary>.d` beside it, which `cargo build` writes,
+/// else (a binary `cargo test` built and linked up from `deps/`, with no `.d` beside it) the
+/// `.d` of the file in `deps/` that is the same file (cargo links the binary to
+/// `deps/<name>-<hash>`, `-` in the name read as `_`). Neither found: the beside path, whose
+/// absence is then the error.
+fn dep_info_of(binary: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt as _;
+    let beside = binary.with_extension("d");
+    if beside.exists() {
+        return beside;
+    }
+    let (Some(dir), Some(name), Ok(meta)) = (
+        binary.parent(),
+        binary.file_name().and_then(|n| n.to_str()),
+        std::fs::metadata(binary),
+    ) else {
+        return beside;
+    };
+    let prefix = format!("{}-", name.replace('-', "_"));
+    let same = |path: &Path| {
+        std::fs::metadata(path).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino())
+    };
+    std::fs::read_dir(dir.join("deps"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && !n.contains('.'))
+                && same(path)
+        })
+        .map_or(beside, |linked| linked.with_extension("d"))
+}
+
 /// Checks `binary` (in `<target>/<profile>/`) against the sources its dep-info file lists:
 /// `Err` says why it is refused and how to rebuild it.
 pub fn check(binary: &Path) -> Result<(), String> {
     let rebuild = format!("rebuild it with `{BUILD_COMMAND}` (see docs/development.md)");
-    let dep_info = binary.with_extension("d");
+    let dep_info = dep_info_of(binary);
     let text = std::fs::read_to_string(&dep_info).map_err(|e| {
         format!(
             "{} has no dep-info file {} ({e}), so whether it was built from the sources as they \
@@ -110,8 +146,12 @@ pub fn check(binary: &Path) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", binary.display()))?;
     // `<target>/<profile>/<name>`: the target directory is two levels up.
     let target = binary.parent().and_then(Path::parent);
+    // The `.d` beside the binary names sources by absolute path; one in `deps/` relative to the
+    // workspace's root.
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
     let sources: Vec<(PathBuf, Option<SystemTime>)> = dep_info_sources(&text)
         .into_iter()
+        .map(|p| if p.is_relative() { root.join(p) } else { p })
         .filter(|p| target.is_none_or(|t| !p.starts_with(t)))
         .map(|p| {
             let mtime = std::fs::metadata(&p).and_then(|m| m.modified()).ok();
