@@ -243,6 +243,8 @@ impl Allocator {
             .map(|j| (j.job_id, j.first_seen_at_ms))
             .collect();
         let queued: Vec<QueuedJob> = jobs.iter().map(QueuedJob::from).collect();
+        let by_id: HashMap<JobId, &rm_journal::JobRow> =
+            jobs.iter().map(|j| (j.job_id, j)).collect();
         let demand = demand::route(policies, &queued);
         self.report_unroutable(&demand);
         let mut inputs = Vec::with_capacity(policies.len());
@@ -299,7 +301,7 @@ impl Allocator {
             // Jobs whose shape its policy refuses are no demand: said once, never guessed.
             let rows: Vec<&rm_journal::JobRow> = counted
                 .iter()
-                .filter_map(|id| jobs.iter().find(|j| j.job_id == *id))
+                .filter_map(|id| by_id.get(id).copied())
                 .collect();
             let (shaped, refused) = super::sizing::shaped(host, policy, &rows, &live.attempts);
             self.report_refused(&policy.name, &refused);
@@ -668,13 +670,17 @@ pub(super) async fn create_attempt(
     // device another attempt took meanwhile refuses this one and writes nothing of it.
     let host = ctx.settings.sizing_host();
     let need = host.need(policy, shape);
-    let held: Vec<String> = ctx
-        .journal
-        .write(|attempts| attempts.held_devices())
-        .await?
-        .into_iter()
-        .map(|(device, _)| device)
-        .collect();
+    // Most shapes ask no device: no read of the holds for them.
+    let held: Vec<String> = if shape.devices.is_empty() {
+        Vec::new()
+    } else {
+        ctx.journal
+            .write(|attempts| attempts.held_devices())
+            .await?
+            .into_iter()
+            .map(|(device, _)| device)
+            .collect()
+    };
     let devices = match super::sizing::pick_devices(&shape.devices, host.devices, &held) {
         Ok(devices) => devices,
         Err(group) => return Ok(Created::NoFreeDevice(group)),

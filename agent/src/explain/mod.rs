@@ -354,6 +354,7 @@ fn made_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
             }
         }
     }
+    let by_id: HashMap<JobId, &JobRow> = facts.queued.iter().map(|j| (j.job_id, j)).collect();
     let policies = facts
         .policies
         .iter()
@@ -364,7 +365,7 @@ fn made_plan(facts: &Facts<'_>, counted: &HashMap<&str, Vec<JobId>>) -> Plan {
                 .unwrap_or_default();
             let rows: Vec<&JobRow> = jobs
                 .iter()
-                .filter_map(|id| facts.queued.iter().find(|j| j.job_id == *id))
+                .filter_map(|id| by_id.get(id).copied())
                 .collect();
             let (shaped, _) = sizing::shaped(host, policy, &rows, facts.attempts);
             plan::PolicyInputs {
