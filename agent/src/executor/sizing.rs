@@ -96,13 +96,6 @@ pub(crate) fn packing(host: Host<'_>, policies: &[Policy], live: &[AttemptRecord
     }
 }
 
-/// The shape key of a journalled shape's labels (the same as [`Shape::key`]).
-fn key_of(labels: &[String]) -> String {
-    let mut key: Vec<String> = labels.iter().map(|l| l.to_ascii_lowercase()).collect();
-    key.sort();
-    key.join(",")
-}
-
 /// A policy's packing inputs from its counted jobs (oldest first) and the host's live
 /// attempts, and the jobs whose shape is refused: they are no demand (never guessed), and
 /// `explain` says why.
@@ -143,7 +136,7 @@ pub(crate) fn shaped(
         let key = attempt
             .shape
             .as_ref()
-            .map_or_else(String::new, |s| key_of(&s.labels));
+            .map_or_else(String::new, |s| shape::key_of(&s.labels));
         *shaped.in_flight.entry(key).or_default() += 1;
     }
     (shaped, refused)

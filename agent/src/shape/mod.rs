@@ -146,11 +146,16 @@ pub fn resolve(policy: &Policy, job_labels: &[String]) -> Result<Shape, Refusal>
     if let Some(max) = &shapes.max {
         within(&shape, max)?;
     }
-    let mut key: Vec<String> = written.iter().map(|l| l.to_ascii_lowercase()).collect();
-    key.sort();
-    shape.key = key.join(",");
+    shape.key = key_of(&written);
     shape.labels = written;
     Ok(shape)
+}
+
+/// The key of a job's shape labels ([`Shape::key`]): lowercased, sorted, joined with `,`.
+pub fn key_of(labels: &[String]) -> String {
+    let mut key: Vec<String> = labels.iter().map(|l| l.to_ascii_lowercase()).collect();
+    key.sort();
+    key.join(",")
 }
 
 /// `shape` within `max` in every dimension `max` writes ([`crate::config::shape::over_max`]).
